@@ -1,0 +1,1 @@
+"""The Dagster layer: thin assets, checks, sensors and resources over the core modules."""

@@ -1,0 +1,99 @@
+"""The main job: materialize the whole asset graph in order, through Dagster, with the project's
+persistent instance (so the runs show up in `dagster dev` afterwards and every step resumes).
+
+Used by `fugu-lite pipeline`. Each step is the same asset the UI materializes.
+"""
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import dagster as dg
+
+from fugu_pipeline.defs.partitions import WORKER_CALLS_POOL, task_batches
+from fugu_pipeline.tasks import batch_name, list_batch_files
+
+DEFAULT_WORKER_CALLS_LIMIT = 8
+
+
+def project_instance(project_dir: Path) -> dg.DagsterInstance:
+    """The instance whose dagster.yaml sits in the project (DAGSTER_HOME defaults to it)."""
+    if not os.environ.get("DAGSTER_HOME"):
+        os.environ["DAGSTER_HOME"] = str(project_dir.resolve())
+    instance = dg.DagsterInstance.get()
+    storage = instance.event_log_storage
+    if WORKER_CALLS_POOL not in storage.get_concurrency_keys():
+        storage.set_concurrency_slots(WORKER_CALLS_POOL, DEFAULT_WORKER_CALLS_LIMIT)
+    return instance
+
+
+def run_pipeline(
+    project_dir: Path,
+    workers_config: str,
+    *,
+    stop_after: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> dict:
+    """Materialize tasks -> responses -> reward_matrix (-> the rest of the graph) for every batch
+    file. Returns the materialization metadata of the last step, keyed by asset."""
+    from fugu_pipeline.definitions import build_defs
+    from fugu_pipeline.defs.data import sync_worker_partitions
+
+    os.chdir(project_dir)
+    defs = build_defs(str(project_dir), workers_config)
+    instance = project_instance(project_dir)
+    pipeline = defs.resources["pipeline"]
+    config = pipeline.load_workers()
+    sync_worker_partitions(instance, config.worker_ids)
+    batches = [batch_name(p) for p in list_batch_files(pipeline.paths.benchgen)]
+    if not batches:
+        raise SystemExit(f"no batch files in {pipeline.paths.benchgen}: add a BenchGen .jsonl file there")
+    have = set(instance.get_dynamic_partitions(task_batches.name))
+    missing = [b for b in batches if b not in have]
+    if missing:
+        instance.add_dynamic_partitions(task_batches.name, missing)
+    job = defs.resolve_implicit_global_asset_job_def()
+    results: dict = {}
+
+    def step(key: str, partition_key=None) -> None:
+        t0 = time.monotonic()
+        res = job.execute_in_process(
+            instance=instance,
+            asset_selection=[dg.AssetKey(key)],
+            partition_key=partition_key,
+            tags={"fugu/launched_by": "fugu-lite pipeline"},
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+            raise_on_error=True,
+        )
+        label = f"{key}[{partition_key}]" if partition_key else key
+        mats = res.get_asset_materialization_events()
+        meta = mats[-1].materialization.metadata if mats else {}
+        results[label] = {k: getattr(v, "value", v) for k, v in meta.items()}
+        echo(f"  {label:<40} done in {time.monotonic() - t0:6.2f}s")
+
+    echo(f"fugu-lite pipeline: {len(batches)} batch(es) x {len(config.worker_ids)} worker(s), workers from {workers_config}")
+    for b in batches:
+        step("tasks", b)
+        for w in config.worker_ids:
+            step("responses", dg.MultiPartitionKey({"batch": b, "worker": w}))
+    step("reward_matrix")
+    if stop_after == "reward_matrix":
+        return results
+    for key in _downstream_steps(defs):
+        step(key)
+        if stop_after == key:
+            break
+    return results
+
+
+# After the reward matrix, in order. The catalog asset is not here: it needs the network.
+DOWNSTREAM = [
+    "task_embeddings", "router_sft", "router_rl", "router_es",
+    "eval_report_sft", "eval_report_rl", "eval_report_es", "promoted_router",
+]
+
+
+def _downstream_steps(defs: dg.Definitions) -> list[str]:
+    present = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    return [k for k in DOWNSTREAM if k in present]

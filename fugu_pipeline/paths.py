@@ -1,0 +1,53 @@
+"""Where every input and output of the pipeline lives (DESIGN §3)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ProjectPaths:
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> "ProjectPaths":
+        return cls(Path(os.environ.get("FUGU_PROJECT_DIR", ".")).resolve())
+
+    def resolve(self, p: str | Path) -> Path:
+        p = Path(p)
+        return p if p.is_absolute() else self.root / p
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def benchgen(self) -> Path:
+        """Incoming BenchGen batch files, one partition each."""
+        return self.data / "benchgen"
+
+    @property
+    def responses(self) -> Path:
+        return self.data / "responses"
+
+    @property
+    def reward_db(self) -> Path:
+        return self.data / "reward_matrix.duckdb"
+
+    @property
+    def embeddings(self) -> Path:
+        return self.data / "embeddings"
+
+    @property
+    def catalog(self) -> Path:
+        return self.data / "catalog"
+
+    @property
+    def imports(self) -> Path:
+        return self.data / "imports"
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models"
