@@ -137,15 +137,18 @@ def format_validation_error(exc: ValidationError, raw: object | None = None) -> 
     items, the worker id when there is one."""
     lines = []
     for err in exc.errors():
-        loc = err["loc"]
         parts: list[str] = []
-        for item in loc:
+        after_index = False
+        for item in err["loc"]:
             if isinstance(item, int):
                 parts[-1:] = [f"{parts[-1]}[{item}]" if parts else f"[{item}]"]
-            elif item in ("mock", "openrouter", "openai_compatible") and parts and parts[-1].endswith("]"):
-                continue  # discriminator tag pydantic inserts
-            else:
-                parts.append(str(item))
+                after_index = True
+                continue
+            if after_index and item in ("mock", "openrouter", "openai_compatible"):
+                after_index = False
+                continue  # the discriminator tag pydantic inserts after a list index
+            after_index = False
+            parts.append(str(item))
         field = ".".join(parts) or "(top level)"
-        lines.append(f"field '{field}': {err['msg']}")
+        lines.append(f"field '{field}': {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(lines)

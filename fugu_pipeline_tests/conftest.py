@@ -1,0 +1,33 @@
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A throwaway project directory: the shipped configs and sample batch, empty outputs."""
+    (tmp_path / "configs").mkdir()
+    shutil.copy(REPO / "configs" / "workers.mock.yaml", tmp_path / "configs" / "workers.mock.yaml")
+    shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
+    (tmp_path / "data" / "benchgen").mkdir(parents=True)
+    shutil.copy(REPO / "data" / "benchgen" / "sample.jsonl", tmp_path / "data" / "benchgen" / "sample.jsonl")
+    return tmp_path
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def task_row(i: int = 0, **over) -> dict:
+    row = {"task_id": f"t{i}", "prompt": f"What is {i} + 1?", "domain": "math",
+           "reference_answer": str(i + 1), "grader": {"type": "numeric"}, "split": "train"}
+    row.update(over)
+    return row

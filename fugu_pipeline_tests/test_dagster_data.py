@@ -1,0 +1,134 @@
+"""The data path as Dagster assets: sensor-driven batches, resumable partitions, checks."""
+
+import json
+import subprocess
+import sys
+
+import dagster as dg
+import pytest
+
+from fugu_pipeline.definitions import build_defs
+from fugu_pipeline.defs import data
+from fugu_pipeline.defs.partitions import task_batches
+from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl
+
+
+def test_definitions_load_without_torch():
+    code = ("import sys; from fugu_pipeline.definitions import defs; defs.resolve_asset_graph(); "
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def tick(instance, pipeline, cursor=None):
+    ctx = dg.build_sensor_context(instance=instance, resources={"pipeline": pipeline}, cursor=cursor)
+    result = data.benchgen_batch_sensor(ctx)
+    if isinstance(result, dg.SkipReason):
+        return result, cursor
+    for req in result.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    return result, result.cursor
+
+
+def run_requests(instance, defs, requests):
+    job = defs.resolve_implicit_global_asset_job_def()
+    metas = {}
+    for req in requests:
+        res = job.execute_in_process(instance=instance, asset_selection=req.asset_selection, partition_key=req.partition_key)
+        mat = res.get_asset_materialization_events()[-1].materialization
+        metas[str(req.partition_key)] = {k: v.value for k, v in mat.metadata.items()}
+    return metas
+
+
+def build_matrix(instance, defs):
+    res = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=instance, asset_selection=[dg.AssetKey("reward_matrix")])
+    checks = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+              for e in res.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    return res.get_asset_materialization_events()[-1].materialization.metadata, checks
+
+
+def test_new_batch_file_is_picked_up_without_recalling_old_cells(project):
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    pipeline = PipelineResource(project_dir=str(project))
+    with dg.instance_for_test() as instance:
+        result, cursor = tick(instance, pipeline)
+        assert instance.get_dynamic_partitions(task_batches.name) == ["sample"]
+        assert len(result.run_requests) == 1 + 3  # tasks + one responses run per worker
+        metas = run_requests(instance, defs, result.run_requests)
+        assert sum(m.get("called", 0) for m in metas.values()) == 900
+        meta, checks = build_matrix(instance, defs)
+        assert meta["cells_filled"].value == 900 and all(checks.values()), checks
+
+        skip, cursor = tick(instance, pipeline, cursor)
+        assert isinstance(skip, dg.SkipReason)  # nothing new: nothing requested
+
+        new = [task_row(1000 + i, split="test") for i in range(10)]
+        write_jsonl(project / "data" / "benchgen" / "batch-2.jsonl", new)
+        before = {p: p.read_bytes() for p in (project / "data" / "responses" / "sample").glob("*.jsonl")}
+        result, cursor = tick(instance, pipeline, cursor)
+        assert sorted(instance.get_dynamic_partitions(task_batches.name)) == ["batch-2", "sample"]
+        keys = {str(r.partition_key) for r in result.run_requests}
+        assert all("batch-2" in k for k in keys) and len(keys) == 4
+        metas = run_requests(instance, defs, result.run_requests)
+        assert sum(m.get("called", 0) for m in metas.values()) == 30  # only the new cells
+        after = {p: p.read_bytes() for p in (project / "data" / "responses" / "sample").glob("*.jsonl")}
+        assert before == after  # no cell of the first batch was called again
+        meta, checks = build_matrix(instance, defs)
+        assert meta["cells_filled"].value == 930 and meta["tasks"].value == 310
+
+
+def test_rematerializing_a_partition_calls_nothing(project):
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("task_batches", ["sample"])
+        instance.add_dynamic_partitions("workers", ["math-expert"])
+        key = dg.MultiPartitionKey({"batch": "sample", "worker": "math-expert"})
+        req = [dg.RunRequest(partition_key=key, asset_selection=[dg.AssetKey("responses")])]
+        assert run_requests(instance, defs, req)[str(key)]["called"] == 300
+        assert run_requests(instance, defs, req)[str(key)]["called"] == 0
+
+
+def test_bad_batch_fails_and_writes_nothing(project):
+    bad = project / "data" / "benchgen" / "broken.jsonl"
+    write_jsonl(bad, [task_row(1), '{"task_id": "t2", "prompt": ', task_row(3)])
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    job = defs.resolve_implicit_global_asset_job_def()
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("task_batches", ["broken"])
+        instance.add_dynamic_partitions("workers", ["math-expert"])
+        res = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("tasks")], partition_key="broken", raise_on_error=False)
+        assert not res.success
+        failure = res.get_step_failure_events()[0].step_failure_data.error.message
+        assert f"{bad}:2: malformed JSON" in failure
+        res = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("responses")],
+                                     partition_key=dg.MultiPartitionKey({"batch": "broken", "worker": "math-expert"}), raise_on_error=False)
+        assert not res.success
+        assert not (project / "data" / "responses" / "broken").exists()
+
+
+def test_learning_signal_warns_when_all_workers_tie(project, tmp_path):
+    rows = [{"task_id": f"t{i}", "prompt": f"p{i}", "worker_ids": ["a", "b"], "rewards": [0.5, 0.5]} for i in range(20)]
+    path = write_jsonl(tmp_path / "ties.jsonl", rows)
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        res = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+            instance=instance, asset_selection=[dg.AssetKey("reward_matrix")],
+            run_config={"ops": {"reward_matrix": {"config": {"import_path": str(path)}}}},
+        )
+        evals = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data
+                 for e in res.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+        assert not evals["learning_signal"].passed
+        assert evals["learning_signal"].severity == dg.AssetCheckSeverity.WARN
+        assert evals["worker_order_fixed"].passed and evals["no_nan"].passed
+        assert json.loads(json.dumps(evals["learning_signal"].metadata["all_tie_share"].value)) == 1.0
+
+
+def test_workspace_and_instance_files_are_valid():
+    import yaml
+
+    ws = yaml.safe_load((REPO / "workspace.yaml").read_text())
+    assert ws["load_from"][0]["python_module"]["module_name"] == "fugu_pipeline.definitions"
+    inst = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    assert inst["concurrency"]["pools"]["default_limit"] == 1
+    assert inst["storage"]["sqlite"]["base_dir"]
