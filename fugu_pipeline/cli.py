@@ -11,7 +11,7 @@ from pathlib import Path
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from fugu_pipeline.defs.runner import run_pipeline
 
-    results = run_pipeline(Path(args.project_dir).resolve(), args.workers, stop_after=args.stop_after)
+    results = run_pipeline(Path(args.project_dir).resolve(), args.workers, encoder=args.encoder, stop_after=args.stop_after)
     rm = results.get("reward_matrix", {})
     if rm:
         print(f"reward matrix: {rm.get('tasks')} tasks x {rm.get('workers')} workers, "
@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pipeline", help="materialize the whole asset graph offline-capable (the main job)")
     p.add_argument("--project-dir", default=".", help="project root (holds data/, models/, dagster.yaml)")
     p.add_argument("--workers", default="configs/workers.mock.yaml", help="worker YAML (default: the offline mock pool)")
+    p.add_argument("--encoder", default=None, help="'tiny' (built-in, offline), a local model directory, or a hub id "
+                   "(default: $FUGU_ENCODER, else Qwen/Qwen3-0.6B)")
     p.add_argument("--stop-after", default=None, help="stop after this asset (e.g. reward_matrix)")
     p.set_defaults(func=cmd_pipeline)
     return ap

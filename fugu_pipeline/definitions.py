@@ -11,22 +11,29 @@ import os
 import dagster as dg
 from dotenv import load_dotenv
 
-from fugu_pipeline.defs import data
+from fugu_pipeline.defs import data, models
+from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.resources import PipelineResource
 
 load_dotenv(override=False)  # OPENROUTER_API_KEY may live in .env; never written anywhere
 
 
-def build_defs(project_dir: str | None = None, workers_config: str | None = None) -> dg.Definitions:
+def build_defs(project_dir: str | None = None, workers_config: str | None = None, encoder: str | None = None) -> dg.Definitions:
+    """`encoder`: hub id, local directory or 'tiny' (default: $FUGU_ENCODER, else Qwen/Qwen3-0.6B)."""
     pipeline = PipelineResource(
         project_dir=project_dir or os.environ.get("FUGU_PROJECT_DIR", "."),
         workers_config=workers_config or os.environ.get("FUGU_WORKERS_CONFIG", "configs/workers.mock.yaml"),
     )
     return dg.Definitions(
-        assets=[data.tasks, data.responses, data.reward_matrix],
+        assets=[data.tasks, data.responses, data.reward_matrix, models.task_embeddings,
+                models.router_sft, models.router_rl, models.router_es,
+                models.eval_report_sft, models.eval_report_rl, models.eval_report_es, models.promoted_router],
         asset_checks=[data.cells_complete, data.worker_order_fixed, data.no_nan, data.learning_signal],
         sensors=[data.benchgen_batch_sensor],
-        resources={"pipeline": pipeline},
+        resources={
+            "pipeline": pipeline,
+            "encoder": EncoderResource(model=encoder or os.environ.get("FUGU_ENCODER", "Qwen/Qwen3-0.6B")),
+        },
     )
 
 

