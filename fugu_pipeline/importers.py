@@ -164,8 +164,9 @@ def _routellm_rows(csv_path, contaminated_path=None, *, test_fraction=0.3, val_f
     rows = []
     for i, prompt, q in kept:
         tid = f"{prefix}-{i:05d}"
+        # split by prompt text: a prompt that occurs twice (MMLU has ~100) never straddles splits
         rows.append(RewardRow(task_id=tid, prompt=prompt, domain=domain or prefix, worker_ids=models, quality=q,
-                              split=assign_split(tid, seed, test_fraction, val_fraction)))
+                              split=assign_split(prompt, seed, test_fraction, val_fraction)))
     return rows, removed
 
 
@@ -271,8 +272,11 @@ def read_query_tasks(paths) -> dict[str, str]:
 
 
 def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=(), val_fraction: float = 0.1,
-                    seed: int = 0, assumed_output_tokens: int = 0) -> list[RewardRow]:
+                    seed: int = 0, assumed_output_tokens: int = 0, drop_test_overlap: bool = True) -> list[RewardRow]:
     """dcrouter train/test JSON → rows with quality = the per-model score.
+
+    Upstream, 119 test prompts (gpqa, human_eval, some mbpp) also appear in the train file; with
+    `drop_test_overlap` (default) those train rows are dropped so the held-out score is clean.
 
     split: test file → test; train file → train, or val for a deterministic `val_fraction` share.
     domain: the query's `task_name` from `query_paths` (default_query_*.jsonl); "general" without them.
@@ -292,9 +296,12 @@ def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=()
             raise _fail(Path(llm_info_path), f"no price for models {missing}; add them, or import without llm_info_path (no costs)")
         prices = [all_prices[m] for m in models]
     domains = read_query_tasks(query_paths) if query_paths else {}
+    test_prompts = {rec["question"] for rec in test}
     rows = []
     for part, records in (("train", train), ("test", test)):
         for i, rec in enumerate(records):
+            if part == "train" and drop_test_overlap and rec["question"] in test_prompts:
+                continue
             tid = f"dcrouter-{part}-{i:05d}"
             split = part if part == "test" else assign_split(tid, seed, 0.0, val_fraction)
             q = rec["question"]

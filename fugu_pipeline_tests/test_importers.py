@@ -284,12 +284,14 @@ def test_real_routellm_mmlu(tmp_path):
 
 def test_real_dcrouter(tmp_path):
     folder = need(ROUTING / "llmrouter_ulab")
-    s = imp.import_source("dcrouter", folder, tmp_path / "dc.jsonl")
-    assert s["rows"] == 5608 + 500 and len(s["workers"]) == 9
-    assert s["splits"]["test"] == 500 and s["splits"]["train"] + s["splits"]["val"] == 5608
+    full = imp.import_source("dcrouter", folder, tmp_path / "full.jsonl", drop_test_overlap=False)
+    assert full["rows"] == 5608 + 500 and full["prompts_in_several_splits"] == 119
+    s = imp.import_source("dcrouter", folder, tmp_path / "dc.jsonl")  # default: train rows seen in test dropped
+    assert len(s["workers"]) == 9 and s["prompts_in_several_splits"] == 0
+    assert s["splits"]["test"] == 500 and s["splits"]["train"] + s["splits"]["val"] == 5608 - 119
     test = s["by_split"]["test"]
     assert test["oracle"] >= max(test["mean"].values())
     best = s["best_fixed_on_train"]
     assert best["test"] == pytest.approx(test["mean"][best["worker"]])
-    a = round_trip(tmp_path / "dc.jsonl", tmp_path / "dc.duckdb", 6108, 9)
+    a = round_trip(tmp_path / "dc.jsonl", tmp_path / "dc.duckdb", 6108 - 119, 9)
     assert (a.cost_usd > 0).all()

@@ -1,0 +1,182 @@
+"""King versus challenger, the atomic pointer, and the loader downstream code uses."""
+
+import hashlib
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save as st_save
+
+from fugu_pipeline import training
+from fugu_pipeline.checkpoints import MANIFEST_FILE, WEIGHTS_FILE
+from fugu_pipeline.promotion import PromotionPolicy, promote_best, write_pointer
+from fugu_pipeline.router import RouterError, load_promoted, read_pointer
+from fugu_pipeline.schemas import FeatureContract
+from fugu_pipeline.training_data import RoutingData
+
+WORKERS = ["math-w", "code-w", "gen-w"]
+DOMAINS = ["math", "code", "general"]
+
+
+def synthetic(features: np.ndarray, domains: list[str], contract: FeatureContract, seed: int = 0) -> RoutingData:
+    rng = np.random.default_rng(seed)
+    n = len(domains)
+    q = np.array([[0.9 if DOMAINS[j] == d else 0.35 for j in range(3)] for d in domains])
+    quality = (rng.random((n, 3)) < q).astype(float)
+    utility = quality - np.array([0.02, 0.04, 0.01])
+    splits = np.array(["test" if i % 4 == 0 else "val" if i % 4 == 1 else "train" for i in range(n)])
+    return RoutingData(task_ids=[f"t{i}" for i in range(n)], prompts=[f"p{i}" for i in range(n)], domains=domains,
+                       splits=splits, worker_ids=WORKERS, features=features, utility=utility, contract=contract,
+                       quality=quality)
+
+
+@pytest.fixture(scope="module")
+def data() -> RoutingData:
+    rng = np.random.default_rng(1)
+    domains = [DOMAINS[i % 3] for i in range(600)]
+    centers = rng.normal(size=(3, 16))
+    feats = np.stack([centers[DOMAINS.index(d)] for d in domains]) + 0.5 * rng.normal(size=(600, 16))
+    return synthetic(feats.astype(np.float32), domains, FeatureContract(encoder_id="synthetic", dim=16))
+
+
+@pytest.fixture
+def good(data, tmp_path):
+    return training.train_sft(data, training.SFTConfig(epochs=40)).save(tmp_path / "models")
+
+
+def bad_head(data, tmp_path):
+    """An anti-router: a trained head with its final layer negated sends tasks to a non-expert."""
+    r = training.train_sft(data, training.SFTConfig(epochs=40))
+    state = {k: v.clone() for k, v in r.state_dict.items()}
+    state["linear.weight"] = -state["linear.weight"]
+    state["linear.bias"] = -state["linear.bias"]
+    r.state_dict = state
+    return r.save(tmp_path / "models")
+
+
+def tamper(path, fn):
+    """Rewrite a checkpoint's weights with fn(state) and a matching sha (so only sanity can refuse it)."""
+    from safetensors.torch import load
+
+    state = fn(load((path / WEIGHTS_FILE).read_bytes()))
+    raw = st_save(state, metadata={"format": "pt"})
+    (path / WEIGHTS_FILE).write_bytes(raw)
+    m = json.loads((path / MANIFEST_FILE).read_text())
+    m["weights_sha256"] = hashlib.sha256(raw).hexdigest()
+    (path / MANIFEST_FILE).write_text(json.dumps(m))
+    return path
+
+
+def test_better_challenger_promoted_worse_one_not(data, good, tmp_path):
+    models = tmp_path / "models"
+    worse = bad_head(data, tmp_path)
+    out = promote_best([str(worse)], data, models, PromotionPolicy())
+    assert not out["promoted"] and read_pointer(models) is None
+    assert any(r.startswith("FAIL best fixed") for r in out["reasons"])
+    out = promote_best([str(good)], data, models, PromotionPolicy())
+    assert out["promoted"], out["reasons"]
+    assert read_pointer(models)["checkpoint"] == str(good.relative_to(models))
+    # the same checkpoint again: not promoted twice; a worse one later: the king stays
+    assert not promote_best([str(good)], data, models, PromotionPolicy())["promoted"]
+    out = promote_best([str(worse)], data, models, PromotionPolicy())
+    assert not out["promoted"] and any(r.startswith("FAIL promoted") for r in out["reasons"])
+    assert read_pointer(models)["checkpoint"] == str(good.relative_to(models))
+    history = (models / "promoted" / "history.jsonl").read_text().splitlines()
+    assert [json.loads(h)["promote"] for h in history] == [False, True, False, False]
+
+
+def test_margin_is_paired_against_the_king(data, good, tmp_path):
+    models = tmp_path / "models"
+    assert promote_best([str(good)], data, models, PromotionPolicy())["promoted"]
+    rl = training.train_rl(data, training.RLConfig(epochs=5), init_state=training.train_sft(data).state_dict).save(models)
+    out = promote_best([str(rl)], data, models, PromotionPolicy(margin=0.5))
+    assert not out["promoted"] and any("needs > +0.5000" in r for r in out["reasons"])
+
+
+@pytest.mark.parametrize("breakage, reason", [
+    (lambda s: {**s, "linear.weight": torch.full_like(s["linear.weight"], float("nan"))}, "non-finite"),
+    (lambda s: {**s, "linear.weight": torch.zeros(3, 8)}, "shape"),
+    (lambda s: {**s, "linear.weight": torch.zeros_like(s["linear.weight"])}, "all zero"),
+])
+def test_broken_weights_are_refused_with_their_reason(data, good, tmp_path, breakage, reason):
+    tamper(good, breakage)
+    out = promote_best([str(good)], data, tmp_path / "models", PromotionPolicy())
+    assert not out["promoted"] and read_pointer(tmp_path / "models") is None
+    assert any(r.startswith("REFUSED") and reason in r for r in out["reasons"])
+
+
+def test_mismatched_contract_is_refused(data, tmp_path):
+    other = RoutingData(**{**{f: getattr(data, f) for f in ("task_ids", "prompts", "domains", "splits", "worker_ids", "features", "utility", "quality")},
+                           "contract": FeatureContract(encoder_id="another-encoder", dim=16, pooling="last")})
+    path = training.train_sft(other, training.SFTConfig(epochs=20)).save(tmp_path / "models")
+    out = promote_best([str(path)], data, tmp_path / "models", PromotionPolicy())
+    assert not out["promoted"]
+    assert any("FAIL feature contract" in r and "encoder_id" in r and "pooling" in r for r in out["reasons"])
+
+
+def test_reader_never_sees_a_broken_pointer(tmp_path):
+    models = tmp_path / "models"
+    write_pointer(models, {"checkpoint": "sft/a", "content_hash": "a" * 16, "pad": "x" * 20000})
+    stop = threading.Event()
+    errors, reads = [], [0]
+
+    def reader():
+        while not stop.is_set():
+            try:
+                ptr = read_pointer(models)
+                assert ptr["content_hash"] in ("a" * 16, "b" * 16) and ptr["checkpoint"] in ("sft/a", "rl/b")
+                reads[0] += 1
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for i in range(300):
+        if i % 2:
+            write_pointer(models, {"checkpoint": "sft/a", "content_hash": "a" * 16, "pad": "x" * 20000})
+        else:
+            write_pointer(models, {"checkpoint": "rl/b", "content_hash": "b" * 16, "pad": "y" * 30000})
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == [] and reads[0] > 100
+    assert not list((models / "promoted").glob("*.tmp"))
+
+
+def test_load_promoted_follows_new_promotions_without_restart(tmp_path):
+    from fugu_pipeline.encoder import Encoder, EncoderSettings
+
+    enc = Encoder.load(EncoderSettings(model="tiny", device="cpu", dtype="float32"))
+    domains = [DOMAINS[i % 3] for i in range(300)]
+    prompts = [{"math": f"Compute {i} plus {i * 3} and reply with the sum.",
+                "code": f"Write a Python function number {i} that reverses a list.",
+                "general": f"What is the capital city of country number {i}?"}[d] for i, d in enumerate(domains)]
+    feats = enc.encode(prompts)
+    base = synthetic(feats, domains, enc.feature_contract())
+    models = tmp_path / "models"
+    first = training.train_sft(base, training.SFTConfig(epochs=60)).save(models)
+    write_pointer(models, {"checkpoint": str(first.relative_to(models)), "content_hash": first.name})
+    router = load_promoted(models, device="cpu", dtype="float32")
+    d1 = router.route("Compute 7 plus 21 and reply with the sum.", domain="math")
+    assert d1.worker_id in WORKERS and abs(sum(d1.probabilities.values()) - 1) < 1e-5
+    assert d1.checkpoint == str(first)
+    # promote a router trained on swapped rewards: the running loader picks it up
+    swapped = RoutingData(**{**{f: getattr(base, f) for f in ("task_ids", "prompts", "domains", "splits", "worker_ids", "features", "contract", "quality")},
+                             "utility": base.utility[:, ::-1].copy()})
+    second = training.train_sft(swapped, training.SFTConfig(epochs=60)).save(models)
+    write_pointer(models, {"checkpoint": str(second.relative_to(models)), "content_hash": second.name})
+    d2 = router.route("Compute 7 plus 21 and reply with the sum.", domain="math")
+    assert d2.checkpoint == str(second) and router.reloads == 2
+    assert router.router.encoder is not None  # the encoder was reused, not reloaded
+    with pytest.raises(RouterError, match="unknown worker"):
+        router.route("x", allowed=["nope"])
+    only = router.route("x", allowed=["gen-w"])
+    assert only.worker_id == "gen-w" and list(only.probabilities) == ["gen-w"]
+
+
+def test_no_pointer_is_a_clear_error(tmp_path):
+    with pytest.raises(RouterError, match="no promoted router"):
+        load_promoted(tmp_path / "models")
