@@ -11,7 +11,7 @@ import os
 import dagster as dg
 from dotenv import load_dotenv
 
-from fugu_pipeline.defs import data, models
+from fugu_pipeline.defs import catalog, data, models
 from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.resources import PipelineResource
 
@@ -25,13 +25,14 @@ def build_defs(project_dir: str | None = None, workers_config: str | None = None
         workers_config=workers_config or os.environ.get("FUGU_WORKERS_CONFIG", "configs/workers.mock.yaml"),
     )
     return dg.Definitions(
-        assets=[data.tasks, data.responses, data.reward_matrix, models.task_embeddings,
+        assets=[catalog.openrouter_catalog, data.tasks, data.responses, data.reward_matrix, models.task_embeddings,
                 models.router_sft, models.router_rl, models.router_es,
                 models.eval_report_sft, models.eval_report_rl, models.eval_report_es, models.promoted_router],
         asset_checks=[data.cells_complete, data.worker_order_fixed, data.no_nan, data.learning_signal],
-        sensors=[data.benchgen_batch_sensor],
+        sensors=[data.benchgen_batch_sensor, catalog.catalog_change_sensor],
         resources={
             "pipeline": pipeline,
+            "openrouter": catalog.OpenRouterResource.from_env(),
             "encoder": EncoderResource(model=encoder or os.environ.get("FUGU_ENCODER", "Qwen/Qwen3-0.6B")),
         },
     )

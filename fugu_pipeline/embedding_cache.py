@@ -122,6 +122,8 @@ class EmbeddingCache:
             hit = self._index.get(bytes.fromhex(key))
             if hit is not None:
                 by_shard.setdefault(hit[0], []).append((i, hit[1]))
+        if by_shard and vectors.shape[1] == 0:
+            raise ValueError(f"embedding cache {self.dir} has shards but no {META}; delete the directory to rebuild it")
         for path, pairs in by_shard.items():
             with safe_open(str(path), framework="np") as f:
                 shard = f.get_tensor("vectors")

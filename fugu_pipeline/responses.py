@@ -26,6 +26,7 @@ from fugu_pipeline.workers import (
     RateLimiter,
     WorkerCallError,
     WorkerClient,
+    cost_ceiling,
     make_client,
     task_messages,
 )
@@ -187,9 +188,7 @@ async def collect_partition(
         judge = make_client(config.judge, config, judge=True, catalog=catalog)
     sem = asyncio.Semaphore(spec.max_concurrency)
     limiter = RateLimiter(spec.requests_per_minute)
-    spent = 0.0
-    reserved = 0.0
-    max_seen = 0.0
+    spent = reserved = max_seen = 0.0  # the budget guard's books (USD)
     stop: BaseException | None = None
 
     with store.open_writer(batch, worker_id) as writer:
@@ -199,23 +198,54 @@ async def collect_partition(
         if limit is not None:
             todo = todo[:limit]
 
+        budget_lock = asyncio.Condition()
+        in_flight = 0
+
+        async def reserve(task: Task) -> float | None:
+            """Reserve the call's worst-case cost; None when the budget would be passed.
+            A worker of unknown price makes one probe call at a time until a cost is seen."""
+            nonlocal reserved, in_flight, stop
+            ceiling = cost_ceiling(spec, task, catalog)
+            if ceiling is not None and task.grader.type == "llm_judge" and config.judge is not None:
+                judge_ceiling = cost_ceiling(config.judge, task, catalog)
+                ceiling = None if judge_ceiling is None else ceiling + judge_ceiling
+            async with budget_lock:
+                while ceiling is None and max_seen == 0.0 and in_flight > 0:
+                    await budget_lock.wait()
+                estimate = max(max_seen, ceiling or 0.0)
+                if stop is not None or spent + reserved + estimate > budget:
+                    stop = stop or BudgetExceededError(
+                        f"budget guard: spent ${spent:.4f} of max ${budget:.4f} for this run; the next call "
+                        f"could cost up to ${estimate:.4f}. Raise max_usd_per_run, or run again to continue"
+                    )
+                    return None
+                reserved += estimate
+                in_flight += 1
+                return estimate
+
+        async def settle(estimate: float, cost: float) -> None:
+            nonlocal spent, reserved, max_seen, in_flight
+            async with budget_lock:
+                spent += cost
+                reserved -= estimate
+                in_flight -= 1
+                max_seen = max(max_seen, cost)
+                budget_lock.notify_all()
+
         async def one(task: Task) -> None:
-            nonlocal spent, reserved, max_seen, stop
+            nonlocal stop
             async with sem:
                 if stop is not None:
                     return
+                estimate = None
                 if budget is not None:
-                    estimate = max_seen
-                    if spent + reserved + estimate > budget:
-                        stop = stop or BudgetExceededError(
-                            f"budget guard: spent ${spent:.4f} of max ${budget:.4f} for this run; "
-                            "raise max_usd_per_run or run again to continue"
-                        )
+                    estimate = await reserve(task)
+                    if estimate is None:
                         return
-                    reserved += estimate
                 await limiter.wait()
                 stats.n_called += 1
                 started = time.time()
+                rec = None
                 try:
                     comp = await client.complete(task_messages(task, spec.system_prompt), task=task)
                     g = await grade(task, comp.answer, judge)
@@ -242,13 +272,10 @@ async def collect_partition(
                         model_fingerprint=model_fingerprint, finished_at=time.time(),
                     )
                 finally:
-                    if budget is not None:
-                        reserved -= estimate
-                writer.append(rec)
-                cost = rec.cost_usd + rec.judge_cost_usd
-                spent += cost
-                max_seen = max(max_seen, cost)
-                stats.cost_usd += cost
+                    if estimate is not None:
+                        await settle(estimate, 0.0 if rec is None else rec.cost_usd + rec.judge_cost_usd)
+                await asyncio.to_thread(writer.append, rec)  # the fsync must not stall the other calls
+                stats.cost_usd += rec.cost_usd + rec.judge_cost_usd
                 if rec.status == "ok":
                     stats.n_ok += 1
                 else:

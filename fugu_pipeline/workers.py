@@ -164,6 +164,20 @@ class MockJudge(MockClient):
         )
 
 
+def cost_ceiling(spec: WorkerSpec, task: "Task", catalog=None) -> float | None:
+    """A worst-case USD cost of one call, for the budget guard; None when the price is unknown.
+    Prompt tokens are over-estimated (3 characters a token); the answer is taken at max_tokens."""
+    if spec.kind == "mock":
+        return spec.mock.cost_usd * 1.2  # the mock's cost jitter is at most +20%
+    prompt_tokens = len(task.prompt) / 3 + 32
+    if spec.kind == "openai_compatible":
+        return (prompt_tokens * spec.price_in_per_mtok + spec.max_tokens * spec.price_out_per_mtok) / 1e6
+    price = catalog.price_per_token(spec.model) if catalog is not None else None
+    if price is None:
+        return None
+    return prompt_tokens * price[0] + spec.max_tokens * price[1]
+
+
 def make_client(spec: WorkerSpec, config: WorkersConfig, *, judge: bool = False, catalog=None) -> WorkerClient:
     """The client for one worker spec. Real HTTP clients are imported only when needed."""
     if spec.kind == "mock":

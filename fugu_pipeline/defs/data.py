@@ -8,6 +8,8 @@ from pathlib import Path
 import dagster as dg
 
 from fugu_pipeline import reward_matrix as rm
+from fugu_pipeline.catalog import load_latest
+from fugu_pipeline.defs.catalog import run_model_fingerprint
 from fugu_pipeline.defs.partitions import (
     DUCKDB_WRITER_POOL,
     WORKER_CALLS_POOL,
@@ -19,9 +21,6 @@ from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline.responses import ResponseStore, collect_partition_sync, summarize_cells
 from fugu_pipeline.tasks import TaskFileError, batch_name, list_batch_files, load_tasks
 from fugu_pipeline.workers import FatalWorkerError
-
-MODEL_FINGERPRINT_TAG = "fugu/model_fingerprint"
-
 
 def _batch_file(pipeline: PipelineResource, batch: str) -> Path:
     path = pipeline.paths.benchgen / f"{batch}.jsonl"
@@ -94,9 +93,11 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
         raise dg.Failure(f"worker {worker_id!r} is no longer in {pipeline.workers_config}; it is retired and not collected")
     loaded = _load_batch(pipeline, batch)
     store = ResponseStore(pipeline.paths.responses)
-    fingerprint = context.run.tags.get(MODEL_FINGERPRINT_TAG)
+    # the worker's model version: cells answered by an older one are collected again
+    fingerprint = run_model_fingerprint(context.run.tags, pipeline, config.worker(worker_id))
+    catalog = load_latest(pipeline.paths.catalog)  # catalog prices for cost when usage has none
     try:
-        stats = collect_partition_sync(loaded, batch, worker_id, config, store, model_fingerprint=fingerprint)
+        stats = collect_partition_sync(loaded, batch, worker_id, config, store, model_fingerprint=fingerprint, catalog=catalog)
     except FatalWorkerError as exc:
         raise dg.Failure(description=f"worker {worker_id}: {exc}") from None
     if stats.stopped:
@@ -117,6 +118,7 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
             "seconds": round(stats.seconds, 3),
             "errors": dg.MetadataValue.json(stats.errors),
             "stopped": stats.stopped or "",
+            "model_fingerprint": fingerprint or "",
             "path": dg.MetadataValue.path(str(store.path(batch, worker_id))),
         }
     )

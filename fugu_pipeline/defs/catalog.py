@@ -1,0 +1,179 @@
+"""The OpenRouter catalog in Dagster: the `openrouter_catalog` asset, the `catalog_change_sensor`
+that re-collects a worker when its model's offer changes, and the `OpenRouterResource`.
+
+The API key: `OpenRouterResource.from_env()` binds `api_key` to `dg.EnvVar("OPENROUTER_API_KEY")`
+only when that variable is set. Dagster resolves an `EnvVar` when a run or sensor tick starts and
+fails it when the variable is unset, even for an optional field; the catalog endpoint is public,
+so offline users and users without a key still load the definitions and can fetch the catalog.
+Set the key, then reload the code location. The key never enters run config or logs: an
+`EnvVar` is stored by name, not by value.
+"""
+
+
+import json
+import os
+from collections.abc import Mapping
+
+import dagster as dg
+
+from fugu_pipeline.catalog import (
+    OPENROUTER_BASE_URL,
+    CatalogError,
+    CatalogSnapshot,
+    diff_snapshots,
+    fetch_catalog,
+    load_latest,
+    save_snapshot,
+    update_retired,
+)
+from fugu_pipeline.defs.partitions import task_batches, workers
+from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.worker_config import WorkersConfig, WorkerSpec
+
+FINGERPRINT_TAG = "fugu/model_fingerprint"
+RESPONSES_KEY = dg.AssetKey("responses")
+DEFAULT_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_CATALOG_SENSOR_INTERVAL_S", "3600"))
+
+
+class OpenRouterResource(dg.ConfigurableResource):
+    """The OpenRouter API: where it is and the key (optional for the model catalog)."""
+
+    api_key: str | None = None
+    base_url: str = OPENROUTER_BASE_URL
+    timeout_s: float = 30.0
+
+    @classmethod
+    def from_env(cls, env: str = "OPENROUTER_API_KEY", **kwargs) -> "OpenRouterResource":
+        """Bind `api_key` to `dg.EnvVar(env)` when the variable is set, else leave it unset (see
+        the module docstring)."""
+        if os.environ.get(env):
+            return cls(api_key=dg.EnvVar(env), **kwargs)
+        return cls(**kwargs)
+
+    def fetch_catalog(self) -> CatalogSnapshot:
+        return fetch_catalog(self.base_url, self.api_key or None, timeout_s=self.timeout_s)
+
+
+def openrouter_models(config: WorkersConfig) -> dict[str, str]:
+    """worker id -> OpenRouter model id, for the workers the catalog describes."""
+    return {w.id: w.model for w in config.workers if w.kind == "openrouter"}
+
+
+def run_model_fingerprint(tags: Mapping[str, str], pipeline: PipelineResource, spec: WorkerSpec) -> str | None:
+    """The model fingerprint a `responses` run should store: the sensor's tag, else the latest
+    stored catalog's fingerprint of the worker's model (None for mock and local workers)."""
+    if tags.get(FINGERPRINT_TAG):
+        return tags[FINGERPRINT_TAG]
+    if spec.kind != "openrouter":
+        return None
+    snap = load_latest(pipeline.paths.catalog)
+    return snap.fingerprint(spec.model) if snap else None
+
+
+@dg.asset(group_name="data", kinds={"json"})
+def openrouter_catalog(
+    context: dg.AssetExecutionContext, openrouter: OpenRouterResource, pipeline: PipelineResource
+) -> dg.MaterializeResult:
+    """The OpenRouter model catalog (prices, context lengths, supported parameters), stored as
+    data/catalog/latest.json with a history of every change. Reports which configured workers'
+    models changed or left the catalog since the previous snapshot."""
+    folder = pipeline.paths.catalog
+    previous = load_latest(folder)
+    try:
+        snap = openrouter.fetch_catalog()
+    except CatalogError as exc:
+        raise dg.Failure(description=str(exc)) from None
+    configured = openrouter_models(pipeline.load_workers())
+    diff = diff_snapshots(previous, snap, configured)
+    latest = save_snapshot(snap, folder)
+    update_retired(folder, diff.retired, configured)
+    if diff.retired:
+        context.log.warning(f"retired (model no longer in the catalog): {', '.join(diff.retired)}")
+    return dg.MaterializeResult(
+        metadata={
+            "model_count": len(snap.models),
+            "changed_workers": dg.MetadataValue.json({w: list(fp) for w, fp in diff.changed.items()}),
+            "retired_workers": dg.MetadataValue.json(diff.retired),
+            "models_added": len(diff.added),
+            "models_removed": len(diff.removed),
+            "path": dg.MetadataValue.path(str(latest)),
+        },
+        data_version=dg.DataVersion(snap.digest()),
+    )
+
+
+def build_catalog_change_sensor(
+    minimum_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S, name: str = "catalog_change_sensor"
+) -> dg.SensorDefinition:
+    """A sensor that fetches the catalog every `minimum_interval_seconds` (default hourly, or
+    FUGU_CATALOG_SENSOR_INTERVAL_S) and re-collects changed workers."""
+
+    @dg.sensor(
+        name=name,
+        minimum_interval_seconds=minimum_interval_seconds,
+        asset_selection=[RESPONSES_KEY],
+        default_status=dg.DefaultSensorStatus.STOPPED,
+    )
+    def _sensor(
+        context: dg.SensorEvaluationContext, openrouter: OpenRouterResource, pipeline: PipelineResource
+    ) -> dg.SensorResult:
+        """Re-collects a worker when its OpenRouter model's price, context length, parameters or
+        expiry change: one `responses` run per batch of that worker, tagged with the new model
+        fingerprint so only cells answered under the old one are called again. Workers whose
+        model left the catalog are listed in data/catalog/retired.json. Off by default: turning
+        it on lets catalog changes spend money."""
+        configured = openrouter_models(pipeline.load_workers())
+        if not configured:
+            return dg.SensorResult(skip_reason="no openrouter workers in the worker config", cursor=context.cursor)
+        try:
+            snap = openrouter.fetch_catalog()
+        except CatalogError as exc:
+            return dg.SensorResult(skip_reason=f"catalog not fetched: {exc}", cursor=context.cursor)
+
+        folder = pipeline.paths.catalog
+        if context.cursor:
+            old: dict[str, str] | CatalogSnapshot | None = json.loads(context.cursor)["models"]
+        else:
+            old = load_latest(folder)
+        diff = diff_snapshots(old, snap, configured)
+        save_snapshot(snap, folder)
+        update_retired(folder, diff.retired, configured)
+
+        batches = context.instance.get_dynamic_partitions(task_batches.name)
+        known = set(context.instance.get_dynamic_partitions(workers.name))
+        requests = []
+        for worker_id, (old_fp, new_fp) in sorted(diff.changed.items()):
+            if worker_id not in known:
+                context.log.info(f"{worker_id}: model changed but the worker has no partition yet; nothing to re-collect")
+                continue
+            context.log.info(f"{worker_id}: {configured[worker_id]} changed ({old_fp} -> {new_fp}); "
+                             f"re-collecting {len(batches)} batch(es)")
+            for batch in batches:
+                requests.append(dg.RunRequest(
+                    run_key=f"catalog:{worker_id}:{batch}:{old_fp}->{new_fp}",
+                    partition_key=dg.MultiPartitionKey({"batch": batch, "worker": worker_id}),
+                    asset_selection=[RESPONSES_KEY],
+                    tags={FINGERPRINT_TAG: new_fp},
+                ))
+        if diff.retired:
+            context.log.warning(f"retired (model no longer in the catalog): "
+                                f"{', '.join(f'{w} ({configured[w]})' for w in diff.retired)}")
+
+        # Keep the last fingerprint of a vanished model, so its return with a new offer counts as a change.
+        prev_fps = old if isinstance(old, dict) else ({k: m.fingerprint for k, m in old.models.items()} if old else {})
+        fps = {m: snap.fingerprint(m) or prev_fps.get(m) for m in sorted(set(configured.values()))}
+        cursor = json.dumps({"models": {m: fp for m, fp in fps.items() if fp}, "digest": snap.digest()})
+        if requests:
+            return dg.SensorResult(run_requests=requests, cursor=cursor)
+        if diff.changed:
+            reason = f"changed: {', '.join(diff.changed)}, but no batch partitions of them to re-collect"
+        else:
+            reason = f"no configured model changed ({len(configured)} openrouter worker(s) checked)"
+        if diff.retired:
+            reason += f"; retired: {', '.join(diff.retired)}"
+        return dg.SensorResult(skip_reason=reason, cursor=cursor)
+
+    return _sensor
+
+
+catalog_change_sensor = build_catalog_change_sensor()

@@ -1,0 +1,719 @@
+"""One OpenAI-compatible endpoint in front of the workers: route, call, fall back, report.
+
+    app = create_app(load_promoted("models"), "configs/workers.yaml", api_token="s3cret")
+    serve("models", "configs/workers.yaml", host="127.0.0.1", port=8080)  # runs uvicorn
+
+Endpoints
+- `POST /v1/chat/completions`, plain or streamed (`stream: true`, SSE `chat.completion.chunk`s
+  ending with `data: [DONE]`). `model` is not used to pick a worker (send "fugu-lite"); the
+  reply's `model` is the model that actually answered.
+- `GET /v1/models`: "fugu-lite" (the router) and every configured worker.
+- `GET /health` (no token needed): checkpoint path and hash, workers, uptime, batching figures.
+
+Routing. The text of the LAST USER MESSAGE is routed (what is being asked now decides who
+answers; a shared system prompt or long history would make every route look alike). Extra body
+fields, all optional, at the top level or inside a `fugu_lite` object (top level wins):
+`fugu_allowed_workers` / `fugu_lite.allowed_workers` (worker ids; an unknown id is a 400),
+`fugu_cost_weight` / `fugu_lite.cost_weight` (float >= 0; used by quality heads),
+`domain` / `fugu_lite.domain` (hint fed to the encoder's prompt template; default "general").
+Concurrent requests are routed together in one encoder pass (`batching.py`). The router is a
+`Router` (a fixed checkpoint) or a `PromotedRouter` (follows `models/promoted/current.json`, so a
+promotion takes effect without a restart; if a newly promoted checkpoint fails to load, the last
+good one keeps serving and `/health` shows the error).
+
+Calling and fallback. The client's messages and sampling fields (temperature, top_p, max_tokens,
+max_completion_tokens, stop, presence/frequency_penalty, seed, logit_bias, user,
+response_format, reasoning_effort) go to the worker; a worker's configured `system_prompt` is
+prepended when the client sent no system message. A plain request calls the worker without
+streaming; a streamed one relays the worker's stream. Each worker gets `worker_attempts` attempts
+(default 1: falling back is quicker than backing off); on failure the next worker in the route's
+ranking is tried, and every failure is listed in `fugu_lite.fallback_errors`. A streamed reply
+starts only after the worker's first chunk has arrived, so failures before the first byte fall
+back too; an error after that ends the stream with an OpenAI-style `data: {"error": ...}` event.
+All workers failing gives a 502. Per-worker `max_concurrency` and `requests_per_minute` hold
+here too (requests over them wait).
+
+Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
+and latency in the last chunk, which has no choices) holds the probabilities, ranking, chosen
+and serving worker, worker calls made, fallback errors, cost and timings; the headers
+`x-fugu-worker` (chosen), `x-fugu-served-by`, `x-fugu-attempts` (worker calls made),
+`x-fugu-latency-ms`, `x-fugu-cost-usd` (when known: not for streams) and `x-fugu-checkpoint`
+(`<method>/<content hash>`) carry the same. Timings: `route_ms` from receipt to the route
+decision (batch wait and encoding included), `upstream_ms` inside worker calls, `latency_ms` the
+server's total (for a stream, until its first byte; the last chunk has the full time), and
+`overhead_ms` = `latency_ms` - `upstream_ms`: what the router adds.
+
+Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`: 400 malformed JSON,
+missing `messages`, `n` > 1, tools, bad parameters, unknown allowed workers; 401 a missing or
+wrong bearer token (when `api_token` is set; compared in constant time); 413 a body over
+`max_body_bytes`; 502 every worker failed; 503 no router could be loaded.
+
+Thin over the core: this module routes and calls workers; it never trains or grades, and never
+imports dagster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import math
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from fugu_pipeline.router import POINTER, PromotedRouter, RouteDecision, Router, RouterError
+from fugu_pipeline.serve.batching import RouteBatcher, RouteRequest, route_grouped
+from fugu_pipeline.worker_config import WorkersConfig, load_workers_config
+from fugu_pipeline.workers import Completion, RateLimiter, WorkerCallError
+
+log = logging.getLogger("fugu_pipeline.serve")
+
+ROUTER_MODEL = "fugu-lite"
+DEFAULT_MAX_BODY_BYTES = 2 << 20
+DEFAULT_BATCH_WINDOW_MS = 3.0
+DEFAULT_MAX_BATCH = 32
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
+           "frequency_penalty": (-2.0, 2.0)}
+_INTS = {"max_tokens": 1, "max_completion_tokens": 1, "seed": None}  # name -> minimum
+_TYPED = {"stop": (str, list), "logit_bias": (dict,), "user": (str,), "response_format": (dict,),
+          "reasoning_effort": (str,)}
+_FUGU_KEYS = {"allowed_workers", "cost_weight", "domain"}
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class APIError(Exception):
+    """An error answered to the client in the OpenAI shape."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, extra: dict | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.extra, self.headers = extra or {}, headers
+
+
+class RouterUnavailable(RuntimeError):
+    """No router could be loaded for this batch."""
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}, **exc.extra}
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    return error_response(exc)  # type: ignore[arg-type]
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status)
+    return error_response(APIError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}",
+                                   code=code, headers=getattr(exc, "headers", None)))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error in %s %s", request.method, request.url.path)
+    return error_response(APIError(500, f"internal server error: {type(exc).__name__}", type="server_error",
+                                   code="internal_error"))
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]
+    text: str  # what is routed: the last user message
+    stream: bool = False
+    include_usage: bool = False
+    params: dict = field(default_factory=dict)
+    domain: str | None = None
+    allowed: tuple[str, ...] | None = None
+    cost_weight: float | None = None
+
+
+def content_text(content: Any) -> str:
+    """Message content as text: a string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+    return ""
+
+
+def routed_text(messages: list[dict]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            return content_text(m.get("content"))
+    return content_text(messages[-1].get("content"))
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    """Validate a chat-completions body; raises APIError(400) naming the bad parameter."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"could not parse the JSON body of the request: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    msgs = body.get("messages")
+    if msgs is None:
+        raise APIError(400, "missing required parameter: 'messages'", param="messages", code="missing_required_parameter")
+    if not isinstance(msgs, list) or not msgs:
+        raise APIError(400, "'messages' must be a non-empty list of {role, content} objects", param="messages",
+                       code="invalid_value")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError(400, f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]",
+                           code="invalid_value")
+        if m.get("content") is not None and not isinstance(m["content"], (str, list)):
+            raise APIError(400, f"messages[{i}].content must be a string or a list of content parts",
+                           param=f"messages[{i}].content", code="invalid_value")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise APIError(400, f"n={n!r} is not supported: fugu-lite returns exactly one choice (n=1)", param="n",
+                       code="unsupported_value")
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise APIError(400, f"'{name}' (function calling) is not supported by fugu-lite", param=name,
+                           code="unsupported_parameter")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise APIError(400, "'stream' must be true or false", param="stream", code="invalid_type")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise APIError(400, "'stream_options' must be an object", param="stream_options", code="invalid_type")
+
+    fugu = body.get("fugu_lite") or {}
+    if not isinstance(fugu, dict) or set(fugu) - _FUGU_KEYS:
+        raise APIError(400, f"'fugu_lite' must be an object with keys among {sorted(_FUGU_KEYS)}", param="fugu_lite",
+                       code="invalid_value")
+    top = lambda name, key: body[name] if body.get(name) is not None else fugu.get(key)  # noqa: E731
+    allowed = top("fugu_allowed_workers", "allowed_workers")
+    if allowed is not None and (not isinstance(allowed, list) or not allowed or not all(isinstance(w, str) for w in allowed)):
+        raise APIError(400, "'fugu_allowed_workers' must be a non-empty list of worker ids", param="fugu_allowed_workers",
+                       code="invalid_value")
+    cost_weight = top("fugu_cost_weight", "cost_weight")
+    if cost_weight is not None and (not _is_num(cost_weight) or cost_weight < 0):
+        raise APIError(400, "'fugu_cost_weight' must be a number >= 0", param="fugu_cost_weight", code="invalid_value")
+    domain = top("domain", "domain")
+    if domain is not None and not isinstance(domain, str):
+        raise APIError(400, "'domain' must be a string", param="domain", code="invalid_type")
+
+    params: dict = {}
+    for name, (lo, hi) in _RANGES.items():
+        v = body.get(name)
+        if v is not None:
+            if not _is_num(v) or not lo <= v <= hi:
+                raise APIError(400, f"'{name}' must be a number in [{lo:g}, {hi:g}], got {v!r}", param=name,
+                               code="invalid_value")
+            params[name] = v
+    for name, lo in _INTS.items():
+        v = body.get(name)
+        if v is not None:
+            if not isinstance(v, int) or isinstance(v, bool) or (lo is not None and v < lo):
+                raise APIError(400, f"'{name}' must be an integer" + (f" >= {lo}" if lo is not None else ""),
+                               param=name, code="invalid_value")
+            params[name] = v
+    for name, types in _TYPED.items():
+        v = body.get(name)
+        if v is not None:
+            if not isinstance(v, types):
+                raise APIError(400, f"'{name}' has the wrong type", param=name, code="invalid_type")
+            params[name] = v
+    if "max_completion_tokens" in params:  # OpenRouter and most servers read max_tokens
+        params.setdefault("max_tokens", params.pop("max_completion_tokens"))
+        params.pop("max_completion_tokens", None)
+    return ChatRequest(
+        messages=msgs, text=routed_text(msgs), stream=stream, include_usage=bool(options.get("include_usage")),
+        params=params, domain=domain, allowed=tuple(allowed) if allowed is not None else None,
+        cost_weight=float(cost_weight) if cost_weight is not None else None,
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    too_big = APIError(413, f"request body too large: the limit is {limit} bytes", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_big
+        parts.append(part)
+    return b"".join(parts)
+
+
+# --------------------------------------------------------------------------- router and workers
+
+
+class RouterSource:
+    """The Router for the next batch, from a `Router`, a `PromotedRouter` or a callable. When a
+    reload fails the last good router keeps serving and `reload_error` says why. Hold `lock`
+    while using the router: a reload may close the encoder of the one it replaces."""
+
+    def __init__(self, provider: Router | PromotedRouter | Callable[[], Router]):
+        if isinstance(provider, Router):
+            self._get: Callable[[], Router] = lambda: provider
+        elif hasattr(provider, "refresh"):
+            self._get = provider.refresh  # type: ignore[union-attr]
+        elif callable(provider):
+            self._get = provider
+        else:
+            raise TypeError(f"router_provider must be a Router, a PromotedRouter or a callable, not {type(provider).__name__}")
+        self.last: Router | None = None
+        self.reload_error: str | None = None
+        self.lock = threading.Lock()
+
+    def get(self) -> Router:
+        try:
+            router = self._get()
+        except Exception as exc:
+            if self.last is None:
+                raise
+            msg = f"{type(exc).__name__}: {exc}"
+            if msg != self.reload_error:
+                log.error("router reload failed; still serving %s: %s", self.last.path, msg)
+            self.reload_error = msg
+            return self.last
+        self.last, self.reload_error = router, None
+        return router
+
+
+def checkpoint_tag(router: Router) -> str:
+    m = router.checkpoint.manifest
+    return f"{m.method}/{m.content_hash or Path(router.path).name}"
+
+
+class _CompletionStream:
+    """A whole Completion (e.g. from a mock worker) served as a stream of chunks."""
+
+    def __init__(self, comp: Completion):
+        self.served_model = comp.served_model or comp.requested_model
+        self.finish_reason = comp.finish_reason or "stop"
+        self.usage = _usage(comp)
+        self.attempts, self.ttft_s = comp.attempts, comp.latency_s
+        self._comp = comp
+
+    async def __aiter__(self):
+        yield {"choices": [{"index": 0, "delta": {"content": self._comp.answer}, "finish_reason": None}]}
+        yield {"choices": [{"index": 0, "delta": {}, "finish_reason": self.finish_reason}]}
+
+    def cost(self) -> tuple[float, str]:
+        return self._comp.cost_usd, self._comp.cost_source
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _usage(comp: Completion) -> dict | None:
+    if comp.prompt_tokens is None and comp.completion_tokens is None:
+        return None
+    pt, ct = comp.prompt_tokens or 0, comp.completion_tokens or 0
+    return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+
+
+class Workers:
+    """One client per configured worker (HTTP clients share one connection pool), with each
+    worker's concurrency and rate limits. Start and close inside the serving event loop."""
+
+    def __init__(self, config: WorkersConfig, attempts: int | None):
+        self.config = config.model_copy(update={"max_attempts": attempts}) if attempts else config
+        self.specs = {w.id: w for w in self.config.workers}
+        self.clients: dict[str, Any] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._limits: dict[str, RateLimiter] = {}
+        self._pool = None
+
+    async def start(self) -> None:
+        from fugu_pipeline.clients import UpstreamPool, make_http_client
+        from fugu_pipeline.workers import make_client
+
+        self._pool = UpstreamPool(self.config)
+        for wid, spec in self.specs.items():
+            self.clients[wid] = (make_client(spec, self.config) if spec.kind == "mock"
+                                 else make_http_client(spec, self.config, pool=self._pool, stream=False))
+            self._slots[wid] = asyncio.Semaphore(spec.max_concurrency)
+            self._limits[wid] = RateLimiter(spec.requests_per_minute)
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.aclose()
+        if self._pool is not None:
+            await self._pool.aclose()
+
+    def _messages(self, wid: str, messages: list[dict]) -> list[dict]:
+        spec = self.specs[wid]
+        if spec.kind == "mock":  # the mock pool reads plain-text content
+            messages = [{"role": m["role"], "content": content_text(m.get("content"))} for m in messages]
+        if spec.system_prompt and not any(m.get("role") in ("system", "developer") for m in messages):
+            messages = [{"role": "system", "content": spec.system_prompt}, *messages]
+        return messages
+
+    async def complete(self, wid: str, messages: list[dict], params: dict) -> Completion:
+        client, msgs = self.clients[wid], self._messages(wid, messages)
+        async with self._slots[wid]:
+            await self._limits[wid].wait()
+            if self.specs[wid].kind == "mock":
+                return await client.complete(msgs)
+            return await client.complete(msgs, params=params)
+
+    async def open_stream(self, wid: str, messages: list[dict], params: dict):
+        """An open stream whose first chunk has arrived. Holds the worker's concurrency slot
+        until `release(wid)`, which the caller must call (also when this raises: it does not)."""
+        client, msgs = self.clients[wid], self._messages(wid, messages)
+        await self._slots[wid].acquire()
+        try:
+            await self._limits[wid].wait()
+            if self.specs[wid].kind == "mock":
+                return _CompletionStream(await client.complete(msgs))
+            return await client.open_stream(msgs, params)
+        except BaseException:
+            self._slots[wid].release()
+            raise
+
+    def release(self, wid: str) -> None:
+        self._slots[wid].release()
+
+
+# --------------------------------------------------------------------------- the service
+
+
+class Service:
+    def __init__(self, source: RouterSource, workers: Workers, *, api_token: str | None, max_body_bytes: int,
+                 batch_window_ms: float, max_batch: int):
+        self.source, self.workers = source, workers
+        self.api_token = api_token or None
+        self.max_body_bytes = max_body_bytes
+        self.batcher = RouteBatcher(self._route_batch, window_ms=batch_window_ms, max_batch=max_batch)
+        self.started, self.started_wall = time.monotonic(), time.time()
+        self.counts = {"requests": 0, "served": 0, "fallbacks": 0, "all_workers_failed": 0}
+
+    def _route_batch(self, requests: list[RouteRequest]) -> list[RouteDecision | Exception]:
+        """Runs in a worker thread: one router (so one checkpoint) for the whole batch."""
+        with self.source.lock:
+            try:
+                router = self.source.get()
+            except Exception as exc:
+                raise RouterUnavailable(f"no router could be loaded: {type(exc).__name__}: {exc}") from exc
+            out = route_grouped(router, requests)
+        tag = checkpoint_tag(router)
+        for d in out:
+            if isinstance(d, RouteDecision):
+                d.extra["checkpoint_tag"] = tag
+        return out
+
+    def check_auth(self, request: Request) -> None:
+        if self.api_token is None:
+            return
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), self.api_token.encode()):
+            raise APIError(401, "invalid or missing bearer token: send 'Authorization: Bearer <token>' with the "
+                           "token this server was started with (FUGU_SERVE_TOKEN)", code="invalid_api_key",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    async def route(self, req: ChatRequest) -> RouteDecision:
+        try:
+            return await self.batcher.route(RouteRequest(req.text, req.domain, req.allowed, req.cost_weight))
+        except RouterError as exc:
+            raise APIError(400, str(exc), param="fugu_allowed_workers", code="unknown_worker") from None
+        except RouterUnavailable as exc:
+            raise APIError(503, str(exc), type="server_error", code="router_unavailable") from None
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def _route_info(d: RouteDecision) -> dict:
+    return {"chosen_worker": d.worker_id, "probabilities": {w: round(p, 6) for w, p in d.probabilities.items()},
+            "ranking": d.ranking, "checkpoint": d.checkpoint, "checkpoint_tag": d.extra.get("checkpoint_tag")}
+
+
+def _headers(info: dict) -> dict[str, str]:
+    h = {"x-fugu-worker": info["chosen_worker"], "x-fugu-attempts": str(info["attempts"]),
+         "x-fugu-latency-ms": f"{info['latency_ms']:.1f}", "x-fugu-checkpoint": info["checkpoint_tag"] or ""}
+    if info.get("served_by"):
+        h["x-fugu-served-by"] = info["served_by"]
+    if info.get("cost_source") not in (None, "none"):
+        h["x-fugu-cost-usd"] = f"{info['cost_usd']:.8g}"
+    return h
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+async def chat_completions(request: Request) -> Response:
+    t0 = time.perf_counter()
+    svc: Service = request.app.state.fugu
+    svc.check_auth(request)
+    req = parse_chat_request(await read_body(request, svc.max_body_bytes))
+    svc.counts["requests"] += 1
+    decision = await svc.route(req)
+    t_routed = time.perf_counter()
+
+    errors: list[dict] = []
+    calls, upstream_s, served, result = 0, 0.0, None, None
+    for wid in decision.ranking:
+        if wid not in svc.workers.clients:
+            errors.append({"worker": wid, "error": "not in this server's worker config", "status": None})
+            continue
+        calls += 1
+        t = time.perf_counter()
+        try:
+            if req.stream:
+                result = await svc.workers.open_stream(wid, req.messages, req.params)
+            else:
+                result = await svc.workers.complete(wid, req.messages, req.params)
+        except WorkerCallError as exc:
+            errors.append({"worker": wid, "error": str(exc), "status": exc.status, "attempts": exc.attempts})
+            log.warning("worker %s failed, falling back: %s", wid, exc)
+            continue
+        finally:
+            upstream_s += time.perf_counter() - t
+        served = wid
+        break
+
+    info = {**_route_info(decision), "served_by": served, "domain": req.domain or "general", "attempts": calls,
+            "fallback_errors": errors, "route_ms": _ms(t_routed - t0), "upstream_ms": _ms(upstream_s)}
+    if served is None:
+        svc.counts["all_workers_failed"] += 1
+        info["latency_ms"] = _ms(time.perf_counter() - t0)
+        info["overhead_ms"] = round(info["latency_ms"] - info["upstream_ms"], 3)
+        detail = "; ".join(f"{e['worker']}: {e['error']}" for e in errors)
+        raise APIError(502, f"all {len(decision.ranking)} workers failed: {detail}", type="upstream_error",
+                       code="all_workers_failed", extra={"fugu_lite": info}, headers=_headers(info))
+    svc.counts["served"] += 1
+    svc.counts["fallbacks"] += bool(errors)
+    if req.stream:
+        return _stream_response(svc, req, served, result, info, t0, upstream_s)
+
+    comp: Completion = result
+    info["served_model"] = comp.served_model or comp.requested_model
+    info["cost_usd"], info["cost_source"] = comp.cost_usd, comp.cost_source
+    info["latency_ms"] = _ms(time.perf_counter() - t0)
+    info["overhead_ms"] = round(info["latency_ms"] - info["upstream_ms"], 3)
+    body = {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+        "model": info["served_model"],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": comp.answer},
+                     "finish_reason": comp.finish_reason or "stop", "logprobs": None}],
+        "usage": _usage(comp), "fugu_lite": info,
+    }
+    return JSONResponse(body, headers=_headers(info))
+
+
+def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dict, t0: float,
+                     upstream_s: float) -> StreamingResponse:
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": stream.served_model or getattr(svc.workers.specs[wid], "model", wid)}
+    info["served_model"] = head["model"]
+    info["latency_ms"] = _ms(time.perf_counter() - t0)  # until the first byte
+    info["overhead_ms"] = round(info["latency_ms"] - info["upstream_ms"], 3)
+    headers = _headers(info)
+
+    async def relay():
+        t_first = time.perf_counter()
+        yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                         "finish_reason": None}], "fugu_lite": info})
+        try:
+            async for chunk in stream:
+                choices = [{"index": c.get("index", 0), "delta": c.get("delta") or {},
+                            "finish_reason": c.get("finish_reason")}
+                           for c in chunk.get("choices") or [] if isinstance(c, dict)]
+                if choices:
+                    yield _sse({**head, "choices": choices})
+        except WorkerCallError as exc:
+            log.warning("worker %s failed after the stream had started: %s", wid, exc)
+            yield _sse({"error": {"message": f"worker {wid} failed mid-stream: {exc}", "type": "upstream_error",
+                                  "param": None, "code": "upstream_stream_error"}})
+            yield "data: [DONE]\n\n"
+            return
+        final = dict(info)  # complete now: cost, usage, whole-stream timings
+        final["cost_usd"], final["cost_source"] = stream.cost()
+        final["usage"] = stream.usage
+        final["upstream_ms"] = _ms(upstream_s + time.perf_counter() - t_first)
+        final["latency_ms"] = _ms(time.perf_counter() - t0)
+        final["overhead_ms"] = round(final["latency_ms"] - final["upstream_ms"], 3)
+        yield _sse({**head, "choices": [], "usage": stream.usage if req.include_usage else None, "fugu_lite": final})
+        yield "data: [DONE]\n\n"
+
+    async def cleanup() -> None:
+        svc.workers.release(wid)
+        await stream.aclose()
+
+    return _RelayResponse(relay(), cleanup, media_type="text/event-stream",
+                          headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class _RelayResponse(StreamingResponse):
+    """Closes the upstream stream and frees the worker's slot however the response ends, even
+    when the client leaves before the first chunk is sent."""
+
+    def __init__(self, content, cleanup: Callable[[], Any], **kw):
+        super().__init__(content, **kw)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._cleanup()
+
+
+async def list_models(request: Request) -> Response:
+    svc: Service = request.app.state.fugu
+    svc.check_auth(request)
+    created = int(svc.started_wall)
+    data = [{"id": ROUTER_MODEL, "object": "model", "created": created, "owned_by": "fugu-lite"}]
+    for w in svc.workers.config.workers:
+        data.append({"id": w.id, "object": "model", "created": created, "owned_by": w.kind,
+                     "upstream_model": getattr(w, "model", None)})
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    svc: Service = request.app.state.fugu
+    def current() -> Router:
+        with svc.source.lock:
+            return svc.source.get()
+
+    try:
+        router = await asyncio.to_thread(current)
+    except Exception as exc:
+        return JSONResponse({"status": "error", "error": f"no router could be loaded: {type(exc).__name__}: {exc}",
+                             "uptime_s": round(time.monotonic() - svc.started, 3)}, status_code=503)
+    m = router.checkpoint.manifest
+    return JSONResponse({
+        "status": "ok",
+        "uptime_s": round(time.monotonic() - svc.started, 3),
+        "checkpoint": {"path": router.path, "tag": checkpoint_tag(router), "content_hash": m.content_hash,
+                       "method": m.method, "worker_ids": router.worker_ids},
+        "reload_error": svc.source.reload_error,
+        "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None), "routed": w.id in router.worker_ids}
+                    for w in svc.workers.config.workers],
+        "batching": svc.batcher.stats(),
+        "counts": dict(svc.counts),
+    })
+
+
+# --------------------------------------------------------------------------- factory and runner
+
+
+def create_app(
+    router_provider: Router | PromotedRouter | Callable[[], Router],
+    workers_config: WorkersConfig | str | Path,
+    *,
+    api_token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    worker_attempts: int | None = 1,
+) -> Starlette:
+    """The Starlette app. `api_token` None or "" means no auth; `worker_attempts` None keeps the
+    worker config's `max_attempts`. Refuses a router whose workers the config does not define."""
+    config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
+    source = RouterSource(router_provider)
+    router = source.get()
+    missing = [w for w in router.worker_ids if w not in config.worker_ids]
+    if missing:
+        raise ValueError(f"checkpoint {router.path} routes to worker(s) {missing} that the worker config does not "
+                         f"define (it has {config.worker_ids}); serve it with the worker config it was trained with")
+    svc = Service(source, Workers(config, worker_attempts), api_token=api_token, max_body_bytes=max_body_bytes,
+                  batch_window_ms=batch_window_ms, max_batch=max_batch)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        await svc.workers.start()
+        try:
+            yield
+        finally:
+            await svc.workers.close()
+
+    app = Starlette(
+        routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                Route("/v1/models", list_models, methods=["GET"]),
+                Route("/health", health, methods=["GET"])],
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        lifespan=lifespan,
+    )
+    app.state.fugu = svc
+    return app
+
+
+def load_router_provider(checkpoint_or_models_dir: str | Path, *, device: str = "auto", dtype: str = "auto",
+                         encoder: str | None = None) -> Router | PromotedRouter:
+    """A models directory with `promoted/current.json` gives a PromotedRouter (follows promotions);
+    a checkpoint directory gives a fixed Router."""
+    path = Path(checkpoint_or_models_dir)
+    if (path / POINTER).exists():
+        return PromotedRouter(path, device=device, dtype=dtype, encoder=encoder)
+    if (path / "manifest.json").exists() or path.is_file():
+        return Router.load(path, device=device, dtype=dtype, encoder=encoder)
+    raise RouterError(f"{path} is neither a checkpoint directory (manifest.json + head.safetensors) nor a models "
+                      f"directory with {POINTER}; pass a trained checkpoint or the models directory")
+
+
+def serve(
+    checkpoint_or_models_dir: str | Path,
+    workers_config_path: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    *,
+    api_token: str | None = None,
+    device: str = "auto",
+    encoder: str | None = None,
+    batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    worker_attempts: int | None = 1,
+    torch_threads: int | None = None,
+    log_level: str = "info",
+) -> None:
+    """Load the router and workers, then serve until interrupted. The token is `api_token`, else
+    `$FUGU_SERVE_TOKEN`; API keys for workers come from the environment or a `.env` file.
+    `torch_threads` caps torch's CPU threads for the encoder (None: torch's default); on a CPU
+    shared with other work, 1 avoids threads spinning against each other."""
+    import uvicorn
+
+    from fugu_pipeline.clients import load_env_file
+
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    load_env_file()
+    if torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+    token = api_token if api_token is not None else (os.environ.get("FUGU_SERVE_TOKEN") or None)
+    if token is None and host not in LOOPBACK:
+        log.warning("serving on %s without a token: set FUGU_SERVE_TOKEN (or --token), and put TLS in front", host)
+    provider = load_router_provider(checkpoint_or_models_dir, device=device, encoder=encoder)
+    app = create_app(provider, workers_config_path, api_token=token, max_body_bytes=max_body_bytes,
+                     batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts)
+    router = app.state.fugu.source.last
+    log.info("fugu-lite serving %s (%s) on http://%s:%d/v1", checkpoint_tag(router), router.path, host, port)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
