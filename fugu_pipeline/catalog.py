@@ -13,8 +13,6 @@ Plain Python, no dagster.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +20,7 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from fugu_pipeline.files import atomic_write
 from fugu_pipeline.schemas import canonical_json, sha256_text
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
@@ -162,23 +161,7 @@ def _now_iso() -> str:
 
 
 def write_json_atomic(path: Path, text: str) -> None:
-    """Write a temporary file beside `path`, fsync it, rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    atomic_write(path, text)
 
 
 def save_snapshot(snapshot: CatalogSnapshot, folder: str | Path) -> Path:

@@ -30,25 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from fugu_pipeline.encoder import Encoder, EncoderSettings, LazyEncoder
+from fugu_pipeline.files import atomic_write
 from fugu_pipeline.schemas import FeatureContract, sha256_text
 
 META = "meta.json"
 SHARD_SUFFIX = ".safetensors"
-TMP_PREFIX = ".tmp-"
 KEY_BYTES = 32
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary name in the same directory, fsync, rename over `path`."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 class EmbeddingCache:
@@ -59,14 +46,18 @@ class EmbeddingCache:
         self.dir = Path(root) / fingerprint
         self._index: dict[bytes, tuple[Path, int]] = {}
         self._seen: set[str] = set()
+        self._meta: dict | None = None
 
     # ----------------------------------------------------------------- metadata
 
     def meta(self) -> dict | None:
-        try:
-            return json.loads((self.dir / META).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
+        """The directory's meta.json (read once: it never changes after it is written)."""
+        if self._meta is None:
+            try:
+                self._meta = json.loads((self.dir / META).read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                return None
+        return self._meta
 
     @property
     def dim(self) -> int | None:
@@ -82,7 +73,8 @@ class EmbeddingCache:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         meta = {"fingerprint": self.fingerprint, "dim": int(dim), "created_at": time.time(), **extra}
-        atomic_write_bytes(self.dir / META, json.dumps(meta, indent=2, sort_keys=True).encode())
+        atomic_write(self.dir / META, json.dumps(meta, indent=2, sort_keys=True).encode())
+        self._meta = meta
 
     # ----------------------------------------------------------------- index
 
@@ -93,7 +85,7 @@ class EmbeddingCache:
         if not self.dir.is_dir():
             return
         for path in sorted(self.dir.glob("*" + SHARD_SUFFIX)):
-            if path.name.startswith(TMP_PREFIX) or path.name in self._seen:
+            if path.name in self._seen:  # temporary files end in .tmp, never in the shard suffix
                 continue
             self._seen.add(path.name)
             try:
@@ -155,7 +147,7 @@ class EmbeddingCache:
         key_arr = np.frombuffer(b"".join(new), dtype=np.uint8).reshape(len(new), KEY_BYTES)
         data = save({"keys": key_arr, "vectors": np.ascontiguousarray(vectors[list(new.values())])})
         path = self.dir / f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}{SHARD_SUFFIX}"
-        atomic_write_bytes(path, data)
+        atomic_write(path, data)
         self._seen.add(path.name)
         for row, raw in enumerate(new):
             self._index[raw] = (path, row)

@@ -6,13 +6,12 @@ Shared by the Dagster assets and the command line, so both compute the same figu
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from fugu_pipeline import reward_matrix as rm
+from fugu_pipeline.files import atomic_write
 from fugu_pipeline.metrics import EvalInputs, evaluation_report, plot_report, summary_line
 from fugu_pipeline.schemas import UtilityConfig
 
@@ -94,11 +93,7 @@ def write_report(rep: dict, out_dir: Path, prefix: str = "report") -> tuple[Path
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = plot_report(rep, out_dir, prefix)
     rep = {**rep, "plots": [p.name for p in plots]}
-    path = out_dir / f"{prefix}.json"
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(rep, fh, indent=2, sort_keys=True, default=float)
-    os.replace(tmp, path)
+    path = atomic_write(out_dir / f"{prefix}.json", json.dumps(rep, indent=2, sort_keys=True, default=float))
     return path, plots
 
 

@@ -28,11 +28,11 @@ import gzip
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 
 import polars as pl
 
+from fugu_pipeline.files import atomic_write
 from fugu_pipeline.reward_matrix import read_reward_jsonl
 from fugu_pipeline.schemas import RewardRow
 from fugu_pipeline.tasks import TaskFileError
@@ -338,16 +338,7 @@ def write_reward_jsonl(rows: list[RewardRow], out_path) -> Path:
         if r.task_id in seen:
             raise ValueError(f"{out_path}: duplicate task_id {r.task_id!r}")
         seen.add(r.task_id)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f"{out_path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("w", encoding="utf-8") as fh:
-            for r in rows:
-                fh.write(json.dumps(r.model_dump(exclude_none=True), ensure_ascii=False) + "\n")
-        os.replace(tmp, out_path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out_path
+    return atomic_write(out_path, "".join(json.dumps(r.model_dump(exclude_none=True), ensure_ascii=False) + "\n" for r in rows))
 
 
 # --------------------------------------------------------------------------- summary and dispatcher

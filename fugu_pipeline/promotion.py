@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from fugu_pipeline.files import atomic_write
 from fugu_pipeline.metrics import paired_bootstrap
 from fugu_pipeline.router import POINTER, read_pointer
 
@@ -115,31 +115,9 @@ def decide(challenger: Candidate, champion: Candidate | None, policy: PromotionP
     return Decision(promote=bool(ok), challenger=challenger.path, reasons=reasons, figures=figures)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_pointer(models_dir: str | Path, pointer: dict) -> Path:
     """Atomically replace models/promoted/current.json: a reader sees the old or the new one."""
-    path = Path(models_dir) / POINTER
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".current.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(pointer, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
+    return atomic_write(Path(models_dir) / POINTER, json.dumps(pointer, indent=2, sort_keys=True) + "\n")
 
 
 def append_history(models_dir: str | Path, record: dict) -> None:

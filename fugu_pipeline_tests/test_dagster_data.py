@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import dagster as dg
-import pytest
 
 from fugu_pipeline.definitions import build_defs
 from fugu_pipeline.defs import data
