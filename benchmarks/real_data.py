@@ -9,8 +9,11 @@ Datasets (all under --routing, see ../shared/data/SOURCES.md; nothing is copied 
   of prompts (hashed by prompt text) is held out. APGR and CPT(50 %)/CPT(80 %) are reported.
 
 Utility is the quality itself (cost and latency weights 0), so router utility = router accuracy.
-For each dataset two heads are trained (LayerNorm+linear SFT, and the per-worker quality head);
-the one with the better VALIDATION utility is reported, never the better test figure.
+The pipeline's own chain, with every choice made on the VALIDATION split, never on test: three SFT
+heads (layernorm_linear, normed_linear, quality) at each --lrs learning rate; RL (expected_reward)
+from the best policy head; CMA-ES from RL; the reported checkpoint is the best of all of them on
+validation, by validation APGR for the 2-model sets (where sending everything to the strong model
+maximises raw utility, so the ranking is what matters), by validation utility otherwise.
 The prompt template puts the task's domain in front of the prompt ("{domain}: {prompt}"): the
 domain is a routing-time hint (the server's `domain` field), not an answer.
 
@@ -56,19 +59,32 @@ def run(name: str, kind: str, folder: Path, args) -> dict:
     lazy.close()
     print(f"[{name}] {summary['rows']} rows, splits {data.counts()}; {emb.n_computed} prompts encoded "
           f"({emb.seconds:.0f}s), {emb.n_cached} cached", flush=True)
+    def val_score(path):
+        rep = evaluate_checkpoint(load_checkpoint(path), data, "val", n_boot=200)
+        return rep["apgr"]["apgr"] if "apgr" in rep else rep["router_utility"]
+
+    metric = "APGR" if len(data.worker_ids) == 2 else "utility"
     candidates = []
-    for head, lr in (("layernorm_linear", 0.001), ("quality", 0.001)):
-        cfg = training.SFTConfig(head=head, lr=lr, weight_decay=0.001, patience=20, seed=args.seed)
-        result = training.train_sft(data, cfg, log=lambda m: None)
-        path = result.save(work / "models")
-        val = result.metrics.get("val_utility")
-        candidates.append((val, head, path))
-        print(f"[{name}] sft/{head}: val utility {val:.4f} -> {path}", flush=True)
-    val, head, path = max(candidates, key=lambda c: c[0])
+    for head, lr in [(h, lr) for h in ("layernorm_linear", "normed_linear", "quality") for lr in args.lrs]:
+        cfg = training.SFTConfig(head=head, lr=lr, weight_decay=0.01, patience=30, epochs=150, seed=args.seed)
+        path = training.train_sft(data, cfg, log=lambda m: None).save(work / "models")
+        candidates.append((val_score(path), f"sft {head} lr={lr:g}", path, cfg))
+        print(f"[{name}] {candidates[-1][1]}: validation {metric} {candidates[-1][0]:.4f} -> {path}", flush=True)
+    sft = max((c for c in candidates if not c[1].startswith("sft quality")), key=lambda c: c[0])  # RL needs a policy head
+    rl_cfg = training.RLConfig(head=sft[3].head, estimator="expected_reward", lr=0.001, epochs=60, patience=15, seed=args.seed)
+    init = load_checkpoint(sft[2]).state_dict
+    rl = training.train_rl(data, rl_cfg, init_state=init, log=lambda m: None).save(work / "models")
+    candidates.append((val_score(rl), f"rl from {sft[1]}", rl, rl_cfg))
+    es_cfg = training.ESConfig(head=sft[3].head, generations=200, seed=args.seed)
+    es = training.train_es(data, es_cfg, init_state=load_checkpoint(rl).state_dict, log=lambda m: None).save(work / "models")
+    candidates.append((val_score(es), f"es from rl", es, es_cfg))
+    for c in candidates[-2:]:
+        print(f"[{name}] {c[1]}: validation {metric} {c[0]:.4f} -> {c[2]}", flush=True)
+    val, head, path, _ = max(candidates, key=lambda c: c[0])
     rep = evaluate_checkpoint(load_checkpoint(path, expected_contract=data.contract), data, "test")
     write_report(rep, work / "report", "test")
     row = {
-        "dataset": name, "n_test": rep["n_tasks"], "head": head, "val_utility": val,
+        "dataset": name, "n_test": rep["n_tasks"], "head": head, "val_selection_metric": val,
         "router_accuracy": rep["router_utility"], "best_fixed_on_train": rep["best_fixed_worker"],
         "best_fixed_accuracy": rep["best_fixed_utility"], "oracle_accuracy": rep["oracle_utility"],
         "random_accuracy": rep["random_utility"], "router_minus_best_fixed": rep["router_minus_best_fixed"],
@@ -103,6 +119,8 @@ def main() -> int:
     ap.add_argument("--work-dir", default="data/real_data")
     ap.add_argument("--cache-dir", default="data/embeddings")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lrs", type=lambda v: [float(x) for x in v.split(",")], default=[0.001, 0.003],
+                    help="learning rates tried for every head (comma-separated); the pick is made on validation")
     ap.add_argument("--out", type=Path, default=None, help="write all figures as JSON here")
     args = ap.parse_args()
     if not args.routing.is_dir():

@@ -30,6 +30,13 @@ def _print_json(obj) -> None:
 
 
 def cmd_pipeline(args) -> int:
+    import warnings
+
+    from dagster import BetaWarning, PreviewWarning
+
+    # the APIs used are stable in practice (partition mappings, Output.data_version): keep the output readable
+    warnings.filterwarnings("ignore", category=BetaWarning)
+    warnings.filterwarnings("ignore", category=PreviewWarning)
     from fugu_pipeline.defs.runner import run_pipeline
 
     encoder = _encoder_name(args)
