@@ -71,7 +71,10 @@ def run_pipeline(
         mats = res.get_asset_materialization_events()
         meta = mats[-1].materialization.metadata if mats else {}
         results[label] = {k: getattr(v, "value", v) for k, v in meta.items()}
-        echo(f"  {label:<40} done in {time.monotonic() - t0:6.2f}s")
+        detail = ""
+        if key == "responses":
+            detail = f"  called {results[label].get('called')}, already done {results[label].get('already_done')}"
+        echo(f"  {label:<40} done in {time.monotonic() - t0:6.2f}s{detail}")
 
     echo(f"fugu-lite pipeline: {len(batches)} batch(es) x {len(config.worker_ids)} worker(s), workers from {workers_config}")
     for b in batches:
