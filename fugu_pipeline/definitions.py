@@ -29,7 +29,7 @@ def build_defs(project_dir: str | None = None, workers_config: str | None = None
                 models.router_sft, models.router_rl, models.router_es,
                 models.eval_report_sft, models.eval_report_rl, models.eval_report_es, models.promoted_router],
         asset_checks=[data.cells_complete, data.worker_order_fixed, data.no_nan, data.learning_signal],
-        sensors=[data.benchgen_batch_sensor, catalog.catalog_change_sensor],
+        sensors=[data.benchgen_batch_sensor, catalog.catalog_change_sensor, data.reward_matrix_automation],
         resources={
             "pipeline": pipeline,
             "openrouter": catalog.OpenRouterResource.from_env(),

@@ -131,3 +131,23 @@ def test_workspace_and_instance_files_are_valid():
     inst = yaml.safe_load((REPO / "dagster.yaml").read_text())
     assert inst["concurrency"]["pools"]["default_limit"] == 1
     assert inst["storage"]["sqlite"]["base_dir"]
+
+
+def test_reward_matrix_is_requested_once_every_response_partition_is_done(project):
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    job = defs.resolve_implicit_global_asset_job_def()
+    workers_ = ["math-expert", "code-expert", "general-expert"]
+    matrix = dg.AssetKey("reward_matrix")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("task_batches", ["sample"])
+        instance.add_dynamic_partitions("workers", workers_)
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        assert result.get_num_requested(matrix) == 0
+        job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("tasks")], partition_key="sample")
+        for i, w in enumerate(workers_):
+            job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("responses")],
+                                   partition_key=dg.MultiPartitionKey({"batch": "sample", "worker": w}))
+            result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
+            assert result.get_num_requested(matrix) == (1 if i == len(workers_) - 1 else 0)
+    sensors = {s.name: s.default_status for s in defs.get_repository_def().sensor_defs}
+    assert sensors["reward_matrix_automation"] == dg.DefaultSensorStatus.RUNNING

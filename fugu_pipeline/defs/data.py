@@ -275,3 +275,12 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
         dynamic_partitions_requests=[task_batches.build_add_request(added)] if added else [],
         cursor=json.dumps(cursor, sort_keys=True),
     )
+
+
+reward_matrix_automation = dg.AutomationConditionSensorDefinition(
+    "reward_matrix_automation",
+    target=dg.AssetSelection.assets(reward_matrix),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=30,
+    description="Rebuilds the reward matrix once the responses partitions it reads are done (eager).",
+)
