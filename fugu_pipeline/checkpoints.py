@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fugu_pipeline.files import fsync_dir
 from fugu_pipeline.schemas import FeatureContract, canonical_json
 
 CODE_VERSION = "fugu-train-1"  # bump when heads/training change what a given config and data produce
@@ -137,7 +138,7 @@ def save_checkpoint(
             if (target / MANIFEST_FILE).exists():
                 return target  # another process saved the same checkpoint first
             raise CheckpointError(f"{target} exists but holds no {MANIFEST_FILE}; delete it and save again") from None
-        _fsync_dir(parent)
+        fsync_dir(parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
@@ -241,11 +242,3 @@ def _write_synced(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

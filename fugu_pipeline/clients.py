@@ -358,18 +358,12 @@ class HTTPWorkerClient:
         saw_chunk = False
         done = False
         async for line in r.aiter_lines():  # read to the end, so the connection goes back to the pool
-            if done or not line.startswith("data:"):
-                continue  # blank separators, ": keep-alive" comments, event names
-            payload = line[5:].strip()
-            if payload == "[DONE]":
+            chunk = None if done else sse_chunk(line)
+            if chunk is None:
+                continue
+            if chunk is SSE_DONE:
                 done = True
                 continue
-            try:
-                chunk = json.loads(payload)
-            except ValueError:
-                raise _Retry("malformed JSON in the reply stream") from None
-            if not isinstance(chunk, dict):
-                raise _Retry("a reply stream chunk that is not a JSON object")
             if chunk.get("error"):
                 self._raise_embedded(chunk["error"], key)
             saw_chunk = True
@@ -534,17 +528,13 @@ class UpstreamStream:
                 line = await self._lines.__anext__()
             except StopAsyncIteration:
                 break
-            if not line.startswith("data:"):
-                continue  # blank separators, ": keep-alive" comments, event names
-            payload = line[5:].strip()
-            if payload == "[DONE]":
+            chunk = sse_chunk(line)
+            if chunk is None:
+                continue
+            if chunk is SSE_DONE:
+                async for _ in self._lines:  # read to the end, so the connection goes back to the pool
+                    pass
                 break
-            try:
-                chunk = json.loads(payload)
-            except ValueError:
-                raise _Retry("malformed JSON in the reply stream") from None
-            if not isinstance(chunk, dict):
-                raise _Retry("a reply stream chunk that is not a JSON object")
             if chunk.get("error"):
                 self.client._raise_embedded(chunk["error"], self._key)
             for c in chunk.get("choices") or []:
@@ -581,6 +571,27 @@ class UpstreamStream:
 
     async def aclose(self) -> None:
         await self.response.aclose()
+
+
+SSE_DONE: dict = {}  # sentinel: the `data: [DONE]` line
+
+
+def sse_chunk(line: str) -> dict | None:
+    """One server-sent-events line of a chat-completions stream: the chunk, `SSE_DONE`, or None
+    for lines that carry no data (blank separators, `: keep-alive` comments, event names).
+    Malformed JSON is retryable, like a glitch in a non-streamed reply."""
+    if not line.startswith("data:"):
+        return None
+    payload = line[5:].strip()
+    if payload == "[DONE]":
+        return SSE_DONE
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        raise _Retry("malformed JSON in the reply stream") from None
+    if not isinstance(chunk, dict):
+        raise _Retry("a reply stream chunk that is not a JSON object")
+    return chunk
 
 
 def _text(content: object) -> str:
