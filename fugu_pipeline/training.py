@@ -26,15 +26,14 @@ from typing import Any, Callable, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from cmaes import SepCMA
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fugu_pipeline.checkpoints import save_checkpoint
 from fugu_pipeline.heads import HEAD_KINDS, QualityHead, RoutingHead, build_head
 from fugu_pipeline.schemas import FeatureContract, UtilityConfig
 from fugu_pipeline.training_data import RoutingData, TrainingDataError
-from fugu_pipeline.worker_config import format_validation_error
+from fugu_pipeline.config_files import load_yaml_model
 
 Log = Callable[[str], None]
 _logger = logging.getLogger(__name__)
@@ -95,21 +94,8 @@ class ConfigError(ValueError):
 
 
 def load_config(path: str | Path, cls: type[BaseModel]) -> Any:
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of {cls.__name__} fields at the top level")
-    try:
-        return cls.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"{path}: {format_validation_error(exc, raw)}") from None
+    """A trainer config from YAML (an empty file means all defaults); errors name file and field."""
+    return load_yaml_model(path, cls, ConfigError, what="config file", empty_ok=True)
 
 
 # --------------------------------------------------------------------------- results

@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from fugu_pipeline.config_files import load_yaml_model
 from fugu_pipeline.schemas import UtilityConfig
 
 WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
@@ -117,38 +117,4 @@ class WorkerConfigError(ValueError):
 
 
 def load_workers_config(path: str | Path) -> WorkersConfig:
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise WorkerConfigError(f"{path}: worker config not found") from None
-    except yaml.YAMLError as exc:
-        raise WorkerConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise WorkerConfigError(f"{path}: expected a mapping with a 'workers' list at the top level")
-    try:
-        return WorkersConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise WorkerConfigError(f"{path}: {format_validation_error(exc, raw)}") from None
-
-
-def format_validation_error(exc: ValidationError, raw: object | None = None) -> str:
-    """One line per problem, each naming the field path (`workers[2].model`) and, for list
-    items, the worker id when there is one."""
-    lines = []
-    for err in exc.errors():
-        parts: list[str] = []
-        after_index = False
-        for item in err["loc"]:
-            if isinstance(item, int):
-                parts[-1:] = [f"{parts[-1]}[{item}]" if parts else f"[{item}]"]
-                after_index = True
-                continue
-            if after_index and item in ("mock", "openrouter", "openai_compatible"):
-                after_index = False
-                continue  # the discriminator tag pydantic inserts after a list index
-            after_index = False
-            parts.append(str(item))
-        field = ".".join(parts) or "(top level)"
-        lines.append(f"field '{field}': {err['msg'].removeprefix('Value error, ')}")
-    return "; ".join(lines)
+    return load_yaml_model(path, WorkersConfig, WorkerConfigError, what="worker config")
