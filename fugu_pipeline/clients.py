@@ -282,13 +282,7 @@ class HTTPWorkerClient:
 
     @staticmethod
     def _json(raw: bytes) -> dict:
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise _Retry("malformed JSON in an HTTP 200 reply") from None
-        if not isinstance(data, dict):
-            raise _Retry("an HTTP 200 reply that is not a JSON object")
-        return data
+        return _json_object(raw, "an HTTP 200 reply")
 
     # ------------------------------------------------------------------ errors
 
@@ -585,13 +579,18 @@ def sse_chunk(line: str) -> dict | None:
     payload = line[5:].strip()
     if payload == "[DONE]":
         return SSE_DONE
+    return _json_object(payload, "a reply stream chunk")
+
+
+def _json_object(raw: str | bytes, what: str) -> dict:
+    """A JSON object, or a retryable error naming what was malformed (provider glitches pass)."""
     try:
-        chunk = json.loads(payload)
+        data = json.loads(raw)
     except ValueError:
-        raise _Retry("malformed JSON in the reply stream") from None
-    if not isinstance(chunk, dict):
-        raise _Retry("a reply stream chunk that is not a JSON object")
-    return chunk
+        raise _Retry(f"malformed JSON in {what}") from None
+    if not isinstance(data, dict):
+        raise _Retry(f"{what} that is not a JSON object")
+    return data
 
 
 def _text(content: object) -> str:

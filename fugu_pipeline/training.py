@@ -259,6 +259,28 @@ def _set_cost_buffers(head: QualityHead, train: RoutingData, cfg: SFTConfig, log
     head.cost_weight.fill_(float(lam))
 
 
+@dataclass
+class _EarlyStop:
+    """Keeps the weights of the best validation epoch and says when patience has run out."""
+
+    method: str
+    patience: int
+    log: Log
+    best_state: dict[str, torch.Tensor]
+    best_val: float = -float("inf")
+    best_epoch: int = 0
+
+    def stop(self, epoch: int, val_utility: float, head: RoutingHead) -> bool:
+        if val_utility > self.best_val + 1e-12:
+            self.best_val, self.best_epoch, self.best_state = val_utility, epoch, _state(head)
+            return False
+        if epoch - self.best_epoch >= self.patience:
+            self.log(f"{self.method}: early stop at epoch {epoch}; keeping epoch {self.best_epoch} "
+                     f"(val utility {self.best_val:.4f})")
+            return True
+        return False
+
+
 # --------------------------------------------------------------------------- SFT
 
 
@@ -285,7 +307,7 @@ def train_sft(data: RoutingData, cfg: SFTConfig | None = None, log: Log | None =
             f"{len(x)} train / {len(xv)} val tasks")
 
         curves: dict[str, list[float]] = {"train_loss": [], "val_utility": []}
-        best_val, best_epoch, best_state = -float("inf"), 0, _state(head)
+        early = _EarlyStop("sft", cfg.patience, log, _state(head))
         head.train()
         for epoch in range(1, cfg.epochs + 1):
             perm, total = torch.randperm(len(x), generator=gen), 0.0
@@ -306,12 +328,9 @@ def train_sft(data: RoutingData, cfg: SFTConfig | None = None, log: Log | None =
             curves["train_loss"].append(total / len(x))
             curves["val_utility"].append(v)
             log(f"sft epoch {epoch:3d}  loss {total / len(x):.4f}  val utility {v:.4f}")
-            if v > best_val + 1e-12:
-                best_val, best_epoch, best_state = v, epoch, _state(head)
-            elif epoch - best_epoch >= cfg.patience:
-                log(f"sft: early stop at epoch {epoch}; keeping epoch {best_epoch} (val utility {best_val:.4f})")
+            if early.stop(epoch, v, head):
                 break
-    return _result("sft", cfg, head, best_state, data, train, val, curves, best_epoch, t0)
+    return _result("sft", cfg, head, early.best_state, data, train, val, curves, early.best_epoch, t0)
 
 
 # --------------------------------------------------------------------------- RL
@@ -341,8 +360,8 @@ def train_rl(
             f"{'warm start' if init_state is not None else 'fresh init'}, {len(x)} train / {len(xv)} val tasks")
 
         curves: dict[str, list[float]] = {"train_loss": [], "train_expected_utility": [], "val_utility": []}
-        best_val, best_epoch, best_state = _val_utility(head, xv, val.utility), 0, _state(head)
-        log(f"rl epoch   0  val utility {best_val:.4f} (start)")
+        early = _EarlyStop("rl", cfg.patience, log, _state(head), best_val=_val_utility(head, xv, val.utility))
+        log(f"rl epoch   0  val utility {early.best_val:.4f} (start)")
         head.train()
         for epoch in range(1, cfg.epochs + 1):
             perm, total, expected = torch.randperm(len(x), generator=gen), 0.0, 0.0
@@ -369,12 +388,9 @@ def train_rl(
             curves["train_expected_utility"].append(expected / len(x))
             curves["val_utility"].append(v)
             log(f"rl epoch {epoch:3d}  loss {total / len(x):.4f}  E[U] {expected / len(x):.4f}  val utility {v:.4f}")
-            if v > best_val + 1e-12:
-                best_val, best_epoch, best_state = v, epoch, _state(head)
-            elif epoch - best_epoch >= cfg.patience:
-                log(f"rl: early stop at epoch {epoch}; keeping epoch {best_epoch} (val utility {best_val:.4f})")
+            if early.stop(epoch, v, head):
                 break
-    return _result("rl", cfg, head, best_state, data, train, val, curves, best_epoch, t0)
+    return _result("rl", cfg, head, early.best_state, data, train, val, curves, early.best_epoch, t0)
 
 
 # --------------------------------------------------------------------------- CMA-ES
