@@ -26,11 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fugu_pipeline.clients import make_http_client  # noqa: E402
-from fugu_pipeline.responses import ResponseStore, collect_partition  # noqa: E402
-from fugu_pipeline.schemas import Task  # noqa: E402
-from fugu_pipeline.worker_config import WorkersConfig  # noqa: E402
-from fugu_pipeline_tests.stub_llm_server import StubLLMServer  # noqa: E402
+from fugu_pipeline.collect.partition import collect_partition  # noqa: E402
+from fugu_pipeline.collect.store import ResponseStore
+from fugu_pipeline.tasks.schema import Task  # noqa: E402
+from fugu_pipeline.testing.stub_llm import StubLLMServer  # noqa: E402
+from fugu_pipeline.workers.config import WorkersConfig  # noqa: E402
+from fugu_pipeline.workers.http import make_http_client  # noqa: E402
 
 
 @contextmanager
@@ -40,7 +41,7 @@ def stub_server(latency: float, separate: bool):
             s.record_requests = False
             yield s.base_url
         return
-    proc = subprocess.Popen([sys.executable, "-m", "fugu_pipeline_tests.stub_llm_server", "--latency", str(latency)],
+    proc = subprocess.Popen([sys.executable, "-m", "fugu_pipeline.testing.stub_llm", "--latency", str(latency)],
                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         yield proc.stdout.readline().strip()

@@ -37,9 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from fugu_pipeline.embedding_cache import embed_prompts  # noqa: E402
-from fugu_pipeline.encoder import Encoder, EncoderSettings, cpu_has_native_bf16, plan_batches  # noqa: E402
-from fugu_pipeline.tiny_encoder import CORPUS, ensure_tiny_encoder, qwen3_0_6b_shaped_config  # noqa: E402
+from fugu_pipeline.features.cache import embed_prompts  # noqa: E402
+from fugu_pipeline.features.encoder import Encoder, plan_batches  # noqa: E402
+from fugu_pipeline.features.settings import EncoderSettings, cpu_has_native_bf16
+from fugu_pipeline.features.tiny import (  # noqa: E402
+    CORPUS,
+    ensure_tiny_encoder,
+    qwen3_0_6b_shaped_config,
+)
 
 DEFAULT_N = {"tiny": 512, "qwen3-0.6b-shaped": 16}
 DEFAULT_REPEATS = {"tiny": 3, "qwen3-0.6b-shaped": 2}

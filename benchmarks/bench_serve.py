@@ -49,7 +49,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fugu_pipeline_tests.test_serve import build_checkpoints, stub_workers_config, synthetic_tasks  # noqa: E402
+from fugu_pipeline.testing.serving import (  # noqa: E402
+    build_checkpoints,
+    stub_workers_config,
+    synthetic_tasks,
+)
 
 PY = sys.executable
 
@@ -61,7 +65,7 @@ def free_port() -> int:
 
 
 def start_stub(latency_s: float, log: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([PY, "-m", "fugu_pipeline_tests.stub_llm_server", "--latency", str(latency_s)],
+    proc = subprocess.Popen([PY, "-m", "fugu_pipeline.testing.stub_llm", "--latency", str(latency_s)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     url = proc.stdout.readline().strip()
     if not url.startswith("http://"):
@@ -155,7 +159,7 @@ async def load(url: str, clients: int, duration_s: float, prompts: list[str], wa
 def routing_throughput(models: Path, prompts: list[str], batch: int, n: int = 256) -> dict:
     """Prompts routed per second in this process (no HTTP): one `route_batch` call per prompt
     versus calls of `batch` prompts."""
-    from fugu_pipeline.router import PromotedRouter
+    from fugu_pipeline.route.promoted import PromotedRouter
 
     router = PromotedRouter(models, device="cpu")
     router.route_batch(prompts[:batch])  # warm up

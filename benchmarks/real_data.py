@@ -39,20 +39,25 @@ DATASETS = {  # key: (label, importer kind, folder under --routing)
 
 
 def run(name: str, kind: str, folder: Path, args) -> dict:
-    from fugu_pipeline import reward_matrix as rm
-    from fugu_pipeline import training
-    from fugu_pipeline.checkpoints import load_checkpoint
-    from fugu_pipeline.encoder import EncoderSettings, LazyEncoder
-    from fugu_pipeline.evaluation import evaluate_checkpoint, load_routing_data, write_report
-    from fugu_pipeline.importers import import_source
-    from fugu_pipeline.schemas import UtilityConfig
+    from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
+    from fugu_pipeline.features.encoder import LazyEncoder
+    from fugu_pipeline.features.routing_data import load_routing_data
+    from fugu_pipeline.features.settings import EncoderSettings
+    from fugu_pipeline.matrix.build import build, from_import
+    from fugu_pipeline.matrix.importers import import_source
+    from fugu_pipeline.reward import UtilityConfig
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig
+    from fugu_pipeline.train.es import train_es
+    from fugu_pipeline.train.rl import train_rl
+    from fugu_pipeline.train.sft import train_sft
 
     work = Path(args.work_dir) / kind
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     summary = import_source(kind, folder, work / "rewards.jsonl")
     db = work / "matrix.duckdb"
-    rm.build(rm.from_import(work / "rewards.jsonl", UtilityConfig(cost_weight=0.0, latency_weight=0.0)), db)
+    build(from_import(work / "rewards.jsonl", UtilityConfig(cost_weight=0.0, latency_weight=0.0)), db)
     settings = EncoderSettings(model=args.encoder, device=args.device, prompt_template=args.template)
     lazy = LazyEncoder(settings)
     data, emb = load_routing_data(db, lazy, Path(args.cache_dir))
@@ -66,18 +71,18 @@ def run(name: str, kind: str, folder: Path, args) -> dict:
     metric = "APGR" if len(data.worker_ids) == 2 else "utility"
     candidates = []
     for head, lr in [(h, lr) for h in ("layernorm_linear", "normed_linear", "quality") for lr in args.lrs]:
-        cfg = training.SFTConfig(head=head, lr=lr, weight_decay=0.01, patience=30, epochs=150, seed=args.seed)
-        path = training.train_sft(data, cfg, log=lambda m: None).save(work / "models")
+        cfg = SFTConfig(head=head, lr=lr, weight_decay=0.01, patience=30, epochs=150, seed=args.seed)
+        path = train_sft(data, cfg, log=lambda m: None).save(work / "models")
         candidates.append((val_score(path), f"sft {head} lr={lr:g}", path, cfg))
         print(f"[{name}] {candidates[-1][1]}: validation {metric} {candidates[-1][0]:.4f} -> {path}", flush=True)
     sft = max((c for c in candidates if not c[1].startswith("sft quality")), key=lambda c: c[0])  # RL needs a policy head
-    rl_cfg = training.RLConfig(head=sft[3].head, estimator="expected_reward", lr=0.001, epochs=60, patience=15, seed=args.seed)
+    rl_cfg = RLConfig(head=sft[3].head, estimator="expected_reward", lr=0.001, epochs=60, patience=15, seed=args.seed)
     init = load_checkpoint(sft[2]).state_dict
-    rl = training.train_rl(data, rl_cfg, init_state=init, log=lambda m: None).save(work / "models")
+    rl = train_rl(data, rl_cfg, init_state=init, log=lambda m: None).save(work / "models")
     candidates.append((val_score(rl), f"rl from {sft[1]}", rl, rl_cfg))
-    es_cfg = training.ESConfig(head=sft[3].head, generations=200, seed=args.seed)
-    es = training.train_es(data, es_cfg, init_state=load_checkpoint(rl).state_dict, log=lambda m: None).save(work / "models")
-    candidates.append((val_score(es), f"es from rl", es, es_cfg))
+    es_cfg = ESConfig(head=sft[3].head, generations=200, seed=args.seed)
+    es = train_es(data, es_cfg, init_state=load_checkpoint(rl).state_dict, log=lambda m: None).save(work / "models")
+    candidates.append((val_score(es), "es from rl", es, es_cfg))
     for c in candidates[-2:]:
         print(f"[{name}] {c[1]}: validation {metric} {c[0]:.4f} -> {c[2]}", flush=True)
     val, head, path, _ = max(candidates, key=lambda c: c[0])

@@ -12,7 +12,19 @@ import time
 import dagster as dg
 import pytest
 
-from fugu_pipeline.catalog import (
+from fugu_pipeline.api_keys import load_env_file, scrub_secrets
+from fugu_pipeline.collect.partition import collect_partition, collect_partition_sync
+from fugu_pipeline.collect.store import ResponseStore
+from fugu_pipeline.defs.catalog import (
+    FINGERPRINT_TAG,
+    OpenRouterResource,
+    catalog_change_sensor,
+    openrouter_catalog,
+)
+from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.tasks.schema import Task
+from fugu_pipeline.testing.stub_llm import StubLLMServer
+from fugu_pipeline.workers.catalog import (
     CatalogSnapshot,
     diff_snapshots,
     fetch_catalog,
@@ -23,14 +35,10 @@ from fugu_pipeline.catalog import (
     save_snapshot,
     snapshot_from_api,
 )
-from fugu_pipeline.clients import load_env_file, make_http_client, parse_retry_after, scrub_secrets
-from fugu_pipeline.defs.catalog import FINGERPRINT_TAG, OpenRouterResource, catalog_change_sensor, openrouter_catalog
-from fugu_pipeline.defs.resources import PipelineResource
-from fugu_pipeline.responses import ResponseStore, collect_partition, collect_partition_sync
-from fugu_pipeline.schemas import Task
-from fugu_pipeline.worker_config import WorkersConfig
-from fugu_pipeline.workers import FatalWorkerError, WorkerCallError
-from fugu_pipeline_tests.stub_llm_server import StubLLMServer
+from fugu_pipeline.workers.config import WorkersConfig
+from fugu_pipeline.workers.contract import FatalWorkerError, WorkerCallError
+from fugu_pipeline.workers.http import make_http_client
+from fugu_pipeline.workers.retry import parse_retry_after
 
 MODEL = "test/model-a"
 KEY = "sk-or-v1-" + "ab" * 20

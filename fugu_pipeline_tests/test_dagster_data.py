@@ -6,8 +6,8 @@ import sys
 
 import dagster as dg
 
-from fugu_pipeline.definitions import build_defs
 from fugu_pipeline.defs import data
+from fugu_pipeline.defs.assemble import build_defs
 from fugu_pipeline.defs.partitions import task_batches
 from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl

@@ -4,10 +4,13 @@ import asyncio
 
 import pytest
 
-from fugu_pipeline.grading import extract_final_number, grade, grade_local, parse_number
-from fugu_pipeline.schemas import Task, UtilityConfig
-from fugu_pipeline.worker_config import MockWorker
-from fugu_pipeline.workers import MockJudge, WorkerCallError
+from fugu_pipeline.collect.grading import grade, grade_local
+from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.tasks.answers import extract_final_number, parse_number
+from fugu_pipeline.tasks.schema import Task
+from fugu_pipeline.workers.config import MockWorker
+from fugu_pipeline.workers.contract import WorkerCallError
+from fugu_pipeline.workers.mock import MockJudge
 
 
 def T(grader: dict, ref: str | None, prompt: str = "question?") -> Task:
@@ -87,7 +90,7 @@ def test_llm_judge_needs_a_judge_and_a_score():
 
     class Mute:
         async def complete(self, messages, task=None):
-            from fugu_pipeline.workers import Completion
+            from fugu_pipeline.workers.contract import Completion
             return Completion(answer="I think it's fine")
 
     with pytest.raises(WorkerCallError, match="SCORE"):

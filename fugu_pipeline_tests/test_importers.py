@@ -13,10 +13,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fugu_pipeline import importers as imp
-from fugu_pipeline import reward_matrix as rm
-from fugu_pipeline.schemas import RewardRow, UtilityConfig
-from fugu_pipeline.tasks import TaskFileError
+from fugu_pipeline.matrix.build import build, from_import
+from fugu_pipeline.matrix.importers import (
+    import_dcrouter,
+    import_generic_jsonl,
+    import_routellm,
+    import_routellm_mmlu,
+    import_source,
+    write_reward_jsonl,
+)
+from fugu_pipeline.matrix.import_format import RewardRow
+from fugu_pipeline.matrix.read import RewardArrays, read_arrays
+from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.tasks.loading import TaskFileError
 
 REPO = Path(__file__).resolve().parents[1]
 ROUTING = Path(os.environ.get("FUGU_SHARED_DATA", REPO.parent / "shared" / "data")) / "routing"
@@ -56,7 +65,7 @@ def gsm8k(tmp_path):
 
 def test_routellm_removes_contaminated_and_keeps_quality(gsm8k):
     csv_path, cont, rows = gsm8k
-    out = imp.import_routellm(csv_path, cont)
+    out = import_routellm(csv_path, cont)
     assert len(out) == 198
     ids = [r.task_id for r in out]
     assert "gsm8k-00003" not in ids and "gsm8k-00007" not in ids and "gsm8k-00008" in ids
@@ -65,14 +74,14 @@ def test_routellm_removes_contaminated_and_keeps_quality(gsm8k):
     r5 = by_id["gsm8k-00005"]
     assert r5.prompt == rows[5][0] and r5.domain == "gsm8k"
     assert r5.quality == [1.0, 0.0]  # strong: 5 % 3 != 0; weak: 5 is odd
-    assert len(imp.import_routellm(csv_path)) == 200
+    assert len(import_routellm(csv_path)) == 200
 
 
 def test_routellm_split_is_deterministic_and_disjoint(gsm8k):
     csv_path, cont, _ = gsm8k
-    a = imp.import_routellm(csv_path, cont, seed=1)
-    b = imp.import_routellm(csv_path, cont, seed=1)
-    c = imp.import_routellm(csv_path, cont, seed=2)
+    a = import_routellm(csv_path, cont, seed=1)
+    b = import_routellm(csv_path, cont, seed=1)
+    c = import_routellm(csv_path, cont, seed=2)
     assert [(r.task_id, r.split) for r in a] == [(r.task_id, r.split) for r in b]
     assert [r.split for r in a] != [r.split for r in c]
     splits = {s: {r.task_id for r in a if r.split == s} for s in ("train", "val", "test")}
@@ -80,31 +89,31 @@ def test_routellm_split_is_deterministic_and_disjoint(gsm8k):
     assert sum(map(len, splits.values())) == len({r.task_id for r in a}) == len(a)
     assert 0.15 < len(splits["test"]) / len(a) < 0.45
     # a row's split depends only on (seed, task_id): removing other rows does not move it
-    kept = {r.task_id: r.split for r in imp.import_routellm(csv_path, None, seed=1)}
+    kept = {r.task_id: r.split for r in import_routellm(csv_path, None, seed=1)}
     assert all(kept[r.task_id] == r.split for r in a)
-    none_val = imp.import_routellm(csv_path, cont, val_fraction=0.0, test_fraction=0.5)
+    none_val = import_routellm(csv_path, cont, val_fraction=0.0, test_fraction=0.5)
     assert {r.split for r in none_val} == {"train", "test"}
 
 
 def test_routellm_bad_input(tmp_path, gsm8k):
     with pytest.raises(TaskFileError, match="file not found"):
-        imp.import_routellm(tmp_path / "nope.csv.gz")
+        import_routellm(tmp_path / "nope.csv.gz")
     bad = write_csv(tmp_path / "bad.csv", ["prompt", STRONG], [["q1", "True"], ["q2", "maybe"]])
     with pytest.raises(TaskFileError) as e:
-        imp.import_routellm(bad)
+        import_routellm(bad)
     assert "bad.csv" in str(e.value) and "data row 2" in str(e.value) and "'maybe'" in str(e.value)
     no_prompt = write_csv(tmp_path / "noprompt.csv", ["question", STRONG], [["q1", "True"]])
     with pytest.raises(TaskFileError, match="no 'prompt' column"):
-        imp.import_routellm(no_prompt)
+        import_routellm(no_prompt)
     only_prompt = write_csv(tmp_path / "only.csv", ["prompt", "x_response"], [["q1", "a"]])
     with pytest.raises(TaskFileError, match="no model columns"):
-        imp.import_routellm(only_prompt)
+        import_routellm(only_prompt)
     cont = tmp_path / "cont.jsonl"
     cont.write_text('{"train_prompt": "x"}\n')
     with pytest.raises(TaskFileError, match="eval_prompt"):
-        imp.import_routellm(gsm8k[0], cont)
+        import_routellm(gsm8k[0], cont)
     with pytest.raises(ValueError, match="sum below 1"):
-        imp.import_routellm(gsm8k[0], test_fraction=0.7, val_fraction=0.3)
+        import_routellm(gsm8k[0], test_fraction=0.7, val_fraction=0.3)
 
 
 def test_routellm_mmlu_folder(tmp_path):
@@ -113,17 +122,17 @@ def test_routellm_mmlu_folder(tmp_path):
     write_csv(folder / "mmlu_anatomy.csv.gz", ["prompt", WEAK, STRONG], [[same, "False", "True"], ["Bones?", "True", "True"]])
     write_csv(folder / "mmlu_virology.csv.gz", ["prompt", STRONG, WEAK], [[same, "True", "True"], ["Virus?", "False", "True"]])
     cont = write_contaminated(tmp_path / "mmlu_contaminated_prompts.jsonl", ["Bones?"])
-    rows = imp.import_routellm_mmlu(folder, cont)
+    rows = import_routellm_mmlu(folder, cont)
     assert [(r.task_id, r.domain) for r in rows] == [
         ("mmlu_anatomy-00000", "anatomy"), ("mmlu_virology-00000", "virology"), ("mmlu_virology-00001", "virology")]
     assert [r.quality for r in rows] == [[1, 0], [1, 1], [0, 1]]
-    summary = imp.import_source("routellm-mmlu", tmp_path, tmp_path / "out.jsonl")
+    summary = import_source("routellm-mmlu", tmp_path, tmp_path / "out.jsonl")
     assert summary["rows"] == 3 and summary["contaminated_removed"] == 1
     write_csv(folder / "mmlu_zoology.csv.gz", ["prompt", STRONG, "other-model"], [["Z?", "True", "True"]])
     with pytest.raises(TaskFileError, match="every subject file must hold the same models"):
-        imp.import_routellm_mmlu(folder, cont)
+        import_routellm_mmlu(folder, cont)
     with pytest.raises(TaskFileError, match="no mmlu_"):
-        imp.import_routellm_mmlu(tmp_path / "empty")
+        import_routellm_mmlu(tmp_path / "empty")
 
 
 # --------------------------------------------------------------------------- dcrouter
@@ -156,7 +165,7 @@ def dcrouter(tmp_path):
 def test_dcrouter_rows(dcrouter):
     tp, sp, llm, train, test = dcrouter
     q = tp.parent / "default_query_train.jsonl"
-    rows = imp.import_dcrouter(tp, sp, llm, query_paths=[q], val_fraction=0.2, seed=3)
+    rows = import_dcrouter(tp, sp, llm, query_paths=[q], val_fraction=0.2, seed=3)
     assert len(rows) == 120
     assert all(r.worker_ids == sorted(MODELS) for r in rows)
     tests = [r for r in rows if r.split == "test"]
@@ -168,11 +177,11 @@ def test_dcrouter_rows(dcrouter):
     assert r.domain == "math"
     tokens = math.ceil(len(r.prompt) / 4)
     assert r.cost_usd == pytest.approx([tokens * PRICES[m][0] / 1e6 for m in sorted(MODELS)])
-    with_out = imp.import_dcrouter(tp, sp, llm, assumed_output_tokens=100)
+    with_out = import_dcrouter(tp, sp, llm, assumed_output_tokens=100)
     assert with_out[7].cost_usd[2] == pytest.approx((tokens * 0.1 + 100 * 0.1) / 1e6)
-    bare = imp.import_dcrouter(tp, sp)
+    bare = import_dcrouter(tp, sp)
     assert bare[0].cost_usd is None and bare[0].domain == "general"
-    assert [(r.task_id, r.split) for r in imp.import_dcrouter(tp, sp, llm, query_paths=[q], val_fraction=0.2, seed=3)] == \
+    assert [(r.task_id, r.split) for r in import_dcrouter(tp, sp, llm, query_paths=[q], val_fraction=0.2, seed=3)] == \
         [(r.task_id, r.split) for r in rows]
 
 
@@ -181,52 +190,52 @@ def test_dcrouter_bad_input(tmp_path, dcrouter):
     other = tmp_path / "other_test.json"
     other.write_text(json.dumps([dc_record(1, models=MODELS[:2])]))
     with pytest.raises(TaskFileError, match="train and test must score the same models"):
-        imp.import_dcrouter(tp, other)
+        import_dcrouter(tp, other)
     mixed = tmp_path / "mixed.json"
     mixed.write_text(json.dumps([dc_record(1), dc_record(2, models=MODELS[:2])]))
     with pytest.raises(TaskFileError, match="record 1: models"):
-        imp.import_dcrouter(mixed, sp)
+        import_dcrouter(mixed, sp)
     out_of_range = tmp_path / "range.json"
     out_of_range.write_text(json.dumps([{"question": "q", "scores": {m: 1.5 for m in MODELS}}]))
     with pytest.raises(TaskFileError, match=r"numbers in \[0, 1\]"):
-        imp.import_dcrouter(tp, out_of_range)
+        import_dcrouter(tp, out_of_range)
     cheap = tmp_path / "llm.json"
     cheap.write_text(json.dumps({"zeta-7b": {"input_price": 0.1, "output_price": 0.1}}))
     with pytest.raises(TaskFileError, match=r"no price for models \['alpha-70b', 'mid-8b'\]"):
-        imp.import_dcrouter(tp, sp, cheap)
+        import_dcrouter(tp, sp, cheap)
     with pytest.raises(TaskFileError, match="file not found"):
-        imp.import_dcrouter(tmp_path / "missing.json", sp)
+        import_dcrouter(tmp_path / "missing.json", sp)
 
 
 # --------------------------------------------------------------------------- JSONL, writing, dispatcher
 
 
 def test_write_and_read_generic_jsonl(tmp_path, gsm8k):
-    rows = imp.import_routellm(*gsm8k[:2])
-    out = imp.write_reward_jsonl(rows, tmp_path / "m.jsonl")
-    back = imp.import_generic_jsonl(out)
+    rows = import_routellm(*gsm8k[:2])
+    out = write_reward_jsonl(rows, tmp_path / "m.jsonl")
+    back = import_generic_jsonl(out)
     assert back == rows
     first = json.loads(out.read_text().splitlines()[0])
     assert set(first) == {"task_id", "prompt", "domain", "split", "worker_ids", "quality"}
     bad_rows = rows[:2] + [RewardRow(task_id="x", prompt="p", worker_ids=[WEAK, STRONG], quality=[1, 0])]
     with pytest.raises(ValueError, match="same workers in the same order"):
-        imp.write_reward_jsonl(bad_rows, out)
-    assert imp.import_generic_jsonl(out) == rows  # the failed write left the old file intact
+        write_reward_jsonl(bad_rows, out)
+    assert import_generic_jsonl(out) == rows  # the failed write left the old file intact
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps({"task_id": "t", "prompt": "p", "worker_ids": ["a"]}) + "\n")
     with pytest.raises(TaskFileError, match="broken.jsonl:1"):
-        imp.import_generic_jsonl(broken)
+        import_generic_jsonl(broken)
     with pytest.raises(TaskFileError, match="file not found"):
-        imp.import_generic_jsonl(tmp_path / "none.jsonl")
+        import_generic_jsonl(tmp_path / "none.jsonl")
 
 
 def test_import_source_summary(tmp_path):
     rows = [RewardRow(task_id=f"t{i}", prompt=f"p{i}", split=s, worker_ids=["a", "b"], quality=q)
             for i, (s, q) in enumerate([("train", [1, 0]), ("train", [1, 1]), ("train", [0, 0]),
                                         ("test", [0, 1]), ("test", [0, 0]), ("test", [1, 0])])]
-    src = imp.write_reward_jsonl(rows, tmp_path / "in.jsonl")
-    s = imp.import_source("jsonl", src, tmp_path / "out.jsonl")
+    src = write_reward_jsonl(rows, tmp_path / "in.jsonl")
+    s = import_source("jsonl", src, tmp_path / "out.jsonl")
     assert s["rows"] == 6 and s["workers"] == ["a", "b"] and s["splits"] == {"test": 3, "train": 3}
     assert s["by_split"]["test"]["mean"] == pytest.approx({"a": 1 / 3, "b": 1 / 3})
     assert s["by_split"]["test"]["oracle"] == pytest.approx(2 / 3)
@@ -234,13 +243,13 @@ def test_import_source_summary(tmp_path):
     assert best["worker"] == "a" and (best["train"], best["test"]) == pytest.approx((2 / 3, 1 / 3))
     assert (tmp_path / "out.jsonl").read_text() == src.read_text()
     with pytest.raises(ValueError, match="unknown import kind 'csv'"):
-        imp.import_source("csv", src, tmp_path / "x.jsonl")
+        import_source("csv", src, tmp_path / "x.jsonl")
 
 
 def test_import_source_dcrouter_and_build(tmp_path, dcrouter):
-    s = imp.import_source("dcrouter", tmp_path, tmp_path / "out" / "dc.jsonl")
+    s = import_source("dcrouter", tmp_path, tmp_path / "out" / "dc.jsonl")
     assert s["rows"] == 120 and s["splits"]["test"] == 20 and s["cost_basis"].startswith("estimate")
-    summary = rm.build(rm.from_import(tmp_path / "out" / "dc.jsonl", UtilityConfig()), tmp_path / "m.duckdb")
+    summary = build(from_import(tmp_path / "out" / "dc.jsonl", UtilityConfig()), tmp_path / "m.duckdb")
     assert summary["cells_filled"] == summary["cells_expected"] == 120 * 3
 
 
@@ -254,18 +263,18 @@ def need(path: Path) -> Path:
     return path
 
 
-def round_trip(rows_path: Path, db: Path, n_rows: int, n_workers: int) -> rm.RewardArrays:
-    summary = rm.build(rm.from_import(rows_path, UtilityConfig()), db)
+def round_trip(rows_path: Path, db: Path, n_rows: int, n_workers: int) -> RewardArrays:
+    summary = build(from_import(rows_path, UtilityConfig()), db)
     assert summary["tasks"] == n_rows and summary["workers"] == n_workers
     assert summary["cells_filled"] == summary["cells_expected"] == n_rows * n_workers
-    a = rm.read_arrays(db)
+    a = read_arrays(db)
     assert a.quality.shape == (n_rows, n_workers) and not np.isnan(a.utility).any()
     return a
 
 
 def test_real_routellm_gsm8k(tmp_path):
     folder = need(ROUTING / "routellm_evals")
-    s = imp.import_source("routellm-gsm8k", folder, tmp_path / "gsm8k.jsonl")
+    s = import_source("routellm-gsm8k", folder, tmp_path / "gsm8k.jsonl")
     assert s["rows"] == 1307 and s["contaminated_removed"] == 12
     assert s["workers"] == [STRONG, WEAK]
     assert s["best_fixed_on_train"]["worker"] == STRONG
@@ -275,18 +284,18 @@ def test_real_routellm_gsm8k(tmp_path):
 
 def test_real_routellm_mmlu(tmp_path):
     folder = need(ROUTING / "routellm_evals" / "mmlu_responses")
-    s = imp.import_source("routellm-mmlu", folder.parent, tmp_path / "mmlu.jsonl")
+    s = import_source("routellm-mmlu", folder.parent, tmp_path / "mmlu.jsonl")
     assert s["rows"] == 14037 and s["contaminated_removed"] == 5
-    rows = imp.import_generic_jsonl(tmp_path / "mmlu.jsonl")
+    rows = import_generic_jsonl(tmp_path / "mmlu.jsonl")
     assert len({r.domain for r in rows}) == len(list(folder.glob("mmlu_*.csv.gz"))) == 57
     round_trip(tmp_path / "mmlu.jsonl", tmp_path / "mmlu.duckdb", 14037, 2)
 
 
 def test_real_dcrouter(tmp_path):
     folder = need(ROUTING / "llmrouter_ulab")
-    full = imp.import_source("dcrouter", folder, tmp_path / "full.jsonl", drop_test_overlap=False)
+    full = import_source("dcrouter", folder, tmp_path / "full.jsonl", drop_test_overlap=False)
     assert full["rows"] == 5608 + 500 and full["prompts_in_several_splits"] == 119
-    s = imp.import_source("dcrouter", folder, tmp_path / "dc.jsonl")  # default: train rows seen in test dropped
+    s = import_source("dcrouter", folder, tmp_path / "dc.jsonl")  # default: train rows seen in test dropped
     assert len(s["workers"]) == 9 and s["prompts_in_several_splits"] == 0
     assert s["splits"]["test"] == 500 and s["splits"]["train"] + s["splits"]["val"] == 5608 - 119
     test = s["by_split"]["test"]

@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from fugu_pipeline.metrics import EvalInputs, apgr, evaluation_report, paired_bootstrap, plot_report
+from fugu_pipeline.evaluate.metrics import (
+    EvalInputs,
+    apgr,
+    evaluation_report,
+    paired_bootstrap,
+)
+from fugu_pipeline.evaluate.plots import plot_report
 
 # 4 held-out tasks x 3 workers
 U = np.array([[1.0, 0.0, 0.5],

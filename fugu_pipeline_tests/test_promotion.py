@@ -9,12 +9,16 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
-from fugu_pipeline import training
-from fugu_pipeline.checkpoints import MANIFEST_FILE, WEIGHTS_FILE
-from fugu_pipeline.promotion import PromotionPolicy, promote_best, write_pointer
-from fugu_pipeline.router import RouterError, load_promoted, read_pointer
-from fugu_pipeline.schemas import FeatureContract
-from fugu_pipeline.training_data import RoutingData
+from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
+from fugu_pipeline.features.contract import FeatureContract
+from fugu_pipeline.features.routing_data import RoutingData
+from fugu_pipeline.route.promoted import load_promoted
+from fugu_pipeline.route.router import RouterError
+from fugu_pipeline.train.checkpoints import MANIFEST_FILE, WEIGHTS_FILE
+from fugu_pipeline.train.configs import RLConfig, SFTConfig
+from fugu_pipeline.train.pointer import read_pointer, write_pointer
+from fugu_pipeline.train.rl import train_rl
+from fugu_pipeline.train.sft import train_sft
 
 WORKERS = ["math-w", "code-w", "gen-w"]
 DOMAINS = ["math", "code", "general"]
@@ -43,12 +47,12 @@ def data() -> RoutingData:
 
 @pytest.fixture
 def good(data, tmp_path):
-    return training.train_sft(data, training.SFTConfig(epochs=40)).save(tmp_path / "models")
+    return train_sft(data, SFTConfig(epochs=40)).save(tmp_path / "models")
 
 
 def bad_head(data, tmp_path):
     """An anti-router: a trained head with its final layer negated sends tasks to a non-expert."""
-    r = training.train_sft(data, training.SFTConfig(epochs=40))
+    r = train_sft(data, SFTConfig(epochs=40))
     state = {k: v.clone() for k, v in r.state_dict.items()}
     state["linear.weight"] = -state["linear.weight"]
     state["linear.bias"] = -state["linear.bias"]
@@ -90,7 +94,7 @@ def test_better_challenger_promoted_worse_one_not(data, good, tmp_path):
 def test_margin_is_paired_against_the_king(data, good, tmp_path):
     models = tmp_path / "models"
     assert promote_best([str(good)], data, models, PromotionPolicy())["promoted"]
-    rl = training.train_rl(data, training.RLConfig(epochs=5), init_state=training.train_sft(data).state_dict).save(models)
+    rl = train_rl(data, RLConfig(epochs=5), init_state=train_sft(data).state_dict).save(models)
     out = promote_best([str(rl)], data, models, PromotionPolicy(margin=0.5))
     assert not out["promoted"] and any("needs > +0.5000" in r for r in out["reasons"])
 
@@ -110,7 +114,7 @@ def test_broken_weights_are_refused_with_their_reason(data, good, tmp_path, brea
 def test_mismatched_contract_is_refused(data, tmp_path):
     other = RoutingData(**{**{f: getattr(data, f) for f in ("task_ids", "prompts", "domains", "splits", "worker_ids", "features", "utility", "quality")},
                            "contract": FeatureContract(encoder_id="another-encoder", dim=16, pooling="last")})
-    path = training.train_sft(other, training.SFTConfig(epochs=20)).save(tmp_path / "models")
+    path = train_sft(other, SFTConfig(epochs=20)).save(tmp_path / "models")
     out = promote_best([str(path)], data, tmp_path / "models", PromotionPolicy())
     assert not out["promoted"]
     assert any("FAIL feature contract" in r and "encoder_id" in r and "pooling" in r for r in out["reasons"])
@@ -147,7 +151,8 @@ def test_reader_never_sees_a_broken_pointer(tmp_path):
 
 
 def test_load_promoted_follows_new_promotions_without_restart(tmp_path):
-    from fugu_pipeline.encoder import Encoder, EncoderSettings
+    from fugu_pipeline.features.encoder import Encoder
+    from fugu_pipeline.features.settings import EncoderSettings
 
     enc = Encoder.load(EncoderSettings(model="tiny", device="cpu", dtype="float32"))
     domains = [DOMAINS[i % 3] for i in range(300)]
@@ -157,7 +162,7 @@ def test_load_promoted_follows_new_promotions_without_restart(tmp_path):
     feats = enc.encode(prompts)
     base = synthetic(feats, domains, enc.feature_contract())
     models = tmp_path / "models"
-    first = training.train_sft(base, training.SFTConfig(epochs=60)).save(models)
+    first = train_sft(base, SFTConfig(epochs=60)).save(models)
     write_pointer(models, {"checkpoint": str(first.relative_to(models)), "content_hash": first.name})
     router = load_promoted(models, device="cpu", dtype="float32")
     d1 = router.route("Compute 7 plus 21 and reply with the sum.", domain="math")
@@ -166,7 +171,7 @@ def test_load_promoted_follows_new_promotions_without_restart(tmp_path):
     # promote a router trained on swapped rewards: the running loader picks it up
     swapped = RoutingData(**{**{f: getattr(base, f) for f in ("task_ids", "prompts", "domains", "splits", "worker_ids", "features", "contract", "quality")},
                              "utility": base.utility[:, ::-1].copy()})
-    second = training.train_sft(swapped, training.SFTConfig(epochs=60)).save(models)
+    second = train_sft(swapped, SFTConfig(epochs=60)).save(models)
     write_pointer(models, {"checkpoint": str(second.relative_to(models)), "content_hash": second.name})
     d2 = router.route("Compute 7 plus 21 and reply with the sum.", domain="math")
     assert d2.checkpoint == str(second) and router.reloads == 2

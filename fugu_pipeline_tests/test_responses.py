@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fugu_pipeline.responses import PartitionBusyError, ResponseStore, collect_partition_sync
-from fugu_pipeline.tasks import load_tasks
-from fugu_pipeline.worker_config import WorkersConfig
+from fugu_pipeline.collect.partition import collect_partition_sync
+from fugu_pipeline.collect.store import PartitionBusyError, ResponseStore
+from fugu_pipeline.tasks.loading import load_tasks
+from fugu_pipeline.workers.config import WorkersConfig
 from fugu_pipeline_tests.conftest import REPO
 
 SAMPLE = REPO / "data" / "benchgen" / "sample.jsonl"
@@ -95,9 +96,10 @@ def test_second_concurrent_run_of_a_partition_is_refused(tmp_path):
 
 CHILD = textwrap.dedent("""
     import sys
-    from fugu_pipeline.responses import ResponseStore, collect_partition_sync
-    from fugu_pipeline.tasks import load_tasks
-    from fugu_pipeline.worker_config import WorkersConfig
+    from fugu_pipeline.collect.partition import collect_partition_sync
+    from fugu_pipeline.collect.store import ResponseStore
+    from fugu_pipeline.tasks.loading import load_tasks
+    from fugu_pipeline.workers.config import WorkersConfig
     cfg = WorkersConfig.model_validate({"judge": {"id": "j", "kind": "mock"}, "workers": [
         {"id": "w", "kind": "mock", "max_concurrency": 4, "mock": {"sleep_s": float(sys.argv[3])}}]})
     s = collect_partition_sync(load_tasks(sys.argv[1]), "b", "w", cfg, ResponseStore(sys.argv[2]))

@@ -6,11 +6,14 @@ import duckdb
 import numpy as np
 import pytest
 
-from fugu_pipeline import reward_matrix as rm
-from fugu_pipeline.responses import ResponseStore, collect_partition_sync
-from fugu_pipeline.schemas import UtilityConfig
-from fugu_pipeline.tasks import TaskFileError, load_tasks
-from fugu_pipeline.worker_config import load_workers_config
+from fugu_pipeline.collect.partition import collect_partition_sync
+from fugu_pipeline.collect.store import ResponseStore
+from fugu_pipeline.matrix.build import build, from_collection, from_import
+from fugu_pipeline.matrix.import_format import read_reward_jsonl
+from fugu_pipeline.matrix.read import little_to_learn, read_arrays, signal_health
+from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.tasks.loading import TaskFileError, load_all_batches, load_tasks
+from fugu_pipeline.workers.config import load_workers_config
 from fugu_pipeline_tests.conftest import write_jsonl
 
 
@@ -26,7 +29,7 @@ def collect_all(project):
 def test_build_from_collection(project):
     cfg, tasks, store = collect_all(project)
     db = project / "data" / "reward_matrix.duckdb"
-    summary = rm.build(rm.from_collection(project / "data" / "benchgen", store, cfg), db)
+    summary = build(from_collection(project / "data" / "benchgen", store, cfg), db)
     assert summary["cells_filled"] == summary["cells_expected"] == len(tasks) * 3
     con = duckdb.connect(str(db), read_only=True)
     wide = con.execute("SELECT * FROM reward_wide").fetchall()
@@ -37,23 +40,23 @@ def test_build_from_collection(project):
     q, c, lat, u = con.execute("SELECT quality, cost_usd, latency_s, utility FROM rewards LIMIT 1").fetchone()
     assert u == pytest.approx(cfg.reward.utility(q, c, lat))
     con.close()
-    a = rm.read_arrays(db)
+    a = read_arrays(db)
     assert a.utility.shape == (len(tasks), 3) and a.n_incomplete == 0
     # each expert is best on its own domain: the mock pool has signal
     dom = np.array(a.domains)
     for i, d in enumerate(["math", "code", "general"]):
         assert a.quality[dom == d].mean(axis=0).argmax() == i
-    health = rm.signal_health(a.utility)
-    assert health["oracle_minus_best_fixed"] > 0.1 and rm.little_to_learn(health) is None
+    health = signal_health(a.utility)
+    assert health["oracle_minus_best_fixed"] > 0.1 and little_to_learn(health) is None
 
 
 def test_rebuild_is_atomic_and_versioned(project):
     cfg, tasks, store = collect_all(project)
     db = project / "data" / "reward_matrix.duckdb"
-    v1 = rm.build(rm.from_collection(project / "data" / "benchgen", store, cfg), db)["data_version"]
+    v1 = build(from_collection(project / "data" / "benchgen", store, cfg), db)["data_version"]
     reader = duckdb.connect(str(db), read_only=True)  # a reader holding the old file
     cfg.reward.cost_weight = 0.5
-    v2 = rm.build(rm.from_collection(project / "data" / "benchgen", store, cfg), db)["data_version"]
+    v2 = build(from_collection(project / "data" / "benchgen", store, cfg), db)["data_version"]
     assert v1 != v2
     assert reader.execute("SELECT count(*) FROM rewards").fetchone()[0] == len(tasks) * 3
     reader.close()
@@ -65,9 +68,9 @@ def test_missing_cells_are_counted(project):
     extra = load_tasks(project / "data" / "benchgen" / "sample.jsonl")[:1]
     write_jsonl(project / "data" / "benchgen" / "b2.jsonl", [extra[0].model_copy(update={"task_id": "new-1"}).model_dump()])
     db = project / "data" / "reward_matrix.duckdb"
-    rm.build(rm.from_collection(project / "data" / "benchgen", store, cfg), db)
-    assert rm.read_arrays(db).n_incomplete == 1
-    full = rm.read_arrays(db, complete_only=False)
+    build(from_collection(project / "data" / "benchgen", store, cfg), db)
+    assert read_arrays(db).n_incomplete == 1
+    full = read_arrays(db, complete_only=False)
     assert np.isnan(full.utility).sum() == 3
 
 
@@ -75,7 +78,7 @@ def test_duplicate_task_id_across_batches(project):
     src = (project / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:1]
     (project / "data" / "benchgen" / "z.jsonl").write_text(src[0] + "\n")
     with pytest.raises(TaskFileError, match="also in batch 'sample'"):
-        rm.load_all_batches(project / "data" / "benchgen")
+        load_all_batches(project / "data" / "benchgen")
 
 
 def test_import_quality_recomputes_utility_and_rewards_pass_through(tmp_path):
@@ -85,13 +88,13 @@ def test_import_quality_recomputes_utility_and_rewards_pass_through(tmp_path):
     ]
     u = UtilityConfig(cost_weight=0.1, cost_scale_usd=0.01)
     db = tmp_path / "m.duckdb"
-    rm.build(rm.from_import(write_jsonl(tmp_path / "q.jsonl", rows), u), db)
-    a = rm.read_arrays(db)
+    build(from_import(write_jsonl(tmp_path / "q.jsonl", rows), u), db)
+    a = read_arrays(db)
     assert a.worker_ids == ["a", "b"]
     assert a.utility.tolist() == [[1 - 0.1, 0.0], [0.0, 1.0]]
     rows2 = [{"task_id": "t1", "prompt": "p", "worker_ids": ["a", "b"], "rewards": [0.8, 0.1]}]
-    rm.build(rm.from_import(write_jsonl(tmp_path / "r.jsonl", rows2), u), db)
-    assert rm.read_arrays(db).utility.tolist() == [[0.8, 0.1]]
+    build(from_import(write_jsonl(tmp_path / "r.jsonl", rows2), u), db)
+    assert read_arrays(db).utility.tolist() == [[0.8, 0.1]]
 
 
 @pytest.mark.parametrize("row, expected", [
@@ -106,12 +109,12 @@ def test_import_errors_name_file_and_line(tmp_path, row, expected):
     first = {"task_id": "t1", "prompt": "p", "worker_ids": ["a", "b"], "rewards": [0.5, 0.5]}
     path = write_jsonl(tmp_path / "bad.jsonl", [first, row if isinstance(row, str) else json.dumps(row)])
     with pytest.raises(TaskFileError) as err:
-        rm.read_reward_jsonl(path)
+        read_reward_jsonl(path)
     assert f"{path}:2:" in str(err.value) and expected in str(err.value)
 
 
 def test_signal_health_flags_ties():
     ties = np.ones((20, 3))
-    h = rm.signal_health(ties)
+    h = signal_health(ties)
     assert h["all_tie_share"] == 1.0 and h["unique_winner_share"] == 0.0
-    assert "tie" in rm.little_to_learn(h)
+    assert "tie" in little_to_learn(h)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fugu_pipeline.tasks import TaskFileError, batch_name, load_tasks
+from fugu_pipeline.tasks.loading import TaskFileError, batch_name, load_tasks
 from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl
 
 

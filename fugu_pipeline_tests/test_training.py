@@ -11,22 +11,31 @@ import numpy as np
 import pytest
 import torch
 
-from fugu_pipeline.checkpoints import CheckpointError, load_checkpoint, save_checkpoint, weight_sanity
-from fugu_pipeline.heads import HEADS, LinearHead, QualityHead, build_head
-from fugu_pipeline.schemas import FeatureContract, UtilityConfig
-from fugu_pipeline.training import (
+from fugu_pipeline.features.contract import FeatureContract
+from fugu_pipeline.features.routing_data import (
+    RoutingData,
+    TrainingDataError,
+    carve_validation,
+)
+from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.train.checkpoints import (
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+    weight_sanity,
+)
+from fugu_pipeline.train.configs import (
     ConfigError,
     ESConfig,
     RLConfig,
     SFTConfig,
-    evaluate_head,
-    greedy_utility,
     load_config,
-    train_es,
-    train_rl,
-    train_sft,
 )
-from fugu_pipeline.training_data import RoutingData, TrainingDataError, carve_validation
+from fugu_pipeline.train.es import train_es
+from fugu_pipeline.train.heads import HEADS, LinearHead, QualityHead, build_head
+from fugu_pipeline.train.result import evaluate_head, greedy_utility
+from fugu_pipeline.train.rl import train_rl
+from fugu_pipeline.train.sft import train_sft
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 WORKERS = ["math-expert", "code-expert", "generalist"]

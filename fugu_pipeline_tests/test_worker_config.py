@@ -2,7 +2,7 @@
 
 import pytest
 
-from fugu_pipeline.worker_config import WorkerConfigError, load_workers_config
+from fugu_pipeline.workers.config import WorkerConfigError, load_workers_config
 from fugu_pipeline_tests.conftest import REPO
 
 

@@ -16,7 +16,9 @@ from collections.abc import Mapping
 
 import dagster as dg
 
-from fugu_pipeline.catalog import (
+from fugu_pipeline.defs.partitions import task_batches, workers
+from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.workers.catalog import (
     OPENROUTER_BASE_URL,
     CatalogError,
     CatalogSnapshot,
@@ -26,9 +28,7 @@ from fugu_pipeline.catalog import (
     save_snapshot,
     update_retired,
 )
-from fugu_pipeline.defs.partitions import task_batches, workers
-from fugu_pipeline.defs.resources import PipelineResource
-from fugu_pipeline.worker_config import WorkersConfig, WorkerSpec
+from fugu_pipeline.workers.config import WorkersConfig, WorkerSpec
 
 FINGERPRINT_TAG = "fugu/model_fingerprint"
 RESPONSES_KEY = dg.AssetKey("responses")

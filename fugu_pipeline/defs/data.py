@@ -7,8 +7,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from fugu_pipeline import reward_matrix as rm
-from fugu_pipeline.catalog import load_latest
+from fugu_pipeline.collect.partition import collect_partition_sync, summarize_cells
+from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.defs.catalog import run_model_fingerprint
 from fugu_pipeline.defs.partitions import (
     DUCKDB_WRITER_POOL,
@@ -18,9 +18,22 @@ from fugu_pipeline.defs.partitions import (
     workers,
 )
 from fugu_pipeline.defs.resources import PipelineResource
-from fugu_pipeline.responses import ResponseStore, collect_partition_sync, summarize_cells
-from fugu_pipeline.tasks import TaskFileError, batch_name, list_batch_files, load_tasks
-from fugu_pipeline.workers import FatalWorkerError
+from fugu_pipeline.matrix.build import build, from_collection, from_import
+from fugu_pipeline.matrix.read import (
+    check_no_nan,
+    little_to_learn,
+    read_arrays,
+    signal_health,
+)
+from fugu_pipeline.tasks.loading import (
+    TaskFileError,
+    batch_name,
+    list_batch_files,
+    load_tasks,
+)
+from fugu_pipeline.workers.catalog import load_latest
+from fugu_pipeline.workers.contract import FatalWorkerError
+
 
 def _batch_file(pipeline: PipelineResource, batch: str) -> Path:
     path = pipeline.paths.benchgen / f"{batch}.jsonl"
@@ -144,14 +157,14 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
     paths = pipeline.paths
     try:
         if config.import_path:
-            inp = rm.from_import(paths.resolve(config.import_path), workers_config.reward)
+            inp = from_import(paths.resolve(config.import_path), workers_config.reward)
         else:
-            inp = rm.from_collection(paths.benchgen, ResponseStore(paths.responses), workers_config)
+            inp = from_collection(paths.benchgen, ResponseStore(paths.responses), workers_config)
     except TaskFileError as exc:
         raise dg.Failure(description=str(exc)) from None
-    summary = rm.build(inp, paths.reward_db)
-    arrays = rm.read_arrays(paths.reward_db)
-    health = rm.signal_health(arrays.utility)
+    summary = build(inp, paths.reward_db)
+    arrays = read_arrays(paths.reward_db)
+    health = signal_health(arrays.utility)
     context.log.info(f"reward matrix: {summary}")
     return dg.MaterializeResult(
         metadata={
@@ -171,7 +184,7 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
 
 @dg.asset_check(asset=reward_matrix, description="Every (task, worker) cell holds a graded reward.")
 def cells_complete(pipeline: PipelineResource) -> dg.AssetCheckResult:
-    arrays = rm.read_arrays(pipeline.paths.reward_db, complete_only=False)
+    arrays = read_arrays(pipeline.paths.reward_db, complete_only=False)
     import numpy as np
 
     missing = int(np.isnan(arrays.utility).sum())
@@ -206,15 +219,15 @@ def worker_order_fixed(pipeline: PipelineResource) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset=reward_matrix, description="No reward is NaN or infinite.")
 def no_nan(pipeline: PipelineResource) -> dg.AssetCheckResult:
-    bad = rm.check_no_nan(pipeline.paths.reward_db)
+    bad = check_no_nan(pipeline.paths.reward_db)
     return dg.AssetCheckResult(passed=bad == 0, metadata={"bad_values": bad})
 
 
 @dg.asset_check(asset=reward_matrix, description="Is there anything to learn? Ties, unique winners, oracle − best-fixed gap.")
 def learning_signal(pipeline: PipelineResource) -> dg.AssetCheckResult:
-    arrays = rm.read_arrays(pipeline.paths.reward_db)
-    health = rm.signal_health(arrays.utility)
-    problem = rm.little_to_learn(health)
+    arrays = read_arrays(pipeline.paths.reward_db)
+    health = signal_health(arrays.utility)
+    problem = little_to_learn(health)
     return dg.AssetCheckResult(
         passed=problem is None,
         severity=dg.AssetCheckSeverity.WARN,

@@ -1,6 +1,6 @@
 """Task embeddings: the frozen encoder as a Dagster resource, and the materialization helper the
-`task_embeddings` asset calls. The work is in `fugu_pipeline.encoder` and
-`fugu_pipeline.embedding_cache`; this module only configures, logs and reports.
+`task_embeddings` asset calls. The work is in `fugu_pipeline.features.encoder` and
+`fugu_pipeline.features.cache`; this module only configures, logs and reports.
 
 The asset runs in the Dagster pool `GPU_POOL` (limit 1), so one run at a time holds the GPU.
 """
@@ -13,8 +13,9 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from fugu_pipeline.embedding_cache import EmbedResult, embed_prompts
-from fugu_pipeline.encoder import EncoderSettings, LazyEncoder
+from fugu_pipeline.features.cache import EmbedResult, embed_prompts
+from fugu_pipeline.features.encoder import LazyEncoder
+from fugu_pipeline.features.settings import EncoderSettings
 from fugu_pipeline.paths import ProjectPaths
 
 GPU_POOL = "gpu"

@@ -18,7 +18,7 @@ def _cache_root(pipeline: PipelineResource, encoder: EncoderResource) -> Path:
 
 
 def _routing_data(context, pipeline: PipelineResource, encoder: EncoderResource):
-    from fugu_pipeline.evaluation import load_routing_data
+    from fugu_pipeline.features.routing_data import load_routing_data
 
     data, emb = load_routing_data(pipeline.paths.reward_db, encoder.encoder(), _cache_root(pipeline, encoder))
     context.log.info(f"{emb.encoder_description}; {emb.n_cached} cached, {emb.n_computed} encoded; splits {data.counts()}")
@@ -29,10 +29,10 @@ def _routing_data(context, pipeline: PipelineResource, encoder: EncoderResource)
 def task_embeddings(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource) -> dg.MaterializeResult:
     """Every prompt of the reward matrix as a feature vector from the frozen encoder, through the
     content-addressed cache: a prompt is encoded once per encoder fingerprint, never again."""
-    from fugu_pipeline import reward_matrix as rm
     from fugu_pipeline.defs.embeddings import materialize_embeddings
+    from fugu_pipeline.matrix.read import read_arrays
 
-    arrays = rm.read_arrays(pipeline.paths.reward_db, complete_only=False)
+    arrays = read_arrays(pipeline.paths.reward_db, complete_only=False)
     return materialize_embeddings(context, encoder, arrays.prompts, arrays.domains, cache_root=_cache_root(pipeline, encoder))
 
 
@@ -44,18 +44,27 @@ class TrainConfig(dg.Config):
 
 
 def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_path: str | None = None) -> dg.Output:
-    from fugu_pipeline import training
-    from fugu_pipeline.checkpoints import load_checkpoint
     from fugu_pipeline.defs.training import train_result_metadata
-    from fugu_pipeline.training_data import TrainingDataError
+    from fugu_pipeline.features.routing_data import TrainingDataError
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.train.configs import (
+        ConfigError,
+        ESConfig,
+        RLConfig,
+        SFTConfig,
+        load_config,
+    )
+    from fugu_pipeline.train.es import train_es
+    from fugu_pipeline.train.rl import train_rl
+    from fugu_pipeline.train.sft import train_sft
 
-    cls = {"sft": training.SFTConfig, "rl": training.RLConfig, "es": training.ESConfig}[method]
+    cls = {"sft": SFTConfig, "rl": RLConfig, "es": ESConfig}[method]
     try:
-        cfg = training.load_config(pipeline.paths.resolve(config.config_path or f"configs/train_{method}.yaml"), cls)
-    except training.ConfigError as exc:
+        cfg = load_config(pipeline.paths.resolve(config.config_path or f"configs/train_{method}.yaml"), cls)
+    except ConfigError as exc:
         raise dg.Failure(description=str(exc)) from None
     data = _routing_data(context, pipeline, encoder)
-    fn = {"sft": training.train_sft, "rl": training.train_rl, "es": training.train_es}[method]
+    fn = {"sft": train_sft, "rl": train_rl, "es": train_es}[method]
     kwargs = {"force": config.force, "log": context.log.info}
     if init_path is not None:
         kwargs["init_state"] = load_checkpoint(init_path, expected_contract=data.contract).state_dict
@@ -93,8 +102,8 @@ def router_es(context: dg.AssetExecutionContext, config: TrainConfig, pipeline: 
 
 
 def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str) -> dg.Output[dict]:
-    from fugu_pipeline.checkpoints import load_checkpoint
-    from fugu_pipeline.evaluation import evaluate_checkpoint, write_report
+    from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
+    from fugu_pipeline.train.checkpoints import load_checkpoint
 
     data = _routing_data(context, pipeline, encoder)
     ckpt = load_checkpoint(checkpoint_path, expected_contract=data.contract)
@@ -160,7 +169,7 @@ def promoted_router(
     """King versus challenger. The challenger with the best validation utility replaces the
     promoted checkpoint only if it passes every gate; models/promoted/current.json is swapped
     atomically and every decision is kept in models/promoted/history.jsonl."""
-    from fugu_pipeline.promotion import PromotionPolicy, promote_best
+    from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
 
     data = _routing_data(context, pipeline, encoder)
     policy = PromotionPolicy(margin=config.margin, max_train_gap=config.max_train_gap, require_significant=config.require_significant)

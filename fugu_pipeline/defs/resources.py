@@ -6,7 +6,7 @@ from pathlib import Path
 import dagster as dg
 
 from fugu_pipeline.paths import ProjectPaths
-from fugu_pipeline.worker_config import WorkersConfig, load_workers_config
+from fugu_pipeline.workers.config import WorkersConfig, load_workers_config
 
 
 class PipelineResource(dg.ConfigurableResource):

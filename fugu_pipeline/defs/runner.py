@@ -12,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 
 from fugu_pipeline.defs.partitions import WORKER_CALLS_POOL, task_batches
-from fugu_pipeline.tasks import batch_name, list_batch_files
+from fugu_pipeline.tasks.loading import batch_name, list_batch_files
 
 DEFAULT_WORKER_CALLS_LIMIT = 8
 
@@ -38,7 +38,7 @@ def run_pipeline(
 ) -> dict:
     """Materialize tasks -> responses -> reward_matrix (-> the rest of the graph) for every batch
     file. Returns the materialization metadata of the last step, keyed by asset."""
-    from fugu_pipeline.definitions import build_defs
+    from fugu_pipeline.defs.assemble import build_defs
     from fugu_pipeline.defs.data import sync_worker_partitions
 
     os.chdir(project_dir)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 if TYPE_CHECKING:
-    from fugu_pipeline.training import TrainResult
+    from fugu_pipeline.train.result import TrainResult
 
 # curves drawn on the left axis (loss / fitness) vs the right axis (validation utility)
 _VAL_CURVES = ("val_utility", "val_mean", "val_best")

@@ -59,12 +59,9 @@ import contextlib
 import hmac
 import json
 import logging
-import math
-import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -74,10 +71,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from fugu_pipeline.router import POINTER, PromotedRouter, RouteDecision, Router, RouterError
+from fugu_pipeline.route.promoted import PromotedRouter
+from fugu_pipeline.route.router import RouteDecision, Router, RouterError
 from fugu_pipeline.serve.batching import RouteBatcher, RouteRequest, route_grouped
-from fugu_pipeline.worker_config import WorkersConfig, load_workers_config
-from fugu_pipeline.workers import Completion, RateLimiter, WorkerCallError
+from fugu_pipeline.serve.protocol import (
+    APIError,
+    ChatRequest,
+    RouterUnavailable,
+    api_error_handler,
+    http_error_handler,
+    parse_chat_request,
+    read_body,
+    server_error_handler,
+)
+from fugu_pipeline.serve.upstream import Workers, usage_of
+from fugu_pipeline.train.pointer import POINTER
+from fugu_pipeline.workers.config import WorkersConfig, load_workers_config
+from fugu_pipeline.workers.contract import Completion, WorkerCallError
 
 log = logging.getLogger("fugu_pipeline.serve")
 
@@ -85,188 +95,6 @@ ROUTER_MODEL = "fugu-lite"
 DEFAULT_MAX_BODY_BYTES = 2 << 20
 DEFAULT_BATCH_WINDOW_MS = 3.0
 DEFAULT_MAX_BATCH = 32
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
-           "frequency_penalty": (-2.0, 2.0)}
-_INTS = {"max_tokens": 1, "max_completion_tokens": 1, "seed": None}  # name -> minimum
-_TYPED = {"stop": (str, list), "logit_bias": (dict,), "user": (str,), "response_format": (dict,),
-          "reasoning_effort": (str,)}
-_FUGU_KEYS = {"allowed_workers", "cost_weight", "domain"}
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class APIError(Exception):
-    """An error answered to the client in the OpenAI shape."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, extra: dict | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.extra, self.headers = extra or {}, headers
-
-
-class RouterUnavailable(RuntimeError):
-    """No router could be loaded for this batch."""
-
-
-def error_response(exc: APIError) -> JSONResponse:
-    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}, **exc.extra}
-    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
-
-
-async def _api_error(request: Request, exc: Exception) -> Response:
-    return error_response(exc)  # type: ignore[arg-type]
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    status = getattr(exc, "status_code", 500)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(status)
-    return error_response(APIError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}",
-                                   code=code, headers=getattr(exc, "headers", None)))
-
-
-async def _server_error(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error in %s %s", request.method, request.url.path)
-    return error_response(APIError(500, f"internal server error: {type(exc).__name__}", type="server_error",
-                                   code="internal_error"))
-
-
-# --------------------------------------------------------------------------- requests
-
-
-@dataclass
-class ChatRequest:
-    messages: list[dict]
-    text: str  # what is routed: the last user message
-    stream: bool = False
-    include_usage: bool = False
-    params: dict = field(default_factory=dict)
-    domain: str | None = None
-    allowed: tuple[str, ...] | None = None
-    cost_weight: float | None = None
-
-
-def content_text(content: Any) -> str:
-    """Message content as text: a string, or the text parts of a list of content parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
-    return ""
-
-
-def routed_text(messages: list[dict]) -> str:
-    for m in reversed(messages):
-        if m.get("role") == "user":
-            return content_text(m.get("content"))
-    return content_text(messages[-1].get("content"))
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    """Validate a chat-completions body; raises APIError(400) naming the bad parameter."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"could not parse the JSON body of the request: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-    msgs = body.get("messages")
-    if msgs is None:
-        raise APIError(400, "missing required parameter: 'messages'", param="messages", code="missing_required_parameter")
-    if not isinstance(msgs, list) or not msgs:
-        raise APIError(400, "'messages' must be a non-empty list of {role, content} objects", param="messages",
-                       code="invalid_value")
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise APIError(400, f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]",
-                           code="invalid_value")
-        if m.get("content") is not None and not isinstance(m["content"], (str, list)):
-            raise APIError(400, f"messages[{i}].content must be a string or a list of content parts",
-                           param=f"messages[{i}].content", code="invalid_value")
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise APIError(400, f"n={n!r} is not supported: fugu-lite returns exactly one choice (n=1)", param="n",
-                       code="unsupported_value")
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise APIError(400, f"'{name}' (function calling) is not supported by fugu-lite", param=name,
-                           code="unsupported_parameter")
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
-        raise APIError(400, "'stream' must be true or false", param="stream", code="invalid_type")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise APIError(400, "'stream_options' must be an object", param="stream_options", code="invalid_type")
-
-    fugu = body.get("fugu_lite") or {}
-    if not isinstance(fugu, dict) or set(fugu) - _FUGU_KEYS:
-        raise APIError(400, f"'fugu_lite' must be an object with keys among {sorted(_FUGU_KEYS)}", param="fugu_lite",
-                       code="invalid_value")
-    top = lambda name, key: body[name] if body.get(name) is not None else fugu.get(key)  # noqa: E731
-    allowed = top("fugu_allowed_workers", "allowed_workers")
-    if allowed is not None and (not isinstance(allowed, list) or not allowed or not all(isinstance(w, str) for w in allowed)):
-        raise APIError(400, "'fugu_allowed_workers' must be a non-empty list of worker ids", param="fugu_allowed_workers",
-                       code="invalid_value")
-    cost_weight = top("fugu_cost_weight", "cost_weight")
-    if cost_weight is not None and (not _is_num(cost_weight) or cost_weight < 0):
-        raise APIError(400, "'fugu_cost_weight' must be a number >= 0", param="fugu_cost_weight", code="invalid_value")
-    domain = top("domain", "domain")
-    if domain is not None and not isinstance(domain, str):
-        raise APIError(400, "'domain' must be a string", param="domain", code="invalid_type")
-
-    params: dict = {}
-    for name, (lo, hi) in _RANGES.items():
-        v = body.get(name)
-        if v is not None:
-            if not _is_num(v) or not lo <= v <= hi:
-                raise APIError(400, f"'{name}' must be a number in [{lo:g}, {hi:g}], got {v!r}", param=name,
-                               code="invalid_value")
-            params[name] = v
-    for name, lo in _INTS.items():
-        v = body.get(name)
-        if v is not None:
-            if not isinstance(v, int) or isinstance(v, bool) or (lo is not None and v < lo):
-                raise APIError(400, f"'{name}' must be an integer" + (f" >= {lo}" if lo is not None else ""),
-                               param=name, code="invalid_value")
-            params[name] = v
-    for name, types in _TYPED.items():
-        v = body.get(name)
-        if v is not None:
-            if not isinstance(v, types):
-                raise APIError(400, f"'{name}' has the wrong type", param=name, code="invalid_type")
-            params[name] = v
-    if "max_completion_tokens" in params:  # OpenRouter and most servers read max_tokens
-        params.setdefault("max_tokens", params.pop("max_completion_tokens"))
-        params.pop("max_completion_tokens", None)
-    return ChatRequest(
-        messages=msgs, text=routed_text(msgs), stream=stream, include_usage=bool(options.get("include_usage")),
-        params=params, domain=domain, allowed=tuple(allowed) if allowed is not None else None,
-        cost_weight=float(cost_weight) if cost_weight is not None else None,
-    )
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    too_big = APIError(413, f"request body too large: the limit is {limit} bytes", code="request_too_large")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_big
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise too_big
-        parts.append(part)
-    return b"".join(parts)
-
-
-# --------------------------------------------------------------------------- router and workers
 
 
 class RouterSource:
@@ -305,97 +133,6 @@ class RouterSource:
 def checkpoint_tag(router: Router) -> str:
     m = router.checkpoint.manifest
     return f"{m.method}/{m.content_hash or Path(router.path).name}"
-
-
-class _CompletionStream:
-    """A whole Completion (e.g. from a mock worker) served as a stream of chunks."""
-
-    def __init__(self, comp: Completion):
-        self.served_model = comp.served_model or comp.requested_model
-        self.finish_reason = comp.finish_reason or "stop"
-        self.usage = _usage(comp)
-        self.attempts, self.ttft_s = comp.attempts, comp.latency_s
-        self._comp = comp
-
-    async def __aiter__(self):
-        yield {"choices": [{"index": 0, "delta": {"content": self._comp.answer}, "finish_reason": None}]}
-        yield {"choices": [{"index": 0, "delta": {}, "finish_reason": self.finish_reason}]}
-
-    def cost(self) -> tuple[float, str]:
-        return self._comp.cost_usd, self._comp.cost_source
-
-    async def aclose(self) -> None:
-        return None
-
-
-def _usage(comp: Completion) -> dict | None:
-    if comp.prompt_tokens is None and comp.completion_tokens is None:
-        return None
-    pt, ct = comp.prompt_tokens or 0, comp.completion_tokens or 0
-    return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
-
-
-class Workers:
-    """One client per configured worker (HTTP clients share one connection pool), with each
-    worker's concurrency and rate limits. Start and close inside the serving event loop."""
-
-    def __init__(self, config: WorkersConfig, attempts: int | None):
-        self.config = config.model_copy(update={"max_attempts": attempts}) if attempts else config
-        self.specs = {w.id: w for w in self.config.workers}
-        self.clients: dict[str, Any] = {}
-        self._slots: dict[str, asyncio.Semaphore] = {}
-        self._limits: dict[str, RateLimiter] = {}
-        self._pool = None
-
-    async def start(self) -> None:
-        from fugu_pipeline.clients import UpstreamPool, make_http_client
-        from fugu_pipeline.workers import make_client
-
-        self._pool = UpstreamPool(self.config)
-        for wid, spec in self.specs.items():
-            self.clients[wid] = (make_client(spec, self.config) if spec.kind == "mock"
-                                 else make_http_client(spec, self.config, pool=self._pool, stream=False))
-            self._slots[wid] = asyncio.Semaphore(spec.max_concurrency)
-            self._limits[wid] = RateLimiter(spec.requests_per_minute)
-
-    async def close(self) -> None:
-        for client in self.clients.values():
-            await client.aclose()
-        if self._pool is not None:
-            await self._pool.aclose()
-
-    def _messages(self, wid: str, messages: list[dict]) -> list[dict]:
-        spec = self.specs[wid]
-        if spec.kind == "mock":  # the mock pool reads plain-text content
-            messages = [{"role": m["role"], "content": content_text(m.get("content"))} for m in messages]
-        if spec.system_prompt and not any(m.get("role") in ("system", "developer") for m in messages):
-            messages = [{"role": "system", "content": spec.system_prompt}, *messages]
-        return messages
-
-    async def complete(self, wid: str, messages: list[dict], params: dict) -> Completion:
-        client, msgs = self.clients[wid], self._messages(wid, messages)
-        async with self._slots[wid]:
-            await self._limits[wid].wait()
-            if self.specs[wid].kind == "mock":
-                return await client.complete(msgs)
-            return await client.complete(msgs, params=params)
-
-    async def open_stream(self, wid: str, messages: list[dict], params: dict):
-        """An open stream whose first chunk has arrived. Holds the worker's concurrency slot
-        until `release(wid)`, which the caller must call (also when this raises: it does not)."""
-        client, msgs = self.clients[wid], self._messages(wid, messages)
-        await self._slots[wid].acquire()
-        try:
-            await self._limits[wid].wait()
-            if self.specs[wid].kind == "mock":
-                return _CompletionStream(await client.complete(msgs))
-            return await client.open_stream(msgs, params)
-        except BaseException:
-            self._slots[wid].release()
-            raise
-
-    def release(self, wid: str) -> None:
-        self._slots[wid].release()
 
 
 # --------------------------------------------------------------------------- the service
@@ -521,7 +258,7 @@ async def chat_completions(request: Request) -> Response:
         "model": info["served_model"],
         "choices": [{"index": 0, "message": {"role": "assistant", "content": comp.answer},
                      "finish_reason": comp.finish_reason or "stop", "logprobs": None}],
-        "usage": _usage(comp), "fugu_lite": info,
+        "usage": usage_of(comp), "fugu_lite": info,
     }
     return JSONResponse(body, headers=_headers(info))
 
@@ -657,7 +394,7 @@ def create_app(
         routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
                 Route("/v1/models", list_models, methods=["GET"]),
                 Route("/health", health, methods=["GET"])],
-        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        exception_handlers={APIError: api_error_handler, HTTPException: http_error_handler, Exception: server_error_handler},
         lifespan=lifespan,
     )
     app.state.fugu = svc
@@ -675,45 +412,3 @@ def load_router_provider(checkpoint_or_models_dir: str | Path, *, device: str = 
         return Router.load(path, device=device, dtype=dtype, encoder=encoder)
     raise RouterError(f"{path} is neither a checkpoint directory (manifest.json + head.safetensors) nor a models "
                       f"directory with {POINTER}; pass a trained checkpoint or the models directory")
-
-
-def serve(
-    checkpoint_or_models_dir: str | Path,
-    workers_config_path: str | Path,
-    host: str = "127.0.0.1",
-    port: int = 8080,
-    *,
-    api_token: str | None = None,
-    device: str = "auto",
-    encoder: str | None = None,
-    batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
-    max_batch: int = DEFAULT_MAX_BATCH,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    worker_attempts: int | None = 1,
-    torch_threads: int | None = None,
-    log_level: str = "info",
-) -> None:
-    """Load the router and workers, then serve until interrupted. The token is `api_token`, else
-    `$FUGU_SERVE_TOKEN`; API keys for workers come from the environment or a `.env` file.
-    `torch_threads` caps torch's CPU threads for the encoder (None: torch's default); on a CPU
-    shared with other work, 1 avoids threads spinning against each other."""
-    import uvicorn
-
-    from fugu_pipeline.clients import load_env_file
-
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    load_env_file()
-    if torch_threads is not None:
-        import torch
-
-        torch.set_num_threads(torch_threads)
-    token = api_token if api_token is not None else (os.environ.get("FUGU_SERVE_TOKEN") or None)
-    if token is None and host not in LOOPBACK:
-        log.warning("serving on %s without a token: set FUGU_SERVE_TOKEN (or --token), and put TLS in front", host)
-    provider = load_router_provider(checkpoint_or_models_dir, device=device, encoder=encoder)
-    app = create_app(provider, workers_config_path, api_token=token, max_body_bytes=max_body_bytes,
-                     batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts)
-    router = app.state.fugu.source.last
-    log.info("fugu-lite serving %s (%s) on http://%s:%d/v1", checkpoint_tag(router), router.path, host, port)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from fugu_pipeline.router import RouteDecision, Router, RouterError
+from fugu_pipeline.route.router import RouteDecision, Router, RouterError
 
 
 @dataclass(frozen=True)

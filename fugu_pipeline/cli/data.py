@@ -1,0 +1,90 @@
+"""Data commands: `list-models` (the live catalog), `generate` (collect and grade into a reward JSONL)
+and `import` (public routing data into the reward-matrix import format)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fugu_pipeline.cli.common import CLIError, print_json
+
+
+def cmd_list_models(args) -> int:
+    from dotenv import load_dotenv
+
+    from fugu_pipeline.workers.catalog import fetch_catalog, format_rows, list_models
+
+    load_dotenv(override=False)
+    snap = fetch_catalog(args.base_url, os.environ.get("OPENROUTER_API_KEY"))
+    print(format_rows(list_models(snap, args.contains, args.limit)))
+    return 0
+
+
+def cmd_generate(args) -> int:
+    """Collect every worker's answer to every task (resumable), then write the reward matrix JSONL."""
+    import asyncio
+
+    from dotenv import load_dotenv
+    from tqdm import tqdm
+
+    from fugu_pipeline.collect.partition import collect_partition
+    from fugu_pipeline.collect.store import ResponseStore
+    from fugu_pipeline.matrix.importers import write_reward_jsonl
+    from fugu_pipeline.matrix.import_format import RewardRow
+    from fugu_pipeline.matrix.read import signal_health
+    from fugu_pipeline.tasks.loading import load_tasks
+    from fugu_pipeline.workers.config import load_workers_config
+    from fugu_pipeline.workers.contract import FatalWorkerError
+
+    load_dotenv(override=False)
+    config = load_workers_config(args.workers)
+    tasks = load_tasks(args.tasks)
+    out = Path(args.output)
+    store_root = out.with_name(out.name + ".responses")
+    if (out.exists() or store_root.exists()) and not args.resume:
+        raise CLIError(f"{out} (or {store_root}) exists: add --resume to continue it, or choose another --output")
+    store = ResponseStore(store_root)
+    batch = "cli"
+    n = len(tasks) if args.limit is None else min(args.limit, len(tasks))
+    bar = tqdm(total=n * len(config.worker_ids), unit="call", desc="generate")
+    try:
+        for w in config.worker_ids:
+            done = store.read(batch, w)
+            bar.update(sum(1 for t in tasks[:n] if t.task_id in done and done[t.task_id].status == "ok"))
+            stats = asyncio.run(collect_partition(tasks[:n], batch, w, config, store, on_record=lambda r: bar.update(1)))
+            if stats.n_failed:
+                bar.write(f"{w}: {stats.n_failed} failed cell(s) ({stats.errors}); run again with --resume to retry them")
+            if stats.stopped:
+                bar.write(stats.stopped)
+    except FatalWorkerError as exc:
+        bar.close()
+        raise CLIError(str(exc)) from None
+    bar.close()
+    rows = []
+    recs = {w: store.read(batch, w) for w in config.worker_ids}
+    for t in tasks[:n]:
+        cells = [recs[w].get(t.task_id) for w in config.worker_ids]
+        if any(c is None or c.status != "ok" for c in cells):
+            continue
+        q = [c.quality for c in cells]
+        cost = [c.cost_usd + c.judge_cost_usd for c in cells]
+        lat = [c.latency_s for c in cells]
+        rows.append(RewardRow(task_id=t.task_id, prompt=t.prompt, domain=t.domain, split=t.split,
+                              worker_ids=config.worker_ids, quality=q, cost_usd=cost, latency_s=lat,
+                              rewards=[config.reward.utility(a, b, c) for a, b, c in zip(q, cost, lat)]))
+    if not rows:
+        raise CLIError("no task has an answer from every worker yet; run again with --resume")
+    write_reward_jsonl(rows, out)
+    print(f"{len(rows)} of {n} tasks complete -> {out} (responses kept in {store_root})")
+    health = signal_health(__import__("numpy").array([r.rewards for r in rows]))
+    print(f"learning signal: {health}")
+    return 0
+
+
+def cmd_import(args) -> int:
+    from fugu_pipeline.matrix.importers import import_source
+
+    opts = {"seed": args.seed}
+    summary = import_source(args.kind, Path(args.path), Path(args.output), **opts)
+    print_json(summary)
+    return 0

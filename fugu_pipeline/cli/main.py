@@ -1,0 +1,132 @@
+"""`fugu-lite`: the command line. Thin: every command calls the same core functions as the
+Dagster assets (DESIGN §2). Heavy imports (torch, transformers, dagster) happen inside the
+command that needs them, so `fugu-lite --help` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fugu_pipeline.cli import data, pipeline, routing, training
+from fugu_pipeline.cli.common import CLIError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fugu-lite", description="A learned LLM router (Dagster pipeline).")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def add(name, fn, help_):
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(func=fn)
+        return p
+
+    def encoder_opts(p):
+        p.add_argument("--encoder", default=None, help="'tiny' (built in, offline), a local model directory, or a hub id "
+                       "(default: $FUGU_ENCODER, else Qwen/Qwen3-0.6B; for a checkpoint: the one it was trained on)")
+        p.add_argument("--device", default="auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, mps")
+
+    def data_opts(p):
+        p.add_argument("--data", required=True, help="reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")
+        p.add_argument("--cache-dir", default="data/embeddings", help="embedding cache root")
+        p.add_argument("--work-dir", default="data/imports", help="where the DuckDB matrix of a JSONL is built")
+        encoder_opts(p)
+
+    def route_opts(p):
+        p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: the promoted one)")
+        p.add_argument("--models-dir", default="models")
+        p.add_argument("--domain", default=None)
+        p.add_argument("--prompt", required=True)
+        p.add_argument("--allowed", nargs="+", default=None, help="only route among these workers")
+        p.add_argument("--cost-weight", type=float, default=None, help="quality heads: λ in quality − λ·cost")
+        encoder_opts(p)
+
+    p = add("pipeline", pipeline.cmd_pipeline, "materialize the whole asset graph through Dagster (the main job)")
+    p.add_argument("--project-dir", default=".", help="project root (holds data/, models/, dagster.yaml)")
+    p.add_argument("--workers", default="configs/workers.mock.yaml", help="worker YAML (default: the offline mock pool)")
+    p.add_argument("--encoder", default=None, help="'tiny' (offline), a local model directory, or a hub id (default: $FUGU_ENCODER, else Qwen/Qwen3-0.6B)")
+    p.add_argument("--stop-after", default=None, help="stop after this asset (e.g. reward_matrix)")
+
+    p = add("doctor", pipeline.cmd_doctor, "check Python, torch/CUDA, the key (present or not), Dagster home, disk")
+    p.add_argument("--project-dir", default=".")
+
+    p = add("list-models", data.cmd_list_models, "print the live OpenRouter model catalog")
+    p.add_argument("--contains", default=None)
+    p.add_argument("--limit", type=int, default=30)
+    p.add_argument("--base-url", default="https://openrouter.ai/api/v1")
+
+    p = add("generate", data.cmd_generate, "call every worker on every task and write the reward-matrix JSONL")
+    p.add_argument("--workers", required=True)
+    p.add_argument("--tasks", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--limit", type=int, default=None, help="only the first N tasks (check prompts, grading, billing)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run: only missing or failed cells are called")
+
+    p = add("import", data.cmd_import, "convert real routing data into the reward-matrix JSONL")
+    p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl"])
+    p.add_argument("path", help="the upstream file or folder")
+    p.add_argument("--output", required=True)
+    p.add_argument("--seed", type=int, default=0, help="split assignment seed")
+
+    for method in ("sft", "rl", "es"):
+        p = add(f"train-{method}", lambda a, m=method: training.train(a, m), f"train the {method.upper()} router head")
+        p.add_argument("--config", default=f"configs/train_{method}.yaml")
+        data_opts(p)
+        if method != "sft":
+            p.add_argument("--checkpoint", required=True, help="warm-start checkpoint")
+        p.add_argument("--output", default="models", help="models directory (checkpoint goes to <output>/<method>/<hash>/)")
+        p.add_argument("--force", action="store_true", help="train even without a learning signal")
+
+    p = add("evaluate", training.cmd_evaluate, "write the held-out report of a checkpoint (JSON + plots)")
+    p.add_argument("--checkpoint", required=True)
+    data_opts(p)
+    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--output", default=None, help="report JSON path (default: <checkpoint>/reports/<split>.json)")
+
+    p = add("route", routing.cmd_route, "route a prompt without calling any worker")
+    route_opts(p)
+
+    p = add("ask", routing.cmd_ask, "route a prompt and call the chosen worker (falls back on failure)")
+    route_opts(p)
+    p.add_argument("--workers", required=True)
+
+    p = add("serve", routing.cmd_serve, "serve an OpenAI-compatible endpoint that routes every request")
+    p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: follow the promoted pointer)")
+    p.add_argument("--models-dir", default="models")
+    p.add_argument("--workers", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CLIError as exc:
+        print(f"fugu-lite {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the project's own errors say what to do: no traceback for them
+        if isinstance(exc, _user_errors()):
+            print(f"fugu-lite {args.command}: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    from fugu_pipeline.features.routing_data import TrainingDataError
+    from fugu_pipeline.features.settings import EncoderLoadError
+    from fugu_pipeline.matrix.read import RewardMatrixError
+    from fugu_pipeline.route.router import RouterError
+    from fugu_pipeline.tasks.loading import TaskFileError
+    from fugu_pipeline.train.checkpoints import CheckpointError
+    from fugu_pipeline.train.configs import ConfigError
+    from fugu_pipeline.workers.catalog import CatalogError
+    from fugu_pipeline.workers.config import WorkerConfigError
+    from fugu_pipeline.workers.contract import WorkerCallError
+
+    return (CatalogError, CheckpointError, EncoderLoadError, RewardMatrixError, RouterError, TaskFileError,
+            ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

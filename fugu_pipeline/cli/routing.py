@@ -1,0 +1,61 @@
+"""Routing commands: `route` (decide only), `ask` (decide and call, with fallback), `serve`."""
+
+from __future__ import annotations
+
+from fugu_pipeline.cli.common import CLIError, print_json
+
+
+def _router(args):
+    from fugu_pipeline.route.promoted import load_promoted
+    from fugu_pipeline.route.router import Router
+
+    if args.checkpoint:
+        return Router.load(args.checkpoint, device=args.device, encoder=args.encoder)
+    return load_promoted(args.models_dir, device=args.device, encoder=args.encoder)
+
+
+def cmd_route(args) -> int:
+    d = _router(args).route(args.prompt, args.domain, allowed=args.allowed, cost_weight=args.cost_weight)
+    print_json({"worker": d.worker_id, "probabilities": d.probabilities, "ranking": d.ranking, "checkpoint": d.checkpoint})
+    return 0
+
+
+def cmd_ask(args) -> int:
+    import asyncio
+
+    from dotenv import load_dotenv
+
+    from fugu_pipeline.workers.config import load_workers_config
+    from fugu_pipeline.workers.contract import WorkerCallError
+    from fugu_pipeline.workers.factory import make_client
+
+    load_dotenv(override=False)
+    config = load_workers_config(args.workers)
+    d = _router(args).route(args.prompt, args.domain, allowed=args.allowed, cost_weight=args.cost_weight)
+    errors = []
+
+    async def call():
+        for wid in d.ranking:  # fall back down the ranking
+            client = make_client(config.worker(wid), config)
+            try:
+                return wid, await client.complete([{"role": "user", "content": args.prompt}])
+            except WorkerCallError as exc:
+                errors.append({"worker": wid, "error": str(exc)})
+                if type(exc).__name__ == "FatalWorkerError":
+                    raise
+            finally:
+                await client.aclose()
+        raise CLIError(f"every worker failed: {errors}")
+
+    wid, comp = asyncio.run(call())
+    print(comp.answer)
+    print_json({"fugu_lite": {"chosen": d.worker_id, "served_by": wid, "probabilities": d.probabilities,
+                               "latency_s": comp.latency_s, "cost_usd": comp.cost_usd, "fallback_errors": errors}})
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from fugu_pipeline.serve import serve
+
+    serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port)
+    return 0

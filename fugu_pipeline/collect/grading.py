@@ -1,0 +1,108 @@
+"""Graders: turn a worker's answer into a quality in [0, 1] (DESIGN §4).
+
+`exact`, `contains`, `numeric`, `regex` are local and deterministic; `llm_judge` asks the judge
+worker to score the answer against a rubric.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fugu_pipeline.tasks.answers import extract_final_number, final_line, parse_number
+from fugu_pipeline.workers.contract import WorkerCallError
+
+if TYPE_CHECKING:
+    from fugu_pipeline.tasks.schema import Task
+    from fugu_pipeline.workers.contract import WorkerClient
+
+
+@dataclass
+class Grade:
+    quality: float
+    detail: str
+    judge_cost_usd: float = 0.0
+
+
+def _norm(s: str, case_sensitive: bool) -> str:
+    s = " ".join(s.split())
+    return s if case_sensitive else s.lower()
+
+
+def grade_local(task: "Task", answer: str) -> Grade:
+    """Grade with a local grader. Raises ValueError for llm_judge (use `grade`)."""
+    g = task.grader
+    ref = task.reference_answer or ""
+    if answer is None:
+        return Grade(0.0, "no answer")
+    if g.type == "exact":
+        cand = [answer, final_line(answer)]
+        want = _norm(ref, g.case_sensitive)
+        for c in cand:
+            c2 = c.strip().strip(".").strip() if g.strip else c
+            if _norm(c2, g.case_sensitive) == want:
+                return Grade(1.0, "exact match")
+        return Grade(0.0, "no exact match")
+    if g.type == "contains":
+        ok = _norm(ref, g.case_sensitive) in _norm(answer, g.case_sensitive)
+        return Grade(float(ok), "contains reference" if ok else "reference not found")
+    if g.type == "numeric":
+        want = parse_number(ref)
+        got = extract_final_number(answer)
+        if got is None:
+            return Grade(0.0, "no number in answer")
+        tol = g.tolerance * (abs(want) if g.relative else 1.0)
+        ok = abs(got - want) <= tol + 1e-12 * max(1.0, abs(want))
+        return Grade(float(ok), f"got {got:g}, want {want:g} ± {tol:g}")
+    if g.type == "regex":
+        flags = 0
+        for f in g.flags:
+            flags |= getattr(re, f)
+        pattern = g.pattern if g.pattern is not None else ref
+        rx = re.compile(pattern, flags)
+        ok = bool(rx.fullmatch(answer.strip()) if g.full_match else rx.search(answer))
+        return Grade(float(ok), "regex matched" if ok else "regex did not match")
+    raise ValueError(f"grader {g.type!r} is not local")
+
+
+JUDGE_TEMPLATE = """You are grading an answer against a rubric.
+
+Task:
+{prompt}
+
+Rubric:
+{rubric}
+
+Reference answer (may be partial):
+{reference}
+
+Answer to grade:
+<answer>{answer}</answer>
+
+Reply with one line of the form `SCORE: n` where n is an integer from 0 to {scale}."""
+
+_SCORE = re.compile(r"SCORE\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+
+
+async def grade(task: "Task", answer: str, judge: "WorkerClient | None" = None) -> Grade:
+    """Grade any task; `llm_judge` needs the judge worker. A judge reply without a score is an
+    error (the cell fails and is retried on the next run) rather than a silent zero."""
+    if task.grader.type != "llm_judge":
+        return grade_local(task, answer)
+    if judge is None:
+        raise ValueError(
+            f"task {task.task_id} uses the llm_judge grader but no judge is configured: add a "
+            "'judge:' worker to the worker YAML"
+        )
+    g = task.grader
+    prompt = JUDGE_TEMPLATE.format(
+        prompt=task.prompt, rubric=g.rubric, reference=task.reference_answer or "(none)",
+        answer=answer, scale=g.scale,
+    )
+    done = await judge.complete([{"role": "user", "content": prompt}], task=task)
+    m = _SCORE.search(done.answer or "")
+    if not m:
+        raise WorkerCallError(f"judge reply holds no 'SCORE: n': {done.answer[:120]!r}")
+    score = min(max(float(m.group(1)), 0.0), float(g.scale))
+    return Grade(score / g.scale, f"judge score {score:g}/{g.scale}", judge_cost_usd=done.cost_usd)

@@ -1,0 +1,175 @@
+"""Collecting one partition: each worker answers each task once, graded and durable at once.
+
+A re-run calls only the cells that are missing, failed, or answered by an older version of the
+worker's model. A 401/402/403 stops the run; the budget guard stops spending before the run's
+budget would be passed. Storage is the response store (`store.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from fugu_pipeline.collect.grading import grade
+from fugu_pipeline.collect.records import CallRecord
+from fugu_pipeline.collect.store import ResponseStore
+from fugu_pipeline.tasks.schema import Task
+from fugu_pipeline.workers.budget import BudgetGuard, RateLimiter
+from fugu_pipeline.workers.config import WorkersConfig
+from fugu_pipeline.workers.contract import (
+    FatalWorkerError,
+    WorkerCallError,
+    WorkerClient,
+    task_messages,
+)
+from fugu_pipeline.workers.factory import make_client
+
+
+@dataclass
+class CollectStats:
+    batch: str
+    worker_id: str
+    n_tasks: int = 0
+    n_already_done: int = 0
+    n_called: int = 0
+    n_ok: int = 0
+    n_failed: int = 0
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+    stopped: str | None = None
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def cells_to_call(tasks: Iterable[Task], done: dict[str, CallRecord], model_fingerprint: str | None) -> list[Task]:
+    """Tasks whose cell is missing, failed, or was answered by an older version of the model."""
+    out = []
+    for t in tasks:
+        rec = done.get(t.task_id)
+        if rec is None or rec.status != "ok" or rec.prompt_hash != t.prompt_hash:
+            out.append(t)
+        elif model_fingerprint is not None and rec.model_fingerprint not in (None, model_fingerprint):
+            out.append(t)
+    return out
+
+
+async def collect_partition(
+    tasks: list[Task],
+    batch: str,
+    worker_id: str,
+    config: WorkersConfig,
+    store: ResponseStore,
+    *,
+    client: WorkerClient | None = None,
+    judge: WorkerClient | None = None,
+    limit: int | None = None,
+    max_usd: float | None = None,
+    model_fingerprint: str | None = None,
+    catalog=None,
+    on_record: Callable[[CallRecord], None] | None = None,
+) -> CollectStats:
+    """Call `worker_id` on every task of the batch whose cell is not done yet; grade and store
+    each result as soon as it returns. A 401/402/403 stops the run (raises FatalWorkerError)
+    after cancelling every call not yet started; the finished cells stay stored."""
+    spec = config.worker(worker_id)
+    t0 = time.monotonic()
+    stats = CollectStats(batch=batch, worker_id=worker_id, n_tasks=len(tasks))
+    own_client = client is None
+    client = client or make_client(spec, config, catalog=catalog)
+    own_judge = judge is None and config.judge is not None and any(t.grader.type == "llm_judge" for t in tasks)
+    if own_judge:
+        judge = make_client(config.judge, config, judge=True, catalog=catalog)
+    sem = asyncio.Semaphore(spec.max_concurrency)
+    limiter = RateLimiter(spec.requests_per_minute)
+    guard = BudgetGuard(max_usd if max_usd is not None else config.max_usd_per_run, spec, config.judge, catalog)
+    stop: BaseException | None = None
+
+    with store.open_writer(batch, worker_id) as writer:
+        done = store.read(batch, worker_id)
+        todo = cells_to_call(tasks, done, model_fingerprint)
+        stats.n_already_done = len(tasks) - len(todo)
+        if limit is not None:
+            todo = todo[:limit]
+
+        async def one(task: Task) -> None:
+            nonlocal stop
+            async with sem:
+                if stop is not None or guard.stop is not None:
+                    return
+                estimate = await guard.reserve(task)
+                if estimate is None:
+                    return
+                await limiter.wait()
+                stats.n_called += 1
+                started = time.time()
+                rec = None
+                try:
+                    comp = await client.complete(task_messages(task, spec.system_prompt), task=task)
+                    g = await grade(task, comp.answer, judge)
+                    rec = CallRecord(
+                        task_id=task.task_id, worker_id=worker_id, batch=batch,
+                        prompt_hash=task.prompt_hash, status="ok", answer=comp.answer,
+                        quality=g.quality, grade_detail=g.detail, cost_usd=comp.cost_usd,
+                        cost_source=comp.cost_source, judge_cost_usd=g.judge_cost_usd,
+                        latency_s=comp.latency_s, ttft_s=comp.ttft_s,
+                        prompt_tokens=comp.prompt_tokens, completion_tokens=comp.completion_tokens,
+                        finish_reason=comp.finish_reason, requested_model=comp.requested_model,
+                        served_model=comp.served_model, provider=comp.provider,
+                        attempts=comp.attempts, model_fingerprint=model_fingerprint,
+                        finished_at=time.time(),
+                    )
+                except FatalWorkerError as exc:
+                    stop = stop or exc
+                    return
+                except (WorkerCallError, ValueError) as exc:
+                    rec = CallRecord(
+                        task_id=task.task_id, worker_id=worker_id, batch=batch,
+                        prompt_hash=task.prompt_hash, status="failed", error=str(exc)[:500],
+                        attempts=getattr(exc, "attempts", 1), latency_s=time.time() - started,
+                        model_fingerprint=model_fingerprint, finished_at=time.time(),
+                    )
+                finally:
+                    await guard.settle(estimate, 0.0 if rec is None else rec.cost_usd + rec.judge_cost_usd)
+                await asyncio.to_thread(writer.append, rec)  # the fsync must not stall the other calls
+                stats.cost_usd += rec.cost_usd + rec.judge_cost_usd
+                if rec.status == "ok":
+                    stats.n_ok += 1
+                else:
+                    stats.n_failed += 1
+                    key = (rec.error or "error").split(":")[0][:80]
+                    stats.errors[key] = stats.errors.get(key, 0) + 1
+                if on_record is not None:
+                    on_record(rec)
+
+        try:
+            await asyncio.gather(*(one(t) for t in todo))
+        finally:
+            if own_client:
+                await client.aclose()
+            if own_judge and judge is not None:
+                await judge.aclose()
+            stats.seconds = time.monotonic() - t0
+    if stop is not None:
+        raise stop
+    stats.stopped = guard.stop
+    return stats
+
+
+def collect_partition_sync(*args, **kwargs) -> CollectStats:
+    return asyncio.run(collect_partition(*args, **kwargs))
+
+
+def summarize_cells(records: dict[str, CallRecord]) -> dict:
+    ok = [r for r in records.values() if r.status == "ok"]
+    return {
+        "cells": len(records),
+        "ok": len(ok),
+        "failed": len(records) - len(ok),
+        "mean_quality": (sum(r.quality or 0 for r in ok) / len(ok)) if ok else None,
+        "cost_usd": sum(r.cost_usd + r.judge_cost_usd for r in records.values()),
+    }
+

@@ -1,0 +1,112 @@
+"""The response store: one append-only JSON Lines file per (batch, worker) partition (DESIGN §3).
+
+`<root>/<batch>/<worker>.jsonl`. Each finished call is one line written with a single `write(2)`
+on an O_APPEND descriptor and fsync'ed before the next result is taken, so a kill at any instant
+loses at most the calls in flight. A torn last line (power loss mid-write) is ignored on read and
+cut off before the next append. Partition runs never touch DuckDB.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from fugu_pipeline.collect.records import CallRecord
+
+
+class PartitionBusyError(RuntimeError):
+    pass
+
+
+class ResponseStore:
+    """The per-partition response files under `root`."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def path(self, batch: str, worker_id: str) -> Path:
+        return self.root / batch / f"{worker_id}.jsonl"
+
+    def read(self, batch: str, worker_id: str) -> dict[str, CallRecord]:
+        """The latest record of every cell of the partition (a later line replaces an earlier)."""
+        p = self.path(batch, worker_id)
+        out: dict[str, CallRecord] = {}
+        if not p.exists():
+            return out
+        with p.open("rb") as fh:
+            data = fh.read()
+        for raw in data.split(b"\n"):
+            if not raw.strip():
+                continue
+            try:
+                rec = CallRecord.model_validate_json(raw)
+            except ValueError:
+                continue  # a torn last line: its call is simply not done
+            out[rec.task_id] = rec
+        return out
+
+    def batches(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+
+    def open_writer(self, batch: str, worker_id: str) -> "PartitionWriter":
+        return PartitionWriter(self.path(batch, worker_id))
+
+
+class PartitionWriter:
+    """Exclusive appender for one partition file (a second concurrent run fails clearly)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(str(path) + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise PartitionBusyError(
+                f"{path}: another run is collecting this partition right now; wait for it to finish"
+            ) from None
+        self._repair_tail()
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)  # the new file's directory entry is durable too
+        finally:
+            os.close(dfd)
+
+    def _repair_tail(self) -> None:
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with self.path.open("rb+") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 1))
+            if fh.read(1) == b"\n":
+                return
+            fh.seek(0)
+            data = fh.read()
+            cut = data.rfind(b"\n") + 1
+            fh.truncate(cut)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def append(self, record: CallRecord) -> None:
+        line = record.model_dump_json().encode("utf-8") + b"\n"
+        n = os.write(self._fd, line)
+        if n != len(line):  # regular files do not short-write short lines, but never assume
+            raise OSError(f"{self.path}: short write ({n} of {len(line)} bytes)")
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> "PartitionWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,36 @@
+"""The Definitions object: every asset, check, sensor and resource of the pipeline, assembled.
+
+`fugu_pipeline.definitions` (the code location) and the main job (`runner.py`) both build theirs
+here. torch and transformers are not imported while loading (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+
+from fugu_pipeline.defs import catalog, data, models
+from fugu_pipeline.defs.embeddings import EncoderResource
+from fugu_pipeline.defs.resources import PipelineResource
+
+
+def build_defs(project_dir: str | None = None, workers_config: str | None = None, encoder: str | None = None) -> dg.Definitions:
+    """`encoder`: hub id, local directory or 'tiny' (default: $FUGU_ENCODER, else Qwen/Qwen3-0.6B)."""
+    pipeline = PipelineResource(
+        project_dir=project_dir or os.environ.get("FUGU_PROJECT_DIR", "."),
+        workers_config=workers_config or os.environ.get("FUGU_WORKERS_CONFIG", "configs/workers.mock.yaml"),
+    )
+    return dg.Definitions(
+        assets=[catalog.openrouter_catalog, data.tasks, data.responses, data.reward_matrix, models.task_embeddings,
+                models.router_sft, models.router_rl, models.router_es,
+                models.eval_report_sft, models.eval_report_rl, models.eval_report_es, models.promoted_router],
+        asset_checks=[data.cells_complete, data.worker_order_fixed, data.no_nan, data.learning_signal],
+        sensors=[data.benchgen_batch_sensor, catalog.catalog_change_sensor, data.reward_matrix_automation],
+        resources={
+            "pipeline": pipeline,
+            "openrouter": catalog.OpenRouterResource.from_env(),
+            "encoder": EncoderResource(model=encoder or os.environ.get("FUGU_ENCODER", "Qwen/Qwen3-0.6B")),
+        },
+    )
+

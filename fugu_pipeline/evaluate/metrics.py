@@ -1,0 +1,158 @@
+"""Evaluation metrics (DESIGN §5). Plain numpy; every figure comes from the held-out rows.
+
+`evaluation_report` takes the router's per-task scores (higher = preferred) on the held-out
+split, the utility matrix, and the training split (for the honest best-fixed baseline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+TIE_TOL = 1e-9
+
+
+@dataclass
+class EvalInputs:
+    """Held-out rows, plus the training utility for choosing the best fixed worker honestly."""
+
+    worker_ids: list[str]
+    utility: np.ndarray  # (N, W) held-out
+    scores: np.ndarray  # (N, W) router scores on the held-out rows
+    train_utility: np.ndarray  # (M, W)
+    domains: list[str] | None = None
+    quality: np.ndarray | None = None
+    cost_usd: np.ndarray | None = None
+    latency_s: np.ndarray | None = None
+    train_quality: np.ndarray | None = None
+    quality_pred: np.ndarray | None = None  # (N, W) from a quality head, for the cost–quality curve
+
+
+def pick(matrix: np.ndarray, routes: np.ndarray) -> np.ndarray:
+    return matrix[np.arange(len(routes)), routes]
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Mean of a − b per task with a paired bootstrap 95% interval (resampling tasks)."""
+    d = np.asarray(a, float) - np.asarray(b, float)
+    if len(d) == 0:
+        return {"mean": float("nan"), "low": float("nan"), "high": float("nan"), "n": 0}
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(d), size=(n_boot, len(d)))
+    means = d[idx].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return {"mean": float(d.mean()), "low": float(lo), "high": float(hi), "n": int(len(d))}
+
+
+def oracle_accuracy(utility: np.ndarray, routes: np.ndarray, tol: float = TIE_TOL) -> float:
+    """Share of tasks routed to a best worker; ties count as correct."""
+    best = utility.max(axis=1)
+    return float(np.mean(pick(utility, routes) >= best - tol))
+
+
+def apgr(strong_score: np.ndarray, perf_strong: np.ndarray, perf_weak: np.ndarray, points: int = 101) -> dict:
+    """RouteLLM's Average Performance Gap Recovered and calls-to-strong thresholds.
+
+    Route the share x of tasks with the highest `strong_score` to the strong worker, for x on a
+    grid from 0 to 1; PGR(x) = (perf(x) − weak) / (strong − weak); APGR = mean of PGR over the
+    grid (the area under the curve). CPT(p) = the smallest share of strong calls whose PGR ≥ p.
+    """
+    n = len(strong_score)
+    order = np.argsort(-strong_score, kind="stable")
+    weak_total, strong_total = perf_weak.mean(), perf_strong.mean()
+    gap = strong_total - weak_total
+    xs = np.linspace(0, 1, points)
+    gain = np.concatenate([[0.0], np.cumsum((perf_strong - perf_weak)[order])]) / max(n, 1)
+    perf = weak_total + gain[np.round(xs * n).astype(int)]
+    pgr = (perf - weak_total) / gap if abs(gap) > 1e-12 else np.zeros_like(perf)
+
+    def cpt(p: float) -> float | None:
+        hit = np.flatnonzero(pgr >= p - 1e-12)
+        return float(xs[hit[0]]) if len(hit) else None
+
+    # random routing recovers PGR(x) = x on average: APGR 0.5 is the random baseline
+    return {"apgr": float(np.trapezoid(pgr, xs)), "cpt50": cpt(0.5), "cpt80": cpt(0.8),
+            "curve": {"strong_share": xs.tolist(), "pgr": pgr.tolist()},
+            "strong_mean": float(strong_total), "weak_mean": float(weak_total)}
+
+
+def cost_quality_curve(quality_pred: np.ndarray, quality: np.ndarray, cost: np.ndarray, lambdas: np.ndarray | None = None) -> list[dict]:
+    """Route by argmax(q̂ − λ·cost/mean cost) for a sweep of λ: realised (mean cost, mean quality)."""
+    scale = float(np.mean(cost)) or 1.0
+    lambdas = np.concatenate([[0.0], np.geomspace(0.01, 10, 24)]) if lambdas is None else lambdas
+    out = []
+    for lam in lambdas:
+        r = np.argmax(quality_pred - lam * cost / scale, axis=1)
+        out.append({"lambda": float(lam), "mean_cost_usd": float(pick(cost, r).mean()),
+                    "mean_quality": float(pick(quality, r).mean())})
+    return out
+
+
+def evaluation_report(inp: EvalInputs, *, n_boot: int = 2000, seed: int = 0) -> dict:
+    U, W = inp.utility, inp.worker_ids
+    if U.shape[0] == 0:
+        raise ValueError("the held-out split has no rows: nothing to evaluate")
+    routes = np.argmax(inp.scores, axis=1)
+    router_u = pick(U, routes)
+    fixed_idx = int(np.argmax(inp.train_utility.mean(axis=0)))
+    fixed_test_idx = int(np.argmax(U.mean(axis=0)))
+    rep: dict = {
+        "n_tasks": int(U.shape[0]),
+        "worker_ids": list(W),
+        "router_utility": float(router_u.mean()),
+        "oracle_utility": float(U.max(axis=1).mean()),
+        "best_fixed_worker": W[fixed_idx],
+        "best_fixed_utility": float(U[:, fixed_idx].mean()),
+        "best_fixed_test_chosen_worker (optimistic)": W[fixed_test_idx],
+        "best_fixed_test_chosen_utility (optimistic)": float(U[:, fixed_test_idx].mean()),
+        "random_utility": float(U.mean()),
+        "oracle_route_accuracy": oracle_accuracy(U, routes),
+        "router_minus_best_fixed": paired_bootstrap(router_u, U[:, fixed_idx], n_boot, seed),
+        "route_distribution": {w: int((routes == i).sum()) for i, w in enumerate(W)},
+        "per_worker_utility": {w: float(U[:, i].mean()) for i, w in enumerate(W)},
+    }
+    rep["regret"] = rep["oracle_utility"] - rep["router_utility"]
+    for name, m in (("quality", inp.quality), ("cost_usd", inp.cost_usd), ("latency_s", inp.latency_s)):
+        if m is not None:
+            rep[f"router_mean_{name}"] = float(np.nanmean(pick(m, routes)))
+            rep[f"best_fixed_mean_{name}"] = float(np.nanmean(m[:, fixed_idx]))
+    if inp.domains is not None:
+        doms = np.asarray(inp.domains)
+        rows = []
+        for d in sorted(set(inp.domains)):
+            s = doms == d
+            rows.append({"domain": d, "n": int(s.sum()), "router": float(router_u[s].mean()),
+                         "best_fixed": float(U[s, fixed_idx].mean()), "oracle": float(U[s].max(axis=1).mean()),
+                         "random": float(U[s].mean()),
+                         "top_route": W[int(np.bincount(routes[s], minlength=len(W)).argmax())]})
+        rep["per_domain"] = rows
+    if inp.cost_usd is not None and inp.quality is not None and np.nanstd(inp.cost_usd) > 0:
+        points = [{"name": w, "mean_cost_usd": float(inp.cost_usd[:, i].mean()), "mean_quality": float(inp.quality[:, i].mean())} for i, w in enumerate(W)]
+        points.append({"name": "router", "mean_cost_usd": rep["router_mean_cost_usd"], "mean_quality": rep["router_mean_quality"]})
+        points.append({"name": "oracle (utility)", "mean_cost_usd": float(pick(inp.cost_usd, U.argmax(axis=1)).mean()),
+                       "mean_quality": float(pick(inp.quality, U.argmax(axis=1)).mean())})
+        rep["cost_quality_points"] = points
+        if inp.quality_pred is not None:
+            rep["cost_quality_curve"] = cost_quality_curve(inp.quality_pred, inp.quality, inp.cost_usd)
+    if len(W) == 2:
+        perf = inp.quality if inp.quality is not None and not np.isnan(inp.quality).any() else U
+        train_perf = inp.train_quality if inp.train_quality is not None and not np.isnan(inp.train_quality).any() else inp.train_utility
+        strong = int(np.argmax(train_perf.mean(axis=0)))
+        weak = 1 - strong
+        margin = inp.scores[:, strong] - inp.scores[:, weak]
+        a = apgr(margin, perf[:, strong], perf[:, weak])
+        rep["apgr"] = {"strong_worker": W[strong], "weak_worker": W[weak], "measure": "quality" if perf is inp.quality else "utility", **a}
+    return rep
+
+
+def summary_line(rep: dict) -> str:
+    ci = rep["router_minus_best_fixed"]
+    s = (f"router {rep['router_utility']:.4f} | best fixed ({rep['best_fixed_worker']}) {rep['best_fixed_utility']:.4f} | "
+         f"oracle {rep['oracle_utility']:.4f} | random {rep['random_utility']:.4f} | "
+         f"router − best fixed {ci['mean']:+.4f} [{ci['low']:+.4f}, {ci['high']:+.4f}] | "
+         f"oracle-route acc {rep['oracle_route_accuracy']:.3f}")
+    if "apgr" in rep:
+        a = rep["apgr"]
+        s += f" | APGR {a['apgr']:.3f} CPT50 {a['cpt50']} CPT80 {a['cpt80']}"
+    return s

@@ -1,0 +1,249 @@
+"""The frozen encoder that turns a task prompt into a feature vector (DESIGN §1, §3, §7).
+
+`Encoder` loads the model its `EncoderSettings` name once (tokenizer + `transformers.AutoModel`,
+frozen, eval mode) and encodes prompts in length-bucketed batches under a token budget.
+`LazyEncoder` holds settings and loads the weights only on first use, so a call whose prompts are
+all cached never loads them.
+
+Plain Python: no dagster; torch and transformers are imported inside functions, so importing this
+module is cheap.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+
+from fugu_pipeline.features.contract import FeatureContract
+from fugu_pipeline.features.hf_logging import quiet_transformers
+from fugu_pipeline.features.settings import (
+    EncoderLoadError,
+    EncoderSettings,
+    hub_offline,
+    offline_help,
+)
+
+
+def plan_batches(lengths: list[int], token_budget: int, max_batch_size: int) -> list[list[int]]:
+    """Length-bucketed batches: indices sorted by length (longest first), cut so that
+    padded length x batch size <= token_budget (a single longer sequence gets its own batch)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (lengths[cur[0]] * (len(cur) + 1) > token_budget or len(cur) >= max_batch_size):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def pool_hidden(hidden, mask, pooling: str, token_position: int | None = None):
+    """One vector per sequence from hidden states (B, L, H) and an attention mask (B, L) of 0/1.
+
+    Real tokens may be padded on either side. last: the last real token; mean: mask-weighted mean
+    (summed in float32); position: a fixed offset from the last real token (<0) or the first (>=0),
+    clamped to the real tokens.
+    """
+    import torch
+
+    b, length, _ = hidden.shape
+    real = mask.bool()
+    pos = torch.arange(length, device=hidden.device).expand(b, length)
+    if pooling == "mean":
+        m = real.unsqueeze(-1).to(torch.float32)
+        return (hidden.to(torch.float32) * m).sum(1) / m.sum(1).clamp(min=1.0)
+    last = torch.where(real, pos, -1).amax(1)
+    if pooling == "last":
+        idx = last
+    elif pooling == "position":
+        first = torch.where(real, pos, length).amin(1)
+        idx = last + 1 + token_position if token_position < 0 else first + token_position
+        idx = torch.minimum(torch.maximum(idx, first), last)
+    else:
+        raise ValueError(f"unknown pooling {pooling!r}")
+    return hidden[torch.arange(b, device=hidden.device), idx]
+
+
+# --------------------------------------------------------------------------- encoder
+
+
+class Encoder:
+    """A loaded, frozen encoder. Build it with `Encoder.load(settings)`."""
+
+    def __init__(self, settings: EncoderSettings, tokenizer, model, *, device: str, dtype: str,
+                 fingerprint: str):
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.model = model
+        self.resolved_device = device
+        self.resolved_dtype = dtype
+        self.fingerprint = fingerprint
+        self.dim = int(model.config.hidden_size)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+        self.forward_passes = 0
+        self.prompts_encoded = 0
+
+    @classmethod
+    def load(cls, settings: EncoderSettings) -> "Encoder":
+        """Load tokenizer and model once; raise EncoderLoadError (with the offline options) when
+        they cannot be loaded."""
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        device = settings.resolve_device()
+        dtype = settings.resolve_dtype(device)
+        directory = settings.local_dir()
+        source = str(directory) if directory is not None else settings.model
+        kwargs: dict = {"local_files_only": directory is not None or hub_offline()}
+        if directory is None and settings.revision:
+            kwargs["revision"] = settings.revision
+        try:
+            with quiet_transformers():
+                tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+                model = AutoModel.from_pretrained(source, dtype=getattr(torch, dtype), **kwargs)
+        except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ...
+            where = (f"the directory {directory} exists but transformers could not load it"
+                     if directory is not None else
+                     "no network access, or the model is not in the local Hugging Face cache"
+                     + (" (HF_HUB_OFFLINE is set: only the cache was searched)" if hub_offline() else ""))
+            raise EncoderLoadError(
+                f"could not load encoder {settings.model!r}: {where}. "
+                f"{type(exc).__name__}: {exc}\n{offline_help()}"
+            ) from exc
+        model.requires_grad_(False)
+        model.eval()
+        model.to(device)
+        if hasattr(model.config, "use_cache"):
+            model.config.use_cache = False
+        n_layers = getattr(model.config, "num_hidden_layers", None)
+        if n_layers is not None and not -(n_layers + 1) <= settings.layer <= n_layers:
+            raise EncoderLoadError(f"layer {settings.layer} out of range for a {n_layers}-layer model")
+        max_pos = getattr(model.config, "max_position_embeddings", None)
+        if max_pos is not None and settings.max_length > max_pos:
+            raise EncoderLoadError(
+                f"max_length {settings.max_length} exceeds the model's {max_pos} positions; lower it"
+            )
+        fingerprint = settings.fingerprint(dtype, settings.model_identity())
+        return cls(settings, tokenizer, model, device=device, dtype=dtype, fingerprint=fingerprint)
+
+    # ----------------------------------------------------------------- encoding
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids per text, truncated to max_length; an empty text becomes one pad token."""
+        ids = self.tokenizer(
+            list(texts), add_special_tokens=True, truncation=True, max_length=self.settings.max_length,
+            return_attention_mask=False, return_token_type_ids=False,
+        )["input_ids"]
+        return [seq if seq else [self.pad_id] for seq in ids]
+
+    def encode(self, prompts: list[str], domains: list[str] | None = None) -> np.ndarray:
+        """Feature vectors (N, dim) float32 for prompts, in input order."""
+        return self.encode_texts(self.settings.format(prompts, domains))
+
+    def encode_texts(self, texts: list[str]) -> np.ndarray:
+        """Feature vectors for already formatted texts: tokenize once, batch by length under the
+        token budget, pad each batch to its own longest sequence, pool, restore input order."""
+        import torch
+
+        if self.model is None:
+            raise RuntimeError("encoder is closed")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        ids = self.tokenize(texts)
+        s = self.settings
+        for batch in plan_batches([len(x) for x in ids], s.token_budget, s.max_batch_size):
+            width = len(ids[batch[0]])  # longest first
+            tokens = np.full((len(batch), width), self.pad_id, dtype=np.int64)
+            mask = np.zeros((len(batch), width), dtype=np.int64)
+            for row, i in enumerate(batch):
+                tokens[row, : len(ids[i])] = ids[i]
+                mask[row, : len(ids[i])] = 1
+            with torch.inference_mode():
+                vec = self._forward(torch.from_numpy(tokens), torch.from_numpy(mask))
+            out[batch] = vec.cpu().numpy()
+        self.prompts_encoded += len(texts)
+        return out
+
+    def _forward(self, tokens, mask):
+        import torch
+
+        tokens, mask = tokens.to(self.resolved_device), mask.to(self.resolved_device)
+        s = self.settings
+        if s.layer == -1:
+            hidden = self.model(input_ids=tokens, attention_mask=mask).last_hidden_state
+        else:
+            hidden = self.model(input_ids=tokens, attention_mask=mask, output_hidden_states=True).hidden_states[s.layer]
+        self.forward_passes += 1
+        vec = pool_hidden(hidden, mask, s.pooling, s.token_position).to(torch.float32)
+        if s.normalize:
+            vec = torch.nn.functional.normalize(vec, dim=-1)
+        return vec
+
+    # ----------------------------------------------------------------- identity and lifetime
+
+    def feature_contract(self) -> FeatureContract:
+        return self.settings.feature_contract(self.dim)
+
+    def describe(self) -> str:
+        """One line naming the model, device and dtype that run (print it: never a silent choice)."""
+        return self.settings.describe(self.resolved_device, self.resolved_dtype, self.dim) + f", fingerprint {self.fingerprint}"
+
+    def close(self) -> None:
+        """Free the model (and the CUDA cache when on CUDA)."""
+        if self.model is None:
+            return
+        self.model = None
+        gc.collect()
+        if self.resolved_device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+class LazyEncoder:
+    """The encoder factory `embed_prompts` takes: settings now, weights on first `get()`.
+
+    Its `fingerprint` needs no weights, so a fully cached call never loads the model.
+    """
+
+    def __init__(self, settings: EncoderSettings, encoder: Encoder | None = None):
+        self.settings = settings
+        self._encoder = encoder
+        self._fingerprint = encoder.fingerprint if encoder is not None else None
+
+    @classmethod
+    def wrap(cls, encoder: Encoder) -> "LazyEncoder":
+        return cls(encoder.settings, encoder)
+
+    @property
+    def loaded(self) -> bool:
+        return self._encoder is not None
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = self.settings.resolved_fingerprint()
+        return self._fingerprint
+
+    def get(self) -> Encoder:
+        if self._encoder is None:
+            self._encoder = Encoder.load(self.settings)
+        return self._encoder
+
+    def describe(self) -> str:
+        if self._encoder is not None:
+            return self._encoder.describe()
+        device = self.settings.resolve_device()
+        return (self.settings.describe(device, self.settings.resolve_dtype(device))
+                + f", fingerprint {self.fingerprint} (weights not loaded)")
+
+    def close(self) -> None:
+        if self._encoder is not None:
+            self._encoder.close()
+            self._encoder = None

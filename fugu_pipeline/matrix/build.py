@@ -1,0 +1,202 @@
+"""The reward matrix in DuckDB: the one step that writes the database (DESIGN §3).
+
+Tables
+- `tasks(task_id, batch, prompt, prompt_hash, domain, split, grader_type, tags)`
+- `workers(position, worker_id, kind, model)` — the fixed worker order
+- `responses(...)` — the latest call record of every collected cell
+- `rewards(task_id, worker_id, position, quality, cost_usd, latency_s, utility)` — graded cells
+- `reward_wide` (view) — one row per task, one utility column per worker, in worker order
+- `meta(key, value)` — source, utility weights, data version
+
+A build writes a new database file beside the old one and renames it into place, so readers
+never see a half-built matrix and a crash leaves the previous matrix intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from fugu_pipeline.collect.store import ResponseStore
+from fugu_pipeline.hashing import canonical_json, sha256_text
+from fugu_pipeline.matrix.import_format import read_reward_jsonl
+from fugu_pipeline.matrix.read import matrix_summary
+from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.tasks.loading import load_all_batches
+from fugu_pipeline.tasks.schema import Task
+from fugu_pipeline.workers.config import WorkersConfig
+
+SCHEMA = """
+CREATE TABLE tasks (task_id VARCHAR PRIMARY KEY, batch VARCHAR, prompt VARCHAR, prompt_hash VARCHAR,
+  domain VARCHAR, split VARCHAR, grader_type VARCHAR, tags VARCHAR[]);
+CREATE TABLE workers (position INTEGER PRIMARY KEY, worker_id VARCHAR UNIQUE, kind VARCHAR, model VARCHAR);
+CREATE TABLE responses (task_id VARCHAR, worker_id VARCHAR, batch VARCHAR, status VARCHAR,
+  answer VARCHAR, quality DOUBLE, grade_detail VARCHAR, cost_usd DOUBLE, cost_source VARCHAR,
+  judge_cost_usd DOUBLE, latency_s DOUBLE, ttft_s DOUBLE, prompt_tokens INTEGER,
+  completion_tokens INTEGER, finish_reason VARCHAR, requested_model VARCHAR, served_model VARCHAR,
+  provider VARCHAR, attempts INTEGER, error VARCHAR, model_fingerprint VARCHAR, finished_at DOUBLE,
+  PRIMARY KEY (task_id, worker_id));
+CREATE TABLE rewards (task_id VARCHAR, worker_id VARCHAR, position INTEGER, quality DOUBLE,
+  cost_usd DOUBLE, latency_s DOUBLE, utility DOUBLE, PRIMARY KEY (task_id, worker_id));
+CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+"""
+
+RESPONSE_COLUMNS = [
+    "task_id", "worker_id", "batch", "status", "answer", "quality", "grade_detail", "cost_usd",
+    "cost_source", "judge_cost_usd", "latency_s", "ttft_s", "prompt_tokens", "completion_tokens",
+    "finish_reason", "requested_model", "served_model", "provider", "attempts", "error",
+    "model_fingerprint", "finished_at",
+]
+
+
+@dataclass
+class TaskRow:
+    task_id: str
+    batch: str
+    prompt: str
+    domain: str
+    split: str
+    grader_type: str | None = None
+    tags: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, batch: str, t: Task) -> "TaskRow":
+        return cls(t.task_id, batch, t.prompt, t.domain, t.split, t.grader.type, tuple(t.tags))
+
+
+@dataclass
+class Cell:
+    task_id: str
+    worker_id: str
+    quality: float | None
+    cost_usd: float
+    latency_s: float
+    utility: float | None = None  # None: computed from the utility weights
+
+
+@dataclass
+class MatrixInput:
+    tasks: list[TaskRow]
+    workers: list[tuple[str, str, str | None]]  # (worker_id, kind, model)
+    responses: list[dict]
+    cells: list[Cell]
+    source: str
+    utility: UtilityConfig
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def from_collection(benchgen_dir: Path, store: ResponseStore, config: WorkersConfig) -> MatrixInput:
+    batches = load_all_batches(benchgen_dir)
+    workers = [(w.id, w.kind, getattr(w, "model", None)) for w in config.workers]
+    responses, rewards = [], []
+    by_batch: dict[str, list[Task]] = {}
+    for b, t in batches:
+        by_batch.setdefault(b, []).append(t)
+    for b, ts in by_batch.items():
+        for wid, _, _ in workers:
+            recs = store.read(b, wid)
+            for t in ts:
+                r = recs.get(t.task_id)
+                if r is None or r.prompt_hash != t.prompt_hash:
+                    continue
+                responses.append(r.model_dump(include=set(RESPONSE_COLUMNS)))
+                if r.status == "ok" and r.quality is not None:
+                    rewards.append(Cell(t.task_id, wid, r.quality, r.cost_usd + r.judge_cost_usd, r.latency_s))
+    tasks = [TaskRow.of(b, t) for b, t in batches]
+    return MatrixInput(tasks, workers, responses, rewards, "collection", config.reward)
+
+
+def from_import(path: Path, utility: UtilityConfig) -> MatrixInput:
+    """An imported reward matrix. Where `quality` is given, utility is recomputed from the
+    configured weights (cost and latency default to 0); otherwise `rewards` is the utility."""
+    rows = read_reward_jsonl(path)
+    batch = "import-" + path.name.split(".")[0]
+    worker_ids = rows[0].worker_ids
+    tasks, rewards = [], []
+    for r in rows:
+        tasks.append(TaskRow(r.task_id, batch, r.prompt, r.domain, r.split))
+        for i, w in enumerate(worker_ids):
+            cost = r.cost_usd[i] if r.cost_usd else 0.0
+            lat = r.latency_s[i] if r.latency_s else 0.0
+            if r.quality is not None:
+                rewards.append(Cell(r.task_id, w, r.quality[i], cost, lat))
+            else:
+                rewards.append(Cell(r.task_id, w, None, cost, lat, utility=r.rewards[i]))
+    return MatrixInput(tasks, [(w, "imported", None) for w in worker_ids], [], rewards, f"import:{path}", utility)
+
+
+# --------------------------------------------------------------------------- build
+
+
+def build(inp: MatrixInput, db_path: Path) -> dict:
+    """Write the DuckDB reward matrix atomically. Returns summary metadata."""
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = db_path.with_name(db_path.name + f".tmp-{os.getpid()}")
+    for p in (tmp, Path(str(tmp) + ".wal")):
+        p.unlink(missing_ok=True)
+    u = inp.utility
+    con = duckdb.connect(str(tmp))
+    try:
+        con.execute(SCHEMA)
+        _insert(con, "tasks", {
+            "task_id": [t.task_id for t in inp.tasks], "batch": [t.batch for t in inp.tasks],
+            "prompt": [t.prompt for t in inp.tasks], "prompt_hash": [sha256_text(t.prompt) for t in inp.tasks],
+            "domain": [t.domain for t in inp.tasks], "split": [t.split for t in inp.tasks],
+            "grader_type": [t.grader_type for t in inp.tasks], "tags": [list(t.tags) for t in inp.tasks],
+        })
+        con.executemany("INSERT INTO workers VALUES (?, ?, ?, ?)", [(i, w, k, m) for i, (w, k, m) in enumerate(inp.workers)])
+        if inp.responses:
+            _insert(con, "responses", {c: [r.get(c) for r in inp.responses] for c in RESPONSE_COLUMNS})
+        pos = {w: i for i, (w, _, _) in enumerate(inp.workers)}
+        _insert(con, "rewards", {
+            "task_id": [c.task_id for c in inp.cells], "worker_id": [c.worker_id for c in inp.cells],
+            "position": [pos[c.worker_id] for c in inp.cells], "quality": [c.quality for c in inp.cells],
+            "cost_usd": [c.cost_usd for c in inp.cells], "latency_s": [c.latency_s for c in inp.cells],
+            "utility": [c.utility if c.utility is not None else u.utility(c.quality, c.cost_usd, c.latency_s) for c in inp.cells],
+        })
+        cols = ", ".join(f"'{w}'" for w, _, _ in inp.workers)
+        con.execute(
+            "CREATE VIEW reward_wide AS SELECT t.task_id, t.split, t.domain, p.* EXCLUDE (task_id) FROM tasks t "
+            f"JOIN (PIVOT (SELECT task_id, worker_id, utility FROM rewards) ON worker_id IN ({cols}) "
+            "USING first(utility) GROUP BY task_id) p USING (task_id) ORDER BY t.task_id"
+        )
+        version = data_version(con)
+        meta = {
+            "source": inp.source,
+            "utility": canonical_json(u.model_dump()),
+            "worker_ids": json.dumps([w for w, _, _ in inp.workers]),
+            "data_version": version,
+        }
+        con.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
+        summary = matrix_summary(con)
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+    os.replace(tmp, db_path)
+    Path(str(tmp) + ".wal").unlink(missing_ok=True)
+    return summary
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, list]) -> None:
+    """Bulk insert through Arrow (executemany is row-at-a-time)."""
+    import pyarrow as pa
+
+    schema = {r[0]: r[1] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+    frame = pa.table(columns)  # noqa: F841  (DuckDB reads the local by name)
+    cols = ", ".join(columns)
+    casts = ", ".join(f"CAST({c} AS {schema[c]})" for c in columns)
+    con.execute(f"INSERT INTO {table} ({cols}) SELECT {casts} FROM frame")
+
+
+def data_version(con: duckdb.DuckDBPyConnection) -> str:
+    rows = con.execute(
+        "SELECT r.task_id, r.worker_id, round(r.utility, 9), t.prompt_hash, t.split FROM rewards r "
+        "JOIN tasks t USING (task_id) ORDER BY r.task_id, r.position"
+    ).fetchall()
+    return sha256_text(canonical_json(rows))[:16]

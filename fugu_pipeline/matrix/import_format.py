@@ -1,0 +1,79 @@
+"""The reward-matrix import format (DESIGN §4): one `RewardRow` a line, validated at the boundary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fugu_pipeline.tasks.loading import TaskFileError
+from fugu_pipeline.tasks.schema import Split
+
+
+class RewardRow(BaseModel):
+    """One row of an imported reward matrix (DESIGN §4)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    task_id: str = Field(min_length=1)
+    prompt: str = Field(min_length=1)
+    domain: str = "general"
+    split: Split = "train"
+    worker_ids: list[str] = Field(min_length=1)
+    rewards: list[float] | None = None
+    quality: list[float] | None = None
+    cost_usd: list[float] | None = None
+    latency_s: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "RewardRow":
+        n = len(self.worker_ids)
+        if len(set(self.worker_ids)) != n:
+            raise ValueError("worker_ids has duplicates")
+        if self.rewards is None and self.quality is None:
+            raise ValueError("row needs 'rewards' or 'quality'")
+        for name in ("rewards", "quality", "cost_usd", "latency_s"):
+            v = getattr(self, name)
+            if v is not None:
+                if len(v) != n:
+                    raise ValueError(f"'{name}' has {len(v)} values for {n} worker_ids")
+                if any(x != x or x in (float("inf"), float("-inf")) for x in v):
+                    raise ValueError(f"'{name}' holds NaN or infinite values")
+        if self.quality is not None and any(q < 0 or q > 1 for q in self.quality):
+            raise ValueError("'quality' values must lie in [0, 1]")
+        return self
+
+
+def read_reward_jsonl(path: Path) -> list[RewardRow]:
+    """Parse an imported reward matrix; every problem is named by file and line."""
+    problems: list[tuple[int, str]] = []
+    rows: list[RewardRow] = []
+    first: list[str] | None = None
+    seen: dict[str, int] = {}
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = RewardRow.model_validate_json(line)
+            except ValidationError as exc:
+                for e in exc.errors():
+                    loc = ".".join(str(x) for x in e["loc"])
+                    msg = e["msg"].removeprefix("Value error, ")
+                    problems.append((lineno, f"field '{loc}': {msg}" if loc else msg))
+                continue
+            if first is None:
+                first = row.worker_ids
+            elif row.worker_ids != first:
+                problems.append((lineno, f"worker_ids {row.worker_ids} differ from the first row's {first}; every row must list the same workers in the same order"))
+                continue
+            if row.task_id in seen:
+                problems.append((lineno, f"duplicate task_id {row.task_id!r} (first on line {seen[row.task_id]})"))
+                continue
+            seen[row.task_id] = lineno
+            rows.append(row)
+    if problems:
+        raise TaskFileError(path, problems)
+    if not rows:
+        raise TaskFileError(path, [(0, "the file holds no rows")])
+    return rows

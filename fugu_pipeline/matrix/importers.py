@@ -1,0 +1,429 @@
+"""Importers of public routing data into the reward-matrix import format (DESIGN §4).
+
+Sources (formats as found in `../shared/data/routing`, see its SOURCES.md):
+
+- RouteLLM evals (lm-sys/RouteLLM `routellm/evals`): one CSV per benchmark (`gsm8k_responses.csv.gz`,
+  `mmlu_responses/mmlu_<subject>.csv.gz`). Column `prompt`, then one column per model holding
+  `True`/`False` correctness, optionally `<model>_response` columns with the answer text (ignored).
+  `<bench>_contaminated_prompts.jsonl` lists prompts to remove: each line has `eval_prompt`, which
+  must equal the CSV `prompt` exactly (the rule RouteLLM's own benchmarks apply).
+- LLMRouter dcrouter (ulab-uiuc/LLMRouter `data/dcrouter_preprocessed`): a JSON array of
+  `{"question": str, "scores": {model: score in [0, 1]}, "cluster_id": int (train only)}`.
+  `default_llm.json` maps the same model names to `input_price`/`output_price` in USD per million
+  tokens. `default_query_{train,test}.jsonl(.gz)` give each query's `task_name` (used as domain).
+
+Conventions shared by every importer:
+- `worker_ids` are the model names sorted alphabetically, identical in every row.
+- task ids are `<source>-<row index in the upstream file, 0-based>`, stable under contamination removal.
+- a split drawn here is a pure function of (seed, task_id): `_unit(seed, task_id) < test_fraction`
+  → test, `< test_fraction + val_fraction` → val, else train.
+
+No dagster here: plain Python, polars and json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import polars as pl
+
+from fugu_pipeline.files import atomic_write
+from fugu_pipeline.matrix.import_format import RewardRow, read_reward_jsonl
+from fugu_pipeline.tasks.loading import TaskFileError
+
+KINDS = ("routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl")
+
+# dcrouter has no token counts; the prompt's token count is estimated as ceil(chars / 4).
+PROMPT_CHARS_PER_TOKEN = 4
+COST_BASIS_ESTIMATE = (
+    "estimate: (ceil(len(prompt)/4) * input_price + assumed_output_tokens * output_price) / 1e6, "
+    "prices in USD per million tokens from default_llm.json; the data has no token counts"
+)
+
+_TRUE = {"true", "1"}
+_FALSE = {"false", "0"}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _fail(path: Path, msg: str, line: int = 0) -> TaskFileError:
+    return TaskFileError(Path(path), [(line, msg)])
+
+
+def _read_bytes(path: Path, what: str) -> bytes:
+    path = Path(path)
+    if not path.is_file():
+        raise _fail(path, f"file not found; pass the path of {what}")
+    data = path.read_bytes()
+    if path.name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except OSError as exc:
+            raise _fail(path, f"not a valid gzip file: {exc}") from None
+    return data
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return _read_bytes(path, what).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail(path, f"not UTF-8 text: {exc}") from None
+
+
+def _unit(seed: int, task_id: str) -> float:
+    """A uniform number in [0, 1) that depends only on (seed, task_id)."""
+    h = hashlib.sha256(f"{seed}\x00{task_id}".encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "big") / 2**64
+
+
+def assign_split(task_id: str, seed: int = 0, test_fraction: float = 0.3, val_fraction: float = 0.1) -> str:
+    if test_fraction < 0 or val_fraction < 0 or test_fraction + val_fraction >= 1:
+        raise ValueError(f"need test_fraction >= 0, val_fraction >= 0 and a sum below 1; got {test_fraction} and {val_fraction}")
+    u = _unit(seed, task_id)
+    return "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
+
+
+def _source_name(path: Path) -> str:
+    """`gsm8k_responses.csv.gz` → `gsm8k`; `mmlu_anatomy.csv.gz` → `mmlu_anatomy`."""
+    name = Path(path).name
+    for suffix in (".gz", ".csv", ".json", ".jsonl"):
+        name = name.removesuffix(suffix)
+    return name.removesuffix("_responses")
+
+
+# --------------------------------------------------------------------------- RouteLLM
+
+
+def read_contaminated(path: Path) -> set[str]:
+    """The `eval_prompt` of every line of a RouteLLM `*_contaminated_prompts.jsonl`."""
+    out: set[str] = set()
+    problems: list[tuple[int, str]] = []
+    for lineno, line in enumerate(_read_text(path, "a RouteLLM *_contaminated_prompts.jsonl").split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append((lineno, f"malformed JSON: {exc.msg}"))
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("eval_prompt"), str):
+            problems.append((lineno, "expected an object with a string 'eval_prompt'"))
+            continue
+        out.add(obj["eval_prompt"])
+    if problems:
+        raise TaskFileError(Path(path), problems)
+    return out
+
+
+def _routellm_matrix(csv_path: Path, contaminated: set[str]) -> tuple[list[str], list[tuple[int, str, list[float]]], int]:
+    """(sorted model names, [(row index, prompt, correctness)], rows removed as contaminated)."""
+    csv_path = Path(csv_path)
+    raw = _read_bytes(csv_path, "a RouteLLM eval CSV (prompt column plus one True/False column per model)")
+    try:
+        df = pl.read_csv(raw, infer_schema=False)
+    except pl.exceptions.PolarsError as exc:
+        raise _fail(csv_path, f"not a readable CSV: {exc}") from None
+    if "prompt" not in df.columns:
+        raise _fail(csv_path, f"no 'prompt' column (columns: {df.columns}); a RouteLLM eval CSV has 'prompt' then one True/False column per model")
+    models = sorted(c for c in df.columns if c != "prompt" and not c.endswith("_response"))
+    if not models:
+        raise _fail(csv_path, f"no model columns besides 'prompt' and '*_response' (columns: {df.columns})")
+    problems: list[tuple[int, str]] = []
+    values: dict[str, list[float]] = {}
+    for m in models:
+        col = []
+        for i, v in enumerate(df[m].to_list()):
+            s = (v or "").strip().lower()
+            if s in _TRUE:
+                col.append(1.0)
+            elif s in _FALSE:
+                col.append(0.0)
+            else:
+                col.append(math.nan)
+                problems.append((0, f"data row {i + 1}: model column {m!r} holds {v!r}, expected True or False"))
+        values[m] = col
+    prompts = df["prompt"].to_list()
+    problems += [(0, f"data row {i + 1}: empty prompt") for i, p in enumerate(prompts) if not (p or "").strip()]
+    if problems:
+        raise TaskFileError(csv_path, problems)
+    kept = [(i, p, [values[m][i] for m in models]) for i, p in enumerate(prompts) if p not in contaminated]
+    return models, kept, len(prompts) - len(kept)
+
+
+def _routellm_rows(csv_path, contaminated_path=None, *, test_fraction=0.3, val_fraction=0.1, seed=0, domain=None, prefix=None):
+    contaminated = read_contaminated(Path(contaminated_path)) if contaminated_path else set()
+    models, kept, removed = _routellm_matrix(Path(csv_path), contaminated)
+    prefix = prefix or _source_name(Path(csv_path))
+    rows = []
+    for i, prompt, q in kept:
+        tid = f"{prefix}-{i:05d}"
+        # split by prompt text: a prompt that occurs twice (MMLU has ~100) never straddles splits
+        rows.append(RewardRow(task_id=tid, prompt=prompt, domain=domain or prefix, worker_ids=models, quality=q,
+                              split=assign_split(prompt, seed, test_fraction, val_fraction)))
+    return rows, removed
+
+
+def import_routellm(csv_path, contaminated_path=None, *, test_fraction: float = 0.3, val_fraction: float = 0.1,
+                    seed: int = 0, domain: str | None = None) -> list[RewardRow]:
+    """One RouteLLM eval CSV → rows with quality = correctness (0/1), contaminated prompts removed.
+    Task ids `<source>-<row>` (source from the file name, e.g. `gsm8k`); domain defaults to source."""
+    return _routellm_rows(csv_path, contaminated_path, test_fraction=test_fraction, val_fraction=val_fraction,
+                          seed=seed, domain=domain)[0]
+
+
+def _mmlu_rows(folder, contaminated_path=None, **split_opts):
+    folder = Path(folder)
+    files = sorted(folder.glob("mmlu_*.csv.gz")) or sorted(folder.glob("mmlu_*.csv"))
+    if not files:
+        raise _fail(folder, "no mmlu_*.csv(.gz) files here; pass the folder of RouteLLM mmlu_<subject>.csv.gz files (routellm_evals/mmlu_responses)")
+    rows: list[RewardRow] = []
+    removed, first = 0, files[0]
+    for f in files:
+        source = _source_name(f)
+        part, n = _routellm_rows(f, contaminated_path, domain=source.removeprefix("mmlu_"), prefix=source, **split_opts)
+        if rows and part and part[0].worker_ids != rows[0].worker_ids:
+            raise _fail(f, f"models {part[0].worker_ids} differ from {rows[0].worker_ids} in {first.name}; every subject file must hold the same models")
+        first = first if rows else f
+        rows += part
+        removed += n
+    return rows, removed
+
+
+def import_routellm_mmlu(folder, contaminated_path=None, *, test_fraction: float = 0.3, val_fraction: float = 0.1,
+                         seed: int = 0) -> list[RewardRow]:
+    """All `mmlu_<subject>.csv(.gz)` of a folder: domain = subject, task ids `mmlu_<subject>-<row>`."""
+    return _mmlu_rows(folder, contaminated_path, test_fraction=test_fraction, val_fraction=val_fraction, seed=seed)[0]
+
+
+# --------------------------------------------------------------------------- LLMRouter dcrouter
+
+
+def _read_dcrouter(path: Path) -> list[dict]:
+    path = Path(path)
+    try:
+        data = json.loads(_read_text(path, "an LLMRouter dcrouter_{train,test}.json(.gz)"))
+    except json.JSONDecodeError as exc:
+        raise _fail(path, f"malformed JSON: {exc.msg} at line {exc.lineno}", exc.lineno) from None
+    if not isinstance(data, list) or not data:
+        raise _fail(path, "expected a non-empty JSON array of {'question': ..., 'scores': {model: score}}")
+    problems: list[tuple[int, str]] = []
+    models = None
+    for i, rec in enumerate(data):
+        if not isinstance(rec, dict) or not isinstance(rec.get("question"), str) or not rec["question"].strip():
+            problems.append((0, f"record {i}: needs a non-empty string 'question'"))
+            continue
+        scores = rec.get("scores")
+        if not isinstance(scores, dict) or not scores:
+            problems.append((0, f"record {i}: needs 'scores', an object of model → score"))
+            continue
+        bad = {m: s for m, s in scores.items() if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s <= 1}
+        if bad:
+            problems.append((0, f"record {i}: scores must be numbers in [0, 1]: {bad}"))
+        if models is None:
+            models = set(scores)
+        elif set(scores) != models:
+            problems.append((0, f"record {i}: models {sorted(scores)} differ from record 0's {sorted(models)}"))
+    if problems:
+        raise TaskFileError(path, problems)
+    return data
+
+
+def read_llm_prices(path: Path) -> dict[str, tuple[float, float]]:
+    """default_llm.json → {model: (input $/M tokens, output $/M tokens)}."""
+    path = Path(path)
+    try:
+        info = json.loads(_read_text(path, "LLMRouter's default_llm.json"))
+    except json.JSONDecodeError as exc:
+        raise _fail(path, f"malformed JSON: {exc.msg}", exc.lineno) from None
+    if not isinstance(info, dict):
+        raise _fail(path, "expected an object of model → {'input_price': ..., 'output_price': ...}")
+    out, problems = {}, []
+    for name, v in info.items():
+        try:
+            out[name] = (float(v["input_price"]), float(v["output_price"]))
+        except (TypeError, KeyError, ValueError):
+            problems.append((0, f"model {name!r}: needs numeric 'input_price' and 'output_price' (USD per million tokens)"))
+    if problems:
+        raise TaskFileError(path, problems)
+    return out
+
+
+def read_query_tasks(paths) -> dict[str, str]:
+    """LLMRouter default_query_*.jsonl(.gz) → {query text: task_name}; a query listed under several
+    task names maps to those names sorted and joined by '+'."""
+    names: dict[str, set[str]] = {}
+    for path in paths:
+        for lineno, line in enumerate(_read_text(Path(path), "an LLMRouter default_query_*.jsonl(.gz)").split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                names.setdefault(obj["query"], set()).add(str(obj["task_name"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise _fail(Path(path), "expected a JSON object with 'query' and 'task_name'", lineno) from None
+    return {q: "+".join(sorted(s)) for q, s in names.items()}
+
+
+def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=(), val_fraction: float = 0.1,
+                    seed: int = 0, assumed_output_tokens: int = 0, drop_test_overlap: bool = True) -> list[RewardRow]:
+    """dcrouter train/test JSON → rows with quality = the per-model score.
+
+    Upstream, 119 test prompts (gpqa, human_eval, some mbpp) also appear in the train file; with
+    `drop_test_overlap` (default) those train rows are dropped so the held-out score is clean.
+
+    split: test file → test; train file → train, or val for a deterministic `val_fraction` share.
+    domain: the query's `task_name` from `query_paths` (default_query_*.jsonl); "general" without them.
+    cost_usd (only with `llm_info_path`): see COST_BASIS_ESTIMATE; a model without a price is an error.
+    """
+    train_path, test_path = Path(train_path), Path(test_path)
+    train, test = _read_dcrouter(train_path), _read_dcrouter(test_path)
+    models = sorted(train[0]["scores"])
+    if set(test[0]["scores"]) != set(models):
+        raise _fail(test_path, f"models {sorted(test[0]['scores'])} differ from {models} in {train_path.name}; "
+                               "train and test must score the same models")
+    prices = None
+    if llm_info_path is not None:
+        all_prices = read_llm_prices(Path(llm_info_path))
+        missing = [m for m in models if m not in all_prices]
+        if missing:
+            raise _fail(Path(llm_info_path), f"no price for models {missing}; add them, or import without llm_info_path (no costs)")
+        prices = [all_prices[m] for m in models]
+    domains = read_query_tasks(query_paths) if query_paths else {}
+    test_prompts = {rec["question"] for rec in test}
+    rows = []
+    for part, records in (("train", train), ("test", test)):
+        for i, rec in enumerate(records):
+            if part == "train" and drop_test_overlap and rec["question"] in test_prompts:
+                continue
+            tid = f"dcrouter-{part}-{i:05d}"
+            split = part if part == "test" else assign_split(tid, seed, 0.0, val_fraction)
+            q = rec["question"]
+            cost = None
+            if prices is not None:
+                tokens = math.ceil(len(q) / PROMPT_CHARS_PER_TOKEN)
+                cost = [(tokens * pin + assumed_output_tokens * pout) / 1e6 for pin, pout in prices]
+            rows.append(RewardRow(task_id=tid, prompt=q, domain=domains.get(q, "general"), split=split,
+                                  worker_ids=models, quality=[float(rec["scores"][m]) for m in models], cost_usd=cost))
+    return rows
+
+
+# --------------------------------------------------------------------------- generic JSONL and writing
+
+
+def import_generic_jsonl(path) -> list[RewardRow]:
+    """A reward-matrix JSONL (DESIGN §4), validated line by line."""
+    path = Path(path)
+    if not path.is_file():
+        raise _fail(path, "file not found; pass a reward-matrix JSONL (DESIGN §4)")
+    return read_reward_jsonl(path)
+
+
+def write_reward_jsonl(rows: list[RewardRow], out_path) -> Path:
+    """Write rows atomically (temp file + os.replace), one JSON object a line."""
+    out_path = Path(out_path)
+    if not rows:
+        raise ValueError(f"{out_path}: no rows to write")
+    workers = rows[0].worker_ids
+    seen: set[str] = set()
+    for r in rows:
+        if r.worker_ids != workers:
+            raise ValueError(f"{out_path}: row {r.task_id!r} has worker_ids {r.worker_ids}, not {workers}; every row must list the same workers in the same order")
+        if r.task_id in seen:
+            raise ValueError(f"{out_path}: duplicate task_id {r.task_id!r}")
+        seen.add(r.task_id)
+    return atomic_write(out_path, "".join(json.dumps(r.model_dump(exclude_none=True), ensure_ascii=False) + "\n" for r in rows))
+
+
+# --------------------------------------------------------------------------- summary and dispatcher
+
+
+def summarize(rows: list[RewardRow]) -> dict:
+    """Counts, and per split: per-worker mean quality, oracle, best fixed worker; plus the worker
+    chosen on train and its test quality. Uses `rewards` where rows have no `quality`."""
+    workers = rows[0].worker_ids
+    metric = "quality" if all(r.quality is not None for r in rows) else "rewards"
+    by_split: dict[str, list[list[float]]] = {}
+    for r in rows:
+        by_split.setdefault(r.split, []).append(getattr(r, metric))
+    per_split = {}
+    for split, vals in sorted(by_split.items()):
+        means = {w: sum(v[j] for v in vals) / len(vals) for j, w in enumerate(workers)}
+        best = max(workers, key=means.__getitem__)
+        per_split[split] = {"rows": len(vals), "mean": means, "oracle": sum(max(v) for v in vals) / len(vals),
+                            "best_fixed": {"worker": best, metric: means[best]}}
+    splits_of: dict[str, set[str]] = {}
+    for r in rows:
+        splits_of.setdefault(r.prompt, set()).add(r.split)
+    out = {"rows": len(rows), "workers": list(workers), "metric": metric,
+           "splits": {s: len(v) for s, v in sorted(by_split.items())}, "by_split": per_split,
+           "prompts_in_several_splits": sum(len(s) > 1 for s in splits_of.values())}
+    if "train" in per_split and "test" in per_split:
+        w = per_split["train"]["best_fixed"]["worker"]
+        out["best_fixed_on_train"] = {"worker": w, "train": per_split["train"]["mean"][w], "test": per_split["test"]["mean"][w]}
+    return out
+
+
+def _first(folder: Path, *names: str) -> Path:
+    for n in names:
+        if (folder / n).exists():
+            return folder / n
+    return folder / names[0]
+
+
+def import_source(kind: str, path, out_path, **opts) -> dict:
+    """Import `path` as `kind`, write the JSONL to `out_path`, return a summary. `opts` go to the
+    importer (seed, val_fraction, test_fraction, domain, contaminated_path, llm_info_path, ...).
+
+    routellm-gsm8k: path = RouteLLM evals folder (gsm8k_responses.csv.gz, gsm8k_contaminated_prompts.jsonl)
+    routellm-mmlu:  path = that folder (mmlu_responses/, mmlu_contaminated_prompts.jsonl)
+    routellm-csv:   path = one eval CSV; pass contaminated_path to remove contaminated prompts
+    dcrouter:       path = folder with dcrouter_{train,test}.json(.gz), default_llm.json, default_query_*.jsonl(.gz)
+    jsonl:          path = a reward-matrix JSONL
+    """
+    path = Path(path)
+    notes: dict = {}
+    if kind == "routellm-gsm8k":
+        opts.setdefault("contaminated_path", path / "gsm8k_contaminated_prompts.jsonl")
+        rows, notes["contaminated_removed"] = _routellm_rows(_first(path, "gsm8k_responses.csv.gz", "gsm8k_responses.csv"), **opts)
+    elif kind == "routellm-mmlu":
+        opts.setdefault("contaminated_path", path / "mmlu_contaminated_prompts.jsonl")
+        rows, notes["contaminated_removed"] = _mmlu_rows(path / "mmlu_responses", **opts)
+    elif kind == "routellm-csv":
+        rows, notes["contaminated_removed"] = _routellm_rows(path, **opts)
+    elif kind == "dcrouter":
+        opts.setdefault("train_path", _first(path, "dcrouter_train.json.gz", "dcrouter_train.json"))
+        opts.setdefault("test_path", _first(path, "dcrouter_test.json.gz", "dcrouter_test.json"))
+        opts.setdefault("llm_info_path", path / "default_llm.json" if (path / "default_llm.json").exists() else None)
+        opts.setdefault("query_paths", sorted(path.glob("default_query_*.jsonl*")))
+        rows = import_dcrouter(opts.pop("train_path"), opts.pop("test_path"), **opts)
+        notes["cost_basis"] = COST_BASIS_ESTIMATE if rows[0].cost_usd is not None else "none: no llm_info_path"
+    elif kind == "jsonl":
+        if opts:
+            raise TypeError(f"import kind 'jsonl' takes no options, got {sorted(opts)}")
+        rows = import_generic_jsonl(path)
+    else:
+        raise ValueError(f"unknown import kind {kind!r}; use one of {', '.join(KINDS)}")
+    write_reward_jsonl(rows, out_path)
+    return {"kind": kind, "source": str(path), "out": str(out_path), **notes, **summarize(rows)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m fugu_pipeline.matrix.importers", description="Import routing data as a reward-matrix JSONL.")
+    p.add_argument("kind", choices=KINDS)
+    p.add_argument("path")
+    p.add_argument("out")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--val-fraction", type=float)
+    a = p.parse_args(argv)
+    opts = {k: v for k, v in (("seed", a.seed), ("val_fraction", a.val_fraction)) if v is not None}
+    print(json.dumps(import_source(a.kind, a.path, a.out, **opts), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Reading the reward matrix: arrays in fixed worker order, summaries, and health checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from fugu_pipeline.reward import UtilityConfig
+
+
+class RewardMatrixError(ValueError):
+    pass
+
+
+def matrix_summary(con: duckdb.DuckDBPyConnection) -> dict:
+    n_tasks = con.execute("SELECT count(*) FROM tasks").fetchone()[0]
+    n_workers = con.execute("SELECT count(*) FROM workers").fetchone()[0]
+    n_cells = con.execute("SELECT count(*) FROM rewards").fetchone()[0]
+    n_failed = con.execute("SELECT count(*) FROM responses WHERE status = 'failed'").fetchone()[0]
+    return {"tasks": n_tasks, "workers": n_workers, "cells_filled": n_cells,
+            "cells_expected": n_tasks * n_workers, "cells_failed": n_failed,
+            "data_version": con.execute("SELECT value FROM meta WHERE key='data_version'").fetchone()[0]}
+
+
+@dataclass
+class RewardArrays:
+    task_ids: list[str]
+    prompts: list[str]
+    domains: list[str]
+    splits: np.ndarray
+    worker_ids: list[str]
+    utility: np.ndarray
+    quality: np.ndarray
+    cost_usd: np.ndarray
+    latency_s: np.ndarray
+    data_version: str
+    n_incomplete: int
+
+
+def read_arrays(db_path: Path, complete_only: bool = True) -> RewardArrays:
+    """The matrix as arrays in fixed worker order; rows with a missing cell are dropped and
+    counted (`n_incomplete`) unless `complete_only=False` (missing cells are then NaN)."""
+    if not db_path.exists():
+        raise RewardMatrixError(f"{db_path}: no reward matrix yet; materialize `reward_matrix` (or run `fugu-lite pipeline`)")
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        workers = [r[0] for r in con.execute("SELECT worker_id FROM workers ORDER BY position").fetchall()]
+        tasks = con.execute("SELECT task_id, prompt, domain, split FROM tasks ORDER BY task_id").fetchall()
+        cells = con.execute("SELECT task_id, position, quality, cost_usd, latency_s, utility FROM rewards").fetchall()
+        version = con.execute("SELECT value FROM meta WHERE key='data_version'").fetchone()[0]
+    finally:
+        con.close()
+    idx = {t[0]: i for i, t in enumerate(tasks)}
+    shape = (len(tasks), len(workers))
+    U, Q, C, L = (np.full(shape, np.nan) for _ in range(4))
+    for tid, p, q, c, lat, u in cells:
+        i = idx[tid]
+        U[i, p], Q[i, p], C[i, p], L[i, p] = u, (np.nan if q is None else q), c, lat
+    keep = ~np.isnan(U).any(axis=1) if complete_only else np.ones(len(tasks), bool)
+    sel = np.flatnonzero(keep)
+    return RewardArrays(
+        task_ids=[tasks[i][0] for i in sel], prompts=[tasks[i][1] for i in sel],
+        domains=[tasks[i][2] for i in sel], splits=np.array([tasks[i][3] for i in sel]),
+        worker_ids=workers, utility=U[sel], quality=Q[sel], cost_usd=C[sel], latency_s=L[sel],
+        data_version=version, n_incomplete=int((~keep).sum()),
+    )
+
+
+# --------------------------------------------------------------------------- health
+
+
+def signal_health(utility: np.ndarray, splits: np.ndarray | None = None, tol: float = 1e-9) -> dict:
+    """How much there is to learn: ties, unique winners, and the oracle − best-fixed gap."""
+    U = np.asarray(utility, float)
+    if U.size == 0:
+        return {"tasks": 0, "all_tie_share": 1.0, "unique_winner_share": 0.0, "oracle_minus_best_fixed": 0.0}
+    best = U.max(axis=1, keepdims=True)
+    n_best = (U >= best - tol).sum(axis=1)
+    all_tie = float(np.mean(n_best == U.shape[1]))
+    unique = float(np.mean(n_best == 1))
+    oracle = float(best.mean())
+    fixed = float(U.mean(axis=0).max())
+    return {"tasks": int(U.shape[0]), "all_tie_share": all_tie, "unique_winner_share": unique,
+            "oracle_minus_best_fixed": oracle - fixed}
+
+
+def little_to_learn(health: dict, min_gap: float = 0.02, max_tie_share: float = 0.9) -> str | None:
+    if health["tasks"] == 0:
+        return "the matrix has no complete rows"
+    if health["all_tie_share"] >= max_tie_share:
+        return f"{health['all_tie_share']:.0%} of tasks tie across all workers"
+    if health["oracle_minus_best_fixed"] < min_gap:
+        return f"oracle beats the best fixed worker by only {health['oracle_minus_best_fixed']:.4f}"
+    return None
+
+
+def check_no_nan(db_path: Path) -> int:
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        return con.execute(
+            "SELECT count(*) FROM rewards WHERE isnan(utility) OR isinf(utility) OR utility IS NULL"
+        ).fetchone()[0]
+    finally:
+        con.close()
+
+
+def read_utility_config(db_path: Path) -> UtilityConfig:
+    """The utility weights the matrix was built with (its `meta` table)."""
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key='utility'").fetchone()
+    finally:
+        con.close()
+    if row is None:
+        raise RewardMatrixError(f"{db_path}: the matrix records no utility weights; rebuild it (materialize reward_matrix)")
+    return UtilityConfig.model_validate_json(row[0])

@@ -1,0 +1,82 @@
+"""The router downstream code uses: it follows the promoted pointer.
+
+    from fugu_pipeline import load_promoted
+    router = load_promoted("models")
+    decision = router.route("Prove that ...", domain="math")
+    decision.worker_id, decision.probabilities
+
+`load_promoted` follows `models/promoted/current.json`: when a new checkpoint is promoted, the
+next `route` call uses it, without a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from fugu_pipeline.route.router import RouteDecision, Router, RouterError
+from fugu_pipeline.train.pointer import pointer_target, read_pointer
+
+
+def promoted_checkpoint_path(models_dir: str | Path) -> Path:
+    ptr = read_pointer(models_dir)
+    if ptr is None:
+        raise RouterError(
+            f"no promoted router in {models_dir}: materialize `promoted_router` (or run `fugu-lite pipeline`), "
+            "or pass a checkpoint directory explicitly"
+        )
+    return pointer_target(models_dir, ptr)
+
+
+class PromotedRouter:
+    """Follows the promoted pointer: each call checks it (one small read) and swaps in a newly
+    promoted checkpoint, reusing the loaded encoder when the feature contract is unchanged."""
+
+    def __init__(self, models_dir: str | Path, *, device: str = "auto", dtype: str = "auto", encoder: str | None = None):
+        self.models_dir = Path(models_dir)
+        self._opts = {"device": device, "dtype": dtype, "encoder": encoder}
+        self._router: Router | None = None
+        self._key: tuple | None = None
+        self._lock = threading.Lock()
+        self.reloads = 0
+        self.refresh()
+
+    def refresh(self) -> Router:
+        from fugu_pipeline.train.checkpoints import load_checkpoint
+
+        ptr = read_pointer(self.models_dir)
+        key = (ptr or {}).get("content_hash"), (ptr or {}).get("checkpoint")
+        with self._lock:
+            if self._router is not None and key == self._key:
+                return self._router
+            path = promoted_checkpoint_path(self.models_dir)
+            old = self._router
+            ckpt = load_checkpoint(path)
+            if old is not None and ckpt.manifest.feature_contract == old.checkpoint.manifest.feature_contract:
+                new = Router(ckpt, old.encoder)  # same features: keep the loaded encoder
+            else:
+                new = Router.load(path, **self._opts)
+                if old is not None:
+                    old.close()
+            self._router, self._key = new, key
+            self.reloads += 1
+            return new
+
+    @property
+    def router(self) -> Router:
+        return self.refresh()
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return self.router.worker_ids
+
+    def route(self, prompt: str, domain: str | None = None, **kw) -> RouteDecision:
+        return self.refresh().route(prompt, domain, **kw)
+
+    def route_batch(self, prompts, domains=None, **kw) -> list[RouteDecision]:
+        return self.refresh().route_batch(prompts, domains, **kw)
+
+
+def load_promoted(models_dir: str | Path = "models", **kw) -> PromotedRouter:
+    """The promoted router for downstream code; picks up new promotions without a restart."""
+    return PromotedRouter(models_dir, **kw)

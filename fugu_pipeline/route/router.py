@@ -1,0 +1,121 @@
+"""A loaded checkpoint plus the encoder its feature contract names: one routing decision per prompt.
+
+`promoted.py` wraps it to follow the promoted pointer (`load_promoted`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fugu_pipeline.features.contract import FeatureContract
+
+
+class RouterError(RuntimeError):
+    pass
+
+
+@dataclass
+class RouteDecision:
+    worker_id: str
+    probabilities: dict[str, float]
+    ranking: list[str]  # best first: the fallback order
+    checkpoint: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def encoder_settings_for(contract: FeatureContract, device: str = "auto", dtype: str = "auto", encoder: str | None = None):
+    """EncoderSettings that reproduce a checkpoint's feature contract. `encoder` overrides where the
+    model is loaded from (e.g. the same model in another directory); the contract is then checked."""
+    from fugu_pipeline.features.settings import EncoderSettings
+
+    return EncoderSettings(
+        model=encoder or contract.encoder_id, revision=contract.revision, device=device, dtype=dtype,
+        max_length=contract.max_length, pooling=contract.pooling, token_position=contract.token_position,
+        layer=contract.layer, normalize=contract.normalize, prompt_template=contract.prompt_template,
+    )
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class Router:
+    """A loaded checkpoint and its encoder. Thread-safe for concurrent `route_batch` calls."""
+
+    def __init__(self, checkpoint, encoder, *, encoder_override: str | None = None):
+        self.checkpoint = checkpoint
+        self.encoder = encoder
+        self.worker_ids: list[str] = list(checkpoint.manifest.worker_ids)
+        self.path = str(checkpoint.path)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, checkpoint_path: str | Path, *, device: str = "auto", dtype: str = "auto", encoder: str | None = None) -> "Router":
+        from fugu_pipeline.features.encoder import Encoder
+        from fugu_pipeline.train.checkpoints import load_checkpoint
+
+        probe = load_checkpoint(checkpoint_path)
+        settings = encoder_settings_for(probe.manifest.feature_contract, device, dtype, encoder)
+        enc = Encoder.load(settings)
+        expected = enc.feature_contract()
+        if encoder is not None:  # a relocated model: same contract apart from where it lives
+            expected = expected.model_copy(update={"encoder_id": probe.manifest.feature_contract.encoder_id})
+        ckpt = load_checkpoint(checkpoint_path, expected_contract=expected)
+        return cls(ckpt, enc)
+
+    def scores(self, prompts: list[str], domains: list[str] | None = None, cost_weight: float | None = None) -> np.ndarray:
+        import torch
+
+        feats = self.encoder.encode(prompts, domains)
+        head = self.checkpoint.head
+        with self._lock, torch.inference_mode():
+            x = torch.from_numpy(feats)
+            if cost_weight is not None and hasattr(head, "route_scores"):
+                s = head.route_scores(x, cost_weight, head.expected_cost)  # normalised cost, learnt on train
+            else:
+                s = head(x)
+        return s.float().numpy()
+
+    def route_batch(
+        self,
+        prompts: list[str],
+        domains: list[str | None] | None = None,
+        *,
+        allowed: list[str] | None = None,
+        cost_weight: float | None = None,
+    ) -> list[RouteDecision]:
+        """Route many prompts in one encoder pass. `allowed` restricts the workers (unknown ids
+        are an error); `cost_weight` trades quality for cost with a quality head."""
+        if allowed is not None:
+            unknown = [w for w in allowed if w not in self.worker_ids]
+            if unknown:
+                raise RouterError(f"unknown worker(s) {unknown}; this router knows {self.worker_ids}")
+            if not allowed:
+                raise RouterError("the allowed worker list is empty")
+        doms = [d or "general" for d in domains] if domains is not None else None
+        scores = self.scores(prompts, doms, cost_weight)
+        mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
+        scores = np.where(mask, scores, -np.inf)
+        probs = _softmax(scores)
+        out = []
+        for row_s, row_p in zip(scores, probs):
+            order = [int(i) for i in np.argsort(-row_s, kind="stable") if mask[i]]
+            out.append(RouteDecision(
+                worker_id=self.worker_ids[order[0]],
+                probabilities={w: float(p) for w, p, ok in zip(self.worker_ids, row_p, mask) if ok},
+                ranking=[self.worker_ids[i] for i in order],
+                checkpoint=self.path,
+            ))
+        return out
+
+    def route(self, prompt: str, domain: str | None = None, **kw) -> RouteDecision:
+        return self.route_batch([prompt], [domain], **kw)[0]
+
+    def close(self) -> None:
+        self.encoder.close()

@@ -1,0 +1,189 @@
+"""The Chat Completions protocol as this server speaks it: parsing and validating a request body,
+and errors in the OpenAI shape `{"error": {"message", "type", "param", "code"}}`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+log = logging.getLogger("fugu_pipeline.serve")
+
+DEFAULT_MAX_BODY_BYTES = 2 << 20
+
+_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
+           "frequency_penalty": (-2.0, 2.0)}
+_INTS = {"max_tokens": 1, "max_completion_tokens": 1, "seed": None}  # name -> minimum
+_TYPED = {"stop": (str, list), "logit_bias": (dict,), "user": (str,), "response_format": (dict,),
+          "reasoning_effort": (str,)}
+_FUGU_KEYS = {"allowed_workers", "cost_weight", "domain"}
+
+
+class APIError(Exception):
+    """An error answered to the client in the OpenAI shape."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, extra: dict | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.extra, self.headers = extra or {}, headers
+
+
+class RouterUnavailable(RuntimeError):
+    """No router could be loaded for this batch."""
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}, **exc.extra}
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+
+async def api_error_handler(request: Request, exc: Exception) -> Response:
+    return error_response(exc)  # type: ignore[arg-type]
+
+
+async def http_error_handler(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status)
+    return error_response(APIError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}",
+                                   code=code, headers=getattr(exc, "headers", None)))
+
+
+async def server_error_handler(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error in %s %s", request.method, request.url.path)
+    return error_response(APIError(500, f"internal server error: {type(exc).__name__}", type="server_error",
+                                   code="internal_error"))
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]
+    text: str  # what is routed: the last user message
+    stream: bool = False
+    include_usage: bool = False
+    params: dict = field(default_factory=dict)
+    domain: str | None = None
+    allowed: tuple[str, ...] | None = None
+    cost_weight: float | None = None
+
+
+def content_text(content: Any) -> str:
+    """Message content as text: a string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+    return ""
+
+
+def routed_text(messages: list[dict]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            return content_text(m.get("content"))
+    return content_text(messages[-1].get("content"))
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    """Validate a chat-completions body; raises APIError(400) naming the bad parameter."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"could not parse the JSON body of the request: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    msgs = body.get("messages")
+    if msgs is None:
+        raise APIError(400, "missing required parameter: 'messages'", param="messages", code="missing_required_parameter")
+    if not isinstance(msgs, list) or not msgs:
+        raise APIError(400, "'messages' must be a non-empty list of {role, content} objects", param="messages",
+                       code="invalid_value")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError(400, f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]",
+                           code="invalid_value")
+        if m.get("content") is not None and not isinstance(m["content"], (str, list)):
+            raise APIError(400, f"messages[{i}].content must be a string or a list of content parts",
+                           param=f"messages[{i}].content", code="invalid_value")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise APIError(400, f"n={n!r} is not supported: fugu-lite returns exactly one choice (n=1)", param="n",
+                       code="unsupported_value")
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise APIError(400, f"'{name}' (function calling) is not supported by fugu-lite", param=name,
+                           code="unsupported_parameter")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise APIError(400, "'stream' must be true or false", param="stream", code="invalid_type")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise APIError(400, "'stream_options' must be an object", param="stream_options", code="invalid_type")
+
+    fugu = body.get("fugu_lite") or {}
+    if not isinstance(fugu, dict) or set(fugu) - _FUGU_KEYS:
+        raise APIError(400, f"'fugu_lite' must be an object with keys among {sorted(_FUGU_KEYS)}", param="fugu_lite",
+                       code="invalid_value")
+    top = lambda name, key: body[name] if body.get(name) is not None else fugu.get(key)  # noqa: E731
+    allowed = top("fugu_allowed_workers", "allowed_workers")
+    if allowed is not None and (not isinstance(allowed, list) or not allowed or not all(isinstance(w, str) for w in allowed)):
+        raise APIError(400, "'fugu_allowed_workers' must be a non-empty list of worker ids", param="fugu_allowed_workers",
+                       code="invalid_value")
+    cost_weight = top("fugu_cost_weight", "cost_weight")
+    if cost_weight is not None and (not _is_num(cost_weight) or cost_weight < 0):
+        raise APIError(400, "'fugu_cost_weight' must be a number >= 0", param="fugu_cost_weight", code="invalid_value")
+    domain = top("domain", "domain")
+    if domain is not None and not isinstance(domain, str):
+        raise APIError(400, "'domain' must be a string", param="domain", code="invalid_type")
+
+    params: dict = {}
+    for name, (lo, hi) in _RANGES.items():
+        v = body.get(name)
+        if v is not None:
+            if not _is_num(v) or not lo <= v <= hi:
+                raise APIError(400, f"'{name}' must be a number in [{lo:g}, {hi:g}], got {v!r}", param=name,
+                               code="invalid_value")
+            params[name] = v
+    for name, lo in _INTS.items():
+        v = body.get(name)
+        if v is not None:
+            if not isinstance(v, int) or isinstance(v, bool) or (lo is not None and v < lo):
+                raise APIError(400, f"'{name}' must be an integer" + (f" >= {lo}" if lo is not None else ""),
+                               param=name, code="invalid_value")
+            params[name] = v
+    for name, types in _TYPED.items():
+        v = body.get(name)
+        if v is not None:
+            if not isinstance(v, types):
+                raise APIError(400, f"'{name}' has the wrong type", param=name, code="invalid_type")
+            params[name] = v
+    if "max_completion_tokens" in params:  # OpenRouter and most servers read max_tokens
+        params.setdefault("max_tokens", params.pop("max_completion_tokens"))
+        params.pop("max_completion_tokens", None)
+    return ChatRequest(
+        messages=msgs, text=routed_text(msgs), stream=stream, include_usage=bool(options.get("include_usage")),
+        params=params, domain=domain, allowed=tuple(allowed) if allowed is not None else None,
+        cost_weight=float(cost_weight) if cost_weight is not None else None,
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    too_big = APIError(413, f"request body too large: the limit is {limit} bytes", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_big
+        parts.append(part)
+    return b"".join(parts)

@@ -1,0 +1,70 @@
+"""Reading answers: the number, the boxed expression or the final line a reply commits to.
+
+Used by the task schema (a numeric reference must parse), the graders and the mock workers.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?")
+BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
+FINAL = re.compile(r"(?:answer|result)\s*(?:is|:|=)\s*\$?\s*([^\n$]*)", re.IGNORECASE)
+
+
+def parse_number(text: str) -> float | None:
+    """One number from a short string: '42', '-3.5', '1,234', '3/4', '1e-3', '$12', '50%'.
+    Returns None when the string holds no number or more than one distinct number."""
+    if text is None:
+        return None
+    s = text.strip().strip("$").replace("\\$", "").rstrip(".%").strip()
+    s = re.sub(r"^\\frac\{(-?\d+)\}\{(\d+)\}$", r"\1/\2", s)
+    m = NUMBER.fullmatch(s)
+    if not m:
+        return None
+    return _to_float(m.group(0))
+
+
+def _to_float(tok: str) -> float | None:
+    tok = tok.replace(",", "").replace(" ", "")
+    try:
+        if "/" in tok:
+            num, den = tok.split("/")
+            if int(den) == 0:
+                return None
+            return float(Fraction(int(float(num)), int(den)))
+        return float(tok)
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return None
+
+
+def extract_final_number(answer: str) -> float | None:
+    """The answer's final number: \\boxed{...} first, then 'answer is X', then the last number."""
+    for m in reversed(BOXED.findall(answer)):
+        x = parse_number(m)
+        if x is not None:
+            return x
+    for m in reversed(FINAL.findall(answer)):
+        nums = NUMBER.findall(m)
+        if nums:
+            x = _to_float(nums[0])
+            if x is not None:
+                return x
+    nums = NUMBER.findall(answer)
+    for tok in reversed(nums):
+        x = _to_float(tok)
+        if x is not None:
+            return x
+    return None
+
+
+def final_line(answer: str) -> str:
+    """What the answer commits to: the last \\boxed{}, else the last 'answer is X', else all of it."""
+    m = BOXED.findall(answer)
+    if m:
+        return m[-1]
+    f = FINAL.findall(answer)
+    if f:
+        return f[-1]
+    return answer

@@ -1,0 +1,112 @@
+"""BenchGen task batches: JSON Lines files of `Task` records (DESIGN §4).
+
+A batch is all or nothing: any bad line fails the whole batch with every problem listed by file
+and line, and nothing of that batch is written anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from fugu_pipeline.tasks.schema import GRADER_TYPES, Task
+
+BATCH_SUFFIXES = (".jsonl",)
+_BATCH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+class TaskFileError(ValueError):
+    """A batch file is invalid. `problems` holds (line, message) pairs."""
+
+    def __init__(self, path: Path, problems: list[tuple[int, str]]):
+        self.path = path
+        self.problems = problems
+        shown = "\n".join(f"  {path}:{line}: {msg}" for line, msg in problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        super().__init__(
+            f"{path}: {len(problems)} problem(s); nothing of this batch was written. "
+            f"Fix the lines below and run again.\n{shown}{more}"
+        )
+
+
+def batch_name(path: Path) -> str:
+    """The partition key of a batch file: its file name without `.jsonl`."""
+    name = path.name[: -len(".jsonl")] if path.name.endswith(".jsonl") else path.stem
+    if not _BATCH_NAME.match(name):
+        raise TaskFileError(path, [(0, f"batch name {name!r} must match {_BATCH_NAME.pattern}")])
+    return name
+
+
+def list_batch_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(BATCH_SUFFIXES))
+
+
+def _describe(err: dict) -> str:
+    loc = ".".join(str(x) for x in err["loc"] if x not in GRADER_TYPES)
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "union_tag_invalid":
+        msg = f"unknown grader type {err.get('input', {}).get('type')!r}; use one of {', '.join(GRADER_TYPES)}"
+    elif err["type"] == "union_tag_not_found":
+        msg = "grader needs a 'type' field"
+    return f"field '{loc}': {msg}" if loc else msg
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    """Parse and validate a whole batch file. Raises `TaskFileError` naming every bad line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TaskFileError(path, [(0, "file not found")]) from None
+    except UnicodeDecodeError as exc:
+        raise TaskFileError(path, [(0, f"not UTF-8 text: {exc}")]) from None
+    tasks: list[Task] = []
+    problems: list[tuple[int, str]] = []
+    first_line: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append((lineno, f"malformed JSON: {exc.msg} at column {exc.colno}"))
+            continue
+        if not isinstance(obj, dict):
+            problems.append((lineno, f"expected a JSON object, got {type(obj).__name__}"))
+            continue
+        try:
+            task = Task.model_validate(obj)
+        except ValidationError as exc:
+            tid = obj.get("task_id")
+            prefix = f"task {tid!r}: " if isinstance(tid, str) else ""
+            problems.extend((lineno, prefix + _describe(e)) for e in exc.errors())
+            continue
+        if task.task_id in first_line:
+            problems.append((lineno, f"duplicate task_id {task.task_id!r} (first on line {first_line[task.task_id]})"))
+            continue
+        first_line[task.task_id] = lineno
+        tasks.append(task)
+    if problems:
+        raise TaskFileError(path, problems)
+    if not tasks:
+        raise TaskFileError(path, [(0, "the batch holds no tasks")])
+    return tasks
+
+
+def load_all_batches(benchgen_dir: Path) -> list[tuple[str, Task]]:
+    """Every task of every batch file, checking that task ids are unique across batches."""
+    out: list[tuple[str, Task]] = []
+    seen: dict[str, str] = {}
+    for path in list_batch_files(benchgen_dir):
+        b = batch_name(path)
+        for t in load_tasks(path):
+            if t.task_id in seen:
+                raise TaskFileError(path, [(0, f"task_id {t.task_id!r} is also in batch {seen[t.task_id]!r}; task ids must be unique across batches")])
+            seen[t.task_id] = b
+            out.append((b, t))
+    return out

@@ -1,0 +1,132 @@
+"""The BenchGen task record and its graders (DESIGN §4). Plain pydantic, no dagster, no torch."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fugu_pipeline.hashing import sha256_text
+from fugu_pipeline.tasks.answers import parse_number
+
+Split = Literal["train", "val", "test"]
+SPLITS = ("train", "val", "test")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- graders
+
+
+class ExactGrader(Strict):
+    type: Literal["exact"]
+    case_sensitive: bool = False
+    strip: bool = True
+
+
+class ContainsGrader(Strict):
+    type: Literal["contains"]
+    case_sensitive: bool = False
+
+
+class NumericGrader(Strict):
+    type: Literal["numeric"]
+    tolerance: float = Field(0.0, ge=0.0)
+    relative: bool = False
+
+
+class RegexGrader(Strict):
+    type: Literal["regex"]
+    pattern: str | None = None  # default: the reference answer is the pattern
+    flags: list[Literal["IGNORECASE", "MULTILINE", "DOTALL"]] = []
+    full_match: bool = False
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"invalid regex {v!r}: {exc}") from None
+        return v
+
+
+class LLMJudgeGrader(Strict):
+    type: Literal["llm_judge"]
+    rubric: str = Field(min_length=1)
+    scale: int = Field(10, ge=1, description="the judge scores 0..scale; quality = score/scale")
+
+
+Grader = Annotated[
+    ExactGrader | ContainsGrader | NumericGrader | RegexGrader | LLMJudgeGrader,
+    Field(discriminator="type"),
+]
+
+GRADER_TYPES = ("exact", "contains", "numeric", "regex", "llm_judge")
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+class Task(Strict):
+    """One BenchGen task (DESIGN §4). Only the grader ever sees `reference_answer`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_id: str = Field(min_length=1, max_length=256)
+    prompt: str = Field(min_length=1)
+    domain: str = "general"
+    reference_answer: str | None = None
+    grader: Grader
+    split: Split = "train"
+    tags: list[str] = []
+
+    @field_validator("reference_answer", mode="before")
+    @classmethod
+    def _stringify(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return str(v)
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Task":
+        g = self.grader
+        ref = self.reference_answer
+        if g.type in ("exact", "contains", "numeric") and (ref is None or ref.strip() == ""):
+            raise ValueError(f"grader '{g.type}' needs a non-empty reference_answer")
+        if g.type == "regex":
+            if g.pattern is None and not ref:
+                raise ValueError("grader 'regex' needs grader.pattern or a reference_answer to use as the pattern")
+            if g.pattern is None:
+                try:
+                    re.compile(ref)  # type: ignore[arg-type]
+                except re.error as exc:
+                    raise ValueError(f"reference_answer is used as the regex and does not compile: {exc}") from None
+        if g.type == "numeric":
+            if parse_number(ref or "") is None:
+                raise ValueError(f"grader 'numeric' needs a numeric reference_answer, got {ref!r}")
+        if ref and g.type != "regex" and len(ref.strip()) >= 1 and _leaks(self.prompt, ref):
+            raise ValueError(
+                "prompt contains its own reference_answer; only the grader may see the answer "
+                "(remove it from the prompt)"
+            )
+        return self
+
+    @property
+    def prompt_hash(self) -> str:
+        return sha256_text(self.prompt)
+
+
+def _leaks(prompt: str, ref: str) -> bool:
+    """True when the answer is visibly in the prompt. Short answers ("4", "B") appear in prompts
+    by chance, so only answers of 6+ characters, or a phrase like 'answer is X', count."""
+    r = ref.strip()
+    p = prompt.lower()
+    rl = r.lower()
+    if len(r) >= 6 and rl in p:
+        return True
+    return bool(re.search(r"answer\s*(is|:|=)\s*" + re.escape(rl) + r"\b", p))

@@ -1,0 +1,245 @@
+"""Router checkpoints on disk: `models/<method>/<content-hash>/{head.safetensors, manifest.json}`.
+
+The weights are safetensors (never pickle). The manifest pins the feature contract, the worker
+order, the reward config, the data version, the code version, the training config, metrics and
+curves (DESIGN §3). The directory name is a hash of the weight bytes and the manifest minus its
+timestamps, so the same training run always lands in the same directory. Loading refuses a
+checkpoint whose contract differs from the encoder's, or whose weights are malformed.
+
+torch and safetensors are imported inside the functions that need them, so the manifest model and
+`weight_sanity`'s callers can import this module cheaply.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fugu_pipeline.features.contract import FeatureContract
+from fugu_pipeline.files import fsync_dir
+from fugu_pipeline.hashing import canonical_json
+
+CODE_VERSION = "fugu-train-1"  # bump when heads/training change what a given config and data produce
+WEIGHTS_FILE = "head.safetensors"
+MANIFEST_FILE = "manifest.json"
+UNHASHED_FIELDS = ("created_at", "wall_s", "content_hash")  # left out of the directory hash
+_METHOD_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or used; the message says which field or tensor and why."""
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = 1
+    method: str
+    head_kind: str
+    dim: int
+    n_workers: int
+    param_count: int
+    worker_ids: list[str]
+    feature_contract: FeatureContract
+    contract_fingerprint: str
+    utility_config: dict[str, Any] | None = None
+    data_version: str
+    code_version: str
+    training_config: dict[str, Any] = {}
+    metrics: dict[str, Any] = {}
+    curves: dict[str, list[float]] = {}
+    tensors: dict[str, list[int]]  # name -> shape, as saved
+    weights_sha256: str
+    content_hash: str = ""
+    created_at: str = ""
+    wall_s: float | None = None
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    manifest: Manifest
+    head: Any  # fugu_pipeline.train.heads.RoutingHead, in eval mode
+    state_dict: dict[str, Any]
+
+
+def save_checkpoint(
+    models_dir: str | Path,
+    method: str,
+    head_kind: str,
+    state_dict: dict[str, Any],
+    manifest_fields: dict[str, Any],
+) -> Path:
+    """Write `models_dir/method/<hash>/` atomically and return it. `manifest_fields` holds
+    worker_ids, feature_contract, data_version, and optionally utility_config, training_config,
+    metrics, curves, wall_s, code_version (default CODE_VERSION)."""
+    import torch
+    from safetensors.torch import save as st_save
+
+    from fugu_pipeline.train.heads import build_head
+
+    if not _METHOD_RE.match(method):
+        raise CheckpointError(f"method {method!r} must be a lowercase name like 'sft' (letters, digits, _ and -)")
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items()}
+    if any(not isinstance(v, torch.Tensor) for v in tensors.values()):
+        raise CheckpointError("state_dict values must all be torch tensors")
+    weights = st_save(tensors, metadata={"format": "pt"})
+
+    fields = dict(manifest_fields)
+    contract = FeatureContract.model_validate(fields.pop("feature_contract"))
+    worker_ids = list(fields.pop("worker_ids"))
+    dim = int(fields.pop("dim", contract.dim))
+    try:
+        manifest = Manifest(
+            method=method,
+            head_kind=head_kind,
+            dim=dim,
+            n_workers=len(worker_ids),
+            param_count=build_head(head_kind, dim, len(worker_ids)).param_count(),
+            worker_ids=worker_ids,
+            feature_contract=contract,
+            contract_fingerprint=contract.fingerprint(),
+            code_version=fields.pop("code_version", CODE_VERSION),
+            tensors={k: list(v.shape) for k, v in tensors.items()},
+            weights_sha256=hashlib.sha256(weights).hexdigest(),
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **fields,
+        )
+    except (ValidationError, ValueError) as exc:
+        raise CheckpointError(f"cannot build the checkpoint manifest: {exc}") from None
+    problems = weight_sanity(tensors, manifest)
+    if problems:
+        raise CheckpointError(f"refusing to save {method}/{head_kind} weights: " + "; ".join(problems))
+
+    content_hash = checkpoint_hash(weights, manifest)
+    manifest.content_hash = content_hash
+    parent = Path(models_dir) / method
+    target = parent / content_hash
+    if (target / MANIFEST_FILE).exists():
+        return target  # same weights and manifest already saved
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{content_hash}-", dir=parent))
+    try:
+        os.chmod(tmp, 0o755)
+        _write_synced(tmp / WEIGHTS_FILE, weights)
+        _write_synced(tmp / MANIFEST_FILE, (json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n").encode())
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if (target / MANIFEST_FILE).exists():
+                return target  # another process saved the same checkpoint first
+            raise CheckpointError(f"{target} exists but holds no {MANIFEST_FILE}; delete it and save again") from None
+        fsync_dir(parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def checkpoint_hash(weights: bytes, manifest: Manifest) -> str:
+    body = {k: v for k, v in manifest.model_dump(mode="json").items() if k not in UNHASHED_FIELDS}
+    return hashlib.sha256(weights + canonical_json(body).encode()).hexdigest()[:16]
+
+
+def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None = None) -> Checkpoint:
+    """Load a checkpoint directory (or its head.safetensors). Refuses, with CheckpointError, a
+    contract that differs from `expected_contract` (naming every differing field), a weights file
+    that changed after saving, and malformed weights."""
+    from safetensors.torch import load as st_load
+
+    from fugu_pipeline.train.heads import build_head
+
+    path = Path(path)
+    if path.is_file():
+        path = path.parent
+    mpath, wpath = path / MANIFEST_FILE, path / WEIGHTS_FILE
+    if not mpath.exists() or not wpath.exists():
+        raise CheckpointError(f"{path} is not a checkpoint: it needs {MANIFEST_FILE} and {WEIGHTS_FILE}")
+    try:
+        manifest = Manifest.model_validate_json(mpath.read_text(encoding="utf-8"))
+    except ValidationError as exc:
+        raise CheckpointError(f"{mpath}: not a valid checkpoint manifest: {exc}") from None
+    if manifest.contract_fingerprint != manifest.feature_contract.fingerprint():
+        raise CheckpointError(f"{mpath}: contract_fingerprint does not match feature_contract (manifest was edited)")
+    if expected_contract is not None:
+        diffs = manifest.feature_contract.differences(expected_contract)
+        if diffs:
+            raise CheckpointError(
+                f"{path}: feature contract does not match the encoder ({len(diffs)} field(s) differ): "
+                + "; ".join(diffs)
+                + ". Use a checkpoint trained on this encoder's features, or configure the encoder to match."
+            )
+    raw = wpath.read_bytes()
+    try:
+        tensors = st_load(raw)
+    except Exception as exc:  # safetensors raises its own error types
+        raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from None
+    problems = weight_sanity(tensors, manifest)
+    if hashlib.sha256(raw).hexdigest() != manifest.weights_sha256:
+        problems.insert(0, f"{WEIGHTS_FILE} does not match the manifest's weights_sha256 (changed after saving)")
+    if problems:
+        raise CheckpointError(f"{path}: refusing these weights: " + "; ".join(problems))
+    head = build_head(manifest.head_kind, manifest.dim, manifest.n_workers)
+    head.load_state_dict(tensors)
+    head.eval()
+    return Checkpoint(path=path, manifest=manifest, head=head, state_dict=tensors)
+
+
+def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any]) -> list[str]:
+    """Problems with these weights for this manifest (empty when sane): unknown head kind, missing
+    or unexpected tensors, shapes other than the head's and the manifest's, non-finite values, an
+    all-zero final layer."""
+    import torch
+
+    from fugu_pipeline.train.heads import HEADS, expected_shapes
+
+    m = manifest if isinstance(manifest, Manifest) else Manifest.model_validate(manifest)
+    if m.head_kind not in HEADS:
+        return [f"unknown head kind {m.head_kind!r} (known: {list(HEADS)})"]
+    if len(m.worker_ids) != m.n_workers:
+        return [f"manifest lists {len(m.worker_ids)} worker_ids but n_workers={m.n_workers}"]
+    if m.dim != m.feature_contract.dim:
+        return [f"manifest dim={m.dim} but its feature contract says dim={m.feature_contract.dim}"]
+    want = expected_shapes(m.head_kind, m.dim, m.n_workers)
+    problems = []
+    missing = sorted(set(want) - set(state_dict))
+    extra = sorted(set(state_dict) - set(want))
+    if missing:
+        problems.append(f"missing tensor(s) {missing}")
+    if extra:
+        problems.append(f"unexpected tensor(s) {extra}")
+    for name, t in state_dict.items():
+        if name not in want:
+            continue
+        shape = tuple(t.shape)
+        if shape != want[name]:
+            problems.append(f"{name} has shape {list(shape)}, a {m.head_kind} head of dim {m.dim} "
+                            f"with {m.n_workers} workers needs {list(want[name])}")
+        elif m.tensors and tuple(m.tensors.get(name, ())) != shape:
+            problems.append(f"{name} has shape {list(shape)} but the manifest records {m.tensors.get(name)}")
+        if not torch.is_floating_point(t):
+            problems.append(f"{name} has dtype {t.dtype}, expected floating point")
+            continue
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            problems.append(f"{name} holds {bad} non-finite (NaN or infinite) value(s)")
+    final = state_dict.get("linear.weight")
+    if final is not None and torch.is_floating_point(final) and not bool(final.ne(0).any()):
+        problems.append("linear.weight is all zero: the head would send every task to the same worker")
+    return problems
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,291 @@
+"""The OpenRouter model catalog: fetch it, store it, compare two snapshots, price a call.
+
+A snapshot keeps, per model, what decides the answers and the cost of a worker: pricing,
+context length, supported parameters and expiration date, hashed into a `fingerprint`. When a
+configured worker's fingerprint changes, its cells were answered by a different offer and are
+collected again (the `catalog_change_sensor`, DESIGN §1).
+
+Storage (DESIGN §3): `data/catalog/latest.json` (replaced atomically) and
+`data/catalog/history/<UTC time>-<digest>.json`, written only when the catalog's content changed.
+Plain Python, no dagster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from fugu_pipeline.api_keys import scrub_secrets
+from fugu_pipeline.files import atomic_write
+from fugu_pipeline.hashing import canonical_json, sha256_text
+from fugu_pipeline.workers.contract import WorkerCallError
+from fugu_pipeline.workers.retry import (
+    Retryable,
+    RetryPolicy,
+    retryable_status,
+    with_retries,
+)
+
+OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
+
+
+class CatalogError(RuntimeError):
+    """The catalog could not be fetched or read; the message says why. Never holds a key."""
+
+
+class ModelEntry(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    name: str = ""
+    pricing: dict[str, str] = Field(default_factory=dict, description="USD per token, as OpenRouter gives it")
+    context_length: int | None = None
+    supported_parameters: list[str] = Field(default_factory=list)
+    expiration_date: str | None = None
+    fingerprint: str = ""
+
+
+def model_fingerprint(pricing: dict[str, str], context_length: int | None,
+                      supported_parameters: list[str], expiration_date: str | None) -> str:
+    """16 hex digits over what changes a worker's offer. Zero prices are dropped, so OpenRouter
+    adding a new free price field does not count as a change."""
+    prices = {k: str(v) for k, v in pricing.items() if _float(v) != 0.0}
+    return sha256_text(canonical_json({
+        "pricing": prices,
+        "context_length": context_length,
+        "supported_parameters": sorted(set(supported_parameters)),
+        "expiration_date": expiration_date,
+    }))[:16]
+
+
+def _float(v: object) -> float | None:
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def entry_from_api(raw: dict) -> ModelEntry:
+    pricing = {k: str(v) for k, v in (raw.get("pricing") or {}).items() if v is not None}
+    ctx = raw.get("context_length")
+    params = [str(p) for p in (raw.get("supported_parameters") or [])]
+    exp = raw.get("expiration_date")
+    return ModelEntry(
+        id=str(raw["id"]),
+        name=str(raw.get("name") or raw["id"]),
+        pricing=pricing,
+        context_length=int(ctx) if isinstance(ctx, (int, float)) else None,
+        supported_parameters=params,
+        expiration_date=str(exp) if exp else None,
+        fingerprint=model_fingerprint(pricing, int(ctx) if isinstance(ctx, (int, float)) else None, params,
+                                      str(exp) if exp else None),
+    )
+
+
+class CatalogSnapshot(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    fetched_at: str = Field(description="UTC time of the fetch, ISO 8601")
+    source: str = ""
+    models: dict[str, ModelEntry] = Field(default_factory=dict)
+
+    def fingerprint(self, model_id: str) -> str | None:
+        m = self.models.get(model_id)
+        return m.fingerprint if m else None
+
+    def price_per_token(self, model_id: str) -> tuple[float, float] | None:
+        """(prompt, completion) USD per token, or None when the model or its prices are unknown."""
+        m = self.models.get(model_id)
+        if m is None:
+            return None
+        p, c = _float(m.pricing.get("prompt")), _float(m.pricing.get("completion"))
+        if p is None or c is None or p < 0 or c < 0:  # OpenRouter gives -1 for "varies" (openrouter/auto)
+            return None
+        return p, c
+
+    def digest(self) -> str:
+        """Hash of every model's fingerprint: equal digests, same catalog content."""
+        return sha256_text(canonical_json({k: v.fingerprint for k, v in sorted(self.models.items())}))[:16]
+
+
+def snapshot_from_api(payload: dict, source: str = "") -> CatalogSnapshot:
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        raise CatalogError(f"{source or 'catalog'}: expected a JSON object with a 'data' list of models")
+    models = {}
+    for raw in data:
+        if isinstance(raw, dict) and raw.get("id"):
+            e = entry_from_api(raw)
+            models[e.id] = e
+    return CatalogSnapshot(fetched_at=_now_iso(), source=source, models=models)
+
+
+def fetch_catalog(base_url: str = OPENROUTER_BASE_URL, api_key: str | None = None, *,
+                  timeout_s: float = 30.0, attempts: int = 3) -> CatalogSnapshot:
+    """GET `<base_url>/models` (from synchronous code). The key is optional (the endpoint is
+    public); it is sent only as a header. Retries follow the workers' one retry policy."""
+    return asyncio.run(fetch_catalog_async(base_url, api_key, timeout_s=timeout_s, attempts=attempts))
+
+
+async def fetch_catalog_async(base_url: str = OPENROUTER_BASE_URL, api_key: str | None = None, *,
+                              timeout_s: float = 30.0, attempts: int = 3) -> CatalogSnapshot:
+    url = base_url.rstrip("/") + "/models"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    policy = RetryPolicy(max_attempts=attempts, deadline_s=timeout_s * attempts + 5.0)
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))) as http:
+
+        async def attempt() -> CatalogSnapshot:
+            try:
+                r = await http.get(url, headers=headers)
+            except httpx.HTTPError as exc:
+                raise Retryable(f"{type(exc).__name__}: {exc}") from None
+            if r.status_code == 200:
+                try:
+                    return snapshot_from_api(r.json(), source=url)
+                except ValueError:
+                    raise Retryable("the reply is not valid JSON") from None
+            if retryable_status(r.status_code):
+                raise Retryable(f"HTTP {r.status_code}")
+            raise CatalogError(f"GET {url}: HTTP {r.status_code}: {scrub_secrets(r.text[:300], api_key)}")
+
+        try:
+            return (await with_retries(attempt, policy, where=f"GET {url}", waiting_for="no catalog")).value
+        except WorkerCallError as exc:
+            raise CatalogError(f"{scrub_secrets(str(exc), api_key)}; check the network and the catalog base_url") from None
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, text: str) -> None:
+    atomic_write(path, text)
+
+
+def save_snapshot(snapshot: CatalogSnapshot, folder: str | Path) -> Path:
+    """Replace `latest.json`; add a history file when the content differs from the previous
+    latest. Returns the path of latest.json."""
+    folder = Path(folder)
+    prev = load_latest(folder)
+    text = snapshot.model_dump_json(indent=1)
+    if prev is None or prev.digest() != snapshot.digest():
+        stamp = snapshot.fetched_at.replace(":", "").replace("+0000", "Z")
+        write_json_atomic(folder / "history" / f"{stamp}-{snapshot.digest()}.json", text)
+    latest = folder / "latest.json"
+    write_json_atomic(latest, text)
+    return latest
+
+
+def load_snapshot(path: str | Path) -> CatalogSnapshot:
+    path = Path(path)
+    try:
+        return CatalogSnapshot.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        raise CatalogError(f"{path}: no catalog snapshot; fetch one (materialize openrouter_catalog)") from None
+    except ValueError as exc:
+        raise CatalogError(f"{path}: not a catalog snapshot: {exc}") from None
+
+
+def load_latest(folder: str | Path) -> CatalogSnapshot | None:
+    p = Path(folder) / "latest.json"
+    return load_snapshot(p) if p.exists() else None
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+class CatalogDiff(BaseModel):
+    changed: dict[str, tuple[str | None, str]] = Field(
+        default_factory=dict, description="worker id -> (old fingerprint, new fingerprint)")
+    retired: list[str] = Field(default_factory=list, description="workers whose model left the catalog")
+    added: list[str] = Field(default_factory=list, description="model ids new in the catalog")
+    removed: list[str] = Field(default_factory=list, description="model ids gone from the catalog")
+
+    @property
+    def empty(self) -> bool:
+        return not (self.changed or self.retired or self.added or self.removed)
+
+
+def diff_snapshots(old: CatalogSnapshot | dict[str, str] | None, new: CatalogSnapshot,
+                   configured: dict[str, str]) -> CatalogDiff:
+    """Compare two catalogs for the configured workers (worker id -> model id). `old` may be a
+    snapshot, a {model id: fingerprint} map, or None (no baseline: nothing counts as changed).
+    A worker counts as changed only when its model is in both and the fingerprints differ."""
+    old_fps = old if isinstance(old, dict) or old is None else {k: m.fingerprint for k, m in old.models.items()}
+    old_fps = old_fps or {}
+    diff = CatalogDiff()
+    for worker_id, model_id in sorted(configured.items()):
+        new_fp = new.fingerprint(model_id)
+        if new_fp is None:
+            diff.retired.append(worker_id)
+        elif old_fps.get(model_id) not in (None, new_fp):
+            diff.changed[worker_id] = (old_fps[model_id], new_fp)
+    if old is not None:
+        diff.added = sorted(set(new.models) - set(old_fps))
+        diff.removed = sorted(set(old_fps) - set(new.models))
+    return diff
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def list_models(snapshot: CatalogSnapshot, contains: str | None = None, limit: int | None = 30) -> list[dict[str, str]]:
+    """Printable rows (id, name, $ per million input/output tokens, context), sorted by id;
+    `contains` filters id or name, case-insensitively."""
+    needle = (contains or "").lower()
+    rows = []
+    for mid in sorted(snapshot.models):
+        m = snapshot.models[mid]
+        if needle and needle not in mid.lower() and needle not in m.name.lower():
+            continue
+        price = snapshot.price_per_token(mid)
+        rows.append({
+            "id": mid,
+            "name": m.name,
+            "in_per_mtok": f"{price[0] * 1e6:.4g}" if price else "?",
+            "out_per_mtok": f"{price[1] * 1e6:.4g}" if price else "?",
+            "context": str(m.context_length or "?"),
+        })
+        if limit is not None and len(rows) >= limit:
+            break
+    return rows
+
+
+def format_rows(rows: list[dict[str, str]]) -> str:
+    """A plain-text table of `list_models` rows."""
+    cols = [("id", "model"), ("in_per_mtok", "$/M in"), ("out_per_mtok", "$/M out"), ("context", "context")]
+    widths = [max([len(h)] + [len(r[k]) for r in rows]) for k, h in cols]
+    lines = ["  ".join(h.ljust(w) for (_, h), w in zip(cols, widths))]
+    lines += ["  ".join(r[k].ljust(w) for (k, _), w in zip(cols, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- retired workers
+
+
+def update_retired(folder: str | Path, retired: list[str], configured: dict[str, str]) -> Path:
+    """Rewrite `retired.json`: the configured workers whose model left the catalog, each with its
+    model and since when. A worker whose model came back drops out. Partitions stay untouched."""
+    path = Path(folder) / "retired.json"
+    before = load_retired(folder)
+    now = _now_iso()
+    workers = {w: {"model": configured[w], "since": before.get(w, {}).get("since", now)} for w in sorted(retired)}
+    write_json_atomic(path, canonical_json({"updated_at": now, "workers": workers}))
+    return path
+
+
+def load_retired(folder: str | Path) -> dict[str, dict]:
+    """worker id -> {"model", "since"} for every retired worker (empty when none or no file)."""
+    path = Path(folder) / "retired.json"
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8")).get("workers", {})

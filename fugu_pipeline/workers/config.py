@@ -1,0 +1,120 @@
+"""The worker YAML: which workers exist, how to reach them, the judge, and the utility weights.
+
+```yaml
+reward: {quality_weight: 1.0, cost_weight: 0.1, latency_weight: 0.05,
+         cost_scale_usd: 0.01, latency_scale_s: 10.0}
+judge: {id: judge, kind: mock}
+workers:
+  - {id: math-expert, kind: mock, mock: {strengths: {math: 0.9}, cost_usd: 0.002, latency_s: 2.0}}
+  - {id: qwen-8b, kind: openrouter, model: qwen/qwen3-8b}
+  - {id: local, kind: openai_compatible, base_url: "http://127.0.0.1:8000/v1", model: my-model}
+```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fugu_pipeline.config_files import load_yaml_model
+from fugu_pipeline.reward import UtilityConfig
+
+WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=WORKER_ID_PATTERN)
+    max_tokens: int = Field(1024, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    system_prompt: str | None = None
+    max_concurrency: int = Field(8, ge=1, description="in-process concurrent calls to this worker")
+    requests_per_minute: float | None = Field(None, gt=0)
+
+
+class MockBehaviour(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    strengths: dict[str, float] = Field(
+        default_factory=dict, description="probability of a correct answer per task domain"
+    )
+    default_strength: float = Field(0.3, ge=0.0, le=1.0)
+    cost_usd: float = Field(0.001, ge=0.0, description="simulated cost per call")
+    latency_s: float = Field(1.0, ge=0.0, description="simulated latency per call (reported, not slept)")
+    sleep_s: float = Field(0.0, ge=0.0, description="real wall-clock delay per call (tests)")
+    fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of calls that fail (tests)")
+
+    @model_validator(mode="after")
+    def _range(self) -> "MockBehaviour":
+        for dom, p in self.strengths.items():
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"strengths.{dom} must lie in [0, 1], got {p}")
+        return self
+
+
+class MockWorker(_Base):
+    kind: Literal["mock"]
+    mock: MockBehaviour = MockBehaviour()
+
+
+class OpenRouterWorker(_Base):
+    kind: Literal["openrouter"]
+    model: str = Field(min_length=1)
+    base_url: str = "https://openrouter.ai/api/v1"
+    api_key_env: str = "OPENROUTER_API_KEY"
+    provider: dict | None = Field(None, description="OpenRouter provider routing preferences")
+    reasoning: dict | None = None
+
+
+class OpenAICompatibleWorker(_Base):
+    kind: Literal["openai_compatible"]
+    model: str = Field(min_length=1)
+    base_url: str = Field(min_length=1)
+    api_key_env: str | None = None
+    price_in_per_mtok: float = Field(0.0, ge=0.0)
+    price_out_per_mtok: float = Field(0.0, ge=0.0)
+
+
+WorkerSpec = Annotated[MockWorker | OpenRouterWorker | OpenAICompatibleWorker, Field(discriminator="kind")]
+
+
+class WorkersConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reward: UtilityConfig = UtilityConfig()
+    judge: WorkerSpec | None = None
+    workers: list[WorkerSpec] = Field(min_length=1)
+    timeout_s: float = Field(120.0, gt=0, description="overall deadline per call")
+    connect_timeout_s: float = Field(10.0, gt=0)
+    read_timeout_s: float = Field(60.0, gt=0)
+    max_attempts: int = Field(4, ge=1)
+    max_usd_per_run: float | None = Field(None, gt=0, description="budget guard per partition run")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "WorkersConfig":
+        ids = [w.id for w in self.workers]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"duplicate worker id(s): {', '.join(dup)}")
+        return self
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return [w.id for w in self.workers]
+
+    def worker(self, worker_id: str) -> WorkerSpec:
+        for w in self.workers:
+            if w.id == worker_id:
+                return w
+        raise KeyError(f"worker {worker_id!r} is not in the worker config (known: {', '.join(self.worker_ids)})")
+
+
+class WorkerConfigError(ValueError):
+    """The worker YAML is broken; the message names the file and the field."""
+
+
+def load_workers_config(path: str | Path) -> WorkersConfig:
+    return load_yaml_model(path, WorkersConfig, WorkerConfigError, what="worker config")

@@ -1,0 +1,342 @@
+"""HTTP workers: OpenRouter and any OpenAI-compatible server (vLLM, llama.cpp, Ollama, ...).
+
+`make_http_client(spec, config)` gives an object with `async complete(messages) -> Completion`.
+
+Behaviour (DESIGN §6):
+- One `httpx.AsyncClient` per upstream base URL (`UpstreamPool`; pass one pool to share
+  connections between workers). `connect_timeout_s` bounds connecting, `read_timeout_s` bounds
+  the wait for each byte, and `timeout_s` is the overall deadline of one `complete()` call,
+  retries and their waits included: no cell ever takes longer than `timeout_s`.
+- Retries follow the one policy in `retry.py` (connection errors, timeouts, 408, 429, 5xx, the
+  same codes inside a 200 body, `Retry-After`, jittered backoff, `max_attempts`); also a malformed
+  or choice-less 200 reply and an empty answer (both transient provider glitches in practice). An
+  empty answer that ended on `length` or `content_filter` is not retried: the same request would
+  end the same way. Error replies are mapped onto the contract in `replies.py`.
+- Requests stream (`stream: true`) so the time to first token is measured; the answer is still
+  returned whole. Pass `stream=False` for servers that cannot stream (ttft is then None).
+  `latency_s` and `ttft_s` count from the start of the call, retries and their waits included:
+  what a caller waited. `attempts` says how many tries it took.
+- OpenRouter-only fields (`usage`, `provider`, `reasoning`, attribution headers) go only to
+  `kind: openrouter` workers.
+- Cost: OpenRouter's `usage.cost` ("usage"); else catalog price x tokens ("catalog"); else the
+  configured per-million-token prices of an openai_compatible worker ("configured"); else 0
+  ("none").
+- The API key is read from the environment variable `spec.api_key_env` at call time and sent
+  only as an `Authorization` header. Error messages are scrubbed of it and of anything shaped
+  like a key, so exceptions and logs are safe to print and store.
+
+Plain Python, no dagster.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import httpx
+
+from fugu_pipeline.api_keys import scrub_secrets
+from fugu_pipeline.workers.config import (
+    OpenAICompatibleWorker,
+    OpenRouterWorker,
+    WorkersConfig,
+)
+from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
+from fugu_pipeline.workers.replies import (
+    NO_RETRY_FINISH,
+    SSE_DONE,
+    UpstreamErrors,
+    as_int,
+    json_object,
+    message_text,
+    sse_chunk,
+)
+from fugu_pipeline.workers.retry import Retryable, RetryPolicy, with_retries
+from fugu_pipeline.workers.stream import UpstreamStream
+
+if TYPE_CHECKING:
+    from fugu_pipeline.tasks.schema import Task
+    from fugu_pipeline.workers.catalog import CatalogSnapshot
+
+APP_TITLE = "fugu-lite"
+
+
+class UpstreamPool:
+    """One `httpx.AsyncClient` per upstream base URL, with the config's deadlines. Use it inside
+    one event loop; close it with `aclose()`."""
+
+    def __init__(self, config: WorkersConfig):
+        self.timeout = httpx.Timeout(
+            connect=config.connect_timeout_s, read=config.read_timeout_s,
+            write=config.read_timeout_s, pool=config.timeout_s,
+        )
+        self.limits = httpx.Limits(max_connections=512, max_keepalive_connections=128, keepalive_expiry=30.0)
+        self._clients: dict[str, httpx.AsyncClient] = {}
+
+    def get(self, base_url: str) -> httpx.AsyncClient:
+        key = base_url.rstrip("/")
+        http = self._clients.get(key)
+        if http is None or http.is_closed:
+            http = self._clients[key] = httpx.AsyncClient(timeout=self.timeout, limits=self.limits)
+        return http
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for http in clients:
+            await http.aclose()
+
+
+class HTTPWorkerClient:
+    """A worker reached over the OpenAI Chat Completions protocol (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: OpenRouterWorker | OpenAICompatibleWorker,
+        config: WorkersConfig,
+        *,
+        catalog: "CatalogSnapshot | None" = None,
+        pool: UpstreamPool | None = None,
+        stream: bool = True,
+        api_key: str | None = None,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+    ):
+        self.spec = spec
+        self.config = config
+        self.worker_id = spec.id
+        self.catalog = catalog
+        self.stream = stream
+        self.policy = RetryPolicy(max_attempts=config.max_attempts, deadline_s=config.timeout_s,
+                                  backoff_s=backoff_s, max_backoff_s=max_backoff_s)
+        self.is_openrouter = spec.kind == "openrouter"
+        self.url = spec.base_url.rstrip("/") + "/chat/completions"
+        self._api_key = api_key
+        self._own_pool = pool is None
+        self.pool = pool or UpstreamPool(config)
+        self._where = f"worker {spec.id}, model {spec.model} at {urlsplit(spec.base_url).netloc or spec.base_url}"
+        self.errors = UpstreamErrors(self._where, spec.model, spec.api_key_env, self.is_openrouter)
+
+    # ------------------------------------------------------------------ request
+
+    def _key(self) -> str | None:
+        if self._api_key:
+            return self._api_key.strip()
+        env = self.spec.api_key_env
+        if env is None:
+            return None
+        key = os.environ.get(env, "").strip()
+        if not key:
+            raise FatalWorkerError(
+                f"API key missing: set {env} in the environment (export {env}=...) or in a .env "
+                f"file in the project folder ({self._where})", attempts=0,
+            )
+        return key
+
+    def _headers(self, key: str | None) -> dict[str, str]:
+        h = {"Accept": "text/event-stream" if self.stream else "application/json"}
+        if key:
+            h["Authorization"] = f"Bearer {key}"
+        if self.is_openrouter:
+            h["X-Title"] = APP_TITLE
+            if os.environ.get("FUGU_APP_URL"):
+                h["HTTP-Referer"] = os.environ["FUGU_APP_URL"]
+        return h
+
+    def _body(self, messages: list[dict[str, str]], params: dict | None = None) -> dict:
+        s = self.spec
+        body: dict = {"model": s.model, "messages": messages, "max_tokens": s.max_tokens,
+                      "temperature": s.temperature, **(params or {}), "stream": self.stream}
+        if self.is_openrouter:
+            body["usage"] = {"include": True}
+            if s.provider:
+                body["provider"] = s.provider
+            if s.reasoning:
+                body["reasoning"] = s.reasoning
+        elif self.stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def _transport_errors(self, exc: Exception, key: str | None) -> Retryable:
+        if isinstance(exc, httpx.TimeoutException):
+            return Retryable(f"{type(exc).__name__} (connect {self.config.connect_timeout_s:g}s, "
+                             f"read {self.config.read_timeout_s:g}s)")
+        return Retryable(f"connection error: {type(exc).__name__}: {scrub_secrets(str(exc), key)}"[:300])
+
+    # ------------------------------------------------------------------ call
+
+    async def complete(self, messages: list[dict[str, str]], task: "Task | None" = None, *,
+                       params: dict | None = None) -> Completion:
+        """`params` (e.g. temperature, max_tokens from a server's client) override the spec's."""
+        key = self._key()
+        body, headers = self._body(messages, params), self._headers(key)
+        t0 = time.monotonic()
+        done = await with_retries(lambda: self._attempt(body, headers, key, t0), self.policy, where=self._where)
+        comp = done.value
+        comp.attempts = done.attempts
+        comp.latency_s = done.elapsed_s
+        comp.extra = {"attempt_latency_s": round(done.last_attempt_s, 4)}
+        if done.retried:
+            comp.extra["retried"] = done.retried
+        return comp
+
+    async def _attempt(self, body: dict, headers: dict, key: str | None, t0: float) -> Completion:
+        http = self.pool.get(self.spec.base_url)
+        try:
+            if not self.stream:
+                r = await http.post(self.url, json=body, headers=headers)
+                if r.status_code != 200:
+                    self.errors.raise_status(r.status_code, r.headers, r.text, key)
+                return self._from_json(json_object(r.content, "an HTTP 200 reply"), key)
+            async with http.stream("POST", self.url, json=body, headers=headers) as r:
+                if r.status_code != 200:
+                    text = (await r.aread()).decode("utf-8", "replace")
+                    self.errors.raise_status(r.status_code, r.headers, text, key)
+                if "text/event-stream" not in r.headers.get("content-type", ""):  # server ignored stream
+                    return self._from_json(json_object(await r.aread(), "an HTTP 200 reply"), key)
+                return await self._from_stream(r, key, t0)
+        except (httpx.TimeoutException, httpx.TransportError, httpx.StreamError) as exc:
+            raise self._transport_errors(exc, key) from None
+
+    # ------------------------------------------------------------------ replies
+
+    def _from_json(self, data: dict, key: str | None) -> Completion:
+        if data.get("error"):
+            self.errors.raise_embedded(data["error"], key)
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise Retryable("an HTTP 200 reply with no choices")
+        c = choices[0]
+        if c.get("error"):
+            self.errors.raise_embedded(c["error"], key)
+        msg = c.get("message") or {}
+        return self._finish(message_text(msg.get("content")), c.get("finish_reason"), data, data.get("usage"), None)
+
+    async def _from_stream(self, r: httpx.Response, key: str | None, t0: float) -> Completion:
+        parts: list[str] = []
+        ttft = None
+        finish = None
+        usage = None
+        meta: dict = {}
+        saw_chunk = False
+        done = False
+        async for line in r.aiter_lines():  # read to the end, so the connection goes back to the pool
+            chunk = None if done else sse_chunk(line)
+            if chunk is None:
+                continue
+            if chunk is SSE_DONE:
+                done = True
+                continue
+            if chunk.get("error"):
+                self.errors.raise_embedded(chunk["error"], key)
+            saw_chunk = True
+            for k in ("model", "provider", "id"):
+                if chunk.get(k):
+                    meta[k] = chunk[k]
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for c in chunk.get("choices") or []:
+                if c.get("error"):
+                    self.errors.raise_embedded(c["error"], key)
+                piece = message_text((c.get("delta") or {}).get("content"))
+                if piece:
+                    if ttft is None:
+                        ttft = time.monotonic() - t0
+                    parts.append(piece)
+                if c.get("finish_reason"):
+                    finish = c["finish_reason"]
+        if not saw_chunk:
+            raise Retryable("an HTTP 200 reply stream with no chunks")
+        if finish == "error":
+            raise Retryable("the upstream ended the stream with finish_reason=error")
+        return self._finish("".join(parts), finish, meta, usage, ttft)
+
+    def _finish(self, answer: str, finish: str | None, data: dict, usage: dict | None, ttft: float | None) -> Completion:
+        if not answer.strip():
+            if finish in NO_RETRY_FINISH:
+                hint = f"; raise max_tokens (now {self.spec.max_tokens})" if finish == "length" else ""
+                raise WorkerCallError(f"empty answer (finish_reason={finish}){hint} ({self._where})")
+            raise Retryable(f"empty answer (finish_reason={finish})")
+        usage = usage if isinstance(usage, dict) else {}
+        pt, ct = as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens"))
+        served = data.get("model") or None
+        cost, source = self._cost(usage, pt, ct, served)
+        return Completion(
+            answer=answer, cost_usd=cost, cost_source=source, ttft_s=ttft, prompt_tokens=pt,
+            completion_tokens=ct, finish_reason=finish, requested_model=self.spec.model, served_model=served,
+            provider=data.get("provider") if self.is_openrouter else None,
+        )
+
+    def _cost(self, usage: dict, pt: int | None, ct: int | None, served: str | None) -> tuple[float, str]:
+        if self.is_openrouter and isinstance(usage.get("cost"), (int, float)):
+            return float(usage["cost"]), "usage"
+        if pt is None or ct is None:
+            return 0.0, "none"
+        if self.is_openrouter and self.catalog is not None:
+            for model in (served, self.spec.model):
+                price = self.catalog.price_per_token(model) if model else None
+                if price:
+                    return pt * price[0] + ct * price[1], "catalog"
+        if isinstance(self.spec, OpenAICompatibleWorker) and (self.spec.price_in_per_mtok or self.spec.price_out_per_mtok):
+            return (pt * self.spec.price_in_per_mtok + ct * self.spec.price_out_per_mtok) / 1e6, "configured"
+        return 0.0, "none"
+
+    async def aclose(self) -> None:
+        if self._own_pool:
+            await self.pool.aclose()
+
+    # ------------------------------------------------------------------ relayed streams (serve)
+
+    async def open_stream(self, messages: list[dict], params: dict | None = None) -> UpstreamStream:
+        """Start a streamed call and return once its first chunk has arrived, for a server that
+        relays the stream and falls back to another worker when this fails before that. Failures
+        before the first chunk are retried like `complete()` (the same policy) and then raised as
+        WorkerCallError / FatalWorkerError. After the first chunk only `read_timeout_s` bounds
+        each wait. Always `await stream.aclose()`."""
+        key = self._key()
+        body = {**self._body(messages, params), "stream": True}
+        if not self.is_openrouter:
+            body["stream_options"] = {"include_usage": True}
+        headers = {**self._headers(key), "Accept": "text/event-stream"}
+        done = await with_retries(lambda: self._open_attempt(body, headers, key), self.policy, where=self._where,
+                                  waiting_for="no first chunk")
+        stream = done.value
+        stream.attempts, stream.ttft_s = done.attempts, done.elapsed_s
+        return stream
+
+    async def _open_attempt(self, body: dict, headers: dict, key: str | None) -> UpstreamStream:
+        http = self.pool.get(self.spec.base_url)
+        r, ok = None, False
+        try:
+            r = await http.send(http.build_request("POST", self.url, json=body, headers=headers), stream=True)
+            if r.status_code != 200:
+                text = (await r.aread()).decode("utf-8", "replace")
+                self.errors.raise_status(r.status_code, r.headers, text, key)
+            if "text/event-stream" in r.headers.get("content-type", ""):
+                stream = UpstreamStream(self.errors, self._cost, r, key)
+            else:  # the server ignored `stream`: relay its whole JSON reply as one chunk
+                data = json_object(await r.aread(), "an HTTP 200 reply")
+                comp = self._from_json(data, key)
+                chunk = {"model": comp.served_model, "usage": data.get("usage"), "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": comp.answer},
+                     "finish_reason": comp.finish_reason}]}
+                stream = UpstreamStream(self.errors, self._cost, r, key, chunks=[chunk])
+                stream.served_model, stream.usage, stream.finish_reason = comp.served_model, data.get("usage"), comp.finish_reason
+            await stream.first()
+            ok = True
+            return stream
+        except (httpx.TimeoutException, httpx.TransportError, httpx.StreamError) as exc:
+            raise self._transport_errors(exc, key) from None
+        finally:
+            if r is not None and not ok:
+                await r.aclose()
+
+
+def make_http_client(spec: OpenRouterWorker | OpenAICompatibleWorker, config: WorkersConfig,
+                     catalog: "CatalogSnapshot | None" = None, **kwargs) -> HTTPWorkerClient:
+    """The HTTP client for one `openrouter` or `openai_compatible` worker. Keyword arguments go
+    to `HTTPWorkerClient` (`pool`, `stream`, `api_key`, `backoff_s`, `max_backoff_s`)."""
+    if spec.kind not in ("openrouter", "openai_compatible"):
+        raise ValueError(f"worker {spec.id}: kind {spec.kind!r} is not an HTTP worker")
+    return HTTPWorkerClient(spec, config, catalog=catalog, **kwargs)

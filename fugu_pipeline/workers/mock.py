@@ -1,0 +1,110 @@
+"""The deterministic mock pool: simulated experts that need no key and no network.
+
+Whether a mock worker answers a task correctly depends only on (worker id, task id) and its
+strength for the task's domain, so every run of the mock pool produces the same reward matrix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import TYPE_CHECKING
+
+from fugu_pipeline.tasks.answers import parse_number
+from fugu_pipeline.workers.config import MockWorker
+from fugu_pipeline.workers.contract import Completion, WorkerCallError
+
+if TYPE_CHECKING:
+    from fugu_pipeline.tasks.schema import Task
+
+
+def _unit(*parts: str) -> float:
+    """A deterministic number in [0, 1) from strings."""
+    h = hashlib.sha256("\x1f".join(parts).encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64
+
+
+class MockClient:
+    """A deterministic simulated expert. Whether it answers a task correctly depends only on
+    (worker id, task id) and its strength for the task's domain, so every run of the mock pool
+    produces the same reward matrix. Its wrong answers are really wrong (graders see them)."""
+
+    def __init__(self, spec: MockWorker):
+        self.spec = spec
+        self.worker_id = spec.id
+        self.calls = 0
+
+    async def complete(self, messages: list[dict[str, str]], task: "Task | None" = None) -> Completion:
+        b = self.spec.mock
+        self.calls += 1
+        if b.sleep_s:
+            await asyncio.sleep(b.sleep_s)
+        key = task.task_id if task else messages[-1]["content"]
+        if b.fail_rate and _unit("fail", self.worker_id, key, str(self.calls)) < b.fail_rate:
+            raise WorkerCallError(f"mock worker {self.worker_id}: simulated failure", attempts=1, status=503)
+        if task is None:
+            answer = f"[{self.worker_id}] I would answer: {messages[-1]['content'][:80]}"
+        else:
+            p = b.strengths.get(task.domain, b.default_strength)
+            correct = _unit("correct", self.worker_id, task.task_id) < p
+            answer = _mock_answer(task, correct, self.worker_id)
+        jitter = 0.5 + _unit("latency", self.worker_id, key)
+        prompt_tokens = max(1, sum(len(m["content"]) for m in messages) // 4)
+        completion_tokens = max(1, len(answer) // 4)
+        return Completion(
+            answer=answer,
+            cost_usd=round(b.cost_usd * (0.8 + 0.4 * _unit("cost", self.worker_id, key)), 8),
+            cost_source="mock",
+            latency_s=round(b.latency_s * jitter, 4),
+            ttft_s=round(b.latency_s * jitter * 0.3, 4),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish_reason="stop",
+            requested_model=f"mock/{self.worker_id}",
+            served_model=f"mock/{self.worker_id}",
+            provider="mock",
+        )
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _mock_answer(task: "Task", correct: bool, worker_id: str) -> str:
+    ref = task.reference_answer or ""
+    g = task.grader
+    if g.type == "llm_judge":
+        if correct:
+            return f"A careful answer. {ref}".strip()
+        return "A vague answer that misses the point."
+    if g.type == "regex" and g.pattern is not None and not correct:
+        return "I am not sure."
+    if g.type == "regex" and g.pattern is not None:
+        return ref or "no answer"
+    if correct:
+        return f"The answer is {ref}"
+    if g.type == "numeric":
+        x = parse_number(ref) or 0.0
+        return f"The answer is {x + 1 + int(_unit('off', worker_id, task.task_id) * 9):g}"
+    return "I am not sure."
+
+
+class MockJudge(MockClient):
+    """Scores an answer by whether it contains the exemplar answer: deterministic."""
+
+    async def complete(self, messages: list[dict[str, str]], task: "Task | None" = None) -> Completion:
+        self.calls += 1
+        text = messages[-1]["content"]
+        ref = (task.reference_answer or "") if task else ""
+        answer = text.split("<answer>", 1)[-1].split("</answer>", 1)[0]
+        good = bool(ref) and ref.strip().lower() in answer.lower()
+        scale = task.grader.scale if task is not None and task.grader.type == "llm_judge" else 10
+        score = scale if good else int(_unit("judge", answer) * scale * 0.3)
+        return Completion(
+            answer=f"SCORE: {score}",
+            cost_usd=self.spec.mock.cost_usd,
+            cost_source="mock",
+            latency_s=self.spec.mock.latency_s,
+            requested_model="mock/judge",
+            served_model="mock/judge",
+            provider="mock",
+        )

@@ -1,0 +1,127 @@
+"""Reading an upstream's replies: chat-completion JSON, server-sent-event lines, and the errors an
+upstream reports (as an HTTP status or inside a 200 body), mapped onto the worker contract.
+
+401, 402 and 403 raise `FatalWorkerError` with what to fix; every later call would fail the same
+way. A 403 that OpenRouter's moderation raised for one input (its body lists the flagged reasons)
+fails only that cell. 408, 429 and 5xx are `Retryable`; other codes fail the cell.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from fugu_pipeline.api_keys import scrub_secrets
+from fugu_pipeline.workers.contract import FatalWorkerError, WorkerCallError
+from fugu_pipeline.workers.retry import Retryable, parse_retry_after, retryable_status
+
+RETRYABLE_CODES = {"server_error", "rate_limit_exceeded", "rate_limited", "timeout", "overloaded",
+                   "service_unavailable", "bad_gateway", "internal_error"}
+NO_RETRY_FINISH = {"length", "content_filter"}
+SSE_DONE: dict = {}  # sentinel: the `data: [DONE]` line
+
+
+def sse_chunk(line: str) -> dict | None:
+    """One server-sent-events line of a chat-completions stream: the chunk, `SSE_DONE`, or None
+    for lines that carry no data (blank separators, `: keep-alive` comments, event names).
+    Malformed JSON is retryable, like a glitch in a non-streamed reply."""
+    if not line.startswith("data:"):
+        return None
+    payload = line[5:].strip()
+    if payload == "[DONE]":
+        return SSE_DONE
+    return json_object(payload, "a reply stream chunk")
+
+
+def json_object(raw: str | bytes, what: str) -> dict:
+    """A JSON object, or a retryable error naming what was malformed (provider glitches pass)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise Retryable(f"malformed JSON in {what}") from None
+    if not isinstance(data, dict):
+        raise Retryable(f"{what} that is not a JSON object")
+    return data
+
+
+def message_text(content: object) -> str:
+    """Message content as text: a string, or a list of `{"type": "text", "text": ...}` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def as_int(v: object) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def error_detail(text: str) -> tuple[str, object]:
+    """(message, metadata) from an OpenAI/OpenRouter error body, or the start of the raw text."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return (text.strip()[:300] or "(empty body)"), None
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict):
+        msg = str(err.get("message") or err.get("code") or err)
+        raw = (err.get("metadata") or {}).get("raw") if isinstance(err.get("metadata"), dict) else None
+        if raw and isinstance(raw, str) and raw not in msg:
+            msg += f" ({raw[:150]})"
+        return msg, err.get("metadata")
+    if isinstance(err, str):
+        return err, None
+    return text.strip()[:300], None
+
+
+@dataclass(frozen=True)
+class UpstreamErrors:
+    """Maps an upstream's error replies onto the worker contract, naming the worker and what to fix."""
+
+    where: str  # "worker X, model Y at host"
+    model: str
+    api_key_env: str | None
+    is_openrouter: bool
+
+    def raise_status(self, status: int, headers, text: str, key: str | None, *, in_body: bool = False) -> None:
+        detail, metadata = error_detail(text)
+        detail = scrub_secrets(detail, key)[:300]
+        where = f"{'error inside an HTTP 200 reply, code' if in_body else 'HTTP'} {status}"
+        who = f"({self.where})"
+        env = self.api_key_env or "the api_key_env of this worker"
+        if status == 401:
+            raise FatalWorkerError(
+                f"{where} unauthorized: the API key is invalid, revoked or missing; set {env} "
+                f"(environment or .env) to a valid key {who}. Upstream said: {detail}", status=401)
+        if status == 402:
+            where_to = "https://openrouter.ai/settings/credits" if self.is_openrouter else "the provider"
+            raise FatalWorkerError(
+                f"{where} payment required: the account is out of credits; add credits at {where_to} "
+                f"(or lower max_tokens / max_usd_per_run) {who}. Upstream said: {detail}", status=402)
+        if status == 403:
+            if isinstance(metadata, dict) and (metadata.get("reasons") or metadata.get("flagged_input")):
+                raise WorkerCallError(f"{where} moderation flagged this input: {detail} {who}", status=403)
+            raise FatalWorkerError(
+                f"{where} forbidden: this key may not use model {self.model!r} (check the model id, "
+                f"the key's allowed models/providers, or a moderation block) {who}. Upstream said: {detail}", status=403)
+        if retryable_status(status):
+            ra = parse_retry_after(headers.get("retry-after") if headers else None)
+            raise Retryable(f"{'code' if in_body else 'HTTP'} {status}: {detail}", status=status, retry_after=ra)
+        hint = " (check the model id)" if status == 404 else ""
+        raise WorkerCallError(f"{where}: {detail}{hint} {who}", status=status)
+
+    def raise_embedded(self, err: object, key: str | None) -> None:
+        """An `{"error": ...}` object inside an HTTP 200 body or stream chunk."""
+        code = err.get("code") if isinstance(err, dict) else None
+        text = json.dumps({"error": err})
+        try:
+            status = int(code)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            status = None
+        if status is not None and 100 <= status <= 599:
+            self.raise_status(status, {}, text, key, in_body=True)
+        detail = scrub_secrets(error_detail(text)[0], key)[:300]
+        if code is None or str(code).lower() in RETRYABLE_CODES:
+            raise Retryable(f"error inside an HTTP 200 reply ({code or 'no code'}): {detail}")
+        raise WorkerCallError(f"error inside an HTTP 200 reply ({code}): {detail} ({self.where})")

@@ -1,0 +1,90 @@
+"""A worker's open reply stream, relayed chunk by chunk by the server (`HTTPWorkerClient.open_stream`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+
+from fugu_pipeline.workers.contract import WorkerCallError
+from fugu_pipeline.workers.replies import SSE_DONE, UpstreamErrors, as_int, sse_chunk
+from fugu_pipeline.workers.retry import Retryable
+
+CostFn = Callable[[dict, "int | None", "int | None", "str | None"], "tuple[float, str]"]
+
+
+class UpstreamStream:
+    """One worker's open reply stream whose first chunk has arrived. `async for chunk in stream`
+    yields the parsed `chat.completion.chunk` dicts, the first included; an error after the first
+    chunk raises WorkerCallError. `served_model`, `usage`, `finish_reason` and `cost()` are filled
+    in as chunks pass."""
+
+    def __init__(self, errors: UpstreamErrors, cost_fn: CostFn, response: httpx.Response, key: str | None,
+                 chunks: list[dict] | None = None):
+        self.errors, self._cost_fn, self.response, self._key = errors, cost_fn, response, key
+        self._lines = response.aiter_lines() if chunks is None else None
+        self._buffer = list(chunks or [])
+        self.served_model: str | None = None
+        self.usage: dict | None = None
+        self.finish_reason: str | None = None
+        self.attempts, self.ttft_s = 1, None
+
+    async def first(self) -> dict:
+        chunk = await self._next()
+        if chunk is None:
+            raise Retryable("an HTTP 200 reply stream with no chunks")
+        self._buffer.insert(0, chunk)
+        return chunk
+
+    async def _next(self) -> dict | None:
+        """The next chunk, None at the end. Raises Retryable or WorkerCallError on an error chunk."""
+        if self._buffer:
+            return self._buffer.pop(0)
+        while self._lines is not None:
+            try:
+                line = await self._lines.__anext__()
+            except StopAsyncIteration:
+                break
+            chunk = sse_chunk(line)
+            if chunk is None:
+                continue
+            if chunk is SSE_DONE:
+                async for _ in self._lines:  # read to the end, so the connection goes back to the pool
+                    pass
+                break
+            if chunk.get("error"):
+                self.errors.raise_embedded(chunk["error"], self._key)
+            for c in chunk.get("choices") or []:
+                if c.get("error"):
+                    self.errors.raise_embedded(c["error"], self._key)
+                if c.get("finish_reason") == "error":
+                    raise Retryable("the upstream ended the stream with finish_reason=error")
+                self.finish_reason = c.get("finish_reason") or self.finish_reason
+            self.served_model = chunk.get("model") or self.served_model
+            if isinstance(chunk.get("usage"), dict):
+                self.usage = chunk["usage"]
+            return chunk
+        self._lines = None
+        return None
+
+    async def __aiter__(self):
+        while True:
+            try:
+                chunk = await self._next()
+            except Retryable as r:
+                raise WorkerCallError(f"{r} ({self.errors.where}; after the stream had started)") from None
+            except (httpx.TimeoutException, httpx.TransportError, httpx.StreamError) as exc:
+                raise WorkerCallError(f"stream broke after it had started: {type(exc).__name__} "
+                                      f"({self.errors.where})") from None
+            if chunk is None:
+                return
+            yield chunk
+
+    def cost(self) -> tuple[float, str]:
+        """(USD, source) from the usage seen so far, as `complete()` computes it."""
+        usage = self.usage if isinstance(self.usage, dict) else {}
+        return self._cost_fn(usage, as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens")),
+                             self.served_model)
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
