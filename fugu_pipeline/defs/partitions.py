@@ -10,3 +10,12 @@ batch_x_worker = dg.MultiPartitionsDefinition({"batch": task_batches, "worker": 
 WORKER_CALLS_POOL = "worker_calls"
 DUCKDB_WRITER_POOL = "duckdb_writer"
 GPU_POOL = "gpu"
+
+
+def partition_run_request(partitions_def: dg.PartitionsDefinition, partition_key: str, **kwargs) -> dg.RunRequest:
+    """A sensor's run request for one partition of a dynamic partition set, with its partition
+    tags filled in here. Dagster otherwise checks the key against the instance while it resolves
+    the request, which a sensor context built from an instance (tests, tick checks) cannot do;
+    the sensors only request partitions they add in the same result or that already exist."""
+    tags = {**kwargs.pop("tags", {}), **partitions_def.get_tags_for_partition_key(partition_key)}
+    return dg.RunRequest(partition_key=partition_key, tags=tags, **kwargs)

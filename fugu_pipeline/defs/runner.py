@@ -12,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 
 from fugu_pipeline.defs.partitions import WORKER_CALLS_POOL, task_batches
-from fugu_pipeline.tasks.loading import batch_name, list_batch_files
+from fugu_pipeline.tasks.loading import scan_batch_files
 
 DEFAULT_WORKER_CALLS_LIMIT = 8
 
@@ -39,7 +39,7 @@ def run_pipeline(
     """Materialize tasks -> responses -> reward_matrix (-> the rest of the graph) for every batch
     file. Returns the materialization metadata of the last step, keyed by asset."""
     from fugu_pipeline.defs.assemble import build_defs
-    from fugu_pipeline.defs.data import sync_worker_partitions
+    from fugu_pipeline.defs.sensors import sync_worker_partitions
 
     os.chdir(project_dir)
     defs = build_defs(str(project_dir), workers_config, encoder)
@@ -47,7 +47,10 @@ def run_pipeline(
     pipeline = defs.resources["pipeline"]
     config = pipeline.load_workers()
     sync_worker_partitions(instance, config.worker_ids)
-    batches = [batch_name(p) for p in list_batch_files(pipeline.paths.benchgen)]
+    found, refused = scan_batch_files(pipeline.paths.benchgen)
+    for exc in refused:
+        echo(f"  skipped {exc}")
+    batches = [b for b, _ in found]
     if not batches:
         raise SystemExit(f"no batch files in {pipeline.paths.benchgen}: add a BenchGen .jsonl file there")
     have = set(instance.get_dynamic_partitions(task_batches.name))
