@@ -34,7 +34,8 @@ def responses_version(instance: dg.DagsterInstance) -> str:
 
 
 class BuiltFromOtherResponses(dg.AutomationCondition):
-    """True while the responses the latest matrix build read differ from the materialized ones."""
+    """True while the responses the latest matrix build read differ from the materialized ones,
+    or while there is no matrix yet but responses are materialized."""
 
     @property
     def name(self) -> str:
@@ -42,25 +43,28 @@ class BuiltFromOtherResponses(dg.AutomationCondition):
 
     @property
     def description(self) -> str:
-        return "the latest build read responses that have changed since"
+        return "the latest build read other responses than the materialized ones (or there is none yet)"
 
     def evaluate(self, context: dg.AutomationContext) -> dg.AutomationResult:
         instance = context.asset_graph_view.instance
+        versions = latest_data_versions(instance, RESPONSES)
         event = instance.get_latest_materialization_event(context.key)
-        mat = event.asset_materialization if event else None
-        recorded = mat.metadata.get(RESPONSES_VERSION) if mat else None
-        stale = recorded is not None and recorded.value != responses_version(instance)
-        return dg.AutomationResult(context, context.candidate_subset if stale else context.get_empty_subset())
+        if event is None:
+            behind = bool(versions)
+        else:  # a build that recorded nothing (an older version of this code) is left alone
+            recorded = event.asset_materialization.metadata.get(RESPONSES_VERSION)
+            behind = recorded is not None and recorded.value != combined_version(versions)
+        return dg.AutomationResult(context, context.candidate_subset if behind else context.get_empty_subset())
 
 
 def reward_matrix_condition() -> dg.AutomationCondition:
-    """eager(), plus a rebuild while the matrix was built from responses that changed since.
-    Never while a response partition is missing or in progress, or the matrix is in progress;
-    after a failed build, only a new response update (eager) tries again."""
+    """eager(), plus a (first) build while the matrix is behind its responses. Never while a
+    responses partition is missing or in progress, or the matrix is in progress; after a failed
+    build, only a new responses update (eager) tries again."""
     ac = dg.AutomationCondition
     updated = (ac.newly_missing() | ac.any_deps_updated()).since_last_handled()
     behind = (BuiltFromOtherResponses() & ~ac.execution_failed() & ~ac.newly_requested()).with_label(
-        "built from responses that changed since"
+        "behind its responses"
     )
     return ((updated | behind) & ~ac.any_deps_missing() & ~ac.any_deps_in_progress() & ~ac.in_progress()).with_label(
         "eager, or behind its responses"

@@ -17,11 +17,16 @@ from fugu_pipeline.tasks.loading import scan_batch_files
 DEFAULT_WORKER_CALLS_LIMIT = 8
 
 
-def project_instance(project_dir: Path) -> dg.DagsterInstance:
-    """The instance whose dagster.yaml sits in the project (DAGSTER_HOME defaults to it)."""
+def project_instance(project_dir: Path, echo: Callable[[str], None] = print) -> dg.DagsterInstance:
+    """The instance whose dagster.yaml sits in the project (DAGSTER_HOME defaults to it). Runs
+    left STARTED by a killed process are marked failed first, and their pool slots freed."""
+    from fugu_pipeline.defs.launcher import fail_dead_runs
+
     if not os.environ.get("DAGSTER_HOME"):
         os.environ["DAGSTER_HOME"] = str(project_dir.resolve())
     instance = dg.DagsterInstance.get()
+    for run_id in fail_dead_runs(instance):
+        echo(f"  run {run_id} was left STARTED by a process that is gone: marked failed, its pool slots freed")
     storage = instance.event_log_storage
     if WORKER_CALLS_POOL not in storage.get_concurrency_keys():
         storage.set_concurrency_slots(WORKER_CALLS_POOL, DEFAULT_WORKER_CALLS_LIMIT)
@@ -43,7 +48,7 @@ def run_pipeline(
 
     os.chdir(project_dir)
     defs = build_defs(str(project_dir), workers_config, encoder)
-    instance = project_instance(project_dir)
+    instance = project_instance(project_dir, echo)
     pipeline = defs.resources["pipeline"]
     config = pipeline.load_workers()
     sync_worker_partitions(instance, config.worker_ids)
