@@ -21,6 +21,7 @@ from fugu_pipeline.matrix.build import build, from_collection, from_import
 from fugu_pipeline.matrix.read import (
     check_no_nan,
     little_to_learn,
+    open_read_only,
     read_arrays,
     signal_health,
 )
@@ -196,18 +197,13 @@ def cells_complete(pipeline: PipelineResource) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset=reward_matrix, description="Worker order in the matrix equals the worker config's order.")
 def worker_order_fixed(pipeline: PipelineResource) -> dg.AssetCheckResult:
-    import duckdb
-
-    con = duckdb.connect(str(pipeline.paths.reward_db), read_only=True)
-    try:
+    with open_read_only(pipeline.paths.reward_db) as con:
         stored = [r[0] for r in con.execute("SELECT worker_id FROM workers ORDER BY position").fetchall()]
         positions = [r[0] for r in con.execute("SELECT position FROM workers ORDER BY position").fetchall()]
         bad_rows = con.execute(
             "SELECT count(*) FROM rewards r JOIN workers w USING (worker_id) WHERE r.position <> w.position"
         ).fetchone()[0]
         source = con.execute("SELECT value FROM meta WHERE key='source'").fetchone()[0]
-    finally:
-        con.close()
     expected = stored if source.startswith("import:") else pipeline.load_workers().worker_ids
     passed = stored == expected and positions == list(range(len(stored))) and bad_rows == 0
     return dg.AssetCheckResult(
