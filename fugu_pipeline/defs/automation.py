@@ -17,6 +17,7 @@ every tick. The condition runs user code, so the sensor evaluates on the code se
 from __future__ import annotations
 
 import os
+import warnings
 
 import dagster as dg
 
@@ -71,12 +72,14 @@ def reward_matrix_condition() -> dg.AutomationCondition:
     )
 
 
-reward_matrix_automation = dg.AutomationConditionSensorDefinition(
-    "reward_matrix_automation",
-    target=dg.AssetSelection.assets(REWARD_MATRIX),
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    minimum_interval_seconds=AUTOMATION_INTERVAL_S,
-    use_user_code_server=True,
-    description="Rebuilds the reward matrix once every responses partition it reads is done, and again "
-                "whenever the responses it was built from have changed since (evaluated on the code server).",
-)
+with warnings.catch_warnings():  # `use_user_code_server` is marked beta; it is what custom conditions need
+    warnings.simplefilter("ignore", dg.BetaWarning)
+    reward_matrix_automation = dg.AutomationConditionSensorDefinition(
+        "reward_matrix_automation",
+        target=dg.AssetSelection.assets(REWARD_MATRIX),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=AUTOMATION_INTERVAL_S,
+        use_user_code_server=True,
+        description="Rebuilds the reward matrix once every responses partition it reads is done, and again "
+                    "whenever the responses it was built from have changed since (evaluated on the code server).",
+    )

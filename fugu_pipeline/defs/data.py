@@ -1,6 +1,7 @@
 """The data path: BenchGen batches -> tasks -> responses (batch x worker) -> reward_matrix."""
 
 
+import warnings
 from pathlib import Path
 
 import dagster as dg
@@ -80,9 +81,14 @@ def _preview(rows) -> str:
     return "\n".join(lines)
 
 
+with warnings.catch_warnings():  # marked beta in Dagster; it is the mapping that says "this batch's tasks"
+    warnings.simplefilter("ignore", dg.BetaWarning)
+    _BATCH_OF_PARTITION = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="batch")
+
+
 @dg.asset(
     partitions_def=batch_x_worker,
-    deps=[dg.AssetDep(tasks, partition_mapping=dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="batch"))],
+    deps=[dg.AssetDep(tasks, partition_mapping=_BATCH_OF_PARTITION)],
     pool=WORKER_CALLS_POOL,
     group_name="data",
     kinds={"jsonl"},

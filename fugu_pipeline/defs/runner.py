@@ -11,11 +11,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from fugu_pipeline.defs.partitions import WORKER_CALLS_POOL, task_batches
+from fugu_pipeline.defs.partitions import ensure_worker_calls_limit, task_batches
 from fugu_pipeline.tasks.loading import scan_batch_files
-
-DEFAULT_WORKER_CALLS_LIMIT = 8
-
 
 def project_instance(project_dir: Path, echo: Callable[[str], None] = print) -> dg.DagsterInstance:
     """The instance whose dagster.yaml sits in the project (DAGSTER_HOME defaults to it). Runs
@@ -27,9 +24,7 @@ def project_instance(project_dir: Path, echo: Callable[[str], None] = print) -> 
     instance = dg.DagsterInstance.get()
     for run_id in fail_dead_runs(instance):
         echo(f"  run {run_id} was left STARTED by a process that is gone: marked failed, its pool slots freed")
-    storage = instance.event_log_storage
-    if WORKER_CALLS_POOL not in storage.get_concurrency_keys():
-        storage.set_concurrency_slots(WORKER_CALLS_POOL, DEFAULT_WORKER_CALLS_LIMIT)
+    ensure_worker_calls_limit(instance)
     return instance
 
 

@@ -8,7 +8,13 @@ import os
 import dagster as dg
 
 from fugu_pipeline.defs.data import responses, tasks
-from fugu_pipeline.defs.partitions import batch_x_worker, partition_run_request, task_batches, workers
+from fugu_pipeline.defs.partitions import (
+    batch_x_worker,
+    ensure_worker_calls_limit,
+    partition_run_request,
+    task_batches,
+    workers,
+)
 from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline.defs.versions import file_version, latest_data_versions
 from fugu_pipeline.tasks.loading import scan_batch_files
@@ -57,6 +63,8 @@ def _responses_request(batch: str, worker: str, why: str) -> dg.RunRequest:
 def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource) -> dg.SensorResult:
     """See the description above (it is what the UI shows)."""
     cursor = json.loads(context.cursor) if context.cursor else {}
+    if ensure_worker_calls_limit(context.instance):
+        context.log.info("pool worker_calls: limit set to 8 partition runs at a time (change it in the UI's Deployment tab)")
     config = pipeline.load_workers()
     known_workers = set(context.instance.get_dynamic_partitions(workers.name))
     new_workers = [w for w in config.worker_ids if w not in known_workers]
