@@ -29,8 +29,8 @@ def cmd_generate(args) -> int:
 
     from fugu_pipeline.collect.partition import collect_partition
     from fugu_pipeline.collect.store import ResponseStore
-    from fugu_pipeline.matrix.importers import write_reward_jsonl
     from fugu_pipeline.matrix.import_format import RewardRow
+    from fugu_pipeline.matrix.importers import write_reward_jsonl
     from fugu_pipeline.matrix.read import signal_health
     from fugu_pipeline.tasks.loading import load_tasks
     from fugu_pipeline.workers.config import load_workers_config
@@ -88,3 +88,9 @@ def cmd_import(args) -> int:
     summary = import_source(args.kind, Path(args.path), Path(args.output), **opts)
     print_json(summary)
     return 0
+
+
+def cmd_convert(args) -> int:
+    from fugu_pipeline.tasks.converters import run
+
+    return run(args)

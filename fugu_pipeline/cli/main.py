@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks (check prompts, grading, billing)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run: only missing or failed cells are called")
 
+    p = add("convert", data.cmd_convert, "write a BenchGen batch file from a standard benchmark (MATH-500, GSM8K, "
+            "SVAMP, AIME24, AMC23, Minerva math, MMLU-STEM, HumanEval)")
+    from fugu_pipeline.tasks.converters import add_arguments as convert_arguments
+
+    convert_arguments(p)
+
     p = add("import", data.cmd_import, "convert real routing data into the reward-matrix JSONL")
     p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl"])
     p.add_argument("path", help="the upstream file or folder")
