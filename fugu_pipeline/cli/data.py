@@ -84,7 +84,9 @@ def cmd_generate(args) -> int:
 def cmd_import(args) -> int:
     from fugu_pipeline.matrix.importers import import_source
 
-    opts = {"seed": args.seed}
+    if args.seed is not None and args.kind == "jsonl":
+        raise CLIError("--seed draws splits for routellm-* and dcrouter; a jsonl file keeps the splits its rows hold")
+    opts = {} if args.seed is None else {"seed": args.seed}
     summary = import_source(args.kind, Path(args.path), Path(args.output), **opts)
     print_json(summary)
     return 0

@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl"])
     p.add_argument("path", help="the upstream file or folder")
     p.add_argument("--output", required=True)
-    p.add_argument("--seed", type=int, default=0, help="split assignment seed")
+    p.add_argument("--seed", type=int, default=None,
+                   help="split assignment seed for routellm-* and dcrouter (default 0); a jsonl file keeps the splits it holds")
 
     for method in ("sft", "rl", "es"):
         p = add(f"train-{method}", lambda a, m=method: training.train(a, m), f"train the {method.upper()} router head")
