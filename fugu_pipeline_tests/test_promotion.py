@@ -168,6 +168,7 @@ def test_load_promoted_follows_new_promotions_without_restart(tmp_path):
     d1 = router.route("Compute 7 plus 21 and reply with the sum.", domain="math")
     assert d1.worker_id in WORKERS and abs(sum(d1.probabilities.values()) - 1) < 1e-5
     assert d1.checkpoint == str(first)
+    encoder_before = router.router.encoder
     # promote a router trained on swapped rewards: the running loader picks it up
     swapped = RoutingData(**{**{f: getattr(base, f) for f in ("task_ids", "prompts", "domains", "splits", "worker_ids", "features", "contract", "quality")},
                              "utility": base.utility[:, ::-1].copy()})
@@ -175,7 +176,7 @@ def test_load_promoted_follows_new_promotions_without_restart(tmp_path):
     write_pointer(models, {"checkpoint": str(second.relative_to(models)), "content_hash": second.name})
     d2 = router.route("Compute 7 plus 21 and reply with the sum.", domain="math")
     assert d2.checkpoint == str(second) and router.reloads == 2
-    assert router.router.encoder is not None  # the encoder was reused, not reloaded
+    assert router.router.encoder is encoder_before  # same feature contract: the loaded encoder was reused
     with pytest.raises(RouterError, match="unknown worker"):
         router.route("x", allowed=["nope"])
     only = router.route("x", allowed=["gen-w"])
