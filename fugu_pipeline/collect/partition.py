@@ -146,6 +146,7 @@ async def collect_partition(
                     on_record(rec)
 
         try:
+            guard.require_prices(todo)  # under a budget, an unpriced paid worker is refused before any call
             await asyncio.gather(*(one(t) for t in todo))
         finally:
             if own_client:
