@@ -183,6 +183,60 @@ def test_load_promoted_follows_new_promotions_without_restart(tmp_path):
     assert only.worker_id == "gen-w" and list(only.probabilities) == ["gen-w"]
 
 
+def test_readers_never_meet_a_closed_encoder_while_promotions_swap(tmp_path):
+    """Threads route without pause while the pointer flips between two checkpoints whose feature
+    contracts differ (mean vs last pooling), so every swap loads a new encoder and drops the old."""
+    import gc
+    import time
+    import weakref
+
+    from fugu_pipeline.features.encoder import Encoder
+    from fugu_pipeline.features.settings import EncoderSettings
+
+    domains = [DOMAINS[i % 3] for i in range(120)]
+    prompts = [f"{d} task number {i}: please answer it" for i, d in enumerate(domains)]
+    models, paths = tmp_path / "models", []
+    for pooling in ("mean", "last"):
+        enc = Encoder.load(EncoderSettings(model="tiny", device="cpu", dtype="float32", pooling=pooling))
+        data = synthetic(enc.encode(prompts, domains), domains, enc.feature_contract())
+        paths.append(train_sft(data, SFTConfig(epochs=5)).save(models))
+        enc.close()
+    point = lambda p: write_pointer(models, {"checkpoint": str(p.relative_to(models)), "content_hash": p.name})  # noqa: E731
+    point(paths[0])
+    router = load_promoted(models, device="cpu", dtype="float32")
+    stop, errors, routed, encoders = threading.Event(), [], [0], []
+
+    def reader(i):
+        while not stop.is_set():
+            try:
+                r = router.router  # hold a router the way a server batch does, and use it a little later
+                encoders.append(weakref.ref(r.encoder))
+                time.sleep(0.01 * (i + 1))
+                d = r.route_batch([f"math question {i}", "write code"], ["math", "code"])
+                assert all(x.worker_id in WORKERS for x in d)
+                router.route("What is the capital of France?", domain="general")
+                routed[0] += 1
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for k in range(8):
+        point(paths[(k + 1) % 2])
+        router.refresh()
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == [] and routed[0] > 0 and router.reloads == 9
+    # the dropped encoders were freed once their last user let go: nothing leaks
+    current = router.router.encoder
+    gc.collect()
+    alive = {id(e()) for e in encoders if e() is not None}
+    assert alive <= {id(current)}
+
+
 def test_no_pointer_is_a_clear_error(tmp_path):
     with pytest.raises(RouterError, match="no promoted router"):
         load_promoted(tmp_path / "models")

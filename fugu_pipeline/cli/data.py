@@ -52,6 +52,8 @@ def cmd_generate(args) -> int:
             done = store.read(batch, w)
             bar.update(sum(1 for t in tasks[:n] if t.task_id in done and done[t.task_id].status == "ok"))
             stats = asyncio.run(collect_partition(tasks[:n], batch, w, config, store, on_record=lambda r: bar.update(1)))
+            if stats.skipped_note:
+                bar.write(f"{w}: {stats.skipped_note}")
             if stats.n_failed:
                 bar.write(f"{w}: {stats.n_failed} failed cell(s) ({stats.errors}); run again with --resume to retry them")
             if stats.stopped:

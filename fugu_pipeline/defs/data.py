@@ -115,6 +115,8 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
         raise dg.Failure(description=f"worker {worker_id}: {exc}") from None
     if stats.stopped:
         context.log.warning(stats.stopped)
+    if stats.skipped_note:
+        context.log.warning(stats.skipped_note)
     cells = summarize_cells(store.read(batch, worker_id))
     context.log.info(f"{batch} x {worker_id}: called {stats.n_called}, ok {stats.n_ok}, failed {stats.n_failed}, "
                      f"already done {stats.n_already_done}")
@@ -131,6 +133,8 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
             "seconds": round(stats.seconds, 3),
             "errors": dg.MetadataValue.json(stats.errors),
             "stopped": stats.stopped or "",
+            "skipped_lines": len(stats.skipped_lines),
+            "skipped_where": stats.skipped_note or "",
             "model_fingerprint": fingerprint or "",
             "path": dg.MetadataValue.path(str(store.path(batch, worker_id))),
         }
