@@ -33,7 +33,7 @@ def cmd_generate(args) -> int:
     from fugu_pipeline.matrix.importers import write_reward_jsonl
     from fugu_pipeline.matrix.read import signal_health
     from fugu_pipeline.tasks.loading import load_tasks
-    from fugu_pipeline.workers.config import load_workers_config
+    from fugu_pipeline.workers.config import load_workers_config, reward_source
     from fugu_pipeline.workers.contract import FatalWorkerError
 
     load_dotenv(override=False)
@@ -78,6 +78,8 @@ def cmd_generate(args) -> int:
         raise CLIError("no task has an answer from every worker yet; run again with --resume")
     write_reward_jsonl(rows, out)
     print(f"{len(rows)} of {n} tasks complete -> {out} (responses kept in {store_root})")
+    print(f"utility: {config.reward.describe()} ({reward_source(config, args.workers)}); "
+          f"train and evaluate with --workers {args.workers} to use the same weights")
     health = signal_health(__import__("numpy").array([r.rewards for r in rows]))
     print(f"learning signal: {health}")
     return 0

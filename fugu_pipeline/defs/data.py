@@ -32,6 +32,7 @@ from fugu_pipeline.tasks.loading import (
     load_tasks,
 )
 from fugu_pipeline.workers.catalog import load_latest
+from fugu_pipeline.workers.config import reward_source
 from fugu_pipeline.workers.contract import FatalWorkerError
 
 
@@ -159,11 +160,12 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
     into place, so readers never see half a matrix."""
     workers_config = pipeline.load_workers()
     paths = pipeline.paths
+    weights_from = reward_source(workers_config, pipeline.workers_config)  # the same words the CLI prints
     try:
         if config.import_path:
-            inp = from_import(paths.resolve(config.import_path), workers_config.reward)
+            inp = from_import(paths.resolve(config.import_path), workers_config.reward, weights_from)
         else:
-            inp = from_collection(paths.benchgen, ResponseStore(paths.responses), workers_config)
+            inp = from_collection(paths.benchgen, ResponseStore(paths.responses), workers_config, weights_from)
     except TaskFileError as exc:
         raise dg.Failure(description=str(exc)) from None
     summary = build(inp, paths.reward_db)
@@ -181,6 +183,8 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
             **{k: round(v, 4) if isinstance(v, float) else v for k, v in health.items()},
             "path": dg.MetadataValue.path(str(paths.reward_db)),
             "source": inp.source,
+            "utility_weights": dg.MetadataValue.json(inp.utility.model_dump()),
+            "utility": f"{inp.utility.describe()} ({inp.utility_source})",
         },
         data_version=dg.DataVersion(summary["data_version"]),
     )

@@ -127,6 +127,8 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
         "plots": dg.MetadataValue.md(md),
         "report": dg.MetadataValue.path(str(json_path)),
         "n_test_tasks": rep["n_tasks"],
+        "utility_weights": dg.MetadataValue.json(rep["utility_weights"]),
+        "utility": f"{rep['utility_formula']} ({rep['utility_source']})",
     }
     if "apgr" in rep:
         meta["apgr"] = rep["apgr"]["apgr"]

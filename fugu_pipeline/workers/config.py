@@ -128,3 +128,25 @@ class WorkerConfigError(ValueError):
 
 def load_workers_config(path: str | Path) -> WorkersConfig:
     return load_yaml_model(path, WorkersConfig, WorkerConfigError, what="worker config")
+
+
+def reward_source(config: WorkersConfig, path: str | Path) -> str:
+    """Where a worker config's utility weights come from, in words (shown with every matrix and report)."""
+    if "reward" in config.model_fields_set:
+        return f"the reward: block of {path}"
+    return f"the default weights ({path} has no reward: block)"
+
+
+class _RewardBlock(BaseModel):
+    model_config = ConfigDict(extra="allow")  # a whole worker YAML is fine: only `reward:` is read
+
+    reward: UtilityConfig | None = None
+
+
+def load_reward_block(path: str | Path) -> tuple[UtilityConfig, str]:
+    """The utility weights of a YAML's `reward:` block (a worker YAML, or a file holding only that
+    block), read with the same model as the worker config, and where they came from in words."""
+    block = load_yaml_model(path, _RewardBlock, WorkerConfigError, what="reward config")
+    if block.reward is None:
+        return UtilityConfig(), f"the default weights ({path} has no reward: block)"
+    return block.reward, f"the reward: block of {path}"
