@@ -106,13 +106,29 @@ def test_learning_signal_warns_when_all_workers_tie(project, tmp_path):
         assert json.loads(json.dumps(evals["learning_signal"].metadata["all_tie_share"].value)) == 1.0
 
 
-def test_workspace_and_instance_files_are_valid():
+def test_workspace_and_instance_files_are_valid(tmp_path, monkeypatch):
+    import importlib
+    import shutil
+
     import yaml
 
-    ws = yaml.safe_load((REPO / "workspace.yaml").read_text())
-    assert ws["load_from"][0]["python_module"]["module_name"] == "fugu_pipeline.definitions"
-    inst = yaml.safe_load((REPO / "dagster.yaml").read_text())
-    assert inst["concurrency"]["pools"]["default_limit"] == 1
+    # the workspace names a module and attribute that load as the project's Definitions
+    target = yaml.safe_load((REPO / "workspace.yaml").read_text())["load_from"][0]["python_module"]
+    assert (REPO / target["working_directory"] / "fugu_pipeline").is_dir()
+    defs = getattr(importlib.import_module(target["module_name"]), target.get("attribute", "defs"))
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert {"tasks", "responses", "reward_matrix", "promoted_router"} <= keys
+    # Dagster itself reads dagster.yaml: pools default to one slot, and state persists across restarts
+    shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.chdir(tmp_path)
+    instance = dg.DagsterInstance.from_config(str(tmp_path))
+    assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
+    instance.add_dynamic_partitions("task_batches", ["kept"])
+    instance.dispose()
+    again = dg.DagsterInstance.from_config(str(tmp_path))
+    assert again.is_persistent and again.get_dynamic_partitions("task_batches") == ["kept"]
+    again.dispose()
+    assert (tmp_path / "history" / "runs.db").exists()  # under DAGSTER_HOME (dagster.yaml sets no path)
 
 
 def test_reward_matrix_is_requested_once_every_response_partition_is_done(project):

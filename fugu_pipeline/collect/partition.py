@@ -40,6 +40,8 @@ class CollectStats:
     seconds: float = 0.0
     stopped: str | None = None
     errors: dict[str, int] = field(default_factory=dict)
+    skipped_lines: list[int] = field(default_factory=list)  # unreadable lines of the response file
+    skipped_note: str | None = None  # how many lines were skipped or cut, and where
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -92,6 +94,11 @@ async def collect_partition(
 
     with store.open_writer(batch, worker_id) as writer:
         done = store.read(batch, worker_id)
+        stats.skipped_lines = list(done.skipped_lines)
+        notes = [n for n in (done.skipped_note(),) if n]
+        if writer.cut_tail_bytes:
+            notes.append(f"{writer.path}: cut a torn last line ({writer.cut_tail_bytes} bytes, a write cut off by a crash); its call is made again")
+        stats.skipped_note = "; ".join(notes) or None
         todo = cells_to_call(tasks, done, model_fingerprint)
         stats.n_already_done = len(tasks) - len(todo)
         if limit is not None:
@@ -148,6 +155,7 @@ async def collect_partition(
                     on_record(rec)
 
         try:
+            guard.require_prices(todo)  # under a budget, an unpriced paid worker is refused before any call
             await asyncio.gather(*(one(t) for t in todo))
         finally:
             if own_client:

@@ -28,6 +28,7 @@ from fugu_pipeline.matrix.read import (
 )
 from fugu_pipeline.tasks.loading import TaskFileError, load_tasks, scan_batch_files
 from fugu_pipeline.workers.catalog import load_latest
+from fugu_pipeline.workers.config import reward_source
 from fugu_pipeline.workers.contract import FatalWorkerError
 
 
@@ -113,6 +114,8 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
         raise dg.Failure(description=f"worker {worker_id}: {exc}") from None
     if stats.stopped:
         context.log.warning(stats.stopped)
+    if stats.skipped_note:
+        context.log.warning(stats.skipped_note)
     cells = summarize_cells(store.read(batch, worker_id))
     context.log.info(f"{batch} x {worker_id}: called {stats.n_called}, ok {stats.n_ok}, failed {stats.n_failed}, "
                      f"already done {stats.n_already_done}")
@@ -129,6 +132,8 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
             "seconds": round(stats.seconds, 3),
             "errors": dg.MetadataValue.json(stats.errors),
             "stopped": stats.stopped or "",
+            "skipped_lines": len(stats.skipped_lines),
+            "skipped_where": stats.skipped_note or "",
             "model_fingerprint": fingerprint or "",
             "path": dg.MetadataValue.path(str(store.path(batch, worker_id))),
         },
@@ -159,11 +164,12 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
     refused = scan_batch_files(paths.benchgen)[1]
     for exc in refused:
         context.log.warning(str(exc))
+    weights_from = reward_source(workers_config, pipeline.workers_config)  # the same words the CLI prints
     try:
         if config.import_path:
-            inp = from_import(paths.resolve(config.import_path), workers_config.reward)
+            inp = from_import(paths.resolve(config.import_path), workers_config.reward, weights_from)
         else:
-            inp = from_collection(paths.benchgen, ResponseStore(paths.responses), workers_config)
+            inp = from_collection(paths.benchgen, ResponseStore(paths.responses), workers_config, weights_from)
     except TaskFileError as exc:
         raise dg.Failure(description=str(exc)) from None
     summary = build(inp, paths.reward_db)
@@ -183,6 +189,8 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
             "source": inp.source,
             "refused_batch_files": dg.MetadataValue.json([e.path.name for e in refused]),
             RESPONSES_VERSION: built_from,
+            "utility_weights": dg.MetadataValue.json(inp.utility.model_dump()),
+            "utility": f"{inp.utility.describe()} ({inp.utility_source})",
         },
         data_version=dg.DataVersion(summary["data_version"]),
     )

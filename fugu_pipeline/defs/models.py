@@ -127,6 +127,8 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
         "plots": dg.MetadataValue.md(md),
         "report": dg.MetadataValue.path(str(json_path)),
         "n_test_tasks": rep["n_tasks"],
+        "utility_weights": dg.MetadataValue.json(rep["utility_weights"]),
+        "utility": f"{rep['utility_formula']} ({rep['utility_source']})",
     }
     if "apgr" in rep:
         meta["apgr"] = rep["apgr"]["apgr"]
@@ -153,12 +155,14 @@ def eval_report_es(context: dg.AssetExecutionContext, pipeline: PipelineResource
 
 
 class PromotionConfig(dg.Config):
-    margin: float = 0.0
-    """Paired mean utility gain over the promoted checkpoint required to replace it."""
+    margin: float = 0.02
+    """Replace the promoted checkpoint only at challenger ≥ king + margin (paired mean held-out utility; the seed's rule)."""
     max_train_gap: float = 0.25
     """Largest allowed train minus held-out router utility."""
-    require_significant: bool = False
-    """Also require the bootstrap interval's low end above each bar."""
+    require_significant: bool = True
+    """Also require the paired bootstrap 95% interval's low end above zero, against the best fixed worker and the king."""
+    min_quality_std: float = 0.01
+    """A quality head whose held-out predicted qualities have a smaller std is refused."""
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
@@ -172,7 +176,8 @@ def promoted_router(
     from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
 
     data = _routing_data(context, pipeline, encoder)
-    policy = PromotionPolicy(margin=config.margin, max_train_gap=config.max_train_gap, require_significant=config.require_significant)
+    policy = PromotionPolicy(margin=config.margin, max_train_gap=config.max_train_gap,
+                             require_significant=config.require_significant, min_quality_std=config.min_quality_std)
     outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es)], data, pipeline.paths.models, policy)
     for line in outcome["reasons"]:
         context.log.info(line)

@@ -405,7 +405,7 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
         notes["cost_basis"] = COST_BASIS_ESTIMATE if rows[0].cost_usd is not None else "none: no llm_info_path"
     elif kind == "jsonl":
         if opts:
-            raise TypeError(f"import kind 'jsonl' takes no options, got {sorted(opts)}")
+            raise ValueError(f"import kind 'jsonl' takes no options (its rows carry their splits), got {sorted(opts)}")
         rows = import_generic_jsonl(path)
     else:
         raise ValueError(f"unknown import kind {kind!r}; use one of {', '.join(KINDS)}")

@@ -180,3 +180,13 @@ def read_utility_config(db_path: Path) -> UtilityConfig:
     if row is None:
         raise RewardMatrixError(f"{db_path}: the matrix records no utility weights; rebuild it (materialize reward_matrix)")
     return UtilityConfig.model_validate_json(row[0])
+
+
+def read_utility_source(db_path: Path) -> str:
+    """How the matrix's utility was made and where its weights came from ("" for older matrices)."""
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key='utility_source'").fetchone()
+    finally:
+        con.close()
+    return row[0] if row else ""
