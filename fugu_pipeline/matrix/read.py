@@ -184,9 +184,6 @@ def read_utility_config(db_path: Path) -> UtilityConfig:
 
 def read_utility_source(db_path: Path) -> str:
     """How the matrix's utility was made and where its weights came from ("" for older matrices)."""
-    con = duckdb.connect(str(db_path), read_only=True)
-    try:
+    with open_read_only(db_path) as con:
         row = con.execute("SELECT value FROM meta WHERE key='utility_source'").fetchone()
-    finally:
-        con.close()
     return row[0] if row else ""
