@@ -17,11 +17,16 @@ def cmd_pipeline(args) -> int:
     # the APIs used are stable in practice (partition mappings, Output.data_version): keep the output readable
     warnings.filterwarnings("ignore", category=BetaWarning)
     warnings.filterwarnings("ignore", category=PreviewWarning)
+    from fugu_pipeline.defs.deploy import InstanceUnavailable
     from fugu_pipeline.defs.runner import run_pipeline
 
     encoder = encoder_name(args)
     print(f"encoder: {encoder}" + (" (built-in tiny Qwen3, offline)" if encoder == "tiny" else ""))
-    results = run_pipeline(Path(args.project_dir).resolve(), args.workers, encoder=encoder, stop_after=args.stop_after)
+    try:
+        results = run_pipeline(Path(args.project_dir).resolve(), args.workers, encoder=encoder, stop_after=args.stop_after)
+    except InstanceUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     rm = results.get("reward_matrix", {})
     if rm:
         print(f"reward matrix: {rm.get('tasks')} tasks x {rm.get('workers')} workers, "

@@ -17,11 +17,12 @@ from fugu_pipeline.tasks.loading import scan_batch_files
 def project_instance(project_dir: Path, echo: Callable[[str], None] = print) -> dg.DagsterInstance:
     """The instance whose dagster.yaml sits in the project (DAGSTER_HOME defaults to it). Runs
     left STARTED by a killed process are marked failed first, and their pool slots freed."""
+    from fugu_pipeline.defs.deploy import get_instance
     from fugu_pipeline.defs.launcher import fail_dead_runs
 
     if not os.environ.get("DAGSTER_HOME"):
         os.environ["DAGSTER_HOME"] = str(project_dir.resolve())
-    instance = dg.DagsterInstance.get()
+    instance = get_instance()  # one clear line when its database is down (defs/deploy.py)
     for run_id in fail_dead_runs(instance):
         echo(f"  run {run_id} was left STARTED by a process that is gone: marked failed, its pool slots freed")
     ensure_worker_calls_limit(instance)

@@ -1,0 +1,96 @@
+"""A throwaway deployment for the scale-out tests: a project folder with a slow mock pool, the
+Postgres instance variant, and the Dagster daemon (or `dagster dev`) as child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from fugu_pipeline_tests.services import REPO, VENV_BIN
+
+WORKER_IDS = ["math-expert", "code-expert", "general-expert"]
+OUTPUT = Path(os.environ.get("FUGU_TEST_OUTPUT", REPO / "test-output"))
+
+
+def slow_pool_yaml(sleep_s: float, max_concurrency: int = 4) -> str:
+    """The mock pool with a real delay per call, so partitions overlap and last long enough to
+    restart a service under them."""
+    strengths = {"math-expert": (0.92, 0.40, 0.45), "code-expert": (0.45, 0.92, 0.40), "general-expert": (0.35, 0.30, 0.90)}
+    lines = ["reward: {quality_weight: 1.0, cost_weight: 0.1, latency_weight: 0.05, cost_scale_usd: 0.01, latency_scale_s: 10.0}",
+             "judge: {id: mock-judge, kind: mock, mock: {cost_usd: 0.0002, latency_s: 0.5}}", "workers:"]
+    for w, (m, c, g) in strengths.items():
+        lines.append(f"  - {{id: {w}, kind: mock, max_concurrency: {max_concurrency}, mock: {{strengths: "
+                     f"{{math: {m}, code: {c}, general: {g}}}, cost_usd: 0.002, latency_s: 2.0, sleep_s: {sleep_s}}}}}")
+    return "\n".join(lines) + "\n"
+
+
+def make_project(root: Path, instance_yaml: Path, sleep_s: float = 0.0) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "configs").mkdir(exist_ok=True)
+    (root / "configs" / "workers.slow.yaml").write_text(slow_pool_yaml(sleep_s))
+    shutil.copy(instance_yaml, root / "dagster.yaml")
+    shutil.copy(REPO / "workspace.yaml", root / "workspace.yaml")
+    for name in ("train_sft.yaml", "train_rl.yaml", "train_es.yaml"):
+        shutil.copy(REPO / "configs" / name, root / "configs" / name)
+    return root
+
+
+def project_env(project: Path, extra: dict | None = None) -> dict[str, str]:
+    env = {**os.environ, "DAGSTER_HOME": str(project), "FUGU_PROJECT_DIR": str(project),
+           "FUGU_WORKERS_CONFIG": "configs/workers.slow.yaml", "FUGU_ENCODER": "tiny",
+           "FUGU_BATCH_SENSOR_INTERVAL_S": "5", "FUGU_AUTOMATION_INTERVAL_S": "5", "PYTHONUNBUFFERED": "1"}
+    env.update(extra or {})
+    return env
+
+
+class Child:
+    """A child process in its own session; `stop()` signals exactly that process group."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict, log: Path):
+        self.log = log
+        self._fh = log.open("wb")
+        self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=self._fh, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._fh.close()
+
+
+def start_daemon(project: Path, env: dict) -> Child:
+    return Child([str(VENV_BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], project, env, project / "daemon.log")
+
+
+def run_statuses(instance) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in instance.get_runs():
+        out[r.status.value] = out.get(r.status.value, 0) + 1
+    return out
+
+
+def wait_for(predicate, timeout: float, every: float = 1.0, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError(f"{what} not reached in {timeout:.0f}s")
+
+
+def save_figures(name: str, figures: dict) -> Path:
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    path = OUTPUT / f"{name}.json"
+    path.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    return path
