@@ -10,8 +10,9 @@ import os
 
 import dagster as dg
 
-from fugu_pipeline.defs import automation, catalog, data, models, sensors
+from fugu_pipeline.defs import automation, catalog, data, distributed, models, sensors
 from fugu_pipeline.defs.embeddings import EncoderResource
+from fugu_pipeline.defs.partitions import batch_x_worker
 from fugu_pipeline.defs.resources import PipelineResource
 
 
@@ -27,7 +28,7 @@ def build_defs(project_dir: str | None = None, workers_config: str | None = None
                 models.eval_report_sft, models.eval_report_rl, models.eval_report_es, models.promoted_router],
         asset_checks=[data.cells_complete, data.worker_order_fixed, data.no_nan, data.learning_signal],
         sensors=[sensors.benchgen_batch_sensor, catalog.catalog_change_sensor, automation.reward_matrix_automation],
-        jobs=[sensors.load_batch_job, sensors.collect_responses_job],
+        jobs=[sensors.load_batch_job, sensors.collect_responses_job, *distributed.celery_jobs(data.responses, batch_x_worker)],
         resources={
             "pipeline": pipeline,
             "openrouter": catalog.OpenRouterResource.from_env(),

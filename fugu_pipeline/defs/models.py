@@ -6,6 +6,7 @@ from pathlib import Path
 import dagster as dg
 
 from fugu_pipeline.defs.data import reward_matrix
+from fugu_pipeline.defs.distributed import GPU_OP_TAGS
 from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.partitions import GPU_POOL
 from fugu_pipeline.defs.resources import PipelineResource
@@ -25,7 +26,8 @@ def _routing_data(context, pipeline: PipelineResource, encoder: EncoderResource)
     return data
 
 
-@dg.asset(deps=[reward_matrix], pool=GPU_POOL, group_name="features", kinds={"pytorch"}, code_version=CODE_VERSION)
+@dg.asset(deps=[reward_matrix], pool=GPU_POOL, group_name="features", kinds={"pytorch"}, code_version=CODE_VERSION,
+          op_tags=GPU_OP_TAGS)  # on Kubernetes: a GPU node (defs/distributed.py); ignored elsewhere
 def task_embeddings(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource) -> dg.MaterializeResult:
     """Every prompt of the reward matrix as a feature vector from the frozen encoder, through the
     content-addressed cache: a prompt is encoded once per encoder fingerprint, never again."""
