@@ -29,6 +29,7 @@ def build_defs(project_dir: str | None = None, workers_config: str | None = None
         asset_checks=[data.cells_complete, data.worker_order_fixed, data.no_nan, data.learning_signal],
         sensors=[sensors.benchgen_batch_sensor, catalog.catalog_change_sensor, automation.reward_matrix_automation],
         jobs=[sensors.load_batch_job, sensors.collect_responses_job, *distributed.celery_jobs(data.responses, batch_x_worker)],
+        executor=distributed.default_executor(),  # FUGU_EXECUTOR: multiprocess (default), celery, k8s
         resources={
             "pipeline": pipeline,
             "openrouter": catalog.OpenRouterResource.from_env(),

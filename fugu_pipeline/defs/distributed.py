@@ -121,3 +121,22 @@ GPU_K8S_CONFIG = {
                         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
 }
 GPU_OP_TAGS = {"dagster-k8s/config": GPU_K8S_CONFIG}
+
+
+EXECUTOR_ENV = "FUGU_EXECUTOR"
+
+
+def default_executor() -> dg.ExecutorDefinition | None:
+    """The executor of every job, from FUGU_EXECUTOR: unset or `multiprocess` (Dagster's default,
+    one machine), `celery` (steps to Celery workers), `k8s` (each step a Kubernetes job,
+    dagster-k8s; configured by deploy/k8s/run_config.yaml)."""
+    kind = os.environ.get(EXECUTOR_ENV, "").strip().lower()
+    if kind in ("", "multiprocess"):
+        return None
+    if kind == "celery":
+        return checked_celery_executor()
+    if kind == "k8s":
+        from dagster_k8s import k8s_job_executor
+
+        return k8s_job_executor
+    raise ValueError(f"{EXECUTOR_ENV}={kind!r}: expected multiprocess, celery or k8s")
