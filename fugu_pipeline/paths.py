@@ -51,3 +51,16 @@ class ProjectPaths:
     @property
     def models(self) -> Path:
         return self.root / "models"
+
+    # The shared store (fugu_pipeline/storage.py): object-store URLs other machines read and
+    # write too; the local folders above stay this machine's working copies.
+
+    @property
+    def data_url(self) -> str | None:
+        """FUGU_DATA_URL: the shared `data/` (responses, embeddings), e.g. s3://bucket/fugu/data."""
+        return os.environ.get("FUGU_DATA_URL") or None
+
+    @property
+    def models_url(self) -> str | None:
+        """FUGU_MODELS_URL: the shared `models/` (checkpoints, the promoted pointer)."""
+        return os.environ.get("FUGU_MODELS_URL") or None

@@ -18,7 +18,7 @@ def cmd_pipeline(args) -> int:
     warnings.filterwarnings("ignore", category=BetaWarning)
     warnings.filterwarnings("ignore", category=PreviewWarning)
     from fugu_pipeline.defs.deploy import InstanceUnavailable
-    from fugu_pipeline.defs.runner import run_pipeline
+    from fugu_pipeline.defs.runner import BlockingCheckFailed, run_pipeline
 
     encoder = encoder_name(args)
     print(f"encoder: {encoder}" + (" (built-in tiny Qwen3, offline)" if encoder == "tiny" else ""))
@@ -27,6 +27,9 @@ def cmd_pipeline(args) -> int:
     except InstanceUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BlockingCheckFailed as exc:
+        print(f"stopped: {exc}", file=sys.stderr)
+        return 1
     rm = results.get("reward_matrix", {})
     if rm:
         print(f"reward matrix: {rm.get('tasks')} tasks x {rm.get('workers')} workers, "

@@ -10,7 +10,7 @@ import os
 
 import dagster as dg
 
-from fugu_pipeline.defs import automation, catalog, data, distributed, models, sensors
+from fugu_pipeline.defs import automation, catalog, data, distributed, models, operations, sensors
 from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.partitions import batch_x_worker
 from fugu_pipeline.defs.resources import PipelineResource
@@ -27,8 +27,12 @@ def build_defs(project_dir: str | None = None, workers_config: str | None = None
                 models.router_sft, models.router_rl, models.router_es,
                 models.eval_report_sft, models.eval_report_rl, models.eval_report_es, models.promoted_router],
         asset_checks=[data.cells_complete, data.worker_order_fixed, data.no_nan, data.learning_signal],
-        sensors=[sensors.benchgen_batch_sensor, catalog.catalog_change_sensor, automation.reward_matrix_automation],
-        jobs=[sensors.load_batch_job, sensors.collect_responses_job, *distributed.celery_jobs(data.responses, batch_x_worker)],
+        sensors=[sensors.benchgen_batch_sensor, catalog.catalog_change_sensor, automation.reward_matrix_automation,
+                 operations.catalog_update_sensor],
+        schedules=[operations.openrouter_catalog_schedule],
+        jobs=[sensors.load_batch_job, sensors.collect_responses_job, operations.refresh_catalog_job,
+              operations.train_and_promote_job, operations.build_and_train_job,
+              *distributed.celery_jobs(data.responses, batch_x_worker)],
         executor=distributed.default_executor(),  # FUGU_EXECUTOR: multiprocess (default), celery, k8s
         resources={
             "pipeline": pipeline,

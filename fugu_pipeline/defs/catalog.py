@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import dagster as dg
 
-from fugu_pipeline.defs.partitions import batch_x_worker, partition_run_request, task_batches, workers
+from fugu_pipeline.defs.partitions import CATALOG_FRESHNESS, batch_x_worker, partition_run_request, task_batches, workers
 from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline.workers.catalog import (
     OPENROUTER_BASE_URL,
@@ -76,7 +76,7 @@ def run_model_fingerprint(tags: Mapping[str, str], pipeline: PipelineResource, s
     return snap.fingerprint(spec.model) if snap else None
 
 
-@dg.asset(group_name="data", kinds={"json"})
+@dg.asset(group_name="data", kinds={"json"}, freshness_policy=CATALOG_FRESHNESS)
 def openrouter_catalog(
     context: dg.AssetExecutionContext, openrouter: OpenRouterResource, pipeline: PipelineResource
 ) -> dg.MaterializeResult:

@@ -17,6 +17,7 @@ from fugu_pipeline.defs.partitions import (
     task_batches,
 )
 from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.defs.shared import SharedStore
 from fugu_pipeline.defs.versions import file_version
 from fugu_pipeline.matrix.build import build, from_collection, from_import
 from fugu_pipeline.matrix.read import (
@@ -62,6 +63,7 @@ def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.M
             "splits": dg.MetadataValue.json(by(lambda t: t.split)),
             "graders": dg.MetadataValue.json(by(lambda t: t.grader.type)),
             "preview": dg.MetadataValue.md(_preview(loaded[:5])),
+            "dagster/row_count": dg.MetadataValue.int(len(loaded)),
         },
         data_version=dg.DataVersion(version),
     )
@@ -105,6 +107,9 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
         raise dg.Failure(f"worker {worker_id!r} is no longer in {pipeline.workers_config}; it is retired and not collected")
     loaded = _load_batch(pipeline, batch)
     store = ResponseStore(pipeline.paths.responses)
+    shared = SharedStore.of(pipeline.paths)  # FUGU_DATA_URL: resume from (and publish to) the shared store
+    if shared and shared.pull_responses(batch, worker_id):
+        context.log.info(f"took {batch}/{worker_id}.jsonl from {shared.data_url}")
     # the worker's model version: cells answered by an older one are collected again
     fingerprint = run_model_fingerprint(context.run.tags, pipeline, config.worker(worker_id))
     catalog = load_latest(pipeline.paths.catalog)  # catalog prices for cost when usage has none
@@ -112,6 +117,9 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
         stats = collect_partition_sync(loaded, batch, worker_id, config, store, model_fingerprint=fingerprint, catalog=catalog)
     except FatalWorkerError as exc:
         raise dg.Failure(description=f"worker {worker_id}: {exc}") from None
+    finally:
+        if shared:  # what was paid for is published even when the run fails
+            shared.push_responses(batch, worker_id)
     if stats.stopped:
         context.log.warning(stats.stopped)
     if stats.skipped_note:
@@ -125,6 +133,7 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
             "already_done": stats.n_already_done,
             "ok_this_run": stats.n_ok,
             "failed_this_run": stats.n_failed,
+            "dagster/row_count": dg.MetadataValue.int(cells["ok"] + cells["failed"]),  # cells in the file
             "cells_ok": cells["ok"],
             "cells_failed": cells["failed"],
             "mean_quality": cells["mean_quality"],
@@ -139,6 +148,26 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
         },
         data_version=dg.DataVersion(file_version(store.path(batch, worker_id))),  # unchanged when nothing was called
     )
+
+
+REWARDS_SCHEMA = dg.TableSchema(columns=[
+    dg.TableColumn("task_id", "VARCHAR", description="the task (tasks.task_id)"),
+    dg.TableColumn("worker_id", "VARCHAR", description="the worker (workers.worker_id)"),
+    dg.TableColumn("position", "INTEGER", description="the worker's fixed position (workers.position)"),
+    dg.TableColumn("quality", "DOUBLE", description="graded quality in [0, 1]"),
+    dg.TableColumn("cost_usd", "DOUBLE", description="call cost, judge included"),
+    dg.TableColumn("latency_s", "DOUBLE"),
+    dg.TableColumn("utility", "DOUBLE", description="the reward: quality minus weighted cost and latency"),
+])
+
+
+def _tables_md(db: Path) -> str:
+    """Every table and view of the matrix with its row count."""
+    with open_read_only(db) as con:
+        names = [r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' ORDER BY table_name").fetchall()]
+        rows = [(n, con.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0]) for n in names]
+    return "\n".join(["| table | rows |", "|---|---|"] + [f"| {n} | {c:,} |" for n, c in rows])
 
 
 class RewardMatrixConfig(dg.Config):
@@ -169,6 +198,9 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
         if config.import_path:
             inp = from_import(paths.resolve(config.import_path), workers_config.reward, weights_from)
         else:
+            shared = SharedStore.of(paths)
+            if shared:  # rebuilt here from the shared responses (defs/shared.py says why not shared as a file)
+                context.log.info(f"{shared.pull_all_responses()} response file(s) taken from {shared.data_url}")
             inp = from_collection(paths.benchgen, ResponseStore(paths.responses), workers_config, weights_from)
     except TaskFileError as exc:
         raise dg.Failure(description=str(exc)) from None
@@ -178,6 +210,9 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
     context.log.info(f"reward matrix: {summary}")
     return dg.MaterializeResult(
         metadata={
+            "dagster/row_count": dg.MetadataValue.int(len(inp.cells)),  # graded cells (rows of `rewards`)
+            "dagster/column_schema": REWARDS_SCHEMA,
+            "tables": dg.MetadataValue.md(_tables_md(paths.reward_db)),
             **{k: v for k, v in summary.items() if k != "data_version"},
             "complete_rows": len(arrays.task_ids),
             "worker_ids": dg.MetadataValue.json(arrays.worker_ids),
@@ -196,7 +231,10 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
     )
 
 
-@dg.asset_check(asset=reward_matrix, description="Every (task, worker) cell holds a graded reward.")
+# The first three checks are blocking: in a run that also trains (build_and_train, the main job), a
+# failure stops every asset after the matrix, so no head is trained on an incomplete, reordered or
+# NaN-holding matrix. learning_signal only warns.
+@dg.asset_check(asset=reward_matrix, blocking=True, description="Every (task, worker) cell holds a graded reward.")
 def cells_complete(pipeline: PipelineResource) -> dg.AssetCheckResult:
     arrays = read_arrays(pipeline.paths.reward_db, complete_only=False)
     import numpy as np
@@ -209,7 +247,7 @@ def cells_complete(pipeline: PipelineResource) -> dg.AssetCheckResult:
     )
 
 
-@dg.asset_check(asset=reward_matrix, description="Worker order in the matrix equals the worker config's order.")
+@dg.asset_check(asset=reward_matrix, blocking=True, description="Worker order in the matrix equals the worker config's order.")
 def worker_order_fixed(pipeline: PipelineResource) -> dg.AssetCheckResult:
     with open_read_only(pipeline.paths.reward_db) as con:
         stored = [r[0] for r in con.execute("SELECT worker_id FROM workers ORDER BY position").fetchall()]
@@ -226,7 +264,7 @@ def worker_order_fixed(pipeline: PipelineResource) -> dg.AssetCheckResult:
     )
 
 
-@dg.asset_check(asset=reward_matrix, description="No reward is NaN or infinite.")
+@dg.asset_check(asset=reward_matrix, blocking=True, description="No reward is NaN or infinite.")
 def no_nan(pipeline: PipelineResource) -> dg.AssetCheckResult:
     bad = check_no_nan(pipeline.paths.reward_db)
     return dg.AssetCheckResult(passed=bad == 0, metadata={"bad_values": bad})

@@ -8,8 +8,9 @@ import dagster as dg
 from fugu_pipeline.defs.data import reward_matrix
 from fugu_pipeline.defs.distributed import GPU_OP_TAGS
 from fugu_pipeline.defs.embeddings import EncoderResource
-from fugu_pipeline.defs.partitions import GPU_POOL
+from fugu_pipeline.defs.partitions import GPU_POOL, ROUTER_FRESHNESS
 from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.defs.shared import SharedStore
 
 CODE_VERSION = "fugu-models-1"
 
@@ -21,9 +22,34 @@ def _cache_root(pipeline: PipelineResource, encoder: EncoderResource) -> Path:
 def _routing_data(context, pipeline: PipelineResource, encoder: EncoderResource):
     from fugu_pipeline.features.routing_data import load_routing_data
 
-    data, emb = load_routing_data(pipeline.paths.reward_db, encoder.encoder(), _cache_root(pipeline, encoder))
+    with _shared_embeddings(context, pipeline, encoder):
+        data, emb = load_routing_data(pipeline.paths.reward_db, encoder.encoder(), _cache_root(pipeline, encoder))
     context.log.info(f"{emb.encoder_description}; {emb.n_cached} cached, {emb.n_computed} encoded; splits {data.counts()}")
     return data
+
+
+class _shared_embeddings:
+    """Pull the shared embedding shards before a step reads features, push what it encoded after."""
+
+    def __init__(self, context, pipeline: PipelineResource, encoder: EncoderResource):
+        self.context, self.shared, self.root = context, SharedStore.of(pipeline.paths), _cache_root(pipeline, encoder)
+
+    def __enter__(self):
+        if self.shared and self.shared.data_url:
+            n = self.shared.pull_embeddings(self.root)
+            if n:
+                self.context.log.info(f"took {n} embedding file(s) from {self.shared.data_url}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.shared and self.shared.data_url:
+            self.shared.push_embeddings(self.root)
+
+
+def _push_checkpoint(context, pipeline: PipelineResource, path: Path) -> None:
+    shared = SharedStore.of(pipeline.paths)
+    if shared and shared.models_url:
+        context.log.info(f"checkpoint published to {shared.push_checkpoint(path)}")
 
 
 @dg.asset(deps=[reward_matrix], pool=GPU_POOL, group_name="features", kinds={"pytorch"}, code_version=CODE_VERSION,
@@ -35,7 +61,8 @@ def task_embeddings(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     from fugu_pipeline.matrix.read import read_arrays
 
     arrays = read_arrays(pipeline.paths.reward_db, complete_only=False)
-    return materialize_embeddings(context, encoder, arrays.prompts, arrays.domains, cache_root=_cache_root(pipeline, encoder))
+    with _shared_embeddings(context, pipeline, encoder):
+        return materialize_embeddings(context, encoder, arrays.prompts, arrays.domains, cache_root=_cache_root(pipeline, encoder))
 
 
 class TrainConfig(dg.Config):
@@ -76,6 +103,7 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
         raise dg.Failure(description=str(exc)) from None
     path = result.save(pipeline.paths.models)
     context.log.info(f"{method}: {result.param_count} parameters; checkpoint {path}")
+    _push_checkpoint(context, pipeline, path)
     return dg.Output(
         str(path),
         metadata=train_result_metadata(result, path),
@@ -167,7 +195,8 @@ class PromotionConfig(dg.Config):
     """A quality head whose held-out predicted qualities have a smaller std is refused."""
 
 
-@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION,
+          freshness_policy=ROUTER_FRESHNESS)
 def promoted_router(
     context: dg.AssetExecutionContext, config: PromotionConfig, pipeline: PipelineResource, encoder: EncoderResource,
     eval_report_sft: dict, eval_report_rl: dict, eval_report_es: dict,
@@ -178,11 +207,15 @@ def promoted_router(
     from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
 
     data = _routing_data(context, pipeline, encoder)
+    shared = SharedStore.of(pipeline.paths)
+    king_version = shared.pull_promoted() if shared else None  # the deployment's king, from the store
     policy = PromotionPolicy(margin=config.margin, max_train_gap=config.max_train_gap,
                              require_significant=config.require_significant, min_quality_std=config.min_quality_std)
     outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es)], data, pipeline.paths.models, policy)
     for line in outcome["reasons"]:
         context.log.info(line)
+    if shared and shared.push_promoted(king_version):  # compare-and-swap: fails if another machine promoted meanwhile
+        context.log.info(f"promoted pointer published to {shared.models_url}")
     return dg.MaterializeResult(metadata={
         "promoted": outcome["promoted"],
         "challenger": outcome["challenger"] or "",

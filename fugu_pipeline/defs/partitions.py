@@ -1,5 +1,8 @@
 """Partition sets, defined once and imported everywhere else."""
 
+import os
+from datetime import timedelta
+
 import dagster as dg
 
 task_batches = dg.DynamicPartitionsDefinition(name="task_batches")
@@ -30,3 +33,13 @@ def partition_run_request(partitions_def: dg.PartitionsDefinition, partition_key
     the sensors only request partitions they add in the same result or that already exist."""
     tags = {**kwargs.pop("tags", {}), **partitions_def.get_tags_for_partition_key(partition_key)}
     return dg.RunRequest(partition_key=partition_key, tags=tags, **kwargs)
+
+
+# Freshness (evaluated by the daemon; shown on each asset's page): the catalog is refreshed hourly
+# once its schedule is on, so warn after 2 h and fail after FUGU_CATALOG_MAX_AGE_H (26 h); a
+# router is promoted or re-confirmed at least weekly: warn after 7 days, fail after
+# FUGU_ROUTER_MAX_AGE_D (30 days).
+CATALOG_FRESHNESS = dg.FreshnessPolicy.time_window(
+    fail_window=timedelta(hours=float(os.environ.get("FUGU_CATALOG_MAX_AGE_H", "26"))), warn_window=timedelta(hours=2))
+ROUTER_FRESHNESS = dg.FreshnessPolicy.time_window(
+    fail_window=timedelta(days=float(os.environ.get("FUGU_ROUTER_MAX_AGE_D", "30"))), warn_window=timedelta(days=7))

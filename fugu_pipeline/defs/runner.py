@@ -10,9 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.errors import DagsterAssetCheckFailedError  # what a failed blocking check raises
 
 from fugu_pipeline.defs.partitions import ensure_worker_calls_limit, task_batches
 from fugu_pipeline.tasks.loading import scan_batch_files
+
+class BlockingCheckFailed(RuntimeError):
+    """A blocking check on the reward matrix failed: nothing is trained on it."""
+
 
 def project_instance(project_dir: Path, echo: Callable[[str], None] = print) -> dg.DagsterInstance:
     """The instance whose dagster.yaml sits in the project (DAGSTER_HOME defaults to it). Runs
@@ -63,14 +68,17 @@ def run_pipeline(
 
     def step(key: str, partition_key=None) -> None:
         t0 = time.monotonic()
-        res = job.execute_in_process(
-            instance=instance,
-            asset_selection=[dg.AssetKey(key)],
-            partition_key=partition_key,
-            tags={"fugu/launched_by": "fugu-lite pipeline"},
-            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-            raise_on_error=True,
-        )
+        try:
+            res = job.execute_in_process(
+                instance=instance,
+                asset_selection=[dg.AssetKey(key)],
+                partition_key=partition_key,
+                tags={"fugu/launched_by": "fugu-lite pipeline"},
+                run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+                raise_on_error=True,
+            )
+        except DagsterAssetCheckFailedError:
+            raise BlockingCheckFailed(_blocking_failures(instance, key)) from None
         label = f"{key}[{partition_key}]" if partition_key else key
         mats = res.get_asset_materialization_events()
         meta = mats[-1].materialization.metadata if mats else {}
@@ -93,6 +101,21 @@ def run_pipeline(
         if stop_after == key:
             break
     return results
+
+
+def _blocking_failures(instance: dg.DagsterInstance, key: str) -> str:
+    """One line per failed blocking check of `key`, with its figures."""
+    lines = []
+    for check in ("cells_complete", "worker_order_fixed", "no_nan"):
+        records = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(dg.AssetKey(key), check), limit=1)
+        ev = records[0].event.dagster_event.event_specific_data if records and records[0].event else None
+        if ev is not None and getattr(ev, "passed", True) is False:
+            figures = ", ".join(f"{k} {getattr(v, 'value', v)}" for k, v in ev.metadata.items())
+            lines.append(f"{check} failed ({figures})")
+    what = "; ".join(lines) or "a blocking check failed"
+    return (f"{key}: {what}. Nothing was trained on it. Re-run `fugu-lite pipeline`: it calls only the failed "
+            "or missing cells, then checks again.")
 
 
 # After the reward matrix, in order. The catalog asset is not here: it needs the network.

@@ -6,7 +6,10 @@
     decision.worker_id, decision.probabilities
 
 `load_promoted` follows `models/promoted/current.json`: when a new checkpoint is promoted, the
-next `route` call uses it, without a restart.
+next `route` call uses it, without a restart. `models_dir` may be an object-store URL
+(`load_promoted("s3://bucket/models")`, fugu_pipeline/storage.py): the pointer is read from the
+store on each call (one small GET), and a newly named checkpoint is downloaded once into this
+machine's cache (checkpoints are content-addressed, so a cached one never goes stale).
 
 A swapped-out router is never closed here: other threads (a server's routing batch, a `route`
 call that fetched it a moment ago) may still be encoding with it. It is dropped, and its encoder
@@ -16,11 +19,15 @@ closed encoder and the old weights do not outlive their last user.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 from fugu_pipeline.route.router import RouteDecision, Router, RouterError
+from fugu_pipeline.storage import download, is_url, local_cache
 from fugu_pipeline.train.pointer import pointer_target, read_pointer
+
+CHECKPOINT_FILES = ("head.safetensors", "manifest.json")  # the manifest commits the checkpoint: last
 
 
 def promoted_checkpoint_path(models_dir: str | Path) -> Path:
@@ -30,7 +37,29 @@ def promoted_checkpoint_path(models_dir: str | Path) -> Path:
             f"no promoted router in {models_dir}: materialize `promoted_router` (or run `fugu-lite pipeline`), "
             "or pass a checkpoint directory explicitly"
         )
-    return pointer_target(models_dir, ptr)
+    return local_checkpoint(pointer_target(models_dir, ptr))
+
+
+def local_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder on this machine: itself when local; for a store URL, a copy in the local
+    cache, downloaded once (weights first, the manifest last, then renamed into place)."""
+    if not is_url(path):
+        return Path(path)
+    url = str(path).rstrip("/")
+    method, name = url.rsplit("/", 2)[-2:]
+    local = local_cache(url.rsplit("/", 2)[0]) / method / name
+    if (local / "manifest.json").exists():
+        return local
+    tmp = local.parent / f".tmp-{name}-{os.getpid()}"
+    for fname in CHECKPOINT_FILES:
+        if not download(f"{url}/{fname}", tmp / fname):
+            raise RouterError(f"{url} has no {fname}: not a committed checkpoint (an upload cut short, or a wrong pointer)")
+    try:
+        os.replace(tmp, local)
+    except OSError:  # another process downloaded it first
+        if not (local / "manifest.json").exists():
+            raise
+    return local
 
 
 class PromotedRouter:
@@ -39,7 +68,7 @@ class PromotedRouter:
     Thread-safe: a swap never closes the router it replaces (see the module docstring)."""
 
     def __init__(self, models_dir: str | Path, *, device: str = "auto", dtype: str = "auto", encoder: str | None = None):
-        self.models_dir = Path(models_dir)
+        self.models_dir = str(models_dir) if is_url(models_dir) else Path(models_dir)
         self._opts = {"device": device, "dtype": dtype, "encoder": encoder}
         self._router: Router | None = None
         self._key: tuple | None = None
@@ -61,7 +90,7 @@ class PromotedRouter:
             key = _key(ptr)
             if self._router is not None and key == self._key:
                 return self._router
-            path = promoted_checkpoint_path(self.models_dir) if ptr is None else pointer_target(self.models_dir, ptr)
+            path = promoted_checkpoint_path(self.models_dir) if ptr is None else local_checkpoint(pointer_target(self.models_dir, ptr))
             old = self._router
             ckpt = load_checkpoint(path)
             if old is not None and ckpt.manifest.feature_contract == old.checkpoint.manifest.feature_contract:

@@ -1,8 +1,11 @@
 """The promoted pointer: `models/promoted/current.json` names the promoted checkpoint (DESIGN §3).
 
-It is replaced atomically (temporary file, fsync, rename, fsync of the folder), so a reader sees
-the old pointer or the new one, never half of one. `checkpoint` is relative to the models folder
-(or absolute when the checkpoint lives elsewhere).
+Locally it is replaced atomically (temporary file, fsync, rename, fsync of the folder), so a
+reader sees the old pointer or the new one, never half of one. When `models_dir` is an
+object-store URL (FUGU_MODELS_URL, fugu_pipeline/storage.py) it is one PUT of the whole object,
+which S3 makes visible all at once, and `write_pointer(..., expected=...)` makes it a
+compare-and-swap (If-Match), so two promotions cannot silently overwrite each other.
+`checkpoint` is relative to the models folder (or absolute when the checkpoint lives elsewhere).
 """
 
 from __future__ import annotations
@@ -11,11 +14,19 @@ import json
 from pathlib import Path
 
 from fugu_pipeline.files import atomic_write
+from fugu_pipeline.storage import etag, get_bytes, is_url, join, put_bytes
 
 POINTER = Path("promoted") / "current.json"
 
 
+def pointer_location(models_dir: str | Path) -> str:
+    return join(str(models_dir), POINTER.as_posix()) if is_url(models_dir) else str(Path(models_dir) / POINTER)
+
+
 def read_pointer(models_dir: str | Path) -> dict | None:
+    if is_url(models_dir):
+        raw = get_bytes(pointer_location(models_dir))
+        return None if raw is None else json.loads(raw)
     path = Path(models_dir) / POINTER
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -23,12 +34,30 @@ def read_pointer(models_dir: str | Path) -> dict | None:
         return None
 
 
-def write_pointer(models_dir: str | Path, pointer: dict) -> Path:
-    """Atomically replace models/promoted/current.json: a reader sees the old or the new one."""
-    return atomic_write(Path(models_dir) / POINTER, json.dumps(pointer, indent=2, sort_keys=True) + "\n")
+def pointer_version(models_dir: str | Path) -> str | None:
+    """The pointer's current version (etag), for a compare-and-swap write; None when absent."""
+    return etag(pointer_location(models_dir))
 
 
-def pointer_target(models_dir: str | Path, pointer: dict) -> Path:
-    """The checkpoint directory a pointer names."""
-    p = Path(pointer["checkpoint"])
-    return p if p.is_absolute() else Path(models_dir) / p
+def write_pointer(models_dir: str | Path, pointer: dict, expected: str | None = None) -> str | Path:
+    """Atomically replace models/promoted/current.json: a reader sees the old or the new one.
+    `expected`: the version read before deciding (pointer_version); the write fails with
+    storage.PreconditionFailed when another promotion replaced it since."""
+    text = json.dumps(pointer, indent=2, sort_keys=True) + "\n"
+    if is_url(models_dir):
+        where = pointer_location(models_dir)
+        put_bytes(where, text, if_match=expected)
+        return where
+    if expected is not None and pointer_version(models_dir) != expected:
+        from fugu_pipeline.storage import PreconditionFailed
+
+        raise PreconditionFailed(f"{pointer_location(models_dir)} changed since it was read")
+    return atomic_write(Path(models_dir) / POINTER, text)
+
+
+def pointer_target(models_dir: str | Path, pointer: dict) -> str | Path:
+    """The checkpoint directory a pointer names (a URL when the models folder is one)."""
+    p = str(pointer["checkpoint"])
+    if is_url(p) or Path(p).is_absolute():
+        return p if is_url(p) else Path(p)
+    return join(str(models_dir), p) if is_url(models_dir) else Path(models_dir) / p

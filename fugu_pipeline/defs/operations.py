@@ -1,0 +1,102 @@
+"""What runs the pipeline day to day: named jobs, the catalog schedule and the sensor that turns
+a refreshed catalog into re-collection, and freshness checks.
+
+- Jobs. Dagster runs one partitions definition per job, so the graph is three kinds of run:
+  collection per partition (`load_batch`, `collect_responses`, in sensors.py), `train_and_promote`
+  (embeddings -> heads -> reports -> promotion) and `build_and_train` (the matrix and everything
+  after it: the whole graph once its partitions are collected; `fugu-lite pipeline` runs both
+  kinds in order), plus `refresh_catalog`.
+- `openrouter_catalog_schedule` materializes the catalog (cron FUGU_CATALOG_CRON, default hourly).
+  Off by default: once turned on, `catalog_update_sensor` (running by default, inert until the
+  catalog is materialized) reads what each new catalog found (`changed_workers`) and requests a
+  `responses` run per batch of every changed worker, tagged with the new model fingerprint, so
+  only cells answered under the old offer are called again. Re-collection spends money, which
+  is why turning the schedule on is the one switch.
+- Freshness policies (defs/partitions.py) sit on `openrouter_catalog` and `promoted_router`;
+  Dagster's daemon evaluates them, no sensor needed.
+"""
+
+from __future__ import annotations
+
+import os
+import dagster as dg
+
+from fugu_pipeline.defs.catalog import FINGERPRINT_TAG, RESPONSES_KEY, openrouter_catalog
+from fugu_pipeline.defs.data import reward_matrix
+from fugu_pipeline.defs.models import (
+    eval_report_es,
+    eval_report_rl,
+    eval_report_sft,
+    promoted_router,
+    router_es,
+    router_rl,
+    router_sft,
+    task_embeddings,
+)
+from fugu_pipeline.defs.partitions import batch_x_worker, partition_run_request, task_batches, workers
+
+TRAINING = [task_embeddings, router_sft, router_rl, router_es, eval_report_sft, eval_report_rl, eval_report_es,
+            promoted_router]
+
+refresh_catalog_job = dg.define_asset_job(
+    "refresh_catalog", selection=[openrouter_catalog],
+    description="Fetch the OpenRouter model catalog; the catalog_update_sensor re-collects changed workers.",
+)
+train_and_promote_job = dg.define_asset_job(
+    "train_and_promote", selection=TRAINING,
+    description="Embeddings, the SFT -> RL -> CMA-ES heads, their held-out reports and the promotion decision.",
+)
+build_and_train_job = dg.define_asset_job(
+    "build_and_train", selection=[reward_matrix, *TRAINING],
+    description="The reward matrix from the collected responses, then train_and_promote: the whole graph once "
+                "its partitions are collected. The matrix's blocking checks (complete, worker order, no NaN) "
+                "stop the run before training on bad data.",
+)
+
+openrouter_catalog_schedule = dg.ScheduleDefinition(
+    name="openrouter_catalog_schedule",
+    job=refresh_catalog_job,
+    cron_schedule=os.environ.get("FUGU_CATALOG_CRON", "0 * * * *"),
+    default_status=dg.DefaultScheduleStatus.STOPPED,
+    description="Refreshes openrouter_catalog (FUGU_CATALOG_CRON, default hourly). Off by default: turning it on "
+                "lets catalog changes re-collect (and spend money) through catalog_update_sensor.",
+)
+
+
+@dg.sensor(
+    name="catalog_update_sensor",
+    minimum_interval_seconds=int(os.environ.get("FUGU_CATALOG_UPDATE_SENSOR_INTERVAL_S", "60")),
+    asset_selection=[RESPONSES_KEY],
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Reacts to each new openrouter_catalog materialization (the schedule's, or one launched by hand): "
+                "for every worker whose model's offer changed, one responses run per batch, tagged with the new "
+                "model fingerprint (only cells answered under the old offer are called again). Inert while the "
+                "catalog is never refreshed.",
+)
+def catalog_update_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    """See the description above (it is what the UI shows)."""
+    records = context.instance.fetch_materializations(openrouter_catalog.key, limit=1).records
+    if not records:
+        return dg.SensorResult(skip_reason="openrouter_catalog was never materialized (turn on openrouter_catalog_schedule)")
+    record = records[0]
+    last = int(context.cursor) if context.cursor else 0
+    if record.storage_id <= last:
+        return dg.SensorResult(skip_reason="no new catalog since the last tick", cursor=context.cursor)
+    meta = record.asset_materialization.metadata
+    changed = meta["changed_workers"].value if "changed_workers" in meta else {}
+    batches = context.instance.get_dynamic_partitions(task_batches.name)
+    known = set(context.instance.get_dynamic_partitions(workers.name))
+    requests = []
+    for worker_id, (old_fp, new_fp) in sorted((changed or {}).items()):
+        if worker_id not in known:
+            continue
+        for batch in batches:
+            requests.append(partition_run_request(
+                batch_x_worker, dg.MultiPartitionKey({"batch": batch, "worker": worker_id}),
+                run_key=f"catalog:{worker_id}:{batch}:{old_fp}->{new_fp}",
+                asset_selection=[RESPONSES_KEY], tags={FINGERPRINT_TAG: new_fp},
+            ))
+    cursor = str(record.storage_id)
+    if requests:
+        return dg.SensorResult(run_requests=requests, cursor=cursor)
+    return dg.SensorResult(skip_reason=f"catalog refreshed; no configured worker changed ({len(known)} known)", cursor=cursor)

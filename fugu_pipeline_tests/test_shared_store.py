@@ -1,0 +1,142 @@
+"""The shared store against a loopback S3 (moto in server mode): whole-object and conditional
+PUTs, retries of 500/503, a slow store, clear errors, and a checkpoint promoted on one "machine"
+(a process with its own folder) and loaded by `load_promoted` on another."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fugu_pipeline_tests.faulty_proxy import FaultyProxy
+from fugu_pipeline_tests.services import REPO, Service, installed
+
+BUCKET = "fugu-shared"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    reason = installed("s3")
+    if reason:
+        pytest.skip(reason)
+    svc = Service("s3").start()
+    yield svc
+    svc.cleanup()
+
+
+def _store_env(endpoint: str) -> dict[str, str]:
+    return {"FUGU_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture
+def store(s3, monkeypatch):
+    from fugu_pipeline import storage
+
+    for k, v in _store_env(s3.url).items():
+        monkeypatch.setenv(k, v)
+    storage._FS_CACHE.clear()
+    fs = storage.filesystem(f"s3://{BUCKET}")
+    if not fs.exists(BUCKET):
+        fs.mkdir(BUCKET)
+    yield storage
+    storage._FS_CACHE.clear()
+
+
+def test_whole_object_and_conditional_puts(store):
+    url = f"s3://{BUCKET}/t1/current.json"
+    store.put_bytes(url, b'{"v": 1}')
+    assert store.get_bytes(url) == b'{"v": 1}'
+    with pytest.raises(store.PreconditionFailed):
+        store.put_bytes(url, b'{"v": 2}', if_absent=True)  # first writer wins
+    seen = store.etag(url)
+    store.put_bytes(url, b'{"v": 3}', if_match=seen)
+    with pytest.raises(store.PreconditionFailed):
+        store.put_bytes(url, b'{"v": 4}', if_match=seen)  # replaced since it was read: refused
+    assert store.get_bytes(url) == b'{"v": 3}'
+    assert store.get_bytes(f"s3://{BUCKET}/t1/absent.json") is None
+
+
+def test_503s_are_retried_and_a_500_that_stays_names_service_and_settings(s3, store, monkeypatch):
+    with FaultyProxy(s3.port) as proxy:
+        monkeypatch.setenv("FUGU_S3_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("FUGU_STORE_RETRIES", "4")
+        store._FS_CACHE.clear()
+        url = f"s3://{BUCKET}/t2/p.json"
+        proxy.fail_next, proxy.fail_status = 2, 503
+        store.put_bytes(url, b"whole")  # two 503s, then through
+        assert proxy.failed == 2 and store.get_bytes(url) == b"whole"
+
+        proxy.fail_always, proxy.fail_status = True, 500
+        t0 = time.monotonic()
+        with pytest.raises(store.StoreError) as err:
+            store.get_bytes(url)
+        msg = str(err.value)
+        print("500 that stays:", msg, f"({time.monotonic() - t0:.1f}s)")
+        assert f"S3 at http://127.0.0.1:{proxy.port}" in msg and "GET" in msg and "after 4 attempt(s)" in msg
+        assert "FUGU_S3_ENDPOINT_URL" in msg and "FUGU_STORE_RETRIES=4" in msg
+
+
+def test_a_slow_store_times_out_with_a_clear_error(s3, store, monkeypatch):
+    with FaultyProxy(s3.port) as proxy:
+        monkeypatch.setenv("FUGU_S3_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("FUGU_STORE_RETRIES", "2")
+        monkeypatch.setenv("FUGU_STORE_TIMEOUT_S", "1")
+        store._FS_CACHE.clear()
+        proxy.delay_s = 3.0
+        t0 = time.monotonic()
+        with pytest.raises(store.StoreError) as err:
+            store.get_bytes(f"s3://{BUCKET}/t3/slow.json")
+        msg, took = str(err.value), time.monotonic() - t0
+        print("slow store:", msg, f"({took:.1f}s)")
+        assert "after 2 attempt(s)" in msg and "FUGU_STORE_TIMEOUT_S=1" in msg and "timeout" in msg.lower()
+        assert took < 10
+
+
+MACHINE_A = """
+import json, sys
+from pathlib import Path
+from fugu_pipeline.defs.shared import SharedStore
+from fugu_pipeline.paths import ProjectPaths
+from fugu_pipeline.testing.serving import build_checkpoints
+root = Path(sys.argv[1])
+paths = ProjectPaths(root)
+build_checkpoints(paths.models, seeds=(0,), epochs=5)   # trains an SFT head and promotes it locally
+shared = SharedStore.of(paths)
+version = None                                           # no pointer on the store yet
+assert shared.push_promoted(version)                     # checkpoint (manifest last), then the pointer
+print(json.dumps({"pointer": json.loads((paths.models / "promoted" / "current.json").read_text())}))
+"""
+
+MACHINE_B = """
+import json, sys
+from fugu_pipeline import load_promoted
+router = load_promoted(sys.argv[1], device="cpu")
+d = router.route("What is 17 * 3?", domain="math")
+print(json.dumps({"worker": d.worker_id, "checkpoint": str(router.router.checkpoint.path),
+                  "content_hash": router.router.checkpoint.manifest.content_hash}))
+"""
+
+
+def test_promoted_on_one_machine_loaded_on_another(s3, store, tmp_path):
+    models_url = f"s3://{BUCKET}/roundtrip/models"
+    env = {**os.environ, **_store_env(s3.url), "FUGU_MODELS_URL": models_url, "FUGU_DATA_URL": f"s3://{BUCKET}/roundtrip/data"}
+    a = subprocess.run([sys.executable, "-c", MACHINE_A, str(tmp_path / "machine-a")], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert a.returncode == 0, a.stderr[-3000:]
+    pointer = json.loads(a.stdout.strip().splitlines()[-1])["pointer"]
+    env_b = {**env, "FUGU_STORE_CACHE": str(tmp_path / "machine-b" / "cache")}
+    env_b.pop("FUGU_MODELS_URL")  # B knows only the URL it is given
+    b = subprocess.run([sys.executable, "-c", MACHINE_B, models_url], env=env_b, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert b.returncode == 0, b.stderr[-3000:]
+    got = json.loads(b.stdout.strip().splitlines()[-1])
+    print("machine A promoted:", pointer["checkpoint"], "| machine B routed with:", got)
+    assert got["content_hash"] == pointer["content_hash"]
+    assert got["checkpoint"].startswith(str(tmp_path / "machine-b" / "cache"))  # B's own copy, from the store
+    assert not (tmp_path / "machine-b" / "models").exists()
+    assert got["worker"] in ("alpha", "beta", "gamma")
