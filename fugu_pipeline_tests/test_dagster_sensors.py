@@ -38,7 +38,8 @@ def test_every_sensor_of_the_code_location_ticks(project):
     out = subprocess.run([sys.executable, "-c", HOOK], cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     ticks = dict(line.split() for line in out.stdout.splitlines())
-    assert ticks == {"benchgen_batch_sensor": "4", "catalog_change_sensor": "0", "reward_matrix_automation": "0"}
+    assert ticks == {"benchgen_batch_sensor": "4", "catalog_change_sensor": "0", "reward_matrix_automation": "0",
+                     "catalog_update_sensor": "0"}  # no catalog materialized yet: nothing to re-collect
 
 
 def test_every_sensor_has_a_target_and_a_description(project):
@@ -49,7 +50,8 @@ def test_every_sensor_has_a_target_and_a_description(project):
     status = {s.name: s.default_status for s in repo.sensor_defs}
     assert status == {"benchgen_batch_sensor": dg.DefaultSensorStatus.RUNNING,
                       "catalog_change_sensor": dg.DefaultSensorStatus.STOPPED,  # it spends money
-                      "reward_matrix_automation": dg.DefaultSensorStatus.RUNNING}
+                      "reward_matrix_automation": dg.DefaultSensorStatus.RUNNING,
+                      "catalog_update_sensor": dg.DefaultSensorStatus.RUNNING}  # inert until the catalog is refreshed
 
 
 def test_badly_named_batch_file_is_refused_and_the_rest_run(project, capfd):
