@@ -37,7 +37,6 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from fugu_pipeline.api_keys import scrub_secrets
 from fugu_pipeline.workers.config import (
     OpenAICompatibleWorker,
     OpenRouterWorker,
@@ -45,10 +44,12 @@ from fugu_pipeline.workers.config import (
 )
 from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
 from fugu_pipeline.workers.replies import (
+    DETAIL_CHARS,
     NO_RETRY_FINISH,
     SSE_DONE,
     UpstreamErrors,
     as_int,
+    excerpt,
     json_object,
     message_text,
     sse_chunk,
@@ -162,7 +163,7 @@ class HTTPWorkerClient:
         if isinstance(exc, httpx.TimeoutException):
             return Retryable(f"{type(exc).__name__} (connect {self.config.connect_timeout_s:g}s, "
                              f"read {self.config.read_timeout_s:g}s)")
-        return Retryable(f"connection error: {type(exc).__name__}: {scrub_secrets(str(exc), key)}"[:300])
+        return Retryable(f"connection error: {type(exc).__name__}: {excerpt(str(exc), key, DETAIL_CHARS)}")
 
     # ------------------------------------------------------------------ call
 
