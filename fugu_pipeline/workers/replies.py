@@ -61,6 +61,15 @@ DETAIL_CHARS = 300  # how much of an upstream's error text goes into an error me
 RAW_CHARS = 150  # how much of OpenRouter's `error.metadata.raw` is added to it
 
 
+def empty_answer(finish: str | None, where: str, max_tokens: int | None = None) -> Exception:
+    """The one rule for a reply with no text, plain or streamed: a failed call. Retryable, unless it
+    ended on `length` or `content_filter` (the same request would end the same way)."""
+    if finish in NO_RETRY_FINISH:
+        hint = (f"; raise max_tokens (now {max_tokens})" if max_tokens else "; raise max_tokens") if finish == "length" else ""
+        return WorkerCallError(f"empty answer (finish_reason={finish}){hint} ({where})")
+    return Retryable(f"empty answer (finish_reason={finish})")
+
+
 def excerpt(text: str, key: str | None, limit: int) -> str:
     """`text` scrubbed of `key` and key-shaped strings, THEN cut to `limit` characters. The order
     matters: cutting first can split a key, and the half before the cut no longer matches the key
