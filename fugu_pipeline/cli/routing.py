@@ -57,5 +57,8 @@ def cmd_ask(args) -> int:
 def cmd_serve(args) -> int:
     from fugu_pipeline.serve import serve
 
-    serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port)
+    serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port, api_token=args.token,
+          device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
+          max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
+          log_level=args.log_level)
     return 0
