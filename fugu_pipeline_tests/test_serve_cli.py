@@ -105,3 +105,14 @@ def test_serve_defaults_to_one_torch_thread_and_takes_the_token_from_the_environ
         assert stop(proc) == 0
     text = log.read_text()
     assert "torch threads 1" in text and "(float32)" in text and "auth bearer token" in text
+
+
+def test_route_and_ask_refuse_an_undecodable_prompt_without_a_traceback(setup, capsys):
+    from fugu_pipeline.cli import main
+
+    prompt = b"what is \xff?".decode("utf-8", "surrogateescape")  # what argv holds for invalid UTF-8
+    assert main(["route", "--models-dir", str(setup / "models"), "--prompt", prompt, "--device", "cpu"]) == 2
+    assert main(["ask", "--models-dir", str(setup / "models"), "--workers", str(setup / "workers.yaml"),
+                 "--prompt", prompt, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("not valid UTF-8") == 2 and "Traceback" not in err
