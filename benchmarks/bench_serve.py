@@ -2,7 +2,7 @@
 1 and at 50 clients, what one client sending 2 MB prompts does to everyone else, server memory over
 10,000 requests of varied length (bf16 and fp32), and batched versus one-at-a-time routing.
 
-    python benchmarks/bench_serve.py                          # everything, about 8 minutes
+    python benchmarks/bench_serve.py                          # everything, about 10 minutes
     python benchmarks/bench_serve.py --duration 8 --memory-requests 2000 --skip-compare
 
 Processes on 127.0.0.1: the stub LLM server (`python -m fugu_pipeline.testing.stub_llm`, every
@@ -27,7 +27,8 @@ Figures
 - CPU with torch's default threads: the same 1- and 50-client runs with `--torch-threads 0`.
 - memory: the server's RSS (VmRSS) at start and after every 1,000 of `--memory-requests` requests
   whose prompts run from one word to about 2,000 characters (many token lengths, so many tensor
-  shapes), for `--dtype bfloat16` and `--dtype float32`.
+  shapes), for `--dtype bfloat16` and `--dtype float32`, and bf16 with oneDNN's and ideep's caches
+  at their default 1,024 entries (the behaviour before the encoder capped them).
 - batching: answered requests per second at `--compare-clients` with the micro-batcher on and with
   `--max-batch 1`; and in process (no HTTP), prompts routed per second one at a time versus in
   batches of 32.
@@ -58,6 +59,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fugu_pipeline.features.encoder import NATIVE_CACHE_VARIABLES  # noqa: E402
 from fugu_pipeline.testing.serving import build_checkpoints, stub_workers_config, synthetic_tasks  # noqa: E402
 
 PY = sys.executable
@@ -112,7 +114,8 @@ UNCUT = ("import sys; import fugu_pipeline.features.encoder as e; e.MAX_CHARS_PE
          "from fugu_pipeline.cli.main import main; sys.exit(main(sys.argv[1:]))")
 
 
-def start_server(models: Path, workers: Path, log: Path, *extra: str, uncut: bool = False) -> tuple[subprocess.Popen, str]:
+def start_server(models: Path, workers: Path, log: Path, *extra: str, uncut: bool = False,
+                 env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """`fugu-lite serve ...` as a user runs it. `uncut`: the same command with the encoder's
     character cut switched off, to reproduce the behaviour before it (whole prompts tokenized)."""
     port = free_port()
@@ -121,7 +124,7 @@ def start_server(models: Path, workers: Path, log: Path, *extra: str, uncut: boo
     if uncut:
         cmd = [PY, "-c", UNCUT, *cmd[len(fugu_lite()):]]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "FUGU_SERVE_TOKEN": TOKEN})
+                            env={**os.environ, "FUGU_SERVE_TOKEN": TOKEN, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -334,12 +337,16 @@ def run(args) -> dict:
             finally:
                 stop(server)
 
-        for dtype in args.memory_dtypes:
-            print(f"memory over {args.memory_requests} requests, --dtype {dtype}:", flush=True)
-            server, url = start_server(models, workers, work / f"server-{dtype}.log", "--dtype", dtype)
+        for variant in args.memory_dtypes:
+            dtype, uncapped = variant.removesuffix("-uncapped"), variant.endswith("-uncapped")
+            env = {name: "1024" for name in NATIVE_CACHE_VARIABLES} if uncapped else None
+            print(f"memory over {args.memory_requests} requests, --dtype {dtype}"
+                  + (" (native caches at their default 1,024 entries: the behaviour before the cap)" if uncapped else ""),
+                  flush=True)
+            server, url = start_server(models, workers, work / f"server-{variant}.log", "--dtype", dtype, env=env)
             try:
-                r[f"memory_{dtype}"] = asyncio.run(memory_run(url, server.pid, args.memory_requests, args.memory_clients))
-                print(f"  {json.dumps(r[f'memory_{dtype}'])}", flush=True)
+                r[f"memory_{variant}"] = asyncio.run(memory_run(url, server.pid, args.memory_requests, args.memory_clients))
+                print(f"  {json.dumps(r[f'memory_{variant}'])}", flush=True)
             finally:
                 stop(server)
 
@@ -402,7 +409,8 @@ def main() -> None:
     ap.add_argument("--big-clients", type=int, default=8, help="normal clients in the 2 MB comparison")
     ap.add_argument("--memory-requests", type=int, default=10_000)
     ap.add_argument("--memory-clients", type=int, default=16)
-    ap.add_argument("--memory-dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--memory-dtypes", nargs="+", default=["bfloat16", "float32", "bfloat16-uncapped"],
+                    help="'<dtype>-uncapped' runs with oneDNN's and ideep's caches at their default size")
     ap.add_argument("--compare-clients", type=int, default=32)
     ap.add_argument("--skip-compare", action="store_true", help="skip batched vs one-at-a-time")
     ap.add_argument("--skip-uncut", action="store_true", help="skip the 2 MB run with the character cut off")
