@@ -377,3 +377,16 @@ def test_a_quoted_key_never_reaches_the_502_body_or_the_server_log(models, caplo
     pieces = {secret[i:i + 8] for i in range(len(secret) - 7)}
     assert "[redacted]" in texts[0]
     assert not [p for p in pieces if any(p in t for t in texts)]
+
+
+def test_a_wide_body_with_long_keys_is_checked_in_one_pass(server):
+    """Paths are spelled out only for an error: 100,000 values under a 1 MB key cost one pass, not
+    100,000 copies of the key."""
+    body = {"messages": ask("hi"), "x": {"k" * 1_000_000: list(range(100_000))}}
+    t = time.perf_counter()
+    r = post(server, json.dumps(body))
+    assert r.status_code == 200, r.text
+    assert time.perf_counter() - t < 10
+    bad = {"messages": ask("hi"), "x": {"k" * 1_000_000: [0, "\ud800"]}}
+    err = assert_openai_error(post(server, json.dumps(bad)), 400)
+    assert err["param"] == "x." + "k" * 37 + "...[1]"

@@ -140,27 +140,39 @@ def load_json(raw: bytes) -> Any:
 
 def check_json_tree(body: Any) -> None:
     """400 for nesting deeper than MAX_JSON_DEPTH or a string (value or key) that is not valid
-    Unicode, naming where. Iterative: a deep body cannot exhaust the stack here."""
-    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    Unicode, naming where. Iterative, and a node's path is only spelled out for the error: a deep
+    or wide body costs one pass over its values, whatever its keys."""
+    stack: list[tuple[Any, tuple | None, int]] = [(body, None, 0)]
     while stack:
-        value, path, depth = stack.pop()
+        value, where, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
+            path = _path(where)
             raise APIError(400, f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels (at {path or 'the top'})",
                            param=path or None, code="invalid_json")
         if isinstance(value, str):
-            _check_text(value, path)
+            _check_text(value, where)
         elif isinstance(value, dict):
             for k, v in value.items():
-                _check_text(k, path)
-                stack.append((v, f"{path}.{k}" if path else k, depth + 1))
+                _check_text(k, where)
+                stack.append((v, (where, k), depth + 1))
         elif isinstance(value, list):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+            stack.extend((v, (where, i), depth + 1) for i, v in enumerate(value))
 
 
-def _check_text(text: str, path: str) -> None:
+def _path(where: tuple | None) -> str:
+    """`messages[0].content` from the (parent, key) chain; long keys are shortened."""
+    parts: list[str] = []
+    while where is not None:
+        where, key = where
+        parts.append(f"[{key}]" if isinstance(key, int) else "." + (key if len(key) <= 40 else key[:37] + "..."))
+    return "".join(reversed(parts)).lstrip(".")
+
+
+def _check_text(text: str, where: tuple | None) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
+        path = _path(where)
         raise APIError(400, f"{path or 'the body'} holds text that is not valid Unicode (a lone surrogate "
                        f"{text[exc.start]!r} at character {exc.start}); send UTF-8 text", param=path or None,
                        code="invalid_unicode") from None

@@ -290,9 +290,9 @@ class HTTPWorkerClient:
         """Start a streamed call and return once its first content has arrived, for a server that
         relays the stream and falls back to another worker when this fails before that. A stream
         that ends without content is an empty answer, failed by the same rule as a plain reply
-        (`replies.empty_answer`). Failures before the first content are retried like `complete()` (the same policy) and then raised as
-        WorkerCallError / FatalWorkerError. After the first chunk only `read_timeout_s` bounds
-        each wait. Always `await stream.aclose()`."""
+        (`replies.empty_answer`). Failures before the first content are retried like `complete()`
+        (the same policy) and then raised as WorkerCallError / FatalWorkerError. After that only
+        `read_timeout_s` bounds each wait. Always `await stream.aclose()`."""
         key = self._key()
         body = {**self._body(messages, params), "stream": True}
         if not self.is_openrouter:

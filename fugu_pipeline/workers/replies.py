@@ -65,7 +65,9 @@ def empty_answer(finish: str | None, where: str, max_tokens: int | None = None) 
     """The one rule for a reply with no text, plain or streamed: a failed call. Retryable, unless it
     ended on `length` or `content_filter` (the same request would end the same way)."""
     if finish in NO_RETRY_FINISH:
-        hint = (f"; raise max_tokens (now {max_tokens})" if max_tokens else "; raise max_tokens") if finish == "length" else ""
+        hint = ""
+        if finish == "length":
+            hint = f"; raise max_tokens (now {max_tokens})" if max_tokens else "; raise max_tokens"
         return WorkerCallError(f"empty answer (finish_reason={finish}){hint} ({where})")
     return Retryable(f"empty answer (finish_reason={finish})")
 
