@@ -95,12 +95,14 @@ class MatrixInput:
     cells: list[Cell]
     source: str
     utility: UtilityConfig
+    utility_source: str = ""  # how the utility was made and where its weights came from, in words
 
 
 # --------------------------------------------------------------------------- sources
 
 
-def from_collection(benchgen_dir: Path, store: ResponseStore, config: WorkersConfig) -> MatrixInput:
+def from_collection(benchgen_dir: Path, store: ResponseStore, config: WorkersConfig,
+                    weights_from: str = "the worker config") -> MatrixInput:
     batches = load_all_batches(benchgen_dir)
     workers = [(w.id, w.kind, getattr(w, "model", None)) for w in config.workers]
     responses, rewards = [], []
@@ -118,26 +120,46 @@ def from_collection(benchgen_dir: Path, store: ResponseStore, config: WorkersCon
                 if r.status == "ok" and r.quality is not None:
                     rewards.append(Cell(t.task_id, wid, r.quality, r.cost_usd + r.judge_cost_usd, r.latency_s))
     tasks = [TaskRow.of(b, t) for b, t in batches]
-    return MatrixInput(tasks, workers, responses, rewards, "collection", config.reward)
+    return MatrixInput(tasks, workers, responses, rewards, "collection", config.reward,
+                       f"computed from each cell's quality, cost and latency; weights: {weights_from}")
 
 
-def from_import(path: Path, utility: UtilityConfig) -> MatrixInput:
+def from_import(path: Path, utility: UtilityConfig, weights_from: str = "the configured weights") -> MatrixInput:
     """An imported reward matrix. Where `quality` is given, utility is recomputed from the
-    configured weights (cost and latency default to 0); otherwise `rewards` is the utility."""
+    configured weights (cost and latency default to 0); otherwise `rewards` is the utility. How
+    (and with which weights) is recorded in words; rows whose own `rewards` the weights do not
+    reproduce are counted there, since the file was likely made with other weights."""
     rows = read_reward_jsonl(path)
     batch = "import-" + path.name.split(".")[0]
     worker_ids = rows[0].worker_ids
     tasks, rewards = [], []
+    differ, worst = 0, (0.0, "")
     for r in rows:
         tasks.append(TaskRow(r.task_id, batch, r.prompt, r.domain, r.split))
+        gap = 0.0
         for i, w in enumerate(worker_ids):
             cost = r.cost_usd[i] if r.cost_usd else 0.0
             lat = r.latency_s[i] if r.latency_s else 0.0
             if r.quality is not None:
                 rewards.append(Cell(r.task_id, w, r.quality[i], cost, lat))
+                if r.rewards is not None:
+                    gap = max(gap, abs(utility.utility(r.quality[i], cost, lat) - r.rewards[i]))
             else:
                 rewards.append(Cell(r.task_id, w, None, cost, lat, utility=r.rewards[i]))
-    return MatrixInput(tasks, [(w, "imported", None) for w in worker_ids], [], rewards, f"import:{path}", utility)
+        if gap > 1e-9:
+            differ += 1
+            worst = max(worst, (gap, r.task_id))
+    n_q = sum(r.quality is not None for r in rows)
+    how = []
+    if n_q:
+        how.append(f"{n_q} row(s) recomputed from quality, cost_usd and latency_s (missing cost or latency counts as 0)")
+    if n_q < len(rows):
+        how.append(f"{len(rows) - n_q} row(s) use the file's rewards as given")
+    note = "; ".join(how) + f"; weights: {weights_from}"
+    if differ:
+        note += (f". {differ} row(s) carry rewards these weights do not reproduce (largest difference "
+                 f"{worst[0]:.4g}, task {worst[1]}): the file was made with other weights; the recomputed utility is used")
+    return MatrixInput(tasks, [(w, "imported", None) for w in worker_ids], [], rewards, f"import:{path}", utility, note)
 
 
 # --------------------------------------------------------------------------- build
@@ -175,6 +197,7 @@ def build(inp: MatrixInput, db_path: Path) -> dict:
         meta = {
             "source": inp.source,
             "utility": canonical_json(u.model_dump()),
+            "utility_source": inp.utility_source,
             "worker_ids": json.dumps([w for w, _, _ in inp.workers]),
             "data_version": version,
         }

@@ -406,7 +406,7 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
     elif kind == "jsonl":
         opts.pop("seed", None)  # its rows carry their own split; `fugu-lite import` always passes --seed
         if opts:
-            raise TypeError(f"import kind 'jsonl' takes no options, got {sorted(opts)}")
+            raise ValueError(f"import kind 'jsonl' takes no options (its rows carry their splits), got {sorted(opts)}")
         rows = import_generic_jsonl(path)
     else:
         raise ValueError(f"unknown import kind {kind!r}; use one of {', '.join(KINDS)}")
