@@ -256,6 +256,22 @@ def test_cost_weight_sent_to_a_head_without_a_cost_term_is_reported_as_ignored(s
     assert fugu(c.chat.completions.create(model="fugu-lite", messages=ask("hi")))["ignored"] == []
 
 
+def test_fields_that_do_nothing_are_listed_as_ignored(server, stub):
+    """A client pointed at fugu-lite with its old settings learns which of them took no effect."""
+    c = openai.OpenAI(base_url=server + "/v1", api_key=TOKEN, max_retries=0, timeout=30)
+    stub.reset_counts()
+    r = c.chat.completions.create(model="gpt-4o", messages=ask("hi"), logprobs=True, temperature=0.2,
+                                  extra_body={"domain": "math", "store": True})
+    assert fugu(r)["ignored"] == [
+        "model: 'gpt-4o' does not pick the worker; the router does (send \"fugu-lite\")",
+        "logprobs: not supported by fugu-lite; not sent to the worker",
+        "store: not supported by fugu-lite; not sent to the worker",
+        "domain: this checkpoint's prompt template '{prompt}' does not use {domain}; the route does not depend on it",
+    ]
+    sent = stub.chat_requests()[-1].body
+    assert sent["temperature"] == 0.2 and "logprobs" not in sent and "store" not in sent
+
+
 def test_cost_weight_sent_to_a_quality_head_is_used(tmp_path, stub):
     build_checkpoints(tmp_path, seeds=(0,), head="quality")
     srv = ServerThread(create_app(PromotedRouter(tmp_path, device="cpu"), stub_workers_config(stub.openai_url)))

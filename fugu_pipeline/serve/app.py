@@ -36,8 +36,9 @@ here too (requests over them wait).
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
 and latency in the last chunk, which has no choices) holds the probabilities, ranking, chosen
 and serving worker, worker calls made, fallback errors, cost, timings, and `ignored`: the request
-fields that had no effect on this route, each with the reason (e.g. `fugu_cost_weight` sent to a
-head without a cost term). The headers `x-fugu-worker` (chosen), `x-fugu-served-by`,
+fields that had no effect, each with the reason (`fugu_cost_weight` sent to a head without a cost
+term, `domain` with a prompt template that has no `{domain}`, a `model` other than "fugu-lite",
+fields that are not passed to workers). The headers `x-fugu-worker` (chosen), `x-fugu-served-by`,
 `x-fugu-attempts` (worker calls made), `x-fugu-latency-ms`, `x-fugu-cost-usd` (when known: not for
 streams) and `x-fugu-checkpoint` (`<method>/<content hash>`) carry the same.
 
@@ -169,13 +170,18 @@ class Service:
             out = route_grouped(router, requests)
         tag = checkpoint_tag(router)
         no_cost_term = not hasattr(router.checkpoint.head, "route_scores")
+        template = router.encoder.settings.prompt_template
         for r, d in zip(requests, out):
             if isinstance(d, RouteDecision):
                 d.extra["checkpoint_tag"] = tag
+                ignored = d.extra.setdefault("ignored", [])
                 if r.cost_weight is not None and no_cost_term:
-                    d.extra["ignored"] = [
-                        f"fugu_cost_weight: head kind {router.checkpoint.manifest.head_kind!r} has no cost term "
-                        "(only 'quality' heads trade predicted quality against cost); the route does not use it"]
+                    ignored.append(f"fugu_cost_weight: head kind {router.checkpoint.manifest.head_kind!r} has no cost "
+                                   "term (only 'quality' heads trade predicted quality against cost); the route does "
+                                   "not use it")
+                if r.domain is not None and "{domain}" not in template:
+                    ignored.append(f"domain: this checkpoint's prompt template {template!r} does not use {{domain}}; "
+                                   "the route does not depend on it")
         return out
 
     def check_auth(self, request: Request) -> None:
@@ -253,7 +259,7 @@ async def chat_completions(request: Request) -> Response:
         break
 
     info = {**_route_info(decision), "served_by": served, "domain": req.domain or "general", "attempts": calls,
-            "fallback_errors": errors, "ignored": decision.extra.get("ignored", []), "route_ms": _ms(t_routed - t0),
+            "fallback_errors": errors, "ignored": req.ignored + decision.extra.get("ignored", []), "route_ms": _ms(t_routed - t0),
             "queue_ms": _ms(timing.queue_s), "upstream_ms": _ms(timing.upstream_s)}
     if served is None:
         svc.counts["all_workers_failed"] += 1

@@ -78,6 +78,25 @@ class ChatRequest:
     domain: str | None = None
     allowed: tuple[str, ...] | None = None
     cost_weight: float | None = None
+    ignored: list[str] = field(default_factory=list)  # fields that have no effect, each with why
+
+
+_HANDLED = {"messages", "model", "stream", "stream_options", "n", "tools", "functions", "fugu_lite",
+            "fugu_allowed_workers", "fugu_cost_weight", "domain"}
+
+
+def ignored_fields(body: dict) -> list[str]:
+    """The request fields this server neither uses nor passes on, each with why: a client that
+    sends them learns so instead of believing they took effect."""
+    out = []
+    model = body.get("model")
+    if model is not None and model != "fugu-lite":
+        out.append(f"model: {model[:60]!r} does not pick the worker; the router does (send \"fugu-lite\")")
+    known = _HANDLED | set(_RANGES) | set(_INTS) | set(_TYPED) | set(_CHECKED)
+    for name in sorted(set(body) - known):
+        if body[name] is not None:
+            out.append(f"{name[:60]}: not supported by fugu-lite; not sent to the worker")
+    return out[:20]
 
 
 def content_text(content: Any) -> str:
@@ -297,7 +316,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     return ChatRequest(
         messages=msgs, text=routed_text(msgs), stream=stream, include_usage=bool(options.get("include_usage")),
         params=params, domain=domain, allowed=tuple(allowed) if allowed is not None else None,
-        cost_weight=float(cost_weight) if cost_weight is not None else None,
+        cost_weight=float(cost_weight) if cost_weight is not None else None, ignored=ignored_fields(body),
     )
 
 
