@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,21 +170,15 @@ def from_import(path: Path, utility: UtilityConfig, weights_from: str = "the con
 def build(inp: MatrixInput, db_path: Path) -> dict:
     """Write the DuckDB reward matrix atomically. Returns summary metadata."""
     wide_columns(inp.workers)  # refuse bad worker ids before any file is touched
-    db_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = db_path.with_name(db_path.name + f".tmp-{os.getpid()}")
-    for p in (tmp, Path(str(tmp) + ".wal")):
-        p.unlink(missing_ok=True)
     u = inp.utility
-    con = duckdb.connect(str(tmp))
-    try:
-        con.execute(SCHEMA)
+    with building(db_path) as con:
         _insert(con, "tasks", {
             "task_id": [t.task_id for t in inp.tasks], "batch": [t.batch for t in inp.tasks],
             "prompt": [t.prompt for t in inp.tasks], "prompt_hash": [sha256_text(t.prompt) for t in inp.tasks],
             "domain": [t.domain for t in inp.tasks], "split": [t.split for t in inp.tasks],
             "grader_type": [t.grader_type for t in inp.tasks], "tags": [list(t.tags) for t in inp.tasks],
         })
-        con.executemany("INSERT INTO workers VALUES (?, ?, ?, ?)", [(i, w, k, m) for i, (w, k, m) in enumerate(inp.workers)])
+        insert_workers(con, inp.workers)
         if inp.responses:
             _insert(con, "responses", {c: [r.get(c) for r in inp.responses] for c in RESPONSE_COLUMNS})
         pos = {w: i for i, (w, _, _) in enumerate(inp.workers)}
@@ -192,23 +188,50 @@ def build(inp: MatrixInput, db_path: Path) -> dict:
             "cost_usd": [c.cost_usd for c in inp.cells], "latency_s": [c.latency_s for c in inp.cells],
             "utility": [c.utility if c.utility is not None else u.utility(c.quality, c.cost_usd, c.latency_s) for c in inp.cells],
         })
-        _create_wide(con, inp.workers)
-        version = data_version(con)
-        meta = {
-            "source": inp.source,
-            "utility": canonical_json(u.model_dump()),
-            "utility_source": inp.utility_source,
-            "worker_ids": json.dumps([w for w, _, _ in inp.workers]),
-            "data_version": version,
-        }
-        con.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
-        summary = matrix_summary(con)
+        return finish(con, inp.workers, inp.source, u, inp.utility_source)
+
+
+@contextmanager
+def building(db_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A new database beside `db_path` with the schema; renamed over it when the block succeeds
+    (readers see the old matrix or the new one), removed when it fails."""
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = db_path.with_name(db_path.name + f".tmp-{os.getpid()}")
+    wal = Path(str(tmp) + ".wal")
+    for p in (tmp, wal):
+        p.unlink(missing_ok=True)
+    con = duckdb.connect(str(tmp))
+    try:
+        con.execute(SCHEMA)
+        yield con
         con.execute("CHECKPOINT")
-    finally:
+    except BaseException:
         con.close()
+        for p in (tmp, wal):
+            p.unlink(missing_ok=True)
+        raise
+    con.close()
     os.replace(tmp, db_path)
-    Path(str(tmp) + ".wal").unlink(missing_ok=True)
-    return summary
+    wal.unlink(missing_ok=True)
+
+
+def insert_workers(con: duckdb.DuckDBPyConnection, workers: list[tuple[str, str, str | None]]) -> None:
+    con.executemany("INSERT INTO workers VALUES (?, ?, ?, ?)", [(i, w, k, m) for i, (w, k, m) in enumerate(workers)])
+
+
+def finish(con: duckdb.DuckDBPyConnection, workers: list[tuple[str, str, str | None]], source: str,
+           u: UtilityConfig, utility_source: str) -> dict:
+    """reward_wide, the data version and meta, once tasks, workers, responses and rewards are in."""
+    _create_wide(con, workers)
+    meta = {
+        "source": source,
+        "utility": canonical_json(u.model_dump()),
+        "utility_source": utility_source,
+        "worker_ids": json.dumps([w for w, _, _ in workers]),
+        "data_version": data_version(con),
+    }
+    con.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
+    return matrix_summary(con)
 
 
 WIDE_FIXED = ("task_id", "split", "domain")
@@ -231,18 +254,24 @@ def wide_columns(workers: list[tuple[str, str, str | None]]) -> list[str]:
 
 def _create_wide(con: duckdb.DuckDBPyConnection, workers: list[tuple[str, str, str | None]]) -> None:
     """`reward_wide` from an Arrow table assembled here: its column names are the worker ids, so
-    no id is ever part of SQL text."""
+    no id is ever part of SQL text. Filled with numpy from (row, position, utility) triples."""
+    import numpy as np
     import pyarrow as pa
 
     names = wide_columns(workers)
-    tasks = con.execute("SELECT task_id, split, domain FROM tasks ORDER BY task_id").fetchall()
-    row = {t[0]: i for i, t in enumerate(tasks)}
-    cols: list[list] = [[t[0] for t in tasks], [t[1] for t in tasks], [t[2] for t in tasks]]
-    cols += [[None] * len(tasks) for _ in workers]
-    for task_id, position, utility in con.execute("SELECT task_id, position, utility FROM rewards").fetchall():
-        cols[len(WIDE_FIXED) + position][row[task_id]] = utility
-    types = [pa.string()] * len(WIDE_FIXED) + [pa.float64()] * len(workers)
-    wide = pa.Table.from_arrays([pa.array(c, type=t) for c, t in zip(cols, types)], names=names)  # noqa: F841
+    tasks = arrow_table(con.sql("SELECT task_id, split, domain FROM tasks ORDER BY task_id"))
+    cells = con.execute(
+        "SELECT t.rn, r.position, r.utility FROM rewards r JOIN "
+        "(SELECT task_id, row_number() OVER (ORDER BY task_id) - 1 AS rn FROM tasks) t USING (task_id)"
+    ).fetchnumpy()
+    grid = np.zeros((tasks.num_rows, len(workers)), dtype=np.float64)
+    filled = np.zeros_like(grid, dtype=bool)
+    rows, cols = cells["rn"].astype(np.int64), cells["position"].astype(np.int64)
+    grid[rows, cols] = np.asarray(cells["utility"], dtype=np.float64)
+    filled[rows, cols] = True
+    arrays = [tasks.column(i).combine_chunks().cast(pa.string()) for i in range(len(WIDE_FIXED))]
+    arrays += [pa.array(grid[:, j], type=pa.float64(), mask=~filled[:, j]) for j in range(len(workers))]
+    wide = pa.Table.from_arrays(arrays, names=names)  # noqa: F841  (DuckDB reads the local by name)
     con.execute("CREATE TABLE reward_wide AS SELECT * FROM wide")
 
 
@@ -264,9 +293,34 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, list]
     con.execute(f"INSERT INTO {table} ({cols}) SELECT {casts} FROM frame")
 
 
-def data_version(con: duckdb.DuckDBPyConnection) -> str:
-    rows = con.execute(
-        "SELECT r.task_id, r.worker_id, round(r.utility, 9), t.prompt_hash, t.split FROM rewards r "
-        "JOIN tasks t USING (task_id) ORDER BY r.task_id, r.position"
-    ).fetchall()
-    return sha256_text(canonical_json(rows))[:16]
+def arrow_table(rel: duckdb.DuckDBPyRelation):
+    """A query's result (`con.sql(...)`) as one Arrow table (DuckDB 2: to_arrow_table; 1.x: arrow)."""
+    return (getattr(rel, "to_arrow_table", None) or rel.arrow)()
+
+
+def arrow_batches(rel: duckdb.DuckDBPyRelation, rows: int):
+    """A query's result (`con.sql(...)`) as Arrow record batches of about `rows` rows, read lazily."""
+    return (getattr(rel, "to_arrow_reader", None) or rel.fetch_arrow_reader)(rows)
+
+
+DATA_VERSION_ROWS = ("SELECT r.task_id, r.worker_id, round(r.utility, 9), t.prompt_hash, t.split FROM rewards r "
+                     "JOIN tasks t USING (task_id) ORDER BY r.task_id, r.position")
+
+
+def data_version(con: duckdb.DuckDBPyConnection, chunk_rows: int = 200_000) -> str:
+    """sha256 of the canonical JSON of every graded cell (task, worker, utility to 9 places,
+    prompt hash, split) in (task, position) order. Streamed in chunks: the same text, byte for
+    byte, as `canonical_json(all_rows)`, without holding every row in Python at once."""
+    import hashlib
+
+    digest = hashlib.sha256(b"[")
+    reader = arrow_batches(con.sql(DATA_VERSION_ROWS), chunk_rows)
+    first = True
+    for batch in reader:
+        rows = list(zip(*(c.to_pylist() for c in batch.columns)))
+        if not rows:
+            continue
+        digest.update((("" if first else ",") + canonical_json(rows)[1:-1]).encode("utf-8"))
+        first = False
+    digest.update(b"]")
+    return digest.hexdigest()[:16]

@@ -1,0 +1,225 @@
+"""Benchmark the reward-matrix build at scale (not a test).
+
+Generates a project of N tasks x W workers of stored responses (BenchGen batch files and one
+response file per partition, written the way the collector writes them), then builds the matrix
+in a fresh process and prints wall time, peak memory (the build process's max RSS) and where the
+time goes:
+
+    python benchmarks/bench_matrix.py --tasks 100000 --workers 5                # the bulk build
+    python benchmarks/bench_matrix.py --tasks 100000 --workers 5 --rows         # also the row-by-row build
+    python benchmarks/bench_matrix.py --tasks 100000 --workers 5 --store s3     # responses from a loopback S3
+    python benchmarks/bench_matrix.py --tasks 1000000 --workers 20 --store file # from a shared folder (NFS-like)
+
+`--store s3` starts moto in server mode on loopback, uploads the response files, and builds on a
+second, empty project folder that pulls them (defs/shared.py); `--store file` does the same
+through a `file://` store. The generated data goes under --dir (default: a temporary folder,
+removed after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+WORKER_YAML = """reward: {{quality_weight: 1.0, cost_weight: 0.1, latency_weight: 0.05, cost_scale_usd: 0.01, latency_scale_s: 10.0}}
+workers:
+{workers}
+"""
+DOMAINS = ("math", "code", "general")
+SPLITS = ("train", "train", "train", "val", "test")
+LINE = ('{{"task_id":"{t}","worker_id":"{w}","batch":"{b}","prompt_hash":"{h}","status":"ok","answer":"{a}",'
+        '"quality":{q},"grade_detail":"numeric: expected {a}","cost_usd":{c},"cost_source":"mock","judge_cost_usd":0.0,'
+        '"latency_s":{lat},"ttft_s":{ttft},"prompt_tokens":54,"completion_tokens":18,"finish_reason":"stop",'
+        '"requested_model":"mock/{w}","served_model":"mock/{w}","provider":"mock","attempts":1,"error":null,'
+        '"model_fingerprint":null,"finished_at":{f}}}\n')
+
+
+def generate(root: Path, n_tasks: int, n_workers: int, batch_size: int, seed: int = 0) -> dict:
+    """Write the project: configs/workers.bench.yaml, data/benchgen/*.jsonl, data/responses/."""
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    workers = [f"w{j:02d}" for j in range(n_workers)]
+    (root / "configs").mkdir(parents=True, exist_ok=True)
+    (root / "configs" / "workers.bench.yaml").write_text(WORKER_YAML.format(workers="\n".join(
+        f"  - {{id: {w}, kind: mock}}" for w in workers)))
+    bench, resp = root / "data" / "benchgen", root / "data" / "responses"
+    bench.mkdir(parents=True, exist_ok=True)
+    n_bytes = 0
+    for start in range(0, n_tasks, batch_size):
+        b = f"b{start // batch_size:04d}"
+        ids = [f"t{i:08d}" for i in range(start, min(start + batch_size, n_tasks))]
+        prompts = [f"Task {i}: a {DOMAINS[i % 3]} question whose answer is a number; what is {i} + {i % 97} "
+                   f"after doubling it and subtracting {i % 13}? Give the number only." for i in range(start, start + len(ids))]
+        hashes = [hashlib.sha256(p.encode()).hexdigest() for p in prompts]
+        with (bench / f"{b}.jsonl").open("w") as fh:
+            for i, (tid, p) in enumerate(zip(ids, prompts)):
+                fh.write(json.dumps({"task_id": tid, "prompt": p, "domain": DOMAINS[(start + i) % 3], "reference_answer": "1",
+                                     "grader": {"type": "numeric"}, "split": SPLITS[(start + i) % 5]}) + "\n")
+        (resp / b).mkdir(parents=True, exist_ok=True)
+        for w in workers:
+            q = (rng.random(len(ids)) < 0.6).astype(float)
+            cost = np.round(rng.random(len(ids)) * 0.004, 8)
+            lat = np.round(0.5 + rng.random(len(ids)) * 3, 4)
+            fin = 1.79e9 + np.arange(len(ids)) * 0.01
+            with (resp / b / f"{w}.jsonl").open("w") as fh:
+                fh.writelines(LINE.format(t=tid, w=w, b=b, h=h, a=int(i % 91), q=repr(float(qq)), c=repr(float(cc)),
+                                          lat=repr(float(ll)), ttft=repr(round(float(ll) * 0.3, 4)), f=repr(float(ff)))
+                              for i, (tid, h, qq, cc, ll, ff) in enumerate(zip(ids, hashes, q, cost, lat, fin)))
+            n_bytes += (resp / b / f"{w}.jsonl").stat().st_size
+    return {"tasks": n_tasks, "workers": n_workers, "batches": -(-n_tasks // batch_size),
+            "response_bytes": n_bytes, "generate_s": round(time.perf_counter() - t0, 1)}
+
+
+BUILD = """
+import json, resource, sys, time
+from pathlib import Path
+root, mode = Path(sys.argv[1]), sys.argv[2]
+from fugu_pipeline.workers.config import load_workers_config
+cfg = load_workers_config(root / "configs" / "workers.bench.yaml")
+timings = {}
+t0 = time.perf_counter()
+if mode == "pull":
+    from fugu_pipeline.defs.shared import SharedStore
+    from fugu_pipeline.paths import ProjectPaths
+    n = SharedStore.of(ProjectPaths(root)).pull_all_responses()
+    timings["pull from the shared store"] = round(time.perf_counter() - t0, 3)
+    timings["files pulled"] = n
+if mode in ("bulk", "pull"):
+    from fugu_pipeline.matrix.bulk import build_collection
+    t1 = time.perf_counter()
+    summary = build_collection(root / "data" / "benchgen", root / "data" / "responses", cfg, root / "data" / "m.duckdb",
+                               timings=timings)
+else:
+    from fugu_pipeline.collect.store import ResponseStore
+    from fugu_pipeline.matrix.build import build, from_collection
+    inp = from_collection(root / "data" / "benchgen", ResponseStore(root / "data" / "responses"), cfg)
+    timings["read files and records in Python"] = round(time.perf_counter() - t0, 3)
+    t1 = time.perf_counter()
+    summary = build(inp, root / "data" / "m.duckdb")
+    timings["build"] = round(time.perf_counter() - t1, 3)
+wall = time.perf_counter() - t0
+print(json.dumps({"wall_s": round(wall, 2), "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                  "timings": timings, "summary": summary}))
+"""
+
+
+def build_in_fresh_process(root: Path, mode: str, env: dict | None = None) -> dict:
+    out = subprocess.run([sys.executable, "-c", BUILD, str(root), mode], capture_output=True, text=True,
+                         env={**os.environ, **(env or {})})
+    if out.returncode != 0:
+        raise SystemExit(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "?")
+    mem = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))) / 2**20
+    import duckdb
+
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Python {sys.version.split()[0]}, duckdb {duckdb.__version__}"
+
+
+def via_store(src: Path, kind: str) -> tuple[Path, dict, dict]:
+    """Upload the response files to a store; return a second project folder (no responses) and
+    the environment that points it at the store."""
+    from fugu_pipeline import storage
+
+    other = src.parent / (src.name + "-machine-b")
+    shutil.rmtree(other, ignore_errors=True)
+    (other / "data").mkdir(parents=True)
+    shutil.copytree(src / "configs", other / "configs")
+    shutil.copytree(src / "data" / "benchgen", other / "data" / "benchgen")
+    env: dict = {}
+    extra: dict = {}
+    if kind == "file":
+        shared = src.parent / (src.name + "-store")
+        shutil.rmtree(shared, ignore_errors=True)
+        t0 = time.perf_counter()
+        shutil.copytree(src / "data" / "responses", shared / "data" / "responses")
+        extra["upload_s"] = round(time.perf_counter() - t0, 1)
+        env["FUGU_DATA_URL"] = f"file://{shared / 'data'}"
+        return other, env, extra
+    port = _free_port()
+    moto = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    extra["_moto"] = moto
+    env.update({"FUGU_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench",
+                "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1", "FUGU_DATA_URL": "s3://fugu-bench/data"})
+    os.environ.update(env)
+    for _ in range(100):
+        try:
+            storage.filesystem("s3://fugu-bench").mkdir("fugu-bench")
+            break
+        except Exception:  # noqa: BLE001  (the server is still starting)
+            time.sleep(0.1)
+    t0 = time.perf_counter()
+    for f in sorted((src / "data" / "responses").rglob("*.jsonl")):
+        storage.put_bytes(f"s3://fugu-bench/data/responses/{f.parent.name}/{f.name}", f.read_bytes())
+    extra["upload_s"] = round(time.perf_counter() - t0, 1)
+    return other, env, extra
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", type=int, default=100_000)
+    ap.add_argument("--workers", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=10_000)
+    ap.add_argument("--rows", action="store_true", help="also time the row-by-row build (build(from_collection(...)))")
+    ap.add_argument("--store", choices=["s3", "file"], help="build on a second folder from a shared store")
+    ap.add_argument("--dir", help="where to generate (kept); default: a temporary folder, removed after")
+    args = ap.parse_args()
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fugu-bench-matrix-"))
+    report: dict = {"machine": machine()}
+    try:
+        report["data"] = generate(root, args.tasks, args.workers, args.batch_size)
+        print(f"generated {args.tasks:,} tasks x {args.workers} workers: {report['data']['response_bytes'] / 2**20:,.0f} MiB "
+              f"of response files in {report['data']['generate_s']}s", flush=True)
+        report["bulk"] = build_in_fresh_process(root, "bulk")
+        print("bulk build:", json.dumps(report["bulk"], indent=1), flush=True)
+        if args.rows:
+            report["rows"] = build_in_fresh_process(root, "rows")
+            print("row-by-row build:", json.dumps(report["rows"], indent=1), flush=True)
+            a, b = report["bulk"]["summary"]["data_version"], report["rows"]["summary"]["data_version"]
+            print(f"same data_version: {a == b} ({a}); speed-up {report['rows']['wall_s'] / report['bulk']['wall_s']:.1f}x")
+        if args.store:
+            other, env, extra = via_store(root, args.store)
+            moto = extra.pop("_moto", None)
+            try:
+                report["store"] = {**extra, **build_in_fresh_process(other, "pull", env)}
+            finally:
+                if moto is not None:
+                    moto.terminate()
+                    moto.wait(10)
+            print(f"from the shared store ({args.store}):", json.dumps(report["store"], indent=1), flush=True)
+            same = report["store"]["summary"]["data_version"] == report["bulk"]["summary"]["data_version"]
+            print(f"same data_version as the local build: {same}")
+    finally:
+        if not args.dir:
+            for p in (root, root.parent / (root.name + "-machine-b"), root.parent / (root.name + "-store")):
+                shutil.rmtree(p, ignore_errors=True)
+    print(json.dumps({k: v for k, v in report.items()}, default=str))
+    _ = resource  # (peak RSS is the build process's own, read inside it)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The collected reward matrix built in bulk: DuckDB reads every response file at once
+(`read_json` over the partition files), and Python touches no row.
+
+Same guarantees and the same result as `build(from_collection(...))`, table for table and with
+the same `data_version` (a test compares them on the sample data and on damaged files):
+- the latest record of a cell wins: within a partition file a later line replaces an earlier one
+  (the scan keeps file order; `row_number()` over it is the line order);
+- a record counts only if its prompt hash equals the task's (a reworded task is collected again);
+- a torn last line, or any line that is not a call record (no task id, worker id, batch, prompt
+  hash, or a status other than ok/failed), is skipped, as `ResponseStore.read` skips it;
+- only files of configured workers and of batches with a batch file are read;
+- utility is computed with numpy from the same formula, in the same operation order, as
+  `UtilityConfig.utility`, so every float is bit-identical;
+- the database is built beside the old file and renamed into place (`building`).
+
+Where the time goes at scale is printed by benchmarks/bench_matrix.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, _insert, building, finish, insert_workers, wide_columns
+from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.tasks.loading import load_all_batches
+from fugu_pipeline.workers.config import WorkersConfig
+
+# The call record's columns with their types and the defaults `CallRecord` gives a missing field.
+RECORD_COLUMNS = (
+    "{'task_id': 'VARCHAR', 'worker_id': 'VARCHAR', 'batch': 'VARCHAR', 'prompt_hash': 'VARCHAR', "
+    "'status': 'VARCHAR', 'answer': 'VARCHAR', 'quality': 'DOUBLE', 'grade_detail': 'VARCHAR', "
+    "'cost_usd': 'DOUBLE', 'cost_source': 'VARCHAR', 'judge_cost_usd': 'DOUBLE', 'latency_s': 'DOUBLE', "
+    "'ttft_s': 'DOUBLE', 'prompt_tokens': 'INTEGER', 'completion_tokens': 'INTEGER', 'finish_reason': 'VARCHAR', "
+    "'requested_model': 'VARCHAR', 'served_model': 'VARCHAR', 'provider': 'VARCHAR', 'attempts': 'INTEGER', "
+    "'error': 'VARCHAR', 'model_fingerprint': 'VARCHAR', 'finished_at': 'DOUBLE'}"
+)
+
+# Every line of every partition file, in file order, with the partition it came from.
+LOAD_RECORDS = (
+    "CREATE TEMP TABLE raw AS SELECT *, row_number() OVER () AS line_no FROM read_json(?, format='newline_delimited', "
+    "columns=" + RECORD_COLUMNS + ", ignore_errors=true, filename=true, maximum_object_size=16777216)"
+)
+# The partition of each file: `<root>/<batch>/<worker>.jsonl`, from the list of files read.
+PARTITIONS = "CREATE TEMP TABLE parts AS SELECT unnest(?) AS filename, unnest(?) AS part_batch, unnest(?) AS part_worker"
+# Readable records only, the latest line of each (file, task), whose prompt hash matches a task of
+# the file's batch: exactly the records `from_collection` keeps.
+INSERT_RESPONSES = """
+INSERT INTO responses
+SELECT r.task_id, r.worker_id, r.batch, r.status, r.answer, r.quality, r.grade_detail,
+       coalesce(r.cost_usd, 0.0), coalesce(r.cost_source, 'none'), coalesce(r.judge_cost_usd, 0.0),
+       coalesce(r.latency_s, 0.0), r.ttft_s, r.prompt_tokens, r.completion_tokens, r.finish_reason,
+       r.requested_model, r.served_model, r.provider, coalesce(r.attempts, 1), r.error, r.model_fingerprint,
+       coalesce(r.finished_at, 0.0)
+FROM (
+  SELECT raw.*, parts.part_batch, parts.part_worker FROM raw JOIN parts USING (filename)
+  WHERE raw.task_id IS NOT NULL AND raw.worker_id IS NOT NULL AND raw.batch IS NOT NULL
+    AND raw.prompt_hash IS NOT NULL AND raw.status IN ('ok', 'failed')
+    AND (raw.cost_source IS NULL OR raw.cost_source IN ('usage', 'catalog', 'configured', 'mock', 'none'))
+  QUALIFY row_number() OVER (PARTITION BY raw.filename, raw.task_id ORDER BY raw.line_no DESC) = 1
+) r
+JOIN tasks t ON t.task_id = r.task_id AND t.batch = r.part_batch AND t.prompt_hash = r.prompt_hash
+"""
+# The graded cells, with the worker of the file (as `from_collection` takes it).
+GRADED = """
+SELECT r.task_id, p.part_worker AS worker_id, w.position, r.quality, r.cost_usd + r.judge_cost_usd AS cost_usd,
+       r.latency_s
+FROM responses r
+JOIN (SELECT DISTINCT part_batch, part_worker FROM parts) p ON p.part_batch = r.batch AND p.part_worker = r.worker_id
+JOIN workers w ON w.worker_id = p.part_worker
+WHERE r.status = 'ok' AND r.quality IS NOT NULL
+"""
+INSERT_REWARDS = "INSERT INTO rewards SELECT task_id, worker_id, position, quality, cost_usd, latency_s, utility FROM graded"
+
+
+def utility_np(u: UtilityConfig, quality: np.ndarray, cost: np.ndarray, latency: np.ndarray) -> np.ndarray:
+    """`UtilityConfig.utility` over arrays, operation for operation (so bit-identical)."""
+    return (u.quality_weight * quality
+            - u.cost_weight * np.minimum(np.maximum(cost, 0.0) / u.cost_scale_usd, u.cap)
+            - u.latency_weight * np.minimum(np.maximum(latency, 0.0) / u.latency_scale_s, u.cap))
+
+
+def partition_files(responses_dir: Path, batches: list[str], worker_ids: list[str]) -> list[tuple[str, str, str]]:
+    """(path, batch, worker) of every existing partition file of these batches and workers."""
+    out = []
+    for b in batches:
+        for w in worker_ids:
+            p = responses_dir / b / f"{w}.jsonl"
+            if p.exists() and p.stat().st_size:
+                out.append((str(p), b, w))
+    return out
+
+
+def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersConfig, db_path: Path,
+                     weights_from: str = "the worker config", timings: dict | None = None,
+                     log: Callable[[str], None] | None = None) -> dict:
+    """The collected matrix, built in bulk. Returns the summary `build` returns; `timings`, when
+    given, receives the seconds of each phase."""
+    t = timings if timings is not None else {}
+    mark = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        t[name] = round(now - mark, 3)
+        mark = now
+        if log:
+            log(f"{name}: {t[name]:.2f}s")
+
+    workers = [(w.id, w.kind, getattr(w, "model", None)) for w in config.workers]
+    wide_columns(workers)
+    batches = load_all_batches(benchgen_dir)  # validated: a bad line fails its batch, as everywhere
+    lap("read and validate tasks")
+    files = partition_files(responses_dir, sorted({b for b, _ in batches}), [w for w, _, _ in workers])
+    with building(db_path) as con:
+        _insert(con, "tasks", {
+            "task_id": [tk.task_id for _, tk in batches], "batch": [b for b, _ in batches],
+            "prompt": [tk.prompt for _, tk in batches], "prompt_hash": [tk.prompt_hash for _, tk in batches],
+            "domain": [tk.domain for _, tk in batches], "split": [tk.split for _, tk in batches],
+            "grader_type": [tk.grader.type for _, tk in batches], "tags": [list(tk.tags) for _, tk in batches],
+        })
+        del batches
+        insert_workers(con, workers)
+        lap("insert tasks")
+        if files:
+            con.execute(PARTITIONS, [[f for f, _, _ in files], [b for _, b, _ in files], [w for _, _, w in files]])
+            con.execute(LOAD_RECORDS, [[f for f, _, _ in files]])
+            lap("read_json over the response files")
+            con.execute(INSERT_RESPONSES)
+            con.execute("DROP TABLE raw")
+            lap("latest record per cell, prompt-hash check")
+            cells = con.execute(GRADED).fetchnumpy()
+            u = config.reward
+            cost = np.asarray(cells["cost_usd"], dtype=np.float64)
+            latency = np.asarray(cells["latency_s"], dtype=np.float64)
+            quality = np.asarray(cells["quality"], dtype=np.float64)
+            graded = {"task_id": cells["task_id"], "worker_id": cells["worker_id"], "position": cells["position"],
+                      "quality": quality, "cost_usd": cost, "latency_s": latency,
+                      "utility": utility_np(u, quality, cost, latency)}
+            import pyarrow as pa
+
+            graded = pa.table({k: pa.array(v) for k, v in graded.items()})  # noqa: F841  (read by name)
+            con.execute(INSERT_REWARDS)
+            del graded, cells
+            lap("utility (numpy) and rewards")
+        summary = finish(con, workers, "collection", config.reward,
+                         f"computed from each cell's quality, cost and latency; weights: {weights_from}")
+        lap("reward_wide, data_version, meta")
+    lap("checkpoint and rename")
+    summary["files_read"] = len(files)
+    return summary
+
+
+__all__ = ["RESPONSE_COLUMNS", "build_collection", "utility_np"]
