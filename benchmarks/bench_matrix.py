@@ -189,7 +189,7 @@ def main() -> None:
     ap.add_argument("--dir", help="where to generate (kept); default: a temporary folder, removed after")
     args = ap.parse_args()
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fugu-bench-matrix-"))
-    report: dict = {"machine": machine()}
+    report: dict = {"machine": machine(), "load_average_before": os.getloadavg()}
     try:
         report["data"] = generate(root, args.tasks, args.workers, args.batch_size)
         print(f"generated {args.tasks:,} tasks x {args.workers} workers: {report['data']['response_bytes'] / 2**20:,.0f} MiB "
@@ -217,6 +217,7 @@ def main() -> None:
         if not args.dir:
             for p in (root, root.parent / (root.name + "-machine-b"), root.parent / (root.name + "-store")):
                 shutil.rmtree(p, ignore_errors=True)
+    report["load_average_after"] = os.getloadavg()  # other work on the machine shares its 2 cores
     print(json.dumps({k: v for k, v in report.items()}, default=str))
     _ = resource  # (peak RSS is the build process's own, read inside it)
 

@@ -60,7 +60,7 @@ def _failure(instance: dg.DagsterInstance, run_id: str) -> str:
 
 @pytest.mark.slow
 def test_celery_workers_share_a_batch(redis, tmp_path, monkeypatch):
-    project = make_project(tmp_path / "project", REPO / "dagster.yaml", sleep_s=0.6)
+    project = make_project(tmp_path / "project", REPO / "dagster.yaml", sleep_s=0.4)
     expected = split_sample(project, {"c1": 40, "c2": 40})
     env = project_env(project, {"FUGU_CELERY_BROKER": redis.url})
     for k in ("DAGSTER_HOME", "FUGU_PROJECT_DIR", "FUGU_WORKERS_CONFIG", "FUGU_ENCODER", "FUGU_CELERY_BROKER"):

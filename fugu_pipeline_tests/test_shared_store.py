@@ -140,3 +140,45 @@ def test_promoted_on_one_machine_loaded_on_another(s3, store, tmp_path):
     assert got["checkpoint"].startswith(str(tmp_path / "machine-b" / "cache"))  # B's own copy, from the store
     assert not (tmp_path / "machine-b" / "models").exists()
     assert got["worker"] in ("alpha", "beta", "gamma")
+
+
+@pytest.mark.slow
+def test_two_machines_share_responses_embeddings_and_the_promoted_router(s3, store, tmp_path):
+    """Machine A runs the main job against the store; machine B, an empty folder pointed at the
+    same store, calls no worker, encodes no prompt, rebuilds the same matrix (same data_version)
+    and routes with A's promoted router."""
+    from fugu_pipeline_tests.services import require_service_tests
+
+    require_service_tests("two machines through a loopback S3")
+    import duckdb
+
+    from fugu_pipeline_tests.scale_project import make_project, project_env
+    from fugu_pipeline_tests.services import VENV_BIN, split_sample
+
+    env = {**_store_env(s3.url), "FUGU_DATA_URL": f"s3://{BUCKET}/pipeline/data", "FUGU_MODELS_URL": f"s3://{BUCKET}/pipeline/models"}
+    outs, versions, cells = {}, {}, {}
+    for name in ("machine-a", "machine-b"):
+        project = make_project(tmp_path / name, REPO / "dagster.yaml")
+        split_sample(project, {"sample": 90})
+        e = project_env(project, {**env, "FUGU_STORE_CACHE": str(tmp_path / name / "cache")})
+        args = [str(VENV_BIN / "fugu-lite"), "pipeline", "--encoder", "tiny", "--workers", "configs/workers.slow.yaml"]
+        if name == "machine-b":
+            args += ["--stop-after", "task_embeddings"]
+        out = subprocess.run(args, cwd=project, env=e, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        outs[name] = out.stdout
+        con = duckdb.connect(str(project / "data" / "reward_matrix.duckdb"), read_only=True)
+        versions[name] = con.execute("SELECT value FROM meta WHERE key = 'data_version'").fetchone()[0]
+        cells[name] = con.execute("SELECT count(*) FROM rewards").fetchone()[0]
+        con.close()
+    b = outs["machine-b"]
+    print(b)
+    assert all("called 0," in line for line in b.splitlines() if line.strip().startswith("responses["))
+    assert "embeddings: 0 encoded" in b
+    assert versions["machine-a"] == versions["machine-b"] and cells["machine-a"] == cells["machine-b"] == 270
+    assert "promotion: promoted" in outs["machine-a"], outs["machine-a"][-1500:]
+    route = subprocess.run([sys.executable, "-c", MACHINE_B, env["FUGU_MODELS_URL"]], cwd=tmp_path, capture_output=True, text=True,
+                           env={**os.environ, **env, "FUGU_STORE_CACHE": str(tmp_path / "machine-c")}, timeout=300)
+    assert route.returncode == 0, route.stderr[-2000:]
+    pointer = json.loads(store.get_bytes(f"{env['FUGU_MODELS_URL']}/promoted/current.json"))
+    assert json.loads(route.stdout.strip().splitlines()[-1])["content_hash"] == pointer["content_hash"]

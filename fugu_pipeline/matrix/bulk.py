@@ -18,6 +18,7 @@ Where the time goes at scale is printed by benchmarks/bench_matrix.py.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,15 +59,19 @@ SELECT r.task_id, r.worker_id, r.batch, r.status, r.answer, r.quality, r.grade_d
        coalesce(r.finished_at, 0.0)
 FROM (
   SELECT raw.*, parts.part_batch, parts.part_worker FROM raw JOIN parts USING (filename)
-  WHERE raw.task_id IS NOT NULL AND raw.worker_id IS NOT NULL AND raw.batch IS NOT NULL
-    AND raw.prompt_hash IS NOT NULL AND raw.status IN ('ok', 'failed')
-    AND (raw.cost_source IS NULL OR raw.cost_source IN ('usage', 'catalog', 'configured', 'mock', 'none'))
-  QUALIFY row_number() OVER (PARTITION BY raw.filename, raw.task_id ORDER BY raw.line_no DESC) = 1
+  JOIN (SELECT filename, task_id, max(line_no) AS last_line FROM raw
+        WHERE task_id IS NOT NULL AND worker_id IS NOT NULL AND batch IS NOT NULL AND prompt_hash IS NOT NULL
+          AND status IN ('ok', 'failed')
+          AND (cost_source IS NULL OR cost_source IN ('usage', 'catalog', 'configured', 'mock', 'none'))
+        GROUP BY filename, task_id) latest
+    ON latest.filename = raw.filename AND latest.task_id = raw.task_id AND latest.last_line = raw.line_no
 ) r
 JOIN tasks t ON t.task_id = r.task_id AND t.batch = r.part_batch AND t.prompt_hash = r.prompt_hash
 """
-# The graded cells, with the worker of the file (as `from_collection` takes it).
+# The graded cells, with the worker of the file (as `from_collection` takes it), in a fixed order
+# that the utility computed in numpy is joined back to by position.
 GRADED = """
+CREATE TEMP TABLE graded AS
 SELECT r.task_id, p.part_worker AS worker_id, w.position, r.quality, r.cost_usd + r.judge_cost_usd AS cost_usd,
        r.latency_s
 FROM responses r
@@ -74,7 +79,9 @@ JOIN (SELECT DISTINCT part_batch, part_worker FROM parts) p ON p.part_batch = r.
 JOIN workers w ON w.worker_id = p.part_worker
 WHERE r.status = 'ok' AND r.quality IS NOT NULL
 """
-INSERT_REWARDS = "INSERT INTO rewards SELECT task_id, worker_id, position, quality, cost_usd, latency_s, utility FROM graded"
+GRADED_NUMBERS = "SELECT quality, cost_usd, latency_s FROM graded"
+INSERT_REWARDS = ("INSERT INTO rewards SELECT g.task_id, g.worker_id, g.position, g.quality, g.cost_usd, g.latency_s, "
+                  "u.utility FROM graded g POSITIONAL JOIN util u")
 
 
 def utility_np(u: UtilityConfig, quality: np.ndarray, cost: np.ndarray, latency: np.ndarray) -> np.ndarray:
@@ -117,6 +124,8 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
     lap("read and validate tasks")
     files = partition_files(responses_dir, sorted({b for b, _ in batches}), [w for w, _, _ in workers])
     with building(db_path) as con:
+        # a bounded build: past this DuckDB spills to disk (beside the database) instead of growing
+        con.execute("SET memory_limit = ?", [os.environ.get("FUGU_MATRIX_MEMORY_LIMIT", "3GB")])
         _insert(con, "tasks", {
             "task_id": [tk.task_id for _, tk in batches], "batch": [b for b, _ in batches],
             "prompt": [tk.prompt for _, tk in batches], "prompt_hash": [tk.prompt_hash for _, tk in batches],
@@ -133,19 +142,14 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
             con.execute(INSERT_RESPONSES)
             con.execute("DROP TABLE raw")
             lap("latest record per cell, prompt-hash check")
-            cells = con.execute(GRADED).fetchnumpy()
-            u = config.reward
-            cost = np.asarray(cells["cost_usd"], dtype=np.float64)
-            latency = np.asarray(cells["latency_s"], dtype=np.float64)
-            quality = np.asarray(cells["quality"], dtype=np.float64)
-            graded = {"task_id": cells["task_id"], "worker_id": cells["worker_id"], "position": cells["position"],
-                      "quality": quality, "cost_usd": cost, "latency_s": latency,
-                      "utility": utility_np(u, quality, cost, latency)}
+            con.execute(GRADED)
+            cells = con.execute(GRADED_NUMBERS).fetchnumpy()  # numbers only: no Python strings
             import pyarrow as pa
 
-            graded = pa.table({k: pa.array(v) for k, v in graded.items()})  # noqa: F841  (read by name)
+            util = pa.table({"utility": utility_np(config.reward, *(np.asarray(cells[c], dtype=np.float64)  # noqa: F841
+                                                                   for c in ("quality", "cost_usd", "latency_s")))})
             con.execute(INSERT_REWARDS)
-            del graded, cells
+            del util, cells
             lap("utility (numpy) and rewards")
         summary = finish(con, workers, "collection", config.reward,
                          f"computed from each cell's quality, cost and latency; weights: {weights_from}")
