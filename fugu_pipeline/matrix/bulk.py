@@ -126,6 +126,7 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
     with building(db_path) as con:
         # a bounded build: past this DuckDB spills to disk (beside the database) instead of growing
         con.execute("SET memory_limit = ?", [os.environ.get("FUGU_MATRIX_MEMORY_LIMIT", "3GB")])
+        con.execute("SET enable_progress_bar = false")  # long scans would print bars into the run's stdout
         _insert(con, "tasks", {
             "task_id": [tk.task_id for _, tk in batches], "batch": [b for b, _ in batches],
             "prompt": [tk.prompt for _, tk in batches], "prompt_hash": [tk.prompt_hash for _, tk in batches],
