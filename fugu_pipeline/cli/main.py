@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fugu_pipeline.cli import data, pipeline, routing, training
+from fugu_pipeline.cli import data, harness, pipeline, routing, training
 from fugu_pipeline.cli.common import CLIError
 
 
@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     data_opts(p)
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--output", default=None, help="report JSON path (default: <checkpoint>/reports/<split>.json)")
+    p.add_argument("--models-dir", default="models", help="the king's folder: the composite's novelty is against its routes")
+    p.add_argument("--tasks", default=None, help="BenchGen batch file or folder with the held-out tasks' graders, for the "
+                   "composite's live term (default: data/benchgen when present; needs --workers with workers)")
+    p.add_argument("--policy", default=None, help="promotion policy YAML (composite weights; default: configs/promotion.yaml)")
+
+    harness.add_commands(add, data_opts)  # baseline, pack, preflight, validate, train-triage, triage-report
 
     p = add("route", routing.cmd_route, "route a prompt without calling any worker")
     route_opts(p)
@@ -126,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
+    from fugu_pipeline.evaluate.promotion import PolicyError
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.features.settings import EncoderLoadError
     from fugu_pipeline.matrix.read import RewardMatrixError
@@ -138,7 +145,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fugu_pipeline.workers.contract import WorkerCallError
 
     return (CatalogError, CheckpointError, EncoderLoadError, RewardMatrixError, RouterError, TaskFileError,
-            ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError)
+            ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError)
 
 
 if __name__ == "__main__":
