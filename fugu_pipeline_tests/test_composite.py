@@ -200,3 +200,29 @@ def test_live_term_says_why_it_was_not_measured():
     assert live_rows(MultiTurnStandIn(), None, "c", "p", np.zeros(4, int), h, CompositeConfig())[1].startswith(
         "live term not measured: no task file")
     assert live_rows(MultiTurnStandIn(), {}, "c", "p", np.zeros(4, int), h, CompositeConfig(live_sample=0))[1] == "live term off (live_sample: 0)"
+
+
+def test_a_live_run_that_fails_for_one_head_is_dropped_for_both(tmp_path):
+    """The king's live calls hit the budget after the challenger's went through: neither head gets
+    a live term (a live term for one head only would weigh the two differently)."""
+    from fugu_pipeline.evaluate.contest import score_against_king
+    from fugu_pipeline.evaluate.live import LiveBudgetExceeded
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline_tests.harness_data import controlled_data, routing_head
+
+    data = controlled_data(contested_eval=30)
+    king = load_checkpoint(routing_head(tmp_path, data, (0, 1, 0), method="sft"))
+    challenger = load_checkpoint(routing_head(tmp_path, data, (0, 1, 2), method="es"))
+
+    class Flaky(MultiTurnStandIn):
+        def evaluate(self, policy, tasks):
+            if policy.label == "king":
+                raise LiveBudgetExceeded("live evaluation: spent $5.0000 of max $5.0000")
+            return super().evaluate(policy, tasks)
+
+    from types import SimpleNamespace
+
+    tasks = {t: SimpleNamespace(task_id=t) for t in data.split("test").task_ids}
+    out = score_against_king(challenger, king, data, CompositeConfig(), live=Flaky(), tasks=tasks)
+    assert out["live"] == "live term not measured: live evaluation: spent $5.0000 of max $5.0000"
+    assert out["challenger"]["benchmarks"][0]["live"] is None and out["king"]["benchmarks"][0]["live"] is None

@@ -182,8 +182,12 @@ def test_pack_preflight_validate_a_head_trained_elsewhere(project, capsys):
     assert "packed sft" in out and "fitness steps (val_utility)" in out and "training cost $" in out
     assert main(["preflight", "submission", "--workers", "configs/workers.mock.yaml", "--encoder", "tiny"]) == 0
     assert "matches workers of configs/workers.mock.yaml, encoder tiny" in capsys.readouterr().out
+    # with the host's matrix: its workers are paid, and the receipt shows what training cost
+    assert main(["preflight", "submission", "--workers", "configs/workers.mock.yaml", "--data", "r.jsonl"]) == 0
+    out = capsys.readouterr().out
+    assert "workers of configs/workers.mock.yaml" in out and "PASS receipt" in out and "training cost $" in out
     # validate: the gates, the composite with a live run on the mock pool, then the decision
-    assert main(["validate", "--challenger", "submission", *W, *tasks]) == 0
+    assert main(["validate", "--challenger", "submission", *W, *tasks, "--encoder", "tiny"]) == 0  # no king yet: the host names its encoder
     out = capsys.readouterr().out
     assert "PASS rate limit" in out and "PASS receipt" in out and "challenger composite" in out
     assert "live: one call per task (route, call, grade)" in out and "PROMOTED" in out
@@ -194,7 +198,7 @@ def test_pack_preflight_validate_a_head_trained_elsewhere(project, capsys):
     assert main(["train-rl", *W, "--checkpoint", sft, "--output", "elsewhere"]) == 0
     rl = capsys.readouterr().out.strip().splitlines()[-1]
     assert main(["pack", rl, "--out", "second", "--submitter", "alice"]) == 0
-    assert main(["validate", "--challenger", "second", *W, *tasks]) == 1
+    assert main(["validate", "--challenger", "second", *W, *tasks]) == 1  # the king's encoder
     out = capsys.readouterr().out
     assert "FAIL rate limit: 'alice' made an attempt at" in out and "REFUSED before scoring" in out
     last = json.loads((project / "models" / "promoted" / "history.jsonl").read_text().splitlines()[-1])

@@ -126,7 +126,7 @@ def cmd_preflight(args) -> int:
         from fugu_pipeline.cli.training import matrix_db
         from fugu_pipeline.matrix.read import read_arrays
 
-        args.reward_config = None
+        args.reward_config = args.host_workers  # its reward: block, for a JSONL whose rows carry quality
         data = read_arrays(matrix_db(args))
     host = host_expectation(args.models_dir, workers_yaml=args.host_workers, encoder=args.encoder, data=data)
     result = preflight(args.pack, args.models_dir, policy.gates, host=host, data=data, submitter=args.submitter)
@@ -140,16 +140,16 @@ def cmd_preflight(args) -> int:
 def cmd_validate(args) -> int:
     from fugu_pipeline.cli.training import routing_data
     from fugu_pipeline.evaluate.preflight import host_expectation, preflight
+    from fugu_pipeline.evaluate.preflight import king_manifest
     from fugu_pipeline.evaluate.promotion import append_history, promote_best
-    from fugu_pipeline.train.checkpoints import Manifest
 
     policy = load_policy_arg(args)
     pack_dir = Path(args.challenger)
-    try:
-        manifest = Manifest.model_validate_json((pack_dir / "manifest.json").read_text(encoding="utf-8"))
-        encoder = args.encoder or manifest.feature_contract.encoder_id
-    except (OSError, ValueError):
-        encoder = args.encoder
+    # the host's features: --encoder, else the king's encoder, else the default; never the pack's own claim
+    encoder = args.encoder
+    king = king_manifest(args.models_dir)
+    if encoder is None and king is not None:
+        encoder = king[1].feature_contract.encoder_id
     data = routing_data(args, encoder)
     host = host_expectation(args.models_dir, data=data)
     pre = preflight(pack_dir, args.models_dir, policy.gates, host=host, data=data, submitter=args.submitter)

@@ -95,6 +95,7 @@ def run_pipeline(
 DOWNSTREAM = [
     "task_embeddings", "router_sft", "router_rl", "router_es",
     "eval_report_sft", "eval_report_rl", "eval_report_es", "promoted_router",
+    "triage_head", "eval_report_triage",
 ]
 
 

@@ -19,8 +19,9 @@ from fugu_pipeline.evaluate.composite import (
     paired_difference,
     score_head,
 )
-from fugu_pipeline.evaluate.live import LiveEvaluator, LivePolicy
+from fugu_pipeline.evaluate.live import LiveBudgetExceeded, LiveEvaluator, LivePolicy
 from fugu_pipeline.evaluate.reports import head_scores
+from fugu_pipeline.workers.contract import FatalWorkerError
 
 
 def head_routes(checkpoint, data) -> np.ndarray:
@@ -55,7 +56,10 @@ def live_rows(live: LiveEvaluator | None, tasks: dict | None, label: str, checkp
             continue
         policy = LivePolicy(label=label, checkpoint=checkpoint_path,
                             routes={t: held.worker_ids[int(routes[row_of[t]])] for t in ids})
-        outcomes = live.evaluate(policy, [tasks[t] for t in ids])
+        try:
+            outcomes = live.evaluate(policy, [tasks[t] for t in ids])
+        except (LiveBudgetExceeded, FatalWorkerError) as exc:  # no partial live term: both heads or neither
+            return None, f"live term not measured: {exc}"
         out[b] = LiveRows(quality=np.array([o.quality for o in outcomes], float),
                           calls=np.array([o.calls for o in outcomes], float),
                           cost_usd=float(sum(o.cost_usd for o in outcomes)),
@@ -86,7 +90,12 @@ def score_against_king(checkpoint, king, data, cfg: CompositeConfig, *, live: Li
     out = {"challenger": ch, "king": None, "difference": None, "live": note, "king_note": king_note,
            "audit": {"fraction": cfg.audit_fraction, "rows": int(held.audit.sum()), "of": int(len(held.audit))}}
     if king_routes is not None:
-        live_k, _ = live_rows(live, tasks, "king", str(king.path), king_routes, held, cfg)
+        live_k, note_k = live_rows(live, tasks, "king", str(king.path), king_routes, held, cfg)
+        if (live_k is None) != (live_c is None):  # scored alike or not at all
+            out["live"] = note if live_c is None else note_k  # the failure's reason
+            live_c, live_k = None, None
+            ch = score_head(routes, held, cfg, king_routes=king_routes)
+            out["challenger"] = ch
         kg = score_head(king_routes, held, cfg, live=live_k, is_king=True)
         out["king"] = kg
         out["difference"] = paired_difference(routes, king_routes, held, cfg, ch, kg, live_c, live_k)
@@ -116,5 +125,7 @@ def add_composite(rep: dict, checkpoint, data, models_dir: str | Path | None, cf
     rep["composite"] = contest
     c = contest["challenger"]["composite"]
     k = contest["king"]["composite"] if contest["king"] is not None else None
-    rep["summary"] += f" | composite {c:.4f}" + ("" if k is None else f" (king {k:.4f})")
+    tail = f" | {rep['utility_formula']}" if rep.get("utility_formula") else ""
+    head = rep["summary"].removesuffix(tail) if tail and rep["summary"].endswith(tail) else rep["summary"]
+    rep["summary"] = head + f" | composite {c:.4f}" + ("" if k is None else f" (king {k:.4f})") + tail  # the formula stays last
     return rep

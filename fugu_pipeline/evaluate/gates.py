@@ -10,7 +10,9 @@ by `promoted_router`, `fugu-lite preflight` and `fugu-lite validate`.
    all zero (`train/checkpoints.weight_sanity`); a checkpoint too broken to load fails here.
 3. **duplicate**: cosine ≥ `duplicate_cosine` (0.99) between the head's routing map (its final
    layer, `linear.weight` and `linear.bias` flattened: the part every head kind has and CMA-ES
-   evolves; LayerNorm starts at ones in every head and would make unrelated heads look alike) and
+   evolves; LayerNorm starts at ones in every head and makes unrelated heads look alike: two SFT
+   heads trained from different seeds on the same 16-dim data measure 0.35 on the final layer and
+   0.94 over all tensors, and the LayerNorm share grows with the feature size) and
    that of any head judged before (promoted or refused after scoring; kept in
    `models/promoted/seen/`) or the king. Only maps of the same size are compared.
 4. **receipt**: the training receipt (`train/exchange.py`) records at least

@@ -63,7 +63,7 @@ class PreflightResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _king_manifest(models_dir: str | Path) -> tuple[Path, Manifest] | None:
+def king_manifest(models_dir: str | Path) -> tuple[Path, Manifest] | None:
     pointer = read_pointer(models_dir)
     if pointer is None:
         return None
@@ -77,7 +77,7 @@ def _king_manifest(models_dir: str | Path) -> tuple[Path, Manifest] | None:
 def host_expectation(models_dir: str | Path, *, workers_yaml: str | None = None, encoder: str | None = None, data=None) -> Host:
     """The host's worker set and feature contract: from `workers_yaml` / `encoder` / `data` when
     given, else from the king's manifest."""
-    king = _king_manifest(models_dir)
+    king = king_manifest(models_dir)
     sources = []
     workers = contract = None
     if workers_yaml:
@@ -153,7 +153,7 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
     if vector is None:
         gates.append(GateResult("duplicate", False, "not checked: the weights cannot be read"))
     else:
-        king = _king_manifest(models_dir)
+        king = king_manifest(models_dir)
         king_map = None
         if king is not None:
             kv = _routing_map((king[0] / WEIGHTS_FILE).read_bytes()) if (king[0] / WEIGHTS_FILE).exists() else None
