@@ -98,6 +98,12 @@ def test_baseline_command_prints_every_row(workdir, capsys):
     for label in ("random routing (100 seeds)", "oracle ceiling", "cross-fit oracle (best single)",
                   "cross-fit oracle (per domain)", "headroom (oracle − cross-fit)", "quality on 75 tasks"):
         assert label in out
+    for kind, shown, hidden in (("always", "always math-expert", "oracle ceiling"),
+                                ("random", "random routing (100 seeds)", "always"),
+                                ("oracle", "cross-fit oracle (best single)", "random routing")):
+        assert main(["baseline", kind, *W]) == 0
+        out = capsys.readouterr().out
+        assert shown in out and hidden not in out
     assert main(["baseline", "random", *W, "--seeds", "30", "--json"]) == 0
     b = json.loads(capsys.readouterr().out)
     assert b["utility"]["random"]["seeds"] == 30 and set(b["utility"]) == {"random"}

@@ -106,14 +106,14 @@ def cmd_baseline(args) -> int:
 
 def cmd_pack(args) -> int:
     from fugu_pipeline.cli.training import resolve_checkpoint
-    from fugu_pipeline.train.exchange import RECEIPT_FILE, pack, read_receipt
+    from fugu_pipeline.train.exchange import pack, read_receipt
 
     out = pack(resolve_checkpoint(args.checkpoint), args.out, submitter=args.submitter)
     r = read_receipt(out)
     cost = "none recorded" if r.data_cost_usd is None else f"${r.data_cost_usd:.4f}"
     print(f"packed {r.method} {r.content_hash} ({r.head_kind}, {r.param_count:,} params, workers {r.worker_ids}, "
           f"encoder {r.encoder_id}): {r.steps} fitness steps ({r.fitness_curve}), training cost {cost}")
-    print(f"{out}  ({', '.join(sorted(p.name for p in out.iterdir() if not p.name.startswith('.')))}; receipt {RECEIPT_FILE})")
+    print(f"{out}  ({', '.join(sorted(p.name for p in out.iterdir() if not p.name.startswith('.')))})")
     return 0
 
 
@@ -166,8 +166,10 @@ def cmd_validate(args) -> int:
         return 1
     live, tasks = live_for(args, data)
     outcome = promote_best([str(pack_dir)], data, args.models_dir, policy, live=live, tasks=tasks, submitter=pre.submitter)
-    for line in outcome["reasons"][1:]:
-        print(line)
+    shown = {g.line() for g in pre.gates}
+    for line in outcome["reasons"]:
+        if line not in shown:  # the gates promote_best ran again agree with preflight: printed once
+            print(line)
     if outcome["promoted"]:
         print(f"promoted: models/promoted/current.json -> {outcome['pointer']['checkpoint']}")
     return 0 if outcome["promoted"] else 1
