@@ -114,6 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--token", default=None, help="bearer token clients must send (default: $FUGU_SERVE_TOKEN; "
+                   "prefer the variable: a flag is visible to other users in the process list)")
+    p.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads for the encoder (default 1: "
+                   "cheapest per request for small batches; raise it for a large encoder on idle cores; 0 = torch's default)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="encoder dtype (auto: the embedding step's rule, bf16 on GPUs and CPUs with native bf16)")
+    p.add_argument("--max-body-bytes", type=int, default=2 << 20, help="larger request bodies get a 413")
+    p.add_argument("--batch-window-ms", type=float, default=3.0, help="how long a request waits for others to batch with")
+    p.add_argument("--max-batch", type=int, default=32, help="prompts per routing batch (1: no batching)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    encoder_opts(p)
     return ap
 
 

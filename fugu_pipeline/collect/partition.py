@@ -48,13 +48,15 @@ class CollectStats:
 
 
 def cells_to_call(tasks: Iterable[Task], done: dict[str, CallRecord], model_fingerprint: str | None) -> list[Task]:
-    """Tasks whose cell is missing, failed, or was answered by an older version of the model."""
+    """Tasks whose cell is missing, failed, or was answered by another version of the model.
+    Given a fingerprint (openrouter workers with a catalog), a cell recorded without one is stale
+    too: it was answered under an offer nobody recorded (every cell of an offline run)."""
     out = []
     for t in tasks:
         rec = done.get(t.task_id)
         if rec is None or rec.status != "ok" or rec.prompt_hash != t.prompt_hash:
             out.append(t)
-        elif model_fingerprint is not None and rec.model_fingerprint not in (None, model_fingerprint):
+        elif model_fingerprint is not None and rec.model_fingerprint != model_fingerprint:
             out.append(t)
     return out
 

@@ -82,20 +82,20 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
     )
 
 
-@dg.asset(deps=[task_embeddings], group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
+@dg.asset(deps=[task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
 def router_sft(context: dg.AssetExecutionContext, config: TrainConfig, pipeline: PipelineResource, encoder: EncoderResource) -> dg.Output[str]:
     """SFT warm start: cross-entropy to softmax(U/τ) soft targets, early-stopped on validation
     utility. Output: the checkpoint directory models/sft/<content hash>/."""
     return _train(context, pipeline, encoder, "sft", config)
 
 
-@dg.asset(group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
 def router_rl(context: dg.AssetExecutionContext, config: TrainConfig, pipeline: PipelineResource, encoder: EncoderResource, router_sft: str) -> dg.Output[str]:
     """Offline contextual-bandit RL over the full reward matrix, warm-started from SFT."""
     return _train(context, pipeline, encoder, "rl", config, init_path=router_sft)
 
 
-@dg.asset(group_name="training", kinds={"safetensors"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="training", kinds={"safetensors"}, code_version=CODE_VERSION)
 def router_es(context: dg.AssetExecutionContext, config: TrainConfig, pipeline: PipelineResource, encoder: EncoderResource, router_rl: str) -> dg.Output[str]:
     """Separable CMA-ES on the final linear layer over cached features, warm-started from RL;
     keeps the weights best on validation (never worse than the warm start)."""
@@ -141,19 +141,19 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
                       "router_utility": rep["router_utility"]}, metadata=meta)
 
 
-@dg.asset(group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_sft(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_sft: str) -> dg.Output[dict]:
     """Held-out report of the SFT checkpoint (DESIGN §5): every metric, plots, per-domain table."""
     return _report(context, pipeline, encoder, router_sft, "sft")
 
 
-@dg.asset(group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_rl(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_rl: str) -> dg.Output[dict]:
     """Held-out report of the RL checkpoint (DESIGN §5)."""
     return _report(context, pipeline, encoder, router_rl, "rl")
 
 
-@dg.asset(group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_es(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_es: str) -> dg.Output[dict]:
     """Held-out report of the CMA-ES checkpoint (DESIGN §5)."""
     return _report(context, pipeline, encoder, router_es, "es")
@@ -176,7 +176,7 @@ class PromotionConfig(dg.Config):
     """Live tasks per benchmark for the composite (None: the file's, 20; 0: no live term)."""
 
 
-@dg.asset(group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def promoted_router(
     context: dg.AssetExecutionContext, config: PromotionConfig, pipeline: PipelineResource, encoder: EncoderResource,
     eval_report_sft: dict, eval_report_rl: dict, eval_report_es: dict,
