@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", default="configs/workers.mock.yaml", help="worker YAML (default: the offline mock pool)")
     p.add_argument("--encoder", default=None, help="'tiny' (offline), a local model directory, or a hub id (default: $FUGU_ENCODER, else Qwen/Qwen3-0.6B)")
     p.add_argument("--stop-after", default=None, help="stop after this asset (e.g. reward_matrix)")
+    p.add_argument("--roles", action="store_true", help="also train, evaluate and promote the multi-turn coordinator "
+                   "(router_roles, eval_report_roles) after the one-step chain")
 
     p = add("doctor", pipeline.cmd_doctor, "check Python, torch/CUDA, the key (present or not), Dagster home, disk")
     p.add_argument("--project-dir", default=".")
@@ -88,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("ask", routing.cmd_ask, "route a prompt and call the chosen worker (falls back on failure)")
     route_opts(p)
     p.add_argument("--workers", required=True)
+    p.add_argument("--mode", choices=["one-step", "multi-turn"], default="one-step",
+                   help="multi-turn: the promoted coordinator (or --checkpoint, a roles checkpoint) delegates over "
+                   "several turns (Thinker, Worker, Verifier) and answers with the committed answer")
+    p.add_argument("--seed", type=int, default=0, help="multi-turn: the session's sampling seed")
 
     p = add("serve", routing.cmd_serve, "serve an OpenAI-compatible endpoint that routes every request")
     p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: follow the promoted pointer)")

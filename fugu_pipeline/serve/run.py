@@ -14,6 +14,7 @@ from fugu_pipeline.serve.app import (
     create_app,
     load_router_provider,
 )
+from fugu_pipeline.train.pointer import ROLES_POINTER
 
 log = logging.getLogger("fugu_pipeline.serve")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -54,8 +55,13 @@ def serve(
     if token is None and host not in LOOPBACK:
         log.warning("serving on %s without a token: set FUGU_SERVE_TOKEN (or --token), and put TLS in front", host)
     provider = load_router_provider(checkpoint_or_models_dir, device=device, encoder=encoder)
+    roles = None  # "fugu_mode": "multi_turn" requests: the promoted coordinator, when the models folder has one
+    if (Path(checkpoint_or_models_dir) / ROLES_POINTER).exists():
+        from fugu_pipeline.route.roles import PromotedRoles
+
+        roles = PromotedRoles(checkpoint_or_models_dir, device=device, encoder=encoder)
     app = create_app(provider, workers_config_path, api_token=token, max_body_bytes=max_body_bytes,
-                     batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts)
+                     batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts, roles=roles)
     router = app.state.fugu.source.last
     log.info("fugu-lite serving %s (%s) on http://%s:%d/v1", checkpoint_tag(router), router.path, host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
