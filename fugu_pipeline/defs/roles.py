@@ -92,12 +92,13 @@ def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pi
 
 @dg.asset(group_name="multi_turn", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pipeline: PipelineResource,
-                      encoder: EncoderResource, router_roles: str) -> dg.Output[dict]:
+                      encoder: EncoderResource, router_roles: str, router_es: str) -> dg.Output[dict]:
     """Live multi-turn report on the held-out tasks: accuracy with a 95% interval, turns and cost
-    per correct answer, role and worker usage per turn, against the promoted one-step router and
-    the best fixed worker (chosen on train), per domain with a verdict on whether delegation is
-    worth its extra calls. Then king versus challenger: the coordinator replaces
-    models/promoted/roles.json only if it passes every gate."""
+    per correct answer, role and worker usage per turn, against the one-step router (the promoted
+    one; the latest CMA-ES checkpoint when none is promoted) and the best fixed worker (chosen on
+    train), per domain with a verdict on whether delegation is worth its extra calls. Then king
+    versus challenger: the coordinator replaces models/promoted/roles.json only if it passes every
+    gate."""
     from pathlib import Path
 
     from fugu_pipeline.evaluate.promotion import PromotionPolicy
@@ -110,7 +111,7 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
     with run as r:
         try:
             rep = evaluate_coordinator(r, Path(router_roles), tasks, cfg, pipeline.paths.models, seeds=config.eval_seeds,
-                                       policy=policy, log=context.log.info)
+                                       policy=policy, one_step_fallback=Path(router_es), log=context.log.info)
         except (FatalWorkerError, BudgetExhausted, ValueError) as exc:
             raise _stop(exc) from None
     p = rep["policies"]
@@ -130,6 +131,7 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
                          "best_fixed_worker": rep["best_fixed_worker"],
                          **({"one_step_accuracy": p["one_step"]["accuracy"]["mean"]} if "one_step" in p else {}),
                          "coordinator_turns_per_correct": p["coordinator"]["turns_per_correct"] or float("nan"),
+                         "one_step_router": rep.get("one_step_router") or "none",
                          "per_domain": dg.MetadataValue.md("\n".join(table)),
                          "verdicts": dg.MetadataValue.md("\n".join(f"- {v}" for v in rep["verdicts"])),
                          "usage_per_turn": dg.MetadataValue.json(rep["usage_per_turn"]),

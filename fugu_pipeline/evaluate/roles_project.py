@@ -145,22 +145,31 @@ def _policy_of(checkpoint, featurizer):
     return policy_from_checkpoint(checkpoint, featurizer)
 
 
-def one_step_policy(models_dir: Path, worker_ids: list[str], log: Log = print):
-    """The promoted one-step router as a session policy, or None (with the reason logged)."""
+def one_step_policy(models_dir: Path, worker_ids: list[str], log: Log = print, fallback: Path | None = None):
+    """The one-step router to compare with, as a session policy: the promoted one, else `fallback`
+    (the pipeline's latest one-step checkpoint), else None. Returns (policy or None, where it came from)."""
     from fugu_pipeline.route.promoted import promoted_checkpoint_path
     from fugu_pipeline.route.roles import OneStepPolicy
     from fugu_pipeline.route.router import Router, RouterError
+    from fugu_pipeline.train.checkpoints import CheckpointError
 
-    try:
-        return OneStepPolicy(Router.load(promoted_checkpoint_path(models_dir)), worker_ids)
-    except (RouterError, FileNotFoundError, ValueError) as exc:
-        log(f"no one-step router to compare with: {exc}")
-        return None
+    tries = [("promoted", lambda: promoted_checkpoint_path(models_dir))]
+    if fallback is not None:
+        tries.append(("not promoted: the latest one-step checkpoint", lambda: Path(fallback)))
+    reasons = []
+    for what, where in tries:
+        try:
+            path = where()
+            return OneStepPolicy(Router.load(path), worker_ids), f"{what} ({path})"
+        except (RouterError, CheckpointError, FileNotFoundError, ValueError) as exc:
+            reasons.append(f"{what}: {exc}")
+    log("no one-step router to compare with: " + "; ".join(reasons))
+    return None, None
 
 
 def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task], cfg: RolesConfig, models_dir: Path, *,
                          seeds: int = 1, promote: bool = True, policy: PromotionPolicy | None = None,
-                         log: Log = print) -> dict:
+                         one_step_fallback: Path | None = None, log: Log = print) -> dict:
     """The held-out report (`evaluate/roles.py`), written to <checkpoint>/reports/roles-test.json,
     and (with `promote`) the king-versus-challenger decision on models/promoted/roles.json."""
     from fugu_pipeline.route.roles import check_session_format
@@ -172,11 +181,11 @@ def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task]
     check_session_format(ckpt.manifest)
     coordinator = _policy_of(ckpt, run.featurizer)
     worker_ids = run.config.worker_ids
-    one_step = one_step_policy(models_dir, worker_ids, log)
+    one_step, one_step_source = one_step_policy(models_dir, worker_ids, log, one_step_fallback)
     test, train = split(tasks, "test"), split(tasks, "train")
     r = lambda t: reward(t, cfg)  # noqa: E731
     rep = evaluate_roles(run.runner, coordinator, test, train, worker_ids, r, one_step=one_step, seeds=seeds)
-    rep.update({"checkpoint": str(checkpoint_path), "content_hash": ckpt.manifest.content_hash,
+    rep.update({"checkpoint": str(checkpoint_path), "content_hash": ckpt.manifest.content_hash, "one_step_router": one_step_source,
                 "reward": {"turn_penalty": cfg.turn_penalty, "cost_penalty": cfg.cost_penalty}})
     for line in report_lines(rep):
         log(line)
