@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,22 +53,30 @@ class RolesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     seed: int = 0
-    generations: int = Field(40, ge=1)
+    generations: int = Field(60, ge=1)
     population_size: int | None = Field(None, ge=2, description="None = cmaes' 4 + floor(3 ln n)")
-    sigma0: float = Field(2.0, gt=0, description="initial step size as a logit scale: each weight moves by "
-                          "sigma0 / sqrt(D) over standardised features, so a random step changes logits by about sigma0")
+    sigma0: float = Field(2.0, gt=0, description="initial step size as a logit scale: a random step changes "
+                          "each logit by about sigma0")
+    search_dims: int | None = Field(16, ge=1, description="CMA-ES searches this many leading whitened directions "
+                                    "of the transcripts' features (None: all D); the head stays (L + 3) x D")
     explore_tasks: int = Field(32, ge=1, description="training tasks the uniform policy explores (sampled) to set "
                                "the feature standardisation")
-    tasks_per_generation: int = Field(16, ge=1, description="training tasks per generation (shared by all candidates)")
+    tasks_per_generation: int = Field(32, ge=1, description="training tasks per generation (shared by all candidates)")
     seeds_per_task: int = Field(1, ge=1, description="sampling seeds per task and generation")
-    sample_actions: bool = Field(True, description="training picks are sampled from the head's softmaxes (with "
-                                 "the shared seeds); false = greedy. Validation and evaluation are always greedy")
+    sample_actions: bool = Field(False, description="true: training picks are sampled from the head's softmaxes "
+                                 "(with the shared seeds); false: greedy. Validation and evaluation are always greedy")
     val_every: int = Field(5, ge=1)
     val_tasks: int | None = Field(60, ge=1, description="validation tasks used for selection (None = all)")
-    val_seeds: int = Field(1, ge=1)
+    val_seeds: int = Field(2, ge=1)
     max_turns: int = Field(5, ge=1, le=20)
-    turn_penalty: float = Field(0.02, ge=0, description="reward lost per turn")
+    turn_penalty: float = Field(0.05, ge=0, description="reward lost per turn")
     cost_penalty: float = Field(0.0, ge=0, description="reward lost per USD spent")
+    init: Literal["one_step", "uniform"] = Field(
+        "one_step", description="one_step: generation 0 is a one-step policy: role rows prefer Worker in every state "
+        "(so a Worker answer is committed at once), worker rows come from the one-step router where encoders match, "
+        "else prefer the best fixed worker of the exploration tasks; uniform: the seed's all-zero head")
+    init_logit: float = Field(3.0, ge=0, description="one_step init: the lead of the Worker role (and of the best "
+                              "fixed worker) in every state")
     warm_start: bool = Field(True, description="start the worker rows from the one-step router's where encoders match")
     svf: bool = Field(False, description="also evolve the SVF adapter (scales on the singular values of the "
                       "encoder's second-to-last layer); changes the features, so the encoder runs per candidate")
@@ -156,20 +164,22 @@ def warm_start_weight(featurizer: TranscriptFeaturizer, worker_ids: list[str], c
     return w, f"warm start: worker rows of {len(copied)} worker(s) from {m.method}/{m.content_hash}"
 
 
+TRAIN_SEEDS = 10**9  # training and exploration seeds lie below; validation and held-out seeds above
+VAL_SEED_BASE = 10**9
 SHIFT = 1.0  # standardised features keep a constant part: the bias-free head can still prefer a role everywhere
 
 
 def exploration_stats(runner: SessionRunner, featurizer: TranscriptFeaturizer, worker_ids: list[str],
-                      tasks: list[Task], n_tasks: int, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
+                      tasks: list[Task], n_tasks: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The feature standardisation of every transcript state the uniform policy meets on `n_tasks`
     training tasks (sampled picks, seeded): per dimension, (x - center) / scale has spread 1 and
     mean SHIFT. Centring alone would take away the only constant a bias-free head has (the large
     direction all hidden states share), and with it any preference that holds in every state
     ("Worker, unless ..."). The rollouts are ordinary stored trajectories. Returns (center, scale,
-    states)."""
+    the standardised features of every state)."""
     rng = np.random.default_rng([seed, 7])
     chosen = rng.choice(len(tasks), size=min(n_tasks, len(tasks)), replace=False)
-    pairs = [(tasks[int(i)], int(rng.integers(0, 2**31 - 1))) for i in chosen]
+    pairs = [(tasks[int(i)], int(rng.integers(0, TRAIN_SEEDS))) for i in chosen]
     uniform = LinearRolesPolicy(np.zeros((len(worker_ids) + len(ROLES), featurizer.dim), np.float32), worker_ids, featurizer)
     trs = runner.run([uniform], pairs, greedy=False)[0]
     by_id = {t.task_id: t for t, _ in pairs}
@@ -178,7 +188,38 @@ def exploration_stats(runner: SessionRunner, featurizer: TranscriptFeaturizer, w
     scale = x.std(axis=0)
     scale = np.where(scale > 1e-6, scale, 1.0)  # a constant dimension carries nothing: leave it unscaled
     center = x.mean(axis=0) - SHIFT * scale  # (x - center) / scale has mean SHIFT and spread 1 in every dimension
-    return center.astype(np.float32), scale.astype(np.float32), len(heads)
+    return center.astype(np.float32), scale.astype(np.float32), (x - center) / scale
+
+
+def best_fixed_worker(runner: SessionRunner, worker_ids: list[str], tasks: list[Task], cfg: RolesConfig,
+                      log: Callable[[str], None]) -> str:
+    """The worker with the best mean reward answering alone in one turn on the exploration tasks."""
+    from fugu_pipeline.session.policy import FixedPolicy
+
+    rng = np.random.default_rng([cfg.seed, 7])
+    chosen = rng.choice(len(tasks), size=min(cfg.explore_tasks, len(tasks)), replace=False)
+    pairs = [(tasks[int(i)], int(rng.integers(0, TRAIN_SEEDS))) for i in chosen]
+    rows = runner.run([FixedPolicy(worker_ids, w) for w in worker_ids], pairs, greedy=True)
+    means = [float(np.mean([reward(t, cfg) for t in row])) for row in rows]
+    best = worker_ids[int(np.argmax(means))]
+    log(f"roles: one-step start on {best} (reward alone: " + ", ".join(f"{w} {m:.3f}" for w, m in zip(worker_ids, means)) + ")")
+    return best
+
+
+def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
+    """(B (k, D), B+ (D, k)): the k leading directions of the standardised features' second moment,
+    each scaled to unit spread (whitened). CMA-ES moves theta (L + 3, k) and the head is
+    W = theta @ B: a step of one size changes the logits by the same amount along each of the
+    directions the transcripts vary most in, so the small ones that tell a state from the next (the
+    last role, a verdict) are as easy to move as the large ones (the task family, the constant part),
+    and the search has k, not D, numbers per output. The saved head is W itself (L + 3, D).
+    `dims` None: all D directions."""
+    m = z.T @ z / max(len(z), 1)
+    lam, u = np.linalg.eigh(m)
+    order = np.argsort(-lam)[: min(dims or len(lam), len(lam))]
+    lam = np.maximum(lam[order], 0.0) + reg * max(float(np.trace(m)) / len(m), 1e-12)
+    u = u[:, order]
+    return (u / np.sqrt(lam)).T, u * np.sqrt(lam)
 
 
 def policy_from_checkpoint(checkpoint, featurizer: TranscriptFeaturizer) -> LinearRolesPolicy:
@@ -215,13 +256,21 @@ def train_roles(
         raise ValueError(f"the coordinator needs train and val tasks (got {len(train)} train, {len(val)} val)")
     t0 = time.perf_counter()
     n_out, dim = len(worker_ids) + len(ROLES), featurizer.dim
-    center, scale, n_states = exploration_stats(runner, featurizer, worker_ids, train, cfg.explore_tasks, cfg.seed)
-    log(f"roles: features standardised over {n_states} transcript states of the uniform policy on "
-        f"{min(cfg.explore_tasks, len(train))} training tasks")
-    if init_weight is None:
-        theta0 = np.zeros(n_out * dim)
-    else:  # rows that acted on raw features act on standardised ones: W' = W * scale keeps W'x' = W(x - center)
-        theta0 = (np.asarray(init_weight, np.float64) * scale[None, :]).ravel()
+    center, scale, z = exploration_stats(runner, featurizer, worker_ids, train, cfg.explore_tasks, cfg.seed)
+    basis, inverse = search_basis(z, cfg.search_dims)
+    k = len(basis)
+    log(f"roles: features standardised over {len(z)} transcript states of the uniform policy on "
+        f"{min(cfg.explore_tasks, len(train))} training tasks; CMA-ES searches their {k} leading whitened directions")
+    w0 = np.zeros((n_out, dim))
+    flat = 1.0 / (SHIFT * dim)  # standardised features average SHIFT per dimension: a flat row is a constant logit
+    if init_weight is not None:  # rows that acted on raw features act on standardised ones: W' = W * scale
+        w0[: len(worker_ids)] = np.asarray(init_weight, np.float64)[: len(worker_ids)] * scale[None, :]
+    if cfg.init == "one_step":
+        w0[len(worker_ids) + ROLES.index("worker")] = cfg.init_logit * flat
+        if init_weight is None:
+            best = best_fixed_worker(runner, worker_ids, train, cfg, log)
+            w0[worker_ids.index(best)] = cfg.init_logit * flat
+    theta0 = (w0 @ inverse).ravel()  # W = theta @ B
     n_w, adapter = theta0.size, None
     if cfg.svf:  # the adapter's scales z = 1 + u; u starts at 0 (the original encoder)
         from fugu_pipeline.train.svf import SVFAdapter
@@ -231,17 +280,21 @@ def train_roles(
         log(f"roles: SVF adapter on the encoder's second-to-last layer: {adapter.size:,} singular values "
             f"({', '.join(adapter.names)}); transcripts are encoded per candidate")
 
+    def head(th: np.ndarray) -> np.ndarray:
+        return (np.asarray(th[:n_w], np.float64).reshape(n_out, k) @ basis).astype(np.float32)
+
     def make(th: np.ndarray) -> LinearRolesPolicy:
-        w = np.asarray(th[:n_w], np.float32).reshape(n_out, dim)
+        w = head(th)
         f = featurizer if adapter is None else featurizer.with_scales(adapter, 1.0 + np.asarray(th[n_w:], np.float32))
         return LinearRolesPolicy(w, worker_ids, f, center=center, scale=scale)
 
-    es = SepCMA(mean=theta0.copy(), sigma=cfg.sigma0 / np.sqrt(dim), seed=cfg.seed, population_size=cfg.population_size)
+    es = SepCMA(mean=theta0.copy(), sigma=cfg.sigma0 / np.sqrt(k), seed=cfg.seed, population_size=cfg.population_size)
     rng = np.random.default_rng(cfg.seed)
     order = np.random.default_rng(cfg.seed + 1).permutation(len(val))
     val_set = [val[i] for i in order[: cfg.val_tasks or len(val)]]
-    val_pairs = [(t, 10**9 + s) for t in val_set for s in range(cfg.val_seeds)]
-    log(f"roles: SepCMA over a {n_out} x {dim} head ({theta0.size:,} weights), population {es.population_size}, "
+    val_pairs = [(t, VAL_SEED_BASE + s) for t in val_set for s in range(cfg.val_seeds)]
+    log(f"roles: SepCMA over a {n_out} x {dim} head ({n_out} x {k} search coordinates{' + SVF' if adapter else ''}: "
+        f"{theta0.size:,} evolved numbers), population {es.population_size}, "
         f"sigma0 {cfg.sigma0}, {cfg.generations} generations x {cfg.tasks_per_generation} tasks x "
         f"{cfg.seeds_per_task} seed(s); {len(train)} train / {len(val_set)} val tasks; "
         f"{'sampled' if cfg.sample_actions else 'greedy'} picks in training, greedy on val")
@@ -251,13 +304,14 @@ def train_roles(
         return np.array([[reward(tr, cfg) for tr in row] for row in trs]), trs
 
     r0, tr0 = score([theta0], val_pairs, True)
-    best_val, best_theta, best_gen, best_what = float(r0.mean()), theta0, 0, "warm_start" if init_weight is not None else "zero_init"
+    start = ("warm_start" if init_weight is not None else "one_step_init") if cfg.init == "one_step" else "zero_init"
+    best_val, best_theta, best_gen, best_what = float(r0.mean()), theta0, 0, start
     curves: dict[str, list[float]] = {"train_best": [], "train_population_mean": [], "train_mean": [],
                                       "val_generation": [0.0], "val_mean": [best_val], "val_best": [best_val]}
     log(f"roles generation   0  val reward {best_val:.4f} ({best_what})")
     for g in range(1, cfg.generations + 1):
         batch = rng.choice(len(train), size=min(cfg.tasks_per_generation, len(train)), replace=False)
-        seeds = rng.integers(0, 2**31 - 1, size=(len(batch), cfg.seeds_per_task))
+        seeds = rng.integers(0, TRAIN_SEEDS, size=(len(batch), cfg.seeds_per_task))
         pairs = [(train[int(i)], int(s)) for i, row in zip(batch, seeds) for s in row]
         xs = [es.ask() for _ in range(es.population_size)]
         r, _ = score([*xs, es.mean.copy()], pairs, not cfg.sample_actions)
@@ -281,7 +335,7 @@ def train_roles(
         log(line)
     log(f"roles: keeping {best_what} of generation {best_gen} (val reward {best_val:.4f})")
 
-    weight = np.asarray(best_theta[:n_w], np.float32).reshape(n_out, dim)
+    weight = head(best_theta)
     svf_scales = None if adapter is None else (1.0 + np.asarray(best_theta[n_w:], np.float32))
     _, kept = score([best_theta], val_pairs, True)
     kept = kept[0]

@@ -39,14 +39,14 @@ class MockClient:
                        params: dict | None = None) -> Completion:
         """`params` may carry `seed` (the sampling seed of a multi-turn session); a request that
         names a role (`mock_roles.py`) gets the role behaviour, deterministic per (task, worker,
-        role, turn, seed), failures included."""
+        role, transcript, seed), failures included."""
         b = self.spec.mock
         self.calls += 1
         if b.sleep_s:
             await asyncio.sleep(b.sleep_s)
         key = task.task_id if task else messages[-1]["content"]
         role = parse_role_request(messages)
-        draw = str(self.calls) if role is None else f"{role.role}/{role.turn}/{(params or {}).get('seed', 0)}"
+        draw = str(self.calls) if role is None else f"{role.role}/{len(role.blocks)}/{(params or {}).get('seed', 0)}"
         if b.fail_rate and _unit("fail", self.worker_id, key, draw) < b.fail_rate:
             raise WorkerCallError(f"mock worker {self.worker_id}: simulated failure", attempts=1, status=503)
         if role is not None:

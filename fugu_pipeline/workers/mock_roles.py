@@ -7,7 +7,11 @@ the transcript so far as blocks headed `[Turn k · Role · worker-id]` (the sess
 that format; this module only reads it). A request without a role line is a one-step call and
 keeps the one-step behaviour of `mock.py`.
 
-Every draw depends only on (worker, task, role, turn, seed), so a session replays exactly:
+Every draw depends only on (worker, task, role, seed) and how many times this worker has already
+played this role in the session (which the turn's transcript fixes), so a session replays exactly,
+and two sessions that differ only in an extra turn elsewhere see the same draws (common random
+numbers: a Worker's first attempt is the same draw whether or not a Thinker spoke first; the plan
+only moves the bar it has to clear):
 - Thinker: writes a plan, never an answer. The plan is good with probability
   `roles.plan_quality[domain]` (default: the worker's strength for the task's domain); a good plan
   carries the marker `[mock-plan good]`.
@@ -47,7 +51,7 @@ def unit(*parts: str) -> float:
 class RoleRequest:
     role: str  # thinker | worker | verifier
     turn: int
-    blocks: list[tuple[str, str]]  # (role, text) of the earlier turns, oldest first
+    blocks: list[tuple[str, str, str]]  # (role, worker, text) of the earlier turns, oldest first
     task_text: str = ""  # the user message before the first turn block
 
 
@@ -63,7 +67,7 @@ def parse_role_request(messages: list[dict]) -> RoleRequest | None:
     blocks = []
     for i, h in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else (t.start() if t and t.start() > h.end() else len(user))
-        blocks.append((h.group(2).lower(), user[h.end():end].strip()))
+        blocks.append((h.group(2).lower(), h.group(3).strip(), user[h.end():end].strip()))
     task_text = user[: heads[0].start()] if heads else user[: t.start()] if t else user
     return RoleRequest(role=m.group(1).lower(), turn=int(t.group(1)) if t else len(blocks) + 1, blocks=blocks,
                        task_text=task_text)
@@ -75,20 +79,21 @@ def role_answer(req: RoleRequest, behaviour: "MockBehaviour", worker_id: str, ta
     and `wrong_answer(task)` are the mock's one-step answers (shared with `mock.py`)."""
     domain = task.domain if task is not None else "general"
     tid = task.task_id if task is not None else hashlib.sha256(req.task_text.encode()).hexdigest()[:12]
-    key = (worker_id, tid, req.role, str(req.turn), str(seed))
+    attempt = 1 + sum(r == req.role and w == worker_id for r, w, _ in req.blocks)
+    key = (worker_id, tid, req.role, str(attempt), str(seed))
     strength = behaviour.strengths.get(domain, behaviour.default_strength)
     if req.role == "thinker":
         good = unit("plan", *key) < behaviour.roles.plan_quality.get(domain, strength)
         return ("Plan: restate what is asked, split it into small steps, do each step carefully, and check "
                 "the result against the question before answering. " + (GOOD_PLAN if good else WEAK_PLAN))
     if req.role == "worker":
-        planned = any(r == "thinker" and GOOD_PLAN in text for r, text in req.blocks)
+        planned = any(r == "thinker" and GOOD_PLAN in text for r, _, text in req.blocks)
         p = strength + (behaviour.roles.plan_boost.get(domain, 0.0) if planned else 0.0)
         if task is None:
             return f"[{worker_id}] Working on it. Final answer: see above"
         correct = unit("correct", *key) < min(max(p, 0.0), 1.0)
         return "Working through it step by step.\n" + (correct_answer(task) if correct else wrong_answer(task))
-    answers = [text for r, text in req.blocks if r == "worker"]
+    answers = [text for r, _, text in req.blocks if r == "worker"]
     if not answers:
         return "There is no answer in the transcript to check yet.\nVERDICT: REVISE"
     right = task is None or answers[-1].rstrip().endswith(correct_answer(task).rstrip())
