@@ -222,3 +222,32 @@ def test_warm_start_copies_worker_rows_only_where_the_encoders_match(tmp_path, e
     assert w is None and "pooling" in why
     w, why = warm_start_weight(f, ids, load_checkpoint(one_step("layernorm_linear", same)))
     assert w is None and "layernorm_linear" in why
+
+
+# --------------------------------------------------------------------------- it learns what it should
+
+
+@pytest.mark.slow
+def test_coordinator_delegates_where_it_helps_and_stops_at_one_turn_where_it_only_costs(tmp_path, encoder):
+    """Held-out, live, against the best fixed worker (chosen on train) with the same seeds: on
+    `multistep` the coordinator is far more accurate (Thinker, Worker, Verifier); on `lookup` it
+    answers in about one turn and loses no significant accuracy."""
+    from fugu_pipeline.evaluate.roles import evaluate_roles, report_lines
+    from fugu_pipeline.train.roles import reward
+
+    tasks = tasks_of(200)
+    cfg = RolesConfig(generations=40, max_length=256)
+    config = load_workers_config(WORKERS)
+    with open_run(config, encoder.settings, tmp_path / "store", tasks, cfg, encoder=encoder) as run:
+        res = train_roles(run.runner, run.featurizer, config.worker_ids, split(tasks, "train"), split(tasks, "val"), cfg,
+                          log=QUIET)
+        rep = evaluate_roles(run.runner, res.policy(), split(tasks, "test"), split(tasks, "train"), config.worker_ids,
+                             lambda t: reward(t, cfg), seeds=2)
+    print("\n" + "\n".join(report_lines(rep)))
+    dom = {d["domain"]: d for d in rep["per_domain"]}
+    ms, lk = dom["multistep"], dom["lookup"]
+    assert ms["coordinator_vs_best_fixed"]["low"] > 0.05  # significantly more accurate where a plan and a check help
+    assert ms["policies"]["coordinator"]["mean_turns"] > 1.5  # ... because it delegates there
+    assert lk["policies"]["coordinator"]["mean_turns"] < 1.35  # one turn, mostly, where more turns only cost
+    assert lk["coordinator_vs_best_fixed"]["low"] > -0.15  # and no significant loss there
+    assert rep["paired"]["coordinator_vs_best_fixed"]["reward"]["mean"] > 0  # worth its turns overall

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fugu_pipeline.cli import data, pipeline, routing, training
+from fugu_pipeline.cli import data, pipeline, roles, routing, training
 from fugu_pipeline.cli.common import CLIError
 
 
@@ -83,6 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     data_opts(p)
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--output", default=None, help="report JSON path (default: <checkpoint>/reports/<split>.json)")
+
+    p = add("evaluate-roles", roles.cmd_evaluate_roles, "the held-out multi-turn report of a coordinator on a "
+            "project's tasks (vs the one-step router and the best fixed worker); --promote to face the king")
+    p.add_argument("--project-dir", default=".")
+    p.add_argument("--workers", default="configs/workers.mock.yaml", help="worker YAML, relative to the project")
+    p.add_argument("--config", default="configs/train_roles.yaml", help="roles config (reward penalties, turn limit)")
+    p.add_argument("--checkpoint", default=None, help="roles checkpoint (default: the promoted coordinator)")
+    p.add_argument("--seeds", type=int, default=1, help="sampling seeds per held-out task")
+    p.add_argument("--one-step", default=None, help="one-step checkpoint to compare with when none is promoted")
+    p.add_argument("--promote", action="store_true", help="apply the promotion gates to models/promoted/roles.json")
+    p.add_argument("--encoder", default=None, help="where to load the checkpoint's encoder from (default: its contract)")
+    p.add_argument("--device", default="auto")
 
     p = add("route", routing.cmd_route, "route a prompt without calling any worker")
     route_opts(p)

@@ -46,3 +46,44 @@ def cmd_ask_multi_turn(args) -> int:
     if tr.answer is None and tr.stop_reason in ("all_workers_failed", "fatal", "budget"):
         raise CLIError(f"the session ended without an answer ({tr.stop_reason}): {tr.error}")
     return 0
+
+
+def cmd_evaluate_roles(args) -> int:
+    """The held-out multi-turn report of a coordinator (default: the promoted one) on a project's
+    graded tasks; the same core as `eval_report_roles`, promotion only with --promote."""
+    from pathlib import Path
+
+    from fugu_pipeline.evaluate.roles_project import (
+        evaluate_coordinator,
+        open_run,
+        project_tasks,
+        roles_encoder_settings,
+    )
+    from fugu_pipeline.paths import ProjectPaths
+    from fugu_pipeline.route.router import RouterError
+    from fugu_pipeline.train.pointer import ROLES_POINTER, pointer_target, read_pointer
+    from fugu_pipeline.train.roles import load_roles_config
+    from fugu_pipeline.workers.config import load_workers_config
+
+    paths = ProjectPaths(Path(args.project_dir).resolve())
+    config = load_workers_config(paths.resolve(args.workers))
+    cfg = load_roles_config(paths.resolve(args.config))
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    if checkpoint is None:
+        ptr = read_pointer(paths.models, ROLES_POINTER)
+        if ptr is None:
+            raise RouterError(f"no promoted coordinator in {paths.models}; pass --checkpoint models/roles/<hash>")
+        checkpoint = pointer_target(paths.models, ptr)
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    contract = load_checkpoint(checkpoint).manifest.feature_contract
+    settings = roles_encoder_settings(args.encoder or contract.encoder_id, contract.max_length, revision=contract.revision,
+                                      device=args.device)
+    tasks = project_tasks(paths.benchgen, paths.reward_db)
+    with open_run(config, settings, paths.data / "trajectories", tasks, cfg) as run:
+        rep = evaluate_coordinator(run, checkpoint, tasks, cfg, paths.models, seeds=args.seeds, promote=args.promote,
+                                   one_step_fallback=Path(args.one_step) if args.one_step else None)
+        print(f"worker calls this run: {dict(run.caller.calls)}; sessions read from the store: "
+              f"{run.runner.stats.sessions_stored}, run: {run.runner.stats.sessions_run}")
+    print(f"report: {rep['report_path']}")
+    return 0

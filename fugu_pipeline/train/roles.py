@@ -70,7 +70,8 @@ class RolesConfig(BaseModel):
     val_seeds: int = Field(2, ge=1)
     max_turns: int = Field(5, ge=1, le=20)
     turn_penalty: float = Field(0.05, ge=0, description="reward lost per turn")
-    cost_penalty: float = Field(0.0, ge=0, description="reward lost per USD spent")
+    cost_penalty: float = Field(10.0, ge=0, description="reward lost per USD spent (10: 0.1 per cent, the "
+                                "shipped utility's cost weight)")
     init: Literal["one_step", "uniform"] = Field(
         "one_step", description="one_step: generation 0 is a one-step policy: role rows prefer Worker in every state "
         "(so a Worker answer is committed at once), worker rows come from the one-step router where encoders match, "
