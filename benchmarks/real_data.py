@@ -57,7 +57,8 @@ def run(name: str, kind: str, folder: Path, args) -> dict:
     t0 = time.perf_counter()
     summary = import_source(kind, folder, work / "rewards.jsonl")
     db = work / "matrix.duckdb"
-    build(from_import(work / "rewards.jsonl", UtilityConfig(cost_weight=0.0, latency_weight=0.0)), db)
+    build(from_import(work / "rewards.jsonl", UtilityConfig(cost_weight=0.0, latency_weight=0.0),
+                      "benchmarks/real_data.py: quality only (cost and latency weights 0)"), db)
     settings = EncoderSettings(model=args.encoder, device=args.device, prompt_template=args.template)
     lazy = LazyEncoder(settings)
     data, emb = load_routing_data(db, lazy, Path(args.cache_dir))

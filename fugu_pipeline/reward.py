@@ -31,5 +31,10 @@ class UtilityConfig(BaseModel):
             - self.latency_weight * min(max(latency_s, 0.0) / self.latency_scale_s, self.cap)
         )
 
+    def describe(self) -> str:
+        """The formula with these weights, e.g. `U = 1·Q − 0.1·min(C/$0.01, 5) − 0.05·min(L/10s, 5)`."""
+        return (f"U = {self.quality_weight:g}·Q − {self.cost_weight:g}·min(C/${self.cost_scale_usd:g}, {self.cap:g}) "
+                f"− {self.latency_weight:g}·min(L/{self.latency_scale_s:g}s, {self.cap:g})")
+
     def fingerprint(self) -> str:
         return sha256_text(canonical_json(self.model_dump()))[:16]

@@ -1,3 +1,4 @@
+import os
 import shutil
 from pathlib import Path
 
@@ -5,6 +6,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+TASK_DATA = Path(os.environ.get("FUGU_TASK_DATA", SHARED_DATA / "tasks"))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The benchmark task files (`../shared/data/tasks`, or $FUGU_TASK_DATA); skips where absent."""
+    if not (TASK_DATA / "humaneval").is_dir():
+        pytest.skip(f"benchmark task data not found at {TASK_DATA}: a clone outside the workspace has no "
+                    "../shared/data (set FUGU_TASK_DATA to a folder holding humaneval/, math500/, qwen25math_eval/)")
+    return TASK_DATA
 
 
 @pytest.fixture

@@ -30,19 +30,61 @@ def test_generate_train_evaluate_route(workdir, capsys):
     assert len(rows) == 300 and rows[0]["worker_ids"] == ["math-expert", "code-expert", "general-expert"]
     capsys.readouterr()
 
-    assert main(["train-sft", "--data", "r.jsonl", "--encoder", "tiny", "--device", "cpu"]) == 0
+    # the rows carry quality: the utility needs the weights of a reward: block, never silent defaults
+    assert main(["train-sft", "--data", "r.jsonl", "--encoder", "tiny", "--device", "cpu"]) == 2
+    assert "pass --workers W.yaml" in capsys.readouterr().err
+    W = ["--workers", "configs/workers.mock.yaml"]
+    assert main(["train-sft", "--data", "r.jsonl", *W, "--encoder", "tiny", "--device", "cpu"]) == 0
     sft = last_line(capsys)
     assert sft.startswith("models/sft/")
-    assert main(["train-rl", "--data", "r.jsonl", "--checkpoint", sft, "--device", "cpu"]) == 0
+    assert main(["train-rl", "--data", "r.jsonl", *W, "--checkpoint", sft, "--device", "cpu"]) == 0
     rl = last_line(capsys)
-    assert main(["evaluate", "--checkpoint", rl, "--data", "r.jsonl", "--device", "cpu"]) == 0
+    assert main(["evaluate", "--checkpoint", rl, "--data", "r.jsonl", *W, "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "router" in out and "best fixed" in out
+    assert "U = 1·Q − 0.1·min(C/$0.01, 5) − 0.05·min(L/10s, 5)" in out
+    assert "the reward: block of configs/workers.mock.yaml" in out
     report = json.loads((workdir / rl / "reports" / "test.json").read_text())
     assert report["router_utility"] > report["best_fixed_utility"]
     assert main(["route", "--checkpoint", rl, "--prompt", "What is 2 + 40?", "--domain", "math", "--device", "cpu"]) == 0
     decision = json.loads(capsys.readouterr().out)
     assert decision["worker"] in rows[0]["worker_ids"] and abs(sum(decision["probabilities"].values()) - 1) < 1e-5
+
+
+def test_the_seed_chain_sft_rl_es_evaluate_through_output_folders(workdir, capsys):
+    """The seed README's chain: each --checkpoint is the --output folder of the step before."""
+    tasks = str(REPO / "data" / "benchgen" / "sample.jsonl")
+    W = ["--workers", "configs/workers.mock.yaml"]
+    assert main(["generate", *W, "--tasks", tasks, "--output", "r.jsonl"]) == 0
+    common = ["--data", "r.jsonl", *W, "--device", "cpu"]
+    capsys.readouterr()
+    assert main(["train-sft", *common, "--encoder", "tiny", "--output", "artifacts/router-sft"]) == 0
+    sft = last_line(capsys)
+    assert sft.startswith("artifacts/router-sft/sft/")
+    printed = {"sft": sft}
+    for method, before in (("rl", "sft"), ("es", "rl")):
+        start = f"artifacts/router-{before}"
+        assert main([f"train-{method}", *common, "--checkpoint", start, "--output", f"artifacts/router-{method}"]) == 0
+        out = capsys.readouterr()
+        printed[method] = out.out.strip().splitlines()[-1]
+        assert printed[method].startswith(f"artifacts/router-{method}/{method}/")
+        assert f"warm start: {printed[before]}\n" in out.err  # the folder resolved to the one checkpoint in it
+    assert main(["evaluate", "--checkpoint", "artifacts/router-es", *common, "--output", "artifacts/router-es/test_metrics.json"]) == 0
+    report = json.loads((workdir / "artifacts" / "router-es" / "test_metrics.json").read_text())
+    assert report["checkpoint"] == printed["es"] and report["method"] == "es"
+    assert report["router_utility"] > report["best_fixed_utility"]
+    # the printed path works as well as the folder
+    assert main(["evaluate", "--checkpoint", printed["rl"], *common]) == 0
+    assert (workdir / printed["rl"] / "reports" / "test.json").exists()
+    # a folder with two checkpoints, or none, is a clear error that says what to pass
+    (workdir / "other_seed.yaml").write_text("seed: 7\nepochs: 3\n")
+    assert main(["train-sft", *common, "--encoder", "tiny", "--config", "other_seed.yaml", "--output", "artifacts/router-sft"]) == 0
+    capsys.readouterr()
+    assert main(["train-rl", *common, "--checkpoint", "artifacts/router-sft", "--output", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 checkpoints" in err and sft in err and "pass the one you mean" in err
+    assert main(["train-rl", *common, "--checkpoint", "artifacts/nothing-here", "--output", "x"]) == 2
+    assert "no such directory" in capsys.readouterr().err
 
 
 def test_user_errors_are_one_line_not_tracebacks(workdir, capsys):
@@ -52,3 +94,23 @@ def test_user_errors_are_one_line_not_tracebacks(workdir, capsys):
     assert "bad.jsonl:1: malformed JSON" in err and "Traceback" not in err
     assert main(["route", "--prompt", "hi", "--models-dir", "nowhere"]) == 2
     assert "no promoted router" in capsys.readouterr().err
+
+
+def reward_rows(n: int = 12) -> list[dict]:
+    return [{"task_id": f"t{i}", "prompt": f"What is {i} + 1?", "domain": "math",
+             "split": ("train", "val", "test")[i % 3], "worker_ids": ["a", "b"],
+             "quality": [float(i % 2), 1.0 - i % 2], "cost_usd": [0.001, 0.004], "latency_s": [1.0, 2.5]}
+            for i in range(n)]
+
+
+def test_import_jsonl_through_the_command_line(workdir, capsys):
+    src = workdir / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in reward_rows()))
+    assert main(["import", "jsonl", str(src), "--output", "out.jsonl"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["kind"] == "jsonl" and summary["rows"] == 12 and summary["splits"] == {"test": 4, "train": 4, "val": 4}
+    assert [json.loads(x) for x in (workdir / "out.jsonl").read_text().splitlines()] == reward_rows()
+    # a seed draws splits; a jsonl file keeps its own, so asking for one is a one-line error
+    assert main(["import", "jsonl", str(src), "--output", "o2.jsonl", "--seed", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "keeps the splits" in err and "Traceback" not in err and not (workdir / "o2.jsonl").exists()

@@ -6,11 +6,10 @@ import sys
 
 import dagster as dg
 
-from fugu_pipeline.defs import data
 from fugu_pipeline.defs.assemble import build_defs
 from fugu_pipeline.defs.partitions import task_batches
-from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl
+from fugu_pipeline_tests.daemon_path import launch, tick
 
 
 def test_definitions_load_without_torch():
@@ -20,24 +19,8 @@ def test_definitions_load_without_torch():
     assert out.stdout.split() == ["False", "False"]
 
 
-def tick(instance, pipeline, cursor=None):
-    ctx = dg.build_sensor_context(instance=instance, resources={"pipeline": pipeline}, cursor=cursor)
-    result = data.benchgen_batch_sensor(ctx)
-    if isinstance(result, dg.SkipReason):
-        return result, cursor
-    for req in result.dynamic_partitions_requests:
-        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-    return result, result.cursor
-
-
 def run_requests(instance, defs, requests):
-    job = defs.resolve_implicit_global_asset_job_def()
-    metas = {}
-    for req in requests:
-        res = job.execute_in_process(instance=instance, asset_selection=req.asset_selection, partition_key=req.partition_key)
-        mat = res.get_asset_materialization_events()[-1].materialization
-        metas[str(req.partition_key)] = {k: v.value for k, v in mat.metadata.items()}
-    return metas
+    return launch(defs, instance, requests)
 
 
 def build_matrix(instance, defs):
@@ -49,9 +32,8 @@ def build_matrix(instance, defs):
 
 def test_new_batch_file_is_picked_up_without_recalling_old_cells(project):
     defs = build_defs(str(project), "configs/workers.mock.yaml")
-    pipeline = PipelineResource(project_dir=str(project))
     with dg.instance_for_test() as instance:
-        result, cursor = tick(instance, pipeline)
+        result = tick(defs, instance, "benchgen_batch_sensor")
         assert instance.get_dynamic_partitions(task_batches.name) == ["sample"]
         assert len(result.run_requests) == 1 + 3  # tasks + one responses run per worker
         metas = run_requests(instance, defs, result.run_requests)
@@ -59,13 +41,14 @@ def test_new_batch_file_is_picked_up_without_recalling_old_cells(project):
         meta, checks = build_matrix(instance, defs)
         assert meta["cells_filled"].value == 900 and all(checks.values()), checks
 
-        skip, cursor = tick(instance, pipeline, cursor)
-        assert isinstance(skip, dg.SkipReason)  # nothing new: nothing requested
+        skip = tick(defs, instance, "benchgen_batch_sensor", result.cursor)
+        assert not skip.run_requests and "no new or changed batch files" in skip.skip_message
+        assert tick(defs, instance, "benchgen_batch_sensor").run_requests == []  # a lost cursor: the instance knows
 
         new = [task_row(1000 + i, split="test") for i in range(10)]
         write_jsonl(project / "data" / "benchgen" / "batch-2.jsonl", new)
         before = {p: p.read_bytes() for p in (project / "data" / "responses" / "sample").glob("*.jsonl")}
-        result, cursor = tick(instance, pipeline, cursor)
+        result = tick(defs, instance, "benchgen_batch_sensor", skip.cursor)
         assert sorted(instance.get_dynamic_partitions(task_batches.name)) == ["batch-2", "sample"]
         keys = {str(r.partition_key) for r in result.run_requests}
         assert all("batch-2" in k for k in keys) and len(keys) == 4
@@ -123,14 +106,29 @@ def test_learning_signal_warns_when_all_workers_tie(project, tmp_path):
         assert json.loads(json.dumps(evals["learning_signal"].metadata["all_tie_share"].value)) == 1.0
 
 
-def test_workspace_and_instance_files_are_valid():
+def test_workspace_and_instance_files_are_valid(tmp_path, monkeypatch):
+    import importlib
+    import shutil
+
     import yaml
 
-    ws = yaml.safe_load((REPO / "workspace.yaml").read_text())
-    assert ws["load_from"][0]["python_module"]["module_name"] == "fugu_pipeline.definitions"
-    inst = yaml.safe_load((REPO / "dagster.yaml").read_text())
-    assert inst["concurrency"]["pools"]["default_limit"] == 1
-    assert inst["storage"]["sqlite"]["base_dir"]
+    # the workspace names a module and attribute that load as the project's Definitions
+    target = yaml.safe_load((REPO / "workspace.yaml").read_text())["load_from"][0]["python_module"]
+    assert (REPO / target["working_directory"] / "fugu_pipeline").is_dir()
+    defs = getattr(importlib.import_module(target["module_name"]), target.get("attribute", "defs"))
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert {"tasks", "responses", "reward_matrix", "promoted_router"} <= keys
+    # Dagster itself reads dagster.yaml: pools default to one slot, and state persists across restarts
+    shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.chdir(tmp_path)
+    instance = dg.DagsterInstance.from_config(str(tmp_path))
+    assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
+    instance.add_dynamic_partitions("task_batches", ["kept"])
+    instance.dispose()
+    again = dg.DagsterInstance.from_config(str(tmp_path))
+    assert again.is_persistent and again.get_dynamic_partitions("task_batches") == ["kept"]
+    again.dispose()
+    assert (tmp_path / "history" / "runs.db").exists()  # under DAGSTER_HOME (dagster.yaml sets no path)
 
 
 def test_reward_matrix_is_requested_once_every_response_partition_is_done(project):

@@ -76,11 +76,13 @@ def test_regex_pattern_flags_and_full_match():
 
 def test_llm_judge_through_mock_judge():
     task = T({"type": "llm_judge", "rubric": "mentions sunlight", "scale": 10}, "sunlight")
-    judge = MockJudge(MockWorker(id="j", kind="mock"))
+    judge = MockJudge(MockWorker(id="j", kind="mock", mock={"cost_usd": 0.0007}))
     good = asyncio.run(grade(task, "plants use sunlight", judge))
     bad = asyncio.run(grade(task, "no idea", judge))
     assert good.quality == 1.0 and 0.0 <= bad.quality < 0.5
-    assert good.judge_cost_usd >= 0
+    # each judged answer carries the judge call's own cost (one call each); a local grader costs nothing
+    assert good.judge_cost_usd == bad.judge_cost_usd == pytest.approx(0.0007) and judge.calls == 2
+    assert asyncio.run(grade(T({"type": "contains"}, "sunlight"), "sunlight", judge)).judge_cost_usd == 0.0
 
 
 def test_llm_judge_needs_a_judge_and_a_score():

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fugu_pipeline.matrix.build import build, from_import
+from fugu_pipeline.matrix.import_format import RewardRow
 from fugu_pipeline.matrix.importers import (
     import_dcrouter,
     import_generic_jsonl,
@@ -22,7 +23,6 @@ from fugu_pipeline.matrix.importers import (
     import_source,
     write_reward_jsonl,
 )
-from fugu_pipeline.matrix.import_format import RewardRow
 from fugu_pipeline.matrix.read import RewardArrays, read_arrays
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.tasks.loading import TaskFileError

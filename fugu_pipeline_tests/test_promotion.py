@@ -96,7 +96,7 @@ def test_margin_is_paired_against_the_king(data, good, tmp_path):
     assert promote_best([str(good)], data, models, PromotionPolicy())["promoted"]
     rl = train_rl(data, RLConfig(epochs=5), init_state=train_sft(data).state_dict).save(models)
     out = promote_best([str(rl)], data, models, PromotionPolicy(margin=0.5))
-    assert not out["promoted"] and any("needs > +0.5000" in r for r in out["reasons"])
+    assert not out["promoted"] and any("needs ≥ +0.5000 and low end > 0" in r for r in out["reasons"])
 
 
 @pytest.mark.parametrize("breakage, reason", [
@@ -108,7 +108,61 @@ def test_broken_weights_are_refused_with_their_reason(data, good, tmp_path, brea
     tamper(good, breakage)
     out = promote_best([str(good)], data, tmp_path / "models", PromotionPolicy())
     assert not out["promoted"] and read_pointer(tmp_path / "models") is None
-    assert any(r.startswith("REFUSED") and reason in r for r in out["reasons"])
+    # the weight gate itself refuses it (it cannot even load), and the history keeps that reason
+    assert any(r.startswith(f"REFUSED {good}: FAIL weights: ") and reason in r for r in out["reasons"])
+    last = json.loads((tmp_path / "models" / "promoted" / "history.jsonl").read_text().splitlines()[-1])
+    assert last["promote"] is False and last["challenger"] == str(good)
+    assert last["reasons"][0].startswith("FAIL weights: ") and reason in last["reasons"][0]
+
+
+def test_a_broken_challenger_does_not_block_a_good_one(data, good, tmp_path):
+    broken = tamper(bad_head(data, tmp_path), lambda s: {**s, "linear.bias": torch.full_like(s["linear.bias"], float("inf"))})
+    out = promote_best([str(broken), str(good)], data, tmp_path / "models", PromotionPolicy())
+    assert out["promoted"] and out["challenger"] == str(good)
+    assert any(r.startswith(f"REFUSED {broken}: FAIL weights: ") for r in out["reasons"])
+
+
+def cand(test_u, fixed_u, name="c", train=None):
+    from fugu_pipeline.evaluate.promotion import Candidate
+
+    test_u = np.asarray(test_u, float)
+    return Candidate(path=name, method="sft", content_hash=name, test_utility=test_u, best_fixed_utility=np.asarray(fixed_u, float),
+                     train_router_utility=float(test_u.mean()) if train is None else train)
+
+
+def test_defaults_are_the_seeds_rule_king_plus_0_02_and_a_significant_gain():
+    from fugu_pipeline.evaluate.promotion import decide
+
+    policy = PromotionPolicy()
+    assert policy.margin == 0.02 and policy.require_significant
+    rng = np.random.default_rng(0)
+    king_u = rng.random(200)
+    fixed = king_u - 0.2
+    king = cand(king_u, fixed, "king")
+    small = decide(cand(king_u + 0.01, fixed), king, policy)  # better on every task, by less than the margin
+    assert not small.promote and any(r.startswith("FAIL promoted") and "+0.0100" in r for r in small.reasons)
+    assert decide(cand(king_u + 0.02, fixed), king, policy).promote  # exactly king + 0.02: the seed promotes
+    # a large mean gain that is noise: +1.05 on half the tasks, -0.95 on the other half
+    noisy = king_u + np.where(np.arange(200) % 2 == 0, 1.05, -0.95)
+    d = decide(cand(noisy, noisy - 0.5), king, policy)
+    assert not d.promote and d.figures["gain_over_promoted"]["mean"] >= 0.02 > 0 > d.figures["gain_over_promoted"]["low"]
+    assert decide(cand(noisy, noisy - 0.5), king, policy.model_copy(update={"require_significant": False})).promote
+    # against the best fixed worker too: a mean gain whose interval reaches below zero is not enough
+    vs_fixed = decide(cand(king_u, king_u - np.where(np.arange(200) % 2 == 0, 1.0, -0.96)), None, policy)
+    assert not vs_fixed.promote and any(r.startswith("FAIL best fixed") and "low end > 0" in r for r in vs_fixed.reasons)
+
+
+def test_a_quality_head_with_near_uniform_predictions_is_refused(data, tmp_path):
+    trained = train_sft(data, SFTConfig(head="quality", epochs=40)).save(tmp_path / "models")
+    out = promote_best([str(trained)], data, tmp_path / "models", PromotionPolicy())
+    assert out["promoted"] and any(r.startswith("PASS quality head") for r in out["reasons"])
+    # the same head with its final layer shrunk: every prediction within a hair of sigmoid(bias)
+    flat = train_sft(data, SFTConfig(head="quality", epochs=40, seed=1)).save(tmp_path / "other")
+    tamper(flat, lambda s: {**s, "linear.weight": s["linear.weight"] * 1e-4, "linear.bias": torch.zeros_like(s["linear.bias"])})
+    out = promote_best([str(flat)], data, tmp_path / "flat-models", PromotionPolicy())
+    assert not out["promoted"]
+    line = next(r for r in out["reasons"] if r.startswith("FAIL quality head"))
+    assert "std 0.00" in line and "must be ≥ 0.01" in line and "cost alone" in line
 
 
 def test_mismatched_contract_is_refused(data, tmp_path):
@@ -168,6 +222,7 @@ def test_load_promoted_follows_new_promotions_without_restart(tmp_path):
     d1 = router.route("Compute 7 plus 21 and reply with the sum.", domain="math")
     assert d1.worker_id in WORKERS and abs(sum(d1.probabilities.values()) - 1) < 1e-5
     assert d1.checkpoint == str(first)
+    encoder_before = router.router.encoder
     # promote a router trained on swapped rewards: the running loader picks it up
     swapped = RoutingData(**{**{f: getattr(base, f) for f in ("task_ids", "prompts", "domains", "splits", "worker_ids", "features", "contract", "quality")},
                              "utility": base.utility[:, ::-1].copy()})
@@ -175,13 +230,76 @@ def test_load_promoted_follows_new_promotions_without_restart(tmp_path):
     write_pointer(models, {"checkpoint": str(second.relative_to(models)), "content_hash": second.name})
     d2 = router.route("Compute 7 plus 21 and reply with the sum.", domain="math")
     assert d2.checkpoint == str(second) and router.reloads == 2
-    assert router.router.encoder is not None  # the encoder was reused, not reloaded
+    assert router.router.encoder is encoder_before  # same feature contract: the loaded encoder was reused
     with pytest.raises(RouterError, match="unknown worker"):
         router.route("x", allowed=["nope"])
     only = router.route("x", allowed=["gen-w"])
     assert only.worker_id == "gen-w" and list(only.probabilities) == ["gen-w"]
 
 
+def test_readers_never_meet_a_closed_encoder_while_promotions_swap(tmp_path):
+    """Threads route without pause while the pointer flips between two checkpoints whose feature
+    contracts differ (mean vs last pooling), so every swap loads a new encoder and drops the old."""
+    import gc
+    import time
+    import weakref
+
+    from fugu_pipeline.features.encoder import Encoder
+    from fugu_pipeline.features.settings import EncoderSettings
+
+    domains = [DOMAINS[i % 3] for i in range(120)]
+    prompts = [f"{d} task number {i}: please answer it" for i, d in enumerate(domains)]
+    models, paths = tmp_path / "models", []
+    for pooling in ("mean", "last"):
+        enc = Encoder.load(EncoderSettings(model="tiny", device="cpu", dtype="float32", pooling=pooling))
+        data = synthetic(enc.encode(prompts, domains), domains, enc.feature_contract())
+        paths.append(train_sft(data, SFTConfig(epochs=5)).save(models))
+        enc.close()
+    point = lambda p: write_pointer(models, {"checkpoint": str(p.relative_to(models)), "content_hash": p.name})  # noqa: E731
+    point(paths[0])
+    router = load_promoted(models, device="cpu", dtype="float32")
+    stop, errors, routed, encoders = threading.Event(), [], [0], []
+
+    def reader(i):
+        while not stop.is_set():
+            try:
+                r = router.router  # hold a router the way a server batch does, and use it a little later
+                encoders.append(weakref.ref(r.encoder))
+                time.sleep(0.01 * (i + 1))
+                d = r.route_batch([f"math question {i}", "write code"], ["math", "code"])
+                assert all(x.worker_id in WORKERS for x in d)
+                router.route("What is the capital of France?", domain="general")
+                routed[0] += 1
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for k in range(8):
+        point(paths[(k + 1) % 2])
+        router.refresh()
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == [] and routed[0] > 0 and router.reloads == 9
+    # the dropped encoders were freed once their last user let go: nothing leaks
+    current = router.router.encoder
+    gc.collect()
+    alive = {id(e()) for e in encoders if e() is not None}
+    assert alive <= {id(current)}
+
+
 def test_no_pointer_is_a_clear_error(tmp_path):
     with pytest.raises(RouterError, match="no promoted router"):
         load_promoted(tmp_path / "models")
+
+
+def test_the_asset_config_and_the_core_policy_share_their_defaults():
+    from fugu_pipeline.defs.models import PromotionConfig
+
+    asset, core = PromotionConfig(), PromotionPolicy()
+    shared = set(PromotionConfig.model_fields) & set(PromotionPolicy.model_fields)
+    assert shared == {"margin", "max_train_gap", "require_significant", "min_quality_std"}
+    assert {k: getattr(asset, k) for k in shared} == {k: getattr(core, k) for k in shared}

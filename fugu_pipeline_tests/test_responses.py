@@ -79,12 +79,63 @@ def test_torn_last_line_is_ignored_and_repaired(tmp_path):
     path = store.path("b", "w")
     with path.open("ab") as fh:
         fh.write(b'{"task_id": "math-0001", "status": "o')  # a torn write
-    assert len(store.read("b", "w")) == 3
+    recs = store.read("b", "w")
+    assert len(recs) == 3 and recs.skipped_lines == [4] and recs.torn_last_line
+    assert "skipped 1 unreadable line(s) (line 4)" in recs.skipped_note() and "torn last line" in recs.skipped_note()
     stats = collect_partition_sync(tasks, "b", "w", config(), store)
-    assert stats.n_called == 1
+    assert stats.n_called == 1 and "cut a torn last line" in stats.skipped_note
     ids = [json.loads(x)["task_id"] for x in path.read_text().splitlines()]  # every line parses
     assert sorted(ids) == sorted(t.task_id for t in tasks)
     assert len(store.read("b", "w")) == 4
+
+
+def damage_line(path: Path, lineno: int) -> None:
+    rows = path.read_bytes().split(b"\n")
+    rows[lineno - 1] = b'{"task_id": "x", "garbage'  # e.g. a disk error or a bad hand edit
+    path.write_bytes(b"\n".join(rows))
+
+
+def test_a_damaged_line_is_counted_and_reported_where_it_is(tmp_path):
+    tasks = load_tasks(SAMPLE)[:6]
+    store = ResponseStore(tmp_path)
+    collect_partition_sync(tasks, "b", "w", config(), store)
+    damage_line(store.path("b", "w"), 2)
+    recs = store.read("b", "w")
+    assert len(recs) == 5 and recs.skipped_lines == [2] and not recs.torn_last_line
+    assert f"{store.path('b', 'w')}: skipped 1 unreadable line(s) (line 2): 1 damaged" in recs.skipped_note()
+    stats = collect_partition_sync(tasks, "b", "w", config(), store)
+    assert stats.n_called == 1 and stats.skipped_lines == [2] and "line 2" in stats.skipped_note
+
+
+def test_generate_and_the_responses_asset_report_skipped_lines(project, tmp_path, capsys, monkeypatch):
+    import dagster as dg
+
+    from fugu_pipeline.cli import main
+    from fugu_pipeline.defs.assemble import build_defs
+
+    monkeypatch.chdir(project)
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text("".join(SAMPLE.read_text().splitlines(keepends=True)[:9]))
+    args = ["generate", "--workers", "configs/workers.mock.yaml", "--tasks", str(tasks), "--output", "r.jsonl"]
+    assert main(args) == 0
+    damage_line(project / "r.jsonl.responses" / "cli" / "code-expert.jsonl", 3)
+    capsys.readouterr()
+    assert main(args + ["--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "code-expert: " in out and "code-expert.jsonl: skipped 1 unreadable line(s) (line 3)" in out
+
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    job = defs.resolve_implicit_global_asset_job_def()
+    key = dg.MultiPartitionKey({"batch": "sample", "worker": "math-expert"})
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("task_batches", ["sample"])
+        instance.add_dynamic_partitions("workers", ["math-expert", "code-expert", "general-expert"])
+        job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("responses")], partition_key=key)
+        damage_line(project / "data" / "responses" / "sample" / "math-expert.jsonl", 5)
+        res = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("responses")], partition_key=key)
+        meta = res.get_asset_materialization_events()[0].materialization.metadata
+        assert meta["skipped_lines"].value == 1 and "(line 5)" in meta["skipped_where"].value
+        assert meta["called"].value == 1
 
 
 def test_second_concurrent_run_of_a_partition_is_refused(tmp_path):

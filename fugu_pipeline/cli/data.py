@@ -29,11 +29,11 @@ def cmd_generate(args) -> int:
 
     from fugu_pipeline.collect.partition import collect_partition
     from fugu_pipeline.collect.store import ResponseStore
-    from fugu_pipeline.matrix.importers import write_reward_jsonl
     from fugu_pipeline.matrix.import_format import RewardRow
+    from fugu_pipeline.matrix.importers import write_reward_jsonl
     from fugu_pipeline.matrix.read import signal_health
     from fugu_pipeline.tasks.loading import load_tasks
-    from fugu_pipeline.workers.config import load_workers_config
+    from fugu_pipeline.workers.config import load_workers_config, reward_source
     from fugu_pipeline.workers.contract import FatalWorkerError
 
     load_dotenv(override=False)
@@ -52,6 +52,8 @@ def cmd_generate(args) -> int:
             done = store.read(batch, w)
             bar.update(sum(1 for t in tasks[:n] if t.task_id in done and done[t.task_id].status == "ok"))
             stats = asyncio.run(collect_partition(tasks[:n], batch, w, config, store, on_record=lambda r: bar.update(1)))
+            if stats.skipped_note:
+                bar.write(f"{w}: {stats.skipped_note}")
             if stats.n_failed:
                 bar.write(f"{w}: {stats.n_failed} failed cell(s) ({stats.errors}); run again with --resume to retry them")
             if stats.stopped:
@@ -76,6 +78,8 @@ def cmd_generate(args) -> int:
         raise CLIError("no task has an answer from every worker yet; run again with --resume")
     write_reward_jsonl(rows, out)
     print(f"{len(rows)} of {n} tasks complete -> {out} (responses kept in {store_root})")
+    print(f"utility: {config.reward.describe()} ({reward_source(config, args.workers)}); "
+          f"train and evaluate with --workers {args.workers} to use the same weights")
     health = signal_health(__import__("numpy").array([r.rewards for r in rows]))
     print(f"learning signal: {health}")
     return 0
@@ -84,7 +88,15 @@ def cmd_generate(args) -> int:
 def cmd_import(args) -> int:
     from fugu_pipeline.matrix.importers import import_source
 
-    opts = {"seed": args.seed}
+    if args.seed is not None and args.kind == "jsonl":
+        raise CLIError("--seed draws splits for routellm-* and dcrouter; a jsonl file keeps the splits its rows hold")
+    opts = {} if args.seed is None else {"seed": args.seed}
     summary = import_source(args.kind, Path(args.path), Path(args.output), **opts)
     print_json(summary)
     return 0
+
+
+def cmd_convert(args) -> int:
+    from fugu_pipeline.tasks.converters import run
+
+    return run(args)

@@ -27,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def data_opts(p):
         p.add_argument("--data", required=True, help="reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")
+        p.add_argument("--workers", "--reward-config", dest="reward_config", default=None, metavar="YAML",
+                       help="the YAML whose reward: block gives the utility weights: the worker YAML generate and "
+                            "pipeline --workers read (or a file with only reward:). Needed for a JSONL whose rows "
+                            "carry quality; a .duckdb matrix carries its own weights")
         p.add_argument("--cache-dir", default="data/embeddings", help="embedding cache root")
         p.add_argument("--work-dir", default="data/imports", help="where the DuckDB matrix of a JSONL is built")
         encoder_opts(p)
@@ -63,23 +67,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks (check prompts, grading, billing)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run: only missing or failed cells are called")
 
+    p = add("convert", data.cmd_convert, "write a BenchGen batch file from a standard benchmark (MATH-500, GSM8K, "
+            "SVAMP, AIME24, AMC23, Minerva math, MMLU-STEM, HumanEval)")
+    from fugu_pipeline.tasks.converters import add_arguments as convert_arguments
+
+    convert_arguments(p)
+
     p = add("import", data.cmd_import, "convert real routing data into the reward-matrix JSONL")
     p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl"])
     p.add_argument("path", help="the upstream file or folder")
     p.add_argument("--output", required=True)
-    p.add_argument("--seed", type=int, default=0, help="split assignment seed")
+    p.add_argument("--seed", type=int, default=None,
+                   help="split assignment seed for routellm-* and dcrouter (default 0); a jsonl file keeps the splits it holds")
 
     for method in ("sft", "rl", "es"):
         p = add(f"train-{method}", lambda a, m=method: training.train(a, m), f"train the {method.upper()} router head")
         p.add_argument("--config", default=f"configs/train_{method}.yaml")
         data_opts(p)
         if method != "sft":
-            p.add_argument("--checkpoint", required=True, help="warm-start checkpoint")
-        p.add_argument("--output", default="models", help="models directory (checkpoint goes to <output>/<method>/<hash>/)")
+            p.add_argument("--checkpoint", required=True, help="warm-start checkpoint: the path train-* printed, or the "
+                           "--output folder of an earlier train-* when it holds exactly one checkpoint")
+        p.add_argument("--output", default="models", help="models folder: the checkpoint goes to <output>/<method>/<hash>/ "
+                       "and its path is printed (pass that path, or this folder, to --checkpoint)")
         p.add_argument("--force", action="store_true", help="train even without a learning signal")
 
     p = add("evaluate", training.cmd_evaluate, "write the held-out report of a checkpoint (JSON + plots)")
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True, help="the path train-* printed, or a models folder holding exactly one checkpoint")
     data_opts(p)
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--output", default=None, help="report JSON path (default: <checkpoint>/reports/<split>.json)")
@@ -113,6 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--token", default=None, help="bearer token clients must send (default: $FUGU_SERVE_TOKEN; "
+                   "prefer the variable: a flag is visible to other users in the process list)")
+    p.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads for the encoder (default 1: "
+                   "cheapest per request for small batches; raise it for a large encoder on idle cores; 0 = torch's default)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="encoder dtype (auto: the embedding step's rule, bf16 on GPUs and CPUs with native bf16)")
+    p.add_argument("--max-body-bytes", type=int, default=2 << 20, help="larger request bodies get a 413")
+    p.add_argument("--batch-window-ms", type=float, default=3.0, help="how long a request waits for others to batch with")
+    p.add_argument("--max-batch", type=int, default=32, help="prompts per routing batch (1: no batching)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    encoder_opts(p)
     return ap
 
 

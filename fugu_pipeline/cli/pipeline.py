@@ -27,6 +27,7 @@ def cmd_pipeline(args) -> int:
     if rm:
         print(f"reward matrix: {rm.get('tasks')} tasks x {rm.get('workers')} workers, "
               f"{rm.get('cells_filled')}/{rm.get('cells_expected')} cells -> {rm.get('path')}")
+        print(f"utility: {rm.get('utility')}")
     emb = results.get("task_embeddings", {})
     if emb:
         print(f"embeddings: {emb.get('n_computed')} encoded, {emb.get('n_cached')} from cache; {emb.get('encoder')}")

@@ -5,6 +5,15 @@ from __future__ import annotations
 from fugu_pipeline.cli.common import CLIError, print_json
 
 
+def _check_prompt(prompt: str) -> None:
+    """A prompt from the command line can hold lone surrogates (undecodable bytes in argv): refuse
+    it with a message instead of a traceback when it reaches the worker's JSON."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CLIError(f"--prompt is not valid UTF-8 text (undecodable byte at character {exc.start})") from None
+
+
 def _router(args):
     from fugu_pipeline.route.promoted import load_promoted
     from fugu_pipeline.route.router import Router
@@ -15,6 +24,7 @@ def _router(args):
 
 
 def cmd_route(args) -> int:
+    _check_prompt(args.prompt)
     d = _router(args).route(args.prompt, args.domain, allowed=args.allowed, cost_weight=args.cost_weight)
     print_json({"worker": d.worker_id, "probabilities": d.probabilities, "ranking": d.ranking, "checkpoint": d.checkpoint})
     return 0
@@ -33,6 +43,7 @@ def cmd_ask(args) -> int:
     from fugu_pipeline.workers.contract import WorkerCallError
     from fugu_pipeline.workers.factory import make_client
 
+    _check_prompt(args.prompt)
     load_dotenv(override=False)
     config = load_workers_config(args.workers)
     d = _router(args).route(args.prompt, args.domain, allowed=args.allowed, cost_weight=args.cost_weight)
@@ -61,5 +72,8 @@ def cmd_ask(args) -> int:
 def cmd_serve(args) -> int:
     from fugu_pipeline.serve import serve
 
-    serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port)
+    serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port, api_token=args.token,
+          device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
+          max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
+          log_level=args.log_level)
     return 0

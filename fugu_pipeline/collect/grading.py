@@ -1,11 +1,15 @@
 """Graders: turn a worker's answer into a quality in [0, 1] (DESIGN §4).
 
-`exact`, `contains`, `numeric`, `regex` are local and deterministic; `llm_judge` asks the judge
-worker to score the answer against a rubric.
+`exact`, `contains`, `numeric`, `regex` are local and deterministic; `python_tests` runs the
+answer's code against the task's tests in the sandbox (local, but slow: `grade` runs it in a
+thread, at most `SANDBOX_CONCURRENCY` at a time); `llm_judge` asks the judge worker to score the
+answer against a rubric.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -63,7 +67,31 @@ def grade_local(task: "Task", answer: str) -> Grade:
         rx = re.compile(pattern, flags)
         ok = bool(rx.fullmatch(answer.strip()) if g.full_match else rx.search(answer))
         return Grade(float(ok), "regex matched" if ok else "regex did not match")
+    if g.type == "python_tests":
+        from fugu_pipeline.collect.code_grader import grade_python_tests
+
+        quality, detail = grade_python_tests(answer, g, task.prompt)
+        return Grade(quality, detail)
     raise ValueError(f"grader {g.type!r} is not local")
+
+
+SANDBOX_CONCURRENCY = max(1, min(4, (os.cpu_count() or 2) // 2))
+_sandbox_slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+
+async def _grade_code(task: "Task", answer: str) -> Grade:
+    """`python_tests` off the event loop, bounded per loop. A sandbox that cannot start fails the
+    cell (retried on the next run) instead of scoring the answer 0."""
+    from fugu_pipeline.collect.code_grader import SandboxUnavailable
+
+    loop = asyncio.get_running_loop()
+    slots = _sandbox_slots.setdefault(loop, asyncio.Semaphore(SANDBOX_CONCURRENCY))
+    async with slots:
+        try:
+            return await asyncio.to_thread(grade_local, task, answer)
+        except SandboxUnavailable as exc:
+            raise WorkerCallError(f"task {task.task_id}: the code sandbox could not run ({exc}); "
+                                  "the cell is retried on the next run") from None
 
 
 JUDGE_TEMPLATE = """You are grading an answer against a rubric.
@@ -88,6 +116,8 @@ _SCORE = re.compile(r"SCORE\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 async def grade(task: "Task", answer: str, judge: "WorkerClient | None" = None) -> Grade:
     """Grade any task; `llm_judge` needs the judge worker. A judge reply without a score is an
     error (the cell fails and is retried on the next run) rather than a silent zero."""
+    if task.grader.type == "python_tests":
+        return await _grade_code(task, answer)
     if task.grader.type != "llm_judge":
         return grade_local(task, answer)
     if judge is None:

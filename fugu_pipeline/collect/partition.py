@@ -40,19 +40,23 @@ class CollectStats:
     seconds: float = 0.0
     stopped: str | None = None
     errors: dict[str, int] = field(default_factory=dict)
+    skipped_lines: list[int] = field(default_factory=list)  # unreadable lines of the response file
+    skipped_note: str | None = None  # how many lines were skipped or cut, and where
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
 def cells_to_call(tasks: Iterable[Task], done: dict[str, CallRecord], model_fingerprint: str | None) -> list[Task]:
-    """Tasks whose cell is missing, failed, or was answered by an older version of the model."""
+    """Tasks whose cell is missing, failed, or was answered by another version of the model.
+    Given a fingerprint (openrouter workers with a catalog), a cell recorded without one is stale
+    too: it was answered under an offer nobody recorded (every cell of an offline run)."""
     out = []
     for t in tasks:
         rec = done.get(t.task_id)
         if rec is None or rec.status != "ok" or rec.prompt_hash != t.prompt_hash:
             out.append(t)
-        elif model_fingerprint is not None and rec.model_fingerprint not in (None, model_fingerprint):
+        elif model_fingerprint is not None and rec.model_fingerprint != model_fingerprint:
             out.append(t)
     return out
 
@@ -90,6 +94,11 @@ async def collect_partition(
 
     with store.open_writer(batch, worker_id) as writer:
         done = store.read(batch, worker_id)
+        stats.skipped_lines = list(done.skipped_lines)
+        notes = [n for n in (done.skipped_note(),) if n]
+        if writer.cut_tail_bytes:
+            notes.append(f"{writer.path}: cut a torn last line ({writer.cut_tail_bytes} bytes, a write cut off by a crash); its call is made again")
+        stats.skipped_note = "; ".join(notes) or None
         todo = cells_to_call(tasks, done, model_fingerprint)
         stats.n_already_done = len(tasks) - len(todo)
         if limit is not None:
@@ -146,6 +155,7 @@ async def collect_partition(
                     on_record(rec)
 
         try:
+            guard.require_prices(todo)  # under a budget, an unpriced paid worker is refused before any call
             await asyncio.gather(*(one(t) for t in todo))
         finally:
             if own_client:

@@ -19,6 +19,35 @@ class PartitionBusyError(RuntimeError):
     pass
 
 
+class PartitionRecords(dict):
+    """The latest record of every cell of a partition (task_id -> CallRecord), plus the lines of its
+    file that could not be read: `skipped_lines` (1-based line numbers). A torn last line is what a
+    crash mid-write leaves (its call is simply made again); an unreadable line before it is damage."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+        self.skipped_lines: list[int] = []
+        self.torn_last_line = False
+
+    @property
+    def n_skipped(self) -> int:
+        return len(self.skipped_lines)
+
+    def skipped_note(self) -> str | None:
+        """One line saying how many lines were skipped and where; None when none were."""
+        if not self.skipped_lines:
+            return None
+        shown = ", ".join(map(str, self.skipped_lines[:10])) + (" ..." if self.n_skipped > 10 else "")
+        damaged = self.n_skipped - int(self.torn_last_line)
+        what = []
+        if damaged:
+            what.append(f"{damaged} damaged (not JSON or not a call record: those cells are called again)")
+        if self.torn_last_line:
+            what.append("a torn last line (a write cut off by a crash; cut before the next append)")
+        return f"{self.path}: skipped {self.n_skipped} unreadable line(s) (line {shown}): " + "; ".join(what)
+
+
 class ResponseStore:
     """The per-partition response files under `root`."""
 
@@ -28,21 +57,26 @@ class ResponseStore:
     def path(self, batch: str, worker_id: str) -> Path:
         return self.root / batch / f"{worker_id}.jsonl"
 
-    def read(self, batch: str, worker_id: str) -> dict[str, CallRecord]:
-        """The latest record of every cell of the partition (a later line replaces an earlier)."""
+    def read(self, batch: str, worker_id: str) -> PartitionRecords:
+        """The latest record of every cell of the partition (a later line replaces an earlier).
+        Lines that cannot be read are skipped and counted, with their line numbers
+        (`PartitionRecords.skipped_lines`, `skipped_note()`), never silently."""
         p = self.path(batch, worker_id)
-        out: dict[str, CallRecord] = {}
+        out = PartitionRecords(p)
         if not p.exists():
             return out
         with p.open("rb") as fh:
             data = fh.read()
-        for raw in data.split(b"\n"):
+        lines = data.split(b"\n")
+        for lineno, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue
             try:
                 rec = CallRecord.model_validate_json(raw)
             except ValueError:
-                continue  # a torn last line: its call is simply not done
+                out.skipped_lines.append(lineno)
+                out.torn_last_line = lineno == len(lines)  # no newline after it: cut off mid-write
+                continue
             out[rec.task_id] = rec
         return out
 
@@ -60,6 +94,7 @@ class PartitionWriter:
 
     def __init__(self, path: Path):
         self.path = path
+        self.cut_tail_bytes = 0  # bytes of a torn last line cut off on open
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(str(path) + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
         try:
@@ -89,6 +124,7 @@ class PartitionWriter:
             fh.seek(0)
             data = fh.read()
             cut = data.rfind(b"\n") + 1
+            self.cut_tail_bytes = len(data) - cut
             fh.truncate(cut)
             fh.flush()
             os.fsync(fh.fileno())

@@ -10,7 +10,7 @@ import os
 
 import dagster as dg
 
-from fugu_pipeline.defs import catalog, data, models, roles
+from fugu_pipeline.defs import automation, catalog, data, models, roles, sensors
 from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.resources import PipelineResource
 
@@ -27,7 +27,8 @@ def build_defs(project_dir: str | None = None, workers_config: str | None = None
                 models.eval_report_sft, models.eval_report_rl, models.eval_report_es, models.promoted_router,
                 roles.router_roles, roles.eval_report_roles],
         asset_checks=[data.cells_complete, data.worker_order_fixed, data.no_nan, data.learning_signal],
-        sensors=[data.benchgen_batch_sensor, catalog.catalog_change_sensor, data.reward_matrix_automation],
+        sensors=[sensors.benchgen_batch_sensor, catalog.catalog_change_sensor, automation.reward_matrix_automation],
+        jobs=[sensors.load_batch_job, sensors.collect_responses_job],
         resources={
             "pipeline": pipeline,
             "openrouter": catalog.OpenRouterResource.from_env(),

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import dagster as dg
 
-from fugu_pipeline.defs.partitions import task_batches, workers
+from fugu_pipeline.defs.partitions import batch_x_worker, partition_run_request, task_batches, workers
 from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline.workers.catalog import (
     OPENROUTER_BASE_URL,
@@ -32,6 +32,7 @@ from fugu_pipeline.workers.config import WorkersConfig, WorkerSpec
 
 FINGERPRINT_TAG = "fugu/model_fingerprint"
 RESPONSES_KEY = dg.AssetKey("responses")
+BASE_URL_ENV = "FUGU_OPENROUTER_BASE_URL"
 DEFAULT_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_CATALOG_SENSOR_INTERVAL_S", "3600"))
 
 
@@ -39,13 +40,18 @@ class OpenRouterResource(dg.ConfigurableResource):
     """The OpenRouter API: where it is and the key (optional for the model catalog)."""
 
     api_key: str | None = None
+    """Sent as a bearer header only; the model catalog is public."""
     base_url: str = OPENROUTER_BASE_URL
+    """The API root whose `/models` is the catalog (default: OpenRouter; env FUGU_OPENROUTER_BASE_URL)."""
     timeout_s: float = 30.0
 
     @classmethod
-    def from_env(cls, env: str = "OPENROUTER_API_KEY", **kwargs) -> "OpenRouterResource":
+    def from_env(cls, env: str = "OPENROUTER_API_KEY", base_url_env: str = BASE_URL_ENV, **kwargs) -> "OpenRouterResource":
         """Bind `api_key` to `dg.EnvVar(env)` when the variable is set, else leave it unset (see
-        the module docstring)."""
+        the module docstring); likewise `base_url` to `$FUGU_OPENROUTER_BASE_URL` (a proxy, a
+        mirror, or a local stub catalog), else OpenRouter's own API."""
+        if os.environ.get(base_url_env) and "base_url" not in kwargs:
+            kwargs["base_url"] = dg.EnvVar(base_url_env)
         if os.environ.get(env):
             return cls(api_key=dg.EnvVar(env), **kwargs)
         return cls(**kwargs)
@@ -113,15 +119,18 @@ def build_catalog_change_sensor(
         minimum_interval_seconds=minimum_interval_seconds,
         asset_selection=[RESPONSES_KEY],
         default_status=dg.DefaultSensorStatus.STOPPED,
+        description=(
+            "Re-collects a worker when its OpenRouter model's price, context length, parameters or expiry "
+            "change: one `responses` run per batch of that worker, tagged with the new model fingerprint, so "
+            "only cells answered under another offer (or under none recorded) are called again. Workers whose "
+            "model left the catalog are listed in data/catalog/retired.json. Off by default: turning it on "
+            "lets catalog changes spend money."
+        ),
     )
     def _sensor(
         context: dg.SensorEvaluationContext, openrouter: OpenRouterResource, pipeline: PipelineResource
     ) -> dg.SensorResult:
-        """Re-collects a worker when its OpenRouter model's price, context length, parameters or
-        expiry change: one `responses` run per batch of that worker, tagged with the new model
-        fingerprint so only cells answered under the old one are called again. Workers whose
-        model left the catalog are listed in data/catalog/retired.json. Off by default: turning
-        it on lets catalog changes spend money."""
+        """See the description above (it is what the UI shows)."""
         configured = openrouter_models(pipeline.load_workers())
         if not configured:
             return dg.SensorResult(skip_reason="no openrouter workers in the worker config", cursor=context.cursor)
@@ -149,9 +158,9 @@ def build_catalog_change_sensor(
             context.log.info(f"{worker_id}: {configured[worker_id]} changed ({old_fp} -> {new_fp}); "
                              f"re-collecting {len(batches)} batch(es)")
             for batch in batches:
-                requests.append(dg.RunRequest(
+                requests.append(partition_run_request(
+                    batch_x_worker, dg.MultiPartitionKey({"batch": batch, "worker": worker_id}),
                     run_key=f"catalog:{worker_id}:{batch}:{old_fp}->{new_fp}",
-                    partition_key=dg.MultiPartitionKey({"batch": batch, "worker": worker_id}),
                     asset_selection=[RESPONSES_KEY],
                     tags={FINGERPRINT_TAG: new_fp},
                 ))

@@ -2,7 +2,8 @@
 `task_embeddings` asset calls. The work is in `fugu_pipeline.features.encoder` and
 `fugu_pipeline.features.cache`; this module only configures, logs and reports.
 
-The asset runs in the Dagster pool `GPU_POOL` (limit 1), so one run at a time holds the GPU.
+Every asset that requires this resource can load the encoder (a cold cache embeds), so each
+runs in the Dagster pool `gpu` (limit 1): one step at a time holds the accelerator.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from fugu_pipeline.features.encoder import LazyEncoder
 from fugu_pipeline.features.settings import EncoderSettings
 from fugu_pipeline.paths import ProjectPaths
 
-GPU_POOL = "gpu"
 _DEFAULTS = EncoderSettings()
 
 

@@ -81,20 +81,20 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
     )
 
 
-@dg.asset(deps=[task_embeddings], group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
+@dg.asset(deps=[task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
 def router_sft(context: dg.AssetExecutionContext, config: TrainConfig, pipeline: PipelineResource, encoder: EncoderResource) -> dg.Output[str]:
     """SFT warm start: cross-entropy to softmax(U/τ) soft targets, early-stopped on validation
     utility. Output: the checkpoint directory models/sft/<content hash>/."""
     return _train(context, pipeline, encoder, "sft", config)
 
 
-@dg.asset(group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
 def router_rl(context: dg.AssetExecutionContext, config: TrainConfig, pipeline: PipelineResource, encoder: EncoderResource, router_sft: str) -> dg.Output[str]:
     """Offline contextual-bandit RL over the full reward matrix, warm-started from SFT."""
     return _train(context, pipeline, encoder, "rl", config, init_path=router_sft)
 
 
-@dg.asset(group_name="training", kinds={"safetensors"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="training", kinds={"safetensors"}, code_version=CODE_VERSION)
 def router_es(context: dg.AssetExecutionContext, config: TrainConfig, pipeline: PipelineResource, encoder: EncoderResource, router_rl: str) -> dg.Output[str]:
     """Separable CMA-ES on the final linear layer over cached features, warm-started from RL;
     keeps the weights best on validation (never worse than the warm start)."""
@@ -127,6 +127,8 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
         "plots": dg.MetadataValue.md(md),
         "report": dg.MetadataValue.path(str(json_path)),
         "n_test_tasks": rep["n_tasks"],
+        "utility_weights": dg.MetadataValue.json(rep["utility_weights"]),
+        "utility": f"{rep['utility_formula']} ({rep['utility_source']})",
     }
     if "apgr" in rep:
         meta["apgr"] = rep["apgr"]["apgr"]
@@ -134,34 +136,36 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
                       "router_utility": rep["router_utility"]}, metadata=meta)
 
 
-@dg.asset(group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_sft(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_sft: str) -> dg.Output[dict]:
     """Held-out report of the SFT checkpoint (DESIGN §5): every metric, plots, per-domain table."""
     return _report(context, pipeline, encoder, router_sft, "sft")
 
 
-@dg.asset(group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_rl(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_rl: str) -> dg.Output[dict]:
     """Held-out report of the RL checkpoint (DESIGN §5)."""
     return _report(context, pipeline, encoder, router_rl, "rl")
 
 
-@dg.asset(group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_es(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_es: str) -> dg.Output[dict]:
     """Held-out report of the CMA-ES checkpoint (DESIGN §5)."""
     return _report(context, pipeline, encoder, router_es, "es")
 
 
 class PromotionConfig(dg.Config):
-    margin: float = 0.0
-    """Paired mean utility gain over the promoted checkpoint required to replace it."""
+    margin: float = 0.02
+    """Replace the promoted checkpoint only at challenger ≥ king + margin (paired mean held-out utility; the seed's rule)."""
     max_train_gap: float = 0.25
     """Largest allowed train minus held-out router utility."""
-    require_significant: bool = False
-    """Also require the bootstrap interval's low end above each bar."""
+    require_significant: bool = True
+    """Also require the paired bootstrap 95% interval's low end above zero, against the best fixed worker and the king."""
+    min_quality_std: float = 0.01
+    """A quality head whose held-out predicted qualities have a smaller std is refused."""
 
 
-@dg.asset(group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def promoted_router(
     context: dg.AssetExecutionContext, config: PromotionConfig, pipeline: PipelineResource, encoder: EncoderResource,
     eval_report_sft: dict, eval_report_rl: dict, eval_report_es: dict,
@@ -172,7 +176,8 @@ def promoted_router(
     from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
 
     data = _routing_data(context, pipeline, encoder)
-    policy = PromotionPolicy(margin=config.margin, max_train_gap=config.max_train_gap, require_significant=config.require_significant)
+    policy = PromotionPolicy(margin=config.margin, max_train_gap=config.max_train_gap,
+                             require_significant=config.require_significant, min_quality_std=config.min_quality_std)
     outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es)], data, pipeline.paths.models, policy)
     for line in outcome["reasons"]:
         context.log.info(line)

@@ -10,3 +10,23 @@ batch_x_worker = dg.MultiPartitionsDefinition({"batch": task_batches, "worker": 
 WORKER_CALLS_POOL = "worker_calls"
 DUCKDB_WRITER_POOL = "duckdb_writer"
 GPU_POOL = "gpu"
+DEFAULT_WORKER_CALLS_LIMIT = 8
+
+
+def ensure_worker_calls_limit(instance: dg.DagsterInstance) -> bool:
+    """Give the `worker_calls` pool its default limit (8 partition runs at a time) unless it has
+    one; dagster.yaml's `default_limit: 1` is for the other pools. True when it was set now."""
+    storage = instance.event_log_storage
+    if WORKER_CALLS_POOL in storage.get_concurrency_keys():
+        return False
+    storage.set_concurrency_slots(WORKER_CALLS_POOL, DEFAULT_WORKER_CALLS_LIMIT)
+    return True
+
+
+def partition_run_request(partitions_def: dg.PartitionsDefinition, partition_key: str, **kwargs) -> dg.RunRequest:
+    """A sensor's run request for one partition of a dynamic partition set, with its partition
+    tags filled in here. Dagster otherwise checks the key against the instance while it resolves
+    the request, which a sensor context built from an instance (tests, tick checks) cannot do;
+    the sensors only request partitions they add in the same result or that already exist."""
+    tags = {**kwargs.pop("tags", {}), **partitions_def.get_tags_for_partition_key(partition_key)}
+    return dg.RunRequest(partition_key=partition_key, tags=tags, **kwargs)

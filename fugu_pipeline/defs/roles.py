@@ -90,7 +90,7 @@ def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pi
     })
 
 
-@dg.asset(group_name="multi_turn", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="multi_turn", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pipeline: PipelineResource,
                       encoder: EncoderResource, router_roles: str, router_es: str) -> dg.Output[dict]:
     """Live multi-turn report on the held-out tasks: accuracy with a 95% interval, turns and cost

@@ -11,20 +11,20 @@ from pathlib import Path
 
 import dagster as dg
 
-from fugu_pipeline.defs.partitions import WORKER_CALLS_POOL, task_batches
-from fugu_pipeline.tasks.loading import batch_name, list_batch_files
+from fugu_pipeline.defs.partitions import ensure_worker_calls_limit, task_batches
+from fugu_pipeline.tasks.loading import scan_batch_files
 
-DEFAULT_WORKER_CALLS_LIMIT = 8
+def project_instance(project_dir: Path, echo: Callable[[str], None] = print) -> dg.DagsterInstance:
+    """The instance whose dagster.yaml sits in the project (DAGSTER_HOME defaults to it). Runs
+    left STARTED by a killed process are marked failed first, and their pool slots freed."""
+    from fugu_pipeline.defs.launcher import fail_dead_runs
 
-
-def project_instance(project_dir: Path) -> dg.DagsterInstance:
-    """The instance whose dagster.yaml sits in the project (DAGSTER_HOME defaults to it)."""
     if not os.environ.get("DAGSTER_HOME"):
         os.environ["DAGSTER_HOME"] = str(project_dir.resolve())
     instance = dg.DagsterInstance.get()
-    storage = instance.event_log_storage
-    if WORKER_CALLS_POOL not in storage.get_concurrency_keys():
-        storage.set_concurrency_slots(WORKER_CALLS_POOL, DEFAULT_WORKER_CALLS_LIMIT)
+    for run_id in fail_dead_runs(instance):
+        echo(f"  run {run_id} was left STARTED by a process that is gone: marked failed, its pool slots freed")
+    ensure_worker_calls_limit(instance)
     return instance
 
 
@@ -40,15 +40,18 @@ def run_pipeline(
     """Materialize tasks -> responses -> reward_matrix (-> the rest of the graph) for every batch
     file. Returns the materialization metadata of the last step, keyed by asset."""
     from fugu_pipeline.defs.assemble import build_defs
-    from fugu_pipeline.defs.data import sync_worker_partitions
+    from fugu_pipeline.defs.sensors import sync_worker_partitions
 
     os.chdir(project_dir)
     defs = build_defs(str(project_dir), workers_config, encoder)
-    instance = project_instance(project_dir)
+    instance = project_instance(project_dir, echo)
     pipeline = defs.resources["pipeline"]
     config = pipeline.load_workers()
     sync_worker_partitions(instance, config.worker_ids)
-    batches = [batch_name(p) for p in list_batch_files(pipeline.paths.benchgen)]
+    found, refused = scan_batch_files(pipeline.paths.benchgen)
+    for exc in refused:
+        echo(f"  skipped {exc}")
+    batches = [b for b, _ in found]
     if not batches:
         raise SystemExit(f"no batch files in {pipeline.paths.benchgen}: add a BenchGen .jsonl file there")
     have = set(instance.get_dynamic_partitions(task_batches.name))

@@ -49,8 +49,23 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
     rep["head_kind"] = checkpoint.manifest.head_kind
     rep["data_version"] = data.data_version
     rep["train_router_utility"] = float(np.mean(routed_utility(train.utility, head_scores(checkpoint.head, train.features))))
-    rep["summary"] = summary_line(rep)
+    rep.update(utility_fields(checkpoint, data))
+    rep["summary"] = summary_line(rep) + f" | {rep['utility_formula']}"
     return rep
+
+
+def utility_fields(checkpoint, data) -> dict:
+    """The utility weights every figure of the report was computed with, where they came from,
+    and whether the checkpoint was trained with the same ones."""
+    u = data.utility_config
+    out = {"utility_weights": u.model_dump() if u is not None else None,
+           "utility_formula": u.describe() if u is not None else "utility weights unknown",
+           "utility_source": data.utility_source}
+    trained = checkpoint.manifest.utility_config
+    if u is not None and trained is not None and trained != u.model_dump():
+        out["utility_note"] = (f"the checkpoint was trained with other weights ({trained}); the figures here "
+                               "use the matrix's weights")
+    return out
 
 
 def routed_utility(utility: np.ndarray, scores: np.ndarray) -> np.ndarray:

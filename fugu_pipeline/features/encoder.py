@@ -5,6 +5,27 @@ frozen, eval mode) and encodes prompts in length-bucketed batches under a token 
 `LazyEncoder` holds settings and loads the weights only on first use, so a call whose prompts are
 all cached never loads them.
 
+Bounded cost per prompt. The encoder reads at most `max_length` tokens, so a prompt is cut to
+`max_length * MAX_CHARS_PER_TOKEN` characters BEFORE it is tokenized (`cut_text`): a 2 MB prompt
+costs what an 8 KB one costs. Why 16 characters per token is safe: over 5,989 real router prompts
+(the sample batch, LLMRouter's dcrouter queries, RouteLLM's GSM8K and MMLU), all-MiniLM-L6-v2's
+WordPiece tokenizer averages 4.3 characters per token (99th percentile 5.9, worst 9.0) and the
+tiny encoder's BPE 2.1 (worst 4.3); the longest entry of either vocabulary is 18 characters. So
+the first `max_length * 16` characters hold far more than `max_length` tokens, the cut falls in
+tokens that truncation drops anyway, and the token ids (hence the features) are exactly those of
+the uncut prompt: cached training features stay valid. Only text averaging over 16 characters
+per token for its first `max_length` tokens (a long run of one repeated symbol, an over-long
+"word" a WordPiece vocabulary reads as one [UNK]) can tokenize differently, and then identically
+in training and serving, because both go through `Encoder.tokenize`. Lone UTF-16 surrogates
+(valid in JSON, not encodable as UTF-8) become U+FFFD there too, so such text can never crash a
+batch of prompts.
+
+Native caches (`bound_native_caches`). In bfloat16 on a CPU, every new input shape makes oneDNN
+and PyTorch's ideep layer build and cache a matmul primitive with its buffers (about 1 MB each
+for the tiny encoder; 1,024 entries per cache by default), so a server seeing prompts of many
+lengths grew from 0.35 GB to 1.2 GB. `Encoder.load` caps both caches for bf16 on CPU (unless the
+variables are already set); fp32 uses other kernels and stays flat without it.
+
 Plain Python: no dagster; torch and transformers are imported inside functions, so importing this
 module is cheap.
 """
@@ -12,6 +33,7 @@ module is cheap.
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 
@@ -23,6 +45,30 @@ from fugu_pipeline.features.settings import (
     hub_offline,
     offline_help,
 )
+
+
+MAX_CHARS_PER_TOKEN = 16
+NATIVE_CACHE_CAPACITY = 32  # entries in oneDNN's primitive cache and ideep's LRU cache (bf16 on CPU)
+NATIVE_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+
+
+def cut_text(text: str, max_length: int) -> str:
+    """`text` cut to `max_length * MAX_CHARS_PER_TOKEN` characters, lone surrogates replaced by
+    U+FFFD: what the tokenizer reads (see the module docstring for why the cut is exact)."""
+    text = text[: max_length * MAX_CHARS_PER_TOKEN]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in JSON): the tokenizer cannot take it
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def bound_native_caches(capacity: int = NATIVE_CACHE_CAPACITY) -> dict[str, str]:
+    """Cap oneDNN's primitive cache and ideep's LRU cache (read when they are first used), unless
+    the environment already sets them. Returns the values in force."""
+    for name in NATIVE_CACHE_VARIABLES:
+        os.environ.setdefault(name, str(capacity))
+    return {name: os.environ[name] for name in NATIVE_CACHE_VARIABLES}
 
 
 def plan_batches(lengths: list[int], token_budget: int, max_batch_size: int) -> list[list[int]]:
@@ -97,6 +143,8 @@ class Encoder:
 
         device = settings.resolve_device()
         dtype = settings.resolve_dtype(device)
+        if device == "cpu" and dtype == "bfloat16":
+            bound_native_caches()
         directory = settings.local_dir()
         source = str(directory) if directory is not None else settings.model
         kwargs: dict = {"local_files_only": directory is not None or hub_offline()}
@@ -134,9 +182,11 @@ class Encoder:
     # ----------------------------------------------------------------- encoding
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Token ids per text, truncated to max_length; an empty text becomes one pad token."""
+        """Token ids per text, truncated to max_length; an empty text becomes one pad token. Each
+        text is cut to a bounded number of characters first (`cut_text`), in training and serving."""
+        n = self.settings.max_length
         ids = self.tokenizer(
-            list(texts), add_special_tokens=True, truncation=True, max_length=self.settings.max_length,
+            [cut_text(t, n) for t in texts], add_special_tokens=True, truncation=True, max_length=self.settings.max_length,
             return_attention_mask=False, return_token_type_ids=False,
         )["input_ids"]
         return [seq if seq else [self.pad_id] for seq in ids]

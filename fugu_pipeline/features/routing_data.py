@@ -64,6 +64,7 @@ class RoutingData:
     cost_usd: np.ndarray | None = None  # (N, W)
     latency_s: np.ndarray | None = None  # (N, W)
     utility_config: UtilityConfig | None = None
+    utility_source: str = ""  # how the utility was made and where its weights came from (matrix meta)
     feature_task_ids: list[str] | None = None  # task order of `features`, checked by validate()
     data_version: str = ""  # computed when empty
 
@@ -248,6 +249,7 @@ def load_routing_data(db_path: Path, encoder, cache_root: Path, *, val_fraction:
         RewardMatrixError,
         read_arrays,
         read_utility_config,
+        read_utility_source,
     )
 
     arrays = read_arrays(db_path)
@@ -259,7 +261,8 @@ def load_routing_data(db_path: Path, encoder, cache_root: Path, *, val_fraction:
         worker_ids=arrays.worker_ids, features=emb.vectors, utility=arrays.utility, contract=emb.contract,
         quality=arrays.quality if not np.isnan(arrays.quality).any() else None,
         cost_usd=arrays.cost_usd, latency_s=arrays.latency_s,
-        utility_config=read_utility_config(db_path), feature_task_ids=arrays.task_ids,
+        utility_config=read_utility_config(db_path), utility_source=read_utility_source(db_path),
+        feature_task_ids=arrays.task_ids,
     )
     if "val" not in set(data.splits.tolist()):
         data = carve_validation(data, fraction=val_fraction, seed=seed)

@@ -5,11 +5,20 @@ Tables
 - `workers(position, worker_id, kind, model)` — the fixed worker order
 - `responses(...)` — the latest call record of every collected cell
 - `rewards(task_id, worker_id, position, quality, cost_usd, latency_s, utility)` — graded cells
-- `reward_wide` (view) — one row per task, one utility column per worker, in worker order
+- `reward_wide` — one row per task (ordered by task_id), one utility column per worker, in worker
+  order (NULL where a cell is missing). A table, written once per build like the others.
 - `meta(key, value)` — source, utility weights, data version
 
 A build writes a new database file beside the old one and renames it into place, so readers
 never see a half-built matrix and a crash leaves the previous matrix intact.
+
+No SQL text is ever built from data. Values go in as bound parameters or Arrow tables; the
+worker ids that name `reward_wide`'s columns go in as the column names of an Arrow table (the
+table is assembled in Python and created with `CREATE TABLE ... AS SELECT * FROM wide`), never
+pasted into a statement. They are also checked against the worker-id rule before the build
+starts (`check_worker_id`; the import format refuses a bad id with its file and line first).
+The only identifiers interpolated into SQL here are this module's own table and column names
+(`_insert` checks them against `SCHEMA`).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import duckdb
 
 from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.hashing import canonical_json, sha256_text
-from fugu_pipeline.matrix.import_format import read_reward_jsonl
+from fugu_pipeline.matrix.import_format import check_worker_id, read_reward_jsonl
 from fugu_pipeline.matrix.read import matrix_summary
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.tasks.loading import load_all_batches
@@ -86,12 +95,14 @@ class MatrixInput:
     cells: list[Cell]
     source: str
     utility: UtilityConfig
+    utility_source: str = ""  # how the utility was made and where its weights came from, in words
 
 
 # --------------------------------------------------------------------------- sources
 
 
-def from_collection(benchgen_dir: Path, store: ResponseStore, config: WorkersConfig) -> MatrixInput:
+def from_collection(benchgen_dir: Path, store: ResponseStore, config: WorkersConfig,
+                    weights_from: str = "the worker config") -> MatrixInput:
     batches = load_all_batches(benchgen_dir)
     workers = [(w.id, w.kind, getattr(w, "model", None)) for w in config.workers]
     responses, rewards = [], []
@@ -109,26 +120,46 @@ def from_collection(benchgen_dir: Path, store: ResponseStore, config: WorkersCon
                 if r.status == "ok" and r.quality is not None:
                     rewards.append(Cell(t.task_id, wid, r.quality, r.cost_usd + r.judge_cost_usd, r.latency_s))
     tasks = [TaskRow.of(b, t) for b, t in batches]
-    return MatrixInput(tasks, workers, responses, rewards, "collection", config.reward)
+    return MatrixInput(tasks, workers, responses, rewards, "collection", config.reward,
+                       f"computed from each cell's quality, cost and latency; weights: {weights_from}")
 
 
-def from_import(path: Path, utility: UtilityConfig) -> MatrixInput:
+def from_import(path: Path, utility: UtilityConfig, weights_from: str = "the configured weights") -> MatrixInput:
     """An imported reward matrix. Where `quality` is given, utility is recomputed from the
-    configured weights (cost and latency default to 0); otherwise `rewards` is the utility."""
+    configured weights (cost and latency default to 0); otherwise `rewards` is the utility. How
+    (and with which weights) is recorded in words; rows whose own `rewards` the weights do not
+    reproduce are counted there, since the file was likely made with other weights."""
     rows = read_reward_jsonl(path)
     batch = "import-" + path.name.split(".")[0]
     worker_ids = rows[0].worker_ids
     tasks, rewards = [], []
+    differ, worst = 0, (0.0, "")
     for r in rows:
         tasks.append(TaskRow(r.task_id, batch, r.prompt, r.domain, r.split))
+        gap = 0.0
         for i, w in enumerate(worker_ids):
             cost = r.cost_usd[i] if r.cost_usd else 0.0
             lat = r.latency_s[i] if r.latency_s else 0.0
             if r.quality is not None:
                 rewards.append(Cell(r.task_id, w, r.quality[i], cost, lat))
+                if r.rewards is not None:
+                    gap = max(gap, abs(utility.utility(r.quality[i], cost, lat) - r.rewards[i]))
             else:
                 rewards.append(Cell(r.task_id, w, None, cost, lat, utility=r.rewards[i]))
-    return MatrixInput(tasks, [(w, "imported", None) for w in worker_ids], [], rewards, f"import:{path}", utility)
+        if gap > 1e-9:
+            differ += 1
+            worst = max(worst, (gap, r.task_id))
+    n_q = sum(r.quality is not None for r in rows)
+    how = []
+    if n_q:
+        how.append(f"{n_q} row(s) recomputed from quality, cost_usd and latency_s (missing cost or latency counts as 0)")
+    if n_q < len(rows):
+        how.append(f"{len(rows) - n_q} row(s) use the file's rewards as given")
+    note = "; ".join(how) + f"; weights: {weights_from}"
+    if differ:
+        note += (f". {differ} row(s) carry rewards these weights do not reproduce (largest difference "
+                 f"{worst[0]:.4g}, task {worst[1]}): the file was made with other weights; the recomputed utility is used")
+    return MatrixInput(tasks, [(w, "imported", None) for w in worker_ids], [], rewards, f"import:{path}", utility, note)
 
 
 # --------------------------------------------------------------------------- build
@@ -136,6 +167,7 @@ def from_import(path: Path, utility: UtilityConfig) -> MatrixInput:
 
 def build(inp: MatrixInput, db_path: Path) -> dict:
     """Write the DuckDB reward matrix atomically. Returns summary metadata."""
+    wide_columns(inp.workers)  # refuse bad worker ids before any file is touched
     db_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = db_path.with_name(db_path.name + f".tmp-{os.getpid()}")
     for p in (tmp, Path(str(tmp) + ".wal")):
@@ -160,16 +192,12 @@ def build(inp: MatrixInput, db_path: Path) -> dict:
             "cost_usd": [c.cost_usd for c in inp.cells], "latency_s": [c.latency_s for c in inp.cells],
             "utility": [c.utility if c.utility is not None else u.utility(c.quality, c.cost_usd, c.latency_s) for c in inp.cells],
         })
-        cols = ", ".join(f"'{w}'" for w, _, _ in inp.workers)
-        con.execute(
-            "CREATE VIEW reward_wide AS SELECT t.task_id, t.split, t.domain, p.* EXCLUDE (task_id) FROM tasks t "
-            f"JOIN (PIVOT (SELECT task_id, worker_id, utility FROM rewards) ON worker_id IN ({cols}) "
-            "USING first(utility) GROUP BY task_id) p USING (task_id) ORDER BY t.task_id"
-        )
+        _create_wide(con, inp.workers)
         version = data_version(con)
         meta = {
             "source": inp.source,
             "utility": canonical_json(u.model_dump()),
+            "utility_source": inp.utility_source,
             "worker_ids": json.dumps([w for w, _, _ in inp.workers]),
             "data_version": version,
         }
@@ -183,11 +211,53 @@ def build(inp: MatrixInput, db_path: Path) -> dict:
     return summary
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, list]) -> None:
-    """Bulk insert through Arrow (executemany is row-at-a-time)."""
+WIDE_FIXED = ("task_id", "split", "domain")
+TABLES = ("tasks", "workers", "responses", "rewards", "meta")
+
+
+def wide_columns(workers: list[tuple[str, str, str | None]]) -> list[str]:
+    """The column names of `reward_wide`: task_id, split, domain, then one per worker id. Every
+    id must follow the worker-id rule; DuckDB names are case-insensitive, so ids that differ only
+    in case, or that equal a fixed column, are refused too."""
+    ids = [check_worker_id(w) for w, _, _ in workers]
+    seen: dict[str, str] = {c: c for c in WIDE_FIXED}
+    for w in ids:
+        if w.lower() in seen:
+            raise ValueError(f"worker id {w!r} clashes with {seen[w.lower()]!r} as a column of reward_wide "
+                             "(DuckDB column names ignore case); rename one of them")
+        seen[w.lower()] = w
+    return [*WIDE_FIXED, *ids]
+
+
+def _create_wide(con: duckdb.DuckDBPyConnection, workers: list[tuple[str, str, str | None]]) -> None:
+    """`reward_wide` from an Arrow table assembled here: its column names are the worker ids, so
+    no id is ever part of SQL text."""
     import pyarrow as pa
 
-    schema = {r[0]: r[1] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+    names = wide_columns(workers)
+    tasks = con.execute("SELECT task_id, split, domain FROM tasks ORDER BY task_id").fetchall()
+    row = {t[0]: i for i, t in enumerate(tasks)}
+    cols: list[list] = [[t[0] for t in tasks], [t[1] for t in tasks], [t[2] for t in tasks]]
+    cols += [[None] * len(tasks) for _ in workers]
+    for task_id, position, utility in con.execute("SELECT task_id, position, utility FROM rewards").fetchall():
+        cols[len(WIDE_FIXED) + position][row[task_id]] = utility
+    types = [pa.string()] * len(WIDE_FIXED) + [pa.float64()] * len(workers)
+    wide = pa.Table.from_arrays([pa.array(c, type=t) for c, t in zip(cols, types)], names=names)  # noqa: F841
+    con.execute("CREATE TABLE reward_wide AS SELECT * FROM wide")
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, list]) -> None:
+    """Bulk insert through Arrow (executemany is row-at-a-time). `table` and the column names are
+    this module's own (checked against the schema), never data."""
+    import pyarrow as pa
+
+    if table not in TABLES:
+        raise ValueError(f"unknown table {table!r}")
+    schema = {r[0]: r[1] for r in con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                                               "WHERE table_name = ? ORDER BY ordinal_position", [table]).fetchall()}
+    unknown = set(columns) - set(schema)
+    if unknown:
+        raise ValueError(f"{table} has no column(s) {sorted(unknown)}")
     frame = pa.table(columns)  # noqa: F841  (DuckDB reads the local by name)
     cols = ", ".join(columns)
     casts = ", ".join(f"CAST({c} AS {schema[c]})" for c in columns)

@@ -1,13 +1,39 @@
-"""The reward-matrix import format (DESIGN §4): one `RewardRow` a line, validated at the boundary."""
+"""The reward-matrix import format (DESIGN §4): one `RewardRow` a line, validated at the boundary.
+
+Worker ids must follow a strict rule, `IMPORT_WORKER_ID_PATTERN`: the worker YAML's rule
+(`WORKER_ID_PATTERN`: a letter or digit, then letters, digits, `_`, `.` or `-`) plus `/` and `:`,
+because imported ids are often model names (`mistralai/Mixtral-8x7B-Instruct-v0.1` in RouteLLM's
+data, `qwen/qwen3-8b:free` on OpenRouter), up to 128 characters. No quote, whitespace, semicolon,
+parenthesis or backslash can pass. Ids become column names of the matrix's `reward_wide` table and
+keys everywhere downstream, so a bad one is refused here, naming the file, the line and the rule,
+before anything is built from it.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fugu_pipeline.tasks.loading import TaskFileError
 from fugu_pipeline.tasks.schema import Split
+IMPORT_WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]{0,127}$"
+_WORKER_ID = re.compile(IMPORT_WORKER_ID_PATTERN)
+WORKER_ID_RULE = (f"a worker id must match {IMPORT_WORKER_ID_PATTERN} (a letter or digit, then up to 127 letters, "
+                  "digits, '_', '.', '-', '/' or ':'; the worker YAML's rule plus '/' and ':' for model names)")
+
+
+def check_worker_id(worker_id: object) -> str:
+    """`worker_id` if it follows the worker-id rule, else ValueError naming the id and the rule."""
+    if not isinstance(worker_id, str) or not _WORKER_ID.fullmatch(worker_id):
+        shown = repr(worker_id) if len(repr(worker_id)) <= 80 else repr(worker_id)[:77] + "..."
+        raise ValueError(f"invalid worker id {shown}: {WORKER_ID_RULE}")
+    return worker_id
+
+
+WorkerId = Annotated[str, AfterValidator(check_worker_id)]
 
 
 class RewardRow(BaseModel):
@@ -19,7 +45,7 @@ class RewardRow(BaseModel):
     prompt: str = Field(min_length=1)
     domain: str = "general"
     split: Split = "train"
-    worker_ids: list[str] = Field(min_length=1)
+    worker_ids: list[WorkerId] = Field(min_length=1)
     rewards: list[float] | None = None
     quality: list[float] | None = None
     cost_usd: list[float] | None = None

@@ -384,7 +384,7 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
     routellm-mmlu:  path = that folder (mmlu_responses/, mmlu_contaminated_prompts.jsonl)
     routellm-csv:   path = one eval CSV; pass contaminated_path to remove contaminated prompts
     dcrouter:       path = folder with dcrouter_{train,test}.json(.gz), default_llm.json, default_query_*.jsonl(.gz)
-    jsonl:          path = a reward-matrix JSONL
+    jsonl:          path = a reward-matrix JSONL (validated line by line; `seed` is ignored)
     """
     path = Path(path)
     notes: dict = {}
@@ -404,8 +404,9 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
         rows = import_dcrouter(opts.pop("train_path"), opts.pop("test_path"), **opts)
         notes["cost_basis"] = COST_BASIS_ESTIMATE if rows[0].cost_usd is not None else "none: no llm_info_path"
     elif kind == "jsonl":
+        opts.pop("seed", None)  # its rows carry their own split; `fugu-lite import` always passes --seed
         if opts:
-            raise TypeError(f"import kind 'jsonl' takes no options, got {sorted(opts)}")
+            raise ValueError(f"import kind 'jsonl' takes no options (its rows carry their splits), got {sorted(opts)}")
         rows = import_generic_jsonl(path)
     else:
         raise ValueError(f"unknown import kind {kind!r}; use one of {', '.join(KINDS)}")

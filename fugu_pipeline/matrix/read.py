@@ -1,7 +1,23 @@
-"""Reading the reward matrix: arrays in fixed worker order, summaries, and health checks."""
+"""Reading the reward matrix: arrays in fixed worker order, summaries, and health checks.
+
+Every read goes through `open_read_only`. DuckDB lets no other process open a file while one
+process holds a read-write connection to it, and the `duckdb` command line opens read-write by
+default: a user looking at the matrix would make every check and every training step fail. So a
+read that meets that lock says so in one line, retries for up to `FUGU_DUCKDB_LOCK_WAIT_S`
+seconds (default 5), then reads a snapshot copy of the file (the matrix is only ever replaced
+whole, by a rename, so the copy is the last build).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,8 +27,64 @@ import numpy as np
 from fugu_pipeline.reward import UtilityConfig
 
 
+log = logging.getLogger(__name__)
+_HOLDER = re.compile(r"held in (.+?) \(PID (\d+)\)")
+
+
 class RewardMatrixError(ValueError):
     pass
+
+
+def _lock_conflict(exc: duckdb.IOException) -> bool:
+    return "lock" in str(exc).lower()
+
+
+def _holder(exc: duckdb.IOException) -> str:
+    m = _HOLDER.search(str(exc))
+    return f"PID {m.group(2)}, {m.group(1)}" if m else "another process"
+
+
+@contextmanager
+def open_read_only(db_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A read-only connection to the matrix, even while another process holds a read-write one
+    (see the module docstring)."""
+    wait_s = float(os.environ.get("FUGU_DUCKDB_LOCK_WAIT_S", "5"))
+    deadline, delay, warned = time.monotonic() + wait_s, 0.1, False
+    while True:
+        try:
+            con = duckdb.connect(str(db_path), read_only=True)
+            snapshot = None
+            break
+        except duckdb.IOException as exc:
+            if not _lock_conflict(exc):
+                raise
+            if not warned:
+                warned = True
+                log.warning(f"{db_path} is locked by a read-write connection ({_holder(exc)}); retrying for {wait_s:g}s, "
+                            f"then reading a snapshot copy. Close that connection, or open the file with `duckdb -readonly`.")
+            if time.monotonic() >= deadline:
+                snapshot, con = _open_snapshot(db_path, _holder(exc))
+                break
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+            delay = min(delay * 2, 1.0)
+    try:
+        yield con
+    finally:
+        con.close()
+        if snapshot:
+            shutil.rmtree(snapshot, ignore_errors=True)
+
+
+def _open_snapshot(db_path: Path, holder: str) -> tuple[str, duckdb.DuckDBPyConnection]:
+    folder = tempfile.mkdtemp(prefix="fugu-matrix-")
+    copy = Path(folder) / db_path.name
+    try:
+        shutil.copyfile(db_path, copy)
+        return folder, duckdb.connect(str(copy), read_only=True)
+    except (OSError, duckdb.Error) as err:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise RewardMatrixError(f"{db_path} is locked ({holder}) and a snapshot copy could not be read ({err}); "
+                                f"close that connection and run again") from None
 
 
 def matrix_summary(con: duckdb.DuckDBPyConnection) -> dict:
@@ -45,14 +117,11 @@ def read_arrays(db_path: Path, complete_only: bool = True) -> RewardArrays:
     counted (`n_incomplete`) unless `complete_only=False` (missing cells are then NaN)."""
     if not db_path.exists():
         raise RewardMatrixError(f"{db_path}: no reward matrix yet; materialize `reward_matrix` (or run `fugu-lite pipeline`)")
-    con = duckdb.connect(str(db_path), read_only=True)
-    try:
+    with open_read_only(db_path) as con:
         workers = [r[0] for r in con.execute("SELECT worker_id FROM workers ORDER BY position").fetchall()]
         tasks = con.execute("SELECT task_id, prompt, domain, split FROM tasks ORDER BY task_id").fetchall()
         cells = con.execute("SELECT task_id, position, quality, cost_usd, latency_s, utility FROM rewards").fetchall()
         version = con.execute("SELECT value FROM meta WHERE key='data_version'").fetchone()[0]
-    finally:
-        con.close()
     idx = {t[0]: i for i, t in enumerate(tasks)}
     shape = (len(tasks), len(workers))
     U, Q, C, L = (np.full(shape, np.nan) for _ in range(4))
@@ -98,22 +167,23 @@ def little_to_learn(health: dict, min_gap: float = 0.02, max_tie_share: float = 
 
 
 def check_no_nan(db_path: Path) -> int:
-    con = duckdb.connect(str(db_path), read_only=True)
-    try:
+    with open_read_only(db_path) as con:
         return con.execute(
             "SELECT count(*) FROM rewards WHERE isnan(utility) OR isinf(utility) OR utility IS NULL"
         ).fetchone()[0]
-    finally:
-        con.close()
 
 
 def read_utility_config(db_path: Path) -> UtilityConfig:
     """The utility weights the matrix was built with (its `meta` table)."""
-    con = duckdb.connect(str(db_path), read_only=True)
-    try:
+    with open_read_only(db_path) as con:
         row = con.execute("SELECT value FROM meta WHERE key='utility'").fetchone()
-    finally:
-        con.close()
     if row is None:
         raise RewardMatrixError(f"{db_path}: the matrix records no utility weights; rebuild it (materialize reward_matrix)")
     return UtilityConfig.model_validate_json(row[0])
+
+
+def read_utility_source(db_path: Path) -> str:
+    """How the matrix's utility was made and where its weights came from ("" for older matrices)."""
+    with open_read_only(db_path) as con:
+        row = con.execute("SELECT value FROM meta WHERE key='utility_source'").fetchone()
+    return row[0] if row else ""

@@ -7,6 +7,11 @@
 
 `load_promoted` follows `models/promoted/current.json`: when a new checkpoint is promoted, the
 next `route` call uses it, without a restart.
+
+A swapped-out router is never closed here: other threads (a server's routing batch, a `route`
+call that fetched it a moment ago) may still be encoding with it. It is dropped, and its encoder
+is freed when the last of them lets go of it (reference counting), so a reader never meets a
+closed encoder and the old weights do not outlive their last user.
 """
 
 from __future__ import annotations
@@ -30,13 +35,15 @@ def promoted_checkpoint_path(models_dir: str | Path) -> Path:
 
 class PromotedRouter:
     """Follows the promoted pointer: each call checks it (one small read) and swaps in a newly
-    promoted checkpoint, reusing the loaded encoder when the feature contract is unchanged."""
+    promoted checkpoint, reusing the loaded encoder when the feature contract is unchanged.
+    Thread-safe: a swap never closes the router it replaces (see the module docstring)."""
 
     def __init__(self, models_dir: str | Path, *, device: str = "auto", dtype: str = "auto", encoder: str | None = None):
         self.models_dir = Path(models_dir)
         self._opts = {"device": device, "dtype": dtype, "encoder": encoder}
         self._router: Router | None = None
         self._key: tuple | None = None
+        self._current: tuple[Router | None, tuple | None] = (None, None)
         self._lock = threading.Lock()
         self.reloads = 0
         self.refresh()
@@ -44,21 +51,27 @@ class PromotedRouter:
     def refresh(self) -> Router:
         from fugu_pipeline.train.checkpoints import load_checkpoint
 
-        ptr = read_pointer(self.models_dir)
-        key = (ptr or {}).get("content_hash"), (ptr or {}).get("checkpoint")
+        router, key = self._current  # one tuple: the router and the pointer it came from, read together
+        if router is not None and _key(read_pointer(self.models_dir)) == key:
+            return router
         with self._lock:
+            # read the pointer again under the lock: the key and the path come from one pointer,
+            # and a thread that waited here never swaps back to a checkpoint read before the wait
+            ptr = read_pointer(self.models_dir)
+            key = _key(ptr)
             if self._router is not None and key == self._key:
                 return self._router
-            path = promoted_checkpoint_path(self.models_dir)
+            path = promoted_checkpoint_path(self.models_dir) if ptr is None else pointer_target(self.models_dir, ptr)
             old = self._router
             ckpt = load_checkpoint(path)
             if old is not None and ckpt.manifest.feature_contract == old.checkpoint.manifest.feature_contract:
                 new = Router(ckpt, old.encoder)  # same features: keep the loaded encoder
             else:
+                # other features: a new encoder. The old router is not closed: a thread may be
+                # encoding with it right now; it is freed when its last user drops it.
                 new = Router.load(path, **self._opts)
-                if old is not None:
-                    old.close()
             self._router, self._key = new, key
+            self._current = (new, key)
             self.reloads += 1
             return new
 
@@ -75,6 +88,18 @@ class PromotedRouter:
 
     def route_batch(self, prompts, domains=None, **kw) -> list[RouteDecision]:
         return self.refresh().route_batch(prompts, domains, **kw)
+
+    def close(self) -> None:
+        """Shut down: close the current router's encoder. Call it only when nothing routes any more."""
+        with self._lock:
+            if self._router is not None:
+                self._router.close()
+            self._router, self._key = None, None
+            self._current = (None, None)
+
+
+def _key(ptr: dict | None) -> tuple:
+    return (ptr or {}).get("content_hash"), (ptr or {}).get("checkpoint")
 
 
 def load_promoted(models_dir: str | Path = "models", **kw) -> PromotedRouter:

@@ -35,18 +35,29 @@ here too (requests over them wait).
 
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
 and latency in the last chunk, which has no choices) holds the probabilities, ranking, chosen
-and serving worker, worker calls made, fallback errors, cost and timings; the headers
-`x-fugu-worker` (chosen), `x-fugu-served-by`, `x-fugu-attempts` (worker calls made),
-`x-fugu-latency-ms`, `x-fugu-cost-usd` (when known: not for streams) and `x-fugu-checkpoint`
-(`<method>/<content hash>`) carry the same. Timings: `route_ms` from receipt to the route
-decision (batch wait and encoding included), `upstream_ms` inside worker calls, `latency_ms` the
-server's total (for a stream, until its first byte; the last chunk has the full time), and
-`overhead_ms` = `latency_ms` - `upstream_ms`: what the router adds.
+and serving worker, worker calls made, fallback errors, cost, timings, and `ignored`: the request
+fields that had no effect, each with the reason (`fugu_cost_weight` sent to a head without a cost
+term, `domain` with a prompt template that has no `{domain}`, a `model` other than "fugu-lite",
+fields that are not passed to workers). The headers `x-fugu-worker` (chosen), `x-fugu-served-by`,
+`x-fugu-attempts` (worker calls made), `x-fugu-latency-ms`, `x-fugu-cost-usd` (when known: not for
+streams) and `x-fugu-checkpoint` (`<method>/<content hash>`) carry the same.
 
-Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`: 400 malformed JSON,
-missing `messages`, `n` > 1, tools, bad parameters, unknown allowed workers; 401 a missing or
-wrong bearer token (when `api_token` is set; compared in constant time); 413 a body over
-`max_body_bytes`; 502 every worker failed; 503 no router could be loaded.
+Timings (milliseconds; worker calls run on their own event loop, `upstream.py`, so they are timed
+where nothing else queues):
+- `route_ms`: receipt to route decision (the wait for a routing batch and the encoder pass).
+- `queue_ms`: waiting for a worker's concurrency slot (`max_concurrency`) or rate limit.
+- `upstream_ms`: inside worker calls, every attempt, failed ones included: from handing the request
+  to the worker's client to its reply having been read. For a stream: until its first content
+  (first chunk), until its end (last chunk).
+- `latency_ms`: the server's total, from receipt to the reply being ready (a stream: its first
+  byte in the first chunk, its end in the last).
+- `overhead_ms` = `latency_ms` - `upstream_ms`: everything the router adds: parsing, routing,
+  `queue_ms`, the hand-over to the worker loop and back (where a busy server queues), and building
+  the reply.
+
+Empty answers, one rule: a reply with no text (blank content) is a failed call, plain or streamed,
+and the next worker is tried. A stream is committed to the client only when the worker's first
+non-blank content has arrived, so a stream that ends empty falls back like a plain reply.
 
 Thin over the core: this module routes and calls workers; it never trains or grades, and never
 imports dagster.
@@ -83,9 +94,10 @@ from fugu_pipeline.serve.protocol import (
     http_error_handler,
     parse_chat_request,
     read_body,
+    require_json,
     server_error_handler,
 )
-from fugu_pipeline.serve.upstream import Workers, usage_of
+from fugu_pipeline.serve.upstream import CallTiming, Workers, usage_of
 from fugu_pipeline.train.pointer import POINTER
 from fugu_pipeline.workers.config import WorkersConfig, load_workers_config
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
@@ -158,9 +170,19 @@ class Service:
                 raise RouterUnavailable(f"no router could be loaded: {type(exc).__name__}: {exc}") from exc
             out = route_grouped(router, requests)
         tag = checkpoint_tag(router)
-        for d in out:
+        no_cost_term = not hasattr(router.checkpoint.head, "route_scores")
+        template = router.encoder.settings.prompt_template
+        for r, d in zip(requests, out):
             if isinstance(d, RouteDecision):
                 d.extra["checkpoint_tag"] = tag
+                ignored = d.extra.setdefault("ignored", [])
+                if r.cost_weight is not None and no_cost_term:
+                    ignored.append(f"fugu_cost_weight: head kind {router.checkpoint.manifest.head_kind!r} has no cost "
+                                   "term (only 'quality' heads trade predicted quality against cost); the route does "
+                                   "not use it")
+                if r.domain is not None and "{domain}" not in template:
+                    ignored.append(f"domain: this checkpoint's prompt template {template!r} does not use {{domain}}; "
+                                   "the route does not depend on it")
         return out
 
     def check_auth(self, request: Request) -> None:
@@ -208,6 +230,7 @@ async def chat_completions(request: Request) -> Response:
     t0 = time.perf_counter()
     svc: Service = request.app.state.fugu
     svc.check_auth(request)
+    require_json(request)
     raw = await read_body(request, svc.max_body_bytes)
     req = parse_chat_request(raw)
     svc.counts["requests"] += 1
@@ -217,46 +240,46 @@ async def chat_completions(request: Request) -> Response:
     t_routed = time.perf_counter()
 
     errors: list[dict] = []
-    calls, upstream_s, served, result = 0, 0.0, None, None
+    calls, timing, served, result = 0, CallTiming(), None, None
     for wid in decision.ranking:
         if wid not in svc.workers.clients:
             errors.append({"worker": wid, "error": "not in this server's worker config", "status": None})
             continue
         calls += 1
-        t = time.perf_counter()
         try:
             if req.stream:
-                result = await svc.workers.open_stream(wid, req.messages, req.params)
+                result = await svc.workers.open_stream(wid, req.messages, req.params, timing)
             else:
-                result = await svc.workers.complete(wid, req.messages, req.params)
+                result = await svc.workers.complete(wid, req.messages, req.params, timing)
         except WorkerCallError as exc:
             errors.append({"worker": wid, "error": str(exc), "status": exc.status, "attempts": exc.attempts})
             log.warning("worker %s failed, falling back: %s", wid, exc)
             continue
-        finally:
-            upstream_s += time.perf_counter() - t
+        except Exception as exc:  # a bug in a client: this request falls back, the traceback goes to the log
+            log.exception("worker %s raised %s; falling back", wid, type(exc).__name__)
+            errors.append({"worker": wid, "error": f"internal error: {type(exc).__name__}", "status": None})
+            continue
         served = wid
         break
 
     info = {**_route_info(decision), "served_by": served, "domain": req.domain or "general", "attempts": calls,
-            "fallback_errors": errors, "route_ms": _ms(t_routed - t0), "upstream_ms": _ms(upstream_s)}
+            "fallback_errors": errors, "ignored": req.ignored + decision.extra.get("ignored", []), "route_ms": _ms(t_routed - t0),
+            "queue_ms": _ms(timing.queue_s), "upstream_ms": _ms(timing.upstream_s)}
     if served is None:
         svc.counts["all_workers_failed"] += 1
-        info["latency_ms"] = _ms(time.perf_counter() - t0)
-        info["overhead_ms"] = round(info["latency_ms"] - info["upstream_ms"], 3)
+        _finish_timing(info, t0, timing)
         detail = "; ".join(f"{e['worker']}: {e['error']}" for e in errors)
         raise APIError(502, f"all {len(decision.ranking)} workers failed: {detail}", type="upstream_error",
                        code="all_workers_failed", extra={"fugu_lite": info}, headers=_headers(info))
     svc.counts["served"] += 1
     svc.counts["fallbacks"] += bool(errors)
     if req.stream:
-        return _stream_response(svc, req, served, result, info, t0, upstream_s)
+        return _stream_response(svc, req, served, result, info, t0)
 
     comp: Completion = result
     info["served_model"] = comp.served_model or comp.requested_model
     info["cost_usd"], info["cost_source"] = comp.cost_usd, comp.cost_source
-    info["latency_ms"] = _ms(time.perf_counter() - t0)
-    info["overhead_ms"] = round(info["latency_ms"] - info["upstream_ms"], 3)
+    _finish_timing(info, t0, timing)
     body = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
         "model": info["served_model"],
@@ -267,17 +290,20 @@ async def chat_completions(request: Request) -> Response:
     return JSONResponse(body, headers=_headers(info))
 
 
-def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dict, t0: float,
-                     upstream_s: float) -> StreamingResponse:
+def _finish_timing(info: dict, t0: float, timing: CallTiming) -> None:
+    info["queue_ms"], info["upstream_ms"] = _ms(timing.queue_s), _ms(timing.upstream_s)
+    info["latency_ms"] = _ms(time.perf_counter() - t0)
+    info["overhead_ms"] = round(info["latency_ms"] - info["upstream_ms"], 3)
+
+
+def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dict, t0: float) -> StreamingResponse:
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk", "created": int(time.time()),
             "model": stream.served_model or getattr(svc.workers.specs[wid], "model", wid)}
     info["served_model"] = head["model"]
-    info["latency_ms"] = _ms(time.perf_counter() - t0)  # until the first byte
-    info["overhead_ms"] = round(info["latency_ms"] - info["upstream_ms"], 3)
+    _finish_timing(info, t0, stream.timing)  # until the first byte
     headers = _headers(info)
 
     async def relay():
-        t_first = time.perf_counter()
         yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None}], "fugu_lite": info})
         try:
@@ -296,17 +322,11 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
         final = dict(info)  # complete now: cost, usage, whole-stream timings
         final["cost_usd"], final["cost_source"] = stream.cost()
         final["usage"] = stream.usage
-        final["upstream_ms"] = _ms(upstream_s + time.perf_counter() - t_first)
-        final["latency_ms"] = _ms(time.perf_counter() - t0)
-        final["overhead_ms"] = round(final["latency_ms"] - final["upstream_ms"], 3)
+        _finish_timing(final, t0, stream.timing)
         yield _sse({**head, "choices": [], "usage": stream.usage if req.include_usage else None, "fugu_lite": final})
         yield "data: [DONE]\n\n"
 
-    async def cleanup() -> None:
-        svc.workers.release(wid)
-        await stream.aclose()
-
-    return _RelayResponse(relay(), cleanup, media_type="text/event-stream",
+    return _RelayResponse(relay(), stream.aclose, media_type="text/event-stream",
                           headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -396,6 +416,7 @@ def create_app(
             yield
         finally:
             await svc.workers.close()
+            svc.batcher.close()
 
     app = Starlette(
         routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),

@@ -4,18 +4,23 @@
     decision = await batcher.route(RouteRequest("Prove that ...", domain="math"))
 
 A request waits at most `window_ms` for others to join it, or less when `max_batch` requests are
-already waiting. One batch runs at a time, in a worker thread (`asyncio.to_thread`), so the event
-loop keeps serving; requests that arrive meanwhile form the next batch, which starts as soon as the
-running one ends. `max_batch=1` routes one request at a time (the unbatched baseline).
+already waiting. One batch runs at a time, in the batcher's own routing thread (always the same
+one, so torch's per-thread caches exist once), so the event loop keeps serving; requests that
+arrive meanwhile form the next batch, which starts as soon as the running one ends.
+`max_batch=1` routes one request at a time (the unbatched baseline).
 
 Requests that share `(allowed, cost_weight)` go through one `route_batch` call (one encoder pass);
 a batch that mixes several such keys makes one call per key.
+
+One bad request never fails the others: when a group's call raises, each of its requests is
+routed again on its own, and only the request(s) that fail alone get the error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,19 +40,33 @@ RouteFn = Callable[[list[RouteRequest]], list["RouteDecision | Exception"]]
 
 def route_grouped(router: Router, requests: list[RouteRequest]) -> list[RouteDecision | Exception]:
     """Route requests with one `route_batch` call per distinct (allowed, cost_weight); a group the
-    router refuses (e.g. an unknown allowed worker) gets its RouterError, the others still route."""
+    router refuses (e.g. an unknown allowed worker) gets its RouterError, the others still route.
+    Any other failure of a group's call is narrowed down: each of its requests is routed alone, so
+    the error reaches only the request(s) that cause it."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(requests):
         groups.setdefault((r.allowed, r.cost_weight), []).append(i)
     out: list[RouteDecision | Exception] = [RouterError("not routed")] * len(requests)
+
+    def call(rows: list[int], allowed, cost_weight) -> list[RouteDecision]:
+        return router.route_batch([requests[i].text for i in rows], [requests[i].domain for i in rows],
+                                  allowed=list(allowed) if allowed is not None else None, cost_weight=cost_weight)
+
     for (allowed, cost_weight), rows in groups.items():
         try:
-            decisions = router.route_batch(
-                [requests[i].text for i in rows], [requests[i].domain for i in rows],
-                allowed=list(allowed) if allowed is not None else None, cost_weight=cost_weight,
-            )
+            decisions: list = call(rows, allowed, cost_weight)
         except RouterError as exc:
             decisions = [exc] * len(rows)
+        except Exception as exc:
+            if len(rows) == 1:
+                decisions = [exc]
+            else:
+                decisions = []
+                for i in rows:
+                    try:
+                        decisions += call([i], allowed, cost_weight)
+                    except Exception as alone:
+                        decisions.append(alone)
         for i, d in zip(rows, decisions):
             out[i] = d
     return out
@@ -62,6 +81,7 @@ class RouteBatcher:
         if window_ms < 0:
             raise ValueError(f"window_ms must be >= 0, got {window_ms}")
         self.fn = fn
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fugu-route")
         self.window_s = window_ms / 1000.0
         self.max_batch = max_batch
         self._pending: list[tuple[RouteRequest, asyncio.Future, float]] = []
@@ -70,6 +90,10 @@ class RouteBatcher:
         self.batches = 0
         self.routed = 0
         self.largest = 0
+
+    def close(self) -> None:
+        """Stop the routing thread (after the batch it runs, if any)."""
+        self._thread.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> dict:
         return {"window_ms": self.window_s * 1000, "max_batch": self.max_batch, "batches": self.batches,
@@ -107,7 +131,7 @@ class RouteBatcher:
         live = [(r, f) for r, f, _ in batch if not f.done()]  # skip requests whose client went away
         try:
             if live:
-                results = await asyncio.to_thread(self.fn, [r for r, _ in live])
+                results = await asyncio.get_running_loop().run_in_executor(self._thread, self.fn, [r for r, _ in live])
                 if len(results) != len(live):
                     raise RuntimeError(f"route function returned {len(results)} results for {len(live)} requests")
                 self.batches += 1

@@ -51,16 +51,19 @@ class WorkersCaller:
     """The server's workers (`serve/upstream.py`) as a session caller."""
 
     def __init__(self, workers, params: dict):
+        from fugu_pipeline.serve.upstream import CallTiming
+
         self.workers = workers
         self.worker_ids = list(workers.clients)
         self.params = {k: v for k, v in params.items() if k != "seed"}
         self.dead: dict[str, str] = {}
+        self.timing = CallTiming()  # summed over every call of the session
 
     def spec(self, worker_id: str):
         return self.workers.specs.get(worker_id)
 
     async def call(self, worker_id: str, messages: list[dict], *, task, seed: int):
-        return await self.workers.complete(worker_id, messages, {**self.params, "seed": int(seed)})
+        return await self.workers.complete(worker_id, messages, {**self.params, "seed": int(seed)}, self.timing)
 
 
 def _turn(t) -> dict:
@@ -99,8 +102,8 @@ async def chat_completion(svc, roles_source, req: ChatRequest, t0: float) -> Res
     info = {"mode": "multi_turn", "coordinator": coordinator.tag, "stop_reason": tr.stop_reason,
             "committed_turn": tr.committed_turn, "turns": [_turn(t) for t in tr.turns],
             "served_by": final.served_by if final else None, "cost_usd": tr.cost_usd,
-            "upstream_ms": round(tr.latency_s * 1000, 3), "latency_ms": round((time.perf_counter() - t0) * 1000, 3),
-            "error": tr.error}
+            "queue_ms": round(caller.timing.queue_s * 1000, 3), "upstream_ms": round(caller.timing.upstream_s * 1000, 3),
+            "latency_ms": round((time.perf_counter() - t0) * 1000, 3), "error": tr.error}
     headers = {"x-fugu-mode": "multi_turn", "x-fugu-turns": str(len(tr.turns)), "x-fugu-cost-usd": f"{tr.cost_usd:.8g}",
                "x-fugu-checkpoint": coordinator.tag}
     if final is None:

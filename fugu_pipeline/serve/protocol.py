@@ -1,5 +1,13 @@
 """The Chat Completions protocol as this server speaks it: parsing and validating a request body,
-and errors in the OpenAI shape `{"error": {"message", "type", "param", "code"}}`."""
+and errors in the OpenAI shape `{"error": {"message", "type", "param", "code"}}`.
+
+Hostile input is refused here, at the boundary, with a 4xx naming what is wrong, before it can
+reach the router or a worker: a body not sent as `application/json` (415), over the size limit
+(413), not strict JSON (NaN, Infinity, numbers out of float range: Python's parser accepts them,
+JSON does not), nested deeper than `MAX_JSON_DEPTH`, holding text that is not valid Unicode (a
+lone UTF-16 surrogate such as `"\ud800"`: it cannot be encoded as UTF-8, so neither the tokenizer
+nor a worker could take it), or fields of the wrong type (400).
+"""
 
 from __future__ import annotations
 
@@ -15,12 +23,12 @@ from starlette.responses import JSONResponse, Response
 log = logging.getLogger("fugu_pipeline.serve")
 
 DEFAULT_MAX_BODY_BYTES = 2 << 20
+MAX_JSON_DEPTH = 64  # OpenAI request bodies nest a few levels; JSON schemas in response_format a few more
 
 _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
            "frequency_penalty": (-2.0, 2.0)}
 _INTS = {"max_tokens": 1, "max_completion_tokens": 1, "seed": None}  # name -> minimum
-_TYPED = {"stop": (str, list), "logit_bias": (dict,), "user": (str,), "response_format": (dict,),
-          "reasoning_effort": (str,)}
+_TYPED = {"user": (str,), "reasoning_effort": (str,)}
 _FUGU_KEYS = {"allowed_workers", "cost_weight", "domain"}
 
 
@@ -70,6 +78,25 @@ class ChatRequest:
     domain: str | None = None
     allowed: tuple[str, ...] | None = None
     cost_weight: float | None = None
+    ignored: list[str] = field(default_factory=list)  # fields that have no effect, each with why
+
+
+_HANDLED = {"messages", "model", "stream", "stream_options", "n", "tools", "functions", "fugu_lite",
+            "fugu_allowed_workers", "fugu_cost_weight", "domain"}
+
+
+def ignored_fields(body: dict) -> list[str]:
+    """The request fields this server neither uses nor passes on, each with why: a client that
+    sends them learns so instead of believing they took effect."""
+    out = []
+    model = body.get("model")
+    if model is not None and model != "fugu-lite":
+        out.append(f"model: {model[:60]!r} does not pick the worker; the router does (send \"fugu-lite\")")
+    known = _HANDLED | set(_RANGES) | set(_INTS) | set(_TYPED) | set(_CHECKED)
+    for name in sorted(set(body) - known):
+        if body[name] is not None:
+            out.append(f"{name[:60]}: not supported by fugu-lite; not sent to the worker")
+    return out[:20]
 
 
 def content_text(content: Any) -> str:
@@ -92,14 +119,123 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    """Validate a chat-completions body; raises APIError(400) naming the bad parameter."""
+def require_json(request: Request) -> None:
+    """415 unless the body is declared `application/json` (UTF-8). A web page can post a plain
+    form (`text/plain`, `application/x-www-form-urlencoded`, `multipart/form-data`) to any server
+    without asking first; it cannot send `application/json` cross-site without a CORS preflight,
+    which this server does not answer."""
+    declared = request.headers.get("content-type", "")
+    media, _, params = declared.partition(";")
+    charset = next((v.strip().strip('"').lower() for k, _, v in (p.partition("=") for p in params.split(";"))
+                    if k.strip().lower() == "charset"), "utf-8")
+    if media.strip().lower() != "application/json" or charset not in ("utf-8", "utf8"):
+        raise APIError(415, f"unsupported Content-Type {declared or '(none)'!r}: send the body as JSON with "
+                       "'Content-Type: application/json'", code="unsupported_media_type")
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON (use a finite number)")
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return v
+
+
+def load_json(raw: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity, no number out of float range, nesting and Unicode checked."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise APIError(400, f"the JSON body is nested too deeply (the limit is {MAX_JSON_DEPTH} levels)",
+                       code="invalid_json") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"could not parse the JSON body of the request: {exc}", code="invalid_json") from None
+    check_json_tree(body)
+    return body
+
+
+def check_json_tree(body: Any) -> None:
+    """400 for nesting deeper than MAX_JSON_DEPTH or a string (value or key) that is not valid
+    Unicode, naming where. Iterative, and a node's path is only spelled out for the error: a deep
+    or wide body costs one pass over its values, whatever its keys."""
+    stack: list[tuple[Any, tuple | None, int]] = [(body, None, 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            path = _path(where)
+            raise APIError(400, f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels (at {path or 'the top'})",
+                           param=path or None, code="invalid_json")
+        if isinstance(value, str):
+            _check_text(value, where)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                _check_text(k, where)
+                stack.append((v, (where, k), depth + 1))
+        elif isinstance(value, list):
+            stack.extend((v, (where, i), depth + 1) for i, v in enumerate(value))
+
+
+def _path(where: tuple | None) -> str:
+    """`messages[0].content` from the (parent, key) chain; long keys are shortened."""
+    parts: list[str] = []
+    while where is not None:
+        where, key = where
+        parts.append(f"[{key}]" if isinstance(key, int) else "." + (key if len(key) <= 40 else key[:37] + "..."))
+    return "".join(reversed(parts)).lstrip(".")
+
+
+def _check_text(text: str, where: tuple | None) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        path = _path(where)
+        raise APIError(400, f"{path or 'the body'} holds text that is not valid Unicode (a lone surrogate "
+                       f"{text[exc.start]!r} at character {exc.start}); send UTF-8 text", param=path or None,
+                       code="invalid_unicode") from None
+
+
+def _check_parts(i: int, content: list) -> None:
+    for j, part in enumerate(content):
+        where = f"messages[{i}].content[{j}]"
+        if not isinstance(part, dict) or not isinstance(part.get("type", "text"), str):
+            raise APIError(400, f"{where} must be an object with a string 'type'", param=where, code="invalid_type")
+        if part.get("type", "text") == "text" and not isinstance(part.get("text"), str):
+            raise APIError(400, f"{where} is a text part without a string 'text'", param=where, code="invalid_type")
+
+
+def _check_stop(v: Any) -> None:
+    if isinstance(v, str) or (isinstance(v, list) and 0 < len(v) <= 4 and all(isinstance(x, str) for x in v)):
+        return
+    raise APIError(400, "'stop' must be a string or a list of up to 4 strings", param="stop", code="invalid_type")
+
+
+def _check_logit_bias(v: Any) -> None:
+    if isinstance(v, dict) and all(_is_num(b) and -100 <= b <= 100 for b in v.values()):
+        return
+    raise APIError(400, "'logit_bias' must map token ids to numbers in [-100, 100]", param="logit_bias",
+                   code="invalid_value")
+
+
+def _check_response_format(v: Any) -> None:
+    if isinstance(v, dict) and isinstance(v.get("type"), str):
+        return
+    raise APIError(400, "'response_format' must be an object with a string 'type'", param="response_format",
+                   code="invalid_type")
+
+
+_CHECKED = {"stop": _check_stop, "logit_bias": _check_logit_bias, "response_format": _check_response_format}
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    """Validate a chat-completions body; raises APIError(400) naming the bad parameter."""
+    body = load_json(raw)
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise APIError(400, "'model' must be a string (send \"fugu-lite\")", param="model", code="invalid_type")
     msgs = body.get("messages")
     if msgs is None:
         raise APIError(400, "missing required parameter: 'messages'", param="messages", code="missing_required_parameter")
@@ -113,6 +249,10 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         if m.get("content") is not None and not isinstance(m["content"], (str, list)):
             raise APIError(400, f"messages[{i}].content must be a string or a list of content parts",
                            param=f"messages[{i}].content", code="invalid_value")
+        if isinstance(m.get("content"), list):
+            _check_parts(i, m["content"])
+        if m.get("name") is not None and not isinstance(m["name"], str):
+            raise APIError(400, f"messages[{i}].name must be a string", param=f"messages[{i}].name", code="invalid_type")
     n = body.get("n")
     if n is not None and n != 1:
         raise APIError(400, f"n={n!r} is not supported: fugu-lite returns exactly one choice (n=1)", param="n",
@@ -125,8 +265,9 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     if not isinstance(stream, bool):
         raise APIError(400, "'stream' must be true or false", param="stream", code="invalid_type")
     options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise APIError(400, "'stream_options' must be an object", param="stream_options", code="invalid_type")
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise APIError(400, "'stream_options' must be an object like {\"include_usage\": true}",
+                       param="stream_options", code="invalid_type")
 
     fugu = body.get("fugu_lite") or {}
     if not isinstance(fugu, dict) or set(fugu) - _FUGU_KEYS:
@@ -159,6 +300,10 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
                 raise APIError(400, f"'{name}' must be an integer" + (f" >= {lo}" if lo is not None else ""),
                                param=name, code="invalid_value")
             params[name] = v
+    for name, check in _CHECKED.items():
+        if body.get(name) is not None:
+            check(body[name])
+            params[name] = body[name]
     for name, types in _TYPED.items():
         v = body.get(name)
         if v is not None:
@@ -171,7 +316,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     return ChatRequest(
         messages=msgs, text=routed_text(msgs), stream=stream, include_usage=bool(options.get("include_usage")),
         params=params, domain=domain, allowed=tuple(allowed) if allowed is not None else None,
-        cost_weight=float(cost_weight) if cost_weight is not None else None,
+        cost_weight=float(cost_weight) if cost_weight is not None else None, ignored=ignored_fields(body),
     )
 
 

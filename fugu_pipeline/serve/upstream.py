@@ -1,15 +1,64 @@
 """The serving side of the workers: one client per configured worker, sharing one connection
-pool, with each worker's concurrency and rate limits."""
+pool, with each worker's concurrency and rate limits, all on the worker loop.
+
+The worker loop. Every worker call runs on an event loop of its own, in its own thread
+(`WorkerLoop`), not on the loop that serves HTTP. That is what lets the server measure a call
+right: under load the serving loop is busy parsing requests and writing replies, and a reply that
+has arrived waits there until the loop gets to it; timed on the serving loop, that queueing
+counted as the worker's time. On the worker loop a call is timed from the request being handed to
+the client to the reply having been read (`CallTiming.upstream_s`), the wait for the worker's
+concurrency slot and rate limit separately (`CallTiming.queue_s`), and whatever passes between
+the serving loop asking and getting the answer back is the router's own time.
+
+A relayed stream (`RelayedStream`) is read on the worker loop by a pump task that hands each chunk
+to the serving loop, which wakes once for however many chunks have arrived.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from fugu_pipeline.serve.protocol import content_text
 from fugu_pipeline.workers.budget import RateLimiter
 from fugu_pipeline.workers.config import WorkersConfig
 from fugu_pipeline.workers.contract import Completion
+
+_END = object()
+
+
+@dataclass
+class CallTiming:
+    """Where one worker call's time went, measured on the worker loop (seconds)."""
+
+    queue_s: float = 0.0  # waiting for the worker's concurrency slot and rate limit
+    upstream_s: float = 0.0  # inside the call: handed to the client .. reply read (all its attempts)
+
+
+class WorkerLoop:
+    """An event loop running in its own daemon thread; `await loop.run(coro)` from another loop."""
+
+    def __init__(self, name: str = "fugu-workers"):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    async def run(self, coro):
+        if self.loop.is_closed() or not self._thread.is_alive():
+            coro.close()
+            raise RuntimeError("the worker loop has stopped")
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 class CompletionStream:
@@ -40,9 +89,75 @@ def usage_of(comp: Completion) -> dict | None:
     return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
 
 
+class RelayedStream:
+    """A worker's open stream (its first chunk with content has arrived), read on the worker loop
+    and iterated on the serving loop: `async for chunk in stream`, then always `await aclose()`,
+    which also frees the worker's concurrency slot. `timing.upstream_s` grows as the rest is read."""
+
+    def __init__(self, workers: "Workers", wid: str, stream, timing: CallTiming, serving_loop):
+        self._workers, self._wid, self._stream, self.timing = workers, wid, stream, timing
+        self._serving = serving_loop
+        self._queue: asyncio.Queue = asyncio.Queue()  # used on the serving loop only
+        self._pump: asyncio.Task | None = None
+        self._closed = False
+
+    # the inner stream's figures, complete once iteration has ended
+    served_model = property(lambda self: self._stream.served_model)
+    usage = property(lambda self: self._stream.usage)
+    finish_reason = property(lambda self: self._stream.finish_reason)
+
+    def cost(self) -> tuple[float, str]:
+        return self._stream.cost()
+
+    def _start(self) -> None:  # worker loop
+        self._pump = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:  # worker loop
+        t = time.perf_counter()
+        item: Any = _END
+        try:
+            async for chunk in self._stream:
+                self._serving.call_soon_threadsafe(self._queue.put_nowait, chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # WorkerCallError after the stream had started, or a bug
+            item = exc
+        finally:
+            self.timing.upstream_s += time.perf_counter() - t
+        self._serving.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def __aiter__(self):  # serving loop
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def aclose(self) -> None:  # serving loop
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._workers.loop.run(self._close())
+        except RuntimeError:  # the worker loop has already stopped (server shutdown)
+            pass
+
+    async def _close(self) -> None:  # worker loop
+        try:
+            if self._pump is not None and not self._pump.done():
+                self._pump.cancel()
+                await asyncio.gather(self._pump, return_exceptions=True)
+            await self._stream.aclose()
+        finally:
+            self._workers._slots[self._wid].release()
+
+
 class Workers:
     """One client per configured worker (HTTP clients share one connection pool), with each
-    worker's concurrency and rate limits. Start and close inside the serving event loop."""
+    worker's concurrency and rate limits, all on the worker loop. `start()` and `close()` from the
+    serving loop (the app's lifespan)."""
 
     def __init__(self, config: WorkersConfig, attempts: int | None):
         self.config = config.model_copy(update={"max_attempts": attempts}) if attempts else config
@@ -51,8 +166,13 @@ class Workers:
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._limits: dict[str, RateLimiter] = {}
         self._pool = None
+        self.loop: WorkerLoop | None = None
 
     async def start(self) -> None:
+        self.loop = WorkerLoop()
+        await self.loop.run(self._start())
+
+    async def _start(self) -> None:  # worker loop
         from fugu_pipeline.workers.factory import make_client
         from fugu_pipeline.workers.http import UpstreamPool, make_http_client
 
@@ -64,6 +184,14 @@ class Workers:
             self._limits[wid] = RateLimiter(spec.requests_per_minute)
 
     async def close(self) -> None:
+        if self.loop is None:
+            return
+        try:
+            await self.loop.run(self._close())
+        finally:
+            self.loop.stop()
+
+    async def _close(self) -> None:  # worker loop
         for client in self.clients.values():
             await client.aclose()
         if self._pool is not None:
@@ -77,27 +205,50 @@ class Workers:
             messages = [{"role": "system", "content": spec.system_prompt}, *messages]
         return messages
 
-    async def complete(self, wid: str, messages: list[dict], params: dict) -> Completion:
+    async def complete(self, wid: str, messages: list[dict], params: dict, timing: CallTiming) -> Completion:
+        """One plain call on the worker loop; `timing` is filled in, also when it raises."""
+        return await self.loop.run(self._complete(wid, messages, params, timing))
+
+    async def _complete(self, wid: str, messages: list[dict], params: dict, timing: CallTiming) -> Completion:
         client, msgs = self.clients[wid], self._messages(wid, messages)
+        t0 = time.perf_counter()
         async with self._slots[wid]:
             await self._limits[wid].wait()
-            if self.specs[wid].kind == "mock":
-                return await client.complete(msgs)
-            return await client.complete(msgs, params=params)
+            t1 = time.perf_counter()
+            timing.queue_s += t1 - t0
+            try:
+                if self.specs[wid].kind == "mock":
+                    return await client.complete(msgs)
+                return await client.complete(msgs, params=params)
+            finally:
+                timing.upstream_s += time.perf_counter() - t1
 
-    async def open_stream(self, wid: str, messages: list[dict], params: dict):
-        """An open stream whose first chunk has arrived. Holds the worker's concurrency slot
-        until `release(wid)`, which the caller must call (also when this raises: it does not)."""
+    async def open_stream(self, wid: str, messages: list[dict], params: dict, timing: CallTiming) -> RelayedStream:
+        """An open stream whose first chunk with content has arrived. It holds the worker's
+        concurrency slot until `await stream.aclose()`, which the caller must call; when this
+        raises, nothing is held."""
+        serving = asyncio.get_running_loop()
+        return await self.loop.run(self._open(wid, messages, params, timing, serving))
+
+    async def _open(self, wid: str, messages: list[dict], params: dict, timing: CallTiming, serving) -> RelayedStream:
         client, msgs = self.clients[wid], self._messages(wid, messages)
+        t0 = time.perf_counter()
         await self._slots[wid].acquire()
+        t1 = None
         try:
             await self._limits[wid].wait()
+            t1 = time.perf_counter()
+            timing.queue_s += t1 - t0
             if self.specs[wid].kind == "mock":
-                return CompletionStream(await client.complete(msgs))
-            return await client.open_stream(msgs, params)
+                inner = CompletionStream(await client.complete(msgs))
+            else:
+                inner = await client.open_stream(msgs, params)
         except BaseException:
             self._slots[wid].release()
             raise
-
-    def release(self, wid: str) -> None:
-        self._slots[wid].release()
+        finally:
+            if t1 is not None:
+                timing.upstream_s += time.perf_counter() - t1
+        relayed = RelayedStream(self, wid, inner, timing, serving)
+        relayed._start()
+        return relayed

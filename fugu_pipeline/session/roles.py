@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from fugu_pipeline.tasks.answers import BOXED, FINAL, extract_final_number, final_line
+from fugu_pipeline.tasks.answers import FINAL, extract_final_number, final_line, last_boxed
 
 Role = Literal["thinker", "worker", "verifier"]
 ROLES: tuple[Role, ...] = ("thinker", "worker", "verifier")
@@ -65,7 +65,7 @@ def extractable_answer(text: str | None, role: str, grader_type: str | None) -> 
     if not text or not text.strip() or role == "verifier":
         return False
     if role == "thinker":
-        return bool(BOXED.search(text) or FINAL.search(text))
+        return last_boxed(text) is not None or bool(FINAL.search(text))
     if grader_type == "numeric":
         return extract_final_number(text) is not None
     if grader_type == "exact":

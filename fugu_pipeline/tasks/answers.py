@@ -9,7 +9,7 @@ import re
 from fractions import Fraction
 
 NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?")
-BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
+_BOXED_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 FINAL = re.compile(r"(?:answer|result)\s*(?:is|:|=)\s*\$?\s*([^\n$]*)", re.IGNORECASE)
 
 
@@ -41,7 +41,7 @@ def _to_float(tok: str) -> float | None:
 
 def extract_final_number(answer: str) -> float | None:
     """The answer's final number: \\boxed{...} first, then 'answer is X', then the last number."""
-    for m in reversed(BOXED.findall(answer)):
+    for m in reversed(boxed_contents(answer)):
         x = parse_number(m)
         if x is not None:
             return x
@@ -61,10 +61,33 @@ def extract_final_number(answer: str) -> float | None:
 
 def final_line(answer: str) -> str:
     """What the answer commits to: the last \\boxed{}, else the last 'answer is X', else all of it."""
-    m = BOXED.findall(answer)
+    m = boxed_contents(answer)
     if m:
         return m[-1]
     f = FINAL.findall(answer)
     if f:
         return f[-1]
     return answer
+
+
+def boxed_contents(text: str) -> list[str]:
+    """The contents of every `\\boxed{...}` (or `\\fbox{...}`), in order, braces balanced at any
+    depth (`\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`); an unbalanced one is left out."""
+    out = []
+    for m in _BOXED_OPEN.finditer(text):
+        depth = 1
+        for j in range(m.end(), len(text)):
+            if text[j] == "{":
+                depth += 1
+            elif text[j] == "}":
+                depth -= 1
+                if depth == 0:
+                    out.append(text[m.end():j].strip())
+                    break
+    return out
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced at any depth."""
+    found = boxed_contents(text)
+    return found[-1] if found else None

@@ -32,18 +32,45 @@ class TaskFileError(ValueError):
         )
 
 
+BATCH_NAME_RULE = ("a batch file name (without .jsonl) must start with a letter or digit and hold only "
+                   "letters, digits, '_', '.' and '-' (at most 128 characters)")
+
+
+class BatchNameError(TaskFileError):
+    """A batch file whose name cannot be a partition key. One line: the file, and the rule."""
+
+    def __init__(self, path: Path, name: str):
+        self.path = path
+        self.problems = [(0, f"batch name {name!r} refused")]
+        ValueError.__init__(self, f"{path.name}: refused: {BATCH_NAME_RULE}; rename the file")
+
+
 def batch_name(path: Path) -> str:
-    """The partition key of a batch file: its file name without `.jsonl`."""
+    """The partition key of a batch file: its file name without `.jsonl`. Raises `BatchNameError`."""
     name = path.name[: -len(".jsonl")] if path.name.endswith(".jsonl") else path.stem
     if not _BATCH_NAME.match(name):
-        raise TaskFileError(path, [(0, f"batch name {name!r} must match {_BATCH_NAME.pattern}")])
+        raise BatchNameError(path, name)
     return name
 
 
 def list_batch_files(folder: Path) -> list[Path]:
+    """Every `*.jsonl` file of the folder, sorted, whatever its name (see `scan_batch_files`)."""
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(BATCH_SUFFIXES))
+
+
+def scan_batch_files(folder: Path) -> tuple[list[tuple[str, Path]], list[BatchNameError]]:
+    """The batch files of a folder as (batch name, path), and the files refused for their name.
+    A badly named file never stops the others: callers report each refusal and run the rest."""
+    batches: list[tuple[str, Path]] = []
+    refused: list[BatchNameError] = []
+    for path in list_batch_files(folder):
+        try:
+            batches.append((batch_name(path), path))
+        except BatchNameError as exc:
+            refused.append(exc)
+    return batches, refused
 
 
 def _describe(err: dict) -> str:
@@ -102,8 +129,7 @@ def load_all_batches(benchgen_dir: Path) -> list[tuple[str, Task]]:
     """Every task of every batch file, checking that task ids are unique across batches."""
     out: list[tuple[str, Task]] = []
     seen: dict[str, str] = {}
-    for path in list_batch_files(benchgen_dir):
-        b = batch_name(path)
+    for b, path in scan_batch_files(benchgen_dir)[0]:  # badly named files are refused where they are listed
         for t in load_tasks(path):
             if t.task_id in seen:
                 raise TaskFileError(path, [(0, f"task_id {t.task_id!r} is also in batch {seen[t.task_id]!r}; task ids must be unique across batches")])

@@ -61,12 +61,32 @@ class LLMJudgeGrader(Strict):
     scale: int = Field(10, ge=1, description="the judge scores 0..scale; quality = score/scale")
 
 
+class PythonTestsGrader(Strict):
+    """Run the answer's code against a HumanEval-style test program (`def check(candidate)`) in
+    the sandbox (`collect/sandbox.py`): quality 1.0 when `check(entry_point)` returns."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["python_tests"]
+    test: str = Field(min_length=1, description="test program that defines check(candidate)")
+    entry_point: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="the function passed to check()")
+    timeout_s: float = Field(10.0, gt=0, le=300)
+    memory_mb: int = Field(512, ge=64, le=16_384)
+
+    @field_validator("test")
+    @classmethod
+    def _defines_check(cls, v: str) -> str:
+        if not re.search(r"^def check\(", v, re.MULTILINE):
+            raise ValueError("the test program must define `def check(candidate)` at top level")
+        return v
+
+
 Grader = Annotated[
-    ExactGrader | ContainsGrader | NumericGrader | RegexGrader | LLMJudgeGrader,
+    ExactGrader | ContainsGrader | NumericGrader | RegexGrader | LLMJudgeGrader | PythonTestsGrader,
     Field(discriminator="type"),
 ]
 
-GRADER_TYPES = ("exact", "contains", "numeric", "regex", "llm_judge")
+GRADER_TYPES = ("exact", "contains", "numeric", "regex", "llm_judge", "python_tests")
 
 
 # --------------------------------------------------------------------------- tasks
@@ -109,7 +129,7 @@ class Task(Strict):
         if g.type == "numeric":
             if parse_number(ref or "") is None:
                 raise ValueError(f"grader 'numeric' needs a numeric reference_answer, got {ref!r}")
-        if ref and g.type != "regex" and len(ref.strip()) >= 1 and _leaks(self.prompt, ref):
+        if ref and g.type not in ("regex", "python_tests") and len(ref.strip()) >= 1 and _leaks(self.prompt, ref):
             raise ValueError(
                 "prompt contains its own reference_answer; only the grader may see the answer "
                 "(remove it from the prompt)"

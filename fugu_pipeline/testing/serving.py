@@ -40,26 +40,29 @@ def synthetic_tasks(n: int = 60) -> tuple[list[str], list[str], np.ndarray]:
 
 
 def build_checkpoints(models_dir: Path, seeds: tuple[int, ...] = (0, 1), epochs: int = 20,
-                      encoder: str = "tiny") -> list[Path]:
-    """Train one SFT checkpoint per seed on the encoder's (default: the tiny one) features of
-    `synthetic_tasks`, save them under `models_dir` and promote the first. Returns the checkpoint
-    directories."""
+                      encoder: str = "tiny", head: str = "layernorm_linear", dtype: str = "auto") -> list[Path]:
+    """Train one SFT checkpoint per seed (head kind `head`) on the encoder's (default: the tiny
+    one) features of `synthetic_tasks`, save them under `models_dir` and promote the first. Returns
+    the checkpoint directories."""
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.features.routing_data import RoutingData
     from fugu_pipeline.features.settings import EncoderSettings
     from fugu_pipeline.train.configs import SFTConfig
     from fugu_pipeline.train.sft import train_sft
 
-    enc = Encoder.load(EncoderSettings(model=encoder, device="cpu"))
+    enc = Encoder.load(EncoderSettings(model=encoder, device="cpu", dtype=dtype))
     prompts, domains, utility = synthetic_tasks()
     splits = ["val" if k % 6 == 0 else "test" if k % 6 == 1 else "train" for k in range(len(prompts))]
     data = RoutingData(
         task_ids=[f"s{k}" for k in range(len(prompts))], prompts=prompts, domains=domains, splits=splits,
         worker_ids=list(WORKERS), features=enc.encode(prompts, domains), utility=utility,
         contract=enc.feature_contract(),
+        quality=(utility >= 1.0).astype(np.float64) if head == "quality" else None,
+        cost_usd=np.tile([0.001, 0.002, 0.004], (len(prompts), 1)) if head == "quality" else None,
     )
     enc.close()
-    paths = [train_sft(data, SFTConfig(seed=s, epochs=epochs, patience=epochs)).save(models_dir) for s in seeds]
+    paths = [train_sft(data, SFTConfig(seed=s, epochs=epochs, patience=epochs, head=head)).save(models_dir)
+             for s in seeds]
     promote(models_dir, paths[0])
     return paths
 

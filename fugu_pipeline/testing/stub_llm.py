@@ -15,7 +15,9 @@
 
 Routes: POST {/v1,/api/v1}/chat/completions (JSON or SSE with `stream: true`), GET
 {/v1,/api/v1}/models. Fault kinds (`set_fault`): "http" (any status, `retry_after`, `echo_auth`
-echoes the Authorization header into the error body, `metadata` for OpenRouter error metadata),
+echoes the Authorization header into the error body, `echo_key_at=N` puts the bare bearer token it
+received at character N of `error.message` (`echo_key_in="raw"`: of `error.metadata.raw`), as a
+provider that quotes a rejected key does; `metadata` for OpenRouter error metadata),
 "timeout" (stall `sleep_s`, then a 504; no answer counted), "malformed_json", "error_in_200" (`code`),
 "empty_answer" (`finish_reason`), "no_choices". A fault matches by `model` and by `prompt`
 (a substring of the last message); `times=N` fails only the first N matching calls.
@@ -64,6 +66,8 @@ class Fault:
     message: str | None = None
     finish_reason: str = "stop"
     echo_auth: bool = False
+    echo_key_at: int | None = None
+    echo_key_in: str = "message"  # or "raw": error.metadata.raw
     metadata: dict | None = None
     hits: int = 0
 
@@ -284,8 +288,16 @@ class StubLLMServer:
             msg = fault.message or f"stub fault {fault.status}"
             if fault.echo_auth:
                 msg += f" (received Authorization: {auth})"
+            metadata = fault.metadata
+            if fault.echo_key_at is not None:
+                token = auth.partition(" ")[2]
+                quoted = "." * fault.echo_key_at + token + " is not a valid key for this server"
+                if fault.echo_key_in == "raw":
+                    metadata = {**(metadata or {}), "raw": quoted}
+                else:
+                    msg = quoted
             headers = {"Retry-After": fault.retry_after} if fault.retry_after else None
-            return _error(fault.status, msg, headers=headers, metadata=fault.metadata)
+            return _error(fault.status, msg, headers=headers, metadata=metadata)
         stream = bool(body.get("stream"))
         if fault is not None and fault.kind in ("malformed_json", "error_in_200"):
             text = ('{"id": "gen-1", "choices": [{"message": ' if fault.kind == "malformed_json" else

@@ -152,7 +152,7 @@ async def fetch_catalog_async(base_url: str = OPENROUTER_BASE_URL, api_key: str 
                     raise Retryable("the reply is not valid JSON") from None
             if retryable_status(r.status_code):
                 raise Retryable(f"HTTP {r.status_code}")
-            raise CatalogError(f"GET {url}: HTTP {r.status_code}: {scrub_secrets(r.text[:300], api_key)}")
+            raise CatalogError(f"GET {url}: HTTP {r.status_code}: {scrub_secrets(r.text, api_key)[:300]}")
 
         try:
             return (await with_retries(attempt, policy, where=f"GET {url}", waiting_for="no catalog")).value

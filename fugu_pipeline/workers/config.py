@@ -6,7 +6,7 @@ reward: {quality_weight: 1.0, cost_weight: 0.1, latency_weight: 0.05,
 judge: {id: judge, kind: mock}
 workers:
   - {id: math-expert, kind: mock, mock: {strengths: {math: 0.9}, cost_usd: 0.002, latency_s: 2.0}}
-  - {id: qwen-8b, kind: openrouter, model: qwen/qwen3-8b}
+  - {id: qwen-8b, kind: openrouter, model: qwen/qwen3-8b, max_price_in_per_mtok: 0.1, max_price_out_per_mtok: 0.5}
   - {id: local, kind: openai_compatible, base_url: "http://127.0.0.1:8000/v1", model: my-model}
 ```
 """
@@ -97,6 +97,16 @@ class OpenRouterWorker(_Base):
     api_key_env: str = "OPENROUTER_API_KEY"
     provider: dict | None = Field(None, description="OpenRouter provider routing preferences")
     reasoning: dict | None = None
+    max_price_in_per_mtok: float | None = Field(
+        None, ge=0.0, description="most this model costs per million prompt tokens: the budget guard's worst case without a catalog")
+    max_price_out_per_mtok: float | None = Field(
+        None, ge=0.0, description="most this model costs per million completion tokens (with max_price_in_per_mtok)")
+
+    @model_validator(mode="after")
+    def _both_prices(self) -> "OpenRouterWorker":
+        if (self.max_price_in_per_mtok is None) != (self.max_price_out_per_mtok is None):
+            raise ValueError("set both max_price_in_per_mtok and max_price_out_per_mtok, or neither")
+        return self
 
 
 class OpenAICompatibleWorker(_Base):
@@ -148,3 +158,25 @@ class WorkerConfigError(ValueError):
 
 def load_workers_config(path: str | Path) -> WorkersConfig:
     return load_yaml_model(path, WorkersConfig, WorkerConfigError, what="worker config")
+
+
+def reward_source(config: WorkersConfig, path: str | Path) -> str:
+    """Where a worker config's utility weights come from, in words (shown with every matrix and report)."""
+    if "reward" in config.model_fields_set:
+        return f"the reward: block of {path}"
+    return f"the default weights ({path} has no reward: block)"
+
+
+class _RewardBlock(BaseModel):
+    model_config = ConfigDict(extra="allow")  # a whole worker YAML is fine: only `reward:` is read
+
+    reward: UtilityConfig | None = None
+
+
+def load_reward_block(path: str | Path) -> tuple[UtilityConfig, str]:
+    """The utility weights of a YAML's `reward:` block (a worker YAML, or a file holding only that
+    block), read with the same model as the worker config, and where they came from in words."""
+    block = load_yaml_model(path, _RewardBlock, WorkerConfigError, what="reward config")
+    if block.reward is None:
+        return UtilityConfig(), f"the default weights ({path} has no reward: block)"
+    return block.reward, f"the reward: block of {path}"

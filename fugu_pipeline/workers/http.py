@@ -37,7 +37,6 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from fugu_pipeline.api_keys import scrub_secrets
 from fugu_pipeline.workers.config import (
     OpenAICompatibleWorker,
     OpenRouterWorker,
@@ -45,10 +44,12 @@ from fugu_pipeline.workers.config import (
 )
 from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
 from fugu_pipeline.workers.replies import (
-    NO_RETRY_FINISH,
+    DETAIL_CHARS,
     SSE_DONE,
     UpstreamErrors,
     as_int,
+    empty_answer,
+    excerpt,
     json_object,
     message_text,
     sse_chunk,
@@ -162,7 +163,7 @@ class HTTPWorkerClient:
         if isinstance(exc, httpx.TimeoutException):
             return Retryable(f"{type(exc).__name__} (connect {self.config.connect_timeout_s:g}s, "
                              f"read {self.config.read_timeout_s:g}s)")
-        return Retryable(f"connection error: {type(exc).__name__}: {scrub_secrets(str(exc), key)}"[:300])
+        return Retryable(f"connection error: {type(exc).__name__}: {excerpt(str(exc), key, DETAIL_CHARS)}")
 
     # ------------------------------------------------------------------ call
 
@@ -254,10 +255,7 @@ class HTTPWorkerClient:
 
     def _finish(self, answer: str, finish: str | None, data: dict, usage: dict | None, ttft: float | None) -> Completion:
         if not answer.strip():
-            if finish in NO_RETRY_FINISH:
-                hint = f"; raise max_tokens (now {self.spec.max_tokens})" if finish == "length" else ""
-                raise WorkerCallError(f"empty answer (finish_reason={finish}){hint} ({self._where})")
-            raise Retryable(f"empty answer (finish_reason={finish})")
+            raise empty_answer(finish, self._where, self.spec.max_tokens)
         usage = usage if isinstance(usage, dict) else {}
         pt, ct = as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens"))
         served = data.get("model") or None
@@ -289,11 +287,12 @@ class HTTPWorkerClient:
     # ------------------------------------------------------------------ relayed streams (serve)
 
     async def open_stream(self, messages: list[dict], params: dict | None = None) -> UpstreamStream:
-        """Start a streamed call and return once its first chunk has arrived, for a server that
-        relays the stream and falls back to another worker when this fails before that. Failures
-        before the first chunk are retried like `complete()` (the same policy) and then raised as
-        WorkerCallError / FatalWorkerError. After the first chunk only `read_timeout_s` bounds
-        each wait. Always `await stream.aclose()`."""
+        """Start a streamed call and return once its first content has arrived, for a server that
+        relays the stream and falls back to another worker when this fails before that. A stream
+        that ends without content is an empty answer, failed by the same rule as a plain reply
+        (`replies.empty_answer`). Failures before the first content are retried like `complete()`
+        (the same policy) and then raised as WorkerCallError / FatalWorkerError. After that only
+        `read_timeout_s` bounds each wait. Always `await stream.aclose()`."""
         key = self._key()
         body = {**self._body(messages, params), "stream": True}
         if not self.is_openrouter:
@@ -314,7 +313,7 @@ class HTTPWorkerClient:
                 text = (await r.aread()).decode("utf-8", "replace")
                 self.errors.raise_status(r.status_code, r.headers, text, key)
             if "text/event-stream" in r.headers.get("content-type", ""):
-                stream = UpstreamStream(self.errors, self._cost, r, key)
+                stream = UpstreamStream(self.errors, self._cost, r, key, max_tokens=body.get("max_tokens"))
             else:  # the server ignored `stream`: relay its whole JSON reply as one chunk
                 data = json_object(await r.aread(), "an HTTP 200 reply")
                 comp = self._from_json(data, key)

@@ -87,6 +87,10 @@ def _mock_answer(task: "Task", correct: bool, worker_id: str) -> str:
         if correct:
             return f"A careful answer. {ref}".strip()
         return "A vague answer that misses the point."
+    if g.type == "python_tests":  # the reference is a working solution where the batch has one
+        if correct and ref:
+            return f"```python\n{ref}\n```"
+        return f"```python\ndef {g.entry_point}(*args, **kwargs):\n    return None\n```"
     if g.type == "regex" and g.pattern is not None and not correct:
         return "I am not sure."
     if g.type == "regex" and g.pattern is not None:

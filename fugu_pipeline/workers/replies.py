@@ -57,22 +57,48 @@ def as_int(v: object) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def error_detail(text: str) -> tuple[str, object]:
-    """(message, metadata) from an OpenAI/OpenRouter error body, or the start of the raw text."""
+DETAIL_CHARS = 300  # how much of an upstream's error text goes into an error message
+RAW_CHARS = 150  # how much of OpenRouter's `error.metadata.raw` is added to it
+
+
+def empty_answer(finish: str | None, where: str, max_tokens: int | None = None) -> Exception:
+    """The one rule for a reply with no text, plain or streamed: a failed call. Retryable, unless it
+    ended on `length` or `content_filter` (the same request would end the same way)."""
+    if finish in NO_RETRY_FINISH:
+        hint = ""
+        if finish == "length":
+            hint = f"; raise max_tokens (now {max_tokens})" if max_tokens else "; raise max_tokens"
+        return WorkerCallError(f"empty answer (finish_reason={finish}){hint} ({where})")
+    return Retryable(f"empty answer (finish_reason={finish})")
+
+
+def excerpt(text: str, key: str | None, limit: int) -> str:
+    """`text` scrubbed of `key` and key-shaped strings, THEN cut to `limit` characters. The order
+    matters: cutting first can split a key, and the half before the cut no longer matches the key
+    or a key pattern, so it would pass the scrubber and leak."""
+    text = scrub_secrets(text, key).strip()
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def error_detail(text: str, key: str | None = None) -> tuple[str, object]:
+    """(message, metadata) from an OpenAI/OpenRouter error body, or the start of the raw text;
+    the message is scrubbed of `key` before anything is cut (see `excerpt`)."""
     try:
         data = json.loads(text)
     except ValueError:
-        return (text.strip()[:300] or "(empty body)"), None
+        return excerpt(text, key, DETAIL_CHARS) or "(empty body)", None
     err = data.get("error") if isinstance(data, dict) else None
     if isinstance(err, dict):
-        msg = str(err.get("message") or err.get("code") or err)
+        msg = scrub_secrets(str(err.get("message") or err.get("code") or err), key)
         raw = (err.get("metadata") or {}).get("raw") if isinstance(err.get("metadata"), dict) else None
-        if raw and isinstance(raw, str) and raw not in msg:
-            msg += f" ({raw[:150]})"
-        return msg, err.get("metadata")
+        if raw and isinstance(raw, str):
+            raw = scrub_secrets(raw, key)
+            if raw not in msg:
+                msg += f" ({excerpt(raw, key, RAW_CHARS)})"
+        return excerpt(msg, key, DETAIL_CHARS), err.get("metadata")
     if isinstance(err, str):
-        return err, None
-    return text.strip()[:300], None
+        return excerpt(err, key, DETAIL_CHARS), None
+    return excerpt(text, key, DETAIL_CHARS) or "(empty body)", None
 
 
 @dataclass(frozen=True)
@@ -85,8 +111,7 @@ class UpstreamErrors:
     is_openrouter: bool
 
     def raise_status(self, status: int, headers, text: str, key: str | None, *, in_body: bool = False) -> None:
-        detail, metadata = error_detail(text)
-        detail = scrub_secrets(detail, key)[:300]
+        detail, metadata = error_detail(text, key)
         where = f"{'error inside an HTTP 200 reply, code' if in_body else 'HTTP'} {status}"
         who = f"({self.where})"
         env = self.api_key_env or "the api_key_env of this worker"
@@ -121,7 +146,7 @@ class UpstreamErrors:
             status = None
         if status is not None and 100 <= status <= 599:
             self.raise_status(status, {}, text, key, in_body=True)
-        detail = scrub_secrets(error_detail(text)[0], key)[:300]
+        detail = error_detail(text, key)[0]
         if code is None or str(code).lower() in RETRYABLE_CODES:
             raise Retryable(f"error inside an HTTP 200 reply ({code or 'no code'}): {detail}")
         raise WorkerCallError(f"error inside an HTTP 200 reply ({code}): {detail} ({self.where})")

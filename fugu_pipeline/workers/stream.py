@@ -7,20 +7,20 @@ from collections.abc import Callable
 import httpx
 
 from fugu_pipeline.workers.contract import WorkerCallError
-from fugu_pipeline.workers.replies import SSE_DONE, UpstreamErrors, as_int, sse_chunk
+from fugu_pipeline.workers.replies import SSE_DONE, UpstreamErrors, as_int, empty_answer, message_text, sse_chunk
 from fugu_pipeline.workers.retry import Retryable
 
 CostFn = Callable[[dict, "int | None", "int | None", "str | None"], "tuple[float, str]"]
 
 
 class UpstreamStream:
-    """One worker's open reply stream whose first chunk has arrived. `async for chunk in stream`
-    yields the parsed `chat.completion.chunk` dicts, the first included; an error after the first
-    chunk raises WorkerCallError. `served_model`, `usage`, `finish_reason` and `cost()` are filled
+    """One worker's open reply stream whose first content has arrived (`first()`). `async for chunk
+    in stream` yields the parsed `chat.completion.chunk` dicts, the first included; an error after
+    that raises WorkerCallError. `served_model`, `usage`, `finish_reason` and `cost()` are filled
     in as chunks pass."""
 
     def __init__(self, errors: UpstreamErrors, cost_fn: CostFn, response: httpx.Response, key: str | None,
-                 chunks: list[dict] | None = None):
+                 chunks: list[dict] | None = None, max_tokens: int | None = None):
         self.errors, self._cost_fn, self.response, self._key = errors, cost_fn, response, key
         self._lines = response.aiter_lines() if chunks is None else None
         self._buffer = list(chunks or [])
@@ -28,13 +28,27 @@ class UpstreamStream:
         self.usage: dict | None = None
         self.finish_reason: str | None = None
         self.attempts, self.ttft_s = 1, None
+        self._max_tokens = max_tokens
 
     async def first(self) -> dict:
-        chunk = await self._next()
-        if chunk is None:
-            raise Retryable("an HTTP 200 reply stream with no chunks")
-        self._buffer.insert(0, chunk)
-        return chunk
+        """Read until the reply has content (delta text that is not blank), keeping every chunk for
+        the relay. A reply that ends before any is an empty answer: the same rule as for a plain
+        reply (`replies.empty_answer`), so a streamed request falls back exactly when a plain one
+        would. Returns the first chunk."""
+        seen: list[dict] = []
+        text = ""
+        while not text.strip():
+            chunk = await self._next()
+            if chunk is None:
+                if not seen:
+                    raise Retryable("an HTTP 200 reply stream with no chunks")
+                raise empty_answer(self.finish_reason, self.errors.where, self._max_tokens)
+            seen.append(chunk)
+            for c in chunk.get("choices") or []:
+                if isinstance(c, dict):
+                    text += message_text((c.get("delta") or {}).get("content"))
+        self._buffer[:0] = seen
+        return seen[0]
 
     async def _next(self) -> dict | None:
         """The next chunk, None at the end. Raises Retryable or WorkerCallError on an error chunk."""
@@ -55,6 +69,8 @@ class UpstreamStream:
             if chunk.get("error"):
                 self.errors.raise_embedded(chunk["error"], self._key)
             for c in chunk.get("choices") or []:
+                if not isinstance(c, dict):
+                    raise Retryable("a reply stream chunk whose choices are not objects")
                 if c.get("error"):
                     self.errors.raise_embedded(c["error"], self._key)
                 if c.get("finish_reason") == "error":

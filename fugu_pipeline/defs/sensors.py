@@ -1,0 +1,110 @@
+"""The BenchGen batch sensor: a new batch file becomes a partition and its runs (a backfill)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import dagster as dg
+
+from fugu_pipeline.defs.data import responses, tasks
+from fugu_pipeline.defs.partitions import (
+    batch_x_worker,
+    ensure_worker_calls_limit,
+    partition_run_request,
+    task_batches,
+    workers,
+)
+from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.defs.versions import file_version, latest_data_versions
+from fugu_pipeline.tasks.loading import scan_batch_files
+
+BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "30"))
+
+
+# One job per partitions definition: a sensor's run requests need a job that holds the asset.
+load_batch_job = dg.define_asset_job(
+    "load_batch", selection=[tasks], partitions_def=task_batches,
+    description="Parse and validate one BenchGen batch (the `tasks` partition).",
+)
+collect_responses_job = dg.define_asset_job(
+    "collect_responses", selection=[responses], partitions_def=batch_x_worker,
+    description="One worker answers one batch (a `responses` partition); only missing or stale cells are called.",
+)
+
+
+def sync_worker_partitions(instance: dg.DagsterInstance, worker_ids: list[str]) -> list[str]:
+    """Add missing worker partitions (retired workers keep theirs: their history stays visible)."""
+    have = set(instance.get_dynamic_partitions(workers.name))
+    new = [w for w in worker_ids if w not in have]
+    if new:
+        instance.add_dynamic_partitions(workers.name, new)
+    return new
+
+
+def _responses_request(batch: str, worker: str, why: str) -> dg.RunRequest:
+    key = dg.MultiPartitionKey({"batch": batch, "worker": worker})
+    return partition_run_request(batch_x_worker, key, run_key=f"responses:{batch}:{worker}:{why}",
+                                 job_name=collect_responses_job.name)
+
+
+@dg.sensor(
+    jobs=[load_batch_job, collect_responses_job],
+    minimum_interval_seconds=BATCH_SENSOR_INTERVAL_S,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=(
+        "Watches the BenchGen batch folder (data/benchgen/*.jsonl). A new or changed batch file becomes a "
+        "`task_batches` partition, and `tasks` for it and `responses` for every worker are requested (a "
+        "backfill over the batch; a re-run calls only missing cells). A worker added to the config is "
+        "collected on every known batch. A file whose name cannot be a partition key is refused with its "
+        "name and the rule; the other files go on."
+    ),
+)
+def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource) -> dg.SensorResult:
+    """See the description above (it is what the UI shows)."""
+    cursor = json.loads(context.cursor) if context.cursor else {}
+    if ensure_worker_calls_limit(context.instance):
+        context.log.info("pool worker_calls: limit set to 8 partition runs at a time (change it in the UI's Deployment tab)")
+    config = pipeline.load_workers()
+    known_workers = set(context.instance.get_dynamic_partitions(workers.name))
+    new_workers = [w for w in config.worker_ids if w not in known_workers]
+    known = set(context.instance.get_dynamic_partitions(task_batches.name))
+    materialized = latest_data_versions(context.instance, tasks.key)  # batch -> hash of the file it read
+
+    found, refused = scan_batch_files(pipeline.paths.benchgen)
+    warned = set(cursor.get("refused") or []) if isinstance(cursor.get("refused"), list) else set()
+    for exc in refused:
+        if exc.path.name not in warned:
+            context.log.warning(str(exc))
+    seen = dict(cursor["batches"]) if isinstance(cursor.get("batches"), dict) else {}
+    added, requests = [], []
+    for batch, path in found:
+        digest = file_version(path)
+        if seen.get(batch) == digest or (batch in known and materialized.get(batch) == digest):
+            seen[batch] = digest
+            continue  # already requested, or already materialized from this very file
+        seen[batch] = digest
+        if batch not in known:
+            added.append(batch)
+        requests.append(partition_run_request(task_batches, batch, run_key=f"tasks:{batch}:{digest}", job_name=load_batch_job.name))
+        requests.extend(_responses_request(batch, w, digest) for w in config.worker_ids)
+    for w in new_workers:  # a worker added to the config: collect it on every batch known before this tick
+        requests.extend(_responses_request(b, w, "new-worker") for b in sorted(known))
+
+    partition_requests = []
+    if added:
+        partition_requests.append(task_batches.build_add_request(added))
+    if new_workers:
+        partition_requests.append(workers.build_add_request(new_workers))
+    new_cursor = json.dumps({"batches": seen, "refused": sorted(e.path.name for e in refused)}, sort_keys=True)
+    skip = None
+    if not requests and not partition_requests:
+        skip = "no new or changed batch files, no new workers"
+        if refused:
+            skip += f"; refused for their name: {', '.join(e.path.name for e in refused)}"
+    return dg.SensorResult(
+        run_requests=requests,
+        dynamic_partitions_requests=partition_requests,
+        cursor=new_cursor,
+        skip_reason=skip,
+    )

@@ -1,0 +1,72 @@
+"""The reward matrix's automation, evaluated by its automation sensor's `evaluate_tick` on a real
+instance (the daemon's path), with the runs it requests launched in between."""
+
+import dagster as dg
+from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+from dagster._core.loader import LoadingContextForTest
+
+from fugu_pipeline.defs.assemble import build_defs
+from fugu_pipeline.defs.automation import RESPONSES_VERSION, responses_version
+from fugu_pipeline.defs.catalog import FINGERPRINT_TAG
+from fugu_pipeline.defs.versions import latest_data_versions
+from fugu_pipeline_tests.daemon_path import launch, tick
+
+MATRIX = dg.AssetKey("reward_matrix")
+
+
+def requested(result) -> list:
+    return [r for r in result.run_requests if MATRIX in (r.asset_selection or [])]
+
+
+def recollect(defs, instance, worker: str, fingerprint: str) -> dict:
+    """A re-collection of one responses partition, as the catalog sensor requests it (its new
+    fingerprint makes every cell stale, so the file really changes)."""
+    key = dg.MultiPartitionKey({"batch": "sample", "worker": worker})
+    req = dg.RunRequest(partition_key=key, asset_selection=[dg.AssetKey("responses")], tags={FINGERPRINT_TAG: fingerprint})
+    return launch(defs, instance, [req])[str(key)]
+
+
+def stale(defs, instance) -> StaleStatus:
+    """What the UI shows as "Unsynced" (STALE) or not (FRESH), from Dagster's own resolver."""
+    resolver = CachingStaleStatusResolver(instance, defs.resolve_asset_graph(), LoadingContextForTest(instance))
+    return resolver.get_status(MATRIX)
+
+
+def test_recollections_landing_with_a_matrix_build_are_not_lost(project):
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        auto = tick(defs, instance, "reward_matrix_automation")
+        assert not requested(auto)
+        launch(defs, instance, tick(defs, instance, "benchgen_batch_sensor").run_requests)
+        auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+        assert len(requested(auto)) == 1  # every partition done: the first build
+        launch(defs, instance, requested(auto))
+        auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+        assert not requested(auto) and stale(defs, instance) == StaleStatus.FRESH
+
+        # Between two ticks: a build, then two re-collections right after it. With eager() alone the
+        # matrix's own update resets the trigger on the next tick and it stays Unsynced.
+        before = dict(latest_data_versions(instance, dg.AssetKey("responses")))
+        assert recollect(defs, instance, "math-expert", "fp-1")["called"] == 300
+        assert recollect(defs, instance, "code-expert", "fp-1")["called"] == 300
+        after = latest_data_versions(instance, dg.AssetKey("responses"))
+        assert [k for k in after if after[k] != before[k]] == ["sample|code-expert", "sample|math-expert"]
+        launch(defs, instance, [dg.RunRequest(asset_selection=[MATRIX])])  # the build that lands on the same tick
+        recollect(defs, instance, "math-expert", "fp-2")  # ... and a third re-collection after it
+        assert stale(defs, instance) == StaleStatus.STALE
+
+        auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+        assert len(requested(auto)) == 1, auto.skip_message
+        launch(defs, instance, requested(auto))
+        mat = instance.get_latest_materialization_event(MATRIX).asset_materialization
+        assert mat.metadata[RESPONSES_VERSION].value == responses_version(instance)
+        assert stale(defs, instance) == StaleStatus.FRESH
+
+        for _ in range(2):  # and no loop: nothing changed since
+            auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+            assert not requested(auto)
+
+        assert recollect(defs, instance, "general-expert", "fp-0")["called"] == 300
+        assert recollect(defs, instance, "general-expert", "fp-0")["called"] == 0  # nothing new: same data version
+        auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+        assert len(requested(auto)) == 1

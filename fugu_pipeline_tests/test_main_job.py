@@ -1,0 +1,92 @@
+"""The main job as users run it (`fugu-lite pipeline --encoder tiny`, offline): every asset from
+the batch file to the promoted router materializes through Dagster, each produces what it says,
+a badly named batch file is refused without stopping the rest, and a second run resumes."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from fugu_pipeline.defs.runner import DOWNSTREAM
+from fugu_pipeline.matrix.read import read_arrays
+from fugu_pipeline.tasks.loading import load_tasks
+from fugu_pipeline.train.pointer import pointer_target, read_pointer
+from fugu_pipeline.workers.config import load_workers_config
+from fugu_pipeline_tests.conftest import REPO, write_jsonl
+
+FUGU_LITE = str(REPO / ".venv" / "bin" / "fugu-lite")
+
+
+def run_main_job(project: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "FUGU_ENCODER", "FUGU_PROJECT_DIR")}
+    out = subprocess.run([FUGU_LITE, "pipeline", "--encoder", "tiny"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+def latest(instance: dg.DagsterInstance, key: str) -> dict:
+    event = instance.get_latest_materialization_event(dg.AssetKey(key))
+    assert event is not None, f"{key} was not materialized"
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
+
+
+@pytest.mark.slow
+def test_main_job_materializes_every_asset_and_resumes(project):
+    bad = write_jsonl(project / "data" / "benchgen" / "bad name!.jsonl", [{"task_id": "x"}])
+    tasks = load_tasks(project / "data" / "benchgen" / "sample.jsonl")
+    workers = load_workers_config(project / "configs" / "workers.mock.yaml").worker_ids
+    for name in ("train_sft.yaml", "train_rl.yaml", "train_es.yaml"):
+        (project / "configs" / name).write_text((REPO / "configs" / name).read_text())
+
+    out = run_main_job(project)
+    refused = [line for line in out.splitlines() if bad.name in line]
+    assert len(refused) == 1 and "refused" in refused[0] and "must start with a letter or digit" in refused[0]
+    for step in ["tasks[sample]", *(f"responses[sample|{w}]" for w in workers), "reward_matrix", *DOWNSTREAM]:
+        assert any(line.split()[0] == step and "done in" in line for line in out.splitlines()), f"{step} missing:\n{out}"
+
+    arrays = read_arrays(project / "data" / "reward_matrix.duckdb")
+    assert sorted(arrays.task_ids) == sorted(t.task_id for t in tasks) and arrays.worker_ids == workers
+
+    with dg.DagsterInstance.from_config(str(project)) as instance:  # the project's own instance (DAGSTER_HOME)
+        emb = latest(instance, "task_embeddings")
+        assert emb["n_prompts"] == len(tasks) and emb["n_computed"] == len({t.prompt for t in tasks})
+        assert (Path(emb["cache_dir"]) / "meta.json").exists()
+
+        checkpoints = {}
+        for method in ("sft", "rl", "es"):
+            meta = latest(instance, f"router_{method}")
+            ckpt = Path(meta["checkpoint"])
+            manifest = json.loads((ckpt / "manifest.json").read_text())
+            assert ckpt.parent.name == method and (ckpt / "head.safetensors").stat().st_size > 0
+            assert manifest["worker_ids"] == workers and manifest["feature_contract"]["encoder_id"] == "tiny"
+            assert manifest["feature_contract"]["dim"] == emb["dim"]
+            checkpoints[method] = ckpt
+
+            rep_meta = latest(instance, f"eval_report_{method}")
+            report = json.loads(Path(rep_meta["report"]).read_text())
+            assert Path(rep_meta["report"]).parent == ckpt / "reports"
+            assert report["n_tasks"] == sum(t.split == "test" for t in tasks) and report["worker_ids"] == workers
+            assert report["oracle_utility"] >= max(report["router_utility"], report["best_fixed_utility"])
+            assert report["best_fixed_worker"] in workers and sum(report["route_distribution"].values()) == report["n_tasks"]
+            assert report["plots"] and all((ckpt / "reports" / p).stat().st_size > 0 for p in report["plots"])
+
+        promo = latest(instance, "promoted_router")
+        pointer = read_pointer(project / "models")
+        assert promo["promoted"] is True and pointer is not None
+        assert pointer_target(project / "models", pointer).resolve() in {c.resolve() for c in checkpoints.values()}
+        history = (project / "models" / "promoted" / "history.jsonl").read_text().splitlines()
+
+    from fugu_pipeline import load_promoted
+
+    decision = load_promoted(project / "models", device="cpu").route("What is 2 + 40?", domain="math")
+    assert decision.worker_id in workers
+
+    again = run_main_job(project)  # every step resumes: no call, no encoding, nothing new promoted
+    assert all("called 0," in line for line in again.splitlines() if line.strip().startswith("responses["))
+    assert "embeddings: 0 encoded" in again and "promotion: no change" in again
+    assert read_pointer(project / "models")["checkpoint"] == pointer["checkpoint"]
+    assert len((project / "models" / "promoted" / "history.jsonl").read_text().splitlines()) >= len(history)

@@ -1,0 +1,75 @@
+"""A user holding a read-write DuckDB connection to the reward matrix (what the `duckdb` command
+line opens by default) in a second, real process: the checks and the steps that read the matrix
+say so in one line and go on from a snapshot copy."""
+
+import subprocess
+import sys
+import threading
+import time
+
+import dagster as dg
+import pytest
+
+from fugu_pipeline.defs.assemble import build_defs
+from fugu_pipeline.matrix.read import read_arrays
+from fugu_pipeline_tests.conftest import REPO, write_jsonl
+
+HOLD = """
+import sys, time, duckdb
+con = duckdb.connect(sys.argv[1])  # read-write, as `duckdb data/reward_matrix.duckdb` opens it
+con.execute("SELECT count(*) FROM rewards").fetchone()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def small_project(project):
+    """The project with a 30-task batch and a built matrix (the main job, as a user runs it)."""
+    rows = (REPO / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:30]
+    write_jsonl(project / "data" / "benchgen" / "sample.jsonl", rows)
+    out = subprocess.run([str(REPO / ".venv" / "bin" / "fugu-lite"), "pipeline", "--encoder", "tiny", "--stop-after", "reward_matrix",
+                          "--project-dir", str(project)], cwd=project, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return project
+
+
+@pytest.fixture
+def holder(small_project):
+    db = small_project / "data" / "reward_matrix.duckdb"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_checks_and_reading_steps_go_on_while_a_user_holds_the_matrix(small_project, holder, caplog, monkeypatch):
+    monkeypatch.setenv("FUGU_DUCKDB_LOCK_WAIT_S", "1")
+    defs = build_defs(str(small_project), "configs/workers.mock.yaml", "tiny")
+    job = defs.resolve_implicit_global_asset_job_def()
+    checks = [dg.AssetCheckKey(dg.AssetKey("reward_matrix"), n) for n in ("cells_complete", "worker_order_fixed", "no_nan", "learning_signal")]
+    with dg.instance_for_test() as instance:
+        t0 = time.monotonic()
+        res = job.get_subset(asset_selection=set(), asset_check_selection=set(checks)).execute_in_process(instance=instance)
+        evals = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+                 for e in res.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+        assert evals == {"cells_complete": True, "worker_order_fixed": True, "no_nan": True, "learning_signal": True}
+        assert time.monotonic() - t0 < 120
+        res = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("task_embeddings")])
+        assert res.get_asset_materialization_events()[0].materialization.metadata["n_prompts"].value == 30
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("fugu_pipeline")]
+    assert said and all("is locked by a read-write connection" in m and f"PID {holder.pid}" in m for m in said), said
+    assert all(len(m.splitlines()) == 1 and "duckdb -readonly" in m for m in said)
+    assert holder.poll() is None  # the user's session was left alone
+
+
+def test_a_lock_released_within_the_wait_is_simply_waited_for(small_project, holder, monkeypatch):
+    monkeypatch.setenv("FUGU_DUCKDB_LOCK_WAIT_S", "30")
+    db = small_project / "data" / "reward_matrix.duckdb"
+    threading.Timer(1.0, holder.kill).start()  # the user closes the session a second later
+    t0 = time.monotonic()
+    assert len(read_arrays(db).task_ids) == 30
+    assert 0.5 < time.monotonic() - t0 < 30
