@@ -9,6 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
+from fugu_pipeline.evaluate.composite import CompositeConfig
+from fugu_pipeline.evaluate.gates import GateConfig
 from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData
@@ -21,6 +23,7 @@ from fugu_pipeline.train.rl import train_rl
 from fugu_pipeline.train.sft import train_sft
 
 WORKERS = ["math-w", "code-w", "gen-w"]
+OPEN = PromotionPolicy(gates=GateConfig(rate_limit_s=0))  # these tests make several attempts in a row
 DOMAINS = ["math", "code", "general"]
 
 
@@ -50,9 +53,9 @@ def good(data, tmp_path):
     return train_sft(data, SFTConfig(epochs=40)).save(tmp_path / "models")
 
 
-def bad_head(data, tmp_path):
+def bad_head(data, tmp_path, seed: int = 0):
     """An anti-router: a trained head with its final layer negated sends tasks to a non-expert."""
-    r = train_sft(data, SFTConfig(epochs=40))
+    r = train_sft(data, SFTConfig(epochs=40, seed=seed))
     state = {k: v.clone() for k, v in r.state_dict.items()}
     state["linear.weight"] = -state["linear.weight"]
     state["linear.bias"] = -state["linear.bias"]
@@ -76,26 +79,30 @@ def tamper(path, fn):
 def test_better_challenger_promoted_worse_one_not(data, good, tmp_path):
     models = tmp_path / "models"
     worse = bad_head(data, tmp_path)
-    out = promote_best([str(worse)], data, models, PromotionPolicy())
+    out = promote_best([str(worse)], data, models, OPEN)
     assert not out["promoted"] and read_pointer(models) is None
     assert any(r.startswith("FAIL best fixed") for r in out["reasons"])
-    out = promote_best([str(good)], data, models, PromotionPolicy())
+    out = promote_best([str(good)], data, models, OPEN)
     assert out["promoted"], out["reasons"]
     assert read_pointer(models)["checkpoint"] == str(good.relative_to(models))
-    # the same checkpoint again: not promoted twice; a worse one later: the king stays
-    assert not promote_best([str(good)], data, models, PromotionPolicy())["promoted"]
-    out = promote_best([str(worse)], data, models, PromotionPolicy())
+    # the same checkpoint again, or the worse one again: judged before, refused as duplicates
+    for again in (good, worse):
+        out = promote_best([str(again)], data, models, OPEN)
+        assert not out["promoted"] and any("FAIL duplicate: cosine 1.0000" in r for r in out["reasons"])
+    # another worse head: scored against the king, which stays
+    out = promote_best([str(bad_head(data, tmp_path, seed=1))], data, models, OPEN)
     assert not out["promoted"] and any(r.startswith("FAIL promoted") for r in out["reasons"])
     assert read_pointer(models)["checkpoint"] == str(good.relative_to(models))
     history = (models / "promoted" / "history.jsonl").read_text().splitlines()
-    assert [json.loads(h)["promote"] for h in history] == [False, True, False, False]
+    assert [json.loads(h)["promote"] for h in history] == [False, True, False, False, False]
 
 
 def test_margin_is_paired_against_the_king(data, good, tmp_path):
     models = tmp_path / "models"
-    assert promote_best([str(good)], data, models, PromotionPolicy())["promoted"]
-    rl = train_rl(data, RLConfig(epochs=5), init_state=train_sft(data).state_dict).save(models)
-    out = promote_best([str(rl)], data, models, PromotionPolicy(margin=0.5))
+    assert promote_best([str(good)], data, models, OPEN)["promoted"]
+    # warm-started from another SFT run: RL from the king itself would be refused as its duplicate
+    rl = train_rl(data, RLConfig(epochs=5), init_state=train_sft(data, SFTConfig(seed=5)).state_dict).save(models)
+    out = promote_best([str(rl)], data, models, OPEN.model_copy(update={"margin": 0.5}))
     assert not out["promoted"] and any("needs ≥ +0.5000 and low end > 0" in r for r in out["reasons"])
 
 
@@ -106,7 +113,7 @@ def test_margin_is_paired_against_the_king(data, good, tmp_path):
 ])
 def test_broken_weights_are_refused_with_their_reason(data, good, tmp_path, breakage, reason):
     tamper(good, breakage)
-    out = promote_best([str(good)], data, tmp_path / "models", PromotionPolicy())
+    out = promote_best([str(good)], data, tmp_path / "models", OPEN)
     assert not out["promoted"] and read_pointer(tmp_path / "models") is None
     # the weight gate itself refuses it (it cannot even load), and the history keeps that reason
     assert any(r.startswith(f"REFUSED {good}: FAIL weights: ") and reason in r for r in out["reasons"])
@@ -117,7 +124,7 @@ def test_broken_weights_are_refused_with_their_reason(data, good, tmp_path, brea
 
 def test_a_broken_challenger_does_not_block_a_good_one(data, good, tmp_path):
     broken = tamper(bad_head(data, tmp_path), lambda s: {**s, "linear.bias": torch.full_like(s["linear.bias"], float("inf"))})
-    out = promote_best([str(broken), str(good)], data, tmp_path / "models", PromotionPolicy())
+    out = promote_best([str(broken), str(good)], data, tmp_path / "models", OPEN)
     assert out["promoted"] and out["challenger"] == str(good)
     assert any(r.startswith(f"REFUSED {broken}: FAIL weights: ") for r in out["reasons"])
 
@@ -130,23 +137,44 @@ def cand(test_u, fixed_u, name="c", train=None):
                      train_router_utility=float(test_u.mean()) if train is None else train)
 
 
+def contest_of(king_q, ch_q, policy):
+    """King and challenger whose routes give these per-task qualities (one benchmark, no audit
+    slice, no live run), scored by the real composite code."""
+    from fugu_pipeline.evaluate.composite import HeldOut, paired_difference, score_head
+
+    n = len(king_q)
+    held = HeldOut(task_ids=[f"t{i}" for i in range(n)], benchmarks=np.array(["b"] * n, dtype=object),
+                   audit=np.zeros(n, bool), measure=np.stack([king_q, ch_q], axis=1), measure_name="quality",
+                   worker_ids=["k", "c"])
+    rk, rc = np.zeros(n, int), np.ones(n, int)
+    ch = score_head(rc, held, policy.composite, king_routes=rk)
+    kg = score_head(rk, held, policy.composite, is_king=True)
+    return {"challenger": ch, "king": kg, "difference": paired_difference(rc, rk, held, policy.composite, ch, kg)}
+
+
 def test_defaults_are_the_seeds_rule_king_plus_0_02_and_a_significant_gain():
     from fugu_pipeline.evaluate.promotion import decide
 
     policy = PromotionPolicy()
     assert policy.margin == 0.02 and policy.require_significant
+    # novelty off here (its weight moved to cached: still summing to 1), so the composite
+    # difference is the accuracy difference alone
+    policy = policy.model_copy(update={"composite": CompositeConfig(novelty_weight=0.0, cached_weight=0.75)})
     rng = np.random.default_rng(0)
     king_u = rng.random(200)
     fixed = king_u - 0.2
     king = cand(king_u, fixed, "king")
-    small = decide(cand(king_u + 0.01, fixed), king, policy)  # better on every task, by less than the margin
+    small = decide(cand(king_u + 0.01, fixed), king, policy, contest_of(king_u, king_u + 0.01, policy))  # better everywhere, by less than the margin
     assert not small.promote and any(r.startswith("FAIL promoted") and "+0.0100" in r for r in small.reasons)
-    assert decide(cand(king_u + 0.02, fixed), king, policy).promote  # exactly king + 0.02: the seed promotes
+    assert decide(cand(king_u + 0.02, fixed), king, policy, contest_of(king_u, king_u + 0.02, policy)).promote  # exactly king + 0.02
     # a large mean gain that is noise: +1.05 on half the tasks, -0.95 on the other half
     noisy = king_u + np.where(np.arange(200) % 2 == 0, 1.05, -0.95)
-    d = decide(cand(noisy, noisy - 0.5), king, policy)
+    d = decide(cand(noisy, noisy - 0.5), king, policy, contest_of(king_u, noisy, policy))
     assert not d.promote and d.figures["gain_over_promoted"]["mean"] >= 0.02 > 0 > d.figures["gain_over_promoted"]["low"]
-    assert decide(cand(noisy, noisy - 0.5), king, policy.model_copy(update={"require_significant": False})).promote
+    loose = policy.model_copy(update={"require_significant": False})
+    assert decide(cand(noisy, noisy - 0.5), king, loose, contest_of(king_u, noisy, loose)).promote
+    with pytest.raises(ValueError, match="needs the composite contest"):
+        decide(cand(king_u + 0.02, fixed), king, policy)
     # against the best fixed worker too: a mean gain whose interval reaches below zero is not enough
     vs_fixed = decide(cand(king_u, king_u - np.where(np.arange(200) % 2 == 0, 1.0, -0.96)), None, policy)
     assert not vs_fixed.promote and any(r.startswith("FAIL best fixed") and "low end > 0" in r for r in vs_fixed.reasons)
@@ -154,12 +182,12 @@ def test_defaults_are_the_seeds_rule_king_plus_0_02_and_a_significant_gain():
 
 def test_a_quality_head_with_near_uniform_predictions_is_refused(data, tmp_path):
     trained = train_sft(data, SFTConfig(head="quality", epochs=40)).save(tmp_path / "models")
-    out = promote_best([str(trained)], data, tmp_path / "models", PromotionPolicy())
+    out = promote_best([str(trained)], data, tmp_path / "models", OPEN)
     assert out["promoted"] and any(r.startswith("PASS quality head") for r in out["reasons"])
     # the same head with its final layer shrunk: every prediction within a hair of sigmoid(bias)
     flat = train_sft(data, SFTConfig(head="quality", epochs=40, seed=1)).save(tmp_path / "other")
     tamper(flat, lambda s: {**s, "linear.weight": s["linear.weight"] * 1e-4, "linear.bias": torch.zeros_like(s["linear.bias"])})
-    out = promote_best([str(flat)], data, tmp_path / "flat-models", PromotionPolicy())
+    out = promote_best([str(flat)], data, tmp_path / "flat-models", OPEN)
     assert not out["promoted"]
     line = next(r for r in out["reasons"] if r.startswith("FAIL quality head"))
     assert "std 0.00" in line and "must be ≥ 0.01" in line and "cost alone" in line
@@ -169,7 +197,7 @@ def test_mismatched_contract_is_refused(data, tmp_path):
     other = RoutingData(**{**{f: getattr(data, f) for f in ("task_ids", "prompts", "domains", "splits", "worker_ids", "features", "utility", "quality")},
                            "contract": FeatureContract(encoder_id="another-encoder", dim=16, pooling="last")})
     path = train_sft(other, SFTConfig(epochs=20)).save(tmp_path / "models")
-    out = promote_best([str(path)], data, tmp_path / "models", PromotionPolicy())
+    out = promote_best([str(path)], data, tmp_path / "models", OPEN)
     assert not out["promoted"]
     assert any("FAIL feature contract" in r and "encoder_id" in r and "pooling" in r for r in out["reasons"])
 
@@ -296,10 +324,18 @@ def test_no_pointer_is_a_clear_error(tmp_path):
         load_promoted(tmp_path / "models")
 
 
-def test_the_asset_config_and_the_core_policy_share_their_defaults():
+def test_the_asset_config_and_the_core_policy_share_their_defaults(tmp_path):
+    from fugu_pipeline.defs.harness import policy_for
     from fugu_pipeline.defs.models import PromotionConfig
+    from fugu_pipeline.defs.resources import PipelineResource
+    from fugu_pipeline.evaluate.promotion import load_policy
+    from fugu_pipeline_tests.conftest import REPO
 
     asset, core = PromotionConfig(), PromotionPolicy()
     shared = set(PromotionConfig.model_fields) & set(PromotionPolicy.model_fields)
     assert shared == {"margin", "max_train_gap", "require_significant", "min_quality_std"}
-    assert {k: getattr(asset, k) for k in shared} == {k: getattr(core, k) for k in shared}
+    assert all(getattr(asset, k) is None for k in shared)  # None: the policy file's value
+    # the shipped policy file spells out the defaults; a project without one gets the same
+    assert load_policy(REPO / "configs" / "promotion.yaml", required=True) == core
+    assert policy_for(PipelineResource(project_dir=str(tmp_path)), asset.policy_file) == core
+    assert policy_for(PipelineResource(project_dir=str(tmp_path)), None, margin=0.05).margin == 0.05

@@ -23,7 +23,8 @@ def cmd_pipeline(args) -> int:
     encoder = encoder_name(args)
     print(f"encoder: {encoder}" + (" (built-in tiny Qwen3, offline)" if encoder == "tiny" else ""))
     try:
-        results = run_pipeline(Path(args.project_dir).resolve(), args.workers, encoder=encoder, stop_after=args.stop_after)
+        results = run_pipeline(Path(args.project_dir).resolve(), args.workers, encoder=encoder, stop_after=args.stop_after,
+                               roles=getattr(args, "roles", False))
     except InstanceUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -43,10 +44,25 @@ def cmd_pipeline(args) -> int:
         if r:
             print(f"{m:>3}: router {r['router_utility']:.4f} vs best fixed ({r['best_fixed_worker']}) "
                   f"{r['best_fixed_utility']:.4f}, oracle {r['oracle_utility']:.4f}; router − best fixed {r['router_minus_best_fixed']}")
+            if "composite" in r:  # the harness rows (issue 14): baselines and the seed's composite
+                print(f"     random {r['random_utility_95']}, cross-fit oracle {r['cross_fit_oracle_utility']:.4f}, "
+                      f"headroom {r['headroom']:.4f}; composite {r['composite']:.4f}"
+                      + (f" (king {r['king_composite']:.4f})" if "king_composite" in r else ""))
+    t = results.get("eval_report_triage")
+    if t:
+        print(f"triage: domain accuracy {t['domain_accuracy']:.4f} (majority {t['domain_majority_baseline']:.4f}), "
+              f"difficulty accuracy {t['difficulty_accuracy']:.4f} (majority {t['difficulty_majority_baseline']:.4f})")
     p = results.get("promoted_router")
     if p:
         print(f"promotion: {'promoted ' + str(p.get('challenger')) if p.get('promoted') else 'no change'}")
         print((p.get("decision") or "").strip())
+    r = results.get("eval_report_roles")
+    if r:
+        print("multi-turn coordinator, held-out:")
+        print((r.get("per_domain") or "").strip())
+        print((r.get("verdicts") or "").strip())
+        print(f"coordinator promotion: {'promoted' if r.get('promoted') else 'no change'}")
+        print((r.get("decision") or "").strip())
     return 0
 
 

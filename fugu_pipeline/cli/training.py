@@ -144,9 +144,16 @@ def cmd_evaluate(args) -> int:
     data = routing_data(args, args.encoder or probe.manifest.feature_contract.encoder_id)
     ckpt = load_checkpoint(path, expected_contract=data.contract)
     rep = evaluate_checkpoint(ckpt, data, args.split)
+    if args.split == "test":  # the composite is defined on the held-out split
+        from fugu_pipeline.cli.reporting import composite_for_report
+
+        composite_for_report(rep, ckpt, data, args)
     out = Path(args.output) if args.output else path / "reports" / f"{args.split}.json"
     report, plots = write_report(rep, out.parent, out.stem)
     print(rep["summary"])
+    from fugu_pipeline.cli.reporting import print_report_tables
+
+    print_report_tables(rep)
     print(f"utility weights: {rep['utility_source']}")
     if rep.get("utility_note"):
         print(f"note: {rep['utility_note']}")

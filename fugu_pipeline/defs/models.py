@@ -5,6 +5,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from fugu_pipeline.defs import harness
 from fugu_pipeline.defs.data import reward_matrix
 from fugu_pipeline.defs.distributed import GPU_OP_TAGS
 from fugu_pipeline.defs.embeddings import EncoderResource
@@ -132,12 +133,15 @@ def router_es(context: dg.AssetExecutionContext, config: TrainConfig, pipeline: 
 
 
 def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str) -> dg.Output[dict]:
+    from fugu_pipeline.evaluate.contest import add_composite
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
     data = _routing_data(context, pipeline, encoder)
     ckpt = load_checkpoint(checkpoint_path, expected_contract=data.contract)
     rep = evaluate_checkpoint(ckpt, data, "test")
+    live, tasks = harness.live_for(pipeline)  # the composite against the current king (issue 14)
+    add_composite(rep, ckpt, data, pipeline.paths.models, harness.policy_for(pipeline).composite, live=live, tasks=tasks)
     out_dir = Path(checkpoint_path) / "reports"
     json_path, plots = write_report(rep, out_dir, "test")
     context.log.info(rep["summary"])
@@ -162,6 +166,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     }
     if "apgr" in rep:
         meta["apgr"] = rep["apgr"]["apgr"]
+    meta.update(harness.report_metadata(rep))  # every baseline row, the composite and its terms
     return dg.Output({"checkpoint": checkpoint_path, "report": str(json_path), "method": method,
                       "router_utility": rep["router_utility"]}, metadata=meta)
 
@@ -185,14 +190,20 @@ def eval_report_es(context: dg.AssetExecutionContext, pipeline: PipelineResource
 
 
 class PromotionConfig(dg.Config):
-    margin: float = 0.02
-    """Replace the promoted checkpoint only at challenger ≥ king + margin (paired mean held-out utility; the seed's rule)."""
-    max_train_gap: float = 0.25
-    """Largest allowed train minus held-out router utility."""
-    require_significant: bool = True
-    """Also require the paired bootstrap 95% interval's low end above zero, against the best fixed worker and the king."""
-    min_quality_std: float = 0.01
-    """A quality head whose held-out predicted qualities have a smaller std is refused."""
+    policy_file: str = "configs/promotion.yaml"
+    """The promotion policy (composite weights, overfit gate, gates); absent: the built-in defaults (the seed's rules)."""
+    margin: float | None = None
+    """Replace the king only at composite(challenger) ≥ composite(king) + margin (None: the policy file's, 0.02)."""
+    max_train_gap: float | None = None
+    """Largest allowed train minus held-out router utility (None: the policy file's, 0.25)."""
+    require_significant: bool | None = None
+    """Also require the paired bootstrap 95% low end above zero, against the best fixed worker and the king (None: the file's, true)."""
+    min_quality_std: float | None = None
+    """A quality head whose held-out predicted qualities have a smaller std is refused (None: the file's, 0.01)."""
+    rate_limit_hours: float | None = None
+    """At most one promotion attempt per this many hours (None: the file's, 24; 0: off)."""
+    live_sample: int | None = None
+    """Live tasks per benchmark for the composite (None: the file's, 20; 0: no live term)."""
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION,
@@ -204,14 +215,18 @@ def promoted_router(
     """King versus challenger. The challenger with the best validation utility replaces the
     promoted checkpoint only if it passes every gate; models/promoted/current.json is swapped
     atomically and every decision is kept in models/promoted/history.jsonl."""
-    from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
+    from fugu_pipeline.evaluate.promotion import promote_best
 
     data = _routing_data(context, pipeline, encoder)
     shared = SharedStore.of(pipeline.paths)
     king_version = shared.pull_promoted() if shared else None  # the deployment's king, from the store
-    policy = PromotionPolicy(margin=config.margin, max_train_gap=config.max_train_gap,
-                             require_significant=config.require_significant, min_quality_std=config.min_quality_std)
-    outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es)], data, pipeline.paths.models, policy)
+    policy = harness.policy_for(
+        pipeline, config.policy_file, margin=config.margin, max_train_gap=config.max_train_gap,
+        require_significant=config.require_significant, min_quality_std=config.min_quality_std, live_sample=config.live_sample,
+        rate_limit_s=None if config.rate_limit_hours is None else config.rate_limit_hours * 3600)
+    live, tasks = harness.live_for(pipeline)
+    outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es)], data,
+                           pipeline.paths.models, policy, live=live, tasks=tasks)
     for line in outcome["reasons"]:
         context.log.info(line)
     if shared and shared.push_promoted(king_version):  # compare-and-swap: fails if another machine promoted meanwhile
@@ -221,4 +236,5 @@ def promoted_router(
         "challenger": outcome["challenger"] or "",
         "decision": dg.MetadataValue.md("\n".join(f"- {r}" for r in outcome["reasons"])),
         "current": dg.MetadataValue.json(outcome["pointer"] or {}),
+        **harness.promotion_metadata(outcome),
     })

@@ -1,18 +1,26 @@
 """King versus challenger: a checkpoint is promoted only when it is really better.
 
-A challenger replaces the promoted checkpoint only if, on the same frozen held-out rows, it
-1. beats the best fixed worker (chosen on train): mean paired gain above zero, and the paired
-   bootstrap 95% interval's low end above zero,
-2. beats the promoted checkpoint (the king) by the margin, the seed's rule: challenger ≥ king + 0.02
-   (mean paired gain), with the bootstrap low end above zero as well,
-3. passes weight sanity (shape, finite, not all zero); a checkpoint whose weights are too broken to
-   load is refused by this same gate, with its reason, before anything else,
-4. has the feature contract the pipeline serves with,
-5. its train-minus-held-out utility gap is under a threshold, and
-6. for a quality head: its predicted qualities are not all in one narrow band (std under
+Before a challenger is scored it passes the submission gates (`gates.py`): the rate limit (one
+attempt per period per submitter), weight sanity (shape, finite, not all zero; a checkpoint too
+broken to load fails here), duplicate detection (cosine ≥ 0.99 to a head judged before or the
+king) and the training receipt (≥ 3 recorded fitness steps, a cost where workers were paid).
+
+Then it replaces the promoted checkpoint only if, on the same frozen held-out eval rows (the test
+split minus its audit slice, `composite.py`), it
+1. beats the best fixed worker (chosen on train): mean paired utility gain above zero, and the
+   paired bootstrap 95% interval's low end above zero,
+2. beats the promoted checkpoint (the king) by the seed's rule on the composite:
+   composite(challenger) ≥ composite(king) + 0.02, with the paired bootstrap low end of the
+   difference above zero as well, and is not rejected by the composite's overfit gate,
+3. has the feature contract the pipeline serves with,
+4. its train-minus-held-out utility gap is under a threshold, and
+5. for a quality head: its predicted qualities are not all in one narrow band (std under
    `min_quality_std`), which means it learnt nothing about which worker is good where.
 The pointer `models/promoted/current.json` is replaced atomically (temp file, fsync, rename,
-fsync of the folder) and every decision is appended to `models/promoted/history.jsonl`.
+fsync of the folder) and every decision is appended to `models/promoted/history.jsonl` with its
+submitter; a head that was scored joins the registry of judged heads (`models/promoted/seen/`).
+A challenger outside the models folder (a pack) is copied into `models/<method>/<hash>/` when
+promoted.
 """
 
 from __future__ import annotations
@@ -26,6 +34,17 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from fugu_pipeline.evaluate.composite import CompositeConfig, audit_mask, composite_lines
+from fugu_pipeline.evaluate.gates import (
+    DEFAULT_SUBMITTER,
+    GateConfig,
+    GateResult,
+    SeenHeads,
+    duplicate_gate,
+    rate_limit_gate,
+    receipt_gate,
+    routing_map,
+)
 from fugu_pipeline.evaluate.metrics import paired_bootstrap
 from fugu_pipeline.evaluate.reports import (
     head_scores,
@@ -59,6 +78,36 @@ class PromotionPolicy(BaseModel):
     min_quality_std: float = Field(0.01, ge=0.0, description="a quality head whose held-out predictions have a smaller std is refused")
     n_boot: int = Field(2000, ge=100)
     seed: int = 0
+    composite: CompositeConfig = Field(default_factory=CompositeConfig, description="the composite score the king is judged on")
+    gates: GateConfig = Field(default_factory=GateConfig, description="rate limit, duplicate, receipt")
+
+
+class PolicyError(ValueError):
+    """The promotion policy file is broken; the message names the file and the field."""
+
+
+DEFAULT_POLICY_FILE = "configs/promotion.yaml"
+
+
+def load_policy(path: str | Path | None, *, required: bool = False, **overrides) -> PromotionPolicy:
+    """The policy from a YAML file (`configs/promotion.yaml`); a missing default file means the
+    defaults, a missing file asked for by name (`required`) is an error. `overrides` that are not
+    None replace top-level fields (`rate_limit_s` and `live_sample` reach into their blocks)."""
+    from fugu_pipeline.config_files import load_yaml_model
+
+    if path is not None and (required or Path(path).exists()):
+        policy = load_yaml_model(path, PromotionPolicy, PolicyError, what="promotion policy file", empty_ok=True)
+    else:
+        policy = PromotionPolicy()
+    over = {k: v for k, v in overrides.items() if v is not None}
+    if "rate_limit_s" in over:
+        policy = policy.model_copy(update={"gates": policy.gates.model_copy(update={"rate_limit_s": over.pop("rate_limit_s")})})
+    if "live_sample" in over:
+        policy = policy.model_copy(update={"composite": policy.composite.model_copy(update={"live_sample": over.pop("live_sample")})})
+    try:
+        return PromotionPolicy.model_validate({**policy.model_dump(), **over})
+    except ValueError as exc:
+        raise PolicyError(f"promotion policy: {exc}") from None
 
 
 @dataclass
@@ -92,8 +141,9 @@ class Decision:
         return {"promote": self.promote, "challenger": self.challenger, "reasons": self.reasons, "figures": self.figures}
 
 
-def decide(challenger: Candidate, champion: Candidate | None, policy: PromotionPolicy) -> Decision:
-    """Every gate is evaluated (so the UI shows all reasons), then promote iff all pass."""
+def decide(challenger: Candidate, champion: Candidate | None, policy: PromotionPolicy, contest: dict | None = None) -> Decision:
+    """Every gate is evaluated (so the UI shows all reasons), then promote iff all pass. `contest`
+    (`contest.score_against_king`) holds the composites; it is needed whenever a king can be scored."""
     reasons: list[str] = []
     ok = True
     figures: dict = {"challenger_test_utility": challenger.mean}
@@ -115,14 +165,32 @@ def decide(challenger: Candidate, champion: Candidate | None, policy: PromotionP
     elif champion.contract_problems:
         reasons.append("PASS promoted: the promoted checkpoint uses other features ("
                        + "; ".join(champion.contract_problems) + "), so it cannot be scored on these rows")
+    elif challenger.contract_problems:
+        ok = False
+        reasons.append("FAIL promoted: the challenger cannot be scored on these rows (see the feature contract)")
     else:
+        if contest is None or contest.get("king") is None:
+            raise ValueError("a king that can be scored on these rows needs the composite contest (contest.score_against_king)")
         vs_king = paired_bootstrap(challenger.test_utility, champion.test_utility, policy.n_boot, policy.seed)
-        figures["gain_over_promoted"] = vs_king
+        figures["utility_gain_over_promoted"] = vs_king
         figures["promoted_test_utility"] = champion.mean
-        beat_king = vs_king["mean"] >= policy.margin - 1e-12 and (not policy.require_significant or vs_king["low"] > 0)
+        diff = contest["difference"]
+        c, k = contest["challenger"]["composite"], contest["king"]["composite"]
+        figures["gain_over_promoted"] = diff
+        figures["composite"], figures["king_composite"] = c, k
+        beat_king = c >= k + policy.margin - 1e-12 and (not policy.require_significant or diff["low"] > 0)
         ok &= beat_king
-        reasons.append(f"{'PASS' if beat_king else 'FAIL'} promoted ({champion.method} {champion.content_hash}): gain "
-                       f"{vs_king['mean']:+.4f} [{vs_king['low']:+.4f}, {vs_king['high']:+.4f}] (needs ≥ {policy.margin:+.4f}{sig})")
+        reasons.append(f"{'PASS' if beat_king else 'FAIL'} promoted ({champion.method} {champion.content_hash}): composite "
+                       f"{c:.4f} vs king {k:.4f}, {diff['mean']:+.4f} [{diff['low']:+.4f}, {diff['high']:+.4f}] "
+                       f"(needs ≥ {policy.margin:+.4f}{sig}); utility {vs_king['mean']:+.4f}")
+    if contest is not None:
+        figures.setdefault("composite", contest["challenger"]["composite"])
+        bad = [r for r in contest["challenger"]["benchmarks"] if r["overfit"]["verdict"].endswith("reject")]
+        ok &= not bad
+        reasons.append("FAIL overfit gate (eval − audit): " + "; ".join(
+            f"{r['benchmark']} gap {r['overfit']['gap']:+.4f} ± {r['overfit']['gap_se']:.4f} > {policy.composite.overfit_reject_gap}"
+            for r in bad) if bad else "PASS overfit gate (eval − audit): " + ", ".join(
+            f"{r['benchmark']} {r['overfit']['verdict']}" for r in contest["challenger"]["benchmarks"]))
 
     sane = not challenger.weight_problems
     ok &= sane
@@ -149,9 +217,15 @@ def decide(challenger: Candidate, champion: Candidate | None, policy: PromotionP
     return Decision(promote=bool(ok), challenger=challenger.path, reasons=reasons, figures=figures)
 
 
-def candidate(checkpoint, data, expected_contract=None):
-    """Score a checkpoint on the frozen held-out rows for promotion."""
-    test, train = data.split("test"), data.split("train")
+def eval_rows(data, composite: CompositeConfig):
+    """The held-out rows promotion decides on: the test split minus its audit slice."""
+    test = data.split("test")
+    return test.subset(np.flatnonzero(~audit_mask(test.task_ids, composite)))
+
+
+def candidate(checkpoint, data, expected_contract=None, composite: CompositeConfig | None = None):
+    """Score a checkpoint on the frozen held-out eval rows for promotion."""
+    test, train = eval_rows(data, composite or CompositeConfig()), data.split("train")
     fixed = int(np.argmax(train.utility.mean(axis=0)))
     contract_problems = checkpoint.manifest.feature_contract.differences(expected_contract) if expected_contract else []
     workers_ok = list(checkpoint.manifest.worker_ids) == list(data.worker_ids)
@@ -189,22 +263,32 @@ def append_history(models_dir: str | Path, record: dict) -> None:
         os.close(fd)
 
 
-def apply(decision: Decision, challenger: Candidate, models_dir: str | Path, *, report_path: str | None = None) -> dict | None:
-    """Record the decision; when it promotes, swap the pointer. Returns the new pointer or None."""
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def apply(decision: Decision, challenger: Candidate, models_dir: str | Path, *, report_path: str | None = None,
+          submitter: str = DEFAULT_SUBMITTER, extra: dict | None = None) -> dict | None:
+    """Record the decision; when it promotes, swap the pointer (a challenger outside the models
+    folder is first copied into it). Returns the new pointer or None."""
+    from fugu_pipeline.train.exchange import import_checkpoint
+
     models_dir = Path(models_dir)
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = _now()
     previous = read_pointer(models_dir)
     record = {"at": now, **decision.as_dict(), "method": challenger.method, "content_hash": challenger.content_hash,
-              "previous": (previous or {}).get("checkpoint")}
+              "previous": (previous or {}).get("checkpoint"), "submitter": submitter, **(extra or {})}
     append_history(models_dir, record)
     if not decision.promote:
         return None
+    path = Path(challenger.path).resolve()
     try:
-        rel = str(Path(challenger.path).resolve().relative_to(models_dir.resolve()))
-    except ValueError:
-        rel = str(Path(challenger.path).resolve())
+        rel = str(path.relative_to(models_dir.resolve()))
+    except ValueError:  # a pack folder from elsewhere: keep a copy with the other checkpoints
+        rel = str(import_checkpoint(path, models_dir).resolve().relative_to(models_dir.resolve()))
     pointer = {"checkpoint": rel, "method": challenger.method, "content_hash": challenger.content_hash,
                "promoted_at": now, "test_utility": challenger.mean, "reasons": decision.reasons,
+               "composite": decision.figures.get("composite"), "submitter": submitter,
                "report": report_path, "previous": (previous or {}).get("checkpoint")}
     write_pointer(models_dir, pointer)
     return pointer
@@ -236,46 +320,108 @@ def weight_gate(path: str | Path) -> list[str]:
     return problems
 
 
-def _refuse(path: str, exc: CheckpointError, models_dir: str | Path) -> str:
+def _refuse(path: str, exc: CheckpointError, models_dir: str | Path, submitter: str = DEFAULT_SUBMITTER) -> str:
     """A checkpoint that cannot be loaded: the weight gate's reason when its weights are the
     problem, else the load error; recorded in the history like any decision."""
     problems = weight_gate(path)
     reason = "FAIL weights: " + "; ".join(problems) if problems else f"FAIL checkpoint: {exc}"
-    append_history(models_dir, {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "promote": False,
-                                "challenger": str(path), "reasons": [reason]})
+    append_history(models_dir, {"at": _now(), "promote": False, "challenger": str(path), "reasons": [reason],
+                                "submitter": submitter})
     return f"REFUSED {path}: {reason}"
 
 
-def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, policy: PromotionPolicy) -> dict:
-    """Score every challenger on the frozen held-out rows of `data`, pick the one with the best
-    validation utility among the loadable ones, and let it face the promoted checkpoint.
-    A checkpoint that cannot be loaded (NaN or wrong-shape weights, edited files) is refused by the
-    weight gate with its reason (history too). Returns {promoted, challenger, reasons, pointer}."""
-    reasons: list[str] = []
-    scored: list[Candidate] = []
+def pre_gates(ckpt, data, models_dir: str | Path, policy: PromotionPolicy, king=None) -> list[GateResult]:
+    """Duplicate and receipt gates of a loaded checkpoint (its weights are sane: it loaded). The
+    receipt is the folder's receipt.json when it has one (a pack), else the manifest's."""
+    from fugu_pipeline.train.exchange import read_receipt, receipt_from_manifest
+
+    king_map = None if king is None else (f"{king.manifest.method} {king.manifest.content_hash}", routing_map(king.state_dict))
+    dup = duplicate_gate(routing_map(ckpt.state_dict), models_dir, policy.gates.duplicate_cosine, king=king_map)
+    try:
+        receipt = read_receipt(ckpt.path)
+    except CheckpointError as exc:
+        return [dup, GateResult("receipt", False, str(exc))]
+    if receipt is None:
+        rec = receipt_gate(receipt_from_manifest(ckpt.manifest, data=data), policy.gates, data=data)
+    else:
+        weights = (Path(ckpt.path) / WEIGHTS_FILE).read_bytes()
+        rec = receipt_gate(receipt, policy.gates, data=data, weights=weights, manifest=ckpt.manifest)
+    return [GateResult("weights", True, "shape, finite, not all zero"), dup, rec]
+
+
+def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, policy: PromotionPolicy, *,
+                 live=None, tasks: dict | None = None, submitter: str = DEFAULT_SUBMITTER, now: float | None = None) -> dict:
+    """One promotion attempt. The rate limit first (a refusal there is recorded but is no attempt);
+    every challenger through the weight, duplicate and receipt gates; among those that pass, the
+    one with the best validation utility is scored on the frozen held-out rows of `data` (the
+    composite against the king, with `live` evaluating the live term on `tasks`) and faces the
+    gates of `decide`. Returns {promoted, challenger, reasons, pointer, contest}."""
+    from fugu_pipeline.evaluate.contest import load_king, score_against_king
+
+    rate = rate_limit_gate(models_dir, submitter, policy.gates.rate_limit_s, now)
+    if not rate.ok:
+        append_history(models_dir, {"at": _now(), "promote": False, "challenger": None, "reasons": [rate.line()],
+                                    "submitter": submitter, "rate_limited": True, "paths": list(checkpoint_paths)})
+        return {"promoted": False, "challenger": None, "reasons": [rate.line(), "NOT PROMOTED: rate limited"],
+                "pointer": read_pointer(models_dir), "contest": None}
+    reasons: list[str] = [rate.line()]
+    king = load_king(models_dir)
+    passed: list[tuple[object, list[GateResult]]] = []
     for path in dict.fromkeys(checkpoint_paths):
         try:
             ckpt = load_checkpoint(path)
         except CheckpointError as exc:
-            reasons.append(_refuse(path, exc, models_dir))
+            reasons.append(_refuse(path, exc, models_dir, submitter))
             continue
-        scored.append(candidate(ckpt, data, expected_contract=data.contract))
-    if not scored:
-        return {"promoted": False, "challenger": None, "reasons": reasons or ["no challenger"], "pointer": read_pointer(models_dir)}
-    usable = [c for c in scored if not c.contract_problems] or scored
-    best = max(usable, key=lambda c: (c.val_router_utility if c.val_router_utility is not None else -np.inf))
+        gates = pre_gates(ckpt, data, models_dir, policy, king)
+        if all(g.ok for g in gates):
+            passed.append((ckpt, gates))
+            continue
+        lines = [g.line() for g in gates]
+        append_history(models_dir, {"at": _now(), "promote": False, "challenger": str(path), "reasons": lines,
+                                    "method": ckpt.manifest.method, "content_hash": ckpt.manifest.content_hash,
+                                    "submitter": submitter})
+        reasons.append(f"REFUSED {path}: " + "; ".join(g.line() for g in gates if not g.ok))
+    if not passed:
+        return {"promoted": False, "challenger": None, "reasons": reasons or ["no challenger"],
+                "pointer": read_pointer(models_dir), "contest": None}
+    scored = [(candidate(c, data, expected_contract=data.contract, composite=policy.composite), c, g) for c, g in passed]
+    usable = [t for t in scored if not t[0].contract_problems] or scored
+    best, ckpt, gates = max(usable, key=lambda t: (t[0].val_router_utility if t[0].val_router_utility is not None else -np.inf))
     reasons.append(f"challenger: {best.method} {best.content_hash} (best validation utility "
                    f"{best.val_router_utility if best.val_router_utility is not None else float('nan'):.4f} of {len(scored)})")
+    reasons.extend(g.line() for g in gates if g.name != "weights")
     champion = None
-    if read_pointer(models_dir) is not None:
-        try:
-            champion = candidate(load_checkpoint(pointer_target(models_dir, read_pointer(models_dir))), data, expected_contract=data.contract)
-        except (CheckpointError, FileNotFoundError) as exc:
-            reasons.append(f"the promoted checkpoint cannot be loaded ({exc}); the challenger faces the baselines only")
-    decision = decide(best, champion, policy)
+    if king is not None:
+        champion = candidate(king, data, expected_contract=data.contract, composite=policy.composite)
+    elif read_pointer(models_dir) is not None:
+        reasons.append("the promoted checkpoint cannot be loaded; the challenger faces the baselines only")
+    contest = None
+    if not best.contract_problems:
+        contest = score_against_king(ckpt, king, data, policy.composite, live=live, tasks=tasks)
+        reasons.extend(composite_lines(contest["challenger"], "challenger composite"))
+        if contest["king"] is not None:
+            reasons.extend(composite_lines(contest["king"], "king composite"))
+        reasons.append(contest["live"])
+    decision = decide(best, champion, policy, contest)
     reasons.extend(decision.reasons)
     report = Path(best.path) / "reports" / "test.json"
-    pointer = apply(decision, best, models_dir, report_path=str(report) if report.exists() else None)
+    pointer = apply(decision, best, models_dir, report_path=str(report) if report.exists() else None, submitter=submitter,
+                    extra={"gates": [g.line() for g in gates], "contest": _contest_record(contest)})
+    SeenHeads(models_dir).add(best.content_hash, routing_map(ckpt.state_dict), method=best.method,
+                              outcome="promoted" if pointer else "refused", submitter=submitter)
     reasons.append("PROMOTED" if pointer else "NOT PROMOTED: the promoted checkpoint stays")
     return {"promoted": pointer is not None, "challenger": best.path, "reasons": reasons,
-            "pointer": pointer or read_pointer(models_dir)}
+            "pointer": pointer or read_pointer(models_dir), "contest": contest}
+
+
+def _contest_record(contest: dict | None) -> dict | None:
+    """The composites for the history line: totals, the difference and each benchmark's terms."""
+    if contest is None:
+        return None
+    slim = lambda sc: None if sc is None else {  # noqa: E731
+        "composite": sc["composite"], "rejected": sc["rejected"],
+        "benchmarks": {r["benchmark"]: {k: r[k] for k in ("cached", "live", "efficiency", "novelty", "score")}
+                       | {"overfit": r["overfit"]["verdict"]} for r in sc["benchmarks"]}}
+    return {"challenger": slim(contest["challenger"]), "king": slim(contest["king"]), "difference": contest["difference"],
+            "live": contest["live"]}

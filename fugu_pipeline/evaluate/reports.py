@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fugu_pipeline.evaluate.baselines import baseline_rows, baseline_summary
 from fugu_pipeline.evaluate.metrics import EvalInputs, evaluation_report, summary_line
 from fugu_pipeline.evaluate.plots import plot_report
 from fugu_pipeline.files import atomic_write
@@ -50,7 +51,10 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
     rep["data_version"] = data.data_version
     rep["train_router_utility"] = float(np.mean(routed_utility(train.utility, head_scores(checkpoint.head, train.features))))
     rep.update(utility_fields(checkpoint, data))
-    rep["summary"] = summary_line(rep) + f" | {rep['utility_formula']}"
+    # the baselines (each worker, random over seeds, oracle, cross-fit oracle) on the same rows
+    router = {"utility": rep["router_utility"], **({"quality": rep["router_mean_quality"]} if "router_mean_quality" in rep else {})}
+    rep["baselines"] = baseline_rows(data.worker_ids, held.utility, held.quality, held.domains, router=router, seed=seed)
+    rep["summary"] = summary_line(rep) + f" | {baseline_summary(rep['baselines'])} | {rep['utility_formula']}"
     return rep
 
 

@@ -14,45 +14,45 @@ import json
 from pathlib import Path
 
 from fugu_pipeline.files import atomic_write
-from fugu_pipeline.storage import etag, get_bytes, is_url, join, put_bytes
+from fugu_pipeline.storage import PreconditionFailed, etag, get_bytes, is_url, join, put_bytes
 
 POINTER = Path("promoted") / "current.json"
+ROLES_POINTER = Path("promoted") / "roles.json"  # the promoted multi-turn coordinator (its own king)
 
 
-def pointer_location(models_dir: str | Path) -> str:
-    return join(str(models_dir), POINTER.as_posix()) if is_url(models_dir) else str(Path(models_dir) / POINTER)
+def pointer_location(models_dir: str | Path, pointer_file: Path = POINTER) -> str:
+    return join(str(models_dir), pointer_file.as_posix()) if is_url(models_dir) else str(Path(models_dir) / pointer_file)
 
 
-def read_pointer(models_dir: str | Path) -> dict | None:
+def read_pointer(models_dir: str | Path, pointer_file: Path = POINTER) -> dict | None:
     if is_url(models_dir):
-        raw = get_bytes(pointer_location(models_dir))
+        raw = get_bytes(pointer_location(models_dir, pointer_file))
         return None if raw is None else json.loads(raw)
-    path = Path(models_dir) / POINTER
+    path = Path(models_dir) / pointer_file
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
 
 
-def pointer_version(models_dir: str | Path) -> str | None:
+def pointer_version(models_dir: str | Path, pointer_file: Path = POINTER) -> str | None:
     """The pointer's current version (etag), for a compare-and-swap write; None when absent."""
-    return etag(pointer_location(models_dir))
+    return etag(pointer_location(models_dir, pointer_file))
 
 
-def write_pointer(models_dir: str | Path, pointer: dict, expected: str | None = None) -> str | Path:
-    """Atomically replace models/promoted/current.json: a reader sees the old or the new one.
-    `expected`: the version read before deciding (pointer_version); the write fails with
-    storage.PreconditionFailed when another promotion replaced it since."""
+def write_pointer(models_dir: str | Path, pointer: dict, pointer_file: Path = POINTER,
+                  expected: str | None = None) -> str | Path:
+    """Atomically replace models/promoted/current.json (or `pointer_file`): a reader sees the old
+    or the new one. `expected`: the version read before deciding (pointer_version); the write
+    fails with storage.PreconditionFailed when another promotion replaced it since."""
     text = json.dumps(pointer, indent=2, sort_keys=True) + "\n"
+    where = pointer_location(models_dir, pointer_file)
     if is_url(models_dir):
-        where = pointer_location(models_dir)
         put_bytes(where, text, if_match=expected)
         return where
-    if expected is not None and pointer_version(models_dir) != expected:
-        from fugu_pipeline.storage import PreconditionFailed
-
-        raise PreconditionFailed(f"{pointer_location(models_dir)} changed since it was read")
-    return atomic_write(Path(models_dir) / POINTER, text)
+    if expected is not None and pointer_version(models_dir, pointer_file) != expected:
+        raise PreconditionFailed(f"{where} changed since it was read")
+    return atomic_write(Path(models_dir) / pointer_file, text)
 
 
 def pointer_target(models_dir: str | Path, pointer: dict) -> str | Path:

@@ -121,6 +121,8 @@ def make_result(
         "best_fixed_worker": ev_val["best_fixed_worker"],
         "n_train": len(train.task_ids),
         "n_val": len(val.task_ids),
+        # what the worker calls behind the rows this head learnt from cost (its training receipt)
+        "data_cost_usd": None if data.cost_usd is None else float(np.nansum(train.cost_usd) + np.nansum(val.cost_usd)),
         **(extra or {}),
     }
     return TrainResult(

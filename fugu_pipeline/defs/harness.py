@@ -1,0 +1,69 @@
+"""The TinyRouter harness in the Dagster layer: the policy file and live evaluator the evaluation
+and promotion assets share, and the metadata that shows the baselines and the composite in the UI.
+Thin: the work is in `evaluate/`."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from fugu_pipeline.defs.resources import PipelineResource
+
+
+def policy_for(pipeline: PipelineResource, policy_file: str | None = None, **overrides):
+    """The promotion policy: `configs/promotion.yaml` of the project (defaults where absent)."""
+    from fugu_pipeline.evaluate.promotion import DEFAULT_POLICY_FILE, PolicyError, load_policy
+
+    name = policy_file or DEFAULT_POLICY_FILE
+    try:
+        return load_policy(pipeline.paths.resolve(name), required=policy_file is not None and name != DEFAULT_POLICY_FILE,
+                           **overrides)
+    except PolicyError as exc:
+        raise dg.Failure(description=str(exc)) from None
+
+
+def live_for(pipeline: PipelineResource):
+    """The live evaluator over the configured worker pool and the BenchGen tasks (their graders)."""
+    from fugu_pipeline.evaluate.live import OneCallEvaluator, tasks_by_id
+    from fugu_pipeline.tasks.loading import list_batch_files
+
+    tasks = tasks_by_id(pipeline.paths.benchgen) if list_batch_files(pipeline.paths.benchgen) else None
+    return OneCallEvaluator(pipeline.load_workers()), tasks
+
+
+def report_metadata(rep: dict) -> dict:
+    """Baselines (every row) and the composite with its terms, for an eval_report_* asset."""
+    from fugu_pipeline.evaluate.baselines import baseline_markdown
+    from fugu_pipeline.evaluate.composite import composite_markdown
+
+    u = rep["baselines"]["utility"]
+    meta = {
+        "baselines": dg.MetadataValue.md(baseline_markdown(rep["baselines"])),
+        "random_utility_95": f"{u['random']['mean']:.4f} [{u['random']['low']:.4f}, {u['random']['high']:.4f}] "
+                             f"({u['random']['seeds']} seeds)",
+        "cross_fit_oracle_utility": u["cross_fit_oracle"]["mean"],
+        "headroom": u["headroom"],
+    }
+    c = rep.get("composite")
+    if c is not None:
+        meta["composite"] = c["challenger"]["composite"]
+        meta["composite_terms"] = dg.MetadataValue.md(composite_markdown(c["challenger"], c["king"]) + f"\n\n{c['live']}")
+        if c["king"] is not None:
+            meta["king_composite"] = c["king"]["composite"]
+            d = c["difference"]
+            meta["composite_minus_king"] = f"{d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
+    return meta
+
+
+def promotion_metadata(outcome: dict) -> dict:
+    """The composites of challenger and king, for the promoted_router asset."""
+    from fugu_pipeline.evaluate.composite import composite_markdown
+
+    c = outcome.get("contest")
+    if not c:
+        return {}
+    meta = {"composite": c["challenger"]["composite"],
+            "composite_terms": dg.MetadataValue.md(composite_markdown(c["challenger"], c["king"]) + f"\n\n{c['live']}")}
+    if c["king"] is not None:
+        meta["king_composite"] = c["king"]["composite"]
+        meta["king_composite_terms"] = dg.MetadataValue.md(composite_markdown(c["king"]))
+    return meta

@@ -1,0 +1,67 @@
+"""The triage head's assets: `triage_head` (train) → `eval_report_triage` (held-out report).
+Thin: the work is in `train/triage.py` and `evaluate/triage_report.py`."""
+
+import dagster as dg
+
+from fugu_pipeline.defs.embeddings import EncoderResource
+from fugu_pipeline.defs.models import _routing_data, task_embeddings
+from fugu_pipeline.defs.partitions import GPU_POOL
+from fugu_pipeline.defs.resources import PipelineResource
+
+CODE_VERSION = "fugu-triage-1"
+
+
+class TriageAssetConfig(dg.Config):
+    config_path: str | None = None
+    """Triage trainer YAML relative to the project directory (TriageConfig; default: built-in defaults)."""
+
+
+@dg.asset(deps=[task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
+def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pipeline: PipelineResource,
+                encoder: EncoderResource) -> dg.Output[str]:
+    """The seed's first milestone: predicts a prompt's domain and difficulty (the share of workers
+    that solve it, bucketed) with two bias-free linear maps over the frozen features. Output: the
+    checkpoint directory models/triage/<content hash>/."""
+    from fugu_pipeline.features.routing_data import TrainingDataError
+    from fugu_pipeline.train.configs import ConfigError, load_config
+    from fugu_pipeline.train.triage import TriageConfig, train_triage
+
+    try:
+        cfg = load_config(pipeline.paths.resolve(config.config_path), TriageConfig) if config.config_path else TriageConfig()
+        result = train_triage(_routing_data(context, pipeline, encoder), cfg, log=context.log.info)
+    except (ConfigError, TrainingDataError) as exc:
+        raise dg.Failure(description=str(exc)) from None
+    path = result.save(pipeline.paths.models)
+    m = result.metrics
+    return dg.Output(str(path), data_version=dg.DataVersion(path.name), metadata={
+        "param_count": result.param_count, "best_epoch": result.best_epoch,
+        "val_domain_accuracy": float(m["val_domain_accuracy"]), "val_difficulty_accuracy": float(m["val_difficulty_accuracy"]),
+        "domains": dg.MetadataValue.json(result.manifest.domains),
+        "difficulty": f"{result.manifest.difficulty_names} at solve share {result.manifest.difficulty_edges}",
+        "checkpoint": dg.MetadataValue.path(str(path)),
+    })
+
+
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+def eval_report_triage(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource,
+                       triage_head: str) -> dg.MaterializeResult:
+    """Held-out report of the triage head: domain and difficulty accuracy per domain, confusion
+    matrices, the majority baselines, and routing by the predicted domain."""
+    from pathlib import Path
+
+    from fugu_pipeline.evaluate.triage_report import triage_lines, triage_markdown, triage_report, write_triage_report
+    from fugu_pipeline.train.triage import load_triage
+
+    data = _routing_data(context, pipeline, encoder)
+    rep = triage_report(load_triage(triage_head, expected_contract=data.contract), data, "test")
+    path = write_triage_report(rep, Path(triage_head) / "reports" / "triage-test.json")
+    for line in triage_lines(rep):
+        context.log.info(line)
+    meta = {"domain_accuracy": rep["domain"]["accuracy"], "domain_majority_baseline": rep["domain"]["majority_baseline"],
+            "difficulty_accuracy": rep["difficulty"]["accuracy"],
+            "difficulty_majority_baseline": rep["difficulty"]["majority_baseline"],
+            "per_domain": dg.MetadataValue.md(triage_markdown(rep)), "report": dg.MetadataValue.path(str(path)),
+            "n_test_tasks": rep["n_tasks"]}
+    if "routing" in rep:
+        meta["routing_by_predicted_domain"] = rep["routing"]["by_predicted_domain"]
+    return dg.MaterializeResult(metadata=meta)

@@ -1,0 +1,293 @@
+"""The composite score (the seed's judging rule, DESIGN §6b): one number per head, king and
+challenger scored alike on the same held-out rows.
+
+Per benchmark b (a domain of the matrix, or an explicit grouping of domains: `benchmarks`):
+
+    score_b = (0.70·cached_b + 0.15·live_b + 0.10·efficiency_b + 0.05·novelty_b) × overfit_b
+    composite = mean over benchmarks of score_b            (one head across all benchmarks)
+
+The terms, exactly:
+- held-out rows: the `test` split, cut by a salted hash of the task id into **eval** rows
+  (`1 − audit_fraction`) and **audit** rows. Every term below is computed on eval rows; the audit
+  rows are used for nothing but the overfit gap, so no decision ever selects on them.
+- `cached_b`: mean quality (in [0, 1]) of the head's greedy route on b's eval rows, read from the
+  stored matrix (no call is made). A matrix without quality falls back to utility, and says so.
+- `live_b`: mean graded quality when the head's route is really called (`live.py`,
+  `LiveEvaluator`) on a bounded, fixed sample of b's eval rows (`live_sample`, 20 by default).
+- `efficiency_b` = Σ quality / Σ worker calls on the live sample: 1 / (calls per correct answer),
+  in [0, 1]. One call per task (the one-step router) makes it equal to `live_b`; a multi-turn
+  session that takes 3 calls for a correct answer scores 1/3 for it. Without a live run it is
+  computed from the cached rows at one call per task.
+- `novelty_b`: share of b's eval rows routed to a different worker than the king routes them.
+  The king's own novelty is 0 (it is the reference).
+- `overfit_b`: gap = eval accuracy − audit accuracy of the head on b. gap > 0.15: reject (the
+  head cannot be promoted, and the benchmark scores 0); gap > 0.08: × 0.85; else × 1. Two
+  guards against judging chance, both configurable: a benchmark whose audit slice has fewer than
+  `min_audit_rows` (30) rows takes the gap pooled over all benchmarks instead, and is not judged
+  when the pooled slice is that small too; and with `overfit_significant` (default on) a gap
+  counts only when it is also significantly above zero (one-sided 95%: gap − 1.645·se > 0, se
+  from the pooled per-task variance). The sample batch has 25 test rows a domain: an audit slice
+  of 6 rows, where an honest SFT head measured a gap of +0.40 (2 of 6 right) and the literal rule
+  rejects it. At the seed's sizes (150 questions a benchmark) the guarded rule and the literal
+  one nearly coincide; `min_audit_rows: 1` and `overfit_significant: false` give the literal rule.
+- A term that cannot be measured (no live run: no task file or `live_sample: 0`; no king for
+  novelty) is left out and the remaining weights are rescaled to sum as before, for both heads
+  alike; the report names what was left out.
+
+The king is replaced only when composite(challenger) ≥ composite(king) + margin (0.02); the
+paired bootstrap of the difference (eval rows and live sample resampled together within each
+benchmark, the overfit factors held fixed) gives its 95% interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fugu_pipeline.hashing import sha256_text
+
+TERMS = ("cached", "live", "efficiency", "novelty")
+
+
+class CompositeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cached_weight: float = Field(0.70, ge=0, description="weight of cached accuracy (held-out greedy-route quality)")
+    live_weight: float = Field(0.15, ge=0, description="weight of live accuracy (route, call, grade on a sample)")
+    efficiency_weight: float = Field(0.10, ge=0, description="weight of efficiency (correct answers per worker call)")
+    novelty_weight: float = Field(0.05, ge=0, description="weight of novelty (share of routes that differ from the king's)")
+    overfit_reject_gap: float = Field(0.15, gt=0, description="eval − audit accuracy above this: reject")
+    overfit_penalty_gap: float = Field(0.08, gt=0, description="eval − audit accuracy above this: multiply by overfit_penalty")
+    overfit_penalty: float = Field(0.85, ge=0, le=1)
+    overfit_significant: bool = Field(True, description="count a gap only when it is also significantly above zero (one-sided 95%)")
+    min_audit_rows: int = Field(30, ge=1, description="fewer audit rows in a benchmark: judge the gap pooled over benchmarks")
+    audit_fraction: float = Field(0.3, gt=0, lt=1, description="share of the test split kept as the audit slice")
+    audit_seed: int = Field(0, description="salt of the audit hash: change it so outsiders cannot know the audit rows")
+    live_sample: int = Field(20, ge=0, description="live tasks per benchmark (0: no live term)")
+    benchmarks: dict[str, list[str]] | None = Field(
+        None, description="benchmark name -> its domains; None: one benchmark per domain; unlisted domains stand alone")
+    n_boot: int = Field(2000, ge=100)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "CompositeConfig":
+        if self.overfit_penalty_gap > self.overfit_reject_gap:
+            raise ValueError("overfit_penalty_gap must not exceed overfit_reject_gap")
+        if sum(self.weights().values()) <= 0:
+            raise ValueError("at least one composite weight must be positive")
+        return self
+
+    def weights(self) -> dict[str, float]:
+        return {"cached": self.cached_weight, "live": self.live_weight,
+                "efficiency": self.efficiency_weight, "novelty": self.novelty_weight}
+
+
+def _unit(text: str) -> float:
+    return int(sha256_text(text)[:15], 16) / 16**15
+
+
+def audit_mask(task_ids: list[str], cfg: CompositeConfig) -> np.ndarray:
+    """True for the audit rows: a salted hash of the task id, so the slice does not depend on row
+    order and stays fixed as rows are added."""
+    return np.array([_unit(f"audit:{cfg.audit_seed}:{t}") < cfg.audit_fraction for t in task_ids], dtype=bool)
+
+
+def benchmark_names(domains: list[str], cfg: CompositeConfig) -> np.ndarray:
+    owner = {d: name for name, ds in (cfg.benchmarks or {}).items() for d in ds}
+    return np.array([owner.get(d, d) for d in domains], dtype=object)
+
+
+@dataclass
+class HeldOut:
+    """The test rows the composite is computed on, cut into eval and audit, grouped by benchmark."""
+
+    task_ids: list[str]
+    benchmarks: np.ndarray
+    audit: np.ndarray
+    measure: np.ndarray  # (N, W) quality, or utility where the matrix has no quality
+    measure_name: str
+    worker_ids: list[str]
+
+    def names(self) -> list[str]:
+        return sorted(set(self.benchmarks.tolist()))
+
+    def eval_rows(self, b: str) -> np.ndarray:
+        return np.flatnonzero((self.benchmarks == b) & ~self.audit)
+
+    def audit_rows(self, b: str) -> np.ndarray:
+        return np.flatnonzero((self.benchmarks == b) & self.audit)
+
+    def live_sample(self, b: str, n: int, seed: int, available: set[str] | None = None) -> list[str]:
+        """A fixed sample of b's eval rows (salted-hash order), limited to tasks that can be called."""
+        ids = [self.task_ids[i] for i in self.eval_rows(b) if available is None or self.task_ids[i] in available]
+        return sorted(ids, key=lambda t: _unit(f"live:{seed}:{t}"))[:n]
+
+
+def held_out(data, cfg: CompositeConfig) -> HeldOut:
+    """The held-out rows of a RoutingData for the composite."""
+    test = data.split("test")
+    if test.n_tasks == 0:
+        raise ValueError("the test split has no rows: the composite needs held-out rows")
+    has_q = test.quality is not None and not np.isnan(test.quality).any()
+    return HeldOut(task_ids=list(test.task_ids), benchmarks=benchmark_names(test.domains, cfg),
+                   audit=audit_mask(test.task_ids, cfg), measure=test.quality if has_q else test.utility,
+                   measure_name="quality" if has_q else "utility (the matrix has no quality)",
+                   worker_ids=list(test.worker_ids))
+
+
+@dataclass
+class LiveRows:
+    """One head's live outcomes on one benchmark's sample, as arrays in sample order."""
+
+    quality: np.ndarray
+    calls: np.ndarray
+    cost_usd: float
+    errors: int
+
+
+def _overfit(got: np.ndarray, e: np.ndarray, a: np.ndarray, cfg: CompositeConfig, pooled: tuple | None = None) -> dict:
+    """The overfit verdict on eval rows `e` and audit rows `a`; with too few audit rows, the
+    verdict on the `pooled` (eval, audit) rows of every benchmark, labelled so."""
+    if len(a) < cfg.min_audit_rows and pooled is not None:
+        out = _overfit(got, pooled[0], pooled[1], cfg)
+        out["verdict"] = (f"pooled {out['verdict']}" if out["gap"] is not None else
+                          f"not judged ({len(a)} audit rows here, {len(pooled[1])} over all benchmarks; < {cfg.min_audit_rows})")
+        out["local"] = {"n_audit": int(len(a)), "gap": float(got[e].mean() - got[a].mean()) if len(a) and len(e) else None}
+        return out
+    if len(a) < cfg.min_audit_rows or len(e) == 0:
+        return {"eval_accuracy": float(got[e].mean()) if len(e) else None, "audit_accuracy": None,
+                "gap": None, "gap_se": None, "factor": 1.0,
+                "verdict": f"not judged ({len(a)} audit rows < {cfg.min_audit_rows})"}
+    ev, au = float(got[e].mean()), float(got[a].mean())
+    both = got[np.concatenate([e, a])]
+    var = float(both.var(ddof=1)) if len(both) > 1 else 0.0
+    se = math.sqrt(var * (1 / len(e) + 1 / len(a)))
+    gap = ev - au
+    significant = (not cfg.overfit_significant) or gap - 1.645 * se > 0
+    if gap > cfg.overfit_reject_gap and significant:
+        verdict, factor = "reject", 0.0
+    elif gap > cfg.overfit_penalty_gap and significant:
+        verdict, factor = "penalty", cfg.overfit_penalty
+    elif gap > cfg.overfit_penalty_gap:
+        verdict, factor = "within noise", 1.0
+    else:
+        verdict, factor = "ok", 1.0
+    return {"eval_accuracy": ev, "audit_accuracy": au, "gap": gap, "gap_se": se, "verdict": verdict, "factor": factor}
+
+
+def _weights(cfg: CompositeConfig, present: set[str]) -> dict[str, float]:
+    """The configured weights of the terms present, rescaled to the configured total."""
+    w = cfg.weights()
+    total, kept = sum(w.values()), sum(v for k, v in w.items() if k in present)
+    return {k: (v * total / kept if k in present else 0.0) for k, v in w.items()} if kept > 0 else dict.fromkeys(w, 0.0)
+
+
+def score_head(routes: np.ndarray, held: HeldOut, cfg: CompositeConfig, *, king_routes: np.ndarray | None = None,
+               live: dict[str, LiveRows] | None = None, is_king: bool = False) -> dict:
+    """The composite of one head from its greedy routes on the held-out rows (indices into
+    `held.worker_ids`). `king_routes` gives novelty (None: no king, novelty left out); `is_king`
+    scores the king itself (novelty 0). `live`: per benchmark, its live outcomes (None: no live term)."""
+    got = held.measure[np.arange(len(routes)), routes]
+    pooled = (np.flatnonzero(~held.audit), np.flatnonzero(held.audit))
+    rows = []
+    for b in held.names():
+        e, a = held.eval_rows(b), held.audit_rows(b)
+        lr = (live or {}).get(b)
+        cached = float(got[e].mean()) if len(e) else None
+        terms = {"cached": cached, "live": None, "efficiency": None, "novelty": None}
+        eff_source = "cached (one call per task)"
+        if lr is not None and len(lr.quality):
+            terms["live"] = float(lr.quality.mean())
+            terms["efficiency"] = float(lr.quality.sum() / max(lr.calls.sum(), 1))
+            eff_source = "live"
+        elif cached is not None:
+            terms["efficiency"] = cached
+        if is_king:
+            terms["novelty"] = 0.0
+        elif king_routes is not None and len(e):
+            terms["novelty"] = float(np.mean(routes[e] != king_routes[e]))
+        present = {k for k, v in terms.items() if v is not None}
+        w = _weights(cfg, present)
+        of = _overfit(got, e, a, cfg, pooled)
+        raw = sum(w[k] * terms[k] for k in present)
+        rows.append({"benchmark": b, "n_eval": int(len(e)), "n_audit": int(len(a)),
+                     "n_live": 0 if lr is None else int(len(lr.quality)),
+                     "live_cost_usd": 0.0 if lr is None else lr.cost_usd, "live_errors": 0 if lr is None else lr.errors,
+                     **{f"{k}": terms[k] for k in TERMS}, "efficiency_source": eff_source,
+                     "weights": w, "left_out": sorted(set(TERMS) - present), "overfit": of,
+                     "score_before_overfit": raw, "score": raw * of["factor"]})
+    composite = float(np.mean([r["score"] for r in rows])) if rows else float("nan")
+    return {"composite": composite, "rejected": any(r["overfit"]["verdict"].endswith("reject") for r in rows),
+            "measure": held.measure_name, "benchmarks": rows}
+
+
+def paired_difference(ch_routes: np.ndarray, king_routes: np.ndarray, held: HeldOut, cfg: CompositeConfig,
+                      ch: dict, king: dict, live_ch: dict[str, LiveRows] | None = None,
+                      live_king: dict[str, LiveRows] | None = None) -> dict:
+    """Paired bootstrap of composite(challenger) − composite(king): within each benchmark the eval
+    rows and the live sample are resampled (the same draw for both heads), the weights and overfit
+    factors of the full-sample scores held fixed. Returns mean (the full-sample difference), low, high."""
+    rng = np.random.default_rng(cfg.seed)
+    n = np.arange(len(ch_routes))
+    got_c, got_k = held.measure[n, ch_routes], held.measure[n, king_routes]
+    per_c = {r["benchmark"]: r for r in ch["benchmarks"]}
+    per_k = {r["benchmark"]: r for r in king["benchmarks"]}
+    diffs = np.zeros(cfg.n_boot)
+    names = held.names()
+    for b in names:
+        e = held.eval_rows(b)
+        if not len(e):
+            continue
+        idx = e[rng.integers(0, len(e), size=(cfg.n_boot, len(e)))]
+        lc, lk = (live_ch or {}).get(b), (live_king or {}).get(b)
+        lidx = rng.integers(0, len(lc.quality), size=(cfg.n_boot, len(lc.quality))) if lc is not None and len(lc.quality) else None
+        for sign, got, lr, row in ((1.0, got_c, lc, per_c[b]), (-1.0, got_k, lk, per_k[b])):
+            w = row["weights"]
+            cached = got[idx].mean(axis=1)
+            s = w["cached"] * cached
+            if lidx is not None and lr is not None and row["live"] is not None:
+                q, calls = lr.quality[lidx], lr.calls[lidx]
+                s = s + w["live"] * q.mean(axis=1) + w["efficiency"] * q.sum(axis=1) / np.maximum(calls.sum(axis=1), 1)
+            elif row["efficiency"] is not None:
+                s = s + w["efficiency"] * cached
+            if row["novelty"] is not None and sign > 0:
+                s = s + w["novelty"] * (ch_routes[idx] != king_routes[idx]).mean(axis=1)
+            diffs += sign * s * row["overfit"]["factor"]
+    diffs /= max(len(names), 1)
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return {"mean": ch["composite"] - king["composite"], "low": float(lo), "high": float(hi), "n_boot": cfg.n_boot}
+
+
+def composite_lines(score: dict, label: str = "composite") -> list[str]:
+    """The composite and every term per benchmark, as text."""
+    lines = [f"{label} {score['composite']:.4f}{'  REJECTED (overfit)' if score['rejected'] else ''}  "
+             f"(measure: {score['measure']})"]
+    for r in score["benchmarks"]:
+        of = r["overfit"]
+        fmt = lambda v: "  n/a " if v is None else f"{v:.4f}"  # noqa: E731
+        gap = "n/a" if of["gap"] is None else f"{of['gap']:+.4f} ± {of['gap_se']:.4f}"
+        lines.append(f"  {r['benchmark']:<14} score {r['score']:.4f} = ({r['weights']['cached']:.3f}·cached {fmt(r['cached'])}"
+                     f" + {r['weights']['live']:.3f}·live {fmt(r['live'])} + {r['weights']['efficiency']:.3f}·eff {fmt(r['efficiency'])}"
+                     f" + {r['weights']['novelty']:.3f}·novelty {fmt(r['novelty'])}) × {of['factor']:.2f} "
+                     f"[eval {r['n_eval']}, audit {r['n_audit']}, live {r['n_live']}; gap {gap}: {of['verdict']}]"
+                     + (f" left out: {', '.join(r['left_out'])}" if r["left_out"] else ""))
+    return lines
+
+
+def composite_markdown(score: dict, king: dict | None = None) -> str:
+    rows = ["| benchmark | score | cached | live | efficiency | novelty | eval / audit / live n | eval − audit gap | overfit |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda v: "–" if v is None else f"{v:.4f}"  # noqa: E731
+    for r in score["benchmarks"]:
+        of = r["overfit"]
+        gap = "–" if of["gap"] is None else f"{of['gap']:+.4f} ± {of['gap_se']:.4f}"
+        rows.append(f"| {r['benchmark']} | {r['score']:.4f} | {fmt(r['cached'])} | {fmt(r['live'])} | {fmt(r['efficiency'])} | "
+                    f"{fmt(r['novelty'])} | {r['n_eval']} / {r['n_audit']} / {r['n_live']} | {gap} | "
+                    f"{of['verdict']} × {of['factor']:.2f} |")
+    head = f"**composite {score['composite']:.4f}**" + (" (rejected: overfit)" if score["rejected"] else "")
+    if king is not None:
+        head += f" vs king {king['composite']:.4f}"
+    return head + f" (measure: {score['measure']})\n\n" + "\n".join(rows)

@@ -1,0 +1,184 @@
+"""The exchange format for heads: one folder that carries a head trained anywhere into the same
+gates as the pipeline's own (`fugu-lite pack`, `preflight`, `validate`).
+
+    <pack>/head.safetensors   the weights, byte for byte the checkpoint's
+    <pack>/manifest.json      the checkpoint manifest (so the folder is itself a loadable checkpoint)
+    <pack>/receipt.json       the training receipt (`Receipt`): which weights (their sha256 and the
+                              checkpoint's content hash), trained on which data at what cost, and the
+                              recorded fitness per epoch / generation
+    <pack>/contract.json      what the head needs as input: the feature contract (encoder, pooling,
+                              layer, template, dim), its fingerprint, the worker ids in order, the
+                              head kind and its tensor shapes
+
+The receipt is derived from the manifest: `fitness` is the curve training recorded once per
+epoch or generation (ES: `train_best`, the best fitness of each generation; SFT / RL:
+`val_utility`; otherwise the longest curve), `data_cost_usd` what the calls behind the training
+rows cost (recorded by training; None for a checkpoint that predates it). Nothing here judges a
+head: the gates are in `evaluate/gates.py`. No torch at import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from fugu_pipeline.features.contract import FeatureContract
+from fugu_pipeline.files import atomic_write, fsync_dir
+from fugu_pipeline.train.checkpoints import (
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    Manifest,
+    checkpoint_hash,
+)
+
+RECEIPT_FILE = "receipt.json"
+CONTRACT_FILE = "contract.json"
+PACK_FILES = (WEIGHTS_FILE, MANIFEST_FILE, RECEIPT_FILE, CONTRACT_FILE)
+RECEIPT_FORMAT = "fugu-head-receipt/1"
+FITNESS_CURVES = ("train_best", "val_utility")  # preferred, in order: one entry per generation / epoch
+
+
+class Receipt(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: str = RECEIPT_FORMAT
+    content_hash: str
+    weights_sha256: str
+    method: str
+    head_kind: str
+    param_count: int
+    worker_ids: list[str]
+    contract_fingerprint: str
+    encoder_id: str
+    data_version: str
+    data_cost_usd: float | None = None
+    fitness_curve: str | None = None
+    fitness: list[float] = []
+    trained_at: str = ""
+    code_version: str = ""
+    submitter: str = ""
+    packed_at: str = ""
+
+    @property
+    def steps(self) -> int:
+        return len(self.fitness)
+
+
+class PackContract(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    feature_contract: FeatureContract
+    contract_fingerprint: str
+    worker_ids: list[str]
+    head_kind: str
+    tensors: dict[str, list[int]]
+
+
+def fitness_of(manifest: Manifest) -> tuple[str | None, list[float]]:
+    """The curve that records fitness once per epoch or generation, and its values."""
+    curves = manifest.curves or {}
+    for name in FITNESS_CURVES:
+        if curves.get(name):
+            return name, [float(v) for v in curves[name]]
+    if not curves:
+        return None, []
+    name = max(sorted(curves), key=lambda k: len(curves[k]))
+    return name, [float(v) for v in curves[name]]
+
+
+def receipt_from_manifest(manifest: Manifest, *, submitter: str = "", data=None) -> Receipt:
+    """The receipt of a checkpoint. `data` (a RoutingData) fills in the training cost of a
+    checkpoint that predates `metrics.data_cost_usd`, when its data version is the same."""
+    cost = manifest.metrics.get("data_cost_usd")
+    if cost is None and data is not None and data.data_version == manifest.data_version:
+        cost = training_cost(data)
+    curve, fitness = fitness_of(manifest)
+    return Receipt(
+        content_hash=manifest.content_hash, weights_sha256=manifest.weights_sha256, method=manifest.method,
+        head_kind=manifest.head_kind, param_count=manifest.param_count, worker_ids=list(manifest.worker_ids),
+        contract_fingerprint=manifest.contract_fingerprint, encoder_id=manifest.feature_contract.encoder_id,
+        data_version=manifest.data_version, data_cost_usd=None if cost is None else float(cost),
+        fitness_curve=curve, fitness=fitness, trained_at=manifest.created_at, code_version=manifest.code_version,
+        submitter=submitter,
+    )
+
+
+def training_cost(data) -> float | None:
+    """USD the worker calls behind the train and val rows cost (None when the data has no cost)."""
+    import numpy as np
+
+    if data.cost_usd is None:
+        return None
+    rows = np.isin(data.splits, ("train", "val"))
+    c = data.cost_usd[rows]
+    return float(np.nansum(c)) if c.size else 0.0
+
+
+def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = "") -> Path:
+    """Write the exchange folder of a checkpoint. Refuses a checkpoint whose weights no longer
+    match its manifest, and an existing non-empty `out_dir` that is not the same pack."""
+    src = Path(checkpoint_dir)
+    src = src.parent if src.is_file() else src
+    try:
+        manifest = Manifest.model_validate_json((src / MANIFEST_FILE).read_text(encoding="utf-8"))
+        weights = (src / WEIGHTS_FILE).read_bytes()
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{src}: not a checkpoint ({exc})") from None
+    if hashlib.sha256(weights).hexdigest() != manifest.weights_sha256:
+        raise CheckpointError(f"{src}: {WEIGHTS_FILE} does not match the manifest's weights_sha256 (changed after saving)")
+    if checkpoint_hash(weights, manifest) != manifest.content_hash:
+        raise CheckpointError(f"{src}: the manifest's content_hash does not match its weights and fields (edited)")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not (out / RECEIPT_FILE).exists():
+        raise CheckpointError(f"{out} exists and is not a pack folder; choose an empty or new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    receipt = receipt_from_manifest(manifest, submitter=submitter)
+    receipt.packed_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    contract = PackContract(feature_contract=manifest.feature_contract, contract_fingerprint=manifest.contract_fingerprint,
+                            worker_ids=list(manifest.worker_ids), head_kind=manifest.head_kind, tensors=manifest.tensors)
+    atomic_write(out / WEIGHTS_FILE, weights)
+    atomic_write(out / MANIFEST_FILE, (src / MANIFEST_FILE).read_bytes())
+    atomic_write(out / CONTRACT_FILE, json.dumps(contract.model_dump(mode="json"), indent=2) + "\n")
+    atomic_write(out / RECEIPT_FILE, json.dumps(receipt.model_dump(mode="json"), indent=2) + "\n")
+    return out
+
+
+def read_receipt(path: str | Path) -> Receipt | None:
+    """The receipt.json of a pack folder, or None when the folder has none (a plain checkpoint).
+    Raises CheckpointError when it exists but does not parse."""
+    p = Path(path) / RECEIPT_FILE
+    if not p.exists():
+        return None
+    try:
+        return Receipt.model_validate_json(p.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise CheckpointError(f"{p}: not a valid receipt: {exc}") from None
+
+
+def import_checkpoint(path: str | Path, models_dir: str | Path) -> Path:
+    """Copy a checkpoint folder (a pack) into `models/<method>/<content hash>/`, byte for byte, and
+    return that folder (the same one when it is already there)."""
+    src = Path(path)
+    manifest = Manifest.model_validate_json((src / MANIFEST_FILE).read_text(encoding="utf-8"))
+    parent = Path(models_dir) / manifest.method
+    target = parent / manifest.content_hash
+    try:
+        if src.resolve() == target.resolve() or (target / MANIFEST_FILE).exists():
+            return target
+    except OSError:
+        pass
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".import-{manifest.content_hash}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name in (WEIGHTS_FILE, MANIFEST_FILE):
+        atomic_write(tmp / name, (src / name).read_bytes())
+    tmp.replace(target)
+    fsync_dir(parent)
+    return target

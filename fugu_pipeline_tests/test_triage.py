@@ -1,0 +1,131 @@
+"""The triage head: difficulty labels from the matrix, two bias-free linear maps with their own
+softmaxes, checkpoints, the per-domain report with confusion matrices, the command line."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from fugu_pipeline.cli import main
+from fugu_pipeline.evaluate.triage_report import triage_lines, triage_report
+from fugu_pipeline.features.contract import FeatureContract
+from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
+from fugu_pipeline.train.checkpoints import CheckpointError
+from fugu_pipeline.train.triage import (
+    TriageConfig,
+    TriageHead,
+    difficulty_labels,
+    load_triage,
+    train_triage,
+    triage_probabilities,
+)
+from fugu_pipeline_tests.conftest import REPO
+
+DOMAINS = ["code", "general", "math"]
+WORKERS = ["a", "b", "c"]
+
+
+def test_difficulty_labels_are_the_bucketed_share_of_workers_that_solve_the_task():
+    q = np.array([[1, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 0], [0.6, 0.4, 0.5]])
+    bucket, share = difficulty_labels(q, TriageConfig())
+    np.testing.assert_allclose(share, [1, 1 / 3, 0, 2 / 3, 2 / 3])
+    assert [TriageConfig().difficulty_names[b] for b in bucket] == ["easy", "medium", "hard", "easy", "easy"]
+    two = TriageConfig(difficulty_edges=[0.5], difficulty_names=["hard", "easy"])
+    assert list(difficulty_labels(q, two)[0]) == [1, 0, 0, 1, 1]
+    with pytest.raises(ValueError, match="needs 3 names"):
+        TriageConfig(difficulty_names=["x", "y"])
+    with pytest.raises(ValueError, match="ascending"):
+        TriageConfig(difficulty_edges=[0.6, 0.3])
+
+
+def test_two_bias_free_maps_with_separate_softmaxes():
+    head = TriageHead(dim=1024, n_domains=3, n_difficulty=3)
+    assert head.param_count() == 1024 * 6 and head.domain.bias is None and head.difficulty.bias is None
+    d, h = head.probabilities(torch.randn(5, 1024))
+    assert torch.allclose(d.sum(dim=1), torch.ones(5)) and torch.allclose(h.sum(dim=1), torch.ones(5))
+
+
+@pytest.fixture(scope="module")
+def data() -> RoutingData:
+    """Domains are clusters in feature space; difficulty is a second direction: the further along
+    it, the fewer workers solve the task."""
+    rng = np.random.default_rng(0)
+    n, dim = 900, 24
+    dom = rng.integers(0, 3, n)
+    level = rng.integers(0, 3, n)  # 0 easy, 1 medium, 2 hard
+    centers, hard_dir = rng.normal(size=(3, dim)), rng.normal(size=dim)
+    feats = centers[dom] + 1.2 * (level[:, None] - 1) * hard_dir + 0.4 * rng.normal(size=(n, dim))
+    solvers = np.array([3, 1, 0])[level]  # easy: all three solve, medium: one, hard: none
+    quality = (np.arange(3)[None, :] < solvers[:, None]).astype(float)
+    quality = quality[:, rng.permutation(3)]
+    expert = quality.copy()
+    expert[np.arange(n), dom] = np.maximum(expert[np.arange(n), dom], (rng.random(n) < 0.5))  # each worker is better on its domain
+    splits = np.array(["train"] * 600 + ["val"] * 150 + ["test"] * 150)
+    return RoutingData(task_ids=[f"t{i}" for i in range(n)], prompts=[f"p{i}" for i in range(n)],
+                       domains=[DOMAINS[d] for d in dom], splits=splits, worker_ids=WORKERS,
+                       features=feats.astype(np.float32), utility=expert, quality=expert,
+                       contract=FeatureContract(encoder_id="synthetic", dim=dim))
+
+
+@pytest.fixture(scope="module")
+def trained(data):
+    return train_triage(data, TriageConfig(epochs=60))
+
+
+def test_triage_learns_domain_and_difficulty_beyond_the_majority_label(data, trained, tmp_path):
+    m = trained.metrics
+    assert m["val_domain_accuracy"] > 0.95 and m["val_difficulty_accuracy"] > 0.7
+    path = trained.save(tmp_path / "models")
+    rep = triage_report(load_triage(path, expected_contract=data.contract), data, "test")
+    print("\n" + "\n".join(triage_lines(rep)))
+    assert rep["domain"]["accuracy"] > rep["domain"]["majority_baseline"] + 0.5
+    assert rep["difficulty"]["accuracy"] > rep["difficulty"]["majority_baseline"] + 0.2
+    conf = np.array(rep["domain"]["confusion"])
+    assert conf.sum() == 150 and np.trace(conf) / 150 == pytest.approx(rep["domain"]["accuracy"])
+    assert [r["domain"] for r in rep["per_domain"]] == DOMAINS and sum(r["n"] for r in rep["per_domain"]) == 150
+    assert np.array(rep["difficulty"]["confusion"]).sum() == 150
+    r = rep["routing"]
+    assert r["by_predicted_domain"] == pytest.approx(r["by_true_domain"], abs=0.05) and r["by_true_domain"] >= r["best_fixed"]
+
+
+def test_triage_checkpoint_round_trip_and_refusals(data, trained, tmp_path):
+    path = trained.save(tmp_path / "models")
+    assert path.parent.name == "triage" and trained.save(tmp_path / "models") == path
+    again = train_triage(data, TriageConfig(epochs=60)).save(tmp_path / "again")
+    assert (again / "head.safetensors").read_bytes() == (path / "head.safetensors").read_bytes()  # seeded
+    ck = load_triage(path)
+    p_dom, p_diff = triage_probabilities(ck.head, data.features[:4])
+    assert p_dom.shape == (4, 3) and p_diff.shape == (4, 3)
+    assert ck.manifest.worker_ids == WORKERS and ck.manifest.difficulty_names == ["hard", "medium", "easy"]
+    with pytest.raises(CheckpointError, match="feature contract does not match the encoder: encoder_id"):
+        load_triage(path, expected_contract=FeatureContract(encoder_id="other", dim=24))
+    raw = (path / "head.safetensors").read_bytes()
+    (path / "head.safetensors").write_bytes(raw[:-8] + b"\x00" * 8)
+    with pytest.raises(CheckpointError, match="does not match the manifest's weights_sha256"):
+        load_triage(path)
+
+
+def test_triage_needs_quality(data):
+    no_q = RoutingData(**{**{f: getattr(data, f) for f in ("task_ids", "prompts", "domains", "splits", "worker_ids",
+                                                             "features", "utility", "contract")}})
+    with pytest.raises(TrainingDataError, match="difficulty labels come from each worker's quality"):
+        train_triage(no_q)
+
+
+def test_train_triage_and_its_report_from_the_command_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    tasks = str(REPO / "data" / "benchgen" / "sample.jsonl")
+    assert main(["generate", "--workers", "configs/workers.mock.yaml", "--tasks", tasks, "--output", "r.jsonl"]) == 0
+    W = ["--data", "r.jsonl", "--workers", "configs/workers.mock.yaml", "--device", "cpu", "--encoder", "tiny"]
+    capsys.readouterr()
+    assert main(["train-triage", *W]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("triage: 384 parameters") and out[-1].startswith("models/triage/")  # 64 x (3 + 3)
+    assert main(["triage-report", "--checkpoint", out[-1], *W]) == 0
+    text = capsys.readouterr().out
+    assert "domain accuracy" in text and "difficulty confusion" in text and "routing by predicted domain" in text
+    rep = json.loads((tmp_path / out[-1] / "reports" / "triage-test.json").read_text())
+    assert rep["n_tasks"] == 75 and sum(map(sum, rep["domain"]["confusion"])) == 75
