@@ -65,7 +65,7 @@ def test_main_job_and_backfill_share_postgres_through_a_restart(postgres, tmp_pa
     machine_a = make_project(tmp_path / "machine-a", DEPLOY)  # runs the main job
     deployment = make_project(tmp_path / "deployment", DEPLOY, sleep_s=0.5)  # the daemon's backfill
     split_sample(machine_a, {"main": 60})
-    expected = split_sample(deployment, {"b1": 40, "b2": 40}, start=60)
+    expected = split_sample(deployment, {"b1": 40}, start=60)
     instance = dg.DagsterInstance.from_config(str(deployment))
     assert type(instance.run_storage).__name__ == "PostgresRunStorage"
 
@@ -87,9 +87,9 @@ def test_main_job_and_backfill_share_postgres_through_a_restart(postgres, tmp_pa
             runs = _responses_runs(instance)
             running = sum(r.status == dg.DagsterRunStatus.STARTED for r in runs)
             max_running = max(max_running, sum(r.status in (dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING) for r in runs))
-            return running >= 1 and any(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+            return running >= 1
 
-        wait_for(in_flight, 240, what="a responses run in flight after one finished")
+        wait_for(in_flight, 240, what="a responses run in flight")
         before = run_statuses(instance)
         restart_s = postgres.restart(down_s=8)  # down 8 s: longer than dagster-postgres's own reconnect retries
         after_restart = time.monotonic() - t0
@@ -98,7 +98,7 @@ def test_main_job_and_backfill_share_postgres_through_a_restart(postgres, tmp_pa
             runs = _responses_runs(instance)
             done = {r.tags.get("dagster/partition") for r in runs if r.status == dg.DagsterRunStatus.SUCCESS}
             active = [r for r in instance.get_runs() if not r.is_finished]
-            return len(done) == len(expected) * len(WORKER_IDS) and not active and _matrix_cells(deployment) == 80 * 3
+            return len(done) == len(expected) * len(WORKER_IDS) and not active and _matrix_cells(deployment) == 40 * 3
 
         wait_for(backfill_done, 420, every=2, what="every responses partition done and the matrix complete")
         total_s = time.monotonic() - t0
