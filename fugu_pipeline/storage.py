@@ -248,7 +248,7 @@ def list_names(url: str, suffix: str = "") -> dict[str, str]:
 
 def list_dirs(url: str) -> list[str]:
     if not is_url(url):
-        d = Path(url)
+        d = Path(url.removeprefix("file://"))
         return sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
     fs = filesystem(url)
     try:
