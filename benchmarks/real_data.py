@@ -145,21 +145,24 @@ def run(name: str, args, cfg) -> dict:
     t0 = time.perf_counter()
     report = fit_and_save(data, Path(args.work_dir) / name / "models", cfg, log=lambda m: print(f"[{name}] {m}", flush=True))
     timings["fit + selection"] = time.perf_counter() - t0
-    timings.update({f"  validation predictions: {k}": v for k, v in report.seconds.items()})
+    timings.update({(f"  {k}" if k == "final_fit" else f"  validation predictions: {k}"): v for k, v in report.seconds.items()})
     rows = evaluate_saved(data, report.saved, timings)
     out = {"dataset": name, "label": label, "rows": rows, "protocol": report.protocol, "rule": report.rule,
            "rule_reason": report.rule_reason, "reason": report.reason, "selected": report.selected,
            "ensemble_check": report.ensemble_check, "candidates": report.table(), "embedding": note}
-    if name == "dcrouter" and not args.no_lodo:
-        from fugu_pipeline.evaluate.lodo import leave_one_domain_out
-
-        t0 = time.perf_counter()
-        heads = {**cfg.heads.model_dump(), **LODO_HEADS}
-        lodo_cfg = cfg.model_validate({**cfg.model_dump(), "heads": heads})
-        out["lodo"] = leave_one_domain_out(data, lodo_cfg, log=lambda m: print(f"[{name}] {m}", flush=True))
-        timings["leave-one-domain-out (nested)"] = time.perf_counter() - t0
     out["seconds"] = timings
-    return out
+    return out, data
+
+
+def lodo(name: str, data, out: dict, cfg) -> None:
+    """Leave-one-domain-out on `data`, added to `out` (run after every table, as the longest stage)."""
+    from fugu_pipeline.evaluate.lodo import leave_one_domain_out
+
+    t0 = time.perf_counter()
+    heads = {**cfg.heads.model_dump(), **LODO_HEADS}
+    lodo_cfg = cfg.model_validate({**cfg.model_dump(), "heads": heads})
+    out["lodo"] = leave_one_domain_out(data, lodo_cfg, log=lambda m: print(f"[{name}] {m}", flush=True))
+    out["seconds"]["leave-one-domain-out (nested)"] = time.perf_counter() - t0
 
 
 def _ci(d: dict, key: str = "mean") -> str:
@@ -221,11 +224,24 @@ def main() -> int:
     heads.update({k: v for k, v in ALL_KINDS.items() if heads.get(k) is None})
     cfg = TrainSetConfig.model_validate({**base.model_dump(), "heads": heads})
     started = time.perf_counter()
-    results = [run(n.strip(), args, cfg) for n in args.datasets.split(",") if n.strip()]
-    print(tables(results))
+    results, loaded = [], {}
+
+    def save() -> None:  # after every stage, so an interrupted run keeps what it measured
+        if args.out:
+            args.out.write_text(json.dumps({"results": results, "machine": machine()}, indent=2, default=float))
+
+    for n in [n.strip() for n in args.datasets.split(",") if n.strip()]:
+        out, loaded[n] = run(n, args, cfg)
+        results.append(out)
+        print(tables([out]), flush=True)
+        save()
+    if "dcrouter" in loaded and not args.no_lodo:
+        out = next(r for r in results if r["dataset"] == "dcrouter")
+        lodo("dcrouter", loaded["dcrouter"], out, cfg)
+        save()
+    print("\n## All tables\n" + tables(results))
     print(f"\nmachine: {machine()}; total {time.perf_counter() - started:.0f}s")
-    if args.out:
-        args.out.write_text(json.dumps({"results": results, "machine": machine()}, indent=2, default=float))
+    save()
     return 0
 
 
