@@ -63,20 +63,24 @@ class RoutingHead(nn.Module):
         return []
 
 
-def build_head(kind: str, dim: int, n_workers: int, params: dict[str, Any] | None = None) -> RoutingHead:
+def build_head(kind: str, dim: int, n_workers: int, params: dict[str, Any] | None = None, **shape: int) -> RoutingHead:
+    """A head of this kind and size. `params` (a manifest's `head_params`: the quality predictors'
+    constructor arguments) and `shape` (a manifest's `head_shape`: extra sizes such as the roles
+    head's `svf_size`) both reach the constructor."""
     try:
         cls = HEADS[kind]
     except KeyError:
         raise ValueError(f"unknown head kind {kind!r}; choose one of {list(HEADS)}") from None
     try:
-        return cls(dim, n_workers, **(params or {}))
+        return cls(dim, n_workers, **(params or {}), **shape)
     except TypeError as exc:
-        raise ValueError(f"head_params {params} do not fit a {kind!r} head: {exc}") from None
+        raise ValueError(f"head_params {params or {}} / head_shape {shape} do not fit a {kind!r} head: {exc}") from None
 
 
-def expected_shapes(kind: str, dim: int, n_workers: int, params: dict[str, Any] | None = None) -> dict[str, tuple[int, ...]]:
+def expected_shapes(kind: str, dim: int, n_workers: int, params: dict[str, Any] | None = None,
+                    **shape: int) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every tensor in the state dict of a head of this kind, size and params."""
-    return {k: tuple(v.shape) for k, v in build_head(kind, dim, n_workers, params).state_dict().items()}
+    return {k: tuple(v.shape) for k, v in build_head(kind, dim, n_workers, params, **shape).state_dict().items()}
 
 
 def _domains_for(head: RoutingHead, domains, n: int):
