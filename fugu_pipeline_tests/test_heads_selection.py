@@ -223,3 +223,18 @@ def test_fugu_lite_train_prints_the_checkpoint_last_and_evaluate_takes_it(tmp_pa
     finally:
         router.close()
     assert picks == {"math": "math-x", "code": "code-x", "general": "general-x"}
+
+
+def test_two_workers_rank_by_apgr_and_promotion_sees_utility(data, tmp_path):
+    """With two workers the heads are ranked by APGR, but the figure promotion compares across head
+    kinds (`val_utility`) is the out-of-fold utility of the greedy route, in the utility's units."""
+    two = dataclasses.replace(data, worker_ids=data.worker_ids[:2], utility=data.utility[:, :2], quality=data.quality[:, :2],
+                              cost_usd=data.cost_usd[:, :2], latency_s=data.latency_s[:, :2])
+    cfg = TrainSetConfig.model_validate({"heads": {"domain_prior": {"m": [5]}, "knn": {"k": [10], "prior_weight": [0],
+                                                                                          "same_domain_bonus": [0]}}})
+    report = fit_and_save(two, tmp_path, cfg, log=QUIET)
+    assert report.rule == "apgr"
+    for s in report.saved:
+        m = load_checkpoint(s.path).manifest.metrics
+        assert set(m["validation"]) >= {"apgr", "pooled"} and m["val_utility"] == m["validation"]["pooled"]
+        assert two.utility.min() <= m["val_utility"] <= two.utility.max()

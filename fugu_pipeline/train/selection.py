@@ -97,9 +97,12 @@ class Objective:
         raise ValueError(f"unknown selection rule {rule!r}; choose one of {RULES}")
 
     def table(self, scores: np.ndarray, rows: np.ndarray | None = None) -> dict[str, float]:
-        """Every figure of one candidate: pooled, macro and blend (or APGR for two workers)."""
+        """Every figure of one candidate: pooled, macro and blend utility of the greedy route (two
+        workers: APGR, which ranks them, and the pooled utility, which promotion compares across
+        head kinds in the utility's own units)."""
         if self.two_workers:
-            return {"apgr": self(scores, rows)}
+            idx = np.arange(len(self.utility)) if rows is None else rows
+            return {"apgr": self(scores, rows), "pooled": float(routed(self.utility[idx], scores[idx]).mean())}
         return {r: self(scores, rows, r) for r in RULES}
 
 
