@@ -74,6 +74,15 @@ def test_main_job_materializes_every_asset_and_resumes(project):
             assert report["best_fixed_worker"] in workers and sum(report["route_distribution"].values()) == report["n_tasks"]
             assert report["plots"] and all((ckpt / "reports" / p).stat().st_size > 0 for p in report["plots"])
 
+        heads = latest(instance, "router_heads")  # the configured set (configs/train.yaml); its pick is a challenger too
+        selected = Path(heads["selected"])
+        manifest = json.loads((selected / "manifest.json").read_text())
+        assert selected.parent.name == heads["selected_kind"] == manifest["head_kind"] and manifest["metrics"]["selected"] is True
+        assert manifest["worker_ids"] == workers and manifest["feature_contract"]["dim"] == emb["dim"]
+        report = json.loads(Path(latest(instance, "eval_report_heads")["report"]).read_text())
+        assert report["n_tasks"] == sum(t.split == "test" for t in tasks) and report["head_kind"] == manifest["head_kind"]
+        checkpoints["heads"] = selected
+
         promo = latest(instance, "promoted_router")
         pointer = read_pointer(project / "models")
         assert promo["promoted"] is True and pointer is not None

@@ -32,7 +32,7 @@ from fugu_pipeline.train.configs import (
     load_config,
 )
 from fugu_pipeline.train.es import train_es
-from fugu_pipeline.train.heads import HEADS, LinearHead, QualityHead, build_head
+from fugu_pipeline.train.heads import HEADS, LINEAR_HEAD_KINDS, LinearHead, QualityHead, build_head
 from fugu_pipeline.train.result import evaluate_head, greedy_utility
 from fugu_pipeline.train.rl import train_rl
 from fugu_pipeline.train.sft import train_sft
@@ -167,9 +167,10 @@ def test_heads_param_counts():
     assert build_head("normed_linear", 32, 3).param_count() == 32 * 3
     assert build_head("quality", 32, 3).param_count() == 2 * 32 + 32 * 3 + 3
     assert build_head("roles_linear", 1024, 3).param_count() == 6 * 1024  # the seed's 6,144: (3 workers + 3 roles) x 1,024
-    assert set(HEADS) == {"layernorm_linear", "normed_linear", "quality", "roles_linear", "roles_linear_svf"}
+    assert set(LINEAR_HEAD_KINDS) == {"layernorm_linear", "normed_linear", "quality"}
+    assert set(HEADS) == set(LINEAR_HEAD_KINDS) | {"knn", "domain_prior", "mlp", "ensemble", "roles_linear", "roles_linear_svf"}
     with pytest.raises(ValueError, match="unknown head kind"):
-        build_head("mlp", 32, 3)
+        build_head("transformer", 32, 3)
 
 
 def test_greedy_utility_first_index_on_ties():

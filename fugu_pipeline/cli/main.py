@@ -91,6 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
                        "and its path is printed (pass that path, or this folder, to --checkpoint)")
         p.add_argument("--force", action="store_true", help="train even without a learning signal")
 
+    p = add("train", training.cmd_train_heads, "fit the configured heads (kNN, domain prior, MLP, ensemble, SFT) on a "
+            "reward matrix, choose one by K-fold validation over the non-test rows, print its checkpoint directory last")
+    p.add_argument("--config", default=None, help="heads and grids (default: configs/train.yaml when present, else the "
+                   "same built-in defaults)")
+    data_opts(p)
+    p.add_argument("--output", default="models", help="models folder: each kind's best goes to <output>/<kind>/<hash>/")
+    p.add_argument("--objective", choices=["oof", "lodo"], default=None, help="oof: K-fold over the non-test rows "
+                   "(default); lodo: leave one domain out, for traffic from unseen domains")
+    p.add_argument("--selection-rule", choices=["auto", "pooled", "macro", "blend"], default=None,
+                   help="auto (default): the rule that holds up in the nested check")
+    p.add_argument("--folds", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--force", action="store_true", help="train even without a learning signal")
+
     p = add("evaluate", training.cmd_evaluate, "write the held-out report of a checkpoint (JSON + plots)")
     p.add_argument("--checkpoint", required=True, help="the path train-* printed, or a models folder holding exactly one checkpoint")
     data_opts(p)

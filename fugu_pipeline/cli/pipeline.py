@@ -39,7 +39,7 @@ def cmd_pipeline(args) -> int:
     emb = results.get("task_embeddings", {})
     if emb:
         print(f"embeddings: {emb.get('n_computed')} encoded, {emb.get('n_cached')} from cache; {emb.get('encoder')}")
-    for m in ("sft", "rl", "es"):
+    for m in ("sft", "rl", "es", "heads"):
         r = results.get(f"eval_report_{m}")
         if r:
             print(f"{m:>3}: router {r['router_utility']:.4f} vs best fixed ({r['best_fixed_worker']}) "

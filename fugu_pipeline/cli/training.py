@@ -1,5 +1,5 @@
-"""Training and evaluation commands over a reward-matrix JSONL or DuckDB file: `train-sft`,
-`train-rl`, `train-es`, `evaluate`.
+"""Training and evaluation commands over a reward-matrix JSONL or DuckDB file: `train` (the
+configured heads, chosen on validation), `train-sft`, `train-rl`, `train-es`, `evaluate`.
 
 One meaning per setting (DESIGN §2): the utility comes from the same `reward:` block as in the
 assets. A JSONL whose rows carry `quality` is turned into utility with the weights of
@@ -159,3 +159,35 @@ def cmd_evaluate(args) -> int:
         print(f"note: {rep['utility_note']}")
     print(f"report: {report} (+ {len(plots)} plots)")
     return 0
+
+
+def cmd_train_heads(args) -> int:
+    """`fugu-lite train`: fit the configured heads (configs/train.yaml), choose one on validation
+    (K-fold out-of-fold over the non-test rows), save each kind's best and print the chosen
+    checkpoint's directory last."""
+    from fugu_pipeline.train.configs import TrainSetConfig, load_config
+    from fugu_pipeline.train.fit import fit_and_save
+
+    config = args.config
+    if config is None and Path(DEFAULT_TRAIN_CONFIG).exists():
+        config = DEFAULT_TRAIN_CONFIG
+    cfg = load_config(config, TrainSetConfig) if config else TrainSetConfig()
+    overrides = {k: v for k, v in (("objective", args.objective), ("selection_rule", args.selection_rule),
+                                   ("folds", args.folds), ("seed", args.seed)) if v is not None}
+    if overrides:
+        cfg = TrainSetConfig.model_validate({**cfg.model_dump(), **overrides})
+    print(f"heads: {config or 'built-in defaults (= configs/train.yaml as shipped)'}; "
+          f"enabled {[k for k, v in cfg.heads.model_dump().items() if v is not None]}", file=sys.stderr)
+    data = routing_data(args)
+    report = fit_and_save(data, args.output, cfg, log=lambda m: print(m, file=sys.stderr), force=args.force)
+    print(f"validation: {report.protocol}; objective {report.objective}; rule {report.rule} ({report.rule_reason})")
+    by = "apgr" if report.rule == "apgr" else report.rule
+    for s in report.saved:
+        figs = ", ".join(f"{k} {v:.4f}" for k, v in s.figures.items())
+        print(f"{'*' if s.selected else ' '} {s.kind:<12} {s.name}: {figs} -> {s.path}")
+    print(f"selected ({by}): {report.selected} — {report.reason}")
+    print(report.selected_path())
+    return 0
+
+
+DEFAULT_TRAIN_CONFIG = "configs/train.yaml"

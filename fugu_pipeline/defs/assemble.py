@@ -24,8 +24,9 @@ def build_defs(project_dir: str | None = None, workers_config: str | None = None
     )
     return dg.Definitions(
         assets=[catalog.openrouter_catalog, data.tasks, data.responses, data.reward_matrix, models.task_embeddings,
-                models.router_sft, models.router_rl, models.router_es,
-                models.eval_report_sft, models.eval_report_rl, models.eval_report_es, models.promoted_router,
+                models.router_sft, models.router_rl, models.router_es, models.router_heads,
+                models.eval_report_sft, models.eval_report_rl, models.eval_report_es, models.eval_report_heads,
+                models.promoted_router,
                 triage.triage_head, triage.eval_report_triage, roles.router_roles, roles.eval_report_roles],
         asset_checks=[data.cells_complete, data.worker_order_fixed, data.no_nan, data.learning_signal],
         sensors=[sensors.benchgen_batch_sensor, catalog.catalog_change_sensor, automation.reward_matrix_automation,

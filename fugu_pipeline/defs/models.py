@@ -132,6 +132,47 @@ def router_es(context: dg.AssetExecutionContext, config: TrainConfig, pipeline: 
     return _train(context, pipeline, encoder, "es", config, init_path=router_rl)
 
 
+class HeadsConfig(dg.Config):
+    config_path: str = "configs/train.yaml"
+    """The heads, their grids and the selection (relative to the project; absent: the built-in defaults, the same)."""
+    force: bool = False
+    """Train even when every worker ties on every task (no learning signal)."""
+
+
+@dg.asset(deps=[task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
+def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipeline: PipelineResource, encoder: EncoderResource) -> dg.Output[dict]:
+    """The configured set of heads (configs/train.yaml: kNN, domain prior, MLP, ensemble, ...), each
+    grid point scored by K-fold out-of-fold predictions over the non-test rows, the rule chosen by a
+    nested check; each kind's best saved to models/<kind>/<hash>/. Output: every checkpoint and the
+    selected one (the challenger this asset offers to promotion)."""
+    from fugu_pipeline.features.routing_data import TrainingDataError
+    from fugu_pipeline.train.configs import ConfigError, TrainSetConfig, load_config
+    from fugu_pipeline.train.fit import fit_and_save
+
+    path = pipeline.paths.resolve(config.config_path)
+    try:
+        cfg = load_config(path, TrainSetConfig) if path.exists() else TrainSetConfig()
+    except ConfigError as exc:
+        raise dg.Failure(description=str(exc)) from None
+    data = _routing_data(context, pipeline, encoder)
+    try:
+        report = fit_and_save(data, pipeline.paths.models, cfg, log=context.log.info, force=config.force)
+    except TrainingDataError as exc:
+        raise dg.Failure(description=str(exc)) from None
+    selected = report.selected_path()
+    rows = ["| kind | configuration | validation | checkpoint |", "|---|---|---|---|"] + [
+        f"| {'**' + s.kind + '**' if s.selected else s.kind} | {s.name} | "
+        + ", ".join(f"{k} {v:.4f}" for k, v in s.figures.items()) + f" | {s.path.name} |" for s in report.saved]
+    return dg.Output(
+        {"checkpoints": [str(s.path) for s in report.saved], "selected": str(selected), "selected_kind": report.selected_kind},
+        metadata={"selected": dg.MetadataValue.path(str(selected)), "selected_kind": report.selected_kind,
+                  "reason": report.reason, "rule": f"{report.rule}: {report.rule_reason}", "protocol": report.protocol,
+                  "heads": dg.MetadataValue.md("\n".join(rows)),
+                  "seconds": dg.MetadataValue.json(report.seconds)},
+        data_version=dg.DataVersion(selected.name),
+    )
+
+
 def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str) -> dg.Output[dict]:
     from fugu_pipeline.evaluate.contest import add_composite
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
@@ -189,6 +230,12 @@ def eval_report_es(context: dg.AssetExecutionContext, pipeline: PipelineResource
     return _report(context, pipeline, encoder, router_es, "es")
 
 
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+def eval_report_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_heads: dict) -> dg.Output[dict]:
+    """Held-out report (DESIGN §5) of the head `router_heads` selected."""
+    return _report(context, pipeline, encoder, router_heads["selected"], router_heads["selected_kind"])
+
+
 class PromotionConfig(dg.Config):
     policy_file: str = "configs/promotion.yaml"
     """The promotion policy (composite weights, overfit gate, gates); absent: the built-in defaults (the seed's rules)."""
@@ -210,11 +257,13 @@ class PromotionConfig(dg.Config):
           freshness_policy=ROUTER_FRESHNESS)
 def promoted_router(
     context: dg.AssetExecutionContext, config: PromotionConfig, pipeline: PipelineResource, encoder: EncoderResource,
-    eval_report_sft: dict, eval_report_rl: dict, eval_report_es: dict,
+    eval_report_sft: dict, eval_report_rl: dict, eval_report_es: dict, eval_report_heads: dict,
 ) -> dg.MaterializeResult:
-    """King versus challenger. The challenger with the best validation utility replaces the
-    promoted checkpoint only if it passes every gate; models/promoted/current.json is swapped
-    atomically and every decision is kept in models/promoted/history.jsonl."""
+    """King versus challenger. The challengers are the SFT, RL and CMA-ES heads and the head
+    `router_heads` selected; the one with the best validation utility (out-of-fold for heads fitted
+    on the val rows too) replaces the promoted checkpoint only if it passes every gate;
+    models/promoted/current.json is swapped atomically and every decision is kept in
+    models/promoted/history.jsonl."""
     from fugu_pipeline.evaluate.promotion import promote_best
 
     data = _routing_data(context, pipeline, encoder)
@@ -225,7 +274,7 @@ def promoted_router(
         require_significant=config.require_significant, min_quality_std=config.min_quality_std, live_sample=config.live_sample,
         rate_limit_s=None if config.rate_limit_hours is None else config.rate_limit_hours * 3600)
     live, tasks = harness.live_for(pipeline)
-    outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es)], data,
+    outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es, eval_report_heads)], data,
                            pipeline.paths.models, policy, live=live, tasks=tasks)
     for line in outcome["reasons"]:
         context.log.info(line)

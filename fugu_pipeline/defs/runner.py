@@ -127,8 +127,8 @@ def _blocking_failures(instance: dg.DagsterInstance, key: str) -> str:
 
 # After the reward matrix, in order. The catalog asset is not here: it needs the network.
 DOWNSTREAM = [
-    "task_embeddings", "router_sft", "router_rl", "router_es",
-    "eval_report_sft", "eval_report_rl", "eval_report_es", "promoted_router",
+    "task_embeddings", "router_sft", "router_rl", "router_es", "router_heads",
+    "eval_report_sft", "eval_report_rl", "eval_report_es", "eval_report_heads", "promoted_router",
     "triage_head", "eval_report_triage",
 ]
 

@@ -27,7 +27,7 @@ from fugu_pipeline.workers.contract import FatalWorkerError
 def head_routes(checkpoint, data) -> np.ndarray:
     """Greedy routes (worker indices) of a loaded checkpoint on the test rows, in split order."""
     test = data.split("test")
-    return np.argmax(head_scores(checkpoint.head, test.features), axis=1)
+    return np.argmax(head_scores(checkpoint.head, test.features, test.domains), axis=1)
 
 
 def comparable(checkpoint, data) -> list[str]:

@@ -112,8 +112,13 @@ def rate_limit_gate(models_dir: str | Path, submitter: str, period_s: float, now
 
 
 def routing_map(state_dict: dict) -> np.ndarray:
-    """The head's final layer (`linear.*`), flattened in name order, as float64."""
+    """What the duplicate gate compares: a linear head's final layer (`linear.*`), flattened in
+    name order; for the quality predictors (kNN, domain prior, MLP, ensemble), which have no final
+    layer, their stored `routing_map` (centred predicted utility on a fixed probe set, checked
+    against the head's own tables when it loads). float64."""
     parts = [np.asarray(_as_numpy(state_dict[k]), dtype=np.float64).ravel() for k in sorted(state_dict) if k.startswith("linear.")]
+    if not parts and "routing_map" in state_dict:
+        parts = [np.asarray(_as_numpy(state_dict["routing_map"]), dtype=np.float64).ravel()]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 

@@ -236,18 +236,31 @@ def candidate(checkpoint, data, expected_contract=None, composite: CompositeConf
         train_u = float("nan")
         val_u = None
     else:
-        q_pred = quality_predictions(checkpoint.head, test.features)
+        q_pred = quality_predictions(checkpoint.head, test.features, test.domains)
         q_std = None if q_pred is None else float(np.std(q_pred))
-        test_u = routed_utility(test.utility, head_scores(checkpoint.head, test.features))
-        train_u = float(np.mean(routed_utility(train.utility, head_scores(checkpoint.head, train.features))))
-        val = data.split("val")
-        val_u = float(np.mean(routed_utility(val.utility, head_scores(checkpoint.head, val.features)))) if len(val.task_ids) else None
+        test_u = routed_utility(test.utility, head_scores(checkpoint.head, test.features, test.domains))
+        train_u = float(np.mean(routed_utility(train.utility, head_scores(checkpoint.head, train.features, train.domains))))
+        val_u = validation_utility(checkpoint, data)
     return Candidate(
         path=str(checkpoint.path), method=checkpoint.manifest.method, content_hash=checkpoint.manifest.content_hash,
         test_utility=test_u, best_fixed_utility=test.utility[:, fixed], train_router_utility=train_u,
         weight_problems=weight_sanity(checkpoint.state_dict, checkpoint.manifest),
         contract_problems=contract_problems, val_router_utility=val_u, quality_pred_std=q_std,
     )
+
+
+def validation_utility(checkpoint, data) -> float | None:
+    """The validation utility promotion ranks challengers by. A head fitted on the val rows too
+    (`metrics.fit_splits` holds 'val': the heads of `fugu-lite train`) is ranked by the
+    out-of-fold figure its training recorded, never by its in-sample score on rows it has seen."""
+    m = checkpoint.manifest.metrics
+    if "val" in (m.get("fit_splits") or []):
+        v = m.get("val_utility")
+        return float(v) if v is not None and checkpoint.manifest.data_version == data.data_version else None
+    val = data.split("val")
+    if not len(val.task_ids):
+        return None
+    return float(np.mean(routed_utility(val.utility, head_scores(checkpoint.head, val.features, val.domains))))
 
 
 def append_history(models_dir: str | Path, record: dict) -> None:

@@ -16,20 +16,28 @@ from fugu_pipeline.evaluate.plots import plot_report
 from fugu_pipeline.files import atomic_write
 
 
-def head_scores(head, features: np.ndarray) -> np.ndarray:
+def head_scores(head, features: np.ndarray, domains: list[str] | None = None) -> np.ndarray:
+    """Routing scores (N, W) of any head kind; `domains` (one per row) reach the heads that use them."""
     import torch
 
+    from fugu_pipeline.train.heads import call_head
+
     with torch.inference_mode():
-        return head(torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))).float().numpy()
+        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+        return call_head(head, x, domains).float().numpy()
 
 
-def quality_predictions(head, features: np.ndarray) -> np.ndarray | None:
+def quality_predictions(head, features: np.ndarray, domains: list[str] | None = None) -> np.ndarray | None:
+    """Predicted quality (N, W) in [0, 1] from heads that predict it, else None."""
     if not hasattr(head, "predict_quality"):
         return None
     import torch
 
+    from fugu_pipeline.train.heads import head_quality
+
     with torch.inference_mode():
-        return head.predict_quality(torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))).float().numpy()
+        q = head_quality(head, torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)), domains)
+        return None if q is None else q.float().numpy()
 
 
 def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 2000, seed: int = 0) -> dict:
@@ -38,10 +46,10 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
     if list(checkpoint.manifest.worker_ids) != list(data.worker_ids):
         raise ValueError(f"checkpoint workers {checkpoint.manifest.worker_ids} differ from the matrix's {data.worker_ids}")
     inp = EvalInputs(
-        worker_ids=data.worker_ids, utility=held.utility, scores=head_scores(checkpoint.head, held.features),
+        worker_ids=data.worker_ids, utility=held.utility, scores=head_scores(checkpoint.head, held.features, held.domains),
         train_utility=train.utility, domains=held.domains, quality=held.quality, cost_usd=held.cost_usd,
         latency_s=held.latency_s, train_quality=train.quality,
-        quality_pred=quality_predictions(checkpoint.head, held.features),
+        quality_pred=quality_predictions(checkpoint.head, held.features, held.domains),
     )
     rep = evaluation_report(inp, n_boot=n_boot, seed=seed)
     rep["split"] = split
@@ -49,7 +57,7 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
     rep["method"] = checkpoint.manifest.method
     rep["head_kind"] = checkpoint.manifest.head_kind
     rep["data_version"] = data.data_version
-    rep["train_router_utility"] = float(np.mean(routed_utility(train.utility, head_scores(checkpoint.head, train.features))))
+    rep["train_router_utility"] = float(np.mean(routed_utility(train.utility, head_scores(checkpoint.head, train.features, train.domains))))
     rep.update(utility_fields(checkpoint, data))
     # the baselines (each worker, random over seeds, oracle, cross-fit oracle) on the same rows
     router = {"utility": rep["router_utility"], **({"quality": rep["router_mean_quality"]} if "router_mean_quality" in rep else {})}

@@ -73,18 +73,36 @@ class Router:
         ckpt = load_checkpoint(checkpoint_path, expected_contract=expected)
         return cls(ckpt, enc)
 
-    def scores(self, prompts: list[str], domains: list[str] | None = None, cost_weight: float | None = None) -> np.ndarray:
+    def scores(self, prompts: list[str], domains: list[str | None] | None = None, cost_weight: float | None = None) -> np.ndarray:
+        """Routing scores (N, W). `domains` (None, or one per prompt, None = unknown) fill the
+        encoder's prompt template ("general" when unknown) and reach heads that take the domain
+        (kNN, domain prior, MLP, ensemble), for which an unknown domain means the pooled prior."""
         import torch
 
-        feats = self.encoder.encode(prompts, domains)
+        from fugu_pipeline.train.heads import call_head
+
+        template_domains = None if domains is None else [d or "general" for d in domains]
+        feats = self.encoder.encode(prompts, template_domains)
         head = self.checkpoint.head
         with self._lock, torch.inference_mode():
             x = torch.from_numpy(feats)
             if cost_weight is not None and hasattr(head, "route_scores"):
                 s = head.route_scores(x, cost_weight, head.expected_cost)  # normalised cost, learnt on train
             else:
-                s = head(x)
+                s = call_head(head, x, None if domains is None else list(domains))
         return s.float().numpy()
+
+    def predict_quality(self, prompts: list[str], domains: list[str | None] | None = None) -> np.ndarray | None:
+        """Predicted quality (N, W) in [0, 1] of every worker, for heads that predict it, else None."""
+        import torch
+
+        from fugu_pipeline.train.heads import head_quality
+
+        template_domains = None if domains is None else [d or "general" for d in domains]
+        feats = self.encoder.encode(prompts, template_domains)
+        with self._lock, torch.inference_mode():
+            q = head_quality(self.checkpoint.head, torch.from_numpy(feats), None if domains is None else list(domains))
+        return None if q is None else q.float().numpy()
 
     def route_batch(
         self,
@@ -102,8 +120,7 @@ class Router:
                 raise RouterError(f"unknown worker(s) {unknown}; this router knows {self.worker_ids}")
             if not allowed:
                 raise RouterError("the allowed worker list is empty")
-        doms = [d or "general" for d in domains] if domains is not None else None
-        scores = self.scores(prompts, doms, cost_weight)
+        scores = self.scores(prompts, None if domains is None else list(domains), cost_weight)
         mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         scores = np.where(mask, scores, -np.inf)
         probs = _softmax(scores)

@@ -172,6 +172,7 @@ class Service:
         tag = checkpoint_tag(router)
         no_cost_term = not hasattr(router.checkpoint.head, "route_scores")
         template = router.encoder.settings.prompt_template
+        uses_domains = getattr(router.checkpoint.head, "uses_domains", False)  # kNN, prior, MLP, ensemble
         for r, d in zip(requests, out):
             if isinstance(d, RouteDecision):
                 d.extra["checkpoint_tag"] = tag
@@ -180,7 +181,7 @@ class Service:
                     ignored.append(f"fugu_cost_weight: head kind {router.checkpoint.manifest.head_kind!r} has no cost "
                                    "term (only 'quality' heads trade predicted quality against cost); the route does "
                                    "not use it")
-                if r.domain is not None and "{domain}" not in template:
+                if r.domain is not None and "{domain}" not in template and not uses_domains:
                     ignored.append(f"domain: this checkpoint's prompt template {template!r} does not use {{domain}}; "
                                    "the route does not depend on it")
         return out

@@ -46,7 +46,8 @@ class Manifest(BaseModel):
     format_version: int = 1
     method: str
     head_kind: str
-    head_shape: dict[str, int] = {}  # a head kind's extra sizes, e.g. {"svf_size": 7168}
+    head_params: dict[str, Any] = {}  # constructor arguments of the quality predictors (k, sizes, domain vocabulary)
+    head_shape: dict[str, int] = {}  # a head kind's extra sizes, e.g. {"svf_size": 7168} (roles heads)
     dim: int
     n_workers: int
     param_count: int
@@ -97,6 +98,7 @@ def save_checkpoint(
     weights = st_save(tensors, metadata={"format": "pt"})
 
     fields = dict(manifest_fields)
+    head_params = dict(fields.pop("head_params", None) or {})
     contract = FeatureContract.model_validate(fields.pop("feature_contract"))
     worker_ids = list(fields.pop("worker_ids"))
     dim = int(fields.pop("dim", contract.dim))
@@ -105,10 +107,11 @@ def save_checkpoint(
         manifest = Manifest(
             method=method,
             head_kind=head_kind,
+            head_params=head_params,
             head_shape=head_shape,
             dim=dim,
             n_workers=len(worker_ids),
-            param_count=build_head(head_kind, dim, len(worker_ids), **head_shape).param_count(),
+            param_count=build_head(head_kind, dim, len(worker_ids), head_params, **head_shape).param_count(),
             worker_ids=worker_ids,
             feature_contract=contract,
             contract_fingerprint=contract.fingerprint(),
@@ -150,8 +153,9 @@ def save_checkpoint(
 
 def checkpoint_hash(weights: bytes, manifest: Manifest) -> str:
     body = {k: v for k, v in manifest.model_dump(mode="json").items() if k not in UNHASHED_FIELDS}
-    if not body.get("head_shape"):
-        body.pop("head_shape", None)  # heads without extra sizes hash as they did before the field existed
+    for extra in ("head_params", "head_shape"):  # heads without them hash as they did before the fields existed
+        if not body.get(extra):
+            body.pop(extra, None)
     return hashlib.sha256(weights + canonical_json(body).encode()).hexdigest()[:16]
 
 
@@ -193,7 +197,7 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
         problems.insert(0, f"{WEIGHTS_FILE} does not match the manifest's weights_sha256 (changed after saving)")
     if problems:
         raise CheckpointError(f"{path}: refusing these weights: " + "; ".join(problems))
-    head = build_head(manifest.head_kind, manifest.dim, manifest.n_workers, **manifest.head_shape)
+    head = build_head(manifest.head_kind, manifest.dim, manifest.n_workers, manifest.head_params, **manifest.head_shape)
     head.load_state_dict(tensors)
     head.eval()
     return Checkpoint(path=path, manifest=manifest, head=head, state_dict=tensors)
@@ -202,7 +206,8 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
 def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any]) -> list[str]:
     """Problems with these weights for this manifest (empty when sane): unknown head kind, missing
     or unexpected tensors, shapes other than the head's and the manifest's, non-finite values, an
-    all-zero final layer."""
+    all-zero final layer, and the kind's own checks (`RoutingHead.sanity`: e.g. a kNN head's
+    neighbour rows normalised and qualities in [0, 1], its routing map matching its tables)."""
     import torch
 
     from fugu_pipeline.train.heads import HEADS, expected_shapes
@@ -215,9 +220,9 @@ def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any
     if m.dim != m.feature_contract.dim:
         return [f"manifest dim={m.dim} but its feature contract says dim={m.feature_contract.dim}"]
     try:
-        want = expected_shapes(m.head_kind, m.dim, m.n_workers, **m.head_shape)
+        want = expected_shapes(m.head_kind, m.dim, m.n_workers, m.head_params, **m.head_shape)
     except (TypeError, ValueError) as exc:
-        return [f"head_shape {m.head_shape} does not fit a {m.head_kind} head: {exc}"]
+        return [f"head_params {m.head_params} / head_shape {m.head_shape} do not build a {m.head_kind} head: {exc}"]
     problems = []
     missing = sorted(set(want) - set(state_dict))
     extra = sorted(set(state_dict) - set(want))
@@ -246,7 +251,20 @@ def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any
     final = state_dict.get("linear.weight")
     if final is not None and torch.is_floating_point(final) and not bool(final.ne(0).any()):
         problems.append("linear.weight is all zero: the head would send every task to the same worker")
+    if not problems:
+        problems.extend(_kind_sanity(state_dict, m))
     return problems
+
+
+def _kind_sanity(state_dict: dict[str, Any], m: Manifest) -> list[str]:
+    """The head kind's own checks on tensors that already have the right names, shapes and values."""
+    from fugu_pipeline.train.heads import build_head
+
+    head = build_head(m.head_kind, m.dim, m.n_workers, m.head_params, **m.head_shape)
+    if not head.uses_domains:  # linear heads: nothing beyond the checks above
+        return []
+    head.load_state_dict({k: v.float() for k, v in state_dict.items()})
+    return head.eval().sanity()
 
 
 def _write_synced(path: Path, data: bytes) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fugu_pipeline.config_files import load_yaml_model
-from fugu_pipeline.train.heads import HEAD_KINDS
+from fugu_pipeline.train.heads import LINEAR_HEAD_KINDS
 
 # --------------------------------------------------------------------------- configs
 
@@ -18,13 +18,14 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     seed: int = 0
-    head: str = Field("layernorm_linear", description=f"one of {HEAD_KINDS}")
+    head: str = Field("layernorm_linear", description=f"one of {LINEAR_HEAD_KINDS}")
 
     @field_validator("head")
     @classmethod
     def _known_head(cls, v: str) -> str:
-        if v not in HEAD_KINDS:
-            raise ValueError(f"unknown head {v!r}; choose one of {list(HEAD_KINDS)}")
+        if v not in LINEAR_HEAD_KINDS:
+            raise ValueError(f"unknown head {v!r}; SFT, RL and CMA-ES train one of {list(LINEAR_HEAD_KINDS)} "
+                             "(kNN, domain prior, MLP and ensembles: fugu-lite train with configs/train.yaml)")
         return v
 
 
@@ -68,3 +69,75 @@ class ConfigError(ValueError):
 def load_config(path: str | Path, cls: type[BaseModel]) -> Any:
     """A trainer config from YAML (an empty file means all defaults); errors name file and field."""
     return load_yaml_model(path, cls, ConfigError, what="config file", empty_ok=True)
+
+
+# --------------------------------------------------------------------------- the configured set (configs/train.yaml)
+
+
+class _Grid(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PriorGrid(_Grid):
+    m: list[float] = Field([5.0, 20.0, 100.0], min_length=1, description="pseudo-rows of shrinkage to the pooled mean")
+
+
+class KNNGrid(_Grid):
+    k: list[int] = Field([30, 100, 300], min_length=1)
+    prior_weight: list[float] = Field([0.0, 30.0], min_length=1, description="the domain prior as this many pseudo-neighbours")
+    same_domain_bonus: list[float] = Field([0.0, 1.0], min_length=1, description="added to the cosine of same-domain neighbours")
+    temperature: list[float | None] = Field([None], min_length=1, description="None: uniform weights; T: softmax(sim / T)")
+    prior_m: float = Field(20.0, ge=0, description="shrinkage of the prior inside kNN")
+
+
+class MLPGrid(_Grid):
+    hidden: list[int] = Field([256], min_length=1, description="0 = logistic regression")
+    epochs: list[int] = Field([30], min_length=1)
+    weight_decay: list[float] = Field([0.01], min_length=1)
+    dropout: list[float] = Field([0.3], min_length=1)
+    lr: float = Field(1e-3, gt=0)
+    n_models: int = Field(3, ge=1, description="bag of seeds, averaged")
+    batch_size: int = Field(128, ge=1)
+
+
+class SFTGrid(_Grid):
+    head: list[str] = Field(["quality"], min_length=1, description="linear kinds trained by SFT")
+    lr: list[float] = Field([0.003], min_length=1)
+    weight_decay: float = Field(0.01, ge=0)
+    epochs: int = Field(150, ge=1)
+    patience: int = Field(30, ge=1)
+
+    @field_validator("head")
+    @classmethod
+    def _linear(cls, v: list[str]) -> list[str]:
+        bad = [h for h in v if h not in LINEAR_HEAD_KINDS]
+        if bad:
+            raise ValueError(f"sft trains linear heads only ({list(LINEAR_HEAD_KINDS)}), got {bad}")
+        return v
+
+
+class EnsembleConfig(_Grid):
+    rounds: int = Field(10, ge=1, description="greedy forward-selection rounds (with replacement)")
+    per_family: int = Field(2, ge=1, description="best configurations of each quality-predictor kind offered as members")
+
+
+class HeadGrids(_Grid):
+    domain_prior: PriorGrid | None = PriorGrid()
+    knn: KNNGrid | None = KNNGrid()
+    mlp: MLPGrid | None = None
+    sft: SFTGrid | None = None
+    ensemble: EnsembleConfig | None = EnsembleConfig()
+
+
+class TrainSetConfig(_Grid):
+    """`configs/train.yaml`: which heads `fugu-lite train` and the `router_heads` asset fit, their
+    grids, and how one is chosen (K-fold out-of-fold over the non-test rows; never the test split)."""
+
+    seed: int = 0
+    folds: int = Field(5, ge=2, description="K of the K-fold out-of-fold predictions (folds by hash of the task id)")
+    selection_rule: Literal["auto", "pooled", "macro", "blend"] = Field(
+        "auto", description="auto: the rule that holds up in the nested check; two workers always use APGR")
+    objective: Literal["oof", "lodo"] = Field(
+        "oof", description="oof: K-fold over all non-test rows; lodo: leave one domain out (domain unknown at routing), "
+        "for traffic from domains not in training")
+    heads: HeadGrids = HeadGrids()

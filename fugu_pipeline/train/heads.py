@@ -1,9 +1,12 @@
-"""Routing heads: small trainable modules over frozen encoder features.
+"""Routing heads: small trainable modules over frozen encoder features, and the registry of every
+head kind (`HEADS`, `build_head`).
 
 Each head maps features (N, D) to scores (N, W), one per worker; the greedy route is the argmax.
-Every head splits into a `frozen` part (no trainable choice made by CMA-ES) and a final linear
-layer `linear`; `scores_from_logits` turns that layer's output into routing scores. CMA-ES
-evolves only `linear` over the cached `frozen(x)`.
+The linear heads here split into a `frozen` part (no trainable choice made by CMA-ES) and a final
+linear layer `linear`; `scores_from_logits` turns that layer's output into routing scores. CMA-ES
+evolves only `linear` over the cached `frozen(x)`. The quality predictors (kNN, domain prior, MLP,
+ensemble) live in `predictors.py` and `ensemble.py` and register here on import; the base class
+and the domain-aware calls (`call_head`, `head_quality`) are in `head_base.py`.
 
 Only training and serving code imports this module (it imports torch).
 """
@@ -14,29 +17,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class RoutingHead(nn.Module):
-    kind = ""
-
-    def __init__(self, dim: int, n_workers: int):
-        super().__init__()
-        if dim < 1 or n_workers < 2:
-            raise ValueError(f"a routing head needs dim >= 1 and n_workers >= 2, got dim={dim}, n_workers={n_workers}")
-        self.dim, self.n_workers = dim, n_workers
-
-    def frozen(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def scores_from_logits(self, z: torch.Tensor) -> torch.Tensor:
-        return z
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scores_from_logits(self.linear(self.frozen(x)))
-
-    def param_count(self) -> int:
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+from fugu_pipeline.train import ensemble, predictors  # noqa: F401  (register the quality predictors)
+from fugu_pipeline.train.head_base import (  # noqa: F401  (re-exported: the one registry)
+    HEADS,
+    RoutingHead,
+    build_head,
+    call_head,
+    expected_shapes,
+    head_quality,
+    register,
+)
 
 
+@register
 class LinearHead(RoutingHead):
     """`layernorm_linear` (the default): LayerNorm(D), then Linear(D, W)."""
 
@@ -51,6 +44,7 @@ class LinearHead(RoutingHead):
         return self.norm(x)
 
 
+@register
 class NormedLinearHead(RoutingHead):
     """`normed_linear`: a bias-free Linear(D, W) over L2-normalised features (cosine-like scores)."""
 
@@ -64,6 +58,7 @@ class NormedLinearHead(RoutingHead):
         return F.normalize(x, dim=-1)
 
 
+@register
 class QualityHead(RoutingHead):
     """`quality`: predicts each worker's quality in [0, 1] (LayerNorm, Linear, sigmoid) and routes
     by argmax(quality - cost_weight * expected_cost). The two routing constants are buffers, saved
@@ -81,7 +76,8 @@ class QualityHead(RoutingHead):
     def frozen(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x)
 
-    def predict_quality(self, x: torch.Tensor) -> torch.Tensor:
+    def predict_quality(self, x: torch.Tensor, domains=None) -> torch.Tensor:
+        """(N, W) in [0, 1]; `domains` is accepted for a uniform interface and not used."""
         return torch.sigmoid(self.linear(self.frozen(x)))
 
     def route_scores(self, x: torch.Tensor, cost_weight: float | torch.Tensor, expected_cost: torch.Tensor) -> torch.Tensor:
@@ -91,6 +87,7 @@ class QualityHead(RoutingHead):
         return torch.sigmoid(z) - self.cost_weight * self.expected_cost
 
 
+@register
 class RolesHead(RoutingHead):
     """`roles_linear`: the multi-turn coordinator (DESIGN §6b). One bias-free Linear(D, W + 3) over
     the encoded transcript: the first W outputs are worker logits, the last 3 role logits (Thinker,
@@ -119,6 +116,7 @@ class RolesHead(RoutingHead):
         return (x - self.feature_center) / self.feature_scale
 
 
+@register
 class RolesSVFHead(RolesHead):
     """`roles_linear_svf`: the roles head plus the seed's SVF adapter, one learnable scale per singular
     value of the encoder's second-to-last layer (`train/svf.py`): 6,144 + 7,168 = 13,312 parameters
@@ -133,21 +131,7 @@ class RolesSVFHead(RolesHead):
         self.svf_scales = nn.Parameter(torch.ones(svf_size))
 
 
-HEADS: dict[str, type[RoutingHead]] = {h.kind: h for h in (LinearHead, NormedLinearHead, QualityHead, RolesHead,
-                                                           RolesSVFHead)}
-ROUTER_HEAD_KINDS = ("layernorm_linear", "normed_linear", "quality")  # one-step routers
-HEAD_KINDS = ROUTER_HEAD_KINDS  # what the one-step trainers (SFT, RL, ES) may train
-
-
-def build_head(kind: str, dim: int, n_workers: int, **shape: int) -> RoutingHead:
-    """A head of this kind and size; `shape` holds a kind's extra sizes (a manifest's `head_shape`)."""
-    try:
-        cls = HEADS[kind]
-    except KeyError:
-        raise ValueError(f"unknown head kind {kind!r}; choose one of {list(HEADS)}") from None
-    return cls(dim, n_workers, **shape)
-
-
-def expected_shapes(kind: str, dim: int, n_workers: int, **shape: int) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor in the state dict of a head of this kind and size."""
-    return {k: tuple(v.shape) for k, v in build_head(kind, dim, n_workers, **shape).state_dict().items()}
+LINEAR_HEAD_KINDS = (LinearHead.kind, NormedLinearHead.kind, QualityHead.kind)  # what SFT / RL / ES train
+HEAD_KINDS = LINEAR_HEAD_KINDS  # (main's name for the same set)
+ROLES_KINDS = (RolesHead.kind, RolesSVFHead.kind)  # multi-turn coordinators (route/roles.py), not one-step routers
+ROUTER_HEAD_KINDS = tuple(k for k in HEADS if k not in ROLES_KINDS)  # one-step routers: linear heads and quality predictors

@@ -1,0 +1,203 @@
+"""Selection on validation only (numpy, no torch): K-fold out-of-fold predictions over the non-test
+rows, the validation objective, the choice of rule, and greedy ensembles.
+
+- `fold_ids(task_ids, k, seed)`: a row's fold is a hash of (seed, task id), so it never depends on
+  the other rows or their order, and the test split is never among the rows given.
+- `Objective`: the validation figure of routing scores (N, W) on some of the non-test rows. Two
+  workers: APGR of the score margin strong − weak (RouteLLM; the strong worker is the better one
+  on the non-test rows). More workers: the mean utility of the greedy route, `pooled` over rows,
+  `macro` (mean over domains of each domain's mean) or `blend` (their average). Pooled figures
+  are dominated by the largest domain, macro ones are noisy where a domain has few rows.
+- `nested_rule_check`: which rule to trust. For each rule, pick the best candidate on half of the
+  folds and score that pick on the other half (both directions, averaged), with the `blend`
+  figure as the judge; the rule whose picks hold up best wins (ties: pooled, then blend).
+- `greedy_ensemble`: Caruana's forward selection with replacement of candidates by the objective;
+  `nested_ensemble_check` compares "best single candidate" with "greedy ensemble" the same way
+  (chosen on one half of the folds, scored on the other), so an ensemble is picked only when it
+  holds up on rows its members were not chosen on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+RULES = ("pooled", "macro", "blend")
+
+
+def fold_ids(task_ids: list[str], k: int = 5, seed: int = 0) -> np.ndarray:
+    """Fold of each row in [0, k): sha256 of (seed, task id)."""
+    if k < 2:
+        raise ValueError(f"K-fold selection needs k >= 2 folds, got {k}")
+    return np.array([int.from_bytes(hashlib.sha256(f"{seed}\x00{t}".encode()).digest()[:8], "big") % k
+                     for t in task_ids], dtype=np.int64)
+
+
+def routed(utility: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Each row's utility at its highest-scoring worker (first on ties)."""
+    return utility[np.arange(len(scores)), np.argmax(scores, axis=1)]
+
+
+def macro_mean(values: np.ndarray, domains: np.ndarray) -> float:
+    doms = np.unique(domains)
+    return float(np.mean([values[domains == d].mean() for d in doms])) if len(doms) else float("nan")
+
+
+def apgr(score: np.ndarray, perf_strong: np.ndarray, perf_weak: np.ndarray, points: int = 101) -> float:
+    """RouteLLM's APGR: send the share x of rows with the highest score to the strong worker;
+    PGR(x) = gain / (strong − weak) averaged over a grid of x (the same as evaluate.metrics.apgr)."""
+    n = len(score)
+    gap = perf_strong.mean() - perf_weak.mean() if n else 0.0
+    if n == 0 or abs(gap) < 1e-12:
+        return 0.0
+    order = np.argsort(-score, kind="stable")
+    xs = np.linspace(0, 1, points)
+    gain = np.concatenate([[0.0], np.cumsum((perf_strong - perf_weak)[order])]) / n
+    return float(np.trapezoid(gain[np.round(xs * n).astype(int)] / gap, xs))
+
+
+@dataclass
+class Objective:
+    """Validation figure of routing scores on (a subset of) the non-test rows."""
+
+    utility: np.ndarray  # (N, W) of the non-test rows
+    perf: np.ndarray  # (N, W) quality (or utility) for APGR
+    domains: np.ndarray  # (N,) str
+    strong: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.domains = np.asarray(self.domains, dtype=str)
+        self.strong = int(np.argmax(self.perf.mean(axis=0)))
+
+    @property
+    def two_workers(self) -> bool:
+        return self.utility.shape[1] == 2
+
+    @property
+    def name(self) -> str:
+        return "APGR" if self.two_workers else "routed utility"
+
+    def __call__(self, scores: np.ndarray, rows: np.ndarray | None = None, rule: str = "pooled") -> float:
+        rows = np.arange(len(self.utility)) if rows is None else rows
+        s = scores[rows]
+        if self.two_workers:
+            w = 1 - self.strong
+            return apgr(s[:, self.strong] - s[:, w], self.perf[rows, self.strong], self.perf[rows, w])
+        u = routed(self.utility[rows], s)
+        if rule == "pooled":
+            return float(u.mean())
+        m = macro_mean(u, self.domains[rows])
+        if rule == "macro":
+            return m
+        if rule == "blend":
+            return 0.5 * (m + float(u.mean()))
+        raise ValueError(f"unknown selection rule {rule!r}; choose one of {RULES}")
+
+    def table(self, scores: np.ndarray, rows: np.ndarray | None = None) -> dict[str, float]:
+        """Every figure of one candidate: pooled, macro and blend utility of the greedy route (two
+        workers: APGR, which ranks them, and the pooled utility, which promotion compares across
+        head kinds in the utility's own units)."""
+        if self.two_workers:
+            idx = np.arange(len(self.utility)) if rows is None else rows
+            return {"apgr": self(scores, rows), "pooled": float(routed(self.utility[idx], scores[idx]).mean())}
+        return {r: self(scores, rows, r) for r in RULES}
+
+
+def halves(folds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(choose rows, judge rows) pairs: the first half of the folds against the second, and back."""
+    fs = np.unique(folds)
+    a = np.flatnonzero(np.isin(folds, fs[: len(fs) // 2]))
+    b = np.flatnonzero(np.isin(folds, fs[len(fs) // 2:]))
+    return [(a, b), (b, a)]
+
+
+def best_of(preds: dict[str, np.ndarray], objective: Objective, rows=None, rule: str = "pooled") -> str:
+    """The candidate with the best objective (first in order on ties)."""
+    return max(preds, key=lambda n: (objective(preds[n], rows, rule), -list(preds).index(n)))
+
+
+def nested_rule_check(preds: dict[str, np.ndarray], objective: Objective, folds: np.ndarray,
+                      rules: tuple[str, ...] = RULES, judge: str = "blend") -> dict:
+    """{"scores": {rule: held-out figure of its picks}, "rule": the winner, "reason": words}."""
+    if objective.two_workers:
+        return {"scores": {}, "rule": "apgr", "reason": "two workers: candidates are ranked by APGR"}
+    scores = {}
+    for rule in rules:
+        vals = [objective(preds[best_of(preds, objective, a, rule)], b, judge) for a, b in halves(folds)]
+        scores[rule] = float(np.mean(vals))
+    order = ["pooled", "blend", "macro"]
+    rule = max(rules, key=lambda r: (round(scores[r], 10), -order.index(r)))
+    reason = (f"nested check (choose on half of the folds, judge {judge} utility on the other half, both ways): "
+              + ", ".join(f"{r} {scores[r]:.4f}" for r in rules) + f"; {rule} holds up best"
+              + (" (tie: the simpler rule)" if len({round(v, 10) for v in scores.values()}) < len(scores) else ""))
+    return {"scores": scores, "rule": rule, "reason": reason}
+
+
+def average(preds: list[np.ndarray], weights: list[float] | None = None) -> np.ndarray:
+    w = np.ones(len(preds)) if weights is None else np.asarray(weights, float)
+    return np.tensordot(w / w.sum(), np.stack(preds), axes=1)
+
+
+def greedy_ensemble(preds: dict[str, np.ndarray], objective: Objective, rows=None, rule: str = "pooled",
+                    rounds: int = 10) -> tuple[dict[str, int], list[float]]:
+    """Forward selection with replacement: ({name: count}, objective after each round)."""
+    chosen: list[str] = []
+    curve: list[float] = []
+    best = -np.inf
+    for _ in range(rounds):
+        cand = {n: objective(average([preds[c] for c in chosen + [n]]), rows, rule) for n in preds}
+        n = max(cand, key=lambda k: (cand[k], -list(preds).index(k)))
+        if chosen and cand[n] <= best + 1e-9:
+            break
+        chosen.append(n)
+        best = cand[n]
+        curve.append(float(best))
+    counts: dict[str, int] = {}
+    for n in chosen:
+        counts[n] = counts.get(n, 0) + 1
+    return counts, curve
+
+
+def ensemble_scores(preds: dict[str, np.ndarray], counts: dict[str, int]) -> np.ndarray:
+    names = list(counts)
+    return average([preds[n] for n in names], [counts[n] for n in names])
+
+
+def nested_ensemble_check(singles: dict[str, np.ndarray], members: dict[str, np.ndarray], objective: Objective,
+                          folds: np.ndarray, rule: str, judge: str, rounds: int = 10) -> dict[str, float]:
+    """Held-out figure of "best single candidate" and of "greedy ensemble", each chosen on one half
+    of the folds and judged on the other (both directions, averaged)."""
+    single, ens = [], []
+    for a, b in halves(folds):
+        single.append(objective(singles[best_of(singles, objective, a, rule)], b, judge))
+        counts, _ = greedy_ensemble(members, objective, a, rule, rounds)
+        ens.append(objective(ensemble_scores(members, counts), b, judge))
+    return {"single": float(np.mean(single)), "ensemble": float(np.mean(ens))}
+
+
+def lodo_folds(domains: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(held-out domain, training rows, held-out rows) for every domain."""
+    domains = np.asarray(domains, dtype=str)
+    return [(d, np.flatnonzero(domains != d), np.flatnonzero(domains == d)) for d in sorted(set(domains.tolist()))]
+
+
+def oof_predictions(fit_predict: Callable[[np.ndarray, np.ndarray], dict[str, tuple]], folds: np.ndarray,
+                    n_workers: int) -> dict[str, tuple[np.ndarray | None, np.ndarray]]:
+    """Assemble the out-of-fold (quality, scores) of every grid point: fit_predict(train_rows,
+    pred_rows) -> {name: (quality (n, W) or None, scores (n, W))} for each fold."""
+    out: dict[str, list] = {}
+    n = len(folds)
+    for f in np.unique(folds):
+        tr, te = np.flatnonzero(folds != f), np.flatnonzero(folds == f)
+        for name, (q, s) in fit_predict(tr, te).items():
+            if name not in out:
+                out[name] = [None if q is None else np.full((n, n_workers), np.nan), np.full((n, n_workers), np.nan)]
+            if q is not None and out[name][0] is not None:
+                out[name][0][te] = q
+            else:
+                out[name][0] = None
+            out[name][1][te] = s
+    return {k: (v[0], v[1]) for k, v in out.items()}

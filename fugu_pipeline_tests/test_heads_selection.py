@@ -1,0 +1,259 @@
+"""The quality-predictor heads (kNN, domain prior, MLP, ensemble): saved, loaded and routed with the
+domain through the same checkpoint path as every head; their own weight checks; selection on
+validation only (the test split cannot change any choice); `fugu-lite train` end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from fugu_pipeline.evaluate.gates import routing_map
+from fugu_pipeline.evaluate.promotion import validation_utility
+from fugu_pipeline.evaluate.reports import evaluate_checkpoint, head_scores, quality_predictions
+from fugu_pipeline.hashing import canonical_json
+from fugu_pipeline.train.checkpoints import UNHASHED_FIELDS, load_checkpoint, save_checkpoint, weight_sanity
+from fugu_pipeline.train.configs import TrainSetConfig
+from fugu_pipeline.train.families import FitData, KNNFamily
+from fugu_pipeline.train.fit import fit_and_save, select_heads
+from fugu_pipeline.train.heads import build_head, call_head
+from fugu_pipeline.train.predictors import DomainPriorHead, KNNHead
+from fugu_pipeline.train.selection import RULES, Objective, fold_ids, nested_rule_check
+from fugu_pipeline_tests.test_training import make_data
+
+QUIET = lambda s: None  # noqa: E731
+FAST = TrainSetConfig.model_validate({"heads": {
+    "domain_prior": {"m": [5, 20]},
+    "knn": {"k": [10, 30], "prior_weight": [0, 30], "same_domain_bonus": [0, 1]},
+    "mlp": {"hidden": [16], "epochs": [5], "n_models": 1},
+    "ensemble": {"rounds": 5},
+}})
+KINDS = {"domain_prior", "knn", "mlp"}
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_data(n=500)
+
+
+@pytest.fixture(scope="module")
+def fitted(data, tmp_path_factory):
+    return fit_and_save(data, tmp_path_factory.mktemp("models"), FAST, log=QUIET)
+
+
+def test_every_kind_is_saved_loaded_and_routed_with_the_domain(data, fitted):
+    test = data.split("test")
+    assert KINDS <= {s.kind for s in fitted.saved}
+    assert sum(s.selected for s in fitted.saved) == 1
+    for s in fitted.saved:
+        assert s.path.parent.name == s.kind and s.path.parent.parent.name == fitted.saved[0].path.parent.parent.name
+        ckpt = load_checkpoint(s.path, expected_contract=data.contract)
+        m = ckpt.manifest
+        assert m.head_kind == s.kind and m.head_params and ckpt.head.uses_domains
+        assert weight_sanity(ckpt.state_dict, m) == []
+        assert m.metrics["selection"]["rule"] in (*RULES, "apgr") and m.metrics["selection"]["reason"]
+        assert m.metrics["fit_splits"] == ["train", "val"] and m.metrics["selected"] == s.selected
+        scores = head_scores(ckpt.head, test.features, test.domains)
+        q = quality_predictions(ckpt.head, test.features, test.domains)
+        assert scores.shape == q.shape == (len(test.task_ids), data.n_workers)
+        assert np.isfinite(scores).all() and q.min() >= 0 and q.max() <= 1
+        rep = evaluate_checkpoint(ckpt, data, "test")
+        assert rep["head_kind"] == s.kind and rep["router_utility"] > rep["best_fixed_utility"]
+        blind = head_scores(ckpt.head, test.features, None)  # the domain unknown: still routes
+        assert blind.shape == scores.shape and np.isfinite(blind).all()
+    best = load_checkpoint(fitted.selected_path())
+    rep = evaluate_checkpoint(best, data, "test")
+    assert rep["router_minus_best_fixed"]["low"] > 0
+
+
+def test_unknown_or_unseen_domain_gets_the_pooled_prior():
+    q = np.array([[1.0, 0.0]] * 10 + [[0.0, 1.0]] * 30)
+    prior = DomainPriorHead.fit(4, q, q, ["a"] * 10 + ["b"] * 30, m=0.0)
+    x = torch.zeros(3, 4)
+    out = call_head(prior, x, ["a", "never-seen", None]).numpy()
+    assert np.allclose(out[0], [1, 0]) and np.allclose(out[1], [0.25, 0.75]) and np.allclose(out[2], [0.25, 0.75])
+    shrunk = DomainPriorHead.fit(4, q, q, ["a"] * 10 + ["b"] * 30, m=10.0)
+    assert np.allclose(call_head(shrunk, x[:1], ["a"]).numpy(), [[(10 + 2.5) / 20, (0 + 7.5) / 20]])
+
+
+def test_knn_grid_predictions_are_what_the_saved_head_predicts(data):
+    fd = FitData.from_data(data, np.flatnonzero(data.splits != "test"))
+    tr, te = np.arange(0, 300), np.arange(300, len(fd.rows))
+    fam = KNNFamily(FAST.heads.knn)
+    grid = fam.predict_grid(fd, tr, te, fd.domains[te].tolist())
+    for name, params in fam.grid():
+        head = KNNHead.fit(fd.features[tr], fd.target[tr], fd.utility[tr], fd.domains[tr].tolist(), **params)
+        q, u = head.predict_both(torch.from_numpy(fd.features[te]), fd.domains[te].tolist())
+        assert np.allclose(grid[name][0], q.numpy(), atol=1e-5) and np.allclose(grid[name][1], u.numpy(), atol=1e-5), name
+
+
+def test_edited_or_misshapen_tables_are_refused(fitted):
+    ckpt = load_checkpoint(next(s.path for s in fitted.saved if s.kind == "knn"))
+    sd = dict(ckpt.state_dict)
+    edited = {**sd, "neighbour_utility": sd["neighbour_utility"].flip(1)}
+    assert any("routing_map" in p for p in weight_sanity(edited, ckpt.manifest))
+    unnormalised = {**sd, "neighbours": sd["neighbours"] * 2}
+    assert any("L2-normalised" in p for p in weight_sanity(unnormalised, ckpt.manifest))
+    bad_q = {**sd, "neighbour_quality": sd["neighbour_quality"] + 2}
+    assert any("[0, 1]" in p for p in weight_sanity(bad_q, ckpt.manifest))
+    wrong_size = ckpt.manifest.model_copy(update={"head_params": {**ckpt.manifest.head_params, "n_neighbours": 7}})
+    assert any("shape" in p for p in weight_sanity(sd, wrong_size))
+
+
+def test_duplicate_gate_compares_the_stored_routing_map(fitted):
+    for s in fitted.saved:
+        ckpt = load_checkpoint(s.path)
+        v = routing_map(ckpt.state_dict)
+        assert v.shape == (64 * ckpt.manifest.n_workers,) and np.allclose(v, ckpt.state_dict["routing_map"].numpy().ravel())
+
+
+def test_selection_never_reads_the_test_split(data):
+    """Poison every test row (features, rewards, quality, domains): no figure and no choice moves.
+    The control: changing validation rows does move them."""
+    cfg = FAST.model_copy(update={"heads": FAST.heads.model_copy(update={"mlp": None})})
+    before, _, _ = select_heads(data, cfg, log=QUIET)
+    rng = np.random.default_rng(1)
+    test = data.splits == "test"
+    poisoned = dataclasses.replace(
+        data, features=np.where(test[:, None], rng.normal(size=data.features.shape), data.features),
+        utility=np.where(test[:, None], data.utility[:, ::-1], data.utility),
+        quality=np.where(test[:, None], 1 - data.quality, data.quality),
+        domains=[("code" if t else d) for d, t in zip(data.domains, test)], data_version="")
+    after, _, _ = select_heads(poisoned, cfg, log=QUIET)
+    assert after.table() == before.table()
+    assert (after.selected, after.rule, after.best_per_kind) == (before.selected, before.rule, before.best_per_kind)
+    val = data.splits == "val"
+    control = dataclasses.replace(data, utility=np.where(val[:, None], data.utility[:, ::-1], data.utility), data_version="")
+    moved, _, _ = select_heads(control, cfg, log=QUIET)
+    assert moved.table() != before.table()
+
+
+def test_fitted_heads_do_not_depend_on_test_rows(data, tmp_path):
+    cfg = TrainSetConfig.model_validate({"heads": {"domain_prior": {"m": [20]}, "knn": {"k": [30]}, "ensemble": None}})
+    a = fit_and_save(data, tmp_path / "a", cfg, log=QUIET)
+    test = data.splits == "test"
+    poisoned = dataclasses.replace(data, utility=np.where(test[:, None], -data.utility, data.utility), data_version="")
+    b = fit_and_save(poisoned, tmp_path / "b", cfg, log=QUIET)
+    for sa, sb in zip(a.saved, b.saved):
+        ta, tb = load_checkpoint(sa.path).state_dict, load_checkpoint(sb.path).state_dict
+        assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def test_folds_hash_the_task_id_only():
+    ids = [f"task-{i}" for i in range(400)]
+    f = fold_ids(ids, 5, 0)
+    perm = np.random.default_rng(0).permutation(400)
+    assert np.array_equal(fold_ids([ids[i] for i in perm], 5, 0), f[perm])
+    assert set(f.tolist()) == set(range(5)) and not np.array_equal(fold_ids(ids, 5, 1), f)
+
+
+def test_the_rule_is_the_one_that_holds_up_out_of_sample():
+    """A big domain and two small ones: 'pooled' picks the head that serves only the big domain;
+    judged on the other half of the folds, the macro-aware rules hold up and win."""
+    doms = np.array(["big"] * 900 + ["s1"] * 50 + ["s2"] * 50)
+    u = np.zeros((1000, 2))
+    u[:900, 0], u[900:, 1] = 1.0, 1.0
+    u = np.hstack([u, np.zeros((1000, 1))])  # three workers: no APGR
+    only_big = np.tile([1.0, 0.0, 0.0], (1000, 1))
+    rng = np.random.default_rng(0)
+    balanced = np.where((doms == "big")[:, None] & (rng.random(1000) < 0.2)[:, None], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0])
+    balanced[(doms == "big") & (rng.random(1000) >= 0.2)] = [1.0, 0.0, 0.0]
+    folds = fold_ids([str(i) for i in range(1000)], 5, 0)
+    out = nested_rule_check({"only_big": only_big, "balanced": balanced}, Objective(u, u, doms), folds)
+    assert out["rule"] in ("macro", "blend") and out["scores"]["pooled"] < out["scores"][out["rule"]]
+    assert "holds up best" in out["reason"]
+
+
+def test_promotion_ranks_heads_fitted_on_val_by_their_out_of_fold_figure(data, fitted):
+    ckpt = load_checkpoint(fitted.selected_path())
+    assert validation_utility(ckpt, data) == pytest.approx(ckpt.manifest.metrics["val_utility"])
+    other = dataclasses.replace(data, utility=data.utility + 0.0, data_version="other")
+    assert validation_utility(ckpt, other) is None  # a figure from other data is no figure
+
+
+def test_linear_checkpoints_keep_the_hash_they_had_before_head_params(tmp_path, data):
+    head = build_head("layernorm_linear", data.dim, data.n_workers)
+    path = save_checkpoint(tmp_path, "sft", "layernorm_linear", head.state_dict(),
+                           {"worker_ids": data.worker_ids, "feature_contract": data.contract, "data_version": "v"})
+    m = json.loads((path / "manifest.json").read_text())
+    body = {k: v for k, v in m.items() if k not in UNHASHED_FIELDS and k not in ("head_params", "head_shape")}
+    weights = (path / "head.safetensors").read_bytes()
+    assert hashlib.sha256(weights + canonical_json(body).encode()).hexdigest()[:16] == path.name
+    assert load_checkpoint(path).head.uses_domains is False
+
+
+def _imported_file(path, n=240):
+    rnd = random.Random(0)
+    p_correct = {"math": [0.9, 0.3, 0.5], "code": [0.3, 0.9, 0.45], "general": [0.45, 0.4, 0.85]}
+    rows = []
+    for i in range(n):
+        d = list(p_correct)[i % 3]
+        rows.append({"task_id": f"t{i}", "prompt": f"{d} task {i}: " + " ".join(rnd.choice(["alpha", "beta", "gamma"]) for _ in range(5)),
+                     "domain": d, "split": "test" if i % 4 == 0 else "train", "worker_ids": ["math-x", "code-x", "general-x"],
+                     "quality": [int(rnd.random() < p) for p in p_correct[d]], "cost_usd": [0.002, 0.004, 0.001],
+                     "latency_s": [2.0, 3.0, 1.0]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_fugu_lite_train_prints_the_checkpoint_last_and_evaluate_takes_it(tmp_path, capsys):
+    from fugu_pipeline.cli.main import main
+    from fugu_pipeline.route.router import Router
+
+    src = _imported_file(tmp_path / "rewards.jsonl")
+    common = ["--data", str(src), "--encoder", "tiny", "--workers", "configs/workers.mock.yaml",
+              "--cache-dir", str(tmp_path / "emb"), "--work-dir", str(tmp_path / "imports")]
+    assert main(["train", *common, "--output", str(tmp_path / "models")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    last = out[-1]
+    ckpt = load_checkpoint(last)
+    assert ckpt.manifest.metrics["selected"] is True and str(tmp_path / "models" / ckpt.manifest.head_kind) in last
+    assert any(line.startswith("validation:") for line in out) and any(line.startswith("selected") for line in out)
+    assert main(["evaluate", "--checkpoint", last, *common, "--models-dir", str(tmp_path / "models")]) == 0
+    report = json.loads((ckpt.path / "reports" / "test.json").read_text())
+    assert report["router_minus_best_fixed"]["low"] > 0
+    router = Router.load(last)
+    try:
+        picks = {d: router.route(f"{d} task: alpha beta", d).worker_id for d in ("math", "code", "general")}
+    finally:
+        router.close()
+    assert picks == {"math": "math-x", "code": "code-x", "general": "general-x"}
+
+
+def test_two_workers_rank_by_apgr_and_promotion_sees_utility(data, tmp_path):
+    """With two workers the heads are ranked by APGR, but the figure promotion compares across head
+    kinds (`val_utility`) is the out-of-fold utility of the greedy route, in the utility's units."""
+    two = dataclasses.replace(data, worker_ids=data.worker_ids[:2], utility=data.utility[:, :2], quality=data.quality[:, :2],
+                              cost_usd=data.cost_usd[:, :2], latency_s=data.latency_s[:, :2])
+    cfg = TrainSetConfig.model_validate({"heads": {"domain_prior": {"m": [5]}, "knn": {"k": [10], "prior_weight": [0],
+                                                                                          "same_domain_bonus": [0]}}})
+    report = fit_and_save(two, tmp_path, cfg, log=QUIET)
+    assert report.rule == "apgr"
+    for s in report.saved:
+        m = load_checkpoint(s.path).manifest.metrics
+        assert set(m["validation"]) >= {"apgr", "pooled"} and m["val_utility"] == m["validation"]["pooled"]
+        assert two.utility.min() <= m["val_utility"] <= two.utility.max()
+
+
+def test_leave_one_domain_out_routes_each_domain_unseen(data):
+    """Each domain is held out in turn (all its splits), the choice among heads is made by an inner
+    leave-one-domain-out on the other domains, and the held-out rows are routed with the domain
+    hidden; the baseline is the best fixed worker of the training domains."""
+    from fugu_pipeline.evaluate.lodo import leave_one_domain_out
+
+    rng = np.random.default_rng(1)  # 6 domains: each synthetic domain split in two, so 5 remain when one is out
+    six = dataclasses.replace(data, domains=[d if rng.random() < 0.6 else d + "-b" for d in data.domains])
+    cfg = TrainSetConfig.model_validate({"heads": {"domain_prior": {"m": [20]}, "knn": {"k": [10, 30], "prior_weight": [0],
+                                                                                        "same_domain_bonus": [0]}}})
+    out = leave_one_domain_out(six, cfg)
+    assert [r["domain"] for r in out["rows"]] == sorted(set(six.domains))
+    assert sum(r["n"] for r in out["rows"]) == len(six.task_ids)
+    d = out["difference"]
+    assert d["low"] <= d["mean"] <= d["high"]
+    assert abs(d["mean"] - (out["router_macro"] - out["fixed_macro"])) < 1e-9
+    assert d["low"] > 0  # the features tell the domains' best workers apart: routing beats the fixed worker unseen
