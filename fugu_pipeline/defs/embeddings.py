@@ -44,7 +44,9 @@ class EncoderResource(dg.ConfigurableResource):
     _lazy: LazyEncoder | None = PrivateAttr(default=None)
 
     def settings(self) -> EncoderSettings:
-        return EncoderSettings(**{name: getattr(self, name) for name in EncoderSettings.model_fields})
+        # the settings this resource configures (prompt rules are fitted per checkpoint, not configured here)
+        return EncoderSettings(**{name: getattr(self, name) for name in EncoderSettings.model_fields
+                                  if name in type(self).model_fields})
 
     def cache_root(self) -> Path:
         return ProjectPaths.from_env().resolve(self.cache_dir)
