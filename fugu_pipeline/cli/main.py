@@ -180,6 +180,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.features.settings import EncoderLoadError
     from fugu_pipeline.matrix.read import RewardMatrixError
+    from fugu_pipeline.route.budget import BudgetError
     from fugu_pipeline.route.router import RouterError
     from fugu_pipeline.tasks.loading import TaskFileError
     from fugu_pipeline.train.checkpoints import CheckpointError
@@ -189,7 +190,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fugu_pipeline.workers.contract import WorkerCallError
 
     return (CatalogError, CheckpointError, EncoderLoadError, RewardMatrixError, RouterError, TaskFileError,
-            ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError)
+            ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError, BudgetError)
 
 
 if __name__ == "__main__":

@@ -362,7 +362,15 @@ def write_reward_jsonl(rows: list[RewardRow], out_path) -> Path:
         if r.task_id in seen:
             raise ValueError(f"{out_path}: duplicate task_id {r.task_id!r}")
         seen.add(r.task_id)
-    return atomic_write(out_path, "".join(json.dumps(r.model_dump(exclude_none=True), ensure_ascii=False) + "\n" for r in rows))
+    return atomic_write(out_path, "".join(json.dumps(_row_json(r), ensure_ascii=False) + "\n" for r in rows))
+
+
+def _row_json(r: RewardRow) -> dict:
+    """A row as written: no null fields, and no `tags` key when it has none."""
+    d = r.model_dump(exclude_none=True)
+    if not d.get("tags"):
+        d.pop("tags", None)
+    return d
 
 
 # --------------------------------------------------------------------------- summary and dispatcher

@@ -221,9 +221,10 @@ class BudgetCalibration(BaseModel):
     val_reference_cost_usd: float  # its mean expected cost on the validation rows (the share's base)
     curve: list[CurvePoint]
 
-    def choose(self, budget: Budget) -> OperatingPoint:
-        """The smallest λ whose validation cost (+ margin) is within the cap; the cheapest point
-        on the curve, flagged, when no λ meets it."""
+    def choose(self, budget: Budget, *, strict: bool = True) -> OperatingPoint:
+        """The smallest λ whose validation cost (+ margin) is within the cap. When no λ meets it:
+        BudgetError naming the cap and the cheapest cost validation allows (strict, what `route`,
+        `serve` and `evaluate` do), or the cheapest point flagged `met_on_validation=False`."""
         def over(p: CurvePoint) -> float:
             if budget.usd_per_1k is not None:
                 return (p.cost_usd + budget.margin_z * p.cost_se) * 1000 - budget.usd_per_1k
@@ -234,8 +235,17 @@ class BudgetCalibration(BaseModel):
         else:
             p = min(self.curve, key=over)
             met = False
-            note = (f"no λ meets the cap on validation; the cheapest routing found costs "
-                    f"${p.cost_usd * 1000:.4g} per 1,000 requests ({p.share:.1%} of {self.reference_worker})")
+            need_usd = (p.cost_usd + budget.margin_z * p.cost_se) * 1000
+            need_share = p.share + budget.margin_z * p.share_se
+            field = "budget usd_per_1k" if budget.usd_per_1k is not None else "budget share"
+            asked = f"{budget.usd_per_1k:g}" if budget.usd_per_1k is not None else f"{budget.share:g}"
+            least = f"{need_usd:.4g}" if budget.usd_per_1k is not None else f"{need_share:.4g}"
+            note = (f"{field} {asked}: no operating point meets this cap on validation ({self.n_val} rows); the "
+                    f"cheapest routing costs ${p.cost_usd * 1000:.4g} per 1,000 requests ({p.share:.1%} of "
+                    f"{self.reference_worker}'s cost), {least} with the margin of {budget.margin_z:g} standard "
+                    f"errors. Raise the cap to at least {least}, or lower the margin (--budget-margin-z / margin_z)")
+            if strict:
+                raise BudgetError(note)
         return OperatingPoint(budget=budget, lam=p.lam, met_on_validation=met, val_cost_usd_per_1k=p.cost_usd * 1000,
                               val_share=p.share, val_quality=p.quality, note=note)
 

@@ -110,7 +110,10 @@ class Router:
             raise BudgetUnavailable(
                 f"no budget calibration beside {self.path} (budget.json): run `fugu-lite evaluate --checkpoint "
                 f"{self.path} --data <the training data>`, which chooses λ for a cap on its validation split")
-        return self.calibration.choose(budget)
+        try:
+            return self.calibration.choose(budget)
+        except BudgetError as exc:
+            raise BudgetUnavailable(str(exc)) from None
 
     def budget_scores(self, prompts: list[str], domains: list[str] | None, budget, cost_texts: list[str] | None = None):
         """(scores, operating point, expected cost (N, W)): predicted quality − λ·expected cost / c_ref."""
