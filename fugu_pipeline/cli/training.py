@@ -169,7 +169,8 @@ def train(args, method: str) -> int:
     kwargs = {"force": args.force, "log": log}
     fn = {"sft": train_sft, "rl": train_rl, "es": train_es}[method]
     if init is not None:  # the warm start's features: its contract, prompt rules included
-        data = routing_data(args, args.encoder, contract=init.manifest.feature_contract)
+        settings = encoder_settings(args, args.encoder, init.manifest.feature_contract)
+        data = routing_data(args, settings=settings)
         load_checkpoint(init.path, expected_contract=init.manifest.feature_contract)
         kwargs["init_state"] = init.state_dict
         result = fn(data, cfg, **kwargs)
@@ -181,6 +182,8 @@ def train(args, method: str) -> int:
             data, lambda rules: routing_data(args, settings=settings.model_copy(update={"prompt_rules": rules})),
             lambda d: fn(d, cfg, **kwargs), mode, log)
         result.metrics["prompt_rules_choice"] = record
+    # the dtype the features were computed in: `route` and `serve` use it under --dtype auto (DESIGN §3)
+    result.metrics["feature_dtype"] = settings.resolve_dtype(settings.resolve_device())
     path = result.save(args.output)
     calibrate_beside(path, data)
     m = result.metrics

@@ -44,6 +44,21 @@ def encoder_settings_for(contract: FeatureContract, device: str = "auto", dtype:
     )
 
 
+def serving_dtype(settings, metrics: dict) -> str:
+    """The dtype `--dtype auto` serves in: the one the training features were computed in (recorded
+    as `feature_dtype` by training), so the served vectors equal the cached ones (DESIGN §3); a
+    half dtype on a CPU without native bf16 stays auto (float32): there it would be slow and still
+    not bit-equal to a GPU's."""
+    from fugu_pipeline.features.settings import cpu_has_native_bf16
+
+    trained = metrics.get("feature_dtype")
+    if trained not in ("float32", "bfloat16", "float16"):
+        return "auto"
+    if trained != "float32" and settings.resolve_device() == "cpu" and not cpu_has_native_bf16():
+        return "auto"
+    return trained
+
+
 def _softmax(z: np.ndarray) -> np.ndarray:
     z = z - z.max(axis=-1, keepdims=True)
     e = np.exp(z)
@@ -77,6 +92,8 @@ class Router:
 
         probe = load_checkpoint(checkpoint_path)
         settings = encoder_settings_for(probe.manifest.feature_contract, device, dtype, encoder)
+        if dtype == "auto":
+            settings = settings.model_copy(update={"dtype": serving_dtype(settings, probe.manifest.metrics)})
         enc = Encoder.load(settings)
         expected = enc.feature_contract()
         if encoder is not None:  # a relocated model: same contract apart from where it lives
