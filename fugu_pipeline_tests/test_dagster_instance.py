@@ -62,7 +62,8 @@ def test_every_asset_that_can_load_the_encoder_runs_in_the_gpu_pool(project):
         if "encoder" in a.required_resource_keys:
             encoder_assets.update({k.to_user_string(): a.op.pool for k in a.keys})
     assert set(encoder_assets) == {"task_embeddings", "router_sft", "router_rl", "router_es", "eval_report_sft",
-                                   "eval_report_rl", "eval_report_es", "promoted_router", "triage_head", "eval_report_triage"}
+                                   "eval_report_rl", "eval_report_es", "promoted_router", "triage_head", "eval_report_triage",
+                                   "router_roles", "eval_report_roles"}
     assert {k for k, pool in encoder_assets.items() if pool != GPU_POOL} == set()
 
 

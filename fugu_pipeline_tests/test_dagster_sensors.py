@@ -15,7 +15,7 @@ from fugu_pipeline.defs.assemble import build_defs
 from fugu_pipeline.defs.catalog import FINGERPRINT_TAG
 from fugu_pipeline.testing.stub_llm import StubLLMServer
 from fugu_pipeline.workers.catalog import load_latest
-from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl
+from fugu_pipeline_tests.conftest import task_row, write_jsonl
 from fugu_pipeline_tests.daemon_path import launch, tick
 
 HOOK = """

@@ -225,7 +225,7 @@ def test_settings_validation():
     assert (c.encoder_id, c.pooling, c.token_position, c.dim) == ("tiny", "position", -2, 64)
 
 
-CHEAP_PACKAGES = ("tasks", "workers", "collect", "matrix", "features", "route", "evaluate")
+CHEAP_PACKAGES = ("tasks", "workers", "collect", "matrix", "features", "session", "route", "evaluate")
 
 
 def test_importing_core_modules_is_cheap():

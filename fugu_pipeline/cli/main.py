@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fugu_pipeline.cli import data, harness, pipeline, routing, training
+from fugu_pipeline.cli import data, harness, pipeline, roles, routing, training
 from fugu_pipeline.cli.common import CLIError
 
 
@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", default="configs/workers.mock.yaml", help="worker YAML (default: the offline mock pool)")
     p.add_argument("--encoder", default=None, help="'tiny' (offline), a local model directory, or a hub id (default: $FUGU_ENCODER, else Qwen/Qwen3-0.6B)")
     p.add_argument("--stop-after", default=None, help="stop after this asset (e.g. reward_matrix)")
+    p.add_argument("--roles", action="store_true", help="also train, evaluate and promote the multi-turn coordinator "
+                   "(router_roles, eval_report_roles) after the one-step chain")
 
     p = add("doctor", pipeline.cmd_doctor, "check Python, torch/CUDA, the key (present or not), Dagster home, disk")
     p.add_argument("--project-dir", default=".")
@@ -133,12 +135,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     harness.add_commands(add, data_opts)  # baseline, pack, preflight, validate, train-triage, triage-report
 
+    p = add("evaluate-roles", roles.cmd_evaluate_roles, "the held-out multi-turn report of a coordinator on a "
+            "project's tasks (vs the one-step router and the best fixed worker); --promote to face the king")
+    p.add_argument("--project-dir", default=".")
+    p.add_argument("--workers", default="configs/workers.mock.yaml", help="worker YAML, relative to the project")
+    p.add_argument("--config", default="configs/train_roles.yaml", help="roles config (reward penalties, turn limit)")
+    p.add_argument("--checkpoint", default=None, help="roles checkpoint (default: the promoted coordinator)")
+    p.add_argument("--seeds", type=int, default=1, help="sampling seeds per held-out task")
+    p.add_argument("--one-step", default=None, help="one-step checkpoint to compare with when none is promoted")
+    p.add_argument("--promote", action="store_true", help="apply the promotion gates to models/promoted/roles.json")
+    p.add_argument("--encoder", default=None, help="where to load the checkpoint's encoder from (default: its contract)")
+    p.add_argument("--device", default="auto")
+
     p = add("route", routing.cmd_route, "route a prompt without calling any worker")
     route_opts(p)
 
     p = add("ask", routing.cmd_ask, "route a prompt and call the chosen worker (falls back on failure)")
     route_opts(p)
     p.add_argument("--workers", required=True)
+    p.add_argument("--mode", choices=["one-step", "multi-turn"], default="one-step",
+                   help="multi-turn: the promoted coordinator (or --checkpoint, a roles checkpoint) delegates over "
+                   "several turns (Thinker, Worker, Verifier) and answers with the committed answer")
+    p.add_argument("--seed", type=int, default=0, help="multi-turn: the session's sampling seed")
 
     p = add("serve", routing.cmd_serve, "serve an OpenAI-compatible endpoint that routes every request")
     p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: follow the promoted pointer)")

@@ -21,7 +21,8 @@ def cmd_pipeline(args) -> int:
 
     encoder = encoder_name(args)
     print(f"encoder: {encoder}" + (" (built-in tiny Qwen3, offline)" if encoder == "tiny" else ""))
-    results = run_pipeline(Path(args.project_dir).resolve(), args.workers, encoder=encoder, stop_after=args.stop_after)
+    results = run_pipeline(Path(args.project_dir).resolve(), args.workers, encoder=encoder, stop_after=args.stop_after,
+                           roles=getattr(args, "roles", False))
     rm = results.get("reward_matrix", {})
     if rm:
         print(f"reward matrix: {rm.get('tasks')} tasks x {rm.get('workers')} workers, "
@@ -47,6 +48,13 @@ def cmd_pipeline(args) -> int:
     if p:
         print(f"promotion: {'promoted ' + str(p.get('challenger')) if p.get('promoted') else 'no change'}")
         print((p.get("decision") or "").strip())
+    r = results.get("eval_report_roles")
+    if r:
+        print("multi-turn coordinator, held-out:")
+        print((r.get("per_domain") or "").strip())
+        print((r.get("verdicts") or "").strip())
+        print(f"coordinator promotion: {'promoted' if r.get('promoted') else 'no change'}")
+        print((r.get("decision") or "").strip())
     return 0
 
 

@@ -45,6 +45,10 @@ def cmd_route(args) -> int:
 
 
 def cmd_ask(args) -> int:
+    if getattr(args, "mode", "one-step") == "multi-turn":
+        from fugu_pipeline.cli.roles import cmd_ask_multi_turn
+
+        return cmd_ask_multi_turn(args)
     import asyncio
 
     from dotenv import load_dotenv

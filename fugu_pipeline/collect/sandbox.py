@@ -40,6 +40,9 @@ MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 _RESULT_CAP = 4096
 _UID_RANGE = (1_000_000_000, 2_000_000_000)  # fresh uids: no user owns files or processes there
 DEFAULT_HIDDEN = ("/work", "/home", "/root", "/mnt", "/media", "/srv", "/opt", "/data")
+# A source checkout (wherever it was cloned: CI clones outside /work) is hidden as well; an
+# installed package's folder is not a checkout and holds nothing secret.
+_CHECKOUT = CHILD_SCRIPT.parents[2]
 _CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
 
 
@@ -235,7 +238,7 @@ def _run(code: str, test: str, limits: Limits, python: str, start: float) -> San
                 "max_file_mb": limits.max_file_mb,
                 "max_processes": limits.max_processes,
                 "require_isolation": limits.require_isolation,
-                "hide_paths": list(limits.hide_paths),
+                "hide_paths": _hide_paths(limits),
             },
         }
     ).encode()
@@ -320,11 +323,21 @@ def _remove_owned_files(uid: int) -> None:
                 continue
 
 
+def _hide_paths(limits: Limits) -> list[str]:
+    paths = list(limits.hide_paths)
+    if (_CHECKOUT / "pyproject.toml").is_file() and str(_CHECKOUT) != "/":
+        paths.append(str(_CHECKOUT))
+    return paths
+
+
 @lru_cache(maxsize=1)
 def interpreter() -> str:
-    """The Python the child runs: this one, unless (as root, dropping to a fresh uid) its standard
-    library is unreadable to other users, then the first system Python whose is."""
-    options = [sys.executable] + [p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.path.exists(p)]
+    """The Python the child runs: the base interpreter behind this one (standard library only, so a
+    virtual environment inside the hidden checkout is not needed), unless (as root, dropping to a
+    fresh uid) its standard library is unreadable to other users, then the first system Python
+    whose is."""
+    base = os.path.realpath(sys.executable)
+    options = [base, sys.executable] + [p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.path.exists(p)]
     probe = "import email.mime.text, decimal, json, unittest"
     for python in options:
         try:

@@ -78,7 +78,7 @@ def _private_tmp(size_mb: int, owner: int | None) -> str | None:
 def _hide(paths: list[str]) -> list[str]:
     """Mount an empty read-only tmpfs over each folder (project trees, homes, data), except the
     ones holding this interpreter. Returns the folders hidden."""
-    keep = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.executable)}
+    keep = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.executable, os.path.dirname(os.__file__))}
     hidden = []
     for d in paths:
         real = os.path.realpath(d)

@@ -10,7 +10,7 @@ import os
 
 import dagster as dg
 
-from fugu_pipeline.defs import automation, catalog, data, models, sensors, triage
+from fugu_pipeline.defs import automation, catalog, data, models, roles, sensors, triage
 from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.resources import PipelineResource
 
@@ -25,7 +25,7 @@ def build_defs(project_dir: str | None = None, workers_config: str | None = None
         assets=[catalog.openrouter_catalog, data.tasks, data.responses, data.reward_matrix, models.task_embeddings,
                 models.router_sft, models.router_rl, models.router_es,
                 models.eval_report_sft, models.eval_report_rl, models.eval_report_es, models.promoted_router,
-                triage.triage_head, triage.eval_report_triage],
+                triage.triage_head, triage.eval_report_triage, roles.router_roles, roles.eval_report_roles],
         asset_checks=[data.cells_complete, data.worker_order_fixed, data.no_nan, data.learning_signal],
         sensors=[sensors.benchgen_batch_sensor, catalog.catalog_change_sensor, automation.reward_matrix_automation],
         jobs=[sensors.load_batch_job, sensors.collect_responses_job],

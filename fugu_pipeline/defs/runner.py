@@ -35,6 +35,7 @@ def run_pipeline(
     encoder: str | None = None,
     stop_after: str | None = None,
     echo: Callable[[str], None] = print,
+    roles: bool = False,
 ) -> dict:
     """Materialize tasks -> responses -> reward_matrix (-> the rest of the graph) for every batch
     file. Returns the materialization metadata of the last step, keyed by asset."""
@@ -90,9 +91,14 @@ def run_pipeline(
     for key in _downstream_steps(defs):
         step(key)
         if stop_after == key:
-            break
+            return results
+    if roles:  # the multi-turn coordinator, after the one-step chain it warm-starts from and compares with
+        for key in ROLES_STEPS:
+            step(key)
     return results
 
+
+ROLES_STEPS = ["router_roles", "eval_report_roles"]  # `fugu-lite pipeline --roles`
 
 # After the reward matrix, in order. The catalog asset is not here: it needs the network.
 DOWNSTREAM = [

@@ -61,7 +61,6 @@ from fugu_pipeline.train.checkpoints import (
 )
 from fugu_pipeline.train.pointer import (
     POINTER,
-    pointer_target,
     read_pointer,
     write_pointer,
 )

@@ -75,6 +75,10 @@ class Router:
     def __init__(self, checkpoint, encoder, *, encoder_override: str | None = None):
         from fugu_pipeline.route.budget import load_calibration
 
+        if checkpoint.manifest.head_kind.startswith("roles"):
+            raise RouterError(f"{checkpoint.path} is a multi-turn coordinator ({checkpoint.manifest.head_kind}), not a "
+                              "one-step router: run it with `fugu-lite ask --mode multi-turn` or a request with "
+                              '"fugu_mode": "multi_turn" (route/roles.py)')
         self.checkpoint = checkpoint
         self.encoder = encoder
         self.worker_ids: list[str] = list(checkpoint.manifest.worker_ids)

@@ -91,6 +91,7 @@ from starlette.routing import Route
 from fugu_pipeline.route.budget import Budget
 from fugu_pipeline.route.promoted import PromotedRouter
 from fugu_pipeline.route.router import BudgetUnavailable, RouteDecision, Router, RouterError
+from fugu_pipeline.serve import multi_turn
 from fugu_pipeline.serve.batching import RouteBatcher, RouteRequest, route_grouped
 from fugu_pipeline.serve.protocol import (
     APIError,
@@ -245,8 +246,11 @@ async def chat_completions(request: Request) -> Response:
     svc: Service = request.app.state.fugu
     svc.check_auth(request)
     require_json(request)
-    req = parse_chat_request(await read_body(request, svc.max_body_bytes))
+    raw = await read_body(request, svc.max_body_bytes)
+    req = parse_chat_request(raw)
     svc.counts["requests"] += 1
+    if multi_turn.requested_mode(raw) == "multi_turn":  # the coordinator delegates over several turns
+        return await multi_turn.chat_completion(svc, request.app.state.fugu_roles, req, t0)
     decision = await svc.route(req)
     t_routed = time.perf_counter()
 
@@ -405,9 +409,12 @@ def create_app(
     max_batch: int = DEFAULT_MAX_BATCH,
     worker_attempts: int | None = 1,
     default_budget: Budget | None = None,
+    roles=None,
 ) -> Starlette:
     """The Starlette app. `api_token` None or "" means no auth; `worker_attempts` None keeps the
-    worker config's `max_attempts`. Refuses a router whose workers the config does not define."""
+    worker config's `max_attempts`. Refuses a router whose workers the config does not define.
+    `roles`: the multi-turn coordinator for `"fugu_mode": "multi_turn"` requests (a
+    `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400)."""
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
     source = RouterSource(router_provider)
     router = source.get()
@@ -437,6 +444,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.fugu = svc
+    app.state.fugu_roles = roles
     return app
 
 

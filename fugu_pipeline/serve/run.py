@@ -22,6 +22,7 @@ from fugu_pipeline.serve.app import (
     create_app,
     load_router_provider,
 )
+from fugu_pipeline.train.pointer import ROLES_POINTER
 
 log = logging.getLogger("fugu_pipeline.serve")
 DEFAULT_TORCH_THREADS = 1
@@ -67,9 +68,14 @@ def serve(
     if token is None and host not in LOOPBACK:
         log.warning("serving on %s without a token: set FUGU_SERVE_TOKEN (or --token), and put TLS in front", host)
     provider = load_router_provider(checkpoint_or_models_dir, device=device, dtype=dtype, encoder=encoder)
+    roles = None  # "fugu_mode": "multi_turn" requests: the promoted coordinator, when the models folder has one
+    if (Path(checkpoint_or_models_dir) / ROLES_POINTER).exists():
+        from fugu_pipeline.route.roles import PromotedRoles
+
+        roles = PromotedRoles(checkpoint_or_models_dir, device=device, dtype=dtype, encoder=encoder)
     app = create_app(provider, workers_config_path, api_token=token, max_body_bytes=max_body_bytes,
                      batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts,
-                     default_budget=default_budget)
+                     default_budget=default_budget, roles=roles)
     router = app.state.fugu.source.last
     log.info("fugu-lite serving %s (%s) on http://%s:%d/v1", checkpoint_tag(router), router.path, host, port)
     log.info("%s; torch threads %d; auth %s", router.encoder.describe(), torch.get_num_threads(),

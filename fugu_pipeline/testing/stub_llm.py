@@ -7,6 +7,8 @@
         s.set_fault("http", status=503, model="m/x", times=2)   # first 2 calls of m/x get a 503
         s.set_price("m/x", prompt=2e-6)                          # the catalog at GET /api/v1/models
         ...
+        s.set_role_reply("verifier", "Looks right.\nVERDICT: ACCEPT")   # multi-turn sessions: by role
+        s.set_role_reply("worker", lambda model, prompt: "Final answer: 4", model="m/x")
         s.calls[("m/x", "What is 2+2?")]       # every chat request, faulted ones included
         s.successes[("m/x", "What is 2+2?")]   # requests that got an answer
         s.requests[-1].headers, s.requests[-1].body
@@ -20,6 +22,10 @@ provider that quotes a rejected key does; `metadata` for OpenRouter error metada
 "empty_answer" (`finish_reason`), "no_choices". A fault matches by `model` and by `prompt`
 (a substring of the last message); `times=N` fails only the first N matching calls.
 A streamed answer goes out in one write unless `chunk_delay_s` > 0 paces its events.
+Multi-turn session requests name their role in the system message (`Role: Verifier`, see
+`session/roles.py`); `set_role_reply(role, text_or_fn, model=None)` answers them by role (a
+verdict, no verdict, both, another language, ...), before `set_answer` and `answer_fn`;
+`role_calls[(model, role)]` counts them.
 
 Run it alone (for benchmarks): `python -m fugu_pipeline.testing.stub_llm --latency 0.1`
 prints its base URL and serves until killed.
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -42,6 +49,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+_ROLE_LINE = re.compile(r"^Role:\s*(Thinker|Worker|Verifier)\b", re.IGNORECASE | re.MULTILINE)
 FAULT_KINDS = ("http", "timeout", "malformed_json", "error_in_200", "empty_answer", "no_choices")
 
 
@@ -103,6 +111,8 @@ class StubLLMServer:
         self.requests: list[RecordedRequest] = []
         self.answers: dict[tuple[str | None, str], str] = {}
         self.answer_fn = None  # optional callable(model, prompt) -> str
+        self.role_replies: dict[tuple[str | None, str], object] = {}  # (model, role) -> str | callable(model, prompt)
+        self.role_calls: Counter = Counter()
         self.served_model: dict[str, str] = {}
         self.model_latency: dict[str, float] = {}
         self.catalog: dict[str, dict] = {}
@@ -157,6 +167,11 @@ class StubLLMServer:
     def set_answer(self, prompt: str, answer: str, model: str | None = None) -> None:
         """The answer to `prompt` (the last message's exact text), for one model or all."""
         self.answers[(model, prompt)] = answer
+
+    def set_role_reply(self, role: str, reply, model: str | None = None) -> None:
+        """The reply to every multi-turn request in `role` (thinker, worker, verifier), for one model
+        or all: a string, or a callable(model, prompt) -> str."""
+        self.role_replies[(model, role.lower())] = reply
 
     def add_model(self, model_id: str, prompt: float = 1e-6, completion: float = 2e-6, **kw) -> None:
         """Add a catalog entry; prices are USD per token."""
@@ -242,8 +257,11 @@ class StubLLMServer:
         model = str(body.get("model", ""))
         msgs = body.get("messages") or []
         prompt = str(msgs[-1].get("content", "")) if msgs else ""
+        role = _session_role(msgs)
         with self._lock:
             self.calls[(model, prompt)] += 1
+            if role is not None:
+                self.role_calls[(model, role)] += 1
             fault = next((f for f in self.faults if f.matches(model, prompt)), None)
             if fault is not None:
                 fault.hits += 1
@@ -253,13 +271,13 @@ class StubLLMServer:
             auth = request.headers.get("authorization", "")
             if self.require_key is not None and auth != f"Bearer {self.require_key}":
                 return _error(401, "No auth credentials found" if not auth else "User not found.")
-            return await self._answer(body, model, prompt, fault, openrouter, auth)
+            return await self._answer(body, model, prompt, fault, openrouter, auth, role)
         finally:
             with self._lock:
                 self.in_flight -= 1
 
     async def _answer(self, body: dict, model: str, prompt: str, fault: Fault | None, openrouter: bool,
-                      auth: str) -> Response:
+                      auth: str, role: str | None = None) -> Response:
         if fault is not None and fault.kind == "timeout":  # stall, then give up: never an answer
             await asyncio.sleep(fault.sleep_s)
             return _error(504, f"stub stalled for {fault.sleep_s:g}s")
@@ -290,7 +308,7 @@ class StubLLMServer:
         if fault is not None and fault.kind == "no_choices":
             return JSONResponse({"id": "gen-1", "model": model, "choices": []})
 
-        answer = "" if fault is not None and fault.kind == "empty_answer" else self._answer_text(model, prompt)
+        answer = "" if fault is not None and fault.kind == "empty_answer" else self._answer_text(model, prompt, role)
         finish = fault.finish_reason if fault is not None else "stop"
         served = self.served_model.get(model, model)
         in_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages") or [])
@@ -314,7 +332,11 @@ class StubLLMServer:
             return Response("".join(events), media_type="text/event-stream")
         return StreamingResponse(_paced(events, self.chunk_delay_s), media_type="text/event-stream")
 
-    def _answer_text(self, model: str, prompt: str) -> str:
+    def _answer_text(self, model: str, prompt: str, role: str | None = None) -> str:
+        if role is not None:
+            r = self.role_replies.get((model, role), self.role_replies.get((None, role)))
+            if r is not None:
+                return r(model, prompt) if callable(r) else str(r)
         a = self.answers.get((model, prompt)) or self.answers.get((None, prompt))
         if a is not None:
             return a
@@ -328,6 +350,16 @@ class StubLLMServer:
         if entry is None:
             return round(pt * 1e-6 + ct * 2e-6, 12)
         return round(pt * float(entry["pricing"]["prompt"]) + ct * float(entry["pricing"]["completion"]), 12)
+
+
+def _session_role(messages: list) -> str | None:
+    """The role a multi-turn session request names in its system message (`Role: Verifier`)."""
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") == "system":
+            match = _ROLE_LINE.search(str(m.get("content", "")))
+            if match:
+                return match.group(1).lower()
+    return None
 
 
 def _error(status: int, message: str, headers: dict | None = None, metadata: dict | None = None) -> JSONResponse:

@@ -46,6 +46,7 @@ class Manifest(BaseModel):
     format_version: int = 1
     method: str
     head_kind: str
+    head_shape: dict[str, int] = {}  # a head kind's extra sizes, e.g. {"svf_size": 7168}
     dim: int
     n_workers: int
     param_count: int
@@ -99,13 +100,15 @@ def save_checkpoint(
     contract = FeatureContract.model_validate(fields.pop("feature_contract"))
     worker_ids = list(fields.pop("worker_ids"))
     dim = int(fields.pop("dim", contract.dim))
+    head_shape = {k: int(v) for k, v in (fields.pop("head_shape", None) or {}).items()}
     try:
         manifest = Manifest(
             method=method,
             head_kind=head_kind,
+            head_shape=head_shape,
             dim=dim,
             n_workers=len(worker_ids),
-            param_count=build_head(head_kind, dim, len(worker_ids)).param_count(),
+            param_count=build_head(head_kind, dim, len(worker_ids), **head_shape).param_count(),
             worker_ids=worker_ids,
             feature_contract=contract,
             contract_fingerprint=contract.fingerprint(),
@@ -147,6 +150,8 @@ def save_checkpoint(
 
 def checkpoint_hash(weights: bytes, manifest: Manifest) -> str:
     body = {k: v for k, v in manifest.model_dump(mode="json").items() if k not in UNHASHED_FIELDS}
+    if not body.get("head_shape"):
+        body.pop("head_shape", None)  # heads without extra sizes hash as they did before the field existed
     return hashlib.sha256(weights + canonical_json(body).encode()).hexdigest()[:16]
 
 
@@ -188,7 +193,7 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
         problems.insert(0, f"{WEIGHTS_FILE} does not match the manifest's weights_sha256 (changed after saving)")
     if problems:
         raise CheckpointError(f"{path}: refusing these weights: " + "; ".join(problems))
-    head = build_head(manifest.head_kind, manifest.dim, manifest.n_workers)
+    head = build_head(manifest.head_kind, manifest.dim, manifest.n_workers, **manifest.head_shape)
     head.load_state_dict(tensors)
     head.eval()
     return Checkpoint(path=path, manifest=manifest, head=head, state_dict=tensors)
@@ -209,7 +214,10 @@ def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any
         return [f"manifest lists {len(m.worker_ids)} worker_ids but n_workers={m.n_workers}"]
     if m.dim != m.feature_contract.dim:
         return [f"manifest dim={m.dim} but its feature contract says dim={m.feature_contract.dim}"]
-    want = expected_shapes(m.head_kind, m.dim, m.n_workers)
+    try:
+        want = expected_shapes(m.head_kind, m.dim, m.n_workers, **m.head_shape)
+    except (TypeError, ValueError) as exc:
+        return [f"head_shape {m.head_shape} does not fit a {m.head_kind} head: {exc}"]
     problems = []
     missing = sorted(set(want) - set(state_dict))
     extra = sorted(set(state_dict) - set(want))
@@ -232,6 +240,9 @@ def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any
         bad = int((~torch.isfinite(t)).sum())
         if bad:
             problems.append(f"{name} holds {bad} non-finite (NaN or infinite) value(s)")
+    scale = state_dict.get("feature_scale")  # roles heads standardise their features
+    if scale is not None and torch.is_floating_point(scale) and bool((scale <= 0).any()):
+        problems.append("feature_scale holds zero or negative values: features cannot be standardised")
     final = state_dict.get("linear.weight")
     if final is not None and torch.is_floating_point(final) and not bool(final.ne(0).any()):
         problems.append("linear.weight is all zero: the head would send every task to the same worker")

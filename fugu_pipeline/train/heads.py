@@ -91,18 +91,63 @@ class QualityHead(RoutingHead):
         return torch.sigmoid(z) - self.cost_weight * self.expected_cost
 
 
-HEADS: dict[str, type[RoutingHead]] = {h.kind: h for h in (LinearHead, NormedLinearHead, QualityHead)}
-HEAD_KINDS = tuple(HEADS)
+class RolesHead(RoutingHead):
+    """`roles_linear`: the multi-turn coordinator (DESIGN §6b). One bias-free Linear(D, W + 3) over
+    the encoded transcript: the first W outputs are worker logits, the last 3 role logits (Thinker,
+    Worker, Verifier), each group its own softmax (`session/policy.py`). Zero-initialised: the
+    uniform policy. 6 x 1,024 = 6,144 parameters with 3 workers and Qwen3-0.6B.
+
+    The transcript vector is standardised first with two frozen buffers, `feature_center` and
+    `feature_scale` (per-dimension mean and spread of the vectors met by exploration rollouts;
+    identity until training sets them): an LLM's hidden states share one large direction (the
+    coordinator's transcripts have cosine 0.96-0.99 with each other under the tiny encoder), and
+    CMA-ES's per-coordinate steps only find the small directions that tell states apart once
+    every dimension has unit spread. Not a one-step router: `forward` gives the W + 3 logits, and
+    `route/roles.py` runs it."""
+
+    kind = "roles_linear"
+    n_roles = 3
+
+    def __init__(self, dim: int, n_workers: int):
+        super().__init__(dim, n_workers)
+        self.linear = nn.Linear(dim, n_workers + self.n_roles, bias=False)
+        nn.init.zeros_(self.linear.weight)
+        self.register_buffer("feature_center", torch.zeros(dim))
+        self.register_buffer("feature_scale", torch.ones(dim))
+
+    def frozen(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.feature_center) / self.feature_scale
 
 
-def build_head(kind: str, dim: int, n_workers: int) -> RoutingHead:
+class RolesSVFHead(RolesHead):
+    """`roles_linear_svf`: the roles head plus the seed's SVF adapter, one learnable scale per singular
+    value of the encoder's second-to-last layer (`train/svf.py`): 6,144 + 7,168 = 13,312 parameters
+    with 3 workers and Qwen3-0.6B. `svf_size` (the encoder's count) is in the manifest's `head_shape`."""
+
+    kind = "roles_linear_svf"
+
+    def __init__(self, dim: int, n_workers: int, svf_size: int = 0):
+        super().__init__(dim, n_workers)
+        if svf_size < 1:
+            raise ValueError(f"a roles_linear_svf head needs svf_size >= 1 (the encoder's singular values), got {svf_size}")
+        self.svf_scales = nn.Parameter(torch.ones(svf_size))
+
+
+HEADS: dict[str, type[RoutingHead]] = {h.kind: h for h in (LinearHead, NormedLinearHead, QualityHead, RolesHead,
+                                                           RolesSVFHead)}
+ROUTER_HEAD_KINDS = ("layernorm_linear", "normed_linear", "quality")  # one-step routers
+HEAD_KINDS = ROUTER_HEAD_KINDS  # what the one-step trainers (SFT, RL, ES) may train
+
+
+def build_head(kind: str, dim: int, n_workers: int, **shape: int) -> RoutingHead:
+    """A head of this kind and size; `shape` holds a kind's extra sizes (a manifest's `head_shape`)."""
     try:
         cls = HEADS[kind]
     except KeyError:
         raise ValueError(f"unknown head kind {kind!r}; choose one of {list(HEADS)}") from None
-    return cls(dim, n_workers)
+    return cls(dim, n_workers, **shape)
 
 
-def expected_shapes(kind: str, dim: int, n_workers: int) -> dict[str, tuple[int, ...]]:
+def expected_shapes(kind: str, dim: int, n_workers: int, **shape: int) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every tensor in the state dict of a head of this kind and size."""
-    return {k: tuple(v.shape) for k, v in build_head(kind, dim, n_workers).state_dict().items()}
+    return {k: tuple(v.shape) for k, v in build_head(kind, dim, n_workers, **shape).state_dict().items()}

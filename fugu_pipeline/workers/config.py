@@ -35,6 +35,35 @@ class _Base(BaseModel):
     requests_per_minute: float | None = Field(None, gt=0)
 
 
+class MockRoles(BaseModel):
+    """How a mock worker plays the multi-turn roles (Thinker, Worker, Verifier; `mock_roles.py`).
+    Used only when a request names a role; one-step calls are unchanged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    plan_boost: dict[str, float] = Field(
+        default_factory=dict, description="added to this worker's Worker success probability, per domain, "
+        "when a good Thinker plan is earlier in the transcript")
+    plan_quality: dict[str, float] = Field(
+        default_factory=dict, description="probability, per domain, that its plan as Thinker is good; "
+        "a domain not listed uses its strength")
+    verify_catch: dict[str, float] = Field(
+        default_factory=dict, description="probability, per domain, that as Verifier it flags a wrong answer "
+        "(REVISE); a domain not listed uses its strength")
+    verify_false_alarm: float = Field(0.05, ge=0.0, le=1.0, description="probability it flags a right answer")
+
+    @model_validator(mode="after")
+    def _range(self) -> "MockRoles":
+        for dom, p in self.plan_boost.items():
+            if not -1.0 <= p <= 1.0:
+                raise ValueError(f"plan_boost.{dom} must lie in [-1, 1], got {p}")
+        for name in ("plan_quality", "verify_catch"):
+            for dom, p in getattr(self, name).items():
+                if not 0.0 <= p <= 1.0:
+                    raise ValueError(f"{name}.{dom} must lie in [0, 1], got {p}")
+        return self
+
+
 class MockBehaviour(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -46,6 +75,7 @@ class MockBehaviour(BaseModel):
     latency_s: float = Field(1.0, ge=0.0, description="simulated latency per call (reported, not slept)")
     sleep_s: float = Field(0.0, ge=0.0, description="real wall-clock delay per call (tests)")
     fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of calls that fail (tests)")
+    roles: MockRoles = Field(default_factory=MockRoles, description="multi-turn role behaviour")
 
     @model_validator(mode="after")
     def _range(self) -> "MockBehaviour":

@@ -42,7 +42,7 @@ from fugu_pipeline.workers.config import (
     OpenRouterWorker,
     WorkersConfig,
 )
-from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
+from fugu_pipeline.workers.contract import Completion, FatalWorkerError
 from fugu_pipeline.workers.replies import (
     DETAIL_CHARS,
     SSE_DONE,

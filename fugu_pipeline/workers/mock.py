@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from fugu_pipeline.tasks.answers import parse_number
 from fugu_pipeline.workers.config import MockWorker
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
+from fugu_pipeline.workers.mock_roles import parse_role_request, role_answer
 
 if TYPE_CHECKING:
     from fugu_pipeline.tasks.schema import Task
@@ -34,15 +35,25 @@ class MockClient:
         self.worker_id = spec.id
         self.calls = 0
 
-    async def complete(self, messages: list[dict[str, str]], task: "Task | None" = None) -> Completion:
+    async def complete(self, messages: list[dict[str, str]], task: "Task | None" = None, *,
+                       params: dict | None = None) -> Completion:
+        """`params` may carry `seed` (the sampling seed of a multi-turn session); a request that
+        names a role (`mock_roles.py`) gets the role behaviour, deterministic per (task, worker,
+        role, transcript, seed), failures included."""
         b = self.spec.mock
         self.calls += 1
         if b.sleep_s:
             await asyncio.sleep(b.sleep_s)
         key = task.task_id if task else messages[-1]["content"]
-        if b.fail_rate and _unit("fail", self.worker_id, key, str(self.calls)) < b.fail_rate:
+        role = parse_role_request(messages)
+        draw = str(self.calls) if role is None else f"{role.role}/{len(role.blocks)}/{(params or {}).get('seed', 0)}"
+        if b.fail_rate and _unit("fail", self.worker_id, key, draw) < b.fail_rate:
             raise WorkerCallError(f"mock worker {self.worker_id}: simulated failure", attempts=1, status=503)
-        if task is None:
+        if role is not None:
+            answer = role_answer(role, b, self.worker_id, task, int((params or {}).get("seed", 0)),
+                                 lambda t: _mock_answer(t, True, self.worker_id),
+                                 lambda t: _mock_answer(t, False, self.worker_id))
+        elif task is None:
             answer = f"[{self.worker_id}] I would answer: {messages[-1]['content'][:80]}"
         else:
             p = b.strengths.get(task.domain, b.default_strength)
@@ -95,7 +106,8 @@ def _mock_answer(task: "Task", correct: bool, worker_id: str) -> str:
 class MockJudge(MockClient):
     """Scores an answer by whether it contains the exemplar answer: deterministic."""
 
-    async def complete(self, messages: list[dict[str, str]], task: "Task | None" = None) -> Completion:
+    async def complete(self, messages: list[dict[str, str]], task: "Task | None" = None, *,
+                       params: dict | None = None) -> Completion:
         self.calls += 1
         text = messages[-1]["content"]
         ref = (task.reference_answer or "") if task else ""

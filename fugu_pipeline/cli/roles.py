@@ -1,0 +1,89 @@
+"""Multi-turn commands: `ask --mode multi-turn` (the promoted coordinator, or --checkpoint, runs a
+session against the configured workers and prints the committed answer and every turn)."""
+
+from __future__ import annotations
+
+from fugu_pipeline.cli.common import CLIError, print_json
+
+
+def turn_summary(t) -> dict:
+    return {"turn": t.index, "role": t.role, "chosen": t.chosen_worker, "served_by": t.served_by, "status": t.status,
+            "verdict": t.verdict, "extractable_answer": t.extractable, "cost_usd": t.cost_usd,
+            "latency_s": round(t.latency_s, 4), "prompt_tokens": t.prompt_tokens,
+            "completion_tokens": t.completion_tokens, "fallback_errors": t.fallback_errors}
+
+
+def cmd_ask_multi_turn(args) -> int:
+    import asyncio
+
+    from dotenv import load_dotenv
+
+    from fugu_pipeline.route.roles import PromotedRoles, RolesCoordinator
+    from fugu_pipeline.session.callers import ClientCaller, SessionBudget
+    from fugu_pipeline.workers.config import load_workers_config
+
+    load_dotenv(override=False)
+    config = load_workers_config(args.workers)
+    coord = (RolesCoordinator.load(args.checkpoint, device=args.device, encoder=args.encoder) if args.checkpoint
+             else PromotedRoles(args.models_dir, device=args.device, encoder=args.encoder).refresh())
+    missing = [w for w in coord.worker_ids if w not in config.worker_ids]
+    if missing:
+        raise CLIError(f"the coordinator delegates to {missing}, which {args.workers} does not define")
+
+    async def run():
+        caller = ClientCaller.from_config(config, coord.worker_ids)
+        try:
+            return await coord.session(args.prompt, args.domain, caller, seed=args.seed, allowed=args.allowed,
+                                       budget=SessionBudget(config.max_usd_per_run))
+        finally:
+            await caller.aclose()
+
+    tr = asyncio.run(run())
+    print(tr.answer if tr.answer is not None else "(no turn produced an answer)")
+    print_json({"fugu_lite": {"mode": "multi_turn", "coordinator": coord.tag, "stop_reason": tr.stop_reason,
+                              "committed_turn": tr.committed_turn, "turns": [turn_summary(t) for t in tr.turns],
+                              "cost_usd": tr.cost_usd, "latency_s": tr.latency_s, "error": tr.error}})
+    if tr.answer is None and tr.stop_reason in ("all_workers_failed", "fatal", "budget"):
+        raise CLIError(f"the session ended without an answer ({tr.stop_reason}): {tr.error}")
+    return 0
+
+
+def cmd_evaluate_roles(args) -> int:
+    """The held-out multi-turn report of a coordinator (default: the promoted one) on a project's
+    graded tasks; the same core as `eval_report_roles`, promotion only with --promote."""
+    from pathlib import Path
+
+    from fugu_pipeline.evaluate.roles_project import (
+        evaluate_coordinator,
+        open_run,
+        project_tasks,
+        roles_encoder_settings,
+    )
+    from fugu_pipeline.paths import ProjectPaths
+    from fugu_pipeline.route.router import RouterError
+    from fugu_pipeline.train.pointer import ROLES_POINTER, pointer_target, read_pointer
+    from fugu_pipeline.train.roles import load_roles_config
+    from fugu_pipeline.workers.config import load_workers_config
+
+    paths = ProjectPaths(Path(args.project_dir).resolve())
+    config = load_workers_config(paths.resolve(args.workers))
+    cfg = load_roles_config(paths.resolve(args.config))
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    if checkpoint is None:
+        ptr = read_pointer(paths.models, ROLES_POINTER)
+        if ptr is None:
+            raise RouterError(f"no promoted coordinator in {paths.models}; pass --checkpoint models/roles/<hash>")
+        checkpoint = pointer_target(paths.models, ptr)
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    contract = load_checkpoint(checkpoint).manifest.feature_contract
+    settings = roles_encoder_settings(args.encoder or contract.encoder_id, contract.max_length, revision=contract.revision,
+                                      device=args.device)
+    tasks = project_tasks(paths.benchgen, paths.reward_db)
+    with open_run(config, settings, paths.data / "trajectories", tasks, cfg) as run:
+        rep = evaluate_coordinator(run, checkpoint, tasks, cfg, paths.models, seeds=args.seeds, promote=args.promote,
+                                   one_step_fallback=Path(args.one_step) if args.one_step else None)
+        print(f"worker calls this run: {dict(run.caller.calls)}; sessions read from the store: "
+              f"{run.runner.stats.sessions_stored}, run: {run.runner.stats.sessions_run}")
+    print(f"report: {rep['report_path']}")
+    return 0

@@ -1,0 +1,141 @@
+"""The multi-turn coordinator's assets: `router_roles` (trajectory CMA-ES) and `eval_report_roles`
+(live held-out report against the one-step router and the best fixed worker, then king versus
+challenger on models/promoted/roles.json). Thin: the work is in `evaluate/roles_project.py`."""
+
+import dagster as dg
+
+from fugu_pipeline.defs.data import reward_matrix
+from fugu_pipeline.defs.embeddings import EncoderResource
+from fugu_pipeline.defs.models import promoted_router
+from fugu_pipeline.defs.partitions import GPU_POOL
+from fugu_pipeline.defs.resources import PipelineResource
+
+CODE_VERSION = "fugu-roles-1"
+
+
+class RolesAssetConfig(dg.Config):
+    config_path: str = "configs/train_roles.yaml"
+    """Roles trainer YAML relative to the project directory (RolesConfig)."""
+    eval_seeds: int = 1
+    """Sampling seeds per held-out task in the report."""
+    margin: float = 0.02
+    """Reward the challenger must gain over the promoted coordinator (the seed's king + 0.02)."""
+    max_train_gap: float = 0.25
+    """Largest allowed train minus held-out reward."""
+
+
+def _open(context, config: RolesAssetConfig, pipeline: PipelineResource, encoder: EncoderResource):
+    from fugu_pipeline.evaluate.roles_project import open_run, project_tasks, roles_encoder_settings
+    from fugu_pipeline.train.configs import ConfigError
+    from fugu_pipeline.train.roles import load_roles_config
+    from fugu_pipeline.workers.catalog import load_latest
+
+    try:
+        cfg = load_roles_config(pipeline.paths.resolve(config.config_path))
+    except ConfigError as exc:
+        raise dg.Failure(description=str(exc)) from None
+    workers = pipeline.load_workers()
+    try:
+        tasks = project_tasks(pipeline.paths.benchgen, pipeline.paths.reward_db)
+    except ValueError as exc:
+        raise dg.Failure(description=str(exc)) from None
+    settings = roles_encoder_settings(encoder.model, cfg.max_length, revision=encoder.revision, device=encoder.device,
+                                      dtype=encoder.dtype)
+    run = open_run(workers, settings, pipeline.paths.data / "trajectories", tasks, cfg,
+                   catalog=load_latest(pipeline.paths.catalog))
+    return cfg, tasks, run
+
+
+def _stop(exc: Exception) -> dg.Failure:
+    return dg.Failure(description=f"{type(exc).__name__}: {exc}")
+
+
+@dg.asset(deps=[reward_matrix, promoted_router], pool=GPU_POOL, group_name="multi_turn",
+          kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
+def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pipeline: PipelineResource,
+                 encoder: EncoderResource) -> dg.Output[str]:
+    """The multi-turn coordinator (DESIGN §6b): a roles head (worker + Thinker/Worker/Verifier logits
+    over the encoded transcript) trained by separable CMA-ES on live trajectory reward, with common
+    random numbers, warm-started from the promoted one-step router where the encoders match.
+    Trajectories are stored per (task, head, seed): a re-run or a killed run calls nothing twice.
+    Output: models/roles/<content hash>/."""
+    from fugu_pipeline.evaluate.roles_project import train_coordinator
+    from fugu_pipeline.route.promoted import promoted_checkpoint_path
+    from fugu_pipeline.route.router import RouterError
+    from fugu_pipeline.session.runner import BudgetExhausted
+    from fugu_pipeline.workers.contract import FatalWorkerError
+
+    cfg, tasks, run = _open(context, config, pipeline, encoder)
+    try:
+        one_step = promoted_checkpoint_path(pipeline.paths.models)
+    except RouterError:
+        one_step = None
+    with run as r:
+        try:
+            path, result = train_coordinator(r, tasks, cfg, pipeline.paths.models, one_step_checkpoint=one_step,
+                                             log=context.log.info)
+        except (FatalWorkerError, BudgetExhausted, ValueError) as exc:
+            raise _stop(exc) from None
+        calls = dict(r.caller.calls)
+    m = result.metrics
+    return dg.Output(str(path), data_version=dg.DataVersion(path.name), metadata={
+        "checkpoint": dg.MetadataValue.path(str(path)),
+        "param_count": int(result.weight.size),
+        "best_generation": result.best_generation,
+        "val_reward": float(m["val_reward"]), "val_accuracy": float(m["val_accuracy"]),
+        "val_turns": float(m["val_turns"]), "start_val_reward": float(m["start_val_reward"]),
+        "worker_calls_this_run": dg.MetadataValue.json(calls),
+        "trajectories": dg.MetadataValue.path(str(r.runner.store.path)),
+        "curves": dg.MetadataValue.json(result.curves),
+    })
+
+
+@dg.asset(pool=GPU_POOL, group_name="multi_turn", kinds={"json"}, code_version=CODE_VERSION)
+def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pipeline: PipelineResource,
+                      encoder: EncoderResource, router_roles: str, router_es: str) -> dg.Output[dict]:
+    """Live multi-turn report on the held-out tasks: accuracy with a 95% interval, turns and cost
+    per correct answer, role and worker usage per turn, against the one-step router (the promoted
+    one; the latest CMA-ES checkpoint when none is promoted) and the best fixed worker (chosen on
+    train), per domain with a verdict on whether delegation is worth its extra calls. Then king
+    versus challenger: the coordinator replaces models/promoted/roles.json only if it passes every
+    gate."""
+    from pathlib import Path
+
+    from fugu_pipeline.evaluate.promotion import PromotionPolicy
+    from fugu_pipeline.evaluate.roles_project import evaluate_coordinator
+    from fugu_pipeline.session.runner import BudgetExhausted
+    from fugu_pipeline.workers.contract import FatalWorkerError
+
+    cfg, tasks, run = _open(context, config, pipeline, encoder)
+    policy = PromotionPolicy(margin=config.margin, max_train_gap=config.max_train_gap)
+    with run as r:
+        try:
+            rep = evaluate_coordinator(r, Path(router_roles), tasks, cfg, pipeline.paths.models, seeds=config.eval_seeds,
+                                       policy=policy, one_step_fallback=Path(router_es), log=context.log.info)
+        except (FatalWorkerError, BudgetExhausted, ValueError) as exc:
+            raise _stop(exc) from None
+    p = rep["policies"]
+    table = ["| domain | policy | accuracy [95% CI] | turns / correct | cost / correct | mean turns |", "|---|---|---|---|---|---|"]
+    for d in rep["per_domain"]:
+        for name, s in d["policies"].items():
+            if name == "coordinator" or name in ("one_step", "best_fixed"):
+                a = s["accuracy"]
+                table.append(f"| {d['domain']} | {name} | {a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}] | "
+                             f"{s['turns_per_correct'] or float('nan'):.2f} | {s['cost_per_correct_usd'] or float('nan'):.5f} | "
+                             f"{s['mean_turns']:.2f} |")
+    promo = rep.get("promotion", {})
+    return dg.Output({"checkpoint": router_roles, "report": rep["report_path"], "promoted": promo.get("promoted", False)},
+                     metadata={
+                         "coordinator_accuracy": p["coordinator"]["accuracy"]["mean"],
+                         "best_fixed_accuracy": p["best_fixed"]["accuracy"]["mean"],
+                         "best_fixed_worker": rep["best_fixed_worker"],
+                         **({"one_step_accuracy": p["one_step"]["accuracy"]["mean"]} if "one_step" in p else {}),
+                         "coordinator_turns_per_correct": p["coordinator"]["turns_per_correct"] or float("nan"),
+                         "one_step_router": rep.get("one_step_router") or "none",
+                         "per_domain": dg.MetadataValue.md("\n".join(table)),
+                         "verdicts": dg.MetadataValue.md("\n".join(f"- {v}" for v in rep["verdicts"])),
+                         "usage_per_turn": dg.MetadataValue.json(rep["usage_per_turn"]),
+                         "promoted": bool(promo.get("promoted", False)),
+                         "decision": dg.MetadataValue.md("\n".join(f"- {x}" for x in promo.get("reasons", []))),
+                         "report": dg.MetadataValue.path(rep["report_path"]),
+                     })

@@ -1,0 +1,226 @@
+"""The multi-turn coordinator for a project: train it, evaluate it against the one-step router and
+the best fixed worker, promote it. One place for the Dagster assets (`defs/roles.py`) and the
+command line (`cli/roles.py`), so both compute the same thing from the same settings.
+
+- Tasks: the graded BenchGen tasks (all batch files) that have a complete row in the reward matrix,
+  split by their own `split`. An imported matrix has no graders, so it cannot train a coordinator.
+- Workers: the worker config's clients (mock, OpenRouter, OpenAI-compatible), with the judge for
+  `llm_judge` tasks and the budget guard for every turn.
+- Encoder: the project's encoder model read the seed's way (final layer, penultimate position,
+  L2-normalised, transcript + head-input marker), window `max_length` of the roles config.
+- Trajectories: `data/trajectories/<context>.jsonl` (`session/store.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fugu_pipeline.evaluate.promotion import PromotionPolicy
+from fugu_pipeline.evaluate.roles import EVAL_SEED_BASE, evaluate_roles, report_lines
+from fugu_pipeline.evaluate.roles_promotion import DEFAULT_MARGIN, promote_roles, roles_candidate
+from fugu_pipeline.features.settings import EncoderSettings
+from fugu_pipeline.files import atomic_write
+from fugu_pipeline.session.callers import ClientCaller, SessionBudget
+from fugu_pipeline.session.runner import SessionRunner
+from fugu_pipeline.session.store import TrajectoryStore, context_key
+from fugu_pipeline.session.transcript import HEAD_TEMPLATE
+from fugu_pipeline.tasks.schema import Task
+from fugu_pipeline.train.roles import RolesConfig, reward
+from fugu_pipeline.workers.config import WorkersConfig
+
+Log = Callable[[str], None]
+
+
+def roles_encoder_settings(model: str, max_length: int, *, revision: str | None = None, device: str = "auto",
+                           dtype: str = "auto") -> EncoderSettings:
+    """The seed's transcript encoding: final layer, penultimate position, L2-normalised, with the
+    head-input marker in the template (all of it pinned by the feature contract)."""
+    return EncoderSettings(model=model, revision=revision, device=device, dtype=dtype, max_length=max_length,
+                           pooling="position", token_position=-2, layer=-1, normalize=True,
+                           prompt_template=HEAD_TEMPLATE)
+
+
+def project_tasks(benchgen_dir: Path, reward_db: Path | None) -> list[Task]:
+    """Every graded BenchGen task, restricted to the reward matrix's complete rows when there is one."""
+    from fugu_pipeline.tasks.loading import load_all_batches
+
+    tasks = [t for _, t in load_all_batches(benchgen_dir)]
+    if reward_db is not None and Path(reward_db).exists():
+        from fugu_pipeline.matrix.read import read_arrays
+
+        keep = set(read_arrays(Path(reward_db)).task_ids)
+        tasks = [t for t in tasks if t.task_id in keep]
+    if not tasks:
+        raise ValueError(f"no graded tasks in {benchgen_dir} (with a complete reward-matrix row): a multi-turn "
+                         "coordinator trains on BenchGen tasks, whose graders score its answers; an imported "
+                         "reward matrix has none")
+    return tasks
+
+
+def split(tasks: list[Task], name: str) -> list[Task]:
+    return [t for t in tasks if t.split == name]
+
+
+@dataclass
+class RolesRun:
+    """Everything a coordinator run needs, open; close it with `close()` (or use `open_run`)."""
+
+    config: WorkersConfig
+    featurizer: object
+    runner: SessionRunner
+    caller: ClientCaller
+    judge: object
+
+    def close(self) -> None:
+        import asyncio
+
+        if self.runner.store is not None:
+            self.runner.store.close()
+
+        async def shut() -> None:
+            await self.caller.aclose()
+            if self.judge is not None:
+                await self.judge.aclose()
+
+        asyncio.run(shut())
+
+
+@contextlib.contextmanager
+def open_run(config: WorkersConfig, settings: EncoderSettings, trajectories_dir: Path, tasks: list[Task],
+             cfg: RolesConfig, *, catalog=None, encoder=None) -> Iterator[RolesRun]:
+    """Load the encoder (or use `encoder`), make the worker clients, open the trajectory store."""
+    from fugu_pipeline.features.encoder import Encoder
+    from fugu_pipeline.session.featurize import TranscriptFeaturizer
+    from fugu_pipeline.workers.factory import make_client
+
+    enc = encoder or Encoder.load(settings)
+    featurizer = TranscriptFeaturizer(enc)
+    caller = ClientCaller.from_config(config, catalog=catalog)
+    needs_judge = config.judge is not None and any(t.grader.type == "llm_judge" for t in tasks)
+    judge = make_client(config.judge, config, judge=True, catalog=catalog) if needs_judge else None
+    context = context_key([w.model_dump(mode="json") for w in config.workers],
+                          config.judge.model_dump(mode="json") if config.judge else None, cfg.max_turns, enc.fingerprint)
+    store = TrajectoryStore(trajectories_dir, context)
+    budget = SessionBudget(cfg.max_usd if cfg.max_usd is not None else config.max_usd_per_run, catalog)
+    runner = SessionRunner(caller, store, max_turns=cfg.max_turns, budget=budget, judge=judge,
+                           judge_spec=config.judge)
+    run = RolesRun(config, featurizer, runner, caller, judge)
+    try:
+        yield run
+    finally:
+        run.close()
+        if encoder is None:
+            enc.close()
+
+
+def train_coordinator(run: RolesRun, tasks: list[Task], cfg: RolesConfig, models_dir: Path, *,
+                      one_step_checkpoint: Path | None = None, log: Log = print):
+    """Train (warm-started from the one-step checkpoint's worker rows where the encoders match) and
+    save under models/roles/<hash>/. Returns (checkpoint path, train result)."""
+    from fugu_pipeline.train.roles import train_roles, warm_start_weight
+
+    init = None
+    if cfg.warm_start and one_step_checkpoint is not None:
+        from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
+
+        try:
+            init, why = warm_start_weight(run.featurizer, run.config.worker_ids, load_checkpoint(one_step_checkpoint))
+        except (CheckpointError, FileNotFoundError) as exc:
+            init, why = None, f"no warm start: the one-step checkpoint cannot be loaded ({exc})"
+        log(why)
+    result = train_roles(run.runner, run.featurizer, run.config.worker_ids, split(tasks, "train"), split(tasks, "val"),
+                         cfg, init_weight=init, log=log)
+    return result.save(models_dir), result
+
+
+def _policy_of(checkpoint, featurizer):
+    from fugu_pipeline.train.roles import policy_from_checkpoint
+
+    return policy_from_checkpoint(checkpoint, featurizer)
+
+
+def one_step_policy(models_dir: Path, worker_ids: list[str], log: Log = print, fallback: Path | None = None):
+    """The one-step router to compare with, as a session policy: the promoted one, else `fallback`
+    (the pipeline's latest one-step checkpoint), else None. Returns (policy or None, where it came from)."""
+    from fugu_pipeline.route.promoted import promoted_checkpoint_path
+    from fugu_pipeline.route.roles import OneStepPolicy
+    from fugu_pipeline.route.router import Router, RouterError
+    from fugu_pipeline.train.checkpoints import CheckpointError
+
+    tries = [("promoted", lambda: promoted_checkpoint_path(models_dir))]
+    if fallback is not None:
+        tries.append(("not promoted: the latest one-step checkpoint", lambda: Path(fallback)))
+    reasons = []
+    for what, where in tries:
+        try:
+            path = where()
+            return OneStepPolicy(Router.load(path), worker_ids), f"{what} ({path})"
+        except (RouterError, CheckpointError, FileNotFoundError, ValueError) as exc:
+            reasons.append(f"{what}: {exc}")
+    log("no one-step router to compare with: " + "; ".join(reasons))
+    return None, None
+
+
+def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task], cfg: RolesConfig, models_dir: Path, *,
+                         seeds: int = 1, promote: bool = True, policy: PromotionPolicy | None = None,
+                         one_step_fallback: Path | None = None, log: Log = print) -> dict:
+    """The held-out report (`evaluate/roles.py`), written to <checkpoint>/reports/roles-test.json,
+    and (with `promote`) the king-versus-challenger decision on models/promoted/roles.json."""
+    from fugu_pipeline.route.roles import check_session_format
+    from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
+    from fugu_pipeline.train.pointer import ROLES_POINTER, pointer_target, read_pointer
+
+    contract = run.featurizer.contract()
+    ckpt = load_checkpoint(checkpoint_path, expected_contract=contract)
+    check_session_format(ckpt.manifest)
+    coordinator = _policy_of(ckpt, run.featurizer)
+    worker_ids = run.config.worker_ids
+    one_step, one_step_source = one_step_policy(models_dir, worker_ids, log, one_step_fallback)
+    test, train = split(tasks, "test"), split(tasks, "train")
+    r = lambda t: reward(t, cfg)  # noqa: E731
+    rep = evaluate_roles(run.runner, coordinator, test, train, worker_ids, r, one_step=one_step, seeds=seeds)
+    rep.update({"checkpoint": str(checkpoint_path), "content_hash": ckpt.manifest.content_hash, "one_step_router": one_step_source,
+                "reward": {"turn_penalty": cfg.turn_penalty, "cost_penalty": cfg.cost_penalty}})
+    for line in report_lines(rep):
+        log(line)
+    out = atomic_write(Path(checkpoint_path) / "reports" / "roles-test.json",
+                       json.dumps(rep, indent=2, sort_keys=True, default=float))
+    rep["report_path"] = str(out)
+    if not promote:
+        return rep
+
+    pairs = [(t, EVAL_SEED_BASE + k) for t in test for k in range(seeds)]
+    per_task = lambda trs: np.array([np.mean([r(t) for t in trs[i * seeds:(i + 1) * seeds]]) for i in range(len(test))])  # noqa: E731
+    coord_r, best_r = (per_task(x) for x in run.runner.run(
+        [coordinator, _fixed(worker_ids, rep["best_fixed_worker"])], pairs, greedy=True))
+    sample = train[:: max(1, len(train) // 60)][:60]
+    train_r = float(np.mean([r(t) for t in run.runner.run([coordinator], [(t, EVAL_SEED_BASE) for t in sample], True)[0]]))
+    challenger = roles_candidate(ckpt, coord_r, best_r, train_r, contract, val_reward=ckpt.manifest.metrics.get("val_reward"))
+    champion = None
+    ptr = read_pointer(models_dir, ROLES_POINTER)
+    if ptr is not None:
+        try:
+            king = load_checkpoint(pointer_target(models_dir, ptr))
+            diffs = king.manifest.feature_contract.differences(contract)
+            king_r = per_task(run.runner.run([_policy_of(king, run.featurizer)], pairs, True)[0]) if not diffs else np.full(len(test), np.nan)
+            champion = roles_candidate(king, king_r, best_r, float("nan"), contract)
+        except (CheckpointError, FileNotFoundError) as exc:
+            log(f"the promoted coordinator cannot be loaded ({exc}); the challenger faces the baselines only")
+    outcome = promote_roles(challenger, champion, models_dir, policy or PromotionPolicy(margin=DEFAULT_MARGIN),
+                            report_path=str(out))
+    for line in outcome["reasons"]:
+        log(line)
+    rep["promotion"] = outcome
+    return rep
+
+
+def _fixed(worker_ids: list[str], worker: str):
+    from fugu_pipeline.session.policy import FixedPolicy
+
+    return FixedPolicy(worker_ids, worker)

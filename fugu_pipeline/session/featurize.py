@@ -1,0 +1,215 @@
+"""Transcripts as feature vectors for the coordinator head: the frozen encoder, the window, a cache.
+
+`TranscriptFeaturizer(encoder)` turns `HeadInput`s into vectors with the encoder's settings (for
+the roles head: final layer, penultimate position, L2-normalised, template `HEAD_TEMPLATE`):
+- A transcript longer than the encoder's window (`max_length` tokens) is cut from the FRONT of
+  its turns, so the task and the latest turns stay; a task that alone would fill more than three
+  quarters of the window (what the cut marks leave of it) keeps its beginning.
+- Every text is padded on the right to its own bucket (its length plus at least one pad, rounded
+  up to a multiple of `BUCKET` tokens) and batched only with texts of the same bucket, so its
+  vector never depends on which other transcripts shared the batch. (Padded to "the longest in
+  the batch", the tiny Qwen3's vectors move by up to 4e-3 between batch compositions: enough to
+  flip a close decision, and to break replay from the trajectory store.) Serving uses the same
+  featurizer, so it computes exactly the vectors training saw.
+- Vectors are kept in memory by the exact text (LRU), so candidates of one CMA-ES generation that
+  reach the same transcript share one encoding. `prefetch` encodes many sessions' inputs in one
+  go before the policies read them.
+
+torch loads with the encoder (`features/encoder.py`); this module itself imports only numpy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fugu_pipeline.session.transcript import CUT_MARK, HeadInput
+
+if TYPE_CHECKING:
+    from fugu_pipeline.features.contract import FeatureContract
+    from fugu_pipeline.features.encoder import Encoder
+
+BUCKET = 16  # padded widths are multiples of this
+TASK_SHARE = 0.75  # the most of the window a task keeps when there are turns to show
+TASK_CUT = "\n[... task cut to fit the encoder window ...]"
+
+
+class TranscriptFeaturizer:
+    """Transcript -> vector with a frozen encoder (see the module docstring). Thread-safe."""
+
+    def __init__(self, encoder: "Encoder", *, cache_size: int = 200_000, adapter=None, scales: np.ndarray | None = None,
+                 lock: threading.RLock | None = None):
+        self.encoder = encoder
+        self.settings = encoder.settings
+        self.max_length = self.settings.max_length
+        self.cache_size = cache_size
+        self.adapter, self.scales = adapter, scales  # an SVF adapter (train/svf.py) and this candidate's scales
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = lock or threading.RLock()
+        self._threads = _torch_threads()  # encoding may run in another thread: use this thread's setting there
+        self.encoded = 0  # texts run through the encoder
+        self.hits = 0  # vectors served from memory
+        self.cut = 0  # transcripts cut to fit the window
+
+    @property
+    def dim(self) -> int:
+        return self.encoder.dim
+
+    def with_scales(self, adapter, scales: np.ndarray) -> "TranscriptFeaturizer":
+        """A featurizer for one SVF candidate: the same encoder (and lock), its own scales and cache."""
+        return TranscriptFeaturizer(self.encoder, cache_size=self.cache_size, adapter=adapter,
+                                    scales=np.asarray(scales, np.float32), lock=self._lock)
+
+    def contract(self) -> "FeatureContract":
+        return self.encoder.feature_contract()
+
+    # ----------------------------------------------------------------- the window
+
+    def _count(self, texts: list[str]) -> list[int]:
+        ids = self.encoder.tokenizer(list(texts), add_special_tokens=True, truncation=False,
+                                     return_attention_mask=False)["input_ids"]
+        return [max(1, len(x)) for x in ids]
+
+    def _format(self, body: str) -> str:
+        return self.settings.format([body])[0]
+
+    def _ids(self, text: str) -> list[int]:
+        return self.encoder.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.encoder.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def fit(self, inp: HeadInput) -> tuple[str, int]:
+        """(the encoder text for this input, its token count), cut to the window if needed."""
+        text = self._format(inp.text())
+        n = self._count([text])[0]
+        if n <= self.max_length:
+            return text, n
+        self.cut += 1
+        limit = self.max_length
+        avail = limit - self._count([self._format("\n\n" + CUT_MARK if inp.turns else "")])[0]  # after the marks
+        task = inp.task
+        task_ids = self._ids(task)
+        task_room = int(avail * TASK_SHARE) if inp.turns else avail
+        if len(task_ids) > task_room:
+            task = self._decode(task_ids[: max(task_room - len(self._ids(TASK_CUT)), 1)]) + TASK_CUT
+        if not inp.turns:
+            return self._shrink(task, "", [], limit)
+        return self._shrink(task, CUT_MARK, self._ids(inp.turns), limit)
+
+    def _shrink(self, task: str, mark: str, turn_ids: list[int], limit: int) -> tuple[str, int]:
+        """Keep as many of the last turn tokens as fit (re-counted after decoding, which can merge
+        tokens differently)."""
+        keep = max(0, limit - self._count([self._format(task + "\n\n" + mark)])[0])
+        for _ in range(8):
+            body = task + ("\n\n" + mark + self._decode(turn_ids[len(turn_ids) - keep:]) if keep else "")
+            text = self._format(body)
+            n = self._count([text])[0]
+            if n <= limit:
+                return text, n
+            keep = max(0, keep - (n - limit) - 1)
+        task_only = self._format(task)  # last resort: the (already cut) task alone
+        return task_only, self._count([task_only])[0]
+
+    # ----------------------------------------------------------------- vectors
+
+    def bucket(self, n: int) -> int:
+        """The padded width of a text of n tokens: at least one pad, a multiple of BUCKET."""
+        return -(-(n + 1) // BUCKET) * BUCKET
+
+    def _tokens(self, text: str) -> list[int]:
+        ids = self.encoder.tokenizer(text, add_special_tokens=True)["input_ids"]
+        return ids[: self.max_length] or [self.encoder.pad_id]
+
+    def _forward(self, seqs: list[list[int]], width: int) -> np.ndarray:
+        """The encoder's vectors (its layer, pooling, normalisation) for sequences padded to `width`."""
+        import torch
+
+        from fugu_pipeline.features.encoder import pool_hidden
+
+        enc, s = self.encoder, self.settings
+        tokens = torch.full((len(seqs), width), enc.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, x in enumerate(seqs):
+            tokens[r, : len(x)] = torch.tensor(x, dtype=torch.long)
+            mask[r, : len(x)] = 1
+        tokens, mask = tokens.to(enc.resolved_device), mask.to(enc.resolved_device)
+        with torch.inference_mode():
+            if s.layer == -1:
+                hidden = enc.model(input_ids=tokens, attention_mask=mask).last_hidden_state
+            else:
+                hidden = enc.model(input_ids=tokens, attention_mask=mask, output_hidden_states=True).hidden_states[s.layer]
+            vec = pool_hidden(hidden, mask, s.pooling, s.token_position).to(torch.float32)
+            if s.normalize:
+                vec = torch.nn.functional.normalize(vec, dim=-1)
+        enc.forward_passes += 1
+        return vec.cpu().numpy()
+
+    @staticmethod
+    def key(inp: HeadInput) -> str:
+        return hashlib.sha256(f"{inp.task}\x1e{inp.turns}".encode()).hexdigest()
+
+    def prefetch(self, inputs: list[HeadInput]) -> None:
+        """Encode every input not in memory yet, in groups of the same padded width (with this
+        featurizer's SVF scales applied to the encoder, when it has them)."""
+        with self._lock:
+            todo: dict[str, HeadInput] = {}
+            for inp in inputs:
+                k = self.key(inp)
+                if k not in self._cache and k not in todo:
+                    todo[k] = inp
+            if not todo:
+                return
+            _torch_threads(self._threads)
+            ids = {k: self._tokens(self.fit(inp)[0]) for k, inp in todo.items()}
+            by_bucket: dict[int, list[str]] = {}
+            for k, x in ids.items():
+                by_bucket.setdefault(self.bucket(len(x)), []).append(k)
+            adapted = self.adapter.applied(self.scales) if self.adapter is not None else contextlib.nullcontext()
+            with adapted:
+                self._encode(ids, by_bucket)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    def _encode(self, ids: dict[str, list[int]], by_bucket: dict[int, list[str]]) -> None:
+        for width in sorted(by_bucket):
+            keys = by_bucket[width]
+            rows = max(1, self.settings.token_budget // width)
+            for i in range(0, len(keys), rows):
+                part = keys[i:i + rows]
+                for k, v in zip(part, self._forward([ids[k] for k in part], width)):
+                    self._cache[k] = v
+            self.encoded += len(keys)
+
+    def features(self, inputs: list[HeadInput]) -> np.ndarray:
+        """Vectors (N, dim) float32 in input order."""
+        with self._lock:
+            keys = [self.key(inp) for inp in inputs]
+            self.hits += sum(k in self._cache for k in keys)
+            self.prefetch(inputs)
+            out = np.empty((len(inputs), self.dim), dtype=np.float32)
+            for i, (k, inp) in enumerate(zip(keys, inputs)):
+                if k not in self._cache:  # evicted by a very large prefetch: encode it alone
+                    self.prefetch([inp])
+                self._cache.move_to_end(k)
+                out[i] = self._cache[k]
+            return out
+
+
+def _torch_threads(n: int | None = None) -> int | None:
+    """torch's intra-op thread count of this thread; with `n`, set it. `torch.set_num_threads` does
+    not carry over to threads started later (OpenMP keeps it per thread), so a featurizer called
+    from a worker thread would otherwise use every core: on a shared CPU several times slower."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return n
+    if n is not None and torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()

@@ -1,0 +1,50 @@
+"""The coordinator's assets through Dagster, the way `fugu-lite pipeline --roles` runs them: the whole
+graph on a project holding the two task families and the mock pool with roles, then
+`router_roles` -> `eval_report_roles`; a second run calls no worker (every trajectory is stored)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import yaml
+
+from fugu_pipeline.testing.roles_batch import write_roles_batch
+from fugu_pipeline.train.pointer import ROLES_POINTER, read_pointer
+
+from .conftest import REPO
+
+SMALL = {"generations": 6, "tasks_per_generation": 10, "explore_tasks": 8, "val_every": 3, "val_tasks": 12,
+         "max_length": 256}
+
+
+def test_pipeline_with_roles_trains_reports_and_promotes_then_resumes(tmp_path, monkeypatch):
+    from fugu_pipeline.defs.runner import run_pipeline
+
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "configs", project / "configs")
+    shutil.copy(REPO / "dagster.yaml", project / "dagster.yaml")
+    write_roles_batch(project / "data" / "benchgen" / "roles.jsonl", n_per_family=40)
+    cfg = yaml.safe_load((project / "configs" / "train_roles.yaml").read_text())
+    (project / "configs" / "train_roles.yaml").write_text(yaml.safe_dump({**cfg, **SMALL}))
+    monkeypatch.setenv("DAGSTER_HOME", str(project))
+    monkeypatch.chdir(project)
+    quiet = lambda s: None  # noqa: E731
+
+    first = run_pipeline(project, "configs/workers.mock-roles.yaml", encoder="tiny", roles=True, echo=quiet)
+    trained, report = first["router_roles"], first["eval_report_roles"]
+    ckpt = project / "models" / "roles"
+    assert len(list(ckpt.iterdir())) == 1 and trained["param_count"] == 6 * 64
+    assert sum(trained["worker_calls_this_run"].values()) > 0
+    rep = json.loads((next(ckpt.iterdir()) / "reports" / "roles-test.json").read_text())
+    assert {"coordinator", "one_step", "best_fixed"} <= set(rep["policies"])  # the promoted one-step router too
+    assert {d["domain"] for d in rep["per_domain"]} == {"lookup", "multistep"} and len(rep["verdicts"]) == 2
+    assert rep["policies"]["coordinator"]["accuracy"]["n"] == rep["n_tasks"] > 0
+    history = (project / "models" / "promoted" / "roles-history.jsonl").read_text().splitlines()
+    assert len(history) == 1 and json.loads(history[0])["reasons"]
+    assert (read_pointer(project / "models", ROLES_POINTER) is not None) == report["promoted"]
+
+    again = run_pipeline(project, "configs/workers.mock-roles.yaml", encoder="tiny", roles=True, echo=quiet)
+    assert again["router_roles"]["worker_calls_this_run"] == {}  # replayed from the trajectory store
+    assert again["router_roles"]["checkpoint"] == trained["checkpoint"]  # same seed, same checkpoint
+    assert len(list(ckpt.iterdir())) == 1

@@ -1,0 +1,171 @@
+"""Multi-turn delegation the way users reach it: `"fugu_mode": "multi_turn"` through the official
+`openai` SDK against the real server (stub LLM workers on 127.0.0.1 replying by role), and
+`fugu-lite ask --mode multi-turn`. The coordinator is a real roles checkpoint whose head was fitted
+to a known script (Thinker alpha, Worker beta, Verifier gamma, Worker beta, ...)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+from fugu_pipeline.route.roles import PromotedRoles, RolesCoordinator
+from fugu_pipeline.serve import create_app
+from fugu_pipeline.testing.roles_serving import imitation_checkpoint
+from fugu_pipeline.testing.serving import WORKERS, ServerThread, build_checkpoints, stub_workers_config
+from fugu_pipeline.testing.stub_llm import StubLLMServer
+from fugu_pipeline.train.pointer import ROLES_POINTER, write_pointer
+
+from .conftest import REPO
+
+IDS = list(WORKERS)
+SCRIPT = [("alpha", "thinker"), ("beta", "worker"), ("gamma", "verifier"), ("beta", "worker"), ("gamma", "verifier")]
+REPLIES = {"thinker": "Plan: multiply the two numbers, then check the product.", "worker": "6 x 7 = 42.\nFinal answer: 42",
+           "verifier": "I re-did the product.\nVERDICT: REVISE"}
+PROMPTS = [(f"What is {a} times {b}?", "math") for a, b in [(6, 7), (3, 9), (12, 4), (8, 8), (5, 11), (7, 13)]]
+QUESTION = "What is 6 times 7?"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, Path]:
+    models = tmp_path_factory.mktemp("models")
+    build_checkpoints(models, seeds=(0,), epochs=5)  # a promoted one-step router for the default mode
+    roles = imitation_checkpoint(models, IDS, SCRIPT, PROMPTS, REPLIES)
+    write_pointer(models, {"checkpoint": str(roles.relative_to(models)), "content_hash": roles.name, "method": "roles"},
+                  ROLES_POINTER)
+    return models, roles
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with StubLLMServer() as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def _replies(stub):
+    for role, text in REPLIES.items():
+        stub.set_role_reply(role, text)
+    yield
+    stub.clear_faults()
+    stub.role_replies.clear()
+
+
+@pytest.fixture(scope="module")
+def server(models, stub):
+    from fugu_pipeline.route.promoted import PromotedRouter
+
+    srv = ServerThread(create_app(PromotedRouter(models[0], device="cpu"), stub_workers_config(stub.openai_url),
+                                  roles=PromotedRoles(models[0], device="cpu"), batch_window_ms=2))
+    yield srv.url
+    srv.stop()
+
+
+@pytest.fixture
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def ask(client, stream: bool = False, **extra):
+    return client.chat.completions.with_raw_response.create(
+        model="fugu-lite", messages=[{"role": "user", "content": QUESTION}], stream=stream,
+        extra_body={"fugu_mode": "multi_turn", "domain": "math", **extra})
+
+
+def test_the_fitted_coordinator_follows_its_script(models, stub):
+    import asyncio
+
+    from fugu_pipeline.session.callers import ClientCaller
+    from fugu_pipeline.workers.http import make_http_client
+
+    coord = RolesCoordinator.load(models[1], device="cpu")
+    config = stub_workers_config(stub.openai_url)
+    caller = ClientCaller({w.id: make_http_client(w, config, stream=False) for w in config.workers},
+                          {w.id: w for w in config.workers}, own=True)
+    tr = asyncio.run(coord.session(QUESTION, "math", caller))
+    assert [(t.served_by, t.role) for t in tr.turns] == SCRIPT
+    assert tr.stop_reason == "max_turns" and tr.committed_turn == 4
+
+
+def test_multi_turn_request_through_the_openai_sdk(client, stub):
+    stub.set_role_reply("verifier", "Correct.\nVERDICT: ACCEPT")
+    raw = ask(client)
+    r = raw.parse()
+    info = r.model_extra["fugu_lite"]
+    assert r.choices[0].message.content == REPLIES["worker"]
+    assert [(t["served_by"], t["role"]) for t in info["turns"]] == SCRIPT[:3]
+    assert info["mode"] == "multi_turn" and info["stop_reason"] == "accepted" and info["committed_turn"] == 2
+    assert info["turns"][2]["verdict"] == "accept" and info["cost_usd"] > 0
+    assert raw.headers["x-fugu-mode"] == "multi_turn" and raw.headers["x-fugu-turns"] == "3"
+    assert raw.headers["x-fugu-served-by"] == "beta" and r.model == "stub/beta"
+    assert r.usage.total_tokens == sum(t["prompt_tokens"] + t["completion_tokens"] for t in info["turns"])
+    assert stub.role_calls[("stub/gamma", "verifier")] >= 1
+
+
+def test_multi_turn_streams_the_committed_answer(client, stub):
+    stub.set_role_reply("verifier", "VERDICT: ACCEPT")
+    raw = ask(client, stream=True)
+    chunks = list(raw.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == REPLIES["worker"] and raw.headers["x-fugu-turns"] == "3"
+    assert chunks[-1].model_extra["fugu_lite"]["stop_reason"] == "accepted"
+
+
+def test_a_worker_failing_mid_session_falls_back_inside_the_server(client, stub):
+    stub.set_fault("http", status=503, model="stub/beta")  # the Worker of turns 2 and 4
+    r = ask(client).parse()
+    turns = r.model_extra["fugu_lite"]["turns"]
+    assert turns[1]["chosen_worker"] == "beta" and turns[1]["served_by"] != "beta"
+    assert turns[1]["fallback_errors"][0]["worker"] == "beta" and turns[1]["fallback_errors"][0]["status"] == 503
+    assert r.choices[0].message.content == REPLIES["worker"]
+
+
+def test_every_worker_failing_is_a_502_with_the_turns(client, stub):
+    stub.set_fault("http", status=500)
+    with pytest.raises(openai.APIStatusError) as e:
+        ask(client)
+    assert e.value.status_code == 502
+    body = e.value.response.json()
+    assert body["error"]["code"] == "all_workers_failed" and body["fugu_lite"]["turns"][0]["status"] == "failed"
+
+
+def test_bad_mode_and_missing_coordinator_are_400(client, models, stub):
+    with pytest.raises(openai.BadRequestError, match="fugu_mode"):
+        ask(client, fugu_mode="three_turns")
+    from fugu_pipeline.route.router import Router
+
+    app = create_app(Router.load(next((models[0] / "sft").iterdir()), device="cpu"), stub_workers_config(stub.openai_url))
+    srv = ServerThread(app)
+    try:
+        bare = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="multi-turn coordinator"):
+            ask(bare)
+        plain = bare.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": QUESTION}])
+        assert plain.model_extra["fugu_lite"]["chosen_worker"] in IDS  # one-step mode is untouched
+    finally:
+        srv.stop()
+
+
+def test_one_step_router_refuses_a_roles_checkpoint(models):
+    from fugu_pipeline.route.router import Router, RouterError
+
+    with pytest.raises(RouterError, match="multi-turn coordinator"):
+        Router.load(models[1], device="cpu")
+
+
+def test_fugu_lite_ask_multi_turn(models, stub, tmp_path):
+    workers = tmp_path / "workers.yaml"
+    workers.write_text(yaml.safe_dump(stub_workers_config(stub.openai_url).model_dump(mode="json")))
+    out = subprocess.run([sys.executable, "-m", "fugu_pipeline.cli", "ask", "--mode", "multi-turn", "--workers",
+                          str(workers), "--models-dir", str(models[0]), "--prompt", QUESTION, "--domain", "math",
+                          "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    answer, _, rest = out.stdout.partition("\n{")
+    info = json.loads("{" + rest)["fugu_lite"]
+    assert answer.strip().endswith("Final answer: 42") and info["mode"] == "multi_turn"
+    assert [(t["served_by"], t["role"]) for t in info["turns"]] == SCRIPT and info["committed_turn"] == 4
