@@ -91,7 +91,7 @@ ENCODER_FLAGS = (("template", "prompt_template"), ("pooling", "pooling"), ("toke
                  ("layers", "layer"), ("max_length", "max_length"))
 
 
-def encoder_settings(args, encoder: str | None = None, contract=None):
+def encoder_settings(args, encoder: str | None = None, contract=None, metrics: dict | None = None):
     """The encoder settings of a command: from the flags (--template, --pooling, --token-position,
     --layers, --max-length, --dtype, --device) for a new head; from a checkpoint's feature contract
     when there is one (then a flag that contradicts the contract is refused, since the head was
@@ -104,6 +104,10 @@ def encoder_settings(args, encoder: str | None = None, contract=None):
     if contract is None:
         return EncoderSettings(model=encoder or encoder_name(args), device=args.device, dtype=dtype, **given)
     settings = encoder_settings_for(contract, args.device, dtype, encoder)
+    if dtype == "auto" and metrics:  # the dtype the checkpoint's features were computed in, as route/serve do
+        from fugu_pipeline.route.router import serving_dtype
+
+        settings = settings.model_copy(update={"dtype": serving_dtype(settings, metrics)})
     clash = []
     for flag, field in ENCODER_FLAGS:
         if field in given:
@@ -169,7 +173,7 @@ def train(args, method: str) -> int:
     kwargs = {"force": args.force, "log": log}
     fn = {"sft": train_sft, "rl": train_rl, "es": train_es}[method]
     if init is not None:  # the warm start's features: its contract, prompt rules included
-        settings = encoder_settings(args, args.encoder, init.manifest.feature_contract)
+        settings = encoder_settings(args, args.encoder, init.manifest.feature_contract, init.manifest.metrics)
         data = routing_data(args, settings=settings)
         load_checkpoint(init.path, expected_contract=init.manifest.feature_contract)
         kwargs["init_state"] = init.state_dict
@@ -217,7 +221,7 @@ def cmd_evaluate(args) -> int:
     path = resolve_checkpoint(args.checkpoint)
     probe = load_checkpoint(path)
     contract = probe.manifest.feature_contract
-    data = routing_data(args, args.encoder, contract=contract)
+    data = routing_data(args, settings=encoder_settings(args, args.encoder, contract, probe.manifest.metrics))
     expected = data.contract if args.encoder is None else data.contract.model_copy(update={"encoder_id": contract.encoder_id})
     ckpt = load_checkpoint(path, expected_contract=expected)
     calibration = calibrate_beside(path, data)
