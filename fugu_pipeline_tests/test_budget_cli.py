@@ -72,6 +72,13 @@ def test_train_writes_the_calibration_and_evaluate_reports_the_operating_point(t
     assert "per tag (quality; best fixed = c, chosen on train; cost in $ per 1,000 requests)" in out
     assert {r["tag"] for r in rep["per_tag"]} == {"id", "ood"} and "router_cost_usd" in rep["per_tag"][0]
     assert rep["best_fixed_quality_worker"] == "c"
+    # evaluating on other data calibrates for that report only: budget.json keeps the training data's
+    before = (work / ckpt / "budget.json").read_bytes()
+    (work / "other.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()[:-10]))
+    other = [a if a != str(work / "r.jsonl") else str(work / "other.jsonl") for a in common]
+    code, _ = run("evaluate", "--checkpoint", ckpt, *other, "--budget-share", "0.5", "--output", str(work / "o.json"))
+    assert code == 0 and "for this report only" in capsys.readouterr().err
+    assert (work / ckpt / "budget.json").read_bytes() == before
 
 
 def test_route_takes_a_cap_and_refuses_one_nothing_meets(trained, capsys):

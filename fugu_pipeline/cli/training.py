@@ -139,18 +139,27 @@ def routing_data(args, encoder: str | None = None, *, contract=None, settings=No
 
 
 def calibrate_beside(path: Path, data, log=lambda m: print(m, file=sys.stderr)):
-    """Write the budget calibration (λ curve on validation) beside a checkpoint when the head
-    predicts quality and the data records cost; returns it, or None (with the reason logged)."""
-    from fugu_pipeline.route.budget import BudgetError, calibrate_checkpoint
+    """The budget calibration (λ curve on validation) of a checkpoint over `data`, when the head
+    predicts quality and the data records cost; None otherwise (the reason logged). It is written
+    beside the checkpoint (`budget.json`, what `route` and `serve` read) when `data` is the data the
+    checkpoint was trained on, or when there is none yet; other data (evaluating elsewhere) gets a
+    calibration for its report only, and the training one is kept."""
+    from fugu_pipeline.route.budget import CALIBRATION_FILE, BudgetError, calibrate_checkpoint
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
+    ckpt = load_checkpoint(path)
     try:
-        cal = calibrate_checkpoint(load_checkpoint(path), data)
+        cal = calibrate_checkpoint(ckpt, data)
     except BudgetError as exc:
         log(f"budget mode: not available for this checkpoint ({str(exc).split(':')[0]})")
         return None
-    cal.save(path)
-    log(f"budget calibration: {path / 'budget.json'} (reference {cal.reference_worker}, {cal.n_val} validation rows)")
+    target = Path(path) / CALIBRATION_FILE
+    if ckpt.manifest.data_version == data.data_version or not target.exists():
+        cal.save(path)
+        log(f"budget calibration: {target} (reference {cal.reference_worker}, {cal.n_val} validation rows)")
+    else:
+        log(f"budget calibration: on this data's {cal.n_val} validation rows, for this report only ({target} keeps "
+            "the one from the training data)")
     return cal
 
 
