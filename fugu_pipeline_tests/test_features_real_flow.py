@@ -164,3 +164,10 @@ def test_cli_feature_flags_make_the_settings():
         ("{domain}: {prompt}", "position", -2, (-1, 2), 64, "float32")
     with pytest.raises(EncoderLoadError, match="does not exist"):
         EncoderSettings(model="/nowhere/at/all").local_dir()
+
+
+def test_the_encoder_resource_takes_several_layers():
+    from fugu_pipeline.defs.embeddings import EncoderResource
+
+    assert EncoderResource(model="tiny", layers=[-1, 2]).settings().layer == (-1, 2)
+    assert EncoderResource(model="tiny").settings().layer == -1
