@@ -194,7 +194,8 @@ def train(args, method: str) -> int:
         result, data, record = choose_prompt_rules(
             data, lambda rules: routing_data(args, settings=settings.model_copy(update={"prompt_rules": rules})),
             lambda d: fn(d, cfg, **kwargs), mode, log)
-        result.metrics["prompt_rules_choice"] = record
+        if "rules" in record:  # a choice was made (nothing to strip, or off: the metrics the assets write)
+            result.metrics["prompt_rules_choice"] = record
     # the dtype the features were computed in: `route` and `serve` use it under --dtype auto (DESIGN §3)
     result.metrics["feature_dtype"] = settings.resolve_dtype(settings.resolve_device())
     path = result.save(args.output)
