@@ -145,13 +145,16 @@ def test_cache_ignores_temporary_files_and_keeps_dim(tmp_path):
     {"pooling": "position", "token_position": 1},
     {"pooling": "mean", "layer": 1},
 ])
-def test_pooling_ignores_padding(kw):
+def test_vector_does_not_depend_on_batch_companions(kw):
+    """A prompt's vector is the same bits alone or batched with others (batches are never padded)."""
     enc = Encoder.load(tiny(**kw))
     short = PROMPTS[0]
     alone = enc.encode([short])
-    batched = enc.encode([PROMPTS[3], short, PROMPTS[1]])  # padded to the longest
-    assert enc.forward_passes == 2
-    np.testing.assert_allclose(alone[0], batched[1], atol=1e-5, rtol=0)
+    batch = [PROMPTS[3], short, PROMPTS[1], short + " again", PROMPTS[2]]
+    batched = enc.encode(batch)
+    assert enc.forward_passes == 1 + len({len(t) for t in enc.tokenize(batch)})
+    np.testing.assert_array_equal(alone[0], batched[1])
+    np.testing.assert_array_equal(enc.encode([PROMPTS[3]])[0], batched[0])
 
 
 def test_pool_hidden_handles_left_and_right_padding():
@@ -167,13 +170,15 @@ def test_pool_hidden_handles_left_and_right_padding():
         torch.testing.assert_close(pool_hidden(hid, mask, "mean"), h.mean(1))
 
 
-def test_plan_batches_respects_budget():
-    lengths = [5, 100, 7, 50, 50, 3, 1000]
+def test_plan_batches_respects_budget_and_never_pads():
+    lengths = [5, 100, 7, 50, 50, 3, 1000, 50, 5]
     batches = plan_batches(lengths, token_budget=120, max_batch_size=2)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     assert batches[0] == [6]  # longer than the budget: alone
     for b in batches:
-        assert len(b) <= 2 and (len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 120)
+        assert len({lengths[i] for i in b}) == 1  # one length per batch: no padding
+        assert len(b) <= 2 and (len(b) == 1 or lengths[b[0]] * len(b) <= 120)
+    assert [3, 4] in batches and [7] in batches and [0, 8] in batches
 
 
 # --------------------------------------------------------------------------- loading

@@ -185,6 +185,29 @@ def test_dcrouter_rows(dcrouter):
         [(r.task_id, r.split) for r in rows]
 
 
+def test_import_keeps_tags_and_reports_per_tag_and_domain(tmp_path, dcrouter):
+    """Tags: `id` where the domain occurs in training, else `ood`; the upstream metric; they survive
+    the matrix build and `summarize` reports per tag and per domain, with cost."""
+    tp, sp, llm, train, test = dcrouter
+    q = tp.parent / "default_query_train.jsonl"
+    lines = q.read_text().splitlines()
+    extra = {"task_name": "unseen", "query": test[0]["question"], "ground_truth": "1", "metric": "f1"}
+    q.write_text("\n".join([x for x in lines if json.loads(x)["query"] != test[0]["question"]] + [json.dumps(extra)]) + "\n")
+    rows = import_dcrouter(tp, sp, llm, query_paths=[q], val_fraction=0.2, seed=3)
+    by_id = {r.task_id: r for r in rows}
+    unseen = [r for r in rows if r.domain == "unseen"]
+    assert len(unseen) == 1 and unseen[0].tags == ["metric:f1", "ood"]
+    assert by_id["dcrouter-train-00007"].tags == ["metric:em", "id"]
+    s = import_source("jsonl", write_reward_jsonl(rows, tmp_path / "in.jsonl"), tmp_path / "out.jsonl")
+    assert s["per_tag"]["ood"]["rows"] == {"test": 1} and s["per_tag"]["id"]["rows"]["train"] > 0
+    assert set(s["per_domain"]) == {"math", "qa", "unseen"} and "mean_cost_usd" in s["per_domain"]["math"]
+    assert s["per_domain"]["math"]["best_on_train"] in MODELS
+    build(from_import(tmp_path / "out.jsonl", UtilityConfig()), tmp_path / "m.duckdb")
+    arrays = read_arrays(tmp_path / "m.duckdb")
+    tags = dict(zip(arrays.task_ids, arrays.tags))
+    assert tags[unseen[0].task_id] == ("metric:f1", "ood")
+
+
 def test_dcrouter_bad_input(tmp_path, dcrouter):
     tp, sp, llm, train, test = dcrouter
     other = tmp_path / "other_test.json"
@@ -216,7 +239,8 @@ def test_write_and_read_generic_jsonl(tmp_path, gsm8k):
     back = import_generic_jsonl(out)
     assert back == rows
     first = json.loads(out.read_text().splitlines()[0])
-    assert set(first) == {"task_id", "prompt", "domain", "split", "worker_ids", "quality"}
+    assert set(first) == {"task_id", "prompt", "domain", "split", "worker_ids", "quality", "tags"}
+    assert first["tags"] == ["source:gsm8k", "id"]  # the source, and in-distribution (its domain is in train)
     bad_rows = rows[:2] + [RewardRow(task_id="x", prompt="p", worker_ids=[WEAK, STRONG], quality=[1, 0])]
     with pytest.raises(ValueError, match="same workers in the same order"):
         write_reward_jsonl(bad_rows, out)

@@ -50,7 +50,8 @@ def test_quality_cost_latency_and_cost_quality_points(tmp_path):
     Q = (U > 0.4).astype(float)
     C = np.tile([0.01, 0.002, 0.005], (4, 1))
     L = np.tile([2.0, 1.0, 3.0], (4, 1))
-    r = report(quality=Q, cost_usd=C, latency_s=L, quality_pred=Q)
+    # the curve routes by the EXPECTED cost (here the training means), never the rows' actual cost
+    r = report(quality=Q, cost_usd=C, latency_s=L, quality_pred=Q, expected_cost=C, cost_ref=0.01)
     assert r["router_mean_quality"] == pytest.approx((1 + 1 + 0 + 0) / 4)
     assert r["router_mean_cost_usd"] == pytest.approx((0.01 * 3 + 0.002) / 4)
     assert r["router_mean_latency_s"] == pytest.approx((2 * 3 + 1) / 4)

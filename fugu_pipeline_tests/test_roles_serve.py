@@ -137,6 +137,8 @@ def test_every_worker_failing_is_a_502_with_the_turns(client, stub):
 def test_bad_mode_and_missing_coordinator_are_400(client, models, stub):
     with pytest.raises(openai.BadRequestError, match="fugu_mode"):
         ask(client, fugu_mode="three_turns")
+    with pytest.raises(openai.BadRequestError, match="'fugu_budget' applies to one-step routing"):
+        ask(client, fugu_budget={"share": 0.3})
     from fugu_pipeline.route.router import Router
 
     app = create_app(Router.load(next((models[0] / "sft").iterdir()), device="cpu"), stub_workers_config(stub.openai_url))

@@ -20,10 +20,25 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=fn)
         return p
 
-    def encoder_opts(p):
+    def encoder_opts(p, features: bool = True):
         p.add_argument("--encoder", default=None, help="'tiny' (built in, offline), a local model directory, or a hub id "
                        "(default: $FUGU_ENCODER, else Qwen/Qwen3-0.6B; for a checkpoint: the one it was trained on)")
         p.add_argument("--device", default="auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, mps")
+        if not features:
+            return
+        p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="encoder dtype (auto: bf16 on GPUs and CPUs with native bf16, else fp32); part of the "
+                            "embedding cache's fingerprint: serve with the dtype the cache was built in")
+        g = p.add_argument_group("features (a new head: these set them; with a checkpoint they come from its "
+                                 "feature contract, and a flag that contradicts it is refused)")
+        g.add_argument("--template", default=None, metavar="TEMPLATE",
+                       help="prompt template, may use {prompt} and {domain} (default '{prompt}'), e.g. '{domain}: {prompt}'")
+        g.add_argument("--pooling", default=None, choices=["mean", "last", "position"], help="default mean")
+        g.add_argument("--token-position", type=int, default=None, help="pooling=position: e.g. -2 (penultimate token)")
+        g.add_argument("--layers", type=int, nargs="+", default=None, metavar="L",
+                       help="hidden-state layer(s): -1 = last (default); several (e.g. --layers -1 3) are pooled "
+                            "and normalised one by one and concatenated")
+        g.add_argument("--max-length", type=int, default=None, help="tokens read per prompt (default 512)")
 
     def data_opts(p):
         p.add_argument("--data", required=True, help="reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")
@@ -42,7 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--prompt", required=True)
         p.add_argument("--allowed", nargs="+", default=None, help="only route among these workers")
         p.add_argument("--cost-weight", type=float, default=None, help="quality heads: λ in quality − λ·cost")
+        budget_opts(p)
         encoder_opts(p)
+
+    def budget_opts(p, what="route under a cost cap; λ is chosen on the validation split (the budget.json "
+                    "train-*/evaluate write beside the checkpoint)"):
+        g = p.add_argument_group("budget", what)
+        g.add_argument("--budget-usd-per-1k", type=float, default=None, metavar="USD",
+                       help="cap: expected cost in USD per 1,000 requests")
+        g.add_argument("--budget-share", type=float, default=None, metavar="S",
+                       help="cap: share of the strongest worker's cost (best training quality), e.g. 0.3")
+        g.add_argument("--budget-margin-z", type=float, default=None, metavar="Z",
+                       help="safety margin: the validation cost plus Z standard errors must be within the cap (default 1.645)")
 
     p = add("pipeline", pipeline.cmd_pipeline, "materialize the whole asset graph through Dagster (the main job)")
     p.add_argument("--project-dir", default=".", help="project root (holds data/, models/, dagster.yaml)")
@@ -90,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--output", default="models", help="models folder: the checkpoint goes to <output>/<method>/<hash>/ "
                        "and its path is printed (pass that path, or this folder, to --checkpoint)")
         p.add_argument("--force", action="store_true", help="train even without a learning signal")
+        if method == "sft":
+            p.add_argument("--prompt-rules", default="auto", choices=["auto", "on", "off"],
+                           help="strip boilerplate the training prompts of a domain share (a few-shot block, a system "
+                                "preamble, a format footer) before encoding: auto (default) trains with and without "
+                                "and keeps the better on validation; the choice goes into the feature contract")
 
     p = add("train", training.cmd_train_heads, "fit the configured heads (kNN, domain prior, MLP, ensemble, SFT) on a "
             "reward matrix, choose one by K-fold validation over the non-test rows, print its checkpoint directory last")
@@ -114,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default=None, help="BenchGen batch file or folder with the held-out tasks' graders, for the "
                    "composite's live term (default: data/benchgen when present; needs --workers with workers)")
     p.add_argument("--policy", default=None, help="promotion policy YAML (composite weights; default: configs/promotion.yaml)")
+    budget_opts(p, "report the operating point for a cap: λ chosen on validation, scored on --split")
 
     harness.add_commands(add, data_opts)  # baseline, pack, preflight, validate, train-triage, triage-report
 
@@ -156,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-window-ms", type=float, default=3.0, help="how long a request waits for others to batch with")
     p.add_argument("--max-batch", type=int, default=32, help="prompts per routing batch (1: no batching)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    encoder_opts(p)
+    budget_opts(p, "the server's default cap for requests that send no fugu_budget (nor fugu_cost_weight)")
+    encoder_opts(p, features=False)
     return ap
 
 
@@ -179,6 +212,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.features.settings import EncoderLoadError
     from fugu_pipeline.matrix.read import RewardMatrixError
+    from fugu_pipeline.route.budget import BudgetError
     from fugu_pipeline.route.router import RouterError
     from fugu_pipeline.tasks.loading import TaskFileError
     from fugu_pipeline.train.checkpoints import CheckpointError
@@ -188,7 +222,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fugu_pipeline.workers.contract import WorkerCallError
 
     return (CatalogError, CheckpointError, EncoderLoadError, RewardMatrixError, RouterError, TaskFileError,
-            ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError)
+            ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError, BudgetError)
 
 
 if __name__ == "__main__":

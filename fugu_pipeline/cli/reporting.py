@@ -57,3 +57,30 @@ def print_report_tables(rep: dict) -> None:
         else:
             print(f"no king to compare ({c['king_note']})")
         print(c["live"])
+
+
+def print_groups(rep: dict) -> None:
+    """Per domain and per tag: n, router against the best fixed worker on the same metric (quality
+    against the best on training quality, utility against the best on training utility), the
+    oracle, and the realised cost per 1,000 requests of the routes and of that best fixed worker."""
+    quality = "best_fixed_quality_worker" in rep
+    metric, fixed = ("quality", rep.get("best_fixed_quality_worker")) if quality else ("utility", rep["best_fixed_worker"])
+    for key, label in (("per_domain", "domain"), ("per_tag", "tag")):
+        rows = rep.get(key)
+        if not rows:
+            continue
+        cost = "router_cost_usd" in rows[0]
+        print(f"per {label} ({metric}; best fixed = {fixed}, chosen on train{'; cost in $ per 1,000 requests' if cost else ''}):")
+        head = f"  {label:<28} {'n':>5} {'router':>8} {'fixed':>8} {'oracle':>8}"
+        print(head + (f" {'router $':>10} {'fixed $':>10}" if cost else ""))
+        for r in rows:
+            if quality:
+                vals = (r["router_quality"], r["best_fixed_quality"], r["oracle_quality"])
+                fc = r.get("best_fixed_quality_cost_usd")
+            else:
+                vals = (r["router"], r["best_fixed"], r["oracle"])
+                fc = r.get("best_fixed_cost_usd")
+            line = f"  {r[label][:28]:<28} {r['n']:>5} {vals[0]:8.4f} {vals[1]:8.4f} {vals[2]:8.4f}"
+            if cost:
+                line += f" {r['router_cost_usd'] * 1000:10.4g} {fc * 1000:10.4g}"
+            print(line)

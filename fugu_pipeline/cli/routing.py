@@ -15,18 +15,32 @@ def _check_prompt(prompt: str) -> None:
 
 
 def _router(args):
+    from fugu_pipeline.cli.training import encoder_settings
     from fugu_pipeline.route.promoted import load_promoted
     from fugu_pipeline.route.router import Router
 
     if args.checkpoint:
-        return Router.load(args.checkpoint, device=args.device, encoder=args.encoder)
-    return load_promoted(args.models_dir, device=args.device, encoder=args.encoder)
+        router = Router.load(args.checkpoint, device=args.device, dtype=args.dtype, encoder=args.encoder)
+    else:
+        router = load_promoted(args.models_dir, device=args.device, dtype=args.dtype, encoder=args.encoder).router
+    encoder_settings(args, args.encoder, router.checkpoint.manifest.feature_contract)  # refuses contradicting flags
+    return router
+
+
+def _route_kwargs(args) -> dict:
+    from fugu_pipeline.cli.training import budget_of
+
+    budget = budget_of(args)
+    if budget is not None and args.cost_weight is not None:
+        raise CLIError("give --cost-weight or a budget (--budget-usd-per-1k / --budget-share), not both")
+    return {"allowed": args.allowed, "cost_weight": args.cost_weight, "budget": budget}
 
 
 def cmd_route(args) -> int:
     _check_prompt(args.prompt)
-    d = _router(args).route(args.prompt, args.domain, allowed=args.allowed, cost_weight=args.cost_weight)
-    print_json({"worker": d.worker_id, "probabilities": d.probabilities, "ranking": d.ranking, "checkpoint": d.checkpoint})
+    d = _router(args).route(args.prompt, args.domain, **_route_kwargs(args))
+    print_json({"worker": d.worker_id, "probabilities": d.probabilities, "ranking": d.ranking, "checkpoint": d.checkpoint,
+                **({"budget": d.extra["budget"]} if "budget" in d.extra else {})})
     return 0
 
 
@@ -46,7 +60,7 @@ def cmd_ask(args) -> int:
     _check_prompt(args.prompt)
     load_dotenv(override=False)
     config = load_workers_config(args.workers)
-    d = _router(args).route(args.prompt, args.domain, allowed=args.allowed, cost_weight=args.cost_weight)
+    d = _router(args).route(args.prompt, args.domain, **_route_kwargs(args))
     errors = []
 
     async def call():
@@ -70,10 +84,11 @@ def cmd_ask(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    from fugu_pipeline.cli.training import budget_of
     from fugu_pipeline.serve import serve
 
     serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port, api_token=args.token,
           device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
           max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
-          log_level=args.log_level)
+          log_level=args.log_level, default_budget=budget_of(args))
     return 0

@@ -87,47 +87,119 @@ def matrix_db(args) -> Path:
     return db
 
 
-def routing_data(args, encoder: str | None = None):
-    """A reward-matrix JSONL (or a DuckDB matrix) plus the encoder -> RoutingData, through the cache."""
+ENCODER_FLAGS = (("template", "prompt_template"), ("pooling", "pooling"), ("token_position", "token_position"),
+                 ("layers", "layer"), ("max_length", "max_length"))
+
+
+def encoder_settings(args, encoder: str | None = None, contract=None, metrics: dict | None = None):
+    """The encoder settings of a command: from the flags (--template, --pooling, --token-position,
+    --layers, --max-length, --dtype, --device) for a new head; from a checkpoint's feature contract
+    when there is one (then a flag that contradicts the contract is refused, since the head was
+    trained on other features; --encoder may relocate the same model, --dtype and --device apply)."""
+    from fugu_pipeline.features.settings import EncoderSettings
+    from fugu_pipeline.route.router import encoder_settings_for
+
+    given = {field: getattr(args, flag) for flag, field in ENCODER_FLAGS if getattr(args, flag, None) is not None}
+    dtype = getattr(args, "dtype", None) or "auto"
+    if contract is None:
+        return EncoderSettings(model=encoder or encoder_name(args), device=args.device, dtype=dtype, **given)
+    settings = encoder_settings_for(contract, args.device, dtype, encoder)
+    if dtype == "auto" and metrics:  # the dtype the checkpoint's features were computed in, as route/serve do
+        from fugu_pipeline.route.router import serving_dtype
+
+        settings = settings.model_copy(update={"dtype": serving_dtype(settings, metrics)})
+    clash = []
+    for flag, field in ENCODER_FLAGS:
+        if field in given:
+            asked = getattr(EncoderSettings.model_validate({**settings.model_dump(), field: given[field]}), field)
+            if asked != getattr(settings, field):
+                clash.append(f"--{flag.replace('_', '-')} {getattr(args, flag)!r} (the checkpoint has {getattr(settings, field)!r})")
+    if clash:
+        raise CLIError("these flags contradict the checkpoint's feature contract, whose features the head was "
+                       f"trained on: {'; '.join(clash)}. Drop them (the contract's settings are used), or train a "
+                       "head with them")
+    return settings
+
+
+def routing_data(args, encoder: str | None = None, *, contract=None, settings=None):
+    """A reward-matrix JSONL (or a DuckDB matrix) plus the encoder -> RoutingData, through the cache
+    (a progress bar while prompts are encoded; finished chunks are kept if the run is interrupted)."""
     from fugu_pipeline.features.encoder import LazyEncoder
     from fugu_pipeline.features.routing_data import load_routing_data
-    from fugu_pipeline.features.settings import EncoderSettings
 
     db = matrix_db(args)
-    settings = EncoderSettings(model=encoder or encoder_name(args), device=args.device)
+    settings = settings or encoder_settings(args, encoder, contract)
     lazy = LazyEncoder(settings)
     print(lazy.describe(), file=sys.stderr)
-    data, emb = load_routing_data(db, lazy, Path(args.cache_dir))
+    data, emb = load_routing_data(db, lazy, Path(args.cache_dir), progress=True)
     print(f"features: {emb.n_cached} cached, {emb.n_computed} encoded ({emb.seconds:.1f}s); splits {data.counts()}", file=sys.stderr)
     print(f"utility: {data.utility_config.describe()} ({data.utility_source})", file=sys.stderr)
     lazy.close()
     return data
 
 
+def calibrate_beside(path: Path, data, log=lambda m: print(m, file=sys.stderr)):
+    """The budget calibration (λ curve on validation) of a checkpoint over `data`, when the head
+    predicts quality and the data records cost; None otherwise (the reason logged). It is written
+    beside the checkpoint (`budget.json`, what `route` and `serve` read) when `data` is the data the
+    checkpoint was trained on, or when there is none yet; other data (evaluating elsewhere) gets a
+    calibration for its report only, and the training one is kept."""
+    from fugu_pipeline.route.budget import CALIBRATION_FILE, BudgetError, calibrate_checkpoint
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    try:
+        cal = calibrate_checkpoint(ckpt, data)
+    except BudgetError as exc:
+        log(f"budget mode: not available for this checkpoint ({str(exc).split(':')[0]})")
+        return None
+    target = Path(path) / CALIBRATION_FILE
+    if ckpt.manifest.data_version == data.data_version or not target.exists():
+        cal.save(path)
+        log(f"budget calibration: {target} (reference {cal.reference_worker}, {cal.n_val} validation rows)")
+    else:
+        log(f"budget calibration: on this data's {cal.n_val} validation rows, for this report only ({target} keeps "
+            "the one from the training data)")
+    return cal
+
+
 def train(args, method: str) -> int:
     from fugu_pipeline.train.checkpoints import load_checkpoint
     from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig, load_config
     from fugu_pipeline.train.es import train_es
+    from fugu_pipeline.train.feature_choice import choose_prompt_rules
     from fugu_pipeline.train.rl import train_rl
     from fugu_pipeline.train.sft import train_sft
 
     cls = {"sft": SFTConfig, "rl": RLConfig, "es": ESConfig}[method]
     cfg = load_config(args.config, cls) if args.config else cls()
-    encoder = None
     init = None
     if getattr(args, "checkpoint", None):
         start = resolve_checkpoint(args.checkpoint)
         print(f"warm start: {start}", file=sys.stderr)
         init = load_checkpoint(start)
-        encoder = args.encoder or init.manifest.feature_contract.encoder_id
-    data = routing_data(args, encoder)
-    kwargs = {"force": args.force, "log": lambda m: print(m, file=sys.stderr)}
-    if init is not None:
-        load_checkpoint(init.path, expected_contract=data.contract)  # refuse other features
-        kwargs["init_state"] = init.state_dict
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    kwargs = {"force": args.force, "log": log}
     fn = {"sft": train_sft, "rl": train_rl, "es": train_es}[method]
-    result = fn(data, cfg, **kwargs)
+    if init is not None:  # the warm start's features: its contract, prompt rules included
+        settings = encoder_settings(args, args.encoder, init.manifest.feature_contract, init.manifest.metrics)
+        data = routing_data(args, settings=settings)
+        load_checkpoint(init.path, expected_contract=init.manifest.feature_contract)
+        kwargs["init_state"] = init.state_dict
+        result = fn(data, cfg, **kwargs)
+    else:
+        settings = encoder_settings(args)
+        data = routing_data(args, settings=settings)
+        mode = getattr(args, "prompt_rules", "auto")
+        result, data, record = choose_prompt_rules(
+            data, lambda rules: routing_data(args, settings=settings.model_copy(update={"prompt_rules": rules})),
+            lambda d: fn(d, cfg, **kwargs), mode, log)
+        if "rules" in record:  # a choice was made (nothing to strip, or off: the metrics the assets write)
+            result.metrics["prompt_rules_choice"] = record
+    # the dtype the features were computed in: `route` and `serve` use it under --dtype auto (DESIGN §3)
+    result.metrics["feature_dtype"] = settings.resolve_dtype(settings.resolve_device())
     path = result.save(args.output)
+    calibrate_beside(path, data)
     m = result.metrics
     print(f"{method}: {result.param_count} parameters, kept epoch {result.best_epoch}; "
           f"val utility {m.get('val_utility', float('nan')):.4f} ({data.utility_config.describe()})")
@@ -135,15 +207,37 @@ def train(args, method: str) -> int:
     return 0
 
 
+def budget_of(args):
+    """The Budget the flags ask for, or None."""
+    from fugu_pipeline.route.budget import DEFAULT_MARGIN_Z, Budget
+
+    usd, share = getattr(args, "budget_usd_per_1k", None), getattr(args, "budget_share", None)
+    if usd is None and share is None:
+        return None
+    if usd is not None and share is not None:
+        raise CLIError("give --budget-usd-per-1k or --budget-share, not both")
+    z = getattr(args, "budget_margin_z", None)
+    try:
+        return Budget(usd_per_1k=usd, share=share, margin_z=DEFAULT_MARGIN_Z if z is None else z)
+    except ValueError as exc:
+        raise CLIError(f"budget: {exc}") from None
+
+
 def cmd_evaluate(args) -> int:
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
+    budget = budget_of(args)
     path = resolve_checkpoint(args.checkpoint)
     probe = load_checkpoint(path)
-    data = routing_data(args, args.encoder or probe.manifest.feature_contract.encoder_id)
-    ckpt = load_checkpoint(path, expected_contract=data.contract)
-    rep = evaluate_checkpoint(ckpt, data, args.split)
+    contract = probe.manifest.feature_contract
+    data = routing_data(args, settings=encoder_settings(args, args.encoder, contract, probe.manifest.metrics))
+    expected = data.contract if args.encoder is None else data.contract.model_copy(update={"encoder_id": contract.encoder_id})
+    ckpt = load_checkpoint(path, expected_contract=expected)
+    calibration = calibrate_beside(path, data)
+    if budget is not None and calibration is None:
+        raise CLIError("a budget needs a head that predicts quality and data that records cost (see above)")
+    rep = evaluate_checkpoint(ckpt, data, args.split, calibration=calibration, budget=budget)
     if args.split == "test":  # the composite is defined on the held-out split
         from fugu_pipeline.cli.reporting import composite_for_report
 
@@ -151,9 +245,15 @@ def cmd_evaluate(args) -> int:
     out = Path(args.output) if args.output else path / "reports" / f"{args.split}.json"
     report, plots = write_report(rep, out.parent, out.stem)
     print(rep["summary"])
-    from fugu_pipeline.cli.reporting import print_report_tables
+    from fugu_pipeline.cli.reporting import print_groups, print_report_tables
 
     print_report_tables(rep)
+    print_groups(rep)
+    if rep.get("budget"):
+        from fugu_pipeline.evaluate.budget_report import budget_lines
+
+        for line in budget_lines(rep["budget"], args.split):
+            print(line)
     print(f"utility weights: {rep['utility_source']}")
     if rep.get("utility_note"):
         print(f"note: {rep['utility_note']}")

@@ -37,6 +37,8 @@ class EncoderResource(dg.ConfigurableResource):
     pooling: str = Field(_DEFAULTS.pooling, description="last, mean or position")
     token_position: int | None = Field(_DEFAULTS.token_position, description="for pooling=position, e.g. -2")
     layer: int = Field(_DEFAULTS.layer, description="hidden_states index; -1 = last layer")
+    layers: list[int] | None = Field(None, description="several hidden_states indices (e.g. [-1, 3]), each pooled and "
+                                     "normalised, then concatenated; overrides `layer`")
     normalize: bool = _DEFAULTS.normalize
     prompt_template: str = Field(_DEFAULTS.prompt_template, description="may use {prompt} and {domain}")
     cache_dir: str = Field("data/embeddings", description="embedding cache root, relative to FUGU_PROJECT_DIR")
@@ -44,7 +46,11 @@ class EncoderResource(dg.ConfigurableResource):
     _lazy: LazyEncoder | None = PrivateAttr(default=None)
 
     def settings(self) -> EncoderSettings:
-        return EncoderSettings(**{name: getattr(self, name) for name in EncoderSettings.model_fields})
+        # the settings this resource configures (prompt rules are fitted per checkpoint, not configured here)
+        given = {name: getattr(self, name) for name in EncoderSettings.model_fields if name in type(self).model_fields}
+        if self.layers:
+            given["layer"] = tuple(self.layers)
+        return EncoderSettings(**given)
 
     def cache_root(self) -> Path:
         return ProjectPaths.from_env().resolve(self.cache_dir)

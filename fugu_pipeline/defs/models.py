@@ -102,6 +102,8 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
         result = fn(data, cfg, **kwargs)
     except TrainingDataError as exc:
         raise dg.Failure(description=str(exc)) from None
+    settings = encoder.settings()  # the dtype the features were computed in, as `fugu-lite train-*` records it
+    result.metrics["feature_dtype"] = settings.resolve_dtype(settings.resolve_device())
     path = result.save(pipeline.paths.models)
     context.log.info(f"{method}: {result.param_count} parameters; checkpoint {path}")
     _push_checkpoint(context, pipeline, path)

@@ -1,7 +1,16 @@
 """Evaluation metrics (DESIGN §5). Plain numpy; every figure comes from the held-out rows.
 
 `evaluation_report` takes the router's per-task scores (higher = preferred) on the held-out
-split, the utility matrix, and the training split (for the honest best-fixed baseline).
+split, the utility matrix, and the training split (for the honest best-fixed baselines).
+
+No leakage: every routing decision here (the greedy route, each point of the cost–quality curve)
+uses only what is known before the call: the head's scores or predicted quality, and the
+EXPECTED cost (`expected_cost`, from a model fitted on training rows, `route/budget.py`). The
+held-out rows' actual quality and cost enter only as outcomes to report.
+
+"Best fixed" is chosen on the training split for each metric it is compared on: the utility
+figures against the worker with the best training utility, the quality figures against the
+worker with the best training quality (they differ as soon as cost or latency weigh in).
 """
 
 from __future__ import annotations
@@ -11,11 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 
 TIE_TOL = 1e-9
+CURVE_LAMBDAS = tuple([0.0] + np.geomspace(1e-3, 100.0, 41).tolist())
 
 
 @dataclass
 class EvalInputs:
-    """Held-out rows, plus the training utility for choosing the best fixed worker honestly."""
+    """Held-out rows, plus the training split's utility and quality for choosing best fixed workers."""
 
     worker_ids: list[str]
     utility: np.ndarray  # (N, W) held-out
@@ -23,10 +33,13 @@ class EvalInputs:
     train_utility: np.ndarray  # (M, W)
     domains: list[str] | None = None
     quality: np.ndarray | None = None
-    cost_usd: np.ndarray | None = None
+    cost_usd: np.ndarray | None = None  # actual cost of the held-out rows: reported, never routed on
     latency_s: np.ndarray | None = None
     train_quality: np.ndarray | None = None
-    quality_pred: np.ndarray | None = None  # (N, W) from a quality head, for the cost–quality curve
+    quality_pred: np.ndarray | None = None  # (N, W) a quality head's predictions, for the cost–quality curve
+    expected_cost: np.ndarray | None = None  # (N, W) expected cost from the training fit (route/budget.py)
+    cost_ref: float | None = None  # the reference worker's mean expected cost on training rows
+    tags: list[tuple[str, ...]] | None = None  # per held-out row
 
 
 def pick(matrix: np.ndarray, routes: np.ndarray) -> np.ndarray:
@@ -77,16 +90,48 @@ def apgr(strong_score: np.ndarray, perf_strong: np.ndarray, perf_weak: np.ndarra
             "strong_mean": float(strong_total), "weak_mean": float(weak_total)}
 
 
-def cost_quality_curve(quality_pred: np.ndarray, quality: np.ndarray, cost: np.ndarray, lambdas: np.ndarray | None = None) -> list[dict]:
-    """Route by argmax(q̂ − λ·cost/mean cost) for a sweep of λ: realised (mean cost, mean quality)."""
-    scale = float(np.mean(cost)) or 1.0
-    lambdas = np.concatenate([[0.0], np.geomspace(0.01, 10, 24)]) if lambdas is None else lambdas
+def cost_quality_curve(quality_pred: np.ndarray, expected_cost: np.ndarray, cost_ref: float, quality: np.ndarray,
+                       cost: np.ndarray, lambdas=CURVE_LAMBDAS) -> list[dict]:
+    """Route by argmax(q̂ − λ·ĉ/c_ref) for a sweep of λ, where ĉ is the EXPECTED cost (known before
+    the call) and c_ref a training constant; report each route's realised mean cost (`cost`, the
+    rows' actual cost: an outcome only) and mean quality."""
+    scale = cost_ref if cost_ref and cost_ref > 0 else 1.0
     out = []
     for lam in lambdas:
-        r = np.argmax(quality_pred - lam * cost / scale, axis=1)
+        r = np.argmax(quality_pred - lam * expected_cost / scale, axis=1)
         out.append({"lambda": float(lam), "mean_cost_usd": float(pick(cost, r).mean()),
-                    "mean_quality": float(pick(quality, r).mean())})
+                    "mean_quality": float(pick(quality, r).mean()),
+                    "route_counts": np.bincount(r, minlength=quality.shape[1]).tolist()})
     return out
+
+
+def _usable(m: np.ndarray | None) -> bool:
+    return m is not None and not np.isnan(m).any()
+
+
+def group_rows(inp: EvalInputs, routes: np.ndarray, groups: dict[str, np.ndarray], fixed: int, fixed_q: int | None) -> list[dict]:
+    """One row per group (a domain, a tag): n, router / best fixed / oracle / random utility, the
+    top route; with quality: router, best fixed on quality, oracle; with cost: realised mean cost of
+    the routes and of both best fixed workers."""
+    U, W = inp.utility, inp.worker_ids
+    rows = []
+    for name, s in groups.items():
+        if not s.any():
+            continue
+        row = {"name": name, "n": int(s.sum()), "router": float(pick(U[s], routes[s]).mean()),
+               "best_fixed": float(U[s, fixed].mean()), "oracle": float(U[s].max(axis=1).mean()),
+               "random": float(U[s].mean()), "top_route": W[int(np.bincount(routes[s], minlength=len(W)).argmax())]}
+        if fixed_q is not None:
+            Q = inp.quality
+            row.update(router_quality=float(pick(Q[s], routes[s]).mean()), best_fixed_quality=float(Q[s, fixed_q].mean()),
+                       oracle_quality=float(Q[s].max(axis=1).mean()))
+        if _usable(inp.cost_usd):
+            C = inp.cost_usd
+            row.update(router_cost_usd=float(pick(C[s], routes[s]).mean()), best_fixed_cost_usd=float(C[s, fixed].mean()))
+            if fixed_q is not None:
+                row["best_fixed_quality_cost_usd"] = float(C[s, fixed_q].mean())
+        rows.append(row)
+    return rows
 
 
 def evaluation_report(inp: EvalInputs, *, n_boot: int = 2000, seed: int = 0) -> dict:
@@ -113,28 +158,38 @@ def evaluation_report(inp: EvalInputs, *, n_boot: int = 2000, seed: int = 0) -> 
         "per_worker_utility": {w: float(U[:, i].mean()) for i, w in enumerate(W)},
     }
     rep["regret"] = rep["oracle_utility"] - rep["router_utility"]
+    fixed_q = None
+    if _usable(inp.quality) and _usable(inp.train_quality):
+        # the quality figures' own best fixed worker: best training QUALITY (not utility)
+        fixed_q = int(np.argmax(inp.train_quality.mean(axis=0)))
+        rq = pick(inp.quality, routes)
+        rep["best_fixed_quality_worker"] = W[fixed_q]
+        rep["best_fixed_quality"] = float(inp.quality[:, fixed_q].mean())
+        rep["router_minus_best_fixed_quality"] = paired_bootstrap(rq, inp.quality[:, fixed_q], n_boot, seed)
     for name, m in (("quality", inp.quality), ("cost_usd", inp.cost_usd), ("latency_s", inp.latency_s)):
         if m is not None:
             rep[f"router_mean_{name}"] = float(np.nanmean(pick(m, routes)))
-            rep[f"best_fixed_mean_{name}"] = float(np.nanmean(m[:, fixed_idx]))
+            rep[f"best_fixed_mean_{name}"] = float(np.nanmean(m[:, fixed_idx]))  # the utility-best worker's
+            if fixed_q is not None:
+                rep[f"best_fixed_quality_worker_mean_{name}"] = float(np.nanmean(m[:, fixed_q]))
     if inp.domains is not None:
         doms = np.asarray(inp.domains)
-        rows = []
-        for d in sorted(set(inp.domains)):
-            s = doms == d
-            rows.append({"domain": d, "n": int(s.sum()), "router": float(router_u[s].mean()),
-                         "best_fixed": float(U[s, fixed_idx].mean()), "oracle": float(U[s].max(axis=1).mean()),
-                         "random": float(U[s].mean()),
-                         "top_route": W[int(np.bincount(routes[s], minlength=len(W)).argmax())]})
-        rep["per_domain"] = rows
+        rows = group_rows(inp, routes, {d: doms == d for d in sorted(set(inp.domains))}, fixed_idx, fixed_q)
+        rep["per_domain"] = [{"domain": r.pop("name"), **r} for r in rows]
+    if inp.tags is not None and any(inp.tags):
+        names = sorted({t for ts in inp.tags for t in ts})
+        masks = {t: np.array([t in ts for ts in inp.tags]) for t in names}
+        rep["per_tag"] = [{"tag": r.pop("name"), **r} for r in group_rows(inp, routes, masks, fixed_idx, fixed_q)]
     if inp.cost_usd is not None and inp.quality is not None and np.nanstd(inp.cost_usd) > 0:
         points = [{"name": w, "mean_cost_usd": float(inp.cost_usd[:, i].mean()), "mean_quality": float(inp.quality[:, i].mean())} for i, w in enumerate(W)]
         points.append({"name": "router", "mean_cost_usd": rep["router_mean_cost_usd"], "mean_quality": rep["router_mean_quality"]})
-        points.append({"name": "oracle (utility)", "mean_cost_usd": float(pick(inp.cost_usd, U.argmax(axis=1)).mean()),
+        # a ceiling, not a router: it knows each row's outcome after the fact
+        points.append({"name": "oracle (utility, after the fact)", "mean_cost_usd": float(pick(inp.cost_usd, U.argmax(axis=1)).mean()),
                        "mean_quality": float(pick(inp.quality, U.argmax(axis=1)).mean())})
         rep["cost_quality_points"] = points
-        if inp.quality_pred is not None:
-            rep["cost_quality_curve"] = cost_quality_curve(inp.quality_pred, inp.quality, inp.cost_usd)
+        if inp.quality_pred is not None and inp.expected_cost is not None:
+            rep["cost_quality_curve"] = cost_quality_curve(inp.quality_pred, inp.expected_cost, inp.cost_ref or 0.0,
+                                                           inp.quality, inp.cost_usd)
     if len(W) == 2:
         perf = inp.quality if inp.quality is not None and not np.isnan(inp.quality).any() else U
         train_perf = inp.train_quality if inp.train_quality is not None and not np.isnan(inp.train_quality).any() else inp.train_utility
@@ -152,6 +207,10 @@ def summary_line(rep: dict) -> str:
          f"oracle {rep['oracle_utility']:.4f} | random {rep['random_utility']:.4f} | "
          f"router − best fixed {ci['mean']:+.4f} [{ci['low']:+.4f}, {ci['high']:+.4f}] | "
          f"oracle-route acc {rep['oracle_route_accuracy']:.3f}")
+    if "best_fixed_quality_worker" in rep:
+        q = rep["router_minus_best_fixed_quality"]
+        s += (f" | quality: router {rep['router_mean_quality']:.4f} vs best fixed on quality "
+              f"({rep['best_fixed_quality_worker']}) {rep['best_fixed_quality']:.4f}, {q['mean']:+.4f} [{q['low']:+.4f}, {q['high']:+.4f}]")
     if "apgr" in rep:
         a = rep["apgr"]
         s += f" | APGR {a['apgr']:.3f} CPT50 {a['cpt50']} CPT80 {a['cpt80']}"

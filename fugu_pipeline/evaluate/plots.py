@@ -69,4 +69,42 @@ def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
         paths.append(out_dir / f"{prefix}_curve.png")
         fig.savefig(paths[-1], dpi=90)
         plt.close(fig)
+
+    if rep.get("budget"):
+        paths.append(plot_budget(rep["budget"], out_dir / f"{prefix}_budget.png", rep.get("split", "test")))
     return paths
+
+
+def plot_budget(sec: dict, path: Path, split: str = "test") -> Path:
+    """Quality against cost (share of the reference worker's cost) on the held-out split: every
+    worker as a point, the router's λ curve and its Pareto points, the cap and the operating point
+    chosen on validation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    for w in sec["workers"]:
+        ax.scatter(w["share"], w["quality"], s=28, color="#888")
+        ax.annotate(w["name"][:28], (w["share"], w["quality"]), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    cv = sorted(sec["router_curve"], key=lambda p: p["share"])
+    ax.plot([p["share"] for p in cv], [p["quality"] for p in cv], "-", color="#9c9", lw=1, label="router, λ sweep")
+    front = sec["router_pareto"]
+    ax.plot([p["share"] for p in front], [p["quality"] for p in front], "o-", color="#2a7", ms=3, label="router Pareto points")
+    op = sec.get("operating_point")
+    if op:
+        t = op[split]
+        cap = op["budget"]["share"] if op["budget"].get("share") is not None else \
+            op["budget"]["usd_per_1k"] / sec["reference_cost_usd_per_1k"]
+        ax.axvline(cap, ls="--", color="#c44", lw=1, label=f"cap ({op['describe'].split(' (')[0]})")
+        ax.scatter([t["share"]], [t["quality"]], marker="*", s=160, color="#c44", zorder=5,
+                   label=f"chosen on validation: λ={op['lambda']:.3g}, {split} {t['quality']:.3f} at {t['share']:.3f}")
+    ax.set_xlabel(f"mean cost per request / {sec['reference_worker']}'s ({split}, realised)")
+    ax.set_ylabel(f"mean quality ({split})")
+    ax.set_title("budget mode: accuracy against cost (routes use expected cost only)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

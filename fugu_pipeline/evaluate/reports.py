@@ -28,41 +28,70 @@ def head_scores(head, features: np.ndarray, domains: list[str] | None = None) ->
 
 
 def quality_predictions(head, features: np.ndarray, domains: list[str] | None = None) -> np.ndarray | None:
-    """Predicted quality (N, W) in [0, 1] from heads that predict it, else None."""
+    """The head's predicted quality (N, W), or None for a head without `predict_quality`."""
     if not hasattr(head, "predict_quality"):
         return None
-    import torch
+    from fugu_pipeline.route.budget import quality_of
 
-    from fugu_pipeline.train.heads import head_quality
-
-    with torch.inference_mode():
-        q = head_quality(head, torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)), domains)
-        return None if q is None else q.float().numpy()
+    return quality_of(head, features, domains).astype(np.float32)
 
 
-def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 2000, seed: int = 0) -> dict:
-    """The full DESIGN §5 report of one loaded checkpoint on one split of `data`."""
+def expected_costs(data, held, calibration=None) -> tuple[np.ndarray | None, float | None]:
+    """Expected cost (N, W) of the held-out rows and c_ref, from a model fitted on TRAINING rows
+    (the calibration's when given): never the held-out rows' own costs."""
+    if data.cost_usd is None:
+        return None, None
+    from fugu_pipeline.route.budget import fit_expected_cost
+
+    if calibration is not None:
+        return calibration.cost_model.predict(held.prompts, held.domains), calibration.reference_cost_usd
+    train = data.split("train")
+    model = fit_expected_cost(train.prompts, train.domains, train.cost_usd, data.worker_ids)
+    perf = train.quality if train.quality is not None else train.utility
+    ref = int(np.argmax(np.nanmean(perf, axis=0)))
+    return model.predict(held.prompts, held.domains), float(model.predict(train.prompts, train.domains)[:, ref].mean())
+
+
+def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 2000, seed: int = 0, *,
+                        calibration=None, budget=None) -> dict:
+    """The full DESIGN §5 report of one loaded checkpoint on one split of `data`. With a budget
+    `calibration` (`route/budget.py`, chosen on validation) the report gains a `budget` section:
+    each worker's cost and quality, the router's λ curve and Pareto points, and, for `budget`, the
+    operating point chosen on validation, scored on this split."""
     held, train = data.split(split), data.split("train")
     if list(checkpoint.manifest.worker_ids) != list(data.worker_ids):
         raise ValueError(f"checkpoint workers {checkpoint.manifest.worker_ids} differ from the matrix's {data.worker_ids}")
+    expected, c_ref = expected_costs(data, held, calibration)
     inp = EvalInputs(
         worker_ids=data.worker_ids, utility=held.utility, scores=head_scores(checkpoint.head, held.features, held.domains),
         train_utility=train.utility, domains=held.domains, quality=held.quality, cost_usd=held.cost_usd,
         latency_s=held.latency_s, train_quality=train.quality,
         quality_pred=quality_predictions(checkpoint.head, held.features, held.domains),
+        expected_cost=expected, cost_ref=c_ref, tags=held.tags,
     )
-    rep = evaluation_report(inp, n_boot=n_boot, seed=seed)
-    rep["split"] = split
-    rep["checkpoint"] = str(checkpoint.path)
-    rep["method"] = checkpoint.manifest.method
-    rep["head_kind"] = checkpoint.manifest.head_kind
-    rep["data_version"] = data.data_version
+    rep = evaluate_report_fields(evaluation_report(inp, n_boot=n_boot, seed=seed), checkpoint, data, split)
+    if calibration is not None:
+        from fugu_pipeline.evaluate.budget_report import budget_section
+
+        rep["budget"] = budget_section(checkpoint, data, split, calibration, budget, n_boot=n_boot, seed=seed)
     rep["train_router_utility"] = float(np.mean(routed_utility(train.utility, head_scores(checkpoint.head, train.features, train.domains))))
     rep.update(utility_fields(checkpoint, data))
     # the baselines (each worker, random over seeds, oracle, cross-fit oracle) on the same rows
     router = {"utility": rep["router_utility"], **({"quality": rep["router_mean_quality"]} if "router_mean_quality" in rep else {})}
     rep["baselines"] = baseline_rows(data.worker_ids, held.utility, held.quality, held.domains, router=router, seed=seed)
     rep["summary"] = summary_line(rep) + f" | {baseline_summary(rep['baselines'])} | {rep['utility_formula']}"
+    return rep
+
+
+def evaluate_report_fields(rep: dict, checkpoint, data, split: str) -> dict:
+    rep["split"] = split
+    rep["checkpoint"] = str(checkpoint.path)
+    rep["method"] = checkpoint.manifest.method
+    rep["head_kind"] = checkpoint.manifest.head_kind
+    rep["data_version"] = data.data_version
+    rep["feature_contract"] = checkpoint.manifest.feature_contract.model_dump(mode="json", exclude={"prompt_rules"})
+    rules = checkpoint.manifest.feature_contract.prompt_rules
+    rep["prompt_rules"] = None if rules is None else {"fingerprint": rules.fingerprint(), "per_domain": rules.summary()}
     return rep
 
 

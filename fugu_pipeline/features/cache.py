@@ -7,8 +7,8 @@ Layout, one directory per encoder fingerprint:
     <root>/<fingerprint>/<time>-<pid>-<rand>.safetensors   one shard per write:
                                                     keys (n, 32) uint8, vectors (n, dim) float32
 
-The key is `sha256_text(formatted prompt)`, the exact text the encoder reads, so a template or
-domain change re-keys. Shards are append-only and each carries its own keys, so the index is
+The key is `sha256_text(formatted prompt)`, the exact text the encoder reads (after the prompt
+rules and the template), so a template, domain or strip-rule change re-keys. Shards are append-only and each carries its own keys, so the index is
 the union of the shards' `keys` tensors: there is no shared index file to lock or to lose an
 update to. Every file is written under a temporary name, fsynced and renamed into place, so a
 reader never sees half a shard and a crash leaves at most an ignored `.tmp-*` file. Two writers
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import uuid
 import warnings
@@ -188,15 +189,39 @@ def as_lazy_encoder(encoder_or_factory: Encoder | LazyEncoder | EncoderSettings)
     )
 
 
+DEFAULT_CHUNK = 512  # prompts encoded between two cache writes
+
+
+def _progress_fn(progress, total: int, description: str):
+    """A callable(done) from `progress`: True = a tqdm bar on stderr, a callable(done, total), or None."""
+    if progress is True:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="prompt", desc=description, mininterval=1.0, file=sys.stderr)
+        return lambda done: bar.update(done - bar.n), bar.close
+    if callable(progress):
+        return lambda done: progress(done, total), lambda: None
+    return lambda done: None, lambda: None
+
+
 def embed_prompts(
     prompts: list[str],
     domains: list[str] | None,
     encoder_or_factory: Encoder | LazyEncoder | EncoderSettings,
     cache_root: str | Path,
+    *,
+    progress=None,
+    chunk_size: int = DEFAULT_CHUNK,
 ) -> EmbedResult:
     """Embed prompts through the cache: encode only the distinct texts not cached under this
     encoder's fingerprint, store them, and return every vector in input order. The model is
-    loaded only when something is missing."""
+    loaded only when something is missing.
+
+    The missing texts are encoded in chunks of `chunk_size` (longest first, so a chunk's prompts
+    share lengths and batch well), and each chunk is written to the cache as its own shard as soon
+    as it is done: an interrupted run (Ctrl-C, a kill, a crash) keeps every finished chunk, and the
+    next run encodes only the rest. `progress`: True for a progress bar on stderr, or a
+    callable(done, total) called after each chunk."""
     t0 = time.perf_counter()
     lazy = as_lazy_encoder(encoder_or_factory)
     was_loaded = lazy.loaded
@@ -211,16 +236,25 @@ def embed_prompts(
         if encoder.fingerprint != cache.fingerprint:
             raise RuntimeError(f"encoder fingerprint {encoder.fingerprint} != planned {cache.fingerprint}")
         before = encoder.forward_passes
-        new = encoder.encode_texts(list(missing.values()))
-        passes = encoder.forward_passes - before
-        cache.write_meta(encoder.dim, contract=encoder.feature_contract().model_dump(),
+        cache.write_meta(encoder.dim, contract=encoder.feature_contract().model_dump(mode="json", exclude={"prompt_rules"}),
                          encoder=encoder.describe())
-        cache.put_many(list(missing), new)
         if vectors.shape[1] != encoder.dim:
             vectors = np.zeros((len(keys), encoder.dim), dtype=np.float32)
-        row = {key: j for j, key in enumerate(missing)}
+        order = sorted(missing, key=lambda k: -len(missing[k]))
+        report, close = _progress_fn(progress, len(order), "embedding")
+        new: dict[str, np.ndarray] = {}
+        try:
+            for start in range(0, len(order), max(1, chunk_size)):
+                chunk = order[start : start + max(1, chunk_size)]
+                got = encoder.encode_texts([missing[k] for k in chunk])
+                cache.put_many(chunk, got)  # on disk before the next chunk starts
+                new.update(zip(chunk, got))
+                report(start + len(chunk))
+        finally:
+            close()
+        passes = encoder.forward_passes - before
         for i in np.flatnonzero(~found):
-            vectors[i] = new[row[keys[i]]]
+            vectors[i] = new[keys[i]]
     dim = cache.dim
     return EmbedResult(
         vectors=vectors,

@@ -3,15 +3,36 @@
 A checkpoint pins one; loading refuses a checkpoint whose contract differs from the encoder it is
 given. dtype is not part of it (a bf16-GPU checkpoint serves on an fp32 CPU); it is part of the
 embedding cache's fingerprint instead.
+
+`layer` is one hidden-states index, or several (`[-1, 3]`: each pooled and normalised on its own,
+then concatenated). `prompt_rules` are the strip rules fitted on the training prompts
+(`prompt_rules.py`); they travel inside the contract so serving strips exactly what training did.
+Fields added after the first release are left out of `fingerprint()` while they hold their
+default, so the fingerprints of earlier checkpoints do not change.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
+from fugu_pipeline.features.prompt_rules import PromptRules
 from fugu_pipeline.hashing import canonical_json, sha256_text
+
+LATER_FIELDS = ("prompt_rules",)  # left out of the fingerprint while None
+
+
+def normalize_layer(v):
+    """An int, or a tuple of two or more distinct ints (a one-element list becomes its int)."""
+    if isinstance(v, (list, tuple)):
+        layers = tuple(int(x) for x in v)
+        if not layers:
+            raise ValueError("layer list is empty; give one or more hidden_states indices, e.g. [-1, 3]")
+        if len(set(layers)) != len(layers):
+            raise ValueError(f"layer list {list(layers)} repeats an index")
+        return layers[0] if len(layers) == 1 else layers
+    return v
 
 
 class FeatureContract(BaseModel):
@@ -21,15 +42,31 @@ class FeatureContract(BaseModel):
     revision: str | None = None
     pooling: Literal["last", "mean", "position"] = "mean"
     token_position: int | None = None  # for pooling="position", e.g. -2 = penultimate token
-    layer: int = -1  # hidden_states index; -1 = last layer
+    layer: int | tuple[int, ...] = -1  # hidden_states index (-1 = last layer), or several, concatenated
     normalize: bool = True
     max_length: int = 512
     prompt_template: str = "{prompt}"
     dim: int
+    prompt_rules: PromptRules | None = None  # strip rules fitted on the training prompts
+
+    _layer = field_validator("layer", mode="before")(classmethod(lambda cls, v: normalize_layer(v)))
 
     def fingerprint(self) -> str:
-        return sha256_text(canonical_json(self.model_dump()))[:16]
+        body = self.model_dump(mode="json")
+        for name in LATER_FIELDS:
+            if body.get(name) is None:
+                body.pop(name, None)
+        return sha256_text(canonical_json(body))[:16]
 
     def differences(self, other: "FeatureContract") -> list[str]:
-        a, b = self.model_dump(), other.model_dump()
-        return [f"{k}: checkpoint has {a[k]!r}, encoder has {b[k]!r}" for k in a if a[k] != b[k]]
+        a, b = self.model_dump(mode="json"), other.model_dump(mode="json")
+        out = []
+        for k in a:
+            if a[k] == b[k]:
+                continue
+            if k == "prompt_rules":
+                show = lambda r: "none" if r is None else PromptRules.model_validate(r).describe()  # noqa: E731
+                out.append(f"prompt_rules: checkpoint has {show(a[k])}, encoder has {show(b[k])}")
+            else:
+                out.append(f"{k}: checkpoint has {a[k]!r}, encoder has {b[k]!r}")
+        return out

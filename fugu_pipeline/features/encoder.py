@@ -72,18 +72,24 @@ def bound_native_caches(capacity: int = NATIVE_CACHE_CAPACITY) -> dict[str, str]
 
 
 def plan_batches(lengths: list[int], token_budget: int, max_batch_size: int) -> list[list[int]]:
-    """Length-bucketed batches: indices sorted by length (longest first), cut so that
-    padded length x batch size <= token_budget (a single longer sequence gets its own batch)."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    """Batches of sequences of ONE token length each (longest first), cut so that length x batch
+    size <= token_budget (a longer sequence gets a batch of its own) and at most max_batch_size.
+
+    No batch is ever padded, and that is what makes a prompt's vector independent of the prompts
+    it happens to be batched with: with padding, the kernels run on other shapes and sum in
+    another order, and in bf16 the pooled vectors moved by up to 1e-3 between the embedding step's
+    batches and a server's micro-batches, enough to flip 1-2% of routes. Without padding a prompt
+    gives the same bits alone or in any batch (tested on this CPU for the tiny Qwen3 and MiniLM, in
+    bf16 and fp32, batches of 1 to 96), so the cache, `route` and `serve` compute identical
+    features. Padding is also work that is thrown away: bucketing by exact length costs no
+    extra tokens, only more (smaller) forward passes where lengths are spread out."""
+    by_length: dict[int, list[int]] = {}
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        by_length.setdefault(lengths[i], []).append(i)
     batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        if cur and (lengths[cur[0]] * (len(cur) + 1) > token_budget or len(cur) >= max_batch_size):
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
+    for length, rows in by_length.items():
+        size = max(1, min(max_batch_size, token_budget // max(length, 1)))
+        batches += [rows[k : k + size] for k in range(0, len(rows), size)]
     return batches
 
 
@@ -128,7 +134,7 @@ class Encoder:
         self.resolved_device = device
         self.resolved_dtype = dtype
         self.fingerprint = fingerprint
-        self.dim = int(model.config.hidden_size)
+        self.dim = int(model.config.hidden_size) * len(settings.layers)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
         self.forward_passes = 0
@@ -138,6 +144,7 @@ class Encoder:
     def load(cls, settings: EncoderSettings) -> "Encoder":
         """Load tokenizer and model once; raise EncoderLoadError (with the offline options) when
         they cannot be loaded."""
+        local_only = settings.check_loadable()  # fails at once when a hub model can be neither found nor fetched
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -147,7 +154,7 @@ class Encoder:
             bound_native_caches()
         directory = settings.local_dir()
         source = str(directory) if directory is not None else settings.model
-        kwargs: dict = {"local_files_only": directory is not None or hub_offline()}
+        kwargs: dict = {"local_files_only": local_only}
         if directory is None and settings.revision:
             kwargs["revision"] = settings.revision
         try:
@@ -169,8 +176,10 @@ class Encoder:
         if hasattr(model.config, "use_cache"):
             model.config.use_cache = False
         n_layers = getattr(model.config, "num_hidden_layers", None)
-        if n_layers is not None and not -(n_layers + 1) <= settings.layer <= n_layers:
-            raise EncoderLoadError(f"layer {settings.layer} out of range for a {n_layers}-layer model")
+        for layer in settings.layers:
+            if n_layers is not None and not -(n_layers + 1) <= layer <= n_layers:
+                raise EncoderLoadError(f"layer {layer} out of range for a {n_layers}-layer model "
+                                       f"(hidden_states has {n_layers + 1} entries: 0 = embeddings, -1 = last)")
         max_pos = getattr(model.config, "max_position_embeddings", None)
         if max_pos is not None and settings.max_length > max_pos:
             raise EncoderLoadError(
@@ -196,8 +205,8 @@ class Encoder:
         return self.encode_texts(self.settings.format(prompts, domains))
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
-        """Feature vectors for already formatted texts: tokenize once, batch by length under the
-        token budget, pad each batch to its own longest sequence, pool, restore input order."""
+        """Feature vectors for already formatted texts: tokenize once, batch sequences of equal
+        length under the token budget (never padded: `plan_batches`), pool, restore input order."""
         import torch
 
         if self.model is None:
@@ -208,12 +217,8 @@ class Encoder:
         ids = self.tokenize(texts)
         s = self.settings
         for batch in plan_batches([len(x) for x in ids], s.token_budget, s.max_batch_size):
-            width = len(ids[batch[0]])  # longest first
-            tokens = np.full((len(batch), width), self.pad_id, dtype=np.int64)
-            mask = np.zeros((len(batch), width), dtype=np.int64)
-            for row, i in enumerate(batch):
-                tokens[row, : len(ids[i])] = ids[i]
-                mask[row, : len(ids[i])] = 1
+            tokens = np.array([ids[i] for i in batch], dtype=np.int64)  # one length: no padding
+            mask = np.ones_like(tokens)
             with torch.inference_mode():
                 vec = self._forward(torch.from_numpy(tokens), torch.from_numpy(mask))
             out[batch] = vec.cpu().numpy()
@@ -225,15 +230,19 @@ class Encoder:
 
         tokens, mask = tokens.to(self.resolved_device), mask.to(self.resolved_device)
         s = self.settings
-        if s.layer == -1:
-            hidden = self.model(input_ids=tokens, attention_mask=mask).last_hidden_state
+        if s.layers == (-1,):
+            states = [self.model(input_ids=tokens, attention_mask=mask).last_hidden_state]
         else:
-            hidden = self.model(input_ids=tokens, attention_mask=mask, output_hidden_states=True).hidden_states[s.layer]
+            out = self.model(input_ids=tokens, attention_mask=mask, output_hidden_states=True).hidden_states
+            states = [out[i] for i in s.layers]
         self.forward_passes += 1
-        vec = pool_hidden(hidden, mask, s.pooling, s.token_position).to(torch.float32)
-        if s.normalize:
-            vec = torch.nn.functional.normalize(vec, dim=-1)
-        return vec
+        vecs = []
+        for hidden in states:  # each layer pooled and normalised on its own, then concatenated
+            vec = pool_hidden(hidden, mask, s.pooling, s.token_position).to(torch.float32)
+            if s.normalize:
+                vec = torch.nn.functional.normalize(vec, dim=-1)
+            vecs.append(vec)
+        return vecs[0] if len(vecs) == 1 else torch.cat(vecs, dim=-1)
 
     # ----------------------------------------------------------------- identity and lifetime
 

@@ -66,6 +66,7 @@ class RoutingData:
     utility_config: UtilityConfig | None = None
     utility_source: str = ""  # how the utility was made and where its weights came from (matrix meta)
     feature_task_ids: list[str] | None = None  # task order of `features`, checked by validate()
+    tags: list[tuple[str, ...]] | None = None  # per task: labels reports group by (e.g. 'id'/'ood')
     data_version: str = ""  # computed when empty
 
     def __post_init__(self) -> None:
@@ -110,7 +111,7 @@ class RoutingData:
             self, task_ids=take(self.task_ids), prompts=take(self.prompts), domains=take(self.domains),
             splits=self.splits[rows], features=self.features[rows], utility=self.utility[rows],
             quality=pick(self.quality), cost_usd=pick(self.cost_usd), latency_s=pick(self.latency_s),
-            feature_task_ids=take(self.feature_task_ids), data_version="",
+            feature_task_ids=take(self.feature_task_ids), tags=take(self.tags), data_version="",
         )
 
     def counts(self) -> dict[str, int]:
@@ -240,10 +241,12 @@ def carve_validation(data: RoutingData, fraction: float = 0.15, seed: int = 0) -
     return dataclasses.replace(data, splits=splits, data_version="")
 
 
-def load_routing_data(db_path: Path, encoder, cache_root: Path, *, val_fraction: float = 0.15, seed: int = 0):
+def load_routing_data(db_path: Path, encoder, cache_root: Path, *, val_fraction: float = 0.15, seed: int = 0,
+                      progress=None):
     """The reward matrix's complete rows with their cached features, as `RoutingData`, with the
     utility weights the matrix was built with. When the matrix has no 'val' rows, a deterministic
-    share of 'train' becomes validation. Returns (data, embed_result)."""
+    share of 'train' becomes validation. `progress` goes to `embed_prompts` (True: a progress bar
+    while prompts are encoded). Returns (data, embed_result)."""
     from fugu_pipeline.features.cache import embed_prompts
     from fugu_pipeline.matrix.read import (
         RewardMatrixError,
@@ -255,14 +258,14 @@ def load_routing_data(db_path: Path, encoder, cache_root: Path, *, val_fraction:
     arrays = read_arrays(db_path)
     if not arrays.task_ids:
         raise RewardMatrixError(f"{db_path}: no complete rows (every task needs a reward for every worker)")
-    emb = embed_prompts(arrays.prompts, arrays.domains, encoder, cache_root)
+    emb = embed_prompts(arrays.prompts, arrays.domains, encoder, cache_root, progress=progress)
     data = RoutingData(
         task_ids=arrays.task_ids, prompts=arrays.prompts, domains=arrays.domains, splits=arrays.splits,
         worker_ids=arrays.worker_ids, features=emb.vectors, utility=arrays.utility, contract=emb.contract,
         quality=arrays.quality if not np.isnan(arrays.quality).any() else None,
         cost_usd=arrays.cost_usd, latency_s=arrays.latency_s,
         utility_config=read_utility_config(db_path), utility_source=read_utility_source(db_path),
-        feature_task_ids=arrays.task_ids,
+        feature_task_ids=arrays.task_ids, tags=arrays.tags,
     )
     if "val" not in set(data.splits.tolist()):
         data = carve_validation(data, fraction=val_fraction, seed=seed)

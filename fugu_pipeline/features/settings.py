@@ -16,7 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fugu_pipeline.features.contract import FeatureContract
+from fugu_pipeline.features.contract import FeatureContract, normalize_layer
+from fugu_pipeline.features.prompt_rules import PromptRules
 from fugu_pipeline.hashing import canonical_json, sha256_text
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
@@ -64,9 +65,17 @@ class EncoderSettings(BaseModel):
         None, description="pooling='position': <0 counts back from the last real token (-1 = last, "
         "-2 = penultimate), >=0 counts from the first"
     )
-    layer: int = Field(-1, description="hidden_states index; -1 = the last layer's output")
+    layer: int | tuple[int, ...] = Field(
+        -1, description="hidden_states index (-1 = the last layer's output), or several (e.g. [-1, 3]): each "
+        "pooled (and normalised) on its own, then concatenated; dim = hidden size x number of layers"
+    )
     normalize: bool = Field(True, description="L2-normalise each vector")
     prompt_template: str = Field("{prompt}", description="format string; may use {prompt} and {domain}")
+    prompt_rules: PromptRules | None = Field(
+        None, description="strip rules fitted on the training prompts (prompt_rules.py), applied before the template"
+    )
+
+    _layer = field_validator("layer", mode="before")(classmethod(lambda cls, v: normalize_layer(v)))
 
     @field_validator("prompt_template")
     @classmethod
@@ -105,6 +114,24 @@ class EncoderSettings(BaseModel):
                 f"encoder directory {self.model!r} does not exist. " + offline_help()
             )
         return None
+
+    def check_loadable(self) -> bool:
+        """For a hub id: raise EncoderLoadError at once (naming the offline options) when the model
+        is neither in the local Hugging Face cache nor reachable, instead of after the hub client's
+        retries. Returns True when the model must be read from the local cache only."""
+        if self.local_dir() is not None:
+            return True
+        cached = hub_cached(self.model, self.revision)
+        if hub_offline() or not hub_reachable():
+            if cached:
+                return True
+            why = ("HF_HUB_OFFLINE is set" if hub_offline() else
+                   f"{os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'} cannot be reached (no network?)")
+            raise EncoderLoadError(
+                f"encoder {self.model!r} is a Hugging Face hub id, it is not in the local cache, and {why}. "
+                + offline_help()
+            )
+        return False
 
     def model_identity(self) -> str:
         """What the model is, without loading it: a content hash for a local directory, else
@@ -165,6 +192,7 @@ class EncoderSettings(BaseModel):
             max_length=self.max_length,
             prompt_template=self.prompt_template,
             dim=dim,
+            prompt_rules=self.prompt_rules,
         )
 
     def fingerprint(self, resolved_dtype: str, model_identity: str) -> str:
@@ -188,12 +216,21 @@ class EncoderSettings(BaseModel):
 
     # ----------------------------------------------------------------- text
 
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return self.layer if isinstance(self.layer, tuple) else (self.layer,)
+
     def format(self, prompts: list[str], domains: list[str] | None = None) -> list[str]:
-        """The exact texts fed to the encoder (and hashed as cache keys)."""
+        """The exact texts fed to the encoder (and hashed as cache keys): the prompt stripped by the
+        prompt rules (when set), then put into the template. A missing domain is "general"."""
         if domains is None:
             domains = [DEFAULT_DOMAIN] * len(prompts)
         if len(domains) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(domains)} domains")
+        domains = [d or DEFAULT_DOMAIN for d in domains]
+        rules = self.prompt_rules
+        if rules is not None:
+            prompts = [rules.apply(p, d) for p, d in zip(prompts, domains)]
         return [self.prompt_template.format(prompt=p, domain=d) for p, d in zip(prompts, domains)]
 
     def describe(self, device: str, dtype: str, dim: int | None = None) -> str:
@@ -203,8 +240,10 @@ class EncoderSettings(BaseModel):
             name = self.model + (f"@{self.revision}" if self.revision else "")
         pool = self.pooling + (f"[{self.token_position}]" if self.pooling == "position" else "")
         dims = f", dim {dim}" if dim is not None else ""
-        return (f"encoder {name} on {device} ({dtype}), pooling {pool}, layer {self.layer}, "
-                f"normalize {self.normalize}, max_length {self.max_length}{dims}")
+        layer = list(self.layer) if isinstance(self.layer, tuple) else self.layer
+        rules = "" if self.prompt_rules is None else f", strip rules {self.prompt_rules.fingerprint()}"
+        return (f"encoder {name} on {device} ({dtype}), pooling {pool}, layer {layer}, "
+                f"normalize {self.normalize}, max_length {self.max_length}, template {self.prompt_template!r}{rules}{dims}")
 
 
 # --------------------------------------------------------------------------- machine and files
@@ -267,6 +306,40 @@ def find_minilm_dir() -> Path | None:
 def offline_help() -> str:
     minilm = find_minilm_dir()
     return OFFLINE_HELP.format(minilm=f"; installed here at {minilm}" if minilm else "")
+
+
+HUB_PROBE_TIMEOUT_S = 3.0
+_hub_probe: dict[str, bool] = {}
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """Whether the Hugging Face endpoint ($HF_ENDPOINT, default huggingface.co) accepts a TCP
+    connection within `timeout` seconds; asked once per endpoint and process. Without this probe a
+    machine without network spends a minute in the hub client's retries before it says so."""
+    import socket
+    from urllib.parse import urlsplit
+
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    if endpoint not in _hub_probe:
+        url = urlsplit(endpoint)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+            _hub_probe[endpoint] = True
+        except OSError:
+            _hub_probe[endpoint] = False
+    return _hub_probe[endpoint]
+
+
+def hub_cached(model: str, revision: str | None) -> bool:
+    """Whether the local Hugging Face cache holds this model's config.json."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(model, "config.json", revision=revision)
+    except Exception:  # a malformed id, an unreadable cache: treat as not cached
+        return False
+    return isinstance(hit, str)
 
 
 def hub_offline() -> bool:

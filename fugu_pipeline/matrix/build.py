@@ -137,7 +137,7 @@ def from_import(path: Path, utility: UtilityConfig, weights_from: str = "the con
     tasks, rewards = [], []
     differ, worst = 0, (0.0, "")
     for r in rows:
-        tasks.append(TaskRow(r.task_id, batch, r.prompt, r.domain, r.split))
+        tasks.append(TaskRow(r.task_id, batch, r.prompt, r.domain, r.split, tags=tuple(r.tags)))
         gap = 0.0
         for i, w in enumerate(worker_ids):
             cost = r.cost_usd[i] if r.cost_usd else 0.0

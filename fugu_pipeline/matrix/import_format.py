@@ -50,6 +50,7 @@ class RewardRow(BaseModel):
     quality: list[float] | None = None
     cost_usd: list[float] | None = None
     latency_s: list[float] | None = None
+    tags: list[str] = Field(default_factory=list, description="labels to report on (e.g. 'id'/'ood', 'metric:em')")
 
     @model_validator(mode="after")
     def _shape(self) -> "RewardRow":

@@ -12,6 +12,12 @@ Sources (formats as found in `../shared/data/routing`, see its SOURCES.md):
   `default_llm.json` maps the same model names to `input_price`/`output_price` in USD per million
   tokens. `default_query_{train,test}.jsonl(.gz)` give each query's `task_name` (used as domain).
 
+Tags (reported on per tag, next to per domain, by `summarize` and by every evaluation report):
+every imported row is tagged `id` when its domain occurs among the training rows, else `ood` (a
+domain the router never trained on); dcrouter rows also carry `metric:<upstream metric>` (e.g.
+`metric:em_mc`, `metric:code_eval`); RouteLLM rows carry `source:<benchmark>`. A jsonl file keeps
+the tags its rows hold.
+
 Conventions shared by every importer:
 - `worker_ids` are the model names sorted alphabetically, identical in every row.
 - task ids are `<source>-<row index in the upstream file, 0-based>`, stable under contamination removal.
@@ -28,6 +34,7 @@ import gzip
 import hashlib
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import polars as pl
@@ -165,7 +172,8 @@ def _routellm_rows(csv_path, contaminated_path=None, *, test_fraction=0.3, val_f
         tid = f"{prefix}-{i:05d}"
         # split by prompt text: a prompt that occurs twice (MMLU has ~100) never straddles splits
         rows.append(RewardRow(task_id=tid, prompt=prompt, domain=domain or prefix, worker_ids=models, quality=q,
-                              split=assign_split(prompt, seed, test_fraction, val_fraction)))
+                              split=assign_split(prompt, seed, test_fraction, val_fraction),
+                              tags=[f"source:{prefix.split('_')[0]}"]))
     return rows, removed
 
 
@@ -173,8 +181,8 @@ def import_routellm(csv_path, contaminated_path=None, *, test_fraction: float = 
                     seed: int = 0, domain: str | None = None) -> list[RewardRow]:
     """One RouteLLM eval CSV → rows with quality = correctness (0/1), contaminated prompts removed.
     Task ids `<source>-<row>` (source from the file name, e.g. `gsm8k`); domain defaults to source."""
-    return _routellm_rows(csv_path, contaminated_path, test_fraction=test_fraction, val_fraction=val_fraction,
-                          seed=seed, domain=domain)[0]
+    return tag_in_distribution(_routellm_rows(csv_path, contaminated_path, test_fraction=test_fraction,
+                                              val_fraction=val_fraction, seed=seed, domain=domain)[0])
 
 
 def _mmlu_rows(folder, contaminated_path=None, **split_opts):
@@ -198,7 +206,8 @@ def _mmlu_rows(folder, contaminated_path=None, **split_opts):
 def import_routellm_mmlu(folder, contaminated_path=None, *, test_fraction: float = 0.3, val_fraction: float = 0.1,
                          seed: int = 0) -> list[RewardRow]:
     """All `mmlu_<subject>.csv(.gz)` of a folder: domain = subject, task ids `mmlu_<subject>-<row>`."""
-    return _mmlu_rows(folder, contaminated_path, test_fraction=test_fraction, val_fraction=val_fraction, seed=seed)[0]
+    return tag_in_distribution(_mmlu_rows(folder, contaminated_path, test_fraction=test_fraction,
+                                          val_fraction=val_fraction, seed=seed)[0])
 
 
 # --------------------------------------------------------------------------- LLMRouter dcrouter
@@ -254,10 +263,11 @@ def read_llm_prices(path: Path) -> dict[str, tuple[float, float]]:
     return out
 
 
-def read_query_tasks(paths) -> dict[str, str]:
-    """LLMRouter default_query_*.jsonl(.gz) → {query text: task_name}; a query listed under several
-    task names maps to those names sorted and joined by '+'."""
+def read_query_info(paths) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """LLMRouter default_query_*.jsonl(.gz) → {query text: (task_name, metrics)}; a query listed
+    under several task names maps to those names sorted and joined by '+'."""
     names: dict[str, set[str]] = {}
+    metrics: dict[str, set[str]] = {}
     for path in paths:
         for lineno, line in enumerate(_read_text(Path(path), "an LLMRouter default_query_*.jsonl(.gz)").split("\n"), 1):
             if not line.strip():
@@ -265,9 +275,23 @@ def read_query_tasks(paths) -> dict[str, str]:
             try:
                 obj = json.loads(line)
                 names.setdefault(obj["query"], set()).add(str(obj["task_name"]))
-            except (json.JSONDecodeError, KeyError, TypeError):
+                if obj.get("metric"):
+                    metrics.setdefault(obj["query"], set()).add(str(obj["metric"]))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
                 raise _fail(Path(path), "expected a JSON object with 'query' and 'task_name'", lineno) from None
-    return {q: "+".join(sorted(s)) for q, s in names.items()}
+    return {q: ("+".join(sorted(s)), tuple(sorted(metrics.get(q, ())))) for q, s in names.items()}
+
+
+def read_query_tasks(paths) -> dict[str, str]:
+    """LLMRouter default_query_*.jsonl(.gz) → {query text: task_name} (see `read_query_info`)."""
+    return {q: name for q, (name, _) in read_query_info(paths).items()}
+
+
+def tag_in_distribution(rows: list[RewardRow]) -> list[RewardRow]:
+    """Add `id` to rows whose domain occurs among the training rows, `ood` to the others."""
+    seen = {r.domain for r in rows if r.split == "train"}
+    return [r.model_copy(update={"tags": [t for t in r.tags if t not in ("id", "ood")]
+                                 + ["id" if r.domain in seen else "ood"]}) for r in rows]
 
 
 def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=(), val_fraction: float = 0.1,
@@ -294,7 +318,7 @@ def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=()
         if missing:
             raise _fail(Path(llm_info_path), f"no price for models {missing}; add them, or import without llm_info_path (no costs)")
         prices = [all_prices[m] for m in models]
-    domains = read_query_tasks(query_paths) if query_paths else {}
+    info = read_query_info(query_paths) if query_paths else {}
     test_prompts = {rec["question"] for rec in test}
     rows = []
     for part, records in (("train", train), ("test", test)):
@@ -308,9 +332,10 @@ def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=()
             if prices is not None:
                 tokens = math.ceil(len(q) / PROMPT_CHARS_PER_TOKEN)
                 cost = [(tokens * pin + assumed_output_tokens * pout) / 1e6 for pin, pout in prices]
-            rows.append(RewardRow(task_id=tid, prompt=q, domain=domains.get(q, "general"), split=split,
+            domain, metrics = info.get(q, ("general", ()))
+            rows.append(RewardRow(task_id=tid, prompt=q, domain=domain, split=split, tags=[f"metric:{m}" for m in metrics],
                                   worker_ids=models, quality=[float(rec["scores"][m]) for m in models], cost_usd=cost))
-    return rows
+    return tag_in_distribution(rows)
 
 
 # --------------------------------------------------------------------------- generic JSONL and writing
@@ -337,7 +362,15 @@ def write_reward_jsonl(rows: list[RewardRow], out_path) -> Path:
         if r.task_id in seen:
             raise ValueError(f"{out_path}: duplicate task_id {r.task_id!r}")
         seen.add(r.task_id)
-    return atomic_write(out_path, "".join(json.dumps(r.model_dump(exclude_none=True), ensure_ascii=False) + "\n" for r in rows))
+    return atomic_write(out_path, "".join(json.dumps(_row_json(r), ensure_ascii=False) + "\n" for r in rows))
+
+
+def _row_json(r: RewardRow) -> dict:
+    """A row as written: no null fields, and no `tags` key when it has none."""
+    d = r.model_dump(exclude_none=True)
+    if not d.get("tags"):
+        d.pop("tags", None)
+    return d
 
 
 # --------------------------------------------------------------------------- summary and dispatcher
@@ -366,6 +399,34 @@ def summarize(rows: list[RewardRow]) -> dict:
     if "train" in per_split and "test" in per_split:
         w = per_split["train"]["best_fixed"]["worker"]
         out["best_fixed_on_train"] = {"worker": w, "train": per_split["train"]["mean"][w], "test": per_split["test"]["mean"][w]}
+    out["per_domain"] = _groups(rows, metric, lambda r: [r.domain])
+    if any(r.tags for r in rows):
+        out["per_tag"] = _groups(rows, metric, lambda r: r.tags)
+    return out
+
+
+def _groups(rows: list[RewardRow], metric: str, keys) -> dict[str, dict]:
+    """Per group (a domain, a tag): rows per split, each worker's mean `metric` and mean cost over
+    the group's rows, and the group's best worker on its training rows."""
+    workers = rows[0].worker_ids
+    members: dict[str, list[RewardRow]] = {}
+    for r in rows:
+        for k in keys(r):
+            members.setdefault(k, []).append(r)
+    out = {}
+    for name, rs in sorted(members.items()):
+        mean = lambda vals: [sum(v[j] for v in vals) / len(vals) for j in range(len(workers))]  # noqa: E731
+        m = mean([getattr(r, metric) for r in rs])
+        g: dict = {"rows": dict(sorted(Counter(r.split for r in rs).items())),
+                   "mean": {w: round(x, 6) for w, x in zip(workers, m)}}
+        train = [getattr(r, metric) for r in rs if r.split == "train"]
+        if train:
+            t = mean(train)
+            g["best_on_train"] = workers[max(range(len(workers)), key=t.__getitem__)]
+        costs = [r.cost_usd for r in rs if r.cost_usd is not None]
+        if costs:
+            g["mean_cost_usd"] = {w: float(f"{x:.6g}") for w, x in zip(workers, mean(costs))}
+        out[name] = g
     return out
 
 
@@ -391,11 +452,14 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
     if kind == "routellm-gsm8k":
         opts.setdefault("contaminated_path", path / "gsm8k_contaminated_prompts.jsonl")
         rows, notes["contaminated_removed"] = _routellm_rows(_first(path, "gsm8k_responses.csv.gz", "gsm8k_responses.csv"), **opts)
+        rows = tag_in_distribution(rows)
     elif kind == "routellm-mmlu":
         opts.setdefault("contaminated_path", path / "mmlu_contaminated_prompts.jsonl")
         rows, notes["contaminated_removed"] = _mmlu_rows(path / "mmlu_responses", **opts)
+        rows = tag_in_distribution(rows)
     elif kind == "routellm-csv":
         rows, notes["contaminated_removed"] = _routellm_rows(path, **opts)
+        rows = tag_in_distribution(rows)
     elif kind == "dcrouter":
         opts.setdefault("train_path", _first(path, "dcrouter_train.json.gz", "dcrouter_train.json"))
         opts.setdefault("test_path", _first(path, "dcrouter_test.json.gz", "dcrouter_test.json"))

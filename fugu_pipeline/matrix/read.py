@@ -110,6 +110,7 @@ class RewardArrays:
     latency_s: np.ndarray
     data_version: str
     n_incomplete: int
+    tags: list[tuple[str, ...]] | None = None  # per task (the import's or the task file's tags)
 
 
 def read_arrays(db_path: Path, complete_only: bool = True) -> RewardArrays:
@@ -119,7 +120,7 @@ def read_arrays(db_path: Path, complete_only: bool = True) -> RewardArrays:
         raise RewardMatrixError(f"{db_path}: no reward matrix yet; materialize `reward_matrix` (or run `fugu-lite pipeline`)")
     with open_read_only(db_path) as con:
         workers = [r[0] for r in con.execute("SELECT worker_id FROM workers ORDER BY position").fetchall()]
-        tasks = con.execute("SELECT task_id, prompt, domain, split FROM tasks ORDER BY task_id").fetchall()
+        tasks = con.execute("SELECT task_id, prompt, domain, split, tags FROM tasks ORDER BY task_id").fetchall()
         cells = con.execute("SELECT task_id, position, quality, cost_usd, latency_s, utility FROM rewards").fetchall()
         version = con.execute("SELECT value FROM meta WHERE key='data_version'").fetchone()[0]
     idx = {t[0]: i for i, t in enumerate(tasks)}
@@ -135,6 +136,7 @@ def read_arrays(db_path: Path, complete_only: bool = True) -> RewardArrays:
         domains=[tasks[i][2] for i in sel], splits=np.array([tasks[i][3] for i in sel]),
         worker_ids=workers, utility=U[sel], quality=Q[sel], cost_usd=C[sel], latency_s=L[sel],
         data_version=version, n_incomplete=int((~keep).sum()),
+        tags=[tuple(tasks[i][4] or ()) for i in sel],
     )
 
 

@@ -18,6 +18,10 @@ class RouterError(RuntimeError):
     pass
 
 
+class BudgetUnavailable(RouterError):
+    """This checkpoint cannot route under a budget (no quality estimate, or no calibration)."""
+
+
 @dataclass
 class RouteDecision:
     worker_id: str
@@ -36,7 +40,23 @@ def encoder_settings_for(contract: FeatureContract, device: str = "auto", dtype:
         model=encoder or contract.encoder_id, revision=contract.revision, device=device, dtype=dtype,
         max_length=contract.max_length, pooling=contract.pooling, token_position=contract.token_position,
         layer=contract.layer, normalize=contract.normalize, prompt_template=contract.prompt_template,
+        prompt_rules=contract.prompt_rules,
     )
+
+
+def serving_dtype(settings, metrics: dict) -> str:
+    """The dtype `--dtype auto` serves in: the one the training features were computed in (recorded
+    as `feature_dtype` by training), so the served vectors equal the cached ones (DESIGN §3); a
+    half dtype on a CPU without native bf16 stays auto (float32): there it would be slow and still
+    not bit-equal to a GPU's."""
+    from fugu_pipeline.features.settings import cpu_has_native_bf16
+
+    trained = metrics.get("feature_dtype")
+    if trained not in ("float32", "bfloat16", "float16"):
+        return "auto"
+    if trained != "float32" and settings.resolve_device() == "cpu" and not cpu_has_native_bf16():
+        return "auto"
+    return trained
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -46,9 +66,15 @@ def _softmax(z: np.ndarray) -> np.ndarray:
 
 
 class Router:
-    """A loaded checkpoint and its encoder. Thread-safe for concurrent `route_batch` calls."""
+    """A loaded checkpoint and its encoder. Thread-safe for concurrent `route_batch` calls.
+
+    Budget mode (`route_batch(..., budget=Budget(share=0.3))`) needs the checkpoint's budget
+    calibration (`budget.json` beside it, written by `train-*` and `evaluate`, `route/budget.py`):
+    λ for the cap comes from its validation curve, and the expected cost from its training fit."""
 
     def __init__(self, checkpoint, encoder, *, encoder_override: str | None = None):
+        from fugu_pipeline.route.budget import load_calibration
+
         if checkpoint.manifest.head_kind.startswith("roles"):
             raise RouterError(f"{checkpoint.path} is a multi-turn coordinator ({checkpoint.manifest.head_kind}), not a "
                               "one-step router: run it with `fugu-lite ask --mode multi-turn` or a request with "
@@ -57,6 +83,10 @@ class Router:
         self.encoder = encoder
         self.worker_ids: list[str] = list(checkpoint.manifest.worker_ids)
         self.path = str(checkpoint.path)
+        calibration = load_calibration(checkpoint.path)
+        if calibration is not None and calibration.checkpoint not in ("", checkpoint.manifest.content_hash):
+            calibration = None  # written for other weights
+        self.calibration = calibration
         self._lock = threading.Lock()
 
     @classmethod
@@ -66,6 +96,8 @@ class Router:
 
         probe = load_checkpoint(checkpoint_path)
         settings = encoder_settings_for(probe.manifest.feature_contract, device, dtype, encoder)
+        if dtype == "auto":
+            settings = settings.model_copy(update={"dtype": serving_dtype(settings, probe.manifest.metrics)})
         enc = Encoder.load(settings)
         expected = enc.feature_contract()
         if encoder is not None:  # a relocated model: same contract apart from where it lives
@@ -104,6 +136,36 @@ class Router:
             q = head_quality(self.checkpoint.head, torch.from_numpy(feats), None if domains is None else list(domains))
         return None if q is None else q.float().numpy()
 
+    def budget_point(self, budget):
+        """The operating point (λ chosen on validation) for a cap; RouterError when this checkpoint
+        cannot route under a budget."""
+        from fugu_pipeline.route.budget import BudgetError, require_quality_head
+
+        try:
+            require_quality_head(self.checkpoint.head, self.checkpoint.manifest.head_kind)
+        except BudgetError as exc:
+            raise BudgetUnavailable(str(exc)) from None
+        if self.calibration is None:
+            raise BudgetUnavailable(
+                f"no budget calibration beside {self.path} (budget.json): run `fugu-lite evaluate --checkpoint "
+                f"{self.path} --data <the training data>`, which chooses λ for a cap on its validation split")
+        try:
+            return self.calibration.choose(budget)
+        except BudgetError as exc:
+            raise BudgetUnavailable(str(exc)) from None
+
+    def budget_scores(self, prompts: list[str], domains: list[str] | None, budget, cost_texts: list[str] | None = None):
+        """(scores, operating point, expected cost (N, W)): predicted quality − λ·expected cost / c_ref."""
+        from fugu_pipeline.route.budget import quality_of
+
+        point = self.budget_point(budget)
+        feats = self.encoder.encode(prompts, None if domains is None else [d or "general" for d in domains])
+        with self._lock:  # the head sees the domains as given (None = unknown: the pooled prior)
+            q = quality_of(self.checkpoint.head, feats, domains, kind=self.checkpoint.manifest.head_kind)
+        texts = cost_texts if cost_texts is not None else prompts
+        c_hat = self.calibration.cost_model.predict(texts, domains)
+        return self.calibration.scores(q, texts, domains, point.lam), point, c_hat
+
     def route_batch(
         self,
         prompts: list[str],
@@ -111,28 +173,47 @@ class Router:
         *,
         allowed: list[str] | None = None,
         cost_weight: float | None = None,
+        budget=None,
+        cost_texts: list[str] | None = None,
     ) -> list[RouteDecision]:
         """Route many prompts in one encoder pass. `allowed` restricts the workers (unknown ids
-        are an error); `cost_weight` trades quality for cost with a quality head."""
+        are an error); `cost_weight` trades quality for cost with a quality head; `budget` (a
+        `route.budget.Budget`) routes under a cost cap with λ chosen on validation (`cost_texts`:
+        the text the worker will be billed for, when it is more than the routed prompt)."""
         if allowed is not None:
             unknown = [w for w in allowed if w not in self.worker_ids]
             if unknown:
                 raise RouterError(f"unknown worker(s) {unknown}; this router knows {self.worker_ids}")
             if not allowed:
                 raise RouterError("the allowed worker list is empty")
-        scores = self.scores(prompts, None if domains is None else list(domains), cost_weight)
+        if budget is not None and cost_weight is not None:
+            raise RouterError("give a budget or a cost weight, not both")
+        doms = None if domains is None else list(domains)  # None entries: unknown domain
+        point, c_hat = None, None
+        if budget is not None:
+            scores, point, c_hat = self.budget_scores(prompts, doms, budget, cost_texts)
+        else:
+            scores = self.scores(prompts, doms, cost_weight)
         mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         scores = np.where(mask, scores, -np.inf)
         probs = _softmax(scores)
         out = []
-        for row_s, row_p in zip(scores, probs):
+        for k, (row_s, row_p) in enumerate(zip(scores, probs)):
             order = [int(i) for i in np.argsort(-row_s, kind="stable") if mask[i]]
-            out.append(RouteDecision(
+            d = RouteDecision(
                 worker_id=self.worker_ids[order[0]],
                 probabilities={w: float(p) for w, p, ok in zip(self.worker_ids, row_p, mask) if ok},
                 ranking=[self.worker_ids[i] for i in order],
                 checkpoint=self.path,
-            ))
+            )
+            if point is not None:
+                d.extra["budget"] = {"cap": point.budget.describe(), "lambda": point.lam,
+                                     "met_on_validation": point.met_on_validation,
+                                     "validation_share": round(point.val_share, 6),
+                                     "expected_cost_usd": float(c_hat[k, order[0]]),
+                                     "reference_worker": self.calibration.reference_worker,
+                                     **({"note": point.note} if point.note else {})}
+            out.append(d)
         return out
 
     def route(self, prompt: str, domain: str | None = None, **kw) -> RouteDecision:

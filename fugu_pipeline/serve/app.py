@@ -15,7 +15,13 @@ answers; a shared system prompt or long history would make every route look alik
 fields, all optional, at the top level or inside a `fugu_lite` object (top level wins):
 `fugu_allowed_workers` / `fugu_lite.allowed_workers` (worker ids; an unknown id is a 400),
 `fugu_cost_weight` / `fugu_lite.cost_weight` (float >= 0; used by quality heads),
-`domain` / `fugu_lite.domain` (hint fed to the encoder's prompt template; default "general").
+`domain` / `fugu_lite.domain` (hint fed to the encoder's prompt template and prompt rules; default
+"general"), `fugu_budget` / `fugu_lite.budget` (a cost cap, `{"share": 0.3}` of the strongest
+worker's cost or `{"usd_per_1k": 2.5}`, optionally `"margin_z"`: λ comes from the checkpoint's
+budget calibration, chosen on validation; the expected cost counts every message's text, which
+is what the worker is billed for). A server-wide default cap (`default_budget`, `fugu-lite serve
+--budget-share/--budget-usd-per-1k`) applies to requests that send neither `fugu_budget` nor
+`fugu_cost_weight`.
 Concurrent requests are routed together in one encoder pass (`batching.py`). The router is a
 `Router` (a fixed checkpoint) or a `PromotedRouter` (follows `models/promoted/current.json`, so a
 promotion takes effect without a restart; if a newly promoted checkpoint fails to load, the last
@@ -82,8 +88,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from fugu_pipeline.route.budget import Budget
 from fugu_pipeline.route.promoted import PromotedRouter
-from fugu_pipeline.route.router import RouteDecision, Router, RouterError
+from fugu_pipeline.route.router import BudgetUnavailable, RouteDecision, Router, RouterError
 from fugu_pipeline.serve import multi_turn
 from fugu_pipeline.serve.batching import RouteBatcher, RouteRequest, route_grouped
 from fugu_pipeline.serve.protocol import (
@@ -153,8 +160,9 @@ def checkpoint_tag(router: Router) -> str:
 
 class Service:
     def __init__(self, source: RouterSource, workers: Workers, *, api_token: str | None, max_body_bytes: int,
-                 batch_window_ms: float, max_batch: int):
+                 batch_window_ms: float, max_batch: int, default_budget: Budget | None = None):
         self.source, self.workers = source, workers
+        self.default_budget = default_budget
         self.api_token = api_token or None
         self.max_body_bytes = max_body_bytes
         self.batcher = RouteBatcher(self._route_batch, window_ms=batch_window_ms, max_batch=max_batch)
@@ -197,7 +205,11 @@ class Service:
 
     async def route(self, req: ChatRequest) -> RouteDecision:
         try:
-            return await self.batcher.route(RouteRequest(req.text, req.domain, req.allowed, req.cost_weight))
+            budget = req.budget or (self.default_budget if req.cost_weight is None else None)
+            return await self.batcher.route(RouteRequest(req.text, req.domain, req.allowed, req.cost_weight, budget,
+                                                         req.billed_text if budget is not None else None))
+        except BudgetUnavailable as exc:
+            raise APIError(400, str(exc), param="fugu_budget", code="budget_unavailable") from None
         except RouterError as exc:
             raise APIError(400, str(exc), param="fugu_allowed_workers", code="unknown_worker") from None
         except RouterUnavailable as exc:
@@ -209,8 +221,11 @@ def _ms(seconds: float) -> float:
 
 
 def _route_info(d: RouteDecision) -> dict:
-    return {"chosen_worker": d.worker_id, "probabilities": {w: round(p, 6) for w, p in d.probabilities.items()},
+    info = {"chosen_worker": d.worker_id, "probabilities": {w: round(p, 6) for w, p in d.probabilities.items()},
             "ranking": d.ranking, "checkpoint": d.checkpoint, "checkpoint_tag": d.extra.get("checkpoint_tag")}
+    if "budget" in d.extra:
+        info["budget"] = d.extra["budget"]
+    return info
 
 
 def _headers(info: dict) -> dict[str, str]:
@@ -394,6 +409,7 @@ def create_app(
     batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
     max_batch: int = DEFAULT_MAX_BATCH,
     worker_attempts: int | None = 1,
+    default_budget: Budget | None = None,
     roles=None,
 ) -> Starlette:
     """The Starlette app. `api_token` None or "" means no auth; `worker_attempts` None keeps the
@@ -407,8 +423,10 @@ def create_app(
     if missing:
         raise ValueError(f"checkpoint {router.path} routes to worker(s) {missing} that the worker config does not "
                          f"define (it has {config.worker_ids}); serve it with the worker config it was trained with")
+    if default_budget is not None:
+        router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
     svc = Service(source, Workers(config, worker_attempts), api_token=api_token, max_body_bytes=max_body_bytes,
-                  batch_window_ms=batch_window_ms, max_batch=max_batch)
+                  batch_window_ms=batch_window_ms, max_batch=max_batch, default_budget=default_budget)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):

@@ -9,8 +9,8 @@ one, so torch's per-thread caches exist once), so the event loop keeps serving; 
 arrive meanwhile form the next batch, which starts as soon as the running one ends.
 `max_batch=1` routes one request at a time (the unbatched baseline).
 
-Requests that share `(allowed, cost_weight)` go through one `route_batch` call (one encoder pass);
-a batch that mixes several such keys makes one call per key.
+Requests that share `(allowed, cost_weight, budget)` go through one `route_batch` call (one encoder
+pass); a batch that mixes several such keys makes one call per key.
 
 One bad request never fails the others: when a group's call raises, each of its requests is
 routed again on its own, and only the request(s) that fail alone get the error.
@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+from fugu_pipeline.route.budget import Budget
 from fugu_pipeline.route.router import RouteDecision, Router, RouterError
 
 
@@ -33,28 +34,32 @@ class RouteRequest:
     domain: str | None = None
     allowed: tuple[str, ...] | None = None
     cost_weight: float | None = None
+    budget: Budget | None = None  # a cost cap (route/budget.py)
+    billed_text: str | None = None  # what the worker is billed for, when more than `text` (the budget's cost)
 
 
 RouteFn = Callable[[list[RouteRequest]], list["RouteDecision | Exception"]]
 
 
 def route_grouped(router: Router, requests: list[RouteRequest]) -> list[RouteDecision | Exception]:
-    """Route requests with one `route_batch` call per distinct (allowed, cost_weight); a group the
+    """Route requests with one `route_batch` call per distinct (allowed, cost_weight, budget); a group the
     router refuses (e.g. an unknown allowed worker) gets its RouterError, the others still route.
     Any other failure of a group's call is narrowed down: each of its requests is routed alone, so
     the error reaches only the request(s) that cause it."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(requests):
-        groups.setdefault((r.allowed, r.cost_weight), []).append(i)
+        groups.setdefault((r.allowed, r.cost_weight, r.budget), []).append(i)
     out: list[RouteDecision | Exception] = [RouterError("not routed")] * len(requests)
 
-    def call(rows: list[int], allowed, cost_weight) -> list[RouteDecision]:
+    def call(rows: list[int], allowed, cost_weight, budget) -> list[RouteDecision]:
+        kw = {} if budget is None else {"budget": budget, "cost_texts": [requests[i].billed_text or requests[i].text
+                                                                          for i in rows]}
         return router.route_batch([requests[i].text for i in rows], [requests[i].domain for i in rows],
-                                  allowed=list(allowed) if allowed is not None else None, cost_weight=cost_weight)
+                                  allowed=list(allowed) if allowed is not None else None, cost_weight=cost_weight, **kw)
 
-    for (allowed, cost_weight), rows in groups.items():
+    for (allowed, cost_weight, budget), rows in groups.items():
         try:
-            decisions: list = call(rows, allowed, cost_weight)
+            decisions: list = call(rows, allowed, cost_weight, budget)
         except RouterError as exc:
             decisions = [exc] * len(rows)
         except Exception as exc:
@@ -64,7 +69,7 @@ def route_grouped(router: Router, requests: list[RouteRequest]) -> list[RouteDec
                 decisions = []
                 for i in rows:
                     try:
-                        decisions += call([i], allowed, cost_weight)
+                        decisions += call([i], allowed, cost_weight, budget)
                     except Exception as alone:
                         decisions.append(alone)
         for i, d in zip(rows, decisions):

@@ -5,6 +5,7 @@ workers (their concurrency and rate limits hold), and the reply carries the comm
 - Body: any chat-completions request plus `"fugu_mode": "multi_turn"` (top level; `"one_step"`, the
   default, is the one-step router). `fugu_allowed_workers` and `domain` apply as in one-step mode; the client's
   sampling fields (temperature, max_tokens, ...) go to every turn; `seed` is the session's seed.
+  `fugu_budget` (a one-step cost cap) is refused with a 400.
 - Reply: `choices[0].message.content` is the committed answer (the last non-Verifier turn with an
   extractable answer; when no turn has one, the last answering turn's text, `committed_turn`
   null). `fugu_lite` holds the mode, the coordinator, every turn (role, chosen and serving worker,
@@ -76,6 +77,10 @@ def _turn(t) -> dict:
 
 
 async def chat_completion(svc, roles_source, req: ChatRequest, t0: float) -> Response:
+    if req.budget is not None:
+        raise APIError(400, "'fugu_budget' applies to one-step routing (λ chosen on the router's validation split); the "
+                       "multi-turn coordinator has no cost cap: drop fugu_budget, or send the request without "
+                       "\"fugu_mode\": \"multi_turn\"", param="fugu_budget", code="invalid_value")
     if roles_source is None:
         raise APIError(400, "multi_turn mode needs a promoted multi-turn coordinator (models/promoted/roles.json): "
                        "materialize eval_report_roles, or start the server with the models directory that holds it",

@@ -20,6 +20,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from fugu_pipeline.route.budget import Budget
+
 log = logging.getLogger("fugu_pipeline.serve")
 
 DEFAULT_MAX_BODY_BYTES = 2 << 20
@@ -29,7 +31,8 @@ _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (
            "frequency_penalty": (-2.0, 2.0)}
 _INTS = {"max_tokens": 1, "max_completion_tokens": 1, "seed": None}  # name -> minimum
 _TYPED = {"user": (str,), "reasoning_effort": (str,)}
-_FUGU_KEYS = {"allowed_workers", "cost_weight", "domain"}
+_FUGU_KEYS = {"allowed_workers", "cost_weight", "domain", "budget"}
+_BUDGET_KEYS = {"usd_per_1k", "share", "margin_z"}
 
 
 class APIError(Exception):
@@ -78,11 +81,13 @@ class ChatRequest:
     domain: str | None = None
     allowed: tuple[str, ...] | None = None
     cost_weight: float | None = None
+    budget: Budget | None = None
+    billed_text: str = ""  # every message's text: what the worker is billed for (the budget's expected cost)
     ignored: list[str] = field(default_factory=list)  # fields that have no effect, each with why
 
 
 _HANDLED = {"messages", "model", "stream", "stream_options", "n", "tools", "functions", "fugu_lite",
-            "fugu_allowed_workers", "fugu_cost_weight", "domain"}
+            "fugu_allowed_workers", "fugu_cost_weight", "fugu_budget", "domain"}
 
 
 def ignored_fields(body: dict) -> list[str]:
@@ -281,6 +286,9 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     cost_weight = top("fugu_cost_weight", "cost_weight")
     if cost_weight is not None and (not _is_num(cost_weight) or cost_weight < 0):
         raise APIError(400, "'fugu_cost_weight' must be a number >= 0", param="fugu_cost_weight", code="invalid_value")
+    budget = parse_budget(top("fugu_budget", "budget"))
+    if budget is not None and cost_weight is not None:
+        raise APIError(400, "send 'fugu_budget' or 'fugu_cost_weight', not both", param="fugu_budget", code="invalid_value")
     domain = top("domain", "domain")
     if domain is not None and not isinstance(domain, str):
         raise APIError(400, "'domain' must be a string", param="domain", code="invalid_type")
@@ -316,8 +324,32 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     return ChatRequest(
         messages=msgs, text=routed_text(msgs), stream=stream, include_usage=bool(options.get("include_usage")),
         params=params, domain=domain, allowed=tuple(allowed) if allowed is not None else None,
-        cost_weight=float(cost_weight) if cost_weight is not None else None, ignored=ignored_fields(body),
+        cost_weight=float(cost_weight) if cost_weight is not None else None, budget=budget,
+        billed_text="\n".join(_message_text(m) for m in msgs), ignored=ignored_fields(body),
     )
+
+
+def parse_budget(raw) -> Budget | None:
+    """`fugu_budget`: {"usd_per_1k": 2.5} or {"share": 0.3}, optionally with "margin_z" (default 1.645)."""
+    if raw is None:
+        return None
+    how = ('\'fugu_budget\' must be an object with exactly one of "usd_per_1k" (USD per 1,000 requests, > 0) and '
+           '"share" (of the strongest worker\'s cost, > 0), and optionally "margin_z" (>= 0)')
+    if not isinstance(raw, dict) or set(raw) - _BUDGET_KEYS or not all(_is_num(v) for v in raw.values()):
+        raise APIError(400, how, param="fugu_budget", code="invalid_value")
+    try:
+        return Budget(**{k: float(v) for k, v in raw.items()})
+    except ValueError:
+        raise APIError(400, how, param="fugu_budget", code="invalid_value") from None
+
+
+def _message_text(m: dict) -> str:
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return "\n".join(p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
 
 
 async def read_body(request: Request, limit: int) -> bytes:

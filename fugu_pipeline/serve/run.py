@@ -45,6 +45,7 @@ def serve(
     torch_threads: int | None = DEFAULT_TORCH_THREADS,
     dtype: str = "auto",
     log_level: str = "info",
+    default_budget=None,
 ) -> None:
     """Load the router and workers, then serve until interrupted. The token is `api_token`, else
     `$FUGU_SERVE_TOKEN`; API keys for workers come from the environment or a `.env` file.
@@ -73,9 +74,14 @@ def serve(
 
         roles = PromotedRoles(checkpoint_or_models_dir, device=device, dtype=dtype, encoder=encoder)
     app = create_app(provider, workers_config_path, api_token=token, max_body_bytes=max_body_bytes,
-                     batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts, roles=roles)
+                     batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts,
+                     default_budget=default_budget, roles=roles)
     router = app.state.fugu.source.last
     log.info("fugu-lite serving %s (%s) on http://%s:%d/v1", checkpoint_tag(router), router.path, host, port)
     log.info("%s; torch threads %d; auth %s", router.encoder.describe(), torch.get_num_threads(),
              "bearer token" if token else "none")
+    if default_budget is not None:
+        p = router.budget_point(default_budget)
+        log.info("default %s: λ=%.4g chosen on validation (validation share %.4f of %s%s)", default_budget.describe(),
+                 p.lam, p.val_share, router.calibration.reference_worker, "" if p.met_on_validation else "; NOT met")
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

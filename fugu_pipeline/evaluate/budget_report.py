@@ -1,0 +1,123 @@
+"""The budget part of a held-out report: a cap's operating point chosen on validation, scored on
+the held-out split, next to every single worker and the best one the cap allows.
+
+Honesty rules (DESIGN §5): λ comes from the calibration (validation rows only); the routes use
+predicted quality and EXPECTED cost only; the held-out rows' actual cost and quality are the
+outcomes reported. "Best single worker within the cap" is chosen on TRAINING rows (the best
+training quality among workers whose training expected cost is within the cap), then scored on
+the held-out rows, so the comparison does not peek either.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fugu_pipeline.evaluate.metrics import paired_bootstrap, pick
+from fugu_pipeline.route.budget import Budget, BudgetCalibration, budget_scores, quality_of
+
+
+def pareto_front(points: list[dict], cost: str = "cost_usd_per_1k", value: str = "quality") -> list[dict]:
+    """The points no other point beats on both (lower cost, higher value), cheapest first."""
+    front, best = [], -np.inf
+    for p in sorted(points, key=lambda p: (p[cost], -p[value])):
+        if p[value] > best + 1e-12:
+            front.append(p)
+            best = p[value]
+    return front
+
+
+def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration, budget: Budget | None,
+                   *, n_boot: int = 2000, seed: int = 0) -> dict:
+    held, train = data.split(split), data.split("train")
+    if held.quality is None or held.cost_usd is None:
+        raise ValueError("the budget report needs quality and cost on the held-out rows")
+    W = list(data.worker_ids)
+    ref = W.index(calibration.reference_worker)
+    q_hat = quality_of(checkpoint.head, held.features, held.domains, kind=checkpoint.manifest.head_kind)
+    c_hat = calibration.cost_model.predict(held.prompts, held.domains)
+    Q, C = held.quality, held.cost_usd
+    ref_cost = float(C[:, ref].mean()) or 1.0
+
+    def at(lam: float) -> np.ndarray:
+        return np.argmax(budget_scores(q_hat, c_hat, lam, calibration.reference_cost_usd), axis=1)
+
+    curve = []
+    for p in calibration.curve:
+        r = at(p.lam)
+        curve.append({"lambda": p.lam, "cost_usd_per_1k": float(pick(C, r).mean()) * 1000,
+                      "share": float(pick(C, r).mean()) / ref_cost, "quality": float(pick(Q, r).mean()),
+                      "val_share": p.share, "val_quality": p.quality})
+    workers = [{"name": w, "cost_usd_per_1k": float(C[:, i].mean()) * 1000, "share": float(C[:, i].mean()) / ref_cost,
+                "quality": float(Q[:, i].mean())} for i, w in enumerate(W)]
+    out = {
+        "reference_worker": calibration.reference_worker,
+        "reference_cost_usd_per_1k": ref_cost * 1000,
+        "cost_model": calibration.cost_model.describe(),
+        "calibration": {"checkpoint": calibration.checkpoint, "data_version": calibration.data_version,
+                        "n_val": calibration.n_val},
+        "workers": workers,
+        "router_curve": curve,
+        "router_pareto": pareto_front(curve),
+    }
+    if budget is None:
+        return out
+    op = calibration.choose(budget)
+    r = at(op.lam)
+    cost = float(pick(C, r).mean())
+    cap_share = budget.share if budget.share is not None else None
+    cap_usd = budget.usd_per_1k
+    realised = {"cost_usd_per_1k": cost * 1000, "share": cost / ref_cost}
+    met = (realised["share"] <= cap_share + 1e-12) if cap_share is not None else (realised["cost_usd_per_1k"] <= cap_usd + 1e-12)
+    # the best single worker the cap allows, chosen on TRAINING rows
+    c_train = calibration.cost_model.predict(train.prompts, train.domains).mean(axis=0)
+    allowed = [i for i in range(len(W)) if (c_train[i] / c_train[ref] <= cap_share + 1e-12 if cap_share is not None
+                                              else c_train[i] * 1000 <= cap_usd + 1e-12)]
+    chosen = {
+        "budget": budget.model_dump(),
+        "describe": budget.describe(),
+        "lambda": op.lam,
+        "met_on_validation": op.met_on_validation,
+        "validation": {"cost_usd_per_1k": op.val_cost_usd_per_1k, "share": op.val_share, "quality": op.val_quality},
+        split: {**realised, "quality": float(pick(Q, r).mean()), "met": bool(met),
+                "route_distribution": {w: int((r == i).sum()) for i, w in enumerate(W)}},
+        "note": op.note,
+    }
+    rq = pick(Q, r)
+    chosen[split]["quality_ci"] = paired_bootstrap(rq, np.zeros_like(rq), n_boot, seed)
+    if allowed:
+        best = max(allowed, key=lambda i: float(np.nanmean(train.quality[:, i])))
+        chosen["best_single_within_cap"] = {
+            "worker": W[best], "chosen_on": "train quality among workers whose train expected cost is within the cap",
+            "quality": float(Q[:, best].mean()), "cost_usd_per_1k": float(C[:, best].mean()) * 1000,
+            "router_minus_it": paired_bootstrap(rq, Q[:, best], n_boot, seed)}
+    else:
+        chosen["best_single_within_cap"] = None
+    out["operating_point"] = chosen
+    return out
+
+
+def budget_lines(sec: dict, split: str = "test") -> list[str]:
+    """The budget section as printed lines: each worker, the router's Pareto points, the chosen point."""
+    lines = [f"budget: reference (strongest on train) {sec['reference_worker']}, "
+             f"${sec['reference_cost_usd_per_1k']:.4g} per 1,000 requests on {split}; {sec['cost_model']}"]
+    lines.append("  worker                                   cost $/1k   share   quality")
+    for w in sec["workers"]:
+        lines.append(f"  {w['name']:<40} {w['cost_usd_per_1k']:9.4g} {w['share']:7.3f} {w['quality']:9.4f}")
+    lines.append("  router Pareto points (λ: share, quality): " + ", ".join(
+        f"{p['lambda']:.3g}: ({p['share']:.3f}, {p['quality']:.4f})" for p in sec["router_pareto"]))
+    op = sec.get("operating_point")
+    if op:
+        t, v = op[split], op["validation"]
+        ci = t["quality_ci"]
+        lines.append(f"  chosen on validation for the {op['describe']}: λ={op['lambda']:.4g} (validation share "
+                     f"{v['share']:.4f}{'' if op['met_on_validation'] else ', NOT met'}); on {split}: quality {t['quality']:.4f} "
+                     f"[{ci['low']:.4f}, {ci['high']:.4f}] at ${t['cost_usd_per_1k']:.4g} per 1,000 = {t['share']:.4f} of "
+                     f"{sec['reference_worker']} ({'within' if t['met'] else 'OVER'} the cap)")
+        b = op.get("best_single_within_cap")
+        if b:
+            d = b["router_minus_it"]
+            lines.append(f"  best single worker within the cap (chosen on train): {b['worker']} quality {b['quality']:.4f}; "
+                         f"router − it {d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]")
+        if op["note"]:
+            lines.append(f"  note: {op['note']}")
+    return lines

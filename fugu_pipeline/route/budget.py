@@ -1,0 +1,315 @@
+"""Budget mode: route under a cost cap, with costs known before the call (DESIGN §5, "No leakage").
+
+Expected cost. Every cost-aware decision uses `ExpectedCost`, fitted on TRAINING rows only:
+
+    ĉ(x, w) = per_token[w] · tokens(x) + offset[domain(x)][w]
+
+tokens(x) = ceil(len(prompt) / 4) is known before any call. Per worker, the training cost is fitted
+by least squares on tokens (slope kept >= 0; a negative one becomes 0 and the mean is used); the
+per-domain offsets are the training residual means shrunk towards 0 with `SHRINK` pseudo-rows (a
+domain unseen in training gets the pooled offset). Where the cost is catalog price × prompt
+tokens (the dcrouter import) this recovers the price exactly; where it also holds output tokens
+(collected answers) the offset carries each domain's mean output cost. The held-out row's actual
+cost is never an input: it is used only to REPORT realised cost.
+
+Routing rule: argmax_w q̂(x, w) − λ · ĉ(x, w) / c_ref, with q̂ the head's predicted quality in
+[0, 1] and c_ref the mean expected cost of the reference worker (the one with the best training
+quality: "the strongest model") on training rows.
+
+Choosing λ for a cap (`BudgetCalibration`, computed on VALIDATION rows): the curve over the λ grid
+records each λ's mean expected cost per request and its standard error on validation; for a cap
+(USD per 1,000 requests, or a share of the reference worker's expected cost on the same rows) the
+smallest λ with mean + z·SE <= cap is chosen. z (the safety margin in standard errors) defaults to
+1.645: on dcrouter a 30% cap chosen on validation without it came out at 30.7% on test. The
+calibration is a small JSON file beside the checkpoint (`budget.json`), so `route` and `serve`
+apply a cap without the data.
+
+Heads: any head with `predict_quality(features[, domains]) -> (N, W)` in [0, 1]. A head without
+one (a softmax policy scores workers; it has no quality to trade against cost) is refused with
+`BudgetError`. numpy only; torch is touched only when the head is a torch module.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+CALIBRATION_FILE = "budget.json"
+CHARS_PER_TOKEN = 4.0
+DEFAULT_MARGIN_Z = 1.645
+SHRINK = 20.0  # pseudo-rows pulling a domain's cost offset towards the pooled one
+ALL = "*"
+LAMBDAS = tuple([0.0] + np.geomspace(1e-3, 100.0, 161).tolist())
+
+
+class BudgetError(ValueError):
+    """Budget mode cannot run as asked; the message says why and what to do."""
+
+
+# --------------------------------------------------------------------------- expected cost
+
+
+def prompt_tokens(prompts: list[str], chars_per_token: float = CHARS_PER_TOKEN) -> np.ndarray:
+    return np.array([math.ceil(len(p) / chars_per_token) for p in prompts], dtype=np.float64)
+
+
+class ExpectedCost(BaseModel):
+    """ĉ(x, w) in USD from what is known before the call: the prompt's length and its domain."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker_ids: list[str]
+    chars_per_token: float = CHARS_PER_TOKEN
+    per_token: list[float]  # USD per prompt token, per worker
+    offset: dict[str, list[float]]  # USD per request, per domain and worker; '*' = pooled
+    n_train: int = 0
+
+    def predict(self, prompts: list[str], domains: list[str] | None = None) -> np.ndarray:
+        """(N, W) expected cost in USD."""
+        t = prompt_tokens(prompts, self.chars_per_token)
+        pooled = np.asarray(self.offset[ALL])
+        doms = domains if domains is not None else [None] * len(prompts)
+        off = np.stack([np.asarray(self.offset.get(d, pooled)) if d is not None else pooled for d in doms]) \
+            if len(prompts) else np.zeros((0, len(self.worker_ids)))
+        return np.maximum(t[:, None] * np.asarray(self.per_token)[None, :] + off, 0.0)
+
+    def describe(self) -> str:
+        per_m = ", ".join(f"{w} ${p * 1e6:.3g}/M prompt tok" for w, p in zip(self.worker_ids, self.per_token))
+        return (f"expected cost = per-token price x ceil(chars/{self.chars_per_token:g}) + per-domain offset, fitted on "
+                f"{self.n_train} training rows ({per_m})")
+
+
+def fit_expected_cost(prompts: list[str], domains: list[str], cost: np.ndarray, worker_ids: list[str],
+                      *, shrink: float = SHRINK) -> ExpectedCost:
+    """Fit on TRAINING rows (see the module docstring)."""
+    cost = np.asarray(cost, dtype=np.float64)
+    if cost.shape != (len(prompts), len(worker_ids)):
+        raise ValueError(f"cost has shape {cost.shape}, expected {(len(prompts), len(worker_ids))}")
+    if len(prompts) == 0:
+        raise BudgetError("no training rows to fit the expected cost on")
+    cost = np.nan_to_num(cost, nan=0.0)
+    t = prompt_tokens(prompts)
+    slope, intercept = np.zeros(len(worker_ids)), np.zeros(len(worker_ids))
+    tc = t - t.mean()
+    for j in range(len(worker_ids)):
+        c = cost[:, j]
+        var = float((tc * tc).sum())
+        a = float((tc * (c - c.mean())).sum() / var) if var > 0 else 0.0
+        if a < 0:
+            a = 0.0
+        slope[j], intercept[j] = a, float(c.mean() - a * t.mean())
+    resid = cost - (t[:, None] * slope[None, :] + intercept[None, :])
+    offset = {ALL: intercept.tolist()}
+    doms = np.asarray(domains)
+    for d in sorted(set(domains)):
+        rows = doms == d
+        offset[d] = (intercept + resid[rows].sum(axis=0) / (rows.sum() + shrink)).tolist()
+    return ExpectedCost(worker_ids=list(worker_ids), per_token=slope.tolist(), offset=offset, n_train=len(prompts))
+
+
+# --------------------------------------------------------------------------- what the user asks
+
+
+class Budget(BaseModel):
+    """A cost cap: USD per 1,000 requests, or a share of the reference worker's cost."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    usd_per_1k: float | None = Field(None, gt=0)
+    share: float | None = Field(None, gt=0)
+    margin_z: float = Field(DEFAULT_MARGIN_Z, ge=0, description="safety margin in standard errors of the mean cost")
+
+    @model_validator(mode="after")
+    def _one(self) -> "Budget":
+        if (self.usd_per_1k is None) == (self.share is None):
+            raise ValueError("give exactly one of usd_per_1k (USD per 1,000 requests) and share (of the strongest "
+                             "worker's cost, e.g. 0.3)")
+        return self
+
+    def describe(self) -> str:
+        cap = f"${self.usd_per_1k:g} per 1,000 requests" if self.usd_per_1k is not None else \
+            f"{self.share:.0%} of the strongest worker's cost"
+        return f"cap {cap} (margin {self.margin_z:g} SE)"
+
+
+# --------------------------------------------------------------------------- quality
+
+
+def require_quality_head(head, kind: str = ""):
+    """The head's `predict_quality`, or BudgetError saying why a head without one cannot budget."""
+    fn = getattr(head, "predict_quality", None)
+    if fn is None:
+        raise BudgetError(
+            f"head kind {kind or type(head).__name__!r} has no quality estimate (predict_quality): it scores workers "
+            "as a policy, so there is no predicted quality to trade against cost. Budget mode needs a head that "
+            "predicts quality (train-sft with `head: quality` in the config, or any head exposing predict_quality)")
+    return fn
+
+
+def quality_of(head, features: np.ndarray, domains: list[str] | None = None, *, kind: str = "") -> np.ndarray:
+    """The head's predicted quality (N, W) in [0, 1], float64. Heads written as torch modules get a
+    tensor, others the numpy array; `domains` is passed to heads whose `predict_quality` takes it."""
+    fn = require_quality_head(head, kind)
+    x = np.ascontiguousarray(features, dtype=np.float32)
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    args = (x, list(domains)) if len(params) >= 2 and domains is not None else (x,)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(head, torch.nn.Module):
+        with torch.inference_mode():
+            q = fn(torch.from_numpy(x), *args[1:])
+        q = q.float().cpu().numpy()
+    else:
+        q = fn(*args)
+    q = np.asarray(q, dtype=np.float64)
+    if q.ndim != 2 or q.shape[0] != len(x):
+        raise BudgetError(f"predict_quality returned shape {q.shape}, expected ({len(x)}, workers)")
+    if not np.isfinite(q).all() or q.min() < -1e-6 or q.max() > 1 + 1e-6:
+        raise BudgetError("predict_quality must return finite values in [0, 1]")
+    return np.clip(q, 0.0, 1.0)
+
+
+def budget_scores(q_hat: np.ndarray, c_hat: np.ndarray, lam: float, c_ref: float) -> np.ndarray:
+    return q_hat - lam * c_hat / (c_ref if c_ref > 0 else 1.0)
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+class CurvePoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lam: float
+    cost_usd: float  # mean expected cost per request of the routes on validation
+    cost_se: float
+    share: float  # that mean over the reference worker's mean expected cost on the same rows
+    share_se: float
+    quality: float | None = None  # validation quality of the routes (the rows' labels: validation is for choosing)
+
+
+class OperatingPoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    budget: Budget
+    lam: float
+    met_on_validation: bool
+    val_cost_usd_per_1k: float
+    val_share: float
+    val_quality: float | None = None
+    note: str = ""
+
+
+class BudgetCalibration(BaseModel):
+    """What `route` and `serve` need to honour a cap, computed once on validation rows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = 1
+    checkpoint: str = ""  # the checkpoint's content hash
+    data_version: str = ""
+    worker_ids: list[str]
+    reference_worker: str
+    reference_cost_usd: float  # c_ref: mean expected cost of the reference worker on training rows
+    cost_model: ExpectedCost
+    n_val: int
+    val_reference_cost_usd: float  # its mean expected cost on the validation rows (the share's base)
+    curve: list[CurvePoint]
+
+    def choose(self, budget: Budget, *, strict: bool = True) -> OperatingPoint:
+        """The smallest λ whose validation cost (+ margin) is within the cap. When no λ meets it:
+        BudgetError naming the cap and the cheapest cost validation allows (strict, what `route`,
+        `serve` and `evaluate` do), or the cheapest point flagged `met_on_validation=False`."""
+        def over(p: CurvePoint) -> float:
+            if budget.usd_per_1k is not None:
+                return (p.cost_usd + budget.margin_z * p.cost_se) * 1000 - budget.usd_per_1k
+            return p.share + budget.margin_z * p.share_se - budget.share
+        ok = [p for p in self.curve if over(p) <= 1e-12]
+        if ok:
+            p, met, note = min(ok, key=lambda p: p.lam), True, ""
+        else:
+            p = min(self.curve, key=over)
+            met = False
+            need_usd = (p.cost_usd + budget.margin_z * p.cost_se) * 1000
+            need_share = p.share + budget.margin_z * p.share_se
+            field = "budget usd_per_1k" if budget.usd_per_1k is not None else "budget share"
+            asked = f"{budget.usd_per_1k:g}" if budget.usd_per_1k is not None else f"{budget.share:g}"
+            least = f"{need_usd:.4g}" if budget.usd_per_1k is not None else f"{need_share:.4g}"
+            note = (f"{field} {asked}: no operating point meets this cap on validation ({self.n_val} rows); the "
+                    f"cheapest routing costs ${p.cost_usd * 1000:.4g} per 1,000 requests ({p.share:.1%} of "
+                    f"{self.reference_worker}'s cost), {least} with the margin of {budget.margin_z:g} standard "
+                    f"errors. Raise the cap to at least {least}, or lower the margin (--budget-margin-z / margin_z)")
+            if strict:
+                raise BudgetError(note)
+        return OperatingPoint(budget=budget, lam=p.lam, met_on_validation=met, val_cost_usd_per_1k=p.cost_usd * 1000,
+                              val_share=p.share, val_quality=p.quality, note=note)
+
+    def scores(self, q_hat: np.ndarray, prompts: list[str], domains: list[str] | None, lam: float) -> np.ndarray:
+        return budget_scores(q_hat, self.cost_model.predict(prompts, domains), lam, self.reference_cost_usd)
+
+    def save(self, checkpoint_dir: str | Path) -> Path:
+        from fugu_pipeline.files import atomic_write
+
+        return atomic_write(Path(checkpoint_dir) / CALIBRATION_FILE, json.dumps(self.model_dump(mode="json"), indent=1))
+
+
+def load_calibration(checkpoint_dir: str | Path) -> BudgetCalibration | None:
+    path = Path(checkpoint_dir) / CALIBRATION_FILE
+    if not path.is_file():
+        return None
+    return BudgetCalibration.model_validate_json(path.read_text(encoding="utf-8"))
+
+
+def route_curve(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int,
+                quality: np.ndarray | None = None, lambdas=LAMBDAS) -> list[CurvePoint]:
+    """Each λ's mean expected cost (and SE), its share of the reference's mean expected cost, and
+    (where labels are given: validation) the routes' mean quality."""
+    n = len(q_hat)
+    base = float(c_hat[:, ref].mean()) or 1.0
+    out = []
+    for lam in lambdas:
+        r = np.argmax(budget_scores(q_hat, c_hat, lam, c_ref), axis=1)
+        c = c_hat[np.arange(n), r]
+        se = float(c.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+        out.append(CurvePoint(lam=float(lam), cost_usd=float(c.mean()), cost_se=se, share=float(c.mean()) / base,
+                              share_se=se / base,
+                              quality=None if quality is None else float(quality[np.arange(n), r].mean())))
+    return out
+
+
+def calibrate(q_hat_val: np.ndarray, val_prompts: list[str], val_domains: list[str], val_quality: np.ndarray | None,
+              train_prompts: list[str], train_domains: list[str], train_cost: np.ndarray, train_quality: np.ndarray,
+              worker_ids: list[str], *, checkpoint: str = "", data_version: str = "") -> BudgetCalibration:
+    """Fit the expected cost on training rows, name the reference (best training quality), and
+    record the λ curve on validation rows. No held-out (test) row enters."""
+    if len(val_prompts) == 0:
+        raise BudgetError("no validation rows: the cap's λ is chosen on validation")
+    model = fit_expected_cost(train_prompts, train_domains, train_cost, worker_ids)
+    ref = int(np.argmax(np.nanmean(np.asarray(train_quality, dtype=np.float64), axis=0)))
+    c_ref = float(model.predict(train_prompts, train_domains)[:, ref].mean())
+    c_val = model.predict(val_prompts, val_domains)
+    curve = route_curve(q_hat_val, c_val, c_ref, ref, val_quality)
+    return BudgetCalibration(checkpoint=checkpoint, data_version=data_version, worker_ids=list(worker_ids),
+                             reference_worker=worker_ids[ref], reference_cost_usd=c_ref, cost_model=model,
+                             n_val=len(val_prompts), val_reference_cost_usd=float(c_val[:, ref].mean()), curve=curve)
+
+
+def calibrate_checkpoint(checkpoint, data) -> BudgetCalibration:
+    """`calibrate` for a loaded checkpoint over `RoutingData` (train rows fit the cost, val rows the λ curve)."""
+    if data.cost_usd is None:
+        raise BudgetError("this data records no cost per call, so there is nothing to budget; import it with prices "
+                          "(dcrouter: default_llm.json) or collect it with workers that report cost")
+    if data.quality is None:
+        raise BudgetError("budget mode needs per-worker quality in the data (the head predicts it)")
+    if list(checkpoint.manifest.worker_ids) != list(data.worker_ids):
+        raise BudgetError(f"checkpoint workers {checkpoint.manifest.worker_ids} differ from the data's {data.worker_ids}")
+    train, val = data.split("train"), data.split("val")
+    q_val = quality_of(checkpoint.head, val.features, val.domains, kind=checkpoint.manifest.head_kind)
+    return calibrate(q_val, val.prompts, val.domains, val.quality, train.prompts, train.domains, train.cost_usd,
+                     train.quality, data.worker_ids, checkpoint=checkpoint.manifest.content_hash,
+                     data_version=data.data_version)

@@ -1,0 +1,57 @@
+"""Choosing the prompt rules on validation: train with the prompts as they are and with the strip
+rules fitted on the training prompts (`features/prompt_rules.py`), keep the one with the better
+validation utility, and say so in the checkpoint's metrics.
+
+The rules are fitted on the TRAINING rows of the data without rules (validation and test text
+never shapes them); the two candidates see the same rows, splits and trainer config, so the only
+difference is the text the encoder read. Fitting finds nothing to strip on most data (then there
+is nothing to choose and the prompts are used as they are, at no extra cost). A tie keeps the
+prompts as they are. The choice travels in the feature contract (`prompt_rules`), so serving
+strips exactly what training stripped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fugu_pipeline.features.prompt_rules import PromptRules, fit_prompt_rules
+from fugu_pipeline.features.routing_data import RoutingData
+from fugu_pipeline.train.result import TrainResult
+
+Log = Callable[[str], None]
+
+
+def fit_rules_on_train(data: RoutingData, **params) -> PromptRules:
+    train = data.split("train")
+    return fit_prompt_rules(train.prompts, train.domains, **params)
+
+
+def choose_prompt_rules(
+    data: RoutingData,
+    load: Callable[[PromptRules], RoutingData],
+    train: Callable[[RoutingData], TrainResult],
+    mode: str = "auto",
+    log: Log = print,
+) -> tuple[TrainResult, RoutingData, dict]:
+    """`data`: the routing data without rules. `load(rules)`: the same rows encoded with `rules`.
+    `train(data)`: a trained result. mode 'off' (prompts as they are), 'on' (the fitted rules),
+    'auto' (both, the better validation utility wins). Returns (result, its data, the record)."""
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"prompt-rules mode must be auto, on or off, got {mode!r}")
+    if mode == "off":
+        return train(data), data, {"mode": "off", "chosen": "none"}
+    rules = fit_rules_on_train(data)
+    log(rules.describe())
+    if rules.is_empty():
+        return train(data), data, {"mode": mode, "chosen": "none", "note": "nothing shared to strip in the training prompts"}
+    stripped = load(rules)
+    if mode == "on":
+        return train(stripped), stripped, {"mode": "on", "chosen": rules.fingerprint(), "rules": rules.summary()}
+    plain_result = train(data)
+    strip_result = train(stripped)
+    a, b = plain_result.metrics["val_utility"], strip_result.metrics["val_utility"]
+    use = b > a + 1e-12
+    log(f"prompt rules on validation: as they are {a:.4f}, stripped {b:.4f} -> {'stripped' if use else 'as they are'}")
+    record = {"mode": "auto", "chosen": rules.fingerprint() if use else "none", "rules": rules.summary(),
+              "val_utility": {"none": a, rules.fingerprint(): b}}
+    return (strip_result, stripped, record) if use else (plain_result, data, record)

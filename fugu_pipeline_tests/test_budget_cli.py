@@ -1,0 +1,128 @@
+"""Budget mode as a user runs it: `train-sft` (a quality head) writes the budget calibration beside
+the checkpoint; `evaluate`, `route` and `serve` take a cap (a share of the strongest worker's cost
+or USD per 1,000 requests); a cap nothing meets on validation is refused with the field named.
+The evaluate report also groups by tag and by domain, with cost, and compares the router with the
+best fixed worker on the same metric."""
+
+import contextlib
+import io
+import json
+import random
+
+import pytest
+
+from fugu_pipeline.cli import main
+
+WORKERS = ["a", "b", "c"]
+PRICE = [0.2e-6, 1e-6, 5e-6]  # USD per prompt token
+
+
+def rows(n: int = 240) -> list[dict]:
+    rng = random.Random(0)
+    words = "solve compute integral matrix python list prove derivative train hours value sum".split()
+    out = []
+    for i in range(n):
+        d = ("math", "code")[i % 2]
+        q = " ".join(rng.choice(words) for _ in range(rng.randint(3, 80)))
+        hard = "integral" in q or "prove" in q
+        quality = [0.0 if hard else 1.0, 0.0 if hard and d == "math" else 1.0, 1.0]
+        tokens = -(-len(q) // 4)
+        out.append({"task_id": f"t{i:03d}", "prompt": q, "domain": d, "worker_ids": WORKERS, "quality": quality,
+                    "split": ("train", "train", "train", "val", "test")[i % 5],
+                    "cost_usd": [tokens * p for p in PRICE], "tags": ["id" if i % 7 else "ood"]})
+    return out
+
+
+def run(*argv) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(list(argv))
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    work = tmp_path_factory.mktemp("budget")
+    (work / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()))
+    (work / "w.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
+    (work / "sft.yaml").write_text("head: quality\nepochs: 30\n")
+    common = ["--data", str(work / "r.jsonl"), "--workers", str(work / "w.yaml"), "--device", "cpu",
+              "--cache-dir", str(work / "emb"), "--work-dir", str(work / "imports")]
+    code, out = run("train-sft", *common, "--encoder", "tiny", "--config", str(work / "sft.yaml"), "--prompt-rules", "off",
+                    "--output", str(work / "models"))
+    assert code == 0
+    ckpt = out.strip().splitlines()[-1]
+    return work, ckpt, common
+
+
+def test_train_writes_the_calibration_and_evaluate_reports_the_operating_point(trained, capsys):
+    work, ckpt, common = trained
+    cal = json.loads((work / ckpt / "budget.json").read_text())
+    assert cal["reference_worker"] == "c" and cal["n_val"] == 48
+    code, out = run("evaluate", "--checkpoint", ckpt, *common, "--budget-share", "0.5")
+    assert code == 0, capsys.readouterr().err
+    assert "chosen on validation for the cap 50% of the strongest worker's cost" in out
+    assert "router Pareto points" in out and "best single worker within the cap (chosen on train)" in out
+    rep = json.loads((work / ckpt / "reports" / "test.json").read_text())
+    op = rep["budget"]["operating_point"]
+    assert op["met_on_validation"] and op["validation"]["share"] <= 0.5
+    assert {w["name"] for w in rep["budget"]["workers"]} == set(WORKERS)
+    assert (work / ckpt / "reports" / "test_budget.png").stat().st_size > 1000
+    # groups: per domain and per tag, with cost; "best fixed" on the metric shown (quality here)
+    assert "per tag (quality; best fixed = c, chosen on train; cost in $ per 1,000 requests)" in out
+    assert {r["tag"] for r in rep["per_tag"]} == {"id", "ood"} and "router_cost_usd" in rep["per_tag"][0]
+    assert rep["best_fixed_quality_worker"] == "c"
+    # evaluating on other data calibrates for that report only: budget.json keeps the training data's
+    before = (work / ckpt / "budget.json").read_bytes()
+    (work / "other.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()[:-10]))
+    other = [a if a != str(work / "r.jsonl") else str(work / "other.jsonl") for a in common]
+    code, _ = run("evaluate", "--checkpoint", ckpt, *other, "--budget-share", "0.5", "--output", str(work / "o.json"))
+    assert code == 0 and "for this report only" in capsys.readouterr().err
+    assert (work / ckpt / "budget.json").read_bytes() == before
+
+
+def test_route_takes_a_cap_and_refuses_one_nothing_meets(trained, capsys):
+    work, ckpt, _ = trained
+    code, out = run("route", "--checkpoint", ckpt, "--prompt", "compute the sum of a list", "--domain", "code",
+                    "--device", "cpu", "--budget-share", "0.5")
+    assert code == 0
+    d = json.loads(out)
+    assert d["budget"]["reference_worker"] == "c" and d["budget"]["met_on_validation"] and d["worker"] in WORKERS
+    code, _ = run("route", "--checkpoint", ckpt, "--prompt", "x", "--device", "cpu", "--budget-share", "0.0001")
+    err = capsys.readouterr().err
+    assert code == 2 and "budget share 0.0001: no operating point meets this cap on validation" in err
+    assert "Raise the cap to at least" in err and "Traceback" not in err
+    code, _ = run("route", "--checkpoint", ckpt, "--prompt", "x", "--device", "cpu", "--budget-share", "0.5",
+                  "--cost-weight", "1")
+    assert code == 2 and "not both" in capsys.readouterr().err
+    code, _ = run("route", "--checkpoint", ckpt, "--prompt", "x", "--device", "cpu", "--budget-share", "-1")
+    assert code == 2 and "budget" in capsys.readouterr().err
+
+
+def test_serve_takes_fugu_budget(trained):
+    from starlette.testclient import TestClient
+
+    from fugu_pipeline.route.budget import Budget
+    from fugu_pipeline.route.router import BudgetUnavailable, Router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    work, ckpt, _ = trained
+    router = Router.load(work / ckpt, device="cpu")
+    cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock", "mock": {"cost_usd": 0.001}} for w in WORKERS]})
+    with pytest.raises(BudgetUnavailable, match="budget share 0.0001"):
+        create_app(router, cfg, default_budget=Budget(share=1e-4))  # refused at start, not per request
+    app = create_app(router, cfg, default_budget=Budget(share=0.5))
+    msg = [{"role": "user", "content": "compute the sum of a list"}]
+    with TestClient(app) as tc:
+        r = tc.post("/v1/chat/completions", json={"messages": msg, "fugu_budget": {"share": 0.3}})
+        assert r.status_code == 200, r.text
+        assert "30%" in r.json()["fugu_lite"]["budget"]["cap"]
+        r = tc.post("/v1/chat/completions", json={"messages": msg})  # the server's default cap
+        assert "50%" in r.json()["fugu_lite"]["budget"]["cap"]
+        r = tc.post("/v1/chat/completions", json={"messages": msg, "fugu_budget": {"share": -1}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "fugu_budget"
+        r = tc.post("/v1/chat/completions", json={"messages": msg, "fugu_budget": {"usd_per_1k": 1e-9}})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "budget_unavailable"
+        assert "budget usd_per_1k 1e-09" in r.json()["error"]["message"]
+    router.close()

@@ -1,0 +1,66 @@
+"""Budget mode (issue 12 item 4): a cap in USD per 1,000 requests or a share of the strongest
+worker's cost; λ chosen on validation; a cap nothing meets is a clear error naming the field."""
+
+import numpy as np
+import pytest
+
+from fugu_pipeline.evaluate.budget_report import budget_lines, budget_section, pareto_front
+from fugu_pipeline.route.budget import Budget, BudgetError, calibrate_checkpoint, quality_of
+from fugu_pipeline_tests.test_no_cost_leak import make_data
+
+
+def test_a_budget_is_one_cap():
+    with pytest.raises(ValueError, match="exactly one of usd_per_1k"):
+        Budget(usd_per_1k=1.0, share=0.3)
+    with pytest.raises(ValueError, match="exactly one"):
+        Budget()
+    with pytest.raises(ValueError):
+        Budget(share=0.0)
+
+
+def test_share_cap_is_met_on_validation_and_on_test():
+    data, ckpt = make_data(n=1500)
+    cal = calibrate_checkpoint(ckpt, data)
+    assert cal.reference_worker == "strong"  # best training quality
+    loose, tight = cal.choose(Budget(share=0.6)), cal.choose(Budget(share=0.3))
+    assert loose.met_on_validation and tight.met_on_validation
+    assert tight.lam >= loose.lam  # a tighter cap needs a larger λ
+    assert tight.val_share <= 0.3
+    sec = budget_section(ckpt, data, "test", cal, Budget(share=0.3), n_boot=100)
+    op = sec["operating_point"]
+    assert op["test"]["share"] <= 0.3 and op["test"]["met"]
+    assert {w["name"] for w in sec["workers"]} == {"cheap", "mid", "strong"}
+    text = "\n".join(budget_lines(sec))
+    assert "chosen on validation" in text and "best single worker within the cap" in text
+    # an absolute cap: $ per 1,000 requests
+    usd = sec["workers"][2]["cost_usd_per_1k"] * 0.5
+    assert cal.choose(Budget(usd_per_1k=usd)).val_cost_usd_per_1k <= usd
+
+
+def test_a_cap_no_operating_point_meets_names_the_field():
+    data, ckpt = make_data()
+    cal = calibrate_checkpoint(ckpt, data)
+    with pytest.raises(BudgetError, match=r"budget share 0.0001: no operating point meets this cap on validation.*"
+                                          r"Raise the cap to at least"):
+        cal.choose(Budget(share=1e-4))
+    with pytest.raises(BudgetError, match="budget usd_per_1k 1e-06"):
+        cal.choose(Budget(usd_per_1k=1e-6))
+    flagged = cal.choose(Budget(share=1e-4), strict=False)
+    assert not flagged.met_on_validation and "Raise the cap" in flagged.note
+
+
+def test_a_policy_head_cannot_budget():
+    data, _ = make_data()
+
+    class Policy:
+        def __call__(self, x):
+            return x
+
+    with pytest.raises(BudgetError, match="no quality estimate"):
+        quality_of(Policy(), data.features)
+
+
+def test_pareto_front_keeps_undominated_points():
+    pts = [{"cost_usd_per_1k": c, "quality": q} for c, q in ((1, 0.5), (2, 0.4), (3, 0.7), (0.5, 0.5))]
+    assert [(p["cost_usd_per_1k"], p["quality"]) for p in pareto_front(pts)] == [(0.5, 0.5), (3, 0.7)]
+    assert np.isfinite([p["quality"] for p in pts]).all()

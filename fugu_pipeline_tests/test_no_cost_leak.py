@@ -1,0 +1,128 @@
+"""No cost leakage (DESIGN §5, issue 12 item 4): every cost-aware routing decision uses the
+EXPECTED cost (a model fitted on training rows: per-token price x prompt tokens + a per-domain
+offset), never a held-out row's actual cost or quality.
+
+Each test changes what a router could not know when it routes (the held-out rows' actual cost and
+quality) and checks that no route and no chosen λ moves, while the reported outcome does move
+(so the test would notice a report that ignores the actual cost too). A router that read the
+held-out cost (the old cost-quality curve did: argmax(q̂ − λ·C_actual)) fails these tests.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fugu_pipeline.evaluate.budget_report import budget_section
+from fugu_pipeline.evaluate.metrics import EvalInputs, evaluation_report
+from fugu_pipeline.features.contract import FeatureContract
+from fugu_pipeline.features.routing_data import RoutingData
+from fugu_pipeline.route.budget import Budget, calibrate_checkpoint, fit_expected_cost
+
+W = ["cheap", "mid", "strong"]
+PRICE = np.array([0.1, 1.0, 10.0]) * 1e-6  # USD per prompt token
+
+
+class NumpyQualityHead:
+    """A fixed quality predictor: sigmoid(features @ M)."""
+
+    def __init__(self, m):
+        self.m = m
+
+    def predict_quality(self, x):
+        return 1 / (1 + np.exp(-np.asarray(x, dtype=np.float64) @ self.m))
+
+
+def make_data(seed: int = 0, n: int = 600) -> tuple[RoutingData, SimpleNamespace]:
+    rng = np.random.default_rng(seed)
+    d = 8
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    m = rng.normal(size=(d, 3))
+    m[:, 2] += 0.5  # the strong worker is better on average
+    quality = (rng.random((n, 3)) < 1 / (1 + np.exp(-x @ m))).astype(float)
+    prompts = ["word " * int(k) for k in rng.integers(5, 400, size=n)]
+    domains = [("math", "code", "chat")[i % 3] for i in range(n)]
+    tokens = np.array([np.ceil(len(p) / 4) for p in prompts])
+    cost = tokens[:, None] * PRICE[None, :] + np.array([0.0, 1e-5, 2e-4])[None, :]
+    splits = np.array([("train", "train", "train", "val", "test")[i % 5] for i in range(n)])
+    data = RoutingData(task_ids=[f"t{i}" for i in range(n)], prompts=prompts, domains=domains, splits=splits,
+                       worker_ids=W, features=x, utility=quality - 10 * cost, contract=FeatureContract(encoder_id="x", dim=d),
+                       quality=quality, cost_usd=cost)
+    ckpt = SimpleNamespace(head=NumpyQualityHead(m), path="ckpt",
+                           manifest=SimpleNamespace(worker_ids=W, head_kind="numpy", content_hash="abc"))
+    return data, ckpt
+
+
+def scramble_held_out(data: RoutingData, split: str = "test", seed: int = 1) -> RoutingData:
+    """The same data, with the held-out rows' actual cost and quality replaced by noise."""
+    rng = np.random.default_rng(seed)
+    rows = data.splits == split
+    cost, quality = data.cost_usd.copy(), data.quality.copy()
+    cost[rows] = rng.random((rows.sum(), 3)) * 1e-2
+    quality[rows] = rng.integers(0, 2, (rows.sum(), 3))
+    return RoutingData(task_ids=data.task_ids, prompts=data.prompts, domains=data.domains, splits=data.splits,
+                       worker_ids=W, features=data.features, utility=data.utility, contract=data.contract,
+                       quality=quality, cost_usd=cost)
+
+
+def test_budget_calibration_reads_no_held_out_row():
+    """λ for a cap comes from train (cost model) and val (curve): scrambling test changes nothing."""
+    data, ckpt = make_data()
+    a = calibrate_checkpoint(ckpt, data)
+    b = calibrate_checkpoint(ckpt, scramble_held_out(data))
+    assert a.model_dump() == b.model_dump()
+    assert a.choose(Budget(share=0.3)).lam == b.choose(Budget(share=0.3)).lam
+
+
+def test_budget_routes_on_test_ignore_the_actual_cost():
+    """The operating point's routes on test are the same whatever the test rows actually cost;
+    only the reported (realised) cost and quality change."""
+    data, ckpt = make_data()
+    cal = calibrate_checkpoint(ckpt, data)
+    budget = Budget(share=0.3)
+    a = budget_section(ckpt, data, "test", cal, budget, n_boot=50)
+    scrambled = scramble_held_out(data)
+    b = budget_section(ckpt, scrambled, "test", cal, budget, n_boot=50)
+    pa, pb = a["operating_point"], b["operating_point"]
+    assert pa["lambda"] == pb["lambda"]
+    assert pa["test"]["route_distribution"] == pb["test"]["route_distribution"]
+    assert pa["test"]["cost_usd_per_1k"] != pytest.approx(pb["test"]["cost_usd_per_1k"])  # outcomes are reported
+    # every point of the λ sweep routes the same way too
+    assert [p["lambda"] for p in a["router_curve"]] == [p["lambda"] for p in b["router_curve"]]
+
+
+def test_cost_quality_curve_routes_by_expected_cost_only():
+    """The report's cost–quality curve: shuffling the held-out rows' actual costs between rows
+    leaves every λ's route counts unchanged (they use the expected cost from training)."""
+    data, ckpt = make_data()
+    held, train = data.split("test"), data.split("train")
+    model = fit_expected_cost(train.prompts, train.domains, train.cost_usd, W)
+    expected = model.predict(held.prompts, held.domains)
+    q_hat = ckpt.head.predict_quality(held.features)
+
+    def report(cost):
+        return evaluation_report(EvalInputs(worker_ids=W, utility=held.utility, scores=q_hat, train_utility=train.utility,
+                                            quality=held.quality, cost_usd=cost, train_quality=train.quality,
+                                            quality_pred=q_hat, expected_cost=expected, cost_ref=1e-3), n_boot=50)
+
+    rng = np.random.default_rng(3)
+    a, b = report(held.cost_usd), report(held.cost_usd[rng.permutation(len(held.cost_usd))])
+    assert [p["route_counts"] for p in a["cost_quality_curve"]] == [p["route_counts"] for p in b["cost_quality_curve"]]
+    assert len({tuple(p["route_counts"]) for p in a["cost_quality_curve"]}) > 2  # λ really moves the routes
+    # without an expected cost there is no curve at all (never one drawn from actual costs)
+    no_expected = evaluation_report(EvalInputs(worker_ids=W, utility=held.utility, scores=q_hat, train_utility=train.utility,
+                                               quality=held.quality, cost_usd=held.cost_usd, quality_pred=q_hat), n_boot=50)
+    assert "cost_quality_curve" not in no_expected
+
+
+def test_expected_cost_recovers_catalog_prices_from_training_rows():
+    """Where the cost is price x prompt tokens (+ a fixed output part), the fit recovers it, and a
+    domain unseen in training gets the pooled offset."""
+    data, _ = make_data()
+    train = data.split("train")
+    model = fit_expected_cost(train.prompts, train.domains, train.cost_usd, W)
+    assert np.allclose(model.per_token, PRICE, rtol=1e-6)
+    held = data.split("test")
+    assert np.allclose(model.predict(held.prompts, held.domains), held.cost_usd, rtol=1e-6, atol=1e-12)
+    unseen = model.predict(held.prompts[:3], ["never-seen"] * 3)
+    assert np.allclose(unseen, held.cost_usd[:3], rtol=1e-6, atol=1e-12)
