@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
         budget_opts(p)
         encoder_opts(p)
 
+    def prompt_rules_opt(p):
+        p.add_argument("--prompt-rules", default="auto", choices=["auto", "on", "off"],
+                       help="strip boilerplate the training prompts of a domain share (a few-shot block, a system "
+                            "preamble, a format footer) before encoding: auto (default) trains with and without "
+                            "and keeps the better on validation; the choice goes into the feature contract")
+
     def budget_opts(p, what="route under a cost cap; λ is chosen on the validation split (the budget.json "
                     "train-*/evaluate write beside the checkpoint)"):
         g = p.add_argument_group("budget", what)
@@ -117,10 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "and its path is printed (pass that path, or this folder, to --checkpoint)")
         p.add_argument("--force", action="store_true", help="train even without a learning signal")
         if method == "sft":
-            p.add_argument("--prompt-rules", default="auto", choices=["auto", "on", "off"],
-                           help="strip boilerplate the training prompts of a domain share (a few-shot block, a system "
-                                "preamble, a format footer) before encoding: auto (default) trains with and without "
-                                "and keeps the better on validation; the choice goes into the feature contract")
+            prompt_rules_opt(p)
 
     p = add("train", training.cmd_train_heads, "fit the configured heads (kNN, domain prior, MLP, ensemble, SFT) on a "
             "reward matrix, choose one by K-fold validation over the non-test rows, print its checkpoint directory last")
@@ -135,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--force", action="store_true", help="train even without a learning signal")
+    prompt_rules_opt(p)
 
     p = add("evaluate", training.cmd_evaluate, "write the held-out report of a checkpoint (JSON + plots)")
     p.add_argument("--checkpoint", required=True, help="the path train-* printed, or a models folder holding exactly one checkpoint")

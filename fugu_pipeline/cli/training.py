@@ -163,11 +163,35 @@ def calibrate_beside(path: Path, data, log=lambda m: print(m, file=sys.stderr)):
     return cal
 
 
+def feature_metrics(settings, record: dict | None = None) -> dict:
+    """What a new checkpoint's metrics record about its features: the prompt-rule choice when rules
+    were fitted (nothing to strip, or off: nothing, as the assets write), and the dtype the
+    features were computed in (`route` and `serve` use it under --dtype auto, DESIGN §3)."""
+    out = {"prompt_rules_choice": record} if record and "rules" in record else {}
+    out["feature_dtype"] = settings.feature_dtype()
+    return out
+
+
+def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr)):
+    """A new head's features and training, shared by `train-sft` and `train`: the encoder settings
+    from the flags (--template, --pooling, --layers, --max-length, --dtype ...), the data through
+    the cache, and `fit(data)` with the prompt rules --prompt-rules asks for (auto: with and
+    without, the better validation utility `score(result)` wins). Returns (result, the data it was
+    fitted on, the metrics to record: `feature_metrics`)."""
+    from fugu_pipeline.train.feature_choice import choose_prompt_rules, val_utility
+
+    settings = encoder_settings(args)
+    data = routing_data(args, settings=settings)
+    result, data, record = choose_prompt_rules(
+        data, lambda rules: routing_data(args, settings=settings.model_copy(update={"prompt_rules": rules})),
+        fit, getattr(args, "prompt_rules", "auto"), log, score=score or val_utility)
+    return result, data, feature_metrics(settings, record)
+
+
 def train(args, method: str) -> int:
     from fugu_pipeline.train.checkpoints import load_checkpoint
     from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig, load_config
     from fugu_pipeline.train.es import train_es
-    from fugu_pipeline.train.feature_choice import choose_prompt_rules
     from fugu_pipeline.train.rl import train_rl
     from fugu_pipeline.train.sft import train_sft
 
@@ -186,18 +210,10 @@ def train(args, method: str) -> int:
         data = routing_data(args, settings=settings)
         load_checkpoint(init.path, expected_contract=init.manifest.feature_contract)
         kwargs["init_state"] = init.state_dict
-        result = fn(data, cfg, **kwargs)
+        result, recorded = fn(data, cfg, **kwargs), feature_metrics(settings)
     else:
-        settings = encoder_settings(args)
-        data = routing_data(args, settings=settings)
-        mode = getattr(args, "prompt_rules", "auto")
-        result, data, record = choose_prompt_rules(
-            data, lambda rules: routing_data(args, settings=settings.model_copy(update={"prompt_rules": rules})),
-            lambda d: fn(d, cfg, **kwargs), mode, log)
-        if "rules" in record:  # a choice was made (nothing to strip, or off: the metrics the assets write)
-            result.metrics["prompt_rules_choice"] = record
-    # the dtype the features were computed in: `route` and `serve` use it under --dtype auto (DESIGN §3)
-    result.metrics["feature_dtype"] = settings.resolve_dtype(settings.resolve_device())
+        result, data, recorded = fit_new_head(args, lambda d: fn(d, cfg, **kwargs), log=log)
+    result.metrics.update(recorded)
     path = result.save(args.output)
     calibrate_beside(path, data)
     m = result.metrics
@@ -266,7 +282,7 @@ def cmd_train_heads(args) -> int:
     (K-fold out-of-fold over the non-test rows), save each kind's best and print the chosen
     checkpoint's directory last."""
     from fugu_pipeline.train.configs import TrainSetConfig, load_config
-    from fugu_pipeline.train.fit import fit_and_save
+    from fugu_pipeline.train.fit import fit_and_save, select_heads
 
     config = args.config
     if config is None and Path(DEFAULT_TRAIN_CONFIG).exists():
@@ -278,8 +294,14 @@ def cmd_train_heads(args) -> int:
         cfg = TrainSetConfig.model_validate({**cfg.model_dump(), **overrides})
     print(f"heads: {config or 'built-in defaults (= configs/train.yaml as shipped)'}; "
           f"enabled {[k for k, v in cfg.heads.model_dump().items() if v is not None]}", file=sys.stderr)
-    data = routing_data(args)
-    report = fit_and_save(data, args.output, cfg, log=lambda m: print(m, file=sys.stderr), force=args.force)
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    # the features as train-sft gets them (encoder flags, --prompt-rules chosen on the selected
+    # head's out-of-fold validation utility), recorded in every checkpoint of the set
+    selection, data, recorded = fit_new_head(args, lambda d: select_heads(d, cfg, log, args.force),
+                                             score=lambda sel: sel[0].val_utility, log=log)
+    report = fit_and_save(data, args.output, cfg, log=log, force=args.force, selection=selection, metrics=recorded)
+    for saved in report.saved:  # budget.json beside each quality head (route/serve/evaluate --budget-*)
+        calibrate_beside(saved.path, data, log)
     print(f"validation: {report.protocol}; objective {report.objective}; rule {report.rule} ({report.rule_reason})")
     by = "apgr" if report.rule == "apgr" else report.rule
     for s in report.saved:

@@ -102,8 +102,8 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
         result = fn(data, cfg, **kwargs)
     except TrainingDataError as exc:
         raise dg.Failure(description=str(exc)) from None
-    settings = encoder.settings()  # the dtype the features were computed in, as `fugu-lite train-*` records it
-    result.metrics["feature_dtype"] = settings.resolve_dtype(settings.resolve_device())
+    # the dtype the features were computed in, as `fugu-lite train-*` records it
+    result.metrics["feature_dtype"] = encoder.settings().feature_dtype()
     path = result.save(pipeline.paths.models)
     context.log.info(f"{method}: {result.param_count} parameters; checkpoint {path}")
     _push_checkpoint(context, pipeline, path)
@@ -158,7 +158,8 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
         raise dg.Failure(description=str(exc)) from None
     data = _routing_data(context, pipeline, encoder)
     try:
-        report = fit_and_save(data, pipeline.paths.models, cfg, log=context.log.info, force=config.force)
+        report = fit_and_save(data, pipeline.paths.models, cfg, log=context.log.info, force=config.force,
+                              metrics={"feature_dtype": encoder.settings().feature_dtype()})  # as `fugu-lite train`
     except TrainingDataError as exc:
         raise dg.Failure(description=str(exc)) from None
     selected = report.selected_path()

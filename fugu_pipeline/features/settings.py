@@ -163,6 +163,11 @@ class EncoderSettings(BaseModel):
             raise EncoderLoadError("device 'mps' requested but MPS is not available; use 'cpu' or 'auto'")
         return dev
 
+    def feature_dtype(self) -> str:
+        """The dtype these settings compute features in on this machine: what training records as
+        `feature_dtype`, so `route` and `serve` under --dtype auto use the same (DESIGN §3)."""
+        return self.resolve_dtype(self.resolve_device())
+
     def resolve_dtype(self, device: str) -> str:
         """`auto` -> bfloat16 on CUDA (float16 where bf16 is unsupported), float16 on MPS (bf16
         needs macOS 14), bfloat16 on a CPU with native bf16 matrix units, else float32."""

@@ -13,12 +13,18 @@ strips exactly what training stripped.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fugu_pipeline.features.prompt_rules import PromptRules, fit_prompt_rules
 from fugu_pipeline.features.routing_data import RoutingData
-from fugu_pipeline.train.result import TrainResult
 
 Log = Callable[[str], None]
+R = TypeVar("R")
+
+
+def val_utility(result: Any) -> float:
+    """A TrainResult's validation utility (what the SFT/RL/ES trainers keep their epoch by)."""
+    return result.metrics["val_utility"]
 
 
 def fit_rules_on_train(data: RoutingData, **params) -> PromptRules:
@@ -29,13 +35,15 @@ def fit_rules_on_train(data: RoutingData, **params) -> PromptRules:
 def choose_prompt_rules(
     data: RoutingData,
     load: Callable[[PromptRules], RoutingData],
-    train: Callable[[RoutingData], TrainResult],
+    train: Callable[[RoutingData], R],
     mode: str = "auto",
     log: Log = print,
-) -> tuple[TrainResult, RoutingData, dict]:
+    score: Callable[[R], float] = val_utility,
+) -> tuple[R, RoutingData, dict]:
     """`data`: the routing data without rules. `load(rules)`: the same rows encoded with `rules`.
-    `train(data)`: a trained result. mode 'off' (prompts as they are), 'on' (the fitted rules),
-    'auto' (both, the better validation utility wins). Returns (result, its data, the record)."""
+    `train(data)`: a trained result (a TrainResult, or the heads' selection), `score(result)` its
+    validation utility. mode 'off' (prompts as they are), 'on' (the fitted rules), 'auto' (both,
+    the better validation utility wins). Returns (result, its data, the record)."""
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"prompt-rules mode must be auto, on or off, got {mode!r}")
     if mode == "off":
@@ -49,7 +57,7 @@ def choose_prompt_rules(
         return train(stripped), stripped, {"mode": "on", "chosen": rules.fingerprint(), "rules": rules.summary()}
     plain_result = train(data)
     strip_result = train(stripped)
-    a, b = plain_result.metrics["val_utility"], strip_result.metrics["val_utility"]
+    a, b = score(plain_result), score(strip_result)
     use = b > a + 1e-12
     log(f"prompt rules on validation: as they are {a:.4f}, stripped {b:.4f} -> {'stripped' if use else 'as they are'}")
     record = {"mode": "auto", "chosen": rules.fingerprint() if use else "none", "rules": rules.summary(),

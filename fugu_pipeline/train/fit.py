@@ -81,6 +81,13 @@ class FitReport:
     def selected_path(self) -> Path:
         return next(s.path for s in self.saved if s.selected)
 
+    @property
+    def val_utility(self) -> float:
+        """The selected head's out-of-fold validation utility (its manifest's `val_utility`)."""
+        figures = self.ensemble["figures"] if self.selected == "ensemble" else \
+            next(c.figures for c in self.candidates if c.name == self.selected)
+        return figures.get("pooled", figures.get("apgr"))
+
 
 def validation_predictions(fam: Family, fd: FitData, objective: str, folds: np.ndarray, n_workers: int):
     if objective == "oof":
@@ -206,11 +213,13 @@ def _ensemble(cfg, cands, fams, objective, folds, by, fd):
 
 
 def fit_and_save(data: RoutingData, models_dir: str | Path, cfg: TrainSetConfig | None = None, log: Log | None = None,
-                 force: bool = False) -> FitReport:
-    """Select (`select_heads`), then refit each family's best point and the ensemble on all
-    non-test rows and save them. `report.selected_path()` is the chosen checkpoint."""
+                 force: bool = False, *, selection: tuple | None = None, metrics: dict | None = None) -> FitReport:
+    """Select (`select_heads`, or the `selection` it already returned for `data`), then refit each
+    family's best point and the ensemble on all non-test rows and save them, each manifest's
+    metrics carrying `metrics` too (the feature dtype, the prompt-rule choice).
+    `report.selected_path()` is the chosen checkpoint."""
     cfg, log = cfg or TrainSetConfig(), log or _logger.info
-    report, fd, fams = select_heads(data, cfg, log, force)
+    report, fd, fams = selection if selection is not None else select_heads(data, cfg, log, force)
     fitted: dict[str, Any] = {}
     t0 = time.perf_counter()
     for kind, name in report.best_per_kind.items():
@@ -227,5 +236,5 @@ def fit_and_save(data: RoutingData, models_dir: str | Path, cfg: TrainSetConfig 
         ens_head = EnsembleHead.from_members(members, [counts[n] for n in counts],
                                              [report.ensemble["calibration"][n] for n in counts])
     report.seconds["final_fit"] = round(time.perf_counter() - t0, 3)
-    report.saved = save_fitted(data, fd, report, fitted, ens_head, cfg, Path(models_dir))
+    report.saved = save_fitted(data, fd, report, fitted, ens_head, cfg, Path(models_dir), metrics or {})
     return report

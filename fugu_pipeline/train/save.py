@@ -58,7 +58,8 @@ def _common_metrics(data: RoutingData, fd, figures: dict[str, float], train_u: f
 
 
 def save_fitted(data: RoutingData, fd, report, fitted: dict[str, Any], ens_head, cfg: TrainSetConfig,
-                models_dir: Path) -> list:
+                models_dir: Path, extra_metrics: dict[str, Any] | None = None) -> list:
+    extra = dict(extra_metrics or {})  # recorded in every manifest: feature_dtype, prompt_rules_choice
     block = selection_block(report)
     saved = []
     jobs = [(kind, name) for kind, name in report.best_per_kind.items()]
@@ -84,7 +85,7 @@ def save_fitted(data: RoutingData, fd, report, fitted: dict[str, Any], ens_head,
             with torch.no_grad():
                 s = head(torch.from_numpy(fd.features), fd.domains.tolist()).numpy()
             metrics = {**_common_metrics(data, fd, figures, float(routed(fd.utility, s).mean())),
-                       "selected": selected, "selection": block}
+                       "selected": selected, "selection": block, **extra}
             path = save_checkpoint(models_dir, kind, kind, head.state_dict(), {
                 "worker_ids": data.worker_ids, "feature_contract": data.contract, "dim": data.dim,
                 "utility_config": data.utility_config.model_dump() if data.utility_config else None,
@@ -92,7 +93,7 @@ def save_fitted(data: RoutingData, fd, report, fitted: dict[str, Any], ens_head,
                 "metrics": metrics, "curves": {"val_utility": curve}, "wall_s": round(time.perf_counter() - t0, 3),
             })
         else:  # an SFT TrainResult: its own metrics (val_utility on the val split it stopped on) plus the selection
-            head.metrics.update({"validation": figures, "selected": selected, "selection": block})
+            head.metrics.update({"validation": figures, "selected": selected, "selection": block, **extra})
             head.config = {**head.config, "selection": training_config}
             path = head.save(models_dir)
         saved.append(SavedHead(kind=kind, name=training_config["name"], path=path, figures=figures, selected=selected))
