@@ -138,22 +138,29 @@ def routing_data(args, encoder: str | None = None, *, contract=None, settings=No
     return data
 
 
-def calibrate_beside(path: Path, data, log=lambda m: print(m, file=sys.stderr)):
+def calibrate_beside(path: Path, data, log=lambda m: print(m, file=sys.stderr), q_val=None):
     """The budget calibration (λ curve on validation) of a checkpoint over `data`, when the head
     predicts quality and the data records cost; None otherwise (the reason logged). It is written
     beside the checkpoint (`budget.json`, what `route` and `serve` read) when `data` is the data the
     checkpoint was trained on, or when there is none yet; other data (evaluating elsewhere) gets a
-    calibration for its report only, and the training one is kept."""
-    from fugu_pipeline.route.budget import CALIBRATION_FILE, BudgetError, calibrate_checkpoint
+    calibration for its report only, and the training one is kept. A `budget.json` already drawn
+    on this data for this checkpoint is used as it is (`fugu-lite train` draws it on out-of-fold
+    predictions, `q_val`, which the refitted head cannot reproduce)."""
+    from fugu_pipeline.route.budget import CALIBRATION_FILE, BudgetError, calibrate_checkpoint, load_calibration
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
     ckpt = load_checkpoint(path)
+    target = Path(path) / CALIBRATION_FILE
+    if q_val is None and target.exists():
+        kept = load_calibration(path)
+        if kept.checkpoint == ckpt.manifest.content_hash and kept.data_version == data.data_version:
+            log(f"budget calibration: {target} (drawn on this data's {kept.n_val} validation rows)")
+            return kept
     try:
-        cal = calibrate_checkpoint(ckpt, data)
+        cal = calibrate_checkpoint(ckpt, data, q_val)
     except BudgetError as exc:
         log(f"budget mode: not available for this checkpoint ({str(exc).split(':')[0]})")
         return None
-    target = Path(path) / CALIBRATION_FILE
     if ckpt.manifest.data_version == data.data_version or not target.exists():
         cal.save(path)
         log(f"budget calibration: {target} (reference {cal.reference_worker}, {cal.n_val} validation rows)")
@@ -294,14 +301,14 @@ def cmd_train_heads(args) -> int:
         cfg = TrainSetConfig.model_validate({**cfg.model_dump(), **overrides})
     print(f"heads: {config or 'built-in defaults (= configs/train.yaml as shipped)'}; "
           f"enabled {[k for k, v in cfg.heads.model_dump().items() if v is not None]}", file=sys.stderr)
-    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    log = lambda m: print(m, file=sys.stderr)
     # the features as train-sft gets them (encoder flags, --prompt-rules chosen on the selected
     # head's out-of-fold validation utility), recorded in every checkpoint of the set
     selection, data, recorded = fit_new_head(args, lambda d: select_heads(d, cfg, log, args.force),
                                              score=lambda sel: sel[0].val_utility, log=log)
     report = fit_and_save(data, args.output, cfg, log=log, force=args.force, selection=selection, metrics=recorded)
     for saved in report.saved:  # budget.json beside each quality head (route/serve/evaluate --budget-*)
-        calibrate_beside(saved.path, data, log)
+        calibrate_beside(saved.path, data, log, saved.val_quality)
     print(f"validation: {report.protocol}; objective {report.objective}; rule {report.rule} ({report.rule_reason})")
     by = "apgr" if report.rule == "apgr" else report.rule
     for s in report.saved:

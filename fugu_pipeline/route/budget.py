@@ -299,8 +299,10 @@ def calibrate(q_hat_val: np.ndarray, val_prompts: list[str], val_domains: list[s
                              n_val=len(val_prompts), val_reference_cost_usd=float(c_val[:, ref].mean()), curve=curve)
 
 
-def calibrate_checkpoint(checkpoint, data) -> BudgetCalibration:
-    """`calibrate` for a loaded checkpoint over `RoutingData` (train rows fit the cost, val rows the λ curve)."""
+def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> BudgetCalibration:
+    """`calibrate` for a loaded checkpoint over `RoutingData` (train rows fit the cost, val rows the λ
+    curve). `q_val`: the head's quality on the validation rows when its own predictions there would
+    be in-sample (a head refitted on train + val: its out-of-fold predictions); default: the head's."""
     if data.cost_usd is None:
         raise BudgetError("this data records no cost per call, so there is nothing to budget; import it with prices "
                           "(dcrouter: default_llm.json) or collect it with workers that report cost")
@@ -309,7 +311,11 @@ def calibrate_checkpoint(checkpoint, data) -> BudgetCalibration:
     if list(checkpoint.manifest.worker_ids) != list(data.worker_ids):
         raise BudgetError(f"checkpoint workers {checkpoint.manifest.worker_ids} differ from the data's {data.worker_ids}")
     train, val = data.split("train"), data.split("val")
-    q_val = quality_of(checkpoint.head, val.features, val.domains, kind=checkpoint.manifest.head_kind)
-    return calibrate(q_val, val.prompts, val.domains, val.quality, train.prompts, train.domains, train.cost_usd,
+    require_quality_head(checkpoint.head, checkpoint.manifest.head_kind)
+    if q_val is None:
+        q_val = quality_of(checkpoint.head, val.features, val.domains, kind=checkpoint.manifest.head_kind)
+    elif np.shape(q_val) != (len(val.prompts), len(data.worker_ids)) or not np.isfinite(q_val).all():
+        raise BudgetError(f"validation quality has shape {np.shape(q_val)}, expected {(len(val.prompts), len(data.worker_ids))}")
+    return calibrate(np.clip(np.asarray(q_val, dtype=np.float64), 0.0, 1.0), val.prompts, val.domains, val.quality, train.prompts, train.domains, train.cost_usd,
                      train.quality, data.worker_ids, checkpoint=checkpoint.manifest.content_hash,
                      data_version=data.data_version)

@@ -27,6 +27,9 @@ class SavedHead:
     path: Path
     figures: dict[str, float]
     selected: bool
+    # out-of-fold quality on the validation rows (the head is refitted on them, so its own
+    # predictions there are in-sample): what its budget calibration is drawn on; None: use the head's
+    val_quality: np.ndarray | None = None
 
 
 def selection_block(report) -> dict[str, Any]:
@@ -62,18 +65,22 @@ def save_fitted(data: RoutingData, fd, report, fitted: dict[str, Any], ens_head,
     extra = dict(extra_metrics or {})  # recorded in every manifest: feature_dtype, prompt_rules_choice
     block = selection_block(report)
     saved = []
+    is_val = data.splits[fd.rows] == "val"  # the validation rows among the non-test rows fd holds
     jobs = [(kind, name) for kind, name in report.best_per_kind.items()]
     if ens_head is not None:
         jobs.append(("ensemble", "ensemble"))
     for kind, name in jobs:
         t0 = time.perf_counter()
+        oof = None
         if kind == "ensemble":
             head, figures, params = ens_head, report.ensemble["figures"], {"members": report.ensemble["name"]}
+            oof = report.ensemble["quality"]
             curve = report.ensemble["curve"]
             grid = cfg.heads.ensemble.model_dump() if cfg.heads.ensemble else {}
         else:
             cand = next(c for c in report.candidates if c.name == name)
             head, figures, params = fitted[name], cand.figures, cand.params
+            oof = cand.quality
             by = "pooled" if report.rule == "apgr" else report.rule
             curve = [float(c.figures.get(by, c.figures.get("apgr", np.nan))) for c in report.candidates if c.kind == kind]
             grid = getattr(cfg.heads, kind).model_dump()
@@ -92,9 +99,12 @@ def save_fitted(data: RoutingData, fd, report, fitted: dict[str, Any], ens_head,
                 "data_version": data.data_version, "head_params": head.head_params(), "training_config": training_config,
                 "metrics": metrics, "curves": {"val_utility": curve}, "wall_s": round(time.perf_counter() - t0, 3),
             })
+            val_quality = None if oof is None else np.asarray(oof)[is_val]
         else:  # an SFT TrainResult: its own metrics (val_utility on the val split it stopped on) plus the selection
+            val_quality = None  # fitted on train only: its own predictions on val are out of sample
             head.metrics.update({"validation": figures, "selected": selected, "selection": block, **extra})
             head.config = {**head.config, "selection": training_config}
             path = head.save(models_dir)
-        saved.append(SavedHead(kind=kind, name=training_config["name"], path=path, figures=figures, selected=selected))
+        saved.append(SavedHead(kind=kind, name=training_config["name"], path=path, figures=figures, selected=selected,
+                               val_quality=val_quality))
     return saved
