@@ -79,6 +79,8 @@ def test_main_job_materializes_every_asset_and_resumes(project):
         manifest = json.loads((selected / "manifest.json").read_text())
         assert selected.parent.name == heads["selected_kind"] == manifest["head_kind"] and manifest["metrics"]["selected"] is True
         assert manifest["worker_ids"] == workers and manifest["feature_contract"]["dim"] == emb["dim"]
+        sft_metrics = json.loads((checkpoints["sft"] / "manifest.json").read_text())["metrics"]  # as `fugu-lite train` records it
+        assert manifest["metrics"]["feature_dtype"] == sft_metrics["feature_dtype"] in ("float32", "bfloat16")
         report = json.loads(Path(latest(instance, "eval_report_heads")["report"]).read_text())
         assert report["n_tasks"] == sum(t.split == "test" for t in tasks) and report["head_kind"] == manifest["head_kind"]
         checkpoints["heads"] = selected

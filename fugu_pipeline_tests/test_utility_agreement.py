@@ -108,3 +108,29 @@ def test_an_imported_jsonl_gets_the_weights_of_the_yaml_in_both_paths(weighted, 
     shutil.copy(REPO / "configs" / "workers.mock.yaml", weighted / "defaults.yaml")
     assert main(["train-sft", "--data", str(asset_db), "--workers", "defaults.yaml", "--encoder", "tiny", "--device", "cpu"]) == 2
     assert f"was built with {FORMULA}" in capsys.readouterr().err
+
+
+def test_fugu_lite_train_and_the_router_heads_asset_save_the_same_heads(weighted, capsys):
+    """`fugu-lite train` over the matrix the assets built and the `router_heads` asset: the same
+    configured heads (configs/train.yaml), the same weights byte for byte, the same manifests (the
+    feature dtype included) apart from when they were written and how long each step took."""
+    W = ["--workers", "configs/w.yaml"]
+    assert main(["pipeline", "--project-dir", str(weighted), *W, "--encoder", "tiny", "--stop-after", "router_heads"]) == 0
+    asset = {p.parent.parent.name: p.parent for p in (weighted / "models").glob("*/*/manifest.json")}
+    assert main(["train", "--data", "data/reward_matrix.duckdb", *W, "--encoder", "tiny", "--device", "cpu",
+                 "--output", "cli-models"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    cli = {p.parent.parent.name: p.parent for p in (weighted / "cli-models").glob("*/*/manifest.json")}
+    assert cli and set(cli) <= set(asset) and (weighted / printed).resolve() in {p.resolve() for p in cli.values()}
+
+    def comparable(path):
+        m = json.loads((path / "manifest.json").read_text())
+        for key in ("created_at", "wall_s", "content_hash"):
+            m.pop(key)
+        m["metrics"]["selection"].pop("seconds")
+        return m
+
+    for kind, path in cli.items():
+        assert (path / "head.safetensors").read_bytes() == (asset[kind] / "head.safetensors").read_bytes(), kind
+        assert comparable(path) == comparable(asset[kind]), kind
+        assert comparable(path)["metrics"]["feature_dtype"] in ("float32", "bfloat16")
