@@ -37,7 +37,7 @@ def selection_block(report) -> dict[str, Any]:
     out = {
         "protocol": report.protocol, "objective": report.objective, "rule": report.rule, "rule_reason": report.rule_reason,
         "rule_check": report.rule_check, "selected": report.selected, "selected_kind": report.selected_kind,
-        "reason": report.reason, "candidates": report.table(), "seconds": report.seconds,
+        "reason": report.reason, "candidates": report.table(),  # no timings: they would change the hash
     }
     if report.ensemble is not None:
         out["ensemble"] = {"name": report.ensemble["name"], "figures": report.ensemble["figures"],
