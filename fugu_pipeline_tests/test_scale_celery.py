@@ -28,7 +28,9 @@ def redis():
 
 
 def _run_partition(args: tuple[str, str, str]) -> tuple[str, str, str]:
-    """One `collect_responses_celery` run (in a forked process: the run's coordinator)."""
+    """One `collect_responses_celery` run (in a spawned process: the run's coordinator). Spawned, not
+    forked: a fork of the multi-threaded pytest process can inherit a lock some other thread held
+    and wait on it for ever (seen once the broker-down run followed the batch)."""
     home, batch, worker = args
     from fugu_pipeline.defs.partitions import batch_x_worker
     from fugu_pipeline.definitions import collect_responses_celery
@@ -85,8 +87,8 @@ def test_celery_workers_share_a_batch(redis, tmp_path, monkeypatch):
         wait_for(lambda: all("ready" in w.log.read_text(errors="replace") for w in workers), 90, what="both Celery workers ready")
         t0 = time.monotonic()
         jobs = [(str(project), b, w) for b in expected for w in WORKER_IDS]
-        with multiprocessing.get_context("fork").Pool(len(jobs)) as pool:
-            results = pool.map(_run_partition, jobs)
+        with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
+            results = pool.map_async(_run_partition, jobs).get(timeout=600)
         seconds = time.monotonic() - t0
         by_worker: dict[str, int] = {}
         for run_id, _, _ in results:
@@ -96,8 +98,9 @@ def test_celery_workers_share_a_batch(redis, tmp_path, monkeypatch):
         # the broker down: the run fails at once, naming the broker and the variable
         redis.stop()
         t1 = time.monotonic()
-        with multiprocessing.get_context("fork").Pool(1) as pool:
-            down_run, down_status, down_message = pool.map(_run_partition, [(str(project), "c1", WORKER_IDS[0])])[0]
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            down_run, down_status, down_message = pool.map_async(
+                _run_partition, [(str(project), "c1", WORKER_IDS[0])]).get(timeout=300)[0]
         down_s = time.monotonic() - t1
         redis.start()
     finally:
