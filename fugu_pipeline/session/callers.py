@@ -27,7 +27,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Protocol
 
-from fugu_pipeline.workers.budget import RateLimiter, cost_ceiling
+from fugu_pipeline.workers.budget import BudgetLedger, RateLimiter, cost_ceiling
 from fugu_pipeline.workers.contract import Completion
 
 if TYPE_CHECKING:
@@ -133,16 +133,12 @@ class TurnMemo:
         return len(self._items)
 
 
-class SessionBudget:
+class SessionBudget(BudgetLedger):
     """One USD budget for every turn of a run (module docstring). `budget_usd=None`: no limit."""
 
     def __init__(self, budget_usd: float | None, catalog=None):
-        self.budget = budget_usd
+        super().__init__(budget_usd)
         self.catalog = catalog
-        self.spent = self.reserved = self.max_seen = 0.0
-        self.in_flight = 0
-        self.stop: str | None = None
-        self._cond = asyncio.Condition()
 
     async def reserve(self, spec: "WorkerSpec | None", request_text: str) -> float | None:
         """The amount reserved for one call, or None when it must not be made."""
@@ -153,22 +149,5 @@ class SessionBudget:
             while ceiling is None and self.max_seen == 0.0 and self.in_flight > 0 and self.stop is None:
                 await self._cond.wait()
             estimate = max(self.max_seen, ceiling or 0.0)
-            if self.stop is not None or self.spent + self.reserved + estimate > self.budget:
-                self.stop = self.stop or (
-                    f"budget guard: spent ${self.spent:.4f} of max ${self.budget:.4f} for this run; the next turn "
-                    f"could cost up to ${estimate:.4f}. Raise the budget (max_usd), or run again to continue: "
-                    "finished trajectories and paid turns are kept")
-                return None
-            self.reserved += estimate
-            self.in_flight += 1
-            return estimate
-
-    async def settle(self, estimate: float, cost: float) -> None:
-        if self.budget is None:
-            return
-        async with self._cond:
-            self.spent += cost
-            self.reserved -= estimate
-            self.in_flight -= 1
-            self.max_seen = max(self.max_seen, cost)
-            self._cond.notify_all()
+            return self._admit(estimate, "turn", "Raise the budget (max_usd), or run again to continue: "
+                                                 "finished trajectories and paid turns are kept")

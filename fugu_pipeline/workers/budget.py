@@ -70,19 +70,49 @@ class RateLimiter:
             await asyncio.sleep(delay)
 
 
-class BudgetGuard:
+class BudgetLedger:
+    """Reserve-then-settle accounting of one USD budget shared by concurrent calls: a call reserves
+    its worst case before it is made and settles its real cost after; once a reservation would pass
+    the budget, `stop` says why and nothing more is admitted. `budget_usd=None`: no limit."""
+
+    def __init__(self, budget_usd: float | None):
+        self.budget = budget_usd
+        self.spent = self.reserved = self.max_seen = 0.0
+        self.in_flight = 0
+        self.stop: str | None = None
+        self._cond = asyncio.Condition()
+
+    def _admit(self, estimate: float, unit: str, advice: str) -> float | None:
+        """Called holding `self._cond`: reserve `estimate`, or record why not and return None."""
+        if self.stop is not None or self.spent + self.reserved + estimate > self.budget:
+            self.stop = self.stop or (
+                f"budget guard: spent ${self.spent:.4f} of max ${self.budget:.4f} for this run; the next {unit} "
+                f"could cost up to ${estimate:.4f}. {advice}")
+            return None
+        self.reserved += estimate
+        self.in_flight += 1
+        return estimate
+
+    async def settle(self, estimate: float, cost: float) -> None:
+        if self.budget is None:
+            return
+        async with self._cond:
+            self.spent += cost
+            self.reserved -= estimate
+            self.in_flight -= 1
+            self.max_seen = max(self.max_seen, cost)
+            self._cond.notify_all()
+
+
+class BudgetGuard(BudgetLedger):
     """The run's USD budget: before each call, reserve its worst-case cost (from the catalog or the
     worker's configured maximum prices, at max_tokens); after it, settle the real cost. A call whose
     reservation would pass the budget is not made, and nothing after it either. Under a budget, a
     worker (or judge) that nothing prices is refused before any call: `require_prices`."""
 
     def __init__(self, budget_usd: float | None, spec: WorkerSpec, judge: WorkerSpec | None = None, catalog=None):
-        self.budget = budget_usd
+        super().__init__(budget_usd)
         self.spec, self.judge, self.catalog = spec, judge, catalog
-        self.spent = self.reserved = self.max_seen = 0.0
-        self.in_flight = 0
-        self.stop: str | None = None
-        self._cond = asyncio.Condition()
 
     def require_prices(self, tasks: "list[Task]") -> None:
         """Raise FatalWorkerError, naming the worker and the setting, when a budget is set and the
@@ -112,21 +142,4 @@ class BudgetGuard:
                 self.stop = self.stop or unpriced_message(self.spec, self.budget)
                 return None
             estimate = max(self.max_seen, ceiling)  # a real cost above the ceiling raises the bar
-            if self.stop is not None or self.spent + self.reserved + estimate > self.budget:
-                self.stop = self.stop or (
-                    f"budget guard: spent ${self.spent:.4f} of max ${self.budget:.4f} for this run; the next call "
-                    f"could cost up to ${estimate:.4f}. Raise max_usd_per_run, or run again to continue")
-                return None
-            self.reserved += estimate
-            self.in_flight += 1
-            return estimate
-
-    async def settle(self, estimate: float, cost: float) -> None:
-        if self.budget is None:
-            return
-        async with self._cond:
-            self.spent += cost
-            self.reserved -= estimate
-            self.in_flight -= 1
-            self.max_seen = max(self.max_seen, cost)
-            self._cond.notify_all()
+            return self._admit(estimate, "call", "Raise max_usd_per_run, or run again to continue")
