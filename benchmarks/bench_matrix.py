@@ -32,6 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo's benchmarks package
+from benchmarks.machine import describe  # noqa: E402
+
 WORKER_YAML = """reward: {{quality_weight: 1.0, cost_weight: 0.1, latency_weight: 0.05, cost_scale_usd: 0.01, latency_scale_s: 10.0}}
 workers:
 {workers}
@@ -124,12 +127,9 @@ def build_in_fresh_process(root: Path, mode: str, env: dict | None = None) -> di
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")
-    mem = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))) / 2**20
     import duckdb
 
-    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Python {sys.version.split()[0]}, duckdb {duckdb.__version__}"
+    return f"{describe()}; Python {sys.version.split()[0]}, duckdb {duckdb.__version__}"
 
 
 def via_store(src: Path, kind: str) -> tuple[Path, dict, dict]:

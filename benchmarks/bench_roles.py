@@ -15,8 +15,8 @@ read from memory).
 from __future__ import annotations
 
 import argparse
-import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,19 +31,12 @@ from fugu_pipeline.train.roles import RolesConfig, train_roles
 from fugu_pipeline.workers.config import load_workers_config
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo's benchmarks package
+from benchmarks.machine import describe  # noqa: E402
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores visible, torch {torch.__version__} with {torch.get_num_threads()} "
-            f"thread(s), Python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}")
+    return f"{describe()}; torch {torch.__version__} with {torch.get_num_threads()} thread(s), Python {platform.python_version()}"
 
 
 def run_one(enc, config, tasks, population: int, turns: int, generations: int, batch: int) -> dict:

@@ -58,6 +58,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks.machine import describe  # noqa: E402
 
 from fugu_pipeline.features.encoder import NATIVE_CACHE_VARIABLES  # noqa: E402
 from fugu_pipeline.testing.serving import build_checkpoints, stub_workers_config, synthetic_tasks  # noqa: E402
@@ -93,11 +94,7 @@ def rss_mb(pid: int) -> float:
 
 
 def machine() -> str:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    bf16 = "avx512_bf16" if "avx512_bf16" in flags else ("amx_bf16" if "amx_bf16" in flags else "no native bf16")
-    return f"{os.cpu_count()} cores of {name} ({bf16})"
+    return describe()
 
 
 def start_stub(latency_s: float, log: Path) -> tuple[subprocess.Popen, str]:

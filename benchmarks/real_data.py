@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo's benchmarks package
+from benchmarks.machine import describe  # noqa: E402
 
 DATASETS = {  # key: (label, importer kind, folder under --routing, importer options)
     "dcrouter": ("dcrouter (LLMRouter, 9 models)", "dcrouter", "llmrouter_ulab", {}),
@@ -49,23 +50,9 @@ LODO_HEADS = {"domain_prior": {"m": [20]}, "knn": {"k": [30, 100, 300, 1000], "p
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        mem = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1]) / 2**20
-    except (OSError, StopIteration):
-        mem = float("nan")
     import torch
 
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-            f"no GPU used; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")
+    return f"{describe()}; torch {torch.__version__} ({torch.get_num_threads()} threads), no GPU used"
 
 
 def apgr_ci(score, perf_s, perf_w, n_boot: int = 1000, seed: int = 0) -> dict:

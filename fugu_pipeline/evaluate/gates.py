@@ -75,8 +75,8 @@ def _epoch(stamp: str) -> float | None:
         return None
 
 
-def history(models_dir: str | Path) -> list[dict]:
-    path = Path(models_dir) / HISTORY
+def _read_records(path: Path) -> list[dict]:
+    """The JSON lines of an append-only record file; a torn last line (a crash) is not a record."""
     if not path.exists():
         return []
     out = []
@@ -84,8 +84,12 @@ def history(models_dir: str | Path) -> list[dict]:
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
-            continue  # a torn last line from a crash: not an attempt
+            continue
     return out
+
+
+def history(models_dir: str | Path) -> list[dict]:
+    return _read_records(Path(models_dir) / HISTORY)
 
 
 def rate_limit_gate(models_dir: str | Path, submitter: str, period_s: float, now: float | None = None) -> GateResult:
@@ -141,16 +145,7 @@ class SeenHeads:
         self.dir = Path(models_dir) / SEEN_DIR
 
     def entries(self) -> list[dict]:
-        path = self.dir / "index.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+        return _read_records(self.dir / "index.jsonl")
 
     def vector(self, entry: dict) -> np.ndarray | None:
         try:
