@@ -84,7 +84,9 @@ def load(name: str, routing: Path, args, timings: dict):
     build(from_import(work / "rewards.jsonl", UtilityConfig(cost_weight=0.0, latency_weight=0.0),
                       "benchmarks/real_data.py: quality only (cost and latency weights 0)"), db)
     timings["import + matrix"] = time.perf_counter() - t0
-    settings = EncoderSettings(model=args.encoder, device=args.device, dtype=args.dtype, prompt_template="{prompt}")
+    layer = tuple(args.layers) if len(args.layers) > 1 else args.layers[0]
+    settings = EncoderSettings(model=args.encoder, device=args.device, dtype=args.dtype, prompt_template="{prompt}",
+                               layer=layer, lexical=args.lexical)
     lazy = LazyEncoder(settings)
     t0 = time.perf_counter()
     data, emb = load_routing_data(db, lazy, Path(args.cache_dir))
@@ -199,6 +201,9 @@ def main() -> int:
     ap.add_argument("--work-dir", default="data/real_data")
     ap.add_argument("--cache-dir", default="data/embeddings")
     ap.add_argument("--no-lodo", action="store_true", help="skip dcrouter's leave-one-domain-out")
+    ap.add_argument("--layers", type=int, nargs="+", default=[-1], help="encoder hidden-state layer(s), e.g. -1 3")
+    ap.add_argument("--lexical", action="store_true", help="append the lexical statistics block (ridge reads it)")
+    ap.add_argument("--skip", default="", help="comma-separated head kinds left out (e.g. mlp,sft: the slow ones)")
     ap.add_argument("--out", type=Path, default=None, help="write all figures as JSON here")
     args = ap.parse_args()
     if not args.routing.is_dir():
@@ -209,6 +214,7 @@ def main() -> int:
     base = load_config(args.config, TrainSetConfig) if Path(args.config).exists() else TrainSetConfig()
     heads = base.heads.model_dump()
     heads.update({k: v for k, v in ALL_KINDS.items() if heads.get(k) is None})
+    heads.update({k.strip(): None for k in args.skip.split(",") if k.strip()})
     cfg = TrainSetConfig.model_validate({**base.model_dump(), "heads": heads})
     started = time.perf_counter()
     results, loaded = [], {}

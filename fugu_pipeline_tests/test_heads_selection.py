@@ -33,7 +33,7 @@ FAST = TrainSetConfig.model_validate({"heads": {
     "mlp": {"hidden": [16], "epochs": [5], "n_models": 1},
     "ensemble": {"rounds": 5},
 }})
-KINDS = {"domain_prior", "knn", "mlp"}
+KINDS = {"domain_prior", "knn", "ridge", "mlp"}
 
 
 @pytest.fixture(scope="module")

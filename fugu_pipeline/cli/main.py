@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="hidden-state layer(s): -1 = last (default); several (e.g. --layers -1 3) are pooled "
                             "and normalised one by one and concatenated")
         g.add_argument("--max-length", type=int, default=None, help="tokens read per prompt (default 512)")
+        g.add_argument("--lexical", action="store_const", const=True, default=None,
+                       help="append 16 lexical statistics of the prompt (length, numbers, structure) to each vector; "
+                            "the ridge and MLP heads read them, kNN reads only the embedding")
 
     def data_opts(p):
         p.add_argument("--data", required=True, help="reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")

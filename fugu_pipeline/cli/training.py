@@ -88,7 +88,7 @@ def matrix_db(args) -> Path:
 
 
 ENCODER_FLAGS = (("template", "prompt_template"), ("pooling", "pooling"), ("token_position", "token_position"),
-                 ("layers", "layer"), ("max_length", "max_length"))
+                 ("layers", "layer"), ("max_length", "max_length"), ("lexical", "lexical"))
 
 
 def encoder_settings(args, encoder: str | None = None, contract=None, metrics: dict | None = None):

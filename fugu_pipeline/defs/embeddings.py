@@ -41,6 +41,8 @@ class EncoderResource(dg.ConfigurableResource):
                                      "normalised, then concatenated; overrides `layer`")
     normalize: bool = _DEFAULTS.normalize
     prompt_template: str = Field(_DEFAULTS.prompt_template, description="may use {prompt} and {domain}")
+    lexical: bool = Field(_DEFAULTS.lexical, description="append 16 lexical statistics (length, numbers, structure) "
+                          "to each vector; the quality predictors read them")
     cache_dir: str = Field("data/embeddings", description="embedding cache root, relative to FUGU_PROJECT_DIR")
 
     _lazy: LazyEncoder | None = PrivateAttr(default=None)

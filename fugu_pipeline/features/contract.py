@@ -5,7 +5,8 @@ given. dtype is not part of it (a bf16-GPU checkpoint serves on an fp32 CPU); it
 embedding cache's fingerprint instead.
 
 `layer` is one hidden-states index, or several (`[-1, 3]`: each pooled and normalised on its own,
-then concatenated). `prompt_rules` are the strip rules fitted on the training prompts
+then concatenated). `lexical`: the vector ends with the lexical statistics block (`lexical.py`), so
+cosine heads read only the first `embedding_dim` columns. `prompt_rules` are the strip rules fitted on the training prompts
 (`prompt_rules.py`); they travel inside the contract so serving strips exactly what training did.
 Fields added after the first release are left out of `fingerprint()` while they hold their
 default, so the fingerprints of earlier checkpoints do not change.
@@ -17,10 +18,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from fugu_pipeline.features.lexical import LEXICAL_DIM
 from fugu_pipeline.features.prompt_rules import PromptRules
 from fugu_pipeline.hashing import canonical_json, sha256_text
 
-LATER_FIELDS = ("prompt_rules",)  # left out of the fingerprint while None
+LATER_FIELDS = {"prompt_rules": None, "lexical": False}  # left out of the fingerprint while at these defaults
 
 
 def normalize_layer(v):
@@ -48,15 +50,21 @@ class FeatureContract(BaseModel):
     prompt_template: str = "{prompt}"
     dim: int
     prompt_rules: PromptRules | None = None  # strip rules fitted on the training prompts
+    lexical: bool = False  # the last LEXICAL_DIM columns are lexical statistics (lexical.py), not the embedding
 
     _layer = field_validator("layer", mode="before")(classmethod(lambda cls, v: normalize_layer(v)))
 
     def fingerprint(self) -> str:
         body = self.model_dump(mode="json")
-        for name in LATER_FIELDS:
-            if body.get(name) is None:
+        for name, default in LATER_FIELDS.items():
+            if body.get(name) == default:
                 body.pop(name, None)
         return sha256_text(canonical_json(body))[:16]
+
+    @property
+    def embedding_dim(self) -> int:
+        """Columns that come from the encoder's hidden states (all but the lexical block)."""
+        return self.dim - (LEXICAL_DIM if self.lexical else 0)
 
     def differences(self, other: "FeatureContract") -> list[str]:
         a, b = self.model_dump(mode="json"), other.model_dump(mode="json")

@@ -39,6 +39,7 @@ import numpy as np
 
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.hf_logging import quiet_transformers
+from fugu_pipeline.features.lexical import LEXICAL_DIM, lexical_features
 from fugu_pipeline.features.settings import (
     EncoderLoadError,
     EncoderSettings,
@@ -134,7 +135,7 @@ class Encoder:
         self.resolved_device = device
         self.resolved_dtype = dtype
         self.fingerprint = fingerprint
-        self.dim = int(model.config.hidden_size) * len(settings.layers)
+        self.dim = int(model.config.hidden_size) * len(settings.layers) + (LEXICAL_DIM if settings.lexical else 0)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
         self.forward_passes = 0
@@ -216,12 +217,14 @@ class Encoder:
             return out
         ids = self.tokenize(texts)
         s = self.settings
+        if s.lexical:  # the statistics of exactly what the tokenizer reads
+            out[:, self.dim - LEXICAL_DIM:] = lexical_features([cut_text(t, s.max_length) for t in texts])
         for batch in plan_batches([len(x) for x in ids], s.token_budget, s.max_batch_size):
             tokens = np.array([ids[i] for i in batch], dtype=np.int64)  # one length: no padding
             mask = np.ones_like(tokens)
             with torch.inference_mode():
                 vec = self._forward(torch.from_numpy(tokens), torch.from_numpy(mask))
-            out[batch] = vec.cpu().numpy()
+            out[batch, : vec.shape[1]] = vec.cpu().numpy()
         self.prompts_encoded += len(texts)
         return out
 

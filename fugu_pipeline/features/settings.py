@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fugu_pipeline.features.contract import FeatureContract, normalize_layer
+from fugu_pipeline.features.lexical import LEXICAL_VERSION
 from fugu_pipeline.features.prompt_rules import PromptRules
 from fugu_pipeline.hashing import canonical_json, sha256_text
 
@@ -73,6 +74,10 @@ class EncoderSettings(BaseModel):
     prompt_template: str = Field("{prompt}", description="format string; may use {prompt} and {domain}")
     prompt_rules: PromptRules | None = Field(
         None, description="strip rules fitted on the training prompts (prompt_rules.py), applied before the template"
+    )
+    lexical: bool = Field(
+        False, description="append the lexical statistics of the text the encoder reads (lexical.py: length, "
+        "numbers, structure; 16 columns after the embedding)"
     )
 
     _layer = field_validator("layer", mode="before")(classmethod(lambda cls, v: normalize_layer(v)))
@@ -198,12 +203,15 @@ class EncoderSettings(BaseModel):
             prompt_template=self.prompt_template,
             dim=dim,
             prompt_rules=self.prompt_rules,
+            lexical=self.lexical,
         )
 
     def fingerprint(self, resolved_dtype: str, model_identity: str) -> str:
         """Hash of everything that changes vector values: model identity, dtype, pooling,
         position, layer, normalisation, max length, template. Not device or batch sizes."""
+        extra = {"lexical": LEXICAL_VERSION} if self.lexical else {}  # absent when off: earlier caches keep their keys
         return sha256_text(canonical_json({
+            **extra,
             "v": FINGERPRINT_VERSION,
             "model": model_identity,
             "dtype": resolved_dtype,
@@ -247,6 +255,7 @@ class EncoderSettings(BaseModel):
         dims = f", dim {dim}" if dim is not None else ""
         layer = list(self.layer) if isinstance(self.layer, tuple) else self.layer
         rules = "" if self.prompt_rules is None else f", strip rules {self.prompt_rules.fingerprint()}"
+        rules += ", + lexical statistics" if self.lexical else ""
         return (f"encoder {name} on {device} ({dtype}), pooling {pool}, layer {layer}, "
                 f"normalize {self.normalize}, max_length {self.max_length}, template {self.prompt_template!r}{rules}{dims}")
 

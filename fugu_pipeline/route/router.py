@@ -40,7 +40,7 @@ def encoder_settings_for(contract: FeatureContract, device: str = "auto", dtype:
         model=encoder or contract.encoder_id, revision=contract.revision, device=device, dtype=dtype,
         max_length=contract.max_length, pooling=contract.pooling, token_position=contract.token_position,
         layer=contract.layer, normalize=contract.normalize, prompt_template=contract.prompt_template,
-        prompt_rules=contract.prompt_rules,
+        prompt_rules=contract.prompt_rules, lexical=contract.lexical,
     )
 
 

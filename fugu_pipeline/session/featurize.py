@@ -44,6 +44,9 @@ class TranscriptFeaturizer:
 
     def __init__(self, encoder: "Encoder", *, cache_size: int = 200_000, adapter=None, scales: np.ndarray | None = None,
                  lock: threading.RLock | None = None):
+        if encoder.settings.lexical:
+            raise ValueError("the multi-turn coordinator reads transcripts without lexical statistics: "
+                             "give it an encoder with lexical off")
         self.encoder = encoder
         self.settings = encoder.settings
         self.max_length = self.settings.max_length

@@ -90,6 +90,22 @@ class KNNGrid(_Grid):
     prior_m: float = Field(20.0, ge=0, description="shrinkage of the prior inside kNN")
 
 
+class RidgeGrid(_Grid):
+    alpha: list[float] = Field([10.0, 100.0, 1000.0, 10000.0], min_length=1, description="L2 penalty on standardised columns")
+    inputs: list[Literal["all", "embedding", "lexical"]] = Field(
+        ["all", "lexical"], min_length=1,
+        description="feature columns read; 'lexical' (the 16 statistics alone) applies only when the encoder has lexical on, "
+                    "and 'embedding' equals 'all' without it, so such points are skipped")
+    domain_onehot: bool = Field(True, description="add the standardised one-hot of the domain (unknown: the average)")
+
+    @field_validator("alpha")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        if any(a <= 0 for a in v):
+            raise ValueError(f"ridge alpha must be > 0, got {v}")
+        return v
+
+
 class MLPGrid(_Grid):
     hidden: list[int] = Field([256], min_length=1, description="0 = logistic regression")
     epochs: list[int] = Field([30], min_length=1)
@@ -124,6 +140,7 @@ class EnsembleConfig(_Grid):
 class HeadGrids(_Grid):
     domain_prior: PriorGrid | None = PriorGrid()
     knn: KNNGrid | None = KNNGrid()
+    ridge: RidgeGrid | None = RidgeGrid()
     mlp: MLPGrid | None = None
     sft: SFTGrid | None = None
     ensemble: EnsembleConfig | None = EnsembleConfig()

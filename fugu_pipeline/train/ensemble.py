@@ -39,7 +39,7 @@ class EnsembleHead(QualityPredictor):
         self.member_specs = specs
         self.members = torch.nn.ModuleList([build_head(s["kind"], dim, n_workers, s["params"]) for s in specs])
         if not all(isinstance(m, QualityPredictor) for m in self.members):
-            raise ValueError("ensemble members must be quality predictors (knn, domain_prior, mlp)")
+            raise ValueError("ensemble members must be quality predictors (knn, domain_prior, ridge, mlp)")
         self.register_buffer("member_weights", torch.full((len(specs),), 1.0 / len(specs)))
         self.register_buffer("calibration", torch.tensor([[1.0, 0.0]] * len(specs)))
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from fugu_pipeline.features.routing_data import RoutingData
-from fugu_pipeline.train.configs import KNNGrid, MLPGrid, PriorGrid, SFTConfig, SFTGrid
+from fugu_pipeline.train.configs import KNNGrid, MLPGrid, PriorGrid, RidgeGrid, SFTConfig, SFTGrid
 from fugu_pipeline.train.predictors import (
     DomainPriorHead,
     KNNHead,
@@ -30,6 +30,7 @@ from fugu_pipeline.train.predictors import (
     neighbour_mean,
     topk_neighbours,
 )
+from fugu_pipeline.train.ridge import RidgeHead
 from fugu_pipeline.train.selection import fold_ids
 
 Preds = dict[str, tuple[np.ndarray | None, np.ndarray]]
@@ -62,6 +63,16 @@ class FitData:
     def dim(self) -> int:
         return int(self.features.shape[1])
 
+    @property
+    def lexical_dim(self) -> int:
+        """Columns of the lexical block at the end of each vector (0 without it)."""
+        return self.dim - self.data.contract.embedding_dim
+
+    @property
+    def cosine_dims(self) -> int | None:
+        """What kNN's cosine reads: the embedding columns when the lexical block follows them."""
+        return self.data.contract.embedding_dim if self.lexical_dim else None
+
 
 def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
@@ -71,7 +82,8 @@ class Family:
     kind = ""
     member_ok = True  # its heads can join an ensemble
 
-    def grid(self) -> list[tuple[str, dict[str, Any]]]:
+    def grid(self, fd: "FitData | None" = None) -> list[tuple[str, dict[str, Any]]]:
+        """(name, params) of every grid point; `fd`: the rows it will fit (a grid may depend on their columns)."""
         raise NotImplementedError
 
     def predict_grid(self, fd: FitData, tr: np.ndarray, te: np.ndarray, domains) -> Preds:
@@ -93,7 +105,7 @@ class PriorFamily(Family):
     def __init__(self, grid: PriorGrid):
         self.cfg = grid
 
-    def grid(self):
+    def grid(self, fd: FitData | None = None):
         return [(f"domain_prior m={_fmt(m)}", {"m": float(m)}) for m in self.cfg.m]
 
     def fit(self, fd, rows, params):
@@ -109,7 +121,7 @@ class KNNFamily(Family):
     def __init__(self, grid: KNNGrid):
         self.cfg = grid
 
-    def grid(self):
+    def grid(self, fd: FitData | None = None):
         out = []
         for k, pw, b, t in itertools.product(self.cfg.k, self.cfg.prior_weight, self.cfg.same_domain_bonus, self.cfg.temperature):
             name = f"knn k={k} prior={_fmt(float(pw))} bonus={_fmt(float(b))}" + ("" if t is None else f" T={_fmt(float(t))}")
@@ -118,16 +130,18 @@ class KNNFamily(Family):
         return out
 
     def fit(self, fd, rows, params):
-        return KNNHead.fit(fd.features[rows], fd.target[rows], fd.utility[rows], fd.domains[rows].tolist(), **params)
+        return KNNHead.fit(fd.features[rows], fd.target[rows], fd.utility[rows], fd.domains[rows].tolist(),
+                           cosine_dims=fd.cosine_dims, **params)
 
     def predict_grid(self, fd, tr, te, domains):
         vocab = sorted(set(fd.domains[tr].tolist()))
         index = {d: i for i, d in enumerate(vocab)}
-        bank = F.normalize(torch.from_numpy(fd.features[tr].astype(np.float32)), dim=-1)
+        cols = fd.cosine_dims or fd.dim
+        bank = F.normalize(torch.from_numpy(fd.features[tr, :cols].astype(np.float32)), dim=-1)
         bank_codes = torch.tensor([index[d] for d in fd.domains[tr]], dtype=torch.long)
         codes = torch.full((len(te),), -1, dtype=torch.long) if domains is None else \
             torch.tensor([index.get(d, -1) for d in domains], dtype=torch.long)
-        xn = F.normalize(torch.from_numpy(fd.features[te].astype(np.float32)), dim=-1)
+        xn = F.normalize(torch.from_numpy(fd.features[te, :cols].astype(np.float32)), dim=-1)
         tq = torch.from_numpy(fd.target[tr].astype(np.float32))
         tu = torch.from_numpy(fd.utility[tr].astype(np.float32))
         prior = DomainPriorHead(fd.dim, tq.shape[1], vocab, self.cfg.prior_m)
@@ -151,13 +165,47 @@ class KNNFamily(Family):
         return out
 
 
+class RidgeFamily(Family):
+    """Closed-form ridge: one decomposition per fold and column range, then every alpha is cheap."""
+
+    kind = "ridge"
+
+    def __init__(self, grid: RidgeGrid):
+        self.cfg = grid
+
+    def grid(self, fd: FitData | None = None):
+        lex = 0 if fd is None else fd.lexical_dim
+        out = []
+        for inputs in dict.fromkeys(self.cfg.inputs):
+            if (inputs == "lexical" and not lex) or (inputs == "embedding" and not lex):
+                continue  # no lexical block: 'lexical' does not apply and 'embedding' is 'all'
+            for a in self.cfg.alpha:
+                out.append((f"ridge {inputs} alpha={_fmt(float(a))}",
+                            {"alpha": float(a), "inputs": inputs, "lexical_dim": lex, "domain_onehot": self.cfg.domain_onehot}))
+        return out
+
+    def fit(self, fd, rows, params):
+        return RidgeHead.fit(fd.features[rows], fd.target[rows], fd.utility[rows], fd.domains[rows].tolist(), **params)
+
+    def predict_grid(self, fd, tr, te, domains):
+        out: Preds = {}
+        paths: dict[str, tuple] = {}
+        for name, p in self.grid(fd):
+            if p["inputs"] not in paths:
+                paths[p["inputs"]] = RidgeHead.path(fd.features[tr], fd.target[tr], fd.utility[tr], fd.domains[tr].tolist(),
+                                                    p["inputs"], p["lexical_dim"], p["domain_onehot"])
+            template, rp = paths[p["inputs"]]
+            out[name] = _both(RidgeHead.from_path(template, rp, p["alpha"]), fd.features[te], domains)
+        return out
+
+
 class MLPFamily(Family):
     kind = "mlp"
 
     def __init__(self, grid: MLPGrid, seed: int = 0):
         self.cfg, self.seed = grid, seed
 
-    def grid(self):
+    def grid(self, fd: FitData | None = None):
         out = []
         for h, ep, wd, dr in itertools.product(self.cfg.hidden, self.cfg.epochs, self.cfg.weight_decay, self.cfg.dropout):
             out.append((f"mlp h={h} epochs={ep} wd={_fmt(float(wd))} dropout={_fmt(float(dr))} x{self.cfg.n_models}",
@@ -182,7 +230,7 @@ class SFTFamily(Family):
     def __init__(self, grid: SFTGrid, seed: int = 0):
         self.cfg, self.seed = grid, seed
 
-    def grid(self):
+    def grid(self, fd: FitData | None = None):
         return [(f"sft {h} lr={_fmt(float(lr))}", {"head": h, "lr": float(lr)}) for h in self.cfg.head for lr in self.cfg.lr]
 
     def config(self, params) -> SFTConfig:
@@ -221,6 +269,8 @@ def families_for(cfg, seed: int = 0) -> list[Family]:
         out.append(PriorFamily(h.domain_prior))
     if h.knn is not None:
         out.append(KNNFamily(h.knn))
+    if h.ridge is not None:
+        out.append(RidgeFamily(h.ridge))
     if h.mlp is not None:
         out.append(MLPFamily(h.mlp, seed))
     if h.sft is not None:

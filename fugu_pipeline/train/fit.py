@@ -133,7 +133,7 @@ def select_heads(data: RoutingData, cfg: TrainSetConfig | None = None, log: Log 
         t0 = time.perf_counter()
         preds = validation_predictions(fam, fd, cfg.objective, folds, W)
         seconds[fam.kind] = round(time.perf_counter() - t0, 3)
-        params = dict(fam.grid())
+        params = dict(fam.grid(fd))
         for name, (q, s) in preds.items():
             cands.append(Candidate(fam.kind, name, params[name], q, s))
         log(f"{fam.kind}: {len(preds)} configuration(s), validation predictions in {seconds[fam.kind]:.1f}s")

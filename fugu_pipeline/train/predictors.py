@@ -7,7 +7,9 @@ frozen features and, when known, the task's domain.
 - `knn`: cosine k-nearest neighbours over the stored neighbour set (the training rows' features,
   per-worker quality and utility). Uniform (or softmax(sim / T)) weights; the domain prior joins as
   `prior_weight` pseudo-neighbours, q̂ = (k·knn + m·prior) / (k + m); `same_domain_bonus` is
-  added to the similarity of neighbours from the query's own domain, so they come first.
+  added to the similarity of neighbours from the query's own domain, so they come first. With
+  `cosine_dims` the similarity reads only the first columns (the embedding, when the vector ends
+  with the lexical block).
 - `mlp`: a bag of small MLPs (or logistic regressions, hidden=0) over standardised features
   (+ a scaled one-hot of the domain), BCE on the observed quality of every worker.
 
@@ -218,8 +220,11 @@ class KNNHead(QualityPredictor):
 
     def __init__(self, dim: int, n_workers: int, domains: list[str] | tuple = (), n_neighbours: int = 1,
                  k: int = 100, prior_weight: float = 30.0, same_domain_bonus: float = 1.0,
-                 temperature: float | None = None, prior_m: float = 20.0):
+                 temperature: float | None = None, prior_m: float = 20.0, cosine_dims: int | None = None):
         super().__init__(dim, n_workers, domains)
+        if cosine_dims is not None and not 1 <= cosine_dims <= dim:
+            raise ValueError(f"cosine_dims must lie in 1..{dim}, got {cosine_dims}")
+        self.cosine_dims = None if cosine_dims is None or cosine_dims == dim else int(cosine_dims)
         if n_neighbours < 1 or k < 1:
             raise ValueError(f"knn needs n_neighbours >= 1 and k >= 1, got {n_neighbours}, {k}")
         if prior_weight < 0 or same_domain_bonus < 0 or (temperature is not None and temperature <= 0):
@@ -227,7 +232,7 @@ class KNNHead(QualityPredictor):
         self.n_neighbours, self.k = int(n_neighbours), int(k)
         self.prior_weight, self.same_domain_bonus = float(prior_weight), float(same_domain_bonus)
         self.temperature = None if temperature is None else float(temperature)
-        self.register_buffer("neighbours", torch.zeros(n_neighbours, dim))
+        self.register_buffer("neighbours", torch.zeros(n_neighbours, self.cosine_dims or dim))
         self.register_buffer("neighbour_quality", torch.zeros(n_neighbours, n_workers))
         self.register_buffer("neighbour_utility", torch.zeros(n_neighbours, n_workers))
         self.register_buffer("neighbour_domain", torch.full((n_neighbours,), -1.0))  # vocabulary index, -1 none
@@ -235,17 +240,19 @@ class KNNHead(QualityPredictor):
 
     def _params(self) -> dict[str, Any]:
         return {"n_neighbours": self.n_neighbours, "k": self.k, "prior_weight": self.prior_weight,
-                "same_domain_bonus": self.same_domain_bonus, "temperature": self.temperature, "prior_m": self.prior.m}
+                "same_domain_bonus": self.same_domain_bonus, "temperature": self.temperature, "prior_m": self.prior.m,
+                **({"cosine_dims": self.cosine_dims} if self.cosine_dims else {})}
 
     @classmethod
     def fit(cls, features: np.ndarray, quality: np.ndarray, utility: np.ndarray, domains: list[str], *,
             k: int = 100, prior_weight: float = 30.0, same_domain_bonus: float = 1.0,
-            temperature: float | None = None, prior_m: float = 20.0) -> "KNNHead":
+            temperature: float | None = None, prior_m: float = 20.0, cosine_dims: int | None = None) -> "KNNHead":
         doms = np.asarray([str(d) for d in domains])
         vocab = sorted(set(doms.tolist()))
         n, dim = features.shape
-        head = cls(dim, quality.shape[1], vocab, n, k, prior_weight, same_domain_bonus, temperature, prior_m)
-        head.neighbours.copy_(F.normalize(torch.from_numpy(np.asarray(features, np.float32)), dim=-1))
+        head = cls(dim, quality.shape[1], vocab, n, k, prior_weight, same_domain_bonus, temperature, prior_m, cosine_dims)
+        x = np.asarray(features, np.float32)[:, : head.cosine_dims or dim]
+        head.neighbours.copy_(F.normalize(torch.from_numpy(x), dim=-1))
         head.neighbour_quality.copy_(torch.from_numpy(np.asarray(quality, np.float32)))
         head.neighbour_utility.copy_(torch.from_numpy(np.asarray(utility, np.float32)))
         head.neighbour_domain.copy_(head.domain_codes(doms.tolist(), n).float())
@@ -253,7 +260,7 @@ class KNNHead(QualityPredictor):
         return head.finalize()
 
     def predict(self, x: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        xn = F.normalize(x.float(), dim=-1)
+        xn = F.normalize(x.float()[:, : self.cosine_dims or self.dim], dim=-1)
         sims, idx = topk_neighbours(xn, codes, self.neighbours, self.neighbour_domain.long(), self.k, self.same_domain_bonus)
         k = idx.shape[1]
         q = neighbour_mean(sims, idx, self.neighbour_quality, k, self.temperature)

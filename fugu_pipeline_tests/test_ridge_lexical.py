@@ -1,0 +1,213 @@
+"""The ridge head and the lexical statistics block (issue 12: features that see the question).
+
+- `lexical_features`: bounded and finite on hostile text (huge, bad unicode, giant numbers), the
+  same for a text alone or in a batch;
+- the contract: `lexical` off leaves every earlier fingerprint (checkpoints, caches) unchanged, on
+  changes both; kNN's cosine ignores the lexical block, ridge reads the columns it names;
+- ridge: the closed form equals a direct least-squares solve, an unknown domain gets the average
+  one-hot, the checkpoint round trip and the weight checks hold;
+- end to end: `fugu-lite train --lexical` on the tiny encoder selects among ridge points on the
+  lexical block, and `route` / the server's batches compute the cached vectors bit for bit, so every
+  held-out route agrees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from fugu_pipeline.cli import main
+from fugu_pipeline.features.contract import FeatureContract
+from fugu_pipeline.features.lexical import LEXICAL_DIM, lexical_features
+from fugu_pipeline.features.settings import EncoderSettings
+from fugu_pipeline.hashing import canonical_json, sha256_text
+from fugu_pipeline.train.checkpoints import load_checkpoint, weight_sanity
+from fugu_pipeline.train.configs import TrainSetConfig
+from fugu_pipeline.train.families import FitData, RidgeFamily
+from fugu_pipeline.train.heads import build_head, call_head
+from fugu_pipeline.train.predictors import KNNHead
+from fugu_pipeline.train.ridge import RidgeHead
+from fugu_pipeline_tests.test_training import make_data
+
+
+def test_lexical_statistics_are_bounded_on_hostile_text():
+    texts = ["", "What is 2 + 2?", "x" * 1_000_000, "9" * 5000, "\ud800 lone surrogate \udfff", "é" * 300,
+             "A) one\nB) two\nC) three\nAnswer:", "def f(x):\n    return x == 1;\n```", "50% of 3/4 is 1,000.5"]
+    f = lexical_features(texts)
+    assert f.shape == (len(texts), LEXICAL_DIM) and f.dtype == np.float32
+    assert np.isfinite(f).all() and f.min() >= 0 and f.max() < 3
+    assert np.linalg.norm(f, axis=1).max() < 2  # about one normalised layer, not more
+    alone = np.concatenate([lexical_features([t]) for t in texts])
+    assert np.array_equal(alone, f)
+    assert f[6, 7] > 0 and f[7, 6] > 0 and f[8, 13] > 0  # choice markers, code markers, percent/fraction
+
+
+def test_lexical_off_keeps_earlier_fingerprints_and_on_changes_them():
+    c = FeatureContract(encoder_id="m", dim=8)
+    body = c.model_dump(mode="json")
+    for k in ("prompt_rules", "lexical"):
+        body.pop(k)
+    assert c.fingerprint() == sha256_text(canonical_json(body))[:16]  # what a checkpoint saved before lexical holds
+    on = FeatureContract(encoder_id="m", dim=8 + LEXICAL_DIM, lexical=True)
+    assert on.fingerprint() != FeatureContract(encoder_id="m", dim=8 + LEXICAL_DIM).fingerprint()
+    assert on.embedding_dim == 8 and c.embedding_dim == 8
+    assert any("lexical" in d for d in on.differences(FeatureContract(encoder_id="m", dim=8 + LEXICAL_DIM)))
+    s = EncoderSettings(model="tiny")
+    assert s.fingerprint("float32", "x") != s.model_copy(update={"lexical": True}).fingerprint("float32", "x")
+
+
+def _data(n=400, lexical=True):
+    data = make_data(n=n, dim=16)
+    if not lexical:
+        return data
+    lex = np.random.default_rng(5).random((n, LEXICAL_DIM)).astype(np.float32)
+    # the lexical block decides worker 2's quality, so the lexical columns carry signal of their own
+    q = data.quality.copy()
+    q[:, 2] = (lex[:, 0] > 0.5).astype(float)
+    import dataclasses
+
+    return dataclasses.replace(data, features=np.concatenate([data.features, lex], axis=1), quality=q, utility=q,
+                               contract=FeatureContract(encoder_id="synthetic", dim=16 + LEXICAL_DIM, lexical=True))
+
+
+def test_knn_cosine_reads_only_the_embedding_columns():
+    data = _data()
+    x, q, d = data.features, data.quality, list(data.domains)
+    head = KNNHead.fit(x, q, q, d, k=20, cosine_dims=16)
+    assert head.neighbours.shape == (len(x), 16) and head.head_params()["cosine_dims"] == 16
+    scrambled = x.copy()
+    scrambled[:, 16:] = np.random.default_rng(1).random((len(x), LEXICAL_DIM)) * 100
+    a = call_head(head, torch.from_numpy(x[:50]), d[:50])
+    b = call_head(head, torch.from_numpy(scrambled[:50]), d[:50])
+    assert torch.equal(a, b)
+    rebuilt = build_head("knn", x.shape[1], 3, head.head_params())
+    rebuilt.load_state_dict(head.state_dict())
+    assert torch.equal(call_head(rebuilt, torch.from_numpy(x[:50]), d[:50]), a)
+
+
+def test_ridge_equals_a_direct_solve_and_reads_only_its_columns():
+    data = _data()
+    x, q, d = data.features.astype(np.float64), data.quality, list(data.domains)
+    alpha = 7.0
+    head = RidgeHead.fit(data.features, q, q, d, alpha=alpha, inputs="lexical", lexical_dim=LEXICAL_DIM)
+    assert (head.col_start, head.col_end) == (16, 16 + LEXICAL_DIM)
+    # direct: standardised columns + standardised one-hot, centred targets, (ZᵀZ + αI)⁻¹ Zᵀ y
+    xs = x[:, 16:]
+    vocab = sorted(set(d))
+    oh = np.array([[1.0 if v == dd else 0.0 for v in vocab] for dd in d])
+    z = np.concatenate([(xs - xs.mean(0)) / (xs.std(0) + 1e-6), (oh - oh.mean(0)) / (oh.std(0) + 1e-6)], axis=1)
+    w = np.linalg.solve(z.T @ z + alpha * np.eye(z.shape[1]), z.T @ (q - q.mean(0)))
+    want = np.clip(z @ w + q.mean(0), 0, 1)
+    got = head.predict_both(torch.from_numpy(data.features), d)[0].numpy()
+    assert np.allclose(got, want, atol=1e-4)
+    # the embedding columns do not reach it
+    other = data.features.copy()
+    other[:, :16] = 0
+    assert torch.equal(call_head(head, torch.from_numpy(other), d), call_head(head, torch.from_numpy(data.features), d))
+    # an unknown domain: the average one-hot (zero standardised block), between the domains' predictions
+    z0 = torch.from_numpy(data.features[:1].repeat(len(vocab), 0))
+    per = call_head(head, z0, vocab).numpy()
+    unknown = call_head(head, z0[:1], [None]).numpy()[0]
+    weights = oh.mean(0)
+    assert np.allclose(unknown, weights @ per, atol=1e-4)
+
+
+def test_ridge_grid_follows_the_contract_and_fits_the_lexical_signal():
+    cfg = TrainSetConfig().heads.ridge
+    fam = RidgeFamily(cfg)
+    plain, lex = _data(lexical=False), _data()
+    names = lambda data: [n for n, _ in fam.grid(FitData.from_data(data, np.arange(len(data.task_ids))))]  # noqa: E731
+    assert all(n.startswith("ridge all") for n in names(plain))
+    assert {n.split()[1] for n in names(lex)} == {"all", "lexical"}
+    fd = FitData.from_data(lex, np.arange(len(lex.task_ids)))
+    tr, te = np.arange(300), np.arange(300, 400)
+    preds = fam.predict_grid(fd, tr, te, fd.domains[te].tolist())
+    truth = lex.quality[te, 2]
+    for name, (q, _) in preds.items():
+        if name.startswith("ridge lexical"):
+            assert np.corrcoef(q[:, 2], truth)[0, 1] > 0.6, name
+
+
+def test_ridge_checkpoint_round_trip_and_edited_weights_refused(tmp_path):
+    from fugu_pipeline.train.fit import fit_and_save
+
+    data = _data()
+    cfg = TrainSetConfig.model_validate({"heads": {"domain_prior": None, "knn": None, "ensemble": None,
+                                                   "ridge": {"alpha": [1.0, 100.0], "inputs": ["lexical", "all"]}}})
+    report = fit_and_save(data, tmp_path, cfg, log=lambda m: None)
+    (saved,) = [s for s in report.saved if s.selected]
+    assert saved.kind == "ridge"
+    ck = load_checkpoint(saved.path, expected_contract=data.contract)
+    assert ck.manifest.feature_contract.lexical and weight_sanity(ck.state_dict, ck.manifest) == []
+    edited = dict(ck.state_dict)
+    edited["weight"] = edited["weight"] * 3
+    assert any("routing_map" in p for p in weight_sanity(edited, ck.manifest))
+
+
+# --------------------------------------------------------------------------- end to end, tiny encoder
+
+WORKERS = ["a", "b", "c"]
+DOMAINS = ["math", "code"]
+
+
+def rows(n: int = 96) -> list[dict]:
+    """Who wins depends on the prompt's length and on how many numbers it holds: lexical signal."""
+    rng = random.Random(3)
+    words = "solve compute integral matrix python list prove value sum".split()
+    out = []
+    for i in range(n):
+        q = " ".join(rng.choice(words) for _ in range(rng.randint(2, 40)))
+        q += " " + " ".join(str(rng.randint(1, 999)) for _ in range(rng.randint(0, 6)))
+        best = 0 if len(q) < 120 else 1 if q.count(" ") % 2 else 2
+        out.append({"task_id": f"t{i:03d}", "prompt": q, "domain": DOMAINS[i % 2],
+                    "split": ("train", "train", "val", "test")[i % 4], "worker_ids": WORKERS,
+                    "quality": [1.0 if j == best else 0.0 for j in range(3)], "cost_usd": [0.001] * 3, "tags": ["id"]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    work = tmp_path_factory.mktemp("lexical")
+    (work / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()))
+    (work / "w.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
+    (work / "heads.yaml").write_text("heads:\n  domain_prior: null\n  knn: {k: [10], prior_weight: [0], same_domain_bonus: [0]}\n"
+                                     "  ridge: {alpha: [1, 100], inputs: [lexical, all]}\n  ensemble: {rounds: 4}\n")
+    args = ["--data", str(work / "r.jsonl"), "--workers", str(work / "w.yaml"), "--device", "cpu",
+            "--cache-dir", str(work / "emb"), "--work-dir", str(work / "imports")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["train", *args, "--encoder", "tiny", "--max-length", "24", "--lexical",
+                     "--config", str(work / "heads.yaml"), "--output", str(work / "models")]) == 0
+    return work, out.getvalue().strip().splitlines()[-1], args
+
+
+def test_lexical_features_are_served_as_cached_and_every_route_agrees(trained):
+    from fugu_pipeline.evaluate.reports import head_scores
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.serve.batching import RouteRequest, route_grouped
+    from fugu_pipeline_tests.test_feature_parity import cached_held_out
+
+    work, ckpt, args = trained
+    ck, held = cached_held_out(work, ckpt, args)
+    contract = ck.manifest.feature_contract
+    assert contract.lexical and contract.dim == contract.embedding_dim + LEXICAL_DIM
+    assert np.abs(held.features[:, -LEXICAL_DIM:]).sum() > 0
+    cached = [WORKERS[i] for i in head_scores(ck.head, held.features, held.domains).argmax(axis=1)]
+    router = Router.load(ckpt, device="cpu")
+    assert router.encoder.settings.lexical
+    assert np.array_equal(router.encoder.encode(held.prompts, held.domains), held.features)
+    single = np.concatenate([router.encoder.encode([p], [d]) for p, d in zip(held.prompts, held.domains)])
+    assert np.array_equal(single, held.features)
+    grouped = [d.worker_id for d in route_grouped(router, [RouteRequest(p, d) for p, d in zip(held.prompts, held.domains)])]
+    batch = [d.worker_id for d in router.route_batch(held.prompts, held.domains)]
+    assert cached == grouped == batch
+    router.close()
+    # the ridge points on the lexical block were candidates
+    names = [c["name"] for c in json.loads((ck.path / "manifest.json").read_text())["metrics"]["selection"]["candidates"]]
+    assert any(n.startswith("ridge lexical") for n in names), names
