@@ -92,13 +92,22 @@ class Router:
     @classmethod
     def load(cls, checkpoint_path: str | Path, *, device: str = "auto", dtype: str = "auto", encoder: str | None = None) -> "Router":
         from fugu_pipeline.features.encoder import Encoder
+        from fugu_pipeline.features.settings import EncoderLoadError
         from fugu_pipeline.train.checkpoints import load_checkpoint
 
         probe = load_checkpoint(checkpoint_path)
         settings = encoder_settings_for(probe.manifest.feature_contract, device, dtype, encoder)
         if dtype == "auto":
             settings = settings.model_copy(update={"dtype": serving_dtype(settings, probe.manifest.metrics)})
-        enc = Encoder.load(settings)
+        try:
+            enc = Encoder.load(settings)
+        except EncoderLoadError as exc:
+            if encoder is None:  # a checkpoint trained on this model elsewhere: say how to point at it here
+                raise EncoderLoadError(
+                    f"checkpoint {checkpoint_path}: {exc}\nIf this is the same model in another place, give its "
+                    "directory with --encoder (serve/route/evaluate; Router.load(encoder=...)): the checkpoint's "
+                    "feature contract is still checked against it.") from exc
+            raise
         expected = enc.feature_contract()
         if encoder is not None:  # a relocated model: same contract apart from where it lives
             expected = expected.model_copy(update={"encoder_id": probe.manifest.feature_contract.encoder_id})
