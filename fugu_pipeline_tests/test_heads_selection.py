@@ -257,3 +257,36 @@ def test_leave_one_domain_out_routes_each_domain_unseen(data):
     assert d["low"] <= d["mean"] <= d["high"]
     assert abs(d["mean"] - (out["router_macro"] - out["fixed_macro"])) < 1e-9
     assert d["low"] > 0  # the features tell the domains' best workers apart: routing beats the fixed worker unseen
+
+
+
+def _weak_signal(seed: int, effect: float, n: int = 400):
+    """4 domains; worker b's chance of being right moves with feature 0 by ±`effect` in every
+    domain (a signal that transfers to unseen domains); worker a is a coin flip."""
+    rng = np.random.default_rng(seed)
+    d = rng.integers(0, 4, n)
+    x = rng.normal(0, 1, (n, 8))
+    q = np.zeros((n, 3))
+    q[:, 0] = rng.random(n) < 0.5
+    q[:, 1] = rng.random(n) < 0.5 + effect * np.tanh(3 * x[:, 0])
+    base = make_data(n=n, dim=8)
+    return dataclasses.replace(base, domains=[("a", "b", "c", "d")[k] for k in d], features=x.astype(np.float32), quality=q,
+                               utility=q, splits=np.where(rng.random(n) < 0.8, "train", "test"),
+                               cost_usd=np.zeros((n, 3)), latency_s=np.zeros((n, 3)))
+
+
+def test_objective_lodo_keeps_the_prior_unless_the_gain_on_unseen_domains_is_clear():
+    """Under `objective: lodo` a head replaces the domain prior (the best fixed worker, for a domain
+    never seen) only when its leave-one-domain-out gain over the prior has a 95% interval above
+    zero: a weak signal wins the validation figure by chance and is refused; a strong one that
+    every domain shares is kept."""
+    cfg = TrainSetConfig.model_validate({"objective": "lodo", "heads": {
+        "domain_prior": {"m": [20]}, "knn": {"k": [30, 100], "prior_weight": [0], "same_domain_bonus": [0]},
+        "ridge": None, "ensemble": None}})
+    weak, _, _ = select_heads(_weak_signal(1, 0.03), cfg, QUIET)
+    assert weak.selected_kind == "domain_prior" and "not clearly, so the prior is kept" in weak.reason, weak.reason
+    strong, _, _ = select_heads(_weak_signal(1, 0.45), cfg, QUIET)
+    assert strong.selected_kind == "knn", strong.reason
+    # the ordinary objective is untouched: no guard
+    oof, _, _ = select_heads(_weak_signal(1, 0.03), cfg.model_copy(update={"objective": "oof"}), QUIET)
+    assert "prior is kept" not in oof.reason

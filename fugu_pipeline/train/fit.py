@@ -40,6 +40,7 @@ from fugu_pipeline.train.selection import (
     nested_ensemble_check,
     nested_rule_check,
     oof_predictions,
+    stratified_macro_bootstrap,
 )
 
 _logger = logging.getLogger(__name__)
@@ -175,12 +176,37 @@ def select_heads(data: RoutingData, cfg: TrainSetConfig | None = None, log: Log 
             else:
                 reason += (f"; the ensemble did not hold up in the nested check ({ens_check['ensemble']:.4f} vs "
                            f"best single {ens_check['single']:.4f})")
+    lodo_guard = None
+    if cfg.objective == "lodo" and "domain_prior" in best_per_kind and selected_kind != "domain_prior":
+        chosen = ens["scores"] if selected == "ensemble" else singles[selected]
+        lodo_guard = unseen_domain_gain(chosen, singles[best_per_kind["domain_prior"]], fd.utility, fd.domains)
+        if lodo_guard["low"] <= 0:
+            reason += (f"; but on the held-out training domains it beat the domain prior (the best fixed worker, for "
+                       f"a domain it never saw) by {lodo_guard['mean']:+.4f} [{lodo_guard['low']:+.4f}, "
+                       f"{lodo_guard['high']:+.4f}]: not clearly, so the prior is kept")
+            selected, selected_kind = best_per_kind["domain_prior"], "domain_prior"
     report = FitReport(protocol=protocol, objective=objective.name if cfg.objective == "oof" else f"LODO {objective.name}",
                        rule=rule, rule_reason=check["reason"], rule_check=check["scores"], candidates=cands,
                        best_per_kind=best_per_kind, ensemble=ens, ensemble_check=ens_check, selected=selected,
                        selected_kind=selected_kind, reason=reason, seconds=seconds)
     log(f"selection: {reason}: {selected}; rule {rule} ({check['reason']})")
     return report, fd, {f.kind: f for f in fams}
+
+
+def unseen_domain_gain(scores: np.ndarray, fallback: np.ndarray, utility: np.ndarray, domains: np.ndarray) -> dict:
+    """Macro mean over domains of the routed utility of `scores` minus that of `fallback`, both
+    leave-one-domain-out predictions, with a 95% interval (rows resampled within each domain).
+
+    Under `objective: lodo` the choice is for traffic from domains absent from training, where
+    similarity to other tasks barely predicts which worker wins (README, "Real routing data": the
+    inner choice's small gains did not transfer to the held-out domain). So a head replaces the
+    domain prior, which routes an unseen domain like the best fixed worker, only when this interval
+    lies above zero."""
+    rows = np.arange(len(utility))
+    a = utility[rows, np.argmax(scores, axis=1)]
+    b = utility[rows, np.argmax(fallback, axis=1)]
+    doms = np.asarray(domains, dtype=str)
+    return stratified_macro_bootstrap({d: (a - b)[doms == d] for d in sorted(set(doms.tolist()))})
 
 
 def _ensemble(cfg, cands, fams, objective, folds, by, fd):
