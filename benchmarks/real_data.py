@@ -65,7 +65,7 @@ def apgr_ci(score, perf_s, perf_w, n_boot: int = 1000, seed: int = 0) -> dict:
     return {"apgr": apgr(score, perf_s, perf_w)["apgr"], "low": float(lo), "high": float(hi)}
 
 
-def load(name: str, routing: Path, args, timings: dict):
+def load(name: str, routing: Path, args, timings: dict, layers: tuple[int, ...]):
     from fugu_pipeline.features.encoder import LazyEncoder
     from fugu_pipeline.features.routing_data import load_routing_data
     from fugu_pipeline.features.settings import EncoderSettings
@@ -74,7 +74,7 @@ def load(name: str, routing: Path, args, timings: dict):
     from fugu_pipeline.reward import UtilityConfig
 
     label, kind, sub, opts = DATASETS[name]
-    work = Path(args.work_dir) / name
+    work = Path(args.work_dir) / name / layer_tag(layers)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     summary = import_source(kind, routing / sub, work / "rewards.jsonl", **opts)
@@ -84,7 +84,7 @@ def load(name: str, routing: Path, args, timings: dict):
     build(from_import(work / "rewards.jsonl", UtilityConfig(cost_weight=0.0, latency_weight=0.0),
                       "benchmarks/real_data.py: quality only (cost and latency weights 0)"), db)
     timings["import + matrix"] = time.perf_counter() - t0
-    layer = tuple(args.layers) if len(args.layers) > 1 else args.layers[0]
+    layer = tuple(layers) if len(layers) > 1 else layers[0]
     settings = EncoderSettings(model=args.encoder, device=args.device, dtype=args.dtype, prompt_template="{prompt}",
                                layer=layer, lexical=args.lexical)
     lazy = LazyEncoder(settings)
@@ -126,17 +126,24 @@ def evaluate_saved(data, saved, timings: dict) -> list[dict]:
     return rows
 
 
-def run(name: str, args, cfg) -> dict:
+def layer_tag(layers: tuple[int, ...]) -> str:
+    return "L" + "_".join(str(x) for x in layers)
+
+
+def run(name: str, args, cfg, layers: tuple[int, ...]) -> dict:
     from fugu_pipeline.train.fit import fit_and_save
 
     timings: dict[str, float] = {}
-    label, data, note = load(name, args.routing, args, timings)
+    label, data, note = load(name, args.routing, args, timings, layers)
     t0 = time.perf_counter()
-    report = fit_and_save(data, Path(args.work_dir) / name / "models", cfg, log=lambda m: print(f"[{name}] {m}", flush=True))
+    tag = f"{name} {layer_tag(layers)}"
+    report = fit_and_save(data, Path(args.work_dir) / name / layer_tag(layers) / "models", cfg,
+                          log=lambda m: print(f"[{tag}] {m}", flush=True))
     timings["fit + selection"] = time.perf_counter() - t0
     timings.update({(f"  {k}" if k == "final_fit" else f"  validation predictions: {k}"): v for k, v in report.seconds.items()})
     rows = evaluate_saved(data, report.saved, timings)
-    out = {"dataset": name, "label": label, "rows": rows, "protocol": report.protocol, "rule": report.rule,
+    out = {"dataset": name, "label": label, "layers": list(layers), "val_score": report.val_score,
+           "rows": rows, "protocol": report.protocol, "rule": report.rule,
            "rule_reason": report.rule_reason, "reason": report.reason, "selected": report.selected,
            "ensemble_check": report.ensemble_check, "candidates": report.table(), "embedding": note}
     out["seconds"] = timings
@@ -175,6 +182,13 @@ def tables(results: list[dict]) -> str:
                     f"{_ci(x['accuracy'])} | {d['mean']:+.4f} [{d['low']:+.3f}, {d['high']:+.3f}] |")
             out.append(line + (f" {_ci(x['apgr'], 'apgr')} |" if two else ""))
         out.append(f"\nselection: {r['reason']}; rule: {r['rule_reason']}")
+        if len(r.get("feature_choice", [])) > 1:
+            out.append("\nfeature setting, chosen by the selected head's validation figure (the test column is shown, not used):\n")
+            out.append("| encoder layers | selected head | validation | test |")
+            out.append("|---|---|---|---|")
+            for v in r["feature_choice"]:
+                out.append(f"| {v['layers']}{' **(chosen)**' if v['chosen'] else ''} | {v['selected']} | "
+                           f"{r['rule']} {v['val_score']:.4f} | {v['test']} |")
         if "lodo" in r:
             lo = r["lodo"]
             out.append("\nleave-one-domain-out (each domain held out and routed as unknown; head chosen by inner LODO "
@@ -202,6 +216,9 @@ def main() -> int:
     ap.add_argument("--cache-dir", default="data/embeddings")
     ap.add_argument("--no-lodo", action="store_true", help="skip dcrouter's leave-one-domain-out")
     ap.add_argument("--layers", type=int, nargs="+", default=[-1], help="encoder hidden-state layer(s), e.g. -1 3")
+    ap.add_argument("--layer-sets", nargs="+", default=None, metavar="'L ...'",
+                    help="several layer settings to choose from per data set, e.g. '-1' '-1 3': each is fitted and "
+                         "selected; the one whose selected head has the best validation figure is reported")
     ap.add_argument("--lexical", action="store_true", help="append the lexical statistics block (ridge reads it)")
     ap.add_argument("--skip", default="", help="comma-separated head kinds left out (e.g. mlp,sft: the slow ones)")
     ap.add_argument("--out", type=Path, default=None, help="write all figures as JSON here")
@@ -223,8 +240,17 @@ def main() -> int:
         if args.out:
             args.out.write_text(json.dumps({"results": results, "machine": machine()}, indent=2, default=float))
 
+    variants = [tuple(int(x) for x in v.split()) for v in args.layer_sets] if args.layer_sets else [tuple(args.layers)]
     for n in [n.strip() for n in args.datasets.split(",") if n.strip()]:
-        out, loaded[n] = run(n, args, cfg)
+        tried = [run(n, args, cfg, layers) for layers in variants]
+        best = max(range(len(tried)), key=lambda i: (tried[i][0]["val_score"], -i))  # validation only; ties: the first
+        out, loaded[n] = tried[best]
+        out["feature_choice"] = []
+        for i, (o, _) in enumerate(tried):
+            sel = next(x for x in o["rows"] if x["selected"])
+            test = f"APGR {sel['apgr']['apgr']:.4f}" if "apgr" in sel else f"{sel['accuracy']['mean']:.4f}"
+            out["feature_choice"].append({"layers": o["layers"], "val_score": o["val_score"], "selected": sel["name"],
+                                          "test": test, "chosen": i == best})
         results.append(out)
         print(tables([out]), flush=True)
         save()

@@ -234,6 +234,8 @@ def test_two_workers_rank_by_apgr_and_promotion_sees_utility(data, tmp_path):
                                                                                           "same_domain_bonus": [0]}}})
     report = fit_and_save(two, tmp_path, cfg, log=QUIET)
     assert report.rule == "apgr"
+    # a choice between feature settings compares what selection ranked by: APGR here, not the pooled utility
+    assert report.val_score == report.selected_figures["apgr"] != report.val_utility
     for s in report.saved:
         m = load_checkpoint(s.path).manifest.metrics
         assert set(m["validation"]) >= {"apgr", "pooled"} and m["val_utility"] == m["validation"]["pooled"]

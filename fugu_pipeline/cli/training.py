@@ -305,7 +305,7 @@ def cmd_train_heads(args) -> int:
     # the features as train-sft gets them (encoder flags, --prompt-rules chosen on the selected
     # head's out-of-fold validation utility), recorded in every checkpoint of the set
     selection, data, recorded = fit_new_head(args, lambda d: select_heads(d, cfg, log, args.force),
-                                             score=lambda sel: sel[0].val_utility, log=log)
+                                             score=lambda sel: sel[0].val_score, log=log)
     report = fit_and_save(data, args.output, cfg, log=log, force=args.force, selection=selection, metrics=recorded)
     for saved in report.saved:  # budget.json beside each quality head (route/serve/evaluate --budget-*)
         calibrate_beside(saved.path, data, log, saved.val_quality)

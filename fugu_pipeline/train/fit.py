@@ -83,11 +83,22 @@ class FitReport:
         return next(s.path for s in self.saved if s.selected)
 
     @property
+    def selected_figures(self) -> dict[str, float]:
+        return self.ensemble["figures"] if self.selected == "ensemble" else \
+            next(c.figures for c in self.candidates if c.name == self.selected)
+
+    @property
     def val_utility(self) -> float:
         """The selected head's out-of-fold validation utility (its manifest's `val_utility`)."""
-        figures = self.ensemble["figures"] if self.selected == "ensemble" else \
-            next(c.figures for c in self.candidates if c.name == self.selected)
+        figures = self.selected_figures
         return figures.get("pooled", figures.get("apgr"))
+
+    @property
+    def val_score(self) -> float:
+        """The selected head's out-of-fold figure on the measure selection ranked by (APGR with two
+        workers, else the chosen rule): what a choice between feature settings should compare."""
+        figures = self.selected_figures
+        return figures.get(self.rule, self.val_utility)
 
 
 def validation_predictions(fam: Family, fd: FitData, objective: str, folds: np.ndarray, n_workers: int):
