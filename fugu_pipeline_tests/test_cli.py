@@ -114,3 +114,13 @@ def test_import_jsonl_through_the_command_line(workdir, capsys):
     assert main(["import", "jsonl", str(src), "--output", "o2.jsonl", "--seed", "3"]) == 2
     err = capsys.readouterr().err
     assert "keeps the splits" in err and "Traceback" not in err and not (workdir / "o2.jsonl").exists()
+
+
+def test_pipeline_with_a_missing_project_directory_says_so(tmp_path, capsys):
+    from fugu_pipeline.cli import main as cli_main
+
+    missing = tmp_path / "not-a-clone"
+    assert cli_main(["pipeline", "--encoder", "tiny", "--project-dir", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"project directory {missing} does not exist" in err and "clone of the repository" in err
+    assert not missing.exists()

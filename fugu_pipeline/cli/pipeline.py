@@ -20,10 +20,15 @@ def cmd_pipeline(args) -> int:
     from fugu_pipeline.defs.deploy import InstanceUnavailable
     from fugu_pipeline.defs.runner import BlockingCheckFailed, run_pipeline
 
+    project = Path(args.project_dir).resolve()
+    if not project.is_dir():
+        print(f"error: project directory {project} does not exist. Pass a clone of the repository (it holds configs/, "
+              "data/benchgen/ and dagster.yaml), or run from inside one (the default is the current directory)", file=sys.stderr)
+        return 2
     encoder = encoder_name(args)
     print(f"encoder: {encoder}" + (" (built-in tiny Qwen3, offline)" if encoder == "tiny" else ""))
     try:
-        results = run_pipeline(Path(args.project_dir).resolve(), args.workers, encoder=encoder, stop_after=args.stop_after,
+        results = run_pipeline(project, args.workers, encoder=encoder, stop_after=args.stop_after,
                                roles=getattr(args, "roles", False))
     except InstanceUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
