@@ -285,10 +285,10 @@ def test_objective_lodo_keeps_the_prior_unless_the_gain_on_unseen_domains_is_cle
     cfg = TrainSetConfig.model_validate({"objective": "lodo", "heads": {
         "domain_prior": {"m": [20]}, "knn": {"k": [30, 100], "prior_weight": [0], "same_domain_bonus": [0]},
         "ridge": None, "ensemble": None}})
-    weak, _, _ = select_heads(_weak_signal(1, 0.03), cfg, QUIET)
+    weak, _, _ = select_heads(_weak_signal(2, 0.03), cfg, QUIET)
     assert weak.selected_kind == "domain_prior" and "not clearly, so the prior is kept" in weak.reason, weak.reason
-    strong, _, _ = select_heads(_weak_signal(1, 0.45), cfg, QUIET)
+    strong, _, _ = select_heads(_weak_signal(2, 0.45), cfg, QUIET)
     assert strong.selected_kind == "knn", strong.reason
     # the ordinary objective is untouched: no guard
-    oof, _, _ = select_heads(_weak_signal(1, 0.03), cfg.model_copy(update={"objective": "oof"}), QUIET)
+    oof, _, _ = select_heads(_weak_signal(2, 0.03), cfg.model_copy(update={"objective": "oof"}), QUIET)
     assert "prior is kept" not in oof.reason

@@ -7,7 +7,7 @@ is itself made by leaving one TRAINING domain out at a time: D never influences 
 head routes D's rows with the domain hidden (unknown at routing time: the prior falls back to the
 pooled mean, the same-domain bonus is off). Under that objective a head replaces the domain prior
 (which routes an unseen domain like the best fixed worker) only when its inner gain over the prior
-has a 95% interval above zero (`train/fit.py:unseen_domain_gain`). The baseline is the best fixed worker chosen on the
+has a 95% interval above zero, domains resampled (`train/fit.py:unseen_domain_gain`). The baseline is the best fixed worker chosen on the
 training domains. Figures are macro averages over the held-out domains, with a 95% interval from
 a bootstrap that resamples rows within each domain.
 """
