@@ -227,6 +227,7 @@ def main() -> int:
         print(f"{args.routing} not found: pass the routing data folder (../shared/data/routing in this workspace)", file=sys.stderr)
         return 2
     from fugu_pipeline.train.configs import TrainSetConfig, load_config
+    from fugu_pipeline.train.feature_choice import choose_variant
 
     base = load_config(args.config, TrainSetConfig) if Path(args.config).exists() else TrainSetConfig()
     heads = base.heads.model_dump()
@@ -242,15 +243,21 @@ def main() -> int:
 
     variants = [tuple(int(x) for x in v.split()) for v in args.layer_sets] if args.layer_sets else [tuple(args.layers)]
     for n in [n.strip() for n in args.datasets.split(",") if n.strip()]:
-        tried = [run(n, args, cfg, layers) for layers in variants]
-        best = max(range(len(tried)), key=lambda i: (tried[i][0]["val_score"], -i))  # validation only; ties: the first
-        out, loaded[n] = tried[best]
+        tried: list = []
+
+        def fit_one(layers, n=n, tried=tried):
+            tried.append(run(n, args, cfg, layers))
+            return tried[-1]
+
+        # the choice `fugu-lite train --layer-sets` makes: validation only, ties keep the first
+        (out, loaded[n]), record = choose_variant([(layer_tag(lay), lambda lay=lay: fit_one(lay)) for lay in variants],
+                                                  score=lambda o: o[0]["val_score"], log=lambda m: print(f"[{n}] {m}", flush=True))
         out["feature_choice"] = []
-        for i, (o, _) in enumerate(tried):
+        for o, _ in tried:
             sel = next(x for x in o["rows"] if x["selected"])
             test = f"APGR {sel['apgr']['apgr']:.4f}" if "apgr" in sel else f"{sel['accuracy']['mean']:.4f}"
             out["feature_choice"].append({"layers": o["layers"], "val_score": o["val_score"], "selected": sel["name"],
-                                          "test": test, "chosen": i == best})
+                                          "test": test, "chosen": layer_tag(tuple(o["layers"])) == record["chosen"]})
         results.append(out)
         print(tables([out]), flush=True)
         save()

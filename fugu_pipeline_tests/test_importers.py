@@ -328,3 +328,27 @@ def test_real_dcrouter(tmp_path):
     assert best["test"] == pytest.approx(test["mean"][best["worker"]])
     a = round_trip(tmp_path / "dc.jsonl", tmp_path / "dc.duckdb", 6108 - 119, 9)
     assert (a.cost_usd > 0).all()
+
+
+def test_import_command_takes_the_split_shares(gsm8k, tmp_path, capsys):
+    """`fugu-lite import routellm-gsm8k DIR --test-fraction 0.5 --val-fraction 0.1`: the issue-12
+    protocol (half of the prompts held out) from the command line; impossible shares are one line."""
+    from fugu_pipeline.cli import main
+
+    csv_path, _, _ = gsm8k
+    out = tmp_path / "g.jsonl"
+    assert main(["import", "routellm-gsm8k", str(csv_path.parent), "--output", str(out), "--test-fraction", "0.5",
+                 "--val-fraction", "0.1"]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    share = sum(r["split"] == "test" for r in rows) / len(rows)
+    assert 0.4 < share < 0.6 and any(r["split"] == "val" for r in rows)
+    assert [r["split"] for r in rows] == [r.split for r in import_routellm(csv_path, csv_path.parent / "gsm8k_contaminated_prompts.jsonl",
+                                                                              test_fraction=0.5, val_fraction=0.1)]
+    capsys.readouterr()
+    for bad, words in ((["--test-fraction", "0.95", "--val-fraction", "0.1"], "sum below 1"),
+                       (["--test-fraction", "1.5"], "share in [0, 1)")):
+        assert main(["import", "routellm-gsm8k", str(csv_path.parent), "--output", str(tmp_path / "x.jsonl"), *bad]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err
+    assert main(["import", "dcrouter", str(tmp_path), "--output", str(tmp_path / "y.jsonl"), "--test-fraction", "0.5"]) == 2
+    assert "upstream test file" in capsys.readouterr().err

@@ -211,3 +211,28 @@ def test_lexical_features_are_served_as_cached_and_every_route_agrees(trained):
     # the ridge points on the lexical block were candidates
     names = [c["name"] for c in json.loads((ck.path / "manifest.json").read_text())["metrics"]["selection"]["candidates"]]
     assert any(n.startswith("ridge lexical") for n in names), names
+
+
+def test_train_chooses_among_layer_sets_on_validation(trained, capsys):
+    """`fugu-lite train --layer-sets '-1' '-1 1'`: the heads are fitted on each setting's features and
+    the setting whose selected head has the better validation figure is kept and recorded."""
+    work, _, args = trained
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["train", *args, "--encoder", "tiny", "--max-length", "24", "--lexical", "--layer-sets", "-1", "-1 1",
+                     "--config", str(work / "heads.yaml"), "--output", str(work / "models-sets")]) == 0
+    ckpt = out.getvalue().strip().splitlines()[-1]
+    m = json.loads((load_checkpoint(ckpt).path / "manifest.json").read_text())
+    choice = m["metrics"]["layer_choice"]
+    assert set(choice["val_score"]) == {"layers [-1]", "layers [-1, 1]"}
+    best = max(choice["val_score"], key=lambda k: (choice["val_score"][k], -list(choice["val_score"]).index(k)))
+    assert choice["chosen"] == best
+    layer = m["feature_contract"]["layer"]
+    assert (layer if isinstance(layer, list) else [layer]) == json.loads(best.removeprefix("layers "))
+    assert m["metrics"]["selection"]["rule"]  # the selection record is there too
+    capsys.readouterr()
+    assert main(["train", *args, "--encoder", "tiny", "--layers", "-1", "--layer-sets", "-1", "-1 1",
+                 "--output", str(work / "x")]) == 2
+    assert "--layers or --layer-sets" in capsys.readouterr().err
+    assert main(["train", *args, "--encoder", "tiny", "--layer-sets", "-1", "top", "--output", str(work / "x")]) == 2
+    assert "--layer-sets 'top'" in capsys.readouterr().err

@@ -88,10 +88,22 @@ def cmd_generate(args) -> int:
 def cmd_import(args) -> int:
     from fugu_pipeline.matrix.importers import import_source
 
-    if args.seed is not None and args.kind == "jsonl":
-        raise CLIError("--seed draws splits for routellm-* and dcrouter; a jsonl file keeps the splits its rows hold")
-    opts = {} if args.seed is None else {"seed": args.seed}
-    summary = import_source(args.kind, Path(args.path), Path(args.output), **opts)
+    given = {k: v for k, v in (("seed", args.seed), ("test_fraction", getattr(args, "test_fraction", None)),
+                                ("val_fraction", getattr(args, "val_fraction", None))) if v is not None}
+    if given and args.kind == "jsonl":
+        raise CLIError(f"--{next(iter(given)).replace('_', '-')} draws splits for routellm-* and dcrouter; a jsonl file "
+                       "keeps the splits its rows hold")
+    if "test_fraction" in given and args.kind == "dcrouter":
+        raise CLIError("--test-fraction: dcrouter's test split is its upstream test file; only --val-fraction applies")
+    for k in ("test_fraction", "val_fraction"):
+        if k in given and not 0 <= given[k] < 1:
+            raise CLIError(f"--{k.replace('_', '-')} {given[k]}: give a share in [0, 1), e.g. 0.5")
+    try:
+        summary = import_source(args.kind, Path(args.path), Path(args.output), **given)
+    except ValueError as exc:
+        if "test_fraction" not in str(exc):
+            raise
+        raise CLIError(f"--test-fraction and --val-fraction: {exc}") from None
     print_json(summary)
     return 0
 

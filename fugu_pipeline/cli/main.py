@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True)
     p.add_argument("--seed", type=int, default=None,
                    help="split assignment seed for routellm-* and dcrouter (default 0); a jsonl file keeps the splits it holds")
+    p.add_argument("--test-fraction", type=float, default=None,
+                   help="routellm-*: share of prompts held out as test (default 0.3; the issue-12 protocol uses 0.5); "
+                        "dcrouter's test split is its upstream test file")
+    p.add_argument("--val-fraction", type=float, default=None, help="routellm-* and dcrouter: share drawn as val (default 0.1)")
 
     for method in ("sft", "rl", "es"):
         p = add(f"train-{method}", lambda a, m=method: training.train(a, m), f"train the {method.upper()} router head")
@@ -141,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--force", action="store_true", help="train even without a learning signal")
+    p.add_argument("--layer-sets", nargs="+", default=None, metavar="'L ...'",
+                   help="several encoder-layer settings, e.g. '-1' '-1 3': the heads are fitted on each and the one "
+                        "whose selected head has the best validation figure is kept (instead of --layers)")
     prompt_rules_opt(p)
 
     p = add("evaluate", training.cmd_evaluate, "write the held-out report of a checkpoint (JSON + plots)")

@@ -304,8 +304,13 @@ def cmd_train_heads(args) -> int:
     log = lambda m: print(m, file=sys.stderr)
     # the features as train-sft gets them (encoder flags, --prompt-rules chosen on the selected
     # head's out-of-fold validation utility), recorded in every checkpoint of the set
-    selection, data, recorded = fit_new_head(args, lambda d: select_heads(d, cfg, log, args.force),
-                                             score=lambda sel: sel[0].val_score, log=log)
+    fit = lambda a: fit_new_head(a, lambda d: select_heads(d, cfg, log, args.force),  # noqa: E731
+                                 score=lambda sel: sel[0].val_score, log=log)
+    if getattr(args, "layer_sets", None):
+        (selection, data, recorded), record = choose_layer_set(args, fit, log)
+        recorded = {**recorded, "layer_choice": record}
+    else:
+        selection, data, recorded = fit(args)
     report = fit_and_save(data, args.output, cfg, log=log, force=args.force, selection=selection, metrics=recorded)
     for saved in report.saved:  # budget.json beside each quality head (route/serve/evaluate --budget-*)
         calibrate_beside(saved.path, data, log, saved.val_quality)
@@ -320,3 +325,24 @@ def cmd_train_heads(args) -> int:
 
 
 DEFAULT_TRAIN_CONFIG = "configs/train.yaml"
+
+
+def choose_layer_set(args, fit, log):
+    """`--layer-sets '-1' '-1 3'`: `fit(args)` for each setting (its own features through the cache),
+    the one whose selected head scores best on validation kept (`train/feature_choice.py`)."""
+    import argparse
+
+    from fugu_pipeline.train.feature_choice import choose_variant
+
+    if args.layers is not None:
+        raise CLIError("give --layers or --layer-sets, not both")
+    variants = []
+    for text in args.layer_sets:
+        try:
+            layers = [int(x) for x in text.replace(",", " ").split()]
+        except ValueError:
+            raise CLIError(f"--layer-sets {text!r}: each setting is one or more layer indices, e.g. '-1' or '-1 3'") from None
+        if not layers:
+            raise CLIError("--layer-sets: an empty setting; give e.g. '-1' '-1 3'")
+        variants.append((f"layers {layers}", lambda layers=layers: fit(argparse.Namespace(**{**vars(args), "layers": layers}))))
+    return choose_variant(variants, score=lambda out: out[0][0].val_score, log=log)

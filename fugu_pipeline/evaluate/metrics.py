@@ -213,5 +213,6 @@ def summary_line(rep: dict) -> str:
               f"({rep['best_fixed_quality_worker']}) {rep['best_fixed_quality']:.4f}, {q['mean']:+.4f} [{q['low']:+.4f}, {q['high']:+.4f}]")
     if "apgr" in rep:
         a = rep["apgr"]
-        s += f" | APGR {a['apgr']:.3f} CPT50 {a['cpt50']} CPT80 {a['cpt80']}"
+        share = lambda v: "never" if v is None else f"{v:.0%}"  # noqa: E731  (share of strong calls)
+        s += f" | APGR {a['apgr']:.3f} CPT50 {share(a['cpt50'])} CPT80 {share(a['cpt80'])}"
     return s

@@ -63,3 +63,23 @@ def choose_prompt_rules(
     record = {"mode": "auto", "chosen": rules.fingerprint() if use else "none", "rules": rules.summary(),
               "val_utility": {"none": a, rules.fingerprint(): b}}
     return (strip_result, stripped, record) if use else (plain_result, data, record)
+
+
+def choose_variant(variants: list[tuple[str, Callable[[], R]]], score: Callable[[R], float],
+                   log: Log = print) -> tuple[R, dict]:
+    """Fit every feature variant (label, fit) and keep the one whose result scores best on
+    validation (`score`: the selected head's out-of-fold figure on the measure selection ranked
+    by, `FitReport.val_score`); ties keep the earlier variant. Test rows play no part. Returns
+    (the kept result, the record: each label's score and the chosen label)."""
+    if not variants:
+        raise ValueError("no feature variant to choose from")
+    results, scores = [], {}
+    for label, fit in variants:
+        results.append(fit())
+        scores[label] = float(score(results[-1]))
+        log(f"features {label}: validation {scores[label]:.4f}")
+    best = max(range(len(variants)), key=lambda i: (scores[variants[i][0]], -i))
+    chosen = variants[best][0]
+    if len(variants) > 1:
+        log(f"features: {chosen} kept (the best validation figure of {len(variants)})")
+    return results[best], {"chosen": chosen, "val_score": scores}
