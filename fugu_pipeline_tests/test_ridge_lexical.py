@@ -236,3 +236,25 @@ def test_train_chooses_among_layer_sets_on_validation(trained, capsys):
     assert "--layers or --layer-sets" in capsys.readouterr().err
     assert main(["train", *args, "--encoder", "tiny", "--layer-sets", "-1", "top", "--output", str(work / "x")]) == 2
     assert "--layer-sets 'top'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["ridge", "mlp"])
+def test_a_column_constant_in_training_moves_nothing_at_serving(kind):
+    """A statistic that was the same on every training prompt (say, no non-ASCII text) carries no
+    information: a served prompt where it differs must not swing the prediction (it used to be
+    divided by a spread of 1e-6)."""
+    from fugu_pipeline.train.predictors import MLPHead
+
+    data = _data()
+    x = data.features.copy()
+    x[:, 16 + 9] = 0.0  # the non-ASCII share: 0 on every training row
+    q, d = data.quality, list(data.domains)
+    if kind == "ridge":
+        head = RidgeHead.fit(x, q, q, d, alpha=10.0, inputs="all", lexical_dim=LEXICAL_DIM)
+    else:
+        head = MLPHead.fit(x, q, q, d, hidden=8, epochs=3, n_models=1)
+    probe = torch.from_numpy(x[:20].copy())
+    odd = probe.clone()
+    odd[:, 16 + 9] = 0.25  # a prompt that is all non-ASCII
+    a, b = head.predict_both(probe, d[:20]), head.predict_both(odd, d[:20])
+    assert torch.allclose(a[0], b[0], atol=1e-4) and torch.allclose(a[1], b[1], atol=1e-4)

@@ -36,6 +36,14 @@ PROBE_ROWS = 64
 _CHUNK = 2048
 
 
+def column_scale(x: np.ndarray) -> np.ndarray:
+    """Per-column spread for standardising: the standard deviation, or 1e6 for a column constant in
+    training (it carries no information; a value unseen at serving then moves nothing instead of
+    being multiplied by 1e6: e.g. a lexical statistic that was 0 on every training prompt)."""
+    std = np.asarray(x, np.float64).std(0)
+    return np.where(std > 1e-6, std, 1e6)
+
+
 class QualityPredictor(RoutingHead):
     """Base of the heads that predict quality and utility and take the domain at routing time."""
 
@@ -337,7 +345,7 @@ class MLPHead(QualityPredictor):
         T = np.asarray(target, np.float32)
         head = cls(X.shape[1], T.shape[1], sorted(set(doms)), hidden, n_models, dropout, domain_onehot)
         head.mean.copy_(torch.from_numpy(X.mean(0)))
-        head.scale.copy_(torch.from_numpy(X.std(0) + 1e-6))
+        head.scale.copy_(torch.from_numpy(column_scale(X)))
         a, b = _utility_map(T.astype(np.float64), np.asarray(utility, np.float64))
         head.utility_scale.fill_(a)
         head.utility_offset.copy_(torch.from_numpy(b))

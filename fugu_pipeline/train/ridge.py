@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fugu_pipeline.train.head_base import register
-from fugu_pipeline.train.predictors import QualityPredictor
+from fugu_pipeline.train.predictors import QualityPredictor, column_scale
 
 Inputs = Literal["all", "embedding", "lexical"]
 
@@ -52,9 +52,9 @@ class RidgePath:
 
     def __init__(self, x: np.ndarray, codes: np.ndarray, n_domains: int, y: np.ndarray):
         x = np.asarray(x, np.float64)
-        self.mean, self.scale = x.mean(0), x.std(0) + 1e-6
+        self.mean, self.scale = x.mean(0), column_scale(x)
         oh = _onehot(codes, n_domains)
-        self.dmean, self.dscale = oh.mean(0), oh.std(0) + 1e-6
+        self.dmean, self.dscale = oh.mean(0), column_scale(oh)
         z = np.concatenate([(x - self.mean) / self.scale, (oh - self.dmean) / self.dscale], axis=1)
         self.bias = y.mean(0)
         evals, self.evecs = np.linalg.eigh(z.T @ z)
