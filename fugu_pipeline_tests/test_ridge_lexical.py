@@ -258,3 +258,25 @@ def test_a_column_constant_in_training_moves_nothing_at_serving(kind):
     odd[:, 16 + 9] = 0.25  # a prompt that is all non-ASCII
     a, b = head.predict_both(probe, d[:20]), head.predict_both(odd, d[:20])
     assert torch.allclose(a[0], b[0], atol=1e-4) and torch.allclose(a[1], b[1], atol=1e-4)
+
+
+def test_hostile_prompts_route_through_a_lexical_head(trained):
+    """Huge, bad-unicode, digit-bomb and empty prompts through a checkpoint that reads the lexical
+    block: each routes to a real worker, alone and batched with ordinary ones, in bounded time."""
+    import time
+
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.serve.batching import RouteRequest, route_grouped
+
+    _, ckpt, _ = trained
+    router = Router.load(ckpt, device="cpu")
+    hostile = ["", "x" * 2_000_000, "9" * 100_000, "\ud800 lone \udfff surrogates", "NaN inf -inf 1e309",
+               "{" * 50_000 + "}" * 50_000, "é" * 100_000, "What is 2 + 2?"]
+    t0 = time.perf_counter()
+    alone = [router.route(p, "math").worker_id for p in hostile]
+    grouped = [d.worker_id for d in route_grouped(router, [RouteRequest(p, "math") for p in hostile])]
+    assert time.perf_counter() - t0 < 60
+    assert alone == grouped and set(alone) <= set(WORKERS)
+    feats = router.encoder.encode(hostile, ["math"] * len(hostile))
+    assert np.isfinite(feats).all()
+    router.close()
