@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import random
 
@@ -33,6 +31,7 @@ from fugu_pipeline.train.families import FitData, RidgeFamily
 from fugu_pipeline.train.heads import build_head, call_head
 from fugu_pipeline.train.predictors import KNNHead
 from fugu_pipeline.train.ridge import RidgeHead
+from fugu_pipeline_tests.test_budget_cli import run
 from fugu_pipeline_tests.test_training import make_data
 
 
@@ -180,11 +179,10 @@ def trained(tmp_path_factory):
                                      "  ridge: {alpha: [1, 100], inputs: [lexical, all]}\n  ensemble: {rounds: 4}\n")
     args = ["--data", str(work / "r.jsonl"), "--workers", str(work / "w.yaml"), "--device", "cpu",
             "--cache-dir", str(work / "emb"), "--work-dir", str(work / "imports")]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["train", *args, "--encoder", "tiny", "--max-length", "24", "--lexical",
-                     "--config", str(work / "heads.yaml"), "--output", str(work / "models")]) == 0
-    return work, out.getvalue().strip().splitlines()[-1], args
+    code, out = run("train", *args, "--encoder", "tiny", "--max-length", "24", "--lexical",
+                    "--config", str(work / "heads.yaml"), "--output", str(work / "models"))
+    assert code == 0
+    return work, out.strip().splitlines()[-1], args
 
 
 def test_lexical_features_are_served_as_cached_and_every_route_agrees(trained):
@@ -217,11 +215,10 @@ def test_train_chooses_among_layer_sets_on_validation(trained, capsys):
     """`fugu-lite train --layer-sets '-1' '-1 1'`: the heads are fitted on each setting's features and
     the setting whose selected head has the better validation figure is kept and recorded."""
     work, _, args = trained
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["train", *args, "--encoder", "tiny", "--max-length", "24", "--lexical", "--layer-sets", "-1", "-1 1",
-                     "--config", str(work / "heads.yaml"), "--output", str(work / "models-sets")]) == 0
-    ckpt = out.getvalue().strip().splitlines()[-1]
+    code, out = run("train", *args, "--encoder", "tiny", "--max-length", "24", "--lexical", "--layer-sets", "-1", "-1 1",
+                    "--config", str(work / "heads.yaml"), "--output", str(work / "models-sets"))
+    assert code == 0
+    ckpt = out.strip().splitlines()[-1]
     m = json.loads((load_checkpoint(ckpt).path / "manifest.json").read_text())
     choice = m["metrics"]["layer_choice"]
     assert set(choice["val_score"]) == {"layers [-1]", "layers [-1, 1]"}

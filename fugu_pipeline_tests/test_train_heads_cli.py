@@ -6,15 +6,12 @@ with the dtype the features were computed in (`feature_dtype`); each quality hea
 calibration (`budget.json`, drawn on its out-of-fold validation quality, since the saved head was
 refitted on the validation rows), so `--budget-share` works on the printed checkpoint."""
 
-import contextlib
-import io
 import json
 
 import numpy as np
 import pytest
 
-from fugu_pipeline.cli import main
-from fugu_pipeline_tests.test_budget_cli import WORKERS
+from fugu_pipeline_tests.test_budget_cli import WORKERS, run
 from fugu_pipeline_tests.test_budget_cli import rows as budget_rows
 
 FEW_SHOT = {d: "".join(f"Example {k} for {d}: question {k * 7} has answer {k * 3}.\n" for k in range(8))
@@ -24,13 +21,6 @@ HEADS = """heads:
   knn: {k: [10, 30], prior_weight: [0, 20], same_domain_bonus: [0]}
   ensemble: {rounds: 5}
 """
-
-
-def run(*argv) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(list(argv))
-    return code, out.getvalue()
 
 
 @pytest.fixture(scope="module")

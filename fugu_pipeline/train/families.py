@@ -177,7 +177,7 @@ class RidgeFamily(Family):
         lex = 0 if fd is None else fd.lexical_dim
         out = []
         for inputs in dict.fromkeys(self.cfg.inputs):
-            if (inputs == "lexical" and not lex) or (inputs == "embedding" and not lex):
+            if inputs != "all" and not lex:
                 continue  # no lexical block: 'lexical' does not apply and 'embedding' is 'all'
             for a in self.cfg.alpha:
                 out.append((f"ridge {inputs} alpha={_fmt(float(a))}",

@@ -186,7 +186,6 @@ def select_heads(data: RoutingData, cfg: TrainSetConfig | None = None, log: Log 
             else:
                 reason += (f"; the ensemble did not hold up in the nested check ({ens_check['ensemble']:.4f} vs "
                            f"best single {ens_check['single']:.4f})")
-    lodo_guard = None
     if cfg.objective == "lodo" and "domain_prior" in best_per_kind and selected_kind != "domain_prior":
         chosen = ens["scores"] if selected == "ensemble" else singles[selected]
         lodo_guard = unseen_domain_gain(chosen, singles[best_per_kind["domain_prior"]], fd.utility, fd.domains)

@@ -48,7 +48,8 @@ def _onehot(codes: np.ndarray, v: int) -> np.ndarray:
 
 
 class RidgePath:
-    """The design of one fit, decomposed once: `solve(alpha)` gives (weights, bias) for any alpha."""
+    """The design of one fit, decomposed once: `solve(alpha)` gives the weights for any alpha (the
+    bias is the targets' mean, `bias`, since every column is centred)."""
 
     def __init__(self, x: np.ndarray, codes: np.ndarray, n_domains: int, y: np.ndarray):
         x = np.asarray(x, np.float64)
@@ -63,11 +64,6 @@ class RidgePath:
 
     def solve(self, alpha: float) -> np.ndarray:
         return self.evecs @ (self.proj / (self.evals + alpha)[:, None])
-
-    def design(self, x: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        oh = _onehot(codes, len(self.dmean))
-        oh[codes < 0] = self.dmean  # unknown domain: the average one-hot, a zero standardised block
-        return np.concatenate([(np.asarray(x, np.float64) - self.mean) / self.scale, (oh - self.dmean) / self.dscale], axis=1)
 
 
 @register

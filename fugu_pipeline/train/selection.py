@@ -178,18 +178,6 @@ def nested_ensemble_check(singles: dict[str, np.ndarray], members: dict[str, np.
     return {"single": float(np.mean(single)), "ensemble": float(np.mean(ens))}
 
 
-def stratified_macro_bootstrap(diffs: dict[str, np.ndarray], n_boot: int = 2000, seed: int = 0) -> dict:
-    """Macro mean of per-row differences with a 95% interval (rows resampled within each domain)."""
-    rng = np.random.default_rng(seed)
-    vals = np.zeros(n_boot)
-    for d in diffs.values():
-        d = np.asarray(d, float)
-        vals += d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(axis=1)
-    vals /= max(len(diffs), 1)
-    lo, hi = np.percentile(vals, [2.5, 97.5])
-    return {"mean": float(np.mean([np.mean(d) for d in diffs.values()])), "low": float(lo), "high": float(hi)}
-
-
 def lodo_folds(domains: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(held-out domain, training rows, held-out rows) for every domain."""
     domains = np.asarray(domains, dtype=str)
