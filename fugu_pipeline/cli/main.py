@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-after", default=None, help="stop after this asset (e.g. reward_matrix)")
     p.add_argument("--roles", action="store_true", help="also train, evaluate and promote the multi-turn coordinator "
                    "(router_roles, eval_report_roles) after the one-step chain")
+    p.add_argument("--layer-sets", nargs="+", default=None, metavar="'L ...'",
+                   help="router_heads: several encoder-layer settings, e.g. '-1' '-1 3', chosen on validation as "
+                        "`fugu-lite train --layer-sets` does (the asset's `layer_sets` config)")
+    p.add_argument("--prompt-rules", default=None, choices=["auto", "on", "off"],
+                   help="router_heads: the prompt-rules mode (default: the asset's, auto)")
 
     p = add("doctor", pipeline.cmd_doctor, "check Python, torch/CUDA, the key (present or not), Dagster home, disk")
     p.add_argument("--project-dir", default=".")

@@ -6,7 +6,23 @@ import os
 import sys
 from pathlib import Path
 
-from fugu_pipeline.cli.common import encoder_name
+from fugu_pipeline.cli.common import CLIError, encoder_name
+
+
+def heads_config(args) -> dict:
+    """The `router_heads` run config the flags ask for (as the launchpad would give it): the layer
+    settings to choose from and the prompt-rules mode, chosen on validation as `fugu-lite train` does."""
+    from fugu_pipeline.train.feature_choice import LayerSetError, parse_layer_set
+
+    out = {}
+    if getattr(args, "layer_sets", None):
+        try:
+            out["layer_sets"] = [list(parse_layer_set(t)) for t in args.layer_sets]
+        except LayerSetError as exc:
+            raise CLIError(f"--layer-sets {exc}") from None
+    if getattr(args, "prompt_rules", None):
+        out["prompt_rules"] = args.prompt_rules
+    return out
 
 
 def cmd_pipeline(args) -> int:
@@ -27,9 +43,10 @@ def cmd_pipeline(args) -> int:
         return 2
     encoder = encoder_name(args)
     print(f"encoder: {encoder}" + (" (built-in tiny Qwen3, offline)" if encoder == "tiny" else ""))
+    heads = heads_config(args)
     try:
         results = run_pipeline(project, args.workers, encoder=encoder, stop_after=args.stop_after,
-                               roles=getattr(args, "roles", False))
+                               roles=getattr(args, "roles", False), asset_config={"router_heads": heads} if heads else None)
     except InstanceUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

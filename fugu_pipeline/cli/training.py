@@ -170,35 +170,31 @@ def calibrate_beside(path: Path, data, log=lambda m: print(m, file=sys.stderr), 
     return cal
 
 
-def feature_metrics(settings, record: dict | None = None) -> dict:
-    """What a new checkpoint's metrics record about its features: the prompt-rule choice when rules
-    were fitted (nothing to strip, or off: nothing, as the assets write), and the dtype the
-    features were computed in (`route` and `serve` use it under --dtype auto, DESIGN §3)."""
-    out = {"prompt_rules_choice": record} if record and "rules" in record else {}
-    out["feature_dtype"] = settings.feature_dtype()
-    return out
-
-
-def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr)):
+def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr), layer_sets=None):
     """A new head's features and training, shared by `train-sft` and `train`: the encoder settings
     from the flags (--template, --pooling, --layers, --max-length, --dtype ...), the data through
     the cache, and `fit(data)` with the prompt rules --prompt-rules asks for (auto: with and
-    without, the better validation utility `score(result)` wins). Returns (result, the data it was
-    fitted on, the metrics to record: `feature_metrics`)."""
-    from fugu_pipeline.train.feature_choice import choose_prompt_rules, val_utility
+    without, the better validation figure `score(result)` wins) and, with `layer_sets`, the layer
+    setting chosen the same way (`train/feature_choice.py:fit_choosing_features`, which the
+    `router_heads` asset calls too). Returns (result, the data it was fitted on, the metrics to
+    record)."""
+    from fugu_pipeline.train.feature_choice import LayerSetError, fit_choosing_features, val_utility
 
-    settings = encoder_settings(args)
-    data = routing_data(args, settings=settings)
-    result, data, record = choose_prompt_rules(
-        data, lambda rules: routing_data(args, settings=settings.model_copy(update={"prompt_rules": rules})),
-        fit, getattr(args, "prompt_rules", "auto"), log, score=score or val_utility)
-    return result, data, feature_metrics(settings, record)
+    if layer_sets and args.layers is not None:
+        raise CLIError("give --layers or --layer-sets, not both")
+    try:
+        return fit_choosing_features(encoder_settings(args), lambda s: routing_data(args, settings=s), fit,
+                                     score or val_utility, prompt_rules=getattr(args, "prompt_rules", "auto"),
+                                     layer_sets=layer_sets, log=log)
+    except LayerSetError as exc:
+        raise CLIError(f"--layer-sets {exc}") from None
 
 
 def train(args, method: str) -> int:
     from fugu_pipeline.train.checkpoints import load_checkpoint
     from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig, load_config
     from fugu_pipeline.train.es import train_es
+    from fugu_pipeline.train.feature_choice import feature_metrics
     from fugu_pipeline.train.rl import train_rl
     from fugu_pipeline.train.sft import train_sft
 
@@ -302,15 +298,11 @@ def cmd_train_heads(args) -> int:
     print(f"heads: {config or 'built-in defaults (= configs/train.yaml as shipped)'}; "
           f"enabled {[k for k, v in cfg.heads.model_dump().items() if v is not None]}", file=sys.stderr)
     log = lambda m: print(m, file=sys.stderr)
-    # the features as train-sft gets them (encoder flags, --prompt-rules chosen on the selected
-    # head's out-of-fold validation utility), recorded in every checkpoint of the set
-    fit = lambda a: fit_new_head(a, lambda d: select_heads(d, cfg, log, args.force),  # noqa: E731
-                                 score=lambda sel: sel[0].val_score, log=log)
-    if getattr(args, "layer_sets", None):
-        (selection, data, recorded), record = choose_layer_set(args, fit, log)
-        recorded = {**recorded, "layer_choice": record}
-    else:
-        selection, data, recorded = fit(args)
+    # the features as train-sft gets them (encoder flags, --prompt-rules and --layer-sets chosen on
+    # the selected head's out-of-fold validation figure), recorded in every checkpoint of the set
+    selection, data, recorded = fit_new_head(args, lambda d: select_heads(d, cfg, log, args.force),
+                                             score=lambda sel: sel[0].val_score, log=log,
+                                             layer_sets=getattr(args, "layer_sets", None))
     report = fit_and_save(data, args.output, cfg, log=log, force=args.force, selection=selection, metrics=recorded)
     for saved in report.saved:  # budget.json beside each quality head (route/serve/evaluate --budget-*)
         calibrate_beside(saved.path, data, log, saved.val_quality)
@@ -325,24 +317,3 @@ def cmd_train_heads(args) -> int:
 
 
 DEFAULT_TRAIN_CONFIG = "configs/train.yaml"
-
-
-def choose_layer_set(args, fit, log):
-    """`--layer-sets '-1' '-1 3'`: `fit(args)` for each setting (its own features through the cache),
-    the one whose selected head scores best on validation kept (`train/feature_choice.py`)."""
-    import argparse
-
-    from fugu_pipeline.train.feature_choice import choose_variant
-
-    if args.layers is not None:
-        raise CLIError("give --layers or --layer-sets, not both")
-    variants = []
-    for text in args.layer_sets:
-        try:
-            layers = [int(x) for x in text.replace(",", " ").split()]
-        except ValueError:
-            raise CLIError(f"--layer-sets {text!r}: each setting is one or more layer indices, e.g. '-1' or '-1 3'") from None
-        if not layers:
-            raise CLIError("--layer-sets: an empty setting; give e.g. '-1' '-1 3'")
-        variants.append((f"layers {layers}", lambda layers=layers: fit(argparse.Namespace(**{**vars(args), "layers": layers}))))
-    return choose_variant(variants, score=lambda out: out[0][0].val_score, log=log)

@@ -2,6 +2,7 @@
 
 import base64
 from pathlib import Path
+from typing import Literal
 
 import dagster as dg
 
@@ -20,13 +21,31 @@ def _cache_root(pipeline: PipelineResource, encoder: EncoderResource) -> Path:
     return pipeline.paths.resolve(encoder.cache_dir)
 
 
-def _routing_data(context, pipeline: PipelineResource, encoder: EncoderResource):
+def _routing_data(context, pipeline: PipelineResource, encoder: EncoderResource, settings=None):
+    """The reward matrix's rows with features: the resource's own settings, or `settings` (a
+    checkpoint's contract, a layer setting or prompt rules being chosen) through the same cache."""
+    from fugu_pipeline.features.encoder import LazyEncoder
     from fugu_pipeline.features.routing_data import load_routing_data
 
-    with _shared_embeddings(context, pipeline, encoder):
-        data, emb = load_routing_data(pipeline.paths.reward_db, encoder.encoder(), _cache_root(pipeline, encoder))
+    own = settings is None or settings == encoder.settings()
+    lazy = encoder.encoder() if own else LazyEncoder(settings)
+    try:
+        with _shared_embeddings(context, pipeline, encoder):
+            data, emb = load_routing_data(pipeline.paths.reward_db, lazy, _cache_root(pipeline, encoder))
+    finally:
+        if not own:
+            lazy.close()
     context.log.info(f"{emb.encoder_description}; {emb.n_cached} cached, {emb.n_computed} encoded; splits {data.counts()}")
     return data
+
+
+def _feature_source(context, pipeline: PipelineResource, encoder: EncoderResource, data=None):
+    """Each checkpoint's own features of the same rows (evaluate/feature_source.py), for the
+    reports and promotion: heads may have chosen layers or prompt rules on validation."""
+    from fugu_pipeline.evaluate.feature_source import FeatureSource
+
+    data = data if data is not None else _routing_data(context, pipeline, encoder)
+    return FeatureSource(data, lambda s: _routing_data(context, pipeline, encoder, s), encoder.settings())
 
 
 class _shared_embeddings:
@@ -139,6 +158,12 @@ class HeadsConfig(dg.Config):
     """The heads, their grids and the selection (relative to the project; absent: the built-in defaults, the same)."""
     force: bool = False
     """Train even when every worker ties on every task (no learning signal)."""
+    prompt_rules: Literal["auto", "on", "off"] = "auto"
+    """Strip the text shared by a domain's prompts (fitted on the training prompts): auto fits both
+    and keeps the better validation figure, as `fugu-lite train --prompt-rules` does."""
+    layer_sets: list[list[int]] | None = None
+    """Encoder layer settings to choose from on validation, e.g. [[-1], [-1, 3]] (as `fugu-lite train
+    --layer-sets '-1' '-1 3'`); None: the encoder resource's layers."""
 
 
 @dg.asset(deps=[task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
@@ -149,19 +174,23 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     selected one (the challenger this asset offers to promotion)."""
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.train.configs import ConfigError, TrainSetConfig, load_config
-    from fugu_pipeline.train.fit import fit_and_save
+    from fugu_pipeline.train.feature_choice import LayerSetError, fit_choosing_features
+    from fugu_pipeline.train.fit import fit_and_save, select_heads
 
     path = pipeline.paths.resolve(config.config_path)
     try:
         cfg = load_config(path, TrainSetConfig) if path.exists() else TrainSetConfig()
     except ConfigError as exc:
         raise dg.Failure(description=str(exc)) from None
-    data = _routing_data(context, pipeline, encoder)
-    try:
+    try:  # the features as `fugu-lite train` chooses them: prompt rules and layer sets on validation
+        selection, data, recorded = fit_choosing_features(
+            encoder.settings(), lambda s: _routing_data(context, pipeline, encoder, s),
+            lambda d: select_heads(d, cfg, context.log.info, config.force), score=lambda sel: sel[0].val_score,
+            prompt_rules=config.prompt_rules, layer_sets=config.layer_sets, log=context.log.info)
         report = fit_and_save(data, pipeline.paths.models, cfg, log=context.log.info, force=config.force,
-                              metrics={"feature_dtype": encoder.settings().feature_dtype()})  # as `fugu-lite train`
-    except TrainingDataError as exc:
-        raise dg.Failure(description=str(exc)) from None
+                              selection=selection, metrics=recorded)
+    except (TrainingDataError, LayerSetError) as exc:
+        raise dg.Failure(description=f"layer_sets {exc}" if isinstance(exc, LayerSetError) else str(exc)) from None
     selected = report.selected_path()
     rows = ["| kind | configuration | validation | checkpoint |", "|---|---|---|---|"] + [
         f"| {'**' + s.kind + '**' if s.selected else s.kind} | {s.name} | "
@@ -181,11 +210,15 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
-    data = _routing_data(context, pipeline, encoder)
+    source = _feature_source(context, pipeline, encoder)
+    data, problems = source.for_checkpoint(load_checkpoint(checkpoint_path))  # the checkpoint's own features
+    if problems:
+        raise dg.Failure(description=f"{checkpoint_path} cannot be scored with this encoder: " + "; ".join(problems))
     ckpt = load_checkpoint(checkpoint_path, expected_contract=data.contract)
     rep = evaluate_checkpoint(ckpt, data, "test")
     live, tasks = harness.live_for(pipeline)  # the composite against the current king (issue 14)
-    add_composite(rep, ckpt, data, pipeline.paths.models, harness.policy_for(pipeline).composite, live=live, tasks=tasks)
+    add_composite(rep, ckpt, data, pipeline.paths.models, harness.policy_for(pipeline).composite, live=live, tasks=tasks,
+                  features=source)
     out_dir = Path(checkpoint_path) / "reports"
     json_path, plots = write_report(rep, out_dir, "test")
     context.log.info(rep["summary"])
@@ -269,7 +302,7 @@ def promoted_router(
     models/promoted/history.jsonl."""
     from fugu_pipeline.evaluate.promotion import promote_best
 
-    data = _routing_data(context, pipeline, encoder)
+    source = _feature_source(context, pipeline, encoder)
     shared = SharedStore.of(pipeline.paths)
     king_version = shared.pull_promoted() if shared else None  # the deployment's king, from the store
     policy = harness.policy_for(
@@ -277,8 +310,8 @@ def promoted_router(
         require_significant=config.require_significant, min_quality_std=config.min_quality_std, live_sample=config.live_sample,
         rate_limit_s=None if config.rate_limit_hours is None else config.rate_limit_hours * 3600)
     live, tasks = harness.live_for(pipeline)
-    outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es, eval_report_heads)], data,
-                           pipeline.paths.models, policy, live=live, tasks=tasks)
+    outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es, eval_report_heads)],
+                           source.data, pipeline.paths.models, policy, live=live, tasks=tasks, features=source)
     for line in outcome["reasons"]:
         context.log.info(line)
     if shared and shared.push_promoted(king_version):  # compare-and-swap: fails if another machine promoted meanwhile

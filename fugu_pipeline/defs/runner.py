@@ -42,9 +42,12 @@ def run_pipeline(
     stop_after: str | None = None,
     echo: Callable[[str], None] = print,
     roles: bool = False,
+    asset_config: dict[str, dict] | None = None,
 ) -> dict:
     """Materialize tasks -> responses -> reward_matrix (-> the rest of the graph) for every batch
-    file. Returns the materialization metadata of the last step, keyed by asset."""
+    file. `asset_config`: run config of some assets, by name (e.g. {"router_heads": {"layer_sets":
+    [[-1], [-1, 3]]}}), as the launchpad would give it. Returns the materialization metadata of the
+    last step, keyed by asset."""
     from fugu_pipeline.defs.assemble import build_defs
     from fugu_pipeline.defs.sensors import sync_worker_partitions
 
@@ -75,7 +78,8 @@ def run_pipeline(
                 asset_selection=[dg.AssetKey(key)],
                 partition_key=partition_key,
                 tags={"fugu/launched_by": "fugu-lite pipeline"},
-                run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+                run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}},
+                            **({"ops": {key: {"config": asset_config[key]}}} if key in (asset_config or {}) else {})},
                 raise_on_error=True,
             )
         except DagsterAssetCheckFailedError:

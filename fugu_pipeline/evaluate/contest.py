@@ -19,6 +19,7 @@ from fugu_pipeline.evaluate.composite import (
     paired_difference,
     score_head,
 )
+from fugu_pipeline.evaluate.feature_source import FeatureSource
 from fugu_pipeline.evaluate.live import LiveBudgetExceeded, LiveEvaluator, LivePolicy
 from fugu_pipeline.evaluate.reports import head_scores
 from fugu_pipeline.workers.contract import FatalWorkerError
@@ -28,14 +29,6 @@ def head_routes(checkpoint, data) -> np.ndarray:
     """Greedy routes (worker indices) of a loaded checkpoint on the test rows, in split order."""
     test = data.split("test")
     return np.argmax(head_scores(checkpoint.head, test.features, test.domains), axis=1)
-
-
-def comparable(checkpoint, data) -> list[str]:
-    """Why this checkpoint cannot be scored on these rows (empty when it can)."""
-    problems = checkpoint.manifest.feature_contract.differences(data.contract)
-    if list(checkpoint.manifest.worker_ids) != list(data.worker_ids):
-        problems.append(f"workers {checkpoint.manifest.worker_ids} differ from the matrix's {data.worker_ids}")
-    return problems
 
 
 def live_rows(live: LiveEvaluator | None, tasks: dict | None, label: str, checkpoint_path: str, routes: np.ndarray,
@@ -71,20 +64,23 @@ def live_rows(live: LiveEvaluator | None, tasks: dict | None, label: str, checkp
 
 
 def score_against_king(checkpoint, king, data, cfg: CompositeConfig, *, live: LiveEvaluator | None = None,
-                       tasks: dict | None = None) -> dict:
-    """The composite of `checkpoint` (novelty against `king`, when the king can be scored on these
-    rows) and of the king, with the paired bootstrap of their difference.
+                       tasks: dict | None = None, features: FeatureSource | None = None) -> dict:
+    """The composite of `checkpoint` (scored on `data`, its own features) and of the king, with the
+    paired bootstrap of their difference, on the same held-out rows. The king reads its own
+    features from `features` (the rows its contract describes); without `features`, or when the
+    king's encoder model differs, it is scored only if it reads `data`'s features.
 
     Returns {"challenger", "king" (or None), "difference" (or None), "live", "king_note"}."""
     held = held_out(data, cfg)
     routes = head_routes(checkpoint, data)
     king_routes, king_note = None, "no king"
     if king is not None:
-        problems = comparable(king, data)
+        source = features if features is not None else FeatureSource.fixed(data)
+        king_data, problems = source.for_checkpoint(king)
         if problems:
             king_note = "the king uses other features or workers (" + "; ".join(problems) + "): not scored on these rows"
         else:
-            king_routes, king_note = head_routes(king, data), f"king {king.manifest.method} {king.manifest.content_hash}"
+            king_routes, king_note = head_routes(king, king_data), f"king {king.manifest.method} {king.manifest.content_hash}"
     live_c, note = live_rows(live, tasks, "challenger", str(checkpoint.path), routes, held, cfg)
     ch = score_head(routes, held, cfg, king_routes=king_routes, live=live_c)
     out = {"challenger": ch, "king": None, "difference": None, "live": note, "king_note": king_note,
@@ -117,11 +113,13 @@ def load_king(models_dir: str | Path):
 
 
 def add_composite(rep: dict, checkpoint, data, models_dir: str | Path | None, cfg: CompositeConfig, *,
-                  live: LiveEvaluator | None = None, tasks: dict | None = None) -> dict:
+                  live: LiveEvaluator | None = None, tasks: dict | None = None,
+                  features: FeatureSource | None = None) -> dict:
     """Put the composite of `checkpoint` (against the current king of `models_dir`, novelty
-    included) with every term into an evaluation report, and onto its summary line."""
+    included, the king on its own features from `features`) with every term into an evaluation
+    report, and onto its summary line."""
     king = load_king(models_dir) if models_dir is not None else None
-    contest = score_against_king(checkpoint, king, data, cfg, live=live, tasks=tasks)
+    contest = score_against_king(checkpoint, king, data, cfg, live=live, tasks=tasks, features=features)
     rep["composite"] = contest
     c = contest["challenger"]["composite"]
     k = contest["king"]["composite"] if contest["king"] is not None else None

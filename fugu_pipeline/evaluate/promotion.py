@@ -12,7 +12,10 @@ split minus its audit slice, `composite.py`), it
 2. beats the promoted checkpoint (the king) by the seed's rule on the composite:
    composite(challenger) ≥ composite(king) + 0.02, with the paired bootstrap low end of the
    difference above zero as well, and is not rejected by the composite's overfit gate,
-3. has the feature contract the pipeline serves with,
+3. reads features the serving encoder model computes: its own feature contract, scored on the
+   same rows encoded as that contract says (layers, prompt rules, lexical block and the like may
+   differ from the pipeline's, as serving computes each checkpoint's own; another encoder model
+   may not, `feature_source.py`),
 4. its train-minus-held-out utility gap is under a threshold, and
 5. for a quality head: its predicted qualities are not all in one narrow band (std under
    `min_quality_std`), which means it learnt nothing about which worker is good where.
@@ -35,6 +38,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from fugu_pipeline.evaluate.composite import CompositeConfig, audit_mask, composite_lines
+from fugu_pipeline.evaluate.feature_source import FeatureSource
 from fugu_pipeline.evaluate.gates import (
     DEFAULT_SUBMITTER,
     GateConfig,
@@ -197,7 +201,7 @@ def decide(challenger: Candidate, champion: Candidate | None, policy: PromotionP
 
     contract_ok = not challenger.contract_problems
     ok &= contract_ok
-    reasons.append("PASS feature contract matches the serving encoder" if contract_ok
+    reasons.append("PASS feature contract: the serving encoder computes this checkpoint's features" if contract_ok
                    else "FAIL feature contract: " + "; ".join(challenger.contract_problems))
 
     if challenger.quality_pred_std is not None:
@@ -247,6 +251,16 @@ def candidate(checkpoint, data, expected_contract=None, composite: CompositeConf
         weight_problems=weight_sanity(checkpoint.state_dict, checkpoint.manifest),
         contract_problems=contract_problems, val_router_utility=val_u, quality_pred_std=q_std,
     )
+
+
+def scored_candidate(checkpoint, features: FeatureSource, composite: CompositeConfig):
+    """`candidate` on the checkpoint's own features; one that cannot be scored carries why."""
+    own, problems = features.for_checkpoint(checkpoint)
+    if not problems:
+        return candidate(checkpoint, own, expected_contract=own.contract, composite=composite)
+    out = candidate(checkpoint, features.data, expected_contract=features.data.contract, composite=composite)
+    out.contract_problems = list(dict.fromkeys(out.contract_problems + problems))
+    return out
 
 
 def validation_utility(checkpoint, data) -> float | None:
@@ -362,13 +376,19 @@ def pre_gates(ckpt, data, models_dir: str | Path, policy: PromotionPolicy, king=
 
 
 def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, policy: PromotionPolicy, *,
-                 live=None, tasks: dict | None = None, submitter: str = DEFAULT_SUBMITTER, now: float | None = None) -> dict:
+                 live=None, tasks: dict | None = None, submitter: str = DEFAULT_SUBMITTER, now: float | None = None,
+                 features: FeatureSource | None = None) -> dict:
     """One promotion attempt. The rate limit first (a refusal there is recorded but is no attempt);
     every challenger through the weight, duplicate and receipt gates; among those that pass, the
     one with the best validation utility is scored on the frozen held-out rows of `data` (the
     composite against the king, with `live` evaluating the live term on `tasks`) and faces the
-    gates of `decide`. Returns {promoted, challenger, reasons, pointer, contest}."""
+    gates of `decide`. Each checkpoint, the king included, is scored on its own features from
+    `features` (`feature_source.py`: the same rows, encoded as its contract says, by the serving
+    encoder model); without `features`, only checkpoints on `data`'s contract can be scored.
+    Returns {promoted, challenger, reasons, pointer, contest}."""
     from fugu_pipeline.evaluate.contest import load_king, score_against_king
+
+    features = features if features is not None else FeatureSource.fixed(data)
 
     rate = rate_limit_gate(models_dir, submitter, policy.gates.rate_limit_s, now)
     if not rate.ok:
@@ -385,7 +405,8 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
         except CheckpointError as exc:
             reasons.append(_refuse(path, exc, models_dir, submitter))
             continue
-        gates = pre_gates(ckpt, data, models_dir, policy, king)
+        own, _ = features.for_checkpoint(ckpt)
+        gates = pre_gates(ckpt, own, models_dir, policy, king)
         if all(g.ok for g in gates):
             passed.append((ckpt, gates))
             continue
@@ -397,7 +418,7 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
     if not passed:
         return {"promoted": False, "challenger": None, "reasons": reasons or ["no challenger"],
                 "pointer": read_pointer(models_dir), "contest": None}
-    scored = [(candidate(c, data, expected_contract=data.contract, composite=policy.composite), c, g) for c, g in passed]
+    scored = [(scored_candidate(c, features, policy.composite), c, g) for c, g in passed]
     usable = [t for t in scored if not t[0].contract_problems] or scored
     best, ckpt, gates = max(usable, key=lambda t: (t[0].val_router_utility if t[0].val_router_utility is not None else -np.inf))
     reasons.append(f"challenger: {best.method} {best.content_hash} (best validation utility "
@@ -405,12 +426,13 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
     reasons.extend(g.line() for g in gates if g.name != "weights")
     champion = None
     if king is not None:
-        champion = candidate(king, data, expected_contract=data.contract, composite=policy.composite)
+        champion = scored_candidate(king, features, policy.composite)
     elif read_pointer(models_dir) is not None:
         reasons.append("the promoted checkpoint cannot be loaded; the challenger faces the baselines only")
     contest = None
     if not best.contract_problems:
-        contest = score_against_king(ckpt, king, data, policy.composite, live=live, tasks=tasks)
+        contest = score_against_king(ckpt, king, features.for_checkpoint(ckpt)[0], policy.composite, live=live,
+                                     tasks=tasks, features=features)
         reasons.extend(composite_lines(contest["challenger"], "challenger composite"))
         if contest["king"] is not None:
             reasons.extend(composite_lines(contest["king"], "king composite"))

@@ -1,6 +1,8 @@
-"""Choosing the prompt rules on validation: train with the prompts as they are and with the strip
-rules fitted on the training prompts (`features/prompt_rules.py`), keep the one with the better
-validation utility, and say so in the checkpoint's metrics.
+"""Choosing the features on validation: the prompt rules (train with the prompts as they are and
+with the strip rules fitted on the training prompts, `features/prompt_rules.py`) and, when asked,
+the encoder layers (`layer_sets`); the better validation figure wins and the checkpoint's metrics
+say so. `fit_choosing_features` is what `fugu-lite train`/`train-sft` and the `router_heads` asset
+both call, so the command line and the assets choose the same features from the same settings.
 
 The rules are fitted on the TRAINING rows of the data without rules (validation and test text
 never shapes them); the two candidates see the same rows, splits and trainer config, so the only
@@ -17,6 +19,7 @@ from typing import Any, TypeVar
 
 from fugu_pipeline.features.prompt_rules import PromptRules, fit_prompt_rules
 from fugu_pipeline.features.routing_data import RoutingData
+from fugu_pipeline.features.settings import EncoderSettings
 
 Log = Callable[[str], None]
 R = TypeVar("R")
@@ -83,3 +86,69 @@ def choose_variant(variants: list[tuple[str, Callable[[], R]]], score: Callable[
     if len(variants) > 1:
         log(f"features: {chosen} kept (the best validation figure of {len(variants)})")
     return results[best], {"chosen": chosen, "val_score": scores}
+
+
+def feature_metrics(settings: EncoderSettings, record: dict | None = None) -> dict:
+    """What a new checkpoint's metrics record about its features: the prompt-rule choice when rules
+    were fitted (nothing to strip, or off: nothing), and the dtype the features were computed in
+    (`route` and `serve` use it under --dtype auto, DESIGN §3)."""
+    out = {"prompt_rules_choice": record} if record and "rules" in record else {}
+    out["feature_dtype"] = settings.feature_dtype()
+    return out
+
+
+class LayerSetError(ValueError):
+    """A layer setting that is not one or more layer indices; the message names it."""
+
+
+def parse_layer_set(text: str | list[int] | tuple[int, ...]) -> tuple[int, ...]:
+    """One layer setting, from '-1 3' / '-1,3' (the command line) or [-1, 3] (a config): a tuple of
+    hidden-state indices. LayerSetError (naming it, saying what to give) when it is empty or not
+    integers."""
+    if isinstance(text, str):
+        try:
+            layers = [int(x) for x in text.replace(",", " ").split()]
+        except ValueError:
+            raise LayerSetError(f"{text!r}: each setting is one or more layer indices, e.g. '-1' or '-1 3'") from None
+    else:
+        layers = list(text)
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
+            raise LayerSetError(f"{text!r}: each setting is one or more layer indices, e.g. [-1] or [-1, 3]")
+    if not layers:
+        raise LayerSetError("an empty setting; give e.g. '-1' or '-1 3'")
+    return tuple(layers)
+
+
+def fit_choosing_features(
+    settings: EncoderSettings,
+    load: Callable[[EncoderSettings], RoutingData],
+    fit: Callable[[RoutingData], R],
+    score: Callable[[R], float],
+    *,
+    prompt_rules: str = "auto",
+    layer_sets: list | None = None,
+    log: Log = print,
+) -> tuple[R, RoutingData, dict]:
+    """Fit on the features `settings` describe, choosing on validation what is left open: the
+    prompt rules (`prompt_rules`: auto, on, off) and, with `layer_sets` (e.g. [[-1], [-1, 3]]), the
+    encoder layers: each setting is fitted (prompt rules chosen within it) and the one whose result
+    `score`s best is kept. `load(settings)` gives the rows with those features (through the cache);
+    `fit(data)` trains. Returns (result, its data, the metrics to record in the checkpoint)."""
+
+    def with_layers(layers: tuple[int, ...] | None) -> EncoderSettings:
+        if layers is None:
+            return settings
+        return EncoderSettings.model_validate({**settings.model_dump(), "layer": layers})
+
+    def one(s: EncoderSettings):
+        data = load(s)
+        return choose_prompt_rules(data, lambda rules: load(s.model_copy(update={"prompt_rules": rules})),
+                                   fit, prompt_rules, log, score=score)
+
+    if not layer_sets:
+        result, data, record = one(settings)
+        return result, data, feature_metrics(settings, record)
+    sets = [parse_layer_set(x) for x in layer_sets]
+    variants = [(f"layers {list(ls)}", lambda ls=ls: one(with_layers(ls))) for ls in sets]
+    (result, data, record), choice = choose_variant(variants, score=lambda out: score(out[0]), log=log)
+    return result, data, {**feature_metrics(settings, record), "layer_choice": choice}

@@ -1,0 +1,134 @@
+"""The assets choose features as `fugu-lite train` does, and every checkpoint is scored and served
+on its own features.
+
+`router_heads` takes `layer_sets` and `prompt_rules` (config; `fugu-lite pipeline --layer-sets`),
+calls the same core as the command line (`train/feature_choice.py:fit_choosing_features`), and so
+saves the same heads byte for byte. A head whose contract differs from the pipeline's encoder
+settings (other layers) is evaluated, promoted and served on its own features; a king on other
+features is still scored in the contest instead of being skipped.
+"""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import numpy as np
+import pytest
+
+from fugu_pipeline.cli import main
+from fugu_pipeline.defs.assemble import build_defs
+
+NOT_HEADS = {"sft", "rl", "es", "triage", "roles"}  # models/<kind>/ folders the router_heads asset does not write
+SHORT = (("sft", "epochs: 15\n"), ("rl", "epochs: 2\n"), ("es", "generations: 10\nval_every: 5\n"))
+
+
+@pytest.fixture
+def proj(project, monkeypatch):
+    for name, text in SHORT:
+        (project / "configs" / f"train_{name}.yaml").write_text(text)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("DAGSTER_HOME", str(project))
+    return project
+
+
+def manifests(folder):
+    return {p.parent: json.loads(p.read_text()) for p in folder.glob("*/*/manifest.json") if p.parent.parent.name != "promoted"}
+
+
+def layers_of(manifest) -> list[int]:
+    layer = manifest["feature_contract"]["layer"]
+    return layer if isinstance(layer, list) else [layer]
+
+
+def test_router_heads_chooses_layer_sets_like_fugu_lite_train(proj, capsys):
+    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", "router_heads",
+                 "--layer-sets", "-1", "-1 1"]) == 0
+    asset = {p: m for p, m in manifests(proj / "models").items() if p.parent.name not in NOT_HEADS}
+    assert asset
+    for m in asset.values():  # the choice is recorded in every head of the set
+        choice = m["metrics"]["layer_choice"]
+        assert set(choice["val_score"]) == {"layers [-1]", "layers [-1, 1]"}
+        assert layers_of(m) == json.loads(choice["chosen"].removeprefix("layers "))
+    capsys.readouterr()
+    assert main(["train", "--data", "data/reward_matrix.duckdb", "--encoder", "tiny", "--device", "cpu",
+                 "--layer-sets", "-1", "-1 1", "--output", "cli-models"]) == 0
+    cli = manifests(proj / "cli-models")
+    assert cli
+    by_name = {p.name: p for p in asset}
+    for path, m in cli.items():  # same core, same settings: the same heads, byte for byte
+        twin = by_name[path.name]
+        assert (path / "head.safetensors").read_bytes() == (twin / "head.safetensors").read_bytes()
+        for key in ("created_at", "wall_s"):
+            m.pop(key), asset[twin].pop(key)
+        assert m == asset[twin]
+
+
+def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_features(proj, capsys):
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.train.pointer import pointer_target, read_pointer
+
+    # one setting, other than the encoder resource's (layer -1): the heads' contract differs from the pipeline's
+    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--layer-sets", "-1 1"]) == 0
+    out = capsys.readouterr().out
+    heads = [p for p in manifests(proj / "models") if p.parent.name not in NOT_HEADS]
+    assert heads and all(layers_of(json.loads((p / "manifest.json").read_text())) == [-1, 1] for p in heads)
+    # each head's report was written on its own features (the pipeline's would not even load into it)
+    selected = next(p for p in heads if (p / "reports" / "test.json").exists())
+    rep = json.loads((selected / "reports" / "test.json").read_text())
+    assert rep["router_utility"] > rep["best_fixed_utility"]
+    assert "heads: router" in out
+    pointer = read_pointer(proj / "models")
+    assert pointer is not None, out
+    king = pointer_target(proj / "models", pointer)
+    history = [json.loads(line) for line in (proj / "models" / "promoted" / "history.jsonl").read_text().splitlines()]
+    decided = history[-1]
+    assert any(r.startswith("PASS feature contract: the serving encoder computes") for r in decided["reasons"]), decided
+
+    # serving computes the king's own features: the vectors its training read from the cache
+    from fugu_pipeline.features.encoder import LazyEncoder
+    from fugu_pipeline.features.routing_data import load_routing_data
+    from fugu_pipeline.route.router import encoder_settings_for
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    manifest = load_checkpoint(king).manifest
+    assert layers_of(json.loads((king / "manifest.json").read_text())) == [-1, 1]
+    cached, _ = load_routing_data(proj / "data" / "reward_matrix.duckdb",
+                                  LazyEncoder(encoder_settings_for(manifest.feature_contract, "cpu", manifest.metrics["feature_dtype"])),
+                                  proj / "data" / "embeddings")
+    test = cached.split("test")
+    router = Router.load(king, device="cpu")
+    try:
+        served = router.encoder.encode(test.prompts, list(test.domains))
+        np.testing.assert_array_equal(served, test.features)
+        routes = [d.worker_id for d in router.route_batch(test.prompts, list(test.domains))]
+    finally:
+        router.close()
+    assert set(routes) <= set(manifest.worker_ids)
+
+    # a later run on the pipeline's own features: the king (layers [-1, 1]) is scored in the contest,
+    # on its features, not skipped as "other features"
+    (proj / "configs" / "promotion.yaml").write_text("gates:\n  rate_limit_s: 0\n")  # a second attempt today
+    capsys.readouterr()
+    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny"]) == 0
+    last = [json.loads(line) for line in (proj / "models" / "promoted" / "history.jsonl").read_text().splitlines()][-1]
+    text = "\n".join(last["reasons"])
+    assert "other features" not in text and "cannot be scored" not in text, text
+    assert last.get("contest") and last["contest"]["king"] is not None, last
+
+
+def test_bad_layer_sets_are_refused_before_any_work(proj, capsys):
+    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--layer-sets", "-1", "top"]) == 2
+    assert "--layer-sets 'top'" in capsys.readouterr().err
+    assert not (proj / "data" / "reward_matrix.duckdb").exists()  # refused before the graph ran
+    # through the launchpad: the asset's config, a Failure that names the field
+    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", "task_embeddings"]) == 0
+    defs = build_defs(str(proj), None, "tiny")
+    with dg.instance_for_test() as instance:
+        res = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+            instance=instance, asset_selection=[dg.AssetKey("router_heads")], raise_on_error=False,
+            run_config={"ops": {"router_heads": {"config": {"layer_sets": [[-1], []]}}}})
+    assert not res.success
+    failure = next(e for e in res.all_events if e.is_step_failure)
+    assert "layer_sets an empty setting" in str(failure.event_specific_data.error)
+    assert not list((proj / "models").glob("*/*/manifest.json"))  # nothing half-saved
