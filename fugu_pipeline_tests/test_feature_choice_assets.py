@@ -106,6 +106,13 @@ def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_feat
         router.close()
     assert set(routes) <= set(manifest.worker_ids)
 
+    # `fugu-lite evaluate` of a head on the pipeline's features scores that king on its own features too
+    sft = next((proj / "models" / "sft").iterdir())
+    assert main(["evaluate", "--checkpoint", str(sft), "--data", "data/reward_matrix.duckdb", "--device", "cpu",
+                 "--models-dir", "models", "--output", "sft-report.json"]) == 0
+    composite = json.loads((proj / "sft-report.json").read_text())["composite"]
+    assert composite["king"] is not None and "other features" not in composite["king_note"], composite["king_note"]
+
     # a later run on the pipeline's own features: the king (layers [-1, 1]) is scored in the contest,
     # on its features, not skipped as "other features"
     (proj / "configs" / "promotion.yaml").write_text("gates:\n  rate_limit_s: 0\n")  # a second attempt today

@@ -30,12 +30,14 @@ def live_for(args, data):
     return OneCallEvaluator(config), tasks_by_id(tasks_path)
 
 
-def composite_for_report(rep: dict, ckpt, data, args) -> None:
-    """`fugu-lite evaluate`: the composite against the king of --models-dir, live where it can."""
+def composite_for_report(rep: dict, ckpt, data, args, features=None) -> None:
+    """`fugu-lite evaluate`: the composite against the king of --models-dir, live where it can; the
+    king reads its own features of the same rows from `features` (a FeatureSource), as promotion
+    scores it."""
     from fugu_pipeline.evaluate.contest import add_composite
 
     live, tasks = live_for(args, data)
-    add_composite(rep, ckpt, data, args.models_dir, policy(args).composite, live=live, tasks=tasks)
+    add_composite(rep, ckpt, data, args.models_dir, policy(args).composite, live=live, tasks=tasks, features=features)
 
 
 def print_report_tables(rep: dict) -> None:

@@ -250,7 +250,8 @@ def cmd_evaluate(args) -> int:
     path = resolve_checkpoint(args.checkpoint)
     probe = load_checkpoint(path)
     contract = probe.manifest.feature_contract
-    data = routing_data(args, settings=encoder_settings(args, args.encoder, contract, probe.manifest.metrics))
+    settings = encoder_settings(args, args.encoder, contract, probe.manifest.metrics)
+    data = routing_data(args, settings=settings)
     expected = data.contract if args.encoder is None else data.contract.model_copy(update={"encoder_id": contract.encoder_id})
     ckpt = load_checkpoint(path, expected_contract=expected)
     calibration = calibrate_beside(path, data)
@@ -260,7 +261,10 @@ def cmd_evaluate(args) -> int:
     if args.split == "test":  # the composite is defined on the held-out split
         from fugu_pipeline.cli.reporting import composite_for_report
 
-        composite_for_report(rep, ckpt, data, args)
+        from fugu_pipeline.evaluate.feature_source import FeatureSource
+
+        features = FeatureSource(data, lambda s: routing_data(args, settings=s), settings)
+        composite_for_report(rep, ckpt, data, args, features)
     out = Path(args.output) if args.output else path / "reports" / f"{args.split}.json"
     report, plots = write_report(rep, out.parent, out.stem)
     print(rep["summary"])
