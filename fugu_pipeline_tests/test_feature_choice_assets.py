@@ -62,6 +62,11 @@ def test_router_heads_chooses_layer_sets_like_fugu_lite_train(proj, capsys):
         for key in ("created_at", "wall_s"):
             m.pop(key), asset[twin].pop(key)
         assert m == asset[twin]
+        # and the same budget calibration beside each quality head (serve --budget-share reads it)
+        assert (path / "budget.json").exists() == (twin / "budget.json").exists()
+        if (path / "budget.json").exists():
+            assert (path / "budget.json").read_bytes() == (twin / "budget.json").read_bytes()
+    assert any((p / "budget.json").exists() for p in asset)
 
 
 def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_features(proj, capsys):
@@ -102,6 +107,11 @@ def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_feat
         served = router.encoder.encode(test.prompts, list(test.domains))
         np.testing.assert_array_equal(served, test.features)
         routes = [d.worker_id for d in router.route_batch(test.prompts, list(test.domains))]
+        # the asset wrote the budget calibration beside it: the promoted head routes under a cap
+        from fugu_pipeline.route.budget import Budget
+
+        capped = router.route_batch(test.prompts[:8], list(test.domains[:8]), budget=Budget(share=0.5))
+        assert all(d.worker_id in manifest.worker_ids for d in capped)
     finally:
         router.close()
     assert set(routes) <= set(manifest.worker_ids)

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from fugu_pipeline.cli.common import CLIError, encoder_name
+from fugu_pipeline.route.budget import calibrate_beside
 
 
 def resolve_checkpoint(arg: str) -> Path:
@@ -136,38 +137,6 @@ def routing_data(args, encoder: str | None = None, *, contract=None, settings=No
     print(f"utility: {data.utility_config.describe()} ({data.utility_source})", file=sys.stderr)
     lazy.close()
     return data
-
-
-def calibrate_beside(path: Path, data, log=lambda m: print(m, file=sys.stderr), q_val=None):
-    """The budget calibration (λ curve on validation) of a checkpoint over `data`, when the head
-    predicts quality and the data records cost; None otherwise (the reason logged). It is written
-    beside the checkpoint (`budget.json`, what `route` and `serve` read) when `data` is the data the
-    checkpoint was trained on, or when there is none yet; other data (evaluating elsewhere) gets a
-    calibration for its report only, and the training one is kept. A `budget.json` already drawn
-    on this data for this checkpoint is used as it is (`fugu-lite train` draws it on out-of-fold
-    predictions, `q_val`, which the refitted head cannot reproduce)."""
-    from fugu_pipeline.route.budget import CALIBRATION_FILE, BudgetError, calibrate_checkpoint, load_calibration
-    from fugu_pipeline.train.checkpoints import load_checkpoint
-
-    ckpt = load_checkpoint(path)
-    target = Path(path) / CALIBRATION_FILE
-    if q_val is None and target.exists():
-        kept = load_calibration(path)
-        if kept.checkpoint == ckpt.manifest.content_hash and kept.data_version == data.data_version:
-            log(f"budget calibration: {target} (drawn on this data's {kept.n_val} validation rows)")
-            return kept
-    try:
-        cal = calibrate_checkpoint(ckpt, data, q_val)
-    except BudgetError as exc:
-        log(f"budget mode: not available for this checkpoint ({str(exc).split(':')[0]})")
-        return None
-    if ckpt.manifest.data_version == data.data_version or not target.exists():
-        cal.save(path)
-        log(f"budget calibration: {target} (reference {cal.reference_worker}, {cal.n_val} validation rows)")
-    else:
-        log(f"budget calibration: on this data's {cal.n_val} validation rows, for this report only ({target} keeps "
-            "the one from the training data)")
-    return cal
 
 
 def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr), layer_sets=None):

@@ -95,6 +95,7 @@ class TrainConfig(dg.Config):
 def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_path: str | None = None) -> dg.Output:
     from fugu_pipeline.defs.training import train_result_metadata
     from fugu_pipeline.features.routing_data import TrainingDataError
+    from fugu_pipeline.route.budget import calibrate_beside
     from fugu_pipeline.train.checkpoints import load_checkpoint
     from fugu_pipeline.train.configs import (
         ConfigError,
@@ -124,6 +125,7 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
     # the dtype the features were computed in, as `fugu-lite train-*` records it
     result.metrics["feature_dtype"] = encoder.settings().feature_dtype()
     path = result.save(pipeline.paths.models)
+    calibrate_beside(path, data, context.log.info)  # budget.json, as `fugu-lite train-*` writes it
     context.log.info(f"{method}: {result.param_count} parameters; checkpoint {path}")
     _push_checkpoint(context, pipeline, path)
     return dg.Output(
@@ -174,6 +176,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     selected one (the challenger this asset offers to promotion)."""
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.train.configs import ConfigError, TrainSetConfig, load_config
+    from fugu_pipeline.route.budget import calibrate_beside
     from fugu_pipeline.train.feature_choice import LayerSetError, fit_choosing_features
     from fugu_pipeline.train.fit import fit_and_save, select_heads
 
@@ -191,6 +194,8 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
                               selection=selection, metrics=recorded)
     except (TrainingDataError, LayerSetError) as exc:
         raise dg.Failure(description=f"layer_sets {exc}" if isinstance(exc, LayerSetError) else str(exc)) from None
+    for saved in report.saved:  # budget.json beside each quality head, as `fugu-lite train` writes it
+        calibrate_beside(saved.path, data, context.log.info, saved.val_quality)
     selected = report.selected_path()
     rows = ["| kind | configuration | validation | checkpoint |", "|---|---|---|---|"] + [
         f"| {'**' + s.kind + '**' if s.selected else s.kind} | {s.name} | "

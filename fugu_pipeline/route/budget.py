@@ -319,3 +319,35 @@ def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> B
     return calibrate(np.clip(np.asarray(q_val, dtype=np.float64), 0.0, 1.0), val.prompts, val.domains, val.quality, train.prompts, train.domains, train.cost_usd,
                      train.quality, data.worker_ids, checkpoint=checkpoint.manifest.content_hash,
                      data_version=data.data_version)
+
+
+def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.stderr), q_val=None):
+    """The budget calibration (λ curve on validation) of a checkpoint over `data`, when the head
+    predicts quality and the data records cost; None otherwise (the reason logged). It is written
+    beside the checkpoint (`budget.json`, what `route` and `serve` read) when `data` is the data the
+    checkpoint was trained on, or when there is none yet; other data (evaluating elsewhere) gets a
+    calibration for its report only, and the training one is kept. A `budget.json` already drawn
+    on this data for this checkpoint is used as it is (`fugu-lite train` draws it on out-of-fold
+    predictions, `q_val`, which the refitted head cannot reproduce). The command line and the
+    training assets both call it after saving a checkpoint."""
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    target = Path(path) / CALIBRATION_FILE
+    if q_val is None and target.exists():
+        kept = load_calibration(path)
+        if kept.checkpoint == ckpt.manifest.content_hash and kept.data_version == data.data_version:
+            log(f"budget calibration: {target} (drawn on this data's {kept.n_val} validation rows)")
+            return kept
+    try:
+        cal = calibrate_checkpoint(ckpt, data, q_val)
+    except BudgetError as exc:
+        log(f"budget mode: not available for this checkpoint ({str(exc).split(':')[0]})")
+        return None
+    if ckpt.manifest.data_version == data.data_version or not target.exists():
+        cal.save(path)
+        log(f"budget calibration: {target} (reference {cal.reference_worker}, {cal.n_val} validation rows)")
+    else:
+        log(f"budget calibration: on this data's {cal.n_val} validation rows, for this report only ({target} keeps "
+            "the one from the training data)")
+    return cal
