@@ -11,6 +11,7 @@ features is still scored in the contest instead of being skipped.
 from __future__ import annotations
 
 import json
+import re
 
 import dagster as dg
 import numpy as np
@@ -149,3 +150,66 @@ def test_bad_layer_sets_are_refused_before_any_work(proj, capsys):
     failure = next(e for e in res.all_events if e.is_step_failure)
     assert "layer_sets an empty setting" in str(failure.event_specific_data.error)
     assert not list((proj / "models").glob("*/*/manifest.json"))  # nothing half-saved
+
+
+# ----------------------------------------------------------------- one forward pass for several layer settings
+
+PROMPTS = [f"Question {i}: what is {i} * {i + 3}?" + " Explain." * (i % 7) for i in range(40)] + ["", "x" * 3000, "é漢字🙂 odd"]
+
+
+def _settings(layers, **over):
+    from fugu_pipeline.features.settings import EncoderSettings
+
+    return EncoderSettings(model="tiny", device="cpu", dtype="float32", layer=layers, lexical=True, **over)
+
+
+def test_layer_sets_are_encoded_once_and_equal_separate_runs_bit_for_bit(tmp_path):
+    from fugu_pipeline.features.cache import embed_layer_sets, embed_prompts
+
+    sets = [_settings(-1), _settings((-1, 1)), _settings((2, -1))]
+    domains = ["math"] * len(PROMPTS)
+    # part of one setting is cached already: only the rest is encoded, and only once
+    embed_prompts(PROMPTS[:10], domains[:10], sets[0], tmp_path / "one")
+    n = embed_layer_sets(PROMPTS, domains, sets, tmp_path / "one", chunk_size=16)
+    assert n == len(set(PROMPTS))  # the other settings missed every prompt
+    assert embed_layer_sets(PROMPTS, domains, sets, tmp_path / "one") == 0  # all cached now: no model load
+    for s in sets:
+        shared = embed_prompts(PROMPTS, domains, s, tmp_path / "one")
+        alone = embed_prompts(PROMPTS, domains, s, tmp_path / f"alone-{s.fingerprint('float32', 'x')}")
+        assert shared.n_computed == 0 and alone.n_computed == len(set(PROMPTS))
+        assert shared.fingerprint == alone.fingerprint and shared.contract == alone.contract
+        np.testing.assert_array_equal(shared.vectors, alone.vectors)
+    with pytest.raises(ValueError, match="differ only in their layers"):
+        embed_layer_sets(PROMPTS, domains, [_settings(-1), _settings(-1, pooling="last")], tmp_path / "two")
+
+
+def test_an_interrupted_layer_sets_pass_keeps_its_finished_chunks(tmp_path, monkeypatch):
+    from fugu_pipeline.features.cache import EmbeddingCache, embed_layer_sets
+    from fugu_pipeline.features.encoder import Encoder, LazyEncoder
+
+    real, calls = Encoder.encode_texts, []
+
+    def dies_on_the_second_chunk(self, texts):
+        calls.append(len(texts))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, texts)
+
+    monkeypatch.setattr(Encoder, "encode_texts", dies_on_the_second_chunk)
+    sets = [_settings(-1), _settings((-1, 1))]
+    with pytest.raises(KeyboardInterrupt):
+        embed_layer_sets(PROMPTS, None, sets, tmp_path, chunk_size=8)
+    for s in sets:
+        assert len(EmbeddingCache(tmp_path, LazyEncoder(s).fingerprint)) == 8  # the first chunk, in both caches
+    monkeypatch.setattr(Encoder, "encode_texts", real)
+    assert embed_layer_sets(PROMPTS, None, sets, tmp_path, chunk_size=8) == len(set(PROMPTS)) - 8
+
+
+def test_fugu_lite_train_encodes_layer_sets_in_one_pass(proj, capsys):
+    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", "reward_matrix"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--data", "data/reward_matrix.duckdb", "--encoder", "tiny", "--device", "cpu",
+                 "--layer-sets", "-1", "-1 1", "--prompt-rules", "off", "--output", "m"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"features: \d+ prompts encoded once for 2 layer settings", err), err
+    assert err.count("features: 300 cached, 0 encoded") == 2, err  # each setting then reads the cache

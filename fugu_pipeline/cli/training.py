@@ -154,9 +154,18 @@ def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr),
     try:
         return fit_choosing_features(encoder_settings(args), lambda s: routing_data(args, settings=s), fit,
                                      score or val_utility, prompt_rules=getattr(args, "prompt_rules", "auto"),
-                                     layer_sets=layer_sets, log=log)
+                                     layer_sets=layer_sets, log=log, prefill=lambda ss: prefill(args, ss))
     except LayerSetError as exc:
         raise CLIError(f"--layer-sets {exc}") from None
+
+
+def prefill(args, settings_list) -> None:
+    """--layer-sets: every setting's features in one forward pass per prompt, before the fits."""
+    from fugu_pipeline.features.routing_data import prefill_layer_sets
+
+    n = prefill_layer_sets(matrix_db(args), settings_list, Path(args.cache_dir), progress=True)
+    if n:
+        print(f"features: {n} prompts encoded once for {len(settings_list)} layer settings", file=sys.stderr)
 
 
 def train(args, method: str) -> int:

@@ -39,6 +39,16 @@ def _routing_data(context, pipeline: PipelineResource, encoder: EncoderResource,
     return data
 
 
+def _prefill(context, pipeline: PipelineResource, encoder: EncoderResource, settings_list) -> None:
+    """Several layer settings' features in one forward pass per prompt (features/cache.py)."""
+    from fugu_pipeline.features.routing_data import prefill_layer_sets
+
+    with _shared_embeddings(context, pipeline, encoder):
+        n = prefill_layer_sets(pipeline.paths.reward_db, settings_list, _cache_root(pipeline, encoder))
+    if n:
+        context.log.info(f"{n} prompts encoded once for {len(settings_list)} layer settings")
+
+
 def _feature_source(context, pipeline: PipelineResource, encoder: EncoderResource, data=None):
     """Each checkpoint's own features of the same rows (evaluate/feature_source.py), for the
     reports and promotion: heads may have chosen layers or prompt rules on validation."""
@@ -189,7 +199,8 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
         selection, data, recorded = fit_choosing_features(
             encoder.settings(), lambda s: _routing_data(context, pipeline, encoder, s),
             lambda d: select_heads(d, cfg, context.log.info, config.force), score=lambda sel: sel[0].val_score,
-            prompt_rules=config.prompt_rules, layer_sets=config.layer_sets, log=context.log.info)
+            prompt_rules=config.prompt_rules, layer_sets=config.layer_sets, log=context.log.info,
+            prefill=lambda ss: _prefill(context, pipeline, encoder, ss))
         report = fit_and_save(data, pipeline.paths.models, cfg, log=context.log.info, force=config.force,
                               selection=selection, metrics=recorded)
     except (TrainingDataError, LayerSetError) as exc:

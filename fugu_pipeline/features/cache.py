@@ -32,6 +32,7 @@ import numpy as np
 
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.encoder import Encoder, LazyEncoder
+from fugu_pipeline.features.lexical import LEXICAL_DIM
 from fugu_pipeline.features.settings import EncoderSettings
 from fugu_pipeline.files import atomic_write
 from fugu_pipeline.hashing import sha256_text
@@ -268,3 +269,69 @@ def embed_prompts(
         loaded_model=lazy.loaded and not was_loaded,
         seconds=time.perf_counter() - t0,
     )
+
+
+def embed_layer_sets(
+    prompts: list[str],
+    domains: list[str] | None,
+    settings_list: list[EncoderSettings],
+    cache_root: str | Path,
+    *,
+    progress=None,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> int:
+    """Fill the cache of every setting in `settings_list` (settings that differ only in their
+    encoder layers, e.g. [-1] and [-1, 3]) with one forward pass per prompt: the model runs once
+    with the union of their layers, and each setting's vector is its own layers' blocks (each layer
+    is pooled and normalised on its own) plus the lexical block. Those are the vectors a separate
+    run of that setting computes, bit for bit (tested), stored under that setting's fingerprint, so
+    `embed_prompts` then finds every one cached. Chunked and crash-safe like `embed_prompts`.
+    Returns how many distinct texts were encoded."""
+    if not settings_list:
+        return 0
+    first = settings_list[0]
+    rest = first.model_dump(exclude={"layer"})
+    for s in settings_list[1:]:
+        if s.model_dump(exclude={"layer"}) != rest:
+            raise ValueError("embed_layer_sets: the settings must differ only in their layers")
+    union: list[int] = []
+    for s in settings_list:
+        union += [layer for layer in s.layers if layer not in union]
+    texts = first.format(list(prompts), domains)  # the layers do not change the text
+    keys = [sha256_text(t) for t in texts]
+    caches = [EmbeddingCache(cache_root, LazyEncoder(s).fingerprint) for s in settings_list]
+    missing_in = [set(np.asarray(keys, dtype=object)[~c.get_many(keys)[0]].tolist()) for c in caches]
+    todo = set().union(*missing_in)
+    if not todo:
+        return 0
+    encoder = Encoder.load(EncoderSettings.model_validate({**first.model_dump(), "layer": tuple(union)}))
+    try:
+        hidden = (encoder.dim - (LEXICAL_DIM if first.lexical else 0)) // len(union)
+        columns = []
+        for s, cache in zip(settings_list, caches):
+            cols = [np.arange(union.index(layer) * hidden, (union.index(layer) + 1) * hidden) for layer in s.layers]
+            if s.lexical:
+                cols.append(np.arange(encoder.dim - LEXICAL_DIM, encoder.dim))
+            idx = np.concatenate(cols)
+            contract = s.feature_contract(len(idx))
+            cache.write_meta(len(idx), contract=contract.model_dump(mode="json", exclude={"prompt_rules"}),
+                             encoder=s.describe(encoder.resolved_device, encoder.resolved_dtype, len(idx))
+                             + f", fingerprint {cache.fingerprint}")
+            columns.append(idx)
+        text_of = dict(zip(keys, texts))
+        order = sorted(todo, key=lambda k: -len(text_of[k]))
+        report, close = _progress_fn(progress, len(order), "embedding (layer sets)")
+        try:
+            for start in range(0, len(order), max(1, chunk_size)):
+                chunk = order[start : start + max(1, chunk_size)]
+                got = encoder.encode_texts([text_of[k] for k in chunk])
+                for cache, idx, missing in zip(caches, columns, missing_in):
+                    rows = [i for i, k in enumerate(chunk) if k in missing]
+                    if rows:
+                        cache.put_many([chunk[i] for i in rows], np.ascontiguousarray(got[np.ix_(rows, idx)]))
+                report(start + len(chunk))
+        finally:
+            close()
+    finally:
+        encoder.close()
+    return len(order)

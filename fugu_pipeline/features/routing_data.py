@@ -270,3 +270,14 @@ def load_routing_data(db_path: Path, encoder, cache_root: Path, *, val_fraction:
     if "val" not in set(data.splits.tolist()):
         data = carve_validation(data, fraction=val_fraction, seed=seed)
     return data, emb
+
+
+def prefill_layer_sets(db_path: Path, settings_list: list, cache_root: Path, *, progress=None) -> int:
+    """Encode the reward matrix's prompts once for several layer settings (`cache.embed_layer_sets`),
+    so that `load_routing_data` then finds each setting's features in the cache. Returns how many
+    distinct texts were encoded."""
+    from fugu_pipeline.features.cache import embed_layer_sets
+    from fugu_pipeline.matrix.read import read_arrays
+
+    arrays = read_arrays(db_path)
+    return embed_layer_sets(arrays.prompts, arrays.domains, settings_list, cache_root, progress=progress)

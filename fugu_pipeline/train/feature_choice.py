@@ -128,12 +128,16 @@ def fit_choosing_features(
     prompt_rules: str = "auto",
     layer_sets: list | None = None,
     log: Log = print,
+    prefill: Callable[[list[EncoderSettings]], object] | None = None,
 ) -> tuple[R, RoutingData, dict]:
     """Fit on the features `settings` describe, choosing on validation what is left open: the
     prompt rules (`prompt_rules`: auto, on, off) and, with `layer_sets` (e.g. [[-1], [-1, 3]]), the
     encoder layers: each setting is fitted (prompt rules chosen within it) and the one whose result
     `score`s best is kept. `load(settings)` gives the rows with those features (through the cache);
-    `fit(data)` trains. Returns (result, its data, the metrics to record in the checkpoint)."""
+    `fit(data)` trains. `prefill(settings_list)`, when given, encodes the prompts once for every
+    layer setting before they are fitted (`routing_data.prefill_layer_sets`: one forward pass
+    instead of one per setting). Returns (result, its data, the metrics to record in the
+    checkpoint)."""
 
     def with_layers(layers: tuple[int, ...] | None) -> EncoderSettings:
         if layers is None:
@@ -149,6 +153,8 @@ def fit_choosing_features(
         result, data, record = one(settings)
         return result, data, feature_metrics(settings, record)
     sets = [parse_layer_set(x) for x in layer_sets]
+    if prefill is not None and len(sets) > 1:
+        prefill([with_layers(ls) for ls in sets])
     variants = [(f"layers {list(ls)}", lambda ls=ls: one(with_layers(ls))) for ls in sets]
     (result, data, record), choice = choose_variant(variants, score=lambda out: score(out[0]), log=log)
     return result, data, {**feature_metrics(settings, record), "layer_choice": choice}
