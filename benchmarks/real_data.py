@@ -67,7 +67,7 @@ def apgr_ci(score, perf_s, perf_w, n_boot: int = 1000, seed: int = 0) -> dict:
 
 def load(name: str, routing: Path, args, timings: dict, layers: tuple[int, ...]):
     from fugu_pipeline.features.encoder import LazyEncoder
-    from fugu_pipeline.features.routing_data import load_routing_data
+    from fugu_pipeline.features.routing_data import load_routing_data, prefill_layer_sets
     from fugu_pipeline.features.settings import EncoderSettings
     from fugu_pipeline.matrix.build import build, from_import
     from fugu_pipeline.matrix.importers import import_source
@@ -89,6 +89,11 @@ def load(name: str, routing: Path, args, timings: dict, layers: tuple[int, ...])
                                layer=layer, lexical=args.lexical)
     lazy = LazyEncoder(settings)
     t0 = time.perf_counter()
+    if args.layer_sets and len(args.layer_sets) > 1:  # every setting in one forward pass, as `fugu-lite train` does
+        from fugu_pipeline.train.feature_choice import parse_layer_set
+
+        sets = [EncoderSettings.model_validate({**settings.model_dump(), "layer": parse_layer_set(v)}) for v in args.layer_sets]
+        prefill_layer_sets(db, sets, Path(args.cache_dir), progress=True)
     data, emb = load_routing_data(db, lazy, Path(args.cache_dir))
     lazy.close()
     timings["embedding"] = time.perf_counter() - t0
