@@ -145,7 +145,7 @@ def test_bad_layer_sets_are_refused_before_any_work(proj, capsys):
     with dg.instance_for_test() as instance:
         res = defs.resolve_implicit_global_asset_job_def().execute_in_process(
             instance=instance, asset_selection=[dg.AssetKey("router_heads")], raise_on_error=False,
-            run_config={"ops": {"router_heads": {"config": {"layer_sets": [[-1], []]}}}})
+            run_config={"ops": {"router_heads": {"config": {"layer_sets": ["-1", ""]}}}})
     assert not res.success
     failure = next(e for e in res.all_events if e.is_step_failure)
     assert "layer_sets an empty setting" in str(failure.event_specific_data.error)
@@ -213,3 +213,28 @@ def test_fugu_lite_train_encodes_layer_sets_in_one_pass(proj, capsys):
     err = capsys.readouterr().err
     assert re.search(r"features: \d+ prompts encoded once for 2 layer settings", err), err
     assert err.count("features: 300 cached, 0 encoded") == 2, err  # each setting then reads the cache
+
+
+# ----------------------------------------------------------------- features: in configs/train.yaml
+
+def test_the_features_block_resolves_the_same_for_the_command_line_and_the_asset(tmp_path):
+    from fugu_pipeline.train.configs import ConfigError, FeatureChoiceConfig, TrainSetConfig, load_config
+    from fugu_pipeline.train.feature_choice import LayerSetError, heads_features
+
+    base = _settings(-1).model_copy(update={"lexical": False})
+    cfg = FeatureChoiceConfig()
+    settings, sets, rules = heads_features(base, cfg)
+    assert sets == [(-1,), (-1, 1)] and rules == "auto" and settings.lexical is False  # tiny: 2 layers, middle 1
+    # flags / run config override the file; --layers (or a resource reading other layers) means no choice
+    assert heads_features(base, cfg, lexical=True, layer_sets=["off"], prompt_rules="off")[1:] == (None, "off")
+    assert heads_features(base, cfg, lexical=True)[0].lexical is True
+    assert heads_features(base, cfg, layer_sets=["-1", "-1 2"])[1] == [(-1,), (-1, 2)]
+    assert heads_features(_settings((-1, 1)), cfg)[1] is None
+    assert heads_features(base, FeatureChoiceConfig(layer_sets=[[-2], [-1, 1]]))[1] == [(-2,), (-1, 1)]
+    with pytest.raises(LayerSetError, match="'top'"):
+        heads_features(base, cfg, layer_sets=["-1", "top"])
+    # a bad file names the field
+    for text in ("features:\n  layer_sets: [[]]\n", "features:\n  layer_sets: sometimes\n", "features:\n  lexcal: true\n"):
+        (tmp_path / "t.yaml").write_text(text)
+        with pytest.raises(ConfigError, match="features"):
+            load_config(tmp_path / "t.yaml", TrainSetConfig)

@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         budget_opts(p)
         encoder_opts(p)
 
-    def prompt_rules_opt(p):
-        p.add_argument("--prompt-rules", default="auto", choices=["auto", "on", "off"],
+    def prompt_rules_opt(p, default="auto"):
+        p.add_argument("--prompt-rules", default=default, choices=["auto", "on", "off"],
                        help="strip boilerplate the training prompts of a domain share (a few-shot block, a system "
                             "preamble, a format footer) before encoding: auto (default) trains with and without "
                             "and keeps the better on validation; the choice goes into the feature contract")
@@ -151,9 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--force", action="store_true", help="train even without a learning signal")
     p.add_argument("--layer-sets", nargs="+", default=None, metavar="'L ...'",
-                   help="several encoder-layer settings, e.g. '-1' '-1 3': the heads are fitted on each and the one "
-                        "whose selected head has the best validation figure is kept (instead of --layers)")
-    prompt_rules_opt(p)
+                   help="encoder-layer settings to choose from, e.g. '-1' '-1 3' (or auto, off): the heads are fitted on "
+                        "each and the one whose selected head has the best validation figure is kept (default: the "
+                        "config's features.layer_sets, auto = [-1] and [-1, middle]; --layers fixes the layers)")
+    p.add_argument("--no-lexical", dest="lexical", action="store_const", const=False,
+                   help="leave out the lexical statistics block even where the config's features.lexical turns it "
+                        "on (default: the config's, off; --lexical turns it on)")
+    prompt_rules_opt(p, default=None)
 
     p = add("evaluate", training.cmd_evaluate, "write the held-out report of a checkpoint (JSON + plots)")
     p.add_argument("--checkpoint", required=True, help="the path train-* printed, or a models folder holding exactly one checkpoint")

@@ -16,10 +16,12 @@ def heads_config(args) -> dict:
 
     out = {}
     if getattr(args, "layer_sets", None):
-        try:
-            out["layer_sets"] = [list(parse_layer_set(t)) for t in args.layer_sets]
-        except LayerSetError as exc:
-            raise CLIError(f"--layer-sets {exc}") from None
+        if not (len(args.layer_sets) == 1 and args.layer_sets[0].strip() in ("auto", "off")):
+            try:
+                [parse_layer_set(t) for t in args.layer_sets]  # refused here, before the graph runs
+            except LayerSetError as exc:
+                raise CLIError(f"--layer-sets {exc}") from None
+        out["layer_sets"] = list(args.layer_sets)
     if getattr(args, "prompt_rules", None):
         out["prompt_rules"] = args.prompt_rules
     return out

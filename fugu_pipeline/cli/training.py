@@ -139,24 +139,20 @@ def routing_data(args, encoder: str | None = None, *, contract=None, settings=No
     return data
 
 
-def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr), layer_sets=None):
+def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr), layer_sets=None, settings=None,
+                 prompt_rules: str | None = None):
     """A new head's features and training, shared by `train-sft` and `train`: the encoder settings
-    from the flags (--template, --pooling, --layers, --max-length, --dtype ...), the data through
-    the cache, and `fit(data)` with the prompt rules --prompt-rules asks for (auto: with and
-    without, the better validation figure `score(result)` wins) and, with `layer_sets`, the layer
-    setting chosen the same way (`train/feature_choice.py:fit_choosing_features`, which the
-    `router_heads` asset calls too). Returns (result, the data it was fitted on, the metrics to
-    record)."""
-    from fugu_pipeline.train.feature_choice import LayerSetError, fit_choosing_features, val_utility
+    (`settings`, else the flags: --template, --pooling, --layers, --max-length, --dtype ...), the
+    data through the cache, and `fit(data)` with the prompt rules chosen as `prompt_rules` (else
+    --prompt-rules) asks (auto: with and without, the better validation figure `score(result)`
+    wins) and, with `layer_sets`, the layer setting chosen the same way
+    (`train/feature_choice.py:fit_choosing_features`, which the `router_heads` asset calls too).
+    Returns (result, the data it was fitted on, the metrics to record)."""
+    from fugu_pipeline.train.feature_choice import fit_choosing_features, val_utility
 
-    if layer_sets and args.layers is not None:
-        raise CLIError("give --layers or --layer-sets, not both")
-    try:
-        return fit_choosing_features(encoder_settings(args), lambda s: routing_data(args, settings=s), fit,
-                                     score or val_utility, prompt_rules=getattr(args, "prompt_rules", "auto"),
-                                     layer_sets=layer_sets, log=log, prefill=lambda ss: prefill(args, ss))
-    except LayerSetError as exc:
-        raise CLIError(f"--layer-sets {exc}") from None
+    return fit_choosing_features(settings or encoder_settings(args), lambda s: routing_data(args, settings=s), fit,
+                                 score or val_utility, prompt_rules=prompt_rules or getattr(args, "prompt_rules", None) or "auto",
+                                 layer_sets=layer_sets, log=log, prefill=lambda ss: prefill(args, ss))
 
 
 def prefill(args, settings_list) -> None:
@@ -280,11 +276,24 @@ def cmd_train_heads(args) -> int:
     print(f"heads: {config or 'built-in defaults (= configs/train.yaml as shipped)'}; "
           f"enabled {[k for k, v in cfg.heads.model_dump().items() if v is not None]}", file=sys.stderr)
     log = lambda m: print(m, file=sys.stderr)
-    # the features as train-sft gets them (encoder flags, --prompt-rules and --layer-sets chosen on
-    # the selected head's out-of-fold validation figure), recorded in every checkpoint of the set
+    # the features: the encoder flags, then the config's `features:` (lexical block, layer sets and
+    # prompt rules, chosen on the selected head's out-of-fold validation figure) unless a flag says
+    # otherwise, as the router_heads asset resolves them; recorded in every checkpoint of the set
+    from fugu_pipeline.train.feature_choice import LayerSetError, heads_features
+
+    if args.layers is not None and args.layer_sets:
+        raise CLIError("give --layers or --layer-sets, not both")
+    try:
+        settings, sets, rules = heads_features(
+            encoder_settings(args), cfg.features, lexical=args.lexical,
+            layer_sets="off" if args.layers is not None else args.layer_sets, prompt_rules=args.prompt_rules)
+    except LayerSetError as exc:
+        raise CLIError(f"--layer-sets {exc}") from None
+    print(f"features: lexical block {'on' if settings.lexical else 'off'}; layer settings "
+          f"{[list(x) for x in sets] if sets else list(settings.layers)}; prompt rules {rules}", file=sys.stderr)
     selection, data, recorded = fit_new_head(args, lambda d: select_heads(d, cfg, log, args.force),
-                                             score=lambda sel: sel[0].val_score, log=log,
-                                             layer_sets=getattr(args, "layer_sets", None))
+                                             score=lambda sel: sel[0].val_score, log=log, layer_sets=sets,
+                                             settings=settings, prompt_rules=rules)
     report = fit_and_save(data, args.output, cfg, log=log, force=args.force, selection=selection, metrics=recorded)
     for saved in report.saved:  # budget.json beside each quality head (route/serve/evaluate --budget-*)
         calibrate_beside(saved.path, data, log, saved.val_quality)

@@ -2,7 +2,6 @@
 
 import base64
 from pathlib import Path
-from typing import Literal
 
 import dagster as dg
 
@@ -170,12 +169,14 @@ class HeadsConfig(dg.Config):
     """The heads, their grids and the selection (relative to the project; absent: the built-in defaults, the same)."""
     force: bool = False
     """Train even when every worker ties on every task (no learning signal)."""
-    prompt_rules: Literal["auto", "on", "off"] = "auto"
-    """Strip the text shared by a domain's prompts (fitted on the training prompts): auto fits both
-    and keeps the better validation figure, as `fugu-lite train --prompt-rules` does."""
-    layer_sets: list[list[int]] | None = None
-    """Encoder layer settings to choose from on validation, e.g. [[-1], [-1, 3]] (as `fugu-lite train
-    --layer-sets '-1' '-1 3'`); None: the encoder resource's layers."""
+    prompt_rules: str | None = None
+    """Strip the text a domain's training prompts share: auto fits both and keeps the better on
+    validation (None: the config file's `features.prompt_rules`, auto), as `fugu-lite train --prompt-rules`."""
+    layer_sets: list[str] | None = None
+    """Encoder layer settings to choose from on validation, e.g. ["-1", "-1 3"], or ["auto"] / ["off"]
+    (None: the config file's `features.layer_sets`, auto = [-1] and [-1, middle]), as `fugu-lite train --layer-sets`."""
+    lexical: bool | None = None
+    """Append the 16 lexical statistics to the heads' features (None: the config file's `features.lexical`, on)."""
 
 
 @dg.asset(deps=[task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
@@ -187,7 +188,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.train.configs import ConfigError, TrainSetConfig, load_config
     from fugu_pipeline.route.budget import calibrate_beside
-    from fugu_pipeline.train.feature_choice import LayerSetError, fit_choosing_features
+    from fugu_pipeline.train.feature_choice import LayerSetError, fit_choosing_features, heads_features
     from fugu_pipeline.train.fit import fit_and_save, select_heads
 
     path = pipeline.paths.resolve(config.config_path)
@@ -195,11 +196,18 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
         cfg = load_config(path, TrainSetConfig) if path.exists() else TrainSetConfig()
     except ConfigError as exc:
         raise dg.Failure(description=str(exc)) from None
-    try:  # the features as `fugu-lite train` chooses them: prompt rules and layer sets on validation
+    if config.prompt_rules not in (None, "auto", "on", "off"):
+        raise dg.Failure(description=f"prompt_rules {config.prompt_rules!r}: give auto, on or off (or leave it unset: "
+                         "the config file's features.prompt_rules)")
+    try:  # the features as `fugu-lite train` resolves and chooses them (lexical block, layer sets, prompt rules)
+        settings, sets, rules = heads_features(encoder.settings(), cfg.features, lexical=config.lexical,
+                                               layer_sets=config.layer_sets, prompt_rules=config.prompt_rules)
+        context.log.info(f"features: lexical block {'on' if settings.lexical else 'off'}; layer settings "
+                         f"{[list(x) for x in sets] if sets else list(settings.layers)}; prompt rules {rules}")
         selection, data, recorded = fit_choosing_features(
-            encoder.settings(), lambda s: _routing_data(context, pipeline, encoder, s),
+            settings, lambda s: _routing_data(context, pipeline, encoder, s),
             lambda d: select_heads(d, cfg, context.log.info, config.force), score=lambda sel: sel[0].val_score,
-            prompt_rules=config.prompt_rules, layer_sets=config.layer_sets, log=context.log.info,
+            prompt_rules=rules, layer_sets=sets, log=context.log.info,
             prefill=lambda ss: _prefill(context, pipeline, encoder, ss))
         report = fit_and_save(data, pipeline.paths.models, cfg, log=context.log.info, force=config.force,
                               selection=selection, metrics=recorded)

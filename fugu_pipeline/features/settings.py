@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import string
 from pathlib import Path
@@ -119,6 +120,26 @@ class EncoderSettings(BaseModel):
                 f"encoder directory {self.model!r} does not exist. " + offline_help()
             )
         return None
+
+    def hidden_layers(self) -> int | None:
+        """The model's number of transformer layers, from its config (no weights are loaded); None
+        when the config does not say."""
+        directory = self.local_dir()
+        if directory is not None:
+            try:
+                cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None
+        else:
+            local_only = self.check_loadable()
+            from transformers import AutoConfig
+
+            from fugu_pipeline.features.hf_logging import quiet_transformers
+
+            with quiet_transformers():
+                cfg = AutoConfig.from_pretrained(self.model, revision=self.revision, local_files_only=local_only).to_dict()
+        n = cfg.get("num_hidden_layers") or cfg.get("n_layer") or cfg.get("num_layers")
+        return int(n) if isinstance(n, int) and n > 0 else None
 
     def check_loadable(self) -> bool:
         """For a hub id: raise EncoderLoadError at once (naming the offline options) when the model

@@ -146,6 +146,28 @@ class HeadGrids(_Grid):
     ensemble: EnsembleConfig | None = EnsembleConfig()
 
 
+class FeatureChoiceConfig(_Grid):
+    """The features the heads read, beyond the encoder's own settings; each choice is made on
+    validation and recorded in the checkpoints' feature contract and metrics."""
+
+    lexical: bool = Field(False, description="append the 16 lexical statistics (length, numbers, structure) to each "
+                          "vector; ridge and the MLP read them, kNN's cosine does not")
+    layer_sets: Literal["auto", "off"] | list[list[int]] = Field(
+        "auto", description="encoder layer settings to choose from on validation: auto = the last layer alone and "
+        "with the middle one ([-1] and [-1, n/2]) when the encoder reads only its last layer; off = the encoder's "
+        "layers; or a list such as [[-1], [-1, 3]]")
+    prompt_rules: Literal["auto", "on", "off"] = Field(
+        "auto", description="strip the text a domain's training prompts share: auto = with and without, the better "
+        "on validation")
+
+    @field_validator("layer_sets")
+    @classmethod
+    def _sets(cls, v):
+        if isinstance(v, list) and (not v or any(not s for s in v)):
+            raise ValueError("layer_sets: give auto, off, or a list of non-empty settings such as [[-1], [-1, 3]]")
+        return v
+
+
 class TrainSetConfig(_Grid):
     """`configs/train.yaml`: which heads `fugu-lite train` and the `router_heads` asset fit, their
     grids, and how one is chosen (K-fold out-of-fold over the non-test rows; never the test split)."""
@@ -158,3 +180,4 @@ class TrainSetConfig(_Grid):
         "oof", description="oof: K-fold over all non-test rows; lodo: leave one domain out (domain unknown at routing), "
         "for traffic from domains not in training")
     heads: HeadGrids = HeadGrids()
+    features: FeatureChoiceConfig = FeatureChoiceConfig()

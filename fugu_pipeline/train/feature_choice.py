@@ -158,3 +158,34 @@ def fit_choosing_features(
     variants = [(f"layers {list(ls)}", lambda ls=ls: one(with_layers(ls))) for ls in sets]
     (result, data, record), choice = choose_variant(variants, score=lambda out: score(out[0]), log=log)
     return result, data, {**feature_metrics(settings, record), "layer_choice": choice}
+
+
+def auto_layer_sets(settings: EncoderSettings) -> list[tuple[int, ...]] | None:
+    """`layer_sets: auto`: the last layer alone and with the middle one ([-1] and [-1, n // 2] for
+    an n-layer model), when the encoder reads only its last layer; None (nothing to choose) when it
+    reads other layers or the model has fewer than two."""
+    if settings.layers != (-1,):
+        return None
+    n = settings.hidden_layers()
+    return [(-1,), (-1, n // 2)] if n is not None and n >= 2 else None
+
+
+def heads_features(base: EncoderSettings, cfg, *, lexical: bool | None = None, layer_sets=None,
+                   prompt_rules: str | None = None) -> tuple[EncoderSettings, list[tuple[int, ...]] | None, str]:
+    """The features the heads of `fugu-lite train` and the `router_heads` asset read: the encoder
+    settings `base` with the lexical block of `cfg` (a FeatureChoiceConfig, `configs/train.yaml`'s
+    `features:`), the layer settings to choose from and the prompt-rules mode; each argument given
+    overrides the file (the command line's flags, the asset's run config). `layer_sets`: 'auto',
+    'off', or settings ('-1 3' strings or lists). Returns (settings, the layer sets or None, the
+    prompt-rules mode)."""
+    settings = EncoderSettings.model_validate({**base.model_dump(), "lexical": cfg.lexical if lexical is None else lexical})
+    spec = cfg.layer_sets if layer_sets is None else layer_sets
+    if isinstance(spec, (list, tuple)) and len(spec) == 1 and isinstance(spec[0], str) and spec[0].strip() in ("auto", "off"):
+        spec = spec[0].strip()
+    if spec == "off":
+        sets = None
+    elif spec == "auto":
+        sets = auto_layer_sets(settings)
+    else:
+        sets = [parse_layer_set(x) for x in spec]
+    return settings, sets, cfg.prompt_rules if prompt_rules is None else prompt_rules
