@@ -224,10 +224,10 @@ def test_the_features_block_resolves_the_same_for_the_command_line_and_the_asset
     base = _settings(-1).model_copy(update={"lexical": False})
     cfg = FeatureChoiceConfig()
     settings, sets, rules = heads_features(base, cfg)
-    assert sets == [(-1,), (-1, 1)] and rules == "auto" and settings.lexical is False  # tiny: 2 layers, middle 1
+    assert sets == [(-1,), (-1, 1)] and rules == "auto" and settings.lexical is True  # tiny: 2 layers, middle 1
     # flags / run config override the file; --layers (or a resource reading other layers) means no choice
     assert heads_features(base, cfg, lexical=True, layer_sets=["off"], prompt_rules="off")[1:] == (None, "off")
-    assert heads_features(base, cfg, lexical=True)[0].lexical is True
+    assert heads_features(base, cfg, lexical=False)[0].lexical is False
     assert heads_features(base, cfg, layer_sets=["-1", "-1 2"])[1] == [(-1,), (-1, 2)]
     assert heads_features(_settings((-1, 1)), cfg)[1] is None
     assert heads_features(base, FeatureChoiceConfig(layer_sets=[[-2], [-1, 1]]))[1] == [(-2,), (-1, 1)]

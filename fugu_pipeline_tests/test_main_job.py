@@ -78,11 +78,11 @@ def test_main_job_materializes_every_asset_and_resumes(project):
         selected = Path(heads["selected"])
         manifest = json.loads((selected / "manifest.json").read_text())
         assert selected.parent.name == heads["selected_kind"] == manifest["head_kind"] and manifest["metrics"]["selected"] is True
-        # the heads' own features (configs/train.yaml features:): the layer setting chosen on validation
+        # the heads' own features (configs/train.yaml features:): the lexical block, the layer setting chosen
         contract = manifest["feature_contract"]
         layers = contract["layer"] if isinstance(contract["layer"], list) else [contract["layer"]]
-        assert manifest["metrics"]["layer_choice"]["chosen"] == f"layers {layers}"
-        assert manifest["worker_ids"] == workers and contract["dim"] == emb["dim"] * len(layers)
+        assert contract["lexical"] is True and manifest["metrics"]["layer_choice"]["chosen"] == f"layers {layers}"
+        assert manifest["worker_ids"] == workers and contract["dim"] == emb["dim"] * len(layers) + 16
         sft_metrics = json.loads((checkpoints["sft"] / "manifest.json").read_text())["metrics"]  # as `fugu-lite train` records it
         assert manifest["metrics"]["feature_dtype"] == sft_metrics["feature_dtype"] in ("float32", "bfloat16")
         report = json.loads(Path(latest(instance, "eval_report_heads")["report"]).read_text())

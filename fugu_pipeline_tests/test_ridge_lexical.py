@@ -30,7 +30,7 @@ from fugu_pipeline.train.configs import TrainSetConfig
 from fugu_pipeline.train.families import FitData, RidgeFamily
 from fugu_pipeline.train.heads import build_head, call_head
 from fugu_pipeline.train.predictors import KNNHead
-from fugu_pipeline.train.ridge import RidgeHead
+from fugu_pipeline.train.ridge import DOMAIN_WEIGHT, RidgeHead
 from fugu_pipeline_tests.test_budget_cli import run
 from fugu_pipeline_tests.test_training import make_data
 
@@ -96,11 +96,12 @@ def test_ridge_equals_a_direct_solve_and_reads_only_its_columns():
     alpha = 7.0
     head = RidgeHead.fit(data.features, q, q, d, alpha=alpha, inputs="lexical", lexical_dim=LEXICAL_DIM)
     assert (head.col_start, head.col_end) == (16, 16 + LEXICAL_DIM)
-    # direct: standardised columns + standardised one-hot, centred targets, (ZᵀZ + αI)⁻¹ Zᵀ y
+    # direct: standardised columns + the standardised one-hot scaled up DOMAIN_WEIGHT-fold (the domain
+    # is penalised alpha / DOMAIN_WEIGHT²), centred targets, (ZᵀZ + αI)⁻¹ Zᵀ y
     xs = x[:, 16:]
     vocab = sorted(set(d))
     oh = np.array([[1.0 if v == dd else 0.0 for v in vocab] for dd in d])
-    z = np.concatenate([(xs - xs.mean(0)) / (xs.std(0) + 1e-6), (oh - oh.mean(0)) / (oh.std(0) + 1e-6)], axis=1)
+    z = np.concatenate([(xs - xs.mean(0)) / (xs.std(0) + 1e-6), DOMAIN_WEIGHT * (oh - oh.mean(0)) / (oh.std(0) + 1e-6)], axis=1)
     w = np.linalg.solve(z.T @ z + alpha * np.eye(z.shape[1]), z.T @ (q - q.mean(0)))
     want = np.clip(z @ w + q.mean(0), 0, 1)
     got = head.predict_both(torch.from_numpy(data.features), d)[0].numpy()
@@ -128,8 +129,8 @@ def test_ridge_grid_follows_the_contract_and_fits_the_lexical_signal():
     tr, te = np.arange(300), np.arange(300, 400)
     preds = fam.predict_grid(fd, tr, te, fd.domains[te].tolist())
     truth = lex.quality[te, 2]
-    for name, (q, _) in preds.items():
-        if name.startswith("ridge lexical"):
+    for name, (q, _) in preds.items():  # alpha 10000 on 300 rows shrinks the block to almost nothing
+        if name.startswith("ridge lexical") and float(name.split("alpha=")[1]) <= 1000:
             assert np.corrcoef(q[:, 2], truth)[0, 1] > 0.6, name
 
 

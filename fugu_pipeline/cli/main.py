@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "config's features.layer_sets, auto = [-1] and [-1, middle]; --layers fixes the layers)")
     p.add_argument("--no-lexical", dest="lexical", action="store_const", const=False,
                    help="leave out the lexical statistics block even where the config's features.lexical turns it "
-                        "on (default: the config's, off; --lexical turns it on)")
+                        "on (default: the config's, on)")
     prompt_rules_opt(p, default=None)
 
     p = add("evaluate", training.cmd_evaluate, "write the held-out report of a checkpoint (JSON + plots)")

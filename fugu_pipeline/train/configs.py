@@ -150,7 +150,7 @@ class FeatureChoiceConfig(_Grid):
     """The features the heads read, beyond the encoder's own settings; each choice is made on
     validation and recorded in the checkpoints' feature contract and metrics."""
 
-    lexical: bool = Field(False, description="append the 16 lexical statistics (length, numbers, structure) to each "
+    lexical: bool = Field(True, description="append the 16 lexical statistics (length, numbers, structure) to each "
                           "vector; ridge and the MLP read them, kNN's cosine does not")
     layer_sets: Literal["auto", "off"] | list[list[int]] = Field(
         "auto", description="encoder layer settings to choose from on validation: auto = the last layer alone and "

@@ -24,6 +24,7 @@ from fugu_pipeline.train.head_base import register
 from fugu_pipeline.train.predictors import QualityPredictor, column_scale
 
 Inputs = Literal["all", "embedding", "lexical"]
+DOMAIN_WEIGHT = 10.0
 
 
 def column_range(inputs: str, dim: int, lexical_dim: int) -> tuple[int, int]:
@@ -55,7 +56,10 @@ class RidgePath:
         x = np.asarray(x, np.float64)
         self.mean, self.scale = x.mean(0), column_scale(x)
         oh = _onehot(codes, n_domains)
-        self.dmean, self.dscale = oh.mean(0), column_scale(oh)
+        # the domain's columns are scaled up DOMAIN_WEIGHT-fold, so the penalty on them is alpha /
+        # DOMAIN_WEIGHT²: the known domain is a reliable input the prediction leans on (a near-free
+        # per-domain intercept), not one more column the embedding may stand in for
+        self.dmean, self.dscale = oh.mean(0), column_scale(oh) / DOMAIN_WEIGHT
         z = np.concatenate([(x - self.mean) / self.scale, (oh - self.dmean) / self.dscale], axis=1)
         self.bias = y.mean(0)
         evals, self.evecs = np.linalg.eigh(z.T @ z)
