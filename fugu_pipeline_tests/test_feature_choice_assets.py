@@ -238,3 +238,29 @@ def test_the_features_block_resolves_the_same_for_the_command_line_and_the_asset
         (tmp_path / "t.yaml").write_text(text)
         with pytest.raises(ConfigError, match="features"):
             load_config(tmp_path / "t.yaml", TrainSetConfig)
+
+
+def test_the_stripped_prompts_of_every_layer_setting_are_encoded_in_one_pass_too(tmp_path, capsys):
+    """--prompt-rules auto with several layer settings: the rules are fitted on the training text,
+    which the layers do not change, so the stripped prompts are prefilled in one pass as well and
+    every fit then reads the cache."""
+    import random
+
+    from fugu_pipeline_tests.test_features_real_flow import prompts
+
+    rnd = random.Random(0)
+    rows = []
+    for i, p in enumerate(prompts(60) + [f"Write code number {i} that sorts a list." for i in range(60)]):
+        d = "mc" if i < 60 else "code"
+        rows.append({"task_id": f"t{i}", "prompt": p, "domain": d, "split": ("train", "train", "val", "test")[i % 4],
+                     "worker_ids": ["a", "b"], "quality": [int(rnd.random() < 0.6), int(rnd.random() < 0.5)]})
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "q.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
+    assert main(["train", "--data", str(tmp_path / "r.jsonl"), "--workers", str(tmp_path / "q.yaml"), "--encoder", "tiny",
+                 "--device", "cpu", "--layer-sets", "-1", "-1 1", "--prompt-rules", "auto", "--cache-dir", str(tmp_path / "emb"),
+                 "--work-dir", str(tmp_path / "w"), "--output", str(tmp_path / "m")]) == 0
+    err = capsys.readouterr().err
+    assert len(re.findall(r"features: \d+ prompts encoded once for 2 layer settings", err)) == 2, err  # plain, stripped
+    assert "prompt rules on validation" in err  # the stripped variant was fitted
+    loads = re.findall(r"features: \d+ cached, (\d+) encoded", err)
+    assert len(loads) >= 4 and set(loads) == {"0"}, err

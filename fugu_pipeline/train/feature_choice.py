@@ -155,6 +155,10 @@ def fit_choosing_features(
     sets = [parse_layer_set(x) for x in layer_sets]
     if prefill is not None and len(sets) > 1:
         prefill([with_layers(ls) for ls in sets])
+        if prompt_rules != "off":  # the stripped prompts too: the rules are fitted on the text, not the layers
+            rules = fit_rules_on_train(load(with_layers(sets[0])))
+            if not rules.is_empty():
+                prefill([with_layers(ls).model_copy(update={"prompt_rules": rules}) for ls in sets])
     variants = [(f"layers {list(ls)}", lambda ls=ls: one(with_layers(ls))) for ls in sets]
     (result, data, record), choice = choose_variant(variants, score=lambda out: score(out[0]), log=log)
     return result, data, {**feature_metrics(settings, record), "layer_choice": choice}
