@@ -203,3 +203,27 @@ def test_pack_preflight_validate_a_head_trained_elsewhere(project, capsys):
     assert "FAIL rate limit: 'alice' made an attempt at" in out and "REFUSED before scoring" in out
     last = json.loads((project / "models" / "promoted" / "history.jsonl").read_text().splitlines()[-1])
     assert last["rate_limited"] is True and last["submitter"] == "alice"
+
+
+def test_a_pack_on_other_layers_of_the_host_encoder_is_scored_on_its_own_features(project, capsys):
+    """A head trained elsewhere on the host's encoder model read another way (layers [-1, 1]) is
+    not refused: preflight says it reads its own features, validate scores it (and later the
+    king) on them, and it serves them."""
+    W = ["--data", "r.jsonl", "--workers", "configs/workers.mock.yaml", "--device", "cpu"]
+    assert main(["train-sft", *W, "--encoder", "tiny", "--layers", "-1", "1", "--output", "elsewhere"]) == 0
+    sft = capsys.readouterr().out.strip().splitlines()[-1]
+    assert main(["pack", sft, "--out", "layers-pack", "--submitter", "bob"]) == 0
+    capsys.readouterr()
+    assert main(["preflight", "layers-pack", "--workers", "configs/workers.mock.yaml", "--encoder", "tiny"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "contract:" in x)
+    assert "PASS contract" in line and "reads its own features of the host's encoder model (layer: checkpoint has [-1, 1], host has -1; dim" in line, line
+    assert main(["validate", "--challenger", "layers-pack", *W, "--encoder", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS feature contract: the serving encoder computes this checkpoint's features" in out and "PROMOTED" in out
+    from fugu_pipeline import load_promoted
+
+    promoted = load_promoted("models", device="cpu")
+    router = promoted.refresh()
+    assert router.encoder.settings.layers == (-1, 1)
+    assert router.route("What is 2 + 2?", domain="math").worker_id in router.worker_ids

@@ -138,7 +138,8 @@ def cmd_preflight(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from fugu_pipeline.cli.training import routing_data
+    from fugu_pipeline.cli.training import encoder_settings, routing_data
+    from fugu_pipeline.evaluate.feature_source import FeatureSource
     from fugu_pipeline.evaluate.preflight import host_expectation, preflight
     from fugu_pipeline.evaluate.preflight import king_manifest
     from fugu_pipeline.evaluate.promotion import append_history, promote_best
@@ -165,7 +166,10 @@ def cmd_validate(args) -> int:
         print("REFUSED before scoring")
         return 1
     live, tasks = live_for(args, data)
-    outcome = promote_best([str(pack_dir)], data, args.models_dir, policy, live=live, tasks=tasks, submitter=pre.submitter)
+    # the pack and the king each scored on their own features of the host's encoder model
+    features = FeatureSource(data, lambda s: routing_data(args, settings=s), encoder_settings(args, encoder))
+    outcome = promote_best([str(pack_dir)], data, args.models_dir, policy, live=live, tasks=tasks, submitter=pre.submitter,
+                           features=features)
     shown = {g.line() for g in pre.gates}
     for line in outcome["reasons"]:
         if line not in shown:  # the gates promote_best ran again agree with preflight: printed once

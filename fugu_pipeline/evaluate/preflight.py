@@ -182,20 +182,29 @@ def _contract_gate(pack: Path, manifest: Manifest, host: Host | None, present: b
         except (OSError, ValueError) as exc:
             problems.append(f"{CONTRACT_FILE} does not parse: {str(exc)[:200]}")
         else:
-            mine = {"feature_contract": manifest.feature_contract.model_dump(), "contract_fingerprint": manifest.contract_fingerprint,
-                    "worker_ids": list(manifest.worker_ids), "head_kind": manifest.head_kind, "tensors": manifest.tensors}
+            # compared as JSON: a multi-layer contract's tuple and the file's list are the same contract
+            mine = json.loads(json.dumps({
+                "feature_contract": manifest.feature_contract.model_dump(mode="json"), "contract_fingerprint": manifest.contract_fingerprint,
+                "worker_ids": list(manifest.worker_ids), "head_kind": manifest.head_kind, "tensors": manifest.tensors}))
             theirs = json.loads(c.model_dump_json())
             problems += [f"{CONTRACT_FILE} {k} differs from the manifest's" for k in mine if mine[k] != theirs[k]]
     if host is not None and host.worker_ids is not None and list(manifest.worker_ids) != list(host.worker_ids):
         problems.append(f"trained for workers {manifest.worker_ids}, the host routes {host.worker_ids} "
                         f"({host.source})")
+    own = ""
     if host is not None and host.contract is not None:
-        diffs = manifest.feature_contract.differences(host.contract)
-        if diffs:
+        mine, host_c = manifest.feature_contract, host.contract
+        diffs = mine.differences(host_c)
+        if diffs and (mine.encoder_id, mine.revision) == (host_c.encoder_id, host_c.revision):
+            # the host's encoder model read another way (layers, pooling, prompt rules, lexical block):
+            # scoring and serving compute the head's own features from its contract (feature_source.py)
+            own = "; reads its own features of the host's encoder model (" + "; ".join(
+                d.replace("encoder has", "host has") for d in diffs) + "), computed from its contract when scored"
+        elif diffs:
             problems.append("trained on other features than the host's (" + host.source + "): "
                             + "; ".join(d.replace("encoder has", "host has") for d in diffs))
     if problems:
         return GateResult("contract", False, "; ".join(problems))
     checked = "" if host is None or (host.worker_ids is None and host.contract is None) else f", matches {host.source}"
     return GateResult("contract", True, f"encoder {manifest.feature_contract.encoder_id} (dim {manifest.dim}), "
-                      f"workers {manifest.worker_ids}{checked}")
+                      f"workers {manifest.worker_ids}{checked}{own}")
