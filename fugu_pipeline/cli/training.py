@@ -279,7 +279,7 @@ def cmd_train_heads(args) -> int:
     # the features: the encoder flags, then the config's `features:` (lexical block, layer sets and
     # prompt rules, chosen on the selected head's out-of-fold validation figure) unless a flag says
     # otherwise, as the router_heads asset resolves them; recorded in every checkpoint of the set
-    from fugu_pipeline.train.feature_choice import LayerSetError, heads_features
+    from fugu_pipeline.train.feature_choice import LayerSetError, describe_features, heads_features
 
     if args.layers is not None and args.layer_sets:
         raise CLIError("give --layers or --layer-sets, not both")
@@ -289,8 +289,7 @@ def cmd_train_heads(args) -> int:
             layer_sets="off" if args.layers is not None else args.layer_sets, prompt_rules=args.prompt_rules)
     except LayerSetError as exc:
         raise CLIError(f"--layer-sets {exc}") from None
-    print(f"features: lexical block {'on' if settings.lexical else 'off'}; layer settings "
-          f"{[list(x) for x in sets] if sets else list(settings.layers)}; prompt rules {rules}", file=sys.stderr)
+    print(describe_features(settings, sets, rules), file=sys.stderr)
     selection, data, recorded = fit_new_head(args, lambda d: select_heads(d, cfg, log, args.force),
                                              score=lambda sel: sel[0].val_score, log=log, layer_sets=sets,
                                              settings=settings, prompt_rules=rules)

@@ -48,13 +48,13 @@ def _prefill(context, pipeline: PipelineResource, encoder: EncoderResource, sett
         context.log.info(f"{n} prompts encoded once for {len(settings_list)} layer settings")
 
 
-def _feature_source(context, pipeline: PipelineResource, encoder: EncoderResource, data=None):
+def _feature_source(context, pipeline: PipelineResource, encoder: EncoderResource):
     """Each checkpoint's own features of the same rows (evaluate/feature_source.py), for the
     reports and promotion: heads may have chosen layers or prompt rules on validation."""
     from fugu_pipeline.evaluate.feature_source import FeatureSource
 
-    data = data if data is not None else _routing_data(context, pipeline, encoder)
-    return FeatureSource(data, lambda s: _routing_data(context, pipeline, encoder, s), encoder.settings())
+    return FeatureSource(_routing_data(context, pipeline, encoder), lambda s: _routing_data(context, pipeline, encoder, s),
+                         encoder.settings())
 
 
 class _shared_embeddings:
@@ -188,7 +188,12 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.train.configs import ConfigError, TrainSetConfig, load_config
     from fugu_pipeline.route.budget import calibrate_beside
-    from fugu_pipeline.train.feature_choice import LayerSetError, fit_choosing_features, heads_features
+    from fugu_pipeline.train.feature_choice import (
+        LayerSetError,
+        describe_features,
+        fit_choosing_features,
+        heads_features,
+    )
     from fugu_pipeline.train.fit import fit_and_save, select_heads
 
     path = pipeline.paths.resolve(config.config_path)
@@ -202,8 +207,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     try:  # the features as `fugu-lite train` resolves and chooses them (lexical block, layer sets, prompt rules)
         settings, sets, rules = heads_features(encoder.settings(), cfg.features, lexical=config.lexical,
                                                layer_sets=config.layer_sets, prompt_rules=config.prompt_rules)
-        context.log.info(f"features: lexical block {'on' if settings.lexical else 'off'}; layer settings "
-                         f"{[list(x) for x in sets] if sets else list(settings.layers)}; prompt rules {rules}")
+        context.log.info(describe_features(settings, sets, rules))
         selection, data, recorded = fit_choosing_features(
             settings, lambda s: _routing_data(context, pipeline, encoder, s),
             lambda d: select_heads(d, cfg, context.log.info, config.force), score=lambda sel: sel[0].val_score,
@@ -235,10 +239,10 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
     source = _feature_source(context, pipeline, encoder)
-    data, problems = source.for_checkpoint(load_checkpoint(checkpoint_path))  # the checkpoint's own features
+    ckpt = load_checkpoint(checkpoint_path)
+    data, problems = source.for_checkpoint(ckpt)  # the rows with the checkpoint's own features (contract checked)
     if problems:
         raise dg.Failure(description=f"{checkpoint_path} cannot be scored with this encoder: " + "; ".join(problems))
-    ckpt = load_checkpoint(checkpoint_path, expected_contract=data.contract)
     rep = evaluate_checkpoint(ckpt, data, "test")
     live, tasks = harness.live_for(pipeline)  # the composite against the current king (issue 14)
     add_composite(rep, ckpt, data, pipeline.paths.models, harness.policy_for(pipeline).composite, live=live, tasks=tasks,

@@ -193,3 +193,9 @@ def heads_features(base: EncoderSettings, cfg, *, lexical: bool | None = None, l
     else:
         sets = [parse_layer_set(x) for x in spec]
     return settings, sets, cfg.prompt_rules if prompt_rules is None else prompt_rules
+
+
+def describe_features(settings: EncoderSettings, sets: list[tuple[int, ...]] | None, prompt_rules: str) -> str:
+    """One line for the log: what `heads_features` resolved."""
+    layers = [list(x) for x in sets] if sets else list(settings.layers)
+    return f"features: lexical block {'on' if settings.lexical else 'off'}; layer settings {layers}; prompt rules {prompt_rules}"
