@@ -9,6 +9,15 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 TASK_DATA = Path(os.environ.get("FUGU_TASK_DATA", SHARED_DATA / "tasks"))
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject's addopts): one process per core, at most 4. Most of the slow tests wait
+    on subprocesses and servers (dagster dev, PostgreSQL, Celery, Chromium), so 2 processes on 2
+    cores cut the suite by a quarter; beyond 4 the service tests mostly wait on each other's CPU.
+    Files are the unit (`--dist loadfile`): a file's tests share module fixtures. `-n 0` runs
+    everything in this process (for a debugger or `-x`)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The benchmark task files (`../shared/data/tasks`, or $FUGU_TASK_DATA); skips where absent."""
