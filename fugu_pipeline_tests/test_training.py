@@ -195,6 +195,35 @@ def test_same_seed_same_checkpoint_bytes(tmp_path, data, sft, rl, es, method):
     assert (a / "head.safetensors").read_bytes() == (b / "head.safetensors").read_bytes()
 
 
+def test_linear_heads_train_on_one_thread_whatever_the_caller_set_and_give_it_back(data, sft):
+    """A busy CPU made these tiny heads 10-50x slower on two threads (OpenMP barriers waiting on a
+    descheduled thread): SFT, RL, CMA-ES and triage train on one, restore the caller's count, and
+    save the same bytes whatever it was."""
+    from fugu_pipeline.train.triage import TriageConfig, train_triage
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        seen: dict[str, set[int]] = {}
+        runs = {
+            "sft": lambda log: train_sft(data, SFTConfig(epochs=3), log=log),
+            "rl": lambda log: train_rl(data, RLConfig(epochs=2), init_state=sft.state_dict, log=log),
+            "es": lambda log: train_es(data, ESConfig(generations=3), init_state=sft.state_dict, log=log),
+            "triage": lambda log: train_triage(data, TriageConfig(epochs=3), log=log),
+        }
+        for name, run in runs.items():
+            run(lambda m, name=name: seen.setdefault(name, set()).add(torch.get_num_threads()))
+            assert seen[name] == {1}, f"{name} logged from a training loop on {seen[name]} threads"
+            assert torch.get_num_threads() == 2, f"{name} did not give the caller its 2 threads back"
+        two = train_sft(data, SFTConfig(epochs=3), log=QUIET)
+        torch.set_num_threads(1)
+        one = train_sft(data, SFTConfig(epochs=3), log=QUIET)
+        for k, v in two.state_dict.items():
+            assert torch.equal(v, one.state_dict[k]), k
+    finally:
+        torch.set_num_threads(before)
+
+
 # --------------------------------------------------------------------------- bad data
 
 
