@@ -110,10 +110,44 @@ def test_import_jsonl_through_the_command_line(workdir, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["kind"] == "jsonl" and summary["rows"] == 12 and summary["splits"] == {"test": 4, "train": 4, "val": 4}
     assert [json.loads(x) for x in (workdir / "out.jsonl").read_text().splitlines()] == reward_rows()
-    # a seed draws splits; a jsonl file keeps its own, so asking for one is a one-line error
+    # a seed alone draws nothing (every row keeps the split it names): a one-line error
     assert main(["import", "jsonl", str(src), "--output", "o2.jsonl", "--seed", "3"]) == 2
     err = capsys.readouterr().err
-    assert "keeps the splits" in err and "Traceback" not in err and not (workdir / "o2.jsonl").exists()
+    assert "keeps it" in err and "Traceback" not in err and not (workdir / "o2.jsonl").exists()
+
+
+def test_a_jsonl_without_splits_gets_them_drawn_on_import_and_evaluate_says_what_is_missing(workdir, capsys):
+    """Someone's own routing data, converted without a `split` field: every row is train. Training
+    says nothing is held out; `evaluate` names the fix instead of a traceback; `import jsonl
+    --test-fraction` draws splits for the rows that name none (and keeps those that do)."""
+    rows = [{k: v for k, v in r.items() if k != "split"} for r in reward_rows(60)]
+    rows[0]["split"] = "train"  # names its split: kept, whatever the draw
+    src = workdir / "mine.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["--workers", "configs/reward.quality.yaml", "--encoder", "tiny"]
+    assert main(["train", "--data", str(src), *common, "--output", "models", "--layer-sets", "off"]) == 0
+    out, err = capsys.readouterr()
+    assert "has no test rows, so nothing is held out" in err and "--test-fraction 0.3" in err
+    ckpt = out.strip().splitlines()[-1]
+    assert main(["evaluate", "--checkpoint", ckpt, "--data", str(src), *common]) == 2
+    err = capsys.readouterr().err
+    assert "the 'test' split has no rows" in err and "--test-fraction 0.3" in err and "Traceback" not in err
+
+    for bad in (["--test-fraction", "0.7", "--val-fraction", "0.4"], ["--test-fraction", "1.5"]):
+        assert main(["import", "jsonl", str(src), "--output", "bad.jsonl", *bad]) == 2
+        assert "Traceback" not in capsys.readouterr().err and not (workdir / "bad.jsonl").exists()
+    assert main(["import", "jsonl", str(src), "--output", "drawn.jsonl", "--test-fraction", "0.3", "--seed", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["splits_drawn"].startswith("59 of 60 rows had no 'split' field")
+    got = [json.loads(x) for x in (workdir / "drawn.jsonl").read_text().splitlines()]
+    assert got[0]["split"] == "train" and {r["split"] for r in got} == {"train", "val", "test"}
+    assert summary["splits"]["test"] == sum(r["split"] == "test" for r in got) > 0
+    again = workdir / "again.jsonl"
+    assert main(["import", "jsonl", str(src), "--output", str(again), "--test-fraction", "0.3", "--seed", "1"]) == 0
+    capsys.readouterr()
+    assert again.read_text() == (workdir / "drawn.jsonl").read_text()  # the draw is a function of (seed, task id)
+    assert main(["train", "--data", "drawn.jsonl", *common, "--output", "models", "--layer-sets", "off"]) == 0
+    assert "has no test rows" not in capsys.readouterr().err
 
 
 def test_pipeline_with_a_missing_project_directory_says_so(tmp_path, capsys):

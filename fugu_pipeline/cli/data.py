@@ -90,9 +90,9 @@ def cmd_import(args) -> int:
 
     given = {k: v for k, v in (("seed", args.seed), ("test_fraction", getattr(args, "test_fraction", None)),
                                 ("val_fraction", getattr(args, "val_fraction", None))) if v is not None}
-    if given and args.kind == "jsonl":
-        raise CLIError(f"--{next(iter(given)).replace('_', '-')} draws splits for routellm-* and dcrouter; a jsonl file "
-                       "keeps the splits its rows hold")
+    if args.kind == "jsonl" and given.keys() == {"seed"}:
+        raise CLIError("--seed draws the splits of a jsonl file's rows that name none, with --test-fraction and/or "
+                       "--val-fraction; a row that names its split keeps it")
     if "test_fraction" in given and args.kind == "dcrouter":
         raise CLIError("--test-fraction: dcrouter's test split is its upstream test file; only --val-fraction applies")
     for k in ("test_fraction", "val_fraction"):

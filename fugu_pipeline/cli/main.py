@@ -118,11 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="the upstream file or folder")
     p.add_argument("--output", required=True)
     p.add_argument("--seed", type=int, default=None,
-                   help="split assignment seed for routellm-* and dcrouter (default 0); a jsonl file keeps the splits it holds")
+                   help="split assignment seed (default 0); a jsonl row that names its split keeps it")
     p.add_argument("--test-fraction", type=float, default=None,
                    help="routellm-*: share of prompts held out as test (default 0.3; the issue-12 protocol uses 0.5); "
+                        "jsonl: draw splits (test this share, default 0.3) for the rows without a 'split' field; "
                         "dcrouter's test split is its upstream test file")
-    p.add_argument("--val-fraction", type=float, default=None, help="routellm-* and dcrouter: share drawn as val (default 0.1)")
+    p.add_argument("--val-fraction", type=float, default=None,
+                   help="share drawn as val (default 0.1): routellm-*, dcrouter, and a jsonl file's rows without a split")
 
     for method in ("sft", "rl", "es"):
         p = add(f"train-{method}", lambda a, m=method: training.train(a, m), f"train the {method.upper()} router head")

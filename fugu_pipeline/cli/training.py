@@ -150,7 +150,18 @@ def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr),
     Returns (result, the data it was fitted on, the metrics to record)."""
     from fugu_pipeline.train.feature_choice import fit_choosing_features, val_utility
 
-    return fit_choosing_features(settings or encoder_settings(args), lambda s: routing_data(args, settings=s), fit,
+    noted: list[bool] = []
+
+    def load(s):
+        data = routing_data(args, settings=s)
+        if not noted and data.counts()["test"] == 0:
+            noted.append(True)
+            print(f"note: {args.data} has no test rows, so nothing is held out for `fugu-lite evaluate` (rows without a "
+                  "'split' field count as train). To hold some out: `fugu-lite import jsonl R.jsonl --output R2.jsonl "
+                  "--test-fraction 0.3`, then train on R2.jsonl", file=sys.stderr)
+        return data
+
+    return fit_choosing_features(settings or encoder_settings(args), load, fit,
                                  score or val_utility, prompt_rules=prompt_rules or getattr(args, "prompt_rules", None) or "auto",
                                  layer_sets=layer_sets, log=log, prefill=lambda ss: prefill(args, ss))
 

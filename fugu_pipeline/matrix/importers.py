@@ -341,12 +341,32 @@ def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=()
 # --------------------------------------------------------------------------- generic JSONL and writing
 
 
-def import_generic_jsonl(path) -> list[RewardRow]:
-    """A reward-matrix JSONL (DESIGN §4), validated line by line."""
+def import_generic_jsonl(path, *, seed: int | None = None, test_fraction: float | None = None,
+                         val_fraction: float | None = None, notes: dict | None = None) -> list[RewardRow]:
+    """A reward-matrix JSONL (DESIGN §4), validated line by line. A row that names its `split`
+    keeps it. With `test_fraction` or `val_fraction`, a row without a `split` field gets one drawn
+    from (seed, task id) like the other importers' (defaults 0.3 and 0.1, seed 0); without them it
+    is train. `notes` (when given) receives how many rows got a drawn split."""
     path = Path(path)
     if not path.is_file():
         raise _fail(path, "file not found; pass a reward-matrix JSONL (DESIGN §4)")
-    return read_reward_jsonl(path)
+    rows = read_reward_jsonl(path)
+    if test_fraction is None and val_fraction is None:
+        return rows
+    tf = 0.3 if test_fraction is None else test_fraction
+    vf = 0.1 if val_fraction is None else val_fraction
+    assign_split("", 0, tf, vf)  # the fractions are checked before any row
+    out, drawn = [], 0
+    for r in rows:
+        if "split" in r.model_fields_set:
+            out.append(r)
+        else:
+            out.append(r.model_copy(update={"split": assign_split(r.task_id, seed or 0, tf, vf)}))
+            drawn += 1
+    if notes is not None:
+        notes["splits_drawn"] = (f"{drawn} of {len(rows)} rows had no 'split' field and got one drawn (seed {seed or 0}, "
+                                 f"test {tf}, val {vf}); {len(rows) - drawn} kept the split they name")
+    return out
 
 
 def write_reward_jsonl(rows: list[RewardRow], out_path) -> Path:
@@ -445,7 +465,8 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
     routellm-mmlu:  path = that folder (mmlu_responses/, mmlu_contaminated_prompts.jsonl)
     routellm-csv:   path = one eval CSV; pass contaminated_path to remove contaminated prompts
     dcrouter:       path = folder with dcrouter_{train,test}.json(.gz), default_llm.json, default_query_*.jsonl(.gz)
-    jsonl:          path = a reward-matrix JSONL (validated line by line; `seed` is ignored)
+    jsonl:          path = a reward-matrix JSONL (validated line by line); rows without a `split` field get
+                    one drawn when test_fraction or val_fraction is given, else they are train
     """
     path = Path(path)
     notes: dict = {}
@@ -468,10 +489,10 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
         rows = import_dcrouter(opts.pop("train_path"), opts.pop("test_path"), **opts)
         notes["cost_basis"] = COST_BASIS_ESTIMATE if rows[0].cost_usd is not None else "none: no llm_info_path"
     elif kind == "jsonl":
-        opts.pop("seed", None)  # its rows carry their own split; `fugu-lite import` always passes --seed
-        if opts:
-            raise ValueError(f"import kind 'jsonl' takes no options (its rows carry their splits), got {sorted(opts)}")
-        rows = import_generic_jsonl(path)
+        unknown = sorted(set(opts) - {"seed", "test_fraction", "val_fraction"})
+        if unknown:
+            raise ValueError(f"import kind 'jsonl' takes only seed, test_fraction and val_fraction, got {unknown}")
+        rows = import_generic_jsonl(path, **opts, notes=notes)
     else:
         raise ValueError(f"unknown import kind {kind!r}; use one of {', '.join(KINDS)}")
     write_reward_jsonl(rows, out_path)
