@@ -21,7 +21,7 @@ the tags its rows hold.
 Conventions shared by every importer:
 - `worker_ids` are the model names sorted alphabetically, identical in every row.
 - task ids are `<source>-<row index in the upstream file, 0-based>`, stable under contamination removal.
-- a split drawn here is a pure function of (seed, task_id): `_unit(seed, task_id) < test_fraction`
+- a split drawn here is a pure function of (seed, task_id): `unit(seed, task_id) < test_fraction`
   → test, `< test_fraction + val_fraction` → val, else train.
 
 No dagster here: plain Python, polars and json.
@@ -30,8 +30,6 @@ No dagster here: plain Python, polars and json.
 from __future__ import annotations
 
 import argparse
-import gzip
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -39,6 +37,7 @@ from pathlib import Path
 import polars as pl
 
 from fugu_pipeline.files import atomic_write
+from fugu_pipeline.matrix.import_common import assign_split, fail, read_bytes, read_text, tag_in_distribution
 from fugu_pipeline.matrix.import_format import RewardRow, read_reward_jsonl
 from fugu_pipeline.matrix.import_summary import summarize
 from fugu_pipeline.tasks.loading import TaskFileError
@@ -59,43 +58,6 @@ _FALSE = {"false", "0"}
 # --------------------------------------------------------------------------- helpers
 
 
-def _fail(path: Path, msg: str, line: int = 0) -> TaskFileError:
-    return TaskFileError(Path(path), [(line, msg)])
-
-
-def _read_bytes(path: Path, what: str) -> bytes:
-    path = Path(path)
-    if not path.is_file():
-        raise _fail(path, f"file not found; pass the path of {what}")
-    data = path.read_bytes()
-    if path.name.endswith(".gz"):
-        try:
-            data = gzip.decompress(data)
-        except OSError as exc:
-            raise _fail(path, f"not a valid gzip file: {exc}") from None
-    return data
-
-
-def _read_text(path: Path, what: str) -> str:
-    try:
-        return _read_bytes(path, what).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _fail(path, f"not UTF-8 text: {exc}") from None
-
-
-def _unit(seed: int, task_id: str) -> float:
-    """A uniform number in [0, 1) that depends only on (seed, task_id)."""
-    h = hashlib.sha256(f"{seed}\x00{task_id}".encode("utf-8")).digest()
-    return int.from_bytes(h[:8], "big") / 2**64
-
-
-def assign_split(task_id: str, seed: int = 0, test_fraction: float = 0.3, val_fraction: float = 0.1) -> str:
-    if test_fraction < 0 or val_fraction < 0 or test_fraction + val_fraction >= 1:
-        raise ValueError(f"need test_fraction >= 0, val_fraction >= 0 and a sum below 1; got {test_fraction} and {val_fraction}")
-    u = _unit(seed, task_id)
-    return "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
-
-
 def _source_name(path: Path) -> str:
     """`gsm8k_responses.csv.gz` → `gsm8k`; `mmlu_anatomy.csv.gz` → `mmlu_anatomy`."""
     name = Path(path).name
@@ -111,7 +73,7 @@ def read_contaminated(path: Path) -> set[str]:
     """The `eval_prompt` of every line of a RouteLLM `*_contaminated_prompts.jsonl`."""
     out: set[str] = set()
     problems: list[tuple[int, str]] = []
-    for lineno, line in enumerate(_read_text(path, "a RouteLLM *_contaminated_prompts.jsonl").split("\n"), 1):
+    for lineno, line in enumerate(read_text(path, "a RouteLLM *_contaminated_prompts.jsonl").split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -131,16 +93,16 @@ def read_contaminated(path: Path) -> set[str]:
 def _routellm_matrix(csv_path: Path, contaminated: set[str]) -> tuple[list[str], list[tuple[int, str, list[float]]], int]:
     """(sorted model names, [(row index, prompt, correctness)], rows removed as contaminated)."""
     csv_path = Path(csv_path)
-    raw = _read_bytes(csv_path, "a RouteLLM eval CSV (prompt column plus one True/False column per model)")
+    raw = read_bytes(csv_path, "a RouteLLM eval CSV (prompt column plus one True/False column per model)")
     try:
         df = pl.read_csv(raw, infer_schema=False)
     except pl.exceptions.PolarsError as exc:
-        raise _fail(csv_path, f"not a readable CSV: {exc}") from None
+        raise fail(csv_path, f"not a readable CSV: {exc}") from None
     if "prompt" not in df.columns:
-        raise _fail(csv_path, f"no 'prompt' column (columns: {df.columns}); a RouteLLM eval CSV has 'prompt' then one True/False column per model")
+        raise fail(csv_path, f"no 'prompt' column (columns: {df.columns}); a RouteLLM eval CSV has 'prompt' then one True/False column per model")
     models = sorted(c for c in df.columns if c != "prompt" and not c.endswith("_response"))
     if not models:
-        raise _fail(csv_path, f"no model columns besides 'prompt' and '*_response' (columns: {df.columns})")
+        raise fail(csv_path, f"no model columns besides 'prompt' and '*_response' (columns: {df.columns})")
     problems: list[tuple[int, str]] = []
     values: dict[str, list[float]] = {}
     for m in models:
@@ -189,14 +151,14 @@ def _mmlu_rows(folder, contaminated_path=None, **split_opts):
     folder = Path(folder)
     files = sorted(folder.glob("mmlu_*.csv.gz")) or sorted(folder.glob("mmlu_*.csv"))
     if not files:
-        raise _fail(folder, "no mmlu_*.csv(.gz) files here; pass the folder of RouteLLM mmlu_<subject>.csv.gz files (routellm_evals/mmlu_responses)")
+        raise fail(folder, "no mmlu_*.csv(.gz) files here; pass the folder of RouteLLM mmlu_<subject>.csv.gz files (routellm_evals/mmlu_responses)")
     rows: list[RewardRow] = []
     removed, first = 0, files[0]
     for f in files:
         source = _source_name(f)
         part, n = _routellm_rows(f, contaminated_path, domain=source.removeprefix("mmlu_"), prefix=source, **split_opts)
         if rows and part and part[0].worker_ids != rows[0].worker_ids:
-            raise _fail(f, f"models {part[0].worker_ids} differ from {rows[0].worker_ids} in {first.name}; every subject file must hold the same models")
+            raise fail(f, f"models {part[0].worker_ids} differ from {rows[0].worker_ids} in {first.name}; every subject file must hold the same models")
         first = first if rows else f
         rows += part
         removed += n
@@ -216,11 +178,11 @@ def import_routellm_mmlu(folder, contaminated_path=None, *, test_fraction: float
 def _read_dcrouter(path: Path) -> list[dict]:
     path = Path(path)
     try:
-        data = json.loads(_read_text(path, "an LLMRouter dcrouter_{train,test}.json(.gz)"))
+        data = json.loads(read_text(path, "an LLMRouter dcrouter_{train,test}.json(.gz)"))
     except json.JSONDecodeError as exc:
-        raise _fail(path, f"malformed JSON: {exc.msg} at line {exc.lineno}", exc.lineno) from None
+        raise fail(path, f"malformed JSON: {exc.msg} at line {exc.lineno}", exc.lineno) from None
     if not isinstance(data, list) or not data:
-        raise _fail(path, "expected a non-empty JSON array of {'question': ..., 'scores': {model: score}}")
+        raise fail(path, "expected a non-empty JSON array of {'question': ..., 'scores': {model: score}}")
     problems: list[tuple[int, str]] = []
     models = None
     for i, rec in enumerate(data):
@@ -247,11 +209,11 @@ def read_llm_prices(path: Path) -> dict[str, tuple[float, float]]:
     """default_llm.json → {model: (input $/M tokens, output $/M tokens)}."""
     path = Path(path)
     try:
-        info = json.loads(_read_text(path, "LLMRouter's default_llm.json"))
+        info = json.loads(read_text(path, "LLMRouter's default_llm.json"))
     except json.JSONDecodeError as exc:
-        raise _fail(path, f"malformed JSON: {exc.msg}", exc.lineno) from None
+        raise fail(path, f"malformed JSON: {exc.msg}", exc.lineno) from None
     if not isinstance(info, dict):
-        raise _fail(path, "expected an object of model → {'input_price': ..., 'output_price': ...}")
+        raise fail(path, "expected an object of model → {'input_price': ..., 'output_price': ...}")
     out, problems = {}, []
     for name, v in info.items():
         try:
@@ -269,7 +231,7 @@ def read_query_info(paths) -> dict[str, tuple[str, tuple[str, ...]]]:
     names: dict[str, set[str]] = {}
     metrics: dict[str, set[str]] = {}
     for path in paths:
-        for lineno, line in enumerate(_read_text(Path(path), "an LLMRouter default_query_*.jsonl(.gz)").split("\n"), 1):
+        for lineno, line in enumerate(read_text(Path(path), "an LLMRouter default_query_*.jsonl(.gz)").split("\n"), 1):
             if not line.strip():
                 continue
             try:
@@ -278,20 +240,13 @@ def read_query_info(paths) -> dict[str, tuple[str, tuple[str, ...]]]:
                 if obj.get("metric"):
                     metrics.setdefault(obj["query"], set()).add(str(obj["metric"]))
             except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-                raise _fail(Path(path), "expected a JSON object with 'query' and 'task_name'", lineno) from None
+                raise fail(Path(path), "expected a JSON object with 'query' and 'task_name'", lineno) from None
     return {q: ("+".join(sorted(s)), tuple(sorted(metrics.get(q, ())))) for q, s in names.items()}
 
 
 def read_query_tasks(paths) -> dict[str, str]:
     """LLMRouter default_query_*.jsonl(.gz) → {query text: task_name} (see `read_query_info`)."""
     return {q: name for q, (name, _) in read_query_info(paths).items()}
-
-
-def tag_in_distribution(rows: list[RewardRow]) -> list[RewardRow]:
-    """Add `id` to rows whose domain occurs among the training rows, `ood` to the others."""
-    seen = {r.domain for r in rows if r.split == "train"}
-    return [r.model_copy(update={"tags": [t for t in r.tags if t not in ("id", "ood")]
-                                 + ["id" if r.domain in seen else "ood"]}) for r in rows]
 
 
 def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=(), val_fraction: float = 0.1,
@@ -309,14 +264,14 @@ def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=()
     train, test = _read_dcrouter(train_path), _read_dcrouter(test_path)
     models = sorted(train[0]["scores"])
     if set(test[0]["scores"]) != set(models):
-        raise _fail(test_path, f"models {sorted(test[0]['scores'])} differ from {models} in {train_path.name}; "
+        raise fail(test_path, f"models {sorted(test[0]['scores'])} differ from {models} in {train_path.name}; "
                                "train and test must score the same models")
     prices = None
     if llm_info_path is not None:
         all_prices = read_llm_prices(Path(llm_info_path))
         missing = [m for m in models if m not in all_prices]
         if missing:
-            raise _fail(Path(llm_info_path), f"no price for models {missing}; add them, or import without llm_info_path (no costs)")
+            raise fail(Path(llm_info_path), f"no price for models {missing}; add them, or import without llm_info_path (no costs)")
         prices = [all_prices[m] for m in models]
     info = read_query_info(query_paths) if query_paths else {}
     test_prompts = {rec["question"] for rec in test}
@@ -349,7 +304,7 @@ def import_generic_jsonl(path, *, seed: int | None = None, test_fraction: float 
     is train. `notes` (when given) receives how many rows got a drawn split."""
     path = Path(path)
     if not path.is_file():
-        raise _fail(path, "file not found; pass a reward-matrix JSONL (DESIGN §4)")
+        raise fail(path, "file not found; pass a reward-matrix JSONL (DESIGN §4)")
     rows = read_reward_jsonl(path)
     if test_fraction is None and val_fraction is None:
         return rows
