@@ -85,6 +85,9 @@ def cmd_generate(args) -> int:
     return 0
 
 
+TABLE_OPTIONS = ("prompt_column", "workers", "domain_column", "split_column", "id_column", "cost_column", "drop_incomplete")
+
+
 def cmd_import(args) -> int:
     from fugu_pipeline.matrix.importers import import_source
 
@@ -93,6 +96,14 @@ def cmd_import(args) -> int:
     if args.kind == "jsonl" and given.keys() == {"seed"}:
         raise CLIError("--seed draws the splits of a jsonl file's rows that name none, with --test-fraction and/or "
                        "--val-fraction; a row that names its split keeps it")
+    table = {k: getattr(args, k, None) for k in TABLE_OPTIONS}
+    table = {k: v for k, v in table.items() if v not in (None, False)}
+    if table and args.kind != "table":
+        raise CLIError(f"--{next(iter(table)).replace('_', '-')} is an option of `fugu-lite import table`")
+    if args.kind == "table":
+        if "workers" in table:
+            table["workers"] = [w.strip() for w in table["workers"].split(",") if w.strip()] if table["workers"] != "auto" else "auto"
+        given = {**given, **table}
     if "test_fraction" in given and args.kind == "dcrouter":
         raise CLIError("--test-fraction: dcrouter's test split is its upstream test file; only --val-fraction applies")
     for k in ("test_fraction", "val_fraction"):
@@ -101,6 +112,8 @@ def cmd_import(args) -> int:
     try:
         summary = import_source(args.kind, Path(args.path), Path(args.output), **given)
     except ValueError as exc:
+        if args.kind == "table":  # the column options, checked by TableSpec
+            raise CLIError(f"import table: {exc}") from None
         if "test_fraction" not in str(exc):
             raise
         raise CLIError(f"--test-fraction and --val-fraction: {exc}") from None

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert_arguments(p)
 
     p = add("import", data.cmd_import, "convert real routing data into the reward-matrix JSONL")
-    p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl"])
+    p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl", "table"])
     p.add_argument("path", help="the upstream file or folder")
     p.add_argument("--output", required=True)
     p.add_argument("--seed", type=int, default=None,
@@ -125,6 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "dcrouter's test split is its upstream test file")
     p.add_argument("--val-fraction", type=float, default=None,
                    help="share drawn as val (default 0.1): routellm-*, dcrouter, and a jsonl file's rows without a split")
+    t = p.add_argument_group("table: one row per prompt, one column per worker's score in [0, 1] (CSV, TSV, Parquet, "
+                             "JSON Lines; optionally .gz)")
+    t.add_argument("--prompt-column", default=None, help="the prompt's column (default prompt)")
+    t.add_argument("--workers", default=None, help="the worker score columns, comma-separated; default auto: every "
+                   "numeric or boolean column no other option names (the summary lists them)")
+    t.add_argument("--domain-column", default=None, help="the domain's column (default: every row 'general')")
+    t.add_argument("--split-column", default=None, help="the split's column (train, val, test); default: drawn, "
+                   "--test-fraction 0.3 --val-fraction 0.1")
+    t.add_argument("--id-column", default=None, help="the task id's column (default <file>-<row>)")
+    t.add_argument("--cost-column", default=None, help="each worker's cost column, a template with {worker}, "
+                   "e.g. '{worker}|total_cost'")
+    t.add_argument("--drop-incomplete", action="store_true", help="leave out rows missing a worker's score (default: refuse them)")
 
     for method in ("sft", "rl", "es"):
         p = add(f"train-{method}", lambda a, m=method: training.train(a, m), f"train the {method.upper()} router head")

@@ -42,7 +42,7 @@ from fugu_pipeline.matrix.import_format import RewardRow, read_reward_jsonl
 from fugu_pipeline.matrix.import_summary import summarize
 from fugu_pipeline.tasks.loading import TaskFileError
 
-KINDS = ("routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl")
+KINDS = ("routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl", "table")
 
 # dcrouter has no token counts; the prompt's token count is estimated as ceil(chars / 4).
 PROMPT_CHARS_PER_TOKEN = 4
@@ -366,6 +366,7 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
     routellm-mmlu:  path = that folder (mmlu_responses/, mmlu_contaminated_prompts.jsonl)
     routellm-csv:   path = one eval CSV; pass contaminated_path to remove contaminated prompts
     dcrouter:       path = folder with dcrouter_{train,test}.json(.gz), default_llm.json, default_query_*.jsonl(.gz)
+    table:          path = a CSV/TSV/Parquet/JSONL table, one column per worker's score (matrix/import_table.py)
     jsonl:          path = a reward-matrix JSONL (validated line by line); rows without a `split` field get
                     one drawn when test_fraction or val_fraction is given, else they are train
     """
@@ -394,6 +395,11 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
         if unknown:
             raise ValueError(f"import kind 'jsonl' takes only seed, test_fraction and val_fraction, got {unknown}")
         rows = import_generic_jsonl(path, **opts, notes=notes)
+    elif kind == "table":
+        from fugu_pipeline.matrix.import_table import TableSpec, import_table
+
+        rows, table_notes = import_table(path, TableSpec(**opts))
+        notes.update(table_notes)
     else:
         raise ValueError(f"unknown import kind {kind!r}; use one of {', '.join(KINDS)}")
     write_reward_jsonl(rows, out_path)

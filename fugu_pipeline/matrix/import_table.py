@@ -1,0 +1,190 @@
+"""A wide table of routing outcomes -> reward-matrix rows (`fugu-lite import table`).
+
+One row per prompt, one column per worker holding its score in [0, 1]: the layout of RouterBench,
+of most leaderboard exports and of a spreadsheet someone keeps by hand. CSV, TSV, Parquet or JSON
+Lines (each optionally .gz). The columns are named by the caller (`TableSpec`); nothing else in
+the file is trusted: every worker column must be numeric or boolean with every value in [0, 1],
+every worker id must follow the import rule, the split column may hold only train/val/test, task
+ids must be unique. Each problem names the file, the column and the data row (1-based, header
+not counted), and nothing is written. polars reads the file: no code in it is run (a pickle
+would be; convert one with `pandas.read_pickle(p).to_parquet(q)` where you trust it).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Literal
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fugu_pipeline.matrix.import_common import assign_split, fail, read_bytes, tag_in_distribution
+from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
+
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+SPLIT_VALUES = ("train", "val", "test")
+_SHOWN = 5  # rows named per problem
+
+
+class TableSpec(BaseModel):
+    """Which columns of the table mean what."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_column: str = Field("prompt", min_length=1)
+    workers: list[str] | Literal["auto"] = Field(
+        "auto", description="the worker score columns; auto = every numeric or boolean column no other option names")
+    domain_column: str | None = None
+    split_column: str | None = None
+    id_column: str | None = None
+    cost_column: str | None = Field(None, description="each worker's cost column, as a template with {worker}, e.g. '{worker}|total_cost'")
+    drop_incomplete: bool = False
+    seed: int = 0
+    test_fraction: float | None = None
+    val_fraction: float | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "TableSpec":
+        if self.cost_column is not None and "{worker}" not in self.cost_column:
+            raise ValueError(f"cost_column {self.cost_column!r} must contain {{worker}}, e.g. '{{worker}}|total_cost'")
+        if self.split_column and (self.test_fraction is not None or self.val_fraction is not None):
+            raise ValueError("the split column gives every row its split; test_fraction and val_fraction draw them: pick one")
+        if self.workers != "auto" and len(set(self.workers)) != len(self.workers):
+            raise ValueError("workers lists a column twice")
+        assign_split("", 0, *self.fractions())  # checks the fractions
+        return self
+
+    def fractions(self) -> tuple[float, float]:
+        return (0.3 if self.test_fraction is None else self.test_fraction,
+                0.1 if self.val_fraction is None else self.val_fraction)
+
+    def named(self) -> list[str]:
+        return [c for c in (self.prompt_column, self.domain_column, self.split_column, self.id_column) if c]
+
+
+def table_format(path: Path) -> str:
+    name = path.name.lower().removesuffix(".gz")
+    suffix = Path(name).suffix
+    if suffix not in FORMATS:
+        raise fail(path, f"unknown table format {suffix or '(no suffix)'!r}; use one of {', '.join(sorted(FORMATS))} (optionally .gz)")
+    return FORMATS[suffix]
+
+
+def read_table(path: Path) -> pl.DataFrame:
+    kind = table_format(path)
+    data = io.BytesIO(read_bytes(path, f"a {kind} table"))
+    try:
+        if kind in ("csv", "tsv"):
+            return pl.read_csv(data, separator="\t" if kind == "tsv" else ",", infer_schema_length=None)
+        if kind == "parquet":
+            return pl.read_parquet(data)
+        return pl.read_ndjson(data, infer_schema_length=None)
+    except Exception as exc:  # polars raises several error types for a malformed file
+        raise fail(path, f"cannot read it as {kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
+
+
+def _rows(mask: pl.Series) -> str:
+    idx = [i + 1 for i in mask.arg_true().to_list()]
+    more = f" and {len(idx) - _SHOWN} more" if len(idx) > _SHOWN else ""
+    return ", ".join(str(i) for i in idx[:_SHOWN]) + more
+
+
+def _worker_columns(df: pl.DataFrame, spec: TableSpec, path: Path) -> list[str]:
+    cols = df.columns
+    if spec.workers != "auto":
+        absent = [w for w in spec.workers if w not in cols]
+        if absent:
+            raise fail(path, f"no column {absent[0]!r} (--workers); the table's columns: {cols[:40]}")
+        workers = list(spec.workers)
+    else:
+        cost_re = re.compile(re.escape(spec.cost_column).replace(re.escape("{worker}"), ".+")) if spec.cost_column else None
+        workers = [c for c in cols if c not in spec.named() and (df[c].dtype.is_numeric() or df[c].dtype == pl.Boolean)
+                   and not (cost_re and cost_re.fullmatch(c))]
+        costly = [c for c in workers if "cost" in c.lower()]
+        if costly:
+            raise fail(path, f"--workers auto would take column {costly[0]!r} as a worker's score; it looks like a cost: "
+                             "pass --cost-column with a {worker} template (e.g. '{worker}|total_cost') or list --workers")
+    if len(workers) < 2:
+        raise fail(path, f"found {len(workers)} worker column(s) {workers}; routing needs at least 2 (--workers a,b,...)")
+    for w in workers:
+        try:
+            check_worker_id(w)
+        except ValueError as exc:
+            raise fail(path, f"column {w!r} cannot be a worker id: {exc}") from None
+    return workers
+
+
+def _numbers(df: pl.DataFrame, col: str, path: Path, what: str) -> pl.Series:
+    s = df[col]
+    if not (s.dtype.is_numeric() or s.dtype == pl.Boolean or s.dtype == pl.Null):
+        raise fail(path, f"column {col!r} ({what}) is {s.dtype}, not numbers")
+    return s.cast(pl.Float64)
+
+
+def import_table(path, spec: TableSpec | None = None) -> tuple[list[RewardRow], dict]:
+    """Rows of the table and notes on what was read (workers, splits, dropped rows)."""
+    path, spec = Path(path), spec or TableSpec()
+    df = read_table(path)
+    if df.height == 0:
+        raise fail(path, "the table has no rows")
+    absent = [c for c in spec.named() if c not in df.columns]
+    if absent:
+        raise fail(path, f"no column {absent[0]!r}; the table's columns: {df.columns[:40]}")
+    workers = _worker_columns(df, spec, path)
+    scores = pl.DataFrame({w: _numbers(df, w, path, "a worker's score") for w in workers})
+    incomplete = scores.select(pl.any_horizontal(pl.all().is_null() | pl.all().is_nan())).to_series()
+    notes: dict = {"table": f"{df.height} rows x {len(df.columns)} columns", "workers_from": (
+        "--workers" if spec.workers != "auto" else f"auto: the {len(workers)} numeric columns no other option names")}
+    if incomplete.any():
+        if not spec.drop_incomplete:
+            raise fail(path, f"{int(incomplete.sum())} row(s) miss a worker's score (rows {_rows(incomplete)}); "
+                             "pass --drop-incomplete to leave them out")
+        notes["dropped_incomplete"] = int(incomplete.sum())
+        df, scores = df.filter(~incomplete), scores.filter(~incomplete)
+        if df.height == 0:
+            raise fail(path, "every row misses a worker's score")
+    for w in workers:
+        bad = (scores[w] < 0) | (scores[w] > 1)
+        if bad.any():
+            raise fail(path, f"column {w!r}: scores outside [0, 1] in rows {_rows(bad)} (e.g. {scores[w].filter(bad)[0]}); "
+                             "rescale them first (a 1-10 judge score s: (s - 1) / 9)")
+    prompts = df[spec.prompt_column].cast(pl.String)
+    empty = prompts.is_null() | (prompts.str.strip_chars() == "")
+    if empty.any():
+        raise fail(path, f"column {spec.prompt_column!r}: empty prompt in rows {_rows(empty)}")
+    ids = (df[spec.id_column].cast(pl.String) if spec.id_column
+           else pl.Series([f"{path.name.split('.')[0]}-{i:06d}" for i in range(df.height)]))
+    dup = ids.is_duplicated() | ids.is_null()
+    if dup.any():
+        raise fail(path, f"column {spec.id_column!r}: missing or repeated task ids in rows {_rows(dup)}")
+    if spec.split_column:
+        splits = df[spec.split_column].cast(pl.String).str.strip_chars().str.to_lowercase()
+        wrong = ~splits.is_in(SPLIT_VALUES) | splits.is_null()
+        if wrong.any():
+            raise fail(path, f"column {spec.split_column!r}: a split must be one of {', '.join(SPLIT_VALUES)}; rows {_rows(wrong)}")
+        splits, notes["splits_from"] = splits.to_list(), f"column {spec.split_column!r}"
+    else:
+        tf, vf = spec.fractions()
+        splits = [assign_split(t, spec.seed, tf, vf) for t in ids.to_list()]
+        notes["splits_from"] = f"drawn from (seed {spec.seed}, task id): test {tf}, val {vf}"
+    domains = (df[spec.domain_column].cast(pl.String).fill_null("general").to_list() if spec.domain_column
+               else ["general"] * df.height)
+    costs = None
+    if spec.cost_column:
+        cols = {w: spec.cost_column.format(worker=w) for w in workers}
+        gone = [c for c in cols.values() if c not in df.columns]
+        if gone:
+            raise fail(path, f"no cost column {gone[0]!r} (--cost-column {spec.cost_column!r})")
+        cost = pl.DataFrame({w: _numbers(df, c, path, "a cost") for w, c in cols.items()})
+        for w, c in cols.items():
+            bad = cost[w].is_null() | cost[w].is_nan() | (cost[w] < 0)
+            if bad.any():
+                raise fail(path, f"column {c!r}: missing or negative cost in rows {_rows(bad)}")
+        costs = cost.rows()
+    q = scores.rows()
+    rows = [RewardRow(task_id=t, prompt=p, domain=d, split=s, worker_ids=workers, quality=list(q[i]),
+                      cost_usd=None if costs is None else list(costs[i]))
+            for i, (t, p, d, s) in enumerate(zip(ids.to_list(), prompts.to_list(), domains, splits))]
+    return tag_in_distribution(rows), notes
