@@ -145,3 +145,30 @@ def test_import_table_then_train_and_evaluate_from_the_command_line(tmp_path, mo
     assert "no test rows" not in err
     assert main(["evaluate", "--checkpoint", out.strip().splitlines()[-1], *common, "--budget-share", "0.5"]) == 0
     assert "router" in capsys.readouterr().out
+
+
+def test_real_dcrouter_written_as_a_table_imports_to_the_same_rows(tmp_path):
+    """The real dcrouter matrix (9 models, 5,989 prompts) through its own importer, written out as
+    a wide Parquet table (prompt, domain, split, id, one column per model, one cost column per
+    model), comes back through `import table` as the same rows."""
+    from fugu_pipeline_tests.test_importers import ROUTING, need
+
+    folder = need(ROUTING / "llmrouter_ulab")
+    import_source("dcrouter", folder, tmp_path / "dc.jsonl")
+    ref = [json.loads(x) for x in (tmp_path / "dc.jsonl").read_text(encoding="utf-8").split("\n") if x]  # not splitlines: a prompt holds U+0085 (NEL)
+    workers = ref[0]["worker_ids"]
+    table = pl.DataFrame({"task": [r["task_id"] for r in ref], "question": [r["prompt"] for r in ref],
+                          "task_name": [r["domain"] for r in ref], "part": [r["split"] for r in ref],
+                          **{w: [r["quality"][j] for r in ref] for j, w in enumerate(workers)},
+                          **{f"{w} cost": [r["cost_usd"][j] for r in ref] for j, w in enumerate(workers)}})
+    table.write_parquet(tmp_path / "dc.parquet")
+    spec = TableSpec(prompt_column="question", domain_column="task_name", split_column="part", id_column="task",
+                     cost_column="{worker} cost")
+    rows, notes = import_table(tmp_path / "dc.parquet", spec)
+    assert notes["workers_from"] == "auto: the 9 numeric columns no other option names"
+    assert len(rows) == len(ref) == 5989
+    for r, want in zip(rows, ref):
+        got = r.model_dump()
+        for k in ("task_id", "prompt", "domain", "split", "worker_ids", "quality", "cost_usd"):
+            assert got[k] == want[k], (k, want["task_id"])
+        assert [t for t in got["tags"] if t in ("id", "ood")] == [t for t in want["tags"] if t in ("id", "ood")]

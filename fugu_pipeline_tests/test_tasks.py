@@ -53,6 +53,20 @@ def test_short_answers_in_prompt_are_not_leaks(tmp_path):
     assert load_tasks(path)[0].reference_answer == "2"
 
 
+def test_prompts_holding_unicode_line_separators_raw_load_and_keep_their_line_numbers(tmp_path):
+    """JSON may hold U+0085, U+2028, U+2029 (and \\x1c-\\x1e, \\x0b, \\x0c escaped) in a string; a
+    writer with ensure_ascii=False writes the first three raw. str.splitlines cuts there, so the
+    batch was refused as malformed JSON (one of dcrouter's real prompts holds U+0085)."""
+    odd = "Line one\u0085line two\u2028line three\u2029end \x1c\x1d\x1e\x0b\x0c"
+    rows = [json.dumps(task_row(0, prompt=odd), ensure_ascii=False), task_row(1), '{"task_id": "t9"']
+    path = write_jsonl(tmp_path / "b.jsonl", rows)
+    with pytest.raises(TaskFileError) as err:
+        load_tasks(path)
+    assert [line for line, _ in err.value.problems] == [3]  # the first line parsed; the bad one keeps its number
+    path = write_jsonl(tmp_path / "ok.jsonl", rows[:2])
+    assert load_tasks(path)[0].prompt == odd
+
+
 def test_empty_and_missing_files(tmp_path):
     with pytest.raises(TaskFileError, match="no tasks"):
         load_tasks(write_jsonl(tmp_path / "e.jsonl", []))

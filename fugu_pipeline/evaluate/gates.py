@@ -80,7 +80,7 @@ def _read_records(path: Path) -> list[dict]:
     if not path.exists():
         return []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").split("\n"):  # not splitlines: a record may hold U+2028 raw
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:

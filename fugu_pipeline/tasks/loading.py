@@ -95,7 +95,9 @@ def load_tasks(path: str | Path) -> list[Task]:
     tasks: list[Task] = []
     problems: list[tuple[int, str]] = []
     first_line: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # JSON Lines end at "\n" only: str.splitlines would also cut at U+0085, U+2028 and other characters
+    # that a valid JSON string may hold raw (one of dcrouter's prompts has U+0085)
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
