@@ -99,6 +99,10 @@ def test_every_bad_cell_is_named_by_column_and_row_and_nothing_is_written(tmp_pa
     _refused(tmp_path, df.with_columns(pl.lit("holdout").alias("split")), SPEC.model_copy(update={"split_column": "split"}),
              "column 'split'", "train, val, test")
     _refused(tmp_path, df.with_columns(pl.lit("  ").alias("prompt")), SPEC, "empty prompt in rows 1")
+    nested = df.with_columns(pl.struct(pl.col("prompt"), pl.col("eval_name")).alias("prompt"))
+    _refused(tmp_path, nested, SPEC, "column 'prompt' holds Struct", "not text")
+    listed = df.with_columns(pl.concat_list(pl.col(MODELS[0]), pl.col(MODELS[1])).alias(MODELS[2]))
+    _refused(tmp_path, listed, SPEC.model_copy(update={"workers": MODELS}), f"column '{MODELS[2]}'", "not numbers")
     # a column name that could be SQL never becomes a worker id
     evil = df.rename({MODELS[0]: 'x"; DROP TABLE reward_wide; --', f"{MODELS[0]}|total_cost": 'x"; DROP TABLE reward_wide; --|total_cost'})
     _refused(tmp_path, evil, SPEC, "cannot be a worker id", "must match")

@@ -132,6 +132,9 @@ def import_table(path, spec: TableSpec | None = None) -> tuple[list[RewardRow], 
     absent = [c for c in spec.named() if c not in df.columns]
     if absent:
         raise fail(path, f"no column {absent[0]!r}; the table's columns: {df.columns[:40]}")
+    for c in spec.named():
+        if df[c].dtype.is_nested() or df[c].dtype == pl.Object:
+            raise fail(path, f"column {c!r} holds {df[c].dtype}, not text: name a column of plain values")
     workers = _worker_columns(df, spec, path)
     scores = pl.DataFrame({w: _numbers(df, w, path, "a worker's score") for w in workers})
     incomplete = scores.select(pl.any_horizontal(pl.all().is_null() | pl.all().is_nan())).to_series()
