@@ -94,6 +94,8 @@ def test_every_bad_cell_is_named_by_column_and_row_and_nothing_is_written(tmp_pa
     _refused(tmp_path, gap, SPEC, "2 row(s) miss a worker's score (rows 2, 6)", "--drop-incomplete")
     rows, notes = import_table(_write(tmp_path / "gap.parquet", gap), SPEC.model_copy(update={"drop_incomplete": True}))
     assert len(rows) == 10 and notes["dropped_incomplete"] == 2 and "gsm8k.1" not in {r.task_id for r in rows}
+    no_ids, _ = import_table(tmp_path / "gap.parquet", SPEC.model_copy(update={"drop_incomplete": True, "id_column": None}))
+    assert [r.task_id for r in no_ids][:3] == ["gap-000000", "gap-000002", "gap-000003"]  # ids are rows of the file
     dup = df.with_columns(pl.lit("same").alias("sample_id"))
     _refused(tmp_path, dup, SPEC, "column 'sample_id'", "repeated task ids in rows 1, 2, 3, 4, 5 and 7 more")
     _refused(tmp_path, df.with_columns(pl.lit("holdout").alias("split")), SPEC.model_copy(update={"split_column": "split"}),

@@ -136,6 +136,8 @@ def import_table(path, spec: TableSpec | None = None) -> tuple[list[RewardRow], 
         if df[c].dtype.is_nested() or df[c].dtype == pl.Object:
             raise fail(path, f"column {c!r} holds {df[c].dtype}, not text: name a column of plain values")
     workers = _worker_columns(df, spec, path)
+    stem = path.name.split(".")[0]
+    row_ids = pl.Series([f"{stem}-{i:06d}" for i in range(df.height)])  # the row in the file, kept if rows are dropped
     scores = pl.DataFrame({w: _numbers(df, w, path, "a worker's score") for w in workers})
     incomplete = scores.select(pl.any_horizontal(pl.all().is_null() | pl.all().is_nan())).to_series()
     notes: dict = {"table": f"{df.height} rows x {len(df.columns)} columns", "workers_from": (
@@ -145,7 +147,7 @@ def import_table(path, spec: TableSpec | None = None) -> tuple[list[RewardRow], 
             raise fail(path, f"{int(incomplete.sum())} row(s) miss a worker's score (rows {_rows(incomplete)}); "
                              "pass --drop-incomplete to leave them out")
         notes["dropped_incomplete"] = int(incomplete.sum())
-        df, scores = df.filter(~incomplete), scores.filter(~incomplete)
+        df, scores, row_ids = df.filter(~incomplete), scores.filter(~incomplete), row_ids.filter(~incomplete)
         if df.height == 0:
             raise fail(path, "every row misses a worker's score")
     for w in workers:
@@ -157,8 +159,7 @@ def import_table(path, spec: TableSpec | None = None) -> tuple[list[RewardRow], 
     empty = prompts.is_null() | (prompts.str.strip_chars() == "")
     if empty.any():
         raise fail(path, f"column {spec.prompt_column!r}: empty prompt in rows {_rows(empty)}")
-    ids = (df[spec.id_column].cast(pl.String) if spec.id_column
-           else pl.Series([f"{path.name.split('.')[0]}-{i:06d}" for i in range(df.height)]))
+    ids = df[spec.id_column].cast(pl.String) if spec.id_column else row_ids
     dup = ids.is_duplicated() | ids.is_null()
     if dup.any():
         raise fail(path, f"column {spec.id_column!r}: missing or repeated task ids in rows {_rows(dup)}")
