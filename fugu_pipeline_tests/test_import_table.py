@@ -111,6 +111,10 @@ def test_every_bad_cell_is_named_by_column_and_row_and_nothing_is_written(tmp_pa
     _refused(tmp_path, df.select("prompt", MODELS[0]), TableSpec(), "found 1 worker column(s)", "at least 2")
     with pytest.raises(ValueError, match="pick one"):
         TableSpec(split_column="split", test_fraction=0.5)
+    braces = df.rename({f"{m}|total_cost": f"{m}|cost{{usd}}" for m in MODELS})
+    rows, _ = import_table(_write(tmp_path / "braces.parquet", braces),
+                           SPEC.model_copy(update={"cost_column": "{worker}|cost{usd}"}))  # other braces are text
+    assert rows[0].cost_usd == pytest.approx([0.001, 0.002, 0.003])
     with pytest.raises(ValueError, match="must contain"):
         TableSpec(cost_column="total_cost")
 

@@ -156,9 +156,10 @@ def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr),
         data = routing_data(args, settings=s)
         if not noted and data.counts()["test"] == 0:
             noted.append(True)
-            print(f"note: {args.data} has no test rows, so nothing is held out for `fugu-lite evaluate` (rows without a "
-                  "'split' field count as train). To hold some out: `fugu-lite import jsonl R.jsonl --output R2.jsonl "
-                  "--test-fraction 0.3`, then train on R2.jsonl", file=sys.stderr)
+            from fugu_pipeline.matrix.import_common import HOLD_OUT_HINT
+
+            print(f"note: {args.data} has no test rows, so nothing is held out for `fugu-lite evaluate`: {HOLD_OUT_HINT}",
+                  file=sys.stderr)
         return data
 
     return fit_choosing_features(settings or encoder_settings(args), load, fit,

@@ -61,11 +61,9 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
     held, train = data.split(split), data.split("train")
     if not len(held.task_ids):
         from fugu_pipeline.features.routing_data import TrainingDataError
+        from fugu_pipeline.matrix.import_common import HOLD_OUT_HINT
 
-        raise TrainingDataError(
-            f"the {split!r} split has no rows (splits: {data.counts()}): nothing to evaluate on. Rows of a "
-            "reward-matrix JSONL without a 'split' field count as train; hold some out with `fugu-lite import "
-            "jsonl R.jsonl --output R2.jsonl --test-fraction 0.3`, or give rows \"split\": \"test\"")
+        raise TrainingDataError(f"the {split!r} split has no rows (splits: {data.counts()}): nothing to evaluate on; {HOLD_OUT_HINT}")
     if list(checkpoint.manifest.worker_ids) != list(data.worker_ids):
         raise ValueError(f"checkpoint workers {checkpoint.manifest.worker_ids} differ from the matrix's {data.worker_ids}")
     expected, c_ref = expected_costs(data, held, calibration)

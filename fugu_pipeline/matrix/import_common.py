@@ -53,3 +53,8 @@ def tag_in_distribution(rows: list[RewardRow]) -> list[RewardRow]:
     seen = {r.domain for r in rows if r.split == "train"}
     return [r.model_copy(update={"tags": [t for t in r.tags if t not in ("id", "ood")]
                                  + ["id" if r.domain in seen else "ood"]}) for r in rows]
+
+
+# What to do when a reward-matrix JSONL holds no test rows (said by `fugu-lite train` and `evaluate`).
+HOLD_OUT_HINT = ("rows without a 'split' field count as train; hold some out with `fugu-lite import jsonl R.jsonl "
+                 "--output R2.jsonl --test-fraction 0.3`, or give rows \"split\": \"test\"")

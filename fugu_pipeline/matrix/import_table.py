@@ -177,7 +177,7 @@ def import_table(path, spec: TableSpec | None = None) -> tuple[list[RewardRow], 
                else ["general"] * df.height)
     costs = None
     if spec.cost_column:
-        cols = {w: spec.cost_column.format(worker=w) for w in workers}
+        cols = {w: spec.cost_column.replace("{worker}", w) for w in workers}  # not str.format: other braces stay text
         gone = [c for c in cols.values() if c not in df.columns]
         if gone:
             raise fail(path, f"no cost column {gone[0]!r} (--cost-column {spec.cost_column!r})")
