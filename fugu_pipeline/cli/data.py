@@ -86,6 +86,7 @@ def cmd_generate(args) -> int:
 
 
 TABLE_OPTIONS = ("prompt_column", "workers", "domain_column", "split_column", "id_column", "cost_column", "drop_incomplete")
+LONG_OPTIONS = ("worker_column", "score_column", "latency_column", "prompts", "duplicates")
 
 
 def cmd_import(args) -> int:
@@ -96,11 +97,14 @@ def cmd_import(args) -> int:
     if args.kind == "jsonl" and given.keys() == {"seed"}:
         raise CLIError("--seed draws the splits of a jsonl file's rows that name none, with --test-fraction and/or "
                        "--val-fraction; a row that names its split keeps it")
-    table = {k: getattr(args, k, None) for k in TABLE_OPTIONS}
+    table = {k: getattr(args, k, None) for k in TABLE_OPTIONS + LONG_OPTIONS}
     table = {k: v for k, v in table.items() if v not in (None, False)}
-    if table and args.kind != "table":
-        raise CLIError(f"--{next(iter(table)).replace('_', '-')} is an option of `fugu-lite import table`")
-    if args.kind == "table":
+    if table and args.kind not in ("table", "long"):
+        raise CLIError(f"--{next(iter(table)).replace('_', '-')} is an option of `fugu-lite import table` and `import long`")
+    only_long = [k for k in table if k in LONG_OPTIONS]
+    if only_long and args.kind != "long":
+        raise CLIError(f"--{only_long[0].replace('_', '-')} is an option of `fugu-lite import long` (one row per call)")
+    if args.kind in ("table", "long"):
         if "workers" in table:
             table["workers"] = [w.strip() for w in table["workers"].split(",") if w.strip()] if table["workers"] != "auto" else "auto"
         given = {**given, **table}
@@ -112,8 +116,8 @@ def cmd_import(args) -> int:
     try:
         summary = import_source(args.kind, Path(args.path), Path(args.output), **given)
     except ValueError as exc:
-        if args.kind == "table":  # the column options, checked by TableSpec
-            raise CLIError(f"import table: {exc}") from None
+        if args.kind in ("table", "long"):  # the column options, checked by TableSpec / LongSpec
+            raise CLIError(f"import {args.kind}: {exc}") from None
         if "test_fraction" not in str(exc):
             raise
         raise CLIError(f"--test-fraction and --val-fraction: {exc}") from None

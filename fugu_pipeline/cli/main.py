@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert_arguments(p)
 
     p = add("import", data.cmd_import, "convert real routing data into the reward-matrix JSONL")
-    p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl", "table"])
+    p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl", "table", "long"])
     p.add_argument("path", help="the upstream file or folder")
     p.add_argument("--output", required=True)
     p.add_argument("--seed", type=int, default=None,
@@ -125,18 +125,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "dcrouter's test split is its upstream test file")
     p.add_argument("--val-fraction", type=float, default=None,
                    help="share drawn as val (default 0.1): routellm-*, dcrouter, and a jsonl file's rows without a split")
-    t = p.add_argument_group("table: one row per prompt, one column per worker's score in [0, 1] (CSV, TSV, Parquet, "
-                             "JSON Lines; optionally .gz)")
+    t = p.add_argument_group("table and long: CSV, TSV, Parquet or JSON Lines (optionally .gz). table: one row per prompt, "
+                             "one column per worker's score in [0, 1]. long: one row per (prompt, worker) call")
     t.add_argument("--prompt-column", default=None, help="the prompt's column (default prompt)")
-    t.add_argument("--workers", default=None, help="the worker score columns, comma-separated; default auto: every "
-                   "numeric or boolean column no other option names (the summary lists them)")
+    t.add_argument("--workers", default=None, help="table: the worker score columns, comma-separated; default auto: every "
+                   "numeric or boolean column no other option names (the summary lists them). long: the workers to keep "
+                   "(default: every worker the file names)")
     t.add_argument("--domain-column", default=None, help="the domain's column (default: every row 'general')")
     t.add_argument("--split-column", default=None, help="the split's column (train, val, test); default: drawn, "
                    "--test-fraction 0.3 --val-fraction 0.1")
-    t.add_argument("--id-column", default=None, help="the task id's column (default <file>-<row>)")
-    t.add_argument("--cost-column", default=None, help="each worker's cost column, a template with {worker}, "
-                   "e.g. '{worker}|total_cost'")
-    t.add_argument("--drop-incomplete", action="store_true", help="leave out rows missing a worker's score (default: refuse them)")
+    t.add_argument("--id-column", default=None, help="the task id's column (table default <file>-<row>; long default: "
+                   "tasks are told apart by their prompt, id <file>-<hash of the prompt>)")
+    t.add_argument("--cost-column", default=None, help="table: each worker's cost column, a template with {worker}, "
+                   "e.g. '{worker}|total_cost'. long: the call's cost column")
+    t.add_argument("--drop-incomplete", action="store_true", help="leave out tasks missing a worker's score (default: refuse them)")
+    t.add_argument("--worker-column", default=None, help="long: the worker's (model's) column (default model)")
+    t.add_argument("--score-column", default=None, help="long: the score's column, in [0, 1] (default score)")
+    t.add_argument("--latency-column", default=None, help="long: the call's latency column, in seconds")
+    t.add_argument("--prompts", default=None, help="long: a table of the tasks, one row per --id-column value, holding the "
+                   "prompt (and the domain and split columns when named); the responses then need only id, worker, score")
+    t.add_argument("--duplicates", choices=["refuse", "mean"], default=None, help="long: a (task, worker) pair given twice "
+                   "is refused (default), or its scores, costs and latencies are averaged (repeated samples)")
 
     for method in ("sft", "rl", "es"):
         p = add(f"train-{method}", lambda a, m=method: training.train(a, m), f"train the {method.upper()} router head")

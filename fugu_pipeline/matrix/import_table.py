@@ -85,8 +85,9 @@ def read_table(path: Path) -> pl.DataFrame:
         raise fail(path, f"cannot read it as {kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
 
 
-def _rows(mask: pl.Series) -> str:
-    idx = [i + 1 for i in mask.arg_true().to_list()]
+def rows_named(row_numbers: pl.Series, mask: pl.Series) -> str:
+    """The first few of `row_numbers` where `mask` holds, and how many more."""
+    idx = row_numbers.filter(mask).to_list()
     more = f" and {len(idx) - _SHOWN} more" if len(idx) > _SHOWN else ""
     return ", ".join(str(i) for i in idx[:_SHOWN]) + more
 
@@ -138,36 +139,37 @@ def import_table(path, spec: TableSpec | None = None) -> tuple[list[RewardRow], 
     workers = _worker_columns(df, spec, path)
     stem = path.name.split(".")[0]
     row_ids = pl.Series([f"{stem}-{i:06d}" for i in range(df.height)])  # the row in the file, kept if rows are dropped
+    line = pl.int_range(1, df.height + 1, eager=True)  # the data row named in messages, kept if rows are dropped
     scores = pl.DataFrame({w: _numbers(df, w, path, "a worker's score") for w in workers})
     incomplete = scores.select(pl.any_horizontal(pl.all().is_null() | pl.all().is_nan())).to_series()
     notes: dict = {"table": f"{df.height} rows x {len(df.columns)} columns", "workers_from": (
         "--workers" if spec.workers != "auto" else f"auto: the {len(workers)} numeric columns no other option names")}
     if incomplete.any():
         if not spec.drop_incomplete:
-            raise fail(path, f"{int(incomplete.sum())} row(s) miss a worker's score (rows {_rows(incomplete)}); "
+            raise fail(path, f"{int(incomplete.sum())} row(s) miss a worker's score (rows {rows_named(line, incomplete)}); "
                              "pass --drop-incomplete to leave them out")
         notes["dropped_incomplete"] = int(incomplete.sum())
-        df, scores, row_ids = df.filter(~incomplete), scores.filter(~incomplete), row_ids.filter(~incomplete)
+        df, scores, row_ids, line = (x.filter(~incomplete) for x in (df, scores, row_ids, line))
         if df.height == 0:
             raise fail(path, "every row misses a worker's score")
     for w in workers:
         bad = (scores[w] < 0) | (scores[w] > 1)
         if bad.any():
-            raise fail(path, f"column {w!r}: scores outside [0, 1] in rows {_rows(bad)} (e.g. {scores[w].filter(bad)[0]}); "
+            raise fail(path, f"column {w!r}: scores outside [0, 1] in rows {rows_named(line, bad)} (e.g. {scores[w].filter(bad)[0]}); "
                              "rescale them first (a 1-10 judge score s: (s - 1) / 9)")
     prompts = df[spec.prompt_column].cast(pl.String)
     empty = prompts.is_null() | (prompts.str.strip_chars() == "")
     if empty.any():
-        raise fail(path, f"column {spec.prompt_column!r}: empty prompt in rows {_rows(empty)}")
+        raise fail(path, f"column {spec.prompt_column!r}: empty prompt in rows {rows_named(line, empty)}")
     ids = df[spec.id_column].cast(pl.String) if spec.id_column else row_ids
     dup = ids.is_duplicated() | ids.is_null()
     if dup.any():
-        raise fail(path, f"column {spec.id_column!r}: missing or repeated task ids in rows {_rows(dup)}")
+        raise fail(path, f"column {spec.id_column!r}: missing or repeated task ids in rows {rows_named(line, dup)}")
     if spec.split_column:
         splits = df[spec.split_column].cast(pl.String).str.strip_chars().str.to_lowercase()
         wrong = ~splits.is_in(SPLIT_VALUES) | splits.is_null()
         if wrong.any():
-            raise fail(path, f"column {spec.split_column!r}: a split must be one of {', '.join(SPLIT_VALUES)}; rows {_rows(wrong)}")
+            raise fail(path, f"column {spec.split_column!r}: a split must be one of {', '.join(SPLIT_VALUES)}; rows {rows_named(line, wrong)}")
         splits, notes["splits_from"] = splits.to_list(), f"column {spec.split_column!r}"
     else:
         tf, vf = spec.fractions()
@@ -185,7 +187,7 @@ def import_table(path, spec: TableSpec | None = None) -> tuple[list[RewardRow], 
         for w, c in cols.items():
             bad = cost[w].is_null() | cost[w].is_nan() | (cost[w] < 0)
             if bad.any():
-                raise fail(path, f"column {c!r}: missing or negative cost in rows {_rows(bad)}")
+                raise fail(path, f"column {c!r}: missing or negative cost in rows {rows_named(line, bad)}")
         costs = cost.rows()
     q = scores.rows()
     rows = [RewardRow(task_id=t, prompt=p, domain=d, split=s, worker_ids=workers, quality=list(q[i]),

@@ -42,7 +42,7 @@ from fugu_pipeline.matrix.import_format import RewardRow, read_reward_jsonl
 from fugu_pipeline.matrix.import_summary import summarize
 from fugu_pipeline.tasks.loading import TaskFileError
 
-KINDS = ("routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl", "table")
+KINDS = ("routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl", "table", "long")
 
 # dcrouter has no token counts; the prompt's token count is estimated as ceil(chars / 4).
 PROMPT_CHARS_PER_TOKEN = 4
@@ -367,6 +367,7 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
     routellm-csv:   path = one eval CSV; pass contaminated_path to remove contaminated prompts
     dcrouter:       path = folder with dcrouter_{train,test}.json(.gz), default_llm.json, default_query_*.jsonl(.gz)
     table:          path = a CSV/TSV/Parquet/JSONL table, one column per worker's score (matrix/import_table.py)
+    long:           path = a CSV/TSV/Parquet/JSONL table, one row per (prompt, worker) (matrix/import_long.py)
     jsonl:          path = a reward-matrix JSONL (validated line by line); rows without a `split` field get
                     one drawn when test_fraction or val_fraction is given, else they are train
     """
@@ -399,6 +400,11 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
         from fugu_pipeline.matrix.import_table import TableSpec, import_table
 
         rows, table_notes = import_table(path, TableSpec(**opts))
+        notes.update(table_notes)
+    elif kind == "long":
+        from fugu_pipeline.matrix.import_long import LongSpec, import_long
+
+        rows, table_notes = import_long(path, LongSpec(**opts))
         notes.update(table_notes)
     else:
         raise ValueError(f"unknown import kind {kind!r}; use one of {', '.join(KINDS)}")

@@ -1,0 +1,250 @@
+"""A long table of routing outcomes -> reward-matrix rows (`fugu-lite import long`).
+
+One row per (prompt, worker): the layout of a production call log, of per-sample leaderboard
+details and of EmbedLLM's correctness files. The rows are grouped by task (the id column, else the
+prompt text) and pivoted to one reward-matrix row per task with a score per worker. The prompts
+may sit in a second table (`prompts`, one row per task id), as EmbedLLM keeps them.
+
+Nothing in the files is trusted. Each problem names the file, the column and the data rows
+(1-based, header not counted), and nothing is written:
+- a worker id that breaks the import rule, a missing or non-numeric score, a score outside [0, 1];
+- a task whose rows disagree on its prompt, domain or split;
+- a (task, worker) pair given twice (`duplicates="mean"` averages repeated samples instead);
+- a task without a score from every worker (`drop_incomplete` leaves it out and counts it);
+- a response whose task id the prompts table lacks, or a prompts table with a repeated id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fugu_pipeline.matrix.import_common import assign_split, fail, tag_in_distribution
+from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
+from fugu_pipeline.matrix.import_table import SPLIT_VALUES, read_table, rows_named
+
+_ROW = "__fugu_row"  # the 1-based data row of the file, carried through filters
+
+
+class LongSpec(BaseModel):
+    """Which columns of the long table (and of the optional prompts table) mean what."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker_column: str = Field("model", min_length=1)
+    score_column: str = Field("score", min_length=1)
+    prompt_column: str = Field("prompt", min_length=1)
+    id_column: str | None = Field(None, description="the task id; default: tasks are told apart by their prompt text")
+    prompts: Path | None = Field(None, description="a table of the tasks (id, prompt, and domain/split when named), "
+                                                   "one row per id; needs id_column")
+    domain_column: str | None = None
+    split_column: str | None = None
+    cost_column: str | None = Field(None, description="the cost in USD of this row's call")
+    latency_column: str | None = Field(None, description="the latency in seconds of this row's call")
+    workers: list[str] | Literal["auto"] = Field("auto", description="auto = every worker the file names, sorted")
+    duplicates: Literal["refuse", "mean"] = "refuse"
+    drop_incomplete: bool = False
+    seed: int = 0
+    test_fraction: float | None = None
+    val_fraction: float | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "LongSpec":
+        if self.prompts is not None and not self.id_column:
+            raise ValueError("a prompts table is joined by task id: name the id column (--id-column)")
+        if self.split_column and (self.test_fraction is not None or self.val_fraction is not None):
+            raise ValueError("the split column gives every task its split; test_fraction and val_fraction draw them: pick one")
+        if self.workers != "auto" and len(set(self.workers)) != len(self.workers):
+            raise ValueError("workers lists a worker twice")
+        for c in (self.cost_column, self.latency_column):
+            if c and "{worker}" in c:
+                raise ValueError(f"{c!r}: in a long table each row is one worker's call, so its cost is one column, "
+                                 "not a {worker} template")
+        assign_split("", 0, *self.fractions())  # checks the fractions
+        return self
+
+    def fractions(self) -> tuple[float, float]:
+        return (0.3 if self.test_fraction is None else self.test_fraction,
+                0.1 if self.val_fraction is None else self.val_fraction)
+
+    def task_columns(self) -> list[str]:
+        """Columns that describe the task, not the call: one value per task."""
+        return [c for c in (self.prompt_column, self.domain_column, self.split_column) if c]
+
+
+def _need(df: pl.DataFrame, path: Path, cols: list[str], what: str) -> None:
+    for c in cols:
+        if c not in df.columns:
+            raise fail(path, f"no column {c!r} ({what}); the table's columns: {df.columns[:40]}")
+        if df[c].dtype.is_nested() or df[c].dtype == pl.Object:
+            raise fail(path, f"column {c!r} holds {df[c].dtype}, not plain values")
+
+
+def _numbers(df: pl.DataFrame, col: str, path: Path, what: str) -> pl.Series:
+    s = df[col]
+    if not (s.dtype.is_numeric() or s.dtype == pl.Boolean or s.dtype == pl.Null):
+        raise fail(path, f"column {col!r} ({what}) is {s.dtype}, not numbers")
+    return s.cast(pl.Float64)
+
+
+def _text(s: pl.Series) -> pl.Series:
+    return s.cast(pl.String)
+
+
+def _task_table(spec: LongSpec, responses: pl.DataFrame, path: Path) -> tuple[pl.DataFrame, Path]:
+    """One row per task key: `key`, the task columns, and the rows where the task was read."""
+    if spec.prompts is None:
+        src, src_path = responses, path
+    else:
+        src_path = Path(spec.prompts)
+        src = read_table(src_path).with_row_index(_ROW, offset=1)
+        _need(src, src_path, [spec.id_column, *spec.task_columns()], "the prompts table")
+        src = src.with_columns(key=_text(src[spec.id_column]))
+        dup = src["key"].is_duplicated() | src["key"].is_null()
+        if dup.any():
+            raise fail(src_path, f"column {spec.id_column!r}: missing or repeated task ids in rows {rows_named(src[_ROW], dup)}")
+    keep = [pl.col(c).cast(pl.String).alias(c) for c in spec.task_columns()]
+    tasks = src.select("key", _ROW, *keep)
+    for c in spec.task_columns():  # one value per task, or the file contradicts itself
+        n = tasks.group_by("key").agg(pl.col(c).n_unique().alias("n"), pl.col(_ROW).alias("rows")).filter(pl.col("n") > 1)
+        if n.height:
+            first = n.row(0, named=True)
+            shown = ", ".join(str(r) for r in first["rows"][:5])
+            raise fail(src_path, f"column {c!r}: task {first['key']!r} has {first['n']} different values (rows {shown}); "
+                                 f"{n.height} task(s) disagree like this. A task's {c} must be the same on each of its rows")
+    prompts = tasks[spec.prompt_column]
+    empty = prompts.is_null() | (prompts.str.strip_chars() == "")
+    if empty.any():
+        raise fail(src_path, f"column {spec.prompt_column!r}: empty prompt in rows {rows_named(tasks[_ROW], empty)}")
+    if spec.split_column:
+        splits = tasks[spec.split_column].str.strip_chars().str.to_lowercase()
+        wrong = ~splits.is_in(SPLIT_VALUES) | splits.is_null()
+        if wrong.any():
+            raise fail(src_path, f"column {spec.split_column!r}: a split must be one of {', '.join(SPLIT_VALUES)}; "
+                                 f"rows {rows_named(tasks[_ROW], wrong)}")
+        tasks = tasks.with_columns(splits.alias(spec.split_column))
+    return tasks.unique("key", keep="first", maintain_order=True), src_path
+
+
+def import_long(path, spec: LongSpec | None = None) -> tuple[list[RewardRow], dict]:
+    """Reward-matrix rows from a long table, and notes on what was read."""
+    path, spec = Path(path), spec or LongSpec()
+    df = read_table(path)
+    if df.height == 0:
+        raise fail(path, "the table has no rows")
+    df = df.with_row_index(_ROW, offset=1)
+    own = [spec.worker_column, spec.score_column] + [c for c in (spec.id_column, spec.cost_column, spec.latency_column) if c]
+    _need(df, path, own + ([] if spec.prompts else spec.task_columns()), "the responses table")
+    notes: dict = {"table": f"{df.height} rows x {len(df.columns) - 1} columns"}
+
+    workers_s = _text(df[spec.worker_column]).str.strip_chars()
+    if workers_s.is_null().any():
+        raise fail(path, f"column {spec.worker_column!r}: missing worker in rows {rows_named(df[_ROW], workers_s.is_null())}")
+    df = df.with_columns(workers_s.alias("worker"))
+    if spec.workers != "auto":
+        absent = [w for w in spec.workers if w not in set(workers_s.unique().to_list())]
+        if absent:
+            raise fail(path, f"column {spec.worker_column!r} never names worker {absent[0]!r} (--workers)")
+        other = ~df["worker"].is_in(spec.workers)
+        if other.any():
+            notes["rows_of_other_workers"] = int(other.sum())
+            df = df.filter(~other)
+    seen = sorted(df["worker"].unique().to_list())  # sorted: the same columns whatever the rows' order
+    for w in seen:
+        try:
+            check_worker_id(w)
+        except ValueError as exc:
+            raise fail(path, f"column {spec.worker_column!r}: {w!r} (rows {rows_named(df[_ROW], df['worker'] == w)}) "
+                             f"cannot be a worker id: {exc}") from None
+    workers = list(spec.workers) if spec.workers != "auto" else seen
+    if len(workers) < 2:
+        raise fail(path, f"column {spec.worker_column!r} names {len(workers)} worker(s) {workers}; routing needs at least 2")
+
+    score = _numbers(df, spec.score_column, path, "a worker's score")
+    missing = score.is_null() | score.is_nan()
+    if missing.any() and not spec.drop_incomplete:
+        raise fail(path, f"column {spec.score_column!r}: missing score in rows {rows_named(df[_ROW], missing)}; "
+                         "pass --drop-incomplete to leave those tasks out")
+    bad = ~missing & ((score < 0) | (score > 1))
+    if bad.any():
+        raise fail(path, f"column {spec.score_column!r}: scores outside [0, 1] in rows {rows_named(df[_ROW], bad)} "
+                         f"(e.g. {score.filter(bad)[0]}); rescale them first (a 1-10 judge score s: (s - 1) / 9)")
+    extra = {}
+    for col, name, what in ((spec.cost_column, "cost", "a call's cost in USD"), (spec.latency_column, "latency", "a call's latency in s")):
+        if col:
+            v = _numbers(df, col, path, what)
+            wrong = v.is_null() | v.is_nan() | (v < 0) | v.is_infinite()
+            if wrong.any():
+                raise fail(path, f"column {col!r}: missing, negative or infinite {name} in rows {rows_named(df[_ROW], wrong)}")
+            extra[name] = v
+    df = df.with_columns(score=score.fill_nan(None), **extra)
+
+    if spec.id_column:
+        key = _text(df[spec.id_column])
+        if key.is_null().any():
+            raise fail(path, f"column {spec.id_column!r}: missing task id in rows {rows_named(df[_ROW], key.is_null())}")
+    else:  # the prompt text tells tasks apart; the id is stable under reordering and dropped rows
+        text = _text(df[spec.prompt_column])
+        stem = path.name.split(".")[0]
+        ids = {p: f"{stem}-{hashlib.sha256(p.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
+               for p in text.drop_nulls().unique().to_list()}
+        key = text.replace_strict(ids, default=None, return_dtype=pl.String)
+    df = df.with_columns(key=key)
+
+    tasks, task_path = _task_table(spec, df, path)
+    if spec.prompts is not None:
+        unknown = ~df["key"].is_in(tasks["key"])
+        if unknown.any():
+            raise fail(path, f"column {spec.id_column!r}: task ids the prompts table {task_path.name} lacks, rows "
+                             f"{rows_named(df[_ROW], unknown)} (e.g. {df['key'].filter(unknown)[0]!r})")
+        notes["prompts_without_responses"] = int((~tasks["key"].is_in(df["key"])).sum())
+
+    pairs = df.group_by("key", "worker", maintain_order=True).agg(
+        pl.len().alias("n"), pl.col(_ROW).alias("rows"), pl.col("score").mean(), pl.col("score").null_count().alias("nulls"),
+        *[pl.col(c).mean() for c in extra])
+    twice = pairs.filter(pl.col("n") > 1)
+    if twice.height:
+        if spec.duplicates == "refuse":
+            first = twice.row(0, named=True)
+            raise fail(path, f"task {first['key']!r} has {first['n']} rows for worker {first['worker']!r} (rows "
+                             f"{', '.join(str(r) for r in first['rows'][:5])}); {twice.height} (task, worker) pair(s) repeat. "
+                             "Pass --duplicates mean to average repeated samples, or remove the repeats")
+        notes["pairs_averaged"] = twice.height
+    pairs = pairs.filter(pl.col("nulls") == 0) if spec.duplicates == "refuse" else pairs.filter(pl.col("score").is_not_null())
+    counts = pairs.group_by("key").agg(pl.col("worker").n_unique().alias("k"))
+    order = df.select("key").unique(maintain_order=True)
+    counts = order.join(counts, on="key", how="left").with_columns(pl.col("k").fill_null(0))
+    incomplete = counts.filter(pl.col("k") < len(workers))
+    if incomplete.height:
+        if not spec.drop_incomplete:
+            shown = ", ".join(repr(k) for k in incomplete["key"].head(5).to_list())
+            raise fail(path, f"{incomplete.height} task(s) lack a score from some of the {len(workers)} workers (e.g. {shown}); "
+                             "pass --drop-incomplete to leave them out, or --workers to keep only the workers every task has")
+        notes["dropped_incomplete"] = incomplete.height
+    keys = counts.filter(pl.col("k") == len(workers))["key"]
+    if keys.len() == 0:
+        raise fail(path, "no task has a score from every worker")
+
+    wide = {name: pairs.pivot(on="worker", index="key", values=name) for name in ("score", *extra)}
+    tasks = tasks.filter(pl.col("key").is_in(keys))
+    tasks = tasks.join(pl.DataFrame({"key": keys}).with_row_index("_order"), on="key").sort("_order")
+    cells = {name: tasks.select("key").join(t, on="key", how="left", maintain_order="left").select(workers).rows()
+             for name, t in wide.items()}
+    if spec.split_column:
+        splits = tasks[spec.split_column].to_list()
+        notes["splits_from"] = f"column {spec.split_column!r}"
+    else:
+        tf, vf = spec.fractions()
+        splits = [assign_split(t, spec.seed, tf, vf) for t in tasks["key"].to_list()]
+        notes["splits_from"] = f"drawn from (seed {spec.seed}, task id): test {tf}, val {vf}"
+    domains = tasks[spec.domain_column].fill_null("general").to_list() if spec.domain_column else ["general"] * tasks.height
+    notes["workers"] = workers
+    rows = [RewardRow(task_id=t, prompt=p, domain=d, split=s, worker_ids=workers, quality=list(cells["score"][i]),
+                      cost_usd=list(cells["cost"][i]) if "cost" in cells else None,
+                      latency_s=list(cells["latency"][i]) if "latency" in cells else None)
+            for i, (t, p, d, s) in enumerate(zip(tasks["key"].to_list(), tasks[spec.prompt_column].to_list(), domains, splits))]
+    return tag_in_distribution(rows), notes

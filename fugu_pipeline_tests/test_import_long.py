@@ -1,0 +1,191 @@
+"""`fugu-lite import long`: one row per (prompt, worker) call (a production log, per-sample
+leaderboard details, EmbedLLM's files) becomes the same reward-matrix rows as the wide table it
+pivots to; every bad cell is named by column and file row, and nothing is written."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from fugu_pipeline.cli import main
+from fugu_pipeline.matrix.import_long import LongSpec, import_long
+from fugu_pipeline.matrix.import_table import TableSpec, import_table
+from fugu_pipeline.matrix.importers import import_source
+from fugu_pipeline.tasks.loading import TaskFileError
+from fugu_pipeline_tests.test_import_table import MODELS, SPEC, routerbench_like
+
+LONG = LongSpec(worker_column="model", score_column="score", id_column="sample_id", domain_column="eval_name",
+                cost_column="cost")
+
+
+def melt(wide: pl.DataFrame) -> pl.DataFrame:
+    """The wide RouterBench-like frame as one row per (sample, model), models interleaved per sample."""
+    parts = [wide.select("sample_id", "prompt", "eval_name", pl.lit(m).alias("model"), pl.col(m).alias("score"),
+                         pl.col(f"{m}|total_cost").alias("cost")).with_row_index("i") for m in MODELS]
+    return pl.concat(parts).sort("i", maintain_order=True).drop("i")
+
+
+def test_a_long_table_imports_to_the_same_rows_as_its_wide_form_in_every_format(tmp_path):
+    wide = routerbench_like(60)
+    wide.write_parquet(tmp_path / "w.parquet")
+    want, _ = import_table(tmp_path / "w.parquet", SPEC)
+    long = melt(wide)
+    for name in ("l.parquet", "l.csv", "l.jsonl"):
+        p = tmp_path / name
+        {"parquet": long.write_parquet, "csv": long.write_csv, "jsonl": long.write_ndjson}[name.split(".")[1]](p)
+        rows, notes = import_long(p, LONG)
+        assert rows == want, name
+        assert notes["workers"] == MODELS and notes["table"] == "180 rows x 6 columns"
+    # rows in any order give the same tasks (in order of first appearance) and the same splits
+    (tmp_path / "shuffled").mkdir()
+    shuffled = long.sample(fraction=1.0, shuffle=True, seed=3)
+    shuffled.write_parquet(tmp_path / "shuffled" / "l.parquet")
+    again, _ = import_long(tmp_path / "shuffled" / "l.parquet", LONG)
+    assert [r.task_id for r in again] != [r.task_id for r in want]
+    assert sorted(again, key=lambda r: r.task_id) == sorted(want, key=lambda r: r.task_id)
+    # without an id column the prompt tells tasks apart; the id hashes it, so it survives reordering
+    by_prompt, _ = import_long(tmp_path / "l.parquet", LONG.model_copy(update={"id_column": None}))
+    re_by_prompt, _ = import_long(tmp_path / "shuffled" / "l.parquet", LONG.model_copy(update={"id_column": None}))
+    assert len(by_prompt) == 60 and by_prompt[0].task_id.startswith("l-") and len(by_prompt[0].task_id) == 14
+    assert sorted(by_prompt, key=lambda r: r.task_id) == sorted(re_by_prompt, key=lambda r: r.task_id)
+    assert {r.prompt: r.quality for r in by_prompt} == {r.prompt: r.quality for r in want}
+    # a subset of workers; the others' rows are counted and left out
+    two, notes = import_long(tmp_path / "l.parquet", LONG.model_copy(update={"workers": MODELS[1:]}))
+    assert two[0].worker_ids == MODELS[1:] and notes["rows_of_other_workers"] == 60
+
+
+def test_prompts_in_their_own_table_are_joined_by_id_as_embedllm_keeps_them(tmp_path):
+    wide = routerbench_like(30)
+    wide.write_parquet(tmp_path / "w.parquet")
+    want, _ = import_table(tmp_path / "w.parquet", SPEC)
+    long = melt(wide)
+    long.select("sample_id", "model", "score", "cost").write_csv(tmp_path / "responses.csv")
+    questions = wide.select("sample_id", "prompt", "eval_name")
+    pl.concat([questions, pl.DataFrame({"sample_id": ["unused"], "prompt": ["never asked"], "eval_name": ["x"]})]
+              ).write_csv(tmp_path / "questions.csv")
+    spec = LONG.model_copy(update={"prompts": tmp_path / "questions.csv"})
+    rows, notes = import_long(tmp_path / "responses.csv", spec)
+    assert rows == want and notes["prompts_without_responses"] == 1
+    with pytest.raises(ValueError, match="name the id column"):
+        LongSpec(prompts=tmp_path / "questions.csv")
+    pl.concat([questions, questions.head(1)]).write_csv(tmp_path / "twice.csv")
+    with pytest.raises(TaskFileError, match=r"twice\.csv.*'sample_id': missing or repeated task ids in rows 1, 31"):
+        import_long(tmp_path / "responses.csv", LONG.model_copy(update={"prompts": tmp_path / "twice.csv"}))
+    questions.tail(29).write_csv(tmp_path / "short.csv")
+    with pytest.raises(TaskFileError, match=r"responses\.csv.*lacks, rows 1, 2, 3 \(e\.g\. 'mmlu-anatomy\.0'\)"):
+        import_long(tmp_path / "responses.csv", LONG.model_copy(update={"prompts": tmp_path / "short.csv"}))
+
+
+def _refused(tmp_path, df: pl.DataFrame, spec: LongSpec, *needles: str):
+    p = tmp_path / "l.parquet"
+    df.write_parquet(p)
+    with pytest.raises(TaskFileError) as err:
+        import_source("long", p, tmp_path / "out.jsonl", **spec.model_dump(exclude_defaults=True))
+    msg = str(err.value)
+    for n in needles:
+        assert n in msg, (n, msg)
+    assert "l.parquet" in msg
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def _set(df: pl.DataFrame, col: str, rows: list[int], value) -> pl.DataFrame:
+    """`value` in `col` at the given 1-based data rows."""
+    return df.with_columns(pl.when(pl.int_range(pl.len()).is_in([r - 1 for r in rows])).then(pl.lit(value))
+                           .otherwise(pl.col(col)).alias(col))
+
+
+def test_every_bad_cell_is_named_by_column_and_file_row_and_nothing_is_written(tmp_path):
+    long = melt(routerbench_like(12))  # 36 rows: sample i's models at rows 3i+1 .. 3i+3
+    _refused(tmp_path, _set(long, "score", [5], 4.0), LONG, "column 'score'", "outside [0, 1] in rows 5", "(s - 1) / 9")
+    _refused(tmp_path, _set(long, "score", [7, 8], None), LONG, "missing score in rows 7, 8", "--drop-incomplete")
+    _refused(tmp_path, _set(long, "score", [2], float("nan")), LONG, "missing score in rows 2")
+    _refused(tmp_path, long.with_columns(pl.col("score").cast(pl.String)), LONG, "column 'score'", "not numbers")
+    _refused(tmp_path, _set(long, "cost", [9], -1.0), LONG, "column 'cost'", "negative or infinite cost in rows 9")
+    _refused(tmp_path, _set(long, "model", [4], 'x"; DROP TABLE reward_wide; --'), LONG,
+             "column 'model'", "(rows 4) cannot be a worker id", "must match")
+    _refused(tmp_path, _set(long, "model", [4], None), LONG, "missing worker in rows 4")
+    _refused(tmp_path, _set(long, "eval_name", [6], "mbpp"), LONG,
+             "column 'eval_name': task 'gsm8k.1' has 2 different values (rows 4, 5, 6)", "must be the same on each of its rows")
+    _refused(tmp_path, long.with_columns(pl.lit("holdout").alias("split")), LONG.model_copy(update={"split_column": "split"}),
+             "column 'split'", "train, val, test; rows 1, 2, 3, 4, 5 and 31 more")
+    _refused(tmp_path, _set(long, "prompt", [1, 2, 3], " "), LONG, "column 'prompt': empty prompt in rows 1")
+    _refused(tmp_path, _set(long, "sample_id", [1], None), LONG, "column 'sample_id': missing task id in rows 1")
+    _refused(tmp_path, long.filter(pl.col("model") != MODELS[0]).head(1), LONG, "names 1 worker(s)", "at least 2")
+    _refused(tmp_path, long, LONG.model_copy(update={"workers": [MODELS[0], "gpt-5"]}), "never names worker 'gpt-5'")
+    _refused(tmp_path, long, LONG.model_copy(update={"worker_column": "llm"}), "no column 'llm'", "the responses table")
+    nested = long.with_columns(pl.struct("prompt", "eval_name").alias("prompt"))
+    _refused(tmp_path, nested, LONG, "column 'prompt' holds Struct")
+    # a repeated (task, worker) pair: refused by default, averaged on request (costs too)
+    extra = long.head(1).with_columns(pl.lit(0.0).alias("score"), pl.lit(0.003).alias("cost"))
+    twice = pl.concat([long, extra])
+    _refused(tmp_path, twice, LONG, "task 'mmlu-anatomy.0' has 2 rows for worker", "(rows 1, 37)", "--duplicates mean")
+    twice.write_parquet(tmp_path / "twice.parquet")
+    rows, notes = import_long(tmp_path / "twice.parquet", LONG.model_copy(update={"duplicates": "mean"}))
+    assert notes["pairs_averaged"] == 1 and rows[0].quality[0] == 0.5 and rows[0].cost_usd[0] == pytest.approx(0.002)
+    # a task missing a worker: refused, or left out and counted; later errors still name the file's rows
+    gap = long.filter(pl.int_range(pl.len()) != 4)  # sample 1 lacks its second model
+    _refused(tmp_path, gap, LONG, "1 task(s) lack a score from some of the 3 workers (e.g. 'gsm8k.1')", "--drop-incomplete")
+    gap.write_parquet(tmp_path / "gap.parquet")
+    rows, notes = import_long(tmp_path / "gap.parquet", LONG.model_copy(update={"drop_incomplete": True}))
+    assert len(rows) == 11 and notes["dropped_incomplete"] == 1 and "gsm8k.1" not in {r.task_id for r in rows}
+    with pytest.raises(ValueError, match="one column, not a {worker} template"):
+        LongSpec(cost_column="{worker}|total_cost")
+    with pytest.raises(ValueError, match="pick one"):
+        LongSpec(split_column="split", test_fraction=0.5)
+
+
+def test_after_drop_incomplete_a_wide_table_still_names_the_rows_of_the_file(tmp_path):
+    """Dropped rows used to shift the row numbers of every later message."""
+    df = routerbench_like(12)
+    df = df.with_columns(pl.when(pl.int_range(pl.len()) == 1).then(None).otherwise(pl.col(MODELS[0])).alias(MODELS[0]))
+    df = df.with_columns(pl.when(pl.int_range(pl.len()) == 6).then(3.0).otherwise(pl.col(MODELS[1])).alias(MODELS[1]))
+    df.write_parquet(tmp_path / "t.parquet")
+    with pytest.raises(TaskFileError, match=r"outside \[0, 1\] in rows 7 "):
+        import_table(tmp_path / "t.parquet", SPEC.model_copy(update={"drop_incomplete": True}))
+
+
+def test_import_long_from_the_command_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    melt(routerbench_like(30)).write_csv(tmp_path / "calls.csv")
+    args = ["import", "long", "calls.csv", "--output", "r.jsonl", "--id-column", "sample_id", "--domain-column", "eval_name",
+            "--cost-column", "cost"]
+    assert main([*args, "--duplicates", "mean", "--workers", ",".join(MODELS[:2])]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["workers"] == MODELS[:2] and summary["rows"] == 30 and summary["rows_of_other_workers"] == 30
+    rows = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text(encoding="utf-8").split("\n") if x]
+    assert rows[0]["worker_ids"] == MODELS[:2] and rows[0]["cost_usd"] == pytest.approx([0.001, 0.002])
+    assert main(["import", "table", "calls.csv", "--output", "x.jsonl", "--score-column", "score"]) == 2
+    assert "--score-column is an option of `fugu-lite import long`" in capsys.readouterr().err
+    assert main([*args, "--cost-column", "{worker}|cost"]) == 2
+    assert "import long:" in capsys.readouterr().err
+    assert main([*args, "--worker-column", "llm"]) == 2
+    assert "no column 'llm'" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_real_dcrouter_as_one_row_per_call_imports_to_the_same_rows(tmp_path):
+    """The real dcrouter matrix (9 models, 5,989 prompts) written out as 53,901 calls, its
+    prompts in a second table, comes back through `import long` as the same rows."""
+    from fugu_pipeline_tests.test_importers import ROUTING, need
+
+    folder = need(ROUTING / "llmrouter_ulab")
+    import_source("dcrouter", folder, tmp_path / "dc.jsonl")
+    ref = [json.loads(x) for x in (tmp_path / "dc.jsonl").read_text(encoding="utf-8").split("\n") if x]
+    workers = ref[0]["worker_ids"]
+    calls = pl.DataFrame({"qid": [r["task_id"] for r in ref for _ in workers], "llm": [w for _ in ref for w in workers],
+                          "correct": [q for r in ref for q in r["quality"]], "usd": [c for r in ref for c in r["cost_usd"]]})
+    calls.sample(fraction=1.0, shuffle=True, seed=0).write_parquet(tmp_path / "calls.parquet")
+    pl.DataFrame({"qid": [r["task_id"] for r in ref], "text": [r["prompt"] for r in ref], "task": [r["domain"] for r in ref],
+                  "part": [r["split"] for r in ref]}).write_parquet(tmp_path / "questions.parquet")
+    spec = LongSpec(worker_column="llm", score_column="correct", id_column="qid", prompt_column="text",
+                    domain_column="task", split_column="part", cost_column="usd", prompts=tmp_path / "questions.parquet",
+                    workers=workers)
+    rows, notes = import_long(tmp_path / "calls.parquet", spec)
+    assert len(rows) == len(ref) == 5989 and notes["table"] == "53901 rows x 4 columns"
+    got = {r.task_id: r.model_dump() for r in rows}
+    for want in ref:
+        g = got[want["task_id"]]
+        for k in ("prompt", "domain", "split", "worker_ids", "quality", "cost_usd"):
+            assert g[k] == want[k], (k, want["task_id"])
