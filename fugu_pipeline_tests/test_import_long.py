@@ -189,3 +189,55 @@ def test_real_dcrouter_as_one_row_per_call_imports_to_the_same_rows(tmp_path):
         g = got[want["task_id"]]
         for k in ("prompt", "domain", "split", "worker_ids", "quality", "cost_usd"):
             assert g[k] == want[k], (k, want["task_id"])
+
+
+def embedllm_like(ids: range, models: list[str]) -> pl.DataFrame:
+    """EmbedLLM's columns: prompt_id, model_id, model_name, category, label, prompt (one row per pair)."""
+    return pl.DataFrame([{"prompt_id": i, "model_id": j, "model_name": m, "category": ["math", "code"][i % 2],
+                          "label": (i * 7 + j) % 3 == 0, "prompt": f"Question {i}"} for i in ids for j, m in enumerate(models)])
+
+
+def test_a_file_per_split_as_embedllm_ships_them(tmp_path, capsys, monkeypatch):
+    models = ["meta-llama/Llama-2-7b-hf", "mistralai/Mistral-7B-v0.1", "google/gemma-7b"]
+    embedllm_like(range(0, 40), models).write_csv(tmp_path / "train.csv")
+    embedllm_like(range(40, 50), models).write_csv(tmp_path / "val.csv")
+    test = embedllm_like(range(50, 60), models)
+    test.write_csv(tmp_path / "test.csv")
+    spec = LongSpec(worker_column="model_name", score_column="label", id_column="prompt_id", domain_column="category",
+                    test_file=tmp_path / "test.csv", val_file=tmp_path / "val.csv")
+    rows, notes = import_long(tmp_path / "train.csv", spec)
+    assert [r.split for r in rows] == ["train"] * 40 + ["val"] * 10 + ["test"] * 10
+    assert rows[0].worker_ids == sorted(models) and notes["splits_from"] == "train: train.csv, val: val.csv, test: test.csv"
+    assert notes["files"]["test.csv"]["rows"] == 10 and all("id" in r.tags for r in rows)
+    # a held-out prompt also asked in training: the training row is dropped and counted
+    pl.concat([test.filter(pl.col("prompt_id") == 55).with_columns(pl.lit(7).alias("prompt_id")).with_columns(
+        pl.col("prompt_id").cast(pl.Int64)), embedllm_like(range(0, 40), models).filter(pl.col("prompt_id") != 7)],
+        how="vertical_relaxed").write_csv(tmp_path / "train2.csv")
+    rows, notes = import_long(tmp_path / "train2.csv", spec)
+    assert len(rows) == 59 and notes["train_rows_dropped_as_in_a_held_out_file"] == 1
+    # the same task id in two files; a file with other workers; one file for two splits
+    embedllm_like(range(35, 45), models).write_csv(tmp_path / "val_overlap.csv")
+    with pytest.raises(TaskFileError, match=r"val_overlap\.csv.*task id '35' is also in train\.csv"):
+        import_long(tmp_path / "train.csv", spec.model_copy(update={"val_file": tmp_path / "val_overlap.csv"}))
+    embedllm_like(range(50, 60), models[:2]).write_csv(tmp_path / "test_two.csv")
+    with pytest.raises(TaskFileError, match=r"test_two\.csv.*workers differ from train\.csv's \(missing \['google/gemma-7b'\]"):
+        import_long(tmp_path / "train.csv", spec.model_copy(update={"test_file": tmp_path / "test_two.csv"}))
+    rows, _ = import_long(tmp_path / "train.csv", spec.model_copy(update={"test_file": tmp_path / "test_two.csv",
+                                                                          "workers": models[:2]}))
+    assert rows[-1].split == "test" and rows[-1].worker_ids == models[:2]
+    with pytest.raises(TaskFileError, match="the same file is named for two splits"):
+        import_long(tmp_path / "train.csv", spec.model_copy(update={"test_file": tmp_path / "val.csv"}))
+    with pytest.raises(ValueError, match="give the splits by file"):
+        LongSpec(test_file=tmp_path / "test.csv", test_fraction=0.2)
+    # a wide table takes a file per split the same way; and so does the command line
+    wide = routerbench_like(30)
+    wide.head(20).write_parquet(tmp_path / "w_train.parquet")
+    wide.tail(10).write_parquet(tmp_path / "w_test.parquet")
+    rows, _ = import_table(tmp_path / "w_train.parquet", SPEC.model_copy(update={"test_file": tmp_path / "w_test.parquet"}))
+    assert [r.split for r in rows] == ["train"] * 20 + ["test"] * 10
+    monkeypatch.chdir(tmp_path)
+    assert main(["import", "long", "train.csv", "--val-file", "val.csv", "--test-file", "test.csv", "--output", "e.jsonl",
+                 "--worker-column", "model_name", "--score-column", "label", "--id-column", "prompt_id",
+                 "--domain-column", "category"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["rows"] == 60 and summary["files"]["val.csv"]["split"] == "val"

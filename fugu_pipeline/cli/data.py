@@ -85,7 +85,8 @@ def cmd_generate(args) -> int:
     return 0
 
 
-TABLE_OPTIONS = ("prompt_column", "workers", "domain_column", "split_column", "id_column", "cost_column", "drop_incomplete")
+TABLE_OPTIONS = ("prompt_column", "workers", "domain_column", "split_column", "id_column", "cost_column", "drop_incomplete",
+                 "test_file", "val_file")
 LONG_OPTIONS = ("worker_column", "score_column", "latency_column", "prompts", "duplicates")
 
 
@@ -117,6 +118,11 @@ def cmd_import(args) -> int:
         summary = import_source(args.kind, Path(args.path), Path(args.output), **given)
     except ValueError as exc:
         if args.kind in ("table", "long"):  # the column options, checked by TableSpec / LongSpec
+            from pydantic import ValidationError
+
+            if isinstance(exc, ValidationError):  # the reasons, not pydantic's dump of every input
+                exc = "; ".join(f"--{'-'.join(str(x) for x in e['loc']).replace('_', '-')}: " * bool(e["loc"])
+                                + e["msg"].removeprefix("Value error, ") for e in exc.errors())
             raise CLIError(f"import {args.kind}: {exc}") from None
         if "test_fraction" not in str(exc):
             raise

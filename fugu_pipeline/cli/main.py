@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--cost-column", default=None, help="table: each worker's cost column, a template with {worker}, "
                    "e.g. '{worker}|total_cost'. long: the call's cost column")
     t.add_argument("--drop-incomplete", action="store_true", help="leave out tasks missing a worker's score (default: refuse them)")
+    t.add_argument("--test-file", default=None, help="a file of the same layout holding the test tasks (the main file's "
+                   "are then train), as EmbedLLM ships train.csv and test.csv")
+    t.add_argument("--val-file", default=None, help="a file of the same layout holding the val tasks")
     t.add_argument("--worker-column", default=None, help="long: the worker's (model's) column (default model)")
     t.add_argument("--score-column", default=None, help="long: the score's column, in [0, 1] (default score)")
     t.add_argument("--latency-column", default=None, help="long: the call's latency column, in seconds")

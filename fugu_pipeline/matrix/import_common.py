@@ -58,3 +58,38 @@ def tag_in_distribution(rows: list[RewardRow]) -> list[RewardRow]:
 # What to do when a reward-matrix JSONL holds no test rows (said by `fugu-lite train` and `evaluate`).
 HOLD_OUT_HINT = ("rows without a 'split' field count as train; hold some out with `fugu-lite import jsonl R.jsonl "
                  "--output R2.jsonl --test-fraction 0.3`, or give rows \"split\": \"test\"")
+
+
+def rows_from_split_files(path: Path, val_file: Path | None, test_file: Path | None, read_one) -> tuple[list[RewardRow], dict]:
+    """Rows of `path` as train, of `val_file` as val, of `test_file` as test (EmbedLLM ships its
+    splits as train.csv, val.csv, test.csv). `read_one(file, split)` reads one file. Every file
+    must name the same workers; a task id in two files is refused; a training row whose prompt a
+    held-out file also holds is dropped (counted), as the dcrouter importer does."""
+    parts = [(Path(path), "train")] + [(Path(f), s) for f, s in ((val_file, "val"), (test_file, "test")) if f is not None]
+    names = [p.resolve() for p, _ in parts]
+    if len(set(names)) < len(names):
+        raise fail(parts[0][0], "the same file is named for two splits; give each split its own file")
+    rows: list[RewardRow] = []
+    notes: dict = {"splits_from": ", ".join(f"{s}: {p.name}" for p, s in parts), "files": {}}
+    where: dict[str, str] = {}
+    workers: list[str] | None = None
+    for p, split in parts:
+        got, file_notes = read_one(p, split)
+        file_notes.pop("splits_from", None)
+        if workers is None:
+            workers = got[0].worker_ids
+        elif got[0].worker_ids != workers:
+            gone, new = sorted(set(workers) - set(got[0].worker_ids)), sorted(set(got[0].worker_ids) - set(workers))
+            raise fail(p, f"its workers differ from {parts[0][0].name}'s (missing {gone[:5]}, extra {new[:5]}); "
+                          "pass --workers to keep the ones every file has")
+        for r in got:
+            if r.task_id in where:
+                raise fail(p, f"task id {r.task_id!r} is also in {where[r.task_id]}: a task is in one split only")
+            where[r.task_id] = p.name
+        notes["files"][p.name] = {"split": split, "rows": len(got), **file_notes}
+        rows += got
+    held_out = {r.prompt for r in rows if r.split != "train"}
+    kept = [r for r in rows if r.split != "train" or r.prompt not in held_out]
+    if len(kept) < len(rows):
+        notes["train_rows_dropped_as_in_a_held_out_file"] = len(rows) - len(kept)
+    return tag_in_distribution(kept), notes

@@ -23,7 +23,7 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fugu_pipeline.matrix.import_common import assign_split, fail, tag_in_distribution
+from fugu_pipeline.matrix.import_common import assign_split, fail, rows_from_split_files, tag_in_distribution
 from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
 from fugu_pipeline.matrix.import_table import SPLIT_VALUES, read_table, rows_named
 
@@ -51,11 +51,17 @@ class LongSpec(BaseModel):
     seed: int = 0
     test_fraction: float | None = None
     val_fraction: float | None = None
+    test_file: Path | None = Field(None, description="a second file of the same layout whose tasks are the test split "
+                                                     "(the main file's are train)")
+    val_file: Path | None = Field(None, description="a file of the same layout whose tasks are the val split")
 
     @model_validator(mode="after")
     def _check(self) -> "LongSpec":
         if self.prompts is not None and not self.id_column:
             raise ValueError("a prompts table is joined by task id: name the id column (--id-column)")
+        if (self.test_file or self.val_file) and (self.split_column or self.test_fraction is not None
+                                                  or self.val_fraction is not None):
+            raise ValueError("test_file and val_file give the splits by file; drop the split column and the fractions")
         if self.split_column and (self.test_fraction is not None or self.val_fraction is not None):
             raise ValueError("the split column gives every task its split; test_fraction and val_fraction draw them: pick one")
         if self.workers != "auto" and len(set(self.workers)) != len(self.workers):
@@ -130,9 +136,12 @@ def _task_table(spec: LongSpec, responses: pl.DataFrame, path: Path) -> tuple[pl
     return tasks.unique("key", keep="first", maintain_order=True), src_path
 
 
-def import_long(path, spec: LongSpec | None = None) -> tuple[list[RewardRow], dict]:
-    """Reward-matrix rows from a long table, and notes on what was read."""
+def import_long(path, spec: LongSpec | None = None, *, split: str | None = None) -> tuple[list[RewardRow], dict]:
+    """Reward-matrix rows from a long table, and notes on what was read. With `spec.test_file` or
+    `spec.val_file`, each file's tasks take that file's split; `split` is that split for one file."""
     path, spec = Path(path), spec or LongSpec()
+    if split is None and (spec.test_file or spec.val_file):
+        return rows_from_split_files(path, spec.val_file, spec.test_file, lambda p, s: import_long(p, spec, split=s))
     df = read_table(path)
     if df.height == 0:
         raise fail(path, "the table has no rows")
@@ -201,7 +210,8 @@ def import_long(path, spec: LongSpec | None = None) -> tuple[list[RewardRow], di
         if unknown.any():
             raise fail(path, f"column {spec.id_column!r}: task ids the prompts table {task_path.name} lacks, rows "
                              f"{rows_named(df[_ROW], unknown)} (e.g. {df['key'].filter(unknown)[0]!r})")
-        notes["prompts_without_responses"] = int((~tasks["key"].is_in(df["key"])).sum())
+        if split is None:  # with a file per split, the other splits' prompts have no responses here
+            notes["prompts_without_responses"] = int((~tasks["key"].is_in(df["key"])).sum())
 
     pairs = df.group_by("key", "worker", maintain_order=True).agg(
         pl.len().alias("n"), pl.col(_ROW).alias("rows"), pl.col("score").mean(), pl.col("score").null_count().alias("nulls"),
@@ -234,7 +244,9 @@ def import_long(path, spec: LongSpec | None = None) -> tuple[list[RewardRow], di
     tasks = tasks.join(pl.DataFrame({"key": keys}).with_row_index("_order"), on="key").sort("_order")
     cells = {name: tasks.select("key").join(t, on="key", how="left", maintain_order="left").select(workers).rows()
              for name, t in wide.items()}
-    if spec.split_column:
+    if split is not None:
+        splits = [split] * tasks.height
+    elif spec.split_column:
         splits = tasks[spec.split_column].to_list()
         notes["splits_from"] = f"column {spec.split_column!r}"
     else:

@@ -20,7 +20,7 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fugu_pipeline.matrix.import_common import assign_split, fail, read_bytes, tag_in_distribution
+from fugu_pipeline.matrix.import_common import assign_split, fail, rows_from_split_files, read_bytes, tag_in_distribution
 from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -44,11 +44,17 @@ class TableSpec(BaseModel):
     seed: int = 0
     test_fraction: float | None = None
     val_fraction: float | None = None
+    test_file: Path | None = Field(None, description="a second file of the same layout whose tasks are the test split "
+                                                     "(the main file's are train)")
+    val_file: Path | None = Field(None, description="a file of the same layout whose tasks are the val split")
 
     @model_validator(mode="after")
     def _check(self) -> "TableSpec":
         if self.cost_column is not None and "{worker}" not in self.cost_column:
             raise ValueError(f"cost_column {self.cost_column!r} must contain {{worker}}, e.g. '{{worker}}|total_cost'")
+        if (self.test_file or self.val_file) and (self.split_column or self.test_fraction is not None
+                                                  or self.val_fraction is not None):
+            raise ValueError("test_file and val_file give the splits by file; drop the split column and the fractions")
         if self.split_column and (self.test_fraction is not None or self.val_fraction is not None):
             raise ValueError("the split column gives every row its split; test_fraction and val_fraction draw them: pick one")
         if self.workers != "auto" and len(set(self.workers)) != len(self.workers):
@@ -124,9 +130,13 @@ def _numbers(df: pl.DataFrame, col: str, path: Path, what: str) -> pl.Series:
     return s.cast(pl.Float64)
 
 
-def import_table(path, spec: TableSpec | None = None) -> tuple[list[RewardRow], dict]:
-    """Rows of the table and notes on what was read (workers, splits, dropped rows)."""
+def import_table(path, spec: TableSpec | None = None, *, split: str | None = None) -> tuple[list[RewardRow], dict]:
+    """Rows of the table and notes on what was read (workers, splits, dropped rows). With
+    `spec.test_file` or `spec.val_file`, each file's rows take that file's split; `split` is that
+    split for one file."""
     path, spec = Path(path), spec or TableSpec()
+    if split is None and (spec.test_file or spec.val_file):
+        return rows_from_split_files(path, spec.val_file, spec.test_file, lambda p, s: import_table(p, spec, split=s))
     df = read_table(path)
     if df.height == 0:
         raise fail(path, "the table has no rows")
@@ -165,7 +175,9 @@ def import_table(path, spec: TableSpec | None = None) -> tuple[list[RewardRow], 
     dup = ids.is_duplicated() | ids.is_null()
     if dup.any():
         raise fail(path, f"column {spec.id_column!r}: missing or repeated task ids in rows {rows_named(line, dup)}")
-    if spec.split_column:
+    if split is not None:
+        splits = [split] * df.height
+    elif spec.split_column:
         splits = df[spec.split_column].cast(pl.String).str.strip_chars().str.to_lowercase()
         wrong = ~splits.is_in(SPLIT_VALUES) | splits.is_null()
         if wrong.any():
