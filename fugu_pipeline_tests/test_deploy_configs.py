@@ -5,7 +5,6 @@ database."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml

@@ -11,7 +11,7 @@ import pytest
 
 from fugu_pipeline.cli import main
 from fugu_pipeline.matrix.import_long import LongSpec, import_long
-from fugu_pipeline.matrix.import_table import TableSpec, import_table
+from fugu_pipeline.matrix.import_table import import_table
 from fugu_pipeline.matrix.importers import import_source
 from fugu_pipeline.tasks.loading import TaskFileError
 from fugu_pipeline_tests.test_import_table import MODELS, SPEC, routerbench_like

@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import duckdb
 import numpy as np
 
 from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, _insert, building, finish, insert_workers, wide_columns
