@@ -149,3 +149,45 @@ def test_reward_matrix_is_requested_once_every_response_partition_is_done(projec
             assert result.get_num_requested(matrix) == (1 if i == len(workers_) - 1 else 0)
     sensors = {s.name: s.default_status for s in defs.get_repository_def().sensor_defs}
     assert sensors["reward_matrix_automation"] == dg.DefaultSensorStatus.RUNNING
+
+
+def test_reward_matrix_imports_a_long_table_with_a_file_per_split(project):
+    """The asset reads other people's routing data through the same importers as `fugu-lite import`:
+    EmbedLLM-like files (one row per call, train.csv and test.csv), options named as the flags,
+    relative paths from the project folder; a bad option or cell fails the run, names the option or
+    the file's row, and leaves the matrix that was there."""
+    from fugu_pipeline.matrix.read import read_arrays
+    from fugu_pipeline_tests.test_import_long import embedllm_like
+
+    models = ["meta-llama/Llama-2-7b-hf", "mistralai/Mistral-7B-v0.1"]
+    embedllm_like(range(0, 30), models).write_csv(project / "train.csv")
+    embedllm_like(range(30, 40), models).write_csv(project / "test.csv")
+    options = {"worker_column": "model_name", "score_column": "label", "id_column": "prompt_id",
+               "domain_column": "category", "test_file": "test.csv"}
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    job = defs.resolve_implicit_global_asset_job_def()
+
+    def run(**config):
+        return job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("reward_matrix")], raise_on_error=False,
+                                      run_config={"ops": {"reward_matrix": {"config": config}}})
+
+    with dg.instance_for_test() as instance:
+        res = run(import_path="train.csv", import_kind="long", import_options=options)
+        assert res.success
+        meta = res.get_asset_materialization_events()[-1].materialization.metadata
+        assert meta["import"].value["splits_from"] == "train: train.csv, test: test.csv"
+        assert meta["worker_ids"].value == sorted(models) and meta["complete_rows"].value == 40
+        db = project / "data" / "reward_matrix.duckdb"
+        before = db.read_bytes()
+        arrays = read_arrays(db)
+        assert sorted(set(arrays.splits.tolist())) == ["test", "train"] and len(arrays.task_ids) == 40
+        for config, needle in (
+            ({"import_options": {**options, "worker_column": "llm"}}, "no column 'llm'"),
+            ({"import_options": {**options, "duplicates": "sometimes"}}, "import_options.duplicates: Input should be 'refuse' or 'mean'"),
+            ({"import_options": {**options, "colour": "red"}}, "import_options.colour: Extra inputs are not permitted"),
+            ({"import_kind": "pickle"}, "import_kind 'pickle': use one of"),
+        ):
+            res = run(**{"import_path": "train.csv", "import_kind": "long", "import_options": options, **config})
+            assert not res.success
+            assert needle in res.get_step_failure_events()[0].step_failure_data.error.message, config
+        assert db.read_bytes() == before

@@ -118,12 +118,10 @@ def cmd_import(args) -> int:
         summary = import_source(args.kind, Path(args.path), Path(args.output), **given)
     except ValueError as exc:
         if args.kind in ("table", "long"):  # the column options, checked by TableSpec / LongSpec
-            from pydantic import ValidationError
+            from fugu_pipeline.matrix.import_common import option_errors
 
-            if isinstance(exc, ValidationError):  # the reasons, not pydantic's dump of every input
-                exc = "; ".join(f"--{'-'.join(str(x) for x in e['loc']).replace('_', '-')}: " * bool(e["loc"])
-                                + e["msg"].removeprefix("Value error, ") for e in exc.errors())
-            raise CLIError(f"import {args.kind}: {exc}") from None
+            reasons = option_errors(exc, lambda f: "--" + f.replace("_", "-"))  # not pydantic's dump of every input
+            raise CLIError(f"import {args.kind}: {reasons}") from None
         if "test_fraction" not in str(exc):
             raise
         raise CLIError(f"--test-fraction and --val-fraction: {exc}") from None

@@ -3,6 +3,7 @@
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
@@ -175,7 +176,41 @@ def _tables_md(db: Path) -> str:
 
 class RewardMatrixConfig(dg.Config):
     import_path: str | None = None
-    """Build from an imported reward-matrix JSONL (DESIGN §4) instead of the collected responses."""
+    """Build from imported routing data instead of the collected responses: a reward-matrix JSONL
+    (DESIGN §4), or a file (folder) of the kind `import_kind` names."""
+    import_kind: str = "jsonl"
+    """jsonl, table (one column per worker), long (one row per call), dcrouter, routellm-gsm8k,
+    routellm-mmlu or routellm-csv: the kinds of `fugu-lite import`."""
+    import_options: dict[str, Any] = {}
+    """The importer's options, named as `fugu-lite import`'s flags with underscores, e.g.
+    {worker_column: model_name, score_column: label, id_column: prompt_id, test_file: test.csv}.
+    Relative paths are taken from the project folder."""
+
+
+_PATH_OPTIONS = ("prompts", "test_file", "val_file", "contaminated_path", "llm_info_path")
+
+
+def _imported(config: RewardMatrixConfig, paths, utility, weights_from: str):
+    """The matrix input of `config`'s import, through the same importers as `fugu-lite import`."""
+    path = paths.resolve(config.import_path)
+    if config.import_kind == "jsonl" and not config.import_options:
+        return from_import(path, utility, weights_from), {}
+    from fugu_pipeline.matrix.import_common import option_errors
+    from fugu_pipeline.matrix.importers import KINDS, read_source
+
+    if config.import_kind not in KINDS:
+        raise dg.Failure(f"import_kind {config.import_kind!r}: use one of {', '.join(KINDS)}")
+    opts = {k: (str(paths.resolve(v)) if k in _PATH_OPTIONS and isinstance(v, str) else v)
+            for k, v in config.import_options.items()}
+    try:
+        rows, notes = read_source(config.import_kind, path, **opts)
+    except TypeError as exc:  # an option this kind's importer does not take
+        raise dg.Failure(f"import_options: {exc}") from None
+    except ValueError as exc:  # pydantic's ValidationError too: name the option, say why
+        if isinstance(exc, TaskFileError):
+            raise
+        raise dg.Failure(f"import {config.import_kind}: {option_errors(exc, lambda f: 'import_options.' + f)}") from None
+    return from_import(path, utility, weights_from, rows=rows), notes
 
 
 @dg.asset(
@@ -198,8 +233,9 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
         context.log.warning(str(exc))
     weights_from = reward_source(workers_config, pipeline.workers_config)  # the same words the CLI prints
     try:
+        import_notes: dict = {}
         if config.import_path:
-            inp = from_import(paths.resolve(config.import_path), workers_config.reward, weights_from)
+            inp, import_notes = _imported(config, paths, workers_config.reward, weights_from)
             summary = build(inp, paths.reward_db)
             source, utility, utility_source = inp.source, inp.utility, inp.utility_source
         else:
@@ -230,6 +266,7 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
             **{k: round(v, 4) if isinstance(v, float) else v for k, v in health.items()},
             "path": dg.MetadataValue.path(str(paths.reward_db)),
             "source": source,
+            **({"import": dg.MetadataValue.json({"kind": config.import_kind, **import_notes})} if import_notes else {}),
             "refused_batch_files": dg.MetadataValue.json([e.path.name for e in refused]),
             RESPONSES_VERSION: built_from,
             "utility_weights": dg.MetadataValue.json(utility.model_dump()),

@@ -126,12 +126,14 @@ def from_collection(benchgen_dir: Path, store: ResponseStore, config: WorkersCon
                        f"computed from each cell's quality, cost and latency; weights: {weights_from}")
 
 
-def from_import(path: Path, utility: UtilityConfig, weights_from: str = "the configured weights") -> MatrixInput:
-    """An imported reward matrix. Where `quality` is given, utility is recomputed from the
-    configured weights (cost and latency default to 0); otherwise `rewards` is the utility. How
-    (and with which weights) is recorded in words; rows whose own `rewards` the weights do not
-    reproduce are counted there, since the file was likely made with other weights."""
-    rows = read_reward_jsonl(path)
+def from_import(path: Path, utility: UtilityConfig, weights_from: str = "the configured weights",
+                rows: list | None = None) -> MatrixInput:
+    """An imported reward matrix: the reward-matrix JSONL at `path`, or `rows` an importer read from
+    `path`. Where `quality` is given, utility is recomputed from the configured weights (cost and
+    latency default to 0); otherwise `rewards` is the utility. How (and with which weights) is
+    recorded in words; rows whose own `rewards` the weights do not reproduce are counted there,
+    since the file was likely made with other weights."""
+    rows = read_reward_jsonl(path) if rows is None else rows
     batch = "import-" + path.name.split(".")[0]
     worker_ids = rows[0].worker_ids
     tasks, rewards = [], []

@@ -15,6 +15,17 @@ def fail(path: Path, msg: str, line: int = 0) -> TaskFileError:
     return TaskFileError(Path(path), [(line, msg)])
 
 
+def option_errors(exc: Exception, name=lambda field: field) -> str:
+    """A pydantic ValidationError of an importer's options as its reasons, each led by the option's
+    name as the caller spells it (`--worker-column`, `import_options.worker_column`); any other
+    error as its text."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    return "; ".join((f"{name('.'.join(str(x) for x in e['loc']))}: " if e["loc"] else "")
+                     + e["msg"].removeprefix("Value error, ") for e in errors())
+
+
 def read_bytes(path: Path, what: str) -> bytes:
     path = Path(path)
     if not path.is_file():

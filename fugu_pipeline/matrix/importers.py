@@ -359,8 +359,16 @@ def _first(folder: Path, *names: str) -> Path:
 
 
 def import_source(kind: str, path, out_path, **opts) -> dict:
-    """Import `path` as `kind`, write the JSONL to `out_path`, return a summary. `opts` go to the
-    importer (seed, val_fraction, test_fraction, domain, contaminated_path, llm_info_path, ...).
+    """Import `path` as `kind` (`read_source`), write the JSONL to `out_path`, return a summary."""
+    rows, notes = read_source(kind, path, **opts)
+    write_reward_jsonl(rows, out_path)
+    return {"kind": kind, "source": str(path), "out": str(out_path), **notes, **summarize(rows)}
+
+
+def read_source(kind: str, path, **opts) -> tuple[list[RewardRow], dict]:
+    """The reward-matrix rows of `path` read as `kind`, and notes on what was read. `opts` go to the
+    importer (seed, val_fraction, test_fraction, domain, contaminated_path, llm_info_path, the
+    column options of table and long, ...).
 
     routellm-gsm8k: path = RouteLLM evals folder (gsm8k_responses.csv.gz, gsm8k_contaminated_prompts.jsonl)
     routellm-mmlu:  path = that folder (mmlu_responses/, mmlu_contaminated_prompts.jsonl)
@@ -408,8 +416,7 @@ def import_source(kind: str, path, out_path, **opts) -> dict:
         notes.update(table_notes)
     else:
         raise ValueError(f"unknown import kind {kind!r}; use one of {', '.join(KINDS)}")
-    write_reward_jsonl(rows, out_path)
-    return {"kind": kind, "source": str(path), "out": str(out_path), **notes, **summarize(rows)}
+    return rows, notes
 
 
 def main(argv: list[str] | None = None) -> None:
