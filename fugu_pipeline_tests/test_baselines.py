@@ -131,3 +131,29 @@ def test_every_evaluation_report_carries_the_baselines(workdir, capsys):
     assert u["random"]["expected"] == pytest.approx(rep["random_utility"])
     assert u["router"] == pytest.approx(rep["router_utility"])
     assert u["cross_fit_oracle"]["mean"] <= u["oracle"]
+
+
+def test_many_workers_print_the_best_and_count_the_rest():
+    """EmbedLLM has 112 workers: the text shows the best ones, best first, and how many it left out;
+    the report keeps every worker. The budget table keeps every worker the router chose."""
+    from fugu_pipeline.evaluate.baselines import SHOWN_WORKERS, always_lines, baseline_lines
+    from fugu_pipeline.evaluate.budget_report import budget_lines
+
+    rng = np.random.default_rng(0)
+    names = [f"org/m-{i}" for i in range(40)]
+    m = rng.random((30, 40))
+    rows = baseline_rows(names, m, m, ["d"] * 30, seed=0)
+    assert len(rows["utility"]["always"]) == 40
+    lines = [x for x in baseline_lines(rows) if x.startswith("  always") or x.startswith("  ...")]
+    shown = [x.split()[1] for x in lines if x.startswith("  always")][:SHOWN_WORKERS - 2]  # the utility table
+    ranked = sorted(rows["utility"]["always"], key=lambda w: -rows["utility"]["always"][w])
+    assert shown == ranked[:SHOWN_WORKERS - 2]
+    assert f"... {40 - SHOWN_WORKERS + 2} more workers, down to" in "\n".join(lines)
+    few = always_lines({"a": 0.2, "b": 0.9, "c": 0.5})
+    assert [x.split()[1] for x in few] == ["b", "c", "a"]
+    workers = [{"name": n, "cost_usd_per_1k": 1.0 + i, "share": 0.0, "quality": float(m[:, i].mean())} for i, n in enumerate(names)]
+    workers[33]["share"] = 0.4  # routed to, though not among the best
+    text = "\n".join(budget_lines({"reference_worker": "org/m-0", "reference_cost_usd_per_1k": 1.0, "cost_model": "x",
+                                   "workers": workers, "router_pareto": []}))
+    assert "org/m-33" in text and "org/m-0 " in text
+    assert f"... {40 - SHOWN_WORKERS + 2} more workers the router never chose" in text

@@ -241,3 +241,29 @@ def test_a_file_per_split_as_embedllm_ships_them(tmp_path, capsys, monkeypatch):
                  "--domain-column", "category"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["rows"] == 60 and summary["files"]["val.csv"]["split"] == "val"
+
+
+def test_data_without_costs_trains_and_evaluates_without_a_budget_section(tmp_path, monkeypatch, capsys):
+    """An import without a cost column holds cost 0 for every call: there is nothing to budget. The
+    report used to print every worker at share 0 against a '$1000 per 1,000' reference."""
+    import shutil
+
+    from fugu_pipeline_tests.conftest import REPO
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    melt(routerbench_like(150)).drop("cost").write_parquet(tmp_path / "calls.parquet")
+    assert main(["import", "long", "calls.parquet", "--output", "r.jsonl", "--id-column", "sample_id",
+                 "--domain-column", "eval_name"]) == 0
+    capsys.readouterr()
+    common = ["--data", "r.jsonl", "--workers", "configs/reward.quality.yaml", "--encoder", "tiny"]
+    assert main(["train", *common, "--output", "models", "--layer-sets", "off"]) == 0
+    out, err = capsys.readouterr()
+    assert "budget mode: not available for this checkpoint (this data records no cost per call" in err
+    assert not list((tmp_path / "models").glob("*/*/budget.json"))
+    chosen = out.strip().splitlines()[-1]
+    assert main(["evaluate", "--checkpoint", chosen, *common]) == 0
+    out, _ = capsys.readouterr()
+    assert "router" in out and "budget:" not in out
+    assert main(["evaluate", "--checkpoint", chosen, *common, "--budget-share", "0.5"]) == 2
+    assert "records no cost per call, so there is nothing to budget" in capsys.readouterr().err

@@ -132,6 +132,22 @@ def baseline_summary(b: dict) -> str:
             f"headroom {u['headroom']:.4f}" + ("" if share is None else f" (router {share:+.1%} of it)"))
 
 
+# Printed worker rows per table: with dozens of workers (EmbedLLM has 112) the text shows the best
+# ones and says how many it left out; the JSON report and the metadata keep every worker.
+SHOWN_WORKERS = 12
+
+
+def always_lines(always: dict[str, float], limit: int = SHOWN_WORKERS) -> list[str]:
+    """`always <worker> <value>`, best first; beyond `limit` workers, the best `limit - 2` and a line
+    saying how many more there are."""
+    ranked = sorted(always.items(), key=lambda kv: -kv[1])
+    keep = ranked if len(ranked) <= limit else ranked[:limit - 2]
+    lines = [f"  always {w:<28} {v:.4f}" for w, v in keep]
+    if len(keep) < len(ranked):
+        lines.append(f"  ... {len(ranked) - len(keep)} more workers, down to {ranked[-1][1]:.4f} (every one in the JSON report)")
+    return lines
+
+
 def baseline_lines(b: dict) -> list[str]:
     """The baselines as aligned text lines (the command line and the report summary); rows a
     command left out (`fugu-lite baseline random`) are skipped."""
@@ -139,8 +155,7 @@ def baseline_lines(b: dict) -> list[str]:
     for name in b["measures"]:
         r = b[name]
         lines.append(f"{name} on {b['n_tasks']} tasks:")
-        for w, v in r.get("always", {}).items():
-            lines.append(f"  always {w:<28} {v:.4f}")
+        lines += always_lines(r.get("always", {}))
         if "random" in r:
             rnd = r["random"]
             lines.append(f"  random routing ({rnd['seeds']} seeds)      {rnd['mean']:.4f} [95%: {rnd['low']:.4f}, {rnd['high']:.4f}] "

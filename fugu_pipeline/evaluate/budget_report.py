@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fugu_pipeline.evaluate.baselines import SHOWN_WORKERS
 from fugu_pipeline.evaluate.metrics import paired_bootstrap, pick
 from fugu_pipeline.route.budget import Budget, BudgetCalibration, budget_scores, quality_of
 
@@ -101,8 +102,16 @@ def budget_lines(sec: dict, split: str = "test") -> list[str]:
     lines = [f"budget: reference (strongest on train) {sec['reference_worker']}, "
              f"${sec['reference_cost_usd_per_1k']:.4g} per 1,000 requests on {split}; {sec['cost_model']}"]
     lines.append("  worker                                   cost $/1k   share   quality")
-    for w in sec["workers"]:
+    workers = sec["workers"]
+    if len(workers) > SHOWN_WORKERS:  # every worker the router used, then the best of the rest
+        used = [w for w in workers if w["share"] > 0 or w["name"] == sec["reference_worker"]]
+        rest = sorted((w for w in workers if w not in used), key=lambda w: -w["quality"])
+        shown = used + rest[:max(0, SHOWN_WORKERS - 2 - len(used))]
+        workers = [w for w in workers if w in shown]
+    for w in workers:
         lines.append(f"  {w['name']:<40} {w['cost_usd_per_1k']:9.4g} {w['share']:7.3f} {w['quality']:9.4f}")
+    if len(workers) < len(sec["workers"]):
+        lines.append(f"  ... {len(sec['workers']) - len(workers)} more workers the router never chose (every one in the JSON report)")
     lines.append("  router Pareto points (λ: share, quality): " + ", ".join(
         f"{p['lambda']:.3g}: ({p['share']:.3f}, {p['quality']:.4f})" for p in sec["router_pareto"]))
     op = sec.get("operating_point")

@@ -303,7 +303,7 @@ def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> B
     """`calibrate` for a loaded checkpoint over `RoutingData` (train rows fit the cost, val rows the λ
     curve). `q_val`: the head's quality on the validation rows when its own predictions there would
     be in-sample (a head refitted on train + val: its out-of-fold predictions); default: the head's."""
-    if data.cost_usd is None:
+    if data.cost_usd is None or not np.any(np.nan_to_num(data.cost_usd) > 0):  # an import without costs holds zeros
         raise BudgetError("this data records no cost per call, so there is nothing to budget; import it with prices "
                           "(dcrouter: default_llm.json) or collect it with workers that report cost")
     if data.quality is None:

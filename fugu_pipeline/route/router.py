@@ -157,7 +157,8 @@ class Router:
         if self.calibration is None:
             raise BudgetUnavailable(
                 f"no budget calibration beside {self.path} (budget.json): run `fugu-lite evaluate --checkpoint "
-                f"{self.path} --data <the training data>`, which chooses λ for a cap on its validation split")
+                f"{self.path} --data <the training data>`, which chooses λ for a cap on its validation split "
+                "(training data that records no cost per call has none: there is nothing to budget)")
         try:
             return self.calibration.choose(budget)
         except BudgetError as exc:
