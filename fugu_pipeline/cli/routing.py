@@ -64,8 +64,12 @@ def cmd_ask(args) -> int:
     errors = []
 
     async def call():
-        for wid in d.ranking:  # fall back down the ranking
-            client = make_client(config.worker(wid), config)
+        for routed in d.ranking:  # fall back down the ranking
+            try:
+                spec = config.worker(routed)  # by id, or by alias (a router trained on imported data)
+            except KeyError as exc:
+                raise CLIError(f"{exc.args[0]} ({args.workers})") from None
+            wid, client = spec.id, make_client(spec, config)
             try:
                 return wid, await client.complete([{"role": "user", "content": args.prompt}])
             except WorkerCallError as exc:

@@ -19,7 +19,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from fugu_pipeline.tasks.loading import TaskFileError
 from fugu_pipeline.tasks.schema import Split
-IMPORT_WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]{0,127}$"
+from fugu_pipeline.workers.config import IMPORT_WORKER_ID_PATTERN
+
 _WORKER_ID = re.compile(IMPORT_WORKER_ID_PATTERN)
 WORKER_ID_RULE = (f"a worker id must match {IMPORT_WORKER_ID_PATTERN} (a letter or digit, then up to 127 letters, "
                   "digits, '_', '.', '-', '/' or ':'; the worker YAML's rule plus '/' and ':' for model names)")

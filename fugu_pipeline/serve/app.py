@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -176,7 +177,7 @@ class Service:
                 router = self.source.get()
             except Exception as exc:
                 raise RouterUnavailable(f"no router could be loaded: {type(exc).__name__}: {exc}") from exc
-            out = route_grouped(router, requests)
+            out = route_grouped(router, [self._routed_ids(r, router) for r in requests])
         tag = checkpoint_tag(router)
         no_cost_term = not hasattr(router.checkpoint.head, "route_scores")
         template = router.encoder.settings.prompt_template
@@ -193,6 +194,20 @@ class Service:
                     ignored.append(f"domain: this checkpoint's prompt template {template!r} does not use {{domain}}; "
                                    "the route does not depend on it")
         return out
+
+    def _routed_ids(self, r: RouteRequest, router: Router) -> RouteRequest:
+        """`fugu_allowed_workers` may name a configured worker whose alias the router routes by."""
+        if r.allowed is None:
+            return r
+        routed, config = set(router.worker_ids), self.workers.config
+
+        def one(w: str) -> str:
+            if w in routed or not config.knows(w):
+                return w
+            spec = config.worker(w)
+            return next((x for x in (spec.id, *spec.aliases) if x in routed), w)
+
+        return dataclasses.replace(r, allowed=tuple(one(w) for w in r.allowed))
 
     def check_auth(self, request: Request) -> None:
         if self.api_token is None:
@@ -257,7 +272,9 @@ async def chat_completions(request: Request) -> Response:
 
     errors: list[dict] = []
     calls, timing, served, result = 0, CallTiming(), None, None
-    for wid in decision.ranking:
+    for routed in decision.ranking:
+        # a router trained on imported data routes by the data's ids: the worker that lists one as an alias answers
+        wid = svc.workers.config.worker(routed).id if svc.workers.config.knows(routed) else routed
         if wid not in svc.workers.clients:
             errors.append({"worker": wid, "error": "not in this server's worker config", "status": None})
             continue
@@ -390,7 +407,8 @@ async def health(request: Request) -> Response:
         "checkpoint": {"path": router.path, "tag": checkpoint_tag(router), "content_hash": m.content_hash,
                        "method": m.method, "worker_ids": router.worker_ids},
         "reload_error": svc.source.reload_error,
-        "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None), "routed": w.id in router.worker_ids}
+        "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None),
+                     "routed": any(i in router.worker_ids for i in (w.id, *w.aliases)), **({"aliases": w.aliases} if w.aliases else {})}
                     for w in svc.workers.config.workers],
         "batching": svc.batcher.stats(),
         "counts": dict(svc.counts),
@@ -419,10 +437,11 @@ def create_app(
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
     source = RouterSource(router_provider)
     router = source.get()
-    missing = [w for w in router.worker_ids if w not in config.worker_ids]
+    missing = [w for w in router.worker_ids if not config.knows(w)]
     if missing:
         raise ValueError(f"checkpoint {router.path} routes to worker(s) {missing} that the worker config does not "
-                         f"define (it has {config.worker_ids}); serve it with the worker config it was trained with")
+                         f"define (it has {config.worker_ids}); serve it with the worker config it was trained with, "
+                         "or list each routed id under the aliases of the worker that should answer it")
     if default_budget is not None:
         router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
     svc = Service(source, Workers(config, worker_attempts), api_token=api_token, max_body_bytes=max_body_bytes,

@@ -22,12 +22,19 @@ from fugu_pipeline.config_files import load_yaml_model
 from fugu_pipeline.reward import UtilityConfig
 
 WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+# The ids of imported routing data: the rule above plus `/` and `:` for model names such as
+# `mistralai/Mixtral-8x7B-Instruct-v0.1`. A worker's `aliases` follow it, so a router trained on
+# imported data can route to a configured worker. Never a path: files are named by `id` only.
+IMPORT_WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]{0,127}$"
 
 
 class _Base(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=WORKER_ID_PATTERN)
+    aliases: list[Annotated[str, Field(pattern=IMPORT_WORKER_ID_PATTERN)]] = Field(
+        default_factory=list, description="other ids a router may route to this worker by: the worker ids of "
+        "imported routing data (e.g. meta-llama/Llama-3.1-8B-Instruct), so a router trained on that data calls this worker")
     max_tokens: int = Field(1024, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     system_prompt: str | None = None
@@ -139,6 +146,10 @@ class WorkersConfig(BaseModel):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"duplicate worker id(s): {', '.join(dup)}")
+        names = ids + [a for w in self.workers for a in w.aliases if a != w.id]
+        dup = sorted({i for i in names if names.count(i) > 1})
+        if dup:
+            raise ValueError(f"alias(es) {', '.join(dup)} name more than one worker: a routed id must call one worker")
         return self
 
     @property
@@ -146,10 +157,18 @@ class WorkersConfig(BaseModel):
         return [w.id for w in self.workers]
 
     def worker(self, worker_id: str) -> WorkerSpec:
+        """The worker with this id, or else the one with this alias."""
         for w in self.workers:
             if w.id == worker_id:
                 return w
-        raise KeyError(f"worker {worker_id!r} is not in the worker config (known: {', '.join(self.worker_ids)})")
+        for w in self.workers:
+            if worker_id in w.aliases:
+                return w
+        raise KeyError(f"worker {worker_id!r} is not in the worker config (known: {', '.join(self.worker_ids)}; "
+                       "a router trained on imported data routes by its ids: list them under a worker's aliases)")
+
+    def knows(self, worker_id: str) -> bool:
+        return any(worker_id == w.id or worker_id in w.aliases for w in self.workers)
 
 
 class WorkerConfigError(ValueError):
