@@ -7,6 +7,8 @@ import gzip
 import hashlib
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from fugu_pipeline.matrix.import_format import RewardRow
 from fugu_pipeline.tasks.loading import TaskFileError
 
@@ -57,6 +59,32 @@ def assign_split(task_id: str, seed: int = 0, test_fraction: float = 0.3, val_fr
         raise ValueError(f"need test_fraction >= 0, val_fraction >= 0 and a sum below 1; got {test_fraction} and {val_fraction}")
     u = unit(seed, task_id)
     return "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
+
+
+class SplitOptions(BaseModel):
+    """Where an importer's rows get their split: a column (named by the importer's spec), fractions
+    drawn from (seed, task id), or a file per split."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = 0
+    test_fraction: float | None = None
+    val_fraction: float | None = None
+    test_file: Path | None = Field(None, description="a second file of the same layout whose tasks are the test split "
+                                                     "(the main file's are train)")
+    val_file: Path | None = Field(None, description="a file of the same layout whose tasks are the val split")
+
+    def fractions(self) -> tuple[float, float]:
+        return (0.3 if self.test_fraction is None else self.test_fraction,
+                0.1 if self.val_fraction is None else self.val_fraction)
+
+    def check_splits(self, split_column: str | None) -> None:
+        drawn = self.test_fraction is not None or self.val_fraction is not None
+        if (self.test_file or self.val_file) and (split_column or drawn):
+            raise ValueError("test_file and val_file give the splits by file; drop the split column and the fractions")
+        if split_column and drawn:
+            raise ValueError("the split column gives every row its split; test_fraction and val_fraction draw them: pick one")
+        assign_split("", 0, *self.fractions())  # checks the fractions
 
 
 def tag_in_distribution(rows: list[RewardRow]) -> list[RewardRow]:

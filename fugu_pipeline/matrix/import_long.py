@@ -21,19 +21,17 @@ from pathlib import Path
 from typing import Literal
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from fugu_pipeline.matrix.import_common import assign_split, fail, rows_from_split_files, tag_in_distribution
+from fugu_pipeline.matrix.import_common import SplitOptions, assign_split, fail, rows_from_split_files, tag_in_distribution
 from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
-from fugu_pipeline.matrix.import_table import SPLIT_VALUES, read_table, rows_named
+from fugu_pipeline.matrix.import_table import SPLIT_VALUES, numbers, read_table, rows_named
 
 _ROW = "__fugu_row"  # the 1-based data row of the file, carried through filters
 
 
-class LongSpec(BaseModel):
+class LongSpec(SplitOptions):
     """Which columns of the long table (and of the optional prompts table) mean what."""
-
-    model_config = ConfigDict(extra="forbid")
 
     worker_column: str = Field("model", min_length=1)
     score_column: str = Field("score", min_length=1)
@@ -48,34 +46,19 @@ class LongSpec(BaseModel):
     workers: list[str] | Literal["auto"] = Field("auto", description="auto = every worker the file names, sorted")
     duplicates: Literal["refuse", "mean"] = "refuse"
     drop_incomplete: bool = False
-    seed: int = 0
-    test_fraction: float | None = None
-    val_fraction: float | None = None
-    test_file: Path | None = Field(None, description="a second file of the same layout whose tasks are the test split "
-                                                     "(the main file's are train)")
-    val_file: Path | None = Field(None, description="a file of the same layout whose tasks are the val split")
 
     @model_validator(mode="after")
     def _check(self) -> "LongSpec":
         if self.prompts is not None and not self.id_column:
             raise ValueError("a prompts table is joined by task id: name the id column (--id-column)")
-        if (self.test_file or self.val_file) and (self.split_column or self.test_fraction is not None
-                                                  or self.val_fraction is not None):
-            raise ValueError("test_file and val_file give the splits by file; drop the split column and the fractions")
-        if self.split_column and (self.test_fraction is not None or self.val_fraction is not None):
-            raise ValueError("the split column gives every task its split; test_fraction and val_fraction draw them: pick one")
+        self.check_splits(self.split_column)
         if self.workers != "auto" and len(set(self.workers)) != len(self.workers):
             raise ValueError("workers lists a worker twice")
         for c in (self.cost_column, self.latency_column):
             if c and "{worker}" in c:
                 raise ValueError(f"{c!r}: in a long table each row is one worker's call, so its cost is one column, "
                                  "not a {worker} template")
-        assign_split("", 0, *self.fractions())  # checks the fractions
         return self
-
-    def fractions(self) -> tuple[float, float]:
-        return (0.3 if self.test_fraction is None else self.test_fraction,
-                0.1 if self.val_fraction is None else self.val_fraction)
 
     def task_columns(self) -> list[str]:
         """Columns that describe the task, not the call: one value per task."""
@@ -88,13 +71,6 @@ def _need(df: pl.DataFrame, path: Path, cols: list[str], what: str) -> None:
             raise fail(path, f"no column {c!r} ({what}); the table's columns: {df.columns[:40]}")
         if df[c].dtype.is_nested() or df[c].dtype == pl.Object:
             raise fail(path, f"column {c!r} holds {df[c].dtype}, not plain values")
-
-
-def _numbers(df: pl.DataFrame, col: str, path: Path, what: str) -> pl.Series:
-    s = df[col]
-    if not (s.dtype.is_numeric() or s.dtype == pl.Boolean or s.dtype == pl.Null):
-        raise fail(path, f"column {col!r} ({what}) is {s.dtype}, not numbers")
-    return s.cast(pl.Float64)
 
 
 def _text(s: pl.Series) -> pl.Series:
@@ -173,7 +149,7 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
     if len(workers) < 2:
         raise fail(path, f"column {spec.worker_column!r} names {len(workers)} worker(s) {workers}; routing needs at least 2")
 
-    score = _numbers(df, spec.score_column, path, "a worker's score")
+    score = numbers(df, spec.score_column, path, "a worker's score")
     missing = score.is_null() | score.is_nan()
     if missing.any() and not spec.drop_incomplete:
         raise fail(path, f"column {spec.score_column!r}: missing score in rows {rows_named(df[_ROW], missing)}; "
@@ -185,7 +161,7 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
     extra = {}
     for col, name, what in ((spec.cost_column, "cost", "a call's cost in USD"), (spec.latency_column, "latency", "a call's latency in s")):
         if col:
-            v = _numbers(df, col, path, what)
+            v = numbers(df, col, path, what)
             wrong = v.is_null() | v.is_nan() | (v < 0) | v.is_infinite()
             if wrong.any():
                 raise fail(path, f"column {col!r}: missing, negative or infinite {name} in rows {rows_named(df[_ROW], wrong)}")

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Literal
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from fugu_pipeline.matrix.import_common import assign_split, fail, rows_from_split_files, read_bytes, tag_in_distribution
+from fugu_pipeline.matrix.import_common import SplitOptions, assign_split, fail, rows_from_split_files, read_bytes, tag_in_distribution
 from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -28,10 +28,8 @@ SPLIT_VALUES = ("train", "val", "test")
 _SHOWN = 5  # rows named per problem
 
 
-class TableSpec(BaseModel):
+class TableSpec(SplitOptions):
     """Which columns of the table mean what."""
-
-    model_config = ConfigDict(extra="forbid")
 
     prompt_column: str = Field("prompt", min_length=1)
     workers: list[str] | Literal["auto"] = Field(
@@ -41,30 +39,15 @@ class TableSpec(BaseModel):
     id_column: str | None = None
     cost_column: str | None = Field(None, description="each worker's cost column, as a template with {worker}, e.g. '{worker}|total_cost'")
     drop_incomplete: bool = False
-    seed: int = 0
-    test_fraction: float | None = None
-    val_fraction: float | None = None
-    test_file: Path | None = Field(None, description="a second file of the same layout whose tasks are the test split "
-                                                     "(the main file's are train)")
-    val_file: Path | None = Field(None, description="a file of the same layout whose tasks are the val split")
 
     @model_validator(mode="after")
     def _check(self) -> "TableSpec":
         if self.cost_column is not None and "{worker}" not in self.cost_column:
             raise ValueError(f"cost_column {self.cost_column!r} must contain {{worker}}, e.g. '{{worker}}|total_cost'")
-        if (self.test_file or self.val_file) and (self.split_column or self.test_fraction is not None
-                                                  or self.val_fraction is not None):
-            raise ValueError("test_file and val_file give the splits by file; drop the split column and the fractions")
-        if self.split_column and (self.test_fraction is not None or self.val_fraction is not None):
-            raise ValueError("the split column gives every row its split; test_fraction and val_fraction draw them: pick one")
+        self.check_splits(self.split_column)
         if self.workers != "auto" and len(set(self.workers)) != len(self.workers):
             raise ValueError("workers lists a column twice")
-        assign_split("", 0, *self.fractions())  # checks the fractions
         return self
-
-    def fractions(self) -> tuple[float, float]:
-        return (0.3 if self.test_fraction is None else self.test_fraction,
-                0.1 if self.val_fraction is None else self.val_fraction)
 
     def named(self) -> list[str]:
         return [c for c in (self.prompt_column, self.domain_column, self.split_column, self.id_column) if c]
@@ -123,7 +106,7 @@ def _worker_columns(df: pl.DataFrame, spec: TableSpec, path: Path) -> list[str]:
     return workers
 
 
-def _numbers(df: pl.DataFrame, col: str, path: Path, what: str) -> pl.Series:
+def numbers(df: pl.DataFrame, col: str, path: Path, what: str) -> pl.Series:
     s = df[col]
     if not (s.dtype.is_numeric() or s.dtype == pl.Boolean or s.dtype == pl.Null):
         raise fail(path, f"column {col!r} ({what}) is {s.dtype}, not numbers")
@@ -150,7 +133,7 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
     stem = path.name.split(".")[0]
     row_ids = pl.Series([f"{stem}-{i:06d}" for i in range(df.height)])  # the row in the file, kept if rows are dropped
     line = pl.int_range(1, df.height + 1, eager=True)  # the data row named in messages, kept if rows are dropped
-    scores = pl.DataFrame({w: _numbers(df, w, path, "a worker's score") for w in workers})
+    scores = pl.DataFrame({w: numbers(df, w, path, "a worker's score") for w in workers})
     incomplete = scores.select(pl.any_horizontal(pl.all().is_null() | pl.all().is_nan())).to_series()
     notes: dict = {"table": f"{df.height} rows x {len(df.columns)} columns", "workers_from": (
         "--workers" if spec.workers != "auto" else f"auto: the {len(workers)} numeric columns no other option names")}
@@ -195,7 +178,7 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
         gone = [c for c in cols.values() if c not in df.columns]
         if gone:
             raise fail(path, f"no cost column {gone[0]!r} (--cost-column {spec.cost_column!r})")
-        cost = pl.DataFrame({w: _numbers(df, c, path, "a cost") for w, c in cols.items()})
+        cost = pl.DataFrame({w: numbers(df, c, path, "a cost") for w, c in cols.items()})
         for w, c in cols.items():
             bad = cost[w].is_null() | cost[w].is_nan() | (cost[w] < 0)
             if bad.any():
