@@ -14,6 +14,7 @@ from fugu_pipeline.matrix.import_long import LongSpec, import_long
 from fugu_pipeline.matrix.import_table import import_table
 from fugu_pipeline.matrix.importers import import_source
 from fugu_pipeline.tasks.loading import TaskFileError
+from fugu_pipeline_tests.conftest import REPO
 from fugu_pipeline_tests.test_import_table import MODELS, SPEC, routerbench_like
 
 LONG = LongSpec(worker_column="model", score_column="score", id_column="sample_id", domain_column="eval_name",
@@ -248,8 +249,6 @@ def test_data_without_costs_trains_and_evaluates_without_a_budget_section(tmp_pa
     report used to print every worker at share 0 against a '$1000 per 1,000' reference."""
     import shutil
 
-    from fugu_pipeline_tests.conftest import REPO
-
     monkeypatch.chdir(tmp_path)
     shutil.copytree(REPO / "configs", tmp_path / "configs")
     melt(routerbench_like(150)).drop("cost").write_parquet(tmp_path / "calls.parquet")
@@ -267,3 +266,37 @@ def test_data_without_costs_trains_and_evaluates_without_a_budget_section(tmp_pa
     assert "router" in out and "budget:" not in out
     assert main(["evaluate", "--checkpoint", chosen, *common, "--budget-share", "0.5"]) == 2
     assert "records no cost per call, so there is nothing to budget" in capsys.readouterr().err
+
+
+def test_a_table_given_where_a_reward_jsonl_belongs_is_refused_at_once_with_the_import_commands(tmp_path, monkeypatch, capsys):
+    """`train --data calls.parquet` died in a UnicodeDecodeError traceback; a CSV listed every line
+    as bad JSON. Each now gets one line naming the file and the import command. A CRLF or gzipped
+    JSONL still reads."""
+    import gzip
+
+    from fugu_pipeline.matrix.import_format import read_reward_jsonl
+
+    monkeypatch.chdir(tmp_path)
+    long = melt(routerbench_like(9))
+    long.write_parquet(tmp_path / "calls.parquet")
+    long.write_csv(tmp_path / "calls.csv")
+    (tmp_path / "calls.jsonl").write_bytes((tmp_path / "calls.parquet").read_bytes())  # binary, misnamed
+    (tmp_path / "header.jsonl").write_bytes((tmp_path / "calls.csv").read_bytes())  # a CSV, misnamed
+    for name, needle in (("calls.parquet", "calls.parquet:0: a .parquet table"), ("calls.csv", "calls.csv:0: a .csv table"),
+                         ("calls.jsonl", "calls.jsonl:1: not UTF-8 text"), ("header.jsonl", "header.jsonl:1: not a JSON object")):
+        with pytest.raises(TaskFileError) as err:
+            read_reward_jsonl(tmp_path / name)
+        assert needle in str(err.value) and "fugu-lite import long" in str(err.value), name
+        assert str(err.value).count("\n") <= 2, name  # one problem, not a line per row
+    rows_in = [{"task_id": f"t{i}", "prompt": f"p{i}\u0085x", "worker_ids": ["a", "b"], "rewards": [1, 0]} for i in range(3)]
+    text = "\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows_in) + "\r\n"
+    (tmp_path / "crlf.jsonl").write_text(text, encoding="utf-8", newline="")
+    (tmp_path / "crlf.jsonl.gz").write_bytes(gzip.compress(text.encode("utf-8")))
+    for name in ("crlf.jsonl", "crlf.jsonl.gz"):
+        rows = read_reward_jsonl(tmp_path / name)
+        assert [r.prompt for r in rows] == [f"p{i}\u0085x" for i in range(3)], name
+    capsys.readouterr()
+    assert main(["train", "--data", "calls.parquet", "--workers", str(REPO / "configs" / "reward.quality.yaml"),
+                 "--encoder", "tiny", "--output", "m"]) == 2
+    err = capsys.readouterr().err
+    assert "a .parquet table" in err and "Traceback" not in err

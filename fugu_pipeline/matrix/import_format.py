@@ -11,6 +11,7 @@ before anything is built from it.
 
 from __future__ import annotations
 
+import gzip
 import re
 from pathlib import Path
 from typing import Annotated
@@ -72,34 +73,59 @@ class RewardRow(BaseModel):
         return self
 
 
+TABLE_SUFFIXES = (".csv", ".tsv", ".parquet", ".pkl", ".pickle", ".xlsx", ".xls", ".feather", ".arrow")
+TABLE_HINT = ("`fugu-lite import table` (one column per worker's score) or `fugu-lite import long` (one row per call) "
+              "turns a table into a reward-matrix JSONL")
+
+
 def read_reward_jsonl(path: Path) -> list[RewardRow]:
-    """Parse an imported reward matrix; every problem is named by file and line."""
+    """Parse an imported reward matrix; every problem is named by file and line. A table, a binary
+    file or another kind of JSON is refused at once, with the command that imports a table."""
+    path = Path(path)
     problems: list[tuple[int, str]] = []
     rows: list[RewardRow] = []
     first: list[str] | None = None
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = RewardRow.model_validate_json(line)
-            except ValidationError as exc:
-                for e in exc.errors():
-                    loc = ".".join(str(x) for x in e["loc"])
-                    msg = e["msg"].removeprefix("Value error, ")
-                    problems.append((lineno, f"field '{loc}': {msg}" if loc else msg))
-                continue
-            if first is None:
-                first = row.worker_ids
-            elif row.worker_ids != first:
-                problems.append((lineno, f"worker_ids {row.worker_ids} differ from the first row's {first}; every row must list the same workers in the same order"))
-                continue
-            if row.task_id in seen:
-                problems.append((lineno, f"duplicate task_id {row.task_id!r} (first on line {seen[row.task_id]})"))
-                continue
-            seen[row.task_id] = lineno
-            rows.append(row)
+    suffix = Path(path.name.lower().removesuffix(".gz")).suffix
+    if suffix in TABLE_SUFFIXES:
+        raise TaskFileError(path, [(0, f"a {suffix} table, not a reward-matrix JSONL (one JSON object a line): {TABLE_HINT}")])
+    data = path.read_bytes()
+    if path.name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except OSError as exc:
+            raise TaskFileError(path, [(0, f"not a valid gzip file: {exc}")]) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskFileError(path, [(data[:exc.start].count(b"\n") + 1, f"not UTF-8 text ({exc.reason} at byte {exc.start}): "
+                                    f"a reward-matrix JSONL is UTF-8 JSON, one object a line; a binary table? {TABLE_HINT}")]) from None
+    lead = next(((n, x) for n, x in enumerate(text.split("\n"), start=1) if x.strip()), None)
+    if lead is not None and not lead[1].lstrip().startswith("{"):
+        raise TaskFileError(path, [(lead[0], f"not a JSON object ({lead[1].strip()[:60]!r}): a reward-matrix JSONL holds one "
+                                             f"JSON object a line; a CSV or TSV table? {TABLE_HINT}")])
+    # lines split at \n only: a JSON string may hold U+0085 or U+2028 raw
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = RewardRow.model_validate_json(line)
+        except ValidationError as exc:
+            for e in exc.errors():
+                loc = ".".join(str(x) for x in e["loc"])
+                msg = e["msg"].removeprefix("Value error, ")
+                problems.append((lineno, f"field '{loc}': {msg}" if loc else msg))
+            continue
+        if first is None:
+            first = row.worker_ids
+        elif row.worker_ids != first:
+            problems.append((lineno, f"worker_ids {row.worker_ids} differ from the first row's {first}; every row must list the same workers in the same order"))
+            continue
+        if row.task_id in seen:
+            problems.append((lineno, f"duplicate task_id {row.task_id!r} (first on line {seen[row.task_id]})"))
+            continue
+        seen[row.task_id] = lineno
+        rows.append(row)
     if problems:
         raise TaskFileError(path, problems)
     if not rows:
