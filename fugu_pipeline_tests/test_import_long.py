@@ -4,6 +4,7 @@ pivots to; every bad cell is named by column and file row, and nothing is writte
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import polars as pl
@@ -99,7 +100,7 @@ def _set(df: pl.DataFrame, col: str, rows: list[int], value) -> pl.DataFrame:
 
 def test_every_bad_cell_is_named_by_column_and_file_row_and_nothing_is_written(tmp_path):
     long = melt(routerbench_like(12))  # 36 rows: sample i's models at rows 3i+1 .. 3i+3
-    _refused(tmp_path, _set(long, "score", [5], 4.0), LONG, "column 'score'", "outside [0, 1] in rows 5", "(s - 1) / 9")
+    _refused(tmp_path, _set(long, "score", [5], 4.0), LONG, "column 'score'", "outside [0, 1] in rows 5", "--score-range 1,10")
     _refused(tmp_path, _set(long, "score", [7, 8], None), LONG, "missing score in rows 7, 8", "--drop-incomplete")
     _refused(tmp_path, _set(long, "score", [2], float("nan")), LONG, "missing score in rows 2")
     _refused(tmp_path, long.with_columns(pl.col("score").cast(pl.String)), LONG, "column 'score'", "not numbers")
@@ -300,3 +301,69 @@ def test_a_table_given_where_a_reward_jsonl_belongs_is_refused_at_once_with_the_
                  "--encoder", "tiny", "--output", "m"]) == 2
     err = capsys.readouterr().err
     assert "a .parquet table" in err and "Traceback" not in err
+
+
+def test_a_judges_scale_is_mapped_onto_quality(tmp_path):
+    """MT-Bench-style judge scores in 1-10: `score_range` maps them linearly onto [0, 1]; a score
+    outside the stated scale is refused with its rows."""
+    long = melt(routerbench_like(12)).with_columns((pl.col("score") * 9 + 1).alias("score"))  # 0/1 -> 1/10
+    long = _set(long, "score", [2], 5.5)
+    long.write_parquet(tmp_path / "j.parquet")
+    rows, _ = import_long(tmp_path / "j.parquet", LONG.model_copy(update={"score_range": (1, 10)}))
+    assert rows[0].quality == [1.0, 0.5, 0.0]
+    _refused(tmp_path, _set(long, "score", [7], 11.0), LONG.model_copy(update={"score_range": (1, 10)}),
+             "column 'score': scores outside --score-range [1, 10] in rows 7 (e.g. 11.0)")
+    with pytest.raises(ValueError, match="the lowest possible score, then the highest"):
+        LongSpec(score_range=(10, 1))
+    wide = routerbench_like(12).with_columns([(pl.col(m) * 4 + 1).alias(m) for m in MODELS])  # a 1-5 scale
+    wide.write_parquet(tmp_path / "w.parquet")
+    rows, _ = import_table(tmp_path / "w.parquet", SPEC.model_copy(update={"score_range": (1, 5)}))
+    assert rows[0].quality == [1.0, 0.0, 0.0]
+
+
+def test_a_call_log_of_conversations_is_routed_on_the_text_serve_routes_on(tmp_path):
+    """A log keeps each call's `messages` (OpenAI's chat format). The prompt becomes the last user
+    message, through the very function the server routes a request with; text parts count, a
+    system message and the assistant's turns do not. A list of strings (a conversation's turns)
+    gives its first turn."""
+    from fugu_pipeline.serve.protocol import parse_chat_request
+
+    convo = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+             {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "What is 2+2?"}]
+    rows = []
+    for i in range(6):
+        msgs = [dict(m) for m in convo]
+        msgs[-1]["content"] = f"What is {i}+2?"
+        for j, m in enumerate(["a", "b"]):
+            rows.append({"call": i, "model": m, "score": float((i + j) % 2), "messages": msgs, "turns": [f"turn one {i}", "two"]})
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    got, _ = import_long(log, LongSpec(id_column="call", prompt_column="messages"))
+    served = parse_chat_request(json.dumps({"model": "fugu", "messages": rows[0]["messages"]}).encode()).text
+    assert got[0].prompt == served == "What is 0+2?"
+    turns, _ = import_long(log, LongSpec(id_column="call", prompt_column="turns"))
+    assert turns[3].prompt == "turn one 3"
+    (tmp_path / "odd.jsonl").write_text(json.dumps({"call": 1, "model": "a", "score": 1, "messages": [[1, 2]]}) + "\n")
+    with pytest.raises(TaskFileError, match="holds List"):
+        import_long(tmp_path / "odd.jsonl", LongSpec(id_column="call", prompt_column="messages"))
+
+
+def test_real_mt_bench_judgements_import_as_a_long_table(tmp_path):
+    """RouteLLM's MT-Bench data as shipped: one GPT-4 judgement (1-10) per (question, model, turn),
+    the questions (with their turns) in a second file. Both turns of a conversation average into
+    its quality, on the scale mapped onto [0, 1]."""
+    from fugu_pipeline_tests.test_importers import ROUTING, need
+
+    folder = need(ROUTING / "routellm_evals")
+    spec = LongSpec(worker_column="model", score_column="score", id_column="question_id", prompt_column="turns",
+                    domain_column="category", prompts=folder / "mt_bench_question.jsonl", score_range=(1, 10),
+                    duplicates="mean")
+    rows, notes = import_long(folder / "mt_bench_judgements.jsonl.gz", spec)
+    assert len(rows) == 80 and notes["pairs_averaged"] == 160 and notes["prompts_without_responses"] == 0
+    assert rows[0].worker_ids == ["gpt-4-1106-preview", "mistralai/Mixtral-8x7B-Instruct-v0.1"]
+    judged = [json.loads(x) for x in gzip.decompress((folder / "mt_bench_judgements.jsonl.gz").read_bytes()).decode().split("\n") if x]
+    q81 = next(r for r in rows if r.task_id == "81")
+    want = [sum((j["score"] - 1) / 9 for j in judged if j["question_id"] == 81 and j["model"] == m) / 2 for m in q81.worker_ids]
+    assert q81.quality == pytest.approx(want) and q81.domain == "writing"
+    assert q81.prompt.startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
+    assert {r.domain for r in rows} == {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}

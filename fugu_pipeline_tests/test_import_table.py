@@ -89,7 +89,7 @@ def test_every_bad_cell_is_named_by_column_and_row_and_nothing_is_written(tmp_pa
     _refused(tmp_path, df, SPEC.model_copy(update={"workers": ["gpt-4-1106-preview", "oracle_model_to_route_to"]}),
              "'oracle_model_to_route_to'", "not numbers")
     out = df.with_columns(pl.when(pl.int_range(pl.len()) == 3).then(7.0).otherwise(pl.col("claude-instant-v1")).alias("claude-instant-v1"))
-    _refused(tmp_path, out, SPEC, "column 'claude-instant-v1'", "outside [0, 1] in rows 4", "(s - 1) / 9")
+    _refused(tmp_path, out, SPEC, "column 'claude-instant-v1'", "outside [0, 1] in rows 4", "--score-range 1,10")
     gap = df.with_columns(pl.when(pl.int_range(pl.len()).is_in([1, 5])).then(None).otherwise(pl.col(MODELS[0])).alias(MODELS[0]))
     _refused(tmp_path, gap, SPEC, "2 row(s) miss a worker's score (rows 2, 6)", "--drop-incomplete")
     rows, notes = import_table(_write(tmp_path / "gap.parquet", gap), SPEC.model_copy(update={"drop_incomplete": True}))
@@ -102,7 +102,7 @@ def test_every_bad_cell_is_named_by_column_and_row_and_nothing_is_written(tmp_pa
              "column 'split'", "train, val, test")
     _refused(tmp_path, df.with_columns(pl.lit("  ").alias("prompt")), SPEC, "empty prompt in rows 1")
     nested = df.with_columns(pl.struct(pl.col("prompt"), pl.col("eval_name")).alias("prompt"))
-    _refused(tmp_path, nested, SPEC, "column 'prompt' holds Struct", "not text")
+    _refused(tmp_path, nested, SPEC, "column 'prompt' holds Struct", "name a column of text")
     listed = df.with_columns(pl.concat_list(pl.col(MODELS[0]), pl.col(MODELS[1])).alias(MODELS[2]))
     _refused(tmp_path, listed, SPEC.model_copy(update={"workers": MODELS}), f"column '{MODELS[2]}'", "not numbers")
     # a column name that could be SQL never becomes a worker id

@@ -86,7 +86,7 @@ def cmd_generate(args) -> int:
 
 
 TABLE_OPTIONS = ("prompt_column", "workers", "domain_column", "split_column", "id_column", "cost_column", "drop_incomplete",
-                 "test_file", "val_file")
+                 "test_file", "val_file", "score_range")
 LONG_OPTIONS = ("worker_column", "score_column", "latency_column", "prompts", "duplicates")
 
 
@@ -106,6 +106,14 @@ def cmd_import(args) -> int:
     if only_long and args.kind != "long":
         raise CLIError(f"--{only_long[0].replace('_', '-')} is an option of `fugu-lite import long` (one row per call)")
     if args.kind in ("table", "long"):
+        if "score_range" in table:
+            parts = table["score_range"].replace(" ", "").split(",")
+            try:
+                table["score_range"] = tuple(float(x) for x in parts)
+            except ValueError:
+                parts = []
+            if len(parts) != 2:
+                raise CLIError(f"--score-range {table['score_range']!r}: give LOW,HIGH, e.g. 1,10")
         if "workers" in table:
             table["workers"] = [w.strip() for w in table["workers"].split(",") if w.strip()] if table["workers"] != "auto" else "auto"
         given = {**given, **table}

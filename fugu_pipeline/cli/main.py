@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share drawn as val (default 0.1): routellm-*, dcrouter, and a jsonl file's rows without a split")
     t = p.add_argument_group("table and long: CSV, TSV, Parquet or JSON Lines (optionally .gz). table: one row per prompt, "
                              "one column per worker's score in [0, 1]. long: one row per (prompt, worker) call")
-    t.add_argument("--prompt-column", default=None, help="the prompt's column (default prompt)")
+    t.add_argument("--prompt-column", default=None, help="the prompt's column (default prompt): text, a conversation "
+                   "(a list of role/content messages: its last user message, as serve routes it) or a list of turns (the first)")
     t.add_argument("--workers", default=None, help="table: the worker score columns, comma-separated; default auto: every "
                    "numeric or boolean column no other option names (the summary lists them). long: the workers to keep "
                    "(default: every worker the file names)")
@@ -142,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--test-file", default=None, help="a file of the same layout holding the test tasks (the main file's "
                    "are then train), as EmbedLLM ships train.csv and test.csv")
     t.add_argument("--val-file", default=None, help="a file of the same layout holding the val tasks")
+    t.add_argument("--score-range", default=None, metavar="LOW,HIGH", help="the scores' scale, mapped linearly onto "
+                   "[0, 1]: a judge's 1-10 is --score-range 1,10 (default: scores are in [0, 1])")
     t.add_argument("--worker-column", default=None, help="long: the worker's (model's) column (default model)")
     t.add_argument("--score-column", default=None, help="long: the score's column, in [0, 1] (default score)")
     t.add_argument("--latency-column", default=None, help="long: the call's latency column, in seconds")

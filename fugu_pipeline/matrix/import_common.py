@@ -61,12 +61,16 @@ def assign_split(task_id: str, seed: int = 0, test_fraction: float = 0.3, val_fr
     return "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
 
 
-class SplitOptions(BaseModel):
-    """Where an importer's rows get their split: a column (named by the importer's spec), fractions
-    drawn from (seed, task id), or a file per split."""
+class TableOptions(BaseModel):
+    """What the table importers (`table`, `long`) share: where rows get their split (a column named
+    by the importer's spec, fractions drawn from (seed, task id), or a file per split) and the scale
+    of the scores."""
 
     model_config = ConfigDict(extra="forbid")
 
+    score_range: tuple[float, float] | None = Field(
+        None, description="the scores' scale, e.g. (1, 10) for a judge's score: mapped linearly onto [0, 1]; "
+        "default: the scores are in [0, 1] already")
     seed: int = 0
     test_fraction: float | None = None
     val_fraction: float | None = None
@@ -78,7 +82,12 @@ class SplitOptions(BaseModel):
         return (0.3 if self.test_fraction is None else self.test_fraction,
                 0.1 if self.val_fraction is None else self.val_fraction)
 
+    def scale(self) -> tuple[float, float]:
+        return self.score_range or (0.0, 1.0)
+
     def check_splits(self, split_column: str | None) -> None:
+        if self.score_range is not None and not self.score_range[0] < self.score_range[1]:
+            raise ValueError(f"score_range {list(self.score_range)}: give the lowest possible score, then the highest")
         drawn = self.test_fraction is not None or self.val_fraction is not None
         if (self.test_file or self.val_file) and (split_column or drawn):
             raise ValueError("test_file and val_file give the splits by file; drop the split column and the fractions")

@@ -7,7 +7,8 @@ may sit in a second table (`prompts`, one row per task id), as EmbedLLM keeps th
 
 Nothing in the files is trusted. Each problem names the file, the column and the data rows
 (1-based, header not counted), and nothing is written:
-- a worker id that breaks the import rule, a missing or non-numeric score, a score outside [0, 1];
+- a worker id that breaks the import rule, a missing or non-numeric score, a score outside [0, 1]
+  (or outside `score_range`, the scale mapped onto [0, 1], e.g. a judge's 1-10);
 - a task whose rows disagree on its prompt, domain or split;
 - a (task, worker) pair given twice (`duplicates="mean"` averages repeated samples instead);
 - a task without a score from every worker (`drop_incomplete` leaves it out and counts it);
@@ -23,14 +24,14 @@ from typing import Literal
 import polars as pl
 from pydantic import Field, model_validator
 
-from fugu_pipeline.matrix.import_common import SplitOptions, assign_split, fail, rows_from_split_files, tag_in_distribution
+from fugu_pipeline.matrix.import_common import TableOptions, assign_split, fail, rows_from_split_files, tag_in_distribution
 from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
-from fugu_pipeline.matrix.import_table import SPLIT_VALUES, numbers, read_table, rows_named
+from fugu_pipeline.matrix.import_table import SPLIT_VALUES, numbers, prompt_texts, read_table, rows_named, scaled
 
 _ROW = "__fugu_row"  # the 1-based data row of the file, carried through filters
 
 
-class LongSpec(SplitOptions):
+class LongSpec(TableOptions):
     """Which columns of the long table (and of the optional prompts table) mean what."""
 
     worker_column: str = Field("model", min_length=1)
@@ -65,12 +66,15 @@ class LongSpec(SplitOptions):
         return [c for c in (self.prompt_column, self.domain_column, self.split_column) if c]
 
 
-def _need(df: pl.DataFrame, path: Path, cols: list[str], what: str) -> None:
+def _need(df: pl.DataFrame, path: Path, cols: list[str], what: str, prompt: str | None = None) -> pl.DataFrame:
+    """`df` with every column in `cols` checked, its prompt column (when among them) as the text a
+    router reads (`prompt_texts`: a conversation becomes its last user message)."""
     for c in cols:
         if c not in df.columns:
             raise fail(path, f"no column {c!r} ({what}); the table's columns: {df.columns[:40]}")
-        if df[c].dtype.is_nested() or df[c].dtype == pl.Object:
+        if c != prompt and (df[c].dtype.is_nested() or df[c].dtype == pl.Object):
             raise fail(path, f"column {c!r} holds {df[c].dtype}, not plain values")
+    return df.with_columns(prompt_texts(df[prompt], path)) if prompt in cols else df
 
 
 def _text(s: pl.Series) -> pl.Series:
@@ -84,7 +88,7 @@ def _task_table(spec: LongSpec, responses: pl.DataFrame, path: Path) -> tuple[pl
     else:
         src_path = Path(spec.prompts)
         src = read_table(src_path).with_row_index(_ROW, offset=1)
-        _need(src, src_path, [spec.id_column, *spec.task_columns()], "the prompts table")
+        src = _need(src, src_path, [spec.id_column, *spec.task_columns()], "the prompts table", spec.prompt_column)
         src = src.with_columns(key=_text(src[spec.id_column]))
         dup = src["key"].is_duplicated() | src["key"].is_null()
         if dup.any():
@@ -123,7 +127,7 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
         raise fail(path, "the table has no rows")
     df = df.with_row_index(_ROW, offset=1)
     own = [spec.worker_column, spec.score_column] + [c for c in (spec.id_column, spec.cost_column, spec.latency_column) if c]
-    _need(df, path, own + ([] if spec.prompts else spec.task_columns()), "the responses table")
+    df = _need(df, path, own + ([] if spec.prompts else spec.task_columns()), "the responses table", spec.prompt_column)
     notes: dict = {"table": f"{df.height} rows x {len(df.columns) - 1} columns"}
 
     workers_s = _text(df[spec.worker_column]).str.strip_chars()
@@ -154,10 +158,7 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
     if missing.any() and not spec.drop_incomplete:
         raise fail(path, f"column {spec.score_column!r}: missing score in rows {rows_named(df[_ROW], missing)}; "
                          "pass --drop-incomplete to leave those tasks out")
-    bad = ~missing & ((score < 0) | (score > 1))
-    if bad.any():
-        raise fail(path, f"column {spec.score_column!r}: scores outside [0, 1] in rows {rows_named(df[_ROW], bad)} "
-                         f"(e.g. {score.filter(bad)[0]}); rescale them first (a 1-10 judge score s: (s - 1) / 9)")
+    score = scaled(score.fill_nan(None), spec, path, spec.score_column, df[_ROW])
     extra = {}
     for col, name, what in ((spec.cost_column, "cost", "a call's cost in USD"), (spec.latency_column, "latency", "a call's latency in s")):
         if col:
@@ -166,7 +167,7 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
             if wrong.any():
                 raise fail(path, f"column {col!r}: missing, negative or infinite {name} in rows {rows_named(df[_ROW], wrong)}")
             extra[name] = v
-    df = df.with_columns(score=score.fill_nan(None), **extra)
+    df = df.with_columns(score=score, **extra)
 
     if spec.id_column:
         key = _text(df[spec.id_column])

@@ -20,15 +20,16 @@ from typing import Literal
 import polars as pl
 from pydantic import Field, model_validator
 
-from fugu_pipeline.matrix.import_common import SplitOptions, assign_split, fail, rows_from_split_files, read_bytes, tag_in_distribution
+from fugu_pipeline.matrix.import_common import TableOptions, assign_split, fail, rows_from_split_files, read_bytes, tag_in_distribution
 from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
+from fugu_pipeline.tasks.messages import routed_text
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 SPLIT_VALUES = ("train", "val", "test")
 _SHOWN = 5  # rows named per problem
 
 
-class TableSpec(SplitOptions):
+class TableSpec(TableOptions):
     """Which columns of the table mean what."""
 
     prompt_column: str = Field("prompt", min_length=1)
@@ -51,6 +52,37 @@ class TableSpec(SplitOptions):
 
     def named(self) -> list[str]:
         return [c for c in (self.prompt_column, self.domain_column, self.split_column, self.id_column) if c]
+
+
+def scaled(s: pl.Series, spec: TableOptions, path: Path, col: str, rows: pl.Series) -> pl.Series:
+    """Scores mapped from the spec's scale onto [0, 1]; a score outside the scale is refused with
+    its rows (nulls pass through)."""
+    lo, hi = spec.scale()
+    bad = s.is_not_null() & ((s < lo) | (s > hi))
+    if bad.any():
+        how = (f"outside --score-range [{lo:g}, {hi:g}]" if spec.score_range else
+               "outside [0, 1]")
+        hint = "" if spec.score_range else "; give their scale with --score-range (a judge's 1-10: --score-range 1,10)"
+        raise fail(path, f"column {col!r}: scores {how} in rows {rows_named(rows, bad)} (e.g. {s.filter(bad)[0]}){hint}")
+    return s if spec.score_range is None else (s - lo) / (hi - lo)
+
+
+def prompt_texts(s: pl.Series, path: Path) -> pl.Series:
+    """Each row's prompt as the text a router reads. Text stays text. A conversation, a list of
+    messages with `role` and `content` (OpenAI's chat format, as call logs keep it), becomes its last
+    user message: what `serve` routes a request on (`tasks/messages.py`). A list of strings, a
+    conversation's user turns (MT-Bench's `turns`), becomes its first turn, the one that opens it."""
+    dt = s.dtype
+    if isinstance(dt, pl.List):
+        inner = dt.inner
+        if isinstance(inner, pl.Struct) and "content" in {f.name for f in inner.fields}:
+            return pl.Series(s.name, [routed_text(v) if v else None for v in s.to_list()], dtype=pl.String)
+        if inner == pl.String:
+            return pl.Series(s.name, [v[0] if v else None for v in s.to_list()], dtype=pl.String)
+    if dt.is_nested() or dt == pl.Object:
+        raise fail(path, f"column {s.name!r} holds {dt}: name a column of text, of messages (a list of role and content) "
+                         "or of a conversation's turns (a list of strings)")
+    return s.cast(pl.String)
 
 
 def table_format(path: Path) -> str:
@@ -127,7 +159,7 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
     if absent:
         raise fail(path, f"no column {absent[0]!r}; the table's columns: {df.columns[:40]}")
     for c in spec.named():
-        if df[c].dtype.is_nested() or df[c].dtype == pl.Object:
+        if c != spec.prompt_column and (df[c].dtype.is_nested() or df[c].dtype == pl.Object):
             raise fail(path, f"column {c!r} holds {df[c].dtype}, not text: name a column of plain values")
     workers = _worker_columns(df, spec, path)
     stem = path.name.split(".")[0]
@@ -145,12 +177,8 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
         df, scores, row_ids, line = (x.filter(~incomplete) for x in (df, scores, row_ids, line))
         if df.height == 0:
             raise fail(path, "every row misses a worker's score")
-    for w in workers:
-        bad = (scores[w] < 0) | (scores[w] > 1)
-        if bad.any():
-            raise fail(path, f"column {w!r}: scores outside [0, 1] in rows {rows_named(line, bad)} (e.g. {scores[w].filter(bad)[0]}); "
-                             "rescale them first (a 1-10 judge score s: (s - 1) / 9)")
-    prompts = df[spec.prompt_column].cast(pl.String)
+    scores = pl.DataFrame({w: scaled(scores[w], spec, path, w, line) for w in workers})
+    prompts = prompt_texts(df[spec.prompt_column], path)
     empty = prompts.is_null() | (prompts.str.strip_chars() == "")
     if empty.any():
         raise fail(path, f"column {spec.prompt_column!r}: empty prompt in rows {rows_named(line, empty)}")

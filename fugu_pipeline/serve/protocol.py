@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fugu_pipeline.route.budget import Budget
+from fugu_pipeline.tasks.messages import routed_text
 
 log = logging.getLogger("fugu_pipeline.serve")
 
@@ -102,22 +103,6 @@ def ignored_fields(body: dict) -> list[str]:
         if body[name] is not None:
             out.append(f"{name[:60]}: not supported by fugu-lite; not sent to the worker")
     return out[:20]
-
-
-def content_text(content: Any) -> str:
-    """Message content as text: a string, or the text parts of a list of content parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
-    return ""
-
-
-def routed_text(messages: list[dict]) -> str:
-    for m in reversed(messages):
-        if m.get("role") == "user":
-            return content_text(m.get("content"))
-    return content_text(messages[-1].get("content"))
 
 
 def _is_num(v: Any) -> bool:

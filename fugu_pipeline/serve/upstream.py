@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fugu_pipeline.serve.protocol import content_text
+from fugu_pipeline.tasks.messages import content_text
 from fugu_pipeline.workers.budget import RateLimiter
 from fugu_pipeline.workers.config import WorkersConfig
 from fugu_pipeline.workers.contract import Completion
