@@ -9,6 +9,9 @@ Datasets (under --routing, see ../shared/data/SOURCES.md; nothing is copied into
   10 domains x 50) is the held-out split; train prompts that also occur in it are dropped.
 - routellm_evals GSM8K and MMLU: 2 models (GPT-4 and Mixtral), correctness, contaminated prompts
   removed; a deterministic 50% of prompts (hash of the prompt, seed 0) is held out, 10% is val.
+- routellm_evals MT-Bench: the same 2 models, GPT-4's 1-10 judgement of both turns averaged and
+  mapped onto [0, 1] (80 questions, 72 after contamination), split as GSM8K; "accuracy" there is
+  that mean judged quality.
 
 Utility is the quality itself (cost and latency weights 0), so router utility = accuracy. The
 encoder reads the bare prompt ("{prompt}"); the domain (dcrouter task, MMLU subject) is a
@@ -40,6 +43,8 @@ DATASETS = {  # key: (label, importer kind, folder under --routing, importer opt
     "dcrouter": ("dcrouter (LLMRouter, 9 models)", "dcrouter", "llmrouter_ulab", {}),
     "gsm8k": ("GSM8K (RouteLLM, 2 models)", "routellm-gsm8k", "routellm_evals", {"test_fraction": 0.5, "val_fraction": 0.1, "seed": 0}),
     "mmlu": ("MMLU (RouteLLM, 2 models)", "routellm-mmlu", "routellm_evals", {"test_fraction": 0.5, "val_fraction": 0.1, "seed": 0}),
+    "mt_bench": ("MT-Bench (RouteLLM, 2 models, GPT-4's 1-10 judgement mapped onto [0, 1])", "routellm-mtbench", "routellm_evals",
+                 {"test_fraction": 0.5, "val_fraction": 0.1, "seed": 0}),
 }
 # the benchmark fits every kind (configs/train.yaml leaves the MLP and SFT off by default: slow, and
 # in the study they never won alone), so the table has a row for each

@@ -292,3 +292,16 @@ def test_objective_lodo_keeps_the_prior_unless_the_gain_on_unseen_domains_is_cle
     # the ordinary objective is untouched: no guard
     oof, _, _ = select_heads(_weak_signal(2, 0.03), cfg.model_copy(update={"objective": "oof"}), QUIET)
     assert "prior is kept" not in oof.reason
+
+
+def test_the_sft_heads_fit_on_a_few_dozen_rows_and_on_data_without_a_val_split(tmp_path):
+    """MT-Bench has 72 prompts: a fold of 5-fold selection held ~25 training rows, none of them in
+    the SFT family's inner tenth, and selection died in 'the val split has no rows'. Data without
+    a val split at all failed the same way in the final fit."""
+    cfg = TrainSetConfig.model_validate({"heads": {"domain_prior": {"m": [5]}, "sft": {"head": ["layernorm_linear"], "lr": [0.003]},
+                                                   "ensemble": None}})
+    small = make_data(n=60, seed=3)
+    small = dataclasses.replace(small, splits=np.where(np.arange(60) < 40, "train", "test"))  # no val rows
+    report = fit_and_save(small, tmp_path / "m", cfg, log=QUIET)
+    assert {s.kind for s in report.saved} >= {"sft", "domain_prior"}
+    assert load_checkpoint(next(s.path for s in report.saved if s.kind == "sft")).manifest.head_kind == "layernorm_linear"

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fugu_pipeline.matrix.import_common import assign_split
 from fugu_pipeline.matrix.build import build, from_import
 from fugu_pipeline.matrix.import_format import RewardRow
 from fugu_pipeline.matrix.importers import (
@@ -313,6 +314,20 @@ def test_real_routellm_mmlu(tmp_path):
     rows = import_generic_jsonl(tmp_path / "mmlu.jsonl")
     assert len({r.domain for r in rows}) == len(list(folder.glob("mmlu_*.csv.gz"))) == 57
     round_trip(tmp_path / "mmlu.jsonl", tmp_path / "mmlu.duckdb", 14037, 2)
+
+
+def test_real_routellm_mtbench(tmp_path):
+    """RouteLLM's MT-Bench: 80 questions, 8 contaminated ones removed (SOURCES.md: 72), 2 models,
+    GPT-4's 1-10 judgements of both turns averaged onto [0, 1]; the split drawn from the prompt."""
+    folder = need(ROUTING / "routellm_evals")
+    s = import_source("routellm-mtbench", folder, tmp_path / "mt.jsonl", test_fraction=0.5, val_fraction=0.1)
+    assert s["rows"] == 72 and s["contaminated_removed"] == 8 and s["workers"] == [STRONG, WEAK]
+    assert s["best_fixed_on_train"]["worker"] == STRONG
+    rows = import_generic_jsonl(tmp_path / "mt.jsonl")
+    assert all(r.task_id.startswith("mt_bench-") and "source:mt_bench" in r.tags for r in rows)
+    assert [r.split for r in rows] == [assign_split(r.prompt, 0, 0.5, 0.1) for r in rows]
+    a = round_trip(tmp_path / "mt.jsonl", tmp_path / "mt.duckdb", 72, 2)
+    assert a.quality.min() >= 0 and a.quality.max() <= 1 and len(np.unique(a.quality)) > 2  # a judge's scale, not 0/1
 
 
 def test_real_dcrouter(tmp_path):

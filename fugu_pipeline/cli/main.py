@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert_arguments(p)
 
     p = add("import", data.cmd_import, "convert real routing data into the reward-matrix JSONL")
-    p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl", "table", "long"])
+    p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-mtbench", "routellm-csv", "dcrouter", "jsonl", "table", "long"])
     p.add_argument("path", help="the upstream file or folder")
     p.add_argument("--output", required=True)
     p.add_argument("--seed", type=int, default=None,

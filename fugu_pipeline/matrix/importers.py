@@ -7,6 +7,9 @@ Sources (formats as found in `../shared/data/routing`, see its SOURCES.md):
   `True`/`False` correctness, optionally `<model>_response` columns with the answer text (ignored).
   `<bench>_contaminated_prompts.jsonl` lists prompts to remove: each line has `eval_prompt`, which
   must equal the CSV `prompt` exactly (the rule RouteLLM's own benchmarks apply).
+- RouteLLM MT-Bench: `mt_bench_judgements.jsonl.gz`, one GPT-4 judgement (`score` 1-10) per
+  (`question_id`, `model`, `turn`); `mt_bench_question.jsonl` gives each question's `category` and
+  `turns`. Read with the long-table importer (`import_long.py`).
 - LLMRouter dcrouter (ulab-uiuc/LLMRouter `data/dcrouter_preprocessed`): a JSON array of
   `{"question": str, "scores": {model: score in [0, 1]}, "cluster_id": int (train only)}`.
   `default_llm.json` maps the same model names to `input_price`/`output_price` in USD per million
@@ -42,7 +45,7 @@ from fugu_pipeline.matrix.import_format import RewardRow, read_reward_jsonl
 from fugu_pipeline.matrix.import_summary import summarize
 from fugu_pipeline.tasks.loading import TaskFileError
 
-KINDS = ("routellm-gsm8k", "routellm-mmlu", "routellm-csv", "dcrouter", "jsonl", "table", "long")
+KINDS = ("routellm-gsm8k", "routellm-mmlu", "routellm-mtbench", "routellm-csv", "dcrouter", "jsonl", "table", "long")
 
 # dcrouter has no token counts; the prompt's token count is estimated as ceil(chars / 4).
 PROMPT_CHARS_PER_TOKEN = 4
@@ -163,6 +166,26 @@ def _mmlu_rows(folder, contaminated_path=None, **split_opts):
         rows += part
         removed += n
     return rows, removed
+
+
+def _mtbench_rows(folder, contaminated_path=None, *, test_fraction=0.3, val_fraction=0.1, seed=0):
+    """RouteLLM's MT-Bench: one GPT-4 judgement (1-10) per (question, model, turn) in
+    `mt_bench_judgements.jsonl(.gz)`, the questions with their turns and category in
+    `mt_bench_question.jsonl`. Read by the long-table importer: quality = the mean of both turns'
+    scores mapped onto [0, 1], the prompt = the opening turn, domain = category. Contaminated
+    questions (their opening turn is an `eval_prompt`) are removed; the split is drawn from the
+    prompt, as for the other RouteLLM sets. Task ids `mt_bench-<question_id>`."""
+    from fugu_pipeline.matrix.import_long import LongSpec, import_long
+
+    folder = Path(folder)
+    spec = LongSpec(worker_column="model", score_column="score", id_column="question_id", prompt_column="turns",
+                    domain_column="category", prompts=_first(folder, "mt_bench_question.jsonl", "mt_bench_question.jsonl.gz"),
+                    score_range=(1, 10), duplicates="mean")
+    rows, _ = import_long(_first(folder, "mt_bench_judgements.jsonl.gz", "mt_bench_judgements.jsonl"), spec)
+    contaminated = read_contaminated(Path(contaminated_path)) if contaminated_path else set()
+    kept = [r.model_copy(update={"task_id": f"mt_bench-{r.task_id}", "split": assign_split(r.prompt, seed, test_fraction, val_fraction),
+                                 "tags": ["source:mt_bench"]}) for r in rows if r.prompt not in contaminated]
+    return kept, len(rows) - len(kept)
 
 
 def import_routellm_mmlu(folder, contaminated_path=None, *, test_fraction: float = 0.3, val_fraction: float = 0.1,
@@ -372,6 +395,8 @@ def read_source(kind: str, path, **opts) -> tuple[list[RewardRow], dict]:
 
     routellm-gsm8k: path = RouteLLM evals folder (gsm8k_responses.csv.gz, gsm8k_contaminated_prompts.jsonl)
     routellm-mmlu:  path = that folder (mmlu_responses/, mmlu_contaminated_prompts.jsonl)
+    routellm-mtbench: path = that folder (mt_bench_judgements.jsonl.gz, mt_bench_question.jsonl,
+                    mt_bench_contaminated_prompts.jsonl); GPT-4's 1-10 judgements, both turns averaged
     routellm-csv:   path = one eval CSV; pass contaminated_path to remove contaminated prompts
     dcrouter:       path = folder with dcrouter_{train,test}.json(.gz), default_llm.json, default_query_*.jsonl(.gz)
     table:          path = a CSV/TSV/Parquet/JSONL table, one column per worker's score (matrix/import_table.py)
@@ -388,6 +413,10 @@ def read_source(kind: str, path, **opts) -> tuple[list[RewardRow], dict]:
     elif kind == "routellm-mmlu":
         opts.setdefault("contaminated_path", path / "mmlu_contaminated_prompts.jsonl")
         rows, notes["contaminated_removed"] = _mmlu_rows(path / "mmlu_responses", **opts)
+        rows = tag_in_distribution(rows)
+    elif kind == "routellm-mtbench":
+        opts.setdefault("contaminated_path", path / "mt_bench_contaminated_prompts.jsonl")
+        rows, notes["contaminated_removed"] = _mtbench_rows(path, **opts)
         rows = tag_in_distribution(rows)
     elif kind == "routellm-csv":
         rows, notes["contaminated_removed"] = _routellm_rows(path, **opts)

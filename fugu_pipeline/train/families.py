@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fugu_pipeline.features.routing_data import RoutingData
+from fugu_pipeline.features.routing_data import RoutingData, carve_validation
 from fugu_pipeline.train.configs import KNNGrid, MLPGrid, PriorGrid, RidgeGrid, SFTConfig, SFTGrid
 from fugu_pipeline.train.predictors import (
     DomainPriorHead,
@@ -243,13 +243,16 @@ class SFTFamily(Family):
         return train_sft(data, self.config(params), log=lambda m: None, force=True)
 
     def fit(self, fd, rows, params):
-        """The final fit keeps the data's own splits: train on 'train', stop early on 'val'."""
-        return self._train(fd.data, params)
+        """The final fit keeps the data's own splits: train on 'train', stop early on 'val' (carved
+        from train when the data has none)."""
+        return self._train(carve_validation(fd.data, 0.1, self.seed + 1), params)
 
     def predict_grid(self, fd, tr, te, domains):
         sub = fd.data.subset(fd.rows[tr])
         inner = fold_ids(sub.task_ids, 10, self.seed + 1) == 0
         sub = dataclasses.replace(sub, splits=np.where(inner, "val", "train"), data_version="")
+        if not inner.any():  # a small fold (a few dozen rows): still one row to stop on
+            sub = carve_validation(sub, 0.1, self.seed + 1)
         x = torch.from_numpy(fd.features[te].astype(np.float32))
         out: Preds = {}
         for name, p in self.grid():
