@@ -367,3 +367,15 @@ def test_real_mt_bench_judgements_import_as_a_long_table(tmp_path):
     assert q81.quality == pytest.approx(want) and q81.domain == "writing"
     assert q81.prompt.startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
     assert {r.domain for r in rows} == {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+
+def test_a_log_where_each_prompt_went_to_one_worker_is_told_what_a_router_needs(tmp_path):
+    """A production log routes each prompt to one worker: no prompt has every worker's score. The
+    import says so and what to do (replay the prompts to every worker), instead of 'pass
+    --drop-incomplete' and then 'no task has a score from every worker'."""
+    long = melt(routerbench_like(30))
+    one_each = long.filter(pl.int_range(pl.len()) % 3 == (pl.int_range(pl.len()) // 3) % 3)  # task i -> worker i % 3
+    for drop in (False, True):
+        _refused(tmp_path, one_each, LONG.model_copy(update={"drop_incomplete": drop}),
+                 "only 0 of 30 tasks have a score from every one of the 3 workers (a task has 1 on median)",
+                 "replay its prompts to every worker")

@@ -206,6 +206,12 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
     order = df.select("key").unique(maintain_order=True)
     counts = order.join(counts, on="key", how="left").with_columns(pl.col("k").fill_null(0))
     incomplete = counts.filter(pl.col("k") < len(workers))
+    complete = counts.height - incomplete.height
+    if incomplete.height and complete * 10 < counts.height:  # a log of calls, not a matrix
+        raise fail(path, f"only {complete} of {counts.height} tasks have a score from every one of the {len(workers)} workers "
+                         f"(a task has {counts['k'].median():g} on median): a router learns from prompts every worker answered. "
+                         "A production log, where each prompt went to one worker, is not enough: replay its prompts to every "
+                         "worker (`fugu-lite generate --tasks ... --workers W.yaml`), or keep with --workers the ones that answered them all")
     if incomplete.height:
         if not spec.drop_incomplete:
             shown = ", ".join(repr(k) for k in incomplete["key"].head(5).to_list())
