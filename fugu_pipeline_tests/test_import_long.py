@@ -379,3 +379,14 @@ def test_a_log_where_each_prompt_went_to_one_worker_is_told_what_a_router_needs(
         _refused(tmp_path, one_each, LONG.model_copy(update={"drop_incomplete": drop}),
                  "only 0 of 30 tasks have a score from every one of the 3 workers (a task has 1 on median)",
                  "replay its prompts to every worker")
+
+
+def test_columns_and_workers_named_like_the_importers_own_do_not_clash(tmp_path):
+    """A worker called `key`, a file with columns `key`, `worker`, `score`, `cost`: the importer's
+    own columns are its own."""
+    rows = [{"key": f"k{i}", "worker": ["key", "score"][j], "score": float((i + j) % 2), "cost": 0.5 * j,
+             "prompt": f"q{i}"} for i in range(8) for j in range(2)]
+    pl.DataFrame(rows).write_parquet(tmp_path / "c.parquet")
+    got, _ = import_long(tmp_path / "c.parquet", LongSpec(id_column="key", worker_column="worker", cost_column="cost"))
+    assert got[1].worker_ids == ["key", "score"] and got[1].quality == [1.0, 0.0] and got[1].cost_usd == [0.0, 0.5]
+    assert [r.task_id for r in got] == [f"k{i}" for i in range(8)]

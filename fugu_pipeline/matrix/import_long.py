@@ -29,6 +29,8 @@ from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
 from fugu_pipeline.matrix.import_table import SPLIT_VALUES, numbers, prompt_texts, read_table, rows_named, scaled
 
 _ROW = "__fugu_row"  # the 1-based data row of the file, carried through filters
+# the importer's own columns: a worker id starts with a letter or digit, so none can clash with these
+_KEY, _WORKER, _SCORE = "__fugu_key", "__fugu_worker", "__fugu_score"
 
 
 class LongSpec(TableOptions):
@@ -89,18 +91,18 @@ def _task_table(spec: LongSpec, responses: pl.DataFrame, path: Path) -> tuple[pl
         src_path = Path(spec.prompts)
         src = read_table(src_path).with_row_index(_ROW, offset=1)
         src = _need(src, src_path, [spec.id_column, *spec.task_columns()], "the prompts table", spec.prompt_column)
-        src = src.with_columns(key=_text(src[spec.id_column]))
-        dup = src["key"].is_duplicated() | src["key"].is_null()
+        src = src.with_columns(_text(src[spec.id_column]).alias(_KEY))
+        dup = src[_KEY].is_duplicated() | src[_KEY].is_null()
         if dup.any():
             raise fail(src_path, f"column {spec.id_column!r}: missing or repeated task ids in rows {rows_named(src[_ROW], dup)}")
     keep = [pl.col(c).cast(pl.String).alias(c) for c in spec.task_columns()]
-    tasks = src.select("key", _ROW, *keep)
+    tasks = src.select(_KEY, _ROW, *keep)
     for c in spec.task_columns():  # one value per task, or the file contradicts itself
-        n = tasks.group_by("key").agg(pl.col(c).n_unique().alias("n"), pl.col(_ROW).alias("rows")).filter(pl.col("n") > 1)
+        n = tasks.group_by(_KEY).agg(pl.col(c).n_unique().alias("n"), pl.col(_ROW).alias("rows")).filter(pl.col("n") > 1)
         if n.height:
             first = n.row(0, named=True)
             shown = ", ".join(str(r) for r in first["rows"][:5])
-            raise fail(src_path, f"column {c!r}: task {first['key']!r} has {first['n']} different values (rows {shown}); "
+            raise fail(src_path, f"column {c!r}: task {first[_KEY]!r} has {first['n']} different values (rows {shown}); "
                                  f"{n.height} task(s) disagree like this. A task's {c} must be the same on each of its rows")
     prompts = tasks[spec.prompt_column]
     empty = prompts.is_null() | (prompts.str.strip_chars() == "")
@@ -113,7 +115,7 @@ def _task_table(spec: LongSpec, responses: pl.DataFrame, path: Path) -> tuple[pl
             raise fail(src_path, f"column {spec.split_column!r}: a split must be one of {', '.join(SPLIT_VALUES)}; "
                                  f"rows {rows_named(tasks[_ROW], wrong)}")
         tasks = tasks.with_columns(splits.alias(spec.split_column))
-    return tasks.unique("key", keep="first", maintain_order=True), src_path
+    return tasks.unique(_KEY, keep="first", maintain_order=True), src_path
 
 
 def import_long(path, spec: LongSpec | None = None, *, split: str | None = None) -> tuple[list[RewardRow], dict]:
@@ -133,21 +135,21 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
     workers_s = _text(df[spec.worker_column]).str.strip_chars()
     if workers_s.is_null().any():
         raise fail(path, f"column {spec.worker_column!r}: missing worker in rows {rows_named(df[_ROW], workers_s.is_null())}")
-    df = df.with_columns(workers_s.alias("worker"))
+    df = df.with_columns(workers_s.alias(_WORKER))
     if spec.workers != "auto":
         absent = [w for w in spec.workers if w not in set(workers_s.unique().to_list())]
         if absent:
             raise fail(path, f"column {spec.worker_column!r} never names worker {absent[0]!r} (--workers)")
-        other = ~df["worker"].is_in(spec.workers)
+        other = ~df[_WORKER].is_in(spec.workers)
         if other.any():
             notes["rows_of_other_workers"] = int(other.sum())
             df = df.filter(~other)
-    seen = sorted(df["worker"].unique().to_list())  # sorted: the same columns whatever the rows' order
+    seen = sorted(df[_WORKER].unique().to_list())  # sorted: the same columns whatever the rows' order
     for w in seen:
         try:
             check_worker_id(w)
         except ValueError as exc:
-            raise fail(path, f"column {spec.worker_column!r}: {w!r} (rows {rows_named(df[_ROW], df['worker'] == w)}) "
+            raise fail(path, f"column {spec.worker_column!r}: {w!r} (rows {rows_named(df[_ROW], df[_WORKER] == w)}) "
                              f"cannot be a worker id: {exc}") from None
     workers = list(spec.workers) if spec.workers != "auto" else seen
     if len(workers) < 2:
@@ -167,7 +169,7 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
             if wrong.any():
                 raise fail(path, f"column {col!r}: missing, negative or infinite {name} in rows {rows_named(df[_ROW], wrong)}")
             extra[name] = v
-    df = df.with_columns(score=score, **extra)
+    df = df.with_columns(score.alias(_SCORE), *[v.alias(f"__fugu_{n}") for n, v in extra.items()])
 
     if spec.id_column:
         key = _text(df[spec.id_column])
@@ -179,32 +181,32 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
         ids = {p: f"{stem}-{hashlib.sha256(p.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
                for p in text.drop_nulls().unique().to_list()}
         key = text.replace_strict(ids, default=None, return_dtype=pl.String)
-    df = df.with_columns(key=key)
+    df = df.with_columns(key.alias(_KEY))
 
     tasks, task_path = _task_table(spec, df, path)
     if spec.prompts is not None:
-        unknown = ~df["key"].is_in(tasks["key"])
+        unknown = ~df[_KEY].is_in(tasks[_KEY])
         if unknown.any():
             raise fail(path, f"column {spec.id_column!r}: task ids the prompts table {task_path.name} lacks, rows "
-                             f"{rows_named(df[_ROW], unknown)} (e.g. {df['key'].filter(unknown)[0]!r})")
+                             f"{rows_named(df[_ROW], unknown)} (e.g. {df[_KEY].filter(unknown)[0]!r})")
         if split is None:  # with a file per split, the other splits' prompts have no responses here
-            notes["prompts_without_responses"] = int((~tasks["key"].is_in(df["key"])).sum())
+            notes["prompts_without_responses"] = int((~tasks[_KEY].is_in(df[_KEY])).sum())
 
-    pairs = df.group_by("key", "worker", maintain_order=True).agg(
-        pl.len().alias("n"), pl.col(_ROW).alias("rows"), pl.col("score").mean(), pl.col("score").null_count().alias("nulls"),
-        *[pl.col(c).mean() for c in extra])
+    pairs = df.group_by(_KEY, _WORKER, maintain_order=True).agg(
+        pl.len().alias("n"), pl.col(_ROW).alias("rows"), pl.col(_SCORE).mean(), pl.col(_SCORE).null_count().alias("nulls"),
+        *[pl.col(f"__fugu_{c}").mean().alias(c) for c in extra])
     twice = pairs.filter(pl.col("n") > 1)
     if twice.height:
         if spec.duplicates == "refuse":
             first = twice.row(0, named=True)
-            raise fail(path, f"task {first['key']!r} has {first['n']} rows for worker {first['worker']!r} (rows "
+            raise fail(path, f"task {first[_KEY]!r} has {first['n']} rows for worker {first[_WORKER]!r} (rows "
                              f"{', '.join(str(r) for r in first['rows'][:5])}); {twice.height} (task, worker) pair(s) repeat. "
                              "Pass --duplicates mean to average repeated samples, or remove the repeats")
         notes["pairs_averaged"] = twice.height
-    pairs = pairs.filter(pl.col("nulls") == 0) if spec.duplicates == "refuse" else pairs.filter(pl.col("score").is_not_null())
-    counts = pairs.group_by("key").agg(pl.col("worker").n_unique().alias("k"))
-    order = df.select("key").unique(maintain_order=True)
-    counts = order.join(counts, on="key", how="left").with_columns(pl.col("k").fill_null(0))
+    pairs = pairs.filter(pl.col("nulls") == 0) if spec.duplicates == "refuse" else pairs.filter(pl.col(_SCORE).is_not_null())
+    counts = pairs.group_by(_KEY).agg(pl.col(_WORKER).n_unique().alias("k"))
+    order = df.select(_KEY).unique(maintain_order=True)
+    counts = order.join(counts, on=_KEY, how="left").with_columns(pl.col("k").fill_null(0))
     incomplete = counts.filter(pl.col("k") < len(workers))
     complete = counts.height - incomplete.height
     if incomplete.height and complete * 10 < counts.height:  # a log of calls, not a matrix
@@ -214,18 +216,18 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
                          "worker (`fugu-lite generate --tasks ... --workers W.yaml`), or keep with --workers the ones that answered them all")
     if incomplete.height:
         if not spec.drop_incomplete:
-            shown = ", ".join(repr(k) for k in incomplete["key"].head(5).to_list())
+            shown = ", ".join(repr(k) for k in incomplete[_KEY].head(5).to_list())
             raise fail(path, f"{incomplete.height} task(s) lack a score from some of the {len(workers)} workers (e.g. {shown}); "
                              "pass --drop-incomplete to leave them out, or --workers to keep only the workers every task has")
         notes["dropped_incomplete"] = incomplete.height
-    keys = counts.filter(pl.col("k") == len(workers))["key"]
+    keys = counts.filter(pl.col("k") == len(workers))[_KEY]
     if keys.len() == 0:
         raise fail(path, "no task has a score from every worker")
 
-    wide = {name: pairs.pivot(on="worker", index="key", values=name) for name in ("score", *extra)}
-    tasks = tasks.filter(pl.col("key").is_in(keys))
-    tasks = tasks.join(pl.DataFrame({"key": keys}).with_row_index("_order"), on="key").sort("_order")
-    cells = {name: tasks.select("key").join(t, on="key", how="left", maintain_order="left").select(workers).rows()
+    wide = {name: pairs.pivot(on=_WORKER, index=_KEY, values=name) for name in (_SCORE, *extra)}
+    tasks = tasks.filter(pl.col(_KEY).is_in(keys))
+    tasks = tasks.join(pl.DataFrame({_KEY: keys}).with_row_index("_order"), on=_KEY).sort("_order")
+    cells = {name: tasks.select(_KEY).join(t, on=_KEY, how="left", maintain_order="left").select(workers).rows()
              for name, t in wide.items()}
     if split is not None:
         splits = [split] * tasks.height
@@ -234,12 +236,12 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
         notes["splits_from"] = f"column {spec.split_column!r}"
     else:
         tf, vf = spec.fractions()
-        splits = [assign_split(t, spec.seed, tf, vf) for t in tasks["key"].to_list()]
+        splits = [assign_split(t, spec.seed, tf, vf) for t in tasks[_KEY].to_list()]
         notes["splits_from"] = f"drawn from (seed {spec.seed}, task id): test {tf}, val {vf}"
     domains = tasks[spec.domain_column].fill_null("general").to_list() if spec.domain_column else ["general"] * tasks.height
     notes["workers"] = workers
-    rows = [RewardRow(task_id=t, prompt=p, domain=d, split=s, worker_ids=workers, quality=list(cells["score"][i]),
+    rows = [RewardRow(task_id=t, prompt=p, domain=d, split=s, worker_ids=workers, quality=list(cells[_SCORE][i]),
                       cost_usd=list(cells["cost"][i]) if "cost" in cells else None,
                       latency_s=list(cells["latency"][i]) if "latency" in cells else None)
-            for i, (t, p, d, s) in enumerate(zip(tasks["key"].to_list(), tasks[spec.prompt_column].to_list(), domains, splits))]
+            for i, (t, p, d, s) in enumerate(zip(tasks[_KEY].to_list(), tasks[spec.prompt_column].to_list(), domains, splits))]
     return tag_in_distribution(rows), notes
