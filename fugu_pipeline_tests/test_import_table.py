@@ -182,3 +182,52 @@ def test_real_dcrouter_written_as_a_table_imports_to_the_same_rows(tmp_path):
         for k in ("task_id", "prompt", "domain", "split", "worker_ids", "quality", "cost_usd"):
             assert got[k] == want[k], (k, want["task_id"])
         assert [t for t in got["tags"] if t in ("id", "ood")] == [t for t in want["tags"] if t in ("id", "ood")]
+
+
+SPROUT_MODELS = ["openai-gpt-4o", "openai-gpt-4o-mini", "wxai-llama-3-1-8b-instruct"]
+
+
+def sprout_like(n: int, offset: int = 0) -> pl.DataFrame:
+    """SPROUT's layout (CARROT): meta columns key, dataset, dataset_level, dataset_idx, prompt,
+    golden_answer, and per model a record {score, num_input_tokens, num_output_tokens, response}."""
+    rows = []
+    for i in range(offset, offset + n):
+        r = {"key": f"k{i}", "dataset": ["mmlu-pro", "math", "ragbench"][i % 3], "dataset_level": i % 5, "dataset_idx": i,
+             "prompt": f"Question {i}?", "golden_answer": "42"}
+        for j, m in enumerate(SPROUT_MODELS):
+            r[m] = {"score": float((i + j) % 2), "num_input_tokens": 100 + i, "num_output_tokens": 10 * (j + 1), "response": "x"}
+        rows.append(r)
+    return pl.DataFrame(rows)
+
+
+def test_sprout_records_per_model_with_token_counts_and_a_price_list(tmp_path, monkeypatch, capsys):
+    """Each model's column holds a record; the score is its `score` field; the cost of a call comes
+    from its token counts at the price list's rates. SPROUT ships train, validation and test files."""
+    sprout_like(30).write_parquet(tmp_path / "train.parquet")
+    sprout_like(10, 30).write_parquet(tmp_path / "test.parquet")
+    (tmp_path / "prices.yaml").write_text("openai-gpt-4o: {input: 2.5, output: 10}\nopenai-gpt-4o-mini: {input: 0.15, output: 0.6}\n"
+                                          "wxai-llama-3-1-8b-instruct: {input: 0.1, output: 0.1}\n", encoding="utf-8")
+    spec = TableSpec(id_column="key", domain_column="dataset", prices=tmp_path / "prices.yaml", test_file=tmp_path / "test.parquet")
+    rows, notes = import_table(tmp_path / "train.parquet", spec)
+    assert notes["files"]["train.parquet"]["workers_from"] == "auto: the 3 columns of records with a 'score' field"
+    assert rows[0].worker_ids == SPROUT_MODELS and len(rows) == 40 and rows[-1].split == "test"  # dataset_idx is no worker
+    assert rows[1].quality == [1.0, 0.0, 1.0]
+    assert rows[1].cost_usd == pytest.approx([(101 * 2.5 + 10 * 10) / 1e6, (101 * 0.15 + 20 * 0.6) / 1e6, (101 * 0.1 + 30 * 0.1) / 1e6])
+    (tmp_path / "short.yaml").write_text("openai-gpt-4o: {input: 2.5, output: 10}\n", encoding="utf-8")
+    with pytest.raises(TaskFileError, match=r"short\.yaml.*no price for worker\(s\) \['openai-gpt-4o-mini'"):
+        import_table(tmp_path / "train.parquet", spec.model_copy(update={"prices": tmp_path / "short.yaml"}))
+    (tmp_path / "neg.yaml").write_text("openai-gpt-4o: {input: -1, output: 10}\n", encoding="utf-8")
+    with pytest.raises(TaskFileError, match=r"neg\.yaml.*openai-gpt-4o\.input: Input should be greater than or equal to 0"):
+        import_table(tmp_path / "train.parquet", spec.model_copy(update={"prices": tmp_path / "neg.yaml"}))
+    with pytest.raises(TaskFileError, match="records without a 'correct' field"):
+        import_table(tmp_path / "train.parquet", spec.model_copy(update={"score_field": "correct", "workers": SPROUT_MODELS}))
+    with pytest.raises(TaskFileError, match="no 'tokens_in' field"):
+        import_table(tmp_path / "train.parquet", spec.model_copy(update={"input_tokens_field": "tokens_in"}))
+    with pytest.raises(ValueError, match="pick one"):
+        TableSpec(prices=tmp_path / "prices.yaml", cost_column="{worker}|cost")
+    monkeypatch.chdir(tmp_path)
+    assert main(["import", "table", "train.parquet", "--test-file", "test.parquet", "--id-column", "key", "--domain-column",
+                 "dataset", "--prices", "prices.yaml", "--output", "s.jsonl"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 40
+    assert main(["import", "long", "train.parquet", "--prices", "prices.yaml", "--output", "x.jsonl"]) == 2
+    assert "--prices is an option of `fugu-lite import table`" in capsys.readouterr().err

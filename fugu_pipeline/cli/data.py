@@ -88,6 +88,7 @@ def cmd_generate(args) -> int:
 TABLE_OPTIONS = ("prompt_column", "workers", "domain_column", "split_column", "id_column", "cost_column", "drop_incomplete",
                  "test_file", "val_file", "score_range")
 LONG_OPTIONS = ("worker_column", "score_column", "latency_column", "prompts", "duplicates")
+WIDE_OPTIONS = ("score_field", "prices", "input_tokens_field", "output_tokens_field")  # import table only
 
 
 def cmd_import(args) -> int:
@@ -98,13 +99,16 @@ def cmd_import(args) -> int:
     if args.kind == "jsonl" and given.keys() == {"seed"}:
         raise CLIError("--seed draws the splits of a jsonl file's rows that name none, with --test-fraction and/or "
                        "--val-fraction; a row that names its split keeps it")
-    table = {k: getattr(args, k, None) for k in TABLE_OPTIONS + LONG_OPTIONS}
+    table = {k: getattr(args, k, None) for k in TABLE_OPTIONS + LONG_OPTIONS + WIDE_OPTIONS}
     table = {k: v for k, v in table.items() if v not in (None, False)}
     if table and args.kind not in ("table", "long"):
         raise CLIError(f"--{next(iter(table)).replace('_', '-')} is an option of `fugu-lite import table` and `import long`")
     only_long = [k for k in table if k in LONG_OPTIONS]
     if only_long and args.kind != "long":
         raise CLIError(f"--{only_long[0].replace('_', '-')} is an option of `fugu-lite import long` (one row per call)")
+    only_wide = [k for k in table if k in WIDE_OPTIONS]
+    if only_wide and args.kind != "table":
+        raise CLIError(f"--{only_wide[0].replace('_', '-')} is an option of `fugu-lite import table` (one column per worker)")
     if args.kind in ("table", "long"):
         if "score_range" in table:
             parts = table["score_range"].replace(" ", "").split(",")

@@ -143,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--test-file", default=None, help="a file of the same layout holding the test tasks (the main file's "
                    "are then train), as EmbedLLM ships train.csv and test.csv")
     t.add_argument("--val-file", default=None, help="a file of the same layout holding the val tasks")
+    t.add_argument("--score-field", default=None, help="table: where a worker's column holds records (SPROUT's "
+                   "{score, num_input_tokens, num_output_tokens, ...}), the field holding the score (default score)")
+    t.add_argument("--prices", default=None, metavar="P.yaml", help="table: worker: {input: USD per M tokens, output: ...}; "
+                   "each call's cost from its record's token counts (--input-tokens-field, --output-tokens-field)")
+    t.add_argument("--input-tokens-field", default=None, help="table, with --prices: default num_input_tokens")
+    t.add_argument("--output-tokens-field", default=None, help="table, with --prices: default num_output_tokens")
     t.add_argument("--score-range", default=None, metavar="LOW,HIGH", help="the scores' scale, mapped linearly onto "
                    "[0, 1]: a judge's 1-10 is --score-range 1,10 (default: scores are in [0, 1])")
     t.add_argument("--worker-column", default=None, help="long: the worker's (model's) column (default model)")

@@ -40,9 +40,17 @@ class TableSpec(TableOptions):
     id_column: str | None = None
     cost_column: str | None = Field(None, description="each worker's cost column, as a template with {worker}, e.g. '{worker}|total_cost'")
     drop_incomplete: bool = False
+    score_field: str = Field("score", min_length=1, description="where a worker's column holds records (SPROUT: "
+                             "{score, num_input_tokens, ...}), the field holding the score")
+    prices: Path | None = Field(None, description="a YAML of worker: {input, output} USD per million tokens: the cost of "
+                                "each call from its record's token counts")
+    input_tokens_field: str = "num_input_tokens"
+    output_tokens_field: str = "num_output_tokens"
 
     @model_validator(mode="after")
     def _check(self) -> "TableSpec":
+        if self.cost_column is not None and self.prices is not None:
+            raise ValueError("cost_column reads each call's cost; prices compute it from token counts: pick one")
         if self.cost_column is not None and "{worker}" not in self.cost_column:
             raise ValueError(f"cost_column {self.cost_column!r} must contain {{worker}}, e.g. '{{worker}}|total_cost'")
         self.check_splits(self.split_column)
@@ -113,17 +121,24 @@ def rows_named(row_numbers: pl.Series, mask: pl.Series) -> str:
     return ", ".join(str(i) for i in idx[:_SHOWN]) + more
 
 
-def _worker_columns(df: pl.DataFrame, spec: TableSpec, path: Path) -> list[str]:
+def _is_record(dtype, field: str) -> bool:
+    return isinstance(dtype, pl.Struct) and field in {f.name for f in dtype.fields}
+
+
+def _worker_columns(df: pl.DataFrame, spec: TableSpec, path: Path) -> tuple[list[str], str]:
     cols = df.columns
     if spec.workers != "auto":
         absent = [w for w in spec.workers if w not in cols]
         if absent:
             raise fail(path, f"no column {absent[0]!r} (--workers); the table's columns: {cols[:40]}")
-        workers = list(spec.workers)
+        workers, how = list(spec.workers), "--workers"
+    elif records := [c for c in cols if c not in spec.named() and _is_record(df[c].dtype, spec.score_field)]:
+        workers, how = records, f"auto: the {len(records)} columns of records with a {spec.score_field!r} field"
     else:
         cost_re = re.compile(re.escape(spec.cost_column).replace(re.escape("{worker}"), ".+")) if spec.cost_column else None
         workers = [c for c in cols if c not in spec.named() and (df[c].dtype.is_numeric() or df[c].dtype == pl.Boolean)
                    and not (cost_re and cost_re.fullmatch(c))]
+        how = f"auto: the {len(workers)} numeric columns no other option names"
         costly = [c for c in workers if "cost" in c.lower()]
         if costly:
             raise fail(path, f"--workers auto would take column {costly[0]!r} as a worker's score; it looks like a cost: "
@@ -135,7 +150,18 @@ def _worker_columns(df: pl.DataFrame, spec: TableSpec, path: Path) -> list[str]:
             check_worker_id(w)
         except ValueError as exc:
             raise fail(path, f"column {w!r} cannot be a worker id: {exc}") from None
-    return workers
+    return workers, how
+
+
+def _worker_score(df: pl.DataFrame, w: str, spec: TableSpec, path: Path) -> pl.Series:
+    """A worker's score column, or the score field of its column of records."""
+    s = df[w]
+    if isinstance(s.dtype, pl.Struct):
+        if not _is_record(s.dtype, spec.score_field):
+            raise fail(path, f"column {w!r} holds records without a {spec.score_field!r} field (fields: "
+                             f"{[f.name for f in s.dtype.fields][:12]}); name the score's field with --score-field")
+        s = s.struct.field(spec.score_field).alias(w)
+    return numbers(pl.DataFrame({w: s}), w, path, "a worker's score")
 
 
 def numbers(df: pl.DataFrame, col: str, path: Path, what: str) -> pl.Series:
@@ -161,14 +187,13 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
     for c in spec.named():
         if c != spec.prompt_column and (df[c].dtype.is_nested() or df[c].dtype == pl.Object):
             raise fail(path, f"column {c!r} holds {df[c].dtype}, not text: name a column of plain values")
-    workers = _worker_columns(df, spec, path)
+    workers, workers_from = _worker_columns(df, spec, path)
     stem = path.name.split(".")[0]
     row_ids = pl.Series([f"{stem}-{i:06d}" for i in range(df.height)])  # the row in the file, kept if rows are dropped
     line = pl.int_range(1, df.height + 1, eager=True)  # the data row named in messages, kept if rows are dropped
-    scores = pl.DataFrame({w: numbers(df, w, path, "a worker's score") for w in workers})
+    scores = pl.DataFrame({w: _worker_score(df, w, spec, path) for w in workers})
     incomplete = scores.select(pl.any_horizontal(pl.all().is_null() | pl.all().is_nan())).to_series()
-    notes: dict = {"table": f"{df.height} rows x {len(df.columns)} columns", "workers_from": (
-        "--workers" if spec.workers != "auto" else f"auto: the {len(workers)} numeric columns no other option names")}
+    notes: dict = {"table": f"{df.height} rows x {len(df.columns)} columns", "workers_from": workers_from}
     if incomplete.any():
         if not spec.drop_incomplete:
             raise fail(path, f"{int(incomplete.sum())} row(s) miss a worker's score (rows {rows_named(line, incomplete)}); "
@@ -212,6 +237,12 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
             if bad.any():
                 raise fail(path, f"column {c!r}: missing or negative cost in rows {rows_named(line, bad)}")
         costs = cost.rows()
+    elif spec.prices is not None:
+        from fugu_pipeline.matrix.import_prices import load_prices, token_costs
+
+        prices = load_prices(spec.prices, workers)
+        costs = token_costs(df, workers, prices, (spec.input_tokens_field, spec.output_tokens_field), path, rows_named, line).rows()
+        notes["cost_from"] = f"token counts x the prices in {Path(spec.prices).name}"
     q = scores.rows()
     rows = [RewardRow(task_id=t, prompt=p, domain=d, split=s, worker_ids=workers, quality=list(q[i]),
                       cost_usd=None if costs is None else list(costs[i]))
