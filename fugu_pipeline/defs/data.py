@@ -187,20 +187,18 @@ class RewardMatrixConfig(dg.Config):
     Relative paths are taken from the project folder."""
 
 
-_PATH_OPTIONS = ("prompts", "test_file", "val_file", "contaminated_path", "llm_info_path")
-
-
 def _imported(config: RewardMatrixConfig, paths, utility, weights_from: str):
     """The matrix input of `config`'s import, through the same importers as `fugu-lite import`."""
     path = paths.resolve(config.import_path)
     if config.import_kind == "jsonl" and not config.import_options:
         return from_import(path, utility, weights_from), {}
     from fugu_pipeline.matrix.import_common import option_errors
-    from fugu_pipeline.matrix.importers import KINDS, read_source
+    from fugu_pipeline.matrix.importers import KINDS, path_options, read_source
 
     if config.import_kind not in KINDS:
         raise dg.Failure(f"import_kind {config.import_kind!r}: use one of {', '.join(KINDS)}")
-    opts = {k: (str(paths.resolve(v)) if k in _PATH_OPTIONS and isinstance(v, str) else v)
+    named_files = path_options()
+    opts = {k: (str(paths.resolve(v)) if k in named_files and isinstance(v, str) else v)
             for k, v in config.import_options.items()}
     try:
         rows, notes = read_source(config.import_kind, path, **opts)

@@ -381,6 +381,15 @@ def _first(folder: Path, *names: str) -> Path:
     return folder / names[0]
 
 
+def path_options() -> set[str]:
+    """The importers' options that name a file: a caller resolves them (the asset: from the project)."""
+    from fugu_pipeline.matrix.import_long import LongSpec
+    from fugu_pipeline.matrix.import_table import TableSpec
+
+    specs = {n for cls in (TableSpec, LongSpec) for n, f in cls.model_fields.items() if "Path" in str(f.annotation)}
+    return specs | {"contaminated_path", "llm_info_path", "train_path", "test_path"}
+
+
 def import_source(kind: str, path, out_path, **opts) -> dict:
     """Import `path` as `kind` (`read_source`), write the JSONL to `out_path`, return a summary."""
     rows, notes = read_source(kind, path, **opts)
