@@ -120,11 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None,
                    help="split assignment seed (default 0); a jsonl row that names its split keeps it")
     p.add_argument("--test-fraction", type=float, default=None,
-                   help="routellm-*: share of prompts held out as test (default 0.3; the issue-12 protocol uses 0.5); "
+                   help="routellm-*, table, long: share of prompts held out as test (default 0.3; the issue-12 protocol uses 0.5); "
                         "jsonl: draw splits (test this share, default 0.3) for the rows without a 'split' field; "
                         "dcrouter's test split is its upstream test file")
     p.add_argument("--val-fraction", type=float, default=None,
-                   help="share drawn as val (default 0.1): routellm-*, dcrouter, and a jsonl file's rows without a split")
+                   help="share drawn as val (default 0.1): routellm-*, dcrouter, table, long, and a jsonl file's rows without a split")
     t = p.add_argument_group("table and long: CSV, TSV, Parquet or JSON Lines (optionally .gz). table: one row per prompt, "
                              "one column per worker's score in [0, 1]. long: one row per (prompt, worker) call")
     t.add_argument("--prompt-column", default=None, help="the prompt's column (default prompt): text, a conversation "
