@@ -7,6 +7,7 @@ import gzip
 import hashlib
 from pathlib import Path
 
+import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from fugu_pipeline.matrix.import_format import RewardRow
@@ -26,6 +27,16 @@ def option_errors(exc: Exception, name=lambda field: field) -> str:
         return str(exc)
     return "; ".join((f"{name('.'.join(str(x) for x in e['loc']))}: " if e["loc"] else "")
                      + e["msg"].removeprefix("Value error, ") for e in errors())
+
+
+_SHOWN = 5  # rows named per problem
+
+
+def rows_named(row_numbers: pl.Series, mask: pl.Series) -> str:
+    """The first few of `row_numbers` where `mask` holds, and how many more."""
+    idx = row_numbers.filter(mask).to_list()
+    more = f" and {len(idx) - _SHOWN} more" if len(idx) > _SHOWN else ""
+    return ", ".join(str(i) for i in idx[:_SHOWN]) + more
 
 
 def read_bytes(path: Path, what: str) -> bytes:

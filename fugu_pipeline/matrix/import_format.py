@@ -100,12 +100,12 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
     except UnicodeDecodeError as exc:
         raise TaskFileError(path, [(data[:exc.start].count(b"\n") + 1, f"not UTF-8 text ({exc.reason} at byte {exc.start}): "
                                     f"a reward-matrix JSONL is UTF-8 JSON, one object a line; a binary table? {TABLE_HINT}")]) from None
-    lead = next(((n, x) for n, x in enumerate(text.split("\n"), start=1) if x.strip()), None)
+    lines = text.split("\n")  # at \n only: a JSON string may hold U+0085 or U+2028 raw
+    lead = next(((n, x) for n, x in enumerate(lines, start=1) if x.strip()), None)
     if lead is not None and not lead[1].lstrip().startswith("{"):
         raise TaskFileError(path, [(lead[0], f"not a JSON object ({lead[1].strip()[:60]!r}): a reward-matrix JSONL holds one "
                                              f"JSON object a line; a CSV or TSV table? {TABLE_HINT}")])
-    # lines split at \n only: a JSON string may hold U+0085 or U+2028 raw
-    for lineno, line in enumerate(text.split("\n"), start=1):
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:

@@ -24,9 +24,16 @@ from typing import Literal
 import polars as pl
 from pydantic import Field, model_validator
 
-from fugu_pipeline.matrix.import_common import TableOptions, assign_split, fail, rows_from_split_files, tag_in_distribution
+from fugu_pipeline.matrix.import_common import (
+    TableOptions,
+    assign_split,
+    fail,
+    rows_from_split_files,
+    rows_named,
+    tag_in_distribution,
+)
 from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
-from fugu_pipeline.matrix.import_table import SPLIT_VALUES, numbers, prompt_texts, read_table, rows_named, scaled
+from fugu_pipeline.matrix.import_table import SPLIT_VALUES, numbers, prompt_texts, read_table, scaled
 
 _ROW = "__fugu_row"  # the 1-based data row of the file, carried through filters
 # the importer's own columns: a worker id starts with a letter or digit, so none can clash with these
@@ -124,10 +131,7 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
     path, spec = Path(path), spec or LongSpec()
     if split is None and (spec.test_file or spec.val_file):
         return rows_from_split_files(path, spec.val_file, spec.test_file, lambda p, s: import_long(p, spec, split=s))
-    df = read_table(path)
-    if df.height == 0:
-        raise fail(path, "the table has no rows")
-    df = df.with_row_index(_ROW, offset=1)
+    df = read_table(path, rows=True).with_row_index(_ROW, offset=1)
     own = [spec.worker_column, spec.score_column] + [c for c in (spec.id_column, spec.cost_column, spec.latency_column) if c]
     df = _need(df, path, own + ([] if spec.prompts else spec.task_columns()), "the responses table", spec.prompt_column)
     notes: dict = {"table": f"{df.height} rows x {len(df.columns) - 1} columns"}

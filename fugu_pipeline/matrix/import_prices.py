@@ -18,7 +18,7 @@ import polars as pl
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
-from fugu_pipeline.matrix.import_common import fail
+from fugu_pipeline.matrix.import_common import fail, rows_named
 
 
 class Price(BaseModel):
@@ -53,7 +53,7 @@ def load_prices(path: Path, workers: list[str]) -> dict[str, Price]:
 
 
 def token_costs(df: pl.DataFrame, workers: list[str], prices: dict[str, Price], fields: tuple[str, str], path: Path,
-                rows_named, line: pl.Series) -> pl.DataFrame:
+                line: pl.Series) -> pl.DataFrame:
     """USD per call for each worker: its record's input and output token counts at its price."""
     out = {}
     for w in workers:

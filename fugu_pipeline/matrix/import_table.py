@@ -20,13 +20,20 @@ from typing import Literal
 import polars as pl
 from pydantic import Field, model_validator
 
-from fugu_pipeline.matrix.import_common import TableOptions, assign_split, fail, rows_from_split_files, read_bytes, tag_in_distribution
+from fugu_pipeline.matrix.import_common import (
+    TableOptions,
+    assign_split,
+    fail,
+    read_bytes,
+    rows_from_split_files,
+    rows_named,
+    tag_in_distribution,
+)
 from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
 from fugu_pipeline.tasks.messages import routed_text
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 SPLIT_VALUES = ("train", "val", "test")
-_SHOWN = 5  # rows named per problem
 
 
 class TableSpec(TableOptions):
@@ -101,24 +108,22 @@ def table_format(path: Path) -> str:
     return FORMATS[suffix]
 
 
-def read_table(path: Path) -> pl.DataFrame:
+def read_table(path: Path, rows: bool = False) -> pl.DataFrame:
+    """The file as a polars frame; with `rows`, a file without data rows is refused."""
     kind = table_format(path)
     data = io.BytesIO(read_bytes(path, f"a {kind} table"))
     try:
         if kind in ("csv", "tsv"):
-            return pl.read_csv(data, separator="\t" if kind == "tsv" else ",", infer_schema_length=None)
-        if kind == "parquet":
-            return pl.read_parquet(data)
-        return pl.read_ndjson(data, infer_schema_length=None)
+            df = pl.read_csv(data, separator="\t" if kind == "tsv" else ",", infer_schema_length=None)
+        elif kind == "parquet":
+            df = pl.read_parquet(data)
+        else:
+            df = pl.read_ndjson(data, infer_schema_length=None)
     except Exception as exc:  # polars raises several error types for a malformed file
         raise fail(path, f"cannot read it as {kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
-
-
-def rows_named(row_numbers: pl.Series, mask: pl.Series) -> str:
-    """The first few of `row_numbers` where `mask` holds, and how many more."""
-    idx = row_numbers.filter(mask).to_list()
-    more = f" and {len(idx) - _SHOWN} more" if len(idx) > _SHOWN else ""
-    return ", ".join(str(i) for i in idx[:_SHOWN]) + more
+    if rows and df.height == 0:
+        raise fail(path, "the table has no rows")
+    return df
 
 
 def _is_record(dtype, field: str) -> bool:
@@ -178,9 +183,7 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
     path, spec = Path(path), spec or TableSpec()
     if split is None and (spec.test_file or spec.val_file):
         return rows_from_split_files(path, spec.val_file, spec.test_file, lambda p, s: import_table(p, spec, split=s))
-    df = read_table(path)
-    if df.height == 0:
-        raise fail(path, "the table has no rows")
+    df = read_table(path, rows=True)
     absent = [c for c in spec.named() if c not in df.columns]
     if absent:
         raise fail(path, f"no column {absent[0]!r}; the table's columns: {df.columns[:40]}")
@@ -241,7 +244,7 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
         from fugu_pipeline.matrix.import_prices import load_prices, token_costs
 
         prices = load_prices(spec.prices, workers)
-        costs = token_costs(df, workers, prices, (spec.input_tokens_field, spec.output_tokens_field), path, rows_named, line).rows()
+        costs = token_costs(df, workers, prices, (spec.input_tokens_field, spec.output_tokens_field), path, line).rows()
         notes["cost_from"] = f"token counts x the prices in {Path(spec.prices).name}"
     q = scores.rows()
     rows = [RewardRow(task_id=t, prompt=p, domain=d, split=s, worker_ids=workers, quality=list(q[i]),

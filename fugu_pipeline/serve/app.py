@@ -163,6 +163,8 @@ class Service:
     def __init__(self, source: RouterSource, workers: Workers, *, api_token: str | None, max_body_bytes: int,
                  batch_window_ms: float, max_batch: int, default_budget: Budget | None = None):
         self.source, self.workers = source, workers
+        # a router trained on imported data routes by the data's ids: the worker listing one as an alias answers it
+        self.served_id = {a: w.id for w in workers.config.workers for a in (*w.aliases, w.id)}
         self.default_budget = default_budget
         self.api_token = api_token or None
         self.max_body_bytes = max_body_bytes
@@ -273,8 +275,7 @@ async def chat_completions(request: Request) -> Response:
     errors: list[dict] = []
     calls, timing, served, result = 0, CallTiming(), None, None
     for routed in decision.ranking:
-        # a router trained on imported data routes by the data's ids: the worker that lists one as an alias answers
-        wid = svc.workers.config.worker(routed).id if svc.workers.config.knows(routed) else routed
+        wid = svc.served_id.get(routed, routed)  # a router's id, or the alias a configured worker answers to
         if wid not in svc.workers.clients:
             errors.append({"worker": wid, "error": "not in this server's worker config", "status": None})
             continue
