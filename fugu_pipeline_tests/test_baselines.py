@@ -136,7 +136,7 @@ def test_every_evaluation_report_carries_the_baselines(workdir, capsys):
 def test_many_workers_print_the_best_and_count_the_rest():
     """EmbedLLM has 112 workers: the text shows the best ones, best first, and how many it left out;
     the report keeps every worker. The budget table keeps every worker the router chose."""
-    from fugu_pipeline.evaluate.baselines import SHOWN_WORKERS, always_lines, baseline_lines
+    from fugu_pipeline.evaluate.baselines import SHOWN_WORKERS, always_lines, baseline_lines, baseline_markdown
     from fugu_pipeline.evaluate.budget_report import budget_lines
 
     rng = np.random.default_rng(0)
@@ -149,6 +149,11 @@ def test_many_workers_print_the_best_and_count_the_rest():
     ranked = sorted(rows["utility"]["always"], key=lambda w: -rows["utility"]["always"][w])
     assert shown == ranked[:SHOWN_WORKERS - 2]
     assert f"... {40 - SHOWN_WORKERS + 2} more workers, down to" in "\n".join(lines)
+    md = baseline_markdown(rows)  # the asset's metadata table: the same best workers, and the count
+    assert [x.split("|")[1].split()[1] for x in md.splitlines() if x.startswith("| always")][:SHOWN_WORKERS - 2] == \
+        ranked[:SHOWN_WORKERS - 2]
+    assert md.count("| always ") == 2 * (SHOWN_WORKERS - 2)  # utility and quality tables
+    assert f"| ... {40 - SHOWN_WORKERS + 2} more workers |" in md
     few = always_lines({"a": 0.2, "b": 0.9, "c": 0.5})
     assert [x.split()[1] for x in few] == ["b", "c", "a"]
     workers = [{"name": n, "cost_usd_per_1k": 1.0 + i, "share": 0.0, "quality": float(m[:, i].mean())} for i, n in enumerate(names)]

@@ -83,6 +83,20 @@ def test_ask_calls_the_aliased_worker(checkpoint, tmp_path, capsys):
     out, err = capsys.readouterr()
     shown = json.loads(out[out.index("{"):])["fugu_lite"]
     assert shown["chosen"] in MODELS and shown["served_by"] == {v: k for k, v in NAMES.items()}[shown["chosen"]]
+    # --allowed may name the configured worker: ask and route restrict the router to its alias
+    for cmd in ("ask", "route"):
+        assert main([cmd, "--checkpoint", str(checkpoint), "--workers", str(tmp_path / "w.yaml"), "--encoder", "tiny",
+                     "--device", "cpu", "--prompt", "[gsm8k] question 4?", "--allowed", "claude"]) == 0
+        out = capsys.readouterr().out
+        shown = json.loads(out[out.index("{"):])
+        if cmd == "ask":
+            assert (shown["fugu_lite"]["served_by"], shown["fugu_lite"]["chosen"]) == ("claude", NAMES["claude"])
+        else:
+            assert shown["worker"] == NAMES["claude"]
+    # without --workers, route knows only the router's ids, and says which
+    assert main(["route", "--checkpoint", str(checkpoint), "--encoder", "tiny", "--device", "cpu",
+                 "--prompt", "hello", "--allowed", "claude"]) == 2
+    assert "claude" in capsys.readouterr().err
     (tmp_path / "w.yaml").write_text(yaml.safe_dump({"workers": [{"id": "other", "kind": "mock"}]}), encoding="utf-8")
     assert main(["ask", "--checkpoint", str(checkpoint), "--workers", str(tmp_path / "w.yaml"), "--encoder", "tiny",
                  "--device", "cpu", "--prompt", "hello"]) == 2

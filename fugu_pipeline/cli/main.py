@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--models-dir", default="models")
         p.add_argument("--domain", default=None)
         p.add_argument("--prompt", required=True)
-        p.add_argument("--allowed", nargs="+", default=None, help="only route among these workers")
+        p.add_argument("--allowed", nargs="+", default=None,
+                       help="only route among these workers: the router's ids, or with --workers configured ids")
         p.add_argument("--cost-weight", type=float, default=None, help="quality heads: λ in quality − λ·cost")
         budget_opts(p)
         encoder_opts(p)
@@ -221,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("route", routing.cmd_route, "route a prompt without calling any worker")
     route_opts(p)
+    p.add_argument("--workers", default=None, metavar="YAML",
+                   help="a worker YAML, so --allowed may name configured workers (and their aliases); nothing is called")
 
     p = add("ask", routing.cmd_ask, "route a prompt and call the chosen worker (falls back on failure)")
     route_opts(p)

@@ -27,18 +27,28 @@ def _router(args):
     return router
 
 
-def _route_kwargs(args) -> dict:
+def _route_kwargs(args, router, config=None) -> dict:
+    """`--allowed` may name a configured worker (with `--workers`) whose alias the router routes by."""
     from fugu_pipeline.cli.training import budget_of
 
     budget = budget_of(args)
     if budget is not None and args.cost_weight is not None:
         raise CLIError("give --cost-weight or a budget (--budget-usd-per-1k / --budget-share), not both")
-    return {"allowed": args.allowed, "cost_weight": args.cost_weight, "budget": budget}
+    allowed = args.allowed
+    if allowed is not None and config is not None:
+        allowed = [config.routed_id(w, router.worker_ids) for w in allowed]
+    return {"allowed": allowed, "cost_weight": args.cost_weight, "budget": budget}
 
 
 def cmd_route(args) -> int:
     _check_prompt(args.prompt)
-    d = _router(args).route(args.prompt, args.domain, **_route_kwargs(args))
+    config = None
+    if args.workers is not None:
+        from fugu_pipeline.workers.config import load_workers_config
+
+        config = load_workers_config(args.workers)
+    router = _router(args)
+    d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
     print_json({"worker": d.worker_id, "probabilities": d.probabilities, "ranking": d.ranking, "checkpoint": d.checkpoint,
                 **({"budget": d.extra["budget"]} if "budget" in d.extra else {})})
     return 0
@@ -60,7 +70,8 @@ def cmd_ask(args) -> int:
     _check_prompt(args.prompt)
     load_dotenv(override=False)
     config = load_workers_config(args.workers)
-    d = _router(args).route(args.prompt, args.domain, **_route_kwargs(args))
+    router = _router(args)
+    d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
     errors = []
 
     async def call():

@@ -137,14 +137,21 @@ def baseline_summary(b: dict) -> str:
 SHOWN_WORKERS = 12
 
 
+def shown_always(always: dict[str, float], limit: int = SHOWN_WORKERS) -> tuple[list[tuple[str, float]], int, float]:
+    """The workers a printed table shows, best first (all of them up to `limit`, else the best
+    `limit - 2`), how many it leaves out, and the worst value."""
+    ranked = sorted(always.items(), key=lambda kv: -kv[1])
+    keep = ranked if len(ranked) <= limit else ranked[:limit - 2]
+    return keep, len(ranked) - len(keep), (ranked[-1][1] if ranked else float("nan"))
+
+
 def always_lines(always: dict[str, float], limit: int = SHOWN_WORKERS) -> list[str]:
     """`always <worker> <value>`, best first; beyond `limit` workers, the best `limit - 2` and a line
     saying how many more there are."""
-    ranked = sorted(always.items(), key=lambda kv: -kv[1])
-    keep = ranked if len(ranked) <= limit else ranked[:limit - 2]
+    keep, left_out, worst = shown_always(always, limit)
     lines = [f"  always {w:<28} {v:.4f}" for w, v in keep]
-    if len(keep) < len(ranked):
-        lines.append(f"  ... {len(ranked) - len(keep)} more workers, down to {ranked[-1][1]:.4f} (every one in the JSON report)")
+    if left_out:
+        lines.append(f"  ... {left_out} more workers, down to {worst:.4f} (every one in the JSON report)")
     return lines
 
 
@@ -183,7 +190,10 @@ def baseline_markdown(b: dict) -> str:
     parts = []
     for name in b["measures"]:
         r = b[name]
-        rows = [f"| always {w} | {v:.4f} | |" for w, v in r["always"].items()]
+        keep, left_out, worst = shown_always(r["always"])
+        rows = [f"| always {w} | {v:.4f} | |" for w, v in keep]
+        if left_out:
+            rows.append(f"| ... {left_out} more workers | down to {worst:.4f} | every one in the JSON report |")
         rnd, cf = r["random"], r["cross_fit_oracle"]
         rows.append(f"| random ({rnd['seeds']} seeds) | {rnd['mean']:.4f} | 95% [{rnd['low']:.4f}, {rnd['high']:.4f}], expectation {rnd['expected']:.4f} |")
         rows.append(f"| oracle | {r['oracle']:.4f} | ceiling |")

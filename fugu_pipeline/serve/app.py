@@ -201,15 +201,8 @@ class Service:
         """`fugu_allowed_workers` may name a configured worker whose alias the router routes by."""
         if r.allowed is None:
             return r
-        routed, config = set(router.worker_ids), self.workers.config
-
-        def one(w: str) -> str:
-            if w in routed or not config.knows(w):
-                return w
-            spec = config.worker(w)
-            return next((x for x in (spec.id, *spec.aliases) if x in routed), w)
-
-        return dataclasses.replace(r, allowed=tuple(one(w) for w in r.allowed))
+        config = self.workers.config
+        return dataclasses.replace(r, allowed=tuple(config.routed_id(w, router.worker_ids) for w in r.allowed))
 
     def check_auth(self, request: Request) -> None:
         if self.api_token is None:

@@ -13,6 +13,7 @@ workers:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -169,6 +170,17 @@ class WorkersConfig(BaseModel):
 
     def knows(self, worker_id: str) -> bool:
         return any(worker_id == w.id or worker_id in w.aliases for w in self.workers)
+
+    def routed_id(self, name: str, routed: Iterable[str]) -> str:
+        """The id a router knows for `name`: itself when the router routes by it, else the configured
+        worker's id or alias that the router routes by (a router trained on imported data knows the
+        data's model names, a user names the configured worker). Unknown names come back unchanged, so
+        the router's own check names them."""
+        routed = set(routed)
+        if name in routed or not self.knows(name):
+            return name
+        spec = self.worker(name)
+        return next((x for x in (spec.id, *spec.aliases) if x in routed), name)
 
 
 class WorkerConfigError(ValueError):
