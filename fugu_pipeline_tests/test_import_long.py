@@ -283,7 +283,7 @@ def test_a_table_given_where_a_reward_jsonl_belongs_is_refused_at_once_with_the_
     long.write_csv(tmp_path / "calls.csv")
     (tmp_path / "calls.jsonl").write_bytes((tmp_path / "calls.parquet").read_bytes())  # binary, misnamed
     (tmp_path / "header.jsonl").write_bytes((tmp_path / "calls.csv").read_bytes())  # a CSV, misnamed
-    for name, needle in (("calls.parquet", "calls.parquet:0: a .parquet table"), ("calls.csv", "calls.csv:0: a .csv table"),
+    for name, needle in (("calls.parquet", "calls.parquet: a .parquet table"), ("calls.csv", "calls.csv: a .csv table"),
                          ("calls.jsonl", "calls.jsonl:1: not UTF-8 text"), ("header.jsonl", "header.jsonl:1: not a JSON object")):
         with pytest.raises(TaskFileError) as err:
             read_reward_jsonl(tmp_path / name)

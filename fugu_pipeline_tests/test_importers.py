@@ -99,7 +99,7 @@ def test_routellm_split_is_deterministic_and_disjoint(gsm8k):
 def test_routellm_bad_input(tmp_path, gsm8k):
     with pytest.raises(TaskFileError, match="file not found"):
         import_routellm(tmp_path / "nope.csv.gz")
-    bad = write_csv(tmp_path / "bad.csv", ["prompt", STRONG], [["q1", "True"], ["q2", "maybe"]])
+    bad = write_csv(tmp_path / "bad.csv", ["prompt", STRONG, WEAK], [["q1", "True", "False"], ["q2", "maybe", "True"]])
     with pytest.raises(TaskFileError) as e:
         import_routellm(bad)
     assert "bad.csv" in str(e.value) and "data row 2" in str(e.value) and "'maybe'" in str(e.value)
@@ -107,8 +107,17 @@ def test_routellm_bad_input(tmp_path, gsm8k):
     with pytest.raises(TaskFileError, match="no 'prompt' column"):
         import_routellm(no_prompt)
     only_prompt = write_csv(tmp_path / "only.csv", ["prompt", "x_response"], [["q1", "a"]])
-    with pytest.raises(TaskFileError, match="no model columns"):
+    with pytest.raises(TaskFileError, match="0 model column"):
         import_routellm(only_prompt)
+    one = write_csv(tmp_path / "one.csv", ["prompt", STRONG], [["q1", "True"]])
+    with pytest.raises(TaskFileError, match="routing needs at least 2"):
+        import_routellm(one)
+    spaced = write_csv(tmp_path / "spaced.csv", ["prompt", "gpt 4", WEAK], [["q1", "True", "False"]])
+    with pytest.raises(TaskFileError, match="model column 'gpt 4' cannot be a worker id"):
+        import_routellm(spaced)
+    header_only = write_csv(tmp_path / "header.csv", ["prompt", STRONG, WEAK], [])
+    with pytest.raises(TaskFileError, match="no rows"):
+        import_routellm(header_only)
     cont = tmp_path / "cont.jsonl"
     cont.write_text('{"train_prompt": "x"}\n')
     with pytest.raises(TaskFileError, match="eval_prompt"):

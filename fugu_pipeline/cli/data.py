@@ -111,13 +111,14 @@ def cmd_import(args) -> int:
         raise CLIError(f"--{only_wide[0].replace('_', '-')} is an option of `fugu-lite import table` (one column per worker)")
     if args.kind in ("table", "long"):
         if "score_range" in table:
-            parts = table["score_range"].replace(" ", "").split(",")
+            typed = table["score_range"]
+            parts = typed.replace(" ", "").split(",")
             try:
                 table["score_range"] = tuple(float(x) for x in parts)
             except ValueError:
                 parts = []
             if len(parts) != 2:
-                raise CLIError(f"--score-range {table['score_range']!r}: give LOW,HIGH, e.g. 1,10")
+                raise CLIError(f"--score-range {typed!r}: give LOW,HIGH, e.g. 1,10")
         if "workers" in table:
             table["workers"] = [w.strip() for w in table["workers"].split(",") if w.strip()] if table["workers"] != "auto" else "auto"
         given = {**given, **table}
@@ -129,10 +130,13 @@ def cmd_import(args) -> int:
     try:
         summary = import_source(args.kind, Path(args.path), Path(args.output), **given)
     except ValueError as exc:
-        if args.kind in ("table", "long"):  # the column options, checked by TableSpec / LongSpec
+        if args.kind in ("table", "long") or hasattr(exc, "errors"):  # options checked by TableSpec / LongSpec, or a record
             from fugu_pipeline.matrix.import_common import option_errors
+            from fugu_pipeline.tasks.loading import TaskFileError
 
             reasons = option_errors(exc, lambda f: "--" + f.replace("_", "-"))  # not pydantic's dump of every input
+            if isinstance(exc, TaskFileError):  # it names the file; main prints "fugu-lite import: " before it
+                raise CLIError(reasons) from None
             raise CLIError(f"import {args.kind}: {reasons}") from None
         if "test_fraction" not in str(exc):
             raise

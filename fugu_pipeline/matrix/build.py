@@ -34,7 +34,7 @@ import duckdb
 
 from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.hashing import canonical_json, sha256_text
-from fugu_pipeline.matrix.import_format import check_worker_id, read_reward_jsonl
+from fugu_pipeline.matrix.import_format import WIDE_FIXED, check_worker_id, check_worker_set, read_reward_jsonl
 from fugu_pipeline.matrix.read import matrix_summary
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.tasks.loading import load_all_batches
@@ -236,7 +236,6 @@ def finish(con: duckdb.DuckDBPyConnection, workers: list[tuple[str, str, str | N
     return matrix_summary(con)
 
 
-WIDE_FIXED = ("task_id", "split", "domain")
 TABLES = ("tasks", "workers", "responses", "rewards", "meta")
 
 
@@ -244,13 +243,7 @@ def wide_columns(workers: list[tuple[str, str, str | None]]) -> list[str]:
     """The column names of `reward_wide`: task_id, split, domain, then one per worker id. Every
     id must follow the worker-id rule; DuckDB names are case-insensitive, so ids that differ only
     in case, or that equal a fixed column, are refused too."""
-    ids = [check_worker_id(w) for w, _, _ in workers]
-    seen: dict[str, str] = {c: c for c in WIDE_FIXED}
-    for w in ids:
-        if w.lower() in seen:
-            raise ValueError(f"worker id {w!r} clashes with {seen[w.lower()]!r} as a column of reward_wide "
-                             "(DuckDB column names ignore case); rename one of them")
-        seen[w.lower()] = w
+    ids = check_worker_set([check_worker_id(w) for w, _, _ in workers])
     return [*WIDE_FIXED, *ids]
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
+import zlib
 from pathlib import Path
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from fugu_pipeline.matrix.import_format import RewardRow
+from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id, check_worker_set
 from fugu_pipeline.tasks.loading import TaskFileError
 
 
@@ -47,8 +49,8 @@ def read_bytes(path: Path, what: str) -> bytes:
     if path.name.endswith(".gz"):
         try:
             data = gzip.decompress(data)
-        except OSError as exc:
-            raise fail(path, f"not a valid gzip file: {exc}") from None
+        except (OSError, EOFError, zlib.error) as exc:  # not gzip, truncated, or corrupt
+            raise fail(path, f"not a valid gzip file ({exc}); is it whole? Download it again or pass the plain file") from None
     return data
 
 
@@ -57,6 +59,33 @@ def read_text(path: Path, what: str) -> str:
         return read_bytes(path, what).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise fail(path, f"not UTF-8 text: {exc}") from None
+
+
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))  # zero-width characters str.strip keeps
+
+
+def is_blank(text: str | None) -> bool:
+    """No text a router could read: None, or only whitespace (Unicode's, NBSP included) and
+    zero-width characters."""
+    return text is None or not text.translate(_INVISIBLE).strip()
+
+
+def blank_mask(texts: pl.Series) -> pl.Series:
+    return pl.Series([is_blank(t) for t in texts.to_list()], dtype=pl.Boolean)
+
+
+def check_workers(path: Path, workers: list[str], where: str) -> None:
+    """Every worker id follows the import rule and the set can be the matrix's columns (no two ids
+    equal but for case, none named task_id, split or domain); else one error naming the file."""
+    for w in workers:
+        try:
+            check_worker_id(w)
+        except ValueError as exc:
+            raise fail(path, f"{where} {w!r} cannot be a worker id: {exc}") from None
+    try:
+        check_worker_set(workers)
+    except ValueError as exc:
+        raise fail(path, f"{where}s: {exc}") from None
 
 
 def unit(seed: int, task_id: str) -> float:
@@ -97,6 +126,8 @@ class TableOptions(BaseModel):
         return self.score_range or (0.0, 1.0)
 
     def check_splits(self, split_column: str | None) -> None:
+        if self.score_range is not None and not all(map(math.isfinite, self.score_range)):
+            raise ValueError(f"score_range {list(self.score_range)}: give finite numbers, the lowest possible score, then the highest")
         if self.score_range is not None and not self.score_range[0] < self.score_range[1]:
             raise ValueError(f"score_range {list(self.score_range)}: give the lowest possible score, then the highest")
         drawn = self.test_fraction is not None or self.val_fraction is not None
@@ -119,28 +150,47 @@ HOLD_OUT_HINT = ("rows without a 'split' field count as train; hold some out wit
                  "--output R2.jsonl --test-fraction 0.3`, or give rows \"split\": \"test\"")
 
 
+def id_stem(path: Path) -> str:
+    """What a default task id starts with: the file's name up to its first dot (`rb` of `rb.csv.gz`)."""
+    return Path(path).name.split(".")[0]
+
+
+def in_order(row: RewardRow, workers: list[str]) -> RewardRow:
+    """`row` with its per-worker lists in the order of `workers` (the same set)."""
+    at = [row.worker_ids.index(w) for w in workers]
+    lists = {k: [v[i] for i in at] for k in ("rewards", "quality", "cost_usd", "latency_s") if (v := getattr(row, k)) is not None}
+    return row.model_copy(update={"worker_ids": list(workers), **lists})
+
+
 def rows_from_split_files(path: Path, val_file: Path | None, test_file: Path | None, read_one) -> tuple[list[RewardRow], dict]:
     """Rows of `path` as train, of `val_file` as val, of `test_file` as test (EmbedLLM ships its
-    splits as train.csv, val.csv, test.csv). `read_one(file, split)` reads one file. Every file
-    must name the same workers; a task id in two files is refused; a training row whose prompt a
+    splits as train.csv, val.csv, test.csv). `read_one(file, split, stem)` reads one file; `stem`
+    starts its default task ids (the file's name up to its first dot, with the split added where
+    two files would share it: `rb.train.csv` and `rb.test.csv`). Every file must name the same
+    workers (in any column order); a task id in two files is refused; a training row whose prompt a
     held-out file also holds is dropped (counted), as the dcrouter importer does."""
     parts = [(Path(path), "train")] + [(Path(f), s) for f, s in ((val_file, "val"), (test_file, "test")) if f is not None]
     names = [p.resolve() for p, _ in parts]
     if len(set(names)) < len(names):
         raise fail(parts[0][0], "the same file is named for two splits; give each split its own file")
+    stems = [id_stem(p) for p, _ in parts]
+    if len(set(stems)) < len(stems):
+        stems = [f"{stem}-{split}" for stem, (_, split) in zip(stems, parts)]
     rows: list[RewardRow] = []
     notes: dict = {"splits_from": ", ".join(f"{s}: {p.name}" for p, s in parts), "files": {}}
     where: dict[str, str] = {}
     workers: list[str] | None = None
-    for p, split in parts:
-        got, file_notes = read_one(p, split)
+    for (p, split), stem in zip(parts, stems):
+        got, file_notes = read_one(p, split, stem)
         file_notes.pop("splits_from", None)
         if workers is None:
             workers = got[0].worker_ids
         elif got[0].worker_ids != workers:
             gone, new = sorted(set(workers) - set(got[0].worker_ids)), sorted(set(got[0].worker_ids) - set(workers))
-            raise fail(p, f"its workers differ from {parts[0][0].name}'s (missing {gone[:5]}, extra {new[:5]}); "
-                          "pass --workers to keep the ones every file has")
+            if gone or new:
+                raise fail(p, f"its workers differ from {parts[0][0].name}'s (missing {gone[:5]}, extra {new[:5]}); "
+                              "pass --workers to keep the ones every file has")
+            got = [in_order(r, workers) for r in got]
         for r in got:
             if r.task_id in where:
                 raise fail(p, f"task id {r.task_id!r} is also in {where[r.task_id]}: a task is in one split only")

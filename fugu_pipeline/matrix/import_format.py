@@ -37,6 +37,22 @@ def check_worker_id(worker_id: object) -> str:
 
 WorkerId = Annotated[str, AfterValidator(check_worker_id)]
 
+# The fixed columns of the matrix's `reward_wide` table; the worker ids are its other columns.
+WIDE_FIXED = ("task_id", "split", "domain")
+
+
+def check_worker_set(worker_ids: list[str]) -> list[str]:
+    """`worker_ids` if they can all be columns of `reward_wide` beside each other: DuckDB column
+    names ignore case, so ids that differ only in case, or that equal a fixed column, are refused
+    (checked at import, so an import that passes also builds)."""
+    seen: dict[str, str] = {c: c for c in WIDE_FIXED}
+    for w in worker_ids:
+        if w.lower() in seen:
+            raise ValueError(f"worker id {w!r} clashes with {seen[w.lower()]!r} as a column of the matrix "
+                             "(its column names ignore case, and task_id, split and domain are taken); rename one of them")
+        seen[w.lower()] = w
+    return worker_ids
+
 
 class RewardRow(BaseModel):
     """One row of an imported reward matrix (DESIGN §4)."""
@@ -59,6 +75,7 @@ class RewardRow(BaseModel):
         n = len(self.worker_ids)
         if len(set(self.worker_ids)) != n:
             raise ValueError("worker_ids has duplicates")
+        check_worker_set(self.worker_ids)
         if self.rewards is None and self.quality is None:
             raise ValueError("row needs 'rewards' or 'quality'")
         for name in ("rewards", "quality", "cost_usd", "latency_s"):
@@ -85,6 +102,7 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
     problems: list[tuple[int, str]] = []
     rows: list[RewardRow] = []
     first: list[str] | None = None
+    first_kind = ""
     seen: dict[str, int] = {}
     suffix = Path(path.name.lower().removesuffix(".gz")).suffix
     if suffix in TABLE_SUFFIXES:
@@ -100,7 +118,7 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
     except UnicodeDecodeError as exc:
         raise TaskFileError(path, [(data[:exc.start].count(b"\n") + 1, f"not UTF-8 text ({exc.reason} at byte {exc.start}): "
                                     f"a reward-matrix JSONL is UTF-8 JSON, one object a line; a binary table? {TABLE_HINT}")]) from None
-    lines = text.split("\n")  # at \n only: a JSON string may hold U+0085 or U+2028 raw
+    lines = text.removeprefix("\ufeff").split("\n")  # a BOM some editors write; at \n only: a JSON string may hold U+0085 or U+2028 raw
     lead = next(((n, x) for n, x in enumerate(lines, start=1) if x.strip()), None)
     if lead is not None and not lead[1].lstrip().startswith("{"):
         raise TaskFileError(path, [(lead[0], f"not a JSON object ({lead[1].strip()[:60]!r}): a reward-matrix JSONL holds one "
@@ -116,8 +134,13 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
                 msg = e["msg"].removeprefix("Value error, ")
                 problems.append((lineno, f"field '{loc}': {msg}" if loc else msg))
             continue
+        kind = "quality" if row.quality is not None else "rewards"
         if first is None:
-            first = row.worker_ids
+            first, first_kind = row.worker_ids, kind
+        elif kind != first_kind:
+            problems.append((lineno, f"gives {kind} where the first row gives {first_kind}: a matrix's utilities come one way, "
+                                     "from quality and the configured weights, or as rewards, in every row"))
+            continue
         elif row.worker_ids != first:
             problems.append((lineno, f"worker_ids {row.worker_ids} differ from the first row's {first}; every row must list the same workers in the same order"))
             continue

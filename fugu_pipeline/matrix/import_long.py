@@ -27,13 +27,16 @@ from pydantic import Field, model_validator
 from fugu_pipeline.matrix.import_common import (
     TableOptions,
     assign_split,
+    blank_mask,
+    check_workers,
     fail,
+    id_stem,
     rows_from_split_files,
     rows_named,
     tag_in_distribution,
 )
 from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
-from fugu_pipeline.matrix.import_table import SPLIT_VALUES, numbers, prompt_texts, read_table, scaled
+from fugu_pipeline.matrix.import_table import SPLIT_VALUES, numbers, prompt_texts, read_table, scaled, text_column
 
 _ROW = "__fugu_row"  # the 1-based data row of the file, carried through filters
 # the importer's own columns: a worker id starts with a letter or digit, so none can clash with these
@@ -74,6 +77,10 @@ class LongSpec(TableOptions):
         """Columns that describe the task, not the call: one value per task."""
         return [c for c in (self.prompt_column, self.domain_column, self.split_column) if c]
 
+    def text_columns(self) -> list[str]:
+        """Columns read as text from a CSV (an id `007` stays `007`)."""
+        return [c for c in (self.worker_column, self.id_column, *self.task_columns()) if c]
+
 
 def _need(df: pl.DataFrame, path: Path, cols: list[str], what: str, prompt: str | None = None) -> pl.DataFrame:
     """`df` with every column in `cols` checked, its prompt column (when among them) as the text a
@@ -86,24 +93,19 @@ def _need(df: pl.DataFrame, path: Path, cols: list[str], what: str, prompt: str 
     return df.with_columns(prompt_texts(df[prompt], path)) if prompt in cols else df
 
 
-def _text(s: pl.Series) -> pl.Series:
-    return s.cast(pl.String)
-
-
 def _task_table(spec: LongSpec, responses: pl.DataFrame, path: Path) -> tuple[pl.DataFrame, Path]:
     """One row per task key: `key`, the task columns, and the rows where the task was read."""
     if spec.prompts is None:
         src, src_path = responses, path
     else:
         src_path = Path(spec.prompts)
-        src = read_table(src_path).with_row_index(_ROW, offset=1)
+        src = read_table(src_path, text=spec.text_columns()).with_row_index(_ROW, offset=1)
         src = _need(src, src_path, [spec.id_column, *spec.task_columns()], "the prompts table", spec.prompt_column)
-        src = src.with_columns(_text(src[spec.id_column]).alias(_KEY))
+        src = src.with_columns(text_column(src, spec.id_column, src_path).alias(_KEY))
         dup = src[_KEY].is_duplicated() | src[_KEY].is_null()
         if dup.any():
             raise fail(src_path, f"column {spec.id_column!r}: missing or repeated task ids in rows {rows_named(src[_ROW], dup)}")
-    keep = [pl.col(c).cast(pl.String).alias(c) for c in spec.task_columns()]
-    tasks = src.select(_KEY, _ROW, *keep)
+    tasks = src.select(_KEY, _ROW, *[text_column(src, c, src_path).alias(c) for c in spec.task_columns()])
     for c in spec.task_columns():  # one value per task, or the file contradicts itself
         n = tasks.group_by(_KEY).agg(pl.col(c).n_unique().alias("n"), pl.col(_ROW).alias("rows")).filter(pl.col("n") > 1)
         if n.height:
@@ -111,8 +113,7 @@ def _task_table(spec: LongSpec, responses: pl.DataFrame, path: Path) -> tuple[pl
             shown = ", ".join(str(r) for r in first["rows"][:5])
             raise fail(src_path, f"column {c!r}: task {first[_KEY]!r} has {first['n']} different values (rows {shown}); "
                                  f"{n.height} task(s) disagree like this. A task's {c} must be the same on each of its rows")
-    prompts = tasks[spec.prompt_column]
-    empty = prompts.is_null() | (prompts.str.strip_chars() == "")
+    empty = blank_mask(tasks[spec.prompt_column])
     if empty.any():
         raise fail(src_path, f"column {spec.prompt_column!r}: empty prompt in rows {rows_named(tasks[_ROW], empty)}")
     if spec.split_column:
@@ -125,18 +126,21 @@ def _task_table(spec: LongSpec, responses: pl.DataFrame, path: Path) -> tuple[pl
     return tasks.unique(_KEY, keep="first", maintain_order=True), src_path
 
 
-def import_long(path, spec: LongSpec | None = None, *, split: str | None = None) -> tuple[list[RewardRow], dict]:
+def import_long(path, spec: LongSpec | None = None, *, split: str | None = None,
+                stem: str | None = None) -> tuple[list[RewardRow], dict]:
     """Reward-matrix rows from a long table, and notes on what was read. With `spec.test_file` or
-    `spec.val_file`, each file's tasks take that file's split; `split` is that split for one file."""
+    `spec.val_file`, each file's tasks take that file's split; `split` is that split for one file,
+    `stem` what its default task ids start with."""
     path, spec = Path(path), spec or LongSpec()
     if split is None and (spec.test_file or spec.val_file):
-        return rows_from_split_files(path, spec.val_file, spec.test_file, lambda p, s: import_long(p, spec, split=s))
-    df = read_table(path, rows=True).with_row_index(_ROW, offset=1)
+        return rows_from_split_files(path, spec.val_file, spec.test_file,
+                                     lambda p, s, stem: import_long(p, spec, split=s, stem=stem))
+    df = read_table(path, rows=True, text=spec.text_columns()).with_row_index(_ROW, offset=1)
     own = [spec.worker_column, spec.score_column] + [c for c in (spec.id_column, spec.cost_column, spec.latency_column) if c]
     df = _need(df, path, own + ([] if spec.prompts else spec.task_columns()), "the responses table", spec.prompt_column)
     notes: dict = {"table": f"{df.height} rows x {len(df.columns) - 1} columns"}
 
-    workers_s = _text(df[spec.worker_column]).str.strip_chars()
+    workers_s = text_column(df, spec.worker_column, path).str.strip_chars()
     if workers_s.is_null().any():
         raise fail(path, f"column {spec.worker_column!r}: missing worker in rows {rows_named(df[_ROW], workers_s.is_null())}")
     df = df.with_columns(workers_s.alias(_WORKER))
@@ -156,10 +160,11 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
             raise fail(path, f"column {spec.worker_column!r}: {w!r} (rows {rows_named(df[_ROW], df[_WORKER] == w)}) "
                              f"cannot be a worker id: {exc}") from None
     workers = list(spec.workers) if spec.workers != "auto" else seen
+    check_workers(path, workers, f"column {spec.worker_column!r}: worker")
     if len(workers) < 2:
         raise fail(path, f"column {spec.worker_column!r} names {len(workers)} worker(s) {workers}; routing needs at least 2")
 
-    score = numbers(df, spec.score_column, path, "a worker's score")
+    score = numbers(df, spec.score_column, path, "a worker's score", df[_ROW])
     missing = score.is_null() | score.is_nan()
     if missing.any() and not spec.drop_incomplete:
         raise fail(path, f"column {spec.score_column!r}: missing score in rows {rows_named(df[_ROW], missing)}; "
@@ -168,7 +173,7 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
     extra = {}
     for col, name, what in ((spec.cost_column, "cost", "a call's cost in USD"), (spec.latency_column, "latency", "a call's latency in s")):
         if col:
-            v = numbers(df, col, path, what)
+            v = numbers(df, col, path, what, df[_ROW])
             wrong = v.is_null() | v.is_nan() | (v < 0) | v.is_infinite()
             if wrong.any():
                 raise fail(path, f"column {col!r}: missing, negative or infinite {name} in rows {rows_named(df[_ROW], wrong)}")
@@ -176,12 +181,12 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None)
     df = df.with_columns(score.alias(_SCORE), *[v.alias(f"__fugu_{n}") for n, v in extra.items()])
 
     if spec.id_column:
-        key = _text(df[spec.id_column])
+        key = text_column(df, spec.id_column, path)
         if key.is_null().any():
             raise fail(path, f"column {spec.id_column!r}: missing task id in rows {rows_named(df[_ROW], key.is_null())}")
     else:  # the prompt text tells tasks apart; the id is stable under reordering and dropped rows
-        text = _text(df[spec.prompt_column])
-        stem = path.name.split(".")[0]
+        text = df[spec.prompt_column]
+        stem = stem or id_stem(path)
         ids = {p: f"{stem}-{hashlib.sha256(p.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
                for p in text.drop_nulls().unique().to_list()}
         key = text.replace_strict(ids, default=None, return_dtype=pl.String)

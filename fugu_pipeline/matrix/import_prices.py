@@ -24,8 +24,8 @@ from fugu_pipeline.matrix.import_common import fail, rows_named
 class Price(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    input: float = Field(ge=0, description="USD per million input tokens")
-    output: float = Field(ge=0, description="USD per million output tokens")
+    input: float = Field(ge=0, allow_inf_nan=False, description="USD per million input tokens")
+    output: float = Field(ge=0, allow_inf_nan=False, description="USD per million output tokens")
 
 
 class PriceList(RootModel[dict[str, Price]]):
@@ -36,7 +36,7 @@ def load_prices(path: Path, workers: list[str]) -> dict[str, Price]:
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):
         raise fail(path, "price list not found; pass a YAML of worker: {input: USD per M tokens, output: ...}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise fail(path, f"not valid YAML: {str(exc).splitlines()[0]}") from None
@@ -65,8 +65,8 @@ def token_costs(df: pl.DataFrame, workers: list[str], prices: dict[str, Price], 
                              f"{f' (fields: {sorted(have)[:12]})' if have else ''}; name them with --input-tokens-field "
                              "and --output-tokens-field, or give costs with --cost-column")
         n_in, n_out = (s.struct.field(f).cast(pl.Float64, strict=False) for f in fields)
-        bad = n_in.is_null() | n_out.is_null() | (n_in < 0) | (n_out < 0) | n_in.is_nan() | n_out.is_nan()
+        bad = n_in.is_null() | n_out.is_null() | (n_in < 0) | (n_out < 0) | n_in.is_nan() | n_out.is_nan() | n_in.is_infinite() | n_out.is_infinite()
         if bad.any():
-            raise fail(path, f"column {w!r}: missing or negative token counts in rows {rows_named(line, bad)}")
+            raise fail(path, f"column {w!r}: missing, negative or infinite token counts in rows {rows_named(line, bad)}")
         out[w] = (n_in * prices[w].input + n_out * prices[w].output) / 1e6
     return pl.DataFrame(out)

@@ -23,13 +23,16 @@ from pydantic import Field, model_validator
 from fugu_pipeline.matrix.import_common import (
     TableOptions,
     assign_split,
+    blank_mask,
+    check_workers,
     fail,
+    id_stem,
     read_bytes,
     rows_from_split_files,
     rows_named,
     tag_in_distribution,
 )
-from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
+from fugu_pipeline.matrix.import_format import RewardRow
 from fugu_pipeline.tasks.messages import routed_text
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -69,15 +72,18 @@ class TableSpec(TableOptions):
         return [c for c in (self.prompt_column, self.domain_column, self.split_column, self.id_column) if c]
 
 
-def scaled(s: pl.Series, spec: TableOptions, path: Path, col: str, rows: pl.Series) -> pl.Series:
+def scaled(s: pl.Series, spec: TableOptions, path: Path, col: str, rows: pl.Series, guessed: bool = False) -> pl.Series:
     """Scores mapped from the spec's scale onto [0, 1]; a score outside the scale is refused with
-    its rows (nulls pass through)."""
+    its rows (nulls pass through). `guessed`: the column was taken as a worker by --workers auto."""
     lo, hi = spec.scale()
     bad = s.is_not_null() & ((s < lo) | (s > hi))
     if bad.any():
         how = (f"outside --score-range [{lo:g}, {hi:g}]" if spec.score_range else
                "outside [0, 1]")
         hint = "" if spec.score_range else "; give their scale with --score-range (a judge's 1-10: --score-range 1,10)"
+        if guessed:
+            hint += (f". If {col!r} is not a worker's score, --workers auto took it for one: name what it is "
+                     "(--id-column, --domain-column) or list the workers with --workers")
         raise fail(path, f"column {col!r}: scores {how} in rows {rows_named(rows, bad)} (e.g. {s.filter(bad)[0]}){hint}")
     return s if spec.score_range is None else (s - lo) / (hi - lo)
 
@@ -88,6 +94,10 @@ def prompt_texts(s: pl.Series, path: Path) -> pl.Series:
     user message: what `serve` routes a request on (`tasks/messages.py`). A list of strings, a
     conversation's user turns (MT-Bench's `turns`), becomes its first turn, the one that opens it."""
     dt = s.dtype
+    if dt == pl.String and table_format(path) == "jsonl" and s.str.starts_with("[").any():
+        raw = _jsonl_values(path, s.name)  # polars writes a list as JSON text where the rows mix text and lists
+        if len(raw) == len(s) and any(not isinstance(v, str) for v in raw if v is not None):
+            return pl.Series(s.name, [_one_prompt(v, path, i) for i, v in enumerate(raw, start=1)], dtype=pl.String)
     if isinstance(dt, pl.List):
         inner = dt.inner
         if isinstance(inner, pl.Struct) and "content" in {f.name for f in inner.fields}:
@@ -100,6 +110,25 @@ def prompt_texts(s: pl.Series, path: Path) -> pl.Series:
     return s.cast(pl.String)
 
 
+def _jsonl_values(path: Path, col: str) -> list:
+    """The column's values in a JSON Lines file as JSON gives them, a row a non-blank line."""
+    import json
+
+    return [json.loads(x).get(col) for x in read_bytes(path, "a jsonl table").decode("utf-8").split("\n") if x.strip()]
+
+
+def _one_prompt(v, path: Path, row: int) -> str | None:
+    """One prompt value as `prompt_texts` reads a column of them."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, list) and v and all(isinstance(m, dict) and "content" in m for m in v):
+        return routed_text(v)
+    if isinstance(v, list) and v and all(isinstance(t, str) for t in v):
+        return v[0]
+    raise fail(path, f"row {row}: the prompt is {type(v).__name__} {str(v)[:60]!r}: give text, a list of messages "
+                     "(role and content) or a list of turns")
+
+
 def table_format(path: Path) -> str:
     name = path.name.lower().removesuffix(".gz")
     suffix = Path(name).suffix
@@ -108,22 +137,39 @@ def table_format(path: Path) -> str:
     return FORMATS[suffix]
 
 
-def read_table(path: Path, rows: bool = False) -> pl.DataFrame:
-    """The file as a polars frame; with `rows`, a file without data rows is refused."""
+_DUPLICATED = re.compile(r"(.+)_duplicated_\d+")  # polars' name for a header's repeated column
+
+
+def read_table(path: Path, rows: bool = False, text: list[str] | tuple[str, ...] = ()) -> pl.DataFrame:
+    """The file as a polars frame; with `rows`, a file without data rows is refused. The `text`
+    columns of a CSV or TSV are read as text (`007` stays `007`). A TSV has no quoting (a cell may
+    hold `"`). A header naming a column twice is refused."""
     kind = table_format(path)
     data = io.BytesIO(read_bytes(path, f"a {kind} table"))
     try:
         if kind in ("csv", "tsv"):
-            df = pl.read_csv(data, separator="\t" if kind == "tsv" else ",", infer_schema_length=None)
+            df = pl.read_csv(data, separator="\t" if kind == "tsv" else ",", infer_schema_length=None,
+                             quote_char=None if kind == "tsv" else '"', schema_overrides=dict.fromkeys(text, pl.String))
         elif kind == "parquet":
             df = pl.read_parquet(data)
         else:
             df = pl.read_ndjson(data, infer_schema_length=None)
     except Exception as exc:  # polars raises several error types for a malformed file
         raise fail(path, f"cannot read it as {kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
+    twice = [c for c in df.columns if (m := _DUPLICATED.fullmatch(c)) and m.group(1) in df.columns]
+    if twice:
+        raise fail(path, f"the header names column {_DUPLICATED.fullmatch(twice[0]).group(1)!r} twice; give each column its own name")
     if rows and df.height == 0:
         raise fail(path, "the table has no rows")
     return df
+
+
+def text_column(df: pl.DataFrame, col: str, path: Path) -> pl.Series:
+    """A column as text; one that cannot be (bytes that are not UTF-8) is refused with its name."""
+    try:
+        return df[col].cast(pl.String)
+    except Exception as exc:  # polars raises ComputeError, InvalidOperationError, ...
+        raise fail(path, f"column {col!r} ({df[col].dtype}) cannot be read as text: {str(exc).splitlines()[0][:120]}") from None
 
 
 def _is_record(dtype, field: str) -> bool:
@@ -148,14 +194,30 @@ def _worker_columns(df: pl.DataFrame, spec: TableSpec, path: Path) -> tuple[list
         if costly:
             raise fail(path, f"--workers auto would take column {costly[0]!r} as a worker's score; it looks like a cost: "
                              "pass --cost-column with a {worker} template (e.g. '{worker}|total_cost') or list --workers")
+        for c in cols:  # a score column that one stray cell turned into text would silently drop a worker
+            if c not in spec.named() and df[c].dtype == pl.String and not (cost_re and cost_re.fullmatch(c)):
+                _refuse_almost_numbers(df[c], path, spec.scale())
     if len(workers) < 2:
-        raise fail(path, f"found {len(workers)} worker column(s) {workers}; routing needs at least 2 (--workers a,b,...)")
-    for w in workers:
-        try:
-            check_worker_id(w)
-        except ValueError as exc:
-            raise fail(path, f"column {w!r} cannot be a worker id: {exc}") from None
+        records = {c: [f.name for f in df[c].dtype.fields][:8] for c in cols if isinstance(df[c].dtype, pl.Struct)}
+        hint = (f"; columns {list(records)[:3]} hold records with fields {next(iter(records.values()))}: name the score's "
+                "field with --score-field" if records and spec.workers == "auto" else "")
+        raise fail(path, f"found {len(workers)} worker column(s) {workers}; routing needs at least 2 (--workers a,b,...){hint}")
+    check_workers(path, workers, "column")
     return workers, how
+
+
+def _refuse_almost_numbers(s: pl.Series, path: Path, scale: tuple[float, float]) -> None:
+    """A text column whose cells are mostly numbers on the scores' scale is a worker's scores with
+    bad cells: refuse it, naming the first bad row, rather than leave the worker out. (A column of
+    reference answers, 42 or 3/4, is not on the scale and stays unread.)"""
+    filled = s.is_not_null() & (s.str.strip_chars() != "")
+    parsed = s.cast(pl.Float64, strict=False)
+    bad = filled & parsed.is_null()
+    on_scale = parsed.drop_nulls().is_between(*scale).all()
+    if filled.sum() and bad.any() and on_scale and (filled & ~bad).sum() * 2 >= filled.sum():
+        row = int(bad.arg_max()) + 1
+        raise fail(path, f"column {s.name!r} holds numbers but row {row} holds {s[row - 1]!r}: a worker's score must be a "
+                         f"number in every row (fix the cell), or list the workers with --workers to leave {s.name!r} out")
 
 
 def _worker_score(df: pl.DataFrame, w: str, spec: TableSpec, path: Path) -> pl.Series:
@@ -169,21 +231,33 @@ def _worker_score(df: pl.DataFrame, w: str, spec: TableSpec, path: Path) -> pl.S
     return numbers(pl.DataFrame({w: s}), w, path, "a worker's score")
 
 
-def numbers(df: pl.DataFrame, col: str, path: Path, what: str) -> pl.Series:
+def numbers(df: pl.DataFrame, col: str, path: Path, what: str, rows: pl.Series | None = None) -> pl.Series:
+    """The column as floats; a column of anything else is refused, naming the first cell that is not
+    a number (`rows`: the data row of each, default 1, 2, ...)."""
     s = df[col]
     if not (s.dtype.is_numeric() or s.dtype == pl.Boolean or s.dtype == pl.Null):
-        raise fail(path, f"column {col!r} ({what}) is {s.dtype}, not numbers")
+        where = ""
+        if s.dtype == pl.String:
+            bad = s.is_not_null() & s.cast(pl.Float64, strict=False).is_null()
+            if bad.any():
+                i = int(bad.arg_max())
+                where = f"; row {i + 1 if rows is None else rows[i]} holds {s[i]!r}"
+            elif s.null_count() == s.len():
+                where = "; every cell is empty"
+        raise fail(path, f"column {col!r} ({what}) is {s.dtype}, not numbers{where}")
     return s.cast(pl.Float64)
 
 
-def import_table(path, spec: TableSpec | None = None, *, split: str | None = None) -> tuple[list[RewardRow], dict]:
+def import_table(path, spec: TableSpec | None = None, *, split: str | None = None,
+                 stem: str | None = None) -> tuple[list[RewardRow], dict]:
     """Rows of the table and notes on what was read (workers, splits, dropped rows). With
     `spec.test_file` or `spec.val_file`, each file's rows take that file's split; `split` is that
-    split for one file."""
+    split for one file, `stem` what its default task ids start with."""
     path, spec = Path(path), spec or TableSpec()
     if split is None and (spec.test_file or spec.val_file):
-        return rows_from_split_files(path, spec.val_file, spec.test_file, lambda p, s: import_table(p, spec, split=s))
-    df = read_table(path, rows=True)
+        return rows_from_split_files(path, spec.val_file, spec.test_file,
+                                     lambda p, s, stem: import_table(p, spec, split=s, stem=stem))
+    df = read_table(path, rows=True, text=spec.named())
     absent = [c for c in spec.named() if c not in df.columns]
     if absent:
         raise fail(path, f"no column {absent[0]!r}; the table's columns: {df.columns[:40]}")
@@ -191,33 +265,38 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
         if c != spec.prompt_column and (df[c].dtype.is_nested() or df[c].dtype == pl.Object):
             raise fail(path, f"column {c!r} holds {df[c].dtype}, not text: name a column of plain values")
     workers, workers_from = _worker_columns(df, spec, path)
-    stem = path.name.split(".")[0]
+    stem = stem or id_stem(path)
     row_ids = pl.Series([f"{stem}-{i:06d}" for i in range(df.height)])  # the row in the file, kept if rows are dropped
     line = pl.int_range(1, df.height + 1, eager=True)  # the data row named in messages, kept if rows are dropped
     scores = pl.DataFrame({w: _worker_score(df, w, spec, path) for w in workers})
     incomplete = scores.select(pl.any_horizontal(pl.all().is_null() | pl.all().is_nan())).to_series()
     notes: dict = {"table": f"{df.height} rows x {len(df.columns)} columns", "workers_from": workers_from}
+    cost_cols = {spec.cost_column.replace("{worker}", w) for w in workers} if spec.cost_column else set()
+    unread = [c for c in df.columns if c not in {*spec.named(), *workers, *cost_cols}]
+    if unread:
+        notes["columns_not_read"] = unread[:20] + ([f"... {len(unread) - 20} more"] if len(unread) > 20 else [])
+    prompts = prompt_texts(df[spec.prompt_column], path)  # before any row is dropped: a jsonl's values are read by row
     if incomplete.any():
         if not spec.drop_incomplete:
             raise fail(path, f"{int(incomplete.sum())} row(s) miss a worker's score (rows {rows_named(line, incomplete)}); "
                              "pass --drop-incomplete to leave them out")
         notes["dropped_incomplete"] = int(incomplete.sum())
-        df, scores, row_ids, line = (x.filter(~incomplete) for x in (df, scores, row_ids, line))
+        df, scores, row_ids, line, prompts = (x.filter(~incomplete) for x in (df, scores, row_ids, line, prompts))
         if df.height == 0:
             raise fail(path, "every row misses a worker's score")
-    scores = pl.DataFrame({w: scaled(scores[w], spec, path, w, line) for w in workers})
-    prompts = prompt_texts(df[spec.prompt_column], path)
-    empty = prompts.is_null() | (prompts.str.strip_chars() == "")
+    guessed = spec.workers == "auto"
+    scores = pl.DataFrame({w: scaled(scores[w], spec, path, w, line, guessed) for w in workers})
+    empty = blank_mask(prompts)
     if empty.any():
         raise fail(path, f"column {spec.prompt_column!r}: empty prompt in rows {rows_named(line, empty)}")
-    ids = df[spec.id_column].cast(pl.String) if spec.id_column else row_ids
+    ids = text_column(df, spec.id_column, path) if spec.id_column else row_ids
     dup = ids.is_duplicated() | ids.is_null()
     if dup.any():
         raise fail(path, f"column {spec.id_column!r}: missing or repeated task ids in rows {rows_named(line, dup)}")
     if split is not None:
         splits = [split] * df.height
     elif spec.split_column:
-        splits = df[spec.split_column].cast(pl.String).str.strip_chars().str.to_lowercase()
+        splits = text_column(df, spec.split_column, path).str.strip_chars().str.to_lowercase()
         wrong = ~splits.is_in(SPLIT_VALUES) | splits.is_null()
         if wrong.any():
             raise fail(path, f"column {spec.split_column!r}: a split must be one of {', '.join(SPLIT_VALUES)}; rows {rows_named(line, wrong)}")
@@ -226,7 +305,7 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
         tf, vf = spec.fractions()
         splits = [assign_split(t, spec.seed, tf, vf) for t in ids.to_list()]
         notes["splits_from"] = f"drawn from (seed {spec.seed}, task id): test {tf}, val {vf}"
-    domains = (df[spec.domain_column].cast(pl.String).fill_null("general").to_list() if spec.domain_column
+    domains = (text_column(df, spec.domain_column, path).fill_null("general").to_list() if spec.domain_column
                else ["general"] * df.height)
     costs = None
     if spec.cost_column:
@@ -234,7 +313,7 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
         gone = [c for c in cols.values() if c not in df.columns]
         if gone:
             raise fail(path, f"no cost column {gone[0]!r} (--cost-column {spec.cost_column!r})")
-        cost = pl.DataFrame({w: numbers(df, c, path, "a cost") for w, c in cols.items()})
+        cost = pl.DataFrame({w: numbers(df, c, path, "a cost", line) for w, c in cols.items()})
         for w, c in cols.items():
             bad = cost[w].is_null() | cost[w].is_nan() | (cost[w] < 0)
             if bad.any():

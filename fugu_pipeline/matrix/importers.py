@@ -33,6 +33,7 @@ No dagster here: plain Python, polars and json.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 from pathlib import Path
@@ -40,7 +41,7 @@ from pathlib import Path
 import polars as pl
 
 from fugu_pipeline.files import atomic_write
-from fugu_pipeline.matrix.import_common import assign_split, fail, read_bytes, read_text, tag_in_distribution
+from fugu_pipeline.matrix.import_common import assign_split, check_workers, fail, read_bytes, read_text, tag_in_distribution
 from fugu_pipeline.matrix.import_format import RewardRow, read_reward_jsonl
 from fugu_pipeline.matrix.import_summary import summarize
 from fugu_pipeline.tasks.loading import TaskFileError
@@ -104,8 +105,12 @@ def _routellm_matrix(csv_path: Path, contaminated: set[str]) -> tuple[list[str],
     if "prompt" not in df.columns:
         raise fail(csv_path, f"no 'prompt' column (columns: {df.columns}); a RouteLLM eval CSV has 'prompt' then one True/False column per model")
     models = sorted(c for c in df.columns if c != "prompt" and not c.endswith("_response"))
-    if not models:
-        raise fail(csv_path, f"no model columns besides 'prompt' and '*_response' (columns: {df.columns})")
+    if len(models) < 2:
+        raise fail(csv_path, f"{len(models)} model column(s) besides 'prompt' and '*_response' (columns: {df.columns}); "
+                             "routing needs at least 2")
+    check_workers(csv_path, models, "model column")
+    if df.height == 0:
+        raise fail(csv_path, "the CSV has a header but no rows")
     problems: list[tuple[int, str]] = []
     values: dict[str, list[float]] = {}
     for m in models:
@@ -243,6 +248,9 @@ def read_llm_prices(path: Path) -> dict[str, tuple[float, float]]:
             out[name] = (float(v["input_price"]), float(v["output_price"]))
         except (TypeError, KeyError, ValueError):
             problems.append((0, f"model {name!r}: needs numeric 'input_price' and 'output_price' (USD per million tokens)"))
+            continue
+        if not all(math.isfinite(x) and x >= 0 for x in out[name]):
+            problems.append((0, f"model {name!r}: prices {list(out[name])} must be finite and not negative (USD per million tokens)"))
     if problems:
         raise TaskFileError(path, problems)
     return out
@@ -286,6 +294,7 @@ def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=()
     train_path, test_path = Path(train_path), Path(test_path)
     train, test = _read_dcrouter(train_path), _read_dcrouter(test_path)
     models = sorted(train[0]["scores"])
+    check_workers(train_path, models, "model")
     if set(test[0]["scores"]) != set(models):
         raise fail(test_path, f"models {sorted(test[0]['scores'])} differ from {models} in {train_path.name}; "
                                "train and test must score the same models")
@@ -360,7 +369,10 @@ def write_reward_jsonl(rows: list[RewardRow], out_path) -> Path:
         if r.task_id in seen:
             raise ValueError(f"{out_path}: duplicate task_id {r.task_id!r}")
         seen.add(r.task_id)
-    return atomic_write(out_path, "".join(json.dumps(_row_json(r), ensure_ascii=False) + "\n" for r in rows))
+    data = "".join(json.dumps(_row_json(r), ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+    if out_path.name.endswith(".gz"):  # read back by read_reward_jsonl as it is named
+        data = gzip.compress(data, mtime=0)
+    return atomic_write(out_path, data)
 
 
 def _row_json(r: RewardRow) -> dict:
@@ -390,8 +402,21 @@ def path_options() -> set[str]:
     return specs | {"contaminated_path", "llm_info_path", "train_path", "test_path"}
 
 
+def check_output(out_path: Path, path: Path, opts: dict) -> None:
+    """`out_path` may be written: not a folder, and not one of the files the import reads."""
+    out_path = Path(out_path)
+    if out_path.is_dir():
+        raise fail(out_path, "--output is a folder; give the path of the JSONL file to write, e.g. data/imports/r.jsonl")
+    inputs = [Path(path)] + [Path(v) for k, v in opts.items() if k in path_options() and isinstance(v, (str, Path))]
+    clash = next((p for p in inputs if p.exists() and p.resolve() == out_path.resolve()), None)
+    if clash is not None:
+        raise fail(out_path, f"--output is {clash}, a file this import reads: writing it would destroy the data; "
+                             "give another path")
+
+
 def import_source(kind: str, path, out_path, **opts) -> dict:
     """Import `path` as `kind` (`read_source`), write the JSONL to `out_path`, return a summary."""
+    check_output(out_path, path, opts)
     rows, notes = read_source(kind, path, **opts)
     write_reward_jsonl(rows, out_path)
     return {"kind": kind, "source": str(path), "out": str(out_path), **notes, **summarize(rows)}

@@ -304,8 +304,9 @@ def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> B
     curve). `q_val`: the head's quality on the validation rows when its own predictions there would
     be in-sample (a head refitted on train + val: its out-of-fold predictions); default: the head's."""
     if data.cost_usd is None or not np.any(np.nan_to_num(data.cost_usd) > 0):  # an import without costs holds zeros
-        raise BudgetError("this data records no cost per call, so there is nothing to budget; import it with prices "
-                          "(dcrouter: default_llm.json) or collect it with workers that report cost")
+        raise BudgetError("this data records no cost per call, so there is nothing to budget; import it with its costs "
+                          "(import table --cost-column or --prices, import long --cost-column, dcrouter's default_llm.json) "
+                          "or collect it with workers that report cost")
     if data.quality is None:
         raise BudgetError("budget mode needs per-worker quality in the data (the head predicts it)")
     if list(checkpoint.manifest.worker_ids) != list(data.worker_ids):

@@ -24,7 +24,10 @@ class TaskFileError(ValueError):
     def __init__(self, path: Path, problems: list[tuple[int, str]]):
         self.path = path
         self.problems = problems
-        shown = "\n".join(f"  {path}:{line}: {msg}" for line, msg in problems[:20])
+        if len(problems) == 1 and not problems[0][0]:  # one problem of the whole file: one line
+            super().__init__(f"{path}: {problems[0][1]} (nothing of this batch was written)")
+            return
+        shown = "\n".join(f"  {path}:{line}: {msg}" if line else f"  {path}: {msg}" for line, msg in problems[:20])
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         super().__init__(
             f"{path}: {len(problems)} problem(s); nothing of this batch was written. "
