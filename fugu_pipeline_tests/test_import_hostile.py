@@ -41,6 +41,7 @@ GOOD = "prompt,a,b\nhello,1,0\nworld,0,1\n"
     "truncated gzip", "corrupt gzip", "duplicate header", "stray text in a score column", "infinite score range",
     "ids equal but for case", "worker named split", "mixed quality and rewards", "output is a folder",
     "output is the input", "records without a score field", "prices in a folder", "negative dcrouter price",
+    "blank prompt",
 ])
 def test_bad_input_gets_one_clear_error_and_keeps_the_output(tmp_path, capsys, case):
     good = write(tmp_path, "good.csv", GOOD)
@@ -87,6 +88,9 @@ def test_bad_input_gets_one_clear_error_and_keeps_the_output(tmp_path, capsys, c
         df.write_parquet(tmp_path / "r.parquet")
         (tmp_path / "prices").mkdir()
         args, needle = ["table", str(tmp_path / "r.parquet"), "--prices", str(tmp_path / "prices")], "price list not found"
+    elif case == "blank prompt":
+        row = {"task_id": "t", "prompt": " \u00a0\u200b", "worker_ids": ["a", "b"], "quality": [1, 0]}
+        args, needle = ["jsonl", write(tmp_path, "b.jsonl", json.dumps(row))], "the prompt is blank"
     else:  # negative dcrouter price
         folder = tmp_path / "dc"
         folder.mkdir()

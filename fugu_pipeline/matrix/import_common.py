@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id, check_worker_set
+from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id, check_worker_set, is_blank
 from fugu_pipeline.tasks.loading import TaskFileError
 
 
@@ -59,15 +59,6 @@ def read_text(path: Path, what: str) -> str:
         return read_bytes(path, what).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise fail(path, f"not UTF-8 text: {exc}") from None
-
-
-_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))  # zero-width characters str.strip keeps
-
-
-def is_blank(text: str | None) -> bool:
-    """No text a router could read: None, or only whitespace (Unicode's, NBSP included) and
-    zero-width characters."""
-    return text is None or not text.translate(_INVISIBLE).strip()
 
 
 def blank_mask(texts: pl.Series) -> pl.Series:

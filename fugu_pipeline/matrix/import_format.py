@@ -37,6 +37,20 @@ def check_worker_id(worker_id: object) -> str:
 
 WorkerId = Annotated[str, AfterValidator(check_worker_id)]
 
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))  # zero-width characters str.strip keeps
+
+
+def is_blank(text: str | None) -> bool:
+    """No text a router could read: None, or only whitespace (Unicode's, NBSP included) and
+    zero-width characters."""
+    return text is None or not text.translate(_INVISIBLE).strip()
+
+
+def _visible(text: str) -> str:
+    if is_blank(text):
+        raise ValueError("the prompt is blank (only whitespace or invisible characters): a router reads nothing")
+    return text
+
 # The fixed columns of the matrix's `reward_wide` table; the worker ids are its other columns.
 WIDE_FIXED = ("task_id", "split", "domain")
 
@@ -60,7 +74,7 @@ class RewardRow(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     task_id: str = Field(min_length=1)
-    prompt: str = Field(min_length=1)
+    prompt: Annotated[str, AfterValidator(_visible)] = Field(min_length=1)
     domain: str = "general"
     split: Split = "train"
     worker_ids: list[WorkerId] = Field(min_length=1)
