@@ -19,7 +19,10 @@ quality: "the strongest model") on training rows.
 Choosing λ for a cap (`BudgetCalibration`, computed on VALIDATION rows): the curve over the λ grid
 records each λ's mean expected cost per request and its standard error on validation; for a cap
 (USD per 1,000 requests, or a share of the reference worker's expected cost on the same rows) the
-smallest λ with mean + z·SE <= cap is chosen. z (the safety margin in standard errors) defaults to
+smallest λ with mean + z·SE <= cap is chosen. A head refitted on train + val has its curve drawn
+on out-of-fold predictions (a fair quality); each λ's cost is then the higher of those routes' and
+the saved head's own routes' on the same rows, so the head that is served keeps within the cap too
+(with the fold models' cost alone, a per-domain head served at 2x a cap it "met"). z (the safety margin in standard errors) defaults to
 1.645: on dcrouter a 30% cap chosen on validation without it came out at 30.7% on test. The
 calibration is a small JSON file beside the checkpoint (`budget.json`), so `route` and `serve`
 apply a cap without the data.
@@ -191,6 +194,7 @@ class CurvePoint(BaseModel):
     share: float  # that mean over the reference worker's mean expected cost on the same rows
     share_se: float
     quality: float | None = None  # validation quality of the routes (the rows' labels: validation is for choosing)
+    cost_from: str = "head"  # "head": the served head's routes; "out_of_fold": the fold models' (the costlier of the two)
 
 
 class OperatingPoint(BaseModel):
@@ -282,11 +286,26 @@ def route_curve(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int,
     return out
 
 
+def costlier(honest: list[CurvePoint], served: list[CurvePoint]) -> list[CurvePoint]:
+    """Per λ, the honest curve's quality with the higher of the two costs. `honest` routes with
+    out-of-fold predictions (a fair quality), `served` with the saved head's own predictions on the
+    same rows (what it will route: a head refitted on train + val can be more or less willing to
+    pay than its fold models). A λ is chosen only where both keep within the cap."""
+    out = []
+    for h, v in zip(honest, served):
+        out.append(h if h.share >= v.share else h.model_copy(update={
+            "cost_usd": v.cost_usd, "cost_se": v.cost_se, "share": v.share, "share_se": v.share_se, "cost_from": "head"}))
+    return out
+
+
 def calibrate(q_hat_val: np.ndarray, val_prompts: list[str], val_domains: list[str], val_quality: np.ndarray | None,
               train_prompts: list[str], train_domains: list[str], train_cost: np.ndarray, train_quality: np.ndarray,
-              worker_ids: list[str], *, checkpoint: str = "", data_version: str = "") -> BudgetCalibration:
+              worker_ids: list[str], *, checkpoint: str = "", data_version: str = "",
+              q_served_val: np.ndarray | None = None) -> BudgetCalibration:
     """Fit the expected cost on training rows, name the reference (best training quality), and
-    record the λ curve on validation rows. No held-out (test) row enters."""
+    record the λ curve on validation rows. No held-out (test) row enters. `q_served_val`: the saved
+    head's own predictions on the validation rows when `q_hat_val` are out-of-fold ones; each λ's
+    cost is then the higher of the two routings' (`costlier`)."""
     if len(val_prompts) == 0:
         raise BudgetError("no validation rows: the cap's λ is chosen on validation")
     model = fit_expected_cost(train_prompts, train_domains, train_cost, worker_ids)
@@ -294,6 +313,9 @@ def calibrate(q_hat_val: np.ndarray, val_prompts: list[str], val_domains: list[s
     c_ref = float(model.predict(train_prompts, train_domains)[:, ref].mean())
     c_val = model.predict(val_prompts, val_domains)
     curve = route_curve(q_hat_val, c_val, c_ref, ref, val_quality)
+    if q_served_val is not None:
+        oof = [p.model_copy(update={"cost_from": "out_of_fold"}) for p in curve]
+        curve = costlier(oof, route_curve(q_served_val, c_val, c_ref, ref, val_quality))
     return BudgetCalibration(checkpoint=checkpoint, data_version=data_version, worker_ids=list(worker_ids),
                              reference_worker=worker_ids[ref], reference_cost_usd=c_ref, cost_model=model,
                              n_val=len(val_prompts), val_reference_cost_usd=float(c_val[:, ref].mean()), curve=curve)
@@ -313,13 +335,14 @@ def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> B
         raise BudgetError(f"checkpoint workers {checkpoint.manifest.worker_ids} differ from the data's {data.worker_ids}")
     train, val = data.split("train"), data.split("val")
     require_quality_head(checkpoint.head, checkpoint.manifest.head_kind)
+    served = quality_of(checkpoint.head, val.features, val.domains, kind=checkpoint.manifest.head_kind)
     if q_val is None:
-        q_val = quality_of(checkpoint.head, val.features, val.domains, kind=checkpoint.manifest.head_kind)
+        q_val, served = served, None
     elif np.shape(q_val) != (len(val.prompts), len(data.worker_ids)) or not np.isfinite(q_val).all():
         raise BudgetError(f"validation quality has shape {np.shape(q_val)}, expected {(len(val.prompts), len(data.worker_ids))}")
-    return calibrate(np.clip(np.asarray(q_val, dtype=np.float64), 0.0, 1.0), val.prompts, val.domains, val.quality, train.prompts, train.domains, train.cost_usd,
-                     train.quality, data.worker_ids, checkpoint=checkpoint.manifest.content_hash,
-                     data_version=data.data_version)
+    return calibrate(np.clip(np.asarray(q_val, dtype=np.float64), 0.0, 1.0), val.prompts, val.domains, val.quality,
+                     train.prompts, train.domains, train.cost_usd, train.quality, data.worker_ids,
+                     checkpoint=checkpoint.manifest.content_hash, data_version=data.data_version, q_served_val=served)
 
 
 def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.stderr), q_val=None):
