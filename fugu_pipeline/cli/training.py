@@ -225,7 +225,10 @@ def budget_of(args):
     try:
         return Budget(usd_per_1k=usd, share=share, margin_z=DEFAULT_MARGIN_Z if z is None else z)
     except ValueError as exc:
-        raise CLIError(f"budget: {exc}") from None
+        from fugu_pipeline.matrix.import_common import option_errors
+
+        flag = {"usd_per_1k": "--budget-usd-per-1k", "share": "--budget-share", "margin_z": "--budget-margin-z"}
+        raise CLIError(option_errors(exc, lambda f: flag.get(f, f))) from None
 
 
 def cmd_evaluate(args) -> int:
@@ -240,6 +243,7 @@ def cmd_evaluate(args) -> int:
     data = routing_data(args, settings=settings)
     expected = data.contract if args.encoder is None else data.contract.model_copy(update={"encoder_id": contract.encoder_id})
     ckpt = load_checkpoint(path, expected_contract=expected)
+    data = data.in_worker_order(ckpt.manifest.worker_ids, f"checkpoint {path}")
     calibration = calibrate_beside(path, data)
     if budget is not None and calibration is None:
         raise CLIError("a budget needs a head that predicts quality and data that records cost (see above)")

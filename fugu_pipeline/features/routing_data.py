@@ -114,6 +114,21 @@ class RoutingData:
             feature_task_ids=take(self.feature_task_ids), tags=take(self.tags), data_version="",
         )
 
+    def in_worker_order(self, workers: list[str], what: str = "the checkpoint") -> "RoutingData":
+        """The same rows with the worker columns in the order of `workers` (a checkpoint's), which
+        must be the same set; else TrainingDataError naming the workers that differ."""
+        workers = [str(w) for w in workers]
+        if workers == self.worker_ids:
+            return self
+        if sorted(workers) != sorted(self.worker_ids):
+            gone, extra = sorted(set(workers) - set(self.worker_ids)), sorted(set(self.worker_ids) - set(workers))
+            raise TrainingDataError(f"{what} routes among {workers}, and this data scores {self.worker_ids} (missing "
+                                    f"{gone}, extra {extra}): evaluate it on data with the workers it was trained on")
+        at = [self.worker_ids.index(w) for w in workers]
+        cols = lambda a: None if a is None else a[:, at]  # noqa: E731
+        return dataclasses.replace(self, worker_ids=workers, utility=self.utility[:, at], quality=cols(self.quality),
+                                   cost_usd=cols(self.cost_usd), latency_s=cols(self.latency_s), data_version="")
+
     def counts(self) -> dict[str, int]:
         return {s: int((self.splits == s).sum()) for s in SPLITS}
 
@@ -200,7 +215,7 @@ class RoutingData:
                 raise TrainingDataError(
                     f"no learning signal: all {w} workers tie on every one of the {int(train.sum())} training tasks, "
                     "so every route is equally good. Choose workers that differ, or check the grader; "
-                    "pass force=True to train anyway"
+                    "pass --force (force=True in code, force: true in an asset's config) to train anyway"
                 )
         return self
 

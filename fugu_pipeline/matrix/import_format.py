@@ -116,7 +116,7 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
     problems: list[tuple[int, str]] = []
     rows: list[RewardRow] = []
     first: list[str] | None = None
-    first_kind = ""
+    first_kind, first_has = "", {}
     seen: dict[str, int] = {}
     suffix = Path(path.name.lower().removesuffix(".gz")).suffix
     if suffix in TABLE_SUFFIXES:
@@ -149,11 +149,17 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
                 problems.append((lineno, f"field '{loc}': {msg}" if loc else msg))
             continue
         kind = "quality" if row.quality is not None else "rewards"
+        has = {f: getattr(row, f) is not None for f in ("cost_usd", "latency_s")}
         if first is None:
-            first, first_kind = row.worker_ids, kind
+            first, first_kind, first_has = row.worker_ids, kind, has
         elif kind != first_kind:
             problems.append((lineno, f"gives {kind} where the first row gives {first_kind}: a matrix's utilities come one way, "
                                      "from quality and the configured weights, or as rewards, in every row"))
+            continue
+        elif has != first_has:
+            f = next(f for f in has if has[f] != first_has[f])
+            problems.append((lineno, f"{'gives' if has[f] else 'lacks'} '{f}', which the first row {'lacks' if has[f] else 'gives'}: "
+                                     f"give every row its {f} or none (a missing one would count as 0 in the costs and budgets)"))
             continue
         elif row.worker_ids != first:
             problems.append((lineno, f"worker_ids {row.worker_ids} differ from the first row's {first}; every row must list the same workers in the same order"))

@@ -39,10 +39,16 @@ from fugu_pipeline.train.selection import (
     lodo_folds,
     nested_ensemble_check,
     nested_rule_check,
+    routed,
     oof_predictions,
 )
 
 _logger = logging.getLogger(__name__)
+
+# Two workers: APGR ranks the candidates, but the head is served greedily. Its pick gives way to the
+# best greedy candidate only when that one routes better by at least this much utility per row (and
+# by 1.96 standard errors): on MMLU the APGR pick trailed by 0.002 (2 SE), not worth a worse ranking.
+GREEDY_FLOOR = 0.01
 Log = Callable[[str], None]
 
 
@@ -149,8 +155,11 @@ def select_heads(data: RoutingData, cfg: TrainSetConfig | None = None, log: Log 
             cands.append(Candidate(fam.kind, name, params[name], q, s))
         log(f"{fam.kind}: {len(preds)} configuration(s), validation predictions in {seconds[fam.kind]:.1f}s")
     singles = {c.name: c.scores for c in cands}
-    if objective.two_workers:
+    if objective.two_workers and cfg.selection_rule == "auto":
         rule, check = "apgr", {"rule": "apgr", "scores": {}, "reason": "two workers: candidates are ranked by APGR"}
+    elif objective.two_workers:
+        rule, check = cfg.selection_rule, {"rule": cfg.selection_rule, "scores": {}, "reason": (
+            f"selection_rule: {cfg.selection_rule} (fixed by the config; two workers: the greedy route's utility, not APGR)")}
     elif cfg.selection_rule == "auto":
         check = nested_rule_check(singles, objective, folds)
         rule = check["rule"]
@@ -162,8 +171,8 @@ def select_heads(data: RoutingData, cfg: TrainSetConfig | None = None, log: Log 
     for c in cands:
         c.figures = objective.table(c.scores)
         if len(val_rows):
-            c.figures["importer_val"] = objective(c.scores, val_rows, "pooled" if rule == "apgr" else rule)
-    by = "pooled" if rule == "apgr" else rule
+            c.figures["importer_val"] = objective(c.scores, val_rows, rule)
+    by = rule
     best_per_kind = {}
     for fam in fams:
         mine = {c.name: c.scores for c in cands if c.kind == fam.kind}
@@ -186,6 +195,16 @@ def select_heads(data: RoutingData, cfg: TrainSetConfig | None = None, log: Log 
             else:
                 reason += (f"; the ensemble did not hold up in the nested check ({ens_check['ensemble']:.4f} vs "
                            f"best single {ens_check['single']:.4f})")
+    if rule == "apgr":  # APGR ranks rows; the served route is the greedy one: it must not be clearly worse
+        chosen = ens["scores"] if selected == "ensemble" else singles[selected]
+        greedy = best_of(singles, objective, None, "pooled")
+        d = routed(objective.utility, singles[greedy]) - routed(objective.utility, chosen)
+        se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+        if d.mean() > max(1.96 * se, GREEDY_FLOOR):
+            reason += (f"; but the greedy route (what is served) of {selected} trails {greedy}'s by {d.mean():.4f} "
+                       f"utility per row (SE {se:.4f}) on the validation predictions, so {greedy} is chosen")
+            selected, selected_kind = greedy, next(c.kind for c in cands if c.name == greedy)
+            best_per_kind[selected_kind] = greedy  # the configuration saved for its kind is the one served
     if cfg.objective == "lodo" and "domain_prior" in best_per_kind and selected_kind != "domain_prior":
         chosen = ens["scores"] if selected == "ensemble" else singles[selected]
         lodo_guard = unseen_domain_gain(chosen, singles[best_per_kind["domain_prior"]], fd.utility, fd.domains)
@@ -241,7 +260,7 @@ def _ensemble(cfg, cands, fams, objective, folds, by, fd):
     if len(counts) < 2:  # forward selection kept one head: that is no ensemble
         return None, {"single": float("nan"), "ensemble": float("nan"), "note": f"greedy selection kept one member ({next(iter(counts))})"}
     check = nested_ensemble_check({c.name: c.scores for c in cands}, members, objective, folds, by,
-                                  "blend" if not objective.two_workers else "pooled", cfg.heads.ensemble.rounds)
+                                  by if objective.two_workers else "blend", cfg.heads.ensemble.rounds)
     observed = fd.target
     calib = {n: temperature_fit(pool[n].quality, observed) for n in counts}
     scores = ensemble_scores(members, counts)

@@ -81,7 +81,7 @@ def save_fitted(data: RoutingData, fd, report, fitted: dict[str, Any], ens_head,
             cand = next(c for c in report.candidates if c.name == name)
             head, figures, params = fitted[name], cand.figures, cand.params
             oof = cand.quality
-            by = "pooled" if report.rule == "apgr" else report.rule
+            by = report.rule
             curve = [float(c.figures.get(by, c.figures.get("apgr", np.nan))) for c in report.candidates if c.kind == kind]
             grid = getattr(cfg.heads, kind).model_dump()
         selected = name == report.selected

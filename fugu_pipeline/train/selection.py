@@ -81,9 +81,11 @@ class Objective:
         return "APGR" if self.two_workers else "routed utility"
 
     def __call__(self, scores: np.ndarray, rows: np.ndarray | None = None, rule: str = "pooled") -> float:
+        """The figure of `scores` under `rule`: the greedy route's utility, pooled, macro-averaged over
+        domains or their blend; with two workers, "apgr" ranks the rows instead (RouteLLM's metric)."""
         rows = np.arange(len(self.utility)) if rows is None else rows
         s = scores[rows]
-        if self.two_workers:
+        if self.two_workers and rule == "apgr":
             w = 1 - self.strong
             return apgr(s[:, self.strong] - s[:, w], self.perf[rows, self.strong], self.perf[rows, w])
         u = routed(self.utility[rows], s)
@@ -101,8 +103,7 @@ class Objective:
         workers: APGR, which ranks them, and the pooled utility, which promotion compares across
         head kinds in the utility's own units)."""
         if self.two_workers:
-            idx = np.arange(len(self.utility)) if rows is None else rows
-            return {"apgr": self(scores, rows), "pooled": float(routed(self.utility[idx], scores[idx]).mean())}
+            return {"apgr": self(scores, rows, "apgr"), **{r: self(scores, rows, r) for r in RULES}}
         return {r: self(scores, rows, r) for r in RULES}
 
 
