@@ -98,3 +98,16 @@ def test_rows_must_all_give_their_costs_or_none(tmp_path):
     text = str(err.value)
     assert "r.jsonl:2: lacks 'cost_usd', which the first row gives" in text
     assert "r.jsonl:3: gives 'latency_s', which the first row lacks" in text
+
+
+def test_route_says_when_the_domain_is_not_one_the_head_was_trained_on(trained, capsys):  # noqa: F811
+    work, ckpt, common = trained
+    code, out = run("train", *common, "--encoder", "tiny", "--layer-sets", "off", "--output", str(work / "heads"))
+    assert code == 0
+    head = out.strip().splitlines()[-1]
+    for domain, noted in (("math", False), ("Math", True), (None, False)):
+        code, out = run("route", "--checkpoint", head, "--prompt", "compute the sum", "--device", "cpu",
+                        *(["--domain", domain] if domain else []))
+        assert code == 0
+        note = json.loads(out).get("note", "")
+        assert ("'Math' is not one this head was trained on (code, math)" in note) == noted, note

@@ -50,7 +50,8 @@ def cmd_route(args) -> int:
     router = _router(args)
     d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
     print_json({"worker": d.worker_id, "probabilities": d.probabilities, "ranking": d.ranking, "checkpoint": d.checkpoint,
-                **({"budget": d.extra["budget"]} if "budget" in d.extra else {})})
+                **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
+                **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {})})
     return 0
 
 

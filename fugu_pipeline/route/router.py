@@ -207,6 +207,8 @@ class Router:
         mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         scores = np.where(mask, scores, -np.inf)
         probs = _softmax(scores)
+        head = self.checkpoint.head
+        known = set(getattr(head, "domains", None) or ()) if getattr(head, "uses_domains", False) else set()
         out = []
         for k, (row_s, row_p) in enumerate(zip(scores, probs)):
             order = [int(i) for i in np.argsort(-row_s, kind="stable") if mask[i]]
@@ -216,6 +218,10 @@ class Router:
                 ranking=[self.worker_ids[i] for i in order],
                 checkpoint=self.path,
             )
+            if doms is not None and doms[k] is not None and known and doms[k] not in known:
+                shown = ", ".join(sorted(known)[:12]) + (" ..." if len(known) > 12 else "")
+                d.extra["domain_note"] = (f"domain {doms[k]!r} is not one this head was trained on ({shown}): routed as an "
+                                          "unseen domain (names are matched exactly, case included)")
             if point is not None:
                 d.extra["budget"] = {"cap": point.budget.describe(), "lambda": point.lam,
                                      "met_on_validation": point.met_on_validation,

@@ -235,6 +235,8 @@ def _route_info(d: RouteDecision) -> dict:
             "ranking": d.ranking, "checkpoint": d.checkpoint, "checkpoint_tag": d.extra.get("checkpoint_tag")}
     if "budget" in d.extra:
         info["budget"] = d.extra["budget"]
+    if "domain_note" in d.extra:
+        info["domain_note"] = d.extra["domain_note"]
     return info
 
 
