@@ -111,3 +111,14 @@ def test_route_says_when_the_domain_is_not_one_the_head_was_trained_on(trained, 
         assert code == 0
         note = json.loads(out).get("note", "")
         assert ("'Math' is not one this head was trained on (code, math)" in note) == noted, note
+
+
+def test_an_odd_first_row_is_named_once_not_every_other_row(tmp_path):
+    base = {"prompt": "p", "quality": [1, 0]}
+    lines = [{**base, "task_id": "t0", "worker_ids": ["a", "c"]}] + \
+        [{**base, "task_id": f"t{i}", "worker_ids": ["a", "b"]} for i in range(1, 6)]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with pytest.raises(TaskFileError) as err:
+        read_reward_jsonl(tmp_path / "r.jsonl")
+    assert err.value.problems == [(1, "worker_ids ['a', 'c'] differ from those of 5 later rows (e.g. line 2); every row "
+                                      "must list the same workers in the same order")]

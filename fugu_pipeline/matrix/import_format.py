@@ -169,6 +169,12 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
             continue
         seen[row.task_id] = lineno
         rows.append(row)
+    odd = [p for p in problems if "differ from the first row's" in p[1]]
+    if len(odd) > len(rows):  # most rows agree with each other, not with the first: the first is the odd one
+        first_line = next(n for n, x in enumerate(lines, start=1) if x.strip())
+        problems = [p for p in problems if p not in odd] + [(first_line, (
+            f"worker_ids {first} differ from those of {len(odd)} later rows (e.g. line {odd[0][0]}); every row must list "
+            "the same workers in the same order"))]
     if problems:
         raise TaskFileError(path, problems)
     if not rows:

@@ -83,7 +83,7 @@ class ExpectedCost(BaseModel):
         return np.maximum(t[:, None] * np.asarray(self.per_token)[None, :] + off, 0.0)
 
     def describe(self) -> str:
-        per_m = ", ".join(f"{w} ${p * 1e6:.3g}/M prompt tok" for w, p in zip(self.worker_ids, self.per_token))
+        per_m = ", ".join(f"{w} ${p * 1e6 if p > 1e-15 else 0:.3g}/M prompt tok" for w, p in zip(self.worker_ids, self.per_token))
         return (f"expected cost = per-token price x ceil(chars/{self.chars_per_token:g}) + per-domain offset, fitted on "
                 f"{self.n_train} training rows ({per_m})")
 
@@ -243,7 +243,8 @@ class BudgetCalibration(BaseModel):
             need_share = p.share + budget.margin_z * p.share_se
             field = "budget usd_per_1k" if budget.usd_per_1k is not None else "budget share"
             asked = f"{budget.usd_per_1k:g}" if budget.usd_per_1k is not None else f"{budget.share:g}"
-            least = f"{need_usd:.4g}" if budget.usd_per_1k is not None else f"{need_share:.4g}"
+            least = (f"${need_usd:.4g} per 1,000 requests" if budget.usd_per_1k is not None else
+                     f"a share of {need_share:.4g} ({need_share:.1%} of {self.reference_worker}'s cost)")
             note = (f"{field} {asked}: no operating point meets this cap on validation ({self.n_val} rows); the "
                     f"cheapest routing costs ${p.cost_usd * 1000:.4g} per 1,000 requests ({p.share:.1%} of "
                     f"{self.reference_worker}'s cost), {least} with the margin of {budget.margin_z:g} standard "
