@@ -84,7 +84,7 @@ def test_duplicate_task_id_across_batches(project):
 def test_import_quality_recomputes_utility_and_rewards_pass_through(tmp_path):
     rows = [
         {"task_id": "t1", "prompt": "p1", "split": "train", "worker_ids": ["a", "b"], "quality": [1, 0], "cost_usd": [0.01, 0.0]},
-        {"task_id": "t2", "prompt": "p2", "split": "test", "worker_ids": ["a", "b"], "quality": [0, 1]},
+        {"task_id": "t2", "prompt": "p2", "split": "test", "worker_ids": ["a", "b"], "quality": [0, 1], "cost_usd": [0.0, 0.0]},
     ]
     u = UtilityConfig(cost_weight=0.1, cost_scale_usd=0.01)
     db = tmp_path / "m.duckdb"
