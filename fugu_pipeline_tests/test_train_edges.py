@@ -122,3 +122,16 @@ def test_an_odd_first_row_is_named_once_not_every_other_row(tmp_path):
         read_reward_jsonl(tmp_path / "r.jsonl")
     assert err.value.problems == [(1, "worker_ids ['a', 'c'] differ from those of 5 later rows (e.g. line 2); every row "
                                       "must list the same workers in the same order")]
+
+
+def test_the_per_domain_table_marks_a_domain_absent_from_training(capsys):
+    from fugu_pipeline.cli.reporting import print_groups
+    from fugu_pipeline.evaluate.metrics import EvalInputs, evaluation_report
+
+    u = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    rep = evaluation_report(EvalInputs(worker_ids=["a", "b"], utility=u, scores=u, train_utility=u,
+                                       domains=["math", "legal", "math"], train_domains=["math", "code"]), n_boot=50)
+    assert {r["domain"]: r["seen_in_training"] for r in rep["per_domain"]} == {"legal": False, "math": True}
+    print_groups(rep)
+    out = capsys.readouterr().out
+    assert "legal *" in out and "math *" not in out and "routed as unseen" in out

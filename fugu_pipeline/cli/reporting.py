@@ -82,7 +82,10 @@ def print_groups(rep: dict) -> None:
             else:
                 vals = (r["router"], r["best_fixed"], r["oracle"])
                 fc = r.get("best_fixed_cost_usd")
-            line = f"  {r[label][:28]:<28} {r['n']:>5} {vals[0]:8.4f} {vals[1]:8.4f} {vals[2]:8.4f}"
+            name = r[label][:26] + " *" if r.get("seen_in_training") is False else r[label][:28]
+            line = f"  {name:<28} {r['n']:>5} {vals[0]:8.4f} {vals[1]:8.4f} {vals[2]:8.4f}"
             if cost:
                 line += f" {r['router_cost_usd'] * 1000:10.4g} {fc * 1000:10.4g}"
             print(line)
+        if any(r.get("seen_in_training") is False for r in rows):
+            print("  * a domain absent from the training split: routed as unseen")

@@ -40,6 +40,7 @@ class EvalInputs:
     expected_cost: np.ndarray | None = None  # (N, W) expected cost from the training fit (route/budget.py)
     cost_ref: float | None = None  # the reference worker's mean expected cost on training rows
     tags: list[tuple[str, ...]] | None = None  # per held-out row
+    train_domains: list[str] | None = None  # the training rows' domains: a held-out domain not among them is unseen
 
 
 def pick(matrix: np.ndarray, routes: np.ndarray) -> np.ndarray:
@@ -176,6 +177,10 @@ def evaluation_report(inp: EvalInputs, *, n_boot: int = 2000, seed: int = 0) -> 
         doms = np.asarray(inp.domains)
         rows = group_rows(inp, routes, {d: doms == d for d in sorted(set(inp.domains))}, fixed_idx, fixed_q)
         rep["per_domain"] = [{"domain": r.pop("name"), **r} for r in rows]
+        if inp.train_domains is not None:
+            seen = set(inp.train_domains)
+            for r in rep["per_domain"]:
+                r["seen_in_training"] = r["domain"] in seen
     if inp.tags is not None and any(inp.tags):
         names = sorted({t for ts in inp.tags for t in ts})
         masks = {t: np.array([t in ts for ts in inp.tags]) for t in names}

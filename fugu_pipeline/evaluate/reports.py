@@ -72,7 +72,7 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
         train_utility=train.utility, domains=held.domains, quality=held.quality, cost_usd=held.cost_usd,
         latency_s=held.latency_s, train_quality=train.quality,
         quality_pred=quality_predictions(checkpoint.head, held.features, held.domains),
-        expected_cost=expected, cost_ref=c_ref, tags=held.tags,
+        expected_cost=expected, cost_ref=c_ref, tags=held.tags, train_domains=train.domains,
     )
     rep = evaluate_report_fields(evaluation_report(inp, n_boot=n_boot, seed=seed), checkpoint, data, split)
     if calibration is not None:
