@@ -141,6 +141,25 @@ def test_streaming_sync(client):
     assert {c.model for c in chunks} == {WORKERS[chosen]}
 
 
+def test_streaming_without_usage_works_in_the_usual_client_loop(client, stub):
+    """Without include_usage OpenAI sends no chunk with empty choices; `chunk.choices[0]` in a client
+    loop must hold on every chunk. The final fugu_lite rides on the chunk that ends the answer."""
+    stream = client.chat.completions.create(model="fugu-lite", messages=ask("Name two colours."), stream=True)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)  # IndexError if a chunk had no choices
+    assert text == "echo: Name two colours."
+    assert chunks[-1].choices[0].finish_reason == "stop" and fugu(chunks[-1])["cost_usd"] > 0
+    assert all(c.usage is None for c in chunks)
+    # a stream the upstream cuts (no finish_reason, no [DONE]) ends in an error event, not a success
+    stub.set_fault("stream_cut", prompt="cut me")
+    try:
+        with pytest.raises(openai.APIError, match="cut short"):
+            for _ in client.chat.completions.create(model="fugu-lite", messages=ask("cut me"), stream=True):
+                pass
+    finally:
+        stub.clear_faults()
+
+
 def test_async_client_concurrent_plain_and_streamed(server):
     before = httpx.get(server + "/health").json()["batching"]
 
@@ -292,6 +311,28 @@ def test_a_broken_promotion_keeps_the_last_good_router(client, server, checkpoin
     finally:
         promote(models, first)
     assert httpx.get(server + "/health").json()["reload_error"] is None
+
+
+def test_a_reload_to_a_router_the_worker_config_cannot_serve_keeps_the_last_good_one():
+    """The check `serve` makes at start (every routed id configured or aliased) runs on every reload:
+    a promoted checkpoint of other workers keeps the last good router and says why."""
+    from types import SimpleNamespace
+
+    from fugu_pipeline.serve.app import RouterSource
+
+    good, other = SimpleNamespace(worker_ids=["a", "b"], path="good"), SimpleNamespace(worker_ids=["org/x"], path="other")
+    current = {"r": good}
+
+    def servable(router):
+        if "org/x" in router.worker_ids:
+            raise ValueError("routes to worker(s) ['org/x'] that the worker config does not define")
+
+    source = RouterSource(lambda: current["r"], servable)
+    assert source.get() is good and source.reload_error is None
+    current["r"] = other
+    assert source.get() is good and "org/x" in source.reload_error
+    current["r"] = good
+    assert source.get() is good and source.reload_error is None
 
 
 def test_serve_refuses_a_path_that_is_no_router(tmp_path):

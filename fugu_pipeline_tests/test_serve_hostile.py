@@ -191,6 +191,12 @@ BAD_BODIES = {
                                              '"stream_options": {"include_usage": "yes"}}',
     "fugu_cost_weight a string": '{"messages": [{"role": "user", "content": "hi"}], "fugu_cost_weight": "lots"}',
     "fugu_cost_weight NaN": '{"messages": [{"role": "user", "content": "hi"}], "fugu_cost_weight": NaN}',
+    "an integer beyond float range": '{"messages": [{"role": "user", "content": "hi"}], "temperature": ' + "9" * 400 + "}",
+    "an integer beyond 64 bits": '{"messages": [{"role": "user", "content": "hi"}], "seed": ' + "9" * 25 + "}",
+    "fugu_budget share beyond float range": '{"messages": [{"role": "user", "content": "hi"}], "fugu_budget": '
+                                            '{"share": ' + "9" * 400 + "}}",
+    "fugu_cost_weight 1e300": '{"messages": [{"role": "user", "content": "hi"}], "fugu_cost_weight": 1e300}',
+    "fugu_cost_weight negative": '{"messages": [{"role": "user", "content": "hi"}], "fugu_cost_weight": -1}',
     "fugu_allowed_workers a string": '{"messages": [{"role": "user", "content": "hi"}], "fugu_allowed_workers": "alpha"}',
     "fugu_lite unknown key": '{"messages": [{"role": "user", "content": "hi"}], "fugu_lite": {"rm": 1}}',
     "body a list": "[1, 2]",
@@ -282,6 +288,9 @@ def test_cost_weight_sent_to_a_quality_head_is_used(tmp_path, stub):
         dear = fugu(c.chat.completions.create(model="fugu-lite", messages=ask("What is 2 times 3?"),
                                               extra_body={"fugu_cost_weight": 1000.0}))
         assert free["ignored"] == dear["ignored"] == []
+        assert c.models.retrieve("fugu-lite").id == "fugu-lite"  # GET /v1/models/{id}
+        with pytest.raises(openai.NotFoundError):
+            c.models.retrieve("no-such-model")
         assert dear["chosen_worker"] == "alpha"  # the cheapest worker once cost dominates
         assert free["probabilities"] != dear["probabilities"]
     finally:

@@ -124,9 +124,10 @@ class Budget(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    usd_per_1k: float | None = Field(None, gt=0, allow_inf_nan=False)
-    share: float | None = Field(None, gt=0, allow_inf_nan=False)
-    margin_z: float = Field(DEFAULT_MARGIN_Z, ge=0, allow_inf_nan=False, description="safety margin in standard errors of the mean cost")
+    usd_per_1k: float | None = Field(None, gt=0, le=1e9, allow_inf_nan=False)
+    share: float | None = Field(None, gt=0, le=1000, allow_inf_nan=False)
+    margin_z: float = Field(DEFAULT_MARGIN_Z, ge=0, le=100, allow_inf_nan=False,
+                            description="safety margin in standard errors of the mean cost")
 
     @model_validator(mode="after")
     def _one(self) -> "Budget":

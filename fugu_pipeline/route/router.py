@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from fugu_pipeline.features.contract import FeatureContract
+
+MAX_COST_WEIGHT = 1e6  # λ in quality − λ·cost: beyond this the scores lose every quality term (and overflow)
 
 
 class RouterError(RuntimeError):
@@ -198,12 +201,16 @@ class Router:
                 raise RouterError("the allowed worker list is empty")
         if budget is not None and cost_weight is not None:
             raise RouterError("give a budget or a cost weight, not both")
+        if cost_weight is not None and not (math.isfinite(cost_weight) and 0 <= cost_weight <= MAX_COST_WEIGHT):
+            raise RouterError(f"the cost weight must be a number in [0, {MAX_COST_WEIGHT:g}], got {cost_weight!r}")
         doms = None if domains is None else list(domains)  # None entries: unknown domain
         point, c_hat = None, None
         if budget is not None:
             scores, point, c_hat = self.budget_scores(prompts, doms, budget, cost_texts)
         else:
             scores = self.scores(prompts, doms, cost_weight)
+        if not np.isfinite(scores).all():  # never route (or report) on NaN
+            raise RouterError("the head's scores are not finite for this request; lower the cost weight or the budget's margin")
         mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         scores = np.where(mask, scores, -np.inf)
         probs = _softmax(scores)
@@ -229,6 +236,12 @@ class Router:
                                      "expected_cost_usd": float(c_hat[k, order[0]]),
                                      "reference_worker": self.calibration.reference_worker,
                                      **({"note": point.note} if point.note else {})}
+                if allowed is not None and set(allowed) != set(self.worker_ids):
+                    d.extra["budget"]["allowed_note"] = (
+                        "the cap's λ was chosen on validation routing among every worker; routing among "
+                        f"{sorted(allowed)} only, the cap may not hold (expected cost of this route: "
+                        f"{float(c_hat[k, order[0]]) / max(self.calibration.reference_cost_usd, 1e-300):.1%} of "
+                        f"{self.calibration.reference_worker}'s mean)")
             out.append(d)
         return out
 

@@ -123,7 +123,8 @@ class RouterSource:
     reload fails the last good router keeps serving and `reload_error` says why. Hold `lock`
     while using the router: a reload may close the encoder of the one it replaces."""
 
-    def __init__(self, provider: Router | PromotedRouter | Callable[[], Router]):
+    def __init__(self, provider: Router | PromotedRouter | Callable[[], Router],
+                 check: Callable[[Router], None] | None = None):
         if isinstance(provider, Router):
             self._get: Callable[[], Router] = lambda: provider
         elif hasattr(provider, "refresh"):
@@ -135,10 +136,13 @@ class RouterSource:
         self.last: Router | None = None
         self.reload_error: str | None = None
         self.lock = threading.Lock()
+        self._check = check  # raises ValueError for a router this server cannot serve (e.g. unknown workers)
 
     def get(self) -> Router:
         try:
             router = self._get()
+            if router is not self.last and self._check is not None:
+                self._check(router)
         except Exception as exc:
             if self.last is None:
                 raise
@@ -335,12 +339,20 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
     async def relay():
         yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None}], "fugu_lite": info})
+        held = None  # the chunk that ends the answer (finish_reason): the final fugu_lite rides on it
         try:
             async for chunk in stream:
                 choices = [{"index": c.get("index", 0), "delta": c.get("delta") or {},
                             "finish_reason": c.get("finish_reason")}
                            for c in chunk.get("choices") or [] if isinstance(c, dict)]
-                if choices:
+                if not choices:
+                    continue
+                if held is not None:
+                    yield _sse(held)
+                    held = None
+                if any(c["finish_reason"] for c in choices):
+                    held = {**head, "choices": choices}
+                else:
                     yield _sse({**head, "choices": choices})
         except WorkerCallError as exc:
             log.warning("worker %s failed after the stream had started: %s", wid, exc)
@@ -352,7 +364,12 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
         final["cost_usd"], final["cost_source"] = stream.cost()
         final["usage"] = stream.usage
         _finish_timing(final, t0, stream.timing)
-        yield _sse({**head, "choices": [], "usage": stream.usage if req.include_usage else None, "fugu_lite": final})
+        held = held or {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": stream.finish_reason or "stop"}]}
+        if req.include_usage:  # OpenAI's usage chunk (empty choices) comes only when asked for
+            yield _sse(held)
+            yield _sse({**head, "choices": [], "usage": stream.usage, "fugu_lite": final})
+        else:
+            yield _sse({**held, "fugu_lite": final})
         yield "data: [DONE]\n\n"
 
     return _RelayResponse(relay(), stream.aclose, media_type="text/event-stream",
@@ -374,15 +391,31 @@ class _RelayResponse(StreamingResponse):
             await self._cleanup()
 
 
-async def list_models(request: Request) -> Response:
-    svc: Service = request.app.state.fugu
-    svc.check_auth(request)
+def _model_list(svc: Service) -> list[dict]:
     created = int(svc.started_wall)
     data = [{"id": ROUTER_MODEL, "object": "model", "created": created, "owned_by": "fugu-lite"}]
     for w in svc.workers.config.workers:
         data.append({"id": w.id, "object": "model", "created": created, "owned_by": w.kind,
                      "upstream_model": getattr(w, "model", None)})
-    return JSONResponse({"object": "list", "data": data})
+    return data
+
+
+async def list_models(request: Request) -> Response:
+    svc: Service = request.app.state.fugu
+    svc.check_auth(request)
+    return JSONResponse({"object": "list", "data": _model_list(svc)})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """`GET /v1/models/{id}` (the client's `models.retrieve`)."""
+    svc: Service = request.app.state.fugu
+    svc.check_auth(request)
+    wanted = request.path_params["model_id"]
+    found = next((m for m in _model_list(svc) if m["id"] == wanted), None)
+    if found is None:
+        raise APIError(404, f"model {wanted[:80]!r} not found; GET /v1/models lists them", param="model",
+                       code="model_not_found", type="invalid_request_error")
+    return JSONResponse(found)
 
 
 async def health(request: Request) -> Response:
@@ -431,13 +464,15 @@ def create_app(
     `roles`: the multi-turn coordinator for `"fugu_mode": "multi_turn"` requests (a
     `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400)."""
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
-    source = RouterSource(router_provider)
+    def servable(router: Router) -> None:  # at start, and on every reload of the promoted pointer
+        missing = [w for w in router.worker_ids if not config.knows(w)]
+        if missing:
+            raise ValueError(f"checkpoint {router.path} routes to worker(s) {missing} that the worker config does not "
+                             f"define (it has {config.worker_ids}); serve it with the worker config it was trained with, "
+                             "or list each routed id under the aliases of the worker that should answer it")
+
+    source = RouterSource(router_provider, servable)
     router = source.get()
-    missing = [w for w in router.worker_ids if not config.knows(w)]
-    if missing:
-        raise ValueError(f"checkpoint {router.path} routes to worker(s) {missing} that the worker config does not "
-                         f"define (it has {config.worker_ids}); serve it with the worker config it was trained with, "
-                         "or list each routed id under the aliases of the worker that should answer it")
     if default_budget is not None:
         router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
     svc = Service(source, Workers(config, worker_attempts), api_token=api_token, max_body_bytes=max_body_bytes,
@@ -455,6 +490,7 @@ def create_app(
     app = Starlette(
         routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
                 Route("/v1/models", list_models, methods=["GET"]),
+                Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
                 Route("/health", health, methods=["GET"])],
         exception_handlers={APIError: api_error_handler, HTTPException: http_error_handler, Exception: server_error_handler},
         lifespan=lifespan,

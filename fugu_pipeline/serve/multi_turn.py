@@ -133,8 +133,12 @@ async def chat_completion(svc, roles_source, req: ChatRequest, t0: float) -> Res
         yield sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
                    "fugu_lite": {"mode": "multi_turn", "coordinator": coordinator.tag}})
         yield sse({"choices": [{"index": 0, "delta": {"content": final.text or ""}, "finish_reason": None}]})
-        yield sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-        yield sse({"choices": [], "usage": usage if req.include_usage else None, "fugu_lite": info})
+        end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        if req.include_usage:  # OpenAI's usage chunk (empty choices) comes only when asked for
+            yield sse(end)
+            yield sse({"choices": [], "usage": usage, "fugu_lite": info})
+        else:
+            yield sse({**end, "fugu_lite": info})
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream",

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fugu_pipeline.route.budget import Budget
+from fugu_pipeline.route.router import MAX_COST_WEIGHT
 from fugu_pipeline.tasks.messages import routed_text
 
 log = logging.getLogger("fugu_pipeline.serve")
@@ -88,7 +89,7 @@ class ChatRequest:
 
 
 _HANDLED = {"messages", "model", "stream", "stream_options", "n", "tools", "functions", "fugu_lite",
-            "fugu_allowed_workers", "fugu_cost_weight", "fugu_budget", "domain"}
+            "fugu_allowed_workers", "fugu_cost_weight", "fugu_budget", "fugu_mode", "domain"}
 
 
 def ignored_fields(body: dict) -> list[str]:
@@ -106,7 +107,10 @@ def ignored_fields(body: dict) -> list[str]:
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:  # an int beyond float range
+        return False
 
 
 def require_json(request: Request) -> None:
@@ -134,10 +138,19 @@ def _finite(text: str) -> float:
     return v
 
 
+_INT_LIMIT = 2**63  # an integer a worker's API can hold (int64); a bigger one is refused with a 400
+
+
+def _int(text: str) -> int:
+    if len(text) > 20 or abs(v := int(text)) >= _INT_LIMIT:
+        raise ValueError(f"the integer {text[:40]}{'...' if len(text) > 40 else ''} is out of range (beyond 64 bits)")
+    return v
+
+
 def load_json(raw: bytes) -> Any:
-    """Strict JSON: no NaN/Infinity, no number out of float range, nesting and Unicode checked."""
+    """Strict JSON: no NaN/Infinity, no number out of float range or int64, nesting and Unicode checked."""
     try:
-        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite, parse_int=_int)
     except RecursionError:
         raise APIError(400, f"the JSON body is nested too deeply (the limit is {MAX_JSON_DEPTH} levels)",
                        code="invalid_json") from None
@@ -269,8 +282,9 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         raise APIError(400, "'fugu_allowed_workers' must be a non-empty list of worker ids", param="fugu_allowed_workers",
                        code="invalid_value")
     cost_weight = top("fugu_cost_weight", "cost_weight")
-    if cost_weight is not None and (not _is_num(cost_weight) or cost_weight < 0):
-        raise APIError(400, "'fugu_cost_weight' must be a number >= 0", param="fugu_cost_weight", code="invalid_value")
+    if cost_weight is not None and (not _is_num(cost_weight) or not 0 <= cost_weight <= MAX_COST_WEIGHT):
+        raise APIError(400, f"'fugu_cost_weight' must be a number in [0, {MAX_COST_WEIGHT:g}]", param="fugu_cost_weight",
+                       code="invalid_value")
     budget = parse_budget(top("fugu_budget", "budget"))
     if budget is not None and cost_weight is not None:
         raise APIError(400, "send 'fugu_budget' or 'fugu_cost_weight', not both", param="fugu_budget", code="invalid_value")

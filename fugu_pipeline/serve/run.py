@@ -64,7 +64,7 @@ def serve(
 
     if torch_threads:
         torch.set_num_threads(torch_threads)
-    token = api_token if api_token is not None else (os.environ.get("FUGU_SERVE_TOKEN") or None)
+    token = (api_token if api_token is not None else os.environ.get("FUGU_SERVE_TOKEN")) or None  # "" is no token
     if token is None and host not in LOOPBACK:
         log.warning("serving on %s without a token: set FUGU_SERVE_TOKEN (or --token), and put TLS in front", host)
     provider = load_router_provider(checkpoint_or_models_dir, device=device, dtype=dtype, encoder=encoder)

@@ -19,7 +19,8 @@ echoes the Authorization header into the error body, `echo_key_at=N` puts the ba
 received at character N of `error.message` (`echo_key_in="raw"`: of `error.metadata.raw`), as a
 provider that quotes a rejected key does; `metadata` for OpenRouter error metadata),
 "timeout" (stall `sleep_s`, then a 504; no answer counted), "malformed_json", "error_in_200" (`code`),
-"empty_answer" (`finish_reason`), "no_choices". A fault matches by `model` and by `prompt`
+"empty_answer" (`finish_reason`), "no_choices", "stream_cut" (a streamed answer's content, then the
+connection closes: no finish_reason, no [DONE]). A fault matches by `model` and by `prompt`
 (a substring of the last message); `times=N` fails only the first N matching calls.
 A streamed answer goes out in one write unless `chunk_delay_s` > 0 paces its events.
 Multi-turn session requests name their role in the system message (`Role: Verifier`, see
@@ -50,7 +51,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 _ROLE_LINE = re.compile(r"^Role:\s*(Thinker|Worker|Verifier)\b", re.IGNORECASE | re.MULTILINE)
-FAULT_KINDS = ("http", "timeout", "malformed_json", "error_in_200", "empty_answer", "no_choices")
+FAULT_KINDS = ("http", "timeout", "malformed_json", "error_in_200", "empty_answer", "no_choices", "stream_cut")
 
 
 @dataclass
@@ -328,6 +329,8 @@ class StubLLMServer:
                                  "usage": usage})
         include_usage = openrouter or bool((body.get("stream_options") or {}).get("include_usage"))
         events = _sse(head, answer, finish, usage if include_usage else None, openrouter)
+        if fault is not None and fault.kind == "stream_cut":
+            events = [e for e in events if '"finish_reason": null' in e]  # the content only: cut before the end
         if not self.chunk_delay_s:  # one write: cheap enough to serve hundreds of calls a second
             return Response("".join(events), media_type="text/event-stream")
         return StreamingResponse(_paced(events, self.chunk_delay_s), media_type="text/event-stream")

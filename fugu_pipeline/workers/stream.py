@@ -27,6 +27,7 @@ class UpstreamStream:
         self.served_model: str | None = None
         self.usage: dict | None = None
         self.finish_reason: str | None = None
+        self._done = chunks is not None  # [DONE] seen (a reply given as chunks is whole)
         self.attempts, self.ttft_s = 1, None
         self._max_tokens = max_tokens
 
@@ -63,6 +64,7 @@ class UpstreamStream:
             if chunk is None:
                 continue
             if chunk is SSE_DONE:
+                self._done = True
                 async for _ in self._lines:  # read to the end, so the connection goes back to the pool
                     pass
                 break
@@ -93,6 +95,9 @@ class UpstreamStream:
                 raise WorkerCallError(f"stream broke after it had started: {type(exc).__name__} "
                                       f"({self.errors.where})") from None
             if chunk is None:
+                if not self._done and self.finish_reason is None:  # the connection closed mid-answer
+                    raise WorkerCallError(f"the reply stream ended without a finish_reason or [DONE]: cut short "
+                                          f"({self.errors.where}; after the stream had started)")
                 return
             yield chunk
 
