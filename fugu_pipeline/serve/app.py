@@ -40,7 +40,7 @@ All workers failing gives a 502. Per-worker `max_concurrency` and `requests_per_
 here too (requests over them wait).
 
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
-and latency in the last chunk, which has no choices) holds the probabilities, ranking, chosen
+and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the probabilities, ranking, chosen
 and serving worker, worker calls made, fallback errors, cost, timings, and `ignored`: the request
 fields that had no effect, each with the reason (`fugu_cost_weight` sent to a head without a cost
 term, `domain` with a prompt template that has no `{domain}`, a `model` other than "fugu-lite",
