@@ -196,7 +196,10 @@ class Router:
         if allowed is not None:
             unknown = [w for w in allowed if w not in self.worker_ids]
             if unknown:
-                raise RouterError(f"unknown worker(s) {unknown}; this router knows {self.worker_ids}")
+                shown = [w if len(w) <= 80 else w[:77] + "..." for w in unknown[:5]]
+                raise RouterError(f"unknown worker(s) {shown}{' and more' if len(unknown) > 5 else ''}; this router "
+                                  f"knows {self.worker_ids} (a server or `--workers` also takes the configured ids "
+                                  "whose aliases these are)")
             if not allowed:
                 raise RouterError("the allowed worker list is empty")
         if budget is not None and cost_weight is not None:

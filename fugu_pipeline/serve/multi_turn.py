@@ -43,7 +43,7 @@ def requested_mode(raw: bytes) -> str:
     if mode is None:
         return "one_step"
     if mode not in MODES:
-        raise APIError(400, f"'fugu_mode' must be one of {list(MODES)}, got {mode!r}", param="fugu_mode",
+        raise APIError(400, f"'fugu_mode' must be one of {list(MODES)}, got {repr(mode)[:80]}", param="fugu_mode",
                        code="invalid_value")
     return mode
 
