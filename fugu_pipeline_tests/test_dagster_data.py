@@ -186,8 +186,25 @@ def test_reward_matrix_imports_a_long_table_with_a_file_per_split(project):
             ({"import_options": {**options, "duplicates": "sometimes"}}, "import_options.duplicates: Input should be 'refuse' or 'mean'"),
             ({"import_options": {**options, "colour": "red"}}, "import_options.colour: Extra inputs are not permitted"),
             ({"import_kind": "pickle"}, "import_kind 'pickle': use one of"),
+            ({"import_kind": "jsonl", "import_options": {}, "import_path": "nope.jsonl"}, "import_path 'nope.jsonl': not found"),
+            ({"import_kind": "jsonl", "import_options": {}, "import_path": "data"}, "import_path 'data': not the file"),
         ):
             res = run(**{"import_path": "train.csv", "import_kind": "long", "import_options": options, **config})
             assert not res.success
             assert needle in res.get_step_failure_events()[0].step_failure_data.error.message, config
         assert db.read_bytes() == before
+
+
+def test_a_bad_batch_file_is_left_out_of_the_matrix_not_the_end_of_it(project):
+    """One batch file with a bad line no longer fails the whole matrix: it is left out, and the
+    materialization names it with its first problem (as a badly named file always was)."""
+    (project / "data" / "benchgen" / "broken.jsonl").write_text(
+        '{"task_id": "b1", "prompt": "p", "reference_answer": "1", "grader": {"type": "telepathy"}}\n', encoding="utf-8")
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    job = defs.resolve_implicit_global_asset_job_def()
+    with dg.instance_for_test() as instance:
+        res = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("reward_matrix")], raise_on_error=False)
+        mats = res.get_asset_materialization_events()
+        assert mats, "the matrix was not built"
+        refused = mats[-1].materialization.metadata["refused_batch_files"].value
+        assert list(refused) == ["broken.jsonl"] and "unknown grader type 'telepathy'" in refused["broken.jsonl"]

@@ -42,6 +42,11 @@ def test_named_jobs_schedule_and_freshness_checks():
     train = defs.resolve_job_def("build_and_train")
     keys = {k.to_user_string() for k in train.asset_layer.selected_asset_keys}
     assert {"reward_matrix", "task_embeddings", "router_sft", "promoted_router"} <= keys
+    graph = defs.resolve_asset_graph()
+    for name in ("build_and_train", "train_and_promote"):  # every input of the promotion is built in the job
+        selected = defs.resolve_job_def(name).asset_layer.selected_asset_keys
+        promote_inputs = graph.get(dg.AssetKey("promoted_router")).parent_keys
+        assert promote_inputs <= selected, (name, promote_inputs - selected)
     schedule = defs.resolve_schedule_def("openrouter_catalog_schedule")
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED and schedule.job_name == "refresh_catalog"
     graph = defs.resolve_asset_graph()

@@ -318,7 +318,7 @@ def test_a_reload_to_a_router_the_worker_config_cannot_serve_keeps_the_last_good
     a promoted checkpoint of other workers keeps the last good router and says why."""
     from types import SimpleNamespace
 
-    from fugu_pipeline.serve.app import RouterSource
+    from fugu_pipeline.serve.source import RouterSource
 
     good, other = SimpleNamespace(worker_ids=["a", "b"], path="good"), SimpleNamespace(worker_ids=["org/x"], path="other")
     current = {"r": good}

@@ -190,6 +190,11 @@ class RewardMatrixConfig(dg.Config):
 def _imported(config: RewardMatrixConfig, paths, utility, weights_from: str):
     """The matrix input of `config`'s import, through the same importers as `fugu-lite import`."""
     path = paths.resolve(config.import_path)
+    folder_kind = config.import_kind in ("dcrouter", "routellm-gsm8k", "routellm-mmlu", "routellm-mtbench")
+    if not (path.is_dir() if folder_kind else path.is_file()):
+        what = "the folder" if folder_kind else "the file"
+        raise dg.Failure(f"import_path {config.import_path!r}: {'not found' if not path.exists() else 'not ' + what} "
+                         f"({path}); give {what} to import ({config.import_kind}), relative to the project folder")
     if config.import_kind == "jsonl" and not config.import_options:
         return from_import(path, utility, weights_from), {}
     from fugu_pipeline.matrix.import_common import option_errors
@@ -241,7 +246,12 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
             if shared:  # rebuilt here from the shared responses (defs/shared.py says why not shared as a file)
                 context.log.info(f"{shared.pull_all_responses()} response file(s) taken from {shared.data_url}")
             timings: dict = {}  # in bulk: DuckDB reads every response file at once (matrix/bulk.py)
-            summary = build_collection(paths.benchgen, paths.responses, workers_config, paths.reward_db, weights_from, timings)
+            bad_batches: list[TaskFileError] = []
+            summary = build_collection(paths.benchgen, paths.responses, workers_config, paths.reward_db, weights_from, timings,
+                                       refused=bad_batches)
+            for exc in bad_batches:  # each left out whole; the matrix holds the other batches
+                context.log.warning(f"batch file left out of the matrix: {exc}")
+            refused = [*refused, *bad_batches]
             context.log.info(f"built in {sum(timings.values()):.2f}s: {timings}")
             source, utility = "collection", workers_config.reward
             utility_source = f"computed from each cell's quality, cost and latency; weights: {weights_from}"
@@ -265,13 +275,19 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
             "path": dg.MetadataValue.path(str(paths.reward_db)),
             "source": source,
             **({"import": dg.MetadataValue.json({"kind": config.import_kind, **import_notes})} if import_notes else {}),
-            "refused_batch_files": dg.MetadataValue.json([e.path.name for e in refused]),
+            "refused_batch_files": dg.MetadataValue.json({e.path.name: _first_problem(e) for e in refused}),
             RESPONSES_VERSION: built_from,
             "utility_weights": dg.MetadataValue.json(utility.model_dump()),
             "utility": f"{utility.describe()} ({utility_source})",
         },
         data_version=dg.DataVersion(summary["data_version"]),
     )
+
+
+def _first_problem(exc: TaskFileError) -> str:
+    line, msg = exc.problems[0] if exc.problems else (0, str(exc))
+    more = f" (+{len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+    return (f"line {line}: " if line else "") + msg[:200] + more
 
 
 # The first three checks are blocking: in a run that also trains (build_and_train, the main job), a

@@ -25,18 +25,22 @@ from fugu_pipeline.defs.catalog import FINGERPRINT_TAG, RESPONSES_KEY, openroute
 from fugu_pipeline.defs.data import reward_matrix
 from fugu_pipeline.defs.models import (
     eval_report_es,
+    eval_report_heads,
     eval_report_rl,
     eval_report_sft,
     promoted_router,
     router_es,
+    router_heads,
     router_rl,
     router_sft,
     task_embeddings,
 )
 from fugu_pipeline.defs.partitions import batch_x_worker, partition_run_request, task_batches, workers
 
-TRAINING = [task_embeddings, router_sft, router_rl, router_es, eval_report_sft, eval_report_rl, eval_report_es,
-            promoted_router]
+# every asset promoted_router reads: a job without router_heads and eval_report_heads failed on a
+# fresh project (no stored heads report) and promoted from a stale one elsewhere
+TRAINING = [task_embeddings, router_sft, router_rl, router_es, router_heads, eval_report_sft, eval_report_rl,
+            eval_report_es, eval_report_heads, promoted_router]
 
 refresh_catalog_job = dg.define_asset_job(
     "refresh_catalog", selection=[openrouter_catalog],

@@ -103,9 +103,10 @@ def partition_files(responses_dir: Path, batches: list[str], worker_ids: list[st
 
 def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersConfig, db_path: Path,
                      weights_from: str = "the worker config", timings: dict | None = None,
-                     log: Callable[[str], None] | None = None) -> dict:
+                     log: Callable[[str], None] | None = None, refused: list | None = None) -> dict:
     """The collected matrix, built in bulk. Returns the summary `build` returns; `timings`, when
-    given, receives the seconds of each phase."""
+    given, receives the seconds of each phase. `refused` (a list): bad batch files are left out and
+    listed there instead of failing the build (`load_all_batches`)."""
     t = timings if timings is not None else {}
     mark = time.perf_counter()
 
@@ -119,7 +120,7 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
 
     workers = [(w.id, w.kind, getattr(w, "model", None)) for w in config.workers]
     wide_columns(workers)
-    batches = load_all_batches(benchgen_dir)  # validated: a bad line fails its batch, as everywhere
+    batches = load_all_batches(benchgen_dir, refused)  # validated: a bad line fails its batch, as everywhere
     lap("read and validate tasks")
     files = partition_files(responses_dir, sorted({b for b, _ in batches}), [w for w, _, _ in workers])
     with building(db_path) as con:

@@ -77,7 +77,6 @@ import dataclasses
 import hmac
 import json
 import logging
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -105,6 +104,7 @@ from fugu_pipeline.serve.protocol import (
     require_json,
     server_error_handler,
 )
+from fugu_pipeline.serve.source import RouterSource, checkpoint_tag
 from fugu_pipeline.serve.upstream import CallTiming, Workers, usage_of
 from fugu_pipeline.train.pointer import POINTER
 from fugu_pipeline.workers.config import WorkersConfig, load_workers_config
@@ -116,48 +116,6 @@ ROUTER_MODEL = "fugu-lite"
 DEFAULT_MAX_BODY_BYTES = 2 << 20
 DEFAULT_BATCH_WINDOW_MS = 3.0
 DEFAULT_MAX_BATCH = 32
-
-
-class RouterSource:
-    """The Router for the next batch, from a `Router`, a `PromotedRouter` or a callable. When a
-    reload fails the last good router keeps serving and `reload_error` says why. Hold `lock`
-    while using the router: a reload may close the encoder of the one it replaces."""
-
-    def __init__(self, provider: Router | PromotedRouter | Callable[[], Router],
-                 check: Callable[[Router], None] | None = None):
-        if isinstance(provider, Router):
-            self._get: Callable[[], Router] = lambda: provider
-        elif hasattr(provider, "refresh"):
-            self._get = provider.refresh  # type: ignore[union-attr]
-        elif callable(provider):
-            self._get = provider
-        else:
-            raise TypeError(f"router_provider must be a Router, a PromotedRouter or a callable, not {type(provider).__name__}")
-        self.last: Router | None = None
-        self.reload_error: str | None = None
-        self.lock = threading.Lock()
-        self._check = check  # raises ValueError for a router this server cannot serve (e.g. unknown workers)
-
-    def get(self) -> Router:
-        try:
-            router = self._get()
-            if router is not self.last and self._check is not None:
-                self._check(router)
-        except Exception as exc:
-            if self.last is None:
-                raise
-            msg = f"{type(exc).__name__}: {exc}"
-            if msg != self.reload_error:
-                log.error("router reload failed; still serving %s: %s", self.last.path, msg)
-            self.reload_error = msg
-            return self.last
-        self.last, self.reload_error = router, None
-        return router
-
-
-def checkpoint_tag(router: Router) -> str:
-    m = router.checkpoint.manifest
-    return f"{m.method}/{m.content_hash or Path(router.path).name}"
 
 
 # --------------------------------------------------------------------------- the service

@@ -130,14 +130,25 @@ def load_tasks(path: str | Path) -> list[Task]:
     return tasks
 
 
-def load_all_batches(benchgen_dir: Path) -> list[tuple[str, Task]]:
-    """Every task of every batch file, checking that task ids are unique across batches."""
+def load_all_batches(benchgen_dir: Path, refused: list[TaskFileError] | None = None) -> list[tuple[str, Task]]:
+    """Every task of every batch file, checking that task ids are unique across batches. A bad
+    file raises `TaskFileError`; with `refused` (a list) it is appended there and left out whole
+    instead, so one bad batch does not stop the others (the reward matrix builds from the rest)."""
     out: list[tuple[str, Task]] = []
     seen: dict[str, str] = {}
     for b, path in scan_batch_files(benchgen_dir)[0]:  # badly named files are refused where they are listed
-        for t in load_tasks(path):
-            if t.task_id in seen:
-                raise TaskFileError(path, [(0, f"task_id {t.task_id!r} is also in batch {seen[t.task_id]!r}; task ids must be unique across batches")])
+        try:
+            tasks = load_tasks(path)
+            clash = next((t for t in tasks if t.task_id in seen), None)
+            if clash is not None:
+                raise TaskFileError(path, [(0, f"task_id {clash.task_id!r} is also in batch {seen[clash.task_id]!r}; "
+                                               "task ids must be unique across batches")])
+        except TaskFileError as exc:
+            if refused is None:
+                raise
+            refused.append(exc)
+            continue
+        for t in tasks:
             seen[t.task_id] = b
             out.append((b, t))
     return out

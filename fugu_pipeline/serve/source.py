@@ -1,0 +1,57 @@
+"""Where the server's router comes from: a fixed `Router`, the promoted pointer (followed on
+every batch), or a callable; a reload that fails, or that gives a router this server cannot serve,
+keeps the last good one and says why (`reload_error`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Callable
+
+from fugu_pipeline.route.promoted import PromotedRouter
+from fugu_pipeline.route.router import Router
+
+log = logging.getLogger("fugu_pipeline.serve")
+
+
+class RouterSource:
+    """The Router for the next batch, from a `Router`, a `PromotedRouter` or a callable. When a
+    reload fails the last good router keeps serving and `reload_error` says why. Hold `lock`
+    while using the router: a reload may close the encoder of the one it replaces."""
+
+    def __init__(self, provider: Router | PromotedRouter | Callable[[], Router],
+                 check: Callable[[Router], None] | None = None):
+        if isinstance(provider, Router):
+            self._get: Callable[[], Router] = lambda: provider
+        elif hasattr(provider, "refresh"):
+            self._get = provider.refresh  # type: ignore[union-attr]
+        elif callable(provider):
+            self._get = provider
+        else:
+            raise TypeError(f"router_provider must be a Router, a PromotedRouter or a callable, not {type(provider).__name__}")
+        self.last: Router | None = None
+        self.reload_error: str | None = None
+        self.lock = threading.Lock()
+        self._check = check  # raises ValueError for a router this server cannot serve (e.g. unknown workers)
+
+    def get(self) -> Router:
+        try:
+            router = self._get()
+            if router is not self.last and self._check is not None:
+                self._check(router)
+        except Exception as exc:
+            if self.last is None:
+                raise
+            msg = f"{type(exc).__name__}: {exc}"
+            if msg != self.reload_error:
+                log.error("router reload failed; still serving %s: %s", self.last.path, msg)
+            self.reload_error = msg
+            return self.last
+        self.last, self.reload_error = router, None
+        return router
+
+
+def checkpoint_tag(router: Router) -> str:
+    m = router.checkpoint.manifest
+    return f"{m.method}/{m.content_hash or Path(router.path).name}"
