@@ -1,6 +1,8 @@
 """The reward matrix's automation, evaluated by its automation sensor's `evaluate_tick` on a real
 instance (the daemon's path), with the runs it requests launched in between."""
 
+import json
+
 import dagster as dg
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
@@ -70,3 +72,39 @@ def test_recollections_landing_with_a_matrix_build_are_not_lost(project):
         assert recollect(defs, instance, "general-expert", "fp-0")["called"] == 0  # nothing new: same data version
         auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
         assert len(requested(auto)) == 1
+
+
+def test_a_retired_worker_or_a_bad_batch_does_not_stop_the_matrix_following(project):
+    """A worker removed from the config keeps its partition but is never collected on a later batch,
+    and a batch file with a bad line fails its collection: neither may keep the matrix from
+    following the batches that were collected (it waited on every missing partition forever)."""
+    import yaml
+
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        launch(defs, instance, tick(defs, instance, "benchgen_batch_sensor").run_requests)
+        auto = tick(defs, instance, "reward_matrix_automation")
+        launch(defs, instance, requested(auto))
+        auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+        assert not requested(auto)
+        cfg = yaml.safe_load((project / "configs" / "workers.mock.yaml").read_text())
+        retired = cfg["workers"].pop()["id"]
+        (project / "configs" / "workers.two.yaml").write_text(yaml.safe_dump(cfg))
+        defs = build_defs(str(project), "configs/workers.two.yaml")
+        batch = [json.loads(x) for x in (project / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:6]]
+        (project / "data" / "benchgen" / "extra.jsonl").write_text(
+            "".join(json.dumps({**t, "task_id": "extra-" + t["task_id"]}) + "\n" for t in batch))
+        (project / "data" / "benchgen" / "broken.jsonl").write_text('{"task_id": "b1", "prompt": "p"\n')
+        runs = tick(defs, instance, "benchgen_batch_sensor").run_requests
+        launch_failing = [r for r in runs if "broken" in str(r.partition_key)]
+        launch(defs, instance, [r for r in runs if r not in launch_failing])
+        for r in launch_failing:  # fails, as the daemon's run would
+            job = defs.resolve_implicit_global_asset_job_def() if r.asset_selection else defs.resolve_job_def(r.job_name)
+            kw = {"asset_selection": list(r.asset_selection)} if r.asset_selection else {}
+            assert not job.execute_in_process(instance=instance, partition_key=r.partition_key, raise_on_error=False, **kw).success
+        auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+        assert len(requested(auto)) == 1, auto.skip_message
+        meta = launch(defs, instance, requested(auto))
+        built = next(iter(meta.values()))
+        assert retired not in built["worker_ids"] and list(built["refused_batch_files"]) == ["broken.jsonl"]
+        assert built["complete_rows"] == 306  # the sample's 300 tasks and the extra batch's 6

@@ -131,7 +131,12 @@ def test_workspace_and_instance_files_are_valid(tmp_path, monkeypatch):
     assert (tmp_path / "history" / "runs.db").exists()  # under DAGSTER_HOME (dagster.yaml sets no path)
 
 
-def test_reward_matrix_is_requested_once_every_response_partition_is_done(project):
+def test_reward_matrix_is_requested_when_no_collection_is_in_progress(project):
+    """The sensor's collection runs are queued together, so the matrix waits for all of them. Done
+    one at a time by hand, with nothing in progress, each finished partition may request a build:
+    a partial matrix fails the blocking `cells_complete` check, so nothing trains on it. A missing
+    partition that nobody collects (a retired worker's, a bad file's) no longer blocks the matrix
+    (`test_dagster_automation.py`)."""
     defs = build_defs(str(project), "configs/workers.mock.yaml")
     job = defs.resolve_implicit_global_asset_job_def()
     workers_ = ["math-expert", "code-expert", "general-expert"]
@@ -146,7 +151,8 @@ def test_reward_matrix_is_requested_once_every_response_partition_is_done(projec
             job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("responses")],
                                    partition_key=dg.MultiPartitionKey({"batch": "sample", "worker": w}))
             result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
-            assert result.get_num_requested(matrix) == (1 if i == len(workers_) - 1 else 0)
+            if i == len(workers_) - 1:  # the last one: the whole matrix is requested
+                assert result.get_num_requested(matrix) == 1
     sensors = {s.name: s.default_status for s in defs.get_repository_def().sensor_defs}
     assert sensors["reward_matrix_automation"] == dg.DefaultSensorStatus.RUNNING
 

@@ -60,14 +60,17 @@ class BuiltFromOtherResponses(dg.AutomationCondition):
 
 def reward_matrix_condition() -> dg.AutomationCondition:
     """eager(), plus a (first) build while the matrix is behind its responses. Never while a
-    responses partition is missing or in progress, or the matrix is in progress; after a failed
-    build, only a new responses update (eager) tries again."""
+    responses partition is in progress (a queued collection counts), or the matrix is in progress;
+    after a failed build, only a new responses update (eager) tries again. A partition that is
+    missing and not in progress does not hold it back: a retired worker's partition of a later batch
+    is never collected, and a bad batch file's collection fails (the build leaves that batch out and
+    lists it); waiting on every missing partition stopped the matrix following for good."""
     ac = dg.AutomationCondition
     updated = (ac.newly_missing() | ac.any_deps_updated()).since_last_handled()
     behind = (BuiltFromOtherResponses() & ~ac.execution_failed() & ~ac.newly_requested()).with_label(
         "behind its responses"
     )
-    return ((updated | behind) & ~ac.any_deps_missing() & ~ac.any_deps_in_progress() & ~ac.in_progress()).with_label(
+    return ((updated | behind) & ~ac.any_deps_in_progress() & ~ac.in_progress()).with_label(
         "eager, or behind its responses"
     )
 
@@ -80,6 +83,6 @@ with warnings.catch_warnings():  # `use_user_code_server` is marked beta; it is 
         default_status=dg.DefaultSensorStatus.RUNNING,
         minimum_interval_seconds=AUTOMATION_INTERVAL_S,
         use_user_code_server=True,
-        description="Rebuilds the reward matrix once every responses partition it reads is done, and again "
+        description="Rebuilds the reward matrix once no responses partition is being collected, and again "
                     "whenever the responses it was built from have changed since (evaluated on the code server).",
     )
