@@ -38,7 +38,7 @@ GOOD = "prompt,a,b\nhello,1,0\nworld,0,1\n"
 
 
 @pytest.mark.parametrize("case", [
-    "truncated gzip", "corrupt gzip", "duplicate header", "stray text in a score column", "infinite score range",
+    "truncated gzip", "truncated reward jsonl gzip", "corrupt gzip", "duplicate header", "stray text in a score column", "infinite score range",
     "ids equal but for case", "worker named split", "mixed quality and rewards", "output is a folder",
     "output is the input", "records without a score field", "prices in a folder", "negative dcrouter price",
     "blank prompt",
@@ -48,6 +48,9 @@ def test_bad_input_gets_one_clear_error_and_keeps_the_output(tmp_path, capsys, c
     gz = gzip.compress(GOOD.encode())
     if case == "truncated gzip":
         args, needle = ["table", write(tmp_path, "t.csv.gz", gz[:30])], "not a valid gzip file"
+    elif case == "truncated reward jsonl gzip":  # read_reward_jsonl reads through the same read_bytes
+        row = json.dumps({"task_id": "t", "prompt": "p", "worker_ids": ["a", "b"], "quality": [1, 0]})
+        args, needle = ["jsonl", write(tmp_path, "r.jsonl.gz", gzip.compress((row + "\n").encode())[:20])], "not a valid gzip file"
     elif case == "corrupt gzip":
         bad = bytearray(gz)
         bad[20:26] = b"\xff" * 6

@@ -3,16 +3,14 @@ split draw from (seed, task id), and the id/ood tags."""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import math
-import zlib
 from pathlib import Path
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id, check_worker_set, is_blank
+from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id, check_worker_set, is_blank, read_bytes
 from fugu_pipeline.tasks.loading import TaskFileError
 
 
@@ -39,19 +37,6 @@ def rows_named(row_numbers: pl.Series, mask: pl.Series) -> str:
     idx = row_numbers.filter(mask).to_list()
     more = f" and {len(idx) - _SHOWN} more" if len(idx) > _SHOWN else ""
     return ", ".join(str(i) for i in idx[:_SHOWN]) + more
-
-
-def read_bytes(path: Path, what: str) -> bytes:
-    path = Path(path)
-    if not path.is_file():
-        raise fail(path, f"file not found; pass the path of {what}")
-    data = path.read_bytes()
-    if path.name.endswith(".gz"):
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:  # not gzip, truncated, or corrupt
-            raise fail(path, f"not a valid gzip file ({exc}); is it whole? Download it again or pass the plain file") from None
-    return data
 
 
 def read_text(path: Path, what: str) -> str:

@@ -11,8 +11,10 @@ before anything is built from it.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import re
+import zlib
 from pathlib import Path
 from typing import Annotated
 
@@ -89,7 +91,7 @@ class RewardRow(BaseModel):
         n = len(self.worker_ids)
         if len(set(self.worker_ids)) != n:
             raise ValueError("worker_ids has duplicates")
-        check_worker_set(self.worker_ids)
+        _worker_set_ok(tuple(self.worker_ids))  # once per distinct list, not once per row
         if self.rewards is None and self.quality is None:
             raise ValueError("row needs 'rewards' or 'quality'")
         for name in ("rewards", "quality", "cost_usd", "latency_s"):
@@ -102,6 +104,27 @@ class RewardRow(BaseModel):
         if self.quality is not None and any(q < 0 or q > 1 for q in self.quality):
             raise ValueError("'quality' values must lie in [0, 1]")
         return self
+
+
+def read_bytes(path: Path, what: str) -> bytes:
+    """The file's bytes, a `.gz` one decompressed; a missing file, or a gzip that is not one, is
+    truncated or corrupt, is one `TaskFileError` naming the file (every importer reads through it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskFileError(path, [(0, f"file not found; pass the path of {what}")])
+    data = path.read_bytes()
+    if path.name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:  # not gzip, truncated, or corrupt
+            raise TaskFileError(path, [(0, f"not a valid gzip file ({exc}); is it whole? Download it again or pass "
+                                           "the plain file")]) from None
+    return data
+
+
+@functools.lru_cache(maxsize=64)
+def _worker_set_ok(worker_ids: tuple[str, ...]) -> None:
+    check_worker_set(list(worker_ids))
 
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".parquet", ".pkl", ".pickle", ".xlsx", ".xls", ".feather", ".arrow")
@@ -121,12 +144,7 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
     suffix = Path(path.name.lower().removesuffix(".gz")).suffix
     if suffix in TABLE_SUFFIXES:
         raise TaskFileError(path, [(0, f"a {suffix} table, not a reward-matrix JSONL (one JSON object a line): {TABLE_HINT}")])
-    data = path.read_bytes()
-    if path.name.endswith(".gz"):
-        try:
-            data = gzip.decompress(data)
-        except OSError as exc:
-            raise TaskFileError(path, [(0, f"not a valid gzip file: {exc}")]) from None
+    data = read_bytes(path, "a reward-matrix JSONL (DESIGN §4)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
