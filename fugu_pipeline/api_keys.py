@@ -3,8 +3,10 @@ may reach a log, a metadata entry, an exception or a reply (DESIGN §6)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from urllib.parse import quote, quote_plus
 
 _KEY_PATTERNS = [
     (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=\-]+"), "Bearer [redacted]"),
@@ -13,11 +15,23 @@ _KEY_PATTERNS = [
 ]
 
 
+def secret_forms(secret: str) -> list[str]:
+    """The ways `secret` can appear in text an upstream sends back: as is, percent-encoded (a URL
+    or query string echoed in an error), form-encoded and JSON-escaped. Longest first, so no
+    shorter form leaves a piece of a longer one behind."""
+    forms = {secret, quote(secret, safe=""), quote_plus(secret), json.dumps(secret)[1:-1]}
+    return sorted((f for f in forms if len(f) >= 4), key=len, reverse=True)
+
+
 def scrub_secrets(text: str, *secrets: str | None) -> str:
-    """`text` without the given secrets, bearer tokens, `sk-...` keys or `api_key=...` values."""
+    """`text` without the given secrets (in any of `secret_forms`), bearer tokens, `sk-...` keys
+    or `api_key=...` values."""
     for s in secrets:
         if s and len(s) >= 4:
-            text = text.replace(s, "[redacted]")
+            for form in secret_forms(s):
+                text = text.replace(form, "[redacted]")
+            # percent-escapes may come back in either case (%2f or %2F)
+            text = re.sub(re.escape(quote(s, safe="")), "[redacted]", text, flags=re.IGNORECASE)
     for pat, repl in _KEY_PATTERNS:
         text = pat.sub(repl, text)
     return text

@@ -264,6 +264,21 @@ def test_scrub_secrets():
         assert s not in out
 
 
+def test_a_key_echoed_encoded_is_scrubbed_too():
+    """An upstream that echoes the request URL or a form body sends the key back percent-encoded
+    (either case of hex), form-encoded or JSON-escaped: none of these forms may pass."""
+    key = "k3y/with+odd=chars&\"quote\\ and space"
+    echoes = [
+        "GET https://up.example/v1?key=k3y%2Fwith%2Bodd%3Dchars%26%22quote%5C%20and%20space failed",
+        "GET https://up.example/v1?key=k3y%2fwith%2bodd%3dchars%26%22quote%5c%20and%20space failed",
+        "body: key=k3y%2Fwith%2Bodd%3Dchars%26%22quote%5C+and+space",
+        '{"error": {"message": "bad key k3y/with+odd=chars&\\"quote\\\\ and space"}}',
+    ]
+    for text in echoes:
+        out = scrub_secrets(text, key)
+        assert "k3y" not in out and "odd" not in out, (text, out)
+
+
 # --------------------------------------------------------------------------- protocol details
 
 
