@@ -97,10 +97,16 @@ def test_ask_calls_the_aliased_worker(checkpoint, tmp_path, capsys):
     assert main(["route", "--checkpoint", str(checkpoint), "--encoder", "tiny", "--device", "cpu",
                  "--prompt", "hello", "--allowed", "claude"]) == 2
     assert "claude" in capsys.readouterr().err
-    (tmp_path / "w.yaml").write_text(yaml.safe_dump({"workers": [{"id": "other", "kind": "mock"}]}), encoding="utf-8")
-    assert main(["ask", "--checkpoint", str(checkpoint), "--workers", str(tmp_path / "w.yaml"), "--encoder", "tiny",
-                 "--device", "cpu", "--prompt", "hello"]) == 2
-    assert "list them under a worker's aliases" in capsys.readouterr().err
+    # a worker config that lacks a routed worker (one was removed from the YAML) is refused by ask and
+    # by route, before anything is called, as serve refuses it: the router's pick could not be called
+    two = [{"id": wid, "kind": "mock", "aliases": [data_id]} for wid, data_id in NAMES.items() if wid != "gpt4"]
+    for cfg in ({"workers": [{"id": "other", "kind": "mock"}]}, {"workers": two}):
+        (tmp_path / "w.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+        for cmd in ("ask", "route"):
+            assert main([cmd, "--checkpoint", str(checkpoint), "--workers", str(tmp_path / "w.yaml"), "--encoder", "tiny",
+                         "--device", "cpu", "--prompt", "hello"]) == 2
+            err = capsys.readouterr().err
+            assert "the worker config does not define" in err and NAMES["gpt4"] in err and "w.yaml" in err, err
 
 
 def test_aliases_are_checked_where_the_worker_config_is_read():

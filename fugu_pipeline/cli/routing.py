@@ -28,8 +28,15 @@ def _router(args):
 
 
 def _route_kwargs(args, router, config=None) -> dict:
-    """`--allowed` may name a configured worker (with `--workers`) whose alias the router routes by."""
+    """`--allowed` may name a configured worker (with `--workers`) whose alias the router routes by.
+    With a worker config, a router that routes to a worker it does not define is refused, as
+    `serve` refuses it: its pick could not be called."""
     from fugu_pipeline.cli.training import budget_of
+
+    if config is not None:
+        problem = config.missing_routes(router.path, router.worker_ids)
+        if problem:
+            raise CLIError(f"{problem} ({args.workers})")
 
     budget = budget_of(args)
     if budget is not None and args.cost_weight is not None:

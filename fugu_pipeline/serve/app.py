@@ -423,11 +423,9 @@ def create_app(
     `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400)."""
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
     def servable(router: Router) -> None:  # at start, and on every reload of the promoted pointer
-        missing = [w for w in router.worker_ids if not config.knows(w)]
-        if missing:
-            raise ValueError(f"checkpoint {router.path} routes to worker(s) {missing} that the worker config does not "
-                             f"define (it has {config.worker_ids}); serve it with the worker config it was trained with, "
-                             "or list each routed id under the aliases of the worker that should answer it")
+        problem = config.missing_routes(router.path, router.worker_ids)
+        if problem:
+            raise ValueError(problem)
 
     source = RouterSource(router_provider, servable)
     router = source.get()

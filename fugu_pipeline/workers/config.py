@@ -171,6 +171,16 @@ class WorkersConfig(BaseModel):
     def knows(self, worker_id: str) -> bool:
         return any(worker_id == w.id or worker_id in w.aliases for w in self.workers)
 
+    def missing_routes(self, checkpoint: object, routed: Iterable[str]) -> str | None:
+        """None when every worker a router routes to is defined here (by id or alias), else the
+        problem in words: a checkpoint must not pick a worker that nothing can call."""
+        missing = [w for w in routed if not self.knows(w)]
+        if not missing:
+            return None
+        return (f"checkpoint {checkpoint} routes to worker(s) {missing} that the worker config does not define "
+                f"(it has {self.worker_ids}); use the worker config it was trained with, or list each routed id "
+                "under the aliases of the worker that should answer it")
+
     def routed_id(self, name: str, routed: Iterable[str]) -> str:
         """The id a router knows for `name`: itself when the router routes by it, else the configured
         worker's id or alias that the router routes by (a router trained on imported data knows the
