@@ -99,6 +99,17 @@ def test_route_takes_a_cap_and_refuses_one_nothing_meets(trained, capsys):
     assert code == 2 and "budget" in capsys.readouterr().err
 
 
+def test_ask_shows_the_operating_point_it_routed_at(trained, capsys):
+    work, ckpt, _ = trained
+    (work / "mock.yaml").write_text("workers:\n" + "".join(f"  - id: {w}\n    kind: mock\n" for w in WORKERS))
+    code, out = run("ask", "--checkpoint", ckpt, "--workers", str(work / "mock.yaml"), "--prompt", "compute a sum",
+                    "--domain", "code", "--device", "cpu", "--budget-share", "0.5")
+    assert code == 0, capsys.readouterr().err
+    shown = json.loads(out[out.index("{"):])["fugu_lite"]
+    assert shown["budget"]["met_on_validation"] and shown["budget"]["reference_worker"] == "c"
+    assert shown["budget"]["lambda"] >= 0 and "50%" in shown["budget"]["cap"]
+
+
 def test_serve_takes_fugu_budget(trained):
     from starlette.testclient import TestClient
 

@@ -102,7 +102,9 @@ def cmd_ask(args) -> int:
     wid, comp = asyncio.run(call())
     print(comp.answer)
     print_json({"fugu_lite": {"chosen": d.worker_id, "served_by": wid, "probabilities": d.probabilities,
-                               "latency_s": comp.latency_s, "cost_usd": comp.cost_usd, "fallback_errors": errors}})
+                               "latency_s": comp.latency_s, "cost_usd": comp.cost_usd, "fallback_errors": errors,
+                               **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
+                               **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {})}})
     return 0
 
 
