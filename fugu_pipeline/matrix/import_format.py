@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import json
 import re
 import zlib
 from pathlib import Path
@@ -193,8 +194,22 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
         problems = [p for p in problems if p not in odd] + [(first_line, (
             f"worker_ids {first} differ from those of {len(odd)} later rows (e.g. line {odd[0][0]}); every row must list "
             "the same workers in the same order"))]
+    if problems and not rows and lead is not None and _is_task_row(lead[1]):
+        raise TaskFileError(path, [(0, (
+            "a BenchGen task file (its rows have a grader or reference_answer and no worker_ids), not a reward matrix: "
+            "put it in data/benchgen/ for the pipeline to collect each worker's answers, or import routing data "
+            "that scores each worker on each prompt"))])
     if problems:
         raise TaskFileError(path, problems)
     if not rows:
         raise TaskFileError(path, [(0, "the file holds no rows")])
     return rows
+
+
+def _is_task_row(line: str) -> bool:
+    """The first line of a BenchGen batch (DESIGN §4: a task with its grader), not a matrix row."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and "worker_ids" not in obj and ("grader" in obj or "reference_answer" in obj)
