@@ -41,7 +41,7 @@ GOOD = "prompt,a,b\nhello,1,0\nworld,0,1\n"
     "truncated gzip", "truncated reward jsonl gzip", "corrupt gzip", "duplicate header", "stray text in a score column", "infinite score range",
     "ids equal but for case", "worker named split", "mixed quality and rewards", "output is a folder",
     "output is the input", "records without a score field", "prices in a folder", "negative dcrouter price",
-    "blank prompt", "a BenchGen task file",
+    "blank prompt", "a BenchGen task file", "a ragged csv row", "a ragged tsv row",
 ])
 def test_bad_input_gets_one_clear_error_and_keeps_the_output(tmp_path, capsys, case):
     good = write(tmp_path, "good.csv", GOOD)
@@ -94,6 +94,12 @@ def test_bad_input_gets_one_clear_error_and_keeps_the_output(tmp_path, capsys, c
     elif case == "blank prompt":
         row = {"task_id": "t", "prompt": " \u00a0\u200b", "worker_ids": ["a", "b"], "quality": [1, 0]}
         args, needle = ["jsonl", write(tmp_path, "b.jsonl", json.dumps(row))], "the prompt is blank"
+    elif case == "a ragged csv row":  # a quoted comma and a quoted line break before it do not count
+        args, needle = ["table", write(tmp_path, "r.csv", 'prompt,a,b\n"hi, you",1,0\n"two\nlines",0,1\nx,1,1,1\n')], \
+            "row 3 (line 5) has 4 cells where the header names 3 columns"
+    elif case == "a ragged tsv row":
+        args, needle = ["table", write(tmp_path, "r.tsv", 'prompt\ta\tb\n"q\t1\t0\nx\t1\t1\t1\n')], \
+            "row 2 (line 3) has 4 cells"
     elif case == "a BenchGen task file":  # 300 lines each missing worker_ids: one line that says what the file is
         tasks = [{"task_id": f"m{i}", "prompt": f"{i} + 1?", "domain": "math", "reference_answer": str(i + 1),
                   "grader": {"type": "numeric", "tolerance": 0}, "split": "test"} for i in range(300)]

@@ -140,6 +140,31 @@ def table_format(path: Path) -> str:
 _DUPLICATED = re.compile(r"(.+)_duplicated_\d+")  # polars' name for a header's repeated column
 
 
+def _ragged_row(data: bytes, kind: str) -> str | None:
+    """The first row of a CSV or TSV with more cells than its header, in words, or None. Polars
+    names no row for it."""
+    import csv
+
+    try:
+        lines = data.decode("utf-8-sig").splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return None
+    opts = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == "tsv" else {"delimiter": ","}
+    reader = csv.reader(lines, **opts)
+    try:
+        header = next(reader)
+        start = reader.line_num + 1
+        for row, cells in enumerate(reader, start=1):
+            if len(cells) > len(header):
+                return (f"row {row} (line {start}) has {len(cells)} cells where the header names "
+                        f"{len(header)} columns: a stray {'tab' if kind == 'tsv' else 'comma'} in a cell"
+                        f"{'' if kind == 'tsv' else ' that is not quoted'}, or a missing column name; fix that row")
+            start = reader.line_num + 1
+    except (StopIteration, csv.Error):
+        return None
+    return None
+
+
 def read_table(path: Path, rows: bool = False, text: list[str] | tuple[str, ...] = ()) -> pl.DataFrame:
     """The file as a polars frame; with `rows`, a file without data rows is refused. The `text`
     columns of a CSV or TSV are read as text (`007` stays `007`). A TSV has no quoting (a cell may
@@ -155,6 +180,9 @@ def read_table(path: Path, rows: bool = False, text: list[str] | tuple[str, ...]
         else:
             df = pl.read_ndjson(data, infer_schema_length=None)
     except Exception as exc:  # polars raises several error types for a malformed file
+        ragged = _ragged_row(data.getvalue(), kind) if kind in ("csv", "tsv") else None
+        if ragged:
+            raise fail(path, ragged) from None
         raise fail(path, f"cannot read it as {kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
     twice = [c for c in df.columns if (m := _DUPLICATED.fullmatch(c)) and m.group(1) in df.columns]
     if twice:
