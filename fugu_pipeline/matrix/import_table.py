@@ -140,6 +140,29 @@ def table_format(path: Path) -> str:
 _DUPLICATED = re.compile(r"(.+)_duplicated_\d+")  # polars' name for a header's repeated column
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _refuse_lone_surrogates(path: Path, data: bytes) -> None:
+    """JSON may escape half of a UTF-16 pair (`\\ud800`) with no other half: no text holds it,
+    and polars would read it as U+0000 without a word. Name the line instead. A quick scan first;
+    only the lines it flags are parsed."""
+    if not _SURROGATE_ESCAPE.search(data):
+        return
+    import json
+
+    for n, line in enumerate(data.split(b"\n"), start=1):
+        if not _SURROGATE_ESCAPE.search(line):
+            continue
+        try:
+            json.dumps(json.loads(line), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise fail(path, f"line {n}: a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair), "
+                             "which is not text; fix or drop that line") from None
+        except ValueError:
+            continue  # not JSON: polars names it
+
+
 def _ragged_row(data: bytes, kind: str) -> str | None:
     """The first row of a CSV or TSV with more cells than its header, in words, or None. Polars
     names no row for it."""
@@ -171,6 +194,8 @@ def read_table(path: Path, rows: bool = False, text: list[str] | tuple[str, ...]
     hold `"`). A header naming a column twice is refused."""
     kind = table_format(path)
     data = io.BytesIO(read_bytes(path, f"a {kind} table"))
+    if kind == "jsonl":
+        _refuse_lone_surrogates(path, data.getvalue())
     try:
         if kind in ("csv", "tsv"):
             df = pl.read_csv(data, separator="\t" if kind == "tsv" else ",", infer_schema_length=None,
