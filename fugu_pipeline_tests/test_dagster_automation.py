@@ -108,3 +108,31 @@ def test_a_retired_worker_or_a_bad_batch_does_not_stop_the_matrix_following(proj
         built = next(iter(meta.values()))
         assert retired not in built["worker_ids"] and list(built["refused_batch_files"]) == ["broken.jsonl"]
         assert built["complete_rows"] == 306  # the sample's 300 tasks and the extra batch's 6
+
+
+def test_an_imported_matrix_is_not_replaced_when_the_collection_changes(project):
+    """A matrix materialized from imported routing data holds other prompts and workers than the
+    collection; a later re-collection must not rebuild it from the responses (it did, and the
+    imported matrix was gone). Building from the collection by hand resumes the automation."""
+    rows = [{"task_id": f"r{i}", "prompt": f"question {i}?", "domain": "qa", "worker_ids": ["org/a", "org/b"],
+             "quality": [i % 2, 1 - i % 2], "split": ("train", "val", "test")[i % 3]} for i in range(30)]
+    (project / "data" / "routing.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    imported = {"ops": {"reward_matrix": {"config": {"import_path": "data/routing.jsonl"}}}}
+    with dg.instance_for_test() as instance:
+        launch(defs, instance, tick(defs, instance, "benchgen_batch_sensor").run_requests)
+        auto = tick(defs, instance, "reward_matrix_automation")
+        launch(defs, instance, requested(auto))  # the collection's matrix, as before
+        job = defs.resolve_implicit_global_asset_job_def()
+        assert job.execute_in_process(instance=instance, asset_selection=[MATRIX], run_config=imported).success
+        assert instance.get_latest_materialization_event(MATRIX).asset_materialization.metadata["complete_rows"].value == 30
+
+        assert recollect(defs, instance, "math-expert", "fp-1")["called"] == 300
+        for _ in range(2):
+            auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+            assert not requested(auto), "the automation replaced an imported matrix"
+
+        launch(defs, instance, [dg.RunRequest(asset_selection=[MATRIX])])  # by hand, from the collection
+        assert recollect(defs, instance, "code-expert", "fp-1")["called"] == 300
+        auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+        assert len(requested(auto)) == 1, auto.skip_message
