@@ -76,6 +76,19 @@ def test_benchmarks_are_domains_or_an_explicit_grouping_and_the_composite_is_the
     assert [r["score"] for r in s["benchmarks"]] == [pytest.approx(1.0), 0.0] and s["composite"] == pytest.approx(0.5)
 
 
+def test_a_few_rows_of_odd_domains_are_pooled_into_one_benchmark():
+    """Three test rows from two domains never seen in training weighed as two whole benchmarks of
+    four: one wrong row moved the composite by a quarter. Pooled, they are one benchmark."""
+    domains = ["math"] * 20 + ["code"] * 20 + ["typo-math"] + ["new"] * 2
+    names = list(benchmark_names(domains, CompositeConfig()))
+    assert names[:40] == domains[:40] and set(names[40:]) == {"(small domains)"}
+    assert list(benchmark_names(domains, CompositeConfig(min_benchmark_rows=1))) == domains
+    m = np.ones((len(domains), 2))
+    m[40:, 0] = 0.0  # the head's worker w0 is wrong on the three odd rows
+    s = score_head(np.zeros(len(domains), int), held(m, names), CompositeConfig())
+    assert len(s["benchmarks"]) == 3 and s["composite"] == pytest.approx(2 / 3)
+
+
 def test_audit_slice_is_salted_stable_and_order_free():
     ids = [f"task-{i}" for i in range(2000)]
     a = audit_mask(ids, CompositeConfig())

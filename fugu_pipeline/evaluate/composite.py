@@ -1,7 +1,8 @@
 """The composite score (the seed's judging rule, DESIGN §6b): one number per head, king and
 challenger scored alike on the same held-out rows.
 
-Per benchmark b (a domain of the matrix, or an explicit grouping of domains: `benchmarks`):
+Per benchmark b (a domain of the matrix, or an explicit grouping of domains: `benchmarks`; domains
+with fewer than `min_benchmark_rows` (10) held-out rows are pooled into one, "(small domains)"):
 
     score_b = (0.70·cached_b + 0.15·live_b + 0.10·efficiency_b + 0.05·novelty_b) × overfit_b
     composite = mean over benchmarks of score_b            (one head across all benchmarks)
@@ -69,6 +70,9 @@ class CompositeConfig(BaseModel):
     live_sample: int = Field(20, ge=0, description="live tasks per benchmark (0: no live term)")
     benchmarks: dict[str, list[str]] | None = Field(
         None, description="benchmark name -> its domains; None: one benchmark per domain; unlisted domains stand alone")
+    min_benchmark_rows: int = Field(
+        10, ge=1, description="a domain (not listed in `benchmarks`) with fewer held-out rows joins the pooled "
+                              "benchmark '" + "(small domains)" + "' instead of weighing as much as a full one alone")
     n_boot: int = Field(2000, ge=100)
     seed: int = 0
 
@@ -95,9 +99,23 @@ def audit_mask(task_ids: list[str], cfg: CompositeConfig) -> np.ndarray:
     return np.array([_unit(f"audit:{cfg.audit_seed}:{t}") < cfg.audit_fraction for t in task_ids], dtype=bool)
 
 
+SMALL_DOMAINS = "(small domains)"
+
+
 def benchmark_names(domains: list[str], cfg: CompositeConfig) -> np.ndarray:
+    """Each row's benchmark: its group in `benchmarks`, else its domain; a domain of fewer than
+    `min_benchmark_rows` rows here (one never seen in training, a typo'd label) is pooled into
+    `SMALL_DOMAINS` (when there are two or more such, and larger ones besides), so a handful of rows
+from several odd domains cannot move the mean over benchmarks by several whole shares."""
     owner = {d: name for name, ds in (cfg.benchmarks or {}).items() for d in ds}
-    return np.array([owner.get(d, d) for d in domains], dtype=object)
+    names = [owner.get(d, d) for d in domains]
+    counts: dict[str, int] = {}
+    for d in domains:
+        counts[d] = counts.get(d, 0) + 1
+    small = {d for d, n in counts.items() if n < cfg.min_benchmark_rows and d not in owner}
+    if len(small) < 2 or len(small) == len(counts):  # pooling one changes nothing; pooling all, everything
+        small = set()
+    return np.array([SMALL_DOMAINS if d in small else name for d, name in zip(domains, names)], dtype=object)
 
 
 @dataclass
