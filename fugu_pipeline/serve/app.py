@@ -39,6 +39,12 @@ back too; an error after that ends the stream with an OpenAI-style `data: {"erro
 All workers failing gives a 502. Per-worker `max_concurrency` and `requests_per_minute` hold
 here too (requests over them wait).
 
+Clients that leave. uvicorn only tells the app (through `receive()`) that a client
+disconnected, so every request's work races that news (`_unless_abandoned`): a client that leaves
+before its reply is ready cancels the worker call (its connection to the worker is closed, nothing
+falls back), one that leaves mid-stream closes the worker's stream. `/health` counts both under
+`disconnected`.
+
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
 and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the probabilities, ranking, chosen
 and serving worker, worker calls made, fallback errors, cost, timings, and `ignored`: the request
@@ -80,11 +86,11 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -132,7 +138,7 @@ class Service:
         self.max_body_bytes = max_body_bytes
         self.batcher = RouteBatcher(self._route_batch, window_ms=batch_window_ms, max_batch=max_batch)
         self.started, self.started_wall = time.monotonic(), time.time()
-        self.counts = {"requests": 0, "served": 0, "fallbacks": 0, "all_workers_failed": 0}
+        self.counts = {"requests": 0, "served": 0, "fallbacks": 0, "all_workers_failed": 0, "disconnected": 0}
 
     def _route_batch(self, requests: list[RouteRequest]) -> list[RouteDecision | Exception]:
         """Runs in a worker thread: one router (so one checkpoint) for the whole batch."""
@@ -188,6 +194,34 @@ class Service:
             raise APIError(503, str(exc), type="server_error", code="router_unavailable") from None
 
 
+class ClientGone(Exception):
+    """The client disconnected before its reply was ready."""
+
+
+async def _client_gone(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_abandoned(request: Request, svc: Service, work: Awaitable[Response]) -> Response:
+    """`work`'s reply, unless the client disconnects first (ClientGone). Then `work` is cancelled,
+    and with it the worker call in flight: `upstream.py` cancels it on the worker loop, which closes
+    its connection. uvicorn cancels nothing itself: it only tells the app, through `receive()`,
+    that the client has gone."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if not task.cancelled():
+        return task.result()
+    raise ClientGone
+
+
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
@@ -221,9 +255,22 @@ async def chat_completions(request: Request) -> Response:
     svc: Service = request.app.state.fugu
     svc.check_auth(request)
     require_json(request)
-    raw = await read_body(request, svc.max_body_bytes)
+    try:
+        raw = await read_body(request, svc.max_body_bytes)
+    except ClientDisconnect:  # an ordinary event, not a server error
+        log.info("client disconnected while sending its request")
+        return Response(status_code=499)
     req = parse_chat_request(raw)
     svc.counts["requests"] += 1
+    try:
+        return await _unless_abandoned(request, svc, _chat_completion(request, svc, req, raw, t0))
+    except ClientGone:
+        svc.counts["disconnected"] += 1
+        log.info("client disconnected before its reply was ready; the worker call was cancelled")
+        return Response(status_code=499)  # nobody reads it: uvicorn drops it
+
+
+async def _chat_completion(request: Request, svc: Service, req: ChatRequest, raw: bytes, t0: float) -> Response:
     if multi_turn.requested_mode(raw) == "multi_turn":  # the coordinator delegates over several turns
         return await multi_turn.chat_completion(svc, request.app.state.fugu_roles, req, t0)
     decision = await svc.route(req)
@@ -294,7 +341,10 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
     _finish_timing(info, t0, stream.timing)  # until the first byte
     headers = _headers(info)
 
+    ended = False  # the relay reached its end (an answer, or an error event), not a client that left
+
     async def relay():
+        nonlocal ended
         yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None}], "fugu_lite": info})
         held = None  # the chunk that ends the answer (finish_reason): the final fugu_lite rides on it
@@ -317,6 +367,7 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
             yield _sse({"error": {"message": f"worker {wid} failed mid-stream: {exc}", "type": "upstream_error",
                                   "param": None, "code": "upstream_stream_error"}})
             yield "data: [DONE]\n\n"
+            ended = True
             return
         final = dict(info)  # complete now: cost, usage, whole-stream timings
         final["cost_usd"], final["cost_source"] = stream.cost()
@@ -329,8 +380,15 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
         else:
             yield _sse({**held, "fugu_lite": final})
         yield "data: [DONE]\n\n"
+        ended = True
 
-    return _RelayResponse(relay(), stream.aclose, media_type="text/event-stream",
+    async def cleanup() -> None:
+        if not ended:
+            svc.counts["disconnected"] += 1
+            log.info("client disconnected mid-stream; the stream from worker %s was closed", wid)
+        await stream.aclose()
+
+    return _RelayResponse(relay(), cleanup, media_type="text/event-stream",
                           headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
