@@ -1,4 +1,5 @@
-"""The server when a reply does not run to its end: a client that leaves mid-request. The upstream is a raw asyncio server on
+"""The server when a reply does not run to its end: a client that leaves mid-request, and a
+graceful shutdown (SIGTERM) with replies in flight. The upstream is a raw asyncio server on
 127.0.0.1 that answers slowly and records when the router closed its connection, so the tests see
 the worker call itself being stopped, not just the router's side of it."""
 
@@ -8,6 +9,7 @@ import asyncio
 import json
 import logging
 import re
+import signal
 import socket
 import threading
 import time
@@ -16,9 +18,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import yaml
 
 from fugu_pipeline.serve import create_app
 from fugu_pipeline.testing.serving import ServerThread, build_checkpoints, stub_workers_config
+from fugu_pipeline_tests.test_serve_cli import start
 
 PACE_S, CHUNKS = 0.25, 40  # a streamed answer takes 10 s; a plain one comes after PLAIN_DELAY_S
 PLAIN_DELAY_S = 10.0
@@ -206,3 +210,94 @@ def _assert_counted_and_quiet(url: str, errors: Errors, requests: int, disconnec
     counts = httpx.get(url + "/health", timeout=10).json()["counts"]
     assert counts["disconnected"] == disconnected and counts["requests"] == requests, counts
     assert not errors.records, [r.getMessage() for r in errors.records]
+
+
+def sse_events(r: httpx.Response, on_content=None) -> list:
+    """The `data:` events of a streamed reply, parsed (`[DONE]` as the string); `on_content()` is
+    called once, at the first chunk with content."""
+    events = []
+    for line in r.iter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        events.append(data if data == "[DONE]" else json.loads(data))
+        if on_content is not None and isinstance(events[-1], dict) and any(
+                (ch.get("delta") or {}).get("content") for ch in events[-1].get("choices") or []):
+            on_content()
+            on_content = None
+    return events
+
+
+def assert_not_a_silent_cut(events: list) -> dict:
+    """The stream ended in [DONE] after a finish_reason or an error event; returns that last event."""
+    assert events and events[-1] == "[DONE]", f"the stream was cut: it ended with {events[-1:]!r}"
+    last = events[-2]
+    assert "error" in last or any(ch.get("finish_reason") for ch in last.get("choices") or []), last
+    return last
+
+
+def test_shutdown_ends_streams_in_flight_with_an_error_event_and_refuses_new_requests(served):
+    url, up, svc, errors = served
+    body = {"model": "fugu-lite", "messages": ask("tell me a long story"), "stream": True}
+    plain: dict = {}
+
+    def plain_request():
+        plain["r"] = httpx.post(url + "/v1/chat/completions", json={**body, "stream": False}, timeout=30)
+
+    th = threading.Thread(target=plain_request)
+    th.start()
+    deadline = time.monotonic() + 10
+    while not up.calls and time.monotonic() < deadline:  # the plain request's worker call is under way
+        time.sleep(0.01)
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+        t = {}
+
+        def shut_down():
+            t["stop"] = time.monotonic()
+            svc.begin_shutdown(1.0)
+            refused = httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down"
+            assert httpx.get(url + "/health", timeout=10).status_code == 503
+
+        events = sse_events(r, on_content=shut_down)
+    ended = time.monotonic()
+    th.join(timeout=10)
+    last = assert_not_a_silent_cut(events)
+    assert last["error"]["code"] == "server_shutting_down" and 0.9 < ended - t["stop"] < 4.0
+    assert plain["r"].status_code == 503 and plain["r"].json()["error"]["code"] == "server_shutting_down"
+    assert len(up.calls) == 2  # the plain request's worker call and the stream's, both closed unfinished
+    for call in up.calls:
+        assert up.wait_closed(call, within_s=5) is not None and not call["completed"]
+    assert not errors.records, [r.getMessage() for r in errors.records]
+
+
+def test_sigterm_under_fugu_lite_serve_never_cuts_a_stream_silently(models, tmp_path):
+    with SlowUpstream() as up:
+        workers = tmp_path / "workers.yaml"
+        workers.write_text(yaml.safe_dump(stub_workers_config(up.url).model_dump(mode="json", exclude_none=True)))
+        log = tmp_path / "serve.log"
+        proc, url = start(["--models-dir", str(models), "--workers", str(workers), "--device", "cpu",
+                           "--shutdown-grace-s", "1"], log)
+        try:
+            body = {"model": "fugu-lite", "messages": ask("tell me a long story"), "stream": True}
+            t = {}
+
+            def sigterm():
+                t["stop"] = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+                events = sse_events(r, on_content=sigterm)
+            ended = time.monotonic()
+            code = proc.wait(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        text = log.read_text()
+        last = assert_not_a_silent_cut(events)
+        assert last["error"]["code"] == "server_shutting_down", last
+        assert ended - t["stop"] < 5.0, f"the stream took {ended - t['stop']:.1f}s to end after SIGTERM"
+        assert code in (0, -signal.SIGTERM), text[-3000:]
+        assert up.wait_closed(up.calls[-1], within_s=5) is not None and not up.calls[-1]["completed"]
+        assert "Traceback" not in text and "Exception in ASGI application" not in text, text[-3000:]

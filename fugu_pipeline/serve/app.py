@@ -39,11 +39,13 @@ back too; an error after that ends the stream with an OpenAI-style `data: {"erro
 All workers failing gives a 502. Per-worker `max_concurrency` and `requests_per_minute` hold
 here too (requests over them wait).
 
-Clients that leave. uvicorn only tells the app (through `receive()`) that a client
+Clients that leave, and shutdown. uvicorn only tells the app (through `receive()`) that a client
 disconnected, so every request's work races that news (`_unless_abandoned`): a client that leaves
 before its reply is ready cancels the worker call (its connection to the worker is closed, nothing
 falls back), one that leaves mid-stream closes the worker's stream. `/health` counts both under
-`disconnected`.
+`disconnected`. When shutdown begins (`Service.begin_shutdown`, from `run.py`) new requests get a
+503 `server_shutting_down`, and replies in flight get a grace period to finish; then a stream ends
+with a `server_shutting_down` error event before `[DONE]` and a plain request gets that 503.
 
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
 and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the probabilities, ranking, chosen
@@ -111,7 +113,7 @@ from fugu_pipeline.serve.protocol import (
     server_error_handler,
 )
 from fugu_pipeline.serve.source import RouterSource, checkpoint_tag
-from fugu_pipeline.serve.upstream import CallTiming, Workers, usage_of
+from fugu_pipeline.serve.upstream import CallTiming, RelayedStream, Workers, usage_of
 from fugu_pipeline.train.pointer import POINTER
 from fugu_pipeline.workers.config import WorkersConfig, load_workers_config
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
@@ -139,6 +141,37 @@ class Service:
         self.batcher = RouteBatcher(self._route_batch, window_ms=batch_window_ms, max_batch=max_batch)
         self.started, self.started_wall = time.monotonic(), time.time()
         self.counts = {"requests": 0, "served": 0, "fallbacks": 0, "all_workers_failed": 0, "disconnected": 0}
+        self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop, once the app has started
+        self.stopping = False  # shutdown has begun: new requests get a 503
+        self.grace_s: float | None = None  # set when shutdown begins
+        self.grace_over = asyncio.Event()  # replies still running are ended now
+        self.relays: set[RelayedStream] = set()  # streams being relayed
+
+    def begin_shutdown(self, grace_s: float) -> None:
+        """The server is stopping (`run.py` calls this when uvicorn's graceful shutdown begins; any
+        thread). New requests get a 503 `server_shutting_down`; replies in flight get `grace_s`
+        seconds to finish, then end with that error (a stream: an error event before `[DONE]`) and
+        their worker calls are closed."""
+        self.stopping = True
+        if self.loop is not None:  # None: the app never started, so nothing is in flight
+            self.loop.call_soon_threadsafe(self._begin_shutdown, grace_s)
+
+    def _begin_shutdown(self, grace_s: float) -> None:  # serving loop
+        if self.grace_s is not None:  # a second signal
+            return
+        self.grace_s = grace_s
+        self.loop.call_later(grace_s, self._end_replies)
+
+    def _end_replies(self) -> None:  # serving loop
+        self.grace_over.set()
+        for relay in list(self.relays):
+            relay.interrupt(ShuttingDown(self.shutdown_message()))
+
+    def shutdown_message(self) -> str:
+        if self.grace_over.is_set():
+            return (f"the server is shutting down and this reply did not finish within its {self.grace_s:g} s grace "
+                    "period; send the request again")
+        return "the server is shutting down; send the request again (to another instance)"
 
     def _route_batch(self, requests: list[RouteRequest]) -> list[RouteDecision | Exception]:
         """Runs in a worker thread: one router (so one checkpoint) for the whole batch."""
@@ -194,6 +227,10 @@ class Service:
             raise APIError(503, str(exc), type="server_error", code="router_unavailable") from None
 
 
+class ShuttingDown(Exception):
+    """A reply still running when the server's shutdown grace period ran out."""
+
+
 class ClientGone(Exception):
     """The client disconnected before its reply was ready."""
 
@@ -204,22 +241,29 @@ async def _client_gone(request: Request) -> None:
 
 
 async def _unless_abandoned(request: Request, svc: Service, work: Awaitable[Response]) -> Response:
-    """`work`'s reply, unless the client disconnects first (ClientGone). Then `work` is cancelled,
-    and with it the worker call in flight: `upstream.py` cancels it on the worker loop, which closes
-    its connection. uvicorn cancels nothing itself: it only tells the app, through `receive()`,
-    that the client has gone."""
+    """`work`'s reply, unless the client disconnects first (ClientGone) or the shutdown grace period
+    runs out (a 503). Then `work` is cancelled, and with it the worker call in flight: `upstream.py`
+    cancels it on the worker loop, which closes its connection. uvicorn cancels nothing itself: it
+    only tells the app, through `receive()`, that the client has gone."""
     task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_client_gone(request))
+    gone, over = asyncio.ensure_future(_client_gone(request)), asyncio.ensure_future(svc.grace_over.wait())
     try:
-        await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([task, gone, over], return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
+        over.cancel()
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     if not task.cancelled():
         return task.result()
-    raise ClientGone
+    if gone.done() and not gone.cancelled():
+        raise ClientGone
+    raise _shutting_down(svc)
+
+
+def _shutting_down(svc: Service) -> APIError:
+    return APIError(503, svc.shutdown_message(), type="server_error", code="server_shutting_down")
 
 
 def _ms(seconds: float) -> float:
@@ -253,6 +297,8 @@ def _sse(obj: dict) -> str:
 async def chat_completions(request: Request) -> Response:
     t0 = time.perf_counter()
     svc: Service = request.app.state.fugu
+    if svc.stopping:
+        raise _shutting_down(svc)
     svc.check_auth(request)
     require_json(request)
     try:
@@ -341,6 +387,9 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
     _finish_timing(info, t0, stream.timing)  # until the first byte
     headers = _headers(info)
 
+    svc.relays.add(stream)
+    if svc.grace_over.is_set():
+        stream.interrupt(ShuttingDown(svc.shutdown_message()))
     ended = False  # the relay reached its end (an answer, or an error event), not a client that left
 
     async def relay():
@@ -369,6 +418,13 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
             yield "data: [DONE]\n\n"
             ended = True
             return
+        except ShuttingDown as exc:
+            log.warning("stream from worker %s ended early: %s", wid, exc)
+            yield _sse({"error": {"message": str(exc), "type": "server_error", "param": None,
+                                  "code": "server_shutting_down"}})
+            yield "data: [DONE]\n\n"
+            ended = True
+            return
         final = dict(info)  # complete now: cost, usage, whole-stream timings
         final["cost_usd"], final["cost_source"] = stream.cost()
         final["usage"] = stream.usage
@@ -383,6 +439,7 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
         ended = True
 
     async def cleanup() -> None:
+        svc.relays.discard(stream)
         if not ended:
             svc.counts["disconnected"] += 1
             log.info("client disconnected mid-stream; the stream from worker %s was closed", wid)
@@ -436,6 +493,9 @@ async def retrieve_model(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     svc: Service = request.app.state.fugu
+    if svc.stopping:
+        return JSONResponse({"status": "shutting_down", "error": svc.shutdown_message(),
+                             "uptime_s": round(time.monotonic() - svc.started, 3)}, status_code=503)
     def current() -> Router:
         with svc.source.lock:
             return svc.source.get()
@@ -496,6 +556,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
+        svc.loop = asyncio.get_running_loop()
         await svc.workers.start()
         try:
             yield

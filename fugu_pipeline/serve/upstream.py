@@ -168,6 +168,10 @@ class RelayedStream:
                 raise item
             yield item
 
+    def interrupt(self, exc: BaseException) -> None:  # serving loop
+        """End the iteration early: it raises `exc` after the chunks that have already arrived."""
+        self._queue.put_nowait(exc)
+
     async def aclose(self) -> None:  # serving loop
         if self._closed:
             return
