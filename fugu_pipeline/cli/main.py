@@ -248,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=2 << 20, help="larger request bodies get a 413")
     p.add_argument("--batch-window-ms", type=float, default=3.0, help="how long a request waits for others to batch with")
     p.add_argument("--max-batch", type=int, default=32, help="prompts per routing batch (1: no batching)")
+    p.add_argument("--shutdown-grace-s", type=float, default=5.0, help="on SIGTERM/SIGINT, how long replies in flight get "
+                   "to finish; then a stream ends with a server_shutting_down error event, a plain request with a 503")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     budget_opts(p, "the server's default cap for requests that send no fugu_budget (nor fugu_cost_weight)")
     encoder_opts(p, features=False)

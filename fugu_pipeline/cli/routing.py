@@ -112,8 +112,10 @@ def cmd_serve(args) -> int:
     from fugu_pipeline.cli.training import budget_of
     from fugu_pipeline.serve import serve
 
+    if args.shutdown_grace_s < 0:
+        raise CLIError(f"--shutdown-grace-s must be >= 0 seconds, got {args.shutdown_grace_s:g}")
     serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port, api_token=args.token,
           device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
           max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
-          log_level=args.log_level, default_budget=budget_of(args))
+          log_level=args.log_level, default_budget=budget_of(args), shutdown_grace_s=args.shutdown_grace_s)
     return 0

@@ -39,6 +39,14 @@ back too; an error after that ends the stream with an OpenAI-style `data: {"erro
 All workers failing gives a 502. Per-worker `max_concurrency` and `requests_per_minute` hold
 here too (requests over them wait).
 
+Clients that leave, and shutdown. uvicorn only tells the app (through `receive()`) that a client
+disconnected, so every request's work races that news (`_unless_abandoned`): a client that leaves
+before its reply is ready cancels the worker call (its connection to the worker is closed, nothing
+falls back), one that leaves mid-stream closes the worker's stream. `/health` counts both under
+`disconnected`. When shutdown begins (`Service.begin_shutdown`, from `run.py`) new requests get a
+503 `server_shutting_down`, and replies in flight get a grace period to finish; then a stream ends
+with a `server_shutting_down` error event before `[DONE]` and a plain request gets that 503.
+
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
 and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the probabilities, ranking, chosen
 and serving worker, worker calls made, fallback errors, cost, timings, and `ignored`: the request
@@ -80,11 +88,11 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -105,7 +113,7 @@ from fugu_pipeline.serve.protocol import (
     server_error_handler,
 )
 from fugu_pipeline.serve.source import RouterSource, checkpoint_tag
-from fugu_pipeline.serve.upstream import CallTiming, Workers, usage_of
+from fugu_pipeline.serve.upstream import CallTiming, RelayedStream, Workers, usage_of
 from fugu_pipeline.train.pointer import POINTER
 from fugu_pipeline.workers.config import WorkersConfig, load_workers_config
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
@@ -132,7 +140,38 @@ class Service:
         self.max_body_bytes = max_body_bytes
         self.batcher = RouteBatcher(self._route_batch, window_ms=batch_window_ms, max_batch=max_batch)
         self.started, self.started_wall = time.monotonic(), time.time()
-        self.counts = {"requests": 0, "served": 0, "fallbacks": 0, "all_workers_failed": 0}
+        self.counts = {"requests": 0, "served": 0, "fallbacks": 0, "all_workers_failed": 0, "disconnected": 0}
+        self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop, once the app has started
+        self.stopping = False  # shutdown has begun: new requests get a 503
+        self.grace_s: float | None = None  # set when shutdown begins
+        self.grace_over = asyncio.Event()  # replies still running are ended now
+        self.relays: set[RelayedStream] = set()  # streams being relayed
+
+    def begin_shutdown(self, grace_s: float) -> None:
+        """The server is stopping (`run.py` calls this when uvicorn's graceful shutdown begins; any
+        thread). New requests get a 503 `server_shutting_down`; replies in flight get `grace_s`
+        seconds to finish, then end with that error (a stream: an error event before `[DONE]`) and
+        their worker calls are closed."""
+        self.stopping = True
+        if self.loop is not None:  # None: the app never started, so nothing is in flight
+            self.loop.call_soon_threadsafe(self._begin_shutdown, grace_s)
+
+    def _begin_shutdown(self, grace_s: float) -> None:  # serving loop
+        if self.grace_s is not None:  # a second signal
+            return
+        self.grace_s = grace_s
+        self.loop.call_later(grace_s, self._end_replies)
+
+    def _end_replies(self) -> None:  # serving loop
+        self.grace_over.set()
+        for relay in list(self.relays):
+            relay.interrupt(ShuttingDown(self.shutdown_message()))
+
+    def shutdown_message(self) -> str:
+        if self.grace_over.is_set():
+            return (f"the server is shutting down and this reply did not finish within its {self.grace_s:g} s grace "
+                    "period; send the request again")
+        return "the server is shutting down; send the request again (to another instance)"
 
     def _route_batch(self, requests: list[RouteRequest]) -> list[RouteDecision | Exception]:
         """Runs in a worker thread: one router (so one checkpoint) for the whole batch."""
@@ -188,6 +227,45 @@ class Service:
             raise APIError(503, str(exc), type="server_error", code="router_unavailable") from None
 
 
+class ShuttingDown(Exception):
+    """A reply still running when the server's shutdown grace period ran out."""
+
+
+class ClientGone(Exception):
+    """The client disconnected before its reply was ready."""
+
+
+async def _client_gone(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_abandoned(request: Request, svc: Service, work: Awaitable[Response]) -> Response:
+    """`work`'s reply, unless the client disconnects first (ClientGone) or the shutdown grace period
+    runs out (a 503). Then `work` is cancelled, and with it the worker call in flight: `upstream.py`
+    cancels it on the worker loop, which closes its connection. uvicorn cancels nothing itself: it
+    only tells the app, through `receive()`, that the client has gone."""
+    task = asyncio.ensure_future(work)
+    gone, over = asyncio.ensure_future(_client_gone(request)), asyncio.ensure_future(svc.grace_over.wait())
+    try:
+        await asyncio.wait([task, gone, over], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        over.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if not task.cancelled():
+        return task.result()
+    if gone.done() and not gone.cancelled():
+        raise ClientGone
+    raise _shutting_down(svc)
+
+
+def _shutting_down(svc: Service) -> APIError:
+    return APIError(503, svc.shutdown_message(), type="server_error", code="server_shutting_down")
+
+
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
@@ -219,11 +297,26 @@ def _sse(obj: dict) -> str:
 async def chat_completions(request: Request) -> Response:
     t0 = time.perf_counter()
     svc: Service = request.app.state.fugu
+    if svc.stopping:
+        raise _shutting_down(svc)
     svc.check_auth(request)
     require_json(request)
-    raw = await read_body(request, svc.max_body_bytes)
+    try:
+        raw = await read_body(request, svc.max_body_bytes)
+    except ClientDisconnect:  # an ordinary event, not a server error
+        log.info("client disconnected while sending its request")
+        return Response(status_code=499)
     req = parse_chat_request(raw)
     svc.counts["requests"] += 1
+    try:
+        return await _unless_abandoned(request, svc, _chat_completion(request, svc, req, raw, t0))
+    except ClientGone:
+        svc.counts["disconnected"] += 1
+        log.info("client disconnected before its reply was ready; the worker call was cancelled")
+        return Response(status_code=499)  # nobody reads it: uvicorn drops it
+
+
+async def _chat_completion(request: Request, svc: Service, req: ChatRequest, raw: bytes, t0: float) -> Response:
     if multi_turn.requested_mode(raw) == "multi_turn":  # the coordinator delegates over several turns
         return await multi_turn.chat_completion(svc, request.app.state.fugu_roles, req, t0)
     decision = await svc.route(req)
@@ -294,7 +387,13 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
     _finish_timing(info, t0, stream.timing)  # until the first byte
     headers = _headers(info)
 
+    svc.relays.add(stream)
+    if svc.grace_over.is_set():
+        stream.interrupt(ShuttingDown(svc.shutdown_message()))
+    ended = False  # the relay reached its end (an answer, or an error event), not a client that left
+
     async def relay():
+        nonlocal ended
         yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None}], "fugu_lite": info})
         held = None  # the chunk that ends the answer (finish_reason): the final fugu_lite rides on it
@@ -317,6 +416,14 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
             yield _sse({"error": {"message": f"worker {wid} failed mid-stream: {exc}", "type": "upstream_error",
                                   "param": None, "code": "upstream_stream_error"}})
             yield "data: [DONE]\n\n"
+            ended = True
+            return
+        except ShuttingDown as exc:
+            log.warning("stream from worker %s ended early: %s", wid, exc)
+            yield _sse({"error": {"message": str(exc), "type": "server_error", "param": None,
+                                  "code": "server_shutting_down"}})
+            yield "data: [DONE]\n\n"
+            ended = True
             return
         final = dict(info)  # complete now: cost, usage, whole-stream timings
         final["cost_usd"], final["cost_source"] = stream.cost()
@@ -329,8 +436,16 @@ def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dic
         else:
             yield _sse({**held, "fugu_lite": final})
         yield "data: [DONE]\n\n"
+        ended = True
 
-    return _RelayResponse(relay(), stream.aclose, media_type="text/event-stream",
+    async def cleanup() -> None:
+        svc.relays.discard(stream)
+        if not ended:
+            svc.counts["disconnected"] += 1
+            log.info("client disconnected mid-stream; the stream from worker %s was closed", wid)
+        await stream.aclose()
+
+    return _RelayResponse(relay(), cleanup, media_type="text/event-stream",
                           headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -378,6 +493,9 @@ async def retrieve_model(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     svc: Service = request.app.state.fugu
+    if svc.stopping:
+        return JSONResponse({"status": "shutting_down", "error": svc.shutdown_message(),
+                             "uptime_s": round(time.monotonic() - svc.started, 3)}, status_code=503)
     def current() -> Router:
         with svc.source.lock:
             return svc.source.get()
@@ -436,6 +554,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
+        svc.loop = asyncio.get_running_loop()
         await svc.workers.start()
         try:
             yield

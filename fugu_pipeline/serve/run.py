@@ -6,6 +6,13 @@ wait for each other, next to the event loop and the worker loop that need the sa
 on a 2-core machine with the tiny encoder: 16-32 ms of CPU per request with torch's default
 threads, 5.5-6.5 ms with one. So serving defaults to `torch_threads=1`; raise it for a large
 encoder on a CPU with idle cores (it shortens one big forward pass), 0 keeps torch's default.
+
+Shutdown (SIGTERM, SIGINT). uvicorn stops accepting connections and waits for the replies in
+flight; the app is told when that begins (`Service.begin_shutdown`), so it answers new requests
+with a 503 and gives replies in flight `shutdown_grace_s` to finish. A reply still running then
+ends with a `server_shutting_down` error (a stream: an error event before `[DONE]`, never a stream
+that simply stops) and its worker call is closed. uvicorn's own deadline, after which it cancels
+whatever still runs, comes `SHUTDOWN_MARGIN_S` later.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from fugu_pipeline.train.pointer import ROLES_POINTER
 
 log = logging.getLogger("fugu_pipeline.serve")
 DEFAULT_TORCH_THREADS = 1
+DEFAULT_SHUTDOWN_GRACE_S = 5.0
+SHUTDOWN_MARGIN_S = 2.0  # for the replies cut at the grace period's end to write their error and close
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -46,16 +55,21 @@ def serve(
     dtype: str = "auto",
     log_level: str = "info",
     default_budget=None,
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
 ) -> None:
     """Load the router and workers, then serve until interrupted. The token is `api_token`, else
     `$FUGU_SERVE_TOKEN`; API keys for workers come from the environment or a `.env` file.
     `torch_threads`: torch's CPU threads for the encoder (default 1, see the module docstring;
     0 or None: torch's default). `dtype`: the encoder's, `auto` by the same rule as the embedding
     step (bf16 on GPUs and on CPUs with native bf16, else fp32), so serving computes the features
-    the checkpoint was trained on when both ran on the same kind of machine."""
+    the checkpoint was trained on when both ran on the same kind of machine. `shutdown_grace_s`: how
+    long replies in flight get to finish once shutdown begins (see the module docstring)."""
     import uvicorn
 
     from fugu_pipeline.api_keys import load_env_file
+
+    if shutdown_grace_s < 0:
+        raise ValueError(f"shutdown_grace_s must be >= 0, got {shutdown_grace_s}")
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -84,4 +98,16 @@ def serve(
         p = router.budget_point(default_budget)
         log.info("default %s: λ=%.4g chosen on validation (validation share %.4f of %s%s)", default_budget.describe(),
                  p.lam, p.val_share, router.calibration.reference_worker, "" if p.met_on_validation else "; NOT met")
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    class GracefulServer(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            app.state.fugu.begin_shutdown(shutdown_grace_s)  # tell the app first, see the module docstring
+            await super().shutdown(sockets)
+
+    server = GracefulServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           timeout_graceful_shutdown=shutdown_grace_s + SHUTDOWN_MARGIN_S))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # SIGINT, raised again by uvicorn once it has shut down
+        pass
+    if not server.started:
+        raise SystemExit(3)  # as uvicorn.run: the server could not start (e.g. the port is taken)

@@ -17,10 +17,11 @@ to the serving loop, which wakes once for however many chunks have arrived.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from fugu_pipeline.tasks.messages import content_text
 from fugu_pipeline.workers.budget import RateLimiter
@@ -46,11 +47,43 @@ class WorkerLoop:
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
-    async def run(self, coro):
+    async def run(self, coro, discard: Callable[[Any], Awaitable] | None = None):
+        """`coro`'s result. Cancelling the caller (a client that left, shutdown) cancels `coro` on the
+        worker loop, and with it its HTTP request. A result `coro` produced all the same, which
+        nobody will read, goes to `discard` (a coroutine function, run on the worker loop), so an
+        opened stream is closed however the two loops' timing falls."""
         if self.loop.is_closed() or not self._thread.is_alive():
             coro.close()
             raise RuntimeError("the worker loop has stopped")
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def orphaned(result) -> None:  # any thread
+            if discard is not None:
+                self.loop.call_soon_threadsafe(lambda: self.loop.create_task(discard(result)))
+
+        def done(task: asyncio.Task) -> None:  # worker loop
+            if not fut.set_running_or_notify_cancel():  # the caller was cancelled first
+                if not task.cancelled() and task.exception() is None:
+                    orphaned(task.result())
+            elif task.cancelled():
+                fut.set_exception(concurrent.futures.CancelledError())
+            elif task.exception() is not None:
+                fut.set_exception(task.exception())
+            else:
+                fut.set_result(task.result())
+
+        def start() -> None:  # worker loop
+            task = self.loop.create_task(coro)
+            task.add_done_callback(done)
+            fut.add_done_callback(lambda f: f.cancelled() and self.loop.call_soon_threadsafe(task.cancel))
+
+        self.loop.call_soon_threadsafe(start)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            if not fut.cancel():  # too late: the result is set, or being set
+                fut.add_done_callback(lambda f: f.exception() is None and orphaned(f.result()))
+            raise
 
     def stop(self) -> None:
         if self.loop.is_closed():
@@ -134,6 +167,10 @@ class RelayedStream:
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+    def interrupt(self, exc: BaseException) -> None:  # serving loop
+        """End the iteration early: it raises `exc` after the chunks that have already arrived."""
+        self._queue.put_nowait(exc)
 
     async def aclose(self) -> None:  # serving loop
         if self._closed:
@@ -228,7 +265,7 @@ class Workers:
         concurrency slot until `await stream.aclose()`, which the caller must call; when this
         raises, nothing is held."""
         serving = asyncio.get_running_loop()
-        return await self.loop.run(self._open(wid, messages, params, timing, serving))
+        return await self.loop.run(self._open(wid, messages, params, timing, serving), discard=RelayedStream._close)
 
     async def _open(self, wid: str, messages: list[dict], params: dict, timing: CallTiming, serving) -> RelayedStream:
         client, msgs = self.clients[wid], self._messages(wid, messages)
