@@ -8,7 +8,8 @@ Endpoints
   ending with `data: [DONE]`). `model` is not used to pick a worker (send "fugu-lite"); the
   reply's `model` is the model that actually answered.
 - `GET /v1/models`: "fugu-lite" (the router) and every configured worker.
-- `GET /health` (no token needed): checkpoint path and hash, workers, uptime, batching figures.
+- `GET /health` (no token needed): checkpoint tag and hash, workers, uptime, batching figures; the
+  checkpoint's path and the text of a load or reload error only with the token (when one is set).
 
 Routing. The text of the LAST USER MESSAGE is routed (what is being asked now decides who
 answers; a shared system prompt or long history would make every route look alike). Extra body
@@ -272,7 +273,7 @@ def _ms(seconds: float) -> float:
 
 def _route_info(d: RouteDecision) -> dict:
     info = {"chosen_worker": d.worker_id, "probabilities": {w: round(p, 6) for w, p in d.probabilities.items()},
-            "ranking": d.ranking, "checkpoint": d.checkpoint, "checkpoint_tag": d.extra.get("checkpoint_tag")}
+            "ranking": d.ranking, "checkpoint": d.extra.get("checkpoint_tag"), "checkpoint_tag": d.extra.get("checkpoint_tag")}
     if "budget" in d.extra:
         info["budget"] = d.extra["budget"]
     if "domain_note" in d.extra:
@@ -500,18 +501,27 @@ async def health(request: Request) -> Response:
         with svc.source.lock:
             return svc.source.get()
 
+    try:  # without the token (when one is set), no filesystem path or error text: /health needs no token
+        svc.check_auth(request)
+        trusted = True
+    except APIError:
+        trusted = False
     try:
         router = await asyncio.to_thread(current)
     except Exception as exc:
-        return JSONResponse({"status": "error", "error": f"no router could be loaded: {type(exc).__name__}: {exc}",
+        error = f"no router could be loaded: {type(exc).__name__}: {exc}" if trusted else (
+            "no router could be loaded (send the server's bearer token for the reason)")
+        return JSONResponse({"status": "error", "error": error,
                              "uptime_s": round(time.monotonic() - svc.started, 3)}, status_code=503)
     m = router.checkpoint.manifest
+    reload_error = svc.source.reload_error
     return JSONResponse({
         "status": "ok",
         "uptime_s": round(time.monotonic() - svc.started, 3),
-        "checkpoint": {"path": router.path, "tag": checkpoint_tag(router), "content_hash": m.content_hash,
-                       "method": m.method, "worker_ids": router.worker_ids},
-        "reload_error": svc.source.reload_error,
+        "checkpoint": {**({"path": router.path} if trusted else {}), "tag": checkpoint_tag(router),
+                       "content_hash": m.content_hash, "method": m.method, "worker_ids": router.worker_ids},
+        "reload_error": reload_error if trusted or reload_error is None else (
+            "the last reload failed (send the server's bearer token for the reason)"),
         "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None),
                      "routed": any(i in router.worker_ids for i in (w.id, *w.aliases)), **({"aliases": w.aliases} if w.aliases else {})}
                     for w in svc.workers.config.workers],
