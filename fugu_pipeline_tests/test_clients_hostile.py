@@ -1,6 +1,6 @@
 """HTTP workers against a hostile upstream on 127.0.0.1 (the stub's "raw" fault): malformed 200
 replies, bad usage numbers, lone surrogates, a stream that stays open after [DONE], a flood, wrong
-metadata types. Bad upstream data fails the cell (naming the worker)
+metadata types, and Ctrl-C during `fugu-lite generate`. Bad upstream data fails the cell (naming the worker)
 or is retried; it never crashes the batch and never becomes a wrong stored value."""
 
 import asyncio
@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from fugu_pipeline.cli.main import main as cli_main
 from fugu_pipeline.collect.partition import collect_partition
 from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.tasks.schema import Task
@@ -335,3 +336,21 @@ def test_a_reply_over_max_reply_bytes_fails_without_retry(stub, tmp_path, stream
 def test_max_reply_bytes_has_a_sane_default():
     cfg = WorkersConfig.model_validate({"workers": [{"id": "a", "kind": "mock"}]})
     assert 4_000_000 <= cfg.max_reply_bytes <= 64_000_000
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_during_generate_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    import fugu_pipeline.collect.partition as partition
+
+    async def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(partition, "collect_partition", interrupted)
+    (tmp_path / "w.yaml").write_text(json.dumps({"workers": [{"id": "a", "kind": "mock"}]}))
+    (tmp_path / "t.jsonl").write_text("".join(t.model_dump_json() + "\n" for t in make_tasks(2)))
+    rc = cli_main(["generate", "--workers", str(tmp_path / "w.yaml"), "--tasks", str(tmp_path / "t.jsonl"),
+                   "--output", str(tmp_path / "out.jsonl")])
+    err = capsys.readouterr().err
+    assert rc == 130 and "interrupted" in err and "--resume" in err and "Traceback" not in err

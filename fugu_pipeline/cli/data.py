@@ -64,6 +64,11 @@ def cmd_generate(args) -> int:
     except FatalWorkerError as exc:
         bar.close()
         raise CLIError(str(exc)) from None
+    except KeyboardInterrupt:  # Ctrl-C: every finished cell is stored already
+        bar.close()
+        print(f"fugu-lite generate: interrupted; the finished cells are kept in {store_root}: run the same "
+              "command with --resume to continue", file=sys.stderr)
+        return 130
     bar.close()
     rows = []
     recs = {w: store.read(batch, w) for w in config.worker_ids}
