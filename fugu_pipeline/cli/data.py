@@ -4,6 +4,7 @@ and `import` (public routing data into the reward-matrix import format)."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from fugu_pipeline.cli.common import CLIError, print_json
@@ -17,6 +18,8 @@ def cmd_list_models(args) -> int:
     load_dotenv(override=False)
     snap = fetch_catalog(args.base_url, os.environ.get("OPENROUTER_API_KEY"))
     print(format_rows(list_models(snap, args.contains, args.limit)))
+    for note in snap.skipped:
+        print(f"fugu-lite list-models: skipped a malformed catalog entry: {note}", file=sys.stderr)
     return 0
 
 
@@ -61,6 +64,11 @@ def cmd_generate(args) -> int:
     except FatalWorkerError as exc:
         bar.close()
         raise CLIError(str(exc)) from None
+    except KeyboardInterrupt:  # Ctrl-C: every finished cell is stored already
+        bar.close()
+        print(f"fugu-lite generate: interrupted; the finished cells are kept in {store_root}: run the same "
+              "command with --resume to continue", file=sys.stderr)
+        return 130
     bar.close()
     rows = []
     recs = {w: store.read(batch, w) for w in config.worker_ids}

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from fugu_pipeline.api_keys import scrub_secrets
 from fugu_pipeline.collect.grading import grade
 from fugu_pipeline.collect.records import CallRecord
 from fugu_pipeline.collect.store import ResponseStore
@@ -25,6 +26,7 @@ from fugu_pipeline.workers.contract import (
     task_messages,
 )
 from fugu_pipeline.workers.factory import make_client
+from fugu_pipeline.workers.replies import clean_text
 
 
 @dataclass
@@ -134,15 +136,20 @@ async def collect_partition(
                 except FatalWorkerError as exc:
                     stop = stop or exc
                     return
-                except (WorkerCallError, ValueError) as exc:
+                except Exception as exc:  # noqa: BLE001 (a bug or a reply nobody foresaw fails this cell, not the batch)
+                    error = str(exc) if isinstance(exc, (WorkerCallError, ValueError)) else (
+                        f"unexpected {type(exc).__name__}: {scrub_secrets(str(exc))} (worker {worker_id})")
                     rec = CallRecord(
                         task_id=task.task_id, worker_id=worker_id, batch=batch,
-                        prompt_hash=task.prompt_hash, status="failed", error=str(exc)[:500],
-                        attempts=getattr(exc, "attempts", 1), latency_s=time.time() - started,
+                        prompt_hash=task.prompt_hash, status="failed", error=clean_text(error)[:500],
+                        attempts=exc.attempts if isinstance(exc, WorkerCallError) else 1, latency_s=time.time() - started,
                         model_fingerprint=model_fingerprint, finished_at=time.time(),
                     )
                 finally:
-                    await guard.settle(estimate, 0.0 if rec is None else rec.cost_usd + rec.judge_cost_usd)
+                    spent = 0.0 if rec is None else rec.cost_usd + rec.judge_cost_usd
+                    if rec is not None and rec.status == "ok" and rec.cost_source == "none":
+                        spent = max(spent, estimate)  # nothing priced the call: it counts at its worst case
+                    await guard.settle(estimate, spent)
                 await asyncio.to_thread(writer.append, rec)  # the fsync must not stall the other calls
                 stats.cost_usd += rec.cost_usd + rec.judge_cost_usd
                 if rec.status == "ok":

@@ -20,7 +20,9 @@ received at character N of `error.message` (`echo_key_in="raw"`: of `error.metad
 provider that quotes a rejected key does; `metadata` for OpenRouter error metadata),
 "timeout" (stall `sleep_s`, then a 504; no answer counted), "malformed_json", "error_in_200" (`code`),
 "empty_answer" (`finish_reason`), "no_choices", "stream_cut" (a streamed answer's content, then the
-connection closes: no finish_reason, no [DONE]). A fault matches by `model` and by `prompt`
+connection closes: no finish_reason, no [DONE]), and "raw" for a hostile upstream: `body` sent as it
+is (with `headers`, `media_type`), or, given `events`, those SSE strings as a stream, then `repeat`
+(if set) every `repeat_every_s` seconds until the client goes away (pings after [DONE], a flood). A fault matches by `model` and by `prompt`
 (a substring of the last message); `times=N` fails only the first N matching calls.
 A streamed answer goes out in one write unless `chunk_delay_s` > 0 paces its events.
 Multi-turn session requests name their role in the system message (`Role: Verifier`, see
@@ -51,7 +53,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 _ROLE_LINE = re.compile(r"^Role:\s*(Thinker|Worker|Verifier)\b", re.IGNORECASE | re.MULTILINE)
-FAULT_KINDS = ("http", "timeout", "malformed_json", "error_in_200", "empty_answer", "no_choices", "stream_cut")
+FAULT_KINDS = ("http", "timeout", "malformed_json", "error_in_200", "empty_answer", "no_choices", "stream_cut", "raw")
 
 
 @dataclass
@@ -70,6 +72,12 @@ class Fault:
     echo_key_at: int | None = None
     echo_key_in: str = "message"  # or "raw": error.metadata.raw
     metadata: dict | None = None
+    body: str | bytes = ""  # "raw": the reply body, sent as it is
+    media_type: str = "application/json"
+    headers: dict | None = None
+    events: list[str] | None = None  # "raw": stream these SSE strings instead of `body`
+    repeat: str | None = None  # "raw": then send this every `repeat_every_s` seconds, forever
+    repeat_every_s: float = 1.0
     hits: int = 0
 
     def matches(self, model: str, prompt: str) -> bool:
@@ -299,6 +307,10 @@ class StubLLMServer:
                     msg = quoted
             headers = {"Retry-After": fault.retry_after} if fault.retry_after else None
             return _error(fault.status, msg, headers=headers, metadata=metadata)
+        if fault is not None and fault.kind == "raw":
+            if fault.events is None:
+                return Response(fault.body, media_type=fault.media_type, headers=fault.headers)
+            return StreamingResponse(_raw_events(fault), media_type="text/event-stream", headers=fault.headers)
         stream = bool(body.get("stream"))
         if fault is not None and fault.kind in ("malformed_json", "error_in_200"):
             text = ('{"id": "gen-1", "choices": [{"message": ' if fault.kind == "malformed_json" else
@@ -370,6 +382,14 @@ def _error(status: int, message: str, headers: dict | None = None, metadata: dic
     if metadata:
         err["metadata"] = metadata
     return JSONResponse({"error": err}, status_code=status, headers=headers)
+
+
+async def _raw_events(fault: Fault):
+    for e in fault.events or []:
+        yield e
+    while fault.repeat is not None:
+        await asyncio.sleep(fault.repeat_every_s)
+        yield fault.repeat
 
 
 async def _paced(events: list[str], delay: float):

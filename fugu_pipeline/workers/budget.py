@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -94,8 +95,12 @@ class BudgetLedger:
         return estimate
 
     async def settle(self, estimate: float, cost: float) -> None:
+        """Replace the reservation by the real cost. A cost that is not a finite, non-negative number
+        is unknown: the reserved worst case is kept (a NaN would make every later check pass)."""
         if self.budget is None:
             return
+        if not (isinstance(cost, (int, float)) and math.isfinite(cost) and cost >= 0):
+            cost = estimate
         async with self._cond:
             self.spent += cost
             self.reserved -= estimate

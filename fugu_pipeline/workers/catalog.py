@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -64,26 +65,37 @@ def model_fingerprint(pricing: dict[str, str], context_length: int | None,
 
 
 def _float(v: object) -> float | None:
+    """A finite number, else None (a price of "nan" or "inf" is no price)."""
     try:
-        return float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        f = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
         return None
+    return f if math.isfinite(f) else None
 
 
 def entry_from_api(raw: dict) -> ModelEntry:
-    pricing = {k: str(v) for k, v in (raw.get("pricing") or {}).items() if v is not None}
+    """One model of the API's list. Raises ValueError naming the field when the entry is malformed."""
+    pricing = raw.get("pricing") or {}
+    if not isinstance(pricing, dict):
+        raise ValueError(f"pricing is a {type(pricing).__name__}, not an object")
+    pricing = {str(k): str(v) for k, v in pricing.items() if v is not None}
     ctx = raw.get("context_length")
-    params = [str(p) for p in (raw.get("supported_parameters") or [])]
+    if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, (int, float)) or _float(ctx) is None or ctx < 0):
+        raise ValueError(f"context_length {str(ctx)[:40]} is not a non-negative finite number")
+    ctx = int(ctx) if ctx is not None else None
+    params = raw.get("supported_parameters") or []
+    if not isinstance(params, list):
+        raise ValueError(f"supported_parameters is a {type(params).__name__}, not a list")
+    params = [str(p) for p in params]
     exp = raw.get("expiration_date")
     return ModelEntry(
         id=str(raw["id"]),
         name=str(raw.get("name") or raw["id"]),
         pricing=pricing,
-        context_length=int(ctx) if isinstance(ctx, (int, float)) else None,
+        context_length=ctx,
         supported_parameters=params,
         expiration_date=str(exp) if exp else None,
-        fingerprint=model_fingerprint(pricing, int(ctx) if isinstance(ctx, (int, float)) else None, params,
-                                      str(exp) if exp else None),
+        fingerprint=model_fingerprint(pricing, ctx, params, str(exp) if exp else None),
     )
 
 
@@ -93,6 +105,7 @@ class CatalogSnapshot(BaseModel):
     fetched_at: str = Field(description="UTC time of the fetch, ISO 8601")
     source: str = ""
     models: dict[str, ModelEntry] = Field(default_factory=dict)
+    skipped: list[str] = Field(default_factory=list, description="malformed entries left out, each with why")
 
     def fingerprint(self, model_id: str) -> str | None:
         m = self.models.get(model_id)
@@ -117,12 +130,16 @@ def snapshot_from_api(payload: dict, source: str = "") -> CatalogSnapshot:
     data = payload.get("data") if isinstance(payload, dict) else None
     if not isinstance(data, list):
         raise CatalogError(f"{source or 'catalog'}: expected a JSON object with a 'data' list of models")
-    models = {}
+    models, skipped = {}, []
     for raw in data:
         if isinstance(raw, dict) and raw.get("id"):
-            e = entry_from_api(raw)
+            try:
+                e = entry_from_api(raw)
+            except ValueError as exc:  # one malformed entry must not block the catalog: it is left out
+                skipped.append(f"{str(raw['id'])[:120]}: {exc}")
+                continue
             models[e.id] = e
-    return CatalogSnapshot(fetched_at=_now_iso(), source=source, models=models)
+    return CatalogSnapshot(fetched_at=_now_iso(), source=source, models=models, skipped=skipped)
 
 
 def fetch_catalog(base_url: str = OPENROUTER_BASE_URL, api_key: str | None = None, *,

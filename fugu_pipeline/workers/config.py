@@ -139,6 +139,8 @@ class WorkersConfig(BaseModel):
     connect_timeout_s: float = Field(10.0, gt=0)
     read_timeout_s: float = Field(60.0, gt=0)
     max_attempts: int = Field(4, ge=1)
+    max_reply_bytes: int = Field(16_000_000, ge=1024, description="largest reply body (streamed or not) read from "
+                                 "an upstream; a larger one fails the call without a retry (16 MB: far above any answer)")
     max_usd_per_run: float | None = Field(None, gt=0, description="budget guard per partition run")
 
     @model_validator(mode="after")

@@ -12,15 +12,19 @@ Behaviour (DESIGN §6):
   or choice-less 200 reply and an empty answer (both transient provider glitches in practice). An
   empty answer that ended on `length` or `content_filter` is not retried: the same request would
   end the same way. Error replies are mapped onto the contract in `replies.py`.
+- A reply body larger than `max_reply_bytes` fails the call without a retry; a stream is read up
+  to its `data: [DONE]` and then closed, whatever the upstream sends after it. Bad usage numbers
+  (NaN, infinite, negative) are unknown (None), metadata of the wrong type is dropped, and lone
+  UTF-16 surrogates in the answer are joined into their pair or replaced.
 - Requests stream (`stream: true`) so the time to first token is measured; the answer is still
   returned whole. Pass `stream=False` for servers that cannot stream (ttft is then None).
   `latency_s` and `ttft_s` count from the start of the call, retries and their waits included:
   what a caller waited. `attempts` says how many tries it took.
 - OpenRouter-only fields (`usage`, `provider`, `reasoning`, attribution headers) go only to
   `kind: openrouter` workers.
-- Cost: OpenRouter's `usage.cost` ("usage"); else catalog price x tokens ("catalog"); else the
-  configured per-million-token prices of an openai_compatible worker ("configured"); else 0
-  ("none").
+- Cost: OpenRouter's `usage.cost` when it is a finite, non-negative number ("usage"); else
+  catalog price x tokens ("catalog"); else the configured per-million-token prices of an
+  openai_compatible worker ("configured"); else 0 ("none").
 - The API key is read from the environment variable `spec.api_key_env` at call time and sent
   only as an `Authorization` header. Error messages are scrubbed of it and of anything shaped
   like a key, so exceptions and logs are safe to print and store.
@@ -47,12 +51,20 @@ from fugu_pipeline.workers.replies import (
     DETAIL_CHARS,
     SSE_DONE,
     UpstreamErrors,
+    as_cost,
     as_int,
+    as_str,
+    chunk_choices,
+    clean_text,
+    drain_after_done,
     empty_answer,
     excerpt,
     json_object,
     message_text,
+    read_capped,
+    read_error_text,
     sse_chunk,
+    sse_lines,
 )
 from fugu_pipeline.workers.retry import Retryable, RetryPolicy, with_retries
 from fugu_pipeline.workers.stream import UpstreamStream
@@ -160,6 +172,8 @@ class HTTPWorkerClient:
         return body
 
     def _transport_errors(self, exc: Exception, key: str | None) -> Retryable:
+        if isinstance(exc, httpx.DecodingError):  # e.g. `Content-Encoding: gzip` on a body that is not
+            return Retryable(f"a reply body that cannot be decoded: {excerpt(str(exc), key, DETAIL_CHARS)}")
         if isinstance(exc, httpx.TimeoutException):
             return Retryable(f"{type(exc).__name__} (connect {self.config.connect_timeout_s:g}s, "
                              f"read {self.config.read_timeout_s:g}s)")
@@ -185,19 +199,14 @@ class HTTPWorkerClient:
     async def _attempt(self, body: dict, headers: dict, key: str | None, t0: float) -> Completion:
         http = self.pool.get(self.spec.base_url)
         try:
-            if not self.stream:
-                r = await http.post(self.url, json=body, headers=headers)
-                if r.status_code != 200:
-                    self.errors.raise_status(r.status_code, r.headers, r.text, key)
-                return self._from_json(json_object(r.content, "an HTTP 200 reply"), key)
             async with http.stream("POST", self.url, json=body, headers=headers) as r:
                 if r.status_code != 200:
-                    text = (await r.aread()).decode("utf-8", "replace")
-                    self.errors.raise_status(r.status_code, r.headers, text, key)
-                if "text/event-stream" not in r.headers.get("content-type", ""):  # server ignored stream
-                    return self._from_json(json_object(await r.aread(), "an HTTP 200 reply"), key)
+                    self.errors.raise_status(r.status_code, r.headers, await read_error_text(r), key)
+                if not self.stream or "text/event-stream" not in r.headers.get("content-type", ""):  # plain JSON
+                    raw = await read_capped(r, self.config.max_reply_bytes, self._where)
+                    return self._from_json(json_object(raw, "an HTTP 200 reply"), key)
                 return await self._from_stream(r, key, t0)
-        except (httpx.TimeoutException, httpx.TransportError, httpx.StreamError) as exc:
+        except (httpx.TimeoutException, httpx.TransportError, httpx.StreamError, httpx.DecodingError) as exc:
             raise self._transport_errors(exc, key) from None
 
     # ------------------------------------------------------------------ replies
@@ -212,6 +221,10 @@ class HTTPWorkerClient:
         if c.get("error"):
             self.errors.raise_embedded(c["error"], key)
         msg = c.get("message") or {}
+        if not isinstance(msg, dict):
+            raise Retryable("an HTTP 200 reply whose message is not an object")
+        if c.get("finish_reason") == "error":  # the same rule as a stream's
+            raise Retryable("the upstream ended the reply with finish_reason=error")
         return self._finish(message_text(msg.get("content")), c.get("finish_reason"), data, data.get("usage"), None)
 
     async def _from_stream(self, r: httpx.Response, key: str | None, t0: float) -> Completion:
@@ -221,26 +234,26 @@ class HTTPWorkerClient:
         usage = None
         meta: dict = {}
         saw_chunk = False
-        done = False
-        async for line in r.aiter_lines():  # read to the end, so the connection goes back to the pool
-            chunk = None if done else sse_chunk(line)
+        lines = sse_lines(r, self.config.max_reply_bytes, self._where)
+        async for line in lines:
+            chunk = sse_chunk(line)
             if chunk is None:
                 continue
-            if chunk is SSE_DONE:
-                done = True
-                continue
+            if chunk is SSE_DONE:  # the answer is whole: whatever the upstream sends after it is not waited for
+                await drain_after_done(lines)
+                break
             if chunk.get("error"):
                 self.errors.raise_embedded(chunk["error"], key)
             saw_chunk = True
-            for k in ("model", "provider", "id"):
-                if chunk.get(k):
+            for k in ("model", "provider"):
+                if as_str(chunk.get(k)):
                     meta[k] = chunk[k]
             if chunk.get("usage"):
                 usage = chunk["usage"]
-            for c in chunk.get("choices") or []:
+            for c in chunk_choices(chunk):
                 if c.get("error"):
                     self.errors.raise_embedded(c["error"], key)
-                piece = message_text((c.get("delta") or {}).get("content"))
+                piece = message_text(c["delta"].get("content"))
                 if piece:
                     if ttft is None:
                         ttft = time.monotonic() - t0
@@ -253,31 +266,39 @@ class HTTPWorkerClient:
             raise Retryable("the upstream ended the stream with finish_reason=error")
         return self._finish("".join(parts), finish, meta, usage, ttft)
 
-    def _finish(self, answer: str, finish: str | None, data: dict, usage: dict | None, ttft: float | None) -> Completion:
+    def _finish(self, answer: str, finish: object, data: dict, usage: dict | None, ttft: float | None) -> Completion:
+        finish = as_str(finish)
+        answer = clean_text(answer)  # after the join: an emoji split across two chunks is whole again
         if not answer.strip():
             raise empty_answer(finish, self._where, self.spec.max_tokens)
         usage = usage if isinstance(usage, dict) else {}
         pt, ct = as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens"))
-        served = data.get("model") or None
+        served = as_str(data.get("model"))
         cost, source = self._cost(usage, pt, ct, served)
         return Completion(
             answer=answer, cost_usd=cost, cost_source=source, ttft_s=ttft, prompt_tokens=pt,
             completion_tokens=ct, finish_reason=finish, requested_model=self.spec.model, served_model=served,
-            provider=data.get("provider") if self.is_openrouter else None,
+            provider=as_str(data.get("provider")) if self.is_openrouter else None,
         )
 
     def _cost(self, usage: dict, pt: int | None, ct: int | None, served: str | None) -> tuple[float, str]:
-        if self.is_openrouter and isinstance(usage.get("cost"), (int, float)):
-            return float(usage["cost"]), "usage"
+        """(USD, source) in the order of the module docstring; a NaN, infinite or negative figure is
+        unknown and the next source is tried."""
+        cost = as_cost(usage.get("cost")) if self.is_openrouter else None
+        if cost is not None:
+            return cost, "usage"
         if pt is None or ct is None:
             return 0.0, "none"
         if self.is_openrouter and self.catalog is not None:
             for model in (served, self.spec.model):
                 price = self.catalog.price_per_token(model) if model else None
-                if price:
-                    return pt * price[0] + ct * price[1], "catalog"
+                cost = as_cost(pt * price[0] + ct * price[1]) if price else None
+                if cost is not None:
+                    return cost, "catalog"
         if isinstance(self.spec, OpenAICompatibleWorker) and (self.spec.price_in_per_mtok or self.spec.price_out_per_mtok):
-            return (pt * self.spec.price_in_per_mtok + ct * self.spec.price_out_per_mtok) / 1e6, "configured"
+            cost = as_cost((pt * self.spec.price_in_per_mtok + ct * self.spec.price_out_per_mtok) / 1e6)
+            if cost is not None:
+                return cost, "configured"
         return 0.0, "none"
 
     async def aclose(self) -> None:
@@ -310,12 +331,12 @@ class HTTPWorkerClient:
         try:
             r = await http.send(http.build_request("POST", self.url, json=body, headers=headers), stream=True)
             if r.status_code != 200:
-                text = (await r.aread()).decode("utf-8", "replace")
-                self.errors.raise_status(r.status_code, r.headers, text, key)
+                self.errors.raise_status(r.status_code, r.headers, await read_error_text(r), key)
             if "text/event-stream" in r.headers.get("content-type", ""):
-                stream = UpstreamStream(self.errors, self._cost, r, key, max_tokens=body.get("max_tokens"))
+                stream = UpstreamStream(self.errors, self._cost, r, key, max_tokens=body.get("max_tokens"),
+                                        max_bytes=self.config.max_reply_bytes)
             else:  # the server ignored `stream`: relay its whole JSON reply as one chunk
-                data = json_object(await r.aread(), "an HTTP 200 reply")
+                data = json_object(await read_capped(r, self.config.max_reply_bytes, self._where), "an HTTP 200 reply")
                 comp = self._from_json(data, key)
                 chunk = {"model": comp.served_model, "usage": data.get("usage"), "choices": [
                     {"index": 0, "delta": {"role": "assistant", "content": comp.answer},
@@ -325,7 +346,7 @@ class HTTPWorkerClient:
             await stream.first()
             ok = True
             return stream
-        except (httpx.TimeoutException, httpx.TransportError, httpx.StreamError) as exc:
+        except (httpx.TimeoutException, httpx.TransportError, httpx.StreamError, httpx.DecodingError) as exc:
             raise self._transport_errors(exc, key) from None
         finally:
             if r is not None and not ok:

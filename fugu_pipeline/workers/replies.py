@@ -8,7 +8,12 @@ fails only that cell. 408, 429 and 5xx are `Retryable`; other codes fail the cel
 
 from __future__ import annotations
 
+import asyncio
+import codecs
 import json
+import math
+import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fugu_pipeline.api_keys import scrub_secrets
@@ -44,17 +49,138 @@ def json_object(raw: str | bytes, what: str) -> dict:
     return data
 
 
+def chunk_choices(chunk: dict) -> list[dict]:
+    """A stream chunk's choices, each an object with an object `delta` ({} when it has none);
+    choices or deltas of another type are a malformed chunk (retryable)."""
+    choices = chunk.get("choices")
+    if choices is None:
+        return []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise Retryable("a reply stream chunk whose choices are not a list of objects")
+    out = []
+    for c in choices:
+        delta = c.get("delta")
+        if delta is not None and not isinstance(delta, dict):
+            raise Retryable("a reply stream chunk whose delta is not an object")
+        out.append(c if isinstance(delta, dict) else {**c, "delta": {}})
+    return out
+
+
+DONE_GRACE_S = 1.0  # after [DONE], how long the rest of a stream is read before the connection is dropped
+
+
+async def drain_after_done(lines: AsyncIterator[str], grace_s: float = DONE_GRACE_S) -> None:
+    """After `data: [DONE]`: read what is left for up to `grace_s`, so that the connection can go back
+    to the pool. An upstream that keeps it open (pings, silence, more data) is not waited for: the
+    caller closes the response, and the answer stands."""
+    try:
+        async with asyncio.timeout(grace_s):
+            async for _ in lines:
+                pass
+    except Exception:  # noqa: BLE001 (a timeout, a flood, a reset: the answer is whole already)
+        pass
+
+
 def message_text(content: object) -> str:
-    """Message content as text: a string, or a list of `{"type": "text", "text": ...}` parts."""
+    """Message content as text: a string, or a list of `{"type": "text", "text": ...}` parts (parts
+    whose text is not a string are skipped)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""
 
 
+def clean_text(text: str) -> str:
+    """`text` as valid Unicode: surrogate pairs (an emoji a proxy split across two chunks, joined
+    again) become their character, lone surrogates U+FFFD. Lone ones cannot be stored as UTF-8."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def as_str(v: object) -> str | None:
+    """A metadata field (model, provider, finish_reason) when it is a non-empty string, else None."""
+    return clean_text(v) if isinstance(v, str) and v else None
+
+
 def as_int(v: object) -> int | None:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A token count: a finite, non-negative number, else None (unknown)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+        return None
+    return int(v) if v >= 0 else None
+
+
+def as_cost(v: object) -> float | None:
+    """A USD cost: a finite, non-negative number, else None (unknown)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        v = float(v)
+    except OverflowError:
+        return None
+    return v if math.isfinite(v) and v >= 0 else None
+
+
+def too_big(limit: int, where: str) -> Exception:
+    return WorkerCallError(f"the reply is larger than max_reply_bytes={limit} (worker config); not retried: the "
+                           f"same request would flood again ({where})")
+
+
+async def read_capped(response, limit: int, where: str) -> bytes:
+    """The whole (decoded) body of an httpx streaming response, failing the call past `limit` bytes."""
+    out = bytearray()
+    async for data in response.aiter_bytes():
+        out += data
+        if len(out) > limit:
+            raise too_big(limit, where)
+    return bytes(out)
+
+
+ERROR_BODY_BYTES = 65536  # the start of an error reply that is read; the rest is dropped
+
+
+async def read_error_text(response) -> str:
+    """The start of an error reply's body, as text (an error body that floods is cut, not read)."""
+    out = bytearray()
+    async for data in response.aiter_bytes():
+        out += data
+        if len(out) >= ERROR_BODY_BYTES:
+            break
+    return bytes(out[:ERROR_BODY_BYTES]).decode("utf-8", "replace")
+
+
+_EOL = re.compile(r"\r\n|\r|\n")
+
+
+async def sse_lines(response, limit: int, where: str) -> AsyncIterator[str]:
+    """The lines of a server-sent-events body (CRLF, LF or CR ends one, as SSE says), failing the
+    call once more than `limit` bytes arrived: a flood, even one without line breaks, is bounded."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    total, pending = 0, []  # the unterminated tail, in pieces (a long line is joined once, not per read)
+    async for data in response.aiter_bytes():
+        total += len(data)
+        if total > limit:
+            raise too_big(limit, where)
+        new = decoder.decode(data)
+        if not new:
+            continue
+        if _EOL.search(new) is None and not (pending and pending[-1].endswith("\r")):
+            pending.append(new)
+            continue
+        text = "".join(pending) + new
+        end = len(text) - 1 if text.endswith("\r") else len(text)  # a CR may be half of a CRLF
+        lines = _EOL.split(text[:end])
+        pending = [lines.pop() + text[end:]]
+        for line in lines:
+            yield line
+    rest = "".join(pending) + decoder.decode(b"", final=True)
+    if rest:
+        lines = _EOL.split(rest)
+        for line in lines if lines[-1] else lines[:-1]:
+            yield line
 
 
 DETAIL_CHARS = 300  # how much of an upstream's error text goes into an error message

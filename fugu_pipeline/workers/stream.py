@@ -7,7 +7,19 @@ from collections.abc import Callable
 import httpx
 
 from fugu_pipeline.workers.contract import WorkerCallError
-from fugu_pipeline.workers.replies import SSE_DONE, UpstreamErrors, as_int, empty_answer, message_text, sse_chunk
+from fugu_pipeline.workers.replies import (
+    SSE_DONE,
+    UpstreamErrors,
+    as_int,
+    as_str,
+    chunk_choices,
+    clean_text,
+    drain_after_done,
+    empty_answer,
+    message_text,
+    sse_chunk,
+    sse_lines,
+)
 from fugu_pipeline.workers.retry import Retryable
 
 CostFn = Callable[[dict, "int | None", "int | None", "str | None"], "tuple[float, str]"]
@@ -20,9 +32,10 @@ class UpstreamStream:
     in as chunks pass."""
 
     def __init__(self, errors: UpstreamErrors, cost_fn: CostFn, response: httpx.Response, key: str | None,
-                 chunks: list[dict] | None = None, max_tokens: int | None = None):
+                 chunks: list[dict] | None = None, max_tokens: int | None = None, max_bytes: int = 16_000_000):
         self.errors, self._cost_fn, self.response, self._key = errors, cost_fn, response, key
-        self._lines = response.aiter_lines() if chunks is None else None
+        self._lines = sse_lines(response, max_bytes, errors.where) if chunks is None else None
+        self._high = ""  # a high surrogate that ended the last content piece, held for its pair
         self._buffer = list(chunks or [])
         self.served_model: str | None = None
         self.usage: dict | None = None
@@ -45,9 +58,8 @@ class UpstreamStream:
                     raise Retryable("an HTTP 200 reply stream with no chunks")
                 raise empty_answer(self.finish_reason, self.errors.where, self._max_tokens)
             seen.append(chunk)
-            for c in chunk.get("choices") or []:
-                if isinstance(c, dict):
-                    text += message_text((c.get("delta") or {}).get("content"))
+            for c in chunk_choices(chunk):
+                text += message_text(c["delta"].get("content"))
         self._buffer[:0] = seen
         return seen[0]
 
@@ -63,27 +75,34 @@ class UpstreamStream:
             chunk = sse_chunk(line)
             if chunk is None:
                 continue
-            if chunk is SSE_DONE:
+            if chunk is SSE_DONE:  # the reply is whole: what the upstream sends after it is not waited for
                 self._done = True
-                async for _ in self._lines:  # read to the end, so the connection goes back to the pool
-                    pass
+                await drain_after_done(self._lines)
                 break
             if chunk.get("error"):
                 self.errors.raise_embedded(chunk["error"], self._key)
-            for c in chunk.get("choices") or []:
-                if not isinstance(c, dict):
-                    raise Retryable("a reply stream chunk whose choices are not objects")
+            for c in chunk_choices(chunk):
                 if c.get("error"):
                     self.errors.raise_embedded(c["error"], self._key)
                 if c.get("finish_reason") == "error":
                     raise Retryable("the upstream ended the stream with finish_reason=error")
-                self.finish_reason = c.get("finish_reason") or self.finish_reason
-            self.served_model = chunk.get("model") or self.served_model
+                self.finish_reason = as_str(c.get("finish_reason")) or self.finish_reason
+                if isinstance(c["delta"].get("content"), str):
+                    c["delta"]["content"] = self._whole_text(c["delta"]["content"])
+            self.served_model = as_str(chunk.get("model")) or self.served_model
             if isinstance(chunk.get("usage"), dict):
                 self.usage = chunk["usage"]
             return chunk
         self._lines = None
         return None
+
+    def _whole_text(self, piece: str) -> str:
+        """A content piece without lone surrogates: a high one at its end waits for its pair in the
+        next piece (an emoji split across two chunks, as JS proxies do), others become U+FFFD."""
+        piece, self._high = self._high + piece, ""
+        if piece and "\ud800" <= piece[-1] <= "\udbff":
+            piece, self._high = piece[:-1], piece[-1]
+        return clean_text(piece)
 
     async def __aiter__(self):
         while True:
@@ -91,7 +110,7 @@ class UpstreamStream:
                 chunk = await self._next()
             except Retryable as r:
                 raise WorkerCallError(f"{r} ({self.errors.where}; after the stream had started)") from None
-            except (httpx.TimeoutException, httpx.TransportError, httpx.StreamError) as exc:
+            except (httpx.TimeoutException, httpx.TransportError, httpx.StreamError, httpx.DecodingError) as exc:
                 raise WorkerCallError(f"stream broke after it had started: {type(exc).__name__} "
                                       f"({self.errors.where})") from None
             if chunk is None:
