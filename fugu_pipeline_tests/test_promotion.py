@@ -64,14 +64,18 @@ def bad_head(data, tmp_path, seed: int = 0):
 
 
 def tamper(path, fn):
-    """Rewrite a checkpoint's weights with fn(state) and a matching sha (so only sanity can refuse it)."""
+    """Rewrite a checkpoint's weights with fn(state) and a matching sha and content hash (so only
+    sanity can refuse it)."""
     from safetensors.torch import load
+
+    from fugu_pipeline.train.checkpoints import Manifest, checkpoint_hash
 
     state = fn(load((path / WEIGHTS_FILE).read_bytes()))
     raw = st_save(state, metadata={"format": "pt"})
     (path / WEIGHTS_FILE).write_bytes(raw)
     m = json.loads((path / MANIFEST_FILE).read_text())
     m["weights_sha256"] = hashlib.sha256(raw).hexdigest()
+    m["content_hash"] = checkpoint_hash(raw, Manifest.model_validate(m))
     (path / MANIFEST_FILE).write_text(json.dumps(m))
     return path
 

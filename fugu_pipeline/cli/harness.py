@@ -53,6 +53,9 @@ def add_commands(add, data_opts) -> None:
     judge_opts(p)
     p.add_argument("--tasks", default=None, help="BenchGen batch file or folder holding the held-out tasks (graders): "
                    "the live term calls the routed worker on a sample of them (default: data/benchgen when present)")
+    p.add_argument("--replace-broken-king", action="store_true", help="when the promoted checkpoint cannot be loaded "
+                   "(damaged pointer, edited or missing checkpoint), let the challenger replace it facing the baselines "
+                   "only (default: refuse before scoring and say why)")
 
     p = add("train-triage", cmd_train_triage, "train the triage head: domain and difficulty of a prompt")
     data_opts(p)
@@ -169,7 +172,7 @@ def cmd_validate(args) -> int:
     # the pack and the king each scored on their own features of the host's encoder model
     features = FeatureSource(data, lambda s: routing_data(args, settings=s), encoder_settings(args, encoder))
     outcome = promote_best([str(pack_dir)], data, args.models_dir, policy, live=live, tasks=tasks, submitter=pre.submitter,
-                           features=features)
+                           features=features, replace_broken_king=args.replace_broken_king)
     shown = {g.line() for g in pre.gates}
     for line in outcome["reasons"]:
         if line not in shown:  # the gates promote_best ran again agree with preflight: printed once

@@ -315,6 +315,9 @@ class PromotionConfig(dg.Config):
     """At most one promotion attempt per this many hours (None: the file's, 24; 0: off)."""
     live_sample: int | None = None
     """Live tasks per benchmark for the composite (None: the file's, 20; 0: no live term)."""
+    replace_broken_king: bool = False
+    """When the promoted checkpoint cannot be loaded, let the challenger replace it facing the baselines
+    only (default: the step fails and says why, and the broken king stays for someone to restore)."""
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION,
@@ -339,7 +342,8 @@ def promoted_router(
         rate_limit_s=None if config.rate_limit_hours is None else config.rate_limit_hours * 3600)
     live, tasks = harness.live_for(pipeline)
     outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es, eval_report_heads)],
-                           source.data, pipeline.paths.models, policy, live=live, tasks=tasks, features=source)
+                           source.data, pipeline.paths.models, policy, live=live, tasks=tasks, features=source,
+                           replace_broken_king=config.replace_broken_king)
     for line in outcome["reasons"]:
         context.log.info(line)
     if shared and shared.push_promoted(king_version):  # compare-and-swap: fails if another machine promoted meanwhile

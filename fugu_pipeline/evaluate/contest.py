@@ -99,17 +99,29 @@ def score_against_king(checkpoint, king, data, cfg: CompositeConfig, *, live: Li
 
 
 def load_king(models_dir: str | Path):
-    """The promoted checkpoint, loaded, or None (none promoted, or it cannot be loaded)."""
-    from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
-    from fugu_pipeline.train.pointer import pointer_target, read_pointer
+    """The promoted checkpoint, loaded, or None (none promoted, or it cannot be loaded: see `king_or_why`)."""
+    return king_or_why(models_dir)[0]
 
-    pointer = read_pointer(models_dir)
-    if pointer is None:
-        return None
+
+def king_or_why(models_dir: str | Path) -> tuple[object | None, str | None]:
+    """(the promoted checkpoint, None); (None, None) when nothing is promoted; (None, why) when the
+    pointer is damaged, names a checkpoint that cannot be loaded, or names another checkpoint than
+    the one it promoted (its content_hash differs from the manifest's)."""
+    from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
+    from fugu_pipeline.train.pointer import pointer_location, pointer_target, read_pointer
+
     try:
-        return load_checkpoint(pointer_target(models_dir, pointer))
-    except (CheckpointError, FileNotFoundError):
-        return None
+        pointer = read_pointer(models_dir)
+        if pointer is None:
+            return None, None
+        king = load_checkpoint(pointer_target(models_dir, pointer))
+    except (CheckpointError, OSError) as exc:
+        return None, str(exc)
+    want = pointer.get("content_hash")
+    if want and want != king.manifest.content_hash:
+        return None, (f"{pointer_location(models_dir)}: content_hash {want} but {pointer['checkpoint']} holds checkpoint "
+                      f"{king.manifest.content_hash}: not the promoted checkpoint; re-run promotion or restore it")
+    return king, None
 
 
 def add_composite(rep: dict, checkpoint, data, models_dir: str | Path | None, cfg: CompositeConfig, *,
@@ -118,8 +130,10 @@ def add_composite(rep: dict, checkpoint, data, models_dir: str | Path | None, cf
     """Put the composite of `checkpoint` (against the current king of `models_dir`, novelty
     included, the king on its own features from `features`) with every term into an evaluation
     report, and onto its summary line."""
-    king = load_king(models_dir) if models_dir is not None else None
+    king, why = king_or_why(models_dir) if models_dir is not None else (None, None)
     contest = score_against_king(checkpoint, king, data, cfg, live=live, tasks=tasks, features=features)
+    if why:
+        contest["king_note"] = f"the promoted checkpoint cannot be loaded, not scored: {why}"
     rep["composite"] = contest
     c = contest["challenger"]["composite"]
     k = contest["king"]["composite"] if contest["king"] is not None else None

@@ -99,7 +99,9 @@ def rate_limit_gate(models_dir: str | Path, submitter: str, period_s: float, now
     now = time.time() if now is None else now
     last = None
     for rec in history(models_dir):
-        if rec.get("rate_limited") or rec.get("submitter", DEFAULT_SUBMITTER) != submitter:
+        # refused by the rate limit itself, or failed on the host's side (a broken king, a pointer
+        # that could not be written): no attempt of the submitter's
+        if rec.get("rate_limited") or rec.get("not_an_attempt") or rec.get("submitter", DEFAULT_SUBMITTER) != submitter:
             continue
         t = _epoch(rec.get("at", ""))
         if t is not None and (last is None or t > last):

@@ -39,7 +39,7 @@ from fugu_pipeline.train.exchange import (
     PackContract,
     read_receipt,
 )
-from fugu_pipeline.train.pointer import pointer_target, read_pointer
+from fugu_pipeline.train.pointer import PointerError, pointer_target, read_pointer
 
 EXTERNAL_SUBMITTER = "external"
 
@@ -64,7 +64,12 @@ class PreflightResult:
 
 
 def king_manifest(models_dir: str | Path) -> tuple[Path, Manifest] | None:
-    pointer = read_pointer(models_dir)
+    """The king's folder and manifest; None when nothing is promoted or it cannot be read
+    (`validate` then says why and refuses unless told to replace a broken king)."""
+    try:
+        pointer = read_pointer(models_dir)
+    except PointerError:
+        return None
     if pointer is None:
         return None
     path = pointer_target(models_dir, pointer)
@@ -72,6 +77,14 @@ def king_manifest(models_dir: str | Path) -> tuple[Path, Manifest] | None:
         return path, Manifest.model_validate_json((path / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _pointer_problem(models_dir: str | Path) -> str | None:
+    try:
+        read_pointer(models_dir)
+    except PointerError as exc:
+        return str(exc)
+    return None
 
 
 def host_expectation(models_dir: str | Path, *, workers_yaml: str | None = None, encoder: str | None = None, data=None) -> Host:
@@ -99,6 +112,9 @@ def host_expectation(models_dir: str | Path, *, workers_yaml: str | None = None,
         contract = lazy.get().feature_contract()
         lazy.close()
         sources.append(f"encoder {encoder}")
+    broken = _pointer_problem(models_dir) if king is None else None
+    if broken:
+        sources.append(f"no king ({broken})")
     if king is not None and (workers is None or contract is None):
         sources.append(f"the king {king[1].method} {king[1].content_hash}")
         workers = workers if workers is not None else list(king[1].worker_ids)

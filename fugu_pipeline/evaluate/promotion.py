@@ -20,17 +20,16 @@ split minus its audit slice, `composite.py`), it
 5. for a quality head: its predicted qualities are not all in one narrow band (std under
    `min_quality_std`), which means it learnt nothing about which worker is good where.
 The pointer `models/promoted/current.json` is replaced atomically (temp file, fsync, rename,
-fsync of the folder) and every decision is appended to `models/promoted/history.jsonl` with its
-submitter; a head that was scored joins the registry of judged heads (`models/promoted/seen/`).
+fsync of the folder) under a lock held for the whole attempt (`models/promoted/.lock`: a second
+attempt waits and faces the new king), then every decision is appended to
+`models/promoted/history.jsonl` with its submitter (the pointer first: the history never claims a
+promotion whose pointer was not written); a head that was scored joins the registry of judged heads (`models/promoted/seen/`).
 A challenger outside the models folder (a pack) is copied into `models/<method>/<hash>/` when
 promoted.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,11 +62,15 @@ from fugu_pipeline.train.checkpoints import (
     load_checkpoint,
     weight_sanity,
 )
-from fugu_pipeline.train.pointer import (
-    POINTER,
-    read_pointer,
-    write_pointer,
+from fugu_pipeline.evaluate.promotion_record import (  # noqa: F401 - append_history, apply: this module's API too
+    _now,
+    _pointer_or_none,
+    append_history,
+    apply,
+    check_writable,
+    promotion_lock,
 )
+from fugu_pipeline.train.pointer import pointer_version
 
 
 class PromotionPolicy(BaseModel):
@@ -144,9 +147,12 @@ class Decision:
         return {"promote": self.promote, "challenger": self.challenger, "reasons": self.reasons, "figures": self.figures}
 
 
-def decide(challenger: Candidate, champion: Candidate | None, policy: PromotionPolicy, contest: dict | None = None) -> Decision:
+def decide(challenger: Candidate, champion: Candidate | None, policy: PromotionPolicy, contest: dict | None = None,
+           king_error: str | None = None) -> Decision:
     """Every gate is evaluated (so the UI shows all reasons), then promote iff all pass. `contest`
-    (`contest.score_against_king`) holds the composites; it is needed whenever a king can be scored."""
+    (`contest.score_against_king`) holds the composites; it is needed whenever a king can be scored.
+    `king_error`: why the promoted checkpoint could not be loaded, when the caller chose to let the
+    challenger replace it facing the baselines only (`replace_broken_king`)."""
     reasons: list[str] = []
     ok = True
     figures: dict = {"challenger_test_utility": challenger.mean}
@@ -160,7 +166,10 @@ def decide(challenger: Candidate, champion: Candidate | None, policy: PromotionP
     reasons.append(f"{'PASS' if beat_fixed else 'FAIL'} best fixed: gain {vs_fixed['mean']:+.4f} "
                    f"[{vs_fixed['low']:+.4f}, {vs_fixed['high']:+.4f}] (needs > {bar:+.4f}{sig})")
 
-    if champion is None:
+    if champion is None and king_error:
+        reasons.append(f"PASS promoted: the promoted checkpoint cannot be loaded ({king_error}); "
+                       "replaced as asked (replace_broken_king), the challenger faced the baselines only")
+    elif champion is None:
         reasons.append("PASS promoted: nothing promoted yet")
     elif champion.content_hash == challenger.content_hash:
         ok = False
@@ -277,49 +286,6 @@ def validation_utility(checkpoint, data) -> float | None:
     return float(np.mean(routed_utility(val.utility, head_scores(checkpoint.head, val.features, val.domains))))
 
 
-def append_history(models_dir: str | Path, record: dict) -> None:
-    path = Path(models_dir) / POINTER.parent / "history.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def apply(decision: Decision, challenger: Candidate, models_dir: str | Path, *, report_path: str | None = None,
-          submitter: str = DEFAULT_SUBMITTER, extra: dict | None = None) -> dict | None:
-    """Record the decision; when it promotes, swap the pointer (a challenger outside the models
-    folder is first copied into it). Returns the new pointer or None."""
-    from fugu_pipeline.train.exchange import import_checkpoint
-
-    models_dir = Path(models_dir)
-    now = _now()
-    previous = read_pointer(models_dir)
-    record = {"at": now, **decision.as_dict(), "method": challenger.method, "content_hash": challenger.content_hash,
-              "previous": (previous or {}).get("checkpoint"), "submitter": submitter, **(extra or {})}
-    append_history(models_dir, record)
-    if not decision.promote:
-        return None
-    path = Path(challenger.path).resolve()
-    try:
-        rel = str(path.relative_to(models_dir.resolve()))
-    except ValueError:  # a pack folder from elsewhere: keep a copy with the other checkpoints
-        rel = str(import_checkpoint(path, models_dir).resolve().relative_to(models_dir.resolve()))
-    pointer = {"checkpoint": rel, "method": challenger.method, "content_hash": challenger.content_hash,
-               "promoted_at": now, "test_utility": challenger.mean, "reasons": decision.reasons,
-               "composite": decision.figures.get("composite"), "submitter": submitter,
-               "report": report_path, "previous": (previous or {}).get("checkpoint")}
-    write_pointer(models_dir, pointer)
-    return pointer
-
-
 def weight_gate(path: str | Path) -> list[str]:
     """The weight gate on a checkpoint that may not load: its tensors against its manifest (shape,
     finite, not all zero) and the weights file against the manifest's hash. Empty when the weights
@@ -333,7 +299,7 @@ def weight_gate(path: str | Path) -> list[str]:
     path = path.parent if path.is_file() else path
     try:
         manifest = Manifest.model_validate_json((path / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValidationError):
+    except (OSError, ValidationError, UnicodeDecodeError):
         return []
     try:
         raw = (path / WEIGHTS_FILE).read_bytes()
@@ -377,7 +343,7 @@ def pre_gates(ckpt, data, models_dir: str | Path, policy: PromotionPolicy, king=
 
 def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, policy: PromotionPolicy, *,
                  live=None, tasks: dict | None = None, submitter: str = DEFAULT_SUBMITTER, now: float | None = None,
-                 features: FeatureSource | None = None) -> dict:
+                 features: FeatureSource | None = None, replace_broken_king: bool = False) -> dict:
     """One promotion attempt. The rate limit first (a refusal there is recorded but is no attempt);
     every challenger through the weight, duplicate and receipt gates; among those that pass, the
     one with the best validation utility is scored on the frozen held-out rows of `data` (the
@@ -385,8 +351,23 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
     gates of `decide`. Each checkpoint, the king included, is scored on its own features from
     `features` (`feature_source.py`: the same rows, encoded as its contract says, by the serving
     encoder model); without `features`, only checkpoints on `data`'s contract can be scored.
-    Returns {promoted, challenger, reasons, pointer, contest}."""
-    from fugu_pipeline.evaluate.contest import load_king, score_against_king
+    Returns {promoted, challenger, reasons, pointer, contest}.
+
+    The models folder must be writable (checked before anything is scored). The whole attempt
+    holds models/promoted/.lock, so a second attempt waits and then faces the king the first one
+    promoted; the pointer is compare-and-swapped on the version read before the king was loaded.
+    A promoted checkpoint that cannot be loaded (damaged pointer, edited or missing checkpoint)
+    raises CheckpointError before scoring, recorded in the history, unless `replace_broken_king`:
+    then the challenger faces the baselines only and the history says why."""
+    check_writable(models_dir)
+    with promotion_lock(models_dir):
+        return _promote_best(checkpoint_paths, data, models_dir, policy, live=live, tasks=tasks, submitter=submitter,
+                             now=now, features=features, replace_broken_king=replace_broken_king)
+
+
+def _promote_best(checkpoint_paths, data, models_dir, policy, *, live, tasks, submitter, now, features,
+                  replace_broken_king) -> dict:
+    from fugu_pipeline.evaluate.contest import king_or_why, score_against_king
 
     features = features if features is not None else FeatureSource.fixed(data)
 
@@ -395,9 +376,18 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
         append_history(models_dir, {"at": _now(), "promote": False, "challenger": None, "reasons": [rate.line()],
                                     "submitter": submitter, "rate_limited": True, "paths": list(checkpoint_paths)})
         return {"promoted": False, "challenger": None, "reasons": [rate.line(), "NOT PROMOTED: rate limited"],
-                "pointer": read_pointer(models_dir), "contest": None}
+                "pointer": _pointer_or_none(models_dir), "contest": None}
     reasons: list[str] = [rate.line()]
-    king = load_king(models_dir)
+    version = pointer_version(models_dir)  # the king this attempt faces: the pointer write is conditional on it
+    king, king_error = king_or_why(models_dir)
+    if king_error and not replace_broken_king:
+        line = (f"FAIL promoted: the promoted checkpoint cannot be loaded ({king_error}); a challenger cannot face it: "
+                "restore it, or replace it on purpose with --replace-broken-king (asset config replace_broken_king)")
+        append_history(models_dir, {"at": _now(), "promote": False, "challenger": None, "reasons": [line],
+                                    "submitter": submitter, "king_error": king_error, "not_an_attempt": True,
+                                    "paths": list(checkpoint_paths)})
+        raise CheckpointError(f"{king_error} -- nothing scored, nothing promoted: restore the promoted checkpoint, "
+                              "or pass --replace-broken-king to let the challenger replace it facing the baselines only")
     passed: list[tuple[object, list[GateResult]]] = []
     for path in dict.fromkeys(checkpoint_paths):
         try:
@@ -417,7 +407,7 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
         reasons.append(f"REFUSED {path}: " + "; ".join(g.line() for g in gates if not g.ok))
     if not passed:
         return {"promoted": False, "challenger": None, "reasons": reasons or ["no challenger"],
-                "pointer": read_pointer(models_dir), "contest": None}
+                "pointer": _pointer_or_none(models_dir), "contest": None}
     scored = [(scored_candidate(c, features, policy.composite), c, g) for c, g in passed]
     usable = [t for t in scored if not t[0].contract_problems] or scored
     best, ckpt, gates = max(usable, key=lambda t: (t[0].val_router_utility if t[0].val_router_utility is not None else -np.inf))
@@ -427,8 +417,9 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
     champion = None
     if king is not None:
         champion = scored_candidate(king, features, policy.composite)
-    elif read_pointer(models_dir) is not None:
-        reasons.append("the promoted checkpoint cannot be loaded; the challenger faces the baselines only")
+    elif king_error:
+        reasons.append(f"the promoted checkpoint cannot be loaded ({king_error}); replace_broken_king: "
+                       "the challenger faces the baselines only")
     contest = None
     if not best.contract_problems:
         contest = score_against_king(ckpt, king, features.for_checkpoint(ckpt)[0], policy.composite, live=live,
@@ -437,16 +428,19 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
         if contest["king"] is not None:
             reasons.extend(composite_lines(contest["king"], "king composite"))
         reasons.append(contest["live"])
-    decision = decide(best, champion, policy, contest)
+    decision = decide(best, champion, policy, contest, king_error=king_error)
     reasons.extend(decision.reasons)
     report = Path(best.path) / "reports" / "test.json"
+    extra = {"gates": [g.line() for g in gates], "contest": _contest_record(contest)}
+    if king_error:
+        extra["king_error"] = king_error
     pointer = apply(decision, best, models_dir, report_path=str(report) if report.exists() else None, submitter=submitter,
-                    extra={"gates": [g.line() for g in gates], "contest": _contest_record(contest)})
+                    extra=extra, expected_version=version)
     SeenHeads(models_dir).add(best.content_hash, routing_map(ckpt.state_dict), method=best.method,
                               outcome="promoted" if pointer else "refused", submitter=submitter)
     reasons.append("PROMOTED" if pointer else "NOT PROMOTED: the promoted checkpoint stays")
     return {"promoted": pointer is not None, "challenger": best.path, "reasons": reasons,
-            "pointer": pointer or read_pointer(models_dir), "contest": contest}
+            "pointer": pointer or _pointer_or_none(models_dir), "contest": contest}
 
 
 def _contest_record(contest: dict | None) -> dict | None:

@@ -6,7 +6,9 @@
     decision.worker_id, decision.probabilities
 
 `load_promoted` follows `models/promoted/current.json`: when a new checkpoint is promoted, the
-next `route` call uses it, without a restart. `models_dir` may be an object-store URL
+next `route` call uses it, without a restart. A damaged pointer, or one whose `content_hash` is
+not the checkpoint it names, raises RouterError (one line) from `load_promoted` and from `route`;
+`serve` keeps routing with the last good router and reports why (`reload_error`). `models_dir` may be an object-store URL
 (`load_promoted("s3://bucket/models")`, fugu_pipeline/storage.py): the pointer is read from the
 store on each call (one small GET), and a newly named checkpoint is downloaded once into this
 machine's cache (checkpoints are content-addressed, so a cached one never goes stale).
@@ -25,19 +27,36 @@ from pathlib import Path
 
 from fugu_pipeline.route.router import RouteDecision, Router, RouterError
 from fugu_pipeline.storage import download, is_url, local_cache
-from fugu_pipeline.train.pointer import pointer_target, read_pointer
+from fugu_pipeline.train.pointer import PointerError, pointer_location, pointer_target, read_pointer
 
 CHECKPOINT_FILES = ("head.safetensors", "manifest.json")  # the manifest commits the checkpoint: last
 
 
 def promoted_checkpoint_path(models_dir: str | Path) -> Path:
-    ptr = read_pointer(models_dir)
+    ptr = _read(models_dir)
     if ptr is None:
         raise RouterError(
             f"no promoted router in {models_dir}: materialize `promoted_router` (or run `fugu-lite pipeline`), "
             "or pass a checkpoint directory explicitly"
         )
     return local_checkpoint(pointer_target(models_dir, ptr))
+
+
+def _read(models_dir: str | Path) -> dict | None:
+    """The pointer; a damaged one is a RouterError (one line: the file, what is wrong, what to do)."""
+    try:
+        return read_pointer(models_dir)
+    except PointerError as exc:
+        raise RouterError(str(exc)) from None
+
+
+def check_identity(models_dir: str | Path, ptr: dict, manifest) -> None:
+    """RouterError when the checkpoint the pointer names is not the one it promoted (its
+    content_hash differs from the manifest's, which loading has verified against the weights)."""
+    want = ptr.get("content_hash")
+    if want and want != manifest.content_hash:
+        raise RouterError(f"{pointer_location(models_dir)}: content_hash {want} but {ptr['checkpoint']} holds checkpoint "
+                          f"{manifest.content_hash}: not the promoted checkpoint; re-run promotion or restore it")
 
 
 def local_checkpoint(path: str | Path) -> Path:
@@ -81,18 +100,20 @@ class PromotedRouter:
         from fugu_pipeline.train.checkpoints import load_checkpoint
 
         router, key = self._current  # one tuple: the router and the pointer it came from, read together
-        if router is not None and _key(read_pointer(self.models_dir)) == key:
+        if router is not None and _key(_read(self.models_dir)) == key:
             return router
         with self._lock:
             # read the pointer again under the lock: the key and the path come from one pointer,
             # and a thread that waited here never swaps back to a checkpoint read before the wait
-            ptr = read_pointer(self.models_dir)
+            ptr = _read(self.models_dir)
             key = _key(ptr)
             if self._router is not None and key == self._key:
                 return self._router
             path = promoted_checkpoint_path(self.models_dir) if ptr is None else local_checkpoint(pointer_target(self.models_dir, ptr))
             old = self._router
             ckpt = load_checkpoint(path)
+            if ptr is not None:
+                check_identity(self.models_dir, ptr, ckpt.manifest)
             if old is not None and ckpt.manifest.feature_contract == old.checkpoint.manifest.feature_contract:
                 new = Router(ckpt, old.encoder)  # same features: keep the loaded encoder
             else:

@@ -4,7 +4,10 @@ The weights are safetensors (never pickle). The manifest pins the feature contra
 order, the reward config, the data version, the code version, the training config, metrics and
 curves (DESIGN §3). The directory name is a hash of the weight bytes and the manifest minus its
 timestamps, so the same training run always lands in the same directory. Loading refuses a
-checkpoint whose contract differs from the encoder's, or whose weights are malformed.
+checkpoint whose contract differs from the encoder's, whose weights are malformed, or whose
+manifest was edited after saving (its content_hash is recomputed: reordered worker_ids would
+otherwise send every route to the wrong worker). The manifest itself refuses a method that is not
+a plain name, a content_hash that is not 16 hex digits, and empty or repeated worker ids.
 
 torch and safetensors are imported inside the functions that need them, so the manifest model and
 `weight_sanity`'s callers can import this module cheaply.
@@ -23,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.files import fsync_dir
@@ -34,6 +37,7 @@ WEIGHTS_FILE = "head.safetensors"
 MANIFEST_FILE = "manifest.json"
 UNHASHED_FIELDS = ("created_at", "wall_s", "content_hash")  # left out of the directory hash
 _METHOD_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}$")
+_HASH_RE = re.compile(r"^[0-9a-f]{16}$")
 
 
 class CheckpointError(RuntimeError):
@@ -65,6 +69,32 @@ class Manifest(BaseModel):
     content_hash: str = ""
     created_at: str = ""
     wall_s: float | None = None
+
+    # method and content_hash name the folder a checkpoint is stored in (models/<method>/<hash>/):
+    # a pack from elsewhere must not name a path outside it
+    @field_validator("method")
+    @classmethod
+    def _method_is_a_name(cls, v: str) -> str:
+        if not _METHOD_RE.match(v):
+            raise ValueError(f"method {v!r} must be a lowercase name like 'sft' (letters, digits, _ and -)")
+        return v
+
+    @field_validator("content_hash")
+    @classmethod
+    def _hash_is_hex(cls, v: str) -> str:
+        if v and not _HASH_RE.match(v):  # "" only while save_checkpoint computes it
+            raise ValueError(f"content_hash {v!r} must be 16 lowercase hex digits")
+        return v
+
+    @field_validator("worker_ids")
+    @classmethod
+    def _workers_distinct(cls, v: list[str]) -> list[str]:
+        if any(not w.strip() for w in v):
+            raise ValueError("worker_ids holds an empty worker id")
+        dup = sorted({w for w in v if v.count(w) > 1})
+        if dup:
+            raise ValueError(f"worker_ids lists {dup} more than once: each output must be a different worker")
+        return v
 
 
 @dataclass
@@ -162,7 +192,8 @@ def checkpoint_hash(weights: bytes, manifest: Manifest) -> str:
 def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None = None) -> Checkpoint:
     """Load a checkpoint directory (or its head.safetensors). Refuses, with CheckpointError, a
     contract that differs from `expected_contract` (naming every differing field), a weights file
-    that changed after saving, and malformed weights."""
+    that changed after saving, malformed weights, and a manifest whose content_hash is not the
+    hash of its weights and fields (edited after saving)."""
     from safetensors.torch import load as st_load
 
     from fugu_pipeline.train.heads import build_head
@@ -176,7 +207,10 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
     try:
         manifest = Manifest.model_validate_json(mpath.read_text(encoding="utf-8"))
     except ValidationError as exc:
-        raise CheckpointError(f"{mpath}: not a valid checkpoint manifest: {exc}") from None
+        raise CheckpointError(f"{mpath}: not a valid checkpoint manifest: {_one_line(exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{mpath}: not a valid checkpoint manifest: not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start}); restore the file or save the checkpoint again") from None
     if manifest.contract_fingerprint != manifest.feature_contract.fingerprint():
         raise CheckpointError(f"{mpath}: contract_fingerprint does not match feature_contract (manifest was edited)")
     if expected_contract is not None:
@@ -197,10 +231,19 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
         problems.insert(0, f"{WEIGHTS_FILE} does not match the manifest's weights_sha256 (changed after saving)")
     if problems:
         raise CheckpointError(f"{path}: refusing these weights: " + "; ".join(problems))
+    if checkpoint_hash(raw, manifest) != manifest.content_hash:
+        raise CheckpointError(f"{mpath}: manifest content_hash does not match its weights and fields (edited): "
+                              f"they hash to {checkpoint_hash(raw, manifest)}, it says {manifest.content_hash or 'nothing'}; "
+                              "restore the manifest or save the checkpoint again")
     head = build_head(manifest.head_kind, manifest.dim, manifest.n_workers, manifest.head_params, **manifest.head_shape)
     head.load_state_dict(tensors)
     head.eval()
     return Checkpoint(path=path, manifest=manifest, head=head, state_dict=tensors)
+
+
+def _one_line(exc: ValidationError) -> str:
+    """A pydantic error on one line: each failing field and why."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}" for e in exc.errors())
 
 
 def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any]) -> list[str]:

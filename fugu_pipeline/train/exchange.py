@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
@@ -128,16 +129,28 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     try:
         manifest = Manifest.model_validate_json((src / MANIFEST_FILE).read_text(encoding="utf-8"))
         weights = (src / WEIGHTS_FILE).read_bytes()
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{src}: not a checkpoint ({exc})") from None
+    except (OSError, ValueError) as exc:  # ValueError: pydantic's, and a manifest that is not UTF-8
+        raise CheckpointError(f"{src}: not a checkpoint ({_one_line(exc)})") from None
     if hashlib.sha256(weights).hexdigest() != manifest.weights_sha256:
         raise CheckpointError(f"{src}: {WEIGHTS_FILE} does not match the manifest's weights_sha256 (changed after saving)")
     if checkpoint_hash(weights, manifest) != manifest.content_hash:
         raise CheckpointError(f"{src}: the manifest's content_hash does not match its weights and fields (edited)")
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not (out / RECEIPT_FILE).exists():
-        raise CheckpointError(f"{out} exists and is not a pack folder; choose an empty or new folder")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        if out.exists() and any(out.iterdir()):
+            if not (out / RECEIPT_FILE).exists():
+                raise CheckpointError(f"{out} exists and is not a pack folder; choose an empty or new folder")
+            theirs = _packed_hash(out)
+            if theirs != manifest.content_hash:
+                raise CheckpointError(f"{out} holds another pack ({theirs or 'unreadable receipt.json'}, not "
+                                      f"{manifest.content_hash}); choose an empty or new folder, or delete it first")
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".writable"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise CheckpointError(f"{exc.filename or out}: cannot write the pack there ({exc.strerror or exc}); "
+                              "choose a writable --out folder") from None
     receipt = receipt_from_manifest(manifest, submitter=submitter)
     receipt.packed_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     contract = PackContract(feature_contract=manifest.feature_contract, contract_fingerprint=manifest.contract_fingerprint,
@@ -147,6 +160,18 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     atomic_write(out / CONTRACT_FILE, json.dumps(contract.model_dump(mode="json"), indent=2) + "\n")
     atomic_write(out / RECEIPT_FILE, json.dumps(receipt.model_dump(mode="json"), indent=2) + "\n")
     return out
+
+
+def _packed_hash(out: Path) -> str | None:
+    """The content hash of the pack already in `out` (its receipt's), or None when unreadable."""
+    try:
+        return Receipt.model_validate_json((out / RECEIPT_FILE).read_text(encoding="utf-8")).content_hash
+    except (OSError, ValueError):
+        return None
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
 
 
 def read_receipt(path: str | Path) -> Receipt | None:
@@ -163,11 +188,24 @@ def read_receipt(path: str | Path) -> Receipt | None:
 
 def import_checkpoint(path: str | Path, models_dir: str | Path) -> Path:
     """Copy a checkpoint folder (a pack) into `models/<method>/<content hash>/`, byte for byte, and
-    return that folder (the same one when it is already there)."""
+    return that folder (the same one when it is already there). Refuses (CheckpointError) a
+    manifest that does not parse, whose content_hash is not its weights' and fields', or whose
+    method and hash would name a folder outside `models/<method>/`."""
     src = Path(path)
-    manifest = Manifest.model_validate_json((src / MANIFEST_FILE).read_text(encoding="utf-8"))
-    parent = Path(models_dir) / manifest.method
+    try:
+        manifest = Manifest.model_validate_json((src / MANIFEST_FILE).read_text(encoding="utf-8"))
+        weights = (src / WEIGHTS_FILE).read_bytes()
+    except (OSError, ValueError) as exc:  # ValueError: pydantic's, and a manifest that is not UTF-8
+        raise CheckpointError(f"{src / MANIFEST_FILE}: not a checkpoint to import ({_one_line(exc)})") from None
+    if checkpoint_hash(weights, manifest) != manifest.content_hash:
+        raise CheckpointError(f"{src / MANIFEST_FILE}: manifest content_hash does not match its weights and fields "
+                              "(edited); pack the checkpoint again")
+    models = Path(os.path.abspath(models_dir))
+    parent = models / manifest.method
     target = parent / manifest.content_hash
+    if parent.parent != models or target.parent != parent:  # the validators make this unreachable; kept as the last word
+        raise CheckpointError(f"{src / MANIFEST_FILE}: method {manifest.method!r} / content_hash {manifest.content_hash!r} "
+                              f"would write outside {models}")
     try:
         if src.resolve() == target.resolve() or (target / MANIFEST_FILE).exists():
             return target

@@ -5,19 +5,28 @@ reader sees the old pointer or the new one, never half of one. When `models_dir`
 object-store URL (FUGU_MODELS_URL, fugu_pipeline/storage.py) it is one PUT of the whole object,
 which S3 makes visible all at once, and `write_pointer(..., expected=...)` makes it a
 compare-and-swap (If-Match), so two promotions cannot silently overwrite each other.
-`checkpoint` is relative to the models folder (or absolute when the checkpoint lives elsewhere).
+`checkpoint` is relative to the models folder (or absolute when the checkpoint lives elsewhere);
+a relative path that leaves the models folder (`../x`) is refused. A pointer that does not parse,
+is not a JSON object, or has no non-empty `checkpoint` string raises PointerError (one line: the
+file, what is wrong, what to do), never a raw JSON or key error.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 from pathlib import Path
 
 from fugu_pipeline.files import atomic_write
+from fugu_pipeline.train.checkpoints import CheckpointError
 from fugu_pipeline.storage import PreconditionFailed, etag, get_bytes, is_url, join, put_bytes
 
 POINTER = Path("promoted") / "current.json"
 ROLES_POINTER = Path("promoted") / "roles.json"  # the promoted multi-turn coordinator (its own king)
+
+
+class PointerError(CheckpointError):
+    """The promoted pointer is damaged; the message names the file and the field."""
 
 
 def pointer_location(models_dir: str | Path, pointer_file: Path = POINTER) -> str:
@@ -25,14 +34,47 @@ def pointer_location(models_dir: str | Path, pointer_file: Path = POINTER) -> st
 
 
 def read_pointer(models_dir: str | Path, pointer_file: Path = POINTER) -> dict | None:
+    """The pointer, checked (`check_pointer`); None when there is none. PointerError when damaged."""
+    where = pointer_location(models_dir, pointer_file)
     if is_url(models_dir):
-        raw = get_bytes(pointer_location(models_dir, pointer_file))
-        return None if raw is None else json.loads(raw)
-    path = Path(models_dir) / pointer_file
+        raw = get_bytes(where)
+        if raw is None:
+            return None
+    else:
+        try:
+            raw = Path(where).read_bytes()
+        except FileNotFoundError:
+            return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
+        pointer = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _damaged(where, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    except json.JSONDecodeError as exc:
+        raise _damaged(where, "empty file" if not raw.strip() else f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    return check_pointer(pointer, where)
+
+
+def check_pointer(pointer, where: str | Path = POINTER) -> dict:
+    """`pointer` when it is a JSON object whose `checkpoint` is a non-empty string that stays in the
+    models folder when relative (and whose `content_hash`, when present, is a string); else PointerError."""
+    if not isinstance(pointer, dict):
+        raise _damaged(where, f"a JSON {type(pointer).__name__ if pointer is not None else 'null'}, not an object")
+    ckpt = pointer.get("checkpoint")
+    if "checkpoint" not in pointer:
+        raise _damaged(where, 'no "checkpoint" field')
+    if not isinstance(ckpt, str) or not ckpt.strip():
+        raise _damaged(where, f'"checkpoint" is {json.dumps(ckpt)}, not a non-empty path string')
+    if not (is_url(ckpt) or Path(ckpt).is_absolute()):
+        norm = posixpath.normpath(ckpt.replace("\\", "/"))
+        if norm == "." or norm == ".." or norm.startswith("../"):
+            raise _damaged(where, f'"checkpoint" {ckpt!r} leaves the models folder')
+    if not isinstance(pointer.get("content_hash", ""), str):
+        raise _damaged(where, f'"content_hash" is {json.dumps(pointer.get("content_hash"))}, not a string')
+    return pointer
+
+
+def _damaged(where: str | Path, why: str) -> PointerError:
+    return PointerError(f"{where}: not a valid promoted pointer ({why}); re-run promotion or restore it")
 
 
 def pointer_version(models_dir: str | Path, pointer_file: Path = POINTER) -> str | None:
@@ -57,7 +99,7 @@ def write_pointer(models_dir: str | Path, pointer: dict, pointer_file: Path = PO
 
 def pointer_target(models_dir: str | Path, pointer: dict) -> str | Path:
     """The checkpoint directory a pointer names (a URL when the models folder is one)."""
-    p = str(pointer["checkpoint"])
+    p = check_pointer(pointer, pointer_location(models_dir))["checkpoint"]
     if is_url(p) or Path(p).is_absolute():
         return p if is_url(p) else Path(p)
     return join(str(models_dir), p) if is_url(models_dir) else Path(models_dir) / p
