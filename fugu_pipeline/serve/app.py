@@ -41,7 +41,7 @@ All workers failing gives a 502. Per-worker `max_concurrency` and `requests_per_
 here too (requests over them wait).
 
 Clients that leave, and shutdown. uvicorn only tells the app (through `receive()`) that a client
-disconnected, so every request's work races that news (`_unless_abandoned`): a client that leaves
+disconnected, so every request's work races that news (`lifecycle.unless_abandoned`): a client that leaves
 before its reply is ready cancels the worker call (its connection to the worker is closed, nothing
 falls back), one that leaves mid-stream closes the worker's stream. `/health` counts both under
 `disconnected`. When shutdown begins (`Service.begin_shutdown`, from `run.py`) new requests get a
@@ -89,7 +89,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -101,6 +101,8 @@ from fugu_pipeline.route.budget import Budget
 from fugu_pipeline.route.promoted import PromotedRouter
 from fugu_pipeline.route.router import BudgetUnavailable, RouteDecision, Router, RouterError
 from fugu_pipeline.serve import multi_turn
+from fugu_pipeline.serve.info import health, list_models, retrieve_model
+from fugu_pipeline.serve.lifecycle import ClientGone, ShuttingDown, shutting_down, unless_abandoned
 from fugu_pipeline.serve.batching import RouteBatcher, RouteRequest, route_grouped
 from fugu_pipeline.serve.protocol import (
     APIError,
@@ -121,7 +123,6 @@ from fugu_pipeline.workers.contract import Completion, WorkerCallError
 
 log = logging.getLogger("fugu_pipeline.serve")
 
-ROUTER_MODEL = "fugu-lite"
 DEFAULT_MAX_BODY_BYTES = 2 << 20
 DEFAULT_BATCH_WINDOW_MS = 3.0
 DEFAULT_MAX_BATCH = 32
@@ -228,45 +229,6 @@ class Service:
             raise APIError(503, str(exc), type="server_error", code="router_unavailable") from None
 
 
-class ShuttingDown(Exception):
-    """A reply still running when the server's shutdown grace period ran out."""
-
-
-class ClientGone(Exception):
-    """The client disconnected before its reply was ready."""
-
-
-async def _client_gone(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_abandoned(request: Request, svc: Service, work: Awaitable[Response]) -> Response:
-    """`work`'s reply, unless the client disconnects first (ClientGone) or the shutdown grace period
-    runs out (a 503). Then `work` is cancelled, and with it the worker call in flight: `upstream.py`
-    cancels it on the worker loop, which closes its connection. uvicorn cancels nothing itself: it
-    only tells the app, through `receive()`, that the client has gone."""
-    task = asyncio.ensure_future(work)
-    gone, over = asyncio.ensure_future(_client_gone(request)), asyncio.ensure_future(svc.grace_over.wait())
-    try:
-        await asyncio.wait([task, gone, over], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        over.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if not task.cancelled():
-        return task.result()
-    if gone.done() and not gone.cancelled():
-        raise ClientGone
-    raise _shutting_down(svc)
-
-
-def _shutting_down(svc: Service) -> APIError:
-    return APIError(503, svc.shutdown_message(), type="server_error", code="server_shutting_down")
-
-
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
@@ -299,7 +261,7 @@ async def chat_completions(request: Request) -> Response:
     t0 = time.perf_counter()
     svc: Service = request.app.state.fugu
     if svc.stopping:
-        raise _shutting_down(svc)
+        raise shutting_down(svc)
     svc.check_auth(request)
     require_json(request)
     try:
@@ -310,7 +272,7 @@ async def chat_completions(request: Request) -> Response:
     req = parse_chat_request(raw)
     svc.counts["requests"] += 1
     try:
-        return await _unless_abandoned(request, svc, _chat_completion(request, svc, req, raw, t0))
+        return await unless_abandoned(request, svc, _chat_completion(request, svc, req, raw, t0))
     except ClientGone:
         svc.counts["disconnected"] += 1
         log.info("client disconnected before its reply was ready; the worker call was cancelled")
@@ -463,71 +425,6 @@ class _RelayResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self._cleanup()
-
-
-def _model_list(svc: Service) -> list[dict]:
-    created = int(svc.started_wall)
-    data = [{"id": ROUTER_MODEL, "object": "model", "created": created, "owned_by": "fugu-lite"}]
-    for w in svc.workers.config.workers:
-        data.append({"id": w.id, "object": "model", "created": created, "owned_by": w.kind,
-                     "upstream_model": getattr(w, "model", None)})
-    return data
-
-
-async def list_models(request: Request) -> Response:
-    svc: Service = request.app.state.fugu
-    svc.check_auth(request)
-    return JSONResponse({"object": "list", "data": _model_list(svc)})
-
-
-async def retrieve_model(request: Request) -> Response:
-    """`GET /v1/models/{id}` (the client's `models.retrieve`)."""
-    svc: Service = request.app.state.fugu
-    svc.check_auth(request)
-    wanted = request.path_params["model_id"]
-    found = next((m for m in _model_list(svc) if m["id"] == wanted), None)
-    if found is None:
-        raise APIError(404, f"model {wanted[:80]!r} not found; GET /v1/models lists them", param="model",
-                       code="model_not_found", type="invalid_request_error")
-    return JSONResponse(found)
-
-
-async def health(request: Request) -> Response:
-    svc: Service = request.app.state.fugu
-    if svc.stopping:
-        return JSONResponse({"status": "shutting_down", "error": svc.shutdown_message(),
-                             "uptime_s": round(time.monotonic() - svc.started, 3)}, status_code=503)
-    def current() -> Router:
-        with svc.source.lock:
-            return svc.source.get()
-
-    try:  # without the token (when one is set), no filesystem path or error text: /health needs no token
-        svc.check_auth(request)
-        trusted = True
-    except APIError:
-        trusted = False
-    try:
-        router = await asyncio.to_thread(current)
-    except Exception as exc:
-        error = f"no router could be loaded: {type(exc).__name__}: {exc}" if trusted else (
-            "no router could be loaded (send the server's bearer token for the reason)")
-        return JSONResponse({"status": "error", "error": error,
-                             "uptime_s": round(time.monotonic() - svc.started, 3)}, status_code=503)
-    m = router.checkpoint.manifest
-    reload_error = svc.source.reload_error
-    return JSONResponse({
-        "status": "ok",
-        "uptime_s": round(time.monotonic() - svc.started, 3),
-        "checkpoint": {**({"path": router.path} if trusted else {}), "tag": checkpoint_tag(router),
-                       "content_hash": m.content_hash, "method": m.method, "worker_ids": router.worker_ids},
-        "reload_error": reload_error if trusted or reload_error is None else (
-            "the last reload failed (send the server's bearer token for the reason)"),
-        "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None),
-                     "routed": any(i in router.worker_ids for i in (w.id, *w.aliases)), **({"aliases": w.aliases} if w.aliases else {})}
-                    for w in svc.workers.config.workers],
-        "batching": svc.batcher.stats(),
-        "counts": dict(svc.counts),
-    })
 
 
 # --------------------------------------------------------------------------- factory and runner

@@ -1,0 +1,82 @@
+"""The read-only endpoints of the server: `GET /v1/models`, `GET /v1/models/{id}` and `GET /health`
+(no token needed; the checkpoint's path and the text of a load or reload error only with the token,
+when one is set)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from fugu_pipeline.serve.protocol import APIError
+from fugu_pipeline.serve.source import checkpoint_tag
+
+
+ROUTER_MODEL = "fugu-lite"
+
+
+def _model_list(svc) -> list[dict]:  # svc: serve.app.Service (not imported: app imports this module)
+    created = int(svc.started_wall)
+    data = [{"id": ROUTER_MODEL, "object": "model", "created": created, "owned_by": "fugu-lite"}]
+    for w in svc.workers.config.workers:
+        data.append({"id": w.id, "object": "model", "created": created, "owned_by": w.kind,
+                     "upstream_model": getattr(w, "model", None)})
+    return data
+
+
+async def list_models(request: Request) -> Response:
+    svc = request.app.state.fugu
+    svc.check_auth(request)
+    return JSONResponse({"object": "list", "data": _model_list(svc)})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """`GET /v1/models/{id}` (the client's `models.retrieve`)."""
+    svc = request.app.state.fugu
+    svc.check_auth(request)
+    wanted = request.path_params["model_id"]
+    found = next((m for m in _model_list(svc) if m["id"] == wanted), None)
+    if found is None:
+        raise APIError(404, f"model {wanted[:80]!r} not found; GET /v1/models lists them", param="model",
+                       code="model_not_found", type="invalid_request_error")
+    return JSONResponse(found)
+
+
+async def health(request: Request) -> Response:
+    svc = request.app.state.fugu
+    if svc.stopping:
+        return JSONResponse({"status": "shutting_down", "error": svc.shutdown_message(),
+                             "uptime_s": round(time.monotonic() - svc.started, 3)}, status_code=503)
+    def current() -> object:
+        with svc.source.lock:
+            return svc.source.get()
+
+    try:  # without the token (when one is set), no filesystem path or error text: /health needs no token
+        svc.check_auth(request)
+        trusted = True
+    except APIError:
+        trusted = False
+    try:
+        router = await asyncio.to_thread(current)
+    except Exception as exc:
+        error = f"no router could be loaded: {type(exc).__name__}: {exc}" if trusted else (
+            "no router could be loaded (send the server's bearer token for the reason)")
+        return JSONResponse({"status": "error", "error": error,
+                             "uptime_s": round(time.monotonic() - svc.started, 3)}, status_code=503)
+    m = router.checkpoint.manifest
+    reload_error = svc.source.reload_error
+    return JSONResponse({
+        "status": "ok",
+        "uptime_s": round(time.monotonic() - svc.started, 3),
+        "checkpoint": {**({"path": router.path} if trusted else {}), "tag": checkpoint_tag(router),
+                       "content_hash": m.content_hash, "method": m.method, "worker_ids": router.worker_ids},
+        "reload_error": reload_error if trusted or reload_error is None else (
+            "the last reload failed (send the server's bearer token for the reason)"),
+        "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None),
+                     "routed": any(i in router.worker_ids for i in (w.id, *w.aliases)), **({"aliases": w.aliases} if w.aliases else {})}
+                    for w in svc.workers.config.workers],
+        "batching": svc.batcher.stats(),
+        "counts": dict(svc.counts),
+    })
