@@ -22,8 +22,9 @@ from fugu_pipeline.train.checkpoints import CheckpointError
 from fugu_pipeline.train.pointer import POINTER, PointerError, pointer_version, read_pointer, write_pointer
 
 
-def append_history(models_dir: str | Path, record: dict) -> None:
-    path = Path(models_dir) / POINTER.parent / "history.jsonl"
+def append_history(models_dir: str | Path, record: dict, history: str = "history.jsonl") -> None:
+    """Append one fsynced line to models/promoted/<history>."""
+    path = Path(models_dir) / POINTER.parent / history
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -65,9 +66,9 @@ def apply(decision, challenger, models_dir: str | Path, *, report_path: str | No
         append_history(models_dir, record)
         return None
     try:
-        rel = _relative_to(challenger.path, models_dir)
+        rel = relative_to(challenger.path, models_dir)
         if rel is None:  # a pack folder from elsewhere: keep a copy with the other checkpoints
-            rel = _relative_to(import_checkpoint(challenger.path, models_dir), models_dir)
+            rel = relative_to(import_checkpoint(challenger.path, models_dir), models_dir)
         pointer = {"checkpoint": rel, "method": challenger.method, "content_hash": challenger.content_hash,
                    "promoted_at": now, "test_utility": challenger.mean, "reasons": decision.reasons,
                    "composite": decision.figures.get("composite"), "submitter": submitter,
@@ -85,7 +86,7 @@ def apply(decision, challenger, models_dir: str | Path, *, report_path: str | No
     return pointer
 
 
-def _relative_to(path: str | Path, models_dir: Path) -> str | None:
+def relative_to(path: str | Path, models_dir: Path) -> str | None:
     """`path` relative to the models folder, or None when it is outside. Lexical (symlinks are not
     resolved): a `models/<method>` that links elsewhere is still inside the models folder."""
     rel = os.path.relpath(os.path.abspath(path), os.path.abspath(models_dir))
@@ -111,10 +112,10 @@ def check_writable(models_dir: str | Path) -> None:
 
 
 @contextlib.contextmanager
-def promotion_lock(models_dir: str | Path):
-    """Hold models/promoted/.lock for one whole promotion attempt (flock: also between threads):
+def promotion_lock(models_dir: str | Path, name: str = ".lock"):
+    """Hold models/promoted/<name> for one whole promotion attempt (flock: also between threads):
     a second attempt waits, then faces the king the first one promoted."""
-    path = Path(models_dir) / POINTER.parent / ".lock"
+    path = Path(models_dir) / POINTER.parent / name
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

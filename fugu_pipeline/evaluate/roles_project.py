@@ -23,7 +23,7 @@ import numpy as np
 
 from fugu_pipeline.evaluate.promotion import PromotionPolicy
 from fugu_pipeline.evaluate.roles import EVAL_SEED_BASE, evaluate_roles, report_lines
-from fugu_pipeline.evaluate.roles_promotion import DEFAULT_MARGIN, promote_roles, roles_candidate
+from fugu_pipeline.evaluate.roles_promotion import DEFAULT_MARGIN, promote_roles, roles_candidate, roles_lock
 from fugu_pipeline.features.settings import EncoderSettings
 from fugu_pipeline.files import atomic_write
 from fugu_pipeline.session.callers import ClientCaller, SessionBudget
@@ -174,7 +174,7 @@ def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task]
     and (with `promote`) the king-versus-challenger decision on models/promoted/roles.json."""
     from fugu_pipeline.route.roles import check_session_format
     from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
-    from fugu_pipeline.train.pointer import ROLES_POINTER, pointer_target, read_pointer
+    from fugu_pipeline.train.pointer import ROLES_POINTER, pointer_target, pointer_version, read_pointer
 
     contract = run.featurizer.contract()
     ckpt = load_checkpoint(checkpoint_path, expected_contract=contract)
@@ -202,18 +202,21 @@ def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task]
     sample = train[:: max(1, len(train) // 60)][:60]
     train_r = float(np.mean([r(t) for t in run.runner.run([coordinator], [(t, EVAL_SEED_BASE) for t in sample], True)[0]]))
     challenger = roles_candidate(ckpt, coord_r, best_r, train_r, contract, val_reward=ckpt.manifest.metrics.get("val_reward"))
-    champion = None
-    ptr = read_pointer(models_dir, ROLES_POINTER)
-    if ptr is not None:
+    with roles_lock(models_dir):  # a second promotion waits, then faces the coordinator this one promoted
+        version = pointer_version(models_dir, ROLES_POINTER)
+        champion = None
         try:
-            king = load_checkpoint(pointer_target(models_dir, ptr))
+            ptr = read_pointer(models_dir, ROLES_POINTER)
+            king = load_checkpoint(pointer_target(models_dir, ptr)) if ptr is not None else None
+        except (CheckpointError, FileNotFoundError) as exc:
+            king = None
+            log(f"the promoted coordinator cannot be loaded ({exc}); the challenger faces the baselines only")
+        if king is not None:
             diffs = king.manifest.feature_contract.differences(contract)
             king_r = per_task(run.runner.run([_policy_of(king, run.featurizer)], pairs, True)[0]) if not diffs else np.full(len(test), np.nan)
             champion = roles_candidate(king, king_r, best_r, float("nan"), contract)
-        except (CheckpointError, FileNotFoundError) as exc:
-            log(f"the promoted coordinator cannot be loaded ({exc}); the challenger faces the baselines only")
-    outcome = promote_roles(challenger, champion, models_dir, policy or PromotionPolicy(margin=DEFAULT_MARGIN),
-                            report_path=str(out))
+        outcome = promote_roles(challenger, champion, models_dir, policy or PromotionPolicy(margin=DEFAULT_MARGIN),
+                                report_path=str(out), expected_version=version)
     for line in outcome["reasons"]:
         log(line)
     rep["promotion"] = outcome
