@@ -57,7 +57,7 @@ def test_pack_writes_one_folder_that_passes_preflight(setup):
     result = check(p, models)
     assert result.ok, [g.line() for g in result.gates]
     assert result.submitter == "alice" and [g.name for g in result.gates] == [
-        "files", "manifest", "weights", "contract", "receipt", "duplicate", "rate limit"]
+        "files", "manifest", "weights", "contract", "receipt", "duplicate", "rate limit", "king"]
     assert "matches the king sft" in gate(result, "contract").reason
 
 
@@ -203,6 +203,29 @@ def test_pack_preflight_validate_a_head_trained_elsewhere(project, capsys):
     assert "FAIL rate limit: 'alice' made an attempt at" in out and "REFUSED before scoring" in out
     last = json.loads((project / "models" / "promoted" / "history.jsonl").read_text().splitlines()[-1])
     assert last["rate_limited"] is True and last["submitter"] == "alice"
+
+
+def test_a_broken_king_stops_preflight_and_validate_until_it_is_replaced_on_purpose(project, capsys):
+    """A damaged pointer: preflight said "no king" and passed; validate then stopped. Now both stop
+    at the king gate, the refusal is the host's fault so it does not spend the submitter's daily
+    attempt, and --replace-broken-king lets the pack replace it facing the baselines only."""
+    W = ["--data", "r.jsonl", "--workers", "configs/workers.mock.yaml", "--device", "cpu"]
+    assert main(["train-sft", *W, "--encoder", "tiny", "--output", "elsewhere"]) == 0
+    sft = capsys.readouterr().out.strip().splitlines()[-1]
+    assert main(["pack", sft, "--out", "submission", "--submitter", "bob"]) == 0
+    (project / "models" / "promoted").mkdir(parents=True)
+    (project / "models" / "promoted" / "current.json").write_text('{"checkpo')  # truncated
+    capsys.readouterr()
+    assert main(["preflight", "submission", "--workers", "configs/workers.mock.yaml", "--encoder", "tiny"]) == 1
+    assert "FAIL king: the promoted checkpoint cannot be loaded" in capsys.readouterr().out
+    assert main(["validate", "--challenger", "submission", *W, "--encoder", "tiny"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL king" in out and "--replace-broken-king" in out and "REFUSED before scoring" in out
+    assert "PASS rate limit" in out
+    assert main(["validate", "--challenger", "submission", *W, "--encoder", "tiny", "--replace-broken-king"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS rate limit" in out and "PASS king" in out and "PROMOTED" in out
+    assert read_pointer("models")["submitter"] == "bob"
 
 
 def test_a_pack_on_other_layers_of_the_host_encoder_is_scored_on_its_own_features(project, capsys):

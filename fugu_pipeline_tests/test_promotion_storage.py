@@ -341,3 +341,17 @@ def test_a_broken_king_is_not_replaced_silently(data, tmp_path):
     assert any("PASS promoted: the promoted checkpoint cannot be loaded" in r for r in out["reasons"])
     last = json.loads((models / "promoted" / "history.jsonl").read_text().splitlines()[-1])
     assert last["promote"] is True and "(edited)" in last["king_error"] and last["previous"] == f"sft/{king.name}"
+
+
+def test_preflight_says_a_broken_king_would_stop_validate(tmp_path):
+    """A damaged pointer used to read as "no king" in preflight, which then passed a pack that
+    validate refuses before scoring; now the king gate fails and names the fix."""
+    from fugu_pipeline.evaluate.preflight import king_gate
+
+    models = tmp_path / "models"
+    assert king_gate(models).ok and "nothing is promoted" in king_gate(models).reason
+    (models / "promoted").mkdir(parents=True)
+    (models / "promoted" / "current.json").write_text("[1, 2]")
+    gate = king_gate(models)
+    assert not gate.ok and "--replace-broken-king" in gate.reason and "not an object" in gate.reason
+    assert king_gate(models, replace_broken_king=True).ok

@@ -46,6 +46,8 @@ def add_commands(add, data_opts) -> None:
                    "(default: the king's contract)")
     p.add_argument("--data", default=None, help="the host's reward matrix: tells which workers are paid (for the receipt)")
     p.add_argument("--work-dir", default="data/imports")
+    p.add_argument("--replace-broken-king", action="store_true", help="check as validate --replace-broken-king would: a "
+                   "promoted checkpoint that cannot be loaded is to be replaced (default: the king gate fails and says why)")
 
     p = add("validate", cmd_validate, "score a pack folder against the king and promote it or refuse it, through every gate")
     p.add_argument("--challenger", required=True, help="the folder fugu-lite pack wrote")
@@ -132,7 +134,8 @@ def cmd_preflight(args) -> int:
         args.reward_config = args.host_workers  # its reward: block, for a JSONL whose rows carry quality
         data = read_arrays(matrix_db(args))
     host = host_expectation(args.models_dir, workers_yaml=args.host_workers, encoder=args.encoder, data=data)
-    result = preflight(args.pack, args.models_dir, policy.gates, host=host, data=data, submitter=args.submitter)
+    result = preflight(args.pack, args.models_dir, policy.gates, host=host, data=data, submitter=args.submitter,
+                       replace_broken_king=args.replace_broken_king)
     print(f"preflight {args.pack}: host expectation from {host.source}")
     for g in result.gates:
         print(f"  {g.line()}")
@@ -156,16 +159,19 @@ def cmd_validate(args) -> int:
         encoder = king[1].feature_contract.encoder_id
     data = routing_data(args, encoder)
     host = host_expectation(args.models_dir, data=data)
-    pre = preflight(pack_dir, args.models_dir, policy.gates, host=host, data=data, submitter=args.submitter)
+    pre = preflight(pack_dir, args.models_dir, policy.gates, host=host, data=data, submitter=args.submitter,
+                    replace_broken_king=args.replace_broken_king)
     for g in pre.gates:
         print(f"  {g.line()}")
     if not pre.ok:
         rate_limited = any(g.name == "rate limit" and not g.ok for g in pre.gates)
         import time
 
+        # a refusal only for the host's broken king is not the submitter's attempt (the rate limit skips it)
+        hosts_fault = all(g.ok or g.name == "king" for g in pre.gates)
         append_history(args.models_dir, {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "promote": False, "challenger": str(pack_dir),
                                          "reasons": [g.line() for g in pre.gates], "submitter": pre.submitter,
-                                         "rate_limited": rate_limited})
+                                         "rate_limited": rate_limited, "not_an_attempt": hosts_fault})
         print("REFUSED before scoring")
         return 1
     live, tasks = live_for(args, data)

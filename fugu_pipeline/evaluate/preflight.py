@@ -124,9 +124,10 @@ def host_expectation(models_dir: str | Path, *, workers_yaml: str | None = None,
 
 
 def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, host: Host | None = None, data=None,
-              submitter: str | None = None, now: float | None = None) -> PreflightResult:
+              submitter: str | None = None, now: float | None = None, replace_broken_king: bool = False) -> PreflightResult:
     """Every gate on a pack folder; `ok` when all pass. Stops early only where a later gate has
-    nothing to read (no manifest, no weights)."""
+    nothing to read (no manifest, no weights). The `king` gate fails when the promoted checkpoint
+    cannot be loaded (`validate` would stop before scoring) unless `replace_broken_king`."""
     from fugu_pipeline.evaluate.promotion import weight_gate
 
     pack = Path(pack_dir)
@@ -176,7 +177,25 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
             king_map = None if kv is None else (f"{king[1].method} {king[1].content_hash}", kv)
         gates.append(duplicate_gate(vector, models_dir, cfg.duplicate_cosine, king=king_map))
     gates.append(rate_limit_gate(models_dir, who, cfg.rate_limit_s, now))
+    gates.append(king_gate(models_dir, replace_broken_king))
     return PreflightResult(all(g.ok for g in gates), gates, who, manifest, receipt)
+
+
+def king_gate(models_dir: str | Path, replace_broken_king: bool = False) -> GateResult:
+    """Whom the challenger would face: the promoted checkpoint, the baselines only when nothing is
+    promoted, and a failure when the promoted checkpoint cannot be loaded (unless it is to be replaced)."""
+    from fugu_pipeline.evaluate.contest import king_or_why
+
+    king, why = king_or_why(models_dir)
+    if king is not None:
+        return GateResult("king", True, f"faces the promoted {king.manifest.method} {king.manifest.content_hash}")
+    if why is None:
+        return GateResult("king", True, "nothing is promoted: faces the baselines only")
+    if replace_broken_king:
+        return GateResult("king", True, f"the promoted checkpoint cannot be loaded ({why}); it is replaced as asked "
+                          "(--replace-broken-king): faces the baselines only")
+    return GateResult("king", False, f"the promoted checkpoint cannot be loaded ({why}): restore it, or pass "
+                      "--replace-broken-king to replace it facing the baselines only")
 
 
 def _routing_map(weights: bytes):
