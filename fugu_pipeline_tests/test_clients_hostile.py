@@ -143,7 +143,7 @@ def raw_usage(**usage) -> str:
     return body
 
 
-@pytest.mark.parametrize("prompt_tokens", ["NaN", "1e999", "-1e999", "-1000000", "Infinity"])
+@pytest.mark.parametrize("prompt_tokens", ["NaN", "1e999", "-1e999", "-1000000", "Infinity", "1e30", "20000001"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_token_counts_are_unknown_not_a_crash(stub, tmp_path, prompt_tokens, stream):
     tasks = make_tasks(2)

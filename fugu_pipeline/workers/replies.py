@@ -106,11 +106,15 @@ def as_str(v: object) -> str | None:
     return clean_text(v) if isinstance(v, str) and v else None
 
 
+MAX_TOKENS = 10_000_000  # far above any model's context window: a larger count is a broken upstream
+
+
 def as_int(v: object) -> int | None:
-    """A token count: a finite, non-negative number, else None (unknown)."""
+    """A token count: a finite number in [0, MAX_TOKENS], else None (unknown). A count of 1e30 is
+    finite but would price one call at $1e24 and end the run's budget."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
         return None
-    return int(v) if v >= 0 else None
+    return int(v) if 0 <= v <= MAX_TOKENS else None
 
 
 def as_cost(v: object) -> float | None:
