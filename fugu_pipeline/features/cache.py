@@ -61,6 +61,9 @@ class EmbeddingCache:
                 self._meta = json.loads((self.dir / META).read_text(encoding="utf-8"))
             except FileNotFoundError:
                 return None
+            except (ValueError, UnicodeDecodeError) as exc:  # truncated or overwritten
+                raise ValueError(f"embedding cache {self.dir / META} is not valid JSON ({exc}); "
+                                 f"delete {self.dir} to rebuild it") from None
         return self._meta
 
     @property
@@ -95,6 +98,12 @@ class EmbeddingCache:
             try:
                 with safe_open(str(path), framework="np") as f:
                     keys = f.get_tensor("keys")
+                    shape = tuple(f.get_slice("vectors").get_shape())
+                    dtype = f.get_slice("vectors").get_dtype()
+                dim = self.dim
+                if keys.ndim != 2 or keys.shape[1] != KEY_BYTES or shape != (len(keys), dim if dim else shape[-1]) \
+                        or dtype != "F32":  # e.g. a shard of another encoder copied in
+                    raise ValueError(f"keys {keys.shape}, vectors {shape} {dtype}; expected vectors ({len(keys)}, {dim}) F32")
             except Exception as exc:  # a damaged shard only costs a re-computation
                 warnings.warn(f"skipping unreadable embedding-cache shard {path}: {exc}", stacklevel=2)
                 continue
