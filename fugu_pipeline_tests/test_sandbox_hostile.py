@@ -202,3 +202,15 @@ def test_fallback_says_so_in_the_grade_detail(fallback, monkeypatch):
     ok = dict(WRONG_TEST, test="def check(candidate):\n    assert candidate(1) == 1\n")
     quality, detail = grade_python_tests("```python\ndef f(x):\n    return x\n```", ok)
     assert quality == 1.0 and "best-effort" in detail, detail
+
+
+def test_looping_boxed_reply_is_graded_in_linear_time():
+    """A reply stuck repeating `\\boxed{` (2,000 of them took ~0.8 s, 20,000 minutes) on the event loop."""
+    from fugu_pipeline.tasks.answers import boxed_contents
+
+    assert boxed_contents(r"a \boxed{\frac{1}{2}} b \fbox {3} } { \boxed{4 } \boxed{5") == [r"\frac{1}{2}", "3", "4"]
+    task = _task({"type": "numeric"}, "7")
+    start = time.monotonic()
+    assert grade_local(task, "\\boxed{" * 6000).quality == 0.0
+    assert grade_local(task, "\\boxed{" * 3000 + "7" + "}" * 3000).quality == 1.0
+    assert time.monotonic() - start < 1.0
