@@ -16,6 +16,7 @@ _FENCE = re.compile(r"^[ \t]{0,3}```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|
 _PY_TAGS = {"", "python", "py", "python3", "py3"}
 _THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 _TOP_LEVEL = re.compile(r"(?:async\s+def|def|class|import|from)\b|@")
+_WEAK = "audit-hook(best-effort)"  # README: a run without namespaces says so in the grade detail
 _HOSTILE = {"timeout", "memory", "crashed", "killed"}  # never re-run code that ended like this
 
 
@@ -102,9 +103,10 @@ def grade_python_tests(
         result = run_untrusted(program, test, limits)
         if result.reason == "error":
             raise SandboxUnavailable(result.detail)
+        weak = " (no namespaces here: best-effort audit-hook sandbox)" if _WEAK in result.isolation else ""
         if result.passed:
-            return 1.0, f"{label}: tests passed in {result.seconds:.2f}s"
-        details.append(f"{label}: {result.reason}: {_last_line(result)}")
+            return 1.0, f"{label}: tests passed in {result.seconds:.2f}s{weak}"
+        details.append(f"{label}: {result.reason}: {_last_line(result)}{weak}")
         if result.reason in _HOSTILE:
             break
     return 0.0, "; ".join(details)

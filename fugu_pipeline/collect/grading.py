@@ -9,8 +9,12 @@ answer against a rubric.
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,6 +60,8 @@ def grade_local(task: "Task", answer: str) -> Grade:
         got = extract_final_number(answer)
         if got is None:
             return Grade(0.0, "no number in answer")
+        if not math.isfinite(got) or want is None or not math.isfinite(want):
+            return Grade(0.0, f"got {got:g}, want {want}: not a finite number")
         tol = g.tolerance * (abs(want) if g.relative else 1.0)
         ok = abs(got - want) <= tol + 1e-12 * max(1.0, abs(want))
         return Grade(float(ok), f"got {got:g}, want {want:g} ± {tol:g}")
@@ -64,8 +70,7 @@ def grade_local(task: "Task", answer: str) -> Grade:
         for f in g.flags:
             flags |= getattr(re, f)
         pattern = g.pattern if g.pattern is not None else ref
-        rx = re.compile(pattern, flags)
-        ok = bool(rx.fullmatch(answer.strip()) if g.full_match else rx.search(answer))
+        ok = _regex_matches(task.task_id, pattern, flags, answer.strip() if g.full_match else answer, g.full_match)
         return Grade(float(ok), "regex matched" if ok else "regex did not match")
     if g.type == "python_tests":
         from fugu_pipeline.collect.code_grader import grade_python_tests
@@ -73,6 +78,34 @@ def grade_local(task: "Task", answer: str) -> Grade:
         quality, detail = grade_python_tests(answer, g, task.prompt)
         return Grade(quality, detail)
     raise ValueError(f"grader {g.type!r} is not local")
+
+
+REGEX_TIMEOUT_S = 5.0
+_REGEX_CHILD = (
+    "import json,re,sys\n"
+    "a=json.load(sys.stdin)\n"
+    "rx=re.compile(a['pattern'],a['flags'])\n"
+    "sys.stdout.write('1' if (rx.fullmatch(a['text']) if a['full'] else rx.search(a['text'])) else '0')"
+)
+
+
+def _regex_matches(task_id: str, pattern: str, flags: int, text: str, full: bool) -> bool:
+    """The match runs in a child process killed after `REGEX_TIMEOUT_S`: Python's `re` cannot be
+    interrupted, and a task pattern with nested quantifiers backtracks exponentially on some answers."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _REGEX_CHILD],
+            input=json.dumps({"pattern": pattern, "flags": flags, "text": text, "full": full}),
+            capture_output=True, text=True, timeout=REGEX_TIMEOUT_S, env={},
+        )
+    except subprocess.TimeoutExpired:
+        raise ValueError(
+            f"task {task_id}: the regex grader's pattern {pattern[:80]!r} ran over {REGEX_TIMEOUT_S:g}s on a "
+            f"{len(text)}-character answer (catastrophic backtracking): simplify the pattern in the task file"
+        ) from None
+    if done.returncode != 0 or done.stdout not in ("0", "1"):
+        raise ValueError(f"task {task_id}: the regex grader failed: {done.stderr.strip()[-200:]}")
+    return done.stdout == "1"
 
 
 SANDBOX_CONCURRENCY = max(1, min(4, (os.cpu_count() or 2) // 2))
@@ -110,7 +143,7 @@ Answer to grade:
 
 Reply with one line of the form `SCORE: n` where n is an integer from 0 to {scale}."""
 
-_SCORE = re.compile(r"SCORE\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_SCORE = re.compile(r"SCORE\s*[:=]\s*(-?\d+(?:\.\d+)?)(?![\deE]|\.\d)", re.IGNORECASE)
 
 
 async def grade(task: "Task", answer: str, judge: "WorkerClient | None" = None) -> Grade:
@@ -118,6 +151,8 @@ async def grade(task: "Task", answer: str, judge: "WorkerClient | None" = None) 
     error (the cell fails and is retried on the next run) rather than a silent zero."""
     if task.grader.type == "python_tests":
         return await _grade_code(task, answer)
+    if task.grader.type == "regex":  # a child process, up to REGEX_TIMEOUT_S: off the event loop
+        return await asyncio.to_thread(grade_local, task, answer)
     if task.grader.type != "llm_judge":
         return grade_local(task, answer)
     if judge is None:
@@ -131,8 +166,12 @@ async def grade(task: "Task", answer: str, judge: "WorkerClient | None" = None) 
         answer=answer, scale=g.scale,
     )
     done = await judge.complete([{"role": "user", "content": prompt}], task=task)
-    m = _SCORE.search(done.answer or "")
-    if not m:
-        raise WorkerCallError(f"judge reply holds no 'SCORE: n': {done.answer[:120]!r}")
-    score = min(max(float(m.group(1)), 0.0), float(g.scale))
+    reply = done.answer or ""
+    scores = {float(x) for x in _SCORE.findall(reply)}
+    if len(scores) != 1:
+        what = "no 'SCORE: n'" if not scores else f"several different scores {sorted(scores)}"
+        raise WorkerCallError(f"judge reply holds {what}: {reply[:120]!r}")
+    score = scores.pop()
+    if not 0.0 <= score <= g.scale:
+        raise WorkerCallError(f"judge score {score:g} is outside 0..{g.scale}: {reply[:120]!r}")
     return Grade(score / g.scale, f"judge score {score:g}/{g.scale}", judge_cost_usd=done.cost_usd)

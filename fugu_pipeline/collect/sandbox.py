@@ -10,7 +10,8 @@ network namespace; mount namespace with private tmpfs for every world-writable f
 read-only tmpfs over `Limits.hide_paths`; rlimits; a fresh uid when run as root (a user namespace
 otherwise); no_new_privs. Processes: the whole process group, and as root every process of the
 run's uid, is killed when the child exits or times out.
-Without a network namespace the fallback is a Python audit hook, labelled `audit-hook(best-effort)`:
+Without a network namespace the fallback is a Python audit hook, labelled `audit-hook(best-effort)`
+(network, ctypes, new programs, and, without a mount namespace, opening hidden paths):
 native code can bypass it.
 """
 

@@ -30,7 +30,9 @@ CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 1, 2, 4, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-BLOCKED_EVENTS = ("socket.", "ctypes.dlopen", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.system")
+# "ctypes." as a whole: the CDLL this stage loaded stays reachable (gc), and calling through it
+# raises only ctypes.dlsym / ctypes.call_function.
+BLOCKED_EVENTS = ("socket.", "ctypes.", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.system")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -78,11 +80,11 @@ def _private_tmp(size_mb: int, owner: int | None) -> str | None:
 def _hide(paths: list[str]) -> list[str]:
     """Mount an empty read-only tmpfs over each folder (project trees, homes, data), except the
     ones holding this interpreter. Returns the folders hidden."""
-    keep = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.executable, os.path.dirname(os.__file__))}
+    keep = _keep_paths()
     hidden = []
     for d in paths:
         real = os.path.realpath(d)
-        if not os.path.isdir(real) or any(k == real or k.startswith(real + "/") for k in keep):
+        if not os.path.isdir(real) or any(_under(k, real) for k in keep):
             continue
         if _ok(_libc.mount(b"tmpfs", real.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k,mode=755")):
             hidden.append(real)
@@ -112,9 +114,29 @@ def _set_limits(cfg: dict) -> None:
         resource.setrlimit(res, (soft, hard))
 
 
-def _block_by_audit_hook(event: str, _args: tuple) -> None:
-    if event.startswith(BLOCKED_EVENTS):
-        raise PermissionError(f"sandbox: {event} is blocked (no network namespace available)")
+def _audit_hook(hide: list[str]):
+    """Without namespaces: refuse network, ctypes and new programs, and opening anything under
+    the folders a mount namespace would have hidden (the interpreter's own folders excepted)."""
+    keep = _keep_paths()
+    hidden = tuple(r + "/" for r in {os.path.realpath(d) for d in hide} if not any(_under(k, r) for k in keep))
+
+    def hook(event: str, args: tuple) -> None:
+        if event.startswith(BLOCKED_EVENTS):
+            raise PermissionError(f"sandbox: {event} is blocked (no network namespace available)")
+        if event == "open" and isinstance(args[0], (str, bytes)) and hidden:
+            path = os.path.realpath(os.fsdecode(args[0])) + "/"
+            if path.startswith(hidden):
+                raise PermissionError(f"sandbox: {os.fsdecode(args[0])} is hidden")
+
+    return hook
+
+
+def _keep_paths() -> set[str]:
+    return {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.executable, os.path.dirname(os.__file__))}
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + "/")
 
 
 def isolate(cfg: dict) -> list[str]:
@@ -151,7 +173,7 @@ def isolate(cfg: dict) -> list[str]:
         labels.append("no-new-privs")
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if not netns:
-        sys.addaudithook(_block_by_audit_hook)
+        sys.addaudithook(_audit_hook([] if work is not None else cfg["hide_paths"]))
         labels.append("audit-hook(best-effort)")
     return labels
 
@@ -172,10 +194,14 @@ def main() -> None:
     code, test = payload.pop("code"), payload.pop("test")
     sys.argv = ["solution.py"]
     namespace: dict = {"__name__": "__sandbox__"}
-    exec(compile(code, "solution.py", "exec"), namespace)
-    exec(compile(test, "test.py", "exec"), namespace)
+    # Bound before any untrusted code runs: an answer that replaces builtins.exec/compile or
+    # os.write must not be able to skip the test program and still report it finished.
+    run, write = exec, os.write
+    test_code = compile(test, "test.py", "exec")
+    run(compile(code, "solution.py", "exec"), namespace)
+    run(test_code, namespace)
     sys.stdout.flush()
-    os.write(fd, nonce)
+    write(fd, nonce)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ import re
 from fractions import Fraction
 
 NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?")
-_BOXED_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
+_MAX_BOXED = 64  # only the last ones are ever read
 FINAL = re.compile(r"(?:answer|result)\s*(?:is|:|=)\s*\$?\s*([^\n$]*)", re.IGNORECASE)
 
 
@@ -72,19 +73,19 @@ def final_line(answer: str) -> str:
 
 def boxed_contents(text: str) -> list[str]:
     """The contents of every `\\boxed{...}` (or `\\fbox{...}`), in order, braces balanced at any
-    depth (`\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`); an unbalanced one is left out."""
-    out = []
-    for m in _BOXED_OPEN.finditer(text):
-        depth = 1
-        for j in range(m.end(), len(text)):
-            if text[j] == "{":
-                depth += 1
-            elif text[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    out.append(text[m.end():j].strip())
-                    break
-    return out
+    depth (`\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`); an unbalanced one is left out. At most
+    the last 64 (a looping reply can hold thousands; readers want the last)."""
+    spans: list[tuple[int, int]] = []
+    stack: list[int] = []  # per open brace: where a boxed content starts, or -1 for a plain brace
+    for m in _BRACE.finditer(text):  # one pass: a reply of 20,000 `\\boxed{` took minutes
+        tok = m.group(0)
+        if tok == "}":
+            if stack and (start := stack.pop()) >= 0:
+                spans.append((start, m.start()))
+        else:
+            stack.append(m.end() if len(tok) > 1 else -1)
+    spans.sort()
+    return [text[a:b].strip() for a, b in spans[-_MAX_BOXED:]]
 
 
 def last_boxed(text: str) -> str | None:

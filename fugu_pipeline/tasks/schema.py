@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -78,6 +79,11 @@ class PythonTestsGrader(Strict):
     def _defines_check(cls, v: str) -> str:
         if not re.search(r"^def check\(", v, re.MULTILINE):
             raise ValueError("the test program must define `def check(candidate)` at top level")
+        try:
+            compile(v, "<grader.test>", "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:  # a task-file bug: no answer could pass it
+            why = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) else str(exc)
+            raise ValueError(f"the test program does not compile ({why}): fix grader.test") from None
         return v
 
 
@@ -127,8 +133,9 @@ class Task(Strict):
                 except re.error as exc:
                     raise ValueError(f"reference_answer is used as the regex and does not compile: {exc}") from None
         if g.type == "numeric":
-            if parse_number(ref or "") is None:
-                raise ValueError(f"grader 'numeric' needs a numeric reference_answer, got {ref!r}")
+            want = parse_number(ref or "")
+            if want is None or not math.isfinite(want):
+                raise ValueError(f"grader 'numeric' needs a finite numeric reference_answer, got {ref[:80]!r}")
         if ref and g.type not in ("regex", "python_tests") and len(ref.strip()) >= 1 and _leaks(self.prompt, ref):
             raise ValueError(
                 "prompt contains its own reference_answer; only the grader may see the answer "
