@@ -35,12 +35,32 @@ def format_validation_error(exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that names a key twice (PyYAML keeps the last one
+    silently, so `seed: 0` then `seed: 1` trained with seed 1 and no word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base constructor reports it
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} appears twice in one mapping (line {key_node.start_mark.line + 1}); "
+                    "keep one")
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml_model(path: str | Path, cls: type[M], error: type[Exception], *, what: str, empty_ok: bool = False) -> M:
     """Read `path` as YAML and validate it as `cls`; every failure raises `error` naming the file
     (and the field). An empty file means all defaults when `empty_ok`."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
     except yaml.YAMLError as exc:

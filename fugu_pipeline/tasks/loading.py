@@ -95,6 +95,9 @@ def load_tasks(path: str | Path) -> list[Task]:
         raise TaskFileError(path, [(0, "file not found")]) from None
     except UnicodeDecodeError as exc:
         raise TaskFileError(path, [(0, f"not UTF-8 text: {exc}")]) from None
+    # a UTF-8 BOM (Windows editors, Excel's "CSV UTF-8" export) is read past, as the reward-matrix import does;
+    # json.loads refused the first line with "Unexpected UTF-8 BOM"
+    text = text.removeprefix("\ufeff")
     tasks: list[Task] = []
     problems: list[tuple[int, str]] = []
     first_line: dict[str, int] = {}
@@ -115,7 +118,7 @@ def load_tasks(path: str | Path) -> list[Task]:
             task = Task.model_validate(obj)
         except ValidationError as exc:
             tid = obj.get("task_id")
-            prefix = f"task {tid!r}: " if isinstance(tid, str) else ""
+            prefix = f"task {tid[:80]!r}{'...' if len(tid) > 80 else ''}: " if isinstance(tid, str) else ""
             problems.extend((lineno, prefix + _describe(e)) for e in exc.errors())
             continue
         if task.task_id in first_line:

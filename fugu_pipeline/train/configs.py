@@ -4,7 +4,7 @@ byte-identical weights), and loading them from YAML with errors naming the file 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -15,7 +15,7 @@ from fugu_pipeline.train.heads import LINEAR_HEAD_KINDS
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seed: int = 0
     head: str = Field("layernorm_linear", description=f"one of {LINEAR_HEAD_KINDS}")
@@ -75,18 +75,25 @@ def load_config(path: str | Path, cls: type[BaseModel]) -> Any:
 
 
 class _Grid(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN or infinity in any figure of train.yaml is refused at load, naming the field (it used to
+    # reach the heads and fail after the encoding, or be saved as a null hyperparameter)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+_NonNeg = Annotated[float, Field(ge=0)]
+_Pos = Annotated[float, Field(gt=0)]
+_PosInt = Annotated[int, Field(ge=1)]
 
 
 class PriorGrid(_Grid):
-    m: list[float] = Field([5.0, 20.0, 100.0], min_length=1, description="pseudo-rows of shrinkage to the pooled mean")
+    m: list[_NonNeg] = Field([5.0, 20.0, 100.0], min_length=1, description="pseudo-rows of shrinkage to the pooled mean")
 
 
 class KNNGrid(_Grid):
-    k: list[int] = Field([30, 100, 300], min_length=1)
-    prior_weight: list[float] = Field([0.0, 30.0], min_length=1, description="the domain prior as this many pseudo-neighbours")
-    same_domain_bonus: list[float] = Field([0.0, 1.0], min_length=1, description="added to the cosine of same-domain neighbours")
-    temperature: list[float | None] = Field([None], min_length=1, description="None: uniform weights; T: softmax(sim / T)")
+    k: list[_PosInt] = Field([30, 100, 300], min_length=1)
+    prior_weight: list[_NonNeg] = Field([0.0, 30.0], min_length=1, description="the domain prior as this many pseudo-neighbours")
+    same_domain_bonus: list[_NonNeg] = Field([0.0, 1.0], min_length=1, description="added to the cosine of same-domain neighbours")
+    temperature: list[_Pos | None] = Field([None], min_length=1, description="None: uniform weights; T: softmax(sim / T)")
     prior_m: float = Field(20.0, ge=0, description="shrinkage of the prior inside kNN")
 
 
@@ -107,10 +114,10 @@ class RidgeGrid(_Grid):
 
 
 class MLPGrid(_Grid):
-    hidden: list[int] = Field([256], min_length=1, description="0 = logistic regression")
-    epochs: list[int] = Field([30], min_length=1)
-    weight_decay: list[float] = Field([0.01], min_length=1)
-    dropout: list[float] = Field([0.3], min_length=1)
+    hidden: list[Annotated[int, Field(ge=0)]] = Field([256], min_length=1, description="0 = logistic regression")
+    epochs: list[_PosInt] = Field([30], min_length=1)
+    weight_decay: list[_NonNeg] = Field([0.01], min_length=1)
+    dropout: list[Annotated[float, Field(ge=0, lt=1)]] = Field([0.3], min_length=1)
     lr: float = Field(1e-3, gt=0)
     n_models: int = Field(3, ge=1, description="bag of seeds, averaged")
     batch_size: int = Field(128, ge=1)
@@ -118,7 +125,7 @@ class MLPGrid(_Grid):
 
 class SFTGrid(_Grid):
     head: list[str] = Field(["quality"], min_length=1, description="linear kinds trained by SFT")
-    lr: list[float] = Field([0.003], min_length=1)
+    lr: list[_Pos] = Field([0.003], min_length=1)
     weight_decay: float = Field(0.01, ge=0)
     epochs: int = Field(150, ge=1)
     patience: int = Field(30, ge=1)
