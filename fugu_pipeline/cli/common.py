@@ -18,3 +18,15 @@ def encoder_name(args) -> str:
 
 def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, default=float))
+
+
+def check_prompt(prompt: str) -> None:
+    """A prompt from the command line can hold lone surrogates (undecodable bytes in argv): refuse
+    it with a message instead of a traceback when it reaches the worker's JSON. An empty one is
+    refused too: there is nothing to route, and `ask` would pay workers to answer nothing."""
+    if not prompt.strip():
+        raise CLIError("--prompt is empty: give the text to route")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CLIError(f"--prompt is not valid UTF-8 text (undecodable byte at character {exc.start})") from None

@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
+    from fugu_pipeline.collect.store import PartitionBusyError
     from fugu_pipeline.evaluate.promotion import PolicyError
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.features.settings import EncoderLoadError
@@ -285,7 +286,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fugu_pipeline.workers.contract import WorkerCallError
 
     return (CatalogError, CheckpointError, EncoderLoadError, RewardMatrixError, RouterError, TaskFileError,
-            ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError, BudgetError)
+            ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError, BudgetError,
+            PartitionBusyError)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ session against the configured workers and prints the committed answer and every
 
 from __future__ import annotations
 
-from fugu_pipeline.cli.common import CLIError, print_json
+from fugu_pipeline.cli.common import CLIError, check_prompt, print_json
 
 
 def turn_summary(t) -> dict:
@@ -22,6 +22,13 @@ def cmd_ask_multi_turn(args) -> int:
     from fugu_pipeline.session.callers import ClientCaller, SessionBudget
     from fugu_pipeline.workers.config import load_workers_config
 
+    check_prompt(args.prompt)
+    one_step = [f for f, v in (("--cost-weight", args.cost_weight), ("--budget-usd-per-1k", args.budget_usd_per_1k),
+                               ("--budget-share", args.budget_share), ("--budget-margin-z", args.budget_margin_z))
+                if v is not None]
+    if one_step:  # they would be ignored: the session's spend is capped by max_usd_per_run instead
+        raise CLIError(f"{', '.join(one_step)}: only for one-step routing; a multi-turn session's spend is "
+                       f"capped by max_usd_per_run in {args.workers}")
     load_dotenv(override=False)
     config = load_workers_config(args.workers)
     coord = (RolesCoordinator.load(args.checkpoint, device=args.device, encoder=args.encoder) if args.checkpoint

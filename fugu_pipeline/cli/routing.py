@@ -2,16 +2,7 @@
 
 from __future__ import annotations
 
-from fugu_pipeline.cli.common import CLIError, print_json
-
-
-def _check_prompt(prompt: str) -> None:
-    """A prompt from the command line can hold lone surrogates (undecodable bytes in argv): refuse
-    it with a message instead of a traceback when it reaches the worker's JSON."""
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise CLIError(f"--prompt is not valid UTF-8 text (undecodable byte at character {exc.start})") from None
+from fugu_pipeline.cli.common import CLIError, check_prompt, print_json
 
 
 def _router(args):
@@ -48,7 +39,7 @@ def _route_kwargs(args, router, config=None) -> dict:
 
 
 def cmd_route(args) -> int:
-    _check_prompt(args.prompt)
+    check_prompt(args.prompt)
     config = None
     if args.workers is not None:
         from fugu_pipeline.workers.config import load_workers_config
@@ -75,7 +66,7 @@ def cmd_ask(args) -> int:
     from fugu_pipeline.workers.contract import WorkerCallError
     from fugu_pipeline.workers.factory import make_client
 
-    _check_prompt(args.prompt)
+    check_prompt(args.prompt)
     load_dotenv(override=False)
     config = load_workers_config(args.workers)
     router = _router(args)

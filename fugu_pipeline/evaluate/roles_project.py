@@ -95,18 +95,24 @@ class RolesRun:
 def open_run(config: WorkersConfig, settings: EncoderSettings, trajectories_dir: Path, tasks: list[Task],
              cfg: RolesConfig, *, catalog=None, encoder=None) -> Iterator[RolesRun]:
     """Load the encoder (or use `encoder`), make the worker clients, open the trajectory store."""
+    from fugu_pipeline.collect.store import PartitionBusyError
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.session.featurize import TranscriptFeaturizer
     from fugu_pipeline.workers.factory import make_client
 
     enc = encoder or Encoder.load(settings)
+    context = context_key([w.model_dump(mode="json") for w in config.workers],
+                          config.judge.model_dump(mode="json") if config.judge else None, cfg.max_turns, enc.fingerprint)
+    try:  # the store's lock first: a second run on it stops before any client exists or any call is made
+        store = TrajectoryStore(trajectories_dir, context).open()
+    except PartitionBusyError:
+        if encoder is None:
+            enc.close()
+        raise
     featurizer = TranscriptFeaturizer(enc)
     caller = ClientCaller.from_config(config, catalog=catalog)
     needs_judge = config.judge is not None and any(t.grader.type == "llm_judge" for t in tasks)
     judge = make_client(config.judge, config, judge=True, catalog=catalog) if needs_judge else None
-    context = context_key([w.model_dump(mode="json") for w in config.workers],
-                          config.judge.model_dump(mode="json") if config.judge else None, cfg.max_turns, enc.fingerprint)
-    store = TrajectoryStore(trajectories_dir, context)
     budget = SessionBudget(cfg.max_usd if cfg.max_usd is not None else config.max_usd_per_run, catalog)
     runner = SessionRunner(caller, store, max_turns=cfg.max_turns, budget=budget, judge=judge,
                            judge_spec=config.judge)

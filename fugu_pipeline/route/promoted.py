@@ -27,7 +27,7 @@ from pathlib import Path
 
 from fugu_pipeline.route.router import RouteDecision, Router, RouterError
 from fugu_pipeline.storage import download, is_url, local_cache
-from fugu_pipeline.train.pointer import PointerError, pointer_location, pointer_target, read_pointer
+from fugu_pipeline.train.pointer import POINTER, PointerError, pointer_location, pointer_target, read_pointer
 
 CHECKPOINT_FILES = ("head.safetensors", "manifest.json")  # the manifest commits the checkpoint: last
 
@@ -50,12 +50,12 @@ def _read(models_dir: str | Path) -> dict | None:
         raise RouterError(str(exc)) from None
 
 
-def check_identity(models_dir: str | Path, ptr: dict, manifest) -> None:
+def check_identity(models_dir: str | Path, ptr: dict, manifest, pointer_file: Path = POINTER) -> None:
     """RouterError when the checkpoint the pointer names is not the one it promoted (its
     content_hash differs from the manifest's, which loading has verified against the weights)."""
     want = ptr.get("content_hash")
     if want and want != manifest.content_hash:
-        raise RouterError(f"{pointer_location(models_dir)}: content_hash {want} but {ptr['checkpoint']} holds checkpoint "
+        raise RouterError(f"{pointer_location(models_dir, pointer_file)}: content_hash {want} but {ptr['checkpoint']} holds checkpoint "
                           f"{manifest.content_hash}: not the promoted checkpoint; re-run promotion or restore it")
 
 

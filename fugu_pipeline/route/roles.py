@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fugu_pipeline.route.promoted import check_identity
 from fugu_pipeline.route.router import RouterError, encoder_settings_for
 from fugu_pipeline.session.loop import SessionSpec, run_sessions
 from fugu_pipeline.session.policy import Step
@@ -111,8 +112,13 @@ class PromotedRoles:
         with self._lock:
             if self._current is None or key != self._key:
                 # the old coordinator is not closed: sessions still running keep using it until they end
-                self._current = RolesCoordinator.load(pointer_target(self.models_dir, ptr), **self._opts)
-                self._key = key
+                coord = RolesCoordinator.load(pointer_target(self.models_dir, ptr), **self._opts)
+                try:  # the pointer's content_hash must be the checkpoint's: else not the promoted one
+                    check_identity(self.models_dir, ptr, coord.checkpoint.manifest, ROLES_POINTER)
+                except RouterError:
+                    coord.close()
+                    raise
+                self._current, self._key = coord, key
             return self._current
 
 

@@ -53,6 +53,7 @@ class SessionRunner:
     def __post_init__(self) -> None:
         self._done: dict = {}
         if self.store is not None:
+            self.store.open()  # a second run on this store stops here, before any call
             self._done, every = self.store.read()
             self.memo.seed_from(every)
 

@@ -72,11 +72,18 @@ class TrajectoryStore:
                 done[trajectory_key(tr.task_id, tr.head, tr.seed, tr.greedy)] = tr
         return done, every
 
-    def append(self, tr: Trajectory) -> None:
-        """One write + fsync, now. Opens the file (and takes its lock) on first use."""
+    def open(self) -> "TrajectoryStore":
+        """Take the file's lock now (idempotent): a second run on the same store fails here, before
+        it pays for any call, instead of at its first append with those sessions lost."""
         with self._lock:
             if self._writer is None:
                 self._writer = PartitionWriter(self.path)
+        return self
+
+    def append(self, tr: Trajectory) -> None:
+        """One write + fsync, now. Opens the file (and takes its lock) on first use."""
+        self.open()
+        with self._lock:
             self._writer.append(tr)
             self.appended += 1
 
