@@ -42,7 +42,7 @@ GOOD = "prompt,a,b\nhello,1,0\nworld,0,1\n"
     "ids equal but for case", "worker named split", "mixed quality and rewards", "output is a folder",
     "output is the input", "records without a score field", "prices in a folder", "negative dcrouter price",
     "blank prompt", "a BenchGen task file", "a ragged csv row", "a ragged tsv row",
-    "a lone surrogate in a jsonl table",
+    "a lone surrogate in a jsonl table", "rewards of 1e308", "a negative cost", "a negative latency",
 ])
 def test_bad_input_gets_one_clear_error_and_keeps_the_output(tmp_path, capsys, case):
     good = write(tmp_path, "good.csv", GOOD)
@@ -95,6 +95,13 @@ def test_bad_input_gets_one_clear_error_and_keeps_the_output(tmp_path, capsys, c
     elif case == "blank prompt":
         row = {"task_id": "t", "prompt": " \u00a0\u200b", "worker_ids": ["a", "b"], "quality": [1, 0]}
         args, needle = ["jsonl", write(tmp_path, "b.jsonl", json.dumps(row))], "the prompt is blank"
+    elif case in ("rewards of 1e308", "a negative cost", "a negative latency"):  # 1e308 overflowed training
+        row = {"task_id": "t", "prompt": "p", "worker_ids": ["a", "b"], "rewards": [1e308, -1e308]}
+        field = {"rewards of 1e308": "rewards", "a negative cost": "cost_usd", "a negative latency": "latency_s"}[case]
+        if field != "rewards":
+            row = {**row, "rewards": [1, 0], field: [0.5, -0.01]}
+        args, needle = ["jsonl", write(tmp_path, "r.jsonl", json.dumps(row) + "\n")], \
+            f"r.jsonl:1: '{field}' holds " + ("values beyond" if field == "rewards" else "negative values")
     elif case == "a lone surrogate in a jsonl table":  # polars read it as U+0000 without a word
         rows = '{"prompt": "ok \\ud83d\\ude00", "a": 1, "b": 0}\n{"prompt": "hi \\ud800 x", "a": 0, "b": 1}\n'
         args, needle = ["table", write(tmp_path, "s.jsonl", rows)], "line 2: a string holds a lone UTF-16 surrogate"

@@ -71,6 +71,11 @@ def check_worker_set(worker_ids: list[str]) -> list[str]:
     return worker_ids
 
 
+# The largest magnitude a reward, cost or latency may have: training squares rewards (1e308 overflowed
+# to non-finite weights, reported without its cause), and no real call costs a million dollars.
+VALUE_LIMIT = 1e6
+
+
 class RewardRow(BaseModel):
     """One row of an imported reward matrix (DESIGN §4)."""
 
@@ -102,6 +107,14 @@ class RewardRow(BaseModel):
                     raise ValueError(f"'{name}' has {len(v)} values for {n} worker_ids")
                 if any(x != x or x in (float("inf"), float("-inf")) for x in v):
                     raise ValueError(f"'{name}' holds NaN or infinite values")
+                if any(abs(x) > VALUE_LIMIT for x in v):
+                    raise ValueError(f"'{name}' holds values beyond ±{VALUE_LIMIT:,.0f}; rescale them (a utility is "
+                                     "usually within [-1, 1]; squared in training, 1e308 overflows)")
+        for name in ("cost_usd", "latency_s"):
+            v = getattr(self, name)
+            if v is not None and any(x < 0 for x in v):
+                raise ValueError(f"'{name}' holds negative values; a call's cost and latency are 0 or more "
+                                 "(leave the field out where they are unknown)")
         if self.quality is not None and any(q < 0 or q > 1 for q in self.quality):
             raise ValueError("'quality' values must lie in [0, 1]")
         return self
