@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from safetensors.numpy import save
@@ -29,9 +31,13 @@ def test_shard_with_wrong_shape_or_dtype_is_skipped(tmp_path, vectors):
     assert got.shape == (2, 4) and got[0].tolist() == [1.0] * 4
 
 
-def test_meta_json_not_json_is_one_line_error(tmp_path):
+@pytest.mark.parametrize(("meta", "says"), [(b'{"dim": 4, "fing', "is not valid JSON"), (b'[4]', "has no positive integer 'dim'"),
+                                           (b'{"dim": "4"}', "has no positive integer 'dim'"), (b'{"dim": 0}', "has no positive integer 'dim'")])
+def test_meta_json_not_json_is_one_line_error(tmp_path, meta, says):
     cache = EmbeddingCache(tmp_path, "fp")
     cache.put_many([sha256_text("a")], np.ones((1, 4), np.float32))
-    (tmp_path / "fp" / "meta.json").write_bytes(b'{"dim": 4, "fing')
-    with pytest.raises(ValueError, match=r"meta\.json is not valid JSON.*delete"):
-        EmbeddingCache(tmp_path, "fp").get_many([sha256_text("a")])
+    (tmp_path / "fp" / "meta.json").write_bytes(meta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the meta is the fault: no shard is blamed for it first
+        with pytest.raises(ValueError, match=rf"meta\.json {says}.*delete"):
+            EmbeddingCache(tmp_path, "fp").get_many([sha256_text("a")])

@@ -58,18 +58,23 @@ class EmbeddingCache:
         """The directory's meta.json (read once: it never changes after it is written)."""
         if self._meta is None:
             try:
-                self._meta = json.loads((self.dir / META).read_text(encoding="utf-8"))
+                meta = json.loads((self.dir / META).read_text(encoding="utf-8"))
             except FileNotFoundError:
                 return None
             except (ValueError, UnicodeDecodeError) as exc:  # truncated or overwritten
                 raise ValueError(f"embedding cache {self.dir / META} is not valid JSON ({exc}); "
                                  f"delete {self.dir} to rebuild it") from None
+            dim = meta.get("dim") if isinstance(meta, dict) else None
+            if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+                raise ValueError(f"embedding cache {self.dir / META} has no positive integer 'dim' (holds "
+                                 f"{str(meta)[:80]}); delete {self.dir} to rebuild it")
+            self._meta = meta
         return self._meta
 
     @property
     def dim(self) -> int | None:
         meta = self.meta()
-        return int(meta["dim"]) if meta else None
+        return meta["dim"] if meta else None
 
     def write_meta(self, dim: int, **extra) -> None:
         """Record `dim` (and e.g. the contract) once; a different dim for this fingerprint is an error."""
@@ -91,6 +96,7 @@ class EmbeddingCache:
 
         if not self.dir.is_dir():
             return
+        dim = self.dim  # read once, outside the per-shard guard: a damaged meta.json is its own error
         for path in sorted(self.dir.glob("*" + SHARD_SUFFIX)):
             if path.name in self._seen:  # temporary files end in .tmp, never in the shard suffix
                 continue
@@ -100,7 +106,6 @@ class EmbeddingCache:
                     keys = f.get_tensor("keys")
                     shape = tuple(f.get_slice("vectors").get_shape())
                     dtype = f.get_slice("vectors").get_dtype()
-                dim = self.dim
                 if keys.ndim != 2 or keys.shape[1] != KEY_BYTES or shape != (len(keys), dim if dim else shape[-1]) \
                         or dtype != "F32":  # e.g. a shard of another encoder copied in
                     raise ValueError(f"keys {keys.shape}, vectors {shape} {dtype}; expected vectors ({len(keys)}, {dim}) F32")
