@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -86,6 +87,14 @@ class Manifest(BaseModel):
             raise ValueError(f"content_hash {v!r} must be 16 lowercase hex digits")
         return v
 
+    @field_validator("head_params", "head_shape")
+    @classmethod
+    def _numbers_finite(cls, v: dict[str, Any], info) -> dict[str, Any]:
+        bad = _non_finite(v, info.field_name)
+        if bad:
+            raise ValueError(f"{bad[0]} is {bad[1]}: hyper-parameters must be finite numbers (save the checkpoint again)")
+        return v
+
     @field_validator("worker_ids")
     @classmethod
     def _workers_distinct(cls, v: list[str]) -> list[str]:
@@ -95,6 +104,18 @@ class Manifest(BaseModel):
         if dup:
             raise ValueError(f"worker_ids lists {dup} more than once: each output must be a different worker")
         return v
+
+
+def _non_finite(v: Any, where: str) -> tuple[str, float] | None:
+    """(path, value) of the first NaN or infinite number inside a JSON value, else None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return where, v
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    for k, x in items:
+        found = _non_finite(x, f"{where}.{k}")
+        if found:
+            return found
+    return None
 
 
 @dataclass

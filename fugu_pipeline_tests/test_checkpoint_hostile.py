@@ -1,0 +1,229 @@
+"""Checkpoints a user did not write: damaged or crafted manifests, weights, neighbour sets,
+ensembles, promoted pointers and budget calibrations. Each gets one clear error (library: a
+CheckpointError / RouterError naming the file and field; CLI: exit 2, one line, no traceback), and
+nothing is routed from a checkpoint that does not say what it holds.
+
+A crafted checkpoint is re-signed (`_resign`: weights_sha256 and content_hash recomputed, the
+folder renamed to the new hash) so the checks behind the hash are what is tested, not the hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from fugu_pipeline.features.contract import FeatureContract
+from fugu_pipeline.hashing import canonical_json
+from fugu_pipeline.train.checkpoints import (
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    UNHASHED_FIELDS,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
+from fugu_pipeline.train.ensemble import EnsembleHead
+from fugu_pipeline.train.predictors import DomainPriorHead, KNNHead
+
+DIM = 16
+WORKERS = ["w1", "w2", "w3"]
+CONTRACT = FeatureContract(encoder_id="synthetic", dim=DIM)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> dict[str, Path]:
+    """A kNN and an ensemble checkpoint, saved the ordinary way."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(30, DIM)).astype(np.float32)
+    q = rng.uniform(size=(30, 3))
+    doms = ["a", "b", "c"] * 10
+    knn = KNNHead.fit(x, q, q, doms, k=5)
+    prior = DomainPriorHead.fit(DIM, q, q, doms)
+    ens = EnsembleHead.from_members([knn, prior], [0.5, 0.5], [(1.0, 0.0), (1.0, 0.0)])
+    root = tmp_path_factory.mktemp("pristine")
+    out = {}
+    for kind, head in (("knn", knn), ("ensemble", ens)):
+        out[kind] = save_checkpoint(root, kind, kind, head.state_dict(), {
+            "worker_ids": WORKERS, "feature_contract": CONTRACT, "data_version": "d1",
+            "head_params": head.head_params()})
+    return out
+
+
+@pytest.fixture
+def models(tmp_path, pristine) -> Path:
+    root = tmp_path / "models"
+    for kind, path in pristine.items():
+        shutil.copytree(path, root / kind / path.name)
+    return root
+
+
+def _ckpt(models: Path, kind: str = "knn") -> Path:
+    return next((models / kind).iterdir())
+
+
+def _resign(path: Path) -> Path:
+    """Recompute the weights digest and content hash of an edited checkpoint, as a forger would,
+    and move it to the folder its new hash names."""
+    m = json.loads((path / MANIFEST_FILE).read_text())
+    raw = (path / WEIGHTS_FILE).read_bytes()
+    m["weights_sha256"] = hashlib.sha256(raw).hexdigest()
+    body = {k: v for k, v in m.items() if k not in UNHASHED_FIELDS and not (k in ("head_params", "head_shape") and not v)}
+    m["content_hash"] = hashlib.sha256(raw + canonical_json(body).encode()).hexdigest()[:16]
+    (path / MANIFEST_FILE).write_text(json.dumps(m))
+    target = path.parent / m["content_hash"]
+    path.rename(target)
+    return target
+
+
+def _edit_manifest(path: Path, fn) -> Path:
+    m = json.loads((path / MANIFEST_FILE).read_text())
+    fn(m)
+    (path / MANIFEST_FILE).write_text(json.dumps(m))
+    return _resign(path)
+
+
+def _edit_tensors(path: Path, fn, record_shapes: bool = True) -> Path:
+    t = dict(st_load((path / WEIGHTS_FILE).read_bytes()))
+    t = fn(t)
+    (path / WEIGHTS_FILE).write_bytes(st_save(t, metadata={"format": "pt"}))
+    if record_shapes:
+        m = json.loads((path / MANIFEST_FILE).read_text())
+        m["tensors"] = {k: list(v.shape) for k, v in t.items()}
+        (path / MANIFEST_FILE).write_text(json.dumps(m))
+    return _resign(path)
+
+
+def _refused(path: Path, *words: str) -> str:
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(path, expected_contract=CONTRACT)
+    msg = str(e.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
+    return msg
+
+
+def test_the_pristine_checkpoints_load_and_re_signing_alone_changes_nothing(models):
+    for kind in ("knn", "ensemble"):
+        path = _edit_manifest(_ckpt(models, kind), lambda m: None)
+        assert load_checkpoint(path, expected_contract=CONTRACT).manifest.head_kind == kind
+
+
+# --------------------------------------------------------------------------- already refused well
+
+
+def _set(**kv):
+    def fn(m):
+        for k, v in kv.items():
+            m[k] = v
+    return fn
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"format_version": 1, "meth', ["manifest.json", "Invalid JSON"]),
+    ("[]", ["manifest.json", "object"]),
+    ("", ["manifest.json", "Invalid JSON"]),
+])
+def test_a_manifest_that_is_not_a_json_object_is_refused(models, text, words):
+    path = _ckpt(models)
+    (path / MANIFEST_FILE).write_text(text)
+    _refused(path, *words)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (_set(head_kind="evil"), ["unknown head kind 'evil'"]),
+    (_set(head_kind="ridge"), ["do not build a ridge head"]),
+    (_set(evil=1), ["evil", "Extra inputs"]),
+    (lambda m: m.pop("tensors"), ["tensors", "Field required"]),
+    (_set(worker_ids=["w1", "w1", "w3"]), ["worker_ids", "more than once"]),
+    (_set(worker_ids=["w1", "w2", "w3", "w4"], n_workers=4), ["with 4 workers needs"]),
+    (_set(dim=DIM + 1), ["dim=17", "dim=16"]),
+])
+def test_a_crafted_manifest_is_refused_naming_the_field(models, edit, words):
+    _refused(_edit_manifest(_ckpt(models), edit), *words)
+
+
+@pytest.mark.parametrize("raw, words", [
+    (b"", ["head.safetensors", "header too small"]),
+    ((2 ** 62).to_bytes(8, "little") + b"{}", ["head.safetensors", "header too large"]),
+])
+def test_unreadable_weights_are_refused(models, raw, words):
+    path = _ckpt(models)
+    (path / WEIGHTS_FILE).write_bytes(raw)
+    _refused(path, *words)
+
+
+def test_truncated_weights_are_refused(models):
+    path = _ckpt(models)
+    (path / WEIGHTS_FILE).write_bytes((path / WEIGHTS_FILE).read_bytes()[:200])
+    _refused(path, "head.safetensors", "not a readable safetensors file")
+
+
+def _zero_first_neighbour(t):
+    nb = t["neighbours"].clone()
+    nb[0] = 0
+    return {**t, "neighbours": nb}
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda t: {k: v.to(torch.int8) for k, v in t.items()}, ["dtype torch.int8"]),
+    (lambda t: {**t, "neighbour_utility": t["neighbour_utility"] * float("nan")}, ["neighbour_utility", "non-finite"]),
+    (lambda t: {**t, "neighbours": t["neighbours"] * float("inf")}, ["neighbours", "non-finite"]),
+    (lambda t: {k: v for k, v in t.items() if k != "neighbour_utility"}, ["missing tensor(s) ['neighbour_utility']"]),
+    (lambda t: {**t, "evil": torch.zeros(2)}, ["unexpected tensor(s) ['evil']"]),
+    (_zero_first_neighbour, ["neighbours must be L2-normalised"]),
+    (lambda t: {**t, "neighbour_quality": t["neighbour_quality"][:-1].clone()}, ["neighbour_quality has shape [29, 3]"]),
+    (lambda t: {**t, "neighbour_utility": t["neighbour_utility"].flip(1).contiguous()}, ["routing_map does not match"]),
+])
+def test_crafted_knn_tensors_are_refused(models, fn, words):
+    _refused(_edit_tensors(_ckpt(models), fn), *words)
+
+
+@pytest.mark.parametrize("members, words", [
+    ([{"kind": "ensemble", "params": {}}], ["members cannot be ensembles"]),
+    ([{"kind": "../../etc", "params": {}}], ["unknown head kind '../../etc'"]),
+    ([], ["at least one member"]),
+])
+def test_crafted_ensemble_members_are_refused(models, members, words):
+    def edit(m):
+        m["head_params"]["members"] = members
+    _refused(_edit_manifest(_ckpt(models, "ensemble"), edit), *words)
+
+
+def test_a_contract_for_another_encoder_or_dim_is_refused_naming_each_field(models):
+    other = CONTRACT.model_copy(update={"encoder_id": "other/model", "dim": 32})
+    with pytest.raises(CheckpointError, match="encoder_id.*dim|dim.*encoder_id"):
+        load_checkpoint(_ckpt(models), expected_contract=other)
+
+
+# --------------------------------------------------------------------------- hyper-parameters
+
+
+@pytest.mark.parametrize("key, value", [("k", float("inf")), ("prior_weight", float("nan")),
+                                        ("same_domain_bonus", float("-inf")), ("temperature", float("nan"))])
+def test_a_non_finite_hyper_parameter_is_refused_naming_it(models, key, value):
+    def edit(m):
+        m["head_params"][key] = value
+    _refused(_edit_manifest(_ckpt(models), edit), "manifest.json", f"head_params.{key}", "finite")
+
+
+def test_a_non_finite_member_hyper_parameter_is_refused_naming_it(models):
+    def edit(m):
+        m["head_params"]["members"][0]["params"]["k"] = float("inf")
+    _refused(_edit_manifest(_ckpt(models, "ensemble"), edit), "head_params.members.0.params.k", "finite")
+
+
+@pytest.mark.parametrize("kind, edit", [
+    ("knn", lambda m: m["head_params"].update(n_neighbours=10 ** 12)),
+    ("knn", lambda m: m.update(head_shape={"svf_size": 10 ** 12})),
+    ("ensemble", lambda m: m["head_params"]["members"][0]["params"].update(n_neighbours=10 ** 12)),
+])
+def test_a_size_the_weights_do_not_hold_is_refused_without_allocating_it(models, kind, edit):
+    """10**12 neighbours would be a 64 TB buffer: the shapes are compared before any is allocated."""
+    _refused(_edit_manifest(_ckpt(models, kind), edit), "refusing these weights")
+
