@@ -227,3 +227,14 @@ def test_a_size_the_weights_do_not_hold_is_refused_without_allocating_it(models,
     """10**12 neighbours would be a 64 TB buffer: the shapes are compared before any is allocated."""
     _refused(_edit_manifest(_ckpt(models, kind), edit), "refusing these weights")
 
+
+@pytest.mark.parametrize("members, words", [
+    ([{"params": {}}], ["member 0", '"kind"']),
+    (["knn"], ["member 0", "object"]),
+    ([{"kind": "knn", "params": [1]}], ["member 0", '"params"']),
+    ({"kind": "knn"}, ["members", "list"]),
+])
+def test_a_malformed_ensemble_member_is_refused_naming_it(models, members, words):
+    def edit(m):
+        m["head_params"]["members"] = members
+    _refused(_edit_manifest(_ckpt(models, "ensemble"), edit), "do not build a ensemble head", *words)
