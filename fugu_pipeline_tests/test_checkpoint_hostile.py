@@ -238,3 +238,62 @@ def test_a_malformed_ensemble_member_is_refused_naming_it(models, members, words
     def edit(m):
         m["head_params"]["members"] = members
     _refused(_edit_manifest(_ckpt(models, "ensemble"), edit), "do not build a ensemble head", *words)
+
+
+# --------------------------------------------------------------------------- dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_weights_in_another_float_dtype_are_refused_naming_it(models, dtype):
+    """Checkpoints are saved in float32; a float16 copy loaded silently (rounded weights) and a
+    bfloat16 one was refused as 'tensors edited after saving'."""
+    path = _edit_tensors(_ckpt(models), lambda t: {k: v.to(dtype) for k, v in t.items()})
+    _refused(path, f"dtype {dtype}", "float32")
+
+
+# --------------------------------------------------------------------------- worker ids
+
+
+@pytest.mark.parametrize("bad", ["../../etc/passwd", 'a"b', "x" * 5000, "w\nx", "w 1"])
+def test_a_crafted_worker_id_is_refused(models, bad):
+    """Worker ids follow the import rule (letters, digits, _ . - : /, 128 at most): a manifest is not
+    a way around it (the ids reach HTTP headers, logs and the worker config lookup)."""
+    _refused(_edit_manifest(_ckpt(models), _set(worker_ids=["w1", "w2", bad])), "manifest.json", "worker_ids")
+
+
+# --------------------------------------------------------------------------- files and folders
+
+
+def test_a_manifest_or_weights_path_that_is_a_folder_is_refused(models):
+    path = _ckpt(models)
+    (path / MANIFEST_FILE).unlink()
+    (path / MANIFEST_FILE).mkdir()
+    _refused(path, "manifest.json", "cannot read")
+    path = _ckpt(models, "ensemble")
+    (path / WEIGHTS_FILE).unlink()
+    (path / WEIGHTS_FILE).mkdir()
+    _refused(path, "head.safetensors", "cannot read")
+
+
+def test_a_hash_named_folder_holding_another_checkpoint_is_refused(models):
+    """models/knn/<A>/ holding checkpoint B's files (swapped or copied over) loaded B under A's
+    name; without a pointer's content_hash nothing noticed."""
+    a, b = _ckpt(models, "knn"), _ckpt(models, "ensemble")
+    for f in (MANIFEST_FILE, WEIGHTS_FILE):
+        shutil.copy(b / f, a / f)
+    _refused(a, a.name, b.name, "content_hash")
+
+
+def test_a_checkpoint_filed_under_another_method_is_refused(models):
+    a = _ckpt(models, "knn")
+    moved = models / "sft" / a.name
+    moved.parent.mkdir()
+    a.rename(moved)
+    _refused(moved, "sft", "method", "knn")
+
+
+def test_a_checkpoint_in_a_folder_of_any_other_name_still_loads(models, tmp_path):
+    """A pack folder (`submission/`) or any copy not named by a hash is a checkpoint too."""
+    dst = tmp_path / "submission"
+    shutil.copytree(_ckpt(models), dst)
+    assert load_checkpoint(dst, expected_contract=CONTRACT).manifest.head_kind == "knn"

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.files import fsync_dir
 from fugu_pipeline.hashing import canonical_json
+from fugu_pipeline.workers.config import IMPORT_WORKER_ID_PATTERN
 
 CODE_VERSION = "fugu-train-1"  # bump when heads/training change what a given config and data produce
 WEIGHTS_FILE = "head.safetensors"
@@ -39,6 +40,7 @@ MANIFEST_FILE = "manifest.json"
 UNHASHED_FIELDS = ("created_at", "wall_s", "content_hash")  # left out of the directory hash
 _METHOD_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}$")
 _HASH_RE = re.compile(r"^[0-9a-f]{16}$")
+_WORKER_ID = re.compile(IMPORT_WORKER_ID_PATTERN)
 
 
 class CheckpointError(RuntimeError):
@@ -100,6 +102,10 @@ class Manifest(BaseModel):
     def _workers_distinct(cls, v: list[str]) -> list[str]:
         if any(not w.strip() for w in v):
             raise ValueError("worker_ids holds an empty worker id")
+        odd = next((w for w in v if not _WORKER_ID.match(w)), None)
+        if odd is not None:
+            raise ValueError(f"worker id {odd[:80]!r}{'...' if len(odd) > 80 else ''} is not a worker id: "
+                             f"each must match {IMPORT_WORKER_ID_PATTERN}")
         dup = sorted({w for w in v if v.count(w) > 1})
         if dup:
             raise ValueError(f"worker_ids lists {dup} more than once: each output must be a different worker")
@@ -227,6 +233,9 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
         raise CheckpointError(f"{path} is not a checkpoint: it needs {MANIFEST_FILE} and {WEIGHTS_FILE}")
     try:
         manifest = Manifest.model_validate_json(mpath.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CheckpointError(f"{mpath}: cannot read the manifest ({exc.strerror or exc}); "
+                              "restore the file or save the checkpoint again") from None
     except ValidationError as exc:
         raise CheckpointError(f"{mpath}: not a valid checkpoint manifest: {_one_line(exc)}") from None
     except UnicodeDecodeError as exc:
@@ -242,7 +251,12 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
                 + "; ".join(diffs)
                 + ". Use a checkpoint trained on this encoder's features, or configure the encoder to match."
             )
-    raw = wpath.read_bytes()
+    _check_folder(path, manifest)
+    try:
+        raw = wpath.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{wpath}: cannot read the weights ({exc.strerror or exc}); "
+                              "restore the file or save the checkpoint again") from None
     try:
         tensors = st_load(raw)
     except Exception as exc:  # safetensors raises its own error types
@@ -260,6 +274,21 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
     head.load_state_dict(tensors)
     head.eval()
     return Checkpoint(path=path, manifest=manifest, head=head, state_dict=tensors)
+
+
+def _check_folder(path: Path, manifest: Manifest) -> None:
+    """A folder named like a content hash is `models/<method>/<content_hash>/` (save_checkpoint):
+    it must hold that checkpoint, filed under its method. Other folder names (a pack, a copy) are
+    not checked."""
+    if not _HASH_RE.match(path.name) or not manifest.content_hash:
+        return
+    if path.name != manifest.content_hash:
+        raise CheckpointError(f"{path}: the folder is named for checkpoint {path.name} but its manifest's content_hash "
+                              f"is {manifest.content_hash} (files swapped or copied over); restore the folder, or move "
+                              f"these files to {path.parent / manifest.content_hash}")
+    if path.parent.name != manifest.method:
+        raise CheckpointError(f"{path}: filed under {path.parent.name}/ but its manifest's method is "
+                              f"{manifest.method!r}; move it to {path.parent.parent / manifest.method / path.name}")
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -303,9 +332,10 @@ def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any
                             f"with {m.n_workers} workers needs {list(want[name])}")
         elif m.tensors and tuple(m.tensors.get(name, ())) != shape:
             problems.append(f"{name} has shape {list(shape)} but the manifest records {m.tensors.get(name)}")
-        if not torch.is_floating_point(t):
-            problems.append(f"{name} has dtype {t.dtype}, expected floating point")
-            continue
+        if t.dtype != torch.float32:  # what save_checkpoint writes: another dtype is a converted or crafted file
+            problems.append(f"{name} has dtype {t.dtype}, expected torch.float32")
+            if not torch.is_floating_point(t):
+                continue
         bad = int((~torch.isfinite(t)).sum())
         if bad:
             problems.append(f"{name} holds {bad} non-finite (NaN or infinite) value(s)")
