@@ -297,3 +297,85 @@ def test_a_checkpoint_in_a_folder_of_any_other_name_still_loads(models, tmp_path
     dst = tmp_path / "submission"
     shutil.copytree(_ckpt(models), dst)
     assert load_checkpoint(dst, expected_contract=CONTRACT).manifest.head_kind == "knn"
+
+
+# --------------------------------------------------------------------------- the promoted pointer
+
+
+def _point(models: Path, checkpoint: str, **extra) -> Path:
+    from fugu_pipeline.train.pointer import write_pointer
+
+    return Path(write_pointer(models, {"checkpoint": checkpoint, **extra}))
+
+
+def _promoted_error(models: Path, *words: str) -> str:
+    from fugu_pipeline.route.promoted import load_promoted
+    from fugu_pipeline.route.router import RouterError
+
+    with pytest.raises(RouterError) as e:
+        load_promoted(models, device="cpu")
+    msg = str(e.value)
+    assert "\n" not in msg and "current.json" in msg and all(w in msg for w in words), msg
+    return msg
+
+
+def test_a_pointer_to_a_missing_or_damaged_checkpoint_names_the_pointer_and_what_to_do(models):
+    """It raised the bare CheckpointError '<dir> is not a checkpoint', naming neither the pointer
+    nor the fix (the module promises a RouterError naming the file)."""
+    _point(models, "knn/0123456789abcdef", content_hash="0123456789abcdef")
+    _promoted_error(models, "knn/0123456789abcdef", "is not a checkpoint", "re-run promotion")
+    path = _ckpt(models)
+    (path / WEIGHTS_FILE).write_bytes(b"")
+    _point(models, f"knn/{path.name}", content_hash=path.name)
+    _promoted_error(models, f"knn/{path.name}", "header too small", "re-run promotion")
+
+
+def test_a_pointer_loop_escape_or_wrong_hash_is_refused(models):
+    (models / "loop").symlink_to(models / "loop")
+    _point(models, "loop")
+    _promoted_error(models, "loop", "is not a checkpoint")
+    _point(models, "knn/../../../etc")
+    _promoted_error(models, "leaves the models folder")
+    path = _ckpt(models)
+    _point(models, f"knn/{path.name}", content_hash="f" * 16)
+    _promoted_error(models, "content_hash ffffffffffffffff", path.name, "not the promoted checkpoint")
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def _cli_one_line(argv, capsys) -> str:
+    from fugu_pipeline.cli.main import main
+
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (rc, err)
+    return err
+
+
+def _damage_each_way(models: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (checkpoint folder, a word its one-line error must hold)."""
+    out = {}
+    path = _ckpt(models)
+    out["inf k"] = (_edit_manifest(path, lambda m: m["head_params"].update(k=float("inf"))), "head_params.k")
+    path = _ckpt(models, "ensemble")
+    out["member without kind"] = (_edit_manifest(path, lambda m: m["head_params"].update(members=[{"params": {}}])),
+                                  '"kind"')
+    return out
+
+
+def test_route_pack_and_serve_refuse_each_crafted_checkpoint_in_one_line(models, capsys, tmp_path):
+    for name, (path, word) in _damage_each_way(models).items():
+        for argv in (["route", "--checkpoint", str(path), "--prompt", "hi", "--device", "cpu"],
+                     ["pack", str(path), "--out", str(tmp_path / "pack")],
+                     ["serve", "--checkpoint", str(path), "--workers", "configs/workers.mock.yaml", "--device", "cpu"]):
+            err = _cli_one_line(argv, capsys) if argv[0] != "pack" or name == "inf k" else None
+            if err is None:  # pack checks the manifest and the hashes; the gates (preflight) load the head
+                continue
+            assert word in err and str(path) in err, (name, argv[0], err)
+
+
+def test_route_through_a_pointer_to_a_missing_checkpoint_is_one_line(models, capsys):
+    _point(models, "knn/0123456789abcdef", content_hash="0123456789abcdef")
+    err = _cli_one_line(["route", "--models-dir", str(models), "--prompt", "hi", "--device", "cpu"], capsys)
+    assert "current.json" in err and "knn/0123456789abcdef" in err and "re-run promotion" in err
