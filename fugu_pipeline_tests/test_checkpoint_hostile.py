@@ -379,3 +379,54 @@ def test_route_through_a_pointer_to_a_missing_checkpoint_is_one_line(models, cap
     _point(models, "knn/0123456789abcdef", content_hash="0123456789abcdef")
     err = _cli_one_line(["route", "--models-dir", str(models), "--prompt", "hi", "--device", "cpu"], capsys)
     assert "current.json" in err and "knn/0123456789abcdef" in err and "re-run promotion" in err
+
+
+# --------------------------------------------------------------------------- budget.json
+
+
+class _NoEncoder:
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"checkpoint": ', ["budget.json", "Invalid JSON"]),
+    ("[1]", ["budget.json", "object"]),
+])
+def test_a_damaged_budget_calibration_leaves_plain_routing_and_names_itself_in_budget_mode(models, text, words):
+    """A truncated budget.json beside the checkpoint made every load (budget or not) fail with a raw
+    pydantic ValidationError (a CLI traceback)."""
+    from fugu_pipeline.route.budget import Budget
+    from fugu_pipeline.route.router import BudgetUnavailable, Router
+
+    path = _ckpt(models)
+    (path / "budget.json").write_text(text)
+    router = Router(load_checkpoint(path), _NoEncoder())
+    assert router.calibration is None
+    with pytest.raises(BudgetUnavailable) as e:
+        router.budget_point(Budget(share=0.5))
+    assert "\n" not in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_a_budget_calibration_for_other_workers_is_not_used(models):
+    from fugu_pipeline.route.budget import Budget, load_calibration
+    from fugu_pipeline.route.router import BudgetUnavailable, Router
+
+    path = _ckpt(models)
+    cal = _calibration(path)
+    (path / "budget.json").write_text(cal.model_copy(update={"checkpoint": "", "worker_ids": ["w3", "w2", "w1"]})
+                                      .model_dump_json())
+    assert load_calibration(path).worker_ids == ["w3", "w2", "w1"]
+    router = Router(load_checkpoint(path), _NoEncoder())
+    assert router.calibration is None
+    with pytest.raises(BudgetUnavailable, match="worker_ids"):
+        router.budget_point(Budget(share=0.5))
+
+
+def _calibration(path: Path):
+    from fugu_pipeline.route.budget import BudgetCalibration
+
+    return BudgetCalibration.model_validate({
+        "checkpoint": path.name, "worker_ids": WORKERS, "reference_worker": "w1", "reference_cost_usd": 0.01,
+        "cost_model": {"worker_ids": WORKERS, "per_token": [1e-6, 2e-6, 3e-6], "offset": {"*": [0.0, 0.0, 0.0]}}, "n_val": 10,
+        "val_reference_cost_usd": 0.01, "curve": []})
