@@ -430,3 +430,26 @@ def _calibration(path: Path):
         "checkpoint": path.name, "worker_ids": WORKERS, "reference_worker": "w1", "reference_cost_usd": 0.01,
         "cost_model": {"worker_ids": WORKERS, "per_token": [1e-6, 2e-6, 3e-6], "offset": {"*": [0.0, 0.0, 0.0]}}, "n_val": 10,
         "val_reference_cost_usd": 0.01, "curve": []})
+
+
+# --------------------------------------------------------------------------- the feature contract
+
+
+def _edit_contract(path: Path, **changes) -> Path:
+    def edit(m):
+        m["feature_contract"].update(changes)
+        m["contract_fingerprint"] = FeatureContract.model_construct(**m["feature_contract"]).fingerprint()
+    return _edit_manifest(path, edit)
+
+
+@pytest.mark.parametrize("template, words", [
+    ("{prompt:>9999999999}", ["format spec"]),
+    ("{prompt!r}", ["conversion"]),
+    ("{prompt} {answer}", ["may only use"]),
+    ("{prompt.__class__}", ["must contain {prompt}"]),
+])
+def test_a_contract_prompt_template_that_is_not_plain_is_refused_on_load(models, template, words):
+    """`{prompt:>9999999999}` in a re-signed contract passed loading and padded every routed prompt
+    to ~10 GB; `{prompt} {answer}` passed loading and then crashed Router.load with a raw pydantic
+    ValidationError (CLI traceback)."""
+    _refused(_edit_contract(_ckpt(models), prompt_template=template), "manifest.json", "prompt_template", *words)

@@ -14,6 +14,7 @@ default, so the fingerprints of earlier checkpoints do not change.
 
 from __future__ import annotations
 
+import string
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
@@ -37,6 +38,27 @@ def normalize_layer(v):
     return v
 
 
+TEMPLATE_FIELDS = {"prompt", "domain"}
+
+
+def check_prompt_template(v: str) -> str:
+    """`v` when it is a format string over {prompt} (required) and {domain} only, each plain: no
+    attribute, index, conversion or format spec (`{prompt:>9999999999}` would pad every prompt to
+    gigabytes; a checkpoint's contract is not trusted to be harmless). ValueError otherwise."""
+    try:
+        parts = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(v) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"prompt_template {v!r} is not a valid format string: {exc}") from None
+    names = {name for name, _, _ in parts}
+    if "prompt" not in names:
+        raise ValueError("prompt_template must contain {prompt}")
+    if names - TEMPLATE_FIELDS:
+        raise ValueError(f"prompt_template may only use {sorted(TEMPLATE_FIELDS)}, got {sorted(names)}")
+    if any(spec or conv for _, spec, conv in parts):
+        raise ValueError(f"prompt_template {v[:80]!r} uses a conversion or format spec: write plain {{prompt}} and {{domain}}")
+    return v
+
+
 class FeatureContract(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -53,6 +75,7 @@ class FeatureContract(BaseModel):
     lexical: bool = False  # the last LEXICAL_DIM columns are lexical statistics (lexical.py), not the embedding
 
     _layer = field_validator("layer", mode="before")(classmethod(lambda cls, v: normalize_layer(v)))
+    _template = field_validator("prompt_template")(classmethod(lambda cls, v: check_prompt_template(v)))
 
     def fingerprint(self) -> str:
         body = self.model_dump(mode="json")
