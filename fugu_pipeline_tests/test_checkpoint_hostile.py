@@ -453,3 +453,22 @@ def test_a_contract_prompt_template_that_is_not_plain_is_refused_on_load(models,
     to ~10 GB; `{prompt} {answer}` passed loading and then crashed Router.load with a raw pydantic
     ValidationError (CLI traceback)."""
     _refused(_edit_contract(_ckpt(models), prompt_template=template), "manifest.json", "prompt_template", *words)
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"pooling": "position", "token_position": None}, ["needs token_position"]),
+    ({"pooling": "mean", "token_position": -2}, ["token_position only applies"]),
+    ({"max_length": 0}, ["max_length"]),
+])
+def test_a_contract_no_encoder_setting_can_reproduce_is_refused_on_load(models, changes, words):
+    """These loaded, then crashed Router.load (`fugu-lite route`) with a raw pydantic ValidationError."""
+    path = _edit_contract(_ckpt(models), **changes)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(path)  # no expected contract: what Router.load's first look does
+    assert "\n" not in str(e.value) and all(w in str(e.value) for w in ["manifest.json", "feature_contract", *words]), str(e.value)
+
+
+def test_route_on_a_contract_no_encoder_setting_can_reproduce_is_one_line(models, capsys):
+    path = _edit_contract(_ckpt(models), pooling="position", token_position=None)
+    err = _cli_one_line(["route", "--checkpoint", str(path), "--prompt", "hi", "--device", "cpu"], capsys)
+    assert "token_position" in err and str(path) in err

@@ -17,7 +17,7 @@ from __future__ import annotations
 import string
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fugu_pipeline.features.lexical import LEXICAL_DIM
 from fugu_pipeline.features.prompt_rules import PromptRules
@@ -68,7 +68,7 @@ class FeatureContract(BaseModel):
     token_position: int | None = None  # for pooling="position", e.g. -2 = penultimate token
     layer: int | tuple[int, ...] = -1  # hidden_states index (-1 = last layer), or several, concatenated
     normalize: bool = True
-    max_length: int = 512
+    max_length: int = Field(512, ge=1)
     prompt_template: str = "{prompt}"
     dim: int
     prompt_rules: PromptRules | None = None  # strip rules fitted on the training prompts
@@ -76,6 +76,16 @@ class FeatureContract(BaseModel):
 
     _layer = field_validator("layer", mode="before")(classmethod(lambda cls, v: normalize_layer(v)))
     _template = field_validator("prompt_template")(classmethod(lambda cls, v: check_prompt_template(v)))
+
+    @model_validator(mode="after")
+    def _position(self) -> "FeatureContract":
+        """What EncoderSettings requires, so a contract no encoder setting reproduces is refused where
+        it is read (a checkpoint's manifest), not when the encoder is built from it."""
+        if self.pooling == "position" and self.token_position is None:
+            raise ValueError("pooling='position' needs token_position (e.g. -2 for the penultimate token)")
+        if self.pooling != "position" and self.token_position is not None:
+            raise ValueError(f"token_position only applies to pooling='position', not {self.pooling!r}")
+        return self
 
     def fingerprint(self) -> str:
         body = self.model_dump(mode="json")

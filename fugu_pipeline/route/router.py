@@ -37,14 +37,22 @@ class RouteDecision:
 def encoder_settings_for(contract: FeatureContract, device: str = "auto", dtype: str = "auto", encoder: str | None = None):
     """EncoderSettings that reproduce a checkpoint's feature contract. `encoder` overrides where the
     model is loaded from (e.g. the same model in another directory); the contract is then checked."""
-    from fugu_pipeline.features.settings import EncoderSettings
+    from pydantic import ValidationError
 
-    return EncoderSettings(
-        model=encoder or contract.encoder_id, revision=contract.revision, device=device, dtype=dtype,
-        max_length=contract.max_length, pooling=contract.pooling, token_position=contract.token_position,
-        layer=contract.layer, normalize=contract.normalize, prompt_template=contract.prompt_template,
-        prompt_rules=contract.prompt_rules, lexical=contract.lexical,
-    )
+    from fugu_pipeline.features.settings import EncoderSettings
+    from fugu_pipeline.train.checkpoints import CheckpointError
+
+    try:
+        return EncoderSettings(
+            model=encoder or contract.encoder_id, revision=contract.revision, device=device, dtype=dtype,
+            max_length=contract.max_length, pooling=contract.pooling, token_position=contract.token_position,
+            layer=contract.layer, normalize=contract.normalize, prompt_template=contract.prompt_template,
+            prompt_rules=contract.prompt_rules, lexical=contract.lexical,
+        )
+    except ValidationError as exc:  # a contract read from a checkpoint no encoder setting reproduces
+        why = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
+        raise CheckpointError(f"feature contract (encoder {contract.encoder_id!r}) does not make valid encoder "
+                              f"settings: {why}; use a checkpoint saved by this version, or save it again") from None
 
 
 def serving_dtype(settings, metrics: dict) -> str:
