@@ -472,3 +472,32 @@ def test_route_on_a_contract_no_encoder_setting_can_reproduce_is_one_line(models
     path = _edit_contract(_ckpt(models), pooling="position", token_position=None)
     err = _cli_one_line(["route", "--checkpoint", str(path), "--prompt", "hi", "--device", "cpu"], capsys)
     assert "token_position" in err and str(path) in err
+
+
+# --------------------------------------------------------------------------- files that are not files
+
+
+@pytest.mark.parametrize("name", [MANIFEST_FILE, WEIGHTS_FILE])
+def test_a_checkpoint_file_that_links_to_a_device_is_refused_without_reading_it(models, name):
+    """head.safetensors -> /dev/zero was read until memory ran out (MemoryError, or the OOM killer)."""
+    path = _ckpt(models)
+    (path / name).unlink()
+    (path / name).symlink_to("/dev/zero")
+    _refused(path, name, "not a regular file")
+
+
+def test_a_checkpoint_file_that_links_to_a_regular_file_still_loads(models, tmp_path):
+    """Symlinked regular files (a content store, a snapshot folder) are read as usual."""
+    path = _ckpt(models)
+    store = tmp_path / "store"
+    store.mkdir()
+    for name in (MANIFEST_FILE, WEIGHTS_FILE):
+        (path / name).rename(store / name)
+        (path / name).symlink_to(store / name)
+    assert load_checkpoint(path, expected_contract=CONTRACT).manifest.head_kind == "knn"
+
+
+def test_a_pointer_that_links_to_a_device_is_refused_without_reading_it(models):
+    (models / "promoted").mkdir()
+    (models / "promoted" / "current.json").symlink_to("/dev/zero")
+    _promoted_error(models, "not a regular file")

@@ -231,6 +231,10 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
     mpath, wpath = path / MANIFEST_FILE, path / WEIGHTS_FILE
     if not mpath.exists() or not wpath.exists():
         raise CheckpointError(f"{path} is not a checkpoint: it needs {MANIFEST_FILE} and {WEIGHTS_FILE}")
+    for f in (mpath, wpath):  # a link to /dev/zero or a FIFO would be read forever
+        if f.exists() and not f.is_dir() and not f.is_file():
+            raise CheckpointError(f"{f}: not a regular file (a device, pipe or socket); restore the file "
+                                  "or save the checkpoint again")
     try:
         manifest = Manifest.model_validate_json(mpath.read_text(encoding="utf-8"))
     except OSError as exc:
