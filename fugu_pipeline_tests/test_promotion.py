@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 import threading
 
 import numpy as np
@@ -65,7 +66,8 @@ def bad_head(data, tmp_path, seed: int = 0):
 
 def tamper(path, fn):
     """Rewrite a checkpoint's weights with fn(state) and a matching sha and content hash (so only
-    sanity can refuse it)."""
+    sanity can refuse it). A folder named by its hash moves to the new hash (a folder named for
+    another checkpoint is refused on load); use the path returned."""
     from safetensors.torch import load
 
     from fugu_pipeline.train.checkpoints import Manifest, checkpoint_hash
@@ -77,6 +79,8 @@ def tamper(path, fn):
     m["weights_sha256"] = hashlib.sha256(raw).hexdigest()
     m["content_hash"] = checkpoint_hash(raw, Manifest.model_validate(m))
     (path / MANIFEST_FILE).write_text(json.dumps(m))
+    if re.fullmatch(r"[0-9a-f]{16}", path.name) and path.name != m["content_hash"]:
+        path = path.rename(path.parent / m["content_hash"])
     return path
 
 
@@ -116,7 +120,7 @@ def test_margin_is_paired_against_the_king(data, good, tmp_path):
     (lambda s: {**s, "linear.weight": torch.zeros_like(s["linear.weight"])}, "all zero"),
 ])
 def test_broken_weights_are_refused_with_their_reason(data, good, tmp_path, breakage, reason):
-    tamper(good, breakage)
+    good = tamper(good, breakage)
     out = promote_best([str(good)], data, tmp_path / "models", OPEN)
     assert not out["promoted"] and read_pointer(tmp_path / "models") is None
     # the weight gate itself refuses it (it cannot even load), and the history keeps that reason
@@ -190,7 +194,7 @@ def test_a_quality_head_with_near_uniform_predictions_is_refused(data, tmp_path)
     assert out["promoted"] and any(r.startswith("PASS quality head") for r in out["reasons"])
     # the same head with its final layer shrunk: every prediction within a hair of sigmoid(bias)
     flat = train_sft(data, SFTConfig(head="quality", epochs=40, seed=1)).save(tmp_path / "other")
-    tamper(flat, lambda s: {**s, "linear.weight": s["linear.weight"] * 1e-4, "linear.bias": torch.zeros_like(s["linear.bias"])})
+    flat = tamper(flat, lambda s: {**s, "linear.weight": s["linear.weight"] * 1e-4, "linear.bias": torch.zeros_like(s["linear.bias"])})
     out = promote_best([str(flat)], data, tmp_path / "flat-models", OPEN)
     assert not out["promoted"]
     line = next(r for r in out["reasons"] if r.startswith("FAIL quality head"))

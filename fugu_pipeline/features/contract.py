@@ -14,9 +14,10 @@ default, so the fingerprints of earlier checkpoints do not change.
 
 from __future__ import annotations
 
+import string
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fugu_pipeline.features.lexical import LEXICAL_DIM
 from fugu_pipeline.features.prompt_rules import PromptRules
@@ -37,6 +38,27 @@ def normalize_layer(v):
     return v
 
 
+TEMPLATE_FIELDS = {"prompt", "domain"}
+
+
+def check_prompt_template(v: str) -> str:
+    """`v` when it is a format string over {prompt} (required) and {domain} only, each plain: no
+    attribute, index, conversion or format spec (`{prompt:>9999999999}` would pad every prompt to
+    gigabytes; a checkpoint's contract is not trusted to be harmless). ValueError otherwise."""
+    try:
+        parts = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(v) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"prompt_template {v!r} is not a valid format string: {exc}") from None
+    names = {name for name, _, _ in parts}
+    if "prompt" not in names:
+        raise ValueError("prompt_template must contain {prompt}")
+    if names - TEMPLATE_FIELDS:
+        raise ValueError(f"prompt_template may only use {sorted(TEMPLATE_FIELDS)}, got {sorted(names)}")
+    if any(spec or conv for _, spec, conv in parts):
+        raise ValueError(f"prompt_template {v[:80]!r} uses a conversion or format spec: write plain {{prompt}} and {{domain}}")
+    return v
+
+
 class FeatureContract(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -46,13 +68,24 @@ class FeatureContract(BaseModel):
     token_position: int | None = None  # for pooling="position", e.g. -2 = penultimate token
     layer: int | tuple[int, ...] = -1  # hidden_states index (-1 = last layer), or several, concatenated
     normalize: bool = True
-    max_length: int = 512
+    max_length: int = Field(512, ge=1)
     prompt_template: str = "{prompt}"
     dim: int
     prompt_rules: PromptRules | None = None  # strip rules fitted on the training prompts
     lexical: bool = False  # the last LEXICAL_DIM columns are lexical statistics (lexical.py), not the embedding
 
     _layer = field_validator("layer", mode="before")(classmethod(lambda cls, v: normalize_layer(v)))
+    _template = field_validator("prompt_template")(classmethod(lambda cls, v: check_prompt_template(v)))
+
+    @model_validator(mode="after")
+    def _position(self) -> "FeatureContract":
+        """What EncoderSettings requires, so a contract no encoder setting reproduces is refused where
+        it is read (a checkpoint's manifest), not when the encoder is built from it."""
+        if self.pooling == "position" and self.token_position is None:
+            raise ValueError("pooling='position' needs token_position (e.g. -2 for the penultimate token)")
+        if self.pooling != "position" and self.token_position is not None:
+            raise ValueError(f"token_position only applies to pooling='position', not {self.pooling!r}")
+        return self
 
     def fingerprint(self) -> str:
         body = self.model_dump(mode="json")

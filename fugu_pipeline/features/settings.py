@@ -11,13 +11,12 @@ import hashlib
 import importlib.util
 import json
 import os
-import string
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fugu_pipeline.features.contract import FeatureContract, normalize_layer
+from fugu_pipeline.features.contract import FeatureContract, check_prompt_template, normalize_layer
 from fugu_pipeline.features.lexical import LEXICAL_VERSION
 from fugu_pipeline.features.prompt_rules import PromptRules
 from fugu_pipeline.hashing import canonical_json, sha256_text
@@ -25,7 +24,6 @@ from fugu_pipeline.hashing import canonical_json, sha256_text
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 TINY = "tiny"
 FINGERPRINT_VERSION = 1
-TEMPLATE_FIELDS = {"prompt", "domain"}
 DEFAULT_DOMAIN = "general"
 # Files of a model directory that decide what it computes (README and the like do not).
 MODEL_FILE_SUFFIXES = (".json", ".txt", ".model", ".safetensors", ".bin", ".pt", ".tiktoken")
@@ -86,15 +84,7 @@ class EncoderSettings(BaseModel):
     @field_validator("prompt_template")
     @classmethod
     def _template_fields(cls, v: str) -> str:
-        try:
-            names = {name for _, name, _, _ in string.Formatter().parse(v) if name is not None}
-        except ValueError as exc:
-            raise ValueError(f"prompt_template {v!r} is not a valid format string: {exc}") from None
-        if "prompt" not in names:
-            raise ValueError("prompt_template must contain {prompt}")
-        if names - TEMPLATE_FIELDS:
-            raise ValueError(f"prompt_template may only use {sorted(TEMPLATE_FIELDS)}, got {sorted(names)}")
-        return v
+        return check_prompt_template(v)
 
     @model_validator(mode="after")
     def _position(self) -> "EncoderSettings":

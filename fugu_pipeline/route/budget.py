@@ -41,7 +41,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 CALIBRATION_FILE = "budget.json"
 CHARS_PER_TOKEN = 4.0
@@ -265,10 +265,18 @@ class BudgetCalibration(BaseModel):
 
 
 def load_calibration(checkpoint_dir: str | Path) -> BudgetCalibration | None:
+    """The calibration beside a checkpoint; None when there is none; BudgetError (one line: the
+    file, what is wrong, what to do) when it cannot be read or is not a calibration."""
     path = Path(checkpoint_dir) / CALIBRATION_FILE
     if not path.is_file():
         return None
-    return BudgetCalibration.model_validate_json(path.read_text(encoding="utf-8"))
+    try:
+        return BudgetCalibration.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValidationError) as exc:
+        why = (exc.strerror if isinstance(exc, OSError) else exc.reason if isinstance(exc, UnicodeDecodeError)
+               else "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'budget.json'}: {e['msg']}" for e in exc.errors()[:3]))
+        raise BudgetError(f"{path}: not a valid budget calibration ({why}); delete it and run `fugu-lite evaluate "
+                          f"--checkpoint {Path(checkpoint_dir)} --data <the training data>` to draw it again") from None
 
 
 def route_curve(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int,
@@ -360,9 +368,14 @@ def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.std
 
     ckpt = load_checkpoint(path)
     target = Path(path) / CALIBRATION_FILE
+    damaged = False
     if q_val is None and target.exists():
-        kept = load_calibration(path)
-        if kept.checkpoint == ckpt.manifest.content_hash and kept.data_version == data.data_version:
+        try:
+            kept = load_calibration(path)
+        except BudgetError as exc:  # drawn again below, and replaces the damaged file
+            log(f"budget calibration: {exc}")
+            kept, damaged = None, True
+        if kept is not None and kept.checkpoint == ckpt.manifest.content_hash and kept.data_version == data.data_version:
             log(f"budget calibration: {target} (drawn on this data's {kept.n_val} validation rows)")
             return kept
     try:
@@ -370,7 +383,7 @@ def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.std
     except BudgetError as exc:
         log(f"budget mode: not available for this checkpoint ({str(exc).split(':')[0]})")
         return None
-    if ckpt.manifest.data_version == data.data_version or not target.exists():
+    if ckpt.manifest.data_version == data.data_version or not target.exists() or damaged:
         cal.save(path)
         log(f"budget calibration: {target} (reference {cal.reference_worker}, {cal.n_val} validation rows)")
     else:

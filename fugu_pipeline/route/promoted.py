@@ -6,8 +6,9 @@
     decision.worker_id, decision.probabilities
 
 `load_promoted` follows `models/promoted/current.json`: when a new checkpoint is promoted, the
-next `route` call uses it, without a restart. A damaged pointer, or one whose `content_hash` is
-not the checkpoint it names, raises RouterError (one line) from `load_promoted` and from `route`;
+next `route` call uses it, without a restart. A damaged pointer, one naming a checkpoint that is
+missing or cannot be loaded, or one whose `content_hash` is not the checkpoint it names, raises
+RouterError (one line, naming the pointer) from `load_promoted` and from `route`;
 `serve` keeps routing with the last good router and reports why (`reload_error`). `models_dir` may be an object-store URL
 (`load_promoted("s3://bucket/models")`, fugu_pipeline/storage.py): the pointer is read from the
 store on each call (one small GET), and a newly named checkpoint is downloaded once into this
@@ -97,7 +98,7 @@ class PromotedRouter:
         self.refresh()
 
     def refresh(self) -> Router:
-        from fugu_pipeline.train.checkpoints import load_checkpoint
+        from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
 
         router, key = self._current  # one tuple: the router and the pointer it came from, read together
         if router is not None and _key(_read(self.models_dir)) == key:
@@ -111,7 +112,13 @@ class PromotedRouter:
                 return self._router
             path = promoted_checkpoint_path(self.models_dir) if ptr is None else local_checkpoint(pointer_target(self.models_dir, ptr))
             old = self._router
-            ckpt = load_checkpoint(path)
+            try:
+                ckpt = load_checkpoint(path)
+            except CheckpointError as exc:
+                if ptr is None:
+                    raise
+                raise RouterError(f"{pointer_location(self.models_dir)}: the promoted checkpoint {ptr['checkpoint']!r} "
+                                  f"cannot be loaded ({exc}); re-run promotion or restore it") from None
             if ptr is not None:
                 check_identity(self.models_dir, ptr, ckpt.manifest)
             if old is not None and ckpt.manifest.feature_contract == old.checkpoint.manifest.feature_contract:

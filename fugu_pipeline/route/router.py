@@ -37,14 +37,22 @@ class RouteDecision:
 def encoder_settings_for(contract: FeatureContract, device: str = "auto", dtype: str = "auto", encoder: str | None = None):
     """EncoderSettings that reproduce a checkpoint's feature contract. `encoder` overrides where the
     model is loaded from (e.g. the same model in another directory); the contract is then checked."""
-    from fugu_pipeline.features.settings import EncoderSettings
+    from pydantic import ValidationError
 
-    return EncoderSettings(
-        model=encoder or contract.encoder_id, revision=contract.revision, device=device, dtype=dtype,
-        max_length=contract.max_length, pooling=contract.pooling, token_position=contract.token_position,
-        layer=contract.layer, normalize=contract.normalize, prompt_template=contract.prompt_template,
-        prompt_rules=contract.prompt_rules, lexical=contract.lexical,
-    )
+    from fugu_pipeline.features.settings import EncoderSettings
+    from fugu_pipeline.train.checkpoints import CheckpointError
+
+    try:
+        return EncoderSettings(
+            model=encoder or contract.encoder_id, revision=contract.revision, device=device, dtype=dtype,
+            max_length=contract.max_length, pooling=contract.pooling, token_position=contract.token_position,
+            layer=contract.layer, normalize=contract.normalize, prompt_template=contract.prompt_template,
+            prompt_rules=contract.prompt_rules, lexical=contract.lexical,
+        )
+    except ValidationError as exc:  # a contract read from a checkpoint no encoder setting reproduces
+        why = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
+        raise CheckpointError(f"feature contract (encoder {contract.encoder_id!r}) does not make valid encoder "
+                              f"settings: {why}; use a checkpoint saved by this version, or save it again") from None
 
 
 def serving_dtype(settings, metrics: dict) -> str:
@@ -76,7 +84,7 @@ class Router:
     λ for the cap comes from its validation curve, and the expected cost from its training fit."""
 
     def __init__(self, checkpoint, encoder, *, encoder_override: str | None = None):
-        from fugu_pipeline.route.budget import load_calibration
+        from fugu_pipeline.route.budget import CALIBRATION_FILE, BudgetError, load_calibration
 
         if checkpoint.manifest.head_kind.startswith("roles"):
             raise RouterError(f"{checkpoint.path} is a multi-turn coordinator ({checkpoint.manifest.head_kind}), not a "
@@ -86,9 +94,20 @@ class Router:
         self.encoder = encoder
         self.worker_ids: list[str] = list(checkpoint.manifest.worker_ids)
         self.path = str(checkpoint.path)
-        calibration = load_calibration(checkpoint.path)
+        self.calibration_error: str | None = None  # why budget.json is not used, when it is damaged
+        try:
+            calibration = load_calibration(checkpoint.path)
+        except BudgetError as exc:  # plain routing does not read it: only budget mode is refused, saying why
+            calibration, self.calibration_error = None, str(exc)
         if calibration is not None and calibration.checkpoint not in ("", checkpoint.manifest.content_hash):
             calibration = None  # written for other weights
+        if calibration is not None and (calibration.worker_ids != self.worker_ids
+                                        or calibration.cost_model.worker_ids != self.worker_ids):
+            self.calibration_error = (
+                f"{Path(checkpoint.path) / CALIBRATION_FILE}: its worker_ids {calibration.cost_model.worker_ids} are not "
+                f"the checkpoint's {self.worker_ids} (in order): its costs would be charged to the wrong workers; "
+                f"delete it and run `fugu-lite evaluate --checkpoint {checkpoint.path} --data <the training data>`")
+            calibration = None
         self.calibration = calibration
         self._lock = threading.Lock()
 
@@ -157,6 +176,8 @@ class Router:
             require_quality_head(self.checkpoint.head, self.checkpoint.manifest.head_kind)
         except BudgetError as exc:
             raise BudgetUnavailable(str(exc)) from None
+        if self.calibration is None and self.calibration_error:
+            raise BudgetUnavailable(self.calibration_error)
         if self.calibration is None:
             raise BudgetUnavailable(
                 f"no budget calibration beside {self.path} (budget.json): run `fugu-lite evaluate --checkpoint "

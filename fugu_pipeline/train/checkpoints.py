@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.files import fsync_dir
 from fugu_pipeline.hashing import canonical_json
+from fugu_pipeline.workers.config import IMPORT_WORKER_ID_PATTERN
 
 CODE_VERSION = "fugu-train-1"  # bump when heads/training change what a given config and data produce
 WEIGHTS_FILE = "head.safetensors"
@@ -38,6 +40,7 @@ MANIFEST_FILE = "manifest.json"
 UNHASHED_FIELDS = ("created_at", "wall_s", "content_hash")  # left out of the directory hash
 _METHOD_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}$")
 _HASH_RE = re.compile(r"^[0-9a-f]{16}$")
+_WORKER_ID = re.compile(IMPORT_WORKER_ID_PATTERN)
 
 
 class CheckpointError(RuntimeError):
@@ -86,15 +89,39 @@ class Manifest(BaseModel):
             raise ValueError(f"content_hash {v!r} must be 16 lowercase hex digits")
         return v
 
+    @field_validator("head_params", "head_shape")
+    @classmethod
+    def _numbers_finite(cls, v: dict[str, Any], info) -> dict[str, Any]:
+        bad = _non_finite(v, info.field_name)
+        if bad:
+            raise ValueError(f"{bad[0]} is {bad[1]}: hyper-parameters must be finite numbers (save the checkpoint again)")
+        return v
+
     @field_validator("worker_ids")
     @classmethod
     def _workers_distinct(cls, v: list[str]) -> list[str]:
         if any(not w.strip() for w in v):
             raise ValueError("worker_ids holds an empty worker id")
+        odd = next((w for w in v if not _WORKER_ID.match(w)), None)
+        if odd is not None:
+            raise ValueError(f"worker id {odd[:80]!r}{'...' if len(odd) > 80 else ''} is not a worker id: "
+                             f"each must match {IMPORT_WORKER_ID_PATTERN}")
         dup = sorted({w for w in v if v.count(w) > 1})
         if dup:
             raise ValueError(f"worker_ids lists {dup} more than once: each output must be a different worker")
         return v
+
+
+def _non_finite(v: Any, where: str) -> tuple[str, float] | None:
+    """(path, value) of the first NaN or infinite number inside a JSON value, else None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return where, v
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    for k, x in items:
+        found = _non_finite(x, f"{where}.{k}")
+        if found:
+            return found
+    return None
 
 
 @dataclass
@@ -204,8 +231,15 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
     mpath, wpath = path / MANIFEST_FILE, path / WEIGHTS_FILE
     if not mpath.exists() or not wpath.exists():
         raise CheckpointError(f"{path} is not a checkpoint: it needs {MANIFEST_FILE} and {WEIGHTS_FILE}")
+    for f in (mpath, wpath):  # a link to /dev/zero or a FIFO would be read forever
+        if f.exists() and not f.is_dir() and not f.is_file():
+            raise CheckpointError(f"{f}: not a regular file (a device, pipe or socket); restore the file "
+                                  "or save the checkpoint again")
     try:
         manifest = Manifest.model_validate_json(mpath.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CheckpointError(f"{mpath}: cannot read the manifest ({exc.strerror or exc}); "
+                              "restore the file or save the checkpoint again") from None
     except ValidationError as exc:
         raise CheckpointError(f"{mpath}: not a valid checkpoint manifest: {_one_line(exc)}") from None
     except UnicodeDecodeError as exc:
@@ -221,7 +255,12 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
                 + "; ".join(diffs)
                 + ". Use a checkpoint trained on this encoder's features, or configure the encoder to match."
             )
-    raw = wpath.read_bytes()
+    _check_folder(path, manifest)
+    try:
+        raw = wpath.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{wpath}: cannot read the weights ({exc.strerror or exc}); "
+                              "restore the file or save the checkpoint again") from None
     try:
         tensors = st_load(raw)
     except Exception as exc:  # safetensors raises its own error types
@@ -239,6 +278,21 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
     head.load_state_dict(tensors)
     head.eval()
     return Checkpoint(path=path, manifest=manifest, head=head, state_dict=tensors)
+
+
+def _check_folder(path: Path, manifest: Manifest) -> None:
+    """A folder named like a content hash is `models/<method>/<content_hash>/` (save_checkpoint):
+    it must hold that checkpoint, filed under its method. Other folder names (a pack, a copy) are
+    not checked."""
+    if not _HASH_RE.match(path.name) or not manifest.content_hash:
+        return
+    if path.name != manifest.content_hash:
+        raise CheckpointError(f"{path}: the folder is named for checkpoint {path.name} but its manifest's content_hash "
+                              f"is {manifest.content_hash} (files swapped or copied over); restore the folder, or move "
+                              f"these files to {path.parent / manifest.content_hash}")
+    if path.parent.name != manifest.method:
+        raise CheckpointError(f"{path}: filed under {path.parent.name}/ but its manifest's method is "
+                              f"{manifest.method!r}; move it to {path.parent.parent / manifest.method / path.name}")
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -282,9 +336,10 @@ def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any
                             f"with {m.n_workers} workers needs {list(want[name])}")
         elif m.tensors and tuple(m.tensors.get(name, ())) != shape:
             problems.append(f"{name} has shape {list(shape)} but the manifest records {m.tensors.get(name)}")
-        if not torch.is_floating_point(t):
-            problems.append(f"{name} has dtype {t.dtype}, expected floating point")
-            continue
+        if t.dtype != torch.float32:  # what save_checkpoint writes: another dtype is a converted or crafted file
+            problems.append(f"{name} has dtype {t.dtype}, expected torch.float32")
+            if not torch.is_floating_point(t):
+                continue
         bad = int((~torch.isfinite(t)).sum())
         if bad:
             problems.append(f"{name} holds {bad} non-finite (NaN or infinite) value(s)")

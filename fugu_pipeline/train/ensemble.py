@@ -31,9 +31,7 @@ class EnsembleHead(QualityPredictor):
 
     def __init__(self, dim: int, n_workers: int, domains: list[str] | tuple = (), members: list[dict] | tuple = ()):
         super().__init__(dim, n_workers, domains)
-        if not members:
-            raise ValueError("an ensemble needs at least one member")
-        specs = [{"kind": str(m["kind"]), "params": dict(m.get("params", {}))} for m in members]
+        specs = _member_specs(members)
         if any(s["kind"] == self.kind for s in specs):
             raise ValueError("an ensemble's members cannot be ensembles")
         self.member_specs = specs
@@ -85,6 +83,25 @@ class EnsembleHead(QualityPredictor):
         for i, m in enumerate(self.members):
             p.extend(f"member {i} ({m.kind}): {msg}" for msg in m.sanity())
         return p
+
+
+def _member_specs(members) -> list[dict[str, Any]]:
+    """The members' {"kind", "params"}, checked: they come from a manifest's head_params."""
+    if not isinstance(members, (list, tuple)):
+        raise ValueError(f"members must be a list of {{\"kind\", \"params\"}} objects, got a {type(members).__name__}")
+    if not members:
+        raise ValueError("an ensemble needs at least one member")
+    specs = []
+    for i, m in enumerate(members):
+        if not isinstance(m, dict):
+            raise ValueError(f"member {i} is a {type(m).__name__}, not an object with \"kind\" and \"params\"")
+        if not isinstance(m.get("kind"), str):
+            raise ValueError(f'member {i} has no "kind" string (its head kind, e.g. "knn")')
+        params = m.get("params", {})
+        if not isinstance(params, dict):
+            raise ValueError(f'member {i} ({m["kind"]}): "params" is a {type(params).__name__}, not an object')
+        specs.append({"kind": m["kind"], "params": dict(params)})
+    return specs
 
 
 def temperature_fit(pred: np.ndarray, observed: np.ndarray, iters: int = 100) -> tuple[float, float]:

@@ -73,14 +73,20 @@ def build_head(kind: str, dim: int, n_workers: int, params: dict[str, Any] | Non
         raise ValueError(f"unknown head kind {kind!r}; choose one of {list(HEADS)}") from None
     try:
         return cls(dim, n_workers, **(params or {}), **shape)
-    except TypeError as exc:
-        raise ValueError(f"head_params {params or {}} / head_shape {shape} do not fit a {kind!r} head: {exc}") from None
+    except (TypeError, KeyError, OverflowError, AttributeError) as exc:  # params from a manifest: any JSON
+        raise ValueError(f"head_params {params or {}} / head_shape {shape} do not fit a {kind!r} head: "
+                         f"{type(exc).__name__}: {exc}") from None
 
 
 def expected_shapes(kind: str, dim: int, n_workers: int, params: dict[str, Any] | None = None,
                     **shape: int) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor in the state dict of a head of this kind, size and params."""
-    return {k: tuple(v.shape) for k, v in build_head(kind, dim, n_workers, params, **shape).state_dict().items()}
+    """Name -> shape of every tensor in the state dict of a head of this kind, size and params.
+    The head is built on the meta device (no memory behind its tensors): the sizes come from a
+    manifest, and a crafted one (10**12 neighbours) must be refused by comparing shapes, not by
+    allocating them."""
+    with torch.device("meta"):
+        head = build_head(kind, dim, n_workers, params, **shape)
+    return {k: tuple(v.shape) for k, v in head.state_dict().items()}
 
 
 def _domains_for(head: RoutingHead, domains, n: int):

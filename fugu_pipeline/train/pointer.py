@@ -41,6 +41,8 @@ def read_pointer(models_dir: str | Path, pointer_file: Path = POINTER) -> dict |
         if raw is None:
             return None
     else:
+        if Path(where).exists() and not Path(where).is_file():  # a link to /dev/zero would be read forever
+            raise _damaged(where, "not a regular file")
         try:
             raw = Path(where).read_bytes()
         except FileNotFoundError:
