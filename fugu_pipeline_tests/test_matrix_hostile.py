@@ -1,0 +1,142 @@
+"""The response store and the reward matrix against damaged, hostile and degenerate input.
+
+A tiny project (3 tasks, the 3 mock workers) whose response files are written by hand, so each
+case is one line of damage and the whole file runs in a few seconds. Every case builds the matrix
+both ways (row by row through `ResponseStore.read`, and in bulk through DuckDB's `read_json`):
+they must agree, and neither may hold a value the store's reader refuses."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from fugu_pipeline.collect.records import CallRecord
+from fugu_pipeline.collect.store import ResponseStore
+from fugu_pipeline.matrix.build import build, from_collection
+from fugu_pipeline.matrix.bulk import build_collection
+from fugu_pipeline.tasks.loading import load_tasks
+from fugu_pipeline.workers.config import load_workers_config
+from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl
+
+WORKERS = ("math-expert", "code-expert", "general-expert")
+
+
+@pytest.fixture()
+def tiny(tmp_path: Path):
+    (tmp_path / "configs").mkdir()
+    shutil.copy(REPO / "configs" / "workers.mock.yaml", tmp_path / "configs" / "workers.mock.yaml")
+    write_jsonl(tmp_path / "data" / "benchgen" / "b.jsonl", [task_row(i) for i in range(3)])
+    cfg = load_workers_config(tmp_path / "configs" / "workers.mock.yaml")
+    tasks = load_tasks(tmp_path / "data" / "benchgen" / "b.jsonl")
+    store = ResponseStore(tmp_path / "data" / "responses")
+    for k, w in enumerate(WORKERS):
+        lines = [_record(t, w, quality=float((i + k) % 2), cost_usd=0.001 * (k + 1), latency_s=1.0 + k)
+                 for i, t in enumerate(tasks)]
+        _write(store.path("b", w), lines)
+    return tmp_path, cfg, tasks, store
+
+
+def _record(task, worker: str, **over) -> str:
+    fields = {"task_id": task.task_id, "worker_id": worker, "batch": "b", "prompt_hash": task.prompt_hash,
+              "status": "ok", "answer": "1", "quality": 1.0, "cost_source": "mock", **over}
+    rec = CallRecord(**fields)
+    return rec.model_dump_json()
+
+
+def _write(path: Path, lines: list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join((x if isinstance(x, bytes) else x.encode()) + b"\n" for x in lines))
+
+
+def _rewards(db: Path) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute("SELECT task_id, worker_id, quality, cost_usd, latency_s, utility FROM rewards "
+                           "ORDER BY task_id, position").fetchall()
+    finally:
+        con.close()
+
+
+def _both(root: Path, cfg, store) -> tuple[list, list]:
+    """The rewards of the row build and of the bulk build, which must be equal (with the same
+    data_version)."""
+    row_db, bulk_db = root / "data" / "rows.duckdb", root / "data" / "bulk.duckdb"
+    a = build(from_collection(root / "data" / "benchgen", store, cfg), row_db)
+    b = build_collection(root / "data" / "benchgen", root / "data" / "responses", cfg, bulk_db)
+    rows, bulk = _rewards(row_db), _rewards(bulk_db)
+    assert rows == bulk
+    assert a["data_version"] == b["data_version"]
+    return rows, bulk
+
+
+def _replace_first(store, worker: str, text: str | bytes) -> Path:
+    """Append `text` as a later record of the first task of `worker`'s file (a later line wins)."""
+    p = store.path("b", worker)
+    with p.open("ab") as fh:
+        fh.write((text if isinstance(text, bytes) else text.encode()) + b"\n")
+    return p
+
+
+def _first(store, worker="math-expert") -> dict:
+    return json.loads(store.path("b", worker).read_text().splitlines()[0])
+
+
+# --------------------------------------------------------------------------- call records
+
+
+BAD_VALUES = [
+    ("quality", "NaN"), ("quality", "Infinity"), ("quality", "7.0"), ("quality", "-1"),
+    ("cost_usd", "NaN"), ("cost_usd", "-5.0"), ("cost_usd", "1e308"), ("judge_cost_usd", "-0.5"),
+    ("latency_s", "Infinity"), ("latency_s", "-3"), ("ttft_s", "NaN"),
+    ("attempts", "1000000000000"), ("prompt_tokens", "-1"), ("completion_tokens", "99999999999"),
+    ("finished_at", "NaN"),
+    # the wrong JSON type: the reader refuses these, so the bulk build must too
+    ("prompt_tokens", "1.5"), ("finished_at", '"yesterday"'), ("quality", '"0.5"'), ("answer", "42"),
+]
+
+
+@pytest.mark.parametrize(("field", "raw"), BAD_VALUES, ids=[f"{f}={r}" for f, r in BAD_VALUES])
+def test_a_record_with_an_impossible_value_is_damage_not_data(tiny, field, raw):
+    root, cfg, tasks, store = tiny
+    rec = dict(_first(store), quality=0.0 if _first(store)["quality"] else 1.0)
+    line = json.dumps(rec)
+    line = line[:-1] + f', "{field}": {raw}' + "}" if field not in rec else \
+        line.replace(f'"{field}": {json.dumps(rec[field])}', f'"{field}": {raw}')
+    assert raw in line
+    p = _replace_first(store, "math-expert", line)
+    recs = store.read("b", "math-expert")
+    assert recs.skipped_lines == [4], f"{field}={raw} was read as a record"
+    assert str(p) in recs.skipped_note()
+    rows, _ = _both(root, cfg, store)
+    mine = [r for r in rows if r[0] == tasks[0].task_id and r[1] == "math-expert"]
+    assert mine and mine[0][2] == _first(store)["quality"]  # the earlier, sound record stands
+    for r in rows:
+        assert all(math.isfinite(v) for v in r[2:]) and r[3] >= 0 and r[4] >= 0 and 0 <= r[2] <= 1
+
+
+@pytest.mark.parametrize("field", ["worker_id", "batch"])
+def test_a_record_of_another_partition_in_a_file_is_damage(tiny, field):
+    """A line claiming another worker (or batch) than its file's: a pasted or misplaced record.
+    It used to crash both builds on the primary key (worker_id) or count in one build and not in
+    the other (batch)."""
+    root, cfg, tasks, store = tiny
+    rec = dict(_first(store), **{field: "code-expert" if field == "worker_id" else "other"})
+    _replace_first(store, "math-expert", json.dumps(rec))
+    recs = store.read("b", "math-expert")
+    assert recs.skipped_lines == [4]
+    rows, _ = _both(root, cfg, store)
+    assert len(rows) == 9
+
+
+def test_numbers_within_range_are_kept(tiny):
+    root, cfg, tasks, store = tiny
+    rec = dict(_first(store), quality=0, cost_usd=0, latency_s=0, attempts=3, ttft_s=None, prompt_tokens=None)
+    _replace_first(store, "math-expert", json.dumps(rec))
+    assert store.read("b", "math-expert").skipped_lines == []
+    rows, _ = _both(root, cfg, store)
+    assert [r for r in rows if r[0] == tasks[0].task_id and r[1] == "math-expert"][0][2:5] == (0.0, 0.0, 0.0)
