@@ -19,6 +19,7 @@ from fugu_pipeline.collect.records import CallRecord
 from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.matrix.build import build, from_collection
 from fugu_pipeline.matrix.bulk import build_collection
+from fugu_pipeline.matrix.read import RewardMatrixError, read_arrays
 from fugu_pipeline.tasks.loading import load_tasks
 from fugu_pipeline.workers.config import load_workers_config
 from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl
@@ -140,3 +141,48 @@ def test_numbers_within_range_are_kept(tiny):
     assert store.read("b", "math-expert").skipped_lines == []
     rows, _ = _both(root, cfg, store)
     assert [r for r in rows if r[0] == tasks[0].task_id and r[1] == "math-expert"][0][2:5] == (0.0, 0.0, 0.0)
+
+
+# --------------------------------------------------------------------------- the DuckDB file
+
+
+def _built(tiny) -> Path:
+    root, cfg, tasks, store = tiny
+    db = root / "data" / "reward_matrix.duckdb"
+    build_collection(root / "data" / "benchgen", root / "data" / "responses", cfg, db)
+    return db
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not duckdb", "empty"])
+def test_a_damaged_matrix_file_is_one_clear_error(tiny, damage):
+    db = _built(tiny)
+    data = db.read_bytes()
+    db.write_bytes({"truncated": data[:5000], "not duckdb": b"hello" * 1000, "empty": b""}[damage])
+    with pytest.raises(RewardMatrixError) as err:
+        read_arrays(db)
+    msg = str(err.value)
+    assert str(db) in msg and "rebuild" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("older", ["no workers table", "no tags column"])
+def test_a_matrix_of_an_older_schema_is_one_clear_error(tiny, older):
+    db = _built(tiny)
+    con = duckdb.connect(str(db))
+    con.execute("DROP TABLE workers" if older == "no workers table" else "ALTER TABLE tasks DROP COLUMN tags")
+    con.close()
+    with pytest.raises(RewardMatrixError) as err:
+        read_arrays(db)
+    msg = str(err.value)
+    assert str(db) in msg and ("workers" in msg if older == "no workers table" else "tags" in msg) and "rebuild" in msg
+
+
+def test_the_cli_says_a_damaged_matrix_in_one_line(tiny, capsys, monkeypatch):
+    from fugu_pipeline.cli.main import main
+
+    db = _built(tiny)
+    db.write_bytes(db.read_bytes()[:5000])
+    monkeypatch.chdir(tiny[0])
+    assert main(["train", "--data", str(db), "--encoder", "tiny"]) == 2
+    err = capsys.readouterr().err.strip()  # progress notes first ("heads: ...", "features: ..."), then the error
+    errors = [line for line in err.splitlines() if line.startswith("fugu-lite train:")]
+    assert len(errors) == 1 and errors[0] == err.splitlines()[-1] and str(db) in errors[0] and "Traceback" not in err
