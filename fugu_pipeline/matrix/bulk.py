@@ -68,16 +68,17 @@ def _typed_columns() -> str:
     return ", ".join(cols)
 
 
-# Every line of every partition file, in file order, with the partition it came from.
-LOAD_LINES = (
-    "CREATE TEMP TABLE lines AS SELECT *, row_number() OVER () AS line_no FROM read_json(?, format='newline_delimited', "
-    "columns=" + RECORD_COLUMNS + ", ignore_errors=true, filename=true, maximum_object_size=16777216)"
+_FIELDS = (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS)
+# Every line of every partition file, in file order, with the partition it came from, as a typed
+# record with `sound`: whether the store's reader would take it. The JSON values are not kept.
+LOAD_RECORDS = (
+    "CREATE TEMP TABLE raw AS SELECT filename, line_no, part_batch, part_worker, " + ", ".join(_FIELDS)
+    + ", (" + _sound_record() + ") IS TRUE AS sound FROM (SELECT filename, line_no, part_batch, part_worker, "
+    + ", ".join(f"j_{c}" for c in _FIELDS) + ", " + _typed_columns() + " FROM (SELECT filename, "
+    + ", ".join(f"{c} AS j_{c}" for c in _FIELDS) + ", row_number() OVER () AS line_no "
+    "FROM read_json(?, format='newline_delimited', columns=" + RECORD_COLUMNS
+    + ", ignore_errors=true, filename=true, maximum_object_size=16777216)) JOIN parts USING (filename))"
 )
-RENAME_LINES = "; ".join(f"ALTER TABLE lines RENAME COLUMN {c} TO j_{c}"
-                         for c in (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS))
-# The lines as typed records, each with `sound`: whether the store's reader would take it.
-LOAD_RECORDS = ("CREATE TEMP TABLE raw AS SELECT filename, line_no, part_batch, part_worker, typed.*, (" + _sound_record()
-                + ") IS TRUE AS sound FROM (SELECT *, " + _typed_columns() + " FROM lines JOIN parts USING (filename)) typed")
 # The partition of each file: `<root>/<batch>/<worker>.jsonl`, from the list of files read.
 PARTITIONS = "CREATE TEMP TABLE parts AS SELECT unnest(?) AS filename, unnest(?) AS part_batch, unnest(?) AS part_worker"
 # Sound records only, the latest line of each (file, task), whose prompt hash matches a task of
@@ -167,10 +168,7 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
         lap("insert tasks")
         if files:
             con.execute(PARTITIONS, [[f for f, _, _ in files], [b for _, b, _ in files], [w for _, _, w in files]])
-            con.execute(LOAD_LINES, [[f for f, _, _ in files]])
-            con.execute(RENAME_LINES)
-            con.execute(LOAD_RECORDS)
-            con.execute("DROP TABLE lines")
+            con.execute(LOAD_RECORDS, [[f for f, _, _ in files]])
             lap("read_json over the response files")
             con.execute(INSERT_RESPONSES)
             con.execute("DROP TABLE raw")
