@@ -186,3 +186,26 @@ def test_the_cli_says_a_damaged_matrix_in_one_line(tiny, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()  # progress notes first ("heads: ...", "features: ..."), then the error
     errors = [line for line in err.splitlines() if line.startswith("fugu-lite train:")]
     assert len(errors) == 1 and errors[0] == err.splitlines()[-1] and str(db) in errors[0] and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- worker ids
+
+
+@pytest.mark.parametrize(("a", "b"), [("math-expert", "Math-Expert"), ("math-expert", "DOMAIN"), ("math-expert", "task_id")])
+def test_worker_ids_the_matrix_cannot_hold_are_refused_before_any_call(tmp_path, a, b, capsys):
+    """Ids equal but for case are two partition files on Linux but one column of `reward_wide`
+    (and one file on a case-insensitive disk); an id equal to a fixed column clashes with it. The
+    matrix build refused them, but only after every partition had been collected and paid for."""
+    from fugu_pipeline.cli.main import main
+    from fugu_pipeline.workers.config import WorkerConfigError
+
+    yaml = tmp_path / "w.yaml"
+    yaml.write_text("workers:\n" + "".join(f"  - {{id: {w}, kind: mock}}\n" for w in (a, b)))
+    with pytest.raises(WorkerConfigError) as err:
+        load_workers_config(yaml)
+    assert str(yaml) in str(err.value) and b in str(err.value)
+    write_jsonl(tmp_path / "t.jsonl", [task_row(0)])
+    rc = main(["generate", "--workers", str(yaml), "--tasks", str(tmp_path / "t.jsonl"), "--output", str(tmp_path / "o.jsonl")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and b in err
+    assert not (tmp_path / "o.jsonl.responses").exists()  # nothing collected
