@@ -209,3 +209,22 @@ def test_worker_ids_the_matrix_cannot_hold_are_refused_before_any_call(tmp_path,
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and b in err
     assert not (tmp_path / "o.jsonl.responses").exists()  # nothing collected
+
+
+# --------------------------------------------------------------------------- degenerate matrices
+
+
+def test_a_worker_with_no_graded_cell_is_named_when_no_row_is_complete(tiny):
+    """Every call of one worker failed: no task has a reward for every worker. The refusal used to
+    say only "no complete rows"; it names the worker to re-collect or remove."""
+    from fugu_pipeline.features.routing_data import load_routing_data
+
+    root, cfg, tasks, store = tiny
+    _write(store.path("b", "general-expert"), [
+        CallRecord(task_id=t.task_id, worker_id="general-expert", batch="b", prompt_hash=t.prompt_hash,
+                   status="failed", error="boom").model_dump_json() for t in tasks])
+    db = _built(tiny)
+    with pytest.raises(RewardMatrixError) as err:
+        load_routing_data(db, None, root / "cache")
+    msg = str(err.value)
+    assert "general-expert" in msg and "0 of 3" in msg and "3 failed" in msg and "math-expert" not in msg

@@ -178,6 +178,23 @@ def read_arrays(db_path: Path, complete_only: bool = True) -> RewardArrays:
     )
 
 
+def missing_cells_note(db_path: Path) -> str:
+    """Which workers lack graded cells, in words ("" when none does): the workers whose missing
+    cells leave rows incomplete, each with its graded and failed counts, fewest first."""
+    with open_read_only(db_path) as con:
+        n_tasks = con.execute("SELECT count(*) FROM tasks").fetchone()[0]
+        rows = con.execute(
+            "SELECT w.worker_id, (SELECT count(*) FROM rewards r WHERE r.position = w.position), "
+            "(SELECT count(*) FROM responses s WHERE s.worker_id = w.worker_id AND s.status = 'failed') "
+            "FROM workers w ORDER BY 2, w.position").fetchall()
+    short = [f"{w} has {n} of {n_tasks} cells graded ({f} failed)" for w, n, f in rows if n < n_tasks]
+    if not short:
+        return ""
+    return ("; ".join(short[:5]) + (f" (+{len(short) - 5} more)" if len(short) > 5 else "")
+            + ": collect its missing cells again (the `responses` partitions, or `fugu-lite pipeline`), "
+              "or remove it from the worker config, then rebuild the matrix")
+
+
 # --------------------------------------------------------------------------- health
 
 
