@@ -143,6 +143,17 @@ def test_numbers_within_range_are_kept(tiny):
     assert [r for r in rows if r[0] == tasks[0].task_id and r[1] == "math-expert"][0][2:5] == (0.0, 0.0, 0.0)
 
 
+def test_a_record_larger_than_duckdbs_default_object_size_is_read_by_both_builds(tiny):
+    """A 40 MB answer (a runaway reply, escaped): the store's reader takes it, and the bulk build
+    used to fail on it with DuckDB's 'maximum_object_size ... exceeded' (the asset failed)."""
+    root, cfg, tasks, store = tiny
+    rec = dict(_first(store), answer="\"" * 20_000_000, quality=0.0 if _first(store)["quality"] else 1.0)
+    _replace_first(store, "math-expert", json.dumps(rec))
+    assert store.read("b", "math-expert").skipped_lines == []
+    rows, _ = _both(root, cfg, store)
+    assert [r for r in rows if r[0] == tasks[0].task_id and r[1] == "math-expert"][0][2] == rec["quality"]
+
+
 # --------------------------------------------------------------------------- the DuckDB file
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from fugu_pipeline.collect.records import MAX_AMOUNT, MAX_COUNT
 from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, _insert, building, finish, insert_workers, wide_columns
+from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.tasks.loading import load_all_batches
 from fugu_pipeline.workers.config import WorkersConfig
@@ -77,8 +78,12 @@ LOAD_RECORDS = (
     + ", ".join(f"j_{c}" for c in _FIELDS) + ", " + _typed_columns() + " FROM (SELECT filename, "
     + ", ".join(f"{c} AS j_{c}" for c in _FIELDS) + ", row_number() OVER () AS line_no "
     "FROM read_json(?, format='newline_delimited', columns=" + RECORD_COLUMNS
-    + ", ignore_errors=true, filename=true, maximum_object_size=16777216)) JOIN parts USING (filename))"
+    + ", ignore_errors=true, filename=true, maximum_object_size=?)) JOIN parts USING (filename))"
 )
+# The longest line read_json takes at first, and at most: a longer line than the first (a runaway
+# answer) is read on a second pass sized to the largest file; beyond the most, the build stops.
+FIRST_OBJECT_BYTES = 16 * 2**20
+MAX_OBJECT_BYTES = 2**30
 # The partition of each file: `<root>/<batch>/<worker>.jsonl`, from the list of files read.
 PARTITIONS = "CREATE TEMP TABLE parts AS SELECT unnest(?) AS filename, unnest(?) AS part_batch, unnest(?) AS part_worker"
 # Sound records only, the latest line of each (file, task), whose prompt hash matches a task of
@@ -131,6 +136,29 @@ def partition_files(responses_dir: Path, batches: list[str], worker_ids: list[st
     return out
 
 
+def _load_records(con, files: list[tuple[str, str, str]]) -> None:
+    """`LOAD_RECORDS` over `files`; a line longer than `FIRST_OBJECT_BYTES` (which read_json fails
+    on rather than skipping) is read on a second pass whose limit is the largest file's size."""
+    import duckdb
+
+    paths = [f for f, _, _ in files]
+    try:
+        con.execute(LOAD_RECORDS, [paths, FIRST_OBJECT_BYTES])
+        return
+    except duckdb.InvalidInputException as exc:
+        if "maximum_object_size" not in str(exc):
+            raise
+    largest = max(os.path.getsize(p) for p in paths) + 1
+    try:
+        con.execute(LOAD_RECORDS, [paths, min(largest, MAX_OBJECT_BYTES)])
+    except duckdb.InvalidInputException as exc:
+        if "maximum_object_size" not in str(exc):
+            raise
+        raise RewardMatrixError(f"a line of a response file is longer than {MAX_OBJECT_BYTES:,} bytes "
+                                f"({str(exc).splitlines()[0]}): no call answers that much; cut that line out of "
+                                f"the file (its cell is then called again) and rebuild the matrix") from None
+
+
 def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersConfig, db_path: Path,
                      weights_from: str = "the worker config", timings: dict | None = None,
                      log: Callable[[str], None] | None = None, refused: list | None = None) -> dict:
@@ -168,7 +196,7 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
         lap("insert tasks")
         if files:
             con.execute(PARTITIONS, [[f for f, _, _ in files], [b for _, b, _ in files], [w for _, _, w in files]])
-            con.execute(LOAD_RECORDS, [[f for f, _, _ in files]])
+            _load_records(con, files)
             lap("read_json over the response files")
             con.execute(INSERT_RESPONSES)
             con.execute("DROP TABLE raw")
