@@ -134,6 +134,21 @@ def test_a_record_of_another_partition_in_a_file_is_damage(tiny, field):
     assert len(rows) == 9
 
 
+def test_an_ok_record_without_quality_is_called_again(tiny):
+    """status ok but no quality: no reward comes of it, and the collector took the cell as done, so
+    the hole in the matrix never closed. It is damage now: skipped and its cell called again."""
+    from fugu_pipeline.collect.partition import cells_to_call
+
+    root, cfg, tasks, store = tiny
+    _replace_first(store, "math-expert", json.dumps(dict(_first(store), quality=None)))
+    recs = store.read("b", "math-expert")
+    assert recs.skipped_lines == [4]
+    rows, _ = _both(root, cfg, store)
+    assert len(rows) == 9  # the earlier, graded record stands in both builds
+    store.path("b", "math-expert").write_text(json.dumps(dict(_first(store), quality=None)) + "\n")
+    assert [t.task_id for t in cells_to_call(tasks, store.read("b", "math-expert"), None)] == [t.task_id for t in tasks]
+
+
 def test_numbers_within_range_are_kept(tiny):
     root, cfg, tasks, store = tiny
     rec = dict(_first(store), quality=0, cost_usd=0, latency_s=0, attempts=3, ttft_s=None, prompt_tokens=None)
@@ -152,6 +167,15 @@ def test_a_record_larger_than_duckdbs_default_object_size_is_read_by_both_builds
     assert store.read("b", "math-expert").skipped_lines == []
     rows, _ = _both(root, cfg, store)
     assert [r for r in rows if r[0] == tasks[0].task_id and r[1] == "math-expert"][0][2] == rec["quality"]
+
+
+def test_a_bad_matrix_memory_limit_is_one_clear_error(tiny, monkeypatch):
+    root, cfg, tasks, store = tiny
+    monkeypatch.setenv("FUGU_MATRIX_MEMORY_LIMIT", "lots")
+    db = root / "data" / "reward_matrix.duckdb"
+    with pytest.raises(RewardMatrixError, match="FUGU_MATRIX_MEMORY_LIMIT"):
+        build_collection(root / "data" / "benchgen", root / "data" / "responses", cfg, db)
+    assert not db.exists() and not list(db.parent.glob("*.tmp-*"))
 
 
 # --------------------------------------------------------------------------- the DuckDB file

@@ -1,6 +1,6 @@
 """The record of one graded (task, worker) call: one JSON line in a responses partition file.
 
-The numbers a record may hold are the ones a call can produce: quality in [0, 1] (or none), costs
+The numbers a record may hold are the ones a call can produce: quality in [0, 1] (required when the status is ok), costs
 and latencies finite, non-negative and at most `MAX_AMOUNT`, counts within a 32-bit integer (the
 matrix's column type). A line holding anything else (NaN, a negative cost, a string where a number
 belongs) is not a call record: the store's reader skips it as damage and the cell is called again,
@@ -55,6 +55,12 @@ class CallRecord(BaseModel):
     error: str | None = None
     model_fingerprint: str | None = None
     finished_at: Annotated[float, Field(allow_inf_nan=False)] = 0.0
+
+    @model_validator(mode="after")
+    def _graded_if_ok(self) -> "CallRecord":
+        if self.status == "ok" and self.quality is None:  # no reward comes of it, yet the cell would count as done
+            raise ValueError("an 'ok' record needs a quality (the grade of its answer)")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import duckdb
 import numpy as np
 
 from fugu_pipeline.collect.records import MAX_AMOUNT, MAX_COUNT
@@ -56,6 +57,7 @@ def _sound_record() -> str:
     tests += [f"(j_{c} IS NULL OR (json_type(j_{c}) IN ('BIGINT', 'UBIGINT') "
               f"AND TRY_CAST(j_{c} AS BIGINT) BETWEEN 0 AND {MAX_COUNT}))" for c in _COUNTS]
     tests += ["(quality IS NULL OR quality BETWEEN 0 AND 1)", "status IN ('ok', 'failed')",
+              "(status = 'failed' OR quality IS NOT NULL)",
               "(cost_source IS NULL OR cost_source IN ('usage', 'catalog', 'configured', 'mock', 'none'))"]
     tests += [f"(coalesce({c}, 0) BETWEEN 0 AND {MAX_AMOUNT!r})" for c in ("cost_usd", "judge_cost_usd", "latency_s", "ttft_s")]
     tests += ["worker_id = part_worker", "batch = part_batch"]  # a record of another partition is damage
@@ -139,8 +141,6 @@ def partition_files(responses_dir: Path, batches: list[str], worker_ids: list[st
 def _load_records(con, files: list[tuple[str, str, str]]) -> None:
     """`LOAD_RECORDS` over `files`; a line longer than `FIRST_OBJECT_BYTES` (which read_json fails
     on rather than skipping) is read on a second pass whose limit is the largest file's size."""
-    import duckdb
-
     paths = [f for f, _, _ in files]
     try:
         con.execute(LOAD_RECORDS, [paths, FIRST_OBJECT_BYTES])
@@ -183,7 +183,12 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
     files = partition_files(responses_dir, sorted({b for b, _ in batches}), [w for w, _, _ in workers])
     with building(db_path) as con:
         # a bounded build: past this DuckDB spills to disk (beside the database) instead of growing
-        con.execute("SET memory_limit = ?", [os.environ.get("FUGU_MATRIX_MEMORY_LIMIT", "3GB")])
+        limit = os.environ.get("FUGU_MATRIX_MEMORY_LIMIT", "3GB")
+        try:
+            con.execute("SET memory_limit = ?", [limit])
+        except duckdb.Error as exc:
+            raise RewardMatrixError(f"FUGU_MATRIX_MEMORY_LIMIT={limit!r} is not a memory size DuckDB takes "
+                                    f"({str(exc).splitlines()[0]}); give one like 3GB or 512MB, or unset it") from None
         con.execute("SET enable_progress_bar = false")  # long scans would print bars into the run's stdout
         _insert(con, "tasks", {
             "task_id": [tk.task_id for _, tk in batches], "batch": [b for b, _ in batches],
