@@ -263,3 +263,21 @@ def test_a_worker_with_no_graded_cell_is_named_when_no_row_is_complete(tiny):
         load_routing_data(db, None, root / "cache")
     msg = str(err.value)
     assert "general-expert" in msg and "0 of 3" in msg and "3 failed" in msg and "math-expert" not in msg
+
+
+def test_the_reward_matrix_asset_fails_with_the_matrix_error_alone(tiny, monkeypatch):
+    """A RewardMatrixError in the build is the step's failure description (a dagster Failure), not
+    an unexpected exception with the core's stack."""
+    import dagster as dg
+
+    from fugu_pipeline.defs.assemble import build_defs
+
+    root = tiny[0]
+    monkeypatch.setenv("FUGU_MATRIX_MEMORY_LIMIT", "lots")
+    defs = build_defs(str(root), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        res = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+            instance=instance, asset_selection=[dg.AssetKey("reward_matrix")], raise_on_error=False)
+    failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
+    error = failure.event_specific_data.error
+    assert error.cls_name == "Failure" and "FUGU_MATRIX_MEMORY_LIMIT" in error.message
