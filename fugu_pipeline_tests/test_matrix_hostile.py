@@ -101,21 +101,37 @@ BAD_VALUES = [
 ]
 
 
-@pytest.mark.parametrize(("field", "raw"), BAD_VALUES, ids=[f"{f}={r}" for f, r in BAD_VALUES])
-def test_a_record_with_an_impossible_value_is_damage_not_data(tiny, field, raw):
-    root, cfg, tasks, store = tiny
+def _bad_line(store, field: str, raw: str) -> str:
+    """The first task's record of math-expert, its quality flipped, with `field` set to `raw`."""
     rec = dict(_first(store), quality=0.0 if _first(store)["quality"] else 1.0)
     line = json.dumps(rec)
     line = line[:-1] + f', "{field}": {raw}' + "}" if field not in rec else \
         line.replace(f'"{field}": {json.dumps(rec[field])}', f'"{field}": {raw}')
     assert raw in line
-    p = _replace_first(store, "math-expert", line)
+    return line
+
+
+@pytest.mark.parametrize(("field", "raw"), BAD_VALUES, ids=[f"{f}={r}" for f, r in BAD_VALUES])
+def test_the_store_reads_a_record_with_an_impossible_value_as_damage(tiny, field, raw):
+    root, cfg, tasks, store = tiny
+    p = _replace_first(store, "math-expert", _bad_line(store, field, raw))
     recs = store.read("b", "math-expert")
     assert recs.skipped_lines == [4], f"{field}={raw} was read as a record"
     assert str(p) in recs.skipped_note()
+    assert recs[tasks[0].task_id].quality == _first(store)["quality"]  # the earlier, sound record stands
+
+
+def test_both_builds_skip_every_impossible_value_alike(tiny):
+    """Every bad line of BAD_VALUES after the sound record of one cell (each with the quality
+    flipped): a line either build took would change that cell, or make the builds differ. Before,
+    NaN and negative figures reached `rewards`, and the bulk build took the wrong JSON types."""
+    root, cfg, tasks, store = tiny
+    for field, raw in BAD_VALUES:
+        _replace_first(store, "math-expert", _bad_line(store, field, raw))
+    assert store.read("b", "math-expert").n_skipped == len(BAD_VALUES)
     rows, _ = _both(root, cfg, store)
     mine = [r for r in rows if r[0] == tasks[0].task_id and r[1] == "math-expert"]
-    assert mine and mine[0][2] == _first(store)["quality"]  # the earlier, sound record stands
+    assert mine and mine[0][2] == _first(store)["quality"]
     for r in rows:
         assert all(math.isfinite(v) for v in r[2:]) and r[3] >= 0 and r[4] >= 0 and 0 <= r[2] <= 1
 
@@ -162,7 +178,7 @@ def test_a_record_larger_than_duckdbs_default_object_size_is_read_by_both_builds
     """A 40 MB answer (a runaway reply, escaped): the store's reader takes it, and the bulk build
     used to fail on it with DuckDB's 'maximum_object_size ... exceeded' (the asset failed)."""
     root, cfg, tasks, store = tiny
-    rec = dict(_first(store), answer="\"" * 20_000_000, quality=0.0 if _first(store)["quality"] else 1.0)
+    rec = dict(_first(store), answer="\"" * 17_000_000, quality=0.0 if _first(store)["quality"] else 1.0)
     _replace_first(store, "math-expert", json.dumps(rec))
     assert store.read("b", "math-expert").skipped_lines == []
     rows, _ = _both(root, cfg, store)
