@@ -42,7 +42,8 @@ class PartitionRecords(dict):
         damaged = self.n_skipped - int(self.torn_last_line)
         what = []
         if damaged:
-            what.append(f"{damaged} damaged (not JSON or not a call record: those cells are called again)")
+            what.append(f"{damaged} damaged (not JSON, not a call record, or a record of another partition: "
+                        "those cells are called again)")
         if self.torn_last_line:
             what.append("a torn last line (a write cut off by a crash; cut before the next append)")
         return f"{self.path}: skipped {self.n_skipped} unreadable line(s) (line {shown}): " + "; ".join(what)
@@ -60,7 +61,9 @@ class ResponseStore:
     def read(self, batch: str, worker_id: str) -> PartitionRecords:
         """The latest record of every cell of the partition (a later line replaces an earlier).
         Lines that cannot be read are skipped and counted, with their line numbers
-        (`PartitionRecords.skipped_lines`, `skipped_note()`), never silently."""
+        (`PartitionRecords.skipped_lines`, `skipped_note()`), never silently: a line that is not
+        JSON, not a call record (a field missing, of the wrong JSON type, or a number a call cannot
+        produce: `records.py`), or the record of another worker or batch than the file's."""
         p = self.path(batch, worker_id)
         out = PartitionRecords(p)
         if not p.exists():
@@ -72,10 +75,15 @@ class ResponseStore:
             if not raw.strip():
                 continue
             try:
-                rec = CallRecord.model_validate_json(raw)
+                # strict: a string where a number belongs (or the reverse) is damage, as in the bulk build
+                rec = CallRecord.model_validate_json(raw, strict=True)
             except ValueError:
                 out.skipped_lines.append(lineno)
                 out.torn_last_line = lineno == len(lines)  # no newline after it: cut off mid-write
+                continue
+            if rec.worker_id != worker_id or rec.batch != batch:  # a record of another partition, pasted here
+                out.skipped_lines.append(lineno)
+                out.torn_last_line = False
                 continue
             out[rec.task_id] = rec
         return out

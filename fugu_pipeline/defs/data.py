@@ -23,6 +23,7 @@ from fugu_pipeline.defs.versions import file_version
 from fugu_pipeline.matrix.build import build, from_import
 from fugu_pipeline.matrix.bulk import build_collection
 from fugu_pipeline.matrix.read import (
+    RewardMatrixError,
     check_no_nan,
     little_to_learn,
     open_read_only,
@@ -255,7 +256,7 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
             context.log.info(f"built in {sum(timings.values()):.2f}s: {timings}")
             source, utility = "collection", workers_config.reward
             utility_source = f"computed from each cell's quality, cost and latency; weights: {weights_from}"
-    except TaskFileError as exc:
+    except (TaskFileError, RewardMatrixError) as exc:
         raise dg.Failure(description=str(exc)) from None
     arrays = read_arrays(paths.reward_db)
     health = signal_health(arrays.utility)

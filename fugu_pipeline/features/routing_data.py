@@ -265,6 +265,7 @@ def load_routing_data(db_path: Path, encoder, cache_root: Path, *, val_fraction:
     from fugu_pipeline.features.cache import embed_prompts
     from fugu_pipeline.matrix.read import (
         RewardMatrixError,
+        missing_cells_note,
         read_arrays,
         read_utility_config,
         read_utility_source,
@@ -272,7 +273,9 @@ def load_routing_data(db_path: Path, encoder, cache_root: Path, *, val_fraction:
 
     arrays = read_arrays(db_path)
     if not arrays.task_ids:
-        raise RewardMatrixError(f"{db_path}: no complete rows (every task needs a reward for every worker)")
+        why = missing_cells_note(db_path)
+        raise RewardMatrixError(f"{db_path}: no complete rows (every task needs a reward for every worker)"
+                                + (f": {why}" if why else ""))
     emb = embed_prompts(arrays.prompts, arrays.domains, encoder, cache_root, progress=progress)
     data = RoutingData(
         task_ids=arrays.task_ids, prompts=arrays.prompts, domains=arrays.domains, splits=arrays.splits,

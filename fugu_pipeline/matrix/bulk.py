@@ -6,8 +6,10 @@ the same `data_version` (a test compares them on the sample data and on damaged 
 - the latest record of a cell wins: within a partition file a later line replaces an earlier one
   (the scan keeps file order; `row_number()` over it is the line order);
 - a record counts only if its prompt hash equals the task's (a reworded task is collected again);
-- a torn last line, or any line that is not a call record (no task id, worker id, batch, prompt
-  hash, or a status other than ok/failed), is skipped, as `ResponseStore.read` skips it;
+- a torn last line, or any line that is not a call record (a field missing or of the wrong JSON
+  type, a status other than ok/failed, a number out of its range: NaN, a negative cost, a quality
+  above 1; or the record of another worker or batch than its file's), is skipped, as
+  `ResponseStore.read` skips it (`records.py` holds the rules; `_sound_record` is them in SQL);
 - only files of configured workers and of batches with a batch file are read;
 - utility is computed with numpy from the same formula, in the same operation order, as
   `UtilityConfig.utility`, so every float is bit-identical;
@@ -23,31 +25,70 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import duckdb
 import numpy as np
 
+from fugu_pipeline.collect.records import MAX_AMOUNT, MAX_COUNT
 from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, _insert, building, finish, insert_workers, wide_columns
+from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.tasks.loading import load_all_batches
 from fugu_pipeline.workers.config import WorkersConfig
 
-# The call record's columns with their types and the defaults `CallRecord` gives a missing field.
-RECORD_COLUMNS = (
-    "{'task_id': 'VARCHAR', 'worker_id': 'VARCHAR', 'batch': 'VARCHAR', 'prompt_hash': 'VARCHAR', "
-    "'status': 'VARCHAR', 'answer': 'VARCHAR', 'quality': 'DOUBLE', 'grade_detail': 'VARCHAR', "
-    "'cost_usd': 'DOUBLE', 'cost_source': 'VARCHAR', 'judge_cost_usd': 'DOUBLE', 'latency_s': 'DOUBLE', "
-    "'ttft_s': 'DOUBLE', 'prompt_tokens': 'INTEGER', 'completion_tokens': 'INTEGER', 'finish_reason': 'VARCHAR', "
-    "'requested_model': 'VARCHAR', 'served_model': 'VARCHAR', 'provider': 'VARCHAR', 'attempts': 'INTEGER', "
-    "'error': 'VARCHAR', 'model_fingerprint': 'VARCHAR', 'finished_at': 'DOUBLE'}"
-)
+# The call record's fields, each read as JSON (so its JSON type can be checked), by kind.
+_STRINGS_REQUIRED = ("task_id", "worker_id", "batch", "prompt_hash", "status")
+_STRINGS = ("answer", "grade_detail", "cost_source", "finish_reason", "requested_model", "served_model", "provider",
+            "error", "model_fingerprint")
+_NUMBERS = ("quality", "cost_usd", "judge_cost_usd", "latency_s", "ttft_s", "finished_at")
+_COUNTS = ("prompt_tokens", "completion_tokens", "attempts")
+RECORD_COLUMNS = "{" + ", ".join(f"'{c}': 'JSON'" for c in (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS)) + "}"
 
-# Every line of every partition file, in file order, with the partition it came from.
+
+def _sound_record() -> str:
+    """The SQL test of a line the store's reader (`CallRecord`, strict, `records.py`) would accept
+    as a record of its file's partition: every field of its JSON type (a JSON null, like a missing
+    field, is the default), every number within its range. Built from this module's field names
+    and `records.py`'s limits only."""
+    number_types = "('DOUBLE', 'BIGINT', 'UBIGINT')"
+    tests = [f"json_type(j_{c}) = 'VARCHAR'" for c in _STRINGS_REQUIRED]
+    tests += [f"(j_{c} IS NULL OR json_type(j_{c}) = 'VARCHAR')" for c in _STRINGS]
+    tests += [f"(j_{c} IS NULL OR (json_type(j_{c}) IN {number_types} AND isfinite(TRY_CAST(j_{c} AS DOUBLE))))"
+              for c in _NUMBERS]
+    tests += [f"(j_{c} IS NULL OR (json_type(j_{c}) IN ('BIGINT', 'UBIGINT') "
+              f"AND TRY_CAST(j_{c} AS BIGINT) BETWEEN 0 AND {MAX_COUNT}))" for c in _COUNTS]
+    tests += ["(quality IS NULL OR quality BETWEEN 0 AND 1)", "status IN ('ok', 'failed')",
+              "(status = 'failed' OR quality IS NOT NULL)",
+              "(cost_source IS NULL OR cost_source IN ('usage', 'catalog', 'configured', 'mock', 'none'))"]
+    tests += [f"(coalesce({c}, 0) BETWEEN 0 AND {MAX_AMOUNT!r})" for c in ("cost_usd", "judge_cost_usd", "latency_s", "ttft_s")]
+    tests += ["worker_id = part_worker", "batch = part_batch"]  # a record of another partition is damage
+    return " AND ".join(tests)
+
+
+def _typed_columns() -> str:
+    cols = [f"j_{c} ->> '$' AS {c}" for c in (*_STRINGS_REQUIRED, *_STRINGS)]
+    cols += [f"TRY_CAST(j_{c} AS DOUBLE) AS {c}" for c in _NUMBERS]
+    cols += [f"TRY_CAST(j_{c} AS BIGINT) AS {c}" for c in _COUNTS]
+    return ", ".join(cols)
+
+
+_FIELDS = (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS)
+# Every line of every partition file, in file order, with the partition it came from, as a typed
+# record with `sound`: whether the store's reader would take it. The JSON values are not kept.
 LOAD_RECORDS = (
-    "CREATE TEMP TABLE raw AS SELECT *, row_number() OVER () AS line_no FROM read_json(?, format='newline_delimited', "
-    "columns=" + RECORD_COLUMNS + ", ignore_errors=true, filename=true, maximum_object_size=16777216)"
+    "CREATE TEMP TABLE raw AS SELECT filename, line_no, part_batch, part_worker, " + ", ".join(_FIELDS)
+    + ", (" + _sound_record() + ") IS TRUE AS sound FROM (SELECT filename, line_no, part_batch, part_worker, "
+    + ", ".join(f"j_{c}" for c in _FIELDS) + ", " + _typed_columns() + " FROM (SELECT filename, "
+    + ", ".join(f"{c} AS j_{c}" for c in _FIELDS) + ", row_number() OVER () AS line_no "
+    "FROM read_json(?, format='newline_delimited', columns=" + RECORD_COLUMNS
+    + ", ignore_errors=true, filename=true, maximum_object_size=?)) JOIN parts USING (filename))"
 )
+# The longest line read_json takes at first, and at most: a longer line than the first (a runaway
+# answer) is read on a second pass sized to the largest file; beyond the most, the build stops.
+FIRST_OBJECT_BYTES = 16 * 2**20
+MAX_OBJECT_BYTES = 2**30
 # The partition of each file: `<root>/<batch>/<worker>.jsonl`, from the list of files read.
 PARTITIONS = "CREATE TEMP TABLE parts AS SELECT unnest(?) AS filename, unnest(?) AS part_batch, unnest(?) AS part_worker"
-# Readable records only, the latest line of each (file, task), whose prompt hash matches a task of
+# Sound records only, the latest line of each (file, task), whose prompt hash matches a task of
 # the file's batch: exactly the records `from_collection` keeps.
 INSERT_RESPONSES = """
 INSERT INTO responses
@@ -57,12 +98,8 @@ SELECT r.task_id, r.worker_id, r.batch, r.status, r.answer, r.quality, r.grade_d
        r.requested_model, r.served_model, r.provider, coalesce(r.attempts, 1), r.error, r.model_fingerprint,
        coalesce(r.finished_at, 0.0)
 FROM (
-  SELECT raw.*, parts.part_batch, parts.part_worker FROM raw JOIN parts USING (filename)
-  JOIN (SELECT filename, task_id, max(line_no) AS last_line FROM raw
-        WHERE task_id IS NOT NULL AND worker_id IS NOT NULL AND batch IS NOT NULL AND prompt_hash IS NOT NULL
-          AND status IN ('ok', 'failed')
-          AND (cost_source IS NULL OR cost_source IN ('usage', 'catalog', 'configured', 'mock', 'none'))
-        GROUP BY filename, task_id) latest
+  SELECT raw.* FROM raw
+  JOIN (SELECT filename, task_id, max(line_no) AS last_line FROM raw WHERE sound GROUP BY filename, task_id) latest
     ON latest.filename = raw.filename AND latest.task_id = raw.task_id AND latest.last_line = raw.line_no
 ) r
 JOIN tasks t ON t.task_id = r.task_id AND t.batch = r.part_batch AND t.prompt_hash = r.prompt_hash
@@ -101,6 +138,27 @@ def partition_files(responses_dir: Path, batches: list[str], worker_ids: list[st
     return out
 
 
+def _load_records(con, files: list[tuple[str, str, str]]) -> None:
+    """`LOAD_RECORDS` over `files`; a line longer than `FIRST_OBJECT_BYTES` (which read_json fails
+    on rather than skipping) is read on a second pass whose limit is the largest file's size."""
+    paths = [f for f, _, _ in files]
+    try:
+        con.execute(LOAD_RECORDS, [paths, FIRST_OBJECT_BYTES])
+        return
+    except duckdb.InvalidInputException as exc:
+        if "maximum_object_size" not in str(exc):
+            raise
+    largest = max(os.path.getsize(p) for p in paths) + 1
+    try:
+        con.execute(LOAD_RECORDS, [paths, min(largest, MAX_OBJECT_BYTES)])
+    except duckdb.InvalidInputException as exc:
+        if "maximum_object_size" not in str(exc):
+            raise
+        raise RewardMatrixError(f"a line of a response file is longer than {MAX_OBJECT_BYTES:,} bytes "
+                                f"({str(exc).splitlines()[0]}): no call answers that much; cut that line out of "
+                                f"the file (its cell is then called again) and rebuild the matrix") from None
+
+
 def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersConfig, db_path: Path,
                      weights_from: str = "the worker config", timings: dict | None = None,
                      log: Callable[[str], None] | None = None, refused: list | None = None) -> dict:
@@ -125,7 +183,12 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
     files = partition_files(responses_dir, sorted({b for b, _ in batches}), [w for w, _, _ in workers])
     with building(db_path) as con:
         # a bounded build: past this DuckDB spills to disk (beside the database) instead of growing
-        con.execute("SET memory_limit = ?", [os.environ.get("FUGU_MATRIX_MEMORY_LIMIT", "3GB")])
+        limit = os.environ.get("FUGU_MATRIX_MEMORY_LIMIT", "3GB")
+        try:
+            con.execute("SET memory_limit = ?", [limit])
+        except duckdb.Error as exc:
+            raise RewardMatrixError(f"FUGU_MATRIX_MEMORY_LIMIT={limit!r} is not a memory size DuckDB takes "
+                                    f"({str(exc).splitlines()[0]}); give one like 3GB or 512MB, or unset it") from None
         con.execute("SET enable_progress_bar = false")  # long scans would print bars into the run's stdout
         _insert(con, "tasks", {
             "task_id": [tk.task_id for _, tk in batches], "batch": [b for b, _ in batches],
@@ -138,7 +201,7 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
         lap("insert tasks")
         if files:
             con.execute(PARTITIONS, [[f for f, _, _ in files], [b for _, b, _ in files], [w for _, _, w in files]])
-            con.execute(LOAD_RECORDS, [[f for f, _, _ in files]])
+            _load_records(con, files)
             lap("read_json over the response files")
             con.execute(INSERT_RESPONSES)
             con.execute("DROP TABLE raw")

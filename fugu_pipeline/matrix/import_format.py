@@ -23,7 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from fugu_pipeline.tasks.loading import TaskFileError
 from fugu_pipeline.tasks.schema import Split
-from fugu_pipeline.workers.config import IMPORT_WORKER_ID_PATTERN
+from fugu_pipeline.workers.config import IMPORT_WORKER_ID_PATTERN, MATRIX_FIXED_COLUMNS
 
 _WORKER_ID = re.compile(IMPORT_WORKER_ID_PATTERN)
 WORKER_ID_RULE = (f"a worker id must match {IMPORT_WORKER_ID_PATTERN} (a letter or digit, then up to 127 letters, "
@@ -55,7 +55,7 @@ def _visible(text: str) -> str:
     return text
 
 # The fixed columns of the matrix's `reward_wide` table; the worker ids are its other columns.
-WIDE_FIXED = ("task_id", "split", "domain")
+WIDE_FIXED = MATRIX_FIXED_COLUMNS
 
 
 def check_worker_set(worker_ids: list[str]) -> list[str]:

@@ -57,7 +57,7 @@ def open_read_only(db_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
             break
         except duckdb.IOException as exc:
             if not _lock_conflict(exc):
-                raise
+                raise _damaged(db_path, exc) from None
             if not warned:
                 warned = True
                 log.warning(f"{db_path} is locked by a read-write connection ({_holder(exc)}); retrying for {wait_s:g}s, "
@@ -68,11 +68,49 @@ def open_read_only(db_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
             time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
             delay = min(delay * 2, 1.0)
     try:
+        _check_schema(db_path, con)
         yield con
+    except (duckdb.IOException, duckdb.SerializationException, duckdb.InternalException) as exc:
+        raise _damaged(db_path, exc) from None  # blocks that cannot be read past a sound header
     finally:
         con.close()
         if snapshot:
             shutil.rmtree(snapshot, ignore_errors=True)
+
+
+REBUILD = "rebuild it (materialize `reward_matrix`, or run `fugu-lite pipeline`) or restore it from a copy"
+
+# What every reader of the matrix reads: the tables `build.SCHEMA` creates and the columns read here.
+REQUIRED_COLUMNS = {
+    "tasks": ("task_id", "batch", "prompt", "prompt_hash", "domain", "split", "tags"),
+    "workers": ("position", "worker_id"),
+    "responses": ("task_id", "worker_id", "status"),
+    "rewards": ("task_id", "worker_id", "position", "quality", "cost_usd", "latency_s", "utility"),
+    "reward_wide": ("task_id",),
+    "meta": ("key", "value"),
+}
+
+
+def _damaged(db_path: Path, exc: Exception) -> RewardMatrixError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return RewardMatrixError(f"{db_path} cannot be read as a reward matrix (truncated, damaged, or not a DuckDB "
+                             f"file: {first}); {REBUILD}")
+
+
+def _check_schema(db_path: Path, con: duckdb.DuckDBPyConnection) -> None:
+    """Refuse, in one line, a matrix that lacks a table or column the readers use (an older schema,
+    or another DuckDB file), instead of a DuckDB catalog error from the first query."""
+    have: dict[str, set[str]] = {}
+    for table, column in con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                                     "WHERE table_schema = 'main'").fetchall():
+        have.setdefault(table, set()).add(column)
+    missing = [f"table {t}" if t not in have else f"column {t}.{c}"
+               for t, cols in REQUIRED_COLUMNS.items() for c in (cols if t in have else cols[:1])
+               if t not in have or c not in have[t]]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise RewardMatrixError(f"{db_path} is not a reward matrix of this version (no {shown}): it was built by an "
+                                f"older version or is another DuckDB file; {REBUILD}")
 
 
 def _open_snapshot(db_path: Path, holder: str) -> tuple[str, duckdb.DuckDBPyConnection]:
@@ -138,6 +176,23 @@ def read_arrays(db_path: Path, complete_only: bool = True) -> RewardArrays:
         data_version=version, n_incomplete=int((~keep).sum()),
         tags=[tuple(tasks[i][4] or ()) for i in sel],
     )
+
+
+def missing_cells_note(db_path: Path) -> str:
+    """Which workers lack graded cells, in words ("" when none does): the workers whose missing
+    cells leave rows incomplete, each with its graded and failed counts, fewest first."""
+    with open_read_only(db_path) as con:
+        n_tasks = con.execute("SELECT count(*) FROM tasks").fetchone()[0]
+        rows = con.execute(
+            "SELECT w.worker_id, (SELECT count(*) FROM rewards r WHERE r.position = w.position), "
+            "(SELECT count(*) FROM responses s WHERE s.worker_id = w.worker_id AND s.status = 'failed') "
+            "FROM workers w ORDER BY 2, w.position").fetchall()
+    short = [f"{w} has {n} of {n_tasks} cells graded ({f} failed)" for w, n, f in rows if n < n_tasks]
+    if not short:
+        return ""
+    return ("; ".join(short[:5]) + (f" (+{len(short) - 5} more)" if len(short) > 5 else "")
+            + ": collect its missing cells again (the `responses` partitions, or `fugu-lite pipeline`), "
+              "or remove it from the worker config, then rebuild the matrix")
 
 
 # --------------------------------------------------------------------------- health

@@ -27,6 +27,9 @@ WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 # `mistralai/Mixtral-8x7B-Instruct-v0.1`. A worker's `aliases` follow it, so a router trained on
 # imported data can route to a configured worker. Never a path: files are named by `id` only.
 IMPORT_WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]{0,127}$"
+# The fixed columns of the reward matrix's `reward_wide` table; the worker ids are its other columns,
+# so no worker id may equal one of these, nor another id, once case is ignored.
+MATRIX_FIXED_COLUMNS = ("task_id", "split", "domain")
 
 
 class _Base(BaseModel):
@@ -149,6 +152,12 @@ class WorkersConfig(BaseModel):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"duplicate worker id(s): {', '.join(dup)}")
+        seen = {c: c for c in MATRIX_FIXED_COLUMNS}  # each id names a column of the matrix (case ignored)
+        for i in ids:
+            if i.lower() in seen:
+                raise ValueError(f"worker id {i!r} clashes with {seen[i.lower()]!r}: the reward matrix's column names "
+                                 "ignore case, and task_id, split and domain are taken; rename one of them")
+            seen[i.lower()] = i
         names = ids + [a for w in self.workers for a in w.aliases if a != w.id]
         dup = sorted({i for i in names if names.count(i) > 1})
         if dup:
