@@ -218,6 +218,9 @@ def budget_of(args):
 
     usd, share = getattr(args, "budget_usd_per_1k", None), getattr(args, "budget_share", None)
     if usd is None and share is None:
+        if getattr(args, "budget_margin_z", None) is not None:  # it would have no effect
+            raise CLIError("--budget-margin-z is the margin of a cap: give it with --budget-share or "
+                           "--budget-usd-per-1k (or drop it)")
         return None
     if usd is not None and share is not None:
         raise CLIError("give --budget-usd-per-1k or --budget-share, not both")
