@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import shutil
+import threading
 
 import numpy as np
+import openai
 import pytest
 
 from fugu_pipeline.cli import main
@@ -64,6 +68,24 @@ def one_error(code: int, err: list[str], *needles: str) -> str:
     return err[0]
 
 
+def with_budget_json(trained, tmp_path, text: str | None):
+    """A copy of the checkpoint whose budget.json holds `text` (None: no budget.json)."""
+    path, _ = trained
+    ckpt = tmp_path / path.name
+    shutil.copytree(path, ckpt)
+    if text is None:
+        (ckpt / "budget.json").unlink()
+    else:
+        (ckpt / "budget.json").write_text(text)
+    return ckpt
+
+
+def edited(trained, change) -> str:
+    cal = json.loads((trained[0] / "budget.json").read_text())
+    change(cal)
+    return json.dumps(cal)
+
+
 # --------------------------------------------------------------------------- flags
 
 
@@ -71,3 +93,123 @@ def test_a_margin_without_a_cap_is_refused_not_ignored(trained, capsys):
     code, out, err = route(trained[0], "--budget-margin-z", "1")
     one_error(code, err, "--budget-margin-z", "--budget-share")
     assert out == ""
+
+
+# --------------------------------------------------------------------------- budget.json
+
+
+@pytest.mark.parametrize("text", ["", "{\"format_version\": 1, \"checkp", "not json", "[]", "{}"],
+                         ids=["empty", "truncated", "not-json", "a-list", "no-fields"])
+def test_an_unreadable_budget_json_is_one_error_and_plain_routing_still_works(trained, tmp_path, text):
+    ckpt = with_budget_json(trained, tmp_path, text)
+    code, _, err = route(ckpt, "--budget-share", "0.5")
+    one_error(code, err, "budget.json", "fugu-lite evaluate")
+    code, out, _ = route(ckpt)  # no cap asked: the calibration is not needed
+    assert code == 0 and json.loads(out)["worker"] in WORKERS
+
+
+def test_a_budget_json_for_other_weights_says_so(trained, tmp_path):
+    ckpt = with_budget_json(trained, tmp_path, edited(trained, lambda c: c.update(checkpoint="0" * 16)))
+    code, _, err = route(ckpt, "--budget-share", "0.5")
+    one_error(code, err, "budget.json", "0" * 16, "fugu-lite evaluate")
+
+
+def _nan_costs(c):
+    for p in c["curve"]:
+        p["cost_usd"] = p["share"] = float("nan")
+
+
+def _negative_costs(c):
+    for p in c["curve"]:
+        p["cost_usd"] = p["share"] = -1.0
+
+
+def _not_monotone(c):  # the costs reversed: the cheapest point now claims λ = 0
+    lams = [p["lam"] for p in c["curve"]]
+    c["curve"].reverse()
+    for p, lam in zip(c["curve"], lams):
+        p["lam"] = lam
+
+
+BROKEN = {
+    "nan-costs": _nan_costs,
+    "negative-costs": _negative_costs,
+    "empty-curve": lambda c: c.update(curve=[]),
+    "not-monotone": _not_monotone,
+    "negative-lambda": lambda c: [p.update(lam=-1.0 - p["lam"]) for p in c["curve"]],
+    "negative-price": lambda c: c["cost_model"].update(per_token=[-1.0] * 3),
+    "short-price-list": lambda c: c["cost_model"].update(per_token=[1e-6] * 2),
+    "no-pooled-offset": lambda c: c["cost_model"].update(offset={}),
+    "other-workers": lambda c: c.update(worker_ids=["x", "y", "z"]),
+    "unknown-reference": lambda c: c.update(reference_worker="zzz"),
+    "negative-reference-cost": lambda c: c.update(reference_cost_usd=-1.0),
+    "negative-se": lambda c: [p.update(cost_se=-1.0, share_se=-1.0) for p in c["curve"]],
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_a_budget_json_with_impossible_values_is_refused(trained, tmp_path, name):
+    ckpt = with_budget_json(trained, tmp_path, edited(trained, BROKEN[name]))
+    code, out, err = route(ckpt, "--budget-share", "0.5")
+    one_error(code, err, "budget.json", "fugu-lite evaluate")
+    assert out == ""
+
+
+def test_evaluate_redraws_an_unreadable_budget_json(trained, tmp_path):
+    ckpt = with_budget_json(trained, tmp_path, "{\"truncat")
+    logs = []
+    cal = calibrate_beside(ckpt, trained[1], log=logs.append)
+    assert cal is not None and any("budget.json" in m and "cannot be used" in m for m in logs), logs
+    assert json.loads((ckpt / "budget.json").read_text())["checkpoint"] == ckpt.name
+    code, out, _ = route(ckpt, "--budget-share", "0.5")
+    assert code == 0 and json.loads(out)["budget"]["met_on_validation"]
+
+
+# --------------------------------------------------------------------------- the server
+
+
+@contextlib.contextmanager
+def serving(ckpt, **kw):
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.testing.serving import ServerThread
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    router = Router.load(ckpt, device="cpu")
+    cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock", "mock": {"cost_usd": 0.001}}
+                                                    for w in WORKERS]})
+    srv = ServerThread(create_app(router, cfg, batch_window_ms=20, **kw))
+    try:
+        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    finally:
+        srv.stop()
+        router.close()
+
+
+def ask(client, **extra):
+    return client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": PROMPT}],
+                                          extra_body=extra or None)
+
+
+def test_a_server_over_an_unreadable_budget_json_serves_and_refuses_only_capped_requests(trained, tmp_path):
+    ckpt = with_budget_json(trained, tmp_path, "{\"curve\": [")
+    with serving(ckpt) as client:
+        results: dict = {}
+
+        def one(i):
+            try:
+                results[i] = ask(client, **({"fugu_budget": {"share": 0.5}} if i % 2 else {}))
+            except openai.BadRequestError as exc:
+                results[i] = exc
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        for i, r in results.items():
+            if i % 2:
+                err = r.body if "message" in r.body else r.body["error"]
+                assert err["param"] == "fugu_budget" and err["code"] == "budget_unavailable"
+                assert "budget.json" in err["message"] and "fugu-lite evaluate" in err["message"]
+            else:
+                assert r.choices[0].message.content and "budget" not in r.model_extra["fugu_lite"]
+        assert len(results) == 8

@@ -76,7 +76,7 @@ class Router:
     λ for the cap comes from its validation curve, and the expected cost from its training fit."""
 
     def __init__(self, checkpoint, encoder, *, encoder_override: str | None = None):
-        from fugu_pipeline.route.budget import load_calibration
+        from fugu_pipeline.route.budget import usable_calibration
 
         if checkpoint.manifest.head_kind.startswith("roles"):
             raise RouterError(f"{checkpoint.path} is a multi-turn coordinator ({checkpoint.manifest.head_kind}), not a "
@@ -86,10 +86,10 @@ class Router:
         self.encoder = encoder
         self.worker_ids: list[str] = list(checkpoint.manifest.worker_ids)
         self.path = str(checkpoint.path)
-        calibration = load_calibration(checkpoint.path)
-        if calibration is not None and calibration.checkpoint not in ("", checkpoint.manifest.content_hash):
-            calibration = None  # written for other weights
-        self.calibration = calibration
+        # None (and why) when there is none, it cannot be read, or it was drawn for other weights:
+        # only a budgeted route needs it, and is refused with that reason
+        self.calibration, self.calibration_problem = usable_calibration(
+            checkpoint.path, checkpoint.manifest.content_hash, self.worker_ids)
         self._lock = threading.Lock()
 
     @classmethod
@@ -158,10 +158,7 @@ class Router:
         except BudgetError as exc:
             raise BudgetUnavailable(str(exc)) from None
         if self.calibration is None:
-            raise BudgetUnavailable(
-                f"no budget calibration beside {self.path} (budget.json): run `fugu-lite evaluate --checkpoint "
-                f"{self.path} --data <the training data>`, which chooses λ for a cap on its validation split "
-                "(training data that records no cost per call has none: there is nothing to budget)")
+            raise BudgetUnavailable(self.calibration_problem)
         try:
             return self.calibration.choose(budget)
         except BudgetError as exc:
