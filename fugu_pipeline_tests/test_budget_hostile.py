@@ -213,3 +213,29 @@ def test_a_server_over_an_unreadable_budget_json_serves_and_refuses_only_capped_
             else:
                 assert r.choices[0].message.content and "budget" not in r.model_extra["fugu_lite"]
         assert len(results) == 8
+
+
+def test_a_bad_fugu_budget_names_its_field_and_what_is_wrong_and_fails_alone(trained):
+    cases = [
+        ({"share": 1e300}, "'fugu_budget.share'", "less than or equal to 1000"),
+        ({"usd_per_1k": 1e300}, "'fugu_budget.usd_per_1k'", "less than or equal to 1000000000"),
+        ({"share": 0.3, "margin_z": 1e9}, "'fugu_budget.margin_z'", "less than or equal to 100"),
+        ({"share": 0.3, "margin_z": -1}, "'fugu_budget.margin_z'", "greater than or equal to 0"),
+        ({"share": 0}, "'fugu_budget.share'", "greater than 0"),
+        ({"share": "0.3"}, "'fugu_budget.share'", "a finite number, got a string"),
+        ({"share": True}, "'fugu_budget.share'", "got a boolean"),
+        ({"share": {"v": 0.3}}, "'fugu_budget.share'", "got an object"),
+        ({"share": None}, "'fugu_budget.share'", "got null"),
+        ({"share": 0.3, "usd_per_1k": 1}, "exactly one of usd_per_1k", "share"),
+        ({"margin_z": 1}, "exactly one of usd_per_1k", "share"),
+        ({"share": 0.3, "cap": 1}, "'fugu_budget.cap' is not a budget field", "usd_per_1k"),
+    ]
+    with serving(trained[0]) as client:
+        for budget, field, what in cases:
+            with pytest.raises(openai.BadRequestError) as e:
+                ask(client, fugu_budget=budget)
+            err = e.value.body if "message" in e.value.body else e.value.body["error"]
+            assert err["param"] == "fugu_budget" and err["code"] == "invalid_value"
+            assert err["message"].startswith(field) or field in err["message"], err["message"]
+            assert what in err["message"], err["message"]
+        assert ask(client, fugu_budget={"share": 0.5}).model_extra["fugu_lite"]["budget"]["met_on_validation"]
