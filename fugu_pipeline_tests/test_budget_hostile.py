@@ -9,18 +9,22 @@ explained result, never a crash or a silently wrong route."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import shutil
 import threading
+import warnings
 
 import numpy as np
 import openai
 import pytest
 
 from fugu_pipeline.cli import main
-from fugu_pipeline.route.budget import calibrate_beside
+from fugu_pipeline.evaluate.budget_report import budget_lines, budget_section
+from fugu_pipeline.route.budget import Budget, BudgetError, calibrate_beside, calibrate_checkpoint
 from fugu_pipeline.testing.serving import WORKERS, synthetic_tasks
+from fugu_pipeline_tests.test_no_cost_leak import make_data
 
 PROMPT = "What is 3 times 4?"
 
@@ -239,3 +243,75 @@ def test_a_bad_fugu_budget_names_its_field_and_what_is_wrong_and_fails_alone(tra
             assert err["message"].startswith(field) or field in err["message"], err["message"]
             assert what in err["message"], err["message"]
         assert ask(client, fugu_budget={"share": 0.5}).model_extra["fugu_lite"]["budget"]["met_on_validation"]
+
+
+# --------------------------------------------------------------------------- degenerate data
+
+
+def with_cost(data, cost):
+    return dataclasses.replace(data, cost_usd=cost, data_version="")
+
+
+def test_a_free_strongest_worker_is_not_the_base_of_a_share():
+    """The strongest worker on train ('mid') costs nothing (a local model): a share of $0 means
+    nothing, so shares are of the strongest worker that costs anything, and the calibration says so."""
+    data, ckpt = make_data()
+    cost = data.cost_usd.copy()
+    cost[:, 1] = 0.0
+    cal = calibrate_checkpoint(ckpt, with_cost(data, cost))
+    train_q = data.quality[data.splits == "train"].mean(axis=0)
+    assert int(np.argmax(train_q)) == 1  # mid is the strongest on train
+    second = ["cheap", "strong"][int(train_q[2] > train_q[0])]
+    assert cal.reference_worker == second and cal.reference_cost_usd > 0
+    assert "mid" in cal.reference_note and "costs nothing" in cal.reference_note
+    op = cal.choose(Budget(share=0.3))
+    assert op.met_on_validation and op.val_share <= 0.3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no division by a zero cost
+        sec = budget_section(ckpt, with_cost(data, cost), "test", cal, Budget(share=0.3), n_boot=50)
+    assert sec["reference_worker"] == second and sec["reference_note"] == cal.reference_note
+    assert np.isfinite([w["share"] for w in sec["workers"]]).all()
+    assert "costs nothing" in "\n".join(budget_lines(sec))
+
+
+def test_training_rows_without_any_cost_cannot_calibrate():
+    data, ckpt = make_data()
+    cost = data.cost_usd.copy()
+    cost[data.splits == "train"] = 0.0  # only the held-out rows record a cost
+    with pytest.raises(BudgetError, match="training rows record no cost"):
+        calibrate_checkpoint(ckpt, with_cost(data, cost))
+
+
+def test_equal_costs_give_an_explained_refusal_or_lambda_zero():
+    data, ckpt = make_data()
+    cal = calibrate_checkpoint(ckpt, with_cost(data, np.full_like(data.cost_usd, 1e-3)))
+    assert cal.choose(Budget(share=1.0)).lam == 0.0  # every worker costs the same: λ changes nothing
+    with pytest.raises(BudgetError, match=r"budget share 0.3: no operating point meets this cap.*100.0% of"):
+        cal.choose(Budget(share=0.3))
+
+
+@pytest.mark.parametrize("n_val", [0, 1])
+def test_a_validation_split_too_small_for_a_margin_is_refused(n_val, trained):
+    data, ckpt = make_data()
+    splits = data.splits.copy()
+    splits[np.flatnonzero(splits == "val")[n_val:]] = "train"
+    small = dataclasses.replace(data, splits=splits, data_version="")
+    with pytest.raises(BudgetError, match=f"the validation split has {n_val} row"):
+        calibrate_checkpoint(ckpt, small)
+    # what `evaluate --budget-share` calls: one error naming the cause, not "see above"
+    path, full = trained
+    rows = np.flatnonzero(full.splits == "val")
+    splits = full.splits.copy()
+    splits[rows[n_val:]] = "train"
+    small = dataclasses.replace(full, splits=splits, data_version="")
+    with pytest.raises(BudgetError, match=f"the validation split has {n_val} row"):
+        calibrate_beside(path, small, log=lambda m: None, strict=True)
+    assert calibrate_beside(path, small, log=lambda m: None) is None  # training, no cap asked: a log line
+
+
+def test_a_domain_unseen_in_training_gets_the_pooled_cost(trained):
+    code, out, _ = route(trained[0], "--budget-share", "0.5", "--domain", "astrology")
+    assert code == 0
+    seen = json.loads(route(trained[0], "--budget-share", "0.5", "--domain", "math")[1])
+    assert json.loads(out)["budget"]["lambda"] == seen["budget"]["lambda"]
+    assert json.loads(out)["budget"]["expected_cost_usd"] > 0

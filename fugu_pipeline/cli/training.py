@@ -247,9 +247,7 @@ def cmd_evaluate(args) -> int:
     expected = data.contract if args.encoder is None else data.contract.model_copy(update={"encoder_id": contract.encoder_id})
     ckpt = load_checkpoint(path, expected_contract=expected)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"checkpoint {path}")
-    calibration = calibrate_beside(path, data)
-    if budget is not None and calibration is None:
-        raise CLIError("a budget needs a head that predicts quality and data that records cost (see above)")
+    calibration = calibrate_beside(path, data, strict=budget is not None)  # with a cap: BudgetError, the reason
     rep = evaluate_checkpoint(ckpt, data, args.split, calibration=calibration, budget=budget)
     if args.split == "test":  # the composite is defined on the held-out split
         from fugu_pipeline.cli.reporting import composite_for_report

@@ -52,6 +52,7 @@ def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration,
                 "quality": float(Q[:, i].mean())} for i, w in enumerate(W)]
     out = {
         "reference_worker": calibration.reference_worker,
+        "reference_note": calibration.reference_note,
         "reference_cost_usd_per_1k": ref_cost * 1000,
         "cost_model": calibration.cost_model.describe(),
         "calibration": {"checkpoint": calibration.checkpoint, "data_version": calibration.data_version,
@@ -101,6 +102,8 @@ def budget_lines(sec: dict, split: str = "test") -> list[str]:
     """The budget section as printed lines: each worker, the router's Pareto points, the chosen point."""
     lines = [f"budget: reference (strongest on train) {sec['reference_worker']}, "
              f"${sec['reference_cost_usd_per_1k']:.4g} per 1,000 requests on {split}; {sec['cost_model']}"]
+    if sec.get("reference_note"):
+        lines.append(f"  note: {sec['reference_note']}")
     lines.append("  worker                                   cost $/1k   share   quality")
     workers = sec["workers"]
     if len(workers) > SHOWN_WORKERS:  # every worker the router used, then the best of the rest

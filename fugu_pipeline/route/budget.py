@@ -240,6 +240,7 @@ class BudgetCalibration(BaseModel):
     n_val: int = Field(ge=1)
     val_reference_cost_usd: float = Field(ge=0, allow_inf_nan=False)  # its mean expected cost on the validation rows (the share's base)
     curve: list[CurvePoint] = Field(min_length=1)
+    reference_note: str = ""  # why the reference is not the strongest worker (that one costs nothing)
 
     @model_validator(mode="after")
     def _consistent(self) -> "BudgetCalibration":
@@ -374,11 +375,20 @@ def calibrate(q_hat_val: np.ndarray, val_prompts: list[str], val_domains: list[s
     record the λ curve on validation rows. No held-out (test) row enters. `q_served_val`: the saved
     head's own predictions on the validation rows when `q_hat_val` are out-of-fold ones; each λ's
     cost is then the higher of the two routings' (`costlier`)."""
-    if len(val_prompts) == 0:
-        raise BudgetError("no validation rows: the cap's λ is chosen on validation")
+    require_validation_rows(len(val_prompts))
     model = fit_expected_cost(train_prompts, train_domains, train_cost, worker_ids)
-    ref = int(np.argmax(np.nanmean(np.asarray(train_quality, dtype=np.float64), axis=0)))
-    c_ref = float(model.predict(train_prompts, train_domains)[:, ref].mean())
+    c_train = model.predict(train_prompts, train_domains).mean(axis=0)
+    if not (c_train > 0).any():
+        raise BudgetError("the training rows record no cost for any worker, so there is no expected cost to budget; "
+                          "train on rows that record what each call cost")
+    # the reference: the best training quality among workers that cost anything (a share of $0 means nothing)
+    quality = np.nanmean(np.asarray(train_quality, dtype=np.float64), axis=0)
+    paid = np.flatnonzero(c_train > 0)
+    strongest, ref = int(np.argmax(quality)), int(paid[np.argmax(quality[paid])])
+    note = "" if ref == strongest else (
+        f"{worker_ids[strongest]} (the best training quality) costs nothing on the training rows, so a share is of "
+        f"{worker_ids[ref]}'s cost, the strongest worker that costs anything")
+    c_ref = float(c_train[ref])
     c_val = model.predict(val_prompts, val_domains)
     curve = route_curve(q_hat_val, c_val, c_ref, ref, val_quality)
     if q_served_val is not None:
@@ -386,7 +396,15 @@ def calibrate(q_hat_val: np.ndarray, val_prompts: list[str], val_domains: list[s
         curve = costlier(oof, route_curve(q_served_val, c_val, c_ref, ref, val_quality))
     return BudgetCalibration(checkpoint=checkpoint, data_version=data_version, worker_ids=list(worker_ids),
                              reference_worker=worker_ids[ref], reference_cost_usd=c_ref, cost_model=model,
-                             n_val=len(val_prompts), val_reference_cost_usd=float(c_val[:, ref].mean()), curve=curve)
+                             n_val=len(val_prompts), val_reference_cost_usd=float(c_val[:, ref].mean()), curve=curve,
+                             reference_note=note)
+
+
+def require_validation_rows(n: int) -> None:
+    if n < 2:
+        raise BudgetError(f"the validation split has {n} row{'' if n == 1 else 's'}, and a cap's λ is chosen on "
+                          "validation with a margin of standard errors of its cost, which needs 2 rows or more; give "
+                          "the data more validation rows (a larger --val-fraction on import, or rows with split 'val')")
 
 
 def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> BudgetCalibration:
@@ -403,6 +421,7 @@ def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> B
         raise BudgetError(f"checkpoint workers {checkpoint.manifest.worker_ids} differ from the data's {data.worker_ids}")
     train, val = data.split("train"), data.split("val")
     require_quality_head(checkpoint.head, checkpoint.manifest.head_kind)
+    require_validation_rows(len(val.prompts))
     served = quality_of(checkpoint.head, val.features, val.domains, kind=checkpoint.manifest.head_kind)
     if q_val is None:
         q_val, served = served, None
@@ -413,15 +432,16 @@ def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> B
                      checkpoint=checkpoint.manifest.content_hash, data_version=data.data_version, q_served_val=served)
 
 
-def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.stderr), q_val=None):
+def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.stderr), q_val=None, *, strict: bool = False):
     """The budget calibration (λ curve on validation) of a checkpoint over `data`, when the head
     predicts quality and the data records cost; None otherwise (the reason logged). It is written
     beside the checkpoint (`budget.json`, what `route` and `serve` read) when `data` is the data the
-    checkpoint was trained on, or when there is none yet; other data (evaluating elsewhere) gets a
+    checkpoint was trained on, or when there is none yet (or it cannot be used); other data (evaluating elsewhere) gets a
     calibration for its report only, and the training one is kept. A `budget.json` already drawn
     on this data for this checkpoint is used as it is (`fugu-lite train` draws it on out-of-fold
     predictions, `q_val`, which the refitted head cannot reproduce). The command line and the
-    training assets both call it after saving a checkpoint."""
+    training assets both call it after saving a checkpoint. `strict` (a cap was asked for): BudgetError
+    with the reason instead of None."""
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
     ckpt = load_checkpoint(path)
@@ -436,6 +456,8 @@ def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.std
     try:
         cal = calibrate_checkpoint(ckpt, data, q_val)
     except BudgetError as exc:
+        if strict:
+            raise
         log(f"budget mode: not available for this checkpoint ({str(exc).split(':')[0]})")
         return None
     if ckpt.manifest.data_version == data.data_version or kept is None:

@@ -235,6 +235,8 @@ class Router:
                                      "validation_share": round(point.val_share, 6),
                                      "expected_cost_usd": float(c_hat[k, order[0]]),
                                      "reference_worker": self.calibration.reference_worker,
+                                     **({"reference_note": self.calibration.reference_note}
+                                        if self.calibration.reference_note else {}),
                                      **({"note": point.note} if point.note else {})}
                 if allowed is not None and set(allowed) != set(self.worker_ids):
                     d.extra["budget"]["allowed_note"] = (
