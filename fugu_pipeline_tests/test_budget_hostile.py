@@ -315,3 +315,22 @@ def test_a_domain_unseen_in_training_gets_the_pooled_cost(trained):
     seen = json.loads(route(trained[0], "--budget-share", "0.5", "--domain", "math")[1])
     assert json.loads(out)["budget"]["lambda"] == seen["budget"]["lambda"]
     assert json.loads(out)["budget"]["expected_cost_usd"] > 0
+
+
+def test_a_report_whose_reference_cost_nothing_on_the_held_out_rows_keeps_true_shares():
+    """The reference's actual cost on test is 0 (cached answers, say): shares of $0 do not exist, so
+    the report's shares are of its expected cost on those rows, and it says so (they were USD / $1)."""
+    data, ckpt = make_data()
+    cal = calibrate_checkpoint(ckpt, data)
+    ref = data.worker_ids.index(cal.reference_worker)
+    cost = data.cost_usd.copy()
+    cost[data.splits == "test", ref] = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sec = budget_section(ckpt, with_cost(data, cost), "test", cal, Budget(share=0.5), n_boot=50)
+    expected = cal.cost_model.predict(*[[x for x, s in zip(v, data.splits) if s == "test"]
+                                        for v in (data.prompts, data.domains)])[:, ref].mean()
+    assert sec["reference_cost_usd_per_1k"] == pytest.approx(expected * 1000)
+    strong = next(w for w in sec["workers"] if w["name"] == "strong")
+    assert strong["share"] == pytest.approx(strong["cost_usd_per_1k"] / 1000 / expected)
+    assert "costs nothing" in sec["reference_note"] and "expected cost" in sec["reference_note"]
