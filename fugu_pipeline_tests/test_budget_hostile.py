@@ -334,3 +334,12 @@ def test_a_report_whose_reference_cost_nothing_on_the_held_out_rows_keeps_true_s
     strong = next(w for w in sec["workers"] if w["name"] == "strong")
     assert strong["share"] == pytest.approx(strong["cost_usd_per_1k"] / 1000 / expected)
     assert "costs nothing" in sec["reference_note"] and "expected cost" in sec["reference_note"]
+
+
+def test_a_validation_curve_whose_reference_expects_no_cost_shares_of_its_training_cost():
+    from fugu_pipeline.route.budget import route_curve
+
+    q = np.array([[0.9, 0.5], [0.8, 0.4], [0.7, 0.6]])
+    c = np.array([[2e-3, 0.0], [2e-3, 0.0], [2e-3, 0.0]])  # the reference (column 1) expects $0 on these rows
+    p = route_curve(q, c, c_ref=4e-3, ref=1, lambdas=(0.0,))[0]
+    assert p.cost_usd == pytest.approx(2e-3) and p.share == pytest.approx(0.5)  # of its training mean, not of $1

@@ -343,7 +343,7 @@ def route_curve(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int,
     """Each λ's mean expected cost (and SE), its share of the reference's mean expected cost, and
     (where labels are given: validation) the routes' mean quality."""
     n = len(q_hat)
-    base = float(c_hat[:, ref].mean()) or 1.0
+    base = float(c_hat[:, ref].mean()) or c_ref or 1.0  # a share of $0 does not exist: of its training mean
     out = []
     for lam in lambdas:
         r = np.argmax(budget_scores(q_hat, c_hat, lam, c_ref), axis=1)
