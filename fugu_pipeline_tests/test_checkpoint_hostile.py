@@ -390,7 +390,7 @@ class _NoEncoder:
 
 
 @pytest.mark.parametrize("text, words", [
-    ('{"checkpoint": ', ["budget.json", "Invalid JSON"]),
+    ('{"checkpoint": ', ["budget.json", "not valid JSON"]),
     ("[1]", ["budget.json", "object"]),
 ])
 def test_a_damaged_budget_calibration_leaves_plain_routing_and_names_itself_in_budget_mode(models, text, words):
@@ -409,17 +409,16 @@ def test_a_damaged_budget_calibration_leaves_plain_routing_and_names_itself_in_b
 
 
 def test_a_budget_calibration_for_other_workers_is_not_used(models):
-    from fugu_pipeline.route.budget import Budget, load_calibration
+    from fugu_pipeline.route.budget import Budget
     from fugu_pipeline.route.router import BudgetUnavailable, Router
 
     path = _ckpt(models)
     cal = _calibration(path)
     (path / "budget.json").write_text(cal.model_copy(update={"checkpoint": "", "worker_ids": ["w3", "w2", "w1"]})
                                       .model_dump_json())
-    assert load_calibration(path).worker_ids == ["w3", "w2", "w1"]
     router = Router(load_checkpoint(path), _NoEncoder())
     assert router.calibration is None
-    with pytest.raises(BudgetUnavailable, match="worker_ids"):
+    with pytest.raises(BudgetUnavailable, match="worker"):
         router.budget_point(Budget(share=0.5))
 
 
@@ -429,7 +428,8 @@ def _calibration(path: Path):
     return BudgetCalibration.model_validate({
         "checkpoint": path.name, "worker_ids": WORKERS, "reference_worker": "w1", "reference_cost_usd": 0.01,
         "cost_model": {"worker_ids": WORKERS, "per_token": [1e-6, 2e-6, 3e-6], "offset": {"*": [0.0, 0.0, 0.0]}}, "n_val": 10,
-        "val_reference_cost_usd": 0.01, "curve": []})
+        "val_reference_cost_usd": 0.01,
+        "curve": [{"lam": 0.0, "cost_usd": 0.01, "cost_se": 0.001, "share": 1.0, "share_se": 0.1}]})
 
 
 # --------------------------------------------------------------------------- the feature contract

@@ -218,6 +218,9 @@ def budget_of(args):
 
     usd, share = getattr(args, "budget_usd_per_1k", None), getattr(args, "budget_share", None)
     if usd is None and share is None:
+        if getattr(args, "budget_margin_z", None) is not None:  # it would have no effect
+            raise CLIError("--budget-margin-z is the margin of a cap: give it with --budget-share or "
+                           "--budget-usd-per-1k (or drop it)")
         return None
     if usd is not None and share is not None:
         raise CLIError("give --budget-usd-per-1k or --budget-share, not both")
@@ -244,9 +247,7 @@ def cmd_evaluate(args) -> int:
     expected = data.contract if args.encoder is None else data.contract.model_copy(update={"encoder_id": contract.encoder_id})
     ckpt = load_checkpoint(path, expected_contract=expected)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"checkpoint {path}")
-    calibration = calibrate_beside(path, data)
-    if budget is not None and calibration is None:
-        raise CLIError("a budget needs a head that predicts quality and data that records cost (see above)")
+    calibration = calibrate_beside(path, data, strict=budget is not None)  # with a cap: BudgetError, the reason
     rep = evaluate_checkpoint(ckpt, data, args.split, calibration=calibration, budget=budget)
     if args.split == "test":  # the composite is defined on the held-out split
         from fugu_pipeline.cli.reporting import composite_for_report

@@ -37,7 +37,12 @@ def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration,
     q_hat = quality_of(checkpoint.head, held.features, held.domains, kind=checkpoint.manifest.head_kind)
     c_hat = calibration.cost_model.predict(held.prompts, held.domains)
     Q, C = held.quality, held.cost_usd
-    ref_cost = float(C[:, ref].mean()) or 1.0
+    ref_cost, ref_note = float(C[:, ref].mean()), calibration.reference_note
+    if ref_cost <= 0:  # a share of $0 does not exist: the share is of its expected cost on these rows
+        ref_cost = float(c_hat[:, ref].mean()) or calibration.reference_cost_usd or 1.0
+        ref_note = " ".join(x for x in (ref_note, (
+            f"{calibration.reference_worker} costs nothing on the {split} rows, so the shares here are of its expected "
+            f"cost there (${ref_cost * 1000:.4g} per 1,000 requests)")) if x)
 
     def at(lam: float) -> np.ndarray:
         return np.argmax(budget_scores(q_hat, c_hat, lam, calibration.reference_cost_usd), axis=1)
@@ -52,6 +57,7 @@ def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration,
                 "quality": float(Q[:, i].mean())} for i, w in enumerate(W)]
     out = {
         "reference_worker": calibration.reference_worker,
+        "reference_note": ref_note,
         "reference_cost_usd_per_1k": ref_cost * 1000,
         "cost_model": calibration.cost_model.describe(),
         "calibration": {"checkpoint": calibration.checkpoint, "data_version": calibration.data_version,
@@ -101,6 +107,8 @@ def budget_lines(sec: dict, split: str = "test") -> list[str]:
     """The budget section as printed lines: each worker, the router's Pareto points, the chosen point."""
     lines = [f"budget: reference (strongest on train) {sec['reference_worker']}, "
              f"${sec['reference_cost_usd_per_1k']:.4g} per 1,000 requests on {split}; {sec['cost_model']}"]
+    if sec.get("reference_note"):
+        lines.append(f"  note: {sec['reference_note']}")
     lines.append("  worker                                   cost $/1k   share   quality")
     workers = sec["workers"]
     if len(workers) > SHOWN_WORKERS:  # every worker the router used, then the best of the rest

@@ -39,6 +39,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -72,6 +73,20 @@ class ExpectedCost(BaseModel):
     per_token: list[float]  # USD per prompt token, per worker
     offset: dict[str, list[float]]  # USD per request, per domain and worker; '*' = pooled
     n_train: int = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ExpectedCost":
+        w = len(self.worker_ids)
+        if not (math.isfinite(self.chars_per_token) and self.chars_per_token > 0):
+            raise ValueError(f"chars_per_token must be a positive number, got {self.chars_per_token!r}")
+        if len(self.per_token) != w or not all(math.isfinite(p) and p >= 0 for p in self.per_token):
+            raise ValueError(f"per_token must hold one finite price >= 0 per worker ({w})")
+        if ALL not in self.offset:
+            raise ValueError(f"offset has no pooled entry {ALL!r} (the one for a domain unseen in training)")
+        bad = [d for d, v in self.offset.items() if len(v) != w or not all(math.isfinite(x) for x in v)]
+        if bad:
+            raise ValueError(f"offset {bad[0][:60]!r} must hold one finite number per worker ({w})")
+        return self
 
     def predict(self, prompts: list[str], domains: list[str] | None = None) -> np.ndarray:
         """(N, W) expected cost in USD."""
@@ -189,12 +204,12 @@ def budget_scores(q_hat: np.ndarray, c_hat: np.ndarray, lam: float, c_ref: float
 class CurvePoint(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    lam: float
-    cost_usd: float  # mean expected cost per request of the routes on validation
-    cost_se: float
-    share: float  # that mean over the reference worker's mean expected cost on the same rows
-    share_se: float
-    quality: float | None = None  # validation quality of the routes (the rows' labels: validation is for choosing)
+    lam: float = Field(ge=0, allow_inf_nan=False)
+    cost_usd: float = Field(ge=0, allow_inf_nan=False)  # mean expected cost per request of the routes on validation
+    cost_se: float = Field(ge=0, allow_inf_nan=False)
+    share: float = Field(ge=0, allow_inf_nan=False)  # that mean over the reference worker's mean expected cost on the same rows
+    share_se: float = Field(ge=0, allow_inf_nan=False)
+    quality: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)  # validation quality of the routes (the rows' labels: validation is for choosing)
     cost_from: str = "head"  # "head": the served head's routes; "out_of_fold": the fold models' (the costlier of the two)
 
 
@@ -215,16 +230,29 @@ class BudgetCalibration(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format_version: int = 1
+    format_version: Literal[1] = 1
     checkpoint: str = ""  # the checkpoint's content hash
     data_version: str = ""
     worker_ids: list[str]
     reference_worker: str
-    reference_cost_usd: float  # c_ref: mean expected cost of the reference worker on training rows
+    reference_cost_usd: float = Field(ge=0, allow_inf_nan=False)  # c_ref: mean expected cost of the reference worker on training rows
     cost_model: ExpectedCost
-    n_val: int
-    val_reference_cost_usd: float  # its mean expected cost on the validation rows (the share's base)
-    curve: list[CurvePoint]
+    n_val: int = Field(ge=1)
+    val_reference_cost_usd: float = Field(ge=0, allow_inf_nan=False)  # its mean expected cost on the validation rows (the share's base)
+    curve: list[CurvePoint] = Field(min_length=1)
+    reference_note: str = ""  # why the reference is not the strongest worker (that one costs nothing)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "BudgetCalibration":
+        if self.reference_worker not in self.worker_ids:
+            raise ValueError(f"reference_worker {self.reference_worker[:60]!r} is not among worker_ids")
+        if self.cost_model.worker_ids != self.worker_ids:
+            raise ValueError("cost_model.worker_ids differ from worker_ids")
+        for a, b in zip(self.curve, self.curve[1:]):  # a larger λ never routes to a costlier worker
+            if b.lam <= a.lam or b.cost_usd > a.cost_usd * (1 + 1e-9) + 1e-15:
+                raise ValueError(f"curve is not a λ sweep: at λ={b.lam:g} after λ={a.lam:g} the λ must grow and the "
+                                 "cost must not")
+        return self
 
     def choose(self, budget: Budget, *, strict: bool = True) -> OperatingPoint:
         """The smallest λ whose validation cost (+ margin) is within the cap. When no λ meets it:
@@ -264,19 +292,50 @@ class BudgetCalibration(BaseModel):
         return atomic_write(Path(checkpoint_dir) / CALIBRATION_FILE, json.dumps(self.model_dump(mode="json"), indent=1))
 
 
+def redraw_hint(checkpoint_dir: str | Path) -> str:
+    return (f"draw it again with `fugu-lite evaluate --checkpoint {checkpoint_dir} --data <the training data>`, which "
+            "chooses λ for a cap on its validation split")
+
+
 def load_calibration(checkpoint_dir: str | Path) -> BudgetCalibration | None:
-    """The calibration beside a checkpoint; None when there is none; BudgetError (one line: the
-    file, what is wrong, what to do) when it cannot be read or is not a calibration."""
+    """The calibration beside a checkpoint; None when there is none; BudgetError (naming the file
+    and what to do) when it cannot be read or holds values no calibration can have."""
     path = Path(checkpoint_dir) / CALIBRATION_FILE
     if not path.is_file():
         return None
     try:
-        return BudgetCalibration.model_validate_json(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValidationError) as exc:
-        why = (exc.strerror if isinstance(exc, OSError) else exc.reason if isinstance(exc, UnicodeDecodeError)
-               else "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'budget.json'}: {e['msg']}" for e in exc.errors()[:3]))
-        raise BudgetError(f"{path}: not a valid budget calibration ({why}); delete it and run `fugu-lite evaluate "
-                          f"--checkpoint {Path(checkpoint_dir)} --data <the training data>` to draw it again") from None
+        return BudgetCalibration.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError) as exc:
+        if isinstance(exc, ValidationError):
+            e = exc.errors()[0]
+            where = ".".join(str(x) for x in e["loc"])
+            why = "not valid JSON" if e["type"] == "json_invalid" else \
+                (f"{where}: " if where else "") + e["msg"].removeprefix("Value error, ")
+        else:
+            why = str(exc)
+        raise BudgetError(f"{path} cannot be used ({why}); {redraw_hint(checkpoint_dir)}") from None
+
+
+def usable_calibration(checkpoint_dir: str | Path, content_hash: str,
+                       worker_ids: list[str]) -> tuple[BudgetCalibration | None, str]:
+    """(the calibration beside a checkpoint, "") when it can serve these weights, else (None, why not)."""
+    try:
+        cal = load_calibration(checkpoint_dir)
+    except BudgetError as exc:
+        return None, str(exc)
+    path = Path(checkpoint_dir) / CALIBRATION_FILE
+    if cal is None:
+        return None, (f"no budget calibration beside {checkpoint_dir} ({CALIBRATION_FILE}): run `fugu-lite evaluate "
+                      f"--checkpoint {checkpoint_dir} --data <the training data>`, which chooses λ for a cap on its "
+                      "validation split (training data that records no cost per call has none: there is nothing to "
+                      "budget)")
+    if cal.checkpoint not in ("", content_hash):
+        return None, (f"{path} was drawn for checkpoint {cal.checkpoint[:40]}, not this one ({content_hash}); "
+                      f"{redraw_hint(checkpoint_dir)}")
+    if list(cal.worker_ids) != list(worker_ids):
+        return None, (f"{path} is for workers {cal.worker_ids[:8]}, and this checkpoint routes among {worker_ids[:8]}; "
+                      f"{redraw_hint(checkpoint_dir)}")
+    return cal, ""
 
 
 def route_curve(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int,
@@ -284,7 +343,7 @@ def route_curve(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int,
     """Each λ's mean expected cost (and SE), its share of the reference's mean expected cost, and
     (where labels are given: validation) the routes' mean quality."""
     n = len(q_hat)
-    base = float(c_hat[:, ref].mean()) or 1.0
+    base = float(c_hat[:, ref].mean()) or c_ref or 1.0  # a share of $0 does not exist: of its training mean
     out = []
     for lam in lambdas:
         r = np.argmax(budget_scores(q_hat, c_hat, lam, c_ref), axis=1)
@@ -316,11 +375,20 @@ def calibrate(q_hat_val: np.ndarray, val_prompts: list[str], val_domains: list[s
     record the λ curve on validation rows. No held-out (test) row enters. `q_served_val`: the saved
     head's own predictions on the validation rows when `q_hat_val` are out-of-fold ones; each λ's
     cost is then the higher of the two routings' (`costlier`)."""
-    if len(val_prompts) == 0:
-        raise BudgetError("no validation rows: the cap's λ is chosen on validation")
+    require_validation_rows(len(val_prompts))
     model = fit_expected_cost(train_prompts, train_domains, train_cost, worker_ids)
-    ref = int(np.argmax(np.nanmean(np.asarray(train_quality, dtype=np.float64), axis=0)))
-    c_ref = float(model.predict(train_prompts, train_domains)[:, ref].mean())
+    c_train = model.predict(train_prompts, train_domains).mean(axis=0)
+    if not (c_train > 0).any():
+        raise BudgetError("the training rows record no cost for any worker, so there is no expected cost to budget; "
+                          "train on rows that record what each call cost")
+    # the reference: the best training quality among workers that cost anything (a share of $0 means nothing)
+    quality = np.nanmean(np.asarray(train_quality, dtype=np.float64), axis=0)
+    paid = np.flatnonzero(c_train > 0)
+    strongest, ref = int(np.argmax(quality)), int(paid[np.argmax(quality[paid])])
+    note = "" if ref == strongest else (
+        f"{worker_ids[strongest]} (the best training quality) costs nothing on the training rows, so a share is of "
+        f"{worker_ids[ref]}'s cost, the strongest worker that costs anything")
+    c_ref = float(c_train[ref])
     c_val = model.predict(val_prompts, val_domains)
     curve = route_curve(q_hat_val, c_val, c_ref, ref, val_quality)
     if q_served_val is not None:
@@ -328,7 +396,15 @@ def calibrate(q_hat_val: np.ndarray, val_prompts: list[str], val_domains: list[s
         curve = costlier(oof, route_curve(q_served_val, c_val, c_ref, ref, val_quality))
     return BudgetCalibration(checkpoint=checkpoint, data_version=data_version, worker_ids=list(worker_ids),
                              reference_worker=worker_ids[ref], reference_cost_usd=c_ref, cost_model=model,
-                             n_val=len(val_prompts), val_reference_cost_usd=float(c_val[:, ref].mean()), curve=curve)
+                             n_val=len(val_prompts), val_reference_cost_usd=float(c_val[:, ref].mean()), curve=curve,
+                             reference_note=note)
+
+
+def require_validation_rows(n: int) -> None:
+    if n < 2:
+        raise BudgetError(f"the validation split has {n} row{'' if n == 1 else 's'}, and a cap's λ is chosen on "
+                          "validation with a margin of standard errors of its cost, which needs 2 rows or more; give "
+                          "the data more validation rows (a larger --val-fraction on import, or rows with split 'val')")
 
 
 def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> BudgetCalibration:
@@ -345,6 +421,7 @@ def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> B
         raise BudgetError(f"checkpoint workers {checkpoint.manifest.worker_ids} differ from the data's {data.worker_ids}")
     train, val = data.split("train"), data.split("val")
     require_quality_head(checkpoint.head, checkpoint.manifest.head_kind)
+    require_validation_rows(len(val.prompts))
     served = quality_of(checkpoint.head, val.features, val.domains, kind=checkpoint.manifest.head_kind)
     if q_val is None:
         q_val, served = served, None
@@ -355,35 +432,35 @@ def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> B
                      checkpoint=checkpoint.manifest.content_hash, data_version=data.data_version, q_served_val=served)
 
 
-def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.stderr), q_val=None):
+def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.stderr), q_val=None, *, strict: bool = False):
     """The budget calibration (λ curve on validation) of a checkpoint over `data`, when the head
     predicts quality and the data records cost; None otherwise (the reason logged). It is written
     beside the checkpoint (`budget.json`, what `route` and `serve` read) when `data` is the data the
-    checkpoint was trained on, or when there is none yet; other data (evaluating elsewhere) gets a
+    checkpoint was trained on, or when there is none yet (or it cannot be used); other data (evaluating elsewhere) gets a
     calibration for its report only, and the training one is kept. A `budget.json` already drawn
     on this data for this checkpoint is used as it is (`fugu-lite train` draws it on out-of-fold
     predictions, `q_val`, which the refitted head cannot reproduce). The command line and the
-    training assets both call it after saving a checkpoint."""
+    training assets both call it after saving a checkpoint. `strict` (a cap was asked for): BudgetError
+    with the reason instead of None."""
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
     ckpt = load_checkpoint(path)
     target = Path(path) / CALIBRATION_FILE
-    damaged = False
-    if q_val is None and target.exists():
-        try:
-            kept = load_calibration(path)
-        except BudgetError as exc:  # drawn again below, and replaces the damaged file
-            log(f"budget calibration: {exc}")
-            kept, damaged = None, True
-        if kept is not None and kept.checkpoint == ckpt.manifest.content_hash and kept.data_version == data.data_version:
+    kept, problem = usable_calibration(path, ckpt.manifest.content_hash, ckpt.manifest.worker_ids)
+    if target.exists() and kept is None:  # unreadable, or for other weights: drawn again below
+        log(f"budget calibration: {problem.split('; draw it again')[0]}; drawing it again")
+    if q_val is None and kept is not None:
+        if kept.checkpoint == ckpt.manifest.content_hash and kept.data_version == data.data_version:
             log(f"budget calibration: {target} (drawn on this data's {kept.n_val} validation rows)")
             return kept
     try:
         cal = calibrate_checkpoint(ckpt, data, q_val)
     except BudgetError as exc:
+        if strict:
+            raise
         log(f"budget mode: not available for this checkpoint ({str(exc).split(':')[0]})")
         return None
-    if ckpt.manifest.data_version == data.data_version or not target.exists() or damaged:
+    if ckpt.manifest.data_version == data.data_version or kept is None:
         cal.save(path)
         log(f"budget calibration: {target} (reference {cal.reference_worker}, {cal.n_val} validation rows)")
     else:

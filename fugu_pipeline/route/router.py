@@ -84,7 +84,7 @@ class Router:
     λ for the cap comes from its validation curve, and the expected cost from its training fit."""
 
     def __init__(self, checkpoint, encoder, *, encoder_override: str | None = None):
-        from fugu_pipeline.route.budget import CALIBRATION_FILE, BudgetError, load_calibration
+        from fugu_pipeline.route.budget import usable_calibration
 
         if checkpoint.manifest.head_kind.startswith("roles"):
             raise RouterError(f"{checkpoint.path} is a multi-turn coordinator ({checkpoint.manifest.head_kind}), not a "
@@ -94,21 +94,10 @@ class Router:
         self.encoder = encoder
         self.worker_ids: list[str] = list(checkpoint.manifest.worker_ids)
         self.path = str(checkpoint.path)
-        self.calibration_error: str | None = None  # why budget.json is not used, when it is damaged
-        try:
-            calibration = load_calibration(checkpoint.path)
-        except BudgetError as exc:  # plain routing does not read it: only budget mode is refused, saying why
-            calibration, self.calibration_error = None, str(exc)
-        if calibration is not None and calibration.checkpoint not in ("", checkpoint.manifest.content_hash):
-            calibration = None  # written for other weights
-        if calibration is not None and (calibration.worker_ids != self.worker_ids
-                                        or calibration.cost_model.worker_ids != self.worker_ids):
-            self.calibration_error = (
-                f"{Path(checkpoint.path) / CALIBRATION_FILE}: its worker_ids {calibration.cost_model.worker_ids} are not "
-                f"the checkpoint's {self.worker_ids} (in order): its costs would be charged to the wrong workers; "
-                f"delete it and run `fugu-lite evaluate --checkpoint {checkpoint.path} --data <the training data>`")
-            calibration = None
-        self.calibration = calibration
+        # None (and why) when there is none, it cannot be read, or it was drawn for other weights:
+        # only a budgeted route needs it, and is refused with that reason
+        self.calibration, self.calibration_problem = usable_calibration(
+            checkpoint.path, checkpoint.manifest.content_hash, self.worker_ids)
         self._lock = threading.Lock()
 
     @classmethod
@@ -176,13 +165,8 @@ class Router:
             require_quality_head(self.checkpoint.head, self.checkpoint.manifest.head_kind)
         except BudgetError as exc:
             raise BudgetUnavailable(str(exc)) from None
-        if self.calibration is None and self.calibration_error:
-            raise BudgetUnavailable(self.calibration_error)
         if self.calibration is None:
-            raise BudgetUnavailable(
-                f"no budget calibration beside {self.path} (budget.json): run `fugu-lite evaluate --checkpoint "
-                f"{self.path} --data <the training data>`, which chooses λ for a cap on its validation split "
-                "(training data that records no cost per call has none: there is nothing to budget)")
+            raise BudgetUnavailable(self.calibration_problem)
         try:
             return self.calibration.choose(budget)
         except BudgetError as exc:
@@ -259,6 +243,8 @@ class Router:
                                      "validation_share": round(point.val_share, 6),
                                      "expected_cost_usd": float(c_hat[k, order[0]]),
                                      "reference_worker": self.calibration.reference_worker,
+                                     **({"reference_note": self.calibration.reference_note}
+                                        if self.calibration.reference_note else {}),
                                      **({"note": point.note} if point.note else {})}
                 if allowed is not None and set(allowed) != set(self.worker_ids):
                     d.extra["budget"]["allowed_note"] = (

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -334,12 +335,32 @@ def parse_budget(raw) -> Budget | None:
         return None
     how = ('\'fugu_budget\' must be an object with exactly one of "usd_per_1k" (USD per 1,000 requests, > 0) and '
            '"share" (of the strongest worker\'s cost, > 0), and optionally "margin_z" (>= 0)')
-    if not isinstance(raw, dict) or set(raw) - _BUDGET_KEYS or not all(_is_num(v) for v in raw.values()):
+
+    def bad(what: str) -> APIError:  # the field and what is wrong with it first, then the shape
+        return APIError(400, f"{what}; {how}", param="fugu_budget", code="invalid_value")
+
+    if not isinstance(raw, dict):
         raise APIError(400, how, param="fugu_budget", code="invalid_value")
+    unknown = sorted(set(raw) - _BUDGET_KEYS)
+    if unknown:
+        raise bad(f"'fugu_budget.{unknown[0][:40]}' is not a budget field")
+    for k, v in raw.items():
+        if not _is_num(v):
+            raise bad(f"'fugu_budget.{k}' must be a finite number, got {_json_type(v)}")
     try:
         return Budget(**{k: float(v) for k, v in raw.items()})
-    except ValueError:
-        raise APIError(400, how, param="fugu_budget", code="invalid_value") from None
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        field = f"'fugu_budget.{e['loc'][0]}': " if e["loc"] else ""
+        raise bad(field + e["msg"].removeprefix("Value error, ")) from None
+
+
+def _json_type(v: Any) -> str:
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return f"{v!r:.40}"
+    return {str: "a string", dict: "an object", list: "a list", type(None): "null"}.get(type(v), type(v).__name__)
 
 
 def _message_text(m: dict) -> str:

@@ -282,17 +282,24 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
 
 def _check_folder(path: Path, manifest: Manifest) -> None:
     """A folder named like a content hash is `models/<method>/<content_hash>/` (save_checkpoint):
-    it must hold that checkpoint, filed under its method. Other folder names (a pack, a copy) are
-    not checked."""
+    it must hold that checkpoint and, inside a folder named like a method of this product, be filed
+    under its own method. Other folder names (a pack, a copy elsewhere) are not checked."""
     if not _HASH_RE.match(path.name) or not manifest.content_hash:
         return
     if path.name != manifest.content_hash:
         raise CheckpointError(f"{path}: the folder is named for checkpoint {path.name} but its manifest's content_hash "
                               f"is {manifest.content_hash} (files swapped or copied over); restore the folder, or move "
                               f"these files to {path.parent / manifest.content_hash}")
-    if path.parent.name != manifest.method:
+    if path.parent.name != manifest.method and path.parent.name in _method_folders():
         raise CheckpointError(f"{path}: filed under {path.parent.name}/ but its manifest's method is "
                               f"{manifest.method!r}; move it to {path.parent.parent / manifest.method / path.name}")
+
+
+def _method_folders() -> set[str]:
+    """The folder names this product files checkpoints under: the trainers' methods and the heads' kinds."""
+    from fugu_pipeline.train.heads import HEADS
+
+    return {"sft", "rl", "es", "roles", *HEADS}
 
 
 def _one_line(exc: ValidationError) -> str:
