@@ -292,6 +292,15 @@ def test_a_checkpoint_filed_under_another_method_is_refused(models):
     _refused(moved, "sft", "method", "knn")
 
 
+def test_a_hash_named_copy_outside_a_method_folder_still_loads(models, tmp_path):
+    """A user's copy keeps its hash-named folder (`/tmp/mine/<hash>/`): only a folder named like one
+    of this product's methods claims what is filed in it."""
+    a = _ckpt(models, "knn")
+    dst = tmp_path / "mine" / a.name
+    shutil.copytree(a, dst)
+    assert load_checkpoint(dst, expected_contract=CONTRACT).manifest.head_kind == "knn"
+
+
 def test_a_checkpoint_in_a_folder_of_any_other_name_still_loads(models, tmp_path):
     """A pack folder (`submission/`) or any copy not named by a hash is a checkpoint too."""
     dst = tmp_path / "submission"
