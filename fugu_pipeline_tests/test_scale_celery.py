@@ -5,6 +5,7 @@ the matrix complete; the broker down fails a run in one line naming it. FUGU_SER
 from __future__ import annotations
 
 import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 import os
 import time
 
@@ -44,6 +45,22 @@ def _run_partition(args: tuple[str, str, str]) -> tuple[str, str, str]:
         run = instance.get_runs(limit=1)[0]
         return run.run_id, run.status.value, exc.description or str(exc)
     return result.run_id, "SUCCESS" if result.success else "FAILURE", ""
+
+
+def _in_spawned_processes(jobs: list[tuple[str, str, str]], timeout_s: float) -> list[tuple[str, str, str]]:
+    """`_run_partition` of each job, each in its own spawned process, within `timeout_s`.
+    concurrent.futures, not multiprocessing.Pool: Pool's terminate on leaving `with` races its own
+    maintenance thread, which can start a replacement worker that terminate then joins for ever
+    (a CI run hung here after every run had succeeded)."""
+    ex = ProcessPoolExecutor(max_workers=len(jobs), mp_context=multiprocessing.get_context("spawn"))
+    try:
+        return list(ex.map(_run_partition, jobs, timeout=timeout_s))
+    except BaseException:
+        for proc in list(getattr(ex, "_processes", {}).values()):  # a hung run must not hang the test too
+            proc.kill()
+        raise
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
 
 
 def _celery_worker_of(instance: dg.DagsterInstance, run_id: str) -> str | None:
@@ -92,8 +109,7 @@ def test_celery_workers_share_a_batch(redis, tmp_path, monkeypatch):
         wait_for(lambda: all("ready" in w.log.read_text(errors="replace") for w in workers), 90, what="both Celery workers ready")
         t0 = time.monotonic()
         jobs = [(str(project), b, w) for b in expected for w in WORKER_IDS]
-        with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
-            results = pool.map_async(_run_partition, jobs).get(timeout=600)
+        results = _in_spawned_processes(jobs, timeout_s=600)
         seconds = time.monotonic() - t0
         by_worker: dict[str, int] = {}
         for run_id, _, _ in results:
@@ -103,9 +119,7 @@ def test_celery_workers_share_a_batch(redis, tmp_path, monkeypatch):
         # the broker down: the run fails at once, naming the broker and the variable
         redis.stop()
         t1 = time.monotonic()
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            down_run, down_status, down_message = pool.map_async(
-                _run_partition, [(str(project), "c1", WORKER_IDS[0])]).get(timeout=300)[0]
+        [(down_run, down_status, down_message)] = _in_spawned_processes([(str(project), "c1", WORKER_IDS[0])], timeout_s=300)
         down_s = time.monotonic() - t1
         redis.start()
     finally:
