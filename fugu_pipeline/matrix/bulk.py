@@ -24,11 +24,12 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import get_args
 
 import duckdb
 import numpy as np
 
-from fugu_pipeline.collect.records import MAX_AMOUNT, MAX_COUNT
+from fugu_pipeline.collect.records import MAX_AMOUNT, MAX_COUNT, CostSource
 from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, _insert, building, finish, insert_workers, wide_columns
 from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.reward import UtilityConfig
@@ -58,7 +59,7 @@ def _sound_record() -> str:
               f"AND TRY_CAST(j_{c} AS BIGINT) BETWEEN 0 AND {MAX_COUNT}))" for c in _COUNTS]
     tests += ["(quality IS NULL OR quality BETWEEN 0 AND 1)", "status IN ('ok', 'failed')",
               "(status = 'failed' OR quality IS NOT NULL)",
-              "(cost_source IS NULL OR cost_source IN ('usage', 'catalog', 'configured', 'mock', 'none'))"]
+              f"(cost_source IS NULL OR cost_source IN {tuple(get_args(CostSource))!r})"]
     tests += [f"(coalesce({c}, 0) BETWEEN 0 AND {MAX_AMOUNT!r})" for c in ("cost_usd", "judge_cost_usd", "latency_s", "ttft_s")]
     tests += ["worker_id = part_worker", "batch = part_batch"]  # a record of another partition is damage
     return " AND ".join(tests)

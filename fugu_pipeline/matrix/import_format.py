@@ -21,6 +21,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fugu_pipeline.collect.records import MAX_AMOUNT
 from fugu_pipeline.tasks.loading import TaskFileError
 from fugu_pipeline.tasks.schema import Split
 from fugu_pipeline.workers.config import IMPORT_WORKER_ID_PATTERN, MATRIX_FIXED_COLUMNS
@@ -71,9 +72,10 @@ def check_worker_set(worker_ids: list[str]) -> list[str]:
     return worker_ids
 
 
-# The largest magnitude a reward, cost or latency may have: training squares rewards (1e308 overflowed
-# to non-finite weights, reported without its cause), and no real call costs a million dollars.
-VALUE_LIMIT = 1e6
+# The largest magnitude a reward, cost or latency may have, the bound a collected call record has
+# too: training squares rewards (1e308 overflowed to non-finite weights, reported without its
+# cause), and no real call costs a million dollars.
+VALUE_LIMIT = MAX_AMOUNT
 
 
 class RewardRow(BaseModel):
