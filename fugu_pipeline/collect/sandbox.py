@@ -39,6 +39,7 @@ Reason = Literal["passed", "failed", "timeout", "memory", "crashed", "killed", "
 CHILD_SCRIPT = Path(__file__).with_name("sandbox_child.py")
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 _RESULT_CAP = 4096
+SETUP_LIMIT_S = 60.0  # the child's own start and isolation; the code's wall clock starts after
 _UID_RANGE = (1_000_000_000, 2_000_000_000)  # fresh uids: no user owns files or processes there
 DEFAULT_HIDDEN = ("/work", "/home", "/root", "/mnt", "/media", "/srv", "/opt", "/data")
 # A source checkout (wherever it was cloned: CI clones outside /work) is hidden as well; an
@@ -49,7 +50,9 @@ _CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHON
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one run. `cpu_s` defaults to `timeout_s`."""
+    """Resource limits of one run. `timeout_s` is the wall clock of the untrusted code and its
+    tests: it starts once the sandbox is set up (SETUP_LIMIT_S bounds that part, and running past
+    it is an `error`, not the code's timeout). `cpu_s` defaults to `timeout_s`."""
 
     timeout_s: float = 10.0
     cpu_s: float | None = None
@@ -136,11 +139,14 @@ def _exited(pid: int) -> bool:
 
 
 def _pump(
-    proc: subprocess.Popen, result_fd: int, limits: Limits, deadline: float, uid: int | None
-) -> tuple[bool, _Tail, _Tail, bytes]:
+    proc: subprocess.Popen, result_fd: int, limits: Limits, uid: int | None
+) -> tuple[str | None, _Tail, _Tail, bytes]:
     """Read stdout, stderr and the result pipe until the child exits (then kill what it left
-    behind and drain for at most a second) or the deadline passes. Returns (timed_out, stdout,
-    stderr, result bytes). Never holds more than the caps."""
+    behind and drain for at most a second) or a deadline passes. The wall clock of
+    `limits.timeout_s` starts when the child reports its isolation set up (the result pipe's first
+    line): a host under load, where starting Python and creating namespaces can take seconds, does
+    not spend the answer's time. Until then the deadline is SETUP_LIMIT_S. Returns (which deadline
+    passed: None | "setup" | "run", stdout, stderr, result bytes). Never holds more than the caps."""
     out, err, res = _Tail(limits.max_output_bytes), _Tail(limits.max_output_bytes), bytearray()
     sinks: dict[int, Callable[[bytes], None]] = {
         proc.stdout.fileno(): out.add,  # type: ignore[union-attr]
@@ -154,17 +160,20 @@ def _pump(
     pidfd = os.pidfd_open(proc.pid) if hasattr(os, "pidfd_open") else None
     if pidfd is not None:
         sel.register(pidfd, selectors.EVENT_READ)
-    timed_out, exited_at = False, None
+    timed_out: str | None = None
+    exited_at, phase, deadline = None, "setup", time.monotonic() + SETUP_LIMIT_S
     try:
         while sinks:
             now = time.monotonic()
+            if phase == "setup" and b"\n" in res:
+                phase, deadline = "run", now + limits.timeout_s
             if exited_at is None and _exited(proc.pid):
                 exited_at = now
                 _kill_all(proc.pid, uid)  # descendants die with it; then drain the pipes
             if exited_at is not None and now - exited_at > 1.0:
                 break
             if exited_at is None and now >= deadline:
-                timed_out = True
+                timed_out = phase
                 break
             for key, _ in sel.select(timeout=min(0.05, max(0.0, deadline - now))):
                 if key.fd == pidfd:
@@ -187,11 +196,13 @@ def _pump(
 
 
 def _classify(
-    timed_out: bool, status: int, cpu_s: float, limits: Limits, result: bytes, stderr: str
+    timed_out: str | None, status: int, cpu_s: float, limits: Limits, result: bytes, stderr: str
 ) -> tuple[Reason, str]:
     first_line = result.partition(b"\n")[0]
     if first_line.startswith(b"ERR "):
         return "error", first_line[4:].decode("utf-8", "replace")
+    if timed_out == "setup":
+        return "error", f"the sandbox did not finish setting up within {SETUP_LIMIT_S:g}s (nothing untrusted ran)"
     if timed_out:
         return "timeout", f"wall clock limit {limits.timeout_s:g}s"
     if os.WIFSIGNALED(status):
@@ -267,8 +278,7 @@ def _run(code: str, test: str, limits: Limits, python: str, start: float) -> San
             proc.stdin.close()  # type: ignore[union-attr]
         except BrokenPipeError:
             pass
-        deadline = time.monotonic() + limits.timeout_s
-        timed_out, out, err, result = _pump(proc, read_end, limits, deadline, uid)
+        timed_out, out, err, result = _pump(proc, read_end, limits, uid)
         _kill_all(proc.pid, uid)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
