@@ -38,17 +38,21 @@ def _dump(db: Path) -> dict:
         con.close()
 
 
-def _both(project: Path, cfg) -> tuple[dict, dict]:
+def _both(project: Path, cfg, summary: dict | None = None) -> tuple[dict, dict]:
     store = ResponseStore(project / "data" / "responses")
     row_db, bulk_db = project / "data" / "rows.duckdb", project / "data" / "bulk.duckdb"
     build(from_collection(project / "data" / "benchgen", store, cfg), row_db)
-    build_collection(project / "data" / "benchgen", project / "data" / "responses", cfg, bulk_db)
+    got = build_collection(project / "data" / "benchgen", project / "data" / "responses", cfg, bulk_db)
+    if summary is not None:
+        summary.update(got)
     return _dump(row_db), _dump(bulk_db)
 
 
 def test_bulk_build_equals_the_row_build_on_the_sample(project):
     cfg, tasks, _ = collect_all(project)
-    rows, bulk = _both(project, cfg)
+    summary: dict = {}
+    rows, bulk = _both(project, cfg, summary)
+    assert (summary["skipped_lines"], summary["skipped_where"]) == (0, "")
     for name in TABLES:
         assert rows[name] == bulk[name], name
     meta = dict(bulk["meta"][1])
@@ -73,7 +77,13 @@ def test_bulk_build_keeps_the_readers_rules_on_damaged_files(project):
     (rdir / "retired-worker.jsonl").write_text(lines[0] + "\n")  # not in the config: never read
     recs = ResponseStore(project / "data" / "responses").read("sample", "math-expert")
     assert recs.n_skipped == 3 and recs.torn_last_line
-    rows, bulk = _both(project, cfg)
+    summary: dict = {}
+    rows, bulk = _both(project, cfg, summary)
+    # counted and numbered as the collection run numbers them (a note made a stop ago said the bulk
+    # build skipped them silently)
+    n = len(body)
+    assert summary["skipped_lines"] == 3 and summary["skipped_where"] == recs.skipped_note()
+    assert f"line {n - 2}, {n - 1}, {n + 1}" in summary["skipped_where"] and "torn last line" in summary["skipped_where"]
     for name in TABLES:
         assert rows[name] == bulk[name], name
     assert len(bulk["rewards"][1]) == len(tasks) * 3 - 1  # the stale cell is missing, as in the row build
@@ -90,3 +100,14 @@ def test_bulk_build_with_no_responses_yet(project, n_workers):
     rows, bulk = _both(project, cfg)
     for name in TABLES:
         assert rows[name] == bulk[name], name
+
+
+def test_blank_lines_are_not_counted_as_skipped(project):
+    cfg, _, _ = collect_all(project)
+    math = project / "data" / "responses" / "sample" / "math-expert.jsonl"
+    lines = math.read_text().splitlines()
+    math.write_text("\n".join([lines[0], "", "   ", *lines[1:]]) + "\n\n")
+    summary: dict = {}
+    rows, bulk = _both(project, cfg, summary)
+    assert (summary["skipped_lines"], summary["skipped_where"]) == (0, "")
+    assert rows == bulk

@@ -250,6 +250,8 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
             bad_batches: list[TaskFileError] = []
             summary = build_collection(paths.benchgen, paths.responses, workers_config, paths.reward_db, weights_from, timings,
                                        refused=bad_batches)
+            if summary["skipped_where"]:  # the cells of those lines are missing (collected again next run)
+                context.log.warning(f"response lines skipped: {summary['skipped_where']}")
             for exc in bad_batches:  # each left out whole; the matrix holds the other batches
                 context.log.warning(f"batch file left out of the matrix: {exc}")
             refused = [*refused, *bad_batches]

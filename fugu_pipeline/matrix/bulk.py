@@ -10,6 +10,9 @@ the same `data_version` (a test compares them on the sample data and on damaged 
   type, a status other than ok/failed, a number out of its range: NaN, a negative cost, a quality
   above 1; or the record of another worker or batch than its file's), is skipped, as
   `ResponseStore.read` skips it (`records.py` holds the rules; `_sound_record` is them in SQL);
+- skipped lines are counted and named by file and line number, as the collection run names them
+  (`PartitionRecords.skipped_note`): the build counts each file's lines (a byte scan) and, only for
+  a file where they differ from the records it kept, has the store's reader find which lines;
 - only files of configured workers and of batches with a batch file are read;
 - utility is computed with numpy from the same formula, in the same operation order, as
   `UtilityConfig.utility`, so every float is bit-identical;
@@ -30,6 +33,7 @@ import duckdb
 import numpy as np
 
 from fugu_pipeline.collect.records import MAX_AMOUNT, MAX_COUNT, CostSource
+from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, _insert, building, finish, insert_workers, wide_columns
 from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.reward import UtilityConfig
@@ -139,6 +143,34 @@ def partition_files(responses_dir: Path, batches: list[str], worker_ids: list[st
     return out
 
 
+def line_count(path: str) -> int:
+    """The lines of a file as the store's reader splits them: a last line without a newline (torn)
+    counts. Blank lines count too, so a file holding one reads as differing (then checked line by line)."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+def skipped_lines(con, files: list[tuple[str, str, str]], responses_dir: Path) -> tuple[int, list[str]]:
+    """(lines skipped in all, one note per file that had any) for the records in `raw`: a file
+    whose line count equals its sound records has none; any other is read by the store's reader,
+    which numbers the lines it skips (its rules are the ones `_sound_record` writes in SQL)."""
+    kept = dict(con.execute("SELECT filename, count(*) FROM raw WHERE sound GROUP BY filename").fetchall())
+    store, total, notes = ResponseStore(responses_dir), 0, []
+    for path, batch, worker in files:
+        if kept.get(path, 0) == line_count(path):
+            continue
+        records = store.read(batch, worker)
+        note = records.skipped_note()
+        if note:
+            total += records.n_skipped
+            notes.append(note)
+    return total, notes
+
+
 def _load_records(con, files: list[tuple[str, str, str]]) -> None:
     """`LOAD_RECORDS` over `files`; a line longer than `FIRST_OBJECT_BYTES` (which read_json fails
     on rather than skipping) is read on a second pass whose limit is the largest file's size."""
@@ -165,7 +197,9 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
                      log: Callable[[str], None] | None = None, refused: list | None = None) -> dict:
     """The collected matrix, built in bulk. Returns the summary `build` returns; `timings`, when
     given, receives the seconds of each phase. `refused` (a list): bad batch files are left out and
-    listed there instead of failing the build (`load_all_batches`)."""
+    listed there instead of failing the build (`load_all_batches`). The summary's `skipped_lines`
+    counts the response-file lines that were not records of their partition, and `skipped_where`
+    names them (file, line numbers, torn or damaged; empty when none were); `log` gets each note."""
     t = timings if timings is not None else {}
     mark = time.perf_counter()
 
@@ -182,6 +216,7 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
     batches = load_all_batches(benchgen_dir, refused)  # validated: a bad line fails its batch, as everywhere
     lap("read and validate tasks")
     files = partition_files(responses_dir, sorted({b for b, _ in batches}), [w for w, _, _ in workers])
+    n_skipped, notes = 0, []
     with building(db_path) as con:
         # a bounded build: past this DuckDB spills to disk (beside the database) instead of growing
         limit = os.environ.get("FUGU_MATRIX_MEMORY_LIMIT", "3GB")
@@ -204,6 +239,11 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
             con.execute(PARTITIONS, [[f for f, _, _ in files], [b for _, b, _ in files], [w for _, _, w in files]])
             _load_records(con, files)
             lap("read_json over the response files")
+            n_skipped, notes = skipped_lines(con, files, responses_dir)
+            for note in notes:
+                if log:
+                    log(note)
+            lap("count skipped lines")
             con.execute(INSERT_RESPONSES)
             con.execute("DROP TABLE raw")
             lap("latest record per cell, prompt-hash check")
@@ -221,6 +261,8 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
         lap("reward_wide, data_version, meta")
     lap("checkpoint and rename")
     summary["files_read"] = len(files)
+    summary["skipped_lines"] = n_skipped
+    summary["skipped_where"] = "; ".join(notes)
     return summary
 
 
