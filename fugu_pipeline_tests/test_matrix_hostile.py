@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -192,6 +197,33 @@ def test_a_bad_matrix_memory_limit_is_one_clear_error(tiny, monkeypatch):
     with pytest.raises(RewardMatrixError, match="FUGU_MATRIX_MEMORY_LIMIT"):
         build_collection(root / "data" / "benchgen", root / "data" / "responses", cfg, db)
     assert not db.exists() and not list(db.parent.glob("*.tmp-*"))
+
+
+def test_the_next_build_removes_what_a_killed_build_left(tiny):
+    # A build killed mid-way (SIGKILL: no cleanup ran) used to leave its half-built database beside
+    # the matrix for ever; the next build removes it, and leaves a running build's file alone.
+    root, cfg, tasks, store = tiny
+    db = root / "data" / "reward_matrix.duckdb"
+    code = (
+        "import os, signal, sys\nfrom pathlib import Path\nfrom fugu_pipeline.matrix.build import building\n"
+        "with building(Path(sys.argv[1])) as con:\n"
+        "    con.execute('CREATE TABLE filler AS SELECT range AS x FROM range(100000)')\n"
+        "    con.execute('CHECKPOINT')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    left = list(db.parent.glob("reward_matrix.duckdb.tmp-*"))
+    assert left, "the killed build left nothing: this test no longer tests the clean-up"
+    running = db.with_name(f"{db.name}.tmp-{socket.gethostname()}-{os.getppid()}")  # a live process
+    other_host = db.with_name(f"{db.name}.tmp-some-other-host-1")
+    for p in (running, other_host):
+        p.write_bytes(b"in progress")
+    build_collection(root / "data" / "benchgen", root / "data" / "responses", cfg, db)
+    assert not any(p.exists() for p in left)
+    assert running.exists() and other_host.exists()
+    assert sorted(p.name for p in db.parent.glob("reward_matrix.duckdb*")) == sorted(
+        ["reward_matrix.duckdb", running.name, other_host.name])
 
 
 # --------------------------------------------------------------------------- the DuckDB file

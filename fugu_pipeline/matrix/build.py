@@ -10,7 +10,8 @@ Tables
 - `meta(key, value)` — source, utility weights, data version
 
 A build writes a new database file beside the old one and renames it into place, so readers
-never see a half-built matrix and a crash leaves the previous matrix intact.
+never see a half-built matrix and a crash leaves the previous matrix intact; the next build on the
+same host removes the half-built file a killed build left (`.tmp-<host>-<pid>`, its process gone).
 
 No SQL text is ever built from data. Values go in as bound parameters or Arrow tables; the
 worker ids that name `reward_wide`'s columns go in as the column names of an Arrow table (the
@@ -23,8 +24,10 @@ The only identifiers interpolated into SQL here are this module's own table and 
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -193,12 +196,37 @@ def build(inp: MatrixInput, db_path: Path) -> dict:
         return finish(con, inp.workers, inp.source, u, inp.utility_source)
 
 
+_HOST = socket.gethostname().replace("/", "_")
+
+
+def _remove_abandoned_builds(db_path: Path) -> list[Path]:
+    """Delete the half-built databases beside `db_path` that a killed build of this host left (its
+    process is gone); a build still running, or one of another host sharing the folder, is kept."""
+    removed = []
+    prefix = f"{db_path.name}.tmp-{_HOST}-"
+    for p in db_path.parent.glob(f"{glob.escape(db_path.name)}.tmp-*"):
+        pid = p.name[len(prefix):].removesuffix(".wal")
+        if not p.name.startswith(prefix) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive (or reused by another process: left for a later build)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue  # alive under another user
+        p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
 @contextmanager
 def building(db_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     """A new database beside `db_path` with the schema; renamed over it when the block succeeds
     (readers see the old matrix or the new one), removed when it fails."""
     db_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = db_path.with_name(db_path.name + f".tmp-{os.getpid()}")
+    _remove_abandoned_builds(db_path)
+    tmp = db_path.with_name(f"{db_path.name}.tmp-{_HOST}-{os.getpid()}")
     wal = Path(str(tmp) + ".wal")
     for p in (tmp, wal):
         p.unlink(missing_ok=True)
