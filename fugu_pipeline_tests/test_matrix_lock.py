@@ -2,6 +2,7 @@
 line opens by default) in a second, real process: the checks and the steps that read the matrix
 say so in one line and go on from a snapshot copy."""
 
+import os
 import subprocess
 import sys
 import threading
@@ -73,3 +74,20 @@ def test_a_lock_released_within_the_wait_is_simply_waited_for(small_project, hol
     t0 = time.monotonic()
     assert len(read_arrays(db).task_ids) == 30
     assert 0.5 < time.monotonic() - t0 < 30
+
+
+def test_the_main_job_says_a_failed_step_in_one_line_and_each_warning_in_one(small_project):
+    # It printed Dagster's step-failure event and the exception, two stacks of ~60 lines, for an
+    # error the asset had already put in one line.
+    (small_project / "data" / "responses" / "sample" / "code-expert.jsonl").open("a").write("not json\n")
+    env = {**os.environ, "FUGU_MATRIX_MEMORY_LIMIT": "lots"}
+    out = subprocess.run([str(REPO / ".venv" / "bin" / "fugu-lite"), "pipeline", "--encoder", "tiny", "--project-dir",
+                          str(small_project)], cwd=small_project, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 1, out.stderr[-3000:]
+    err = [line for line in out.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in out.stderr and "Stack Trace" not in out.stderr, out.stderr[-3000:]
+    assert err[-1].startswith("error: reward_matrix failed: FUGU_MATRIX_MEMORY_LIMIT='lots' is not a memory size")
+    assert err[-1].endswith("run `fugu-lite pipeline` again: it goes on from here")
+    warned = [line for line in err if line.startswith("  warning (responses): ")]
+    assert len(warned) == 1 and "code-expert.jsonl: skipped 1 unreadable line(s) (line 31)" in warned[0], err
+    assert "responses[sample|code-expert]" in out.stdout and "reward_matrix " not in out.stdout

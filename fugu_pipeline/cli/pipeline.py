@@ -36,7 +36,7 @@ def cmd_pipeline(args) -> int:
     warnings.filterwarnings("ignore", category=BetaWarning)
     warnings.filterwarnings("ignore", category=PreviewWarning)
     from fugu_pipeline.defs.deploy import InstanceUnavailable
-    from fugu_pipeline.defs.runner import BlockingCheckFailed, run_pipeline
+    from fugu_pipeline.defs.runner import BlockingCheckFailed, StepFailed, run_pipeline
 
     project = Path(args.project_dir).resolve()
     if not project.is_dir():
@@ -54,6 +54,9 @@ def cmd_pipeline(args) -> int:
         return 2
     except BlockingCheckFailed as exc:
         print(f"stopped: {exc}", file=sys.stderr)
+        return 1
+    except StepFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     rm = results.get("reward_matrix", {})
     if rm:

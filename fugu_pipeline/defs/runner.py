@@ -4,7 +4,9 @@ persistent instance (so the runs show up in `dagster dev` afterwards and every s
 Used by `fugu-lite pipeline`. Each step is the same asset the UI materializes.
 """
 
+import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,36 @@ from fugu_pipeline.tasks.loading import scan_batch_files
 
 class BlockingCheckFailed(RuntimeError):
     """A blocking check on the reward matrix failed: nothing is trained on it."""
+
+
+class StepFailed(RuntimeError):
+    """A step stopped with an error its asset explains (`dg.Failure`): said in one line."""
+
+
+class _AssetLogLine(logging.Formatter):
+    """One line per message an asset logs: `  warning (reward_matrix): ...`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        meta = getattr(record, "dagster_meta", None) or {}
+        where = meta.get("step_key") or meta.get("job_name") or "dagster"
+        return f"  {record.levelname.lower()} ({where}): {meta.get('orig_message', record.getMessage())}"
+
+
+def _from_an_asset(record: logging.LogRecord) -> bool:
+    """Messages the assets log; Dagster's own events (a step's failure with its stack) are left to
+    the run's event log, and a failure is printed by the CLI in one line."""
+    meta = getattr(record, "dagster_meta", None) or {}
+    return meta.get("dagster_event") is None
+
+
+@dg.logger(description="fugu-lite pipeline's console: each warning an asset logs, in one line")
+def cli_console(init_context: dg.InitLoggerContext) -> logging.Logger:
+    log = logging.Logger("fugu-lite pipeline", level=logging.WARNING)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_AssetLogLine())
+    handler.addFilter(_from_an_asset)
+    log.addHandler(handler)
+    return log
 
 
 def project_instance(project_dir: Path, echo: Callable[[str], None] = print) -> dg.DagsterInstance:
@@ -67,24 +99,28 @@ def run_pipeline(
     missing = [b for b in batches if b not in have]
     if missing:
         instance.add_dynamic_partitions(task_batches.name, missing)
-    job = defs.resolve_implicit_global_asset_job_def()
+    # the same job the UI runs; only its console differs (the UI's run log keeps every event and stack)
+    job = defs.resolve_implicit_global_asset_job_def().with_logger_defs({"console": cli_console})
     results: dict = {}
 
     def step(key: str, partition_key=None) -> None:
         t0 = time.monotonic()
+        label = f"{key}[{partition_key}]" if partition_key else key
         try:
             res = job.execute_in_process(
                 instance=instance,
                 asset_selection=[dg.AssetKey(key)],
                 partition_key=partition_key,
                 tags={"fugu/launched_by": "fugu-lite pipeline"},
-                run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}},
+                run_config={"loggers": {"console": {}},
                             **({"ops": {key: {"config": asset_config[key]}}} if key in (asset_config or {}) else {})},
                 raise_on_error=True,
             )
         except DagsterAssetCheckFailedError:
             raise BlockingCheckFailed(_blocking_failures(instance, key)) from None
-        label = f"{key}[{partition_key}]" if partition_key else key
+        except dg.Failure as exc:  # the asset's own words; anything else is a bug and keeps its stack
+            raise StepFailed(f"{label} failed: {exc.description}. The steps before it are kept; put this right and run "
+                             "`fugu-lite pipeline` again: it goes on from here") from None
         mats = res.get_asset_materialization_events()
         meta = mats[-1].materialization.metadata if mats else {}
         results[label] = {k: getattr(v, "value", v) for k, v in meta.items()}
