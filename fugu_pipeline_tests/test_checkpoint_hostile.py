@@ -510,3 +510,40 @@ def test_a_pointer_that_links_to_a_device_is_refused_without_reading_it(models):
     (models / "promoted").mkdir()
     (models / "promoted" / "current.json").symlink_to("/dev/zero")
     _promoted_error(models, "not a regular file")
+
+
+# --------------------------------------------------------------------------- stop 25
+
+
+def test_a_fractional_whole_number_parameter_is_refused_not_truncated(models):
+    # k 2.5 loaded as a head with k 2, a different head than any that was saved
+    path = _edit_manifest(_ckpt(models), lambda m: m["head_params"].update(k=2.5))
+    _refused(path, "head_params.k is 2.5", "whole number")
+    path = _edit_manifest(_ckpt(models), lambda m: m["head_params"].update(k=True))
+    _refused(path, "head_params.k is True")
+    path = _edit_manifest(_ckpt(models), lambda m: m["head_params"].update(k=5.0))  # JSON's 5.0 is 5
+    assert load_checkpoint(path, expected_contract=CONTRACT).head.k == 5
+
+
+@pytest.mark.parametrize("version, words", [(2, ("format_version 2", "newer fugu_pipeline", "upgrade")),
+                                            (0, ("format_version 0", "not a checkpoint format"))])
+def test_a_checkpoint_format_this_code_does_not_read_is_refused(models, version, words):
+    path = _edit_manifest(_ckpt(models), lambda m: m.update(format_version=version))
+    _refused(path, MANIFEST_FILE, *words)
+
+
+def test_a_weights_file_larger_than_its_tensors_is_refused_unread(models, monkeypatch):
+    path = _ckpt(models)
+    with (path / WEIGHTS_FILE).open("ab") as fh:  # a sparse 3 GB tail: nothing is written to disk
+        fh.truncate(3 * 2**30)
+    read = []
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read.append(self) or b"")
+    msg = _refused(path, WEIGHTS_FILE, "3,221,225,472 bytes", "more than the manifest's tensors can take")
+    assert not read, msg
+
+
+def test_a_huge_manifest_is_refused_unread(models):
+    path = _ckpt(models)
+    with (path / MANIFEST_FILE).open("ab") as fh:
+        fh.truncate(65 * 2**20)
+    _refused(path, MANIFEST_FILE, "more than a manifest can take")

@@ -31,7 +31,7 @@ from fugu_pipeline.evaluate.gates import (
     routing_map,
 )
 from fugu_pipeline.features.contract import FeatureContract
-from fugu_pipeline.train.checkpoints import MANIFEST_FILE, WEIGHTS_FILE, Manifest
+from fugu_pipeline.train.checkpoints import MANIFEST_FILE, MAX_MANIFEST_BYTES, WEIGHTS_FILE, Manifest, read_capped, weights_limit
 from fugu_pipeline.train.exchange import (
     CONTRACT_FILE,
     PACK_FILES,
@@ -139,7 +139,7 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
     if MANIFEST_FILE in missing or WEIGHTS_FILE in missing:
         return PreflightResult(False, gates, submitter or EXTERNAL_SUBMITTER)
     try:
-        manifest = Manifest.model_validate_json((pack / MANIFEST_FILE).read_text(encoding="utf-8"))
+        manifest = Manifest.model_validate_json(read_capped(pack / MANIFEST_FILE, MAX_MANIFEST_BYTES, "a manifest"))
     except (OSError, ValueError) as exc:
         gates.append(GateResult("manifest", False, f"not a valid checkpoint manifest: {str(exc)[:300]}"))
         return PreflightResult(False, gates, submitter or EXTERNAL_SUBMITTER)
@@ -148,7 +148,11 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
     else:
         gates.append(GateResult("manifest", True, f"{manifest.method} {manifest.head_kind}, {manifest.param_count:,} params"))
 
-    weights = (pack / WEIGHTS_FILE).read_bytes()
+    try:
+        weights = read_capped(pack / WEIGHTS_FILE, weights_limit(manifest.tensors), "the manifest's tensors")
+    except (OSError, ValueError) as exc:
+        gates.append(GateResult("weights", False, str(exc)[:300]))
+        return PreflightResult(False, gates, submitter or EXTERNAL_SUBMITTER)
     problems = weight_gate(pack)
     gates.append(GateResult("weights", not problems, "; ".join(problems) if problems else "shape, finite, not all zero"))
 

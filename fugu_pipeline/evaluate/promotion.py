@@ -56,11 +56,15 @@ from fugu_pipeline.evaluate.reports import (
 )
 from fugu_pipeline.train.checkpoints import (
     MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
     WEIGHTS_FILE,
     CheckpointError,
+    CheckpointFileError,
     Manifest,
     load_checkpoint,
+    read_capped,
     weight_sanity,
+    weights_limit,
 )
 from fugu_pipeline.evaluate.promotion_record import (  # noqa: F401 - append_history, apply: this module's API too
     _now,
@@ -298,11 +302,16 @@ def weight_gate(path: str | Path) -> list[str]:
     path = Path(path)
     path = path.parent if path.is_file() else path
     try:
-        manifest = Manifest.model_validate_json((path / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValidationError, UnicodeDecodeError):
+        manifest = Manifest.model_validate_json(read_capped(path / MANIFEST_FILE, MAX_MANIFEST_BYTES, "a manifest"))
+    except (OSError, ValidationError, UnicodeDecodeError, CheckpointFileError):
         return []
     try:
-        raw = (path / WEIGHTS_FILE).read_bytes()
+        raw = read_capped(path / WEIGHTS_FILE, weights_limit(manifest.tensors), "the manifest's tensors")
+    except CheckpointFileError as exc:
+        return [str(exc)]
+    except OSError as exc:
+        return [f"{WEIGHTS_FILE} cannot be read ({exc.strerror or exc})"]
+    try:
         tensors = st_load(raw)
     except Exception as exc:  # safetensors raises its own error types
         return [f"{WEIGHTS_FILE} is not a readable safetensors file: {exc}"]

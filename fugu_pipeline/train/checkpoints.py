@@ -21,6 +21,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -43,6 +44,51 @@ _HASH_RE = re.compile(r"^[0-9a-f]{16}$")
 _WORKER_ID = re.compile(IMPORT_WORKER_ID_PATTERN)
 
 
+FORMAT_VERSION = 1  # the checkpoint layout this code writes and reads
+MAX_MANIFEST_BYTES = 64 * 2**20  # a manifest with long training curves is well under 1 MB
+
+
+class CheckpointFileError(ValueError):
+    """A checkpoint file that cannot be the one its checkpoint needs: not a regular file, or larger
+    than it can be. Raised before the file is read into memory."""
+
+
+def read_capped(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of a checkpoint file of at most `limit` bytes. A device, FIFO or socket (a link
+    to /dev/zero reads for ever) and a larger file are refused without reading them."""
+    st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
+        raise CheckpointFileError(f"{path}: cannot read it: a folder, not a file; restore the file or save the "
+                                  "checkpoint again")
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointFileError(f"{path}: not a regular file (a device, pipe or socket); restore the file "
+                                  "or save the checkpoint again")
+    if st.st_size > limit:
+        raise CheckpointFileError(f"{path}: {st.st_size:,} bytes, more than {what} can take ({limit:,}): not this "
+                                  "checkpoint's file; restore it or save the checkpoint again")
+    with open(path, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise CheckpointFileError(f"{path}: grew past {limit:,} bytes while being read; try again once nothing writes it")
+    return data
+
+
+def weights_limit(tensors: dict[str, list[int]]) -> int:
+    """The most bytes a safetensors file of these tensors (a manifest's `tensors`) takes: 8 bytes a
+    number (float64, the widest the heads use) and a header of at most 1 MiB."""
+    return sum(math.prod(shape) for shape in tensors.values()) * 8 + 2**20
+
+
+def known_format(v: int) -> int:
+    """A manifest's format_version, when this code reads that format."""
+    if v > FORMAT_VERSION:
+        raise ValueError(f"format_version {v}: written by a newer fugu_pipeline (this one reads format "
+                         f"{FORMAT_VERSION}); upgrade fugu_pipeline to load it")
+    if v != FORMAT_VERSION:
+        raise ValueError(f"format_version {v} is not a checkpoint format (this code reads {FORMAT_VERSION})")
+    return v
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be written or used; the message says which field or tensor and why."""
 
@@ -50,7 +96,7 @@ class CheckpointError(RuntimeError):
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    format_version: int = 1
+    format_version: int = FORMAT_VERSION
     method: str
     head_kind: str
     head_params: dict[str, Any] = {}  # constructor arguments of the quality predictors (k, sizes, domain vocabulary)
@@ -72,6 +118,11 @@ class Manifest(BaseModel):
     content_hash: str = ""
     created_at: str = ""
     wall_s: float | None = None
+
+    @field_validator("format_version")
+    @classmethod
+    def _a_format_this_code_reads(cls, v: int) -> int:
+        return known_format(v)
 
     # method and content_hash name the folder a checkpoint is stored in (models/<method>/<hash>/):
     # a pack from elsewhere must not name a path outside it
@@ -231,12 +282,10 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
     mpath, wpath = path / MANIFEST_FILE, path / WEIGHTS_FILE
     if not mpath.exists() or not wpath.exists():
         raise CheckpointError(f"{path} is not a checkpoint: it needs {MANIFEST_FILE} and {WEIGHTS_FILE}")
-    for f in (mpath, wpath):  # a link to /dev/zero or a FIFO would be read forever
-        if f.exists() and not f.is_dir() and not f.is_file():
-            raise CheckpointError(f"{f}: not a regular file (a device, pipe or socket); restore the file "
-                                  "or save the checkpoint again")
     try:
-        manifest = Manifest.model_validate_json(mpath.read_text(encoding="utf-8"))
+        manifest = Manifest.model_validate_json(read_capped(mpath, MAX_MANIFEST_BYTES, "a manifest").decode("utf-8"))
+    except CheckpointFileError as exc:
+        raise CheckpointError(str(exc)) from None
     except OSError as exc:
         raise CheckpointError(f"{mpath}: cannot read the manifest ({exc.strerror or exc}); "
                               "restore the file or save the checkpoint again") from None
@@ -257,7 +306,9 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
             )
     _check_folder(path, manifest)
     try:
-        raw = wpath.read_bytes()
+        raw = read_capped(wpath, weights_limit(manifest.tensors), "the manifest's tensors")
+    except CheckpointFileError as exc:
+        raise CheckpointError(str(exc)) from None
     except OSError as exc:
         raise CheckpointError(f"{wpath}: cannot read the weights ({exc.strerror or exc}); "
                               "restore the file or save the checkpoint again") from None

@@ -19,6 +19,9 @@ outside training calls any head, with or without domains.
 
 from __future__ import annotations
 
+import functools
+import types
+import typing
 from typing import Any
 
 import torch
@@ -63,6 +66,23 @@ class RoutingHead(nn.Module):
         return []
 
 
+def _is_whole(value: Any) -> bool:
+    """An int, or a float with no fraction (JSON writes 3 as 3.0 at times); never a bool."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+@functools.lru_cache(maxsize=None)
+def _whole_number_arguments(cls: type) -> frozenset[str]:
+    """The constructor's arguments annotated `int` (or `int | None`): a manifest's 2.5 there would
+    be truncated to 2 by `int()`, a different head than the one saved."""
+    hints = typing.get_type_hints(cls.__init__)
+    return frozenset(name for name, hint in hints.items()
+                     if hint is int or (typing.get_origin(hint) in (typing.Union, types.UnionType)
+                                        and set(typing.get_args(hint)) <= {int, type(None)} and int in typing.get_args(hint)))
+
+
 def build_head(kind: str, dim: int, n_workers: int, params: dict[str, Any] | None = None, **shape: int) -> RoutingHead:
     """A head of this kind and size. `params` (a manifest's `head_params`: the quality predictors'
     constructor arguments) and `shape` (a manifest's `head_shape`: extra sizes such as the roles
@@ -71,6 +91,11 @@ def build_head(kind: str, dim: int, n_workers: int, params: dict[str, Any] | Non
         cls = HEADS[kind]
     except KeyError:
         raise ValueError(f"unknown head kind {kind!r}; choose one of {list(HEADS)}") from None
+    for where, given in (("head_params", params or {}), ("head_shape", shape)):
+        for name, value in given.items():
+            if name in _whole_number_arguments(cls) and value is not None and not _is_whole(value):
+                raise ValueError(f"{where}.{name} is {value!r}: a {kind!r} head takes a whole number there "
+                                 "(the checkpoint was edited or made by other code; save it again)")
     try:
         return cls(dim, n_workers, **(params or {}), **shape)
     except (TypeError, KeyError, OverflowError, AttributeError) as exc:  # params from a manifest: any JSON

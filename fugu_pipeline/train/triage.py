@@ -52,7 +52,16 @@ from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.files import fsync_dir
 from fugu_pipeline.hashing import canonical_json
-from fugu_pipeline.train.checkpoints import MANIFEST_FILE, WEIGHTS_FILE, CheckpointError
+from fugu_pipeline.train.checkpoints import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
+    WEIGHTS_FILE,
+    CheckpointError,
+    known_format,
+    read_capped,
+    weights_limit,
+)
 from fugu_pipeline.train.loop import seeded
 
 _logger = logging.getLogger(__name__)
@@ -120,7 +129,7 @@ def difficulty_labels(quality: np.ndarray, cfg: TriageConfig) -> tuple[np.ndarra
 class TriageManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    format_version: int = 1
+    format_version: int = FORMAT_VERSION
     method: str = METHOD
     head_kind: str = HEAD_KIND
     dim: int
@@ -141,6 +150,11 @@ class TriageManifest(BaseModel):
     content_hash: str = ""
     created_at: str = ""
     wall_s: float | None = None
+
+    @field_validator("format_version")
+    @classmethod
+    def _a_format_this_code_reads(cls, v: int) -> int:
+        return known_format(v)
 
 
 @dataclass
@@ -302,8 +316,8 @@ def load_triage(path: str | Path, expected_contract: FeatureContract | None = No
     path = Path(path)
     path = path.parent if path.is_file() else path
     try:
-        m = TriageManifest.model_validate_json((path / MANIFEST_FILE).read_text(encoding="utf-8"))
-        raw = (path / WEIGHTS_FILE).read_bytes()
+        m = TriageManifest.model_validate_json(read_capped(path / MANIFEST_FILE, MAX_MANIFEST_BYTES, "a manifest"))
+        raw = read_capped(path / WEIGHTS_FILE, weights_limit(m.tensors), "the manifest's tensors")
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: not a triage checkpoint ({str(exc)[:300]})") from None
     if hashlib.sha256(raw).hexdigest() != m.weights_sha256:
