@@ -137,3 +137,42 @@ def test_serve_takes_fugu_budget(trained):
         assert r.status_code == 400 and r.json()["error"]["code"] == "budget_unavailable"
         assert "budget usd_per_1k 1e-09" in r.json()["error"]["message"]
     router.close()
+
+
+def test_serve_says_whose_budget_or_field_a_refusal_is(trained, monkeypatch):
+    # The server's default cap, refused after a reload, was answered as the client's fugu_budget
+    # (a 400 for a field the client never sent); every other router refusal was labelled
+    # fugu_allowed_workers / unknown_worker, whatever it was about.
+    from starlette.testclient import TestClient
+
+    from fugu_pipeline.route.budget import Budget
+    from fugu_pipeline.route.router import BudgetUnavailable, Router, RouterError
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    work, ckpt, _ = trained
+    router = Router.load(work / ckpt, device="cpu")
+    cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock", "mock": {"cost_usd": 0.001}} for w in WORKERS]})
+    app = create_app(router, cfg, default_budget=Budget(share=0.5))
+
+    def unable(*a, **k):
+        raise BudgetUnavailable("this checkpoint has no budget calibration")
+
+    msg = [{"role": "user", "content": "compute the sum of a list"}]
+    with TestClient(app) as tc:
+        monkeypatch.setattr(Router, "budget_scores", unable)
+        r = tc.post("/v1/chat/completions", json={"messages": msg})
+        err = r.json()["error"]
+        assert r.status_code == 503 and (err["type"], err["code"], err["param"]) == ("server_error", "budget_unavailable", None)
+        assert err["message"].startswith("this server's default budget cannot be honoured")
+        r = tc.post("/v1/chat/completions", json={"messages": msg, "fugu_budget": {"share": 0.3}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "fugu_budget"
+
+        def not_finite(*a, **k):
+            raise RouterError("the head's scores are not finite for this request", code="unroutable_request")
+
+        monkeypatch.setattr(Router, "route_batch", not_finite)
+        r = tc.post("/v1/chat/completions", json={"messages": msg, "fugu_cost_weight": 0.5})
+        err = r.json()["error"]
+        assert r.status_code == 400 and (err["param"], err["code"]) == (None, "unroutable_request"), err
+    router.close()

@@ -84,7 +84,8 @@ class RolesCoordinator:
         if allowed is not None:
             unknown = [w for w in allowed if w not in self.worker_ids]
             if unknown or not allowed:
-                raise RouterError(f"unknown worker(s) {unknown}; this coordinator knows {self.worker_ids}")
+                raise RouterError(f"unknown worker(s) {unknown}; this coordinator knows {self.worker_ids}",
+                                  param="fugu_allowed_workers", code="unknown_worker")
         spec = SessionSpec(self.policy, prompt, domain, task=task, seed=seed, greedy=True, allowed=allowed)
         return (await run_sessions([spec], caller, max_turns=self.max_turns, budget=budget, judge=judge))[0]
 

@@ -18,7 +18,13 @@ MAX_COST_WEIGHT = 1e6  # λ in quality − λ·cost: beyond this the scores lose
 
 
 class RouterError(RuntimeError):
-    pass
+    """A request or checkpoint the router cannot route. `param` names the request field at fault
+    (the server's OpenAI-shaped error carries it) and `code` says what kind of fault; both None
+    when no request field is to blame."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
 
 
 class BudgetUnavailable(RouterError):
@@ -204,13 +210,14 @@ class Router:
                 shown = [w if len(w) <= 80 else w[:77] + "..." for w in unknown[:5]]
                 raise RouterError(f"unknown worker(s) {shown}{' and more' if len(unknown) > 5 else ''}; this router "
                                   f"knows {self.worker_ids} (a server or `--workers` also takes the configured ids "
-                                  "whose aliases these are)")
+                                  "whose aliases these are)", param="fugu_allowed_workers", code="unknown_worker")
             if not allowed:
-                raise RouterError("the allowed worker list is empty")
+                raise RouterError("the allowed worker list is empty", param="fugu_allowed_workers", code="invalid_value")
         if budget is not None and cost_weight is not None:
-            raise RouterError("give a budget or a cost weight, not both")
+            raise RouterError("give a budget or a cost weight, not both", param="fugu_budget", code="invalid_value")
         if cost_weight is not None and not (math.isfinite(cost_weight) and 0 <= cost_weight <= MAX_COST_WEIGHT):
-            raise RouterError(f"the cost weight must be a number in [0, {MAX_COST_WEIGHT:g}], got {cost_weight!r}")
+            raise RouterError(f"the cost weight must be a number in [0, {MAX_COST_WEIGHT:g}], got {cost_weight!r}",
+                              param="fugu_cost_weight", code="invalid_value")
         doms = None if domains is None else list(domains)  # None entries: unknown domain
         point, c_hat = None, None
         if budget is not None:
@@ -218,7 +225,8 @@ class Router:
         else:
             scores = self.scores(prompts, doms, cost_weight)
         if not np.isfinite(scores).all():  # never route (or report) on NaN
-            raise RouterError("the head's scores are not finite for this request; lower the cost weight or the budget's margin")
+            raise RouterError("the head's scores are not finite for this request; lower the cost weight or the budget's margin",
+                              code="unroutable_request")
         mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         scores = np.where(mask, scores, -np.inf)
         probs = _softmax(scores)

@@ -217,14 +217,17 @@ class Service:
                            headers={"WWW-Authenticate": "Bearer"})
 
     async def route(self, req: ChatRequest) -> RouteDecision:
+        budget = req.budget or (self.default_budget if req.cost_weight is None else None)
         try:
-            budget = req.budget or (self.default_budget if req.cost_weight is None else None)
             return await self.batcher.route(RouteRequest(req.text, req.domain, req.allowed, req.cost_weight, budget,
                                                          req.billed_text if budget is not None else None))
         except BudgetUnavailable as exc:
+            if req.budget is None:  # the server's own default cap (a checkpoint reloaded since start cannot honour it)
+                raise APIError(503, f"this server's default budget cannot be honoured: {exc}", type="server_error",
+                               code="budget_unavailable") from None
             raise APIError(400, str(exc), param="fugu_budget", code="budget_unavailable") from None
         except RouterError as exc:
-            raise APIError(400, str(exc), param="fugu_allowed_workers", code="unknown_worker") from None
+            raise APIError(400, str(exc), param=exc.param, code=exc.code or "invalid_request") from None
         except RouterUnavailable as exc:
             raise APIError(503, str(exc), type="server_error", code="router_unavailable") from None
 

@@ -101,7 +101,7 @@ async def chat_completion(svc, roles_source, req: ChatRequest, t0: float) -> Res
         tr = await coordinator.session(req.text, req.domain, caller, seed=int(req.params.get("seed", 0)),
                                        allowed=list(req.allowed) if req.allowed is not None else None)
     except RouterError as exc:
-        raise APIError(400, str(exc), param="fugu_allowed_workers", code="unknown_worker") from None
+        raise APIError(400, str(exc), param=exc.param, code=exc.code or "invalid_request") from None
     answered = [t for t in tr.turns if t.status == "ok" and t.role != "verifier"] or [t for t in tr.turns if t.status == "ok"]
     final = next((t for t in tr.turns if t.index == tr.committed_turn), answered[-1] if answered else None)
     info = {"mode": "multi_turn", "coordinator": coordinator.tag, "stop_reason": tr.stop_reason,
