@@ -160,6 +160,25 @@ def test_pack_refuses_a_checkpoint_changed_after_saving(tmp_path):
         pack(ckpt, tmp_path / "out")
 
 
+def test_pack_refuses_a_checkpoint_that_would_not_load(tmp_path):
+    # pack checked the hashes only: a re-signed checkpoint of NaN weights was packed, and refused
+    # only at the host's preflight
+    from fugu_pipeline.train.checkpoints import Manifest, checkpoint_hash
+
+    data = controlled_data()
+    ckpt = routing_head(tmp_path / "m", data, (0, 1, 2))
+    raw = st_save({"linear.weight": torch.full((3, 3), float("nan"))}, metadata={"format": "pt"})
+    (ckpt / "head.safetensors").write_bytes(raw)
+    d = json.loads((ckpt / "manifest.json").read_text())
+    d["weights_sha256"] = hashlib.sha256(raw).hexdigest()
+    d["content_hash"] = checkpoint_hash(raw, Manifest.model_validate(d))
+    (ckpt / "manifest.json").write_text(json.dumps(d))
+    ckpt = ckpt.rename(ckpt.parent / d["content_hash"])
+    with pytest.raises(CheckpointError, match="linear.weight holds 9 non-finite"):
+        pack(ckpt, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 # --------------------------------------------------------------------------- through the command line
 
 

@@ -19,7 +19,6 @@ head: the gates are in `evaluate/gates.py`. No torch at import.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,10 +31,14 @@ from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.files import atomic_write, fsync_dir
 from fugu_pipeline.train.checkpoints import (
     MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
     WEIGHTS_FILE,
     CheckpointError,
     Manifest,
     checkpoint_hash,
+    load_checkpoint,
+    read_capped,
+    weights_limit,
 )
 
 RECEIPT_FILE = "receipt.json"
@@ -126,15 +129,17 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     match its manifest, and an existing non-empty `out_dir` that is not the same pack."""
     src = Path(checkpoint_dir)
     src = src.parent if src.is_file() else src
+    # every check a loader makes (hashes, format, weights finite and of the manifest's shapes): a pack
+    # that the host could not load is refused here, where the submitter can still put it right
+    ckpt = load_checkpoint(src)
     try:
-        manifest = Manifest.model_validate_json((src / MANIFEST_FILE).read_text(encoding="utf-8"))
-        weights = (src / WEIGHTS_FILE).read_bytes()
-    except (OSError, ValueError) as exc:  # ValueError: pydantic's, and a manifest that is not UTF-8
+        manifest_bytes = read_capped(src / MANIFEST_FILE, MAX_MANIFEST_BYTES, "a manifest")
+        weights = read_capped(src / WEIGHTS_FILE, weights_limit(ckpt.manifest.tensors), "the manifest's tensors")
+        manifest = Manifest.model_validate_json(manifest_bytes)
+    except (OSError, ValueError) as exc:  # ValueError: pydantic's, and a file too large
         raise CheckpointError(f"{src}: not a checkpoint ({_one_line(exc)})") from None
-    if hashlib.sha256(weights).hexdigest() != manifest.weights_sha256:
-        raise CheckpointError(f"{src}: {WEIGHTS_FILE} does not match the manifest's weights_sha256 (changed after saving)")
-    if checkpoint_hash(weights, manifest) != manifest.content_hash:
-        raise CheckpointError(f"{src}: the manifest's content_hash does not match its weights and fields (edited)")
+    if checkpoint_hash(weights, manifest) != ckpt.manifest.content_hash:  # replaced since it was loaded
+        raise CheckpointError(f"{src}: the checkpoint changed while being packed; pack it again")
     out = Path(out_dir)
     try:
         if out.exists() and any(out.iterdir()):
@@ -156,7 +161,7 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     contract = PackContract(feature_contract=manifest.feature_contract, contract_fingerprint=manifest.contract_fingerprint,
                             worker_ids=list(manifest.worker_ids), head_kind=manifest.head_kind, tensors=manifest.tensors)
     atomic_write(out / WEIGHTS_FILE, weights)
-    atomic_write(out / MANIFEST_FILE, (src / MANIFEST_FILE).read_bytes())
+    atomic_write(out / MANIFEST_FILE, manifest_bytes)
     atomic_write(out / CONTRACT_FILE, json.dumps(contract.model_dump(mode="json"), indent=2) + "\n")
     atomic_write(out / RECEIPT_FILE, json.dumps(receipt.model_dump(mode="json"), indent=2) + "\n")
     return out
