@@ -118,6 +118,14 @@ def test_a_budget_json_for_other_weights_says_so(trained, tmp_path):
     one_error(code, err, "budget.json", "0" * 16, "fugu-lite evaluate")
 
 
+def test_a_budget_json_naming_no_checkpoint_is_refused(trained, tmp_path):
+    # checkpoint "" was taken for any checkpoint over the same workers: another head's curve
+    # copied beside this one set its λ
+    ckpt = with_budget_json(trained, tmp_path, edited(trained, lambda c: c.update(checkpoint="")))
+    code, _, err = route(ckpt, "--budget-share", "0.5")
+    one_error(code, err, "budget.json", "names no checkpoint", "fugu-lite evaluate")
+
+
 def _nan_costs(c):
     for p in c["curve"]:
         p["cost_usd"] = p["share"] = float("nan")

@@ -329,7 +329,10 @@ def usable_calibration(checkpoint_dir: str | Path, content_hash: str,
                       f"--checkpoint {checkpoint_dir} --data <the training data>`, which chooses λ for a cap on its "
                       "validation split (training data that records no cost per call has none: there is nothing to "
                       "budget)")
-    if cal.checkpoint not in ("", content_hash):
+    if not cal.checkpoint:  # every calibration this code writes names its checkpoint
+        return None, (f"{path} names no checkpoint (its 'checkpoint' field is empty), so it cannot be told apart from "
+                      f"another head's curve over the same workers; {redraw_hint(checkpoint_dir)}")
+    if cal.checkpoint != content_hash:
         return None, (f"{path} was drawn for checkpoint {cal.checkpoint[:40]}, not this one ({content_hash}); "
                       f"{redraw_hint(checkpoint_dir)}")
     if list(cal.worker_ids) != list(worker_ids):
