@@ -94,6 +94,13 @@ def test_user_errors_are_one_line_not_tracebacks(workdir, capsys):
     assert "bad.jsonl:1: malformed JSON" in err and "Traceback" not in err
     assert main(["route", "--prompt", "hi", "--models-dir", "nowhere"]) == 2
     assert "no promoted router" in capsys.readouterr().err
+    # a flag of the wrong type: one line naming it (argparse printed its whole usage block first)
+    with pytest.raises(SystemExit) as stop:
+        main(["route", "--prompt", "hi", "--budget-share", "half"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err == ["fugu-lite route: error: argument --budget-share: invalid float value: "
+                                            "'half' (`fugu-lite route --help` lists the flags)"]
+    assert main([]) == 2 and "usage: fugu-lite" in capsys.readouterr().err  # no command at all: the list of them
 
 
 def reward_rows(n: int = 12) -> list[dict]:

@@ -11,8 +11,16 @@ from fugu_pipeline.cli import data, harness, pipeline, roles, routing, training
 from fugu_pipeline.cli.common import CLIError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a bad flag said in one line (not the whole usage block), like every other error
+    of this command; `--help` still shows the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fugu-lite", description="A learned LLM router (Dagster pipeline).")
+    ap = _Parser(prog="fugu-lite", description="A learned LLM router (Dagster pipeline).")
     sub = ap.add_subparsers(dest="command", required=True)
 
     def add(name, fn, help_):
@@ -257,7 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # `fugu-lite` alone: the commands, not an error line
+        parser.print_help(sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except CLIError as exc:
