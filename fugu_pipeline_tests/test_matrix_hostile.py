@@ -68,12 +68,14 @@ def _rewards(db: Path) -> list[tuple]:
         con.close()
 
 
-def _both(root: Path, cfg, store) -> tuple[list, list]:
+def _both(root: Path, cfg, store, summary: dict | None = None) -> tuple[list, list]:
     """The rewards of the row build and of the bulk build, which must be equal (with the same
-    data_version)."""
+    data_version). `summary` receives the bulk build's."""
     row_db, bulk_db = root / "data" / "rows.duckdb", root / "data" / "bulk.duckdb"
     a = build(from_collection(root / "data" / "benchgen", store, cfg), row_db)
     b = build_collection(root / "data" / "benchgen", root / "data" / "responses", cfg, bulk_db)
+    if summary is not None:
+        summary.update(b)
     rows, bulk = _rewards(row_db), _rewards(bulk_db)
     assert rows == bulk
     assert a["data_version"] == b["data_version"]
@@ -139,6 +141,35 @@ def test_both_builds_skip_every_impossible_value_alike(tiny):
     assert mine and mine[0][2] == _first(store)["quality"]
     for r in rows:
         assert all(math.isfinite(v) for v in r[2:]) and r[3] >= 0 and r[4] >= 0 and 0 <= r[2] <= 1
+
+
+def test_a_record_naming_a_key_twice_reads_the_same_in_both_builds(tiny):
+    """A line with "quality" twice: the store took the last value, the bulk build's read_json the
+    first, so the collection and the matrix disagreed on the cell. Both take the first now."""
+    root, cfg, tasks, store = tiny
+    first = _first(store)
+    flipped = 0.0 if first["quality"] else 1.0
+    line = json.dumps(dict(first, quality=flipped))
+    _replace_first(store, "math-expert", line[:-1] + f', "quality": {first["quality"]}' + "}")
+    bad = json.dumps(dict(_first(store, "math-expert"), task_id=tasks[1].task_id, quality="high"))
+    _replace_first(store, "math-expert", bad[:-1] + ', "quality": 1.0}')  # the first value is not a number: damage
+    third = json.loads(store.path("b", "math-expert").read_text().splitlines()[2])
+    assert third["task_id"] == tasks[2].task_id
+    good_first = json.dumps(dict(third, quality=1.0))
+    _replace_first(store, "math-expert", good_first[:-1] + ', "quality": "high"}')  # the first value holds
+    # answers that look like keys are not damage: an escaped quote, a value starting with a colon
+    _replace_first(store, "code-expert", json.dumps(dict(_first(store, "code-expert"), answer='x": 1, "quality":')))
+    _replace_first(store, "general-expert", json.dumps(dict(_first(store, "general-expert"), answer=": a colon first")))
+    recs = store.read("b", "math-expert")
+    assert recs[tasks[0].task_id].quality == flipped and recs.skipped_lines == [5]
+    assert store.read("b", "code-expert").n_skipped == 0 and store.read("b", "general-expert").n_skipped == 0
+    assert store.read("b", "general-expert")[tasks[0].task_id].answer == ": a colon first"
+    summary: dict = {}
+    rows, _ = _both(root, cfg, store, summary)
+    assert len(rows) == 9 and summary["skipped_lines"] == 1 and "(line 5)" in summary["skipped_where"]
+    assert [r[2] for r in rows if r[:2] == (tasks[0].task_id, "math-expert")] == [flipped]
+    assert recs[tasks[2].task_id].quality == 1.0
+    assert [r[2] for r in rows if r[:2] == (tasks[2].task_id, "math-expert")] == [1.0]
 
 
 @pytest.mark.parametrize("field", ["worker_id", "batch"])

@@ -9,10 +9,66 @@ cut off before the next append. Partition runs never touch DuckDB.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import re
 from pathlib import Path
 
 from fugu_pipeline.collect.records import CallRecord
+
+
+# The end of a JSON key: a quote after an even run of backslashes (so not an escaped one inside a
+# string), then a colon. An upper bound on the keys of a line: a string value that starts with a
+# colon also matches; never fewer.
+_KEY_END = re.compile(rb'(?<!\\)(?:\\\\)*"\s*:')
+
+
+def _first_wins(pairs: list) -> dict:
+    d: dict = {}
+    for k, v in pairs:
+        d.setdefault(k, v)
+    return d
+
+
+def _repeats(pairs: list) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise KeyError("a key repeats")
+    return d
+
+
+def _record(raw: bytes) -> CallRecord | None:
+    """The call record of a line, None when it is not one. strict: a string where a number belongs
+    (or the reverse) is damage, as in the bulk build. A key named twice: its first value holds, as
+    in the bulk build's read_json (the validator alone would keep the last)."""
+    try:
+        rec = CallRecord.model_validate_json(raw, strict=True)
+    except ValueError:
+        rec = None
+    if rec is not None and not _repeats_a_key(raw, rec):
+        return rec
+    if rec is None and not _repeats_a_key(raw, None):
+        return None
+    try:
+        return CallRecord.model_validate_json(json.dumps(json.loads(raw, object_pairs_hook=_first_wins)), strict=True)
+    except ValueError:
+        return None
+
+
+def _repeats_a_key(raw: bytes, rec: CallRecord | None) -> bool:
+    """Whether the line names a key twice: the validator keeps the last value, DuckDB's read_json
+    (the bulk build) the first, and the two builds must agree. Cheap for a record's usual line: when
+    the key ends counted equal the fields it set, no key can repeat; only otherwise (or for a line
+    that is not a record: `rec` None) is the line parsed again to find out."""
+    if rec is not None and len(_KEY_END.findall(raw)) == len(rec.model_fields_set):
+        return False
+    try:
+        json.loads(raw, object_pairs_hook=_repeats)
+    except KeyError:
+        return True
+    except ValueError:
+        return False
+    return False
 
 
 class PartitionBusyError(RuntimeError):
@@ -74,10 +130,8 @@ class ResponseStore:
         for lineno, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue
-            try:
-                # strict: a string where a number belongs (or the reverse) is damage, as in the bulk build
-                rec = CallRecord.model_validate_json(raw, strict=True)
-            except ValueError:
+            rec = _record(raw)
+            if rec is None:
                 out.skipped_lines.append(lineno)
                 out.torn_last_line = lineno == len(lines)  # no newline after it: cut off mid-write
                 continue
