@@ -17,10 +17,9 @@ from pathlib import Path
 from fugu_pipeline.collect.records import CallRecord
 
 
-# The end of a JSON key: a quote after an even run of backslashes (so not an escaped one inside a
-# string), then a colon. An upper bound on the keys of a line: a string value that starts with a
-# colon also matches; never fewer.
-_KEY_END = re.compile(rb'(?<!\\)(?:\\\\)*"\s*:')
+# A quote, then a colon: every key of a line ends so; an escaped quote inside a string can too, so
+# the count is an upper bound on the keys, never fewer.
+_KEY_END = re.compile(rb'"\s*:')
 
 
 def _first_wins(pairs: list) -> dict:
