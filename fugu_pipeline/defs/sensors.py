@@ -16,7 +16,7 @@ from fugu_pipeline.defs.partitions import (
     workers,
 )
 from fugu_pipeline.defs.resources import PipelineResource
-from fugu_pipeline.defs.versions import file_version, latest_data_versions
+from fugu_pipeline.defs.versions import EMPTY_VERSION, file_version, latest_data_versions
 from fugu_pipeline.tasks.loading import scan_batch_files
 
 BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "30"))
@@ -42,6 +42,35 @@ def sync_worker_partitions(instance: dg.DagsterInstance, worker_ids: list[str]) 
     return new
 
 
+def _read_cursor(context: dg.SensorEvaluationContext) -> tuple[dict[str, str], set[str]]:
+    """(batch -> file digest already requested, names already refused) from the cursor. A cursor
+    that cannot be read (hand-edited, truncated, another version's) is named in one line and the
+    tick starts afresh: materialized batches are compared with their files, and a batch requested
+    but not yet run is requested again under the same run key, which the daemon drops."""
+    if not context.cursor:
+        return {}, set()
+    try:
+        cursor = json.loads(context.cursor)
+    except ValueError as exc:
+        cursor, why = None, f"not JSON: {exc}"
+    else:
+        why = f"a JSON {'null' if cursor is None else type(cursor).__name__}, not an object"
+    if isinstance(cursor, dict) and "batches" not in cursor and all(isinstance(v, str) for v in cursor.values()):
+        cursor = {"batches": cursor}  # the first format: {batch: digest}
+    batches = cursor.get("batches") if isinstance(cursor, dict) else None
+    if isinstance(batches, dict):
+        seen = {k: v for k, v in batches.items() if isinstance(v, str)}
+        if len(seen) == len(batches):
+            refused = cursor.get("refused")
+            return seen, {r for r in refused if isinstance(r, str)} if isinstance(refused, list) else set()
+        why = "a batch without a file digest"
+    elif isinstance(cursor, dict):
+        why = "no 'batches' map"
+    context.log.warning(f"benchgen_batch_sensor: cursor unreadable ({why[:200]}); starting afresh from the materialized "
+                        "batches (runs already requested keep their run keys, so none is launched twice)")
+    return {}, set()
+
+
 def _responses_request(batch: str, worker: str, why: str) -> dg.RunRequest:
     key = dg.MultiPartitionKey({"batch": batch, "worker": worker})
     return partition_run_request(batch_x_worker, key, run_key=f"responses:{batch}:{worker}:{why}",
@@ -62,7 +91,7 @@ def _responses_request(batch: str, worker: str, why: str) -> dg.RunRequest:
 )
 def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource) -> dg.SensorResult:
     """See the description above (it is what the UI shows)."""
-    cursor = json.loads(context.cursor) if context.cursor else {}
+    seen, warned = _read_cursor(context)
     if ensure_worker_calls_limit(context.instance):
         context.log.info("pool worker_calls: limit set to 8 partition runs at a time (change it in the UI's Deployment tab)")
     config = pipeline.load_workers()
@@ -72,14 +101,19 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
     materialized = latest_data_versions(context.instance, tasks.key)  # batch -> hash of the file it read
 
     found, refused = scan_batch_files(pipeline.paths.benchgen)
-    warned = set(cursor.get("refused") or []) if isinstance(cursor.get("refused"), list) else set()
     for exc in refused:
         if exc.path.name not in warned:
             context.log.warning(str(exc))
-    seen = dict(cursor["batches"]) if isinstance(cursor.get("batches"), dict) else {}
     added, requests = [], []
     for batch, path in found:
-        digest = file_version(path)
+        try:
+            digest = file_version(path)
+        except OSError as exc:  # unreadable, or gone since it was listed: the next tick looks again
+            context.log.warning(f"{path.name}: not read this tick ({type(exc).__name__}: {exc.strerror or exc}); "
+                                "check the file's permissions; the other files go on")
+            continue
+        if digest == EMPTY_VERSION:  # deleted since it was listed
+            continue
         if seen.get(batch) == digest or (batch in known and materialized.get(batch) == digest):
             seen[batch] = digest
             continue  # already requested, or already materialized from this very file

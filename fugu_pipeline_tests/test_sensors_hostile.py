@@ -1,0 +1,260 @@
+"""The sensors under hostile or odd conditions, the way a deployment meets them: evaluated through
+`evaluate_tick` with the definitions' own resources on a real instance (the daemon's path).
+
+A sensor that raises is refused by the daemon on every tick, so every bad input must end as one
+line naming what is wrong, while the good inputs beside it go on. Loopback only."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dagster as dg
+import pytest
+
+from fugu_pipeline.defs.assemble import build_defs
+from fugu_pipeline_tests.conftest import task_row, write_jsonl
+from fugu_pipeline_tests.daemon_path import launch, materialize, tick
+
+BATCH = "benchgen_batch_sensor"
+
+
+def _keys(result) -> set[str]:
+    return {r.run_key for r in result.run_requests}
+
+
+# --------------------------------------------------------------------------- the batch sensor's cursor
+
+
+@pytest.mark.parametrize("cursor", ["not json {", "[1, 2]", "null", '"a string"', '{"batches": [1], "refused": 3}',
+                                    '{"batches": {"sample": 7, "x": null}}'])
+def test_a_corrupt_batch_cursor_is_named_and_relaunches_nothing(project, cursor, capfd):
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance, BATCH)
+        assert first.run_requests
+        # not launched yet: a fresh start re-requests the same runs under the same run keys (the daemon drops them)
+        again = tick(defs, instance, BATCH, cursor)
+        assert _keys(again) == _keys(first)
+        err = capfd.readouterr().err
+        assert sum("cursor" in line and "unreadable" in line for line in err.splitlines()) == 1, err[-2000:]
+        launch(defs, instance, first.run_requests)
+        done = tick(defs, instance, BATCH, cursor)  # everything materialized from these very files: nothing
+        assert not done.run_requests and json.loads(done.cursor)["batches"] == json.loads(first.cursor)["batches"]
+
+
+# --------------------------------------------------------------------------- odd batch files
+
+
+def test_odd_batch_files_are_each_named_once_and_the_good_ones_go_on(project, capfd):
+    bench = project / "data" / "benchgen"
+    write_jsonl(bench / "good2.jsonl", [task_row(100)])
+    (bench / "empty.jsonl").write_bytes(b"")  # valid name: requested; its load_batch says "no tasks"
+    (bench / "latin1.jsonl").write_bytes(b'{"task_id": "caf\xe9"}\n')  # likewise: load_batch says "not UTF-8"
+    (bench / "partial.jsonl").write_text(json.dumps(task_row(200)) + "\n" + '{"task_id": "t2')  # being written
+    (bench / "huge.jsonl").write_text(json.dumps(task_row(300, prompt="x" * 3_000_000)) + "\n")
+    odd = {
+        "zero.jsonl": lambda p: p.symlink_to("/dev/zero"),  # read to the end, this never stops
+        "fifo.jsonl": lambda p: os.mkfifo(p),  # opened, this blocks the tick for good
+        "dir.jsonl": lambda p: p.mkdir(),
+        "dangling.jsonl": lambda p: p.symlink_to(bench / "nowhere"),
+        "with space.jsonl": lambda p: write_jsonl(p, [task_row(400)]),
+        "ünïcode.jsonl": lambda p: write_jsonl(p, [task_row(401)]),
+        ".hidden.jsonl": lambda p: write_jsonl(p, [task_row(402)]),
+        ("x" * 200) + ".jsonl": lambda p: write_jsonl(p, [task_row(403)]),
+    }
+    for name, make in odd.items():
+        make(bench / name)
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        result = tick(defs, instance, BATCH)
+        batches = {str(r.partition_key).split("|")[0] for r in result.run_requests}
+        assert batches == {"sample", "good2", "empty", "latin1", "partial", "huge"}
+        err = capfd.readouterr().err.splitlines()
+        for name in odd:
+            said = [line for line in err if name in line]
+            assert len(said) == 1 and "WARNING" in said[0], (name, said)
+        assert "not a regular file" in next(line for line in err if "fifo.jsonl" in line)
+        again = tick(defs, instance, BATCH, result.cursor)  # said once, not on every tick
+        assert not again.run_requests
+        assert not [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+
+
+def test_an_unreadable_batch_file_is_named_and_the_others_go_on(project, monkeypatch, capfd):
+    """A file the sensor cannot read (permissions; or deleted between listing and hashing) is
+    named once and looked at again next tick; the tests run as root, so the error is injected."""
+    import fugu_pipeline.defs.sensors as sensors
+
+    write_jsonl(project / "data" / "benchgen" / "locked.jsonl", [task_row(100)])
+    real = sensors.file_version
+
+    def version(path):
+        if path.name == "locked.jsonl":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(sensors, "file_version", version)
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance, BATCH)
+        assert {str(r.partition_key).split("|")[0] for r in first.run_requests} == {"sample"}
+        said = [line for line in capfd.readouterr().err.splitlines() if "locked.jsonl" in line]
+        assert len(said) == 1 and "Permission denied" in said[0] and "permissions" in said[0], said
+        monkeypatch.setattr(sensors, "file_version", real)
+        later = tick(defs, instance, BATCH, first.cursor)
+        assert {str(r.partition_key).split("|")[0] for r in later.run_requests} == {"locked"}
+
+
+def test_a_file_deleted_or_rewritten_between_ticks(project):
+    bench = project / "data" / "benchgen"
+    write_jsonl(bench / "b2.jsonl", [task_row(100)])
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance, BATCH)
+        (bench / "b2.jsonl").unlink()
+        gone = tick(defs, instance, BATCH, first.cursor)
+        assert not gone.run_requests  # nothing to do, nothing lost: the partition stays
+        assert "b2" in instance.get_dynamic_partitions("task_batches")
+        write_jsonl(bench / "b2.jsonl", [task_row(100), task_row(101)])
+        back = tick(defs, instance, BATCH, gone.cursor)
+        assert {str(r.partition_key).split("|")[0] for r in back.run_requests} == {"b2"}
+        assert not _keys(back) & _keys(first)  # a new content: new run keys
+        assert _keys(tick(defs, instance, BATCH, gone.cursor)) == _keys(back)  # a re-tick: the same keys
+
+
+# --------------------------------------------------------------------------- the catalog sensors
+
+
+class RawCatalog:
+    """A loopback server whose /models answers whatever `status`, `body` and `ctype` say now."""
+
+    def __init__(self):
+        self.status, self.body, self.ctype = 200, b'{"data": []}', "application/json"
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (the stdlib's name)
+                self.send_response(outer.status)
+                self.send_header("Content-Type", outer.ctype)
+                self.send_header("Content-Length", str(len(outer.body)))
+                self.end_headers()
+                self.wfile.write(outer.body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def models(self, entries: list) -> None:
+        self.status, self.ctype = 200, "application/json"
+        self.body = json.dumps({"data": entries}).encode()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def model(mid: str, prompt: str = "0.000001") -> dict:
+    return {"id": mid, "name": mid, "pricing": {"prompt": prompt, "completion": "0.000002"}, "context_length": 1000}
+
+
+@pytest.fixture
+def raw_catalog(project, monkeypatch):
+    cat = RawCatalog()
+    (project / "configs" / "w.yaml").write_text(json.dumps({"workers": [
+        {"id": "or-a", "kind": "openrouter", "model": "test/model-a", "base_url": "http://127.0.0.1:9/v1"},
+        {"id": "m", "kind": "mock"}]}))
+    monkeypatch.setenv("FUGU_OPENROUTER_BASE_URL", cat.url)
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    cat.models([model("test/model-a")])
+    yield project, cat
+    cat.close()
+
+
+HOSTILE_REPLIES = {
+    "malformed": (200, b'{"data": [', "application/json"),
+    "html": (200, b"<html><body>Bad gateway</body></html>", "text/html"),
+    "deep": (200, b"[" * 200_000 + b"]" * 200_000, "application/json"),
+    "not-utf8": (200, b'{"data": [{"id": "\xff\xfe"}]}', "application/json"),
+    "http-500": (500, b"oops", "text/plain"),
+    "http-404": (404, b"<html>not here</html>", "text/html"),
+    "data-not-list": (200, b'{"data": {"id": "x"}}', "application/json"),
+    "list": (200, b"[1, 2, 3]", "application/json"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_REPLIES))
+def test_a_hostile_catalog_reply_skips_the_tick_and_keeps_the_cursor(raw_catalog, kind):
+    project, cat = raw_catalog
+    defs = build_defs(str(project), "configs/w.yaml")
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance, "catalog_change_sensor")
+        assert first.cursor and not first.run_requests
+        cat.status, cat.body, cat.ctype = HOSTILE_REPLIES[kind]
+        bad = tick(defs, instance, "catalog_change_sensor", first.cursor)
+        assert not bad.run_requests and bad.cursor == first.cursor
+        assert bad.skip_message.startswith("catalog not fetched") and "\n" not in bad.skip_message, bad.skip_message
+        assert len(bad.skip_message) < 1000
+
+
+def test_odd_catalog_contents_do_not_break_the_tick(raw_catalog):
+    project, cat = raw_catalog
+    defs = build_defs(str(project), "configs/w.yaml")
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance, "catalog_change_sensor")
+        odd = [model(f"vendor/m-{i}") for i in range(10_000)]
+        odd += [model("../../etc/passwd"), model("a'; DROP TABLE runs; --"), model("ü/🙂 \x00 x"),
+                {"id": "nan/price", "pricing": {"prompt": float("nan"), "completion": float("inf")}},  # NaN, Infinity
+                {"id": 12345}, {"id": None}, {"name": "no id"}, "a string", None]
+        cat.models([*odd, model("test/model-a", prompt="0.000005")])
+        changed = tick(defs, instance, "catalog_change_sensor", first.cursor)
+        assert "or-a" in changed.skip_message  # changed, but no batch partitions of it yet
+        files = sorted(p.name for p in (project / "data" / "catalog").rglob("*"))
+        assert not [f for f in files if "passwd" in f or "DROP" in f]  # no path from outside data
+        assert json.loads(changed.cursor)["models"].keys() == {"test/model-a"}
+
+
+@pytest.mark.parametrize("cursor", ["garbage", "[]", '{"digest": "abc"}', '{"models": ["x"]}', '{"models": {"test/model-a": 5}}'])
+def test_a_corrupt_catalog_change_cursor_starts_from_the_stored_catalog(raw_catalog, cursor):
+    project, cat = raw_catalog
+    defs = build_defs(str(project), "configs/w.yaml")
+    with dg.instance_for_test() as instance:
+        tick(defs, instance, BATCH)  # the batch and worker partitions (or-a is never collected here)
+        first = tick(defs, instance, "catalog_change_sensor")  # stores data/catalog/latest.json
+        cat.models([model("test/model-a", prompt="0.000005")])
+        changed = tick(defs, instance, "catalog_change_sensor", cursor)  # compared with latest.json instead
+        assert len(changed.run_requests) == 1 and first.cursor != changed.cursor
+        assert _keys(tick(defs, instance, "catalog_change_sensor", first.cursor)) == _keys(changed)  # idempotent
+
+
+@pytest.mark.parametrize("name,text", [("latest.json", "{not json"), ("latest.json", '{"models": 3}'),
+                                       ("retired.json", "{not json"), ("retired.json", "[1]")])
+def test_a_corrupt_catalog_file_is_named_and_the_tick_goes_on(raw_catalog, name, text):
+    project, cat = raw_catalog
+    defs = build_defs(str(project), "configs/w.yaml")
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance, "catalog_change_sensor")
+        (project / "data" / "catalog" / name).write_text(text)
+        for cursor in (None, first.cursor):
+            result = tick(defs, instance, "catalog_change_sensor", cursor)  # does not raise
+            assert not result.run_requests
+        assert json.loads((project / "data" / "catalog" / "latest.json").read_text())["models"]["test/model-a"]
+
+
+@pytest.mark.parametrize("cursor", ["garbage", "1.5", "-3", '{"storage_id": 4}'])
+def test_a_corrupt_catalog_update_cursor_relaunches_only_under_the_same_run_keys(raw_catalog, cursor):
+    project, cat = raw_catalog
+    defs = build_defs(str(project), "configs/w.yaml")
+    with dg.instance_for_test() as instance:
+        tick(defs, instance, BATCH)  # the batch and worker partitions (or-a is never collected here)
+        materialize(defs, instance, "openrouter_catalog")
+        cat.models([model("test/model-a", prompt="0.000005")])
+        materialize(defs, instance, "openrouter_catalog")
+        first = tick(defs, instance, "catalog_update_sensor")
+        assert len(first.run_requests) == 1
+        again = tick(defs, instance, "catalog_update_sensor", cursor)
+        assert _keys(again) == _keys(first) and again.cursor == first.cursor
