@@ -108,6 +108,22 @@ def openrouter_catalog(
     )
 
 
+def _cursor_models(context: dg.SensorEvaluationContext, sensor_name: str) -> dict[str, str] | None:
+    """The {model id: fingerprint} map of the catalog sensor's cursor, or None when there is no
+    cursor or it cannot be read (named in one line; the stored catalog is the baseline then)."""
+    if not context.cursor:
+        return None
+    try:
+        models = json.loads(context.cursor).get("models")
+    except (ValueError, AttributeError):
+        models = None
+    if isinstance(models, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in models.items()):
+        return models
+    context.log.warning(f"{sensor_name}: cursor unreadable ({context.cursor[:80]!r}); "
+                        "comparing with the stored catalog (data/catalog/latest.json) instead")
+    return None
+
+
 def build_catalog_change_sensor(
     minimum_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S, name: str = "catalog_change_sensor"
 ) -> dg.SensorDefinition:
@@ -140,13 +156,18 @@ def build_catalog_change_sensor(
             return dg.SensorResult(skip_reason=f"catalog not fetched: {exc}", cursor=context.cursor)
 
         folder = pipeline.paths.catalog
-        if context.cursor:
-            old: dict[str, str] | CatalogSnapshot | None = json.loads(context.cursor)["models"]
-        else:
-            old = load_latest(folder)
+        old: dict[str, str] | CatalogSnapshot | None = _cursor_models(context, name)
+        if old is None:
+            try:
+                old = load_latest(folder)
+            except CatalogError as exc:  # no baseline: nothing counts as changed this tick, and the fetch replaces it
+                context.log.warning(str(exc))
         diff = diff_snapshots(old, snap, configured)
-        save_snapshot(snap, folder)
-        update_retired(folder, diff.retired, configured)
+        try:
+            save_snapshot(snap, folder)
+            update_retired(folder, diff.retired, configured)
+        except (CatalogError, OSError) as exc:  # the comparison stands on the cursor; the files are written next tick
+            context.log.warning(f"catalog files not updated: {exc}")
 
         batches = context.instance.get_dynamic_partitions(task_batches.name)
         known = set(context.instance.get_dynamic_partitions(workers.name))

@@ -165,7 +165,7 @@ async def fetch_catalog_async(base_url: str = OPENROUTER_BASE_URL, api_key: str 
             if r.status_code == 200:
                 try:
                     return snapshot_from_api(r.json(), source=url)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth ("[[[[...")
                     raise Retryable("the reply is not valid JSON") from None
             if retryable_status(r.status_code):
                 raise Retryable(f"HTTP {r.status_code}")
@@ -192,7 +192,10 @@ def save_snapshot(snapshot: CatalogSnapshot, folder: str | Path) -> Path:
     """Replace `latest.json`; add a history file when the content differs from the previous
     latest. Returns the path of latest.json."""
     folder = Path(folder)
-    prev = load_latest(folder)
+    try:
+        prev = load_latest(folder)
+    except CatalogError:  # an unreadable latest.json is replaced; every content it held is in history/
+        prev = None
     text = snapshot.model_dump_json(indent=1)
     if prev is None or prev.digest() != snapshot.digest():
         stamp = snapshot.fetched_at.replace(":", "").replace("+0000", "Z")
@@ -209,7 +212,9 @@ def load_snapshot(path: str | Path) -> CatalogSnapshot:
     except FileNotFoundError:
         raise CatalogError(f"{path}: no catalog snapshot; fetch one (materialize openrouter_catalog)") from None
     except ValueError as exc:
-        raise CatalogError(f"{path}: not a catalog snapshot: {exc}") from None
+        why = " ".join(str(exc).split())[:300]
+        raise CatalogError(f"{path}: not a catalog snapshot ({why}); delete it: the next catalog fetch writes it "
+                           "again (every earlier content is in history/)") from None
 
 
 def load_latest(folder: str | Path) -> CatalogSnapshot | None:
@@ -305,4 +310,11 @@ def load_retired(folder: str | Path) -> dict[str, dict]:
     path = Path(folder) / "retired.json"
     if not path.exists():
         return {}
-    return json.loads(path.read_text(encoding="utf-8")).get("workers", {})
+    try:
+        workers = json.loads(path.read_text(encoding="utf-8")).get("workers", {})
+    except (ValueError, AttributeError):
+        workers = None
+    if not isinstance(workers, dict) or not all(isinstance(v, dict) for v in workers.values()):
+        raise CatalogError(f"{path}: not a retired-workers file (expected an object with a 'workers' object); delete "
+                           "it: the next catalog fetch writes it again")
+    return workers
