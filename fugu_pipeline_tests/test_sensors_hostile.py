@@ -219,29 +219,36 @@ def test_odd_catalog_contents_do_not_break_the_tick(raw_catalog):
 
 
 @pytest.mark.parametrize("cursor", ["garbage", "[]", '{"digest": "abc"}', '{"models": ["x"]}', '{"models": {"test/model-a": 5}}'])
-def test_a_corrupt_catalog_change_cursor_starts_from_the_stored_catalog(raw_catalog, cursor):
+def test_a_corrupt_catalog_change_cursor_starts_from_the_stored_catalog(raw_catalog, cursor, capfd):
     project, cat = raw_catalog
     defs = build_defs(str(project), "configs/w.yaml")
     with dg.instance_for_test() as instance:
         tick(defs, instance, BATCH)  # the batch and worker partitions (or-a is never collected here)
         first = tick(defs, instance, "catalog_change_sensor")  # stores data/catalog/latest.json
         cat.models([model("test/model-a", prompt="0.000005")])
+        capfd.readouterr()
         changed = tick(defs, instance, "catalog_change_sensor", cursor)  # compared with latest.json instead
+        said = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+        assert len(said) == 1 and "cursor unreadable" in said[0] and "latest.json" in said[0], said
         assert len(changed.run_requests) == 1 and first.cursor != changed.cursor
         assert _keys(tick(defs, instance, "catalog_change_sensor", first.cursor)) == _keys(changed)  # idempotent
 
 
 @pytest.mark.parametrize("name,text", [("latest.json", "{not json"), ("latest.json", '{"models": 3}'),
                                        ("retired.json", "{not json"), ("retired.json", "[1]")])
-def test_a_corrupt_catalog_file_is_named_and_the_tick_goes_on(raw_catalog, name, text):
+def test_a_corrupt_catalog_file_is_named_and_the_tick_goes_on(raw_catalog, name, text, capfd):
     project, cat = raw_catalog
     defs = build_defs(str(project), "configs/w.yaml")
     with dg.instance_for_test() as instance:
         first = tick(defs, instance, "catalog_change_sensor")
+        capfd.readouterr()
         (project / "data" / "catalog" / name).write_text(text)
         for cursor in (None, first.cursor):
             result = tick(defs, instance, "catalog_change_sensor", cursor)  # does not raise
             assert not result.run_requests
+            said = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+            if name == "retired.json" or cursor is None:  # a corrupt latest.json is replaced by the first tick
+                assert len(said) == 1 and name in said[0] and "delete it" in said[0], said
         assert json.loads((project / "data" / "catalog" / "latest.json").read_text())["models"]["test/model-a"]
 
 
@@ -258,3 +265,17 @@ def test_a_corrupt_catalog_update_cursor_relaunches_only_under_the_same_run_keys
         assert len(first.run_requests) == 1
         again = tick(defs, instance, "catalog_update_sensor", cursor)
         assert _keys(again) == _keys(first) and again.cursor == first.cursor
+
+
+@pytest.mark.parametrize("changed", [["or-a"], {"or-a": "c769bd222142a15c"}, {"or-a": [1, 2]}, {"or-a": [None, None, "x"]}])
+def test_a_hand_reported_catalog_with_odd_metadata_is_left_out(raw_catalog, changed, capfd):
+    project, cat = raw_catalog
+    defs = build_defs(str(project), "configs/w.yaml")
+    with dg.instance_for_test() as instance:
+        tick(defs, instance, BATCH)
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            "openrouter_catalog", metadata={"changed_workers": dg.MetadataValue.json(changed)}))
+        result = tick(defs, instance, "catalog_update_sensor")
+        assert not result.run_requests and result.cursor
+        said = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+        assert len(said) == 1 and "changed_workers" in said[0], said
