@@ -132,10 +132,21 @@ class RawCatalog:
 
     def __init__(self):
         self.status, self.body, self.ctype = 200, b'{"data": []}', "application/json"
+        self.endless = False  # stream '[' without end and without a length, until the client hangs up
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (the stdlib's name)
+                if outer.endless:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    try:
+                        while outer.endless:
+                            self.wfile.write(b"[" * (1 << 20))
+                    except OSError:
+                        pass
+                    return
                 self.send_response(outer.status)
                 self.send_header("Content-Type", outer.ctype)
                 self.send_header("Content-Length", str(len(outer.body)))
@@ -181,7 +192,9 @@ HOSTILE_REPLIES = {
     "deep": (200, b"[" * 200_000 + b"]" * 200_000, "application/json"),
     "not-utf8": (200, b'{"data": [{"id": "\xff\xfe"}]}', "application/json"),
     "http-500": (500, b"oops", "text/plain"),
-    "http-404": (404, b"<html>not here</html>", "text/html"),
+    "http-404": (404, b"<html>\n<body>\nnot here\n</body>\n</html>\n", "text/html"),
+    "huge": (200, b'{"data": [' + json.dumps(model("test/model-a")).encode() + b"]" + b" " * (80 << 20) + b"}",
+             "application/json"),  # a catalog, but 80 MiB
     "data-not-list": (200, b'{"data": {"id": "x"}}', "application/json"),
     "list": (200, b"[1, 2, 3]", "application/json"),
 }
@@ -199,6 +212,20 @@ def test_a_hostile_catalog_reply_skips_the_tick_and_keeps_the_cursor(raw_catalog
         assert not bad.run_requests and bad.cursor == first.cursor
         assert bad.skip_message.startswith("catalog not fetched") and "\n" not in bad.skip_message, bad.skip_message
         assert len(bad.skip_message) < 1000
+
+
+def test_an_endless_catalog_reply_is_cut_and_named(raw_catalog):
+    project, cat = raw_catalog
+    defs = build_defs(str(project), "configs/w.yaml")
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance, "catalog_change_sensor")
+        cat.endless = True
+        try:
+            bad = tick(defs, instance, "catalog_change_sensor", first.cursor)
+        finally:
+            cat.endless = False
+        assert not bad.run_requests and bad.cursor == first.cursor
+        assert "catalog not fetched" in bad.skip_message and "MiB" in bad.skip_message, bad.skip_message
 
 
 def test_odd_catalog_contents_do_not_break_the_tick(raw_catalog):

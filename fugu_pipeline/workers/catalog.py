@@ -33,6 +33,7 @@ from fugu_pipeline.workers.retry import (
 )
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
+MAX_CATALOG_BYTES = 64 << 20  # OpenRouter's catalog is a few MiB; past this a reply is not a catalog
 
 
 class CatalogError(RuntimeError):
@@ -159,22 +160,43 @@ async def fetch_catalog_async(base_url: str = OPENROUTER_BASE_URL, api_key: str 
 
         async def attempt() -> CatalogSnapshot:
             try:
-                r = await http.get(url, headers=headers)
+                async with http.stream("GET", url, headers=headers) as r:
+                    body = await _read_capped(r, url)
             except httpx.HTTPError as exc:
                 raise Retryable(f"{type(exc).__name__}: {exc}") from None
             if r.status_code == 200:
                 try:
-                    return snapshot_from_api(r.json(), source=url)
+                    return snapshot_from_api(json.loads(body), source=url)
                 except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth ("[[[[...")
                     raise Retryable("the reply is not valid JSON") from None
             if retryable_status(r.status_code):
                 raise Retryable(f"HTTP {r.status_code}")
-            raise CatalogError(f"GET {url}: HTTP {r.status_code}: {scrub_secrets(r.text, api_key)[:300]}")
+            text = " ".join(scrub_secrets(body.decode("utf-8", "replace"), api_key).split())  # one line, even from HTML
+            raise CatalogError(f"GET {url}: HTTP {r.status_code}: {text[:300]}")
 
         try:
             return (await with_retries(attempt, policy, where=f"GET {url}", waiting_for="no catalog")).value
         except WorkerCallError as exc:
             raise CatalogError(f"{scrub_secrets(str(exc), api_key)}; check the network and the catalog base_url") from None
+
+
+async def _read_capped(r: httpx.Response, url: str) -> bytes:
+    """The body of a reply, refused past MAX_CATALOG_BYTES (declared or streamed): an endless or
+    huge reply (a wrong base_url, a broken proxy) would otherwise fill the memory of the process
+    that runs the sensor until the overall deadline."""
+    limit_mib = MAX_CATALOG_BYTES >> 20
+    declared = r.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_CATALOG_BYTES:
+        raise CatalogError(f"GET {url}: the reply declares {int(declared) >> 20} MiB, over the catalog limit of "
+                           f"{limit_mib} MiB; check the catalog base_url")
+    chunks, size = [], 0
+    async for chunk in r.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_CATALOG_BYTES:
+            raise CatalogError(f"GET {url}: the reply passed the catalog limit of {limit_mib} MiB and was cut; "
+                               "check the catalog base_url")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # --------------------------------------------------------------------------- storage
