@@ -124,6 +124,35 @@ def test_a_file_deleted_or_rewritten_between_ticks(project):
         assert _keys(tick(defs, instance, BATCH, gone.cursor)) == _keys(back)  # a re-tick: the same keys
 
 
+def test_a_batch_file_reverted_to_an_earlier_content_is_collected_again(project):
+    """v1 -> v2 -> v1: the run keys of the revert must differ from v1's first ones, or the daemon
+    drops its runs as already launched and the batch stays on v2's prompts for good."""
+    from fugu_pipeline.collect.store import ResponseStore
+    from fugu_pipeline.tasks.loading import load_tasks
+
+    bench = project / "data" / "benchgen"
+    (bench / "sample.jsonl").unlink()
+    v1 = [json.dumps(task_row(i)) for i in range(3)]
+    v2 = [json.dumps(task_row(0, prompt="What is 0 + 1, in words?")), *v1[1:]]
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    store = ResponseStore(project / "data" / "responses")
+    launched: set[str] = set()
+    with dg.instance_for_test() as instance:
+        cursor = None
+        for rows in (v1, v2, v1):
+            (bench / "b.jsonl").write_text("\n".join(rows) + "\n")
+            result = tick(defs, instance, BATCH, cursor)
+            keys = _keys(result)
+            assert keys and not keys & launched, keys & launched  # the daemon would drop these as done
+            launch(defs, instance, result.run_requests)
+            launched |= keys
+            cursor = result.cursor
+            assert _keys(tick(defs, instance, BATCH, None)) == set()  # materialized from this very file: nothing
+        want = {t.task_id: t.prompt_hash for t in load_tasks(bench / "b.jsonl")}
+        for worker in instance.get_dynamic_partitions("workers"):
+            assert {k: r.prompt_hash for k, r in store.read("b", worker).items()} == want
+
+
 # --------------------------------------------------------------------------- the catalog sensors
 
 

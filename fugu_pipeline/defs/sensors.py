@@ -120,8 +120,11 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
         seen[batch] = digest
         if batch not in known:
             added.append(batch)
-        requests.append(partition_run_request(task_batches, batch, run_key=f"tasks:{batch}:{digest}", job_name=load_batch_job.name))
-        requests.extend(_responses_request(batch, w, digest) for w in config.worker_ids)
+        # the key names the change (materialized content -> file content): a re-tick repeats it, so the daemon
+        # drops the repeat, while a file reverted to an earlier content (v1 -> v2 -> v1) is a new change
+        change = f"{materialized.get(batch, 'none')}->{digest}"
+        requests.append(partition_run_request(task_batches, batch, run_key=f"tasks:{batch}:{change}", job_name=load_batch_job.name))
+        requests.extend(_responses_request(batch, w, change) for w in config.worker_ids)
     for w in new_workers:  # a worker added to the config: collect it on every batch known before this tick
         requests.extend(_responses_request(b, w, "new-worker") for b in sorted(known))
 
