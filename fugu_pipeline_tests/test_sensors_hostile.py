@@ -335,3 +335,52 @@ def test_a_hand_reported_catalog_with_odd_metadata_is_left_out(raw_catalog, chan
         assert not result.run_requests and result.cursor
         said = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
         assert len(said) == 1 and "changed_workers" in said[0], said
+
+
+@pytest.fixture
+def stub_project(project, monkeypatch):
+    """Worker `or-a` (openrouter) behind a loopback stub that also serves the catalog."""
+    import secrets
+
+    from fugu_pipeline.testing.stub_llm import StubLLMServer
+
+    with StubLLMServer() as stub:
+        stub.add_model("test/model-a", prompt=1e-6, completion=2e-6)
+        (project / "data" / "benchgen" / "sample.jsonl").unlink()
+        write_jsonl(project / "data" / "benchgen" / "b1.jsonl", [task_row(i) for i in range(2)])
+        (project / "configs" / "w.yaml").write_text(json.dumps({"workers": [
+            {"id": "or-a", "kind": "openrouter", "model": "test/model-a", "base_url": stub.openrouter_url}]}))
+        monkeypatch.setenv("FUGU_OPENROUTER_BASE_URL", stub.openrouter_url)
+        monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or-v1-" + secrets.token_hex(20))
+        yield project, stub
+
+
+@pytest.mark.parametrize("sensor", ["catalog_change_sensor", "catalog_update_sensor"])
+def test_a_price_that_flips_back_and_forth_recollects_every_time(stub_project, sensor):
+    """A -> B -> A -> B: the second A -> B change must not reuse the first one's run keys, or the
+    daemon drops it and the cells stay answered under A while the catalog says B."""
+    from fugu_pipeline.collect.store import ResponseStore
+    from fugu_pipeline.workers.catalog import load_latest
+
+    project, stub = stub_project
+    defs = build_defs(str(project), "configs/w.yaml")
+    store = ResponseStore(project / "data" / "responses")
+    launched: set[str] = set()
+    with dg.instance_for_test() as instance:
+        launch(defs, instance, tick(defs, instance, BATCH).run_requests)
+        if sensor == "catalog_update_sensor":
+            materialize(defs, instance, "openrouter_catalog")
+        cursor = tick(defs, instance, sensor).cursor
+        for price in (5e-6, 1e-6, 5e-6):
+            stub.set_price("test/model-a", prompt=price)
+            if sensor == "catalog_update_sensor":
+                materialize(defs, instance, "openrouter_catalog")
+            result = tick(defs, instance, sensor, cursor)
+            keys = _keys(result)
+            assert len(keys) == 1 and not keys & launched, (price, keys & launched)
+            assert _keys(tick(defs, instance, sensor, cursor)) == keys or sensor == "catalog_change_sensor"
+            launch(defs, instance, result.run_requests)
+            launched |= keys
+            cursor = result.cursor
+            fp = load_latest(project / "data" / "catalog").fingerprint("test/model-a")
+            assert {r.model_fingerprint for r in store.read("b1", "or-a").values()} == {fp}

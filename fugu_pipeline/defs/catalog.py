@@ -18,6 +18,7 @@ import dagster as dg
 
 from fugu_pipeline.defs.partitions import CATALOG_FRESHNESS, batch_x_worker, partition_run_request, task_batches, workers
 from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.defs.versions import latest_data_versions
 from fugu_pipeline.workers.catalog import (
     OPENROUTER_BASE_URL,
     CatalogError,
@@ -171,6 +172,9 @@ def build_catalog_change_sensor(
 
         batches = context.instance.get_dynamic_partitions(task_batches.name)
         known = set(context.instance.get_dynamic_partitions(workers.name))
+        # the responses partitions' data versions go in the run keys: a price that flips back and forth
+        # (A -> B -> A -> B) made the second A -> B key equal the first, and the daemon dropped it
+        collected = latest_data_versions(context.instance, RESPONSES_KEY)
         requests = []
         for worker_id, (old_fp, new_fp) in sorted(diff.changed.items()):
             if worker_id not in known:
@@ -179,9 +183,10 @@ def build_catalog_change_sensor(
             context.log.info(f"{worker_id}: {configured[worker_id]} changed ({old_fp} -> {new_fp}); "
                              f"re-collecting {len(batches)} batch(es)")
             for batch in batches:
+                key = dg.MultiPartitionKey({"batch": batch, "worker": worker_id})
                 requests.append(partition_run_request(
-                    batch_x_worker, dg.MultiPartitionKey({"batch": batch, "worker": worker_id}),
-                    run_key=f"catalog:{worker_id}:{batch}:{old_fp}->{new_fp}",
+                    batch_x_worker, key,
+                    run_key=f"catalog:{worker_id}:{batch}:{old_fp}->{new_fp}@{collected.get(str(key), 'none')}",
                     asset_selection=[RESPONSES_KEY],
                     tags={FINGERPRINT_TAG: new_fp},
                 ))

@@ -121,7 +121,9 @@ def catalog_update_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResul
         for batch in batches:
             requests.append(partition_run_request(
                 batch_x_worker, dg.MultiPartitionKey({"batch": batch, "worker": worker_id}),
-                run_key=f"catalog:{worker_id}:{batch}:{old_fp}->{new_fp}",
+                # the materialization's id: unique per catalog refresh (a price flipping back to an earlier
+                # offer is a new change), the same on a replay of this one
+                run_key=f"catalog:{worker_id}:{batch}:{old_fp}->{new_fp}#{record.storage_id}",
                 asset_selection=[RESPONSES_KEY], tags={FINGERPRINT_TAG: new_fp},
             ))
     cursor = str(record.storage_id)
