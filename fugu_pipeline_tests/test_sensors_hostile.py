@@ -384,3 +384,18 @@ def test_a_price_that_flips_back_and_forth_recollects_every_time(stub_project, s
             cursor = result.cursor
             fp = load_latest(project / "data" / "catalog").fingerprint("test/model-a")
             assert {r.model_fingerprint for r in store.read("b1", "or-a").values()} == {fp}
+
+
+@pytest.mark.parametrize("text", ["workers: [ {id: a, kind: mock}\n", "workers: [{id: a, kind: nope}]\n", None])
+def test_a_broken_worker_config_skips_the_sensors_in_one_line_and_keeps_their_cursors(project, text):
+    config = project / "configs" / "w.yaml"
+    defs = build_defs(str(project), "configs/w.yaml")
+    with dg.instance_for_test() as instance:
+        for sensor in (BATCH, "catalog_change_sensor"):
+            if text is not None:
+                config.write_text(text)
+            result = tick(defs, instance, sensor, "kept")
+            assert not result.run_requests and result.cursor == "kept"
+            assert "w.yaml" in result.skip_message and "\n" not in result.skip_message, result.skip_message
+        config.write_text(json.dumps({"workers": [{"id": "a", "kind": "mock"}]}))  # fixed: the batches go on
+        assert {str(r.partition_key).split("|")[0] for r in tick(defs, instance, BATCH).run_requests} == {"sample"}

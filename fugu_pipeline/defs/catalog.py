@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import dagster as dg
 
 from fugu_pipeline.defs.partitions import CATALOG_FRESHNESS, batch_x_worker, partition_run_request, task_batches, workers
-from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.defs.resources import PipelineResource, config_skip
 from fugu_pipeline.defs.versions import latest_data_versions
 from fugu_pipeline.workers.catalog import (
     OPENROUTER_BASE_URL,
@@ -29,7 +29,7 @@ from fugu_pipeline.workers.catalog import (
     save_snapshot,
     update_retired,
 )
-from fugu_pipeline.workers.config import WorkersConfig, WorkerSpec
+from fugu_pipeline.workers.config import WorkerConfigError, WorkersConfig, WorkerSpec
 
 FINGERPRINT_TAG = "fugu/model_fingerprint"
 RESPONSES_KEY = dg.AssetKey("responses")
@@ -148,7 +148,10 @@ def build_catalog_change_sensor(
         context: dg.SensorEvaluationContext, openrouter: OpenRouterResource, pipeline: PipelineResource
     ) -> dg.SensorResult:
         """See the description above (it is what the UI shows)."""
-        configured = openrouter_models(pipeline.load_workers())
+        try:
+            configured = openrouter_models(pipeline.load_workers())
+        except WorkerConfigError as exc:
+            return dg.SensorResult(skip_reason=config_skip(exc), cursor=context.cursor)
         if not configured:
             return dg.SensorResult(skip_reason="no openrouter workers in the worker config", cursor=context.cursor)
         try:

@@ -15,9 +15,10 @@ from fugu_pipeline.defs.partitions import (
     task_batches,
     workers,
 )
-from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.defs.resources import PipelineResource, config_skip
 from fugu_pipeline.defs.versions import EMPTY_VERSION, file_version, latest_data_versions
 from fugu_pipeline.tasks.loading import scan_batch_files
+from fugu_pipeline.workers.config import WorkerConfigError
 
 BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "30"))
 
@@ -94,7 +95,10 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
     seen, warned = _read_cursor(context)
     if ensure_worker_calls_limit(context.instance):
         context.log.info("pool worker_calls: limit set to 8 partition runs at a time (change it in the UI's Deployment tab)")
-    config = pipeline.load_workers()
+    try:
+        config = pipeline.load_workers()
+    except WorkerConfigError as exc:  # nothing is requested (a batch needs its workers' runs); the cursor stays
+        return dg.SensorResult(skip_reason=config_skip(exc), cursor=context.cursor)
     known_workers = set(context.instance.get_dynamic_partitions(workers.name))
     new_workers = [w for w in config.worker_ids if w not in known_workers]
     known = set(context.instance.get_dynamic_partitions(task_batches.name))
