@@ -82,6 +82,24 @@ def test_odd_batch_files_are_each_named_once_and_the_good_ones_go_on(project, ca
         assert not [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
 
 
+def test_a_name_with_control_characters_is_shown_escaped_on_one_line(project, capfd):
+    bench = project / "data" / "benchgen"
+    names = ["evil\nWARNING forged line.jsonl", "\x1b[2Jclear.jsonl", "rtl\u202eldoc.jsonl"]
+    for name in names:
+        write_jsonl(bench / name, [task_row(9)])
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        result = tick(defs, instance, BATCH)
+        assert {str(r.partition_key).split("|")[0] for r in result.run_requests} == {"sample"}
+        err = capfd.readouterr().err
+        assert "\x1b[2J" not in err and "\u202e" not in err and "\nWARNING forged" not in err
+        for name in names:
+            said = [line for line in err.splitlines() if repr(name)[1:-1] in line]
+            assert len(said) == 1 and "refused" in said[0], (name, said)
+        again = tick(defs, instance, BATCH, result.cursor)
+        assert "\n" not in again.skip_message and "\x1b" not in again.skip_message, again.skip_message
+
+
 def test_an_unreadable_batch_file_is_named_and_the_others_go_on(project, monkeypatch, capfd):
     """A file the sensor cannot read (permissions; or deleted between listing and hashing) is
     named once and looked at again next tick; the tests run as root, so the error is injected."""

@@ -17,7 +17,7 @@ from fugu_pipeline.defs.partitions import (
 )
 from fugu_pipeline.defs.resources import PipelineResource, config_skip
 from fugu_pipeline.defs.versions import EMPTY_VERSION, file_version, latest_data_versions
-from fugu_pipeline.tasks.loading import scan_batch_files
+from fugu_pipeline.tasks.loading import scan_batch_files, shown_name
 from fugu_pipeline.workers.config import WorkerConfigError
 
 BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "30"))
@@ -113,7 +113,7 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
         try:
             digest = file_version(path)
         except OSError as exc:  # unreadable, or gone since it was listed: the next tick looks again
-            context.log.warning(f"{path.name}: not read this tick ({type(exc).__name__}: {exc.strerror or exc}); "
+            context.log.warning(f"{shown_name(path.name)}: not read this tick ({type(exc).__name__}: {exc.strerror or exc}); "
                                 "check the file's permissions; the other files go on")
             continue
         if digest == EMPTY_VERSION:  # deleted since it was listed
@@ -142,7 +142,7 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
     if not requests and not partition_requests:
         skip = "no new or changed batch files, no new workers"
         if refused:
-            skip += f"; refused for their name: {', '.join(e.path.name for e in refused)}"
+            skip += f"; refused: {', '.join(shown_name(e.path.name) for e in refused)}"
     return dg.SensorResult(
         run_requests=requests,
         dynamic_partitions_requests=partition_requests,

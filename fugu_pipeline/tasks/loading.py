@@ -39,13 +39,19 @@ BATCH_NAME_RULE = ("a batch file name (without .jsonl) must start with a letter 
                    "letters, digits, '_', '.' and '-' (at most 128 characters)")
 
 
+def shown_name(name: str) -> str:
+    """A file name as a message shows it: as is when printable, else escaped (a newline in a name
+    would forge a second log line, an escape sequence would drive the terminal)."""
+    return name if name.isprintable() else ascii(name)
+
+
 class BatchNameError(TaskFileError):
     """A batch file whose name cannot be a partition key. One line: the file, and the rule."""
 
     def __init__(self, path: Path, name: str):
         self.path = path
         self.problems = [(0, f"batch name {name!r} refused")]
-        ValueError.__init__(self, f"{path.name}: refused: {BATCH_NAME_RULE}; rename the file")
+        ValueError.__init__(self, f"{shown_name(path.name)}: refused: {BATCH_NAME_RULE}; rename the file")
 
 
 class NotABatchFileError(TaskFileError):
@@ -55,7 +61,7 @@ class NotABatchFileError(TaskFileError):
     def __init__(self, path: Path):
         self.path = path
         self.problems = [(0, "not a regular file")]
-        ValueError.__init__(self, f"{path.name}: refused: not a regular file (a directory, FIFO, device, or a symlink "
+        ValueError.__init__(self, f"{shown_name(path.name)}: refused: not a regular file (a directory, FIFO, device, or a symlink "
                                   "to one or to nothing); a batch must be a plain .jsonl file; move it out of the folder")
 
 
