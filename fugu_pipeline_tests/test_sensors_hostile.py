@@ -180,10 +180,14 @@ class RawCatalog:
     def __init__(self):
         self.status, self.body, self.ctype = 200, b'{"data": []}', "application/json"
         self.endless = False  # stream '[' without end and without a length, until the client hangs up
+        self.hang, self.released = False, threading.Event()  # accept, then answer nothing
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (the stdlib's name)
+                if outer.hang:
+                    outer.released.wait(30)
+                    return
                 if outer.endless:
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
@@ -212,6 +216,7 @@ class RawCatalog:
         self.body = json.dumps({"data": entries}).encode()
 
     def close(self):
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -273,6 +278,23 @@ def test_an_endless_catalog_reply_is_cut_and_named(raw_catalog):
             cat.endless = False
         assert not bad.run_requests and bad.cursor == first.cursor
         assert "catalog not fetched" in bad.skip_message and "MiB" in bad.skip_message, bad.skip_message
+
+
+def test_a_catalog_that_never_answers_skips_within_the_daemons_sensor_timeout(raw_catalog, monkeypatch):
+    """The daemon gives a sensor DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS (60) and fails the tick past it;
+    the fetch's own deadline (30 s x 3 attempts + 5) was longer, so a hung catalog failed ticks."""
+    import time
+
+    project, cat = raw_catalog
+    defs = build_defs(str(project), "configs/w.yaml")
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance, "catalog_change_sensor")
+        monkeypatch.setenv("DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS", "6")
+        cat.hang = True
+        t0 = time.monotonic()
+        bad = tick(defs, instance, "catalog_change_sensor", first.cursor)
+        assert time.monotonic() - t0 < 5, time.monotonic() - t0
+        assert not bad.run_requests and bad.cursor == first.cursor and "catalog not fetched" in bad.skip_message
 
 
 def test_odd_catalog_contents_do_not_break_the_tick(raw_catalog):

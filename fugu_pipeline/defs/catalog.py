@@ -57,8 +57,19 @@ class OpenRouterResource(dg.ConfigurableResource):
             return cls(api_key=dg.EnvVar(env), **kwargs)
         return cls(**kwargs)
 
-    def fetch_catalog(self) -> CatalogSnapshot:
-        return fetch_catalog(self.base_url, self.api_key or None, timeout_s=self.timeout_s)
+    def fetch_catalog(self, deadline_s: float | None = None) -> CatalogSnapshot:
+        return fetch_catalog(self.base_url, self.api_key or None, timeout_s=self.timeout_s, deadline_s=deadline_s)
+
+
+def sensor_fetch_deadline_s() -> float:
+    """How long a sensor may spend fetching the catalog: half the time the daemon gives a sensor
+    tick (DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS, else DAGSTER_GRPC_TIMEOUT_SECONDS, else 60 s, as
+    Dagster reads them). Past its own timeout the daemon fails the tick instead of skipping it."""
+    raw = os.environ.get("DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS") or os.environ.get("DAGSTER_GRPC_TIMEOUT_SECONDS") or "60"
+    try:
+        return max(1.0, float(raw) / 2)
+    except ValueError:
+        return 30.0
 
 
 def openrouter_models(config: WorkersConfig) -> dict[str, str]:
@@ -155,7 +166,7 @@ def build_catalog_change_sensor(
         if not configured:
             return dg.SensorResult(skip_reason="no openrouter workers in the worker config", cursor=context.cursor)
         try:
-            snap = openrouter.fetch_catalog()
+            snap = openrouter.fetch_catalog(deadline_s=sensor_fetch_deadline_s())
         except CatalogError as exc:
             return dg.SensorResult(skip_reason=f"catalog not fetched: {exc}", cursor=context.cursor)
 

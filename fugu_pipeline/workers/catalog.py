@@ -144,17 +144,22 @@ def snapshot_from_api(payload: dict, source: str = "") -> CatalogSnapshot:
 
 
 def fetch_catalog(base_url: str = OPENROUTER_BASE_URL, api_key: str | None = None, *,
-                  timeout_s: float = 30.0, attempts: int = 3) -> CatalogSnapshot:
+                  timeout_s: float = 30.0, attempts: int = 3, deadline_s: float | None = None) -> CatalogSnapshot:
     """GET `<base_url>/models` (from synchronous code). The key is optional (the endpoint is
-    public); it is sent only as a header. Retries follow the workers' one retry policy."""
-    return asyncio.run(fetch_catalog_async(base_url, api_key, timeout_s=timeout_s, attempts=attempts))
+    public); it is sent only as a header. Retries follow the workers' one retry policy, within
+    `deadline_s` in all (default: timeout_s x attempts + 5 s)."""
+    return asyncio.run(fetch_catalog_async(base_url, api_key, timeout_s=timeout_s, attempts=attempts,
+                                           deadline_s=deadline_s))
 
 
 async def fetch_catalog_async(base_url: str = OPENROUTER_BASE_URL, api_key: str | None = None, *,
-                              timeout_s: float = 30.0, attempts: int = 3) -> CatalogSnapshot:
+                              timeout_s: float = 30.0, attempts: int = 3,
+                              deadline_s: float | None = None) -> CatalogSnapshot:
     url = base_url.rstrip("/") + "/models"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    policy = RetryPolicy(max_attempts=attempts, deadline_s=timeout_s * attempts + 5.0)
+    if deadline_s is not None:
+        timeout_s = min(timeout_s, deadline_s)
+    policy = RetryPolicy(max_attempts=attempts, deadline_s=deadline_s or timeout_s * attempts + 5.0)
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))) as http:
 
@@ -171,7 +176,8 @@ async def fetch_catalog_async(base_url: str = OPENROUTER_BASE_URL, api_key: str 
                     raise Retryable("the reply is not valid JSON") from None
             if retryable_status(r.status_code):
                 raise Retryable(f"HTTP {r.status_code}")
-            text = " ".join(scrub_secrets(body.decode("utf-8", "replace"), api_key).split())  # one line, even from HTML
+            text = "".join(c if c.isprintable() else " " for c in scrub_secrets(body.decode("utf-8", "replace"), api_key)[:2000])
+            text = " ".join(text.split())  # one printable line, even from an HTML page
             raise CatalogError(f"GET {url}: HTTP {r.status_code}: {text[:300]}")
 
         try:
