@@ -363,6 +363,22 @@ def test_a_corrupt_catalog_update_cursor_relaunches_only_under_the_same_run_keys
         assert _keys(again) == _keys(first) and again.cursor == first.cursor
 
 
+def test_a_catalog_update_cursor_ahead_of_the_event_log_is_named_and_reset(raw_catalog, capfd):
+    """The event log was reset (storage/ deleted, a new database) while the cursors were kept:
+    the new storage ids start low again, and every catalog below the old cursor was ignored."""
+    project, cat = raw_catalog
+    defs = build_defs(str(project), "configs/w.yaml")
+    with dg.instance_for_test() as instance:
+        tick(defs, instance, BATCH)
+        materialize(defs, instance, "openrouter_catalog")
+        cat.models([model("test/model-a", prompt="0.000005")])
+        materialize(defs, instance, "openrouter_catalog")
+        result = tick(defs, instance, "catalog_update_sensor", "999999")
+        assert len(result.run_requests) == 1 and int(result.cursor) < 999999
+        said = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line and "cursor" in line]
+        assert len(said) == 1 and "ahead" in said[0], said
+
+
 @pytest.mark.parametrize("changed", [["or-a"], {"or-a": "c769bd222142a15c"}, {"or-a": [1, 2]}, {"or-a": [None, None, "x"]}])
 def test_a_hand_reported_catalog_with_odd_metadata_is_left_out(raw_catalog, changed, capfd):
     project, cat = raw_catalog

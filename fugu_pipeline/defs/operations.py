@@ -98,6 +98,10 @@ def catalog_update_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResul
         return dg.SensorResult(skip_reason="openrouter_catalog was never materialized (turn on openrouter_catalog_schedule)")
     record = records[0]
     last = _cursor_storage_id(context)
+    if record.storage_id < last:
+        context.log.warning(f"catalog_update_sensor: cursor {last} is ahead of the latest catalog ({record.storage_id}): "
+                            "the event log was reset; handling the latest catalog")
+        last = 0
     if record.storage_id <= last:
         return dg.SensorResult(skip_reason="no new catalog since the last tick", cursor=context.cursor)
     meta = record.asset_materialization.metadata
