@@ -142,6 +142,24 @@ def test_a_file_deleted_or_rewritten_between_ticks(project):
         assert _keys(tick(defs, instance, BATCH, gone.cursor)) == _keys(back)  # a re-tick: the same keys
 
 
+def test_a_batch_partition_deleted_from_the_instance_comes_back(project):
+    """The folder is the source of truth: a partition deleted in the UI (or an instance whose
+    storage was reset while the cursors were kept) was never added again, the cursor said done."""
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance, BATCH)
+        launch(defs, instance, first.run_requests)
+        instance.delete_dynamic_partition("task_batches", "sample")
+        back = tick(defs, instance, BATCH, first.cursor)
+        assert instance.get_dynamic_partitions("task_batches") == ["sample"]
+        assert not back.run_requests  # its materializations (from this very file) are still in the event log
+    with dg.instance_for_test() as fresh:  # a reset instance, the old cursor kept
+        back = tick(defs, fresh, BATCH, first.cursor)
+        assert fresh.get_dynamic_partitions("task_batches") == ["sample"]
+        assert _keys(back) == _keys(first)  # requested again (the cells on disk are not called again)
+        assert not tick(defs, fresh, BATCH, back.cursor).run_requests
+
+
 def test_a_batch_file_reverted_to_an_earlier_content_is_collected_again(project):
     """v1 -> v2 -> v1: the run keys of the revert must differ from v1's first ones, or the daemon
     drops its runs as already launched and the batch stays on v2's prompts for good."""

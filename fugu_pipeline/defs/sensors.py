@@ -118,12 +118,12 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
             continue
         if digest == EMPTY_VERSION:  # deleted since it was listed
             continue
-        if seen.get(batch) == digest or (batch in known and materialized.get(batch) == digest):
-            seen[batch] = digest
-            continue  # already requested, or already materialized from this very file
-        seen[batch] = digest
-        if batch not in known:
+        if batch not in known:  # new, or its partition deleted (in the UI, or an instance reset): the folder rules
             added.append(batch)
+        if materialized.get(batch) == digest or (batch in known and seen.get(batch) == digest):
+            seen[batch] = digest
+            continue  # already materialized from this very file, or already requested
+        seen[batch] = digest
         # the key names the change (materialized content -> file content): a re-tick repeats it, so the daemon
         # drops the repeat, while a file reverted to an earlier content (v1 -> v2 -> v1) is a new change
         change = f"{materialized.get(batch, 'none')}->{digest}"
