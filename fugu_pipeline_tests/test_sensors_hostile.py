@@ -473,3 +473,43 @@ def test_a_broken_worker_config_skips_the_sensors_in_one_line_and_keeps_their_cu
             assert "w.yaml" in result.skip_message and "\n" not in result.skip_message, result.skip_message
         config.write_text(json.dumps({"workers": [{"id": "a", "kind": "mock"}]}))  # fixed: the batches go on
         assert {str(r.partition_key).split("|")[0] for r in tick(defs, instance, BATCH).run_requests} == {"sample"}
+
+
+def test_a_worker_removed_then_put_back_is_collected_on_the_batches_it_missed(project):
+    """A worker taken out of the config keeps its partition; put back, it was not "new", so the
+    batches that arrived meanwhile were never collected for it (and the matrix's cells stayed
+    missing)."""
+    from fugu_pipeline.collect.store import ResponseStore
+
+    bench = project / "data" / "benchgen"
+    (bench / "sample.jsonl").unlink()
+    write_jsonl(bench / "b1.jsonl", [task_row(i) for i in range(2)])
+    config = project / "configs" / "w.yaml"
+    both = {"workers": [{"id": "a", "kind": "mock"}, {"id": "b", "kind": "mock"}]}
+    config.write_text(json.dumps(both))
+    defs = build_defs(str(project), "configs/w.yaml")
+    store = ResponseStore(project / "data" / "responses")
+    launched: set[str] = set()
+    with dg.instance_for_test() as instance:
+
+        def step(cursor, fresh=True):
+            result = tick(defs, instance, BATCH, cursor)
+            assert not (fresh and _keys(result) & launched)
+            if fresh:  # a re-tick from the same cursor: the same keys
+                assert _keys(tick(defs, instance, BATCH, cursor)) == _keys(result)
+            launch(defs, instance, result.run_requests)
+            launched.update(_keys(result))
+            return result
+
+        cursor = step(None).cursor
+        config.write_text(json.dumps({"workers": both["workers"][:1]}))
+        write_jsonl(bench / "b2.jsonl", [task_row(i) for i in range(10, 12)])
+        cursor = step(cursor).cursor
+        assert not store.read("b2", "b")
+        config.write_text(json.dumps(both))  # back
+        result = step(cursor)
+        assert {str(r.partition_key) for r in result.run_requests} >= {"b2|b"}
+        assert set(store.read("b2", "b")) == {"t10", "t11"}
+        instance.delete_dynamic_partition("workers", "b")
+        again = step(result.cursor, fresh=False)  # re-added; its requests repeat the last join's keys (same files)
+        assert "b" in instance.get_dynamic_partitions("workers") and _keys(again) <= launched

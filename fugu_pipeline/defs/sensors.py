@@ -43,6 +43,15 @@ def sync_worker_partitions(instance: dg.DagsterInstance, worker_ids: list[str]) 
     return new
 
 
+def _cursor_workers(context: dg.SensorEvaluationContext) -> set[str] | None:
+    """The config's worker ids at the last tick (None: unknown, a cursor without them)."""
+    try:
+        ids = json.loads(context.cursor).get("workers") if context.cursor else None
+    except (ValueError, AttributeError):
+        return None  # named by _read_cursor
+    return set(ids) if isinstance(ids, list) and all(isinstance(w, str) for w in ids) else None
+
+
 def _read_cursor(context: dg.SensorEvaluationContext) -> tuple[dict[str, str], set[str]]:
     """(batch -> file digest already requested, names already refused) from the cursor. A cursor
     that cannot be read (hand-edited, truncated, another version's) is named in one line and the
@@ -100,7 +109,11 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
     except WorkerConfigError as exc:  # nothing is requested (a batch needs its workers' runs); the cursor stays
         return dg.SensorResult(skip_reason=config_skip(exc), cursor=context.cursor)
     known_workers = set(context.instance.get_dynamic_partitions(workers.name))
-    new_workers = [w for w in config.worker_ids if w not in known_workers]
+    missing_workers = [w for w in config.worker_ids if w not in known_workers]
+    # a worker joins when its partition is missing, or when it was not in the config at the last tick (put back
+    # after a removal: its partition stayed, and the batches that came meanwhile were never collected for it)
+    before = _cursor_workers(context)
+    joined = [w for w in config.worker_ids if w not in known_workers or (before is not None and w not in before)]
     known = set(context.instance.get_dynamic_partitions(task_batches.name))
     materialized = latest_data_versions(context.instance, tasks.key)  # batch -> hash of the file it read
 
@@ -129,15 +142,18 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
         change = f"{materialized.get(batch, 'none')}->{digest}"
         requests.append(partition_run_request(task_batches, batch, run_key=f"tasks:{batch}:{change}", job_name=load_batch_job.name))
         requests.extend(_responses_request(batch, w, change) for w in config.worker_ids)
-    for w in new_workers:  # a worker added to the config: collect it on every batch known before this tick
-        requests.extend(_responses_request(b, w, "new-worker") for b in sorted(known))
+    if joined:  # collect it on every batch known before this tick; the key holds the partition's data version,
+        collected = latest_data_versions(context.instance, responses.key)  # so a second join is a new request
+        for w in joined:
+            requests.extend(_responses_request(b, w, f"joined@{collected.get(f'{b}|{w}', 'none')}") for b in sorted(known))
 
     partition_requests = []
     if added:
         partition_requests.append(task_batches.build_add_request(added))
-    if new_workers:
-        partition_requests.append(workers.build_add_request(new_workers))
-    new_cursor = json.dumps({"batches": seen, "refused": sorted(e.path.name for e in refused)}, sort_keys=True)
+    if missing_workers:
+        partition_requests.append(workers.build_add_request(missing_workers))
+    new_cursor = json.dumps({"batches": seen, "refused": sorted(e.path.name for e in refused),
+                             "workers": list(config.worker_ids)}, sort_keys=True)
     skip = None
     if not requests and not partition_requests:
         skip = "no new or changed batch files, no new workers"
