@@ -506,9 +506,11 @@ def test_a_worker_removed_then_put_back_is_collected_on_the_batches_it_missed(pr
         write_jsonl(bench / "b2.jsonl", [task_row(i) for i in range(10, 12)])
         cursor = step(cursor).cursor
         assert not store.read("b2", "b")
-        config.write_text(json.dumps(both))  # back
+        config.write_text(json.dumps(both))  # back, while b1 changes: one run per partition, not two
+        write_jsonl(bench / "b1.jsonl", [task_row(i) for i in range(3)])
         result = step(cursor)
-        assert {str(r.partition_key) for r in result.run_requests} >= {"b2|b"}
+        parts = [str(r.partition_key) for r in result.run_requests]
+        assert len(parts) == len(set(parts)) and {"b1|a", "b1|b", "b2|b"} <= set(parts), parts
         assert set(store.read("b2", "b")) == {"t10", "t11"}
         instance.delete_dynamic_partition("workers", "b")
         again = step(result.cursor, fresh=False)  # re-added; its requests repeat the last join's keys (same files)

@@ -144,8 +144,10 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
         requests.extend(_responses_request(batch, w, change) for w in config.worker_ids)
     if joined:  # collect it on every batch known before this tick; the key holds the partition's data version,
         collected = latest_data_versions(context.instance, responses.key)  # so a second join is a new request
+        requested = {str(r.partition_key) for r in requests}  # a batch changed this tick already has its run
         for w in joined:
-            requests.extend(_responses_request(b, w, f"joined@{collected.get(f'{b}|{w}', 'none')}") for b in sorted(known))
+            requests.extend(_responses_request(b, w, f"joined@{collected.get(f'{b}|{w}', 'none')}")
+                            for b in sorted(known) if f"{b}|{w}" not in requested)
 
     partition_requests = []
     if added:
