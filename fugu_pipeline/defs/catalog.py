@@ -17,7 +17,8 @@ from collections.abc import Mapping
 import dagster as dg
 
 from fugu_pipeline.defs.partitions import CATALOG_FRESHNESS, batch_x_worker, partition_run_request, task_batches, workers
-from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.defs.resources import PipelineResource, config_skip
+from fugu_pipeline.defs.versions import latest_data_versions
 from fugu_pipeline.workers.catalog import (
     OPENROUTER_BASE_URL,
     CatalogError,
@@ -28,7 +29,7 @@ from fugu_pipeline.workers.catalog import (
     save_snapshot,
     update_retired,
 )
-from fugu_pipeline.workers.config import WorkersConfig, WorkerSpec
+from fugu_pipeline.workers.config import WorkerConfigError, WorkersConfig, WorkerSpec
 
 FINGERPRINT_TAG = "fugu/model_fingerprint"
 RESPONSES_KEY = dg.AssetKey("responses")
@@ -56,8 +57,19 @@ class OpenRouterResource(dg.ConfigurableResource):
             return cls(api_key=dg.EnvVar(env), **kwargs)
         return cls(**kwargs)
 
-    def fetch_catalog(self) -> CatalogSnapshot:
-        return fetch_catalog(self.base_url, self.api_key or None, timeout_s=self.timeout_s)
+    def fetch_catalog(self, deadline_s: float | None = None) -> CatalogSnapshot:
+        return fetch_catalog(self.base_url, self.api_key or None, timeout_s=self.timeout_s, deadline_s=deadline_s)
+
+
+def sensor_fetch_deadline_s() -> float:
+    """How long a sensor may spend fetching the catalog: half the time the daemon gives a sensor
+    tick (DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS, else DAGSTER_GRPC_TIMEOUT_SECONDS, else 60 s, as
+    Dagster reads them). Past its own timeout the daemon fails the tick instead of skipping it."""
+    raw = os.environ.get("DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS") or os.environ.get("DAGSTER_GRPC_TIMEOUT_SECONDS") or "60"
+    try:
+        return max(1.0, float(raw) / 2)
+    except ValueError:
+        return 30.0
 
 
 def openrouter_models(config: WorkersConfig) -> dict[str, str]:
@@ -108,6 +120,22 @@ def openrouter_catalog(
     )
 
 
+def _cursor_models(context: dg.SensorEvaluationContext, sensor_name: str) -> dict[str, str] | None:
+    """The {model id: fingerprint} map of the catalog sensor's cursor, or None when there is no
+    cursor or it cannot be read (named in one line; the stored catalog is the baseline then)."""
+    if not context.cursor:
+        return None
+    try:
+        models = json.loads(context.cursor).get("models")
+    except (ValueError, AttributeError):
+        models = None
+    if isinstance(models, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in models.items()):
+        return models
+    context.log.warning(f"{sensor_name}: cursor unreadable ({context.cursor[:80]!r}); "
+                        "comparing with the stored catalog (data/catalog/latest.json) instead")
+    return None
+
+
 def build_catalog_change_sensor(
     minimum_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S, name: str = "catalog_change_sensor"
 ) -> dg.SensorDefinition:
@@ -131,25 +159,36 @@ def build_catalog_change_sensor(
         context: dg.SensorEvaluationContext, openrouter: OpenRouterResource, pipeline: PipelineResource
     ) -> dg.SensorResult:
         """See the description above (it is what the UI shows)."""
-        configured = openrouter_models(pipeline.load_workers())
+        try:
+            configured = openrouter_models(pipeline.load_workers())
+        except WorkerConfigError as exc:
+            return dg.SensorResult(skip_reason=config_skip(exc), cursor=context.cursor)
         if not configured:
             return dg.SensorResult(skip_reason="no openrouter workers in the worker config", cursor=context.cursor)
         try:
-            snap = openrouter.fetch_catalog()
+            snap = openrouter.fetch_catalog(deadline_s=sensor_fetch_deadline_s())
         except CatalogError as exc:
             return dg.SensorResult(skip_reason=f"catalog not fetched: {exc}", cursor=context.cursor)
 
         folder = pipeline.paths.catalog
-        if context.cursor:
-            old: dict[str, str] | CatalogSnapshot | None = json.loads(context.cursor)["models"]
-        else:
-            old = load_latest(folder)
+        old: dict[str, str] | CatalogSnapshot | None = _cursor_models(context, name)
+        if old is None:
+            try:
+                old = load_latest(folder)
+            except CatalogError as exc:  # no baseline: nothing counts as changed this tick, and the fetch replaces it
+                context.log.warning(str(exc))
         diff = diff_snapshots(old, snap, configured)
-        save_snapshot(snap, folder)
-        update_retired(folder, diff.retired, configured)
+        try:
+            save_snapshot(snap, folder)
+            update_retired(folder, diff.retired, configured)
+        except (CatalogError, OSError) as exc:  # the comparison stands on the cursor; the files are written next tick
+            context.log.warning(f"catalog files not updated: {exc}")
 
         batches = context.instance.get_dynamic_partitions(task_batches.name)
         known = set(context.instance.get_dynamic_partitions(workers.name))
+        # the responses partitions' data versions go in the run keys: a price that flips back and forth
+        # (A -> B -> A -> B) made the second A -> B key equal the first, and the daemon dropped it
+        collected = latest_data_versions(context.instance, RESPONSES_KEY)
         requests = []
         for worker_id, (old_fp, new_fp) in sorted(diff.changed.items()):
             if worker_id not in known:
@@ -158,9 +197,10 @@ def build_catalog_change_sensor(
             context.log.info(f"{worker_id}: {configured[worker_id]} changed ({old_fp} -> {new_fp}); "
                              f"re-collecting {len(batches)} batch(es)")
             for batch in batches:
+                key = dg.MultiPartitionKey({"batch": batch, "worker": worker_id})
                 requests.append(partition_run_request(
-                    batch_x_worker, dg.MultiPartitionKey({"batch": batch, "worker": worker_id}),
-                    run_key=f"catalog:{worker_id}:{batch}:{old_fp}->{new_fp}",
+                    batch_x_worker, key,
+                    run_key=f"catalog:{worker_id}:{batch}:{old_fp}->{new_fp}@{collected.get(str(key), 'none')}",
                     asset_selection=[RESPONSES_KEY],
                     tags={FINGERPRINT_TAG: new_fp},
                 ))

@@ -67,6 +67,20 @@ openrouter_catalog_schedule = dg.ScheduleDefinition(
 )
 
 
+def _cursor_storage_id(context: dg.SensorEvaluationContext) -> int:
+    """The storage id of the last catalog materialization handled. A cursor that is not one is
+    named in one line and read as 0: the latest catalog is handled again, and its run requests
+    carry the same run keys as before, so the daemon launches none of them twice."""
+    if not context.cursor:
+        return 0
+    try:
+        return int(context.cursor)
+    except ValueError:
+        context.log.warning(f"catalog_update_sensor: cursor unreadable ({context.cursor[:80]!r}, expected a storage id); "
+                            "handling the latest catalog again (run keys keep it from launching anything twice)")
+        return 0
+
+
 @dg.sensor(
     name="catalog_update_sensor",
     minimum_interval_seconds=int(os.environ.get("FUGU_CATALOG_UPDATE_SENSOR_INTERVAL_S", "60")),
@@ -83,7 +97,11 @@ def catalog_update_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResul
     if not records:
         return dg.SensorResult(skip_reason="openrouter_catalog was never materialized (turn on openrouter_catalog_schedule)")
     record = records[0]
-    last = int(context.cursor) if context.cursor else 0
+    last = _cursor_storage_id(context)
+    if record.storage_id < last:
+        context.log.warning(f"catalog_update_sensor: cursor {last} is ahead of the latest catalog ({record.storage_id}): "
+                            "the event log was reset; handling the latest catalog")
+        last = 0
     if record.storage_id <= last:
         return dg.SensorResult(skip_reason="no new catalog since the last tick", cursor=context.cursor)
     meta = record.asset_materialization.metadata
@@ -91,13 +109,25 @@ def catalog_update_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResul
     batches = context.instance.get_dynamic_partitions(task_batches.name)
     known = set(context.instance.get_dynamic_partitions(workers.name))
     requests = []
-    for worker_id, (old_fp, new_fp) in sorted((changed or {}).items()):
+    if not isinstance(changed, dict):
+        context.log.warning(f"catalog_update_sensor: changed_workers of materialization {record.storage_id} is a "
+                            f"{type(changed).__name__}, not a map of workers; left out")
+        changed = {}
+    for worker_id, pair in sorted(changed.items()):
+        if not (isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(fp, str | None) for fp in pair)
+                and pair[1]):  # a materialization reported by hand with other metadata
+            context.log.warning(f"catalog_update_sensor: changed_workers[{worker_id[:80]!r}] of materialization "
+                                f"{record.storage_id} is not [old fingerprint, new fingerprint]; left out")
+            continue
+        old_fp, new_fp = pair
         if worker_id not in known:
             continue
         for batch in batches:
             requests.append(partition_run_request(
                 batch_x_worker, dg.MultiPartitionKey({"batch": batch, "worker": worker_id}),
-                run_key=f"catalog:{worker_id}:{batch}:{old_fp}->{new_fp}",
+                # the materialization's id: unique per catalog refresh (a price flipping back to an earlier
+                # offer is a new change), the same on a replay of this one
+                run_key=f"catalog:{worker_id}:{batch}:{old_fp}->{new_fp}#{record.storage_id}",
                 asset_selection=[RESPONSES_KEY], tags={FINGERPRINT_TAG: new_fp},
             ))
     cursor = str(record.storage_id)

@@ -6,7 +6,13 @@ from pathlib import Path
 import dagster as dg
 
 from fugu_pipeline.paths import ProjectPaths
-from fugu_pipeline.workers.config import WorkersConfig, load_workers_config
+from fugu_pipeline.workers.config import WorkerConfigError, WorkersConfig, load_workers_config
+
+
+def config_skip(exc: WorkerConfigError) -> str:
+    """A sensor's skip reason for a broken worker config: the error in one line, and what to do.
+    (A sensor that raises fails every tick; skipping keeps its cursor until the file is fixed.)"""
+    return f"{' '.join(str(exc).split())[:500]}; nothing requested until the worker config is fixed"
 
 
 class PipelineResource(dg.ConfigurableResource):

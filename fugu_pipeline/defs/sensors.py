@@ -15,9 +15,10 @@ from fugu_pipeline.defs.partitions import (
     task_batches,
     workers,
 )
-from fugu_pipeline.defs.resources import PipelineResource
-from fugu_pipeline.defs.versions import file_version, latest_data_versions
-from fugu_pipeline.tasks.loading import scan_batch_files
+from fugu_pipeline.defs.resources import PipelineResource, config_skip
+from fugu_pipeline.defs.versions import EMPTY_VERSION, file_version, latest_data_versions
+from fugu_pipeline.tasks.loading import scan_batch_files, shown_name
+from fugu_pipeline.workers.config import WorkerConfigError
 
 BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "30"))
 
@@ -42,6 +43,44 @@ def sync_worker_partitions(instance: dg.DagsterInstance, worker_ids: list[str]) 
     return new
 
 
+def _cursor_workers(context: dg.SensorEvaluationContext) -> set[str] | None:
+    """The config's worker ids at the last tick (None: unknown, a cursor without them)."""
+    try:
+        ids = json.loads(context.cursor).get("workers") if context.cursor else None
+    except (ValueError, AttributeError):
+        return None  # named by _read_cursor
+    return set(ids) if isinstance(ids, list) and all(isinstance(w, str) for w in ids) else None
+
+
+def _read_cursor(context: dg.SensorEvaluationContext) -> tuple[dict[str, str], set[str]]:
+    """(batch -> file digest already requested, names already refused) from the cursor. A cursor
+    that cannot be read (hand-edited, truncated, another version's) is named in one line and the
+    tick starts afresh: materialized batches are compared with their files, and a batch requested
+    but not yet run is requested again under the same run key, which the daemon drops."""
+    if not context.cursor:
+        return {}, set()
+    try:
+        cursor = json.loads(context.cursor)
+    except ValueError as exc:
+        cursor, why = None, f"not JSON: {exc}"
+    else:
+        why = f"a JSON {'null' if cursor is None else type(cursor).__name__}, not an object"
+    if isinstance(cursor, dict) and "batches" not in cursor and all(isinstance(v, str) for v in cursor.values()):
+        cursor = {"batches": cursor}  # the first format: {batch: digest}
+    batches = cursor.get("batches") if isinstance(cursor, dict) else None
+    if isinstance(batches, dict):
+        seen = {k: v for k, v in batches.items() if isinstance(v, str)}
+        if len(seen) == len(batches):
+            refused = cursor.get("refused")
+            return seen, {r for r in refused if isinstance(r, str)} if isinstance(refused, list) else set()
+        why = "a batch without a file digest"
+    elif isinstance(cursor, dict):
+        why = "no 'batches' map"
+    context.log.warning(f"benchgen_batch_sensor: cursor unreadable ({why[:200]}); starting afresh from the materialized "
+                        "batches (runs already requested keep their run keys, so none is launched twice)")
+    return {}, set()
+
+
 def _responses_request(batch: str, worker: str, why: str) -> dg.RunRequest:
     key = dg.MultiPartitionKey({"batch": batch, "worker": worker})
     return partition_run_request(batch_x_worker, key, run_key=f"responses:{batch}:{worker}:{why}",
@@ -62,46 +101,66 @@ def _responses_request(batch: str, worker: str, why: str) -> dg.RunRequest:
 )
 def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource) -> dg.SensorResult:
     """See the description above (it is what the UI shows)."""
-    cursor = json.loads(context.cursor) if context.cursor else {}
+    seen, warned = _read_cursor(context)
     if ensure_worker_calls_limit(context.instance):
         context.log.info("pool worker_calls: limit set to 8 partition runs at a time (change it in the UI's Deployment tab)")
-    config = pipeline.load_workers()
+    try:
+        config = pipeline.load_workers()
+    except WorkerConfigError as exc:  # nothing is requested (a batch needs its workers' runs); the cursor stays
+        return dg.SensorResult(skip_reason=config_skip(exc), cursor=context.cursor)
     known_workers = set(context.instance.get_dynamic_partitions(workers.name))
-    new_workers = [w for w in config.worker_ids if w not in known_workers]
+    missing_workers = [w for w in config.worker_ids if w not in known_workers]
+    # a worker joins when its partition is missing, or when it was not in the config at the last tick (put back
+    # after a removal: its partition stayed, and the batches that came meanwhile were never collected for it)
+    before = _cursor_workers(context)
+    joined = [w for w in config.worker_ids if w not in known_workers or (before is not None and w not in before)]
     known = set(context.instance.get_dynamic_partitions(task_batches.name))
     materialized = latest_data_versions(context.instance, tasks.key)  # batch -> hash of the file it read
 
     found, refused = scan_batch_files(pipeline.paths.benchgen)
-    warned = set(cursor.get("refused") or []) if isinstance(cursor.get("refused"), list) else set()
     for exc in refused:
         if exc.path.name not in warned:
             context.log.warning(str(exc))
-    seen = dict(cursor["batches"]) if isinstance(cursor.get("batches"), dict) else {}
     added, requests = [], []
     for batch, path in found:
-        digest = file_version(path)
-        if seen.get(batch) == digest or (batch in known and materialized.get(batch) == digest):
-            seen[batch] = digest
-            continue  # already requested, or already materialized from this very file
-        seen[batch] = digest
-        if batch not in known:
+        try:
+            digest = file_version(path)
+        except OSError as exc:  # unreadable, or gone since it was listed: the next tick looks again
+            context.log.warning(f"{shown_name(path.name)}: not read this tick ({type(exc).__name__}: {exc.strerror or exc}); "
+                                "check the file's permissions; the other files go on")
+            continue
+        if digest == EMPTY_VERSION:  # deleted since it was listed
+            continue
+        if batch not in known:  # new, or its partition deleted (in the UI, or an instance reset): the folder rules
             added.append(batch)
-        requests.append(partition_run_request(task_batches, batch, run_key=f"tasks:{batch}:{digest}", job_name=load_batch_job.name))
-        requests.extend(_responses_request(batch, w, digest) for w in config.worker_ids)
-    for w in new_workers:  # a worker added to the config: collect it on every batch known before this tick
-        requests.extend(_responses_request(b, w, "new-worker") for b in sorted(known))
+        if materialized.get(batch) == digest or (batch in known and seen.get(batch) == digest):
+            seen[batch] = digest
+            continue  # already materialized from this very file, or already requested
+        seen[batch] = digest
+        # the key names the change (materialized content -> file content): a re-tick repeats it, so the daemon
+        # drops the repeat, while a file reverted to an earlier content (v1 -> v2 -> v1) is a new change
+        change = f"{materialized.get(batch, 'none')}->{digest}"
+        requests.append(partition_run_request(task_batches, batch, run_key=f"tasks:{batch}:{change}", job_name=load_batch_job.name))
+        requests.extend(_responses_request(batch, w, change) for w in config.worker_ids)
+    if joined:  # collect it on every batch known before this tick; the key holds the partition's data version,
+        collected = latest_data_versions(context.instance, responses.key)  # so a second join is a new request
+        requested = {str(r.partition_key) for r in requests}  # a batch changed this tick already has its run
+        for w in joined:
+            requests.extend(_responses_request(b, w, f"joined@{collected.get(f'{b}|{w}', 'none')}")
+                            for b in sorted(known) if f"{b}|{w}" not in requested)
 
     partition_requests = []
     if added:
         partition_requests.append(task_batches.build_add_request(added))
-    if new_workers:
-        partition_requests.append(workers.build_add_request(new_workers))
-    new_cursor = json.dumps({"batches": seen, "refused": sorted(e.path.name for e in refused)}, sort_keys=True)
+    if missing_workers:
+        partition_requests.append(workers.build_add_request(missing_workers))
+    new_cursor = json.dumps({"batches": seen, "refused": sorted(e.path.name for e in refused),
+                             "workers": list(config.worker_ids)}, sort_keys=True)
     skip = None
     if not requests and not partition_requests:
         skip = "no new or changed batch files, no new workers"
         if refused:
-            skip += f"; refused for their name: {', '.join(e.path.name for e in refused)}"
+            skip += f"; refused: {', '.join(shown_name(e.path.name) for e in refused)}"
     return dg.SensorResult(
         run_requests=requests,
         dynamic_partitions_requests=partition_requests,

@@ -39,13 +39,30 @@ BATCH_NAME_RULE = ("a batch file name (without .jsonl) must start with a letter 
                    "letters, digits, '_', '.' and '-' (at most 128 characters)")
 
 
+def shown_name(name: str) -> str:
+    """A file name as a message shows it: as is when printable, else escaped (a newline in a name
+    would forge a second log line, an escape sequence would drive the terminal)."""
+    return name if name.isprintable() else ascii(name)
+
+
 class BatchNameError(TaskFileError):
     """A batch file whose name cannot be a partition key. One line: the file, and the rule."""
 
     def __init__(self, path: Path, name: str):
         self.path = path
         self.problems = [(0, f"batch name {name!r} refused")]
-        ValueError.__init__(self, f"{path.name}: refused: {BATCH_NAME_RULE}; rename the file")
+        ValueError.__init__(self, f"{shown_name(path.name)}: refused: {BATCH_NAME_RULE}; rename the file")
+
+
+class NotABatchFileError(TaskFileError):
+    """A `*.jsonl` entry that is not a regular file (a directory, FIFO, device, or a symlink to one
+    or to nothing). Never opened: a FIFO blocks its reader, /dev/zero never ends. One line."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.problems = [(0, "not a regular file")]
+        ValueError.__init__(self, f"{shown_name(path.name)}: refused: not a regular file (a directory, FIFO, device, or a symlink "
+                                  "to one or to nothing); a batch must be a plain .jsonl file; move it out of the folder")
 
 
 def batch_name(path: Path) -> str:
@@ -63,12 +80,18 @@ def list_batch_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(BATCH_SUFFIXES))
 
 
-def scan_batch_files(folder: Path) -> tuple[list[tuple[str, Path]], list[BatchNameError]]:
-    """The batch files of a folder as (batch name, path), and the files refused for their name.
-    A badly named file never stops the others: callers report each refusal and run the rest."""
+def scan_batch_files(folder: Path) -> tuple[list[tuple[str, Path]], list[TaskFileError]]:
+    """The batch files of a folder as (batch name, path), and the `*.jsonl` entries refused for
+    their name or for not being a regular file. A refused entry never stops the others: callers
+    report each refusal (one line) and run the rest."""
     batches: list[tuple[str, Path]] = []
-    refused: list[BatchNameError] = []
-    for path in list_batch_files(folder):
+    refused: list[TaskFileError] = []
+    if not folder.is_dir():
+        return batches, refused
+    for path in sorted(p for p in folder.iterdir() if p.name.endswith(BATCH_SUFFIXES)):
+        if not path.is_file():
+            refused.append(NotABatchFileError(path))
+            continue
         try:
             batches.append((batch_name(path), path))
         except BatchNameError as exc:

@@ -33,6 +33,7 @@ from fugu_pipeline.workers.retry import (
 )
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
+MAX_CATALOG_BYTES = 64 << 20  # OpenRouter's catalog is a few MiB; past this a reply is not a catalog
 
 
 class CatalogError(RuntimeError):
@@ -143,38 +144,65 @@ def snapshot_from_api(payload: dict, source: str = "") -> CatalogSnapshot:
 
 
 def fetch_catalog(base_url: str = OPENROUTER_BASE_URL, api_key: str | None = None, *,
-                  timeout_s: float = 30.0, attempts: int = 3) -> CatalogSnapshot:
+                  timeout_s: float = 30.0, attempts: int = 3, deadline_s: float | None = None) -> CatalogSnapshot:
     """GET `<base_url>/models` (from synchronous code). The key is optional (the endpoint is
-    public); it is sent only as a header. Retries follow the workers' one retry policy."""
-    return asyncio.run(fetch_catalog_async(base_url, api_key, timeout_s=timeout_s, attempts=attempts))
+    public); it is sent only as a header. Retries follow the workers' one retry policy, within
+    `deadline_s` in all (default: timeout_s x attempts + 5 s)."""
+    return asyncio.run(fetch_catalog_async(base_url, api_key, timeout_s=timeout_s, attempts=attempts,
+                                           deadline_s=deadline_s))
 
 
 async def fetch_catalog_async(base_url: str = OPENROUTER_BASE_URL, api_key: str | None = None, *,
-                              timeout_s: float = 30.0, attempts: int = 3) -> CatalogSnapshot:
+                              timeout_s: float = 30.0, attempts: int = 3,
+                              deadline_s: float | None = None) -> CatalogSnapshot:
     url = base_url.rstrip("/") + "/models"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    policy = RetryPolicy(max_attempts=attempts, deadline_s=timeout_s * attempts + 5.0)
+    if deadline_s is not None:
+        timeout_s = min(timeout_s, deadline_s)
+    policy = RetryPolicy(max_attempts=attempts, deadline_s=deadline_s or timeout_s * attempts + 5.0)
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))) as http:
 
         async def attempt() -> CatalogSnapshot:
             try:
-                r = await http.get(url, headers=headers)
+                async with http.stream("GET", url, headers=headers) as r:
+                    body = await _read_capped(r, url)
             except httpx.HTTPError as exc:
                 raise Retryable(f"{type(exc).__name__}: {exc}") from None
             if r.status_code == 200:
                 try:
-                    return snapshot_from_api(r.json(), source=url)
-                except ValueError:
+                    return snapshot_from_api(json.loads(body), source=url)
+                except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth ("[[[[...")
                     raise Retryable("the reply is not valid JSON") from None
             if retryable_status(r.status_code):
                 raise Retryable(f"HTTP {r.status_code}")
-            raise CatalogError(f"GET {url}: HTTP {r.status_code}: {scrub_secrets(r.text, api_key)[:300]}")
+            text = "".join(c if c.isprintable() else " " for c in scrub_secrets(body.decode("utf-8", "replace"), api_key)[:2000])
+            text = " ".join(text.split())  # one printable line, even from an HTML page
+            raise CatalogError(f"GET {url}: HTTP {r.status_code}: {text[:300]}")
 
         try:
             return (await with_retries(attempt, policy, where=f"GET {url}", waiting_for="no catalog")).value
         except WorkerCallError as exc:
             raise CatalogError(f"{scrub_secrets(str(exc), api_key)}; check the network and the catalog base_url") from None
+
+
+async def _read_capped(r: httpx.Response, url: str) -> bytes:
+    """The body of a reply, refused past MAX_CATALOG_BYTES (declared or streamed): an endless or
+    huge reply (a wrong base_url, a broken proxy) would otherwise fill the memory of the process
+    that runs the sensor until the overall deadline."""
+    limit_mib = MAX_CATALOG_BYTES >> 20
+    declared = r.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_CATALOG_BYTES:
+        raise CatalogError(f"GET {url}: the reply declares {int(declared) >> 20} MiB, over the catalog limit of "
+                           f"{limit_mib} MiB; check the catalog base_url")
+    chunks, size = [], 0
+    async for chunk in r.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_CATALOG_BYTES:
+            raise CatalogError(f"GET {url}: the reply passed the catalog limit of {limit_mib} MiB and was cut; "
+                               "check the catalog base_url")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # --------------------------------------------------------------------------- storage
@@ -192,7 +220,10 @@ def save_snapshot(snapshot: CatalogSnapshot, folder: str | Path) -> Path:
     """Replace `latest.json`; add a history file when the content differs from the previous
     latest. Returns the path of latest.json."""
     folder = Path(folder)
-    prev = load_latest(folder)
+    try:
+        prev = load_latest(folder)
+    except CatalogError:  # an unreadable latest.json is replaced; every content it held is in history/
+        prev = None
     text = snapshot.model_dump_json(indent=1)
     if prev is None or prev.digest() != snapshot.digest():
         stamp = snapshot.fetched_at.replace(":", "").replace("+0000", "Z")
@@ -209,7 +240,9 @@ def load_snapshot(path: str | Path) -> CatalogSnapshot:
     except FileNotFoundError:
         raise CatalogError(f"{path}: no catalog snapshot; fetch one (materialize openrouter_catalog)") from None
     except ValueError as exc:
-        raise CatalogError(f"{path}: not a catalog snapshot: {exc}") from None
+        why = " ".join(str(exc).split())[:300]
+        raise CatalogError(f"{path}: not a catalog snapshot ({why}); delete it: the next catalog fetch writes it "
+                           "again (every earlier content is in history/)") from None
 
 
 def load_latest(folder: str | Path) -> CatalogSnapshot | None:
@@ -305,4 +338,11 @@ def load_retired(folder: str | Path) -> dict[str, dict]:
     path = Path(folder) / "retired.json"
     if not path.exists():
         return {}
-    return json.loads(path.read_text(encoding="utf-8")).get("workers", {})
+    try:
+        workers = json.loads(path.read_text(encoding="utf-8")).get("workers", {})
+    except (ValueError, AttributeError):
+        workers = None
+    if not isinstance(workers, dict) or not all(isinstance(v, dict) for v in workers.values()):
+        raise CatalogError(f"{path}: not a retired-workers file (expected an object with a 'workers' object); delete "
+                           "it: the next catalog fetch writes it again")
+    return workers
