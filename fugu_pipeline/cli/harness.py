@@ -22,8 +22,8 @@ def add_commands(add, data_opts) -> None:
                    help="the YAML whose reward: block gives the utility weights (needed for a JSONL with quality)")
     p.add_argument("--work-dir", default="data/imports", help="where the DuckDB matrix of a JSONL is built")
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
-    p.add_argument("--seeds", type=int, default=100, help="random routing: number of seeds")
-    p.add_argument("--repeats", type=int, default=20, help="cross-fit oracle: number of random half splits")
+    p.add_argument("--seeds", type=int, default=100, help=f"random routing: number of seeds (1 to {MAX_DRAWS:,})")
+    p.add_argument("--repeats", type=int, default=20, help=f"cross-fit oracle: number of random half splits (1 to {MAX_DRAWS:,})")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
 
     p = add("pack", cmd_pack, "write a head, its training receipt and its feature contract to one folder")
@@ -74,10 +74,19 @@ def add_commands(add, data_opts) -> None:
 # --------------------------------------------------------------------------- baselines
 
 
+# --seeds and --repeats: at least one draw (a percentile of none is undefined); at most this many, since
+# random routing holds a (seeds x rows) array of routes (10,000 seeds of 7,000 rows: 0.6 GB)
+MAX_DRAWS = 10_000
+
+
 def cmd_baseline(args) -> int:
     import numpy as np
 
     from fugu_pipeline.cli.training import matrix_db
+
+    for flag, value in (("--seeds", args.seeds), ("--repeats", args.repeats)):
+        if not 1 <= value <= MAX_DRAWS:
+            raise CLIError(f"{flag} {value}: give a count from 1 to {MAX_DRAWS:,} (default {100 if flag == '--seeds' else 20})")
     from fugu_pipeline.evaluate.baselines import baseline_lines, baseline_rows
     from fugu_pipeline.matrix.read import read_arrays, read_utility_config
 
