@@ -15,7 +15,9 @@ checkpoint (the `--output` of an earlier `train-*`), so `train-sft --output X` t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import re
 import sys
 from pathlib import Path
 
@@ -92,6 +94,29 @@ ENCODER_FLAGS = (("template", "prompt_template"), ("pooling", "pooling"), ("toke
                  ("layers", "layer"), ("max_length", "max_length"), ("lexical", "lexical"))
 
 
+FLAG_OF_FIELD = {field: "--" + flag.replace("_", "-") for flag, field in ENCODER_FLAGS} | {
+    "model": "--encoder", "device": "--device", "dtype": "--dtype", "folds": "--folds", "seed": "--seed",
+    "objective": "--objective", "selection_rule": "--selection-rule"}
+
+
+@contextlib.contextmanager
+def flag_errors():
+    """A pydantic ValidationError of settings built from flags as one CLIError naming the flags
+    (not pydantic's multi-line dump with its input)."""
+    from pydantic import ValidationError
+
+    from fugu_pipeline.matrix.import_common import option_errors
+
+    try:
+        yield
+    except ValidationError as exc:
+        text = option_errors(exc, lambda f: FLAG_OF_FIELD.get(f, f))
+        for field, flag in FLAG_OF_FIELD.items():  # a check across fields names them in its message
+            if "_" in field:
+                text = re.sub(rf"\b{field}\b(?!=)", flag, text).replace(f"{flag}: {flag} ", f"{flag} ")
+        raise CLIError(text) from None
+
+
 def encoder_settings(args, encoder: str | None = None, contract=None, metrics: dict | None = None):
     """The encoder settings of a command: from the flags (--template, --pooling, --token-position,
     --layers, --max-length, --dtype, --device) for a new head; from a checkpoint's feature contract
@@ -103,7 +128,8 @@ def encoder_settings(args, encoder: str | None = None, contract=None, metrics: d
     given = {field: getattr(args, flag) for flag, field in ENCODER_FLAGS if getattr(args, flag, None) is not None}
     dtype = getattr(args, "dtype", None) or "auto"
     if contract is None:
-        return EncoderSettings(model=encoder or encoder_name(args), device=args.device, dtype=dtype, **given)
+        with flag_errors():
+            return EncoderSettings(model=encoder or encoder_name(args), device=args.device, dtype=dtype, **given)
     settings = encoder_settings_for(contract, args.device, dtype, encoder)
     if dtype == "auto" and metrics:  # the dtype the checkpoint's features were computed in, as route/serve do
         from fugu_pipeline.route.router import serving_dtype
@@ -112,7 +138,8 @@ def encoder_settings(args, encoder: str | None = None, contract=None, metrics: d
     clash = []
     for flag, field in ENCODER_FLAGS:
         if field in given:
-            asked = getattr(EncoderSettings.model_validate({**settings.model_dump(), field: given[field]}), field)
+            with flag_errors():
+                asked = getattr(EncoderSettings.model_validate({**settings.model_dump(), field: given[field]}), field)
             if asked != getattr(settings, field):
                 clash.append(f"--{flag.replace('_', '-')} {getattr(args, flag)!r} (the checkpoint has {getattr(settings, field)!r})")
     if clash:
@@ -289,7 +316,8 @@ def cmd_train_heads(args) -> int:
     overrides = {k: v for k, v in (("objective", args.objective), ("selection_rule", args.selection_rule),
                                    ("folds", args.folds), ("seed", args.seed)) if v is not None}
     if overrides:
-        cfg = TrainSetConfig.model_validate({**cfg.model_dump(), **overrides})
+        with flag_errors():
+            cfg = TrainSetConfig.model_validate({**cfg.model_dump(), **overrides})
     print(f"heads: {config or 'built-in defaults (= configs/train.yaml as shipped)'}; "
           f"enabled {[k for k, v in cfg.heads.model_dump().items() if v is not None]}", file=sys.stderr)
     log = lambda m: print(m, file=sys.stderr)
