@@ -68,6 +68,12 @@ def matrix_db(args) -> Path:
     data_path = Path(args.data)
     if not data_path.exists():
         raise CLIError(f"--data {args.data}: no such file; pass a reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")
+    if data_path.is_dir():
+        raise CLIError(f"--data {args.data} is a folder; pass the reward-matrix JSONL (DESIGN §4) or the reward_matrix.duckdb "
+                       "file in it")
+    if not data_path.is_file():  # a FIFO or a device: DuckDB (or the hash below) would wait on it for ever
+        raise CLIError(f"--data {args.data} is not a regular file (a FIFO, socket or device); pass a reward-matrix JSONL "
+                       "(DESIGN §4) or a reward_matrix.duckdb file")
     weights, source = utility_weights(args)
     if data_path.suffix == ".duckdb":
         built = read_utility_config(data_path)
