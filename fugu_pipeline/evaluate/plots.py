@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fugu_pipeline.evaluate.metrics import ci_text
+
 
 def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
     """Write PNG plots beside the JSON report. Returns the paths."""
@@ -24,7 +26,7 @@ def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
     vals = [rep["router_utility"], rep["best_fixed_utility"], rep["random_utility"], rep["oracle_utility"]]
     axes[0].bar(names, vals, color=["#2a7", "#888", "#bbb", "#47c"])
     ci = rep["router_minus_best_fixed"]
-    axes[0].set_title(f"held-out utility (n={rep['n_tasks']}); router−fixed {ci['mean']:+.3f} [{ci['low']:+.3f}, {ci['high']:+.3f}]", fontsize=9)
+    axes[0].set_title(f"held-out utility (n={rep['n_tasks']}); router−fixed {ci_text(ci, '+.3f')}", fontsize=9)
     dist = rep["route_distribution"]
     axes[1].bar(list(dist), list(dist.values()), color="#2a7")
     axes[1].set_title("route distribution", fontsize=9)

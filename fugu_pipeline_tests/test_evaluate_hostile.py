@@ -1,0 +1,112 @@
+"""Degenerate and hostile data on the command line's training and evaluation paths, as users meet
+them: out-of-range numeric flags, a --data path that is not a regular file, a held-out split of one
+row. Each bad input is one line (exit 2, no traceback) naming the flag or file; degenerate but valid
+data gets figures that say where they are undefined instead of a zero-width interval."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fugu_pipeline.cli import main
+
+
+def reward_jsonl(path: Path, n: int = 30, workers=("a", "b", "c"), splits=None, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            split = splits[i] if splits else ("test" if i % 3 == 0 else "train")
+            f.write(json.dumps({"task_id": f"t{i}", "prompt": f"question {i} {'x' * (i % 5)}", "domain": ["math", "code"][i % 2],
+                                "split": split, "worker_ids": list(workers),
+                                "rewards": [round(rng.random(), 3) for _ in workers]}) + "\n")
+    return path
+
+
+def one_line_exit_2(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--seeds", "0"), ("--seeds", "-3"), ("--repeats", "0"),
+                                             ("--repeats", "-1"), ("--seeds", "100000000")])
+def test_baseline_counts_out_of_range_name_the_flag(tmp_path, capsys, flag, value):
+    # before: --seeds 0 / --repeats 0 -> IndexError from np.percentile of nothing, --seeds -3 ->
+    # "negative dimensions are not allowed", --seeds 1e8 -> a (1e8 x N) route array, killed for memory
+    data = reward_jsonl(tmp_path / "r.jsonl")
+    one_line_exit_2(capsys, ["baseline", "all", "--data", str(data), "--work-dir", str(tmp_path / "wd"), flag, value], flag)
+
+
+@pytest.mark.parametrize(("flags", "needle"), [(["--max-length", "-5"], "--max-length"),
+                                               (["--token-position", "5"], "--token-position"),
+                                               (["--template", "no prompt here"], "--template")])
+def test_train_sft_encoder_flags_out_of_range_are_one_line(tmp_path, capsys, flags, needle):
+    # before: pydantic's ValidationError of EncoderSettings as a traceback
+    data = reward_jsonl(tmp_path / "r.jsonl")
+    one_line_exit_2(capsys, ["train-sft", "--config", "configs/train_sft.yaml", "--data", str(data), "--encoder", "tiny",
+                             "--work-dir", str(tmp_path / "wd"), "--cache-dir", str(tmp_path / "cache"),
+                             "--output", str(tmp_path / "models"), *flags], needle)
+    assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.parametrize("folds", ["0", "1"])
+def test_train_folds_out_of_range_is_one_line(tmp_path, capsys, folds):
+    # before: TrainSetConfig's ValidationError as a traceback
+    data = reward_jsonl(tmp_path / "r.jsonl")
+    one_line_exit_2(capsys, ["train", "--data", str(data), "--encoder", "tiny", "--work-dir", str(tmp_path / "wd"),
+                             "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "models"),
+                             "--folds", folds], "--folds")
+
+
+def test_data_that_is_a_fifo_is_refused_not_waited_on(tmp_path, capsys):
+    # before: a FIFO named *.duckdb was opened by DuckDB, which blocked forever waiting for a writer
+    fifo = tmp_path / "matrix.duckdb"
+    os.mkfifo(fifo)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("rc", main(["baseline", "all", "--data", str(fifo)])), daemon=True)
+    t.start()
+    t.join(20)
+    if t.is_alive():  # unblock the reader so the test process can end
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("a FIFO given as --data blocked the command")
+    assert result["rc"] == 2
+    err = capsys.readouterr().err.strip()
+    assert str(fifo) in err and "not a regular file" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("name", ["folder", "folder.duckdb", "folder.jsonl"])
+def test_data_that_is_a_folder_says_so(tmp_path, capsys, name):
+    # before: "file not found" (a .jsonl folder) or "damaged ... rebuild it" (a .duckdb folder)
+    (tmp_path / name).mkdir()
+    one_line_exit_2(capsys, ["baseline", "all", "--data", str(tmp_path / name)], "is a folder")
+
+
+def test_one_held_out_row_has_no_interval_and_no_cross_fit(tmp_path):
+    from fugu_pipeline.evaluate.baselines import baseline_lines, baseline_rows
+    from fugu_pipeline.evaluate.metrics import EvalInputs, evaluation_report, summary_line
+
+    U = np.array([[0.1, 0.9, 0.3]])
+    rep = evaluation_report(EvalInputs(worker_ids=["a", "b", "c"], utility=U, scores=np.array([[0.0, 1.0, 0.0]]),
+                                       train_utility=np.array([[0.5, 0.1, 0.2], [0.6, 0.2, 0.1]])))
+    ci = rep["router_minus_best_fixed"]
+    assert ci["mean"] == pytest.approx(0.8) and ci["low"] is None and ci["high"] is None and "1 row" in ci["note"]
+    line = summary_line(rep)
+    assert "+0.8000 [+0.8000, +0.8000]" not in line and "no interval" in line, line
+    b = baseline_rows(["a", "b", "c"], U, router={"utility": 0.9})
+    cf = b["utility"]["cross_fit_oracle"]
+    # before: the mean over workers (random routing's expectation) stood in, with a zero-width interval
+    assert cf["mean"] is None and "1 row" in cf["note"]
+    assert b["utility"]["headroom"] is None and b["utility"]["router_share_of_headroom"] is None
+    text = "\n".join(baseline_lines(b))
+    assert "cross-fit oracle" in text and "undefined" in text and "nan" not in text.lower(), text
+    json.dumps(b, allow_nan=False)
