@@ -28,10 +28,15 @@ def reward_jsonl(path: Path, n: int = 30, workers=("a", "b", "c"), splits=None, 
     return path
 
 
-def one_line_exit_2(capsys, argv, *needles):
+def one_line_exit_2(capsys, argv, *needles, progress: bool = False):
+    """Exit 2 and one line of error (after the progress lines a command prints, with `progress`)."""
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "Traceback" not in err, err
+    if progress:
+        err = err.splitlines()[-1]
+        assert err.startswith(f"fugu-lite {argv[0]}: "), err
+    assert len(err.splitlines()) == 1, err
     for needle in needles:
         assert needle in err, err
     return err
@@ -110,3 +115,18 @@ def test_one_held_out_row_has_no_interval_and_no_cross_fit(tmp_path):
     text = "\n".join(baseline_lines(b))
     assert "cross-fit oracle" in text and "undefined" in text and "nan" not in text.lower(), text
     json.dumps(b, allow_nan=False)
+
+
+@pytest.mark.parametrize("workers", [("x", "y", "z"), tuple(f"w{i}" for i in range(200))], ids=["renamed", "200"])
+def test_a_warm_start_over_other_workers_is_refused_in_one_line(tmp_path, capsys, workers):
+    # before: 200 workers -> torch's "size mismatch for linear.weight" traceback; three renamed workers ->
+    # trained silently, the checkpoint's column for `a` now meaning `x`
+    common = ["--encoder", "tiny", "--work-dir", str(tmp_path / "wd"), "--cache-dir", str(tmp_path / "cache")]
+    sft = tmp_path / "sft"
+    assert main(["train-sft", "--config", "configs/train_sft.yaml", "--data", str(reward_jsonl(tmp_path / "abc.jsonl")),
+                 *common, "--output", str(sft)]) == 0
+    capsys.readouterr()
+    other = reward_jsonl(tmp_path / "other.jsonl", workers=workers)
+    one_line_exit_2(capsys, ["train-rl", "--config", "configs/train_rl.yaml", "--data", str(other), *common,
+                             "--checkpoint", str(sft), "--output", str(tmp_path / "rl")], "['a', 'b', 'c']", progress=True)
+    assert not (tmp_path / "rl").exists()

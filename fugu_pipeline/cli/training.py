@@ -230,6 +230,9 @@ def train(args, method: str) -> int:
     if init is not None:  # the warm start's features: its contract, prompt rules included
         settings = encoder_settings(args, args.encoder, init.manifest.feature_contract, init.manifest.metrics)
         data = routing_data(args, settings=settings)
+        # the head's columns are the warm start's workers: the same set, in its order (else a size
+        # mismatch from torch, or, with as many workers under other names, columns that mean others)
+        data = data.in_worker_order(init.manifest.worker_ids, f"the warm start {start}")
         load_checkpoint(init.path, expected_contract=init.manifest.feature_contract)
         kwargs["init_state"] = init.state_dict
         result, recorded = fn(data, cfg, **kwargs), feature_metrics(settings)
