@@ -130,3 +130,18 @@ def test_a_warm_start_over_other_workers_is_refused_in_one_line(tmp_path, capsys
     one_line_exit_2(capsys, ["train-rl", "--config", "configs/train_rl.yaml", "--data", str(other), *common,
                              "--checkpoint", str(sft), "--output", str(tmp_path / "rl")], "['a', 'b', 'c']", progress=True)
     assert not (tmp_path / "rl").exists()
+
+
+def test_two_workers_with_the_same_mean_have_no_apgr_rather_than_zero(tmp_path):
+    # before: PGR's 0/0 was taken as 0, "APGR 0.000 CPT50 never" (worse than random routing's 0.5)
+    from fugu_pipeline.evaluate.metrics import EvalInputs, evaluation_report, summary_line
+    from fugu_pipeline.evaluate.plots import plot_report
+
+    U = np.array([[0.0, 0.0], [1.0, 1.0], [0.5, 0.5], [1.0, 1.0]])
+    rep = evaluation_report(EvalInputs(worker_ids=["a", "b"], utility=U, scores=np.array([[1.0, 0.0]] * 4),
+                                       train_utility=np.array([[0.2, 0.8], [0.3, 0.1]])))
+    assert rep["apgr"]["apgr"] is None and "no gap" in rep["apgr"]["note"]
+    line = summary_line(rep)
+    assert "APGR 0.000" not in line and "APGR undefined" in line, line
+    plot_report(rep, tmp_path)  # no curve to draw, and no KeyError for it
+    json.dumps(rep, allow_nan=False)

@@ -271,7 +271,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
         "utility": f"{rep['utility_formula']} ({rep['utility_source']})",
     }
     if "apgr" in rep:
-        meta["apgr"] = rep["apgr"]["apgr"]
+        meta["apgr"] = rep["apgr"]["apgr"] if rep["apgr"]["apgr"] is not None else rep["apgr"]["note"]
     meta.update(harness.report_metadata(rep))  # every baseline row, the composite and its terms
     return dg.Output({"checkpoint": checkpoint_path, "report": str(json_path), "method": method,
                       "router_utility": rep["router_utility"]}, metadata=meta)

@@ -218,8 +218,13 @@ def evaluation_report(inp: EvalInputs, *, n_boot: int = 2000, seed: int = 0) -> 
         strong = int(np.argmax(train_perf.mean(axis=0)))
         weak = 1 - strong
         margin = inp.scores[:, strong] - inp.scores[:, weak]
-        a = apgr(margin, perf[:, strong], perf[:, weak])
-        rep["apgr"] = {"strong_worker": W[strong], "weak_worker": W[weak], "measure": "quality" if perf is inp.quality else "utility", **a}
+        rep["apgr"] = {"strong_worker": W[strong], "weak_worker": W[weak], "measure": "quality" if perf is inp.quality else "utility"}
+        if abs(perf[:, strong].mean() - perf[:, weak].mean()) > 1e-12:
+            rep["apgr"].update(apgr(margin, perf[:, strong], perf[:, weak]))
+        else:  # PGR = (perf − weak) / (strong − weak) is 0/0: nothing to recover, and 0 would read as worse than random
+            rep["apgr"].update(apgr=None, cpt50=None, cpt80=None,
+                               note=f"APGR undefined: {W[strong]} and {W[weak]} have the same mean {rep['apgr']['measure']} on "
+                                    "these rows, so there is no gap to recover")
     return rep
 
 
@@ -236,5 +241,6 @@ def summary_line(rep: dict) -> str:
     if "apgr" in rep:
         a = rep["apgr"]
         share = lambda v: "never" if v is None else f"{v:.0%}"  # noqa: E731  (share of strong calls)
-        s += f" | APGR {a['apgr']:.3f} CPT50 {share(a['cpt50'])} CPT80 {share(a['cpt80'])}"
+        s += (f" | {a['note']}" if a["apgr"] is None
+              else f" | APGR {a['apgr']:.3f} CPT50 {share(a['cpt50'])} CPT80 {share(a['cpt80'])}")
     return s

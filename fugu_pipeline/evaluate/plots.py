@@ -50,9 +50,10 @@ def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
         fig.savefig(paths[-1], dpi=90)
         plt.close(fig)
 
-    if rep.get("cost_quality_points") or rep.get("apgr"):
+    curve = rep.get("apgr", {}).get("curve")  # none where APGR is undefined (no gap between the two workers)
+    if rep.get("cost_quality_points") or curve:
         fig, ax = plt.subplots(figsize=(6, 4))
-        if rep.get("apgr"):
+        if curve:
             c = rep["apgr"]["curve"]
             ax.plot(c["strong_share"], c["pgr"], label=f"router (APGR {rep['apgr']['apgr']:.3f})", color="#2a7")
             ax.plot([0, 1], [0, 1], "--", color="#bbb", label="random (APGR 0.5)")
