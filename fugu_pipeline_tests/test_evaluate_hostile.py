@@ -145,3 +145,32 @@ def test_two_workers_with_the_same_mean_have_no_apgr_rather_than_zero(tmp_path):
     assert "APGR 0.000" not in line and "APGR undefined" in line, line
     plot_report(rep, tmp_path)  # no curve to draw, and no KeyError for it
     json.dumps(rep, allow_nan=False)
+
+
+def test_training_output_that_is_a_file_is_refused_before_training(tmp_path, capsys):
+    # before: NotADirectoryError as a traceback, after the whole fit
+    out = tmp_path / "models"
+    out.write_text("keep me\n")
+    data = reward_jsonl(tmp_path / "r.jsonl")
+    common = ["--data", str(data), "--encoder", "tiny", "--work-dir", str(tmp_path / "wd"), "--cache-dir", str(tmp_path / "c")]
+    one_line_exit_2(capsys, ["train-sft", "--config", "configs/train_sft.yaml", *common, "--output", str(out)], "is a file")
+    one_line_exit_2(capsys, ["train", *common, "--output", str(out)], "is a file")
+    assert out.read_text() == "keep me\n"
+    assert not (tmp_path / "wd").exists()  # refused before the matrix was built
+
+
+def test_evaluate_output_never_replaces_the_checkpoints_own_files(tmp_path, capsys):
+    # before: --output <checkpoint>/manifest.json wrote the report over the manifest (the checkpoint no
+    # longer loaded), and --output report.txt wrote report.json
+    data = reward_jsonl(tmp_path / "r.jsonl")
+    common = ["--data", str(data), "--encoder", "tiny", "--work-dir", str(tmp_path / "wd"), "--cache-dir", str(tmp_path / "c")]
+    assert main(["train-sft", "--config", "configs/train_sft.yaml", *common, "--output", str(tmp_path / "m")]) == 0
+    ckpt = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()}
+    ev = ["evaluate", "--checkpoint", str(ckpt), *common, "--models-dir", str(tmp_path / "none")]
+    for name in ("manifest.json", "budget.json"):
+        one_line_exit_2(capsys, [*ev, "--output", str(ckpt / name)], "checkpoint's own folder")
+    one_line_exit_2(capsys, [*ev, "--output", str(tmp_path / "report.txt")], "ending in .json")
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()} == before
+    assert main([*ev, "--output", str(tmp_path / "report.json")]) == 0
+    assert (tmp_path / "report.json").is_file()

@@ -201,10 +201,11 @@ def cmd_validate(args) -> int:
 
 
 def cmd_train_triage(args) -> int:
-    from fugu_pipeline.cli.training import routing_data
+    from fugu_pipeline.cli.training import models_output, routing_data
     from fugu_pipeline.train.configs import load_config
     from fugu_pipeline.train.triage import TriageConfig, train_triage
 
+    models_output(args.output)
     cfg = load_config(args.config, TriageConfig) if args.config else TriageConfig()
     data = routing_data(args)
     result = train_triage(data, cfg, log=lambda m: print(m, file=sys.stderr))

@@ -49,6 +49,31 @@ def resolve_checkpoint(arg: str) -> Path:
                    "pass the one you mean (train-* prints its path)")
 
 
+def models_output(arg: str) -> Path:
+    """--output of a training command, a models folder: checked before any training (a file there
+    was NotADirectoryError after the whole fit)."""
+    path = Path(arg)
+    if path.exists() and not path.is_dir():
+        raise CLIError(f"--output {arg} is a file; --output is a models folder (the checkpoint goes to "
+                       "<output>/<method>/<hash>/): pass a folder, e.g. models")
+    return path
+
+
+def report_output(arg: str | None, checkpoint: Path, default: str) -> Path:
+    """--output of a report (`<name>.json`, its plots beside it): a .json path outside the checkpoint's
+    own folder, where a report named manifest.json or budget.json would replace the checkpoint's file."""
+    if arg is None:
+        return checkpoint / "reports" / default
+    out = Path(arg)
+    if out.suffix != ".json" or out.is_dir():
+        raise CLIError(f"--output {arg}: give the report's path ending in .json (its plots are written beside it), "
+                       "e.g. report.json")
+    if out.parent.resolve() == checkpoint.resolve():
+        raise CLIError(f"--output {arg} is inside the checkpoint's own folder, whose files it could replace; "
+                       f"write it elsewhere, e.g. {checkpoint / 'reports' / out.name}")
+    return out
+
+
 def utility_weights(args):
     """(weights, where they came from in words) from --workers; (None, None) when not given."""
     from fugu_pipeline.workers.config import load_reward_block
@@ -218,6 +243,7 @@ def train(args, method: str) -> int:
     from fugu_pipeline.train.sft import train_sft
 
     cls = {"sft": SFTConfig, "rl": RLConfig, "es": ESConfig}[method]
+    models_output(args.output)
     cfg = load_config(args.config, cls) if args.config else cls()
     init = None
     if getattr(args, "checkpoint", None):
@@ -276,6 +302,7 @@ def cmd_evaluate(args) -> int:
 
     budget = budget_of(args)
     path = resolve_checkpoint(args.checkpoint)
+    out = report_output(args.output, path, f"{args.split}.json")
     probe = load_checkpoint(path)
     contract = probe.manifest.feature_contract
     settings = encoder_settings(args, args.encoder, contract, probe.manifest.metrics)
@@ -292,7 +319,6 @@ def cmd_evaluate(args) -> int:
 
         features = FeatureSource(data, lambda s: routing_data(args, settings=s), settings)
         composite_for_report(rep, ckpt, data, args, features)
-    out = Path(args.output) if args.output else path / "reports" / f"{args.split}.json"
     report, plots = write_report(rep, out.parent, out.stem)
     print(rep["summary"])
     from fugu_pipeline.cli.reporting import print_groups, print_report_tables
@@ -318,6 +344,7 @@ def cmd_train_heads(args) -> int:
     from fugu_pipeline.train.configs import TrainSetConfig, load_config
     from fugu_pipeline.train.fit import fit_and_save, select_heads
 
+    models_output(args.output)
     config = args.config
     if config is None and Path(DEFAULT_TRAIN_CONFIG).exists():
         config = DEFAULT_TRAIN_CONFIG
