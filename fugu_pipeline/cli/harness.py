@@ -218,15 +218,15 @@ def cmd_train_triage(args) -> int:
 
 
 def cmd_triage_report(args) -> int:
-    from fugu_pipeline.cli.training import routing_data
+    from fugu_pipeline.cli.training import report_output, routing_data
     from fugu_pipeline.evaluate.triage_report import triage_lines, triage_report, write_triage_report
     from fugu_pipeline.train.triage import load_triage
 
     probe = load_triage(args.checkpoint)
+    out = report_output(args.output, Path(probe.path), f"triage-{args.split}.json")
     data = routing_data(args, args.encoder or probe.manifest.feature_contract.encoder_id)
     head = load_triage(args.checkpoint, expected_contract=data.contract)
     rep = triage_report(head, data, args.split)
-    out = Path(args.output) if args.output else Path(head.path) / "reports" / f"triage-{args.split}.json"
     write_triage_report(rep, out)
     for line in triage_lines(rep):
         print(line)
