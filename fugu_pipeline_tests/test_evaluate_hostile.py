@@ -174,3 +174,14 @@ def test_evaluate_output_never_replaces_the_checkpoints_own_files(tmp_path, caps
     assert {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()} == before
     assert main([*ev, "--output", str(tmp_path / "report.json")]) == 0
     assert (tmp_path / "report.json").is_file()
+
+
+@pytest.mark.parametrize("flag", ["--work-dir", "--cache-dir"])
+def test_a_work_or_cache_dir_that_is_a_file_is_one_line(tmp_path, capsys, flag):
+    # before: FileExistsError / NotADirectoryError as a traceback
+    spot = tmp_path / "spot"
+    spot.write_text("keep me\n")
+    dirs = {"--work-dir": str(tmp_path / "wd"), "--cache-dir": str(tmp_path / "c"), flag: str(spot)}
+    one_line_exit_2(capsys, ["train-sft", "--config", "configs/train_sft.yaml", "--data", str(reward_jsonl(tmp_path / "r.jsonl")),
+                             "--encoder", "tiny", *[x for kv in dirs.items() for x in kv], "--output", str(tmp_path / "m")], flag)
+    assert spot.read_text() == "keep me\n"

@@ -91,6 +91,10 @@ def matrix_db(args) -> Path:
     from fugu_pipeline.matrix.read import read_utility_config
 
     data_path = Path(args.data)
+    for flag in ("work_dir", "cache_dir"):  # folders this command writes (a file there: FileExistsError after the reading)
+        value = getattr(args, flag, None)
+        if value is not None and Path(value).exists() and not Path(value).is_dir():
+            raise CLIError(f"--{flag.replace('_', '-')} {value} is a file; pass a folder (created when missing)")
     if not data_path.exists():
         raise CLIError(f"--data {args.data}: no such file; pass a reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")
     if data_path.is_dir():
