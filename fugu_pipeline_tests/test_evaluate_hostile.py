@@ -185,3 +185,18 @@ def test_a_work_or_cache_dir_that_is_a_file_is_one_line(tmp_path, capsys, flag):
     one_line_exit_2(capsys, ["train-sft", "--config", "configs/train_sft.yaml", "--data", str(reward_jsonl(tmp_path / "r.jsonl")),
                              "--encoder", "tiny", *[x for kv in dirs.items() for x in kv], "--output", str(tmp_path / "m")], flag)
     assert spot.read_text() == "keep me\n"
+
+
+def test_evaluate_on_data_without_training_rows_says_why(tmp_path, capsys):
+    # before: "no training rows to fit the expected cost on" (a budget error, for data without costs), or
+    # "cannot carve a validation split from 0 training row(s)", neither saying what to do
+    common = ["--encoder", "tiny", "--work-dir", str(tmp_path / "wd"), "--cache-dir", str(tmp_path / "c")]
+    assert main(["train-sft", "--config", "configs/train_sft.yaml", "--data", str(reward_jsonl(tmp_path / "r.jsonl")),
+                 *common, "--output", str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    splits = ["val" if i % 4 == 0 else "test" for i in range(30)]
+    held = reward_jsonl(tmp_path / "held.jsonl", splits=splits)
+    ev = ["evaluate", "--checkpoint", str(tmp_path / "m"), *common, "--models-dir", str(tmp_path / "none")]
+    one_line_exit_2(capsys, [*ev, "--data", str(held)], "'train' split has no rows", "training rows", progress=True)
+    only_test = reward_jsonl(tmp_path / "test.jsonl", splits=["test"] * 30)
+    one_line_exit_2(capsys, [*ev, "--data", str(only_test)], "split 'train'", progress=True)
