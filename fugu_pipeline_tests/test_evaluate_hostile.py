@@ -5,6 +5,7 @@ data gets figures that say where they are undefined instead of a zero-width inte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -200,3 +201,18 @@ def test_evaluate_on_data_without_training_rows_says_why(tmp_path, capsys):
     one_line_exit_2(capsys, [*ev, "--data", str(held)], "'train' split has no rows", "training rows", progress=True)
     only_test = reward_jsonl(tmp_path / "test.jsonl", splits=["test"] * 30)
     one_line_exit_2(capsys, [*ev, "--data", str(only_test)], "split 'train'", progress=True)
+
+
+@pytest.mark.parametrize("n_domains", [1, 2, 3])
+def test_leave_one_domain_out_needs_four_domains_and_says_so(n_domains):
+    # before: one domain -> "the 'train' split has no rows (counts: 0, 0, 0)" after numpy's mean-of-empty
+    # warning; two or three -> "objective 'lodo' needs at least 3 domains ..., got ['y']", about the inner set
+    from fugu_pipeline.evaluate.lodo import leave_one_domain_out
+    from fugu_pipeline.features.routing_data import TrainingDataError
+    from fugu_pipeline.train.configs import TrainSetConfig
+    from fugu_pipeline_tests.test_heads_selection import make_data
+
+    d = make_data(n=60)
+    d = dataclasses.replace(d, domains=[f"d{i % n_domains}" for i in range(len(d.domains))])
+    with pytest.raises(TrainingDataError, match=f"at least 4 domains .*this data has {n_domains}"):
+        leave_one_domain_out(d, TrainSetConfig())
