@@ -216,3 +216,19 @@ def test_leave_one_domain_out_needs_four_domains_and_says_so(n_domains):
     d = dataclasses.replace(d, domains=[f"d{i % n_domains}" for i in range(len(d.domains))])
     with pytest.raises(TrainingDataError, match=f"at least 4 domains .*this data has {n_domains}"):
         leave_one_domain_out(d, TrainSetConfig())
+
+
+def test_a_split_emptied_by_a_workers_missing_cells_names_the_worker(tmp_path, capsys):
+    # before: "the 'test' split has no rows ...: hold some out with `fugu-lite import jsonl --test-fraction`"
+    # (evaluate), advice for another problem: the 10 test rows were there, each lacking worker b's reward
+    import duckdb
+
+    wd = tmp_path / "wd"
+    assert main(["baseline", "all", "--data", str(reward_jsonl(tmp_path / "r.jsonl")), "--work-dir", str(wd)]) == 0
+    db = next(wd.glob("*.duckdb"))
+    holes = tmp_path / "holes.duckdb"
+    holes.write_bytes(db.read_bytes())
+    with duckdb.connect(str(holes)) as con:
+        con.execute("DELETE FROM rewards WHERE position = 1 AND task_id IN (SELECT task_id FROM tasks WHERE split = 'test')")
+    capsys.readouterr()
+    one_line_exit_2(capsys, ["baseline", "all", "--data", str(holes)], "10 row(s) all lack a worker's reward", "b has 20 of 30")

@@ -94,6 +94,10 @@ def cmd_baseline(args) -> int:
     arrays = read_arrays(db)
     rows = np.flatnonzero(arrays.splits == args.split)
     if not len(rows):
+        from fugu_pipeline.cli.training import incomplete_split
+
+        if why := incomplete_split(db, args.split):
+            raise CLIError(f"{args.data}: {why}")
         raise CLIError(f"{args.data}: the '{args.split}' split has no complete rows (splits: "
                        f"{ {s: int((arrays.splits == s).sum()) for s in ('train', 'val', 'test')} })")
     quality = arrays.quality[rows]

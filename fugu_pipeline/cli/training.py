@@ -125,6 +125,22 @@ def matrix_db(args) -> Path:
     return db
 
 
+def incomplete_split(db: Path, split: str) -> str | None:
+    """Why the `split` rows of the matrix `db` are all left out, when they are there but lack a
+    worker's reward (a row needs every worker's); None when the split has no rows at all."""
+    import numpy as np
+
+    from fugu_pipeline.matrix.read import missing_cells_note, read_arrays
+
+    every = read_arrays(db, complete_only=False)
+    n = int((every.splits == split).sum())
+    if not n:
+        return None
+    return (f"the '{split}' split's {n} row(s) all lack a worker's reward, and a row needs every worker's"
+            f"{': ' + missing_cells_note(db) if missing_cells_note(db) else ''}"
+            if np.isnan(every.utility[every.splits == split]).any(axis=1).all() else None)
+
+
 ENCODER_FLAGS = (("template", "prompt_template"), ("pooling", "pooling"), ("token_position", "token_position"),
                  ("layers", "layer"), ("max_length", "max_length"), ("lexical", "lexical"))
 
@@ -314,6 +330,8 @@ def cmd_evaluate(args) -> int:
     expected = data.contract if args.encoder is None else data.contract.model_copy(update={"encoder_id": contract.encoder_id})
     ckpt = load_checkpoint(path, expected_contract=expected)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"checkpoint {path}")
+    if not data.counts()[args.split] and (why := incomplete_split(matrix_db(args), args.split)):
+        raise CLIError(f"{args.data}: {why}")
     calibration = calibrate_beside(path, data, strict=budget is not None)  # with a cap: BudgetError, the reason
     rep = evaluate_checkpoint(ckpt, data, args.split, calibration=calibration, budget=budget)
     if args.split == "test":  # the composite is defined on the held-out split
