@@ -232,3 +232,21 @@ def test_a_split_emptied_by_a_workers_missing_cells_names_the_worker(tmp_path, c
         con.execute("DELETE FROM rewards WHERE position = 1 AND task_id IN (SELECT task_id FROM tasks WHERE split = 'test')")
     capsys.readouterr()
     one_line_exit_2(capsys, ["baseline", "all", "--data", str(holes)], "10 row(s) all lack a worker's reward", "b has 20 of 30")
+
+
+def test_triage_report_output_never_replaces_the_heads_own_files(tmp_path, capsys):
+    rng = random.Random(3)
+    with open(tmp_path / "q.jsonl", "w") as f:
+        for i in range(60):
+            f.write(json.dumps({"task_id": f"t{i}", "prompt": f"{['math', 'code'][i % 2]} question {i}",
+                                "domain": ["math", "code"][i % 2], "split": ["train", "train", "test"][i % 3],
+                                "worker_ids": ["a", "b"], "quality": [float(rng.random() < 0.4), float(rng.random() < 0.7)]}) + "\n")
+    (tmp_path / "w.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
+    common = ["--data", str(tmp_path / "q.jsonl"), "--workers", str(tmp_path / "w.yaml"), "--encoder", "tiny",
+              "--work-dir", str(tmp_path / "wd"), "--cache-dir", str(tmp_path / "c")]
+    assert main(["train-triage", *common, "--output", str(tmp_path / "m")]) == 0
+    head = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    before = {p.name: p.read_bytes() for p in head.iterdir() if p.is_file()}
+    for name in ("manifest.json", "report.txt"):
+        one_line_exit_2(capsys, ["triage-report", "--checkpoint", str(head), *common, "--output", str(head / name)], "--output")
+    assert {p.name: p.read_bytes() for p in head.iterdir() if p.is_file()} == before
