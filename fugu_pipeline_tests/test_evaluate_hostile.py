@@ -250,3 +250,18 @@ def test_triage_report_output_never_replaces_the_heads_own_files(tmp_path, capsy
     for name in ("manifest.json", "report.txt"):
         one_line_exit_2(capsys, ["triage-report", "--checkpoint", str(head), *common, "--output", str(head / name)], "--output")
     assert {p.name: p.read_bytes() for p in head.iterdir() if p.is_file()} == before
+
+
+def test_odd_domain_names_print_one_row_each_and_stay_apart(capsys):
+    # before: '' and ' ' both printed blank, and 'line\nbreak' broke its row in two
+    from fugu_pipeline.cli.reporting import print_groups
+
+    names = ["", " ", "line\nbreak", "d" * 5000, "math"]
+    rep = {"best_fixed_worker": "a", "per_domain": [{"domain": d, "n": 1, "router": 0.5, "best_fixed": 0.5, "oracle": 1.0}
+                                                   for d in names]}
+    print_groups(rep)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + len(names), lines
+    assert lines[2].split()[0] == "''" and lines[3].strip().startswith("' '"), lines
+    assert lines[4].strip().startswith("'line\\nbreak'"), lines
+    assert all(len(line) < 100 for line in lines), lines

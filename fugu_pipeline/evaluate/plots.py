@@ -10,6 +10,14 @@ import numpy as np
 from fugu_pipeline.evaluate.metrics import ci_text
 
 
+def shown_name(name: str, width: int) -> str:
+    """A domain or tag as a table or axis shows it: one line, at most `width` characters; a blank one,
+    or one holding a line break or another control character, as its repr (`''`, `' '`, `'a\\nb'`), so
+    two such names stay apart and no row breaks in two."""
+    text = name if name.strip() and name.isprintable() else repr(name)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
     """Write PNG plots beside the JSON report. Returns the paths."""
     import matplotlib
@@ -42,7 +50,7 @@ def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
         x = np.arange(len(rows))
         for k, (key, c) in enumerate((("router", "#2a7"), ("best_fixed", "#888"), ("oracle", "#47c"))):
             ax.bar(x + (k - 1) * 0.27, [r[key] for r in rows], 0.27, label=key, color=c)
-        ax.set_xticks(x, [r["domain"] for r in rows], rotation=45, ha="right", fontsize=7)
+        ax.set_xticks(x, [shown_name(r["domain"], 28) for r in rows], rotation=45, ha="right", fontsize=7)
         ax.legend(fontsize=8)
         ax.set_title("utility per domain", fontsize=9)
         fig.tight_layout()
