@@ -22,8 +22,8 @@ def add_commands(add, data_opts) -> None:
                    help="the YAML whose reward: block gives the utility weights (needed for a JSONL with quality)")
     p.add_argument("--work-dir", default="data/imports", help="where the DuckDB matrix of a JSONL is built")
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
-    p.add_argument("--seeds", type=int, default=100, help="random routing: number of seeds")
-    p.add_argument("--repeats", type=int, default=20, help="cross-fit oracle: number of random half splits")
+    p.add_argument("--seeds", type=int, default=100, help=f"random routing: number of seeds (1 to {MAX_DRAWS:,})")
+    p.add_argument("--repeats", type=int, default=20, help=f"cross-fit oracle: number of random half splits (1 to {MAX_DRAWS:,})")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
 
     p = add("pack", cmd_pack, "write a head, its training receipt and its feature contract to one folder")
@@ -74,10 +74,19 @@ def add_commands(add, data_opts) -> None:
 # --------------------------------------------------------------------------- baselines
 
 
+# --seeds and --repeats: at least one draw (a percentile of none is undefined); at most this many, since
+# random routing holds a (seeds x rows) array of routes (10,000 seeds of 7,000 rows: 0.6 GB)
+MAX_DRAWS = 10_000
+
+
 def cmd_baseline(args) -> int:
     import numpy as np
 
     from fugu_pipeline.cli.training import matrix_db
+
+    for flag, value in (("--seeds", args.seeds), ("--repeats", args.repeats)):
+        if not 1 <= value <= MAX_DRAWS:
+            raise CLIError(f"{flag} {value}: give a count from 1 to {MAX_DRAWS:,} (default {100 if flag == '--seeds' else 20})")
     from fugu_pipeline.evaluate.baselines import baseline_lines, baseline_rows
     from fugu_pipeline.matrix.read import read_arrays, read_utility_config
 
@@ -85,6 +94,10 @@ def cmd_baseline(args) -> int:
     arrays = read_arrays(db)
     rows = np.flatnonzero(arrays.splits == args.split)
     if not len(rows):
+        from fugu_pipeline.cli.training import incomplete_split
+
+        if why := incomplete_split(db, args.split):
+            raise CLIError(f"{args.data}: {why}")
         raise CLIError(f"{args.data}: the '{args.split}' split has no complete rows (splits: "
                        f"{ {s: int((arrays.splits == s).sum()) for s in ('train', 'val', 'test')} })")
     quality = arrays.quality[rows]
@@ -192,10 +205,11 @@ def cmd_validate(args) -> int:
 
 
 def cmd_train_triage(args) -> int:
-    from fugu_pipeline.cli.training import routing_data
+    from fugu_pipeline.cli.training import models_output, routing_data
     from fugu_pipeline.train.configs import load_config
     from fugu_pipeline.train.triage import TriageConfig, train_triage
 
+    models_output(args.output)
     cfg = load_config(args.config, TriageConfig) if args.config else TriageConfig()
     data = routing_data(args)
     result = train_triage(data, cfg, log=lambda m: print(m, file=sys.stderr))
@@ -208,15 +222,15 @@ def cmd_train_triage(args) -> int:
 
 
 def cmd_triage_report(args) -> int:
-    from fugu_pipeline.cli.training import routing_data
+    from fugu_pipeline.cli.training import report_output, routing_data
     from fugu_pipeline.evaluate.triage_report import triage_lines, triage_report, write_triage_report
     from fugu_pipeline.train.triage import load_triage
 
     probe = load_triage(args.checkpoint)
+    out = report_output(args.output, Path(probe.path), f"triage-{args.split}.json")
     data = routing_data(args, args.encoder or probe.manifest.feature_contract.encoder_id)
     head = load_triage(args.checkpoint, expected_contract=data.contract)
     rep = triage_report(head, data, args.split)
-    out = Path(args.output) if args.output else Path(head.path) / "reports" / f"triage-{args.split}.json"
     write_triage_report(rep, out)
     for line in triage_lines(rep):
         print(line)

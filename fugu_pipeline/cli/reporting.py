@@ -65,6 +65,8 @@ def print_groups(rep: dict) -> None:
     """Per domain and per tag: n, router against the best fixed worker on the same metric (quality
     against the best on training quality, utility against the best on training utility), the
     oracle, and the realised cost per 1,000 requests of the routes and of that best fixed worker."""
+    from fugu_pipeline.evaluate.plots import shown_name
+
     quality = "best_fixed_quality_worker" in rep
     metric, fixed = ("quality", rep.get("best_fixed_quality_worker")) if quality else ("utility", rep["best_fixed_worker"])
     for key, label in (("per_domain", "domain"), ("per_tag", "tag")):
@@ -82,7 +84,7 @@ def print_groups(rep: dict) -> None:
             else:
                 vals = (r["router"], r["best_fixed"], r["oracle"])
                 fc = r.get("best_fixed_cost_usd")
-            name = r[label][:26] + " *" if r.get("seen_in_training") is False else r[label][:28]
+            name = shown_name(r[label], 26) + " *" if r.get("seen_in_training") is False else shown_name(r[label], 28)
             line = f"  {name:<28} {r['n']:>5} {vals[0]:8.4f} {vals[1]:8.4f} {vals[2]:8.4f}"
             if cost:
                 line += f" {r['router_cost_usd'] * 1000:10.4g} {fc * 1000:10.4g}"

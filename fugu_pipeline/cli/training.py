@@ -15,7 +15,9 @@ checkpoint (the `--output` of an earlier `train-*`), so `train-sft --output X` t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import re
 import sys
 from pathlib import Path
 
@@ -47,6 +49,31 @@ def resolve_checkpoint(arg: str) -> Path:
                    "pass the one you mean (train-* prints its path)")
 
 
+def models_output(arg: str) -> Path:
+    """--output of a training command, a models folder: checked before any training (a file there
+    was NotADirectoryError after the whole fit)."""
+    path = Path(arg)
+    if path.exists() and not path.is_dir():
+        raise CLIError(f"--output {arg} is a file; --output is a models folder (the checkpoint goes to "
+                       "<output>/<method>/<hash>/): pass a folder, e.g. models")
+    return path
+
+
+def report_output(arg: str | None, checkpoint: Path, default: str) -> Path:
+    """--output of a report (`<name>.json`, its plots beside it): a .json path outside the checkpoint's
+    own folder, where a report named manifest.json or budget.json would replace the checkpoint's file."""
+    if arg is None:
+        return checkpoint / "reports" / default
+    out = Path(arg)
+    if out.suffix != ".json" or out.is_dir():
+        raise CLIError(f"--output {arg}: give the report's path ending in .json (its plots are written beside it), "
+                       "e.g. report.json")
+    if out.parent.resolve() == checkpoint.resolve():
+        raise CLIError(f"--output {arg} is inside the checkpoint's own folder, whose files it could replace; "
+                       f"write it elsewhere, e.g. {checkpoint / 'reports' / out.name}")
+    return out
+
+
 def utility_weights(args):
     """(weights, where they came from in words) from --workers; (None, None) when not given."""
     from fugu_pipeline.workers.config import load_reward_block
@@ -64,8 +91,18 @@ def matrix_db(args) -> Path:
     from fugu_pipeline.matrix.read import read_utility_config
 
     data_path = Path(args.data)
+    for flag in ("work_dir", "cache_dir"):  # folders this command writes (a file there: FileExistsError after the reading)
+        value = getattr(args, flag, None)
+        if value is not None and Path(value).exists() and not Path(value).is_dir():
+            raise CLIError(f"--{flag.replace('_', '-')} {value} is a file; pass a folder (created when missing)")
     if not data_path.exists():
         raise CLIError(f"--data {args.data}: no such file; pass a reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")
+    if data_path.is_dir():
+        raise CLIError(f"--data {args.data} is a folder; pass the reward-matrix JSONL (DESIGN §4) or the reward_matrix.duckdb "
+                       "file in it")
+    if not data_path.is_file():  # a FIFO or a device: DuckDB (or the hash below) would wait on it for ever
+        raise CLIError(f"--data {args.data} is not a regular file (a FIFO, socket or device); pass a reward-matrix JSONL "
+                       "(DESIGN §4) or a reward_matrix.duckdb file")
     weights, source = utility_weights(args)
     if data_path.suffix == ".duckdb":
         built = read_utility_config(data_path)
@@ -88,8 +125,47 @@ def matrix_db(args) -> Path:
     return db
 
 
+def incomplete_split(db: Path, split: str) -> str | None:
+    """Why the `split` rows of the matrix `db` are all left out, when they are there but lack a
+    worker's reward (a row needs every worker's); None when the split has no rows at all."""
+    import numpy as np
+
+    from fugu_pipeline.matrix.read import missing_cells_note, read_arrays
+
+    every = read_arrays(db, complete_only=False)
+    n = int((every.splits == split).sum())
+    if not n:
+        return None
+    return (f"the '{split}' split's {n} row(s) all lack a worker's reward, and a row needs every worker's"
+            f"{': ' + missing_cells_note(db) if missing_cells_note(db) else ''}"
+            if np.isnan(every.utility[every.splits == split]).any(axis=1).all() else None)
+
+
 ENCODER_FLAGS = (("template", "prompt_template"), ("pooling", "pooling"), ("token_position", "token_position"),
                  ("layers", "layer"), ("max_length", "max_length"), ("lexical", "lexical"))
+
+
+FLAG_OF_FIELD = {field: "--" + flag.replace("_", "-") for flag, field in ENCODER_FLAGS} | {
+    "model": "--encoder", "device": "--device", "dtype": "--dtype", "folds": "--folds", "seed": "--seed",
+    "objective": "--objective", "selection_rule": "--selection-rule"}
+
+
+@contextlib.contextmanager
+def flag_errors():
+    """A pydantic ValidationError of settings built from flags as one CLIError naming the flags
+    (not pydantic's multi-line dump with its input)."""
+    from pydantic import ValidationError
+
+    from fugu_pipeline.matrix.import_common import option_errors
+
+    try:
+        yield
+    except ValidationError as exc:
+        text = option_errors(exc, lambda f: FLAG_OF_FIELD.get(f, f))
+        for field, flag in FLAG_OF_FIELD.items():  # a check across fields names them in its message
+            if "_" in field:
+                text = re.sub(rf"\b{field}\b(?!=)", flag, text).replace(f"{flag}: {flag} ", f"{flag} ")
+        raise CLIError(text) from None
 
 
 def encoder_settings(args, encoder: str | None = None, contract=None, metrics: dict | None = None):
@@ -103,7 +179,8 @@ def encoder_settings(args, encoder: str | None = None, contract=None, metrics: d
     given = {field: getattr(args, flag) for flag, field in ENCODER_FLAGS if getattr(args, flag, None) is not None}
     dtype = getattr(args, "dtype", None) or "auto"
     if contract is None:
-        return EncoderSettings(model=encoder or encoder_name(args), device=args.device, dtype=dtype, **given)
+        with flag_errors():
+            return EncoderSettings(model=encoder or encoder_name(args), device=args.device, dtype=dtype, **given)
     settings = encoder_settings_for(contract, args.device, dtype, encoder)
     if dtype == "auto" and metrics:  # the dtype the checkpoint's features were computed in, as route/serve do
         from fugu_pipeline.route.router import serving_dtype
@@ -112,7 +189,8 @@ def encoder_settings(args, encoder: str | None = None, contract=None, metrics: d
     clash = []
     for flag, field in ENCODER_FLAGS:
         if field in given:
-            asked = getattr(EncoderSettings.model_validate({**settings.model_dump(), field: given[field]}), field)
+            with flag_errors():
+                asked = getattr(EncoderSettings.model_validate({**settings.model_dump(), field: given[field]}), field)
             if asked != getattr(settings, field):
                 clash.append(f"--{flag.replace('_', '-')} {getattr(args, flag)!r} (the checkpoint has {getattr(settings, field)!r})")
     if clash:
@@ -185,6 +263,7 @@ def train(args, method: str) -> int:
     from fugu_pipeline.train.sft import train_sft
 
     cls = {"sft": SFTConfig, "rl": RLConfig, "es": ESConfig}[method]
+    models_output(args.output)
     cfg = load_config(args.config, cls) if args.config else cls()
     init = None
     if getattr(args, "checkpoint", None):
@@ -197,6 +276,9 @@ def train(args, method: str) -> int:
     if init is not None:  # the warm start's features: its contract, prompt rules included
         settings = encoder_settings(args, args.encoder, init.manifest.feature_contract, init.manifest.metrics)
         data = routing_data(args, settings=settings)
+        # the head's columns are the warm start's workers: the same set, in its order (else a size
+        # mismatch from torch, or, with as many workers under other names, columns that mean others)
+        data = data.in_worker_order(init.manifest.worker_ids, f"the warm start {start}")
         load_checkpoint(init.path, expected_contract=init.manifest.feature_contract)
         kwargs["init_state"] = init.state_dict
         result, recorded = fn(data, cfg, **kwargs), feature_metrics(settings)
@@ -240,6 +322,7 @@ def cmd_evaluate(args) -> int:
 
     budget = budget_of(args)
     path = resolve_checkpoint(args.checkpoint)
+    out = report_output(args.output, path, f"{args.split}.json")
     probe = load_checkpoint(path)
     contract = probe.manifest.feature_contract
     settings = encoder_settings(args, args.encoder, contract, probe.manifest.metrics)
@@ -247,6 +330,8 @@ def cmd_evaluate(args) -> int:
     expected = data.contract if args.encoder is None else data.contract.model_copy(update={"encoder_id": contract.encoder_id})
     ckpt = load_checkpoint(path, expected_contract=expected)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"checkpoint {path}")
+    if not data.counts()[args.split] and (why := incomplete_split(matrix_db(args), args.split)):
+        raise CLIError(f"{args.data}: {why}")
     calibration = calibrate_beside(path, data, strict=budget is not None)  # with a cap: BudgetError, the reason
     rep = evaluate_checkpoint(ckpt, data, args.split, calibration=calibration, budget=budget)
     if args.split == "test":  # the composite is defined on the held-out split
@@ -256,7 +341,6 @@ def cmd_evaluate(args) -> int:
 
         features = FeatureSource(data, lambda s: routing_data(args, settings=s), settings)
         composite_for_report(rep, ckpt, data, args, features)
-    out = Path(args.output) if args.output else path / "reports" / f"{args.split}.json"
     report, plots = write_report(rep, out.parent, out.stem)
     print(rep["summary"])
     from fugu_pipeline.cli.reporting import print_groups, print_report_tables
@@ -282,6 +366,7 @@ def cmd_train_heads(args) -> int:
     from fugu_pipeline.train.configs import TrainSetConfig, load_config
     from fugu_pipeline.train.fit import fit_and_save, select_heads
 
+    models_output(args.output)
     config = args.config
     if config is None and Path(DEFAULT_TRAIN_CONFIG).exists():
         config = DEFAULT_TRAIN_CONFIG
@@ -289,7 +374,8 @@ def cmd_train_heads(args) -> int:
     overrides = {k: v for k, v in (("objective", args.objective), ("selection_rule", args.selection_rule),
                                    ("folds", args.folds), ("seed", args.seed)) if v is not None}
     if overrides:
-        cfg = TrainSetConfig.model_validate({**cfg.model_dump(), **overrides})
+        with flag_errors():
+            cfg = TrainSetConfig.model_validate({**cfg.model_dump(), **overrides})
     print(f"heads: {config or 'built-in defaults (= configs/train.yaml as shipped)'}; "
           f"enabled {[k for k, v in cfg.heads.model_dump().items() if v is not None]}", file=sys.stderr)
     log = lambda m: print(m, file=sys.stderr)

@@ -40,9 +40,11 @@ def report_metadata(rep: dict) -> dict:
         "baselines": dg.MetadataValue.md(baseline_markdown(rep["baselines"])),
         "random_utility_95": f"{u['random']['mean']:.4f} [{u['random']['low']:.4f}, {u['random']['high']:.4f}] "
                              f"({u['random']['seeds']} seeds)",
-        "cross_fit_oracle_utility": u["cross_fit_oracle"]["mean"],
-        "headroom": u["headroom"],
     }
+    if u["headroom"] is None:  # one held-out row: no half to choose a worker on
+        meta["cross_fit_oracle_note"] = u["cross_fit_oracle"]["note"]
+    else:
+        meta["cross_fit_oracle_utility"], meta["headroom"] = u["cross_fit_oracle"]["mean"], u["headroom"]
     c = rep.get("composite")
     if c is not None:
         meta["composite"] = c["challenger"]["composite"]

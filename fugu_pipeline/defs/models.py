@@ -235,6 +235,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
 
 def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str) -> dg.Output[dict]:
     from fugu_pipeline.evaluate.contest import add_composite
+    from fugu_pipeline.evaluate.metrics import ci_text
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
@@ -260,7 +261,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
         "best_fixed_utility": rep["best_fixed_utility"], "best_fixed_worker": rep["best_fixed_worker"],
         "random_utility": rep["random_utility"], "regret": rep["regret"],
         "oracle_route_accuracy": rep["oracle_route_accuracy"],
-        "router_minus_best_fixed": f"{ci['mean']:+.4f} [{ci['low']:+.4f}, {ci['high']:+.4f}]",
+        "router_minus_best_fixed": ci_text(ci),
         "route_distribution": dg.MetadataValue.json(rep["route_distribution"]),
         "per_domain": dg.MetadataValue.md(table),
         "plots": dg.MetadataValue.md(md),
@@ -270,7 +271,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
         "utility": f"{rep['utility_formula']} ({rep['utility_source']})",
     }
     if "apgr" in rep:
-        meta["apgr"] = rep["apgr"]["apgr"]
+        meta["apgr"] = rep["apgr"]["apgr"] if rep["apgr"]["apgr"] is not None else rep["apgr"]["note"]
     meta.update(harness.report_metadata(rep))  # every baseline row, the composite and its terms
     return dg.Output({"checkpoint": checkpoint_path, "report": str(json_path), "method": method,
                       "router_utility": rep["router_utility"]}, metadata=meta)

@@ -77,7 +77,11 @@ def cross_fit_scores(measure: np.ndarray, groups: list[str] | None = None, *, se
 
 
 def cross_fit_oracle(measure: np.ndarray, groups: list[str] | None = None, *, repeats: int = DEFAULT_REPEATS, seed: int = 0) -> dict:
-    """The cross-fitted best single worker (per group when given), averaged over random splits."""
+    """The cross-fitted best single worker (per group when given), averaged over random splits. On
+    one row there is no other half to choose on: the figure is undefined (`mean` None, `note` why)."""
+    if len(measure) < 2:
+        return {"mean": None, "low": None, "high": None, "repeats": int(repeats),
+                "note": f"undefined on {len(measure)} row: a worker is chosen on one half and scored on the other"}
     vals = np.array([cross_fit_scores(measure, groups, seed=seed + r).mean() for r in range(repeats)])
     lo, hi = np.percentile(vals, [2.5, 97.5])
     return {"mean": float(vals.mean()), "low": float(lo), "high": float(hi), "repeats": int(repeats)}
@@ -113,12 +117,13 @@ def baseline_rows(
         }
         if domains is not None and len(set(domains)) > 1:
             row["cross_fit_oracle_by_domain"] = cross_fit_oracle(m, domains, repeats=repeats, seed=seed)
-        row["headroom"] = row["oracle"] - row["cross_fit_oracle"]["mean"]
+        cf = row["cross_fit_oracle"]["mean"]
+        row["headroom"] = None if cf is None else row["oracle"] - cf
         if router is not None and name in router:
             room = row["headroom"]
-            gain = router[name] - row["cross_fit_oracle"]["mean"]
             row["router"] = float(router[name])
-            row["router_share_of_headroom"] = float(gain / room) if abs(room) > 1e-12 else None
+            row["router_share_of_headroom"] = (float((router[name] - cf) / room)
+                                               if room is not None and abs(room) > 1e-12 else None)
         out[name] = row
     return out
 
@@ -128,6 +133,8 @@ def baseline_summary(b: dict) -> str:
     u = b["utility"]
     rnd, cf = u["random"], u["cross_fit_oracle"]
     share = u.get("router_share_of_headroom")
+    if cf["mean"] is None:
+        return f"random {rnd['mean']:.4f} [95% {rnd['low']:.4f}, {rnd['high']:.4f}] | cross-fit oracle and headroom {cf['note']}"
     return (f"random {rnd['mean']:.4f} [95% {rnd['low']:.4f}, {rnd['high']:.4f}] | cross-fit oracle {cf['mean']:.4f} | "
             f"headroom {u['headroom']:.4f}" + ("" if share is None else f" (router {share:+.1%} of it)"))
 
@@ -169,14 +176,18 @@ def baseline_lines(b: dict) -> list[str]:
                          f"(expectation {rnd['expected']:.4f})")
         if "oracle" in r:
             lines.append(f"  oracle ceiling                   {r['oracle']:.4f}")
-        if "cross_fit_oracle" in r:
+        if "cross_fit_oracle" in r and r["cross_fit_oracle"]["mean"] is None:
+            lines.append(f"  cross-fit oracle (best single)   {r['cross_fit_oracle']['note']}")
+        elif "cross_fit_oracle" in r:
             cf = r["cross_fit_oracle"]
             lines.append(f"  cross-fit oracle (best single)   {cf['mean']:.4f} [95%: {cf['low']:.4f}, {cf['high']:.4f}] "
                          f"({cf['repeats']} half splits)")
         if "cross_fit_oracle_by_domain" in r:
             cd = r["cross_fit_oracle_by_domain"]
             lines.append(f"  cross-fit oracle (per domain)    {cd['mean']:.4f} [95%: {cd['low']:.4f}, {cd['high']:.4f}]")
-        if "headroom" in r:
+        if r.get("headroom", 0) is None:
+            lines.append("  headroom (oracle − cross-fit)    undefined (no cross-fit oracle)")
+        elif "headroom" in r:
             lines.append(f"  headroom (oracle − cross-fit)    {r['headroom']:.4f}")
         if "router" in r:
             share = r["router_share_of_headroom"]
@@ -197,11 +208,15 @@ def baseline_markdown(b: dict) -> str:
         rnd, cf = r["random"], r["cross_fit_oracle"]
         rows.append(f"| random ({rnd['seeds']} seeds) | {rnd['mean']:.4f} | 95% [{rnd['low']:.4f}, {rnd['high']:.4f}], expectation {rnd['expected']:.4f} |")
         rows.append(f"| oracle | {r['oracle']:.4f} | ceiling |")
-        rows.append(f"| cross-fit oracle | {cf['mean']:.4f} | best single worker chosen on the other half; 95% [{cf['low']:.4f}, {cf['high']:.4f}] |")
+        if cf["mean"] is None:
+            rows.append(f"| cross-fit oracle | n/a | {cf['note']} |")
+        else:
+            rows.append(f"| cross-fit oracle | {cf['mean']:.4f} | best single worker chosen on the other half; 95% [{cf['low']:.4f}, {cf['high']:.4f}] |")
         if "cross_fit_oracle_by_domain" in r:
             cd = r["cross_fit_oracle_by_domain"]
             rows.append(f"| cross-fit oracle by domain | {cd['mean']:.4f} | 95% [{cd['low']:.4f}, {cd['high']:.4f}] |")
-        rows.append(f"| headroom | {r['headroom']:.4f} | oracle − cross-fit oracle |")
+        rows.append("| headroom | n/a | no cross-fit oracle |" if r["headroom"] is None
+                    else f"| headroom | {r['headroom']:.4f} | oracle − cross-fit oracle |")
         if "router" in r:
             share = r["router_share_of_headroom"]
             rows.append(f"| router | {r['router']:.4f} | {'n/a' if share is None else f'{share:+.1%}'} of the headroom |")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from fugu_pipeline.evaluate.baselines import SHOWN_WORKERS
-from fugu_pipeline.evaluate.metrics import paired_bootstrap, pick
+from fugu_pipeline.evaluate.metrics import ci_text, paired_bootstrap, pick
 from fugu_pipeline.route.budget import Budget, BudgetCalibration, budget_scores, quality_of
 
 
@@ -90,13 +90,13 @@ def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration,
         "note": op.note,
     }
     rq = pick(Q, r)
-    chosen[split]["quality_ci"] = paired_bootstrap(rq, np.zeros_like(rq), n_boot, seed)
+    chosen[split]["quality_ci"] = paired_bootstrap(rq, np.zeros_like(rq), n_boot, seed, min_rows=2)
     if allowed:
         best = max(allowed, key=lambda i: float(np.nanmean(train.quality[:, i])))
         chosen["best_single_within_cap"] = {
             "worker": W[best], "chosen_on": "train quality among workers whose train expected cost is within the cap",
             "quality": float(Q[:, best].mean()), "cost_usd_per_1k": float(C[:, best].mean()) * 1000,
-            "router_minus_it": paired_bootstrap(rq, Q[:, best], n_boot, seed)}
+            "router_minus_it": paired_bootstrap(rq, Q[:, best], n_boot, seed, min_rows=2)}
     else:
         chosen["best_single_within_cap"] = None
     out["operating_point"] = chosen
@@ -126,15 +126,16 @@ def budget_lines(sec: dict, split: str = "test") -> list[str]:
     if op:
         t, v = op[split], op["validation"]
         ci = t["quality_ci"]
+        interval = f"({ci['note']})" if ci["low"] is None else f"[{ci['low']:.4f}, {ci['high']:.4f}]"
         lines.append(f"  chosen on validation for the {op['describe']}: λ={op['lambda']:.4g} (validation share "
                      f"{v['share']:.4f}{'' if op['met_on_validation'] else ', NOT met'}); on {split}: quality {t['quality']:.4f} "
-                     f"[{ci['low']:.4f}, {ci['high']:.4f}] at ${t['cost_usd_per_1k']:.4g} per 1,000 = {t['share']:.4f} of "
+                     f"{interval} at ${t['cost_usd_per_1k']:.4g} per 1,000 = {t['share']:.4f} of "
                      f"{sec['reference_worker']} ({'within' if t['met'] else 'OVER'} the cap)")
         b = op.get("best_single_within_cap")
         if b:
             d = b["router_minus_it"]
             lines.append(f"  best single worker within the cap (chosen on train): {b['worker']} quality {b['quality']:.4f}; "
-                         f"router − it {d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]")
+                         f"router − it {ci_text(d)}")
         if op["note"]:
             lines.append(f"  note: {op['note']}")
     return lines

@@ -44,6 +44,17 @@ def leave_one_domain_out(data, cfg, *, log=None, domains: list[str] | None = Non
     cfg = cfg.model_copy(update={"objective": "lodo"})
     doms = np.asarray(data.domains, dtype=str)
     held_out = sorted(set(doms.tolist())) if domains is None else list(domains)
+    present = sorted(set(doms.tolist()))
+    if len(present) < 4 or set(held_out) - set(present):
+        from fugu_pipeline.features.routing_data import TrainingDataError
+
+        # each held-out domain leaves the others to train on, and the inner choice leaves one of those
+        # out in turn over at least 3 (`train/fit.py`): with fewer, an inner fit on an empty or one-domain
+        # set failed with a message about that set, not this data
+        missing = sorted(set(held_out) - set(present))
+        raise TrainingDataError(f"leave-one-domain-out needs at least 4 domains (one held out, 3 for the inner choice), "
+                                f"this data has {len(present)}: {present[:8]}" if not missing else
+                                f"leave-one-domain-out: domains {missing} are not in the data (it has {present[:8]})")
     rows, diffs = [], {}
     for D in held_out:
         tr, te = np.flatnonzero(doms != D), np.flatnonzero(doms == D)

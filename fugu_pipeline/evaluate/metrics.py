@@ -47,16 +47,33 @@ def pick(matrix: np.ndarray, routes: np.ndarray) -> np.ndarray:
     return matrix[np.arange(len(routes)), routes]
 
 
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict:
-    """Mean of a − b per task with a paired bootstrap 95% interval (resampling tasks)."""
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, seed: int = 0, *, min_rows: int = 1) -> dict:
+    """Mean of a − b per task with a paired bootstrap 95% interval (resampling tasks). The reports
+    ask for `min_rows=2`: one row resampled is itself, a zero-width interval that claims certainty,
+    so under `min_rows` rows `low` and `high` are None and `note` says why (`ci_text` prints it)."""
     d = np.asarray(a, float) - np.asarray(b, float)
     if len(d) == 0:
         return {"mean": float("nan"), "low": float("nan"), "high": float("nan"), "n": 0}
+    if len(d) < min_rows:
+        return {"mean": float(d.mean()), "low": None, "high": None, "n": int(len(d)),
+                "note": f"no interval from {len(d)} row (a bootstrap needs 2 or more)"}
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(d), size=(n_boot, len(d)))
     means = d[idx].mean(axis=1)
     lo, hi = np.percentile(means, [2.5, 97.5])
     return {"mean": float(d.mean()), "low": float(lo), "high": float(hi), "n": int(len(d))}
+
+
+def ci_text(ci: dict, fmt: str = "+.4f") -> str:
+    """`+0.0123 [-0.0100, +0.0300]`, or the mean and why there is no interval."""
+    if ci.get("low") is None:
+        return f"{ci['mean']:{fmt}} ({ci.get('note', 'no interval')})"
+    return f"{ci['mean']:{fmt}} [{ci['low']:{fmt}}, {ci['high']:{fmt}}]"
+
+
+def clearly_above(ci: dict, bar: float = 0.0) -> bool:
+    """Whether the interval's low end is above `bar`; no interval is never clearly above."""
+    return ci.get("low") is not None and ci["low"] > bar
 
 
 def oracle_accuracy(utility: np.ndarray, routes: np.ndarray, tol: float = TIE_TOL) -> float:
@@ -154,7 +171,7 @@ def evaluation_report(inp: EvalInputs, *, n_boot: int = 2000, seed: int = 0) -> 
         "best_fixed_test_chosen_utility (optimistic)": float(U[:, fixed_test_idx].mean()),
         "random_utility": float(U.mean()),
         "oracle_route_accuracy": oracle_accuracy(U, routes),
-        "router_minus_best_fixed": paired_bootstrap(router_u, U[:, fixed_idx], n_boot, seed),
+        "router_minus_best_fixed": paired_bootstrap(router_u, U[:, fixed_idx], n_boot, seed, min_rows=2),
         "route_distribution": {w: int((routes == i).sum()) for i, w in enumerate(W)},
         "per_worker_utility": {w: float(U[:, i].mean()) for i, w in enumerate(W)},
     }
@@ -166,7 +183,7 @@ def evaluation_report(inp: EvalInputs, *, n_boot: int = 2000, seed: int = 0) -> 
         rq = pick(inp.quality, routes)
         rep["best_fixed_quality_worker"] = W[fixed_q]
         rep["best_fixed_quality"] = float(inp.quality[:, fixed_q].mean())
-        rep["router_minus_best_fixed_quality"] = paired_bootstrap(rq, inp.quality[:, fixed_q], n_boot, seed)
+        rep["router_minus_best_fixed_quality"] = paired_bootstrap(rq, inp.quality[:, fixed_q], n_boot, seed, min_rows=2)
     for name, m in (("quality", inp.quality), ("cost_usd", inp.cost_usd), ("latency_s", inp.latency_s)):
         if m is not None:
             rep[f"router_mean_{name}"] = float(np.nanmean(pick(m, routes)))
@@ -201,8 +218,13 @@ def evaluation_report(inp: EvalInputs, *, n_boot: int = 2000, seed: int = 0) -> 
         strong = int(np.argmax(train_perf.mean(axis=0)))
         weak = 1 - strong
         margin = inp.scores[:, strong] - inp.scores[:, weak]
-        a = apgr(margin, perf[:, strong], perf[:, weak])
-        rep["apgr"] = {"strong_worker": W[strong], "weak_worker": W[weak], "measure": "quality" if perf is inp.quality else "utility", **a}
+        rep["apgr"] = {"strong_worker": W[strong], "weak_worker": W[weak], "measure": "quality" if perf is inp.quality else "utility"}
+        if abs(perf[:, strong].mean() - perf[:, weak].mean()) > 1e-12:
+            rep["apgr"].update(apgr(margin, perf[:, strong], perf[:, weak]))
+        else:  # PGR = (perf − weak) / (strong − weak) is 0/0: nothing to recover, and 0 would read as worse than random
+            rep["apgr"].update(apgr=None, cpt50=None, cpt80=None,
+                               note=f"APGR undefined: {W[strong]} and {W[weak]} have the same mean {rep['apgr']['measure']} on "
+                                    "these rows, so there is no gap to recover")
     return rep
 
 
@@ -210,14 +232,15 @@ def summary_line(rep: dict) -> str:
     ci = rep["router_minus_best_fixed"]
     s = (f"router {rep['router_utility']:.4f} | best fixed ({rep['best_fixed_worker']}) {rep['best_fixed_utility']:.4f} | "
          f"oracle {rep['oracle_utility']:.4f} | random {rep['random_utility']:.4f} | "
-         f"router − best fixed {ci['mean']:+.4f} [{ci['low']:+.4f}, {ci['high']:+.4f}] | "
+         f"router − best fixed {ci_text(ci)} | "
          f"oracle-route acc {rep['oracle_route_accuracy']:.3f}")
     if "best_fixed_quality_worker" in rep:
         q = rep["router_minus_best_fixed_quality"]
         s += (f" | quality: router {rep['router_mean_quality']:.4f} vs best fixed on quality "
-              f"({rep['best_fixed_quality_worker']}) {rep['best_fixed_quality']:.4f}, {q['mean']:+.4f} [{q['low']:+.4f}, {q['high']:+.4f}]")
+              f"({rep['best_fixed_quality_worker']}) {rep['best_fixed_quality']:.4f}, {ci_text(q)}")
     if "apgr" in rep:
         a = rep["apgr"]
         share = lambda v: "never" if v is None else f"{v:.0%}"  # noqa: E731  (share of strong calls)
-        s += f" | APGR {a['apgr']:.3f} CPT50 {share(a['cpt50'])} CPT80 {share(a['cpt80'])}"
+        s += (f" | {a['note']}" if a["apgr"] is None
+              else f" | APGR {a['apgr']:.3f} CPT50 {share(a['cpt50'])} CPT80 {share(a['cpt80'])}")
     return s

@@ -7,6 +7,16 @@ from pathlib import Path
 
 import numpy as np
 
+from fugu_pipeline.evaluate.metrics import ci_text
+
+
+def shown_name(name: str, width: int) -> str:
+    """A domain or tag as a table or axis shows it: one line, at most `width` characters; a blank one,
+    or one holding a line break or another control character, as its repr (`''`, `' '`, `'a\\nb'`), so
+    two such names stay apart and no row breaks in two."""
+    text = name if name.strip() and name.isprintable() else repr(name)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
 
 def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
     """Write PNG plots beside the JSON report. Returns the paths."""
@@ -24,7 +34,7 @@ def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
     vals = [rep["router_utility"], rep["best_fixed_utility"], rep["random_utility"], rep["oracle_utility"]]
     axes[0].bar(names, vals, color=["#2a7", "#888", "#bbb", "#47c"])
     ci = rep["router_minus_best_fixed"]
-    axes[0].set_title(f"held-out utility (n={rep['n_tasks']}); router−fixed {ci['mean']:+.3f} [{ci['low']:+.3f}, {ci['high']:+.3f}]", fontsize=9)
+    axes[0].set_title(f"held-out utility (n={rep['n_tasks']}); router−fixed {ci_text(ci, '+.3f')}", fontsize=9)
     dist = rep["route_distribution"]
     axes[1].bar(list(dist), list(dist.values()), color="#2a7")
     axes[1].set_title("route distribution", fontsize=9)
@@ -40,7 +50,7 @@ def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
         x = np.arange(len(rows))
         for k, (key, c) in enumerate((("router", "#2a7"), ("best_fixed", "#888"), ("oracle", "#47c"))):
             ax.bar(x + (k - 1) * 0.27, [r[key] for r in rows], 0.27, label=key, color=c)
-        ax.set_xticks(x, [r["domain"] for r in rows], rotation=45, ha="right", fontsize=7)
+        ax.set_xticks(x, [shown_name(r["domain"], 28) for r in rows], rotation=45, ha="right", fontsize=7)
         ax.legend(fontsize=8)
         ax.set_title("utility per domain", fontsize=9)
         fig.tight_layout()
@@ -48,9 +58,10 @@ def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
         fig.savefig(paths[-1], dpi=90)
         plt.close(fig)
 
-    if rep.get("cost_quality_points") or rep.get("apgr"):
+    curve = rep.get("apgr", {}).get("curve")  # none where APGR is undefined (no gap between the two workers)
+    if rep.get("cost_quality_points") or curve:
         fig, ax = plt.subplots(figsize=(6, 4))
-        if rep.get("apgr"):
+        if curve:
             c = rep["apgr"]["curve"]
             ax.plot(c["strong_share"], c["pgr"], label=f"router (APGR {rep['apgr']['apgr']:.3f})", color="#2a7")
             ax.plot([0, 1], [0, 1], "--", color="#bbb", label="random (APGR 0.5)")

@@ -64,6 +64,12 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
         from fugu_pipeline.matrix.import_common import HOLD_OUT_HINT
 
         raise TrainingDataError(f"the {split!r} split has no rows (splits: {data.counts()}): nothing to evaluate on; {HOLD_OUT_HINT}")
+    if not len(train.task_ids):
+        from fugu_pipeline.features.routing_data import TrainingDataError
+
+        raise TrainingDataError(f"the 'train' split has no rows (splits: {data.counts()}): the report's best fixed worker "
+                                "and expected costs are chosen on training rows; evaluate on data that holds the head's "
+                                "training rows beside the held-out ones (the file it was trained on)")
     if list(checkpoint.manifest.worker_ids) != list(data.worker_ids):
         raise ValueError(f"checkpoint workers {checkpoint.manifest.worker_ids} differ from the matrix's {data.worker_ids}")
     expected, c_ref = expected_costs(data, held, calibration)

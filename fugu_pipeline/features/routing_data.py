@@ -244,7 +244,8 @@ def carve_validation(data: RoutingData, fraction: float = 0.15, seed: int = 0) -
         return data
     train = np.flatnonzero(data.splits == "train")
     if len(train) < 2:
-        raise TrainingDataError(f"cannot carve a validation split from {len(train)} training row(s)")
+        raise TrainingDataError(f"cannot carve a validation split from {len(train)} training row(s) (splits: {data.counts()}): "
+                                "give the data more rows with split 'train' (rows without a split are train), or rows with split 'val'")
     h = np.array([int(sha256_text(f"{seed}:{data.task_ids[i]}")[:15], 16) / 16**15 for i in train])
     move = train[h < fraction]
     if len(move) == 0:
