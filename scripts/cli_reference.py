@@ -21,7 +21,8 @@ HEADER = """# Command-line reference
 
 Generated from the `fugu-lite` argument parser each time the site is built
 (`scripts/cli_reference.py`), so it lists exactly the commands and flags of this version.
-The same text is what `fugu-lite COMMAND --help` prints. The guides explain when to use each
+The same text is what `fugu-lite COMMAND --help` prints. Every command is a thin caller of the same
+core functions as the Dagster assets; the names and flags follow Fugu-Lite's. The guides explain when to use each
 command: [getting started](../getting-started.md), [real routing data](../routing/real-data.md),
 [training](../training/index.md), [serving](../serving.md).
 
