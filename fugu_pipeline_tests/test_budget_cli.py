@@ -69,7 +69,8 @@ def test_train_writes_the_calibration_and_evaluate_reports_the_operating_point(t
     assert {w["name"] for w in rep["budget"]["workers"]} == set(WORKERS)
     assert (work / ckpt / "reports" / "test_budget.png").stat().st_size > 1000
     # groups: per domain and per tag, with cost; "best fixed" on the metric shown (quality here)
-    assert "per tag (quality; best fixed = c, chosen on train; cost in $ per 1,000 requests)" in out
+    assert ("per tag (quality; best fixed = c, chosen on train; a tag's figures averaged over its rows, and over its "
+            "domains (macro: each domain's mean, then their mean); cost in $ per 1,000 requests)") in out
     assert {r["tag"] for r in rep["per_tag"]} == {"id", "ood"} and "router_cost_usd" in rep["per_tag"][0]
     assert rep["best_fixed_quality_worker"] == "c"
     # evaluating on other data calibrates for that report only: budget.json keeps the training data's

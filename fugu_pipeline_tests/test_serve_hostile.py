@@ -292,7 +292,7 @@ def test_cost_weight_sent_to_a_quality_head_is_used(tmp_path, stub):
         with pytest.raises(openai.NotFoundError):
             c.models.retrieve("no-such-model")
         assert dear["chosen_worker"] == "alpha"  # the cheapest worker once cost dominates
-        assert free["probabilities"] != dear["probabilities"]
+        assert free["scores"] != dear["scores"] and free["score_kind"] == "predicted_quality_minus_cost"
     finally:
         srv.stop()
 

@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--prompt", required=True)
         p.add_argument("--allowed", nargs="+", default=None,
                        help="only route among these workers: the router's ids, or with --workers configured ids")
-        p.add_argument("--cost-weight", type=float, default=None, help="quality heads: λ in quality − λ·cost")
+        p.add_argument("--cost-weight", type=float, default=None, help="'quality' heads: λ in quality − λ·cost (refused for the "
+                       "other kinds, whose route it cannot move: use a budget)")
         budget_opts(p)
         encoder_opts(p)
 
@@ -181,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         if method == "sft":
             prompt_rules_opt(p)
 
-    p = add("train", training.cmd_train_heads, "fit the configured heads (kNN, domain prior, MLP, ensemble, SFT) on a "
+    p = add("train", training.cmd_train_heads, "fit the configured heads (kNN, domain prior, ridge, MLP, ensemble, SFT) on a "
             "reward matrix, choose one by K-fold validation over the non-test rows, print its checkpoint directory last")
     p.add_argument("--config", default=None, help="heads and grids (default: configs/train.yaml when present, else the "
                    "same built-in defaults)")

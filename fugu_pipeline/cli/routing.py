@@ -32,10 +32,26 @@ def _route_kwargs(args, router, config=None) -> dict:
     budget = budget_of(args)
     if budget is not None and args.cost_weight is not None:
         raise CLIError("give --cost-weight or a budget (--budget-usd-per-1k / --budget-share), not both")
+    if args.cost_weight is not None:
+        problem = router.cost_weight_problem()  # a flag that cannot move the route is refused, never ignored silently
+        if problem:
+            hint = ": --budget-share S or --budget-usd-per-1k USD" if "cost cap" in problem else ""
+            raise CLIError(f"--cost-weight: {problem}{hint} (checkpoint {router.path})")
     allowed = args.allowed
     if allowed is not None and config is not None:
         allowed = [config.routed_id(w, router.worker_ids) for w in allowed]
     return {"allowed": allowed, "cost_weight": args.cost_weight, "budget": budget}
+
+
+def scores_of(d) -> dict:
+    """What the head scored each worker on, named for what it is (`score_kind`); `probabilities` only
+    where the head is a policy and they are its probabilities."""
+    from fugu_pipeline.route.router import POLICY_PROBABILITY
+
+    out = {"scores": d.scores, "score_kind": d.score_kind}
+    if d.score_kind == POLICY_PROBABILITY:
+        out["probabilities"] = d.scores
+    return out
 
 
 def cmd_route(args) -> int:
@@ -47,7 +63,7 @@ def cmd_route(args) -> int:
         config = load_workers_config(args.workers)
     router = _router(args)
     d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
-    print_json({"worker": d.worker_id, "probabilities": d.probabilities, "ranking": d.ranking, "checkpoint": d.checkpoint,
+    print_json({"worker": d.worker_id, **scores_of(d), "ranking": d.ranking, "checkpoint": d.checkpoint,
                 **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
                 **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {})})
     return 0
@@ -92,7 +108,7 @@ def cmd_ask(args) -> int:
 
     wid, comp = asyncio.run(call())
     print(comp.answer)
-    print_json({"fugu_lite": {"chosen": d.worker_id, "served_by": wid, "probabilities": d.probabilities,
+    print_json({"fugu_lite": {"chosen": d.worker_id, "served_by": wid, **scores_of(d),
                                "latency_s": comp.latency_s, "cost_usd": comp.cost_usd, "fallback_errors": errors,
                                **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
                                **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {})}})

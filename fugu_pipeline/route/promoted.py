@@ -3,7 +3,7 @@
     from fugu_pipeline import load_promoted
     router = load_promoted("models")
     decision = router.route("Prove that ...", domain="math")
-    decision.worker_id, decision.probabilities
+    decision.worker_id, decision.scores, decision.score_kind   # what the head scored each worker on
 
 `load_promoted` follows `models/promoted/current.json`: when a new checkpoint is promoted, the
 next `route` call uses it, without a restart. A damaged pointer, one naming a checkpoint that is

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,13 +32,43 @@ class BudgetUnavailable(RouterError):
     """This checkpoint cannot route under a budget (no quality estimate, or no calibration)."""
 
 
+# What a decision's `scores` hold, by head kind (`score_kind`):
+POLICY_PROBABILITY = "policy_probability"  # a policy head (layernorm_linear, normed_linear): softmax of its logits
+PREDICTED_UTILITY = "predicted_utility"  # a head that predicts quality (quality, knn, domain_prior, ridge, mlp, ensemble)
+QUALITY_MINUS_COST = "predicted_quality_minus_cost"  # q̂ − λ·cost: a cost weight or a budget moved the route
+
+
 @dataclass
 class RouteDecision:
+    """One route. `scores` is what the head scored each allowed worker on and `score_kind` says what
+    that is: a policy's probabilities (they sum to 1), or a predicted utility (higher is better, in
+    the utility's units), or predicted quality minus λ·cost. The route is the best score; `ranking`
+    is the fallback order."""
+
     worker_id: str
-    probabilities: dict[str, float]
+    scores: dict[str, float]
     ranking: list[str]  # best first: the fallback order
     checkpoint: str = ""
     extra: dict = field(default_factory=dict)
+    score_kind: str = POLICY_PROBABILITY
+
+    def softmax_scores(self) -> dict[str, float]:
+        """softmax over `scores`: a policy's own probabilities; for the other kinds an order-preserving
+        squash close to uniform (predicted utilities differ by hundredths), not a chance of being best."""
+        if self.score_kind == POLICY_PROBABILITY:
+            return dict(self.scores)
+        names = list(self.scores)
+        p = _softmax(np.array([self.scores[w] for w in names], dtype=np.float64))
+        return {w: float(v) for w, v in zip(names, p)}
+
+    @property
+    def probabilities(self) -> dict[str, float]:
+        """The policy's probabilities for a policy head. For a head that predicts utility this is the
+        old field, softmax over predicted utilities (near uniform): deprecated, read `scores`."""
+        if self.score_kind != POLICY_PROBABILITY:
+            warnings.warn(f"RouteDecision.probabilities is a softmax over {self.score_kind} scores, not a probability: "
+                          "read RouteDecision.scores (and score_kind) instead", DeprecationWarning, stacklevel=2)
+        return self.softmax_scores()
 
 
 def encoder_settings_for(contract: FeatureContract, device: str = "auto", dtype: str = "auto", encoder: str | None = None):
@@ -190,6 +221,27 @@ class Router:
         c_hat = self.calibration.cost_model.predict(texts, domains)
         return self.calibration.scores(q, texts, domains, point.lam), point, c_hat
 
+    def score_kind(self, cost_weight: float | None = None, budget=None) -> str:
+        """What this head's route scores are, for a request with this cost weight or budget."""
+        head = self.checkpoint.head
+        if budget is not None or (cost_weight is not None and hasattr(head, "route_scores")):
+            return QUALITY_MINUS_COST
+        return PREDICTED_UTILITY if hasattr(head, "predict_quality") else POLICY_PROBABILITY
+
+    def cost_weight_problem(self) -> str | None:
+        """Why a fixed cost weight cannot move this head's route (None when it can: a `quality` head).
+        The routes with and without the weight would be the same, so callers refuse it or list it as ignored."""
+        head, kind = self.checkpoint.head, self.checkpoint.manifest.head_kind
+        if hasattr(head, "route_scores"):
+            return None
+        if hasattr(head, "predict_quality"):
+            return (f"head kind {kind!r} has no cost term (only 'quality' heads trade predicted quality against a fixed "
+                    "cost weight), so the route would be the same as without it; to trade quality for cost with this "
+                    "head, route it under a cost cap (a budget, λ chosen on validation)")
+        return (f"head kind {kind!r} is a policy: it has no predicted quality to trade against cost, so the route "
+                "would be the same as without it; train a head that predicts quality (`fugu-lite train`, or "
+                "`head: quality` for train-sft) to route by cost")
+
     def route_batch(
         self,
         prompts: list[str],
@@ -229,17 +281,19 @@ class Router:
                               code="unroutable_request")
         mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         scores = np.where(mask, scores, -np.inf)
-        probs = _softmax(scores)
         head = self.checkpoint.head
+        kind = self.score_kind(cost_weight, budget)
+        shown = _softmax(scores) if kind == POLICY_PROBABILITY else scores
         known = set(getattr(head, "domains", None) or ()) if getattr(head, "uses_domains", False) else set()
         out = []
-        for k, (row_s, row_p) in enumerate(zip(scores, probs)):
+        for k, (row_s, row_shown) in enumerate(zip(scores, shown)):
             order = [int(i) for i in np.argsort(-row_s, kind="stable") if mask[i]]
             d = RouteDecision(
                 worker_id=self.worker_ids[order[0]],
-                probabilities={w: float(p) for w, p, ok in zip(self.worker_ids, row_p, mask) if ok},
+                scores={w: float(v) for w, v, ok in zip(self.worker_ids, row_shown, mask) if ok},
                 ranking=[self.worker_ids[i] for i in order],
                 checkpoint=self.path,
+                score_kind=kind,
             )
             if doms is not None and doms[k] is not None and known and doms[k] not in known:
                 shown = ", ".join(sorted(known)[:12]) + (" ..." if len(known) > 12 else "")

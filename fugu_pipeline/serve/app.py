@@ -49,8 +49,8 @@ falls back), one that leaves mid-stream closes the worker's stream. `/health` co
 with a `server_shutting_down` error event before `[DONE]` and a plain request gets that 503.
 
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
-and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the probabilities, ranking, chosen
-and serving worker, worker calls made, fallback errors, cost, timings, and `ignored`: the request
+and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the route's
+`scores` with their `score_kind` (and `probabilities` for a policy head), ranking, chosen and serving worker, worker calls made, fallback errors, cost, timings, and `ignored`: the request
 fields that had no effect, each with the reason (`fugu_cost_weight` sent to a head without a cost
 term, `domain` with a prompt template that has no `{domain}`, a `model` other than "fugu-lite",
 fields that are not passed to workers). The headers `x-fugu-worker` (chosen), `x-fugu-served-by`,
@@ -99,7 +99,7 @@ from starlette.routing import Route
 
 from fugu_pipeline.route.budget import Budget
 from fugu_pipeline.route.promoted import PromotedRouter
-from fugu_pipeline.route.router import BudgetUnavailable, RouteDecision, Router, RouterError
+from fugu_pipeline.route.router import POLICY_PROBABILITY, BudgetUnavailable, RouteDecision, Router, RouterError
 from fugu_pipeline.serve import multi_turn
 from fugu_pipeline.serve.info import health, list_models, retrieve_model
 from fugu_pipeline.serve.lifecycle import ClientGone, ShuttingDown, shutting_down, unless_abandoned
@@ -237,7 +237,9 @@ def _ms(seconds: float) -> float:
 
 
 def _route_info(d: RouteDecision) -> dict:
-    info = {"chosen_worker": d.worker_id, "probabilities": {w: round(p, 6) for w, p in d.probabilities.items()},
+    scores = {w: round(v, 6) for w, v in d.scores.items()}  # `probabilities` only where they are a policy's
+    info = {"chosen_worker": d.worker_id, "scores": scores, "score_kind": d.score_kind,
+            **({"probabilities": scores} if d.score_kind == POLICY_PROBABILITY else {}),
             "ranking": d.ranking, "checkpoint": d.extra.get("checkpoint_tag"), "checkpoint_tag": d.extra.get("checkpoint_tag")}
     if "budget" in d.extra:
         info["budget"] = d.extra["budget"]
