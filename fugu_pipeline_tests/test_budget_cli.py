@@ -126,7 +126,7 @@ def test_serve_takes_fugu_budget(trained):
         create_app(router, cfg, default_budget=Budget(share=1e-4))  # refused at start, not per request
     app = create_app(router, cfg, default_budget=Budget(share=0.5))
     msg = [{"role": "user", "content": "compute the sum of a list"}]
-    with TestClient(app) as tc:
+    with TestClient(app, base_url="http://127.0.0.1") as tc:  # a name the server answers (serve/hosts.py)
         r = tc.post("/v1/chat/completions", json={"messages": msg, "fugu_budget": {"share": 0.3}})
         assert r.status_code == 200, r.text
         assert "30%" in r.json()["fugu_lite"]["budget"]["cap"]
@@ -160,7 +160,7 @@ def test_serve_says_whose_budget_or_field_a_refusal_is(trained, monkeypatch):
         raise BudgetUnavailable("this checkpoint has no budget calibration")
 
     msg = [{"role": "user", "content": "compute the sum of a list"}]
-    with TestClient(app) as tc:
+    with TestClient(app, base_url="http://127.0.0.1") as tc:  # a name the server answers (serve/hosts.py)
         monkeypatch.setattr(Router, "budget_scores", unable)
         r = tc.post("/v1/chat/completions", json={"messages": msg})
         err = r.json()["error"]

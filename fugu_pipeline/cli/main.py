@@ -255,6 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="encoder dtype (auto: the embedding step's rule, bf16 on GPUs and CPUs with native bf16)")
     p.add_argument("--max-body-bytes", type=int, default=2 << 20, help="larger request bodies get a 413")
+    p.add_argument("--max-json-values", type=int, default=20_000, help="request bodies holding more JSON values "
+                   "(strings, numbers, objects, lists, at any depth) get a 413")
+    p.add_argument("--allowed-host", action="append", metavar="NAME", help="one more name clients may reach the "
+                   "server by (the Host header; repeatable; '*.example.com' for its subdomains, '*' for any): other "
+                   "names than the bound address's get a 400, against DNS rebinding")
+    p.add_argument("--auth-cooldown-s", type=float, default=60.0, help="a worker whose key is refused (HTTP "
+                   "401/402/403) is not called again for this long (0: called on every request)")
     p.add_argument("--batch-window-ms", type=float, default=3.0, help="how long a request waits for others to batch with")
     p.add_argument("--max-batch", type=int, default=32, help="prompts per routing batch (1: no batching)")
     p.add_argument("--shutdown-grace-s", type=float, default=5.0, help="on SIGTERM/SIGINT, how long replies in flight get "

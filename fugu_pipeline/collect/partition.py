@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from fugu_pipeline.api_keys import scrub_secrets
+from fugu_pipeline.api_keys import configured_key, scrub_secrets
 from fugu_pipeline.collect.grading import grade
 from fugu_pipeline.collect.records import CallRecord
 from fugu_pipeline.collect.store import ResponseStore
@@ -93,6 +93,7 @@ async def collect_partition(
     limiter = RateLimiter(spec.requests_per_minute)
     guard = BudgetGuard(max_usd if max_usd is not None else config.max_usd_per_run, spec, config.judge, catalog)
     stop: BaseException | None = None
+    keys = [configured_key(getattr(w, "api_key_env", None)) for w in (spec, config.judge) if w is not None]
 
     with store.open_writer(batch, worker_id) as writer:
         done = store.read(batch, worker_id)
@@ -138,7 +139,8 @@ async def collect_partition(
                     return
                 except Exception as exc:  # noqa: BLE001 (a bug or a reply nobody foresaw fails this cell, not the batch)
                     error = str(exc) if isinstance(exc, (WorkerCallError, ValueError)) else (
-                        f"unexpected {type(exc).__name__}: {scrub_secrets(str(exc))} (worker {worker_id})")
+                        f"unexpected {type(exc).__name__}: {exc} (worker {worker_id})")
+                    error = scrub_secrets(error, *keys)  # the clients scrub their own; this catches the rest
                     rec = CallRecord(
                         task_id=task.task_id, worker_id=worker_id, batch=batch,
                         prompt_hash=task.prompt_hash, status="failed", error=clean_text(error)[:500],

@@ -123,6 +123,7 @@ class PromotedRouter:
                 check_identity(self.models_dir, ptr, ckpt.manifest)
             if old is not None and ckpt.manifest.feature_contract == old.checkpoint.manifest.feature_contract:
                 new = Router(ckpt, old.encoder)  # same features: keep the loaded encoder
+                new.check_probe()  # as Router.load does: scores that overflow are refused at load
             else:
                 # other features: a new encoder. The old router is not closed: a thread may be
                 # encoding with it right now; it is freed when its last user drops it.

@@ -14,22 +14,25 @@ from pathlib import Path
 import numpy as np
 
 from fugu_pipeline.features.contract import FeatureContract
-
-MAX_COST_WEIGHT = 1e6  # λ in quality − λ·cost: beyond this the scores lose every quality term (and overflow)
+from fugu_pipeline.reward import MAX_COST_WEIGHT as MAX_COST_WEIGHT  # the request field's bound (serve)
 
 
 class RouterError(RuntimeError):
     """A request or checkpoint the router cannot route. `param` names the request field at fault
     (the server's OpenAI-shaped error carries it) and `code` says what kind of fault; both None
-    when no request field is to blame."""
+    when no request field is to blame. `server_fault`: the checkpoint or its files are at fault,
+    not the request (a server answers 5xx). `public`: the message for a client of a server, when
+    the message itself names server paths (it names the checkpoint by its tag instead)."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 server_fault: bool = False, public: str | None = None):
         super().__init__(message)
-        self.param, self.code = param, code
+        self.param, self.code, self.server_fault, self.public = param, code, server_fault, public
 
 
 class BudgetUnavailable(RouterError):
-    """This checkpoint cannot route under a budget (no quality estimate, or no calibration)."""
+    """This checkpoint cannot route under a budget (no quality estimate, or no calibration; a
+    calibration file that cannot be used is a `server_fault`)."""
 
 
 # What a decision's `scores` hold, by head kind (`score_kind`):
@@ -121,7 +124,7 @@ class Router:
     λ for the cap comes from its validation curve, and the expected cost from its training fit."""
 
     def __init__(self, checkpoint, encoder, *, encoder_override: str | None = None):
-        from fugu_pipeline.route.budget import usable_calibration
+        from fugu_pipeline.route.budget import CALIBRATION_FILE, usable_calibration
 
         if checkpoint.manifest.head_kind.startswith("roles"):
             raise RouterError(f"{checkpoint.path} is a multi-turn coordinator ({checkpoint.manifest.head_kind}), not a "
@@ -135,7 +138,37 @@ class Router:
         # only a budgeted route needs it, and is refused with that reason
         self.calibration, self.calibration_problem = usable_calibration(
             checkpoint.path, checkpoint.manifest.content_hash, self.worker_ids)
+        self.calibration_damaged = self.calibration is None and (Path(checkpoint.path) / CALIBRATION_FILE).exists()
         self._lock = threading.Lock()
+
+    @property
+    def tag(self) -> str:
+        """`<method>/<content hash>`: how the checkpoint is named to clients (never by its path)."""
+        m = self.checkpoint.manifest
+        return f"{m.method}/{m.content_hash or Path(self.path).name}"
+
+    def check_probe(self) -> None:
+        """CheckpointError unless the head's scores on the encoder's features of the probe prompts
+        are sane (`train/probe.py`): called on every load, so a checkpoint whose weights overflow is
+        refused with one line instead of failing every request."""
+        import torch
+
+        from fugu_pipeline.train.checkpoints import CheckpointError
+        from fugu_pipeline.train.probe import PROBE_PROMPTS, score_problems
+
+        head = self.checkpoint.head
+        doms: list[str | None] = [None]
+        if getattr(head, "uses_domains", False):
+            doms += list(getattr(head, "domains", None) or [])[:8]
+        prompts = [p for p in PROBE_PROMPTS for _ in doms]
+        domains = [d for _ in PROBE_PROMPTS for d in doms]
+        feats = self.encoder.encode(prompts, [d or "general" for d in domains])
+        with self._lock:
+            problems = score_problems(head, torch.from_numpy(feats), domains if len(doms) > 1 else None)
+        if problems:
+            raise CheckpointError(f"checkpoint {self.tag} ({self.path}): refusing to route with it: its {problems[0]} on "
+                                  f"the encoder's features of {len(PROBE_PROMPTS)} probe prompts (its weights overflow); "
+                                  "train it again or promote another")
 
     @classmethod
     def load(cls, checkpoint_path: str | Path, *, device: str = "auto", dtype: str = "auto", encoder: str | None = None) -> "Router":
@@ -160,7 +193,13 @@ class Router:
         if encoder is not None:  # a relocated model: same contract apart from where it lives
             expected = expected.model_copy(update={"encoder_id": probe.manifest.feature_contract.encoder_id})
         ckpt = load_checkpoint(checkpoint_path, expected_contract=expected)
-        return cls(ckpt, enc)
+        router = cls(ckpt, enc)
+        try:
+            router.check_probe()
+        except BaseException:
+            router.close()
+            raise
+        return router
 
     def scores(self, prompts: list[str], domains: list[str | None] | None = None, cost_weight: float | None = None) -> np.ndarray:
         """Routing scores (N, W). `domains` (None, or one per prompt, None = unknown) fill the
@@ -201,9 +240,14 @@ class Router:
         try:
             require_quality_head(self.checkpoint.head, self.checkpoint.manifest.head_kind)
         except BudgetError as exc:
-            raise BudgetUnavailable(str(exc)) from None
+            raise BudgetUnavailable(f"checkpoint {self.tag}: {exc}") from None
         if self.calibration is None:
-            raise BudgetUnavailable(self.calibration_problem)
+            public = (f"the budget calibration of checkpoint {self.tag} cannot be used: a fault on the server's side "
+                      "(its log says why); send the request without 'fugu_budget', or ask the operator to draw it again"
+                      if self.calibration_damaged else
+                      f"checkpoint {self.tag} has no budget calibration, so this server cannot route under a cost cap; "
+                      "send the request without 'fugu_budget'")
+            raise BudgetUnavailable(self.calibration_problem, server_fault=self.calibration_damaged, public=public)
         try:
             return self.calibration.choose(budget)
         except BudgetError as exc:
@@ -276,9 +320,10 @@ class Router:
             scores, point, c_hat = self.budget_scores(prompts, doms, budget, cost_texts)
         else:
             scores = self.scores(prompts, doms, cost_weight)
-        if not np.isfinite(scores).all():  # never route (or report) on NaN
-            raise RouterError("the head's scores are not finite for this request; lower the cost weight or the budget's margin",
-                              code="unroutable_request")
+        if not np.isfinite(scores).all():  # never route (or report) on NaN; the load-time probe makes this rare
+            raise RouterError(f"checkpoint {self.tag} gave scores that are not finite for this request: its weights "
+                              "overflow on these features (the checkpoint is at fault, not the request); promote "
+                              "another checkpoint", code="checkpoint_fault", server_fault=True)
         mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         scores = np.where(mask, scores, -np.inf)
         head = self.checkpoint.head

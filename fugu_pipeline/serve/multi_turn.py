@@ -28,25 +28,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fugu_pipeline.serve.protocol import APIError, ChatRequest
 
-MODES = ("one_step", "multi_turn")
-
-
-def requested_mode(raw: bytes) -> str:
-    """The body's `fugu_mode`, default one_step; 400 for anything else."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return "one_step"  # the protocol parser reports malformed bodies
-    if not isinstance(body, dict):
-        return "one_step"
-    mode = body.get("fugu_mode")
-    if mode is None:
-        return "one_step"
-    if mode not in MODES:
-        raise APIError(400, f"'fugu_mode' must be one of {list(MODES)}, got {repr(mode)[:80]}", param="fugu_mode",
-                       code="invalid_value")
-    return mode
-
 
 class WorkersCaller:
     """The server's workers (`serve/upstream.py`) as a session caller."""

@@ -29,6 +29,8 @@ from fugu_pipeline.serve.app import (
     create_app,
     load_router_provider,
 )
+from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES
+from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S
 from fugu_pipeline.train.pointer import ROLES_POINTER
 
 log = logging.getLogger("fugu_pipeline.serve")
@@ -56,6 +58,9 @@ def serve(
     log_level: str = "info",
     default_budget=None,
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
+    max_json_values: int = DEFAULT_MAX_JSON_VALUES,
+    allowed_hosts: tuple[str, ...] = (),
+    auth_cooldown_s: float = DEFAULT_AUTH_COOLDOWN_S,
 ) -> None:
     """Load the router and workers, then serve until interrupted. The token is `api_token`, else
     `$FUGU_SERVE_TOKEN`; API keys for workers come from the environment or a `.env` file.
@@ -63,7 +68,10 @@ def serve(
     0 or None: torch's default). `dtype`: the encoder's, `auto` by the same rule as the embedding
     step (bf16 on GPUs and on CPUs with native bf16, else fp32), so serving computes the features
     the checkpoint was trained on when both ran on the same kind of machine. `shutdown_grace_s`: how
-    long replies in flight get to finish once shutdown begins (see the module docstring)."""
+    long replies in flight get to finish once shutdown begins (see the module docstring).
+    `max_json_values`: the request bodies' value limit (`json_body.py`); `allowed_hosts`: names
+    answered besides the bound address's (`hosts.py`); `auth_cooldown_s`: how long a worker whose
+    key is refused is kept out (`upstream.py`)."""
     import uvicorn
 
     from fugu_pipeline.api_keys import load_env_file
@@ -89,11 +97,12 @@ def serve(
         roles = PromotedRoles(checkpoint_or_models_dir, device=device, dtype=dtype, encoder=encoder)
     app = create_app(provider, workers_config_path, api_token=token, max_body_bytes=max_body_bytes,
                      batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts,
-                     default_budget=default_budget, roles=roles)
+                     default_budget=default_budget, roles=roles, max_json_values=max_json_values, bind_host=host,
+                     allowed_hosts=allowed_hosts, auth_cooldown_s=auth_cooldown_s)
     router = app.state.fugu.source.last
     log.info("fugu-lite serving %s (%s) on http://%s:%d/v1", checkpoint_tag(router), router.path, host, port)
-    log.info("%s; torch threads %d; auth %s", router.encoder.describe(), torch.get_num_threads(),
-             "bearer token" if token else "none")
+    log.info("%s; torch threads %d; auth %s; answers the host names %s", router.encoder.describe(),
+             torch.get_num_threads(), "bearer token" if token else "none", app.state.fugu_hosts.describe())
     if default_budget is not None:
         p = router.budget_point(default_budget)
         log.info("default %s: λ=%.4g chosen on validation (validation share %.4f of %s%s)", default_budget.describe(),
