@@ -284,7 +284,7 @@ async def chat_completions(request: Request) -> Response:
 
 async def _chat_completion(request: Request, svc: Service, req: ChatRequest, raw: bytes, t0: float) -> Response:
     if multi_turn.requested_mode(raw) == "multi_turn":  # the coordinator delegates over several turns
-        return await multi_turn.chat_completion(svc, request.app.state.fugu_roles, req, t0)
+        return await multi_turn.chat_completion(svc, request.app.state.fugu_roles, req, t0, raw)
     decision = await svc.route(req)
     t_routed = time.perf_counter()
 

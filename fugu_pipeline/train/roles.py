@@ -3,7 +3,10 @@
 `policy_from_checkpoint` serve the route and evaluate stages cheaply.)
 
 The evolved vector is the roles head W (L + 3, D), flattened (plus, with `svf: true`, one scale per
-singular value of the encoder's second-to-last layer; `train/svf.py`). Each generation:
+singular value of the encoder's second-to-last layer; `train/svf.py`). Each parameter group has its
+own step: the head's coordinates move the logits by about `sigma0`, the SVF scales are z = exp(u)
+with u moved by about `svf_sigma` (0.1: z stays positive and near 1, TinyRouter's setting).
+Each generation:
 - one minibatch of training tasks and one set of sampling seeds, drawn from the run's seed, is
   shared by every candidate (common random numbers): the candidates differ only by their weights;
 - every candidate (and the current mean) runs its sessions on that minibatch, all together through
@@ -38,7 +41,7 @@ from fugu_pipeline.session.policy import LinearRolesPolicy, Step
 from fugu_pipeline.session.records import Trajectory
 from fugu_pipeline.session.roles import PROMPT_VERSION, ROLES
 from fugu_pipeline.session.runner import SessionRunner
-from fugu_pipeline.session.transcript import HEAD_MARKER, TRANSCRIPT_VERSION
+from fugu_pipeline.session.transcript import HEAD_MARKER, TRANSCRIPT_VERSION, window_info
 from fugu_pipeline.tasks.schema import Task
 
 _logger = logging.getLogger(__name__)
@@ -80,7 +83,10 @@ class RolesConfig(BaseModel):
                               "fixed worker) in every state")
     warm_start: bool = Field(True, description="start the worker rows from the one-step router's where encoders match")
     svf: bool = Field(False, description="also evolve the SVF adapter (scales on the singular values of the "
-                      "encoder's second-to-last layer); changes the features, so the encoder runs per candidate")
+                      "encoder's second-to-last layer); changes the features, so the adapted layer and the one "
+                      "above it run per candidate")
+    svf_sigma: float = Field(0.1, gt=0, le=1.0, description="SVF's own step size: scales are z = exp(u), and a "
+                             "random step moves each u by about this much (0.1: z about 1 +- 0.1, always positive)")
     max_length: int = Field(1024, ge=16, description="encoder window for transcripts (cut from the front)")
     max_usd: float | None = Field(None, gt=0, description="budget for the whole training run (default: the worker "
                                   "config's max_usd_per_run)")
@@ -138,7 +144,7 @@ class RolesTrainResult:
 def session_info(max_turns: int) -> dict[str, Any]:
     """What a roles checkpoint needs besides its weights to act as it was trained (in its manifest)."""
     return {"max_turns": max_turns, "roles": list(ROLES), "prompt_version": PROMPT_VERSION,
-            "transcript_version": TRANSCRIPT_VERSION, "head_marker": HEAD_MARKER}
+            "transcript_version": TRANSCRIPT_VERSION, "head_marker": HEAD_MARKER, "worker_window": window_info()}
 
 
 def warm_start_weight(featurizer: TranscriptFeaturizer, worker_ids: list[str], checkpoint) -> tuple[np.ndarray | None, str]:
@@ -273,23 +279,29 @@ def train_roles(
             w0[worker_ids.index(best)] = cfg.init_logit * flat
     theta0 = (w0 @ inverse).ravel()  # W = theta @ B
     n_w, adapter = theta0.size, None
-    if cfg.svf:  # the adapter's scales z = 1 + u; u starts at 0 (the original encoder)
+    step = cfg.sigma0 / np.sqrt(k)  # CMA-ES's initial sigma: a random step moves each logit by about sigma0
+    svf_unit = cfg.svf_sigma / step  # an SVF search coordinate of size `step` moves a log-scale by svf_sigma
+    if cfg.svf:  # the adapter's scales z = exp(u); u starts at 0 (the original encoder)
         from fugu_pipeline.train.svf import SVFAdapter
 
         adapter = SVFAdapter(featurizer.encoder.model)
         theta0 = np.concatenate([theta0, np.zeros(adapter.size)])
         log(f"roles: SVF adapter on the encoder's second-to-last layer: {adapter.size:,} singular values "
-            f"({', '.join(adapter.names)}); transcripts are encoded per candidate")
+            f"({', '.join(adapter.names)}), step {cfg.svf_sigma} on the log-scales; the layers below it run "
+            "once per transcript, it and the one above per candidate")
 
     def head(th: np.ndarray) -> np.ndarray:
         return (np.asarray(th[:n_w], np.float64).reshape(n_out, k) @ basis).astype(np.float32)
 
+    def svf_scales(th: np.ndarray) -> np.ndarray:
+        return np.exp(svf_unit * np.asarray(th[n_w:], np.float64)).astype(np.float32)
+
     def make(th: np.ndarray) -> LinearRolesPolicy:
         w = head(th)
-        f = featurizer if adapter is None else featurizer.with_scales(adapter, 1.0 + np.asarray(th[n_w:], np.float32))
+        f = featurizer if adapter is None else featurizer.with_scales(adapter, svf_scales(th))
         return LinearRolesPolicy(w, worker_ids, f, center=center, scale=scale)
 
-    es = SepCMA(mean=theta0.copy(), sigma=cfg.sigma0 / np.sqrt(k), seed=cfg.seed, population_size=cfg.population_size)
+    es = SepCMA(mean=theta0.copy(), sigma=step, seed=cfg.seed, population_size=cfg.population_size)
     rng = np.random.default_rng(cfg.seed)
     order = np.random.default_rng(cfg.seed + 1).permutation(len(val))
     val_set = [val[i] for i in order[: cfg.val_tasks or len(val)]]
@@ -307,6 +319,7 @@ def train_roles(
     r0, tr0 = score([theta0], val_pairs, True)
     start = ("warm_start" if init_weight is not None else "one_step_init") if cfg.init == "one_step" else "zero_init"
     best_val, best_theta, best_gen, best_what = float(r0.mean()), theta0, 0, start
+    trained: tuple[float, np.ndarray, int, str] | None = None  # the best validated trained head
     curves: dict[str, list[float]] = {"train_best": [], "train_population_mean": [], "train_mean": [],
                                       "val_generation": [0.0], "val_mean": [best_val], "val_best": [best_val]}
     log(f"roles generation   0  val reward {best_val:.4f} ({best_what})")
@@ -332,12 +345,21 @@ def train_roles(
             for v, th, what in ((v_mean, cands[0], "mean"), (v_best, cands[1], "generation_best")):
                 if v > best_val + 1e-12:
                     best_val, best_theta, best_gen, best_what = v, np.asarray(th).copy(), g, what
+                if trained is None or v > trained[0] + 1e-12:
+                    trained = (v, np.asarray(th).copy(), g, what)
             line += f"  val mean {v_mean:.4f}  val gen-best {v_best:.4f}"
         log(line)
+    if not head(best_theta).any() and trained is not None:
+        # the all-zero start (init: uniform) is no head to keep (weight sanity refuses it, and its
+        # greedy picks are a tie-break): keep the best trained head, and say it did not beat the start
+        log(f"roles: no generation beat the uniform start on validation (val reward {best_val:.4f}); keeping the "
+            f"best trained head ({trained[3]} of generation {trained[2]}, val reward {trained[0]:.4f})")
+        best_val, best_theta, best_gen, best_what = trained
+        best_what += "_not_better_than_uniform_start"
     log(f"roles: keeping {best_what} of generation {best_gen} (val reward {best_val:.4f})")
 
     weight = head(best_theta)
-    svf_scales = None if adapter is None else (1.0 + np.asarray(best_theta[n_w:], np.float32))
+    kept_scales = None if adapter is None else svf_scales(best_theta)
     _, kept = score([best_theta], val_pairs, True)
     kept = kept[0]
     if adapter is not None:
@@ -353,6 +375,6 @@ def train_roles(
     context = runner.store.context if runner.store is not None else ""
     config = {**cfg.model_dump(), "session": session_info(cfg.max_turns), "store_context": context}
     return RolesTrainResult(weight=weight, center=center, scale=scale, worker_ids=list(worker_ids),
-                            featurizer=featurizer, config=config, svf_scales=svf_scales, adapter=adapter,
+                            featurizer=featurizer, config=config, svf_scales=kept_scales, adapter=adapter,
                             curves=curves, best_generation=best_gen, metrics=metrics,
                             data_version=data_version(train, val_set, context), wall_s=round(time.perf_counter() - t0, 3))
