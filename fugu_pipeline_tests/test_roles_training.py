@@ -57,6 +57,29 @@ def train_in(store: Path, encoder, cfg: RolesConfig, tasks: list[Task] | None = 
         return res, sum(run.caller.calls.values()), run.runner.stats
 
 
+def stored(store_dir: Path) -> list[dict]:
+    """Every record of the (closed) trajectory store in `store_dir`, oldest first, as JSON objects."""
+    from fugu_pipeline.session.store import TrajectoryStore
+
+    path = next(store_dir.glob("*.sqlite"))
+    with TrajectoryStore(store_dir, path.stem) as s:
+        return [t.model_dump(mode="json") for t in s.iter_all()]
+
+
+def count_rows(path: Path) -> int:
+    """Committed trajectories in a store another process is writing (SQLite readers do not block it)."""
+    import sqlite3
+
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            return int(db.execute("SELECT COUNT(*) FROM trajectories").fetchone()[0])
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return 0
+
+
 def checkpoint_bytes(path: Path) -> tuple[bytes, dict]:
     manifest = json.loads((path / "manifest.json").read_text())
     return (path / "head.safetensors").read_bytes(), {k: v for k, v in manifest.items() if k not in ("created_at", "wall_s")}
@@ -83,7 +106,7 @@ def test_candidates_share_minibatch_and_seeds(tmp_path, encoder):
     """Common random numbers: in a generation every candidate runs the same (task, seed) pairs."""
     cfg = RolesConfig(**{**SMALL, "generations": 2})
     train_in(tmp_path / "store", encoder, cfg)
-    lines = [json.loads(x) for x in next((tmp_path / "store").glob("*.jsonl")).read_text().splitlines()]
+    lines = stored(tmp_path / "store")
     training = [t for t in lines if t["greedy"] and t["seed"] < 10**9 and not t["head"].startswith("fixed:")]
     pairs_by_head = defaultdict(set)
     for t in training:
@@ -119,7 +142,7 @@ print("FINISHED", flush=True)
 def test_killed_training_resumes_without_calling_stored_trajectories_again(tmp_path, encoder):
     cfg = RolesConfig(**{**SMALL, "generations": 8})
     full, calls_full, _ = train_in(tmp_path / "uninterrupted", encoder, cfg)
-    full_lines = len(next((tmp_path / "uninterrupted").glob("*.jsonl")).read_text().splitlines())
+    full_lines = len(stored(tmp_path / "uninterrupted"))
 
     store = tmp_path / "killed"
     script = KILL_SCRIPT.format(cfg=cfg.model_dump(), workers=str(WORKERS), store=str(store))
@@ -127,28 +150,28 @@ def test_killed_training_resumes_without_calling_stored_trajectories_again(tmp_p
                             text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
-        files = list(store.glob("*.jsonl"))
-        if files and len(files[0].read_bytes().splitlines()) >= full_lines // 2:
+        files = list(store.glob("*.sqlite"))
+        if files and count_rows(files[0]) >= full_lines // 2:
             os.kill(proc.pid, signal.SIGKILL)
             break
         time.sleep(0.02)
     proc.wait(timeout=30)
     out = proc.stdout.read()
     assert proc.returncode == -signal.SIGKILL and "FINISHED" not in out, out[-2000:]
-    stored = [json.loads(x) for x in next(store.glob("*.jsonl")).read_bytes().splitlines() if x.strip().endswith(b"}")]
-    paid = {turn["request_sha"] for t in stored for turn in t["turns"] if turn["status"] == "ok"}  # requests answered before the kill
+    before = stored(store)
+    paid = {turn["request_sha"] for t in before for turn in t["turns"] if turn["status"] == "ok"}  # requests answered before the kill
 
     resumed, calls_resumed, stats = train_in(store, encoder, cfg)
-    assert stats.sessions_stored >= len(stored)  # every finished trajectory is read back, none run again
+    assert stats.sessions_stored >= len(before)  # every finished trajectory is read back, none run again
     # Runs are deterministic and a run calls each distinct request once: the resumed run calls exactly
     # the requests the killed run had not stored, so nothing already paid for is paid again.
     assert calls_resumed == calls_full - len(paid) and 0 < calls_resumed < calls_full
-    after = [json.loads(x) for x in next(store.glob("*.jsonl")).read_bytes().splitlines()][len(stored):]
+    after = stored(store)[len(before):]
     recalled = {turn["request_sha"] for t in after for turn in t["turns"] if not turn["reused"]} & paid
     assert not recalled
     assert np.array_equal(resumed.weight, full.weight) and resumed.best_generation == full.best_generation
     print(f"\nuninterrupted run: {calls_full} worker calls, {full_lines} trajectories stored")
-    print(f"killed (SIGKILL) after {len(stored)} stored trajectories holding {len(paid)} answered requests")
+    print(f"killed (SIGKILL) after {len(before)} stored trajectories holding {len(paid)} answered requests")
     print(f"resumed run: {calls_resumed} worker calls (= {calls_full} - {len(paid)}), {stats.sessions_stored} "
           f"trajectories read from the store, {stats.sessions_run} sessions run; same weights as the uninterrupted run")
 

@@ -63,14 +63,15 @@ def mcq(row: Row) -> tuple[str, str]:
     return f"{_text(row, 'question').strip()}\n\n{choices_block(choices)}{MCQ_INSTRUCTION}", LETTERS[answer]
 
 
-def subject_of(row: Row) -> str:
-    """The row's MMLU subject (`subject`, or `type` in the Qwen2.5-Math copy); refuses a missing one."""
+def subject_of(row: Row, known: bool = True) -> str:
+    """The row's MMLU subject (`subject`, or `type` in the Qwen2.5-Math copy); refuses a missing one
+    and, with `known`, one that is not among MMLU's 57."""
     raw = row.get("subject") if row.get("subject") not in (None, "") else row.get("type")
     if not isinstance(raw, str) or not raw.strip():
         raise ValueError("no 'subject' (or 'type') field: the subject is the task's domain; export the rows with "
                          "their subject column (cais/mmlu 'all' has it)")
     subject = raw.strip().lower().replace(" ", "_")
-    if subject not in MMLU_SUBJECTS:
+    if known and subject not in MMLU_SUBJECTS:
         raise ValueError(f"subject {raw[:60]!r} is not one of MMLU's 57 subjects")
     return subject
 

@@ -133,7 +133,7 @@ def mmlu_stem(row: Row) -> dict[str, Any]:
         "domain": "stem",
         "reference_answer": letter,
         "grader": choice_grader(letter),
-        "tags": [f"subject:{subject_of(row)}"],
+        "tags": [f"subject:{subject_of(row, known=False)}"],
     }
 
 
