@@ -202,7 +202,7 @@ def test_svf_adapter_head_has_the_seeds_shape_and_changes_the_features(tmp_path,
     from fugu_pipeline.session.featurize import TranscriptFeaturizer
     from fugu_pipeline.session.transcript import HeadInput
     from fugu_pipeline.train.heads import build_head
-    from fugu_pipeline.train.svf import SVFAdapter
+    from fugu_pipeline.features.svf import SVFAdapter
 
     assert build_head("roles_linear_svf", 1024, 3, svf_size=7 * 1024).param_count() == 13_312  # the seed's head
     adapter = SVFAdapter(encoder.model)

@@ -3,7 +3,7 @@
 `policy_from_checkpoint` serve the route and evaluate stages cheaply.)
 
 The evolved vector is the roles head W (L + 3, D), flattened (plus, with `svf: true`, one scale per
-singular value of the encoder's second-to-last layer; `train/svf.py`). Each parameter group has its
+singular value of the encoder's second-to-last layer; `features/svf.py`). Each parameter group has its
 own step: the head's coordinates move the logits by about `sigma0`, the SVF scales are z = exp(u)
 with u moved by about `svf_sigma` (0.1: z stays positive and near 1, TinyRouter's setting).
 Each generation:
@@ -213,6 +213,21 @@ def best_fixed_worker(runner: SessionRunner, worker_ids: list[str], tasks: list[
     return best
 
 
+def stratified(tasks: list[Task], size: int, rng: np.random.Generator) -> np.ndarray:
+    """`size` task indices drawn without replacement, as evenly over the tasks' domains as they allow
+    (every generation scores every family, so one generation's fitness is not another's family mix)."""
+    by: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        by.setdefault(t.domain, []).append(i)
+    pools = [list(rng.permutation(v)) for _, v in sorted(by.items())]
+    out: list[int] = []
+    while len(out) < size:
+        for p in pools:
+            if p and len(out) < size:
+                out.append(int(p.pop()))
+    return np.array(out)
+
+
 def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
     """(B (k, D), B+ (D, k)): the k leading directions of the standardised features' second moment,
     each scaled to unit spread (whitened). CMA-ES moves theta (L + 3, k) and the head is
@@ -233,7 +248,7 @@ def policy_from_checkpoint(checkpoint, featurizer: TranscriptFeaturizer) -> Line
     """The session policy of a roles checkpoint (`roles_linear` or `roles_linear_svf`) over this featurizer."""
     sd = {k: v.detach().cpu().numpy() for k, v in checkpoint.state_dict.items()}
     if "svf_scales" in sd:
-        from fugu_pipeline.train.svf import SVFAdapter
+        from fugu_pipeline.features.svf import SVFAdapter
 
         featurizer = featurizer.with_scales(SVFAdapter(featurizer.encoder.model), sd["svf_scales"])
     return LinearRolesPolicy(sd["linear.weight"], list(checkpoint.manifest.worker_ids), featurizer,
@@ -282,7 +297,7 @@ def train_roles(
     step = cfg.sigma0 / np.sqrt(k)  # CMA-ES's initial sigma: a random step moves each logit by about sigma0
     svf_unit = cfg.svf_sigma / step  # an SVF search coordinate of size `step` moves a log-scale by svf_sigma
     if cfg.svf:  # the adapter's scales z = exp(u); u starts at 0 (the original encoder)
-        from fugu_pipeline.train.svf import SVFAdapter
+        from fugu_pipeline.features.svf import SVFAdapter
 
         adapter = SVFAdapter(featurizer.encoder.model)
         theta0 = np.concatenate([theta0, np.zeros(adapter.size)])
@@ -324,7 +339,7 @@ def train_roles(
                                       "val_generation": [0.0], "val_mean": [best_val], "val_best": [best_val]}
     log(f"roles generation   0  val reward {best_val:.4f} ({best_what})")
     for g in range(1, cfg.generations + 1):
-        batch = rng.choice(len(train), size=min(cfg.tasks_per_generation, len(train)), replace=False)
+        batch = stratified(train, min(cfg.tasks_per_generation, len(train)), rng)
         seeds = rng.integers(0, TRAIN_SEEDS, size=(len(batch), cfg.seeds_per_task))
         pairs = [(train[int(i)], int(s)) for i, row in zip(batch, seeds) for s in row]
         xs = [es.ask() for _ in range(es.population_size)]
