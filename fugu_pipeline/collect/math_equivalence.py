@@ -9,30 +9,39 @@ right, and a different value is still wrong.
 
 - What is compared: the reference, and from the answer the last `\\boxed{...}` (else the last
   "answer is ..." / "Final answer: ..." line, else the answer's text), each at most
-  `MAX_CHARS` characters.
+  `MAX_CHARS` characters. Numbers are compared to 10 decimal places (math-verify's default of 6
+  took 6.73e-5 for 6.72e-5), and what math-verify drops is checked here: a number base
+  (`52_8` is not `52_9`) and the power of a unit (`cm^2` is not `cm^3`), where the answer writes
+  one, must match the reference's.
 - Where: in one helper process (math-verify bounds its own parsing and checking with SIGALRM, which
-  only works in a main thread, and an answer can make SymPy run for a long time), with a wall
-  clock of `TIMEOUT_S` per decision; a decision that runs over it is "not equivalent" and the
-  helper is replaced.
+  only works in a main thread, and an answer can make SymPy run for a long time), started and
+  warmed up once (`START_TIMEOUT_S`), then with a wall clock of `TIMEOUT_S` per decision; a
+  decision that runs over it is "not equivalent" and the helper is replaced.
 - Decisions are cached per (reference, compared answer) in memory (`CACHE_SIZE`, least recently
-  used out): a trajectory reward, a re-grade or a second worker with the same answer asks once.
+  used out): a trajectory reward, a re-grade or a second worker with the same answer asks once. A
+  decision the helper could not make (it crashed) is not cached.
 """
 
 from __future__ import annotations
 
-import functools
 import multiprocessing
+import re
 import threading
+from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from fugu_pipeline.tasks.answers import FINAL, boxed_contents
 
 MAX_CHARS = 1000
-TIMEOUT_S = 10.0
+TIMEOUT_S = 20.0
+START_TIMEOUT_S = 180.0
 CACHE_SIZE = 100_000
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
+_cache: OrderedDict[tuple[str, str], tuple[bool, str]] = OrderedDict()
+# what math-verify drops and must still match: a number's base, a unit's power
+_KEPT = (re.compile(r"(?<=[\d}])_\{?(\d+)\}?"), re.compile(r"(?:mbox|text|mathrm)\{[^{}]*\}\s*\^\{?(\d+)\}?"))
 
 
 def compared_answer(answer: str) -> str:
@@ -51,23 +60,66 @@ def equivalent(reference: str, answer: str) -> tuple[bool, str]:
     return _decide((reference or "").strip()[:MAX_CHARS], compared_answer(answer))
 
 
-@functools.lru_cache(maxsize=CACHE_SIZE)
+class Stats:
+    hits = 0
+    misses = 0
+
+
 def _decide(reference: str, candidate: str) -> tuple[bool, str]:
-    global _pool
-    if not reference or not candidate.strip("$ \n"):
-        return False, "nothing to compare"
+    key = (reference, candidate)
     with _lock:
-        if _pool is None:
-            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        pool = _pool
+        if key in _cache:
+            _cache.move_to_end(key)
+            Stats.hits += 1
+            return _cache[key]
+    Stats.misses += 1
+    out, keep = _ask(reference, candidate)
+    if keep:
+        with _lock:
+            _cache[key] = out
+            while len(_cache) > CACHE_SIZE:
+                _cache.popitem(last=False)
+    return out
+
+
+def cache_clear() -> None:
+    with _lock:
+        _cache.clear()
+    Stats.hits = Stats.misses = 0
+
+
+def _helper() -> ProcessPoolExecutor:
+    """The helper process, started and warmed up (math-verify and SymPy imported) on first use."""
+    global _pool
+    with _lock:
+        if _pool is not None:
+            return _pool
+        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            pool.submit(check, "1", "$1$").result(timeout=START_TIMEOUT_S)
+        except BaseException:
+            _kill(pool)
+            raise
+        _pool = pool
+        return pool
+
+
+def _ask(reference: str, candidate: str) -> tuple[tuple[bool, str], bool]:
+    """((equivalent?, how), whether the decision may be cached)."""
+    if not reference or not candidate.strip("$ \n"):
+        return (False, "nothing to compare"), True
     try:
-        return pool.submit(check, reference, candidate).result(timeout=TIMEOUT_S)
+        pool = _helper()
+    except Exception as exc:  # noqa: BLE001 - no helper: not equivalent, and asked again next time
+        return (False, f"math-verify could not start: {type(exc).__name__}"), False
+    try:
+        return pool.submit(check, reference, candidate).result(timeout=TIMEOUT_S), True
     except FutureTimeout:
         _replace(pool)
-        return False, f"math-verify ran over {TIMEOUT_S:g}s"
+        return (False, f"math-verify ran over {TIMEOUT_S:g}s"), True
     except Exception as exc:  # noqa: BLE001 - a broken helper must not fail the grade: it is not equivalent
         _replace(pool)
-        return False, f"math-verify failed: {type(exc).__name__}"
+        return (False, f"math-verify failed: {type(exc).__name__}"), False
 
 
 def _replace(pool: ProcessPoolExecutor) -> None:
@@ -75,7 +127,11 @@ def _replace(pool: ProcessPoolExecutor) -> None:
     with _lock:
         if _pool is pool:
             _pool = None
-    for proc in list(getattr(pool, "_processes", {}).values()):  # a runaway SymPy call never returns
+    _kill(pool)
+
+
+def _kill(pool: ProcessPoolExecutor) -> None:
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):  # a runaway SymPy call never returns
         proc.kill()
     pool.shutdown(wait=False, cancel_futures=True)
 
@@ -91,5 +147,10 @@ def check(reference: str, candidate: str) -> tuple[bool, str]:
     pred = parse(candidate, extraction_config=configs)
     if not gold or not pred:
         return False, "math-verify could not parse the " + ("reference" if not gold else "answer")
-    ok = bool(verify(gold, pred))
-    return ok, f"math-verify: {str(pred[0])[:60]!r} {'==' if ok else '!='} {str(gold[0])[:60]!r}"
+    ok = bool(verify(gold, pred, float_rounding=10))
+    how = f"math-verify: {str(pred[0])[:60]!r} {'==' if ok else '!='} {str(gold[0])[:60]!r}"
+    for rx in _KEPT:  # an answer may leave out the base or the unit; where it writes one, it must be the same
+        want, got = rx.findall(reference), rx.findall(candidate)
+        if ok and want and got and got != want:
+            return False, f"{how}, but {rx.pattern!r} differs: {want} in the reference"
+    return ok, how
