@@ -62,58 +62,61 @@ def main() -> None:
     base = sample_sessions(args.tasks)
     turns = sum(len(t.turns) for t in base) / len(base)
     print(f"{len(base)} real sessions (mean {turns:.2f} turns), replicated to {args.sessions:,} stored trajectories")
+    milestones = sorted({m for m in (1_000, 10_000, args.sessions) if m <= args.sessions})
+    opens: dict[int, tuple[float, float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        store = TrajectoryStore(tmp, "bench").open()
         lines = Path(tmp) / "bench.jsonl"
         t0 = time.perf_counter()
+        written = 0
         with lines.open("w") as fh:
-            batch = []
-            for i in range(args.sessions):
-                tr = base[i % len(base)].model_copy(update={"head": f"head-{i // len(base):05d}", "seed": i})
-                batch.append(tr)
-                fh.write(tr.model_dump_json() + "\n")
-                if len(batch) == 2000:
+            for m in milestones:
+                store = TrajectoryStore(tmp, "bench").open()
+                while written < m:
+                    batch = [base[i % len(base)].model_copy(update={"head": f"head-{i // len(base):05d}", "seed": i})
+                             for i in range(written, min(m, written + 2000))]
                     store.append(batch)
-                    batch = []
-            if batch:
-                store.append(batch)
-        store.close()
+                    fh.write("".join(tr.model_dump_json() + "\n" for tr in batch))
+                    written += len(batch)
+                store.close()
+                opens[m] = measure_open(tmp, base, m)
         write_s = time.perf_counter() - t0
-        db = Path(tmp) / "bench.sqlite"
-        size_db = db.stat().st_size + sum(p.stat().st_size for p in Path(tmp).glob("bench.sqlite-*"))
+        size_db = sum(p.stat().st_size for p in Path(tmp).glob("bench.sqlite*"))
         size_lines = lines.stat().st_size
-        probe = base[7].model_copy(update={"head": f"head-{(args.sessions - 1) // len(base):05d}"})
-        key = trajectory_key(probe.task_id, probe.head, args.sessions - 1 - (args.sessions - 1) % len(base) + 7, True)
-        t0 = time.perf_counter()
-        s = TrajectoryStore(tmp, "bench").open()
-        found = s.get(key)
-        open_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        n = 2000
-        for i in range(n):
-            j = (i * 7919) % args.sessions
-            tr = base[j % len(base)]
-            s.get(trajectory_key(tr.task_id, f"head-{j // len(base):05d}", j, True))
-        lookup_s = (time.perf_counter() - t0) / n
-        s.close()
         t0 = time.perf_counter()
         every = [Trajectory.model_validate_json(x) for x in lines.read_bytes().splitlines()]
         read_lines_s = time.perf_counter() - t0
-        small = TrajectoryStore(Path(tmp) / "small", "bench").open()
-        small.append(base[:100])
-        small.close()
+    print(f"written in {write_s:.1f}s (store and JSON lines together); {len(every):,} JSON lines read back; "
+          f"load average now {os.getloadavg()[0]:.2f}")
+    print("| sessions stored | open the store + first lookup (median of 5) | one lookup by key (median) |")
+    print("|---|---|---|")
+    for m, (open_s, look_s, _) in opens.items():
+        print(f"| {m:,} | {open_s * 1000:.1f} ms | {look_s * 1e6:.0f} us |")
+    print(f"size at {args.sessions:,} sessions: store {size_db / 2**20:.1f} MiB (SQLite, zlib, turn texts once) vs "
+          f"{size_lines / 2**20:.1f} MiB as JSON lines; reading the JSON lines whole (what opening meant before) "
+          f"took {read_lines_s:.1f} s")
+
+
+def measure_open(root: str, base: list[Trajectory], n: int) -> tuple[float, float, float]:
+    """(open + first lookup, one lookup, -) medians over 5 tries, on a store holding n sessions."""
+    import statistics
+
+    def key(j: int):
+        tr = base[j % len(base)]
+        return trajectory_key(tr.task_id, f"head-{j // len(base):05d}", j, True)
+
+    opens, looks = [], []
+    for r in range(5):
         t0 = time.perf_counter()
-        TrajectoryStore(Path(tmp) / "small", "bench").open().get(key)
-        open_small_s = time.perf_counter() - t0
-    print(f"written in {write_s:.1f}s (store and JSON lines together); found the probe: {found is not None}; "
-          f"{len(every):,} JSON lines read back")
-    print("| format | size | open + first lookup | whole read |")
-    print("|---|---|---|---|")
-    print(f"| store (SQLite, zlib, turn texts once) | {size_db / 2**20:.1f} MiB | {open_s * 1000:.1f} ms "
-          f"({open_small_s * 1000:.1f} ms with 100 sessions) | not needed |")
-    print(f"| JSON lines (before) | {size_lines / 2**20:.1f} MiB | {read_lines_s:.2f} s (read whole) | "
-          f"{read_lines_s:.2f} s |")
-    print(f"lookups by key: {lookup_s * 1e6:.0f} us each")
+        s = TrajectoryStore(root, "bench").open()
+        found = s.get(key((n - 1 - r * 97) % n))
+        opens.append(time.perf_counter() - t0)
+        assert found is not None
+        for i in range(200):
+            t0 = time.perf_counter()
+            s.get(key((i * 7919 + r) % n))
+            looks.append(time.perf_counter() - t0)
+        s.close()
+    return statistics.median(opens), statistics.median(looks), 0.0
 
 
 if __name__ == "__main__":

@@ -60,8 +60,12 @@ class RolesConfig(BaseModel):
     population_size: int | None = Field(None, ge=2, description="None = cmaes' 4 + floor(3 ln n)")
     sigma0: float = Field(2.0, gt=0, description="initial step size as a logit scale: a random step changes "
                           "each logit by about sigma0")
-    search_dims: int | None = Field(16, ge=1, description="CMA-ES searches this many leading whitened directions "
-                                    "of the transcripts' features (None: all D); the head stays (L + 3) x D")
+    search_dims: int | None = Field(16, ge=1, description="CMA-ES searches this many directions of the "
+                                    "transcripts' features (None: all D); the head stays (L + 3) x D")
+    search: Literal["state_kinds", "leading"] = Field(
+        "state_kinds", description="state_kinds: the constant direction and the discriminant directions of the "
+        "transcript states' kinds (family, turn, last role and verdict), along which a step moves one kind of "
+        "state alike on every task; leading: the leading whitened directions of the features")
     explore_tasks: int = Field(32, ge=1, description="training tasks the uniform policy explores (sampled) to set "
                                "the feature standardisation")
     tasks_per_generation: int = Field(32, ge=1, description="training tasks per generation (shared by all candidates)")
@@ -176,26 +180,35 @@ VAL_SEED_BASE = 10**9
 SHIFT = 1.0  # standardised features keep a constant part: the bias-free head can still prefer a role everywhere
 
 
+def state_kind(domain: str | None, turns) -> str:
+    """What a transcript state is, apart from its task: the family, and the last turn's role and
+    verdict (what a coordinator decides on; `transcript.state_line` shows the encoder the same)."""
+    last = turns[-1] if turns else None
+    return f"{domain}|{last.role if last else '-'}|{last.verdict if last and last.verdict else '-'}"
+
+
 def exploration_stats(runner: SessionRunner, featurizer: TranscriptFeaturizer, worker_ids: list[str],
-                      tasks: list[Task], n_tasks: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      tasks: list[Task], n_tasks: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """The feature standardisation of every transcript state the uniform policy meets on `n_tasks`
     training tasks (sampled picks, seeded): per dimension, (x - center) / scale has spread 1 and
     mean SHIFT. Centring alone would take away the only constant a bias-free head has (the large
     direction all hidden states share), and with it any preference that holds in every state
     ("Worker, unless ..."). The rollouts are ordinary stored trajectories. Returns (center, scale,
-    the standardised features of every state)."""
+    the standardised features of every state, each state's kind (`state_kind`))."""
     rng = np.random.default_rng([seed, 7])
     chosen = rng.choice(len(tasks), size=min(n_tasks, len(tasks)), replace=False)
     pairs = [(tasks[int(i)], int(rng.integers(0, TRAIN_SEEDS))) for i in chosen]
     uniform = LinearRolesPolicy(np.zeros((len(worker_ids) + len(ROLES), featurizer.dim), np.float32), worker_ids, featurizer)
     trs = runner.run([uniform], pairs, greedy=False)[0]
     by_id = {t.task_id: t for t, _ in pairs}
-    heads = [Step(by_id[tr.task_id].prompt, tr.domain, tr.turns[:k]).head for tr in trs for k in range(len(tr.turns) + 1)]
+    states = [(tr, k) for tr in trs for k in range(len(tr.turns) + 1)]
+    heads = [Step(by_id[tr.task_id].prompt, tr.domain, tr.turns[:k]).head for tr, k in states]
+    kinds = [state_kind(tr.domain, tr.turns[:k]) for tr, k in states]
     x = featurizer.features(heads).astype(np.float64)
     scale = x.std(axis=0)
     scale = np.where(scale > 1e-6, scale, 1.0)  # a constant dimension carries nothing: leave it unscaled
     center = x.mean(axis=0) - SHIFT * scale  # (x - center) / scale has mean SHIFT and spread 1 in every dimension
-    return center.astype(np.float32), scale.astype(np.float32), (x - center) / scale
+    return center.astype(np.float32), scale.astype(np.float32), (x - center) / scale, kinds
 
 
 def best_fixed_worker(runner: SessionRunner, worker_ids: list[str], tasks: list[Task], cfg: RolesConfig,
@@ -228,14 +241,43 @@ def stratified(tasks: list[Task], size: int, rng: np.random.Generator) -> np.nda
     return np.array(out)
 
 
-def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
-    """(B (k, D), B+ (D, k)): the k leading directions of the standardised features' second moment,
-    each scaled to unit spread (whitened). CMA-ES moves theta (L + 3, k) and the head is
-    W = theta @ B: a step of one size changes the logits by the same amount along each of the
-    directions the transcripts vary most in, so the small ones that tell a state from the next (the
-    last role, a verdict) are as easy to move as the large ones (the task family, the constant part),
-    and the search has k, not D, numbers per output. The saved head is W itself (L + 3, D).
-    `dims` None: all D directions."""
+def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01,
+                 kinds: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(B (k, D), B+ (D, k)): the directions CMA-ES moves the head along; theta (L + 3, k) gives
+    W = theta @ B, and the saved head is W itself (L + 3, D).
+
+    With `kinds` (each state's `state_kind`): the constant direction (the mean feature, so a role can
+    be preferred everywhere) and the k - 1 discriminant directions of the state kinds (Fisher's:
+    largest spread between the kinds' means for the spread within a kind). Within a kind the
+    features still differ with every task (the task's words dominate a transcript's vector); along
+    these directions they barely do, so a random step moves the logits of one kind of state alike
+    on every task ("after a Worker answer on a checking task: verify") instead of flipping decisions
+    task by task. Each direction is scaled to unit spread of the states' projections.
+    Without `kinds`: the k leading directions of the features' second moment, whitened.
+    `dims` None: all D directions (without kinds)."""
+    n, d = z.shape
+    if kinds is not None and len(set(kinds)) > 1:
+        k = min(dims or d, d)
+        labels = np.array(kinds)
+        mu = z.mean(axis=0)
+        sw = np.zeros((d, d))
+        sb = np.zeros((d, d))
+        for c in sorted(set(kinds)):
+            zc = z[labels == c]
+            mc = zc.mean(axis=0)
+            sw += (zc - mc).T @ (zc - mc)
+            sb += len(zc) * np.outer(mc - mu, mc - mu)
+        sw = sw / n + reg * max(float(np.trace(sw)) / (n * d), 1e-12) * np.eye(d)
+        sb = sb / n
+        lw, uw = np.linalg.eigh(sw)
+        root = uw / np.sqrt(np.maximum(lw, 1e-12))  # Sw^(-1/2)
+        lam, v = np.linalg.eigh(root.T @ sb @ root)
+        order = [i for i in np.argsort(-lam)[: max(k - 1, 1)] if lam[i] > 1e-9 * max(lam.max(), 1e-12)]
+        dirs = [mu / max(np.linalg.norm(mu), 1e-12)] + [root @ v[:, i] for i in order]
+        basis = np.array(dirs)
+        spread = np.sqrt(np.mean((z @ basis.T) ** 2, axis=0))
+        basis = basis / np.maximum(spread, 1e-12)[:, None]
+        return basis, np.linalg.pinv(basis)
     m = z.T @ z / max(len(z), 1)
     lam, u = np.linalg.eigh(m)
     order = np.argsort(-lam)[: min(dims or len(lam), len(lam))]
@@ -278,11 +320,13 @@ def train_roles(
         raise ValueError(f"the coordinator needs train and val tasks (got {len(train)} train, {len(val)} val)")
     t0 = time.perf_counter()
     n_out, dim = len(worker_ids) + len(ROLES), featurizer.dim
-    center, scale, z = exploration_stats(runner, featurizer, worker_ids, train, cfg.explore_tasks, cfg.seed)
-    basis, inverse = search_basis(z, cfg.search_dims)
+    center, scale, z, kinds = exploration_stats(runner, featurizer, worker_ids, train, cfg.explore_tasks, cfg.seed)
+    basis, inverse = search_basis(z, cfg.search_dims, kinds=kinds if cfg.search == "state_kinds" else None)
     k = len(basis)
-    log(f"roles: features standardised over {len(z)} transcript states of the uniform policy on "
-        f"{min(cfg.explore_tasks, len(train))} training tasks; CMA-ES searches their {k} leading whitened directions")
+    log(f"roles: features standardised over {len(z)} transcript states ({len(set(kinds))} kinds) of the uniform "
+        f"policy on {min(cfg.explore_tasks, len(train))} training tasks; CMA-ES searches {k} directions ("
+        + ("the constant and the state kinds' discriminant directions)" if cfg.search == "state_kinds"
+           else "the leading whitened directions)"))
     w0 = np.zeros((n_out, dim))
     flat = 1.0 / (SHIFT * dim)  # standardised features average SHIFT per dimension: a flat row is a constant logit
     if init_weight is not None:  # rows that acted on raw features act on standardised ones: W' = W * scale
