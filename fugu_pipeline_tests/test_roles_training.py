@@ -198,13 +198,13 @@ def test_roles_checkpoint_round_trip_and_weight_sanity(tmp_path, encoder):
         save_checkpoint(tmp_path / "m2", "roles", "roles_linear", bad, fields)
 
 
-def test_svf_adapter_head_has_the_seeds_shape_and_changes_the_features(tmp_path, encoder):
+def test_svf_adapter_head_has_tinyrouters_shape_and_changes_the_features(tmp_path, encoder):
     from fugu_pipeline.session.featurize import TranscriptFeaturizer
     from fugu_pipeline.session.transcript import HeadInput
     from fugu_pipeline.train.heads import build_head
     from fugu_pipeline.features.svf import SVFAdapter
 
-    assert build_head("roles_linear_svf", 1024, 3, svf_size=7 * 1024).param_count() == 13_312  # the seed's head
+    assert build_head("roles_linear_svf", 1024, 3, svf_size=7 * 1024).param_count() == 13_312  # TinyRouter's head
     adapter = SVFAdapter(encoder.model)
     assert adapter.size == 64 + 32 + 32 + 64 + 64 + 64 + 64 and len(adapter.names) == 7  # q k v o gate up down
     base = TranscriptFeaturizer(encoder)
@@ -214,7 +214,16 @@ def test_svf_adapter_head_has_the_seeds_shape_and_changes_the_features(tmp_path,
     z = np.random.default_rng(0).uniform(0.5, 1.5, adapter.size)
     assert np.abs(base.with_scales(adapter, z).features(x) - ones).max() > 1e-3
     assert np.array_equal(base.features(x), ones) or np.allclose(base.features(x), ones, atol=1e-5)  # restored after use
+    # the batched runner (layers below cached, per-row scales) gives what the in-place adapter gives
+    inputs = [HeadInput(f"Task (math):\nWhat is {i} + {i}?", f"[Turn 1 · Worker · a]\n{2 * i}" if i % 2 else "")
+              for i in range(6)]
+    with adapter.applied(z):
+        direct = TranscriptFeaturizer(encoder).features(inputs)
+    assert np.allclose(base.with_scales(adapter, z).features(inputs), direct, atol=2e-5)
     res, _, _ = train_in(tmp_path / "store", encoder, RolesConfig(**{**SMALL, "generations": 2, "svf": True}))
+    # before: scales = 1 + u with the head's step (sigma 0.5 per coordinate): std 0.62 after 5 generations,
+    # 7% negative. Now z = exp(u) with its own step of 0.1
+    assert (res.svf_scales > 0).all() and 0.0 < float(np.std(np.log(res.svf_scales))) < 0.3
     path = res.save(tmp_path / "models")
     m = load_checkpoint(path).manifest
     assert m.head_kind == "roles_linear_svf" and m.head_shape == {"svf_size": adapter.size}
@@ -274,3 +283,29 @@ def test_coordinator_delegates_where_it_helps_and_stops_at_one_turn_where_it_onl
     assert lk["policies"]["coordinator"]["mean_turns"] < 1.35  # one turn, mostly, where more turns only cost
     assert lk["coordinator_vs_best_fixed"]["low"] > -0.15  # and no significant loss there
     assert rep["paired"]["coordinator_vs_best_fixed"]["reward"]["mean"] > 0  # worth its turns overall
+
+
+def test_uniform_start_that_nothing_beats_still_saves(tmp_path, encoder):
+    """init: uniform (the all-zero start) on a pool where every answer is wrong and turns are free:
+    no generation beats generation 0 on validation. Before: the kept head was the zero head, and
+    saving it failed ("linear.weight is all zero"). Now the best trained head is kept and saved,
+    and the manifest says it did not beat the start."""
+    import yaml
+
+    raw = yaml.safe_load(WORKERS.read_text())
+    for w in raw["workers"]:
+        w["mock"]["strengths"] = {k: 0.0 for k in w["mock"]["strengths"]}
+        w["mock"]["roles"]["plan_boost"] = {}
+        w["mock"]["roles"]["revise_boost"] = {}
+    hopeless = tmp_path / "hopeless.yaml"
+    hopeless.write_text(yaml.safe_dump(raw))
+    cfg = RolesConfig(**{**SMALL, "generations": 2, "init": "uniform", "turn_penalty": 0.0, "cost_penalty": 0.0})
+    config = load_workers_config(hopeless)
+    tasks = tasks_of()
+    with open_run(config, encoder.settings, tmp_path / "store", tasks, cfg, encoder=encoder) as run:
+        res = train_roles(run.runner, run.featurizer, config.worker_ids, split(tasks, "train"), split(tasks, "val"),
+                          cfg, log=QUIET)
+    assert res.metrics["selected"].endswith("_not_better_than_uniform_start") and res.weight.any()
+    path = res.save(tmp_path / "models")
+    ckpt = load_checkpoint(path)
+    assert not weight_sanity(ckpt.state_dict, ckpt.manifest)

@@ -82,9 +82,11 @@ class RolesConfig(BaseModel):
     init: Literal["one_step", "uniform"] = Field(
         "one_step", description="one_step: generation 0 is a one-step policy: role rows prefer Worker in every state "
         "(so a Worker answer is committed at once), worker rows come from the one-step router where encoders match, "
-        "else prefer the best fixed worker of the exploration tasks; uniform: the seed's all-zero head")
-    init_logit: float = Field(3.0, ge=0, description="one_step init: the lead of the Worker role (and of the best "
-                              "fixed worker) in every state")
+        "else prefer the best fixed worker of the exploration tasks; uniform: TinyRouter's all-zero head")
+    init_worker_logit: float = Field(0.5, ge=0, description="one_step init: the lead of the best fixed worker in "
+                                     "every state; small, so a step can give a Thinker or Verifier turn its own "
+                                     "worker as easily as it changes the role")
+    init_logit: float = Field(3.0, ge=0, description="one_step init: the lead of the Worker role in every state")
     warm_start: bool = Field(True, description="start the worker rows from the one-step router's where encoders match")
     svf: bool = Field(False, description="also evolve the SVF adapter (scales on the singular values of the "
                       "encoder's second-to-last layer); changes the features, so the adapted layer and the one "
@@ -335,7 +337,7 @@ def train_roles(
         w0[len(worker_ids) + ROLES.index("worker")] = cfg.init_logit * flat
         if init_weight is None:
             best = best_fixed_worker(runner, worker_ids, train, cfg, log)
-            w0[worker_ids.index(best)] = cfg.init_logit * flat
+            w0[worker_ids.index(best)] = cfg.init_worker_logit * flat
     theta0 = (w0 @ inverse).ravel()  # W = theta @ B
     n_w, adapter = theta0.size, None
     step = cfg.sigma0 / np.sqrt(k)  # CMA-ES's initial sigma: a random step moves each logit by about sigma0
