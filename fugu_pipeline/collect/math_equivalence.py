@@ -15,8 +15,9 @@ right, and a different value is still wrong.
   one, must match the reference's.
 - Where: in one helper process (math-verify bounds its own parsing and checking with SIGALRM, which
   only works in a main thread, and an answer can make SymPy run for a long time), started and
-  warmed up once (`START_TIMEOUT_S`), then with a wall clock of `TIMEOUT_S` per decision; a
-  decision that runs over it is "not equivalent" and the helper is replaced.
+  warmed up once (`START_TIMEOUT_S`), then with a wall clock of `TIMEOUT_S` per decision
+  (math-verify's own bound, `PARSE_TIMEOUT_S`, applies inside); a decision that runs over it is
+  "not equivalent" and the helper is replaced.
 - Decisions are cached per (reference, compared answer) in memory (`CACHE_SIZE`, least recently
   used out): a trajectory reward, a re-grade or a second worker with the same answer asks once. A
   decision the helper could not make (it crashed) is not cached.
@@ -34,8 +35,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from fugu_pipeline.tasks.answers import FINAL, boxed_contents
 
 MAX_CHARS = 1000
-TIMEOUT_S = 20.0
+TIMEOUT_S = 40.0
 START_TIMEOUT_S = 180.0
+PARSE_TIMEOUT_S = 15  # math-verify's own bound on one parse or comparison (in the helper: SIGALRM works there)
 CACHE_SIZE = 100_000
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
@@ -141,13 +143,13 @@ def check(reference: str, candidate: str) -> tuple[bool, str]:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     configs = [LatexExtractionConfig(), ExprExtractionConfig()]
-    gold = parse("$" + reference + "$", extraction_config=configs)
+    gold = parse("$" + reference + "$", extraction_config=configs, parsing_timeout=PARSE_TIMEOUT_S)
     if not gold:
-        gold = parse(reference, extraction_config=configs)
-    pred = parse(candidate, extraction_config=configs)
+        gold = parse(reference, extraction_config=configs, parsing_timeout=PARSE_TIMEOUT_S)
+    pred = parse(candidate, extraction_config=configs, parsing_timeout=PARSE_TIMEOUT_S)
     if not gold or not pred:
         return False, "math-verify could not parse the " + ("reference" if not gold else "answer")
-    ok = bool(verify(gold, pred, float_rounding=10))
+    ok = bool(verify(gold, pred, float_rounding=10, timeout_seconds=int(PARSE_TIMEOUT_S)))
     how = f"math-verify: {str(pred[0])[:60]!r} {'==' if ok else '!='} {str(gold[0])[:60]!r}"
     for rx in _KEPT:  # an answer may leave out the base or the unit; where it writes one, it must be the same
         want, got = rx.findall(reference), rx.findall(candidate)
