@@ -63,9 +63,9 @@ class RolesConfig(BaseModel):
     search_dims: int | None = Field(16, ge=1, description="CMA-ES searches this many directions of the "
                                     "transcripts' features (None: all D); the head stays (L + 3) x D")
     search: Literal["state_kinds", "leading"] = Field(
-        "state_kinds", description="state_kinds: the constant direction and the discriminant directions of the "
-        "transcript states' kinds (family, turn, last role and verdict), along which a step moves one kind of "
-        "state alike on every task; leading: the leading whitened directions of the features")
+        "state_kinds", description="state_kinds: one ridge probe per kind of transcript state (family, last role "
+        "and verdict), so a step moves one kind of state's logits alike on every task; leading: the leading "
+        "whitened directions of the features")
     explore_tasks: int = Field(32, ge=1, description="training tasks the uniform policy explores (sampled) to set "
                                "the feature standardisation")
     tasks_per_generation: int = Field(32, ge=1, description="training tasks per generation (shared by all candidates)")
@@ -83,7 +83,7 @@ class RolesConfig(BaseModel):
         "one_step", description="one_step: generation 0 is a one-step policy: role rows prefer Worker in every state "
         "(so a Worker answer is committed at once), worker rows come from the one-step router where encoders match, "
         "else prefer the best fixed worker of the exploration tasks; uniform: TinyRouter's all-zero head")
-    init_worker_logit: float = Field(0.5, ge=0, description="one_step init: the lead of the best fixed worker in "
+    init_worker_logit: float = Field(1.0, ge=0, description="one_step init: the lead of the best fixed worker in "
                                      "every state; small, so a step can give a Thinker or Verifier turn its own "
                                      "worker as easily as it changes the role")
     init_logit: float = Field(3.0, ge=0, description="one_step init: the lead of the Worker role in every state")
@@ -248,37 +248,22 @@ def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01,
     """(B (k, D), B+ (D, k)): the directions CMA-ES moves the head along; theta (L + 3, k) gives
     W = theta @ B, and the saved head is W itself (L + 3, D).
 
-    With `kinds` (each state's `state_kind`): the constant direction (the mean feature, so a role can
-    be preferred everywhere) and the k - 1 discriminant directions of the state kinds (Fisher's:
-    largest spread between the kinds' means for the spread within a kind). Within a kind the
-    features still differ with every task (the task's words dominate a transcript's vector); along
-    these directions they barely do, so a random step moves the logits of one kind of state alike
-    on every task ("after a Worker answer on a checking task: verify") instead of flipping decisions
-    task by task. Each direction is scaled to unit spread of the states' projections.
+    With `kinds` (each state's `state_kind`): one direction per kind of state, the ridge-regression
+    probe that reads that kind off a transcript's features (B z is about the one-hot of z's kind).
+    Within a kind the features still differ with every task (the task's words dominate a
+    transcript's vector); a probe barely does, so coordinate c of theta moves the logits of kind c
+    alike on every task and leaves the other kinds alone: "after a Worker answer on a checking task:
+    verify" is one coordinate, and the kinds' decisions can be searched nearly independently.
     Without `kinds`: the k leading directions of the features' second moment, whitened.
     `dims` None: all D directions (without kinds)."""
     n, d = z.shape
     if kinds is not None and len(set(kinds)) > 1:
-        k = min(dims or d, d)
-        labels = np.array(kinds)
-        mu = z.mean(axis=0)
-        sw = np.zeros((d, d))
-        sb = np.zeros((d, d))
-        for c in sorted(set(kinds)):
-            zc = z[labels == c]
-            mc = zc.mean(axis=0)
-            sw += (zc - mc).T @ (zc - mc)
-            sb += len(zc) * np.outer(mc - mu, mc - mu)
-        sw = sw / n + reg * max(float(np.trace(sw)) / (n * d), 1e-12) * np.eye(d)
-        sb = sb / n
-        lw, uw = np.linalg.eigh(sw)
-        root = uw / np.sqrt(np.maximum(lw, 1e-12))  # Sw^(-1/2)
-        lam, v = np.linalg.eigh(root.T @ sb @ root)
-        order = [i for i in np.argsort(-lam)[: max(k - 1, 1)] if lam[i] > 1e-9 * max(lam.max(), 1e-12)]
-        dirs = [mu / max(np.linalg.norm(mu), 1e-12)] + [root @ v[:, i] for i in order]
-        basis = np.array(dirs)
-        spread = np.sqrt(np.mean((z @ basis.T) ** 2, axis=0))
-        basis = basis / np.maximum(spread, 1e-12)[:, None]
+        classes = sorted(set(kinds))
+        y = np.zeros((n, len(classes)))
+        y[np.arange(n), [classes.index(c) for c in kinds]] = 1.0
+        gram = z.T @ z
+        lam = reg * max(float(np.trace(gram)) / d, 1e-12)
+        basis = np.linalg.solve(gram + lam * np.eye(d), z.T @ y).T  # (C, D)
         return basis, np.linalg.pinv(basis)
     m = z.T @ z / max(len(z), 1)
     lam, u = np.linalg.eigh(m)
@@ -327,7 +312,7 @@ def train_roles(
     k = len(basis)
     log(f"roles: features standardised over {len(z)} transcript states ({len(set(kinds))} kinds) of the uniform "
         f"policy on {min(cfg.explore_tasks, len(train))} training tasks; CMA-ES searches {k} directions ("
-        + ("the constant and the state kinds' discriminant directions)" if cfg.search == "state_kinds"
+        + ("one probe per kind of state)" if cfg.search == "state_kinds"
            else "the leading whitened directions)"))
     w0 = np.zeros((n_out, dim))
     flat = 1.0 / (SHIFT * dim)  # standardised features average SHIFT per dimension: a flat row is a constant logit
@@ -340,7 +325,9 @@ def train_roles(
             w0[worker_ids.index(best)] = cfg.init_worker_logit * flat
     theta0 = (w0 @ inverse).ravel()  # W = theta @ B
     n_w, adapter = theta0.size, None
-    step = cfg.sigma0 / np.sqrt(k)  # CMA-ES's initial sigma: a random step moves each logit by about sigma0
+    # CMA-ES's initial sigma: a random step moves each logit by about sigma0 (a kind probe moves its kind's
+    # logits one for one; k whitened directions move every logit by sqrt(k) times a coordinate)
+    step = cfg.sigma0 if cfg.search == "state_kinds" else cfg.sigma0 / np.sqrt(k)
     svf_unit = cfg.svf_sigma / step  # an SVF search coordinate of size `step` moves a log-scale by svf_sigma
     if cfg.svf:  # the adapter's scales z = exp(u); u starts at 0 (the original encoder)
         from fugu_pipeline.features.svf import SVFAdapter
@@ -381,6 +368,7 @@ def train_roles(
     start = ("warm_start" if init_weight is not None else "one_step_init") if cfg.init == "one_step" else "zero_init"
     best_val, best_theta, best_gen, best_what = float(r0.mean()), theta0, 0, start
     trained: tuple[float, np.ndarray, int, str] | None = None  # the best validated trained head
+    svf_spread: dict[str, float] = {}
     curves: dict[str, list[float]] = {"train_best": [], "train_population_mean": [], "train_mean": [],
                                       "val_generation": [0.0], "val_mean": [best_val], "val_best": [best_val]}
     log(f"roles generation   0  val reward {best_val:.4f} ({best_what})")
@@ -389,6 +377,9 @@ def train_roles(
         seeds = rng.integers(0, TRAIN_SEEDS, size=(len(batch), cfg.seeds_per_task))
         pairs = [(train[int(i)], int(s)) for i, row in zip(batch, seeds) for s in row]
         xs = [es.ask() for _ in range(es.population_size)]
+        if adapter is not None:  # how far the candidates' encoders are from the original (log-scales)
+            u = np.log(np.stack([svf_scales(x) for x in xs]))
+            svf_spread = {"svf_candidate_log_scale_std": float(u.std()), "svf_candidate_min_scale": float(np.exp(u.min()))}
         r, _ = score([*xs, es.mean.copy()], pairs, not cfg.sample_actions)
         fit = r.mean(axis=1)
         es.tell([(x, -float(f)) for x, f in zip(xs, fit[:-1])])
@@ -429,7 +420,7 @@ def train_roles(
         "val_reward": best_val, "val_accuracy": float(np.mean([t.quality or 0.0 for t in kept])),
         "val_turns": float(np.mean([t.n_turns for t in kept])), "val_cost_usd": float(np.mean([t.cost_usd for t in kept])),
         "start_val_reward": float(r0.mean()), "selected": best_what, "population_size": es.population_size,
-        "evolved_params": int(theta0.size), "n_train": len(train), "n_val": len(val_set),
+        "evolved_params": int(theta0.size), "n_train": len(train), "n_val": len(val_set), **svf_spread,
     }
     log(f"roles: {runner.stats.sessions_run} sessions run, {runner.stats.sessions_stored} read from the store, "
         f"{runner.stats.turns_reused} turns reused from the memo")
