@@ -60,8 +60,9 @@ class RolesConfig(BaseModel):
     population_size: int | None = Field(None, ge=2, description="None = cmaes' 4 + floor(3 ln n)")
     sigma0: float = Field(2.0, gt=0, description="initial step size as a logit scale: a random step changes "
                           "each logit by about sigma0")
-    search_dims: int | None = Field(16, ge=1, description="CMA-ES searches this many directions of the "
-                                    "transcripts' features (None: all D); the head stays (L + 3) x D")
+    search_dims: int | None = Field(16, ge=1, description="search: leading: CMA-ES searches this many whitened "
+                                    "directions of the transcripts' features (None: all D); state_kinds searches one "
+                                    "per kind of state. The head stays (L + 3) x D")
     search: Literal["state_kinds", "leading"] = Field(
         "state_kinds", description="state_kinds: one ridge probe per kind of transcript state (family, last role "
         "and verdict), so a step moves one kind of state's logits alike on every task; leading: the leading "
