@@ -70,6 +70,20 @@ def usage_per_turn(trs: list[list[Trajectory]]) -> list[dict]:
     return [{"turn": k, "roles": dict(v["roles"]), "workers": dict(v["workers"])} for k, v in sorted(rows.items())]
 
 
+def role_use(trs: list[list[Trajectory]]) -> dict:
+    """How the coordinator used the roles: turns per role, the share of sessions with a Verifier
+    turn, and the mean role probabilities of its picks with the share of near-certain ones (a
+    saturated softmax puts > 0.999 on one role in every state)."""
+    flat = [t for row in trs for t in row]
+    turns = [turn for t in flat for turn in t.turns]
+    probs = [turn.role_probs for turn in turns if turn.role_probs]
+    mean = {r: float(np.mean([p.get(r, 0.0) for p in probs])) for r in ("thinker", "worker", "verifier")} if probs else {}
+    return {"turns": dict(Counter(turn.role for turn in turns)),
+            "sessions_with_verifier": sum(any(x.role == "verifier" for x in t.turns) for t in flat) / max(len(flat), 1),
+            "mean_role_probabilities": mean,
+            "near_certain_picks": sum(max(p.values()) > 0.999 for p in probs) / max(len(probs), 1)}
+
+
 def verdict(domain: str, coord: dict, base: dict, base_name: str, gain: dict) -> str:
     turns_x = coord["mean_turns"] / max(base["mean_turns"], 1e-9)
     cpc = (f"{coord['cost_per_correct_usd'] / base['cost_per_correct_usd']:.2f}x the cost per correct answer"
@@ -125,7 +139,8 @@ def evaluate_roles(
     for d in sorted(set(domains.tolist())):
         rows = np.flatnonzero(domains == d)
         sub = {k: [v[i] for i in rows] for k, v in by_task.items()}
-        entry = {"domain": d, "n": int(len(rows)), "policies": {k: summarize(v, reward, n_boot) for k, v in sub.items()}}
+        entry = {"domain": d, "n": int(len(rows)), "policies": {k: summarize(v, reward, n_boot) for k, v in sub.items()},
+                 "coordinator_roles": role_use(sub["coordinator"])}
         for b in baselines:
             entry[f"coordinator_vs_{b}"] = paired_bootstrap(q["coordinator"][rows], q[b][rows], n_boot)
         rep["per_domain"].append(entry)
@@ -154,5 +169,10 @@ def report_lines(rep: dict) -> list[str]:
     for d in rep["per_domain"]:
         lines.append(f"-- {d['domain']} ({d['n']} tasks)")
         lines += [f"   {label[n]:<25} {_fmt(d['policies'][n])}" for n in names]
+        u = d.get("coordinator_roles")
+        if u:
+            lines.append(f"   coordinator roles: turns {u['turns']}, sessions with a Verifier {u['sessions_with_verifier']:.2f}, "
+                         "mean role probabilities " + ", ".join(f"{r} {p:.2f}" for r, p in u["mean_role_probabilities"].items())
+                         + f", picks above 0.999: {u['near_certain_picks']:.2f}")
     lines += rep["verdicts"]
     return lines

@@ -91,10 +91,11 @@ class ChatRequest:
     billed_text: str = ""  # every message's text: what the worker is billed for (the budget's expected cost)
     ignored: list[str] = field(default_factory=list)  # fields that have no effect, each with why
     mode: str = "one_step"  # `fugu_mode`: "multi_turn" goes to the coordinator (`multi_turn.py`)
+    max_usd: float | None = None  # `fugu_max_usd`: a multi-turn session's own spend cap (USD)
 
 
 _HANDLED = {"messages", "model", "stream", "stream_options", "n", "tools", "functions", "fugu_lite",
-            "fugu_allowed_workers", "fugu_cost_weight", "fugu_budget", "fugu_mode", "domain"}
+            "fugu_allowed_workers", "fugu_cost_weight", "fugu_budget", "fugu_mode", "fugu_max_usd", "domain"}
 
 
 def ignored_fields(body: dict) -> list[str]:
@@ -210,6 +211,13 @@ def parse_chat_request(raw: bytes, max_values: int = DEFAULT_MAX_JSON_VALUES) ->
     if mode is not None and mode not in MODES:
         raise APIError(400, f"'fugu_mode' must be one of {list(MODES)}, got {repr(mode)[:80]}", param="fugu_mode",
                        code="invalid_value")
+    max_usd = body.get("fugu_max_usd")
+    if max_usd is not None and (not _is_num(max_usd) or max_usd <= 0):
+        raise APIError(400, f"'fugu_max_usd' must be a number > 0 (USD this session may spend), got {repr(max_usd)[:40]}",
+                       param="fugu_max_usd", code="invalid_value")
+    ignored = ignored_fields(body)
+    if max_usd is not None and (mode or "one_step") == "one_step":
+        ignored.append("fugu_max_usd: caps a multi-turn session's spend; a one-step request is capped by fugu_budget")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise APIError(400, "'stream' must be true or false", param="stream", code="invalid_type")
@@ -270,7 +278,8 @@ def parse_chat_request(raw: bytes, max_values: int = DEFAULT_MAX_JSON_VALUES) ->
         messages=msgs, text=routed_text(msgs), stream=stream, include_usage=bool(options.get("include_usage")),
         params=params, domain=domain, allowed=tuple(allowed) if allowed is not None else None,
         cost_weight=float(cost_weight) if cost_weight is not None else None, budget=budget,
-        billed_text="\n".join(_message_text(m) for m in msgs), ignored=ignored_fields(body), mode=mode or "one_step",
+        billed_text="\n".join(_message_text(m) for m in msgs), ignored=ignored, mode=mode or "one_step",
+        max_usd=float(max_usd) if max_usd is not None else None,
     )
 
 

@@ -119,7 +119,7 @@ class RolesHead(RoutingHead):
 @register
 class RolesSVFHead(RolesHead):
     """`roles_linear_svf`: the roles head plus the seed's SVF adapter, one learnable scale per singular
-    value of the encoder's second-to-last layer (`train/svf.py`): 6,144 + 7,168 = 13,312 parameters
+    value of the encoder's second-to-last layer (`features/svf.py`): 6,144 + 7,168 = 13,312 parameters
     with 3 workers and Qwen3-0.6B. `svf_size` (the encoder's count) is in the manifest's `head_shape`."""
 
     kind = "roles_linear_svf"
