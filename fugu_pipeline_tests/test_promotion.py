@@ -96,7 +96,7 @@ def test_better_challenger_promoted_worse_one_not(data, good, tmp_path):
     # the same checkpoint again, or the worse one again: judged before, refused as duplicates
     for again in (good, worse):
         out = promote_best([str(again)], data, models, OPEN)
-        assert not out["promoted"] and any("FAIL duplicate: cosine 1.0000" in r for r in out["reasons"])
+        assert not out["promoted"] and any("FAIL duplicate: behaves like" in r and "cosine 1.0000" in r for r in out["reasons"])
     # another worse head: scored against the king, which stays
     out = promote_best([str(bad_head(data, tmp_path, seed=1))], data, models, OPEN)
     assert not out["promoted"] and any(r.startswith("FAIL promoted") for r in out["reasons"])
@@ -206,8 +206,8 @@ def test_mismatched_contract_is_refused(data, tmp_path):
                            "contract": FeatureContract(encoder_id="another-encoder", dim=16, pooling="last")})
     path = train_sft(other, SFTConfig(epochs=20)).save(tmp_path / "models")
     out = promote_best([str(path)], data, tmp_path / "models", OPEN)
-    assert not out["promoted"]
-    assert any("FAIL feature contract" in r and "encoder_id" in r and "pooling" in r for r in out["reasons"])
+    assert not out["promoted"] and out["contest"] is None  # a gate: refused before it is scored
+    assert any("FAIL contract" in r and "encoder_id" in r and "pooling" in r for r in out["reasons"])
 
 
 def test_reader_never_sees_a_broken_pointer(tmp_path):

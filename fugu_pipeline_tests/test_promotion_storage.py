@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from fugu_pipeline.cli import main
-from fugu_pipeline.evaluate import promotion, promotion_record
-from fugu_pipeline.evaluate.contest import king_or_why, load_king
+from fugu_pipeline.evaluate import contest, promotion_record, router_contest
+from fugu_pipeline.evaluate.router_contest import king_or_why, load_king
 from fugu_pipeline.evaluate.gates import GateConfig
 from fugu_pipeline.evaluate.preflight import host_expectation, preflight
 from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best, weight_gate
@@ -188,13 +188,13 @@ def test_two_promotions_at_once_the_second_faces_the_new_king(data, tmp_path, mo
     models = tmp_path / "models"
     a = train_sft(data, SFTConfig(epochs=40)).save(tmp_path / "a")
     b = train_sft(data, SFTConfig(epochs=40, seed=1)).save(tmp_path / "b")
-    slow_decide = promotion.decide
+    slow_decide = contest.decide  # the one contest's decision, for every kind
 
     def slow(*args, **kw):  # scoring with a real encoder and live calls takes minutes: the race window
         time.sleep(1.5)
         return slow_decide(*args, **kw)
 
-    monkeypatch.setattr(promotion, "decide", slow)
+    monkeypatch.setattr(contest, "decide", slow)
     outcomes, errors = {}, []
 
     def attempt(who, path):
@@ -316,7 +316,7 @@ def test_an_unwritable_models_folder_is_refused_before_anything_is_scored(data, 
     def never(*a, **kw):
         raise AssertionError("scored although the result could not be recorded")
 
-    monkeypatch.setattr(promotion, "scored_candidate", never)
+    monkeypatch.setattr(router_contest, "scored_candidate", never)
     with pytest.raises(CheckpointError, match="cannot write .*Nothing was scored") as exc:
         promote_best([str(ckpt)], data, models, OPEN)
     assert "\n" not in str(exc.value) and "history.jsonl" in str(exc.value)

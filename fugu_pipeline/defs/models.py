@@ -234,7 +234,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
 
 
 def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str) -> dg.Output[dict]:
-    from fugu_pipeline.evaluate.contest import add_composite
+    from fugu_pipeline.evaluate.router_contest import add_composite
     from fugu_pipeline.evaluate.metrics import ci_text
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
     from fugu_pipeline.train.checkpoints import load_checkpoint
