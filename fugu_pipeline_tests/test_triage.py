@@ -98,8 +98,8 @@ def test_triage_checkpoint_round_trip_and_refusals(data, trained, tmp_path):
     ck = load_triage(path)
     p_dom, p_diff = triage_probabilities(ck.head, data.features[:4])
     assert p_dom.shape == (4, 3) and p_diff.shape == (4, 3)
-    assert ck.manifest.worker_ids == WORKERS and ck.manifest.difficulty_names == ["hard", "medium", "easy"]
-    with pytest.raises(CheckpointError, match="feature contract does not match the encoder: encoder_id"):
+    assert ck.manifest.worker_ids == WORKERS and ck.difficulty_names == ["hard", "medium", "easy"]
+    with pytest.raises(CheckpointError, match="feature contract does not match the encoder .*encoder_id"):
         load_triage(path, expected_contract=FeatureContract(encoder_id="other", dim=24))
     raw = (path / "head.safetensors").read_bytes()
     (path / "head.safetensors").write_bytes(raw[:-8] + b"\x00" * 8)
@@ -129,3 +129,31 @@ def test_train_triage_and_its_report_from_the_command_line(tmp_path, monkeypatch
     assert "domain accuracy" in text and "difficulty confusion" in text and "routing by predicted domain" in text
     rep = json.loads((tmp_path / out[-1] / "reports" / "triage-test.json").read_text())
     assert rep["n_tasks"] == 75 and sum(map(sum, rep["domain"]["confusion"])) == 75
+
+
+def test_a_triage_manifest_with_reordered_domains_is_refused(data, trained, tmp_path):
+    """Before: `load_triage` skipped the fingerprint, content-hash and folder checks, so a manifest
+    with reordered `domains` (every prediction mislabelled) loaded silently. Now a triage head has
+    the checkpoint Manifest and its one verified loader; a pack of one is refused by preflight."""
+    from fugu_pipeline.evaluate.gates import GateConfig
+    from fugu_pipeline.evaluate.preflight import preflight
+    from fugu_pipeline.train.checkpoints import Manifest
+    from fugu_pipeline.train.exchange import PACK_FILES, pack
+    from fugu_pipeline.train.signing import accept_key, new_key_pair, sign_pack
+
+    path = trained.save(tmp_path / "models")
+    assert Manifest.model_validate_json((path / "manifest.json").read_text()).head_params["domains"] == DOMAINS
+    private, public = new_key_pair()
+    accept_key(tmp_path / "host", "alice", public)
+    p = pack(path, tmp_path / "pack", ledger=None, signing_key=private)
+    for where in (path, p):
+        m = json.loads((where / "manifest.json").read_text())
+        m["head_params"]["domains"] = list(reversed(m["head_params"]["domains"]))
+        (where / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match="content_hash does not match its weights and fields"):
+        load_triage(path)
+    sign_pack(p, list(PACK_FILES), private)  # re-signed: only the manifest check can object
+    result = preflight(p, tmp_path / "host", GateConfig())
+    line = next(g.line() for g in result.gates if not g.ok)
+    print("\n" + line)
+    assert not result.ok and line.startswith("FAIL manifest: its content_hash does not match its weights and fields")

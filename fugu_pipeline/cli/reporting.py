@@ -15,7 +15,7 @@ def policy(args):
 
 def live_for(args, data):
     """The live evaluator (the worker YAML's pool) and the tasks with graders, or (None, None)."""
-    from fugu_pipeline.evaluate.live import OneCallEvaluator, tasks_by_id
+    from fugu_pipeline.evaluate.live import live_evaluator, tasks_by_id
     from fugu_pipeline.workers.config import load_workers_config
 
     tasks_path = args.tasks or ("data/benchgen" if Path("data/benchgen").is_dir() else None)
@@ -27,7 +27,7 @@ def live_for(args, data):
     except Exception as exc:  # a YAML with only reward: has no workers to call
         print(f"live term: not measured ({args.reward_config} names no workers to call: {exc})", file=sys.stderr)
         return None, None
-    return OneCallEvaluator(config), tasks_by_id(tasks_path)
+    return live_evaluator(config, getattr(args, "project_dir", None) or "."), tasks_by_id(tasks_path)
 
 
 def composite_for_report(rep: dict, ckpt, data, args, features=None) -> None:

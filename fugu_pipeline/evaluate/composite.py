@@ -32,11 +32,11 @@ The terms, exactly:
   (30) rows takes the gap pooled over all benchmarks instead (and is not judged when the pooled
   slice is that small too), and with `overfit_significant` (on) a gap counts only when it is also
   significantly above zero (one-sided 95%: gap − 1.645·se > 0, se from the pooled per-task
-  variance). Where they differ: on small audit slices. An honest head of true accuracy 0.7 on a
-  benchmark of 25 test rows (6 audit rows) is rejected or penalised by the literal rule in about
-  a third of draws by chance alone, by the guarded one almost never; at TinyRouter's 150
-  questions a benchmark (45 audit rows) the two nearly coincide (`docs`: the contest page has
-  the figure).
+  variance). Where they differ, by simulation of an honest head of true accuracy 0.7 (its eval and
+  audit rows drawn alike): on a benchmark of 25 test rows (19 eval, 6 audit) the literal rule
+  rejects it 24% of the time and penalises it 8%, by chance alone; the guarded rule does not judge
+  so few rows (0%). At TinyRouter's 150 questions (105 eval, 45 audit) both reject 3.3%; the literal
+  rule penalises 12.7%, the guarded 1.5%.
 - A term that cannot be measured (no live run: no task file or `live_sample: 0`; no king for
   novelty) is left out and the remaining weights are rescaled to sum as before, for both heads
   alike; the report names what was left out.

@@ -166,6 +166,20 @@ class OneCallEvaluator:
                 await judge.aclose()
 
 
+def live_evaluator(config: "WorkersConfig", project_dir, **kw) -> OneCallEvaluator:
+    """The one-step live evaluator of a project: outcomes kept in `data/live/` (per worker pool and
+    judge), every call appended to the project's cost ledger."""
+    from pathlib import Path
+
+    from fugu_pipeline.evaluate.live_store import LiveStore, live_context
+    from fugu_pipeline.ledger import CostLedger, project_ledger
+
+    context = live_context([w.model_dump(mode="json") for w in config.workers],
+                           config.judge.model_dump(mode="json") if config.judge else None)
+    return OneCallEvaluator(config, store=LiveStore(Path(project_dir) / "data" / "live", context),
+                            ledger=CostLedger(project_ledger(project_dir)), **kw)
+
+
 def tasks_by_id(benchgen_dir) -> dict[str, "Task"]:
     """Every task of the BenchGen batch files (their graders and references) by task id."""
     from pathlib import Path

@@ -1,8 +1,9 @@
 """The live term's store: every live outcome of a one-step head, once per (head, task, seed).
 
 `<root>/<context>.jsonl` (`data/live/`), one `LiveRecord` a line, appended with one `write(2)` and
-an fsync each (the response store's writer: an exclusive lock per file, a torn last line cut on
-the next open). `context` hashes the workers and the judge, so a changed pool starts a new file.
+an fsync each under an exclusive `flock` (several evaluations may append at once; a torn last line
+left by a crash is cut first). `context` hashes the workers and the judge, so a changed pool
+starts a new file.
 
 A re-judgement (the same challenger against the same king, a second promotion run, `validate`
 again) reads every outcome it needs here and calls nothing. An outcome is also found by
@@ -18,7 +19,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from fugu_pipeline.collect.store import PartitionWriter
 from fugu_pipeline.hashing import canonical_json, sha256_text
 
 
@@ -47,7 +47,6 @@ class LiveStore:
         self.path = Path(root) / f"{context}.jsonl"
         self._by_head: dict[tuple[str, str, int], LiveRecord] = {}
         self._by_cell: dict[tuple[str, str, int], LiveRecord] = {}
-        self._writer: PartitionWriter | None = None
         self._read()
 
     def _read(self) -> None:
@@ -74,12 +73,21 @@ class LiveStore:
         return self._by_cell.get((task_id, worker, seed))
 
     def put(self, rec: LiveRecord) -> None:
-        if self._writer is None:
-            self._writer = PartitionWriter(self.path)
-        self._writer.append(rec)  # one write(2) of the record's JSON line, then fsync
-        self._index(rec)
+        import fcntl
+        import os
 
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = rec.model_dump_json().encode("utf-8") + b"\n"
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":  # a torn last line: cut it before appending
+                tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
+                os.ftruncate(fd, size - len(tail) + tail.rfind(b"\n") + 1)
+            if os.write(fd, line) != len(line):
+                raise OSError(f"{self.path}: short write")
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # closing releases the lock
+        self._index(rec)

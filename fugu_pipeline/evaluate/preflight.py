@@ -170,6 +170,11 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
         return PreflightResult(False, gates, who, kind=kind)
     problems = weight_gate(pack)
     gates.append(GateResult("weights", not problems, "; ".join(problems) if problems else "shape, finite, not all zero"))
+    from fugu_pipeline.train.checkpoints import checkpoint_hash
+
+    if not problems and checkpoint_hash(weights, manifest) != manifest.content_hash:  # e.g. reordered labels
+        gates[1] = GateResult("manifest", False, "its content_hash does not match its weights and fields (edited after "
+                              "saving: reordered worker_ids or domains would mislabel every output)")
     gates.append(_contract_gate(pack, manifest, host, CONTRACT_FILE not in missing))
 
     key = None

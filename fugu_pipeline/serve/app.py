@@ -217,6 +217,8 @@ class Service:
                            headers={"WWW-Authenticate": "Bearer"})
 
     async def route(self, req: ChatRequest) -> RouteDecision:
+        if self.source.absent:  # a coordinator alone is served: a one-step request names what is missing
+            raise APIError(400, self.source.absent, code="no_one_step_router")
         budget = req.budget or (self.default_budget if req.cost_weight is None else None)
         try:
             return await self.batcher.route(RouteRequest(req.text, req.domain, req.allowed, req.cost_weight, budget,
@@ -434,7 +436,7 @@ class _RelayResponse(StreamingResponse):
 
 
 def create_app(
-    router_provider: Router | PromotedRouter | Callable[[], Router],
+    router_provider: Router | PromotedRouter | Callable[[], Router] | None,
     workers_config: WorkersConfig | str | Path,
     *,
     api_token: str | None = None,
@@ -444,21 +446,27 @@ def create_app(
     worker_attempts: int | None = 1,
     default_budget: Budget | None = None,
     roles=None,
+    absent: str | None = None,
 ) -> Starlette:
     """The Starlette app. `api_token` None or "" means no auth; `worker_attempts` None keeps the
     worker config's `max_attempts`. Refuses a router whose workers the config does not define.
     `roles`: the multi-turn coordinator for `"fugu_mode": "multi_turn"` requests (a
-    `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400)."""
+    `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400).
+    `router_provider` None: a coordinator alone is served (`roles` needed), `absent` says why there
+    is no one-step router, and one-step requests get a 400 with it."""
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
     def servable(router: Router) -> None:  # at start, and on every reload of the promoted pointer
         problem = config.missing_routes(router.path, router.worker_ids)
         if problem:
             raise ValueError(problem)
 
-    source = RouterSource(router_provider, servable)
-    router = source.get()
-    if default_budget is not None:
-        router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
+    if router_provider is None and roles is None:
+        raise RouterError("nothing to serve: neither a one-step router nor a multi-turn coordinator")
+    source = RouterSource(router_provider, servable, absent=absent)
+    if router_provider is not None:
+        router = source.get()
+        if default_budget is not None:
+            router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
     svc = Service(source, Workers(config, worker_attempts), api_token=api_token, max_body_bytes=max_body_bytes,
                   batch_window_ms=batch_window_ms, max_batch=max_batch, default_budget=default_budget)
 

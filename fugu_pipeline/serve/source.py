@@ -1,6 +1,8 @@
 """Where the server's router comes from: a fixed `Router`, the promoted pointer (followed on
 every batch), or a callable; a reload that fails, or that gives a router this server cannot serve,
-keeps the last good one and says why (`reload_error`)."""
+keeps the last good one and says why (`reload_error`). A server may also run with no one-step
+router at all, only a multi-turn coordinator (`RouterSource.absent` says why; one-step requests
+then get a 400 naming what is missing; `run.providers` decides which a path gives)."""
 
 from __future__ import annotations
 
@@ -20,9 +22,17 @@ class RouterSource:
     reload fails the last good router keeps serving and `reload_error` says why. Hold `lock`
     while using the router: a reload may close the encoder of the one it replaces."""
 
-    def __init__(self, provider: Router | PromotedRouter | Callable[[], Router],
-                 check: Callable[[Router], None] | None = None):
-        if isinstance(provider, Router):
+    def __init__(self, provider: Router | PromotedRouter | Callable[[], Router] | None,
+                 check: Callable[[Router], None] | None = None, *, absent: str | None = None):
+        self.absent = None  # why there is no one-step router (a coordinator alone is served)
+        if provider is None:
+            self.absent = absent or "this server has no one-step router"
+
+            def missing() -> Router:
+                raise RuntimeError(self.absent)
+
+            self._get = missing
+        elif isinstance(provider, Router):
             self._get: Callable[[], Router] = lambda: provider
         elif hasattr(provider, "refresh"):
             self._get = provider.refresh  # type: ignore[union-attr]
