@@ -154,3 +154,49 @@ def test_the_coordinator_is_rate_limited_and_its_receipt_is_checked(world, tmp_p
     assert receipt.data_cost_usd and receipt.data_cost_usd > 0 and receipt.steps == 3
     hist = roles_history(models)
     assert hist[-1]["rate_limited"] is True and np.isclose(len(hist), 2)
+
+
+def test_a_coordinator_pack_goes_through_pack_preflight_and_validate(world, tmp_path, monkeypatch, capsys):
+    """Before: a roles head could not go through pack -> preflight -> validate: its receipt had no
+    cost, and with that gate off validate crashed (IndexError: it took the argmax over worker and
+    role logits as a worker index). Now it is packed with its ledger, signed, checked and judged
+    by the coordinator's scorer on the host project's tasks; the same key again is rate limited."""
+    import shutil
+
+    import yaml
+
+    from fugu_pipeline.cli import main
+    from fugu_pipeline.testing.roles_batch import write_roles_batch
+    from fugu_pipeline.train.signing import KEY_ENV, accept_key, new_key_pair
+
+    run, tasks, heads, root = world
+    project = tmp_path / "host"
+    shutil.copytree(REPO / "configs", project / "configs")
+    write_roles_batch(project / "data" / "benchgen" / "roles.jsonl", n_per_family=80)
+    (project / "configs" / "train_roles.yaml").write_text(yaml.safe_dump({"max_length": 256}))
+    (project / "lenient.yaml").write_text(yaml.safe_dump(
+        {"min_gain_over_best_fixed": -1.0, "require_significant": False, "composite": {"overfit_rule": "guarded"}}))
+    private, public = new_key_pair()
+    monkeypatch.chdir(project)
+    monkeypatch.setenv(KEY_ENV, private)
+    accept_key(project / "models", "bob", public)
+    assert main(["pack", str(heads["B"]), "--out", "packB", "--ledger", str(root / "ledger.jsonl")]) == 0
+    assert "roles_linear" in capsys.readouterr().out
+    host = ["--workers", "configs/workers.mock-roles.yaml"]
+    assert main(["preflight", "packB", *host]) == 0
+    out = capsys.readouterr().out
+    assert "(coordinator)" in out and "PASS receipt: 3 fitness steps (train_best), training cost $0.0500" in out
+    assert main(["validate", "--challenger", "packB", *host, "--encoder", "tiny", "--device", "cpu",
+                 "--policy", "lenient.yaml"]) == 0
+    out = capsys.readouterr().out
+    print("\n" + out)
+    assert "live: the session loop" in out and "PROMOTED" in out
+    pointer = read_pointer(project / "models", ROLES_POINTER)
+    assert pointer["content_hash"] == heads["B"].name and pointer["submitter"] == "bob"
+    assert (project / "models" / pointer["checkpoint"] / "head.safetensors").is_file()  # copied in from the pack
+    assert main(["validate", "--challenger", "packB", *host, "--encoder", "tiny", "--device", "cpu",
+                 "--policy", "lenient.yaml"]) == 1
+    out = capsys.readouterr().out
+    refused = next(x for x in out.splitlines() if x.startswith("REFUSED before scoring"))
+    assert refused.startswith("REFUSED before scoring (duplicate, rate limit): FAIL duplicate: behaves like roles")
+    assert "  FAIL rate limit: 'bob' (key " in out

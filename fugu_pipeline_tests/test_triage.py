@@ -157,3 +157,50 @@ def test_a_triage_manifest_with_reordered_domains_is_refused(data, trained, tmp_
     line = next(g.line() for g in result.gates if not g.ok)
     print("\n" + line)
     assert not result.ok and line.startswith("FAIL manifest: its content_hash does not match its weights and fields")
+
+
+def test_triage_heads_go_through_the_one_contest(data, trained, tmp_path):
+    """Before: triage heads had no king, no +0.02, no 1/day and no size rule. Now the one contest:
+    0.7 domain + 0.3 difficulty on the host's test rows, the majority label to beat, king + 0.02,
+    one attempt a day, under 1M parameters."""
+    from fugu_pipeline.evaluate.contest import run_contest
+    from fugu_pipeline.evaluate.gates import GateConfig
+    from fugu_pipeline.evaluate.promotion import PromotionPolicy
+    from fugu_pipeline.evaluate.triage_promotion import TriageKind
+    from fugu_pipeline.train.pointer import TRIAGE_POINTER, read_pointer
+
+    models = tmp_path / "models"
+    open_gates = PromotionPolicy(gates=GateConfig(rate_limit_s=0))
+    good = trained.save(models)
+    out = run_contest(TriageKind(data), [str(good)], models, open_gates)
+    print("\n" + "\n".join(out["reasons"]))
+    assert out["promoted"] and read_pointer(models, TRIAGE_POINTER)["content_hash"] == good.name
+    assert any(r.startswith("challenger composite") and "0.7 domain + 0.3 difficulty accuracy" in r for r in out["reasons"])
+    assert any(r.startswith("PASS size: 384 parameters") or r.startswith("PASS size: 144 parameters") for r in out["reasons"])
+    c = out["contest"]["challenger"]
+    assert [r["benchmark"] for r in c["benchmarks"]] == ["all"] and c["benchmarks"][0]["left_out"] == ["live", "novelty"]
+    # a weaker head does not reach king + 0.02: refused with its reasons
+    weak = train_triage(data, TriageConfig(epochs=3, lr=1e-4, seed=1)).save(tmp_path / "elsewhere")  # three epochs, barely moved
+    out = run_contest(TriageKind(data), [str(weak)], models, open_gates)
+    print("\n".join(out["reasons"]))
+    assert not out["promoted"] and any(r.startswith(f"FAIL promoted (triage {good.name}): composite") for r in out["reasons"])
+    # the king again: a duplicate; one attempt a day
+    out = run_contest(TriageKind(data), [str(good)], models, open_gates)
+    assert any("FAIL duplicate: behaves like triage" in r for r in out["reasons"])
+    daily = PromotionPolicy()
+    assert run_contest(TriageKind(data), [str(weak)], tmp_path / "m2", daily)["contest"] is not None
+    out = run_contest(TriageKind(data), [str(good)], tmp_path / "m2", daily)
+    assert out["reasons"][0].startswith("FAIL rate limit: 'pipeline' made an attempt at")
+    # a head of a million parameters or more is refused before it is scored
+    big = TriageHead(dim=170_000, n_domains=3, n_difficulty=3)
+    with torch.no_grad():
+        for p in big.parameters():
+            p.normal_()
+    from fugu_pipeline.train.checkpoints import save_checkpoint
+
+    path = save_checkpoint(tmp_path / "big", "triage", "triage_linear", big.state_dict(), {
+        "head_params": trained.head_params(), "worker_ids": WORKERS, "feature_contract": FeatureContract(
+            encoder_id="synthetic", dim=170_000), "data_version": data.data_version, "curves": trained.curves,
+        "metrics": trained.metrics})
+    out = run_contest(TriageKind(data), [str(path)], models, open_gates)
+    assert not out["promoted"] and any("FAIL size: 1,020,000 parameters (not < 1,000,000)" in r for r in out["reasons"])

@@ -170,8 +170,8 @@ def _refuse(args, pack_dir: Path, pre, kind: str) -> int:
                                      "challenger": str(pack_dir), "reasons": [g.line() for g in pre.gates],
                                      "submitter": pre.submitter, "kind": kind, **({"key": pre.key} if pre.key else {}),
                                      "rate_limited": rate_limited, "not_an_attempt": hosts_fault}, KIND_FILES[kind][1])
-    first = next(g for g in pre.gates if not g.ok)
-    print(f"REFUSED before scoring: {first.line()}")
+    failed = [g for g in pre.gates if not g.ok]
+    print(f"REFUSED before scoring ({', '.join(g.name for g in failed)}): {failed[0].line()}")
     return 1
 
 

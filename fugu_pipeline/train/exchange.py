@@ -55,7 +55,7 @@ CONTRACT_FILE = "contract.json"
 LEDGER_COPY = "ledger.jsonl"
 PACK_FILES = (WEIGHTS_FILE, MANIFEST_FILE, RECEIPT_FILE, CONTRACT_FILE, LEDGER_COPY)  # what the signature covers
 RECEIPT_FORMAT = "fugu-head-receipt/2"
-FITNESS_CURVES = ("train_best", "val_utility")  # preferred, in order: one entry per generation / epoch
+FITNESS_CURVES = ("train_best", "val_utility", "val_accuracy")  # preferred, in order: one entry per generation / epoch
 
 
 class Receipt(BaseModel):
