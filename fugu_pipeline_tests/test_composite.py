@@ -258,3 +258,23 @@ def test_a_live_run_that_fails_for_one_head_is_dropped_for_both(tmp_path):
     out = score_against_king(challenger, king, data, CompositeConfig(), live=Flaky(), tasks=tasks)
     assert out["live"] == "live term not measured: live evaluation: spent $5.0000 of max $5.0000"
     assert out["challenger"]["benchmarks"][0]["live"] is None and out["king"]["benchmarks"][0]["live"] is None
+
+
+def test_the_live_term_is_kept_per_head_task_and_seed(tmp_path):
+    """A re-judgement (a second evaluator over the same store: another run, validate again) calls
+    nothing; every call made is in the cost ledger."""
+    from fugu_pipeline.evaluate.live import live_evaluator
+    from fugu_pipeline.ledger import verify_ledger
+
+    tasks = sample_tasks()
+    config = load_workers_config(REPO / "configs" / "workers.mock.yaml")
+    ids = [t for t, task in tasks.items() if task.split == "test" and task.grader.type != "llm_judge"][:10]
+    policy = LivePolicy("challenger", "x", {t: "math-expert" for t in ids}, head="a" * 16, seed=0)
+    first = live_evaluator(config, tmp_path)
+    out = first.evaluate(policy, [tasks[t] for t in ids])
+    assert first.calls == 10 and verify_ledger(tmp_path / "data" / "ledger" / "costs.jsonl").totals["live"].calls == 10
+    again = live_evaluator(config, tmp_path)
+    assert again.evaluate(policy, [tasks[t] for t in ids]) == out and again.calls == 0
+    other_seed = live_evaluator(config, tmp_path)
+    other_seed.evaluate(LivePolicy("c", "x", policy.routes, head="a" * 16, seed=1), [tasks[t] for t in ids[:2]])
+    assert other_seed.calls == 2  # another seed is another draw

@@ -204,3 +204,40 @@ def test_triage_heads_go_through_the_one_contest(data, trained, tmp_path):
         "metrics": trained.metrics})
     out = run_contest(TriageKind(data), [str(path)], models, open_gates)
     assert not out["promoted"] and any("FAIL size: 1,020,000 parameters (not < 1,000,000)" in r for r in out["reasons"])
+
+
+def test_two_triage_attempts_at_once_the_second_faces_the_new_king(data, trained, tmp_path, monkeypatch):
+    """The one contest's lock and compare-and-swap, for the triage kind: of two attempts started
+    together, one faces nothing and the other waits and faces the head the first promoted."""
+    import threading
+    import time
+
+    from fugu_pipeline.evaluate import contest
+    from fugu_pipeline.evaluate.gates import GateConfig
+    from fugu_pipeline.evaluate.promotion import PromotionPolicy
+    from fugu_pipeline.evaluate.triage_promotion import TriageKind
+
+    models = tmp_path / "models"
+    heads = {"alice": trained.save(tmp_path / "a"), "bob": train_triage(data, TriageConfig(epochs=60, seed=1)).save(tmp_path / "b")}
+    slow_decide = contest.decide
+
+    def slow(*args, **kw):  # the race window: scoring takes a while
+        time.sleep(1.0)
+        return slow_decide(*args, **kw)
+
+    monkeypatch.setattr(contest, "decide", slow)
+    outcomes = {}
+    open_gates = PromotionPolicy(gates=GateConfig(rate_limit_s=0))
+    threads = [threading.Thread(target=lambda w=w: outcomes.__setitem__(w, contest.run_contest(
+        TriageKind(data), [str(heads[w])], models, open_gates, submitter=w))) for w in heads]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)
+    for t in threads:
+        t.join()
+    facing_nothing = [w for w, o in outcomes.items() if "PASS promoted: nothing promoted yet" in o["reasons"]]
+    assert len(facing_nothing) == 1
+    other = next(w for w in outcomes if w not in facing_nothing)
+    assert any(r.startswith(("PASS promoted (triage", "FAIL promoted (triage")) for r in outcomes[other]["reasons"])
+    hist = [json.loads(x) for x in (models / "promoted" / "triage-history.jsonl").read_text().splitlines()]
+    assert len(hist) == 2 and {h["submitter"] for h in hist} == {"alice", "bob"}

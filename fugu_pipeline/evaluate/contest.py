@@ -246,8 +246,10 @@ def _pointer_or_none(models_dir, kind) -> dict | None:
 
 def live_rows(kind, entrant: Entrant, held: HeldOut, cfg: CompositeConfig) -> tuple[dict[str, LiveRows] | None, str]:
     """One head's live outcomes per benchmark on the fixed live sample, and a note saying what ran."""
-    if cfg.live_sample == 0 or cfg.live_weight == 0 and cfg.efficiency_weight == 0:
+    if cfg.live_sample == 0:
         return None, "live term off (live_sample: 0)"
+    if cfg.live_weight == 0 and cfg.efficiency_weight == 0:
+        return None, f"no live term: a {kind.name} head's composite has none"
     if kind.live_tasks is None:
         return None, getattr(kind, "live_note", None) or f"live term not measured: a {kind.name} head is not run live"
     samples = {b: held.live_sample(b, cfg.live_sample, cfg.seed, available=kind.live_tasks) for b in held.names()}

@@ -254,6 +254,7 @@ class RouterKind(KindBase):
         return list(self._data(entrant)[1])
 
     def held_out(self, cfg: CompositeConfig) -> HeldOut:
+        self.composite_seed = cfg.seed
         return held_out(self.features.data, cfg)
 
     def candidate(self, entrant, held: HeldOut, cfg: CompositeConfig):
@@ -268,7 +269,7 @@ class RouterKind(KindBase):
         workers = [test.worker_ids[int(r)] for r in routes]
         if live:
             policy = LivePolicy(label=entrant.label, checkpoint=entrant.path, head=entrant.content_hash,
-                                routes=dict(zip(task_ids, workers)))
+                                seed=getattr(self, "composite_seed", 0), routes=dict(zip(task_ids, workers)))
             try:
                 got = self.live.evaluate(policy, [self.tasks[t] for t in task_ids])
             except (LiveBudgetExceeded, FatalWorkerError) as exc:
