@@ -106,12 +106,16 @@ def cmd_pack(args) -> int:
     from fugu_pipeline.train.exchange import pack, read_receipt
     from fugu_pipeline.train.signing import fingerprint, key_from_env, public_of
 
-    key = key_from_env()  # before anything is written: an unsigned pack is refused by every host
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    src = resolve_checkpoint(args.checkpoint)
+    load_checkpoint(src)  # a checkpoint that cannot be loaded is refused first, naming its file
     ledger = Path(args.ledger) if args.ledger else LEDGER_FILE
     if not ledger.is_file():
         raise CLIError(f"no cost ledger at {ledger}: pack from the project folder that trained the head (its "
                        "data/ledger/costs.jsonl), or pass --ledger")
-    out = pack(resolve_checkpoint(args.checkpoint), args.out, submitter=args.submitter, ledger=ledger, signing_key=key)
+    key = key_from_env()  # before anything is written: an unsigned pack is refused by every host
+    out = pack(src, args.out, submitter=args.submitter, ledger=ledger, signing_key=key)
     r = read_receipt(out)
     cost = "none recorded" if r.data_cost_usd is None else f"${r.data_cost_usd:.4f}"
     print(f"packed {r.method} {r.content_hash} ({r.head_kind}, {r.param_count:,} params, workers {r.worker_ids}, "

@@ -19,7 +19,7 @@ class RolesAssetConfig(dg.Config):
     eval_seeds: int = 1
     """Sampling seeds per held-out task in the report."""
     margin: float = 0.02
-    """Reward the challenger must gain over the promoted coordinator (the seed's king + 0.02)."""
+    """Reward the challenger must gain over the promoted coordinator (TinyRouter's king + 0.02)."""
     max_train_gap: float = 0.25
     """Largest allowed train minus held-out reward."""
 
@@ -54,7 +54,7 @@ def _stop(exc: Exception) -> dg.Failure:
           kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
 def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pipeline: PipelineResource,
                  encoder: EncoderResource) -> dg.Output[str]:
-    """The multi-turn coordinator (DESIGN §6b): a roles head (worker + Thinker/Worker/Verifier logits
+    """The multi-turn coordinator (TinyRouter's): a roles head (worker + Thinker/Worker/Verifier logits
     over the encoded transcript) trained by separable CMA-ES on live trajectory reward, with common
     random numbers, warm-started from the promoted one-step router where the encoders match.
     Trajectories are stored per (task, head, seed): a re-run or a killed run calls nothing twice.

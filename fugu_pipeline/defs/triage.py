@@ -19,7 +19,7 @@ class TriageAssetConfig(dg.Config):
 @dg.asset(deps=[task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
 def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pipeline: PipelineResource,
                 encoder: EncoderResource) -> dg.Output[str]:
-    """The seed's first milestone: predicts a prompt's domain and difficulty (the share of workers
+    """TinyRouter's first milestone: predicts a prompt's domain and difficulty (the share of workers
     that solve it, bucketed) with two bias-free linear maps over the frozen features. Output: the
     checkpoint directory models/triage/<content hash>/."""
     from fugu_pipeline.features.routing_data import TrainingDataError

@@ -1,4 +1,4 @@
-"""The composite score (the seed's judging rule, DESIGN §6b): one number per head, king and
+"""The composite score (TinyRouter's judging rule): one number per head, king and
 challenger scored alike on the same held-out rows.
 
 Per benchmark b (a domain of the matrix, or an explicit grouping of domains: `benchmarks`; domains

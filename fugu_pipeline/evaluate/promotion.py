@@ -45,6 +45,12 @@ from fugu_pipeline.evaluate.composite import CompositeConfig
 from fugu_pipeline.evaluate.decision import Candidate, Decision, decide, weight_gate  # noqa: F401 (this module's API too)
 from fugu_pipeline.evaluate.feature_source import FeatureSource
 from fugu_pipeline.evaluate.gates import DEFAULT_SUBMITTER, GateConfig
+from fugu_pipeline.evaluate.router_contest import (  # noqa: F401 (a one-step head's figures: this module's API too)
+    candidate,
+    eval_rows,
+    scored_candidate,
+    validation_utility,
+)
 from fugu_pipeline.evaluate.promotion_record import (  # noqa: F401 - append_history, apply: this module's API too
     append_history,
     apply,
@@ -117,7 +123,7 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
     raises CheckpointError before scoring, recorded in the history, unless `replace_broken_king`:
     then the challenger faces the baselines only and the history says why."""
     from fugu_pipeline.evaluate.contest import run_contest
-    from fugu_pipeline.evaluate.router_contest import RouterKind, scored_candidate  # noqa: F401
+    from fugu_pipeline.evaluate.router_contest import RouterKind
 
     kind = RouterKind(features if features is not None else FeatureSource.fixed(data), live=live, tasks=tasks)
     return run_contest(kind, checkpoint_paths, models_dir, policy, submitter=submitter, key=key, now=now,

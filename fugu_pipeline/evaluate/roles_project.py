@@ -6,7 +6,7 @@ command line (`cli/roles.py`), so both compute the same thing from the same sett
   split by their own `split`. An imported matrix has no graders, so it cannot train a coordinator.
 - Workers: the worker config's clients (mock, OpenRouter, OpenAI-compatible), with the judge for
   `llm_judge` tasks and the budget guard for every turn.
-- Encoder: the project's encoder model read the seed's way (final layer, penultimate position,
+- Encoder: the project's encoder model read TinyRouter's way (final layer, penultimate position,
   L2-normalised, transcript + head-input marker), window `max_length` of the roles config.
 - Trajectories: `data/trajectories/<context>.jsonl` (`session/store.py`).
 - Costs: every turn a session pays for (and its judge call) is appended to the project's cost
@@ -40,7 +40,7 @@ Log = Callable[[str], None]
 
 def roles_encoder_settings(model: str, max_length: int, *, revision: str | None = None, device: str = "auto",
                            dtype: str = "auto") -> EncoderSettings:
-    """The seed's transcript encoding: final layer, penultimate position, L2-normalised, with the
+    """TinyRouter's transcript encoding: final layer, penultimate position, L2-normalised, with the
     head-input marker in the template (all of it pinned by the feature contract)."""
     return EncoderSettings(model=model, revision=revision, device=device, dtype=dtype, max_length=max_length,
                            pooling="position", token_position=-2, layer=-1, normalize=True,

@@ -115,9 +115,8 @@ from fugu_pipeline.serve.protocol import (
     require_json,
     server_error_handler,
 )
-from fugu_pipeline.serve.source import RouterSource, checkpoint_tag
+from fugu_pipeline.serve.source import RouterSource, checkpoint_tag, load_router_provider  # noqa: F401 (its API too)
 from fugu_pipeline.serve.upstream import CallTiming, RelayedStream, Workers, usage_of
-from fugu_pipeline.train.pointer import POINTER
 from fugu_pipeline.workers.config import WorkersConfig, load_workers_config
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
 
@@ -217,7 +216,7 @@ class Service:
                            headers={"WWW-Authenticate": "Bearer"})
 
     async def route(self, req: ChatRequest) -> RouteDecision:
-        if self.source.absent:  # a coordinator alone is served: a one-step request names what is missing
+        if self.source.absent:  # a coordinator alone is served: a one-step request is told what is missing
             raise APIError(400, self.source.absent, code="no_one_step_router")
         budget = req.budget or (self.default_budget if req.cost_weight is None else None)
         try:
@@ -452,8 +451,7 @@ def create_app(
     worker config's `max_attempts`. Refuses a router whose workers the config does not define.
     `roles`: the multi-turn coordinator for `"fugu_mode": "multi_turn"` requests (a
     `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400).
-    `router_provider` None: a coordinator alone is served (`roles` needed), `absent` says why there
-    is no one-step router, and one-step requests get a 400 with it."""
+    `router_provider` None: `roles` alone is served; one-step requests get a 400 saying `absent`."""
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
     def servable(router: Router) -> None:  # at start, and on every reload of the promoted pointer
         problem = config.missing_routes(router.path, router.worker_ids)
@@ -463,10 +461,9 @@ def create_app(
     if router_provider is None and roles is None:
         raise RouterError("nothing to serve: neither a one-step router nor a multi-turn coordinator")
     source = RouterSource(router_provider, servable, absent=absent)
-    if router_provider is not None:
-        router = source.get()
-        if default_budget is not None:
-            router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
+    router = source.get() if router_provider is not None else None
+    if router is not None and default_budget is not None:
+        router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
     svc = Service(source, Workers(config, worker_attempts), api_token=api_token, max_body_bytes=max_body_bytes,
                   batch_window_ms=batch_window_ms, max_batch=max_batch, default_budget=default_budget)
 
@@ -491,16 +488,3 @@ def create_app(
     app.state.fugu = svc
     app.state.fugu_roles = roles
     return app
-
-
-def load_router_provider(checkpoint_or_models_dir: str | Path, *, device: str = "auto", dtype: str = "auto",
-                         encoder: str | None = None) -> Router | PromotedRouter:
-    """A models directory with `promoted/current.json` gives a PromotedRouter (follows promotions);
-    a checkpoint directory gives a fixed Router."""
-    path = Path(checkpoint_or_models_dir)
-    if (path / POINTER).exists():
-        return PromotedRouter(path, device=device, dtype=dtype, encoder=encoder)
-    if (path / "manifest.json").exists() or path.is_file():
-        return Router.load(path, device=device, dtype=dtype, encoder=encoder)
-    raise RouterError(f"{path} is neither a checkpoint directory (manifest.json + head.safetensors) nor a models "
-                      f"directory with {POINTER}; pass a trained checkpoint or the models directory")

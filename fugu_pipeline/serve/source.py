@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from fugu_pipeline.route.promoted import PromotedRouter
-from fugu_pipeline.route.router import Router
+from fugu_pipeline.route.router import Router, RouterError
+from fugu_pipeline.train.pointer import POINTER
 
 log = logging.getLogger("fugu_pipeline.serve")
 
@@ -65,3 +66,16 @@ class RouterSource:
 def checkpoint_tag(router: Router) -> str:
     m = router.checkpoint.manifest
     return f"{m.method}/{m.content_hash or Path(router.path).name}"
+
+
+def load_router_provider(checkpoint_or_models_dir: str | Path, *, device: str = "auto", dtype: str = "auto",
+                         encoder: str | None = None) -> Router | PromotedRouter:
+    """A models directory with `promoted/current.json` gives a PromotedRouter (follows promotions);
+    a checkpoint directory gives a fixed Router."""
+    path = Path(checkpoint_or_models_dir)
+    if (path / POINTER).exists():
+        return PromotedRouter(path, device=device, dtype=dtype, encoder=encoder)
+    if (path / "manifest.json").exists() or path.is_file():
+        return Router.load(path, device=device, dtype=dtype, encoder=encoder)
+    raise RouterError(f"{path} is neither a checkpoint directory (manifest.json + head.safetensors) nor a models "
+                      f"directory with {POINTER}; pass a trained checkpoint or the models directory")

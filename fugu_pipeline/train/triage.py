@@ -1,4 +1,4 @@
-"""The triage head (the seed's first milestone): a prompt's domain and difficulty from its frozen
+"""The triage head (TinyRouter's first milestone): a prompt's domain and difficulty from its frozen
 features, for dashboards and as an input to routing.
 
     x̂ = x / ‖x‖                                   (the cached feature vector, L2-normalised)
@@ -16,7 +16,7 @@ into buckets, named by `difficulty_names` from the hardest up: share < 1/3 → `
 labels therefore depend on the worker pool, which the manifest records. A matrix without quality
 cannot give difficulty labels and is refused.
 
-Attentive pooling (the seed's optional learned pooling over token states) is left out: it needs
+Attentive pooling (TinyRouter's optional learned pooling over token states) is left out: it needs
 every prompt's token states, while the embedding cache and the feature contract carry one pooled
 vector per prompt; it would need a token-state cache (max_length × D per prompt instead of D) and
 a pooling kind in the contract that the encoder computes at serving time. The head reads the
