@@ -292,7 +292,7 @@ def test_a_manifest_that_is_not_utf8_is_a_one_line_error(models, tmp_path):
         import_checkpoint(ckpt, tmp_path / "other-models")
 
 
-def test_pack_refuses_to_overwrite_another_pack(models, tmp_path, capsys):
+def test_pack_refuses_to_overwrite_another_pack(models, tmp_path, capsys, monkeypatch):
     models, first, second = models
     out = pack(models / "sft" / first, tmp_path / "pack")
     assert pack(models / "sft" / first, out) == out  # the same pack again: fine
@@ -300,8 +300,15 @@ def test_pack_refuses_to_overwrite_another_pack(models, tmp_path, capsys):
         pack(models / "sft" / second, out)
     assert json.loads((out / MANIFEST_FILE).read_text())["content_hash"] == first
     # --out where nothing can be written: one line
+    from fugu_pipeline.ledger import CostLedger
+    from fugu_pipeline.train.signing import KEY_ENV, new_key_pair
+
     (tmp_path / "a-file").write_text("x")
-    err = one_line_cli(["pack", str(models / "sft" / first), "--out", str(tmp_path / "a-file" / "pack")], capsys)
+    with CostLedger(tmp_path / "costs.jsonl") as ledger:
+        ledger.append("collection", 0.01)
+    monkeypatch.setenv(KEY_ENV, new_key_pair()[0])
+    err = one_line_cli(["pack", str(models / "sft" / first), "--out", str(tmp_path / "a-file" / "pack"),
+                        "--ledger", str(tmp_path / "costs.jsonl")], capsys)
     assert "cannot write the pack there" in err
 
 

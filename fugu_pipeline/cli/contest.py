@@ -173,6 +173,8 @@ def _refuse(args, pack_dir: Path, pre, kind: str) -> int:
     append_history(args.models_dir, {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "promote": False,
                                      "challenger": str(pack_dir), "reasons": [g.line() for g in pre.gates],
                                      "submitter": pre.submitter, "kind": kind, **({"key": pre.key} if pre.key else {}),
+                                     **({"method": pre.manifest.method, "content_hash": pre.manifest.content_hash}
+                                        if pre.manifest is not None else {}),
                                      "rate_limited": rate_limited, "not_an_attempt": hosts_fault}, KIND_FILES[kind][1])
     failed = [g for g in pre.gates if not g.ok]
     print(f"REFUSED before scoring ({', '.join(g.name for g in failed)}): {failed[0].line()}")
