@@ -18,8 +18,10 @@ Appending is cheap and safe with several writers: the file is held open; each ap
 exclusive `flock`, reads the previous hash (remembered from this process's last append when the
 file did not grow since, else from the file's last line), writes one line with a single
 `write(2)` on an O_APPEND descriptor, fsyncs, and lets go. A torn last line (a crash mid-write)
-is cut before the next append, as in the response store. One fsync per paid call, beside the
-one the response store already makes (`benchmarks/bench_clients.py --ledger` measures both).
+is cut before the next append, as in the response store. One fsync per paid call of collection,
+beside the one the response store already makes (`benchmarks/bench_clients.py --ledger` measures
+both); session turns, which a coordinator's training makes by the ten thousand, are appended in
+batches (`append_many`: one write and one fsync for up to 256 lines, and at the end of the run).
 """
 
 from __future__ import annotations
@@ -189,21 +191,31 @@ class CostLedger:
             return last.hash, last.seq
 
     def append(self, kind: str, cost_usd: float, *, worker_id: str = "", task_id: str = "", ref: str = "") -> LedgerEntry:
+        return self.append_many([(kind, cost_usd, worker_id, task_id, ref)])[0]
+
+    def append_many(self, calls: list[tuple[str, float, str, str, str]]) -> list[LedgerEntry]:
+        """Append (kind, cost_usd, worker_id, task_id, ref) lines in one write and one fsync."""
+        if not calls:
+            return []
         with self._lock:
             fd = self._open()
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 prev, seq = self._tail(fd)
-                e = LedgerEntry(seq=seq + 1, at=round(time.time(), 3), kind=kind, worker_id=worker_id, task_id=task_id,
-                                ref=ref, cost_usd=_round(max(0.0, float(cost_usd or 0.0))), prev=prev)
-                e.hash = e.digest()
-                line = e.model_dump_json().encode("utf-8") + b"\n"
-                n = os.write(fd, line)
-                if n != len(line):
-                    raise OSError(f"{self.path}: short write ({n} of {len(line)} bytes)")
+                out = []
+                for kind, cost_usd, worker_id, task_id, ref in calls:
+                    seq += 1
+                    e = LedgerEntry(seq=seq, at=round(time.time(), 3), kind=kind, worker_id=worker_id, task_id=task_id,
+                                    ref=ref, cost_usd=_round(max(0.0, float(cost_usd or 0.0))), prev=prev)
+                    e.hash = prev = e.digest()
+                    out.append(e)
+                data = b"".join(e.model_dump_json().encode("utf-8") + b"\n" for e in out)
+                n = os.write(fd, data)
+                if n != len(data):
+                    raise OSError(f"{self.path}: short write ({n} of {len(data)} bytes)")
                 os.fsync(fd)
-                self._known = (os.fstat(fd).st_size, e.hash, e.seq)
-                return e
+                self._known = (os.fstat(fd).st_size, out[-1].hash, out[-1].seq)
+                return out
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 

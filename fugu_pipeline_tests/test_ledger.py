@@ -124,3 +124,12 @@ def test_a_pack_is_signed_over_every_file_by_a_key_the_host_accepts(tmp_path):
     accept_key(tmp_path / "models", "alice", public)
     with pytest.raises(SigningError, match="already accepted as 'alice'"):
         accept_key(tmp_path / "models", "alice2", public)
+
+
+def test_a_batch_of_lines_is_one_chain_with_the_lines_before_and_after(tmp_path):
+    path = book(tmp_path / "costs.jsonl", 2)
+    with CostLedger(path) as ledger:
+        out = ledger.append_many([("session", 0.002, "w", f"t{i}", "s") for i in range(300)])
+        ledger.append("live", 0.001)
+    assert [e.seq for e in out][:2] == [3, 4] and verify_ledger(path).lines == 303
+    assert verify_ledger(path).totals["session"].calls == 300

@@ -69,21 +69,31 @@ def split(tasks: list[Task], name: str) -> list[Task]:
 
 
 class LedgeredClient:
-    """A worker client whose every answered call is appended to the cost ledger."""
+    """A worker client whose every answered call goes to the cost ledger: kept in a shared batch
+    and appended (one write, one fsync) every `FLUSH_EVERY` calls and when the run closes. Nothing
+    is awaited between the answer and its record, so a call answered at once (the mock pool) does
+    not give way to another session, and the turn memo still sees every repeated request."""
 
-    def __init__(self, client, ledger, kind: str, ref: str = ""):
+    FLUSH_EVERY = 256
+
+    def __init__(self, client, ledger, kind: str, ref: str = "", batch: list | None = None):
         self.client, self.ledger, self.kind, self.ref = client, ledger, kind, ref
+        self.batch = batch if batch is not None else []
         self.worker_id = getattr(client, "worker_id", "")
 
     async def complete(self, messages, task=None, **kw):
-        import asyncio
-
         comp = await self.client.complete(messages, task=task, **kw)
-        await asyncio.to_thread(self.ledger.append, self.kind, comp.cost_usd, worker_id=self.worker_id,
-                                task_id=getattr(task, "task_id", "") or "", ref=self.ref)
+        self.batch.append((self.kind, comp.cost_usd, self.worker_id, getattr(task, "task_id", "") or "", self.ref))
+        if len(self.batch) >= self.FLUSH_EVERY:
+            self.flush()
         return comp
 
+    def flush(self) -> None:
+        pending, self.batch[:] = list(self.batch), []
+        self.ledger.append_many(pending)
+
     async def aclose(self) -> None:
+        self.flush()
         await self.client.aclose()
 
 
@@ -103,15 +113,15 @@ class RolesRun:
 
         if self.runner.store is not None:
             self.runner.store.close()
-        if self.ledger is not None:
-            self.ledger.close()
 
         async def shut() -> None:
-            await self.caller.aclose()
+            await self.caller.aclose()  # the clients' last ledger lines are written here
             if self.judge is not None:
                 await self.judge.aclose()
 
         asyncio.run(shut())
+        if self.ledger is not None:
+            self.ledger.close()
 
 
 @contextlib.contextmanager
@@ -139,11 +149,12 @@ def open_run(config: WorkersConfig, settings: EncoderSettings, trajectories_dir:
     featurizer = TranscriptFeaturizer(enc)
     book = CostLedger(ledger if ledger is not None else Path(trajectories_dir).parent / "ledger" / "costs.jsonl")
     specs = {w: config.worker(w) for w in config.worker_ids}
-    caller = ClientCaller({w: LedgeredClient(make_client(s, config, catalog=catalog), book, "session")
+    pending: list = []  # one batch of ledger lines for every client of the run
+    caller = ClientCaller({w: LedgeredClient(make_client(s, config, catalog=catalog), book, "session", batch=pending)
                            for w, s in specs.items()}, specs, own=True)
     needs_judge = config.judge is not None and any(t.grader.type == "llm_judge" for t in tasks)
-    judge = LedgeredClient(make_client(config.judge, config, judge=True, catalog=catalog), book, "judge", "session") \
-        if needs_judge else None
+    judge = LedgeredClient(make_client(config.judge, config, judge=True, catalog=catalog), book, "judge", "session",
+                           batch=pending) if needs_judge else None
     budget = SessionBudget(cfg.max_usd if cfg.max_usd is not None else config.max_usd_per_run, catalog)
     runner = SessionRunner(caller, store, max_turns=cfg.max_turns, budget=budget, judge=judge,
                            judge_spec=config.judge)
