@@ -49,9 +49,9 @@ def _data():
     return x, q, ["a", "b"] * 20
 
 
-def _linear(kind: str, **shape):
+def _linear(kind: str, params: dict | None = None, **shape):
     def make():
-        head = build_head(kind, DIM, 3, **shape)
+        head = build_head(kind, DIM, 3, params, **shape)
         torch.manual_seed(0)
         for p in head.parameters():
             torch.nn.init.normal_(p, std=0.1)
@@ -65,6 +65,8 @@ BUILDERS = {
     "quality": _linear("quality"),
     "roles_linear": _linear("roles_linear"),
     "roles_linear_svf": _linear("roles_linear_svf", svf_size=4),
+    "triage_linear": _linear("triage_linear", {"domains": ["a", "b"], "difficulty_names": ["easy", "medium", "hard"],
+                                               "difficulty_edges": [0.34, 0.67], "solve_threshold": 0.5}),
     "domain_prior": lambda: DomainPriorHead.fit(DIM, _data()[1], _data()[1], _data()[2]),
     "knn": lambda: KNNHead.fit(*_data()[:2], _data()[1], _data()[2], k=5),
     "mlp": lambda: MLPHead.fit(_data()[0], _data()[1], _data()[1], _data()[2], hidden=8, n_models=1, epochs=2),

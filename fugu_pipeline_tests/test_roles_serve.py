@@ -256,3 +256,42 @@ def test_fugu_lite_ask_without_a_committed_answer_exits_nonzero(planner_only, st
                           "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "without a committed answer (max_turns)" in out.stderr
     assert out.stdout.startswith("(no committed answer)")
+
+
+@pytest.mark.parametrize("what", ["models_dir", "checkpoint"])
+def test_a_coordinator_alone_is_served(models, stub, tmp_path, what):
+    """Before: `serve --models-dir` refused to start with only a coordinator promoted, and
+    `serve --checkpoint` of a roles checkpoint looked for roles.json under it, so every multi-turn
+    request got a 400. Now both start; a one-step request gets a 400 naming what is missing."""
+    import shutil
+
+    from fugu_pipeline.serve.run import providers
+
+    if what == "models_dir":  # a models folder whose only king is a coordinator
+        alone = tmp_path / "models"
+        shutil.copytree(models[1], alone / "roles" / models[1].name)
+        write_pointer(alone, {"checkpoint": f"roles/{models[1].name}", "content_hash": models[1].name, "method": "roles"},
+                      ROLES_POINTER)
+        target = alone
+    else:
+        target = models[1]
+    provider, roles, absent = providers(target, device="cpu")
+    assert provider is None and roles is not None and absent
+    srv = ServerThread(create_app(provider, stub_workers_config(stub.openai_url), roles=roles, absent=absent))
+    try:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        stub.set_role_reply("verifier", "Correct.\nVERDICT: ACCEPT")
+        r = ask(c).parse()
+        assert r.choices[0].message.content == REPLIES["worker"] and r.model_extra["fugu_lite"]["mode"] == "multi_turn"
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": QUESTION}])
+        body = e.value.response.json()["error"]
+        print("\n" + body["message"])
+        assert body["code"] == "no_one_step_router" and '"fugu_mode": "multi_turn"' in body["message"]
+        assert ("current.json is missing" in body["message"]) == (what == "models_dir")
+        import httpx
+
+        health = httpx.get(srv.url + "/health", timeout=30).json()
+        assert health["status"] == "ok" and health["checkpoint"] is None and health["one_step_router"] == absent
+    finally:
+        srv.stop()

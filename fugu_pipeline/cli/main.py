@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True)
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks (check prompts, grading, billing)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run: only missing or failed cells are called")
+    p.add_argument("--ledger", default=None, help="the cost ledger every paid call is appended to (default "
+                   "data/ledger/costs.jsonl); `fugu-lite pack` puts it in the pack, whose receipt cites it")
 
     p = add("convert", data.cmd_convert, "write a BenchGen batch file from a standard benchmark (MATH-500, GSM8K, "
             "SVAMP, AIME24, AMC23, Minerva math, MMLU-STEM, HumanEval)")
@@ -127,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-mtbench", "routellm-csv", "dcrouter", "jsonl", "table", "long"])
     p.add_argument("path", help="the upstream file or folder")
     p.add_argument("--output", required=True)
+    p.add_argument("--ledger", default=None, help="the cost ledger the import's recorded cost is appended to "
+                   "(default data/ledger/costs.jsonl)")
     p.add_argument("--seed", type=int, default=None,
                    help="split assignment seed (default 0); a jsonl row that names its split keeps it")
     p.add_argument("--test-fraction", type=float, default=None,
@@ -215,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default=None, help="promotion policy YAML (composite weights; default: configs/promotion.yaml)")
     budget_opts(p, "report the operating point for a cap: λ chosen on validation, scored on --split")
 
-    harness.add_commands(add, data_opts)  # baseline, pack, preflight, validate, train-triage, triage-report
+    harness.add_commands(add, data_opts)  # baseline, keygen, accept-key, pack, preflight, validate, train-triage, triage-report
 
     p = add("evaluate-roles", roles.cmd_evaluate_roles, "the held-out multi-turn report of a coordinator on a "
             "project's tasks (vs the one-step router and the best fixed worker); --promote to face the king")
@@ -304,10 +308,12 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fugu_pipeline.workers.catalog import CatalogError
     from fugu_pipeline.workers.config import WorkerConfigError
     from fugu_pipeline.workers.contract import WorkerCallError
+    from fugu_pipeline.ledger import LedgerError
+    from fugu_pipeline.train.signing import SigningError
 
     return (CatalogError, CheckpointError, EncoderLoadError, RewardMatrixError, RouterError, TaskFileError,
             ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError, BudgetError,
-            PartitionBusyError)
+            PartitionBusyError, LedgerError, SigningError)
 
 
 if __name__ == "__main__":

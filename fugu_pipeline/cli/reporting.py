@@ -15,7 +15,7 @@ def policy(args):
 
 def live_for(args, data):
     """The live evaluator (the worker YAML's pool) and the tasks with graders, or (None, None)."""
-    from fugu_pipeline.evaluate.live import OneCallEvaluator, tasks_by_id
+    from fugu_pipeline.evaluate.live import live_evaluator, tasks_by_id
     from fugu_pipeline.workers.config import load_workers_config
 
     tasks_path = args.tasks or ("data/benchgen" if Path("data/benchgen").is_dir() else None)
@@ -31,7 +31,7 @@ def live_for(args, data):
     except Exception as exc:  # a worker YAML that does not load: its one-line error
         print(f"live term: not measured ({exc})", file=sys.stderr)
         return None, None
-    return OneCallEvaluator(config), tasks_by_id(tasks_path)
+    return live_evaluator(config, getattr(args, "project_dir", None) or "."), tasks_by_id(tasks_path)
 
 
 def _names_workers(path) -> bool:
@@ -49,7 +49,7 @@ def composite_for_report(rep: dict, ckpt, data, args, features=None) -> None:
     """`fugu-lite evaluate`: the composite against the king of --models-dir, live where it can; the
     king reads its own features of the same rows from `features` (a FeatureSource), as promotion
     scores it."""
-    from fugu_pipeline.evaluate.contest import add_composite
+    from fugu_pipeline.evaluate.router_contest import add_composite
 
     live, tasks = live_for(args, data)
     add_composite(rep, ckpt, data, args.models_dir, policy(args).composite, live=live, tasks=tasks, features=features)

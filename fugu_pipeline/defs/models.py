@@ -234,7 +234,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
 
 
 def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str) -> dg.Output[dict]:
-    from fugu_pipeline.evaluate.contest import add_composite
+    from fugu_pipeline.evaluate.router_contest import add_composite
     from fugu_pipeline.evaluate.metrics import ci_text
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
     from fugu_pipeline.train.checkpoints import load_checkpoint
@@ -245,7 +245,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     if problems:
         raise dg.Failure(description=f"{checkpoint_path} cannot be scored with this encoder: " + "; ".join(problems))
     rep = evaluate_checkpoint(ckpt, data, "test")
-    live, tasks = harness.live_for(pipeline)  # the composite against the current king (issue 14)
+    live, tasks = harness.live_for(pipeline)  # the composite against the current king
     add_composite(rep, ckpt, data, pipeline.paths.models, harness.policy_for(pipeline).composite, live=live, tasks=tasks,
                   features=source)
     out_dir = Path(checkpoint_path) / "reports"
@@ -303,7 +303,7 @@ def eval_report_heads(context: dg.AssetExecutionContext, pipeline: PipelineResou
 
 class PromotionConfig(dg.Config):
     policy_file: str = "configs/promotion.yaml"
-    """The promotion policy (composite weights, overfit gate, gates); absent: the built-in defaults (the seed's rules)."""
+    """The promotion policy (composite weights, overfit gate, gates); absent: the built-in defaults (TinyRouter's rules)."""
     margin: float | None = None
     """Replace the king only at composite(challenger) ≥ composite(king) + margin (None: the policy file's, 0.02)."""
     max_train_gap: float | None = None

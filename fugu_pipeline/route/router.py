@@ -130,6 +130,9 @@ class Router:
             raise RouterError(f"{checkpoint.path} is a multi-turn coordinator ({checkpoint.manifest.head_kind}), not a "
                               "one-step router: run it with `fugu-lite ask --mode multi-turn` or a request with "
                               '"fugu_mode": "multi_turn" (route/roles.py)')
+        if checkpoint.manifest.head_kind.startswith("triage"):
+            raise RouterError(f"{checkpoint.path} is a triage head ({checkpoint.manifest.head_kind}): it labels a prompt's "
+                              "domain and difficulty and routes nothing (fugu-lite triage-report)")
         self.checkpoint = checkpoint
         self.encoder = encoder
         self.worker_ids: list[str] = list(checkpoint.manifest.worker_ids)

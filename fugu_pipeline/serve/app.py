@@ -114,9 +114,8 @@ from fugu_pipeline.serve.protocol import (
     server_error_handler,
 )
 from fugu_pipeline.serve.relay import finish_timing, ms, reply_headers, stream_response
-from fugu_pipeline.serve.source import RouterSource, checkpoint_tag
+from fugu_pipeline.serve.source import RouterSource, checkpoint_tag, load_router_provider  # noqa: F401 (its API too)
 from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S, CallTiming, RelayedStream, Workers, usage_of
-from fugu_pipeline.train.pointer import POINTER
 from fugu_pipeline.workers.config import WorkersConfig, load_workers_config
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
 
@@ -237,6 +236,8 @@ class Service:
                            headers={"WWW-Authenticate": "Bearer"})
 
     async def route(self, req: ChatRequest) -> RouteDecision:
+        if self.source.absent:  # a coordinator alone is served: a one-step request is told what is missing
+            raise APIError(400, self.source.absent, code="no_one_step_router")
         budget = req.budget or (self.default_budget if req.cost_weight is None else None)
         try:
             return await self.batcher.route(RouteRequest(req.text, req.domain, req.allowed, req.cost_weight, budget,
@@ -356,7 +357,7 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
 
 
 def create_app(
-    router_provider: Router | PromotedRouter | Callable[[], Router],
+    router_provider: Router | PromotedRouter | Callable[[], Router] | None,
     workers_config: WorkersConfig | str | Path,
     *,
     api_token: str | None = None,
@@ -366,6 +367,7 @@ def create_app(
     worker_attempts: int | None = 1,
     default_budget: Budget | None = None,
     roles=None,
+    absent: str | None = None,
     max_json_values: int = DEFAULT_MAX_JSON_VALUES,
     bind_host: str = "127.0.0.1",
     allowed_hosts: tuple[str, ...] | list[str] = (),
@@ -377,16 +379,19 @@ def create_app(
     `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400).
     `max_json_values`: the request body's limit (`json_body.py`); `bind_host` and `allowed_hosts`:
     the `Host` names answered (`hosts.py`); `auth_cooldown_s`: how long a worker whose key was
-    refused is kept out (`upstream.py`)."""
+    refused is kept out (`upstream.py`).
+    `router_provider` None: `roles` alone is served; one-step requests get a 400 saying `absent`."""
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
     def servable(router: Router) -> None:  # at start, and on every reload of the promoted pointer
         problem = config.missing_routes(router.path, router.worker_ids)
         if problem:
             raise ValueError(problem)
 
-    source = RouterSource(router_provider, servable)
-    router = source.get()
-    if default_budget is not None:
+    if router_provider is None and roles is None:
+        raise RouterError("nothing to serve: neither a one-step router nor a multi-turn coordinator")
+    source = RouterSource(router_provider, servable, absent=absent)
+    router = source.get() if router_provider is not None else None
+    if router is not None and default_budget is not None:
         router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
     svc = Service(source, Workers(config, worker_attempts, auth_cooldown_s), api_token=api_token,
                   max_body_bytes=max_body_bytes, batch_window_ms=batch_window_ms, max_batch=max_batch,
@@ -417,16 +422,3 @@ def create_app(
     app.state.fugu_hosts = hosts
     app.state.fugu_roles = roles
     return app
-
-
-def load_router_provider(checkpoint_or_models_dir: str | Path, *, device: str = "auto", dtype: str = "auto",
-                         encoder: str | None = None) -> Router | PromotedRouter:
-    """A models directory with `promoted/current.json` gives a PromotedRouter (follows promotions);
-    a checkpoint directory gives a fixed Router."""
-    path = Path(checkpoint_or_models_dir)
-    if (path / POINTER).exists():
-        return PromotedRouter(path, device=device, dtype=dtype, encoder=encoder)
-    if (path / "manifest.json").exists() or path.is_file():
-        return Router.load(path, device=device, dtype=dtype, encoder=encoder)
-    raise RouterError(f"{path} is neither a checkpoint directory (manifest.json + head.safetensors) nor a models "
-                      f"directory with {POINTER}; pass a trained checkpoint or the models directory")

@@ -64,6 +64,11 @@ async def health(request: Request) -> Response:
         trusted = True
     except APIError:
         trusted = False
+    if svc.source.absent:  # a coordinator alone is served
+        return JSONResponse({"status": "ok", "uptime_s": round(time.monotonic() - svc.started, 3), "checkpoint": None,
+                             "one_step_router": svc.source.absent, "counts": dict(svc.counts),
+                             "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None)}
+                                         for w in svc.workers.config.workers]})
     try:
         router = await asyncio.to_thread(current)
     except Exception as exc:

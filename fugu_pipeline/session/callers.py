@@ -58,7 +58,8 @@ class ClientCaller:
         self.calls: Counter = Counter()  # calls made per worker (failed ones included)
         self.dead: dict[str, str] = {}
         self._own = own
-        self._slots = {w: asyncio.Semaphore(getattr(self.specs.get(w), "max_concurrency", 64)) for w in self.clients}
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._loop = None  # the slots belong to one event loop: a runner calls asyncio.run once per batch
         self._limits = {w: RateLimiter(getattr(self.specs.get(w), "requests_per_minute", None)) for w in self.clients}
 
     @classmethod
@@ -77,6 +78,10 @@ class ClientCaller:
 
     async def call(self, worker_id: str, messages: list[dict], *, task: "Task | None", seed: int) -> Completion:
         client = self.clients[worker_id]
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a semaphore another loop waited on cannot be used in this one
+            self._loop = loop
+            self._slots = {w: asyncio.Semaphore(getattr(self.specs.get(w), "max_concurrency", 64)) for w in self.clients}
         async with self._slots[worker_id]:
             await self._limits[worker_id].wait()
             self.calls[worker_id] += 1

@@ -350,7 +350,7 @@ def _method_folders() -> set[str]:
     """The folder names this product files checkpoints under: the trainers' methods and the heads' kinds."""
     from fugu_pipeline.train.heads import HEADS
 
-    return {"sft", "rl", "es", "roles", *HEADS}
+    return {"sft", "rl", "es", "roles", "triage", *HEADS}
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -405,9 +405,11 @@ def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any
     scale = state_dict.get("feature_scale")  # roles heads standardise their features
     if scale is not None and torch.is_floating_point(scale) and bool((scale <= 0).any()):
         problems.append("feature_scale holds zero or negative values: features cannot be standardised")
-    final = state_dict.get("linear.weight")
-    if final is not None and torch.is_floating_point(final) and not bool(final.ne(0).any()):
-        problems.append("linear.weight is all zero: the head would send every task to the same worker")
+    for name in getattr(HEADS[m.head_kind], "final_layers", ("linear.weight",)):
+        final = state_dict.get(name)
+        if final is not None and torch.is_floating_point(final) and not bool(final.ne(0).any()):
+            problems.append(f"{name} is all zero: the head would send every task to the same worker" if name == "linear.weight"
+                            else f"{name} is all zero: the head would give every prompt the same label")
     if not problems:
         problems.extend(_kind_sanity(state_dict, m))
     return problems

@@ -25,6 +25,7 @@ from fugu_pipeline.storage import PreconditionFailed, etag, get_bytes, is_url, j
 
 POINTER = Path("promoted") / "current.json"
 ROLES_POINTER = Path("promoted") / "roles.json"  # the promoted multi-turn coordinator (its own king)
+TRIAGE_POINTER = Path("promoted") / "triage.json"  # the promoted triage head (its own king)
 
 
 class PointerError(CheckpointError):

@@ -52,7 +52,9 @@ def score_problems(head: RoutingHead, x: torch.Tensor, domains: list[str | None]
     """What is wrong with the head's scores on features `x` (see the module docstring); [] when sane."""
     problems: list[str] = []
     with torch.inference_mode():
-        problems += _bounded("routing scores", call_head(head, x, domains))
+        scores = call_head(head, x, domains)
+        for i, part in enumerate(scores if isinstance(scores, tuple) else (scores,)):  # a triage head: two softmax groups
+            problems += _bounded("routing scores" if not isinstance(scores, tuple) else f"scores (output {i})", part)
         if hasattr(head, "route_scores") and hasattr(head, "expected_cost"):
             for lam in (0.0, MAX_COST_WEIGHT):
                 problems += _bounded(f"scores at cost weight {lam:g}", head.route_scores(x, lam, head.expected_cost))

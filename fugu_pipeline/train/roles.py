@@ -361,8 +361,13 @@ def train_roles(
         f"{cfg.seeds_per_task} seed(s); {len(train)} train / {len(val_set)} val tasks; "
         f"{'sampled' if cfg.sample_actions else 'greedy'} picks in training, greedy on val")
 
+    paid: dict[str, float] = {}  # every distinct paid turn of training (a memo hit is no call): the training cost
+
     def score(thetas: list[np.ndarray], pairs, greedy: bool) -> tuple[np.ndarray, list[list[Trajectory]]]:
         trs = runner.run([make(th) for th in thetas], pairs, greedy=greedy)
+        for turn in (u for row in trs for t in row for u in t.turns):
+            if turn.request_sha:
+                paid[turn.request_sha] = turn.cost_usd
         return np.array([[reward(tr, cfg) for tr in row] for row in trs]), trs
 
     r0, tr0 = score([theta0], val_pairs, True)
@@ -421,7 +426,8 @@ def train_roles(
         "val_reward": best_val, "val_accuracy": float(np.mean([t.quality or 0.0 for t in kept])),
         "val_turns": float(np.mean([t.n_turns for t in kept])), "val_cost_usd": float(np.mean([t.cost_usd for t in kept])),
         "start_val_reward": float(r0.mean()), "selected": best_what, "population_size": es.population_size,
-        "evolved_params": int(theta0.size), "n_train": len(train), "n_val": len(val_set), **svf_spread,
+        "evolved_params": int(theta0.size), "n_train": len(train), "n_val": len(val_set),
+        "data_cost_usd": round(float(sum(paid.values())), 10), "paid_turns": len(paid), **svf_spread,
     }
     log(f"roles: {runner.stats.sessions_run} sessions run, {runner.stats.sessions_stored} read from the store, "
         f"{runner.stats.turns_reused} turns reused from the memo")
