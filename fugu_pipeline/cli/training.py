@@ -405,7 +405,17 @@ def cmd_train_heads(args) -> int:
         figs = ", ".join(f"{k} {v:.4f}" for k, v in s.figures.items())
         print(f"{'*' if s.selected else ' '} {s.kind:<12} {s.name}: {figs} -> {s.path}")
     print(f"selected ({by}): {report.selected} — {report.reason}")
-    print(report.selected_path())
+    shipped = report.selected_path()
+    from fugu_pipeline.route.router import encoder_settings_for
+    from fugu_pipeline.train.cascade_train import train_cascade
+
+    result = train_cascade(data, matrix_db(args), encoder_settings_for(data.contract, args.device, args.dtype),
+                           Path(args.cache_dir), cfg, selection[0], report.saved, Path(args.output), log, recorded)
+    if result is not None:
+        for line in result.lines():
+            print(line)
+        shipped = result.shipped_path
+    print(shipped)
     return 0
 
 

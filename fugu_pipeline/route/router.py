@@ -96,6 +96,9 @@ class Router:
             raise RouterError(f"{checkpoint.path} is a multi-turn coordinator ({checkpoint.manifest.head_kind}), not a "
                               "one-step router: run it with `fugu-lite ask --mode multi-turn` or a request with "
                               '"fugu_mode": "multi_turn" (route/roles.py)')
+        if checkpoint.manifest.head_kind == "cascade" and type(self) is Router:
+            raise RouterError(f"{checkpoint.path} is a cascade, not a one-step router: load it with "
+                              "route.cascade.load_router (route, ask and serve do)")
         self.checkpoint = checkpoint
         self.encoder = encoder
         self.worker_ids: list[str] = list(checkpoint.manifest.worker_ids)

@@ -1,0 +1,115 @@
+"""A cascade as a checkpoint: `models/cascade/<content hash>/` with `manifest.json` and
+`head.safetensors`, the same format, content hash, weight checks and pointer as every other head
+(`checkpoints.py`).
+
+The manifest's `head_params` hold the policy (steps, accept rules, plans per domain), the budget
+points chosen on validation (the frontier: one plan per cost level, for a request's cap) and the
+answer-text format the verifier reads; the safetensors hold the verifier's weights (a logistic
+model over prompt features, reply features and the worker, with its standardisation). A cascade
+whose plans never consult the verifier saves a verifier of zeros (`verifier.used` 0).
+
+It is not a one-step router: `route/cascade.py` runs it step by step, `evaluate/cascade.py`
+scores it from recorded answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fugu_pipeline.train.cascade_policy import CascadePolicy
+from fugu_pipeline.train.head_base import RoutingHead, register
+
+KIND = "cascade"
+
+
+@register
+class CascadeHead(RoutingHead):
+    """Holds a `CascadePolicy` (as `policy`, JSON) and its verifier. `answer_dim` is the size of the
+    reply's features (encoder features + statistics)."""
+
+    kind = KIND
+    uses_domains = True  # the plan depends on the request's domain (and the kind's own checks run on load)
+
+    def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
+                 frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None):
+        super().__init__(dim, n_workers)
+        if answer_dim < 0:
+            raise ValueError(f"answer_dim must be >= 0, got {answer_dim}")
+        self.policy = CascadePolicy.model_validate(policy) if policy is not None else None
+        self.answer_dim, self.frontier, self.answer_format = int(answer_dim), list(frontier or []), answer_format
+        self.domains_frontier = dict(domains_frontier or {})
+        in_dim = dim + self.answer_dim + n_workers
+        self.weight = nn.Parameter(torch.zeros(in_dim))
+        self.bias = nn.Parameter(torch.zeros(1))
+        self.register_buffer("center", torch.zeros(in_dim))
+        self.register_buffer("scale", torch.ones(in_dim))
+        self.register_buffer("used", torch.zeros(1))
+
+    def head_params(self) -> dict[str, Any]:
+        return {"policy": self.policy.model_dump() if self.policy else None, "answer_dim": self.answer_dim,
+                "frontier": self.frontier, "answer_format": self.answer_format, "domains_frontier": self.domains_frontier}
+
+    def forward(self, x: torch.Tensor, domains=None) -> torch.Tensor:
+        raise TypeError("a cascade is not a one-step router: run it with route/cascade.py (CascadeRouter) or score it "
+                        "with evaluate/cascade.py")
+
+    def verify(self, X: np.ndarray) -> np.ndarray:
+        """P(right) of each (prompt features, reply features, worker one-hot) row."""
+        w, b = self.weight.detach().numpy(), float(self.bias.detach()[0])
+        z = ((X - self.center.numpy()) / self.scale.numpy()) @ w + b
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+
+    def sanity(self) -> list[str]:
+        problems = []
+        if self.policy is None:
+            problems.append("head_params.policy is missing: a cascade checkpoint needs its steps")
+        if bool((self.scale <= 0).any()):
+            problems.append("scale holds zero or negative values")
+        if self.policy is not None and self.policy.uses_verifier and float(self.used[0]) != 1.0:
+            problems.append("the policy consults the verifier but its weights are marked unused")
+        return problems
+
+
+def cascade_state(verifier, in_dim: int) -> dict[str, torch.Tensor]:
+    """The tensors of a cascade checkpoint from a fitted `train.verifier.Verifier` (None: zeros, unused)."""
+    if verifier is None:
+        return {"weight": torch.zeros(in_dim), "bias": torch.zeros(1), "center": torch.zeros(in_dim),
+                "scale": torch.ones(in_dim), "used": torch.zeros(1)}
+    return {"weight": torch.from_numpy(np.asarray(verifier.weight, np.float32)),
+            "bias": torch.tensor([verifier.bias], dtype=torch.float32),
+            "center": torch.from_numpy(np.asarray(verifier.center, np.float32)),
+            "scale": torch.from_numpy(np.asarray(verifier.scale, np.float32)), "used": torch.ones(1)}
+
+
+def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | None = None, training_config: dict | None = None):
+    """Save a `cascade_fit.CascadeFit` as `models/cascade/<hash>/`; returns the folder."""
+    from fugu_pipeline.features.answer_features import ANSWER_TEXT_FORMAT
+    from fugu_pipeline.train.checkpoints import save_checkpoint
+
+    in_dim = data.dim + answer_dim + data.n_workers
+    frontier = fit.choices["*"].frontier if "*" in fit.choices else []
+    per = {d: c.frontier for d, c in fit.choices.items() if d != "*" and d in fit.policy.per_domain}
+    metrics = {
+        "selected": fit.selected_kind == "cascade", "selection": {
+            "objective": fit.objective, "selected": fit.selected, "selected_kind": fit.selected_kind, "reason": fit.reason,
+            "candidates": fit.table()},
+        "policy": fit.policy.describe(), "verifier": fit.verifier_figures, "expected_cost_usd": fit.expected_cost,
+        "answers_version": fit.answers_version, "fit_splits": ["train", "val"],
+        "worker_quality": fit.worker_quality, "answer_kinds": fit.answer_kinds,
+        "validation": {c: {"quality": ch.quality, "cost_usd": ch.cost, "utility": ch.utility, "plans_considered": ch.considered}
+                       for c, ch in fit.choices.items()},
+        "val_utility": next((c.mean for c in fit.candidates if c.kind == "cascade"), None),
+        **(extra_metrics or {}),
+    }
+    return save_checkpoint(models_dir, KIND, KIND, cascade_state(fit.verifier, in_dim), {
+        "worker_ids": data.worker_ids, "feature_contract": data.contract, "dim": data.dim,
+        "utility_config": data.utility_config.model_dump() if data.utility_config else None,
+        "data_version": data.data_version,
+        "head_params": {"policy": fit.policy.model_dump(), "answer_dim": answer_dim, "frontier": frontier,
+                        "answer_format": ANSWER_TEXT_FORMAT, "domains_frontier": per},
+        "training_config": training_config or {}, "metrics": metrics,
+    })

@@ -1,0 +1,132 @@
+"""The learned verifier of a cascade: P(the answer is right | prompt, answer), one logistic model.
+
+One row per (task, worker) cell that has a reply: the prompt's features, the reply's features
+(`features/answer_features.py`: the frozen encoder reading the reply, and its statistics) and the
+worker (one-hot), standardised; the target is the cell's quality (graded correctness, in [0, 1]).
+L2-regularised logistic regression, fitted by L-BFGS (torch), the strength chosen from a small
+grid by the out-of-fold log-loss. `oof_scores` gives every cell a score from a verifier fitted
+without its fold: what the cascade's thresholds are chosen on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+L2_GRID = (1e-3, 1e-2, 1e-1)
+
+
+@dataclass
+class VerifierInputs:
+    """Per task: prompt features (N, D); per cell: reply features (N, W, A) and a has-reply mask."""
+
+    prompt: np.ndarray
+    answer: np.ndarray
+    has: np.ndarray  # bool (N, W)
+    target: np.ndarray  # (N, W) quality in [0, 1], NaN where unknown
+
+    @property
+    def n_workers(self) -> int:
+        return self.has.shape[1]
+
+    def design(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(X, y, (row, worker) index) of the cells with a reply among `rows`."""
+        r, w = np.nonzero(self.has[rows])
+        r = np.asarray(rows)[r]
+        onehot = np.eye(self.n_workers, dtype=np.float32)[w]
+        X = np.concatenate([self.prompt[r], self.answer[r, w], onehot], axis=1).astype(np.float32)
+        return X, self.target[r, w], np.stack([r, w], axis=1)
+
+    @property
+    def in_dim(self) -> int:
+        return self.prompt.shape[1] + self.answer.shape[2] + self.n_workers
+
+
+@dataclass
+class Verifier:
+    weight: np.ndarray  # (in_dim,)
+    bias: float
+    center: np.ndarray
+    scale: np.ndarray
+    l2: float
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        z = ((X - self.center) / self.scale) @ self.weight + self.bias
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+
+
+def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, iters: int = 100) -> Verifier:
+    import torch
+
+    center = X.mean(axis=0)
+    scale = X.std(axis=0)
+    scale = np.where(scale > 1e-6, scale, 1.0).astype(np.float32)
+    Z = torch.from_numpy(((X - center) / scale).astype(np.float32))
+    t = torch.from_numpy(np.clip(y, 0.0, 1.0).astype(np.float32))
+    prior = float(np.clip(np.mean(y), 1e-3, 1 - 1e-3))
+    w = torch.zeros(X.shape[1], requires_grad=True)
+    b = torch.tensor([np.log(prior / (1 - prior))], dtype=torch.float32, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=iters, history_size=20, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(Z @ w + b, t) + l2 * (w @ w)
+        loss.backward()
+        return loss
+
+    torch.manual_seed(0)
+    opt.step(closure)
+    return Verifier(w.detach().numpy().astype(np.float32), float(b.detach()[0]), center.astype(np.float32), scale, l2)
+
+
+def _logloss(p: np.ndarray, y: np.ndarray) -> float:
+    p = np.clip(p, 1e-6, 1 - 1e-6)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def oof_scores(inp: VerifierInputs, folds: np.ndarray, l2_grid=L2_GRID) -> tuple[np.ndarray, float, dict[str, float]]:
+    """(scores (N, W) out of fold, NaN where no reply; the L2 strength chosen; figures: log-loss
+    and AUC of the chosen strength's out-of-fold scores)."""
+    rows_all = np.arange(len(folds))
+    best: tuple[float, float, np.ndarray] | None = None
+    for l2 in l2_grid:
+        S = np.full(inp.has.shape, np.nan)
+        for f in np.unique(folds):
+            tr, te = rows_all[folds != f], rows_all[folds == f]
+            X, y, _ = inp.design(tr)
+            Xt, _, at = inp.design(te)
+            if len(Xt) == 0 or len(X) == 0:
+                continue
+            S[at[:, 0], at[:, 1]] = fit_logistic(X, y, l2).predict(Xt)
+        m = inp.has & ~np.isnan(S)
+        loss = _logloss(S[m], np.clip(inp.target[m], 0, 1))
+        if best is None or loss < best[0] - 1e-9:
+            best = (loss, l2, S)
+    loss, l2, S = best
+    m = inp.has & ~np.isnan(S)
+    return S, l2, {"oof_logloss": loss, "oof_auc": auc(S[m], inp.target[m] >= 0.5), "l2": l2}
+
+
+def fit_all(inp: VerifierInputs, rows: np.ndarray, l2: float) -> Verifier:
+    X, y, _ = inp.design(rows)
+    return fit_logistic(X, y, l2)
+
+
+def auc(score: np.ndarray, positive: np.ndarray) -> float:
+    """Area under the ROC curve (ties count half); NaN when one class is absent."""
+    pos, neg = score[positive], score[~positive]
+    if len(pos) == 0 or len(neg) == 0:
+        return float("nan")
+    order = np.argsort(np.concatenate([pos, neg]), kind="stable")
+    ranks = np.empty(len(order))
+    allv = np.concatenate([pos, neg])[order]
+    # average ranks for ties
+    i = 0
+    while i < len(allv):
+        j = i
+        while j + 1 < len(allv) and allv[j + 1] == allv[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
