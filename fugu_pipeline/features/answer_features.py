@@ -21,8 +21,8 @@ import numpy as np
 
 from fugu_pipeline.features.settings import EncoderSettings
 
-TAIL_CHARS = 1500
-ANSWER_TEXT_FORMAT = "final+tail1500"  # recorded in a cascade's checkpoint: serving must build the same text
+TAIL_CHARS = 400
+ANSWER_TEXT_FORMAT = "final+tail400"  # recorded in a cascade's checkpoint: serving must build the same text
 STATS = ("log_chars", "log_lines", "readable", "in_prompt", "digit_share", "hedges", "equations", "equations_hold",
          "final_repeats", "integer")
 _HEDGE = re.compile(r"\b(?:maybe|perhaps|not sure|unsure|i think|i believe|approximately|roughly|sorry|cannot|can't|"
