@@ -162,7 +162,7 @@ def test_a_worker_without_answers_is_named():
 
 def test_cascade_checkpoint_round_trip_and_its_outcomes(tmp_path):
     from fugu_pipeline.evaluate.cascade import cascade_outcomes, cascade_report, load_cascade
-    from fugu_pipeline.train.cascade_head import save_cascade
+    from fugu_pipeline.train.cascade_save import save_cascade
     from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
 
     data, grid, inputs = cascade_fixture.make(n=300)

@@ -33,14 +33,12 @@ No dagster here: plain Python, polars and json.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 from pathlib import Path
 
 import polars as pl
 
-from fugu_pipeline.files import atomic_write
 from fugu_pipeline.matrix.import_common import assign_split, check_workers, fail, read_bytes, read_text, tag_in_distribution
 from fugu_pipeline.matrix.import_format import RewardRow, read_reward_jsonl, write_reward_jsonl  # noqa: F401 (this module's API too)
 from fugu_pipeline.matrix.import_summary import summarize

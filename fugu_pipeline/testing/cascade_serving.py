@@ -22,7 +22,7 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
     from fugu_pipeline.reward import UtilityConfig
     from fugu_pipeline.tasks.final_answer import extract
     from fugu_pipeline.train.cascade_fit import CascadeFit
-    from fugu_pipeline.train.cascade_head import save_cascade
+    from fugu_pipeline.train.cascade_save import save_cascade
     from fugu_pipeline.train.cascade_policy import CascadePolicy
     from fugu_pipeline.train.cascade_search import Choice
     from fugu_pipeline.train.verifier import VerifierInputs, fit_all

@@ -15,7 +15,7 @@ from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import read_answers
 from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.train.cascade_fit import CascadeFit, answer_inputs, fit_cascade
-from fugu_pipeline.train.cascade_head import save_cascade
+from fugu_pipeline.train.cascade_save import save_cascade
 from fugu_pipeline.train.configs import TrainSetConfig
 
 
