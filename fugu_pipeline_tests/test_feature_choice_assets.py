@@ -20,7 +20,7 @@ import pytest
 from fugu_pipeline.cli import main
 from fugu_pipeline.defs.assemble import build_defs
 
-NOT_HEADS = {"sft", "rl", "es", "triage", "roles"}  # models/<kind>/ folders the router_heads asset does not write
+NOT_HEADS = {"sft", "rl", "es", "triage", "roles", "cascade"}  # models/<kind>/ folders of no one-step head of the set
 SHORT = (("sft", "epochs: 15\n"), ("rl", "epochs: 2\n"), ("es", "generations: 10\nval_every: 5\n"))
 
 

@@ -118,3 +118,21 @@ def test_route_and_ask_run_the_cascade(cascade, stub, tmp_path):
     assert out.returncode == 0, out.stderr
     answer, _, meta = out.stdout.partition("\n{")
     assert answer.endswith("#### 11") and json.loads("{" + meta)["fugu_lite"]["served_by"] == "gamma"
+
+
+def test_the_multi_turn_report_baseline_runs_the_cascade_on_the_fixed_workers_replies(cascade):
+    """The coordinator's report shows the cascade on the same tasks from the replies every worker
+    gave alone (no new call): agreeing cheap replies stop at step 1, a split goes to gamma."""
+    from types import SimpleNamespace
+
+    from fugu_pipeline.evaluate.cascade import cascade_over_single_turns
+    from fugu_pipeline.tasks.schema import Task
+
+    tasks = [Task(task_id=f"m{i}", prompt=p, domain="general", reference_answer=ref, grader={"type": "numeric"})
+             for i, (p, ref) in enumerate(((AGREE, "7"), (SPLIT, "11")))]
+    reply = lambda a, q: SimpleNamespace(answer=a, quality=q, cost_usd=0.001)  # noqa: E731
+    replies = {"alpha": [reply("#### 7", 1.0), reply("#### 12", 0.0)], "beta": [reply("#### 7", 1.0), reply("#### 13", 0.0)],
+               "gamma": [reply("#### 7", 1.0), reply("#### 11", 1.0)]}
+    got = cascade_over_single_turns(load_router(cascade, device="cpu"), tasks, replies)
+    assert got["quality"].tolist() == [1.0, 1.0] and got["calls"].tolist() == [2, 3]
+    assert got["cost_usd"].tolist() == pytest.approx([0.002, 0.003])

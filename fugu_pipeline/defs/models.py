@@ -220,7 +220,10 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     for saved in report.saved:  # budget.json beside each quality head, as `fugu-lite train` writes it
         calibrate_beside(saved.path, data, context.log.info, saved.val_quality)
     selected = report.selected_path()
-    cascade = _cascade(context, pipeline, encoder, data, cfg, selection, report, recorded)
+    try:
+        cascade = _cascade(context, pipeline, encoder, data, cfg, selection, report, recorded)
+    except (TrainingDataError, ValueError) as exc:  # a cap no plan meets, a worker without replies: one line
+        raise dg.Failure(description=f"cascade: {exc}") from None
     rows = ["| kind | configuration | validation | checkpoint |", "|---|---|---|---|"] + [
         f"| {'**' + s.kind + '**' if s.selected else s.kind} | {s.name} | "
         + ", ".join(f"{k} {v:.4f}" for k, v in s.figures.items()) + f" | {s.path.name} |" for s in report.saved]
@@ -250,7 +253,8 @@ def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data
                            report.saved, pipeline.paths.models, context.log.info, recorded)
     if result is None:
         return None
-    rep = evaluate_cascade(result.path, data, pipeline.paths.reward_db, settings, _cache_root(pipeline, encoder))
+    rep = evaluate_cascade(result.path, data, pipeline.paths.reward_db, settings, _cache_root(pipeline, encoder),
+                           one_shot=report.selected_path())
     for line in result.lines() + report_lines(rep):
         context.log.info(line)
     return {"cascade": str(result.path), "policy": result.shipped, "shipped": str(result.shipped_path),

@@ -86,9 +86,11 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test") -> lis
     return sorted(out, key=lambda o: order[o.task_id])
 
 
-def cascade_report(checkpoint, data, grid, inputs, split: str = "test") -> dict:
+def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baselines: dict | None = None) -> dict:
     """Accuracy, cost and utility of the cascade on `split`, overall and per domain, against the
-    best worker (by utility on the non-test rows) and the strongest one, with paired intervals."""
+    best worker (by utility on the non-test rows) and the strongest one, with paired intervals;
+    `baselines` ({name: (quality, utility) per row of the split}, e.g. the one-shot head's routes)
+    are compared the same way."""
     outs = cascade_outcomes(checkpoint, data, grid, inputs, split)
     rows = np.flatnonzero(data.splits == split)
     fit = np.flatnonzero(data.splits != split)
@@ -121,6 +123,9 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test") -> dict:
         "minus_best_worker_utility": paired_bootstrap(ut, data.utility[rows, best]),
         "minus_strongest_accuracy": paired_bootstrap(q, data.quality[rows, strong]),
         "per_domain": per_domain,
+        "baselines": {name: {"accuracy": float(np.mean(bq)), "utility": float(np.mean(bu)),
+                             "cascade_minus_utility": paired_bootstrap(ut, bu), "cascade_minus_accuracy": paired_bootstrap(q, bq)}
+                      for name, (bq, bu) in (baselines or {}).items()},
         "outcomes": [asdict(o) for o in outs],
     }
 
@@ -134,6 +139,11 @@ def report_lines(rep: dict) -> list[str]:
            f"  utility − always {rep['best_worker']} (best worker on the non-test rows): {dw['mean']:+.4f} "
            f"[{dw['low']:+.4f}, {dw['high']:+.4f}]",
            f"  accuracy − {rep['strongest_worker']} (strongest): {ds['mean']:+.4f} [{ds['low']:+.4f}, {ds['high']:+.4f}]",
+           *[f"  against {n}: accuracy {b['accuracy']:.4f}, utility {b['utility']:.4f}; cascade − it: utility "
+             f"{b['cascade_minus_utility']['mean']:+.4f} [{b['cascade_minus_utility']['low']:+.4f}, "
+             f"{b['cascade_minus_utility']['high']:+.4f}], accuracy {b['cascade_minus_accuracy']['mean']:+.4f} "
+             f"[{b['cascade_minus_accuracy']['low']:+.4f}, {b['cascade_minus_accuracy']['high']:+.4f}]"
+             for n, b in rep.get("baselines", {}).items()],
            "  | domain | n | plan | accuracy | $ per 1,000 | share of strongest's cost | best worker | strongest |"]
     for d in rep["per_domain"]:
         out.append(f"  | {d['domain']!r} | {d['n']} | {d['plan']} | {d['accuracy']:.4f} | {d['cost_usd_per_1k']:.4g} | "
@@ -141,7 +151,22 @@ def report_lines(rep: dict) -> list[str]:
     return out
 
 
-def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "test", out_dir=None) -> dict:
+def one_shot_baseline(checkpoint_path, data, split: str = "test") -> dict:
+    """{"one-shot <method>": (quality, utility) per row of `split`}: a one-step head's greedy routes
+    on `data`'s features (the rows the cascade is scored on), for `cascade_report`."""
+    from fugu_pipeline.evaluate.reports import head_scores
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    ckpt = load_checkpoint(checkpoint_path, expected_contract=data.contract)
+    d = data.in_worker_order(ckpt.manifest.worker_ids)
+    rows = np.flatnonzero(d.splits == split)
+    route = np.argmax(head_scores(ckpt.head, d.features[rows], [d.domains[i] for i in rows]), axis=1)
+    q = d.quality[rows, route] if d.quality is not None else d.utility[rows, route]
+    return {f"one-shot {ckpt.manifest.method} {ckpt.manifest.content_hash}": (q, d.utility[rows, route])}
+
+
+def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "test", out_dir=None,
+                     one_shot=None) -> dict:
     """The report of the cascade at `path` on `data`'s `split` (the replies read from the matrix at
     `db_path`, encoded with `settings` through the cache at `cache_root`); written as
     `<out_dir or path/reports>/<split>.json` when `out_dir` is not False."""
@@ -155,10 +180,41 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {path}")
     grid = read_answers(db_path, data.task_ids, data.worker_ids)
     inputs = answer_inputs(data, grid, settings, cache_root)
-    rep = cascade_report(ckpt, data, grid, inputs, split)
+    base = one_shot_baseline(one_shot, data, split) if one_shot is not None else None
+    rep = cascade_report(ckpt, data, grid, inputs, split, base)
     if out_dir is not False:
         target = Path(out_dir or Path(path) / "reports") / f"{split}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, (json.dumps(rep, indent=2, default=float) + "\n").encode())
         rep["report_path"] = str(target)
     return rep
+
+
+def cascade_over_single_turns(router, tasks: list, replies: dict[str, list]) -> dict:
+    """A cascade (`route.cascade.CascadeRouter`) on tasks every worker has answered alone once
+    (`replies[worker][k]`: a finished single-turn trajectory of task k, with `answer`, `quality`,
+    `cost_usd`): the multi-turn report's baseline on the same tasks, with no new call. Returns
+    per-task `quality`, `cost_usd` and `calls` arrays."""
+    from fugu_pipeline.tasks.final_answer import detect_kind, extract, kind_for_grader
+    from fugu_pipeline.train.cascade_policy import decide
+
+    q, c, n = [], [], []
+    for k, task in enumerate(tasks):
+        plan = router.head.policy.plan_for(task.domain)
+        kind = router.answer_kind(task.domain) or kind_for_grader(task.grader.type) or detect_kind(
+            task.prompt, [replies[w][k].answer for w in plan.workers])
+        finals, scores, order, cost = [], [], [], 0.0
+        for s, step in enumerate(plan.steps):
+            got = [(w, replies[w][k]) for w in step.workers]
+            cost += sum(t.cost_usd for _, t in got)
+            new = [extract(t.answer, kind) for _, t in got]
+            scores += router.verify(task.prompt, task.domain, [(w, t.answer, f) for (w, t), f in zip(got, new)])
+            finals += new
+            order += [t for _, t in got]
+            d = decide(step, s == len(plan.steps) - 1, finals, scores, len(got))
+            if d.accept:
+                break
+        q.append(order[d.answer_index].quality or 0.0)
+        c.append(cost)
+        n.append(len(order))
+    return {"quality": np.array(q), "cost_usd": np.array(c), "calls": np.array(n)}

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from fugu_pipeline.features.routing_data import TrainingDataError
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.train.cascade_policy import CascadePlan, CascadePolicy, CascadeStep, simulate
 
@@ -48,7 +49,7 @@ class Cap(BaseModel):
             f"{self.share:.0%} of the strongest worker's cost"
 
 
-class CapUnmet(ValueError):
+class CapUnmet(TrainingDataError):
     """No plan meets a cap on validation; the message names the cap, the cheapest point and what to do."""
 
 
