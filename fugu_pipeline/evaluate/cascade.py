@@ -95,33 +95,36 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
     rows = np.flatnonzero(data.splits == split)
     fit = np.flatnonzero(data.splits != split)
     best = int(np.argmax(data.utility[fit].mean(axis=0)))
-    strong = int(np.argmax(data.quality[fit].mean(axis=0)))
+    pooled_strong = int(np.argmax(data.quality[fit].mean(axis=0)))
     q = np.array([o.quality for o in outs])
     c = np.array([o.cost_usd for o in outs])
     ut = np.array([o.utility for o in outs])
     cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
     doms = np.array([o.domain for o in outs])
-    strong_cost = float(cost[rows, strong].mean()) if len(rows) else 0.0
+    strong_cost = float(cost[rows, pooled_strong].mean()) if len(rows) else 0.0
     per_domain = []
+    fit_doms = np.asarray(data.domains, dtype=str)[fit]
     for d in sorted(set(doms.tolist())):
         m = doms == d
         r = rows[m]
+        mine = fit[fit_doms == d]  # the domain's own strongest worker, on its non-test rows
+        strong = int(np.argmax(data.quality[mine].mean(axis=0))) if len(mine) else pooled_strong
         per_domain.append({
             "domain": d, "n": int(m.sum()), "plan": checkpoint.head.policy.plan_for(d).describe(),
             "accuracy": float(q[m].mean()), "cost_usd_per_1k": float(c[m].mean() * 1000),
             "cost_share_of_strongest": float(c[m].mean() / max(cost[r, strong].mean(), 1e-300)),
-            "best_worker_accuracy": float(data.quality[r, best].mean()),
+            "best_worker_accuracy": float(data.quality[r, best].mean()), "strongest": data.worker_ids[strong],
             "strongest_accuracy": float(data.quality[r, strong].mean())})
     return {
         "split": split, "n_tasks": len(outs), "checkpoint": str(checkpoint.path), "policy": checkpoint.head.policy.describe(),
-        "worker_ids": data.worker_ids, "best_worker": data.worker_ids[best], "strongest_worker": data.worker_ids[strong],
+        "worker_ids": data.worker_ids, "best_worker": data.worker_ids[best], "strongest_worker": data.worker_ids[pooled_strong],
         "accuracy": paired_bootstrap(q, np.zeros(len(q))),
         "utility": float(ut.mean()) if len(ut) else float("nan"),
         "cost_usd_per_1k": float(c.mean() * 1000) if len(c) else 0.0,
         "cost_share_of_strongest": float(c.mean() / max(strong_cost, 1e-300)) if len(c) else 0.0,
         "calls_per_task": float(np.mean([o.calls for o in outs])) if outs else 0.0,
         "minus_best_worker_utility": paired_bootstrap(ut, data.utility[rows, best]),
-        "minus_strongest_accuracy": paired_bootstrap(q, data.quality[rows, strong]),
+        "minus_strongest_accuracy": paired_bootstrap(q, data.quality[rows, pooled_strong]),
         "per_domain": per_domain,
         "baselines": {name: {"accuracy": float(np.mean(bq)), "utility": float(np.mean(bu)),
                              "cascade_minus_utility": paired_bootstrap(ut, bu), "cascade_minus_accuracy": paired_bootstrap(q, bq)}
@@ -144,10 +147,12 @@ def report_lines(rep: dict) -> list[str]:
              f"{b['cascade_minus_utility']['high']:+.4f}], accuracy {b['cascade_minus_accuracy']['mean']:+.4f} "
              f"[{b['cascade_minus_accuracy']['low']:+.4f}, {b['cascade_minus_accuracy']['high']:+.4f}]"
              for n, b in rep.get("baselines", {}).items()],
-           "  | domain | n | plan | accuracy | $ per 1,000 | share of strongest's cost | best worker | strongest |"]
+           "  | domain | n | plan | accuracy | $ per 1,000 | share of the domain's strongest's cost | best worker | "
+           "the domain's strongest |"]
     for d in rep["per_domain"]:
         out.append(f"  | {d['domain']!r} | {d['n']} | {d['plan']} | {d['accuracy']:.4f} | {d['cost_usd_per_1k']:.4g} | "
-                   f"{d['cost_share_of_strongest']:.1%} | {d['best_worker_accuracy']:.4f} | {d['strongest_accuracy']:.4f} |")
+                   f"{d['cost_share_of_strongest']:.1%} | {d['best_worker_accuracy']:.4f} | {d['strongest']} "
+                   f"{d['strongest_accuracy']:.4f} |")
     return out
 
 
@@ -179,7 +184,9 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     ckpt = load_cascade(path)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {path}")
     grid = read_answers(db_path, data.task_ids, data.worker_ids)
-    inputs = answer_inputs(data, grid, settings, cache_root)
+    from fugu_pipeline.features.answer_features import STATS
+
+    inputs = answer_inputs(data, grid, settings, cache_root, encode=ckpt.head.answer_dim > len(STATS))
     base = one_shot_baseline(one_shot, data, split) if one_shot is not None else None
     rep = cascade_report(ckpt, data, grid, inputs, split, base)
     if out_dir is not False:

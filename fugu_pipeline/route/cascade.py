@@ -116,17 +116,18 @@ class CascadeRouter(Router):
 
     def verify(self, prompt: str, domain: str | None, replies: list[tuple[str, str | None, str | None]]) -> list[float | None]:
         """Verifier scores of (worker, reply, final answer) triples for one prompt (None: no reply)."""
-        from fugu_pipeline.features.answer_features import answer_stats, answer_text
+        from fugu_pipeline.features.answer_features import STATS, answer_stats, answer_text
 
         if float(self.head.used[0]) != 1.0 or not replies:
             return [None] * len(replies)
         have = [i for i, (_, r, _) in enumerate(replies) if r is not None]
         if not have:
             return [None] * len(replies)
+        encoded = self.head.answer_dim > len(STATS)  # else the verifier reads the replies' statistics only
         with self._lock:
             p = self.encoder.encode([prompt], [domain or "general"])[0]
             texts = [answer_text(replies[i][1], replies[i][2]) for i in have]
-            a = self.encoder.encode_texts(texts)
+            a = self.encoder.encode_texts(texts) if encoded else np.zeros((len(texts), 0), np.float32)
         rows = []
         for k, i in enumerate(have):
             w, r, f = replies[i]

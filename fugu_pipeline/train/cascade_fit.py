@@ -30,15 +30,16 @@ from fugu_pipeline.train.verifier import Verifier, VerifierInputs, fit_all, oof_
 BEST_WORKER = "always the best worker"
 
 
-def answer_inputs(data: RoutingData, grid: AnswerGrid, settings, cache_root: str | Path, progress=None) -> VerifierInputs:
+def answer_inputs(data: RoutingData, grid: AnswerGrid, settings, cache_root: str | Path, progress=None,
+                  encode: bool = True) -> VerifierInputs:
     """The verifier's inputs for every row of `data`: its prompt features, and each reply's encoder
-    features (through the cache) with its statistics."""
+    features (through the cache; none when not `encode`) with its statistics."""
     from fugu_pipeline.features.answer_features import answer_stats, answer_text, embed_answers
 
     n, w = grid.text.shape
     cells = [(i, j) for i in range(n) for j in range(w) if grid.text[i, j] is not None]
     vecs = embed_answers([answer_text(grid.text[i, j], grid.final[i, j]) for i, j in cells], settings, cache_root,
-                         progress=progress) if cells else np.zeros((0, data.dim), np.float32)
+                         progress=progress) if cells and encode else np.zeros((len(cells), data.dim if encode else 0), np.float32)
     stats = np.stack([answer_stats(grid.text[i, j], grid.final[i, j], data.prompts[i]) for i, j in cells]) if cells else None
     a_dim = vecs.shape[1] + (stats.shape[1] if stats is not None else 10)
     answer = np.zeros((n, w, a_dim), np.float32)

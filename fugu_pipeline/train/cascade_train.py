@@ -58,7 +58,7 @@ def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, 
             raise TrainingDataError(f"cascade.enabled is on, but {exc}") from None
         log(f"cascade: skipped ({str(exc).split(': ', 1)[-1].split(':')[0]})")
         return None
-    inputs = answer_inputs(data, grid, settings, cache_root, progress=None)
+    inputs = answer_inputs(data, grid, settings, cache_root, progress=None, encode=cc.encode_replies)
     heads = {}
     for c in heads_report.candidates:
         if c.name in heads_report.best_per_kind.values():
