@@ -133,7 +133,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     scores_sub, l2, vfig = oof_scores(sub, folds)
     scores = np.full(grid.final.shape, np.nan)
     scores[rows] = scores_sub
-    log(f"cascade: verifier out-of-fold AUC {vfig['oof_auc']:.3f}, log-loss {vfig['oof_logloss']:.4f} (L2 {l2:g})")
+    log(f"cascade: verifier out-of-fold AUC {vfig['oof_auc']:.3f}, log-loss {vfig['oof_logloss']:.4f} "
+        f"(L2 {vfig['l2']:g}, inputs {vfig['inputs']})")
     doms = np.asarray(data.domains, dtype=str)
     capped = cfg.cap is not None or bool(cfg.domain_caps)
     objective = "quality under the cap (mean expected cost within it)" if capped else "utility (quality − cost and latency terms)"

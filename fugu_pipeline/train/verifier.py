@@ -3,8 +3,10 @@
 One row per (task, worker) cell that has a reply: the prompt's features, the reply's features
 (`features/answer_features.py`: the frozen encoder reading the reply, and its statistics) and the
 worker (one-hot), standardised; the target is the cell's quality (graded correctness, in [0, 1]).
-L2-regularised logistic regression, fitted by L-BFGS (torch), the strength chosen from a small
-grid by the out-of-fold log-loss. `oof_scores` gives every cell a score from a verifier fitted
+L2-regularised logistic regression, fitted by L-BFGS (torch); the strength and the inputs it reads
+(everything; the reply and the worker; the reply's statistics and the worker) are chosen from a
+small grid by the out-of-fold log-loss: with few rows, hundreds of encoder columns can cost more
+than they tell. `oof_scores` gives every cell a score from a verifier fitted
 without its fold: what the cascade's thresholds are chosen on.
 """
 
@@ -14,7 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-L2_GRID = (1e-3, 1e-2, 1e-1)
+L2_GRID = (1e-3, 1e-2, 1e-1, 1.0)
+# Which inputs the verifier reads, chosen with the L2 strength by the out-of-fold log-loss: everything;
+# the reply (its encoder features and statistics) and the worker; the reply's statistics and the worker.
+INPUT_SETS = ("all", "reply", "stats")
 
 
 @dataclass
@@ -42,6 +47,17 @@ class VerifierInputs:
     def in_dim(self) -> int:
         return self.prompt.shape[1] + self.answer.shape[2] + self.n_workers
 
+    def mask(self, inputs: str, n_stats: int) -> np.ndarray:
+        """The columns of `design` an input set reads (`INPUT_SETS`)."""
+        d, a, w = self.prompt.shape[1], self.answer.shape[2], self.n_workers
+        n_stats = min(n_stats, a)
+        m = np.ones(d + a + w, bool)
+        if inputs in ("reply", "stats"):
+            m[:d] = False
+        if inputs == "stats":
+            m[d:d + a - n_stats] = False
+        return m
+
 
 @dataclass
 class Verifier:
@@ -56,7 +72,14 @@ class Verifier:
         return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
 
 
-def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, iters: int = 100) -> Verifier:
+def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, iters: int = 100, mask: np.ndarray | None = None) -> Verifier:
+    """L2 logistic regression on the standardised columns of X (only those in `mask`: the others get
+    weight 0, so the verifier keeps the full input size)."""
+    if mask is not None and not mask.all():
+        v = fit_logistic(X[:, mask], y, l2, iters)
+        w, c, s = np.zeros(X.shape[1], np.float32), np.zeros(X.shape[1], np.float32), np.ones(X.shape[1], np.float32)
+        w[mask], c[mask], s[mask] = v.weight, v.center, v.scale
+        return Verifier(w, v.bias, c, s, l2)
     import torch
 
     center = X.mean(axis=0)
@@ -85,32 +108,36 @@ def _logloss(p: np.ndarray, y: np.ndarray) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
-def oof_scores(inp: VerifierInputs, folds: np.ndarray, l2_grid=L2_GRID) -> tuple[np.ndarray, float, dict[str, float]]:
-    """(scores (N, W) out of fold, NaN where no reply; the L2 strength chosen; figures: log-loss
-    and AUC of the chosen strength's out-of-fold scores)."""
+def oof_scores(inp: VerifierInputs, folds: np.ndarray, l2_grid=L2_GRID, n_stats: int = 10,
+               input_sets=INPUT_SETS) -> tuple[np.ndarray, tuple[float, str], dict]:
+    """(scores (N, W) out of fold, NaN where no reply; the (L2 strength, input set) chosen; figures:
+    log-loss and AUC of the chosen setting's out-of-fold scores). The design rows are built once."""
     rows_all = np.arange(len(folds))
-    best: tuple[float, float, np.ndarray] | None = None
-    for l2 in l2_grid:
-        S = np.full(inp.has.shape, np.nan)
-        for f in np.unique(folds):
-            tr, te = rows_all[folds != f], rows_all[folds == f]
-            X, y, _ = inp.design(tr)
-            Xt, _, at = inp.design(te)
-            if len(Xt) == 0 or len(X) == 0:
-                continue
-            S[at[:, 0], at[:, 1]] = fit_logistic(X, y, l2).predict(Xt)
-        m = inp.has & ~np.isnan(S)
-        loss = _logloss(S[m], np.clip(inp.target[m], 0, 1))
-        if best is None or loss < best[0] - 1e-9:
-            best = (loss, l2, S)
-    loss, l2, S = best
+    parts = {f: (inp.design(rows_all[folds != f]), inp.design(rows_all[folds == f])) for f in np.unique(folds)}
+    best: tuple | None = None
+    for inputs in input_sets:
+        mask = inp.mask(inputs, n_stats)
+        for l2 in l2_grid:
+            S = np.full(inp.has.shape, np.nan)
+            for f, ((X, y, _), (Xt, _, at)) in parts.items():
+                if len(Xt) == 0 or len(X) == 0:
+                    continue
+                S[at[:, 0], at[:, 1]] = fit_logistic(X, y, l2, mask=mask).predict(Xt)
+            m = inp.has & ~np.isnan(S)
+            loss = _logloss(S[m], np.clip(inp.target[m], 0, 1))
+            if best is None or loss < best[0] - 1e-9:
+                best = (loss, (l2, inputs), S)
+    loss, setting, S = best
     m = inp.has & ~np.isnan(S)
-    return S, l2, {"oof_logloss": loss, "oof_auc": auc(S[m], inp.target[m] >= 0.5), "l2": l2}
+    return S, setting, {"oof_logloss": loss, "oof_auc": auc(S[m], inp.target[m] >= 0.5), "l2": setting[0],
+                        "inputs": setting[1]}
 
 
-def fit_all(inp: VerifierInputs, rows: np.ndarray, l2: float) -> Verifier:
+def fit_all(inp: VerifierInputs, rows: np.ndarray, setting, n_stats: int = 10) -> Verifier:
+    """The verifier on `rows` with a setting `oof_scores` chose: (L2, input set), or an L2 alone (all inputs)."""
+    l2, inputs = setting if isinstance(setting, tuple) else (setting, "all")
     X, y, _ = inp.design(rows)
-    return fit_logistic(X, y, l2)
+    return fit_logistic(X, y, l2, mask=inp.mask(inputs, n_stats))
 
 
 def auc(score: np.ndarray, positive: np.ndarray) -> float:
