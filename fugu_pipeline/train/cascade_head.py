@@ -43,10 +43,10 @@ class CascadeHead(RoutingHead):
         self.answer_dim, self.frontier, self.answer_format = int(answer_dim), list(frontier or []), answer_format
         self.domains_frontier = dict(domains_frontier or {})
         in_dim = dim + self.answer_dim + n_workers
-        self.weight = nn.Parameter(torch.zeros(in_dim))
-        self.bias = nn.Parameter(torch.zeros(1))
-        self.register_buffer("center", torch.zeros(in_dim))
-        self.register_buffer("scale", torch.ones(in_dim))
+        self.weight = nn.Parameter(torch.zeros(n_workers, in_dim))  # one logistic model per worker (train/verifier.py)
+        self.bias = nn.Parameter(torch.zeros(n_workers))
+        self.register_buffer("center", torch.zeros(n_workers, in_dim))
+        self.register_buffer("scale", torch.ones(n_workers, in_dim))
         self.register_buffer("used", torch.zeros(1))
 
     def head_params(self) -> dict[str, Any]:
@@ -59,9 +59,9 @@ class CascadeHead(RoutingHead):
 
     def verify(self, X: np.ndarray) -> np.ndarray:
         """P(right) of each (prompt features, reply features, worker one-hot) row."""
-        w, b = self.weight.detach().numpy(), float(self.bias.detach()[0])
-        z = ((X - self.center.numpy()) / self.scale.numpy()) @ w + b
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+        from fugu_pipeline.train.verifier import score
+
+        return score(X, self.weight.detach().numpy(), self.bias.detach().numpy(), self.center.numpy(), self.scale.numpy())
 
     def sanity(self) -> list[str]:
         problems = []
@@ -74,13 +74,13 @@ class CascadeHead(RoutingHead):
         return problems
 
 
-def cascade_state(verifier, in_dim: int) -> dict[str, torch.Tensor]:
+def cascade_state(verifier, in_dim: int, n_workers: int) -> dict[str, torch.Tensor]:
     """The tensors of a cascade checkpoint from a fitted `train.verifier.Verifier` (None: zeros, unused)."""
     if verifier is None:
-        return {"weight": torch.zeros(in_dim), "bias": torch.zeros(1), "center": torch.zeros(in_dim),
-                "scale": torch.ones(in_dim), "used": torch.zeros(1)}
+        return {"weight": torch.zeros(n_workers, in_dim), "bias": torch.zeros(n_workers),
+                "center": torch.zeros(n_workers, in_dim), "scale": torch.ones(n_workers, in_dim), "used": torch.zeros(1)}
     return {"weight": torch.from_numpy(np.asarray(verifier.weight, np.float32)),
-            "bias": torch.tensor([verifier.bias], dtype=torch.float32),
+            "bias": torch.from_numpy(np.asarray(verifier.bias, np.float32)),
             "center": torch.from_numpy(np.asarray(verifier.center, np.float32)),
             "scale": torch.from_numpy(np.asarray(verifier.scale, np.float32)), "used": torch.ones(1)}
 

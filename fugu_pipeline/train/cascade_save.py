@@ -26,7 +26,7 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "val_utility": next((c.mean for c in fit.candidates if c.kind == "cascade"), None),
         **(extra_metrics or {}),
     }
-    return save_checkpoint(models_dir, KIND, KIND, cascade_state(fit.verifier, in_dim), {
+    return save_checkpoint(models_dir, KIND, KIND, cascade_state(fit.verifier, in_dim, data.n_workers), {
         "worker_ids": data.worker_ids, "feature_contract": data.contract, "dim": data.dim,
         "utility_config": data.utility_config.model_dump() if data.utility_config else None,
         "data_version": data.data_version,

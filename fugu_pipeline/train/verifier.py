@@ -4,8 +4,8 @@ One row per (task, worker) cell that has a reply: the prompt's features, the rep
 (`features/answer_features.py`: the frozen encoder reading the reply, and its statistics) and the
 worker (one-hot), standardised; the target is the cell's quality (graded correctness, in [0, 1]).
 L2-regularised logistic regression, fitted by L-BFGS (torch); the strength and the inputs it reads
-(everything; the reply and the worker; the reply's statistics and the worker) are chosen from a
-small grid by the out-of-fold log-loss: with few rows, hundreds of encoder columns can cost more
+(everything; the reply and the worker; the reply's statistics and the worker), one model for all
+workers or one per worker, are chosen from a small grid by the out-of-fold log-loss: with few rows, hundreds of encoder columns can cost more
 than they tell. `oof_scores` gives every cell a score from a verifier fitted
 without its fold: what the cascade's thresholds are chosen on.
 """
@@ -61,25 +61,35 @@ class VerifierInputs:
 
 @dataclass
 class Verifier:
-    weight: np.ndarray  # (in_dim,)
-    bias: float
-    center: np.ndarray
-    scale: np.ndarray
+    """One logistic model per worker (rows of `weight`; a shared fit repeats its row): a reply is
+    scored by its worker's row, the worker read from the design's one-hot columns (the last W)."""
+
+    weight: np.ndarray  # (W, in_dim)
+    bias: np.ndarray  # (W,)
+    center: np.ndarray  # (W, in_dim)
+    scale: np.ndarray  # (W, in_dim)
     l2: float
+    per_worker: bool = False
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        z = ((X - self.center) / self.scale) @ self.weight + self.bias
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+        return score(X, self.weight, self.bias, self.center, self.scale)
 
 
-def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, iters: int = 100, mask: np.ndarray | None = None) -> Verifier:
-    """L2 logistic regression on the standardised columns of X (only those in `mask`: the others get
-    weight 0, so the verifier keeps the full input size)."""
+def score(X: np.ndarray, weight, bias, center, scale) -> np.ndarray:
+    """P(right) of design rows X under per-worker logistic models (the head and `Verifier` share it)."""
+    w = np.argmax(X[:, -weight.shape[0]:], axis=1)
+    z = (((X - center[w]) / scale[w]) * weight[w]).sum(axis=1) + bias[w]
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+
+
+def _single(X: np.ndarray, y: np.ndarray, l2: float, iters: int = 100, mask: np.ndarray | None = None):
+    """(weight, bias, center, scale) of one L2 logistic regression on the standardised columns of X
+    (only those in `mask`: the others get weight 0, so every model keeps the full input size)."""
     if mask is not None and not mask.all():
-        v = fit_logistic(X[:, mask], y, l2, iters)
+        w0, b0, c0, s0 = _single(X[:, mask], y, l2, iters)
         w, c, s = np.zeros(X.shape[1], np.float32), np.zeros(X.shape[1], np.float32), np.ones(X.shape[1], np.float32)
-        w[mask], c[mask], s[mask] = v.weight, v.center, v.scale
-        return Verifier(w, v.bias, c, s, l2)
+        w[mask], c[mask], s[mask] = w0, c0, s0
+        return w, b0, c, s
     import torch
 
     center = X.mean(axis=0)
@@ -98,9 +108,25 @@ def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, iters: int = 100, mask
         loss.backward()
         return loss
 
-    torch.manual_seed(0)
     opt.step(closure)
-    return Verifier(w.detach().numpy().astype(np.float32), float(b.detach()[0]), center.astype(np.float32), scale, l2)
+    return w.detach().numpy().astype(np.float32), float(b.detach()[0]), center.astype(np.float32), scale
+
+
+def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, n_workers: int, iters: int = 100,
+                 mask: np.ndarray | None = None, per_worker: bool = False) -> Verifier:
+    """One model for every worker, or (`per_worker`) one per worker: a weak model's wrong replies
+    look different from a strong one's. A worker with too few rows of each class takes the shared fit."""
+    shared = _single(X, y, l2, iters, mask)
+    rows = [shared] * n_workers
+    if per_worker:
+        who = np.argmax(X[:, -n_workers:], axis=1)
+        for j in range(n_workers):
+            m = who == j
+            yy = np.clip(y[m], 0, 1) >= 0.5
+            if m.sum() >= 20 and 5 <= yy.sum() <= m.sum() - 5:
+                rows[j] = _single(X[m], y[m], l2, iters, mask)
+    return Verifier(np.stack([r[0] for r in rows]), np.array([r[1] for r in rows], np.float32),
+                    np.stack([r[2] for r in rows]), np.stack([r[3] for r in rows]), l2, per_worker)
 
 
 def _logloss(p: np.ndarray, y: np.ndarray) -> float:
@@ -115,29 +141,31 @@ def oof_scores(inp: VerifierInputs, folds: np.ndarray, l2_grid=L2_GRID, n_stats:
     rows_all = np.arange(len(folds))
     parts = {f: (inp.design(rows_all[folds != f]), inp.design(rows_all[folds == f])) for f in np.unique(folds)}
     best: tuple | None = None
-    for inputs in input_sets:
-        mask = inp.mask(inputs, n_stats)
-        for l2 in l2_grid:
-            S = np.full(inp.has.shape, np.nan)
-            for f, ((X, y, _), (Xt, _, at)) in parts.items():
-                if len(Xt) == 0 or len(X) == 0:
-                    continue
-                S[at[:, 0], at[:, 1]] = fit_logistic(X, y, l2, mask=mask).predict(Xt)
-            m = inp.has & ~np.isnan(S)
-            loss = _logloss(S[m], np.clip(inp.target[m], 0, 1))
-            if best is None or loss < best[0] - 1e-9:
-                best = (loss, (l2, inputs), S)
+    for per_worker in (False, True):
+        for inputs in input_sets:
+            mask = inp.mask(inputs, n_stats)
+            for l2 in l2_grid:
+                S = np.full(inp.has.shape, np.nan)
+                for f, ((X, y, _), (Xt, _, at)) in parts.items():
+                    if len(Xt) == 0 or len(X) == 0:
+                        continue
+                    v = fit_logistic(X, y, l2, inp.n_workers, mask=mask, per_worker=per_worker)
+                    S[at[:, 0], at[:, 1]] = v.predict(Xt)
+                m = inp.has & ~np.isnan(S)
+                loss = _logloss(S[m], np.clip(inp.target[m], 0, 1))
+                if best is None or loss < best[0] - 1e-9:
+                    best = (loss, (l2, inputs, per_worker), S)
     loss, setting, S = best
     m = inp.has & ~np.isnan(S)
     return S, setting, {"oof_logloss": loss, "oof_auc": auc(S[m], inp.target[m] >= 0.5), "l2": setting[0],
-                        "inputs": setting[1]}
+                        "inputs": setting[1], "per_worker": setting[2]}
 
 
 def fit_all(inp: VerifierInputs, rows: np.ndarray, setting, n_stats: int = 10) -> Verifier:
-    """The verifier on `rows` with a setting `oof_scores` chose: (L2, input set), or an L2 alone (all inputs)."""
-    l2, inputs = setting if isinstance(setting, tuple) else (setting, "all")
+    """The verifier on `rows` with a setting `oof_scores` chose: (L2, input set, per worker), or an L2 alone."""
+    l2, inputs, per_worker = setting if isinstance(setting, tuple) else (setting, "all", False)
     X, y, _ = inp.design(rows)
-    return fit_logistic(X, y, l2, mask=inp.mask(inputs, n_stats))
+    return fit_logistic(X, y, l2, inp.n_workers, mask=inp.mask(inputs, n_stats), per_worker=per_worker)
 
 
 def auc(score: np.ndarray, positive: np.ndarray) -> float:
