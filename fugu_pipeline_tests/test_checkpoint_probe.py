@@ -49,6 +49,12 @@ def _data():
     return x, q, ["a", "b"] * 20
 
 
+def _verifying(head):
+    """A cascade whose plan consults its verifier marks the verifier's weights as used."""
+    head.used.fill_(1.0)
+    return head
+
+
 def _linear(kind: str, params: dict | None = None, **shape):
     def make():
         head = build_head(kind, DIM, 3, params, **shape)
@@ -71,6 +77,8 @@ BUILDERS = {
     "knn": lambda: KNNHead.fit(*_data()[:2], _data()[1], _data()[2], k=5),
     "mlp": lambda: MLPHead.fit(_data()[0], _data()[1], _data()[1], _data()[2], hidden=8, n_models=1, epochs=2),
     "ridge": lambda: RidgeHead.fit(_data()[0], _data()[1], _data()[1], _data()[2]),
+    "cascade": lambda: _verifying(_linear("cascade", {"policy": {"default": {"steps": [
+        {"workers": ["w1", "w2"], "verify": 0.5}, {"workers": ["w3"]}]}}, "answer_dim": 2})()),
     "ensemble": lambda: EnsembleHead.from_members([BUILDERS["knn"](), BUILDERS["domain_prior"]()], [0.5, 0.5],
                                                   [(1.0, 0.0), (1.0, 0.0)]),
 }

@@ -207,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out the lexical statistics block even where the config's features.lexical turns it "
                         "on (default: the config's, on)")
     prompt_rules_opt(p, default=None)
+    p.add_argument("--cap", default=None, metavar="share=F|usd_per_1k=D", help="cascades: a cost cap for every domain, "
+                   "a share of the strongest worker's cost or dollars per 1,000 requests (default: the config's cascade.cap)")
+    p.add_argument("--domain-cap", action="append", default=None, metavar="DOMAIN:share=F",
+                   help="cascades: a cap for one domain (repeatable); that domain gets its own plan")
+    p.add_argument("--per-domain", action="store_true", help="cascades: a plan per domain (with enough rows), not one for all")
 
     p = add("evaluate", training.cmd_evaluate, "write the held-out report of a checkpoint (JSON + plots)")
     p.add_argument("--checkpoint", required=True, help="the path train-* printed, or a models folder holding exactly one checkpoint")

@@ -7,11 +7,11 @@ from fugu_pipeline.cli.common import CLIError, check_prompt, print_json
 
 def _router(args):
     from fugu_pipeline.cli.training import encoder_settings
+    from fugu_pipeline.route.cascade import load_router
     from fugu_pipeline.route.promoted import load_promoted
-    from fugu_pipeline.route.router import Router
 
     if args.checkpoint:
-        router = Router.load(args.checkpoint, device=args.device, dtype=args.dtype, encoder=args.encoder)
+        router = load_router(args.checkpoint, device=args.device, dtype=args.dtype, encoder=args.encoder)
     else:
         router = load_promoted(args.models_dir, device=args.device, dtype=args.dtype, encoder=args.encoder).router
     encoder_settings(args, args.encoder, router.checkpoint.manifest.feature_contract)  # refuses contradicting flags
@@ -64,6 +64,7 @@ def cmd_route(args) -> int:
     router = _router(args)
     d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
     print_json({"worker": d.worker_id, **scores_of(d), "ranking": d.ranking, "checkpoint": d.checkpoint,
+                 **({"cascade": d.extra["cascade"]["describe"]} if "cascade" in d.extra else {}),
                 **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
                 **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {})})
     return 0
@@ -87,6 +88,8 @@ def cmd_ask(args) -> int:
     config = load_workers_config(args.workers)
     router = _router(args)
     d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
+    if "cascade" in d.extra:  # a cascade checkpoint: step by step, the same clients and fallback
+        return _ask_cascade(args, config, router, d)
     errors = []
 
     async def call():
@@ -113,6 +116,38 @@ def cmd_ask(args) -> int:
                                **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
                                **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {})}})
     return 0
+
+
+def _ask_cascade(args, config, router, d) -> int:
+    import asyncio
+
+    from fugu_pipeline.route.cascade import run_cascade
+    from fugu_pipeline.workers.factory import make_client
+
+    async def call(routed: str):
+        try:
+            spec = config.worker(routed)
+        except KeyError as exc:
+            raise CLIError(f"{exc.args[0]} ({args.workers})") from None
+        client = make_client(spec, config)
+        try:
+            return await client.complete([{"role": "user", "content": args.prompt}])
+        finally:
+            await client.aclose()
+
+    run = asyncio.run(run_cascade(router, args.prompt, args.domain, d, call, verify=_now(router)))
+    if run.answer is None:
+        raise CLIError(f"every worker failed: {run.fallback_errors}")
+    print(run.answer.answer)
+    print_json({"fugu_lite": {"mode": "cascade", **run.info(), "fallback_errors": run.fallback_errors,
+                               **({"budget": d.extra["budget"]} if "budget" in d.extra else {})}})
+    return 0
+
+
+def _now(router):
+    async def verify(*a):
+        return router.verify(*a)
+    return verify
 
 
 def cmd_serve(args) -> int:

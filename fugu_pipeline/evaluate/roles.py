@@ -108,8 +108,10 @@ def evaluate_roles(
     seeds: int = 1,
     n_train_for_fixed: int = 60,
     n_boot: int = 2000,
+    cascade=None,
 ) -> dict:
-    """The report (module docstring) as a dict; `report_lines` prints it."""
+    """The report (module docstring) as a dict; `report_lines` prints it. `cascade` (a
+    `route.cascade.CascadeRouter`): also the cascade on the same tasks, from the fixed workers' replies."""
     if not test:
         raise ValueError("no held-out tasks to evaluate the coordinator on")
     pairs = [(t, EVAL_SEED_BASE + k) for t in test for k in range(seeds)]
@@ -148,6 +150,13 @@ def evaluate_roles(
         rep["verdicts"].append(verdict(d, entry["policies"]["coordinator"], entry["policies"][strongest],
                                        "the one-step router" if strongest == "one_step" else f"the best fixed worker ({worker_ids[best]})",
                                        entry[f"coordinator_vs_{strongest}"]))
+    if cascade is not None:  # the cascade's steps over the fixed workers' single-turn replies: no new call
+        from fugu_pipeline.evaluate.cascade import cascade_over_single_turns
+
+        got = cascade_over_single_turns(cascade, test, {w: [row[0] for row in by_task[f"fixed:{w}"]] for w in worker_ids})
+        rep["cascade"] = {"accuracy": bootstrap_mean(got["quality"], n_boot), "mean_cost_usd": float(got["cost_usd"].mean()),
+                          "calls": float(got["calls"].mean()), "plan": cascade.head.policy.describe(),
+                          "coordinator_minus_cascade": paired_bootstrap(q["coordinator"], got["quality"], n_boot)}
     rep["summary"] = " | ".join(report_lines(rep)[:3])
     return rep
 
@@ -175,4 +184,8 @@ def report_lines(rep: dict) -> list[str]:
                          "mean role probabilities " + ", ".join(f"{r} {p:.2f}" for r, p in u["mean_role_probabilities"].items())
                          + f", picks above 0.999: {u['near_certain_picks']:.2f}")
     lines += rep["verdicts"]
+    if "cascade" in rep:
+        c, a = rep["cascade"], rep["cascade"]["accuracy"]
+        lines.append(f"{'cascade (same tasks)':<28} accuracy {a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  calls "
+                     f"{c['calls']:.2f}  mean cost ${c['mean_cost_usd']:.5f}  {c['plan']}")
     return lines

@@ -39,6 +39,7 @@ class BudgetUnavailable(RouterError):
 POLICY_PROBABILITY = "policy_probability"  # a policy head (layernorm_linear, normed_linear): softmax of its logits
 PREDICTED_UTILITY = "predicted_utility"  # a head that predicts quality (quality, knn, domain_prior, ridge, mlp, ensemble)
 QUALITY_MINUS_COST = "predicted_quality_minus_cost"  # q̂ − λ·cost: a cost weight or a budget moved the route
+CASCADE_PLAN = "cascade_plan"  # a cascade: 1 for the workers its plan may call, 0 for the rest
 
 
 @dataclass
@@ -133,6 +134,9 @@ class Router:
         if checkpoint.manifest.head_kind.startswith("triage"):
             raise RouterError(f"{checkpoint.path} is a triage head ({checkpoint.manifest.head_kind}): it labels a prompt's "
                               "domain and difficulty and routes nothing (fugu-lite triage-report)")
+        if checkpoint.manifest.head_kind == "cascade" and type(self) is Router:
+            raise RouterError(f"{checkpoint.path} is a cascade, not a one-step router: load it with "
+                              "route.cascade.load_router (route, ask and serve do)")
         self.checkpoint = checkpoint
         self.encoder = encoder
         self.worker_ids: list[str] = list(checkpoint.manifest.worker_ids)

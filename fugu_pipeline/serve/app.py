@@ -96,7 +96,7 @@ from starlette.routing import Route
 from fugu_pipeline.route.budget import Budget
 from fugu_pipeline.route.promoted import PromotedRouter
 from fugu_pipeline.route.router import POLICY_PROBABILITY, BudgetUnavailable, RouteDecision, Router, RouterError
-from fugu_pipeline.serve import multi_turn
+from fugu_pipeline.serve import cascade as serve_cascade, multi_turn
 from fugu_pipeline.serve.info import health, list_models, retrieve_model
 from fugu_pipeline.serve.lifecycle import ClientGone, ShuttingDown, shutting_down, unless_abandoned
 from fugu_pipeline.serve.batching import RouteBatcher, RouteRequest, route_grouped
@@ -297,6 +297,8 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
         return await multi_turn.chat_completion(svc, request.app.state.fugu_roles, req, t0)
     decision = await svc.route(req)
     t_routed = time.perf_counter()
+    if "cascade" in decision.extra:  # a cascade checkpoint: its steps, then the accepted answer (serve/cascade.py)
+        return await serve_cascade.chat_completion(svc, req, decision, t0, t_routed)
 
     errors: list[dict] = []
     calls, timing, served, result = 0, CallTiming(), None, None

@@ -71,11 +71,13 @@ def checkpoint_tag(router: Router) -> str:
 def load_router_provider(checkpoint_or_models_dir: str | Path, *, device: str = "auto", dtype: str = "auto",
                          encoder: str | None = None) -> Router | PromotedRouter:
     """A models directory with `promoted/current.json` gives a PromotedRouter (follows promotions);
-    a checkpoint directory gives a fixed Router."""
+    a checkpoint directory gives a fixed Router (a one-step router, or a cascade)."""
+    from fugu_pipeline.route.cascade import load_router
+
     path = Path(checkpoint_or_models_dir)
     if (path / POINTER).exists():
         return PromotedRouter(path, device=device, dtype=dtype, encoder=encoder)
     if (path / "manifest.json").exists() or path.is_file():
-        return Router.load(path, device=device, dtype=dtype, encoder=encoder)
+        return load_router(path, device=device, dtype=dtype, encoder=encoder)
     raise RouterError(f"{path} is neither a checkpoint directory (manifest.json + head.safetensors) nor a models "
                       f"directory with {POINTER}; pass a trained checkpoint or the models directory")

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fugu_pipeline.train import ensemble, predictors, ridge, triage_head  # noqa: F401  (register the quality predictors, the triage head)
+from fugu_pipeline.train import cascade_head, ensemble, predictors, ridge, triage_head  # noqa: F401  (register the quality predictors, the triage head, the cascade)
 from fugu_pipeline.train.head_base import (  # noqa: F401  (re-exported: the one registry)
     HEADS,
     RoutingHead,
@@ -135,4 +135,5 @@ LINEAR_HEAD_KINDS = (LinearHead.kind, NormedLinearHead.kind, QualityHead.kind)  
 HEAD_KINDS = LINEAR_HEAD_KINDS  # (main's name for the same set)
 ROLES_KINDS = (RolesHead.kind, RolesSVFHead.kind)  # multi-turn coordinators (route/roles.py), not one-step routers
 TRIAGE_KINDS = (triage_head.HEAD_KIND,)  # domain and difficulty labels (train/triage.py), not a router
-ROUTER_HEAD_KINDS = tuple(k for k in HEADS if k not in ROLES_KINDS + TRIAGE_KINDS)  # one-step routers: linear heads and quality predictors
+CASCADE_KINDS = (cascade_head.KIND,)  # cascades: run step by step (route/cascade.py), not one-step routers
+ROUTER_HEAD_KINDS = tuple(k for k in HEADS if k not in ROLES_KINDS + TRIAGE_KINDS + CASCADE_KINDS)  # one-step routers: linear heads and quality predictors

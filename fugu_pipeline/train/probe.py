@@ -52,7 +52,8 @@ def score_problems(head: RoutingHead, x: torch.Tensor, domains: list[str | None]
     """What is wrong with the head's scores on features `x` (see the module docstring); [] when sane."""
     problems: list[str] = []
     with torch.inference_mode():
-        scores = call_head(head, x, domains)
+        probe = getattr(head, "probe_scores", None)  # a kind that routes step by step (a cascade): its own scores
+        scores = probe(x) if probe is not None else call_head(head, x, domains)
         for i, part in enumerate(scores if isinstance(scores, tuple) else (scores,)):  # a triage head: two softmax groups
             problems += _bounded("routing scores" if not isinstance(scores, tuple) else f"scores (output {i})", part)
         if hasattr(head, "route_scores") and hasattr(head, "expected_cost"):

@@ -91,6 +91,11 @@ class MockBehaviour(BaseModel):
     sleep_s: float = Field(0.0, ge=0.0, description="real wall-clock delay per call (tests)")
     fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of calls that fail (tests)")
     roles: MockRoles = Field(default_factory=MockRoles, description="multi-turn role behaviour")
+    confident_when_right: float = Field(0.9, ge=0.0, le=1.0, description="chance a right answer is stated with "
+                                        "confidence (otherwise hedged): the signal a verifier can read")
+    confident_when_wrong: float = Field(0.15, ge=0.0, le=1.0, description="chance a wrong answer is stated with confidence")
+    shared_wrong_answer: bool = Field(False, description="every worker's wrong answer is the same one (wrong answers "
+                                      "then agree, as they rarely do in real models)")
 
     @model_validator(mode="after")
     def _range(self) -> "MockBehaviour":
