@@ -31,6 +31,7 @@ CASES = [
     ("52_8", "52_{8}", "52_9"),  # math-verify drops a number's base: checked here
     ("15\\mbox{ cm}^2", "15", "15\\mbox{ cm}^3"),  # ... and a unit's power
     (".0000672", "0.0000672", ".0000673"),  # compared to 10 decimal places, not 6
+    ("-1./3", "-\\frac{1}{3}", "-1./3x"),  # a bare trailing point: the LaTeX reader would stop at it
 ]
 
 

@@ -12,7 +12,8 @@ right, and a different value is still wrong.
   `MAX_CHARS` characters. Numbers are compared to 10 decimal places (math-verify's default of 6
   took 6.73e-5 for 6.72e-5), and what math-verify drops is checked here: a number base
   (`52_8` is not `52_9`) and the power of a unit (`cm^2` is not `cm^3`), where the answer writes
-  one, must match the reference's.
+  one, must match the reference's. A number's bare trailing point (`1./3`) is dropped first: the
+  LaTeX reader would stop there and read `-1./3` as -1.
 - Where: in one helper process (math-verify bounds its own parsing and checking with SIGALRM, which
   only works in a main thread, and an answer can make SymPy run for a long time), started and
   warmed up once (`START_TIMEOUT_S`), then with a wall clock of `TIMEOUT_S` per decision
@@ -43,6 +44,9 @@ _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
 _cache: OrderedDict[tuple[str, str], tuple[bool, str]] = OrderedDict()
 # what math-verify drops and must still match: a number's base, a unit's power
+# a number written with a bare trailing point ("1./3"): math-verify's LaTeX reader stops at the point
+# and reads "-1./3" as -1, so the point is dropped before parsing ("1./3" is 1/3)
+_TRAILING_POINT = re.compile(r"(?<=\d)\.(?!\d)(?=\s*[^\s$.])")
 _KEPT = (re.compile(r"(?<=[\d}])_\{?(\d+)\}?"), re.compile(r"(?:mbox|text|mathrm)\{[^{}]*\}\s*\^\{?(\d+)\}?"))
 
 
@@ -143,6 +147,7 @@ def check(reference: str, candidate: str) -> tuple[bool, str]:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     configs = [LatexExtractionConfig(), ExprExtractionConfig()]
+    reference, candidate = _TRAILING_POINT.sub("", reference), _TRAILING_POINT.sub("", candidate)
     gold = parse("$" + reference + "$", extraction_config=configs, parsing_timeout=PARSE_TIMEOUT_S)
     if not gold:
         gold = parse(reference, extraction_config=configs, parsing_timeout=PARSE_TIMEOUT_S)

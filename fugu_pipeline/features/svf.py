@@ -21,10 +21,14 @@ candidate (`session/featurize.py`). Off by default (`RolesConfig.svf`).
 from __future__ import annotations
 
 import contextlib
+import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
+
+if TYPE_CHECKING:  # torch loads when an adapter is built, not when this module is imported
+    import torch
+    from torch import nn
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -33,6 +37,8 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def _layer_list(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
+    from torch import nn
+
     n = getattr(model.config, "num_hidden_layers", None)
     for name, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList) and len(mod) == n and n:
@@ -45,6 +51,9 @@ class SVFAdapter:
     """Singular-value scales on every nn.Linear of one layer (default: the second-to-last)."""
 
     def __init__(self, model: nn.Module, layer: int = -2):
+        import torch
+        from torch import nn
+
         self.model = model
         layers = decoder_layers(model)
         self.index = layer % len(layers)
@@ -78,6 +87,8 @@ class SVFAdapter:
             return
         if scales is not None and len(scales) != self.size:
             raise ValueError(f"the SVF adapter has {self.size} singular values, got {len(scales)} scales")
+        import torch
+
         offset = 0
         with torch.no_grad():
             for (_, mod, u, s, vh, w0), k in zip(self.parts, self.sizes):
@@ -103,22 +114,30 @@ class _Stop(Exception):
     """Raised by the capture hook: the layers above the adapted one are not needed for the bottom."""
 
 
-class _RowScaledLinear(nn.Module):
-    """W' x with a different z per batch row: U ((s * z_row) * (V^T x)) + b."""
+@functools.cache
+def _row_scaled_linear() -> type:
+    """The row-scaled linear module class, defined on first use (torch loads then)."""
+    import torch
+    from torch import nn
 
-    def __init__(self, mod: nn.Linear, u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor):
-        super().__init__()
-        dev, dt = mod.weight.device, mod.weight.dtype
-        self.u, self.s, self.vh = u.to(dev, dt), s.to(dev, torch.float32), vh.to(dev, dt)
-        self.bias = mod.bias
-        self.scale: torch.Tensor | None = None  # (B, r), set per batch
+    class RowScaledLinear(nn.Module):
+        """W' x with a different z per batch row: U ((s * z_row) * (V^T x)) + b."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = x @ self.vh.T
-        scale = self.scale.to(a.dtype)
-        a = a * scale.view(scale.shape[0], *([1] * (a.dim() - 2)), scale.shape[1])
-        y = a @ self.u.T
-        return y + self.bias if self.bias is not None else y
+        def __init__(self, mod: nn.Linear, u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor):
+            super().__init__()
+            dev, dt = mod.weight.device, mod.weight.dtype
+            self.u, self.s, self.vh = u.to(dev, dt), s.to(dev, torch.float32), vh.to(dev, dt)
+            self.bias = mod.bias
+            self.scale: torch.Tensor | None = None  # (B, r), set per batch
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a = x @ self.vh.T
+            scale = self.scale.to(a.dtype)
+            a = a * scale.view(scale.shape[0], *([1] * (a.dim() - 2)), scale.shape[1])
+            y = a @ self.u.T
+            return y + self.bias if self.bias is not None else y
+
+    return RowScaledLinear
 
 
 class SVFRunner:
@@ -128,10 +147,12 @@ class SVFRunner:
         self.adapter = adapter
         self.model = adapter.model
         self.parent, self.attr, self.layers = _layer_list(self.model)
-        self._rows = {name: _RowScaledLinear(mod, u, s, vh) for name, mod, u, s, vh, _ in adapter.parts}
+        self._rows = {name: _row_scaled_linear()(mod, u, s, vh) for name, mod, u, s, vh, _ in adapter.parts}
 
     def bottom(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The hidden states entering the adapted layer (B, W, H), computed by the unchanged layers."""
+        import torch
+
         got: dict[str, torch.Tensor] = {}
 
         def capture(mod, args, kwargs):
@@ -151,6 +172,9 @@ class SVFRunner:
     def tail(self, hidden: torch.Tensor, mask: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         """The model's last hidden state (B, W, H) from `hidden` entering the adapted layer, row b
         with scales[b] (B, S) on the adapted layer's singular values."""
+        import torch
+        from torch import nn
+
         offset = 0
         swapped = []
         types = None
