@@ -97,7 +97,7 @@ def test_audit_slice_is_salted_stable_and_order_free():
     assert (audit_mask(ids, CompositeConfig(audit_seed=1)) != a).mean() > 0.3
 
 
-def overfit_case(eval_acc, audit_acc, n_eval=150, n_audit=150):  # the seed's 150 questions
+def overfit_case(eval_acc, audit_acc, n_eval=150, n_audit=150):  # TinyRouter's 150 questions
     m = np.zeros((n_eval + n_audit, 2))
     m[: round(eval_acc * n_eval), 0] = 1.0
     m[n_eval : n_eval + round(audit_acc * n_audit), 0] = 1.0

@@ -10,6 +10,7 @@
 
 import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -94,3 +95,35 @@ def test_the_cli_reference_follows_a_changed_parser():
     sub.choices["route"].add_argument("--a-new-flag", help="added after the page was written")
     page = _reference().render(parser)
     assert "--a-new-flag" in page.split("## `fugu-lite route`", 1)[1].split("\n## ", 1)[0]
+
+
+# What a user's clone cannot follow: the team's internal design page, its issue tracker, the
+# systems' internal nickname for where this grew from. Built from parts so this file does not match.
+_CITATION = re.compile("|".join([r"\bDESI" + r"GN\b(?!ER)", r"\biss" + r"ue[- ]?#?\d", r"\bthe se" + r"ed\b", r"\bse" + r"ed's\b"]))
+_PROJECT_TEXT = ("fugu_pipeline", "fugu_pipeline_tests", "benchmarks", "scripts", "configs", "deploy", "docs", ".ci")
+
+
+def _project_files():
+    root = Path(__file__).resolve().parents[1]
+    for top in _PROJECT_TEXT:
+        for p in sorted((root / top).rglob("*")):
+            if p.is_file() and p.suffix in {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ""} and "__pycache__" not in p.parts:
+                yield p
+    for name in ("README.md", "ARCHITECTURE.md", "pyproject.toml", "dagster.yaml", "workspace.yaml", "mkdocs.yml"):
+        if (root / name).is_file():
+            yield root / name
+
+
+def test_no_project_file_cites_what_a_user_does_not_have():
+    """The project speaks for itself: a rule is explained where it lives, or names the published
+    system it comes from (TinyRouter, Fugu-Lite, RouteLLM, ...), never an internal page or ticket."""
+    found = []
+    for p in _project_files():
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            if _CITATION.search(line):
+                found.append(f"{p.relative_to(Path(__file__).resolve().parents[1])}:{n}: {line.strip()[:100]}")
+    assert not found, "\n".join(found)

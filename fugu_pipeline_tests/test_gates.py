@@ -1,4 +1,4 @@
-"""King versus challenger under the seed's judging rules, through `promote_best` (the path of the
+"""King versus challenger under TinyRouter's judging rules, through `promote_best` (the path of the
 `promoted_router` asset and of `fugu-lite validate`): the composite at king + 0.01 is refused
 and at king + 0.03 promoted; duplicates, rate-limited and receipt-less challengers are refused
 before they are scored, each with its reason in the promotion record."""

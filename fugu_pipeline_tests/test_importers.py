@@ -356,8 +356,8 @@ def test_real_dcrouter(tmp_path):
 
 
 def test_import_command_takes_the_split_shares(gsm8k, tmp_path, capsys):
-    """`fugu-lite import routellm-gsm8k DIR --test-fraction 0.5 --val-fraction 0.1`: the issue-12
-    protocol (half of the prompts held out) from the command line; impossible shares are one line."""
+    """`fugu-lite import routellm-gsm8k DIR --test-fraction 0.5 --val-fraction 0.1`: the routing
+    study's protocol (half of the prompts held out) from the command line; impossible shares are one line."""
     from fugu_pipeline.cli import main
 
     csv_path, _, _ = gsm8k

@@ -1,4 +1,4 @@
-"""No cost leakage (DESIGN §5, issue 12 item 4): every cost-aware routing decision uses the
+"""No cost leakage: every cost-aware routing decision uses the
 EXPECTED cost (a model fitted on training rows: per-token price x prompt tokens + a per-domain
 offset), never a held-out row's actual cost or quality.
 

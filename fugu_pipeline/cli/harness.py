@@ -16,7 +16,7 @@ def add_commands(add, data_opts) -> None:
     p = add("baseline", cmd_baseline, "baselines from the reward matrix alone: always one worker, random routing "
             "over seeds, the oracle ceiling and the cross-fit oracle")
     p.add_argument("kind", choices=["always", "random", "oracle", "all"])
-    p.add_argument("--data", required=True, help="reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")
+    p.add_argument("--data", required=True, help="reward-matrix JSONL or a reward_matrix.duckdb")
     p.add_argument("--workers", "--reward-config", dest="reward_config", default=None, metavar="YAML",
                    help="the YAML whose reward: block gives the utility weights (needed for a JSONL with quality)")
     p.add_argument("--work-dir", default="data/imports", help="where the DuckDB matrix of a JSONL is built")

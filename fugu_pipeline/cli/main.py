@@ -1,5 +1,5 @@
 """`fugu-lite`: the command line. Thin: every command calls the same core functions as the
-Dagster assets (DESIGN §2). Heavy imports (torch, transformers, dagster) happen inside the
+Dagster assets. Heavy imports (torch, transformers, dagster) happen inside the
 command that needs them, so `fugu-lite --help` is instant."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "the ridge and MLP heads read them, kNN reads only the embedding")
 
     def data_opts(p):
-        p.add_argument("--data", required=True, help="reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")
+        p.add_argument("--data", required=True, help="reward-matrix JSONL or a reward_matrix.duckdb")
         p.add_argument("--workers", "--reward-config", dest="reward_config", default=None, metavar="YAML",
                        help="the YAML whose reward: block gives the utility weights: the worker YAML generate and "
                             "pipeline --workers read (or a file with only reward:). Needed for a JSONL whose rows "
@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None,
                    help="split assignment seed (default 0); a jsonl row that names its split keeps it")
     p.add_argument("--test-fraction", type=float, default=None,
-                   help="routellm-*, table, long: share of prompts held out as test (default 0.3; the issue-12 protocol uses 0.5); "
+                   help="routellm-*, table, long: share of prompts held out as test (default 0.3; the routing study's protocol uses 0.5); "
                         "jsonl: draw splits (test this share, default 0.3) for the rows without a 'split' field; "
                         "dcrouter's test split is its upstream test file")
     p.add_argument("--val-fraction", type=float, default=None,

@@ -1,7 +1,7 @@
 """Training and evaluation commands over a reward-matrix JSONL or DuckDB file: `train` (the
 configured heads, chosen on validation), `train-sft`, `train-rl`, `train-es`, `evaluate`.
 
-One meaning per setting (DESIGN §2): the utility comes from the same `reward:` block as in the
+One meaning per setting: the utility comes from the same `reward:` block as in the
 assets. A JSONL whose rows carry `quality` is turned into utility with the weights of
 `--workers W.yaml` (the worker YAML `generate` and `fugu-lite pipeline --workers` read; a file
 holding only `reward:` works too), through the same matrix build as the `reward_matrix` asset. A
@@ -96,13 +96,13 @@ def matrix_db(args) -> Path:
         if value is not None and Path(value).exists() and not Path(value).is_dir():
             raise CLIError(f"--{flag.replace('_', '-')} {value} is a file; pass a folder (created when missing)")
     if not data_path.exists():
-        raise CLIError(f"--data {args.data}: no such file; pass a reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")
+        raise CLIError(f"--data {args.data}: no such file; pass a reward-matrix JSONL or a reward_matrix.duckdb")
     if data_path.is_dir():
-        raise CLIError(f"--data {args.data} is a folder; pass the reward-matrix JSONL (DESIGN §4) or the reward_matrix.duckdb "
+        raise CLIError(f"--data {args.data} is a folder; pass the reward-matrix JSONL or the reward_matrix.duckdb "
                        "file in it")
     if not data_path.is_file():  # a FIFO or a device: DuckDB (or the hash below) would wait on it for ever
         raise CLIError(f"--data {args.data} is not a regular file (a FIFO, socket or device); pass a reward-matrix JSONL "
-                       "(DESIGN §4) or a reward_matrix.duckdb file")
+                       "or a reward_matrix.duckdb file")
     weights, source = utility_weights(args)
     if data_path.suffix == ".duckdb":
         built = read_utility_config(data_path)

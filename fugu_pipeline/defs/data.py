@@ -52,7 +52,7 @@ def _load_batch(pipeline: PipelineResource, batch: str):
 
 @dg.asset(partitions_def=task_batches, group_name="data", kinds={"jsonl"})
 def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """One BenchGen batch, parsed and validated (DESIGN §4). A bad line fails the whole batch with
+    """One BenchGen batch, parsed and validated. A bad line fails the whole batch with
     its file and line; nothing of the batch is used until the file is fixed."""
     path = _batch_file(pipeline, context.partition_key)
     version = file_version(path)  # before reading: a file changed meanwhile only causes one more run
@@ -183,7 +183,7 @@ def _tables_md(db: Path) -> str:
 class RewardMatrixConfig(dg.Config):
     import_path: str | None = None
     """Build from imported routing data instead of the collected responses: a reward-matrix JSONL
-    (DESIGN §4), or a file (folder) of the kind `import_kind` names."""
+   , or a file (folder) of the kind `import_kind` names."""
     import_kind: str = "jsonl"
     """jsonl, table (one column per worker), long (one row per call), dcrouter, routellm-gsm8k,
     routellm-mmlu or routellm-csv: the kinds of `fugu-lite import`."""

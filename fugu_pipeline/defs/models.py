@@ -309,25 +309,25 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_sft(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_sft: str) -> dg.Output[dict]:
-    """Held-out report of the SFT checkpoint (DESIGN §5): every metric, plots, per-domain table."""
+    """Held-out report of the SFT checkpoint: every metric, plots, per-domain table."""
     return _report(context, pipeline, encoder, router_sft, "sft")
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_rl(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_rl: str) -> dg.Output[dict]:
-    """Held-out report of the RL checkpoint (DESIGN §5)."""
+    """Held-out report of the RL checkpoint."""
     return _report(context, pipeline, encoder, router_rl, "rl")
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_es(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_es: str) -> dg.Output[dict]:
-    """Held-out report of the CMA-ES checkpoint (DESIGN §5)."""
+    """Held-out report of the CMA-ES checkpoint."""
     return _report(context, pipeline, encoder, router_es, "es")
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_heads: dict) -> dg.Output[dict]:
-    """Held-out report (DESIGN §5) of the head `router_heads` selected."""
+    """Held-out report of the head `router_heads` selected."""
     return _report(context, pipeline, encoder, router_heads["selected"], router_heads["selected_kind"])
 
 

@@ -1,4 +1,4 @@
-"""Evaluation metrics (DESIGN §5). Plain numpy; every figure comes from the held-out rows.
+"""Evaluation metrics. Plain numpy; every figure comes from the held-out rows.
 
 `evaluation_report` takes the router's per-task scores (higher = preferred) on the held-out
 split, the utility matrix, and the training split (for the honest best-fixed baselines).

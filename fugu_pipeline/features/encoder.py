@@ -1,4 +1,4 @@
-"""The frozen encoder that turns a task prompt into a feature vector (DESIGN §1, §3, §7).
+"""The frozen encoder that turns a task prompt into a feature vector.
 
 `Encoder` loads the model its `EncoderSettings` name once (tokenizer + `transformers.AutoModel`,
 frozen, eval mode) and encodes prompts in length-bucketed batches under a token budget.

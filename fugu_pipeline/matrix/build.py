@@ -1,4 +1,4 @@
-"""The reward matrix in DuckDB: the one step that writes the database (DESIGN §3).
+"""The reward matrix in DuckDB: the one step that writes the database.
 
 Tables
 - `tasks(task_id, batch, prompt, prompt_hash, domain, split, grader_type, tags)`

@@ -1,4 +1,4 @@
-"""The reward-matrix import format (DESIGN §4): one `RewardRow` a line, validated at the boundary.
+"""The reward-matrix import format: one `RewardRow` a line, validated at the boundary.
 
 Worker ids must follow a strict rule, `IMPORT_WORKER_ID_PATTERN`: the worker YAML's rule
 (`WORKER_ID_PATTERN`: a letter or digit, then letters, digits, `_`, `.` or `-`) plus `/` and `:`,
@@ -81,7 +81,7 @@ VALUE_LIMIT = MAX_AMOUNT
 
 
 class RewardRow(BaseModel):
-    """One row of an imported reward matrix (DESIGN §4)."""
+    """One row of an imported reward matrix."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -191,7 +191,7 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
     suffix = Path(path.name.lower().removesuffix(".gz")).suffix
     if suffix in TABLE_SUFFIXES:
         raise TaskFileError(path, [(0, f"a {suffix} table, not a reward-matrix JSONL (one JSON object a line): {TABLE_HINT}")])
-    data = read_bytes(path, "a reward-matrix JSONL (DESIGN §4)")
+    data = read_bytes(path, "a reward-matrix JSONL")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -253,7 +253,7 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
 
 
 def _is_task_row(line: str) -> bool:
-    """The first line of a BenchGen batch (DESIGN §4: a task with its grader), not a matrix row."""
+    """The first line of a BenchGen batch (a task with its grader), not a matrix row."""
     try:
         obj = json.loads(line)
     except ValueError:

@@ -1,4 +1,4 @@
-"""Importers of public routing data into the reward-matrix import format (DESIGN §4).
+"""Importers of public routing data into the reward-matrix import format.
 
 Sources (formats as found in `../shared/data/routing`, see its SOURCES.md):
 
@@ -333,13 +333,13 @@ def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=()
 
 def import_generic_jsonl(path, *, seed: int | None = None, test_fraction: float | None = None,
                          val_fraction: float | None = None, notes: dict | None = None) -> list[RewardRow]:
-    """A reward-matrix JSONL (DESIGN §4), validated line by line. A row that names its `split`
+    """A reward-matrix JSONL, validated line by line. A row that names its `split`
     keeps it. With `test_fraction` or `val_fraction`, a row without a `split` field gets one drawn
     from (seed, task id) like the other importers' (defaults 0.3 and 0.1, seed 0); without them it
     is train. `notes` (when given) receives how many rows got a drawn split."""
     path = Path(path)
     if not path.is_file():
-        raise fail(path, "file not found; pass a reward-matrix JSONL (DESIGN §4)")
+        raise fail(path, "file not found; pass a reward-matrix JSONL")
     rows = read_reward_jsonl(path)
     if test_fraction is None and val_fraction is None:
         return rows

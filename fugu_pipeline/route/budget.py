@@ -1,4 +1,4 @@
-"""Budget mode: route under a cost cap, with costs known before the call (DESIGN §5, "No leakage").
+"""Budget mode: route under a cost cap, with costs known before the call ("No leakage").
 
 Expected cost. Every cost-aware decision uses `ExpectedCost`, fitted on TRAINING rows only:
 

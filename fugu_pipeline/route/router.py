@@ -98,7 +98,7 @@ def encoder_settings_for(contract: FeatureContract, device: str = "auto", dtype:
 
 def serving_dtype(settings, metrics: dict) -> str:
     """The dtype `--dtype auto` serves in: the one the training features were computed in (recorded
-    as `feature_dtype` by training), so the served vectors equal the cached ones (DESIGN §3); a
+    as `feature_dtype` by training), so the served vectors equal the cached ones; a
     half dtype on a CPU without native bf16 stays auto (float32): there it would be slow and still
     not bit-equal to a GPU's."""
     from fugu_pipeline.features.settings import cpu_has_native_bf16

@@ -1,4 +1,4 @@
-"""BenchGen task batches: JSON Lines files of `Task` records (DESIGN §4).
+"""BenchGen task batches: JSON Lines files of `Task` records.
 
 A batch is all or nothing: any bad line fails the whole batch with every problem listed by file
 and line, and nothing of that batch is written anywhere.

@@ -1,4 +1,4 @@
-"""The BenchGen task record and its graders (DESIGN §4). Plain pydantic, no dagster, no torch."""
+"""The BenchGen task record and its graders. Plain pydantic, no dagster, no torch."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ GRADER_TYPES = ("exact", "contains", "numeric", "regex", "llm_judge", "python_te
 
 
 class Task(Strict):
-    """One BenchGen task (DESIGN §4). Only the grader ever sees `reference_answer`."""
+    """One BenchGen task. Only the grader ever sees `reference_answer`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

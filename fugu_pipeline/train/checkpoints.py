@@ -2,7 +2,7 @@
 
 The weights are safetensors (never pickle). The manifest pins the feature contract, the worker
 order, the reward config, the data version, the code version, the training config, metrics and
-curves (DESIGN §3). The directory name is a hash of the weight bytes and the manifest minus its
+curves. The directory name is a hash of the weight bytes and the manifest minus its
 timestamps, so the same training run always lands in the same directory. Loading refuses a
 checkpoint whose contract differs from the encoder's, whose weights are malformed, or whose
 manifest was edited after saving (its content_hash is recomputed: reordered worker_ids would

@@ -62,7 +62,7 @@ class NormedLinearHead(RoutingHead):
 class QualityHead(RoutingHead):
     """`quality`: predicts each worker's quality in [0, 1] (LayerNorm, Linear, sigmoid) and routes
     by argmax(quality - cost_weight * expected_cost). The two routing constants are buffers, saved
-    with the weights; training sets them from the data (DESIGN §4 utility)."""
+    with the weights; training sets them from the data."""
 
     kind = "quality"
 
@@ -89,7 +89,7 @@ class QualityHead(RoutingHead):
 
 @register
 class RolesHead(RoutingHead):
-    """`roles_linear`: the multi-turn coordinator (DESIGN §6b). One bias-free Linear(D, W + 3) over
+    """`roles_linear`: the multi-turn coordinator. One bias-free Linear(D, W + 3) over
     the encoded transcript: the first W outputs are worker logits, the last 3 role logits (Thinker,
     Worker, Verifier), each group its own softmax (`session/policy.py`). Zero-initialised: the
     uniform policy. 6 x 1,024 = 6,144 parameters with 3 workers and Qwen3-0.6B.
@@ -118,7 +118,7 @@ class RolesHead(RoutingHead):
 
 @register
 class RolesSVFHead(RolesHead):
-    """`roles_linear_svf`: the roles head plus the seed's SVF adapter, one learnable scale per singular
+    """`roles_linear_svf`: the roles head plus TinyRouter's SVF adapter, one learnable scale per singular
     value of the encoder's second-to-last layer (`features/svf.py`): 6,144 + 7,168 = 13,312 parameters
     with 3 workers and Qwen3-0.6B. `svf_size` (the encoder's count) is in the manifest's `head_shape`."""
 
