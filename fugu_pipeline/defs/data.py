@@ -11,7 +11,7 @@ from fugu_pipeline.collect.partition import collect_partition_sync, summarize_ce
 from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.defs.catalog import run_model_fingerprint
 from fugu_pipeline.defs.failures import batch_failure, first_problem
-from fugu_pipeline.defs.metadata import tidy
+from fugu_pipeline.defs.metadata import LIVE_KIND, LIVE_WORKERS, tidy
 from fugu_pipeline.defs.partitions import (
     DUCKDB_WRITER_POOL,
     WORKER_CALLS_POOL,
@@ -98,10 +98,12 @@ with warnings.catch_warnings():  # marked beta in Dagster; it is the mapping tha
     deps=[dg.AssetDep(tasks, partition_mapping=_BATCH_OF_PARTITION)],
     pool=WORKER_CALLS_POOL,
     group_name="data",
-    kinds={"jsonl"},
+    kinds={"jsonl", LIVE_KIND},
+    tags=LIVE_WORKERS,
 )
 def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """Each worker answers each task of the batch once, graded at once and durable at once.
+    """Calls the configured workers: each answers each task of the batch once, graded at once and
+    durable at once.
     A re-run calls only missing or failed cells (and cells answered by an older version of the
     worker's model, when the catalog sensor passes a new fingerprint)."""
     keys = context.partition_key.keys_by_dimension

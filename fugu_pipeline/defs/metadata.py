@@ -5,10 +5,12 @@ assets that call live services.
   decimals; a value under 0.001, a small cost, keeps three significant digits), in plain values
   and in float metadata values alike. What is rounded is the display: every report keeps its
   full figures in its JSON file.
-- `LIVE`: the kind and tag of the assets that call live services (the worker pool's models, the
-  OpenRouter API): on the graph a `live-calls` kind under the node, and the tag `fugu/calls`
-  saying which, so `tag:fugu/calls` selects them. With the mock pool they stay offline; with
-  real workers every materialization spends money.
+- `LIVE_KIND`, `LIVE_WORKERS`, `LIVE_API`: the kind and tag of the assets that call live services:
+  on the graph a `live-calls` kind under the node, and the tag `fugu/calls` saying which
+  (`live-workers`: `responses`, the evaluation reports and `promoted_router` (the composite's live
+  term), `router_roles`, `eval_report_roles`; `openrouter-api`: `openrouter_catalog`), so the
+  selection `tag:fugu/calls` finds them. With the mock pool they stay offline; with real
+  workers each materialization spends money.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import dagster as dg
 
 LIVE_KIND = "live-calls"
 LIVE_TAG = "fugu/calls"
-LIVE_WORKERS = {LIVE_TAG: "live-workers"}  # router_roles, eval_report_roles: sessions over the configured workers
+LIVE_WORKERS = {LIVE_TAG: "live-workers"}  # calls the configured workers
 LIVE_API = {LIVE_TAG: "openrouter-api"}  # openrouter_catalog: the OpenRouter models endpoint
 
 

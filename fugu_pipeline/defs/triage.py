@@ -4,6 +4,7 @@ Thin: the work is in `train/triage.py` and `evaluate/triage_report.py`."""
 import dagster as dg
 
 from fugu_pipeline.defs.embeddings import EncoderResource
+from fugu_pipeline.defs.metadata import tidy
 from fugu_pipeline.defs.models import _routing_data, task_embeddings
 from fugu_pipeline.defs.partitions import GPU_POOL
 from fugu_pipeline.defs.resources import PipelineResource
@@ -19,7 +20,7 @@ class TriageAssetConfig(dg.Config):
 @dg.asset(deps=[task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
 def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pipeline: PipelineResource,
                 encoder: EncoderResource) -> dg.Output[str]:
-    """The seed's first milestone: predicts a prompt's domain and difficulty (the share of workers
+    """TinyRouter's first milestone: predicts a prompt's domain and difficulty (the share of workers
     that solve it, bucketed) with two bias-free linear maps over the frozen features. Output: the
     checkpoint directory models/triage/<content hash>/."""
     from fugu_pipeline.features.routing_data import TrainingDataError
@@ -33,13 +34,13 @@ def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pi
         raise dg.Failure(description=str(exc)) from None
     path = result.save(pipeline.paths.models)
     m = result.metrics
-    return dg.Output(str(path), data_version=dg.DataVersion(path.name), metadata={
+    return dg.Output(str(path), data_version=dg.DataVersion(path.name), metadata=tidy({
         "param_count": result.param_count, "best_epoch": result.best_epoch,
         "val_domain_accuracy": float(m["val_domain_accuracy"]), "val_difficulty_accuracy": float(m["val_difficulty_accuracy"]),
         "domains": dg.MetadataValue.json(result.manifest.domains),
         "difficulty": f"{result.manifest.difficulty_names} at solve share {result.manifest.difficulty_edges}",
         "checkpoint": dg.MetadataValue.path(str(path)),
-    })
+    }))
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
@@ -64,4 +65,4 @@ def eval_report_triage(context: dg.AssetExecutionContext, pipeline: PipelineReso
             "n_test_tasks": rep["n_tasks"]}
     if "routing" in rep:
         meta["routing_by_predicted_domain"] = rep["routing"]["by_predicted_domain"]
-    return dg.MaterializeResult(metadata=meta)
+    return dg.MaterializeResult(metadata=tidy(meta))
