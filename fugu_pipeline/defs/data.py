@@ -256,7 +256,7 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
             if summary["skipped_where"]:  # the cells of those lines are missing (collected again next run)
                 context.log.warning(f"response lines skipped: {summary['skipped_where']}")
             for exc in bad_batches:  # each left out whole; the matrix holds the other batches
-                context.log.warning(f"batch file left out of the matrix: {exc}")
+                context.log.warning(f"batch file left out of the matrix: {first_problem(exc)}")
             refused = [*refused, *bad_batches]
             context.log.info(f"built in {sum(timings.values()):.2f}s: {timings}")
             source, utility = "collection", workers_config.reward
