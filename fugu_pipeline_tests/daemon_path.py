@@ -34,7 +34,7 @@ def launch(defs: dg.Definitions, instance: dg.DagsterInstance, requests, *, may_
             job = defs.resolve_implicit_global_asset_job_def()
             kwargs = {"asset_selection": list(req.asset_selection)}
         res = job.execute_in_process(instance=instance, partition_key=req.partition_key, tags=dict(req.tags),
-                                     raise_on_error=not may_fail, **kwargs)
+                                     run_config=req.run_config or None, raise_on_error=not may_fail, **kwargs)
         mats = res.get_asset_materialization_events()
         if mats:
             metas[str(req.partition_key)] = {k: v.value for k, v in mats[-1].materialization.metadata.items()}

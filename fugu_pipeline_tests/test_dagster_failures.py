@@ -33,11 +33,13 @@ def test_a_batch_with_a_bad_line_gets_one_failed_run_not_one_per_worker(project,
 def test_a_bad_line_fails_in_one_line_with_its_file_line_and_fix_printed_once(project, capfd):
     drop_bad_batch(project)
     defs = build_defs(str(project), "configs/workers.mock.yaml")
-    job = defs.resolve_job_def("load_batch")  # the job the batch sensor launches, with its own run config
+    request = next(r for r in tick_requests(defs, project) if r.partition_key == "badline")
+    job = defs.resolve_job_def(request.job_name)  # the job the batch sensor launches, with the run config it asks for
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("task_batches", ["badline"])
         capfd.readouterr()
-        res = job.execute_in_process(instance=instance, partition_key="badline", raise_on_error=False)
+        res = job.execute_in_process(instance=instance, partition_key="badline", run_config=request.run_config,
+                                     tags=dict(request.tags), raise_on_error=False)
         printed = capfd.readouterr().err
     assert not res.success
     failure = res.get_step_failure_events()[0].step_failure_data.user_failure_data
@@ -48,4 +50,10 @@ def test_a_bad_line_fails_in_one_line_with_its_file_line_and_fix_printed_once(pr
     lines = printed.splitlines()
     assert "Stack Trace" not in printed and "Traceback" not in printed, printed[-3000:]
     said = [line for line in lines if "malformed JSON" in line]
-    assert len(said) == 1 and "STEP_FAILURE" in said[0] and "fix: correct line 3" in said[0], said
+    assert len(said) == 1 and "RUN_FAILURE" in said[0] and "fix: correct line 3 of badline.jsonl" in said[0], said
+    assert [line.split(" - ")[-1] for line in lines if "STEP_FAILURE" in line] == ['Execution of step "tasks" failed.']
+
+
+def tick_requests(defs, project):
+    with dg.instance_for_test() as instance:
+        return tick(defs, instance, "benchgen_batch_sensor").run_requests

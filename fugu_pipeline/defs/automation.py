@@ -102,7 +102,8 @@ def matrix_request(instance: dg.DagsterInstance, repo: dg.RepositoryDefinition |
     last = max(ended, key=lambda rec: rec.end_time or 0.0)
     failed = sum(rec.dagster_run.status != dg.DagsterRunStatus.SUCCESS for rec in ended)
     why = f"{len(ended)} collection run(s) ended since the latest build" + (f", {failed} of them failed" if failed else "")
-    return dg.RunRequest(run_key=f"after:{last.dagster_run.run_id}", job_name=BUILD_JOB, tags={"fugu/follows_run": last.dagster_run.run_id}), why
+    return dg.RunRequest(run_key=f"after:{last.dagster_run.run_id}", job_name=BUILD_JOB, run_config=RUN_CONSOLE_CONFIG,
+                         tags={"fugu/follows_run": last.dagster_run.run_id}), why
 
 
 @dg.sensor(

@@ -6,10 +6,10 @@ console of the runs the sensors launch prints it once, without Dagster's stack.
   problem and what to do. The UI's run log shows them on the failed step.
 - `run_console`: the console logger of the jobs the sensors launch (`RUN_CONSOLE_CONFIG` names
   it in their run config). It prints what Dagster's default console logger prints (the
-  `dagster dev` terminal), except that a step stopped by a `dg.Failure` is one line (its
-  description and the metadata's `fix`) instead of the message plus ~20 lines of framework
-  stack, and a run's failure does not repeat its step's error (the default printed both, so a
-  failed run showed its stack twice). Any other error (a bug) keeps its stack, once.
+  `dagster dev` terminal), except that a `dg.Failure` is one line (its description and the
+  metadata's `fix`, on the run's failure) instead of the message plus ~20 lines of framework
+  stack printed twice (with the step's failure and again with the run's). Any other error (a
+  bug) keeps its stack, once. The sensors' run requests select it (`RUN_CONSOLE_CONFIG`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,13 @@ def _short_failure(event) -> str | None:
 
 
 class OneLineFailures(logging.Formatter):
-    """Dagster's console format, with failures said once and a `dg.Failure` in one line."""
+    """Dagster's console format, with a run's failure said once and a `dg.Failure` in one line.
+
+    A step stopped by a `dg.Failure` prints its head only (`STEP_FAILURE - Execution of step ...
+    failed.`); the run's failure after it carries the Failure's line and fix. The run's line is the
+    one the `dagster dev` terminal always shows: a step's own lines reach it through Dagster's
+    compute-log mirror, which can drop a step's last lines when the step ends. Any other error
+    (a bug) keeps Dagster's message and stack on its step, and the run's failure does not repeat it."""
 
     def __init__(self):
         super().__init__("%(asctime)s - dagster - %(levelname)s - %(message)s", "%Y-%m-%d %H:%M:%S %z")
@@ -83,17 +89,19 @@ class OneLineFailures(logging.Formatter):
         if event is None or _error_of(event) is None:
             return super().format(record)
         parts = [meta.get("job_name"), meta.get("run_id"), str(event.pid) if event.pid else None, meta.get("step_key"),
-                 event.event_type_value, meta.get("orig_message")]
+                 event.event_type.name, meta.get("orig_message")]
         head = " - ".join(p for p in parts if p)
-        if event.event_type == dg.DagsterEventType.RUN_FAILURE and getattr(event.event_specific_data, "first_step_failure_event", None):
-            text = head  # its step's failure was printed already
+        if event.event_type == dg.DagsterEventType.STEP_FAILURE:
+            text = head if _short_failure(event) is not None else None
+        elif event.event_type == dg.DagsterEventType.RUN_FAILURE:
+            step = getattr(event.event_specific_data, "first_step_failure_event", None)
+            short = _short_failure(step) if step is not None else None
+            text = f"{head} {short}" if short else head if step is not None else None
         else:
-            short = _short_failure(event) if event.event_type == dg.DagsterEventType.STEP_FAILURE else None
-            text = f"{head} {short}" if short else None
-        if text is None:  # not a dg.Failure: a bug, keep what Dagster prints (the stack)
+            text = None
+        if text is None:  # not a dg.Failure, nor a step's failure said already: keep what Dagster prints (the stack)
             return super().format(record)
-        shown = logging.makeLogRecord({**record.__dict__, "msg": text, "args": ()})
-        return super().format(shown)
+        return super().format(logging.makeLogRecord({**record.__dict__, "msg": text, "args": ()}))
 
 
 @dg.logger(

@@ -22,7 +22,25 @@ from fugu_pipeline.defs.versions import EMPTY_VERSION, file_version, latest_data
 from fugu_pipeline.tasks.loading import TaskFileError, load_tasks, scan_batch_files, shown_name
 from fugu_pipeline.workers.config import WorkerConfigError
 
-BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "30"))
+BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "10"))
+_DIGESTS: dict[str, tuple[tuple[int, int, int], str]] = {}  # path -> ((inode, size, mtime ns), digest): this process's
+
+
+def batch_digest(path) -> str:
+    """A batch file's content version, hashed again only when its inode, size or modification time
+    changed since this code server last hashed it: a tick over an unchanged folder reads no file
+    (the sensor checks every 10 s; a folder of large batches was read whole on every tick)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:  # deleted since it was listed
+        return EMPTY_VERSION
+    key, stamp = str(path), (st.st_ino, st.st_size, st.st_mtime_ns)
+    known = _DIGESTS.get(key)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    digest = file_version(path)
+    _DIGESTS[key] = (stamp, digest)
+    return digest
 
 
 # One job per partitions definition: a sensor's run requests need a job that holds the asset.
@@ -138,7 +156,7 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
     added, requests = [], []
     for batch, path in found:
         try:
-            digest = file_version(path)
+            digest = batch_digest(path)
         except OSError as exc:  # unreadable, or gone since it was listed: the next tick looks again
             context.log.warning(f"{shown_name(path.name)}: not read this tick ({type(exc).__name__}: {exc.strerror or exc}); "
                                 "check the file's permissions; the other files go on")
