@@ -194,3 +194,16 @@ def test_the_matrix_waits_for_the_whole_collection_wave(project):
         assert len(follow(defs, instance)) == 1
         auto = tick(defs, instance, "reward_matrix_automation")
         assert not requested(auto) and auto.skip_message.startswith("up to date"), auto.skip_message
+
+
+def test_the_main_jobs_collection_is_waited_for_but_not_followed(project):
+    """`fugu-lite pipeline` on the same instance builds the matrix itself right after collecting: the
+    automation must not request a second build in between."""
+    from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS
+
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        runs = tick(defs, instance, "benchgen_batch_sensor").run_requests
+        launch(defs, instance, [r.with_replaced_attrs(tags={**r.tags, **MAIN_JOB_TAGS}) for r in runs])
+        auto = tick(defs, instance, "reward_matrix_automation")
+        assert not requested(auto) and auto.skip_message.startswith("up to date"), auto.skip_message

@@ -19,6 +19,7 @@ import pytest
 
 from fugu_pipeline.matrix.read import RewardMatrixError, read_arrays
 from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl
+from fugu_pipeline_tests.scale_project import default_signals
 
 DAGSTER = REPO / ".venv" / "bin" / "dagster"
 BAD_LINE = '{"task_id": "x3", "prompt": \n'
@@ -45,14 +46,6 @@ def wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen, log
         assert proc.poll() is None, f"dagster dev exited ({proc.returncode}):\n{log.read_text()[-4000:]}"
         time.sleep(0.5)
     pytest.fail(f"{what}: not within {timeout_s:.0f}s\n{log.read_text()[-6000:]}")
-
-
-def default_signals() -> None:
-    """In the child: SIGINT and SIGTERM back to their defaults. A process started in the background
-    by a non-interactive shell (CI) inherits SIGINT ignored, and `dagster dev` maps SIGTERM to
-    SIGINT's handler: it would then ignore both and never stop."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 60) -> float:

@@ -11,7 +11,8 @@ small queries of the instance's run storage, no code is loaded):
 - then build when a collection run has ended, successfully or not, after the latest matrix run
   started. A failed run counts: a batch file with a bad line fails its `tasks` run, and the new
   build lists it under `refused_batch_files`; a retired worker's partition, never collected
-  again, holds nothing back.
+  again, holds nothing back. The runs of `fugu-lite pipeline` (same instance) are waited for but
+  not followed: the command builds the matrix itself right after its collection.
 
 Level-triggered on the run records, so nothing is lost between two checks (a re-collection that
 lands while a build runs gets a build after it), and a failed build is not retried in a loop:
@@ -36,6 +37,8 @@ import dagster as dg
 from fugu_pipeline.defs.data import reward_matrix
 from fugu_pipeline.defs.distributed import CELERY_JOB, single_step_executor
 from fugu_pipeline.defs.failures import RUN_CONSOLE_CONFIG
+from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS
+from fugu_pipeline.defs.versions import RESPONSES, latest_data_versions
 
 REWARD_MATRIX = dg.AssetKey("reward_matrix")
 COLLECTION = frozenset({dg.AssetKey("tasks"), dg.AssetKey("responses")})
@@ -63,6 +66,11 @@ def _assets(run: dg.DagsterRun, repo: dg.RepositoryDefinition | None) -> set[dg.
     if repo is not None and repo.has_job(run.job_name):
         return set(repo.get_job(run.job_name).asset_layer.selected_asset_keys)
     return set()
+
+
+def _main_job(run: dg.DagsterRun) -> bool:
+    """A run of `fugu-lite pipeline`, which builds the matrix itself right after its collection."""
+    return all(run.tags.get(k) == v for k, v in MAIN_JOB_TAGS.items())
 
 
 def _started(instance: dg.DagsterInstance, run_id: str) -> float:
@@ -93,9 +101,12 @@ def matrix_request(instance: dg.DagsterInstance, repo: dg.RepositoryDefinition |
     # update_timestamp is stored by the database (to the second): look a little further back, then compare end times
     records = instance.get_run_records(dg.RunsFilter(
         statuses=FINISHED, updated_after=datetime.fromtimestamp(max(since - 5.0, 0.0), tz=timezone.utc)))
-    ended = [rec for rec in records if rec.end_time and rec.end_time > since and _assets(rec.dagster_run, repo) & COLLECTION]
+    ended = [rec for rec in records if rec.end_time and rec.end_time > since and _assets(rec.dagster_run, repo) & COLLECTION
+             and not _main_job(rec.dagster_run)]
     if not ended:
         return None, "up to date: no collection run has ended since the latest matrix build started"
+    if not latest_data_versions(instance, RESPONSES):
+        return None, "no responses partition is collected yet: nothing to build a matrix from"
     if _imported(instance):
         return None, ("the matrix holds imported routing data: the collection does not replace it (materialize "
                       "reward_matrix once without import_path to follow the collection again)")

@@ -16,6 +16,7 @@ WORKER_CALLS_POOL = "worker_calls"
 DUCKDB_WRITER_POOL = "duckdb_writer"
 GPU_POOL = "gpu"
 DEFAULT_WORKER_CALLS_LIMIT = 8
+MAIN_JOB_TAGS = {"fugu/launched_by": "fugu-lite pipeline"}  # the runs of `fugu-lite pipeline` (defs/runner.py)
 
 
 def ensure_worker_calls_limit(instance: dg.DagsterInstance) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import dagster as dg
 from dagster._core.errors import DagsterAssetCheckFailedError  # what a failed blocking check raises
 
-from fugu_pipeline.defs.partitions import ensure_worker_calls_limit, task_batches
+from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS, ensure_worker_calls_limit, task_batches
 from fugu_pipeline.tasks.loading import scan_batch_files
 
 
@@ -199,7 +199,7 @@ def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, 
                 instance=instance,
                 asset_selection=[dg.AssetKey(key)],
                 partition_key=partition_key,
-                tags={"fugu/launched_by": "fugu-lite pipeline"},
+                tags=MAIN_JOB_TAGS,
                 run_config={"loggers": {"console": {}},
                             **({"ops": {key: {"config": asset_config[key]}}} if key in (asset_config or {}) else {})},
                 raise_on_error=True,
