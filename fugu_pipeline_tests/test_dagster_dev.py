@@ -48,19 +48,33 @@ def wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen, log
     pytest.fail(f"{what}: not within {timeout_s:.0f}s\n{log.read_text()[-6000:]}")
 
 
+def group_alive(pgid: int) -> list[str]:
+    """The processes of a process group that still run (a zombie is done: in a container nothing
+    may reap an orphan, and the signal probe `killpg(pgid, 0)` counts it as alive)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            alive.append(text.split(" ", 1)[0] + " " + text[text.index("(") + 1:text.rindex(")")])
+    return alive
+
+
 def stop(proc: subprocess.Popen, timeout_s: float = 60) -> float:
     """Ctrl-C: SIGINT to the whole process group, as a terminal sends it; seconds until every
-    process of the group is gone (SIGKILL after `timeout_s`)."""
+    process of the group is gone (SIGKILL after `timeout_s`, naming what was left)."""
     t0 = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     while time.monotonic() - t0 < timeout_s:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
+        proc.poll()
+        if not group_alive(proc.pid):
             proc.wait()
             return time.monotonic() - t0
-        proc.poll()
         time.sleep(0.2)
+    print(f"still running {timeout_s:.0f}s after SIGINT: {group_alive(proc.pid)}")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     return float("inf")
