@@ -38,3 +38,6 @@ class UtilityConfig(BaseModel):
 
     def fingerprint(self) -> str:
         return sha256_text(canonical_json(self.model_dump()))[:16]
+
+
+MAX_COST_WEIGHT = 1e6  # λ in quality − λ·cost at routing time: beyond this the scores lose every quality term

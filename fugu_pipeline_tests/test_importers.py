@@ -249,7 +249,8 @@ def test_write_and_read_generic_jsonl(tmp_path, gsm8k):
     back = import_generic_jsonl(out)
     assert back == rows
     first = json.loads(out.read_text().splitlines()[0])
-    assert set(first) == {"task_id", "prompt", "domain", "split", "worker_ids", "quality", "tags"}
+    assert set(first) == {"task_id", "prompt", "domain", "split", "worker_ids", "quality", "tags", "answers"}
+    assert first["answers"] == ["ans 0", "ans 0"]  # each model's reply (the fixture's *_response columns), kept
     assert first["tags"] == ["source:gsm8k", "id"]  # the source, and in-distribution (its domain is in train)
     bad_rows = rows[:2] + [RewardRow(task_id="x", prompt="p", worker_ids=[WEAK, STRONG], quality=[1, 0])]
     with pytest.raises(ValueError, match="same workers in the same order"):

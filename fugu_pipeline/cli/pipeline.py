@@ -92,6 +92,8 @@ def cmd_pipeline(args) -> int:
     if t:
         print(f"triage: domain accuracy {t['domain_accuracy']:.4f} (majority {t['domain_majority_baseline']:.4f}), "
               f"difficulty accuracy {t['difficulty_accuracy']:.4f} (majority {t['difficulty_majority_baseline']:.4f})")
+        if "promoted" in t:
+            print(f"triage promotion: {'promoted' if t['promoted'] else 'no change'}")
     p = results.get("promoted_router")
     if p:
         print(f"promotion: {'promoted ' + str(p.get('challenger')) if p.get('promoted') else 'no change'}")

@@ -119,11 +119,16 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
     # the worker's model version: cells answered by an older one are collected again
     fingerprint = run_model_fingerprint(context.run.tags, pipeline, config.worker(worker_id))
     catalog = load_latest(pipeline.paths.catalog)  # catalog prices for cost when usage has none
+    from fugu_pipeline.ledger import CostLedger, project_ledger
+
+    ledger = CostLedger(project_ledger(pipeline.paths.root))  # every paid call, hash-chained (receipts cite it)
     try:
-        stats = collect_partition_sync(loaded, batch, worker_id, config, store, model_fingerprint=fingerprint, catalog=catalog)
+        stats = collect_partition_sync(loaded, batch, worker_id, config, store, model_fingerprint=fingerprint, catalog=catalog,
+                                       ledger=ledger)
     except FatalWorkerError as exc:
         raise dg.Failure(description=f"worker {worker_id}: {exc}") from None
     finally:
+        ledger.close()
         if shared:  # what was paid for is published even when the run fails
             shared.push_responses(batch, worker_id)
     if stats.stopped:

@@ -45,12 +45,12 @@ def batch_digest(path) -> str:
 
 # One job per partitions definition: a sensor's run requests need a job that holds the asset.
 load_batch_job = dg.define_asset_job(
-    "load_batch", selection=[tasks], partitions_def=task_batches, executor_def=single_step_executor(),
+    "load_batch", selection=[tasks], executor_def=single_step_executor(),
     config=RUN_CONSOLE_CONFIG,
     description="Parse and validate one BenchGen batch (the `tasks` partition).",
 )
 collect_responses_job = dg.define_asset_job(
-    "collect_responses", selection=[responses], partitions_def=batch_x_worker, executor_def=single_step_executor(),
+    "collect_responses", selection=[responses], executor_def=single_step_executor(),
     config=RUN_CONSOLE_CONFIG,
     description="One worker answers one batch (a `responses` partition); only missing or stale cells are called.",
 )

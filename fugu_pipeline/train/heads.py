@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fugu_pipeline.train import ensemble, predictors, ridge  # noqa: F401  (register the quality predictors)
+from fugu_pipeline.train import cascade_head, ensemble, predictors, ridge, triage_head  # noqa: F401  (register the quality predictors, the triage head, the cascade)
 from fugu_pipeline.train.head_base import (  # noqa: F401  (re-exported: the one registry)
     HEADS,
     RoutingHead,
@@ -119,7 +119,7 @@ class RolesHead(RoutingHead):
 @register
 class RolesSVFHead(RolesHead):
     """`roles_linear_svf`: the roles head plus the seed's SVF adapter, one learnable scale per singular
-    value of the encoder's second-to-last layer (`train/svf.py`): 6,144 + 7,168 = 13,312 parameters
+    value of the encoder's second-to-last layer (`features/svf.py`): 6,144 + 7,168 = 13,312 parameters
     with 3 workers and Qwen3-0.6B. `svf_size` (the encoder's count) is in the manifest's `head_shape`."""
 
     kind = "roles_linear_svf"
@@ -134,4 +134,6 @@ class RolesSVFHead(RolesHead):
 LINEAR_HEAD_KINDS = (LinearHead.kind, NormedLinearHead.kind, QualityHead.kind)  # what SFT / RL / ES train
 HEAD_KINDS = LINEAR_HEAD_KINDS  # (main's name for the same set)
 ROLES_KINDS = (RolesHead.kind, RolesSVFHead.kind)  # multi-turn coordinators (route/roles.py), not one-step routers
-ROUTER_HEAD_KINDS = tuple(k for k in HEADS if k not in ROLES_KINDS)  # one-step routers: linear heads and quality predictors
+TRIAGE_KINDS = (triage_head.HEAD_KIND,)  # domain and difficulty labels (train/triage.py), not a router
+CASCADE_KINDS = (cascade_head.KIND,)  # cascades: run step by step (route/cascade.py), not one-step routers
+ROUTER_HEAD_KINDS = tuple(k for k in HEADS if k not in ROLES_KINDS + TRIAGE_KINDS + CASCADE_KINDS)  # one-step routers: linear heads and quality predictors
