@@ -21,9 +21,10 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_name: str, c
     return result
 
 
-def launch(defs: dg.Definitions, instance: dg.DagsterInstance, requests) -> dict[str, dict]:
+def launch(defs: dg.Definitions, instance: dg.DagsterInstance, requests, *, may_fail: bool = False) -> dict[str, dict]:
     """Run each request to completion: its job (or the asset job over its selection), its
-    partition, its tags. Returns each run's last materialization metadata by partition key."""
+    partition, its tags. Returns each run's last materialization metadata by partition key.
+    `may_fail`: a run that fails is left failed (as the daemon's would be) instead of raising."""
     metas: dict[str, dict] = {}
     for req in requests:
         if req.job_name and not req.asset_selection:
@@ -32,7 +33,8 @@ def launch(defs: dg.Definitions, instance: dg.DagsterInstance, requests) -> dict
         else:
             job = defs.resolve_implicit_global_asset_job_def()
             kwargs = {"asset_selection": list(req.asset_selection)}
-        res = job.execute_in_process(instance=instance, partition_key=req.partition_key, tags=dict(req.tags), **kwargs)
+        res = job.execute_in_process(instance=instance, partition_key=req.partition_key, tags=dict(req.tags),
+                                     run_config=req.run_config or None, raise_on_error=not may_fail, **kwargs)
         mats = res.get_asset_materialization_events()
         if mats:
             metas[str(req.partition_key)] = {k: v.value for k, v in mats[-1].materialization.metadata.items()}

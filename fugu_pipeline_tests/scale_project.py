@@ -48,6 +48,14 @@ def project_env(project: Path, extra: dict | None = None) -> dict[str, str]:
     return env
 
 
+def default_signals() -> None:
+    """In a child: SIGINT and SIGTERM back to their defaults. A process started in the background by
+    a non-interactive shell (a CI script) inherits SIGINT ignored, and Dagster's commands map SIGTERM
+    to SIGINT's handler: `stop()`'s SIGTERM was then ignored until the SIGKILL 30 s later."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class Child:
     """A child process in its own session; `stop()` signals exactly that process group."""
 
@@ -55,7 +63,7 @@ class Child:
         self.log = log
         self._fh = log.open("wb")
         self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=self._fh, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=default_signals)
 
     def stop(self, timeout: float = 30) -> None:
         if self.proc.poll() is None:

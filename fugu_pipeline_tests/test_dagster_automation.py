@@ -8,7 +8,8 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._core.loader import LoadingContextForTest
 
 from fugu_pipeline.defs.assemble import build_defs
-from fugu_pipeline.defs.automation import RESPONSES_VERSION, responses_version
+from fugu_pipeline.defs.automation import BUILD_JOB
+from fugu_pipeline.defs.versions import RESPONSES_VERSION, responses_version
 from fugu_pipeline.defs.catalog import FINGERPRINT_TAG
 from fugu_pipeline.defs.versions import latest_data_versions
 from fugu_pipeline_tests.daemon_path import launch, tick
@@ -17,7 +18,7 @@ MATRIX = dg.AssetKey("reward_matrix")
 
 
 def requested(result) -> list:
-    return [r for r in result.run_requests if MATRIX in (r.asset_selection or [])]
+    return [r for r in result.run_requests if r.job_name == BUILD_JOB or MATRIX in (r.asset_selection or [])]
 
 
 def recollect(defs, instance, worker: str, fingerprint: str) -> dict:
@@ -136,3 +137,73 @@ def test_an_imported_matrix_is_not_replaced_when_the_collection_changes(project)
         assert recollect(defs, instance, "code-expert", "fp-1")["called"] == 300
         auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
         assert len(requested(auto)) == 1, auto.skip_message
+
+
+BAD_LINE = '{"task_id": "x3", "prompt": \n'
+
+
+def follow(defs, instance, cursor=None, ticks: int = 3) -> list[dict]:
+    """Tick the matrix's automation and launch what it requests, until it requests nothing."""
+    built = []
+    for _ in range(ticks):
+        auto = tick(defs, instance, "reward_matrix_automation", cursor)
+        if not requested(auto):
+            break
+        built.extend(launch(defs, instance, requested(auto)).values())
+    return built
+
+
+def test_a_refused_batch_reaches_the_matrix_without_a_manual_rebuild(project):
+    """A batch file with a bad line, dropped after the first build, fails its load and nothing else:
+    no responses partition changes. The matrix was never rebuilt (Dagster's `eager()` waits for an
+    updated dependency), so `refused_batch_files` stayed empty until someone rebuilt it by hand.
+    Now a failed collection run is a collection run that ended: the matrix is rebuilt once and
+    names the file and its line."""
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        launch(defs, instance, tick(defs, instance, "benchgen_batch_sensor").run_requests)
+        first = follow(defs, instance)
+        assert len(first) == 1 and first[0]["refused_batch_files"] == {}
+
+        good = (project / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:2]
+        (project / "data" / "benchgen" / "badline.jsonl").write_text("\n".join(good) + "\n" + BAD_LINE)
+        runs = tick(defs, instance, "benchgen_batch_sensor", None).run_requests
+        launch(defs, instance, [r for r in runs if "badline" in str(r.partition_key)], may_fail=True)
+        built = follow(defs, instance)  # no manual rebuild: the automation's own ticks
+        assert len(built) == 1, "the matrix was not rebuilt after the refused batch"
+        refused = built[0]["refused_batch_files"]
+        assert list(refused) == ["badline.jsonl"] and refused["badline.jsonl"].startswith("badline.jsonl:3: malformed JSON")
+        assert built[0]["complete_rows"] == 300  # the sample's tasks stay
+        assert follow(defs, instance) == []  # once
+
+
+def test_the_matrix_waits_for_the_whole_collection_wave(project):
+    """One build per wave of collection runs: while one of a batch's runs is still queued or running
+    the automation waits, and a build running when a re-collection ends is followed by another."""
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        runs = tick(defs, instance, "benchgen_batch_sensor").run_requests
+        launch(defs, instance, runs[:-1])
+        job = defs.resolve_job_def(runs[-1].job_name)  # the last worker's run: created, not finished
+        queued = instance.create_run_for_job(job, tags=dict(runs[-1].tags),
+                                             status=dg.DagsterRunStatus.NOT_STARTED)
+        auto = tick(defs, instance, "reward_matrix_automation")
+        assert not requested(auto) and "waiting for 1 collection run" in auto.skip_message, auto.skip_message
+        instance.delete_run(queued.run_id)
+        launch(defs, instance, runs[-1:])
+        assert len(follow(defs, instance)) == 1
+        auto = tick(defs, instance, "reward_matrix_automation")
+        assert not requested(auto) and auto.skip_message.startswith("up to date"), auto.skip_message
+
+
+def test_the_main_jobs_collection_is_waited_for_but_not_followed(project):
+    """`fugu-lite pipeline` on the same instance builds the matrix itself right after collecting: the
+    automation must not request a second build in between."""
+    from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS
+
+    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    with dg.instance_for_test() as instance:
+        runs = tick(defs, instance, "benchgen_batch_sensor").run_requests
+        launch(defs, instance, [r.with_replaced_attrs(tags={**r.tags, **MAIN_JOB_TAGS}) for r in runs])
+        auto = tick(defs, instance, "reward_matrix_automation")
+        assert not requested(auto) and auto.skip_message.startswith("up to date"), auto.skip_message

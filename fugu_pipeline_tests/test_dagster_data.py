@@ -81,8 +81,9 @@ def test_bad_batch_fails_and_writes_nothing(project):
         instance.add_dynamic_partitions("workers", ["math-expert"])
         res = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("tasks")], partition_key="broken", raise_on_error=False)
         assert not res.success
-        failure = res.get_step_failure_events()[0].step_failure_data.error.message
-        assert f"{bad}:2: malformed JSON" in failure
+        failure = res.get_step_failure_events()[0].step_failure_data
+        assert "broken.jsonl:2: malformed JSON" in failure.error.message  # one line; the file in full is metadata
+        assert failure.user_failure_data.metadata["file"].value == str(bad)
         res = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("responses")],
                                      partition_key=dg.MultiPartitionKey({"batch": "broken", "worker": "math-expert"}), raise_on_error=False)
         assert not res.success
@@ -135,24 +136,26 @@ def test_reward_matrix_is_requested_when_no_collection_is_in_progress(project):
     """The sensor's collection runs are queued together, so the matrix waits for all of them. Done
     one at a time by hand, with nothing in progress, each finished partition may request a build:
     a partial matrix fails the blocking `cells_complete` check, so nothing trains on it. A missing
-    partition that nobody collects (a retired worker's, a bad file's) no longer blocks the matrix
+    partition that nobody collects (a retired worker's, a bad file's) does not block the matrix
     (`test_dagster_automation.py`)."""
+    from fugu_pipeline.defs.automation import BUILD_JOB
+    from fugu_pipeline_tests.daemon_path import tick
+
     defs = build_defs(str(project), "configs/workers.mock.yaml")
     job = defs.resolve_implicit_global_asset_job_def()
     workers_ = ["math-expert", "code-expert", "general-expert"]
-    matrix = dg.AssetKey("reward_matrix")
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("task_batches", ["sample"])
         instance.add_dynamic_partitions("workers", workers_)
-        result = dg.evaluate_automation_conditions(defs=defs, instance=instance)
-        assert result.get_num_requested(matrix) == 0
+        assert not tick(defs, instance, "reward_matrix_automation").run_requests
         job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("tasks")], partition_key="sample")
-        for i, w in enumerate(workers_):
+        auto = tick(defs, instance, "reward_matrix_automation")  # a load alone: no responses to build from
+        assert not auto.run_requests and "no responses" in auto.skip_message, auto.skip_message
+        for w in workers_:
             job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("responses")],
                                    partition_key=dg.MultiPartitionKey({"batch": "sample", "worker": w}))
-            result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
-            if i == len(workers_) - 1:  # the last one: the whole matrix is requested
-                assert result.get_num_requested(matrix) == 1
+            auto = tick(defs, instance, "reward_matrix_automation")
+            assert [r.job_name for r in auto.run_requests] == [BUILD_JOB]
     sensors = {s.name: s.default_status for s in defs.get_repository_def().sensor_defs}
     assert sensors["reward_matrix_automation"] == dg.DefaultSensorStatus.RUNNING
 

@@ -1,9 +1,11 @@
 """End to end under the real daemon: `dagster dev` on a temporary DAGSTER_HOME, started the way
-the README says, with a project holding one batch. Dropping a second batch file must, with no
-other action, add its partition, collect its responses and rebuild `reward_matrix` with the new
-tasks (the batch sensor, the runs it requests, and the matrix's automation sensor). Prints how
-many seconds that took."""
+the docs say, with the shipped settings (no interval changed), over a project holding one batch.
+Dropping a second batch file and a file with a bad line must, with no other action, add their
+partitions, collect the good batch, fail the bad one's load (once, in one line in the terminal),
+and rebuild `reward_matrix` once with the new tasks and the refused file listed. Prints how many
+seconds the drop took to reach the matrix, and how long `dagster dev` took to stop on Ctrl-C."""
 
+import json
 import os
 import shutil
 import signal
@@ -12,12 +14,15 @@ import subprocess
 import time
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from fugu_pipeline.matrix.read import RewardMatrixError, read_arrays
 from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl
+from fugu_pipeline_tests.scale_project import default_signals
 
 DAGSTER = REPO / ".venv" / "bin" / "dagster"
+BAD_LINE = '{"task_id": "x3", "prompt": \n'
 
 
 def free_port() -> int:
@@ -39,8 +44,40 @@ def wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen, log
         if predicate():
             return time.monotonic() - t0
         assert proc.poll() is None, f"dagster dev exited ({proc.returncode}):\n{log.read_text()[-4000:]}"
-        time.sleep(1.0)
+        time.sleep(0.5)
     pytest.fail(f"{what}: not within {timeout_s:.0f}s\n{log.read_text()[-6000:]}")
+
+
+def group_alive(pgid: int) -> list[str]:
+    """The processes of a process group that still run (a zombie is done: in a container nothing
+    may reap an orphan, and the signal probe `killpg(pgid, 0)` counts it as alive)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            alive.append(text.split(" ", 1)[0] + " " + text[text.index("(") + 1:text.rindex(")")])
+    return alive
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 60) -> float:
+    """Ctrl-C: SIGINT to the whole process group, as a terminal sends it; seconds until every
+    process of the group is gone (SIGKILL after `timeout_s`, naming what was left)."""
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    while time.monotonic() - t0 < timeout_s:
+        proc.poll()
+        if not group_alive(proc.pid):
+            proc.wait()
+            return time.monotonic() - t0
+        time.sleep(0.2)
+    print(f"still running {timeout_s:.0f}s after SIGINT: {group_alive(proc.pid)}")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    return float("inf")
 
 
 @pytest.mark.slow
@@ -55,28 +92,47 @@ def test_dropping_a_batch_file_updates_the_matrix_under_dagster_dev(tmp_path):
     db = project / "data" / "reward_matrix.duckdb"
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FUGU_", "DAGSTER_"))}
-    env.update(DAGSTER_HOME=str(home), FUGU_ENCODER="tiny",
-               FUGU_BATCH_SENSOR_INTERVAL_S="5", FUGU_AUTOMATION_INTERVAL_S="5")  # the README's default is 30 s each
+    env.update(DAGSTER_HOME=str(home), FUGU_ENCODER="tiny", PYTHONUNBUFFERED="1")  # the shipped intervals
     log = tmp_path / "dagster-dev.log"
     with log.open("w") as out:
         proc = subprocess.Popen([str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(free_port())],
-                                cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=default_signals)
+    stopped_in = None
     try:
         first = {f"t{i}" for i in range(12)}
         t = wait_for(lambda: first <= matrix_tasks(db), 480, "the first batch in reward_matrix", proc, log)
         print(f"\nfirst batch (daemon start included) -> matrix: {t:.1f}s")
 
+        mark = len(log.read_text())
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            builds_before = len(matrix_runs(instance))
         write_jsonl(project / "data" / "benchgen" / "b2.jsonl", [task_row(100 + i, split="test") for i in range(6)])
+        (project / "data" / "benchgen" / "badline.jsonl").write_text(
+            "\n".join(json.dumps(task_row(200 + i)) for i in range(2)) + "\n" + BAD_LINE)
         second = first | {f"t{100 + i}" for i in range(6)}
         t = wait_for(lambda: matrix_tasks(db) == second, 300, "the dropped batch in reward_matrix", proc, log)
-        print(f"batch file dropped -> reward_matrix holds its tasks: {t:.1f}s")
+        print(f"batch file dropped -> reward_matrix holds its tasks: {t:.1f}s (shipped intervals)")
         arrays = read_arrays(db)
         assert len(arrays.task_ids) == len(second) and arrays.worker_ids == ["math-expert", "code-expert", "general-expert"]
-        assert "Sensor evaluation function returned a RunRequest" not in log.read_text()
+
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            wait_for(lambda: all(r.is_finished for r in matrix_runs(instance)), 120, "the matrix run finishing", proc, log)
+            time.sleep(12)  # two more automation ticks: a second build would be requested by now
+            assert len(matrix_runs(instance)) == builds_before + 1, "the drop built the matrix more than once"
+            meta = instance.get_latest_materialization_event(dg.AssetKey("reward_matrix")).asset_materialization.metadata
+            assert list(meta["refused_batch_files"].value) == ["badline.jsonl"]
+            failed = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+            assert [r.tags.get("dagster/partition") for r in failed] == ["badline"]  # its load only, no worker called
+        terminal = log.read_text()[mark:]
+        said = [line for line in terminal.splitlines() if "malformed JSON" in line and "left out of the matrix" not in line]
+        assert len(said) == 1 and "RUN_FAILURE" in said[0] and "fix: correct line 3" in said[0], said  # once, one line
+        assert "Stack Trace" not in terminal and "Sensor evaluation function returned a RunRequest" not in terminal
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        stopped_in = stop(proc)
+        print(f"dagster dev stopped on Ctrl-C (SIGINT to its process group) in {stopped_in:.1f}s")
+
+
+def matrix_runs(instance: dg.DagsterInstance) -> list:
+    return [r for r in instance.get_runs() if r.job_name == "build_reward_matrix"
+            or dg.AssetKey("reward_matrix") in (r.asset_selection or set())]

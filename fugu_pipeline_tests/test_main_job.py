@@ -34,6 +34,21 @@ def latest(instance: dg.DagsterInstance, key: str) -> dict:
     return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 
 
+def illegible_metadata(instance: dg.DagsterInstance) -> list[str]:
+    """What an asset page shows badly: a float with more than four decimals (three significant
+    digits under 0.001), or an existing file or folder given as plain text instead of a path."""
+    bad = []
+    for key in instance.get_asset_keys():
+        event = instance.get_latest_materialization_event(key)
+        for name, value in (event.asset_materialization.metadata.items() if event else []):
+            v = getattr(value, "value", value)
+            if isinstance(v, float) and v == v and v != 0 and v != (round(v, 4) if abs(v) >= 1e-3 else float(f"{v:.3g}")):
+                bad.append(f"{key.to_user_string()}.{name} = {v!r}")
+            if isinstance(value, dg.TextMetadataValue) and v.startswith("/") and Path(v).exists():
+                bad.append(f"{key.to_user_string()}.{name}: a path shown as text")
+    return bad
+
+
 @pytest.mark.slow
 def test_main_job_materializes_every_asset_and_resumes(project):
     bad = write_jsonl(project / "data" / "benchgen" / "bad name!.jsonl", [{"task_id": "x"}])
@@ -102,6 +117,7 @@ def test_main_job_materializes_every_asset_and_resumes(project):
         assert promo["promoted"] is True and pointer is not None
         assert pointer_target(project / "models", pointer).resolve() in {c.resolve() for c in checkpoints.values()}
         history = (project / "models" / "promoted" / "history.jsonl").read_text().splitlines()
+        assert not illegible_metadata(instance)  # every figure rounded, every file a path value, on every asset page
 
     from fugu_pipeline import load_promoted
 

@@ -1,8 +1,9 @@
 """The Dagster UI in a real browser: Debian's headless Chromium, driven by Playwright, against
 `dagster dev` on loopback over a project the main job has run once. The asset graph shows every
 asset, a materialization launched from the UI completes, the evaluation report's plots render, the
-sensors are listed as running. Screenshots go to test-output/ui/ (README "Scaling out" lists
-them). Runs with FUGU_SERVICE_TESTS=1 where /usr/bin/chromium is installed."""
+sensors are listed as running, a failed run's log shows its one-line failure with the file, line
+and fix, and every plot of two reports renders. Screenshots go to test-output/ui/. Runs with
+FUGU_SERVICE_TESTS=1 where /usr/bin/chromium is installed."""
 
 from __future__ import annotations
 
@@ -82,6 +83,14 @@ def test_dagster_ui_in_headless_chromium(tmp_path):
             page.wait_for_timeout(1500)
             shot("1-asset-graph.png")
 
+            # 1b. an asset that calls live workers says so on its page: its kind, tag and description
+            page.goto(f"{base}/assets/router_roles")
+            page.get_by_text("live-calls").first.wait_for(state="visible")
+            page.get_by_text("Calls the configured workers live").first.wait_for(state="visible")
+            dismiss()
+            page.wait_for_timeout(1500)
+            shot("1b-live-calls-asset.png")
+
             # 2. a materialization launched from the UI: reward_matrix's page, "Materialize", the run succeeds
             before = {r.run_id for r in instance.get_runs()}
             page.goto(f"{base}/assets/reward_matrix")
@@ -127,10 +136,47 @@ def test_dagster_ui_in_headless_chromium(tmp_path):
             boxes = page.eval_on_selector_all("input[type=checkbox]", "els => els.map(e => e.checked)")
             switches = dict(zip(names, boxes[2::2]))
             shot("4-sensors-running.png")
+
+            # 5. a failed run's log: a batch file with a bad line, picked up by the batch sensor, fails its load
+            # in one line with the file, the line and the fix as the failure's metadata
+            (project / "data" / "benchgen" / "badline.jsonl").write_text(
+                (project / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[0] + '\n{"task_id": "x", \n')
+
+            def failed_load():
+                runs = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], tags={"dagster/partition": "badline"}))
+                return runs[0] if runs else None
+
+            failed = wait_for(failed_load, 300, every=2, what="the bad batch's load failing")
+            page.goto(f"{base}/runs/{failed.run_id}")
+            page.get_by_text("badline.jsonl:2: malformed JSON").first.wait_for(state="visible")
+            dismiss()
+            for label in ("file", "line", "fix"):
+                page.get_by_text(label, exact=True).first.wait_for(state="visible")
+            page.wait_for_timeout(1500)
+            shot("5-failed-run-log.png")
+
+            # 6. every plot of the reports, each as the asset page renders it
+            for asset in ("eval_report_sft", "eval_report_heads"):
+                page.goto(f"{base}/assets/{asset}")
+                row = page.locator("tr", has=page.get_by_text("plots", exact=True)).first
+                row.wait_for(state="visible")
+                dismiss()
+                row.scroll_into_view_if_needed()
+                row.get_by_text("[Show Markdown]").first.click()
+                images = page.locator("img[src^='data:image/png']")
+                images.first.wait_for(state="visible")
+                page.wait_for_timeout(1000)
+                names = [images.nth(i).get_attribute("alt") for i in range(images.count())]
+                assert {"test_summary.png", "test_per_domain.png", "test_curve.png"} <= set(names), names
+                for i, name in enumerate(names):
+                    images.nth(i).scroll_into_view_if_needed()
+                    images.nth(i).screenshot(path=str(shots / f"6-{asset}-{name}"))
+                    taken.append(f"6-{asset}-{name}")
+                page.keyboard.press("Escape")
             browser.close()
     finally:
         ui.stop()
     print("screenshots:", [str(shots / t) for t in taken], "switches:", switches)
     assert all(switches[s] for s in SENSORS), switches  # on by default
     assert not switches["catalog_change_sensor"] and not switches["openrouter_catalog_schedule"]  # off: they spend money
-    assert len(taken) == 4
+    assert len(taken) >= 6 + 6

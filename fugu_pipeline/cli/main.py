@@ -93,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project-dir", default=".", help="project root (holds data/, models/, dagster.yaml)")
     p.add_argument("--workers", default="configs/workers.mock.yaml", help="worker YAML (default: the offline mock pool)")
     p.add_argument("--encoder", default=None, help="'tiny' (offline), a local model directory, or a hub id (default: $FUGU_ENCODER, else Qwen/Qwen3-0.6B)")
-    p.add_argument("--stop-after", default=None, help="stop after this asset (e.g. reward_matrix)")
+    p.add_argument("--stop-after", default=None, metavar="ASSET",
+                   help="stop after this asset: reward_matrix or any step after it (task_embeddings, router_sft, ..., "
+                        "eval_report_triage; router_roles, eval_report_roles with --roles); any other name is refused")
     p.add_argument("--roles", action="store_true", help="also train, evaluate and promote the multi-turn coordinator "
                    "(router_roles, eval_report_roles) after the one-step chain")
     p.add_argument("--layer-sets", nargs="+", default=None, metavar="'L ...'",

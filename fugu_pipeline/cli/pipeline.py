@@ -36,12 +36,24 @@ def cmd_pipeline(args) -> int:
     warnings.filterwarnings("ignore", category=BetaWarning)
     warnings.filterwarnings("ignore", category=PreviewWarning)
     from fugu_pipeline.defs.deploy import InstanceUnavailable
-    from fugu_pipeline.defs.runner import BlockingCheckFailed, StepFailed, run_pipeline
+    from fugu_pipeline.defs.runner import (
+        BlockingCheckFailed,
+        ProjectBusy,
+        StepFailed,
+        StopAfterError,
+        check_stop_after,
+        run_pipeline,
+    )
 
     project = Path(args.project_dir).resolve()
     if not project.is_dir():
         print(f"error: project directory {project} does not exist. Pass a clone of the repository (it holds configs/, "
               "data/benchgen/ and dagster.yaml), or run from inside one (the default is the current directory)", file=sys.stderr)
+        return 2
+    try:  # before anything runs: a name it cannot stop after ran the whole graph, live calls and promotion included
+        check_stop_after(args.stop_after, getattr(args, "roles", False))
+    except StopAfterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     encoder = encoder_name(args)
     print(f"encoder: {encoder}" + (" (built-in tiny Qwen3, offline)" if encoder == "tiny" else ""))
@@ -49,7 +61,7 @@ def cmd_pipeline(args) -> int:
     try:
         results = run_pipeline(project, args.workers, encoder=encoder, stop_after=args.stop_after,
                                roles=getattr(args, "roles", False), asset_config={"router_heads": heads} if heads else None)
-    except InstanceUnavailable as exc:
+    except (InstanceUnavailable, ProjectBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except BlockingCheckFailed as exc:
@@ -93,6 +105,12 @@ def cmd_pipeline(args) -> int:
         print((r.get("verdicts") or "").strip())
         print(f"coordinator promotion: {'promoted' if r.get('promoted') else 'no change'}")
         print((r.get("decision") or "").strip())
+    if results.left_out:  # the other batches went on; the run still says something needs fixing
+        for batch, why in results.left_out.items():
+            print(f"error: batch {batch!r} left out: {why}", file=sys.stderr)
+        print(f"error: {len(results.left_out)} batch file(s) could not be loaded and are not in the matrix; the other "
+              "batches were collected. Fix the line named and run `fugu-lite pipeline` again", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,7 +1,7 @@
 """The Definitions object: every asset, check, sensor and resource of the pipeline, assembled.
 
 `fugu_pipeline.definitions` (the code location) and the main job (`runner.py`) both build theirs
-here. torch and transformers are not imported while loading.
+here. torch and transformers are not imported while loading (the code location loads in seconds).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import dagster as dg
 
 from fugu_pipeline.defs import automation, catalog, data, distributed, models, operations, roles, sensors, triage
 from fugu_pipeline.defs.embeddings import EncoderResource
+from fugu_pipeline.defs.failures import run_console
 from fugu_pipeline.defs.partitions import batch_x_worker
 from fugu_pipeline.defs.resources import PipelineResource
 
@@ -32,9 +33,11 @@ def build_defs(project_dir: str | None = None, workers_config: str | None = None
         sensors=[sensors.benchgen_batch_sensor, catalog.catalog_change_sensor, automation.reward_matrix_automation,
                  operations.catalog_update_sensor],
         schedules=[operations.openrouter_catalog_schedule],
-        jobs=[sensors.load_batch_job, sensors.collect_responses_job, operations.refresh_catalog_job,
+        jobs=[sensors.load_batch_job, sensors.collect_responses_job, automation.build_reward_matrix_job,
+              operations.refresh_catalog_job,
               operations.train_and_promote_job, operations.build_and_train_job,
               *distributed.celery_jobs(data.responses, batch_x_worker)],
+        loggers={"console": run_console},  # what the sensors' jobs print (defs/failures.py)
         executor=distributed.default_executor(),  # FUGU_EXECUTOR: multiprocess (default), celery, k8s
         resources={
             "pipeline": pipeline,

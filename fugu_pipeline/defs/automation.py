@@ -1,112 +1,138 @@
-"""The reward matrix's automation: when `reward_matrix` rebuilds by itself, and the sensor that
-decides it.
+"""The reward matrix follows the collection: `reward_matrix_automation`, the sensor that rebuilds
+`reward_matrix` as soon as the collection runs it reads have finished, and the job it launches.
 
-Dagster's `eager()` condition requests the matrix when a `responses` partition is newly updated
-since the matrix was last requested or updated. "Since" is edge-triggered: when a re-collection
-and a matrix build land between the same two ticks, the matrix's update resets the trigger
-(Dagster keeps no order between them), the matrix is never requested again, and it stays
-"Unsynced" until some other partition changes. So the matrix also rebuilds, level-triggered,
-while the responses it was built from differ from the materialized ones: each `responses`
-partition's data version is the hash of its file, the matrix records the combined version it
-read (`responses_version` in its metadata, taken before it reads a file, so a race can only
-cause one extra build, never a missed one), and `BuiltFromOtherResponses` compares the two on
-every tick. The condition runs user code, so the sensor evaluates on the code server
-(`use_user_code_server=True`), which also lets `SensorDefinition.evaluate_tick` run it in tests.
+The rule, checked every FUGU_AUTOMATION_INTERVAL_S seconds (default 5; each check is three
+small queries of the instance's run storage, no code is loaded):
+
+- while a collection run (`tasks` or `responses`: a batch's load, a worker's partition, a
+  re-collection from the UI or the catalog sensor) is queued or running, wait: one build once the
+  wave is over, not one per partition;
+- while a `reward_matrix` run is queued or running, wait;
+- then build when a collection run has ended, successfully or not, after the latest matrix run
+  started. A failed run counts: a batch file with a bad line fails its `tasks` run, and the new
+  build lists it under `refused_batch_files`; a retired worker's partition, never collected
+  again, holds nothing back. The runs of `fugu-lite pipeline` (same instance) are waited for but
+  not followed: the command builds the matrix itself right after its collection.
+
+Level-triggered on the run records, so nothing is lost between two checks (a re-collection that
+lands while a build runs gets a build after it), and a failed build is not retried in a loop:
+its run started after the collection it followed, so only a new collection run tries again.
+The run key names the last collection run followed: a repeated check never launches twice.
+Never over a matrix imported from routing data (its `source` metadata starts with `import:`):
+the collection is not what it holds; building it once from the collection by hand resumes.
+
+Why not Dagster's `AutomationCondition` sensor: it evaluates the asset graph on the code server
+(about a second a tick on a loaded machine), so it ticked every 30 s, and a batch waited for the
+batch sensor's poll and then this one (66 s from drop to matrix). This check reacts within one
+5 s tick of the last collection run ending.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
+from datetime import datetime, timezone
 
 import dagster as dg
 
-from fugu_pipeline.defs.versions import combined_version, latest_data_versions
+from fugu_pipeline.defs.data import reward_matrix
+from fugu_pipeline.defs.distributed import CELERY_JOB, single_step_executor
+from fugu_pipeline.defs.failures import RUN_CONSOLE_CONFIG
+from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS
+from fugu_pipeline.defs.versions import RESPONSES, latest_data_versions
 
-RESPONSES = dg.AssetKey("responses")
 REWARD_MATRIX = dg.AssetKey("reward_matrix")
-RESPONSES_VERSION = "responses_version"  # metadata key on reward_matrix materializations
+COLLECTION = frozenset({dg.AssetKey("tasks"), dg.AssetKey("responses")})
+COLLECTION_JOBS = frozenset({"load_batch", "collect_responses", CELERY_JOB})
 IMPORT_SOURCE_PREFIX = "import:"  # how an imported matrix's `source` metadata starts (matrix/build.py)
-AUTOMATION_INTERVAL_S = int(os.environ.get("FUGU_AUTOMATION_INTERVAL_S", "30"))
+AUTOMATION_INTERVAL_S = int(os.environ.get("FUGU_AUTOMATION_INTERVAL_S", "5"))
+BUILD_JOB = "build_reward_matrix"
+UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+              dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+
+build_reward_matrix_job = dg.define_asset_job(
+    BUILD_JOB, selection=[reward_matrix], executor_def=single_step_executor(), config=RUN_CONSOLE_CONFIG,
+    description="The reward matrix from the collected responses, with its checks (what reward_matrix_automation "
+                "launches once a batch's collection runs have finished).",
+)
 
 
-def responses_version(instance: dg.DagsterInstance) -> str:
-    """The combined data version of every materialized `responses` partition, now."""
-    return combined_version(latest_data_versions(instance, RESPONSES))
+def _assets(run: dg.DagsterRun, repo: dg.RepositoryDefinition | None) -> set[dg.AssetKey]:
+    """The assets a run materializes: its selection, else its job's assets."""
+    if run.asset_selection:
+        return set(run.asset_selection)
+    if run.job_name in COLLECTION_JOBS:
+        return set(COLLECTION)
+    if repo is not None and repo.has_job(run.job_name):
+        return set(repo.get_job(run.job_name).asset_layer.selected_asset_keys)
+    return set()
 
 
-class BuiltFromOtherResponses(dg.AutomationCondition):
-    """True while the responses the latest matrix build read differ from the materialized ones,
-    or while there is no matrix yet but responses are materialized."""
-
-    @property
-    def name(self) -> str:
-        return "built_from_other_responses"
-
-    @property
-    def description(self) -> str:
-        return "the latest build read other responses than the materialized ones (or there is none yet)"
-
-    def evaluate(self, context: dg.AutomationContext) -> dg.AutomationResult:
-        instance = context.asset_graph_view.instance
-        versions = latest_data_versions(instance, RESPONSES)
-        event = instance.get_latest_materialization_event(context.key)
-        if event is None:
-            behind = bool(versions)
-        else:  # a build that recorded nothing (an older version of this code) is left alone
-            recorded = event.asset_materialization.metadata.get(RESPONSES_VERSION)
-            behind = recorded is not None and recorded.value != combined_version(versions)
-        return dg.AutomationResult(context, context.candidate_subset if behind else context.get_empty_subset())
+def _main_job(run: dg.DagsterRun) -> bool:
+    """A run of `fugu-lite pipeline`, which builds the matrix itself right after its collection."""
+    return all(run.tags.get(k) == v for k, v in MAIN_JOB_TAGS.items())
 
 
-class BuiltFromAnImport(dg.AutomationCondition):
-    """True while the latest matrix was built from imported routing data (its `source` metadata
-    starts with `import:`): the collected responses are not what it holds, so their changes must not
-    replace it. Building the matrix from the collection by hand (no `import_path`) ends this."""
-
-    @property
-    def name(self) -> str:
-        return "built_from_an_import"
-
-    @property
-    def description(self) -> str:
-        return "the latest build imported routing data (build it once from the collection to resume)"
-
-    def evaluate(self, context: dg.AutomationContext) -> dg.AutomationResult:
-        event = context.asset_graph_view.instance.get_latest_materialization_event(context.key)
-        source = event.asset_materialization.metadata.get("source") if event is not None else None
-        imported = source is not None and str(source.value).startswith(IMPORT_SOURCE_PREFIX)
-        return dg.AutomationResult(context, context.candidate_subset if imported else context.get_empty_subset())
+def _started(instance: dg.DagsterInstance, run_id: str) -> float:
+    """When a run started (its creation, if it never started)."""
+    record = instance.get_run_record_by_id(run_id)
+    if record is None:
+        return 0.0
+    return record.start_time or record.create_timestamp.timestamp()
 
 
-def reward_matrix_condition() -> dg.AutomationCondition:
-    """eager(), plus a (first) build while the matrix is behind its responses. Never while a
-    responses partition is in progress (a queued collection counts), or the matrix is in progress;
-    after a failed build, only a new responses update (eager) tries again. A partition that is
-    missing and not in progress does not hold it back: a retired worker's partition of a later batch
-    is never collected, and a bad batch file's collection fails (the build leaves that batch out and
-    lists it); waiting on every missing partition stopped the matrix following for good. Never
-    while the matrix holds imported routing data: a change of the collected responses would replace
-    it with the collection's matrix."""
-    ac = dg.AutomationCondition
-    updated = (ac.newly_missing() | ac.any_deps_updated()).since_last_handled()
-    behind = (BuiltFromOtherResponses() & ~ac.execution_failed() & ~ac.newly_requested()).with_label(
-        "behind its responses"
-    )
-    return ((updated | behind) & ~ac.any_deps_in_progress() & ~ac.in_progress() & ~BuiltFromAnImport()).with_label(
-        "eager, or behind its responses"
-    )
+def _imported(instance: dg.DagsterInstance) -> bool:
+    event = instance.get_latest_materialization_event(REWARD_MATRIX)
+    source = event.asset_materialization.metadata.get("source") if event and event.asset_materialization else None
+    return source is not None and str(source.value).startswith(IMPORT_SOURCE_PREFIX)
 
 
-with warnings.catch_warnings():  # `use_user_code_server` is marked beta; it is what custom conditions need
-    warnings.simplefilter("ignore", dg.BetaWarning)
-    reward_matrix_automation = dg.AutomationConditionSensorDefinition(
-        "reward_matrix_automation",
-        target=dg.AssetSelection.assets(REWARD_MATRIX),
-        default_status=dg.DefaultSensorStatus.RUNNING,
-        minimum_interval_seconds=AUTOMATION_INTERVAL_S,
-        use_user_code_server=True,
-        description="Rebuilds the reward matrix once no responses partition is being collected, and again "
-                    "whenever the responses it was built from have changed since; never over a matrix imported from "
-                    "routing data (evaluated on the code server).",
-    )
+def matrix_request(instance: dg.DagsterInstance, repo: dg.RepositoryDefinition | None = None) -> tuple[dg.RunRequest | None, str]:
+    """(the matrix build to launch, or None; why), by the rule in the module docstring."""
+    unfinished = [(r, _assets(r, repo)) for r in instance.get_runs(dg.RunsFilter(statuses=UNFINISHED))]
+    collecting = [r for r, keys in unfinished if keys & COLLECTION]
+    if collecting:
+        shown = ", ".join(sorted({r.tags.get("dagster/partition", r.job_name) for r in collecting})[:5])
+        return None, f"waiting for {len(collecting)} collection run(s) to finish ({shown})"
+    if any(REWARD_MATRIX in keys for _, keys in unfinished):
+        return None, "a reward_matrix run is queued or running"
+    planned = instance.get_latest_planned_materialization_info(REWARD_MATRIX)
+    since = _started(instance, planned.run_id) if planned else 0.0
+    # update_timestamp is stored by the database (to the second): look a little further back, then compare end times
+    records = instance.get_run_records(dg.RunsFilter(
+        statuses=FINISHED, updated_after=datetime.fromtimestamp(max(since - 5.0, 0.0), tz=timezone.utc)))
+    ended = [rec for rec in records if rec.end_time and rec.end_time > since and _assets(rec.dagster_run, repo) & COLLECTION
+             and not _main_job(rec.dagster_run)]
+    if not ended:
+        return None, "up to date: no collection run has ended since the latest matrix build started"
+    if not latest_data_versions(instance, RESPONSES):
+        return None, "no responses partition is collected yet: nothing to build a matrix from"
+    if _imported(instance):
+        return None, ("the matrix holds imported routing data: the collection does not replace it (materialize "
+                      "reward_matrix once without import_path to follow the collection again)")
+    last = max(ended, key=lambda rec: rec.end_time or 0.0)
+    failed = sum(rec.dagster_run.status != dg.DagsterRunStatus.SUCCESS for rec in ended)
+    why = f"{len(ended)} collection run(s) ended since the latest build" + (f", {failed} of them failed" if failed else "")
+    return dg.RunRequest(run_key=f"after:{last.dagster_run.run_id}", job_name=BUILD_JOB, run_config=RUN_CONSOLE_CONFIG,
+                         tags={"fugu/follows_run": last.dagster_run.run_id}), why
+
+
+@dg.sensor(
+    name="reward_matrix_automation",
+    job=build_reward_matrix_job,
+    minimum_interval_seconds=AUTOMATION_INTERVAL_S,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=(
+        "Rebuilds reward_matrix once a wave of collection runs (a batch's load and its workers' partitions, a "
+        "re-collection) has ended, successfully or not: a refused batch is listed in the new build's "
+        "refused_batch_files. Waits while any collection or matrix run is queued or running; never replaces a matrix "
+        "imported from routing data. Checks the run records every few seconds (FUGU_AUTOMATION_INTERVAL_S, default 5)."
+    ),
+)
+def reward_matrix_automation(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    """See the description above (it is what the UI shows)."""
+    request, why = matrix_request(context.instance, context.repository_def)
+    if request is None:
+        return dg.SensorResult(skip_reason=why)
+    context.log.info(f"reward_matrix requested: {why}")
+    return dg.SensorResult(run_requests=[request])

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import dagster as dg
 
+from fugu_pipeline.defs.metadata import LIVE_API, LIVE_KIND
 from fugu_pipeline.defs.partitions import CATALOG_FRESHNESS, batch_x_worker, partition_run_request, task_batches, workers
 from fugu_pipeline.defs.resources import PipelineResource, config_skip
 from fugu_pipeline.defs.versions import latest_data_versions
@@ -88,11 +89,12 @@ def run_model_fingerprint(tags: Mapping[str, str], pipeline: PipelineResource, s
     return snap.fingerprint(spec.model) if snap else None
 
 
-@dg.asset(group_name="data", kinds={"json"}, freshness_policy=CATALOG_FRESHNESS)
+@dg.asset(group_name="data", kinds={"json", LIVE_KIND}, tags=LIVE_API, freshness_policy=CATALOG_FRESHNESS)
 def openrouter_catalog(
     context: dg.AssetExecutionContext, openrouter: OpenRouterResource, pipeline: PipelineResource
 ) -> dg.MaterializeResult:
-    """The OpenRouter model catalog (prices, context lengths, supported parameters), stored as
+    """Calls the OpenRouter API live (its public models endpoint; needs the network, no key).
+    The OpenRouter model catalog (prices, context lengths, supported parameters), stored as
     data/catalog/latest.json with a history of every change. Reports which configured workers'
     models changed or left the catalog since the previous snapshot."""
     folder = pipeline.paths.catalog

@@ -9,8 +9,9 @@ import dagster as dg
 
 from fugu_pipeline.collect.partition import collect_partition_sync, summarize_cells
 from fugu_pipeline.collect.store import ResponseStore
-from fugu_pipeline.defs.automation import RESPONSES_VERSION, reward_matrix_condition, responses_version
 from fugu_pipeline.defs.catalog import run_model_fingerprint
+from fugu_pipeline.defs.failures import batch_failure, first_problem
+from fugu_pipeline.defs.metadata import LIVE_KIND, LIVE_WORKERS, tidy
 from fugu_pipeline.defs.partitions import (
     DUCKDB_WRITER_POOL,
     WORKER_CALLS_POOL,
@@ -19,7 +20,7 @@ from fugu_pipeline.defs.partitions import (
 )
 from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline.defs.shared import SharedStore
-from fugu_pipeline.defs.versions import file_version
+from fugu_pipeline.defs.versions import RESPONSES_VERSION, file_version, responses_version
 from fugu_pipeline.matrix.build import build, from_import
 from fugu_pipeline.matrix.bulk import build_collection
 from fugu_pipeline.matrix.read import (
@@ -47,12 +48,12 @@ def _load_batch(pipeline: PipelineResource, batch: str):
     try:
         return load_tasks(_batch_file(pipeline, batch))
     except TaskFileError as exc:
-        raise dg.Failure(description=str(exc)) from None
+        raise batch_failure(exc) from None
 
 
 @dg.asset(partitions_def=task_batches, group_name="data", kinds={"jsonl"})
 def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """One BenchGen batch, parsed and validated. A bad line fails the whole batch with
+    """One BenchGen batch, parsed and validated (the BenchGen task format). A bad line fails the whole batch with
     its file and line; nothing of the batch is used until the file is fixed."""
     path = _batch_file(pipeline, context.partition_key)
     version = file_version(path)  # before reading: a file changed meanwhile only causes one more run
@@ -97,10 +98,12 @@ with warnings.catch_warnings():  # marked beta in Dagster; it is the mapping tha
     deps=[dg.AssetDep(tasks, partition_mapping=_BATCH_OF_PARTITION)],
     pool=WORKER_CALLS_POOL,
     group_name="data",
-    kinds={"jsonl"},
+    kinds={"jsonl", LIVE_KIND},
+    tags=LIVE_WORKERS,
 )
 def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """Each worker answers each task of the batch once, graded at once and durable at once.
+    """Calls the configured workers: each answers each task of the batch once, graded at once and
+    durable at once.
     A re-run calls only missing or failed cells (and cells answered by an older version of the
     worker's model, when the catalog sensor passes a new fingerprint)."""
     keys = context.partition_key.keys_by_dimension
@@ -136,7 +139,7 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
     context.log.info(f"{batch} x {worker_id}: called {stats.n_called}, ok {stats.n_ok}, failed {stats.n_failed}, "
                      f"already done {stats.n_already_done}")
     return dg.MaterializeResult(
-        metadata={
+        metadata=tidy({
             "called": stats.n_called,
             "already_done": stats.n_already_done,
             "ok_this_run": stats.n_ok,
@@ -153,7 +156,7 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
             "skipped_where": stats.skipped_note or "",
             "model_fingerprint": fingerprint or "",
             "path": dg.MetadataValue.path(str(store.path(batch, worker_id))),
-        },
+        }),
         data_version=dg.DataVersion(file_version(store.path(batch, worker_id))),  # unchanged when nothing was called
     )
 
@@ -164,7 +167,7 @@ REWARDS_SCHEMA = dg.TableSchema(columns=[
     dg.TableColumn("position", "INTEGER", description="the worker's fixed position (workers.position)"),
     dg.TableColumn("quality", "DOUBLE", description="graded quality in [0, 1]"),
     dg.TableColumn("cost_usd", "DOUBLE", description="call cost, judge included"),
-    dg.TableColumn("latency_s", "DOUBLE"),
+    dg.TableColumn("latency_s", "DOUBLE", description="seconds from request to answer, judge included"),
     dg.TableColumn("utility", "DOUBLE", description="the reward: quality minus weighted cost and latency"),
 ])
 
@@ -183,7 +186,7 @@ def _tables_md(db: Path) -> str:
 class RewardMatrixConfig(dg.Config):
     import_path: str | None = None
     """Build from imported routing data instead of the collected responses: a reward-matrix JSONL
-   , or a file (folder) of the kind `import_kind` names."""
+    (one row per task: task_id, prompt, domain, worker_ids, quality...), or a file (folder) of the kind `import_kind` names."""
     import_kind: str = "jsonl"
     """jsonl, table (one column per worker), long (one row per call), dcrouter, routellm-gsm8k,
     routellm-mmlu or routellm-csv: the kinds of `fugu-lite import`."""
@@ -227,14 +230,14 @@ def _imported(config: RewardMatrixConfig, paths, utility, weights_from: str):
     pool=DUCKDB_WRITER_POOL,
     group_name="data",
     kinds={"duckdb"},
-    automation_condition=reward_matrix_condition(),
 )
 def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The graded reward matrix in DuckDB (tables tasks, workers, responses, rewards; view
     reward_wide). The only step that writes the database; built beside the old file and renamed
-    into place, so readers never see half a matrix. Rebuilt automatically once every responses
-    partition is done, and whenever the responses it was built from have changed since."""
-    built_from = responses_version(context.instance)  # before reading any file (see defs/automation.py)
+    into place, so readers never see half a matrix. Rebuilt by itself once a batch's collection
+    runs have ended (`reward_matrix_automation`); a batch file that cannot be read is left out and
+    listed under `refused_batch_files`."""
+    built_from = responses_version(context.instance)  # before reading any file: what this build holds at least
     workers_config = pipeline.load_workers()
     paths = pipeline.paths
     refused = scan_batch_files(paths.benchgen)[1]
@@ -258,18 +261,20 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
             if summary["skipped_where"]:  # the cells of those lines are missing (collected again next run)
                 context.log.warning(f"response lines skipped: {summary['skipped_where']}")
             for exc in bad_batches:  # each left out whole; the matrix holds the other batches
-                context.log.warning(f"batch file left out of the matrix: {exc}")
+                context.log.warning(f"batch file left out of the matrix: {first_problem(exc)}")
             refused = [*refused, *bad_batches]
             context.log.info(f"built in {sum(timings.values()):.2f}s: {timings}")
             source, utility = "collection", workers_config.reward
             utility_source = f"computed from each cell's quality, cost and latency; weights: {weights_from}"
-    except (TaskFileError, RewardMatrixError) as exc:
+    except TaskFileError as exc:
+        raise batch_failure(exc, "then materialize reward_matrix again") from None
+    except RewardMatrixError as exc:
         raise dg.Failure(description=str(exc)) from None
     arrays = read_arrays(paths.reward_db)
     health = signal_health(arrays.utility)
     context.log.info(f"reward matrix: {summary}")
     return dg.MaterializeResult(
-        metadata={
+        metadata=tidy({
             "dagster/row_count": dg.MetadataValue.int(summary["cells_filled"]),  # graded cells (rows of `rewards`)
             "dagster/column_schema": REWARDS_SCHEMA,
             "tables": dg.MetadataValue.md(_tables_md(paths.reward_db)),
@@ -283,19 +288,13 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
             "path": dg.MetadataValue.path(str(paths.reward_db)),
             "source": source,
             **({"import": dg.MetadataValue.json({"kind": config.import_kind, **import_notes})} if import_notes else {}),
-            "refused_batch_files": dg.MetadataValue.json({e.path.name: _first_problem(e) for e in refused}),
+            "refused_batch_files": dg.MetadataValue.json({e.path.name: first_problem(e) for e in refused}),
             RESPONSES_VERSION: built_from,
             "utility_weights": dg.MetadataValue.json(utility.model_dump()),
             "utility": f"{utility.describe()} ({utility_source})",
-        },
+        }),
         data_version=dg.DataVersion(summary["data_version"]),
     )
-
-
-def _first_problem(exc: TaskFileError) -> str:
-    line, msg = exc.problems[0] if exc.problems else (0, str(exc))
-    more = f" (+{len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
-    return (f"line {line}: " if line else "") + msg[:200] + more
 
 
 # The first three checks are blocking: in a run that also trains (build_and_train, the main job), a

@@ -140,3 +140,12 @@ def default_executor() -> dg.ExecutorDefinition | None:
 
         return k8s_job_executor
     raise ValueError(f"{EXECUTOR_ENV}={kind!r}: expected multiprocess, celery or k8s")
+
+
+def single_step_executor() -> dg.ExecutorDefinition | None:
+    """The executor of the one-step jobs the sensors launch (a batch's load, one `responses`
+    partition, the matrix with its checks): on one machine Dagster's in-process executor, so a run
+    is one Python process instead of a run process plus one per step (each loads the code location,
+    seconds on a busy machine, paid again by every partition of a batch); with FUGU_EXECUTOR set,
+    None: the job takes the definitions' executor (Celery, Kubernetes)."""
+    return dg.in_process_executor if default_executor() is None else None

@@ -101,7 +101,7 @@ def materialize_embeddings(
             "forward_passes": result.forward_passes,
             "seconds": round(result.seconds, 3),
             "contract": dg.MetadataValue.json(result.contract.model_dump()),
-            "cache_dir": str(cache_root / result.fingerprint),
+            "cache_dir": dg.MetadataValue.path(str(cache_root / result.fingerprint)),
         },
         data_version=dg.DataVersion(version),
     )

@@ -9,6 +9,7 @@ from fugu_pipeline.defs import harness
 from fugu_pipeline.defs.data import reward_matrix
 from fugu_pipeline.defs.distributed import GPU_OP_TAGS
 from fugu_pipeline.defs.embeddings import EncoderResource
+from fugu_pipeline.defs.metadata import LIVE_KIND, LIVE_WORKERS, tidy
 from fugu_pipeline.defs.partitions import GPU_POOL, ROUTER_FRESHNESS
 from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline.defs.shared import SharedStore
@@ -231,6 +232,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
         {"checkpoints": [str(s.path) for s in report.saved], "selected": str(selected), "selected_kind": report.selected_kind,
          **{k: v for k, v in (cascade or {}).items() if k != "policy_md"}},
         metadata={"selected": dg.MetadataValue.path(str(selected)), "selected_kind": report.selected_kind,
+                  "checkpoints": dg.MetadataValue.json([str(s.path) for s in report.saved]),
                   **({"policy": cascade["policy"], "policy_choice": dg.MetadataValue.md(cascade["policy_md"]),
                       "cascade": dg.MetadataValue.path(cascade["cascade"]),
                       "cascade_report": dg.MetadataValue.path(cascade["cascade_report"])} if cascade else {}),
@@ -275,7 +277,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     if problems:
         raise dg.Failure(description=f"{checkpoint_path} cannot be scored with this encoder: " + "; ".join(problems))
     rep = evaluate_checkpoint(ckpt, data, "test")
-    live, tasks = harness.live_for(pipeline)  # the composite against the current king
+    live, tasks = harness.live_for(pipeline)  # the TinyRouter composite against the current king
     add_composite(rep, ckpt, data, pipeline.paths.models, harness.policy_for(pipeline).composite, live=live, tasks=tasks,
                   features=source)
     out_dir = Path(checkpoint_path) / "reports"
@@ -303,31 +305,37 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     if "apgr" in rep:
         meta["apgr"] = rep["apgr"]["apgr"] if rep["apgr"]["apgr"] is not None else rep["apgr"]["note"]
     meta.update(harness.report_metadata(rep))  # every baseline row, the composite and its terms
+    meta["checkpoint"] = dg.MetadataValue.path(checkpoint_path)
+    meta["plot_files"] = dg.MetadataValue.md("\n".join(f"- `{p}`" for p in plots))
     return dg.Output({"checkpoint": checkpoint_path, "report": str(json_path), "method": method,
-                      "router_utility": rep["router_utility"]}, metadata=meta)
+                      "router_utility": rep["router_utility"]}, metadata=tidy(meta))
 
 
-@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION)
 def eval_report_sft(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_sft: str) -> dg.Output[dict]:
-    """Held-out report of the SFT checkpoint: every metric, plots, per-domain table."""
+    """Held-out report of the SFT checkpoint: every metric, the baselines, plots, per-domain table.
+    Its composite's live term calls the configured workers (`live_sample` tasks a benchmark, configs/promotion.yaml)."""
     return _report(context, pipeline, encoder, router_sft, "sft")
 
 
-@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION)
 def eval_report_rl(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_rl: str) -> dg.Output[dict]:
-    """Held-out report of the RL checkpoint."""
+    """Held-out report of the RL checkpoint: every metric, the baselines, plots, per-domain table.
+    Its composite's live term calls the configured workers (`live_sample` tasks a benchmark, configs/promotion.yaml)."""
     return _report(context, pipeline, encoder, router_rl, "rl")
 
 
-@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION)
 def eval_report_es(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_es: str) -> dg.Output[dict]:
-    """Held-out report of the CMA-ES checkpoint."""
+    """Held-out report of the CMA-ES checkpoint: every metric, the baselines, plots, per-domain table.
+    Its composite's live term calls the configured workers (`live_sample` tasks a benchmark, configs/promotion.yaml)."""
     return _report(context, pipeline, encoder, router_es, "es")
 
 
-@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION)
 def eval_report_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_heads: dict) -> dg.Output[dict]:
-    """Held-out report of the head `router_heads` selected."""
+    """Held-out report of the head `router_heads` selected: every metric, the baselines, plots, per-domain table.
+    Its composite's live term calls the configured workers (`live_sample` tasks a benchmark, configs/promotion.yaml)."""
     return _report(context, pipeline, encoder, router_heads["selected"], router_heads["selected_kind"])
 
 
@@ -351,7 +359,7 @@ class PromotionConfig(dg.Config):
     only (default: the step fails and says why, and the broken king stays for someone to restore)."""
 
 
-@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION,
+@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION,
           freshness_policy=ROUTER_FRESHNESS)
 def promoted_router(
     context: dg.AssetExecutionContext, config: PromotionConfig, pipeline: PipelineResource, encoder: EncoderResource,
@@ -361,7 +369,7 @@ def promoted_router(
     `router_heads` selected; the one with the best validation utility (out-of-fold for heads fitted
     on the val rows too) replaces the promoted checkpoint only if it passes every gate;
     models/promoted/current.json is swapped atomically and every decision is kept in
-    models/promoted/history.jsonl."""
+    models/promoted/history.jsonl. The composite's live term calls the configured workers."""
     from fugu_pipeline.evaluate.promotion import promote_best
 
     source = _feature_source(context, pipeline, encoder)
@@ -379,10 +387,15 @@ def promoted_router(
         context.log.info(line)
     if shared and shared.push_promoted(king_version):  # compare-and-swap: fails if another machine promoted meanwhile
         context.log.info(f"promoted pointer published to {shared.models_url}")
-    return dg.MaterializeResult(metadata={
+    from fugu_pipeline.train.pointer import pointer_target
+
+    challenger = outcome["challenger"] or ""
+    return dg.MaterializeResult(metadata=tidy({
         "promoted": outcome["promoted"],
-        "challenger": outcome["challenger"] or "",
+        "challenger": dg.MetadataValue.path(challenger) if "/" in challenger else challenger or "none",
+        **({"current_checkpoint": dg.MetadataValue.path(str(pointer_target(pipeline.paths.models, outcome["pointer"])))}
+           if outcome["pointer"] else {}),
         "decision": dg.MetadataValue.md("\n".join(f"- {r}" for r in outcome["reasons"])),
         "current": dg.MetadataValue.json(outcome["pointer"] or {}),
         **harness.promotion_metadata(outcome),
-    })
+    }))

@@ -5,6 +5,8 @@ from datetime import timedelta
 
 import dagster as dg
 
+from fugu_pipeline.defs.failures import RUN_CONSOLE_CONFIG
+
 task_batches = dg.DynamicPartitionsDefinition(name="task_batches")
 workers = dg.DynamicPartitionsDefinition(name="workers")
 batch_x_worker = dg.MultiPartitionsDefinition({"batch": task_batches, "worker": workers})
@@ -14,6 +16,7 @@ WORKER_CALLS_POOL = "worker_calls"
 DUCKDB_WRITER_POOL = "duckdb_writer"
 GPU_POOL = "gpu"
 DEFAULT_WORKER_CALLS_LIMIT = 8
+MAIN_JOB_TAGS = {"fugu/launched_by": "fugu-lite pipeline"}  # the runs of `fugu-lite pipeline` (defs/runner.py)
 
 
 def ensure_worker_calls_limit(instance: dg.DagsterInstance) -> bool:
@@ -30,9 +33,11 @@ def partition_run_request(partitions_def: dg.PartitionsDefinition, partition_key
     """A sensor's run request for one partition of a dynamic partition set, with its partition
     tags filled in here. Dagster otherwise checks the key against the instance while it resolves
     the request, which a sensor context built from an instance (tests, tick checks) cannot do;
-    the sensors only request partitions they add in the same result or that already exist."""
+    the sensors only request partitions they add in the same result or that already exist. The
+    run prints through the project's console (`run_console`: a failure in one line, once)."""
     tags = {**kwargs.pop("tags", {}), **partitions_def.get_tags_for_partition_key(partition_key)}
-    return dg.RunRequest(partition_key=partition_key, tags=tags, **kwargs)
+    return dg.RunRequest(partition_key=partition_key, tags=tags, run_config=kwargs.pop("run_config", RUN_CONSOLE_CONFIG),
+                         **kwargs)
 
 
 # Freshness (evaluated by the daemon; shown on each asset's page): the catalog is refreshed hourly

@@ -6,6 +6,7 @@ import dagster as dg
 
 from fugu_pipeline.defs.data import reward_matrix
 from fugu_pipeline.defs.embeddings import EncoderResource
+from fugu_pipeline.defs.metadata import LIVE_KIND, LIVE_WORKERS, tidy
 from fugu_pipeline.defs.models import promoted_router
 from fugu_pipeline.defs.partitions import GPU_POOL
 from fugu_pipeline.defs.resources import PipelineResource
@@ -51,10 +52,11 @@ def _stop(exc: Exception) -> dg.Failure:
 
 
 @dg.asset(deps=[reward_matrix, promoted_router], pool=GPU_POOL, group_name="multi_turn",
-          kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
+          kinds={"pytorch", "safetensors", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION)
 def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pipeline: PipelineResource,
                  encoder: EncoderResource) -> dg.Output[str]:
-    """The multi-turn coordinator (TinyRouter): a roles head (worker + Thinker/Worker/Verifier logits
+    """Calls the configured workers live (every session of training; with real workers it spends money).
+    The multi-turn coordinator (TinyRouter): a roles head (worker + Thinker/Worker/Verifier logits
     over the encoded transcript) trained by separable CMA-ES on live trajectory reward, with common
     random numbers, warm-started from the promoted one-step router where the encoders match.
     Trajectories are stored per (task, head, seed): a re-run or a killed run calls nothing twice.
@@ -78,7 +80,7 @@ def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pi
             raise _stop(exc) from None
         calls = dict(r.caller.calls)
     m = result.metrics
-    return dg.Output(str(path), data_version=dg.DataVersion(path.name), metadata={
+    return dg.Output(str(path), data_version=dg.DataVersion(path.name), metadata=tidy({
         "checkpoint": dg.MetadataValue.path(str(path)),
         "param_count": int(result.weight.size),
         "best_generation": result.best_generation,
@@ -87,13 +89,14 @@ def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pi
         "worker_calls_this_run": dg.MetadataValue.json(calls),
         "trajectories": dg.MetadataValue.path(str(r.runner.store.path)),
         "curves": dg.MetadataValue.json(result.curves),
-    })
+    }))
 
 
-@dg.asset(pool=GPU_POOL, group_name="multi_turn", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(pool=GPU_POOL, group_name="multi_turn", kinds={"json", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION)
 def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pipeline: PipelineResource,
                       encoder: EncoderResource, router_roles: str, router_es: str) -> dg.Output[dict]:
-    """Live multi-turn report on the held-out tasks: accuracy with a 95% interval, turns and cost
+    """Calls the configured workers live (every held-out session; with real workers it spends money).
+    Live multi-turn report on the held-out tasks: accuracy with a 95% interval, turns and cost
     per correct answer, role and worker usage per turn, against the one-step router (the promoted
     one; the latest CMA-ES checkpoint when none is promoted) and the best fixed worker (chosen on
     train), per domain with a verdict on whether delegation is worth its extra calls. Then the one
@@ -129,7 +132,7 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
     from fugu_pipeline.defs.harness import promotion_metadata
 
     return dg.Output({"checkpoint": router_roles, "report": rep["report_path"], "promoted": promo.get("promoted", False)},
-                     metadata={
+                     metadata=tidy({
                          "coordinator_accuracy": p["coordinator"]["accuracy"]["mean"],
                          "best_fixed_accuracy": p["best_fixed"]["accuracy"]["mean"],
                          "best_fixed_worker": rep["best_fixed_worker"],
@@ -143,4 +146,4 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
                          "decision": dg.MetadataValue.md("\n".join(f"- {x}" for x in promo.get("reasons", []))),
                          "report": dg.MetadataValue.path(rep["report_path"]),
                          **promotion_metadata(promo),
-                     })
+                     }))

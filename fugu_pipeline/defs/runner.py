@@ -9,13 +9,15 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
 from dagster._core.errors import DagsterAssetCheckFailedError  # what a failed blocking check raises
 
-from fugu_pipeline.defs.partitions import ensure_worker_calls_limit, task_batches
+from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS, ensure_worker_calls_limit, task_batches
 from fugu_pipeline.tasks.loading import scan_batch_files
+
 
 class BlockingCheckFailed(RuntimeError):
     """A blocking check on the reward matrix failed: nothing is trained on it."""
@@ -23,6 +25,17 @@ class BlockingCheckFailed(RuntimeError):
 
 class StepFailed(RuntimeError):
     """A step stopped with an error its asset explains (`dg.Failure`): said in one line."""
+
+    def __init__(self, message: str, failure: dg.Failure | None = None):
+        super().__init__(message)
+        self.failure = failure
+
+    def one_line(self) -> str:
+        """The asset's own line and, when it gave one, what to do (its `fix` metadata)."""
+        if self.failure is None:
+            return str(self)
+        fix = self.failure.metadata.get("fix")
+        return " ".join((self.failure.description or "").split()) + (f"; fix: {fix.value}" if fix is not None else "")
 
 
 class _AssetLogLine(logging.Formatter):
@@ -66,6 +79,71 @@ def project_instance(project_dir: Path, echo: Callable[[str], None] = print) -> 
     return instance
 
 
+class StopAfterError(ValueError):
+    """`--stop-after` names no step the main job can stop after: one line with the valid names."""
+
+
+class ProjectBusy(RuntimeError):
+    """Another `fugu-lite pipeline` run holds the project (its lock file): one line, nothing done."""
+
+
+class PipelineResults(dict):
+    """The materialization metadata of each step, keyed by its label (`reward_matrix`,
+    `responses[b|w]`), and `left_out`: each batch file that could not be loaded, with its first
+    problem in one line (the other batches went on; the command exits non-zero at the end)."""
+
+    def __init__(self):
+        super().__init__()
+        self.left_out: dict[str, str] = {}
+
+
+LOCK_FILE = ".fugu-pipeline.lock"
+
+
+@contextmanager
+def project_lock(project_dir: Path):
+    """Hold the project for one `fugu-lite pipeline` run (a lock file in the project folder, released
+    when the run ends or its process dies). Two runs at once on one project raced to create the
+    Dagster instance's tables and to write the same partitions: the second is refused at once."""
+    from filelock import FileLock, Timeout
+
+    path = project_dir / LOCK_FILE
+    info = project_dir / f"{LOCK_FILE}.holder"
+    lock = FileLock(path, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        try:
+            holder = info.read_text(encoding="utf-8").strip() or "unknown"
+        except OSError:
+            holder = "unknown"
+        raise ProjectBusy(f"another `fugu-lite pipeline` run holds {project_dir} ({holder}); nothing was done. "
+                          "Wait for it to finish (or stop it), then run again: it goes on from where the other stopped") from None
+    try:
+        info.write_text(f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n", encoding="utf-8")
+        yield
+    finally:
+        info.unlink(missing_ok=True)
+        lock.release()
+
+
+def stoppable_steps(roles: bool = False) -> list[str]:
+    """The names `--stop-after` takes: the matrix and every step after it (the coordinator's with --roles)."""
+    return ["reward_matrix", *DOWNSTREAM, *(ROLES_STEPS if roles else [])]
+
+
+def check_stop_after(stop_after: str | None, roles: bool = False) -> None:
+    """StopAfterError (one line, the valid names) unless `stop_after` is None or a step it can stop after."""
+    if stop_after is None or stop_after in stoppable_steps(roles):
+        return
+    why = ("a step before the matrix (the batches are always loaded and collected whole)"
+           if stop_after in ("tasks", "responses") else
+           "a coordinator step: add --roles" if stop_after in ROLES_STEPS else
+           "needs the network (the catalog is fetched by its schedule)" if stop_after == "openrouter_catalog" else "not a step")
+    raise StopAfterError(f"--stop-after {stop_after!r}: {why}; nothing was run. Use one of: {', '.join(stoppable_steps(roles))}"
+                         + ("" if roles else f" (and {', '.join(ROLES_STEPS)} with --roles)"))
+
+
 def run_pipeline(
     project_dir: Path,
     workers_config: str,
@@ -75,11 +153,21 @@ def run_pipeline(
     echo: Callable[[str], None] = print,
     roles: bool = False,
     asset_config: dict[str, dict] | None = None,
-) -> dict:
+) -> PipelineResults:
     """Materialize tasks -> responses -> reward_matrix (-> the rest of the graph) for every batch
-    file. `asset_config`: run config of some assets, by name (e.g. {"router_heads": {"layer_sets":
-    [[-1], [-1, 3]]}}), as the launchpad would give it. Returns the materialization metadata of the
-    last step, keyed by asset."""
+    file. A batch file that cannot be loaded is left out (named with its line, in `left_out`)
+    and the others go on, as the batch sensor does. `asset_config`: run config of some assets, by
+    name (e.g. {"router_heads": {"layer_sets": [[-1], [-1, 3]]}}), as the launchpad would give it.
+    Returns the materialization metadata of each step, keyed by its label. StopAfterError before
+    anything runs when `stop_after` is not a step it can stop after; ProjectBusy when another run
+    holds the project."""
+    check_stop_after(stop_after, roles)
+    with project_lock(project_dir.resolve()):
+        return _run_locked(project_dir, workers_config, encoder=encoder, stop_after=stop_after, echo=echo, roles=roles,
+                           asset_config=asset_config)
+
+
+def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, echo, roles, asset_config) -> PipelineResults:
     from fugu_pipeline.defs.assemble import build_defs
     from fugu_pipeline.defs.sensors import sync_worker_partitions
 
@@ -101,7 +189,7 @@ def run_pipeline(
         instance.add_dynamic_partitions(task_batches.name, missing)
     # the same job the UI runs; only its console differs (the UI's run log keeps every event and stack)
     job = defs.resolve_implicit_global_asset_job_def().with_logger_defs({"console": cli_console})
-    results: dict = {}
+    results = PipelineResults()
 
     def step(key: str, partition_key=None) -> None:
         t0 = time.monotonic()
@@ -111,7 +199,7 @@ def run_pipeline(
                 instance=instance,
                 asset_selection=[dg.AssetKey(key)],
                 partition_key=partition_key,
-                tags={"fugu/launched_by": "fugu-lite pipeline"},
+                tags=MAIN_JOB_TAGS,
                 run_config={"loggers": {"console": {}},
                             **({"ops": {key: {"config": asset_config[key]}}} if key in (asset_config or {}) else {})},
                 raise_on_error=True,
@@ -120,7 +208,7 @@ def run_pipeline(
             raise BlockingCheckFailed(_blocking_failures(instance, key)) from None
         except dg.Failure as exc:  # the asset's own words; anything else is a bug and keeps its stack
             raise StepFailed(f"{label} failed: {exc.description}. The steps before it are kept; put this right and run "
-                             "`fugu-lite pipeline` again: it goes on from here") from None
+                             "`fugu-lite pipeline` again: it goes on from here", exc) from None
         mats = res.get_asset_materialization_events()
         meta = mats[-1].materialization.metadata if mats else {}
         results[label] = {k: getattr(v, "value", v) for k, v in meta.items()}
@@ -131,7 +219,12 @@ def run_pipeline(
 
     echo(f"fugu-lite pipeline: {len(batches)} batch(es) x {len(config.worker_ids)} worker(s), workers from {workers_config}")
     for b in batches:
-        step("tasks", b)
+        try:
+            step("tasks", b)
+        except StepFailed as exc:  # a batch that cannot be loaded: left out, the others go on (as the batch sensor does)
+            results.left_out[b] = exc.one_line()
+            echo(f"  {'tasks[' + b + ']':<40} LEFT OUT: {exc.one_line()}")
+            continue
         for w in config.worker_ids:
             step("responses", dg.MultiPartitionKey({"batch": b, "worker": w}))
     step("reward_matrix")
@@ -144,6 +237,8 @@ def run_pipeline(
     if roles:  # the multi-turn coordinator, after the one-step chain it warm-starts from and compares with
         for key in ROLES_STEPS:
             step(key)
+            if stop_after == key:
+                return results
     return results
 
 

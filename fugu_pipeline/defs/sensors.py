@@ -8,6 +8,8 @@ import os
 import dagster as dg
 
 from fugu_pipeline.defs.data import responses, tasks
+from fugu_pipeline.defs.distributed import single_step_executor
+from fugu_pipeline.defs.failures import RUN_CONSOLE_CONFIG
 from fugu_pipeline.defs.partitions import (
     batch_x_worker,
     ensure_worker_calls_limit,
@@ -17,19 +19,39 @@ from fugu_pipeline.defs.partitions import (
 )
 from fugu_pipeline.defs.resources import PipelineResource, config_skip
 from fugu_pipeline.defs.versions import EMPTY_VERSION, file_version, latest_data_versions
-from fugu_pipeline.tasks.loading import scan_batch_files, shown_name
+from fugu_pipeline.tasks.loading import TaskFileError, load_tasks, scan_batch_files, shown_name
 from fugu_pipeline.workers.config import WorkerConfigError
 
-BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "30"))
+BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "10"))
+_DIGESTS: dict[str, tuple[tuple[int, int, int], str]] = {}  # path -> ((inode, size, mtime ns), digest): this process's
+
+
+def batch_digest(path) -> str:
+    """A batch file's content version, hashed again only when its inode, size or modification time
+    changed since this code server last hashed it: a tick over an unchanged folder reads no file
+    (the sensor checks every 10 s; a folder of large batches was read whole on every tick)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:  # deleted since it was listed
+        return EMPTY_VERSION
+    key, stamp = str(path), (st.st_ino, st.st_size, st.st_mtime_ns)
+    known = _DIGESTS.get(key)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    digest = file_version(path)
+    _DIGESTS[key] = (stamp, digest)
+    return digest
 
 
 # One job per partitions definition: a sensor's run requests need a job that holds the asset.
 load_batch_job = dg.define_asset_job(
-    "load_batch", selection=[tasks],
+    "load_batch", selection=[tasks], executor_def=single_step_executor(),
+    config=RUN_CONSOLE_CONFIG,
     description="Parse and validate one BenchGen batch (the `tasks` partition).",
 )
 collect_responses_job = dg.define_asset_job(
-    "collect_responses", selection=[responses],
+    "collect_responses", selection=[responses], executor_def=single_step_executor(),
+    config=RUN_CONSOLE_CONFIG,
     description="One worker answers one batch (a `responses` partition); only missing or stale cells are called.",
 )
 
@@ -81,6 +103,15 @@ def _read_cursor(context: dg.SensorEvaluationContext) -> tuple[dict[str, str], s
     return {}, set()
 
 
+def _loads(path) -> bool:
+    """Whether a batch file loads (the `tasks` asset's own parse and checks)."""
+    try:
+        load_tasks(path)
+    except (TaskFileError, OSError):
+        return False
+    return True
+
+
 def _responses_request(batch: str, worker: str, why: str) -> dg.RunRequest:
     key = dg.MultiPartitionKey({"batch": batch, "worker": worker})
     return partition_run_request(batch_x_worker, key, run_key=f"responses:{batch}:{worker}:{why}",
@@ -94,7 +125,8 @@ def _responses_request(batch: str, worker: str, why: str) -> dg.RunRequest:
     description=(
         "Watches the BenchGen batch folder (data/benchgen/*.jsonl). A new or changed batch file becomes a "
         "`task_batches` partition, and `tasks` for it and `responses` for every worker are requested (a "
-        "backfill over the batch; a re-run calls only missing cells). A worker added to the config is "
+        "backfill over the batch; a re-run calls only missing cells). A file with a bad line gets its load only, "
+        "which fails naming the line (no worker is called for it). A worker added to the config is "
         "collected on every known batch. A file whose name cannot be a partition key is refused with its "
         "name and the rule; the other files go on."
     ),
@@ -124,7 +156,7 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
     added, requests = [], []
     for batch, path in found:
         try:
-            digest = file_version(path)
+            digest = batch_digest(path)
         except OSError as exc:  # unreadable, or gone since it was listed: the next tick looks again
             context.log.warning(f"{shown_name(path.name)}: not read this tick ({type(exc).__name__}: {exc.strerror or exc}); "
                                 "check the file's permissions; the other files go on")
@@ -141,6 +173,10 @@ def benchgen_batch_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
         # drops the repeat, while a file reverted to an earlier content (v1 -> v2 -> v1) is a new change
         change = f"{materialized.get(batch, 'none')}->{digest}"
         requests.append(partition_run_request(task_batches, batch, run_key=f"tasks:{batch}:{change}", job_name=load_batch_job.name))
+        if not _loads(path):  # its load fails and says why, in one run; its workers' runs would fail the same way, each
+            context.log.warning(f"{shown_name(path.name)} cannot be loaded: only its load is requested (the run names the "
+                                "line and what to do), no worker is called for it")
+            continue
         requests.extend(_responses_request(batch, w, change) for w in config.worker_ids)
     if joined:  # collect it on every batch known before this tick; the key holds the partition's data version,
         collected = latest_data_versions(context.instance, responses.key)  # so a second join is a new request

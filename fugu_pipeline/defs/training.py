@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import base64
-import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import dagster as dg
+
+from fugu_pipeline.defs.metadata import rounded
 
 if TYPE_CHECKING:
     from fugu_pipeline.train.result import TrainResult
@@ -17,38 +18,36 @@ _VAL_CURVES = ("val_utility", "val_mean", "val_best")
 
 
 def curves_png(result: "TrainResult") -> bytes:
-    """The training curves as a PNG: train loss or fitness per epoch/generation, and validation
-    utility, with the kept epoch marked. Rendered with the Agg canvas (no display, no pyplot state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """The training curves as a PNG, in the report style (evaluate/plots.py): train loss or fitness
+    per epoch/generation, and validation utility, with the kept epoch marked."""
+    from fugu_pipeline.evaluate.plots import COLORS, png_bytes
 
     c = result.curves
-    fig = Figure(figsize=(7, 3.2), dpi=100)
-    FigureCanvasAgg(fig)
-    ax_train, ax_val = fig.subplots(1, 2)
     step = "generation" if result.method == "es" else "epoch"
-    for name, ys in c.items():
-        if name in _VAL_CURVES or name == "val_generation" or not ys:
-            continue
-        ax_train.plot(range(1, len(ys) + 1), ys, label=name)
-    ax_train.set_xlabel(step)
-    ax_train.set_title("train loss" if result.method != "es" else "train fitness (greedy utility)")
-    for name in _VAL_CURVES:
-        ys = c.get(name) or []
-        if ys:
-            xs = c.get("val_generation") or range(1, len(ys) + 1)
-            ax_val.plot(list(xs), ys, marker=".", label=name)
-    ax_val.axvline(result.best_epoch, color="grey", linestyle="--", linewidth=1, label=f"kept ({step} {result.best_epoch})")
-    ax_val.set_xlabel(step)
-    ax_val.set_title("validation utility")
-    for ax in (ax_train, ax_val):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{result.method} · {result.head_kind} · {result.param_count:,} params", fontsize=9)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+
+    def draw(fig, axes):
+        ax_train, ax_val = axes
+        for name, ys in c.items():
+            if name in _VAL_CURVES or name == "val_generation" or not ys:
+                continue
+            ax_train.plot(range(1, len(ys) + 1), ys, label=name)
+        ax_train.set_xlabel(step)
+        ax_train.set_ylabel("loss" if result.method != "es" else "fitness (greedy utility)")
+        ax_train.set_title("train loss" if result.method != "es" else "train fitness (greedy utility)")
+        for name in _VAL_CURVES:
+            ys = c.get(name) or []
+            if ys:
+                xs = c.get("val_generation") or range(1, len(ys) + 1)
+                ax_val.plot(list(xs), ys, marker=".", label=name)
+        ax_val.axvline(result.best_epoch, color=COLORS["mark"], linestyle="--", linewidth=1, label=f"kept ({step} {result.best_epoch})")
+        ax_val.set_xlabel(step)
+        ax_val.set_ylabel("mean utility (validation)")
+        ax_val.set_title("validation utility")
+        for ax in (ax_train, ax_val):
+            ax.legend()
+        fig.suptitle(f"{result.method} · {result.head_kind} · {result.param_count:,} params")
+
+    return png_bytes(draw, 8, 3.4, ncols=2)
 
 
 def train_result_metadata(result: "TrainResult", checkpoint_path: str | Path) -> dict[str, dg.MetadataValue]:
@@ -62,11 +61,11 @@ def train_result_metadata(result: "TrainResult", checkpoint_path: str | Path) ->
         "head_kind": dg.MetadataValue.text(result.head_kind),
         "param_count": dg.MetadataValue.int(result.param_count),
         "best_epoch": dg.MetadataValue.int(result.best_epoch),
-        "val_utility": dg.MetadataValue.float(float(m["val_utility"])),
-        "val_best_fixed_utility": dg.MetadataValue.float(float(m["val_best_fixed_utility"])),
-        "val_oracle_utility": dg.MetadataValue.float(float(m["val_oracle_utility"])),
-        "train_utility": dg.MetadataValue.float(float(m["train_utility"])),
+        "val_utility": dg.MetadataValue.float(rounded(float(m["val_utility"]))),
+        "val_best_fixed_utility": dg.MetadataValue.float(rounded(float(m["val_best_fixed_utility"]))),
+        "val_oracle_utility": dg.MetadataValue.float(rounded(float(m["val_oracle_utility"]))),
+        "train_utility": dg.MetadataValue.float(rounded(float(m["train_utility"]))),
         "data_version": dg.MetadataValue.text(result.data_version),
-        "wall_s": dg.MetadataValue.float(float(result.wall_s)),
+        "wall_s": dg.MetadataValue.float(round(float(result.wall_s), 2)),
         "checkpoint": dg.MetadataValue.path(str(checkpoint_path)),
     }

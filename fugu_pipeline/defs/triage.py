@@ -4,6 +4,7 @@ Thin: the work is in `train/triage.py` and `evaluate/triage_report.py`."""
 import dagster as dg
 
 from fugu_pipeline.defs.embeddings import EncoderResource
+from fugu_pipeline.defs.metadata import tidy
 from fugu_pipeline.defs.models import _routing_data, task_embeddings
 from fugu_pipeline.defs.partitions import GPU_POOL
 from fugu_pipeline.defs.resources import PipelineResource
@@ -33,13 +34,13 @@ def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pi
         raise dg.Failure(description=str(exc)) from None
     path = result.save(pipeline.paths.models)
     m = result.metrics
-    return dg.Output(str(path), data_version=dg.DataVersion(path.name), metadata={
+    return dg.Output(str(path), data_version=dg.DataVersion(path.name), metadata=tidy({
         "param_count": result.param_count, "best_epoch": result.best_epoch,
         "val_domain_accuracy": float(m["val_domain_accuracy"]), "val_difficulty_accuracy": float(m["val_difficulty_accuracy"]),
         "domains": dg.MetadataValue.json(result.domains),
         "difficulty": f"{result.difficulty_names} at solve share {result.difficulty_edges}",
         "checkpoint": dg.MetadataValue.path(str(path)),
-    })
+    }))
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
@@ -77,4 +78,4 @@ def eval_report_triage(context: dg.AssetExecutionContext, pipeline: PipelineReso
     meta.update({"promoted": outcome["promoted"],
                  "decision": dg.MetadataValue.md("\n".join(f"- {r}" for r in outcome["reasons"])),
                  **promotion_metadata(outcome)})
-    return dg.MaterializeResult(metadata=meta)
+    return dg.MaterializeResult(metadata=tidy(meta))

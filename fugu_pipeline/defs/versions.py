@@ -15,6 +15,8 @@ import dagster as dg
 
 DATA_VERSION_TAG = "dagster/data_version"
 EMPTY_VERSION = "empty"
+RESPONSES = dg.AssetKey("responses")
+RESPONSES_VERSION = "responses_version"  # metadata key on reward_matrix materializations: what it was built from
 
 
 def file_version(path: Path) -> str:
@@ -40,3 +42,8 @@ def combined_version(versions: Mapping[str, str]) -> str:
     """One version for a set of partition versions (order-free)."""
     text = "\n".join(f"{k}={v}" for k, v in sorted(versions.items()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def responses_version(instance: dg.DagsterInstance) -> str:
+    """The combined data version of every materialized `responses` partition, now."""
+    return combined_version(latest_data_versions(instance, RESPONSES))

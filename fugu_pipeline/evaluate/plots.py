@@ -1,13 +1,35 @@
-"""PNG plots of an evaluation report: utilities against the baselines, routes, per-domain bars, and
-the APGR or cost–quality curve. matplotlib is imported inside, with the Agg backend."""
+"""PNG plots of an evaluation report (utilities against the baselines, routes, per-domain bars, the
+APGR or cost–quality curve, the budget plot) and of a training run, in one style.
+
+The style, for every plot of every report (the assets embed them in their metadata, the command
+line writes them beside the JSON report): 150 dpi; titles 10 pt, labels 9 pt, ticks 8 pt; every
+axis labelled; light horizontal grid behind the data, no top or right frame; the same colour for
+the same thing everywhere (router green, best fixed worker grey, random light grey, oracle blue,
+caps and chosen points red); values written on the bars; x labels rotated only when there are
+more than four or any is long; legends outside the data; every point of a scatter named beside it.
+Figures are drawn on matplotlib's Agg canvas through its object API (no pyplot global state), so
+threads and processes can plot at once; matplotlib is imported inside.
+"""
 
 from __future__ import annotations
 
+import io
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from fugu_pipeline.evaluate.metrics import ci_text
+
+DPI = 150
+COLORS = {"router": "#2a9d6f", "best_fixed": "#7f7f7f", "random": "#c7c7c7", "oracle": "#3f6fc4",
+          "worker": "#9a9a9a", "curve": "#2a9d6f", "mark": "#c44e52"}
+STYLE = {
+    "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "xtick.labelsize": 8, "ytick.labelsize": 8,
+    "legend.fontsize": 8, "legend.frameon": False, "axes.spines.top": False, "axes.spines.right": False,
+    "axes.grid": True, "axes.grid.axis": "y", "grid.alpha": 0.35, "axes.axisbelow": True,
+    "savefig.dpi": DPI, "figure.dpi": DPI,
+}
 
 
 def shown_name(name: str, width: int) -> str:
@@ -18,104 +40,150 @@ def shown_name(name: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
+@contextmanager
+def plotted(target, width: float, height: float, ncols: int = 1):
+    """A figure in the report style; yields its axes (one, or a list of `ncols`) and writes the PNG
+    to `target` (a path or a binary file) when the block ends."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(width, height), layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(1, ncols)
+        yield fig, (list(axes) if ncols > 1 else axes)
+        fig.savefig(target, format="png", dpi=DPI)
+
+
+def png_bytes(draw, width: float, height: float, ncols: int = 1) -> bytes:
+    """`draw(fig, axes)` in the report style, as PNG bytes (for metadata)."""
+    buf = io.BytesIO()
+    with plotted(buf, width, height, ncols) as (fig, axes):
+        draw(fig, axes)
+    return buf.getvalue()
+
+
+def x_labels(ax, positions, labels: list[str]) -> None:
+    """Category labels under the bars: horizontal while they fit (four or fewer, none long)."""
+    crowded = len(labels) > 4 or max((len(line) for x in labels for line in x.splitlines()), default=0) > 16
+    ax.set_xticks(positions, labels, rotation=30 if crowded else 0, ha="right" if crowded else "center")
+
+
 def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
     """Write PNG plots beside the JSON report. Returns the paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    names = ["router", f"best fixed\n({rep['best_fixed_worker']})", "random", "oracle"]
-    vals = [rep["router_utility"], rep["best_fixed_utility"], rep["random_utility"], rep["oracle_utility"]]
-    axes[0].bar(names, vals, color=["#2a7", "#888", "#bbb", "#47c"])
-    ci = rep["router_minus_best_fixed"]
-    axes[0].set_title(f"held-out utility (n={rep['n_tasks']}); router−fixed {ci_text(ci, '+.3f')}", fontsize=9)
-    dist = rep["route_distribution"]
-    axes[1].bar(list(dist), list(dist.values()), color="#2a7")
-    axes[1].set_title("route distribution", fontsize=9)
-    axes[1].tick_params(axis="x", rotation=30, labelsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / f"{prefix}_summary.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
-
+    paths = [_summary(rep, out_dir / f"{prefix}_summary.png")]
     if rep.get("per_domain"):
-        rows = rep["per_domain"]
-        fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.6), 3.8))
-        x = np.arange(len(rows))
-        for k, (key, c) in enumerate((("router", "#2a7"), ("best_fixed", "#888"), ("oracle", "#47c"))):
-            ax.bar(x + (k - 1) * 0.27, [r[key] for r in rows], 0.27, label=key, color=c)
-        ax.set_xticks(x, [shown_name(r["domain"], 28) for r in rows], rotation=45, ha="right", fontsize=7)
-        ax.legend(fontsize=8)
-        ax.set_title("utility per domain", fontsize=9)
-        fig.tight_layout()
-        paths.append(out_dir / f"{prefix}_per_domain.png")
-        fig.savefig(paths[-1], dpi=90)
-        plt.close(fig)
-
+        paths.append(_per_domain(rep, out_dir / f"{prefix}_per_domain.png"))
     curve = rep.get("apgr", {}).get("curve")  # none where APGR is undefined (no gap between the two workers)
-    if rep.get("cost_quality_points") or curve:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        if curve:
-            c = rep["apgr"]["curve"]
-            ax.plot(c["strong_share"], c["pgr"], label=f"router (APGR {rep['apgr']['apgr']:.3f})", color="#2a7")
-            ax.plot([0, 1], [0, 1], "--", color="#bbb", label="random (APGR 0.5)")
-            ax.set_xlabel(f"share of calls to {rep['apgr']['strong_worker']}")
-            ax.set_ylabel("performance gap recovered")
-        else:
-            for p in rep["cost_quality_points"]:
-                ax.scatter(p["mean_cost_usd"], p["mean_quality"], label=p["name"])
-            if rep.get("cost_quality_curve"):
-                cv = rep["cost_quality_curve"]
-                ax.plot([p["mean_cost_usd"] for p in cv], [p["mean_quality"] for p in cv], "-", color="#2a7", label="quality head, λ sweep")
-            ax.set_xlabel("mean cost per task (USD)")
-            ax.set_ylabel("mean quality")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(out_dir / f"{prefix}_curve.png")
-        fig.savefig(paths[-1], dpi=90)
-        plt.close(fig)
-
+    if curve:
+        paths.append(_apgr(rep, out_dir / f"{prefix}_curve.png"))
+    elif rep.get("cost_quality_points"):
+        paths.append(_cost_quality(rep, out_dir / f"{prefix}_curve.png"))
     if rep.get("budget"):
         paths.append(plot_budget(rep["budget"], out_dir / f"{prefix}_budget.png", rep.get("split", "test")))
     return paths
+
+
+def _summary(rep: dict, path: Path) -> Path:
+    with plotted(path, 11, 4.0, ncols=2) as (fig, (left, right)):
+        names = ["router", f"best fixed\n({shown_name(rep['best_fixed_worker'], 24)})", "random", "oracle"]
+        vals = [rep["router_utility"], rep["best_fixed_utility"], rep["random_utility"], rep["oracle_utility"]]
+        bars = left.bar(range(4), vals, color=[COLORS[k] for k in ("router", "best_fixed", "random", "oracle")])
+        left.bar_label(bars, fmt="%.3f", padding=2, fontsize=8)
+        x_labels(left, range(4), names)
+        left.set_ylabel(f"mean utility ({rep.get('split', 'test')})")
+        left.set_title(f"held-out utility, n={rep['n_tasks']}; router − best fixed "
+                       f"{ci_text(rep['router_minus_best_fixed'], '+.3f')}")
+        left.margins(y=0.12)
+        dist = rep["route_distribution"]
+        labels = [shown_name(w, 24) for w in dist]
+        bars = right.bar(range(len(dist)), list(dist.values()), color=COLORS["router"])
+        right.bar_label(bars, padding=2, fontsize=8)
+        x_labels(right, range(len(dist)), labels)
+        right.set_ylabel("tasks routed to the worker")
+        right.set_title("route distribution")
+        right.margins(y=0.12)
+    return path
+
+
+def _per_domain(rep: dict, path: Path) -> Path:
+    rows = rep["per_domain"]
+    series = (("router", "router"), ("best_fixed", f"best fixed ({shown_name(rep['best_fixed_worker'], 24)})"),
+              ("oracle", "oracle"))
+    with plotted(path, min(16, max(7, len(rows) * 0.9 + 2)), 4.2) as (fig, ax):
+        x = np.arange(len(rows))
+        for k, (key, label) in enumerate(series):
+            ax.bar(x + (k - 1) * 0.27, [r[key] for r in rows], 0.27, label=label, color=COLORS[key])
+        x_labels(ax, x, [f"{shown_name(r['domain'], 28)}\n(n={r['n']})" for r in rows])
+        ax.set_ylabel(f"mean utility ({rep.get('split', 'test')})")
+        ax.set_title("utility per domain")
+        fig.legend(loc="outside right upper")  # beside the axes: it never covers a bar
+    return path
+
+
+def _apgr(rep: dict, path: Path) -> Path:
+    a = rep["apgr"]
+    with plotted(path, 6.5, 4.4) as (fig, ax):
+        ax.plot(a["curve"]["strong_share"], a["curve"]["pgr"], color=COLORS["curve"], label=f"router (APGR {a['apgr']:.3f})")
+        ax.plot([0, 1], [0, 1], "--", color=COLORS["random"], label="random (APGR 0.5)")
+        ax.set_xlabel(f"share of calls to {shown_name(a['strong_worker'], 30)}")
+        ax.set_ylabel("performance gap recovered")
+        ax.set_title("APGR: gap recovered against calls to the strong worker")
+        ax.grid(axis="x", alpha=0.35)
+        fig.legend(loc="outside lower center", ncols=2)
+    return path
+
+
+def _cost_quality(rep: dict, path: Path) -> Path:
+    """Mean quality against mean cost: each worker, the router, the oracle, each point named; the
+    λ sweep of the router's scores against expected cost when the report has one."""
+    with plotted(path, 7, 4.6) as (fig, ax):
+        for p in rep["cost_quality_points"]:
+            kind = "router" if p["name"] == "router" else "oracle" if p["name"].startswith("oracle") else "worker"
+            ax.scatter(p["mean_cost_usd"], p["mean_quality"], s=36, color=COLORS[kind], zorder=3)
+            ax.annotate(shown_name(p["name"].split(" (")[0], 28), (p["mean_cost_usd"], p["mean_quality"]),
+                        xytext=(5, 3), textcoords="offset points", fontsize=8)
+        if rep.get("cost_quality_curve"):
+            cv = rep["cost_quality_curve"]
+            ax.plot([p["mean_cost_usd"] for p in cv], [p["mean_quality"] for p in cv], "-", color=COLORS["curve"], lw=1.2,
+                    label=f"{rep.get('cost_quality_curve_of', 'quality head')}: argmax(score − λ·expected cost), λ swept")
+            fig.legend(loc="outside lower center")
+        ax.set_xlabel(f"mean cost per task (USD, {rep.get('split', 'test')}, realised)")
+        ax.set_ylabel(f"mean quality ({rep.get('split', 'test')})")
+        ax.set_title("cost against quality (oracle: chosen after the fact)")
+        ax.grid(axis="x", alpha=0.35)
+        ax.margins(x=0.12, y=0.08)
+    return path
 
 
 def plot_budget(sec: dict, path: Path, split: str = "test") -> Path:
     """Quality against cost (share of the reference worker's cost) on the held-out split: every
     worker as a point, the router's λ curve and its Pareto points, the cap and the operating point
     chosen on validation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.6))
-    for w in sec["workers"]:
-        ax.scatter(w["share"], w["quality"], s=28, color="#888")
-        ax.annotate(w["name"][:28], (w["share"], w["quality"]), fontsize=6, xytext=(3, 2), textcoords="offset points")
-    cv = sorted(sec["router_curve"], key=lambda p: p["share"])
-    ax.plot([p["share"] for p in cv], [p["quality"] for p in cv], "-", color="#9c9", lw=1, label="router, λ sweep")
-    front = sec["router_pareto"]
-    ax.plot([p["share"] for p in front], [p["quality"] for p in front], "o-", color="#2a7", ms=3, label="router Pareto points")
-    op = sec.get("operating_point")
-    if op:
-        t = op[split]
-        cap = op["budget"]["share"] if op["budget"].get("share") is not None else \
-            op["budget"]["usd_per_1k"] / sec["reference_cost_usd_per_1k"]
-        ax.axvline(cap, ls="--", color="#c44", lw=1, label=f"cap ({op['describe'].split(' (')[0]})")
-        ax.scatter([t["share"]], [t["quality"]], marker="*", s=160, color="#c44", zorder=5,
-                   label=f"chosen on validation: λ={op['lambda']:.3g}, {split} {t['quality']:.3f} at {t['share']:.3f}")
-    ax.set_xlabel(f"mean cost per request / {sec['reference_worker']}'s ({split}, realised)")
-    ax.set_ylabel(f"mean quality ({split})")
-    ax.set_title("budget mode: accuracy against cost (routes use expected cost only)", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    with plotted(path, 7.5, 4.8) as (fig, ax):
+        for w in sec["workers"]:
+            ax.scatter(w["share"], w["quality"], s=36, color=COLORS["worker"], zorder=3)
+            ax.annotate(shown_name(w["name"], 28), (w["share"], w["quality"]), fontsize=8, xytext=(5, 3),
+                        textcoords="offset points")
+        cv = sorted(sec["router_curve"], key=lambda p: p["share"])
+        ax.plot([p["share"] for p in cv], [p["quality"] for p in cv], "-", color="#9fd8bf", lw=1, label="router, λ sweep")
+        front = sec["router_pareto"]
+        ax.plot([p["share"] for p in front], [p["quality"] for p in front], "o-", color=COLORS["router"], ms=3,
+                label="router Pareto points")
+        op = sec.get("operating_point")
+        if op:
+            t = op[split]
+            cap = op["budget"]["share"] if op["budget"].get("share") is not None else \
+                op["budget"]["usd_per_1k"] / sec["reference_cost_usd_per_1k"]
+            ax.axvline(cap, ls="--", color=COLORS["mark"], lw=1, label=f"cap ({op['describe'].split(' (')[0]})")
+            ax.scatter([t["share"]], [t["quality"]], marker="*", s=160, color=COLORS["mark"], zorder=5,
+                       label=f"chosen on validation: λ={op['lambda']:.3g}, {split} {t['quality']:.3f} at {t['share']:.3f}")
+        ax.set_xlabel(f"mean cost per request / {shown_name(sec['reference_worker'], 30)}'s ({split}, realised)")
+        ax.set_ylabel(f"mean quality ({split})")
+        ax.set_title("budget mode: quality against cost (routes use expected cost only)")
+        ax.grid(axis="x", alpha=0.35)
+        fig.legend(loc="outside lower center", ncols=2)
     return path

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from fugu_pipeline.evaluate.baselines import baseline_rows, baseline_summary
-from fugu_pipeline.evaluate.metrics import EvalInputs, evaluation_report, summary_line
+from fugu_pipeline.evaluate.metrics import EvalInputs, cost_quality_curve, evaluation_report, summary_line
 from fugu_pipeline.evaluate.plots import plot_report
 from fugu_pipeline.files import atomic_write
 
@@ -54,7 +54,7 @@ def expected_costs(data, held, calibration=None) -> tuple[np.ndarray | None, flo
 
 def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 2000, seed: int = 0, *,
                         calibration=None, budget=None) -> dict:
-    """The full report of one loaded checkpoint on one split of `data`. With a budget
+    """The full held-out report (every metric, the baselines) of one loaded checkpoint on one split of `data`. With a budget
     `calibration` (`route/budget.py`, chosen on validation) the report gains a `budget` section:
     each worker's cost and quality, the router's λ curve and Pareto points, and, for `budget`, the
     operating point chosen on validation, scored on this split."""
@@ -81,6 +81,7 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
         expected_cost=expected, cost_ref=c_ref, tags=held.tags, train_domains=train.domains,
     )
     rep = evaluate_report_fields(evaluation_report(inp, n_boot=n_boot, seed=seed), checkpoint, data, split)
+    add_policy_cost_curve(rep, inp)
     if calibration is not None:
         from fugu_pipeline.evaluate.budget_report import budget_section
 
@@ -92,6 +93,19 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
     rep["baselines"] = baseline_rows(data.worker_ids, held.utility, held.quality, held.domains, router=router, seed=seed)
     rep["summary"] = summary_line(rep) + f" | {baseline_summary(rep['baselines'])} | {rep['utility_formula']}"
     return rep
+
+
+def add_policy_cost_curve(rep: dict, inp: EvalInputs) -> None:
+    """The cost–quality sweep for every head: a quality head's comes with the report; a head that
+    predicts no quality (SFT, RL, CMA-ES) is swept the same way over its routing probabilities
+    (softmax of its scores) against the same expected costs, so its report has the curve too."""
+    if "cost_quality_curve" in rep:
+        rep["cost_quality_curve_of"] = "quality head"
+    elif "cost_quality_points" in rep and inp.expected_cost is not None:
+        z = inp.scores - inp.scores.max(axis=1, keepdims=True)
+        probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+        rep["cost_quality_curve"] = cost_quality_curve(probs, inp.expected_cost, inp.cost_ref or 0.0, inp.quality, inp.cost_usd)
+        rep["cost_quality_curve_of"] = "router probabilities"
 
 
 def evaluate_report_fields(rep: dict, checkpoint, data, split: str) -> dict:

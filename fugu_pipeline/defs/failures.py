@@ -1,0 +1,117 @@
+"""Failures as users read them: a data error is one line with metadata (file, line, fix), and the
+console of the runs the sensors launch prints it once, without Dagster's stack.
+
+- `batch_failure(exc)`: the `dg.Failure` of a batch file that cannot be loaded: its description
+  is one line (`badline.jsonl:3: malformed JSON: ...`), its metadata the file, the line, the
+  problem and what to do. The UI's run log shows them on the failed step.
+- `run_console`: the console logger of the jobs the sensors launch (`RUN_CONSOLE_CONFIG` names
+  it in their run config). It prints what Dagster's default console logger prints (the
+  `dagster dev` terminal), except that a `dg.Failure` is one line (its description and the
+  metadata's `fix`, on the run's failure) instead of the message plus ~20 lines of framework
+  stack printed twice (with the step's failure and again with the run's). Any other error (a
+  bug) keeps its stack, once. The sensors' run requests select it (`RUN_CONSOLE_CONFIG`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import dagster as dg
+
+from fugu_pipeline.tasks.loading import TaskFileError, shown_name
+
+RUN_CONSOLE_CONFIG = {"loggers": {"console": {}}}  # run config that selects `run_console`
+
+
+def first_problem(exc: TaskFileError) -> str:
+    """The first problem of a batch file, one line: `name:line: message (+N more)`."""
+    line, msg = exc.problems[0] if exc.problems else (0, str(exc))
+    more = f" (+{len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+    where = f"{shown_name(exc.path.name)}:{line}" if line else shown_name(exc.path.name)
+    return f"{where}: {' '.join(str(msg).split())[:300]}{more}"
+
+
+def batch_fix(exc: TaskFileError, rerun: str) -> str:
+    """What to do about a batch file that cannot be loaded; `rerun`: what happens after."""
+    line = exc.problems[0][0] if exc.problems else 0
+    what = f"correct line {line} of {shown_name(exc.path.name)}" if line else f"correct {shown_name(exc.path.name)}"
+    return f"{what} (or move it out of {exc.path.parent}); {rerun}"
+
+
+def batch_failure(exc: TaskFileError, rerun: str = "the batch sensor loads it again when the file changes "
+                                                   "(`fugu-lite pipeline`: run it again)") -> dg.Failure:
+    """The step failure of a file of tasks or rows that cannot be loaded (no retry: the file must change)."""
+    line = exc.problems[0][0] if exc.problems else 0
+    return dg.Failure(
+        description=f"{first_problem(exc)}; nothing of this batch is used until the file is fixed",
+        metadata={
+            "file": dg.MetadataValue.path(str(exc.path)),
+            "line": line,
+            "problems": len(exc.problems) or 1,
+            "fix": batch_fix(exc, rerun),
+        },
+        allow_retries=False,
+    )
+
+
+def _error_of(event) -> object | None:
+    data = getattr(event, "event_specific_data", None)
+    return getattr(data, "error", None) if data is not None else None
+
+
+def _short_failure(event) -> str | None:
+    """One line for an event whose error is a `dg.Failure` (its description, then its fix)."""
+    data = event.event_specific_data
+    failure = getattr(data, "user_failure_data", None)
+    if failure is None:
+        return None
+    text = " ".join((failure.description or "").split())
+    fix = failure.metadata.get("fix") if failure.metadata else None
+    return text + (f" — fix: {fix.value}" if fix is not None and str(fix.value) not in text else "")
+
+
+class OneLineFailures(logging.Formatter):
+    """Dagster's console format, with a run's failure said once and a `dg.Failure` in one line.
+
+    A step stopped by a `dg.Failure` prints its head only (`STEP_FAILURE - Execution of step ...
+    failed.`); the run's failure after it carries the Failure's line and fix. The run's line is the
+    one the `dagster dev` terminal always shows: a step's own lines reach it through Dagster's
+    compute-log mirror, which can drop a step's last lines when the step ends. Any other error
+    (a bug) keeps Dagster's message and stack on its step, and the run's failure does not repeat it."""
+
+    def __init__(self):
+        super().__init__("%(asctime)s - dagster - %(levelname)s - %(message)s", "%Y-%m-%d %H:%M:%S %z")
+
+    def format(self, record: logging.LogRecord) -> str:
+        meta = getattr(record, "dagster_meta", None)
+        event = meta.get("dagster_event") if meta else None
+        if event is None or _error_of(event) is None:
+            return super().format(record)
+        parts = [meta.get("job_name"), meta.get("run_id"), str(event.pid) if event.pid else None, meta.get("step_key"),
+                 event.event_type.name, meta.get("orig_message")]
+        head = " - ".join(p for p in parts if p)
+        if event.event_type == dg.DagsterEventType.STEP_FAILURE:
+            text = head if _short_failure(event) is not None else None
+        elif event.event_type == dg.DagsterEventType.RUN_FAILURE:
+            step = getattr(event.event_specific_data, "first_step_failure_event", None)
+            short = _short_failure(step) if step is not None else None
+            text = f"{head} {short}" if short else head if step is not None else None
+        else:
+            text = None
+        if text is None:  # not a dg.Failure, nor a step's failure said already: keep what Dagster prints (the stack)
+            return super().format(record)
+        return super().format(logging.makeLogRecord({**record.__dict__, "msg": text, "args": ()}))
+
+
+@dg.logger(
+    config_schema={"log_level": dg.Field(str, is_required=False, default_value="DEBUG")},
+    description="The console of the runs the sensors launch: Dagster's console lines, a dg.Failure in one line "
+                "without stack, a run's failure not repeating its step's.",
+)
+def run_console(init_context: dg.InitLoggerContext) -> logging.Logger:
+    log = logging.Logger("dagster", level=init_context.logger_config["log_level"].upper())
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFailures())
+    log.addHandler(handler)
+    return log

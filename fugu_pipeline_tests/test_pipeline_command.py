@@ -1,0 +1,76 @@
+"""`fugu-lite pipeline` as users run it: a `--stop-after` name it cannot stop after is refused
+before anything runs, a batch file with a bad line is left out while the others are collected
+(exit status 1 at the end), and two runs started at once on a fresh project: one runs, the other
+says in one line that the project is held."""
+
+import subprocess
+
+import dagster as dg
+import pytest
+
+from fugu_pipeline.cli.main import main
+from fugu_pipeline.defs.runner import DOWNSTREAM
+from fugu_pipeline.matrix.read import read_arrays
+from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl
+from fugu_pipeline_tests.scale_project import make_project
+
+FUGU_LITE = str(REPO / ".venv" / "bin" / "fugu-lite")
+
+
+@pytest.fixture
+def proj(project, monkeypatch):
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("DAGSTER_HOME", str(project))
+    return project
+
+
+def test_stop_after_refuses_a_name_it_cannot_stop_after_before_anything_runs(proj, capsys):
+    """Before: `responses`, `tasks` or a typo ran the whole graph, live calls and promotion included."""
+    for name in ("responses", "tasks", "reward_matrx", "openrouter_catalog", "router_roles"):
+        assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", name]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--stop-after {name!r}" in err[0] and "nothing was run" in err[0], err
+        assert f"Use one of: reward_matrix, {', '.join(DOWNSTREAM)}" in err[0], err
+    assert not (proj / "data" / "responses").exists() and not (proj / "storage").exists()  # no step, no instance
+
+
+def test_a_batch_with_a_bad_line_is_left_out_and_the_others_are_collected(proj, capsys):
+    """Before: the first failing batch stopped the command, and the batches after it were never
+    collected (here the good batch sorts after the bad one)."""
+    good = (proj / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:2]
+    (proj / "data" / "benchgen" / "a_bad.jsonl").write_text("\n".join(good) + '\n{"task_id": "x3", "prompt": \n')
+    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", "reward_matrix"]) == 1
+    out, err = capsys.readouterr()
+    assert any(line.split()[0] == "tasks[a_bad]" and "LEFT OUT: a_bad.jsonl:3: malformed JSON" in line for line in out.splitlines())
+    assert all(f"responses[sample|{w}]" in out for w in ("math-expert", "code-expert", "general-expert"))
+    assert not [line for line in err.splitlines() if line.lstrip().startswith(str(proj))]  # no continuation lines
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and "batch 'a_bad' left out: a_bad.jsonl:3: malformed JSON" in errors[0], errors
+    assert "fix: correct line 3 of a_bad.jsonl" in errors[0] and "1 batch file(s) could not be loaded" in errors[1]
+    assert len(read_arrays(proj / "data" / "reward_matrix.duckdb").task_ids) == 300  # the good batch, whole
+    with dg.DagsterInstance.from_config(str(proj)) as instance:
+        meta = instance.get_latest_materialization_event(dg.AssetKey("reward_matrix")).asset_materialization.metadata
+        assert list(meta["refused_batch_files"].value) == ["a_bad.jsonl"]
+
+
+@pytest.mark.slow
+def test_two_pipeline_runs_at_once_on_a_fresh_project(tmp_path):
+    """Before: the loser printed a 56-line SQLAlchemy traceback (both created the instance's tables),
+    or both wrote the same partitions. Now the first to start holds the project; the other says so
+    in one line and exits 2, and a run after them goes on from where the first stopped."""
+    project = make_project(tmp_path / "project", REPO / "dagster.yaml", sleep_s=2.0)  # ~20 s of calls: they overlap
+    write_jsonl(project / "data" / "benchgen" / "b1.jsonl", [task_row(i) for i in range(12)])
+    cmd = [FUGU_LITE, "pipeline", "--encoder", "tiny", "--workers", "configs/workers.slow.yaml", "--stop-after", "reward_matrix"]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}  # DAGSTER_HOME: the project
+    procs = [subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert sorted(codes) == [0, 2], (codes, [o[1][-2000:] for o in outs])
+    loser_err = outs[codes.index(2)][1].strip().splitlines()
+    assert len(loser_err) == 1 and "another `fugu-lite pipeline` run holds" in loser_err[0], loser_err
+    assert "Traceback" not in outs[codes.index(2)][1] and "responses[" not in outs[codes.index(2)][0]
+    again = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [line for line in again.stdout.splitlines() if line.strip().startswith("responses[")] and \
+        all("called 0," in line for line in again.stdout.splitlines() if line.strip().startswith("responses["))

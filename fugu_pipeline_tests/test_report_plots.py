@@ -1,0 +1,93 @@
+"""The plots of a held-out report, checked on the figures themselves (every Figure the report draws
+is caught as it is saved): one legible style for all of them. Before: 90 dpi, two plots without a
+y label, the per-domain legend over a bar, x labels rotated under three bars, a cost–quality
+scatter whose points had no names, and no cost curve in the report of a head without quality
+predictions (SFT, RL, CMA-ES) although the quality heads' reports had one."""
+
+import numpy as np
+import pytest
+
+from fugu_pipeline.evaluate.metrics import EvalInputs, evaluation_report
+from fugu_pipeline.evaluate.plots import plot_report
+
+WORKERS = ["math-expert", "code-expert", "general-expert"]
+DOMAINS = ["code", "general", "math"]
+
+
+def inputs(quality_head: bool) -> EvalInputs:
+    rng = np.random.default_rng(0)
+    n = 60
+    domains = [DOMAINS[i % 3] for i in range(n)]
+    quality = rng.uniform(0.8, 1.0, (n, 3))  # every bar high: a legend inside the axes has nowhere to go
+    cost = np.tile([0.002, 0.004, 0.001], (n, 1)) * rng.uniform(0.8, 1.2, (n, 3))
+    utility = quality - 0.1 * cost / 0.01
+    scores = utility + rng.normal(0, 0.05, (n, 3))
+    return EvalInputs(worker_ids=WORKERS, utility=utility, scores=scores, train_utility=utility[:20], domains=domains,
+                      quality=quality, cost_usd=cost, latency_s=np.ones((n, 3)), train_quality=quality[:20],
+                      quality_pred=np.clip(quality + rng.normal(0, 0.05, (n, 3)), 0, 1) if quality_head else None,
+                      expected_cost=np.tile([0.002, 0.004, 0.001], (n, 1)), cost_ref=0.002)
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Every matplotlib Figure saved while the test runs, with the dpi it was saved at."""
+    from matplotlib.figure import Figure
+
+    caught = []
+    real = Figure.savefig
+
+    def spy(self, *args, **kwargs):
+        caught.append((self, kwargs.get("dpi")))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return caught
+
+
+def overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_every_report_plot_is_legible(tmp_path, figures):
+    from matplotlib.patches import Rectangle
+    from PIL import Image
+
+    rep = evaluation_report(inputs(quality_head=True), n_boot=200)
+    paths = plot_report(rep, tmp_path, "test")
+    assert [p.name for p in paths] == ["test_summary.png", "test_per_domain.png", "test_curve.png"]
+    for path in paths:
+        assert round(Image.open(path).info["dpi"][0]) >= 150, path.name
+    assert len(figures) == 3 and all(dpi is not None and dpi >= 150 for _, dpi in figures)
+    for fig, _ in figures:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            assert ax.get_ylabel().strip(), f"{ax.get_title()!r}: no y label"
+            bars = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_height() > 0]
+            ticks = [t for t in ax.get_xticklabels() if t.get_text()]
+            if bars and len(ticks) <= 4:
+                assert all(t.get_rotation() == 0 for t in ticks), f"{ax.get_title()!r}: x labels rotated under {len(ticks)} bars"
+            legends = [lg for lg in (ax.get_legend(), *fig.legends) if lg is not None]
+            for lg in legends:
+                box = lg.get_window_extent(renderer)
+                assert not any(overlaps(box, b.get_window_extent(renderer)) for b in bars), f"{ax.get_title()!r}: legend over a bar"
+    scatter = figures[2][0].axes[0]
+    points = sum(len(c.get_offsets()) for c in scatter.collections)
+    named = {t.get_text() for t in scatter.texts}
+    assert points == 5 and set(WORKERS) | {"router", "oracle"} <= named, named  # every point named beside it
+
+
+def test_a_head_without_quality_predictions_gets_the_cost_curve_too(tmp_path, figures):
+    from fugu_pipeline.evaluate.reports import add_policy_cost_curve
+
+    inp = inputs(quality_head=False)
+    rep = evaluation_report(inp, n_boot=200)
+    assert "cost_quality_curve" not in rep  # what the SFT, RL and CMA-ES reports had: points only
+    add_policy_cost_curve(rep, inp)
+    curve = rep["cost_quality_curve"]
+    assert rep["cost_quality_curve_of"] == "router probabilities"
+    assert curve[0]["lambda"] == 0 and curve[0]["mean_cost_usd"] == pytest.approx(rep["router_mean_cost_usd"])
+    assert curve[-1]["mean_cost_usd"] < curve[0]["mean_cost_usd"]  # a high λ buys the cheap worker
+    plot_report(rep, tmp_path, "test")
+    lines = [ln for ln in figures[2][0].axes[0].get_lines() if len(ln.get_xdata()) > 1]
+    assert lines and "router probabilities" in lines[0].get_label()
