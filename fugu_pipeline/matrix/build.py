@@ -108,7 +108,7 @@ class MatrixInput:
 
 def from_collection(benchgen_dir: Path, store: ResponseStore, config: WorkersConfig,
                     weights_from: str = "the worker config") -> MatrixInput:
-    batches = load_all_batches(benchgen_dir)
+    batches = load_all_batches(benchgen_dir, settled=store.collected_batches())
     workers = [(w.id, w.kind, getattr(w, "model", None)) for w in config.workers]
     responses, rewards = [], []
     by_batch: dict[str, list[Task]] = {}

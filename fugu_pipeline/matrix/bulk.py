@@ -34,10 +34,10 @@ import numpy as np
 
 from fugu_pipeline.collect.records import MAX_AMOUNT, MAX_COUNT, CostSource
 from fugu_pipeline.collect.store import ResponseStore
-from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, _insert, building, finish, insert_workers, wide_columns
+from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, building, finish, insert_workers, wide_columns
+from fugu_pipeline.matrix.bulk_tasks import INSERT_TASKS, read_batches
 from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.reward import UtilityConfig
-from fugu_pipeline.tasks.loading import load_all_batches
 from fugu_pipeline.workers.config import WorkersConfig
 
 # The call record's fields, each read as JSON (so its JSON type can be checked), by kind.
@@ -120,6 +120,7 @@ JOIN (SELECT DISTINCT part_batch, part_worker FROM parts) p ON p.part_batch = r.
 JOIN workers w ON w.worker_id = p.part_worker
 WHERE r.status = 'ok' AND r.quality IS NOT NULL
 """
+BATCHES_KEPT = "SELECT DISTINCT f.batch FROM batch_rows JOIN batch_files f USING (file_no) ORDER BY 1"
 GRADED_NUMBERS = "SELECT quality, cost_usd, latency_s FROM graded"
 INSERT_REWARDS = ("INSERT INTO rewards SELECT g.task_id, g.worker_id, g.position, g.quality, g.cost_usd, g.latency_s, "
                   "u.utility FROM graded g POSITIONAL JOIN util u")
@@ -196,8 +197,9 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
                      weights_from: str = "the worker config", timings: dict | None = None,
                      log: Callable[[str], None] | None = None, refused: list | None = None) -> dict:
     """The collected matrix, built in bulk. Returns the summary `build` returns; `timings`, when
-    given, receives the seconds of each phase. `refused` (a list): bad batch files are left out and
-    listed there instead of failing the build (`load_all_batches`). The summary's `skipped_lines`
+    given, receives the seconds of each phase. `refused` (a list): bad batch files (a bad line, or a
+    task id another batch holds) are left out and listed there instead of failing the build
+    (`bulk_tasks.read_batches`, which reads them as `load_all_batches` does). The summary's `skipped_lines`
     counts the response-file lines that were not records of their partition, and `skipped_where`
     names them (file, line numbers, torn or damaged; empty when none were); `log` gets each note."""
     t = timings if timings is not None else {}
@@ -213,9 +215,6 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
 
     workers = [(w.id, w.kind, getattr(w, "model", None)) for w in config.workers]
     wide_columns(workers)
-    batches = load_all_batches(benchgen_dir, refused)  # validated: a bad line fails its batch, as everywhere
-    lap("read and validate tasks")
-    files = partition_files(responses_dir, sorted({b for b, _ in batches}), [w for w, _, _ in workers])
     n_skipped, notes = 0, []
     with building(db_path) as con:
         # a bounded build: past this DuckDB spills to disk (beside the database) instead of growing
@@ -226,15 +225,15 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
             raise RewardMatrixError(f"FUGU_MATRIX_MEMORY_LIMIT={limit!r} is not a memory size DuckDB takes "
                                     f"({str(exc).splitlines()[0]}); give one like 3GB or 512MB, or unset it") from None
         con.execute("SET enable_progress_bar = false")  # long scans would print bars into the run's stdout
-        _insert(con, "tasks", {
-            "task_id": [tk.task_id for _, tk in batches], "batch": [b for b, _ in batches],
-            "prompt": [tk.prompt for _, tk in batches], "prompt_hash": [tk.prompt_hash for _, tk in batches],
-            "domain": [tk.domain for _, tk in batches], "split": [tk.split for _, tk in batches],
-            "grader_type": [tk.grader.type for _, tk in batches], "tags": [list(tk.tags) for _, tk in batches],
-        })
-        del batches
+        # validated as the task reader validates: a bad line (or a task id another batch holds) fails its batch
+        read_batches(con, benchgen_dir, ResponseStore(responses_dir).collected_batches(), refused)
+        lap("read and validate tasks")
+        con.execute(INSERT_TASKS)
+        batches = [b for (b,) in con.execute(BATCHES_KEPT).fetchall()]
+        con.execute("DROP TABLE batch_rows")
         insert_workers(con, workers)
         lap("insert tasks")
+        files = partition_files(responses_dir, batches, [w for w, _, _ in workers])
         if files:
             con.execute(PARTITIONS, [[f for f, _, _ in files], [b for _, b, _ in files], [w for _, _, w in files]])
             _load_records(con, files)
