@@ -49,18 +49,25 @@ _COUNTS = ("prompt_tokens", "completion_tokens", "attempts")
 RECORD_COLUMNS = "{" + ", ".join(f"'{c}': 'JSON'" for c in (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS)) + "}"
 
 
+def _json_types() -> str:
+    """The SQL test that every field of a line is of its JSON type in the store's reader
+    (`CallRecord`, strict, `records.py`); a JSON null, like a missing field, is the default. Read
+    from the JSON text of each value, never parsed again: a string starts with a quote, a number
+    casts from its text (a string holding a number does not: it starts with a quote), a count is
+    an integer literal."""
+    tests = [f"left(j_{c}, 1) = '\"'" for c in _STRINGS_REQUIRED]
+    tests += [f"(j_{c} IS NULL OR left(j_{c}, 1) = '\"')" for c in _STRINGS]
+    tests += [f"(j_{c} IS NULL OR {c} IS NOT NULL)" for c in (*_NUMBERS, *_COUNTS)]
+    return " AND ".join(tests)
+
+
 def _sound_record() -> str:
-    """The SQL test of a line the store's reader (`CallRecord`, strict, `records.py`) would accept
-    as a record of its file's partition: every field of its JSON type (a JSON null, like a missing
-    field, is the default), every number within its range. Built from this module's field names
-    and `records.py`'s limits only."""
-    number_types = "('DOUBLE', 'BIGINT', 'UBIGINT')"
-    tests = [f"json_type(j_{c}) = 'VARCHAR'" for c in _STRINGS_REQUIRED]
-    tests += [f"(j_{c} IS NULL OR json_type(j_{c}) = 'VARCHAR')" for c in _STRINGS]
-    tests += [f"(j_{c} IS NULL OR (json_type(j_{c}) IN {number_types} AND isfinite(TRY_CAST(j_{c} AS DOUBLE))))"
-              for c in _NUMBERS]
-    tests += [f"(j_{c} IS NULL OR (json_type(j_{c}) IN ('BIGINT', 'UBIGINT') "
-              f"AND TRY_CAST(j_{c} AS BIGINT) BETWEEN 0 AND {MAX_COUNT}))" for c in _COUNTS]
+    """The SQL test of a line the store's reader would accept as a record of its file's partition:
+    every field of its JSON type (`types_ok`), every number within its range. Built from this
+    module's field names and `records.py`'s limits only."""
+    tests = ["types_ok"]
+    tests += [f"({c} IS NULL OR isfinite({c}))" for c in _NUMBERS]
+    tests += [f"({c} IS NULL OR {c} BETWEEN 0 AND {MAX_COUNT})" for c in _COUNTS]
     tests += ["(quality IS NULL OR quality BETWEEN 0 AND 1)", "status IN ('ok', 'failed')",
               "(status = 'failed' OR quality IS NOT NULL)",
               f"(cost_source IS NULL OR cost_source IN {tuple(get_args(CostSource))!r})"]
@@ -70,22 +77,29 @@ def _sound_record() -> str:
 
 
 def _typed_columns() -> str:
-    cols = [f"j_{c} ->> '$' AS {c}" for c in (*_STRINGS_REQUIRED, *_STRINGS)]
-    cols += [f"TRY_CAST(j_{c} AS DOUBLE) AS {c}" for c in _NUMBERS]
-    cols += [f"TRY_CAST(j_{c} AS BIGINT) AS {c}" for c in _COUNTS]
+    """Each field's value from its JSON text: a string unescaped (NULL when the value is not a
+    string), a number cast from its text, a count only from an integer literal."""
+    # a string without a backslash holds no escape: its text between the quotes is its value, unparsed
+    cols = [f"CASE WHEN left(j_{c}, 1) = '\"' THEN CASE WHEN contains(j_{c}, '\\') THEN j_{c} ->> '$' "
+            f"ELSE substr(j_{c}::VARCHAR, 2, length(j_{c}::VARCHAR) - 2) END END AS {c}" for c in (*_STRINGS_REQUIRED, *_STRINGS)]
+    cols += [f"TRY_CAST(CAST(j_{c} AS VARCHAR) AS DOUBLE) AS {c}" for c in _NUMBERS]
+    cols += [f"CASE WHEN regexp_full_match(CAST(j_{c} AS VARCHAR), '-?[0-9]+') THEN TRY_CAST(CAST(j_{c} AS VARCHAR) AS BIGINT) END AS {c}"
+             for c in _COUNTS]
     return ", ".join(cols)
 
 
 _FIELDS = (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS)
 # Every line of every partition file, in file order, with the partition it came from, as a typed
-# record with `sound`: whether the store's reader would take it. The JSON values are not kept.
+# record with `sound`: whether the store's reader would take it. Each value is converted once (a
+# materialized step), and the JSON texts are not kept.
 LOAD_RECORDS = (
-    "CREATE TEMP TABLE raw AS SELECT filename, line_no, part_batch, part_worker, " + ", ".join(_FIELDS)
-    + ", (" + _sound_record() + ") IS TRUE AS sound FROM (SELECT filename, line_no, part_batch, part_worker, "
-    + ", ".join(f"j_{c}" for c in _FIELDS) + ", " + _typed_columns() + " FROM (SELECT filename, "
-    + ", ".join(f"{c} AS j_{c}" for c in _FIELDS) + ", row_number() OVER () AS line_no "
+    "CREATE TEMP TABLE raw AS WITH typed AS MATERIALIZED (SELECT filename, line_no, part_batch, part_worker, "
+    + ", ".join(_FIELDS) + ", " + _json_types() + " AS types_ok FROM (SELECT *, " + _typed_columns()
+    + " FROM (SELECT filename, " + ", ".join(f"{c} AS j_{c}" for c in _FIELDS) + ", row_number() OVER () AS line_no "
     "FROM read_json(?, format='newline_delimited', columns=" + RECORD_COLUMNS
-    + ", ignore_errors=true, filename=true, maximum_object_size=?)) JOIN parts USING (filename))"
+    + ", ignore_errors=true, filename=true, maximum_object_size=?)) JOIN parts USING (filename)))"
+    " SELECT filename, line_no, part_batch, part_worker, " + ", ".join(_FIELDS)
+    + ", (" + _sound_record() + ") IS TRUE AS sound FROM typed"
 )
 # The longest line read_json takes at first, and at most: a longer line than the first (a runaway
 # answer) is read on a second pass sized to the largest file; beyond the most, the build stops.
@@ -94,20 +108,27 @@ MAX_OBJECT_BYTES = 2**30
 # The partition of each file: `<root>/<batch>/<worker>.jsonl`, from the list of files read.
 PARTITIONS = "CREATE TEMP TABLE parts AS SELECT unnest(?) AS filename, unnest(?) AS part_batch, unnest(?) AS part_worker"
 # Sound records only, the latest line of each (file, task), whose prompt hash matches a task of
-# the file's batch: exactly the records `from_collection` keeps.
-INSERT_RESPONSES = """
-INSERT INTO responses
+# the file's batch: exactly the records `from_collection` keeps. Where no task has two sound lines in
+# a file (no retried cell), every sound line is the latest and the search for it is skipped.
+_RESPONSE_VALUES = """
 SELECT r.task_id, r.worker_id, r.batch, r.status, r.answer, r.quality, r.grade_detail,
        coalesce(r.cost_usd, 0.0), coalesce(r.cost_source, 'none'), coalesce(r.judge_cost_usd, 0.0),
        coalesce(r.latency_s, 0.0), r.ttft_s, r.prompt_tokens, r.completion_tokens, r.finish_reason,
        r.requested_model, r.served_model, r.provider, coalesce(r.attempts, 1), r.error, r.model_fingerprint,
        coalesce(r.finished_at, 0.0)
+"""
+REPEATED_CELLS = "SELECT count(*) FROM (SELECT 1 FROM raw WHERE sound GROUP BY filename, task_id HAVING count(*) > 1)"
+INSERT_RESPONSES = "INSERT INTO responses" + _RESPONSE_VALUES + """
 FROM (
   SELECT raw.* FROM raw
   JOIN (SELECT filename, task_id, max(line_no) AS last_line FROM raw WHERE sound GROUP BY filename, task_id) latest
     ON latest.filename = raw.filename AND latest.task_id = raw.task_id AND latest.last_line = raw.line_no
 ) r
 JOIN tasks t ON t.task_id = r.task_id AND t.batch = r.part_batch AND t.prompt_hash = r.prompt_hash
+"""
+INSERT_RESPONSES_ONCE_EACH = "INSERT INTO responses" + _RESPONSE_VALUES + """
+FROM raw r JOIN tasks t ON t.task_id = r.task_id AND t.batch = r.part_batch AND t.prompt_hash = r.prompt_hash
+WHERE r.sound
 """
 # The graded cells, with the worker of the file (as `from_collection` takes it), in a fixed order
 # that the utility computed in numpy is joined back to by position.
@@ -243,7 +264,8 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
                 if log:
                     log(note)
             lap("count skipped lines")
-            con.execute(INSERT_RESPONSES)
+            repeated = con.execute(REPEATED_CELLS).fetchall()[0][0]
+            con.execute(INSERT_RESPONSES if repeated else INSERT_RESPONSES_ONCE_EACH)
             con.execute("DROP TABLE raw")
             lap("latest record per cell, prompt-hash check")
             con.execute(GRADED)

@@ -44,101 +44,120 @@ from fugu_pipeline.tasks.loading import (
 )
 from fugu_pipeline.tasks.schema import Task
 
-# The task fields, in the order `json_extract` returns them.
 FIELDS = ("task_id", "prompt", "domain", "reference_answer", "grader", "split", "tags")
-# The graders whose fields SQL checks, with each field's JSON test ({} is the field's JSON value).
+# The graders whose fields SQL checks, with each field's test on its JSON text `{}` (as DuckDB writes
+# it back: a string starts with a quote, a number with a digit or a minus; `true`, `false`, `null`).
 # Any other grader type, or another field, sends the line to the Python reader: sound, only slower.
+_BOOL = "{} IN ('true', 'false')"
 GRADER_FIELDS = {
-    "exact": {"case_sensitive": "json_type({}) = 'BOOLEAN'", "strip": "json_type({}) = 'BOOLEAN'"},
-    "contains": {"case_sensitive": "json_type({}) = 'BOOLEAN'"},
+    "exact": {"case_sensitive": _BOOL, "strip": _BOOL},
+    "contains": {"case_sensitive": _BOOL},
     "numeric": {"tolerance": "(json_type({}) IN ('BIGINT', 'UBIGINT', 'DOUBLE') AND isfinite(TRY_CAST({} AS DOUBLE)) "
                              "AND TRY_CAST({} AS DOUBLE) >= 0)",
-                "relative": "json_type({}) = 'BOOLEAN'"},
-    "llm_judge": {"rubric": "(json_type({}) = 'VARCHAR' AND length({} ->> '$') >= 1)",
+                "relative": _BOOL},
+    "llm_judge": {"rubric": "(left({}, 1) = '\"' AND {} <> '\"\"')",
                   "scale": "(json_type({}) IN ('BIGINT', 'UBIGINT') AND TRY_CAST({} AS HUGEINT) >= 1)"},
 }
 REQUIRED_GRADER_FIELDS = {"llm_judge": ("rubric",)}
 _GRADER_KEYS = ["type", *sorted({k for f in GRADER_FIELDS.values() for k in f})]
+_SPEC = "{" + ", ".join('"grader": {' + ", ".join(f'"{g}": "JSON"' for g in _GRADER_KEYS) + "}" if k == "grader"
+                        else f'"{k}": "JSON"' for k in FIELDS) + "}"
 # Python's str.strip() removes these ASCII characters (and more outside ASCII); JSON whitespace is fewer.
 _STRIP = r"[\t\n\v\f\r \x1c-\x1f]"
 
 
+def _string(x: str) -> str:
+    return f"left({x}, 1) = '\"'"
+
+
+def _present(fields) -> str:
+    """How many of these struct fields are present (`json_transform` gives NULL for a key that is
+    missing, and for a JSON null)."""
+    return " + ".join(f"({f} IS NOT NULL)::INTEGER" for f in fields)
+
+
 def _grader_ok() -> str:
-    """The SQL test of a grader object SQL vouches for: a known type, its known fields only, each
-    once and of its JSON type."""
+    """The SQL test of a grader SQL vouches for: an object of a known type, with known fields only,
+    each once and of its JSON type. `gkeys` are its keys, repeats included: as many as its fields
+    present, so none is unknown, repeated or null."""
     tests = []
     for kind, fields in GRADER_FIELDS.items():
-        allowed = ", ".join(f"'{k}'" for k in ("type", *fields))
-        checks = [f"(g[{1 + _GRADER_KEYS.index(k)}] IS NULL OR {t.format(*[f'g[{1 + _GRADER_KEYS.index(k)}]'] * t.count('{}'))})"
-                  for k, t in fields.items()]
-        checks += [f"g[{1 + _GRADER_KEYS.index(k)}] IS NOT NULL" for k in REQUIRED_GRADER_FIELDS.get(kind, ())]
-        tests.append(f"(gtype = '{kind}' AND list_has_all([{allowed}], gkeys) AND " + " AND ".join(checks) + ")")
-    return ("(json_type(j[5]) = 'OBJECT' AND len(gkeys) = len(list_distinct(gkeys)) AND json_type(g[1]) = 'VARCHAR' AND ("
-            + " OR ".join(tests) + "))")
+        checks = [f"(f.grader.{k} IS NULL OR {test.replace('{}', f'f.grader.{k}')})" for k, test in fields.items()]
+        checks += [f"f.grader.{k} IS NOT NULL" for k in REQUIRED_GRADER_FIELDS.get(kind, ())]
+        checks += [f"f.grader.{k} IS NULL" for k in _GRADER_KEYS if k != "type" and k not in fields]
+        tests.append(f"(f.grader.type = '\"{kind}\"' AND " + " AND ".join(checks) + ")")
+    return (f"len(gkeys) = {_present(f'f.grader.{k}' for k in _GRADER_KEYS)} AND ("
+            + " OR ".join(tests) + ")")
 
 
-# Every line of every batch file: (file, line number, text). Blank lines (ASCII whitespace only)
-# are left out, as the Python reader skips them.
-LINES = (
-    "CREATE TEMP TABLE batch_lines AS SELECT file_no, line_no, line FROM ("
-    " SELECT f.file_no, unnest(r.lines) AS line, unnest(range(1, len(r.lines) + 1)) AS line_no"
-    " FROM (SELECT filename, string_split(CASE WHEN starts_with(content, chr(65279)) THEN substr(content, 2) "
-    "       ELSE content END, chr(10)) AS lines FROM read_text(?)) r JOIN batch_files f USING (filename))"
-    f" WHERE NOT regexp_full_match(line, '{_STRIP}*')"
-)
-# Lines DuckDB's parser may read otherwise than Python's json.loads (a trailing comma, a raw control
-# character, a NUL or lone-surrogate escape) never take the SQL path.
-_PARSABLE = ("json_valid(line) AND NOT regexp_matches(line, ',[ \\t\\r\\n]*[\\]}]') "
-             "AND NOT regexp_matches(line, '[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f]') "
-             "AND NOT regexp_matches(line, '\\\\u(0000|[dD][89abAB])')")
-PARSE = (
-    "CREATE TEMP TABLE batch_parsed AS SELECT file_no, line_no, j, keys, g, gkeys, g[1] ->> '$' AS gtype FROM ("
-    " SELECT file_no, line_no, j, keys,"
-    f"  CASE WHEN json_type(j[5]) = 'OBJECT' THEN json_extract(j[5], {['$.' + k for k in _GRADER_KEYS]!r}) END AS g,"
-    "   CASE WHEN json_type(j[5]) = 'OBJECT' THEN json_keys(j[5]) END AS gkeys"
-    " FROM (SELECT file_no, line_no,"
-    f"  CASE WHEN ok THEN json_extract(line, {['$.' + k for k in FIELDS]!r}) END AS j,"
-    "   CASE WHEN ok THEN json_keys(line) END AS keys"
-    f"  FROM (SELECT file_no, line_no, line, {_PARSABLE} AND json_type(line) = 'OBJECT' AS ok FROM batch_lines)))"
-)
+# Lines DuckDB's parser reads otherwise than Python's json.loads never take the SQL path: DuckDB
+# takes a trailing comma ('{"a": 1,}'), Python does not. (Both refuse a raw control character in a
+# string, a lone surrogate escape, a leading zero, single quotes: a test holds them side by side.)
+_TRAILING_COMMA = r"regexp_matches(line, ',[ \t\r\n]*[\]}]')"
+# `keys` are the line's keys, repeats included: as many as its known fields present (a null
+# reference_answer counts once more), so none is unknown, repeated, or null where null is refused.
 _FAST = (
-    f"keys IS NOT NULL AND len(keys) = len(list_distinct(keys)) AND list_has_all({list(FIELDS)!r}, keys)"
-    " AND json_type(j[1]) = 'VARCHAR' AND length(j[1] ->> '$') BETWEEN 1 AND 256"
-    " AND json_type(j[2]) = 'VARCHAR' AND length(j[2] ->> '$') >= 1"
-    " AND (j[3] IS NULL OR json_type(j[3]) = 'VARCHAR')"
-    " AND (j[4] IS NULL OR json_type(j[4]) IN ('VARCHAR', 'NULL'))"
-    " AND (j[6] IS NULL OR (json_type(j[6]) = 'VARCHAR' AND j[6] ->> '$' IN ('train', 'val', 'test')))"
-    " AND (j[7] IS NULL OR (json_type(j[7]) = 'ARRAY'"
-    "      AND list_has_all(['VARCHAR'], json_type(j[7], '$[*]'))))"
+    f"(len(keys) = {_present(f'f.{k}' for k in FIELDS)}"
+    f"  OR (len(keys) = 1 + {_present(f'f.{k}' for k in FIELDS)} AND f.reference_answer IS NULL"
+    "      AND list_contains(keys, 'reference_answer')))"
+    f" AND {_string('f.task_id')} AND length(f.task_id ->> '$') BETWEEN 1 AND 256"
+    f" AND {_string('f.prompt')} AND f.prompt <> '\"\"'"
+    f" AND (f.domain IS NULL OR {_string('f.domain')})"
+    f" AND (f.reference_answer IS NULL OR {_string('f.reference_answer')})"
+    f" AND (f.split IS NULL OR f.split IN ('\"train\"', '\"val\"', '\"test\"'))"
+    f" AND (f.tags IS NULL OR (left(f.tags, 1) = '[' AND list_has_all(['VARCHAR'], json_type(f.tags, '$[*]'))))"
     " AND " + _grader_ok()
 )
-# The rows SQL vouches for, typed; `ref` is the reference answer (NULL when absent or null).
+# Every non-blank line of every batch file (blank: ASCII whitespace only, which the Python reader
+# skips too), with `fast` when SQL vouches for it, and then its fields. Each line is parsed once per
+# JSON function (valid?, its fields as JSON texts in a struct, its keys, its grader's keys); each step
+# is a materialized CTE, so no later test evaluates a function again.
 ROWS = (
-    "CREATE TEMP TABLE batch_rows AS SELECT file_no, line_no, j[1] ->> '$' AS task_id, j[2] ->> '$' AS prompt,"
-    " coalesce(j[3] ->> '$', 'general') AS domain, CASE WHEN json_type(j[4]) = 'VARCHAR' THEN j[4] ->> '$' END AS ref,"
-    " gtype AS grader_type, coalesce(j[6] ->> '$', 'train') AS split,"
-    " coalesce(json_extract_string(j[7], '$[*]'), []::VARCHAR[]) AS tags"
-    f" FROM batch_parsed WHERE {_FAST}"
+    "CREATE TEMP TABLE batch_rows AS WITH"
+    " lines AS MATERIALIZED (SELECT file_no, line_no, line,"
+    "  left(ltrim(line, chr(32) || chr(9) || chr(13)), 1) = '{' AND json_valid(line) AS valid FROM ("
+    "  SELECT f.file_no, unnest(r.lines) AS line, unnest(range(1, len(r.lines) + 1)) AS line_no"
+    "  FROM (SELECT filename, string_split(CASE WHEN starts_with(content, chr(65279)) THEN substr(content, 2) "
+    "        ELSE content END, chr(10)) AS lines FROM read_text(?)) r JOIN batch_files f USING (filename))"
+    f"  WHERE NOT regexp_full_match(line, '{_STRIP}*')),"
+    f" parsed AS MATERIALIZED (SELECT file_no, line_no, valid AND NOT {_TRAILING_COMMA} AS ok,"
+    "  CASE WHEN valid THEN json_transform(line, '" + _SPEC + "') END AS f,"
+    "  CASE WHEN valid THEN json_keys(line) END AS keys, CASE WHEN valid THEN json_keys(line, '$.grader') END AS gkeys"
+    "  FROM lines)"
+    f" SELECT file_no, line_no, coalesce(ok AND {_FAST}, false) AS fast, f.task_id ->> '$' AS task_id,"
+    " f.prompt ->> '$' AS prompt, coalesce(f.domain ->> '$', 'general') AS domain, f.reference_answer ->> '$' AS ref,"
+    " f.grader.type ->> '$' AS grader_type, coalesce(f.split ->> '$', 'train') AS split,"
+    " coalesce(json_extract_string(f.tags, '$[*]'), []::VARCHAR[]) AS tags"
+    " FROM parsed"
 )
-# A row whose reference SQL shows cannot be in its prompt: no reference, or ASCII prompt and
-# reference (lower() agrees with Python's there) with nothing to strip at the reference's ends, and
-# the prompt not containing it. Exact and contains also need a reference that is not blank.
-_PROVED = (
-    "(ref IS NULL OR ref = '' OR (NOT regexp_matches(prompt, '[^\\x00-\\x7f]') AND NOT regexp_matches(ref, '[^\\x00-\\x7f]')"
-    f" AND NOT regexp_matches(ref, '^{_STRIP}|{_STRIP}$') AND NOT contains(lower(prompt), lower(ref))))"
-    " AND (grader_type NOT IN ('exact', 'contains') OR regexp_matches(coalesce(ref, ''), '[!-~]'))"
+ROW_COLUMNS = ("file_no", "line_no", "fast", "task_id", "prompt", "domain", "ref", "grader_type", "split", "tags")
+EMPTY_ROWS = ("CREATE TEMP TABLE batch_rows (file_no INTEGER, line_no BIGINT, fast BOOLEAN, task_id VARCHAR, prompt VARCHAR, "
+              "domain VARCHAR, ref VARCHAR, grader_type VARCHAR, split VARCHAR, tags VARCHAR[])")
+# Files SQL does not vouch for line by line, read by the Python reader: exact, only slower.
+SLOW_FILES = "SELECT file_no FROM batch_rows GROUP BY file_no HAVING NOT bool_and(fast)"
+# The rows whose answer SQL cannot show to be out of their prompt; the others are checked in Python by
+# the validator itself. `Task` refuses a prompt holding its reference (6+ characters), or holding
+# "answer", spaces, "is", ":" or "=", spaces, then the reference (`_leaks`). SQL shows neither can
+# fire for an ASCII prompt and reference (lower() agrees with Python's there) with nothing to strip
+# at the reference's ends, when the lowercased prompt does not contain the reference at all; or is
+# too short a reference and no "answer" phrase before it: where every run of whitespace in the prompt
+# is one space, each spelling of the phrase is one of twelve strings.
+_PHRASES = " OR ".join(f"contains(lp, 'answer{a}{op}{b}' || lr)" for a in ("", " ") for op in ("is", ":", "=") for b in ("", " "))
+UNPROVED = (
+    "WITH r AS MATERIALIZED (SELECT file_no, ref, prompt, lower(prompt) AS lp, lower(ref) AS lr,"
+    f"  strlen(prompt) = length(prompt) AND strlen(ref) = length(ref) AND NOT regexp_matches(ref, '^{_STRIP}|{_STRIP}$') AS ascii"
+    "  FROM batch_rows WHERE ref IS NOT NULL AND ref <> ''),"
+    " c AS MATERIALIZED (SELECT *, contains(lp, lr) AS has FROM r)"
+    " SELECT file_no, ref, prompt FROM c WHERE NOT ascii OR (has AND (length(ref) >= 6 OR (contains(lp, 'answer') AND ("
+    f"  regexp_matches(lp, '[\\t\\n\\v\\f\\r\\x1c-\\x1f]|  ') OR {_PHRASES}))))"
 )
-TO_CHECK = f"SELECT file_no, line_no, grader_type, ref, prompt FROM batch_rows WHERE NOT ({_PROVED})"
-NUMERIC_REFS = "SELECT DISTINCT ref FROM batch_rows WHERE grader_type = 'numeric'"
-OTHER_LINES = ("SELECT l.file_no, l.line_no, l.line FROM batch_lines l ANTI JOIN batch_rows r USING (file_no, line_no) "
-               "ORDER BY l.file_no, l.line_no")
+REFS = "SELECT DISTINCT grader_type, ref FROM batch_rows WHERE grader_type IN ('exact', 'contains', 'numeric')"
+FILES_WITH_REFS = ("SELECT DISTINCT file_no FROM batch_rows r JOIN (SELECT unnest(?) AS grader_type, unnest(?) AS ref) b "
+                   "ON r.grader_type = b.grader_type AND r.ref IS NOT DISTINCT FROM b.ref")
 DUPLICATES = "SELECT DISTINCT file_no FROM batch_rows GROUP BY file_no, task_id HAVING count(*) > 1"
 SHARED_IDS = ("SELECT r.file_no, r.task_id, r.line_no FROM batch_rows r JOIN (SELECT task_id FROM batch_rows "
               "GROUP BY task_id HAVING count(DISTINCT file_no) > 1) USING (task_id) ORDER BY r.file_no, r.line_no")
-ADD_ROWS = "INSERT INTO batch_rows SELECT * FROM added"
 DROP_FILES = "DELETE FROM batch_rows WHERE file_no IN (SELECT unnest(?))"
-EMPTY_ROWS = ("CREATE TEMP TABLE batch_rows (file_no INTEGER, line_no BIGINT, task_id VARCHAR, prompt VARCHAR, "
-              "domain VARCHAR, ref VARCHAR, grader_type VARCHAR, split VARCHAR, tags VARCHAR[])")
 # The accepted tasks, as `tasks` holds them.
 INSERT_TASKS = ("INSERT INTO tasks SELECT r.task_id, f.batch, r.prompt, sha256(r.prompt), r.domain, r.split, "
                 "r.grader_type, r.tags FROM batch_rows r JOIN batch_files f USING (file_no)")
@@ -154,50 +173,40 @@ def _consistency_problem(grader_type: str, ref: str | None, prompt: str) -> str 
     return None
 
 
-ROW_COLUMNS = ("file_no", "line_no", "task_id", "prompt", "domain", "ref", "grader_type", "split", "tags")
-
-
-def _columns() -> dict[str, list]:
-    return {c: [] for c in ROW_COLUMNS}
-
-
-def _add(columns: dict[str, list], file_no: int, line_no: int, t: Task) -> None:
-    for c, v in zip(ROW_COLUMNS, (file_no, line_no, t.task_id, t.prompt, t.domain, t.reference_answer, t.grader.type,
-                                  t.split, list(t.tags))):
-        columns[c].append(v)
-
-
-def _insert_rows(con: duckdb.DuckDBPyConnection, columns: dict[str, list]) -> None:
-    """Rows the Python reader read, into `batch_rows` (through Arrow: one statement)."""
-    import pyarrow as pa
-
-    if columns["file_no"]:
-        python_rows = pa.table(columns)  # noqa: F841  (DuckDB reads the local by name)
-        con.execute("INSERT INTO batch_rows SELECT * FROM python_rows")
-
-
-def _read_lines(con: duckdb.DuckDBPyConnection, files: dict[int, tuple[str, Path]]) -> set[int]:
-    """`LINES` over the files; a file DuckDB cannot read (not UTF-8, gone) is left to the Python
+def _read_rows(con: duckdb.DuckDBPyConnection, files: dict[int, tuple[str, Path]]) -> set[int]:
+    """`ROWS` over the files; a file DuckDB cannot read (not UTF-8, gone) is left to the Python
     reader, whose error names it. Returns those files."""
     unread: set[int] = set()
     while True:
-        paths = [str(p) for n, (_, p) in files.items() if n not in unread]
         try:
-            con.execute(LINES, [paths])
+            con.execute(ROWS, [[str(p) for n, (_, p) in files.items() if n not in unread]])
             return unread
         except duckdb.Error:
-            con.execute("DROP TABLE IF EXISTS batch_lines")
             bad = set()
             for n, (_, p) in files.items():
-                if n in unread:
-                    continue
                 try:
-                    con.execute("SELECT count(*) FROM read_text(?)", [str(p)]).fetchone()
+                    if n not in unread:
+                        con.execute("SELECT sum(strlen(content)) FROM read_text(?)", [str(p)]).fetchall()
                 except duckdb.Error:
                     bad.add(n)
             if not bad:
                 raise
             unread |= bad
+
+
+def _python_rows(con: duckdb.DuckDBPyConnection, tasks: list[tuple[int, int, Task]]) -> None:
+    """Tasks the Python reader read, into `batch_rows` (through Arrow: one statement)."""
+    import pyarrow as pa
+
+    if not tasks:
+        return
+    python_rows = pa.table({  # noqa: F841  (DuckDB reads the local by name)
+        "file_no": [n for n, _, _ in tasks], "line_no": [line for _, line, _ in tasks], "fast": [True] * len(tasks),
+        "task_id": [t.task_id for _, _, t in tasks], "prompt": [t.prompt for _, _, t in tasks],
+        "domain": [t.domain for _, _, t in tasks], "ref": [t.reference_answer for _, _, t in tasks],
+        "grader_type": [t.grader.type for _, _, t in tasks], "split": [t.split for _, _, t in tasks],
+        "tags": [list(t.tags) for _, _, t in tasks]})
+    con.execute("INSERT INTO batch_rows SELECT * FROM python_rows")
 
 
 def read_batches(con: duckdb.DuckDBPyConnection, benchgen_dir: Path, settled: Collection[str] = (),
@@ -213,49 +222,38 @@ def read_batches(con: duckdb.DuckDBPyConnection, benchgen_dir: Path, settled: Co
     if not files:
         con.execute(EMPTY_ROWS)
         return 0
-    bad = _read_lines(con, files)
-    con.execute(PARSE)
-    con.execute(ROWS)
-    con.execute("DROP TABLE batch_parsed")
-    # the lines SQL does not vouch for: the Python reader's own parse
-    added = _columns()
-    for n, line_no, line in con.execute(OTHER_LINES).fetchall():
-        if n in bad:
-            continue
-        got = parse_task_line(line)
-        if isinstance(got, list):
-            bad.add(n)
-        elif got is not None:  # None: a line only Python reads as blank (Unicode spaces)
-            _add(added, n, line_no, got)
-    con.execute("DROP TABLE batch_lines")
-    # the checks across fields, by the validator itself (a numeric reference once per value)
-    numeric_bad = {r for (r,) in con.execute(NUMERIC_REFS).fetchall() if _consistency_problem("numeric", r, "")}
-    for n, _, grader_type, ref, prompt in con.execute(TO_CHECK).fetchall():
-        if n not in bad and (_consistency_problem(grader_type, ref, prompt) or (grader_type == "numeric" and ref in numeric_bad)):
-            bad.add(n)
-    if numeric_bad:
-        bad |= {n for (n,) in con.execute("SELECT DISTINCT file_no FROM batch_rows WHERE grader_type = 'numeric' "
-                                          "AND ref IN (SELECT unnest(?))", [sorted(numeric_bad)]).fetchall()}
-    _insert_rows(con, added)
-    bad |= {n for (n,) in con.execute(DUPLICATES).fetchall()}
-    bad |= set(files) - {n for (n,) in con.execute("SELECT DISTINCT file_no FROM batch_rows").fetchall()}
+    slow = _read_rows(con, files)
+    slow |= {n for (n,) in con.execute(SLOW_FILES).fetchall()}
+    slow |= set(files) - {n for (n,) in con.execute("SELECT DISTINCT file_no FROM batch_rows").fetchall()}  # no task
+    con.execute(DROP_FILES, [sorted(slow)])
+    # the checks across fields, by the validator itself: each (grader, reference) once (a reference the
+    # grader needs, a number that parses), with the prompt only where SQL cannot rule the answer out of it
+    bad_refs = [(g, r) for g, r in con.execute(REFS).fetchall() if _consistency_problem(g, r, "")]
+    if bad_refs:
+        slow |= {n for (n,) in con.execute(FILES_WITH_REFS, [[g for g, _ in bad_refs], [r for _, r in bad_refs]]).fetchall()}
+    for n, ref, prompt in con.execute(UNPROVED).fetchall():
+        # the answer-in-prompt test alone: the validator's branch that every grader SQL vouches for shares,
+        # and the only one of an llm_judge grader (the reference checks ran above, once per value)
+        if n not in slow and _consistency_problem("llm_judge", ref, prompt):
+            slow.add(n)
+    slow |= {n for (n,) in con.execute(DUPLICATES).fetchall()}
+    con.execute(DROP_FILES, [sorted(slow)])
+    # the files SQL did not vouch for, whole: the Python reader takes them, or names every problem
     errors: dict[int, TaskFileError] = {}
-    again: dict[str, list] = _columns()
-    for n in sorted(bad):  # the Python reader names every problem, as it always did
+    tasks: list[tuple[int, int, Task]] = []
+    for n in sorted(slow):
         try:
-            for line_no, task in read_batch(files[n][1]):  # not expected: the file is sound after all, and
-                _add(again, n, line_no, task)              # Python's reading of it is the one kept
+            tasks += [(n, line, t) for line, t in read_batch(files[n][1])]
         except TaskFileError as exc:
             errors[n] = exc
-    con.execute(DROP_FILES, [sorted(bad)])
-    _insert_rows(con, again)
+    _python_rows(con, tasks)
     errors.update(_clashes(con, files, settled))
     con.execute(DROP_FILES, [sorted(errors)])
     for n in sorted(errors):
         if refused is None:
             raise errors[n]
         refused.append(errors[n])
-    return con.execute("SELECT count(*) FROM batch_rows").fetchone()[0]
+    return con.execute("SELECT count(*) FROM batch_rows").fetchall()[0][0]
 
 
 def _clashes(con: duckdb.DuckDBPyConnection, files: dict[int, tuple[str, Path]], settled: Collection[str]) -> dict[int, TaskFileError]:
