@@ -34,9 +34,13 @@ def matrix(task_ids: list[str], workers=("w-a", "w_b", "w.c")) -> duckdb.DuckDBP
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 4, 200_000])
-def test_plain_ids_give_the_canonical_text_in_bulk(chunk_rows):
+def test_plain_ids_give_the_canonical_text_in_bulk(chunk_rows, monkeypatch):
+    import fugu_pipeline.matrix.build as build
+
     con = matrix([f"t{i:03d}" for i in range(40)] + ["é-ünï", "💡 idea", "a b", "z/9"])
-    assert data_version(con, chunk_rows) == reference(con)
+    expected = reference(con)
+    monkeypatch.setattr(build, "_python_text", lambda batch: pytest.fail("plain ids took the Python path"))
+    assert data_version(con, chunk_rows) == expected
 
 
 @pytest.mark.parametrize("odd", ['quo"te', "back\\slash", "tab\there", "line\nbreak", "nul\x00x", "esc\x1b[31m"])
@@ -54,3 +58,29 @@ def test_known_matrices_keep_their_versions():
     """Pinned: the versions the row-by-row code gave these matrices before the text was written in bulk."""
     assert data_version(matrix([f"t{i}" for i in range(5)])) == "469b126daa9733c1"
     assert data_version(matrix(["t1", 'quo"te', "t3"])) == "dc39b6a5c6402c76"
+
+
+def test_the_utility_sql_writes_is_the_utility_python_computes_bit_for_bit():
+    """The bulk build computes each cell's utility in SQL; the row build in Python
+    (`UtilityConfig.utility`). Over random cells and weights, every float must be the same bits."""
+    import random
+
+    from fugu_pipeline.matrix.bulk import INSERT_REWARDS, utility_parameters
+    from fugu_pipeline.reward import UtilityConfig
+
+    rng = random.Random(7)
+    for _ in range(5):
+        u = UtilityConfig(quality_weight=rng.uniform(0, 3), cost_weight=rng.uniform(0, 2), latency_weight=rng.uniform(0, 1),
+                          cost_scale_usd=10 ** rng.uniform(-4, 0), latency_scale_s=rng.uniform(0.1, 30), cap=rng.uniform(0.5, 8))
+        cells = [(f"t{i}", rng.choice([0.0, 1.0, rng.random()]), 10 ** rng.uniform(-9, 1) * rng.choice([0, 1]),
+                  rng.uniform(0, 1) * 10 ** rng.uniform(-3, 3), 10 ** rng.uniform(-4, 3)) for i in range(3000)]
+        con = duckdb.connect()
+        con.execute(SCHEMA)
+        con.execute("INSERT INTO workers VALUES (0, 'w', 'mock', NULL)")
+        con.execute("CREATE TEMP TABLE parts AS SELECT 'f' AS filename, 'b' AS part_batch, 'w' AS part_worker")
+        con.executemany("INSERT INTO responses (task_id, worker_id, batch, status, quality, cost_usd, judge_cost_usd, latency_s) "
+                        "VALUES (?, 'w', 'b', 'ok', ?, ?, ?, ?)", cells)
+        con.execute(INSERT_REWARDS, utility_parameters(u))
+        got = dict(con.execute("SELECT task_id, utility FROM rewards").fetchall())
+        for tid, q, c, j, lat in cells:
+            assert got[tid].hex() == u.utility(q, c + j, lat).hex(), (tid, q, c, j, lat, u)
