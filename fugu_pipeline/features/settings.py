@@ -24,6 +24,9 @@ from fugu_pipeline.hashing import canonical_json, sha256_text
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 TINY = "tiny"
 FINGERPRINT_VERSION = 1
+# Every sequence is encoded padded to a multiple of this (`encoder.plan_batches`). Part of the cache
+# fingerprint: vectors of another padding (exact-length batches, before) may differ in their last bits.
+PAD_MULTIPLE = 8
 DEFAULT_DOMAIN = "general"
 # Files of a model directory that decide what it computes (README and the like do not).
 MODEL_FILE_SUFFIXES = (".json", ".txt", ".model", ".safetensors", ".bin", ".pt", ".tiktoken")
@@ -219,10 +222,12 @@ class EncoderSettings(BaseModel):
 
     def fingerprint(self, resolved_dtype: str, model_identity: str) -> str:
         """Hash of everything that changes vector values: model identity, dtype, pooling,
-        position, layer, normalisation, max length, template. Not device or batch sizes."""
+        position, layer, normalisation, max length, template, the padding of every sequence. Not
+        device or batch sizes."""
         extra = {"lexical": LEXICAL_VERSION} if self.lexical else {}  # absent when off: earlier caches keep their keys
         return sha256_text(canonical_json({
             **extra,
+            "padded_to": PAD_MULTIPLE,
             "v": FINGERPRINT_VERSION,
             "model": model_identity,
             "dtype": resolved_dtype,
