@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from fugu_pipeline.matrix.bulk_tasks import GRADER_FIELDS, read_batches
+from fugu_pipeline.matrix.bulk_tasks import GRADER_FIELDS, TASKS_TABLE, read_batches
 from fugu_pipeline.tasks.loading import TaskFileError, load_all_batches, read_batch
 from fugu_pipeline.tasks.schema import ContainsGrader, ExactGrader, LLMJudgeGrader, NumericGrader
 
@@ -82,9 +82,10 @@ def readers_agree(folder: Path) -> tuple[list, list[str]]:
                 for b, t in load_all_batches(folder, py_refused))
     bulk_refused: list[TaskFileError] = []
     with duckdb.connect() as con:
+        con.execute(TASKS_TABLE)
         read_batches(con, folder, (), bulk_refused)
-        bulk = sorted(con.execute("SELECT f.batch, r.task_id, r.prompt, r.domain, r.split, r.grader_type, r.tags, "
-                                  "sha256(r.prompt) FROM batch_rows r JOIN batch_files f USING (file_no)").fetchall())
+        bulk = sorted(con.execute("SELECT batch, task_id, prompt, domain, split, grader_type, tags, prompt_hash "
+                                  "FROM tasks").fetchall())
     assert bulk == [tuple(x) for x in py]
     assert sorted(str(e) for e in bulk_refused) == sorted(str(e) for e in py_refused)
     return py, sorted(str(e) for e in py_refused)

@@ -14,7 +14,7 @@ import pytest
 from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.defs.assemble import build_defs
 from fugu_pipeline.matrix.bulk import build_collection
-from fugu_pipeline.matrix.bulk_tasks import read_batches, refused_batches
+from fugu_pipeline.matrix.bulk_tasks import TASKS_TABLE, read_batches, refused_batches
 from fugu_pipeline.matrix.read import read_arrays
 from fugu_pipeline.tasks.loading import TaskFileError, load_all_batches
 from fugu_pipeline.workers.config import load_workers_config
@@ -108,8 +108,9 @@ def test_the_older_batch_keeps_the_id_whatever_the_names(project, names):
             kept = {b for b, _ in load_all_batches(project / "data" / "benchgen", refused)}
         else:
             with duckdb.connect() as con:
+                con.execute(TASKS_TABLE)
                 read_batches(con, project / "data" / "benchgen", (), refused)
-                kept = {b for (b,) in con.execute("SELECT DISTINCT batch FROM batch_rows JOIN batch_files USING (file_no)").fetchall()}
+                kept = {b for (b,) in con.execute("SELECT DISTINCT batch FROM tasks").fetchall()}
         assert kept == {names[0]} and [e.path for e in refused] == [second], reader
         assert f"{second}:1: task_id 'math-0000' is also in batch {names[0]!r} ({names[0]}.jsonl:1)" in str(refused[0])
 
@@ -148,6 +149,7 @@ def test_a_copied_batch_is_refused_as_a_copy_and_named_line_by_line(project):
     assert f"and {len(kept) - 20} more" in msg  # every line is a clash; the first 20 are shown
     bulk: list[TaskFileError] = []
     with duckdb.connect() as con:
+        con.execute(TASKS_TABLE)
         read_batches(con, project / "data" / "benchgen", (), bulk)
     assert [str(e) for e in bulk] == [msg]
 

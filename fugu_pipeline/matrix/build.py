@@ -343,10 +343,10 @@ DATA_VERSION_ROWS = ("SELECT r.task_id, r.worker_id, round(r.utility, 9), t.prom
 # after a comma (a double as Python's repr writes it, which DuckDB's cast to text matches: checked
 # on a sample of every build). Only where no id needs escaping: a quote, a backslash or a control
 # character in a task id (worker ids cannot hold one) leaves the digest to Python.
-_ROW_TEXT = (
-    "',[\"' || r.task_id || '\",\"' || r.worker_id || '\",' || CASE WHEN isnan(u) THEN 'NaN' "
+_ROW_TEXT = (  # one concat() per row: a chain of || makes a new string per piece
+    "concat(',[\"', r.task_id, '\",\"', r.worker_id, '\",', CASE WHEN isnan(u) THEN 'NaN' "
     "WHEN u = 'infinity'::DOUBLE THEN 'Infinity' WHEN u = '-infinity'::DOUBLE THEN '-Infinity' "
-    "ELSE coalesce(CAST(u AS VARCHAR), 'null') END || ',\"' || t.prompt_hash || '\",\"' || t.split || '\"]'"
+    "ELSE coalesce(CAST(u AS VARCHAR), 'null') END, ',\"', t.prompt_hash, '\",\"', t.split, '\"]')"
 )
 DATA_VERSION_TEXT = (
     f"SELECT {_ROW_TEXT} AS row FROM (SELECT *, round(utility, 9) AS u FROM rewards) r "

@@ -34,7 +34,7 @@ import duckdb
 from fugu_pipeline.collect.records import MAX_AMOUNT, MAX_COUNT, CostSource
 from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, building, finish, insert_workers, wide_columns
-from fugu_pipeline.matrix.bulk_tasks import INSERT_TASKS, read_batches
+from fugu_pipeline.matrix.bulk_tasks import read_batches
 from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.workers.config import WorkersConfig
@@ -82,8 +82,9 @@ def _typed_columns() -> str:
     cols = [f"CASE WHEN left(j_{c}, 1) = '\"' THEN CASE WHEN contains(j_{c}, '\\') THEN j_{c} ->> '$' "
             f"ELSE substr(j_{c}::VARCHAR, 2, length(j_{c}::VARCHAR) - 2) END END AS {c}" for c in (*_STRINGS_REQUIRED, *_STRINGS)]
     cols += [f"TRY_CAST(CAST(j_{c} AS VARCHAR) AS DOUBLE) AS {c}" for c in _NUMBERS]
-    cols += [f"CASE WHEN regexp_full_match(CAST(j_{c} AS VARCHAR), '-?[0-9]+') THEN TRY_CAST(CAST(j_{c} AS VARCHAR) AS BIGINT) END AS {c}"
-             for c in _COUNTS]
+    # an integer literal: a number's text (DuckDB writes a float with a point or an exponent) without either
+    cols += [f"CASE WHEN NOT contains(j_{c}::VARCHAR, '.') AND NOT contains(lower(j_{c}::VARCHAR), 'e') "
+             f"THEN TRY_CAST(j_{c}::VARCHAR AS BIGINT) END AS {c}" for c in _COUNTS]
     return ", ".join(cols)
 
 
@@ -148,7 +149,7 @@ FROM (SELECT r.task_id, p.part_worker AS worker_id, w.position, r.quality, r.cos
       JOIN workers w ON w.worker_id = p.part_worker
       WHERE r.status = 'ok' AND r.quality IS NOT NULL)
 """
-BATCHES_KEPT = "SELECT DISTINCT f.batch FROM batch_rows JOIN batch_files f USING (file_no) ORDER BY 1"
+BATCHES_KEPT = "SELECT DISTINCT batch FROM tasks ORDER BY 1"
 
 
 def utility_parameters(u: UtilityConfig) -> list[float]:
@@ -250,12 +251,9 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
         con.execute("SET enable_progress_bar = false")  # long scans would print bars into the run's stdout
         # validated as the task reader validates: a bad line (or a task id another batch holds) fails its batch
         read_batches(con, benchgen_dir, ResponseStore(responses_dir).collected_batches(), refused)
-        lap("read and validate tasks")
-        con.execute(INSERT_TASKS)
         batches = [b for (b,) in con.execute(BATCHES_KEPT).fetchall()]
-        con.execute("DROP TABLE batch_rows")
         insert_workers(con, workers)
-        lap("insert tasks")
+        lap("read, validate and insert tasks")
         files = partition_files(responses_dir, batches, [w for w, _, _ in workers])
         if files:
             con.execute(PARTITIONS, [[f for f, _, _ in files], [b for _, b, _ in files], [w for _, _, w in files]])

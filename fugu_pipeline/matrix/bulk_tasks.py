@@ -31,6 +31,7 @@ from types import SimpleNamespace
 
 import duckdb
 
+from fugu_pipeline.matrix.build import SCHEMA
 from fugu_pipeline.tasks.loading import (
     BatchIds,
     TaskFileError,
@@ -45,6 +46,7 @@ from fugu_pipeline.tasks.loading import (
 from fugu_pipeline.tasks.schema import Task
 
 FIELDS = ("task_id", "prompt", "domain", "reference_answer", "grader", "split", "tags")
+TASKS_TABLE = next(s for s in SCHEMA.split(";") if "CREATE TABLE tasks" in s)  # the matrix's, for a check alone
 # The graders whose fields SQL checks, with each field's test on its JSON text `{}` (as DuckDB writes
 # it back: a string starts with a quote, a number with a digit or a minus; `true`, `false`, `null`).
 # Any other grader type, or another field, sends the line to the Python reader: sound, only slower.
@@ -108,12 +110,18 @@ _FAST = (
     f" AND (f.tags IS NULL OR (left(f.tags, 1) = '[' AND list_has_all(['VARCHAR'], json_type(f.tags, '$[*]'))))"
     " AND " + _grader_ok()
 )
+# While the tasks are read, `tasks` also holds, for every non-blank line: its file, line number,
+# whether SQL vouches for it, and its reference answer. The checks below read them; the files SQL
+# does not vouch for, or that a check refuses, are deleted (and read by the Python reader), and the
+# columns are dropped: the table is written once, never copied.
+BOOKKEEPING = {"rec_file": "INTEGER", "rec_line": "BIGINT", "rec_fast": "BOOLEAN", "rec_ref": "VARCHAR"}
+TASK_COLUMNS = ("task_id", "batch", "prompt", "prompt_hash", "domain", "split", "grader_type", "tags")
 # Every non-blank line of every batch file (blank: ASCII whitespace only, which the Python reader
-# skips too), with `fast` when SQL vouches for it, and then its fields. Each line is parsed once per
-# JSON function (valid?, its fields as JSON texts in a struct, its keys, its grader's keys); each step
-# is a materialized CTE, so no later test evaluates a function again.
+# skips too), with `rec_fast` when SQL vouches for it, and then its fields. Each line is parsed once
+# per JSON function (valid?, its fields as JSON texts in a struct, its keys, its grader's keys); each
+# step is a materialized CTE, so no later test evaluates a function again.
 ROWS = (
-    "CREATE TEMP TABLE batch_rows AS WITH"
+    "INSERT INTO tasks (" + ", ".join([*TASK_COLUMNS, *BOOKKEEPING]) + ") WITH"
     " lines AS MATERIALIZED (SELECT file_no, line_no, line,"
     "  left(ltrim(line, chr(32) || chr(9) || chr(13)), 1) = '{' AND json_valid(line) AS valid FROM ("
     "  SELECT f.file_no, unnest(r.lines) AS line, unnest(range(1, len(r.lines) + 1)) AS line_no"
@@ -123,18 +131,16 @@ ROWS = (
     f" parsed AS MATERIALIZED (SELECT file_no, line_no, valid AND NOT {_TRAILING_COMMA} AS ok,"
     "  CASE WHEN valid THEN json_transform(line, '" + _SPEC + "') END AS f,"
     "  CASE WHEN valid THEN json_keys(line) END AS keys, CASE WHEN valid THEN json_keys(line, '$.grader') END AS gkeys"
-    "  FROM lines)"
-    f" SELECT file_no, line_no, coalesce(ok AND {_FAST}, false) AS fast, f.task_id ->> '$' AS task_id,"
-    " f.prompt ->> '$' AS prompt, coalesce(f.domain ->> '$', 'general') AS domain, f.reference_answer ->> '$' AS ref,"
-    " f.grader.type ->> '$' AS grader_type, coalesce(f.split ->> '$', 'train') AS split,"
-    " coalesce(json_extract_string(f.tags, '$[*]'), []::VARCHAR[]) AS tags"
-    " FROM parsed"
+    "  FROM lines),"
+    " fields AS MATERIALIZED (SELECT file_no, line_no, f.task_id ->> '$' AS task_id, f.prompt ->> '$' AS prompt,"
+    "  coalesce(f.domain ->> '$', 'general') AS domain, f.grader.type ->> '$' AS grader_type,"
+    "  coalesce(f.split ->> '$', 'train') AS split, coalesce(json_extract_string(f.tags, '$[*]'), []::VARCHAR[]) AS tags,"
+    f"  coalesce(ok AND {_FAST}, false) AS fast, f.reference_answer ->> '$' AS ref FROM parsed)"
+    " SELECT task_id, b.batch, prompt, sha256(prompt), domain, split, grader_type, tags, file_no, line_no, fast, ref"
+    " FROM fields JOIN batch_files b USING (file_no)"
 )
-ROW_COLUMNS = ("file_no", "line_no", "fast", "task_id", "prompt", "domain", "ref", "grader_type", "split", "tags")
-EMPTY_ROWS = ("CREATE TEMP TABLE batch_rows (file_no INTEGER, line_no BIGINT, fast BOOLEAN, task_id VARCHAR, prompt VARCHAR, "
-              "domain VARCHAR, ref VARCHAR, grader_type VARCHAR, split VARCHAR, tags VARCHAR[])")
 # Files SQL does not vouch for line by line, read by the Python reader: exact, only slower.
-SLOW_FILES = "SELECT file_no FROM batch_rows GROUP BY file_no HAVING NOT bool_and(fast)"
+SLOW_FILES = "SELECT rec_file FROM tasks GROUP BY rec_file HAVING NOT bool_and(rec_fast)"
 # The rows whose answer SQL cannot show to be out of their prompt; the others are checked in Python by
 # the validator itself. `Task` refuses a prompt holding its reference (6+ characters), or holding
 # "answer", spaces, "is", ":" or "=", spaces, then the reference (`_leaks`). SQL shows neither can
@@ -144,23 +150,20 @@ SLOW_FILES = "SELECT file_no FROM batch_rows GROUP BY file_no HAVING NOT bool_an
 # is one space, each spelling of the phrase is one of twelve strings.
 _PHRASES = " OR ".join(f"contains(lp, 'answer{a}{op}{b}' || lr)" for a in ("", " ") for op in ("is", ":", "=") for b in ("", " "))
 UNPROVED = (
-    "WITH r AS MATERIALIZED (SELECT file_no, ref, prompt, lower(prompt) AS lp, lower(ref) AS lr,"
-    f"  strlen(prompt) = length(prompt) AND strlen(ref) = length(ref) AND NOT regexp_matches(ref, '^{_STRIP}|{_STRIP}$') AS ascii"
-    "  FROM batch_rows WHERE ref IS NOT NULL AND ref <> ''),"
+    "WITH r AS MATERIALIZED (SELECT rec_file, rec_ref AS ref, prompt, lower(prompt) AS lp, lower(rec_ref) AS lr,"
+    f"  strlen(prompt) = length(prompt) AND strlen(rec_ref) = length(rec_ref) AND NOT regexp_matches(rec_ref, '^{_STRIP}|{_STRIP}$')"
+    "  AS ascii FROM tasks WHERE rec_ref IS NOT NULL AND rec_ref <> ''),"
     " c AS MATERIALIZED (SELECT *, contains(lp, lr) AS has FROM r)"
-    " SELECT file_no, ref, prompt FROM c WHERE NOT ascii OR (has AND (length(ref) >= 6 OR (contains(lp, 'answer') AND ("
+    " SELECT rec_file, ref, prompt FROM c WHERE NOT ascii OR (has AND (length(ref) >= 6 OR (contains(lp, 'answer') AND ("
     f"  regexp_matches(lp, '[\\t\\n\\v\\f\\r\\x1c-\\x1f]|  ') OR {_PHRASES}))))"
 )
-REFS = "SELECT DISTINCT grader_type, ref FROM batch_rows WHERE grader_type IN ('exact', 'contains', 'numeric')"
-FILES_WITH_REFS = ("SELECT DISTINCT file_no FROM batch_rows r JOIN (SELECT unnest(?) AS grader_type, unnest(?) AS ref) b "
-                   "ON r.grader_type = b.grader_type AND r.ref IS NOT DISTINCT FROM b.ref")
-DUPLICATES = "SELECT DISTINCT file_no FROM batch_rows GROUP BY file_no, task_id HAVING count(*) > 1"
-SHARED_IDS = ("SELECT r.file_no, r.task_id, r.line_no FROM batch_rows r JOIN (SELECT task_id FROM batch_rows "
-              "GROUP BY task_id HAVING count(DISTINCT file_no) > 1) USING (task_id) ORDER BY r.file_no, r.line_no")
-DROP_FILES = "DELETE FROM batch_rows WHERE file_no IN (SELECT unnest(?))"
-# The accepted tasks, as `tasks` holds them.
-INSERT_TASKS = ("INSERT INTO tasks SELECT r.task_id, f.batch, r.prompt, sha256(r.prompt), r.domain, r.split, "
-                "r.grader_type, r.tags FROM batch_rows r JOIN batch_files f USING (file_no)")
+REFS = "SELECT DISTINCT grader_type, rec_ref FROM tasks WHERE grader_type IN ('exact', 'contains', 'numeric')"
+FILES_WITH_REFS = ("SELECT DISTINCT rec_file FROM tasks r JOIN (SELECT unnest(?) AS grader_type, unnest(?) AS ref) b "
+                   "ON r.grader_type = b.grader_type AND r.rec_ref IS NOT DISTINCT FROM b.ref")
+DUPLICATES = "SELECT DISTINCT rec_file FROM tasks GROUP BY rec_file, task_id HAVING count(*) > 1"
+SHARED_IDS = ("SELECT r.rec_file, r.task_id, r.rec_line FROM tasks r JOIN (SELECT task_id FROM tasks "
+              "GROUP BY task_id HAVING count(DISTINCT rec_file) > 1) USING (task_id) ORDER BY r.rec_file, r.rec_line")
+DROP_FILES = "DELETE FROM tasks WHERE rec_file IN (SELECT unnest(?))"
 _CONSISTENT = Task._consistent  # the Task validator itself, run on a row's fields (module docstring)
 
 
@@ -194,37 +197,39 @@ def _read_rows(con: duckdb.DuckDBPyConnection, files: dict[int, tuple[str, Path]
             unread |= bad
 
 
-def _python_rows(con: duckdb.DuckDBPyConnection, tasks: list[tuple[int, int, Task]]) -> None:
-    """Tasks the Python reader read, into `batch_rows` (through Arrow: one statement)."""
+def _python_rows(con: duckdb.DuckDBPyConnection, files: dict[int, tuple[str, Path]], tasks: list[tuple[int, int, Task]]) -> None:
+    """Tasks the Python reader read, into `tasks` (through Arrow: one statement)."""
     import pyarrow as pa
 
     if not tasks:
         return
     python_rows = pa.table({  # noqa: F841  (DuckDB reads the local by name)
-        "file_no": [n for n, _, _ in tasks], "line_no": [line for _, line, _ in tasks], "fast": [True] * len(tasks),
-        "task_id": [t.task_id for _, _, t in tasks], "prompt": [t.prompt for _, _, t in tasks],
-        "domain": [t.domain for _, _, t in tasks], "ref": [t.reference_answer for _, _, t in tasks],
-        "grader_type": [t.grader.type for _, _, t in tasks], "split": [t.split for _, _, t in tasks],
-        "tags": [list(t.tags) for _, _, t in tasks]})
-    con.execute("INSERT INTO batch_rows SELECT * FROM python_rows")
+        "task_id": [t.task_id for _, _, t in tasks], "batch": [files[n][0] for n, _, _ in tasks],
+        "prompt": [t.prompt for _, _, t in tasks], "prompt_hash": [t.prompt_hash for _, _, t in tasks],
+        "domain": [t.domain for _, _, t in tasks], "split": [t.split for _, _, t in tasks],
+        "grader_type": [t.grader.type for _, _, t in tasks], "tags": [list(t.tags) for _, _, t in tasks],
+        "rec_file": [n for n, _, _ in tasks], "rec_line": [line for _, line, _ in tasks], "rec_fast": [True] * len(tasks),
+        "rec_ref": [t.reference_answer for _, _, t in tasks]})
+    con.execute("INSERT INTO tasks (" + ", ".join([*TASK_COLUMNS, *BOOKKEEPING]) + ") SELECT * FROM python_rows")
 
 
 def read_batches(con: duckdb.DuckDBPyConnection, benchgen_dir: Path, settled: Collection[str] = (),
                  refused: list[TaskFileError] | None = None) -> int:
-    """Every task of every batch file of `benchgen_dir` into the temp table `batch_rows` (and the
-    files into `batch_files`), task ids unique across batches, as `load_all_batches(benchgen_dir,
-    refused, settled)` reads them (see the module docstring). A bad batch raises `TaskFileError`,
-    or, with `refused`, is appended there and left out. Returns the number of tasks kept."""
+    """Every task of every batch file of `benchgen_dir` into the reward matrix's (empty) `tasks`
+    table, task ids unique across batches, as `load_all_batches(benchgen_dir, refused, settled)`
+    reads them (see the module docstring). A bad batch raises `TaskFileError`, or, with `refused`,
+    is appended there and left out. Returns the number of tasks kept."""
     found = scan_batch_files(benchgen_dir)[0]
     files = {n: (b, p) for n, (b, p) in enumerate(found)}
+    if not files:
+        return 0
     con.execute("CREATE TEMP TABLE batch_files AS SELECT unnest(?) AS file_no, unnest(?) AS batch, unnest(?) AS filename",
                 [list(files), [b for b, _ in files.values()], [str(p) for _, p in files.values()]])
-    if not files:
-        con.execute(EMPTY_ROWS)
-        return 0
+    for column, kind in BOOKKEEPING.items():  # the names and types are this module's own
+        con.execute(f"ALTER TABLE tasks ADD COLUMN {column} {kind}")
     slow = _read_rows(con, files)
     slow |= {n for (n,) in con.execute(SLOW_FILES).fetchall()}
-    slow |= set(files) - {n for (n,) in con.execute("SELECT DISTINCT file_no FROM batch_rows").fetchall()}  # no task
+    slow |= set(files) - {n for (n,) in con.execute("SELECT DISTINCT rec_file FROM tasks").fetchall()}  # no task
     con.execute(DROP_FILES, [sorted(slow)])
     # the checks across fields, by the validator itself: each (grader, reference) once (a reference the
     # grader needs, a number that parses), with the prompt only where SQL cannot rule the answer out of it
@@ -246,14 +251,17 @@ def read_batches(con: duckdb.DuckDBPyConnection, benchgen_dir: Path, settled: Co
             tasks += [(n, line, t) for line, t in read_batch(files[n][1])]
         except TaskFileError as exc:
             errors[n] = exc
-    _python_rows(con, tasks)
+    _python_rows(con, files, tasks)
     errors.update(_clashes(con, files, settled))
     con.execute(DROP_FILES, [sorted(errors)])
+    for column in BOOKKEEPING:
+        con.execute(f"ALTER TABLE tasks DROP COLUMN {column}")
+    con.execute("DROP TABLE batch_files")
     for n in sorted(errors):
         if refused is None:
             raise errors[n]
         refused.append(errors[n])
-    return con.execute("SELECT count(*) FROM batch_rows").fetchall()[0][0]
+    return con.execute("SELECT count(*) FROM tasks").fetchall()[0][0]
 
 
 def _clashes(con: duckdb.DuckDBPyConnection, files: dict[int, tuple[str, Path]], settled: Collection[str]) -> dict[int, TaskFileError]:
@@ -282,8 +290,9 @@ def refused_batches(benchgen_dir: Path, settled: Collection[str] = ()) -> list[T
     refused: list[TaskFileError] = []
     with duckdb.connect() as con:
         con.execute("SET enable_progress_bar = false")
+        con.execute(TASKS_TABLE)
         read_batches(con, benchgen_dir, settled, refused)
     return refused
 
 
-__all__ = ["INSERT_TASKS", "read_batches", "refused_batches"]
+__all__ = ["read_batches", "refused_batches"]
