@@ -76,8 +76,9 @@ def bound_native_caches(capacity: int = NATIVE_CACHE_CAPACITY) -> dict[str, str]
 
 def padded_length(n: int, max_length: int, multiple: int = PAD_MULTIPLE) -> int:
     """The length a sequence of `n` tokens is padded to, wherever it is encoded: the next multiple
-    of `multiple`, never past `max_length` (or `n`, for the one-token sequence of an empty text)."""
-    return min(-(-n // multiple) * multiple, max(max_length, n))
+    of `multiple` above `n` (one pad at least, so that nearly every batch runs the same masked
+    attention), never past `max_length` (where a sequence cut to max_length runs unpadded)."""
+    return min((n // multiple + 1) * multiple, max(max_length, n))
 
 
 def plan_batches(lengths: list[int], token_budget: int, max_batch_size: int, max_length: int,
@@ -87,16 +88,17 @@ def plan_batches(lengths: list[int], token_budget: int, max_batch_size: int, max
     sequence gets a batch of its own) and at most max_batch_size.
 
     Why this makes a prompt's vector independent of the prompts it happens to be batched with (so
-    the cache, `route` and `serve`, which encodes one prompt or a micro-batch, compute the same
+    the cache, `route` and `serve`, which encode one prompt or a micro-batch, compute the same
     bits): a prompt is always run at its own padded length, alone or in any batch, and always
-    through the same attention path: a batch with no padding at all runs causal attention without a
-    mask (transformers then skips it), any other with an explicit mask, so a prompt that needs no
-    padding never shares a batch with one that does. What is left is the batch size, and a
-    sequence's vector does not depend on it (tested on this CPU for the tiny Qwen3, the
-    Qwen3-0.6B-shaped model and MiniLM, in bf16 and fp32, alone and in batches; the test runs
-    wherever the suite runs). Exact-length batches (the plan before) gave the same guarantee by
-    never padding, but cut 18k prompts of many lengths into many small forward passes; rounding to a
-    multiple of 8 pads a sequence by 3.5 tokens on average and fills the batches again."""
+    through the same attention path. A batch with no padding at all runs causal attention without
+    a mask (transformers then skips it), any other with an explicit mask; a sequence is padded by
+    one token at least, and the few that cannot be (cut to max_length) never share a batch with
+    padded ones. What is left is the batch size, and a sequence's vector does not depend on it
+    (tested on this CPU for the tiny Qwen3 and MiniLM, in bf16 and fp32, alone, in micro-batches and
+    in the cache's batches; benchmarks/bench_encoder.py measures the Qwen3-0.6B-shaped model).
+    Exact-length batches (the plan before) gave the same guarantee by never padding, but cut 18k
+    prompts of many lengths into many small forward passes; padding to a multiple of 8 costs 4.5
+    tokens a sequence on average and fills the batches again."""
     by_shape: dict[tuple[int, bool], list[int]] = {}
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         width = padded_length(lengths[i], max_length, multiple)
