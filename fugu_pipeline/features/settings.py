@@ -24,8 +24,9 @@ from fugu_pipeline.hashing import canonical_json, sha256_text
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 TINY = "tiny"
 FINGERPRINT_VERSION = 1
-# Every sequence is encoded padded to a multiple of this (`encoder.plan_batches`). Part of the cache
-# fingerprint: vectors of another padding (exact-length batches, before) may differ in their last bits.
+# Every sequence is encoded padded to the next multiple of this above its length, one pad at least
+# (`encoder.padded_length`). Part of the cache fingerprint: vectors of another padding (exact-length
+# batches, or rounding up without the one pad) may differ in their last bits.
 PAD_MULTIPLE = 8
 DEFAULT_DOMAIN = "general"
 # Files of a model directory that decide what it computes (README and the like do not).
@@ -227,7 +228,7 @@ class EncoderSettings(BaseModel):
         extra = {"lexical": LEXICAL_VERSION} if self.lexical else {}  # absent when off: earlier caches keep their keys
         return sha256_text(canonical_json({
             **extra,
-            "padded_to": PAD_MULTIPLE,
+            "padded_to": f"{PAD_MULTIPLE}, one pad at least",
             "v": FINGERPRINT_VERSION,
             "model": model_identity,
             "dtype": resolved_dtype,
