@@ -10,11 +10,16 @@ read from memory).
 
     python benchmarks/bench_roles.py                                  # tiny encoder, populations 8/17/34, turns 1/3/5
     python benchmarks/bench_roles.py --populations 17 --turns 5 --generations 20 --encoder tiny
+    python benchmarks/bench_roles.py --populations 17 --turns 5 --svf both   # seconds per generation with and without SVF
+
+With `--svf both` every row runs twice, without and with the SVF adapter (`svf: true`), on the same
+tasks and seeds, and prints the ratio: SVF's cost per generation against none.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
@@ -39,9 +44,9 @@ def machine() -> str:
     return f"{describe()}; torch {torch.__version__} with {torch.get_num_threads()} thread(s), Python {platform.python_version()}"
 
 
-def run_one(enc, config, tasks, population: int, turns: int, generations: int, batch: int) -> dict:
+def run_one(enc, config, tasks, population: int, turns: int, generations: int, batch: int, svf: bool = False) -> dict:
     cfg = RolesConfig(generations=generations, population_size=population, max_turns=turns, tasks_per_generation=batch,
-                      explore_tasks=8, val_every=10**6, val_tasks=8, max_length=enc.settings.max_length)
+                      explore_tasks=8, val_every=10**6, val_tasks=8, max_length=enc.settings.max_length, svf=svf)
     stamps: list[float] = []
 
     def log(line: str) -> None:
@@ -70,6 +75,7 @@ def main() -> None:
     ap.add_argument("--tasks-per-generation", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is best on a shared CPU)")
     ap.add_argument("--max-length", type=int, default=1024)
+    ap.add_argument("--svf", choices=["off", "on", "both"], default="off", help="with the SVF adapter; both: each row twice")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     enc = Encoder.load(roles_encoder_settings(args.encoder, args.max_length, device="cpu", dtype="float32"))
@@ -79,14 +85,22 @@ def main() -> None:
     print(f"encoder: {enc.describe()}")
     print(f"workers: {len(config.worker_ids)} mock workers with roles; {args.tasks_per_generation} tasks x 1 seed per "
           f"generation; {args.generations} generations per row; fresh trajectory store per row")
-    print(f"{'population':>10} {'max turns':>9} {'gen/s':>7} {'s/gen':>7} {'sessions/gen':>12} {'calls/gen':>9} "
+    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.svf]
+    print(f"{'population':>10} {'max turns':>9} {'svf':>4} {'gen/s':>7} {'s/gen':>7} {'sessions/gen':>12} {'calls/gen':>9} "
           f"{'encoded/gen':>11}")
     for turns in args.turns:
         for pop in args.populations:
-            r = run_one(enc, config, tasks, pop, turns, args.generations, args.tasks_per_generation)
-            g = args.generations
-            print(f"{pop:>10} {turns:>9} {r['gen_per_s']:>7.2f} {r['s_per_gen']:>7.2f} {r['sessions'] / g:>12.0f} "
-                  f"{r['calls'] / g:>9.0f} {r['encoded'] / g:>11.0f}", flush=True)
+            per = {}
+            for svf in modes:
+                r = run_one(enc, config, tasks, pop, turns, args.generations, args.tasks_per_generation, svf)
+                g = args.generations
+                per[svf] = r["s_per_gen"]
+                print(f"{pop:>10} {turns:>9} {'on' if svf else 'off':>4} {r['gen_per_s']:>7.2f} {r['s_per_gen']:>7.2f} "
+                      f"{r['sessions'] / g:>12.0f} {r['calls'] / g:>9.0f} {r['encoded'] / g:>11.0f}", flush=True)
+            if len(per) == 2:
+                print(f"{'':>10} {'':>9} SVF costs {per[True] / per[False]:.2f}x the seconds per generation of no SVF "
+                      f"(load average {os.getloadavg()[0]:.2f})", flush=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ Figures
   building the reply. p50 and p99.
 - added latency, client side: end-to-end minus the stub's configured latency: also holds the
   client's and the stub's own HTTP work, so an upper bound.
+- JSON flood (first, `--json-flood-only` for it alone): p50 of `--big-clients` clients' latencies
+  with and without one more client that sends 2 MB bodies of a million small JSON values back to
+  back (refused: 413 by the value limit, 400 for NaN), their ratio, and the server's CPU per such
+  body; `--old-parser` repeats it with the request parser before (`benchmarks/json_flood.py`).
 - 2 MB client: p50 of the other clients' latencies with and without one more client that sends
   2,000,000-character prompts in a loop; and, to show what the encoder's character cut buys, with
   the same command run with the cut switched off (the behaviour before it).
@@ -58,6 +62,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks.json_flood import FLOOD_VALUES, OLD_PARSER, json_flood  # noqa: E402
 from benchmarks.machine import describe  # noqa: E402
 
 from fugu_pipeline.features.encoder import NATIVE_CACHE_VARIABLES  # noqa: E402
@@ -110,16 +115,16 @@ def start_stub(latency_s: float, log: Path) -> tuple[subprocess.Popen, str]:
 UNCUT = ("import sys; import fugu_pipeline.features.encoder as e; e.MAX_CHARS_PER_TOKEN = 10**12; "
          "from fugu_pipeline.cli.main import main; sys.exit(main(sys.argv[1:]))")
 
-
-def start_server(models: Path, workers: Path, log: Path, *extra: str, uncut: bool = False,
+def start_server(models: Path, workers: Path, log: Path, *extra: str, uncut: bool = False, prelude: str | None = None,
                  env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """`fugu-lite serve ...` as a user runs it. `uncut`: the same command with the encoder's
-    character cut switched off, to reproduce the behaviour before it (whole prompts tokenized)."""
+    character cut switched off, to reproduce the behaviour before it (whole prompts tokenized);
+    `prelude`: the same command run by this Python code first (OLD_PARSER: the request parser before)."""
     port = free_port()
     cmd = [*fugu_lite(), "serve", "--models-dir", str(models), "--workers", str(workers), "--device", "cpu",
            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
-    if uncut:
-        cmd = [PY, "-c", UNCUT, *cmd[len(fugu_lite()):]]
+    if uncut or prelude:
+        cmd = [PY, "-c", prelude or UNCUT, *cmd[len(fugu_lite()):]]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "FUGU_SERVE_TOKEN": TOKEN, **(env or {})})
     url = f"http://127.0.0.1:{port}"
@@ -129,7 +134,8 @@ def start_server(models: Path, workers: Path, log: Path, *extra: str, uncut: boo
             raise RuntimeError(f"fugu-lite serve exited with {proc.returncode}; see {log}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
-                shown = cmd[len(fugu_lite()) - 1:] if not uncut else ["fugu-lite (character cut off)", *cmd[3:]]
+                shown = cmd[len(fugu_lite()) - 1:] if not (uncut or prelude) else [
+                    "fugu-lite (character cut off)" if uncut else "fugu-lite (the parser before)", *cmd[3:]]
                 print("  $ " + " ".join(shown).replace(str(REPO) + "/", ""), flush=True)
                 return proc, url
         except httpx.TransportError:
@@ -227,6 +233,12 @@ def big_client(url: str, size: int, done: list):
     return run
 
 
+def normal_prompt():
+    """An ordinary client's prompts: the synthetic tasks, each made unique."""
+    synthetic = synthetic_tasks()[0]
+    return lambda rng: f"{rng.choice(synthetic)} (case {rng.randrange(10**6)})"
+
+
 async def memory_run(url: str, pid: int, n: int, clients: int, every: int = 1000) -> dict:
     rng = random.Random(7)
     prompts = [varied_prompt(rng) for _ in range(n)]
@@ -281,8 +293,7 @@ def run(args) -> dict:
     if not (models / "promoted" / "current.json").exists():
         print(f"training a tiny-encoder checkpoint in {models} ...", flush=True)
         build_checkpoints(models, seeds=(0,))
-    synthetic = synthetic_tasks()[0]
-    normal = lambda rng: f"{rng.choice(synthetic)} (case {rng.randrange(10**6)})"  # noqa: E731
+    normal = normal_prompt()
     r: dict = {"machine": machine(), "stub_latency_ms": args.stub_latency * 1000, "load_avg_before": os.getloadavg()}
     stub, stub_url = start_stub(args.stub_latency, work / "stub.log")
     try:
@@ -291,6 +302,19 @@ def run(args) -> dict:
             w["max_concurrency"] = 1024
         workers = work / "workers.yaml"
         workers.write_text(yaml.safe_dump(cfg))
+
+        print("a client sending 2 MB bodies of a million small JSON values:", flush=True)
+        for name, prelude in (("json_flood", None), ("json_flood_old_parser", OLD_PARSER if args.old_parser else None)):
+            if name != "json_flood" and prelude is None:
+                continue
+            server, url = start_server(models, workers, work / f"server-{name}.log", prelude=prelude)
+            try:
+                r[name] = json_flood(url, server.pid, TOKEN, args.big_clients, args.duration, normal, closed_loop)
+                print(f"  {name}: {json.dumps(r[name])}", flush=True)
+            finally:
+                stop(server)
+        if args.json_flood_only:
+            return {**r, "load_avg_after": os.getloadavg()}
 
         print("latency and CPU (dtype auto), 2 MB client:", flush=True)
         server, url = start_server(models, workers, work / "server.log")
@@ -371,6 +395,19 @@ def report(r: dict) -> str:
 
     lines = [f"{r['machine']}; stub latency {r['stub_latency_ms']:g} ms; load average before "
              f"{r['load_avg_before'][0]:.2f}, after {r['load_avg_after'][0]:.2f}"]
+    for k in ("json_flood", "json_flood_old_parser"):
+        if k in r:
+            f, a, b = r[k], r[k]["alone"], r[k]["with_flood"]
+            lines.append(
+                f"{k}: {a['clients']} clients alone: e2e p50 {a['e2e_ms']['p50']:.1f} ms, {a['requests']} requests in "
+                f"{a['seconds']:.0f} s; with one client sending 2 MB bodies of {FLOOD_VALUES:,} JSON values back to "
+                f"back ({f['flood']['sent']} sent, statuses {f['flood']['statuses']}, each {f['flood']['ms'].get('p50')} "
+                f"ms p50): e2e p50 {b['e2e_ms']['p50']:.1f} ms, {b['requests']} requests: ratio "
+                f"{b['e2e_ms']['p50'] / a['e2e_ms']['p50']:.2f}x; server CPU per flood body "
+                f"{f['cpu_ms_per_flood_request']} ms; load average {f['load_avg_before'][0]:.2f} -> "
+                f"{f['load_avg_after'][0]:.2f}")
+    if "one_client" not in r:  # --json-flood-only
+        return "\n".join(lines)
     for name in ("one_client", "fifty_clients", "one_client_default_threads", "fifty_clients_default_threads"):
         x = r[name]
         lines.append(f"{name}: {x['clients']} client(s), {x['requests']} requests, {x['throughput_rps']} req/s, 5xx "
@@ -411,6 +448,9 @@ def main() -> None:
     ap.add_argument("--compare-clients", type=int, default=32)
     ap.add_argument("--skip-compare", action="store_true", help="skip batched vs one-at-a-time")
     ap.add_argument("--skip-uncut", action="store_true", help="skip the 2 MB run with the character cut off")
+    ap.add_argument("--json-flood-only", action="store_true", help="only the 2 MB JSON-values client comparison")
+    ap.add_argument("--old-parser", action="store_true", help="also run that comparison with the request parser "
+                    "before (Python's json with hooks, on the serving loop)")
     ap.add_argument("--workdir", help="keeps the checkpoint, logs and results (default: a new temp dir)")
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 """Dagster entry point: `dagster dev -w workspace.yaml` loads `defs` from here.
 
 Thin: the Definitions are assembled in `fugu_pipeline.defs.assemble`. torch and transformers are
-not imported while loading (DESIGN §2).
+not imported while loading.
 """
 
 from dotenv import load_dotenv

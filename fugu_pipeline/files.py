@@ -1,10 +1,22 @@
-"""Crash-safe file replacement: a reader sees the old file or the new one, never half of one."""
+"""Crash-safe file replacement: a reader sees the old file or the new one, never half of one.
+
+A writer killed between creating its temporary file and renaming it (`kill -9`, a power loss)
+leaves `.<name>.<random>.tmp` beside the file. `remove_stale_temps` removes those, and only
+those: a writer holds an exclusive `flock` on its temporary file from the moment it has opened it
+until the rename, the kernel drops that lock when the writer dies, so a temporary file whose lock
+can be taken has no live writer. A file younger than `STALE_TEMP_AGE_S` is left alone as well: it
+covers the instant between creating the file and locking it.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
+import time
 from pathlib import Path
+
+STALE_TEMP_AGE_S = 10.0
 
 
 def fsync_dir(path: Path) -> None:
@@ -42,8 +54,9 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until after the rename: see remove_stale_temps
         os.fchmod(fd, _mode_for(path))
-        with os.fdopen(fd, "wb") as fh:
+        with os.fdopen(fd, "wb", closefd=False) as fh:
             fh.write(raw)
             fh.flush()
             os.fsync(fh.fileno())
@@ -51,5 +64,40 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)
     fsync_dir(path.parent)
     return path
+
+
+def remove_stale_temps(path: str | Path, min_age_s: float = STALE_TEMP_AGE_S) -> list[Path]:
+    """Remove the temporary files `atomic_write` left beside `path` when a writer died before its
+    rename (see the module docstring); a live writer's file is never touched. Returns those removed."""
+    path = Path(path)
+    removed = []
+    try:
+        candidates = [p for p in path.parent.iterdir()
+                      if p.name.startswith(f".{path.name}.") and p.name.endswith(".tmp")]
+    except OSError:  # no folder yet: nothing was left
+        return removed
+    now = time.time()
+    for p in candidates:
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # gone meanwhile (its writer renamed it), a link, or not ours to open
+            continue
+        try:
+            st = os.fstat(fd)
+            if not os.path.samestat(st, os.lstat(p)) or now - st.st_mtime < min_age_s:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # its writer is alive
+                continue
+            p.unlink()
+            removed.append(p)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed

@@ -1,4 +1,4 @@
-"""Where every input and output of the pipeline lives (DESIGN §3)."""
+"""Where every input and output of the pipeline lives."""
 
 from __future__ import annotations
 

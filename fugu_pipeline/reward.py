@@ -1,4 +1,4 @@
-"""The utility of one answer (DESIGN §4): what the reward matrix holds and every head maximises.
+"""The utility of one answer: what the reward matrix holds and every head maximises.
 
 `U = w_q·Q − w_c·min(C/C0, cap) − w_l·min(L/L0, cap)`, Q in [0, 1], C in USD, L in seconds. The
 weights come from the worker YAML's `reward:` block; the matrix stores them, and training,
@@ -13,7 +13,7 @@ from fugu_pipeline.hashing import canonical_json, sha256_text
 
 
 class UtilityConfig(BaseModel):
-    """U = w_q*Q - w_c*min(C/C0, cap) - w_l*min(L/L0, cap)   (DESIGN §4)."""
+    """U = w_q*Q - w_c*min(C/C0, cap) - w_l*min(L/L0, cap)  ."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -38,3 +38,6 @@ class UtilityConfig(BaseModel):
 
     def fingerprint(self) -> str:
         return sha256_text(canonical_json(self.model_dump()))[:16]
+
+
+MAX_COST_WEIGHT = 1e6  # λ in quality − λ·cost at routing time: beyond this the scores lose every quality term

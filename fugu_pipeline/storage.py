@@ -1,5 +1,5 @@
 """Object-store paths (fsspec / universal-pathlib): what machines share through `s3://...` (or
-`gs://`, `az://`, `file://`) URLs for `data/` and `models/` (DESIGN §3).
+`gs://`, `az://`, `file://`) URLs for `data/` and `models/`.
 
 Settings (environment):
 - FUGU_DATA_URL, FUGU_MODELS_URL: the shared `data/` and `models/` (unset: local only).

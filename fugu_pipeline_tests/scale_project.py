@@ -35,7 +35,7 @@ def make_project(root: Path, instance_yaml: Path, sleep_s: float = 0.0) -> Path:
     (root / "configs" / "workers.slow.yaml").write_text(slow_pool_yaml(sleep_s))
     shutil.copy(instance_yaml, root / "dagster.yaml")
     shutil.copy(REPO / "workspace.yaml", root / "workspace.yaml")
-    for name in ("train_sft.yaml", "train_rl.yaml", "train_es.yaml"):
+    for name in ("train_sft.yaml", "train_rl.yaml", "train_es.yaml", "promotion.yaml"):
         shutil.copy(REPO / "configs" / name, root / "configs" / name)
     return root
 

@@ -1,4 +1,4 @@
-"""The house rules (DESIGN §2), checked with the project's own tools: the layer contracts
+"""The house rules, checked with the project's own tools: the layer contracts
 (import-linter), no import loops, no module over 500 lines."""
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def test_train_writes_the_calibration_and_evaluate_reports_the_operating_point(t
     assert {w["name"] for w in rep["budget"]["workers"]} == set(WORKERS)
     assert (work / ckpt / "reports" / "test_budget.png").stat().st_size > 1000
     # groups: per domain and per tag, with cost; "best fixed" on the metric shown (quality here)
-    assert "per tag (quality; best fixed = c, chosen on train; cost in $ per 1,000 requests)" in out
+    assert ("per tag (quality; best fixed = c, chosen on train; a tag's figures averaged over its rows, and over its "
+            "domains (macro: each domain's mean, then their mean); cost in $ per 1,000 requests)") in out
     assert {r["tag"] for r in rep["per_tag"]} == {"id", "ood"} and "router_cost_usd" in rep["per_tag"][0]
     assert rep["best_fixed_quality_worker"] == "c"
     # evaluating on other data calibrates for that report only: budget.json keeps the training data's
@@ -125,7 +126,7 @@ def test_serve_takes_fugu_budget(trained):
         create_app(router, cfg, default_budget=Budget(share=1e-4))  # refused at start, not per request
     app = create_app(router, cfg, default_budget=Budget(share=0.5))
     msg = [{"role": "user", "content": "compute the sum of a list"}]
-    with TestClient(app) as tc:
+    with TestClient(app, base_url="http://127.0.0.1") as tc:  # a name the server answers (serve/hosts.py)
         r = tc.post("/v1/chat/completions", json={"messages": msg, "fugu_budget": {"share": 0.3}})
         assert r.status_code == 200, r.text
         assert "30%" in r.json()["fugu_lite"]["budget"]["cap"]
@@ -159,7 +160,7 @@ def test_serve_says_whose_budget_or_field_a_refusal_is(trained, monkeypatch):
         raise BudgetUnavailable("this checkpoint has no budget calibration")
 
     msg = [{"role": "user", "content": "compute the sum of a list"}]
-    with TestClient(app) as tc:
+    with TestClient(app, base_url="http://127.0.0.1") as tc:  # a name the server answers (serve/hosts.py)
         monkeypatch.setattr(Router, "budget_scores", unable)
         r = tc.post("/v1/chat/completions", json={"messages": msg})
         err = r.json()["error"]

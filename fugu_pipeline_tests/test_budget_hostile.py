@@ -211,17 +211,17 @@ def test_a_server_over_an_unreadable_budget_json_serves_and_refuses_only_capped_
         def one(i):
             try:
                 results[i] = ask(client, **({"fugu_budget": {"share": 0.5}} if i % 2 else {}))
-            except openai.BadRequestError as exc:
+            except openai.APIStatusError as exc:
                 results[i] = exc
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
         [t.start() for t in threads]
         [t.join() for t in threads]
         for i, r in results.items():
-            if i % 2:
+            if i % 2:  # the server's file is at fault: a 5xx naming the checkpoint by its tag, not by its path
                 err = r.body if "message" in r.body else r.body["error"]
-                assert err["param"] == "fugu_budget" and err["code"] == "budget_unavailable"
-                assert "budget.json" in err["message"] and "fugu-lite evaluate" in err["message"]
+                assert r.status_code == 500 and err["code"] == "budget_unavailable" and err["type"] == "server_error"
+                assert f"checkpoint sft/{ckpt.name}" in err["message"] and str(tmp_path) not in err["message"]
             else:
                 assert r.choices[0].message.content and "budget" not in r.model_extra["fugu_lite"]
         assert len(results) == 8

@@ -1,4 +1,4 @@
-"""Budget mode (issue 12 item 4): a cap in USD per 1,000 requests or a share of the strongest
+"""Budget mode: a cap in USD per 1,000 requests or a share of the strongest
 worker's cost; λ chosen on validation; a cap nothing meets is a clear error naming the field."""
 
 import numpy as np

@@ -14,7 +14,7 @@ from fugu_pipeline.evaluate.composite import (
     paired_difference,
     score_head,
 )
-from fugu_pipeline.evaluate.contest import live_rows
+from fugu_pipeline.evaluate.router_contest import live_rows
 from fugu_pipeline.evaluate.live import LiveOutcome, LivePolicy, OneCallEvaluator, tasks_by_id
 from fugu_pipeline.workers.config import load_workers_config
 from fugu_pipeline_tests.conftest import REPO
@@ -97,7 +97,7 @@ def test_audit_slice_is_salted_stable_and_order_free():
     assert (audit_mask(ids, CompositeConfig(audit_seed=1)) != a).mean() > 0.3
 
 
-def overfit_case(eval_acc, audit_acc, n_eval=150, n_audit=150):  # the seed's 150 questions
+def overfit_case(eval_acc, audit_acc, n_eval=150, n_audit=150):  # TinyRouter's 150 questions
     m = np.zeros((n_eval + n_audit, 2))
     m[: round(eval_acc * n_eval), 0] = 1.0
     m[n_eval : n_eval + round(audit_acc * n_audit), 0] = 1.0
@@ -119,16 +119,35 @@ def test_overfit_gate(eval_acc, audit_acc, verdict, factor):
     assert s["benchmarks"][0]["score"] == pytest.approx(s["benchmarks"][0]["score_before_overfit"] * factor)
 
 
-def test_a_gap_on_a_few_audit_rows_is_not_judged_unless_the_literal_rule_is_asked_for():
+def test_the_literal_rule_is_the_default_and_the_guarded_rule_an_option():
     small = overfit_case(0.74, 0.33, n_eval=19, n_audit=6)  # the sample batch's math domain: 2 of 6 right
-    guarded = score_head(np.zeros(25, int), small, CompositeConfig())["benchmarks"][0]["overfit"]
+    guarded = score_head(np.zeros(25, int), small, CompositeConfig(overfit_rule="guarded"))["benchmarks"][0]["overfit"]
     assert guarded["verdict"].startswith("not judged (6 audit rows here") and guarded["factor"] == 1.0
-    literal = CompositeConfig(min_audit_rows=1, overfit_significant=False)
-    assert score_head(np.zeros(25, int), small, literal)["benchmarks"][0]["overfit"]["verdict"] == "reject"
+    # TinyRouter's rule as published, by default: no pooling, no significance
+    assert CompositeConfig().overfit_rule == "literal"
+    assert score_head(np.zeros(25, int), small, CompositeConfig())["benchmarks"][0]["overfit"]["verdict"] == "reject"
+    # the guarded rule's knobs do not bend the literal rule
+    assert score_head(np.zeros(25, int), small, CompositeConfig(min_audit_rows=30, overfit_significant=True)
+                      )["benchmarks"][0]["overfit"]["verdict"] == "reject"
     # significance alone: a gap of 0.29 on 14 / 6 rows is within chance (the literal rule rejects it)
     tiny = overfit_case(0.79, 0.5, n_eval=14, n_audit=6)
-    assert score_head(np.zeros(20, int), tiny, CompositeConfig(min_audit_rows=1))["benchmarks"][0]["overfit"]["verdict"] == "within noise"
-    assert score_head(np.zeros(20, int), tiny, literal)["benchmarks"][0]["overfit"]["verdict"] == "reject"
+    sig_only = CompositeConfig(overfit_rule="guarded", min_audit_rows=1)
+    assert score_head(np.zeros(20, int), tiny, sig_only)["benchmarks"][0]["overfit"]["verdict"] == "within noise"
+    assert score_head(np.zeros(20, int), tiny, CompositeConfig())["benchmarks"][0]["overfit"]["verdict"] == "reject"
+
+
+@pytest.mark.parametrize("eval_right, audit_right, n", [(29, 25, 50), (45, 41, 50), (33, 25, 100), (90, 82, 100)])
+def test_a_gap_of_exactly_0_08_is_the_same_whatever_the_two_accuracies(eval_right, audit_right, n):
+    """0.58 − 0.50 is 0.07999999999999996 in binary floats and 0.90 − 0.82 is 0.08000000000000007:
+    under the literal rule the second was penalised and the first not. Compared as decimals, a gap
+    of exactly 0.08 is never above 0.08 (and one of exactly 0.15 never above 0.15)."""
+    h = overfit_case(eval_right / n, audit_right / n, n_eval=n, n_audit=n)
+    of = score_head(np.zeros(2 * n, int), h, CompositeConfig(overfit_rule="literal"))["benchmarks"][0]["overfit"]
+    assert of["gap"] == 0.08 and of["verdict"] == "ok" and of["factor"] == 1.0
+    gap15 = overfit_case(0.95, 0.80, n_eval=100, n_audit=100)  # 0.95 − 0.80 = 0.1499999999999999
+    assert score_head(np.zeros(200, int), gap15, CompositeConfig())["benchmarks"][0]["overfit"]["verdict"] == "penalty"
+    gap15b = overfit_case(0.65, 0.50, n_eval=100, n_audit=100)  # 0.65 − 0.50 = 0.15000000000000002
+    assert score_head(np.zeros(200, int), gap15b, CompositeConfig())["benchmarks"][0]["overfit"]["verdict"] == "penalty"
 
 
 def test_small_benchmarks_are_judged_on_the_pooled_gap():
@@ -138,7 +157,7 @@ def test_small_benchmarks_are_judged_on_the_pooled_gap():
     audit[::3] = True  # 100 audit rows pooled, 20 in each of 5 benchmarks
     m[audit, 0] = 0.0  # the head is right on every eval row and wrong on every audit row
     h = held(m, [f"b{i % 5}" for i in range(300)], audit)
-    s = score_head(np.zeros(300, int), h, CompositeConfig())
+    s = score_head(np.zeros(300, int), h, CompositeConfig(overfit_rule="guarded"))
     assert all(r["overfit"]["verdict"] == "pooled reject" for r in s["benchmarks"]) and s["rejected"]
 
 
@@ -218,7 +237,7 @@ def test_live_term_says_why_it_was_not_measured():
 def test_a_live_run_that_fails_for_one_head_is_dropped_for_both(tmp_path):
     """The king's live calls hit the budget after the challenger's went through: neither head gets
     a live term (a live term for one head only would weigh the two differently)."""
-    from fugu_pipeline.evaluate.contest import score_against_king
+    from fugu_pipeline.evaluate.router_contest import score_against_king
     from fugu_pipeline.evaluate.live import LiveBudgetExceeded
     from fugu_pipeline.train.checkpoints import load_checkpoint
     from fugu_pipeline_tests.harness_data import controlled_data, routing_head
@@ -239,3 +258,23 @@ def test_a_live_run_that_fails_for_one_head_is_dropped_for_both(tmp_path):
     out = score_against_king(challenger, king, data, CompositeConfig(), live=Flaky(), tasks=tasks)
     assert out["live"] == "live term not measured: live evaluation: spent $5.0000 of max $5.0000"
     assert out["challenger"]["benchmarks"][0]["live"] is None and out["king"]["benchmarks"][0]["live"] is None
+
+
+def test_the_live_term_is_kept_per_head_task_and_seed(tmp_path):
+    """A re-judgement (a second evaluator over the same store: another run, validate again) calls
+    nothing; every call made is in the cost ledger."""
+    from fugu_pipeline.evaluate.live import live_evaluator
+    from fugu_pipeline.ledger import verify_ledger
+
+    tasks = sample_tasks()
+    config = load_workers_config(REPO / "configs" / "workers.mock.yaml")
+    ids = [t for t, task in tasks.items() if task.split == "test" and task.grader.type != "llm_judge"][:10]
+    policy = LivePolicy("challenger", "x", {t: "math-expert" for t in ids}, head="a" * 16, seed=0)
+    first = live_evaluator(config, tmp_path)
+    out = first.evaluate(policy, [tasks[t] for t in ids])
+    assert first.calls == 10 and verify_ledger(tmp_path / "data" / "ledger" / "costs.jsonl").totals["live"].calls == 10
+    again = live_evaluator(config, tmp_path)
+    assert again.evaluate(policy, [tasks[t] for t in ids]) == out and again.calls == 0
+    other_seed = live_evaluator(config, tmp_path)
+    other_seed.evaluate(LivePolicy("c", "x", policy.routes, head="a" * 16, seed=1), [tasks[t] for t in ids[:2]])
+    assert other_seed.calls == 2  # another seed is another draw

@@ -1,7 +1,7 @@
-"""The exchange format: `fugu-lite pack` writes a head, its receipt and its feature contract to one
-folder; `fugu-lite preflight` runs the gates on it offline; `fugu-lite validate` scores it
-against the king and promotes or refuses it. Every bad input is refused by preflight with its
-reason."""
+"""The exchange format: `fugu-lite pack` writes a head, its receipt, its feature contract and the
+cost ledger to one folder, signed; `fugu-lite preflight` runs the gates on it offline; `fugu-lite
+validate` scores it against the king and promotes or refuses it. Every bad input is refused by
+preflight with its reason."""
 
 import hashlib
 import json
@@ -18,23 +18,38 @@ from fugu_pipeline.evaluate.preflight import host_expectation, preflight
 from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+from fugu_pipeline.ledger import CostLedger
 from fugu_pipeline.train.exchange import PACK_FILES, Receipt, pack
 from fugu_pipeline.train.pointer import read_pointer
+from fugu_pipeline.train.signing import KEY_ENV, SIGNATURE_FILE, accept_key, new_key_pair
 from fugu_pipeline_tests.conftest import REPO
 from fugu_pipeline_tests.harness_data import CONTRACT, WORKERS, controlled_data, routing_head
 
 GATES = GateConfig(rate_limit_s=0)
+ALICE = new_key_pair()  # (private, public)
+BOB = new_key_pair()
+
+
+def paid_ledger(path, calls: int = 10, cost: float = 0.1):
+    """A ledger of `calls` paid collection calls of `cost` each (what training data cost)."""
+    with CostLedger(path) as ledger:
+        for i in range(calls):
+            ledger.append("collection", cost, worker_id=WORKERS[i % 3], task_id=f"t{i:05d}", ref="b")
+    return path
 
 
 @pytest.fixture
 def setup(tmp_path):
-    """A host with a promoted king, and a packed challenger trained elsewhere."""
+    """A host with a promoted king that accepts alice's key, and a challenger trained elsewhere,
+    packed with the ledger of its paid calls and signed by alice."""
     data = controlled_data(contested_eval=40)
     models = tmp_path / "models"
     king = routing_head(models, data, (0, 1, 0), method="sft")
     assert promote_best([str(king)], data, models, PromotionPolicy(gates=GATES))["promoted"]
+    accept_key(models, "alice", ALICE[1])
     ckpt = routing_head(tmp_path / "elsewhere", data, (0, 1, 2), method="es")
-    return data, models, pack(ckpt, tmp_path / "pack", submitter="alice")
+    ledger = paid_ledger(tmp_path / "elsewhere-ledger.jsonl")
+    return data, models, pack(ckpt, tmp_path / "pack", submitter="alice", ledger=ledger, signing_key=ALICE[0])
 
 
 def gate(result, name):
@@ -47,7 +62,7 @@ def check(pack_dir, models, **kw):
 
 def test_pack_writes_one_folder_that_passes_preflight(setup):
     data, models, p = setup
-    assert sorted(x.name for x in p.iterdir()) == sorted(PACK_FILES)
+    assert sorted(x.name for x in p.iterdir()) == sorted([*PACK_FILES, SIGNATURE_FILE])
     receipt = Receipt.model_validate_json((p / "receipt.json").read_text())
     assert receipt.submitter == "alice" and receipt.steps == 5 and receipt.data_cost_usd == 0.5
     assert receipt.weights_sha256 == hashlib.sha256((p / "head.safetensors").read_bytes()).hexdigest()
@@ -57,7 +72,7 @@ def test_pack_writes_one_folder_that_passes_preflight(setup):
     result = check(p, models)
     assert result.ok, [g.line() for g in result.gates]
     assert result.submitter == "alice" and [g.name for g in result.gates] == [
-        "files", "manifest", "weights", "contract", "receipt", "duplicate", "rate limit", "king"]
+        "files", "manifest", "weights", "contract", "signature", "ledger", "receipt", "duplicate", "rate limit", "king"]
     assert "matches the king sft" in gate(result, "contract").reason
 
 
@@ -185,6 +200,9 @@ def test_pack_refuses_a_checkpoint_that_would_not_load(tmp_path):
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(KEY_ENV, ALICE[0])  # the submitter's key, from the environment only
+    accept_key(tmp_path / "models", "alice", ALICE[1])  # the host (this folder too) accepts it
+    accept_key(tmp_path / "models", "bob", BOB[1])
     shutil.copytree(REPO / "configs", tmp_path / "configs")
     tasks = str(REPO / "data" / "benchgen" / "sample.jsonl")
     assert main(["generate", "--workers", "configs/workers.mock.yaml", "--tasks", tasks, "--output", "r.jsonl"]) == 0
@@ -219,20 +237,21 @@ def test_pack_preflight_validate_a_head_trained_elsewhere(project, capsys):
     assert main(["pack", rl, "--out", "second", "--submitter", "alice"]) == 0
     assert main(["validate", "--challenger", "second", *W, *tasks]) == 1  # the king's encoder
     out = capsys.readouterr().out
-    assert "FAIL rate limit: 'alice' made an attempt at" in out and "REFUSED before scoring" in out
+    assert "FAIL rate limit: 'alice' (key " in out and "made an attempt at" in out and "REFUSED before scoring" in out
     last = json.loads((project / "models" / "promoted" / "history.jsonl").read_text().splitlines()[-1])
     assert last["rate_limited"] is True and last["submitter"] == "alice"
 
 
-def test_a_broken_king_stops_preflight_and_validate_until_it_is_replaced_on_purpose(project, capsys):
+def test_a_broken_king_stops_preflight_and_validate_until_it_is_replaced_on_purpose(project, capsys, monkeypatch):
     """A damaged pointer: preflight said "no king" and passed; validate then stopped. Now both stop
     at the king gate, the refusal is the host's fault so it does not spend the submitter's daily
     attempt, and --replace-broken-king lets the pack replace it facing the baselines only."""
     W = ["--data", "r.jsonl", "--workers", "configs/workers.mock.yaml", "--device", "cpu"]
     assert main(["train-sft", *W, "--encoder", "tiny", "--output", "elsewhere"]) == 0
     sft = capsys.readouterr().out.strip().splitlines()[-1]
+    monkeypatch.setenv(KEY_ENV, BOB[0])
     assert main(["pack", sft, "--out", "submission", "--submitter", "bob"]) == 0
-    (project / "models" / "promoted").mkdir(parents=True)
+    (project / "models" / "promoted").mkdir(parents=True, exist_ok=True)
     (project / "models" / "promoted" / "current.json").write_text('{"checkpo')  # truncated
     capsys.readouterr()
     assert main(["preflight", "submission", "--workers", "configs/workers.mock.yaml", "--encoder", "tiny"]) == 1

@@ -1,4 +1,4 @@
-"""Serving sees what training saw (issue 12 item 5): the features `route` and `serve` compute for a
+"""Serving sees what training saw: the features `route` and `serve` compute for a
 prompt equal the cached ones the head was trained and evaluated on (same dtype, template, prompt
 rules, truncation, layers), so 100% of the held-out routes agree between the cached path
 (`evaluate`) and the served path (`Router.route_batch`, the server's micro-batches).

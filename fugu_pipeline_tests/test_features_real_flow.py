@@ -1,4 +1,4 @@
-"""Features as the real-data flow needs them (issue 12 items 2 and 6): prompt rules that strip the
+"""Features as the real-data flow needs them : prompt rules that strip the
 boilerplate a domain's training prompts share (fitted on train only, chosen on validation, carried
 by the feature contract); multi-layer pooling; an embedding cache written chunk by chunk (an
 interrupted run keeps what it finished); a default encoder that cannot be loaded fails at once

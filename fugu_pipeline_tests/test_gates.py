@@ -1,4 +1,4 @@
-"""King versus challenger under the seed's judging rules, through `promote_best` (the path of the
+"""King versus challenger under TinyRouter's judging rules, through `promote_best` (the path of the
 `promoted_router` asset and of `fugu-lite validate`): the composite at king + 0.01 is refused
 and at king + 0.03 promoted; duplicates, rate-limited and receipt-less challengers are refused
 before they are scored, each with its reason in the promotion record."""
@@ -73,16 +73,17 @@ def test_duplicate_challenger_is_refused(tmp_path):
     out = promote_best([str(copy)], data, models, OPEN)
     refusal = next(r for r in out["reasons"] if r.startswith("REFUSED"))
     print("\n" + refusal)
-    assert not out["promoted"] and "FAIL duplicate: cosine 0.99" in refusal and f"with sft {king.name} (promoted)" in refusal
+    assert not out["promoted"] and f"FAIL duplicate: behaves like sft {king.name} (promoted): cosine 0.99" in refusal
     assert out["contest"] is None  # refused before it was scored
-    assert history(models)[-1]["reasons"][1].startswith("FAIL duplicate")
+    assert [r.split(":")[0] for r in history(models)[-1]["reasons"]] == [
+        "PASS weights", "PASS contract", "FAIL duplicate", "PASS receipt"]  # every gate, in order
     # a head refused after scoring joins the registry: its near-copy is refused too, naming it
     loser = routing_head(models, data, (0, 0, 0), method="es")
     assert not promote_best([str(loser)], data, models, OPEN)["promoted"]
     assert [e["outcome"] for e in SeenHeads(models).entries()] == ["promoted", "refused"]
     again = routing_head(models, data, (0, 0, 0), method="es", noise=0.02, seed=2)
     refusal = next(r for r in promote_best([str(again)], data, models, OPEN)["reasons"] if r.startswith("REFUSED"))
-    assert f"with es {loser.name} (refused)" in refusal
+    assert f"behaves like es {loser.name} (refused)" in refusal
     # an unrelated head passes the gate and gets scored
     other = routing_head(models, data, CHALLENGER, method="es")
     out = promote_best([str(other)], data, models, OPEN)

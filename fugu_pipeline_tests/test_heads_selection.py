@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from fugu_pipeline.evaluate.gates import routing_map
 from fugu_pipeline.evaluate.promotion import validation_utility
 from fugu_pipeline.evaluate.reports import evaluate_checkpoint, head_scores, quality_predictions
 from fugu_pipeline.hashing import canonical_json
@@ -105,11 +104,14 @@ def test_edited_or_misshapen_tables_are_refused(fitted):
     assert any("shape" in p for p in weight_sanity(sd, wrong_size))
 
 
-def test_duplicate_gate_compares_the_stored_routing_map(fitted):
-    for s in fitted.saved:
-        ckpt = load_checkpoint(s.path)
-        v = routing_map(ckpt.state_dict)
-        assert v.shape == (64 * ckpt.manifest.n_workers,) and np.allclose(v, ckpt.state_dict["routing_map"].numpy().ravel())
+def test_duplicate_gate_compares_behaviour_on_the_probe_set(fitted, data):
+    """Quality predictors have no final layer: the duplicate gate compares what they predict on the
+    host's probe set (centred per probe), so a head is its own duplicate and two kinds are not."""
+    from fugu_pipeline.evaluate.probe import checkpoint_behaviour
+
+    seen = [checkpoint_behaviour("p", load_checkpoint(s.path), data.features[:64], data.domains[:64]) for s in fitted.saved]
+    assert all(b.vector.shape == (64 * 3,) and b.cosine(b) == pytest.approx(1.0) for b in seen)
+    assert any(a.cosine(b) < 0.99 for a in seen for b in seen if a is not b)
 
 
 def test_selection_never_reads_the_test_split(data):

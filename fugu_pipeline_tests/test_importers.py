@@ -249,7 +249,8 @@ def test_write_and_read_generic_jsonl(tmp_path, gsm8k):
     back = import_generic_jsonl(out)
     assert back == rows
     first = json.loads(out.read_text().splitlines()[0])
-    assert set(first) == {"task_id", "prompt", "domain", "split", "worker_ids", "quality", "tags"}
+    assert set(first) == {"task_id", "prompt", "domain", "split", "worker_ids", "quality", "tags", "answers"}
+    assert first["answers"] == ["ans 0", "ans 0"]  # each model's reply (the fixture's *_response columns), kept
     assert first["tags"] == ["source:gsm8k", "id"]  # the source, and in-distribution (its domain is in train)
     bad_rows = rows[:2] + [RewardRow(task_id="x", prompt="p", worker_ids=[WEAK, STRONG], quality=[1, 0])]
     with pytest.raises(ValueError, match="same workers in the same order"):
@@ -355,8 +356,8 @@ def test_real_dcrouter(tmp_path):
 
 
 def test_import_command_takes_the_split_shares(gsm8k, tmp_path, capsys):
-    """`fugu-lite import routellm-gsm8k DIR --test-fraction 0.5 --val-fraction 0.1`: the issue-12
-    protocol (half of the prompts held out) from the command line; impossible shares are one line."""
+    """`fugu-lite import routellm-gsm8k DIR --test-fraction 0.5 --val-fraction 0.1`: the routing
+    study's protocol (half of the prompts held out) from the command line; impossible shares are one line."""
     from fugu_pipeline.cli import main
 
     csv_path, _, _ = gsm8k

@@ -88,6 +88,14 @@ def test_main_job_materializes_every_asset_and_resumes(project):
         report = json.loads(Path(latest(instance, "eval_report_heads")["report"]).read_text())
         assert report["n_tasks"] == sum(t.split == "test" for t in tasks) and report["head_kind"] == manifest["head_kind"]
         checkpoints["heads"] = selected
+        # the mock pool answers like real models: a cascade over the replies is fitted, chosen out of
+        # fold against the one-shot heads and the best worker, and beats the one-shot head on held-out
+        cascade = json.loads((Path(heads["cascade"]) / "manifest.json").read_text())
+        assert heads["policy"] == "cascade" and cascade["metrics"]["selection"]["selected_kind"] == "cascade"
+        crep = json.loads(Path(heads["cascade_report"]).read_text())
+        assert crep["n_tasks"] == report["n_tasks"] and len(crep["per_domain"]) == 3
+        vs = next(iter(crep["baselines"].values()))["cascade_minus_utility"]
+        assert vs["mean"] > 0, crep["baselines"]
 
         promo = latest(instance, "promoted_router")
         pointer = read_pointer(project / "models")

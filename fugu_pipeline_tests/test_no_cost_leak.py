@@ -1,4 +1,4 @@
-"""No cost leakage (DESIGN §5, issue 12 item 4): every cost-aware routing decision uses the
+"""No cost leakage: every cost-aware routing decision uses the
 EXPECTED cost (a model fitted on training rows: per-token price x prompt tokens + a per-domain
 offset), never a held-out row's actual cost or quality.
 
@@ -126,3 +126,63 @@ def test_expected_cost_recovers_catalog_prices_from_training_rows():
     assert np.allclose(model.predict(held.prompts, held.domains), held.cost_usd, rtol=1e-6, atol=1e-12)
     unseen = model.predict(held.prompts[:3], ["never-seen"] * 3)
     assert np.allclose(unseen, held.cost_usd[:3], rtol=1e-6, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- cascades
+
+
+def _scramble_cascade_test_rows(data, grid, inputs, seed: int = 7):
+    """The held-out rows' actual cost, latency, quality and replies replaced by noise."""
+    import dataclasses
+
+    rng = np.random.default_rng(seed)
+    t = data.splits == "test"
+    cost, lat, q = data.cost_usd.copy(), data.latency_s.copy(), data.quality.copy()
+    cost[t] = rng.random((t.sum(), 3)) * 0.05
+    lat[t] = rng.random((t.sum(), 3)) * 30
+    q[t] = rng.integers(0, 2, (t.sum(), 3))
+    final = grid.final.copy()
+    final[t] = rng.choice(np.array(["a", "b"], dtype=object), size=(t.sum(), 3))
+    scrambled = dataclasses.replace(data, cost_usd=cost, latency_s=lat, quality=q, data_version="")
+    return scrambled, dataclasses.replace(grid, final=final), inputs
+
+
+def test_cascade_choice_reads_no_held_out_row():
+    """The plan, its thresholds and every candidate's out-of-fold figure come from the non-test rows
+    only: scrambling the test rows' costs, qualities and answers changes none of them."""
+    from fugu_pipeline.train.cascade_config import CascadeConfig
+    from fugu_pipeline.train.cascade_fit import fit_cascade
+    from fugu_pipeline.train.cascade_search import CascadeSearch
+    from fugu_pipeline_tests import cascade_fixture
+
+    data, grid, inputs = cascade_fixture.make(n=300)
+    cfg = CascadeConfig(search=CascadeSearch(thresholds=4, three_steps=False, finals=2, cheap=2), n_boot=200)
+    a = fit_cascade(data, grid, inputs, cfg, log=lambda m: None)
+    b = fit_cascade(*_scramble_cascade_test_rows(data, grid, inputs), cfg, log=lambda m: None)
+    assert a.policy == b.policy and a.table() == b.table() and a.expected_cost == b.expected_cost
+
+
+def test_cascade_steps_on_test_ignore_the_actual_cost(tmp_path):
+    """On held-out rows a cascade stops by its answers and thresholds, never by what a call cost:
+    other actual costs give the same steps and the same answering worker, while the reported cost
+    moves (so a report that ignored the actual cost would fail too)."""
+    import dataclasses
+
+    from fugu_pipeline.evaluate.cascade import cascade_outcomes, load_cascade
+    from fugu_pipeline.train.cascade_config import CascadeConfig
+    from fugu_pipeline.train.cascade_fit import fit_cascade
+    from fugu_pipeline.train.cascade_save import save_cascade
+    from fugu_pipeline.train.cascade_search import CascadeSearch
+    from fugu_pipeline_tests import cascade_fixture
+
+    data, grid, inputs = cascade_fixture.make(n=300)
+    cfg = CascadeConfig(search=CascadeSearch(thresholds=4, three_steps=False, finals=2, cheap=2), n_boot=200)
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit_cascade(data, grid, inputs, cfg, log=lambda m: None),
+                                     inputs.answer.shape[2]))
+    t = data.splits == "test"
+    cost = data.cost_usd.copy()
+    cost[t] = cost[t][:, ::-1] * 50  # the strong worker now cheap, the cheap ones dear
+    other = dataclasses.replace(data, cost_usd=cost, data_version="")
+    a, b = cascade_outcomes(ckpt, data, grid, inputs), cascade_outcomes(ckpt, other, grid, inputs)
+    assert [(o.answered_by, o.stop_step, o.calls) for o in a] == [(o.answered_by, o.stop_step, o.calls) for o in b]
+    assert sum(o.cost_usd for o in a) != pytest.approx(sum(o.cost_usd for o in b))

@@ -96,7 +96,7 @@ def test_better_challenger_promoted_worse_one_not(data, good, tmp_path):
     # the same checkpoint again, or the worse one again: judged before, refused as duplicates
     for again in (good, worse):
         out = promote_best([str(again)], data, models, OPEN)
-        assert not out["promoted"] and any("FAIL duplicate: cosine 1.0000" in r for r in out["reasons"])
+        assert not out["promoted"] and any("FAIL duplicate: behaves like" in r and "cosine 1.0000" in r for r in out["reasons"])
     # another worse head: scored against the king, which stays
     out = promote_best([str(bad_head(data, tmp_path, seed=1))], data, models, OPEN)
     assert not out["promoted"] and any(r.startswith("FAIL promoted") for r in out["reasons"])
@@ -206,8 +206,8 @@ def test_mismatched_contract_is_refused(data, tmp_path):
                            "contract": FeatureContract(encoder_id="another-encoder", dim=16, pooling="last")})
     path = train_sft(other, SFTConfig(epochs=20)).save(tmp_path / "models")
     out = promote_best([str(path)], data, tmp_path / "models", OPEN)
-    assert not out["promoted"]
-    assert any("FAIL feature contract" in r and "encoder_id" in r and "pooling" in r for r in out["reasons"])
+    assert not out["promoted"] and out["contest"] is None  # a gate: refused before it is scored
+    assert any("FAIL contract" in r and "encoder_id" in r and "pooling" in r for r in out["reasons"])
 
 
 def test_reader_never_sees_a_broken_pointer(tmp_path):
@@ -343,7 +343,10 @@ def test_the_asset_config_and_the_core_policy_share_their_defaults(tmp_path):
     shared = set(PromotionConfig.model_fields) & set(PromotionPolicy.model_fields)
     assert shared == {"margin", "max_train_gap", "require_significant", "min_quality_std"}
     assert all(getattr(asset, k) is None for k in shared)  # None: the policy file's value
-    # the shipped policy file spells out the defaults; a project without one gets the same
-    assert load_policy(REPO / "configs" / "promotion.yaml", required=True) == core
+    # the shipped policy file spells out the defaults, but one: the sample project (6 audit rows a
+    # domain) judges overfitting with the guarded rule, the code's default being the literal one
+    shipped = core.model_copy(update={"composite": core.composite.model_copy(update={"overfit_rule": "guarded"})})
+    assert core.composite.overfit_rule == "literal"
+    assert load_policy(REPO / "configs" / "promotion.yaml", required=True) == shipped
     assert policy_for(PipelineResource(project_dir=str(tmp_path)), asset.policy_file) == core
     assert policy_for(PipelineResource(project_dir=str(tmp_path)), None, margin=0.05).margin == 0.05

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from fugu_pipeline.cli import main
-from fugu_pipeline.evaluate import promotion, promotion_record
-from fugu_pipeline.evaluate.contest import king_or_why, load_king
+from fugu_pipeline.evaluate import contest, promotion_record, router_contest
+from fugu_pipeline.evaluate.router_contest import king_or_why, load_king
 from fugu_pipeline.evaluate.gates import GateConfig
 from fugu_pipeline.evaluate.preflight import host_expectation, preflight
 from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best, weight_gate
@@ -188,13 +188,13 @@ def test_two_promotions_at_once_the_second_faces_the_new_king(data, tmp_path, mo
     models = tmp_path / "models"
     a = train_sft(data, SFTConfig(epochs=40)).save(tmp_path / "a")
     b = train_sft(data, SFTConfig(epochs=40, seed=1)).save(tmp_path / "b")
-    slow_decide = promotion.decide
+    slow_decide = contest.decide  # the one contest's decision, for every kind
 
     def slow(*args, **kw):  # scoring with a real encoder and live calls takes minutes: the race window
         time.sleep(1.5)
         return slow_decide(*args, **kw)
 
-    monkeypatch.setattr(promotion, "decide", slow)
+    monkeypatch.setattr(contest, "decide", slow)
     outcomes, errors = {}, []
 
     def attempt(who, path):
@@ -292,7 +292,7 @@ def test_a_manifest_that_is_not_utf8_is_a_one_line_error(models, tmp_path):
         import_checkpoint(ckpt, tmp_path / "other-models")
 
 
-def test_pack_refuses_to_overwrite_another_pack(models, tmp_path, capsys):
+def test_pack_refuses_to_overwrite_another_pack(models, tmp_path, capsys, monkeypatch):
     models, first, second = models
     out = pack(models / "sft" / first, tmp_path / "pack")
     assert pack(models / "sft" / first, out) == out  # the same pack again: fine
@@ -300,8 +300,15 @@ def test_pack_refuses_to_overwrite_another_pack(models, tmp_path, capsys):
         pack(models / "sft" / second, out)
     assert json.loads((out / MANIFEST_FILE).read_text())["content_hash"] == first
     # --out where nothing can be written: one line
+    from fugu_pipeline.ledger import CostLedger
+    from fugu_pipeline.train.signing import KEY_ENV, new_key_pair
+
     (tmp_path / "a-file").write_text("x")
-    err = one_line_cli(["pack", str(models / "sft" / first), "--out", str(tmp_path / "a-file" / "pack")], capsys)
+    with CostLedger(tmp_path / "costs.jsonl") as ledger:
+        ledger.append("collection", 0.01)
+    monkeypatch.setenv(KEY_ENV, new_key_pair()[0])
+    err = one_line_cli(["pack", str(models / "sft" / first), "--out", str(tmp_path / "a-file" / "pack"),
+                        "--ledger", str(tmp_path / "costs.jsonl")], capsys)
     assert "cannot write the pack there" in err
 
 
@@ -316,7 +323,7 @@ def test_an_unwritable_models_folder_is_refused_before_anything_is_scored(data, 
     def never(*a, **kw):
         raise AssertionError("scored although the result could not be recorded")
 
-    monkeypatch.setattr(promotion, "scored_candidate", never)
+    monkeypatch.setattr(router_contest, "scored_candidate", never)
     with pytest.raises(CheckpointError, match="cannot write .*Nothing was scored") as exc:
         promote_best([str(ckpt)], data, models, OPEN)
     assert "\n" not in str(exc.value) and "history.jsonl" in str(exc.value)

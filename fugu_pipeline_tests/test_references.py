@@ -83,11 +83,11 @@ def test_last_boxed_handles_nested_braces() -> None:
 
 
 def test_math_reference_chooses_per_row() -> None:
-    assert math_reference("42") == ("42", {"type": "numeric", "tolerance": 0.0})
+    assert math_reference("42") == ("42", {"type": "numeric", "tolerance": 0.0, "math": True})
     assert math_reference("\\frac{14}{3}")[1]["type"] == "numeric"
     assert math_reference("-50")[1]["type"] == "numeric"
-    assert math_reference("\\left( 3, \\frac{\\pi}{2} \\right)")[1] == {"type": "exact"}
-    assert math_reference("90^\\circ")[1] == {"type": "exact"}
+    assert math_reference("\\left( 3, \\frac{\\pi}{2} \\right)")[1] == {"type": "exact", "math": True}
+    assert math_reference("90^\\circ")[1] == {"type": "exact", "math": True}
     ref, grader = math_reference("\\text{(C)}")
     assert ref == "C" and grader["type"] == "regex" and re.search(grader["pattern"], "\\boxed{\\text{(C)}}")
     with pytest.raises(ValueError):
@@ -105,6 +105,8 @@ def test_format_number_and_choices_block() -> None:
 
 def test_exact_reference_with_a_leading_dot_keeps_its_dot() -> None:
     ref, grader = math_reference(".0000672")
-    assert grader == {"type": "exact", "strip": False}
+    assert grader == {"type": "exact", "strip": False, "math": True}
     task = Task(task_id="t", prompt="Convert to a decimal.", reference_answer=ref, grader=grader)
     assert grade_local(task, "So \\boxed{.0000672}.").quality == 1.0
+    assert grade_local(task, "So \\boxed{0.0000672}.").quality == 1.0  # equivalent
+    assert grade_local(task, "So \\boxed{0.000672}.").quality == 0.0

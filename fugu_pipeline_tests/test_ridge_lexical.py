@@ -1,4 +1,4 @@
-"""The ridge head and the lexical statistics block (issue 12: features that see the question).
+"""The ridge head and the lexical statistics block (features that see the question).
 
 - `lexical_features`: bounded and finite on hostile text (huge, bad unicode, giant numbers), the
   same for a text alone or in a batch;

@@ -38,7 +38,8 @@ def test_pipeline_with_roles_trains_reports_and_promotes_then_resumes(tmp_path, 
     assert sum(trained["worker_calls_this_run"].values()) > 0
     rep = json.loads((next(ckpt.iterdir()) / "reports" / "roles-test.json").read_text())
     assert {"coordinator", "one_step", "best_fixed"} <= set(rep["policies"])  # the promoted one-step router too
-    assert {d["domain"] for d in rep["per_domain"]} == {"lookup", "multistep"} and len(rep["verdicts"]) == 2
+    assert {d["domain"] for d in rep["per_domain"]} == {"lookup", "multistep", "checking"} and len(rep["verdicts"]) == 3
+    assert all("coordinator_roles" in d for d in rep["per_domain"])  # how each family used the roles
     assert rep["policies"]["coordinator"]["accuracy"]["n"] == rep["n_tasks"] > 0
     history = (project / "models" / "promoted" / "roles-history.jsonl").read_text().splitlines()
     assert len(history) == 1 and json.loads(history[0])["reasons"]

@@ -1,4 +1,4 @@
-"""The coordinator's pointer (models/promoted/roles.json) is kept like the router's: pointer before
+"""The coordinator's pointer (models/promoted/roles.json) is kept by the router's code: pointer before
 history, symlinked method folders stay relative, a pointer replaced meanwhile is not overwritten,
 a damaged pointer does not stop the record. Each case failed on the code before this change."""
 
@@ -31,7 +31,7 @@ def _history(models):
 
 
 def test_a_pointer_that_cannot_be_written_is_never_recorded_as_promoted(tmp_path, monkeypatch):
-    import fugu_pipeline.evaluate.roles_promotion as rp
+    import fugu_pipeline.evaluate.promotion_record as rp  # the one pointer discipline, every kind's
 
     def disk_full(*_a, **_k):
         raise OSError(28, "No space left on device")

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from fugu_pipeline.route.roles import PromotedRoles, RolesCoordinator
+from fugu_pipeline.route.router import Router
 from fugu_pipeline.serve import create_app
 from fugu_pipeline.testing.roles_serving import imitation_checkpoint
 from fugu_pipeline.testing.serving import WORKERS, ServerThread, build_checkpoints, stub_workers_config
@@ -171,3 +172,126 @@ def test_fugu_lite_ask_multi_turn(models, stub, tmp_path):
     info = json.loads("{" + rest)["fugu_lite"]
     assert answer.strip().endswith("Final answer: 42") and info["mode"] == "multi_turn"
     assert [(t["served_by"], t["role"]) for t in info["turns"]] == SCRIPT and info["committed_turn"] == 4
+
+
+# --------------------------------------------------------------------------- honest replies, caps, REVISE
+
+
+def test_a_revise_leads_to_a_corrected_answer_through_the_openai_sdk(client, stub):
+    """The Verifier rejects 41 with its reason; the next Worker turn is handed that objection and
+    answers 42; the Verifier accepts; the reply carries the corrected answer."""
+    stub.set_role_reply("worker", lambda model, prompt: "6 x 7 = 42.\nFinal answer: 42" if "Latest verdict" in prompt
+                        else "6 x 7 = 41.\nFinal answer: 41")
+    stub.set_role_reply("verifier", lambda model, prompt: "VERDICT: REVISE: 6 x 7 is 42, not 41"
+                        if "Final answer: 41" in prompt else "Checked: 42.\nVERDICT: ACCEPT")
+    r = ask(client).parse()
+    info = r.model_extra["fugu_lite"]
+    assert [(t["role"], t["verdict"]) for t in info["turns"]] == [
+        ("thinker", None), ("worker", None), ("verifier", "revise"), ("worker", None), ("verifier", "accept")]
+    assert info["stop_reason"] == "accepted" and info["committed_turn"] == 4
+    assert r.choices[0].message.content.endswith("Final answer: 42")
+
+
+def test_one_step_fields_are_listed_back_not_silently_ignored(client, stub):
+    # before: fugu_cost_weight in a multi-turn request was dropped without a word
+    stub.set_role_reply("verifier", "VERDICT: ACCEPT")
+    raw = ask(client, fugu_cost_weight=0.5, top_k=3)
+    info = raw.parse().model_extra["fugu_lite"]
+    assert any(x.startswith("fugu_cost_weight:") for x in info["ignored"])
+    assert any(x.startswith("top_k:") for x in info["ignored"]) and raw.headers["x-fugu-ignored"] == "2"
+    with pytest.raises(openai.BadRequestError, match="fugu_max_usd"):
+        ask(client, fugu_max_usd=-1)
+
+
+def test_a_session_stopped_by_its_spend_cap_is_a_429_with_the_turns_it_paid_for(client, stub):
+    # the first turn (Thinker) costs at most ~$0.002 at the stub's prices: a $0.0025 cap lets it run, then stops
+    with pytest.raises(openai.RateLimitError) as e:
+        ask(client, fugu_max_usd=0.0025)
+    body = e.value.response.json()
+    assert body["error"]["code"] == "budget" and body["error"]["type"] == "insufficient_quota"
+    info = body["fugu_lite"]
+    assert info["stop_reason"] == "budget" and [t["role"] for t in info["turns"]] == ["thinker"]
+    assert info["spend_caps"]["session_usd"] == 0.0025 and info["cost_usd"] > 0
+    assert e.value.response.headers["x-fugu-turns"] == "1"
+
+
+@pytest.fixture(scope="module")
+def planner_only(models):
+    """A coordinator that only ever plans: it never commits an answer."""
+    return imitation_checkpoint(models[0] / "planner-only", IDS, [("alpha", "thinker")] * 5, PROMPTS, REPLIES)
+
+
+def test_no_committed_answer_is_an_error_not_a_200_with_a_plan(models, planner_only, stub):
+    # before: HTTP 200 whose content was the Thinker's plan ("Do not answer yet.")
+    config = stub_workers_config(stub.openai_url, max_usd_per_serve_process=0.005)
+    srv = ServerThread(create_app(Router.load(next((models[0] / "sft").iterdir()), device="cpu"), config,
+                                  roles=RolesCoordinator.load(planner_only, device="cpu")))
+    try:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        with pytest.raises(openai.APIStatusError) as e:
+            ask(c)
+        assert e.value.status_code == 502
+        body = e.value.response.json()
+        assert body["error"]["code"] == "max_turns" and "without committing an answer" in body["error"]["message"]
+        assert [t["role"] for t in body["fugu_lite"]["turns"]] == ["thinker"] * 5 and body["fugu_lite"]["cost_usd"] > 0
+        # the process cap ($0.005) is spent by a few such sessions; then every multi-turn request is refused
+        codes, spent = [], body["fugu_lite"]["cost_usd"]
+        while len(codes) < 60 and codes[-2:] != ["budget", "budget"]:
+            with pytest.raises(openai.APIStatusError) as e:
+                ask(c)
+            codes.append(e.value.response.json()["error"]["code"])
+            spent += e.value.response.json()["fugu_lite"]["cost_usd"]
+        assert codes[-2:] == ["budget", "budget"] and set(codes[:-2]) <= {"max_turns", "budget"}
+        caps = e.value.response.json()["fugu_lite"]["spend_caps"]
+        assert caps["process_usd"] == 0.005 and spent <= 0.005 and caps["process_spent_usd"] == pytest.approx(spent)
+    finally:
+        srv.stop()
+
+
+def test_fugu_lite_ask_without_a_committed_answer_exits_nonzero(planner_only, stub, tmp_path):
+    workers = tmp_path / "workers.yaml"
+    workers.write_text(yaml.safe_dump(stub_workers_config(stub.openai_url).model_dump(mode="json")))
+    out = subprocess.run([sys.executable, "-m", "fugu_pipeline.cli", "ask", "--mode", "multi-turn", "--workers",
+                          str(workers), "--checkpoint", str(planner_only), "--prompt", QUESTION, "--domain", "math",
+                          "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "without a committed answer (max_turns)" in out.stderr
+    assert out.stdout.startswith("(no committed answer)")
+
+
+@pytest.mark.parametrize("what", ["models_dir", "checkpoint"])
+def test_a_coordinator_alone_is_served(models, stub, tmp_path, what):
+    """Before: `serve --models-dir` refused to start with only a coordinator promoted, and
+    `serve --checkpoint` of a roles checkpoint looked for roles.json under it, so every multi-turn
+    request got a 400. Now both start; a one-step request gets a 400 naming what is missing."""
+    import shutil
+
+    from fugu_pipeline.serve.run import providers
+
+    if what == "models_dir":  # a models folder whose only king is a coordinator
+        alone = tmp_path / "models"
+        shutil.copytree(models[1], alone / "roles" / models[1].name)
+        write_pointer(alone, {"checkpoint": f"roles/{models[1].name}", "content_hash": models[1].name, "method": "roles"},
+                      ROLES_POINTER)
+        target = alone
+    else:
+        target = models[1]
+    provider, roles, absent = providers(target, device="cpu")
+    assert provider is None and roles is not None and absent
+    srv = ServerThread(create_app(provider, stub_workers_config(stub.openai_url), roles=roles, absent=absent))
+    try:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        stub.set_role_reply("verifier", "Correct.\nVERDICT: ACCEPT")
+        r = ask(c).parse()
+        assert r.choices[0].message.content == REPLIES["worker"] and r.model_extra["fugu_lite"]["mode"] == "multi_turn"
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": QUESTION}])
+        body = e.value.response.json()["error"]
+        print("\n" + body["message"])
+        assert body["code"] == "no_one_step_router" and '"fugu_mode": "multi_turn"' in body["message"]
+        assert ("current.json is missing" in body["message"]) == (what == "models_dir")
+        import httpx
+
+        health = httpx.get(srv.url + "/health", timeout=30).json()
+        assert health["status"] == "ok" and health["checkpoint"] is None and health["one_step_router"] == absent
+    finally:
+        srv.stop()

@@ -57,6 +57,29 @@ def train_in(store: Path, encoder, cfg: RolesConfig, tasks: list[Task] | None = 
         return res, sum(run.caller.calls.values()), run.runner.stats
 
 
+def stored(store_dir: Path) -> list[dict]:
+    """Every record of the (closed) trajectory store in `store_dir`, oldest first, as JSON objects."""
+    from fugu_pipeline.session.store import TrajectoryStore
+
+    path = next(store_dir.glob("*.sqlite"))
+    with TrajectoryStore(store_dir, path.stem) as s:
+        return [t.model_dump(mode="json") for t in s.iter_all()]
+
+
+def count_rows(path: Path) -> int:
+    """Committed trajectories in a store another process is writing (SQLite readers do not block it)."""
+    import sqlite3
+
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            return int(db.execute("SELECT COUNT(*) FROM trajectories").fetchone()[0])
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return 0
+
+
 def checkpoint_bytes(path: Path) -> tuple[bytes, dict]:
     manifest = json.loads((path / "manifest.json").read_text())
     return (path / "head.safetensors").read_bytes(), {k: v for k, v in manifest.items() if k not in ("created_at", "wall_s")}
@@ -83,7 +106,7 @@ def test_candidates_share_minibatch_and_seeds(tmp_path, encoder):
     """Common random numbers: in a generation every candidate runs the same (task, seed) pairs."""
     cfg = RolesConfig(**{**SMALL, "generations": 2})
     train_in(tmp_path / "store", encoder, cfg)
-    lines = [json.loads(x) for x in next((tmp_path / "store").glob("*.jsonl")).read_text().splitlines()]
+    lines = stored(tmp_path / "store")
     training = [t for t in lines if t["greedy"] and t["seed"] < 10**9 and not t["head"].startswith("fixed:")]
     pairs_by_head = defaultdict(set)
     for t in training:
@@ -119,7 +142,7 @@ print("FINISHED", flush=True)
 def test_killed_training_resumes_without_calling_stored_trajectories_again(tmp_path, encoder):
     cfg = RolesConfig(**{**SMALL, "generations": 8})
     full, calls_full, _ = train_in(tmp_path / "uninterrupted", encoder, cfg)
-    full_lines = len(next((tmp_path / "uninterrupted").glob("*.jsonl")).read_text().splitlines())
+    full_lines = len(stored(tmp_path / "uninterrupted"))
 
     store = tmp_path / "killed"
     script = KILL_SCRIPT.format(cfg=cfg.model_dump(), workers=str(WORKERS), store=str(store))
@@ -127,28 +150,28 @@ def test_killed_training_resumes_without_calling_stored_trajectories_again(tmp_p
                             text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
-        files = list(store.glob("*.jsonl"))
-        if files and len(files[0].read_bytes().splitlines()) >= full_lines // 2:
+        files = list(store.glob("*.sqlite"))
+        if files and count_rows(files[0]) >= full_lines // 2:
             os.kill(proc.pid, signal.SIGKILL)
             break
         time.sleep(0.02)
     proc.wait(timeout=30)
     out = proc.stdout.read()
     assert proc.returncode == -signal.SIGKILL and "FINISHED" not in out, out[-2000:]
-    stored = [json.loads(x) for x in next(store.glob("*.jsonl")).read_bytes().splitlines() if x.strip().endswith(b"}")]
-    paid = {turn["request_sha"] for t in stored for turn in t["turns"] if turn["status"] == "ok"}  # requests answered before the kill
+    before = stored(store)
+    paid = {turn["request_sha"] for t in before for turn in t["turns"] if turn["status"] == "ok"}  # requests answered before the kill
 
     resumed, calls_resumed, stats = train_in(store, encoder, cfg)
-    assert stats.sessions_stored >= len(stored)  # every finished trajectory is read back, none run again
+    assert stats.sessions_stored >= len(before)  # every finished trajectory is read back, none run again
     # Runs are deterministic and a run calls each distinct request once: the resumed run calls exactly
     # the requests the killed run had not stored, so nothing already paid for is paid again.
     assert calls_resumed == calls_full - len(paid) and 0 < calls_resumed < calls_full
-    after = [json.loads(x) for x in next(store.glob("*.jsonl")).read_bytes().splitlines()][len(stored):]
+    after = stored(store)[len(before):]
     recalled = {turn["request_sha"] for t in after for turn in t["turns"] if not turn["reused"]} & paid
     assert not recalled
     assert np.array_equal(resumed.weight, full.weight) and resumed.best_generation == full.best_generation
     print(f"\nuninterrupted run: {calls_full} worker calls, {full_lines} trajectories stored")
-    print(f"killed (SIGKILL) after {len(stored)} stored trajectories holding {len(paid)} answered requests")
+    print(f"killed (SIGKILL) after {len(before)} stored trajectories holding {len(paid)} answered requests")
     print(f"resumed run: {calls_resumed} worker calls (= {calls_full} - {len(paid)}), {stats.sessions_stored} "
           f"trajectories read from the store, {stats.sessions_run} sessions run; same weights as the uninterrupted run")
 
@@ -175,13 +198,13 @@ def test_roles_checkpoint_round_trip_and_weight_sanity(tmp_path, encoder):
         save_checkpoint(tmp_path / "m2", "roles", "roles_linear", bad, fields)
 
 
-def test_svf_adapter_head_has_the_seeds_shape_and_changes_the_features(tmp_path, encoder):
+def test_svf_adapter_head_has_tinyrouters_shape_and_changes_the_features(tmp_path, encoder):
     from fugu_pipeline.session.featurize import TranscriptFeaturizer
     from fugu_pipeline.session.transcript import HeadInput
     from fugu_pipeline.train.heads import build_head
-    from fugu_pipeline.train.svf import SVFAdapter
+    from fugu_pipeline.features.svf import SVFAdapter
 
-    assert build_head("roles_linear_svf", 1024, 3, svf_size=7 * 1024).param_count() == 13_312  # the seed's head
+    assert build_head("roles_linear_svf", 1024, 3, svf_size=7 * 1024).param_count() == 13_312  # TinyRouter's head
     adapter = SVFAdapter(encoder.model)
     assert adapter.size == 64 + 32 + 32 + 64 + 64 + 64 + 64 and len(adapter.names) == 7  # q k v o gate up down
     base = TranscriptFeaturizer(encoder)
@@ -191,7 +214,17 @@ def test_svf_adapter_head_has_the_seeds_shape_and_changes_the_features(tmp_path,
     z = np.random.default_rng(0).uniform(0.5, 1.5, adapter.size)
     assert np.abs(base.with_scales(adapter, z).features(x) - ones).max() > 1e-3
     assert np.array_equal(base.features(x), ones) or np.allclose(base.features(x), ones, atol=1e-5)  # restored after use
+    # the batched runner (layers below cached, per-row scales) gives what the in-place adapter gives
+    inputs = [HeadInput(f"Task (math):\nWhat is {i} + {i}?", f"[Turn 1 · Worker · a]\n{2 * i}" if i % 2 else "")
+              for i in range(6)]
+    with adapter.applied(z):
+        direct = TranscriptFeaturizer(encoder).features(inputs)
+    assert np.allclose(base.with_scales(adapter, z).features(inputs), direct, atol=2e-5)
     res, _, _ = train_in(tmp_path / "store", encoder, RolesConfig(**{**SMALL, "generations": 2, "svf": True}))
+    # before: scales = 1 + u with the head's step (sigma 0.5 per coordinate): std 0.62 after 5 generations,
+    # 7% negative. Now z = exp(u) with its own step of 0.1: the candidates' encoders stay near the original
+    assert (res.svf_scales > 0).all()
+    assert 0.05 < res.metrics["svf_candidate_log_scale_std"] < 0.2 and res.metrics["svf_candidate_min_scale"] > 0.4
     path = res.save(tmp_path / "models")
     m = load_checkpoint(path).manifest
     assert m.head_kind == "roles_linear_svf" and m.head_shape == {"svf_size": adapter.size}
@@ -251,3 +284,29 @@ def test_coordinator_delegates_where_it_helps_and_stops_at_one_turn_where_it_onl
     assert lk["policies"]["coordinator"]["mean_turns"] < 1.35  # one turn, mostly, where more turns only cost
     assert lk["coordinator_vs_best_fixed"]["low"] > -0.15  # and no significant loss there
     assert rep["paired"]["coordinator_vs_best_fixed"]["reward"]["mean"] > 0  # worth its turns overall
+
+
+def test_uniform_start_that_nothing_beats_still_saves(tmp_path, encoder):
+    """init: uniform (the all-zero start) on a pool where every answer is wrong and turns are free:
+    no generation beats generation 0 on validation. Before: the kept head was the zero head, and
+    saving it failed ("linear.weight is all zero"). Now the best trained head is kept and saved,
+    and the manifest says it did not beat the start."""
+    import yaml
+
+    raw = yaml.safe_load(WORKERS.read_text())
+    for w in raw["workers"]:
+        w["mock"]["strengths"] = {k: 0.0 for k in w["mock"]["strengths"]}
+        w["mock"]["roles"]["plan_boost"] = {}
+        w["mock"]["roles"]["revise_boost"] = {}
+    hopeless = tmp_path / "hopeless.yaml"
+    hopeless.write_text(yaml.safe_dump(raw))
+    cfg = RolesConfig(**{**SMALL, "generations": 2, "init": "uniform", "turn_penalty": 0.0, "cost_penalty": 0.0})
+    config = load_workers_config(hopeless)
+    tasks = tasks_of()
+    with open_run(config, encoder.settings, tmp_path / "store", tasks, cfg, encoder=encoder) as run:
+        res = train_roles(run.runner, run.featurizer, config.worker_ids, split(tasks, "train"), split(tasks, "val"),
+                          cfg, log=QUIET)
+    assert res.metrics["selected"].endswith("_not_better_than_uniform_start") and res.weight.any()
+    path = res.save(tmp_path / "models")
+    ckpt = load_checkpoint(path)
+    assert not weight_sanity(ckpt.state_dict, ckpt.manifest)

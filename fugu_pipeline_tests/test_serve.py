@@ -355,7 +355,7 @@ def test_mock_workers_answer_through_the_server(provider):
 
     cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock", "mock": {"cost_usd": 0.001}} for w in WORKERS]})
     app = create_app(provider, cfg)
-    with TestClient(app) as tc:
+    with TestClient(app, base_url="http://127.0.0.1") as tc:  # a name the server answers (serve/hosts.py)
         r = tc.post("/v1/chat/completions", json={"model": "fugu-lite", "messages": ask("What is 6 times 7?")})
         assert r.status_code == 200, r.text
         body = r.json()

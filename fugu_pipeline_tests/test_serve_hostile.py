@@ -292,7 +292,7 @@ def test_cost_weight_sent_to_a_quality_head_is_used(tmp_path, stub):
         with pytest.raises(openai.NotFoundError):
             c.models.retrieve("no-such-model")
         assert dear["chosen_worker"] == "alpha"  # the cheapest worker once cost dominates
-        assert free["probabilities"] != dear["probabilities"]
+        assert free["scores"] != dear["scores"] and free["score_kind"] == "predicted_quality_minus_cost"
     finally:
         srv.stop()
 
@@ -334,7 +334,8 @@ def test_waiting_for_a_worker_slot_is_queue_time_not_worker_time(models, stub):
     finally:
         srv.stop()
     for k, info in enumerate(infos):  # one at a time through the single slot: 0, 1 and 2 calls to wait for
-        assert 190 <= info["upstream_ms"] < 400, info
+        # the last waited >= 360 ms: counted as worker time, its upstream_ms would pass 550 (slack for a loaded host)
+        assert 190 <= info["upstream_ms"] < 550, info
         assert info["queue_ms"] >= 180 * k, info
         assert info["overhead_ms"] >= info["queue_ms"] and info["latency_ms"] >= info["upstream_ms"] + info["queue_ms"]
 
@@ -360,9 +361,13 @@ def test_a_busy_serving_loop_is_booked_as_overhead_not_as_worker_time(models, st
 
         async def main():
             ac = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
-            call = asyncio.create_task(ac.chat.completions.create(model="fugu-lite", messages=ask("timed")))
-            await asyncio.sleep(0.08)  # the call is with the worker now
-            async with httpx.AsyncClient() as http:
+            async with httpx.AsyncClient() as http:  # made first: building a client takes a while on a loaded machine
+                call = asyncio.create_task(ac.chat.completions.create(model="fugu-lite", messages=ask("timed")))
+                for _ in range(500):  # until the call is with the worker (a fixed sleep raced a loaded machine)
+                    if stub.in_flight:
+                        break
+                    await asyncio.sleep(0.005)
+                assert stub.in_flight, "the timed call never reached the worker"
                 await http.get(srv.url + "/block", timeout=10)
             return await call
 
@@ -405,9 +410,9 @@ def test_a_quoted_key_never_reaches_the_502_body_or_the_server_log(models, caplo
 
 
 def test_a_wide_body_with_long_keys_is_checked_in_one_pass(server):
-    """Paths are spelled out only for an error: 100,000 values under a 1 MB key cost one pass, not
-    100,000 copies of the key."""
-    body = {"messages": ask("hi"), "x": {"k" * 1_000_000: list(range(100_000))}}
+    """Paths are spelled out only for an error: 15,000 values (under the value limit) under a 1 MB
+    key cost one pass, not 15,000 copies of the key."""
+    body = {"messages": ask("hi"), "x": {"k" * 1_000_000: list(range(15_000))}}
     t = time.perf_counter()
     r = post(server, json.dumps(body))
     assert r.status_code == 200, r.text

@@ -1,4 +1,4 @@
-"""The multi-turn session loop (DESIGN §6b) the way it runs: real HTTP workers on the loopback stub
+"""The multi-turn session loop the way it runs: real HTTP workers on the loopback stub
 server (replies by role), the mock pool with role behaviour, the tiny encoder for the window. Bad
 input never crashes a session and never loses a turn already paid for."""
 

@@ -166,9 +166,9 @@ def test_heads_param_counts():
     assert build_head("layernorm_linear", 32, 3).param_count() == 2 * 32 + 32 * 3 + 3
     assert build_head("normed_linear", 32, 3).param_count() == 32 * 3
     assert build_head("quality", 32, 3).param_count() == 2 * 32 + 32 * 3 + 3
-    assert build_head("roles_linear", 1024, 3).param_count() == 6 * 1024  # the seed's 6,144: (3 workers + 3 roles) x 1,024
+    assert build_head("roles_linear", 1024, 3).param_count() == 6 * 1024  # TinyRouter's 6,144: (3 workers + 3 roles) x 1,024
     assert set(LINEAR_HEAD_KINDS) == {"layernorm_linear", "normed_linear", "quality"}
-    assert set(HEADS) == set(LINEAR_HEAD_KINDS) | {"knn", "domain_prior", "ridge", "mlp", "ensemble", "roles_linear", "roles_linear_svf"}
+    assert set(HEADS) == set(LINEAR_HEAD_KINDS) | {"knn", "domain_prior", "ridge", "mlp", "ensemble", "roles_linear", "roles_linear_svf", "cascade", "triage_linear"}
     with pytest.raises(ValueError, match="unknown head kind"):
         build_head("transformer", 32, 3)
 

@@ -98,8 +98,8 @@ def test_triage_checkpoint_round_trip_and_refusals(data, trained, tmp_path):
     ck = load_triage(path)
     p_dom, p_diff = triage_probabilities(ck.head, data.features[:4])
     assert p_dom.shape == (4, 3) and p_diff.shape == (4, 3)
-    assert ck.manifest.worker_ids == WORKERS and ck.manifest.difficulty_names == ["hard", "medium", "easy"]
-    with pytest.raises(CheckpointError, match="feature contract does not match the encoder: encoder_id"):
+    assert ck.manifest.worker_ids == WORKERS and ck.difficulty_names == ["hard", "medium", "easy"]
+    with pytest.raises(CheckpointError, match="feature contract does not match the encoder .*encoder_id"):
         load_triage(path, expected_contract=FeatureContract(encoder_id="other", dim=24))
     raw = (path / "head.safetensors").read_bytes()
     (path / "head.safetensors").write_bytes(raw[:-8] + b"\x00" * 8)
@@ -129,3 +129,115 @@ def test_train_triage_and_its_report_from_the_command_line(tmp_path, monkeypatch
     assert "domain accuracy" in text and "difficulty confusion" in text and "routing by predicted domain" in text
     rep = json.loads((tmp_path / out[-1] / "reports" / "triage-test.json").read_text())
     assert rep["n_tasks"] == 75 and sum(map(sum, rep["domain"]["confusion"])) == 75
+
+
+def test_a_triage_manifest_with_reordered_domains_is_refused(data, trained, tmp_path):
+    """Before: `load_triage` skipped the fingerprint, content-hash and folder checks, so a manifest
+    with reordered `domains` (every prediction mislabelled) loaded silently. Now a triage head has
+    the checkpoint Manifest and its one verified loader; a pack of one is refused by preflight."""
+    from fugu_pipeline.evaluate.gates import GateConfig
+    from fugu_pipeline.evaluate.preflight import preflight
+    from fugu_pipeline.train.checkpoints import Manifest
+    from fugu_pipeline.train.exchange import PACK_FILES, pack
+    from fugu_pipeline.train.signing import accept_key, new_key_pair, sign_pack
+
+    path = trained.save(tmp_path / "models")
+    assert Manifest.model_validate_json((path / "manifest.json").read_text()).head_params["domains"] == DOMAINS
+    private, public = new_key_pair()
+    accept_key(tmp_path / "host", "alice", public)
+    p = pack(path, tmp_path / "pack", ledger=None, signing_key=private)
+    for where in (path, p):
+        m = json.loads((where / "manifest.json").read_text())
+        m["head_params"]["domains"] = list(reversed(m["head_params"]["domains"]))
+        (where / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match="content_hash does not match its weights and fields"):
+        load_triage(path)
+    sign_pack(p, list(PACK_FILES), private)  # re-signed: only the manifest check can object
+    result = preflight(p, tmp_path / "host", GateConfig())
+    line = next(g.line() for g in result.gates if not g.ok)
+    print("\n" + line)
+    assert not result.ok and line.startswith("FAIL manifest: its content_hash does not match its weights and fields")
+
+
+def test_triage_heads_go_through_the_one_contest(data, trained, tmp_path):
+    """Before: triage heads had no king, no +0.02, no 1/day and no size rule. Now the one contest:
+    0.7 domain + 0.3 difficulty on the host's test rows, the majority label to beat, king + 0.02,
+    one attempt a day, under 1M parameters."""
+    from fugu_pipeline.evaluate.contest import run_contest
+    from fugu_pipeline.evaluate.gates import GateConfig
+    from fugu_pipeline.evaluate.promotion import PromotionPolicy
+    from fugu_pipeline.evaluate.triage_promotion import TriageKind
+    from fugu_pipeline.train.pointer import TRIAGE_POINTER, read_pointer
+
+    models = tmp_path / "models"
+    open_gates = PromotionPolicy(gates=GateConfig(rate_limit_s=0))
+    good = trained.save(models)
+    out = run_contest(TriageKind(data), [str(good)], models, open_gates)
+    print("\n" + "\n".join(out["reasons"]))
+    assert out["promoted"] and read_pointer(models, TRIAGE_POINTER)["content_hash"] == good.name
+    assert any(r.startswith("challenger composite") and "0.7 domain + 0.3 difficulty accuracy" in r for r in out["reasons"])
+    assert any(r.startswith("PASS size: 384 parameters") or r.startswith("PASS size: 144 parameters") for r in out["reasons"])
+    c = out["contest"]["challenger"]
+    assert [r["benchmark"] for r in c["benchmarks"]] == ["all"] and c["benchmarks"][0]["left_out"] == ["live", "novelty"]
+    # a weaker head does not reach king + 0.02: refused with its reasons
+    weak = train_triage(data, TriageConfig(epochs=3, lr=1e-4, seed=1)).save(tmp_path / "elsewhere")  # three epochs, barely moved
+    out = run_contest(TriageKind(data), [str(weak)], models, open_gates)
+    print("\n".join(out["reasons"]))
+    assert not out["promoted"] and any(r.startswith(f"FAIL promoted (triage {good.name}): composite") for r in out["reasons"])
+    # the king again: a duplicate; one attempt a day
+    out = run_contest(TriageKind(data), [str(good)], models, open_gates)
+    assert any("FAIL duplicate: behaves like triage" in r for r in out["reasons"])
+    daily = PromotionPolicy()
+    assert run_contest(TriageKind(data), [str(weak)], tmp_path / "m2", daily)["contest"] is not None
+    out = run_contest(TriageKind(data), [str(good)], tmp_path / "m2", daily)
+    assert out["reasons"][0].startswith("FAIL rate limit: 'pipeline' made an attempt at")
+    # a head of a million parameters or more is refused before it is scored
+    big = TriageHead(dim=170_000, n_domains=3, n_difficulty=3)
+    with torch.no_grad():
+        for p in big.parameters():
+            p.normal_()
+    from fugu_pipeline.train.checkpoints import save_checkpoint
+
+    path = save_checkpoint(tmp_path / "big", "triage", "triage_linear", big.state_dict(), {
+        "head_params": trained.head_params(), "worker_ids": WORKERS, "feature_contract": FeatureContract(
+            encoder_id="synthetic", dim=170_000), "data_version": data.data_version, "curves": trained.curves,
+        "metrics": trained.metrics})
+    out = run_contest(TriageKind(data), [str(path)], models, open_gates)
+    assert not out["promoted"] and any("FAIL size: 1,020,000 parameters (not < 1,000,000)" in r for r in out["reasons"])
+
+
+def test_two_triage_attempts_at_once_the_second_faces_the_new_king(data, trained, tmp_path, monkeypatch):
+    """The one contest's lock and compare-and-swap, for the triage kind: of two attempts started
+    together, one faces nothing and the other waits and faces the head the first promoted."""
+    import threading
+    import time
+
+    from fugu_pipeline.evaluate import contest
+    from fugu_pipeline.evaluate.gates import GateConfig
+    from fugu_pipeline.evaluate.promotion import PromotionPolicy
+    from fugu_pipeline.evaluate.triage_promotion import TriageKind
+
+    models = tmp_path / "models"
+    heads = {"alice": trained.save(tmp_path / "a"), "bob": train_triage(data, TriageConfig(epochs=60, seed=1)).save(tmp_path / "b")}
+    slow_decide = contest.decide
+
+    def slow(*args, **kw):  # the race window: scoring takes a while
+        time.sleep(1.0)
+        return slow_decide(*args, **kw)
+
+    monkeypatch.setattr(contest, "decide", slow)
+    outcomes = {}
+    open_gates = PromotionPolicy(gates=GateConfig(rate_limit_s=0))
+    threads = [threading.Thread(target=lambda w=w: outcomes.__setitem__(w, contest.run_contest(
+        TriageKind(data), [str(heads[w])], models, open_gates, submitter=w))) for w in heads]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)
+    for t in threads:
+        t.join()
+    facing_nothing = [w for w, o in outcomes.items() if "PASS promoted: nothing promoted yet" in o["reasons"]]
+    assert len(facing_nothing) == 1
+    other = next(w for w in outcomes if w not in facing_nothing)
+    assert any(r.startswith(("PASS promoted (triage", "FAIL promoted (triage")) for r in outcomes[other]["reasons"])
+    hist = [json.loads(x) for x in (models / "promoted" / "triage-history.jsonl").read_text().splitlines()]
+    assert len(hist) == 2 and {h["submitter"] for h in hist} == {"alice", "bob"}

@@ -1,5 +1,6 @@
-"""Write the BenchGen batch of the two multi-turn task families (`multistep`, where delegation
-helps, and `lookup`, where it only costs); see `fugu_pipeline/testing/roles_batch.py`.
+"""Write the BenchGen batch of the three multi-turn task families (`multistep`, where a plan helps,
+`checking`, where a check helps, and `lookup`, where delegation only costs); see
+`fugu_pipeline/testing/roles_batch.py`.
 
 Run: python scripts/make_roles_batch.py [--n-per-family 100] [--out data/roles/roles.jsonl]
 Put the file in a project's data/benchgen/ to run the pipeline on it (not the shipped project's:
@@ -20,7 +21,8 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=0, help="first task number (a new range for a new batch)")
     args = ap.parse_args()
     path = write_roles_batch(args.out, args.n_per_family, args.seed, args.start)
-    print(f"wrote {2 * args.n_per_family} tasks to {path}")
+    n = sum(1 for line in path.read_text().splitlines() if line.strip())
+    print(f"wrote {n} tasks ({args.n_per_family} per family) to {path}")
 
 
 if __name__ == "__main__":

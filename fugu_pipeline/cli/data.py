@@ -50,11 +50,15 @@ def cmd_generate(args) -> int:
     batch = "cli"
     n = len(tasks) if args.limit is None else min(args.limit, len(tasks))
     bar = tqdm(total=n * len(config.worker_ids), unit="call", desc="generate")
+    from fugu_pipeline.ledger import LEDGER_FILE, CostLedger
+
+    ledger = CostLedger(args.ledger or LEDGER_FILE)  # every paid call (a pack's receipt cites it)
     try:
         for w in config.worker_ids:
             done = store.read(batch, w)
             bar.update(sum(1 for t in tasks[:n] if t.task_id in done and done[t.task_id].status == "ok"))
-            stats = asyncio.run(collect_partition(tasks[:n], batch, w, config, store, on_record=lambda r: bar.update(1)))
+            stats = asyncio.run(collect_partition(tasks[:n], batch, w, config, store, on_record=lambda r: bar.update(1),
+                                                  ledger=ledger))
             if stats.skipped_note:
                 bar.write(f"{w}: {stats.skipped_note}")
             if stats.n_failed:
@@ -66,10 +70,12 @@ def cmd_generate(args) -> int:
         raise CLIError(str(exc)) from None
     except KeyboardInterrupt:  # Ctrl-C: every finished cell is stored already
         bar.close()
+        ledger.close()
         print(f"fugu-lite generate: interrupted; the finished cells are kept in {store_root}: run the same "
               "command with --resume to continue", file=sys.stderr)
         return 130
     bar.close()
+    ledger.close()
     rows = []
     recs = {w: store.read(batch, w) for w in config.worker_ids}
     for t in tasks[:n]:
@@ -149,8 +155,31 @@ def cmd_import(args) -> int:
         if "test_fraction" not in str(exc):
             raise
         raise CLIError(f"--test-fraction and --val-fraction: {exc}") from None
+    note = _record_import(Path(args.output), args.ledger)
+    if note:
+        summary["ledger"] = note
     print_json(summary)
     return 0
+
+
+def _record_import(out: Path, ledger_path: str | None) -> str | None:
+    """One `import` line in the cost ledger: what the imported calls cost, as the data records it
+    (a receipt of a head trained on it may then claim that cost). None when it records no cost."""
+    import hashlib
+    import math
+
+    from fugu_pipeline.ledger import LEDGER_FILE, CostLedger
+    from fugu_pipeline.matrix.import_format import read_reward_jsonl
+
+    total = 0.0
+    for row in read_reward_jsonl(out):
+        total += sum(c for c in (row.cost_usd or []) if c is not None and math.isfinite(c) and c > 0)
+    if total <= 0:
+        return None
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()[:16]
+    with CostLedger(ledger_path or LEDGER_FILE) as ledger:
+        e = ledger.append("import", total, ref=f"{out.name}@{digest}")
+    return f"{ledger.path} line {e.seq}: import of ${total:.4f}"
 
 
 def cmd_convert(args) -> int:

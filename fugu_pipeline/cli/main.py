@@ -1,5 +1,5 @@
 """`fugu-lite`: the command line. Thin: every command calls the same core functions as the
-Dagster assets (DESIGN §2). Heavy imports (torch, transformers, dagster) happen inside the
+Dagster assets. Heavy imports (torch, transformers, dagster) happen inside the
 command that needs them, so `fugu-lite --help` is instant."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "the ridge and MLP heads read them, kNN reads only the embedding")
 
     def data_opts(p):
-        p.add_argument("--data", required=True, help="reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")
+        p.add_argument("--data", required=True, help="reward-matrix JSONL or a reward_matrix.duckdb")
         p.add_argument("--workers", "--reward-config", dest="reward_config", default=None, metavar="YAML",
                        help="the YAML whose reward: block gives the utility weights: the worker YAML generate and "
                             "pipeline --workers read (or a file with only reward:). Needed for a JSONL whose rows "
@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--prompt", required=True)
         p.add_argument("--allowed", nargs="+", default=None,
                        help="only route among these workers: the router's ids, or with --workers configured ids")
-        p.add_argument("--cost-weight", type=float, default=None, help="quality heads: λ in quality − λ·cost")
+        p.add_argument("--cost-weight", type=float, default=None, help="'quality' heads: λ in quality − λ·cost (refused for the "
+                       "other kinds, whose route it cannot move: use a budget)")
         budget_opts(p)
         encoder_opts(p)
 
@@ -115,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True)
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks (check prompts, grading, billing)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run: only missing or failed cells are called")
+    p.add_argument("--ledger", default=None, help="the cost ledger every paid call is appended to (default "
+                   "data/ledger/costs.jsonl); `fugu-lite pack` puts it in the pack, whose receipt cites it")
 
     p = add("convert", data.cmd_convert, "write a BenchGen batch file from a standard benchmark (MATH-500, GSM8K, "
             "SVAMP, AIME24, AMC23, Minerva math, MMLU-STEM, HumanEval)")
@@ -126,10 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=["routellm-gsm8k", "routellm-mmlu", "routellm-mtbench", "routellm-csv", "dcrouter", "jsonl", "table", "long"])
     p.add_argument("path", help="the upstream file or folder")
     p.add_argument("--output", required=True)
+    p.add_argument("--ledger", default=None, help="the cost ledger the import's recorded cost is appended to "
+                   "(default data/ledger/costs.jsonl)")
     p.add_argument("--seed", type=int, default=None,
                    help="split assignment seed (default 0); a jsonl row that names its split keeps it")
     p.add_argument("--test-fraction", type=float, default=None,
-                   help="routellm-*, table, long: share of prompts held out as test (default 0.3; the issue-12 protocol uses 0.5); "
+                   help="routellm-*, table, long: share of prompts held out as test (default 0.3; the routing study's protocol uses 0.5); "
                         "jsonl: draw splits (test this share, default 0.3) for the rows without a 'split' field; "
                         "dcrouter's test split is its upstream test file")
     p.add_argument("--val-fraction", type=float, default=None,
@@ -181,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         if method == "sft":
             prompt_rules_opt(p)
 
-    p = add("train", training.cmd_train_heads, "fit the configured heads (kNN, domain prior, MLP, ensemble, SFT) on a "
+    p = add("train", training.cmd_train_heads, "fit the configured heads (kNN, domain prior, ridge, MLP, ensemble, SFT) on a "
             "reward matrix, choose one by K-fold validation over the non-test rows, print its checkpoint directory last")
     p.add_argument("--config", default=None, help="heads and grids (default: configs/train.yaml when present, else the "
                    "same built-in defaults)")
@@ -202,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out the lexical statistics block even where the config's features.lexical turns it "
                         "on (default: the config's, on)")
     prompt_rules_opt(p, default=None)
+    p.add_argument("--cap", default=None, metavar="share=F|usd_per_1k=D", help="cascades: a cost cap for every domain, "
+                   "a share of the strongest worker's cost or dollars per 1,000 requests (default: the config's cascade.cap)")
+    p.add_argument("--domain-cap", action="append", default=None, metavar="DOMAIN:share=F",
+                   help="cascades: a cap for one domain (repeatable); that domain gets its own plan")
+    p.add_argument("--per-domain", action="store_true", help="cascades: a plan per domain (with enough rows), not one for all")
 
     p = add("evaluate", training.cmd_evaluate, "write the held-out report of a checkpoint (JSON + plots)")
     p.add_argument("--checkpoint", required=True, help="the path train-* printed, or a models folder holding exactly one checkpoint")
@@ -214,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default=None, help="promotion policy YAML (composite weights; default: configs/promotion.yaml)")
     budget_opts(p, "report the operating point for a cap: λ chosen on validation, scored on --split")
 
-    harness.add_commands(add, data_opts)  # baseline, pack, preflight, validate, train-triage, triage-report
+    harness.add_commands(add, data_opts)  # baseline, keygen, accept-key, pack, preflight, validate, train-triage, triage-report
 
     p = add("evaluate-roles", roles.cmd_evaluate_roles, "the held-out multi-turn report of a coordinator on a "
             "project's tasks (vs the one-step router and the best fixed worker); --promote to face the king")
@@ -254,6 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="encoder dtype (auto: the embedding step's rule, bf16 on GPUs and CPUs with native bf16)")
     p.add_argument("--max-body-bytes", type=int, default=2 << 20, help="larger request bodies get a 413")
+    p.add_argument("--max-json-values", type=int, default=20_000, help="request bodies holding more JSON values "
+                   "(strings, numbers, objects, lists, at any depth) get a 413")
+    p.add_argument("--allowed-host", action="append", metavar="NAME", help="one more name clients may reach the "
+                   "server by (the Host header; repeatable; '*.example.com' for its subdomains, '*' for any): other "
+                   "names than the bound address's get a 400, against DNS rebinding")
+    p.add_argument("--auth-cooldown-s", type=float, default=60.0, help="a worker whose key is refused (HTTP "
+                   "401/402/403) is not called again for this long (0: called on every request)")
     p.add_argument("--batch-window-ms", type=float, default=3.0, help="how long a request waits for others to batch with")
     p.add_argument("--max-batch", type=int, default=32, help="prompts per routing batch (1: no batching)")
     p.add_argument("--shutdown-grace-s", type=float, default=5.0, help="on SIGTERM/SIGINT, how long replies in flight get "
@@ -296,10 +313,12 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fugu_pipeline.workers.catalog import CatalogError
     from fugu_pipeline.workers.config import WorkerConfigError
     from fugu_pipeline.workers.contract import WorkerCallError
+    from fugu_pipeline.ledger import LedgerError
+    from fugu_pipeline.train.signing import SigningError
 
     return (CatalogError, CheckpointError, EncoderLoadError, RewardMatrixError, RouterError, TaskFileError,
             ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError, BudgetError,
-            PartitionBusyError)
+            PartitionBusyError, LedgerError, SigningError)
 
 
 if __name__ == "__main__":

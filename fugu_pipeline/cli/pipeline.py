@@ -71,7 +71,7 @@ def cmd_pipeline(args) -> int:
         if r:
             print(f"{m:>3}: router {r['router_utility']:.4f} vs best fixed ({r['best_fixed_worker']}) "
                   f"{r['best_fixed_utility']:.4f}, oracle {r['oracle_utility']:.4f}; router − best fixed {r['router_minus_best_fixed']}")
-            if "composite" in r:  # the harness rows (issue 14): baselines and the seed's composite
+            if "composite" in r:  # the harness rows: baselines and TinyRouter's composite
                 cf = (f"cross-fit oracle {r['cross_fit_oracle_utility']:.4f}, headroom {r['headroom']:.4f}"
                       if "headroom" in r else f"cross-fit oracle {r.get('cross_fit_oracle_note')}")
                 print(f"     random {r['random_utility_95']}, {cf}; composite {r['composite']:.4f}"
@@ -80,6 +80,8 @@ def cmd_pipeline(args) -> int:
     if t:
         print(f"triage: domain accuracy {t['domain_accuracy']:.4f} (majority {t['domain_majority_baseline']:.4f}), "
               f"difficulty accuracy {t['difficulty_accuracy']:.4f} (majority {t['difficulty_majority_baseline']:.4f})")
+        if "promoted" in t:
+            print(f"triage promotion: {'promoted' if t['promoted'] else 'no change'}")
     p = results.get("promoted_router")
     if p:
         print(f"promotion: {'promoted ' + str(p.get('challenger')) if p.get('promoted') else 'no change'}")

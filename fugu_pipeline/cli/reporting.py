@@ -15,26 +15,41 @@ def policy(args):
 
 def live_for(args, data):
     """The live evaluator (the worker YAML's pool) and the tasks with graders, or (None, None)."""
-    from fugu_pipeline.evaluate.live import OneCallEvaluator, tasks_by_id
+    from fugu_pipeline.evaluate.live import live_evaluator, tasks_by_id
     from fugu_pipeline.workers.config import load_workers_config
 
     tasks_path = args.tasks or ("data/benchgen" if Path("data/benchgen").is_dir() else None)
     if not args.reward_config or tasks_path is None:
         print("live term: not measured (needs --workers W.yaml with workers and --tasks)", file=sys.stderr)
         return None, None
+    if not _names_workers(args.reward_config):  # utility weights only (configs/reward.quality.yaml): a note, not an error
+        print(f"live term: not measured ({args.reward_config} gives the utility weights only, no workers to call; "
+              "pass a worker YAML with --workers to measure it)", file=sys.stderr)
+        return None, None
     try:
         config = load_workers_config(args.reward_config)
-    except Exception as exc:  # a YAML with only reward: has no workers to call
-        print(f"live term: not measured ({args.reward_config} names no workers to call: {exc})", file=sys.stderr)
+    except Exception as exc:  # a worker YAML that does not load: its one-line error
+        print(f"live term: not measured ({exc})", file=sys.stderr)
         return None, None
-    return OneCallEvaluator(config), tasks_by_id(tasks_path)
+    return live_evaluator(config, getattr(args, "project_dir", None) or "."), tasks_by_id(tasks_path)
+
+
+def _names_workers(path) -> bool:
+    """Whether a YAML has a `workers:` key (a worker config), as opposed to a `reward:` block alone."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return True  # let the worker-config loader say what is wrong with it
+    return not isinstance(doc, dict) or "workers" in doc
 
 
 def composite_for_report(rep: dict, ckpt, data, args, features=None) -> None:
     """`fugu-lite evaluate`: the composite against the king of --models-dir, live where it can; the
     king reads its own features of the same rows from `features` (a FeatureSource), as promotion
     scores it."""
-    from fugu_pipeline.evaluate.contest import add_composite
+    from fugu_pipeline.evaluate.router_contest import add_composite
 
     live, tasks = live_for(args, data)
     add_composite(rep, ckpt, data, args.models_dir, policy(args).composite, live=live, tasks=tasks, features=features)
@@ -64,28 +79,35 @@ def print_report_tables(rep: dict) -> None:
 def print_groups(rep: dict) -> None:
     """Per domain and per tag: n, router against the best fixed worker on the same metric (quality
     against the best on training quality, utility against the best on training utility), the
-    oracle, and the realised cost per 1,000 requests of the routes and of that best fixed worker."""
+    oracle, and the realised cost per 1,000 requests of the routes and of that best fixed worker.
+    A tag's figures are averaged over its rows, and (`macro`) over its domains as well."""
     from fugu_pipeline.evaluate.plots import shown_name
 
     quality = "best_fixed_quality_worker" in rep
     metric, fixed = ("quality", rep.get("best_fixed_quality_worker")) if quality else ("utility", rep["best_fixed_worker"])
+    names = ("router_quality", "best_fixed_quality", "oracle_quality") if quality else ("router", "best_fixed", "oracle")
     for key, label in (("per_domain", "domain"), ("per_tag", "tag")):
         rows = rep.get(key)
         if not rows:
             continue
         cost = "router_cost_usd" in rows[0]
-        print(f"per {label} ({metric}; best fixed = {fixed}, chosen on train{'; cost in $ per 1,000 requests' if cost else ''}):")
+        macro = "macro" in rows[0]
+        how = "; a tag's figures averaged over its rows, and over its domains (macro: each domain's mean, then their mean)" \
+            if macro else ("; averaged over the tag's rows" if label == "tag" else "")
+        print(f"per {label} ({metric}; best fixed = {fixed}, chosen on train{how}"
+              f"{'; cost in $ per 1,000 requests' if cost else ''}):")
         head = f"  {label:<28} {'n':>5} {'router':>8} {'fixed':>8} {'oracle':>8}"
+        if macro:
+            head += f" {'domains':>7} {'macro router':>12} {'macro fixed':>11} {'macro oracle':>12}"
         print(head + (f" {'router $':>10} {'fixed $':>10}" if cost else ""))
         for r in rows:
-            if quality:
-                vals = (r["router_quality"], r["best_fixed_quality"], r["oracle_quality"])
-                fc = r.get("best_fixed_quality_cost_usd")
-            else:
-                vals = (r["router"], r["best_fixed"], r["oracle"])
-                fc = r.get("best_fixed_cost_usd")
+            vals = [r[k] for k in names]
+            fc = r.get("best_fixed_quality_cost_usd" if quality else "best_fixed_cost_usd")
             name = shown_name(r[label], 26) + " *" if r.get("seen_in_training") is False else shown_name(r[label], 28)
             line = f"  {name:<28} {r['n']:>5} {vals[0]:8.4f} {vals[1]:8.4f} {vals[2]:8.4f}"
+            if macro:
+                m = r["macro"]
+                line += f" {m['domains']:>7} {m[names[0]]:12.4f} {m[names[1]]:11.4f} {m[names[2]]:12.4f}"
             if cost:
                 line += f" {r['router_cost_usd'] * 1000:10.4g} {fc * 1000:10.4g}"
             print(line)

@@ -19,16 +19,16 @@ def cmd_ask_multi_turn(args) -> int:
     from dotenv import load_dotenv
 
     from fugu_pipeline.route.roles import PromotedRoles, RolesCoordinator
-    from fugu_pipeline.session.callers import ClientCaller, SessionBudget
+    from fugu_pipeline.session.callers import ClientCaller, SessionBudget, SpendCaps
     from fugu_pipeline.workers.config import load_workers_config
 
     check_prompt(args.prompt)
     one_step = [f for f, v in (("--cost-weight", args.cost_weight), ("--budget-usd-per-1k", args.budget_usd_per_1k),
                                ("--budget-share", args.budget_share), ("--budget-margin-z", args.budget_margin_z))
                 if v is not None]
-    if one_step:  # they would be ignored: the session's spend is capped by max_usd_per_run instead
+    if one_step:  # they would be ignored: the session's spend is capped by the worker config instead
         raise CLIError(f"{', '.join(one_step)}: only for one-step routing; a multi-turn session's spend is "
-                       f"capped by max_usd_per_run in {args.workers}")
+                       f"capped by max_usd_per_session (and max_usd_per_run) in {args.workers}")
     load_dotenv(override=False)
     config = load_workers_config(args.workers)
     coord = (RolesCoordinator.load(args.checkpoint, device=args.device, encoder=args.encoder) if args.checkpoint
@@ -40,18 +40,22 @@ def cmd_ask_multi_turn(args) -> int:
     async def run():
         caller = ClientCaller.from_config(config, coord.worker_ids)
         try:
+            caps = SpendCaps(SessionBudget(config.max_usd_per_session), SessionBudget(config.max_usd_per_run))
             return await coord.session(args.prompt, args.domain, caller, seed=args.seed, allowed=args.allowed,
-                                       budget=SessionBudget(config.max_usd_per_run))
+                                       budget=caps)
         finally:
             await caller.aclose()
 
     tr = asyncio.run(run())
-    print(tr.answer if tr.answer is not None else "(no turn produced an answer)")
+    print(tr.answer if tr.answer is not None else "(no committed answer)")
     print_json({"fugu_lite": {"mode": "multi_turn", "coordinator": coord.tag, "stop_reason": tr.stop_reason,
                               "committed_turn": tr.committed_turn, "turns": [turn_summary(t) for t in tr.turns],
                               "cost_usd": tr.cost_usd, "latency_s": tr.latency_s, "error": tr.error}})
-    if tr.answer is None and tr.stop_reason in ("all_workers_failed", "fatal", "budget"):
-        raise CLIError(f"the session ended without an answer ({tr.stop_reason}): {tr.error}")
+    if tr.answer is None:
+        why = {"max_turns": f"the coordinator used all {len(tr.turns)} turns without committing an answer"}.get(
+            tr.stop_reason, tr.error or tr.stop_reason)
+        raise CLIError(f"the session ended without a committed answer ({tr.stop_reason}): {why}; "
+                       f"{len(tr.turns)} turn(s) cost ${tr.cost_usd:.6f}")
     return 0
 
 

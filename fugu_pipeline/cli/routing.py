@@ -7,11 +7,11 @@ from fugu_pipeline.cli.common import CLIError, check_prompt, print_json
 
 def _router(args):
     from fugu_pipeline.cli.training import encoder_settings
+    from fugu_pipeline.route.cascade import load_router
     from fugu_pipeline.route.promoted import load_promoted
-    from fugu_pipeline.route.router import Router
 
     if args.checkpoint:
-        router = Router.load(args.checkpoint, device=args.device, dtype=args.dtype, encoder=args.encoder)
+        router = load_router(args.checkpoint, device=args.device, dtype=args.dtype, encoder=args.encoder)
     else:
         router = load_promoted(args.models_dir, device=args.device, dtype=args.dtype, encoder=args.encoder).router
     encoder_settings(args, args.encoder, router.checkpoint.manifest.feature_contract)  # refuses contradicting flags
@@ -32,10 +32,26 @@ def _route_kwargs(args, router, config=None) -> dict:
     budget = budget_of(args)
     if budget is not None and args.cost_weight is not None:
         raise CLIError("give --cost-weight or a budget (--budget-usd-per-1k / --budget-share), not both")
+    if args.cost_weight is not None:
+        problem = router.cost_weight_problem()  # a flag that cannot move the route is refused, never ignored silently
+        if problem:
+            hint = ": --budget-share S or --budget-usd-per-1k USD" if "cost cap" in problem else ""
+            raise CLIError(f"--cost-weight: {problem}{hint} (checkpoint {router.path})")
     allowed = args.allowed
     if allowed is not None and config is not None:
         allowed = [config.routed_id(w, router.worker_ids) for w in allowed]
     return {"allowed": allowed, "cost_weight": args.cost_weight, "budget": budget}
+
+
+def scores_of(d) -> dict:
+    """What the head scored each worker on, named for what it is (`score_kind`); `probabilities` only
+    where the head is a policy and they are its probabilities."""
+    from fugu_pipeline.route.router import POLICY_PROBABILITY
+
+    out = {"scores": d.scores, "score_kind": d.score_kind}
+    if d.score_kind == POLICY_PROBABILITY:
+        out["probabilities"] = d.scores
+    return out
 
 
 def cmd_route(args) -> int:
@@ -47,7 +63,8 @@ def cmd_route(args) -> int:
         config = load_workers_config(args.workers)
     router = _router(args)
     d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
-    print_json({"worker": d.worker_id, "probabilities": d.probabilities, "ranking": d.ranking, "checkpoint": d.checkpoint,
+    print_json({"worker": d.worker_id, **scores_of(d), "ranking": d.ranking, "checkpoint": d.checkpoint,
+                 **({"cascade": d.extra["cascade"]["describe"]} if "cascade" in d.extra else {}),
                 **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
                 **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {})})
     return 0
@@ -71,6 +88,8 @@ def cmd_ask(args) -> int:
     config = load_workers_config(args.workers)
     router = _router(args)
     d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
+    if "cascade" in d.extra:  # a cascade checkpoint: step by step, the same clients and fallback
+        return _ask_cascade(args, config, router, d)
     errors = []
 
     async def call():
@@ -92,11 +111,43 @@ def cmd_ask(args) -> int:
 
     wid, comp = asyncio.run(call())
     print(comp.answer)
-    print_json({"fugu_lite": {"chosen": d.worker_id, "served_by": wid, "probabilities": d.probabilities,
+    print_json({"fugu_lite": {"chosen": d.worker_id, "served_by": wid, **scores_of(d),
                                "latency_s": comp.latency_s, "cost_usd": comp.cost_usd, "fallback_errors": errors,
                                **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
                                **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {})}})
     return 0
+
+
+def _ask_cascade(args, config, router, d) -> int:
+    import asyncio
+
+    from fugu_pipeline.route.cascade import run_cascade
+    from fugu_pipeline.workers.factory import make_client
+
+    async def call(routed: str):
+        try:
+            spec = config.worker(routed)
+        except KeyError as exc:
+            raise CLIError(f"{exc.args[0]} ({args.workers})") from None
+        client = make_client(spec, config)
+        try:
+            return await client.complete([{"role": "user", "content": args.prompt}])
+        finally:
+            await client.aclose()
+
+    run = asyncio.run(run_cascade(router, args.prompt, args.domain, d, call, verify=_now(router)))
+    if run.answer is None:
+        raise CLIError(f"every worker failed: {run.fallback_errors}")
+    print(run.answer.answer)
+    print_json({"fugu_lite": {"mode": "cascade", **run.info(), "fallback_errors": run.fallback_errors,
+                               **({"budget": d.extra["budget"]} if "budget" in d.extra else {})}})
+    return 0
+
+
+def _now(router):
+    async def verify(*a):
+        return router.verify(*a)
+    return verify
 
 
 def cmd_serve(args) -> int:
@@ -105,8 +156,14 @@ def cmd_serve(args) -> int:
 
     if args.shutdown_grace_s < 0:
         raise CLIError(f"--shutdown-grace-s must be >= 0 seconds, got {args.shutdown_grace_s:g}")
+    if args.max_json_values < 1:
+        raise CLIError(f"--max-json-values must be >= 1, got {args.max_json_values}")
+    if not args.auth_cooldown_s >= 0:
+        raise CLIError(f"--auth-cooldown-s must be >= 0 seconds (0: never keep a worker out), got {args.auth_cooldown_s:g}")
     serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port, api_token=args.token,
           device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
           max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
-          log_level=args.log_level, default_budget=budget_of(args), shutdown_grace_s=args.shutdown_grace_s)
+          log_level=args.log_level, default_budget=budget_of(args), shutdown_grace_s=args.shutdown_grace_s,
+          max_json_values=args.max_json_values, allowed_hosts=tuple(args.allowed_host or ()),
+          auth_cooldown_s=args.auth_cooldown_s)
     return 0

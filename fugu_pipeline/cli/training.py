@@ -1,7 +1,7 @@
 """Training and evaluation commands over a reward-matrix JSONL or DuckDB file: `train` (the
 configured heads, chosen on validation), `train-sft`, `train-rl`, `train-es`, `evaluate`.
 
-One meaning per setting (DESIGN §2): the utility comes from the same `reward:` block as in the
+One meaning per setting: the utility comes from the same `reward:` block as in the
 assets. A JSONL whose rows carry `quality` is turned into utility with the weights of
 `--workers W.yaml` (the worker YAML `generate` and `fugu-lite pipeline --workers` read; a file
 holding only `reward:` works too), through the same matrix build as the `reward_matrix` asset. A
@@ -96,13 +96,13 @@ def matrix_db(args) -> Path:
         if value is not None and Path(value).exists() and not Path(value).is_dir():
             raise CLIError(f"--{flag.replace('_', '-')} {value} is a file; pass a folder (created when missing)")
     if not data_path.exists():
-        raise CLIError(f"--data {args.data}: no such file; pass a reward-matrix JSONL (DESIGN §4) or a reward_matrix.duckdb")
+        raise CLIError(f"--data {args.data}: no such file; pass a reward-matrix JSONL or a reward_matrix.duckdb")
     if data_path.is_dir():
-        raise CLIError(f"--data {args.data} is a folder; pass the reward-matrix JSONL (DESIGN §4) or the reward_matrix.duckdb "
+        raise CLIError(f"--data {args.data} is a folder; pass the reward-matrix JSONL or the reward_matrix.duckdb "
                        "file in it")
     if not data_path.is_file():  # a FIFO or a device: DuckDB (or the hash below) would wait on it for ever
         raise CLIError(f"--data {args.data} is not a regular file (a FIFO, socket or device); pass a reward-matrix JSONL "
-                       "(DESIGN §4) or a reward_matrix.duckdb file")
+                       "or a reward_matrix.duckdb file")
     weights, source = utility_weights(args)
     if data_path.suffix == ".duckdb":
         built = read_utility_config(data_path)
@@ -327,6 +327,14 @@ def cmd_evaluate(args) -> int:
     contract = probe.manifest.feature_contract
     settings = encoder_settings(args, args.encoder, contract, probe.manifest.metrics)
     data = routing_data(args, settings=settings)
+    if probe.manifest.head_kind == "cascade":  # scored from the recorded replies (evaluate/cascade.py)
+        from fugu_pipeline.evaluate.cascade import evaluate_cascade, report_lines
+
+        rep = evaluate_cascade(path, data, matrix_db(args), settings, Path(args.cache_dir), args.split, out.parent)
+        for line in report_lines(rep):
+            print(line)
+        print(f"report: {rep['report_path']}")
+        return 0
     expected = data.contract if args.encoder is None else data.contract.model_copy(update={"encoder_id": contract.encoder_id})
     ckpt = load_checkpoint(path, expected_contract=expected)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"checkpoint {path}")
@@ -371,6 +379,7 @@ def cmd_train_heads(args) -> int:
     if config is None and Path(DEFAULT_TRAIN_CONFIG).exists():
         config = DEFAULT_TRAIN_CONFIG
     cfg = load_config(config, TrainSetConfig) if config else TrainSetConfig()
+    cfg = cascade_flags(args, cfg)
     overrides = {k: v for k, v in (("objective", args.objective), ("selection_rule", args.selection_rule),
                                    ("folds", args.folds), ("seed", args.seed)) if v is not None}
     if overrides:
@@ -405,8 +414,47 @@ def cmd_train_heads(args) -> int:
         figs = ", ".join(f"{k} {v:.4f}" for k, v in s.figures.items())
         print(f"{'*' if s.selected else ' '} {s.kind:<12} {s.name}: {figs} -> {s.path}")
     print(f"selected ({by}): {report.selected} — {report.reason}")
-    print(report.selected_path())
+    shipped = report.selected_path()
+    from fugu_pipeline.route.router import encoder_settings_for
+    from fugu_pipeline.train.cascade_train import train_cascade
+
+    result = train_cascade(data, matrix_db(args), encoder_settings_for(data.contract, args.device, args.dtype),
+                           Path(args.cache_dir), cfg, selection[0], report.saved, Path(args.output), log, recorded)
+    if result is not None:
+        for line in result.lines():
+            print(line)
+        shipped = result.shipped_path
+    print(shipped)
     return 0
 
 
 DEFAULT_TRAIN_CONFIG = "configs/train.yaml"
+
+
+def cascade_flags(args, cfg):
+    """`--cap share=0.3` (or usd_per_1k=2.5), `--domain-cap math:share=0.2` (repeatable) and
+    `--per-domain` onto the config's `cascade:` block; a malformed one is a CLIError naming it."""
+    cap, caps, per = getattr(args, "cap", None), getattr(args, "domain_cap", None) or [], getattr(args, "per_domain", False)
+    if cap is None and not caps and not per:
+        return cfg
+
+    def parse(text: str, flag: str) -> dict:
+        key, eq, value = text.partition("=")
+        try:
+            if not eq or key not in ("share", "usd_per_1k"):
+                raise ValueError("give share=<fraction> or usd_per_1k=<dollars>")
+            return {key: float(value)}
+        except ValueError as exc:
+            raise CLIError(f"{flag} {text!r}: {exc} (e.g. {flag} share=0.3)") from None
+
+    block = cfg.cascade.model_dump()
+    if cap is not None:
+        block["cap"] = parse(cap, "--cap")
+    for item in caps:
+        domain, colon, rest = item.partition(":")
+        if not colon or not domain:
+            raise CLIError(f"--domain-cap {item!r}: give DOMAIN:share=<fraction> or DOMAIN:usd_per_1k=<dollars>")
+        block["domain_caps"][domain] = parse(rest, f"--domain-cap {domain}:")
+    block["per_domain"] = block["per_domain"] or per
+    with flag_errors():
+        return cfg.model_validate({**cfg.model_dump(), "cascade": block})

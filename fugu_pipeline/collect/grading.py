@@ -1,8 +1,10 @@
-"""Graders: turn a worker's answer into a quality in [0, 1] (DESIGN §4).
+"""Graders: turn a worker's answer into a quality in [0, 1] (the task format's grader types).
 
-`exact`, `contains`, `numeric`, `regex` are local and deterministic; `python_tests` runs the
-answer's code against the task's tests in the sandbox (local, but slow: `grade` runs it in a
-thread, at most `SANDBOX_CONCURRENCY` at a time); `llm_judge` asks the judge worker to score the
+`exact`, `contains`, `numeric`, `regex` are local and deterministic; an `exact` or `numeric` grader
+with `math: true` (what the math converters write) falls back to mathematical equivalence
+(`math_equivalence.py`, math-verify) when the plain comparison fails. `python_tests` and `io_tests`
+run the answer's code against the task's tests in the sandbox (local, but slow: `grade` runs them in
+a thread, at most `SANDBOX_CONCURRENCY` at a time); `llm_judge` asks the judge worker to score the
 answer against a rubric.
 """
 
@@ -51,6 +53,8 @@ def grade_local(task: "Task", answer: str) -> Grade:
             c2 = c.strip().strip(".").strip() if g.strip else c
             if _norm(c2, g.case_sensitive) == want:
                 return Grade(1.0, "exact match")
+        if g.math:
+            return _equivalent(ref, answer, "no exact match")
         return Grade(0.0, "no exact match")
     if g.type == "contains":
         ok = _norm(ref, g.case_sensitive) in _norm(answer, g.case_sensitive)
@@ -59,11 +63,13 @@ def grade_local(task: "Task", answer: str) -> Grade:
         want = parse_number(ref)
         got = extract_final_number(answer)
         if got is None:
-            return Grade(0.0, "no number in answer")
+            return _equivalent(ref, answer, "no number in answer") if g.math else Grade(0.0, "no number in answer")
         if not math.isfinite(got) or want is None or not math.isfinite(want):
             return Grade(0.0, f"got {got:g}, want {want}: not a finite number")
         tol = g.tolerance * (abs(want) if g.relative else 1.0)
         ok = abs(got - want) <= tol + 1e-12 * max(1.0, abs(want))
+        if not ok and g.math:
+            return _equivalent(ref, answer, f"got {got:g}, want {want:g} ± {tol:g}")
         return Grade(float(ok), f"got {got:g}, want {want:g} ± {tol:g}")
     if g.type == "regex":
         flags = 0
@@ -77,7 +83,20 @@ def grade_local(task: "Task", answer: str) -> Grade:
 
         quality, detail = grade_python_tests(answer, g, task.prompt)
         return Grade(quality, detail)
+    if g.type == "io_tests":
+        from fugu_pipeline.collect.io_grader import grade_io_tests
+
+        quality, detail = grade_io_tests(answer, g)
+        return Grade(quality, detail)
     raise ValueError(f"grader {g.type!r} is not local")
+
+
+def _equivalent(reference: str, answer: str, before: str) -> Grade:
+    """The math fallback: equivalent by math-verify, else the plain grader's reason."""
+    from fugu_pipeline.collect.math_equivalence import equivalent
+
+    ok, how = equivalent(reference, answer)
+    return Grade(1.0, f"equivalent ({how})") if ok else Grade(0.0, f"{before}; not equivalent ({how})")
 
 
 REGEX_TIMEOUT_S = 5.0
@@ -113,7 +132,7 @@ _sandbox_slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 
 
 async def _grade_code(task: "Task", answer: str) -> Grade:
-    """`python_tests` off the event loop, bounded per loop. A sandbox that cannot start fails the
+    """`python_tests` and `io_tests` off the event loop, bounded per loop. A sandbox that cannot start fails the
     cell (retried on the next run) instead of scoring the answer 0."""
     from fugu_pipeline.collect.code_grader import SandboxUnavailable
 
@@ -149,7 +168,7 @@ _SCORE = re.compile(r"SCORE\s*[:=]\s*(-?\d+(?:\.\d+)?)(?![\deE]|\.\d)", re.IGNOR
 async def grade(task: "Task", answer: str, judge: "WorkerClient | None" = None) -> Grade:
     """Grade any task; `llm_judge` needs the judge worker. A judge reply without a score is an
     error (the cell fails and is retried on the next run) rather than a silent zero."""
-    if task.grader.type == "python_tests":
+    if task.grader.type in ("python_tests", "io_tests"):
         return await _grade_code(task, answer)
     if task.grader.type == "regex":  # a child process, up to REGEX_TIMEOUT_S: off the event loop
         return await asyncio.to_thread(grade_local, task, answer)

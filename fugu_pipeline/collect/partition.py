@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from fugu_pipeline.api_keys import scrub_secrets
+from fugu_pipeline.api_keys import configured_key, scrub_secrets
 from fugu_pipeline.collect.grading import grade
 from fugu_pipeline.collect.records import CallRecord
 from fugu_pipeline.collect.store import ResponseStore
@@ -77,10 +77,13 @@ async def collect_partition(
     model_fingerprint: str | None = None,
     catalog=None,
     on_record: Callable[[CallRecord], None] | None = None,
+    ledger=None,
 ) -> CollectStats:
     """Call `worker_id` on every task of the batch whose cell is not done yet; grade and store
     each result as soon as it returns. A 401/402/403 stops the run (raises FatalWorkerError)
-    after cancelling every call not yet started; the finished cells stay stored."""
+    after cancelling every call not yet started; the finished cells stay stored. `ledger`
+    (`fugu_pipeline.ledger.CostLedger`): every call made is appended to it as well (kind
+    `collection`, and `judge` for its grading call), right after its record is stored."""
     spec = config.worker(worker_id)
     t0 = time.monotonic()
     stats = CollectStats(batch=batch, worker_id=worker_id, n_tasks=len(tasks))
@@ -93,6 +96,8 @@ async def collect_partition(
     limiter = RateLimiter(spec.requests_per_minute)
     guard = BudgetGuard(max_usd if max_usd is not None else config.max_usd_per_run, spec, config.judge, catalog)
     stop: BaseException | None = None
+    keys = [configured_key(getattr(w, "api_key_env", None)) for w in (spec, config.judge) if w is not None]
+    judge_id = config.judge.id if config.judge is not None else ""
 
     with store.open_writer(batch, worker_id) as writer:
         done = store.read(batch, worker_id)
@@ -138,7 +143,8 @@ async def collect_partition(
                     return
                 except Exception as exc:  # noqa: BLE001 (a bug or a reply nobody foresaw fails this cell, not the batch)
                     error = str(exc) if isinstance(exc, (WorkerCallError, ValueError)) else (
-                        f"unexpected {type(exc).__name__}: {scrub_secrets(str(exc))} (worker {worker_id})")
+                        f"unexpected {type(exc).__name__}: {exc} (worker {worker_id})")
+                    error = scrub_secrets(error, *keys)  # the clients scrub their own; this catches the rest
                     rec = CallRecord(
                         task_id=task.task_id, worker_id=worker_id, batch=batch,
                         prompt_hash=task.prompt_hash, status="failed", error=clean_text(error)[:500],
@@ -150,7 +156,7 @@ async def collect_partition(
                     if rec is not None and rec.status == "ok" and rec.cost_source == "none":
                         spent = max(spent, estimate)  # nothing priced the call: it counts at its worst case
                     await guard.settle(estimate, spent)
-                await asyncio.to_thread(writer.append, rec)  # the fsync must not stall the other calls
+                await asyncio.to_thread(_persist, writer, ledger, rec, judge_id)  # the fsyncs must not stall the other calls
                 stats.cost_usd += rec.cost_usd + rec.judge_cost_usd
                 if rec.status == "ok":
                     stats.n_ok += 1
@@ -174,6 +180,17 @@ async def collect_partition(
         raise stop
     stats.stopped = guard.stop
     return stats
+
+
+def _persist(writer, ledger, rec: CallRecord, judge_id: str) -> None:
+    """The record into its partition file, then what it cost into the ledger (a call that failed
+    before any answer costs nothing and is not a paid call)."""
+    writer.append(rec)
+    if ledger is None or rec.status != "ok":
+        return
+    ledger.append("collection", rec.cost_usd, worker_id=rec.worker_id, task_id=rec.task_id, ref=rec.batch)
+    if rec.judge_cost_usd:
+        ledger.append("judge", rec.judge_cost_usd, worker_id=judge_id, task_id=rec.task_id, ref=rec.batch)
 
 
 def collect_partition_sync(*args, **kwargs) -> CollectStats:

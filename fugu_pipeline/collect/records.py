@@ -28,7 +28,7 @@ _NULL_IS_DEFAULT = ("cost_usd", "cost_source", "judge_cost_usd", "latency_s", "a
 
 
 class CallRecord(BaseModel):
-    """One (task, worker) call, graded (DESIGN §6: every call records all of this)."""
+    """One (task, worker) call, graded (every call records all of this)."""
 
     model_config = ConfigDict(extra="ignore")
 

@@ -1,4 +1,4 @@
-"""The response store: one append-only JSON Lines file per (batch, worker) partition (DESIGN §3).
+"""The response store: one append-only JSON Lines file per (batch, worker) partition.
 
 `<root>/<batch>/<worker>.jsonl`. Each finished call is one line written with a single `write(2)`
 on an O_APPEND descriptor and fsync'ed before the next result is taken, so a kill at any instant

@@ -1,7 +1,7 @@
 """The Definitions object: every asset, check, sensor and resource of the pipeline, assembled.
 
 `fugu_pipeline.definitions` (the code location) and the main job (`runner.py`) both build theirs
-here. torch and transformers are not imported while loading (DESIGN §2).
+here. torch and transformers are not imported while loading.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def _load_batch(pipeline: PipelineResource, batch: str):
 
 @dg.asset(partitions_def=task_batches, group_name="data", kinds={"jsonl"})
 def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """One BenchGen batch, parsed and validated (DESIGN §4). A bad line fails the whole batch with
+    """One BenchGen batch, parsed and validated. A bad line fails the whole batch with
     its file and line; nothing of the batch is used until the file is fixed."""
     path = _batch_file(pipeline, context.partition_key)
     version = file_version(path)  # before reading: a file changed meanwhile only causes one more run
@@ -125,11 +125,16 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
     # the worker's model version: cells answered by an older one are collected again
     fingerprint = run_model_fingerprint(context.run.tags, pipeline, config.worker(worker_id))
     catalog = load_latest(pipeline.paths.catalog)  # catalog prices for cost when usage has none
+    from fugu_pipeline.ledger import CostLedger, project_ledger
+
+    ledger = CostLedger(project_ledger(pipeline.paths.root))  # every paid call, hash-chained (receipts cite it)
     try:
-        stats = collect_partition_sync(loaded, batch, worker_id, config, store, model_fingerprint=fingerprint, catalog=catalog)
+        stats = collect_partition_sync(loaded, batch, worker_id, config, store, model_fingerprint=fingerprint, catalog=catalog,
+                                       ledger=ledger)
     except FatalWorkerError as exc:
         raise dg.Failure(description=f"worker {worker_id}: {exc}") from None
     finally:
+        ledger.close()
         if shared:  # what was paid for is published even when the run fails
             shared.push_responses(batch, worker_id)
     if stats.stopped:
@@ -187,7 +192,7 @@ def _tables_md(db: Path) -> str:
 class RewardMatrixConfig(dg.Config):
     import_path: str | None = None
     """Build from imported routing data instead of the collected responses: a reward-matrix JSONL
-    (DESIGN §4), or a file (folder) of the kind `import_kind` names."""
+   , or a file (folder) of the kind `import_kind` names."""
     import_kind: str = "jsonl"
     """jsonl, table (one column per worker), long (one row per call), dcrouter, routellm-gsm8k,
     routellm-mmlu or routellm-csv: the kinds of `fugu-lite import`."""

@@ -102,7 +102,7 @@ def celery_jobs(responses_asset, batch_x_worker) -> list:
     if not celery_available():
         return []
     return [dg.define_asset_job(
-        CELERY_JOB, selection=[responses_asset], partitions_def=batch_x_worker, executor_def=checked_celery_executor(),
+        CELERY_JOB, selection=[responses_asset], executor_def=checked_celery_executor(),
         description="collect_responses with each step on a Celery worker (broker: FUGU_CELERY_BROKER). "
                     "Launch a batch's partitions together and they spread over the workers.",
     )]

@@ -22,12 +22,14 @@ def policy_for(pipeline: PipelineResource, policy_file: str | None = None, **ove
 
 
 def live_for(pipeline: PipelineResource):
-    """The live evaluator over the configured worker pool and the BenchGen tasks (their graders)."""
-    from fugu_pipeline.evaluate.live import OneCallEvaluator, tasks_by_id
+    """The live evaluator over the configured worker pool and the BenchGen tasks (their graders):
+    its outcomes kept per (head, task, seed) in data/live/ (a re-judgement calls nothing), every
+    call it makes in the project's cost ledger."""
+    from fugu_pipeline.evaluate.live import live_evaluator, tasks_by_id
     from fugu_pipeline.tasks.loading import list_batch_files
 
     tasks = tasks_by_id(pipeline.paths.benchgen) if list_batch_files(pipeline.paths.benchgen) else None
-    return OneCallEvaluator(pipeline.load_workers()), tasks
+    return live_evaluator(pipeline.load_workers(), pipeline.paths.root), tasks
 
 
 def report_metadata(rep: dict) -> dict:

@@ -220,12 +220,20 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     for saved in report.saved:  # budget.json beside each quality head, as `fugu-lite train` writes it
         calibrate_beside(saved.path, data, context.log.info, saved.val_quality)
     selected = report.selected_path()
+    try:
+        cascade = _cascade(context, pipeline, encoder, data, cfg, selection, report, recorded)
+    except (TrainingDataError, ValueError) as exc:  # a cap no plan meets, a worker without replies: one line
+        raise dg.Failure(description=f"cascade: {exc}") from None
     rows = ["| kind | configuration | validation | checkpoint |", "|---|---|---|---|"] + [
         f"| {'**' + s.kind + '**' if s.selected else s.kind} | {s.name} | "
         + ", ".join(f"{k} {v:.4f}" for k, v in s.figures.items()) + f" | {s.path.name} |" for s in report.saved]
     return dg.Output(
-        {"checkpoints": [str(s.path) for s in report.saved], "selected": str(selected), "selected_kind": report.selected_kind},
+        {"checkpoints": [str(s.path) for s in report.saved], "selected": str(selected), "selected_kind": report.selected_kind,
+         **{k: v for k, v in (cascade or {}).items() if k != "policy_md"}},
         metadata={"selected": dg.MetadataValue.path(str(selected)), "selected_kind": report.selected_kind,
+                  **({"policy": cascade["policy"], "policy_choice": dg.MetadataValue.md(cascade["policy_md"]),
+                      "cascade": dg.MetadataValue.path(cascade["cascade"]),
+                      "cascade_report": dg.MetadataValue.path(cascade["cascade_report"])} if cascade else {}),
                   "reason": report.reason, "rule": f"{report.rule}: {report.rule_reason}", "protocol": report.protocol,
                   "heads": dg.MetadataValue.md("\n".join(rows)),
                   "seconds": dg.MetadataValue.json(report.seconds)},
@@ -233,8 +241,30 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     )
 
 
+def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data, cfg, selection, report, recorded) -> dict | None:
+    """The cascade over the workers' replies, chosen against the one-shot heads and the best worker
+    (train/cascade_train.py), and its held-out report (evaluate/cascade.py); None when the matrix
+    holds no replies. `selected` stays the one-shot head (what the one-step contest scores)."""
+    from fugu_pipeline.evaluate.cascade import evaluate_cascade, report_lines
+    from fugu_pipeline.route.router import encoder_settings_for
+    from fugu_pipeline.train.cascade_train import train_cascade
+
+    own = encoder.settings()
+    settings = encoder_settings_for(data.contract, own.device, own.dtype)
+    result = train_cascade(data, pipeline.paths.reward_db, settings, _cache_root(pipeline, encoder), cfg, selection[0],
+                           report.saved, pipeline.paths.models, context.log.info, recorded)
+    if result is None:
+        return None
+    rep = evaluate_cascade(result.path, data, pipeline.paths.reward_db, settings, _cache_root(pipeline, encoder),
+                           one_shot=report.selected_path())
+    for line in result.lines() + report_lines(rep):
+        context.log.info(line)
+    return {"cascade": str(result.path), "policy": result.shipped, "shipped": str(result.shipped_path),
+            "cascade_report": rep["report_path"], "policy_md": "\n".join(["```"] + result.lines() + report_lines(rep) + ["```"])}
+
+
 def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str) -> dg.Output[dict]:
-    from fugu_pipeline.evaluate.contest import add_composite
+    from fugu_pipeline.evaluate.router_contest import add_composite
     from fugu_pipeline.evaluate.metrics import ci_text
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
     from fugu_pipeline.train.checkpoints import load_checkpoint
@@ -245,7 +275,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     if problems:
         raise dg.Failure(description=f"{checkpoint_path} cannot be scored with this encoder: " + "; ".join(problems))
     rep = evaluate_checkpoint(ckpt, data, "test")
-    live, tasks = harness.live_for(pipeline)  # the composite against the current king (issue 14)
+    live, tasks = harness.live_for(pipeline)  # the composite against the current king
     add_composite(rep, ckpt, data, pipeline.paths.models, harness.policy_for(pipeline).composite, live=live, tasks=tasks,
                   features=source)
     out_dir = Path(checkpoint_path) / "reports"
@@ -279,31 +309,31 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_sft(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_sft: str) -> dg.Output[dict]:
-    """Held-out report of the SFT checkpoint (DESIGN §5): every metric, plots, per-domain table."""
+    """Held-out report of the SFT checkpoint: every metric, plots, per-domain table."""
     return _report(context, pipeline, encoder, router_sft, "sft")
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_rl(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_rl: str) -> dg.Output[dict]:
-    """Held-out report of the RL checkpoint (DESIGN §5)."""
+    """Held-out report of the RL checkpoint."""
     return _report(context, pipeline, encoder, router_rl, "rl")
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_es(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_es: str) -> dg.Output[dict]:
-    """Held-out report of the CMA-ES checkpoint (DESIGN §5)."""
+    """Held-out report of the CMA-ES checkpoint."""
     return _report(context, pipeline, encoder, router_es, "es")
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_heads: dict) -> dg.Output[dict]:
-    """Held-out report (DESIGN §5) of the head `router_heads` selected."""
+    """Held-out report of the head `router_heads` selected."""
     return _report(context, pipeline, encoder, router_heads["selected"], router_heads["selected_kind"])
 
 
 class PromotionConfig(dg.Config):
     policy_file: str = "configs/promotion.yaml"
-    """The promotion policy (composite weights, overfit gate, gates); absent: the built-in defaults (the seed's rules)."""
+    """The promotion policy (composite weights, overfit gate, gates); absent: the built-in defaults (TinyRouter's rules)."""
     margin: float | None = None
     """Replace the king only at composite(challenger) ≥ composite(king) + margin (None: the policy file's, 0.02)."""
     max_train_gap: float | None = None

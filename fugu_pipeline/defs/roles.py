@@ -19,7 +19,7 @@ class RolesAssetConfig(dg.Config):
     eval_seeds: int = 1
     """Sampling seeds per held-out task in the report."""
     margin: float = 0.02
-    """Reward the challenger must gain over the promoted coordinator (the seed's king + 0.02)."""
+    """Reward the challenger must gain over the promoted coordinator (TinyRouter's king + 0.02 rule)."""
     max_train_gap: float = 0.25
     """Largest allowed train minus held-out reward."""
 
@@ -54,7 +54,7 @@ def _stop(exc: Exception) -> dg.Failure:
           kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
 def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pipeline: PipelineResource,
                  encoder: EncoderResource) -> dg.Output[str]:
-    """The multi-turn coordinator (DESIGN §6b): a roles head (worker + Thinker/Worker/Verifier logits
+    """The multi-turn coordinator (TinyRouter): a roles head (worker + Thinker/Worker/Verifier logits
     over the encoded transcript) trained by separable CMA-ES on live trajectory reward, with common
     random numbers, warm-started from the promoted one-step router where the encoders match.
     Trajectories are stored per (task, head, seed): a re-run or a killed run calls nothing twice.
@@ -96,18 +96,20 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
     """Live multi-turn report on the held-out tasks: accuracy with a 95% interval, turns and cost
     per correct answer, role and worker usage per turn, against the one-step router (the promoted
     one; the latest CMA-ES checkpoint when none is promoted) and the best fixed worker (chosen on
-    train), per domain with a verdict on whether delegation is worth its extra calls. Then king
-    versus challenger: the coordinator replaces models/promoted/roles.json only if it passes every
-    gate."""
+    train), per domain with a verdict on whether delegation is worth its extra calls. Then the one
+    contest every kind goes through: the coordinator replaces models/promoted/roles.json only if it
+    passes every gate and beats the promoted coordinator's composite (its live and efficiency terms
+    from the session loop) by the margin."""
     from pathlib import Path
 
-    from fugu_pipeline.evaluate.promotion import PromotionPolicy
+    from fugu_pipeline.defs.harness import policy_for
     from fugu_pipeline.evaluate.roles_project import evaluate_coordinator
     from fugu_pipeline.session.runner import BudgetExhausted
     from fugu_pipeline.workers.contract import FatalWorkerError
 
     cfg, tasks, run = _open(context, config, pipeline, encoder)
-    policy = PromotionPolicy(margin=config.margin, max_train_gap=config.max_train_gap)
+    # the project's promotion policy (configs/promotion.yaml: composite, overfit rule, gates), as for the router
+    policy = policy_for(pipeline, margin=config.margin, max_train_gap=config.max_train_gap)
     with run as r:
         try:
             rep = evaluate_coordinator(r, Path(router_roles), tasks, cfg, pipeline.paths.models, seeds=config.eval_seeds,
@@ -124,6 +126,8 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
                              f"{s['turns_per_correct'] or float('nan'):.2f} | {s['cost_per_correct_usd'] or float('nan'):.5f} | "
                              f"{s['mean_turns']:.2f} |")
     promo = rep.get("promotion", {})
+    from fugu_pipeline.defs.harness import promotion_metadata
+
     return dg.Output({"checkpoint": router_roles, "report": rep["report_path"], "promoted": promo.get("promoted", False)},
                      metadata={
                          "coordinator_accuracy": p["coordinator"]["accuracy"]["mean"],
@@ -138,4 +142,5 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
                          "promoted": bool(promo.get("promoted", False)),
                          "decision": dg.MetadataValue.md("\n".join(f"- {x}" for x in promo.get("reasons", []))),
                          "report": dg.MetadataValue.path(rep["report_path"]),
+                         **promotion_metadata(promo),
                      })

@@ -25,11 +25,11 @@ BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "30
 
 # One job per partitions definition: a sensor's run requests need a job that holds the asset.
 load_batch_job = dg.define_asset_job(
-    "load_batch", selection=[tasks], partitions_def=task_batches,
+    "load_batch", selection=[tasks],
     description="Parse and validate one BenchGen batch (the `tasks` partition).",
 )
 collect_responses_job = dg.define_asset_job(
-    "collect_responses", selection=[responses], partitions_def=batch_x_worker,
+    "collect_responses", selection=[responses],
     description="One worker answers one batch (a `responses` partition); only missing or stale cells are called.",
 )
 

@@ -19,7 +19,7 @@ class TriageAssetConfig(dg.Config):
 @dg.asset(deps=[task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
 def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pipeline: PipelineResource,
                 encoder: EncoderResource) -> dg.Output[str]:
-    """The seed's first milestone: predicts a prompt's domain and difficulty (the share of workers
+    """TinyRouter's first milestone: predicts a prompt's domain and difficulty (the share of workers
     that solve it, bucketed) with two bias-free linear maps over the frozen features. Output: the
     checkpoint directory models/triage/<content hash>/."""
     from fugu_pipeline.features.routing_data import TrainingDataError
@@ -36,8 +36,8 @@ def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pi
     return dg.Output(str(path), data_version=dg.DataVersion(path.name), metadata={
         "param_count": result.param_count, "best_epoch": result.best_epoch,
         "val_domain_accuracy": float(m["val_domain_accuracy"]), "val_difficulty_accuracy": float(m["val_difficulty_accuracy"]),
-        "domains": dg.MetadataValue.json(result.manifest.domains),
-        "difficulty": f"{result.manifest.difficulty_names} at solve share {result.manifest.difficulty_edges}",
+        "domains": dg.MetadataValue.json(result.domains),
+        "difficulty": f"{result.difficulty_names} at solve share {result.difficulty_edges}",
         "checkpoint": dg.MetadataValue.path(str(path)),
     })
 
@@ -46,7 +46,10 @@ def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pi
 def eval_report_triage(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource,
                        triage_head: str) -> dg.MaterializeResult:
     """Held-out report of the triage head: domain and difficulty accuracy per domain, confusion
-    matrices, the majority baselines, and routing by the predicted domain."""
+    matrices, the majority baselines, and routing by the predicted domain. Then the one contest
+    every kind goes through (TinyRouter's milestone-1 rules: under 1M parameters, 0.7 domain + 0.3
+    difficulty, king + 0.02, one attempt a day): the head replaces models/promoted/triage.json only
+    if it passes every gate."""
     from pathlib import Path
 
     from fugu_pipeline.evaluate.triage_report import triage_lines, triage_markdown, triage_report, write_triage_report
@@ -64,4 +67,14 @@ def eval_report_triage(context: dg.AssetExecutionContext, pipeline: PipelineReso
             "n_test_tasks": rep["n_tasks"]}
     if "routing" in rep:
         meta["routing_by_predicted_domain"] = rep["routing"]["by_predicted_domain"]
+    from fugu_pipeline.defs.harness import policy_for, promotion_metadata
+    from fugu_pipeline.evaluate.contest import run_contest
+    from fugu_pipeline.evaluate.triage_promotion import TriageKind
+
+    outcome = run_contest(TriageKind(data), [triage_head], pipeline.paths.models, policy_for(pipeline))
+    for line in outcome["reasons"]:
+        context.log.info(line)
+    meta.update({"promoted": outcome["promoted"],
+                 "decision": dg.MetadataValue.md("\n".join(f"- {r}" for r in outcome["reasons"])),
+                 **promotion_metadata(outcome)})
     return dg.MaterializeResult(metadata=meta)

@@ -1,4 +1,4 @@
-"""The baselines every report carries (DESIGN §5), from the stored matrix alone: no head, no encoder.
+"""The baselines every report carries, from the stored matrix alone: no head, no encoder.
 
 On the rows of one split (the held-out one in reports), for a per-task measure M (N, W): the
 utility, and the quality where the matrix has it.

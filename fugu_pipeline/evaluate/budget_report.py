@@ -1,7 +1,7 @@
 """The budget part of a held-out report: a cap's operating point chosen on validation, scored on
 the held-out split, next to every single worker and the best one the cap allows.
 
-Honesty rules (DESIGN §5): λ comes from the calibration (validation rows only); the routes use
+Honesty rules: λ comes from the calibration (validation rows only); the routes use
 predicted quality and EXPECTED cost only; the held-out rows' actual cost and quality are the
 outcomes reported. "Best single worker within the cap" is chosen on TRAINING rows (the best
 training quality among workers whose training expected cost is within the cap), then scored on

@@ -1,4 +1,4 @@
-"""The composite score (the seed's judging rule, DESIGN §6b): one number per head, king and
+"""The composite score (TinyRouter's judging rule): one number per head, king and
 challenger scored alike on the same held-out rows.
 
 Per benchmark b (a domain of the matrix, or an explicit grouping of domains: `benchmarks`; domains
@@ -15,22 +15,28 @@ The terms, exactly:
   stored matrix (no call is made). A matrix without quality falls back to utility, and says so.
 - `live_b`: mean graded quality when the head's route is really called (`live.py`,
   `LiveEvaluator`) on a bounded, fixed sample of b's eval rows (`live_sample`, 20 by default).
-- `efficiency_b` = Σ quality / Σ worker calls on the live sample: 1 / (calls per correct answer),
-  in [0, 1]. One call per task (the one-step router) makes it equal to `live_b`; a multi-turn
-  session that takes 3 calls for a correct answer scores 1/3 for it. Without a live run it is
-  computed from the cached rows at one call per task.
-- `novelty_b`: share of b's eval rows routed to a different worker than the king routes them.
-  The king's own novelty is 0 (it is the reference).
-- `overfit_b`: gap = eval accuracy − audit accuracy of the head on b. gap > 0.15: reject (the
-  head cannot be promoted, and the benchmark scores 0); gap > 0.08: × 0.85; else × 1. Two
-  guards against judging chance, both configurable: a benchmark whose audit slice has fewer than
-  `min_audit_rows` (30) rows takes the gap pooled over all benchmarks instead, and is not judged
-  when the pooled slice is that small too; and with `overfit_significant` (default on) a gap
-  counts only when it is also significantly above zero (one-sided 95%: gap − 1.645·se > 0, se
-  from the pooled per-task variance). The sample batch has 25 test rows a domain: an audit slice
-  of 6 rows, where an honest SFT head measured a gap of +0.40 (2 of 6 right) and the literal rule
-  rejects it. At the seed's sizes (150 questions a benchmark) the guarded rule and the literal
-  one nearly coincide; `min_audit_rows: 1` and `overfit_significant: false` give the literal rule.
+- `efficiency_b` = Σ quality / Σ turns on the live sample: correct answers per turn, in [0, 1].
+  A one-step head spends one turn per answer, so for it efficiency equals `live_b`; a coordinator
+  whose sessions take 3 turns for a correct answer scores 1/3 for it; a cascade counts each step
+  it reaches as one turn (the workers of one step are called at once). Without a live run it is
+  computed from the cached rows at one turn per task.
+- `novelty_b`: share of b's eval rows where the head decides otherwise than the king (a one-step
+  head: another worker; a coordinator: another sequence of roles and workers; a triage head:
+  another label). The king's own novelty is 0 (it is the reference).
+- `overfit_b`: gap = eval accuracy − audit accuracy of the head on b, compared as decimals
+  rounded to 9 places (so a gap of exactly 0.08 is 0.08 whatever the two accuracies are, never
+  0.0800000000000001). `overfit_rule: literal` (the default, TinyRouter's rule as published):
+  gap > 0.15: reject (the head cannot be promoted, and the benchmark scores 0); gap > 0.08:
+  × 0.85; else × 1; a benchmark with no audit row is not judged. `overfit_rule: guarded` adds two
+  guards against judging chance: a benchmark whose audit slice has fewer than `min_audit_rows`
+  (30) rows takes the gap pooled over all benchmarks instead (and is not judged when the pooled
+  slice is that small too), and with `overfit_significant` (on) a gap counts only when it is also
+  significantly above zero (one-sided 95%: gap − 1.645·se > 0, se from the pooled per-task
+  variance). Where they differ, by simulation of an honest head of true accuracy 0.7 (its eval and
+  audit rows drawn alike): on a benchmark of 25 test rows (19 eval, 6 audit) the literal rule
+  rejects it 24% of the time and penalises it 8%, by chance alone; the guarded rule does not judge
+  so few rows (0%). At TinyRouter's 150 questions (105 eval, 45 audit) both reject 3.3%; the literal
+  rule penalises 12.7%, the guarded 1.5%.
 - A term that cannot be measured (no live run: no task file or `live_sample: 0`; no king for
   novelty) is left out and the remaining weights are rescaled to sum as before, for both heads
   alike; the report names what was left out.
@@ -46,6 +52,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from decimal import Decimal
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fugu_pipeline.hashing import sha256_text
@@ -63,8 +72,11 @@ class CompositeConfig(BaseModel):
     overfit_reject_gap: float = Field(0.15, gt=0, description="eval − audit accuracy above this: reject")
     overfit_penalty_gap: float = Field(0.08, gt=0, description="eval − audit accuracy above this: multiply by overfit_penalty")
     overfit_penalty: float = Field(0.85, ge=0, le=1)
-    overfit_significant: bool = Field(True, description="count a gap only when it is also significantly above zero (one-sided 95%)")
-    min_audit_rows: int = Field(30, ge=1, description="fewer audit rows in a benchmark: judge the gap pooled over benchmarks")
+    overfit_rule: Literal["literal", "guarded"] = Field(
+        "literal", description="literal: TinyRouter's rule as published (gap > reject gap: reject, > penalty gap: penalty); "
+                               "guarded: also pool small audit slices (min_audit_rows) and count only significant gaps")
+    overfit_significant: bool = Field(True, description="guarded rule: count a gap only when it is also significantly above zero (one-sided 95%)")
+    min_audit_rows: int = Field(30, ge=1, description="guarded rule: fewer audit rows in a benchmark: judge the gap pooled over benchmarks")
     audit_fraction: float = Field(0.3, gt=0, lt=1, description="share of the test split kept as the audit slice")
     audit_seed: int = Field(0, description="salt of the audit hash: change it so outsiders cannot know the audit rows")
     live_sample: int = Field(20, ge=0, description="live tasks per benchmark (0: no live term)")
@@ -120,14 +132,16 @@ from several odd domains cannot move the mean over benchmarks by several whole s
 
 @dataclass
 class HeldOut:
-    """The test rows the composite is computed on, cut into eval and audit, grouped by benchmark."""
+    """The test rows the composite is computed on, cut into eval and audit, grouped by benchmark.
+    `measure` (N, W) and `worker_ids`: a one-step head's per-worker quality, from which its routes
+    give its outcomes (`score_head`); other kinds bring their outcomes per row (`score_outcomes`)."""
 
     task_ids: list[str]
     benchmarks: np.ndarray
     audit: np.ndarray
-    measure: np.ndarray  # (N, W) quality, or utility where the matrix has no quality
-    measure_name: str
-    worker_ids: list[str]
+    measure: np.ndarray | None = None  # (N, W) quality, or utility where the matrix has no quality
+    measure_name: str = "quality"
+    worker_ids: list[str] | None = None
 
     def names(self) -> list[str]:
         return sorted(set(self.benchmarks.tolist()))
@@ -144,8 +158,18 @@ class HeldOut:
         return sorted(ids, key=lambda t: _unit(f"live:{seed}:{t}"))[:n]
 
 
+def held_rows(task_ids: list[str], domains: list[str], cfg: CompositeConfig, *, one_benchmark: str | None = None,
+              measure_name: str = "quality") -> HeldOut:
+    """The held-out rows of any kind from its test tasks' ids and domains (`one_benchmark`: every
+    row in one benchmark of that name, as the triage head is judged)."""
+    if not task_ids:
+        raise ValueError("the test split has no rows: the composite needs held-out rows")
+    names = np.array([one_benchmark] * len(task_ids), dtype=object) if one_benchmark else benchmark_names(list(domains), cfg)
+    return HeldOut(task_ids=list(task_ids), benchmarks=names, audit=audit_mask(list(task_ids), cfg), measure_name=measure_name)
+
+
 def held_out(data, cfg: CompositeConfig) -> HeldOut:
-    """The held-out rows of a RoutingData for the composite."""
+    """The held-out rows of a RoutingData for the composite (one-step heads)."""
     test = data.split("test")
     if test.n_tasks == 0:
         raise ValueError("the test split has no rows: the composite needs held-out rows")
@@ -158,38 +182,51 @@ def held_out(data, cfg: CompositeConfig) -> HeldOut:
 
 @dataclass
 class LiveRows:
-    """One head's live outcomes on one benchmark's sample, as arrays in sample order."""
+    """One head's live outcomes on one benchmark's sample, as arrays in sample order. `turns`:
+    turns per task (None: one per worker call, as a one-step head spends them)."""
 
     quality: np.ndarray
     calls: np.ndarray
     cost_usd: float
     errors: int
+    turns: np.ndarray | None = None
+
+    def turns_or_calls(self) -> np.ndarray:
+        return self.calls if self.turns is None else self.turns
+
+
+def _exceeds(gap: float, bound: float) -> bool:
+    """gap > bound as decimals rounded to 9 places: a gap of exactly 0.08 (0.58 − 0.50, 0.90 − 0.82)
+    is treated alike whatever binary float the subtraction left."""
+    return Decimal(f"{gap:.9f}") > Decimal(f"{bound:.9f}")
 
 
 def _overfit(got: np.ndarray, e: np.ndarray, a: np.ndarray, cfg: CompositeConfig, pooled: tuple | None = None) -> dict:
-    """The overfit verdict on eval rows `e` and audit rows `a`; with too few audit rows, the
-    verdict on the `pooled` (eval, audit) rows of every benchmark, labelled so."""
-    if len(a) < cfg.min_audit_rows and pooled is not None:
+    """The overfit verdict on eval rows `e` and audit rows `a`; under the guarded rule, with too few
+    audit rows, the verdict on the `pooled` (eval, audit) rows of every benchmark, labelled so."""
+    guarded = cfg.overfit_rule == "guarded"
+    least = cfg.min_audit_rows if guarded else 1
+    if guarded and len(a) < least and pooled is not None:
         out = _overfit(got, pooled[0], pooled[1], cfg)
         out["verdict"] = (f"pooled {out['verdict']}" if out["gap"] is not None else
-                          f"not judged ({len(a)} audit rows here, {len(pooled[1])} over all benchmarks; < {cfg.min_audit_rows})")
+                          f"not judged ({len(a)} audit rows here, {len(pooled[1])} over all benchmarks; < {least})")
         out["local"] = {"n_audit": int(len(a)), "gap": float(got[e].mean() - got[a].mean()) if len(a) and len(e) else None}
         return out
-    if len(a) < cfg.min_audit_rows or len(e) == 0:
+    if len(a) < least or len(e) == 0:
         return {"eval_accuracy": float(got[e].mean()) if len(e) else None, "audit_accuracy": None,
                 "gap": None, "gap_se": None, "factor": 1.0,
-                "verdict": f"not judged ({len(a)} audit rows < {cfg.min_audit_rows})"}
+                "verdict": f"not judged ({len(a)} audit rows < {least})"}
     ev, au = float(got[e].mean()), float(got[a].mean())
     both = got[np.concatenate([e, a])]
     var = float(both.var(ddof=1)) if len(both) > 1 else 0.0
     se = math.sqrt(var * (1 / len(e) + 1 / len(a)))
-    gap = ev - au
-    significant = (not cfg.overfit_significant) or gap - 1.645 * se > 0
-    if gap > cfg.overfit_reject_gap and significant:
+    gap = round(ev - au, 9)
+    significant = not (guarded and cfg.overfit_significant) or gap - 1.645 * se > 0
+    if _exceeds(gap, cfg.overfit_reject_gap) and significant:
         verdict, factor = "reject", 0.0
-    elif gap > cfg.overfit_penalty_gap and significant:
+    elif _exceeds(gap, cfg.overfit_penalty_gap) and significant:
         verdict, factor = "penalty", cfg.overfit_penalty
-    elif gap > cfg.overfit_penalty_gap:
+    elif _exceeds(gap, cfg.overfit_penalty_gap):
         verdict, factor = "within noise", 1.0
     else:
         verdict, factor = "ok", 1.0
@@ -205,10 +242,21 @@ def _weights(cfg: CompositeConfig, present: set[str]) -> dict[str, float]:
 
 def score_head(routes: np.ndarray, held: HeldOut, cfg: CompositeConfig, *, king_routes: np.ndarray | None = None,
                live: dict[str, LiveRows] | None = None, is_king: bool = False) -> dict:
-    """The composite of one head from its greedy routes on the held-out rows (indices into
-    `held.worker_ids`). `king_routes` gives novelty (None: no king, novelty left out); `is_king`
-    scores the king itself (novelty 0). `live`: per benchmark, its live outcomes (None: no live term)."""
+    """The composite of one one-step head from its greedy routes on the held-out rows (indices into
+    `held.worker_ids`): its outcome on a row is the stored quality of the worker it picks."""
     got = held.measure[np.arange(len(routes)), routes]
+    return score_outcomes(got, routes, held, cfg, king_decisions=king_routes, live=live, is_king=is_king)
+
+
+def score_outcomes(got: np.ndarray, decisions, held: HeldOut, cfg: CompositeConfig, *, king_decisions=None,
+                   live: dict[str, LiveRows] | None = None, is_king: bool = False) -> dict:
+    """The composite of one head of any kind from its outcome per held-out row (`got`, quality in
+    [0, 1]) and its decision per row (`decisions`, any comparable labels). `king_decisions` gives
+    novelty (None: no king, novelty left out); `is_king` scores the king itself (novelty 0).
+    `live`: per benchmark, its live outcomes (None: no live term)."""
+    got = np.asarray(got, float)
+    decisions = np.asarray(decisions, dtype=object)
+    king_decisions = None if king_decisions is None else np.asarray(king_decisions, dtype=object)
     pooled = (np.flatnonzero(~held.audit), np.flatnonzero(held.audit))
     rows = []
     for b in held.names():
@@ -216,17 +264,17 @@ def score_head(routes: np.ndarray, held: HeldOut, cfg: CompositeConfig, *, king_
         lr = (live or {}).get(b)
         cached = float(got[e].mean()) if len(e) else None
         terms = {"cached": cached, "live": None, "efficiency": None, "novelty": None}
-        eff_source = "cached (one call per task)"
+        eff_source = "cached (one turn per task)"
         if lr is not None and len(lr.quality):
             terms["live"] = float(lr.quality.mean())
-            terms["efficiency"] = float(lr.quality.sum() / max(lr.calls.sum(), 1))
+            terms["efficiency"] = float(lr.quality.sum() / max(lr.turns_or_calls().sum(), 1))
             eff_source = "live"
         elif cached is not None:
             terms["efficiency"] = cached
         if is_king:
             terms["novelty"] = 0.0
-        elif king_routes is not None and len(e):
-            terms["novelty"] = float(np.mean(routes[e] != king_routes[e]))
+        elif king_decisions is not None and len(e):
+            terms["novelty"] = float(np.mean(decisions[e] != king_decisions[e]))
         present = {k for k, v in terms.items() if v is not None}
         w = _weights(cfg, present)
         of = _overfit(got, e, a, cfg, pooled)
@@ -234,6 +282,7 @@ def score_head(routes: np.ndarray, held: HeldOut, cfg: CompositeConfig, *, king_
         rows.append({"benchmark": b, "n_eval": int(len(e)), "n_audit": int(len(a)),
                      "n_live": 0 if lr is None else int(len(lr.quality)),
                      "live_cost_usd": 0.0 if lr is None else lr.cost_usd, "live_errors": 0 if lr is None else lr.errors,
+                     "live_turns": None if lr is None else float(lr.turns_or_calls().sum()),
                      **{f"{k}": terms[k] for k in TERMS}, "efficiency_source": eff_source,
                      "weights": w, "left_out": sorted(set(TERMS) - present), "overfit": of,
                      "score_before_overfit": raw, "score": raw * of["factor"]})
@@ -245,12 +294,21 @@ def score_head(routes: np.ndarray, held: HeldOut, cfg: CompositeConfig, *, king_
 def paired_difference(ch_routes: np.ndarray, king_routes: np.ndarray, held: HeldOut, cfg: CompositeConfig,
                       ch: dict, king: dict, live_ch: dict[str, LiveRows] | None = None,
                       live_king: dict[str, LiveRows] | None = None) -> dict:
+    """`paired_outcomes` for two one-step heads given by their routes."""
+    n = np.arange(len(ch_routes))
+    return paired_outcomes(held.measure[n, ch_routes], held.measure[n, king_routes], ch_routes, king_routes, held, cfg,
+                           ch, king, live_ch, live_king)
+
+
+def paired_outcomes(got_c: np.ndarray, got_k: np.ndarray, dec_c, dec_k, held: HeldOut, cfg: CompositeConfig,
+                    ch: dict, king: dict, live_ch: dict[str, LiveRows] | None = None,
+                    live_king: dict[str, LiveRows] | None = None) -> dict:
     """Paired bootstrap of composite(challenger) − composite(king): within each benchmark the eval
     rows and the live sample are resampled (the same draw for both heads), the weights and overfit
     factors of the full-sample scores held fixed. Returns mean (the full-sample difference), low, high."""
     rng = np.random.default_rng(cfg.seed)
-    n = np.arange(len(ch_routes))
-    got_c, got_k = held.measure[n, ch_routes], held.measure[n, king_routes]
+    got_c, got_k = np.asarray(got_c, float), np.asarray(got_k, float)
+    differs = np.asarray(dec_c, dtype=object) != np.asarray(dec_k, dtype=object)
     per_c = {r["benchmark"]: r for r in ch["benchmarks"]}
     per_k = {r["benchmark"]: r for r in king["benchmarks"]}
     diffs = np.zeros(cfg.n_boot)
@@ -267,12 +325,12 @@ def paired_difference(ch_routes: np.ndarray, king_routes: np.ndarray, held: Held
             cached = got[idx].mean(axis=1)
             s = w["cached"] * cached
             if lidx is not None and lr is not None and row["live"] is not None:
-                q, calls = lr.quality[lidx], lr.calls[lidx]
-                s = s + w["live"] * q.mean(axis=1) + w["efficiency"] * q.sum(axis=1) / np.maximum(calls.sum(axis=1), 1)
+                q, turns = lr.quality[lidx], lr.turns_or_calls()[lidx]
+                s = s + w["live"] * q.mean(axis=1) + w["efficiency"] * q.sum(axis=1) / np.maximum(turns.sum(axis=1), 1)
             elif row["efficiency"] is not None:
                 s = s + w["efficiency"] * cached
             if row["novelty"] is not None and sign > 0:
-                s = s + w["novelty"] * (ch_routes[idx] != king_routes[idx]).mean(axis=1)
+                s = s + w["novelty"] * differs[idx].mean(axis=1)
             diffs += sign * s * row["overfit"]["factor"]
     diffs /= max(len(names), 1)
     lo, hi = np.percentile(diffs, [2.5, 97.5])

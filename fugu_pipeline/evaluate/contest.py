@@ -1,13 +1,52 @@
-"""Scoring heads with the composite (`composite.py`) on a RoutingData: routes from the heads,
-the live run through a `LiveEvaluator`, king and challenger side by side.
+"""One contest for every promotable kind: one-step routers, the multi-turn coordinator, the triage
+head, and any later policy kind (a cascade) go through the same code path, `run_contest`:
 
-Shared by `promoted_router`, `fugu-lite validate` (king versus challenger) and the evaluation
-reports (`eval_report_*`, `fugu-lite evaluate`: the head against the current king).
+1. **gates**, before anything is scored: the rate limit (per submitter, or per signing key for
+   a pack, per kind), then for each challenger its weights (a checkpoint that cannot be loaded is
+   refused with the weight gate's reason), its signature when it is a pack, the kind's own rules
+   (a size cap), its contract (its features and workers are the host's), a duplicate by
+   behaviour on the host's probe set (`probe.py`), and its training receipt with the cost ledger
+   behind it (`gates.py`);
+2. the challenger (the best on validation among those that passed) and the **king** (the kind's
+   promoted pointer) are scored on the **same held-out rows**: their outcomes per task, as the
+   kind computes them;
+3. the **composite** (`composite.py`) of both, with the overfit gate, and the paired bootstrap of
+   their difference; the live term runs each head as it serves, on a fixed sample;
+4. `promotion.decide`: king + margin with a significant paired difference, the best fixed
+   alternative beaten, the train − held-out gap bounded;
+5. the kind's pointer is swapped by **compare-and-swap** on the version read before the king was
+   loaded, under the kind's lock (a second attempt waits, then faces the new king); every attempt
+   is appended to the kind's history, and every head scored joins the registry of judged heads.
+
+A kind supplies only how to read and score its heads. The interface (`Kind`, below), for a new
+kind such as a cascade policy, is one small class:
+
+    class CascadeKind(KindBase):
+        name = "cascade"                                  # its history, pointer and lock follow
+        pointer = Path("promoted") / "cascade.json"
+        history = "cascade-history.jsonl"
+
+        def load(self, path) -> Entrant: ...              # verified load (CheckpointError when it cannot)
+        def held_out(self, cfg) -> HeldOut:               # its test tasks (ids, domains)
+            return held_rows(ids, domains, cfg)
+        def outcomes(self, entrant, task_ids, *, live) -> Outcomes: ...
+            # per task, in order: quality in [0, 1], turns (a cascade: steps reached), cost, the
+            # decision (e.g. "w1>w3": the steps it reached), utility (its reward; None: quality);
+            # live=True: run it as it serves (recorded answers are the cached term)
+        def behaviour(self, entrant) -> Behaviour: ...    # decisions + centred scores on a probe set
+        def baseline(self, task_ids) -> Outcomes | None   # "always the best worker" (optional)
+        live_tasks = None                                 # task ids it can run live (None: no live term)
+
+`KindBase` builds the decision's figures (`candidate`) from `outcomes`, reads the receipt the same
+way for every kind, and leaves the composite as configured (`composite_config` can change the
+weights: the triage head is judged on 0.7 domain + 0.3 difficulty accuracy alone).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -15,129 +54,397 @@ from fugu_pipeline.evaluate.composite import (
     CompositeConfig,
     HeldOut,
     LiveRows,
-    held_out,
-    paired_difference,
-    score_head,
+    composite_lines,
+    paired_outcomes,
+    score_outcomes,
 )
-from fugu_pipeline.evaluate.feature_source import FeatureSource
-from fugu_pipeline.evaluate.live import LiveBudgetExceeded, LiveEvaluator, LivePolicy
-from fugu_pipeline.evaluate.reports import head_scores
-from fugu_pipeline.workers.contract import FatalWorkerError
+from fugu_pipeline.evaluate.decision import decide, weight_gate
+from fugu_pipeline.evaluate.gates import DEFAULT_SUBMITTER, GateResult, SeenHeads, duplicate_gate, rate_limit_gate
+from fugu_pipeline.evaluate.probe import Behaviour
+from fugu_pipeline.evaluate.promotion_record import _now, append_history, apply, check_writable, promotion_lock
+from fugu_pipeline.train.checkpoints import CheckpointError
+from fugu_pipeline.train.pointer import (
+    POINTER,
+    ROLES_POINTER,
+    TRIAGE_POINTER,
+    PointerError,
+    pointer_location,
+    pointer_target,
+    pointer_version,
+    read_pointer,
+)
+
+# each kind's king, history and lock under models/ (a new kind adds its line)
+KIND_FILES = {"router": (POINTER, "history.jsonl", ".lock"),
+              "coordinator": (ROLES_POINTER, "roles-history.jsonl", ".roles.lock"),
+              "triage": (TRIAGE_POINTER, "triage-history.jsonl", ".triage.lock")}
 
 
-def head_routes(checkpoint, data) -> np.ndarray:
-    """Greedy routes (worker indices) of a loaded checkpoint on the test rows, in split order."""
-    test = data.split("test")
-    return np.argmax(head_scores(checkpoint.head, test.features, test.domains), axis=1)
+def kind_of(head_kind: str) -> str:
+    """The contest a checkpoint of this head kind enters."""
+    return "coordinator" if head_kind.startswith("roles") else "triage" if head_kind.startswith("triage") else "router"
 
 
-def live_rows(live: LiveEvaluator | None, tasks: dict | None, label: str, checkpoint_path: str, routes: np.ndarray,
-              held: HeldOut, cfg: CompositeConfig) -> tuple[dict[str, LiveRows] | None, str]:
-    """One head's live outcomes per benchmark on the fixed live sample, and a note saying what ran."""
-    if cfg.live_sample == 0:
-        return None, "live term off (live_sample: 0)"
-    if live is None:
-        return None, "live term not measured: no live evaluator (no worker config given)"
-    if not tasks:
-        return None, "live term not measured: no task file with graders for the held-out rows (--tasks)"
-    row_of = {t: i for i, t in enumerate(held.task_ids)}
-    out: dict[str, LiveRows] = {}
-    total = 0
-    for b in held.names():
-        ids = held.live_sample(b, cfg.live_sample, cfg.seed, available=set(tasks))
-        if not ids:
-            continue
-        policy = LivePolicy(label=label, checkpoint=checkpoint_path,
-                            routes={t: held.worker_ids[int(routes[row_of[t]])] for t in ids})
+class LiveUnavailable(RuntimeError):
+    """The live term cannot be measured for a head (budget, a worker that refuses every call):
+    then for neither head, since a live term for one only would weigh the two differently."""
+
+
+@dataclass
+class Outcomes:
+    """What a head did on a list of tasks, in that order."""
+
+    task_ids: list[str]
+    quality: np.ndarray  # graded quality in [0, 1]
+    turns: np.ndarray  # turns taken (a one-step head: 1 per task)
+    cost_usd: np.ndarray
+    decisions: list  # what it decided per task, comparable across heads (novelty)
+    utility: np.ndarray | None = None  # the kind's own figure per task (utility, shaped reward); None: quality
+    errors: int = 0
+
+    @property
+    def figure(self) -> np.ndarray:
+        return self.quality if self.utility is None else self.utility
+
+    def rows(self, idx: np.ndarray) -> "Outcomes":
+        idx = np.asarray(idx, int)
+        return Outcomes([self.task_ids[i] for i in idx], self.quality[idx], self.turns[idx], self.cost_usd[idx],
+                        [self.decisions[i] for i in idx], None if self.utility is None else self.utility[idx])
+
+
+@dataclass
+class Entrant:
+    """A loaded head of some kind."""
+
+    path: str
+    method: str
+    content_hash: str
+    head: Any  # what the kind scores with (a checkpoint, a session policy, a triage checkpoint)
+    manifest: Any = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} {self.content_hash}"
+
+
+class Kind(Protocol):
+    name: str
+    pointer: Path
+    history: str
+    lock: str
+    live_tasks: set[str] | None
+
+    def load(self, path: str) -> Entrant: ...
+    def held_out(self, cfg: CompositeConfig) -> HeldOut: ...
+    def outcomes(self, entrant: Entrant, task_ids: list[str], *, live: bool) -> Outcomes: ...
+    def behaviour(self, entrant: Entrant) -> Behaviour: ...
+    def candidate(self, entrant: Entrant, held: HeldOut, cfg: CompositeConfig): ...
+    def contract_problems(self, entrant: Entrant) -> list[str]: ...
+    def receipt(self, entrant: Entrant, policy) -> GateResult: ...
+    def own_gates(self, entrant: Entrant) -> list[GateResult]: ...
+    def composite_config(self, cfg: CompositeConfig) -> CompositeConfig: ...
+
+
+class KindBase:
+    """Defaults every kind shares (module docstring)."""
+
+    name = "head"
+    pointer = Path("promoted") / "head.json"
+    history = "head-history.jsonl"
+    lock = ".head.lock"
+    live_tasks: set[str] | None = None
+    models_dir: Path | None = None  # set by the contest: where the probe inputs are kept for preflight
+
+    def composite_config(self, cfg: CompositeConfig) -> CompositeConfig:
+        return cfg
+
+    def contract_problems(self, entrant: Entrant) -> list[str]:
+        return []
+
+    def own_gates(self, entrant: Entrant) -> list[GateResult]:
+        return []
+
+    def baseline(self, task_ids: list[str]) -> Outcomes | None:
+        return None
+
+    def train_figure(self, entrant: Entrant) -> float | None:
+        return None
+
+    def rank(self, entrant: Entrant) -> float | None:
+        return (entrant.manifest.metrics or {}).get("val_reward") if entrant.manifest is not None else None
+
+    def receipt_data(self):
+        """The host's matrix (which workers are paid), or None: the receipt's own cost then says."""
+        return None
+
+    def receipt(self, entrant: Entrant, policy) -> GateResult:
+        """The folder's receipt.json (a pack, checked against its weights, manifest and ledger),
+        else the receipt of its manifest."""
+        from fugu_pipeline.evaluate.gates import receipt_gate
+        from fugu_pipeline.train.checkpoints import WEIGHTS_FILE
+        from fugu_pipeline.train.exchange import pack_ledger, read_receipt, receipt_from_manifest
+
+        data = self.receipt_data()
         try:
-            outcomes = live.evaluate(policy, [tasks[t] for t in ids])
-        except (LiveBudgetExceeded, FatalWorkerError) as exc:  # no partial live term: both heads or neither
-            return None, f"live term not measured: {exc}"
-        out[b] = LiveRows(quality=np.array([o.quality for o in outcomes], float),
-                          calls=np.array([o.calls for o in outcomes], float),
-                          cost_usd=float(sum(o.cost_usd for o in outcomes)),
-                          errors=sum(o.error is not None for o in outcomes))
-        total += len(ids)
-    if not out:
-        return None, "live term not measured: none of the held-out tasks is in the task files"
-    return out, f"live: {live.name}, {total} tasks ({cfg.live_sample} a benchmark at most)"
+            receipt = read_receipt(entrant.path)
+        except CheckpointError as exc:
+            return GateResult("receipt", False, str(exc))
+        if receipt is None:
+            return receipt_gate(receipt_from_manifest(entrant.manifest, data=data), policy.gates, data=data)
+        weights = (Path(entrant.path) / WEIGHTS_FILE).read_bytes()
+        return receipt_gate(receipt, policy.gates, data=data, weights=weights, manifest=entrant.manifest,
+                            ledger=pack_ledger(entrant.path))
 
+    def candidate(self, entrant: Entrant, held: HeldOut, cfg: CompositeConfig):
+        """The figures `decide` reads, from the kind's outcomes on the held-out eval rows."""
+        from fugu_pipeline.evaluate.decision import Candidate
 
-def score_against_king(checkpoint, king, data, cfg: CompositeConfig, *, live: LiveEvaluator | None = None,
-                       tasks: dict | None = None, features: FeatureSource | None = None) -> dict:
-    """The composite of `checkpoint` (scored on `data`, its own features) and of the king, with the
-    paired bootstrap of their difference, on the same held-out rows. The king reads its own
-    features from `features` (the rows its contract describes); without `features`, or when the
-    king's encoder model differs, it is scored only if it reads `data`'s features.
-
-    Returns {"challenger", "king" (or None), "difference" (or None), "live", "king_note"}."""
-    held = held_out(data, cfg)
-    routes = head_routes(checkpoint, data)
-    king_routes, king_note = None, "no king"
-    if king is not None:
-        source = features if features is not None else FeatureSource.fixed(data)
-        king_data, problems = source.for_checkpoint(king)
+        problems = self.contract_problems(entrant)
+        ev = np.flatnonzero(~held.audit)
         if problems:
-            king_note = "the king uses other features or workers (" + "; ".join(problems) + "): not scored on these rows"
-        else:
-            king_routes, king_note = head_routes(king, king_data), f"king {king.manifest.method} {king.manifest.content_hash}"
-    live_c, note = live_rows(live, tasks, "challenger", str(checkpoint.path), routes, held, cfg)
-    ch = score_head(routes, held, cfg, king_routes=king_routes, live=live_c)
-    out = {"challenger": ch, "king": None, "difference": None, "live": note, "king_note": king_note,
-           "audit": {"fraction": cfg.audit_fraction, "rows": int(held.audit.sum()), "of": int(len(held.audit))}}
-    if king_routes is not None:
-        live_k, note_k = live_rows(live, tasks, "king", str(king.path), king_routes, held, cfg)
-        if (live_k is None) != (live_c is None):  # scored alike or not at all
-            out["live"] = note if live_c is None else note_k  # the failure's reason
-            live_c, live_k = None, None
-            ch = score_head(routes, held, cfg, king_routes=king_routes)
-            out["challenger"] = ch
-        kg = score_head(king_routes, held, cfg, live=live_k, is_king=True)
-        out["king"] = kg
-        out["difference"] = paired_difference(routes, king_routes, held, cfg, ch, kg, live_c, live_k)
-    return out
+            nan = np.full(len(ev), np.nan)
+            return Candidate(entrant.path, entrant.method, entrant.content_hash, nan, nan, float("nan"),
+                             contract_problems=problems)
+        out = self.outcomes(entrant, [held.task_ids[i] for i in ev], live=False)
+        base = self.baseline([held.task_ids[i] for i in ev])
+        train = self.train_figure(entrant)
+        return Candidate(entrant.path, entrant.method, entrant.content_hash, out.figure,
+                         None if base is None else base.figure, float("nan") if train is None else train,
+                         val_router_utility=self.rank(entrant))
 
 
-def load_king(models_dir: str | Path):
-    """The promoted checkpoint, loaded, or None (none promoted, or it cannot be loaded: see `king_or_why`)."""
-    return king_or_why(models_dir)[0]
+# --------------------------------------------------------------------------- the king
 
 
-def king_or_why(models_dir: str | Path) -> tuple[object | None, str | None]:
-    """(the promoted checkpoint, None); (None, None) when nothing is promoted; (None, why) when the
-    pointer is damaged, names a checkpoint that cannot be loaded, or names another checkpoint than
-    the one it promoted (its content_hash differs from the manifest's)."""
-    from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
-    from fugu_pipeline.train.pointer import pointer_location, pointer_target, read_pointer
-
+def king_or_why(models_dir: str | Path, kind) -> tuple[Entrant | None, str | None]:
+    """(the kind's promoted head, None); (None, None) when nothing is promoted; (None, why) when
+    the pointer is damaged, names a head that cannot be loaded, or another head than it promoted."""
     try:
-        pointer = read_pointer(models_dir)
-        if pointer is None:
+        ptr = read_pointer(models_dir, kind.pointer)
+        if ptr is None:
             return None, None
-        king = load_checkpoint(pointer_target(models_dir, pointer))
+        king = kind.load(str(pointer_target(models_dir, ptr)))
     except (CheckpointError, OSError) as exc:
         return None, str(exc)
-    want = pointer.get("content_hash")
-    if want and want != king.manifest.content_hash:
-        return None, (f"{pointer_location(models_dir)}: content_hash {want} but {pointer['checkpoint']} holds checkpoint "
-                      f"{king.manifest.content_hash}: not the promoted checkpoint; re-run promotion or restore it")
+    want = ptr.get("content_hash")
+    if want and want != king.content_hash:
+        return None, (f"{pointer_location(models_dir, kind.pointer)}: content_hash {want} but {ptr['checkpoint']} holds "
+                      f"{king.content_hash}: not the promoted head; re-run promotion or restore it")
     return king, None
 
 
-def add_composite(rep: dict, checkpoint, data, models_dir: str | Path | None, cfg: CompositeConfig, *,
-                  live: LiveEvaluator | None = None, tasks: dict | None = None,
-                  features: FeatureSource | None = None) -> dict:
-    """Put the composite of `checkpoint` (against the current king of `models_dir`, novelty
-    included, the king on its own features from `features`) with every term into an evaluation
-    report, and onto its summary line."""
-    king, why = king_or_why(models_dir) if models_dir is not None else (None, None)
-    contest = score_against_king(checkpoint, king, data, cfg, live=live, tasks=tasks, features=features)
-    if why:
-        contest["king_note"] = f"the promoted checkpoint cannot be loaded, not scored: {why}"
-    rep["composite"] = contest
-    c = contest["challenger"]["composite"]
-    k = contest["king"]["composite"] if contest["king"] is not None else None
-    tail = f" | {rep['utility_formula']}" if rep.get("utility_formula") else ""
-    head = rep["summary"].removesuffix(tail) if tail and rep["summary"].endswith(tail) else rep["summary"]
-    rep["summary"] = head + f" | composite {c:.4f}" + ("" if k is None else f" (king {k:.4f})") + tail  # the formula stays last
-    return rep
+def _pointer_or_none(models_dir, kind) -> dict | None:
+    try:
+        return read_pointer(models_dir, kind.pointer)
+    except PointerError:
+        return None
+
+
+# --------------------------------------------------------------------------- scoring both on the same rows
+
+
+def live_rows(kind, entrant: Entrant, held: HeldOut, cfg: CompositeConfig) -> tuple[dict[str, LiveRows] | None, str]:
+    """One head's live outcomes per benchmark on the fixed live sample, and a note saying what ran."""
+    if cfg.live_sample == 0:
+        return None, "live term off (live_sample: 0)"
+    if cfg.live_weight == 0 and cfg.efficiency_weight == 0:
+        return None, f"no live term: a {kind.name} head's composite has none"
+    if kind.live_tasks is None:
+        return None, getattr(kind, "live_note", None) or f"live term not measured: a {kind.name} head is not run live"
+    samples = {b: held.live_sample(b, cfg.live_sample, cfg.seed, available=kind.live_tasks) for b in held.names()}
+    ids = [t for b in held.names() for t in samples[b]]
+    if not ids:
+        return None, "live term not measured: none of the held-out tasks can be run live (no task file with graders)"
+    got = kind.outcomes(entrant, ids, live=True)  # LiveUnavailable propagates
+    at = {t: i for i, t in enumerate(got.task_ids)}
+    out: dict[str, LiveRows] = {}
+    for b, tids in samples.items():
+        if not tids:
+            continue
+        rows = np.array([at[t] for t in tids])
+        out[b] = LiveRows(quality=got.quality[rows], calls=got.turns[rows], turns=got.turns[rows],
+                          cost_usd=float(got.cost_usd[rows].sum()), errors=0)
+    return out, f"live: {getattr(kind, 'live_name', kind.name)}, {len(ids)} tasks ({cfg.live_sample} a benchmark at most)"
+
+
+def score_pair(kind, challenger: Entrant, king: Entrant | None, cfg: CompositeConfig) -> dict:
+    """The composite of the challenger and of the king (when it can be scored on these rows) on
+    the same held-out rows, and the paired bootstrap of their difference."""
+    held = kind.held_out(cfg)
+    ids = held.task_ids
+    ch_out = kind.outcomes(challenger, ids, live=False)
+    king_out, king_note = None, "no king"
+    if king is not None:
+        problems = kind.contract_problems(king)
+        if problems:
+            king_note = "the king uses other features or workers (" + "; ".join(problems) + "): not scored on these rows"
+        else:
+            king_out, king_note = kind.outcomes(king, ids, live=False), f"king {king.label}"
+    try:
+        live_c, note = live_rows(kind, challenger, held, cfg)
+        live_k = live_rows(kind, king, held, cfg)[0] if king_out is not None and live_c is not None else None
+    except LiveUnavailable as exc:  # no partial live term: both heads or neither
+        live_c, live_k, note = None, None, f"live term not measured: {exc}"
+    kd = None if king_out is None else king_out.decisions
+    ch = score_outcomes(ch_out.quality, ch_out.decisions, held, cfg, king_decisions=kd, live=live_c)
+    out = {"challenger": ch, "king": None, "difference": None, "live": note, "king_note": king_note,
+           "audit": {"fraction": cfg.audit_fraction, "rows": int(held.audit.sum()), "of": int(len(held.audit))},
+           "kind": kind.name}
+    if king_out is not None:
+        kg = score_outcomes(king_out.quality, king_out.decisions, held, cfg, live=live_k, is_king=True)
+        out["king"] = kg
+        out["difference"] = paired_outcomes(ch_out.quality, king_out.quality, ch_out.decisions, king_out.decisions,
+                                            held, cfg, ch, kg, live_c, live_k)
+    return out
+
+
+def contest_record(contest: dict | None) -> dict | None:
+    """The composites for the history line: totals, the difference and each benchmark's terms."""
+    if contest is None:
+        return None
+    slim = lambda sc: None if sc is None else {  # noqa: E731
+        "composite": sc["composite"], "rejected": sc["rejected"],
+        "benchmarks": {r["benchmark"]: {k: r[k] for k in ("cached", "live", "efficiency", "novelty", "score")}
+                       | {"overfit": r["overfit"]["verdict"]} for r in sc["benchmarks"]}}
+    return {"challenger": slim(contest["challenger"]), "king": slim(contest["king"]), "difference": contest["difference"],
+            "live": contest["live"]}
+
+
+# --------------------------------------------------------------------------- gates before scoring
+
+
+def signature_gate(path: str | Path, models_dir: str | Path, key: str | None) -> GateResult | None:
+    """A pack (a folder with receipt.json outside the models folder) must be signed by a key the
+    host accepts, and by the key its attempt is counted under; None for a host's own checkpoint."""
+    from fugu_pipeline.evaluate.promotion_record import relative_to
+    from fugu_pipeline.train.exchange import PACK_FILES, RECEIPT_FILE
+    from fugu_pipeline.train.signing import SigningError, read_keys, verify_pack
+
+    p = Path(path)
+    if not (p / RECEIPT_FILE).exists() or relative_to(p, Path(models_dir)) is not None:
+        return None
+    try:
+        name, fp = verify_pack(p, list(PACK_FILES), read_keys(models_dir))
+    except SigningError as exc:
+        return GateResult("signature", False, str(exc))
+    if key is not None and fp != key:
+        return GateResult("signature", False, f"signed by {name} (key {fp}), but submitted as key {key}")
+    return GateResult("signature", True, f"signed by {name} (key {fp})")
+
+
+def entry_gates(kind, entrant: Entrant, models_dir, policy, king: Entrant | None, key: str | None) -> list[GateResult]:
+    gates = [GateResult("weights", True, "shape, finite, not all zero")]
+    sig = signature_gate(entrant.path, models_dir, key)
+    if sig is not None:
+        gates.append(sig)
+    gates.extend(kind.own_gates(entrant))
+    problems = kind.contract_problems(entrant)
+    gates.append(GateResult("contract", not problems, "; ".join(problems) if problems else
+                            f"reads the host's features and workers ({len(entrant.manifest.worker_ids)} workers)"))
+    if not problems:
+        seen = kind.behaviour(entrant)
+        king_seen = None
+        if king is not None and not kind.contract_problems(king):
+            king_seen = (king.label, kind.behaviour(king))
+        gates.append(duplicate_gate(seen, models_dir, policy.gates.duplicate_cosine, kind=kind.name, king=king_seen,
+                                    own_hash=None))
+        entrant.extra["behaviour"] = seen
+    gates.append(kind.receipt(entrant, policy))
+    return gates
+
+
+# --------------------------------------------------------------------------- the contest
+
+
+def run_contest(kind, paths: list[str], models_dir: str | Path, policy, *, submitter: str = DEFAULT_SUBMITTER,
+                key: str | None = None, now: float | None = None, replace_broken_king: bool = False) -> dict:
+    """One promotion attempt of `kind` (module docstring). Returns {promoted, challenger, reasons,
+    pointer, contest}. The models folder must be writable (checked before anything is scored)."""
+    check_writable(models_dir)
+    kind.models_dir = Path(models_dir)
+    with promotion_lock(models_dir, kind.lock):
+        return _contest(kind, paths, Path(models_dir), policy, submitter=submitter, key=key, now=now,
+                        replace_broken_king=replace_broken_king)
+
+
+def _record(models_dir: Path, kind, rec: dict) -> None:
+    append_history(models_dir, {"at": _now(), "kind": kind.name, **rec}, kind.history)
+
+
+def _contest(kind, paths, models_dir: Path, policy, *, submitter, key, now, replace_broken_king) -> dict:
+    who = {"submitter": submitter, **({"key": key} if key else {})}
+    rate = rate_limit_gate(models_dir, submitter, policy.gates.rate_limit_s, now, history_name=kind.history, key=key)
+    if not rate.ok:
+        _record(models_dir, kind, {"promote": False, "challenger": None, "reasons": [rate.line()], "rate_limited": True,
+                                   "paths": list(paths), **who})
+        return {"promoted": False, "challenger": None, "reasons": [rate.line(), "NOT PROMOTED: rate limited"],
+                "pointer": _pointer_or_none(models_dir, kind), "contest": None}
+    reasons: list[str] = [rate.line()]
+    version = pointer_version(models_dir, kind.pointer)  # the king this attempt faces: the pointer write is conditional on it
+    king, king_error = king_or_why(models_dir, kind)
+    noun = "checkpoint" if kind.name == "router" else kind.name
+    if king_error and not replace_broken_king:
+        line = (f"FAIL promoted: the promoted {noun} cannot be loaded ({king_error}); a challenger cannot face it: "
+                "restore it, or replace it on purpose with --replace-broken-king (asset config replace_broken_king)")
+        _record(models_dir, kind, {"promote": False, "challenger": None, "reasons": [line], "king_error": king_error,
+                                   "not_an_attempt": True, "paths": list(paths), **who})
+        raise CheckpointError(f"{king_error} -- nothing scored, nothing promoted: restore the promoted {noun}, "
+                              "or pass --replace-broken-king to let the challenger replace it facing the baselines only")
+    passed: list[tuple[Entrant, list[GateResult]]] = []
+    for path in dict.fromkeys(str(p) for p in paths):
+        try:
+            ent = kind.load(path)
+        except CheckpointError as exc:
+            problems = weight_gate(path)
+            reason = "FAIL weights: " + "; ".join(problems) if problems else f"FAIL checkpoint: {exc}"
+            _record(models_dir, kind, {"promote": False, "challenger": path, "reasons": [reason], **who})
+            reasons.append(f"REFUSED {path}: {reason}")
+            continue
+        gates = entry_gates(kind, ent, models_dir, policy, king, key)
+        if all(g.ok for g in gates):
+            passed.append((ent, gates))
+            continue
+        _record(models_dir, kind, {"promote": False, "challenger": path, "reasons": [g.line() for g in gates],
+                                   "method": ent.method, "content_hash": ent.content_hash, **who})
+        reasons.append(f"REFUSED {path}: " + "; ".join(g.line() for g in gates if not g.ok))
+    if not passed:
+        return {"promoted": False, "challenger": None, "reasons": reasons or ["no challenger"],
+                "pointer": _pointer_or_none(models_dir, kind), "contest": None}
+    cfg = kind.composite_config(policy.composite)
+    held = kind.held_out(cfg)
+    scored = [(kind.candidate(e, held, cfg), e, g) for e, g in passed]
+    usable = [t for t in scored if not t[0].contract_problems] or scored
+    best, ent, gates = max(usable, key=lambda t: t[0].val_router_utility if t[0].val_router_utility is not None else -np.inf)
+    reasons.append(f"challenger: {best.method} {best.content_hash} (best validation figure "
+                   f"{best.val_router_utility if best.val_router_utility is not None else float('nan'):.4f} of {len(scored)})")
+    reasons.extend(g.line() for g in gates if g.name != "weights")
+    champion = None
+    if king is not None:
+        champion = kind.candidate(king, held, cfg)
+    elif king_error:
+        reasons.append(f"the promoted {noun} cannot be loaded ({king_error}); replace_broken_king: "
+                       "the challenger faces the baselines only")
+    contest = None
+    if not best.contract_problems:
+        contest = score_pair(kind, ent, king, cfg)
+        reasons.extend(composite_lines(contest["challenger"], "challenger composite"))
+        if contest["king"] is not None:
+            reasons.extend(composite_lines(contest["king"], "king composite"))
+        reasons.append(contest["live"])
+    decision = decide(best, champion, policy.model_copy(update={"composite": cfg}), contest, king_error=king_error)
+    reasons.extend(decision.reasons)
+    report = Path(best.path) / "reports" / "test.json"
+    extra = {"gates": [g.line() for g in gates], "contest": contest_record(contest), "kind": kind.name,
+             **({"key": key} if key else {})}
+    if king_error:
+        extra["king_error"] = king_error
+    pointer = apply(decision, best, models_dir, report_path=str(report) if report.exists() else None, submitter=submitter,
+                    extra=extra, expected_version=version, pointer_file=kind.pointer, history=kind.history)
+    seen = ent.extra.get("behaviour")
+    if seen is not None:
+        SeenHeads(models_dir).add(best.content_hash, seen, method=best.method, kind=kind.name,
+                                  outcome="promoted" if pointer else "refused", submitter=submitter)
+    reasons.append("PROMOTED" if pointer else f"NOT PROMOTED: the promoted {noun} stays")
+    return {"promoted": pointer is not None, "challenger": best.path, "reasons": reasons,
+            "pointer": pointer or _pointer_or_none(models_dir, kind), "contest": contest}

@@ -1,23 +1,20 @@
-"""Live accuracy: route a bounded sample of held-out tasks, really call the chosen worker, grade.
+"""Live accuracy: run a bounded sample of held-out tasks as each head serves, grade, count turns.
 
 The composite's live term goes through one small interface, `LiveEvaluator`: given a head's
 `LivePolicy` and the sampled tasks, return one `LiveOutcome` per task (its quality, the worker
-calls and turns it took, what it cost). Two implementations are meant to exist:
+calls and turns it took, what it cost). The one-step router's is `OneCallEvaluator` (here): the
+head's greedy route on the task's cached features picks the worker, the worker is called once,
+the answer graded by the task's grader. With the offline mock pool this reproduces the matrix's
+cell; with real workers it measures what the worker answers today (a model changed upstream,
+sampling noise) against the matrix. The multi-turn coordinator's live term runs its sessions
+through the session loop (`roles_kind.py`), which reports the turns every session took.
 
-- `OneCallEvaluator` (here): the one-step router. The head's greedy route on the task's cached
-  features picks the worker, the worker is called once, the answer graded by the task's grader.
-  With the offline mock pool this reproduces the matrix's cell; with real workers it measures
-  what the worker answers today (a model changed upstream, sampling noise) against the matrix.
-- a multi-turn evaluator (the session loop built in `session/`, issue 13): it loads the
-  coordinator from `policy.checkpoint`, runs Thinker → Worker → Verifier sessions on the same
-  tasks and reports `turns` and `calls` per task, which the efficiency term then rewards. It
-  plugs in by implementing `evaluate` below; nothing else in the composite changes.
-
-A call that fails scores 0 (the head chose a worker that did not answer). Calls are memoised per
-(task, worker) for the evaluator's lifetime: king and challenger routing a task to the same
-worker share one answer, so their paired difference carries no sampling noise of that cell.
-`max_usd` bounds the spend (each call's worst case reserved from the catalog or configured
-prices before it is made; an unpriced paid worker is refused up front).
+A call that fails scores 0 (the head chose a worker that did not answer). Outcomes are kept in
+the live store (`live_store.py`) per (head, task, seed), so a re-judgement calls nothing, and are
+shared by (task, worker, seed): king and challenger routing a task to the same worker share one
+answer. Every call made is appended to the cost ledger (`fugu_pipeline/ledger.py`, kind `live`;
+its grading call, kind `judge`). `max_usd` bounds the spend (each call's worst case reserved from
+the catalog or configured prices before it is made; an unpriced paid worker is refused up front).
 """
 
 from __future__ import annotations
@@ -39,6 +36,8 @@ class LivePolicy:
     label: str
     checkpoint: str
     routes: dict[str, str]
+    head: str = ""  # the head's content hash: the live store's key
+    seed: int = 0
 
 
 @dataclass
@@ -67,10 +66,13 @@ class OneCallEvaluator:
 
     name = "one call per task (route, call, grade)"
 
-    def __init__(self, config: "WorkersConfig", *, max_usd: float | None = None, concurrency: int = 4):
+    def __init__(self, config: "WorkersConfig", *, max_usd: float | None = None, concurrency: int = 4,
+                 store=None, ledger=None):
         self.config = config
         self.max_usd = config.max_usd_per_run if max_usd is None else max_usd
         self.concurrency = concurrency
+        self.store = store  # live_store.LiveStore: outcomes kept per (head, task, seed)
+        self.ledger = ledger  # ledger.CostLedger: every call made
         self.spent = 0.0
         self.calls = 0
         self._memo: dict[tuple[str, str], LiveOutcome] = {}
@@ -79,11 +81,29 @@ class OneCallEvaluator:
         missing = [t.task_id for t in tasks if t.task_id not in policy.routes]
         if missing:
             raise ValueError(f"{policy.label}: no route for task(s) {missing[:5]}")
+        if self.store is not None:
+            for t in tasks:
+                w = policy.routes[t.task_id]
+                rec = self.store.get(policy.head, t.task_id, w, policy.seed)
+                if rec is not None and (t.task_id, w) not in self._memo:
+                    self._memo[(t.task_id, w)] = LiveOutcome(t.task_id, rec.quality, calls=rec.calls, turns=rec.turns,
+                                                             cost_usd=rec.cost_usd, workers=[w], error=rec.error)
         todo = {(t.task_id, policy.routes[t.task_id]): t for t in tasks
                 if (t.task_id, policy.routes[t.task_id]) not in self._memo}
         if todo:
             asyncio.run(self._run(todo))
-        return [self._memo[(t.task_id, policy.routes[t.task_id])] for t in tasks]
+        out = [self._memo[(t.task_id, policy.routes[t.task_id])] for t in tasks]
+        if self.store is not None:
+            from fugu_pipeline.evaluate.live_store import LiveRecord
+
+            for t, o in zip(tasks, out):
+                w = policy.routes[t.task_id]
+                rec = self.store.get(policy.head, t.task_id, w, policy.seed)
+                if rec is None or rec.head != policy.head:
+                    self.store.put(LiveRecord(head=policy.head, task_id=t.task_id, seed=policy.seed, worker=w,
+                                              quality=o.quality, calls=o.calls, turns=o.turns, cost_usd=o.cost_usd,
+                                              error=o.error))
+        return out
 
     async def _run(self, todo: dict[tuple[str, str], "Task"]) -> None:
         from fugu_pipeline.collect.grading import grade
@@ -117,7 +137,14 @@ class OneCallEvaluator:
                         self.spent += reserve
                 try:
                     comp = await clients[worker].complete(task_messages(task, spec.system_prompt), task=task)
+                    if self.ledger is not None:
+                        await asyncio.to_thread(self.ledger.append, "live", comp.cost_usd, worker_id=worker,
+                                                task_id=task_id, ref="live")
                     g = await grade(task, comp.answer, judge)
+                    if self.ledger is not None and g.judge_cost_usd:
+                        await asyncio.to_thread(self.ledger.append, "judge", g.judge_cost_usd,
+                                                worker_id=self.config.judge.id if self.config.judge else "",
+                                                task_id=task_id, ref="live")
                     cost = comp.cost_usd + g.judge_cost_usd
                     out = LiveOutcome(task_id, float(g.quality), cost_usd=cost, workers=[worker])
                 except FatalWorkerError:
@@ -137,6 +164,20 @@ class OneCallEvaluator:
                 await c.aclose()
             if judge is not None:
                 await judge.aclose()
+
+
+def live_evaluator(config: "WorkersConfig", project_dir, **kw) -> OneCallEvaluator:
+    """The one-step live evaluator of a project: outcomes kept in `data/live/` (per worker pool and
+    judge), every call appended to the project's cost ledger."""
+    from pathlib import Path
+
+    from fugu_pipeline.evaluate.live_store import LiveStore, live_context
+    from fugu_pipeline.ledger import CostLedger, project_ledger
+
+    context = live_context([w.model_dump(mode="json") for w in config.workers],
+                           config.judge.model_dump(mode="json") if config.judge else None)
+    return OneCallEvaluator(config, store=LiveStore(Path(project_dir) / "data" / "live", context),
+                            ledger=CostLedger(project_ledger(project_dir)), **kw)
 
 
 def tasks_by_id(benchgen_dir) -> dict[str, "Task"]:

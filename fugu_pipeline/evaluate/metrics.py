@@ -1,4 +1,4 @@
-"""Evaluation metrics (DESIGN §5). Plain numpy; every figure comes from the held-out rows.
+"""Evaluation metrics. Plain numpy; every figure comes from the held-out rows.
 
 `evaluation_report` takes the router's per-task scores (higher = preferred) on the held-out
 split, the utility matrix, and the training split (for the honest best-fixed baselines).
@@ -152,6 +152,16 @@ def group_rows(inp: EvalInputs, routes: np.ndarray, groups: dict[str, np.ndarray
     return rows
 
 
+def macro_over_domains(inp: EvalInputs, routes: np.ndarray, mask: np.ndarray, fixed: int, fixed_q: int | None) -> dict:
+    """A group's figures averaged over its domains (each domain's mean first, then their mean), so a
+    large data set weighs as much as a small one: what a per-domain average reports for a group of
+    data sets. `domains` says how many were averaged."""
+    doms = np.asarray(inp.domains)
+    rows = group_rows(inp, routes, {d: mask & (doms == d) for d in sorted(set(doms[mask]))}, fixed, fixed_q)
+    keys = [k for k in rows[0] if k not in ("name", "n", "top_route")] if rows else []
+    return {"domains": len(rows), **{k: float(np.mean([r[k] for r in rows])) for k in keys}}
+
+
 def evaluation_report(inp: EvalInputs, *, n_boot: int = 2000, seed: int = 0) -> dict:
     U, W = inp.utility, inp.worker_ids
     if U.shape[0] == 0:
@@ -201,7 +211,11 @@ def evaluation_report(inp: EvalInputs, *, n_boot: int = 2000, seed: int = 0) -> 
     if inp.tags is not None and any(inp.tags):
         names = sorted({t for ts in inp.tags for t in ts})
         masks = {t: np.array([t in ts for ts in inp.tags]) for t in names}
-        rep["per_tag"] = [{"tag": r.pop("name"), **r} for r in group_rows(inp, routes, masks, fixed_idx, fixed_q)]
+        rep["per_tag"] = [{"tag": r.pop("name"), "averaged": "over rows", **r}
+                          for r in group_rows(inp, routes, masks, fixed_idx, fixed_q)]
+        if inp.domains is not None:  # and over the tag's data sets, as routing papers report a group
+            for r in rep["per_tag"]:
+                r["macro"] = macro_over_domains(inp, routes, masks[r["tag"]], fixed_idx, fixed_q)
     if inp.cost_usd is not None and inp.quality is not None and np.nanstd(inp.cost_usd) > 0:
         points = [{"name": w, "mean_cost_usd": float(inp.cost_usd[:, i].mean()), "mean_quality": float(inp.quality[:, i].mean())} for i, w in enumerate(W)]
         points.append({"name": "router", "mean_cost_usd": rep["router_mean_cost_usd"], "mean_quality": rep["router_mean_quality"]})

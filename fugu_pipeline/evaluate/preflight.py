@@ -1,19 +1,30 @@
 """`fugu-lite preflight`: the submission gates on a pack folder (`train/exchange.py`), offline.
 
 Nothing is scored and nothing is recorded: it says whether `fugu-lite validate` would let the
-head be scored, and why not. In order:
+head be scored, and why not. Any kind of head (a one-step router, a coordinator, a triage head)
+is checked against its own kind's king, history and registry. In order:
 
-1. **files**: head.safetensors, manifest.json, receipt.json and contract.json are all there;
+1. **files**: head.safetensors, manifest.json, receipt.json, contract.json, ledger.jsonl and
+   signature.json are all there;
 2. **manifest**: it parses and its contract fingerprint matches its contract;
 3. **weights**: readable safetensors whose sha256 is the manifest's, with the shapes the head kind
    needs, every value finite, the final layer not all zero;
 4. **contract**: contract.json agrees with the manifest, and the head routes the host's workers in
    the host's order and reads the host's features (encoder, pooling, layer, template, dim...);
-   the host is the king by default, or `--workers` / `--encoder` / `--data`;
-5. **receipt**: it names these weights (sha256 and content hash), agrees with the manifest, records
-   ≥ 3 fitness steps and a training cost where the host's workers are paid;
-6. **duplicate**: not within cosine 0.99 of a head judged before or of the king;
-7. **rate limit**: the submitter has an attempt left in this period (checked, not spent).
+   the host is the kind's king by default, or `--workers` / `--encoder` / `--data`;
+5. **signature**: signed (ed25519) over every pack file by a key the host accepts
+   (`models/promoted/keys.json`); the key is who submits;
+6. **ledger**: the cost ledger's hash chain holds from its first line to its last;
+7. **receipt**: it names these weights (sha256 and content hash), agrees with the manifest
+   (fitness curve and cost included), cites the ledger's head, lines and totals as recomputed,
+   claims no more training cost than the ledger's paid calls, records ≥ 3 fitness steps and a
+   training cost where the host's workers are paid;
+8. **size**: the kind's own cap (a triage head: under 1M parameters);
+9. **duplicate**: its behaviour on the host's probe set is not within cosine 0.99 of a head judged
+   before or of the king (checked offline when the host keeps the probe inputs of this feature
+   contract, `probe.py`; `validate` always checks it);
+10. **rate limit**: the key has an attempt of this kind left in this period (checked, not spent);
+11. **king**: whom it would face.
 """
 
 from __future__ import annotations
@@ -22,24 +33,20 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fugu_pipeline.evaluate.gates import (
-    GateConfig,
-    GateResult,
-    duplicate_gate,
-    rate_limit_gate,
-    receipt_gate,
-    routing_map,
-)
+from fugu_pipeline.evaluate.gates import GateConfig, GateResult, duplicate_gate, rate_limit_gate, receipt_gate
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.train.checkpoints import MANIFEST_FILE, MAX_MANIFEST_BYTES, WEIGHTS_FILE, Manifest, read_capped, weights_limit
 from fugu_pipeline.train.exchange import (
     CONTRACT_FILE,
+    LEDGER_COPY,
     PACK_FILES,
     RECEIPT_FILE,
     PackContract,
+    pack_ledger,
     read_receipt,
 )
-from fugu_pipeline.train.pointer import PointerError, pointer_target, read_pointer
+from fugu_pipeline.train.pointer import POINTER, PointerError, pointer_target, read_pointer
+from fugu_pipeline.train.signing import SIGNATURE_FILE
 
 EXTERNAL_SUBMITTER = "external"
 
@@ -61,13 +68,15 @@ class PreflightResult:
     manifest: Manifest | None = None
     receipt: object | None = None
     notes: list[str] = field(default_factory=list)
+    key: str | None = None  # the signing key's fingerprint (who submits)
+    kind: str = "router"
 
 
-def king_manifest(models_dir: str | Path) -> tuple[Path, Manifest] | None:
+def king_manifest(models_dir: str | Path, pointer_file: Path = POINTER) -> tuple[Path, Manifest] | None:
     """The king's folder and manifest; None when nothing is promoted or it cannot be read
     (`validate` then says why and refuses unless told to replace a broken king)."""
     try:
-        pointer = read_pointer(models_dir)
+        pointer = read_pointer(models_dir, pointer_file)
     except PointerError:
         return None
     if pointer is None:
@@ -79,18 +88,19 @@ def king_manifest(models_dir: str | Path) -> tuple[Path, Manifest] | None:
         return None
 
 
-def _pointer_problem(models_dir: str | Path) -> str | None:
+def _pointer_problem(models_dir: str | Path, pointer_file: Path = POINTER) -> str | None:
     try:
-        read_pointer(models_dir)
+        read_pointer(models_dir, pointer_file)
     except PointerError as exc:
         return str(exc)
     return None
 
 
-def host_expectation(models_dir: str | Path, *, workers_yaml: str | None = None, encoder: str | None = None, data=None) -> Host:
+def host_expectation(models_dir: str | Path, *, workers_yaml: str | None = None, encoder: str | None = None, data=None,
+                     pointer_file: Path = POINTER) -> Host:
     """The host's worker set and feature contract: from `workers_yaml` / `encoder` / `data` when
-    given, else from the king's manifest."""
-    king = king_manifest(models_dir)
+    given, else from the manifest of the king of the kind whose pointer is `pointer_file`."""
+    king = king_manifest(models_dir, pointer_file)
     sources = []
     workers = contract = None
     if workers_yaml:
@@ -112,7 +122,7 @@ def host_expectation(models_dir: str | Path, *, workers_yaml: str | None = None,
         contract = lazy.get().feature_contract()
         lazy.close()
         sources.append(f"encoder {encoder}")
-    broken = _pointer_problem(models_dir) if king is None else None
+    broken = _pointer_problem(models_dir, pointer_file) if king is None else None
     if broken:
         sources.append(f"no king ({broken})")
     if king is not None and (workers is None or contract is None):
@@ -126,38 +136,56 @@ def host_expectation(models_dir: str | Path, *, workers_yaml: str | None = None,
 def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, host: Host | None = None, data=None,
               submitter: str | None = None, now: float | None = None, replace_broken_king: bool = False) -> PreflightResult:
     """Every gate on a pack folder; `ok` when all pass. Stops early only where a later gate has
-    nothing to read (no manifest, no weights). The `king` gate fails when the promoted checkpoint
-    cannot be loaded (`validate` would stop before scoring) unless `replace_broken_king`."""
-    from fugu_pipeline.evaluate.promotion import weight_gate
+    nothing to read (no manifest, no weights). The `king` gate fails when the promoted head of the
+    pack's kind cannot be loaded (`validate` would stop before scoring) unless `replace_broken_king`."""
+    from fugu_pipeline.evaluate.contest import KIND_FILES, kind_of
+    from fugu_pipeline.evaluate.decision import weight_gate
 
     pack = Path(pack_dir)
     gates: list[GateResult] = []
-    missing = [f for f in PACK_FILES if not (pack / f).is_file()]
+    who = submitter or EXTERNAL_SUBMITTER
     if not pack.is_dir():
-        return PreflightResult(False, [GateResult("files", False, f"{pack} is not a folder")], submitter or EXTERNAL_SUBMITTER)
-    gates.append(GateResult("files", not missing, "missing " + ", ".join(missing) if missing else ", ".join(PACK_FILES)))
+        return PreflightResult(False, [GateResult("files", False, f"{pack} is not a folder")], who)
+    missing = [f for f in (*PACK_FILES, SIGNATURE_FILE) if not (pack / f).is_file()]
+    gates.append(GateResult("files", not missing, "missing " + ", ".join(missing) if missing
+                            else ", ".join((*PACK_FILES, SIGNATURE_FILE))))
     if MANIFEST_FILE in missing or WEIGHTS_FILE in missing:
-        return PreflightResult(False, gates, submitter or EXTERNAL_SUBMITTER)
+        return PreflightResult(False, gates, who)
     try:
         manifest = Manifest.model_validate_json(read_capped(pack / MANIFEST_FILE, MAX_MANIFEST_BYTES, "a manifest"))
     except (OSError, ValueError) as exc:
         gates.append(GateResult("manifest", False, f"not a valid checkpoint manifest: {str(exc)[:300]}"))
-        return PreflightResult(False, gates, submitter or EXTERNAL_SUBMITTER)
+        return PreflightResult(False, gates, who)
+    kind = kind_of(manifest.head_kind)
+    pointer_file, history_name, _ = KIND_FILES[kind]
     if manifest.contract_fingerprint != manifest.feature_contract.fingerprint():
         gates.append(GateResult("manifest", False, "contract_fingerprint does not match feature_contract (edited)"))
     else:
-        gates.append(GateResult("manifest", True, f"{manifest.method} {manifest.head_kind}, {manifest.param_count:,} params"))
-
+        gates.append(GateResult("manifest", True, f"{manifest.method} {manifest.head_kind} ({kind}), "
+                                f"{manifest.param_count:,} params"))
     try:
         weights = read_capped(pack / WEIGHTS_FILE, weights_limit(manifest.tensors), "the manifest's tensors")
     except (OSError, ValueError) as exc:
         gates.append(GateResult("weights", False, str(exc)[:300]))
-        return PreflightResult(False, gates, submitter or EXTERNAL_SUBMITTER)
+        return PreflightResult(False, gates, who, kind=kind)
     problems = weight_gate(pack)
     gates.append(GateResult("weights", not problems, "; ".join(problems) if problems else "shape, finite, not all zero"))
+    from fugu_pipeline.train.checkpoints import checkpoint_hash
 
+    if not problems and checkpoint_hash(weights, manifest) != manifest.content_hash:  # e.g. reordered labels
+        gates[1] = GateResult("manifest", False, "its content_hash does not match its weights and fields (edited after "
+                              "saving: reordered worker_ids or domains would mislabel every output)")
     gates.append(_contract_gate(pack, manifest, host, CONTRACT_FILE not in missing))
 
+    key = None
+    sig = _signature_gate(pack, models_dir)
+    gates.append(sig[0])
+    if sig[1] is not None:
+        who, key = sig[1]
+    ledger = pack_ledger(pack)
+    gates.append(GateResult("ledger", isinstance(ledger, object) and ledger is not None and not isinstance(ledger, str),
+                            f"no {LEDGER_COPY}" if ledger is None else ledger if isinstance(ledger, str)
+                            else f"hash chain holds: {ledger.describe()}"))
     receipt = None
     if RECEIPT_FILE in missing:
         gates.append(GateResult("receipt", False, f"no training receipt ({RECEIPT_FILE} is missing): pack the checkpoint "
@@ -165,50 +193,82 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
     else:
         try:
             receipt = read_receipt(pack)
-            gates.append(receipt_gate(receipt, cfg, data=data, weights=weights, manifest=manifest))
+            gates.append(receipt_gate(receipt, cfg, data=data, weights=weights, manifest=manifest, ledger=ledger))
         except ValueError as exc:
             gates.append(GateResult("receipt", False, str(exc)[:300]))
-    who = submitter or (receipt.submitter if receipt is not None and receipt.submitter else EXTERNAL_SUBMITTER)
+    if kind == "triage":
+        from fugu_pipeline.train.triage import MAX_PARAMS
 
-    vector = _routing_map(weights)
-    if vector is None:
-        gates.append(GateResult("duplicate", False, "not checked: the weights cannot be read"))
-    else:
-        king = king_manifest(models_dir)
-        king_map = None
-        if king is not None:
-            kv = _routing_map((king[0] / WEIGHTS_FILE).read_bytes()) if (king[0] / WEIGHTS_FILE).exists() else None
-            king_map = None if kv is None else (f"{king[1].method} {king[1].content_hash}", kv)
-        gates.append(duplicate_gate(vector, models_dir, cfg.duplicate_cosine, king=king_map))
-    gates.append(rate_limit_gate(models_dir, who, cfg.rate_limit_s, now))
-    gates.append(king_gate(models_dir, replace_broken_king))
-    return PreflightResult(all(g.ok for g in gates), gates, who, manifest, receipt)
+        n = manifest.param_count
+        gates.append(GateResult("size", n < MAX_PARAMS, f"{n:,} parameters ({'<' if n < MAX_PARAMS else 'not <'} {MAX_PARAMS:,})"))
+    gates.append(_duplicate_offline(pack, manifest, kind, models_dir, cfg, pointer_file, not problems))
+    gates.append(rate_limit_gate(models_dir, who, cfg.rate_limit_s, now, history_name=history_name, key=key))
+    gates.append(king_gate(models_dir, replace_broken_king, kind))
+    return PreflightResult(all(g.ok for g in gates), gates, who, manifest, receipt, key=key, kind=kind)
 
 
-def king_gate(models_dir: str | Path, replace_broken_king: bool = False) -> GateResult:
-    """Whom the challenger would face: the promoted checkpoint, the baselines only when nothing is
-    promoted, and a failure when the promoted checkpoint cannot be loaded (unless it is to be replaced)."""
-    from fugu_pipeline.evaluate.contest import king_or_why
-
-    king, why = king_or_why(models_dir)
-    if king is not None:
-        return GateResult("king", True, f"faces the promoted {king.manifest.method} {king.manifest.content_hash}")
-    if why is None:
-        return GateResult("king", True, "nothing is promoted: faces the baselines only")
-    if replace_broken_king:
-        return GateResult("king", True, f"the promoted checkpoint cannot be loaded ({why}); it is replaced as asked "
-                          "(--replace-broken-king): faces the baselines only")
-    return GateResult("king", False, f"the promoted checkpoint cannot be loaded ({why}): restore it, or pass "
-                      "--replace-broken-king to replace it facing the baselines only")
-
-
-def _routing_map(weights: bytes):
-    from safetensors.numpy import load
+def _signature_gate(pack: Path, models_dir: str | Path) -> tuple[GateResult, tuple[str, str] | None]:
+    from fugu_pipeline.train.signing import SigningError, read_keys, verify_pack
 
     try:
-        return routing_map(load(weights))
-    except Exception:  # safetensors raises its own error types
-        return None
+        name, fp = verify_pack(pack, list(PACK_FILES), read_keys(models_dir))
+    except SigningError as exc:
+        return GateResult("signature", False, str(exc)), None
+    return GateResult("signature", True, f"signed by {name} (key {fp}), a key this host accepts"), (name, fp)
+
+
+def _duplicate_offline(pack: Path, manifest: Manifest, kind: str, models_dir, cfg: GateConfig, pointer_file: Path,
+                       loadable: bool) -> GateResult:
+    """The duplicate gate on the probe inputs the host keeps for this feature contract."""
+    from fugu_pipeline.evaluate.probe import checkpoint_behaviour, load_probe
+    from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
+
+    kept = load_probe(models_dir, kind, manifest.contract_fingerprint)
+    if kept is None:
+        return GateResult("duplicate", True, "not checked offline: the host keeps no probe inputs for this feature "
+                          "contract yet (validate checks it on the host's features)")
+    if not loadable:
+        return GateResult("duplicate", False, "not checked: the weights cannot be loaded")
+    probe, feats, domains = kept
+    try:
+        seen = checkpoint_behaviour(probe, load_checkpoint(pack), feats, domains)
+    except CheckpointError as exc:
+        return GateResult("duplicate", False, f"not checked: {exc}")
+    king = None
+    k = king_manifest(models_dir, pointer_file)
+    if k is not None and k[1].contract_fingerprint == manifest.contract_fingerprint:
+        try:
+            king = (f"{k[1].method} {k[1].content_hash}", checkpoint_behaviour(probe, load_checkpoint(k[0]), feats, domains))
+        except CheckpointError:
+            king = None
+    return duplicate_gate(seen, models_dir, cfg.duplicate_cosine, kind=kind, king=king)
+
+
+def king_gate(models_dir: str | Path, replace_broken_king: bool = False, kind: str = "router") -> GateResult:
+    """Whom the challenger would face: the kind's promoted head, the baselines only when nothing is
+    promoted, and a failure when the promoted head cannot be loaded (unless it is to be replaced)."""
+    from fugu_pipeline.evaluate.contest import KIND_FILES
+    from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
+
+    pointer_file = KIND_FILES[kind][0]
+    noun = "checkpoint" if kind == "router" else kind
+    why = None
+    try:
+        ptr = read_pointer(models_dir, pointer_file)
+        if ptr is None:
+            return GateResult("king", True, "nothing is promoted: faces the baselines only")
+        king = load_checkpoint(pointer_target(models_dir, ptr))
+        if ptr.get("content_hash") and ptr["content_hash"] != king.manifest.content_hash:
+            why = f"the pointer names {ptr['content_hash']} but {ptr['checkpoint']} holds {king.manifest.content_hash}"
+    except (CheckpointError, OSError) as exc:
+        why = str(exc)
+    if why is None:
+        return GateResult("king", True, f"faces the promoted {king.manifest.method} {king.manifest.content_hash}")
+    if replace_broken_king:
+        return GateResult("king", True, f"the promoted {noun} cannot be loaded ({why}); it is replaced as asked "
+                          "(--replace-broken-king): faces the baselines only")
+    return GateResult("king", False, f"the promoted {noun} cannot be loaded ({why}): restore it, or pass "
+                      "--replace-broken-king to replace it facing the baselines only")
 
 
 def _contract_gate(pack: Path, manifest: Manifest, host: Host | None, present: bool) -> GateResult:

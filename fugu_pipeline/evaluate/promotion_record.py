@@ -43,10 +43,12 @@ _UNREAD = object()
 
 
 def apply(decision, challenger, models_dir: str | Path, *, report_path: str | None = None,
-          submitter: str = DEFAULT_SUBMITTER, extra: dict | None = None, expected_version=_UNREAD) -> dict | None:
+          submitter: str = DEFAULT_SUBMITTER, extra: dict | None = None, expected_version=_UNREAD,
+          pointer_file: Path = POINTER, history: str = "history.jsonl") -> dict | None:
     """Record the decision (`promotion.Decision`) on the challenger (`promotion.Candidate`); when it
     promotes, swap the pointer (a challenger outside the models folder is first copied into it).
-    Returns the new pointer or None.
+    Returns the new pointer or None. `pointer_file` and `history`: the kind's (a coordinator's
+    `promoted/roles.json` and `roles-history.jsonl`, ...).
 
     The pointer is written before the history line, so the history never says "promoted" for a
     pointer that was not written. `expected_version` (`pointer.pointer_version`, read before the
@@ -57,13 +59,13 @@ def apply(decision, challenger, models_dir: str | Path, *, report_path: str | No
     models_dir = Path(models_dir)
     now = _now()
     try:
-        previous = read_pointer(models_dir)
+        previous = read_pointer(models_dir, pointer_file)
     except PointerError:  # a damaged pointer being replaced (replace_broken_king): the history says why
         previous = None
     record = {"at": now, **decision.as_dict(), "method": challenger.method, "content_hash": challenger.content_hash,
               "previous": (previous or {}).get("checkpoint"), "submitter": submitter, **(extra or {})}
     if not decision.promote:
-        append_history(models_dir, record)
+        append_history(models_dir, record, history)
         return None
     try:
         rel = relative_to(challenger.path, models_dir)
@@ -73,16 +75,16 @@ def apply(decision, challenger, models_dir: str | Path, *, report_path: str | No
                    "promoted_at": now, "test_utility": challenger.mean, "reasons": decision.reasons,
                    "composite": decision.figures.get("composite"), "submitter": submitter,
                    "report": report_path, "previous": (previous or {}).get("checkpoint")}
-        if expected_version is not _UNREAD and pointer_version(models_dir) != expected_version:
-            raise PreconditionFailed(f"{models_dir / POINTER} changed since it was read: another promotion replaced the king")
-        write_pointer(models_dir, pointer)
+        if expected_version is not _UNREAD and pointer_version(models_dir, pointer_file) != expected_version:
+            raise PreconditionFailed(f"{models_dir / pointer_file} changed since it was read: another promotion replaced the king")
+        write_pointer(models_dir, pointer, pointer_file)
     except (OSError, CheckpointError, PreconditionFailed) as exc:
         why = f"the promoted pointer was not written: {exc}"
         append_history(models_dir, {**record, "promote": False, "reasons": [*record["reasons"], f"FAIL {why}"],
-                                    "not_an_attempt": True})
-        raise CheckpointError(f"{models_dir / POINTER}: {why}; nothing was promoted, run the promotion again "
+                                    "not_an_attempt": True}, history)
+        raise CheckpointError(f"{models_dir / pointer_file}: {why}; nothing was promoted, run the promotion again "
                               "(it faces the current king)") from None
-    append_history(models_dir, record)
+    append_history(models_dir, record, history)
     return pointer
 
 
@@ -125,8 +127,8 @@ def promotion_lock(models_dir: str | Path, name: str = ".lock"):
         os.close(fd)  # closing releases the lock
 
 
-def _pointer_or_none(models_dir: str | Path) -> dict | None:
+def _pointer_or_none(models_dir: str | Path, pointer_file: Path = POINTER) -> dict | None:
     try:
-        return read_pointer(models_dir)
+        return read_pointer(models_dir, pointer_file)
     except PointerError:
         return None

@@ -1,4 +1,4 @@
-"""The held-out report of a checkpoint (DESIGN §5): scores, every metric, JSON and plots.
+"""The held-out report of a checkpoint: scores, every metric, JSON and plots.
 
 Shared by the Dagster assets and the command line, so both compute the same figures.
 """
@@ -54,7 +54,7 @@ def expected_costs(data, held, calibration=None) -> tuple[np.ndarray | None, flo
 
 def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 2000, seed: int = 0, *,
                         calibration=None, budget=None) -> dict:
-    """The full DESIGN §5 report of one loaded checkpoint on one split of `data`. With a budget
+    """The full report of one loaded checkpoint on one split of `data`. With a budget
     `calibration` (`route/budget.py`, chosen on validation) the report gains a `budget` section:
     each worker's cost and quality, the router's λ curve and Pareto points, and, for `budget`, the
     operating point chosen on validation, scored on this split."""

@@ -70,6 +70,20 @@ def usage_per_turn(trs: list[list[Trajectory]]) -> list[dict]:
     return [{"turn": k, "roles": dict(v["roles"]), "workers": dict(v["workers"])} for k, v in sorted(rows.items())]
 
 
+def role_use(trs: list[list[Trajectory]]) -> dict:
+    """How the coordinator used the roles: turns per role, the share of sessions with a Verifier
+    turn, and the mean role probabilities of its picks with the share of near-certain ones (a
+    saturated softmax puts > 0.999 on one role in every state)."""
+    flat = [t for row in trs for t in row]
+    turns = [turn for t in flat for turn in t.turns]
+    probs = [turn.role_probs for turn in turns if turn.role_probs]
+    mean = {r: float(np.mean([p.get(r, 0.0) for p in probs])) for r in ("thinker", "worker", "verifier")} if probs else {}
+    return {"turns": dict(Counter(turn.role for turn in turns)),
+            "sessions_with_verifier": sum(any(x.role == "verifier" for x in t.turns) for t in flat) / max(len(flat), 1),
+            "mean_role_probabilities": mean,
+            "near_certain_picks": sum(max(p.values()) > 0.999 for p in probs) / max(len(probs), 1)}
+
+
 def verdict(domain: str, coord: dict, base: dict, base_name: str, gain: dict) -> str:
     turns_x = coord["mean_turns"] / max(base["mean_turns"], 1e-9)
     cpc = (f"{coord['cost_per_correct_usd'] / base['cost_per_correct_usd']:.2f}x the cost per correct answer"
@@ -94,8 +108,10 @@ def evaluate_roles(
     seeds: int = 1,
     n_train_for_fixed: int = 60,
     n_boot: int = 2000,
+    cascade=None,
 ) -> dict:
-    """The report (module docstring) as a dict; `report_lines` prints it."""
+    """The report (module docstring) as a dict; `report_lines` prints it. `cascade` (a
+    `route.cascade.CascadeRouter`): also the cascade on the same tasks, from the fixed workers' replies."""
     if not test:
         raise ValueError("no held-out tasks to evaluate the coordinator on")
     pairs = [(t, EVAL_SEED_BASE + k) for t in test for k in range(seeds)]
@@ -125,7 +141,8 @@ def evaluate_roles(
     for d in sorted(set(domains.tolist())):
         rows = np.flatnonzero(domains == d)
         sub = {k: [v[i] for i in rows] for k, v in by_task.items()}
-        entry = {"domain": d, "n": int(len(rows)), "policies": {k: summarize(v, reward, n_boot) for k, v in sub.items()}}
+        entry = {"domain": d, "n": int(len(rows)), "policies": {k: summarize(v, reward, n_boot) for k, v in sub.items()},
+                 "coordinator_roles": role_use(sub["coordinator"])}
         for b in baselines:
             entry[f"coordinator_vs_{b}"] = paired_bootstrap(q["coordinator"][rows], q[b][rows], n_boot)
         rep["per_domain"].append(entry)
@@ -133,6 +150,13 @@ def evaluate_roles(
         rep["verdicts"].append(verdict(d, entry["policies"]["coordinator"], entry["policies"][strongest],
                                        "the one-step router" if strongest == "one_step" else f"the best fixed worker ({worker_ids[best]})",
                                        entry[f"coordinator_vs_{strongest}"]))
+    if cascade is not None:  # the cascade's steps over the fixed workers' single-turn replies: no new call
+        from fugu_pipeline.evaluate.cascade import cascade_over_single_turns
+
+        got = cascade_over_single_turns(cascade, test, {w: [row[0] for row in by_task[f"fixed:{w}"]] for w in worker_ids})
+        rep["cascade"] = {"accuracy": bootstrap_mean(got["quality"], n_boot), "mean_cost_usd": float(got["cost_usd"].mean()),
+                          "calls": float(got["calls"].mean()), "plan": cascade.head.policy.describe(),
+                          "coordinator_minus_cascade": paired_bootstrap(q["coordinator"], got["quality"], n_boot)}
     rep["summary"] = " | ".join(report_lines(rep)[:3])
     return rep
 
@@ -154,5 +178,14 @@ def report_lines(rep: dict) -> list[str]:
     for d in rep["per_domain"]:
         lines.append(f"-- {d['domain']} ({d['n']} tasks)")
         lines += [f"   {label[n]:<25} {_fmt(d['policies'][n])}" for n in names]
+        u = d.get("coordinator_roles")
+        if u:
+            lines.append(f"   coordinator roles: turns {u['turns']}, sessions with a Verifier {u['sessions_with_verifier']:.2f}, "
+                         "mean role probabilities " + ", ".join(f"{r} {p:.2f}" for r, p in u["mean_role_probabilities"].items())
+                         + f", picks above 0.999: {u['near_certain_picks']:.2f}")
     lines += rep["verdicts"]
+    if "cascade" in rep:
+        c, a = rep["cascade"], rep["cascade"]["accuracy"]
+        lines.append(f"{'cascade (same tasks)':<28} accuracy {a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  calls "
+                     f"{c['calls']:.2f}  mean cost ${c['mean_cost_usd']:.5f}  {c['plan']}")
     return lines

@@ -6,9 +6,12 @@ command line (`cli/roles.py`), so both compute the same thing from the same sett
   split by their own `split`. An imported matrix has no graders, so it cannot train a coordinator.
 - Workers: the worker config's clients (mock, OpenRouter, OpenAI-compatible), with the judge for
   `llm_judge` tasks and the budget guard for every turn.
-- Encoder: the project's encoder model read the seed's way (final layer, penultimate position,
+- Encoder: the project's encoder model read TinyRouter's way (final layer, penultimate position,
   L2-normalised, transcript + head-input marker), window `max_length` of the roles config.
 - Trajectories: `data/trajectories/<context>.jsonl` (`session/store.py`).
+- Costs: every turn a session pays for (and its judge call) is appended to the project's cost
+  ledger (`fugu_pipeline/ledger.py`, kinds `session` and `judge`), which a pack's receipt cites.
+- Promotion: the one contest (`contest.py`) with the coordinator's scorer (`roles_promotion.RolesKind`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from fugu_pipeline.evaluate.promotion import PromotionPolicy
-from fugu_pipeline.evaluate.roles import EVAL_SEED_BASE, evaluate_roles, report_lines
-from fugu_pipeline.evaluate.roles_promotion import DEFAULT_MARGIN, promote_roles, roles_candidate, roles_lock
+from fugu_pipeline.evaluate.roles import evaluate_roles, report_lines
+from fugu_pipeline.evaluate.roles_promotion import DEFAULT_MARGIN, RolesKind
 from fugu_pipeline.features.settings import EncoderSettings
 from fugu_pipeline.files import atomic_write
 from fugu_pipeline.session.callers import ClientCaller, SessionBudget
@@ -39,7 +40,7 @@ Log = Callable[[str], None]
 
 def roles_encoder_settings(model: str, max_length: int, *, revision: str | None = None, device: str = "auto",
                            dtype: str = "auto") -> EncoderSettings:
-    """The seed's transcript encoding: final layer, penultimate position, L2-normalised, with the
+    """TinyRouter's transcript encoding: final layer, penultimate position, L2-normalised, with the
     head-input marker in the template (all of it pinned by the feature contract)."""
     return EncoderSettings(model=model, revision=revision, device=device, dtype=dtype, max_length=max_length,
                            pooling="position", token_position=-2, layer=-1, normalize=True,
@@ -67,6 +68,35 @@ def split(tasks: list[Task], name: str) -> list[Task]:
     return [t for t in tasks if t.split == name]
 
 
+class LedgeredClient:
+    """A worker client whose every answered call goes to the cost ledger: kept in a shared batch
+    and appended (one write, one fsync) every `FLUSH_EVERY` calls and when the run closes. Nothing
+    is awaited between the answer and its record, so a call answered at once (the mock pool) does
+    not give way to another session, and the turn memo still sees every repeated request."""
+
+    FLUSH_EVERY = 256
+
+    def __init__(self, client, ledger, kind: str, ref: str = "", batch: list | None = None):
+        self.client, self.ledger, self.kind, self.ref = client, ledger, kind, ref
+        self.batch = batch if batch is not None else []
+        self.worker_id = getattr(client, "worker_id", "")
+
+    async def complete(self, messages, task=None, **kw):
+        comp = await self.client.complete(messages, task=task, **kw)
+        self.batch.append((self.kind, comp.cost_usd, self.worker_id, getattr(task, "task_id", "") or "", self.ref))
+        if len(self.batch) >= self.FLUSH_EVERY:
+            self.flush()
+        return comp
+
+    def flush(self) -> None:
+        pending, self.batch[:] = list(self.batch), []
+        self.ledger.append_many(pending)
+
+    async def aclose(self) -> None:
+        self.flush()
+        await self.client.aclose()
+
+
 @dataclass
 class RolesRun:
     """Everything a coordinator run needs, open; close it with `close()` (or use `open_run`)."""
@@ -76,6 +106,7 @@ class RolesRun:
     runner: SessionRunner
     caller: ClientCaller
     judge: object
+    ledger: object = None
 
     def close(self) -> None:
         import asyncio
@@ -84,17 +115,21 @@ class RolesRun:
             self.runner.store.close()
 
         async def shut() -> None:
-            await self.caller.aclose()
+            await self.caller.aclose()  # the clients' last ledger lines are written here
             if self.judge is not None:
                 await self.judge.aclose()
 
         asyncio.run(shut())
+        if self.ledger is not None:
+            self.ledger.close()
 
 
 @contextlib.contextmanager
 def open_run(config: WorkersConfig, settings: EncoderSettings, trajectories_dir: Path, tasks: list[Task],
-             cfg: RolesConfig, *, catalog=None, encoder=None) -> Iterator[RolesRun]:
-    """Load the encoder (or use `encoder`), make the worker clients, open the trajectory store."""
+             cfg: RolesConfig, *, catalog=None, encoder=None, ledger: Path | None = None) -> Iterator[RolesRun]:
+    """Load the encoder (or use `encoder`), make the worker clients, open the trajectory store.
+    `ledger`: the project's cost ledger file (default: `data/ledger/costs.jsonl` beside
+    `trajectories_dir`), where every paid turn is appended."""
     from fugu_pipeline.collect.store import PartitionBusyError
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.session.featurize import TranscriptFeaturizer
@@ -109,14 +144,21 @@ def open_run(config: WorkersConfig, settings: EncoderSettings, trajectories_dir:
         if encoder is None:
             enc.close()
         raise
+    from fugu_pipeline.ledger import CostLedger
+
     featurizer = TranscriptFeaturizer(enc)
-    caller = ClientCaller.from_config(config, catalog=catalog)
+    book = CostLedger(ledger if ledger is not None else Path(trajectories_dir).parent / "ledger" / "costs.jsonl")
+    specs = {w: config.worker(w) for w in config.worker_ids}
+    pending: list = []  # one batch of ledger lines for every client of the run
+    caller = ClientCaller({w: LedgeredClient(make_client(s, config, catalog=catalog), book, "session", batch=pending)
+                           for w, s in specs.items()}, specs, own=True)
     needs_judge = config.judge is not None and any(t.grader.type == "llm_judge" for t in tasks)
-    judge = make_client(config.judge, config, judge=True, catalog=catalog) if needs_judge else None
+    judge = LedgeredClient(make_client(config.judge, config, judge=True, catalog=catalog), book, "judge", "session",
+                           batch=pending) if needs_judge else None
     budget = SessionBudget(cfg.max_usd if cfg.max_usd is not None else config.max_usd_per_run, catalog)
     runner = SessionRunner(caller, store, max_turns=cfg.max_turns, budget=budget, judge=judge,
                            judge_spec=config.judge)
-    run = RolesRun(config, featurizer, runner, caller, judge)
+    run = RolesRun(config, featurizer, runner, caller, judge, book)
     try:
         yield run
     finally:
@@ -175,13 +217,18 @@ def one_step_policy(models_dir: Path, worker_ids: list[str], log: Log = print, f
 
 def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task], cfg: RolesConfig, models_dir: Path, *,
                          seeds: int = 1, promote: bool = True, policy: PromotionPolicy | None = None,
-                         one_step_fallback: Path | None = None, log: Log = print) -> dict:
-    """The held-out report (`evaluate/roles.py`), written to <checkpoint>/reports/roles-test.json,
-    and (with `promote`) the king-versus-challenger decision on models/promoted/roles.json."""
+                         one_step_fallback: Path | None = None, log: Log = print, submitter: str = "pipeline",
+                         key: str | None = None, report: bool = True, replace_broken_king: bool = True) -> dict:
+    """The held-out report (`evaluate/roles.py`), written to <checkpoint>/reports/roles-test.json
+    (unless `report` is False: a pack being validated), and (with `promote`) the one contest on
+    models/promoted/roles.json (`roles_promotion.RolesKind`)."""
     from fugu_pipeline.route.roles import check_session_format
-    from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
-    from fugu_pipeline.train.pointer import ROLES_POINTER, pointer_target, pointer_version, read_pointer
+    from fugu_pipeline.train.checkpoints import load_checkpoint
 
+    if not report:
+        rep: dict = {"checkpoint": str(checkpoint_path)}
+        return _promote(run, checkpoint_path, tasks, cfg, models_dir, rep, seeds=seeds, policy=policy, log=log,
+                        submitter=submitter, key=key, replace_broken_king=replace_broken_king) if promote else rep
     contract = run.featurizer.contract()
     ckpt = load_checkpoint(checkpoint_path, expected_contract=contract)
     check_session_format(ckpt.manifest)
@@ -200,36 +247,21 @@ def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task]
     rep["report_path"] = str(out)
     if not promote:
         return rep
+    return _promote(run, checkpoint_path, tasks, cfg, models_dir, rep, seeds=seeds, policy=policy, log=log,
+                    submitter=submitter, key=key, replace_broken_king=replace_broken_king)
 
-    pairs = [(t, EVAL_SEED_BASE + k) for t in test for k in range(seeds)]
-    per_task = lambda trs: np.array([np.mean([r(t) for t in trs[i * seeds:(i + 1) * seeds]]) for i in range(len(test))])  # noqa: E731
-    coord_r, best_r = (per_task(x) for x in run.runner.run(
-        [coordinator, _fixed(worker_ids, rep["best_fixed_worker"])], pairs, greedy=True))
-    sample = train[:: max(1, len(train) // 60)][:60]
-    train_r = float(np.mean([r(t) for t in run.runner.run([coordinator], [(t, EVAL_SEED_BASE) for t in sample], True)[0]]))
-    challenger = roles_candidate(ckpt, coord_r, best_r, train_r, contract, val_reward=ckpt.manifest.metrics.get("val_reward"))
-    with roles_lock(models_dir):  # a second promotion waits, then faces the coordinator this one promoted
-        version = pointer_version(models_dir, ROLES_POINTER)
-        champion = None
-        try:
-            ptr = read_pointer(models_dir, ROLES_POINTER)
-            king = load_checkpoint(pointer_target(models_dir, ptr)) if ptr is not None else None
-        except (CheckpointError, FileNotFoundError) as exc:
-            king = None
-            log(f"the promoted coordinator cannot be loaded ({exc}); the challenger faces the baselines only")
-        if king is not None:
-            diffs = king.manifest.feature_contract.differences(contract)
-            king_r = per_task(run.runner.run([_policy_of(king, run.featurizer)], pairs, True)[0]) if not diffs else np.full(len(test), np.nan)
-            champion = roles_candidate(king, king_r, best_r, float("nan"), contract)
-        outcome = promote_roles(challenger, champion, models_dir, policy or PromotionPolicy(margin=DEFAULT_MARGIN),
-                                report_path=str(out), expected_version=version)
+
+def _promote(run: RolesRun, checkpoint_path: Path, tasks: list[Task], cfg: RolesConfig, models_dir: Path, rep: dict, *,
+             seeds: int, policy: PromotionPolicy | None, log: Log, submitter: str, key: str | None,
+             replace_broken_king: bool) -> dict:
+    """The one contest for the coordinator; the outcome goes under rep["promotion"]."""
+    from fugu_pipeline.evaluate.contest import run_contest
+
+    policy = policy or PromotionPolicy(margin=DEFAULT_MARGIN)
+    kind = RolesKind(run, tasks, cfg, seeds=seeds)
+    outcome = run_contest(kind, [str(checkpoint_path)], models_dir, policy, submitter=submitter, key=key,
+                          replace_broken_king=replace_broken_king)
     for line in outcome["reasons"]:
         log(line)
     rep["promotion"] = outcome
     return rep
-
-
-def _fixed(worker_ids: list[str], worker: str):
-    from fugu_pipeline.session.policy import FixedPolicy
-
-    return FixedPolicy(worker_ids, worker)

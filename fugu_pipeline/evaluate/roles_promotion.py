@@ -1,96 +1,178 @@
-"""King versus challenger for the multi-turn coordinator, with the one-step router's gates
-(`evaluate/promotion.py:decide`) and its own pointer, `models/promoted/roles.json`.
+"""The multi-turn coordinator as a kind of the one contest (`contest.py`), with its own king,
+`models/promoted/roles.json`, and history, `models/promoted/roles-history.jsonl`.
 
-The challenger (a roles checkpoint) is promoted only if, on the same held-out tasks and seeds,
-1. its mean reward beats the best fixed worker's (chosen on train) by the policy's bar (paired),
-2. it beats the promoted coordinator by the margin (the seed's rule: at least king + 0.02),
-3. its weights pass weight sanity (shape, finite, not all zero),
-4. its feature contract is the one the coordinator is served with, and
-5. its train − held-out reward gap is under the threshold.
-The pointer is replaced atomically and every decision is appended to
-`models/promoted/roles-history.jsonl`.
+Its scorer runs sessions through the session loop (`session/runner.py`) with the project's
+workers, every session stored in the trajectory store per (task, head, seed, greedy), so a
+re-judgement of the same heads reads them back and calls nothing:
+- the **cached** term: the held-out tasks' greedy sessions at the evaluation seeds
+  (`EVAL_SEED_BASE + k`, `seeds` per task);
+- the **live** term: the fixed live sample (`live_sample` tasks a benchmark, 20 by default),
+  each run once as it is served (greedy) at a seed of its own (`LIVE_SEED_BASE` + the
+  composite's seed): the workers answer afresh;
+- **efficiency**: correct answers per turn on the live sample, each session's turns counted;
+- **novelty**: the share of tasks whose sequence of roles and workers differs from the king's;
+- the **utility** `decide` reads: the shaped reward (quality − turn and cost penalties); the best
+  fixed worker (answering alone, chosen on a sample of the training tasks) is the baseline; the
+  training figure is the reward on that sample;
+- its **behaviour** for the duplicate gate: worker and role logits on the first transcript state
+  of a fixed probe sample of the host's training and validation tasks (`probe.py`).
 """
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 
 import numpy as np
 
-from fugu_pipeline.evaluate.promotion import Candidate, Decision, PromotionPolicy, decide
-from fugu_pipeline.evaluate.promotion_record import append_history, promotion_lock, relative_to
-from fugu_pipeline.storage import PreconditionFailed
-from fugu_pipeline.train.checkpoints import CheckpointError, weight_sanity
-from fugu_pipeline.train.pointer import ROLES_POINTER, PointerError, pointer_version, read_pointer, write_pointer
+from fugu_pipeline.evaluate.composite import CompositeConfig, HeldOut, held_rows
+from fugu_pipeline.evaluate.contest import KIND_FILES, Entrant, KindBase, LiveUnavailable, Outcomes
+from fugu_pipeline.evaluate.promotion_record import apply, promotion_lock
+from fugu_pipeline.train.checkpoints import CheckpointError
+from fugu_pipeline.train.pointer import ROLES_POINTER
 
 HISTORY = ROLES_POINTER.parent / "roles-history.jsonl"
-DEFAULT_MARGIN = 0.02  # the seed's king rule
+DEFAULT_MARGIN = 0.02  # TinyRouter's king rule
+EVAL_SEED_BASE = 2 * 10**9  # held-out sessions use seeds EVAL_SEED_BASE + k (as the multi-turn report)
+LIVE_SEED_BASE = 3 * 10**9  # the live sample's sessions: seeds of their own
+PROBE_TASKS = 64
 _UNREAD = object()
 
 
 def roles_lock(models_dir: str | Path):
-    """models/promoted/.roles.lock, held for one whole coordinator promotion (king scored, decided,
-    pointer swapped): a second attempt waits, then faces the coordinator the first one promoted."""
-    return promotion_lock(models_dir, ".roles.lock")
+    """models/promoted/.roles.lock, held for one whole coordinator promotion."""
+    return promotion_lock(models_dir, KIND_FILES["coordinator"][2])
 
 
-def roles_candidate(checkpoint, test_reward: np.ndarray, best_fixed_reward: np.ndarray, train_reward: float,
-                    expected_contract=None, val_reward: float | None = None) -> Candidate:
-    m = checkpoint.manifest
-    contract = m.feature_contract.differences(expected_contract) if expected_contract is not None else []
-    return Candidate(path=str(checkpoint.path), method=m.method, content_hash=m.content_hash,
-                     test_utility=np.asarray(test_reward, float), best_fixed_utility=np.asarray(best_fixed_reward, float),
-                     train_router_utility=float(train_reward), weight_problems=weight_sanity(checkpoint.state_dict, m),
-                     contract_problems=contract, val_router_utility=val_reward)
-
-
-def apply_roles(decision: Decision, challenger: Candidate, models_dir: str | Path, *, report_path: str | None = None,
+def apply_roles(decision, challenger, models_dir: str | Path, *, report_path: str | None = None,
                 expected_version=_UNREAD) -> dict | None:
-    """Record the decision; when it promotes, swap models/promoted/roles.json. Returns the new pointer or None.
-
-    As for the one-step router (`promotion_record.apply`): the pointer is written before the
-    history line, so the history never says "promoted" for a pointer that was not written; the
-    challenger's path is stored relative to the models folder without resolving symlinks; with
-    `expected_version` (read before the king was scored) a pointer replaced meanwhile is not
-    overwritten. A failed write is recorded as a failed attempt and raised as CheckpointError."""
-    models_dir = Path(models_dir)
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    try:
-        previous = read_pointer(models_dir, ROLES_POINTER)
-    except PointerError:  # a damaged pointer: the challenger faced the baselines only, the history says so
-        previous = None
-    record = {"at": now, **decision.as_dict(), "method": challenger.method, "content_hash": challenger.content_hash,
-              "previous": (previous or {}).get("checkpoint")}
-    if not decision.promote:
-        append_history(models_dir, record, HISTORY.name)
-        return None
-    rel = relative_to(challenger.path, models_dir) or os.path.abspath(challenger.path)
-    pointer = {"checkpoint": rel, "method": challenger.method, "content_hash": challenger.content_hash,
-               "promoted_at": now, "test_reward": challenger.mean, "reasons": decision.reasons, "report": report_path,
-               "previous": (previous or {}).get("checkpoint")}
-    try:
-        if expected_version is not _UNREAD and pointer_version(models_dir, ROLES_POINTER) != expected_version:
-            raise PreconditionFailed(f"{models_dir / ROLES_POINTER} changed since it was read: another promotion replaced it")
-        write_pointer(models_dir, pointer, ROLES_POINTER)
-    except (OSError, PreconditionFailed) as exc:
-        why = f"the promoted coordinator pointer was not written: {exc}"
-        append_history(models_dir, {**record, "promote": False, "reasons": [*record["reasons"], f"FAIL {why}"],
-                                    "not_an_attempt": True}, HISTORY.name)
-        raise CheckpointError(f"{models_dir / ROLES_POINTER}: {why}; nothing was promoted, run the promotion again") from None
-    append_history(models_dir, record, HISTORY.name)
-    return pointer
+    """Record a decision on a coordinator; when it promotes, swap models/promoted/roles.json (the
+    one pointer discipline, `promotion_record.apply`, on the coordinator's pointer and history)."""
+    kw = {} if expected_version is _UNREAD else {"expected_version": expected_version}
+    return apply(decision, challenger, models_dir, report_path=report_path, pointer_file=ROLES_POINTER,
+                 history=HISTORY.name, extra={"kind": "coordinator"}, **kw)
 
 
-def promote_roles(challenger: Candidate, champion: Candidate | None, models_dir: str | Path,
-                  policy: PromotionPolicy | None = None, *, report_path: str | None = None,
-                  expected_version=_UNREAD) -> dict:
-    """Decide and apply; returns {promoted, reasons, pointer}. Run it under `roles_lock(models_dir)`
-    with `expected_version` read before the king was scored."""
-    policy = policy or PromotionPolicy(margin=DEFAULT_MARGIN)
-    decision = decide(challenger, champion, policy)
-    pointer = apply_roles(decision, challenger, models_dir, report_path=report_path, expected_version=expected_version)
-    reasons = [*decision.reasons, "PROMOTED" if pointer else "NOT PROMOTED: the promoted coordinator stays"]
-    return {"promoted": pointer is not None, "reasons": reasons, "figures": decision.figures,
-            "pointer": pointer or read_pointer(models_dir, ROLES_POINTER)}
+class RolesKind(KindBase):
+    """The coordinator's scorer (module docstring). `run`: an open `roles_project.RolesRun`."""
+
+    name = "coordinator"
+    pointer, history, lock = KIND_FILES["coordinator"]
+    live_name = "the session loop (Thinker → Worker → Verifier)"
+
+    def __init__(self, run, tasks: list, cfg, *, seeds: int = 1, n_train_sample: int = 60):
+        self.run, self.cfg, self.seeds = run, cfg, seeds
+        self.by_id = {t.task_id: t for t in tasks}
+        self.test = [t for t in tasks if t.split == "test"]
+        train = sorted((t for t in tasks if t.split == "train"), key=lambda t: t.task_id)
+        self.train_sample = train[:: max(1, len(train) // n_train_sample)][:n_train_sample]
+        self.probe_pool = [t for t in tasks if t.split in ("train", "val")]
+        self.contract = run.featurizer.contract()
+        self.live_tasks = {t.task_id for t in self.test}
+        self.composite_seed = 0
+        self._best_fixed: str | None = None
+
+    # ------------------------------------------------------------------ reading heads
+
+    def load(self, path: str) -> Entrant:
+        from fugu_pipeline.route.roles import check_session_format
+        from fugu_pipeline.route.router import RouterError
+        from fugu_pipeline.train.checkpoints import load_checkpoint
+        from fugu_pipeline.train.heads import ROLES_KINDS
+
+        ckpt = load_checkpoint(path)
+        m = ckpt.manifest
+        if m.head_kind not in ROLES_KINDS:
+            raise CheckpointError(f"{path}: a {m.head_kind!r} head is not a multi-turn coordinator ({', '.join(ROLES_KINDS)})")
+        try:
+            check_session_format(m)
+        except RouterError as exc:
+            raise CheckpointError(f"{path}: {exc}") from None
+        return Entrant(str(ckpt.path), m.method, m.content_hash, ckpt, m)
+
+    def contract_problems(self, entrant: Entrant) -> list[str]:
+        m = entrant.manifest
+        problems = m.feature_contract.differences(self.contract)
+        missing = [w for w in m.worker_ids if w not in self.run.config.worker_ids]
+        if missing:
+            problems.append(f"it delegates to {missing}, which this host's workers do not include")
+        return problems
+
+    def _policy(self, entrant: Entrant):
+        if "policy" not in entrant.extra:
+            from fugu_pipeline.train.roles import policy_from_checkpoint
+
+            entrant.extra["policy"] = policy_from_checkpoint(entrant.head, self.run.featurizer)
+        return entrant.extra["policy"]
+
+    def rank(self, entrant: Entrant) -> float | None:
+        return entrant.manifest.metrics.get("val_reward")
+
+    # ------------------------------------------------------------------ scoring
+
+    def held_out(self, cfg: CompositeConfig) -> HeldOut:
+        self.composite_seed = cfg.seed
+        return held_rows([t.task_id for t in self.test], [t.domain for t in self.test], cfg)
+
+    def _sessions(self, policy, task_ids: list[str], seeds: list[int], live: bool = False) -> Outcomes:
+        from fugu_pipeline.session.runner import BudgetExhausted
+        from fugu_pipeline.train.roles import reward
+        from fugu_pipeline.workers.contract import FatalWorkerError
+
+        pairs = [(self.by_id[t], s) for t in task_ids for s in seeds]
+        try:
+            trs = self.run.runner.run([policy], pairs, greedy=True)[0]
+        except (FatalWorkerError, BudgetExhausted) as exc:
+            if live:
+                raise LiveUnavailable(str(exc)) from None
+            raise
+        k = len(seeds)
+        rows = [trs[i * k:(i + 1) * k] for i in range(len(task_ids))]
+        mean = lambda f: np.array([np.mean([f(t) for t in row]) for row in rows], float)  # noqa: E731
+        decisions = [">".join(f"{turn.role}:{turn.chosen_worker}" for turn in row[0].turns) for row in rows]
+        return Outcomes(list(task_ids), mean(lambda t: t.quality or 0.0), mean(lambda t: t.n_turns),
+                        mean(lambda t: t.cost_usd), decisions, utility=mean(lambda t: reward(t, self.cfg)),
+                        errors=sum(t.error is not None for row in rows for t in row))
+
+    def outcomes(self, entrant: Entrant, task_ids: list[str], *, live: bool) -> Outcomes:
+        seeds = [LIVE_SEED_BASE + self.composite_seed] if live else [EVAL_SEED_BASE + k for k in range(self.seeds)]
+        return self._sessions(self._policy(entrant), task_ids, seeds, live)
+
+    def best_fixed_worker(self) -> str:
+        if self._best_fixed is None:
+            from fugu_pipeline.session.policy import FixedPolicy
+            from fugu_pipeline.train.roles import reward
+
+            ids = self.run.config.worker_ids
+            if not self.train_sample:
+                self._best_fixed = ids[0]
+                return self._best_fixed
+            rows = self.run.runner.run([FixedPolicy(ids, w) for w in ids],
+                                       [(t, EVAL_SEED_BASE) for t in self.train_sample], greedy=True)
+            self._best_fixed = ids[int(np.argmax([np.mean([reward(t, self.cfg) for t in row]) for row in rows]))]
+        return self._best_fixed
+
+    def baseline(self, task_ids: list[str]) -> Outcomes | None:
+        from fugu_pipeline.session.policy import FixedPolicy
+
+        fixed = FixedPolicy(self.run.config.worker_ids, self.best_fixed_worker())
+        return self._sessions(fixed, task_ids, [EVAL_SEED_BASE + k for k in range(self.seeds)])
+
+    def train_figure(self, entrant: Entrant) -> float | None:
+        if not self.train_sample:
+            return None
+        out = self._sessions(self._policy(entrant), [t.task_id for t in self.train_sample], [EVAL_SEED_BASE])
+        return float(np.mean(out.figure))
+
+    def behaviour(self, entrant: Entrant):
+        from fugu_pipeline.evaluate.probe import checkpoint_behaviour, probe_fingerprint, probe_ids, save_probe
+        from fugu_pipeline.session.policy import Step
+
+        ids = probe_ids([t.task_id for t in self.probe_pool], PROBE_TASKS)
+        probe = probe_fingerprint(self.name, ids)
+        if "probe_features" not in self.__dict__:
+            steps = [Step(self.by_id[t].prompt, self.by_id[t].domain, []) for t in ids]
+            self.probe_features = self.run.featurizer.features([s.head for s in steps])
+        domains = [self.by_id[t].domain for t in ids]
+        if self.models_dir is not None:
+            save_probe(self.models_dir, self.name, entrant.manifest.contract_fingerprint, probe, self.probe_features, domains)
+        return checkpoint_behaviour(probe, entrant.head, self.probe_features, domains)

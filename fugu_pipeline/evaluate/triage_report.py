@@ -31,7 +31,7 @@ def triage_report(ckpt, data, split: str = "test") -> dict:
     """The report of a loaded triage checkpoint (`train.triage.load_triage`) on one split."""
     from fugu_pipeline.train.triage import TriageConfig, difficulty_labels, triage_probabilities
 
-    m = ckpt.manifest
+    m = ckpt  # the label vocabulary (domains, buckets, edges) and the manifest's worker_ids, param_count
     rows, train = data.split(split), data.split("train")
     if rows.n_tasks == 0:
         raise ValueError(f"the '{split}' split has no rows")

@@ -1,5 +1,5 @@
 """Content-addressed cache of task embeddings: a prompt is embedded once per encoder fingerprint
-(DESIGN §1, §3).
+(§3).
 
 Layout, one directory per encoder fingerprint:
 

@@ -1,4 +1,4 @@
-"""The feature contract: everything that decides what a feature vector means (DESIGN §3).
+"""The feature contract: everything that decides what a feature vector means.
 
 A checkpoint pins one; loading refuses a checkpoint whose contract differs from the encoder it is
 given. dtype is not part of it (a bf16-GPU checkpoint serves on an fp32 CPU); it is part of the

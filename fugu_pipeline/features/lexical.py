@@ -2,8 +2,8 @@
 structure, code and multiple-choice markers) appended to the encoder's vector when
 `EncoderSettings.lexical` is on.
 
-Why: a frozen sentence embedding says what a prompt is about, not how hard it is. In the issue-12
-study, ridge regression on these statistics alone ranked GSM8K prompts for routing as well as the
+Why: a frozen sentence embedding says what a prompt is about, not how hard it is. In the routing
+study on public data, ridge regression on these statistics alone ranked GSM8K prompts for routing as well as the
 embedding did, and an ensemble of both did better than either (README, "Heads and selection").
 
 The block is computed from the exact text the encoder reads (prompt rules and template applied), in

@@ -1,5 +1,5 @@
 """Prompt rules: boilerplate that a domain's training prompts share, stripped before encoding so the
-encoder reads the question (DESIGN §3: part of the feature contract).
+encoder reads the question (part of the feature contract).
 
 Why. When every prompt of a domain opens with the same few-shot block or system boilerplate, the
 encoder's pooled vector is dominated by that shared text: on real data we met prompts whose

@@ -1,5 +1,5 @@
 """Encoder settings: which model reads the prompt and how its hidden states become one vector
-(DESIGN §1, §3, §7), what that makes the feature contract and the cache fingerprint, and where the
+(§7), what that makes the feature contract and the cache fingerprint, and where the
 model lives (hub id, local directory, or "tiny": a tiny Qwen3 built on this machine, `tiny.py`).
 
 Nothing here loads weights: torch is imported inside the functions that probe the device.
@@ -185,7 +185,7 @@ class EncoderSettings(BaseModel):
 
     def feature_dtype(self) -> str:
         """The dtype these settings compute features in on this machine: what training records as
-        `feature_dtype`, so `route` and `serve` under --dtype auto use the same (DESIGN §3)."""
+        `feature_dtype`, so `route` and `serve` under --dtype auto use the same."""
         return self.resolve_dtype(self.resolve_device())
 
     def resolve_dtype(self, device: str) -> str:

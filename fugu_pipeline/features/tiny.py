@@ -1,4 +1,4 @@
-"""A tiny Qwen3 encoder built locally, for tests and the offline demo (DESIGN §7).
+"""A tiny Qwen3 encoder built locally, for tests and the offline demo.
 
 Model weights cannot be downloaded on these machines, so `ensure_tiny_encoder()` builds, once, a
 small Qwen3 model from a `transformers.Qwen3Config` with fixed seeds and a byte-level BPE

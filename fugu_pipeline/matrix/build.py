@@ -1,4 +1,4 @@
-"""The reward matrix in DuckDB: the one step that writes the database (DESIGN §3).
+"""The reward matrix in DuckDB: the one step that writes the database.
 
 Tables
 - `tasks(task_id, batch, prompt, prompt_hash, domain, split, grader_type, tags)`
@@ -8,6 +8,9 @@ Tables
 - `reward_wide` — one row per task (ordered by task_id), one utility column per worker, in worker
   order (NULL where a cell is missing). A table, written once per build like the others.
 - `meta(key, value)` — source, utility weights, data version
+- `answers(task_id, worker_id, position, answer, kind)` — an imported matrix's replies (the import
+  row's `answers`, with its `answer_kind`); a collected matrix's replies are the `answer` column of
+  `responses`. `matrix/answers.py` reads both.
 
 A build writes a new database file beside the old one and renames it into place, so readers
 never see a half-built matrix and a crash leaves the previous matrix intact; the next build on the
@@ -30,7 +33,7 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -60,6 +63,8 @@ CREATE TABLE responses (task_id VARCHAR, worker_id VARCHAR, batch VARCHAR, statu
 CREATE TABLE rewards (task_id VARCHAR, worker_id VARCHAR, position INTEGER, quality DOUBLE,
   cost_usd DOUBLE, latency_s DOUBLE, utility DOUBLE);
 CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE answers (task_id VARCHAR, worker_id VARCHAR, position INTEGER, answer VARCHAR, kind VARCHAR,
+  PRIMARY KEY (task_id, worker_id));
 """
 
 RESPONSE_COLUMNS = [
@@ -104,6 +109,7 @@ class MatrixInput:
     source: str
     utility: UtilityConfig
     utility_source: str = ""  # how the utility was made and where its weights came from, in words
+    answers: list[tuple[str, str, str, str | None]] = field(default_factory=list)  # (task, worker, reply, answer kind)
 
 
 # --------------------------------------------------------------------------- sources
@@ -142,10 +148,11 @@ def from_import(path: Path, utility: UtilityConfig, weights_from: str = "the con
     rows = read_reward_jsonl(path) if rows is None else rows
     batch = "import-" + path.name.split(".")[0]
     worker_ids = rows[0].worker_ids
-    tasks, rewards = [], []
+    tasks, rewards, answers = [], [], []
     differ, worst = 0, (0.0, "")
     for r in rows:
         tasks.append(TaskRow(r.task_id, batch, r.prompt, r.domain, r.split, tags=tuple(r.tags)))
+        answers += [(r.task_id, w, a, r.answer_kind) for w, a in zip(worker_ids, r.answers or ()) if a is not None]
         gap = 0.0
         for i, w in enumerate(worker_ids):
             cost = r.cost_usd[i] if r.cost_usd else 0.0
@@ -169,7 +176,8 @@ def from_import(path: Path, utility: UtilityConfig, weights_from: str = "the con
     if differ:
         note += (f". {differ} row(s) carry rewards these weights do not reproduce (largest difference "
                  f"{worst[0]:.4g}, task {worst[1]}): the file was made with other weights; the recomputed utility is used")
-    return MatrixInput(tasks, [(w, "imported", None) for w in worker_ids], [], rewards, f"import:{path}", utility, note)
+    return MatrixInput(tasks, [(w, "imported", None) for w in worker_ids], [], rewards, f"import:{path}", utility, note,
+                       answers=answers)
 
 
 # --------------------------------------------------------------------------- build
@@ -196,6 +204,10 @@ def build(inp: MatrixInput, db_path: Path) -> dict:
             "cost_usd": [c.cost_usd for c in inp.cells], "latency_s": [c.latency_s for c in inp.cells],
             "utility": [c.utility if c.utility is not None else u.utility(c.quality, c.cost_usd, c.latency_s) for c in inp.cells],
         })
+        if inp.answers:
+            _insert(con, "answers", {"task_id": [a[0] for a in inp.answers], "worker_id": [a[1] for a in inp.answers],
+                                     "position": [pos[a[1]] for a in inp.answers], "answer": [a[2] for a in inp.answers],
+                                     "kind": [a[3] for a in inp.answers]})
         return finish(con, inp.workers, inp.source, u, inp.utility_source)
 
 
@@ -267,7 +279,7 @@ def finish(con: duckdb.DuckDBPyConnection, workers: list[tuple[str, str, str | N
     return matrix_summary(con)
 
 
-TABLES = ("tasks", "workers", "responses", "rewards", "meta")
+TABLES = ("tasks", "workers", "responses", "rewards", "meta", "answers")
 
 
 def wide_columns(workers: list[tuple[str, str, str | None]]) -> list[str]:

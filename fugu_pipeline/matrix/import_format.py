@@ -1,4 +1,4 @@
-"""The reward-matrix import format (DESIGN §4): one `RewardRow` a line, validated at the boundary.
+"""The reward-matrix import format: one `RewardRow` a line, validated at the boundary.
 
 Worker ids must follow a strict rule, `IMPORT_WORKER_ID_PATTERN`: the worker YAML's rule
 (`WORKER_ID_PATTERN`: a letter or digit, then letters, digits, `_`, `.` or `-`) plus `/` and `:`,
@@ -22,6 +22,8 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fugu_pipeline.collect.records import MAX_AMOUNT
+from fugu_pipeline.files import atomic_write
+from fugu_pipeline.tasks.final_answer import AnswerKind
 from fugu_pipeline.tasks.loading import TaskFileError
 from fugu_pipeline.tasks.schema import Split
 from fugu_pipeline.workers.config import IMPORT_WORKER_ID_PATTERN, MATRIX_FIXED_COLUMNS
@@ -79,7 +81,7 @@ VALUE_LIMIT = MAX_AMOUNT
 
 
 class RewardRow(BaseModel):
-    """One row of an imported reward matrix (DESIGN §4)."""
+    """One row of an imported reward matrix."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -93,6 +95,10 @@ class RewardRow(BaseModel):
     cost_usd: list[float] | None = None
     latency_s: list[float] | None = None
     tags: list[str] = Field(default_factory=list, description="labels to report on (e.g. 'id'/'ood', 'metric:em')")
+    answers: list[str | None] | None = Field(None, description="each worker's reply (or its final answer), parallel to "
+                                             "worker_ids; null where unknown. Cascades read them")
+    answer_kind: AnswerKind | None = Field(None, description="how a final answer is read from a reply: choice, number, "
+                                           "code or text (default: detected from the prompt and replies)")
 
     @model_validator(mode="after")
     def _shape(self) -> "RewardRow":
@@ -119,7 +125,32 @@ class RewardRow(BaseModel):
                                  "(leave the field out where they are unknown)")
         if self.quality is not None and any(q < 0 or q > 1 for q in self.quality):
             raise ValueError("'quality' values must lie in [0, 1]")
+        if self.answers is not None:
+            check_answers(self.answers, n)
         return self
+
+
+MAX_ANSWER_CHARS = 1_000_000  # a reply longer than this is a runaway generation, not an answer
+
+
+def check_answers(answers: list[str | None], n: int) -> None:
+    """ValueError naming the field and the worker's position when `answers` cannot be stored and
+    compared: another length than worker_ids, text that is not valid Unicode (an unpaired
+    surrogate, which JSON can spell as \\ud800 but UTF-8 cannot hold), or a runaway length."""
+    if len(answers) != n:
+        raise ValueError(f"'answers' has {len(answers)} values for {n} worker_ids: give one reply (or null) per worker, "
+                         "in worker_ids order")
+    for i, a in enumerate(answers):
+        if a is None:
+            continue
+        try:
+            a.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"'answers.{i}' is not valid Unicode text ({exc.reason} at character {exc.start}): "
+                             "re-export the reply as UTF-8, or give null") from None
+        if len(a) > MAX_ANSWER_CHARS:
+            raise ValueError(f"'answers.{i}' holds {len(a):,} characters, more than {MAX_ANSWER_CHARS:,}: cut the "
+                             "reply to its final part, or give null")
 
 
 def read_bytes(path: Path, what: str) -> bytes:
@@ -160,7 +191,7 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
     suffix = Path(path.name.lower().removesuffix(".gz")).suffix
     if suffix in TABLE_SUFFIXES:
         raise TaskFileError(path, [(0, f"a {suffix} table, not a reward-matrix JSONL (one JSON object a line): {TABLE_HINT}")])
-    data = read_bytes(path, "a reward-matrix JSONL (DESIGN §4)")
+    data = read_bytes(path, "a reward-matrix JSONL")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -222,9 +253,36 @@ def read_reward_jsonl(path: Path) -> list[RewardRow]:
 
 
 def _is_task_row(line: str) -> bool:
-    """The first line of a BenchGen batch (DESIGN §4: a task with its grader), not a matrix row."""
+    """The first line of a BenchGen batch (a task with its grader), not a matrix row."""
     try:
         obj = json.loads(line)
     except ValueError:
         return False
     return isinstance(obj, dict) and "worker_ids" not in obj and ("grader" in obj or "reference_answer" in obj)
+
+
+def write_reward_jsonl(rows: list[RewardRow], out_path) -> Path:
+    """Write rows atomically (temp file + os.replace), one JSON object a line."""
+    out_path = Path(out_path)
+    if not rows:
+        raise ValueError(f"{out_path}: no rows to write")
+    workers = rows[0].worker_ids
+    seen: set[str] = set()
+    for r in rows:
+        if r.worker_ids != workers:
+            raise ValueError(f"{out_path}: row {r.task_id!r} has worker_ids {r.worker_ids}, not {workers}; every row must list the same workers in the same order")
+        if r.task_id in seen:
+            raise ValueError(f"{out_path}: duplicate task_id {r.task_id!r}")
+        seen.add(r.task_id)
+    data = "".join(json.dumps(_row_json(r), ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+    if out_path.name.endswith(".gz"):  # read back by read_reward_jsonl as it is named
+        data = gzip.compress(data, mtime=0)
+    return atomic_write(out_path, data)
+
+
+def _row_json(r: RewardRow) -> dict:
+    """A row as written: no null fields, and no `tags` key when it has none."""
+    d = r.model_dump(exclude_none=True)
+    if not d.get("tags"):
+        d.pop("tags", None)
+    return d

@@ -1,10 +1,10 @@
-"""Importers of public routing data into the reward-matrix import format (DESIGN §4).
+"""Importers of public routing data into the reward-matrix import format.
 
 Sources (formats as found in `../shared/data/routing`, see its SOURCES.md):
 
 - RouteLLM evals (lm-sys/RouteLLM `routellm/evals`): one CSV per benchmark (`gsm8k_responses.csv.gz`,
   `mmlu_responses/mmlu_<subject>.csv.gz`). Column `prompt`, then one column per model holding
-  `True`/`False` correctness, optionally `<model>_response` columns with the answer text (ignored).
+  `True`/`False` correctness, optionally `<model>_response` columns with the reply (kept as `answers`).
   `<bench>_contaminated_prompts.jsonl` lists prompts to remove: each line has `eval_prompt`, which
   must equal the CSV `prompt` exactly (the rule RouteLLM's own benchmarks apply).
 - RouteLLM MT-Bench: `mt_bench_judgements.jsonl.gz`, one GPT-4 judgement (`score` 1-10) per
@@ -33,16 +33,14 @@ No dagster here: plain Python, polars and json.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 from pathlib import Path
 
 import polars as pl
 
-from fugu_pipeline.files import atomic_write
 from fugu_pipeline.matrix.import_common import assign_split, check_workers, fail, read_bytes, read_text, tag_in_distribution
-from fugu_pipeline.matrix.import_format import RewardRow, read_reward_jsonl
+from fugu_pipeline.matrix.import_format import RewardRow, read_reward_jsonl, write_reward_jsonl  # noqa: F401 (this module's API too)
 from fugu_pipeline.matrix.import_summary import summarize
 from fugu_pipeline.tasks.loading import TaskFileError
 
@@ -94,8 +92,8 @@ def read_contaminated(path: Path) -> set[str]:
     return out
 
 
-def _routellm_matrix(csv_path: Path, contaminated: set[str]) -> tuple[list[str], list[tuple[int, str, list[float]]], int]:
-    """(sorted model names, [(row index, prompt, correctness)], rows removed as contaminated)."""
+def _routellm_matrix(csv_path: Path, contaminated: set[str]) -> tuple[list[str], list[tuple[int, str, list[float], list | None]], int]:
+    """(sorted model names, [(row index, prompt, correctness, replies or None)], rows removed as contaminated)."""
     csv_path = Path(csv_path)
     raw = read_bytes(csv_path, "a RouteLLM eval CSV (prompt column plus one True/False column per model)")
     try:
@@ -129,21 +127,26 @@ def _routellm_matrix(csv_path: Path, contaminated: set[str]) -> tuple[list[str],
     problems += [(0, f"data row {i + 1}: empty prompt") for i, p in enumerate(prompts) if not (p or "").strip()]
     if problems:
         raise TaskFileError(csv_path, problems)
-    kept = [(i, p, [values[m][i] for m in models]) for i, p in enumerate(prompts) if p not in contaminated]
+    replies = [df[f"{m}_response"].to_list() if f"{m}_response" in df.columns else [None] * df.height for m in models]
+    has = any(f"{m}_response" in df.columns for m in models)
+    kept = [(i, p, [values[m][i] for m in models], [r[i] for r in replies] if has else None)
+            for i, p in enumerate(prompts) if p not in contaminated]
     return models, kept, len(prompts) - len(kept)
 
 
-def _routellm_rows(csv_path, contaminated_path=None, *, test_fraction=0.3, val_fraction=0.1, seed=0, domain=None, prefix=None):
+def _routellm_rows(csv_path, contaminated_path=None, *, test_fraction=0.3, val_fraction=0.1, seed=0, domain=None, prefix=None,
+                   answer_kind=None):
     contaminated = read_contaminated(Path(contaminated_path)) if contaminated_path else set()
     models, kept, removed = _routellm_matrix(Path(csv_path), contaminated)
     prefix = prefix or _source_name(Path(csv_path))
     rows = []
-    for i, prompt, q in kept:
+    for i, prompt, q, replies in kept:
         tid = f"{prefix}-{i:05d}"
         # split by prompt text: a prompt that occurs twice (MMLU has ~100) never straddles splits
         rows.append(RewardRow(task_id=tid, prompt=prompt, domain=domain or prefix, worker_ids=models, quality=q,
                               split=assign_split(prompt, seed, test_fraction, val_fraction),
-                              tags=[f"source:{prefix.split('_')[0]}"]))
+                              tags=[f"source:{prefix.split('_')[0]}"], answers=replies,
+                              answer_kind=answer_kind if replies is not None else None))
     return rows, removed
 
 
@@ -330,13 +333,13 @@ def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=()
 
 def import_generic_jsonl(path, *, seed: int | None = None, test_fraction: float | None = None,
                          val_fraction: float | None = None, notes: dict | None = None) -> list[RewardRow]:
-    """A reward-matrix JSONL (DESIGN §4), validated line by line. A row that names its `split`
+    """A reward-matrix JSONL, validated line by line. A row that names its `split`
     keeps it. With `test_fraction` or `val_fraction`, a row without a `split` field gets one drawn
     from (seed, task id) like the other importers' (defaults 0.3 and 0.1, seed 0); without them it
     is train. `notes` (when given) receives how many rows got a drawn split."""
     path = Path(path)
     if not path.is_file():
-        raise fail(path, "file not found; pass a reward-matrix JSONL (DESIGN §4)")
+        raise fail(path, "file not found; pass a reward-matrix JSONL")
     rows = read_reward_jsonl(path)
     if test_fraction is None and val_fraction is None:
         return rows
@@ -354,33 +357,6 @@ def import_generic_jsonl(path, *, seed: int | None = None, test_fraction: float 
         notes["splits_drawn"] = (f"{drawn} of {len(rows)} rows had no 'split' field and got one drawn (seed {seed or 0}, "
                                  f"test {tf}, val {vf}); {len(rows) - drawn} kept the split they name")
     return out
-
-
-def write_reward_jsonl(rows: list[RewardRow], out_path) -> Path:
-    """Write rows atomically (temp file + os.replace), one JSON object a line."""
-    out_path = Path(out_path)
-    if not rows:
-        raise ValueError(f"{out_path}: no rows to write")
-    workers = rows[0].worker_ids
-    seen: set[str] = set()
-    for r in rows:
-        if r.worker_ids != workers:
-            raise ValueError(f"{out_path}: row {r.task_id!r} has worker_ids {r.worker_ids}, not {workers}; every row must list the same workers in the same order")
-        if r.task_id in seen:
-            raise ValueError(f"{out_path}: duplicate task_id {r.task_id!r}")
-        seen.add(r.task_id)
-    data = "".join(json.dumps(_row_json(r), ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
-    if out_path.name.endswith(".gz"):  # read back by read_reward_jsonl as it is named
-        data = gzip.compress(data, mtime=0)
-    return atomic_write(out_path, data)
-
-
-def _row_json(r: RewardRow) -> dict:
-    """A row as written: no null fields, and no `tags` key when it has none."""
-    d = r.model_dump(exclude_none=True)
-    if not d.get("tags"):
-        d.pop("tags", None)
-    return d
 
 
 # --------------------------------------------------------------------------- summary and dispatcher
@@ -442,7 +418,8 @@ def read_source(kind: str, path, **opts) -> tuple[list[RewardRow], dict]:
     notes: dict = {}
     if kind == "routellm-gsm8k":
         opts.setdefault("contaminated_path", path / "gsm8k_contaminated_prompts.jsonl")
-        rows, notes["contaminated_removed"] = _routellm_rows(_first(path, "gsm8k_responses.csv.gz", "gsm8k_responses.csv"), **opts)
+        rows, notes["contaminated_removed"] = _routellm_rows(_first(path, "gsm8k_responses.csv.gz", "gsm8k_responses.csv"),
+                                                             answer_kind="number", **opts)
         rows = tag_in_distribution(rows)
     elif kind == "routellm-mmlu":
         opts.setdefault("contaminated_path", path / "mmlu_contaminated_prompts.jsonl")

@@ -1,4 +1,4 @@
-"""Budget mode: route under a cost cap, with costs known before the call (DESIGN §5, "No leakage").
+"""Budget mode: route under a cost cap, with costs known before the call ("No leakage").
 
 Expected cost. Every cost-aware decision uses `ExpectedCost`, fitted on TRAINING rows only:
 
@@ -98,9 +98,16 @@ class ExpectedCost(BaseModel):
         return np.maximum(t[:, None] * np.asarray(self.per_token)[None, :] + off, 0.0)
 
     def describe(self) -> str:
-        per_m = ", ".join(f"{w} ${p * 1e6 if p > 1e-15 else 0:.3g}/M prompt tok" for w, p in zip(self.worker_ids, self.per_token))
-        return (f"expected cost = per-token price x ceil(chars/{self.chars_per_token:g}) + per-domain offset, fitted on "
-                f"{self.n_train} training rows ({per_m})")
+        """Each worker's price per million prompt tokens AND its pooled per-request offset: a worker whose
+        cost does not grow with the prompt (a flat fee, mostly output) has its whole cost there."""
+        parts = []
+        for w, p, b in zip(self.worker_ids, self.per_token, self.offset[ALL]):
+            text = f"{w} ${p * 1e6 if p > 1e-15 else 0:.3g}/M prompt tok"
+            if abs(b) > 1e-12:
+                text += f" {'+' if b > 0 else '-'} ${abs(b):.3g}/request"
+            parts.append(text)
+        return (f"expected cost = per-token price x ceil(chars/{self.chars_per_token:g}) + per-request offset (per domain; "
+                f"pooled shown), fitted on {self.n_train} training rows ({', '.join(parts)})")
 
 
 def fit_expected_cost(prompts: list[str], domains: list[str], cost: np.ndarray, worker_ids: list[str],

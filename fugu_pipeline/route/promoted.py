@@ -3,7 +3,7 @@
     from fugu_pipeline import load_promoted
     router = load_promoted("models")
     decision = router.route("Prove that ...", domain="math")
-    decision.worker_id, decision.probabilities
+    decision.worker_id, decision.scores, decision.score_kind   # what the head scored each worker on
 
 `load_promoted` follows `models/promoted/current.json`: when a new checkpoint is promoted, the
 next `route` call uses it, without a restart. A damaged pointer, one naming a checkpoint that is
@@ -26,6 +26,7 @@ import os
 import threading
 from pathlib import Path
 
+from fugu_pipeline.route.cascade import router_class
 from fugu_pipeline.route.router import RouteDecision, Router, RouterError
 from fugu_pipeline.storage import download, is_url, local_cache
 from fugu_pipeline.train.pointer import POINTER, PointerError, pointer_location, pointer_target, read_pointer
@@ -121,12 +122,14 @@ class PromotedRouter:
                                   f"cannot be loaded ({exc}); re-run promotion or restore it") from None
             if ptr is not None:
                 check_identity(self.models_dir, ptr, ckpt.manifest)
+            kind = router_class(ckpt)  # a one-step router, or a cascade
             if old is not None and ckpt.manifest.feature_contract == old.checkpoint.manifest.feature_contract:
-                new = Router(ckpt, old.encoder)  # same features: keep the loaded encoder
+                new = kind(ckpt, old.encoder)  # same features: keep the loaded encoder
+                new.check_probe()  # as Router.load does: scores that overflow are refused at load
             else:
                 # other features: a new encoder. The old router is not closed: a thread may be
                 # encoding with it right now; it is freed when its last user drops it.
-                new = Router.load(path, **self._opts)
+                new = kind.load(path, **self._opts)
             self._router, self._key = new, key
             self._current = (new, key)
             self.reloads += 1

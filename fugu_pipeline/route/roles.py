@@ -151,7 +151,7 @@ class OneStepPolicy:
 
     def distributions(self, steps: list[Step]) -> tuple[np.ndarray, np.ndarray]:
         decisions = self.router.route_batch([s.prompt for s in steps], [s.domain for s in steps])
-        pw = np.array([[d.probabilities.get(w, 0.0) for w in self.worker_ids] for d in decisions])
+        pw = np.array([[d.softmax_scores().get(w, 0.0) for w in self.worker_ids] for d in decisions])
         pr = np.zeros((len(steps), len(ROLES)))
         pr[:, ROLES.index("worker")] = 1.0
         return pw, pr

@@ -7,37 +7,72 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from fugu_pipeline.features.contract import FeatureContract
-
-MAX_COST_WEIGHT = 1e6  # λ in quality − λ·cost: beyond this the scores lose every quality term (and overflow)
+from fugu_pipeline.reward import MAX_COST_WEIGHT as MAX_COST_WEIGHT  # the request field's bound (serve)
 
 
 class RouterError(RuntimeError):
     """A request or checkpoint the router cannot route. `param` names the request field at fault
     (the server's OpenAI-shaped error carries it) and `code` says what kind of fault; both None
-    when no request field is to blame."""
+    when no request field is to blame. `server_fault`: the checkpoint or its files are at fault,
+    not the request (a server answers 5xx). `public`: the message for a client of a server, when
+    the message itself names server paths (it names the checkpoint by its tag instead)."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 server_fault: bool = False, public: str | None = None):
         super().__init__(message)
-        self.param, self.code = param, code
+        self.param, self.code, self.server_fault, self.public = param, code, server_fault, public
 
 
 class BudgetUnavailable(RouterError):
-    """This checkpoint cannot route under a budget (no quality estimate, or no calibration)."""
+    """This checkpoint cannot route under a budget (no quality estimate, or no calibration; a
+    calibration file that cannot be used is a `server_fault`)."""
+
+
+# What a decision's `scores` hold, by head kind (`score_kind`):
+POLICY_PROBABILITY = "policy_probability"  # a policy head (layernorm_linear, normed_linear): softmax of its logits
+PREDICTED_UTILITY = "predicted_utility"  # a head that predicts quality (quality, knn, domain_prior, ridge, mlp, ensemble)
+QUALITY_MINUS_COST = "predicted_quality_minus_cost"  # q̂ − λ·cost: a cost weight or a budget moved the route
+CASCADE_PLAN = "cascade_plan"  # a cascade: 1 for the workers its plan may call, 0 for the rest
 
 
 @dataclass
 class RouteDecision:
+    """One route. `scores` is what the head scored each allowed worker on and `score_kind` says what
+    that is: a policy's probabilities (they sum to 1), or a predicted utility (higher is better, in
+    the utility's units), or predicted quality minus λ·cost. The route is the best score; `ranking`
+    is the fallback order."""
+
     worker_id: str
-    probabilities: dict[str, float]
+    scores: dict[str, float]
     ranking: list[str]  # best first: the fallback order
     checkpoint: str = ""
     extra: dict = field(default_factory=dict)
+    score_kind: str = POLICY_PROBABILITY
+
+    def softmax_scores(self) -> dict[str, float]:
+        """softmax over `scores`: a policy's own probabilities; for the other kinds an order-preserving
+        squash close to uniform (predicted utilities differ by hundredths), not a chance of being best."""
+        if self.score_kind == POLICY_PROBABILITY:
+            return dict(self.scores)
+        names = list(self.scores)
+        p = _softmax(np.array([self.scores[w] for w in names], dtype=np.float64))
+        return {w: float(v) for w, v in zip(names, p)}
+
+    @property
+    def probabilities(self) -> dict[str, float]:
+        """The policy's probabilities for a policy head. For a head that predicts utility this is the
+        old field, softmax over predicted utilities (near uniform): deprecated, read `scores`."""
+        if self.score_kind != POLICY_PROBABILITY:
+            warnings.warn(f"RouteDecision.probabilities is a softmax over {self.score_kind} scores, not a probability: "
+                          "read RouteDecision.scores (and score_kind) instead", DeprecationWarning, stacklevel=2)
+        return self.softmax_scores()
 
 
 def encoder_settings_for(contract: FeatureContract, device: str = "auto", dtype: str = "auto", encoder: str | None = None):
@@ -63,7 +98,7 @@ def encoder_settings_for(contract: FeatureContract, device: str = "auto", dtype:
 
 def serving_dtype(settings, metrics: dict) -> str:
     """The dtype `--dtype auto` serves in: the one the training features were computed in (recorded
-    as `feature_dtype` by training), so the served vectors equal the cached ones (DESIGN §3); a
+    as `feature_dtype` by training), so the served vectors equal the cached ones; a
     half dtype on a CPU without native bf16 stays auto (float32): there it would be slow and still
     not bit-equal to a GPU's."""
     from fugu_pipeline.features.settings import cpu_has_native_bf16
@@ -90,12 +125,18 @@ class Router:
     λ for the cap comes from its validation curve, and the expected cost from its training fit."""
 
     def __init__(self, checkpoint, encoder, *, encoder_override: str | None = None):
-        from fugu_pipeline.route.budget import usable_calibration
+        from fugu_pipeline.route.budget import CALIBRATION_FILE, usable_calibration
 
         if checkpoint.manifest.head_kind.startswith("roles"):
             raise RouterError(f"{checkpoint.path} is a multi-turn coordinator ({checkpoint.manifest.head_kind}), not a "
                               "one-step router: run it with `fugu-lite ask --mode multi-turn` or a request with "
                               '"fugu_mode": "multi_turn" (route/roles.py)')
+        if checkpoint.manifest.head_kind.startswith("triage"):
+            raise RouterError(f"{checkpoint.path} is a triage head ({checkpoint.manifest.head_kind}): it labels a prompt's "
+                              "domain and difficulty and routes nothing (fugu-lite triage-report)")
+        if checkpoint.manifest.head_kind == "cascade" and type(self) is Router:
+            raise RouterError(f"{checkpoint.path} is a cascade, not a one-step router: load it with "
+                              "route.cascade.load_router (route, ask and serve do)")
         self.checkpoint = checkpoint
         self.encoder = encoder
         self.worker_ids: list[str] = list(checkpoint.manifest.worker_ids)
@@ -104,7 +145,37 @@ class Router:
         # only a budgeted route needs it, and is refused with that reason
         self.calibration, self.calibration_problem = usable_calibration(
             checkpoint.path, checkpoint.manifest.content_hash, self.worker_ids)
+        self.calibration_damaged = self.calibration is None and (Path(checkpoint.path) / CALIBRATION_FILE).exists()
         self._lock = threading.Lock()
+
+    @property
+    def tag(self) -> str:
+        """`<method>/<content hash>`: how the checkpoint is named to clients (never by its path)."""
+        m = self.checkpoint.manifest
+        return f"{m.method}/{m.content_hash or Path(self.path).name}"
+
+    def check_probe(self) -> None:
+        """CheckpointError unless the head's scores on the encoder's features of the probe prompts
+        are sane (`train/probe.py`): called on every load, so a checkpoint whose weights overflow is
+        refused with one line instead of failing every request."""
+        import torch
+
+        from fugu_pipeline.train.checkpoints import CheckpointError
+        from fugu_pipeline.train.probe import PROBE_PROMPTS, score_problems
+
+        head = self.checkpoint.head
+        doms: list[str | None] = [None]
+        if getattr(head, "uses_domains", False):
+            doms += list(getattr(head, "domains", None) or [])[:8]
+        prompts = [p for p in PROBE_PROMPTS for _ in doms]
+        domains = [d for _ in PROBE_PROMPTS for d in doms]
+        feats = self.encoder.encode(prompts, [d or "general" for d in domains])
+        with self._lock:
+            problems = score_problems(head, torch.from_numpy(feats), domains if len(doms) > 1 else None)
+        if problems:
+            raise CheckpointError(f"checkpoint {self.tag} ({self.path}): refusing to route with it: its {problems[0]} on "
+                                  f"the encoder's features of {len(PROBE_PROMPTS)} probe prompts (its weights overflow); "
+                                  "train it again or promote another")
 
     @classmethod
     def load(cls, checkpoint_path: str | Path, *, device: str = "auto", dtype: str = "auto", encoder: str | None = None) -> "Router":
@@ -129,7 +200,13 @@ class Router:
         if encoder is not None:  # a relocated model: same contract apart from where it lives
             expected = expected.model_copy(update={"encoder_id": probe.manifest.feature_contract.encoder_id})
         ckpt = load_checkpoint(checkpoint_path, expected_contract=expected)
-        return cls(ckpt, enc)
+        router = cls(ckpt, enc)
+        try:
+            router.check_probe()
+        except BaseException:
+            router.close()
+            raise
+        return router
 
     def scores(self, prompts: list[str], domains: list[str | None] | None = None, cost_weight: float | None = None) -> np.ndarray:
         """Routing scores (N, W). `domains` (None, or one per prompt, None = unknown) fill the
@@ -170,9 +247,14 @@ class Router:
         try:
             require_quality_head(self.checkpoint.head, self.checkpoint.manifest.head_kind)
         except BudgetError as exc:
-            raise BudgetUnavailable(str(exc)) from None
+            raise BudgetUnavailable(f"checkpoint {self.tag}: {exc}") from None
         if self.calibration is None:
-            raise BudgetUnavailable(self.calibration_problem)
+            public = (f"the budget calibration of checkpoint {self.tag} cannot be used: a fault on the server's side "
+                      "(its log says why); send the request without 'fugu_budget', or ask the operator to draw it again"
+                      if self.calibration_damaged else
+                      f"checkpoint {self.tag} has no budget calibration, so this server cannot route under a cost cap; "
+                      "send the request without 'fugu_budget'")
+            raise BudgetUnavailable(self.calibration_problem, server_fault=self.calibration_damaged, public=public)
         try:
             return self.calibration.choose(budget)
         except BudgetError as exc:
@@ -189,6 +271,27 @@ class Router:
         texts = cost_texts if cost_texts is not None else prompts
         c_hat = self.calibration.cost_model.predict(texts, domains)
         return self.calibration.scores(q, texts, domains, point.lam), point, c_hat
+
+    def score_kind(self, cost_weight: float | None = None, budget=None) -> str:
+        """What this head's route scores are, for a request with this cost weight or budget."""
+        head = self.checkpoint.head
+        if budget is not None or (cost_weight is not None and hasattr(head, "route_scores")):
+            return QUALITY_MINUS_COST
+        return PREDICTED_UTILITY if hasattr(head, "predict_quality") else POLICY_PROBABILITY
+
+    def cost_weight_problem(self) -> str | None:
+        """Why a fixed cost weight cannot move this head's route (None when it can: a `quality` head).
+        The routes with and without the weight would be the same, so callers refuse it or list it as ignored."""
+        head, kind = self.checkpoint.head, self.checkpoint.manifest.head_kind
+        if hasattr(head, "route_scores"):
+            return None
+        if hasattr(head, "predict_quality"):
+            return (f"head kind {kind!r} has no cost term (only 'quality' heads trade predicted quality against a fixed "
+                    "cost weight), so the route would be the same as without it; to trade quality for cost with this "
+                    "head, route it under a cost cap (a budget, λ chosen on validation)")
+        return (f"head kind {kind!r} is a policy: it has no predicted quality to trade against cost, so the route "
+                "would be the same as without it; train a head that predicts quality (`fugu-lite train`, or "
+                "`head: quality` for train-sft) to route by cost")
 
     def route_batch(
         self,
@@ -224,22 +327,25 @@ class Router:
             scores, point, c_hat = self.budget_scores(prompts, doms, budget, cost_texts)
         else:
             scores = self.scores(prompts, doms, cost_weight)
-        if not np.isfinite(scores).all():  # never route (or report) on NaN
-            raise RouterError("the head's scores are not finite for this request; lower the cost weight or the budget's margin",
-                              code="unroutable_request")
+        if not np.isfinite(scores).all():  # never route (or report) on NaN; the load-time probe makes this rare
+            raise RouterError(f"checkpoint {self.tag} gave scores that are not finite for this request: its weights "
+                              "overflow on these features (the checkpoint is at fault, not the request); promote "
+                              "another checkpoint", code="checkpoint_fault", server_fault=True)
         mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         scores = np.where(mask, scores, -np.inf)
-        probs = _softmax(scores)
         head = self.checkpoint.head
+        kind = self.score_kind(cost_weight, budget)
+        shown = _softmax(scores) if kind == POLICY_PROBABILITY else scores
         known = set(getattr(head, "domains", None) or ()) if getattr(head, "uses_domains", False) else set()
         out = []
-        for k, (row_s, row_p) in enumerate(zip(scores, probs)):
+        for k, (row_s, row_shown) in enumerate(zip(scores, shown)):
             order = [int(i) for i in np.argsort(-row_s, kind="stable") if mask[i]]
             d = RouteDecision(
                 worker_id=self.worker_ids[order[0]],
-                probabilities={w: float(p) for w, p, ok in zip(self.worker_ids, row_p, mask) if ok},
+                scores={w: float(v) for w, v, ok in zip(self.worker_ids, row_shown, mask) if ok},
                 ranking=[self.worker_ids[i] for i in order],
                 checkpoint=self.path,
+                score_kind=kind,
             )
             if doms is not None and doms[k] is not None and known and doms[k] not in known:
                 shown = ", ".join(sorted(known)[:12]) + (" ..." if len(known) > 12 else "")

@@ -40,35 +40,30 @@ back too; an error after that ends the stream with an OpenAI-style `data: {"erro
 All workers failing gives a 502. Per-worker `max_concurrency` and `requests_per_minute` hold
 here too (requests over them wait).
 
-Clients that leave, and shutdown. uvicorn only tells the app (through `receive()`) that a client
-disconnected, so every request's work races that news (`lifecycle.unless_abandoned`): a client that leaves
-before its reply is ready cancels the worker call (its connection to the worker is closed, nothing
-falls back), one that leaves mid-stream closes the worker's stream. `/health` counts both under
-`disconnected`. When shutdown begins (`Service.begin_shutdown`, from `run.py`) new requests get a
-503 `server_shutting_down`, and replies in flight get a grace period to finish; then a stream ends
-with a `server_shutting_down` error event before `[DONE]` and a plain request gets that 503.
+Clients that leave, and shutdown (`lifecycle.py`). A client that leaves before its reply is ready
+cancels the worker call, one that leaves mid-stream closes the worker's stream (`/health`:
+`disconnected`). Once shutdown begins (`Service.begin_shutdown`, from `run.py`) new requests get a
+503 `server_shutting_down`; replies in flight get a grace period, then end with that error.
+
+Guards. A `Host` header naming another host than the server's gets a 400 `host_not_allowed`
+before any route runs (DNS rebinding; `hosts.py`, `--allowed-host`). A body over `max_body_bytes`
+or holding more than `max_json_values` JSON values gets a 413, one that is not strict JSON or
+holds a field of the wrong type a 400 (`json_body.py`, `protocol.py`); a body over
+`json_body.INLINE_BYTES` is parsed on a thread, so none delays the serving loop. A worker whose
+key is refused (401, 402, 403) is kept out for `auth_cooldown_s` (`upstream.py`): not called,
+listed in `fallback_errors`, shown in `/health`.
 
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
-and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the probabilities, ranking, chosen
-and serving worker, worker calls made, fallback errors, cost, timings, and `ignored`: the request
+and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the route's
+`scores` with their `score_kind` (and `probabilities` for a policy head), ranking, chosen and serving worker, worker calls made, fallback errors, cost, timings, and `ignored`: the request
 fields that had no effect, each with the reason (`fugu_cost_weight` sent to a head without a cost
 term, `domain` with a prompt template that has no `{domain}`, a `model` other than "fugu-lite",
 fields that are not passed to workers). The headers `x-fugu-worker` (chosen), `x-fugu-served-by`,
 `x-fugu-attempts` (worker calls made), `x-fugu-latency-ms`, `x-fugu-cost-usd` (when known: not for
 streams) and `x-fugu-checkpoint` (`<method>/<content hash>`) carry the same.
 
-Timings (milliseconds; worker calls run on their own event loop, `upstream.py`, so they are timed
-where nothing else queues):
-- `route_ms`: receipt to route decision (the wait for a routing batch and the encoder pass).
-- `queue_ms`: waiting for a worker's concurrency slot (`max_concurrency`) or rate limit.
-- `upstream_ms`: inside worker calls, every attempt, failed ones included: from handing the request
-  to the worker's client to its reply having been read. For a stream: until its first content
-  (first chunk), until its end (last chunk).
-- `latency_ms`: the server's total, from receipt to the reply being ready (a stream: its first
-  byte in the first chunk, its end in the last).
-- `overhead_ms` = `latency_ms` - `upstream_ms`: everything the router adds: parsing, routing,
-  `queue_ms`, the hand-over to the worker loop and back (where a busy server queues), and building
-  the reply.
+Timings (`route_ms`, `queue_ms`, `upstream_ms`, `latency_ms`, `overhead_ms`, in milliseconds):
+see `upstream.py`, whose worker loop measures them.
 
 Empty answers, one rule: a reply with no text (blank content) is a failed call, plain or streamed,
 and the next worker is tried. A stream is committed to the client only when the worker's first
@@ -81,29 +76,32 @@ imports dagster.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import hmac
-import json
 import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fugu_pipeline.route.budget import Budget
 from fugu_pipeline.route.promoted import PromotedRouter
-from fugu_pipeline.route.router import BudgetUnavailable, RouteDecision, Router, RouterError
-from fugu_pipeline.serve import multi_turn
+from fugu_pipeline.route.router import POLICY_PROBABILITY, BudgetUnavailable, RouteDecision, Router, RouterError
+from fugu_pipeline.serve import cascade as serve_cascade, multi_turn
 from fugu_pipeline.serve.info import health, list_models, retrieve_model
 from fugu_pipeline.serve.lifecycle import ClientGone, ShuttingDown, shutting_down, unless_abandoned
 from fugu_pipeline.serve.batching import RouteBatcher, RouteRequest, route_grouped
+from fugu_pipeline.serve.hosts import HostGuard, HostPolicy
+from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES, INLINE_BYTES
 from fugu_pipeline.serve.protocol import (
     APIError,
     ChatRequest,
@@ -115,9 +113,9 @@ from fugu_pipeline.serve.protocol import (
     require_json,
     server_error_handler,
 )
-from fugu_pipeline.serve.source import RouterSource, checkpoint_tag
-from fugu_pipeline.serve.upstream import CallTiming, RelayedStream, Workers, usage_of
-from fugu_pipeline.train.pointer import POINTER
+from fugu_pipeline.serve.relay import finish_timing, ms, reply_headers, stream_response
+from fugu_pipeline.serve.source import RouterSource, checkpoint_tag, load_router_provider  # noqa: F401 (its API too)
+from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S, CallTiming, RelayedStream, Workers, usage_of
 from fugu_pipeline.workers.config import WorkersConfig, load_workers_config
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
 
@@ -126,6 +124,7 @@ log = logging.getLogger("fugu_pipeline.serve")
 DEFAULT_MAX_BODY_BYTES = 2 << 20
 DEFAULT_BATCH_WINDOW_MS = 3.0
 DEFAULT_MAX_BATCH = 32
+PARSE_THREADS = 2  # request bodies over json_body.INLINE_BYTES are parsed here, off the serving loop
 
 
 # --------------------------------------------------------------------------- the service
@@ -133,13 +132,15 @@ DEFAULT_MAX_BATCH = 32
 
 class Service:
     def __init__(self, source: RouterSource, workers: Workers, *, api_token: str | None, max_body_bytes: int,
-                 batch_window_ms: float, max_batch: int, default_budget: Budget | None = None):
+                 batch_window_ms: float, max_batch: int, default_budget: Budget | None = None,
+                 max_json_values: int = DEFAULT_MAX_JSON_VALUES):
         self.source, self.workers = source, workers
         # a router trained on imported data routes by the data's ids: the worker listing one as an alias answers it
         self.served_id = {a: w.id for w in workers.config.workers for a in (*w.aliases, w.id)}
         self.default_budget = default_budget
         self.api_token = api_token or None
-        self.max_body_bytes = max_body_bytes
+        self.max_body_bytes, self.max_json_values = max_body_bytes, max_json_values
+        self.parser = concurrent.futures.ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="fugu-parse")
         self.batcher = RouteBatcher(self._route_batch, window_ms=batch_window_ms, max_batch=max_batch)
         self.started, self.started_wall = time.monotonic(), time.time()
         self.counts = {"requests": 0, "served": 0, "fallbacks": 0, "all_workers_failed": 0, "disconnected": 0}
@@ -148,6 +149,7 @@ class Service:
         self.grace_s: float | None = None  # set when shutdown begins
         self.grace_over = asyncio.Event()  # replies still running are ended now
         self.relays: set[RelayedStream] = set()  # streams being relayed
+        self.faults_logged: set[str] = set()  # server-side faults already in the log
 
     def begin_shutdown(self, grace_s: float) -> None:
         """The server is stopping (`run.py` calls this when uvicorn's graceful shutdown begins; any
@@ -180,8 +182,9 @@ class Service:
         with self.source.lock:
             try:
                 router = self.source.get()
-            except Exception as exc:
-                raise RouterUnavailable(f"no router could be loaded: {type(exc).__name__}: {exc}") from exc
+            except Exception as exc:  # the reason names server paths: it goes to the log (and /health, with the token)
+                log.error("no router could be loaded: %s: %s", type(exc).__name__, exc)
+                raise RouterUnavailable("no router could be loaded (the server's log says why)") from exc
             out = route_grouped(router, [self._routed_ids(r, router) for r in requests])
         tag = checkpoint_tag(router)
         no_cost_term = not hasattr(router.checkpoint.head, "route_scores")
@@ -207,6 +210,22 @@ class Service:
         config = self.workers.config
         return dataclasses.replace(r, allowed=tuple(config.routed_id(w, router.worker_ids) for w in r.allowed))
 
+    def said(self, exc: RouterError) -> str:
+        """What a client is told of a refusal: its public message (no server paths); the server log
+        gets the whole of a server-side fault once."""
+        if exc.server_fault and str(exc) not in self.faults_logged and len(self.faults_logged) < 100:
+            self.faults_logged.add(str(exc))
+            log.error("%s", exc)
+        return exc.public or str(exc)
+
+    async def parse(self, raw: bytes) -> ChatRequest:
+        """The request, parsed and validated outside the serving loop (`json_body.py`): a body of a
+        million small values then delays no other request. A small body is parsed in place."""
+        if len(raw) <= INLINE_BYTES:
+            return parse_chat_request(raw, self.max_json_values)
+        return await asyncio.get_running_loop().run_in_executor(self.parser, parse_chat_request, raw,
+                                                                self.max_json_values)
+
     def check_auth(self, request: Request) -> None:
         if self.api_token is None:
             return
@@ -217,47 +236,38 @@ class Service:
                            headers={"WWW-Authenticate": "Bearer"})
 
     async def route(self, req: ChatRequest) -> RouteDecision:
+        if self.source.absent:  # a coordinator alone is served: a one-step request is told what is missing
+            raise APIError(400, self.source.absent, code="no_one_step_router")
         budget = req.budget or (self.default_budget if req.cost_weight is None else None)
         try:
             return await self.batcher.route(RouteRequest(req.text, req.domain, req.allowed, req.cost_weight, budget,
                                                          req.billed_text if budget is not None else None))
-        except BudgetUnavailable as exc:
+        except BudgetUnavailable as exc:  # the client's message names the checkpoint by tag, never by path
+            said = self.said(exc)
             if req.budget is None:  # the server's own default cap (a checkpoint reloaded since start cannot honour it)
-                raise APIError(503, f"this server's default budget cannot be honoured: {exc}", type="server_error",
+                raise APIError(503, f"this server's default budget cannot be honoured: {said}", type="server_error",
                                code="budget_unavailable") from None
-            raise APIError(400, str(exc), param="fugu_budget", code="budget_unavailable") from None
+            raise APIError(500 if exc.server_fault else 400, said, param=None if exc.server_fault else "fugu_budget",
+                           type="server_error" if exc.server_fault else "invalid_request_error",
+                           code="budget_unavailable") from None
         except RouterError as exc:
+            if exc.server_fault:  # the checkpoint's fault, not the request's
+                raise APIError(500, self.said(exc), type="server_error", code=exc.code or "checkpoint_fault") from None
             raise APIError(400, str(exc), param=exc.param, code=exc.code or "invalid_request") from None
         except RouterUnavailable as exc:
             raise APIError(503, str(exc), type="server_error", code="router_unavailable") from None
 
 
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 3)
-
-
 def _route_info(d: RouteDecision) -> dict:
-    info = {"chosen_worker": d.worker_id, "probabilities": {w: round(p, 6) for w, p in d.probabilities.items()},
+    scores = {w: round(v, 6) for w, v in d.scores.items()}  # `probabilities` only where they are a policy's
+    info = {"chosen_worker": d.worker_id, "scores": scores, "score_kind": d.score_kind,
+            **({"probabilities": scores} if d.score_kind == POLICY_PROBABILITY else {}),
             "ranking": d.ranking, "checkpoint": d.extra.get("checkpoint_tag"), "checkpoint_tag": d.extra.get("checkpoint_tag")}
     if "budget" in d.extra:
         info["budget"] = d.extra["budget"]
     if "domain_note" in d.extra:
         info["domain_note"] = d.extra["domain_note"]
     return info
-
-
-def _headers(info: dict) -> dict[str, str]:
-    h = {"x-fugu-worker": info["chosen_worker"], "x-fugu-attempts": str(info["attempts"]),
-         "x-fugu-latency-ms": f"{info['latency_ms']:.1f}", "x-fugu-checkpoint": info["checkpoint_tag"] or ""}
-    if info.get("served_by"):
-        h["x-fugu-served-by"] = info["served_by"]
-    if info.get("cost_source") not in (None, "none"):
-        h["x-fugu-cost-usd"] = f"{info['cost_usd']:.8g}"
-    return h
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 async def chat_completions(request: Request) -> Response:
@@ -272,21 +282,23 @@ async def chat_completions(request: Request) -> Response:
     except ClientDisconnect:  # an ordinary event, not a server error
         log.info("client disconnected while sending its request")
         return Response(status_code=499)
-    req = parse_chat_request(raw)
+    req = await svc.parse(raw)
     svc.counts["requests"] += 1
     try:
-        return await unless_abandoned(request, svc, _chat_completion(request, svc, req, raw, t0))
+        return await unless_abandoned(request, svc, _chat_completion(request, svc, req, t0))
     except ClientGone:
         svc.counts["disconnected"] += 1
         log.info("client disconnected before its reply was ready; the worker call was cancelled")
         return Response(status_code=499)  # nobody reads it: uvicorn drops it
 
 
-async def _chat_completion(request: Request, svc: Service, req: ChatRequest, raw: bytes, t0: float) -> Response:
-    if multi_turn.requested_mode(raw) == "multi_turn":  # the coordinator delegates over several turns
+async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0: float) -> Response:
+    if req.mode == "multi_turn":  # the coordinator delegates over several turns
         return await multi_turn.chat_completion(svc, request.app.state.fugu_roles, req, t0)
     decision = await svc.route(req)
     t_routed = time.perf_counter()
+    if "cascade" in decision.extra:  # a cascade checkpoint: its steps, then the accepted answer (serve/cascade.py)
+        return await serve_cascade.chat_completion(svc, req, decision, t0, t_routed)
 
     errors: list[dict] = []
     calls, timing, served, result = 0, CallTiming(), None, None
@@ -294,6 +306,9 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, raw
         wid = svc.served_id.get(routed, routed)  # a router's id, or the alias a configured worker answers to
         if wid not in svc.workers.clients:
             errors.append({"worker": wid, "error": "not in this server's worker config", "status": None})
+            continue
+        if (kept := svc.workers.kept_out_error(wid)) is not None:  # its key was refused lately: not called
+            errors.append({"worker": wid, "error": str(kept), "status": kept.status, "attempts": 0})
             continue
         calls += 1
         try:
@@ -313,23 +328,23 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, raw
         break
 
     info = {**_route_info(decision), "served_by": served, "domain": req.domain or "general", "attempts": calls,
-            "fallback_errors": errors, "ignored": req.ignored + decision.extra.get("ignored", []), "route_ms": _ms(t_routed - t0),
-            "queue_ms": _ms(timing.queue_s), "upstream_ms": _ms(timing.upstream_s)}
+            "fallback_errors": errors, "ignored": req.ignored + decision.extra.get("ignored", []), "route_ms": ms(t_routed - t0),
+            "queue_ms": ms(timing.queue_s), "upstream_ms": ms(timing.upstream_s)}
     if served is None:
         svc.counts["all_workers_failed"] += 1
-        _finish_timing(info, t0, timing)
+        finish_timing(info, t0, timing)
         detail = "; ".join(f"{e['worker']}: {e['error']}" for e in errors)
         raise APIError(502, f"all {len(decision.ranking)} workers failed: {detail}", type="upstream_error",
-                       code="all_workers_failed", extra={"fugu_lite": info}, headers=_headers(info))
+                       code="all_workers_failed", extra={"fugu_lite": info}, headers=reply_headers(info))
     svc.counts["served"] += 1
     svc.counts["fallbacks"] += bool(errors)
     if req.stream:
-        return _stream_response(svc, req, served, result, info, t0)
+        return stream_response(svc, req, served, result, info, t0)
 
     comp: Completion = result
     info["served_model"] = comp.served_model or comp.requested_model
     info["cost_usd"], info["cost_source"] = comp.cost_usd, comp.cost_source
-    _finish_timing(info, t0, timing)
+    finish_timing(info, t0, timing)
     body = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
         "model": info["served_model"],
@@ -337,104 +352,14 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, raw
                      "finish_reason": comp.finish_reason or "stop", "logprobs": None}],
         "usage": usage_of(comp), "fugu_lite": info,
     }
-    return JSONResponse(body, headers=_headers(info))
-
-
-def _finish_timing(info: dict, t0: float, timing: CallTiming) -> None:
-    info["queue_ms"], info["upstream_ms"] = _ms(timing.queue_s), _ms(timing.upstream_s)
-    info["latency_ms"] = _ms(time.perf_counter() - t0)
-    info["overhead_ms"] = round(info["latency_ms"] - info["upstream_ms"], 3)
-
-
-def _stream_response(svc: Service, req: ChatRequest, wid: str, stream, info: dict, t0: float) -> StreamingResponse:
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": stream.served_model or getattr(svc.workers.specs[wid], "model", wid)}
-    info["served_model"] = head["model"]
-    _finish_timing(info, t0, stream.timing)  # until the first byte
-    headers = _headers(info)
-
-    svc.relays.add(stream)
-    if svc.grace_over.is_set():
-        stream.interrupt(ShuttingDown(svc.shutdown_message()))
-    ended = False  # the relay reached its end (an answer, or an error event), not a client that left
-
-    async def relay():
-        nonlocal ended
-        yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "finish_reason": None}], "fugu_lite": info})
-        held = None  # the chunk that ends the answer (finish_reason): the final fugu_lite rides on it
-        try:
-            async for chunk in stream:
-                choices = [{"index": c.get("index", 0), "delta": c.get("delta") or {},
-                            "finish_reason": c.get("finish_reason")}
-                           for c in chunk.get("choices") or [] if isinstance(c, dict)]
-                if not choices:
-                    continue
-                if held is not None:
-                    yield _sse(held)
-                    held = None
-                if any(c["finish_reason"] for c in choices):
-                    held = {**head, "choices": choices}
-                else:
-                    yield _sse({**head, "choices": choices})
-        except WorkerCallError as exc:
-            log.warning("worker %s failed after the stream had started: %s", wid, exc)
-            yield _sse({"error": {"message": f"worker {wid} failed mid-stream: {exc}", "type": "upstream_error",
-                                  "param": None, "code": "upstream_stream_error"}})
-            yield "data: [DONE]\n\n"
-            ended = True
-            return
-        except ShuttingDown as exc:
-            log.warning("stream from worker %s ended early: %s", wid, exc)
-            yield _sse({"error": {"message": str(exc), "type": "server_error", "param": None,
-                                  "code": "server_shutting_down"}})
-            yield "data: [DONE]\n\n"
-            ended = True
-            return
-        final = dict(info)  # complete now: cost, usage, whole-stream timings
-        final["cost_usd"], final["cost_source"] = stream.cost()
-        final["usage"] = stream.usage
-        _finish_timing(final, t0, stream.timing)
-        held = held or {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": stream.finish_reason or "stop"}]}
-        if req.include_usage:  # OpenAI's usage chunk (empty choices) comes only when asked for
-            yield _sse(held)
-            yield _sse({**head, "choices": [], "usage": stream.usage, "fugu_lite": final})
-        else:
-            yield _sse({**held, "fugu_lite": final})
-        yield "data: [DONE]\n\n"
-        ended = True
-
-    async def cleanup() -> None:
-        svc.relays.discard(stream)
-        if not ended:
-            svc.counts["disconnected"] += 1
-            log.info("client disconnected mid-stream; the stream from worker %s was closed", wid)
-        await stream.aclose()
-
-    return _RelayResponse(relay(), cleanup, media_type="text/event-stream",
-                          headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-class _RelayResponse(StreamingResponse):
-    """Closes the upstream stream and frees the worker's slot however the response ends, even
-    when the client leaves before the first chunk is sent."""
-
-    def __init__(self, content, cleanup: Callable[[], Any], **kw):
-        super().__init__(content, **kw)
-        self._cleanup = cleanup
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._cleanup()
+    return JSONResponse(body, headers=reply_headers(info))
 
 
 # --------------------------------------------------------------------------- factory and runner
 
 
 def create_app(
-    router_provider: Router | PromotedRouter | Callable[[], Router],
+    router_provider: Router | PromotedRouter | Callable[[], Router] | None,
     workers_config: WorkersConfig | str | Path,
     *,
     api_token: str | None = None,
@@ -444,23 +369,37 @@ def create_app(
     worker_attempts: int | None = 1,
     default_budget: Budget | None = None,
     roles=None,
+    absent: str | None = None,
+    max_json_values: int = DEFAULT_MAX_JSON_VALUES,
+    bind_host: str = "127.0.0.1",
+    allowed_hosts: tuple[str, ...] | list[str] = (),
+    auth_cooldown_s: float = DEFAULT_AUTH_COOLDOWN_S,
 ) -> Starlette:
     """The Starlette app. `api_token` None or "" means no auth; `worker_attempts` None keeps the
     worker config's `max_attempts`. Refuses a router whose workers the config does not define.
     `roles`: the multi-turn coordinator for `"fugu_mode": "multi_turn"` requests (a
-    `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400)."""
+    `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400).
+    `max_json_values`: the request body's limit (`json_body.py`); `bind_host` and `allowed_hosts`:
+    the `Host` names answered (`hosts.py`); `auth_cooldown_s`: how long a worker whose key was
+    refused is kept out (`upstream.py`).
+    `router_provider` None: `roles` alone is served; one-step requests get a 400 saying `absent`."""
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
     def servable(router: Router) -> None:  # at start, and on every reload of the promoted pointer
         problem = config.missing_routes(router.path, router.worker_ids)
         if problem:
             raise ValueError(problem)
 
-    source = RouterSource(router_provider, servable)
-    router = source.get()
-    if default_budget is not None:
+    if router_provider is None and roles is None:
+        raise RouterError("nothing to serve: neither a one-step router nor a multi-turn coordinator")
+    source = RouterSource(router_provider, servable, absent=absent)
+    router = source.get() if router_provider is not None else None
+    if router is not None and default_budget is not None:
         router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
-    svc = Service(source, Workers(config, worker_attempts), api_token=api_token, max_body_bytes=max_body_bytes,
-                  batch_window_ms=batch_window_ms, max_batch=max_batch, default_budget=default_budget)
+    svc = Service(source, Workers(config, worker_attempts, auth_cooldown_s), api_token=api_token,
+                  max_body_bytes=max_body_bytes, batch_window_ms=batch_window_ms, max_batch=max_batch,
+                  default_budget=default_budget, max_json_values=max_json_values)
+
+    hosts = HostPolicy(bind_host, allowed_hosts)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -471,6 +410,7 @@ def create_app(
         finally:
             await svc.workers.close()
             svc.batcher.close()
+            svc.parser.shutdown(wait=False, cancel_futures=True)
 
     app = Starlette(
         routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -478,21 +418,9 @@ def create_app(
                 Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
                 Route("/health", health, methods=["GET"])],
         exception_handlers={APIError: api_error_handler, HTTPException: http_error_handler, Exception: server_error_handler},
-        lifespan=lifespan,
+        lifespan=lifespan, middleware=[Middleware(HostGuard, policy=hosts)],
     )
     app.state.fugu = svc
+    app.state.fugu_hosts = hosts
     app.state.fugu_roles = roles
     return app
-
-
-def load_router_provider(checkpoint_or_models_dir: str | Path, *, device: str = "auto", dtype: str = "auto",
-                         encoder: str | None = None) -> Router | PromotedRouter:
-    """A models directory with `promoted/current.json` gives a PromotedRouter (follows promotions);
-    a checkpoint directory gives a fixed Router."""
-    path = Path(checkpoint_or_models_dir)
-    if (path / POINTER).exists():
-        return PromotedRouter(path, device=device, dtype=dtype, encoder=encoder)
-    if (path / "manifest.json").exists() or path.is_file():
-        return Router.load(path, device=device, dtype=dtype, encoder=encoder)
-    raise RouterError(f"{path} is neither a checkpoint directory (manifest.json + head.safetensors) nor a models "
-                      f"directory with {POINTER}; pass a trained checkpoint or the models directory")

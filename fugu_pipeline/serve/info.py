@@ -1,6 +1,12 @@
 """The read-only endpoints of the server: `GET /v1/models`, `GET /v1/models/{id}` and `GET /health`
-(no token needed; the checkpoint's path and the text of a load or reload error only with the token,
-when one is set)."""
+(no token needed; the checkpoint's path, the text of a load or reload error and why a worker is
+kept out only with the token, when one is set).
+
+`/health` holds: `status`, `uptime_s`, the `checkpoint` (tag, content hash, method, worker ids),
+`reload_error`, every configured worker with `kept_out` (null, or the HTTP status that put it out,
+`seconds_left` and `until`: its key was refused and it is not called until then, `upstream.py`),
+the ids of the workers kept out now (`kept_out`), the request `limits` (`max_body_bytes`,
+`max_json_values`, `auth_cooldown_s`), the routing micro-batcher's figures and request counts."""
 
 from __future__ import annotations
 
@@ -58,6 +64,11 @@ async def health(request: Request) -> Response:
         trusted = True
     except APIError:
         trusted = False
+    if svc.source.absent:  # a coordinator alone is served
+        return JSONResponse({"status": "ok", "uptime_s": round(time.monotonic() - svc.started, 3), "checkpoint": None,
+                             "one_step_router": svc.source.absent, "counts": dict(svc.counts),
+                             "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None)}
+                                         for w in svc.workers.config.workers]})
     try:
         router = await asyncio.to_thread(current)
     except Exception as exc:
@@ -75,8 +86,12 @@ async def health(request: Request) -> Response:
         "reload_error": reload_error if trusted or reload_error is None else (
             "the last reload failed (send the server's bearer token for the reason)"),
         "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None),
-                     "routed": any(i in router.worker_ids for i in (w.id, *w.aliases)), **({"aliases": w.aliases} if w.aliases else {})}
+                     "routed": any(i in router.worker_ids for i in (w.id, *w.aliases)), **({"aliases": w.aliases} if w.aliases else {}),
+                     "kept_out": svc.workers.kept_out_info(w.id, detail=trusted)}
                     for w in svc.workers.config.workers],
+        "kept_out": sorted(w for w in svc.workers.specs if svc.workers.kept_out_error(w) is not None),
+        "limits": {"max_body_bytes": svc.max_body_bytes, "max_json_values": svc.max_json_values,
+                   "auth_cooldown_s": svc.workers.cooldown_s},
         "batching": svc.batcher.stats(),
         "counts": dict(svc.counts),
     })

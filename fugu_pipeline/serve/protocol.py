@@ -3,15 +3,15 @@ and errors in the OpenAI shape `{"error": {"message", "type", "param", "code"}}`
 
 Hostile input is refused here, at the boundary, with a 4xx naming what is wrong, before it can
 reach the router or a worker: a body not sent as `application/json` (415), over the size limit
-(413), not strict JSON (NaN, Infinity, numbers out of float range: Python's parser accepts them,
-JSON does not), nested deeper than `MAX_JSON_DEPTH`, holding text that is not valid Unicode (a
-lone UTF-16 surrogate such as `"\ud800"`: it cannot be encoded as UTF-8, so neither the tokenizer
-nor a worker could take it), or fields of the wrong type (400).
+or holding more JSON values than the value limit (413), not strict JSON (NaN, Infinity, numbers
+out of float range or int64), nested deeper than `MAX_JSON_DEPTH`, holding text that is not valid
+Unicode (a lone UTF-16 surrogate such as `"\ud800"`: it cannot be encoded as UTF-8, so neither
+the tokenizer nor a worker could take it), or fields of the wrong type (400). The JSON rules and
+limits are in `json_body.py`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -23,12 +23,15 @@ from starlette.responses import JSONResponse, Response
 
 from fugu_pipeline.route.budget import Budget
 from fugu_pipeline.route.router import MAX_COST_WEIGHT
+from fugu_pipeline.serve import json_body
+from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES
+from fugu_pipeline.serve.json_body import MAX_JSON_DEPTH as MAX_JSON_DEPTH  # where callers look for it
 from fugu_pipeline.tasks.messages import routed_text
 
 log = logging.getLogger("fugu_pipeline.serve")
 
 DEFAULT_MAX_BODY_BYTES = 2 << 20
-MAX_JSON_DEPTH = 64  # OpenAI request bodies nest a few levels; JSON schemas in response_format a few more
+MODES = ("one_step", "multi_turn")  # `fugu_mode`: the one-step router, or the multi-turn coordinator
 
 _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
            "frequency_penalty": (-2.0, 2.0)}
@@ -87,10 +90,12 @@ class ChatRequest:
     budget: Budget | None = None
     billed_text: str = ""  # every message's text: what the worker is billed for (the budget's expected cost)
     ignored: list[str] = field(default_factory=list)  # fields that have no effect, each with why
+    mode: str = "one_step"  # `fugu_mode`: "multi_turn" goes to the coordinator (`multi_turn.py`)
+    max_usd: float | None = None  # `fugu_max_usd`: a multi-turn session's own spend cap (USD)
 
 
 _HANDLED = {"messages", "model", "stream", "stream_options", "n", "tools", "functions", "fugu_lite",
-            "fugu_allowed_workers", "fugu_cost_weight", "fugu_budget", "fugu_mode", "domain"}
+            "fugu_allowed_workers", "fugu_cost_weight", "fugu_budget", "fugu_mode", "fugu_max_usd", "domain"}
 
 
 def ignored_fields(body: dict) -> list[str]:
@@ -128,77 +133,12 @@ def require_json(request: Request) -> None:
                        "'Content-Type: application/json'", code="unsupported_media_type")
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON (use a finite number)")
-
-
-def _finite(text: str) -> float:
-    v = float(text)
-    if not math.isfinite(v):
-        raise ValueError(f"the number {text[:40]} is out of range")
-    return v
-
-
-_INT_LIMIT = 2**63  # an integer a worker's API can hold (int64); a bigger one is refused with a 400
-
-
-def _int(text: str) -> int:
-    if len(text) > 20 or abs(v := int(text)) >= _INT_LIMIT:
-        raise ValueError(f"the integer {text[:40]}{'...' if len(text) > 40 else ''} is out of range (beyond 64 bits)")
-    return v
-
-
-def load_json(raw: bytes) -> Any:
-    """Strict JSON: no NaN/Infinity, no number out of float range or int64, nesting and Unicode checked."""
+def load_json(raw: bytes, max_values: int = DEFAULT_MAX_JSON_VALUES) -> Any:
+    """The body as strict JSON within the limits (`json_body.py`); APIError (400 / 413) otherwise."""
     try:
-        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite, parse_int=_int)
-    except RecursionError:
-        raise APIError(400, f"the JSON body is nested too deeply (the limit is {MAX_JSON_DEPTH} levels)",
-                       code="invalid_json") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"could not parse the JSON body of the request: {exc}", code="invalid_json") from None
-    check_json_tree(body)
-    return body
-
-
-def check_json_tree(body: Any) -> None:
-    """400 for nesting deeper than MAX_JSON_DEPTH or a string (value or key) that is not valid
-    Unicode, naming where. Iterative, and a node's path is only spelled out for the error: a deep
-    or wide body costs one pass over its values, whatever its keys."""
-    stack: list[tuple[Any, tuple | None, int]] = [(body, None, 0)]
-    while stack:
-        value, where, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            path = _path(where)
-            raise APIError(400, f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels (at {path or 'the top'})",
-                           param=path or None, code="invalid_json")
-        if isinstance(value, str):
-            _check_text(value, where)
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                _check_text(k, where)
-                stack.append((v, (where, k), depth + 1))
-        elif isinstance(value, list):
-            stack.extend((v, (where, i), depth + 1) for i, v in enumerate(value))
-
-
-def _path(where: tuple | None) -> str:
-    """`messages[0].content` from the (parent, key) chain; long keys are shortened."""
-    parts: list[str] = []
-    while where is not None:
-        where, key = where
-        parts.append(f"[{key}]" if isinstance(key, int) else "." + (key if len(key) <= 40 else key[:37] + "..."))
-    return "".join(reversed(parts)).lstrip(".")
-
-
-def _check_text(text: str, where: tuple | None) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        path = _path(where)
-        raise APIError(400, f"{path or 'the body'} holds text that is not valid Unicode (a lone surrogate "
-                       f"{text[exc.start]!r} at character {exc.start}); send UTF-8 text", param=path or None,
-                       code="invalid_unicode") from None
+        return json_body.load_json(raw, max_values)
+    except json_body.BodyError as exc:
+        raise APIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
 
 
 def _check_parts(i: int, content: list) -> None:
@@ -233,9 +173,11 @@ def _check_response_format(v: Any) -> None:
 _CHECKED = {"stop": _check_stop, "logit_bias": _check_logit_bias, "response_format": _check_response_format}
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    """Validate a chat-completions body; raises APIError(400) naming the bad parameter."""
-    body = load_json(raw)
+def parse_chat_request(raw: bytes, max_values: int = DEFAULT_MAX_JSON_VALUES) -> ChatRequest:
+    """Validate a chat-completions body; raises APIError (400, or 413 past the value limit) naming
+    the bad parameter. Bounded work whatever the body (`json_body.py`), so the app may run it
+    outside the serving loop."""
+    body = load_json(raw, max_values)
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     if body.get("model") is not None and not isinstance(body["model"], str):
@@ -265,6 +207,17 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         if body.get(name):
             raise APIError(400, f"'{name}' (function calling) is not supported by fugu-lite", param=name,
                            code="unsupported_parameter")
+    mode = body.get("fugu_mode")
+    if mode is not None and mode not in MODES:
+        raise APIError(400, f"'fugu_mode' must be one of {list(MODES)}, got {repr(mode)[:80]}", param="fugu_mode",
+                       code="invalid_value")
+    max_usd = body.get("fugu_max_usd")
+    if max_usd is not None and (not _is_num(max_usd) or max_usd <= 0):
+        raise APIError(400, f"'fugu_max_usd' must be a number > 0 (USD this session may spend), got {repr(max_usd)[:40]}",
+                       param="fugu_max_usd", code="invalid_value")
+    ignored = ignored_fields(body)
+    if max_usd is not None and (mode or "one_step") == "one_step":
+        ignored.append("fugu_max_usd: caps a multi-turn session's spend; a one-step request is capped by fugu_budget")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise APIError(400, "'stream' must be true or false", param="stream", code="invalid_type")
@@ -325,7 +278,8 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         messages=msgs, text=routed_text(msgs), stream=stream, include_usage=bool(options.get("include_usage")),
         params=params, domain=domain, allowed=tuple(allowed) if allowed is not None else None,
         cost_weight=float(cost_weight) if cost_weight is not None else None, budget=budget,
-        billed_text="\n".join(_message_text(m) for m in msgs), ignored=ignored_fields(body),
+        billed_text="\n".join(_message_text(m) for m in msgs), ignored=ignored, mode=mode or "one_step",
+        max_usd=float(max_usd) if max_usd is not None else None,
     )
 
 

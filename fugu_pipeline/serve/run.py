@@ -1,5 +1,10 @@
 """`fugu-lite serve`: load the router and the workers, then serve with uvicorn until interrupted.
 
+What is served (`providers`): a models folder gives the promoted one-step router and the promoted
+multi-turn coordinator, whichever it holds (a coordinator alone is enough: one-step requests then
+get a 400 naming what is missing); a checkpoint gives that router, or that coordinator when it is
+a roles checkpoint.
+
 CPU threads. Serving encodes small batches (a few prompts of a few hundred tokens); splitting
 such a batch over torch's default of one thread per core mostly buys threads spinning while they
 wait for each other, next to the event loop and the worker loop that need the same cores. Measured
@@ -29,13 +34,55 @@ from fugu_pipeline.serve.app import (
     create_app,
     load_router_provider,
 )
-from fugu_pipeline.train.pointer import ROLES_POINTER
+from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES
+from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S
+from fugu_pipeline.route.router import RouterError
 
 log = logging.getLogger("fugu_pipeline.serve")
 DEFAULT_TORCH_THREADS = 1
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
 SHUTDOWN_MARGIN_S = 2.0  # for the replies cut at the grace period's end to write their error and close
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def providers(checkpoint_or_models_dir: str | Path, *, device: str = "auto", dtype: str = "auto",
+              encoder: str | None = None):
+    """(one-step router provider or None, coordinator or None, why there is no one-step router).
+    A models folder gives the promoted router and the promoted coordinator, whichever it has; a
+    checkpoint gives a fixed router, or a fixed coordinator when it is a roles checkpoint. At least
+    one of the two, else RouterError naming both pointers."""
+    from fugu_pipeline.train.checkpoints import MANIFEST_FILE, Manifest
+    from fugu_pipeline.train.pointer import POINTER, ROLES_POINTER
+
+    path = Path(checkpoint_or_models_dir)
+    opts = {"device": device, "dtype": dtype, "encoder": encoder}
+    if (path / MANIFEST_FILE).exists():
+        try:
+            kind = Manifest.model_validate_json((path / MANIFEST_FILE).read_bytes()).head_kind
+        except (OSError, ValueError):
+            kind = ""
+        if kind.startswith("roles"):
+            from fugu_pipeline.route.roles import RolesCoordinator
+
+            return None, RolesCoordinator.load(path, **opts), (
+                f"this server runs the multi-turn coordinator {path} only, no one-step router: send "
+                '"fugu_mode": "multi_turn", or start it with a one-step checkpoint or a models folder')
+    if (path / POINTER).exists() or (path / MANIFEST_FILE).exists() or path.is_file():
+        provider = load_router_provider(path, **opts)
+    elif (path / ROLES_POINTER).exists():
+        provider = None
+    else:
+        raise RouterError(f"{path} is neither a checkpoint directory (manifest.json + head.safetensors) nor a models "
+                          f"directory with {POINTER} or {ROLES_POINTER}; pass a trained checkpoint or the models directory")
+    roles = None
+    if (path / ROLES_POINTER).exists():
+        from fugu_pipeline.route.roles import PromotedRoles
+
+        roles = PromotedRoles(path, **opts)
+    absent = None if provider is not None else (
+        f"no one-step router is promoted in {path} ({POINTER} is missing), only a multi-turn coordinator: send "
+        '"fugu_mode": "multi_turn", or promote a router (fugu-lite pipeline) and restart')
+    return provider, roles, absent
 
 
 def serve(
@@ -56,6 +103,9 @@ def serve(
     log_level: str = "info",
     default_budget=None,
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
+    max_json_values: int = DEFAULT_MAX_JSON_VALUES,
+    allowed_hosts: tuple[str, ...] = (),
+    auth_cooldown_s: float = DEFAULT_AUTH_COOLDOWN_S,
 ) -> None:
     """Load the router and workers, then serve until interrupted. The token is `api_token`, else
     `$FUGU_SERVE_TOKEN`; API keys for workers come from the environment or a `.env` file.
@@ -63,7 +113,10 @@ def serve(
     0 or None: torch's default). `dtype`: the encoder's, `auto` by the same rule as the embedding
     step (bf16 on GPUs and on CPUs with native bf16, else fp32), so serving computes the features
     the checkpoint was trained on when both ran on the same kind of machine. `shutdown_grace_s`: how
-    long replies in flight get to finish once shutdown begins (see the module docstring)."""
+    long replies in flight get to finish once shutdown begins (see the module docstring).
+    `max_json_values`: the request bodies' value limit (`json_body.py`); `allowed_hosts`: names
+    answered besides the bound address's (`hosts.py`); `auth_cooldown_s`: how long a worker whose
+    key is refused is kept out (`upstream.py`)."""
     import uvicorn
 
     from fugu_pipeline.api_keys import load_env_file
@@ -81,19 +134,23 @@ def serve(
     token = (api_token if api_token is not None else os.environ.get("FUGU_SERVE_TOKEN")) or None  # "" is no token
     if token is None and host not in LOOPBACK:
         log.warning("serving on %s without a token: set FUGU_SERVE_TOKEN (or --token), and put TLS in front", host)
-    provider = load_router_provider(checkpoint_or_models_dir, device=device, dtype=dtype, encoder=encoder)
-    roles = None  # "fugu_mode": "multi_turn" requests: the promoted coordinator, when the models folder has one
-    if (Path(checkpoint_or_models_dir) / ROLES_POINTER).exists():
-        from fugu_pipeline.route.roles import PromotedRoles
-
-        roles = PromotedRoles(checkpoint_or_models_dir, device=device, dtype=dtype, encoder=encoder)
+    # the one-step router and the multi-turn coordinator ("fugu_mode": "multi_turn"), whichever the path gives
+    provider, roles, absent = providers(checkpoint_or_models_dir, device=device, dtype=dtype, encoder=encoder)
+    if provider is None and default_budget is not None:
+        raise RouterError("--budget-*: a default cap applies to one-step routing, and this server has no one-step router")
     app = create_app(provider, workers_config_path, api_token=token, max_body_bytes=max_body_bytes,
                      batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts,
-                     default_budget=default_budget, roles=roles)
+                     default_budget=default_budget, roles=roles, absent=absent, max_json_values=max_json_values,
+                     bind_host=host, allowed_hosts=allowed_hosts, auth_cooldown_s=auth_cooldown_s)
     router = app.state.fugu.source.last
-    log.info("fugu-lite serving %s (%s) on http://%s:%d/v1", checkpoint_tag(router), router.path, host, port)
-    log.info("%s; torch threads %d; auth %s", router.encoder.describe(), torch.get_num_threads(),
-             "bearer token" if token else "none")
+    hosts = app.state.fugu_hosts.describe()
+    if router is None:
+        log.info("fugu-lite serving the multi-turn coordinator %s only on http://%s:%d/v1 (%s); answers the host names %s",
+                 getattr(roles, "tag", None) or Path(checkpoint_or_models_dir), host, port, absent, hosts)
+    else:
+        log.info("fugu-lite serving %s (%s) on http://%s:%d/v1", checkpoint_tag(router), router.path, host, port)
+        log.info("%s; torch threads %d; auth %s; answers the host names %s", router.encoder.describe(),
+                 torch.get_num_threads(), "bearer token" if token else "none", hosts)
     if default_budget is not None:
         p = router.budget_point(default_budget)
         log.info("default %s: λ=%.4g chosen on validation (validation share %.4f of %s%s)", default_budget.describe(),

@@ -10,14 +10,34 @@ the client to the reply having been read (`CallTiming.upstream_s`), the wait for
 concurrency slot and rate limit separately (`CallTiming.queue_s`), and whatever passes between
 the serving loop asking and getting the answer back is the router's own time.
 
+The timings every reply reports (`fugu_lite`, milliseconds):
+- `route_ms`: receipt to route decision (the wait for a routing batch and the encoder pass).
+- `queue_ms`: waiting for a worker's concurrency slot (`max_concurrency`) or rate limit.
+- `upstream_ms`: inside worker calls, every attempt, failed ones included: from handing the request
+  to the worker's client to its reply having been read. For a stream: until its first content
+  (first chunk), until its end (last chunk).
+- `latency_ms`: the server's total, from receipt to the reply being ready (a stream: its first
+  byte in the first chunk, its end in the last).
+- `overhead_ms` = `latency_ms` - `upstream_ms`: everything the router adds: parsing, routing,
+  `queue_ms`, the hand-over to the worker loop and back (where a busy server queues), and building
+  the reply.
+
 A relayed stream (`RelayedStream`) is read on the worker loop by a pump task that hands each chunk
 to the serving loop, which wakes once for however many chunks have arrived.
+
+Kept out. A worker whose key is refused (401 unauthorized, 402 out of credits, 403 forbidden for
+this key or model: `FatalWorkerError`) would fail every request the same way, and every request
+routed to it would wait for that answer before falling back. So it is kept out for `cooldown_s`
+(`fugu-lite serve --auth-cooldown-s`, default 60 s): calls to it fail at once with
+`WorkerKeptOut` (the app lists it among the fallback errors without calling it), `/health` shows
+it under the worker's `kept_out`, and the first request after the cooldown calls it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -26,9 +46,24 @@ from typing import Any, Awaitable, Callable
 from fugu_pipeline.tasks.messages import content_text
 from fugu_pipeline.workers.budget import RateLimiter
 from fugu_pipeline.workers.config import WorkersConfig
-from fugu_pipeline.workers.contract import Completion
+from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
+
+log = logging.getLogger("fugu_pipeline.serve")
 
 _END = object()
+DEFAULT_AUTH_COOLDOWN_S = 60.0
+
+
+class WorkerKeptOut(WorkerCallError):
+    """A call not made: the worker's key was refused lately and its cooldown has not run out."""
+
+
+@dataclass
+class KeptOut:
+    status: int | None
+    reason: str  # the worker's error (scrubbed of keys by its client)
+    until: float  # time.monotonic()
+    until_wall: float  # time.time(), for /health
 
 
 @dataclass
@@ -196,8 +231,10 @@ class Workers:
     worker's concurrency and rate limits, all on the worker loop. `start()` and `close()` from the
     serving loop (the app's lifespan)."""
 
-    def __init__(self, config: WorkersConfig, attempts: int | None):
+    def __init__(self, config: WorkersConfig, attempts: int | None, cooldown_s: float = DEFAULT_AUTH_COOLDOWN_S):
         self.config = config.model_copy(update={"max_attempts": attempts}) if attempts else config
+        self.cooldown_s = cooldown_s
+        self.kept_out: dict[str, KeptOut] = {}  # worker id -> why and until when (read on both loops)
         self.specs = {w.id: w for w in self.config.workers}
         self.clients: dict[str, Any] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
@@ -242,8 +279,38 @@ class Workers:
             messages = [{"role": "system", "content": spec.system_prompt}, *messages]
         return messages
 
+    def kept_out_error(self, wid: str) -> WorkerKeptOut | None:
+        """Why `wid` is not to be called now (its key was refused within `cooldown_s`), else None."""
+        k = self.kept_out.get(wid)
+        left = None if k is None else k.until - time.monotonic()
+        if left is None or left <= 0:
+            return None
+        return WorkerKeptOut(f"not called: it answered HTTP {k.status} {self.cooldown_s - left:.0f} s ago and is kept "
+                             f"out for {left:.0f} s more ({k.reason})", status=k.status, attempts=0)
+
+    def _keep_out(self, wid: str, exc: FatalWorkerError) -> None:  # worker loop
+        if self.cooldown_s <= 0:
+            return
+        now = time.monotonic()
+        if wid not in self.kept_out or self.kept_out[wid].until <= now:
+            log.warning("worker %s answered HTTP %s: kept out for %g s (every request would fail the same way "
+                        "before falling back): %s", wid, exc.status, self.cooldown_s, exc)
+        self.kept_out[wid] = KeptOut(exc.status, str(exc), now + self.cooldown_s, time.time() + self.cooldown_s)
+
+    def kept_out_info(self, wid: str, detail: bool) -> dict | None:
+        """`/health`'s `kept_out` of a worker: status, seconds left, until when (and why, with `detail`)."""
+        k = self.kept_out.get(wid)
+        left = None if k is None else k.until - time.monotonic()
+        if left is None or left <= 0:
+            return None
+        until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(k.until_wall))
+        return {"status": k.status, "seconds_left": round(left, 1), "until": until, **({"reason": k.reason} if detail else {})}
+
     async def complete(self, wid: str, messages: list[dict], params: dict, timing: CallTiming) -> Completion:
-        """One plain call on the worker loop; `timing` is filled in, also when it raises."""
+        """One plain call on the worker loop; `timing` is filled in, also when it raises.
+        WorkerKeptOut, without a call, while the worker is kept out."""
+        if (kept := self.kept_out_error(wid)) is not None:
+            raise kept
         return await self.loop.run(self._complete(wid, messages, params, timing))
 
     async def _complete(self, wid: str, messages: list[dict], params: dict, timing: CallTiming) -> Completion:
@@ -257,6 +324,9 @@ class Workers:
                 if self.specs[wid].kind == "mock":
                     return await client.complete(msgs)
                 return await client.complete(msgs, params=params)
+            except FatalWorkerError as exc:
+                self._keep_out(wid, exc)
+                raise
             finally:
                 timing.upstream_s += time.perf_counter() - t1
 
@@ -264,6 +334,8 @@ class Workers:
         """An open stream whose first chunk with content has arrived. It holds the worker's
         concurrency slot until `await stream.aclose()`, which the caller must call; when this
         raises, nothing is held."""
+        if (kept := self.kept_out_error(wid)) is not None:
+            raise kept
         serving = asyncio.get_running_loop()
         return await self.loop.run(self._open(wid, messages, params, timing, serving), discard=RelayedStream._close)
 
@@ -280,8 +352,10 @@ class Workers:
                 inner = CompletionStream(await client.complete(msgs))
             else:
                 inner = await client.open_stream(msgs, params)
-        except BaseException:
+        except BaseException as exc:
             self._slots[wid].release()
+            if isinstance(exc, FatalWorkerError):
+                self._keep_out(wid, exc)
             raise
         finally:
             if t1 is not None:

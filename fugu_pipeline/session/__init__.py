@@ -1,3 +1,3 @@
-"""Multi-turn sessions (DESIGN §6b): the loop over any policy, the roles and their prompts, verdicts,
+"""Multi-turn sessions (TinyRouter): the loop over any policy, the roles and their prompts, verdicts,
 the committed answer, the transcript featurizer, the trajectory store. Plain Python: numpy, and
 torch only through the encoder a featurizer is given."""

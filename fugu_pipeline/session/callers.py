@@ -8,8 +8,8 @@ a memo of served turns, and the run's USD budget.
 - `TurnMemo` keeps every served turn of a run by (task, worker, messages, seed). Two sessions that
   send the same request with the same seed get the same reply without a second call: that is
   what common random numbers mean for candidates of one CMA-ES generation, and it is free for a
-  deterministic worker. It is seeded from the trajectory store, so turns already paid for in an
-  earlier (even killed) run are not paid again.
+  deterministic worker. It is backed by the trajectory store (`backing`: a miss in memory is looked
+  up there by index), so turns already paid for in an earlier (even killed) run are not paid again.
 - `SessionBudget` is the budget guard of one-step calls (`workers.budget`) applied to every turn
   of every session of a run: before a call it reserves the worst-case cost (`cost_ceiling` of the
   worker for the full request), after it settles the real cost; a call whose reservation would
@@ -58,7 +58,8 @@ class ClientCaller:
         self.calls: Counter = Counter()  # calls made per worker (failed ones included)
         self.dead: dict[str, str] = {}
         self._own = own
-        self._slots = {w: asyncio.Semaphore(getattr(self.specs.get(w), "max_concurrency", 64)) for w in self.clients}
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._loop = None  # the slots belong to one event loop: a runner calls asyncio.run once per batch
         self._limits = {w: RateLimiter(getattr(self.specs.get(w), "requests_per_minute", None)) for w in self.clients}
 
     @classmethod
@@ -77,6 +78,10 @@ class ClientCaller:
 
     async def call(self, worker_id: str, messages: list[dict], *, task: "Task | None", seed: int) -> Completion:
         client = self.clients[worker_id]
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a semaphore another loop waited on cannot be used in this one
+            self._loop = loop
+            self._slots = {w: asyncio.Semaphore(getattr(self.specs.get(w), "max_concurrency", 64)) for w in self.clients}
         async with self._slots[worker_id]:
             await self._limits[worker_id].wait()
             self.calls[worker_id] += 1
@@ -92,8 +97,9 @@ class ClientCaller:
 class TurnMemo:
     """Served turns of a run, by request (module docstring). Bounded, least recently used out."""
 
-    def __init__(self, max_items: int = 1_000_000):
+    def __init__(self, max_items: int = 200_000, backing=None):
         self.max_items = max_items
+        self.backing = backing  # an object with completion(key) -> Completion | None (the trajectory store)
         self._items: OrderedDict[str, Completion] = OrderedDict()
         self.hits = 0
 
@@ -104,6 +110,10 @@ class TurnMemo:
 
     def get(self, key: str) -> Completion | None:
         comp = self._items.get(key)
+        if comp is None and self.backing is not None:
+            comp = self.backing.completion(key)
+            if comp is not None:
+                self.put(key, comp)
         if comp is None:
             return None
         self._items.move_to_end(key)
@@ -151,3 +161,34 @@ class SessionBudget(BudgetLedger):
             estimate = max(self.max_seen, ceiling or 0.0)
             return self._admit(estimate, "turn", "Raise the budget (max_usd), or run again to continue: "
                                                  "finished trajectories and paid turns are kept")
+
+
+class SpendCaps:
+    """Several budgets guarding the same calls (a serve request's own cap and the process's): a call
+    is made only when every one admits it; `stop` is the first refusal's reason."""
+
+    def __init__(self, *budgets: SessionBudget):
+        self.budgets = [b for b in budgets if b is not None]
+
+    @property
+    def stop(self) -> str | None:
+        return next((b.stop for b in self.budgets if b.stop), None)
+
+    async def reserve(self, spec: "WorkerSpec | None", request_text: str):
+        got = []
+        for b in self.budgets:
+            est = await b.reserve(spec, request_text)
+            if est is None:
+                for done, e in got:  # hand back what the others reserved: this call is not made
+                    await done.settle(e, 0.0)
+                return None
+            got.append((b, est))
+        return got
+
+    async def settle(self, reserved, cost: float) -> None:
+        for b, est in reserved or []:
+            await b.settle(est, cost)
+
+    @property
+    def spent(self) -> float:
+        return self.budgets[0].spent if self.budgets else 0.0

@@ -14,13 +14,17 @@ the roles head: final layer, penultimate position, L2-normalised, template `HEAD
 - Vectors are kept in memory by the exact text (LRU), so candidates of one CMA-ES generation that
   reach the same transcript share one encoding. `prefetch` encodes many sessions' inputs in one
   go before the policies read them.
+- With the SVF adapter (`with_scales`), each candidate's vectors depend on its own scales, but the
+  layers below the adapted one do not: their output is cached per transcript (bounded by
+  `SVF_CACHE_MB`) and shared by every candidate, and `prefetch_many` runs the adapted layer and
+  those above it for all candidates' missing (scales, transcript) rows in one forward per padded
+  width (`features/svf.py:SVFRunner`).
 
 torch loads with the encoder (`features/encoder.py`); this module itself imports only numpy.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import threading
 from collections import OrderedDict
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
     from fugu_pipeline.features.encoder import Encoder
 
 BUCKET = 16  # padded widths are multiples of this
+SVF_CACHE_MB = 1024  # hidden states below the SVF-adapted layer kept per encoder (least recently used out)
 TASK_SHARE = 0.75  # the most of the window a task keeps when there are turns to show
 TASK_CUT = "\n[... task cut to fit the encoder window ...]"
 
@@ -51,7 +56,9 @@ class TranscriptFeaturizer:
         self.settings = encoder.settings
         self.max_length = self.settings.max_length
         self.cache_size = cache_size
-        self.adapter, self.scales = adapter, scales  # an SVF adapter (train/svf.py) and this candidate's scales
+        self.adapter, self.scales = adapter, scales  # an SVF adapter (features/svf.py) and this candidate's scales
+        self._svf: _SVFShared | None = None  # with scales: the cache of hidden states below the adapted layer
+        self._svf_shared: dict[int, _SVFShared] = {}
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = lock or threading.RLock()
         self._threads = _torch_threads()  # encoding may run in another thread: use this thread's setting there
@@ -64,9 +71,19 @@ class TranscriptFeaturizer:
         return self.encoder.dim
 
     def with_scales(self, adapter, scales: np.ndarray) -> "TranscriptFeaturizer":
-        """A featurizer for one SVF candidate: the same encoder (and lock), its own scales and cache."""
-        return TranscriptFeaturizer(self.encoder, cache_size=self.cache_size, adapter=adapter,
-                                    scales=np.asarray(scales, np.float32), lock=self._lock)
+        """A featurizer for one SVF candidate: the same encoder (and lock), its own scales and
+        vector cache, and the hidden states below the adapted layer shared with every candidate
+        made from this featurizer with the same adapter."""
+        if self.settings.layer != -1:
+            raise ValueError("the SVF adapter needs the encoder's final layer as features (layer -1)")
+        f = TranscriptFeaturizer(self.encoder, cache_size=self.cache_size, adapter=adapter,
+                                 scales=np.asarray(scales, np.float32), lock=self._lock)
+        with self._lock:
+            shared = self._svf_shared.get(id(adapter))
+            if shared is None or shared.adapter is not adapter:
+                shared = self._svf_shared[id(adapter)] = _SVFShared(adapter)
+        f._svf = shared
+        return f
 
     def contract(self) -> "FeatureContract":
         return self.encoder.feature_contract()
@@ -95,28 +112,29 @@ class TranscriptFeaturizer:
             return text, n
         self.cut += 1
         limit = self.max_length
-        avail = limit - self._count([self._format("\n\n" + CUT_MARK if inp.turns else "")])[0]  # after the marks
+        tail = "\n\n" + inp.state if inp.state else ""  # the state line always stays
+        avail = limit - self._count([self._format(("\n\n" + CUT_MARK if inp.turns else "") + tail)])[0]  # after the marks
         task = inp.task
         task_ids = self._ids(task)
         task_room = int(avail * TASK_SHARE) if inp.turns else avail
         if len(task_ids) > task_room:
             task = self._decode(task_ids[: max(task_room - len(self._ids(TASK_CUT)), 1)]) + TASK_CUT
         if not inp.turns:
-            return self._shrink(task, "", [], limit)
-        return self._shrink(task, CUT_MARK, self._ids(inp.turns), limit)
+            return self._shrink(task, "", [], limit, tail)
+        return self._shrink(task, CUT_MARK, self._ids(inp.turns), limit, tail)
 
-    def _shrink(self, task: str, mark: str, turn_ids: list[int], limit: int) -> tuple[str, int]:
+    def _shrink(self, task: str, mark: str, turn_ids: list[int], limit: int, tail: str = "") -> tuple[str, int]:
         """Keep as many of the last turn tokens as fit (re-counted after decoding, which can merge
         tokens differently)."""
-        keep = max(0, limit - self._count([self._format(task + "\n\n" + mark)])[0])
+        keep = max(0, limit - self._count([self._format(task + "\n\n" + mark + tail)])[0])
         for _ in range(8):
-            body = task + ("\n\n" + mark + self._decode(turn_ids[len(turn_ids) - keep:]) if keep else "")
+            body = task + ("\n\n" + mark + self._decode(turn_ids[len(turn_ids) - keep:]) if keep else "") + tail
             text = self._format(body)
             n = self._count([text])[0]
             if n <= limit:
                 return text, n
             keep = max(0, keep - (n - limit) - 1)
-        task_only = self._format(task)  # last resort: the (already cut) task alone
+        task_only = self._format(task + tail)  # last resort: the (already cut) task and the state alone
         return task_only, self._count([task_only])[0]
 
     # ----------------------------------------------------------------- vectors
@@ -155,11 +173,14 @@ class TranscriptFeaturizer:
 
     @staticmethod
     def key(inp: HeadInput) -> str:
-        return hashlib.sha256(f"{inp.task}\x1e{inp.turns}".encode()).hexdigest()
+        return hashlib.sha256(f"{inp.task}\x1e{inp.turns}\x1e{inp.state}".encode()).hexdigest()
 
     def prefetch(self, inputs: list[HeadInput]) -> None:
         """Encode every input not in memory yet, in groups of the same padded width (with this
-        featurizer's SVF scales applied to the encoder, when it has them)."""
+        featurizer's SVF scales, when it has them)."""
+        if self._svf is not None:
+            _prefetch_svf([(self, inputs)])
+            return
         with self._lock:
             todo: dict[str, HeadInput] = {}
             for inp in inputs:
@@ -173,9 +194,7 @@ class TranscriptFeaturizer:
             by_bucket: dict[int, list[str]] = {}
             for k, x in ids.items():
                 by_bucket.setdefault(self.bucket(len(x)), []).append(k)
-            adapted = self.adapter.applied(self.scales) if self.adapter is not None else contextlib.nullcontext()
-            with adapted:
-                self._encode(ids, by_bucket)
+            self._encode(ids, by_bucket)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
 
@@ -202,6 +221,119 @@ class TranscriptFeaturizer:
                 self._cache.move_to_end(k)
                 out[i] = self._cache[k]
             return out
+
+
+class _SVFShared:
+    """Hidden states entering the SVF-adapted layer, per transcript text (LRU by bytes), and the
+    runner that finishes them per candidate."""
+
+    def __init__(self, adapter):
+        from fugu_pipeline.features.svf import SVFRunner
+
+        self.adapter = adapter
+        self.runner = SVFRunner(adapter)
+        self.hidden: OrderedDict[str, object] = OrderedDict()  # text key -> (n, H) tensor
+        self.bytes = 0
+        self.bottom_rows = 0  # transcripts run through the layers below the adapted one
+        self.tail_rows = 0  # (candidate, transcript) rows run through the adapted layer and above
+
+    def keep(self, key: str, h) -> None:
+        self.hidden[key] = h
+        self.bytes += h.element_size() * h.nelement()
+        while self.bytes > SVF_CACHE_MB * 2**20 and len(self.hidden) > 1:
+            _, old = self.hidden.popitem(last=False)
+            self.bytes -= old.element_size() * old.nelement()
+
+
+def prefetch_many(requests: list[tuple[TranscriptFeaturizer, list[HeadInput]]]) -> None:
+    """Encode what several featurizers are about to read: plain ones each in one go, SVF candidates
+    that share an encoder and adapter all together (module docstring)."""
+    svf: dict[int, list] = {}
+    for f, inputs in requests:
+        if f._svf is None:
+            f.prefetch(inputs)
+        else:
+            svf.setdefault(id(f._svf), []).append((f, inputs))
+    for group in svf.values():
+        _prefetch_svf(group)
+
+
+def _prefetch_svf(group: list[tuple[TranscriptFeaturizer, list[HeadInput]]]) -> None:
+    import torch
+
+    from fugu_pipeline.features.encoder import pool_hidden
+
+    lead = group[0][0]
+    shared, enc, s = lead._svf, lead.encoder, lead.settings
+    with lead._lock:
+        rows: dict[tuple[int, str], tuple[TranscriptFeaturizer, str, HeadInput]] = {}
+        for f, inputs in group:
+            for inp in inputs:
+                k = f.key(inp)
+                if k not in f._cache:
+                    rows.setdefault((id(f), k), (f, k, inp))
+        if not rows:
+            return
+        _torch_threads(lead._threads)
+        dev = enc.resolved_device
+        texts: dict[str, HeadInput] = {}
+        for f, k, inp in rows.values():
+            texts.setdefault(k, inp)
+        for k in [k for k in texts if k in shared.hidden]:
+            shared.hidden.move_to_end(k)
+        ids = {k: lead._tokens(lead.fit(inp)[0]) for k, inp in texts.items()}
+        missing: dict[int, list[str]] = {}
+        for k in texts:
+            if k not in shared.hidden:
+                missing.setdefault(lead.bucket(len(ids[k])), []).append(k)
+        for width in sorted(missing):  # the layers below the adapted one: once per transcript
+            keys = missing[width]
+            step = max(1, s.token_budget // width)
+            for i in range(0, len(keys), step):
+                part = keys[i:i + step]
+                tokens, mask = _padded([ids[k] for k in part], width, enc.pad_id, dev)
+                h = shared.runner.bottom(tokens, mask)
+                for r, k in enumerate(part):
+                    shared.keep(k, h[r, : len(ids[k])].clone())
+                shared.bottom_rows += len(part)
+        by_width: dict[int, list] = {}
+        for f, k, _ in rows.values():
+            by_width.setdefault(lead.bucket(len(ids[k])), []).append((f, k))
+        for width in sorted(by_width):  # the adapted layer and those above: per (candidate, transcript)
+            todo = by_width[width]
+            step = max(1, s.token_budget // width)
+            for i in range(0, len(todo), step):
+                part = todo[i:i + step]
+                hs = [shared.hidden[k] for _, k in part]
+                hidden = torch.zeros((len(part), width, hs[0].shape[-1]), dtype=hs[0].dtype, device=dev)
+                mask = torch.zeros((len(part), width), dtype=torch.long, device=dev)
+                for r, h in enumerate(hs):
+                    hidden[r, : h.shape[0]] = h
+                    mask[r, : h.shape[0]] = 1
+                scales = torch.as_tensor(np.stack([f.scales for f, _ in part]), dtype=torch.float32, device=dev)
+                with torch.inference_mode():
+                    last = shared.runner.tail(hidden, mask, scales)
+                    vec = pool_hidden(last, mask, s.pooling, s.token_position).to(torch.float32)
+                    if s.normalize:
+                        vec = torch.nn.functional.normalize(vec, dim=-1)
+                enc.forward_passes += 1
+                for (f, k), v in zip(part, vec.cpu().numpy()):
+                    f._cache[k] = v
+                    f.encoded += 1
+                    while len(f._cache) > f.cache_size:
+                        f._cache.popitem(last=False)
+                shared.tail_rows += len(part)
+
+
+def _padded(seqs: list[list[int]], width: int, pad_id: int, device):
+    import torch
+
+    tokens = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, x in enumerate(seqs):
+        tokens[r, : len(x)] = torch.tensor(x, dtype=torch.long)
+        mask[r, : len(x)] = 1
+    return tokens.to(device), mask.to(device)
 
 
 def _torch_threads(n: int | None = None) -> int | None:

@@ -1,9 +1,12 @@
-"""The multi-turn session loop (DESIGN §6b) over any policy, many sessions in lockstep.
+"""The multi-turn session loop (TinyRouter's Thinker / Worker / Verifier) over any policy, many
+sessions in lockstep.
 
 Each turn the policy reads the transcript so far and picks (worker, role); the worker is called
-in that role (`roles.py` prompts, `transcript.py` messages) and the turn is recorded with its
+in that role (`roles.py` prompts, `transcript.py` messages: a bounded window of the transcript, and
+after a REVISE the Verifier's objection for the next Worker) and the turn is recorded with its
 worker, role, tokens, cost, latency and any fallback. A session stops when
-- a Verifier says ACCEPT and some Worker turn already holds an extractable answer ("accepted");
+- a Verifier says ACCEPT and some turn already holds a committed answer (a Worker's extractable
+  answer, or a Thinker's explicit `\\boxed{...}` / "Final answer: ...") ("accepted");
 - right after a Worker turn with an extractable answer, the policy picks the Worker role again:
   that commits the answer without another call ("committed"), so a policy can stop at one turn;
 - it has had `max_turns` turns (5 by default; a policy may ask for fewer, e.g. the one-step
@@ -142,13 +145,14 @@ async def _decide(states: list[_State]) -> list[tuple[np.ndarray, np.ndarray]]:
     policy reads its own sessions. Runs in a thread (encoding must not stall other requests)."""
 
     def work() -> list[tuple[np.ndarray, np.ndarray]]:
+        from fugu_pipeline.session.featurize import prefetch_many
+
         feats: dict[int, tuple] = {}
         for st in states:
             f = st.spec.policy.featurizer
             if f is not None:
                 feats.setdefault(id(f), (f, []))[1].append(st.step.head)
-        for f, heads in feats.values():
-            f.prefetch(heads)
+        prefetch_many(list(feats.values()))
         groups: dict[int, list[int]] = {}
         for j, st in enumerate(states):
             groups.setdefault(id(st.spec.policy), []).append(j)
@@ -241,7 +245,7 @@ def _after_turn(st: _State, caller: Caller, budget: SessionBudget | None) -> Non
         every_dead = all(w in caller.dead for w in st.spec.policy.worker_ids)
         st.stop = "fatal" if every_dead else "all_workers_failed"
         st.error = "; ".join(f"{e['worker']}: {e['error']}" for e in t.fallback_errors)[:1000]
-    elif t.role == "verifier" and t.verdict == "accept" and any(x.role == "worker" and x.extractable for x in st.turns):
+    elif t.role == "verifier" and t.verdict == "accept" and committed(st.turns) is not None:
         st.stop = "accepted"
     elif len(st.turns) >= st.limit:
         st.stop = "max_turns"

@@ -4,9 +4,9 @@ evaluation and a benchmark all do.
 `SessionRunner.run(policies, pairs, greedy)` returns, for every policy, one trajectory per pair.
 A pair whose trajectory is stored under (task, policy name, seed, greedy) is read, not run; the
 rest run together in lockstep (`loop.run_sessions`, one featurizer pass per step for all of them,
-worker calls concurrent), and each is appended to the store the moment it is graded. The turn memo
-is seeded from the store, so even a session that was cut off (killed run, budget stop) reuses the
-turns it had already paid for.
+worker calls concurrent), and each is appended to the store the moment it is graded. Lookups go by
+the store's index (nothing is read at start); the turn memo falls back to the store, so even a
+session that was cut off (killed run, budget stop) reuses the turns it had already paid for.
 
 A 401/402/403 from any worker stops the run after the step (`FatalWorkerError`); the budget guard
 stopping a session stops it too (`BudgetExhausted`). Everything finished before stays stored, so
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from fugu_pipeline.session.callers import Caller, SessionBudget, TurnMemo
@@ -26,6 +27,9 @@ from fugu_pipeline.session.records import Trajectory
 from fugu_pipeline.session.store import TrajectoryStore, trajectory_key
 from fugu_pipeline.tasks.schema import Task
 from fugu_pipeline.workers.contract import FatalWorkerError
+
+
+RECENT = 20_000  # finished trajectories kept in memory; older ones are read back from the store by index
 
 
 class BudgetExhausted(RuntimeError):
@@ -51,14 +55,18 @@ class SessionRunner:
     stats: RunStats = field(default_factory=RunStats)
 
     def __post_init__(self) -> None:
-        self._done: dict = {}
+        self._done: OrderedDict = OrderedDict()  # recent finished trajectories (the rest are looked up in the store)
         if self.store is not None:
             self.store.open()  # a second run on this store stops here, before any call
-            self._done, every = self.store.read()
-            self.memo.seed_from(every)
+            self.memo.backing = self.store
 
     def stored(self, task: Task, policy: Policy, seed: int, greedy: bool) -> Trajectory | None:
-        tr = self._done.get(trajectory_key(task.task_id, policy.name, seed, greedy))
+        key = trajectory_key(task.task_id, policy.name, seed, greedy)
+        tr = self._done.get(key)
+        if tr is None and self.store is not None:
+            tr = self.store.get(key)
+            if tr is not None:
+                self._remember(key, tr)
         return tr if tr is not None and tr.prompt_hash == _prompt_hash(task) else None
 
     async def arun(self, policies: list[Policy], pairs: list[tuple[Task, int]], greedy: bool) -> list[list[Trajectory]]:
@@ -103,7 +111,13 @@ class SessionRunner:
         if self.store is not None:
             self.store.submit(tr)
         if tr.status == "ok":
-            self._done[trajectory_key(tr.task_id, tr.head, tr.seed, tr.greedy)] = tr
+            self._remember(trajectory_key(tr.task_id, tr.head, tr.seed, tr.greedy), tr)
+
+    def _remember(self, key, tr: Trajectory) -> None:
+        self._done[key] = tr
+        self._done.move_to_end(key)
+        while self.store is not None and len(self._done) > RECENT:
+            self._done.popitem(last=False)
 
     def _raise_if_stopped(self, done: list[Trajectory]) -> None:
         if self.caller.dead:

@@ -3,11 +3,14 @@
     fugu-lite convert KIND DATA_PATH --out data/benchgen/KIND.jsonl [--limit N] [--split-seed 0]
         [--test-fraction 0.3] [--val-fraction 0.1] [--strict]
 
-KIND: math500, gsm8k, svamp, aime24, amc23, minerva_math, mmlu_stem, humaneval. DATA_PATH is the
-source file (.jsonl or .jsonl.gz) or a folder holding it under its usual name (`SOURCES`).
-Task ids are `<kind>-<row index>`; the split comes from a hash of (seed, task_id). Every row
-is validated with the package's `Task` schema; a row that fails is reported with its file and line
-and counted, never silently dropped. HumanEval rows use the `python_tests` grader (the sandbox).
+KIND: math500, gsm8k, svamp, aime24, amc23, minerva_math, mmlu_stem, mmlu, humaneval, livecodebench.
+DATA_PATH is the source file (.jsonl or .jsonl.gz) or a folder holding it under its usual name
+(`SOURCES`). Task ids are `<kind>-<row index>`; the split comes from a hash of (seed, task_id).
+Every row is validated with the package's `Task` schema; a row that fails is reported with its file
+and line and counted, never silently dropped. Math rows get `numeric`/`exact` graders with
+`math: true` (equivalence by math-verify when the plain comparison fails). HumanEval rows use the
+`python_tests` grader and LiveCodeBench rows the `io_tests` grader (public test cases), both in
+the sandbox. `mmlu` is the full MMLU with the subject as domain (`benchmark_rows.py`).
 """
 
 from __future__ import annotations
@@ -28,21 +31,14 @@ from pydantic import ValidationError
 
 from fugu_pipeline.files import atomic_write
 from fugu_pipeline.tasks.answers import last_boxed
-from fugu_pipeline.tasks.references import (
-    LETTERS,
-    MATH_INSTRUCTION,
-    choice_grader,
-    choices_block,
-    format_number,
-    math_reference,
-)
+from fugu_pipeline.tasks.benchmark_rows import livecodebench, mcq, mmlu, subject_of
+from fugu_pipeline.tasks.references import MATH_INSTRUCTION, choice_grader, format_number, math_reference
 from fugu_pipeline.tasks.schema import Task
 
 CODE_INSTRUCTION = (
     "Complete the following Python function. Reply with the complete function, imports "
     "included, in one fenced Python code block.\n\n"
 )
-MCQ_INSTRUCTION = "\n\nAnswer with the letter of the correct choice."
 
 
 Row = dict[str, Any]
@@ -105,7 +101,7 @@ def svamp(row: Row) -> dict[str, Any]:
         "prompt": text + MATH_INSTRUCTION,
         "domain": "math",
         "reference_answer": _number(row, "Answer"),
-        "grader": {"type": "numeric", "tolerance": 0.0},
+        "grader": {"type": "numeric", "tolerance": 0.0, "math": True},
         "tags": [f"type:{row.get('Type')}"],
     }
 
@@ -116,7 +112,7 @@ def competition(row: Row) -> dict[str, Any]:
         "prompt": _text(row, "problem").strip() + MATH_INSTRUCTION,
         "domain": "math",
         "reference_answer": _number(row, "answer"),
-        "grader": {"type": "numeric", "tolerance": 0.0},
+        "grader": {"type": "numeric", "tolerance": 0.0, "math": True},
         "tags": [f"url:{row.get('url')}"] if row.get("url") else [],
     }
 
@@ -129,19 +125,15 @@ def minerva_math(row: Row) -> dict[str, Any]:
 
 
 def mmlu_stem(row: Row) -> dict[str, Any]:
-    choices, answer = row.get("choices"), row.get("answer")
-    if not isinstance(choices, list):
-        raise ValueError(f"'choices' is not a list: {type(choices).__name__}")
-    if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(choices):
-        raise ValueError(f"'answer' {answer!r} is not an index into {len(choices)} choices")
-    letter = LETTERS[answer]
-    prompt = f"{_text(row, 'question').strip()}\n\n{choices_block(choices)}{MCQ_INSTRUCTION}"
+    """The STEM subset (Qwen2.5-Math's copy), one domain `stem`; the subject is a tag. See `mmlu`
+    for all 57 subjects with the subject as domain."""
+    prompt, letter = mcq(row)
     return {
         "prompt": prompt,
         "domain": "stem",
         "reference_answer": letter,
         "grader": choice_grader(letter),
-        "tags": [f"subject:{row.get('type')}"],
+        "tags": [f"subject:{subject_of(row, known=False)}"],
     }
 
 
@@ -179,7 +171,9 @@ SOURCES: dict[str, Source] = {
     "amc23": Source("qwen25math_eval/amc23_test.jsonl.gz", competition),
     "minerva_math": Source("qwen25math_eval/minerva_math_test.jsonl.gz", minerva_math),
     "mmlu_stem": Source("qwen25math_eval/mmlu_stem_test.jsonl.gz", mmlu_stem),
+    "mmlu": Source("mmlu/test.jsonl", mmlu),
     "humaneval": Source("humaneval/HumanEval.jsonl.gz", humaneval),
+    "livecodebench": Source("livecodebench/test.jsonl", livecodebench),
 }
 
 
@@ -306,7 +300,8 @@ def write_batch(tasks: list[dict[str, Any]], out: str | Path) -> None:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The converter's flags (shared by `python -m fugu_pipeline.tasks.converters` and `fugu-lite convert`)."""
     ap.add_argument("kind", choices=sorted(SOURCES))
-    ap.add_argument("data_path", help="the source file, or the folder holding humaneval/, math500/, qwen25math_eval/")
+    ap.add_argument("data_path", help="the source file, or the folder holding humaneval/, math500/, qwen25math_eval/, "
+                    "mmlu/, livecodebench/")
     ap.add_argument("--out", "--output", dest="out", required=True, help="the batch file to write, e.g. data/benchgen/math500.jsonl")
     ap.add_argument("--limit", type=int, default=None, help="only the first N rows")
     ap.add_argument("--split-seed", type=int, default=0)

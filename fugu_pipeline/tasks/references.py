@@ -1,7 +1,8 @@
 """Reference answers and grader specs for math and multiple-choice rows.
 
 Per row: a plain number gets the `numeric` grader, a multiple-choice letter gets a `regex`
-grader (`choice_pattern`), anything else `exact` on the boxed answer. "Plain number" means what
+grader (`choice_pattern`), anything else `exact` on the boxed answer; `numeric` and `exact` carry
+`math: true` (mathematical equivalence when the plain comparison fails). "Plain number" means what
 the package's own `parse_number` reads, so the grader that checks the answer can read the reference.
 """
 
@@ -48,12 +49,12 @@ def math_reference(answer: str) -> tuple[str, dict[str, Any]]:
     if not ans:
         raise ValueError("empty answer")
     if parse_number(ans) is not None:
-        return ans, {"type": "numeric", "tolerance": 0.0}
+        return ans, {"type": "numeric", "tolerance": 0.0, "math": True}
     mcq = _MCQ_ANSWER.match(ans)
     if mcq:
         return mcq.group(1), choice_grader(mcq.group(1))
     # the package's exact grader trims "." from the answer (not the reference): keep it for ".5"
-    return ans, ({"type": "exact", "strip": False} if ans.strip(".") != ans else {"type": "exact"})
+    return ans, ({"type": "exact", "strip": False, "math": True} if ans.strip(".") != ans else {"type": "exact", "math": True})
 
 
 def choices_block(choices: list[str]) -> str:

@@ -1,4 +1,4 @@
-"""The BenchGen task record and its graders (DESIGN §4). Plain pydantic, no dagster, no torch."""
+"""The BenchGen task record and its graders. Plain pydantic, no dagster, no torch."""
 
 from __future__ import annotations
 
@@ -22,10 +22,15 @@ class Strict(BaseModel):
 # --------------------------------------------------------------------------- graders
 
 
+MATH_FLAG = ("true: a math answer; when the plain comparison fails, the answer is compared with the reference by "
+             "mathematical equivalence (math-verify: LaTeX, fractions, roots, intervals, units, symbolic equality)")
+
+
 class ExactGrader(Strict):
     type: Literal["exact"]
     case_sensitive: bool = False
     strip: bool = True
+    math: bool = Field(False, description=MATH_FLAG)
 
 
 class ContainsGrader(Strict):
@@ -37,6 +42,7 @@ class NumericGrader(Strict):
     type: Literal["numeric"]
     tolerance: float = Field(0.0, ge=0.0)
     relative: bool = False
+    math: bool = Field(False, description=MATH_FLAG)
 
 
 class RegexGrader(Strict):
@@ -87,19 +93,46 @@ class PythonTestsGrader(Strict):
         return v
 
 
+class IOCase(Strict):
+    input: str
+    output: str
+
+
+class IOTestsGrader(Strict):
+    """Run the answer's program on input/output test cases in the sandbox (LiveCodeBench's public
+    tests): `stdin` runs it as a script per case (stdin in, stdout compared token by token, numbers
+    within 1e-6); `functional` calls `Solution().<func_name>(*args)` with each case's JSON lines as
+    arguments and compares the JSON result. Quality 1.0 when every case passes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["io_tests"]
+    mode: Literal["stdin", "functional"]
+    tests: list[IOCase] = Field(min_length=1)
+    func_name: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    timeout_s: float = Field(6.0, gt=0, le=60, description="per test case; the sandbox run gets this times the cases")
+    memory_mb: int = Field(1024, ge=64, le=16_384)
+
+    @model_validator(mode="after")
+    def _functional_has_name(self) -> "IOTestsGrader":
+        if self.mode == "functional" and not self.func_name:
+            raise ValueError("an io_tests grader in functional mode needs func_name (the method to call)")
+        return self
+
+
 Grader = Annotated[
-    ExactGrader | ContainsGrader | NumericGrader | RegexGrader | LLMJudgeGrader | PythonTestsGrader,
+    ExactGrader | ContainsGrader | NumericGrader | RegexGrader | LLMJudgeGrader | PythonTestsGrader | IOTestsGrader,
     Field(discriminator="type"),
 ]
 
-GRADER_TYPES = ("exact", "contains", "numeric", "regex", "llm_judge", "python_tests")
+GRADER_TYPES = ("exact", "contains", "numeric", "regex", "llm_judge", "python_tests", "io_tests")
 
 
 # --------------------------------------------------------------------------- tasks
 
 
 class Task(Strict):
-    """One BenchGen task (DESIGN §4). Only the grader ever sees `reference_answer`."""
+    """One BenchGen task. Only the grader ever sees `reference_answer`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -136,7 +169,7 @@ class Task(Strict):
             want = parse_number(ref or "")
             if want is None or not math.isfinite(want):
                 raise ValueError(f"grader 'numeric' needs a finite numeric reference_answer, got {ref[:80]!r}")
-        if ref and g.type not in ("regex", "python_tests") and len(ref.strip()) >= 1 and _leaks(self.prompt, ref):
+        if ref and g.type not in ("regex", "python_tests", "io_tests") and len(ref.strip()) >= 1 and _leaks(self.prompt, ref):
             raise ValueError(
                 "prompt contains its own reference_answer; only the grader may see the answer "
                 "(remove it from the prompt)"

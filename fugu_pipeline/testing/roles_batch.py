@@ -1,8 +1,13 @@
-"""A BenchGen batch with two task families for multi-turn delegation, deterministic:
+"""A BenchGen batch with three task families for multi-turn delegation, deterministic:
 
-- `multistep` (delegation helps): arithmetic word problems of three or four steps, `numeric`
-  grader. With `configs/workers.mock-roles.yaml` no worker gets more than about 40% of them right
-  alone, but a good plan raises a Worker's chance and a Verifier catches most wrong answers.
+- `multistep` (a plan helps): arithmetic word problems of three or four steps, `numeric` grader.
+  With `configs/workers.mock-roles.yaml` no worker gets more than about 40% of them right alone,
+  but a good plan (the planner's, as Thinker) raises the next Worker's chance to about 75%. A check
+  does not pay there: the Verifiers catch few wrong answers.
+- `checking` (a check helps): price and unit calculations with one easy slip, `numeric` grader.
+  Workers get about half of them right at once; the checker as Verifier catches about 90% of the
+  wrong answers, and a Worker handed its objection gets the retry right about 90% of the time. A
+  plan does not help.
 - `lookup` (delegation only costs): one-fact questions (capitals, chemical symbols), `contains`
   and `exact` graders, which the cheapest worker gets right about 95% of the time at once.
 
@@ -50,6 +55,28 @@ def multistep_task(i: int, rng: random.Random) -> dict:
             "grader": {"type": "numeric", "tolerance": 0.01}, "split": split_for(i), "tags": ["delegation-helps"]}
 
 
+def checking_task(i: int, rng: random.Random) -> dict:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    kind = i % 3
+    if kind == 0:
+        price, off, tax = rng.randint(12, 240), rng.choice([10, 15, 20, 25, 30]), rng.choice([5, 8, 10, 12])
+        prompt = (f"A shop sells {item} at {price} dollars. They are {off}% off, and a {tax}% sales tax is added to "
+                  f"the discounted price. What does one cost, in dollars, rounded to cents?")
+        ans = round(price * (100 - off) / 100 * (100 + tax) / 100, 2)
+    elif kind == 1:
+        km, mins = rng.randint(12, 95), rng.randint(14, 80)
+        prompt = f"{name} cycles {km} km in {mins} minutes. What is the average speed in km per hour, rounded to cents?"
+        ans = round(km / mins * 60, 2)
+    else:
+        a, b = rng.randint(3, 12), rng.randint(13, 48)
+        c, d = rng.randint(1, a - 1), rng.randint(3, 9)
+        prompt = (f"{name} buys {a} packs of {b} {item}, gives away {c} packs and uses the rest evenly over {d} days. "
+                  f"How many {item} a day is that, rounded to cents?")
+        ans = round((a - c) * b / d, 2)
+    return {"task_id": f"checking-{i:04d}", "prompt": prompt, "domain": "checking", "reference_answer": str(ans),
+            "grader": {"type": "numeric", "tolerance": 0.01}, "split": split_for(i), "tags": ["checking-helps"]}
+
+
 def lookup_task(i: int, rng: random.Random) -> dict:
     if i % 2 == 0:
         country, city = CAPITALS[(i // 2) % len(CAPITALS)]
@@ -62,16 +89,32 @@ def lookup_task(i: int, rng: random.Random) -> dict:
             "grader": grader, "split": split_for(i), "tags": ["delegation-costs"]}
 
 
-def roles_batch(n_per_family: int = 100, seed: int = 11, start: int = 0) -> list[dict]:
-    rng = random.Random(seed)
+FAMILIES = ("multistep", "checking", "lookup")
+
+
+def roles_batch(n_per_family: int = 100, seed: int = 11, start: int = 0,
+                families: tuple[str, ...] = FAMILIES) -> list[dict]:
+    """`n_per_family` tasks of each family, interleaved. Each family draws from its own random
+    stream, so adding a family leaves the others' tasks as they were."""
+    makers = {"multistep": multistep_task, "checking": checking_task, "lookup": lookup_task}
+    unknown = [f for f in families if f not in makers]
+    if unknown:
+        raise ValueError(f"unknown task family {unknown}; choose from {list(makers)}")
+    rngs = {f: random.Random(seed if f != "checking" else seed * 7919 + 3) for f in families}
     rows = []
     for i in range(start, start + n_per_family):
-        rows += [multistep_task(i, rng), lookup_task(i, rng)]
+        if "multistep" in rngs:
+            rows.append(multistep_task(i, rngs["multistep"]))
+        if "lookup" in rngs:
+            rows.append(lookup_task(i, rngs["lookup"]))
+        if "checking" in rngs:
+            rows.append(checking_task(i, rngs["checking"]))
     return rows
 
 
-def write_roles_batch(path: str | Path, n_per_family: int = 100, seed: int = 11, start: int = 0) -> Path:
+def write_roles_batch(path: str | Path, n_per_family: int = 100, seed: int = 11, start: int = 0,
+                      families: tuple[str, ...] = FAMILIES) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in roles_batch(n_per_family, seed, start)))
+    path.write_text("".join(json.dumps(r) + "\n" for r in roles_batch(n_per_family, seed, start, families)))
     return path

@@ -17,7 +17,8 @@ Routes: POST {/v1,/api/v1}/chat/completions (JSON or SSE with `stream: true`), G
 {/v1,/api/v1}/models. Fault kinds (`set_fault`): "http" (any status, `retry_after`, `echo_auth`
 echoes the Authorization header into the error body, `echo_key_at=N` puts the bare bearer token it
 received at character N of `error.message` (`echo_key_in="raw"`: of `error.metadata.raw`), as a
-provider that quotes a rejected key does; `metadata` for OpenRouter error metadata),
+provider that quotes a rejected key does, or only its last `echo_key_tail` characters, as one that
+shows the end of a key does; `metadata` for OpenRouter error metadata),
 "timeout" (stall `sleep_s`, then a 504; no answer counted), "malformed_json", "error_in_200" (`code`),
 "empty_answer" (`finish_reason`), "no_choices", "stream_cut" (a streamed answer's content, then the
 connection closes: no finish_reason, no [DONE]), and "raw" for a hostile upstream: `body` sent as it
@@ -71,6 +72,7 @@ class Fault:
     echo_auth: bool = False
     echo_key_at: int | None = None
     echo_key_in: str = "message"  # or "raw": error.metadata.raw
+    echo_key_tail: int | None = None  # quote only the key's last N characters
     metadata: dict | None = None
     body: str | bytes = ""  # "raw": the reply body, sent as it is
     media_type: str = "application/json"
@@ -300,6 +302,8 @@ class StubLLMServer:
             metadata = fault.metadata
             if fault.echo_key_at is not None:
                 token = auth.partition(" ")[2]
+                if fault.echo_key_tail is not None:
+                    token = token[-fault.echo_key_tail:]
                 quoted = "." * fault.echo_key_at + token + " is not a valid key for this server"
                 if fault.echo_key_in == "raw":
                     metadata = {**(metadata or {}), "raw": quoted}

@@ -2,7 +2,7 @@
 
 The weights are safetensors (never pickle). The manifest pins the feature contract, the worker
 order, the reward config, the data version, the code version, the training config, metrics and
-curves (DESIGN §3). The directory name is a hash of the weight bytes and the manifest minus its
+curves. The directory name is a hash of the weight bytes and the manifest minus its
 timestamps, so the same training run always lands in the same directory. Loading refuses a
 checkpoint whose contract differs from the encoder's, whose weights are malformed, or whose
 manifest was edited after saving (its content_hash is recomputed: reordered worker_ids would
@@ -350,7 +350,7 @@ def _method_folders() -> set[str]:
     """The folder names this product files checkpoints under: the trainers' methods and the heads' kinds."""
     from fugu_pipeline.train.heads import HEADS
 
-    return {"sft", "rl", "es", "roles", *HEADS}
+    return {"sft", "rl", "es", "roles", "triage", *HEADS}
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -361,8 +361,9 @@ def _one_line(exc: ValidationError) -> str:
 def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any]) -> list[str]:
     """Problems with these weights for this manifest (empty when sane): unknown head kind, missing
     or unexpected tensors, shapes other than the head's and the manifest's, non-finite values, an
-    all-zero final layer, and the kind's own checks (`RoutingHead.sanity`: e.g. a kNN head's
-    neighbour rows normalised and qualities in [0, 1], its routing map matching its tables)."""
+    all-zero final layer, the kind's own checks (`RoutingHead.sanity`: e.g. a kNN head's
+    neighbour rows normalised and qualities in [0, 1], its routing map matching its tables), and
+    the head's scores on a probe set (`probe.py`)."""
     import torch
 
     from fugu_pipeline.train.heads import HEADS, expected_shapes
@@ -404,23 +405,30 @@ def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any
     scale = state_dict.get("feature_scale")  # roles heads standardise their features
     if scale is not None and torch.is_floating_point(scale) and bool((scale <= 0).any()):
         problems.append("feature_scale holds zero or negative values: features cannot be standardised")
-    final = state_dict.get("linear.weight")
-    if final is not None and torch.is_floating_point(final) and not bool(final.ne(0).any()):
-        problems.append("linear.weight is all zero: the head would send every task to the same worker")
+    for name in getattr(HEADS[m.head_kind], "final_layers", ("linear.weight",)):
+        final = state_dict.get(name)
+        if final is not None and torch.is_floating_point(final) and not bool(final.ne(0).any()):
+            problems.append(f"{name} is all zero: the head would send every task to the same worker" if name == "linear.weight"
+                            else f"{name} is all zero: the head would give every prompt the same label")
     if not problems:
         problems.extend(_kind_sanity(state_dict, m))
     return problems
 
 
 def _kind_sanity(state_dict: dict[str, Any], m: Manifest) -> list[str]:
-    """The head kind's own checks on tensors that already have the right names, shapes and values."""
+    """The head kind's own checks on tensors that already have the right names, shapes and values,
+    then, for every kind, its scores on a probe set (`probe.py`: finite weights can still overflow)."""
     from fugu_pipeline.train.heads import build_head
+    from fugu_pipeline.train.probe import PROBE_ROWS, random_probe, score_problems
 
     head = build_head(m.head_kind, m.dim, m.n_workers, m.head_params, **m.head_shape)
-    if not head.uses_domains:  # linear heads: nothing beyond the checks above
-        return []
     head.load_state_dict({k: v.float() for k, v in state_dict.items()})
-    return head.eval().sanity()
+    problems = head.eval().sanity()
+    if problems:
+        return problems
+    found = score_problems(head, *random_probe(head))
+    return [f"{'; '.join(found)} on {PROBE_ROWS} random unit-length probe features: the weights overflow (train "
+            "the checkpoint again, or restore it)"] if found else []
 
 
 def _write_synced(path: Path, data: bytes) -> None:

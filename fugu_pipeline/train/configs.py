@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fugu_pipeline.train.cascade_config import CascadeConfig
 from fugu_pipeline.config_files import load_yaml_model
 from fugu_pipeline.train.heads import LINEAR_HEAD_KINDS
 
@@ -188,3 +189,5 @@ class TrainSetConfig(_Grid):
         "for traffic from domains not in training")
     heads: HeadGrids = HeadGrids()
     features: FeatureChoiceConfig = FeatureChoiceConfig()
+    cascade: CascadeConfig = Field(default_factory=CascadeConfig, description="cascades over the workers' replies "
+                                   "(train/cascade_config.py), selected against the heads and the best worker")

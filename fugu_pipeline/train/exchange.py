@@ -9,12 +9,20 @@ gates as the pipeline's own (`fugu-lite pack`, `preflight`, `validate`).
     <pack>/contract.json      what the head needs as input: the feature contract (encoder, pooling,
                               layer, template, dim), its fingerprint, the worker ids in order, the
                               head kind and its tensor shapes
+    <pack>/ledger.jsonl       the cost ledger of the project that trained it (`fugu_pipeline/ledger.py`):
+                              every paid call, hash-chained; the receipt cites its head hash, its
+                              number of lines and its totals, which the host recomputes
+    <pack>/signature.json     the submitter's ed25519 signature over all of the above (`signing.py`)
+
+Every promotable kind packs the same way: one-step routers, the multi-turn coordinator (a roles
+checkpoint) and the triage head all have a checkpoint `Manifest`.
 
 The receipt is derived from the manifest: `fitness` is the curve training recorded once per
 epoch or generation (ES: `train_best`, the best fitness of each generation; SFT / RL:
 `val_utility`; otherwise the longest curve), `data_cost_usd` what the calls behind the training
-rows cost (recorded by training; None for a checkpoint that predates it). Nothing here judges a
-head: the gates are in `evaluate/gates.py`. No torch at import.
+rows cost (recorded by training; a coordinator: what its training sessions cost; None for a
+checkpoint that predates it). Nothing here judges a head: the gates are in `evaluate/gates.py`.
+No torch at import.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.files import atomic_write, fsync_dir
+from fugu_pipeline.ledger import KindTotal, LedgerError, LedgerSummary, read_entries, summarize
 from fugu_pipeline.train.checkpoints import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
@@ -43,9 +52,10 @@ from fugu_pipeline.train.checkpoints import (
 
 RECEIPT_FILE = "receipt.json"
 CONTRACT_FILE = "contract.json"
-PACK_FILES = (WEIGHTS_FILE, MANIFEST_FILE, RECEIPT_FILE, CONTRACT_FILE)
-RECEIPT_FORMAT = "fugu-head-receipt/1"
-FITNESS_CURVES = ("train_best", "val_utility")  # preferred, in order: one entry per generation / epoch
+LEDGER_COPY = "ledger.jsonl"
+PACK_FILES = (WEIGHTS_FILE, MANIFEST_FILE, RECEIPT_FILE, CONTRACT_FILE, LEDGER_COPY)  # what the signature covers
+RECEIPT_FORMAT = "fugu-head-receipt/2"
+FITNESS_CURVES = ("train_best", "val_utility", "val_accuracy")  # preferred, in order: one entry per generation / epoch
 
 
 class Receipt(BaseModel):
@@ -68,6 +78,9 @@ class Receipt(BaseModel):
     code_version: str = ""
     submitter: str = ""
     packed_at: str = ""
+    ledger_head: str | None = None  # the cost ledger this receipt cites (None: a checkpoint's own, unpacked)
+    ledger_lines: int | None = None
+    ledger_totals: dict[str, KindTotal] | None = None
 
     @property
     def steps(self) -> int:
@@ -124,9 +137,13 @@ def training_cost(data) -> float | None:
     return float(np.nansum(c)) if c.size else 0.0
 
 
-def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = "") -> Path:
-    """Write the exchange folder of a checkpoint. Refuses a checkpoint whose weights no longer
-    match its manifest, and an existing non-empty `out_dir` that is not the same pack."""
+def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = "", ledger: str | Path | None = None,
+         signing_key: str | None = None) -> Path:
+    """Write the exchange folder of a checkpoint. `ledger`: the cost ledger of the project that
+    trained it (None: no paid call, an empty ledger), verified and copied; `signing_key`: the
+    submitter's private key (`signing.py`; None: an unsigned pack, which hosts refuse). Refuses a
+    checkpoint whose weights no longer match its manifest, a broken ledger, and an existing
+    non-empty `out_dir` that is not the same pack."""
     src = Path(checkpoint_dir)
     src = src.parent if src.is_file() else src
     # every check a loader makes (hashes, format, weights finite and of the manifest's shapes): a pack
@@ -156,15 +173,38 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     except OSError as exc:
         raise CheckpointError(f"{exc.filename or out}: cannot write the pack there ({exc.strerror or exc}); "
                               "choose a writable --out folder") from None
+    try:
+        entries = read_entries(ledger) if ledger is not None else []
+    except (LedgerError, OSError) as exc:
+        raise CheckpointError(f"cannot pack with this cost ledger: {exc}") from None
+    summary = summarize(entries)
     receipt = receipt_from_manifest(manifest, submitter=submitter)
     receipt.packed_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    receipt.ledger_head, receipt.ledger_lines, receipt.ledger_totals = summary.head, summary.lines, summary.totals
     contract = PackContract(feature_contract=manifest.feature_contract, contract_fingerprint=manifest.contract_fingerprint,
                             worker_ids=list(manifest.worker_ids), head_kind=manifest.head_kind, tensors=manifest.tensors)
     atomic_write(out / WEIGHTS_FILE, weights)
     atomic_write(out / MANIFEST_FILE, manifest_bytes)
     atomic_write(out / CONTRACT_FILE, json.dumps(contract.model_dump(mode="json"), indent=2) + "\n")
+    atomic_write(out / LEDGER_COPY, b"".join(e.model_dump_json().encode() + b"\n" for e in entries))
     atomic_write(out / RECEIPT_FILE, json.dumps(receipt.model_dump(mode="json"), indent=2) + "\n")
+    if signing_key is not None:
+        from fugu_pipeline.train.signing import sign_pack
+
+        sign_pack(out, list(PACK_FILES), signing_key)
     return out
+
+
+def pack_ledger(pack_dir: str | Path) -> LedgerSummary | str | None:
+    """The recomputed summary of a pack's ledger; a string saying why it cannot be verified; None
+    when the pack holds none."""
+    p = Path(pack_dir) / LEDGER_COPY
+    if not p.is_file():
+        return None
+    try:
+        return summarize(read_entries(p))
+    except (LedgerError, OSError) as exc:
+        return str(exc)
 
 
 def _packed_hash(out: Path) -> str | None:

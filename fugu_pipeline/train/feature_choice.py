@@ -91,7 +91,7 @@ def choose_variant(variants: list[tuple[str, Callable[[], R]]], score: Callable[
 def feature_metrics(settings: EncoderSettings, record: dict | None = None) -> dict:
     """What a new checkpoint's metrics record about its features: the prompt-rule choice when rules
     were fitted (nothing to strip, or off: nothing), and the dtype the features were computed in
-    (`route` and `serve` use it under --dtype auto, DESIGN §3)."""
+    (`route` and `serve` use it under --dtype auto)."""
     out = {"prompt_rules_choice": record} if record and "rules" in record else {}
     out["feature_dtype"] = settings.feature_dtype()
     return out

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fugu_pipeline.train import ensemble, predictors, ridge  # noqa: F401  (register the quality predictors)
+from fugu_pipeline.train import cascade_head, ensemble, predictors, ridge, triage_head  # noqa: F401  (register the quality predictors, the triage head, the cascade)
 from fugu_pipeline.train.head_base import (  # noqa: F401  (re-exported: the one registry)
     HEADS,
     RoutingHead,
@@ -62,7 +62,7 @@ class NormedLinearHead(RoutingHead):
 class QualityHead(RoutingHead):
     """`quality`: predicts each worker's quality in [0, 1] (LayerNorm, Linear, sigmoid) and routes
     by argmax(quality - cost_weight * expected_cost). The two routing constants are buffers, saved
-    with the weights; training sets them from the data (DESIGN §4 utility)."""
+    with the weights; training sets them from the data."""
 
     kind = "quality"
 
@@ -89,7 +89,7 @@ class QualityHead(RoutingHead):
 
 @register
 class RolesHead(RoutingHead):
-    """`roles_linear`: the multi-turn coordinator (DESIGN §6b). One bias-free Linear(D, W + 3) over
+    """`roles_linear`: the multi-turn coordinator. One bias-free Linear(D, W + 3) over
     the encoded transcript: the first W outputs are worker logits, the last 3 role logits (Thinker,
     Worker, Verifier), each group its own softmax (`session/policy.py`). Zero-initialised: the
     uniform policy. 6 x 1,024 = 6,144 parameters with 3 workers and Qwen3-0.6B.
@@ -118,8 +118,8 @@ class RolesHead(RoutingHead):
 
 @register
 class RolesSVFHead(RolesHead):
-    """`roles_linear_svf`: the roles head plus the seed's SVF adapter, one learnable scale per singular
-    value of the encoder's second-to-last layer (`train/svf.py`): 6,144 + 7,168 = 13,312 parameters
+    """`roles_linear_svf`: the roles head plus TinyRouter's SVF adapter, one learnable scale per singular
+    value of the encoder's second-to-last layer (`features/svf.py`): 6,144 + 7,168 = 13,312 parameters
     with 3 workers and Qwen3-0.6B. `svf_size` (the encoder's count) is in the manifest's `head_shape`."""
 
     kind = "roles_linear_svf"
@@ -134,4 +134,6 @@ class RolesSVFHead(RolesHead):
 LINEAR_HEAD_KINDS = (LinearHead.kind, NormedLinearHead.kind, QualityHead.kind)  # what SFT / RL / ES train
 HEAD_KINDS = LINEAR_HEAD_KINDS  # (main's name for the same set)
 ROLES_KINDS = (RolesHead.kind, RolesSVFHead.kind)  # multi-turn coordinators (route/roles.py), not one-step routers
-ROUTER_HEAD_KINDS = tuple(k for k in HEADS if k not in ROLES_KINDS)  # one-step routers: linear heads and quality predictors
+TRIAGE_KINDS = (triage_head.HEAD_KIND,)  # domain and difficulty labels (train/triage.py), not a router
+CASCADE_KINDS = (cascade_head.KIND,)  # cascades: run step by step (route/cascade.py), not one-step routers
+ROUTER_HEAD_KINDS = tuple(k for k in HEADS if k not in ROLES_KINDS + TRIAGE_KINDS + CASCADE_KINDS)  # one-step routers: linear heads and quality predictors

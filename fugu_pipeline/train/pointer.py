@@ -1,7 +1,9 @@
-"""The promoted pointer: `models/promoted/current.json` names the promoted checkpoint (DESIGN §3).
+"""The promoted pointer: `models/promoted/current.json` names the promoted checkpoint.
 
 Locally it is replaced atomically (temporary file, fsync, rename, fsync of the folder), so a
-reader sees the old pointer or the new one, never half of one. When `models_dir` is an
+reader sees the old pointer or the new one, never half of one; each write first removes the
+`.current.json.*.tmp` files an earlier writer killed mid-write left behind (never a live writer's:
+`files.remove_stale_temps`). When `models_dir` is an
 object-store URL (FUGU_MODELS_URL, fugu_pipeline/storage.py) it is one PUT of the whole object,
 which S3 makes visible all at once, and `write_pointer(..., expected=...)` makes it a
 compare-and-swap (If-Match), so two promotions cannot silently overwrite each other.
@@ -17,12 +19,13 @@ import json
 import posixpath
 from pathlib import Path
 
-from fugu_pipeline.files import atomic_write
+from fugu_pipeline.files import atomic_write, remove_stale_temps
 from fugu_pipeline.train.checkpoints import CheckpointError
 from fugu_pipeline.storage import PreconditionFailed, etag, get_bytes, is_url, join, put_bytes
 
 POINTER = Path("promoted") / "current.json"
 ROLES_POINTER = Path("promoted") / "roles.json"  # the promoted multi-turn coordinator (its own king)
+TRIAGE_POINTER = Path("promoted") / "triage.json"  # the promoted triage head (its own king)
 
 
 class PointerError(CheckpointError):
@@ -96,6 +99,7 @@ def write_pointer(models_dir: str | Path, pointer: dict, pointer_file: Path = PO
         return where
     if expected is not None and pointer_version(models_dir, pointer_file) != expected:
         raise PreconditionFailed(f"{where} changed since it was read")
+    remove_stale_temps(Path(models_dir) / pointer_file)
     return atomic_write(Path(models_dir) / pointer_file, text)
 
 

@@ -9,7 +9,7 @@ i.e. a zero standardised block: the prediction of an average domain.
 
 Fitting is one eigendecomposition of Zᵀ Z per fit, after which every alpha of a grid costs a
 matrix product (`RidgePath`), so a whole grid over 5 folds takes well under a second on the
-issue-12 data sets. In the study, ridge on the lexical statistics ranked GSM8K prompts as well as
+public routing data sets. In the study, ridge on the lexical statistics ranked GSM8K prompts as well as
 the embedding did, and helped inside ensembles on GSM8K and MMLU (README, "Heads and selection").
 """
 

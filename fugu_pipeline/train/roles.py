@@ -3,7 +3,10 @@
 `policy_from_checkpoint` serve the route and evaluate stages cheaply.)
 
 The evolved vector is the roles head W (L + 3, D), flattened (plus, with `svf: true`, one scale per
-singular value of the encoder's second-to-last layer; `train/svf.py`). Each generation:
+singular value of the encoder's second-to-last layer; `features/svf.py`). Each parameter group has its
+own step: the head's coordinates move the logits by about `sigma0`, the SVF scales are z = exp(u)
+with u moved by about `svf_sigma` (0.1: z stays positive and near 1, TinyRouter's setting).
+Each generation:
 - one minibatch of training tasks and one set of sampling seeds, drawn from the run's seed, is
   shared by every candidate (common random numbers): the candidates differ only by their weights;
 - every candidate (and the current mean) runs its sessions on that minibatch, all together through
@@ -38,7 +41,7 @@ from fugu_pipeline.session.policy import LinearRolesPolicy, Step
 from fugu_pipeline.session.records import Trajectory
 from fugu_pipeline.session.roles import PROMPT_VERSION, ROLES
 from fugu_pipeline.session.runner import SessionRunner
-from fugu_pipeline.session.transcript import HEAD_MARKER, TRANSCRIPT_VERSION
+from fugu_pipeline.session.transcript import HEAD_MARKER, TRANSCRIPT_VERSION, window_info
 from fugu_pipeline.tasks.schema import Task
 
 _logger = logging.getLogger(__name__)
@@ -57,8 +60,13 @@ class RolesConfig(BaseModel):
     population_size: int | None = Field(None, ge=2, description="None = cmaes' 4 + floor(3 ln n)")
     sigma0: float = Field(2.0, gt=0, description="initial step size as a logit scale: a random step changes "
                           "each logit by about sigma0")
-    search_dims: int | None = Field(16, ge=1, description="CMA-ES searches this many leading whitened directions "
-                                    "of the transcripts' features (None: all D); the head stays (L + 3) x D")
+    search_dims: int | None = Field(16, ge=1, description="search: leading: CMA-ES searches this many whitened "
+                                    "directions of the transcripts' features (None: all D); state_kinds searches one "
+                                    "per kind of state. The head stays (L + 3) x D")
+    search: Literal["state_kinds", "leading"] = Field(
+        "state_kinds", description="state_kinds: one ridge probe per kind of transcript state (family, last role "
+        "and verdict), so a step moves one kind of state's logits alike on every task; leading: the leading "
+        "whitened directions of the features")
     explore_tasks: int = Field(32, ge=1, description="training tasks the uniform policy explores (sampled) to set "
                                "the feature standardisation")
     tasks_per_generation: int = Field(32, ge=1, description="training tasks per generation (shared by all candidates)")
@@ -75,12 +83,17 @@ class RolesConfig(BaseModel):
     init: Literal["one_step", "uniform"] = Field(
         "one_step", description="one_step: generation 0 is a one-step policy: role rows prefer Worker in every state "
         "(so a Worker answer is committed at once), worker rows come from the one-step router where encoders match, "
-        "else prefer the best fixed worker of the exploration tasks; uniform: the seed's all-zero head")
-    init_logit: float = Field(3.0, ge=0, description="one_step init: the lead of the Worker role (and of the best "
-                              "fixed worker) in every state")
+        "else prefer the best fixed worker of the exploration tasks; uniform: TinyRouter's all-zero head")
+    init_worker_logit: float = Field(1.0, ge=0, description="one_step init: the lead of the best fixed worker in "
+                                     "every state; small, so a step can give a Thinker or Verifier turn its own "
+                                     "worker as easily as it changes the role")
+    init_logit: float = Field(3.0, ge=0, description="one_step init: the lead of the Worker role in every state")
     warm_start: bool = Field(True, description="start the worker rows from the one-step router's where encoders match")
     svf: bool = Field(False, description="also evolve the SVF adapter (scales on the singular values of the "
-                      "encoder's second-to-last layer); changes the features, so the encoder runs per candidate")
+                      "encoder's second-to-last layer); changes the features, so the adapted layer and the one "
+                      "above it run per candidate")
+    svf_sigma: float = Field(0.1, gt=0, le=1.0, description="SVF's own step size: scales are z = exp(u), and a "
+                             "random step moves each u by about this much (0.1: z about 1 +- 0.1, always positive)")
     max_length: int = Field(1024, ge=16, description="encoder window for transcripts (cut from the front)")
     max_usd: float | None = Field(None, gt=0, description="budget for the whole training run (default: the worker "
                                   "config's max_usd_per_run)")
@@ -138,7 +151,7 @@ class RolesTrainResult:
 def session_info(max_turns: int) -> dict[str, Any]:
     """What a roles checkpoint needs besides its weights to act as it was trained (in its manifest)."""
     return {"max_turns": max_turns, "roles": list(ROLES), "prompt_version": PROMPT_VERSION,
-            "transcript_version": TRANSCRIPT_VERSION, "head_marker": HEAD_MARKER}
+            "transcript_version": TRANSCRIPT_VERSION, "head_marker": HEAD_MARKER, "worker_window": window_info()}
 
 
 def warm_start_weight(featurizer: TranscriptFeaturizer, worker_ids: list[str], checkpoint) -> tuple[np.ndarray | None, str]:
@@ -170,26 +183,35 @@ VAL_SEED_BASE = 10**9
 SHIFT = 1.0  # standardised features keep a constant part: the bias-free head can still prefer a role everywhere
 
 
+def state_kind(domain: str | None, turns) -> str:
+    """What a transcript state is, apart from its task: the family, and the last turn's role and
+    verdict (what a coordinator decides on; `transcript.state_line` shows the encoder the same)."""
+    last = turns[-1] if turns else None
+    return f"{domain}|{last.role if last else '-'}|{last.verdict if last and last.verdict else '-'}"
+
+
 def exploration_stats(runner: SessionRunner, featurizer: TranscriptFeaturizer, worker_ids: list[str],
-                      tasks: list[Task], n_tasks: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      tasks: list[Task], n_tasks: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """The feature standardisation of every transcript state the uniform policy meets on `n_tasks`
     training tasks (sampled picks, seeded): per dimension, (x - center) / scale has spread 1 and
     mean SHIFT. Centring alone would take away the only constant a bias-free head has (the large
     direction all hidden states share), and with it any preference that holds in every state
     ("Worker, unless ..."). The rollouts are ordinary stored trajectories. Returns (center, scale,
-    the standardised features of every state)."""
+    the standardised features of every state, each state's kind (`state_kind`))."""
     rng = np.random.default_rng([seed, 7])
     chosen = rng.choice(len(tasks), size=min(n_tasks, len(tasks)), replace=False)
     pairs = [(tasks[int(i)], int(rng.integers(0, TRAIN_SEEDS))) for i in chosen]
     uniform = LinearRolesPolicy(np.zeros((len(worker_ids) + len(ROLES), featurizer.dim), np.float32), worker_ids, featurizer)
     trs = runner.run([uniform], pairs, greedy=False)[0]
     by_id = {t.task_id: t for t, _ in pairs}
-    heads = [Step(by_id[tr.task_id].prompt, tr.domain, tr.turns[:k]).head for tr in trs for k in range(len(tr.turns) + 1)]
+    states = [(tr, k) for tr in trs for k in range(len(tr.turns) + 1)]
+    heads = [Step(by_id[tr.task_id].prompt, tr.domain, tr.turns[:k]).head for tr, k in states]
+    kinds = [state_kind(tr.domain, tr.turns[:k]) for tr, k in states]
     x = featurizer.features(heads).astype(np.float64)
     scale = x.std(axis=0)
     scale = np.where(scale > 1e-6, scale, 1.0)  # a constant dimension carries nothing: leave it unscaled
     center = x.mean(axis=0) - SHIFT * scale  # (x - center) / scale has mean SHIFT and spread 1 in every dimension
-    return center.astype(np.float32), scale.astype(np.float32), (x - center) / scale
+    return center.astype(np.float32), scale.astype(np.float32), (x - center) / scale, kinds
 
 
 def best_fixed_worker(runner: SessionRunner, worker_ids: list[str], tasks: list[Task], cfg: RolesConfig,
@@ -207,14 +229,43 @@ def best_fixed_worker(runner: SessionRunner, worker_ids: list[str], tasks: list[
     return best
 
 
-def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
-    """(B (k, D), B+ (D, k)): the k leading directions of the standardised features' second moment,
-    each scaled to unit spread (whitened). CMA-ES moves theta (L + 3, k) and the head is
-    W = theta @ B: a step of one size changes the logits by the same amount along each of the
-    directions the transcripts vary most in, so the small ones that tell a state from the next (the
-    last role, a verdict) are as easy to move as the large ones (the task family, the constant part),
-    and the search has k, not D, numbers per output. The saved head is W itself (L + 3, D).
-    `dims` None: all D directions."""
+def stratified(tasks: list[Task], size: int, rng: np.random.Generator) -> np.ndarray:
+    """`size` task indices drawn without replacement, as evenly over the tasks' domains as they allow
+    (every generation scores every family, so one generation's fitness is not another's family mix)."""
+    by: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        by.setdefault(t.domain, []).append(i)
+    pools = [list(rng.permutation(v)) for _, v in sorted(by.items())]
+    out: list[int] = []
+    while len(out) < size:
+        for p in pools:
+            if p and len(out) < size:
+                out.append(int(p.pop()))
+    return np.array(out)
+
+
+def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01,
+                 kinds: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(B (k, D), B+ (D, k)): the directions CMA-ES moves the head along; theta (L + 3, k) gives
+    W = theta @ B, and the saved head is W itself (L + 3, D).
+
+    With `kinds` (each state's `state_kind`): one direction per kind of state, the ridge-regression
+    probe that reads that kind off a transcript's features (B z is about the one-hot of z's kind).
+    Within a kind the features still differ with every task (the task's words dominate a
+    transcript's vector); a probe barely does, so coordinate c of theta moves the logits of kind c
+    alike on every task and leaves the other kinds alone: "after a Worker answer on a checking task:
+    verify" is one coordinate, and the kinds' decisions can be searched nearly independently.
+    Without `kinds`: the k leading directions of the features' second moment, whitened.
+    `dims` None: all D directions (without kinds)."""
+    n, d = z.shape
+    if kinds is not None and len(set(kinds)) > 1:
+        classes = sorted(set(kinds))
+        y = np.zeros((n, len(classes)))
+        y[np.arange(n), [classes.index(c) for c in kinds]] = 1.0
+        gram = z.T @ z
+        lam = reg * max(float(np.trace(gram)) / d, 1e-12)
+        basis = np.linalg.solve(gram + lam * np.eye(d), z.T @ y).T  # (C, D)
+        return basis, np.linalg.pinv(basis)
     m = z.T @ z / max(len(z), 1)
     lam, u = np.linalg.eigh(m)
     order = np.argsort(-lam)[: min(dims or len(lam), len(lam))]
@@ -227,7 +278,7 @@ def policy_from_checkpoint(checkpoint, featurizer: TranscriptFeaturizer) -> Line
     """The session policy of a roles checkpoint (`roles_linear` or `roles_linear_svf`) over this featurizer."""
     sd = {k: v.detach().cpu().numpy() for k, v in checkpoint.state_dict.items()}
     if "svf_scales" in sd:
-        from fugu_pipeline.train.svf import SVFAdapter
+        from fugu_pipeline.features.svf import SVFAdapter
 
         featurizer = featurizer.with_scales(SVFAdapter(featurizer.encoder.model), sd["svf_scales"])
     return LinearRolesPolicy(sd["linear.weight"], list(checkpoint.manifest.worker_ids), featurizer,
@@ -257,11 +308,13 @@ def train_roles(
         raise ValueError(f"the coordinator needs train and val tasks (got {len(train)} train, {len(val)} val)")
     t0 = time.perf_counter()
     n_out, dim = len(worker_ids) + len(ROLES), featurizer.dim
-    center, scale, z = exploration_stats(runner, featurizer, worker_ids, train, cfg.explore_tasks, cfg.seed)
-    basis, inverse = search_basis(z, cfg.search_dims)
+    center, scale, z, kinds = exploration_stats(runner, featurizer, worker_ids, train, cfg.explore_tasks, cfg.seed)
+    basis, inverse = search_basis(z, cfg.search_dims, kinds=kinds if cfg.search == "state_kinds" else None)
     k = len(basis)
-    log(f"roles: features standardised over {len(z)} transcript states of the uniform policy on "
-        f"{min(cfg.explore_tasks, len(train))} training tasks; CMA-ES searches their {k} leading whitened directions")
+    log(f"roles: features standardised over {len(z)} transcript states ({len(set(kinds))} kinds) of the uniform "
+        f"policy on {min(cfg.explore_tasks, len(train))} training tasks; CMA-ES searches {k} directions ("
+        + ("one probe per kind of state)" if cfg.search == "state_kinds"
+           else "the leading whitened directions)"))
     w0 = np.zeros((n_out, dim))
     flat = 1.0 / (SHIFT * dim)  # standardised features average SHIFT per dimension: a flat row is a constant logit
     if init_weight is not None:  # rows that acted on raw features act on standardised ones: W' = W * scale
@@ -270,26 +323,34 @@ def train_roles(
         w0[len(worker_ids) + ROLES.index("worker")] = cfg.init_logit * flat
         if init_weight is None:
             best = best_fixed_worker(runner, worker_ids, train, cfg, log)
-            w0[worker_ids.index(best)] = cfg.init_logit * flat
+            w0[worker_ids.index(best)] = cfg.init_worker_logit * flat
     theta0 = (w0 @ inverse).ravel()  # W = theta @ B
     n_w, adapter = theta0.size, None
-    if cfg.svf:  # the adapter's scales z = 1 + u; u starts at 0 (the original encoder)
-        from fugu_pipeline.train.svf import SVFAdapter
+    # CMA-ES's initial sigma: a random step moves each logit by about sigma0 (a kind probe moves its kind's
+    # logits one for one; k whitened directions move every logit by sqrt(k) times a coordinate)
+    step = cfg.sigma0 if cfg.search == "state_kinds" else cfg.sigma0 / np.sqrt(k)
+    svf_unit = cfg.svf_sigma / step  # an SVF search coordinate of size `step` moves a log-scale by svf_sigma
+    if cfg.svf:  # the adapter's scales z = exp(u); u starts at 0 (the original encoder)
+        from fugu_pipeline.features.svf import SVFAdapter
 
         adapter = SVFAdapter(featurizer.encoder.model)
         theta0 = np.concatenate([theta0, np.zeros(adapter.size)])
         log(f"roles: SVF adapter on the encoder's second-to-last layer: {adapter.size:,} singular values "
-            f"({', '.join(adapter.names)}); transcripts are encoded per candidate")
+            f"({', '.join(adapter.names)}), step {cfg.svf_sigma} on the log-scales; the layers below it run "
+            "once per transcript, it and the one above per candidate")
 
     def head(th: np.ndarray) -> np.ndarray:
         return (np.asarray(th[:n_w], np.float64).reshape(n_out, k) @ basis).astype(np.float32)
 
+    def svf_scales(th: np.ndarray) -> np.ndarray:
+        return np.exp(svf_unit * np.asarray(th[n_w:], np.float64)).astype(np.float32)
+
     def make(th: np.ndarray) -> LinearRolesPolicy:
         w = head(th)
-        f = featurizer if adapter is None else featurizer.with_scales(adapter, 1.0 + np.asarray(th[n_w:], np.float32))
+        f = featurizer if adapter is None else featurizer.with_scales(adapter, svf_scales(th))
         return LinearRolesPolicy(w, worker_ids, f, center=center, scale=scale)
 
-    es = SepCMA(mean=theta0.copy(), sigma=cfg.sigma0 / np.sqrt(k), seed=cfg.seed, population_size=cfg.population_size)
+    es = SepCMA(mean=theta0.copy(), sigma=step, seed=cfg.seed, population_size=cfg.population_size)
     rng = np.random.default_rng(cfg.seed)
     order = np.random.default_rng(cfg.seed + 1).permutation(len(val))
     val_set = [val[i] for i in order[: cfg.val_tasks or len(val)]]
@@ -300,21 +361,31 @@ def train_roles(
         f"{cfg.seeds_per_task} seed(s); {len(train)} train / {len(val_set)} val tasks; "
         f"{'sampled' if cfg.sample_actions else 'greedy'} picks in training, greedy on val")
 
+    paid: dict[str, float] = {}  # every distinct paid turn of training (a memo hit is no call): the training cost
+
     def score(thetas: list[np.ndarray], pairs, greedy: bool) -> tuple[np.ndarray, list[list[Trajectory]]]:
         trs = runner.run([make(th) for th in thetas], pairs, greedy=greedy)
+        for turn in (u for row in trs for t in row for u in t.turns):
+            if turn.request_sha:
+                paid[turn.request_sha] = turn.cost_usd
         return np.array([[reward(tr, cfg) for tr in row] for row in trs]), trs
 
     r0, tr0 = score([theta0], val_pairs, True)
     start = ("warm_start" if init_weight is not None else "one_step_init") if cfg.init == "one_step" else "zero_init"
     best_val, best_theta, best_gen, best_what = float(r0.mean()), theta0, 0, start
+    trained: tuple[float, np.ndarray, int, str] | None = None  # the best validated trained head
+    svf_spread: dict[str, float] = {}
     curves: dict[str, list[float]] = {"train_best": [], "train_population_mean": [], "train_mean": [],
                                       "val_generation": [0.0], "val_mean": [best_val], "val_best": [best_val]}
     log(f"roles generation   0  val reward {best_val:.4f} ({best_what})")
     for g in range(1, cfg.generations + 1):
-        batch = rng.choice(len(train), size=min(cfg.tasks_per_generation, len(train)), replace=False)
+        batch = stratified(train, min(cfg.tasks_per_generation, len(train)), rng)
         seeds = rng.integers(0, TRAIN_SEEDS, size=(len(batch), cfg.seeds_per_task))
         pairs = [(train[int(i)], int(s)) for i, row in zip(batch, seeds) for s in row]
         xs = [es.ask() for _ in range(es.population_size)]
+        if adapter is not None:  # how far the candidates' encoders are from the original (log-scales)
+            u = np.log(np.stack([svf_scales(x) for x in xs]))
+            svf_spread = {"svf_candidate_log_scale_std": float(u.std()), "svf_candidate_min_scale": float(np.exp(u.min()))}
         r, _ = score([*xs, es.mean.copy()], pairs, not cfg.sample_actions)
         fit = r.mean(axis=1)
         es.tell([(x, -float(f)) for x, f in zip(xs, fit[:-1])])
@@ -332,12 +403,21 @@ def train_roles(
             for v, th, what in ((v_mean, cands[0], "mean"), (v_best, cands[1], "generation_best")):
                 if v > best_val + 1e-12:
                     best_val, best_theta, best_gen, best_what = v, np.asarray(th).copy(), g, what
+                if trained is None or v > trained[0] + 1e-12:
+                    trained = (v, np.asarray(th).copy(), g, what)
             line += f"  val mean {v_mean:.4f}  val gen-best {v_best:.4f}"
         log(line)
+    if not head(best_theta).any() and trained is not None:
+        # the all-zero start (init: uniform) is no head to keep (weight sanity refuses it, and its
+        # greedy picks are a tie-break): keep the best trained head, and say it did not beat the start
+        log(f"roles: no generation beat the uniform start on validation (val reward {best_val:.4f}); keeping the "
+            f"best trained head ({trained[3]} of generation {trained[2]}, val reward {trained[0]:.4f})")
+        best_val, best_theta, best_gen, best_what = trained
+        best_what += "_not_better_than_uniform_start"
     log(f"roles: keeping {best_what} of generation {best_gen} (val reward {best_val:.4f})")
 
     weight = head(best_theta)
-    svf_scales = None if adapter is None else (1.0 + np.asarray(best_theta[n_w:], np.float32))
+    kept_scales = None if adapter is None else svf_scales(best_theta)
     _, kept = score([best_theta], val_pairs, True)
     kept = kept[0]
     if adapter is not None:
@@ -347,12 +427,13 @@ def train_roles(
         "val_turns": float(np.mean([t.n_turns for t in kept])), "val_cost_usd": float(np.mean([t.cost_usd for t in kept])),
         "start_val_reward": float(r0.mean()), "selected": best_what, "population_size": es.population_size,
         "evolved_params": int(theta0.size), "n_train": len(train), "n_val": len(val_set),
+        "data_cost_usd": round(float(sum(paid.values())), 10), "paid_turns": len(paid), **svf_spread,
     }
     log(f"roles: {runner.stats.sessions_run} sessions run, {runner.stats.sessions_stored} read from the store, "
         f"{runner.stats.turns_reused} turns reused from the memo")
     context = runner.store.context if runner.store is not None else ""
     config = {**cfg.model_dump(), "session": session_info(cfg.max_turns), "store_context": context}
     return RolesTrainResult(weight=weight, center=center, scale=scale, worker_ids=list(worker_ids),
-                            featurizer=featurizer, config=config, svf_scales=svf_scales, adapter=adapter,
+                            featurizer=featurizer, config=config, svf_scales=kept_scales, adapter=adapter,
                             curves=curves, best_generation=best_gen, metrics=metrics,
                             data_version=data_version(train, val_set, context), wall_s=round(time.perf_counter() - t0, 3))

@@ -1,4 +1,4 @@
-"""The triage head (the seed's first milestone): a prompt's domain and difficulty from its frozen
+"""The triage head (TinyRouter's first milestone): a prompt's domain and difficulty from its frozen
 features, for dashboards and as an input to routing.
 
     x̂ = x / ‖x‖                                   (the cached feature vector, L2-normalised)
@@ -16,29 +16,27 @@ into buckets, named by `difficulty_names` from the hardest up: share < 1/3 → `
 labels therefore depend on the worker pool, which the manifest records. A matrix without quality
 cannot give difficulty labels and is refused.
 
-Attentive pooling (the seed's optional learned pooling over token states) is left out: it needs
+Attentive pooling (TinyRouter's optional learned pooling over token states) is left out: it needs
 every prompt's token states, while the embedding cache and the feature contract carry one pooled
 vector per prompt; it would need a token-state cache (max_length × D per prompt instead of D) and
 a pooling kind in the contract that the encoder computes at serving time. The head reads the
 same pooled features the routers read, so it fits the same contract.
 
-Checkpoints: `models/triage/<content hash>/{head.safetensors, manifest.json}`, the same layout
-and guarantees as the routers' (safetensors, hash-named folder written atomically, contract
-checked on load), with a manifest of its own (`TriageManifest`: domains, buckets, edges).
+Checkpoints: `models/triage/<content hash>/{head.safetensors, manifest.json}`, written and loaded
+by the one checkpoint code (`train/checkpoints.py`: `save_checkpoint`, `load_checkpoint`), with the
+checkpoint `Manifest` every head has. The head kind is `triage_linear`; its label vocabulary
+(domains, difficulty names and edges, solve threshold) is `head_params`, inside the content hash:
+a manifest with reordered `domains` (every prediction mislabelled) no longer hashes to its
+`content_hash` and is refused on load, like any edited manifest. `load_triage` is that loader plus
+a check that the head is a triage head.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,27 +44,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from torch import nn
 
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
-from fugu_pipeline.files import fsync_dir
-from fugu_pipeline.hashing import canonical_json
-from fugu_pipeline.train.checkpoints import (
-    FORMAT_VERSION,
-    MANIFEST_FILE,
-    MAX_MANIFEST_BYTES,
-    WEIGHTS_FILE,
-    CheckpointError,
-    known_format,
-    read_capped,
-    weights_limit,
-)
+from fugu_pipeline.train.checkpoints import Checkpoint, CheckpointError, Manifest, load_checkpoint, save_checkpoint
 from fugu_pipeline.train.loop import seeded
+from fugu_pipeline.train.triage_head import HEAD_KIND, TriageCheckpointHead, TriageHead  # noqa: F401 (this module's API too)
 
 _logger = logging.getLogger(__name__)
-HEAD_KIND = "triage_linear"
 METHOD = "triage"
+MAX_PARAMS = 1_000_000  # TinyRouter's milestone-1 rule: a triage head under 1M parameters
 
 
 class TriageConfig(BaseModel):
@@ -96,29 +83,6 @@ class TriageConfig(BaseModel):
         return self
 
 
-class TriageHead(nn.Module):
-    kind = HEAD_KIND
-
-    def __init__(self, dim: int, n_domains: int, n_difficulty: int):
-        super().__init__()
-        if dim < 1 or n_domains < 1 or n_difficulty < 2:
-            raise ValueError(f"a triage head needs dim >= 1, n_domains >= 1, n_difficulty >= 2; got {dim}, {n_domains}, {n_difficulty}")
-        self.domain = nn.Linear(dim, n_domains, bias=False)
-        self.difficulty = nn.Linear(dim, n_difficulty, bias=False)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(domain logits, difficulty logits); each its own softmax."""
-        z = F.normalize(x, dim=-1)
-        return self.domain(z), self.difficulty(z)
-
-    def probabilities(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        d, h = self(x)
-        return torch.softmax(d, dim=-1), torch.softmax(h, dim=-1)
-
-    def param_count(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-
 def difficulty_labels(quality: np.ndarray, cfg: TriageConfig) -> tuple[np.ndarray, np.ndarray]:
     """(bucket index per task, solve share per task) from the (N, W) quality matrix."""
     share = (np.asarray(quality, float) >= cfg.solve_threshold).mean(axis=1)
@@ -126,60 +90,63 @@ def difficulty_labels(quality: np.ndarray, cfg: TriageConfig) -> tuple[np.ndarra
     return bucket.astype(np.int64), share
 
 
-class TriageManifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    format_version: int = FORMAT_VERSION
-    method: str = METHOD
-    head_kind: str = HEAD_KIND
-    dim: int
+@dataclass
+class TriageResult:
+    head: TriageHead
+    best_epoch: int
     domains: list[str]
     difficulty_names: list[str]
     difficulty_edges: list[float]
     solve_threshold: float
-    worker_ids: list[str]  # the pool whose solve share defined the difficulty labels
-    param_count: int
-    feature_contract: FeatureContract
-    contract_fingerprint: str
+    worker_ids: list[str]
+    contract: FeatureContract
     data_version: str
-    training_config: dict[str, Any] = {}
-    metrics: dict[str, Any] = {}
-    curves: dict[str, list[float]] = {}
-    tensors: dict[str, list[int]]
-    weights_sha256: str
-    content_hash: str = ""
-    created_at: str = ""
+    training_config: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    curves: dict[str, list[float]] = field(default_factory=dict)
     wall_s: float | None = None
-
-    @field_validator("format_version")
-    @classmethod
-    def _a_format_this_code_reads(cls, v: int) -> int:
-        return known_format(v)
-
-
-@dataclass
-class TriageResult:
-    head: TriageHead
-    manifest: TriageManifest
-    best_epoch: int
-
-    @property
-    def metrics(self) -> dict:
-        return self.manifest.metrics
 
     @property
     def param_count(self) -> int:
-        return self.manifest.param_count
+        return self.head.param_count()
+
+    def head_params(self) -> dict[str, Any]:
+        return {"domains": self.domains, "difficulty_names": self.difficulty_names,
+                "difficulty_edges": self.difficulty_edges, "solve_threshold": self.solve_threshold}
 
     def save(self, models_dir: str | Path) -> Path:
-        return save_triage(models_dir, self.head, self.manifest)
+        return save_triage(models_dir, self)
 
 
 @dataclass
 class TriageCheckpoint:
-    path: Path
-    manifest: TriageManifest
-    head: TriageHead
+    """A loaded triage checkpoint: the checkpoint (manifest, weights) and its label vocabulary."""
+
+    checkpoint: Checkpoint
+
+    @property
+    def path(self) -> Path:
+        return self.checkpoint.path
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.checkpoint.manifest
+
+    @property
+    def head(self) -> TriageHead:
+        return self.checkpoint.head
+
+    @property
+    def state_dict(self) -> dict:
+        return self.checkpoint.state_dict
+
+    def __getattr__(self, name: str):
+        params = self.__dict__["checkpoint"].manifest.head_params
+        if name in ("domains", "difficulty_names", "difficulty_edges", "solve_threshold"):
+            return params[name]
+        if name in ("worker_ids", "param_count", "dim", "content_hash", "method", "feature_contract"):
+            return getattr(self.__dict__["checkpoint"].manifest, name)
+        raise AttributeError(name)
 
 
 def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
@@ -238,105 +205,38 @@ def train_triage(data: RoutingData, cfg: TriageConfig | None = None, log: Callab
                    "val_domain_accuracy": curves["val_domain_accuracy"][best[1] - 1],
                    "val_difficulty_accuracy": curves["val_difficulty_accuracy"][best[1] - 1],
                    "best_epoch": best[1], "n_train": len(tr), "n_val": len(va)}
-    contract = data.contract
-    manifest = TriageManifest(
-        dim=data.dim, domains=domains, difficulty_names=list(cfg.difficulty_names),
-        difficulty_edges=list(cfg.difficulty_edges), solve_threshold=cfg.solve_threshold, worker_ids=list(data.worker_ids),
-        param_count=head.param_count(), feature_contract=contract, contract_fingerprint=contract.fingerprint(),
-        data_version=data.data_version, training_config=cfg.model_dump(), metrics=metrics, curves=curves,
-        tensors={k: list(v.shape) for k, v in head.state_dict().items()}, weights_sha256="",
-        wall_s=round(time.perf_counter() - t0, 3),
-    )
-    return TriageResult(head=head, manifest=manifest, best_epoch=best[1])
+    from fugu_pipeline.train.exchange import training_cost
+
+    cost = training_cost(data)
+    if cost is not None:
+        metrics["data_cost_usd"] = cost
+    return TriageResult(head=head, best_epoch=best[1], domains=domains, difficulty_names=list(cfg.difficulty_names),
+                        difficulty_edges=list(cfg.difficulty_edges), solve_threshold=cfg.solve_threshold,
+                        worker_ids=list(data.worker_ids), contract=data.contract, data_version=data.data_version,
+                        training_config=cfg.model_dump(), metrics=metrics, curves=curves,
+                        wall_s=round(time.perf_counter() - t0, 3))
 
 
 # --------------------------------------------------------------------------- checkpoints
 
 
-def triage_problems(state: dict[str, torch.Tensor], m: TriageManifest) -> list[str]:
-    """Why these weights do not fit this manifest (empty when they do)."""
-    want = {"domain.weight": [len(m.domains), m.dim], "difficulty.weight": [len(m.difficulty_names), m.dim]}
-    problems = [f"missing tensor {k}" for k in want if k not in state]
-    problems += [f"unexpected tensor {k}" for k in state if k not in want]
-    for k, shape in want.items():
-        t = state.get(k)
-        if t is None:
-            continue
-        if list(t.shape) != shape:
-            problems.append(f"{k} has shape {list(t.shape)}, this manifest needs {shape}")
-        elif not bool(torch.isfinite(t).all()):
-            problems.append(f"{k} holds non-finite values")
-        elif not bool(t.ne(0).any()):
-            problems.append(f"{k} is all zero")
-    return problems
-
-
-def save_triage(models_dir: str | Path, head: TriageHead, manifest: TriageManifest) -> Path:
-    """Write `models_dir/triage/<hash>/` atomically and return it."""
-    from safetensors.torch import save as st_save
-
-    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in head.state_dict().items()}
-    problems = triage_problems(state, manifest)
-    if problems:
-        raise CheckpointError("refusing to save these triage weights: " + "; ".join(problems))
-    weights = st_save(state, metadata={"format": "pt"})
-    m = manifest.model_copy(update={"weights_sha256": hashlib.sha256(weights).hexdigest(),
-                                    "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-    body = {k: v for k, v in m.model_dump(mode="json").items() if k not in ("created_at", "wall_s", "content_hash")}
-    m.content_hash = hashlib.sha256(weights + canonical_json(body).encode()).hexdigest()[:16]
-    parent = Path(models_dir) / METHOD
-    target = parent / m.content_hash
-    if (target / MANIFEST_FILE).exists():
-        return target
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{m.content_hash}-", dir=parent))
-    try:
-        os.chmod(tmp, 0o755)
-        for name, raw in ((WEIGHTS_FILE, weights), (MANIFEST_FILE, (json.dumps(m.model_dump(mode="json"), indent=2) + "\n").encode())):
-            with open(tmp / name, "wb") as f:
-                f.write(raw)
-                f.flush()
-                os.fsync(f.fileno())
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / MANIFEST_FILE).exists():
-                raise
-        fsync_dir(parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+def save_triage(models_dir: str | Path, result: TriageResult) -> Path:
+    """Write `models_dir/triage/<hash>/` (the one checkpoint writer) and return it."""
+    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in result.head.state_dict().items()}
+    return save_checkpoint(models_dir, METHOD, HEAD_KIND, state, {
+        "head_params": result.head_params(), "worker_ids": list(result.worker_ids), "feature_contract": result.contract,
+        "data_version": result.data_version, "training_config": result.training_config, "metrics": result.metrics,
+        "curves": result.curves, "wall_s": result.wall_s})
 
 
 def load_triage(path: str | Path, expected_contract: FeatureContract | None = None) -> TriageCheckpoint:
-    """Load a triage checkpoint; refuses a changed weights file, malformed weights, and a feature
-    contract other than `expected_contract` (naming each differing field)."""
-    from safetensors.torch import load as st_load
-
-    path = Path(path)
-    path = path.parent if path.is_file() else path
-    try:
-        m = TriageManifest.model_validate_json(read_capped(path / MANIFEST_FILE, MAX_MANIFEST_BYTES, "a manifest"))
-        raw = read_capped(path / WEIGHTS_FILE, weights_limit(m.tensors), "the manifest's tensors")
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: not a triage checkpoint ({str(exc)[:300]})") from None
-    if hashlib.sha256(raw).hexdigest() != m.weights_sha256:
-        raise CheckpointError(f"{path}: {WEIGHTS_FILE} does not match the manifest's weights_sha256 (changed after saving)")
-    if expected_contract is not None:
-        diffs = m.feature_contract.differences(expected_contract)
-        if diffs:
-            raise CheckpointError(f"{path}: feature contract does not match the encoder: " + "; ".join(diffs))
-    try:
-        state = st_load(raw)
-    except Exception as exc:  # safetensors raises its own error types
-        raise CheckpointError(f"{path}: {WEIGHTS_FILE} is not readable safetensors: {exc}") from None
-    problems = triage_problems(state, m)
-    if problems:
-        raise CheckpointError(f"{path}: refusing these triage weights: " + "; ".join(problems))
-    head = TriageHead(m.dim, len(m.domains), len(m.difficulty_names))
-    head.load_state_dict(state)
-    head.eval()
-    return TriageCheckpoint(path=path, manifest=m, head=head)
+    """Load a triage checkpoint with every check any checkpoint gets (`load_checkpoint`: weights
+    against their hash, the manifest against its content hash, the folder against its name, the
+    feature contract against `expected_contract`), refusing a checkpoint of another head kind."""
+    ckpt = load_checkpoint(path, expected_contract=expected_contract)
+    if ckpt.manifest.head_kind != HEAD_KIND:
+        raise CheckpointError(f"{ckpt.path}: a {ckpt.manifest.head_kind!r} head, not a triage head ({HEAD_KIND})")
+    return TriageCheckpoint(ckpt)
 
 
 def triage_probabilities(head: TriageHead, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

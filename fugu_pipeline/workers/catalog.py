@@ -3,9 +3,9 @@
 A snapshot keeps, per model, what decides the answers and the cost of a worker: pricing,
 context length, supported parameters and expiration date, hashed into a `fingerprint`. When a
 configured worker's fingerprint changes, its cells were answered by a different offer and are
-collected again (the `catalog_change_sensor`, DESIGN §1).
+collected again (the `catalog_change_sensor`).
 
-Storage (DESIGN §3): `data/catalog/latest.json` (replaced atomically) and
+Storage: `data/catalog/latest.json` (replaced atomically) and
 `data/catalog/history/<UTC time>-<digest>.json`, written only when the catalog's content changed.
 Plain Python, no dagster.
 """

@@ -62,12 +62,16 @@ class MockRoles(BaseModel):
         default_factory=dict, description="probability, per domain, that as Verifier it flags a wrong answer "
         "(REVISE); a domain not listed uses its strength")
     verify_false_alarm: float = Field(0.05, ge=0.0, le=1.0, description="probability it flags a right answer")
+    revise_boost: dict[str, float] = Field(
+        default_factory=dict, description="added to this worker's Worker success probability, per domain, when "
+        "its request hands it a Verifier's objection to the latest answer (a retry after REVISE)")
 
     @model_validator(mode="after")
     def _range(self) -> "MockRoles":
-        for dom, p in self.plan_boost.items():
-            if not -1.0 <= p <= 1.0:
-                raise ValueError(f"plan_boost.{dom} must lie in [-1, 1], got {p}")
+        for name in ("plan_boost", "revise_boost"):
+            for dom, p in getattr(self, name).items():
+                if not -1.0 <= p <= 1.0:
+                    raise ValueError(f"{name}.{dom} must lie in [-1, 1], got {p}")
         for name in ("plan_quality", "verify_catch"):
             for dom, p in getattr(self, name).items():
                 if not 0.0 <= p <= 1.0:
@@ -87,6 +91,11 @@ class MockBehaviour(BaseModel):
     sleep_s: float = Field(0.0, ge=0.0, description="real wall-clock delay per call (tests)")
     fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of calls that fail (tests)")
     roles: MockRoles = Field(default_factory=MockRoles, description="multi-turn role behaviour")
+    confident_when_right: float = Field(0.9, ge=0.0, le=1.0, description="chance a right answer is stated with "
+                                        "confidence (otherwise hedged): the signal a verifier can read")
+    confident_when_wrong: float = Field(0.15, ge=0.0, le=1.0, description="chance a wrong answer is stated with confidence")
+    shared_wrong_answer: bool = Field(False, description="every worker's wrong answer is the same one (wrong answers "
+                                      "then agree, as they rarely do in real models)")
 
     @model_validator(mode="after")
     def _range(self) -> "MockBehaviour":
@@ -145,6 +154,12 @@ class WorkersConfig(BaseModel):
     max_reply_bytes: int = Field(16_000_000, ge=1024, description="largest reply body (streamed or not) read from "
                                  "an upstream; a larger one fails the call without a retry (16 MB: far above any answer)")
     max_usd_per_run: float | None = Field(None, gt=0, description="budget guard per partition run")
+    max_usd_per_session: float | None = Field(
+        1.0, gt=0, description="multi-turn: the most one coordinator session (`ask --mode multi-turn`, one served "
+        "multi-turn request) may spend; a request's `fugu_max_usd` can only lower it. None: no per-session cap")
+    max_usd_per_serve_process: float | None = Field(
+        50.0, gt=0, description="multi-turn serving: the most one `serve` process spends on multi-turn sessions in "
+        "all; past it such requests get a 429 until the server restarts. None: no cap")
 
     @model_validator(mode="after")
     def _unique(self) -> "WorkersConfig":

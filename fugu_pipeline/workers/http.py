@@ -2,7 +2,7 @@
 
 `make_http_client(spec, config)` gives an object with `async complete(messages) -> Completion`.
 
-Behaviour (DESIGN §6):
+Behaviour:
 - One `httpx.AsyncClient` per upstream base URL (`UpstreamPool`; pass one pool to share
   connections between workers). `connect_timeout_s` bounds connecting, `read_timeout_s` bounds
   the wait for each byte, and `timeout_s` is the overall deadline of one `complete()` call,

@@ -58,7 +58,7 @@ class MockClient:
         else:
             p = b.strengths.get(task.domain, b.default_strength)
             correct = _unit("correct", self.worker_id, task.task_id) < p
-            answer = _mock_answer(task, correct, self.worker_id)
+            answer = _mock_answer(task, correct, self.worker_id, b)
         jitter = 0.5 + _unit("latency", self.worker_id, key)
         prompt_tokens = max(1, sum(len(m["content"]) for m in messages) // 4)
         completion_tokens = max(1, len(answer) // 4)
@@ -80,27 +80,63 @@ class MockClient:
         return None
 
 
-def _mock_answer(task: "Task", correct: bool, worker_id: str) -> str:
+# Words a wrong answer may give instead of the reference: each worker picks its own by a hash, so
+# two wrong workers rarely agree (1 in 12), as real models' wrong answers rarely do.
+DECOYS = ("Lyon", "Berlin", "Madrid", "cobalt", "Tokyo", "granite", "Nile", "Mars", "Oslo", "argon", "Rome", "quartz")
+
+
+def _wrong_value(task: "Task", who: str) -> str:
+    """A wrong final answer of worker `who` for `task`: another number near a numeric reference, else
+    a decoy word the task's grader refuses."""
+    import re
+
     ref = task.reference_answer or ""
     g = task.grader
+    x = parse_number(ref)
+    if x is not None or g.type == "numeric":
+        off = 1 + int(_unit("off", who, task.task_id) * 9)
+        for k in range(20):
+            value = f"{(x or 0.0) + off + 10 * k:g}"
+            if not (g.type == "regex" and g.pattern is not None and re.search(g.pattern, f"the answer is {value}")):
+                return value
+    start = int(_unit("decoy", who, task.task_id) * len(DECOYS))
+    for k in range(len(DECOYS)):
+        word = DECOYS[(start + k) % len(DECOYS)]
+        if ref and ref.strip().lower() in word.lower():
+            continue
+        if g.type == "regex" and g.pattern is not None and re.search(g.pattern, f"the answer is {word}"):
+            continue
+        return word
+    return "no idea"
+
+
+def _mock_answer(task: "Task", correct: bool, worker_id: str, behaviour=None) -> str:
+    """A one-step reply. Right replies agree across workers; wrong ones differ by worker (unless
+    `shared_wrong_answer`). A reply is stated with confidence or hedged ("I am not sure, but ...")
+    with a chance that depends on whether it is right (`confident_when_right` / `_wrong`): a signal
+    a verifier can learn from the reply's text, but not a perfect one. The committed final answer
+    (what graders and cascades read) is the last thing said either way."""
+    ref = task.reference_answer or ""
+    g = task.grader
+    p = (getattr(behaviour, "confident_when_right", 0.9) if correct else getattr(behaviour, "confident_when_wrong", 0.15))
+    confident = _unit("confident", worker_id, task.task_id) < p
+    who = "shared" if getattr(behaviour, "shared_wrong_answer", False) else worker_id
+    lead = "" if confident else "I am not sure, but "
     if g.type == "llm_judge":
         if correct:
-            return f"A careful answer. {ref}".strip()
-        return "A vague answer that misses the point."
+            return f"{lead}A careful answer. {ref}".strip()
+        return f"{lead}A vague answer that misses the point: {_wrong_value(task, who)}."
     if g.type == "python_tests":  # the reference is a working solution where the batch has one
+        hedge = "" if confident else "This might work, I am not sure:\n"
         if correct and ref:
-            return f"```python\n{ref}\n```"
-        return f"```python\ndef {g.entry_point}(*args, **kwargs):\n    return None\n```"
-    if g.type == "regex" and g.pattern is not None and not correct:
-        return "I am not sure."
+            return f"{hedge}```python\n{ref}\n```"
+        k = int(_unit("stub", who, task.task_id) * 9)
+        return f"{hedge}```python\ndef {g.entry_point}(*args, **kwargs):\n    return {k}\n```"
     if g.type == "regex" and g.pattern is not None:
-        return ref or "no answer"
+        return f"{lead}the answer is {ref or 'no answer'}" if correct else f"{lead}the answer is {_wrong_value(task, who)}"
     if correct:
-        return f"The answer is {ref}"
-    if g.type == "numeric":
-        x = parse_number(ref) or 0.0
-        return f"The answer is {x + 1 + int(_unit('off', worker_id, task.task_id) * 9):g}"
-    return "I am not sure."
+        return f"{lead}The answer is {ref}" if lead else f"The answer is {ref}"
+    return f"{lead}the answer is {_wrong_value(task, who)}" if lead else f"The answer is {_wrong_value(task, who)}"
 
 
 class MockJudge(MockClient):

@@ -16,11 +16,13 @@ only moves the bar it has to clear):
   `roles.plan_quality[domain]` (default: the worker's strength for the task's domain); a good plan
   carries the marker `[mock-plan good]`.
 - Worker: answers correctly with probability strength + `roles.plan_boost[domain]` when a good
-  plan is earlier in the transcript (clipped to [0, 1]); wrong answers are really wrong.
+  plan is in the transcript it is shown, + `roles.revise_boost[domain]` when its request hands it a
+  Verifier's objection to the latest answer (the `Latest verdict:` paragraph a REVISE produces),
+  clipped to [0, 1]; wrong answers are really wrong.
 - Verifier: checks the latest Worker answer against the task's reference. A wrong answer is
-  flagged (`VERDICT: REVISE`) with probability `roles.verify_catch[domain]` (default: its
-  strength), a right one with probability `roles.verify_false_alarm`; otherwise `VERDICT: ACCEPT`. Nothing
-  to check yet: REVISE.
+  flagged (`VERDICT: REVISE: <objection>`) with probability `roles.verify_catch[domain]` (default:
+  its strength), a right one with probability `roles.verify_false_alarm`; otherwise `VERDICT:
+  ACCEPT`. Nothing to check yet: REVISE.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 
 ROLE_LINE = re.compile(r"^Role:\s*(Thinker|Worker|Verifier)\b", re.IGNORECASE | re.MULTILINE)
 TURN_LINE = re.compile(r"This is turn (\d+) of at most \d+", re.IGNORECASE)
+OBJECTION = re.compile(r"^Latest verdict \(turn \d+[^)]*\): REVISE\b", re.MULTILINE)
 BLOCK = re.compile(r"^\[Turn (\d+) · (Thinker|Worker|Verifier) · ([^\]\n]+)\]\n", re.MULTILINE)
 GOOD_PLAN = "[mock-plan good]"
 WEAK_PLAN = "[mock-plan weak]"
@@ -53,6 +56,7 @@ class RoleRequest:
     turn: int
     blocks: list[tuple[str, str, str]]  # (role, worker, text) of the earlier turns, oldest first
     task_text: str = ""  # the user message before the first turn block
+    objection: bool = False  # the request hands this Worker a Verifier's objection (a retry after REVISE)
 
 
 def parse_role_request(messages: list[dict]) -> RoleRequest | None:
@@ -65,12 +69,15 @@ def parse_role_request(messages: list[dict]) -> RoleRequest | None:
     t = TURN_LINE.search(user)
     heads = list(BLOCK.finditer(user))
     blocks = []
+    o = OBJECTION.search(user)
     for i, h in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else (t.start() if t and t.start() > h.end() else len(user))
+        if o is not None and h.end() <= o.start() < end:
+            end = o.start()
         blocks.append((h.group(2).lower(), h.group(3).strip(), user[h.end():end].strip()))
     task_text = user[: heads[0].start()] if heads else user[: t.start()] if t else user
     return RoleRequest(role=m.group(1).lower(), turn=int(t.group(1)) if t else len(blocks) + 1, blocks=blocks,
-                       task_text=task_text)
+                       task_text=task_text, objection=o is not None)
 
 
 def role_answer(req: RoleRequest, behaviour: "MockBehaviour", worker_id: str, task: "Task | None", seed: int,
@@ -89,6 +96,7 @@ def role_answer(req: RoleRequest, behaviour: "MockBehaviour", worker_id: str, ta
     if req.role == "worker":
         planned = any(r == "thinker" and GOOD_PLAN in text for r, _, text in req.blocks)
         p = strength + (behaviour.roles.plan_boost.get(domain, 0.0) if planned else 0.0)
+        p += behaviour.roles.revise_boost.get(domain, 0.0) if req.objection else 0.0
         if task is None:
             return f"[{worker_id}] Working on it. Final answer: see above"
         correct = unit("correct", *key) < min(max(p, 0.0), 1.0)
@@ -100,5 +108,7 @@ def role_answer(req: RoleRequest, behaviour: "MockBehaviour", worker_id: str, ta
     catch = behaviour.roles.verify_catch.get(domain, strength)
     flag = unit("verify", *key) < (behaviour.roles.verify_false_alarm if right else catch)
     if flag:
-        return "I checked the latest answer and it does not hold up; solve it again.\nVERDICT: REVISE"
+        got = answers[-1].strip().splitlines()[-1][-80:] if answers[-1].strip() else "(empty)"
+        return (f"I re-did the work and the latest answer ({got}) does not hold up.\n"
+                "VERDICT: REVISE: the final value is wrong; redo the calculation step by step and check each step.")
     return "I checked the latest answer step by step and it holds.\nVERDICT: ACCEPT"

@@ -1,0 +1,65 @@
+"""A cascade checkpoint over the stub workers (`serving.WORKERS`), for the serving tests and demos:
+the tiny encoder's features, a verifier fitted on synthetic replies, and a fixed plan
+`[alpha, beta] stop if 2 agree or verifier ≥ 0.99 → [gamma]` (serving is under test, not the search)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fugu_pipeline.testing.serving import WORKERS
+
+PLAN = {"default": {"steps": [{"workers": ["alpha", "beta"], "agree": 2, "verify": 0.99}, {"workers": ["gamma"]}]}}
+
+
+def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, seed: int = 0) -> Path:
+    from fugu_pipeline.features.answer_features import answer_stats, answer_text, embed_answers
+    from fugu_pipeline.features.contract import FeatureContract  # noqa: F401  (the data's contract type)
+    from fugu_pipeline.features.encoder import Encoder
+    from fugu_pipeline.features.routing_data import RoutingData
+    from fugu_pipeline.features.settings import EncoderSettings
+    from fugu_pipeline.reward import UtilityConfig
+    from fugu_pipeline.tasks.final_answer import extract
+    from fugu_pipeline.train.cascade_fit import CascadeFit
+    from fugu_pipeline.train.cascade_save import save_cascade
+    from fugu_pipeline.train.cascade_policy import CascadePolicy
+    from fugu_pipeline.train.cascade_search import Choice
+    from fugu_pipeline.train.verifier import VerifierInputs, fit_all
+
+    rng = np.random.default_rng(seed)
+    settings = EncoderSettings(model="tiny", device="cpu", dtype="float32")
+    enc = Encoder.load(settings)
+    prompts = [f"What is {i} + {i % 7}?" for i in range(n)]
+    right = rng.random((n, 3)) < [0.7, 0.72, 0.95]
+    ids = list(WORKERS)
+    replies = np.empty((n, 3), dtype=object)
+    for i in range(n):
+        for j in range(3):
+            value = i + i % 7 + (0 if right[i, j] else 1 + j)
+            replies[i, j] = f"{i} + {i % 7} = {value}. #### {value}"
+    finals = np.vectorize(lambda r: extract(r, "number"), otypes=[object])(replies)
+    cells = [(i, j) for i in range(n) for j in range(3)]
+    vecs = embed_answers([answer_text(replies[i, j], finals[i, j]) for i, j in cells], settings, cache_dir)
+    stats = [answer_stats(replies[i, j], finals[i, j], prompts[i]) for i, j in cells]
+    answer = np.zeros((n, 3, vecs.shape[1] + len(stats[0])), np.float32)
+    for k, (i, j) in enumerate(cells):
+        answer[i, j] = np.concatenate([vecs[k], stats[k]])
+    feats = enc.encode(prompts, None)
+    quality = right.astype(float)
+    utility = UtilityConfig()
+    data = RoutingData(task_ids=[f"c{i}" for i in range(n)], prompts=prompts, domains=["general"] * n,
+                       splits=np.array(["train"] * n), worker_ids=ids, features=feats, utility=quality,
+                       contract=enc.feature_contract(), quality=quality, cost_usd=np.tile([1e-4, 2e-4, 5e-3], (n, 1)),
+                       utility_config=utility)
+    enc.close()
+    inputs = VerifierInputs(prompt=feats, answer=answer, has=np.ones((n, 3), bool), target=quality)
+    verifier = fit_all(inputs, np.arange(n), 0.01)
+    policy = CascadePolicy.model_validate(PLAN)
+    choice = Choice(policy.default, 0.9, 1e-3, 0.9, 1, [{"cost_usd": 3e-4, "quality": 0.8, "plan": policy.default.model_dump()},
+                                                       {"cost_usd": 5e-3, "quality": 0.95, "plan": {"steps": [{"workers": ["gamma"]}]}}])
+    fit = CascadeFit(policy=policy, verifier=verifier, objective="utility", candidates=[], selected="cascade",
+                     selected_kind="cascade", reason="a fixed plan for serving tests", verifier_figures={},
+                     choices={"*": choice}, expected_cost={"alpha": 1e-4, "beta": 2e-4, "gamma": 5e-3}, answers_version="stub",
+                     worker_quality={"alpha": 0.7, "beta": 0.72, "gamma": 0.95}, answer_kinds={"*": "number"})
+    return save_cascade(models_dir, data, fit, answer.shape[2])

@@ -1,0 +1,27 @@
+"""The `cascade:` block of `configs/train.yaml`: whether `fugu-lite train` also fits cascades, under
+which cap, per domain or pooled, and how selection protects "always the best worker"."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fugu_pipeline.train.cascade_search import Cap, CascadeSearch
+
+
+class CascadeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: fit cascades when the matrix holds the workers' replies; on: refuse a matrix without")
+    workers: list[str] | None = Field(None, description="the workers a cascade may call (default: every worker)")
+    cap: Cap | None = Field(None, description="a cost cap for every domain: {usd_per_1k: 2.5} or {share: 0.3}")
+    domain_caps: dict[str, Cap] = Field(default_factory=dict, description="a cap per domain (domains not named: `cap`)")
+    per_domain: bool = Field(False, description="choose a plan per domain (with enough rows), not one for all")
+    search: CascadeSearch = CascadeSearch()
+    n_boot: int = Field(2000, ge=200, description="bootstrap resamples of the out-of-fold gain's 95% interval")
+    encode_replies: bool = Field(True, description="the verifier reads the frozen encoder's features of each reply; "
+                                 "false: the replies' statistics only (a matrix too large to encode every reply)")
+    min_answer_share: float = Field(0.5, ge=0.0, le=1.0, description="a worker needs replies on this share of the "
+                                    "rows for a cascade to call it")

@@ -1,0 +1,234 @@
+"""Fit a cascade on the non-test rows and decide, doing no harm, whether it ships.
+
+1. The verifier's out-of-fold scores (`verifier.oof_scores`, the same hash folds as the heads).
+2. Cross-fitting: for each fold, a policy is chosen on the other folds (expected costs from those
+   rows) and run on this fold; so is "always the best worker" (the best on the other folds), and
+   each one-shot head's out-of-fold route. Every row then has an out-of-fold figure per candidate:
+   utility (no cap) or quality (under a cap; a candidate whose expected cost is over the cap is out).
+3. Selection that does no harm: a candidate replaces "always the best worker" only when its gain
+   over it has a paired bootstrap 95% interval above zero; among those, the best mean wins; none:
+   the best worker ships, and the report says so.
+4. The policy is chosen again on all non-test rows and the verifier refitted on them: the checkpoint.
+The test split is never read here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
+from fugu_pipeline.matrix.answers import AnswerGrid
+from fugu_pipeline.train.cascade_config import CascadeConfig
+from fugu_pipeline.train.cascade_policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
+from fugu_pipeline.train.cascade_search import CapUnmet, Grid, run_policy, search_policy
+from fugu_pipeline.train.selection import fold_ids
+from fugu_pipeline.train.verifier import Verifier, VerifierInputs, fit_all, oof_scores
+
+BEST_WORKER = "always the best worker"
+
+
+def answer_inputs(data: RoutingData, grid: AnswerGrid, settings, cache_root: str | Path, progress=None,
+                  encode: bool = True) -> VerifierInputs:
+    """The verifier's inputs for every row of `data`: its prompt features, and each reply's encoder
+    features (through the cache; none when not `encode`) with its statistics."""
+    from fugu_pipeline.features.answer_features import answer_stats, answer_text, embed_answers
+
+    n, w = grid.text.shape
+    cells = [(i, j) for i in range(n) for j in range(w) if grid.text[i, j] is not None]
+    vecs = embed_answers([answer_text(grid.text[i, j], grid.final[i, j]) for i, j in cells], settings, cache_root,
+                         progress=progress) if cells and encode else np.zeros((len(cells), data.dim if encode else 0), np.float32)
+    stats = np.stack([answer_stats(grid.text[i, j], grid.final[i, j], data.prompts[i]) for i, j in cells]) if cells else None
+    a_dim = vecs.shape[1] + (stats.shape[1] if stats is not None else 10)
+    answer = np.zeros((n, w, a_dim), np.float32)
+    has = np.zeros((n, w), bool)
+    for k, (i, j) in enumerate(cells):
+        answer[i, j] = np.concatenate([vecs[k], stats[k]])
+        has[i, j] = True
+    target = data.quality if data.quality is not None else np.full((n, w), np.nan)
+    return VerifierInputs(prompt=data.features, answer=answer, has=has, target=target)
+
+
+@dataclass
+class CandidateFigure:
+    name: str
+    kind: str  # "best worker" | "one-shot" | "cascade"
+    mean: float  # out-of-fold utility (no cap) or quality (cap)
+    quality: float
+    cost_usd: float  # mean expected $ per request
+    gain: float  # over the best worker
+    low: float
+    high: float
+    note: str = ""
+
+    def row(self) -> dict:
+        return {k: getattr(self, k) for k in ("name", "kind", "mean", "quality", "cost_usd", "gain", "low", "high", "note")}
+
+
+@dataclass
+class CascadeFit:
+    policy: CascadePolicy
+    verifier: Verifier | None
+    objective: str
+    candidates: list[CandidateFigure]
+    selected: str  # a candidate's name
+    selected_kind: str
+    reason: str
+    verifier_figures: dict
+    choices: dict  # domain or "*" -> Choice on all non-test rows
+    expected_cost: dict[str, float]
+    answers_version: str
+    worker_quality: dict[str, float] = field(default_factory=dict)  # mean quality on the non-test rows
+    answer_kinds: dict[str, str] = field(default_factory=dict)  # domain (and "*") -> the answer kind read live
+    oof: dict[str, np.ndarray] = field(default_factory=dict)  # per candidate, per non-test row
+
+    def table(self) -> list[dict]:
+        return [c.row() for c in self.candidates]
+
+
+def paired_interval(diff: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    n = len(diff)
+    means = diff[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def _expected(data: RoutingData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    w = data.n_workers
+    cost = np.nanmean(data.cost_usd[rows], axis=0) if data.cost_usd is not None else np.zeros(w)
+    lat = np.nanmean(data.latency_s[rows], axis=0) if data.latency_s is not None else np.zeros(w)
+    return np.nan_to_num(cost), np.nan_to_num(lat)
+
+
+def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg: CascadeConfig | None = None,
+                folds_k: int = 5, seed: int = 0, heads: dict[str, np.ndarray] | None = None, log=print) -> CascadeFit:
+    """See the module docstring. `grid` and `inputs` are row-aligned with `data`; `heads`: one-shot
+    heads' out-of-fold routing scores (rows = the non-test rows of `data`, in order)."""
+    cfg = cfg or CascadeConfig()
+    if data.quality is None:
+        raise TrainingDataError("a cascade needs each cell's quality (the import's `quality`, or graded responses); "
+                                "this matrix gives rewards only")
+    rows = np.flatnonzero(data.splits != "test")
+    allowed = cfg.workers
+    if allowed is not None:
+        unknown = sorted(set(allowed) - set(data.worker_ids))
+        if unknown:
+            raise TrainingDataError(f"cascade.workers names {unknown}, not workers of this matrix ({data.worker_ids})")
+    cov = grid.subset(rows).coverage()
+    short = [w for w in (allowed or data.worker_ids) if cov[w] < cfg.min_answer_share]
+    if short:
+        if allowed is not None or len(short) == data.n_workers:
+            raise TrainingDataError(
+                "worker(s) " + ", ".join(f"{w} (replies on {cov[w]:.0%} of the rows)" for w in short[:5])
+                + f": a cascade reads every worker's reply, and these have too few (cascade.min_answer_share "
+                  f"{cfg.min_answer_share:.0%}); import their replies (`answers`) or leave them out (cascade.workers)")
+        allowed = [w for w in data.worker_ids if w not in short]
+        log(f"cascade: leaving out {short}: replies on fewer than {cfg.min_answer_share:.0%} of the rows")
+    folds = fold_ids([data.task_ids[i] for i in rows], folds_k, seed)
+    codes = answer_codes(grid.final)
+    sub = VerifierInputs(inputs.prompt[rows], inputs.answer[rows], inputs.has[rows], inputs.target[rows])
+    scores_sub, l2, vfig = oof_scores(sub, folds)
+    scores = np.full(grid.final.shape, np.nan)
+    scores[rows] = scores_sub
+    log(f"cascade: verifier out-of-fold AUC {vfig['oof_auc']:.3f}, log-loss {vfig['oof_logloss']:.4f} "
+        f"(L2 {vfig['l2']:g}, inputs {vfig['inputs']})")
+    doms = np.asarray(data.domains, dtype=str)
+    capped = cfg.cap is not None or bool(cfg.domain_caps)
+    objective = "quality under the cap (mean expected cost within it)" if capped else "utility (quality − cost and latency terms)"
+
+    def grid_for(fit_rows):
+        c, lat = _expected(data, fit_rows)
+        return Grid(data.worker_ids, codes, scores, data.quality, c, lat, data.utility_config)
+
+    def measure(g: Grid, q, c, u):
+        return q if capped else u
+
+    n = len(rows)
+    oof = {BEST_WORKER: np.zeros(n), "cascade": np.zeros(n)}
+    cost_of = {BEST_WORKER: np.zeros(n), "cascade": np.zeros(n)}
+    qual_of = {BEST_WORKER: np.zeros(n), "cascade": np.zeros(n)}
+    for name in heads or {}:
+        oof[name], cost_of[name], qual_of[name] = np.zeros(n), np.zeros(n), np.zeros(n)
+    notes: dict[str, str] = {}
+    for f in np.unique(folds):
+        tr, te = rows[folds != f], rows[folds == f]
+        at = np.flatnonzero(folds == f)
+        g = grid_for(tr)
+        try:
+            policy, _ = search_policy(g, tr, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed)
+        except CapUnmet as exc:
+            raise CapUnmet(f"cap: {exc}") from None
+        q, c, u = run_policy(g, policy, te, doms)
+        oof["cascade"][at], cost_of["cascade"][at], qual_of["cascade"][at] = measure(g, q, c, u), c, q
+        best = _best_worker(g, tr, capped, cfg, doms, allowed)
+        q, c, u = g.run(CascadePlan(steps=[CascadeStep(workers=[data.worker_ids[best]])]), te)
+        oof[BEST_WORKER][at], cost_of[BEST_WORKER][at], qual_of[BEST_WORKER][at] = measure(g, q, c, u), c, q
+        for name, s in (heads or {}).items():
+            route = np.argmax(s[at], axis=1)
+            q = data.quality[te, route]
+            c, lat = g.exp_cost[route], g.exp_latency[route]
+            uc = data.utility_config
+            u = (uc.quality_weight * q - uc.cost_weight * np.minimum(c / uc.cost_scale_usd, uc.cap)
+                 - uc.latency_weight * np.minimum(lat / uc.latency_scale_s, uc.cap))
+            oof[name][at], cost_of[name][at], qual_of[name][at] = measure(g, q, c, u), c, q
+    # the cap, on the pooled expected cost of every candidate (per domain caps: checked in the search)
+    g_all = grid_for(rows)
+    ref = g_all.exp_cost[int(np.argmax(data.quality[rows].mean(axis=0)))]
+    cap_usd = None if cfg.cap is None else cfg.cap.usd_per_request(ref)
+    cands = []
+    for name, v in oof.items():
+        kind = "best worker" if name == BEST_WORKER else "cascade" if name == "cascade" else "one-shot"
+        diff = v - oof[BEST_WORKER]
+        lo, hi = paired_interval(diff, cfg.n_boot, seed) if name != BEST_WORKER else (0.0, 0.0)
+        note = notes.get(name, "")
+        if cap_usd is not None and cost_of[name].mean() > cap_usd * (1 + 1e-9):
+            note = f"over the cap (${cost_of[name].mean() * 1000:.4g} > ${cap_usd * 1000:.4g} per 1,000)"
+        cands.append(CandidateFigure(name, kind, float(v.mean()), float(qual_of[name].mean()), float(cost_of[name].mean()),
+                                     float(diff.mean()), lo, hi, note))
+    ok = [c for c in cands if c.kind != "best worker" and c.low > 0 and not c.note.startswith("over the cap")]
+    if ok:
+        win = max(ok, key=lambda c: (c.mean, -c.cost_usd))
+        reason = (f"{win.name} gains {win.gain:+.4f} over {BEST_WORKER} out of fold, 95% interval [{win.low:+.4f}, "
+                  f"{win.high:+.4f}] above zero, and has the best out-of-fold {('quality' if capped else 'utility')} of "
+                  f"those that do")
+    else:
+        win = next(c for c in cands if c.kind == "best worker")
+        reason = (f"no policy's out-of-fold gain over {BEST_WORKER} has a 95% interval above zero, so the best worker "
+                  "ships (doing no harm)")
+    policy, choices = search_policy(g_all, rows, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed)
+    if win.kind == "best worker":  # the shipped cascade is the best worker alone
+        best = _best_worker(g_all, rows, capped, cfg, doms, allowed)
+        policy = CascadePolicy(default=CascadePlan(steps=[CascadeStep(workers=[data.worker_ids[best]])]))
+    verifier = fit_all(sub, np.arange(len(rows)), l2) if policy.uses_verifier else None
+    log(f"cascade: {policy.describe()}; selected {win.name}: {reason}")
+    return CascadeFit(policy=policy, verifier=verifier, objective=objective, candidates=cands, selected=win.name,
+                      selected_kind=win.kind, reason=reason, verifier_figures=vfig, choices=choices,
+                      expected_cost={w: float(c) for w, c in zip(data.worker_ids, g_all.exp_cost)},
+                      answers_version=grid.version, oof=oof,
+                      worker_quality={w: float(q) for w, q in zip(data.worker_ids, data.quality[rows].mean(axis=0))},
+                      answer_kinds=_kinds(grid, rows, doms))
+
+
+def _kinds(grid: AnswerGrid, rows: np.ndarray, doms: np.ndarray) -> dict[str, str]:
+    from collections import Counter
+
+    out = {"*": Counter(grid.kinds[i] for i in rows).most_common(1)[0][0]}
+    for d in sorted(set(doms[rows].tolist())):
+        out[d] = Counter(grid.kinds[i] for i in rows if doms[i] == d).most_common(1)[0][0]
+    return out
+
+
+def _best_worker(g: Grid, rows: np.ndarray, capped: bool, cfg: CascadeConfig, doms, allowed) -> int:
+    """The best single worker on `rows`: the best mean utility; under a pooled cap, the best quality
+    among those within it (none within it: the cheapest)."""
+    usable = [j for j, w in enumerate(g.worker_ids) if allowed is None or w in allowed]
+    q = g.quality[rows].mean(axis=0)
+    if not capped or cfg.cap is None:
+        u = [float(g.run(CascadePlan(steps=[CascadeStep(workers=[g.worker_ids[j]])]), rows)[2].mean()) for j in usable]
+        return usable[int(np.argmax(u))] if not capped else usable[int(np.argmax(q[usable]))]
+    limit = cfg.cap.usd_per_request(g.exp_cost[int(np.argmax(q))])
+    within = [j for j in usable if g.exp_cost[j] <= limit * (1 + 1e-9)]
+    return max(within, key=lambda j: q[j]) if within else min(usable, key=lambda j: g.exp_cost[j])

@@ -1,0 +1,202 @@
+"""The multi-turn coordinator in the one contest, on the mock pool with role behaviour and the tiny
+encoder: coordinators whose behaviour is known (fitted to play a script on the transcripts the
+workers really produce) are promoted, replaced and refused through the same gates, composite and
+pointer discipline as the one-step router; the composite's live and efficiency terms come from
+the session loop; a re-judgement calls no worker; a disguised copy is a duplicate."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fugu_pipeline.evaluate.composite import CompositeConfig
+from fugu_pipeline.evaluate.contest import run_contest, score_pair
+from fugu_pipeline.evaluate.gates import GateConfig
+from fugu_pipeline.evaluate.promotion import PromotionPolicy
+from fugu_pipeline.evaluate.roles_project import evaluate_coordinator, open_run, roles_encoder_settings
+from fugu_pipeline.evaluate.roles_promotion import HISTORY, RolesKind
+from fugu_pipeline.tasks.schema import Task
+from fugu_pipeline.testing.roles_batch import roles_batch
+from fugu_pipeline.testing.roles_serving import scripted_coordinator
+from fugu_pipeline.train.pointer import ROLES_POINTER, read_pointer
+from fugu_pipeline.train.roles import RolesConfig
+from fugu_pipeline.workers.config import load_workers_config
+
+from .conftest import REPO
+
+WORKERS = REPO / "configs" / "workers.mock-roles.yaml"
+CFG = RolesConfig(max_length=256)
+QUIET = lambda s: None  # noqa: E731
+# 20 held-out tasks, 3 audit rows a family: the guarded overfit rule (the literal one judges chance there)
+SMALL = CompositeConfig(overfit_rule="guarded")
+# a weak first king: facing nothing, it is let in without beating the best fixed worker significantly
+LENIENT = PromotionPolicy(min_gain_over_best_fixed=-1.0, require_significant=False, gates=GateConfig(rate_limit_s=0),
+                          composite=SMALL)
+STRICT = PromotionPolicy(gates=GateConfig(rate_limit_s=0), composite=SMALL)  # significance, king + 0.02
+WEAK = [("checker", "worker")]  # one turn, the checker answers alone
+PLAN = [("planner", "thinker"), ("fast-solver", "worker"), ("fast-solver", "worker")]  # a plan, an answer, commit
+POOR_PLAN = [("checker", "thinker"), ("checker", "worker"), ("checker", "worker")]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """An open run over the mock pool (trajectory store, ledger) and three scripted coordinators."""
+    from fugu_pipeline.features.encoder import Encoder
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("roles-contest")
+    tasks = [Task.model_validate(r) for r in roles_batch(80)]
+    enc = Encoder.load(roles_encoder_settings("tiny", 256, device="cpu", dtype="float32"))
+    config = load_workers_config(WORKERS)
+    with open_run(config, enc.settings, root / "trajectories", tasks, CFG, encoder=enc, ledger=root / "ledger.jsonl") as run:
+        fit_on = [t for t in tasks if t.split == "train"][:24]
+        heads = {name: scripted_coordinator(root / "elsewhere", run, fit_on, script)
+                 for name, script in (("A", WEAK), ("B", PLAN), ("C", POOR_PLAN))}
+        yield run, tasks, heads, root
+    enc.close()
+
+
+def roles_history(models) -> list[dict]:
+    return [json.loads(x) for x in (models / HISTORY).read_text().splitlines()]
+
+
+def test_a_second_coordinator_replaces_the_first_and_a_worse_one_is_refused(world, tmp_path):
+    """Before: the second promotion crashed (`decide()` without the composite contest), on every
+    later run. Now: A promoted, B (better) replaces it, C (worse than B) is refused with its
+    reasons; all three in the coordinator's history, each with its composite."""
+    run, tasks, heads, _ = world
+    models = tmp_path / "models"
+    first = evaluate_coordinator(run, heads["A"], tasks, CFG, models, policy=LENIENT, log=QUIET)
+    assert first["promotion"]["promoted"], first["promotion"]["reasons"]
+    second = evaluate_coordinator(run, heads["B"], tasks, CFG, models, policy=STRICT, log=QUIET)
+    reasons = second["promotion"]["reasons"]
+    print("\n" + "\n".join(reasons))
+    assert second["promotion"]["promoted"], reasons
+    assert read_pointer(models, ROLES_POINTER)["content_hash"] == heads["B"].name
+    assert any(r.startswith(f"PASS promoted (roles {heads['A'].name}): composite") for r in reasons)
+    third = evaluate_coordinator(run, heads["C"], tasks, CFG, models, policy=STRICT, log=QUIET)
+    assert not third["promotion"]["promoted"]
+    assert any(r.startswith(f"FAIL promoted (roles {heads['B'].name}): composite") for r in third["promotion"]["reasons"])
+    assert read_pointer(models, ROLES_POINTER)["content_hash"] == heads["B"].name
+    hist = roles_history(models)
+    assert [(h["content_hash"], h["promote"]) for h in hist] == [
+        (heads["A"].name, True), (heads["B"].name, True), (heads["C"].name, False)]
+    assert all(h["kind"] == "coordinator" and h["contest"]["challenger"]["composite"] > 0 for h in hist)
+    assert hist[2]["contest"]["king"] is not None and hist[2]["contest"]["difference"]["mean"] < 0.02
+
+
+def test_the_live_and_efficiency_terms_come_from_the_session_loop_and_a_rejudgement_calls_nothing(world, tmp_path):
+    """Before: the composite's live term was one worker call per task, so efficiency equalled
+    live for every head. Now the coordinator's live sample runs its sessions; efficiency is
+    correct answers per turn, and a plan-then-answer coordinator takes two turns a task."""
+    run, tasks, heads, _ = world
+    kind = RolesKind(run, tasks, CFG)
+    b, a = kind.load(str(heads["B"])), kind.load(str(heads["A"]))
+    cfg = STRICT.composite.model_copy(update={"live_sample": 8})
+    contest = score_pair(kind, b, a, cfg)
+    rows = contest["challenger"]["benchmarks"]
+    print("\n" + "\n".join(f"{r['benchmark']}: cached {r['cached']:.4f} live {r['live']:.4f} efficiency "
+                            f"{r['efficiency']:.4f} turns {r['live_turns']:.0f} of {r['n_live']}" for r in rows))
+    assert contest["live"].startswith("live: the session loop") and all(r["efficiency_source"] == "live" for r in rows)
+    assert all(r["n_live"] == min(8, r["n_eval"]) > 0 for r in rows)  # the fixed sample of eval rows
+    assert all(r["live_turns"] >= 2 * r["n_live"] - 1 for r in rows)  # plan, then answer: two turns a session
+    assert any(r["efficiency"] < r["live"] - 0.2 for r in rows)  # so efficiency is not live
+    king_rows = contest["king"]["benchmarks"]
+    assert all(r["efficiency"] == pytest.approx(r["live"]) for r in king_rows)  # one turn a task: equal
+    calls = sum(run.caller.calls.values())
+    again = score_pair(RolesKind(run, tasks, CFG), b, a, cfg)  # the same heads judged again
+    assert sum(run.caller.calls.values()) == calls  # every session is in the trajectory store
+    assert again["challenger"]["composite"] == contest["challenger"]["composite"]
+
+
+def test_a_disguised_copy_of_a_coordinator_is_a_duplicate(world, tmp_path):
+    """One random vector added to every worker row (and another to every role row) changes no
+    decision: the centred logits on the probe set are the same, so it is refused as a duplicate."""
+    from fugu_pipeline.train.checkpoints import load_checkpoint, save_checkpoint
+
+    run, tasks, heads, root = world
+    models = tmp_path / "models"
+    assert run_contest(RolesKind(run, tasks, CFG), [str(heads["B"])], models, LENIENT)["promoted"]
+    src = load_checkpoint(heads["B"])
+    w = src.state_dict["linear.weight"].clone()
+    rng = torch.Generator().manual_seed(3)
+    w[:3] += torch.randn(w.shape[1], generator=rng) * 5  # every worker row
+    w[3:] += torch.randn(w.shape[1], generator=rng) * 5  # every role row
+    raw_cos = float(torch.nn.functional.cosine_similarity(w.ravel(), src.state_dict["linear.weight"].ravel(), dim=0))
+    m = src.manifest
+    copy = save_checkpoint(root / "copies", "roles", m.head_kind, {**src.state_dict, "linear.weight": w}, {
+        "worker_ids": m.worker_ids, "feature_contract": m.feature_contract, "data_version": m.data_version,
+        "training_config": m.training_config, "metrics": m.metrics, "curves": m.curves})
+    out = run_contest(RolesKind(run, tasks, CFG), [str(copy)], models, LENIENT)
+    refusal = next(r for r in out["reasons"] if r.startswith("REFUSED"))
+    print(f"\nraw weight cosine {raw_cos:.3f}\n{refusal}")
+    assert raw_cos < 0.9 and not out["promoted"] and out["contest"] is None
+    assert f"FAIL duplicate: behaves like roles {heads['B'].name} (promoted): cosine 1.0000" in refusal
+
+
+def test_the_coordinator_is_rate_limited_and_its_receipt_is_checked(world, tmp_path):
+    """Before: the same checkpoint was judged twice in 19 minutes, and a coordinator's receipt
+    recorded no cost although every turn was paid. Now one attempt a day per submitter, and the
+    training cost is in the receipt."""
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.train.exchange import receipt_from_manifest
+
+    run, tasks, heads, _ = world
+    models = tmp_path / "models"
+    daily = LENIENT.model_copy(update={"gates": GateConfig()})
+    assert run_contest(RolesKind(run, tasks, CFG), [str(heads["A"])], models, daily)["promoted"]
+    out = run_contest(RolesKind(run, tasks, CFG), [str(heads["B"])], models, daily)
+    assert not out["promoted"] and out["reasons"][0].startswith("FAIL rate limit: 'pipeline' made an attempt at")
+    receipt = receipt_from_manifest(load_checkpoint(heads["B"]).manifest)
+    assert receipt.data_cost_usd and receipt.data_cost_usd > 0 and receipt.steps == 3
+    hist = roles_history(models)
+    assert hist[-1]["rate_limited"] is True and np.isclose(len(hist), 2)
+
+
+def test_a_coordinator_pack_goes_through_pack_preflight_and_validate(world, tmp_path, monkeypatch, capsys):
+    """Before: a roles head could not go through pack -> preflight -> validate: its receipt had no
+    cost, and with that gate off validate crashed (IndexError: it took the argmax over worker and
+    role logits as a worker index). Now it is packed with its ledger, signed, checked and judged
+    by the coordinator's scorer on the host project's tasks; the same key again is rate limited."""
+    import shutil
+
+    import yaml
+
+    from fugu_pipeline.cli import main
+    from fugu_pipeline.testing.roles_batch import write_roles_batch
+    from fugu_pipeline.train.signing import KEY_ENV, accept_key, new_key_pair
+
+    run, tasks, heads, root = world
+    project = tmp_path / "host"
+    shutil.copytree(REPO / "configs", project / "configs")
+    write_roles_batch(project / "data" / "benchgen" / "roles.jsonl", n_per_family=80)
+    (project / "configs" / "train_roles.yaml").write_text(yaml.safe_dump({"max_length": 256}))
+    (project / "lenient.yaml").write_text(yaml.safe_dump(
+        {"min_gain_over_best_fixed": -1.0, "require_significant": False, "composite": {"overfit_rule": "guarded"}}))
+    private, public = new_key_pair()
+    monkeypatch.chdir(project)
+    monkeypatch.setenv(KEY_ENV, private)
+    accept_key(project / "models", "bob", public)
+    assert main(["pack", str(heads["B"]), "--out", "packB", "--ledger", str(root / "ledger.jsonl")]) == 0
+    assert "roles_linear" in capsys.readouterr().out
+    host = ["--workers", "configs/workers.mock-roles.yaml"]
+    assert main(["preflight", "packB", *host]) == 0
+    out = capsys.readouterr().out
+    assert "(coordinator)" in out and "PASS receipt: 3 fitness steps (train_best), training cost $0.0500" in out
+    assert main(["validate", "--challenger", "packB", *host, "--encoder", "tiny", "--device", "cpu",
+                 "--policy", "lenient.yaml"]) == 0
+    out = capsys.readouterr().out
+    print("\n" + out)
+    assert "live: the session loop" in out and "PROMOTED" in out
+    pointer = read_pointer(project / "models", ROLES_POINTER)
+    assert pointer["content_hash"] == heads["B"].name and pointer["submitter"] == "bob"
+    assert (project / "models" / pointer["checkpoint"] / "head.safetensors").is_file()  # copied in from the pack
+    assert main(["validate", "--challenger", "packB", *host, "--encoder", "tiny", "--device", "cpu",
+                 "--policy", "lenient.yaml"]) == 1
+    out = capsys.readouterr().out
+    refused = next(x for x in out.splitlines() if x.startswith("REFUSED before scoring"))
+    assert refused.startswith("REFUSED before scoring (duplicate, rate limit): FAIL duplicate: behaves like roles")
+    assert "  FAIL rate limit: 'bob' (key " in out

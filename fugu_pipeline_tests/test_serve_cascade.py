@@ -1,0 +1,138 @@
+"""A cascade checkpoint served end to end: the official `openai` client on loopback, stub workers on
+127.0.0.1, the real app under uvicorn. The reply's `fugu_lite` lists each step (workers, final
+answers, verifier scores, cost, latency) and why the cascade stopped; a stream sends the accepted
+answer; a failing last step falls back; `route` and `ask` run the same checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import openai
+import pytest
+
+from fugu_pipeline.route.cascade import CascadeRouter, load_router
+from fugu_pipeline.route.router import Router, RouterError
+from fugu_pipeline.serve import create_app
+from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint
+from fugu_pipeline.testing.serving import ServerThread, stub_workers_config
+from fugu_pipeline.testing.stub_llm import StubLLMServer
+from fugu_pipeline_tests.conftest import REPO
+
+AGREE, SPLIT, BROKEN = "What is 3 + 4?", "What is 5 + 6?", "What is 8 + 1?"
+
+
+@pytest.fixture(scope="module")
+def cascade(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cascade")
+    return build_cascade_checkpoint(root / "models", root / "emb")
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with StubLLMServer() as s:
+        s.set_answer(AGREE, "3 + 4 = 7. #### 7", model="stub/alpha")
+        s.set_answer(AGREE, "It is 7. #### 7", model="stub/beta")
+        for prompt, (a, b, g) in ((SPLIT, ("#### 12", "#### 13", "5 + 6 = 11. #### 11")), (BROKEN, ("#### 9", "#### 10", "x"))):
+            s.set_answer(prompt, a, model="stub/alpha")
+            s.set_answer(prompt, b, model="stub/beta")
+            s.set_answer(prompt, g, model="stub/gamma")
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(cascade, stub):
+    app = create_app(load_router(cascade, device="cpu"), stub_workers_config(stub.openai_url), batch_window_ms=2)
+    srv = ServerThread(app)
+    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    srv.stop()
+
+
+def _ask(client, prompt, **kw):
+    return client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": prompt}], **kw)
+
+
+def test_agreeing_cheap_workers_answer_and_the_strong_one_is_never_called(client, stub):
+    stub.reset_counts()
+    r = _ask(client, AGREE)
+    info = r.model_extra["fugu_lite"]["cascade"]
+    assert r.choices[0].message.content == "3 + 4 = 7. #### 7" and r.model_extra["fugu_lite"]["served_by"] == "alpha"
+    assert len(info["steps"]) == 1 and info["steps"][0]["answers"] == {"alpha": "7", "beta": "7"}
+    assert set(info["steps"][0]["verifier"]) == {"alpha", "beta"} and info["steps"][0]["cost_usd"] > 0
+    assert "2 of 2 answers agree" in info["stopped"] and info["calls"] == 2
+    assert not [q for q in stub.chat_requests() if q.body and q.body.get("model") == "stub/gamma"]
+
+
+def test_disagreeing_answers_escalate_to_the_last_step(client):
+    r = _ask(client, SPLIT)
+    info = r.model_extra["fugu_lite"]
+    assert r.choices[0].message.content.endswith("#### 11") and info["served_by"] == "gamma"
+    steps = info["cascade"]["steps"]
+    assert [s["workers"] for s in steps] == [["alpha", "beta"], ["gamma"]] and steps[1]["answers"] == {"gamma": "11"}
+    assert "no stop rule held" in steps[0]["decision"] and info["cascade"]["stopped"].startswith("step 2: last step")
+    assert info["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in steps)) and info["attempts"] == 3
+
+
+def test_a_stream_sends_the_accepted_answer(client):
+    chunks = list(_ask(client, SPLIT, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.endswith("#### 11")
+    last = [c for c in chunks if getattr(c, "model_extra", {}).get("fugu_lite")][-1]
+    assert last.model_extra["fugu_lite"]["cascade"]["steps"][-1]["workers"] == ["gamma"]
+
+
+def test_a_failing_last_step_falls_back_to_the_best_early_answer(client, stub):
+    stub.set_fault("http", model="stub/gamma", prompt=BROKEN, status=500)
+    try:
+        r = _ask(client, BROKEN)
+    finally:
+        stub.clear_faults()
+    info = r.model_extra["fugu_lite"]
+    assert info["served_by"] in ("alpha", "beta") and info["fallback_errors"][0]["worker"] == "gamma"
+    assert "later steps failed" in info["cascade"]["stopped"]
+
+
+def test_a_budget_picks_a_plan_within_it_and_an_unmeetable_one_is_a_400(client):
+    r = _ask(client, AGREE, extra_body={"fugu_budget": {"usd_per_1k": 1.0}})
+    assert r.model_extra["fugu_lite"]["budget"]["validation_cost_usd"] <= 1e-3
+    with pytest.raises(openai.BadRequestError, match="no cascade point of this checkpoint meets it"):
+        _ask(client, AGREE, extra_body={"fugu_budget": {"usd_per_1k": 0.01}})
+
+
+def test_a_cascade_is_not_loaded_as_a_one_step_router(cascade):
+    with pytest.raises(RouterError, match="is a cascade, not a one-step router"):
+        Router.load(cascade, device="cpu")
+    assert isinstance(load_router(cascade, device="cpu"), CascadeRouter)
+
+
+def test_route_and_ask_run_the_cascade(cascade, stub, tmp_path):
+    cfg = tmp_path / "workers.yaml"
+    cfg.write_text(json.dumps(stub_workers_config(stub.openai_url).model_dump(mode="json", exclude_none=True)))
+    fugu = str(REPO / ".venv" / "bin" / "fugu-lite")
+    out = subprocess.run([fugu, "route", "--checkpoint", str(cascade), "--device", "cpu", "--prompt", AGREE], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["cascade"].startswith("[alpha, beta] stop if 2 agree")
+    out = subprocess.run([fugu, "ask", "--checkpoint", str(cascade), "--device", "cpu", "--workers", str(cfg), "--prompt", SPLIT],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    answer, _, meta = out.stdout.partition("\n{")
+    assert answer.endswith("#### 11") and json.loads("{" + meta)["fugu_lite"]["served_by"] == "gamma"
+
+
+def test_the_multi_turn_report_baseline_runs_the_cascade_on_the_fixed_workers_replies(cascade):
+    """The coordinator's report shows the cascade on the same tasks from the replies every worker
+    gave alone (no new call): agreeing cheap replies stop at step 1, a split goes to gamma."""
+    from types import SimpleNamespace
+
+    from fugu_pipeline.evaluate.cascade import cascade_over_single_turns
+    from fugu_pipeline.tasks.schema import Task
+
+    tasks = [Task(task_id=f"m{i}", prompt=p, domain="general", reference_answer=ref, grader={"type": "numeric"})
+             for i, (p, ref) in enumerate(((AGREE, "7"), (SPLIT, "11")))]
+    reply = lambda a, q: SimpleNamespace(answer=a, quality=q, cost_usd=0.001)  # noqa: E731
+    replies = {"alpha": [reply("#### 7", 1.0), reply("#### 12", 0.0)], "beta": [reply("#### 7", 1.0), reply("#### 13", 0.0)],
+               "gamma": [reply("#### 7", 1.0), reply("#### 11", 1.0)]}
+    got = cascade_over_single_turns(load_router(cascade, device="cpu"), tasks, replies)
+    assert got["quality"].tolist() == [1.0, 1.0] and got["calls"].tolist() == [2, 3]
+    assert got["cost_usd"].tolist() == pytest.approx([0.002, 0.003])
