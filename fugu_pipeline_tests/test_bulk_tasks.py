@@ -31,6 +31,8 @@ ODD_LINES = [
     json.dumps({"task_id": "i3", "prompt": "ANSWER:\t7 here", "reference_answer": "8", "grader": {"type": "numeric"}}),
     json.dumps({"task_id": "t" * 256, "prompt": "longest id", "reference_answer": "1", "grader": {"type": "numeric"}}),
     json.dumps({"task_id": "j", "prompt": "x", "reference_answer": "Ⅻ", "grader": {"type": "exact"}}),
+    json.dumps({"task_id": "j2", "prompt": "Solve.", "reference_answer": "1/2", "grader": {"type": "exact", "math": True}}),
+    json.dumps({"task_id": "j3", "prompt": "Sum.", "reference_answer": "12", "grader": {"type": "numeric", "tolerance": 0.0, "math": False}}),
     # sound in Python only (SQL leaves them to it)
     json.dumps({"task_id": "k", "prompt": "p", "reference_answer": 7, "grader": {"type": "numeric"}}),
     json.dumps({"task_id": "k2", "prompt": "p", "reference_answer": 7.25, "grader": {"type": "numeric"}}),
@@ -42,6 +44,9 @@ ODD_LINES = [
     json.dumps({"task_id": "q", "prompt": "a NUL \u0000 inside", "reference_answer": "1", "grader": {"type": "numeric"}}),
     '{"task_id": "r", "prompt": "twice", "prompt": "second wins", "reference_answer": "1", "grader": {"type": "numeric"}}',
     json.dumps({"task_id": "s", "prompt": "\u00a0", "reference_answer": "\u00a0x\u00a0", "grader": {"type": "exact"}}),
+    json.dumps({"task_id": "s2", "prompt": "p", "reference_answer": "1", "grader": {"type": "numeric", "math": 1}}),
+    json.dumps({"task_id": "s3", "prompt": "Echo it: 3", "reference_answer": "3", "grader": {"type": "io_tests", "mode": "stdin",
+                                                                                       "tests": [{"input": "3", "output": "3"}]}}),
     # refused by both
     '{"task_id": "u", "prompt": "trailing comma", "reference_answer": "1", "grader": {"type": "numeric"},}',
     '{"task_id": "v", "prompt": "tab\tinside", "reference_answer": "1", "grader": {"type": "numeric"}}',
@@ -69,6 +74,8 @@ ODD_LINES = [
     json.dumps({"task_id": "ah", "prompt": "p", "grader": {"type": "llm_judge", "rubric": ""}}),
     json.dumps({"task_id": "ai", "prompt": "p", "grader": {"type": "llm_judge", "rubric": "r", "scale": 0}}),
     json.dumps({"task_id": "aj", "prompt": "p", "reference_answer": "1", "grader": {"type": "exact", "case_sensitive": None}}),
+    json.dumps({"task_id": "aj2", "prompt": "p", "reference_answer": "1", "grader": {"type": "exact", "math": None}}),
+    json.dumps({"task_id": "aj3", "prompt": "p", "reference_answer": "1", "grader": {"type": "contains", "math": True}}),
     json.dumps([1, 2]),
     "not json at all",
     '{"task_id": "ak", "prompt": "p"',
@@ -104,13 +111,13 @@ def test_all_odd_lines_together_and_line_numbers(tmp_path, monkeypatch):
     import fugu_pipeline.matrix.bulk_tasks as bulk_tasks
 
     lines = [json.dumps(GOOD), "", "   "]
-    for line in ODD_LINES[:14]:
+    for line in ODD_LINES[:16]:
         lines += [line, "\t"]
     (tmp_path / "a.jsonl").write_text("\ufeff" + "\n".join(lines) + "\n", encoding="utf-8")
     asked = []
     monkeypatch.setattr(bulk_tasks, "read_batch", lambda path: asked.append(path) or read_batch(path))
     kept, refused = readers_agree(tmp_path)
-    assert not refused and len(kept) == 15 and asked == []
+    assert not refused and len(kept) == 17 and asked == []
     monkeypatch.undo()
     at = {t.task_id: line for line, t in read_batch(tmp_path / "a.jsonl")}
     (tmp_path / "z.jsonl").write_text(json.dumps({**GOOD, "task_id": "i", "prompt": "other"}) + "\n", encoding="utf-8")

@@ -52,11 +52,11 @@ TASKS_TABLE = next(s for s in SCHEMA.split(";") if "CREATE TABLE tasks" in s)  #
 # Any other grader type, or another field, sends the line to the Python reader: sound, only slower.
 _BOOL = "{} IN ('true', 'false')"
 GRADER_FIELDS = {
-    "exact": {"case_sensitive": _BOOL, "strip": _BOOL},
+    "exact": {"case_sensitive": _BOOL, "strip": _BOOL, "math": _BOOL},
     "contains": {"case_sensitive": _BOOL},
     "numeric": {"tolerance": "(json_type({}) IN ('BIGINT', 'UBIGINT', 'DOUBLE') AND isfinite(TRY_CAST({} AS DOUBLE)) "
                              "AND TRY_CAST({} AS DOUBLE) >= 0)",
-                "relative": _BOOL},
+                "relative": _BOOL, "math": _BOOL},
     "llm_judge": {"rubric": "(left({}, 1) = '\"' AND {} <> '\"\"')",
                   "scale": "(json_type({}) IN ('BIGINT', 'UBIGINT') AND TRY_CAST({} AS HUGEINT) >= 1)"},
 }
