@@ -191,8 +191,8 @@ def _tables_md(db: Path) -> str:
 
 class RewardMatrixConfig(dg.Config):
     import_path: str | None = None
-    """Build from imported routing data instead of the collected responses: a reward-matrix JSONL
-   , or a file (folder) of the kind `import_kind` names."""
+    """Build from imported routing data instead of the collected responses: a reward-matrix JSONL,
+    or a file (folder) of the kind `import_kind` names."""
     import_kind: str = "jsonl"
     """jsonl, table (one column per worker), long (one row per call), dcrouter, routellm-gsm8k,
     routellm-mmlu or routellm-csv: the kinds of `fugu-lite import`."""

@@ -1,5 +1,5 @@
-"""Encoder settings: which model reads the prompt and how its hidden states become one vector
-(§7), what that makes the feature contract and the cache fingerprint, and where the
+"""Encoder settings: which model reads the prompt and how its hidden states become one vector,
+what that makes the feature contract and the cache fingerprint, and where the
 model lives (hub id, local directory, or "tiny": a tiny Qwen3 built on this machine, `tiny.py`).
 
 Nothing here loads weights: torch is imported inside the functions that probe the device.
