@@ -3,9 +3,10 @@
 Generates a project of N tasks x W workers of stored responses (BenchGen batch files and one
 response file per partition, written the way the collector writes them), then builds the matrix
 in a fresh process and prints wall time, peak memory (the build process's max RSS) and where the
-time goes:
+time goes, side by side with a bare DuckDB `read_json` of the same response and batch files (its
+floor: every line parsed, nothing checked or kept), alternated `--repeats` times:
 
-    python benchmarks/bench_matrix.py --tasks 100000 --workers 5                # the bulk build
+    python benchmarks/bench_matrix.py --tasks 100000 --workers 5                # the bulk build vs read_json
     python benchmarks/bench_matrix.py --tasks 100000 --workers 5 --rows         # also the row-by-row build
     python benchmarks/bench_matrix.py --tasks 100000 --workers 5 --store s3     # responses from a loopback S3
     python benchmarks/bench_matrix.py --tasks 1000000 --workers 20 --store file # from a shared folder (NFS-like)
@@ -88,7 +89,20 @@ BUILD = """
 import json, resource, sys, time
 from pathlib import Path
 root, mode = Path(sys.argv[1]), sys.argv[2]
+if mode == "floor":  # DuckDB's JSON reader alone over the same files: every line parsed, nothing kept
+    import duckdb
+    t0 = time.perf_counter()
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    counts = {}
+    for what, pattern in (("response lines", "data/responses/*/*.jsonl"), ("task lines", "data/benchgen/*.jsonl")):
+        files = sorted(str(p) for p in root.glob(pattern))
+        counts[what] = con.execute("SELECT count(*) FROM read_json(?, format='newline_delimited')", [files]).fetchone()[0]
+    print(json.dumps({"wall_s": round(time.perf_counter() - t0, 2),
+                      "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "read": counts}))
+    sys.exit(0)
 from fugu_pipeline.workers.config import load_workers_config
+from fugu_pipeline.matrix.bulk import build_collection  # imported before the clock starts, as duckdb is for read_json
 cfg = load_workers_config(root / "configs" / "workers.bench.yaml")
 timings = {}
 t0 = time.perf_counter()
@@ -99,7 +113,6 @@ if mode == "pull":
     timings["pull from the shared store"] = round(time.perf_counter() - t0, 3)
     timings["files pulled"] = n
 if mode in ("bulk", "pull"):
-    from fugu_pipeline.matrix.bulk import build_collection
     t1 = time.perf_counter()
     summary = build_collection(root / "data" / "benchgen", root / "data" / "responses", cfg, root / "data" / "m.duckdb",
                                timings=timings)
@@ -124,6 +137,26 @@ def build_in_fresh_process(root: Path, mode: str, env: dict | None = None) -> di
         raise SystemExit(out.stderr[-3000:])
     line = next(x for x in reversed(out.stdout.splitlines()) if x.startswith('{"wall_s"'))
     return json.loads(line)
+
+
+def side_by_side(root: Path, repeats: int) -> list[dict]:
+    """The bulk build and a bare `read_json` of the same files (response and batch files), each in a
+    fresh process, alternated `repeats` times so that load from other processes falls on both."""
+    runs = []
+    for r in range(repeats):
+        load = os.getloadavg()[0]
+        floor = build_in_fresh_process(root, "floor")
+        bulk = build_in_fresh_process(root, "bulk")
+        runs.append({"load_average_1min": load, "floor": floor, "bulk": bulk})
+        print(f"run {r + 1}/{repeats} (load {load:.2f} -> {os.getloadavg()[0]:.2f}): read_json of the same files "
+              f"{floor['wall_s']:.2f} s, {floor['peak_rss_mib']} MiB | bulk build {bulk['wall_s']:.2f} s, "
+              f"{bulk['peak_rss_mib']} MiB | build / read_json = {bulk['wall_s'] / floor['wall_s']:.2f}x", flush=True)
+        print("  phases:", json.dumps(bulk["timings"]), flush=True)
+    best_floor = min(x["floor"]["wall_s"] for x in runs)
+    best_bulk = min(x["bulk"]["wall_s"] for x in runs)
+    print(f"best of {repeats}: read_json {best_floor:.2f} s, bulk build {best_bulk:.2f} s -> {best_bulk / best_floor:.2f}x "
+          f"(aim <= 1.5x); summary {json.dumps(runs[-1]['bulk']['summary'])}", flush=True)
+    return runs
 
 
 def machine() -> str:
@@ -189,16 +222,23 @@ def main() -> None:
     ap.add_argument("--store", choices=["s3", "file"], help="build on a second folder from a shared store")
     ap.add_argument("--dir", help="where to generate (kept); default: a temporary folder, removed after")
     ap.add_argument("--store-only", action="store_true", help="with --store: skip the local build, build only from the store")
+    ap.add_argument("--repeats", type=int, default=2, help="bulk build and read_json runs, alternated (default 2)")
+    ap.add_argument("--reuse", action="store_true", help="with --dir: use the data already generated there")
     args = ap.parse_args()
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fugu-bench-matrix-"))
     report: dict = {"machine": machine(), "load_average_before": os.getloadavg()}
     try:
-        report["data"] = generate(root, args.tasks, args.workers, args.batch_size)
+        marker = root / "generated.json"
+        if args.reuse and marker.exists():
+            report["data"] = json.loads(marker.read_text())
+        else:
+            report["data"] = generate(root, args.tasks, args.workers, args.batch_size)
+            marker.write_text(json.dumps(report["data"]))
         print(f"generated {args.tasks:,} tasks x {args.workers} workers: {report['data']['response_bytes'] / 2**20:,.0f} MiB "
               f"of response files in {report['data']['generate_s']}s", flush=True)
         if not (args.store and args.store_only):
-            report["bulk"] = build_in_fresh_process(root, "bulk")
-            print("bulk build:", json.dumps(report["bulk"], indent=1), flush=True)
+            report["side_by_side"] = side_by_side(root, args.repeats)
+            report["bulk"] = min(report["side_by_side"], key=lambda r: r["bulk"]["wall_s"])["bulk"]
         if args.rows:
             report["rows"] = build_in_fresh_process(root, "rows")
             print("row-by-row build:", json.dumps(report["rows"], indent=1), flush=True)

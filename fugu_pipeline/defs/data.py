@@ -23,6 +23,7 @@ from fugu_pipeline.defs.shared import SharedStore
 from fugu_pipeline.defs.versions import RESPONSES_VERSION, file_version, responses_version
 from fugu_pipeline.matrix.build import build, from_import
 from fugu_pipeline.matrix.bulk import build_collection
+from fugu_pipeline.matrix.bulk_tasks import refused_batches
 from fugu_pipeline.matrix.read import (
     RewardMatrixError,
     check_no_nan,
@@ -45,10 +46,18 @@ def _batch_file(pipeline: PipelineResource, batch: str) -> Path:
 
 
 def _load_batch(pipeline: PipelineResource, batch: str):
+    """The batch's tasks; a bad line, or a task id another batch holds (which batch keeps an id:
+    `tasks/loading.py`), fails the run before anything is called, naming both files and lines."""
+    path = _batch_file(pipeline, batch)
     try:
-        return load_tasks(_batch_file(pipeline, batch))
+        loaded = load_tasks(path)
     except TaskFileError as exc:
         raise batch_failure(exc) from None
+    settled = ResponseStore(pipeline.paths.responses).collected_batches()
+    for exc in refused_batches(pipeline.paths.benchgen, settled):
+        if exc.path == path:
+            raise batch_failure(exc)
+    return loaded
 
 
 @dg.asset(partitions_def=task_batches, group_name="data", kinds={"jsonl"})

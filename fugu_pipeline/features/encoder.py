@@ -1,7 +1,8 @@
 """The frozen encoder that turns a task prompt into a feature vector.
 
 `Encoder` loads the model its `EncoderSettings` name once (tokenizer + `transformers.AutoModel`,
-frozen, eval mode) and encodes prompts in length-bucketed batches under a token budget.
+frozen, eval mode) and encodes prompts in batches of one padded length under a token budget
+(`plan_batches`: a prompt's vector is the same bits alone or in any batch).
 `LazyEncoder` holds settings and loads the weights only on first use, so a call whose prompts are
 all cached never loads them.
 
@@ -41,6 +42,7 @@ from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.hf_logging import quiet_transformers
 from fugu_pipeline.features.lexical import LEXICAL_DIM, lexical_features
 from fugu_pipeline.features.settings import (
+    PAD_MULTIPLE,
     EncoderLoadError,
     EncoderSettings,
     hub_offline,
@@ -72,24 +74,38 @@ def bound_native_caches(capacity: int = NATIVE_CACHE_CAPACITY) -> dict[str, str]
     return {name: os.environ[name] for name in NATIVE_CACHE_VARIABLES}
 
 
-def plan_batches(lengths: list[int], token_budget: int, max_batch_size: int) -> list[list[int]]:
-    """Batches of sequences of ONE token length each (longest first), cut so that length x batch
-    size <= token_budget (a longer sequence gets a batch of its own) and at most max_batch_size.
+def padded_length(n: int, max_length: int, multiple: int = PAD_MULTIPLE) -> int:
+    """The length a sequence of `n` tokens is padded to, wherever it is encoded: the next multiple
+    of `multiple` above `n` (one pad at least, so that nearly every batch runs the same masked
+    attention), never past `max_length` (where a sequence cut to max_length runs unpadded)."""
+    return min((n // multiple + 1) * multiple, max(max_length, n))
 
-    No batch is ever padded, and that is what makes a prompt's vector independent of the prompts
-    it happens to be batched with: with padding, the kernels run on other shapes and sum in
-    another order, and in bf16 the pooled vectors moved by up to 1e-3 between the embedding step's
-    batches and a server's micro-batches, enough to flip 1-2% of routes. Without padding a prompt
-    gives the same bits alone or in any batch (tested on this CPU for the tiny Qwen3 and MiniLM, in
-    bf16 and fp32, batches of 1 to 96), so the cache, `route` and `serve` compute identical
-    features. Padding is also work that is thrown away: bucketing by exact length costs no
-    extra tokens, only more (smaller) forward passes where lengths are spread out."""
-    by_length: dict[int, list[int]] = {}
+
+def plan_batches(lengths: list[int], token_budget: int, max_batch_size: int, max_length: int,
+                 multiple: int = PAD_MULTIPLE) -> list[list[int]]:
+    """Batches of sequences that share a padded length (`padded_length`) and whether they are
+    padded at all, longest first, cut so that padded length x batch size <= token_budget (a longer
+    sequence gets a batch of its own) and at most max_batch_size.
+
+    Why this makes a prompt's vector independent of the prompts it happens to be batched with (so
+    the cache, `route` and `serve`, which encode one prompt or a micro-batch, compute the same
+    bits): a prompt is always run at its own padded length, alone or in any batch, and always
+    through the same attention path. A batch with no padding at all runs causal attention without
+    a mask (transformers then skips it), any other with an explicit mask; a sequence is padded by
+    one token at least, and the few that cannot be (cut to max_length) never share a batch with
+    padded ones. What is left is the batch size, and a sequence's vector does not depend on it
+    (tested on this CPU for the tiny Qwen3 and MiniLM, in bf16 and fp32, alone, in micro-batches and
+    in the cache's batches; benchmarks/bench_encoder.py measures the Qwen3-0.6B-shaped model).
+    Exact-length batches (the plan before) gave the same guarantee by never padding, but cut 18k
+    prompts of many lengths into many small forward passes; padding to a multiple of 8 costs 4.5
+    tokens a sequence on average and fills the batches again."""
+    by_shape: dict[tuple[int, bool], list[int]] = {}
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        by_length.setdefault(lengths[i], []).append(i)
+        width = padded_length(lengths[i], max_length, multiple)
+        by_shape.setdefault((width, width == lengths[i]), []).append(i)
     batches: list[list[int]] = []
-    for length, rows in by_length.items():
-        size = max(1, min(max_batch_size, token_budget // max(length, 1)))
+    for (width, _), rows in sorted(by_shape.items(), key=lambda kv: (-kv[0][0], not kv[0][1])):
+        size = max(1, min(max_batch_size, token_budget // max(width, 1)))
         batches += [rows[k : k + size] for k in range(0, len(rows), size)]
     return batches
 
@@ -206,8 +222,8 @@ class Encoder:
         return self.encode_texts(self.settings.format(prompts, domains))
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
-        """Feature vectors for already formatted texts: tokenize once, batch sequences of equal
-        length under the token budget (never padded: `plan_batches`), pool, restore input order."""
+        """Feature vectors for already formatted texts: tokenize once, batch sequences of one padded
+        length under the token budget (`plan_batches`), pool, restore input order."""
         import torch
 
         if self.model is None:
@@ -219,9 +235,13 @@ class Encoder:
         s = self.settings
         if s.lexical:  # the statistics of exactly what the tokenizer reads
             out[:, self.dim - LEXICAL_DIM:] = lexical_features([cut_text(t, s.max_length) for t in texts])
-        for batch in plan_batches([len(x) for x in ids], s.token_budget, s.max_batch_size):
-            tokens = np.array([ids[i] for i in batch], dtype=np.int64)  # one length: no padding
-            mask = np.ones_like(tokens)
+        for batch in plan_batches([len(x) for x in ids], s.token_budget, s.max_batch_size, s.max_length):
+            width = padded_length(max(len(ids[i]) for i in batch), s.max_length)  # the batch's one padded length
+            tokens = np.full((len(batch), width), self.pad_id, dtype=np.int64)
+            mask = np.zeros_like(tokens)
+            for row, i in enumerate(batch):  # padded on the right: a causal model's real tokens never see the pads
+                tokens[row, : len(ids[i])] = ids[i]
+                mask[row, : len(ids[i])] = 1
             with torch.inference_mode():
                 vec = self._forward(torch.from_numpy(tokens), torch.from_numpy(mask))
             out[batch, : vec.shape[1]] = vec.cpu().numpy()

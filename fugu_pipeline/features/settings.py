@@ -1,5 +1,5 @@
-"""Encoder settings: which model reads the prompt and how its hidden states become one vector
-(§7), what that makes the feature contract and the cache fingerprint, and where the
+"""Encoder settings: which model reads the prompt and how its hidden states become one vector,
+what that makes the feature contract and the cache fingerprint, and where the
 model lives (hub id, local directory, or "tiny": a tiny Qwen3 built on this machine, `tiny.py`).
 
 Nothing here loads weights: torch is imported inside the functions that probe the device.
@@ -24,6 +24,10 @@ from fugu_pipeline.hashing import canonical_json, sha256_text
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 TINY = "tiny"
 FINGERPRINT_VERSION = 1
+# Every sequence is encoded padded to the next multiple of this above its length, one pad at least
+# (`encoder.padded_length`). Part of the cache fingerprint: vectors of another padding (exact-length
+# batches, or rounding up without the one pad) may differ in their last bits.
+PAD_MULTIPLE = 8
 DEFAULT_DOMAIN = "general"
 # Files of a model directory that decide what it computes (README and the like do not).
 MODEL_FILE_SUFFIXES = (".json", ".txt", ".model", ".safetensors", ".bin", ".pt", ".tiktoken")
@@ -219,10 +223,12 @@ class EncoderSettings(BaseModel):
 
     def fingerprint(self, resolved_dtype: str, model_identity: str) -> str:
         """Hash of everything that changes vector values: model identity, dtype, pooling,
-        position, layer, normalisation, max length, template. Not device or batch sizes."""
+        position, layer, normalisation, max length, template, the padding of every sequence. Not
+        device or batch sizes."""
         extra = {"lexical": LEXICAL_VERSION} if self.lexical else {}  # absent when off: earlier caches keep their keys
         return sha256_text(canonical_json({
             **extra,
+            "padded_to": f"{PAD_MULTIPLE}, one pad at least",
             "v": FINGERPRINT_VERSION,
             "model": model_identity,
             "dtype": resolved_dtype,

@@ -47,18 +47,21 @@ from fugu_pipeline.tasks.loading import load_all_batches
 from fugu_pipeline.tasks.schema import Task
 from fugu_pipeline.workers.config import WorkersConfig
 
+# No primary key on the large tables: each build writes them whole, one row per task and per cell by
+# construction (task ids are unique across batches; a cell's latest record wins), and `reward_wide`
+# refuses a cell written twice. An index kept up row by row made inserting 13x slower, for lookups
+# no reader makes (every read is a scan or a join).
 SCHEMA = """
-CREATE TABLE tasks (task_id VARCHAR PRIMARY KEY, batch VARCHAR, prompt VARCHAR, prompt_hash VARCHAR,
+CREATE TABLE tasks (task_id VARCHAR, batch VARCHAR, prompt VARCHAR, prompt_hash VARCHAR,
   domain VARCHAR, split VARCHAR, grader_type VARCHAR, tags VARCHAR[]);
 CREATE TABLE workers (position INTEGER PRIMARY KEY, worker_id VARCHAR UNIQUE, kind VARCHAR, model VARCHAR);
 CREATE TABLE responses (task_id VARCHAR, worker_id VARCHAR, batch VARCHAR, status VARCHAR,
   answer VARCHAR, quality DOUBLE, grade_detail VARCHAR, cost_usd DOUBLE, cost_source VARCHAR,
   judge_cost_usd DOUBLE, latency_s DOUBLE, ttft_s DOUBLE, prompt_tokens INTEGER,
   completion_tokens INTEGER, finish_reason VARCHAR, requested_model VARCHAR, served_model VARCHAR,
-  provider VARCHAR, attempts INTEGER, error VARCHAR, model_fingerprint VARCHAR, finished_at DOUBLE,
-  PRIMARY KEY (task_id, worker_id));
+  provider VARCHAR, attempts INTEGER, error VARCHAR, model_fingerprint VARCHAR, finished_at DOUBLE);
 CREATE TABLE rewards (task_id VARCHAR, worker_id VARCHAR, position INTEGER, quality DOUBLE,
-  cost_usd DOUBLE, latency_s DOUBLE, utility DOUBLE, PRIMARY KEY (task_id, worker_id));
+  cost_usd DOUBLE, latency_s DOUBLE, utility DOUBLE);
 CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE answers (task_id VARCHAR, worker_id VARCHAR, position INTEGER, answer VARCHAR, kind VARCHAR,
   PRIMARY KEY (task_id, worker_id));
@@ -114,7 +117,7 @@ class MatrixInput:
 
 def from_collection(benchgen_dir: Path, store: ResponseStore, config: WorkersConfig,
                     weights_from: str = "the worker config") -> MatrixInput:
-    batches = load_all_batches(benchgen_dir)
+    batches = load_all_batches(benchgen_dir, settled=store.collected_batches())
     workers = [(w.id, w.kind, getattr(w, "model", None)) for w in config.workers]
     responses, rewards = [], []
     by_batch: dict[str, list[Task]] = {}
@@ -287,6 +290,9 @@ def wide_columns(workers: list[tuple[str, str, str | None]]) -> list[str]:
     return [*WIDE_FIXED, *ids]
 
 
+DISTINCT_TASKS = "SELECT count(DISTINCT task_id) FROM tasks"
+
+
 def _create_wide(con: duckdb.DuckDBPyConnection, workers: list[tuple[str, str, str | None]]) -> None:
     """`reward_wide` from an Arrow table assembled here: its column names are the worker ids, so
     no id is ever part of SQL text. Filled with numpy from (row, position, utility) triples."""
@@ -304,6 +310,9 @@ def _create_wide(con: duckdb.DuckDBPyConnection, workers: list[tuple[str, str, s
     rows, cols = cells["rn"].astype(np.int64), cells["position"].astype(np.int64)
     grid[rows, cols] = np.asarray(cells["utility"], dtype=np.float64)
     filled[rows, cols] = True
+    if int(filled.sum()) != len(rows) or con.execute(DISTINCT_TASKS).fetchall()[0][0] != tasks.num_rows:
+        raise RuntimeError("the reward matrix holds a task, or a (task, worker) cell, twice: a bug of the build; "
+                           "the previous matrix is kept")
     arrays = [tasks.column(i).combine_chunks().cast(pa.string()) for i in range(len(WIDE_FIXED))]
     arrays += [pa.array(grid[:, j], type=pa.float64(), mask=~filled[:, j]) for j in range(len(workers))]
     wide = pa.Table.from_arrays(arrays, names=names)  # noqa: F841  (DuckDB reads the local by name)
@@ -342,20 +351,67 @@ DATA_VERSION_ROWS = ("SELECT r.task_id, r.worker_id, round(r.utility, 9), t.prom
                      "JOIN tasks t USING (task_id) ORDER BY r.task_id, r.position")
 
 
+# The same rows as canonical JSON text, written by DuckDB: each row as `canonical_json` writes it,
+# after a comma (a double as Python's repr writes it, which DuckDB's cast to text matches: checked
+# on a sample of every build). Only where no id needs escaping: a quote, a backslash or a control
+# character in a task id (worker ids cannot hold one) leaves the digest to Python.
+_ROW_TEXT = (  # one concat() per row: a chain of || makes a new string per piece
+    "concat(',[\"', r.task_id, '\",\"', r.worker_id, '\",', CASE WHEN isnan(u) THEN 'NaN' "
+    "WHEN u = 'infinity'::DOUBLE THEN 'Infinity' WHEN u = '-infinity'::DOUBLE THEN '-Infinity' "
+    "ELSE coalesce(CAST(u AS VARCHAR), 'null') END, ',\"', t.prompt_hash, '\",\"', t.split, '\"]')"
+)
+DATA_VERSION_TEXT = (
+    f"SELECT {_ROW_TEXT} AS row FROM (SELECT *, round(utility, 9) AS u FROM rewards) r "
+    "JOIN (SELECT task_id, prompt_hash, split, row_number() OVER (ORDER BY task_id) AS rn FROM tasks) t USING (task_id) "
+    "ORDER BY t.rn, r.position"  # the order of (task_id, position): the tasks sorted once, the cells by numbers
+)
+# Some rows (any: the text of a row does not depend on its place) with their values, to hold the
+# text DuckDB writes against canonical_json's.
+TEXT_SAMPLE = (f"SELECT {_ROW_TEXT} AS row, r.task_id, r.worker_id, u, t.prompt_hash, t.split "
+               "FROM (SELECT *, round(utility, 9) AS u FROM rewards) r JOIN tasks t USING (task_id) LIMIT 2000")
+NEEDS_ESCAPING = ("SELECT (SELECT count(*) FROM tasks WHERE regexp_matches(task_id || prompt_hash || split, '[\\x00-\\x1f\"\\\\]'))"
+                  " + (SELECT count(*) FROM workers WHERE regexp_matches(worker_id, '[\\x00-\\x1f\"\\\\]'))")
+
+
 def data_version(con: duckdb.DuckDBPyConnection, chunk_rows: int = 200_000) -> str:
     """sha256 of the canonical JSON of every graded cell (task, worker, utility to 9 places,
-    prompt hash, split) in (task, position) order. Streamed in chunks: the same text, byte for
-    byte, as `canonical_json(all_rows)`, without holding every row in Python at once."""
+    prompt hash, split) in (task, position) order: the same text, byte for byte, as
+    `canonical_json(all_rows)`. DuckDB writes the text (`DATA_VERSION_TEXT`) and Python only
+    hashes its bytes, chunk by chunk: no Python object per cell."""
     import hashlib
 
+    fast = con.execute(NEEDS_ESCAPING).fetchall()[0][0] == 0 and all(
+        text == "," + canonical_json([list(values)])[1:-1] for text, *values in con.execute(TEXT_SAMPLE).fetchall())
     digest = hashlib.sha256(b"[")
-    reader = arrow_batches(con.sql(DATA_VERSION_ROWS), chunk_rows)
     first = True
-    for batch in reader:
-        rows = list(zip(*(c.to_pylist() for c in batch.columns)))
-        if not rows:
+    for batch in arrow_batches(con.sql(DATA_VERSION_TEXT if fast else DATA_VERSION_ROWS), chunk_rows):
+        if not batch.num_rows:
             continue
-        digest.update((("" if first else ",") + canonical_json(rows)[1:-1]).encode("utf-8"))
+        text = _text_bytes(batch.column(0)) if fast else b"," + _python_text(batch)
+        digest.update(text[1:] if first else text)  # the first row has no comma before it
         first = False
     digest.update(b"]")
     return digest.hexdigest()[:16]
+
+
+def _python_text(batch) -> bytes:
+    """Rows as `canonical_json` writes them, comma-separated, without the brackets."""
+    rows = list(zip(*(c.to_pylist() for c in batch.columns)))
+    return canonical_json(rows)[1:-1].encode("utf-8") if rows else b""
+
+
+def _text_bytes(column) -> bytes:
+    """The UTF-8 bytes of an Arrow text column's values, one after the other (no nulls)."""
+    import numpy as np
+    import pyarrow as pa
+
+    parts = []
+    for chunk in getattr(column, "chunks", [column]):
+        if not len(chunk):
+            continue
+        if chunk.null_count:
+            raise ValueError("a null in the data-version text")
+        chunk = chunk.cast(pa.large_string())
+        offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset: chunk.offset + len(chunk) + 1]
+        parts.append(memoryview(chunk.buffers()[2])[offsets[0]:offsets[-1]])
+    return b"".join(parts)

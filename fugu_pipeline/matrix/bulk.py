@@ -14,7 +14,7 @@ the same `data_version` (a test compares them on the sample data and on damaged 
   (`PartitionRecords.skipped_note`): the build counts each file's lines (a byte scan) and, only for
   a file where they differ from the records it kept, has the store's reader find which lines;
 - only files of configured workers and of batches with a batch file are read;
-- utility is computed with numpy from the same formula, in the same operation order, as
+- utility is computed in SQL from the same formula, in the same operation order, as
   `UtilityConfig.utility`, so every float is bit-identical;
 - the database is built beside the old file and renamed into place (`building`).
 
@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import get_args
 
 import duckdb
-import numpy as np
 
 from fugu_pipeline.collect.records import MAX_AMOUNT, MAX_COUNT, CostSource
 from fugu_pipeline.collect.store import ResponseStore
-from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, _insert, building, finish, insert_workers, wide_columns
+from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, building, finish, insert_workers, wide_columns
+from fugu_pipeline.matrix.bulk_tasks import read_batches
 from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.reward import UtilityConfig
-from fugu_pipeline.tasks.loading import load_all_batches
 from fugu_pipeline.workers.config import WorkersConfig
 
 # The call record's fields, each read as JSON (so its JSON type can be checked), by kind.
@@ -49,18 +48,25 @@ _COUNTS = ("prompt_tokens", "completion_tokens", "attempts")
 RECORD_COLUMNS = "{" + ", ".join(f"'{c}': 'JSON'" for c in (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS)) + "}"
 
 
+def _json_types() -> str:
+    """The SQL test that every field of a line is of its JSON type in the store's reader
+    (`CallRecord`, strict, `records.py`); a JSON null, like a missing field, is the default. Read
+    from the JSON text of each value, never parsed again: a string starts with a quote, a number
+    casts from its text (a string holding a number does not: it starts with a quote), a count is
+    an integer literal."""
+    tests = [f"left(j_{c}, 1) = '\"'" for c in _STRINGS_REQUIRED]
+    tests += [f"(j_{c} IS NULL OR left(j_{c}, 1) = '\"')" for c in _STRINGS]
+    tests += [f"(j_{c} IS NULL OR {c} IS NOT NULL)" for c in (*_NUMBERS, *_COUNTS)]
+    return " AND ".join(tests)
+
+
 def _sound_record() -> str:
-    """The SQL test of a line the store's reader (`CallRecord`, strict, `records.py`) would accept
-    as a record of its file's partition: every field of its JSON type (a JSON null, like a missing
-    field, is the default), every number within its range. Built from this module's field names
-    and `records.py`'s limits only."""
-    number_types = "('DOUBLE', 'BIGINT', 'UBIGINT')"
-    tests = [f"json_type(j_{c}) = 'VARCHAR'" for c in _STRINGS_REQUIRED]
-    tests += [f"(j_{c} IS NULL OR json_type(j_{c}) = 'VARCHAR')" for c in _STRINGS]
-    tests += [f"(j_{c} IS NULL OR (json_type(j_{c}) IN {number_types} AND isfinite(TRY_CAST(j_{c} AS DOUBLE))))"
-              for c in _NUMBERS]
-    tests += [f"(j_{c} IS NULL OR (json_type(j_{c}) IN ('BIGINT', 'UBIGINT') "
-              f"AND TRY_CAST(j_{c} AS BIGINT) BETWEEN 0 AND {MAX_COUNT}))" for c in _COUNTS]
+    """The SQL test of a line the store's reader would accept as a record of its file's partition:
+    every field of its JSON type (`types_ok`), every number within its range. Built from this
+    module's field names and `records.py`'s limits only."""
+    tests = ["types_ok"]
+    tests += [f"({c} IS NULL OR isfinite({c}))" for c in _NUMBERS]
+    tests += [f"({c} IS NULL OR {c} BETWEEN 0 AND {MAX_COUNT})" for c in _COUNTS]
     tests += ["(quality IS NULL OR quality BETWEEN 0 AND 1)", "status IN ('ok', 'failed')",
               "(status = 'failed' OR quality IS NOT NULL)",
               f"(cost_source IS NULL OR cost_source IN {tuple(get_args(CostSource))!r})"]
@@ -70,22 +76,44 @@ def _sound_record() -> str:
 
 
 def _typed_columns() -> str:
-    cols = [f"j_{c} ->> '$' AS {c}" for c in (*_STRINGS_REQUIRED, *_STRINGS)]
-    cols += [f"TRY_CAST(j_{c} AS DOUBLE) AS {c}" for c in _NUMBERS]
-    cols += [f"TRY_CAST(j_{c} AS BIGINT) AS {c}" for c in _COUNTS]
+    """Each field's value from its JSON text: a string unescaped (NULL when the value is not a
+    string), a number cast from its text, a count only from an integer literal."""
+    # a string without a backslash holds no escape: its text between the quotes is its value, unparsed
+    cols = [f"CASE WHEN left(j_{c}, 1) = '\"' THEN CASE WHEN contains(j_{c}, '\\') THEN j_{c} ->> '$' "
+            f"ELSE substr(j_{c}::VARCHAR, 2, length(j_{c}::VARCHAR) - 2) END END AS {c}" for c in (*_STRINGS_REQUIRED, *_STRINGS)]
+    cols += [f"TRY_CAST(CAST(j_{c} AS VARCHAR) AS DOUBLE) AS {c}" for c in _NUMBERS]
+    # an integer literal: a number's text (DuckDB writes a float with a point or an exponent) without either
+    cols += [f"CASE WHEN NOT contains(j_{c}::VARCHAR, '.') AND NOT contains(lower(j_{c}::VARCHAR), 'e') "
+             f"THEN TRY_CAST(j_{c}::VARCHAR AS BIGINT) END AS {c}" for c in _COUNTS]
     return ", ".join(cols)
 
 
 _FIELDS = (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS)
+# While the build runs, `responses` also holds, for every line read: its file, line number, the
+# batch of its file, its prompt hash and whether it is a sound record. They let the build count
+# skipped lines and keep only the latest sound record of a cell whose prompt hash matches its task
+# (the rest is deleted), then they are dropped: the table is written once, never copied.
+BOOKKEEPING = {"rec_file": "VARCHAR", "rec_line": "BIGINT", "rec_batch": "VARCHAR", "rec_prompt_hash": "VARCHAR",
+               "rec_sound": "BOOLEAN"}
+# The values `from_collection` stores: a missing field's default where the record has one.
+# A count out of the INTEGER range is stored as NULL: its line is no sound record, and is deleted.
+_STORED = {"cost_usd": "coalesce(cost_usd, 0.0)", "cost_source": "coalesce(cost_source, 'none')",
+           "judge_cost_usd": "coalesce(judge_cost_usd, 0.0)", "latency_s": "coalesce(latency_s, 0.0)",
+           "finished_at": "coalesce(finished_at, 0.0)",
+           **{c: f"CASE WHEN {c} BETWEEN 0 AND {MAX_COUNT} THEN {c} END" for c in _COUNTS}}
+_STORED["attempts"] = f"coalesce({_STORED['attempts']}, 1)"
 # Every line of every partition file, in file order, with the partition it came from, as a typed
-# record with `sound`: whether the store's reader would take it. The JSON values are not kept.
+# record with `sound`: whether the store's reader would take it. Each value is converted once (a
+# materialized step), and the JSON texts are not kept.
 LOAD_RECORDS = (
-    "CREATE TEMP TABLE raw AS SELECT filename, line_no, part_batch, part_worker, " + ", ".join(_FIELDS)
-    + ", (" + _sound_record() + ") IS TRUE AS sound FROM (SELECT filename, line_no, part_batch, part_worker, "
-    + ", ".join(f"j_{c}" for c in _FIELDS) + ", " + _typed_columns() + " FROM (SELECT filename, "
-    + ", ".join(f"{c} AS j_{c}" for c in _FIELDS) + ", row_number() OVER () AS line_no "
+    "INSERT INTO responses (" + ", ".join([*RESPONSE_COLUMNS, *BOOKKEEPING]) + ") "
+    "WITH typed AS MATERIALIZED (SELECT filename, line_no, part_batch, part_worker, "
+    + ", ".join(_FIELDS) + ", " + _json_types() + " AS types_ok FROM (SELECT *, " + _typed_columns()
+    + " FROM (SELECT filename, " + ", ".join(f"{c} AS j_{c}" for c in _FIELDS) + ", row_number() OVER () AS line_no "
     "FROM read_json(?, format='newline_delimited', columns=" + RECORD_COLUMNS
-    + ", ignore_errors=true, filename=true, maximum_object_size=?)) JOIN parts USING (filename))"
+    + ", ignore_errors=true, filename=true, maximum_object_size=?)) JOIN parts USING (filename)))"
+    " SELECT " + ", ".join(_STORED.get(c, c) for c in RESPONSE_COLUMNS)
+    + ", filename, line_no, part_batch, prompt_hash, (" + _sound_record() + ") IS TRUE FROM typed"
 )
 # The longest line read_json takes at first, and at most: a longer line than the first (a runaway
 # answer) is read on a second pass sized to the largest file; beyond the most, the build stops.
@@ -93,43 +121,40 @@ FIRST_OBJECT_BYTES = 16 * 2**20
 MAX_OBJECT_BYTES = 2**30
 # The partition of each file: `<root>/<batch>/<worker>.jsonl`, from the list of files read.
 PARTITIONS = "CREATE TEMP TABLE parts AS SELECT unnest(?) AS filename, unnest(?) AS part_batch, unnest(?) AS part_worker"
-# Sound records only, the latest line of each (file, task), whose prompt hash matches a task of
-# the file's batch: exactly the records `from_collection` keeps.
-INSERT_RESPONSES = """
-INSERT INTO responses
-SELECT r.task_id, r.worker_id, r.batch, r.status, r.answer, r.quality, r.grade_detail,
-       coalesce(r.cost_usd, 0.0), coalesce(r.cost_source, 'none'), coalesce(r.judge_cost_usd, 0.0),
-       coalesce(r.latency_s, 0.0), r.ttft_s, r.prompt_tokens, r.completion_tokens, r.finish_reason,
-       r.requested_model, r.served_model, r.provider, coalesce(r.attempts, 1), r.error, r.model_fingerprint,
-       coalesce(r.finished_at, 0.0)
-FROM (
-  SELECT raw.* FROM raw
-  JOIN (SELECT filename, task_id, max(line_no) AS last_line FROM raw WHERE sound GROUP BY filename, task_id) latest
-    ON latest.filename = raw.filename AND latest.task_id = raw.task_id AND latest.last_line = raw.line_no
-) r
-JOIN tasks t ON t.task_id = r.task_id AND t.batch = r.part_batch AND t.prompt_hash = r.prompt_hash
+# Then only what `from_collection` keeps stays: sound records; of a cell, the latest line of its file
+# (where no task has two sound lines in a file, no retried cell, that search is skipped); and only
+# if its prompt hash is its task's in the file's batch (a reworded task is collected again).
+DROP_UNSOUND = "DELETE FROM responses WHERE NOT rec_sound"
+REPEATED_CELLS = "SELECT count(*) FROM (SELECT 1 FROM responses GROUP BY rec_file, task_id HAVING count(*) > 1)"
+DROP_EARLIER = """
+DELETE FROM responses USING (SELECT rec_file AS file, task_id AS task, max(rec_line) AS last FROM responses GROUP BY ALL) latest
+WHERE responses.rec_file = latest.file AND responses.task_id = latest.task AND responses.rec_line < latest.last
 """
-# The graded cells, with the worker of the file (as `from_collection` takes it), in a fixed order
-# that the utility computed in numpy is joined back to by position.
-GRADED = """
-CREATE TEMP TABLE graded AS
-SELECT r.task_id, p.part_worker AS worker_id, w.position, r.quality, r.cost_usd + r.judge_cost_usd AS cost_usd,
-       r.latency_s
-FROM responses r
-JOIN (SELECT DISTINCT part_batch, part_worker FROM parts) p ON p.part_batch = r.batch AND p.part_worker = r.worker_id
-JOIN workers w ON w.worker_id = p.part_worker
-WHERE r.status = 'ok' AND r.quality IS NOT NULL
+DROP_UNMATCHED = """
+DELETE FROM responses WHERE NOT EXISTS (
+  SELECT 1 FROM tasks t WHERE t.task_id = responses.task_id AND t.batch = responses.rec_batch
+    AND t.prompt_hash = responses.rec_prompt_hash)
 """
-GRADED_NUMBERS = "SELECT quality, cost_usd, latency_s FROM graded"
-INSERT_REWARDS = ("INSERT INTO rewards SELECT g.task_id, g.worker_id, g.position, g.quality, g.cost_usd, g.latency_s, "
-                  "u.utility FROM graded g POSITIONAL JOIN util u")
+# The graded cells, with the worker of the file (as `from_collection` takes it) and their utility,
+# computed in SQL from the same formula in the same operation order as `UtilityConfig.utility`, so
+# every float is bit-identical (a test holds them side by side). The weights are bound parameters.
+INSERT_REWARDS = """
+INSERT INTO rewards
+SELECT task_id, worker_id, position, quality, cost_usd, latency_s,
+       ? * quality - ? * least(greatest(cost_usd, 0.0) / ?, ?) - ? * least(greatest(latency_s, 0.0) / ?, ?)
+FROM (SELECT r.task_id, p.part_worker AS worker_id, w.position, r.quality, r.cost_usd + r.judge_cost_usd AS cost_usd,
+             r.latency_s
+      FROM responses r
+      JOIN (SELECT DISTINCT part_batch, part_worker FROM parts) p ON p.part_batch = r.batch AND p.part_worker = r.worker_id
+      JOIN workers w ON w.worker_id = p.part_worker
+      WHERE r.status = 'ok' AND r.quality IS NOT NULL)
+"""
+BATCHES_KEPT = "SELECT DISTINCT batch FROM tasks ORDER BY 1"
 
 
-def utility_np(u: UtilityConfig, quality: np.ndarray, cost: np.ndarray, latency: np.ndarray) -> np.ndarray:
-    """`UtilityConfig.utility` over arrays, operation for operation (so bit-identical)."""
-    return (u.quality_weight * quality
-            - u.cost_weight * np.minimum(np.maximum(cost, 0.0) / u.cost_scale_usd, u.cap)
-            - u.latency_weight * np.minimum(np.maximum(latency, 0.0) / u.latency_scale_s, u.cap))
+def utility_parameters(u: UtilityConfig) -> list[float]:
+    """`INSERT_REWARDS`'s parameters, in its order."""
+    return [u.quality_weight, u.cost_weight, u.cost_scale_usd, u.cap, u.latency_weight, u.latency_scale_s, u.cap]
 
 
 def partition_files(responses_dir: Path, batches: list[str], worker_ids: list[str]) -> list[tuple[str, str, str]]:
@@ -155,10 +180,10 @@ def line_count(path: str) -> int:
 
 
 def skipped_lines(con, files: list[tuple[str, str, str]], responses_dir: Path) -> tuple[int, list[str]]:
-    """(lines skipped in all, one note per file that had any) for the records in `raw`: a file
+    """(lines skipped in all, one note per file that had any) for the records just read: a file
     whose line count equals its sound records has none; any other is read by the store's reader,
     which numbers the lines it skips (its rules are the ones `_sound_record` writes in SQL)."""
-    kept = dict(con.execute("SELECT filename, count(*) FROM raw WHERE sound GROUP BY filename").fetchall())
+    kept = dict(con.execute("SELECT rec_file, count(*) FROM responses WHERE rec_sound GROUP BY rec_file").fetchall())
     store, total, notes = ResponseStore(responses_dir), 0, []
     for path, batch, worker in files:
         if kept.get(path, 0) == line_count(path):
@@ -196,8 +221,9 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
                      weights_from: str = "the worker config", timings: dict | None = None,
                      log: Callable[[str], None] | None = None, refused: list | None = None) -> dict:
     """The collected matrix, built in bulk. Returns the summary `build` returns; `timings`, when
-    given, receives the seconds of each phase. `refused` (a list): bad batch files are left out and
-    listed there instead of failing the build (`load_all_batches`). The summary's `skipped_lines`
+    given, receives the seconds of each phase. `refused` (a list): bad batch files (a bad line, or a
+    task id another batch holds) are left out and listed there instead of failing the build
+    (`bulk_tasks.read_batches`, which reads them as `load_all_batches` does). The summary's `skipped_lines`
     counts the response-file lines that were not records of their partition, and `skipped_where`
     names them (file, line numbers, torn or damaged; empty when none were); `log` gets each note."""
     t = timings if timings is not None else {}
@@ -213,9 +239,6 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
 
     workers = [(w.id, w.kind, getattr(w, "model", None)) for w in config.workers]
     wide_columns(workers)
-    batches = load_all_batches(benchgen_dir, refused)  # validated: a bad line fails its batch, as everywhere
-    lap("read and validate tasks")
-    files = partition_files(responses_dir, sorted({b for b, _ in batches}), [w for w, _, _ in workers])
     n_skipped, notes = 0, []
     with building(db_path) as con:
         # a bounded build: past this DuckDB spills to disk (beside the database) instead of growing
@@ -226,17 +249,16 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
             raise RewardMatrixError(f"FUGU_MATRIX_MEMORY_LIMIT={limit!r} is not a memory size DuckDB takes "
                                     f"({str(exc).splitlines()[0]}); give one like 3GB or 512MB, or unset it") from None
         con.execute("SET enable_progress_bar = false")  # long scans would print bars into the run's stdout
-        _insert(con, "tasks", {
-            "task_id": [tk.task_id for _, tk in batches], "batch": [b for b, _ in batches],
-            "prompt": [tk.prompt for _, tk in batches], "prompt_hash": [tk.prompt_hash for _, tk in batches],
-            "domain": [tk.domain for _, tk in batches], "split": [tk.split for _, tk in batches],
-            "grader_type": [tk.grader.type for _, tk in batches], "tags": [list(tk.tags) for _, tk in batches],
-        })
-        del batches
+        # validated as the task reader validates: a bad line (or a task id another batch holds) fails its batch
+        read_batches(con, benchgen_dir, ResponseStore(responses_dir).collected_batches(), refused)
+        batches = [b for (b,) in con.execute(BATCHES_KEPT).fetchall()]
         insert_workers(con, workers)
-        lap("insert tasks")
+        lap("read, validate and insert tasks")
+        files = partition_files(responses_dir, batches, [w for w, _, _ in workers])
         if files:
             con.execute(PARTITIONS, [[f for f, _, _ in files], [b for _, b, _ in files], [w for _, _, w in files]])
+            for column, kind in BOOKKEEPING.items():  # the names and types are this module's own
+                con.execute(f"ALTER TABLE responses ADD COLUMN {column} {kind}")
             _load_records(con, files)
             lap("read_json over the response files")
             n_skipped, notes = skipped_lines(con, files, responses_dir)
@@ -244,18 +266,15 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
                 if log:
                     log(note)
             lap("count skipped lines")
-            con.execute(INSERT_RESPONSES)
-            con.execute("DROP TABLE raw")
+            con.execute(DROP_UNSOUND)
+            if con.execute(REPEATED_CELLS).fetchall()[0][0]:
+                con.execute(DROP_EARLIER)
+            con.execute(DROP_UNMATCHED)
+            for column in BOOKKEEPING:
+                con.execute(f"ALTER TABLE responses DROP COLUMN {column}")
             lap("latest record per cell, prompt-hash check")
-            con.execute(GRADED)
-            cells = con.execute(GRADED_NUMBERS).fetchnumpy()  # numbers only: no Python strings
-            import pyarrow as pa
-
-            util = pa.table({"utility": utility_np(config.reward, *(np.asarray(cells[c], dtype=np.float64)  # noqa: F841
-                                                                   for c in ("quality", "cost_usd", "latency_s")))})
-            con.execute(INSERT_REWARDS)
-            del util, cells
-            lap("utility (numpy) and rewards")
+            con.execute(INSERT_REWARDS, utility_parameters(config.reward))
+            lap("utility and rewards")
         summary = finish(con, workers, "collection", config.reward,
                          f"computed from each cell's quality, cost and latency; weights: {weights_from}")
         lap("reward_wide, data_version, meta")
@@ -266,4 +285,4 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
     return summary
 
 
-__all__ = ["RESPONSE_COLUMNS", "build_collection", "utility_np"]
+__all__ = ["RESPONSE_COLUMNS", "build_collection", "utility_parameters"]
