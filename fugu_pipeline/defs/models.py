@@ -263,7 +263,8 @@ def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data
             "cascade_report": rep["report_path"], "policy_md": "\n".join(["```"] + result.lines() + report_lines(rep) + ["```"])}
 
 
-def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str) -> dg.Output[dict]:
+def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str,
+            extra: dict | None = None) -> dg.Output[dict]:
     from fugu_pipeline.evaluate.router_contest import add_composite
     from fugu_pipeline.evaluate.metrics import ci_text
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
@@ -304,7 +305,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
         meta["apgr"] = rep["apgr"]["apgr"] if rep["apgr"]["apgr"] is not None else rep["apgr"]["note"]
     meta.update(harness.report_metadata(rep))  # every baseline row, the composite and its terms
     return dg.Output({"checkpoint": checkpoint_path, "report": str(json_path), "method": method,
-                      "router_utility": rep["router_utility"]}, metadata=meta)
+                      "router_utility": rep["router_utility"], **(extra or {})}, metadata=meta)
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
@@ -327,8 +328,10 @@ def eval_report_es(context: dg.AssetExecutionContext, pipeline: PipelineResource
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
 def eval_report_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_heads: dict) -> dg.Output[dict]:
-    """Held-out report (DESIGN §5) of the head `router_heads` selected."""
-    return _report(context, pipeline, encoder, router_heads["selected"], router_heads["selected_kind"])
+    """Held-out report of the head `router_heads` selected; it also passes on the cascade
+    `router_heads` fitted (when the matrix holds replies), which enters the same contest."""
+    return _report(context, pipeline, encoder, router_heads["selected"], router_heads["selected_kind"],
+                   extra={"cascade": router_heads["cascade"]} if router_heads.get("cascade") else None)
 
 
 class PromotionConfig(dg.Config):
@@ -357,11 +360,13 @@ def promoted_router(
     context: dg.AssetExecutionContext, config: PromotionConfig, pipeline: PipelineResource, encoder: EncoderResource,
     eval_report_sft: dict, eval_report_rl: dict, eval_report_es: dict, eval_report_heads: dict,
 ) -> dg.MaterializeResult:
-    """King versus challenger. The challengers are the SFT, RL and CMA-ES heads and the head
-    `router_heads` selected; the one with the best validation utility (out-of-fold for heads fitted
-    on the val rows too) replaces the promoted checkpoint only if it passes every gate;
-    models/promoted/current.json is swapped atomically and every decision is kept in
+    """King versus challenger. The challengers are the SFT, RL and CMA-ES heads, the head
+    `router_heads` selected and the cascade it fitted over the workers' replies (when the matrix
+    holds them); the one with the best validation utility (out-of-fold for heads fitted on the val
+    rows too) replaces the promoted checkpoint, one-step head or cascade, only if it passes every
+    gate; models/promoted/current.json is swapped atomically and every decision is kept in
     models/promoted/history.jsonl."""
+    from fugu_pipeline.evaluate.cascade_contest import AnswerSource
     from fugu_pipeline.evaluate.promotion import promote_best
 
     source = _feature_source(context, pipeline, encoder)
@@ -372,9 +377,11 @@ def promoted_router(
         require_significant=config.require_significant, min_quality_std=config.min_quality_std, live_sample=config.live_sample,
         rate_limit_s=None if config.rate_limit_hours is None else config.rate_limit_hours * 3600)
     live, tasks = harness.live_for(pipeline)
-    outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es, eval_report_heads)],
-                           source.data, pipeline.paths.models, policy, live=live, tasks=tasks, features=source,
-                           replace_broken_king=config.replace_broken_king)
+    paths = [r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es, eval_report_heads)]
+    paths += [eval_report_heads["cascade"]] if eval_report_heads.get("cascade") else []
+    answers = AnswerSource.from_matrix(pipeline.paths.reward_db, encoder.settings(), _cache_root(pipeline, encoder))
+    outcome = promote_best(paths, source.data, pipeline.paths.models, policy, live=live, tasks=tasks, features=source,
+                           replace_broken_king=config.replace_broken_king, answers=answers)
     for line in outcome["reasons"]:
         context.log.info(line)
     if shared and shared.push_promoted(king_version):  # compare-and-swap: fails if another machine promoted meanwhile

@@ -33,4 +33,8 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "head_params": {"policy": fit.policy.model_dump(), "answer_dim": answer_dim, "frontier": frontier,
                         "answer_format": ANSWER_TEXT_FORMAT, "domains_frontier": per},
         "training_config": training_config or {}, "metrics": metrics,
+        # the search's record (what a receipt cites, as a grid head's figure per grid point): the
+        # validation figure of every plan the pooled search considered, in search order
+        "curves": {"val_utility": [float(v) for v in fit.choices["*"].figures]}
+        if "*" in fit.choices and fit.choices["*"].figures else {},
     })
