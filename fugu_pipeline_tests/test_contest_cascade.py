@@ -213,3 +213,25 @@ def test_a_cascade_without_the_hosts_replies_is_refused_with_the_reason(world, t
     out = promote_best([str(cascade)], world[0], models, OPEN)
     assert not out["promoted"] and read_pointer(models) is None
     assert any("scored from the host's recorded replies" in r for r in out["reasons"])
+
+
+def test_a_trained_cascade_carries_the_receipt_the_contest_checks(tmp_path):
+    """A cascade `fugu-lite train` saves records its search (every plan's validation figure) and the
+    cost of the calls behind its rows, so the receipt gate lets it enter the contest."""
+    from fugu_pipeline.evaluate.gates import GateConfig, receipt_gate
+    from fugu_pipeline.train.cascade_config import CascadeConfig
+    from fugu_pipeline.train.cascade_fit import fit_cascade
+    from fugu_pipeline.train.cascade_save import save_cascade
+    from fugu_pipeline.train.cascade_search import CascadeSearch
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.train.exchange import receipt_from_manifest
+    from fugu_pipeline_tests import cascade_fixture
+
+    data, grid, inputs = cascade_fixture.make(n=300)
+    search = CascadeSearch(thresholds=4, three_steps=False, finals=2, cheap=2)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=search, n_boot=300), log=lambda m: None)
+    manifest = load_checkpoint(save_cascade(tmp_path, data, fit, inputs.answer.shape[2])).manifest
+    assert manifest.curves["val_utility"] == fit.choices["*"].figures and len(fit.choices["*"].figures) == fit.choices["*"].considered
+    assert manifest.metrics["data_cost_usd"] == pytest.approx(float(data.cost_usd[data.splits != "test"].sum()))
+    gate = receipt_gate(receipt_from_manifest(manifest), GateConfig(), data=data)
+    assert gate.ok, gate.reason

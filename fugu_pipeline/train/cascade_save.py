@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from fugu_pipeline.train.cascade_head import KIND, cascade_state
 
 
@@ -24,6 +26,8 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "validation": {c: {"quality": ch.quality, "cost_usd": ch.cost, "utility": ch.utility, "plans_considered": ch.considered}
                        for c, ch in fit.choices.items()},
         "val_utility": next((c.mean for c in fit.candidates if c.kind == "cascade"), None),
+        # what the calls behind the rows it was fitted on cost (the receipt's training cost)
+        "data_cost_usd": None if data.cost_usd is None else float(np.nansum(data.cost_usd[np.asarray(data.splits) != "test"])),
         **(extra_metrics or {}),
     }
     return save_checkpoint(models_dir, KIND, KIND, cascade_state(fit.verifier, in_dim, data.n_workers), {
