@@ -169,6 +169,12 @@ def test_a_cascade_that_beats_the_promoted_one_step_head_replaces_it_and_route_r
     assert "held-out eval rows: challenger quality" in text
     last = history(models)[-1]
     assert last["promote"] and last["kind"] == "router" and last["content_hash"] == cascade.name
+    # the evaluation reports (their composite against the current king) still run with a cascade king
+    from fugu_pipeline.evaluate.router_contest import add_composite
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    rep = add_composite({"summary": "s"}, load_checkpoint(king), world[0], models, OPEN.composite)
+    assert rep["composite"]["king"] is None and rep["composite"]["king_note"].startswith("the king is a cascade")
     router = load_promoted(models, device="cpu", dtype="float32")
     assert isinstance(router.router, CascadeRouter)
     d = router.route("Compute 7 plus 21 and reply with the sum.", domain="math")

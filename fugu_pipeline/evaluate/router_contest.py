@@ -27,6 +27,7 @@ from fugu_pipeline.evaluate.feature_source import FeatureSource
 from fugu_pipeline.evaluate.live import LiveBudgetExceeded, LiveEvaluator, LivePolicy
 from fugu_pipeline.evaluate.decision import Candidate
 from fugu_pipeline.evaluate.reports import head_scores, quality_predictions, routed_utility
+from fugu_pipeline.train.cascade_head import KIND as CASCADE
 from fugu_pipeline.train.checkpoints import weight_sanity
 from fugu_pipeline.workers.contract import FatalWorkerError
 
@@ -81,7 +82,10 @@ def score_against_king(checkpoint, king, data, cfg: CompositeConfig, *, live: Li
     held = held_out(data, cfg)
     routes = head_routes(checkpoint, data)
     king_routes, king_note = None, "no king"
-    if king is not None:
+    if king is not None and king.manifest.head_kind == CASCADE:
+        king_note = (f"the king is a cascade ({king.manifest.content_hash}): this report scores one-step routes; the "
+                     "promotion contest scores the cascade from the recorded replies")
+    elif king is not None:
         source = features if features is not None else FeatureSource.fixed(data)
         king_data, problems = source.for_checkpoint(king)
         if problems:
