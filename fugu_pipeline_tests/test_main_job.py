@@ -115,14 +115,17 @@ def test_main_job_materializes_every_asset_and_resumes(project):
         promo = latest(instance, "promoted_router")
         pointer = read_pointer(project / "models")
         assert promo["promoted"] is True and pointer is not None
-        assert pointer_target(project / "models", pointer).resolve() in {c.resolve() for c in checkpoints.values()}
+        # the cascade enters the same contest as the one-step heads; best on validation, it is the
+        # challenger, and (nothing promoted yet) beats the best worker with a significant gain
+        assert pointer_target(project / "models", pointer).resolve() == Path(heads["cascade"]).resolve()
         history = (project / "models" / "promoted" / "history.jsonl").read_text().splitlines()
         assert not illegible_metadata(instance)  # every figure rounded, every file a path value, on every asset page
+        assert json.loads(history[-1])["method"] == "cascade" and json.loads(history[-1])["promote"] is True
 
     from fugu_pipeline import load_promoted
 
     decision = load_promoted(project / "models", device="cpu").route("What is 2 + 40?", domain="math")
-    assert decision.worker_id in workers
+    assert decision.worker_id in workers and decision.score_kind == "cascade_plan"  # route runs the promoted cascade
 
     again = run_main_job(project)  # every step resumes: no call, no encoding, nothing new promoted
     assert all("called 0," in line for line in again.splitlines() if line.strip().startswith("responses["))

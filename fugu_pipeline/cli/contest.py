@@ -217,15 +217,18 @@ def cmd_validate(args) -> int:
         outcome = run_contest(TriageKind(data), [str(pack_dir)], args.models_dir, policy, submitter=pre.submitter,
                               key=pre.key, replace_broken_king=args.replace_broken_king)
     else:
+        from fugu_pipeline.evaluate.cascade_contest import AnswerSource
         from fugu_pipeline.evaluate.feature_source import FeatureSource
         from fugu_pipeline.evaluate.promotion import promote_best
 
         live, tasks = live_for(args, data)
         # the pack and the king each scored on their own features of the host's encoder model
         features = FeatureSource(data, lambda s: routing_data(args, settings=s), encoder_settings(args, encoder))
+        # a cascade (the pack or the king) is scored from the host's recorded replies
+        answers = AnswerSource.from_matrix(args.data, encoder_settings(args, encoder), Path(args.cache_dir))
         outcome = promote_best([str(pack_dir)], data, args.models_dir, policy, live=live, tasks=tasks,
                                submitter=pre.submitter, features=features, replace_broken_king=args.replace_broken_king,
-                               key=pre.key)
+                               key=pre.key, answers=answers)
     return _print_outcome(outcome, pre, kind)
 
 

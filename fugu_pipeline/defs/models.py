@@ -265,7 +265,8 @@ def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data
             "cascade_report": rep["report_path"], "policy_md": "\n".join(["```"] + result.lines() + report_lines(rep) + ["```"])}
 
 
-def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str) -> dg.Output[dict]:
+def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str,
+            extra: dict | None = None) -> dg.Output[dict]:
     from fugu_pipeline.evaluate.router_contest import add_composite
     from fugu_pipeline.evaluate.metrics import ci_text
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
@@ -308,7 +309,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     meta["checkpoint"] = dg.MetadataValue.path(checkpoint_path)
     meta["plot_files"] = dg.MetadataValue.md("\n".join(f"- `{p}`" for p in plots))
     return dg.Output({"checkpoint": checkpoint_path, "report": str(json_path), "method": method,
-                      "router_utility": rep["router_utility"]}, metadata=tidy(meta))
+                      "router_utility": rep["router_utility"], **(extra or {})}, metadata=tidy(meta))
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION)
@@ -335,8 +336,10 @@ def eval_report_es(context: dg.AssetExecutionContext, pipeline: PipelineResource
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION)
 def eval_report_heads(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource, router_heads: dict) -> dg.Output[dict]:
     """Held-out report of the head `router_heads` selected: every metric, the baselines, plots, per-domain table.
-    Its composite's live term calls the configured workers (`live_sample` tasks a benchmark, configs/promotion.yaml)."""
-    return _report(context, pipeline, encoder, router_heads["selected"], router_heads["selected_kind"])
+    Its composite's live term calls the configured workers (`live_sample` tasks a benchmark, configs/promotion.yaml).
+    It also passes on the cascade `router_heads` fitted (when the matrix holds replies), which enters the same contest."""
+    return _report(context, pipeline, encoder, router_heads["selected"], router_heads["selected_kind"],
+                   extra={"cascade": router_heads["cascade"]} if router_heads.get("cascade") else None)
 
 
 class PromotionConfig(dg.Config):
@@ -365,11 +368,13 @@ def promoted_router(
     context: dg.AssetExecutionContext, config: PromotionConfig, pipeline: PipelineResource, encoder: EncoderResource,
     eval_report_sft: dict, eval_report_rl: dict, eval_report_es: dict, eval_report_heads: dict,
 ) -> dg.MaterializeResult:
-    """King versus challenger. The challengers are the SFT, RL and CMA-ES heads and the head
-    `router_heads` selected; the one with the best validation utility (out-of-fold for heads fitted
-    on the val rows too) replaces the promoted checkpoint only if it passes every gate;
-    models/promoted/current.json is swapped atomically and every decision is kept in
+    """King versus challenger. The challengers are the SFT, RL and CMA-ES heads, the head
+    `router_heads` selected and the cascade it fitted over the workers' replies (when the matrix
+    holds them); the one with the best validation utility (out-of-fold for heads fitted on the val
+    rows too) replaces the promoted checkpoint, one-step head or cascade, only if it passes every
+    gate; models/promoted/current.json is swapped atomically and every decision is kept in
     models/promoted/history.jsonl. The composite's live term calls the configured workers."""
+    from fugu_pipeline.evaluate.cascade_contest import AnswerSource
     from fugu_pipeline.evaluate.promotion import promote_best
 
     source = _feature_source(context, pipeline, encoder)
@@ -380,9 +385,11 @@ def promoted_router(
         require_significant=config.require_significant, min_quality_std=config.min_quality_std, live_sample=config.live_sample,
         rate_limit_s=None if config.rate_limit_hours is None else config.rate_limit_hours * 3600)
     live, tasks = harness.live_for(pipeline)
-    outcome = promote_best([r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es, eval_report_heads)],
-                           source.data, pipeline.paths.models, policy, live=live, tasks=tasks, features=source,
-                           replace_broken_king=config.replace_broken_king)
+    paths = [r["checkpoint"] for r in (eval_report_sft, eval_report_rl, eval_report_es, eval_report_heads)]
+    paths += [eval_report_heads["cascade"]] if eval_report_heads.get("cascade") else []
+    answers = AnswerSource.from_matrix(pipeline.paths.reward_db, encoder.settings(), _cache_root(pipeline, encoder))
+    outcome = promote_best(paths, source.data, pipeline.paths.models, policy, live=live, tasks=tasks, features=source,
+                           replace_broken_king=config.replace_broken_king, answers=answers)
     for line in outcome["reasons"]:
         context.log.info(line)
     if shared and shared.push_promoted(king_version):  # compare-and-swap: fails if another machine promoted meanwhile

@@ -56,19 +56,21 @@ def verifier_scores(head, inputs) -> np.ndarray:
     return scores
 
 
-def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test") -> list[CascadeOutcome]:
-    """Per task of `split` (in row order): what the cascade returns and what it paid (see the module
-    docstring). `data`, `grid` (matrix/answers.py) and `inputs` (train/cascade_fit.answer_inputs)
-    are row-aligned and in the checkpoint's worker order."""
+def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: np.ndarray | None = None,
+                     scores: np.ndarray | None = None) -> list[CascadeOutcome]:
+    """Per task of `split` (in row order; or of the row indices `rows`, in that order): what the
+    cascade returns and what it paid (see the module docstring). `data`, `grid`
+    (matrix/answers.py) and `inputs` (train/cascade_fit.answer_inputs) are row-aligned and in the
+    checkpoint's worker order; `scores`: its `verifier_scores` when already computed."""
     from fugu_pipeline.train.cascade_policy import answer_codes, simulate
 
     if list(data.worker_ids) != list(checkpoint.manifest.worker_ids):
         raise ValueError(f"the data's workers {data.worker_ids} are not the checkpoint's {checkpoint.manifest.worker_ids}; "
                          "put them in its order (RoutingData.in_worker_order)")
     head = checkpoint.head
-    rows = np.flatnonzero(data.splits == split)
+    rows = np.flatnonzero(data.splits == split) if rows is None else np.asarray(rows, int)
     codes = answer_codes(grid.final)
-    scores = verifier_scores(head, inputs)
+    scores = verifier_scores(head, inputs) if scores is None else scores
     cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
     lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
     doms = np.asarray(data.domains, dtype=str)

@@ -17,9 +17,10 @@ The terms, exactly:
   `LiveEvaluator`) on a bounded, fixed sample of b's eval rows (`live_sample`, 20 by default).
 - `efficiency_b` = Σ quality / Σ turns on the live sample: correct answers per turn, in [0, 1].
   A one-step head spends one turn per answer, so for it efficiency equals `live_b`; a coordinator
-  whose sessions take 3 turns for a correct answer scores 1/3 for it; a cascade counts each step
-  it reaches as one turn (the workers of one step are called at once). Without a live run it is
-  computed from the cached rows at one turn per task.
+  whose sessions take 3 turns for a correct answer scores 1/3 for it; a cascade counts every
+  worker call it makes (two cheap workers at once, then a strong one: 3). Without a live run it
+  is computed from the cached rows with the calls each head made there (a one-step head: one per
+  task, so it equals `cached_b`).
 - `novelty_b`: share of b's eval rows where the head decides otherwise than the king (a one-step
   head: another worker; a coordinator: another sequence of roles and workers; a triage head:
   another label). The king's own novelty is 0 (it is the reference).
@@ -249,12 +250,14 @@ def score_head(routes: np.ndarray, held: HeldOut, cfg: CompositeConfig, *, king_
 
 
 def score_outcomes(got: np.ndarray, decisions, held: HeldOut, cfg: CompositeConfig, *, king_decisions=None,
-                   live: dict[str, LiveRows] | None = None, is_king: bool = False) -> dict:
+                   live: dict[str, LiveRows] | None = None, is_king: bool = False, turns: np.ndarray | None = None) -> dict:
     """The composite of one head of any kind from its outcome per held-out row (`got`, quality in
     [0, 1]) and its decision per row (`decisions`, any comparable labels). `king_decisions` gives
     novelty (None: no king, novelty left out); `is_king` scores the king itself (novelty 0).
-    `live`: per benchmark, its live outcomes (None: no live term)."""
+    `live`: per benchmark, its live outcomes (None: no live term). `turns`: the calls it made per
+    row, for the efficiency term when there is no live run (None: one per row)."""
     got = np.asarray(got, float)
+    turns = np.ones(len(got)) if turns is None else np.asarray(turns, float)
     decisions = np.asarray(decisions, dtype=object)
     king_decisions = None if king_decisions is None else np.asarray(king_decisions, dtype=object)
     pooled = (np.flatnonzero(~held.audit), np.flatnonzero(held.audit))
@@ -264,13 +267,13 @@ def score_outcomes(got: np.ndarray, decisions, held: HeldOut, cfg: CompositeConf
         lr = (live or {}).get(b)
         cached = float(got[e].mean()) if len(e) else None
         terms = {"cached": cached, "live": None, "efficiency": None, "novelty": None}
-        eff_source = "cached (one turn per task)"
+        eff_source = "cached (one turn per task)" if not len(e) or np.all(turns[e] == 1) else "cached (its calls per task)"
         if lr is not None and len(lr.quality):
             terms["live"] = float(lr.quality.mean())
             terms["efficiency"] = float(lr.quality.sum() / max(lr.turns_or_calls().sum(), 1))
             eff_source = "live"
         elif cached is not None:
-            terms["efficiency"] = cached
+            terms["efficiency"] = float(got[e].sum() / max(turns[e].sum(), 1))
         if is_king:
             terms["novelty"] = 0.0
         elif king_decisions is not None and len(e):
@@ -302,12 +305,16 @@ def paired_difference(ch_routes: np.ndarray, king_routes: np.ndarray, held: Held
 
 def paired_outcomes(got_c: np.ndarray, got_k: np.ndarray, dec_c, dec_k, held: HeldOut, cfg: CompositeConfig,
                     ch: dict, king: dict, live_ch: dict[str, LiveRows] | None = None,
-                    live_king: dict[str, LiveRows] | None = None) -> dict:
+                    live_king: dict[str, LiveRows] | None = None, turns_c: np.ndarray | None = None,
+                    turns_k: np.ndarray | None = None) -> dict:
     """Paired bootstrap of composite(challenger) − composite(king): within each benchmark the eval
     rows and the live sample are resampled (the same draw for both heads), the weights and overfit
-    factors of the full-sample scores held fixed. Returns mean (the full-sample difference), low, high."""
+    factors of the full-sample scores held fixed. `turns_c`/`turns_k`: calls per row (cached
+    efficiency; None: one). Returns mean (the full-sample difference), low, high."""
     rng = np.random.default_rng(cfg.seed)
     got_c, got_k = np.asarray(got_c, float), np.asarray(got_k, float)
+    turns_c = np.ones(len(got_c)) if turns_c is None else np.asarray(turns_c, float)
+    turns_k = np.ones(len(got_k)) if turns_k is None else np.asarray(turns_k, float)
     differs = np.asarray(dec_c, dtype=object) != np.asarray(dec_k, dtype=object)
     per_c = {r["benchmark"]: r for r in ch["benchmarks"]}
     per_k = {r["benchmark"]: r for r in king["benchmarks"]}
@@ -320,7 +327,7 @@ def paired_outcomes(got_c: np.ndarray, got_k: np.ndarray, dec_c, dec_k, held: He
         idx = e[rng.integers(0, len(e), size=(cfg.n_boot, len(e)))]
         lc, lk = (live_ch or {}).get(b), (live_king or {}).get(b)
         lidx = rng.integers(0, len(lc.quality), size=(cfg.n_boot, len(lc.quality))) if lc is not None and len(lc.quality) else None
-        for sign, got, lr, row in ((1.0, got_c, lc, per_c[b]), (-1.0, got_k, lk, per_k[b])):
+        for sign, got, lr, row, calls in ((1.0, got_c, lc, per_c[b], turns_c), (-1.0, got_k, lk, per_k[b], turns_k)):
             w = row["weights"]
             cached = got[idx].mean(axis=1)
             s = w["cached"] * cached
@@ -328,7 +335,7 @@ def paired_outcomes(got_c: np.ndarray, got_k: np.ndarray, dec_c, dec_k, held: He
                 q, turns = lr.quality[lidx], lr.turns_or_calls()[lidx]
                 s = s + w["live"] * q.mean(axis=1) + w["efficiency"] * q.sum(axis=1) / np.maximum(turns.sum(axis=1), 1)
             elif row["efficiency"] is not None:
-                s = s + w["efficiency"] * cached
+                s = s + w["efficiency"] * got[idx].sum(axis=1) / np.maximum(calls[idx].sum(axis=1), 1)
             if row["novelty"] is not None and sign > 0:
                 s = s + w["novelty"] * differs[idx].mean(axis=1)
             diffs += sign * s * row["overfit"]["factor"]

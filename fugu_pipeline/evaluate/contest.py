@@ -18,24 +18,31 @@ head, and any later policy kind (a cascade) go through the same code path, `run_
    loaded, under the kind's lock (a second attempt waits, then faces the new king); every attempt
    is appended to the kind's history, and every head scored joins the registry of judged heads.
 
-A kind supplies only how to read and score its heads. The interface (`Kind`, below), for a new
-kind such as a cascade policy, is one small class:
+A kind supplies only how to read and score its heads. The interface (`Kind`, below) is one small
+class:
 
-    class CascadeKind(KindBase):
-        name = "cascade"                                  # its history, pointer and lock follow
-        pointer = Path("promoted") / "cascade.json"
-        history = "cascade-history.jsonl"
+    class SomeKind(KindBase):
+        name = "some"                                     # its history, pointer and lock follow
+        pointer = Path("promoted") / "some.json"
+        history = "some-history.jsonl"
 
         def load(self, path) -> Entrant: ...              # verified load (CheckpointError when it cannot)
         def held_out(self, cfg) -> HeldOut:               # its test tasks (ids, domains)
             return held_rows(ids, domains, cfg)
         def outcomes(self, entrant, task_ids, *, live) -> Outcomes: ...
-            # per task, in order: quality in [0, 1], turns (a cascade: steps reached), cost, the
-            # decision (e.g. "w1>w3": the steps it reached), utility (its reward; None: quality);
-            # live=True: run it as it serves (recorded answers are the cached term)
+            # per task, in order: quality in [0, 1], turns (worker calls), cost, the decision
+            # (comparable across heads: novelty), utility (its reward; None: quality)
         def behaviour(self, entrant) -> Behaviour: ...    # decisions + centred scores on a probe set
         def baseline(self, task_ids) -> Outcomes | None   # "always the best worker" (optional)
+        def check_live(self, entrant) -> None             # LiveUnavailable: this head is not run live
         live_tasks = None                                 # task ids it can run live (None: no live term)
+
+Two policy kinds may share one slot: the router slot (`router_contest.RouterKind`, the pointer
+`promoted/current.json` that `load_promoted`, `route`, `ask` and `serve` follow) holds a one-step
+head or an answer-aware cascade, and its scorer answers for each entrant by what it is (a
+cascade: `cascade_contest.CascadeScorer`, from the recorded replies). King and challenger are
+then scored alike on the same rows whatever each is; a cascade's turns are its worker calls, so
+its efficiency term counts them, and its cost per task is what its steps paid.
 
 `KindBase` builds the decision's figures (`candidate`) from `outcomes`, reads the receipt the same
 way for every kind, and leaves the composite as configured (`composite_config` can change the
@@ -144,6 +151,7 @@ class Kind(Protocol):
     def receipt(self, entrant: Entrant, policy) -> GateResult: ...
     def own_gates(self, entrant: Entrant) -> list[GateResult]: ...
     def composite_config(self, cfg: CompositeConfig) -> CompositeConfig: ...
+    def check_live(self, entrant: Entrant) -> None: ...
 
 
 class KindBase:
@@ -173,6 +181,9 @@ class KindBase:
 
     def rank(self, entrant: Entrant) -> float | None:
         return (entrant.manifest.metrics or {}).get("val_reward") if entrant.manifest is not None else None
+
+    def check_live(self, entrant: Entrant) -> None:
+        """Raise LiveUnavailable when this head cannot be run live (then neither head is)."""
 
     def receipt_data(self):
         """The host's matrix (which workers are paid), or None: the receipt's own cost then says."""
@@ -282,21 +293,43 @@ def score_pair(kind, challenger: Entrant, king: Entrant | None, cfg: CompositeCo
         else:
             king_out, king_note = kind.outcomes(king, ids, live=False), f"king {king.label}"
     try:
+        for entrant in (challenger, king if king_out is not None else None):
+            if entrant is not None and kind.live_tasks is not None:
+                kind.check_live(entrant)  # before any call: a head that cannot run live spares the other's calls
         live_c, note = live_rows(kind, challenger, held, cfg)
         live_k = live_rows(kind, king, held, cfg)[0] if king_out is not None and live_c is not None else None
     except LiveUnavailable as exc:  # no partial live term: both heads or neither
         live_c, live_k, note = None, None, f"live term not measured: {exc}"
     kd = None if king_out is None else king_out.decisions
-    ch = score_outcomes(ch_out.quality, ch_out.decisions, held, cfg, king_decisions=kd, live=live_c)
+    ch = score_outcomes(ch_out.quality, ch_out.decisions, held, cfg, king_decisions=kd, live=live_c, turns=ch_out.turns)
     out = {"challenger": ch, "king": None, "difference": None, "live": note, "king_note": king_note,
            "audit": {"fraction": cfg.audit_fraction, "rows": int(held.audit.sum()), "of": int(len(held.audit))},
            "kind": kind.name}
     if king_out is not None:
-        kg = score_outcomes(king_out.quality, king_out.decisions, held, cfg, live=live_k, is_king=True)
+        kg = score_outcomes(king_out.quality, king_out.decisions, held, cfg, live=live_k, is_king=True, turns=king_out.turns)
         out["king"] = kg
         out["difference"] = paired_outcomes(ch_out.quality, king_out.quality, ch_out.decisions, king_out.decisions,
-                                            held, cfg, ch, kg, live_c, live_k)
+                                            held, cfg, ch, kg, live_c, live_k, turns_c=ch_out.turns, turns_k=king_out.turns)
+        out["cost"] = {"challenger": _spend(ch_out, held), "king": _spend(king_out, held)}
+    else:
+        out["cost"] = {"challenger": _spend(ch_out, held), "king": None}
     return out
+
+
+def _spend(out: Outcomes, held: HeldOut) -> dict:
+    """What a head paid and called on the held-out eval rows (the recorded costs of its calls)."""
+    ev = np.flatnonzero(~held.audit)
+    return {"usd_per_1k": float(out.cost_usd[ev].mean() * 1000) if len(ev) else 0.0,
+            "calls_per_task": float(out.turns[ev].mean()) if len(ev) else 0.0,
+            "quality": float(out.quality[ev].mean()) if len(ev) else float("nan")}
+
+
+def cost_line(contest: dict) -> str | None:
+    """One line: each head's held-out quality, what it paid and how many calls it made a task."""
+    c = contest.get("cost") or {}
+    parts = [f"{who} quality {s['quality']:.4f}, ${s['usd_per_1k']:.4g} per 1,000 requests, {s['calls_per_task']:.2f} "
+             "calls a task" for who, s in (("challenger", c.get("challenger")), ("king", c.get("king"))) if s]
+    return "held-out eval rows: " + "; ".join(parts) if parts else None
 
 
 def contest_record(contest: dict | None) -> dict | None:
@@ -308,7 +341,7 @@ def contest_record(contest: dict | None) -> dict | None:
         "benchmarks": {r["benchmark"]: {k: r[k] for k in ("cached", "live", "efficiency", "novelty", "score")}
                        | {"overfit": r["overfit"]["verdict"]} for r in sc["benchmarks"]}}
     return {"challenger": slim(contest["challenger"]), "king": slim(contest["king"]), "difference": contest["difference"],
-            "live": contest["live"]}
+            "live": contest["live"], "cost": contest.get("cost")}
 
 
 # --------------------------------------------------------------------------- gates before scoring
@@ -432,6 +465,8 @@ def _contest(kind, paths, models_dir: Path, policy, *, submitter, key, now, repl
         if contest["king"] is not None:
             reasons.extend(composite_lines(contest["king"], "king composite"))
         reasons.append(contest["live"])
+        if cost_line(contest):
+            reasons.append(cost_line(contest))
     decision = decide(best, champion, policy.model_copy(update={"composite": cfg}), contest, king_error=king_error)
     reasons.extend(decision.reasons)
     report = Path(best.path) / "reports" / "test.json"

@@ -229,6 +229,11 @@ def _duplicate_offline(pack: Path, manifest: Manifest, kind: str, models_dir, cf
                           "contract yet (validate checks it on the host's features)")
     if not loadable:
         return GateResult("duplicate", False, "not checked: the weights cannot be loaded")
+    from fugu_pipeline.train.cascade_head import KIND as CASCADE
+
+    if manifest.head_kind == CASCADE:
+        return GateResult("duplicate", True, "not checked offline: a cascade's behaviour is read from the host's "
+                          "recorded replies (validate checks it)")
     probe, feats, domains = kept
     try:
         seen = checkpoint_behaviour(probe, load_checkpoint(pack), feats, domains)
@@ -236,7 +241,7 @@ def _duplicate_offline(pack: Path, manifest: Manifest, kind: str, models_dir, cf
         return GateResult("duplicate", False, f"not checked: {exc}")
     king = None
     k = king_manifest(models_dir, pointer_file)
-    if k is not None and k[1].contract_fingerprint == manifest.contract_fingerprint:
+    if k is not None and k[1].contract_fingerprint == manifest.contract_fingerprint and k[1].head_kind != CASCADE:
         try:
             king = (f"{k[1].method} {k[1].content_hash}", checkpoint_behaviour(probe, load_checkpoint(k[0]), feats, domains))
         except CheckpointError:

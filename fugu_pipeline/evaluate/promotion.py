@@ -3,8 +3,9 @@
 Every promotable kind goes through the one contest (`contest.py`: gates, scoring with the king on
 the same held-out rows, the composite with its overfit gate, this module's `decide`, the pointer
 swapped by compare-and-swap, every attempt in the kind's history). This module holds the policy
-(`PromotionPolicy`, `configs/promotion.yaml`), the decision (`decide`) and the one-step router's
-entry point, `promote_best` (the `promoted_router` asset and `fugu-lite validate`).
+(`PromotionPolicy`, `configs/promotion.yaml`), the decision (`decide`) and the router slot's
+entry point, `promote_best` (the `promoted_router` asset and `fugu-lite validate`): one-step heads
+and answer-aware cascades, each scored on the same held-out rows (`router_contest.py`).
 
 Before a challenger is scored it passes the submission gates (`gates.py`): the rate limit (one
 attempt per period per submitter, or per signing key for a pack), weight sanity (shape, finite,
@@ -104,7 +105,8 @@ def load_policy(path: str | Path | None, *, required: bool = False, **overrides)
 
 def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, policy: PromotionPolicy, *,
                  live=None, tasks: dict | None = None, submitter: str = DEFAULT_SUBMITTER, now: float | None = None,
-                 features: FeatureSource | None = None, replace_broken_king: bool = False, key: str | None = None) -> dict:
+                 features: FeatureSource | None = None, replace_broken_king: bool = False, key: str | None = None,
+                 answers=None) -> dict:
     """One promotion attempt of one-step heads through the one contest (`contest.run_contest` with
     `router_contest.RouterKind`). The rate limit first (a refusal there is recorded but is no
     attempt); every challenger through the weight, signature (a pack), contract, duplicate and
@@ -114,6 +116,9 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
     scored on its own features from `features` (`feature_source.py`: the same rows, encoded as its
     contract says, by the serving encoder model); without `features`, only checkpoints on `data`'s
     contract can be scored. `key`: the signing key a pack's attempt counts under.
+    `answers` (`cascade_contest.AnswerSource`: the host's recorded replies): a cascade checkpoint
+    among the challengers, or as the king, is scored from them in the same contest (without it a
+    cascade challenger is refused at load, and a cascade king cannot be faced).
     Returns {promoted, challenger, reasons, pointer, contest}.
 
     The models folder must be writable (checked before anything is scored). The whole attempt
@@ -125,6 +130,7 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
     from fugu_pipeline.evaluate.contest import run_contest
     from fugu_pipeline.evaluate.router_contest import RouterKind
 
-    kind = RouterKind(features if features is not None else FeatureSource.fixed(data), live=live, tasks=tasks)
+    kind = RouterKind(features if features is not None else FeatureSource.fixed(data), live=live, tasks=tasks,
+                      answers=answers)
     return run_contest(kind, checkpoint_paths, models_dir, policy, submitter=submitter, key=key, now=now,
                        replace_broken_king=replace_broken_king)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from fugu_pipeline.train.cascade_head import KIND, cascade_state
 
 
@@ -24,6 +26,8 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "validation": {c: {"quality": ch.quality, "cost_usd": ch.cost, "utility": ch.utility, "plans_considered": ch.considered}
                        for c, ch in fit.choices.items()},
         "val_utility": next((c.mean for c in fit.candidates if c.kind == "cascade"), None),
+        # what the calls behind the rows it was fitted on cost (the receipt's training cost)
+        "data_cost_usd": None if data.cost_usd is None else float(np.nansum(data.cost_usd[np.asarray(data.splits) != "test"])),
         **(extra_metrics or {}),
     }
     return save_checkpoint(models_dir, KIND, KIND, cascade_state(fit.verifier, in_dim, data.n_workers), {
@@ -33,4 +37,8 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "head_params": {"policy": fit.policy.model_dump(), "answer_dim": answer_dim, "frontier": frontier,
                         "answer_format": ANSWER_TEXT_FORMAT, "domains_frontier": per},
         "training_config": training_config or {}, "metrics": metrics,
+        # the search's record (what a receipt cites, as a grid head's figure per grid point): the
+        # validation figure of every plan the pooled search considered, in search order
+        "curves": {"val_utility": [float(v) for v in fit.choices["*"].figures]}
+        if "*" in fit.choices and fit.choices["*"].figures else {},
     })

@@ -93,6 +93,7 @@ class Choice:
     utility: float
     considered: int
     frontier: list[dict] = field(default_factory=list)  # cheapest-to-best plans (quality, cost): the budget points
+    figures: list[float] = field(default_factory=list)  # the validation figure of every plan considered, in search order
 
 
 def strongest(grid: Grid, rows: np.ndarray) -> int:
@@ -142,11 +143,13 @@ def search(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, cap_usd: float | No
     """The best plan on `rows` (see the module docstring); CapUnmet when a cap no plan meets."""
     best, considered, cheapest = None, 0, None
     points: list[tuple[float, float, CascadePlan]] = []
+    figures: list[float] = []
     for plan in candidate_plans(grid, rows, cfg, allowed):
         qual, cost, util = grid.run(plan, rows)
         considered += 1
         mq, mc, mu = float(qual.mean()), float(cost.mean()), float(util.mean())
         points.append((mc, mq, plan))
+        figures.append(mq if cap_usd is not None else mu)
         if cheapest is None or mc < cheapest[0]:
             cheapest = (mc, mq, plan)
         if cap_usd is not None and mc > cap_usd * (1 + 1e-9):
@@ -161,6 +164,7 @@ def search(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, cap_usd: float | No
     choice = best[1]
     choice.considered = considered
     choice.frontier = _frontier(points)
+    choice.figures = figures
     return choice
 
 
