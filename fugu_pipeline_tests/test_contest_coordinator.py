@@ -30,7 +30,7 @@ from .conftest import REPO
 WORKERS = REPO / "configs" / "workers.mock-roles.yaml"
 CFG = RolesConfig(max_length=256)
 QUIET = lambda s: None  # noqa: E731
-# 20 held-out tasks, 3 audit rows a family: the guarded overfit rule (the literal one judges chance there)
+# 30 held-out tasks, a few audit rows a family: the guarded overfit rule (the literal one judges chance there)
 SMALL = CompositeConfig(overfit_rule="guarded")
 # a weak first king: facing nothing, it is let in without beating the best fixed worker significantly
 LENIENT = PromotionPolicy(min_gain_over_best_fixed=-1.0, require_significant=False, gates=GateConfig(rate_limit_s=0),
@@ -48,7 +48,7 @@ def world(tmp_path_factory):
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("roles-contest")
-    tasks = [Task.model_validate(r) for r in roles_batch(80)]
+    tasks = [Task.model_validate(r) for r in roles_batch(120)]
     enc = Encoder.load(roles_encoder_settings("tiny", 256, device="cpu", dtype="float32"))
     config = load_workers_config(WORKERS)
     with open_run(config, enc.settings, root / "trajectories", tasks, CFG, encoder=enc, ledger=root / "ledger.jsonl") as run:

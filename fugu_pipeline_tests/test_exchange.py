@@ -279,7 +279,15 @@ def test_a_pack_on_other_layers_of_the_host_encoder_is_scored_on_its_own_feature
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "contract:" in x)
     assert "PASS contract" in line and "reads its own features of the host's encoder model (layer: checkpoint has [-1, 1], host has -1; dim" in line, line
-    assert main(["validate", "--challenger", "layers-pack", *W, "--encoder", "tiny"]) == 0
+    # what is judged here is the feature contract: the head needs only to be let in (no king yet), not
+    # to beat the best worker significantly on the sample's 75 held-out tasks
+    import yaml
+
+    policy = yaml.safe_load(open("configs/promotion.yaml"))
+    policy.update(require_significant=False, min_gain_over_best_fixed=-1.0)
+    with open("lenient.yaml", "w") as f:
+        yaml.safe_dump(policy, f)
+    assert main(["validate", "--challenger", "layers-pack", *W, "--encoder", "tiny", "--policy", "lenient.yaml"]) == 0
     out = capsys.readouterr().out
     assert "PASS feature contract: the serving encoder computes this checkpoint's features" in out and "PROMOTED" in out
     from fugu_pipeline import load_promoted
