@@ -118,7 +118,9 @@ def test_references_grade_one_and_wrong_answers_zero(kind: str, converted: dict)
             right = [ref, f"({ref})", f"The answer is {ref}", f"\\boxed{{{ref}}}"]
             wrong = [other, f"The answer is ({other}).", task.prompt]
         else:
-            right, wrong = [ref], ["\\boxed{wrong}", f"\\boxed{{{ref}x}}"]
+            # `{ref}x` is wrong for a value; for an equation "... = 0" it is not (0x = 0): change a side instead
+            wrong = ["\\boxed{wrong}", f"\\boxed{{{ref} + 1}}" if "=" in ref else f"\\boxed{{{ref}x}}"]
+            right = [ref]
             if _brace_depth(ref) <= 1:  # the package's \boxed{} reader handles one nesting level
                 right.append(f"Working...\nThe final answer is $\\boxed{{{ref}}}$.")
             else:
