@@ -76,3 +76,14 @@ def test_a_runaway_check_is_not_equivalent_and_the_helper_is_replaced(monkeypatc
     monkeypatch.setattr(math_equivalence, "TIMEOUT_S", 60.0)
     math_equivalence.cache_clear()
     assert math_equivalence.equivalent("\\frac{1}{7}", "\\boxed{\\dfrac{1}{7}}")[0]
+
+
+def test_a_number_math_verify_falls_back_to_is_not_a_reading_of_an_expression():
+    """math-verify reads `\\hbar \\omega(v+1/2) - \\frac{E_0^2 e^2}{2 m \\omega^2}` as 2 (SymPy cannot take
+    it and it falls back to a number); any answer it also reads as 2 was graded right."""
+    ref = "\\hbar \\omega(v+1 / 2)-\\frac{E_{0}^{2} e^{2}}{2 m \\omega^{2}}"
+    t = task(ref)
+    assert grade_local(t, f"\\boxed{{{ref}}}").quality == 1.0  # the same text: the plain comparison
+    assert grade_local(t, f"\\boxed{{{ref}x}}").quality == 0.0
+    assert grade_local(t, "\\boxed{2}").quality == 0.0
+    assert "holds symbols" in grade_local(t, "\\boxed{2}").detail

@@ -13,7 +13,8 @@ right, and a different value is still wrong.
   took 6.73e-5 for 6.72e-5), and what math-verify drops is checked here: a number base
   (`52_8` is not `52_9`) and the power of a unit (`cm^2` is not `cm^3`), where the answer writes
   one, must match the reference's. A number's bare trailing point (`1./3`) is dropped first: the
-  LaTeX reader would stop there and read `-1./3` as -1.
+  LaTeX reader would stop there and read `-1./3` as -1. A bare number that math-verify read from a
+  reference (or a boxed answer) holding variables is its fallback, not a reading: not equivalent.
 - Where: in one helper process (math-verify bounds its own parsing and checking with SIGALRM, which
   only works in a main thread, and an answer can make SymPy run for a long time), started and
   warmed up once (`START_TIMEOUT_S`), then with a wall clock of `TIMEOUT_S` per decision
@@ -142,6 +143,18 @@ def _kill(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+_WORDS = re.compile(r"\\(?:text|mbox|mathrm|textbf|textit|operatorname)\s*\{[^{}]*\}")
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+_ASSIGNED = re.compile(r"^[\s$]*[A-Za-z]\w*\s*=")  # "x = 5": math-verify reads the value, on purpose
+_EXPONENT = re.compile(r"(?<=\d)[eE](?=[-+]?\d)")
+
+
+def _has_symbols(src: str) -> bool:
+    """Whether LaTeX text holds a variable (a letter outside commands, words, units and exponents)."""
+    t = _ASSIGNED.sub("", _COMMAND.sub(" ", _WORDS.sub(" ", src)))
+    return bool(re.search(r"[A-Za-z]", _EXPONENT.sub("", t)))
+
+
 def check(reference: str, candidate: str) -> tuple[bool, str]:
     """In the helper process: parse both with math-verify and compare."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -154,6 +167,11 @@ def check(reference: str, candidate: str) -> tuple[bool, str]:
     pred = parse(candidate, extraction_config=configs, parsing_timeout=PARSE_TIMEOUT_S)
     if not gold or not pred:
         return False, "math-verify could not parse the " + ("reference" if not gold else "answer")
+    # math-verify falls back to a number it can read when SymPy cannot take the expression
+    # ("\\hbar \\omega(v+1/2) - ..." reads as 2): a bare number read from text with symbols is no reading
+    for what, src, got in (("reference", reference, gold), ("answer", candidate, pred)):
+        if getattr(got[0], "is_Number", False) and (what == "reference" or src.startswith("$")) and _has_symbols(src):
+            return False, f"math-verify read the {what} as the number {str(got[0])[:30]} but it holds symbols"
     ok = bool(verify(gold, pred, float_rounding=10, timeout_seconds=int(PARSE_TIMEOUT_S)))
     how = f"math-verify: {str(pred[0])[:60]!r} {'==' if ok else '!='} {str(gold[0])[:60]!r}"
     for rx in _KEPT:  # an answer may leave out the base or the unit; where it writes one, it must be the same
