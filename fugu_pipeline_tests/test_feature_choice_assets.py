@@ -74,6 +74,9 @@ def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_feat
     from fugu_pipeline.route.router import Router
     from fugu_pipeline.train.pointer import pointer_target, read_pointer
 
+    # one-step heads only (a cascade reads answers, not features: it could take the router slot here)
+    assert not (proj / "configs" / "train.yaml").exists()  # the defaults, but for the cascade
+    (proj / "configs" / "train.yaml").write_text("cascade:\n  enabled: 'off'\n")
     # one setting, other than the encoder resource's (layer -1): the heads' contract differs from the pipeline's
     assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--layer-sets", "-1 1"]) == 0
     out = capsys.readouterr().out

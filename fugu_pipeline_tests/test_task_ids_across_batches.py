@@ -70,7 +70,7 @@ def test_a_batch_reusing_a_task_id_is_refused_alone_through_the_sensor(two_batch
             if key.startswith("dupe_ids"):
                 assert not res.success, key
                 msg = failure(res)
-                assert f"{dupe}:1: task_id 'math-0000' is also in batch 'good' (good.jsonl:1) with another prompt" in msg, msg
+                assert f"{dupe.name}:1: task_id 'math-0000' is also in batch 'good' (good.jsonl:1) with another prompt" in msg, msg
             else:
                 assert res.success, (key, failure(res))
         assert not (project / "data" / "responses" / "dupe_ids").exists()

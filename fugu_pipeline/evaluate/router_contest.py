@@ -27,9 +27,10 @@ from fugu_pipeline.evaluate.feature_source import FeatureSource
 from fugu_pipeline.evaluate.live import LiveBudgetExceeded, LiveEvaluator, LivePolicy
 from fugu_pipeline.evaluate.decision import Candidate
 from fugu_pipeline.evaluate.reports import head_scores, quality_predictions, routed_utility
-from fugu_pipeline.train.cascade_head import KIND as CASCADE
 from fugu_pipeline.train.checkpoints import weight_sanity
 from fugu_pipeline.workers.contract import FatalWorkerError
+
+CASCADE = "cascade"  # train/cascade_head.KIND: that module loads torch, this one must not
 
 
 def head_routes(checkpoint, data) -> np.ndarray:
