@@ -186,9 +186,8 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     ckpt = load_cascade(path)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {path}")
     grid = read_answers(db_path, data.task_ids, data.worker_ids)
-    from fugu_pipeline.features.answer_features import STATS
-
-    inputs = answer_inputs(data, grid, settings, cache_root, encode=ckpt.head.answer_dim > len(STATS))
+    names = ckpt.head.answer_stats
+    inputs = answer_inputs(data, grid, settings, cache_root, encode=ckpt.head.answer_dim > len(names), stat_names=names)
     base = one_shot_baseline(one_shot, data, split) if one_shot is not None else None
     rep = cascade_report(ckpt, data, grid, inputs, split, base)
     if out_dir is not False:

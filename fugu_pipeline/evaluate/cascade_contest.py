@@ -91,14 +91,16 @@ class CascadeScorer:
 
     def rows(self, entrant: Entrant):
         """(data in the checkpoint's worker order, answer grid, verifier inputs, verifier scores)."""
-        from fugu_pipeline.features.answer_features import STATS
+        from fugu_pipeline.train.cascade_fit import with_stats
 
         key = entrant.content_hash
         if key not in self._memo:
             ckpt = entrant.head
             data, _ = self.features.for_checkpoint(ckpt)
             data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {entrant.path}")
-            grid, inputs = self.answers.load(data, ckpt.head.answer_dim > len(STATS))
+            names = ckpt.head.answer_stats
+            grid, inputs = self.answers.load(data, ckpt.head.answer_dim > len(names))
+            inputs = with_stats(inputs, names)
             from fugu_pipeline.evaluate.cascade import verifier_scores
 
             self._memo[key] = (data, grid, inputs, verifier_scores(ckpt.head, inputs))

@@ -8,7 +8,12 @@ fingerprint, whichever cascade or verifier asks.
 
 The statistics (`answer_stats`, `STATS` names them) are general signs of a doubtful reply: its
 length, whether a final answer can be read at all, whether that answer merely repeats a number of
-the prompt, hedging words, and how many of the arithmetic steps written as `a op b = c` hold.
+the prompt, hedging words, how many steps written as `a op b = c` hold (`STATS_V1`, the first
+set), and the checks of `answer_checks.py` (the reply's own arithmetic recomputed, whether the final
+answer was computed, conflicting or hedged final answers, text after the answer, the prompt's
+numbers left unused, self-corrections, loops). A cascade checkpoint records the names it was
+trained on (one saved without them read `STATS_V1`), so serving builds the same columns.
+`cached_answer_stats` keeps them content-addressed beside the encoder features.
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
+from fugu_pipeline.features.answer_checks import CHECK_STATS, check_stats
 from fugu_pipeline.features.settings import EncoderSettings
 
 TAIL_CHARS = 400
 ANSWER_TEXT_FORMAT = "final+tail400"  # recorded in a cascade's checkpoint: serving must build the same text
-STATS = ("log_chars", "log_lines", "readable", "in_prompt", "digit_share", "hedges", "equations", "equations_hold",
-         "final_repeats", "integer")
+STATS_V1 = ("log_chars", "log_lines", "readable", "in_prompt", "digit_share", "hedges", "equations", "equations_hold",
+            "final_repeats", "integer")
+STATS = STATS_V1 + CHECK_STATS
+# the cache directory of the statistics: a change to how any of them is computed takes a new name
+STATS_CACHE = "answer-stats-v2"
 _HEDGE = re.compile(r"\b(?:maybe|perhaps|not sure|unsure|i think|i believe|approximately|roughly|sorry|cannot|can't|"
                     r"unclear|might be|possibly|guess)\b", re.IGNORECASE)
 _EQ = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s*([-+*/x×÷])\s*(-?\d[\d,]*(?:\.\d+)?)\s*=\s*(-?\d[\d,]*(?:\.\d+)?)")
@@ -64,10 +73,48 @@ def _equations(reply: str) -> tuple[int, int]:
     return n, held
 
 
-def answer_stats(reply: str | None, final: str | None, prompt: str) -> np.ndarray:
-    """The statistics of one reply (`STATS`, in that order); all zero for no reply."""
+def answer_stats(reply: str | None, final: str | None, prompt: str, names: tuple[str, ...] | list[str] = STATS) -> np.ndarray:
+    """The statistics `names` (default `STATS`) of one reply, in that order; all zero for no reply."""
+    unknown = [n for n in names if n not in STATS]
+    if unknown:
+        raise ValueError(f"unknown reply statistic(s) {unknown}; known: {list(STATS)}")
+    full = np.concatenate([_stats_v1(reply, final, prompt), check_stats(reply, final, prompt)])
+    return full[[STATS.index(n) for n in names]]
+
+
+def cached_answer_stats(cells: list[tuple[str | None, str | None, str]], cache_root: str | Path | None,
+                        names: tuple[str, ...] | list[str] = STATS) -> np.ndarray:
+    """`answer_stats` of (reply, final answer, prompt) triples, (N, len(names)), through the content-
+    addressed cache under `<cache_root>/answer-stats-v2/` (key: the sha256 of prompt, reply and final
+    answer; every statistic is stored, `names` picks the columns). No cache root: computed."""
+    from fugu_pipeline.features.cache import EmbeddingCache
+    from fugu_pipeline.hashing import sha256_text
+
+    cols = [STATS.index(n) for n in names]
+    if not cells:
+        return np.zeros((0, len(cols)), np.float32)
+    if cache_root is None:
+        return np.stack([answer_stats(r, f, p) for r, f, p in cells])[:, cols]
+    cache = EmbeddingCache(cache_root, STATS_CACHE)
+    keys = [sha256_text(f"{p}\x00{'' if r is None else r}\x00{'' if f is None else f}\x00{int(r is None)}") for r, f, p in cells]
+    found, vectors = cache.get_many(keys)
+    if vectors.shape[1] not in (0, len(STATS)):
+        raise ValueError(f"reply-statistics cache {cache.dir} holds {vectors.shape[1]} columns, not {len(STATS)}; "
+                         "delete that directory to rebuild it")
+    out = np.zeros((len(cells), len(STATS)), np.float32)
+    if found.any():
+        out[found] = vectors[found]
+    missing = np.flatnonzero(~found)
+    if len(missing):
+        out[missing] = np.stack([answer_stats(*cells[i]) for i in missing])
+        cache.put_many([keys[i] for i in missing], out[missing])
+    return out[:, cols]
+
+
+def _stats_v1(reply: str | None, final: str | None, prompt: str) -> np.ndarray:
+    """The first set of statistics (`STATS_V1`), computed as checkpoints saved before the checks read them."""
     if reply is None:
-        return np.zeros(len(STATS), dtype=np.float32)
+        return np.zeros(len(STATS_V1), dtype=np.float32)
     n_eq, held = _equations(reply)
     prompt_numbers = {_num(t) for t in _NUM.findall(prompt)}
     final_num = _num(final) if final else None

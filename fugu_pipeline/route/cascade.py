@@ -117,14 +117,15 @@ class CascadeRouter(Router):
 
     def verify(self, prompt: str, domain: str | None, replies: list[tuple[str, str | None, str | None]]) -> list[float | None]:
         """Verifier scores of (worker, reply, final answer) triples for one prompt (None: no reply)."""
-        from fugu_pipeline.features.answer_features import STATS, answer_stats, answer_text
+        from fugu_pipeline.features.answer_features import answer_stats, answer_text
 
         if float(self.head.used[0]) != 1.0 or not replies:
             return [None] * len(replies)
         have = [i for i, (_, r, _) in enumerate(replies) if r is not None]
         if not have:
             return [None] * len(replies)
-        encoded = self.head.answer_dim > len(STATS)  # else the verifier reads the replies' statistics only
+        names = self.head.answer_stats  # the statistics it was trained on, by name
+        encoded = self.head.answer_dim > len(names)  # else the verifier reads the replies' statistics only
         with self._lock:
             p = self.encoder.encode([prompt], [domain or "general"])[0]
             texts = [answer_text(replies[i][1], replies[i][2]) for i in have]
@@ -134,7 +135,7 @@ class CascadeRouter(Router):
             w, r, f = replies[i]
             onehot = np.zeros(len(self.worker_ids), np.float32)
             onehot[self.worker_ids.index(w)] = 1.0
-            rows.append(np.concatenate([p, a[k], answer_stats(r, f, prompt), onehot]))
+            rows.append(np.concatenate([p, a[k], answer_stats(r, f, prompt, names), onehot]))
         s = self.head.verify(np.stack(rows))
         out: list[float | None] = [None] * len(replies)
         for k, i in enumerate(have):

@@ -14,7 +14,7 @@ PLAN = {"default": {"steps": [{"workers": ["alpha", "beta"], "agree": 2, "verify
 
 
 def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, seed: int = 0) -> Path:
-    from fugu_pipeline.features.answer_features import answer_stats, answer_text, embed_answers
+    from fugu_pipeline.features.answer_features import STATS, answer_stats, answer_text, embed_answers
     from fugu_pipeline.features.contract import FeatureContract  # noqa: F401  (the data's contract type)
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.features.routing_data import RoutingData
@@ -53,7 +53,7 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
                        contract=enc.feature_contract(), quality=quality, cost_usd=np.tile([1e-4, 2e-4, 5e-3], (n, 1)),
                        utility_config=utility)
     enc.close()
-    inputs = VerifierInputs(prompt=feats, answer=answer, has=np.ones((n, 3), bool), target=quality)
+    inputs = VerifierInputs(prompt=feats, answer=answer, has=np.ones((n, 3), bool), target=quality, stat_names=STATS)
     verifier = fit_all(inputs, np.arange(n), 0.01)
     policy = CascadePolicy.model_validate(PLAN)
     choice = Choice(policy.default, 0.9, 1e-3, 0.9, 1, [{"cost_usd": 3e-4, "quality": 0.8, "plan": policy.default.model_dump()},
@@ -61,5 +61,6 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
     fit = CascadeFit(policy=policy, verifier=verifier, objective="utility", candidates=[], selected="cascade",
                      selected_kind="cascade", reason="a fixed plan for serving tests", verifier_figures={},
                      choices={"*": choice}, expected_cost={"alpha": 1e-4, "beta": 2e-4, "gamma": 5e-3}, answers_version="stub",
-                     worker_quality={"alpha": 0.7, "beta": 0.72, "gamma": 0.95}, answer_kinds={"*": "number"})
+                     worker_quality={"alpha": 0.7, "beta": 0.72, "gamma": 0.95}, answer_kinds={"*": "number"},
+                     stat_names=STATS)
     return save_cascade(models_dir, data, fit, answer.shape[2])

@@ -31,24 +31,46 @@ BEST_WORKER = "always the best worker"
 
 
 def answer_inputs(data: RoutingData, grid: AnswerGrid, settings, cache_root: str | Path, progress=None,
-                  encode: bool = True) -> VerifierInputs:
+                  encode: bool = True, stat_names: tuple[str, ...] | list[str] | None = None) -> VerifierInputs:
     """The verifier's inputs for every row of `data`: its prompt features, and each reply's encoder
-    features (through the cache; none when not `encode`) with its statistics."""
-    from fugu_pipeline.features.answer_features import answer_stats, answer_text, embed_answers
+    features (through the cache; none when not `encode`) with its statistics (`stat_names`, default
+    every one of `features.answer_features.STATS`; a saved cascade's own list when it is evaluated),
+    both through the content-addressed cache."""
+    from fugu_pipeline.features.answer_features import STATS, answer_text, cached_answer_stats, embed_answers
+
+    names = tuple(stat_names) if stat_names is not None else STATS
 
     n, w = grid.text.shape
     cells = [(i, j) for i in range(n) for j in range(w) if grid.text[i, j] is not None]
     vecs = embed_answers([answer_text(grid.text[i, j], grid.final[i, j]) for i, j in cells], settings, cache_root,
                          progress=progress) if cells and encode else np.zeros((len(cells), data.dim if encode else 0), np.float32)
-    stats = np.stack([answer_stats(grid.text[i, j], grid.final[i, j], data.prompts[i]) for i, j in cells]) if cells else None
-    a_dim = vecs.shape[1] + (stats.shape[1] if stats is not None else 10)
+    stats = cached_answer_stats([(grid.text[i, j], grid.final[i, j], data.prompts[i]) for i, j in cells], cache_root,
+                                names) if cells else None
+    a_dim = vecs.shape[1] + len(names)
     answer = np.zeros((n, w, a_dim), np.float32)
     has = np.zeros((n, w), bool)
     for k, (i, j) in enumerate(cells):
         answer[i, j] = np.concatenate([vecs[k], stats[k]])
         has[i, j] = True
     target = data.quality if data.quality is not None else np.full((n, w), np.nan)
-    return VerifierInputs(prompt=data.features, answer=answer, has=has, target=target)
+    return VerifierInputs(prompt=data.features, answer=answer, has=has, target=target, stat_names=names)
+
+
+def with_stats(inputs: VerifierInputs, names: tuple[str, ...] | list[str]) -> VerifierInputs:
+    """`inputs` whose reply statistics are `names` (a saved cascade's own list), taken from the
+    statistics it holds (unnamed: the first ten); a name it lacks is an error naming it."""
+    from fugu_pipeline.features.answer_features import STATS_V1
+
+    have = inputs.stat_names or STATS_V1
+    names = tuple(names)
+    if names == have:
+        return inputs
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise TrainingDataError(f"the verifier reads reply statistics {missing}, which these inputs lack ({list(have)})")
+    n_vec = inputs.answer.shape[2] - len(have)
+    cols = list(range(n_vec)) + [n_vec + have.index(n) for n in names]
+    return VerifierInputs(inputs.prompt, inputs.answer[:, :, cols], inputs.has, inputs.target, names)
 
 
 @dataclass
@@ -83,6 +105,7 @@ class CascadeFit:
     worker_quality: dict[str, float] = field(default_factory=dict)  # mean quality on the non-test rows
     answer_kinds: dict[str, str] = field(default_factory=dict)  # domain (and "*") -> the answer kind read live
     oof: dict[str, np.ndarray] = field(default_factory=dict)  # per candidate, per non-test row
+    stat_names: tuple[str, ...] = ()  # the reply statistics the verifier reads (empty: the first ten)
 
     def table(self) -> list[dict]:
         return [c.row() for c in self.candidates]
@@ -129,7 +152,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         log(f"cascade: leaving out {short}: replies on fewer than {cfg.min_answer_share:.0%} of the rows")
     folds = fold_ids([data.task_ids[i] for i in rows], folds_k, seed)
     codes = answer_codes(grid.final)
-    sub = VerifierInputs(inputs.prompt[rows], inputs.answer[rows], inputs.has[rows], inputs.target[rows])
+    sub = VerifierInputs(inputs.prompt[rows], inputs.answer[rows], inputs.has[rows], inputs.target[rows], inputs.stat_names)
     scores_sub, l2, vfig = oof_scores(sub, folds)
     scores = np.full(grid.final.shape, np.nan)
     scores[rows] = scores_sub
@@ -207,7 +230,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     return CascadeFit(policy=policy, verifier=verifier, objective=objective, candidates=cands, selected=win.name,
                       selected_kind=win.kind, reason=reason, verifier_figures=vfig, choices=choices,
                       expected_cost={w: float(c) for w, c in zip(data.worker_ids, g_all.exp_cost)},
-                      answers_version=grid.version, oof=oof,
+                      answers_version=grid.version, oof=oof, stat_names=inputs.stat_names,
                       worker_quality={w: float(q) for w, q in zip(data.worker_ids, data.quality[rows].mean(axis=0))},
                       answer_kinds=_kinds(grid, rows, doms))
 

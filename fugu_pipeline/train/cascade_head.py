@@ -4,7 +4,8 @@
 
 The manifest's `head_params` hold the policy (steps, accept rules, plans per domain), the budget
 points chosen on validation (the frontier: one plan per cost level, for a request's cap) and the
-answer-text format the verifier reads; the safetensors hold the verifier's weights (a logistic
+answer-text format and the reply statistics (`answer_stats`, by name; a manifest without them
+means the first ten, `STATS_V1`) the verifier reads; the safetensors hold the verifier's weights (a logistic
 model over prompt features, reply features and the worker, with its standardisation). A cascade
 whose plans never consult the verifier saves a verifier of zeros (`verifier.used` 0).
 
@@ -35,10 +36,19 @@ class CascadeHead(RoutingHead):
     uses_domains = True  # the plan depends on the request's domain (and the kind's own checks run on load)
 
     def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
-                 frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None):
+                 frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None,
+                 answer_stats: list[str] | None = None):
+        from fugu_pipeline.features.answer_features import STATS, STATS_V1
+
         super().__init__(dim, n_workers)
         if answer_dim < 0:
             raise ValueError(f"answer_dim must be >= 0, got {answer_dim}")
+        self.answer_stats = tuple(answer_stats) if answer_stats is not None else STATS_V1
+        unknown = [s for s in self.answer_stats if s not in STATS]
+        if unknown:
+            raise ValueError(f"answer_stats names {unknown}, which this version does not compute (known: {list(STATS)})")
+        if answer_stats is not None and len(self.answer_stats) > answer_dim:
+            raise ValueError(f"answer_dim {answer_dim} is smaller than its {len(self.answer_stats)} reply statistics")
         self.policy = CascadePolicy.model_validate(policy) if policy is not None else None
         self.answer_dim, self.frontier, self.answer_format = int(answer_dim), list(frontier or []), answer_format
         self.domains_frontier = dict(domains_frontier or {})
@@ -51,7 +61,8 @@ class CascadeHead(RoutingHead):
 
     def head_params(self) -> dict[str, Any]:
         return {"policy": self.policy.model_dump() if self.policy else None, "answer_dim": self.answer_dim,
-                "frontier": self.frontier, "answer_format": self.answer_format, "domains_frontier": self.domains_frontier}
+                "frontier": self.frontier, "answer_format": self.answer_format, "domains_frontier": self.domains_frontier,
+                "answer_stats": list(self.answer_stats)}
 
     def forward(self, x: torch.Tensor, domains=None) -> torch.Tensor:
         raise TypeError("a cascade is not a one-step router: run it with route/cascade.py (CascadeRouter) or score it "

@@ -30,6 +30,13 @@ class VerifierInputs:
     answer: np.ndarray
     has: np.ndarray  # bool (N, W)
     target: np.ndarray  # (N, W) quality in [0, 1], NaN where unknown
+    # the names of the reply's statistics, its last columns (the "stats" input set reads them); empty:
+    # the first ten (`features.answer_features.STATS_V1`), as inputs were built before they were named
+    stat_names: tuple[str, ...] = ()
+
+    @property
+    def n_stats(self) -> int:
+        return len(self.stat_names) or 10
 
     @property
     def n_workers(self) -> int:
@@ -47,10 +54,10 @@ class VerifierInputs:
     def in_dim(self) -> int:
         return self.prompt.shape[1] + self.answer.shape[2] + self.n_workers
 
-    def mask(self, inputs: str, n_stats: int) -> np.ndarray:
+    def mask(self, inputs: str, n_stats: int | None = None) -> np.ndarray:
         """The columns of `design` an input set reads (`INPUT_SETS`)."""
         d, a, w = self.prompt.shape[1], self.answer.shape[2], self.n_workers
-        n_stats = min(n_stats, a)
+        n_stats = min(self.n_stats if n_stats is None else n_stats, a)
         m = np.ones(d + a + w, bool)
         if inputs in ("reply", "stats"):
             m[:d] = False
@@ -134,10 +141,12 @@ def _logloss(p: np.ndarray, y: np.ndarray) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
-def oof_scores(inp: VerifierInputs, folds: np.ndarray, l2_grid=L2_GRID, n_stats: int = 10,
+def oof_scores(inp: VerifierInputs, folds: np.ndarray, l2_grid=L2_GRID, n_stats: int | None = None,
                input_sets=INPUT_SETS) -> tuple[np.ndarray, tuple[float, str], dict]:
     """(scores (N, W) out of fold, NaN where no reply; the (L2 strength, input set) chosen; figures:
-    log-loss and AUC of the chosen setting's out-of-fold scores). The design rows are built once."""
+    log-loss and AUC of the chosen setting's out-of-fold scores, overall and per worker: how well it
+    tells a worker's right replies from its wrong ones, what a cascade's stop rule needs). The design
+    rows are built once."""
     rows_all = np.arange(len(folds))
     parts = {f: (inp.design(rows_all[folds != f]), inp.design(rows_all[folds == f])) for f in np.unique(folds)}
     best: tuple | None = None
@@ -157,11 +166,13 @@ def oof_scores(inp: VerifierInputs, folds: np.ndarray, l2_grid=L2_GRID, n_stats:
                     best = (loss, (l2, inputs, per_worker), S)
     loss, setting, S = best
     m = inp.has & ~np.isnan(S)
+    by_worker = [auc(S[m[:, j], j], inp.target[m[:, j], j] >= 0.5) for j in range(inp.n_workers)]
     return S, setting, {"oof_logloss": loss, "oof_auc": auc(S[m], inp.target[m] >= 0.5), "l2": setting[0],
-                        "inputs": setting[1], "per_worker": setting[2]}
+                        "inputs": setting[1], "per_worker": setting[2],
+                        "oof_auc_by_worker": [None if a != a else round(a, 4) for a in by_worker]}
 
 
-def fit_all(inp: VerifierInputs, rows: np.ndarray, setting, n_stats: int = 10) -> Verifier:
+def fit_all(inp: VerifierInputs, rows: np.ndarray, setting, n_stats: int | None = None) -> Verifier:
     """The verifier on `rows` with a setting `oof_scores` chose: (L2, input set, per worker), or an L2 alone."""
     l2, inputs, per_worker = setting if isinstance(setting, tuple) else (setting, "all", False)
     X, y, _ = inp.design(rows)

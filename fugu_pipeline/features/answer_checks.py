@@ -1,0 +1,150 @@
+"""Checks a reply's own work: general signs that an answer is wrong, read without another model call.
+
+Cascade work (FrugalGPT's scorer, AutoMix's self-verification, answer-consistency cascades) decides
+whether to trust a cheap model's answer from the answer itself. These statistics are the parts of
+that signal that need no model at all; each is neutral (the same value for every reply) where it
+does not apply, so they can be read for any kind of task:
+
+- `arith_steps`, `arith_wrong`, `arith_any_wrong`: every `expression = value` the reply writes
+  (`3 x 60 = 180`, `20 + 80 + 160 = 260`, `84 * (9/14) = 48`, GSM8K-style `<<a*b=c>>` notes,
+  percentages) is recomputed with a safe evaluator (numbers, + - * / ^ and parentheses only; a
+  value written with d decimals may be rounded to d decimals); a reply whose own arithmetic is
+  wrong is likely wrong. Text that is not arithmetic (`x = 5` of algebra, units between numbers)
+  is skipped, not counted.
+- `final_is_result`: the final answer is the result of one of those steps (it was computed, not
+  guessed or copied).
+- `final_line_numbers`: how many numbers the line holding the final answer has ("90 minutes or 1
+  hour and 30 minutes" hedges between answers).
+- `answers_disagree`: the reply states two different final answers (`#### 12` ... `#### 14`).
+- `tail_after_final`: characters after the final answer's line (a reply that goes on after
+  answering, e.g. into a made-up next question).
+- `prompt_numbers_used`: the share of the prompt's numbers that the reply uses (1 when the prompt
+  has none): an answer that ignores a given quantity is often wrong.
+- `self_corrections`: "wait", "actually", "correction", "let me recalculate" ...
+- `repeated_lines`: the share of the reply's non-empty lines that repeat an earlier one (a
+  generation stuck in a loop).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+
+import numpy as np
+
+CHECK_STATS = ("arith_steps", "arith_wrong", "arith_any_wrong", "final_is_result", "final_line_numbers",
+               "answers_disagree", "tail_after_final", "prompt_numbers_used", "self_corrections", "repeated_lines")
+MAX_CHARS = 20_000  # the reply's last characters that are checked (a runaway reply costs no more)
+
+_BINOPS = {ast.Add: float.__add__, ast.Sub: float.__sub__, ast.Mult: float.__mul__, ast.Div: float.__truediv__}
+_ARITH = r"(?:\d[\d,]*(?:\.\d+)?%?|[-+*/x×÷()^ \t$\\]|\*\*)"
+_LEFT = re.compile(_ARITH + r"+$")
+_RIGHT = re.compile(r"[ \t]*(?:<<[^>\n]{0,200}>>)?" + _ARITH + r"+")
+_EQUALS = re.compile(r"(?<![<>=!])=(?!=)")
+_COMPUTES = re.compile(r"\d\s*(?:[-+*/x×÷^]|\*\*)\s*[\d($]|\)\s*[-+*/x×÷]")
+_PLAIN = re.compile(r"-?\d+(?:\.(\d+))?")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_FINAL_MARK = re.compile(r"####|\banswer is\b|\banswer:|\\boxed\{", re.IGNORECASE)
+_DOUBT = re.compile(r"\b(?:wait|actually|correction|my mistake|oops|let me re\w*|re-?calculat\w*|re-?check\w*)\b",
+                    re.IGNORECASE)
+
+
+def _evaluate(node: ast.AST) -> float:
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return float(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _evaluate(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp):
+        a, b = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow):
+            if abs(b) > 64 or abs(a) > 1e6:
+                raise ValueError("power too large to check")
+            return float(a ** b)
+        if type(node.op) in _BINOPS:
+            return _BINOPS[type(node.op)](a, b)
+    raise ValueError("not arithmetic")
+
+
+def _value(run: str) -> tuple[float | None, int | None]:
+    """(value, decimals shown when the run is a plain number, else None) of an arithmetic run of text;
+    (None, None) when it is not arithmetic."""
+    e = run.replace("$", "").replace("\\", "").replace("×", "*").replace("÷", "/").replace("^", "**")
+    e = re.sub(r"(?<=[\d)])\s*x\s*(?=[\d(])", "*", e)  # 3 x 60
+    if "x" in e:  # a variable: algebra, not arithmetic
+        return None, None
+    e = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", e)  # 1,200
+    e = re.sub(r"(\d+(?:\.\d+)?)%", r"(\1/100)", e)
+    e = re.sub(r"[^\d)]+$", "", re.sub(r"^[^\d(\-]+", "", e.strip()))
+    if not e or len(e) > 200:
+        return None, None
+    plain = _PLAIN.fullmatch(e)
+    try:
+        v = _evaluate(ast.parse(e, mode="eval"))
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError, TypeError, MemoryError):
+        return None, None
+    return v, (len(plain.group(1) or "") if plain else None)
+
+
+def arithmetic_steps(reply: str) -> list[tuple[float, float, bool]]:
+    """(left value, right value, holds) of each `expression = value` step the reply writes."""
+    text = reply[-MAX_CHARS:]
+    out = []
+    for m in _EQUALS.finditer(text):
+        left = _LEFT.search(text, max(0, m.start() - 160), m.start())
+        right = _RIGHT.match(text, m.end())
+        if not left or not right or not _COMPUTES.search(left.group(0)):
+            continue  # a bare value on the left (`x = 5`, `total = 12`) is not a computation to check
+        rtext = re.sub(r"^[ \t]*<<[^>\n]*>>", "", right.group(0))
+        a, _ = _value(left.group(0))
+        b, decimals = _value(rtext)
+        if a is None or b is None or not math.isfinite(a) or not math.isfinite(b):
+            continue
+        tol = 0.5 * 10.0 ** -decimals if decimals is not None else 0.01
+        shown = [(b, tol)] + ([(b * 100, tol * 100)] if "%" in rtext else [])  # 0.1 * 100 = 10%
+        out.append((a, b, any(abs(a - x) <= max(t, 1e-6 * abs(x)) + 1e-9 for x, t in shown)))
+    return out
+
+
+def _number(tok: str) -> float | None:
+    try:
+        return float(tok.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def check_stats(reply: str | None, final: str | None, prompt: str) -> np.ndarray:
+    """The statistics `CHECK_STATS` names, in that order; all zero for no reply."""
+    if reply is None:
+        return np.zeros(len(CHECK_STATS), dtype=np.float32)
+    text = reply[-MAX_CHARS:]
+    steps = arithmetic_steps(text)
+    wrong = sum(not ok for _, _, ok in steps)
+    final_num = _number(final) if final else None
+    results = {round(b, 6) for _, b, _ in steps} | {round(a, 6) for a, _, ok in steps if ok}
+    marks = list(_FINAL_MARK.finditer(text))
+    if marks:
+        line = text[marks[-1].end():].split("\n", 1)[0]
+        tail = len(text) - marks[-1].end() - len(line)
+        stated = set()
+        for mk in marks:
+            first = _NUMBER.search(text[mk.end():].split("\n", 1)[0])
+            if first and (v := _number(first.group(0))) is not None:
+                stated.add(v)
+        disagree = float(len(stated) > 1)
+    else:
+        lines = [x for x in text.strip().split("\n") if x.strip()]
+        line, tail, disagree = (lines[-1] if lines else ""), 0, 0.0
+    given = {_number(t) for t in _NUMBER.findall(prompt)} - {None}
+    used = len(given & ({_number(t) for t in _NUMBER.findall(text)} - {None})) / len(given) if given else 1.0
+    lines = [x.strip() for x in text.split("\n") if x.strip()]
+    repeated = 1.0 - len(set(lines)) / len(lines) if lines else 0.0
+    return np.array([
+        math.log1p(len(steps)), math.log1p(wrong), float(wrong > 0),
+        float(final_num is not None and round(final_num, 6) in results),
+        math.log1p(len(_NUMBER.findall(line))), disagree, math.log1p(max(0, tail)), used,
+        math.log1p(len(_DOUBT.findall(text))), repeated,
+    ], dtype=np.float32)
