@@ -99,7 +99,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-TABLE_OPTIONS = ("prompt_column", "workers", "domain_column", "split_column", "id_column", "cost_column", "drop_incomplete",
+TABLE_OPTIONS = ("prompt_column", "workers", "domain_column", "split_column", "id_column", "cost_column", "answer_column", "drop_incomplete",
                  "test_file", "val_file", "score_range")
 LONG_OPTIONS = ("worker_column", "score_column", "latency_column", "prompts", "duplicates")
 WIDE_OPTIONS = ("score_field", "prices", "input_tokens_field", "output_tokens_field")  # import table only

@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "tasks are told apart by their prompt, id <file>-<hash of the prompt>)")
     t.add_argument("--cost-column", default=None, help="table: each worker's cost column, a template with {worker}, "
                    "e.g. '{worker}|total_cost'. long: the call's cost column")
+    t.add_argument("--answer-column", default=None, help="table: each worker's reply column, a template with {worker}, "
+                   "e.g. '{worker}|model_response'. long: the call's reply column. Kept as the rows' answers (cascades read them)")
     t.add_argument("--drop-incomplete", action="store_true", help="leave out tasks missing a worker's score (default: refuse them)")
     t.add_argument("--test-file", default=None, help="a file of the same layout holding the test tasks (the main file's "
                    "are then train), as EmbedLLM ships train.csv and test.csv")

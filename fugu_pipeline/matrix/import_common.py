@@ -10,7 +10,14 @@ from pathlib import Path
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id, check_worker_set, is_blank, read_bytes
+from fugu_pipeline.matrix.import_format import (
+    MAX_ANSWER_CHARS,
+    RewardRow,
+    check_worker_id,
+    check_worker_set,
+    is_blank,
+    read_bytes,
+)
 from fugu_pipeline.tasks.loading import TaskFileError
 
 
@@ -44,6 +51,21 @@ def read_text(path: Path, what: str) -> str:
         return read_bytes(path, what).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise fail(path, f"not UTF-8 text: {exc}") from None
+
+
+def answer_texts(s: pl.Series, path: Path, rows: pl.Series) -> list[str | None]:
+    """A column of workers' replies (or final answers) as text, null where unknown: numbers and
+    booleans become their text; records, lists or a runaway reply are refused, naming the column
+    and the data rows (`rows`: each value's row in the file)."""
+    if s.dtype.is_nested() or s.dtype == pl.Object:
+        raise fail(path, f"column {s.name!r} (a worker's reply) holds {s.dtype}, not text, in rows "
+                         f"{rows_named(rows, s.is_not_null())}: give each reply as text, or leave the cell empty")
+    text = s.cast(pl.String)
+    long = text.str.len_chars() > MAX_ANSWER_CHARS
+    if long.any():
+        raise fail(path, f"column {s.name!r}: a reply of more than {MAX_ANSWER_CHARS:,} characters in rows "
+                         f"{rows_named(rows, long)}: cut it to its final part, or leave the cell empty")
+    return text.to_list()
 
 
 def blank_mask(texts: pl.Series) -> pl.Series:

@@ -26,6 +26,7 @@ from pydantic import Field, model_validator
 
 from fugu_pipeline.matrix.import_common import (
     TableOptions,
+    answer_texts,
     assign_split,
     blank_mask,
     check_workers,
@@ -40,7 +41,7 @@ from fugu_pipeline.matrix.import_table import SPLIT_VALUES, numbers, prompt_text
 
 _ROW = "__fugu_row"  # the 1-based data row of the file, carried through filters
 # the importer's own columns: a worker id starts with a letter or digit, so none can clash with these
-_KEY, _WORKER, _SCORE = "__fugu_key", "__fugu_worker", "__fugu_score"
+_KEY, _WORKER, _SCORE, _ANSWER = "__fugu_key", "__fugu_worker", "__fugu_score", "__fugu_answer"
 
 
 class LongSpec(TableOptions):
@@ -56,6 +57,8 @@ class LongSpec(TableOptions):
     split_column: str | None = None
     cost_column: str | None = Field(None, description="the cost in USD of this row's call")
     latency_column: str | None = Field(None, description="the latency in seconds of this row's call")
+    answer_column: str | None = Field(None, description="this row's reply (or its final answer): kept as the task's "
+                                      "answers, which cascades read; with --duplicates mean, the first sample's")
     workers: list[str] | Literal["auto"] = Field("auto", description="auto = every worker the file names, sorted")
     duplicates: Literal["refuse", "mean"] = "refuse"
     drop_incomplete: bool = False
@@ -67,7 +70,7 @@ class LongSpec(TableOptions):
         self.check_splits(self.split_column)
         if self.workers != "auto" and len(set(self.workers)) != len(self.workers):
             raise ValueError("workers lists a worker twice")
-        for c in (self.cost_column, self.latency_column):
+        for c in (self.cost_column, self.latency_column, self.answer_column):
             if c and "{worker}" in c:
                 raise ValueError(f"{c!r}: in a long table each row is one worker's call, so its cost is one column, "
                                  "not a {worker} template")
@@ -79,7 +82,7 @@ class LongSpec(TableOptions):
 
     def text_columns(self) -> list[str]:
         """Columns read as text from a CSV (an id `007` stays `007`)."""
-        return [c for c in (self.worker_column, self.id_column, *self.task_columns()) if c]
+        return [c for c in (self.worker_column, self.id_column, *self.task_columns(), self.answer_column) if c]
 
 
 def _need(df: pl.DataFrame, path: Path, cols: list[str], what: str, prompt: str | None = None) -> pl.DataFrame:
@@ -137,6 +140,10 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None,
                                      lambda p, s, stem: import_long(p, spec, split=s, stem=stem))
     df = read_table(path, rows=True, text=spec.text_columns()).with_row_index(_ROW, offset=1)
     own = [spec.worker_column, spec.score_column] + [c for c in (spec.id_column, spec.cost_column, spec.latency_column) if c]
+    if spec.answer_column:  # checked here, where every row is still in the file's order: a bad reply names its row
+        if spec.answer_column not in df.columns:
+            raise fail(path, f"no column {spec.answer_column!r} (the workers' replies); the table's columns: {df.columns[:40]}")
+        df = df.with_columns(pl.Series(_ANSWER, answer_texts(df[spec.answer_column], path, df[_ROW]), dtype=pl.String))
     df = _need(df, path, own + ([] if spec.prompts else spec.task_columns()), "the responses table", spec.prompt_column)
     notes: dict = {"table": f"{df.height} rows x {len(df.columns) - 1} columns"}
 
@@ -203,7 +210,8 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None,
 
     pairs = df.group_by(_KEY, _WORKER, maintain_order=True).agg(
         pl.len().alias("n"), pl.col(_ROW).alias("rows"), pl.col(_SCORE).mean(), pl.col(_SCORE).null_count().alias("nulls"),
-        *[pl.col(f"__fugu_{c}").mean().alias(c) for c in extra])
+        *[pl.col(f"__fugu_{c}").mean().alias(c) for c in extra],
+        *([pl.col(_ANSWER).first().alias("answer")] if spec.answer_column else []))
     twice = pairs.filter(pl.col("n") > 1)
     if twice.height:
         if spec.duplicates == "refuse":
@@ -233,7 +241,8 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None,
     if keys.len() == 0:
         raise fail(path, "no task has a score from every worker")
 
-    wide = {name: pairs.pivot(on=_WORKER, index=_KEY, values=name) for name in (_SCORE, *extra)}
+    wide = {name: pairs.pivot(on=_WORKER, index=_KEY, values=name)
+            for name in (_SCORE, *extra, *(["answer"] if spec.answer_column else []))}
     tasks = tasks.filter(pl.col(_KEY).is_in(keys))
     tasks = tasks.join(pl.DataFrame({_KEY: keys}).with_row_index("_order"), on=_KEY).sort("_order")
     cells = {name: tasks.select(_KEY).join(t, on=_KEY, how="left", maintain_order="left").select(workers).rows()
@@ -251,6 +260,7 @@ def import_long(path, spec: LongSpec | None = None, *, split: str | None = None,
     notes["workers"] = workers
     rows = [RewardRow(task_id=t, prompt=p, domain=d, split=s, worker_ids=workers, quality=list(cells[_SCORE][i]),
                       cost_usd=list(cells["cost"][i]) if "cost" in cells else None,
-                      latency_s=list(cells["latency"][i]) if "latency" in cells else None)
+                      latency_s=list(cells["latency"][i]) if "latency" in cells else None,
+                      answers=list(cells["answer"][i]) if "answer" in cells else None)
             for i, (t, p, d, s) in enumerate(zip(tasks[_KEY].to_list(), tasks[spec.prompt_column].to_list(), domains, splits))]
     return tag_in_distribution(rows), notes

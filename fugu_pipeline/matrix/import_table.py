@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 
 from fugu_pipeline.matrix.import_common import (
     TableOptions,
+    answer_texts,
     assign_split,
     blank_mask,
     check_workers,
@@ -49,6 +50,8 @@ class TableSpec(TableOptions):
     split_column: str | None = None
     id_column: str | None = None
     cost_column: str | None = Field(None, description="each worker's cost column, as a template with {worker}, e.g. '{worker}|total_cost'")
+    answer_column: str | None = Field(None, description="each worker's reply (or final answer) column, as a template with "
+                                      "{worker}, e.g. '{worker}|model_response': kept as the row's answers (cascades read them)")
     drop_incomplete: bool = False
     score_field: str = Field("score", min_length=1, description="where a worker's column holds records (SPROUT: "
                              "{score, num_input_tokens, ...}), the field holding the score")
@@ -63,6 +66,8 @@ class TableSpec(TableOptions):
             raise ValueError("cost_column reads each call's cost; prices compute it from token counts: pick one")
         if self.cost_column is not None and "{worker}" not in self.cost_column:
             raise ValueError(f"cost_column {self.cost_column!r} must contain {{worker}}, e.g. '{{worker}}|total_cost'")
+        if self.answer_column is not None and "{worker}" not in self.answer_column:
+            raise ValueError(f"answer_column {self.answer_column!r} must contain {{worker}}, e.g. '{{worker}}|model_response'")
         self.check_splits(self.split_column)
         if self.workers != "auto" and len(set(self.workers)) != len(self.workers):
             raise ValueError("workers lists a column twice")
@@ -239,7 +244,9 @@ def _worker_columns(df: pl.DataFrame, spec: TableSpec, path: Path) -> tuple[list
     elif records := [c for c in cols if c not in spec.named() and _is_record(df[c].dtype, spec.score_field)]:
         workers, how = records, f"auto: the {len(records)} columns of records with a {spec.score_field!r} field"
     else:
-        cost_re = re.compile(re.escape(spec.cost_column).replace(re.escape("{worker}"), ".+")) if spec.cost_column else None
+        templates = [re.compile(re.escape(t).replace(re.escape("{worker}"), ".+"))
+                     for t in (spec.cost_column, spec.answer_column) if t]
+        cost_re = re.compile("|".join(f"(?:{t.pattern})" for t in templates)) if templates else None  # not a worker
         workers = [c for c in cols if c not in spec.named() and (df[c].dtype.is_numeric() or df[c].dtype == pl.Boolean)
                    and not (cost_re and cost_re.fullmatch(c))]
         how = f"auto: the {len(workers)} numeric columns no other option names"
@@ -324,7 +331,7 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
     scores = pl.DataFrame({w: _worker_score(df, w, spec, path) for w in workers})
     incomplete = scores.select(pl.any_horizontal(pl.all().is_null() | pl.all().is_nan())).to_series()
     notes: dict = {"table": f"{df.height} rows x {len(df.columns)} columns", "workers_from": workers_from}
-    cost_cols = {spec.cost_column.replace("{worker}", w) for w in workers} if spec.cost_column else set()
+    cost_cols = {t.replace("{worker}", w) for w in workers for t in (spec.cost_column, spec.answer_column) if t}
     unread = [c for c in df.columns if c not in {*spec.named(), *workers, *cost_cols}]
     if unread:
         notes["columns_not_read"] = unread[:20] + ([f"... {len(unread) - 20} more"] if len(unread) > 20 else [])
@@ -378,8 +385,16 @@ def import_table(path, spec: TableSpec | None = None, *, split: str | None = Non
         prices = load_prices(spec.prices, workers)
         costs = token_costs(df, workers, prices, (spec.input_tokens_field, spec.output_tokens_field), path, line).rows()
         notes["cost_from"] = f"token counts x the prices in {Path(spec.prices).name}"
+    answers = None
+    if spec.answer_column:
+        cols = {w: spec.answer_column.replace("{worker}", w) for w in workers}
+        gone = [c for c in cols.values() if c not in df.columns]
+        if gone:
+            raise fail(path, f"no answer column {gone[0]!r} (--answer-column {spec.answer_column!r})")
+        answers = list(zip(*(answer_texts(df[c], path, line) for c in cols.values())))
     q = scores.rows()
     rows = [RewardRow(task_id=t, prompt=p, domain=d, split=s, worker_ids=workers, quality=list(q[i]),
-                      cost_usd=None if costs is None else list(costs[i]))
+                      cost_usd=None if costs is None else list(costs[i]),
+                      answers=None if answers is None else list(answers[i]))
             for i, (t, p, d, s) in enumerate(zip(ids.to_list(), prompts.to_list(), domains, splits))]
     return tag_in_distribution(rows), notes

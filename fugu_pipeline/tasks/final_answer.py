@@ -7,7 +7,8 @@ answers agree, so every reply is reduced to one canonical string by the task's k
 - `number`: the final number the reply commits to (`\\boxed{}`, "answer is X", "#### X", else
   the last number), written canonically: "1,200.0" and "1200" → "1200";
 - `code`: the last fenced code block, trailing spaces and blank lines dropped;
-- `text`: the final line the reply commits to ("answer is X", `\\boxed{}`, else the whole reply),
+- `text`: the final line the reply commits to ("answer is X", `\\boxed{}`, a few-shot reply's last
+  "A: X" line, else the whole reply),
   lower-cased, whitespace collapsed, surrounding punctuation stripped.
 
 `kind_for_grader` maps a task's grader to its kind (the graders' own parsers do the reading), and
@@ -34,6 +35,7 @@ _CHOICE_ALONE = re.compile(r"(?:^|[\s\(\[\*])([A-J])(?=[\)\]\.:\*,]|\s*$)")
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 _OPTIONS = re.compile(r"(?:^|\n)\s*[\(\[]?([A-D])[\)\].:]\s+\S", re.MULTILINE)
 _PUNCT = " \t\n.,;:!?\"'`*()[]{}"
+_QA_FINAL = re.compile(r"^[ \t]*A[ \t]*:[ \t]*(\S[^\n]*)$", re.MULTILINE)
 
 
 def canonical_number(x: float) -> str:
@@ -72,7 +74,11 @@ def _code(text: str) -> str | None:
 
 
 def _text(text: str) -> str | None:
-    s = " ".join(final_line(text).split()).strip(_PUNCT).lower()
+    committed = final_line(text)
+    if committed is text:  # nothing says "answer is": a few-shot "Q: ... A: X" reply ends on its "A:" line
+        lines = _QA_FINAL.findall(text)
+        committed = lines[-1] if lines else text
+    s = " ".join(committed.split()).strip(_PUNCT).lower()
     return s or None
 
 
