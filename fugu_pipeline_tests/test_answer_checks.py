@@ -132,3 +132,13 @@ def test_a_saved_cascade_records_its_statistics_and_an_older_one_reads_the_first
     assert old.answer_stats == STATS_V1
     with pytest.raises(ValueError, match="does not compute"):
         CascadeHead(4, 3, {"default": {"steps": [{"workers": ["a"]}]}}, answer_dim=12, answer_stats=["log_chars", "mood"])
+
+
+def test_a_few_shot_reply_s_last_answer_line_is_its_final_answer():
+    """Few-shot "Q: ... A: X" replies (BIG-Bench's date task in the answer-consistency cascade study)
+    commit to their last "A:" line; two replies that reason differently but end on the same line agree."""
+    one = "Explain: Yesterday was April 30, 2021, so today is 05/01/2021.\nA: 05/01/2021"
+    two = "Explain: Today is one day after April 30, 2021.\nA: 05/01/2021"
+    assert extract(one, "text") == extract(two, "text") == "05/01/2021"
+    assert extract("The answer is Paris.\nA: London", "text") == "paris"  # an explicit "answer is" still wins
+    assert extract("no marker at all", "text") == "no marker at all"

@@ -44,6 +44,7 @@ class CascadeHead(RoutingHead):
         if answer_dim < 0:
             raise ValueError(f"answer_dim must be >= 0, got {answer_dim}")
         self.answer_stats = tuple(answer_stats) if answer_stats is not None else STATS_V1
+        self._stats_named = answer_stats is not None  # an older manifest stays as it was written
         unknown = [s for s in self.answer_stats if s not in STATS]
         if unknown:
             raise ValueError(f"answer_stats names {unknown}, which this version does not compute (known: {list(STATS)})")
@@ -62,7 +63,7 @@ class CascadeHead(RoutingHead):
     def head_params(self) -> dict[str, Any]:
         return {"policy": self.policy.model_dump() if self.policy else None, "answer_dim": self.answer_dim,
                 "frontier": self.frontier, "answer_format": self.answer_format, "domains_frontier": self.domains_frontier,
-                "answer_stats": list(self.answer_stats)}
+                **({"answer_stats": list(self.answer_stats)} if self._stats_named else {})}
 
     def forward(self, x: torch.Tensor, domains=None) -> torch.Tensor:
         raise TypeError("a cascade is not a one-step router: run it with route/cascade.py (CascadeRouter) or score it "

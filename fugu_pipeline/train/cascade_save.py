@@ -10,7 +10,7 @@ from fugu_pipeline.train.cascade_head import KIND, cascade_state
 
 def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | None = None, training_config: dict | None = None):
     """Save a `cascade_fit.CascadeFit` as `models/cascade/<hash>/`; returns the folder."""
-    from fugu_pipeline.features.answer_features import ANSWER_TEXT_FORMAT, STATS_V1
+    from fugu_pipeline.features.answer_features import ANSWER_TEXT_FORMAT
     from fugu_pipeline.train.checkpoints import save_checkpoint
 
     in_dim = data.dim + answer_dim + data.n_workers
@@ -36,7 +36,8 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "data_version": data.data_version,
         "head_params": {"policy": fit.policy.model_dump(), "answer_dim": answer_dim, "frontier": frontier,
                         "answer_format": ANSWER_TEXT_FORMAT, "domains_frontier": per,
-                        "answer_stats": list(getattr(fit, "stat_names", ()) or STATS_V1)},
+                        # the reply statistics by name (inputs built without names: the first ten, unrecorded)
+                        **({"answer_stats": list(fit.stat_names)} if fit.stat_names else {})},
         "training_config": training_config or {}, "metrics": metrics,
         # the search's record (what a receipt cites, as a grid head's figure per grid point): the
         # validation figure of every plan the pooled search considered, in search order
