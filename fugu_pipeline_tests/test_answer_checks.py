@@ -29,6 +29,7 @@ def _holds(reply: str) -> list[bool]:
     ("Let x = 5, then 2x = 10.", []),  # algebra, not arithmetic: not counted
     ("180 meters/session * 3 sessions/week = 540 meters", []),  # units between the numbers: not read
     ("2 ^ 10 = 1024 and 9 ** 9 ** 9 = 1", [True]),  # a power too large to check is skipped
+    ("1 + " * 60 + "1 = 61", []),  # longer than what is read: not judged on its tail
 ])
 def test_the_reply_s_own_arithmetic_is_recomputed(reply, want):
     assert _holds(reply) == want

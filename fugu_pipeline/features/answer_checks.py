@@ -40,6 +40,8 @@ MAX_CHARS = 20_000  # the reply's last characters that are checked (a runaway re
 _BINOPS = {ast.Add: float.__add__, ast.Sub: float.__sub__, ast.Mult: float.__mul__, ast.Div: float.__truediv__}
 _ARITH = r"(?:\d[\d,]*(?:\.\d+)?%?|[-+*/x×÷()^ \t$\\]|\*\*)"
 _LEFT = re.compile(_ARITH + r"+$")
+_ARITH_CHAR = re.compile(r"[\d.,%+\-*/x×÷()^ \t$\\]")
+_WINDOW = 160  # the longest left-hand side read
 _RIGHT = re.compile(r"[ \t]*(?:<<[^>\n]{0,200}>>)?" + _ARITH + r"+")
 _EQUALS = re.compile(r"(?<![<>=!])=(?!=)")
 _COMPUTES = re.compile(r"\d\s*(?:[-+*/x×÷^]|\*\*)\s*[\d($]|\)\s*[-+*/x×÷]")
@@ -94,10 +96,13 @@ def arithmetic_steps(reply: str) -> list[tuple[float, float, bool]]:
     text = reply[-MAX_CHARS:]
     out = []
     for m in _EQUALS.finditer(text):
-        left = _LEFT.search(text, max(0, m.start() - 160), m.start())
+        window = max(0, m.start() - _WINDOW)
+        left = _LEFT.search(text, window, m.start())
         right = _RIGHT.match(text, m.end())
         if not left or not right or not _COMPUTES.search(left.group(0)):
             continue  # a bare value on the left (`x = 5`, `total = 12`) is not a computation to check
+        if left.start() == window > 0 and _ARITH_CHAR.match(text, window - 1):
+            continue  # longer than the window: only its tail would be read
         rtext = re.sub(r"^[ \t]*<<[^>\n]*>>", "", right.group(0))
         a, _ = _value(left.group(0))
         b, decimals = _value(rtext)
