@@ -22,11 +22,14 @@ right, and a different value is still wrong.
   "not equivalent" and the helper is replaced.
 - Decisions are cached per (reference, compared answer) in memory (`CACHE_SIZE`, least recently
   used out): a trajectory reward, a re-grade or a second worker with the same answer asks once. A
-  decision the helper could not make (it crashed) is not cached.
+  decision the helper could not make (it crashed) is not cached. The helper keeps the last
+  `REFERENCE_CACHE_SIZE` parsed references: every worker's answer to a task is compared with a
+  reference parsed once.
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import re
 import threading
@@ -41,6 +44,7 @@ TIMEOUT_S = 40.0
 START_TIMEOUT_S = 180.0
 PARSE_TIMEOUT_S = 15  # math-verify's own bound on one parse or comparison (in the helper: SIGALRM works there)
 CACHE_SIZE = 100_000
+REFERENCE_CACHE_SIZE = 4096  # parsed references kept in the helper
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
 _cache: OrderedDict[tuple[str, str], tuple[bool, str]] = OrderedDict()
@@ -155,16 +159,29 @@ def _has_symbols(src: str) -> bool:
     return bool(re.search(r"[A-Za-z]", _EXPONENT.sub("", t)))
 
 
+@functools.cache
+def _configs() -> list:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    return [LatexExtractionConfig(), ExprExtractionConfig()]
+
+
+@functools.lru_cache(maxsize=REFERENCE_CACHE_SIZE)
+def _parsed_reference(reference: str) -> list:
+    """In the helper: a reference parsed once, then compared with every worker's answer to it."""
+    from math_verify import parse
+
+    gold = parse("$" + reference + "$", extraction_config=_configs(), parsing_timeout=PARSE_TIMEOUT_S)
+    return gold or parse(reference, extraction_config=_configs(), parsing_timeout=PARSE_TIMEOUT_S)
+
+
 def check(reference: str, candidate: str) -> tuple[bool, str]:
     """In the helper process: parse both with math-verify and compare."""
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    from math_verify import parse, verify
 
-    configs = [LatexExtractionConfig(), ExprExtractionConfig()]
     reference, candidate = _TRAILING_POINT.sub("", reference), _TRAILING_POINT.sub("", candidate)
-    gold = parse("$" + reference + "$", extraction_config=configs, parsing_timeout=PARSE_TIMEOUT_S)
-    if not gold:
-        gold = parse(reference, extraction_config=configs, parsing_timeout=PARSE_TIMEOUT_S)
-    pred = parse(candidate, extraction_config=configs, parsing_timeout=PARSE_TIMEOUT_S)
+    gold = _parsed_reference(reference)
+    pred = parse(candidate, extraction_config=_configs(), parsing_timeout=PARSE_TIMEOUT_S)
     if not gold or not pred:
         return False, "math-verify could not parse the " + ("reference" if not gold else "answer")
     # math-verify falls back to a number it can read when SymPy cannot take the expression
