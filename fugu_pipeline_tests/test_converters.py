@@ -102,11 +102,13 @@ def _brace_depth(s: str) -> int:
 
 @pytest.mark.parametrize("kind", [k for k in sorted(SOURCES) if k != "humaneval"])
 def test_references_grade_one_and_wrong_answers_zero(kind: str, converted: dict) -> None:
-    """Every row (local graders are cheap): the reference in a worker-like answer grades 1.0,
-    a wrong one 0.0, with the package's own grade_local."""
+    """Every row: the reference in a worker-like answer grades 1.0, a wrong one 0.0, with the
+    package's own grade_local. A wrong answer to a math task is only ruled out by math-verify
+    (SymPy, ~0.05 s a decision), so for those every fourth row is checked (the case tables of the
+    math-grading tests cover the variants); the plain graders check every row."""
     tasks, _ = converted[kind]
     nested = 0
-    for raw in tasks:
+    for i, raw in enumerate(tasks):
         task = Task.model_validate(raw)
         ref, kind_ = task.reference_answer or "", task.grader.type
         if kind_ == "numeric":
@@ -127,7 +129,7 @@ def test_references_grade_one_and_wrong_answers_zero(kind: str, converted: dict)
                 nested += 1
         for answer in right:
             assert grade_local(task, answer).quality == 1.0, (task.task_id, answer)
-        for answer in wrong:
+        for answer in wrong if not getattr(task.grader, "math", False) or i % 4 == 0 else []:
             assert grade_local(task, answer).quality == 0.0, (task.task_id, answer)
     print(f"\n{kind}: {len(tasks)} rows checked; {nested} exact references nested too deep for boxed extraction")
 
