@@ -16,6 +16,10 @@ from .conftest import REPO
 
 SMALL = {"generations": 6, "tasks_per_generation": 10, "explore_tasks": 8, "val_every": 3, "val_tasks": 12,
          "max_length": 256}
+ONE_STEP_SMALL = {"seed": 0, "folds": 3, "features": {"layer_sets": "off", "prompt_rules": "off", "lexical": True},
+                  "heads": {"domain_prior": {"m": [20]}, "knn": {"k": [30], "prior_weight": [0], "same_domain_bonus": [0]},
+                            "ridge": {"alpha": [100], "inputs": ["all"]}},
+                  "cascade": {"enabled": "off"}}
 
 
 def test_pipeline_with_roles_trains_reports_and_promotes_then_resumes(tmp_path, monkeypatch):
@@ -27,6 +31,8 @@ def test_pipeline_with_roles_trains_reports_and_promotes_then_resumes(tmp_path, 
     write_roles_batch(project / "data" / "benchgen" / "roles.jsonl", n_per_family=40)
     cfg = yaml.safe_load((project / "configs" / "train_roles.yaml").read_text())
     (project / "configs" / "train_roles.yaml").write_text(yaml.safe_dump({**cfg, **SMALL}))
+    # the one-step router the report compares with: a small search (its own tests cover the full one)
+    (project / "configs" / "train.yaml").write_text(yaml.safe_dump(ONE_STEP_SMALL))
     monkeypatch.setenv("DAGSTER_HOME", str(project))
     monkeypatch.chdir(project)
     quiet = lambda s: None  # noqa: E731
