@@ -26,7 +26,7 @@ from fugu_pipeline.workers.config import load_workers_config
 from .conftest import REPO
 
 WORKERS = REPO / "configs" / "workers.mock-roles.yaml"
-SMALL = dict(generations=15, tasks_per_generation=16, explore_tasks=24, explore_seeds=2, val_every=5, val_tasks=24,
+SMALL = dict(generations=25, tasks_per_generation=12, explore_tasks=48, explore_seeds=3, val_every=5, val_tasks=24,
              val_seeds=2, max_length=256)
 
 

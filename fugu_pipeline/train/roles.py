@@ -242,9 +242,10 @@ def train_roles(
     n_workers, dim = len(worker_ids), featurizer.dim
     sets = len(ROLES) if cfg.worker_per_role else 1
     n_out = sets * n_workers + len(ROLES)
-    center, scale, z, kinds = exploration_stats(runner, featurizer, worker_ids, train, cfg.explore_tasks, cfg.seed,
+    center, scale, z, kinds, groups = exploration_stats(runner, featurizer, worker_ids, train, cfg.explore_tasks, cfg.seed,
                                                 cfg.explore_seeds)
-    basis, _ = search_basis(z, cfg.search_dims, kinds=kinds if cfg.search == "state_kinds" else None)
+    by_kind = cfg.search == "state_kinds"
+    basis, _ = search_basis(z, cfg.search_dims, kinds=kinds if by_kind else None, groups=groups if by_kind else None)
     k = len(basis)
     log(f"roles: features standardised over {len(z)} transcript states ({len(set(kinds))} kinds) of the uniform "
         f"policy on {min(cfg.explore_tasks, len(train))} training tasks x {cfg.explore_seeds} seed(s); CMA-ES searches "

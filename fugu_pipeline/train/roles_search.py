@@ -25,6 +25,7 @@ held-out reading (0.37) was above the largest on other families (0.33).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 
 import numpy as np
@@ -57,13 +58,14 @@ def exploration_pairs(tasks: list[Task], n_tasks: int, seed: int, seeds_per_task
 
 def exploration_stats(runner: SessionRunner, featurizer: TranscriptFeaturizer, worker_ids: list[str],
                       tasks: list[Task], n_tasks: int, seed: int,
-                      seeds_per_task: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+                      seeds_per_task: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], list[str]]:
     """The feature standardisation of every transcript state the uniform policy meets on `n_tasks`
     training tasks x `seeds_per_task` seeds (sampled picks): per dimension, (x - center) / scale
     has spread 1 and mean SHIFT. Centring alone would take away the only constant a bias-free head
     has (the large direction all hidden states share), and with it any preference that holds in
     every state ("Worker, unless ..."). The rollouts are ordinary stored trajectories. Returns
-    (center, scale, the standardised features of every state, each state's kind (`state_kind`))."""
+    (center, scale, the standardised features of every state, each state's kind (`state_kind`),
+    each state's task id)."""
     pairs = exploration_pairs(tasks, n_tasks, seed, seeds_per_task)
     uniform = LinearRolesPolicy(np.zeros((len(worker_ids) + len(ROLES), featurizer.dim), np.float32), worker_ids, featurizer)
     trs = runner.run([uniform], pairs, greedy=False)[0]
@@ -75,7 +77,7 @@ def exploration_stats(runner: SessionRunner, featurizer: TranscriptFeaturizer, w
     scale = x.std(axis=0)
     scale = np.where(scale > 1e-6, scale, 1.0)  # a constant dimension carries nothing: leave it unscaled
     center = x.mean(axis=0) - SHIFT * scale  # (x - center) / scale has mean SHIFT and spread 1 in every dimension
-    return center.astype(np.float32), scale.astype(np.float32), (x - center) / scale, kinds
+    return center.astype(np.float32), scale.astype(np.float32), (x - center) / scale, kinds, [tr.task_id for tr, _ in states]
 
 
 def best_fixed_worker(runner: SessionRunner, worker_ids: list[str], tasks: list[Task], n_tasks: int, seed: int,
@@ -132,8 +134,28 @@ def stratified(tasks: list[Task], size: int, rng: np.random.Generator) -> np.nda
     return np.array(out)
 
 
-def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01,
-                 kinds: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _probes(z: np.ndarray, y: np.ndarray, reg: float) -> np.ndarray:
+    gram = z.T @ z
+    lam = reg * max(float(np.trace(gram)) / z.shape[1], 1e-12)
+    return np.linalg.solve(gram + lam * np.eye(z.shape[1]), z.T @ y).T  # (C, D)
+
+
+def held_out_confusion(z: np.ndarray, y: np.ndarray, groups: list[str], reg: float) -> np.ndarray | None:
+    """(C, C): row c = the mean reading of every probe on held-out states of kind c, the probes
+    fitted on the other half of the tasks (two-fold, split by task); None when a kind is missing
+    from either half."""
+    half = np.array([int(hashlib.sha256(g.encode()).hexdigest(), 16) % 2 for g in groups])
+    m = np.zeros((y.shape[1], y.shape[1]))
+    for h in (0, 1):
+        fit, held = half == h, half != h
+        if (y[fit].sum(axis=0) < 2).any() or (y[held].sum(axis=0) < 2).any():
+            return None
+        m += y[held].T @ (z[held] @ _probes(z[fit], y[fit], reg).T)
+    return m / y.sum(axis=0)[:, None]
+
+
+def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01, kinds: list[str] | None = None,
+                 groups: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(B (k, D), B+ (D, k)): the directions CMA-ES moves the head along; theta (rows, k) gives
     W = theta @ B, and the saved head is W itself (rows, D).
 
@@ -143,6 +165,12 @@ def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01,
     transcript's vector); a probe barely does, so coordinate c of theta moves the logits of kind c
     alike on every task and leaves the other kinds alone: "after a Worker answer on a checking task:
     verify" is one coordinate, and the kinds' decisions can be searched nearly independently.
+    With `groups` too (each state's task): decoupled, B' = M^-T B with M the probes' mean readings
+    on held-out tasks' states (`held_out_confusion`), so that on average over a kind's unseen
+    states B' z is exactly the one-hot of the kind: a ridge probe reads only about 0.4-0.9 on its
+    own kind's unseen states and up to 0.3 on another family's same step (the tiny encoder), so
+    without this a coordinate moves its kind's logits by half a step and its neighbours' by a
+    quarter, and "verify after a checking answer" drags "verify after a lookup answer" along.
     Without `kinds`: the k leading directions of the features' second moment, whitened.
     `dims` None: all D directions (without kinds)."""
     n, d = z.shape
@@ -150,9 +178,10 @@ def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01,
         classes = sorted(set(kinds))
         y = np.zeros((n, len(classes)))
         y[np.arange(n), [classes.index(c) for c in kinds]] = 1.0
-        gram = z.T @ z
-        lam = reg * max(float(np.trace(gram)) / d, 1e-12)
-        basis = np.linalg.solve(gram + lam * np.eye(d), z.T @ y).T  # (C, D)
+        basis = _probes(z, y, reg)
+        m = held_out_confusion(z, y, groups, reg) if groups is not None else None
+        if m is not None and np.linalg.cond(m) < 1e3:
+            basis = np.linalg.solve(m.T, basis)
         return basis, np.linalg.pinv(basis)
     m = z.T @ z / max(len(z), 1)
     lam, u = np.linalg.eigh(m)
