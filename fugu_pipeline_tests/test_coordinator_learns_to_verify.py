@@ -64,3 +64,34 @@ def test_the_coordinator_verifies_on_checking_and_not_on_lookup(tmp_path, encode
     acc = lambda trs, dom: np.mean([t.quality for t in trs if t.domain == dom])  # noqa: E731
     assert acc(coord, "checking") > acc(alone, "checking") + 0.15  # the check and the retry pay
     assert res.weight.shape[0] == 3 * len(config.worker_ids) + 3  # one worker softmax per role
+
+
+def test_a_per_role_head_picks_the_worker_from_the_picked_roles_softmax(tmp_path, encoder):
+    """Sessions, the saved checkpoint and the contest's probe behaviour all read the worker of the
+    picked role's softmax: here Verifier on the checker, although the Worker role's softmax prefers
+    fast-solver. (Before: the probe read the 9 worker logits as role logits: IndexError.)"""
+    from fugu_pipeline.evaluate.probe import head_groups
+    from fugu_pipeline.session.featurize import TranscriptFeaturizer
+    from fugu_pipeline.session.policy import Step, pick
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.train.roles import RolesTrainResult, policy_from_checkpoint
+
+    ids = ["fast-solver", "planner", "checker"]
+    f = TranscriptFeaturizer(encoder)
+    step = Step("What is 6 x 7?", "checking")
+    x = f.features([step.head])[0]
+    w = np.zeros((3 * 3 + 3, f.dim), np.float32)
+    w[3 + 0] = x  # the Worker role's softmax: fast-solver
+    w[6 + 2] = x  # the Verifier role's softmax: checker
+    w[9 + 2] = x  # role: Verifier
+    res = RolesTrainResult(weight=w, center=np.zeros(f.dim, np.float32), scale=np.ones(f.dim, np.float32),
+                           worker_ids=ids, featurizer=f, config={}, curves={}, best_generation=0, metrics={},
+                           data_version="x", wall_s=0.0)
+    ckpt = load_checkpoint(res.save(tmp_path / "models"))
+    assert ckpt.manifest.head_shape == {"worker_sets": 3}
+    pw, pr = policy_from_checkpoint(ckpt, f).distributions([step])
+    assert pw.shape == (1, 3, 3)
+    act = pick(pw[0], pr[0], greedy=True)
+    assert (act.role, ids[act.worker]) == (2, "checker")
+    groups, decisions = head_groups(ckpt, x[None, :])
+    assert len(groups) == 4 and decisions == ["verifier:checker"]
