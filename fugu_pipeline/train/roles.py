@@ -249,7 +249,7 @@ def train_roles(
     k = len(basis)
     log(f"roles: features standardised over {len(z)} transcript states ({len(set(kinds))} kinds) of the uniform "
         f"policy on {min(cfg.explore_tasks, len(train))} training tasks x {cfg.explore_seeds} seed(s); CMA-ES searches "
-        f"{k} directions (" + ("one probe per kind of state)" if cfg.search == "state_kinds"
+        f"{k} directions (" + ("the constant and one decoupled probe per kind of state)" if cfg.search == "state_kinds"
                                else "the leading whitened directions)"))
     w0 = np.zeros((n_out, dim))
     flat = 1.0 / (SHIFT * dim)  # standardised features average SHIFT per dimension: a flat row is a constant logit
@@ -281,7 +281,8 @@ def train_roles(
     unit = np.ones((n_out, k))
     unit[: sets * n_workers] = cfg.worker_sigma / cfg.sigma0
     unit = unit.ravel()
-    theta0 = initial_theta(w0, basis, z).ravel() / unit  # W = theta @ B, acting like w0 on the explored states
+    # W = theta @ B, acting like w0 on the explored states (state kinds: on the constant direction alone)
+    theta0 = initial_theta(w0, basis, z, only=slice(0, 1) if by_kind and len(set(kinds)) > 1 else None).ravel() / unit
     n_w, adapter = theta0.size, None
     svf_unit = cfg.svf_sigma / step  # an SVF search coordinate of size `step` moves a log-scale by svf_sigma
     if cfg.svf:  # the adapter's scales z = exp(u); u starts at 0 (the original encoder)

@@ -7,7 +7,9 @@
 - `initial_theta`: generation 0 written in those coordinates so that it acts as intended on the
   explored states (a least-squares fit of its logits, not of its weights: a weight-space projection
   onto 15 probes kept about 0.6 of a constant logit, so the one-step start's "Worker" lead of 3
-  was 1.9).
+  was 1.9). With the state-kind basis the start sits on the constant direction alone and every
+  kind's coordinate starts at 0: a decoupled probe reads its kind with per-task noise, which should
+  enter a decision only where CMA-ES moves that kind.
 - `best_fixed_worker`: the worker that answers best alone (the one-step start's Worker).
 - `best_role_workers`: the worker that plays each other role best, each in a scripted session
   (Thinker: the worker plans, the best fixed worker answers; Verifier: the best fixed worker
@@ -159,7 +161,9 @@ def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01, kinds: list
     """(B (k, D), B+ (D, k)): the directions CMA-ES moves the head along; theta (rows, k) gives
     W = theta @ B, and the saved head is W itself (rows, D).
 
-    With `kinds` (each state's `state_kind`): one direction per kind of state, the ridge-regression
+    With `kinds` (each state's `state_kind`): first the constant direction (standardised features
+    average SHIFT per dimension, so every state reads about 1 on it: a preference that holds in
+    every state, such as the start's), then one direction per kind of state, the ridge-regression
     probe that reads that kind off a transcript's features (B z is about the one-hot of z's kind).
     Within a kind the features still differ with every task (the task's words dominate a
     transcript's vector); a probe barely does, so coordinate c of theta moves the logits of kind c
@@ -182,6 +186,7 @@ def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01, kinds: list
         m = held_out_confusion(z, y, groups, reg) if groups is not None else None
         if m is not None and np.linalg.cond(m) < 1e3:
             basis = np.linalg.solve(m.T, basis)
+        basis = np.vstack([np.full((1, d), 1.0 / (SHIFT * d)), basis])  # row 0: the constant (every state reads ~1)
         return basis, np.linalg.pinv(basis)
     m = z.T @ z / max(len(z), 1)
     lam, u = np.linalg.eigh(m)
@@ -191,9 +196,15 @@ def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01, kinds: list
     return (u / np.sqrt(lam)).T, u * np.sqrt(lam)
 
 
-def initial_theta(w0: np.ndarray, basis: np.ndarray, z: np.ndarray, reg: float = 1e-6) -> np.ndarray:
+def initial_theta(w0: np.ndarray, basis: np.ndarray, z: np.ndarray, reg: float = 1e-6,
+                  only: slice | None = None) -> np.ndarray:
     """Search coordinates theta (rows, k) whose head theta @ B gives, on the explored states z, the
-    logits closest (least squares) to those of the intended start w0 (rows, D)."""
+    logits closest (least squares) to those of the intended start w0 (rows, D); with `only`, fitted
+    with those coordinates alone (the others start at 0)."""
+    if only is not None:
+        theta = np.zeros((len(w0), len(basis)))
+        theta[:, only] = initial_theta(w0, basis[only], z, reg)
+        return theta
     p = z @ basis.T  # (n, k): what each coordinate moves on each state
     target = z @ np.asarray(w0, np.float64).T  # (n, rows)
     gram = p.T @ p
