@@ -36,6 +36,14 @@ def _keys(result) -> set[str]:
     return {r.run_key for r in result.run_requests}
 
 
+def one_worker(project) -> str:
+    """A worker config with one mock worker (configs/one.yaml), for the tests that launch collection
+    runs but check the batch sensor's keys and cursors: one worker's runs show them as well as three
+    workers' runs, at half the runs."""
+    (project / "configs" / "one.yaml").write_text(json.dumps({"workers": [{"id": "a", "kind": "mock"}]}))
+    return "configs/one.yaml"
+
+
 # --------------------------------------------------------------------------- the batch sensor's cursor
 
 
@@ -47,7 +55,7 @@ def test_a_corrupt_batch_cursor_is_named_and_relaunches_nothing(project, capfd):
     """Each corrupt cursor, before and after the first collection, on one instance: evaluating a
     tick changes nothing the next one reads (the partitions it adds are there already), so the
     cursors share the one collection instead of each launching its own."""
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    defs = build_defs(str(project), one_worker(project))
     with dg.instance_for_test() as instance:
         first = tick(defs, instance, BATCH)
         assert first.run_requests
@@ -165,7 +173,7 @@ def test_a_file_deleted_or_rewritten_between_ticks(project):
 def test_a_batch_partition_deleted_from_the_instance_comes_back(project):
     """The folder is the source of truth: a partition deleted in the UI (or an instance whose
     storage was reset while the cursors were kept) was never added again, the cursor said done."""
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    defs = build_defs(str(project), one_worker(project))
     with dg.instance_for_test() as instance:
         first = tick(defs, instance, BATCH)
         launch(defs, instance, first.run_requests)
@@ -190,7 +198,7 @@ def test_a_batch_file_reverted_to_an_earlier_content_is_collected_again(project)
     (bench / "sample.jsonl").unlink()
     v1 = [json.dumps(task_row(i)) for i in range(3)]
     v2 = [json.dumps(task_row(0, prompt="What is 0 + 1, in words?")), *v1[1:]]
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    defs = build_defs(str(project), one_worker(project))
     store = ResponseStore(project / "data" / "responses")
     launched: set[str] = set()
     with dg.instance_for_test() as instance:
