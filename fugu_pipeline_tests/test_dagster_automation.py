@@ -219,10 +219,21 @@ def test_a_refused_batch_reaches_the_matrix_without_a_manual_rebuild(first_build
         assert follow(defs, instance) == []  # once
 
 
+def fewer_workers(project: Path, n: int) -> str:
+    """The shipped mock config cut to its first `n` workers (configs/workers.<n>.yaml): for the tests
+    where the number of collection runs is not what is checked, fewer runs to launch."""
+    import yaml
+
+    cfg = yaml.safe_load((project / "configs" / "workers.mock.yaml").read_text())
+    cfg["workers"] = cfg["workers"][:n]
+    (project / "configs" / f"workers.{n}.yaml").write_text(yaml.safe_dump(cfg))
+    return f"configs/workers.{n}.yaml"
+
+
 def test_the_matrix_waits_for_the_whole_collection_wave(project):
     """One build per wave of collection runs: while one of a batch's runs is still queued or running
     the automation waits, and a build running when a re-collection ends is followed by another."""
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    defs = build_defs(str(project), fewer_workers(project, 2))  # a wave: the load and two workers' runs
     with dg.instance_for_test() as instance:
         runs = tick(defs, instance, "benchgen_batch_sensor").run_requests
         launch(defs, instance, runs[:-1])
@@ -243,7 +254,7 @@ def test_the_main_jobs_collection_is_waited_for_but_not_followed(project):
     automation must not request a second build in between."""
     from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS
 
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    defs = build_defs(str(project), fewer_workers(project, 1))
     with dg.instance_for_test() as instance:
         runs = tick(defs, instance, "benchgen_batch_sensor").run_requests
         launch(defs, instance, [r.with_replaced_attrs(tags={**r.tags, **MAIN_JOB_TAGS}) for r in runs])
