@@ -35,15 +35,20 @@ def data_dir() -> Path:
     return TASK_DATA
 
 
+def new_project(folder: Path) -> Path:
+    """Make `folder` a throwaway project: the shipped configs and sample batch, empty outputs."""
+    (folder / "configs").mkdir(parents=True)
+    shutil.copy(REPO / "configs" / "workers.mock.yaml", folder / "configs" / "workers.mock.yaml")
+    shutil.copy(REPO / "dagster.yaml", folder / "dagster.yaml")
+    (folder / "data" / "benchgen").mkdir(parents=True)
+    shutil.copy(REPO / "data" / "benchgen" / "sample.jsonl", folder / "data" / "benchgen" / "sample.jsonl")
+    return folder
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A throwaway project directory: the shipped configs and sample batch, empty outputs."""
-    (tmp_path / "configs").mkdir()
-    shutil.copy(REPO / "configs" / "workers.mock.yaml", tmp_path / "configs" / "workers.mock.yaml")
-    shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
-    (tmp_path / "data" / "benchgen").mkdir(parents=True)
-    shutil.copy(REPO / "data" / "benchgen" / "sample.jsonl", tmp_path / "data" / "benchgen" / "sample.jsonl")
-    return tmp_path
+    return new_project(tmp_path)
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

@@ -2,8 +2,12 @@
 instance (the daemon's path), with the runs it requests launched in between."""
 
 import json
+import shutil
+from pathlib import Path
+from typing import NamedTuple
 
 import dagster as dg
+import pytest
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
@@ -12,6 +16,7 @@ from fugu_pipeline.defs.automation import BUILD_JOB
 from fugu_pipeline.defs.versions import RESPONSES_VERSION, responses_version
 from fugu_pipeline.defs.catalog import FINGERPRINT_TAG
 from fugu_pipeline.defs.versions import latest_data_versions
+from fugu_pipeline_tests.conftest import new_project
 from fugu_pipeline_tests.daemon_path import launch, tick
 
 MATRIX = dg.AssetKey("reward_matrix")
@@ -35,16 +40,55 @@ def stale(defs, instance) -> StaleStatus:
     return resolver.get_status(MATRIX)
 
 
-def test_recollections_landing_with_a_matrix_build_are_not_lost(project):
+class Built(NamedTuple):
+    """The shipped project collected and its matrix built through the daemon's path."""
+
+    project: Path
+    home: Path  # the instance's folder (DAGSTER_HOME): reopen it with `instance_for_test(temp_dir=...)`
+    requesting: str | None  # the automation's cursor from the tick that requested the build
+    settled: str | None  # ... and from the tick after the build (which requested nothing)
+    build: dict  # the build's materialization metadata
+
+
+@pytest.fixture(scope="module")
+def built_once(tmp_path_factory) -> tuple[Built, Path]:
+    """The first collection and build, done once for the tests that start from them (4 runs and a
+    build each, the file's main cost): the project and the instance's folder are saved as they end."""
+    root = tmp_path_factory.mktemp("built")
+    project, home = new_project(root / "project"), root / "home"
+    home.mkdir()
     defs = build_defs(str(project), "configs/workers.mock.yaml")
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
         auto = tick(defs, instance, "reward_matrix_automation")
-        assert not requested(auto)
+        assert not requested(auto)  # nothing collected yet: nothing to build
         launch(defs, instance, tick(defs, instance, "benchgen_batch_sensor").run_requests)
         auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
         assert len(requested(auto)) == 1  # every partition done: the first build
-        launch(defs, instance, requested(auto))
-        auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+        build = launch(defs, instance, requested(auto))
+        settled = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+        assert not requested(settled) and stale(defs, instance) == StaleStatus.FRESH
+    saved = root / "saved"
+    shutil.copytree(project, saved / "project", symlinks=True)
+    shutil.copytree(home, saved / "home", symlinks=True)
+    return Built(project, home, auto.cursor, settled.cursor, next(iter(build.values()))), saved
+
+
+@pytest.fixture
+def first_build(built_once) -> Built:
+    """`built_once` for one test: its project and instance folders put back as they were saved, at
+    the same paths (so the paths the instance recorded stay true); nothing one test changes is seen
+    by the next (the file's tests run in one process, one after another)."""
+    done, saved = built_once
+    for folder in (done.project, done.home):
+        shutil.rmtree(folder)
+        shutil.copytree(saved / folder.name, folder, symlinks=True)
+    return done
+
+
+def test_recollections_landing_with_a_matrix_build_are_not_lost(first_build):
+    defs = build_defs(str(first_build.project), "configs/workers.mock.yaml")
+    with dg.instance_for_test(temp_dir=str(first_build.home)) as instance:
+        auto = tick(defs, instance, "reward_matrix_automation", first_build.settled)
         assert not requested(auto) and stale(defs, instance) == StaleStatus.FRESH
 
         # Between two ticks: a build, then two re-collections right after it. With eager() alone the
@@ -75,18 +119,16 @@ def test_recollections_landing_with_a_matrix_build_are_not_lost(project):
         assert len(requested(auto)) == 1
 
 
-def test_a_retired_worker_or_a_bad_batch_does_not_stop_the_matrix_following(project):
+def test_a_retired_worker_or_a_bad_batch_does_not_stop_the_matrix_following(first_build):
     """A worker removed from the config keeps its partition but is never collected on a later batch,
     and a batch file with a bad line fails its collection: neither may keep the matrix from
     following the batches that were collected (it waited on every missing partition forever)."""
     import yaml
 
+    project = first_build.project
     defs = build_defs(str(project), "configs/workers.mock.yaml")
-    with dg.instance_for_test() as instance:
-        launch(defs, instance, tick(defs, instance, "benchgen_batch_sensor").run_requests)
-        auto = tick(defs, instance, "reward_matrix_automation")
-        launch(defs, instance, requested(auto))
-        auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+    with dg.instance_for_test(temp_dir=str(first_build.home)) as instance:
+        auto = tick(defs, instance, "reward_matrix_automation", first_build.settled)
         assert not requested(auto)
         cfg = yaml.safe_load((project / "configs" / "workers.mock.yaml").read_text())
         retired = cfg["workers"].pop()["id"]
@@ -111,27 +153,27 @@ def test_a_retired_worker_or_a_bad_batch_does_not_stop_the_matrix_following(proj
         assert built["complete_rows"] == 306  # the sample's 300 tasks and the extra batch's 6
 
 
-def test_an_imported_matrix_is_not_replaced_when_the_collection_changes(project):
+def test_an_imported_matrix_is_not_replaced_when_the_collection_changes(first_build):
     """A matrix materialized from imported routing data holds other prompts and workers than the
     collection; a later re-collection must not rebuild it from the responses (it did, and the
     imported matrix was gone). Building from the collection by hand resumes the automation."""
     rows = [{"task_id": f"r{i}", "prompt": f"question {i}?", "domain": "qa", "worker_ids": ["org/a", "org/b"],
              "quality": [i % 2, 1 - i % 2], "split": ("train", "val", "test")[i % 3]} for i in range(30)]
+    project = first_build.project  # collected, and the collection's matrix built
     (project / "data" / "routing.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     defs = build_defs(str(project), "configs/workers.mock.yaml")
     imported = {"ops": {"reward_matrix": {"config": {"import_path": "data/routing.jsonl"}}}}
-    with dg.instance_for_test() as instance:
-        launch(defs, instance, tick(defs, instance, "benchgen_batch_sensor").run_requests)
-        auto = tick(defs, instance, "reward_matrix_automation")
-        launch(defs, instance, requested(auto))  # the collection's matrix, as before
+    with dg.instance_for_test(temp_dir=str(first_build.home)) as instance:
+        cursor = first_build.requesting  # the cursor of the tick that requested the collection's build
         job = defs.resolve_implicit_global_asset_job_def()
         assert job.execute_in_process(instance=instance, asset_selection=[MATRIX], run_config=imported).success
         assert instance.get_latest_materialization_event(MATRIX).asset_materialization.metadata["complete_rows"].value == 30
 
         assert recollect(defs, instance, "math-expert", "fp-1")["called"] == 300
         for _ in range(2):
-            auto = tick(defs, instance, "reward_matrix_automation", auto.cursor)
+            auto = tick(defs, instance, "reward_matrix_automation", cursor)
             assert not requested(auto), "the automation replaced an imported matrix"
+            cursor = auto.cursor
 
         launch(defs, instance, [dg.RunRequest(asset_selection=[MATRIX])])  # by hand, from the collection
         assert recollect(defs, instance, "code-expert", "fp-1")["called"] == 300
@@ -153,17 +195,17 @@ def follow(defs, instance, cursor=None, ticks: int = 3) -> list[dict]:
     return built
 
 
-def test_a_refused_batch_reaches_the_matrix_without_a_manual_rebuild(project):
+def test_a_refused_batch_reaches_the_matrix_without_a_manual_rebuild(first_build):
     """A batch file with a bad line, dropped after the first build, fails its load and nothing else:
     no responses partition changes. The matrix was never rebuilt (Dagster's `eager()` waits for an
     updated dependency), so `refused_batch_files` stayed empty until someone rebuilt it by hand.
     Now a failed collection run is a collection run that ended: the matrix is rebuilt once and
     names the file and its line."""
+    project = first_build.project
     defs = build_defs(str(project), "configs/workers.mock.yaml")
-    with dg.instance_for_test() as instance:
-        launch(defs, instance, tick(defs, instance, "benchgen_batch_sensor").run_requests)
-        first = follow(defs, instance)
-        assert len(first) == 1 and first[0]["refused_batch_files"] == {}
+    with dg.instance_for_test(temp_dir=str(first_build.home)) as instance:
+        assert first_build.build["refused_batch_files"] == {}  # the first build
+        assert follow(defs, instance) == []  # and from no cursor too: nothing more to build
 
         good = (project / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:2]
         (project / "data" / "benchgen" / "badline.jsonl").write_text("\n".join(good) + "\n" + BAD_LINE)
@@ -177,10 +219,21 @@ def test_a_refused_batch_reaches_the_matrix_without_a_manual_rebuild(project):
         assert follow(defs, instance) == []  # once
 
 
+def fewer_workers(project: Path, n: int) -> str:
+    """The shipped mock config cut to its first `n` workers (configs/workers.<n>.yaml): for the tests
+    where the number of collection runs is not what is checked, fewer runs to launch."""
+    import yaml
+
+    cfg = yaml.safe_load((project / "configs" / "workers.mock.yaml").read_text())
+    cfg["workers"] = cfg["workers"][:n]
+    (project / "configs" / f"workers.{n}.yaml").write_text(yaml.safe_dump(cfg))
+    return f"configs/workers.{n}.yaml"
+
+
 def test_the_matrix_waits_for_the_whole_collection_wave(project):
     """One build per wave of collection runs: while one of a batch's runs is still queued or running
     the automation waits, and a build running when a re-collection ends is followed by another."""
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    defs = build_defs(str(project), fewer_workers(project, 2))  # a wave: the load and two workers' runs
     with dg.instance_for_test() as instance:
         runs = tick(defs, instance, "benchgen_batch_sensor").run_requests
         launch(defs, instance, runs[:-1])
@@ -201,7 +254,7 @@ def test_the_main_jobs_collection_is_waited_for_but_not_followed(project):
     automation must not request a second build in between."""
     from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS
 
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    defs = build_defs(str(project), fewer_workers(project, 1))
     with dg.instance_for_test() as instance:
         runs = tick(defs, instance, "benchgen_batch_sensor").run_requests
         launch(defs, instance, [r.with_replaced_attrs(tags={**r.tags, **MAIN_JOB_TAGS}) for r in runs])

@@ -31,15 +31,20 @@ def build_matrix(instance, defs):
 
 
 def test_new_batch_file_is_picked_up_without_recalling_old_cells(project):
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    import yaml
+
+    cfg = yaml.safe_load((project / "configs" / "workers.mock.yaml").read_text())
+    cfg["workers"] = cfg["workers"][:2]  # two of the mock workers: every figure below holds per worker
+    (project / "configs" / "workers.two.yaml").write_text(yaml.safe_dump(cfg))
+    defs = build_defs(str(project), "configs/workers.two.yaml")
     with dg.instance_for_test() as instance:
         result = tick(defs, instance, "benchgen_batch_sensor")
         assert instance.get_dynamic_partitions(task_batches.name) == ["sample"]
-        assert len(result.run_requests) == 1 + 3  # tasks + one responses run per worker
+        assert len(result.run_requests) == 1 + 2  # tasks + one responses run per worker
         metas = run_requests(instance, defs, result.run_requests)
-        assert sum(m.get("called", 0) for m in metas.values()) == 900
+        assert sum(m.get("called", 0) for m in metas.values()) == 300 * 2
         meta, checks = build_matrix(instance, defs)
-        assert meta["cells_filled"].value == 900 and all(checks.values()), checks
+        assert meta["cells_filled"].value == 300 * 2 and all(checks.values()), checks
 
         skip = tick(defs, instance, "benchgen_batch_sensor", result.cursor)
         assert not skip.run_requests and "no new or changed batch files" in skip.skip_message
@@ -51,13 +56,13 @@ def test_new_batch_file_is_picked_up_without_recalling_old_cells(project):
         result = tick(defs, instance, "benchgen_batch_sensor", skip.cursor)
         assert sorted(instance.get_dynamic_partitions(task_batches.name)) == ["batch-2", "sample"]
         keys = {str(r.partition_key) for r in result.run_requests}
-        assert all("batch-2" in k for k in keys) and len(keys) == 4
+        assert all("batch-2" in k for k in keys) and len(keys) == 1 + 2
         metas = run_requests(instance, defs, result.run_requests)
-        assert sum(m.get("called", 0) for m in metas.values()) == 30  # only the new cells
+        assert sum(m.get("called", 0) for m in metas.values()) == 10 * 2  # only the new cells
         after = {p: p.read_bytes() for p in (project / "data" / "responses" / "sample").glob("*.jsonl")}
         assert before == after  # no cell of the first batch was called again
         meta, checks = build_matrix(instance, defs)
-        assert meta["cells_filled"].value == 930 and meta["tasks"].value == 310
+        assert meta["cells_filled"].value == 310 * 2 and meta["tasks"].value == 310
 
 
 def test_rematerializing_a_partition_calls_nothing(project):

@@ -56,7 +56,9 @@ def test_every_sensor_has_a_target_and_a_description(project):
 
 def test_badly_named_batch_file_is_refused_and_the_rest_run(project, capfd):
     bad = write_jsonl(project / "data" / "benchgen" / "bad name!.jsonl", [task_row(5000)])
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    # one mock worker: what is checked is the sensor's refusal and its skip message, not the runs
+    (project / "configs" / "one.yaml").write_text(json.dumps({"workers": [{"id": "a", "kind": "mock"}]}))
+    defs = build_defs(str(project), "configs/one.yaml")
     with dg.instance_for_test() as instance:
         result = tick(defs, instance, "benchgen_batch_sensor")
         assert {str(r.partition_key).split("|")[0] for r in result.run_requests} == {"sample"}

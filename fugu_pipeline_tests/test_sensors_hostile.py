@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -35,24 +36,41 @@ def _keys(result) -> set[str]:
     return {r.run_key for r in result.run_requests}
 
 
+def one_worker(project) -> str:
+    """A worker config with one mock worker (configs/one.yaml), for the tests that launch collection
+    runs but check the batch sensor's keys and cursors: one worker's runs show them as well as three
+    workers' runs, at half the runs."""
+    (project / "configs" / "one.yaml").write_text(json.dumps({"workers": [{"id": "a", "kind": "mock"}]}))
+    return "configs/one.yaml"
+
+
 # --------------------------------------------------------------------------- the batch sensor's cursor
 
 
-@pytest.mark.parametrize("cursor", ["not json {", "[1, 2]", "null", '"a string"', '{"batches": [1], "refused": 3}',
-                                    '{"batches": {"sample": 7, "x": null}}'])
-def test_a_corrupt_batch_cursor_is_named_and_relaunches_nothing(project, cursor, capfd):
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+CORRUPT_BATCH_CURSORS = ["not json {", "[1, 2]", "null", '"a string"', '{"batches": [1], "refused": 3}',
+                         '{"batches": {"sample": 7, "x": null}}']
+
+
+def test_a_corrupt_batch_cursor_is_named_and_relaunches_nothing(project, capfd):
+    """Each corrupt cursor, before and after the first collection, on one instance: evaluating a
+    tick changes nothing the next one reads (the partitions it adds are there already), so the
+    cursors share the one collection instead of each launching its own."""
+    defs = build_defs(str(project), one_worker(project))
     with dg.instance_for_test() as instance:
         first = tick(defs, instance, BATCH)
         assert first.run_requests
-        # not launched yet: a fresh start re-requests the same runs under the same run keys (the daemon drops them)
-        again = tick(defs, instance, BATCH, cursor)
-        assert _keys(again) == _keys(first)
-        err = capfd.readouterr().err
-        assert sum("cursor" in line and "unreadable" in line for line in err.splitlines()) == 1, err[-2000:]
+        assert "unreadable" not in capfd.readouterr().err
+        for cursor in CORRUPT_BATCH_CURSORS:
+            # not launched yet: a fresh start re-requests the same runs under the same run keys (the daemon drops them)
+            again = tick(defs, instance, BATCH, cursor)
+            assert _keys(again) == _keys(first), cursor
+            err = capfd.readouterr().err
+            assert sum("cursor" in line and "unreadable" in line for line in err.splitlines()) == 1, (cursor, err[-2000:])
         launch(defs, instance, first.run_requests)
-        done = tick(defs, instance, BATCH, cursor)  # everything materialized from these very files: nothing
-        assert not done.run_requests and json.loads(done.cursor)["batches"] == json.loads(first.cursor)["batches"]
+        for cursor in CORRUPT_BATCH_CURSORS:
+            done = tick(defs, instance, BATCH, cursor)  # everything materialized from these very files: nothing
+            assert not done.run_requests, cursor
+            assert json.loads(done.cursor)["batches"] == json.loads(first.cursor)["batches"], cursor
 
 
 # --------------------------------------------------------------------------- odd batch files
@@ -155,7 +173,7 @@ def test_a_file_deleted_or_rewritten_between_ticks(project):
 def test_a_batch_partition_deleted_from_the_instance_comes_back(project):
     """The folder is the source of truth: a partition deleted in the UI (or an instance whose
     storage was reset while the cursors were kept) was never added again, the cursor said done."""
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    defs = build_defs(str(project), one_worker(project))
     with dg.instance_for_test() as instance:
         first = tick(defs, instance, BATCH)
         launch(defs, instance, first.run_requests)
@@ -180,7 +198,7 @@ def test_a_batch_file_reverted_to_an_earlier_content_is_collected_again(project)
     (bench / "sample.jsonl").unlink()
     v1 = [json.dumps(task_row(i)) for i in range(3)]
     v2 = [json.dumps(task_row(0, prompt="What is 0 + 1, in words?")), *v1[1:]]
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
+    defs = build_defs(str(project), one_worker(project))
     store = ResponseStore(project / "data" / "responses")
     launched: set[str] = set()
     with dg.instance_for_test() as instance:
@@ -280,18 +298,22 @@ HOSTILE_REPLIES = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(HOSTILE_REPLIES))
-def test_a_hostile_catalog_reply_skips_the_tick_and_keeps_the_cursor(raw_catalog, kind):
+def test_a_hostile_catalog_reply_skips_the_tick_and_keeps_the_cursor(raw_catalog):
+    """Every hostile reply in turn on one instance, each from the same baseline cursor: a skipped
+    tick stores nothing (its cursor is the one it was given), so the replies need no instance each."""
     project, cat = raw_catalog
     defs = build_defs(str(project), "configs/w.yaml")
     with dg.instance_for_test() as instance:
         first = tick(defs, instance, "catalog_change_sensor")
         assert first.cursor and not first.run_requests
-        cat.status, cat.body, cat.ctype = HOSTILE_REPLIES[kind]
-        bad = tick(defs, instance, "catalog_change_sensor", first.cursor)
-        assert not bad.run_requests and bad.cursor == first.cursor
-        assert bad.skip_message.startswith("catalog not fetched") and "\n" not in bad.skip_message, bad.skip_message
-        assert len(bad.skip_message) < 1000
+        latest = (project / "data" / "catalog" / "latest.json").read_bytes()
+        for kind in sorted(HOSTILE_REPLIES):
+            cat.status, cat.body, cat.ctype = HOSTILE_REPLIES[kind]
+            bad = tick(defs, instance, "catalog_change_sensor", first.cursor)
+            assert not bad.run_requests and bad.cursor == first.cursor, kind
+            assert bad.skip_message.startswith("catalog not fetched") and "\n" not in bad.skip_message, (kind, bad.skip_message)
+            assert len(bad.skip_message) < 1000, kind
+            assert (project / "data" / "catalog" / "latest.json").read_bytes() == latest, kind
 
 
 def test_an_endless_catalog_reply_is_cut_and_named(raw_catalog):
@@ -342,42 +364,64 @@ def test_odd_catalog_contents_do_not_break_the_tick(raw_catalog):
         assert json.loads(changed.cursor)["models"].keys() == {"test/model-a"}
 
 
-@pytest.mark.parametrize("cursor", ["garbage", "[]", '{"digest": "abc"}', '{"models": ["x"]}', '{"models": {"test/model-a": 5}}'])
-def test_a_corrupt_catalog_change_cursor_starts_from_the_stored_catalog(raw_catalog, cursor, capfd):
+def reset_folder(folder, saved) -> None:
+    """Put `folder` back as `saved` holds it (the catalog sensor's only state besides its cursor)."""
+    shutil.rmtree(folder)
+    shutil.copytree(saved, folder)
+
+
+CORRUPT_CHANGE_CURSORS = ["garbage", "[]", '{"digest": "abc"}', '{"models": ["x"]}', '{"models": {"test/model-a": 5}}']
+
+
+def test_a_corrupt_catalog_change_cursor_starts_from_the_stored_catalog(raw_catalog, tmp_path_factory, capfd):
+    """Each corrupt cursor on one instance, each from the same stored catalog: data/catalog is put
+    back as the baseline tick left it before every cursor (the sensor keeps nothing else)."""
     project, cat = raw_catalog
     defs = build_defs(str(project), "configs/w.yaml")
+    folder = project / "data" / "catalog"
     with dg.instance_for_test() as instance:
         tick(defs, instance, BATCH)  # the batch and worker partitions (or-a is never collected here)
         first = tick(defs, instance, "catalog_change_sensor")  # stores data/catalog/latest.json
+        saved = shutil.copytree(folder, tmp_path_factory.mktemp("catalog") / "saved")
         cat.models([model("test/model-a", prompt="0.000005")])
-        capfd.readouterr()
-        changed = tick(defs, instance, "catalog_change_sensor", cursor)  # compared with latest.json instead
-        said = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
-        assert len(said) == 1 and "cursor unreadable" in said[0] and "latest.json" in said[0], said
-        assert len(changed.run_requests) == 1 and first.cursor != changed.cursor
-        assert _keys(tick(defs, instance, "catalog_change_sensor", first.cursor)) == _keys(changed)  # idempotent
+        for cursor in CORRUPT_CHANGE_CURSORS:
+            reset_folder(folder, saved)
+            capfd.readouterr()
+            changed = tick(defs, instance, "catalog_change_sensor", cursor)  # compared with latest.json instead
+            said = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+            assert len(said) == 1 and "cursor unreadable" in said[0] and "latest.json" in said[0], (cursor, said)
+            assert len(changed.run_requests) == 1 and first.cursor != changed.cursor, cursor
+            assert _keys(tick(defs, instance, "catalog_change_sensor", first.cursor)) == _keys(changed), cursor  # idempotent
 
 
-@pytest.mark.parametrize("name,text", [("latest.json", "{not json"), ("latest.json", '{"models": 3}'),
-                                       ("retired.json", "{not json"), ("retired.json", "[1]")])
-def test_a_corrupt_catalog_file_is_named_and_the_tick_goes_on(raw_catalog, name, text, capfd):
+CORRUPT_CATALOG_FILES = [("latest.json", "{not json"), ("latest.json", '{"models": 3}'),
+                         ("retired.json", "{not json"), ("retired.json", "[1]")]
+
+
+def test_a_corrupt_catalog_file_is_named_and_the_tick_goes_on(raw_catalog, tmp_path_factory, capfd):
+    """Each corrupt file on one instance, each written over the files the baseline tick left."""
     project, cat = raw_catalog
     defs = build_defs(str(project), "configs/w.yaml")
+    folder = project / "data" / "catalog"
     with dg.instance_for_test() as instance:
         first = tick(defs, instance, "catalog_change_sensor")
-        capfd.readouterr()
-        (project / "data" / "catalog" / name).write_text(text)
-        for cursor in (None, first.cursor):
-            result = tick(defs, instance, "catalog_change_sensor", cursor)  # does not raise
-            assert not result.run_requests
-            said = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
-            if name == "retired.json" or cursor is None:  # a corrupt latest.json is replaced by the first tick
-                assert len(said) == 1 and name in said[0] and "delete it" in said[0], said
-        assert json.loads((project / "data" / "catalog" / "latest.json").read_text())["models"]["test/model-a"]
+        saved = shutil.copytree(folder, tmp_path_factory.mktemp("catalog") / "saved")
+        for name, text in CORRUPT_CATALOG_FILES:
+            reset_folder(folder, saved)
+            capfd.readouterr()
+            (folder / name).write_text(text)
+            for cursor in (None, first.cursor):
+                result = tick(defs, instance, "catalog_change_sensor", cursor)  # does not raise
+                assert not result.run_requests, (name, text, cursor)
+                said = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+                if name == "retired.json" or cursor is None:  # a corrupt latest.json is replaced by the first tick
+                    assert len(said) == 1 and name in said[0] and "delete it" in said[0], (name, text, cursor, said)
+            assert json.loads((folder / "latest.json").read_text())["models"]["test/model-a"], (name, text)
 
 
-@pytest.mark.parametrize("cursor", ["garbage", "1.5", "-3", '{"storage_id": 4}'])
-def test_a_corrupt_catalog_update_cursor_relaunches_only_under_the_same_run_keys(raw_catalog, cursor):
+def test_a_corrupt_catalog_update_cursor_relaunches_only_under_the_same_run_keys(raw_catalog):
+    """Each corrupt cursor against the same two catalog materializations (the sensor only reads the
+    latest one and its cursor, and stores nothing), on one instance."""
     project, cat = raw_catalog
     defs = build_defs(str(project), "configs/w.yaml")
     with dg.instance_for_test() as instance:
@@ -387,8 +431,9 @@ def test_a_corrupt_catalog_update_cursor_relaunches_only_under_the_same_run_keys
         materialize(defs, instance, "openrouter_catalog")
         first = tick(defs, instance, "catalog_update_sensor")
         assert len(first.run_requests) == 1
-        again = tick(defs, instance, "catalog_update_sensor", cursor)
-        assert _keys(again) == _keys(first) and again.cursor == first.cursor
+        for cursor in ["garbage", "1.5", "-3", '{"storage_id": 4}']:
+            again = tick(defs, instance, "catalog_update_sensor", cursor)
+            assert _keys(again) == _keys(first) and again.cursor == first.cursor, cursor
 
 
 def test_a_catalog_update_cursor_ahead_of_the_event_log_is_named_and_reset(raw_catalog, capfd):
@@ -407,18 +452,23 @@ def test_a_catalog_update_cursor_ahead_of_the_event_log_is_named_and_reset(raw_c
         assert len(said) == 1 and "ahead" in said[0], said
 
 
-@pytest.mark.parametrize("changed", [["or-a"], {"or-a": "c769bd222142a15c"}, {"or-a": [1, 2]}, {"or-a": [None, None, "x"]}])
-def test_a_hand_reported_catalog_with_odd_metadata_is_left_out(raw_catalog, changed, capfd):
+def test_a_hand_reported_catalog_with_odd_metadata_is_left_out(raw_catalog, capfd):
+    """Each odd report in turn on one instance: the sensor reads the latest catalog materialization
+    only, so each tick (from no cursor, as the original first tick) sees the report just made."""
     project, cat = raw_catalog
     defs = build_defs(str(project), "configs/w.yaml")
     with dg.instance_for_test() as instance:
         tick(defs, instance, BATCH)
-        instance.report_runless_asset_event(dg.AssetMaterialization(
-            "openrouter_catalog", metadata={"changed_workers": dg.MetadataValue.json(changed)}))
-        result = tick(defs, instance, "catalog_update_sensor")
-        assert not result.run_requests and result.cursor
-        said = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
-        assert len(said) == 1 and "changed_workers" in said[0], said
+        for changed in (["or-a"], {"or-a": "c769bd222142a15c"}, {"or-a": [1, 2]}, {"or-a": [None, None, "x"]}):
+            capfd.readouterr()
+            instance.report_runless_asset_event(dg.AssetMaterialization(
+                "openrouter_catalog", metadata={"changed_workers": dg.MetadataValue.json(changed)}))
+            result = tick(defs, instance, "catalog_update_sensor")
+            assert not result.run_requests and result.cursor, changed
+            said = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+            assert len(said) == 1 and "changed_workers" in said[0], (changed, said)
+            stored = instance.fetch_materializations(dg.AssetKey("openrouter_catalog"), limit=1).records[0].storage_id
+            assert result.cursor == str(stored), changed  # this very report was the one read
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import time
 import dagster as dg
 import duckdb
 import pytest
+import yaml
 
 from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.defs.assemble import build_defs
@@ -59,8 +60,14 @@ def failure(result) -> str:
 
 def test_a_batch_reusing_a_task_id_is_refused_alone_through_the_sensor(two_batches):
     project, good, dupe = two_batches
-    defs = build_defs(str(project), "configs/workers.mock.yaml")
-    workers = load_workers_config(project / "configs" / "workers.mock.yaml").worker_ids
+    # two of the three mock workers: every responses run of the conflicting batch fails, every other
+    # one succeeds, at two thirds of the runs
+    cfg = yaml.safe_load((project / "configs" / "workers.mock.yaml").read_text())
+    cfg["workers"] = cfg["workers"][:2]
+    (project / "configs" / "workers.two.yaml").write_text(yaml.safe_dump(cfg))
+    defs = build_defs(str(project), "configs/workers.two.yaml")
+    workers = load_workers_config(project / "configs" / "workers.two.yaml").worker_ids
+    assert len(workers) == 2
     with dg.instance_for_test() as instance:
         result = tick(defs, instance, "benchgen_batch_sensor")
         runs = launch_all(defs, instance, result.run_requests)
