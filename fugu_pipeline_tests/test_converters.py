@@ -100,6 +100,7 @@ def _brace_depth(s: str) -> int:
     return deepest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [k for k in sorted(SOURCES) if k != "humaneval"])
 def test_references_grade_one_and_wrong_answers_zero(kind: str, converted: dict) -> None:
     """Every row: the reference in a worker-like answer grades 1.0, a wrong one 0.0, with the

@@ -85,6 +85,7 @@ def first_build(built_once) -> Built:
     return done
 
 
+@pytest.mark.slow
 def test_recollections_landing_with_a_matrix_build_are_not_lost(first_build):
     defs = build_defs(str(first_build.project), "configs/workers.mock.yaml")
     with dg.instance_for_test(temp_dir=str(first_build.home)) as instance:

@@ -1,3 +1,4 @@
+import pytest
 """The data path as Dagster assets: sensor-driven batches, resumable partitions, checks."""
 
 import json
@@ -30,6 +31,7 @@ def build_matrix(instance, defs):
     return res.get_asset_materialization_events()[-1].materialization.metadata, checks
 
 
+@pytest.mark.slow
 def test_new_batch_file_is_picked_up_without_recalling_old_cells(project):
     import yaml
 

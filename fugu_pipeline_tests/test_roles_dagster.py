@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import yaml
 
 from fugu_pipeline.testing.roles_batch import write_roles_batch
@@ -22,6 +23,7 @@ ONE_STEP_SMALL = {"seed": 0, "folds": 3, "features": {"layer_sets": "off", "prom
                   "cascade": {"enabled": "off"}}
 
 
+@pytest.mark.slow
 def test_pipeline_with_roles_trains_reports_and_promotes_then_resumes(tmp_path, monkeypatch):
     from fugu_pipeline.defs.runner import run_pipeline
 

@@ -188,6 +188,7 @@ def test_a_batch_partition_deleted_from_the_instance_comes_back(project):
         assert not tick(defs, fresh, BATCH, back.cursor).run_requests
 
 
+@pytest.mark.slow
 def test_a_batch_file_reverted_to_an_earlier_content_is_collected_again(project):
     """v1 -> v2 -> v1: the run keys of the revert must differ from v1's first ones, or the daemon
     drops its runs as already launched and the batch stays on v2's prompts for good."""
