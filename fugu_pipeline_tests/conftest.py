@@ -51,6 +51,31 @@ def project(tmp_path: Path) -> Path:
     return new_project(tmp_path)
 
 
+# Training settings short enough for a test, the same everywhere they are used. What the tests
+# check (the command line and the assets save the same heads, a choice is recorded, a head is
+# promoted and served on its own features, a router beats the best fixed worker on the mock pool)
+# holds for these; the shipped settings take minutes on 2 cores.
+SHORT_TRAIN = {
+    "train_sft.yaml": "epochs: 15\n",
+    "train_rl.yaml": "epochs: 2\n",
+    "train_es.yaml": "generations: 10\nval_every: 5\n",
+    # the shipped heads and grids (a grid of under 3 points fails promotion's receipt gate) on 3
+    # folds: the cascade's verifier fits its whole grid once per fold
+    "train.yaml": "folds: 3\n",
+}
+
+
+NO_CASCADE = "cascade:\n  enabled: 'off'\n"  # most of `fugu-lite train`'s CPU: its verifier's out-of-fold grid
+
+
+def short_training(project: Path, cascade: bool = True) -> Path:
+    """Write `SHORT_TRAIN`'s configs into `project`/configs; `cascade=False` for a test that checks
+    nothing of the cascade the head set also fits."""
+    for name, text in SHORT_TRAIN.items():
+        (project / "configs" / name).write_text(text + ("" if cascade or name != "train.yaml" else NO_CASCADE))
+    return project
+
+
 def write_jsonl(path: Path, rows: list) -> Path:
     import json
 

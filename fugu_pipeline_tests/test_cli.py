@@ -6,14 +6,14 @@ import shutil
 import pytest
 
 from fugu_pipeline.cli import main
-from fugu_pipeline_tests.conftest import REPO
+from fugu_pipeline_tests.conftest import REPO, short_training
 
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     shutil.copytree(REPO / "configs", tmp_path / "configs")
-    return tmp_path
+    return short_training(tmp_path)  # the chain, not the shipped training lengths, is under test
 
 
 def last_line(capsys) -> str:

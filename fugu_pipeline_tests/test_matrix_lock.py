@@ -3,10 +3,12 @@ line opens by default) in a second, real process: the checks and the steps that 
 say so in one line and go on from a snapshot copy."""
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -24,15 +26,27 @@ time.sleep(600)
 """
 
 
-@pytest.fixture
-def small_project(project):
-    """The project with a 30-task batch and a built matrix (the main job, as a user runs it)."""
+@pytest.fixture(scope="module")
+def built_project(tmp_path_factory):
+    """A project with a 30-task batch and a built matrix (the main job, as a user runs it), built
+    once for the file; each test works on its own copy (`small_project`)."""
+    project = tmp_path_factory.mktemp("built")
+    (project / "configs").mkdir()
+    shutil.copy(REPO / "configs" / "workers.mock.yaml", project / "configs" / "workers.mock.yaml")
+    shutil.copy(REPO / "dagster.yaml", project / "dagster.yaml")
     rows = (REPO / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:30]
     write_jsonl(project / "data" / "benchgen" / "sample.jsonl", rows)
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}  # the project's own instance
     out = subprocess.run([str(REPO / ".venv" / "bin" / "fugu-lite"), "pipeline", "--encoder", "tiny", "--stop-after", "reward_matrix",
-                          "--project-dir", str(project)], cwd=project, capture_output=True, text=True, timeout=300)
+                          "--project-dir", str(project)], cwd=project, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     return project
+
+
+@pytest.fixture
+def small_project(built_project, tmp_path):
+    """This test's copy of the built project (the tests lock, kill and append to it)."""
+    return Path(shutil.copytree(built_project, tmp_path / "project"))
 
 
 @pytest.fixture

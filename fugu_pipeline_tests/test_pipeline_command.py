@@ -37,7 +37,9 @@ def test_stop_after_refuses_a_name_it_cannot_stop_after_before_anything_runs(pro
 def test_a_batch_with_a_bad_line_is_left_out_and_the_others_are_collected(proj, capsys):
     """Before: the first failing batch stopped the command, and the batches after it were never
     collected (here the good batch sorts after the bad one)."""
-    good = (proj / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:2]
+    sample = (proj / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:30]  # 30 tasks show it as well as 300
+    write_jsonl(proj / "data" / "benchgen" / "sample.jsonl", sample)
+    good = sample[:2]
     (proj / "data" / "benchgen" / "a_bad.jsonl").write_text("\n".join(good) + '\n{"task_id": "x3", "prompt": \n')
     assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", "reward_matrix"]) == 1
     out, err = capsys.readouterr()
@@ -47,7 +49,7 @@ def test_a_batch_with_a_bad_line_is_left_out_and_the_others_are_collected(proj, 
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and "batch 'a_bad' left out: a_bad.jsonl:3: malformed JSON" in errors[0], errors
     assert "fix: correct line 3 of a_bad.jsonl" in errors[0] and "1 batch file(s) could not be loaded" in errors[1]
-    assert len(read_arrays(proj / "data" / "reward_matrix.duckdb").task_ids) == 300  # the good batch, whole
+    assert len(read_arrays(proj / "data" / "reward_matrix.duckdb").task_ids) == 30  # the good batch, whole
     with dg.DagsterInstance.from_config(str(proj)) as instance:
         meta = instance.get_latest_materialization_event(dg.AssetKey("reward_matrix")).asset_materialization.metadata
         assert list(meta["refused_batch_files"].value) == ["a_bad.jsonl"]

@@ -105,14 +105,15 @@ def test_a_cascade_is_not_loaded_as_a_one_step_router(cascade):
     assert isinstance(load_router(cascade, device="cpu"), CascadeRouter)
 
 
-def test_route_and_ask_run_the_cascade(cascade, stub, tmp_path):
+def test_route_and_ask_run_the_cascade(cascade, stub, tmp_path, capsys):
+    from fugu_pipeline.cli import main
+
     cfg = tmp_path / "workers.yaml"
     cfg.write_text(json.dumps(stub_workers_config(stub.openai_url).model_dump(mode="json", exclude_none=True)))
+    # `route` in this process (the same `main` the console script calls); `ask` as users run it
+    assert main(["route", "--checkpoint", str(cascade), "--device", "cpu", "--prompt", AGREE]) == 0
+    assert json.loads(capsys.readouterr().out)["cascade"].startswith("[alpha, beta] stop if 2 agree")
     fugu = str(REPO / ".venv" / "bin" / "fugu-lite")
-    out = subprocess.run([fugu, "route", "--checkpoint", str(cascade), "--device", "cpu", "--prompt", AGREE], capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["cascade"].startswith("[alpha, beta] stop if 2 agree")
     out = subprocess.run([fugu, "ask", "--checkpoint", str(cascade), "--device", "cpu", "--workers", str(cfg), "--prompt", SPLIT],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -97,21 +97,6 @@ def test_a_slow_store_times_out_with_a_clear_error(s3, store, monkeypatch):
         assert took < 30  # two 1 s timeouts and a backoff, not the 3 s answers times the retries of an SDK default
 
 
-MACHINE_A = """
-import json, sys
-from pathlib import Path
-from fugu_pipeline.defs.shared import SharedStore
-from fugu_pipeline.paths import ProjectPaths
-from fugu_pipeline.testing.serving import build_checkpoints
-root = Path(sys.argv[1])
-paths = ProjectPaths(root)
-build_checkpoints(paths.models, seeds=(0,), epochs=5)   # trains an SFT head and promotes it locally
-shared = SharedStore.of(paths)
-version = None                                           # no pointer on the store yet
-assert shared.push_promoted(version)                     # checkpoint (manifest last), then the pointer
-print(json.dumps({"pointer": json.loads((paths.models / "promoted" / "current.json").read_text())}))
-"""
-
 MACHINE_B = """
 import json, sys
 from fugu_pipeline import load_promoted
@@ -122,13 +107,21 @@ print(json.dumps({"worker": d.worker_id, "checkpoint": str(router.router.checkpo
 """
 
 
-def test_promoted_on_one_machine_loaded_on_another(s3, store, tmp_path):
+def test_promoted_on_one_machine_loaded_on_another(s3, store, tmp_path, monkeypatch):
+    """Machine A is this process (its own folder); machine B another process that knows only the
+    store's URL and has an empty folder of its own."""
+    from fugu_pipeline.defs.shared import SharedStore
+    from fugu_pipeline.paths import ProjectPaths
+    from fugu_pipeline.testing.serving import build_checkpoints
+
     models_url = f"s3://{BUCKET}/roundtrip/models"
     env = {**os.environ, **_store_env(s3.url), "FUGU_MODELS_URL": models_url, "FUGU_DATA_URL": f"s3://{BUCKET}/roundtrip/data"}
-    a = subprocess.run([sys.executable, "-c", MACHINE_A, str(tmp_path / "machine-a")], env=env, cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
-    assert a.returncode == 0, a.stderr[-3000:]
-    pointer = json.loads(a.stdout.strip().splitlines()[-1])["pointer"]
+    monkeypatch.setenv("FUGU_MODELS_URL", models_url)
+    monkeypatch.setenv("FUGU_DATA_URL", f"s3://{BUCKET}/roundtrip/data")
+    paths = ProjectPaths(tmp_path / "machine-a")
+    build_checkpoints(paths.models, seeds=(0,), epochs=5)  # trains an SFT head and promotes it locally
+    assert SharedStore.of(paths).push_promoted(None)  # no pointer on the store yet: checkpoint (manifest last), then the pointer
+    pointer = json.loads((paths.models / "promoted" / "current.json").read_text())
     env_b = {**env, "FUGU_STORE_CACHE": str(tmp_path / "machine-b" / "cache")}
     env_b.pop("FUGU_MODELS_URL")  # B knows only the URL it is given
     b = subprocess.run([sys.executable, "-c", MACHINE_B, models_url], env=env_b, cwd=tmp_path,

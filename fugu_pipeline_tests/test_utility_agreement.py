@@ -16,7 +16,7 @@ from fugu_pipeline.cli import main
 from fugu_pipeline.defs.assemble import build_defs
 from fugu_pipeline.matrix.read import read_arrays, read_utility_config, read_utility_source
 from fugu_pipeline.reward import UtilityConfig
-from fugu_pipeline_tests.conftest import REPO
+from fugu_pipeline_tests.conftest import NO_CASCADE, REPO, short_training
 
 WEIGHTS = {"quality_weight": 2.0, "cost_weight": 0.7, "latency_weight": 0.2, "cost_scale_usd": 0.005,
            "latency_scale_s": 4.0, "cap": 5.0}
@@ -27,13 +27,12 @@ BASELINES = ("oracle_utility", "best_fixed_utility", "random_utility", "best_fix
 @pytest.fixture
 def weighted(project, monkeypatch):
     """The project with a worker YAML whose reward: block is far from the defaults, and short
-    training configs (read by both sides)."""
+    training configs, 3 folds for the head set (read by both sides)."""
     assert UtilityConfig(**WEIGHTS) != UtilityConfig()
     cfg = yaml.safe_load((project / "configs" / "workers.mock.yaml").read_text())
     cfg["reward"] = WEIGHTS
     (project / "configs" / "w.yaml").write_text(yaml.safe_dump(cfg))
-    for name, text in (("sft", "epochs: 15\n"), ("rl", "epochs: 2\n"), ("es", "generations: 10\nval_every: 5\n")):
-        (project / "configs" / f"train_{name}.yaml").write_text(text)
+    short_training(project)
     monkeypatch.chdir(project)
     monkeypatch.setenv("DAGSTER_HOME", str(project))
     return project
@@ -42,6 +41,8 @@ def weighted(project, monkeypatch):
 def test_cli_and_assets_report_the_same_utility_from_the_same_worker_yaml(weighted, capsys):
     # the command line: generate -> train-sft -> evaluate, with the worker YAML's weights
     W = ["--workers", "configs/w.yaml"]
+    with (weighted / "configs" / "train.yaml").open("a") as fh:  # the main job fits the head set on its way; no cascade
+        fh.write(NO_CASCADE)
     assert main(["generate", *W, "--tasks", "data/benchgen/sample.jsonl", "--output", "r.jsonl"]) == 0
     common = ["--data", "r.jsonl", *W, "--device", "cpu"]
     assert main(["train-sft", *common, "--encoder", "tiny", "--output", "cli-models"]) == 0
