@@ -71,6 +71,7 @@ def test_router_heads_chooses_layer_sets_like_fugu_lite_train(proj, capsys):
     assert any((p / "budget.json").exists() for p in asset)
 
 
+@pytest.mark.slow
 def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_features(proj, capsys):
     from fugu_pipeline.route.router import Router
     from fugu_pipeline.train.pointer import pointer_target, read_pointer

@@ -90,6 +90,7 @@ def test_a_lock_released_within_the_wait_is_simply_waited_for(small_project, hol
     assert 0.5 < time.monotonic() - t0 < 30
 
 
+@pytest.mark.slow
 def test_the_main_job_says_a_failed_step_in_one_line_and_each_warning_in_one(small_project):
     # It printed Dagster's step-failure event and the exception, two stacks of ~60 lines, for an
     # error the asset had already put in one line.

@@ -111,6 +111,7 @@ def test_an_imported_jsonl_gets_the_weights_of_the_yaml_in_both_paths(weighted, 
     assert f"was built with {FORMULA}" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_fugu_lite_train_and_the_router_heads_asset_save_the_same_heads(weighted, capsys):
     """`fugu-lite train` over the matrix the assets built and the `router_heads` asset: the same
     configured heads (configs/train.yaml), the same weights byte for byte, the same manifests (the
