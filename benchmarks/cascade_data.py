@@ -245,13 +245,17 @@ def table_multi(r: dict) -> str:
               f"inputs {c['verifier'].get('inputs')}, per worker " + ", ".join(
                   f"{w} {a}" for w, a in zip(r["workers"], by)),
               f"selection (out of fold, under the cap): {r['selection']['selected']} — {r['selection']['reason']}",
-              "| candidate | out-of-fold figure | quality | expected $ per request | gain over the best worker [95% CI] | note |",
-              "|---|---|---|---|---|---|"]
-    for x in r["selection"]["candidates"]:
-        lines.append(f"| {x['name']} | {x['mean']:.4f} | {x['quality']:.4f} | {x['cost_usd']:.3g} | {x['gain']:+.4f} "
-                     f"[{x['low']:+.4f}, {x['high']:+.4f}] | {x['note']} |")
-    lines.append(f"runtime {r['seconds']:.0f}s")
+              *_selection_table(r)]
     return "\n".join(lines)
+
+
+def _selection_table(r: dict) -> list[str]:
+    """Every candidate's out-of-fold figure and interval, then the runtime."""
+    return ["| candidate | out-of-fold figure | quality | expected $ per request | gain over the best worker [95% CI] | note |",
+            "|---|---|---|---|---|---|",
+            *(f"| {x['name']} | {x['mean']:.4f} | {x['quality']:.4f} | {x['cost_usd']:.3g} | {x['gain']:+.4f} "
+              f"[{x['low']:+.4f}, {x['high']:+.4f}] | {x['note']} |" for x in r["selection"]["candidates"]),
+            f"runtime {r['seconds']:.0f}s"]
 
 
 def _auc_of(fig: dict, workers: list, w: str) -> str:
@@ -288,12 +292,7 @@ def table(r: dict) -> str:
              f"'{r['weak']}'s reply is right' {_auc_of(c['verifier'], r['workers'], r['weak'])}, for "
              f"'{r['strong']}'s' {_auc_of(c['verifier'], r['workers'], r['strong'])}",
              f"selection (out of fold, objective under the cap): {r['selection']['selected']} — {r['selection']['reason']}",
-             "| candidate | out-of-fold figure | quality | expected $ per request | gain over the best worker [95% CI] | note |",
-             "|---|---|---|---|---|---|"]
-    for x in r["selection"]["candidates"]:
-        lines.append(f"| {x['name']} | {x['mean']:.4f} | {x['quality']:.4f} | {x['cost_usd']:.3g} | {x['gain']:+.4f} "
-                     f"[{x['low']:+.4f}, {x['high']:+.4f}] | {x['note']} |")
-    lines.append(f"runtime {r['seconds']:.0f}s")
+             *_selection_table(r)]
     return "\n".join(lines)
 
 
