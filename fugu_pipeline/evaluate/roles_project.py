@@ -193,26 +193,38 @@ def _policy_of(checkpoint, featurizer):
     return policy_from_checkpoint(checkpoint, featurizer)
 
 
-def one_step_policy(models_dir: Path, worker_ids: list[str], log: Log = print, fallback: Path | None = None):
-    """The one-step router to compare with, as a session policy: the promoted one, else `fallback`
-    (the pipeline's latest one-step checkpoint), else None. Returns (policy or None, where it came from)."""
+def promoted_or_fallback(models_dir: Path, fallback: Path | None, fallback_is: str, load: Callable[[Path], object]):
+    """`load` of the promoted checkpoint, else of `fallback`: (what it returned, where it came
+    from), or (None, why neither loaded)."""
     from fugu_pipeline.route.promoted import promoted_checkpoint_path
-    from fugu_pipeline.route.roles import OneStepPolicy
-    from fugu_pipeline.route.router import Router, RouterError
+    from fugu_pipeline.route.router import RouterError
     from fugu_pipeline.train.checkpoints import CheckpointError
 
     tries = [("promoted", lambda: promoted_checkpoint_path(models_dir))]
     if fallback is not None:
-        tries.append(("not promoted: the latest one-step checkpoint", lambda: Path(fallback)))
+        tries.append((f"not promoted: {fallback_is}", lambda: Path(fallback)))
     reasons = []
     for what, where in tries:
         try:
             path = where()
-            return OneStepPolicy(Router.load(path), worker_ids), f"{what} ({path})"
+            return load(path), f"{what} ({path})"
         except (RouterError, CheckpointError, FileNotFoundError, ValueError) as exc:
             reasons.append(f"{what}: {exc}")
-    log("no one-step router to compare with: " + "; ".join(reasons))
-    return None, None
+    return None, "; ".join(reasons)
+
+
+def one_step_policy(models_dir: Path, worker_ids: list[str], log: Log = print, fallback: Path | None = None):
+    """The one-step router to compare with, as a session policy: the promoted one, else `fallback`
+    (the pipeline's latest one-step checkpoint), else None. Returns (policy or None, where it came from)."""
+    from fugu_pipeline.route.roles import OneStepPolicy
+    from fugu_pipeline.route.router import Router
+
+    policy, source = promoted_or_fallback(models_dir, fallback, "the latest one-step checkpoint",
+                                          lambda path: OneStepPolicy(Router.load(path), worker_ids))
+    if policy is None:
+        log("no one-step router to compare with: " + source)
+        return None, None
+    return policy, source
 
 
 class CascadeBaselineError(ValueError):
@@ -227,7 +239,6 @@ def cascade_baseline(models_dir: Path, worker_ids: list[str], *, path: Path | No
     pipeline's latest cascade), else None. Returns (router or None, where it came from or why
     there is none); close the router when done."""
     from fugu_pipeline.route.cascade import CascadeRouter
-    from fugu_pipeline.route.promoted import promoted_checkpoint_path
     from fugu_pipeline.route.router import RouterError
     from fugu_pipeline.train.cascade_head import KIND
     from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
@@ -250,19 +261,10 @@ def cascade_baseline(models_dir: Path, worker_ids: list[str], *, path: Path | No
         except errors as exc:
             raise CascadeBaselineError(f"--cascade {path}: {exc}; pass a cascade checkpoint (models/cascade/<hash>) "
                                        "over this worker pool, or leave it out") from None
-    tries = [("promoted", lambda: promoted_checkpoint_path(models_dir))]
-    if fallback is not None:
-        tries.append(("not promoted: the latest cascade", lambda: Path(fallback)))
-    reasons = []
-    for what, where in tries:
-        try:
-            target = where()
-            return load(target), f"{what} ({target})"
-        except errors as exc:
-            reasons.append(f"{what}: {exc}")
-    why = "; ".join(reasons)
-    log(f"no answer-aware cascade to compare with: {why}")
-    return None, why
+    router, source = promoted_or_fallback(models_dir, fallback, "the latest cascade", load)
+    if router is None:
+        log(f"no answer-aware cascade to compare with: {source}")
+    return router, source
 
 
 def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task], cfg: RolesConfig, models_dir: Path, *,
