@@ -20,11 +20,18 @@ What is read (the files the study released for a task; every model's chain-of-th
 - Cost: the data has none, so a call costs (few-shot prompt + question) chars / 4 input tokens and
   reply chars / 4 output tokens at `PRICES` (USD per million tokens: the study's gpt-3.5-turbo
   and gpt-4 prices; llama-2-13b at a hosted 13B model's price, an assumption).
+
+The released format of a result file: a JSON array of objects, one a question, each with
+`question` (text), `answer` (the reference: a string, or `{option: 1 or 0}` marking the right one,
+as a dict or its Python literal) and `generated` (the sampled replies: a list of strings, or its
+Python literal); other fields are not read. A file or row that is not in it is a `MotFormatError`:
+one line naming the file, the line the row starts on, the field and what to do.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -37,6 +44,14 @@ TASKS = {
 }
 _STOP = re.compile(r"\n[ \t]*\n")
 _ANSWER_LINE = re.compile(r"^[ \t]*A[ \t]*:[ \t]*(\S[^\n]*)$", re.MULTILINE)
+_SPACE = re.compile(r"\s*")
+
+
+class MotFormatError(ValueError):
+    """A result file or row not in the study's released format (one line: file, line, field, what to do)."""
+
+
+_FIX = "restore the study's file (git checkout in LLM_MoT_cascade) or pass an untouched checkout of it"
 
 
 def read_file(root: Path, rel: str) -> str:
@@ -66,23 +81,72 @@ def _few_shot(root: Path, rel: str, name: str) -> str:
     raise ValueError(f"{rel} has no {name}")
 
 
-def _listed(value) -> list:
-    return list(ast.literal_eval(value)) if isinstance(value, str) else list(value)
+def read_items(root: Path, rel: str) -> list[tuple[int, dict]]:
+    """(line the row starts on, row) for every row of a result file, each row checked
+    (`check_item`); a file or row not in the released format is a MotFormatError."""
+    text = read_file(root, rel)
+    decoder = json.JSONDecoder()
+    line_at = lambda pos: text.count("\n", 0, pos) + 1  # noqa: E731
+    pos = _SPACE.match(text).end()
+    if not text.startswith("[", pos):
+        raise MotFormatError(f"{rel} line {line_at(pos)}: not a JSON array of rows; {_FIX}")
+    pos, out = pos + 1, []
+    while True:
+        pos = _SPACE.match(text, pos).end()
+        if text.startswith("]", pos):
+            return out
+        if out:
+            if not text.startswith(",", pos):
+                raise MotFormatError(f"{rel} line {line_at(pos)}: expected ',' or ']' after row {len(out)}; {_FIX}")
+            pos = _SPACE.match(text, pos + 1).end()
+        try:
+            item, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise MotFormatError(f"{rel} line {exc.lineno}: not JSON ({exc.msg}); {_FIX}") from None
+        out.append((line_at(pos), check_item(item, rel, line_at(pos))))
+        pos = end
+
+
+def check_item(item, rel: str, line: int) -> dict:
+    """`item` with `answer` and `generated` in their read forms (a string or an option dict; a
+    list of strings), else a MotFormatError naming the file, the row's line and the field."""
+    def bad(field: str, why: str) -> MotFormatError:
+        return MotFormatError(f"{rel} line {line}: {field} {why}; {_FIX}")
+
+    if not isinstance(item, dict):
+        raise bad("row", f"is a JSON {type(item).__name__}, not an object")
+    for field in ("question", "answer", "generated"):
+        if field not in item:
+            raise bad(f"{field!r}", "is missing")
+    if not isinstance(item["question"], str) or not item["question"].strip():
+        raise bad("'question'", "is not a non-empty string")
+    out = dict(item)
+    for field, want in (("answer", (str, dict)), ("generated", list)):
+        value = item[field]
+        if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):  # a Python literal, as the study saved some
+            try:
+                value = ast.literal_eval(value)
+            except (ValueError, SyntaxError) as exc:
+                raise bad(f"{field!r}", f"is not a readable literal ({type(exc).__name__})") from None
+        if not isinstance(value, want):
+            raise bad(f"{field!r}", f"is a {type(value).__name__}")
+        out[field] = value
+    if not all(isinstance(g, str) for g in out["generated"]):
+        raise bad("'generated'", "holds a reply that is not a string")
+    if isinstance(out["answer"], dict) and not any(v for v in out["answer"].values()):
+        raise bad("'answer'", "marks no option as the right one (1)")
+    return out
 
 
 def _reference(item: dict) -> str:
+    """The reference answer of a checked row: the string, or the option marked right."""
     ans = item["answer"]
-    if isinstance(ans, str) and ans.startswith("{"):  # {option: 1 for the right one, 0 else}
-        ans = ast.literal_eval(ans)
-    if isinstance(ans, dict):
-        return next(k for k, v in ans.items() if v)
-    return str(ans)
+    return next(str(k) for k, v in ans.items() if v) if isinstance(ans, dict) else str(ans)
 
 
 def mot_rows(root: Path, task: str = "date", test_fraction: float = 0.5, val_fraction: float = 0.1, seed: int = 0):
-    """(rows, notes): one `RewardRow` per question every model answered, with each model's reply."""
-    import json
-
+    """(rows, notes): one `RewardRow` per question every model answered, with each model's reply.
+    A result file not in the released format: MotFormatError (module docstring)."""
     from fugu_pipeline.matrix.import_common import assign_split
     from fugu_pipeline.matrix.import_format import RewardRow
 
@@ -90,8 +154,7 @@ def mot_rows(root: Path, task: str = "date", test_fraction: float = 0.5, val_fra
     shots = _few_shot(root, spec["prompt_file"], spec["few_shot"])
     per_worker = {}
     for w, rel in spec["workers"].items():
-        items = json.loads(read_file(root, rel))
-        per_worker[w] = {it["question"]: it for it in items}
+        per_worker[w] = {it["question"]: it for _, it in read_items(root, rel)}
     questions = [q for q in per_worker[next(iter(spec["workers"]))] if all(q in d for d in per_worker.values())]
     workers = list(spec["workers"])
     rows = []
@@ -99,7 +162,7 @@ def mot_rows(root: Path, task: str = "date", test_fraction: float = 0.5, val_fra
         gold = _reference(per_worker["gpt-4"][q] if "gpt-4" in per_worker else per_worker[workers[0]][q])
         replies, quality, cost = [], [], []
         for w in workers:
-            generated = _listed(per_worker[w][q]["generated"])
+            generated = per_worker[w][q]["generated"]
             reply = _STOP.split(generated[0].strip(), 1)[0] if generated else ""
             said = _ANSWER_LINE.findall(reply)
             replies.append(reply)

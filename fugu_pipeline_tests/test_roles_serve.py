@@ -19,9 +19,9 @@ from fugu_pipeline.route.router import Router
 from fugu_pipeline.serve import create_app
 from fugu_pipeline.testing.roles_serving import imitation_checkpoint
 from fugu_pipeline.testing.serving import WORKERS, ServerThread, build_checkpoints, stub_workers_config
-from fugu_pipeline.testing.stub_llm import StubLLMServer
 from fugu_pipeline.train.pointer import ROLES_POINTER, write_pointer
 
+from . import serve_fixtures
 from .conftest import REPO
 
 IDS = list(WORKERS)
@@ -42,10 +42,7 @@ def models(tmp_path_factory) -> tuple[Path, Path]:
     return models, roles
 
 
-@pytest.fixture(scope="module")
-def stub():
-    with StubLLMServer() as s:
-        yield s
+stub = serve_fixtures.stub
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from pathlib import Path
 
 import httpx
@@ -23,40 +22,33 @@ from fugu_pipeline.testing.serving import (
     promote,
     stub_workers_config,
 )
-from fugu_pipeline.testing.stub_llm import StubLLMServer
 from fugu_pipeline.workers.config import WorkersConfig
+from fugu_pipeline_tests import serve_fixtures
+from fugu_pipeline_tests.serve_fixtures import ask, assert_openai_error, fugu
+from fugu_pipeline_tests.services import free_port
 
 TOKEN = "fugu-test-token-123"
 MAX_BODY = 64 * 1024
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # --------------------------------------------------------------------------- fixtures
 
+stub = serve_fixtures.stub
+clean_stub = serve_fixtures.clean_stub
 
-@pytest.fixture(scope="session")
+
+@pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> tuple[Path, list[Path]]:
     models = tmp_path_factory.mktemp("models")
     return models, build_checkpoints(models)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def provider(checkpoints) -> PromotedRouter:
     return PromotedRouter(checkpoints[0], device="cpu")
 
 
-@pytest.fixture(scope="session")
-def stub():
-    with StubLLMServer() as s:
-        yield s
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def server(provider, stub):
     app = create_app(provider, stub_workers_config(stub.openai_url), api_token=TOKEN, max_body_bytes=MAX_BODY,
                      batch_window_ms=5)
@@ -65,30 +57,9 @@ def server(provider, stub):
     srv.stop()
 
 
-@pytest.fixture(autouse=True)
-def _clean_stub(stub):
-    yield
-    stub.clear_faults()
-
-
 @pytest.fixture
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server + "/v1", api_key=TOKEN, max_retries=0, timeout=30)
-
-
-def ask(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
-
-
-def fugu(obj) -> dict:
-    return obj.model_extra["fugu_lite"]
-
-
-def assert_openai_error(r: httpx.Response, status: int) -> dict:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    return err
 
 
 # --------------------------------------------------------------------------- happy paths

@@ -23,23 +23,19 @@ from fugu_pipeline.route.promoted import PromotedRouter
 from fugu_pipeline.serve import app as app_module
 from fugu_pipeline.serve import create_app
 from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES, INLINE_BYTES, BodyError, load_json
-from fugu_pipeline.testing.serving import ServerThread, build_checkpoints, stub_workers_config
-from fugu_pipeline.testing.stub_llm import StubLLMServer
-from fugu_pipeline_tests.test_serve_hostile import BAD_BODIES
+from fugu_pipeline.testing.serving import ServerThread, stub_workers_config
+from fugu_pipeline_tests import serve_fixtures
+from fugu_pipeline_tests.serve_fixtures import BAD_BODIES, ask
 
 TOKEN = "limits-test-token"
 
 
-@pytest.fixture(scope="module")
-def stub():
-    with StubLLMServer() as s:
-        yield s
+stub = serve_fixtures.stub
+models = serve_fixtures.one_router
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, stub):
-    models = tmp_path_factory.mktemp("models")
-    build_checkpoints(models, seeds=(0,))
+def server(models, stub):
     srv = ServerThread(create_app(PromotedRouter(models, device="cpu"), stub_workers_config(stub.openai_url),
                                   api_token=TOKEN, max_body_bytes=4 << 20, batch_window_ms=5, max_json_values=500))
     yield srv.url
@@ -48,10 +44,6 @@ def server(tmp_path_factory, stub):
 
 def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key=TOKEN, max_retries=0, timeout=60)
-
-
-def ask(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
 
 
 def test_a_body_of_many_small_values_gets_a_413_naming_the_limit(server, stub):

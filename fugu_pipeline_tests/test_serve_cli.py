@@ -4,13 +4,6 @@ serving defaults (`--torch-threads`)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import openai
@@ -19,48 +12,7 @@ import yaml
 
 from fugu_pipeline.testing.serving import build_checkpoints, stub_workers_config
 from fugu_pipeline.testing.stub_llm import StubLLMServer
-from fugu_pipeline_tests.conftest import REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def fugu_lite() -> list[str]:
-    script = Path(sys.executable).parent / "fugu-lite"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "fugu_pipeline.cli"]
-
-
-def start(args: list[str], log: Path, env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([*fugu_lite(), "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "FUGU_SERVE_TOKEN": "", **(env or {})})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"fugu-lite serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise AssertionError(f"fugu-lite serve did not answer /health within 120 s:\n{log.read_text()[-3000:]}")
-
-
-def stop(proc: subprocess.Popen) -> int:
-    proc.send_signal(signal.SIGINT)
-    try:
-        return proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise AssertionError("fugu-lite serve did not stop within 20 s of SIGINT") from None
+from fugu_pipeline_tests.serve_fixtures import start, stop
 
 
 @pytest.fixture(scope="module")

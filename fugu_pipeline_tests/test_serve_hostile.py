@@ -18,33 +18,19 @@ from fugu_pipeline.route.promoted import PromotedRouter
 from fugu_pipeline.route.router import RouteDecision
 from fugu_pipeline.serve import RouteRequest, create_app
 from fugu_pipeline.serve.batching import route_grouped
-from fugu_pipeline.serve.protocol import MAX_JSON_DEPTH
 from fugu_pipeline.testing.serving import WORKERS, ServerThread, build_checkpoints, stub_workers_config
 from fugu_pipeline.testing.stub_llm import StubLLMServer
 from fugu_pipeline.workers.replies import DETAIL_CHARS
+from fugu_pipeline_tests import serve_fixtures
+from fugu_pipeline_tests.serve_fixtures import BAD_BODIES, ask, assert_openai_error, fugu
 
 TOKEN = "hostile-test-token"
 MAX_BODY = 4 << 20  # room for a 2 MB prompt
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    models = tmp_path_factory.mktemp("models")
-    build_checkpoints(models, seeds=(0,))
-    return models
-
-
-@pytest.fixture(scope="module")
-def stub():
-    with StubLLMServer() as s:
-        yield s
-
-
-@pytest.fixture(autouse=True)
-def _clean(stub):
-    yield
-    stub.clear_faults()
-    stub.set_latency(0.0)
+stub = serve_fixtures.stub
+models = serve_fixtures.one_router
+clean_stub = serve_fixtures.clean_stub
 
 
 @pytest.fixture(scope="module")
@@ -56,26 +42,11 @@ def server(models, stub):
     srv.stop()
 
 
-def ask(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
-
-
-def fugu(obj) -> dict:
-    return obj.model_extra["fugu_lite"]
-
-
 def post(url: str, content: bytes | str, content_type: str | None = "application/json") -> httpx.Response:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     if content_type is not None:
         headers["Content-Type"] = content_type
     return httpx.post(url + "/v1/chat/completions", content=content, headers=headers, timeout=30)
-
-
-def assert_openai_error(r: httpx.Response, status: int) -> dict:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    return err
 
 
 def assert_still_serving(url: str) -> None:
@@ -154,57 +125,6 @@ def test_the_encoder_takes_a_lone_surrogate_without_crashing(models):
 
 
 # --------------------------------------------------------------------------- item 14: 400 instead of 500
-
-
-def nested(depth: int) -> str:
-    return "[" * depth + "]" * depth
-
-
-BAD_BODIES = {
-    "NaN in a passed-through field": '{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"50256": NaN}}',
-    "Infinity in an unknown field": '{"messages": [{"role": "user", "content": "hi"}], "extra": Infinity}',
-    "-Infinity as temperature": '{"messages": [{"role": "user", "content": "hi"}], "temperature": -Infinity}',
-    "number out of float range": '{"messages": [{"role": "user", "content": "hi"}], "top_p": 1e999}',
-    "JSON nested 1,000 deep": '{"messages": [{"role": "user", "content": "hi"}], "x": ' + nested(1000) + "}",
-    "JSON nested 100,000 deep": '{"messages": [{"role": "user", "content": "hi"}], "x": ' + nested(100_000) + "}",
-    f"JSON nested {MAX_JSON_DEPTH + 5} deep": '{"messages": [{"role": "user", "content": "hi"}], "x": '
-                                              + nested(MAX_JSON_DEPTH + 5) + "}",
-    "lone surrogate in a system message": '{"messages": [{"role": "system", "content": "\\udfff"}, '
-                                          '{"role": "user", "content": "hi"}]}',
-    "lone surrogate in a key": '{"messages": [{"role": "user", "content": "hi"}], "\\ud83d": 1}',
-    "lone surrogate in a text part": '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
-    "content a number": '{"messages": [{"role": "user", "content": 5}]}',
-    "content part not an object": '{"messages": [{"role": "user", "content": [5]}]}',
-    "text part without text": '{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
-    "role missing": '{"messages": [{"content": "hi"}]}',
-    "name a number": '{"messages": [{"role": "user", "content": "hi", "name": 5}]}',
-    "messages empty": '{"messages": []}',
-    "model a number": '{"model": 5, "messages": [{"role": "user", "content": "hi"}]}',
-    "stop a number": '{"messages": [{"role": "user", "content": "hi"}], "stop": 5}',
-    "stop a list of numbers": '{"messages": [{"role": "user", "content": "hi"}], "stop": [1, 2]}',
-    "logit_bias out of range": '{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"1": 1000}}',
-    "response_format a string": '{"messages": [{"role": "user", "content": "hi"}], "response_format": "json"}',
-    "max_tokens a string": '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "10"}',
-    "max_tokens a bool": '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": true}',
-    "stream a string": '{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}',
-    "stream_options.include_usage a string": '{"messages": [{"role": "user", "content": "hi"}], "stream": true, '
-                                             '"stream_options": {"include_usage": "yes"}}',
-    "fugu_cost_weight a string": '{"messages": [{"role": "user", "content": "hi"}], "fugu_cost_weight": "lots"}',
-    "fugu_cost_weight NaN": '{"messages": [{"role": "user", "content": "hi"}], "fugu_cost_weight": NaN}',
-    "an integer beyond float range": '{"messages": [{"role": "user", "content": "hi"}], "temperature": ' + "9" * 400 + "}",
-    "an integer beyond 64 bits": '{"messages": [{"role": "user", "content": "hi"}], "seed": ' + "9" * 25 + "}",
-    "fugu_budget share beyond float range": '{"messages": [{"role": "user", "content": "hi"}], "fugu_budget": '
-                                            '{"share": ' + "9" * 400 + "}}",
-    "fugu_cost_weight 1e300": '{"messages": [{"role": "user", "content": "hi"}], "fugu_cost_weight": 1e300}',
-    "fugu_cost_weight negative": '{"messages": [{"role": "user", "content": "hi"}], "fugu_cost_weight": -1}',
-    "fugu_allowed_workers a string": '{"messages": [{"role": "user", "content": "hi"}], "fugu_allowed_workers": "alpha"}',
-    "fugu_lite unknown key": '{"messages": [{"role": "user", "content": "hi"}], "fugu_lite": {"rm": 1}}',
-    "body a list": "[1, 2]",
-    "body null": "null",
-    "body empty": "",
-    "invalid UTF-8 bytes": b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}',
-    "truncated JSON": '{"messages": [{"role": "user"',
-}
 
 
 @pytest.mark.parametrize("name", list(BAD_BODIES))

@@ -20,32 +20,14 @@ import yaml
 from fugu_pipeline.route.promoted import PromotedRouter
 from fugu_pipeline.serve import create_app
 from fugu_pipeline.serve.hosts import HostPolicy, host_name
-from fugu_pipeline.testing.serving import WORKERS, ServerThread, build_checkpoints, stub_workers_config
-from fugu_pipeline.testing.stub_llm import StubLLMServer
-from fugu_pipeline_tests.test_serve_cli import start, stop
+from fugu_pipeline.testing.serving import WORKERS, ServerThread, stub_workers_config
+from fugu_pipeline_tests import serve_fixtures
+from fugu_pipeline_tests.serve_fixtures import ask, start, stop
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    models = tmp_path_factory.mktemp("models")
-    build_checkpoints(models, seeds=(0,))
-    return models
-
-
-@pytest.fixture(scope="module")
-def stub():
-    with StubLLMServer() as s:
-        yield s
-
-
-@pytest.fixture(autouse=True)
-def _clean(stub):
-    yield
-    stub.clear_faults()
-
-
-def ask(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
+stub = serve_fixtures.stub
+models = serve_fixtures.one_router
+clean_stub = serve_fixtures.clean_stub
 
 
 # --------------------------------------------------------------------------- Host header

@@ -13,7 +13,6 @@ import signal
 import socket
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
@@ -21,8 +20,9 @@ import pytest
 import yaml
 
 from fugu_pipeline.serve import create_app
-from fugu_pipeline.testing.serving import ServerThread, build_checkpoints, stub_workers_config
-from fugu_pipeline_tests.test_serve_cli import start
+from fugu_pipeline.testing.serving import ServerThread, stub_workers_config
+from fugu_pipeline_tests import serve_fixtures
+from fugu_pipeline_tests.serve_fixtures import ask, start
 
 PACE_S, CHUNKS = 0.25, 40  # a streamed answer takes 10 s; a plain one comes after PLAIN_DELAY_S
 PLAIN_DELAY_S = 10.0
@@ -128,11 +128,7 @@ class Errors(logging.Handler):
         self.records.append(record)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("lifecycle") / "models"
-    build_checkpoints(root, seeds=(0,))
-    return root
+models = serve_fixtures.one_router
 
 
 @pytest.fixture
@@ -153,10 +149,6 @@ def served(models):
             srv.stop()
             for lg in loggers:
                 lg.removeHandler(errors)
-
-
-def ask(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
 
 
 def test_a_client_that_leaves_a_stream_closes_the_worker_call(served):

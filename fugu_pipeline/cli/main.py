@@ -231,13 +231,17 @@ def build_parser() -> argparse.ArgumentParser:
     harness.add_commands(add, data_opts)  # baseline, keygen, accept-key, pack, preflight, validate, train-triage, triage-report
 
     p = add("evaluate-roles", roles.cmd_evaluate_roles, "the held-out multi-turn report of a coordinator on a "
-            "project's tasks (vs the one-step router and the best fixed worker); --promote to face the king")
+            "project's tasks (vs the one-step router, the answer-aware cascade and the best fixed worker); --promote "
+            "to face the king")
     p.add_argument("--project-dir", default=".")
     p.add_argument("--workers", default="configs/workers.mock.yaml", help="worker YAML, relative to the project")
     p.add_argument("--config", default="configs/train_roles.yaml", help="roles config (reward penalties, turn limit)")
     p.add_argument("--checkpoint", default=None, help="roles checkpoint (default: the promoted coordinator)")
     p.add_argument("--seeds", type=int, default=1, help="sampling seeds per held-out task")
     p.add_argument("--one-step", default=None, help="one-step checkpoint to compare with when none is promoted")
+    p.add_argument("--cascade", default=None, metavar="PATH",
+                   help="cascade checkpoint to compare with, run over the fixed workers' replies (default: the promoted "
+                   "router when it is a cascade; none: the report says so)")
     p.add_argument("--promote", action="store_true", help="apply the promotion gates to models/promoted/roles.json")
     p.add_argument("--encoder", default=None, help="where to load the checkpoint's encoder from (default: its contract)")
     p.add_argument("--device", default="auto")

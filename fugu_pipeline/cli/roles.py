@@ -61,10 +61,13 @@ def cmd_ask_multi_turn(args) -> int:
 
 def cmd_evaluate_roles(args) -> int:
     """The held-out multi-turn report of a coordinator (default: the promoted one) on a project's
-    graded tasks; the same core as `eval_report_roles`, promotion only with --promote."""
+    graded tasks, against the one-step router, the answer-aware cascade (--cascade, default: the
+    promoted router when it is a cascade) and the best fixed worker; the same core as
+    `eval_report_roles`, promotion only with --promote."""
     from pathlib import Path
 
     from fugu_pipeline.evaluate.roles_project import (
+        CascadeBaselineError,
         evaluate_coordinator,
         open_run,
         project_tasks,
@@ -92,8 +95,12 @@ def cmd_evaluate_roles(args) -> int:
                                       device=args.device)
     tasks = project_tasks(paths.benchgen, paths.reward_db)
     with open_run(config, settings, paths.data / "trajectories", tasks, cfg) as run:
-        rep = evaluate_coordinator(run, checkpoint, tasks, cfg, paths.models, seeds=args.seeds, promote=args.promote,
-                                   one_step_fallback=Path(args.one_step) if args.one_step else None)
+        try:
+            rep = evaluate_coordinator(run, checkpoint, tasks, cfg, paths.models, seeds=args.seeds, promote=args.promote,
+                                       one_step_fallback=Path(args.one_step) if args.one_step else None,
+                                       cascade=Path(args.cascade) if args.cascade else None, device=args.device)
+        except CascadeBaselineError as exc:
+            raise CLIError(str(exc)) from None
         print(f"worker calls this run: {dict(run.caller.calls)}; sessions read from the store: "
               f"{run.runner.stats.sessions_stored}, run: {run.runner.stats.sessions_run}")
     print(f"report: {rep['report_path']}")

@@ -1,6 +1,6 @@
 """The multi-turn coordinator's assets: `router_roles` (trajectory CMA-ES) and `eval_report_roles`
-(live held-out report against the one-step router and the best fixed worker, then king versus
-challenger on models/promoted/roles.json). Thin: the work is in `evaluate/roles_project.py`."""
+(live held-out report against the one-step router, the answer-aware cascade and the best fixed
+worker, then king versus challenger on models/promoted/roles.json). Thin: the work is in `evaluate/roles_project.py`."""
 
 import dagster as dg
 
@@ -94,18 +94,22 @@ def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pi
 
 @dg.asset(pool=GPU_POOL, group_name="multi_turn", kinds={"json", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION)
 def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pipeline: PipelineResource,
-                      encoder: EncoderResource, router_roles: str, router_es: str) -> dg.Output[dict]:
+                      encoder: EncoderResource, router_roles: str, router_es: str, router_heads: dict) -> dg.Output[dict]:
     """Calls the configured workers live (every held-out session; with real workers it spends money).
     Live multi-turn report on the held-out tasks: accuracy with a 95% interval, turns and cost
     per correct answer, role and worker usage per turn, against the one-step router (the promoted
-    one; the latest CMA-ES checkpoint when none is promoted) and the best fixed worker (chosen on
-    train), per domain with a verdict on whether delegation is worth its extra calls. Then the one
+    one; the latest CMA-ES checkpoint when none is promoted), the answer-aware cascade (the promoted
+    router when it is a cascade, else the one `router_heads` fitted; none when the matrix holds no
+    replies: the report says so), run over the fixed workers' replies (turns = calls), and the
+    best fixed worker (chosen on train), per domain with a verdict on whether delegation is worth
+    its extra calls. Then the one
     contest every kind goes through: the coordinator replaces models/promoted/roles.json only if it
     passes every gate and beats the promoted coordinator's composite (its live and efficiency terms
     from the session loop) by the margin."""
     from pathlib import Path
 
     from fugu_pipeline.defs.harness import policy_for
+    from fugu_pipeline.evaluate.metrics import ci_text
     from fugu_pipeline.evaluate.roles_project import evaluate_coordinator
     from fugu_pipeline.session.runner import BudgetExhausted
     from fugu_pipeline.workers.contract import FatalWorkerError
@@ -116,18 +120,22 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
     with run as r:
         try:
             rep = evaluate_coordinator(r, Path(router_roles), tasks, cfg, pipeline.paths.models, seeds=config.eval_seeds,
-                                       policy=policy, one_step_fallback=Path(router_es), log=context.log.info)
+                                       policy=policy, one_step_fallback=Path(router_es),
+                                       cascade_fallback=Path(router_heads["cascade"]) if router_heads.get("cascade") else None,
+                                       device=encoder.device, log=context.log.info)
         except (FatalWorkerError, BudgetExhausted, ValueError) as exc:
             raise _stop(exc) from None
     p = rep["policies"]
-    table = ["| domain | policy | accuracy [95% CI] | turns / correct | cost / correct | mean turns |", "|---|---|---|---|---|---|"]
+    table = ["| domain | policy | accuracy [95% CI] | turns / correct | cost / correct | mean turns | coordinator − it [95% CI] |",
+             "|---|---|---|---|---|---|---|"]
     for d in rep["per_domain"]:
-        for name, s in d["policies"].items():
-            if name == "coordinator" or name in ("one_step", "best_fixed"):
-                a = s["accuracy"]
+        for name in ("coordinator", "one_step", "cascade", "best_fixed"):
+            if name in d["policies"]:
+                s, a = d["policies"][name], d["policies"][name]["accuracy"]
+                gain = d.get(f"coordinator_vs_{name}")
                 table.append(f"| {d['domain']} | {name} | {a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}] | "
                              f"{s['turns_per_correct'] or float('nan'):.2f} | {s['cost_per_correct_usd'] or float('nan'):.5f} | "
-                             f"{s['mean_turns']:.2f} |")
+                             f"{s['mean_turns']:.2f} | {ci_text(gain, '+.3f') if gain else ''} |")
     promo = rep.get("promotion", {})
     from fugu_pipeline.defs.harness import promotion_metadata
 
@@ -137,6 +145,8 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
                          "best_fixed_accuracy": p["best_fixed"]["accuracy"]["mean"],
                          "best_fixed_worker": rep["best_fixed_worker"],
                          **({"one_step_accuracy": p["one_step"]["accuracy"]["mean"]} if "one_step" in p else {}),
+                         **({"cascade_accuracy": p["cascade"]["accuracy"]["mean"]} if "cascade" in p else {}),
+                         "cascade_baseline": rep["cascade"].get("source") or f"none: {rep['cascade'].get('missing')}",
                          "coordinator_turns_per_correct": p["coordinator"]["turns_per_correct"] or float("nan"),
                          "one_step_router": rep.get("one_step_router") or "none",
                          "per_domain": dg.MetadataValue.md("\n".join(table)),

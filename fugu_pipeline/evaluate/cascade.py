@@ -201,20 +201,23 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
 def cascade_over_single_turns(router, tasks: list, replies: dict[str, list]) -> dict:
     """A cascade (`route.cascade.CascadeRouter`) on tasks every worker has answered alone once
     (`replies[worker][k]`: a finished single-turn trajectory of task k, with `answer`, `quality`,
-    `cost_usd`): the multi-turn report's baseline on the same tasks, with no new call. Returns
-    per-task `quality`, `cost_usd` and `calls` arrays."""
+    `cost_usd`, `latency_s`): the multi-turn report's baseline on the same tasks, with no new call.
+    Returns per-task arrays: `quality` (of the accepted answer), `cost_usd` and `calls` (the steps
+    reached), `latency_s` (each step as long as its slowest call: a step's workers are called at
+    once) and `stopped` (the step that accepted, from 1)."""
     from fugu_pipeline.tasks.final_answer import detect_kind, extract, kind_for_grader
     from fugu_pipeline.train.cascade_policy import decide
 
-    q, c, n = [], [], []
+    q, c, n, lat, stop = [], [], [], [], []
     for k, task in enumerate(tasks):
         plan = router.head.policy.plan_for(task.domain)
         kind = router.answer_kind(task.domain) or kind_for_grader(task.grader.type) or detect_kind(
             task.prompt, [replies[w][k].answer for w in plan.workers])
-        finals, scores, order, cost = [], [], [], 0.0
+        finals, scores, order, cost, wait = [], [], [], 0.0, 0.0
         for s, step in enumerate(plan.steps):
             got = [(w, replies[w][k]) for w in step.workers]
             cost += sum(t.cost_usd for _, t in got)
+            wait += max(getattr(t, "latency_s", 0.0) for _, t in got)
             new = [extract(t.answer, kind) for _, t in got]
             scores += router.verify(task.prompt, task.domain, [(w, t.answer, f) for (w, t), f in zip(got, new)])
             finals += new
@@ -225,4 +228,7 @@ def cascade_over_single_turns(router, tasks: list, replies: dict[str, list]) -> 
         q.append(order[d.answer_index].quality or 0.0)
         c.append(cost)
         n.append(len(order))
-    return {"quality": np.array(q), "cost_usd": np.array(c), "calls": np.array(n)}
+        lat.append(wait)
+        stop.append(s + 1)
+    return {"quality": np.array(q), "cost_usd": np.array(c), "calls": np.array(n), "latency_s": np.array(lat),
+            "stopped": np.array(stop)}

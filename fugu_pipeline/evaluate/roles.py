@@ -5,12 +5,17 @@ session loop (trajectories stored, so a re-evaluation costs nothing):
 - the coordinator (greedy), the one-step router (`route/roles.py:OneStepPolicy`, when one is
   given) and every fixed worker answering alone in one turn; the best fixed worker is the one
   with the best mean reward on (a sample of) the TRAINING tasks, then scored on held-out;
-- for each: accuracy with a 95% bootstrap interval, mean reward, turns and calls per correct
-  answer (efficiency), cost per correct answer, mean turns, cost and latency, stop reasons;
-- paired bootstrap intervals of coordinator − one-step and coordinator − best fixed (accuracy and
-  reward), per domain too, and a verdict per domain: where the coordinator is significantly more
-  accurate, what that costs in turns and money; where it is not, whether it learned to stop at
-  one turn;
+- the answer-aware cascade (a `route.cascade.CascadeRouter`, when one is given: FrugalGPT's
+  call-cheap-first, escalate-on-doubt): its steps run over the replies the fixed workers gave
+  alone to the same tasks and seeds (no new call), graded as they were; a cascade's turns are
+  its calls (each worker it reaches answers once). With no cascade the report says why in one line;
+- for each: accuracy with a 95% bootstrap interval, mean reward (not for the cascade: it is not
+  a session), turns and calls per correct answer (efficiency), cost per correct answer, mean
+  turns, cost and latency, stop reasons (the cascade's: the step that accepted);
+- paired bootstrap intervals of coordinator − one-step, coordinator − cascade and coordinator −
+  best fixed (accuracy; reward where both have one), per domain too, and a verdict per domain
+  against the most accurate of them: where the coordinator is significantly more accurate, what
+  that costs in turns and money; where it is not, whether it learned to stop at one turn;
 - the coordinator's role and worker usage per turn.
 """
 
@@ -21,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fugu_pipeline.evaluate.metrics import paired_bootstrap
+from fugu_pipeline.evaluate.metrics import ci_text, paired_bootstrap
 from fugu_pipeline.session.policy import FixedPolicy, Policy
 from fugu_pipeline.session.records import Trajectory
 from fugu_pipeline.session.runner import SessionRunner
@@ -109,9 +114,11 @@ def evaluate_roles(
     n_train_for_fixed: int = 60,
     n_boot: int = 2000,
     cascade=None,
+    cascade_source: str | None = None,
 ) -> dict:
     """The report (module docstring) as a dict; `report_lines` prints it. `cascade` (a
-    `route.cascade.CascadeRouter`): also the cascade on the same tasks, from the fixed workers' replies."""
+    `route.cascade.CascadeRouter`): also the cascade on the same tasks, from the fixed workers'
+    replies; `cascade_source` says where it came from or, without one, why there is none."""
     if not test:
         raise ValueError("no held-out tasks to evaluate the coordinator on")
     pairs = [(t, EVAL_SEED_BASE + k) for t in test for k in range(seeds)]
@@ -134,8 +141,18 @@ def evaluate_roles(
     q = {k: per_task(v, lambda t: t.quality or 0.0) for k, v in by_task.items()}
     r = {k: per_task(v, reward) for k, v in by_task.items()}
     baselines = ["best_fixed"] + (["one_step"] if one_step is not None else [])
+    cas = None
+    if cascade is not None:  # the cascade's steps over the fixed workers' single-turn replies: no new call
+        cas = cascade_runs(cascade, test, {w: by_task[f"fixed:{w}"] for w in worker_ids}, seeds)
+        q["cascade"] = cas["quality"].mean(axis=1)
+        rep["policies"]["cascade"] = summarize_cascade(cas, n_boot)
+        rep["cascade"] = {"source": cascade_source, "plan": cascade.head.policy.describe()}
+        baselines.append("cascade")
+    else:
+        rep["cascade"] = {"missing": cascade_source or "no cascade checkpoint given"}
     rep["paired"] = {f"coordinator_vs_{b}": {"accuracy": paired_bootstrap(q["coordinator"], q[b], n_boot),
-                                             "reward": paired_bootstrap(r["coordinator"], r[b], n_boot)} for b in baselines}
+                                             **({"reward": paired_bootstrap(r["coordinator"], r[b], n_boot)} if b in r else {})}
+                     for b in baselines}
     domains = np.array([t.domain for t in test])
     rep["per_domain"], rep["verdicts"] = [], []
     for d in sorted(set(domains.tolist())):
@@ -143,49 +160,87 @@ def evaluate_roles(
         sub = {k: [v[i] for i in rows] for k, v in by_task.items()}
         entry = {"domain": d, "n": int(len(rows)), "policies": {k: summarize(v, reward, n_boot) for k, v in sub.items()},
                  "coordinator_roles": role_use(sub["coordinator"])}
+        if cas is not None:
+            entry["policies"]["cascade"] = summarize_cascade({k: v[rows] for k, v in cas.items()}, n_boot)
         for b in baselines:
             entry[f"coordinator_vs_{b}"] = paired_bootstrap(q["coordinator"][rows], q[b][rows], n_boot)
         rep["per_domain"].append(entry)
         strongest = max(baselines, key=lambda b: entry["policies"][b]["accuracy"]["mean"])
+        names = {"one_step": "the one-step router", "cascade": "the answer-aware cascade",
+                 "best_fixed": f"the best fixed worker ({worker_ids[best]})"}
         rep["verdicts"].append(verdict(d, entry["policies"]["coordinator"], entry["policies"][strongest],
-                                       "the one-step router" if strongest == "one_step" else f"the best fixed worker ({worker_ids[best]})",
-                                       entry[f"coordinator_vs_{strongest}"]))
-    if cascade is not None:  # the cascade's steps over the fixed workers' single-turn replies: no new call
-        from fugu_pipeline.evaluate.cascade import cascade_over_single_turns
-
-        got = cascade_over_single_turns(cascade, test, {w: [row[0] for row in by_task[f"fixed:{w}"]] for w in worker_ids})
-        rep["cascade"] = {"accuracy": bootstrap_mean(got["quality"], n_boot), "mean_cost_usd": float(got["cost_usd"].mean()),
-                          "calls": float(got["calls"].mean()), "plan": cascade.head.policy.describe(),
-                          "coordinator_minus_cascade": paired_bootstrap(q["coordinator"], got["quality"], n_boot)}
-    rep["summary"] = " | ".join(report_lines(rep)[:3])
+                                       names[strongest], entry[f"coordinator_vs_{strongest}"]))
+    rep["summary"] = " | ".join(report_lines(rep)[:len(_shown(rep))])
     return rep
+
+
+def cascade_runs(cascade, test: list[Task], fixed: dict[str, list[list[Trajectory]]], seeds: int) -> dict:
+    """The cascade over the fixed workers' replies (`fixed[worker][task][seed]`), seed by seed:
+    (tasks, seeds) arrays of `evaluate.cascade.cascade_over_single_turns`'s figures."""
+    from fugu_pipeline.evaluate.cascade import cascade_over_single_turns
+
+    got = [cascade_over_single_turns(cascade, test, {w: [row[k] for row in rows] for w, rows in fixed.items()})
+           for k in range(seeds)]
+    return {key: np.stack([g[key] for g in got], axis=1) for key in got[0]}
+
+
+def summarize_cascade(cas: dict, n_boot: int = 2000) -> dict:
+    """`summarize`'s figures for the cascade's (tasks, seeds) arrays: a call is a turn (each worker
+    it reaches answers once); no reward (it is not a session)."""
+    quality, calls, cost = cas["quality"], cas["calls"], cas["cost_usd"]
+    correct = int((quality >= 1.0 - 1e-9).sum())
+    per = lambda total: float(total) / correct if correct else None  # noqa: E731
+    n = max(quality.size, 1)
+    return {
+        "sessions": int(quality.size), "accuracy": bootstrap_mean(quality.mean(axis=1), n_boot), "mean_reward": None,
+        "turns_per_correct": per(calls.sum()), "calls_per_correct": per(calls.sum()),
+        "cost_per_correct_usd": per(cost.sum()), "mean_turns": float(calls.sum()) / n,
+        "mean_cost_usd": float(cost.sum()) / n, "mean_latency_s": float(cas["latency_s"].sum()) / n,
+        "stop_reasons": {f"step {s}": int(c) for s, c in sorted(Counter(cas["stopped"].ravel().tolist()).items())},
+    }
 
 
 def _fmt(s: dict) -> str:
     a = s["accuracy"]
     tpc = f"{s['turns_per_correct']:.2f}" if s["turns_per_correct"] else "-"
     cpc = f"${s['cost_per_correct_usd']:.5f}" if s["cost_per_correct_usd"] else "-"
+    reward = "-" if s["mean_reward"] is None else f"{s['mean_reward']:.3f}"
     return (f"accuracy {a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  turns/correct {tpc}  cost/correct {cpc}  "
-            f"mean turns {s['mean_turns']:.2f}  reward {s['mean_reward']:.3f}")
+            f"mean turns {s['mean_turns']:.2f}  reward {reward}")
+
+
+def _shown(rep: dict) -> list[str]:
+    """The policies a report prints, in order: the coordinator, then its baselines."""
+    return [n for n in ("coordinator", "one_step", "cascade", "best_fixed") if n in rep["policies"]]
+
+
+def _gains(names: list[str], label: dict, paired: dict) -> str:
+    """One line: the coordinator's paired accuracy difference from each baseline."""
+    return "; ".join(f"coordinator − {label[n]}: accuracy {ci_text(paired[f'coordinator_vs_{n}'], '+.3f')}"
+                     for n in names[1:])
 
 
 def report_lines(rep: dict) -> list[str]:
     """The report as lines of text (what the CLI prints and the asset shows)."""
-    names = ["coordinator"] + (["one_step"] if "one_step" in rep["policies"] else []) + ["best_fixed"]
-    label = {"coordinator": "multi-turn coordinator", "one_step": "one-step router",
+    names = _shown(rep)
+    label = {"coordinator": "multi-turn coordinator", "one_step": "one-step router", "cascade": "answer-aware cascade",
              "best_fixed": f"best fixed ({rep['best_fixed_worker']})"}
     lines = [f"{label[n]:<28} {_fmt(rep['policies'][n])}" for n in names]
+    lines.append(_gains(names, label, {k: v["accuracy"] for k, v in rep["paired"].items()}))
     for d in rep["per_domain"]:
         lines.append(f"-- {d['domain']} ({d['n']} tasks)")
         lines += [f"   {label[n]:<25} {_fmt(d['policies'][n])}" for n in names]
+        lines.append("   " + _gains(names, label, d))
         u = d.get("coordinator_roles")
         if u:
             lines.append(f"   coordinator roles: turns {u['turns']}, sessions with a Verifier {u['sessions_with_verifier']:.2f}, "
                          "mean role probabilities " + ", ".join(f"{r} {p:.2f}" for r, p in u["mean_role_probabilities"].items())
                          + f", picks above 0.999: {u['near_certain_picks']:.2f}")
     lines += rep["verdicts"]
-    if "cascade" in rep:
-        c, a = rep["cascade"], rep["cascade"]["accuracy"]
-        lines.append(f"{'cascade (same tasks)':<28} accuracy {a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]  calls "
-                     f"{c['calls']:.2f}  mean cost ${c['mean_cost_usd']:.5f}  {c['plan']}")
+    c = rep.get("cascade") or {}
+    if "missing" in c:
+        lines.append(f"answer-aware cascade: none to compare with ({c['missing']})")
+    elif c:
+        lines.append(f"answer-aware cascade: {c['source']}: {c['plan']}, run over the fixed workers' replies to the same "
+                     "tasks (turns = calls)")
     return lines

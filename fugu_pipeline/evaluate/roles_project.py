@@ -1,5 +1,5 @@
-"""The multi-turn coordinator for a project: train it, evaluate it against the one-step router and
-the best fixed worker, promote it. One place for the Dagster assets (`defs/roles.py`) and the
+"""The multi-turn coordinator for a project: train it, evaluate it against the one-step router, the
+answer-aware cascade and the best fixed worker, promote it. One place for the Dagster assets (`defs/roles.py`) and the
 command line (`cli/roles.py`), so both compute the same thing from the same settings.
 
 - Tasks: the graded BenchGen tasks (all batch files) that have a complete row in the reward matrix,
@@ -193,35 +193,90 @@ def _policy_of(checkpoint, featurizer):
     return policy_from_checkpoint(checkpoint, featurizer)
 
 
-def one_step_policy(models_dir: Path, worker_ids: list[str], log: Log = print, fallback: Path | None = None):
-    """The one-step router to compare with, as a session policy: the promoted one, else `fallback`
-    (the pipeline's latest one-step checkpoint), else None. Returns (policy or None, where it came from)."""
+def promoted_or_fallback(models_dir: Path, fallback: Path | None, fallback_is: str, load: Callable[[Path], object]):
+    """`load` of the promoted checkpoint, else of `fallback`: (what it returned, where it came
+    from), or (None, why neither loaded)."""
     from fugu_pipeline.route.promoted import promoted_checkpoint_path
-    from fugu_pipeline.route.roles import OneStepPolicy
-    from fugu_pipeline.route.router import Router, RouterError
+    from fugu_pipeline.route.router import RouterError
     from fugu_pipeline.train.checkpoints import CheckpointError
 
     tries = [("promoted", lambda: promoted_checkpoint_path(models_dir))]
     if fallback is not None:
-        tries.append(("not promoted: the latest one-step checkpoint", lambda: Path(fallback)))
+        tries.append((f"not promoted: {fallback_is}", lambda: Path(fallback)))
     reasons = []
     for what, where in tries:
         try:
             path = where()
-            return OneStepPolicy(Router.load(path), worker_ids), f"{what} ({path})"
+            return load(path), f"{what} ({path})"
         except (RouterError, CheckpointError, FileNotFoundError, ValueError) as exc:
             reasons.append(f"{what}: {exc}")
-    log("no one-step router to compare with: " + "; ".join(reasons))
-    return None, None
+    return None, "; ".join(reasons)
+
+
+def one_step_policy(models_dir: Path, worker_ids: list[str], log: Log = print, fallback: Path | None = None):
+    """The one-step router to compare with, as a session policy: the promoted one, else `fallback`
+    (the pipeline's latest one-step checkpoint), else None. Returns (policy or None, where it came from)."""
+    from fugu_pipeline.route.roles import OneStepPolicy
+    from fugu_pipeline.route.router import Router
+
+    policy, source = promoted_or_fallback(models_dir, fallback, "the latest one-step checkpoint",
+                                          lambda path: OneStepPolicy(Router.load(path), worker_ids))
+    if policy is None:
+        log("no one-step router to compare with: " + source)
+        return None, None
+    return policy, source
+
+
+class CascadeBaselineError(ValueError):
+    """The cascade a user named cannot be the report's baseline (one line: the path and why)."""
+
+
+def cascade_baseline(models_dir: Path, worker_ids: list[str], *, path: Path | None = None,
+                     fallback: Path | None = None, device: str = "auto", log: Log = print):
+    """The answer-aware cascade to compare with, as a `route.cascade.CascadeRouter`: `path` when
+    given (the user's choice: one that is not a cascade over this worker pool is a
+    CascadeBaselineError), else the promoted router when it is a cascade, else `fallback` (the
+    pipeline's latest cascade), else None. Returns (router or None, where it came from or why
+    there is none); close the router when done."""
+    from fugu_pipeline.route.cascade import CascadeRouter
+    from fugu_pipeline.route.router import RouterError
+    from fugu_pipeline.train.cascade_head import KIND
+    from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
+
+    def load(where: Path) -> CascadeRouter:
+        manifest = load_checkpoint(where).manifest
+        if manifest.head_kind != KIND:
+            raise ValueError(f"{where} holds a {manifest.head_kind!r} head, not a cascade")
+        router = CascadeRouter.load(where, device=device)
+        missing = [w for w in router.head.policy.workers if w not in worker_ids]
+        if missing:
+            router.close()
+            raise ValueError(f"{where}: the cascade calls {missing}, which the worker pool ({worker_ids}) does not define")
+        return router
+
+    errors = (RouterError, CheckpointError, FileNotFoundError, ValueError)
+    if path is not None:
+        try:
+            return load(Path(path)), f"given ({path})"
+        except errors as exc:
+            raise CascadeBaselineError(f"--cascade {path}: {exc}; pass a cascade checkpoint (models/cascade/<hash>) "
+                                       "over this worker pool, or leave it out") from None
+    router, source = promoted_or_fallback(models_dir, fallback, "the latest cascade", load)
+    if router is None:
+        log(f"no answer-aware cascade to compare with: {source}")
+    return router, source
 
 
 def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task], cfg: RolesConfig, models_dir: Path, *,
                          seeds: int = 1, promote: bool = True, policy: PromotionPolicy | None = None,
-                         one_step_fallback: Path | None = None, log: Log = print, submitter: str = "pipeline",
-                         key: str | None = None, report: bool = True, replace_broken_king: bool = True) -> dict:
+                         one_step_fallback: Path | None = None, cascade: Path | None = None,
+                         cascade_fallback: Path | None = None, device: str = "auto", log: Log = print,
+                         submitter: str = "pipeline", key: str | None = None, report: bool = True,
+                         replace_broken_king: bool = True) -> dict:
     """The held-out report (`evaluate/roles.py`), written to <checkpoint>/reports/roles-test.json
     (unless `report` is False: a pack being validated), and (with `promote`) the one contest on
-    models/promoted/roles.json (`roles_promotion.RolesKind`)."""
+    models/promoted/roles.json (`roles_promotion.RolesKind`). The cascade baseline: `cascade`, else
+    the promoted cascade, else `cascade_fallback` (`cascade_baseline`), loaded on `device`."""
     from fugu_pipeline.route.roles import check_session_format
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
@@ -234,10 +289,17 @@ def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task]
     check_session_format(ckpt.manifest)
     coordinator = _policy_of(ckpt, run.featurizer)
     worker_ids = run.config.worker_ids
+    cascade_router, cascade_source = cascade_baseline(models_dir, worker_ids, path=cascade, fallback=cascade_fallback,
+                                                      device=device, log=log)
     one_step, one_step_source = one_step_policy(models_dir, worker_ids, log, one_step_fallback)
     test, train = split(tasks, "test"), split(tasks, "train")
     r = lambda t: reward(t, cfg)  # noqa: E731
-    rep = evaluate_roles(run.runner, coordinator, test, train, worker_ids, r, one_step=one_step, seeds=seeds)
+    try:
+        rep = evaluate_roles(run.runner, coordinator, test, train, worker_ids, r, one_step=one_step, seeds=seeds,
+                             cascade=cascade_router, cascade_source=cascade_source)
+    finally:
+        if cascade_router is not None:
+            cascade_router.close()
     rep.update({"checkpoint": str(checkpoint_path), "content_hash": ckpt.manifest.content_hash, "one_step_router": one_step_source,
                 "reward": {"turn_penalty": cfg.turn_penalty, "cost_penalty": cfg.cost_penalty}})
     for line in report_lines(rep):

@@ -1,6 +1,7 @@
-"""A cascade checkpoint over the stub workers (`serving.WORKERS`), for the serving tests and demos:
-the tiny encoder's features, a verifier fitted on synthetic replies, and a fixed plan
-`[alpha, beta] stop if 2 agree or verifier ≥ 0.99 → [gamma]` (serving is under test, not the search)."""
+"""A cascade checkpoint over the stub workers (`serving.WORKERS`), or any three workers, for the
+serving tests, the multi-turn report's tests and demos: the tiny encoder's features, a verifier
+fitted on synthetic replies, and a fixed plan `[alpha, beta] stop if 2 agree or verifier ≥ 0.99 →
+[gamma]` (serving is under test, not the search)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ import numpy as np
 
 from fugu_pipeline.testing.serving import WORKERS
 
-PLAN = {"default": {"steps": [{"workers": ["alpha", "beta"], "agree": 2, "verify": 0.99}, {"workers": ["gamma"]}]}}
+def plan_over(workers: list[str]) -> dict:
+    """The fixed plan over three workers: the first two at once, stop if they agree or the verifier
+    scores one ≥ 0.99, else the third."""
+    return {"default": {"steps": [{"workers": workers[:2], "agree": 2, "verify": 0.99}, {"workers": workers[2:3]}]}}
 
 
-def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, seed: int = 0) -> Path:
+def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, seed: int = 0,
+                             workers: list[str] | None = None, answer_kinds: dict | None = None) -> Path:
+    """`workers`: three worker ids (default: the stub workers); `answer_kinds`: the final-answer
+    kind per domain (default: numbers everywhere; `{}`: each task's grader decides)."""
     from fugu_pipeline.features.answer_features import STATS, answer_stats, answer_text, embed_answers
     from fugu_pipeline.features.contract import FeatureContract  # noqa: F401  (the data's contract type)
     from fugu_pipeline.features.encoder import Encoder
@@ -32,7 +39,7 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
     enc = Encoder.load(settings)
     prompts = [f"What is {i} + {i % 7}?" for i in range(n)]
     right = rng.random((n, 3)) < [0.7, 0.72, 0.95]
-    ids = list(WORKERS)
+    ids = list(workers or WORKERS)
     replies = np.empty((n, 3), dtype=object)
     for i in range(n):
         for j in range(3):
@@ -55,12 +62,13 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
     enc.close()
     inputs = VerifierInputs(prompt=feats, answer=answer, has=np.ones((n, 3), bool), target=quality, stat_names=STATS)
     verifier = fit_all(inputs, np.arange(n), 0.01)
-    policy = CascadePolicy.model_validate(PLAN)
+    policy = CascadePolicy.model_validate(plan_over(ids))
     choice = Choice(policy.default, 0.9, 1e-3, 0.9, 1, [{"cost_usd": 3e-4, "quality": 0.8, "plan": policy.default.model_dump()},
-                                                       {"cost_usd": 5e-3, "quality": 0.95, "plan": {"steps": [{"workers": ["gamma"]}]}}])
+                                                       {"cost_usd": 5e-3, "quality": 0.95, "plan": {"steps": [{"workers": ids[2:3]}]}}])
     fit = CascadeFit(policy=policy, verifier=verifier, objective="utility", candidates=[], selected="cascade",
                      selected_kind="cascade", reason="a fixed plan for serving tests", verifier_figures={},
-                     choices={"*": choice}, expected_cost={"alpha": 1e-4, "beta": 2e-4, "gamma": 5e-3}, answers_version="stub",
-                     worker_quality={"alpha": 0.7, "beta": 0.72, "gamma": 0.95}, answer_kinds={"*": "number"},
+                     choices={"*": choice}, expected_cost=dict(zip(ids, [1e-4, 2e-4, 5e-3])), answers_version="stub",
+                     worker_quality=dict(zip(ids, [0.7, 0.72, 0.95])),
+                     answer_kinds={"*": "number"} if answer_kinds is None else answer_kinds,
                      stat_names=STATS)
     return save_cascade(models_dir, data, fit, answer.shape[2])
