@@ -42,7 +42,7 @@ def test_pipeline_with_roles_trains_reports_and_promotes_then_resumes(tmp_path, 
     first = run_pipeline(project, "configs/workers.mock-roles.yaml", encoder="tiny", roles=True, echo=quiet)
     trained, report = first["router_roles"], first["eval_report_roles"]
     ckpt = project / "models" / "roles"
-    assert len(list(ckpt.iterdir())) == 1 and trained["param_count"] == 6 * 64
+    assert len(list(ckpt.iterdir())) == 1 and trained["param_count"] == 12 * 64  # a worker softmax per role
     assert sum(trained["worker_calls_this_run"].values()) > 0
     rep = json.loads((next(ckpt.iterdir()) / "reports" / "roles-test.json").read_text())
     assert {"coordinator", "one_step", "best_fixed"} <= set(rep["policies"])  # the promoted one-step router too

@@ -107,7 +107,7 @@ def test_candidates_share_minibatch_and_seeds(tmp_path, encoder):
     cfg = RolesConfig(**{**SMALL, "generations": 2})
     train_in(tmp_path / "store", encoder, cfg)
     lines = stored(tmp_path / "store")
-    training = [t for t in lines if t["greedy"] and t["seed"] < 10**9 and not t["head"].startswith("fixed:")]
+    training = [t for t in lines if t["greedy"] and t["seed"] < 10**9 and not t["head"].startswith(("fixed:", "script:"))]
     pairs_by_head = defaultdict(set)
     for t in training:
         pairs_by_head[t["head"]].add((t["task_id"], t["seed"]))
@@ -184,7 +184,8 @@ def test_roles_checkpoint_round_trip_and_weight_sanity(tmp_path, encoder):
     path = res.save(tmp_path / "models")
     ckpt = load_checkpoint(path, expected_contract=encoder.feature_contract())
     m = ckpt.manifest
-    assert (m.method, m.head_kind, m.param_count) == ("roles", "roles_linear", 6 * 64)
+    assert (m.method, m.head_kind, m.param_count) == ("roles", "roles_linear", 12 * 64)  # a worker softmax per role
+    assert m.head_shape == {"worker_sets": 3}
     assert ckpt.manifest.feature_contract.pooling == "position" and m.feature_contract.token_position == -2
     assert m.training_config["session"]["max_turns"] == 5 and not weight_sanity(ckpt.state_dict, m)
     state = {k: v.clone() for k, v in ckpt.state_dict.items()}
@@ -227,8 +228,8 @@ def test_svf_adapter_head_has_tinyrouters_shape_and_changes_the_features(tmp_pat
     assert 0.05 < res.metrics["svf_candidate_log_scale_std"] < 0.2 and res.metrics["svf_candidate_min_scale"] > 0.4
     path = res.save(tmp_path / "models")
     m = load_checkpoint(path).manifest
-    assert m.head_kind == "roles_linear_svf" and m.head_shape == {"svf_size": adapter.size}
-    assert m.param_count == 6 * 64 + adapter.size
+    assert m.head_kind == "roles_linear_svf" and m.head_shape == {"svf_size": adapter.size, "worker_sets": 3}
+    assert m.param_count == 12 * 64 + adapter.size
 
 
 def test_warm_start_copies_worker_rows_only_where_the_encoders_match(tmp_path, encoder):

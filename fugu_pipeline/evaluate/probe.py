@@ -74,8 +74,8 @@ def behaviour(probe: str, groups: list[np.ndarray], decisions) -> Behaviour:
 def head_groups(checkpoint, features: np.ndarray, domains: list[str] | None = None) -> tuple[list[np.ndarray], list]:
     """(score groups, decisions) of a loaded checkpoint of any head kind on these probe features:
     a one-step head's routing scores (one group; decision: the worker); a coordinator's worker
-    and role logits over the standardised transcript features (two groups; decision: role and
-    worker of its first pick); a triage head's domain and difficulty logits (two groups;
+    logits (one group, or one per role) and role logits over the standardised transcript features
+    (decision: role and worker of its first pick); a triage head's domain and difficulty logits (two groups;
     decision: the two labels)."""
     m = checkpoint.manifest
     kind = m.head_kind
@@ -85,10 +85,13 @@ def head_groups(checkpoint, features: np.ndarray, domains: list[str] | None = No
         z = (x - sd["feature_center"]) / sd["feature_scale"]
         logits = z @ sd["linear.weight"].T
         w = len(m.worker_ids)
-        groups = [logits[:, :w], logits[:, w:]]
+        sets = (logits.shape[1] - 3) // max(w, 1)  # one worker softmax, or one per role
+        groups = [logits[:, i * w:(i + 1) * w] for i in range(sets)] + [logits[:, sets * w:]]
         from fugu_pipeline.session.roles import ROLES
 
-        decisions = [f"{ROLES[int(r)]}:{m.worker_ids[int(k)]}" for k, r in zip(groups[0].argmax(1), groups[1].argmax(1))]
+        roles = groups[-1].argmax(1)
+        decisions = [f"{ROLES[int(r)]}:{m.worker_ids[int(groups[int(r) if sets > 1 else 0][i].argmax())]}"
+                     for i, r in enumerate(roles)]
         return groups, decisions
     if kind.startswith("triage"):
         import torch

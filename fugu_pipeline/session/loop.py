@@ -183,6 +183,7 @@ async def _turn(st: _State, act, pw, pr, caller: Caller, budget: SessionBudget |
     s = st.spec
     ids = s.policy.worker_ids
     index, role = len(st.turns) + 1, ROLES[act.role]
+    pw = pw[act.role] if np.ndim(pw) == 2 else pw  # one worker distribution per role: the picked role's
     rec = TurnRecord(index=index, role=role, chosen_worker=ids[act.worker],
                      worker_probs={w: round(float(p), 6) for w, p in zip(ids, pw)},
                      role_probs={r: round(float(p), 6) for r, p in zip(ROLES, pr)})

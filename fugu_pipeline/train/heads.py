@@ -89,10 +89,14 @@ class QualityHead(RoutingHead):
 
 @register
 class RolesHead(RoutingHead):
-    """`roles_linear`: the multi-turn coordinator. One bias-free Linear(D, W + 3) over
-    the encoded transcript: the first W outputs are worker logits, the last 3 role logits (Thinker,
-    Worker, Verifier), each group its own softmax (`session/policy.py`). Zero-initialised: the
-    uniform policy. 6 x 1,024 = 6,144 parameters with 3 workers and Qwen3-0.6B.
+    """`roles_linear`: the multi-turn coordinator. One bias-free Linear(D, S x W + 3) over
+    the encoded transcript: the first S x W outputs are worker logits, the last 3 role logits
+    (Thinker, Worker, Verifier), each group its own softmax (`session/policy.py`). `worker_sets`
+    S (the manifest's `head_shape`) is 1 (one worker softmax whatever the role) or 3 (one worker
+    softmax per role, in role order: the worker is picked given the role, so "verify here, on the
+    careful checker" is one decision, not a role flip and a worker flip that must coincide).
+    Zero-initialised: the uniform policy. 12 x 1,024 = 12,288 parameters with 3 workers, per-role
+    worker sets and Qwen3-0.6B.
 
     The transcript vector is standardised first with two frozen buffers, `feature_center` and
     `feature_scale` (per-dimension mean and spread of the vectors met by exploration rollouts;
@@ -105,9 +109,13 @@ class RolesHead(RoutingHead):
     kind = "roles_linear"
     n_roles = 3
 
-    def __init__(self, dim: int, n_workers: int):
+    def __init__(self, dim: int, n_workers: int, worker_sets: int = 1):
         super().__init__(dim, n_workers)
-        self.linear = nn.Linear(dim, n_workers + self.n_roles, bias=False)
+        if worker_sets not in (1, self.n_roles):
+            raise ValueError(f"a roles head has 1 worker set (shared by the roles) or {self.n_roles} (one per role), "
+                             f"not {worker_sets}")
+        self.worker_sets = worker_sets
+        self.linear = nn.Linear(dim, n_workers * worker_sets + self.n_roles, bias=False)
         nn.init.zeros_(self.linear.weight)
         self.register_buffer("feature_center", torch.zeros(dim))
         self.register_buffer("feature_scale", torch.ones(dim))
@@ -119,13 +127,13 @@ class RolesHead(RoutingHead):
 @register
 class RolesSVFHead(RolesHead):
     """`roles_linear_svf`: the roles head plus TinyRouter's SVF adapter, one learnable scale per singular
-    value of the encoder's second-to-last layer (`features/svf.py`): 6,144 + 7,168 = 13,312 parameters
-    with 3 workers and Qwen3-0.6B. `svf_size` (the encoder's count) is in the manifest's `head_shape`."""
+    value of the encoder's second-to-last layer (`features/svf.py`): 12,288 + 7,168 = 19,456 parameters
+    with 3 workers, a worker softmax per role and Qwen3-0.6B (13,312 with one shared worker softmax). `svf_size` (the encoder's count) is in the manifest's `head_shape`."""
 
     kind = "roles_linear_svf"
 
-    def __init__(self, dim: int, n_workers: int, svf_size: int = 0):
-        super().__init__(dim, n_workers)
+    def __init__(self, dim: int, n_workers: int, svf_size: int = 0, worker_sets: int = 1):
+        super().__init__(dim, n_workers, worker_sets)
         if svf_size < 1:
             raise ValueError(f"a roles_linear_svf head needs svf_size >= 1 (the encoder's singular values), got {svf_size}")
         self.svf_scales = nn.Parameter(torch.ones(svf_size))

@@ -2,8 +2,12 @@
 (torch loads only to save a checkpoint or with the SVF adapter: the reward, the config and
 `policy_from_checkpoint` serve the route and evaluate stages cheaply.)
 
-The evolved vector is the roles head W (L + 3, D), flattened (plus, with `svf: true`, one scale per
-singular value of the encoder's second-to-last layer; `features/svf.py`). Each parameter group has its
+The evolved vector is the roles head W (3L + 3, D) (one worker softmax per role; (L + 3, D) with
+`worker_per_role: false`) written in the search directions of `roles_search.py` (one probe per
+kind of transcript state), plus, with `svf: true`, one scale per singular value of the encoder's
+second-to-last layer (`features/svf.py`). Generation 0 is the one-step policy (Worker role, best
+fixed worker, in every state) whose Thinker and Verifier turns, where a step makes it take one, go
+to the worker that plays that role best (`roles_search.best_role_workers`). Each parameter group has its
 own step: the head's coordinates move the logits by about `sigma0`, the SVF scales are z = exp(u)
 with u moved by about `svf_sigma` (0.1: z stays positive and near 1, TinyRouter's setting).
 Each generation:
@@ -37,12 +41,24 @@ from pydantic import BaseModel, ConfigDict, Field
 from fugu_pipeline.config_files import load_yaml_model
 from fugu_pipeline.hashing import canonical_json, sha256_text
 from fugu_pipeline.session.featurize import TranscriptFeaturizer
-from fugu_pipeline.session.policy import LinearRolesPolicy, Step
+from fugu_pipeline.session.policy import LinearRolesPolicy
 from fugu_pipeline.session.records import Trajectory
 from fugu_pipeline.session.roles import PROMPT_VERSION, ROLES
 from fugu_pipeline.session.runner import SessionRunner
 from fugu_pipeline.session.transcript import HEAD_MARKER, TRANSCRIPT_VERSION, window_info
 from fugu_pipeline.tasks.schema import Task
+from fugu_pipeline.train.roles_search import (  # noqa: F401 (SHIFT, TRAIN_SEEDS, state_kind: this module's API too)
+    SHIFT,
+    TRAIN_SEEDS,
+    VAL_SEED_BASE,
+    best_fixed_worker,
+    best_role_workers,
+    exploration_stats,
+    initial_theta,
+    search_basis,
+    state_kind,
+    stratified,
+)
 
 _logger = logging.getLogger(__name__)
 METHOD = "roles"
@@ -67,8 +83,14 @@ class RolesConfig(BaseModel):
         "state_kinds", description="state_kinds: one ridge probe per kind of transcript state (family, last role "
         "and verdict), so a step moves one kind of state's logits alike on every task; leading: the leading "
         "whitened directions of the features")
-    explore_tasks: int = Field(32, ge=1, description="training tasks the uniform policy explores (sampled) to set "
-                               "the feature standardisation")
+    explore_tasks: int = Field(96, ge=1, description="training tasks the uniform policy explores (sampled) to set "
+                               "the feature standardisation and fit the search directions; also the tasks that "
+                               "choose the start's worker for each role")
+    explore_seeds: int = Field(2, ge=1, description="sampling seeds per explored task: more transcript states for "
+                               "the state-kind probes (a probe fitted on few states leaks into other families)")
+    worker_per_role: bool = Field(True, description="one worker softmax per role (the worker is picked given the "
+                                  "role; the start gives each role the worker that played it best); false: one "
+                                  "worker softmax whatever the role")
     tasks_per_generation: int = Field(32, ge=1, description="training tasks per generation (shared by all candidates)")
     seeds_per_task: int = Field(1, ge=1, description="sampling seeds per task and generation")
     sample_actions: bool = Field(False, description="true: training picks are sampled from the head's softmaxes "
@@ -85,9 +107,12 @@ class RolesConfig(BaseModel):
         "(so a Worker answer is committed at once), worker rows come from the one-step router where encoders match, "
         "else prefer the best fixed worker of the exploration tasks; uniform: TinyRouter's all-zero head")
     init_worker_logit: float = Field(1.0, ge=0, description="one_step init: the lead of the best fixed worker in "
-                                     "every state; small, so a step can give a Thinker or Verifier turn its own "
-                                     "worker as easily as it changes the role")
+                                     "every state (with worker_per_role: of each role's best worker in that role's "
+                                     "softmax); small, so a step can change it as easily as it changes the role")
     init_logit: float = Field(3.0, ge=0, description="one_step init: the lead of the Worker role in every state")
+    worker_sigma: float = Field(0.5, gt=0, description="the worker logits' own step (sigma0 is the role logits'): "
+                                "a random step moves each worker logit by about this much, so the start's worker "
+                                "for each role (init_worker_logit ahead) mostly stays while the roles are searched")
     warm_start: bool = Field(True, description="start the worker rows from the one-step router's where encoders match")
     svf: bool = Field(False, description="also evolve the SVF adapter (scales on the singular values of the "
                       "encoder's second-to-last layer); changes the features, so the adapted layer and the one "
@@ -137,9 +162,12 @@ class RolesTrainResult:
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))  # noqa: E731
         state = {"linear.weight": t(self.weight), "feature_center": t(self.center), "feature_scale": t(self.scale)}
         kind, shape = HEAD_KIND, {}
+        sets = (self.weight.shape[0] - len(ROLES)) // max(len(self.worker_ids), 1)
+        if sets != 1:
+            shape["worker_sets"] = int(sets)
         if self.svf_scales is not None:
             state["svf_scales"] = t(self.svf_scales)
-            kind, shape = SVF_HEAD_KIND, {"svf_size": int(self.svf_scales.size)}
+            kind, shape = SVF_HEAD_KIND, {**shape, "svf_size": int(self.svf_scales.size)}
         return save_checkpoint(models_dir, METHOD, kind, state, {
             "head_shape": shape, "worker_ids": self.worker_ids, "feature_contract": self.featurizer.contract(),
             "data_version": self.data_version, "training_config": self.config,
@@ -178,102 +206,6 @@ def warm_start_weight(featurizer: TranscriptFeaturizer, worker_ids: list[str], c
     return w, f"warm start: worker rows of {len(copied)} worker(s) from {m.method}/{m.content_hash}"
 
 
-TRAIN_SEEDS = 10**9  # training and exploration seeds lie below; validation and held-out seeds above
-VAL_SEED_BASE = 10**9
-SHIFT = 1.0  # standardised features keep a constant part: the bias-free head can still prefer a role everywhere
-
-
-def state_kind(domain: str | None, turns) -> str:
-    """What a transcript state is, apart from its task: the family, and the last turn's role and
-    verdict (what a coordinator decides on; `transcript.state_line` shows the encoder the same)."""
-    last = turns[-1] if turns else None
-    return f"{domain}|{last.role if last else '-'}|{last.verdict if last and last.verdict else '-'}"
-
-
-def exploration_stats(runner: SessionRunner, featurizer: TranscriptFeaturizer, worker_ids: list[str],
-                      tasks: list[Task], n_tasks: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """The feature standardisation of every transcript state the uniform policy meets on `n_tasks`
-    training tasks (sampled picks, seeded): per dimension, (x - center) / scale has spread 1 and
-    mean SHIFT. Centring alone would take away the only constant a bias-free head has (the large
-    direction all hidden states share), and with it any preference that holds in every state
-    ("Worker, unless ..."). The rollouts are ordinary stored trajectories. Returns (center, scale,
-    the standardised features of every state, each state's kind (`state_kind`))."""
-    rng = np.random.default_rng([seed, 7])
-    chosen = rng.choice(len(tasks), size=min(n_tasks, len(tasks)), replace=False)
-    pairs = [(tasks[int(i)], int(rng.integers(0, TRAIN_SEEDS))) for i in chosen]
-    uniform = LinearRolesPolicy(np.zeros((len(worker_ids) + len(ROLES), featurizer.dim), np.float32), worker_ids, featurizer)
-    trs = runner.run([uniform], pairs, greedy=False)[0]
-    by_id = {t.task_id: t for t, _ in pairs}
-    states = [(tr, k) for tr in trs for k in range(len(tr.turns) + 1)]
-    heads = [Step(by_id[tr.task_id].prompt, tr.domain, tr.turns[:k]).head for tr, k in states]
-    kinds = [state_kind(tr.domain, tr.turns[:k]) for tr, k in states]
-    x = featurizer.features(heads).astype(np.float64)
-    scale = x.std(axis=0)
-    scale = np.where(scale > 1e-6, scale, 1.0)  # a constant dimension carries nothing: leave it unscaled
-    center = x.mean(axis=0) - SHIFT * scale  # (x - center) / scale has mean SHIFT and spread 1 in every dimension
-    return center.astype(np.float32), scale.astype(np.float32), (x - center) / scale, kinds
-
-
-def best_fixed_worker(runner: SessionRunner, worker_ids: list[str], tasks: list[Task], cfg: RolesConfig,
-                      log: Callable[[str], None]) -> str:
-    """The worker with the best mean reward answering alone in one turn on the exploration tasks."""
-    from fugu_pipeline.session.policy import FixedPolicy
-
-    rng = np.random.default_rng([cfg.seed, 7])
-    chosen = rng.choice(len(tasks), size=min(cfg.explore_tasks, len(tasks)), replace=False)
-    pairs = [(tasks[int(i)], int(rng.integers(0, TRAIN_SEEDS))) for i in chosen]
-    rows = runner.run([FixedPolicy(worker_ids, w) for w in worker_ids], pairs, greedy=True)
-    means = [float(np.mean([reward(t, cfg) for t in row])) for row in rows]
-    best = worker_ids[int(np.argmax(means))]
-    log(f"roles: one-step start on {best} (reward alone: " + ", ".join(f"{w} {m:.3f}" for w, m in zip(worker_ids, means)) + ")")
-    return best
-
-
-def stratified(tasks: list[Task], size: int, rng: np.random.Generator) -> np.ndarray:
-    """`size` task indices drawn without replacement, as evenly over the tasks' domains as they allow
-    (every generation scores every family, so one generation's fitness is not another's family mix)."""
-    by: dict[str, list[int]] = {}
-    for i, t in enumerate(tasks):
-        by.setdefault(t.domain, []).append(i)
-    pools = [list(rng.permutation(v)) for _, v in sorted(by.items())]
-    out: list[int] = []
-    while len(out) < size:
-        for p in pools:
-            if p and len(out) < size:
-                out.append(int(p.pop()))
-    return np.array(out)
-
-
-def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01,
-                 kinds: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(B (k, D), B+ (D, k)): the directions CMA-ES moves the head along; theta (L + 3, k) gives
-    W = theta @ B, and the saved head is W itself (L + 3, D).
-
-    With `kinds` (each state's `state_kind`): one direction per kind of state, the ridge-regression
-    probe that reads that kind off a transcript's features (B z is about the one-hot of z's kind).
-    Within a kind the features still differ with every task (the task's words dominate a
-    transcript's vector); a probe barely does, so coordinate c of theta moves the logits of kind c
-    alike on every task and leaves the other kinds alone: "after a Worker answer on a checking task:
-    verify" is one coordinate, and the kinds' decisions can be searched nearly independently.
-    Without `kinds`: the k leading directions of the features' second moment, whitened.
-    `dims` None: all D directions (without kinds)."""
-    n, d = z.shape
-    if kinds is not None and len(set(kinds)) > 1:
-        classes = sorted(set(kinds))
-        y = np.zeros((n, len(classes)))
-        y[np.arange(n), [classes.index(c) for c in kinds]] = 1.0
-        gram = z.T @ z
-        lam = reg * max(float(np.trace(gram)) / d, 1e-12)
-        basis = np.linalg.solve(gram + lam * np.eye(d), z.T @ y).T  # (C, D)
-        return basis, np.linalg.pinv(basis)
-    m = z.T @ z / max(len(z), 1)
-    lam, u = np.linalg.eigh(m)
-    order = np.argsort(-lam)[: min(dims or len(lam), len(lam))]
-    lam = np.maximum(lam[order], 0.0) + reg * max(float(np.trace(m)) / len(m), 1e-12)
-    u = u[:, order]
-    return (u / np.sqrt(lam)).T, u * np.sqrt(lam)
-
-
 def policy_from_checkpoint(checkpoint, featurizer: TranscriptFeaturizer) -> LinearRolesPolicy:
     """The session policy of a roles checkpoint (`roles_linear` or `roles_linear_svf`) over this featurizer."""
     sd = {k: v.detach().cpu().numpy() for k, v in checkpoint.state_dict.items()}
@@ -307,28 +239,51 @@ def train_roles(
     if not train or not val:
         raise ValueError(f"the coordinator needs train and val tasks (got {len(train)} train, {len(val)} val)")
     t0 = time.perf_counter()
-    n_out, dim = len(worker_ids) + len(ROLES), featurizer.dim
-    center, scale, z, kinds = exploration_stats(runner, featurizer, worker_ids, train, cfg.explore_tasks, cfg.seed)
-    basis, inverse = search_basis(z, cfg.search_dims, kinds=kinds if cfg.search == "state_kinds" else None)
+    n_workers, dim = len(worker_ids), featurizer.dim
+    sets = len(ROLES) if cfg.worker_per_role else 1
+    n_out = sets * n_workers + len(ROLES)
+    center, scale, z, kinds, groups = exploration_stats(runner, featurizer, worker_ids, train, cfg.explore_tasks, cfg.seed,
+                                                cfg.explore_seeds)
+    by_kind = cfg.search == "state_kinds"
+    basis, _ = search_basis(z, cfg.search_dims, kinds=kinds if by_kind else None, groups=groups if by_kind else None)
     k = len(basis)
     log(f"roles: features standardised over {len(z)} transcript states ({len(set(kinds))} kinds) of the uniform "
-        f"policy on {min(cfg.explore_tasks, len(train))} training tasks; CMA-ES searches {k} directions ("
-        + ("one probe per kind of state)" if cfg.search == "state_kinds"
-           else "the leading whitened directions)"))
+        f"policy on {min(cfg.explore_tasks, len(train))} training tasks x {cfg.explore_seeds} seed(s); CMA-ES searches "
+        f"{k} directions (" + ("the constant and one decoupled probe per kind of state)" if cfg.search == "state_kinds"
+                               else "the leading whitened directions)"))
     w0 = np.zeros((n_out, dim))
     flat = 1.0 / (SHIFT * dim)  # standardised features average SHIFT per dimension: a flat row is a constant logit
+
+    def rows(role: str) -> slice:  # the worker softmax a role picks from
+        at = ROLES.index(role) if sets > 1 else 0  # type: ignore[arg-type]
+        return slice(at * n_workers, (at + 1) * n_workers)
+
     if init_weight is not None:  # rows that acted on raw features act on standardised ones: W' = W * scale
-        w0[: len(worker_ids)] = np.asarray(init_weight, np.float64)[: len(worker_ids)] * scale[None, :]
+        w0[rows("worker")] = np.asarray(init_weight, np.float64)[:n_workers] * scale[None, :]
     if cfg.init == "one_step":
-        w0[len(worker_ids) + ROLES.index("worker")] = cfg.init_logit * flat
+        w0[sets * n_workers + ROLES.index("worker")] = cfg.init_logit * flat
+        best = None
+        if init_weight is None or sets > 1:
+            best = best_fixed_worker(runner, worker_ids, train, cfg.explore_tasks, cfg.seed,
+                                     lambda t: reward(t, cfg), log)
         if init_weight is None:
-            best = best_fixed_worker(runner, worker_ids, train, cfg, log)
-            w0[worker_ids.index(best)] = cfg.init_worker_logit * flat
-    theta0 = (w0 @ inverse).ravel()  # W = theta @ B
-    n_w, adapter = theta0.size, None
+            w0[rows("worker").start + worker_ids.index(best)] = cfg.init_worker_logit * flat
+        if sets > 1:
+            for role, w in best_role_workers(runner, worker_ids, best, train, cfg.explore_tasks, cfg.seed,
+                                             lambda t: reward(t, cfg), log).items():
+                if role != "worker":
+                    w0[rows(role).start + worker_ids.index(w)] = cfg.init_worker_logit * flat
     # CMA-ES's initial sigma: a random step moves each logit by about sigma0 (a kind probe moves its kind's
     # logits one for one; k whitened directions move every logit by sqrt(k) times a coordinate)
     step = cfg.sigma0 if cfg.search == "state_kinds" else cfg.sigma0 / np.sqrt(k)
+    # each parameter group its own step: a search coordinate of size `step` moves a role logit by sigma0 and a
+    # worker logit by worker_sigma (theta = coordinate x unit)
+    unit = np.ones((n_out, k))
+    unit[: sets * n_workers] = cfg.worker_sigma / cfg.sigma0
+    unit = unit.ravel()
+    # W = theta @ B, acting like w0 on the explored states (state kinds: on the constant direction alone)
+    theta0 = initial_theta(w0, basis, z, only=slice(0, 1) if by_kind and len(set(kinds)) > 1 else None).ravel() / unit
+    n_w, adapter = theta0.size, None
     svf_unit = cfg.svf_sigma / step  # an SVF search coordinate of size `step` moves a log-scale by svf_sigma
     if cfg.svf:  # the adapter's scales z = exp(u); u starts at 0 (the original encoder)
         from fugu_pipeline.features.svf import SVFAdapter
@@ -340,7 +295,7 @@ def train_roles(
             "once per transcript, it and the one above per candidate")
 
     def head(th: np.ndarray) -> np.ndarray:
-        return (np.asarray(th[:n_w], np.float64).reshape(n_out, k) @ basis).astype(np.float32)
+        return ((np.asarray(th[:n_w], np.float64) * unit).reshape(n_out, k) @ basis).astype(np.float32)
 
     def svf_scales(th: np.ndarray) -> np.ndarray:
         return np.exp(svf_unit * np.asarray(th[n_w:], np.float64)).astype(np.float32)
@@ -357,7 +312,7 @@ def train_roles(
     val_pairs = [(t, VAL_SEED_BASE + s) for t in val_set for s in range(cfg.val_seeds)]
     log(f"roles: SepCMA over a {n_out} x {dim} head ({n_out} x {k} search coordinates{' + SVF' if adapter else ''}: "
         f"{theta0.size:,} evolved numbers), population {es.population_size}, "
-        f"sigma0 {cfg.sigma0}, {cfg.generations} generations x {cfg.tasks_per_generation} tasks x "
+        f"sigma0 {cfg.sigma0} (worker logits {cfg.worker_sigma}), {cfg.generations} generations x {cfg.tasks_per_generation} tasks x "
         f"{cfg.seeds_per_task} seed(s); {len(train)} train / {len(val_set)} val tasks; "
         f"{'sampled' if cfg.sample_actions else 'greedy'} picks in training, greedy on val")
 
