@@ -67,6 +67,13 @@ SHORT_TRAIN = {
 
 NO_CASCADE = "cascade:\n  enabled: 'off'\n"  # most of `fugu-lite train`'s CPU: its verifier's out-of-fold grid
 
+# For a test that runs the head set on its way and checks nothing of it (an SFT report, the encoder's
+# passes): one point per head family, the features as the encoder gives them (no choice of layer
+# sets or prompt rules: each doubles the fits). Appended to `SHORT_TRAIN`'s train.yaml.
+ONE_POINT_HEADS = ("features:\n  layer_sets: 'off'\n  prompt_rules: 'off'\n"
+                   "heads:\n  domain_prior: {m: [20]}\n  knn: {k: [30], prior_weight: [0], same_domain_bonus: [0]}\n"
+                   "  ridge: {alpha: [100], inputs: [all]}\n")
+
 
 def short_training(project: Path, cascade: bool = True) -> Path:
     """Write `SHORT_TRAIN`'s configs into `project`/configs; `cascade=False` for a test that checks

@@ -19,7 +19,7 @@ import pytest
 
 from fugu_pipeline.cli import main
 from fugu_pipeline.defs.assemble import build_defs
-from fugu_pipeline_tests.conftest import short_training
+from fugu_pipeline_tests.conftest import ONE_POINT_HEADS, short_training
 
 NOT_HEADS = {"sft", "rl", "es", "triage", "roles", "cascade"}  # models/<kind>/ folders of no one-step head of the set
 
@@ -79,7 +79,9 @@ def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_feat
     # one-step heads only (a cascade reads answers, not features: it could take the router slot here)
     assert "enabled: 'off'" in (proj / "configs" / "train.yaml").read_text()  # the fixture's: no cascade
     # one setting, other than the encoder resource's (layer -1): the heads' contract differs from the pipeline's
-    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--layer-sets", "-1 1"]) == 0
+    # up to the promotion (the triage head after it is checked by its own tests)
+    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--layer-sets", "-1 1",
+                 "--stop-after", "promoted_router"]) == 0
     out = capsys.readouterr().out
     heads = [p for p in manifests(proj / "models") if p.parent.name not in NOT_HEADS]
     assert heads and all(layers_of(json.loads((p / "manifest.json").read_text())) == [-1, 1] for p in heads)
@@ -133,7 +135,7 @@ def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_feat
     # on its features, not skipped as "other features"
     (proj / "configs" / "promotion.yaml").write_text("gates:\n  rate_limit_s: 0\n")  # a second attempt today
     capsys.readouterr()
-    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny"]) == 0
+    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", "promoted_router"]) == 0
     last = [json.loads(line) for line in (proj / "models" / "promoted" / "history.jsonl").read_text().splitlines()][-1]
     text = "\n".join(last["reasons"])
     assert "other features" not in text and "cannot be scored" not in text, text
@@ -211,6 +213,8 @@ def test_an_interrupted_layer_sets_pass_keeps_its_finished_chunks(tmp_path, monk
 
 
 def test_fugu_lite_train_encodes_layer_sets_in_one_pass(proj, capsys):
+    with (proj / "configs" / "train.yaml").open("a") as fh:  # the encoder's passes are checked, not the heads: the
+        fh.write(ONE_POINT_HEADS)                            # smallest grid (the flags below set the features)
     assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", "reward_matrix"]) == 0
     capsys.readouterr()
     assert main(["train", "--data", "data/reward_matrix.duckdb", "--encoder", "tiny", "--device", "cpu",

@@ -60,7 +60,9 @@ def test_two_pipeline_runs_at_once_on_a_fresh_project(tmp_path):
     """Before: the loser printed a 56-line SQLAlchemy traceback (both created the instance's tables),
     or both wrote the same partitions. Now the first to start holds the project; the other says so
     in one line and exits 2, and a run after them goes on from where the first stopped."""
-    project = make_project(tmp_path / "project", REPO / "dagster.yaml", sleep_s=2.0)  # ~20 s of calls: they overlap
+    # ~10 s of calls (3 workers x 3 rounds of 4): the two start together, so the first holds the
+    # project for the whole collection while the second, a second or two behind it at most, asks for it
+    project = make_project(tmp_path / "project", REPO / "dagster.yaml", sleep_s=1.0)
     write_jsonl(project / "data" / "benchgen" / "b1.jsonl", [task_row(i) for i in range(12)])
     cmd = [FUGU_LITE, "pipeline", "--encoder", "tiny", "--workers", "configs/workers.slow.yaml", "--stop-after", "reward_matrix"]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}  # DAGSTER_HOME: the project

@@ -16,7 +16,7 @@ from fugu_pipeline.cli import main
 from fugu_pipeline.defs.assemble import build_defs
 from fugu_pipeline.matrix.read import read_arrays, read_utility_config, read_utility_source
 from fugu_pipeline.reward import UtilityConfig
-from fugu_pipeline_tests.conftest import NO_CASCADE, REPO, short_training
+from fugu_pipeline_tests.conftest import NO_CASCADE, ONE_POINT_HEADS, REPO, short_training
 
 WEIGHTS = {"quality_weight": 2.0, "cost_weight": 0.7, "latency_weight": 0.2, "cost_scale_usd": 0.005,
            "latency_scale_s": 4.0, "cap": 5.0}
@@ -41,8 +41,8 @@ def weighted(project, monkeypatch):
 def test_cli_and_assets_report_the_same_utility_from_the_same_worker_yaml(weighted, capsys):
     # the command line: generate -> train-sft -> evaluate, with the worker YAML's weights
     W = ["--workers", "configs/w.yaml"]
-    with (weighted / "configs" / "train.yaml").open("a") as fh:  # the main job fits the head set on its way; no cascade
-        fh.write(NO_CASCADE)
+    with (weighted / "configs" / "train.yaml").open("a") as fh:  # the main job fits the head set on its way: the
+        fh.write(NO_CASCADE + ONE_POINT_HEADS)                     # smallest one (nothing of it is checked here)
     assert main(["generate", *W, "--tasks", "data/benchgen/sample.jsonl", "--output", "r.jsonl"]) == 0
     common = ["--data", "r.jsonl", *W, "--device", "cpu"]
     assert main(["train-sft", *common, "--encoder", "tiny", "--output", "cli-models"]) == 0
