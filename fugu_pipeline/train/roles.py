@@ -54,6 +54,7 @@ from fugu_pipeline.train.roles_search import (  # noqa: F401 (SHIFT, TRAIN_SEEDS
     best_fixed_worker,
     best_role_workers,
     exploration_stats,
+    grammar_offsets,
     initial_theta,
     search_basis,
     state_kind,
@@ -110,6 +111,11 @@ class RolesConfig(BaseModel):
                                      "every state (with worker_per_role: of each role's best worker in that role's "
                                      "softmax); small, so a step can change it as easily as it changes the role")
     init_logit: float = Field(3.0, ge=0, description="one_step init: the lead of the Worker role in every state")
+    init_grammar: bool = Field(True, description="one_step init that follows the session's grammar on the explored "
+                               "states: no Verifier before an answer, the next turn answers after a plan or a verdict, "
+                               "and right after a Worker answer committing leads checking by only init_verify_lead")
+    init_verify_lead: float = Field(0.5, ge=0, description="init_grammar: the Worker role's lead over the Verifier "
+                                    "right after a Worker answer (commit rather than check)")
     worker_sigma: float = Field(0.5, gt=0, description="the worker logits' own step (sigma0 is the role logits'): "
                                 "a random step moves each worker logit by about this much, so the start's worker "
                                 "for each role (init_worker_logit ahead) mostly stays while the roles are searched")
@@ -282,7 +288,17 @@ def train_roles(
     unit[: sets * n_workers] = cfg.worker_sigma / cfg.sigma0
     unit = unit.ravel()
     # W = theta @ B, acting like w0 on the explored states (state kinds: on the constant direction alone)
-    theta0 = initial_theta(w0, basis, z, only=slice(0, 1) if by_kind and len(set(kinds)) > 1 else None).ravel() / unit
+    offsets = None
+    if cfg.init == "one_step" and cfg.init_grammar:
+        offsets = grammar_offsets(kinds, n_out, sets * n_workers, cfg.init_logit, cfg.init_verify_lead, cfg.init_logit)
+    theta0 = initial_theta(w0, basis, z, offsets=offsets,
+                           only=slice(0, 1) if by_kind and len(set(kinds)) > 1 and offsets is None else None).ravel() / unit
+    if offsets is not None:  # how closely the fitted start follows the grammar on the explored states
+        r0_ = slice(sets * n_workers, n_out)
+        got = z @ ((theta0 * unit).reshape(n_out, k) @ basis)[r0_].T
+        want = z @ w0[r0_].T + offsets[:, r0_]
+        log(f"roles: grammar start: the fitted head picks the grammar's role on "
+            f"{np.mean(got.argmax(1) == want.argmax(1)):.2f} of the explored states")
     n_w, adapter = theta0.size, None
     svf_unit = cfg.svf_sigma / step  # an SVF search coordinate of size `step` moves a log-scale by svf_sigma
     if cfg.svf:  # the adapter's scales z = exp(u); u starts at 0 (the original encoder)

@@ -205,17 +205,43 @@ def search_basis(z: np.ndarray, dims: int | None, reg: float = 0.01, kinds: list
     return (u / np.sqrt(lam)).T, u * np.sqrt(lam)
 
 
+def grammar_offsets(kinds: list[str], n_rows: int, role_row0: int, worker_lead: float, verify_lead: float,
+                    low: float) -> np.ndarray:
+    """(n, rows): what the session's grammar adds to a one-step start's logits on each explored state
+    (by its `state_kind`), so that generation 0 still answers in one turn but the search only has to
+    learn where to verify: before any answer the Verifier is `low` down (nothing to check yet); after
+    a plan or a verdict the Thinker and the Verifier are (the next turn answers); right after a
+    Worker answer the Thinker is, and the Worker role's lead over the Verifier (commit vs check) is
+    cut from the start's `worker_lead` to `verify_lead`."""
+    t, w, v = (role_row0 + ROLES.index(r) for r in ("thinker", "worker", "verifier"))
+    out = np.zeros((len(kinds), n_rows))
+    for i, kind in enumerate(kinds):
+        last = kind.split("|")[1]
+        if last == "-":
+            out[i, v] -= low
+        elif last == "worker":
+            out[i, t] -= low
+            out[i, w] -= worker_lead - verify_lead
+        else:  # after a plan or a verdict: answer
+            out[i, t] -= low
+            out[i, v] -= low
+    return out
+
+
 def initial_theta(w0: np.ndarray, basis: np.ndarray, z: np.ndarray, reg: float = 1e-6,
-                  only: slice | None = None) -> np.ndarray:
+                  only: slice | None = None, offsets: np.ndarray | None = None) -> np.ndarray:
     """Search coordinates theta (rows, k) whose head theta @ B gives, on the explored states z, the
-    logits closest (least squares) to those of the intended start w0 (rows, D); with `only`, fitted
-    with those coordinates alone (the others start at 0)."""
+    logits closest (least squares) to those of the intended start w0 (rows, D), plus `offsets`
+    (n, rows) per state where given; with `only`, fitted with those coordinates alone (the others
+    start at 0)."""
     if only is not None:
         theta = np.zeros((len(w0), len(basis)))
-        theta[:, only] = initial_theta(w0, basis[only], z, reg)
+        theta[:, only] = initial_theta(w0, basis[only], z, reg, offsets=offsets)
         return theta
     p = z @ basis.T  # (n, k): what each coordinate moves on each state
     target = z @ np.asarray(w0, np.float64).T  # (n, rows)
+    if offsets is not None:
+        target = target + offsets
     gram = p.T @ p
     lam = reg * max(float(np.trace(gram)) / max(len(gram), 1), 1e-12)
     return np.linalg.solve(gram + lam * np.eye(len(gram)), p.T @ target).T
