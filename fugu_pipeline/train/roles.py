@@ -7,7 +7,10 @@ The evolved vector is the roles head W (3L + 3, D) (one worker softmax per role;
 kind of transcript state), plus, with `svf: true`, one scale per singular value of the encoder's
 second-to-last layer (`features/svf.py`). Generation 0 is the one-step policy (Worker role, best
 fixed worker, in every state) whose Thinker and Verifier turns, where a step makes it take one, go
-to the worker that plays that role best (`roles_search.best_role_workers`). Each parameter group has its
+to the worker that plays that role best (`roles_search.best_role_workers`); with `init_grammar` (the
+default) it also follows the session's grammar (`roles_search.grammar_offsets`: no Verifier before an
+answer, an answer after a plan or a verdict, and right after a Worker answer committing leads checking
+by only `init_verify_lead`), so the search only has to learn where to verify. Each parameter group has its
 own step: the head's coordinates move the logits by about `sigma0`, the SVF scales are z = exp(u)
 with u moved by about `svf_sigma` (0.1: z stays positive and near 1, TinyRouter's setting).
 Each generation:
@@ -287,7 +290,8 @@ def train_roles(
     unit = np.ones((n_out, k))
     unit[: sets * n_workers] = cfg.worker_sigma / cfg.sigma0
     unit = unit.ravel()
-    # W = theta @ B, acting like w0 on the explored states (state kinds: on the constant direction alone)
+    # W = theta @ B, acting like w0 on the explored states (state kinds: on the constant direction alone,
+    # unless the grammar's per-kind offsets are fitted too: then on every direction)
     offsets = None
     if cfg.init == "one_step" and cfg.init_grammar:
         offsets = grammar_offsets(kinds, n_out, sets * n_workers, cfg.init_logit, cfg.init_verify_lead, cfg.init_logit)
