@@ -95,3 +95,40 @@ def test_a_per_role_head_picks_the_worker_from_the_picked_roles_softmax(tmp_path
     assert (act.role, ids[act.worker]) == (2, "checker")
     groups, decisions = head_groups(ckpt, x[None, :])
     assert len(groups) == 4 and decisions == ["verifier:checker"]
+
+
+def test_the_grammar_start_answers_at_once_and_leaves_the_check_one_small_step_away():
+    """`init_grammar`: generation 0 is still the one-step policy (a Worker answers, then a Worker
+    turn commits it), but the fitted head keeps the Verifier off before any answer and after a plan
+    or a verdict, and right after a Worker answer leads the Verifier by only init_verify_lead: on
+    three families the plain start's lead of 3 there was never crossed (Verifier in 0.00 of the
+    recipe's checking sessions)."""
+    from fugu_pipeline.session.roles import ROLES
+    from fugu_pipeline.train.roles_search import SHIFT, grammar_offsets, initial_theta, search_basis
+
+    rng = np.random.default_rng(0)
+    steps = ["-|-", "thinker|-", "worker|-", "verifier|revise"]
+    kinds = [f"{fam}|{s}" for fam in ("checking", "lookup", "multistep") for s in steps]
+    d, n_rows, role0 = 48, 3 * 3 + 3, 9
+    where = rng.normal(size=(len(kinds), d))  # each kind of state its own direction, every task its own words
+    state_kinds = [kinds[i % len(kinds)] for i in range(1200)]
+    groups = [f"t{i // 4}" for i in range(1200)]
+    z = SHIFT + 0.5 * where[[kinds.index(k) for k in state_kinds]] + 0.3 * rng.normal(size=(1200, d))
+    basis, _ = search_basis(z, None, kinds=state_kinds, groups=groups)
+    w0 = np.zeros((n_rows, d))
+    w0[role0 + ROLES.index("worker")] = 3.0 / (SHIFT * d)  # the one-step start: Worker role 3 ahead everywhere
+    offsets = grammar_offsets(state_kinds, n_rows, role0, 3.0, 0.5, 3.0)
+    head = initial_theta(w0, basis, z, offsets=offsets) @ basis
+    logits = z @ head[role0:].T  # (states, [thinker, worker, verifier])
+    t, w, v = (ROLES.index(r) for r in ("thinker", "worker", "verifier"))
+    for step in steps:
+        at = np.array([k.endswith(step) for k in state_kinds])
+        lead = logits[at, w] - logits[at, v]
+        if step == "worker|-":  # commit leads check by about init_verify_lead (per-task noise flips a few)
+            assert 0.2 < np.median(lead) < 0.8 and (logits[at].argmax(1) == w).mean() > 0.75
+        else:
+            assert (logits[at].argmax(1) == w).mean() > 0.95, step  # generation 0 answers at once
+            assert np.median(lead) > 4.0  # no check before an answer, an answer after a plan or a verdict
+    plain = initial_theta(w0, basis, z, only=slice(0, 1)) @ basis
+    at = np.array([k.endswith("worker|-") for k in state_kinds])
+    assert np.median((z @ plain[role0:].T)[at, w] - (z @ plain[role0:].T)[at, v]) > 2.5  # the plain start: 3

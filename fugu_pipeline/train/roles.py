@@ -7,7 +7,10 @@ The evolved vector is the roles head W (3L + 3, D) (one worker softmax per role;
 kind of transcript state), plus, with `svf: true`, one scale per singular value of the encoder's
 second-to-last layer (`features/svf.py`). Generation 0 is the one-step policy (Worker role, best
 fixed worker, in every state) whose Thinker and Verifier turns, where a step makes it take one, go
-to the worker that plays that role best (`roles_search.best_role_workers`). Each parameter group has its
+to the worker that plays that role best (`roles_search.best_role_workers`); with `init_grammar` (the
+default) it also follows the session's grammar (`roles_search.grammar_offsets`: no Verifier before an
+answer, an answer after a plan or a verdict, and right after a Worker answer committing leads checking
+by only `init_verify_lead`), so the search only has to learn where to verify. Each parameter group has its
 own step: the head's coordinates move the logits by about `sigma0`, the SVF scales are z = exp(u)
 with u moved by about `svf_sigma` (0.1: z stays positive and near 1, TinyRouter's setting).
 Each generation:
@@ -54,6 +57,7 @@ from fugu_pipeline.train.roles_search import (  # noqa: F401 (SHIFT, TRAIN_SEEDS
     best_fixed_worker,
     best_role_workers,
     exploration_stats,
+    grammar_offsets,
     initial_theta,
     search_basis,
     state_kind,
@@ -110,6 +114,11 @@ class RolesConfig(BaseModel):
                                      "every state (with worker_per_role: of each role's best worker in that role's "
                                      "softmax); small, so a step can change it as easily as it changes the role")
     init_logit: float = Field(3.0, ge=0, description="one_step init: the lead of the Worker role in every state")
+    init_grammar: bool = Field(True, description="one_step init that follows the session's grammar on the explored "
+                               "states: no Verifier before an answer, the next turn answers after a plan or a verdict, "
+                               "and right after a Worker answer committing leads checking by only init_verify_lead")
+    init_verify_lead: float = Field(0.5, ge=0, description="init_grammar: the Worker role's lead over the Verifier "
+                                    "right after a Worker answer (commit rather than check)")
     worker_sigma: float = Field(0.5, gt=0, description="the worker logits' own step (sigma0 is the role logits'): "
                                 "a random step moves each worker logit by about this much, so the start's worker "
                                 "for each role (init_worker_logit ahead) mostly stays while the roles are searched")
@@ -281,8 +290,19 @@ def train_roles(
     unit = np.ones((n_out, k))
     unit[: sets * n_workers] = cfg.worker_sigma / cfg.sigma0
     unit = unit.ravel()
-    # W = theta @ B, acting like w0 on the explored states (state kinds: on the constant direction alone)
-    theta0 = initial_theta(w0, basis, z, only=slice(0, 1) if by_kind and len(set(kinds)) > 1 else None).ravel() / unit
+    # W = theta @ B, acting like w0 on the explored states (state kinds: on the constant direction alone,
+    # unless the grammar's per-kind offsets are fitted too: then on every direction)
+    offsets = None
+    if cfg.init == "one_step" and cfg.init_grammar:
+        offsets = grammar_offsets(kinds, n_out, sets * n_workers, cfg.init_logit, cfg.init_verify_lead, cfg.init_logit)
+    theta0 = initial_theta(w0, basis, z, offsets=offsets,
+                           only=slice(0, 1) if by_kind and len(set(kinds)) > 1 and offsets is None else None).ravel() / unit
+    if offsets is not None:  # how closely the fitted start follows the grammar on the explored states
+        r0_ = slice(sets * n_workers, n_out)
+        got = z @ ((theta0 * unit).reshape(n_out, k) @ basis)[r0_].T
+        want = z @ w0[r0_].T + offsets[:, r0_]
+        log(f"roles: grammar start: the fitted head picks the grammar's role on "
+            f"{np.mean(got.argmax(1) == want.argmax(1)):.2f} of the explored states")
     n_w, adapter = theta0.size, None
     svf_unit = cfg.svf_sigma / step  # an SVF search coordinate of size `step` moves a log-scale by svf_sigma
     if cfg.svf:  # the adapter's scales z = exp(u); u starts at 0 (the original encoder)
