@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from fugu_pipeline.evaluate.roles import EVAL_SEED_BASE
-from fugu_pipeline.evaluate.roles_project import open_run, roles_encoder_settings, split
+from fugu_pipeline.evaluate.roles_project import open_run, split
 from fugu_pipeline.session.policy import FixedPolicy
 from fugu_pipeline.tasks.schema import Task
 from fugu_pipeline.testing.roles_batch import roles_batch
 from fugu_pipeline.train.roles import RolesConfig, train_roles
 from fugu_pipeline.workers.config import load_workers_config
 
+from . import roles_fixtures
 from .conftest import REPO
 
 WORKERS = REPO / "configs" / "workers.mock-roles.yaml"
@@ -30,14 +30,7 @@ SMALL = dict(generations=25, tasks_per_generation=12, explore_tasks=48, explore_
              val_seeds=2, max_length=256)
 
 
-@pytest.fixture(scope="module")
-def encoder():
-    from fugu_pipeline.features.encoder import Encoder
-
-    torch.set_num_threads(1)
-    enc = Encoder.load(roles_encoder_settings("tiny", 256, device="cpu", dtype="float32"))
-    yield enc
-    enc.close()
+encoder = roles_fixtures.encoder
 
 
 def verified(trs) -> float:

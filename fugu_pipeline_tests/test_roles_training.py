@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 import torch
 
-from fugu_pipeline.evaluate.roles_project import open_run, roles_encoder_settings, split
+from fugu_pipeline.evaluate.roles_project import open_run, split
 from fugu_pipeline.tasks.schema import Task
 from fugu_pipeline.testing.roles_batch import roles_batch
 from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint, save_checkpoint, weight_sanity
 from fugu_pipeline.train.roles import RolesConfig, train_roles, warm_start_weight
 from fugu_pipeline.workers.config import load_workers_config
 
+from . import roles_fixtures
 from .conftest import REPO
 
 WORKERS = REPO / "configs" / "workers.mock-roles.yaml"
@@ -33,14 +34,7 @@ QUIET = lambda s: None  # noqa: E731
 SMALL = dict(generations=4, tasks_per_generation=6, explore_tasks=6, val_every=2, val_tasks=10, max_length=256)
 
 
-@pytest.fixture(scope="module")
-def encoder():
-    from fugu_pipeline.features.encoder import Encoder
-
-    torch.set_num_threads(1)
-    enc = Encoder.load(roles_encoder_settings("tiny", 256, device="cpu", dtype="float32"))
-    yield enc
-    enc.close()
+encoder = roles_fixtures.encoder
 
 
 def tasks_of(n: int = 30) -> list[Task]:
