@@ -128,7 +128,8 @@ class RolesHead(RoutingHead):
 class RolesSVFHead(RolesHead):
     """`roles_linear_svf`: the roles head plus TinyRouter's SVF adapter, one learnable scale per singular
     value of the encoder's second-to-last layer (`features/svf.py`): 12,288 + 7,168 = 19,456 parameters
-    with 3 workers, a worker softmax per role and Qwen3-0.6B (13,312 with one shared worker softmax). `svf_size` (the encoder's count) is in the manifest's `head_shape`."""
+    with 3 workers, a worker softmax per role and Qwen3-0.6B (13,312 with one shared worker softmax).
+    `svf_size` (the encoder's count) is in the manifest's `head_shape`."""
 
     kind = "roles_linear_svf"
 

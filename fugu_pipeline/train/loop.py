@@ -13,16 +13,9 @@ import torch
 from fugu_pipeline.features.routing_data import RoutingData
 from fugu_pipeline.train.heads import RoutingHead
 from fugu_pipeline.train.result import greedy_utility
+from fugu_pipeline.train.threads import HEAD_THREADS, torch_threads
 
 Log = Callable[[str], None]
-
-
-# torch intra-op threads while a linear head trains (SFT, RL, CMA-ES, triage). These heads have a
-# few thousand parameters: a second thread gains nothing (measured equal on an idle 2-core machine),
-# but on a busy CPU every small op's OpenMP barrier waits for a thread the OS has descheduled. With
-# one other torch process on the 2 cores, `triage_head` took 16-26 s instead of 0.5 s and
-# `router_sft` 4.1 s instead of 0.9 s. One thread also keeps the weights independent of the core count.
-HEAD_THREADS = 1
 
 
 @contextlib.contextmanager
@@ -30,17 +23,13 @@ def seeded(seed: int, threads: int | None = HEAD_THREADS):
     """Seed torch, make CPU kernels deterministic and use `threads` intra-op threads (None: leave
     torch's setting) for the duration, and hand out a generator."""
     previous = torch.are_deterministic_algorithms_enabled()
-    previous_threads = torch.get_num_threads()
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True)
-    if threads is not None and threads != previous_threads:
-        torch.set_num_threads(threads)
     try:
-        yield torch.Generator().manual_seed(seed)
+        with torch_threads(threads):
+            yield torch.Generator().manual_seed(seed)
     finally:
         torch.use_deterministic_algorithms(previous)
-        if torch.get_num_threads() != previous_threads:
-            torch.set_num_threads(previous_threads)
 
 
 def prepare(data: RoutingData, force: bool) -> tuple[RoutingData, RoutingData]:

@@ -298,9 +298,9 @@ def train_roles(
     theta0 = initial_theta(w0, basis, z, offsets=offsets,
                            only=slice(0, 1) if by_kind and len(set(kinds)) > 1 and offsets is None else None).ravel() / unit
     if offsets is not None:  # how closely the fitted start follows the grammar on the explored states
-        r0_ = slice(sets * n_workers, n_out)
-        got = z @ ((theta0 * unit).reshape(n_out, k) @ basis)[r0_].T
-        want = z @ w0[r0_].T + offsets[:, r0_]
+        role_rows = slice(sets * n_workers, n_out)
+        got = z @ ((theta0 * unit).reshape(n_out, k) @ basis)[role_rows].T
+        want = z @ w0[role_rows].T + offsets[:, role_rows]
         log(f"roles: grammar start: the fitted head picks the grammar's role on "
             f"{np.mean(got.argmax(1) == want.argmax(1)):.2f} of the explored states")
     n_w, adapter = theta0.size, None

@@ -16,7 +16,6 @@ design too large both ways. torch runs on one thread while it fits (`_one_thread
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -222,21 +221,13 @@ def _lbfgs(Z, t: np.ndarray, l2: float, w0: np.ndarray, b0: float, iters: int = 
     return w.detach().numpy().astype(np.float64), float(b.detach()[0])
 
 
-@contextlib.contextmanager
 def _one_thread():
     """torch on one intra-op thread while the verifier fits: its matrices are small, and on a busy CPU
-    a second thread's barrier waits on a descheduled core (10-50x slower, as for the linear heads in
-    `train/loop.py`); the caller's count is given back."""
-    import torch
+    a second thread's barrier waits on a descheduled core (10-50x slower), as for the linear heads
+    (`train/threads.py`); the caller's count is given back."""
+    from fugu_pipeline.train.threads import torch_threads
 
-    before = torch.get_num_threads()
-    if before != 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
+    return torch_threads(1)
 
 
 def _own_rows(X: np.ndarray, y: np.ndarray, n_workers: int) -> list[np.ndarray | None]:
