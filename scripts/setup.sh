@@ -8,7 +8,7 @@
 #   - any other build:                    FUGU_TORCH_SPEC='torch==2.x.y' FUGU_TORCH_INDEX=<index url>
 # A torch that is already importable in .venv is kept.
 # The rest (about 190 packages) is installed by uv, which fetches them in parallel: a few tens of
-# seconds where pip, one download at a time, took 3 to 10 minutes here. uv keeps the torch installed
+# seconds for the downloads where pip, one at a time, took 3 to 10 minutes here. uv keeps the torch installed
 # above (it satisfies the project's range). FUGU_INSTALLER=pip installs with pip instead (uv reads
 # UV_INDEX_URL, not pip's configuration, for a private index). FUGU_EXTRAS picks the extras (default dev).
 set -euo pipefail
