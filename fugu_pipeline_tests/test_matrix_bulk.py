@@ -111,3 +111,29 @@ def test_blank_lines_are_not_counted_as_skipped(project):
     rows, bulk = _both(project, cfg, summary)
     assert (summary["skipped_lines"], summary["skipped_where"]) == (0, "")
     assert rows == bulk
+
+
+def test_latest_line_wins_when_the_scan_runs_in_parallel(project):
+    """The bulk build takes a file's line order from the order of its insert (no line numbers): a
+    cell collected many times, in files long enough for DuckDB to read in parallel (several files,
+    several vectors each), keeps its last line, as the store's reader keeps it."""
+    cfg, tasks, _ = collect_all(project)
+    rdir = project / "data" / "responses" / "sample"
+    expected = {}
+    for w in cfg.worker_ids:
+        path = rdir / f"{w}.jsonl"
+        base = [json.loads(x) for x in path.read_text().splitlines()]
+        rounds = max(2, 6000 // len(base))  # every cell written `rounds` times, rounds interleaved
+        with path.open("a") as fh:
+            for k in range(rounds):
+                for i, rec in enumerate(base):
+                    fh.write(json.dumps(dict(rec, answer=f"round {k} of {(i * 7 + k) % 11}")) + "\n")
+        store_recs = ResponseStore(project / "data" / "responses").read("sample", w)
+        assert store_recs.n_skipped == 0
+        expected[w] = {t: r.answer for t, r in store_recs.items()}
+    db = project / "data" / "bulk.duckdb"
+    build_collection(project / "data" / "benchgen", project / "data" / "responses", cfg, db)
+    with duckdb.connect(str(db), read_only=True) as con:
+        got = con.execute("SELECT worker_id, task_id, answer FROM responses").fetchall()
+    assert len(got) == sum(len(v) for v in expected.values())
+    assert {(w, t): a for w, t, a in got} == {(w, t): a for w, v in expected.items() for t, a in v.items()}

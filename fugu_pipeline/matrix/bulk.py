@@ -4,15 +4,16 @@
 Same guarantees and the same result as `build(from_collection(...))`, table for table and with
 the same `data_version` (a test compares them on the sample data and on damaged files):
 - the latest record of a cell wins: within a partition file a later line replaces an earlier one
-  (the scan keeps file order; `row_number()` over it is the line order);
+  (the scan keeps file order and the insert keeps the scan's order: the rowid is the line order);
 - a record counts only if its prompt hash equals the task's (a reworded task is collected again);
 - a torn last line, or any line that is not a call record (a field missing or of the wrong JSON
   type, a status other than ok/failed, a number out of its range: NaN, a negative cost, a quality
   above 1; or the record of another worker or batch than its file's), is skipped, as
   `ResponseStore.read` skips it (`records.py` holds the rules; `_sound_record` is them in SQL);
 - skipped lines are counted and named by file and line number, as the collection run names them
-  (`PartitionRecords.skipped_note`): the build counts each file's lines (a byte scan) and, only for
-  a file where they differ from the records it kept, has the store's reader find which lines;
+  (`PartitionRecords.skipped_note`): the build counts each file's lines (a byte scan, on a thread
+  while DuckDB reads the same files) and, only for a file where they differ from the records it
+  kept, has the store's reader find which lines;
 - only files of configured workers and of batches with a batch file are read;
 - utility is computed in SQL from the same formula, in the same operation order, as
   `UtilityConfig.utility`, so every float is bit-identical;
@@ -24,8 +25,10 @@ Where the time goes at scale is printed by benchmarks/bench_matrix.py.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import get_args
 
@@ -89,12 +92,12 @@ def _typed_columns() -> str:
 
 
 _FIELDS = (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS)
-# While the build runs, `responses` also holds, for every line read: its file, line number, the
-# batch of its file, its prompt hash and whether it is a sound record. They let the build count
-# skipped lines and keep only the latest sound record of a cell whose prompt hash matches its task
-# (the rest is deleted), then they are dropped: the table is written once, never copied.
-BOOKKEEPING = {"rec_file": "VARCHAR", "rec_line": "BIGINT", "rec_batch": "VARCHAR", "rec_prompt_hash": "VARCHAR",
-               "rec_sound": "BOOLEAN"}
+# While the build runs, `responses` also holds, for every line read: the index of its file in the
+# list read, its prompt hash and whether it is a sound record; its line order is the table's rowid
+# (see `LOAD_RECORDS`). They let the build count skipped lines and keep only the latest sound record
+# of a cell whose prompt hash matches its task (the rest is deleted), then they are dropped: the
+# table is written once, never copied.
+BOOKKEEPING = {"rec_file": "INTEGER", "rec_prompt_hash": "VARCHAR", "rec_sound": "BOOLEAN"}
 # The values `from_collection` stores: a missing field's default where the record has one.
 # A count out of the INTEGER range is stored as NULL: its line is no sound record, and is deleted.
 _STORED = {"cost_usd": "coalesce(cost_usd, 0.0)", "cost_source": "coalesce(cost_source, 'none')",
@@ -102,51 +105,56 @@ _STORED = {"cost_usd": "coalesce(cost_usd, 0.0)", "cost_source": "coalesce(cost_
            "finished_at": "coalesce(finished_at, 0.0)",
            **{c: f"CASE WHEN {c} BETWEEN 0 AND {MAX_COUNT} THEN {c} END" for c in _COUNTS}}
 _STORED["attempts"] = f"coalesce({_STORED['attempts']}, 1)"
-# Every line of every partition file, in file order, with the partition it came from, as a typed
-# record with `sound`: whether the store's reader would take it. Each value is converted once (a
-# materialized step), and the JSON texts are not kept.
+# Every line of every partition file (one row per line that is not blank: `records=true` makes any
+# other line, torn or not an object, a row of NULLs), with the partition of its file (looked up by
+# the scan's `file_index` in the lists bound as $batches and $workers: no join), as a typed record
+# with `sound`: whether the store's reader would take it. Each value is converted once (the plan's
+# projections share it: EXPLAIN shows no field typed twice), and the JSON texts are not kept. Nothing
+# is materialized: the lines stream from the scan into the table (a materialized step held every
+# typed line at once, and spilled at scale).
+# The line order is the order of the insert: DuckDB keeps the row order of a scan of one table
+# function through SELECT, WHERE and CTEs made of them, and an INSERT (with `preserve_insertion_order`,
+# set by the build) appends in that order, so within a file a later line has a larger rowid. No
+# window numbers the lines: over every line at once it was a blocking step that spilled at scale.
 LOAD_RECORDS = (
     "INSERT INTO responses (" + ", ".join([*RESPONSE_COLUMNS, *BOOKKEEPING]) + ") "
-    "WITH typed AS MATERIALIZED (SELECT filename, line_no, part_batch, part_worker, "
+    "WITH typed AS NOT MATERIALIZED (SELECT file_index, part_batch, part_worker, "
     + ", ".join(_FIELDS) + ", " + _json_types() + " AS types_ok FROM (SELECT *, " + _typed_columns()
-    + " FROM (SELECT filename, " + ", ".join(f"{c} AS j_{c}" for c in _FIELDS) + ", row_number() OVER () AS line_no "
-    "FROM read_json(?, format='newline_delimited', columns=" + RECORD_COLUMNS
-    + ", ignore_errors=true, filename=true, maximum_object_size=?)) JOIN parts USING (filename)))"
+    + " FROM (SELECT file_index, $batches[file_index::BIGINT + 1] AS part_batch, $workers[file_index::BIGINT + 1] AS part_worker, "
+    + ", ".join(f"{c} AS j_{c}" for c in _FIELDS)
+    + " FROM read_json($files, format='newline_delimited', records=true, columns=" + RECORD_COLUMNS
+    + ", ignore_errors=true, maximum_object_size=$max_bytes))))"
     " SELECT " + ", ".join(_STORED.get(c, c) for c in RESPONSE_COLUMNS)
-    + ", filename, line_no, part_batch, prompt_hash, (" + _sound_record() + ") IS TRUE FROM typed"
+    + ", file_index, prompt_hash, (" + _sound_record() + ") IS TRUE FROM typed"
 )
 # The longest line read_json takes at first, and at most: a longer line than the first (a runaway
 # answer) is read on a second pass sized to the largest file; beyond the most, the build stops.
 FIRST_OBJECT_BYTES = 16 * 2**20
 MAX_OBJECT_BYTES = 2**30
-# The partition of each file: `<root>/<batch>/<worker>.jsonl`, from the list of files read.
-PARTITIONS = "CREATE TEMP TABLE parts AS SELECT unnest(?) AS filename, unnest(?) AS part_batch, unnest(?) AS part_worker"
 # Then only what `from_collection` keeps stays: sound records; of a cell, the latest line of its file
 # (where no task has two sound lines in a file, no retried cell, that search is skipped); and only
 # if its prompt hash is its task's in the file's batch (a reworded task is collected again).
 DROP_UNSOUND = "DELETE FROM responses WHERE NOT rec_sound"
 REPEATED_CELLS = "SELECT count(*) FROM (SELECT 1 FROM responses GROUP BY rec_file, task_id HAVING count(*) > 1)"
 DROP_EARLIER = """
-DELETE FROM responses USING (SELECT rec_file AS file, task_id AS task, max(rec_line) AS last FROM responses GROUP BY ALL) latest
-WHERE responses.rec_file = latest.file AND responses.task_id = latest.task AND responses.rec_line < latest.last
+DELETE FROM responses USING (SELECT rec_file AS file, task_id AS task, max(rowid) AS last FROM responses GROUP BY ALL) latest
+WHERE responses.rec_file = latest.file AND responses.task_id = latest.task AND responses.rowid < latest.last
 """
 DROP_UNMATCHED = """
 DELETE FROM responses WHERE NOT EXISTS (
-  SELECT 1 FROM tasks t WHERE t.task_id = responses.task_id AND t.batch = responses.rec_batch
+  SELECT 1 FROM tasks t WHERE t.task_id = responses.task_id AND t.batch = responses.batch
     AND t.prompt_hash = responses.rec_prompt_hash)
 """
-# The graded cells, with the worker of the file (as `from_collection` takes it) and their utility,
+# The graded cells, with the worker of the file (as `from_collection` takes it: every row left is a
+# sound record, whose worker and batch are its file's, so no lookup of the file is needed) and their utility,
 # computed in SQL from the same formula in the same operation order as `UtilityConfig.utility`, so
 # every float is bit-identical (a test holds them side by side). The weights are bound parameters.
 INSERT_REWARDS = """
 INSERT INTO rewards
 SELECT task_id, worker_id, position, quality, cost_usd, latency_s,
        ? * quality - ? * least(greatest(cost_usd, 0.0) / ?, ?) - ? * least(greatest(latency_s, 0.0) / ?, ?)
-FROM (SELECT r.task_id, p.part_worker AS worker_id, w.position, r.quality, r.cost_usd + r.judge_cost_usd AS cost_usd,
-             r.latency_s
-      FROM responses r
-      JOIN (SELECT DISTINCT part_batch, part_worker FROM parts) p ON p.part_batch = r.batch AND p.part_worker = r.worker_id
-      JOIN workers w ON w.worker_id = p.part_worker
+FROM (SELECT r.task_id, r.worker_id, w.position, r.quality, r.cost_usd + r.judge_cost_usd AS cost_usd, r.latency_s
+      FROM responses r JOIN workers w ON w.worker_id = r.worker_id
       WHERE r.status = 'ok' AND r.quality IS NOT NULL)
 """
 BATCHES_KEPT = "SELECT DISTINCT batch FROM tasks ORDER BY 1"
@@ -179,14 +187,27 @@ def line_count(path: str) -> int:
     return n + (last != b"\n")
 
 
-def skipped_lines(con, files: list[tuple[str, str, str]], responses_dir: Path) -> tuple[int, list[str]]:
+def line_counts(paths: list[str], stop: threading.Event) -> list[int]:
+    """`line_count` of each file, in order; stops early (a shorter list) once `stop` is set. Run
+    beside the DuckDB scan of the same files (module docstring), which releases the GIL."""
+    out = []
+    for p in paths:
+        if stop.is_set():
+            break
+        out.append(line_count(p))
+    return out
+
+
+def skipped_lines(con, files: list[tuple[str, str, str]], responses_dir: Path,
+                  counts: list[int] | None = None) -> tuple[int, list[str]]:
     """(lines skipped in all, one note per file that had any) for the records just read: a file
-    whose line count equals its sound records has none; any other is read by the store's reader,
-    which numbers the lines it skips (its rules are the ones `_sound_record` writes in SQL)."""
+    whose line count (`counts`, in the order of `files`, or counted here) equals its sound records
+    has none; any other is read by the store's reader, which numbers the lines it skips (its rules
+    are the ones `_sound_record` writes in SQL)."""
     kept = dict(con.execute("SELECT rec_file, count(*) FROM responses WHERE rec_sound GROUP BY rec_file").fetchall())
     store, total, notes = ResponseStore(responses_dir), 0, []
-    for path, batch, worker in files:
-        if kept.get(path, 0) == line_count(path):
+    for i, (path, batch, worker) in enumerate(files):
+        if kept.get(i, 0) == (counts[i] if counts is not None else line_count(path)):
             continue
         records = store.read(batch, worker)
         note = records.skipped_note()
@@ -200,15 +221,16 @@ def _load_records(con, files: list[tuple[str, str, str]]) -> None:
     """`LOAD_RECORDS` over `files`; a line longer than `FIRST_OBJECT_BYTES` (which read_json fails
     on rather than skipping) is read on a second pass whose limit is the largest file's size."""
     paths = [f for f, _, _ in files]
+    params = {"files": paths, "batches": [b for _, b, _ in files], "workers": [w for _, _, w in files]}
     try:
-        con.execute(LOAD_RECORDS, [paths, FIRST_OBJECT_BYTES])
+        con.execute(LOAD_RECORDS, {**params, "max_bytes": FIRST_OBJECT_BYTES})
         return
     except duckdb.InvalidInputException as exc:
         if "maximum_object_size" not in str(exc):
             raise
     largest = max(os.path.getsize(p) for p in paths) + 1
     try:
-        con.execute(LOAD_RECORDS, [paths, min(largest, MAX_OBJECT_BYTES)])
+        con.execute(LOAD_RECORDS, {**params, "max_bytes": min(largest, MAX_OBJECT_BYTES)})
     except duckdb.InvalidInputException as exc:
         if "maximum_object_size" not in str(exc):
             raise
@@ -249,6 +271,7 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
             raise RewardMatrixError(f"FUGU_MATRIX_MEMORY_LIMIT={limit!r} is not a memory size DuckDB takes "
                                     f"({str(exc).splitlines()[0]}); give one like 3GB or 512MB, or unset it") from None
         con.execute("SET enable_progress_bar = false")  # long scans would print bars into the run's stdout
+        con.execute("SET preserve_insertion_order = true")  # the default, relied on: a file's line order is the rowid
         # validated as the task reader validates: a bad line (or a task id another batch holds) fails its batch
         read_batches(con, benchgen_dir, ResponseStore(responses_dir).collected_batches(), refused)
         batches = [b for (b,) in con.execute(BATCHES_KEPT).fetchall()]
@@ -256,12 +279,20 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
         lap("read, validate and insert tasks")
         files = partition_files(responses_dir, batches, [w for w, _, _ in workers])
         if files:
-            con.execute(PARTITIONS, [[f for f, _, _ in files], [b for _, b, _ in files], [w for _, _, w in files]])
             for column, kind in BOOKKEEPING.items():  # the names and types are this module's own
                 con.execute(f"ALTER TABLE responses ADD COLUMN {column} {kind}")
-            _load_records(con, files)
-            lap("read_json over the response files")
-            n_skipped, notes = skipped_lines(con, files, responses_dir)
+            # the files' lines are counted (a byte scan) on a thread while DuckDB reads them
+            stop = threading.Event()
+            with ThreadPoolExecutor(1) as pool:
+                counting = pool.submit(line_counts, [f for f, _, _ in files], stop)
+                try:
+                    _load_records(con, files)
+                except BaseException:
+                    stop.set()
+                    raise
+                lap("read_json over the response files")
+                counts = counting.result()
+            n_skipped, notes = skipped_lines(con, files, responses_dir, counts)
             for note in notes:
                 if log:
                     log(note)
