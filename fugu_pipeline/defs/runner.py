@@ -1,13 +1,16 @@
 """The main job: materialize the whole asset graph in order, through Dagster, with the project's
 persistent instance (so the runs show up in `dagster dev` afterwards and every step resumes).
 
-Used by `fugu-lite pipeline`. Each step is the same asset the UI materializes.
+Used by `fugu-lite pipeline`. Each step is the same asset the UI materializes: one run per
+partition, one for the matrix (its blocking checks stop what follows), then one run of the steps
+after it (each prints its line as it ends).
 """
 
 import logging
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -188,27 +191,37 @@ def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, 
     if missing:
         instance.add_dynamic_partitions(task_batches.name, missing)
     # the same job the UI runs; only its console differs (the UI's run log keeps every event and stack)
-    job = defs.resolve_implicit_global_asset_job_def().with_logger_defs({"console": cli_console})
     results = PipelineResults()
+    job = defs.resolve_implicit_global_asset_job_def().with_logger_defs(
+        {"console": cli_console, "progress": _progress_logger(echo)})
+
+    def run(keys: list[str], partition_key=None):
+        """One Dagster run of `keys` (in the graph's order), as the UI would launch it."""
+        run_id = str(uuid.uuid4())
+        label = f"{keys[0]}[{partition_key}]" if partition_key else keys[0]
+        config = {k: {"config": asset_config[k]} for k in keys if k in (asset_config or {})}
+        try:
+            return job.execute_in_process(
+                instance=instance,
+                asset_selection=[dg.AssetKey(k) for k in keys],
+                partition_key=partition_key,
+                run_id=run_id,
+                tags=MAIN_JOB_TAGS,
+                run_config={"loggers": {"console": {}, **({"progress": {}} if len(keys) > 1 else {})},
+                            **({"ops": config} if config else {})},
+                raise_on_error=True,
+            )
+        except DagsterAssetCheckFailedError:
+            raise BlockingCheckFailed(_blocking_failures(instance, _failed_step(instance, run_id) or label)) from None
+        except dg.Failure as exc:  # the asset's own words; anything else is a bug and keeps its stack
+            label = (_failed_step(instance, run_id) or label) if len(keys) > 1 else label
+            raise StepFailed(f"{label} failed: {exc.description}. The steps before it are kept; put this right and run "
+                             "`fugu-lite pipeline` again: it goes on from here", exc) from None
 
     def step(key: str, partition_key=None) -> None:
         t0 = time.monotonic()
         label = f"{key}[{partition_key}]" if partition_key else key
-        try:
-            res = job.execute_in_process(
-                instance=instance,
-                asset_selection=[dg.AssetKey(key)],
-                partition_key=partition_key,
-                tags=MAIN_JOB_TAGS,
-                run_config={"loggers": {"console": {}},
-                            **({"ops": {key: {"config": asset_config[key]}}} if key in (asset_config or {}) else {})},
-                raise_on_error=True,
-            )
-        except DagsterAssetCheckFailedError:
-            raise BlockingCheckFailed(_blocking_failures(instance, key)) from None
-        except dg.Failure as exc:  # the asset's own words; anything else is a bug and keeps its stack
-            raise StepFailed(f"{label} failed: {exc.description}. The steps before it are kept; put this right and run "
-                             "`fugu-lite pipeline` again: it goes on from here", exc) from None
+        res = run([key], partition_key)
         mats = res.get_asset_materialization_events()
         meta = mats[-1].materialization.metadata if mats else {}
         results[label] = {k: getattr(v, "value", v) for k, v in meta.items()}
@@ -216,6 +229,17 @@ def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, 
         if key == "responses":
             detail = f"  called {results[label].get('called')}, already done {results[label].get('already_done')}"
         echo(f"  {label:<40} done in {time.monotonic() - t0:6.2f}s{detail}")
+
+    def steps(keys: list[str]) -> None:
+        """The unpartitioned steps after the matrix in one run (each prints its line as it ends):
+        one run per step paid Dagster's per-run cost (a run record, its event-log database, the
+        job's snapshot) a dozen times, a third of a re-run's time."""
+        if not keys:
+            return
+        res = run(keys)
+        for event in res.get_asset_materialization_events():
+            meta = event.materialization.metadata
+            results[event.asset_key.to_user_string()] = {k: getattr(v, "value", v) for k, v in meta.items()}
 
     echo(f"fugu-lite pipeline: {len(batches)} batch(es) x {len(config.worker_ids)} worker(s), workers from {workers_config}")
     for b in batches:
@@ -230,16 +254,39 @@ def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, 
     step("reward_matrix")
     if stop_after == "reward_matrix":
         return results
-    for key in _downstream_steps(defs):
-        step(key)
-        if stop_after == key:
-            return results
-    if roles:  # the multi-turn coordinator, after the one-step chain it warm-starts from and compares with
-        for key in ROLES_STEPS:
-            step(key)
-            if stop_after == key:
-                return results
+    downstream = _downstream_steps(defs)
+    steps(downstream[:downstream.index(stop_after) + 1] if stop_after in downstream else downstream)
+    if roles and stop_after not in downstream:  # the coordinator, after the one-step chain it warm-starts from and compares with
+        steps(ROLES_STEPS[:ROLES_STEPS.index(stop_after) + 1] if stop_after in ROLES_STEPS else ROLES_STEPS)
     return results
+
+
+def _progress_logger(echo: Callable[[str], None]) -> dg.LoggerDefinition:
+    """A logger that prints `  <step>   done in 1.23s` as each step of a run succeeds."""
+
+    class _StepDone(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
+            if event is not None and event.event_type_value == "STEP_SUCCESS":
+                echo(f"  {event.step_key:<40} done in {event.event_specific_data.duration_ms / 1000:6.2f}s")
+
+    @dg.logger(description="fugu-lite pipeline's progress: one line as each step ends")
+    def progress(init_context: dg.InitLoggerContext) -> logging.Logger:
+        log = logging.Logger("fugu-lite pipeline progress", level=logging.DEBUG)
+        log.addHandler(_StepDone())
+        return log
+
+    return progress
+
+
+def _failed_step(instance: dg.DagsterInstance, run_id: str) -> str | None:
+    """The step of `run_id` that failed (its asset's name), from the run's event log."""
+    from dagster._core.events import DagsterEventType
+
+    for entry in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
+        if entry.dagster_event is not None and entry.dagster_event.step_key:
+            return entry.dagster_event.step_key
+    return None
 
 
 ROLES_STEPS = ["router_roles", "eval_report_roles"]  # `fugu-lite pipeline --roles`
