@@ -11,7 +11,7 @@ import pytest
 from fugu_pipeline.cli.main import main
 from fugu_pipeline.defs.runner import DOWNSTREAM
 from fugu_pipeline.matrix.read import read_arrays
-from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl
+from fugu_pipeline_tests.conftest import REPO, short_training, task_row, write_jsonl
 from fugu_pipeline_tests.scale_project import make_project
 
 FUGU_LITE = str(REPO / ".venv" / "bin" / "fugu-lite")
@@ -78,3 +78,27 @@ def test_two_pipeline_runs_at_once_on_a_fresh_project(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert [line for line in again.stdout.splitlines() if line.strip().startswith("responses[")] and \
         all("called 0," in line for line in again.stdout.splitlines() if line.strip().startswith("responses["))
+
+
+def test_the_steps_after_the_matrix_share_one_run_and_a_failing_one_is_named(proj, capsys):
+    """The steps after the matrix run as one Dagster run (one run per step paid the run's set-up a
+    dozen times), each still printing its line as it ends; a step that fails there is named by its
+    own asset, and the steps before it are kept."""
+    sample = (proj / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:60]
+    write_jsonl(proj / "data" / "benchgen" / "sample.jsonl", sample)
+    short_training(proj, cascade=False)
+    (proj / "configs" / "train_rl.yaml").write_text("epochs: 2\nlearning_rat: 0.1\n")  # a misspelt field
+    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", "router_rl"]) == 1
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: router_rl failed: ") and "learning_rat" in errors[0], err
+    assert errors[0].endswith("run `fugu-lite pipeline` again: it goes on from here"), errors
+    for done in ("task_embeddings", "router_sft"):
+        assert any(line.split()[0] == done and "done in" in line for line in out.splitlines()), out
+    with dg.DagsterInstance.from_config(str(proj)) as instance:
+        assert instance.get_latest_materialization_event(dg.AssetKey("router_sft")) is not None  # kept
+        runs = instance.get_runs(dg.RunsFilter(tags={"fugu/launched_by": "fugu-lite pipeline"}))
+        after_matrix = [r for r in runs if r.asset_selection and dg.AssetKey("task_embeddings") in r.asset_selection]
+        assert len(after_matrix) == 1, [sorted(k.to_user_string() for k in r.asset_selection or ()) for r in runs]
+        assert {k.to_user_string() for k in after_matrix[0].asset_selection} == {"task_embeddings", "router_sft", "router_rl"}
+        assert len(runs) == 1 + 3 + 1 + 1  # the batch, its 3 partitions, the matrix, the rest
