@@ -21,7 +21,10 @@ def pytest_xdist_auto_num_workers(config) -> int:
 def pytest_collection_modifyitems(session, config, items) -> None:
     """Files that hold a `slow` test run first: with files as the unit of distribution, a long file
     dealt out last keeps one worker busy while the others sit idle (longest jobs first). The order
-    inside a file, and among the other files, is unchanged."""
+    inside a file, and among the other files, is unchanged. xdist keeps this order only with
+    `--no-loadscope-reorder` (pyproject's addopts): by default it deals files out by their number
+    of tests, which sent the one-test files (the UI in Chromium, the main job, PostgreSQL, `dagster
+    dev`: a minute or more each) out last."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
 

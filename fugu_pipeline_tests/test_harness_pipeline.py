@@ -24,6 +24,7 @@ def project(project, monkeypatch):
     return project
 
 
+@pytest.mark.slow
 def test_main_job_shows_baselines_composite_gates_and_triage(project, capsys):
     from fugu_pipeline.defs.runner import run_pipeline
 
