@@ -26,10 +26,10 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   fi
 fi
 extras=${FUGU_EXTRAS:-dev}
-if [ "${FUGU_INSTALLER:-uv}" = uv ]; then
-  "$VPY" -m pip install -q uv
+if [ "${FUGU_INSTALLER:-uv}" = uv ] && "$VPY" -m pip install -q uv; then
   .venv/bin/uv pip install -q --compile-bytecode --python "$VPY" -e ".[$extras]"
 else
+  [ "${FUGU_INSTALLER:-uv}" = uv ] && echo "setup: uv could not be installed; installing with pip (slower)" >&2
   "$VPY" -m pip install -q -e ".[$extras]"
 fi
 "$VPY" -c "import torch, dagster; print(f'ready: torch {torch.__version__} (cuda: {torch.cuda.is_available()}), dagster {dagster.__version__}')"

@@ -195,10 +195,10 @@ def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, 
     job = defs.resolve_implicit_global_asset_job_def().with_logger_defs(
         {"console": cli_console, "progress": _progress_logger(echo)})
 
-    def run(keys: list[str], partition_key=None):
-        """One Dagster run of `keys` (in the graph's order), as the UI would launch it."""
+    def run(keys: list[str], label: str, partition_key=None):
+        """One Dagster run of `keys` (in the graph's order), as the UI would launch it; `label`
+        names it in an error when the run cannot say which step failed."""
         run_id = str(uuid.uuid4())
-        label = f"{keys[0]}[{partition_key}]" if partition_key else keys[0]
         config = {k: {"config": asset_config[k]} for k in keys if k in (asset_config or {})}
         try:
             return job.execute_in_process(
@@ -221,7 +221,7 @@ def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, 
     def step(key: str, partition_key=None) -> None:
         t0 = time.monotonic()
         label = f"{key}[{partition_key}]" if partition_key else key
-        res = run([key], partition_key)
+        res = run([key], label, partition_key)
         mats = res.get_asset_materialization_events()
         meta = mats[-1].materialization.metadata if mats else {}
         results[label] = {k: getattr(v, "value", v) for k, v in meta.items()}
@@ -236,7 +236,7 @@ def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, 
         job's snapshot) a dozen times, a third of a re-run's time."""
         if not keys:
             return
-        res = run(keys)
+        res = run(keys, keys[0])
         for event in res.get_asset_materialization_events():
             meta = event.materialization.metadata
             results[event.asset_key.to_user_string()] = {k: getattr(v, "value", v) for k, v in meta.items()}

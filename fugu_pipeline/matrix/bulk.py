@@ -199,15 +199,15 @@ def line_counts(paths: list[str], stop: threading.Event) -> list[int]:
 
 
 def skipped_lines(con, files: list[tuple[str, str, str]], responses_dir: Path,
-                  counts: list[int] | None = None) -> tuple[int, list[str]]:
+                  counts: list[int]) -> tuple[int, list[str]]:
     """(lines skipped in all, one note per file that had any) for the records just read: a file
-    whose line count (`counts`, in the order of `files`, or counted here) equals its sound records
+    whose line count (`counts`, in the order of `files`) equals its sound records
     has none; any other is read by the store's reader, which numbers the lines it skips (its rules
     are the ones `_sound_record` writes in SQL)."""
     kept = dict(con.execute("SELECT rec_file, count(*) FROM responses WHERE rec_sound GROUP BY rec_file").fetchall())
     store, total, notes = ResponseStore(responses_dir), 0, []
     for i, (path, batch, worker) in enumerate(files):
-        if kept.get(i, 0) == (counts[i] if counts is not None else line_count(path)):
+        if kept.get(i, 0) == counts[i]:
             continue
         records = store.read(batch, worker)
         note = records.skipped_note()
