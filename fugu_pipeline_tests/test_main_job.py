@@ -1,6 +1,9 @@
 """The main job as users run it (`fugu-lite pipeline --encoder tiny`, offline): every asset from
-the batch file to the promoted router materializes through Dagster, each produces what it says,
-a badly named batch file is refused without stopping the rest, and a second run resumes."""
+the batch file to the promoted router materializes through Dagster, each produces what it says
+(the harness too: every baseline row and the composite with its terms in the eval_report_*
+metadata, promotion decided through the gates, the triage head trained and reported), a badly
+named batch file is refused without stopping the rest, and a second run the same day resumes:
+nothing called or encoded again, and its promotion attempt is refused by the rate limit."""
 
 import json
 import os
@@ -54,7 +57,7 @@ def test_main_job_materializes_every_asset_and_resumes(project):
     bad = write_jsonl(project / "data" / "benchgen" / "bad name!.jsonl", [{"task_id": "x"}])
     tasks = load_tasks(project / "data" / "benchgen" / "sample.jsonl")
     workers = load_workers_config(project / "configs" / "workers.mock.yaml").worker_ids
-    for name in ("train_sft.yaml", "train_rl.yaml", "train_es.yaml"):
+    for name in ("train_sft.yaml", "train_rl.yaml", "train_es.yaml", "promotion.yaml"):  # as a clone ships them
         (project / "configs" / name).write_text((REPO / "configs" / name).read_text())
 
     out = run_main_job(project)
@@ -112,7 +115,21 @@ def test_main_job_materializes_every_asset_and_resumes(project):
         vs = next(iter(crep["baselines"].values()))["cascade_minus_utility"]
         assert vs["mean"] > 0, crep["baselines"]
 
+        es = latest(instance, "eval_report_es")  # the harness: every baseline row, the composite and its terms
+        for row in ("always math-expert", "always code-expert", "always general-expert", "random (100 seeds)",
+                    "| oracle |", "| cross-fit oracle |", "cross-fit oracle by domain", "| headroom |", "| router |"):
+            assert row in es["baselines"], row
+        assert 0 <= es["composite"] <= 1 and es["cross_fit_oracle_utility"] <= es["oracle_utility"]
+        assert all(b in es["composite_terms"] for b in ("| code |", "| general |", "| math |"))
+        assert "live: one call per task (route, call, grade)" in es["composite_terms"]
+        es_report = json.loads(Path(es["report"]).read_text())
+        assert es_report["composite"]["challenger"]["benchmarks"][0]["n_live"] > 0 and "baselines" in es_report
+        triage = latest(instance, "eval_report_triage")
+        assert triage["domain_accuracy"] is not None and "domain confusion" in triage["per_domain"]
+
         promo = latest(instance, "promoted_router")
+        assert "PASS rate limit" in promo["decision"] and "PASS receipt" in promo["decision"]
+        assert "challenger composite" in promo["decision"] and 0 < promo["composite"] <= 1
         pointer = read_pointer(project / "models")
         assert promo["promoted"] is True and pointer is not None
         # the cascade enters the same contest as the one-step heads; best on validation, it is the
@@ -127,8 +144,13 @@ def test_main_job_materializes_every_asset_and_resumes(project):
     decision = load_promoted(project / "models", device="cpu").route("What is 2 + 40?", domain="math")
     assert decision.worker_id in workers and decision.score_kind == "cascade_plan"  # route runs the promoted cascade
 
-    again = run_main_job(project)  # every step resumes: no call, no encoding, nothing new promoted
+    # the main command again, the same day: every step resumes (no call, no encoding), and the
+    # promotion attempt is refused by the rate limit (one a day), recorded but not counted as an attempt
+    again = run_main_job(project)
     assert all("called 0," in line for line in again.splitlines() if line.strip().startswith("responses["))
     assert "embeddings: 0 encoded" in again and "promotion: no change" in again
+    assert "FAIL rate limit: 'pipeline' made an attempt at" in again
+    assert "composite" in again and "cross-fit oracle" in again and "triage: domain accuracy" in again
     assert read_pointer(project / "models")["checkpoint"] == pointer["checkpoint"]
-    assert len((project / "models" / "promoted" / "history.jsonl").read_text().splitlines()) >= len(history)
+    after = (project / "models" / "promoted" / "history.jsonl").read_text().splitlines()
+    assert len(after) >= len(history) and json.loads(after[-1])["rate_limited"] is True
