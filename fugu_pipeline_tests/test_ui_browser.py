@@ -15,6 +15,7 @@ import urllib.request
 import dagster as dg
 import pytest
 
+from fugu_pipeline_tests.conftest import ONE_POINT_HEADS, short_training
 from fugu_pipeline_tests.scale_project import OUTPUT, Child, make_project, project_env, wait_for
 from fugu_pipeline_tests.services import REPO, VENV_BIN, free_port, installed, require_service_tests, split_sample
 
@@ -44,6 +45,9 @@ def test_dagster_ui_in_headless_chromium(tmp_path):
     shots.mkdir(parents=True, exist_ok=True)
     project = make_project(tmp_path / "project", REPO / "dagster.yaml")
     split_sample(project, {"sample": 90})
+    short_training(project, cascade=False)  # the pages need every asset, not the shipped search
+    with (project / "configs" / "train.yaml").open("a") as fh:
+        fh.write(ONE_POINT_HEADS)
     env = project_env(project)
     main = subprocess.run([str(VENV_BIN / "fugu-lite"), "pipeline", "--encoder", "tiny", "--workers", "configs/workers.slow.yaml"],
                           cwd=project, env=env, capture_output=True, text=True, timeout=600)

@@ -259,8 +259,7 @@ def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data
         return None
     rep = evaluate_cascade(result.path, data, pipeline.paths.reward_db, settings, _cache_root(pipeline, encoder),
                            one_shot=report.selected_path())
-    for line in result.lines() + report_lines(rep):
-        context.log.info(line)
+    context.log.info("\n".join(result.lines() + report_lines(rep)))  # one event per report, one block in the run log
     return {"cascade": str(result.path), "policy": result.shipped, "shipped": str(result.shipped_path),
             "cascade_report": rep["report_path"], "policy_md": "\n".join(["```"] + result.lines() + report_lines(rep) + ["```"])}
 
@@ -390,8 +389,7 @@ def promoted_router(
     answers = AnswerSource.from_matrix(pipeline.paths.reward_db, encoder.settings(), _cache_root(pipeline, encoder))
     outcome = promote_best(paths, source.data, pipeline.paths.models, policy, live=live, tasks=tasks, features=source,
                            replace_broken_king=config.replace_broken_king, answers=answers)
-    for line in outcome["reasons"]:
-        context.log.info(line)
+    context.log.info("\n".join(outcome["reasons"]))
     if shared and shared.push_promoted(king_version):  # compare-and-swap: fails if another machine promoted meanwhile
         context.log.info(f"promoted pointer published to {shared.models_url}")
     from fugu_pipeline.train.pointer import pointer_target

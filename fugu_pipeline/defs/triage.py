@@ -59,8 +59,7 @@ def eval_report_triage(context: dg.AssetExecutionContext, pipeline: PipelineReso
     data = _routing_data(context, pipeline, encoder)
     rep = triage_report(load_triage(triage_head, expected_contract=data.contract), data, "test")
     path = write_triage_report(rep, Path(triage_head) / "reports" / "triage-test.json")
-    for line in triage_lines(rep):
-        context.log.info(line)
+    context.log.info("\n".join(triage_lines(rep)))  # one event per report: the run log keeps it as one block
     meta = {"domain_accuracy": rep["domain"]["accuracy"], "domain_majority_baseline": rep["domain"]["majority_baseline"],
             "difficulty_accuracy": rep["difficulty"]["accuracy"],
             "difficulty_majority_baseline": rep["difficulty"]["majority_baseline"],
@@ -73,8 +72,7 @@ def eval_report_triage(context: dg.AssetExecutionContext, pipeline: PipelineReso
     from fugu_pipeline.evaluate.triage_promotion import TriageKind
 
     outcome = run_contest(TriageKind(data), [triage_head], pipeline.paths.models, policy_for(pipeline))
-    for line in outcome["reasons"]:
-        context.log.info(line)
+    context.log.info("\n".join(outcome["reasons"]))
     meta.update({"promoted": outcome["promoted"],
                  "decision": dg.MetadataValue.md("\n".join(f"- {r}" for r in outcome["reasons"])),
                  **promotion_metadata(outcome)})
