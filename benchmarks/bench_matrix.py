@@ -3,8 +3,10 @@
 Generates a project of N tasks x W workers of stored responses (BenchGen batch files and one
 response file per partition, written the way the collector writes them), then builds the matrix
 in a fresh process and prints wall time, peak memory (the build process's max RSS) and where the
-time goes, side by side with a bare DuckDB `read_json` of the same response and batch files (its
-floor: every line parsed, nothing checked or kept), alternated `--repeats` times:
+time goes, side by side with two bare DuckDB `read_json`s of the same response and batch files (its
+floors, nothing checked or kept): `count(*)` (every line parsed, no field typed) and the typed floor
+(every field the build reads, with the build's own column spec from `matrix/bulk.py` and
+`matrix/bulk_tasks.py`, every value consumed by an aggregate), alternated `--repeats` times:
 
     python benchmarks/bench_matrix.py --tasks 100000 --workers 5                # the bulk build vs read_json
     python benchmarks/bench_matrix.py --tasks 100000 --workers 5 --rows         # also the row-by-row build
@@ -101,6 +103,35 @@ if mode == "floor":  # DuckDB's JSON reader alone over the same files: every lin
     print(json.dumps({"wall_s": round(time.perf_counter() - t0, 2),
                       "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "read": counts}))
     sys.exit(0)
+if mode == "typed_floor":  # read_json of the same files typing every field the build reads, each consumed
+    import duckdb
+    from fugu_pipeline.matrix.bulk import FIRST_OBJECT_BYTES, RECORD_COLUMNS, RECORD_FIELDS
+    from fugu_pipeline.matrix.bulk_tasks import FIELD_TYPES
+
+    def sql_type(kind):
+        return kind if isinstance(kind, str) else "STRUCT(" + ", ".join(f'"{k}" {sql_type(v)}' for k, v in kind.items()) + ")"
+
+    def leaves(name, kind):
+        return [name] if isinstance(kind, str) else [x for k, v in kind.items() for x in leaves(f'{name}."{k}"', v)]
+
+    task_columns = "{" + ", ".join(f"'{k}': '{sql_type(v)}'" for k, v in FIELD_TYPES.items()) + "}"
+    task_fields = [x for k, v in FIELD_TYPES.items() for x in leaves(f'"{k}"', v)]
+    reads = (("response lines", "data/responses/*/*.jsonl", RECORD_COLUMNS, [f'"{c}"' for c in RECORD_FIELDS]),
+             ("task lines", "data/benchgen/*.jsonl", task_columns, task_fields))
+    t0 = time.perf_counter()
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    counts = {}
+    for what, pattern, columns, fields in reads:
+        files = sorted(str(p) for p in root.glob(pattern))
+        used = " + ".join(f"coalesce(sum(strlen({c})), 0)" for c in fields)  # every field's text, read whole
+        counts[what] = con.execute(f"SELECT count(*), {used} FROM read_json(?, format='newline_delimited', records=true, "
+                                   f"columns={columns}, ignore_errors=true, maximum_object_size={FIRST_OBJECT_BYTES})",
+                                   [files]).fetchone()
+    print(json.dumps({"wall_s": round(time.perf_counter() - t0, 2),
+                      "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                      "read": {k: {"lines": n, "field_bytes": b} for k, (n, b) in counts.items()}}))
+    sys.exit(0)
 from fugu_pipeline.workers.config import load_workers_config
 from fugu_pipeline.matrix.bulk import build_collection  # imported before the clock starts, as duckdb is for read_json
 cfg = load_workers_config(root / "configs" / "workers.bench.yaml")
@@ -140,22 +171,30 @@ def build_in_fresh_process(root: Path, mode: str, env: dict | None = None) -> di
 
 
 def side_by_side(root: Path, repeats: int) -> list[dict]:
-    """The bulk build and a bare `read_json` of the same files (response and batch files), each in a
-    fresh process, alternated `repeats` times so that load from other processes falls on both."""
+    """The bulk build and two bare `read_json`s of the same files (response and batch files), each in
+    a fresh process, alternated `repeats` times so that load from other processes falls on all three:
+    `count(*)` (DuckDB reads no field: it only finds the lines) and the typed floor (every field the
+    build reads, with the build's own read spec, each value consumed)."""
     runs = []
     for r in range(repeats):
         load = os.getloadavg()[0]
         floor = build_in_fresh_process(root, "floor")
+        typed = build_in_fresh_process(root, "typed_floor")
         bulk = build_in_fresh_process(root, "bulk")
-        runs.append({"load_average_1min": load, "floor": floor, "bulk": bulk})
+        runs.append({"load_average_1min": load, "floor": floor, "typed_floor": typed, "bulk": bulk})
         print(f"run {r + 1}/{repeats} (load {load:.2f} -> {os.getloadavg()[0]:.2f}): read_json of the same files "
               f"{floor['wall_s']:.2f} s, {floor['peak_rss_mib']} MiB | bulk build {bulk['wall_s']:.2f} s, "
               f"{bulk['peak_rss_mib']} MiB | build / read_json = {bulk['wall_s'] / floor['wall_s']:.2f}x", flush=True)
+        print(f"  typed floor (read_json typing every field the build reads, all consumed) {typed['wall_s']:.2f} s, "
+              f"{typed['peak_rss_mib']} MiB | build / typed floor = {bulk['wall_s'] / typed['wall_s']:.2f}x", flush=True)
         print("  phases:", json.dumps(bulk["timings"]), flush=True)
     best_floor = min(x["floor"]["wall_s"] for x in runs)
+    best_typed = min(x["typed_floor"]["wall_s"] for x in runs)
     best_bulk = min(x["bulk"]["wall_s"] for x in runs)
     print(f"best of {repeats}: read_json {best_floor:.2f} s, bulk build {best_bulk:.2f} s -> {best_bulk / best_floor:.2f}x "
           f"(aim <= 1.5x); summary {json.dumps(runs[-1]['bulk']['summary'])}", flush=True)
+    print(f"best of {repeats}: typed floor {best_typed:.2f} s, bulk build {best_bulk:.2f} s -> "
+          f"{best_bulk / best_typed:.2f}x (build / read_json count(*) {best_bulk / best_floor:.2f}x)", flush=True)
     return runs
 
 

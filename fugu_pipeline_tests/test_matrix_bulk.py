@@ -137,3 +137,17 @@ def test_latest_line_wins_when_the_scan_runs_in_parallel(project):
         got = con.execute("SELECT worker_id, task_id, answer FROM responses").fetchall()
     assert len(got) == sum(len(v) for v in expected.values())
     assert {(w, t): a for w, t, a in got} == {(w, t): a for w, v in expected.items() for t, a in v.items()}
+
+
+def test_repeated_cells_are_found_by_file_and_task():
+    """The check that lets the build skip the latest-line search: a task twice in one file is a
+    repeated cell; the same task in two files (two workers) is not."""
+    from fugu_pipeline.matrix.bulk import repeated_cells
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE responses (rec_file INTEGER, task_id VARCHAR)")
+    assert not repeated_cells(con)  # no lines at all
+    con.execute("INSERT INTO responses SELECT i % 7, 't' || (i // 7) FROM range(70000) r(i)")
+    assert not repeated_cells(con)
+    con.execute("INSERT INTO responses VALUES (3, 't5000')")
+    assert repeated_cells(con)

@@ -351,43 +351,57 @@ DATA_VERSION_ROWS = ("SELECT r.task_id, r.worker_id, round(r.utility, 9), t.prom
                      "JOIN tasks t USING (task_id) ORDER BY r.task_id, r.position")
 
 
-# The same rows as canonical JSON text, written by DuckDB: each row as `canonical_json` writes it,
-# after a comma (a double as Python's repr writes it, which DuckDB's cast to text matches: checked
-# on a sample of every build). Only where no id needs escaping: a quote, a backslash or a control
-# character in a task id (worker ids cannot hold one) leaves the digest to Python.
-_ROW_TEXT = (  # one concat() per row: a chain of || makes a new string per piece
-    "concat(',[\"', r.task_id, '\",\"', r.worker_id, '\",', CASE WHEN isnan(u) THEN 'NaN' "
-    "WHEN u = 'infinity'::DOUBLE THEN 'Infinity' WHEN u = '-infinity'::DOUBLE THEN '-Infinity' "
-    "ELSE coalesce(CAST(u AS VARCHAR), 'null') END, ',\"', t.prompt_hash, '\",\"', t.split, '\"]')"
-)
-DATA_VERSION_TEXT = (
-    f"SELECT {_ROW_TEXT} AS row FROM (SELECT *, round(utility, 9) AS u FROM rewards) r "
-    "JOIN (SELECT task_id, prompt_hash, split, row_number() OVER (ORDER BY task_id) AS rn FROM tasks) t USING (task_id) "
-    "ORDER BY t.rn, r.position"  # the order of (task_id, position): the tasks sorted once, the cells by numbers
-)
+# The same rows as canonical JSON text: each row as `canonical_json` writes it, after a comma (a
+# double as Python's repr writes it, which DuckDB's cast to text matches: checked on a sample of every
+# build). Only where no id needs escaping: a quote, a backslash or a control character in a task id
+# (worker ids cannot hold one) leaves the digest to Python.
+# A row's text is its task's head and tail (written once per task) around its own middle (worker id
+# and utility, written by DuckDB): only (task number, position, middle) are sorted, not whole rows of
+# text (a payload that spilled at scale), and the pieces are joined by Arrow, chunk by chunk.
+_U_TEXT = ("CASE WHEN isnan(u) THEN 'NaN' WHEN u = 'infinity'::DOUBLE THEN 'Infinity' WHEN u = '-infinity'::DOUBLE "
+           "THEN '-Infinity' ELSE coalesce(CAST(u AS VARCHAR), 'null') END")
+TASK_TEXT = ("SELECT concat(',[\"', task_id, '\",\"') AS head, concat(',\"', prompt_hash, '\",\"', split, '\"]') AS tail "
+             "FROM tasks ORDER BY task_id")  # row k is the task numbered k (`rn` below)
+_CELLS = ("FROM (SELECT *, round(utility, 9) AS u FROM rewards) r "
+          "JOIN (SELECT task_id, prompt_hash, split, row_number() OVER (ORDER BY task_id) - 1 AS rn FROM tasks) t USING (task_id)")
+DATA_VERSION_CELLS = (f"SELECT t.rn, concat(r.worker_id, '\",', {_U_TEXT}) AS middle {_CELLS} "
+                      "ORDER BY t.rn, r.position")  # the order of (task_id, position): the tasks sorted once, the cells by numbers
 # Some rows (any: the text of a row does not depend on its place) with their values, to hold the
-# text DuckDB writes against canonical_json's.
-TEXT_SAMPLE = (f"SELECT {_ROW_TEXT} AS row, r.task_id, r.worker_id, u, t.prompt_hash, t.split "
-               "FROM (SELECT *, round(utility, 9) AS u FROM rewards) r JOIN tasks t USING (task_id) LIMIT 2000")
+# text assembled against canonical_json's.
+TEXT_SAMPLE = (f"SELECT t.rn, concat(r.worker_id, '\",', {_U_TEXT}) AS middle, r.task_id, r.worker_id, u, t.prompt_hash, t.split "
+               f"{_CELLS} LIMIT 2000")
 NEEDS_ESCAPING = ("SELECT (SELECT count(*) FROM tasks WHERE regexp_matches(task_id || prompt_hash || split, '[\\x00-\\x1f\"\\\\]'))"
                   " + (SELECT count(*) FROM workers WHERE regexp_matches(worker_id, '[\\x00-\\x1f\"\\\\]'))")
+
+
+def _row_texts(heads, tails, rn, middle):
+    """The rows' texts (an Arrow string array): head and tail of task `rn` around each middle."""
+    import pyarrow.compute as pc
+
+    return pc.binary_join_element_wise(heads.take(rn), middle, tails.take(rn), "")
 
 
 def data_version(con: duckdb.DuckDBPyConnection, chunk_rows: int = 200_000) -> str:
     """sha256 of the canonical JSON of every graded cell (task, worker, utility to 9 places,
     prompt hash, split) in (task, position) order: the same text, byte for byte, as
-    `canonical_json(all_rows)`. DuckDB writes the text (`DATA_VERSION_TEXT`) and Python only
-    hashes its bytes, chunk by chunk: no Python object per cell."""
+    `canonical_json(all_rows)`. DuckDB and Arrow write the text (`DATA_VERSION_CELLS`, `TASK_TEXT`) and
+    Python only hashes its bytes, chunk by chunk: no Python object per cell."""
     import hashlib
 
-    fast = con.execute(NEEDS_ESCAPING).fetchall()[0][0] == 0 and all(
-        text == "," + canonical_json([list(values)])[1:-1] for text, *values in con.execute(TEXT_SAMPLE).fetchall())
+    fast = con.execute(NEEDS_ESCAPING).fetchall()[0][0] == 0
+    if fast:
+        tasks = arrow_table(con.sql(TASK_TEXT))
+        heads, tails = (tasks.column(i).combine_chunks() for i in (0, 1))
+        sample = arrow_table(con.sql(TEXT_SAMPLE))
+        texts = _row_texts(heads, tails, sample.column(0), sample.column(1)).to_pylist()
+        values = zip(*(sample.column(i).to_pylist() for i in range(2, sample.num_columns)))
+        fast = all(text == "," + canonical_json([list(v)])[1:-1] for text, v in zip(texts, values))
     digest = hashlib.sha256(b"[")
     first = True
-    for batch in arrow_batches(con.sql(DATA_VERSION_TEXT if fast else DATA_VERSION_ROWS), chunk_rows):
+    for batch in arrow_batches(con.sql(DATA_VERSION_CELLS if fast else DATA_VERSION_ROWS), chunk_rows):
         if not batch.num_rows:
             continue
-        text = _text_bytes(batch.column(0)) if fast else b"," + _python_text(batch)
+        text = _text_bytes(_row_texts(heads, tails, batch.column(0), batch.column(1))) if fast else b"," + _python_text(batch)
         digest.update(text[1:] if first else text)  # the first row has no comma before it
         first = False
     digest.update(b"]")

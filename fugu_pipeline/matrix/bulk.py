@@ -48,7 +48,9 @@ _STRINGS = ("answer", "grade_detail", "cost_source", "finish_reason", "requested
             "error", "model_fingerprint")
 _NUMBERS = ("quality", "cost_usd", "judge_cost_usd", "latency_s", "ttft_s", "finished_at")
 _COUNTS = ("prompt_tokens", "completion_tokens", "attempts")
-RECORD_COLUMNS = "{" + ", ".join(f"'{c}': 'JSON'" for c in (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS)) + "}"
+RECORD_FIELDS = (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS)
+# read_json's columns: every field as its JSON text (also the read spec of benchmarks/bench_matrix.py's typed floor)
+RECORD_COLUMNS = "{" + ", ".join(f"'{c}': 'JSON'" for c in RECORD_FIELDS) + "}"
 
 
 def _json_types() -> str:
@@ -91,7 +93,7 @@ def _typed_columns() -> str:
     return ", ".join(cols)
 
 
-_FIELDS = (*_STRINGS_REQUIRED, *_STRINGS, *_NUMBERS, *_COUNTS)
+_FIELDS = RECORD_FIELDS
 # While the build runs, `responses` also holds, for every line read: the index of its file in the
 # list read, its prompt hash and whether it is a sound record; its line order is the table's rowid
 # (see `LOAD_RECORDS`). They let the build count skipped lines and keep only the latest sound record
@@ -135,7 +137,10 @@ MAX_OBJECT_BYTES = 2**30
 # (where no task has two sound lines in a file, no retried cell, that search is skipped); and only
 # if its prompt hash is its task's in the file's batch (a reworded task is collected again).
 DROP_UNSOUND = "DELETE FROM responses WHERE NOT rec_sound"
-REPEATED_CELLS = "SELECT count(*) FROM (SELECT 1 FROM responses GROUP BY rec_file, task_id HAVING count(*) > 1)"
+# Whether a cell may be repeated: a 64-bit hash of each (file, task) is sorted and compared with its
+# neighbour (numbers, not a hash table of strings). Two cells whose hashes collide only make the exact
+# `DROP_EARLIER` run, which then deletes nothing more than it must.
+CELL_HASHES = "SELECT hash(rec_file, task_id) AS h FROM responses"
 DROP_EARLIER = """
 DELETE FROM responses USING (SELECT rec_file AS file, task_id AS task, max(rowid) AS last FROM responses GROUP BY ALL) latest
 WHERE responses.rec_file = latest.file AND responses.task_id = latest.task AND responses.rowid < latest.last
@@ -144,6 +149,13 @@ DROP_UNMATCHED = """
 DELETE FROM responses WHERE NOT EXISTS (
   SELECT 1 FROM tasks t WHERE t.task_id = responses.task_id AND t.batch = responses.batch
     AND t.prompt_hash = responses.rec_prompt_hash)
+"""
+# Whether `DROP_UNMATCHED` has anything to delete, joined on the task id alone (task ids are unique in
+# `tasks`) with the batch and prompt hash compared after: a narrower join than the delete's. A row it
+# counts that the delete would keep (none while task ids are unique) only makes the delete run.
+UNMATCHED = """
+SELECT count(*) FROM responses r LEFT JOIN tasks t ON t.task_id = r.task_id
+WHERE t.batch IS DISTINCT FROM r.batch OR t.prompt_hash IS DISTINCT FROM r.rec_prompt_hash
 """
 # The graded cells, with the worker of the file (as `from_collection` takes it: every row left is a
 # sound record, whose worker and batch are its file's, so no lookup of the file is needed) and their utility,
@@ -163,6 +175,16 @@ BATCHES_KEPT = "SELECT DISTINCT batch FROM tasks ORDER BY 1"
 def utility_parameters(u: UtilityConfig) -> list[float]:
     """`INSERT_REWARDS`'s parameters, in its order."""
     return [u.quality_weight, u.cost_weight, u.cost_scale_usd, u.cap, u.latency_weight, u.latency_scale_s, u.cap]
+
+
+def repeated_cells(con) -> bool:
+    """Whether `responses` may hold a cell twice in one file (`CELL_HASHES`): False only when none does."""
+    import numpy as np
+
+    hashes = con.execute(CELL_HASHES).fetchnumpy()["h"]
+    hashes = np.asarray(hashes, dtype=np.uint64)
+    hashes.sort()  # in place: 8 bytes a line
+    return bool(np.any(hashes[1:] == hashes[:-1]))
 
 
 def partition_files(responses_dir: Path, batches: list[str], worker_ids: list[str]) -> list[tuple[str, str, str]]:
@@ -298,9 +320,10 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
                     log(note)
             lap("count skipped lines")
             con.execute(DROP_UNSOUND)
-            if con.execute(REPEATED_CELLS).fetchall()[0][0]:
+            if repeated_cells(con):
                 con.execute(DROP_EARLIER)
-            con.execute(DROP_UNMATCHED)
+            if con.execute(UNMATCHED).fetchall()[0][0]:
+                con.execute(DROP_UNMATCHED)
             for column in BOOKKEEPING:
                 con.execute(f"ALTER TABLE responses DROP COLUMN {column}")
             lap("latest record per cell, prompt-hash check")

@@ -25,6 +25,7 @@ as bound parameters.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from pathlib import Path
 from types import SimpleNamespace
@@ -62,8 +63,11 @@ GRADER_FIELDS = {
 }
 REQUIRED_GRADER_FIELDS = {"llm_judge": ("rubric",)}
 _GRADER_KEYS = ["type", *sorted({k for f in GRADER_FIELDS.values() for k in f})]
-_SPEC = "{" + ", ".join('"grader": {' + ", ".join(f'"{g}": "JSON"' for g in _GRADER_KEYS) + "}" if k == "grader"
-                        else f'"{k}": "JSON"' for k in FIELDS) + "}"
+# What the build reads of a task line: each field's JSON text, the grader's fields one by one. Also the
+# read spec of benchmarks/bench_matrix.py's typed floor (a bare read_json of the same fields).
+FIELD_TYPES: dict[str, str | dict[str, str]] = {k: {g: "JSON" for g in _GRADER_KEYS} if k == "grader" else "JSON"
+                                                for k in FIELDS}
+_SPEC = json.dumps(FIELD_TYPES)
 # Python's str.strip() removes these ASCII characters (and more outside ASCII); JSON whitespace is fewer.
 _STRIP = r"[\t\n\v\f\r \x1c-\x1f]"
 
