@@ -51,7 +51,11 @@ def test_a_bad_line_fails_in_one_line_with_its_file_line_and_fix_printed_once(pr
     assert "Stack Trace" not in printed and "Traceback" not in printed, printed[-3000:]
     said = [line for line in lines if "malformed JSON" in line]
     assert len(said) == 1 and "RUN_FAILURE" in said[0] and "fix: correct line 3 of badline.jsonl" in said[0], said
-    assert [line.split(" - ")[-1] for line in lines if "STEP_FAILURE" in line] == ['Execution of step "tasks" failed.']
+    # the step's own line says no more than that (the message and fix are the run's line); it is printed
+    # while Dagster mirrors the step's output to its compute log, which under load can reach the
+    # terminal after the run returns: absent, or this one line
+    steps = [line.split(" - ")[-1] for line in lines if "STEP_FAILURE" in line]
+    assert steps in ([], ['Execution of step "tasks" failed.']), steps
 
 
 def tick_requests(defs, project):
