@@ -11,23 +11,37 @@
 # seconds for the downloads where pip, one at a time, took 3 to 10 minutes here. uv keeps the torch installed
 # above (it satisfies the project's range). FUGU_INSTALLER=pip installs with pip instead (uv reads
 # UV_INDEX_URL, not pip's configuration, for a private index). FUGU_EXTRAS picks the extras (default dev).
+# With uv, pip unpacks torch (and its dependencies) without compiling them, and their bytecode
+# (thousands of files, half a minute on one core) is compiled on every core while uv installs the
+# rest, which it compiles itself (--compile-bytecode): the bytecode matters
+# where PYTHONDONTWRITEBYTECODE is set, as every process would otherwise compile torch again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=.venv/bin/python
 "$VPY" -m pip install -q --upgrade pip
+use_uv=no
+[ "${FUGU_INSTALLER:-uv}" = uv ] && "$VPY" -m pip install -q uv && use_uv=yes
+compile_torch=
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   spec=${FUGU_TORCH_SPEC:-torch==2.13.0}
-  if [ -n "${FUGU_TORCH_INDEX:-}" ]; then
-    "$VPY" -m pip install -q "$spec" --index-url "$FUGU_TORCH_INDEX"
-  else
-    "$VPY" -m pip install -q "$spec"
+  args=(-q "$spec")
+  [ -n "${FUGU_TORCH_INDEX:-}" ] && args+=(--index-url "$FUGU_TORCH_INDEX")
+  [ "$use_uv" = yes ] && args+=(--no-compile)
+  "$VPY" -m pip install "${args[@]}"
+  if [ "$use_uv" = yes ]; then
+    # torch and what pip installed with it, as they are now (uv keeps them: they satisfy the project)
+    mapfile -t installed < <("$VPY" -c "import sysconfig, pathlib; print(*(p for p in pathlib.Path(sysconfig.get_paths()['purelib']).iterdir() if p.is_dir() and not p.name.endswith('-info')), sep=chr(10))")
+    "$VPY" -m compileall -q -j 0 "${installed[@]}" > /dev/null &
+    compile_torch=$!
   fi
 fi
 extras=${FUGU_EXTRAS:-dev}
-if [ "${FUGU_INSTALLER:-uv}" = uv ] && "$VPY" -m pip install -q uv; then
+if [ "$use_uv" = yes ]; then
   .venv/bin/uv pip install -q --compile-bytecode --python "$VPY" -e ".[$extras]"
+  # its status is not checked: torch ships a test file in Python 3.12 syntax, which pip's own compile skips too
+  [ -z "$compile_torch" ] || wait "$compile_torch" || true
 else
   [ "${FUGU_INSTALLER:-uv}" = uv ] && echo "setup: uv could not be installed; installing with pip (slower)" >&2
   "$VPY" -m pip install -q -e ".[$extras]"
