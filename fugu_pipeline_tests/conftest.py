@@ -10,16 +10,17 @@ TASK_DATA = Path(os.environ.get("FUGU_TASK_DATA", SHARED_DATA / "tasks"))
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto` (pyproject's addopts): one process per core and one more, at most 4. Many of the
-    slow tests wait on subprocesses, servers and ticks (dagster dev, PostgreSQL, Celery, Chromium,
-    mock workers that sleep), during which a core would sit idle; beyond 4 the service tests mostly
-    wait on each other's CPU. `FUGU_TEST_PROCESSES` sets the number. Files are the unit (`--dist
-    loadfile`): a file's tests share module fixtures. `-n 0` runs everything in this process (for a
-    debugger or `-x`)."""
+    """`-n auto` (pyproject's addopts): one process per core, at most 4. Most of the slow tests wait
+    on subprocesses and servers (dagster dev, PostgreSQL, Celery, Chromium), so 2 processes on 2
+    cores cut the suite by a quarter; beyond 4 the service tests mostly wait on each other's CPU.
+    One more process than cores was slower on 2 cores (911 s against 868 s, the same clone): the
+    tests' CPU grew by about a quarter when 3 processes shared 2 cores. `FUGU_TEST_PROCESSES` sets the
+    number. Files are the unit (`--dist loadfile`): a file's tests share module fixtures. `-n 0`
+    runs everything in this process (for a debugger or `-x`)."""
     if os.environ.get("FUGU_TEST_PROCESSES"):
         return max(1, int(os.environ["FUGU_TEST_PROCESSES"]))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(4, cores + 1))
+    return max(1, min(4, cores))
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:

@@ -13,7 +13,7 @@ import yaml
 from fugu_pipeline.testing.roles_batch import write_roles_batch
 from fugu_pipeline.train.pointer import ROLES_POINTER, read_pointer
 
-from .conftest import REPO, SHORT_TRAIN
+from .conftest import REPO
 
 SMALL = {"generations": 6, "tasks_per_generation": 10, "explore_tasks": 8, "val_every": 3, "val_tasks": 12,
          "max_length": 256}
@@ -35,8 +35,6 @@ def test_pipeline_with_roles_trains_reports_and_promotes_then_resumes(tmp_path, 
     (project / "configs" / "train_roles.yaml").write_text(yaml.safe_dump({**cfg, **SMALL}))
     # the one-step router the report compares with: a small search (its own tests cover the full one)
     (project / "configs" / "train.yaml").write_text(yaml.safe_dump(ONE_STEP_SMALL))
-    for name in ("train_sft.yaml", "train_rl.yaml", "train_es.yaml"):  # and short SFT, RL and CMA-ES runs
-        (project / "configs" / name).write_text(SHORT_TRAIN[name])
     monkeypatch.setenv("DAGSTER_HOME", str(project))
     monkeypatch.chdir(project)
     quiet = lambda s: None  # noqa: E731
