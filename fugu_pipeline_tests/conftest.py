@@ -17,8 +17,11 @@ def pytest_xdist_auto_num_workers(config) -> int:
     tests' CPU grew by about a quarter when 3 processes shared 2 cores. `FUGU_TEST_PROCESSES` sets the
     number. Files are the unit (`--dist loadfile`): a file's tests share module fixtures. `-n 0`
     runs everything in this process (for a debugger or `-x`)."""
-    if os.environ.get("FUGU_TEST_PROCESSES"):
-        return max(1, int(os.environ["FUGU_TEST_PROCESSES"]))
+    wanted = os.environ.get("FUGU_TEST_PROCESSES", "").strip()
+    if wanted:
+        if not wanted.isdigit() or int(wanted) < 1:
+            raise pytest.UsageError(f"FUGU_TEST_PROCESSES={wanted!r}: give a whole number of processes, 1 or more")
+        return int(wanted)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(4, cores))
 

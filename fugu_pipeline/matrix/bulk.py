@@ -93,7 +93,6 @@ def _typed_columns() -> str:
     return ", ".join(cols)
 
 
-_FIELDS = RECORD_FIELDS
 # While the build runs, `responses` also holds, for every line read: the index of its file in the
 # list read, its prompt hash and whether it is a sound record; its line order is the table's rowid
 # (see `LOAD_RECORDS`). They let the build count skipped lines and keep only the latest sound record
@@ -121,9 +120,9 @@ _STORED["attempts"] = f"coalesce({_STORED['attempts']}, 1)"
 LOAD_RECORDS = (
     "INSERT INTO responses (" + ", ".join([*RESPONSE_COLUMNS, *BOOKKEEPING]) + ") "
     "WITH typed AS NOT MATERIALIZED (SELECT file_index, part_batch, part_worker, "
-    + ", ".join(_FIELDS) + ", " + _json_types() + " AS types_ok FROM (SELECT *, " + _typed_columns()
+    + ", ".join(RECORD_FIELDS) + ", " + _json_types() + " AS types_ok FROM (SELECT *, " + _typed_columns()
     + " FROM (SELECT file_index, $batches[file_index::BIGINT + 1] AS part_batch, $workers[file_index::BIGINT + 1] AS part_worker, "
-    + ", ".join(f"{c} AS j_{c}" for c in _FIELDS)
+    + ", ".join(f"{c} AS j_{c}" for c in RECORD_FIELDS)
     + " FROM read_json($files, format='newline_delimited', records=true, columns=" + RECORD_COLUMNS
     + ", ignore_errors=true, maximum_object_size=$max_bytes))))"
     " SELECT " + ", ".join(_STORED.get(c, c) for c in RESPONSE_COLUMNS)
