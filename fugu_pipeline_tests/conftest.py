@@ -8,6 +8,12 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 TASK_DATA = Path(os.environ.get("FUGU_TASK_DATA", SHARED_DATA / "tasks"))
 
+# One OpenMP/BLAS thread per test process (torch, numpy's BLAS), inherited by the commands the tests
+# start: with one test process per core, a second thread per process only contends, and OpenMP
+# threads spin while they wait for each other. Set before anything imports torch; a value in the
+# environment wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (pyproject's addopts): one process per core, at most 4. Most of the slow tests wait

@@ -321,3 +321,15 @@ def test_vectors_do_not_depend_on_which_transcripts_share_the_batch(featurizer):
     featurizer._cache.clear()
     alone = np.stack([featurizer.features([x])[0] for x in inputs])
     assert np.array_equal(together, alone)
+
+
+def test_token_ids_are_the_ids_of_the_text_fit_makes_in_one_call_or_many(featurizer):
+    """`token_ids` tokenizes the texts that fit in one call and sends only a transcript over the
+    window through `fit`: the ids are those of each input's fitted text, tokenized alone."""
+    turns = "\n\n".join(f"[Turn {k} · Worker · alpha]\nstep {k}: " + "carry the digits " * 20 for k in range(1, 6))
+    inputs = [HeadInput("Task (math):\nWhat is 6 times 7?", ""), HeadInput("Task (math):\n" + "y " * 60, ""),
+              HeadInput("Task (math):\nq", turns), HeadInput("Task (code):\n" + "a very long question " * 200, turns),
+              HeadInput("", "")]
+    alone = [featurizer._tokens(featurizer.fit(inp)[0]) for inp in inputs]
+    assert featurizer.token_ids(inputs) == alone and featurizer.token_ids([]) == []
+    assert all(0 < len(x) <= featurizer.max_length for x in alone) and len(alone[3]) > len(alone[0])

@@ -147,6 +147,16 @@ class TranscriptFeaturizer:
         ids = self.encoder.tokenizer(text, add_special_tokens=True)["input_ids"]
         return ids[: self.max_length] or [self.encoder.pad_id]
 
+    def token_ids(self, inputs: list[HeadInput]) -> list[list[int]]:
+        """The encoder's token ids of each input's text as `fit` makes it: the texts that fit the
+        window are tokenized once, all in one call (the ids of the text `fit` returns for them);
+        only a transcript that must be cut goes through `fit`."""
+        texts = [self._format(inp.text()) for inp in inputs]
+        ids = self.encoder.tokenizer(texts, add_special_tokens=True, truncation=False,
+                                     return_attention_mask=False)["input_ids"] if texts else []
+        return [self._tokens(self.fit(inp)[0]) if len(x) > self.max_length else x or [self.encoder.pad_id]
+                for inp, x in zip(inputs, ids)]
+
     def _forward(self, seqs: list[list[int]], width: int) -> np.ndarray:
         """The encoder's vectors (its layer, pooling, normalisation) for sequences padded to `width`."""
         import torch
@@ -190,7 +200,7 @@ class TranscriptFeaturizer:
             if not todo:
                 return
             _torch_threads(self._threads)
-            ids = {k: self._tokens(self.fit(inp)[0]) for k, inp in todo.items()}
+            ids = dict(zip(todo, self.token_ids(list(todo.values()))))
             by_bucket: dict[int, list[str]] = {}
             for k, x in ids.items():
                 by_bucket.setdefault(self.bucket(len(x)), []).append(k)
@@ -281,7 +291,7 @@ def _prefetch_svf(group: list[tuple[TranscriptFeaturizer, list[HeadInput]]]) -> 
             texts.setdefault(k, inp)
         for k in [k for k in texts if k in shared.hidden]:
             shared.hidden.move_to_end(k)
-        ids = {k: lead._tokens(lead.fit(inp)[0]) for k, inp in texts.items()}
+        ids = dict(zip(texts, lead.token_ids(list(texts.values()))))
         missing: dict[int, list[str]] = {}
         for k in texts:
             if k not in shared.hidden:
