@@ -325,6 +325,9 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
                 con.execute(DROP_UNMATCHED)
             for column in BOOKKEEPING:
                 con.execute(f"ALTER TABLE responses DROP COLUMN {column}")
+            # the bookkeeping's blocks (already on disk: a large insert writes as it goes) are freed here, so that
+            # the tables still to come reuse them instead of growing the file (35 MiB against 48 at 100k x 5)
+            con.execute("CHECKPOINT")
             lap("latest record per cell, prompt-hash check")
             con.execute(INSERT_REWARDS, utility_parameters(config.reward))
             lap("utility and rewards")
