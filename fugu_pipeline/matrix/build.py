@@ -266,14 +266,30 @@ def insert_workers(con: duckdb.DuckDBPyConnection, workers: list[tuple[str, str,
 
 def finish(con: duckdb.DuckDBPyConnection, workers: list[tuple[str, str, str | None]], source: str,
            u: UtilityConfig, utility_source: str) -> dict:
-    """reward_wide, the data version and meta, once tasks, workers, responses and rewards are in."""
-    _create_wide(con, workers)
+    """reward_wide, the data version and meta, once tasks, workers, responses and rewards are in
+    (committed: the data version is computed on a second connection, on a thread, while this one
+    writes reward_wide; both spend much of their time in Python and Arrow, one core each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    reader = con.cursor()
+    try:
+        reader.execute("SET enable_progress_bar = false")
+        with ThreadPoolExecutor(1) as pool:
+            version = pool.submit(data_version, reader)
+            try:
+                _create_wide(con, workers)
+            except BaseException:
+                reader.interrupt()  # the build fails here: its version is not waited for
+                raise
+            digest = version.result()
+    finally:
+        reader.close()
     meta = {
         "source": source,
         "utility": canonical_json(u.model_dump()),
         "utility_source": utility_source,
         "worker_ids": json.dumps([w for w, _, _ in workers]),
-        "data_version": data_version(con),
+        "data_version": digest,
     }
     con.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
     return matrix_summary(con)
