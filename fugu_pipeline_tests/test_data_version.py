@@ -49,6 +49,24 @@ def test_ids_that_need_escaping_give_the_same_version(odd):
     assert data_version(con, 2) == reference(con)
 
 
+@pytest.mark.parametrize("positions", [(0, 1, 2), (2, 0, 1), (0, 7, 5000), (-3, 4, 1)])
+def test_cells_in_any_row_order_and_positions_give_the_canonical_order(positions):
+    """The cells are put in (task, position) order from their numbers: scattered to one slot each where
+    the positions are dense, sorted where they are far apart or below 0; rewards written in any order."""
+    con = duckdb.connect()
+    con.execute(SCHEMA)
+    con.executemany("INSERT INTO workers VALUES (?, ?, 'mock', NULL)", [(p, f"w{p}") for p in positions])
+    tasks = [f"t{i:03d}" for i in range(60)]
+    for k, tid in enumerate(tasks):
+        con.execute("INSERT INTO tasks VALUES (?, 'b', 'p', ?, 'math', 'train', 'exact', [])",
+                    [tid, hashlib.sha256(tid.encode()).hexdigest()])
+    cells = [(tid, f"w{p}", p, UTILITIES[(k + p) % len(UTILITIES)]) for k, tid in enumerate(tasks) for p in positions
+             if (k + p) % 4]  # some cells missing
+    cells.sort(key=lambda c: (c[3], c[1]))  # written in an order that is not the canonical one
+    con.executemany("INSERT INTO rewards VALUES (?, ?, ?, 1.0, 0.0, 0.0, ?)", cells)
+    assert data_version(con, 7) == reference(con)
+
+
 def test_an_empty_matrix_has_the_version_of_no_rows():
     con = matrix([])
     assert data_version(con) == reference(con) == hashlib.sha256(b"[]").hexdigest()[:16]

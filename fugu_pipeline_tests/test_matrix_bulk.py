@@ -151,3 +151,66 @@ def test_repeated_cells_are_found_by_file_and_task():
     assert not repeated_cells(con)
     con.execute("INSERT INTO responses VALUES (3, 't5000')")
     assert repeated_cells(con)
+
+
+def _with_a_refused_batch(project: Path) -> tuple[Path, Path]:
+    """A second batch whose file has a bad line (so it is refused) and whose response files exist and
+    are damaged: its files are read beside the tasks, then must leave no trace."""
+    bench, rdir = project / "data" / "benchgen", project / "data" / "responses"
+    lines = (bench / "sample.jsonl").read_text().splitlines()
+    bad = bench / "zz_bad.jsonl"
+    bad.write_text("\n".join(json.dumps(dict(json.loads(x), task_id="zz-" + json.loads(x)["task_id"])) for x in lines)
+                   + "\n{not json\n")
+    (rdir / "zz_bad").mkdir()
+    for f in (rdir / "sample").glob("*.jsonl"):
+        recs = [dict(json.loads(x), batch="zz_bad", task_id="zz-" + json.loads(x)["task_id"]) for x in f.read_text().splitlines()]
+        (rdir / "zz_bad" / f.name).write_text("\n".join(json.dumps(r) for r in recs) + "\nnot a record\n")
+    return bad, rdir / "zz_bad"
+
+
+def test_a_refused_batch_leaves_no_trace_though_its_responses_are_read_beside_the_tasks(project):
+    """The response files of every batch with a batch file are read while the batch files are
+    validated; those of a batch refused then are dropped: the matrix, its version and the summary
+    (files read, skipped lines) are those of the project without that batch."""
+    cfg, tasks, _ = collect_all(project)
+    clean = project / "data" / "clean.duckdb"
+    expected = build_collection(project / "data" / "benchgen", project / "data" / "responses", cfg, clean)
+    bad, bad_responses = _with_a_refused_batch(project)
+    refused: list = []
+    db = project / "data" / "bulk.duckdb"
+    got = build_collection(project / "data" / "benchgen", project / "data" / "responses", cfg, db, refused=refused)
+    assert [e.path for e in refused] == [bad]
+    assert got == expected and got["files_read"] == 3 and got["skipped_where"] == ""
+    assert _dump(db) == _dump(clean)
+
+
+def test_a_bad_batch_fails_the_build_while_the_responses_are_being_read(project):
+    """Without `refused`, a bad batch file fails the build as before: the read on the other
+    connection is stopped, and no matrix (nor a half-built file) is left."""
+    from fugu_pipeline.tasks.loading import TaskFileError
+
+    cfg, _, _ = collect_all(project)
+    _with_a_refused_batch(project)
+    db = project / "data" / "bulk.duckdb"
+    with pytest.raises(TaskFileError, match="zz_bad.jsonl"):
+        build_collection(project / "data" / "benchgen", project / "data" / "responses", cfg, db)
+    assert sorted(p.name for p in db.parent.iterdir() if p.name.startswith("bulk")) == []
+
+
+def test_a_failed_read_beside_the_tasks_is_made_again_after_them(project, monkeypatch):
+    """If the read beside the tasks fails, the files of the batches kept are read again once the
+    tasks are in (where an error of that read is raised as before): the same matrix."""
+    import fugu_pipeline.matrix.bulk as bulk
+
+    cfg, _, _ = collect_all(project)
+    _with_a_refused_batch(project)
+    clean = project / "data" / "clean.duckdb"
+    expected = build_collection(project / "data" / "benchgen", project / "data" / "responses", cfg, clean, refused=[])
+
+    def fails(con, files):
+        raise bulk._LoadFailed()
+
+    monkeypatch.setattr(bulk, "_timed_load", fails)
+    db = project / "data" / "bulk.duckdb"
+    assert build_collection(project / "data" / "benchgen", project / "data" / "responses", cfg, db, refused=[]) == expected
+    assert _dump(db) == _dump(clean)

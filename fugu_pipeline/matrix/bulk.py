@@ -17,7 +17,10 @@ the same `data_version` (a test compares them on the sample data and on damaged 
 - only files of configured workers and of batches with a batch file are read;
 - utility is computed in SQL from the same formula, in the same operation order, as
   `UtilityConfig.utility`, so every float is bit-identical;
-- the database is built beside the old file and renamed into place (`building`).
+- the database is built beside the old file and renamed into place (`building`);
+- the response files are read on a second connection while the batch files are read and validated
+  (the files of a batch refused then are dropped again), and the data version is computed while
+  reward_wide is written: two cores work where one did, with the same result.
 
 Where the time goes at scale is printed by benchmarks/bench_matrix.py.
 """
@@ -38,6 +41,7 @@ from fugu_pipeline.collect.records import MAX_AMOUNT, MAX_COUNT, CostSource
 from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, building, finish, insert_workers, wide_columns
 from fugu_pipeline.matrix.bulk_tasks import read_batches
+from fugu_pipeline.tasks.loading import scan_batch_files
 from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.workers.config import WorkersConfig
@@ -126,7 +130,7 @@ LOAD_RECORDS = (
     + " FROM read_json($files, format='newline_delimited', records=true, columns=" + RECORD_COLUMNS
     + ", ignore_errors=true, maximum_object_size=$max_bytes))))"
     " SELECT " + ", ".join(_STORED.get(c, c) for c in RESPONSE_COLUMNS)
-    + ", file_index, prompt_hash, (" + _sound_record() + ") IS TRUE FROM typed"
+    + ", $numbers[file_index::BIGINT + 1], prompt_hash, (" + _sound_record() + ") IS TRUE FROM typed"
 )
 # The longest line read_json takes at first, and at most: a longer line than the first (a runaway
 # answer) is read on a second pass sized to the largest file; beyond the most, the build stops.
@@ -220,14 +224,15 @@ def line_counts(paths: list[str], stop: threading.Event) -> list[int]:
 
 
 def skipped_lines(con, files: list[tuple[str, str, str]], responses_dir: Path,
-                  counts: list[int]) -> tuple[int, list[str]]:
-    """(lines skipped in all, one note per file that had any) for the records just read: a file
-    whose line count (`counts`, in the order of `files`) equals its sound records
-    has none; any other is read by the store's reader, which numbers the lines it skips (its rules
-    are the ones `_sound_record` writes in SQL)."""
+                  counts: list[int], read: list[int] | None = None) -> tuple[int, list[str]]:
+    """(lines skipped in all, one note per file that had any) for the records just read from the
+    files numbered `read` (default: all) in `files`: a file whose line count (`counts`, in the order
+    of `files`) equals its sound records has none; any other is read by the store's reader, which
+    numbers the lines it skips (its rules are the ones `_sound_record` writes in SQL)."""
     kept = dict(con.execute("SELECT rec_file, count(*) FROM responses WHERE rec_sound GROUP BY rec_file").fetchall())
     store, total, notes = ResponseStore(responses_dir), 0, []
-    for i, (path, batch, worker) in enumerate(files):
+    for i in range(len(files)) if read is None else read:
+        path, batch, worker = files[i]
         if kept.get(i, 0) == counts[i]:
             continue
         records = store.read(batch, worker)
@@ -238,11 +243,27 @@ def skipped_lines(con, files: list[tuple[str, str, str]], responses_dir: Path,
     return total, notes
 
 
-def _load_records(con, files: list[tuple[str, str, str]]) -> None:
-    """`LOAD_RECORDS` over `files`; a line longer than `FIRST_OBJECT_BYTES` (which read_json fails
-    on rather than skipping) is read on a second pass whose limit is the largest file's size."""
+class _LoadFailed(Exception):
+    """The read of the response files beside the tasks failed: it is made again after them."""
+
+
+def _timed_load(con, files: list[tuple[str, str, str]]) -> float:
+    """`_load_records` (on its own connection, on a thread); its seconds. Any failure is `_LoadFailed`."""
+    start = time.perf_counter()
+    try:
+        _load_records(con, files)
+    except Exception as exc:
+        raise _LoadFailed() from exc
+    return round(time.perf_counter() - start, 3)
+
+
+def _load_records(con, files: list[tuple[str, str, str]], numbers: list[int] | None = None) -> None:
+    """`LOAD_RECORDS` over `files` (each row's `rec_file` is its file's place in `files`, or its entry in
+    `numbers`); a line longer than `FIRST_OBJECT_BYTES` (which read_json fails on rather than skipping)
+    is read on a second pass whose limit is the largest file's size."""
     paths = [f for f, _, _ in files]
-    params = {"files": paths, "batches": [b for _, b, _ in files], "workers": [w for _, _, w in files]}
+    params = {"files": paths, "batches": [b for _, b, _ in files], "workers": [w for _, _, w in files],
+              "numbers": list(range(len(files))) if numbers is None else numbers}
     try:
         con.execute(LOAD_RECORDS, {**params, "max_bytes": FIRST_OBJECT_BYTES})
         return
@@ -291,29 +312,52 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
         except duckdb.Error as exc:
             raise RewardMatrixError(f"FUGU_MATRIX_MEMORY_LIMIT={limit!r} is not a memory size DuckDB takes "
                                     f"({str(exc).splitlines()[0]}); give one like 3GB or 512MB, or unset it") from None
-        con.execute("SET enable_progress_bar = false")  # long scans would print bars into the run's stdout
-        con.execute("SET preserve_insertion_order = true")  # the default, relied on: a file's line order is the rowid
-        # validated as the task reader validates: a bad line (or a task id another batch holds) fails its batch
-        read_batches(con, benchgen_dir, ResponseStore(responses_dir).collected_batches(), refused)
-        batches = [b for (b,) in con.execute(BATCHES_KEPT).fetchall()]
         insert_workers(con, workers)
-        lap("read, validate and insert tasks")
-        files = partition_files(responses_dir, batches, [w for w, _, _ in workers])
-        if files:
-            for column, kind in BOOKKEEPING.items():  # the names and types are this module's own
-                con.execute(f"ALTER TABLE responses ADD COLUMN {column} {kind}")
-            # the files' lines are counted (a byte scan) on a thread while DuckDB reads them
-            stop = threading.Event()
-            with ThreadPoolExecutor(1) as pool:
+        # The response files of every batch that has a batch file are read (on a second connection, on a
+        # thread) while the batch files are read and validated here: the two are independent until the
+        # batches kept are known. The files of a batch refused then are deleted again; if that read
+        # fails, the files of the batches kept are read again once the tasks are in, as before.
+        found = sorted({b for b, _ in scan_batch_files(benchgen_dir)[0]})
+        files = partition_files(responses_dir, found, [w for w, _, _ in workers])
+        for column, kind in BOOKKEEPING.items() if files else ():  # the names and types are this module's own
+            con.execute(f"ALTER TABLE responses ADD COLUMN {column} {kind}")
+        loader = con.cursor()
+        for c in (con, loader):
+            c.execute("SET enable_progress_bar = false")  # long scans would print bars into the run's stdout
+            c.execute("SET preserve_insertion_order = true")  # the default, relied on: a file's line order is the rowid
+        stop = threading.Event()  # the files' lines are counted (a byte scan) on a thread too
+        failed = False
+        try:
+            with ThreadPoolExecutor(2) as pool:
                 counting = pool.submit(line_counts, [f for f, _, _ in files], stop)
+                loading = pool.submit(_timed_load, loader, files) if files else None
                 try:
-                    _load_records(con, files)
+                    # validated as the task reader validates: a bad line (or a task id another batch holds) fails its batch
+                    read_batches(con, benchgen_dir, ResponseStore(responses_dir).collected_batches(), refused)
+                    lap("read, validate and insert tasks")
+                    kept = {b for (b,) in con.execute(BATCHES_KEPT).fetchall()}
+                    read = [i for i, (_, b, _) in enumerate(files) if b in kept]
+                    if loading is not None:
+                        try:
+                            t["read_json over the response files"] = loading.result()
+                        except _LoadFailed:
+                            failed = True
                 except BaseException:
                     stop.set()
+                    loader.interrupt()
                     raise
-                lap("read_json over the response files")
-                counts = counting.result()
-            n_skipped, notes = skipped_lines(con, files, responses_dir, counts)
+        finally:
+            loader.close()
+        dropped = sorted(set(range(len(files))) - set(read))
+        if failed and read:  # read again, only the files of the batches kept: its error is raised as before
+            _load_records(con, [files[i] for i in read], read)
+        elif dropped and not failed:  # the files of batches refused
+            con.execute("DELETE FROM responses WHERE rec_file IN (SELECT unnest(?))", [dropped])
+        if files:
+            lap("read_json over the response files, left to wait for")
+        if read:
+            counts = counting.result()
+            n_skipped, notes = skipped_lines(con, files, responses_dir, counts, read)
             for note in notes:
                 if log:
                     log(note)
@@ -323,8 +367,13 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
                 con.execute(DROP_EARLIER)
             if con.execute(UNMATCHED).fetchall()[0][0]:
                 con.execute(DROP_UNMATCHED)
+        if files:
             for column in BOOKKEEPING:
                 con.execute(f"ALTER TABLE responses DROP COLUMN {column}")
+            # the bookkeeping's blocks (already on disk: a large insert writes as it goes) are freed here, so that
+            # the tables still to come reuse them instead of growing the file (35 MiB against 48 at 100k x 5)
+            con.execute("CHECKPOINT")
+        if read:
             lap("latest record per cell, prompt-hash check")
             con.execute(INSERT_REWARDS, utility_parameters(config.reward))
             lap("utility and rewards")
@@ -332,7 +381,7 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
                          f"computed from each cell's quality, cost and latency; weights: {weights_from}")
         lap("reward_wide, data_version, meta")
     lap("checkpoint and rename")
-    summary["files_read"] = len(files)
+    summary["files_read"] = len(read)
     summary["skipped_lines"] = n_skipped
     summary["skipped_where"] = "; ".join(notes)
     return summary
