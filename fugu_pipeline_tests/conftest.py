@@ -9,27 +9,29 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 TASK_DATA = Path(os.environ.get("FUGU_TASK_DATA", SHARED_DATA / "tasks"))
 
 # One OpenMP/BLAS thread per test process (torch, numpy's BLAS), inherited by the commands the tests
-# start: with one test process per core, a second thread per process only contends, and OpenMP
-# threads spin while they wait for each other. Set before anything imports torch; a value in the
+# start: with a test process per core (and one more), a second thread per process only contends,
+# and OpenMP threads spin while they wait for each other (the main job alone on a loaded machine:
+# 40-50 CPU-s with 2 threads, 30 with one). Set before anything imports torch; a value in the
 # environment wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto` (pyproject's addopts): one process per core, at most 4. Most of the slow tests wait
-    on subprocesses and servers (dagster dev, PostgreSQL, Celery, Chromium), so 2 processes on 2
-    cores cut the suite by a quarter; beyond 4 the service tests mostly wait on each other's CPU.
-    One more process than cores was slower on 2 cores (911 s against 868 s, the same clone): the
-    tests' CPU grew by about a quarter when 3 processes shared 2 cores. `FUGU_TEST_PROCESSES` sets the
-    number. Files are the unit (`--dist loadfile`): a file's tests share module fixtures. `-n 0`
-    runs everything in this process (for a debugger or `-x`)."""
+    """`-n auto` (pyproject's addopts): one process per core and one more, at most 4. Many of the
+    slow tests wait on subprocesses and servers (dagster dev, PostgreSQL, Celery, Chromium), so a
+    process more than cores keeps the cores busy while one waits. With one OpenMP thread per process
+    (above) that cut the suite on 2 cores from 820 s to 741 s (same clone, quiet machine; the tests'
+    CPU grew by 4%); with torch's default of a thread per core it had been slower (911 s against 868
+    s: the tests' CPU grew by a quarter). `FUGU_TEST_PROCESSES` sets the number. Files are the unit
+    (`--dist loadfile`): a file's tests share module fixtures. `-n 0` runs everything in this
+    process (for a debugger or `-x`)."""
     wanted = os.environ.get("FUGU_TEST_PROCESSES", "").strip()
     if wanted:
         if not wanted.isdigit() or int(wanted) < 1:
             raise pytest.UsageError(f"FUGU_TEST_PROCESSES={wanted!r}: give a whole number of processes, 1 or more")
         return int(wanted)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(4, cores))
+    return min(4, cores + 1)
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
