@@ -79,28 +79,35 @@ def checkpoint_bytes(path: Path) -> tuple[bytes, dict]:
     return (path / "head.safetensors").read_bytes(), {k: v for k, v in manifest.items() if k not in ("created_at", "wall_s")}
 
 
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, encoder):
+    """One SMALL training run shared by the tests that read it (result, worker calls, its store):
+    they only read the store (a re-run on it runs no session, so it appends nothing)."""
+    store = tmp_path_factory.mktemp("small-run") / "store"
+    res, calls, _ = train_in(store, encoder, RolesConfig(**SMALL))
+    return res, calls, store
+
+
 # --------------------------------------------------------------------------- reproducibility and resuming
 
 
-def test_same_seed_same_checkpoint_bytes_and_a_rerun_calls_nothing(tmp_path, encoder):
+def test_same_seed_same_checkpoint_bytes_and_a_rerun_calls_nothing(tmp_path, encoder, small_run):
     cfg = RolesConfig(**SMALL)
-    a, calls_a, _ = train_in(tmp_path / "store-a", encoder, cfg)
+    a, calls_a, store_a = small_run
     b, calls_b, _ = train_in(tmp_path / "store-b", encoder, cfg)
     pa, pb = a.save(tmp_path / "models-a"), b.save(tmp_path / "models-b")
     assert pa.name == pb.name and checkpoint_bytes(pa) == checkpoint_bytes(pb)
     assert calls_a == calls_b > 0
-    c, calls_c, stats = train_in(tmp_path / "store-a", encoder, cfg)  # the same store again: all of it is stored
+    c, calls_c, stats = train_in(store_a, encoder, cfg)  # the same store again: all of it is stored
     assert calls_c == 0 and stats.sessions_run == 0 and stats.sessions_stored > 0
     assert checkpoint_bytes(c.save(tmp_path / "models-c")) == checkpoint_bytes(pa)
     other, _, _ = train_in(tmp_path / "store-d", encoder, RolesConfig(**{**SMALL, "seed": 1}))
     assert not np.array_equal(other.weight, a.weight)
 
 
-def test_candidates_share_minibatch_and_seeds(tmp_path, encoder):
+def test_candidates_share_minibatch_and_seeds(small_run):
     """Common random numbers: in a generation every candidate runs the same (task, seed) pairs."""
-    cfg = RolesConfig(**{**SMALL, "generations": 2})
-    train_in(tmp_path / "store", encoder, cfg)
-    lines = stored(tmp_path / "store")
+    lines = stored(small_run[2])
     training = [t for t in lines if t["greedy"] and t["seed"] < 10**9 and not t["head"].startswith(("fixed:", "script:"))]
     pairs_by_head = defaultdict(set)
     for t in training:
@@ -109,7 +116,8 @@ def test_candidates_share_minibatch_and_seeds(tmp_path, encoder):
     for head, pairs in pairs_by_head.items():
         groups[frozenset(pairs)].append(head)
     sizes = sorted(len(v) for v in groups.values())
-    assert len(sizes) == 2 and sizes[0] >= 10  # 2 generations, each ~17 candidates + the mean on one pair set
+    # SMALL's 4 generations, each ~17 candidates + the mean on one pair set
+    assert len(sizes) == SMALL["generations"] and sizes[0] >= 10
 
 
 KILL_SCRIPT = """
@@ -133,10 +141,10 @@ print("FINISHED", flush=True)
 """
 
 
-def test_killed_training_resumes_without_calling_stored_trajectories_again(tmp_path, encoder):
-    cfg = RolesConfig(**{**SMALL, "generations": 8})
-    full, calls_full, _ = train_in(tmp_path / "uninterrupted", encoder, cfg)
-    full_lines = len(stored(tmp_path / "uninterrupted"))
+def test_killed_training_resumes_without_calling_stored_trajectories_again(tmp_path, encoder, small_run):
+    cfg = RolesConfig(**SMALL)
+    full, calls_full, uninterrupted = small_run  # the uninterrupted run
+    full_lines = len(stored(uninterrupted))
 
     store = tmp_path / "killed"
     script = KILL_SCRIPT.format(cfg=cfg.model_dump(), workers=str(WORKERS), store=str(store))
@@ -173,8 +181,8 @@ def test_killed_training_resumes_without_calling_stored_trajectories_again(tmp_p
 # --------------------------------------------------------------------------- checkpoints of the new head kinds
 
 
-def test_roles_checkpoint_round_trip_and_weight_sanity(tmp_path, encoder):
-    res, _, _ = train_in(tmp_path / "store", encoder, RolesConfig(**{**SMALL, "generations": 2}))
+def test_roles_checkpoint_round_trip_and_weight_sanity(tmp_path, encoder, small_run):
+    res = small_run[0]
     path = res.save(tmp_path / "models")
     ckpt = load_checkpoint(path, expected_contract=encoder.feature_contract())
     m = ckpt.manifest

@@ -42,6 +42,7 @@ BUCKET = 16  # padded widths are multiples of this
 SVF_CACHE_MB = 1024  # hidden states below the SVF-adapted layer kept per encoder (least recently used out)
 TASK_SHARE = 0.75  # the most of the window a task keeps when there are turns to show
 TASK_CUT = "\n[... task cut to fit the encoder window ...]"
+MEMO_SIZE = 20_000  # tokenizer results kept for the window's cuts (tasks and marks many transcripts repeat)
 
 
 class TranscriptFeaturizer:
@@ -65,6 +66,8 @@ class TranscriptFeaturizer:
         self.encoded = 0  # texts run through the encoder
         self.hits = 0  # vectors served from memory
         self.cut = 0  # transcripts cut to fit the window
+        self._window_memo: dict[tuple[str, str], object] = {}  # `_memo`
+        self._is_causal: bool | None = None  # `_causal`
 
     @property
     def dim(self) -> int:
@@ -95,6 +98,22 @@ class TranscriptFeaturizer:
                                      return_attention_mask=False)["input_ids"]
         return [max(1, len(x)) for x in ids]
 
+    def _encoded(self, text: str) -> list[int]:
+        """The token ids `_count` counts (special tokens, no truncation)."""
+        return self.encoder.tokenizer([text], add_special_tokens=True, truncation=False,
+                                      return_attention_mask=False)["input_ids"][0]
+
+    def _memo(self, kind: str, text: str, make):
+        """A tokenizer result that many transcripts repeat (a task's ids and counts, the marks' counts):
+        computed once per text (the memo is emptied when it grows past MEMO_SIZE)."""
+        key = (kind, text)
+        got = self._window_memo.get(key)
+        if got is None:
+            if len(self._window_memo) >= MEMO_SIZE:
+                self._window_memo.clear()
+            got = self._window_memo[key] = make(text)
+        return got
+
     def _format(self, body: str) -> str:
         return self.settings.format([body])[0]
 
@@ -110,32 +129,41 @@ class TranscriptFeaturizer:
         n = self._count([text])[0]
         if n <= self.max_length:
             return text, n
+        text, ids = self._cut_to_window(inp)
+        return text, max(1, len(ids))
+
+    def _cut_to_window(self, inp: HeadInput) -> tuple[str, list[int]]:
+        """The text of an input too long for the window, cut (module docstring), and its token ids."""
         self.cut += 1
         limit = self.max_length
         tail = "\n\n" + inp.state if inp.state else ""  # the state line always stays
-        avail = limit - self._count([self._format(("\n\n" + CUT_MARK if inp.turns else "") + tail)])[0]  # after the marks
+        count = lambda t: self._memo("count", t, lambda x: self._count([x])[0])  # noqa: E731
+        avail = limit - count(self._format(("\n\n" + CUT_MARK if inp.turns else "") + tail))  # after the marks
         task = inp.task
-        task_ids = self._ids(task)
+        task_ids = self._memo("ids", task, self._ids)
         task_room = int(avail * TASK_SHARE) if inp.turns else avail
         if len(task_ids) > task_room:
-            task = self._decode(task_ids[: max(task_room - len(self._ids(TASK_CUT)), 1)]) + TASK_CUT
+            cut_len = len(self._memo("ids", TASK_CUT, self._ids))
+            task = self._decode(task_ids[: max(task_room - cut_len, 1)]) + TASK_CUT
         if not inp.turns:
             return self._shrink(task, "", [], limit, tail)
         return self._shrink(task, CUT_MARK, self._ids(inp.turns), limit, tail)
 
-    def _shrink(self, task: str, mark: str, turn_ids: list[int], limit: int, tail: str = "") -> tuple[str, int]:
+    def _shrink(self, task: str, mark: str, turn_ids: list[int], limit: int, tail: str = "") -> tuple[str, list[int]]:
         """Keep as many of the last turn tokens as fit (re-counted after decoding, which can merge
-        tokens differently)."""
-        keep = max(0, limit - self._count([self._format(task + "\n\n" + mark + tail)])[0])
+        tokens differently). Returns the text and its token ids."""
+        head = self._format(task + "\n\n" + mark + tail)
+        keep = max(0, limit - self._memo("count", head, lambda x: self._count([x])[0]))
         for _ in range(8):
             body = task + ("\n\n" + mark + self._decode(turn_ids[len(turn_ids) - keep:]) if keep else "") + tail
             text = self._format(body)
-            n = self._count([text])[0]
+            ids = self._encoded(text)
+            n = max(1, len(ids))
             if n <= limit:
-                return text, n
+                return text, ids
             keep = max(0, keep - (n - limit) - 1)
         task_only = self._format(task + tail)  # last resort: the (already cut) task and the state alone
-        return task_only, self._count([task_only])[0]
+        return task_only, self._encoded(task_only)
 
     # ----------------------------------------------------------------- vectors
 
@@ -154,8 +182,8 @@ class TranscriptFeaturizer:
         texts = [self._format(inp.text()) for inp in inputs]
         ids = self.encoder.tokenizer(texts, add_special_tokens=True, truncation=False,
                                      return_attention_mask=False)["input_ids"] if texts else []
-        return [self._tokens(self.fit(inp)[0]) if len(x) > self.max_length else x or [self.encoder.pad_id]
-                for inp, x in zip(inputs, ids)]
+        return [(self._cut_to_window(inp)[1][: self.max_length] or [self.encoder.pad_id]) if len(x) > self.max_length
+                else x or [self.encoder.pad_id] for inp, x in zip(inputs, ids)]
 
     def _forward(self, seqs: list[list[int]], width: int) -> np.ndarray:
         """The encoder's vectors (its layer, pooling, normalisation) for sequences padded to `width`."""
@@ -170,16 +198,29 @@ class TranscriptFeaturizer:
             tokens[r, : len(x)] = torch.tensor(x, dtype=torch.long)
             mask[r, : len(x)] = 1
         tokens, mask = tokens.to(enc.resolved_device), mask.to(enc.resolved_device)
+        # padding is on the right: in a causal model no real token attends to a pad, so on the CPU the
+        # model needs no padding mask (the same bits, checked; building and applying the mask cost ~15%
+        # of the pass). Elsewhere other attention kernels would run: the mask stays.
+        model_mask = None if torch.device(enc.resolved_device).type == "cpu" and self._causal() else mask
         with torch.inference_mode():
             if s.layer == -1:
-                hidden = enc.model(input_ids=tokens, attention_mask=mask).last_hidden_state
+                hidden = enc.model(input_ids=tokens, attention_mask=model_mask).last_hidden_state
             else:
-                hidden = enc.model(input_ids=tokens, attention_mask=mask, output_hidden_states=True).hidden_states[s.layer]
+                hidden = enc.model(input_ids=tokens, attention_mask=model_mask,
+                                   output_hidden_states=True).hidden_states[s.layer]
             vec = pool_hidden(hidden, mask, s.pooling, s.token_position).to(torch.float32)
             if s.normalize:
                 vec = torch.nn.functional.normalize(vec, dim=-1)
         enc.forward_passes += 1
         return vec.cpu().numpy()
+
+    def _causal(self) -> bool:
+        """Whether every attention layer of the encoder is causal (decoder models such as Qwen3; a
+        bidirectional encoder such as MiniLM needs its padding mask)."""
+        if self._is_causal is None:
+            flags = [m.is_causal for m in self.encoder.model.modules() if isinstance(getattr(m, "is_causal", None), bool)]
+            self._is_causal = bool(flags) and all(flags)
+        return self._is_causal
 
     @staticmethod
     def key(inp: HeadInput) -> str:

@@ -109,6 +109,7 @@ class TrajectoryStore:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.appended = 0
+        self._turns_in_db: set[str] = set()  # turn shas this store committed: not compressed again
 
     # ----------------------------------------------------------------- opening
 
@@ -208,12 +209,17 @@ class TrajectoryStore:
     # ----------------------------------------------------------------- appending
 
     def _insert(self, trs: list[Trajectory]) -> None:
-        rows, turns = [], []
+        rows, turns, new = [], [], {}
         for tr in trs:
             obj = tr.model_dump(mode="json")
             for t in obj["turns"]:
-                if t["status"] == "ok" and t.get("request_sha"):
-                    turns.append((t["request_sha"], _pack({k: t[k] for k in _TURN_FIELDS})))
+                sha = t.get("request_sha")
+                if t["status"] == "ok" and sha:
+                    # a turn already committed (candidates share most turns) would be ignored by INSERT OR
+                    # IGNORE anyway: skip compressing it again
+                    if sha not in self._turns_in_db and sha not in new:
+                        new[sha] = len(turns)
+                        turns.append((sha, _pack({k: t[k] for k in _TURN_FIELDS})))
                     t["text"] = None  # kept once, in `turns`
             rows.append((tr.task_id, tr.head, int(tr.seed), int(tr.greedy), tr.status, tr.prompt_hash, _pack(obj)))
         db = self._db
@@ -226,6 +232,7 @@ class TrajectoryStore:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        self._turns_in_db.update(new)
         self.appended += len(trs)
 
     def append(self, tr: Trajectory | list[Trajectory]) -> None:
