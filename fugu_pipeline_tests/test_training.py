@@ -383,3 +383,49 @@ def test_train_result_metadata(tmp_path, es):
     assert md["curves"].value.startswith("![es training curves](data:image/png;base64,iVBOR")
     assert md["param_count"].value == es.param_count and md["best_epoch"].value == es.best_epoch
     assert md["checkpoint"].value == str(tmp_path / "ckpt")
+
+
+def test_training_curves_are_kept_beside_the_checkpoint_and_drawn_once(tmp_path, es, monkeypatch):
+    """A re-run that trains the same checkpoint again takes its curve plot from the checkpoint's
+    folder (the bytes a fresh draw gives) instead of drawing it; other curves are drawn again."""
+    import dataclasses
+
+    from fugu_pipeline.defs import training
+    from fugu_pipeline.evaluate import plots
+
+    drawn = []
+    real = plots.png_bytes
+    monkeypatch.setattr(plots, "png_bytes", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    path = tmp_path / "ckpt" / training.CURVES_FILE
+    png = training.curves_png(es, path)
+    assert path.read_bytes() == png and len(drawn) == 1
+    assert training.curves_png(es, path) == png and len(drawn) == 1  # kept, not drawn
+    assert training.curves_png(es) == png and len(drawn) == 2  # a fresh draw: the same bytes
+    other = dataclasses.replace(es, curves={**es.curves, "val_best": [v + 0.01 for v in es.curves["val_best"]]})
+    assert training.curves_png(other, path) != png and len(drawn) == 3
+    assert path.read_bytes() != png
+
+
+def test_seeded_sets_the_deterministic_flag_without_loading_inductor(monkeypatch):
+    """`seeded` turns torch's deterministic kernels on and restores the caller's setting (warn-only
+    included) without `torch.use_deterministic_algorithms`, whose import of Inductor and Dynamo cost
+    seconds of CPU in every process that trains on cached features."""
+    import torch
+
+    from fugu_pipeline.train.loop import seeded
+
+    def refused(*a, **k):
+        raise AssertionError("torch.use_deterministic_algorithms imports torch._inductor")
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", refused)
+    try:
+        for flag, warn_only in ((True, True), (False, False)):
+            torch._C._set_deterministic_algorithms(flag, warn_only=warn_only)
+            with seeded(0):
+                assert torch.are_deterministic_algorithms_enabled()
+                assert not torch.is_deterministic_algorithms_warn_only_enabled()
+            assert (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) \
+                == (flag, warn_only)
+    finally:
+        torch._C._set_deterministic_algorithms(before[0], warn_only=before[1])
