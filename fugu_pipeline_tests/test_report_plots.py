@@ -91,3 +91,28 @@ def test_a_head_without_quality_predictions_gets_the_cost_curve_too(tmp_path, fi
     plot_report(rep, tmp_path, "test")
     lines = [ln for ln in figures[2][0].axes[0].get_lines() if len(ln.get_xdata()) > 1]
     assert lines and "router probabilities" in lines[0].get_label()
+
+
+def test_a_report_written_again_from_the_same_figures_keeps_its_plots_and_a_change_redraws(tmp_path, figures):
+    """A re-run of the main job writes each report again from the same figures: the PNGs already there
+    are kept (nothing drawn), byte for byte what a fresh draw gives; a changed figure draws again."""
+    from fugu_pipeline.evaluate.plots import stored_key
+
+    rep = evaluation_report(inputs(quality_head=True), n_boot=200)
+    first = plot_report(rep, tmp_path / "a", "test")
+    assert len(figures) == 3 and all(stored_key(p) for p in first)
+    drawn = {p.name: p.read_bytes() for p in first}
+    again = plot_report(rep, tmp_path / "a", "test")
+    assert len(figures) == 3  # nothing drawn the second time
+    assert {p.name: p.read_bytes() for p in again} == drawn
+    fresh = plot_report(rep, tmp_path / "b", "test")  # the same figures drawn anew elsewhere: the same bytes
+    assert len(figures) == 6 and {p.name: p.read_bytes() for p in fresh} == drawn
+
+    rep["router_utility"] += 0.01  # drawn on the summary plot only
+    plot_report(rep, tmp_path / "a", "test")
+    assert len(figures) == 9  # the key covers the whole report: every plot of it is drawn again
+    assert (tmp_path / "a" / "test_summary.png").read_bytes() != drawn["test_summary.png"]
+    curve = (tmp_path / "a" / "test_curve.png").read_bytes()
+    (tmp_path / "a" / "test_curve.png").write_bytes(b"not a png")  # a damaged file is drawn again too
+    plot_report(rep, tmp_path / "a", "test")
+    assert len(figures) == 10 and (tmp_path / "a" / "test_curve.png").read_bytes() == curve
