@@ -385,6 +385,29 @@ def test_train_result_metadata(tmp_path, es):
     assert md["checkpoint"].value == str(tmp_path / "ckpt")
 
 
+def test_a_training_loops_lines_reach_the_run_log_as_blocks(monkeypatch):
+    """Each line was its own Dagster event (a database commit); now the lines of a short run are one
+    block when the loop ends, a long run's one block every `every_s` seconds, and a failed run's are
+    written all the same."""
+    from fugu_pipeline.defs import training
+
+    events, now = [], [0.0]
+    monkeypatch.setattr(training.time, "monotonic", lambda: now[0])
+    with training.GatheredLog(events.append, every_s=10) as log:
+        log("sft epoch 1")
+        log("sft epoch 2")
+        assert events == []
+        now[0] = 10.0
+        log("sft epoch 3")  # ten seconds in: the block so far is written
+        assert events == ["sft epoch 1\nsft epoch 2\nsft epoch 3"]
+        log("sft epoch 4")
+    assert events[1:] == ["sft epoch 4"]
+    with pytest.raises(RuntimeError), training.GatheredLog(events.append) as log:
+        log("rl epoch 1")
+        raise RuntimeError("stopped")
+    assert events[2:] == ["rl epoch 1"]
+
+
 def test_training_curves_are_kept_beside_the_checkpoint_and_drawn_once(tmp_path, es, monkeypatch):
     """A re-run that trains the same checkpoint again takes its curve plot from the checkpoint's
     folder (the bytes a fresh draw gives) instead of drawing it; other curves are drawn again."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +20,32 @@ _VAL_CURVES = ("val_utility", "val_mean", "val_best")
 
 
 CURVES_FILE = "reports/training_curves.png"  # beside the checkpoint, as its held-out report's plots
+
+
+class GatheredLog:
+    """A training loop's progress lines (one an epoch or generation) for the step's run log: written
+    as one event (one block) every `every_s` seconds and when the loop ends, not one event a line.
+    Each Dagster event is a commit to the run's event-log database (about 7 ms of CPU and 30 ms of
+    wall time on a shared core); a short training run logged 20 to 40 of them."""
+
+    def __init__(self, log: Callable[[str], None], every_s: float = 10.0):
+        self.log, self.every_s, self.lines, self.since = log, every_s, [], time.monotonic()
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+        if time.monotonic() - self.since >= self.every_s:  # a long run still shows its progress
+            self.flush()
+
+    def flush(self) -> None:
+        if self.lines:
+            self.log("\n".join(self.lines))
+        self.lines, self.since = [], time.monotonic()
+
+    def __enter__(self) -> "GatheredLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.flush()  # a failed run keeps the lines it wrote
 
 
 def curves_png(result: "TrainResult", path: Path | None = None) -> bytes:
