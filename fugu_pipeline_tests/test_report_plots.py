@@ -108,11 +108,40 @@ def test_a_report_written_again_from_the_same_figures_keeps_its_plots_and_a_chan
     fresh = plot_report(rep, tmp_path / "b", "test")  # the same figures drawn anew elsewhere: the same bytes
     assert len(figures) == 6 and {p.name: p.read_bytes() for p in fresh} == drawn
 
-    rep["router_utility"] += 0.01  # drawn on the summary plot only
+    rep["king_composite"] = 0.5  # a figure no plot shows (a re-run has a king to compare with): nothing drawn
     plot_report(rep, tmp_path / "a", "test")
-    assert len(figures) == 9  # the key covers the whole report: every plot of it is drawn again
-    assert (tmp_path / "a" / "test_summary.png").read_bytes() != drawn["test_summary.png"]
-    curve = (tmp_path / "a" / "test_curve.png").read_bytes()
+    assert len(figures) == 6
+    rep["router_utility"] += 0.01  # drawn on the summary plot only: that one is drawn again
+    plot_report(rep, tmp_path / "a", "test")
+    assert len(figures) == 7 and (tmp_path / "a" / "test_summary.png").read_bytes() != drawn["test_summary.png"]
     (tmp_path / "a" / "test_curve.png").write_bytes(b"not a png")  # a damaged file is drawn again too
     plot_report(rep, tmp_path / "a", "test")
-    assert len(figures) == 10 and (tmp_path / "a" / "test_curve.png").read_bytes() == curve
+    assert len(figures) == 8 and (tmp_path / "a" / "test_curve.png").read_bytes() == drawn["test_curve.png"]
+
+
+def test_each_plot_reads_only_the_figures_its_key_covers(tmp_path):
+    """A plot kept on a re-run must not show a figure its key leaves out (it would show the old one):
+    every key each drawing function reads from the report is in the list it declares."""
+    from fugu_pipeline.evaluate import plots
+
+    class Reads(dict):
+        def __init__(self, data):
+            super().__init__(data)
+            self.read = set()
+
+        def __getitem__(self, k):
+            self.read.add(k)
+            return super().__getitem__(k)
+
+        def get(self, k, default=None):
+            self.read.add(k)
+            return super().get(k, default)
+
+    inp = inputs(quality_head=True)
+    rep = evaluation_report(inp, n_boot=200)
+    rep["apgr"] = {"curve": {"strong_share": [0, 0.5, 1], "pgr": [0, 0.6, 1]}, "apgr": 0.6, "strong_worker": "code-expert"}
+    for fn in (plots._summary, plots._per_domain, plots._apgr, plots._cost_quality):
+        seen = Reads(rep)
+        fn.__wrapped__(seen, tmp_path / f"{fn.__name__}.png")
+        assert fn.fields and seen.read <= set(fn.fields), (fn.__name__, seen.read - set(fn.fields))
+    assert plots.plot_budget.fields == ()  # the whole budget section

@@ -14,7 +14,7 @@ A plot is drawn once per content: each PNG carries, in a text chunk, the hash of
 inputs, the source of the module that draws it, the style and matplotlib's version). When a report
 is written again with the same inputs (a re-run of the main job over unchanged data), the PNG
 already there is kept as it is: the same bytes a fresh draw gives, for no drawing (a quarter of a
-re-run's CPU before). Any other input, code or style draws it again.
+re-run's CPU before). Any other input the plot shows, code or style draws it again.
 """
 
 from __future__ import annotations
@@ -128,18 +128,26 @@ def stored_key(png: Path | bytes) -> str | None:
     return None
 
 
-def reused(fn):
-    """A plot function `fn(data, path, *more, key=None) -> path` that keeps the PNG already at
-    `path` when it was drawn from the same inputs by the same code (its `plot_key`)."""
+def reused(*fields: str):
+    """A plot function `fn(data, path, *more, key=None) -> path` that keeps the PNG already at `path`
+    when it was drawn from the same inputs by the same code (its `plot_key`). `fields`: the keys of
+    `data` the plot reads (none: all of `data`), so that a figure the plot does not show (the king's
+    composite, which a first run has not got yet) does not draw it again; a test holds each list to
+    what its plot reads."""
 
-    @functools.wraps(fn)
-    def draw_unless_same(data, path: Path, *more, **options):
-        key = plot_key(fn.__qualname__, __name__, data, more, options)
-        if key is not None and stored_key(path) == key:
-            return path
-        return fn(data, path, *more, **options, key=key)
+    def wrap(fn):
+        @functools.wraps(fn)
+        def draw_unless_same(data, path: Path, *more, **options):
+            shown = {k: data.get(k) for k in fields} if fields else data
+            key = plot_key(fn.__qualname__, __name__, shown, more, options)
+            if key is not None and stored_key(path) == key:
+                return path
+            return fn(data, path, *more, **options, key=key)
 
-    return draw_unless_same
+        draw_unless_same.fields = fields
+        return draw_unless_same
+
+    return wrap
 
 
 def x_labels(ax, positions, labels: list[str]) -> None:
@@ -165,7 +173,8 @@ def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
     return paths
 
 
-@reused
+@reused("best_fixed_worker", "router_utility", "best_fixed_utility", "random_utility", "oracle_utility", "split",
+        "n_tasks", "router_minus_best_fixed", "route_distribution")
 def _summary(rep: dict, path: Path, key: str | None = None) -> Path:
     with plotted(path, 11, 4.0, ncols=2, key=key) as (fig, (left, right)):
         names = ["router", f"best fixed\n({shown_name(rep['best_fixed_worker'], 24)})", "random", "oracle"]
@@ -188,7 +197,7 @@ def _summary(rep: dict, path: Path, key: str | None = None) -> Path:
     return path
 
 
-@reused
+@reused("per_domain", "best_fixed_worker", "split")
 def _per_domain(rep: dict, path: Path, key: str | None = None) -> Path:
     rows = rep["per_domain"]
     series = (("router", "router"), ("best_fixed", f"best fixed ({shown_name(rep['best_fixed_worker'], 24)})"),
@@ -204,7 +213,7 @@ def _per_domain(rep: dict, path: Path, key: str | None = None) -> Path:
     return path
 
 
-@reused
+@reused("apgr")
 def _apgr(rep: dict, path: Path, key: str | None = None) -> Path:
     a = rep["apgr"]
     with plotted(path, 6.5, 4.4, key=key) as (fig, ax):
@@ -218,7 +227,7 @@ def _apgr(rep: dict, path: Path, key: str | None = None) -> Path:
     return path
 
 
-@reused
+@reused("cost_quality_points", "cost_quality_curve", "cost_quality_curve_of", "split")
 def _cost_quality(rep: dict, path: Path, key: str | None = None) -> Path:
     """Mean quality against mean cost: each worker, the router, the oracle, each point named; the
     λ sweep of the router's scores against expected cost when the report has one."""
@@ -241,7 +250,7 @@ def _cost_quality(rep: dict, path: Path, key: str | None = None) -> Path:
     return path
 
 
-@reused
+@reused()
 def plot_budget(sec: dict, path: Path, split: str = "test", key: str | None = None) -> Path:
     """Quality against cost (share of the reference worker's cost) on the held-out split: every
     worker as a point, the router's λ curve and its Pareto points, the cap and the operating point
