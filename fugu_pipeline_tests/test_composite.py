@@ -57,6 +57,24 @@ def test_every_term_by_hand():
     assert k["benchmarks"][0]["novelty"] == 0.0
 
 
+def test_the_terms_are_summed_in_one_order_in_every_process():
+    """Summed over a set, the terms' order followed the process's string hash seed, and so did the
+    last bit of a composite: the same report differed from one run to the next (and a re-run drew
+    its plots again). Here two orders of the sum differ; the score is the one in the terms' order."""
+    import itertools
+
+    from fugu_pipeline.evaluate.composite import TERMS
+
+    m = np.zeros((10, 2))
+    m[:, 0] = 1.0
+    routes, king = np.array([0] + [1] * 9), np.array([0] + [1] * 9)
+    live = {"b": LiveRows(quality=np.array([1, 1, 0, 0, 0.0]), calls=np.array([1, 2, 1, 3, 1.0]), cost_usd=0.01, errors=0)}
+    r = score_head(routes, held(m), CompositeConfig(), king_routes=king, live=live)["benchmarks"][0]
+    sums = {order: sum(r["weights"][k] * r[k] for k in order) for order in itertools.permutations(TERMS)}
+    assert len(set(sums.values())) > 1  # the order matters for these figures
+    assert r["score_before_overfit"] == sums[TERMS]
+
+
 def test_terms_that_cannot_be_measured_are_left_out_and_the_rest_rescaled():
     m = np.ones((8, 2))
     s = score_head(np.zeros(8, int), held(m), CompositeConfig())  # no king, no live run

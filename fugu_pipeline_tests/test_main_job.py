@@ -137,6 +137,10 @@ def test_main_job_materializes_every_asset_and_resumes(project):
         assert pointer_target(project / "models", pointer).resolve() == Path(heads["cascade"]).resolve()
         history = (project / "models" / "promoted" / "history.jsonl").read_text().splitlines()
         assert not illegible_metadata(instance)  # every figure rounded, every file a path value, on every asset page
+        # a training loop's epoch lines reach the run log as blocks, not an event (a database commit) a line
+        sft_run = instance.get_latest_materialization_event(dg.AssetKey("router_sft")).run_id
+        epochs = [r.user_message for r in instance.all_logs(sft_run) if "sft epoch" in (r.user_message or "")]
+        assert epochs and len(epochs) < sum(m.count("sft epoch") for m in epochs), epochs
         assert json.loads(history[-1])["method"] == "cascade" and json.loads(history[-1])["promote"] is True
 
     from fugu_pipeline import load_promoted

@@ -91,3 +91,57 @@ def test_a_head_without_quality_predictions_gets_the_cost_curve_too(tmp_path, fi
     plot_report(rep, tmp_path, "test")
     lines = [ln for ln in figures[2][0].axes[0].get_lines() if len(ln.get_xdata()) > 1]
     assert lines and "router probabilities" in lines[0].get_label()
+
+
+def test_a_report_written_again_from_the_same_figures_keeps_its_plots_and_a_change_redraws(tmp_path, figures):
+    """A re-run of the main job writes each report again from the same figures: the PNGs already there
+    are kept (nothing drawn), byte for byte what a fresh draw gives; a changed figure draws again."""
+    from fugu_pipeline.evaluate.plots import stored_key
+
+    rep = evaluation_report(inputs(quality_head=True), n_boot=200)
+    first = plot_report(rep, tmp_path / "a", "test")
+    assert len(figures) == 3 and all(stored_key(p) for p in first)
+    drawn = {p.name: p.read_bytes() for p in first}
+    again = plot_report(rep, tmp_path / "a", "test")
+    assert len(figures) == 3  # nothing drawn the second time
+    assert {p.name: p.read_bytes() for p in again} == drawn
+    fresh = plot_report(rep, tmp_path / "b", "test")  # the same figures drawn anew elsewhere: the same bytes
+    assert len(figures) == 6 and {p.name: p.read_bytes() for p in fresh} == drawn
+
+    rep["king_composite"] = 0.5  # a figure no plot shows (a re-run has a king to compare with): nothing drawn
+    plot_report(rep, tmp_path / "a", "test")
+    assert len(figures) == 6
+    rep["router_utility"] += 0.01  # drawn on the summary plot only: that one is drawn again
+    plot_report(rep, tmp_path / "a", "test")
+    assert len(figures) == 7 and (tmp_path / "a" / "test_summary.png").read_bytes() != drawn["test_summary.png"]
+    (tmp_path / "a" / "test_curve.png").write_bytes(b"not a png")  # a damaged file is drawn again too
+    plot_report(rep, tmp_path / "a", "test")
+    assert len(figures) == 8 and (tmp_path / "a" / "test_curve.png").read_bytes() == drawn["test_curve.png"]
+
+
+def test_each_plot_reads_only_the_figures_its_key_covers(tmp_path):
+    """A plot kept on a re-run must not show a figure its key leaves out (it would show the old one):
+    every key each drawing function reads from the report is in the list it declares."""
+    from fugu_pipeline.evaluate import plots
+
+    class Reads(dict):
+        def __init__(self, data):
+            super().__init__(data)
+            self.read = set()
+
+        def __getitem__(self, k):
+            self.read.add(k)
+            return super().__getitem__(k)
+
+        def get(self, k, default=None):
+            self.read.add(k)
+            return super().get(k, default)
+
+    inp = inputs(quality_head=True)
+    rep = evaluation_report(inp, n_boot=200)
+    rep["apgr"] = {"curve": {"strong_share": [0, 0.5, 1], "pgr": [0, 0.6, 1]}, "apgr": 0.6, "strong_worker": "code-expert"}
+    for fn in (plots._summary, plots._per_domain, plots._apgr, plots._cost_quality):
+        seen = Reads(rep)
+        fn.__wrapped__(seen, tmp_path / f"{fn.__name__}.png")
+        assert fn.fields and seen.read <= set(fn.fields), (fn.__name__, seen.read - set(fn.fields))
+    assert plots.plot_budget.fields == ()  # the whole budget section

@@ -383,3 +383,72 @@ def test_train_result_metadata(tmp_path, es):
     assert md["curves"].value.startswith("![es training curves](data:image/png;base64,iVBOR")
     assert md["param_count"].value == es.param_count and md["best_epoch"].value == es.best_epoch
     assert md["checkpoint"].value == str(tmp_path / "ckpt")
+
+
+def test_a_training_loops_lines_reach_the_run_log_as_blocks(monkeypatch):
+    """Each line was its own Dagster event (a database commit); now the lines of a short run are one
+    block when the loop ends, a long run's one block every `every_s` seconds, and a failed run's are
+    written all the same."""
+    from fugu_pipeline.defs import training
+
+    events, now = [], [0.0]
+    monkeypatch.setattr(training.time, "monotonic", lambda: now[0])
+    with training.GatheredLog(events.append, every_s=10) as log:
+        log("sft epoch 1")
+        log("sft epoch 2")
+        assert events == []
+        now[0] = 10.0
+        log("sft epoch 3")  # ten seconds in: the block so far is written
+        assert events == ["sft epoch 1\nsft epoch 2\nsft epoch 3"]
+        log("sft epoch 4")
+    assert events[1:] == ["sft epoch 4"]
+    with pytest.raises(RuntimeError), training.GatheredLog(events.append) as log:
+        log("rl epoch 1")
+        raise RuntimeError("stopped")
+    assert events[2:] == ["rl epoch 1"]
+
+
+def test_training_curves_are_kept_beside_the_checkpoint_and_drawn_once(tmp_path, es, monkeypatch):
+    """A re-run that trains the same checkpoint again takes its curve plot from the checkpoint's
+    folder (the bytes a fresh draw gives) instead of drawing it; other curves are drawn again."""
+    import dataclasses
+
+    from fugu_pipeline.defs import training
+    from fugu_pipeline.evaluate import plots
+
+    drawn = []
+    real = plots.png_bytes
+    monkeypatch.setattr(plots, "png_bytes", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    path = tmp_path / "ckpt" / training.CURVES_FILE
+    png = training.curves_png(es, path)
+    assert path.read_bytes() == png and len(drawn) == 1
+    assert training.curves_png(es, path) == png and len(drawn) == 1  # kept, not drawn
+    assert training.curves_png(es) == png and len(drawn) == 2  # a fresh draw: the same bytes
+    other = dataclasses.replace(es, curves={**es.curves, "val_best": [v + 0.01 for v in es.curves["val_best"]]})
+    assert training.curves_png(other, path) != png and len(drawn) == 3
+    assert path.read_bytes() != png
+
+
+def test_seeded_sets_the_deterministic_flag_without_loading_inductor(monkeypatch):
+    """`seeded` turns torch's deterministic kernels on and restores the caller's setting (warn-only
+    included) without `torch.use_deterministic_algorithms`, whose import of Inductor and Dynamo cost
+    seconds of CPU in every process that trains on cached features."""
+    import torch
+
+    from fugu_pipeline.train.loop import seeded
+
+    def refused(*a, **k):
+        raise AssertionError("torch.use_deterministic_algorithms imports torch._inductor")
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", refused)
+    try:
+        for flag, warn_only in ((True, True), (False, False)):
+            torch._C._set_deterministic_algorithms(flag, warn_only=warn_only)
+            with seeded(0):
+                assert torch.are_deterministic_algorithms_enabled()
+                assert not torch.is_deterministic_algorithms_warn_only_enabled()
+            assert (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) \
+                == (flag, warn_only)
+    finally:
+        torch._C._set_deterministic_algorithms(before[0], warn_only=before[1])

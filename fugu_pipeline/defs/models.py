@@ -103,7 +103,7 @@ class TrainConfig(dg.Config):
 
 
 def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_path: str | None = None) -> dg.Output:
-    from fugu_pipeline.defs.training import train_result_metadata
+    from fugu_pipeline.defs.training import GatheredLog, train_result_metadata
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.route.budget import calibrate_beside
     from fugu_pipeline.train.checkpoints import load_checkpoint
@@ -125,11 +125,12 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
         raise dg.Failure(description=str(exc)) from None
     data = _routing_data(context, pipeline, encoder)
     fn = {"sft": train_sft, "rl": train_rl, "es": train_es}[method]
-    kwargs = {"force": config.force, "log": context.log.info}
+    kwargs = {"force": config.force}
     if init_path is not None:
         kwargs["init_state"] = load_checkpoint(init_path, expected_contract=data.contract).state_dict
     try:
-        result = fn(data, cfg, **kwargs)
+        with GatheredLog(context.log.info) as log:  # its epoch lines as one block of the run log
+            result = fn(data, cfg, log=log, **kwargs)
     except TrainingDataError as exc:
         raise dg.Failure(description=str(exc)) from None
     # the dtype the features were computed in, as `fugu-lite train-*` records it

@@ -281,7 +281,7 @@ def score_outcomes(got: np.ndarray, decisions, held: HeldOut, cfg: CompositeConf
         present = {k for k, v in terms.items() if v is not None}
         w = _weights(cfg, present)
         of = _overfit(got, e, a, cfg, pooled)
-        raw = sum(w[k] * terms[k] for k in present)
+        raw = sum(w[k] * terms[k] for k in TERMS if k in present)  # a fixed order: the same sum in every process
         rows.append({"benchmark": b, "n_eval": int(len(e)), "n_audit": int(len(a)),
                      "n_live": 0 if lr is None else int(len(lr.quality)),
                      "live_cost_usd": 0.0 if lr is None else lr.cost_usd, "live_errors": 0 if lr is None else lr.errors,

@@ -9,11 +9,22 @@ caps and chosen points red); values written on the bars; x labels rotated only w
 more than four or any is long; legends outside the data; every point of a scatter named beside it.
 Figures are drawn on matplotlib's Agg canvas through its object API (no pyplot global state), so
 threads and processes can plot at once; matplotlib is imported inside.
+
+A plot is drawn once per content: each PNG carries, in a text chunk, the hash of what drew it (its
+inputs, the source of the module that draws it, the style and matplotlib's version). When a report
+is written again with the same inputs (a re-run of the main job over unchanged data), the PNG
+already there is kept as it is: the same bytes a fresh draw gives, for no drawing (a quarter of a
+re-run's CPU before). Any other input the plot shows, code or style draws it again.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
+import json
+import struct
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,10 +51,13 @@ def shown_name(name: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
+KEY_FIELD = "fugu-plot-key"  # the PNG text chunk holding the hash of what drew the plot
+
+
 @contextmanager
-def plotted(target, width: float, height: float, ncols: int = 1):
+def plotted(target, width: float, height: float, ncols: int = 1, key: str | None = None):
     """A figure in the report style; yields its axes (one, or a list of `ncols`) and writes the PNG
-    to `target` (a path or a binary file) when the block ends."""
+    to `target` (a path or a binary file) when the block ends, with `key` (`plot_key`) in it."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -53,15 +67,87 @@ def plotted(target, width: float, height: float, ncols: int = 1):
         FigureCanvasAgg(fig)
         axes = fig.subplots(1, ncols)
         yield fig, (list(axes) if ncols > 1 else axes)
-        fig.savefig(target, format="png", dpi=DPI)
+        fig.savefig(target, format="png", dpi=DPI, metadata={KEY_FIELD: key} if key else None)
 
 
-def png_bytes(draw, width: float, height: float, ncols: int = 1) -> bytes:
+def png_bytes(draw, width: float, height: float, ncols: int = 1, key: str | None = None) -> bytes:
     """`draw(fig, axes)` in the report style, as PNG bytes (for metadata)."""
     buf = io.BytesIO()
-    with plotted(buf, width, height, ncols) as (fig, axes):
+    with plotted(buf, width, height, ncols, key) as (fig, axes):
         draw(fig, axes)
     return buf.getvalue()
+
+
+@functools.cache
+def _source_digest(module: str) -> str:
+    """The hash of a module's source file: a change to how a plot is drawn draws it again."""
+    path = getattr(sys.modules.get(module), "__file__", None)
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else module
+
+
+def _plain(value):
+    """numpy values as JSON (arrays whole: never the summary `repr` gives a long one)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not plot data")
+
+
+def plot_key(what: str, module: str, *inputs) -> str | None:
+    """The hash of a plot's inputs, the source of `module` (the code that draws it), this module's
+    (the style), matplotlib's version and the DPI; None when an input is not plain data (the plot is
+    then always drawn)."""
+    import matplotlib
+
+    try:
+        text = json.dumps([what, inputs, _source_digest(module), _source_digest(__name__), matplotlib.__version__, DPI],
+                          sort_keys=True, default=_plain, allow_nan=True)
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def stored_key(png: Path | bytes) -> str | None:
+    """The `plot_key` a PNG written by `plotted` carries (None: absent, unreadable or not a PNG)."""
+    try:
+        data = png if isinstance(png, bytes) else Path(png).read_bytes()
+    except OSError:
+        return None
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        return None
+    at, field = 8, KEY_FIELD.encode("latin-1") + b"\0"
+    while at + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[at:at + 8])
+        body = data[at + 8:at + 8 + size]
+        if kind == b"tEXt" and body.startswith(field):
+            return body[len(field):].decode("latin-1")
+        if kind in (b"IDAT", b"IEND"):  # text chunks written by matplotlib come before the image
+            return None
+        at += 12 + size
+    return None
+
+
+def reused(*fields: str):
+    """A plot function `fn(data, path, *more, key=None) -> path` that keeps the PNG already at `path`
+    when it was drawn from the same inputs by the same code (its `plot_key`). `fields`: the keys of
+    `data` the plot reads (none: all of `data`), so that a figure the plot does not show (the king's
+    composite, which a first run has not got yet) does not draw it again; a test holds each list to
+    what its plot reads."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def draw_unless_same(data, path: Path, *more, **options):
+            shown = {k: data.get(k) for k in fields} if fields else data
+            key = plot_key(fn.__qualname__, __name__, shown, more, options)
+            if key is not None and stored_key(path) == key:
+                return path
+            return fn(data, path, *more, **options, key=key)
+
+        draw_unless_same.fields = fields
+        return draw_unless_same
+
+    return wrap
 
 
 def x_labels(ax, positions, labels: list[str]) -> None:
@@ -87,8 +173,10 @@ def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
     return paths
 
 
-def _summary(rep: dict, path: Path) -> Path:
-    with plotted(path, 11, 4.0, ncols=2) as (fig, (left, right)):
+@reused("best_fixed_worker", "router_utility", "best_fixed_utility", "random_utility", "oracle_utility", "split",
+        "n_tasks", "router_minus_best_fixed", "route_distribution")
+def _summary(rep: dict, path: Path, key: str | None = None) -> Path:
+    with plotted(path, 11, 4.0, ncols=2, key=key) as (fig, (left, right)):
         names = ["router", f"best fixed\n({shown_name(rep['best_fixed_worker'], 24)})", "random", "oracle"]
         vals = [rep["router_utility"], rep["best_fixed_utility"], rep["random_utility"], rep["oracle_utility"]]
         bars = left.bar(range(4), vals, color=[COLORS[k] for k in ("router", "best_fixed", "random", "oracle")])
@@ -109,11 +197,12 @@ def _summary(rep: dict, path: Path) -> Path:
     return path
 
 
-def _per_domain(rep: dict, path: Path) -> Path:
+@reused("per_domain", "best_fixed_worker", "split")
+def _per_domain(rep: dict, path: Path, key: str | None = None) -> Path:
     rows = rep["per_domain"]
     series = (("router", "router"), ("best_fixed", f"best fixed ({shown_name(rep['best_fixed_worker'], 24)})"),
               ("oracle", "oracle"))
-    with plotted(path, min(16, max(7, len(rows) * 0.9 + 2)), 4.2) as (fig, ax):
+    with plotted(path, min(16, max(7, len(rows) * 0.9 + 2)), 4.2, key=key) as (fig, ax):
         x = np.arange(len(rows))
         for k, (key, label) in enumerate(series):
             ax.bar(x + (k - 1) * 0.27, [r[key] for r in rows], 0.27, label=label, color=COLORS[key])
@@ -124,9 +213,10 @@ def _per_domain(rep: dict, path: Path) -> Path:
     return path
 
 
-def _apgr(rep: dict, path: Path) -> Path:
+@reused("apgr")
+def _apgr(rep: dict, path: Path, key: str | None = None) -> Path:
     a = rep["apgr"]
-    with plotted(path, 6.5, 4.4) as (fig, ax):
+    with plotted(path, 6.5, 4.4, key=key) as (fig, ax):
         ax.plot(a["curve"]["strong_share"], a["curve"]["pgr"], color=COLORS["curve"], label=f"router (APGR {a['apgr']:.3f})")
         ax.plot([0, 1], [0, 1], "--", color=COLORS["random"], label="random (APGR 0.5)")
         ax.set_xlabel(f"share of calls to {shown_name(a['strong_worker'], 30)}")
@@ -137,10 +227,11 @@ def _apgr(rep: dict, path: Path) -> Path:
     return path
 
 
-def _cost_quality(rep: dict, path: Path) -> Path:
+@reused("cost_quality_points", "cost_quality_curve", "cost_quality_curve_of", "split")
+def _cost_quality(rep: dict, path: Path, key: str | None = None) -> Path:
     """Mean quality against mean cost: each worker, the router, the oracle, each point named; the
     λ sweep of the router's scores against expected cost when the report has one."""
-    with plotted(path, 7, 4.6) as (fig, ax):
+    with plotted(path, 7, 4.6, key=key) as (fig, ax):
         for p in rep["cost_quality_points"]:
             kind = "router" if p["name"] == "router" else "oracle" if p["name"].startswith("oracle") else "worker"
             ax.scatter(p["mean_cost_usd"], p["mean_quality"], s=36, color=COLORS[kind], zorder=3)
@@ -159,11 +250,12 @@ def _cost_quality(rep: dict, path: Path) -> Path:
     return path
 
 
-def plot_budget(sec: dict, path: Path, split: str = "test") -> Path:
+@reused()
+def plot_budget(sec: dict, path: Path, split: str = "test", key: str | None = None) -> Path:
     """Quality against cost (share of the reference worker's cost) on the held-out split: every
     worker as a point, the router's λ curve and its Pareto points, the cap and the operating point
     chosen on validation."""
-    with plotted(path, 7.5, 4.8) as (fig, ax):
+    with plotted(path, 7.5, 4.8, key=key) as (fig, ax):
         for w in sec["workers"]:
             ax.scatter(w["share"], w["quality"], s=36, color=COLORS["worker"], zorder=3)
             ax.annotate(shown_name(w["name"], 28), (w["share"], w["quality"]), fontsize=8, xytext=(5, 3),

@@ -44,7 +44,8 @@ def triage_report(ckpt, data, split: str = "test") -> dict:
     true_d = np.array([m.domains.index(d) if d in m.domains else -1 for d in rows.domains])
     true_h = difficulty_labels(rows.quality, cfg)[0]
     train_d = [d for d in train.domains if d in m.domains]
-    major_d = m.domains.index(max(set(train_d), key=train_d.count)) if train_d else 0
+    # the most frequent training domain; on a tie the first in the checkpoint's order (not a set's, which changes per process)
+    major_d = m.domains.index(max(sorted(set(train_d), key=m.domains.index), key=train_d.count)) if train_d else 0
     major_h = int(np.bincount(difficulty_labels(train.quality, cfg)[0], minlength=len(m.difficulty_names)).argmax()) \
         if train.quality is not None and train.n_tasks else 0
 

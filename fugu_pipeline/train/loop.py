@@ -4,6 +4,7 @@ greedy route, and early stopping that keeps the best validation epoch's weights.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,14 +23,25 @@ Log = Callable[[str], None]
 def seeded(seed: int, threads: int | None = HEAD_THREADS):
     """Seed torch, make CPU kernels deterministic and use `threads` intra-op threads (None: leave
     torch's setting) for the duration, and hand out a generator."""
-    previous = torch.are_deterministic_algorithms_enabled()
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True)
+    deterministic(True)
     try:
         with torch_threads(threads):
             yield torch.Generator().manual_seed(seed)
     finally:
-        torch.use_deterministic_algorithms(previous)
+        deterministic(*previous)
+
+
+def deterministic(mode: bool, warn_only: bool = False) -> None:
+    """`torch.use_deterministic_algorithms(mode, warn_only=...)` without its import of
+    torch._inductor (torch._dynamo, sympy: about 3 CPU-s in a process that has not loaded them).
+    The same flag for every eager kernel; Inductor's own `deterministic` setting (which only
+    compiled code reads) is set too when Inductor is already loaded, as torch's function does."""
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = mode
+    torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
 
 
 def prepare(data: RoutingData, force: bool) -> tuple[RoutingData, RoutingData]:
