@@ -43,9 +43,24 @@ def layers_of(manifest) -> list[int]:
     return layer if isinstance(layer, list) else [layer]
 
 
+def materialize(proj, keys: list[str], heads_config: dict | None = None) -> None:
+    """Materialize `keys` of the project's definitions on its own instance (DAGSTER_HOME, the
+    fixture's), as the UI's launchpad would: one run, `heads_config` as router_heads' run config.
+    The steps before them come from the main job run earlier (their outputs in the instance's
+    storage); SFT, RL and CMA-ES, which these tests check nothing of, are not retrained."""
+    defs = build_defs(str(proj), None, "tiny")
+    with dg.DagsterInstance.get() as instance:
+        res = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+            instance=instance, asset_selection=[dg.AssetKey(k) for k in keys],
+            run_config={"ops": {"router_heads": {"config": heads_config}}} if heads_config else None)
+    assert res.success
+
+
 def test_router_heads_chooses_layer_sets_like_fugu_lite_train(proj, capsys):
-    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", "router_heads",
-                 "--layer-sets", "-1", "-1 1"]) == 0
+    # the matrix and its embeddings by the main job, then router_heads with the layer settings as its
+    # config (what `fugu-lite pipeline --layer-sets` passes it; the flag itself is the next test's)
+    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", "task_embeddings"]) == 0
+    materialize(proj, ["router_heads"], {"layer_sets": ["-1", "-1 1"]})
     asset = {p: m for p, m in manifests(proj / "models").items() if p.parent.name not in NOT_HEADS}
     assert asset
     for m in asset.values():  # the choice is recorded in every head of the set
@@ -134,8 +149,9 @@ def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_feat
     # a later run on the pipeline's own features: the king (layers [-1, 1]) is scored in the contest,
     # on its features, not skipped as "other features"
     (proj / "configs" / "promotion.yaml").write_text("gates:\n  rate_limit_s: 0\n")  # a second attempt today
+    # (the heads, their report and the promotion: the SFT, RL and CMA-ES challengers are the first run's)
     capsys.readouterr()
-    assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--stop-after", "promoted_router"]) == 0
+    materialize(proj, ["router_heads", "eval_report_heads", "promoted_router"])
     last = [json.loads(line) for line in (proj / "models" / "promoted" / "history.jsonl").read_text().splitlines()][-1]
     text = "\n".join(last["reasons"])
     assert "other features" not in text and "cannot be scored" not in text, text
