@@ -140,7 +140,12 @@ def test_dagster_ui_in_headless_chromium(tmp_path):
             # each row: a selection box, then the on/off switch; the rows in name order
             names = [n for n in ("benchgen_batch_sensor", "catalog_change_sensor", "catalog_update_sensor",
                                  "openrouter_catalog_schedule", "reward_matrix_automation")]
+            # the names can show before every row's box and switch has rendered (seen under load): wait for
+            # all of them (the select-all box, then a box and a switch per row) before reading them
+            page.wait_for_function(f"document.querySelectorAll('input[type=checkbox]').length >= {1 + 2 * len(names)}",
+                                   timeout=60_000)
             boxes = page.eval_on_selector_all("input[type=checkbox]", "els => els.map(e => e.checked)")
+            assert len(boxes[2::2]) >= len(names), f"{len(boxes)} checkboxes on the automation page for {names}"
             switches = dict(zip(names, boxes[2::2]))
             shot("4-sensors-running.png")
 
