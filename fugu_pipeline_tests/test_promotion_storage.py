@@ -262,7 +262,9 @@ def test_a_pack_whose_method_escapes_the_models_folder_is_refused(models, tmp_pa
     p = pack(models / "sft" / first, tmp_path / "pack")
     m = json.loads((p / MANIFEST_FILE).read_text())
     m["method"] = "../../../../" + str(tmp_path / "ESCAPED").lstrip("/")
-    m["content_hash"] = checkpoint_hash((p / WEIGHTS_FILE).read_bytes(), Manifest.model_construct(**m))
+    # re-signed as a forger would: every other field a valid one, the method as written
+    forged = Manifest.model_validate({**m, "method": "sft"}).model_copy(update={"method": m["method"]})
+    m["content_hash"] = checkpoint_hash((p / WEIGHTS_FILE).read_bytes(), forged)
     (p / MANIFEST_FILE).write_text(json.dumps(m))
     result = preflight(p, models, OPEN.gates, host=host_expectation(models))
     gate = next(g for g in result.gates if g.name == "manifest")

@@ -118,3 +118,23 @@ def test_signal_health_flags_ties():
     h = signal_health(ties)
     assert h["all_tie_share"] == 1.0 and h["unique_winner_share"] == 0.0
     assert "tie" in little_to_learn(h)
+
+
+def test_a_trainers_read_opens_the_matrix_once_and_gives_what_the_three_reads_give(project, monkeypatch):
+    """The rows, the utility weights and their source come through one connection: every open of
+    the file costs tens of milliseconds of CPU, and each training and report step of the main job
+    reads all three (three opens each, before)."""
+    from fugu_pipeline.matrix import read
+
+    cfg, tasks, store = collect_all(project)
+    db = project / "data" / "reward_matrix.duckdb"
+    build(from_collection(project / "data" / "benchgen", store, cfg), db)
+    opened = []
+    connect = duckdb.connect
+    monkeypatch.setattr(duckdb, "connect", lambda *a, **k: opened.append(a) or connect(*a, **k))
+    arrays, utility, source = read.read_training_inputs(db)
+    assert len(opened) == 1
+    alone = read.read_arrays(db)
+    assert arrays.task_ids == alone.task_ids and np.array_equal(arrays.utility, alone.utility)
+    assert arrays.data_version == alone.data_version and arrays.tags == alone.tags
+    assert utility == read.read_utility_config(db) == cfg.reward and source == read.read_utility_source(db)

@@ -264,15 +264,9 @@ def load_routing_data(db_path: Path, encoder, cache_root: Path, *, val_fraction:
     share of 'train' becomes validation. `progress` goes to `embed_prompts` (True: a progress bar
     while prompts are encoded). Returns (data, embed_result)."""
     from fugu_pipeline.features.cache import embed_prompts
-    from fugu_pipeline.matrix.read import (
-        RewardMatrixError,
-        missing_cells_note,
-        read_arrays,
-        read_utility_config,
-        read_utility_source,
-    )
+    from fugu_pipeline.matrix.read import RewardMatrixError, missing_cells_note, read_training_inputs
 
-    arrays = read_arrays(db_path)
+    arrays, utility_config, utility_source = read_training_inputs(db_path)
     if not arrays.task_ids:
         why = missing_cells_note(db_path)
         raise RewardMatrixError(f"{db_path}: no complete rows (every task needs a reward for every worker)"
@@ -283,7 +277,7 @@ def load_routing_data(db_path: Path, encoder, cache_root: Path, *, val_fraction:
         worker_ids=arrays.worker_ids, features=emb.vectors, utility=arrays.utility, contract=emb.contract,
         quality=arrays.quality if not np.isnan(arrays.quality).any() else None,
         cost_usd=arrays.cost_usd, latency_s=arrays.latency_s,
-        utility_config=read_utility_config(db_path), utility_source=read_utility_source(db_path),
+        utility_config=utility_config, utility_source=utility_source,
         feature_task_ids=arrays.task_ids, tags=arrays.tags,
     )
     if "val" not in set(data.splits.tolist()):

@@ -154,13 +154,31 @@ class RewardArrays:
 def read_arrays(db_path: Path, complete_only: bool = True) -> RewardArrays:
     """The matrix as arrays in fixed worker order; rows with a missing cell are dropped and
     counted (`n_incomplete`) unless `complete_only=False` (missing cells are then NaN)."""
+    _require(db_path)
+    with open_read_only(db_path) as con:
+        return _arrays(con, complete_only)
+
+
+def read_training_inputs(db_path: Path) -> tuple[RewardArrays, UtilityConfig, str]:
+    """What a trainer reads, through one connection: the complete rows (`read_arrays`), the
+    utility weights (`read_utility_config`) and how they were made (`read_utility_source`).
+    Opening the file costs tens of milliseconds of CPU, and the main job's steps read all three
+    many times over."""
+    _require(db_path)
+    with open_read_only(db_path) as con:
+        return _arrays(con, True), _utility_config(db_path, con), _utility_source(con)
+
+
+def _require(db_path: Path) -> None:
     if not db_path.exists():
         raise RewardMatrixError(f"{db_path}: no reward matrix yet; materialize `reward_matrix` (or run `fugu-lite pipeline`)")
-    with open_read_only(db_path) as con:
-        workers = [r[0] for r in con.execute("SELECT worker_id FROM workers ORDER BY position").fetchall()]
-        tasks = con.execute("SELECT task_id, prompt, domain, split, tags FROM tasks ORDER BY task_id").fetchall()
-        cells = con.execute("SELECT task_id, position, quality, cost_usd, latency_s, utility FROM rewards").fetchall()
-        version = con.execute("SELECT value FROM meta WHERE key='data_version'").fetchone()[0]
+
+
+def _arrays(con: duckdb.DuckDBPyConnection, complete_only: bool) -> RewardArrays:
+    workers = [r[0] for r in con.execute("SELECT worker_id FROM workers ORDER BY position").fetchall()]
+    tasks = con.execute("SELECT task_id, prompt, domain, split, tags FROM tasks ORDER BY task_id").fetchall()
+    cells = con.execute("SELECT task_id, position, quality, cost_usd, latency_s, utility FROM rewards").fetchall()
+    version = con.execute("SELECT value FROM meta WHERE key='data_version'").fetchone()[0]
     idx = {t[0]: i for i, t in enumerate(tasks)}
     shape = (len(tasks), len(workers))
     U, Q, C, L = (np.full(shape, np.nan) for _ in range(4))
@@ -233,7 +251,11 @@ def check_no_nan(db_path: Path) -> int:
 def read_utility_config(db_path: Path) -> UtilityConfig:
     """The utility weights the matrix was built with (its `meta` table)."""
     with open_read_only(db_path) as con:
-        row = con.execute("SELECT value FROM meta WHERE key='utility'").fetchone()
+        return _utility_config(db_path, con)
+
+
+def _utility_config(db_path: Path, con: duckdb.DuckDBPyConnection) -> UtilityConfig:
+    row = con.execute("SELECT value FROM meta WHERE key='utility'").fetchone()
     if row is None:
         raise RewardMatrixError(f"{db_path}: the matrix records no utility weights; rebuild it (materialize reward_matrix)")
     return UtilityConfig.model_validate_json(row[0])
@@ -242,5 +264,9 @@ def read_utility_config(db_path: Path) -> UtilityConfig:
 def read_utility_source(db_path: Path) -> str:
     """How the matrix's utility was made and where its weights came from ("" for older matrices)."""
     with open_read_only(db_path) as con:
-        row = con.execute("SELECT value FROM meta WHERE key='utility_source'").fetchone()
+        return _utility_source(con)
+
+
+def _utility_source(con: duckdb.DuckDBPyConnection) -> str:
+    row = con.execute("SELECT value FROM meta WHERE key='utility_source'").fetchone()
     return row[0] if row else ""
