@@ -51,5 +51,5 @@ else
   [ "${FUGU_INSTALLER:-uv}" = uv ] && echo "setup: uv could not be installed; installing with pip (slower)" >&2
   "$VPY" -m pip install -q -e ".[$extras]"
 fi
-"$VPY" -m compileall -q -j 0 fugu_pipeline fugu_pipeline_tests benchmarks scripts > /dev/null
+"$VPY" -m compileall -q -j 0 fugu_pipeline fugu_pipeline_tests > /dev/null  # the package and the tests' helper modules
 "$VPY" -c "import torch, dagster; print(f'ready: torch {torch.__version__} (cuda: {torch.cuda.is_available()}), dagster {dagster.__version__}')"
