@@ -18,6 +18,7 @@ load from another process distorts all of them alike, or none. Tokens/s counts r
 
     python benchmarks/bench_encoder.py                       # CPU: tiny + 0.6B-shaped
     python benchmarks/bench_encoder.py --models tiny --prompts ../shared/data/routing/llmrouter_ulab/default_query_train.jsonl.gz --n-prompts 5616 --max-tokens 512
+    python benchmarks/bench_encoder.py --models qwen3-0.6b-shaped --prompts ../shared/data/routing/llmrouter_ulab/dcrouter_train.json.gz --n-prompts 64 --max-tokens 512 --threads 2 --dtypes float32 --repeats 1
     python benchmarks/bench_encoder.py --models qwen3-0.6b-shaped --device cuda \\
         --dtypes bfloat16 --n-prompts 1000 --max-tokens 512 --token-budget 16384
 
@@ -158,15 +159,23 @@ def padded_sorted(lengths: list[int], token_budget: int, max_batch_size: int) ->
 
 
 def read_prompts(path: str, n: int) -> list[str]:
-    """The first n prompts of a JSONL file (.gz too): its "prompt", "query" or "question" field."""
+    """The first n prompts of a JSONL file, or of a JSON file holding a list of objects (RouterDC's
+    preprocessed `dcrouter_*.json`), .gz too: each row's "prompt", "query" or "question" field."""
     import gzip
     import json
 
     opener = gzip.open if path.endswith(".gz") else open
-    out = []
     with opener(path, "rt", encoding="utf-8") as fh:
-        for line in fh:
-            row = json.loads(line)
+        first = fh.read(1)
+        while first.isspace():
+            first = fh.read(1)
+        fh.seek(0)
+        if first == "[":  # one JSON array
+            rows = json.load(fh)
+        else:
+            rows = (json.loads(line) for line in fh if line.strip())
+        out = []
+        for row in rows:
             text = next((row[k] for k in ("prompt", "query", "question") if isinstance(row.get(k), str)), None)
             if text:
                 out.append(text)
@@ -246,8 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--token-budget", type=int, default=1024, help="padded tokens per batch")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--prompts", default=None, help="real prompts: a JSONL file (.gz too) with a prompt, query or "
-                    "question field, e.g. ../shared/data/routing/llmrouter_ulab/default_query_train.jsonl.gz")
+    ap.add_argument("--prompts", default=None, help="real prompts: a JSONL file, or a JSON list (RouterDC's dcrouter_train.json.gz), "
+                    ".gz too, with a prompt, query or question field, e.g. ../shared/data/routing/llmrouter_ulab/default_query_train.jsonl.gz")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
