@@ -164,23 +164,24 @@ def read_prompts(path: str, n: int) -> list[str]:
     import gzip
     import json
 
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        first = fh.read(1)
-        while first.isspace():
-            first = fh.read(1)
-        fh.seek(0)
-        if first == "[":  # one JSON array
-            rows = json.load(fh)
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as fh:
+        text = fh.read()
+    try:
+        if text.lstrip().startswith("["):  # one JSON array
+            rows = json.loads(text)
         else:
-            rows = (json.loads(line) for line in fh if line.strip())
-        out = []
-        for row in rows:
-            text = next((row[k] for k in ("prompt", "query", "question") if isinstance(row.get(k), str)), None)
-            if text:
-                out.append(text)
-            if len(out) == n:
-                break
+            rows = [json.loads(line) for line in text.split("\n") if line.strip()]  # not splitlines(): a JSON string may hold U+2028
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"{path}: not JSONL nor one JSON list ({exc}); give a file of prompt objects") from None
+    out = []
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise SystemExit(f"{path}: row {i} is a {type(row).__name__}, not an object with a prompt, query or question")
+        text = next((row[k] for k in ("prompt", "query", "question") if isinstance(row.get(k), str)), None)
+        if text:
+            out.append(text)
+        if len(out) == n:
+            break
     return out
 
 
