@@ -5,7 +5,8 @@ Same guarantees and the same result as `build(from_collection(...))`, table for 
 the same `data_version` (a test compares them on the sample data and on damaged files):
 - the latest record of a cell wins: within a partition file a later line replaces an earlier one
   (the scan keeps file order and the insert keeps the scan's order: the rowid is the line order);
-- a record counts only if its prompt hash equals the task's (a reworded task is collected again);
+- a record counts only if its prompt hash equals the task's (a reworded task is collected again;
+  compared as 64-bit hashes of the two texts, see `BOOKKEEPING`);
 - a torn last line, or any line that is not a call record (a field missing or of the wrong JSON
   type, a status other than ok/failed, a number out of its range: NaN, a negative cost, a quality
   above 1; or the record of another worker or batch than its file's), is skipped, as
@@ -101,8 +102,12 @@ def _typed_columns() -> str:
 # list read, its prompt hash and whether it is a sound record; its line order is the table's rowid
 # (see `LOAD_RECORDS`). They let the build count skipped lines and keep only the latest sound record
 # of a cell whose prompt hash matches its task (the rest is deleted), then they are dropped: the
-# table is written once, never copied.
-BOOKKEEPING = {"rec_file": "INTEGER", "rec_prompt_hash": "VARCHAR", "rec_sound": "BOOLEAN"}
+# table is written once, never copied. The prompt hash is kept as DuckDB's 64-bit `hash()` of its text
+# and compared with the same hash of the task's: 8 bytes a line where the text took 64 (1.3 GB written
+# and dropped again at 20 M lines). Unequal hashes are unequal texts, so a record of a reworded task is
+# always dropped; only a record whose stale prompt hash collides in all 64 bits with its task's
+# current one would be kept (odds of 2^-64 a record).
+BOOKKEEPING = {"rec_file": "INTEGER", "rec_prompt_hash": "UBIGINT", "rec_sound": "BOOLEAN"}
 # The values `from_collection` stores: a missing field's default where the record has one.
 # A count out of the INTEGER range is stored as NULL: its line is no sound record, and is deleted.
 _STORED = {"cost_usd": "coalesce(cost_usd, 0.0)", "cost_source": "coalesce(cost_source, 'none')",
@@ -130,7 +135,7 @@ LOAD_RECORDS = (
     + " FROM read_json($files, format='newline_delimited', records=true, columns=" + RECORD_COLUMNS
     + ", ignore_errors=true, maximum_object_size=$max_bytes))))"
     " SELECT " + ", ".join(_STORED.get(c, c) for c in RESPONSE_COLUMNS)
-    + ", $numbers[file_index::BIGINT + 1], prompt_hash, (" + _sound_record() + ") IS TRUE FROM typed"
+    + ", $numbers[file_index::BIGINT + 1], hash(prompt_hash), (" + _sound_record() + ") IS TRUE FROM typed"
 )
 # The longest line read_json takes at first, and at most: a longer line than the first (a runaway
 # answer) is read on a second pass sized to the largest file; beyond the most, the build stops.
@@ -151,14 +156,14 @@ WHERE responses.rec_file = latest.file AND responses.task_id = latest.task AND r
 DROP_UNMATCHED = """
 DELETE FROM responses WHERE NOT EXISTS (
   SELECT 1 FROM tasks t WHERE t.task_id = responses.task_id AND t.batch = responses.batch
-    AND t.prompt_hash = responses.rec_prompt_hash)
+    AND hash(t.prompt_hash) = responses.rec_prompt_hash)
 """
 # Whether `DROP_UNMATCHED` has anything to delete, joined on the task id alone (task ids are unique in
 # `tasks`) with the batch and prompt hash compared after: a narrower join than the delete's. A row it
 # counts that the delete would keep (none while task ids are unique) only makes the delete run.
 UNMATCHED = """
 SELECT count(*) FROM responses r LEFT JOIN tasks t ON t.task_id = r.task_id
-WHERE t.batch IS DISTINCT FROM r.batch OR t.prompt_hash IS DISTINCT FROM r.rec_prompt_hash
+WHERE t.batch IS DISTINCT FROM r.batch OR hash(t.prompt_hash) IS DISTINCT FROM r.rec_prompt_hash
 """
 # The graded cells, with the worker of the file (as `from_collection` takes it: every row left is a
 # sound record, whose worker and batch are its file's, so no lookup of the file is needed) and their utility,
