@@ -6,7 +6,9 @@ in a fresh process and prints wall time, peak memory (the build process's max RS
 time goes, side by side with two bare DuckDB `read_json`s of the same response and batch files (its
 floors, nothing checked or kept): `count(*)` (every line parsed, no field typed) and the typed floor
 (every field the build reads, with the build's own column spec from `matrix/bulk.py` and
-`matrix/bulk_tasks.py`, every value consumed by an aggregate), alternated `--repeats` times:
+`matrix/bulk_tasks.py`, every value consumed by an aggregate), and the native-typed floor (the same
+fields read straight into DuckDB's own types: cheaper, but blind to a field's JSON type, which the
+build must check, so it bounds from below any build made on DuckDB's JSON reader), alternated `--repeats` times:
 
     python benchmarks/bench_matrix.py --tasks 100000 --workers 5                # the bulk build vs read_json
     python benchmarks/bench_matrix.py --tasks 100000 --workers 5 --rows         # also the row-by-row build
@@ -103,34 +105,43 @@ if mode == "floor":  # DuckDB's JSON reader alone over the same files: every lin
     print(json.dumps({"wall_s": round(time.perf_counter() - t0, 2),
                       "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "read": counts}))
     sys.exit(0)
-if mode == "typed_floor":  # read_json of the same files typing every field the build reads, each consumed
+if mode in ("typed_floor", "native_floor"):  # read_json of the same files typing every field the build reads, each consumed
     import duckdb
-    from fugu_pipeline.matrix.bulk import FIRST_OBJECT_BYTES, RECORD_COLUMNS, RECORD_FIELDS
+    from fugu_pipeline.matrix.bulk import FIRST_OBJECT_BYTES, RECORD_FIELDS, _COUNTS, _NUMBERS
     from fugu_pipeline.matrix.bulk_tasks import FIELD_TYPES
+
+    native = mode == "native_floor"  # DuckDB's own types: strings, doubles, integers, a list of strings for tags
+    record_types = {c: ("DOUBLE" if c in _NUMBERS else "BIGINT" if c in _COUNTS else "VARCHAR") if native else "JSON"
+                    for c in RECORD_FIELDS}
+    task_types = {k: v if not native else "VARCHAR[]" if k == "tags" else
+                  {g: "VARCHAR" for g in v} if isinstance(v, dict) else "VARCHAR" for k, v in FIELD_TYPES.items()}
 
     def sql_type(kind):
         return kind if isinstance(kind, str) else "STRUCT(" + ", ".join(f'"{k}" {sql_type(v)}' for k, v in kind.items()) + ")"
 
     def leaves(name, kind):
-        return [name] if isinstance(kind, str) else [x for k, v in kind.items() for x in leaves(f'{name}."{k}"', v)]
+        return [(name, kind)] if isinstance(kind, str) else [x for k, v in kind.items() for x in leaves(f'{name}."{k}"', v)]
 
-    task_columns = "{" + ", ".join(f"'{k}': '{sql_type(v)}'" for k, v in FIELD_TYPES.items()) + "}"
-    task_fields = [x for k, v in FIELD_TYPES.items() for x in leaves(f'"{k}"', v)]
-    reads = (("response lines", "data/responses/*/*.jsonl", RECORD_COLUMNS, [f'"{c}"' for c in RECORD_FIELDS]),
-             ("task lines", "data/benchgen/*.jsonl", task_columns, task_fields))
+    def spec(types):
+        return "{" + ", ".join(f"'{k}': '{sql_type(v)}'" for k, v in types.items()) + "}"
+
+    reads = (("response lines", "data/responses/*/*.jsonl", spec(record_types), [(f'"{c}"', k) for c, k in record_types.items()]),
+             ("task lines", "data/benchgen/*.jsonl", spec(task_types), [x for k, v in task_types.items() for x in leaves(f'"{k}"', v)]))
     t0 = time.perf_counter()
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
     counts = {}
     for what, pattern, columns, fields in reads:
         files = sorted(str(p) for p in root.glob(pattern))
-        used = " + ".join(f"coalesce(sum(strlen({c})), 0)" for c in fields)  # every field's text, read whole
+        # every field's text read whole; a number or a list consumed too
+        used = " + ".join(f"coalesce(sum({'strlen' if k in ('JSON', 'VARCHAR') else 'len' if k.endswith('[]') else ''}({c})), 0)"
+                          for c, k in fields)
         counts[what] = con.execute(f"SELECT count(*), {used} FROM read_json(?, format='newline_delimited', records=true, "
                                    f"columns={columns}, ignore_errors=true, maximum_object_size={FIRST_OBJECT_BYTES})",
                                    [files]).fetchone()
     print(json.dumps({"wall_s": round(time.perf_counter() - t0, 2),
                       "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-                      "read": {k: {"lines": n, "field_bytes": b} for k, (n, b) in counts.items()}}))
+                      "read": {k: {"lines": n, ("values_sum" if native else "field_bytes"): b} for k, (n, b) in counts.items()}}))
     sys.exit(0)
 from fugu_pipeline.workers.config import load_workers_config
 from fugu_pipeline.matrix.bulk import build_collection  # imported before the clock starts, as duckdb is for read_json
@@ -171,22 +182,27 @@ def build_in_fresh_process(root: Path, mode: str, env: dict | None = None) -> di
 
 
 def side_by_side(root: Path, repeats: int) -> list[dict]:
-    """The bulk build and two bare `read_json`s of the same files (response and batch files), each in
-    a fresh process, alternated `repeats` times so that load from other processes falls on all three:
-    `count(*)` (DuckDB reads no field: it only finds the lines) and the typed floor (every field the
-    build reads, with the build's own read spec, each value consumed)."""
+    """The bulk build and three bare `read_json`s of the same files (response and batch files), each in
+    a fresh process, alternated `repeats` times so that load from other processes falls on all of them:
+    `count(*)` (DuckDB reads no field: it only finds the lines), the typed floor (every field the
+    build reads, with the build's own read spec, each value consumed) and the native-typed floor (the
+    same fields in DuckDB's own types)."""
     runs = []
     for r in range(repeats):
         load = os.getloadavg()[0]
         floor = build_in_fresh_process(root, "floor")
         typed = build_in_fresh_process(root, "typed_floor")
+        native = build_in_fresh_process(root, "native_floor")
         bulk = build_in_fresh_process(root, "bulk")
-        runs.append({"load_average_1min": load, "floor": floor, "typed_floor": typed, "bulk": bulk})
+        runs.append({"load_average_1min": load, "floor": floor, "typed_floor": typed, "native_floor": native, "bulk": bulk})
         print(f"run {r + 1}/{repeats} (load {load:.2f} -> {os.getloadavg()[0]:.2f}): read_json of the same files "
               f"{floor['wall_s']:.2f} s, {floor['peak_rss_mib']} MiB | bulk build {bulk['wall_s']:.2f} s, "
               f"{bulk['peak_rss_mib']} MiB | build / read_json = {bulk['wall_s'] / floor['wall_s']:.2f}x", flush=True)
         print(f"  typed floor (read_json typing every field the build reads, all consumed) {typed['wall_s']:.2f} s, "
               f"{typed['peak_rss_mib']} MiB | build / typed floor = {bulk['wall_s'] / typed['wall_s']:.2f}x", flush=True)
+        print(f"  native-typed floor (the same fields in DuckDB's own types: the cheapest typed read, blind to a field's "
+              f"JSON type) {native['wall_s']:.2f} s | native-typed floor / read_json = {native['wall_s'] / floor['wall_s']:.2f}x",
+              flush=True)
         print("  phases:", json.dumps(bulk["timings"]), flush=True)
     best_floor = min(x["floor"]["wall_s"] for x in runs)
     best_typed = min(x["typed_floor"]["wall_s"] for x in runs)
@@ -195,6 +211,9 @@ def side_by_side(root: Path, repeats: int) -> list[dict]:
           f"(aim <= 1.5x); summary {json.dumps(runs[-1]['bulk']['summary'])}", flush=True)
     print(f"best of {repeats}: typed floor {best_typed:.2f} s, bulk build {best_bulk:.2f} s -> "
           f"{best_bulk / best_typed:.2f}x (build / read_json count(*) {best_bulk / best_floor:.2f}x)", flush=True)
+    best_native = min(x["native_floor"]["wall_s"] for x in runs)
+    print(f"best of {repeats}: native-typed floor {best_native:.2f} s = {best_native / best_floor:.2f}x read_json count(*) "
+          "(where this is over 1.5x, no build on DuckDB's JSON reader that types the fields can be within 1.5x)", flush=True)
     return runs
 
 
@@ -268,13 +287,15 @@ def main() -> None:
     report: dict = {"machine": machine(), "load_average_before": os.getloadavg()}
     try:
         marker = root / "generated.json"
-        if args.reuse and marker.exists():
+        reused = args.reuse and marker.exists()
+        if reused:
             report["data"] = json.loads(marker.read_text())
         else:
             report["data"] = generate(root, args.tasks, args.workers, args.batch_size)
             marker.write_text(json.dumps(report["data"]))
-        print(f"generated {args.tasks:,} tasks x {args.workers} workers: {report['data']['response_bytes'] / 2**20:,.0f} MiB "
-              f"of response files in {report['data']['generate_s']}s", flush=True)
+        data = report["data"]  # with --reuse, the sizes of the data found there, whatever the flags say
+        print(f"{'reused' if reused else 'generated'} {data['tasks']:,} tasks x {data['workers']} workers: "
+              f"{data['response_bytes'] / 2**20:,.0f} MiB of response files (generated in {data['generate_s']}s)", flush=True)
         if not (args.store and args.store_only):
             report["side_by_side"] = side_by_side(root, args.repeats)
             report["bulk"] = min(report["side_by_side"], key=lambda r: r["bulk"]["wall_s"])["bulk"]
