@@ -4,6 +4,8 @@ are cached per (reference, answer), and tasks without `math: true` grade as befo
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fugu_pipeline.collect import math_equivalence
@@ -67,15 +69,25 @@ def test_decisions_are_cached_per_reference_and_answer(monkeypatch):
     assert (math_equivalence.Stats.misses, math_equivalence.Stats.hits) == (1, 2)
 
 
+def runs_away(reference: str, candidate: str) -> tuple[bool, str]:
+    """A check that never answers in time (run in the helper process, which imports it by name)."""
+    time.sleep(600)
+    return True, "too late"
+
+
 def test_a_runaway_check_is_not_equivalent_and_the_helper_is_replaced(monkeypatch):
-    math_equivalence.equivalent("1", "\\boxed{1}")  # the helper is up
-    monkeypatch.setattr(math_equivalence, "TIMEOUT_S", 0.0001)
+    helper = math_equivalence._helper()  # up and warmed, before the check is swapped
+    # The helper runs `runs_away`: it overruns any timeout, whatever the load (a real check with a tiny
+    # timeout could still finish first when this thread is descheduled between sending it and waiting).
+    monkeypatch.setattr(math_equivalence, "check", runs_away)
+    monkeypatch.setattr(math_equivalence, "TIMEOUT_S", 0.5)
     math_equivalence.cache_clear()
     ok, how = math_equivalence.equivalent("\\frac{1}{7}", "\\boxed{\\dfrac{1}{7}}")
-    assert not ok and "ran over" in how
-    monkeypatch.setattr(math_equivalence, "TIMEOUT_S", 60.0)
+    assert not ok and "ran over 0.5s" in how
+    assert math_equivalence._pool is not helper  # the runaway helper was killed and let go
+    monkeypatch.undo()
     math_equivalence.cache_clear()
-    assert math_equivalence.equivalent("\\frac{1}{7}", "\\boxed{\\dfrac{1}{7}}")[0]
+    assert math_equivalence.equivalent("\\frac{1}{7}", "\\boxed{\\dfrac{1}{7}}")[0]  # a new helper decides
 
 
 def test_a_number_math_verify_falls_back_to_is_not_a_reading_of_an_expression():
