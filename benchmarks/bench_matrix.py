@@ -107,7 +107,7 @@ if mode == "floor":  # DuckDB's JSON reader alone over the same files: every lin
     sys.exit(0)
 if mode in ("typed_floor", "native_floor"):  # read_json of the same files typing every field the build reads, each consumed
     import duckdb
-    from fugu_pipeline.matrix.bulk import FIRST_OBJECT_BYTES, RECORD_FIELDS, _COUNTS, _NUMBERS
+    from fugu_pipeline.matrix.bulk import FIRST_OBJECT_BYTES, RECORD_COLUMNS, RECORD_FIELDS, _COUNTS, _NUMBERS
     from fugu_pipeline.matrix.bulk_tasks import FIELD_TYPES
 
     native = mode == "native_floor"  # DuckDB's own types: strings, doubles, integers, a list of strings for tags
@@ -125,7 +125,9 @@ if mode in ("typed_floor", "native_floor"):  # read_json of the same files typin
     def spec(types):
         return "{" + ", ".join(f"'{k}': '{sql_type(v)}'" for k, v in types.items()) + "}"
 
-    reads = (("response lines", "data/responses/*/*.jsonl", spec(record_types), [(f'"{c}"', k) for c, k in record_types.items()]),
+    # the typed floor reads with the build's own spec (`RECORD_COLUMNS`), the native one with DuckDB's types
+    reads = (("response lines", "data/responses/*/*.jsonl", spec(record_types) if native else RECORD_COLUMNS,
+              [(f'"{c}"', k) for c, k in record_types.items()]),
              ("task lines", "data/benchgen/*.jsonl", spec(task_types), [x for k, v in task_types.items() for x in leaves(f'"{k}"', v)]))
     t0 = time.perf_counter()
     con = duckdb.connect()
