@@ -200,3 +200,109 @@ def test_a_coordinator_pack_goes_through_pack_preflight_and_validate(world, tmp_
     refused = next(x for x in out.splitlines() if x.startswith("REFUSED before scoring"))
     assert refused.startswith("REFUSED before scoring (duplicate, rate limit): FAIL duplicate: behaves like roles")
     assert "  FAIL rate limit: 'bob' (key " in out
+
+
+def test_a_broken_coordinator_king_is_replaced_only_when_asked_and_the_history_says_who(world, tmp_path):
+    """Before: `evaluate_coordinator` (the `eval_report_roles` asset, `evaluate-roles --promote`)
+    replaced a coordinator king that cannot be loaded without being asked, and recorded "replaced
+    as asked". Now it refuses in one line (the king is broken, why, how to ask), the king stays;
+    asked, the history names who asked."""
+    from fugu_pipeline.train.checkpoints import CheckpointError
+    from fugu_pipeline.train.pointer import pointer_target
+
+    run, tasks, heads, _ = world
+    models = tmp_path / "models"
+    assert evaluate_coordinator(run, heads["A"], tasks, CFG, models, policy=LENIENT, log=QUIET,
+                                report=False)["promotion"]["promoted"]
+    (pointer_target(models, read_pointer(models, ROLES_POINTER)) / "head.safetensors").unlink()  # the king is broken
+    with pytest.raises(CheckpointError) as exc:
+        evaluate_coordinator(run, heads["B"], tasks, CFG, models, policy=LENIENT, log=QUIET, report=False)
+    line = str(exc.value)
+    print("\n" + line)
+    assert "\n" not in line and line.startswith("the promoted coordinator is broken (") and "head.safetensors" in line
+    assert "--replace-broken-king" in line and "replace_broken_king: true" in line
+    assert read_pointer(models, ROLES_POINTER)["content_hash"] == heads["A"].name
+    refused = roles_history(models)[-1]
+    assert refused["promote"] is False and refused["not_an_attempt"] and "head.safetensors" in refused["king_error"]
+    who = "asset config replace_broken_king of run 1234 (eval_report_roles)"
+    out = evaluate_coordinator(run, heads["B"], tasks, CFG, models, policy=LENIENT, log=QUIET, report=False,
+                               replace_broken_king=who)["promotion"]
+    assert out["promoted"] and read_pointer(models, ROLES_POINTER)["content_hash"] == heads["B"].name
+    assert any(r.startswith("PASS promoted: the promoted coordinator cannot be loaded") and f"replaced as asked by {who}" in r
+               for r in out["reasons"])
+    replaced = roles_history(models)[-1]
+    assert replaced["promote"] is True and replaced["replace_broken_king"] == who and replaced["king_error"]
+
+
+def _host_project(tmp_path, world):
+    """A host project with a promoted coordinator (A) and bob's key accepted; B packed elsewhere."""
+    import yaml
+
+    from fugu_pipeline.cli import main
+    from fugu_pipeline.testing.roles_batch import write_roles_batch
+    from fugu_pipeline.train.signing import accept_key, new_key_pair
+
+    run, tasks, heads, root = world
+    import shutil
+
+    project = tmp_path / "host"
+    shutil.copytree(REPO / "configs", project / "configs")
+    write_roles_batch(project / "data" / "benchgen" / "roles.jsonl", n_per_family=80)
+    (project / "configs" / "train_roles.yaml").write_text(yaml.safe_dump({"max_length": 256}))
+    (project / "lenient.yaml").write_text(yaml.safe_dump(
+        {"min_gain_over_best_fixed": -1.0, "require_significant": False, "composite": {"overfit_rule": "guarded"}}))
+    assert run_contest(RolesKind(run, tasks, CFG), [str(heads["A"])], project / "models", LENIENT)["promoted"]
+    private, public = new_key_pair()
+    accept_key(project / "models", "bob", public)
+    return project, private, main
+
+
+def test_validate_reads_and_writes_the_host_folder_from_any_current_folder(world, tmp_path, monkeypatch, capsys):
+    """Before: `validate --project-dir HOST` read ./models and the policy of the current folder:
+    run elsewhere it judged against no king and wrote its history there. Now every host path is
+    the project's: the pack faces the host's king, and the history is the host's; the current
+    folder stays empty."""
+    from fugu_pipeline.train.signing import KEY_ENV
+
+    run, tasks, heads, root = world
+    project, private, main = _host_project(tmp_path, world)
+    monkeypatch.setenv(KEY_ENV, private)
+    pack = tmp_path / "submitter" / "packB"
+    assert main(["pack", str(heads["B"]), "--out", str(pack), "--ledger", str(root / "ledger.jsonl")]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    code = main(["validate", "--challenger", str(pack), "--project-dir", str(project), "--workers",
+                 "configs/workers.mock-roles.yaml", "--encoder", "tiny", "--device", "cpu", "--policy",
+                 str(project / "lenient.yaml")])
+    out = capsys.readouterr()
+    print("\n" + out.out + out.err)
+    assert sorted(p.name for p in elsewhere.iterdir()) == []  # nothing read or written in the current folder
+    assert code == 0 and f"PASS promoted (roles {heads['A'].name}): composite" in out.out  # it faced the host's king
+    hist = roles_history(project / "models")
+    assert hist[-1]["content_hash"] == heads["B"].name and hist[-1]["promote"] and hist[-1]["submitter"] == "bob"
+    assert hist[-1]["contest"]["king"] is not None and hist[-1]["previous"] == read_pointer(
+        project / "models", ROLES_POINTER)["previous"]
+    assert read_pointer(project / "models", ROLES_POINTER)["content_hash"] == heads["B"].name
+
+
+def test_validate_host_paths_are_the_projects(tmp_path, monkeypatch):
+    """Every host path `validate` reads for a one-step router or a triage head (matrix, worker YAML,
+    tasks, policy, caches, models) is inside --project-dir, given or by default."""
+    from fugu_pipeline.cli.contest import host_args
+    from fugu_pipeline.cli.main import build_parser
+
+    project = tmp_path / "host"
+    (project / "data" / "benchgen").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["validate", "--challenger", "pack", "--project-dir", "host", "--workers", "w.yaml",
+                                      "--data", "data/r.duckdb"])
+    host_args(args)
+    root = str(project.resolve())
+    paths = {k: getattr(args, k) for k in ("models_dir", "policy", "reward_config", "data", "tasks", "cache_dir",
+                                           "work_dir", "roles_config", "project_dir")}
+    print(paths)
+    assert all(str(v).startswith(root) for v in paths.values()), paths
+    assert args.models_dir == f"{root}/models" and args.tasks == f"{root}/data/benchgen" and args.challenger == "pack"
+    assert args.policy == f"{root}/configs/promotion.yaml" and not args.policy_required
