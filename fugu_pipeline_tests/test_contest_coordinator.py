@@ -306,3 +306,75 @@ def test_validate_host_paths_are_the_projects(tmp_path, monkeypatch):
     assert all(str(v).startswith(root) for v in paths.values()), paths
     assert args.models_dir == f"{root}/models" and args.tasks == f"{root}/data/benchgen" and args.challenger == "pack"
     assert args.policy == f"{root}/configs/promotion.yaml" and not args.policy_required
+
+
+
+def _save_like(src, weight, out_dir):
+    from fugu_pipeline.train.checkpoints import save_checkpoint
+
+    m = src.manifest
+    return save_checkpoint(out_dir, "roles", m.head_kind, {**src.state_dict, "linear.weight": weight}, {
+        "worker_ids": m.worker_ids, "feature_contract": m.feature_contract, "data_version": m.data_version,
+        "training_config": m.training_config, "metrics": m.metrics, "curves": m.curves})
+
+
+def _later_turns_differ(src, run, kind, out_dir):
+    """A copy of coordinator `src` whose logits are the source's exactly on every probe task's first
+    transcript state (turn 1), and whose worker rows lean to the checker on the transcripts its
+    later turns read: along a direction orthogonal to every first state, taken from the source's
+    own later states (sessions at another seed than any the contest runs)."""
+    from fugu_pipeline.evaluate.probe import probe_ids
+    from fugu_pipeline.session.policy import Step
+    from fugu_pipeline.train.roles import policy_from_checkpoint
+
+    ids = probe_ids([t.task_id for t in kind.probe_pool])
+    firsts = [Step(kind.by_id[t].prompt, kind.by_id[t].domain, []) for t in ids]
+    trs = run.runner.run([policy_from_checkpoint(src, run.featurizer)], [(kind.by_id[t], 11) for t in ids], greedy=True)[0]
+    laters = [Step(kind.by_id[tr.task_id].prompt, tr.domain, tr.turns[:k]) for tr in trs for k in range(1, len(tr.turns) + 1)]
+    sd = src.state_dict
+    center, scale = sd["feature_center"].double().numpy(), sd["feature_scale"].double().numpy()
+    z1 = (run.featurizer.features([s.head for s in firsts]).astype(np.float64) - center) / scale
+    zl = (run.featurizer.features([s.head for s in laters]).astype(np.float64) - center) / scale
+    basis = np.linalg.svd(z1, full_matrices=False)[2]  # the span of the first states (fewer probes than dims)
+    v = zl.mean(axis=0)
+    v -= basis.T @ (basis @ v)
+    assert np.abs(z1 @ v).max() < 1e-6 * np.abs(zl @ v).max()  # turn 1 reads nothing of it
+    lean = np.zeros(sd["linear.weight"].shape[0])
+    workers = list(src.manifest.worker_ids)
+    lean[workers.index("checker")], lean[workers.index("fast-solver")] = 1.0, -1.0
+    w = sd["linear.weight"].double().numpy() + np.outer(lean, v) * (40.0 / (zl @ v).mean())
+    return _save_like(src, torch.tensor(w, dtype=torch.float32), out_dir)
+
+
+def test_the_coordinators_duplicate_check_compares_whole_sessions(world, tmp_path):
+    """Before: the duplicate gate read a coordinator's logits on the first transcript state only,
+    so two coordinators that open alike were copies whatever they did next (two heads of held-out
+    accuracy 0.58 and 0.84 were refused as copies of each other). Now it compares every turn's
+    role and worker choice of the whole greedy sessions on the probe tasks: a head that agrees on
+    turn 1 and differs later is not a duplicate; one that agrees on every turn still is."""
+    from fugu_pipeline.evaluate.gates import duplicate_gate
+    from fugu_pipeline.evaluate.probe import checkpoint_behaviour, probe_ids
+    from fugu_pipeline.session.policy import Step
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    run, tasks, heads, root = world
+    pool = [t for t in tasks if t.split in ("train", "val")][:24]  # fewer probe tasks than feature dims
+    kind = RolesKind(run, pool + [t for t in tasks if t.split == "test"], CFG)
+    src = load_checkpoint(heads["B"])
+    later = load_checkpoint(_later_turns_differ(src, run, kind, root / "later"))
+    w = src.state_dict["linear.weight"].clone()
+    w[:3] += torch.randn(w.shape[1], generator=torch.Generator().manual_seed(5)) * 5  # changes no decision
+    same = load_checkpoint(_save_like(src, w, root / "same"))
+    ids = probe_ids([t.task_id for t in kind.probe_pool])
+    first = run.featurizer.features([Step(kind.by_id[t].prompt, kind.by_id[t].domain, []).head for t in ids])
+    opening = {k: checkpoint_behaviour("turn 1", c, first) for k, c in (("B", src), ("later", later), ("same", same))}
+    assert opening["later"].cosine(opening["B"]) > 0.9999 and opening["later"].agreement(opening["B"]) == 1.0
+
+    b, lt, sm = (kind.behaviour(kind.load(str(c.path))) for c in (src, later, same))
+    differ = duplicate_gate(lt, tmp_path / "models", 0.99, kind="coordinator", king=(f"roles {src.manifest.content_hash}", b))
+    copy = duplicate_gate(sm, tmp_path / "models", 0.99, kind="coordinator", king=(f"roles {src.manifest.content_hash}", b))
+    print(f"\n{differ.line()}\n{copy.line()}\nB: {b.decisions[0]}\nlater: {lt.decisions[0]}")
+    assert differ.ok, differ.line()
+    assert not copy.ok and "cosine 1.0000" in copy.reason and "same whole session on 100%" in copy.reason
+    assert all(x.split(">")[0] == y.split(">")[0] for x, y in zip(lt.decisions, b.decisions))  # turn 1 alike
+    assert np.mean([x != y for x, y in zip(lt.decisions, b.decisions)]) > 0.5  # later turns not

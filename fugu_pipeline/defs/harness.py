@@ -78,4 +78,8 @@ def broken_king_ask(context, asked: bool) -> str | None:
     this run, through its asset config; None when the config does not ask."""
     if not asked:
         return None
-    return f"asset config replace_broken_king of run {context.run_id} ({context.asset_key.to_user_string()})"
+    try:
+        asset = f" ({context.asset_key.to_user_string()})"
+    except dg.DagsterError:  # an asset invoked directly (no definition behind the context)
+        asset = ""
+    return f"asset config replace_broken_king of run {context.run_id}{asset}"
