@@ -250,7 +250,8 @@ def _host_project(tmp_path, world):
     write_roles_batch(project / "data" / "benchgen" / "roles.jsonl", n_per_family=80)
     (project / "configs" / "train_roles.yaml").write_text(yaml.safe_dump({"max_length": 256}))
     (project / "lenient.yaml").write_text(yaml.safe_dump(
-        {"min_gain_over_best_fixed": -1.0, "require_significant": False, "composite": {"overfit_rule": "guarded"}}))
+        {"min_gain_over_best_fixed": -1.0, "require_significant": False, "composite": {"overfit_rule": "guarded"},
+         "gates": {"rate_limit_s": 0}}))
     assert run_contest(RolesKind(run, tasks, CFG), [str(heads["A"])], project / "models", LENIENT)["promoted"]
     private, public = new_key_pair()
     accept_key(project / "models", "bob", public)
@@ -285,6 +286,25 @@ def test_validate_reads_and_writes_the_host_folder_from_any_current_folder(world
     assert hist[-1]["contest"]["king"] is not None and hist[-1]["previous"] == read_pointer(
         project / "models", ROLES_POINTER)["previous"]
     assert read_pointer(project / "models", ROLES_POINTER)["content_hash"] == heads["B"].name
+
+    # the king broken: refused in one line until the user asks, and the history says who asked
+    from fugu_pipeline.train.pointer import pointer_target
+
+    (pointer_target(project / "models", read_pointer(project / "models", ROLES_POINTER)) / "head.safetensors").unlink()
+    assert main(["pack", str(heads["C"]), "--out", str(tmp_path / "submitter" / "packC"), "--ledger",
+                 str(root / "ledger.jsonl")]) == 0
+    judge = ["validate", "--challenger", str(tmp_path / "submitter" / "packC"), "--project-dir", str(project), "--workers",
+             "configs/workers.mock-roles.yaml", "--encoder", "tiny", "--device", "cpu", "--policy", "lenient.yaml"]  # the host's
+    capsys.readouterr()
+    assert main(judge) == 1
+    refused = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("REFUSED"))
+    assert refused.startswith("REFUSED before scoring (king): FAIL king: the promoted coordinator cannot be loaded (")
+    assert "--replace-broken-king" in refused and roles_history(project / "models")[-1]["not_an_attempt"] is True
+    assert main([*judge, "--replace-broken-king"]) == 0
+    last = roles_history(project / "models")[-1]
+    assert last["promote"] and last["content_hash"] == heads["C"].name and "head.safetensors" in last["king_error"]
+    assert last["replace_broken_king"].startswith("--replace-broken-king (fugu-lite validate, user ")
+    assert sorted(p.name for p in elsewhere.iterdir()) == []
 
 
 def test_validate_host_paths_are_the_projects(tmp_path, monkeypatch):

@@ -171,6 +171,7 @@ def _refuse(args, pack_dir: Path, pre, kind: str) -> int:
     from fugu_pipeline.evaluate.promotion import append_history
 
     rate_limited = any(g.name == "rate limit" and not g.ok for g in pre.gates)
+    king = next((g for g in pre.gates if g.name == "king" and not g.ok), None)
     # a refusal only for the host's broken king is not the submitter's attempt (the rate limit skips it)
     hosts_fault = all(g.ok or g.name == "king" for g in pre.gates)
     append_history(args.models_dir, {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "promote": False,
@@ -178,7 +179,8 @@ def _refuse(args, pack_dir: Path, pre, kind: str) -> int:
                                      "submitter": pre.submitter, "kind": kind, **({"key": pre.key} if pre.key else {}),
                                      **({"method": pre.manifest.method, "content_hash": pre.manifest.content_hash}
                                         if pre.manifest is not None else {}),
-                                     "rate_limited": rate_limited, "not_an_attempt": hosts_fault}, KIND_FILES[kind][1])
+                                     "rate_limited": rate_limited, "not_an_attempt": hosts_fault,
+                                     **({"king_error": king.reason} if king else {})}, KIND_FILES[kind][1])
     failed = [g for g in pre.gates if not g.ok]
     print(f"REFUSED before scoring ({', '.join(g.name for g in failed)}): {failed[0].line()}")
     return 1
@@ -211,7 +213,7 @@ def cmd_validate(args) -> int:
 
     host_args(args)
     policy = load_policy(args.policy, required=args.policy_required)
-    pack_dir = Path(args.challenger)
+    pack_dir = Path(args.challenger).resolve()  # the history names it wherever validate was run from
     kind = pack_kind(pack_dir)
     if kind == "coordinator":
         return _validate_coordinator(args, pack_dir, policy)
