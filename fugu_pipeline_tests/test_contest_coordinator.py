@@ -398,3 +398,28 @@ def test_the_coordinators_duplicate_check_compares_whole_sessions(world, tmp_pat
     assert not copy.ok and "cosine 1.0000" in copy.reason and "same whole session on 100%" in copy.reason
     assert all(x.split(">")[0] == y.split(">")[0] for x, y in zip(lt.decisions, b.decisions))  # turn 1 alike
     assert np.mean([x != y for x, y in zip(lt.decisions, b.decisions)]) > 0.5  # later turns not
+
+
+def test_who_asked_for_a_broken_king_to_be_replaced():
+    """The history's `replace_broken_king`: the flag and the command, or the asset config and the
+    run; nothing when nobody asked (the promotion assets and `evaluate-roles` do not ask by default)."""
+    import argparse
+
+    import dagster as dg
+
+    from fugu_pipeline.cli.common import asked_by
+    from fugu_pipeline.cli.main import build_parser
+    from fugu_pipeline.defs.harness import broken_king_ask
+    from fugu_pipeline.defs.roles import RolesAssetConfig
+    from fugu_pipeline.defs.triage import TriagePromotionConfig
+    from fugu_pipeline.evaluate.contest import broken_king_ask as core_ask
+
+    assert asked_by(argparse.Namespace(replace_broken_king=False), "validate") is None
+    assert asked_by(argparse.Namespace(replace_broken_king=True), "validate").startswith(
+        "--replace-broken-king (fugu-lite validate, user ")
+    args = build_parser().parse_args(["evaluate-roles", "--promote"])
+    assert asked_by(args, "evaluate-roles --promote") is None
+    assert broken_king_ask(dg.build_asset_context(), False) is None
+    assert broken_king_ask(dg.build_asset_context(), True).startswith("asset config replace_broken_king of ")
+    assert RolesAssetConfig().replace_broken_king is False and TriagePromotionConfig().replace_broken_king is False
+    assert core_ask(False) is None and core_ask("me") == "me" and "replace_broken_king=True" in core_ask(True)

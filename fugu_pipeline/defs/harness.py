@@ -79,7 +79,7 @@ def broken_king_ask(context, asked: bool) -> str | None:
     if not asked:
         return None
     try:
-        asset = f" ({context.asset_key.to_user_string()})"
-    except dg.DagsterError:  # an asset invoked directly (no definition behind the context)
-        asset = ""
-    return f"asset config replace_broken_king of run {context.run_id}{asset}"
+        run = f"run {context.run.run_id} ({context.asset_key.to_user_string()})"
+    except dg.DagsterError:  # an asset invoked directly: no run and no definition behind the context
+        run = "a direct invocation"
+    return f"asset config replace_broken_king of {run}"
