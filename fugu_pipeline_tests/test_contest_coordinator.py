@@ -200,3 +200,226 @@ def test_a_coordinator_pack_goes_through_pack_preflight_and_validate(world, tmp_
     refused = next(x for x in out.splitlines() if x.startswith("REFUSED before scoring"))
     assert refused.startswith("REFUSED before scoring (duplicate, rate limit): FAIL duplicate: behaves like roles")
     assert "  FAIL rate limit: 'bob' (key " in out
+
+
+def test_a_broken_coordinator_king_is_replaced_only_when_asked_and_the_history_says_who(world, tmp_path):
+    """Before: `evaluate_coordinator` (the `eval_report_roles` asset, `evaluate-roles --promote`)
+    replaced a coordinator king that cannot be loaded without being asked, and recorded "replaced
+    as asked". Now it refuses in one line (the king is broken, why, how to ask), the king stays;
+    asked, the history names who asked."""
+    from fugu_pipeline.train.checkpoints import CheckpointError
+    from fugu_pipeline.train.pointer import pointer_target
+
+    run, tasks, heads, _ = world
+    models = tmp_path / "models"
+    assert evaluate_coordinator(run, heads["A"], tasks, CFG, models, policy=LENIENT, log=QUIET,
+                                report=False)["promotion"]["promoted"]
+    (pointer_target(models, read_pointer(models, ROLES_POINTER)) / "head.safetensors").unlink()  # the king is broken
+    with pytest.raises(CheckpointError) as exc:
+        evaluate_coordinator(run, heads["B"], tasks, CFG, models, policy=LENIENT, log=QUIET, report=False)
+    line = str(exc.value)
+    print("\n" + line)
+    assert "\n" not in line and line.startswith("the promoted coordinator is broken (") and "head.safetensors" in line
+    assert "--replace-broken-king" in line and "replace_broken_king: true" in line
+    assert read_pointer(models, ROLES_POINTER)["content_hash"] == heads["A"].name
+    refused = roles_history(models)[-1]
+    assert refused["promote"] is False and refused["not_an_attempt"] and "head.safetensors" in refused["king_error"]
+    who = "asset config replace_broken_king of run 1234 (eval_report_roles)"
+    out = evaluate_coordinator(run, heads["B"], tasks, CFG, models, policy=LENIENT, log=QUIET, report=False,
+                               replace_broken_king=who)["promotion"]
+    assert out["promoted"] and read_pointer(models, ROLES_POINTER)["content_hash"] == heads["B"].name
+    assert any(r.startswith("PASS promoted: the promoted coordinator cannot be loaded") and f"replaced as asked by {who}" in r
+               for r in out["reasons"])
+    replaced = roles_history(models)[-1]
+    assert replaced["promote"] is True and replaced["replace_broken_king"] == who and replaced["king_error"]
+
+
+def _host_project(tmp_path, world):
+    """A host project with a promoted coordinator (A) and bob's key accepted; B packed elsewhere."""
+    import yaml
+
+    from fugu_pipeline.cli import main
+    from fugu_pipeline.testing.roles_batch import write_roles_batch
+    from fugu_pipeline.train.signing import accept_key, new_key_pair
+
+    run, tasks, heads, root = world
+    import shutil
+
+    project = tmp_path / "host"
+    shutil.copytree(REPO / "configs", project / "configs")
+    write_roles_batch(project / "data" / "benchgen" / "roles.jsonl", n_per_family=80)
+    (project / "configs" / "train_roles.yaml").write_text(yaml.safe_dump({"max_length": 256}))
+    (project / "lenient.yaml").write_text(yaml.safe_dump(
+        {"min_gain_over_best_fixed": -1.0, "require_significant": False, "composite": {"overfit_rule": "guarded"},
+         "gates": {"rate_limit_s": 0}}))
+    assert run_contest(RolesKind(run, tasks, CFG), [str(heads["A"])], project / "models", LENIENT)["promoted"]
+    private, public = new_key_pair()
+    accept_key(project / "models", "bob", public)
+    return project, private, main
+
+
+def test_validate_reads_and_writes_the_host_folder_from_any_current_folder(world, tmp_path, monkeypatch, capsys):
+    """Before: `validate --project-dir HOST` read ./models and the policy of the current folder:
+    run elsewhere it judged against no king and wrote its history there. Now every host path is
+    the project's: the pack faces the host's king, and the history is the host's; the current
+    folder stays empty."""
+    from fugu_pipeline.train.signing import KEY_ENV
+
+    run, tasks, heads, root = world
+    project, private, main = _host_project(tmp_path, world)
+    monkeypatch.setenv(KEY_ENV, private)
+    pack = tmp_path / "submitter" / "packB"
+    assert main(["pack", str(heads["B"]), "--out", str(pack), "--ledger", str(root / "ledger.jsonl")]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    code = main(["validate", "--challenger", str(pack), "--project-dir", str(project), "--workers",
+                 "configs/workers.mock-roles.yaml", "--encoder", "tiny", "--device", "cpu", "--policy",
+                 str(project / "lenient.yaml")])
+    out = capsys.readouterr()
+    print("\n" + out.out + out.err)
+    assert sorted(p.name for p in elsewhere.iterdir()) == []  # nothing read or written in the current folder
+    assert code == 0 and f"PASS promoted (roles {heads['A'].name}): composite" in out.out  # it faced the host's king
+    hist = roles_history(project / "models")
+    assert hist[-1]["content_hash"] == heads["B"].name and hist[-1]["promote"] and hist[-1]["submitter"] == "bob"
+    assert hist[-1]["contest"]["king"] is not None and hist[-1]["previous"] == read_pointer(
+        project / "models", ROLES_POINTER)["previous"]
+    assert read_pointer(project / "models", ROLES_POINTER)["content_hash"] == heads["B"].name
+
+    # the king broken: refused in one line until the user asks, and the history says who asked
+    from fugu_pipeline.train.pointer import pointer_target
+
+    (pointer_target(project / "models", read_pointer(project / "models", ROLES_POINTER)) / "head.safetensors").unlink()
+    assert main(["pack", str(heads["C"]), "--out", str(tmp_path / "submitter" / "packC"), "--ledger",
+                 str(root / "ledger.jsonl")]) == 0
+    judge = ["validate", "--challenger", str(tmp_path / "submitter" / "packC"), "--project-dir", str(project), "--workers",
+             "configs/workers.mock-roles.yaml", "--encoder", "tiny", "--device", "cpu", "--policy", "lenient.yaml"]  # the host's
+    capsys.readouterr()
+    assert main(judge) == 1
+    refused = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("REFUSED"))
+    assert refused.startswith("REFUSED before scoring (king): FAIL king: the promoted coordinator cannot be loaded (")
+    assert "--replace-broken-king" in refused and roles_history(project / "models")[-1]["not_an_attempt"] is True
+    assert main([*judge, "--replace-broken-king"]) == 0
+    last = roles_history(project / "models")[-1]
+    assert last["promote"] and last["content_hash"] == heads["C"].name and "head.safetensors" in last["king_error"]
+    assert last["replace_broken_king"].startswith("--replace-broken-king (fugu-lite validate, user ")
+    assert sorted(p.name for p in elsewhere.iterdir()) == []
+
+
+def test_validate_host_paths_are_the_projects(tmp_path, monkeypatch):
+    """Every host path `validate` reads for a one-step router or a triage head (matrix, worker YAML,
+    tasks, policy, caches, models) is inside --project-dir, given or by default."""
+    from fugu_pipeline.cli.contest import host_args
+    from fugu_pipeline.cli.main import build_parser
+
+    project = tmp_path / "host"
+    (project / "data" / "benchgen").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["validate", "--challenger", "pack", "--project-dir", "host", "--workers", "w.yaml",
+                                      "--data", "data/r.duckdb"])
+    host_args(args)
+    root = str(project.resolve())
+    paths = {k: getattr(args, k) for k in ("models_dir", "policy", "reward_config", "data", "tasks", "cache_dir",
+                                           "work_dir", "roles_config", "project_dir")}
+    print(paths)
+    assert all(str(v).startswith(root) for v in paths.values()), paths
+    assert args.models_dir == f"{root}/models" and args.tasks == f"{root}/data/benchgen" and args.challenger == "pack"
+    assert args.policy == f"{root}/configs/promotion.yaml" and not args.policy_required
+
+
+
+def _save_like(src, weight, out_dir):
+    from fugu_pipeline.train.checkpoints import save_checkpoint
+
+    m = src.manifest
+    return save_checkpoint(out_dir, "roles", m.head_kind, {**src.state_dict, "linear.weight": weight}, {
+        "worker_ids": m.worker_ids, "feature_contract": m.feature_contract, "data_version": m.data_version,
+        "training_config": m.training_config, "metrics": m.metrics, "curves": m.curves})
+
+
+def _later_turns_differ(src, run, kind, out_dir):
+    """A copy of coordinator `src` whose logits are the source's exactly on every probe task's first
+    transcript state (turn 1), and whose worker rows lean to the checker on the transcripts its
+    later turns read: along a direction orthogonal to every first state, taken from the source's
+    own later states (sessions at another seed than any the contest runs)."""
+    from fugu_pipeline.evaluate.probe import probe_ids
+    from fugu_pipeline.session.policy import Step
+    from fugu_pipeline.train.roles import policy_from_checkpoint
+
+    ids = probe_ids([t.task_id for t in kind.probe_pool])
+    firsts = [Step(kind.by_id[t].prompt, kind.by_id[t].domain, []) for t in ids]
+    trs = run.runner.run([policy_from_checkpoint(src, run.featurizer)], [(kind.by_id[t], 11) for t in ids], greedy=True)[0]
+    laters = [Step(kind.by_id[tr.task_id].prompt, tr.domain, tr.turns[:k]) for tr in trs for k in range(1, len(tr.turns) + 1)]
+    sd = src.state_dict
+    center, scale = sd["feature_center"].double().numpy(), sd["feature_scale"].double().numpy()
+    z1 = (run.featurizer.features([s.head for s in firsts]).astype(np.float64) - center) / scale
+    zl = (run.featurizer.features([s.head for s in laters]).astype(np.float64) - center) / scale
+    basis = np.linalg.svd(z1, full_matrices=False)[2]  # the span of the first states (fewer probes than dims)
+    v = zl.mean(axis=0)
+    v -= basis.T @ (basis @ v)
+    assert np.abs(z1 @ v).max() < 1e-6 * np.abs(zl @ v).max()  # turn 1 reads nothing of it
+    lean = np.zeros(sd["linear.weight"].shape[0])
+    workers = list(src.manifest.worker_ids)
+    lean[workers.index("checker")], lean[workers.index("fast-solver")] = 1.0, -1.0
+    w = sd["linear.weight"].double().numpy() + np.outer(lean, v) * (40.0 / (zl @ v).mean())
+    return _save_like(src, torch.tensor(w, dtype=torch.float32), out_dir)
+
+
+def test_the_coordinators_duplicate_check_compares_whole_sessions(world, tmp_path):
+    """Before: the duplicate gate read a coordinator's logits on the first transcript state only,
+    so two coordinators that open alike were copies whatever they did next (two heads of held-out
+    accuracy 0.58 and 0.84 were refused as copies of each other). Now it compares every turn's
+    role and worker choice of the whole greedy sessions on the probe tasks: a head that agrees on
+    turn 1 and differs later is not a duplicate; one that agrees on every turn still is."""
+    from fugu_pipeline.evaluate.gates import duplicate_gate
+    from fugu_pipeline.evaluate.probe import checkpoint_behaviour, probe_ids
+    from fugu_pipeline.session.policy import Step
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    run, tasks, heads, root = world
+    pool = [t for t in tasks if t.split in ("train", "val")][:24]  # fewer probe tasks than feature dims
+    kind = RolesKind(run, pool + [t for t in tasks if t.split == "test"], CFG)
+    src = load_checkpoint(heads["B"])
+    later = load_checkpoint(_later_turns_differ(src, run, kind, root / "later"))
+    w = src.state_dict["linear.weight"].clone()
+    w[:3] += torch.randn(w.shape[1], generator=torch.Generator().manual_seed(5)) * 5  # changes no decision
+    same = load_checkpoint(_save_like(src, w, root / "same"))
+    ids = probe_ids([t.task_id for t in kind.probe_pool])
+    first = run.featurizer.features([Step(kind.by_id[t].prompt, kind.by_id[t].domain, []).head for t in ids])
+    opening = {k: checkpoint_behaviour("turn 1", c, first) for k, c in (("B", src), ("later", later), ("same", same))}
+    assert opening["later"].cosine(opening["B"]) > 0.9999 and opening["later"].agreement(opening["B"]) == 1.0
+
+    b, lt, sm = (kind.behaviour(kind.load(str(c.path))) for c in (src, later, same))
+    differ = duplicate_gate(lt, tmp_path / "models", 0.99, kind="coordinator", king=(f"roles {src.manifest.content_hash}", b))
+    copy = duplicate_gate(sm, tmp_path / "models", 0.99, kind="coordinator", king=(f"roles {src.manifest.content_hash}", b))
+    print(f"\n{differ.line()}\n{copy.line()}\nB: {b.decisions[0]}\nlater: {lt.decisions[0]}")
+    assert differ.ok, differ.line()
+    assert not copy.ok and "cosine 1.0000" in copy.reason and "same whole session on 100%" in copy.reason
+    assert all(x.split(">")[0] == y.split(">")[0] for x, y in zip(lt.decisions, b.decisions))  # turn 1 alike
+    assert np.mean([x != y for x, y in zip(lt.decisions, b.decisions)]) > 0.5  # later turns not
+
+
+def test_who_asked_for_a_broken_king_to_be_replaced():
+    """The history's `replace_broken_king`: the flag and the command, or the asset config and the
+    run; nothing when nobody asked (the promotion assets and `evaluate-roles` do not ask by default)."""
+    import argparse
+
+    import dagster as dg
+
+    from fugu_pipeline.cli.common import asked_by
+    from fugu_pipeline.cli.main import build_parser
+    from fugu_pipeline.defs.harness import broken_king_ask
+    from fugu_pipeline.defs.roles import RolesAssetConfig
+    from fugu_pipeline.defs.triage import TriagePromotionConfig
+    from fugu_pipeline.evaluate.contest import broken_king_ask as core_ask
+
+    assert asked_by(argparse.Namespace(replace_broken_king=False), "validate") is None
+    assert asked_by(argparse.Namespace(replace_broken_king=True), "validate").startswith(
+        "--replace-broken-king (fugu-lite validate, user ")
+    args = build_parser().parse_args(["evaluate-roles", "--promote"])
+    assert asked_by(args, "evaluate-roles --promote") is None
+    assert broken_king_ask(dg.build_asset_context(), False) is None
+    assert broken_king_ask(dg.build_asset_context(), True).startswith("asset config replace_broken_king of ")
+    assert RolesAssetConfig().replace_broken_king is False and TriagePromotionConfig().replace_broken_king is False
+    assert core_ask(False) is None and core_ask("me") == "me" and "replace_broken_king=True" in core_ask(True)

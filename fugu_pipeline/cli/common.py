@@ -30,3 +30,18 @@ def check_prompt(prompt: str) -> None:
         prompt.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise CLIError(f"--prompt is not valid UTF-8 text (undecodable byte at character {exc.start})") from None
+
+
+def asked_by(args, command: str) -> str | None:
+    """Who asked for a promoted head that cannot be loaded to be replaced, as the history's
+    `replace_broken_king` records it: the flag, the command and the host's user; None without
+    --replace-broken-king (such a king then stops the attempt)."""
+    if not getattr(args, "replace_broken_king", False):
+        return None
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container): the flag and the command still say it
+        user = f"uid {os.getuid()}"
+    return f"--replace-broken-king (fugu-lite {command}, user {user})"

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from fugu_pipeline.cli.common import CLIError, encoder_name
+from fugu_pipeline.cli.common import CLIError, asked_by, encoder_name
 from fugu_pipeline.cli.reporting import live_for, policy as load_policy_arg
 
 
@@ -55,12 +55,15 @@ def add_commands(add, data_opts) -> None:
 
     p = add("validate", cmd_validate, "score a pack folder (any kind) against its kind's king and promote it or "
             "refuse it, through every gate")
-    p.add_argument("--challenger", required=True, help="the folder fugu-lite pack wrote")
+    p.add_argument("--challenger", required=True, help="the folder fugu-lite pack wrote (relative to where you are)")
     data_opts(p)
     next(a for a in p._actions if a.dest == "data").required = False
     judge_opts(p)
-    p.add_argument("--project-dir", default=".", help="the host project (a coordinator is scored on its graded tasks; "
-                   "--data defaults to its data/reward_matrix.duckdb)")
+    next(a for a in p._actions if a.dest == "models_dir").default = None
+    p.add_argument("--project-dir", default=".", help="the host project: everything the host keeps is read from it and "
+                   "written into it (models/ with the kings, histories, keys and registry; configs/; data/ with the "
+                   "matrix, tasks, caches, trajectories and ledger). Relative host paths (--models-dir, --data, --workers, "
+                   "--policy, --tasks, --roles-config, --cache-dir, --work-dir) are read inside it")
     p.add_argument("--roles-config", default="configs/train_roles.yaml", help="a coordinator: the session rules and "
                    "reward penalties (relative to the project)")
     p.add_argument("--tasks", default=None, help="BenchGen batch file or folder holding the held-out tasks (graders): "
@@ -168,6 +171,7 @@ def _refuse(args, pack_dir: Path, pre, kind: str) -> int:
     from fugu_pipeline.evaluate.promotion import append_history
 
     rate_limited = any(g.name == "rate limit" and not g.ok for g in pre.gates)
+    king = next((g for g in pre.gates if g.name == "king" and not g.ok), None)
     # a refusal only for the host's broken king is not the submitter's attempt (the rate limit skips it)
     hosts_fault = all(g.ok or g.name == "king" for g in pre.gates)
     append_history(args.models_dir, {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "promote": False,
@@ -175,17 +179,41 @@ def _refuse(args, pack_dir: Path, pre, kind: str) -> int:
                                      "submitter": pre.submitter, "kind": kind, **({"key": pre.key} if pre.key else {}),
                                      **({"method": pre.manifest.method, "content_hash": pre.manifest.content_hash}
                                         if pre.manifest is not None else {}),
-                                     "rate_limited": rate_limited, "not_an_attempt": hosts_fault}, KIND_FILES[kind][1])
+                                     "rate_limited": rate_limited, "not_an_attempt": hosts_fault,
+                                     **({"king_error": king.reason} if king else {})}, KIND_FILES[kind][1])
     failed = [g for g in pre.gates if not g.ok]
     print(f"REFUSED before scoring ({', '.join(g.name for g in failed)}): {failed[0].line()}")
     return 1
 
 
+def host_args(args) -> None:
+    """Every host path of `validate` inside --project-dir: the defaults are the project's own files
+    and folders, and a relative path given is read in the project, never in the current folder."""
+    from fugu_pipeline.evaluate.promotion import DEFAULT_POLICY_FILE
+    from fugu_pipeline.paths import ProjectPaths
+
+    host = ProjectPaths(Path(args.project_dir).resolve())
+    if not host.root.is_dir():
+        raise CLIError(f"--project-dir {args.project_dir}: no such folder; give the host project (it holds models/, "
+                       "configs/ and data/)")
+    args.project_dir = str(host.root)
+    args.models_dir = str(host.resolve(args.models_dir) if args.models_dir else host.models)
+    args.policy_required = args.policy is not None
+    args.policy = str(host.resolve(args.policy or DEFAULT_POLICY_FILE))
+    for name in ("reward_config", "data", "tasks", "cache_dir", "work_dir", "roles_config"):
+        if getattr(args, name, None):
+            setattr(args, name, str(host.resolve(getattr(args, name))))
+    if args.tasks is None and host.benchgen.is_dir():
+        args.tasks = str(host.benchgen)
+
+
 def cmd_validate(args) -> int:
     from fugu_pipeline.evaluate.preflight import host_expectation, king_manifest, preflight
+    from fugu_pipeline.evaluate.promotion import load_policy
 
-    policy = load_policy_arg(args)
-    pack_dir = Path(args.challenger)
+    host_args(args)
+    policy = load_policy(args.policy, required=args.policy_required)
+    pack_dir = Path(args.challenger).resolve()  # the history names it wherever validate was run from
     kind = pack_kind(pack_dir)
     if kind == "coordinator":
         return _validate_coordinator(args, pack_dir, policy)
@@ -215,7 +243,7 @@ def cmd_validate(args) -> int:
         from fugu_pipeline.evaluate.triage_promotion import TriageKind
 
         outcome = run_contest(TriageKind(data), [str(pack_dir)], args.models_dir, policy, submitter=pre.submitter,
-                              key=pre.key, replace_broken_king=args.replace_broken_king)
+                              key=pre.key, replace_broken_king=asked_by(args, "validate"))
     else:
         from fugu_pipeline.evaluate.cascade_contest import AnswerSource
         from fugu_pipeline.evaluate.feature_source import FeatureSource
@@ -227,12 +255,12 @@ def cmd_validate(args) -> int:
         # a cascade (the pack or the king) is scored from the host's recorded replies
         answers = AnswerSource.from_matrix(args.data, encoder_settings(args, encoder), Path(args.cache_dir))
         outcome = promote_best([str(pack_dir)], data, args.models_dir, policy, live=live, tasks=tasks,
-                               submitter=pre.submitter, features=features, replace_broken_king=args.replace_broken_king,
+                               submitter=pre.submitter, features=features, replace_broken_king=asked_by(args, "validate"),
                                key=pre.key, answers=answers)
-    return _print_outcome(outcome, pre, kind)
+    return _print_outcome(outcome, pre, kind, args.models_dir)
 
 
-def _print_outcome(outcome: dict, pre, kind: str) -> int:
+def _print_outcome(outcome: dict, pre, kind: str, models_dir) -> int:
     shown = {g.line() for g in pre.gates}
     for line in outcome["reasons"]:
         if line not in shown:  # the gates the contest ran again agree with preflight: printed once
@@ -240,7 +268,7 @@ def _print_outcome(outcome: dict, pre, kind: str) -> int:
     if outcome["promoted"]:
         from fugu_pipeline.evaluate.contest import KIND_FILES
 
-        print(f"promoted: models/{KIND_FILES[kind][0].as_posix()} -> {outcome['pointer']['checkpoint']}")
+        print(f"promoted: {Path(models_dir) / KIND_FILES[kind][0]} -> {outcome['pointer']['checkpoint']}")
     return 0 if outcome["promoted"] else 1
 
 
@@ -273,8 +301,8 @@ def _validate_coordinator(args, pack_dir: Path, policy) -> int:
     tasks = project_tasks(paths.benchgen, paths.reward_db)
     with open_run(config, settings, paths.data / "trajectories", tasks, cfg, ledger=paths.data / "ledger" / "costs.jsonl") as run:
         rep = evaluate_coordinator(run, pack_dir, tasks, cfg, Path(args.models_dir), policy=policy, submitter=pre.submitter,
-                                   key=pre.key, report=False, replace_broken_king=args.replace_broken_king,
+                                   key=pre.key, report=False, replace_broken_king=asked_by(args, "validate"),
                                    log=lambda m: None)
         calls = dict(run.caller.calls)
     print(f"worker calls this run: {calls or 'none (every session read from the trajectory store)'}")
-    return _print_outcome(rep["promotion"], pre, "coordinator")
+    return _print_outcome(rep["promotion"], pre, "coordinator", args.models_dir)

@@ -243,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cascade checkpoint to compare with, run over the fixed workers' replies (default: the promoted "
                    "router when it is a cascade; none: the report says so)")
     p.add_argument("--promote", action="store_true", help="apply the promotion gates to models/promoted/roles.json")
+    p.add_argument("--replace-broken-king", action="store_true", help="with --promote: when the promoted coordinator "
+                   "cannot be loaded, let this one replace it facing the baselines only (the history records the ask; "
+                   "default: refuse and say why)")
     p.add_argument("--encoder", default=None, help="where to load the checkpoint's encoder from (default: its contract)")
     p.add_argument("--device", default="auto")
 

@@ -3,7 +3,7 @@ session against the configured workers and prints the committed answer and every
 
 from __future__ import annotations
 
-from fugu_pipeline.cli.common import CLIError, check_prompt, print_json
+from fugu_pipeline.cli.common import CLIError, asked_by, check_prompt, print_json
 
 
 def turn_summary(t) -> dict:
@@ -98,7 +98,8 @@ def cmd_evaluate_roles(args) -> int:
         try:
             rep = evaluate_coordinator(run, checkpoint, tasks, cfg, paths.models, seeds=args.seeds, promote=args.promote,
                                        one_step_fallback=Path(args.one_step) if args.one_step else None,
-                                       cascade=Path(args.cascade) if args.cascade else None, device=args.device)
+                                       cascade=Path(args.cascade) if args.cascade else None, device=args.device,
+                                       replace_broken_king=asked_by(args, "evaluate-roles --promote"))
         except CascadeBaselineError as exc:
             raise CLIError(str(exc)) from None
         print(f"worker calls this run: {dict(run.caller.calls)}; sessions read from the store: "

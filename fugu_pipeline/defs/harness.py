@@ -71,3 +71,15 @@ def promotion_metadata(outcome: dict) -> dict:
         meta["king_composite"] = c["king"]["composite"]
         meta["king_composite_terms"] = dg.MetadataValue.md(composite_markdown(c["king"]))
     return meta
+
+
+def broken_king_ask(context, asked: bool) -> str | None:
+    """Who asked for a promoted head that cannot be loaded to be replaced (the history records it):
+    this run, through its asset config; None when the config does not ask."""
+    if not asked:
+        return None
+    try:
+        run = f"run {context.run.run_id} ({context.asset_key.to_user_string()})"
+    except dg.DagsterError:  # an asset invoked directly: no run and no definition behind the context
+        run = "a direct invocation"
+    return f"asset config replace_broken_king of {run}"

@@ -359,7 +359,8 @@ class PromotionConfig(dg.Config):
     """Live tasks per benchmark for the composite (None: the file's, 20; 0: no live term)."""
     replace_broken_king: bool = False
     """When the promoted checkpoint cannot be loaded, let the challenger replace it facing the baselines
-    only (default: the step fails and says why, and the broken king stays for someone to restore)."""
+    only; the history records that this run asked (default: the step fails and says why, and the
+    broken king stays for someone to restore)."""
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION,
@@ -389,7 +390,7 @@ def promoted_router(
     paths += [eval_report_heads["cascade"]] if eval_report_heads.get("cascade") else []
     answers = AnswerSource.from_matrix(pipeline.paths.reward_db, encoder.settings(), _cache_root(pipeline, encoder))
     outcome = promote_best(paths, source.data, pipeline.paths.models, policy, live=live, tasks=tasks, features=source,
-                           replace_broken_king=config.replace_broken_king, answers=answers)
+                           replace_broken_king=harness.broken_king_ask(context, config.replace_broken_king), answers=answers)
     context.log.info("\n".join(outcome["reasons"]))
     if shared and shared.push_promoted(king_version):  # compare-and-swap: fails if another machine promoted meanwhile
         context.log.info(f"promoted pointer published to {shared.models_url}")

@@ -23,6 +23,10 @@ class RolesAssetConfig(dg.Config):
     """Reward the challenger must gain over the promoted coordinator (TinyRouter's king + 0.02 rule)."""
     max_train_gap: float = 0.25
     """Largest allowed train minus held-out reward."""
+    replace_broken_king: bool = False
+    """When the promoted coordinator cannot be loaded, let the new one replace it facing the baselines
+    only; the history records that this run asked (default: the step fails and says why, and the
+    broken king stays for someone to restore)."""
 
 
 def _open(context, config: RolesAssetConfig, pipeline: PipelineResource, encoder: EncoderResource):
@@ -110,8 +114,10 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
 
     from fugu_pipeline.defs.harness import policy_for
     from fugu_pipeline.evaluate.metrics import ci_text
+    from fugu_pipeline.defs.harness import broken_king_ask
     from fugu_pipeline.evaluate.roles_project import evaluate_coordinator
     from fugu_pipeline.session.runner import BudgetExhausted
+    from fugu_pipeline.train.checkpoints import CheckpointError
     from fugu_pipeline.workers.contract import FatalWorkerError
 
     cfg, tasks, run = _open(context, config, pipeline, encoder)
@@ -122,8 +128,9 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
             rep = evaluate_coordinator(r, Path(router_roles), tasks, cfg, pipeline.paths.models, seeds=config.eval_seeds,
                                        policy=policy, one_step_fallback=Path(router_es),
                                        cascade_fallback=Path(router_heads["cascade"]) if router_heads.get("cascade") else None,
-                                       device=encoder.device, log=context.log.info)
-        except (FatalWorkerError, BudgetExhausted, ValueError) as exc:
+                                       device=encoder.device, log=context.log.info,
+                                       replace_broken_king=broken_king_ask(context, config.replace_broken_king))
+        except (FatalWorkerError, BudgetExhausted, ValueError, CheckpointError) as exc:
             raise _stop(exc) from None
     p = rep["policies"]
     table = ["| domain | policy | accuracy [95% CI] | turns / correct | cost / correct | mean turns | coordinator − it [95% CI] |",

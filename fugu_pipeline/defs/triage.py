@@ -17,6 +17,12 @@ class TriageAssetConfig(dg.Config):
     """Triage trainer YAML relative to the project directory (TriageConfig; default: built-in defaults)."""
 
 
+class TriagePromotionConfig(dg.Config):
+    replace_broken_king: bool = False
+    """When the promoted triage head cannot be loaded, let the new one replace it facing the baselines
+    only; the history records that this run asked (default: the step fails and says why)."""
+
+
 @dg.asset(deps=[task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
 def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pipeline: PipelineResource,
                 encoder: EncoderResource) -> dg.Output[str]:
@@ -44,8 +50,8 @@ def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pi
 
 
 @dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
-def eval_report_triage(context: dg.AssetExecutionContext, pipeline: PipelineResource, encoder: EncoderResource,
-                       triage_head: str) -> dg.MaterializeResult:
+def eval_report_triage(context: dg.AssetExecutionContext, config: TriagePromotionConfig, pipeline: PipelineResource,
+                       encoder: EncoderResource, triage_head: str) -> dg.MaterializeResult:
     """Held-out report of the triage head: domain and difficulty accuracy per domain, confusion
     matrices, the majority baselines, and routing by the predicted domain. Then the one contest
     every kind goes through (TinyRouter's milestone-1 rules: under 1M parameters, 0.7 domain + 0.3
@@ -67,11 +73,16 @@ def eval_report_triage(context: dg.AssetExecutionContext, pipeline: PipelineReso
             "n_test_tasks": rep["n_tasks"]}
     if "routing" in rep:
         meta["routing_by_predicted_domain"] = rep["routing"]["by_predicted_domain"]
-    from fugu_pipeline.defs.harness import policy_for, promotion_metadata
+    from fugu_pipeline.defs.harness import broken_king_ask, policy_for, promotion_metadata
     from fugu_pipeline.evaluate.contest import run_contest
     from fugu_pipeline.evaluate.triage_promotion import TriageKind
+    from fugu_pipeline.train.checkpoints import CheckpointError
 
-    outcome = run_contest(TriageKind(data), [triage_head], pipeline.paths.models, policy_for(pipeline))
+    try:
+        outcome = run_contest(TriageKind(data), [triage_head], pipeline.paths.models, policy_for(pipeline),
+                              replace_broken_king=broken_king_ask(context, config.replace_broken_king))
+    except CheckpointError as exc:  # the promoted triage head is broken and nobody asked to replace it
+        raise dg.Failure(description=str(exc)) from None
     context.log.info("\n".join(outcome["reasons"]))
     meta.update({"promoted": outcome["promoted"],
                  "decision": dg.MetadataValue.md("\n".join(f"- {r}" for r in outcome["reasons"])),

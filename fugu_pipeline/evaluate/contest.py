@@ -391,14 +391,25 @@ def entry_gates(kind, entrant: Entrant, models_dir, policy, king: Entrant | None
 
 
 def run_contest(kind, paths: list[str], models_dir: str | Path, policy, *, submitter: str = DEFAULT_SUBMITTER,
-                key: str | None = None, now: float | None = None, replace_broken_king: bool = False) -> dict:
+                key: str | None = None, now: float | None = None, replace_broken_king: bool | str = False) -> dict:
     """One promotion attempt of `kind` (module docstring). Returns {promoted, challenger, reasons,
-    pointer, contest}. The models folder must be writable (checked before anything is scored)."""
+    pointer, contest}. The models folder must be writable (checked before anything is scored).
+    `replace_broken_king`: who asked for a king that cannot be loaded to be replaced
+    (`broken_king_ask`); not asked, such a king stops the attempt before scoring."""
     check_writable(models_dir)
     kind.models_dir = Path(models_dir)
     with promotion_lock(models_dir, kind.lock):
         return _contest(kind, paths, Path(models_dir), policy, submitter=submitter, key=key, now=now,
                         replace_broken_king=replace_broken_king)
+
+
+def broken_king_ask(replace_broken_king: bool | str) -> str | None:
+    """Who asked for a promoted head that cannot be loaded to be replaced, as the history records
+    it (the flag and the command, the asset config and the run), or None: nobody asked. A string
+    is that record; True is an unnamed caller of the core function."""
+    if not replace_broken_king:
+        return None
+    return replace_broken_king if isinstance(replace_broken_king, str) else "a caller of the contest (replace_broken_king=True)"
 
 
 def _record(models_dir: Path, kind, rec: dict) -> None:
@@ -417,13 +428,15 @@ def _contest(kind, paths, models_dir: Path, policy, *, submitter, key, now, repl
     version = pointer_version(models_dir, kind.pointer)  # the king this attempt faces: the pointer write is conditional on it
     king, king_error = king_or_why(models_dir, kind)
     noun = "checkpoint" if kind.name == "router" else kind.name
-    if king_error and not replace_broken_king:
+    asked = broken_king_ask(replace_broken_king)
+    if king_error and asked is None:
         line = (f"FAIL promoted: the promoted {noun} cannot be loaded ({king_error}); a challenger cannot face it: "
                 "restore it, or replace it on purpose with --replace-broken-king (asset config replace_broken_king)")
         _record(models_dir, kind, {"promote": False, "challenger": None, "reasons": [line], "king_error": king_error,
                                    "not_an_attempt": True, "paths": list(paths), **who})
-        raise CheckpointError(f"{king_error} -- nothing scored, nothing promoted: restore the promoted {noun}, "
-                              "or pass --replace-broken-king to let the challenger replace it facing the baselines only")
+        raise CheckpointError(f"the promoted {noun} is broken ({king_error}) -- nothing scored, nothing promoted: restore "
+                              "it, or ask for it to be replaced (--replace-broken-king; asset config replace_broken_king: "
+                              "true) to let the challenger face the baselines only")
     passed: list[tuple[Entrant, list[GateResult]]] = []
     for path in dict.fromkeys(str(p) for p in paths):
         try:
@@ -456,7 +469,7 @@ def _contest(kind, paths, models_dir: Path, policy, *, submitter, key, now, repl
     if king is not None:
         champion = kind.candidate(king, held, cfg)
     elif king_error:
-        reasons.append(f"the promoted {noun} cannot be loaded ({king_error}); replace_broken_king: "
+        reasons.append(f"the promoted {noun} cannot be loaded ({king_error}); its replacement was asked by {asked}: "
                        "the challenger faces the baselines only")
     contest = None
     if not best.contract_problems:
@@ -467,13 +480,14 @@ def _contest(kind, paths, models_dir: Path, policy, *, submitter, key, now, repl
         reasons.append(contest["live"])
         if cost_line(contest):
             reasons.append(cost_line(contest))
-    decision = decide(best, champion, policy.model_copy(update={"composite": cfg}), contest, king_error=king_error)
+    decision = decide(best, champion, policy.model_copy(update={"composite": cfg}), contest, king_error=king_error,
+                      noun=noun, asked_by=asked)
     reasons.extend(decision.reasons)
     report = Path(best.path) / "reports" / "test.json"
     extra = {"gates": [g.line() for g in gates], "contest": contest_record(contest), "kind": kind.name,
              **({"key": key} if key else {})}
     if king_error:
-        extra["king_error"] = king_error
+        extra.update(king_error=king_error, replace_broken_king=asked)
     pointer = apply(decision, best, models_dir, report_path=str(report) if report.exists() else None, submitter=submitter,
                     extra=extra, expected_version=version, pointer_file=kind.pointer, history=kind.history)
     seen = ent.extra.get("behaviour")

@@ -55,11 +55,12 @@ class Decision:
 
 
 def decide(challenger: Candidate, champion: Candidate | None, policy, contest: dict | None = None,
-           king_error: str | None = None) -> "Decision":
+           king_error: str | None = None, *, noun: str = "checkpoint", asked_by: str | None = None) -> "Decision":
     """Every gate is evaluated (so the UI shows all reasons), then promote iff all pass. `contest`
     (`contest.score_against_king`) holds the composites; it is needed whenever a king can be scored.
     `king_error`: why the promoted checkpoint could not be loaded, when the caller chose to let the
-    challenger replace it facing the baselines only (`replace_broken_king`)."""
+    challenger replace it facing the baselines only; `asked_by`: who asked for that (the history's
+    `replace_broken_king`); `noun`: what the kind's promoted head is called."""
     reasons: list[str] = []
     ok = True
     figures: dict = {"challenger_test_utility": challenger.mean}
@@ -75,8 +76,8 @@ def decide(challenger: Candidate, champion: Candidate | None, policy, contest: d
                        f"[{vs_fixed['low']:+.4f}, {vs_fixed['high']:+.4f}] (needs > {bar:+.4f}{sig})")
 
     if champion is None and king_error:
-        reasons.append(f"PASS promoted: the promoted checkpoint cannot be loaded ({king_error}); "
-                       "replaced as asked (replace_broken_king), the challenger faced the baselines only")
+        reasons.append(f"PASS promoted: the promoted {noun} cannot be loaded ({king_error}); replaced as asked by "
+                       f"{asked_by or 'an unnamed caller'}, the challenger faced the baselines only")
     elif champion is None:
         reasons.append("PASS promoted: nothing promoted yet")
     elif champion.content_hash == challenger.content_hash:

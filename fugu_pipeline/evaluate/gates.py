@@ -187,12 +187,12 @@ def duplicate_gate(seen: Behaviour, models_dir: str | Path, threshold: float, *,
             best = (c, seen.agreement(other), label)
     if best is not None and best[0] >= threshold:
         return GateResult("duplicate", False, f"behaves like {best[2]}: cosine {best[0]:.4f} of centred scores on "
-                          f"{len(seen.decisions)} probes, same decision on {best[1]:.0%} (must be < {threshold}): "
+                          f"{len(seen.decisions)} probes, same {seen.unit} on {best[1]:.0%} (must be < {threshold}): "
                           "a copy of a head already judged")
     if best is None:
         return GateResult("duplicate", True, f"no earlier {kind} head on these {len(seen.decisions)} probes "
                           f"({len(candidates)} on record)")
-    return GateResult("duplicate", True, f"highest cosine {best[0]:.4f} (same decision on {best[1]:.0%} of "
+    return GateResult("duplicate", True, f"highest cosine {best[0]:.4f} (same {seen.unit} on {best[1]:.0%} of "
                       f"{len(seen.decisions)} probes) with {best[2]} of {compared} compared (< {threshold})")
 
 

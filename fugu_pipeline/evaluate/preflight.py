@@ -22,7 +22,8 @@ is checked against its own kind's king, history and registry. In order:
 8. **size**: the kind's own cap (a triage head: under 1M parameters);
 9. **duplicate**: its behaviour on the host's probe set is not within cosine 0.99 of a head judged
    before or of the king (checked offline when the host keeps the probe inputs of this feature
-   contract, `probe.py`; `validate` always checks it);
+   contract, `probe.py`; a coordinator's whole sessions only when the host judged the same head
+   before; `validate` always checks it);
 10. **rate limit**: the key has an attempt of this kind left in this period (checked, not spent);
 11. **king**: whom it would face.
 """
@@ -223,6 +224,8 @@ def _duplicate_offline(pack: Path, manifest: Manifest, kind: str, models_dir, cf
     from fugu_pipeline.evaluate.probe import checkpoint_behaviour, load_probe
     from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
 
+    if kind == "coordinator":
+        return _coordinator_duplicate_offline(manifest, models_dir, cfg)
     kept = load_probe(models_dir, kind, manifest.contract_fingerprint)
     if kept is None:
         return GateResult("duplicate", True, "not checked offline: the host keeps no probe inputs for this feature "
@@ -247,6 +250,22 @@ def _duplicate_offline(pack: Path, manifest: Manifest, kind: str, models_dir, cf
         except CheckpointError:
             king = None
     return duplicate_gate(seen, models_dir, cfg.duplicate_cosine, kind=kind, king=king)
+
+
+def _coordinator_duplicate_offline(manifest: Manifest, models_dir, cfg: GateConfig) -> GateResult:
+    """A coordinator's behaviour is its whole sessions with the host's workers, which preflight does
+    not run: offline, only a head the host has judged already (its content hash in the registry)
+    is known, and its recorded sessions are compared with every head judged before."""
+    from fugu_pipeline.evaluate.gates import SeenHeads
+
+    registry = SeenHeads(models_dir)
+    own = next((e for e in registry.entries("coordinator") if e.get("content_hash") == manifest.content_hash), None)
+    seen = registry.behaviour(own) if own is not None else None
+    if seen is None:
+        return GateResult("duplicate", True, "not checked offline: a coordinator's behaviour is its whole sessions "
+                          "with the host's workers (validate runs them on the probe tasks and checks it)")
+    seen.unit = "whole session"
+    return duplicate_gate(seen, models_dir, cfg.duplicate_cosine, kind="coordinator")
 
 
 def king_gate(models_dir: str | Path, replace_broken_king: bool = False, kind: str = "router") -> GateResult:

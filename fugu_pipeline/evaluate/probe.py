@@ -3,10 +3,11 @@
 The probe set is a fixed sample of the host's tasks (up to `PROBE_SIZE`, chosen by a salted hash
 of the task id, so it does not move as rows are added), each read the way the head reads it (its
 own features, through its feature contract). A head's behaviour there is
-- its **decision** per probe (the worker it routes to; a coordinator's first role and worker; a
-  triage head's domain and difficulty), and
+- its **decision** per probe (the worker it routes to; a triage head's domain and difficulty; a
+  coordinator's whole session, every turn's role and worker, `roles_promotion.session_behaviour`), and
 - its **score vector**: the logits (or scores) of every softmax group, each group centred per probe
-  (its mean taken away), concatenated over probes and groups.
+  (its mean taken away), concatenated over probes and groups (a coordinator's: at every state of
+  its session where it picked).
 
 Centring per group is what makes it a measure of behaviour: softmax and argmax do not change when
 the same number is added to every score of a group, so a copy with one random vector added to
@@ -36,6 +37,7 @@ class Behaviour:
     probe: str  # the probe set's fingerprint: only behaviours on the same probes compare
     decisions: np.ndarray
     vector: np.ndarray
+    unit: str = "decision"  # what one entry of `decisions` is (a coordinator's: its whole session)
 
     def cosine(self, other: "Behaviour") -> float:
         a, b = self.vector, other.vector

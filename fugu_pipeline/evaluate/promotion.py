@@ -105,7 +105,7 @@ def load_policy(path: str | Path | None, *, required: bool = False, **overrides)
 
 def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, policy: PromotionPolicy, *,
                  live=None, tasks: dict | None = None, submitter: str = DEFAULT_SUBMITTER, now: float | None = None,
-                 features: FeatureSource | None = None, replace_broken_king: bool = False, key: str | None = None,
+                 features: FeatureSource | None = None, replace_broken_king: bool | str = False, key: str | None = None,
                  answers=None) -> dict:
     """One promotion attempt of one-step heads through the one contest (`contest.run_contest` with
     `router_contest.RouterKind`). The rate limit first (a refusal there is recorded but is no
@@ -125,8 +125,9 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
     holds models/promoted/.lock, so a second attempt waits and then faces the king the first one
     promoted; the pointer is compare-and-swapped on the version read before the king was loaded.
     A promoted checkpoint that cannot be loaded (damaged pointer, edited or missing checkpoint)
-    raises CheckpointError before scoring, recorded in the history, unless `replace_broken_king`:
-    then the challenger faces the baselines only and the history says why."""
+    raises CheckpointError before scoring, recorded in the history, unless `replace_broken_king`
+    (who asked, `contest.broken_king_ask`): then the challenger faces the baselines only and the
+    history keeps why and who asked."""
     from fugu_pipeline.evaluate.contest import run_contest
     from fugu_pipeline.evaluate.router_contest import RouterKind
 

@@ -272,11 +272,13 @@ def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task]
                          one_step_fallback: Path | None = None, cascade: Path | None = None,
                          cascade_fallback: Path | None = None, device: str = "auto", log: Log = print,
                          submitter: str = "pipeline", key: str | None = None, report: bool = True,
-                         replace_broken_king: bool = True) -> dict:
+                         replace_broken_king: bool | str = False) -> dict:
     """The held-out report (`evaluate/roles.py`), written to <checkpoint>/reports/roles-test.json
     (unless `report` is False: a pack being validated), and (with `promote`) the one contest on
     models/promoted/roles.json (`roles_promotion.RolesKind`). The cascade baseline: `cascade`, else
-    the promoted cascade, else `cascade_fallback` (`cascade_baseline`), loaded on `device`."""
+    the promoted cascade, else `cascade_fallback` (`cascade_baseline`), loaded on `device`. A promoted
+    coordinator that cannot be loaded stops the contest (CheckpointError, recorded in the history)
+    unless `replace_broken_king` names who asked for its replacement (`contest.broken_king_ask`)."""
     from fugu_pipeline.route.roles import check_session_format
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
@@ -315,7 +317,7 @@ def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task]
 
 def _promote(run: RolesRun, checkpoint_path: Path, tasks: list[Task], cfg: RolesConfig, models_dir: Path, rep: dict, *,
              seeds: int, policy: PromotionPolicy | None, log: Log, submitter: str, key: str | None,
-             replace_broken_king: bool) -> dict:
+             replace_broken_king: bool | str) -> dict:
     """The one contest for the coordinator; the outcome goes under rep["promotion"]."""
     from fugu_pipeline.evaluate.contest import run_contest
 

@@ -14,8 +14,13 @@ re-judgement of the same heads reads them back and calls nothing:
 - the **utility** `decide` reads: the shaped reward (quality − turn and cost penalties); the best
   fixed worker (answering alone, chosen on a sample of the training tasks) is the baseline; the
   training figure is the reward on that sample;
-- its **behaviour** for the duplicate gate: worker and role logits on the first transcript state
-  of a fixed probe sample of the host's training and validation tasks (`probe.py`).
+- its **behaviour** for the duplicate gate, over **whole sessions**: one greedy session on each
+  task of a fixed probe sample of the host's training and validation tasks (seed `PROBE_SEED`,
+  stored like every other session, so a head is probed once), and at every state where it picked
+  (each turn, and the pick that commits an answer) its centred worker and role logits, placed by
+  probe and turn (`max_turns` slots a probe, zeros after the session ended); its decision per
+  probe is the session's sequence of role:worker and how it stopped. Two coordinators that open
+  alike and part later are not copies; two that play every turn alike are (`session_behaviour`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ DEFAULT_MARGIN = 0.02  # TinyRouter's king rule
 EVAL_SEED_BASE = 2 * 10**9  # held-out sessions use seeds EVAL_SEED_BASE + k (as the multi-turn report)
 LIVE_SEED_BASE = 3 * 10**9  # the live sample's sessions: seeds of their own
 PROBE_TASKS = 64
+PROBE_SEED = 4 * 10**9  # the probe sessions' seed (the duplicate gate), apart from the evaluation and live seeds
 _UNREAD = object()
 
 
@@ -164,15 +170,39 @@ class RolesKind(KindBase):
         return float(np.mean(out.figure))
 
     def behaviour(self, entrant: Entrant):
-        from fugu_pipeline.evaluate.probe import checkpoint_behaviour, probe_fingerprint, probe_ids, save_probe
-        from fugu_pipeline.session.policy import Step
+        """The head's whole greedy sessions on the probe tasks (module docstring); the king's and
+        any head's probed before are read back from the trajectory store."""
+        from fugu_pipeline.evaluate.probe import probe_fingerprint, probe_ids
 
         ids = probe_ids([t.task_id for t in self.probe_pool], PROBE_TASKS)
-        probe = probe_fingerprint(self.name, ids)
-        if "probe_features" not in self.__dict__:
-            steps = [Step(self.by_id[t].prompt, self.by_id[t].domain, []) for t in ids]
-            self.probe_features = self.run.featurizer.features([s.head for s in steps])
-        domains = [self.by_id[t].domain for t in ids]
-        if self.models_dir is not None:
-            save_probe(self.models_dir, self.name, entrant.manifest.contract_fingerprint, probe, self.probe_features, domains)
-        return checkpoint_behaviour(probe, entrant.head, self.probe_features, domains)
+        turns = self.run.runner.max_turns
+        probe = probe_fingerprint(f"{self.name}:sessions:{turns}:{PROBE_SEED}", ids)
+        policy = self._policy(entrant)
+        trs = self.run.runner.run([policy], [(self.by_id[t], PROBE_SEED) for t in ids], greedy=True)[0]
+        return session_behaviour(probe, policy, trs, {t: self.by_id[t].prompt for t in ids}, turns)
+
+
+def session_behaviour(probe: str, policy, trajectories: list, prompts: dict[str, str], max_turns: int):
+    """A coordinator's behaviour over its sessions (`probe.Behaviour`): per session, the centred
+    logits of every softmax group (the worker sets and the roles) at each state where the policy
+    picked, in slot (session, turn), and the decision "role:worker>...>stop reason". `prompts`:
+    each session's task prompt by task id (a trajectory keeps only its hash)."""
+    from fugu_pipeline.evaluate.probe import Behaviour, centred
+    from fugu_pipeline.session.policy import Step
+
+    steps, slots, decisions = [], [], []
+    for i, tr in enumerate(trajectories):
+        picks = len(tr.turns) + (tr.stop_reason == "committed")  # committing is a pick without a call
+        for k in range(min(picks, max_turns)):
+            steps.append(Step(prompts[tr.task_id], tr.domain, tr.turns[:k]))
+            slots.append((i, k))
+        decisions.append(">".join([*(f"{t.role}:{t.chosen_worker}" for t in tr.turns), tr.stop_reason]))
+    n, sets = len(policy.worker_ids), policy.worker_sets
+    width = len(policy.weight)  # every worker set, then the roles
+    out = np.zeros((len(trajectories), max_turns, width))
+    if steps:
+        z = policy.logits(steps)
+        rows = centred([z[:, j * n:(j + 1) * n] for j in range(sets)] + [z[:, sets * n:]]).reshape(len(steps), width)
+        for (i, k), row in zip(slots, rows):
+            out[i, k] = row
+    return Behaviour(probe, np.asarray(decisions, dtype=object), out.ravel(), unit="whole session")
