@@ -205,7 +205,7 @@ class KindBase:
             return receipt_gate(receipt_from_manifest(entrant.manifest, data=data), policy.gates, data=data)
         weights = (Path(entrant.path) / WEIGHTS_FILE).read_bytes()
         return receipt_gate(receipt, policy.gates, data=data, weights=weights, manifest=entrant.manifest,
-                            ledger=pack_ledger(entrant.path))
+                            ledger=pack_ledger(entrant.path, self.models_dir))
 
     def candidate(self, entrant: Entrant, held: HeldOut, cfg: CompositeConfig):
         """The figures `decide` reads, from the kind's outcomes on the held-out eval rows."""

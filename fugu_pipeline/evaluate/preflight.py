@@ -14,7 +14,8 @@ is checked against its own kind's king, history and registry. In order:
    the host is the kind's king by default, or `--workers` / `--encoder` / `--data`;
 5. **signature**: signed (ed25519) over every pack file by a key the host accepts
    (`models/promoted/keys.json`); the key is who submits;
-6. **ledger**: the cost ledger's hash chain holds from its first line to its last;
+6. **ledger**: the cost ledger's hash chain holds from its first line to its last, and every
+   line is signed by a collector key the host trusts (`collector_key.py`);
 7. **receipt**: it names these weights (sha256 and content hash), agrees with the manifest
    (fitness curve and cost included), cites the ledger's head, lines and totals as recomputed,
    claims no more training cost than the ledger's paid calls, records ≥ 3 fitness steps and a
@@ -182,10 +183,10 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
     gates.append(sig[0])
     if sig[1] is not None:
         who, key = sig[1]
-    ledger = pack_ledger(pack)
+    ledger = pack_ledger(pack, models_dir)
     gates.append(GateResult("ledger", isinstance(ledger, object) and ledger is not None and not isinstance(ledger, str),
                             f"no {LEDGER_COPY}" if ledger is None else ledger if isinstance(ledger, str)
-                            else f"hash chain holds: {ledger.describe()}"))
+                            else f"hash chain holds, every line signed by a collector this host trusts: {ledger.describe()}"))
     receipt = None
     if RECEIPT_FILE in missing:
         gates.append(GateResult("receipt", False, f"no training receipt ({RECEIPT_FILE} is missing): pack the checkpoint "

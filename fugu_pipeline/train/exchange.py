@@ -195,15 +195,18 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     return out
 
 
-def pack_ledger(pack_dir: str | Path) -> LedgerSummary | str | None:
-    """The recomputed summary of a pack's ledger; a string saying why it cannot be verified; None
-    when the pack holds none."""
+def pack_ledger(pack_dir: str | Path, models_dir: str | Path | None = None) -> LedgerSummary | str | None:
+    """The recomputed summary of a pack's ledger; a string (one line naming the file and line)
+    saying why it cannot be verified; None when the pack holds none. With `models_dir` (a host),
+    every line must be signed by a collector key the host trusts (`collector_key.trusted_keys`)."""
+    from fugu_pipeline.collector_key import CollectorKeyError, trusted_keys
+
     p = Path(pack_dir) / LEDGER_COPY
     if not p.is_file():
         return None
     try:
-        return summarize(read_entries(p))
-    except (LedgerError, OSError) as exc:
+        return summarize(read_entries(p, trusted_keys(models_dir) if models_dir is not None else None))
+    except (LedgerError, OSError, CollectorKeyError) as exc:
         return str(exc)
 
 
