@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -101,3 +102,38 @@ def remove_stale_temps(path: str | Path, min_age_s: float = STALE_TEMP_AGE_S) ->
         finally:
             os.close(fd)
     return removed
+
+
+CHUNK_BYTES = 1 << 20  # what a streamed read holds in memory at once
+
+
+class FileTooLargeError(ValueError):
+    """A file larger than it may be, or not a regular file; refused before (or while) it is read."""
+
+
+def _check_size(path: Path, st: os.stat_result, limit: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise FileTooLargeError(f"{path}: not a regular file (a folder, device, pipe or socket)")
+    if st.st_size > limit:
+        raise FileTooLargeError(f"{path}: {st.st_size:,} bytes, over the cap of {limit:,}")
+
+
+def stream_file(path: str | Path, limit: int, *hashers, sink=None) -> int:
+    """Read `path` once, in chunks of `CHUNK_BYTES`, into every hasher (`hashlib` objects) and into
+    `sink` (a binary file) when given; the number of bytes. A device, pipe or socket, and a file
+    of more than `limit` bytes, are refused (FileTooLargeError) without being read; a file that
+    grows past `limit` while it is read is refused when the reading reaches the limit."""
+    path = Path(path)
+    _check_size(path, os.stat(path), limit)  # a FIFO would block `open` itself
+    with open(path, "rb") as fh:
+        _check_size(path, os.fstat(fh.fileno()), limit)  # the file opened, should the name have moved
+        n = 0
+        while chunk := fh.read(min(CHUNK_BYTES, limit + 1 - n)):
+            n += len(chunk)
+            if n > limit:
+                raise FileTooLargeError(f"{path}: grew past the cap of {limit:,} bytes while being read")
+            for h in hashers:
+                h.update(chunk)
+            if sink is not None:
+                sink.write(chunk)
+    return n

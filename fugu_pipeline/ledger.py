@@ -8,7 +8,10 @@ the composite's live term, `import` the recorded cost of imported routing data),
 task, what it cost, and `prev`, the hash of the line before (the first line's `prev` is
 `GENESIS`). A line's `hash` is the sha256 of its canonical JSON without `hash`. Editing, dropping
 or reordering any line breaks every hash after it, so the last line's hash (the ledger's head)
-pins the whole history.
+pins the whole history. Each line is signed by the collector that wrote it (`collector_key.py`:
+`key` the fingerprint of its ed25519 key, `sig` the signature of `hash`), so the head alone does
+not pin the figures: a ledger written from scratch, or edited with its hashes recomputed, carries
+no signature of a key the host trusts, and `verify_ledger(path, trusted)` names its first such line.
 
 A training receipt (`train/exchange.py`) cites the head, the number of lines and the totals per
 kind; `verify_ledger` recomputes all of them from the file, so a receipt whose figures the
@@ -18,7 +21,8 @@ Appending is cheap and safe with several writers: the file is held open; each ap
 exclusive `flock`, reads the previous hash (remembered from this process's last append when the
 file did not grow since, else from the file's last line), writes one line with a single
 `write(2)` on an O_APPEND descriptor, fsyncs, and lets go. A torn last line (a crash mid-write)
-is cut before the next append, as in the response store. One fsync per paid call of collection,
+or a last line that is not a ledger entry (garbage) is cut before the next append, with a warning,
+and collection goes on; a kill at any instant loses at most the lines of the write in flight. One fsync per paid call of collection,
 beside the one the response store already makes (`benchmarks/bench_clients.py --ledger` measures
 both); session turns, which a coordinator's training makes by the ten thousand, are appended in
 batches (`append_many`: one write and one fsync for up to 256 lines, and at the end of the run).
@@ -27,6 +31,7 @@ batches (`append_many`: one write and one fsync for up to 256 lines, and at the 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 import time
@@ -35,10 +40,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fugu_pipeline.collector_key import CollectorKey, LineVerifier, load_collector_key
 from fugu_pipeline.hashing import canonical_json, sha256_text
+
+log = logging.getLogger(__name__)
 
 LEDGER_FILE = Path("data") / "ledger" / "costs.jsonl"
 GENESIS = "0" * 64
+MAX_GARBAGE_TAIL_LINES = 16  # a file that ends with more lines that are not entries is not a ledger: not cut
 KINDS = ("collection", "judge", "session", "live", "import")
 PAID_FOR_TRAINING = ("collection", "judge", "session", "import")  # what a head's training data can have cost
 Kind = Literal["collection", "judge", "session", "live", "import"]
@@ -59,10 +68,15 @@ class LedgerEntry(BaseModel):
     ref: str = Field("", description="where the call belongs: a batch, a session head, a head judged live, an import file")
     cost_usd: float = Field(ge=0)
     prev: str
+    key: str = Field("", description="fingerprint of the collector key that signed the line (collector_key.py)")
     hash: str = ""
+    sig: str = Field("", description="the collector's ed25519 signature of `hash` (base64)")
 
     def digest(self) -> str:
-        return sha256_text(canonical_json(self.model_dump(mode="json", exclude={"hash"})))
+        body = self.model_dump(mode="json", exclude={"hash", "sig"})
+        if not body["key"]:  # an unsigned line hashes as lines did before lines were signed
+            del body["key"]
+        return sha256_text(canonical_json(body))
 
 
 class KindTotal(BaseModel):
@@ -104,10 +118,12 @@ def summarize(entries: list[LedgerEntry]) -> LedgerSummary:
     return LedgerSummary(head=entries[-1].hash if entries else GENESIS, lines=len(entries), totals=totals)
 
 
-def read_entries(path: str | Path) -> list[LedgerEntry]:
+def read_entries(path: str | Path, trusted: dict[str, str] | None = None) -> list[LedgerEntry]:
     """Every line of a ledger, with its chain checked; LedgerError (naming the line) when a line
     does not parse, is out of sequence, or does not hold the previous line's hash or its own.
-    A missing file is an empty ledger; a torn last line (no newline) is not a line yet."""
+    With `trusted` (fingerprint -> public key, `collector_key.trusted_keys`), every line must also
+    be signed by one of those keys. A missing file is an empty ledger; a torn last line (no
+    newline) is not a line yet."""
     p = Path(path)
     if not p.exists():
         return []
@@ -119,6 +135,7 @@ def read_entries(path: str | Path) -> list[LedgerEntry]:
         lines = lines[:-1]
     out: list[LedgerEntry] = []
     prev = GENESIS
+    verifier = LineVerifier(trusted) if trusted is not None else None
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             if n == len(lines):
@@ -135,21 +152,28 @@ def read_entries(path: str | Path) -> list[LedgerEntry]:
                               "a line before it was edited, dropped or reordered")
         if e.digest() != e.hash:
             raise LedgerError(f"{p} line {n}: its hash does not match its content (edited: cost, worker, task or time)")
+        why = verifier.problem(e.key, e.hash, e.sig) if verifier is not None else None
+        if why:
+            raise LedgerError(f"{p} line {n}: {why}")
         out.append(e)
         prev = e.hash
     return out
 
 
-def verify_ledger(path: str | Path) -> LedgerSummary:
-    """The recomputed summary of a ledger file (LedgerError when its chain is broken)."""
-    return summarize(read_entries(path))
+def verify_ledger(path: str | Path, trusted: dict[str, str] | None = None) -> LedgerSummary:
+    """The recomputed summary of a ledger file (LedgerError when its chain is broken, or with
+    `trusted`, when a line is not signed by a trusted collector key)."""
+    return summarize(read_entries(path, trusted))
 
 
 class CostLedger:
-    """Appends to one ledger file (module docstring). Thread-safe; several processes may append."""
+    """Appends to one ledger file (module docstring). Thread-safe; several processes may append.
+    `key`: the collector key that signs each line (default: the host's, made on first use; it is
+    loaded here, so a key that cannot be used stops collection before any call is paid)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, key: CollectorKey | None = None):
         self.path = Path(path)
+        self.key = key if key is not None else load_collector_key(create=True)
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._known: tuple[int, str, int] | None = None  # (file size, last hash, last seq) after our last append
@@ -161,34 +185,33 @@ class CostLedger:
         return self._fd
 
     def _tail(self, fd: int) -> tuple[str, int]:
-        """(hash, seq) of the last complete line; a torn last line is cut first."""
+        """(hash, seq) of the last line. A torn last line (no newline: a crash mid-write) and last
+        lines that are not ledger entries (garbage) are cut first, each with a warning, so one bad
+        tail never stops collection; a file whose last `MAX_GARBAGE_TAIL_LINES` + 1 lines are all
+        garbage is not a ledger and is left whole (LedgerError)."""
         size = os.fstat(fd).st_size
         if self._known is not None and self._known[0] == size:
             return self._known[1], self._known[2]
-        if size == 0:
-            return GENESIS, 0
-        block = 4096
-        while True:
-            start = max(0, size - block)
-            data = os.pread(fd, size - start, start)
-            if not data.endswith(b"\n"):
-                cut = data.rfind(b"\n")
-                if cut < 0 and start > 0:
-                    block *= 2
-                    continue
-                os.ftruncate(fd, start + cut + 1)
-                os.fsync(fd)
-                size = start + cut + 1
-                if size == 0:
-                    return GENESIS, 0
-                continue
-            body = data[:-1]
-            nl = body.rfind(b"\n")
-            if nl < 0 and start > 0:
-                block *= 2
-                continue
-            last = LedgerEntry.model_validate_json(body[nl + 1:])
-            return last.hash, last.seq
+        end, cuts, last = size, [], None
+        while end > 0:
+            start, line = _last_line(fd, end)
+            if line.endswith(b"\n"):
+                try:
+                    last = LedgerEntry.model_validate_json(line[:-1])
+                    break
+                except ValueError:
+                    if sum(c[2] for c in cuts) >= MAX_GARBAGE_TAIL_LINES:
+                        raise LedgerError(f"{self.path}: its last {len(cuts) + 1} lines are not ledger entries: not a cost "
+                                          "ledger (nothing cut); move it aside or give another ledger path") from None
+            cuts.append((start, end, line.endswith(b"\n")))
+            end = start
+        for start, stop, complete in cuts:
+            what = "a last line that is not a ledger entry" if complete else "a torn last line (a write cut off mid-way)"
+            log.warning("%s: cut %s (%d bytes at byte %d) before appending", self.path, what, stop - start, start)
+        if cuts:
+            os.ftruncate(fd, end)
+            os.fsync(fd)
+        return (last.hash, last.seq) if last is not None else (GENESIS, 0)
 
     def append(self, kind: str, cost_usd: float, *, worker_id: str = "", task_id: str = "", ref: str = "") -> LedgerEntry:
         return self.append_many([(kind, cost_usd, worker_id, task_id, ref)])[0]
@@ -206,8 +229,10 @@ class CostLedger:
                 for kind, cost_usd, worker_id, task_id, ref in calls:
                     seq += 1
                     e = LedgerEntry(seq=seq, at=round(time.time(), 3), kind=kind, worker_id=worker_id, task_id=task_id,
-                                    ref=ref, cost_usd=_round(max(0.0, float(cost_usd or 0.0))), prev=prev)
+                                    ref=ref, cost_usd=_round(max(0.0, float(cost_usd or 0.0))), prev=prev,
+                                    key=self.key.fingerprint)
                     e.hash = prev = e.digest()
+                    e.sig = self.key.sign(e.hash)
                     out.append(e)
                 data = b"".join(e.model_dump_json().encode("utf-8") + b"\n" for e in out)
                 n = os.write(fd, data)
@@ -231,6 +256,18 @@ class CostLedger:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _last_line(fd: int, end: int) -> tuple[int, bytes]:
+    """(offset, bytes) of the last line of the file's first `end` bytes (its newline included when it has one)."""
+    block = 4096
+    while True:
+        start = max(0, end - block)
+        data = os.pread(fd, end - start, start)
+        nl = data.rfind(b"\n", 0, len(data) - 1)
+        if nl >= 0 or start == 0:
+            return start + nl + 1, data[nl + 1:]
+        block *= 2
 
 
 def project_ledger(project_dir: str | Path) -> Path:

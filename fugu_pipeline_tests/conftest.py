@@ -1,5 +1,6 @@
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ TASK_DATA = Path(os.environ.get("FUGU_TASK_DATA", SHARED_DATA / "tasks"))
 # 40-50 CPU-s with 2 threads, 30 with one). Set before anything imports torch; a value in the
 # environment wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The collector key that signs cost-ledger lines (collector_key.py): one per test session, in a
+# temporary folder, never the user's ~/.config one; the commands the tests start inherit it.
+os.environ.setdefault("FUGU_COLLECTOR_KEY_FILE", os.path.join(tempfile.mkdtemp(prefix="fugu-tests-"), "collector.key"))
 
 
 def pytest_xdist_auto_num_workers(config) -> int:

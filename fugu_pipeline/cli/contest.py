@@ -1,4 +1,4 @@
-"""The contest on the command line: `keygen`, `accept-key`, `pack`, `preflight`, `validate`. Thin:
+"""The contest on the command line: `keygen`, `accept-key`, `collector-key`, `pack`, `preflight`, `validate`. Thin:
 each calls the core (`train/signing.py`, `train/exchange.py`, `evaluate/preflight.py`, the one
 contest in `evaluate/contest.py`). Every kind of head packs and validates the same way; `validate`
 reads the kind from the pack's manifest: a one-step router or a triage head is scored on the
@@ -24,6 +24,13 @@ def add_commands(add, data_opts) -> None:
             "(models/promoted/keys.json); the rate limit counts per key")
     p.add_argument("name", help="who the key belongs to (letters, digits, - _ .)")
     p.add_argument("public_key", help="the public key fugu-lite keygen printed (base64)")
+    p.add_argument("--models-dir", default="models")
+
+    p = add("collector-key", cmd_collector_key, "show the host's collector key, which signs every cost-ledger line "
+            "(made on first use), trust another collector's key, or rotate it")
+    p.add_argument("--trust", nargs=2, metavar=("NAME", "PUBLIC_KEY"), default=None,
+                   help="trust a collector public key under a name (models/promoted/collector_keys.json)")
+    p.add_argument("--rotate", action="store_true", help="keep trusting the current key, then make a new one in the key file")
     p.add_argument("--models-dir", default="models")
 
     p = add("pack", cmd_pack, "write a head (any kind), its receipt, its feature contract and the cost ledger "
@@ -97,6 +104,32 @@ def cmd_accept_key(args) -> int:
     keys = accept_key(args.models_dir, args.name, args.public_key)
     print(f"accepted {args.name} (key {fingerprint(args.public_key.strip())}) in {keys_path(args.models_dir)}: "
           f"{len(keys.keys)} key(s)")
+    return 0
+
+
+def cmd_collector_key(args) -> int:
+    from fugu_pipeline.collector_key import (
+        fingerprint, load_collector_key, read_trusted, rotate_key_file, trust_key, trusted_path,
+    )
+
+    if args.trust:
+        name, public = args.trust
+        trust_key(args.models_dir, name, public)
+        print(f"trusted collector key {fingerprint(public.strip())} as {name} in {trusted_path(args.models_dir)}")
+        return 0
+    if args.rotate:
+        old = load_collector_key(create=False)
+        if old is not None:
+            trust_key(args.models_dir, f"retired-{old.fingerprint}", old.public_key)
+            print(f"kept trusting the old key {old.fingerprint} (ledgers it signed) in {trusted_path(args.models_dir)}")
+        old, new = rotate_key_file()
+        print(f"new collector key {new.fingerprint} in {new.source}: new ledger lines are signed with it")
+        return 0
+    key = load_collector_key(create=True)
+    print(f"collector key {key.fingerprint} ({key.source}); public key: {key.public_key}")
+    trusted = read_trusted(args.models_dir)
+    print(f"also trusted ({trusted_path(args.models_dir)}): "
+          + (", ".join(f"{n} {fingerprint(k['public_key'])}" for n, k in sorted(trusted.items())) or "none"))
     return 0
 
 

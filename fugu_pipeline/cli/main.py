@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default=None, help="promotion policy YAML (composite weights; default: configs/promotion.yaml)")
     budget_opts(p, "report the operating point for a cap: λ chosen on validation, scored on --split")
 
-    harness.add_commands(add, data_opts)  # baseline, keygen, accept-key, pack, preflight, validate, train-triage, triage-report
+    harness.add_commands(add, data_opts)  # baseline, keygen, accept-key, collector-key, pack, preflight, validate, train-triage, triage-report
 
     p = add("evaluate-roles", roles.cmd_evaluate_roles, "the held-out multi-turn report of a coordinator on a "
             "project's tasks (vs the one-step router, the answer-aware cascade and the best fixed worker); --promote "
@@ -324,12 +324,13 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fugu_pipeline.workers.catalog import CatalogError
     from fugu_pipeline.workers.config import WorkerConfigError
     from fugu_pipeline.workers.contract import WorkerCallError
+    from fugu_pipeline.collector_key import CollectorKeyError
     from fugu_pipeline.ledger import LedgerError
     from fugu_pipeline.train.signing import SigningError
 
     return (CatalogError, CheckpointError, EncoderLoadError, RewardMatrixError, RouterError, TaskFileError,
             ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError, BudgetError,
-            PartitionBusyError, LedgerError, SigningError)
+            PartitionBusyError, LedgerError, SigningError, CollectorKeyError)
 
 
 if __name__ == "__main__":

@@ -205,7 +205,7 @@ class KindBase:
             return receipt_gate(receipt_from_manifest(entrant.manifest, data=data), policy.gates, data=data)
         weights = (Path(entrant.path) / WEIGHTS_FILE).read_bytes()
         return receipt_gate(receipt, policy.gates, data=data, weights=weights, manifest=entrant.manifest,
-                            ledger=pack_ledger(entrant.path))
+                            ledger=pack_ledger(entrant.path, self.models_dir))
 
     def candidate(self, entrant: Entrant, held: HeldOut, cfg: CompositeConfig):
         """The figures `decide` reads, from the kind's outcomes on the held-out eval rows."""
@@ -347,7 +347,7 @@ def contest_record(contest: dict | None) -> dict | None:
 # --------------------------------------------------------------------------- gates before scoring
 
 
-def signature_gate(path: str | Path, models_dir: str | Path, key: str | None) -> GateResult | None:
+def signature_gate(path: str | Path, models_dir: str | Path, key: str | None, caps=None) -> GateResult | None:
     """A pack (a folder with receipt.json outside the models folder) must be signed by a key the
     host accepts, and by the key its attempt is counted under; None for a host's own checkpoint."""
     from fugu_pipeline.evaluate.promotion_record import relative_to
@@ -358,7 +358,7 @@ def signature_gate(path: str | Path, models_dir: str | Path, key: str | None) ->
     if not (p / RECEIPT_FILE).exists() or relative_to(p, Path(models_dir)) is not None:
         return None
     try:
-        name, fp = verify_pack(p, list(PACK_FILES), read_keys(models_dir))
+        name, fp = verify_pack(p, list(PACK_FILES), read_keys(models_dir), **(caps.pack_caps() if caps else {}))
     except SigningError as exc:
         return GateResult("signature", False, str(exc))
     if key is not None and fp != key:
@@ -368,7 +368,7 @@ def signature_gate(path: str | Path, models_dir: str | Path, key: str | None) ->
 
 def entry_gates(kind, entrant: Entrant, models_dir, policy, king: Entrant | None, key: str | None) -> list[GateResult]:
     gates = [GateResult("weights", True, "shape, finite, not all zero")]
-    sig = signature_gate(entrant.path, models_dir, key)
+    sig = signature_gate(entrant.path, models_dir, key, policy.gates)
     if sig is not None:
         gates.append(sig)
     gates.extend(kind.own_gates(entrant))

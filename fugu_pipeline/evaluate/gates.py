@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fugu_pipeline.evaluate.probe import Behaviour
 from fugu_pipeline.train.pointer import POINTER
+from fugu_pipeline.train.signing import MAX_MEMBER_BYTES, MAX_PACK_BYTES
 
 SEEN_DIR = POINTER.parent / "seen"
 HISTORY = POINTER.parent / "history.jsonl"
@@ -54,6 +55,14 @@ class GateConfig(BaseModel):
     duplicate_cosine: float = Field(0.99, gt=0, le=1, description="refuse a head this similar to one judged before or the king")
     min_fitness_steps: int = Field(3, ge=0, description="fitness entries (epochs / generations) the receipt must record")
     require_paid_cost: bool = Field(True, description="where workers were paid, the receipt must record a training cost > 0")
+    pack_member_max_bytes: int = Field(MAX_MEMBER_BYTES, gt=0, description="a pack member (weights, ledger...) of more "
+                                       "bytes is refused before it is read")
+    pack_total_max_bytes: int = Field(MAX_PACK_BYTES, gt=0, description="a pack whose members hold more bytes is "
+                                      "refused before they are read")
+
+    def pack_caps(self) -> dict:
+        """The size caps, as `train/signing.verify_pack` takes them."""
+        return {"member_cap": self.pack_member_max_bytes, "total_cap": self.pack_total_max_bytes}
 
 
 @dataclass

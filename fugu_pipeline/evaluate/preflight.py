@@ -13,8 +13,12 @@ is checked against its own kind's king, history and registry. In order:
    the host's order and reads the host's features (encoder, pooling, layer, template, dim...);
    the host is the kind's king by default, or `--workers` / `--encoder` / `--data`;
 5. **signature**: signed (ed25519) over every pack file by a key the host accepts
-   (`models/promoted/keys.json`); the key is who submits;
-6. **ledger**: the cost ledger's hash chain holds from its first line to its last;
+   (`models/promoted/keys.json`); the key is who submits. Checked before the weights are read,
+   with each member's size against the caps (`pack_member_max_bytes`, `pack_total_max_bytes`):
+   a pack that fails here for any reason but a changed member is not read further (its
+   contract.json aside);
+6. **ledger**: the cost ledger's hash chain holds from its first line to its last, and every
+   line is signed by a collector key the host trusts (`collector_key.py`);
 7. **receipt**: it names these weights (sha256 and content hash), agrees with the manifest
    (fitness curve and cost included), cites the ledger's head, lines and totals as recomputed,
    claims no more training cost than the ledger's paid calls, records ≥ 3 fitness steps and a
@@ -164,8 +168,15 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
     else:
         gates.append(GateResult("manifest", True, f"{manifest.method} {manifest.head_kind} ({kind}), "
                                 f"{manifest.param_count:,} params"))
+    # the signature and its key first: a pack nobody the host accepts signed (or one over the size
+    # caps) is refused before its weights are read; a member changed after signing is read to say more
+    sig, readable = _signature_gate(pack, models_dir, cfg)
+    if not readable:  # the small contract.json is still checked: what else a submitter would have to fix
+        gates.extend([_contract_gate(pack, manifest, host, CONTRACT_FILE not in missing), sig[0]])
+        return PreflightResult(False, gates, who, manifest, kind=kind)
     try:
-        weights = read_capped(pack / WEIGHTS_FILE, weights_limit(manifest.tensors), "the manifest's tensors")
+        weights = read_capped(pack / WEIGHTS_FILE, min(weights_limit(manifest.tensors), cfg.pack_member_max_bytes),
+                              "the manifest's tensors")
     except (OSError, ValueError) as exc:
         gates.append(GateResult("weights", False, str(exc)[:300]))
         return PreflightResult(False, gates, who, kind=kind)
@@ -179,14 +190,13 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
     gates.append(_contract_gate(pack, manifest, host, CONTRACT_FILE not in missing))
 
     key = None
-    sig = _signature_gate(pack, models_dir)
     gates.append(sig[0])
     if sig[1] is not None:
         who, key = sig[1]
-    ledger = pack_ledger(pack)
+    ledger = pack_ledger(pack, models_dir)
     gates.append(GateResult("ledger", isinstance(ledger, object) and ledger is not None and not isinstance(ledger, str),
                             f"no {LEDGER_COPY}" if ledger is None else ledger if isinstance(ledger, str)
-                            else f"hash chain holds: {ledger.describe()}"))
+                            else f"hash chain holds, every line signed by a collector this host trusts: {ledger.describe()}"))
     receipt = None
     if RECEIPT_FILE in missing:
         gates.append(GateResult("receipt", False, f"no training receipt ({RECEIPT_FILE} is missing): pack the checkpoint "
@@ -208,14 +218,18 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
     return PreflightResult(all(g.ok for g in gates), gates, who, manifest, receipt, key=key, kind=kind)
 
 
-def _signature_gate(pack: Path, models_dir: str | Path) -> tuple[GateResult, tuple[str, str] | None]:
-    from fugu_pipeline.train.signing import SigningError, read_keys, verify_pack
+def _signature_gate(pack: Path, models_dir: str | Path, cfg: GateConfig):
+    """((the gate, (name, fingerprint) or None), whether the members may be read: the signature
+    verifies with a key the host accepts and they are within the caps)."""
+    from fugu_pipeline.train.signing import MemberMismatch, SigningError, read_keys, verify_pack
 
     try:
-        name, fp = verify_pack(pack, list(PACK_FILES), read_keys(models_dir))
+        name, fp = verify_pack(pack, list(PACK_FILES), read_keys(models_dir), **cfg.pack_caps())
+    except MemberMismatch as exc:
+        return (GateResult("signature", False, str(exc)), None), True
     except SigningError as exc:
-        return GateResult("signature", False, str(exc)), None
-    return GateResult("signature", True, f"signed by {name} (key {fp}), a key this host accepts"), (name, fp)
+        return (GateResult("signature", False, str(exc)), None), False
+    return (GateResult("signature", True, f"signed by {name} (key {fp}), a key this host accepts"), (name, fp)), True
 
 
 def _duplicate_offline(pack: Path, manifest: Manifest, kind: str, models_dir, cfg: GateConfig, pointer_file: Path,
@@ -301,7 +315,7 @@ def _contract_gate(pack: Path, manifest: Manifest, host: Host | None, present: b
         problems.append(f"{CONTRACT_FILE} is missing")
     else:
         try:
-            c = PackContract.model_validate_json((pack / CONTRACT_FILE).read_text(encoding="utf-8"))
+            c = PackContract.model_validate_json(read_capped(pack / CONTRACT_FILE, 2**20, "a contract"))
         except (OSError, ValueError) as exc:
             problems.append(f"{CONTRACT_FILE} does not parse: {str(exc)[:200]}")
         else:

@@ -70,7 +70,8 @@ def apply(decision, challenger, models_dir: str | Path, *, report_path: str | No
     try:
         rel = relative_to(challenger.path, models_dir)
         if rel is None:  # a pack folder from elsewhere: keep a copy with the other checkpoints
-            rel = relative_to(import_checkpoint(challenger.path, models_dir), models_dir)
+            rel = relative_to(import_checkpoint(challenger.path, models_dir, expected_hash=challenger.content_hash),
+                              models_dir)
         pointer = {"checkpoint": rel, "method": challenger.method, "content_hash": challenger.content_hash,
                    "promoted_at": now, "test_utility": challenger.mean, "reasons": decision.reasons,
                    "composite": decision.figures.get("composite"), "submitter": submitter,

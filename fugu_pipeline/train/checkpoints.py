@@ -259,12 +259,17 @@ def save_checkpoint(
     return target
 
 
-def checkpoint_hash(weights: bytes, manifest: Manifest) -> str:
+def hashed_fields(manifest: Manifest) -> bytes:
+    """What the content hash covers after the weights' bytes: the manifest's fields, canonical."""
     body = {k: v for k, v in manifest.model_dump(mode="json").items() if k not in UNHASHED_FIELDS}
     for extra in ("head_params", "head_shape"):  # heads without them hash as they did before the fields existed
         if not body.get(extra):
             body.pop(extra, None)
-    return hashlib.sha256(weights + canonical_json(body).encode()).hexdigest()[:16]
+    return canonical_json(body).encode()
+
+
+def checkpoint_hash(weights: bytes, manifest: Manifest) -> str:
+    return hashlib.sha256(weights + hashed_fields(manifest)).hexdigest()[:16]
 
 
 def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None = None) -> Checkpoint:

@@ -27,6 +27,7 @@ No torch at import.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -36,7 +37,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from fugu_pipeline.features.contract import FeatureContract
-from fugu_pipeline.files import atomic_write, fsync_dir
+from fugu_pipeline.files import FileTooLargeError, atomic_write, fsync_dir, stream_file
 from fugu_pipeline.ledger import KindTotal, LedgerError, LedgerSummary, read_entries, summarize
 from fugu_pipeline.train.checkpoints import (
     MANIFEST_FILE,
@@ -45,6 +46,7 @@ from fugu_pipeline.train.checkpoints import (
     CheckpointError,
     Manifest,
     checkpoint_hash,
+    hashed_fields,
     load_checkpoint,
     read_capped,
     weights_limit,
@@ -195,15 +197,18 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     return out
 
 
-def pack_ledger(pack_dir: str | Path) -> LedgerSummary | str | None:
-    """The recomputed summary of a pack's ledger; a string saying why it cannot be verified; None
-    when the pack holds none."""
+def pack_ledger(pack_dir: str | Path, models_dir: str | Path | None = None) -> LedgerSummary | str | None:
+    """The recomputed summary of a pack's ledger; a string (one line naming the file and line)
+    saying why it cannot be verified; None when the pack holds none. With `models_dir` (a host),
+    every line must be signed by a collector key the host trusts (`collector_key.trusted_keys`)."""
+    from fugu_pipeline.collector_key import CollectorKeyError, trusted_keys
+
     p = Path(pack_dir) / LEDGER_COPY
     if not p.is_file():
         return None
     try:
-        return summarize(read_entries(p))
-    except (LedgerError, OSError) as exc:
+        return summarize(read_entries(p, trusted_keys(models_dir) if models_dir is not None else None))
+    except (LedgerError, OSError, CollectorKeyError) as exc:
         return str(exc)
 
 
@@ -231,20 +236,25 @@ def read_receipt(path: str | Path) -> Receipt | None:
         raise CheckpointError(f"{p}: not a valid receipt: {exc}") from None
 
 
-def import_checkpoint(path: str | Path, models_dir: str | Path) -> Path:
+def import_checkpoint(path: str | Path, models_dir: str | Path, *, expected_hash: str | None = None,
+                      max_bytes: int | None = None) -> Path:
     """Copy a checkpoint folder (a pack) into `models/<method>/<content hash>/`, byte for byte, and
-    return that folder (the same one when it is already there). Refuses (CheckpointError) a
-    manifest that does not parse, whose content_hash is not its weights' and fields', or whose
-    method and hash would name a folder outside `models/<method>/`."""
+    return that folder (the same one when it is already there). The weights are read once: streamed
+    into a temporary folder while they are hashed, which is renamed into place only when they are
+    the manifest's (weights_sha256 and content_hash), so the bytes checked are the bytes kept.
+    Refuses (CheckpointError) a manifest that does not parse, whose content_hash is not its
+    weights' and fields', that is not `expected_hash` (the checkpoint judged), weights of more
+    than the manifest's tensors take (or `max_bytes`), and a method and hash that would name a
+    folder outside `models/<method>/`."""
     src = Path(path)
     try:
-        manifest = Manifest.model_validate_json((src / MANIFEST_FILE).read_text(encoding="utf-8"))
-        weights = (src / WEIGHTS_FILE).read_bytes()
-    except (OSError, ValueError) as exc:  # ValueError: pydantic's, and a manifest that is not UTF-8
+        manifest_bytes = read_capped(src / MANIFEST_FILE, MAX_MANIFEST_BYTES, "a manifest")
+        manifest = Manifest.model_validate_json(manifest_bytes)
+    except (OSError, ValueError) as exc:  # ValueError: pydantic's, a manifest that is not UTF-8, one too large
         raise CheckpointError(f"{src / MANIFEST_FILE}: not a checkpoint to import ({_one_line(exc)})") from None
-    if checkpoint_hash(weights, manifest) != manifest.content_hash:
-        raise CheckpointError(f"{src / MANIFEST_FILE}: manifest content_hash does not match its weights and fields "
-                              "(edited); pack the checkpoint again")
+    if expected_hash is not None and manifest.content_hash != expected_hash:
+        raise CheckpointError(f"{src / MANIFEST_FILE}: holds {manifest.content_hash}, not {expected_hash}, the checkpoint "
+                              "judged (it changed after it was judged); nothing imported")
     models = Path(os.path.abspath(models_dir))
     parent = models / manifest.method
     target = parent / manifest.content_hash
@@ -260,8 +270,25 @@ def import_checkpoint(path: str | Path, models_dir: str | Path) -> Path:
     tmp = parent / f".import-{manifest.content_hash}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    for name in (WEIGHTS_FILE, MANIFEST_FILE):
-        atomic_write(tmp / name, (src / name).read_bytes())
-    tmp.replace(target)
+    limit = weights_limit(manifest.tensors) if max_bytes is None else min(max_bytes, weights_limit(manifest.tensors))
+    try:
+        whole, content = hashlib.sha256(), hashlib.sha256()
+        try:
+            with open(tmp / WEIGHTS_FILE, "xb") as out:
+                stream_file(src / WEIGHTS_FILE, limit, whole, content, sink=out)
+                out.flush()
+                os.fsync(out.fileno())
+        except (OSError, FileTooLargeError) as exc:
+            raise CheckpointError(f"{src / WEIGHTS_FILE}: cannot import the weights ({_one_line(exc)})") from None
+        content.update(hashed_fields(manifest))
+        if whole.hexdigest() != manifest.weights_sha256 or content.hexdigest()[:16] != manifest.content_hash:
+            raise CheckpointError(f"{src / MANIFEST_FILE}: manifest content_hash does not match its weights and fields "
+                                  "(edited); pack the checkpoint again")
+        atomic_write(tmp / MANIFEST_FILE, manifest_bytes)
+        fsync_dir(tmp)
+        tmp.replace(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     fsync_dir(parent)
     return target

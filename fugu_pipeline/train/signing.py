@@ -11,6 +11,13 @@ NAME PUBLIC_KEY`), each under a name. `preflight` and `validate` refuse an unsig
 that is not the one signed, a signature that does not verify, and a key the host does not hold.
 The rate limit counts attempts per key: renaming the receipt's `submitter` changes nothing (and
 breaks the signature).
+
+Verification reads the members last, and by streaming: `signature.json` (at most 1 MiB) is parsed,
+its ed25519 signature over the listed digests is checked and its key looked up first, so a forged
+or unknown signature is refused without reading a member; then every member's size is checked
+against a cap per member and a cap for the whole pack (`MAX_MEMBER_BYTES`, `MAX_PACK_BYTES`; a
+host sets them as `pack_member_max_bytes` / `pack_total_max_bytes` in its promotion policy's
+gates) before any byte of it is read, and each is hashed in 1 MiB chunks.
 """
 
 from __future__ import annotations
@@ -25,17 +32,25 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fugu_pipeline.files import atomic_write
+from fugu_pipeline.files import FileTooLargeError, atomic_write, stream_file
 from fugu_pipeline.hashing import canonical_json
 
 SIGNATURE_FILE = "signature.json"
 SIGNATURE_FORMAT = "fugu-pack-signature/1"
 KEY_ENV = "FUGU_SIGNING_KEY"
 KEYS_FILE = Path("promoted") / "keys.json"
+MAX_MEMBER_BYTES = 512 * 2**20  # a pack member (the weights, the ledger...) of more is refused unread
+MAX_PACK_BYTES = 1024 * 2**20  # all members together
+MAX_SIGNATURE_BYTES = 2**20
 
 
 class SigningError(ValueError):
     """A signing key or a signature cannot be used; the message says which and what to do."""
+
+
+class MemberMismatch(SigningError):
+    """The signature verifies with a key the host accepts, but a member is missing, added or changed
+    after signing (its members were within the caps: a caller may go on reading them to say more)."""
 
 
 class PackSignature(BaseModel):
@@ -119,8 +134,15 @@ def key_from_env() -> str:
     return value
 
 
-def file_digests(folder: Path, names: list[str]) -> dict[str, str]:
-    return {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in names if (folder / n).is_file()}
+def file_digests(folder: Path, names: list[str], limit: int = 2**62) -> dict[str, str]:
+    """sha256 of each file of `names` present in `folder`, streamed (at most `limit` bytes a file)."""
+    out = {}
+    for n in names:
+        if (folder / n).is_file():
+            h = hashlib.sha256()
+            stream_file(folder / n, limit, h)
+            out[n] = h.hexdigest()
+    return out
 
 
 def sign_pack(folder: str | Path, names: list[str], private_key: str) -> PackSignature:
@@ -139,9 +161,12 @@ def sign_pack(folder: str | Path, names: list[str], private_key: str) -> PackSig
     return sig
 
 
-def verify_pack(folder: str | Path, names: list[str], accepted: AcceptedKeys) -> tuple[str, str]:
+def verify_pack(folder: str | Path, names: list[str], accepted: AcceptedKeys, *, member_cap: int = MAX_MEMBER_BYTES,
+                total_cap: int = MAX_PACK_BYTES) -> tuple[str, str]:
     """(the key's name on this host, its fingerprint) when `folder` is signed over exactly these
-    files by a key the host accepts; else SigningError naming what is wrong."""
+    files by a key the host accepts; else SigningError (one line naming what is wrong). The
+    signature and the key are checked before any member is read, the members' sizes against
+    `member_cap` and `total_cap` before they are read, and then each is hashed by streaming."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -150,15 +175,14 @@ def verify_pack(folder: str | Path, names: list[str], accepted: AcceptedKeys) ->
     if not path.is_file():
         raise SigningError(f"unsigned pack: no {SIGNATURE_FILE} (sign it: set ${KEY_ENV} and run fugu-lite pack)")
     try:
-        sig = PackSignature.model_validate_json(path.read_bytes())
-    except ValueError as exc:
+        raw = b""
+        if path.stat().st_size <= MAX_SIGNATURE_BYTES:
+            raw = path.read_bytes()[:MAX_SIGNATURE_BYTES + 1]
+        if not raw or len(raw) > MAX_SIGNATURE_BYTES:
+            raise ValueError(f"empty, or more than {MAX_SIGNATURE_BYTES:,} bytes")
+        sig = PackSignature.model_validate_json(raw)
+    except (OSError, ValueError) as exc:
         raise SigningError(f"{SIGNATURE_FILE} does not parse: {str(exc).splitlines()[0][:200]}") from None
-    want = sorted(n for n in names if (folder / n).is_file())
-    if sorted(sig.files) != want:
-        raise SigningError(f"{SIGNATURE_FILE} covers {sorted(sig.files)}, the pack holds {want}")
-    changed = [n for n, h in file_digests(folder, want).items() if sig.files.get(n) != h]
-    if changed:
-        raise SigningError(f"{', '.join(changed)} changed after signing (its sha256 is not the signed one)")
     try:
         pub = Ed25519PublicKey.from_public_bytes(_unb64(sig.public_key, "the signature's public key", 32))
         pub.verify(_unb64(sig.signature, "the signature"), sig.message())
@@ -169,6 +193,28 @@ def verify_pack(folder: str | Path, names: list[str], accepted: AcceptedKeys) ->
     if name is None:
         raise SigningError(f"signed by key {fp}, which this host does not accept (fugu-lite accept-key NAME KEY "
                            "adds a submitter's public key)")
+    want = sorted(n for n in names if (folder / n).is_file())
+    total = 0
+    for n in want:
+        size = (folder / n).stat().st_size
+        total += size
+        if size > member_cap:
+            raise SigningError(f"{n}: {size:,} bytes, over the cap of {member_cap:,} bytes a pack member may hold "
+                               "(pack_member_max_bytes): refused unread")
+    if total > total_cap:
+        raise SigningError(f"the pack's members hold {total:,} bytes, over the cap of {total_cap:,} bytes a pack may "
+                           "hold (pack_total_max_bytes): refused unread")
+    if sorted(sig.files) != want:
+        raise MemberMismatch(f"{SIGNATURE_FILE} covers {sorted(sig.files)}, the pack holds {want}")
+    changed = []
+    for n in want:
+        try:
+            if file_digests(folder, [n], member_cap).get(n) != sig.files.get(n):
+                changed.append(n)
+        except FileTooLargeError as exc:
+            raise SigningError(f"{n}: {str(exc).split(': ', 1)[-1]} (pack_member_max_bytes): refused") from None
+    if changed:
+        raise MemberMismatch(f"{', '.join(changed)} changed after signing (its sha256 is not the signed one)")
     return name, fp
 
 
