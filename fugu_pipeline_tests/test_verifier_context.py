@@ -200,3 +200,28 @@ def test_a_final_answer_is_read_among_the_prompts_options(prompt, final, valid):
 
     got = dict(zip(OPTION_STATS, option_stats(f"The answer is {final}.", final, prompt)))
     assert got["option_valid"] == valid and (got["options_listed"] > 0) == ("?\n" in prompt or "(a)" in prompt)
+
+
+def test_a_saved_context_verifier_scores_offline_as_it_does_live():
+    """The checkpoint's context model read offline (every row at once) and live (one request, its
+    paid replies) gives the same score."""
+    from fugu_pipeline.features.answer_features import answer_stats
+    from fugu_pipeline.train.verifier_context import CALIB_KEYS, bucket_key, context_of_head, fit_context
+
+    data, grid = _mc_matrix(n=120, seed=2)
+    folds = fold_ids(data.task_ids, 4, 0)
+    inp = answer_inputs(data, grid, None, None, encode=False, stat_names=STATS)
+    base, _, _ = oof_scores(inp, folds, input_sets=("stats",))
+    codes = answer_codes(grid.final)
+    saved = fit_context(inp, base, codes, folds).final.to_json()
+    offline = context_of_head(saved, base, codes, inp)
+    from fugu_pipeline.train.verifier_context import ContextModel
+
+    model = ContextModel.from_json(saved)
+    keys = [k for k in CALIB_KEYS if k in model.stat_names]
+    for i in range(0, 120, 17):
+        paid = [0, 2, 1]
+        live = model.score_live(paid, [grid.final[i, j] for j in paid], [base[i, j] for j in paid],
+                                [bucket_key(answer_stats(grid.text[i, j], grid.final[i, j], data.prompts[i], keys)) for j in paid],
+                                4, [1, 2])
+        assert np.allclose(live, offline.at(paid)[i, [2, 1]], atol=1e-5)

@@ -218,15 +218,18 @@ def cascade_over_single_turns(router, tasks: list, replies: dict[str, list]) -> 
         plan = router.head.policy.plan_for(task.domain)
         kind = router.answer_kind(task.domain) or kind_for_grader(task.grader.type) or detect_kind(
             task.prompt, [replies[w][k].answer for w in plan.workers])
-        finals, scores, order, cost, wait = [], [], [], 0.0, 0.0
+        finals, scores, order, called, cost, wait = [], [], [], [], 0.0, 0.0
         for s, step in enumerate(plan.steps):
             got = [(w, replies[w][k]) for w in step.workers]
             cost += sum(t.cost_usd for _, t in got)
             wait += max(getattr(t, "latency_s", 0.0) for _, t in got)
             new = [extract(t.answer, kind) for _, t in got]
-            scores += router.verify(task.prompt, task.domain, [(w, t.answer, f) for (w, t), f in zip(got, new)])
+            mine = [(w, t.answer, f) for (w, t), f in zip(got, new)]
+            paid = [(w, t.answer, f) for w, t, f in zip(called, order, finals)] + mine  # read with the paid ones
+            scores += router.verify(task.prompt, task.domain, mine, paid)
             finals += new
             order += [t for _, t in got]
+            called += [w for w, _ in got]
             d = decide(step, s == len(plan.steps) - 1, finals, scores, len(got))
             if d.accept:
                 break

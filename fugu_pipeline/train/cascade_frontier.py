@@ -48,10 +48,11 @@ def non_dominated(points: list[dict]) -> list[dict]:
 
 
 def oof_frontier(grid_for, rows: np.ndarray, folds: np.ndarray, cfg: CascadeSearch, allowed=None,
-                 shares=SHARES) -> dict:
+                 shares=SHARES, per_row: bool = False) -> dict:
     """{"levels": one point per cap met by every fold, "frontier": the non-dominated ones, "plans":
     the plans searched per fold} (see the module docstring). `grid_for(fit_rows)` gives the search
-    grid with expected costs from those rows; `folds` the fold of each of `rows`."""
+    grid with expected costs from those rows; `folds` the fold of each of `rows`. `per_row`: also
+    each level's out-of-fold quality and cost per row of `rows` (`per_row`: {share: (quality, cost)})."""
     n = len(rows)
     qual = {s: np.zeros(n) for s in shares}
     cost = {s: np.zeros(n) for s in shares}
@@ -82,7 +83,8 @@ def oof_frontier(grid_for, rows: np.ndarray, folds: np.ndarray, cfg: CascadeSear
                        "cost_usd": float(cost[s].mean()), "cost_share": float(cost[s].mean() / max(ref_all, 1e-300)),
                        "plan": chosen[2].describe() if chosen else None,
                        "plan_spec": chosen[2].model_dump() if chosen else None})
-    return {"levels": levels, "frontier": non_dominated(levels), "plans_per_search": considered, "rows": int(n),
+    extra = {"per_row": {s: (qual[s], cost[s]) for s in shares if met[s]}} if per_row else {}
+    return {**extra, "levels": levels, "frontier": non_dominated(levels), "plans_per_search": considered, "rows": int(n),
             "strongest_cost_usd": float(ref_all), "strongest": g_all.worker_ids[strongest(g_all, rows)],
             "strongest_quality": float(g_all.quality[rows, strongest(g_all, rows)].mean())}
 
