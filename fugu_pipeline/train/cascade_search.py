@@ -5,8 +5,9 @@ The search enumerates plans of a bounded shape over the workers (`CascadeSearch`
 cheaper workers called at once, or up to three cheap steps one after another; after each early
 step agreement of the answers so far and/or a verifier threshold from a grid of the scores'
 quantiles (the scores read at that point of the plan when the verifier reads the paid replies).
-With the defaults (3 finals, 5 cheap workers, 10 thresholds) it is at most about 5,000 plans,
-never more than `max_plans`. Every plan is run offline on the recorded answers (`simulate`)
+With the defaults (3 finals, 5 cheap workers, 10 thresholds) it is at most 5,793 plans (7,413 when
+the verifier reads the paid replies, which adds steps where the verifier alone decides), never more
+than `max_plans`. Every plan is run offline on the recorded answers (`simulate`)
 with EXPECTED costs and latencies (each worker's mean over the rows the choice is made on, never
 a row's own cost), and scored by
 - no cap: the mean utility (quality − cost and latency terms, the matrix's weights);
@@ -118,7 +119,9 @@ def candidate_plans(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, allowed: l
     - (`parallel` 3) three at once: stop if two agree, if all three agree, or two agree or the
       verifier passes; two at once, then a third: stop if the two agree, then if two of the three do;
     - (`cheap_steps` 3) three one after another: the verifier on the first, then agreement of two
-      and/or the verifier on the second and third."""
+      and/or the verifier on the second and third.
+    When the scores read the paid replies, a step after the first (and three at once) may also stop
+    on the verifier alone: it reads the agreement itself and may overrule it."""
     ids = grid.worker_ids
     usable = [j for j, w in enumerate(ids) if allowed is None or w in allowed]
     q = grid.quality[rows].mean(axis=0)
@@ -163,6 +166,8 @@ def candidate_plans(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, allowed: l
                         yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], agree=2), last])
                         for v2 in coarse([b], [a, b]):
                             yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], agree=2, verify=v2), last])
+                            if in_context:  # the verifier reads the agreement itself: it may overrule it
+                                yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], verify=v2), last])
             if cfg.parallel >= 3:
                 for a, b, c in itertools.combinations(cheap, 3):
                     three = [ids[a], ids[b], ids[c]]
@@ -170,6 +175,8 @@ def candidate_plans(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, allowed: l
                     yield CascadePlan(steps=[CascadeStep(workers=three, agree=3), last])
                     for v in coarse([a, b, c], n=3):
                         yield CascadePlan(steps=[CascadeStep(workers=three, agree=2, verify=v), last])
+                        if in_context:
+                            yield CascadePlan(steps=[CascadeStep(workers=three, verify=v), last])
                     for x, y, z in ((a, b, c), (a, c, b), (b, c, a)):
                         yield CascadePlan(steps=[CascadeStep(workers=[ids[x], ids[y]], agree=2),
                                                  CascadeStep(workers=[ids[z]], agree=2), last])
