@@ -260,9 +260,13 @@ def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data
         return None
     rep = evaluate_cascade(result.path, data, pipeline.paths.reward_db, settings, _cache_root(pipeline, encoder),
                            one_shot=report.selected_path())
-    context.log.info("\n".join(result.lines() + report_lines(rep)))  # one event per report, one block in the run log
+    shown = [line for line in report_lines(rep) if line not in rep.get("frontier_lines", [])]  # printed by result.lines()
+    context.log.info("\n".join(result.lines() + shown))  # one event per report, one block in the run log
+    md = "\n".join(["```"] + result.lines() + shown + ["```"])
+    if rep.get("frontier_png"):  # the out-of-fold frontier's plot (evaluate/frontier.py), 640 x 400 px
+        md += f"\n\n![frontier](data:image/png;base64,{base64.b64encode(Path(rep['frontier_png']).read_bytes()).decode()})"
     return {"cascade": str(result.path), "policy": result.shipped, "shipped": str(result.shipped_path),
-            "cascade_report": rep["report_path"], "policy_md": "\n".join(["```"] + result.lines() + report_lines(rep) + ["```"])}
+            "cascade_report": rep["report_path"], "policy_md": md}
 
 
 def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str,

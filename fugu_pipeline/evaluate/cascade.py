@@ -63,6 +63,7 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     (matrix/answers.py) and `inputs` (train/cascade_fit.answer_inputs) are row-aligned and in the
     checkpoint's worker order; `scores`: its `verifier_scores` when already computed."""
     from fugu_pipeline.train.cascade_policy import answer_codes, simulate
+    from fugu_pipeline.train.verifier_context import context_of_head
 
     if list(data.worker_ids) != list(checkpoint.manifest.worker_ids):
         raise ValueError(f"the data's workers {data.worker_ids} are not the checkpoint's {checkpoint.manifest.worker_ids}; "
@@ -71,6 +72,7 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     rows = np.flatnonzero(data.splits == split) if rows is None else np.asarray(rows, int)
     codes = answer_codes(grid.final)
     scores = verifier_scores(head, inputs) if scores is None else scores
+    scores = context_of_head(getattr(head, "context", None), scores, codes, inputs)  # a reply read with the paid ones
     cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
     lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
     doms = np.asarray(data.domains, dtype=str)
@@ -155,6 +157,7 @@ def report_lines(rep: dict) -> list[str]:
         out.append(f"  | {d['domain']!r} | {d['n']} | {d['plan']} | {d['accuracy']:.4f} | {d['cost_usd_per_1k']:.4g} | "
                    f"{d['cost_share_of_strongest']:.1%} | {d['best_worker_accuracy']:.4f} | {d['strongest']} "
                    f"{d['strongest_accuracy']:.4f} |")
+    out += rep.get("frontier_lines", [])  # evaluate/frontier.py
     return out
 
 
@@ -179,6 +182,7 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     `<out_dir or path/reports>/<split>.json` when `out_dir` is not False."""
     import json
 
+    from fugu_pipeline.evaluate.frontier import add_frontier
     from fugu_pipeline.files import atomic_write
     from fugu_pipeline.matrix.answers import read_answers
     from fugu_pipeline.train.cascade_fit import answer_inputs
@@ -193,6 +197,7 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     if out_dir is not False:
         target = Path(out_dir or Path(path) / "reports") / f"{split}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
+        add_frontier(rep, ckpt, target.parent)  # evaluate/frontier.py: the out-of-fold frontier, printed and plotted
         atomic_write(target, (json.dumps(rep, indent=2, default=float) + "\n").encode())
         rep["report_path"] = str(target)
     return rep
@@ -213,15 +218,18 @@ def cascade_over_single_turns(router, tasks: list, replies: dict[str, list]) -> 
         plan = router.head.policy.plan_for(task.domain)
         kind = router.answer_kind(task.domain) or kind_for_grader(task.grader.type) or detect_kind(
             task.prompt, [replies[w][k].answer for w in plan.workers])
-        finals, scores, order, cost, wait = [], [], [], 0.0, 0.0
+        finals, scores, order, called, cost, wait = [], [], [], [], 0.0, 0.0
         for s, step in enumerate(plan.steps):
             got = [(w, replies[w][k]) for w in step.workers]
             cost += sum(t.cost_usd for _, t in got)
             wait += max(getattr(t, "latency_s", 0.0) for _, t in got)
             new = [extract(t.answer, kind) for _, t in got]
-            scores += router.verify(task.prompt, task.domain, [(w, t.answer, f) for (w, t), f in zip(got, new)])
+            mine = [(w, t.answer, f) for (w, t), f in zip(got, new)]
+            paid = [(w, t.answer, f) for w, t, f in zip(called, order, finals)] + mine  # read with the paid ones
+            scores += router.verify(task.prompt, task.domain, mine, paid)
             finals += new
             order += [t for _, t in got]
+            called += [w for w, _ in got]
             d = decide(step, s == len(plan.steps) - 1, finals, scores, len(got))
             if d.accept:
                 break

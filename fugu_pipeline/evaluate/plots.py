@@ -55,9 +55,10 @@ KEY_FIELD = "fugu-plot-key"  # the PNG text chunk holding the hash of what drew 
 
 
 @contextmanager
-def plotted(target, width: float, height: float, ncols: int = 1, key: str | None = None):
+def plotted(target, width: float, height: float, ncols: int = 1, key: str | None = None, dpi: int = DPI):
     """A figure in the report style; yields its axes (one, or a list of `ncols`) and writes the PNG
-    to `target` (a path or a binary file) when the block ends, with `key` (`plot_key`) in it."""
+    to `target` (a path or a binary file) when the block ends, with `key` (`plot_key`) in it; `dpi`:
+    a plot shown in a narrow dialog is written at fewer dots per inch."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -67,7 +68,7 @@ def plotted(target, width: float, height: float, ncols: int = 1, key: str | None
         FigureCanvasAgg(fig)
         axes = fig.subplots(1, ncols)
         yield fig, (list(axes) if ncols > 1 else axes)
-        fig.savefig(target, format="png", dpi=DPI, metadata={KEY_FIELD: key} if key else None)
+        fig.savefig(target, format="png", dpi=dpi, metadata={KEY_FIELD: key} if key else None)
 
 
 def png_bytes(draw, width: float, height: float, ncols: int = 1, key: str | None = None) -> bytes:

@@ -23,6 +23,10 @@ does not apply, so they can be read for any kind of task:
 - `self_corrections`: "wait", "actually", "correction", "let me recalculate" ...
 - `repeated_lines`: the share of the reply's non-empty lines that repeat an earlier one (a
   generation stuck in a loop).
+
+A second group, `OPTION_STATS`, reads the reply with its prompt's options (multiple choice): how
+many the prompt lists, whether the final answer is one of them, which one, whether the reply
+repeats its text, and the final answer's length (`option_stats`).
 """
 
 from __future__ import annotations
@@ -153,3 +157,48 @@ def check_stats(reply: str | None, final: str | None, prompt: str) -> np.ndarray
         math.log1p(len(_NUMBER.findall(line))), disagree, math.log1p(max(0, tail)), used,
         math.log1p(len(_DOUBT.findall(text))), repeated,
     ], dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- the answer among the options
+#
+# A reply read with its prompt: where the prompt lists options (`A. ...`, `(B) ...`, `C) ...`, or
+# `Answer Choices: (a) ... (b) ...`), which one the final answer picked and whether it is one of them.
+# Neutral (all zero but `option_valid` = 1 and `option_position` = 0) where the prompt lists none.
+OPTION_STATS = ("options_listed", "option_valid", "option_position", "option_text_in_reply", "final_chars")
+_OPTION_LINE = re.compile(r"(?:^|\n)[ \t]*[\(\[]?([A-Ja-j])[\)\]\.:][ \t]+([^\n]+)")
+_OPTION_INLINE = re.compile(r"\(([A-Ja-j])\)[ \t]*([^()\n]+?)(?=[ \t]*\([A-Ja-j]\)|[ \t]*$|\n)")
+
+
+def prompt_options(prompt: str) -> dict[str, str]:
+    """{letter (upper case): option text} of the options a prompt lists, in order; {} when it lists
+    fewer than two (a lone `A: ...` line is an answer, not a list)."""
+    found: dict[str, str] = {}
+    for rx in (_OPTION_LINE, _OPTION_INLINE):
+        for letter, text in rx.findall(prompt[-8000:]):
+            found.setdefault(letter.upper(), text.strip())
+        if len(found) >= 2:
+            break
+        found = {}
+    letters = sorted(found)
+    # a list is A, B, C, ... in a row: a stray "I." in running text is not one
+    if len(letters) < 2 or letters[0] != "A" or "".join(letters) != "ABCDEFGHIJ"[:len(letters)]:
+        return {}
+    return found
+
+
+def option_stats(reply: str | None, final: str | None, prompt: str) -> np.ndarray:
+    """The statistics `OPTION_STATS` names: how many options the prompt lists (log), whether the final
+    answer is one of them (a letter listed, or an option's text), the picked option's place in the list
+    (0 first .. 1 last; 0 when none or not an option), whether the reply repeats the picked option's text,
+    and the final answer's length (log of characters). All zero for no reply."""
+    if reply is None:
+        return np.zeros(len(OPTION_STATS), dtype=np.float32)
+    opts = prompt_options(prompt)
+    f = (final or "").strip()
+    if not opts:
+        return np.array([0.0, 1.0, 0.0, 0.0, math.log1p(len(f))], dtype=np.float32)
+    letters = list(opts)
+    pick = f.upper() if f.upper() in opts else next((k for k, v in opts.items() if f and f.lower() == v.lower()), None)
+    pos = letters.index(pick) / max(1, len(letters) - 1) if pick else 0.0
+    said = float(bool(pick) and opts[pick].lower()[:60] in reply[-MAX_CHARS:].lower())
+    return np.array([math.log1p(len(opts)), float(pick is not None), pos, said, math.log1p(len(f))], dtype=np.float32)

@@ -11,7 +11,8 @@ length, whether a final answer can be read at all, whether that answer merely re
 the prompt, hedging words, how many steps written as `a op b = c` hold (`STATS_V1`, the first
 set), and the checks of `answer_checks.py` (the reply's own arithmetic recomputed, whether the final
 answer was computed, conflicting or hedged final answers, text after the answer, the prompt's
-numbers left unused, self-corrections, loops). A cascade checkpoint records the names it was
+numbers left unused, self-corrections, loops), and the final answer read among the prompt's options
+(`answer_checks.OPTION_STATS`: multiple choice). A cascade checkpoint records the names it was
 trained on (one saved without them read `STATS_V1`), so serving builds the same columns.
 `cached_answer_stats` keeps them content-addressed beside the encoder features.
 """
@@ -24,16 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from fugu_pipeline.features.answer_checks import CHECK_STATS, check_stats
+from fugu_pipeline.features.answer_checks import CHECK_STATS, OPTION_STATS, check_stats, option_stats
 from fugu_pipeline.features.settings import EncoderSettings
 
 TAIL_CHARS = 400
 ANSWER_TEXT_FORMAT = "final+tail400"  # recorded in a cascade's checkpoint: serving must build the same text
 STATS_V1 = ("log_chars", "log_lines", "readable", "in_prompt", "digit_share", "hedges", "equations", "equations_hold",
             "final_repeats", "integer")
-STATS = STATS_V1 + CHECK_STATS
+STATS_V2 = STATS_V1 + CHECK_STATS  # the statistics before the options were read
+STATS = STATS_V2 + OPTION_STATS
 # the cache directory of the statistics: a change to how any of them is computed takes a new name
-STATS_CACHE = "answer-stats-v2"
+STATS_CACHE = "answer-stats-v3"
 _HEDGE = re.compile(r"\b(?:maybe|perhaps|not sure|unsure|i think|i believe|approximately|roughly|sorry|cannot|can't|"
                     r"unclear|might be|possibly|guess)\b", re.IGNORECASE)
 _EQ = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s*([-+*/x×÷])\s*(-?\d[\d,]*(?:\.\d+)?)\s*=\s*(-?\d[\d,]*(?:\.\d+)?)")
@@ -78,14 +80,15 @@ def answer_stats(reply: str | None, final: str | None, prompt: str, names: tuple
     unknown = [n for n in names if n not in STATS]
     if unknown:
         raise ValueError(f"unknown reply statistic(s) {unknown}; known: {list(STATS)}")
-    full = np.concatenate([_stats_v1(reply, final, prompt), check_stats(reply, final, prompt)])
+    full = np.concatenate([_stats_v1(reply, final, prompt), check_stats(reply, final, prompt),
+                           option_stats(reply, final, prompt)])
     return full[[STATS.index(n) for n in names]]
 
 
 def cached_answer_stats(cells: list[tuple[str | None, str | None, str]], cache_root: str | Path | None,
                         names: tuple[str, ...] | list[str] = STATS) -> np.ndarray:
     """`answer_stats` of (reply, final answer, prompt) triples, (N, len(names)), through the content-
-    addressed cache under `<cache_root>/answer-stats-v2/` (key: the sha256 of prompt, reply and final
+    addressed cache under `<cache_root>/answer-stats-v3/` (key: the sha256 of prompt, reply and final
     answer; every statistic is stored, `names` picks the columns). No cache root: computed."""
     from fugu_pipeline.features.cache import EmbeddingCache
     from fugu_pipeline.hashing import sha256_text

@@ -9,7 +9,8 @@ frontier within it), the first step's first worker as `worker_id`, and the plan 
   and limits); a failed call is listed and the step goes on with the answers it got;
 - after a step, the accept rule (`train/cascade_policy.decide`) on the final answers so far
   (`tasks/final_answer.py`, the kind the checkpoint learnt for the domain) and the verifier's
-  scores (the prompt's and each reply's features from the same encoder);
+  scores (the prompt's and each reply's features from the same encoder; with a context verifier,
+  each of the step's replies read with every reply paid for so far, as the plan was chosen);
 - the last step is always accepted; when every call of it failed, the remaining workers are tried
   one at a time, the strongest first (the one-call fallback).
 `CascadeRun` records every step (workers, final answers, verifier scores, cost, latency, errors)
@@ -115,8 +116,33 @@ class CascadeRouter(Router):
             out.append(dec)
         return out
 
-    def verify(self, prompt: str, domain: str | None, replies: list[tuple[str, str | None, str | None]]) -> list[float | None]:
-        """Verifier scores of (worker, reply, final answer) triples for one prompt (None: no reply)."""
+    def verify(self, prompt: str, domain: str | None, replies: list[tuple[str, str | None, str | None]],
+               context: list[tuple[str, str | None, str | None]] | None = None) -> list[float | None]:
+        """Verifier scores of (worker, reply, final answer) triples for one prompt (None: no reply).
+        `context`: every reply paid for so far, ending with these (None: these alone); a checkpoint with
+        a context verifier reads each reply with them (agreement, answer distribution, calibration)."""
+        model = getattr(self.head, "context_model", None) if self.head.context else None
+        if model is None or float(self.head.used[0]) != 1.0:
+            return self._cell_scores(prompt, domain, replies)
+        from fugu_pipeline.features.answer_features import answer_stats
+        from fugu_pipeline.train.verifier_context import CALIB_KEYS, bucket_key
+
+        paid = list(context) if context else list(replies)
+        base = self._cell_scores(prompt, domain, paid)
+        keys = [k for k in CALIB_KEYS if k in model.stat_names]
+        have = [i for i, (_, r, _) in enumerate(paid) if r is not None]
+        ws = [self.worker_ids.index(paid[i][0]) for i in have]
+        bucket = [bucket_key(answer_stats(paid[i][1], paid[i][2], prompt, keys)) for i in have]
+        at = [len(paid) - len(replies) + k for k in range(len(replies))]  # these are the last paid replies
+        which = [have.index(i) for i in at if i in have]
+        got = model.score_live(ws, [paid[i][2] for i in have], [base[i] for i in have], bucket, len(self.worker_ids), which)
+        out: list[float | None] = [None] * len(replies)
+        for k, s in zip([k for k, i in enumerate(at) if i in have], got):
+            out[k] = s
+        return out
+
+    def _cell_scores(self, prompt: str, domain: str | None, replies) -> list[float | None]:
+        """The cell verifier's scores: each reply read alone."""
         from fugu_pipeline.features.answer_features import answer_stats, answer_text
 
         if float(self.head.used[0]) != 1.0 or not replies:
@@ -211,7 +237,12 @@ async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, de
         total += rec.cost_usd
         kind = kind or detect_kind(prompt, [r.answer for _, r in new])
         new_finals = [extract(r.answer, kind) for _, r in new]
-        new_scores = await verify(prompt, domain, [(w, r.answer, f) for (w, r), f in zip(new, new_finals)]) if new else []
+        step_replies = [(w, r.answer, f) for (w, r), f in zip(new, new_finals)]
+        if new and getattr(router.head, "context", None):  # read with every reply paid for so far
+            paid = [(w, c.answer, f) for (w, c), f in zip(got, finals)] + step_replies
+            new_scores = await verify(prompt, domain, step_replies, paid)
+        else:
+            new_scores = await verify(prompt, domain, step_replies) if new else []
         got += new
         finals += new_finals
         scores += new_scores

@@ -18,9 +18,12 @@ def plan_over(workers: list[str]) -> dict:
 
 
 def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, seed: int = 0,
-                             workers: list[str] | None = None, answer_kinds: dict | None = None) -> Path:
+                             workers: list[str] | None = None, answer_kinds: dict | None = None,
+                             context: bool = False, plan: dict | None = None) -> Path:
     """`workers`: three worker ids (default: the stub workers); `answer_kinds`: the final-answer
-    kind per domain (default: numbers everywhere; `{}`: each task's grader decides)."""
+    kind per domain (default: numbers everywhere; `{}`: each task's grader decides); `context`: also
+    fit and save the context verifier (train/verifier_context.py: each reply read with the paid ones);
+    `plan`: a policy of its own (default `plan_over(workers)`)."""
     from fugu_pipeline.features.answer_features import STATS, answer_stats, answer_text, embed_answers
     from fugu_pipeline.features.contract import FeatureContract  # noqa: F401  (the data's contract type)
     from fugu_pipeline.features.encoder import Encoder
@@ -62,7 +65,16 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
     enc.close()
     inputs = VerifierInputs(prompt=feats, answer=answer, has=np.ones((n, 3), bool), target=quality, stat_names=STATS)
     verifier = fit_all(inputs, np.arange(n), 0.01)
-    policy = CascadePolicy.model_validate(plan_over(ids))
+    policy = CascadePolicy.model_validate(plan or plan_over(ids))
+    ctx = {}
+    if context:
+        from fugu_pipeline.train.cascade_policy import answer_codes
+        from fugu_pipeline.train.verifier_context import fit_context
+
+        base = np.full((n, 3), np.nan)
+        X, _, at = inputs.design(np.arange(n))
+        base[at[:, 0], at[:, 1]] = verifier.predict(X)
+        ctx = fit_context(inputs, base, answer_codes(finals), np.arange(n) % 3).final.to_json()
     choice = Choice(policy.default, 0.9, 1e-3, 0.9, 1, [{"cost_usd": 3e-4, "quality": 0.8, "plan": policy.default.model_dump()},
                                                        {"cost_usd": 5e-3, "quality": 0.95, "plan": {"steps": [{"workers": ids[2:3]}]}}])
     fit = CascadeFit(policy=policy, verifier=verifier, objective="utility", candidates=[], selected="cascade",
@@ -70,5 +82,5 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
                      choices={"*": choice}, expected_cost=dict(zip(ids, [1e-4, 2e-4, 5e-3])), answers_version="stub",
                      worker_quality=dict(zip(ids, [0.7, 0.72, 0.95])),
                      answer_kinds={"*": "number"} if answer_kinds is None else answer_kinds,
-                     stat_names=STATS)
+                     stat_names=STATS, context=ctx)
     return save_cascade(models_dir, data, fit, answer.shape[2])

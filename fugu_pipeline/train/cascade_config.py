@@ -23,5 +23,7 @@ class CascadeConfig(BaseModel):
     n_boot: int = Field(2000, ge=200, description="bootstrap resamples of the out-of-fold gain's 95% interval")
     encode_replies: bool = Field(True, description="the verifier reads the frozen encoder's features of each reply; "
                                  "false: the replies' statistics only (a matrix too large to encode every reply)")
+    verifier_context: bool = Field(True, description="the verifier also reads, at each step, the replies already paid "
+                                   "for (agreement, answer distribution, each worker's calibration); false: each reply alone")
     min_answer_share: float = Field(0.5, ge=0.0, le=1.0, description="a worker needs replies on this share of the "
                                     "rows for a cascade to call it")

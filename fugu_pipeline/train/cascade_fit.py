@@ -22,10 +22,12 @@ import numpy as np
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import AnswerGrid
 from fugu_pipeline.train.cascade_config import CascadeConfig
+from fugu_pipeline.train.cascade_frontier import oof_frontier
 from fugu_pipeline.train.cascade_policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
 from fugu_pipeline.train.cascade_search import CapUnmet, Grid, run_policy, search_policy
 from fugu_pipeline.train.selection import fold_ids
 from fugu_pipeline.train.verifier import Verifier, VerifierInputs, fit_all, oof_scores
+from fugu_pipeline.train.verifier_context import context_json, with_context
 
 BEST_WORKER = "always the best worker"
 
@@ -106,6 +108,8 @@ class CascadeFit:
     answer_kinds: dict[str, str] = field(default_factory=dict)  # domain (and "*") -> the answer kind read live
     oof: dict[str, np.ndarray] = field(default_factory=dict)  # per candidate, per non-test row
     stat_names: tuple[str, ...] = ()  # the reply statistics the verifier reads (empty: the first ten)
+    context: dict = field(default_factory=dict)  # the context verifier (train/verifier_context.py), saved with it
+    frontier: dict = field(default_factory=dict)  # out-of-fold accuracy and cost per cap (train/cascade_frontier.py)
 
     def table(self) -> list[dict]:
         return [c.row() for c in self.candidates]
@@ -158,6 +162,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     scores[rows] = scores_sub
     log(f"cascade: verifier out-of-fold AUC {vfig['oof_auc']:.3f}, log-loss {vfig['oof_logloss']:.4f} "
         f"(L2 {vfig['l2']:g}, inputs {vfig['inputs']})")
+    scores = with_context(cfg.verifier_context, inputs, scores, codes, rows, folds, log)  # a reply read with the paid ones
     doms = np.asarray(data.domains, dtype=str)
     capped = cfg.cap is not None or bool(cfg.domain_caps)
     objective = "quality under the cap (mean expected cost within it)" if capped else "utility (quality − cost and latency terms)"
@@ -197,6 +202,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
             u = (uc.quality_weight * q - uc.cost_weight * np.minimum(c / uc.cost_scale_usd, uc.cap)
                  - uc.latency_weight * np.minimum(lat / uc.latency_scale_s, uc.cap))
             oof[name][at], cost_of[name][at], qual_of[name][at] = measure(g, q, c, u), c, q
+    frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed)  # what each cap buys, out of fold
     # the cap, on the pooled expected cost of every candidate (per domain caps: checked in the search)
     g_all = grid_for(rows)
     ref = g_all.exp_cost[int(np.argmax(data.quality[rows].mean(axis=0)))]
@@ -232,7 +238,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       expected_cost={w: float(c) for w, c in zip(data.worker_ids, g_all.exp_cost)},
                       answers_version=grid.version, oof=oof, stat_names=inputs.stat_names,
                       worker_quality={w: float(q) for w, q in zip(data.worker_ids, data.quality[rows].mean(axis=0))},
-                      answer_kinds=_kinds(grid, rows, doms))
+                      answer_kinds=_kinds(grid, rows, doms), context=context_json(scores) if verifier is not None else {},
+                      frontier=frontier)
 
 
 def _kinds(grid: AnswerGrid, rows: np.ndarray, doms: np.ndarray) -> dict[str, str]:

@@ -5,7 +5,8 @@
 The manifest's `head_params` hold the policy (steps, accept rules, plans per domain), the budget
 points chosen on validation (the frontier: one plan per cost level, for a request's cap) and the
 answer-text format and the reply statistics (`answer_stats`, by name; a manifest without them
-means the first ten, `STATS_V1`) the verifier reads; the safetensors hold the verifier's weights (a logistic
+means the first ten, `STATS_V1`) the verifier reads, and the context verifier (`context`, JSON: a
+small model reading each reply with the replies already paid for; absent: each reply alone); the safetensors hold the verifier's weights (a logistic
 model over prompt features, reply features and the worker, with its standardisation). A cascade
 whose plans never consult the verifier saves a verifier of zeros (`verifier.used` 0).
 
@@ -37,7 +38,7 @@ class CascadeHead(RoutingHead):
 
     def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
                  frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None,
-                 answer_stats: list[str] | None = None):
+                 answer_stats: list[str] | None = None, context: dict | None = None):
         from fugu_pipeline.features.answer_features import STATS, STATS_V1
 
         super().__init__(dim, n_workers)
@@ -53,6 +54,12 @@ class CascadeHead(RoutingHead):
         self.policy = CascadePolicy.model_validate(policy) if policy is not None else None
         self.answer_dim, self.frontier, self.answer_format = int(answer_dim), list(frontier or []), answer_format
         self.domains_frontier = dict(domains_frontier or {})
+        # the context verifier (train/verifier_context.py; None: each reply is scored alone)
+        self.context = dict(context) if context else None
+        if self.context is not None:
+            from fugu_pipeline.train.verifier_context import ContextModel
+
+            self.context_model = ContextModel.from_json(self.context)
         in_dim = dim + self.answer_dim + n_workers
         self.weight = nn.Parameter(torch.zeros(n_workers, in_dim))  # one logistic model per worker (train/verifier.py)
         self.bias = nn.Parameter(torch.zeros(n_workers))
@@ -63,7 +70,8 @@ class CascadeHead(RoutingHead):
     def head_params(self) -> dict[str, Any]:
         return {"policy": self.policy.model_dump() if self.policy else None, "answer_dim": self.answer_dim,
                 "frontier": self.frontier, "answer_format": self.answer_format, "domains_frontier": self.domains_frontier,
-                **({"answer_stats": list(self.answer_stats)} if self._stats_named else {})}
+                **({"answer_stats": list(self.answer_stats)} if self._stats_named else {}),
+                **({"context": self.context} if self.context else {})}
 
     def forward(self, x: torch.Tensor, domains=None) -> torch.Tensor:
         raise TypeError("a cascade is not a one-step router: run it with route/cascade.py (CascadeRouter) or score it "

@@ -176,12 +176,15 @@ def answer_codes(finals: np.ndarray) -> np.ndarray:
 def simulate(plan: CascadePlan, worker_ids: list[str], codes: np.ndarray, scores: np.ndarray, quality: np.ndarray,
              cost: np.ndarray, latency: np.ndarray, rows: np.ndarray | None = None) -> Outcome:
     """The plan on recorded answers. `codes` (N, W) from `answer_codes`; `scores` (N, W) verifier
-    scores (NaN: none); `quality` (N, W); `cost` and `latency` (N, W) per call, or (W,) expected
-    per worker (the same for every row). Only the rows in `rows` when given."""
+    scores (NaN: none), or scores read at a point of the plan (an object whose `at(called columns)`
+    gives (N, W): `train/verifier_context.ContextScores`); `quality` (N, W); `cost` and `latency`
+    (N, W) per call, or (W,) expected per worker (the same for every row). Only the rows in `rows`
+    when given."""
     rows = np.arange(len(codes)) if rows is None else np.asarray(rows)
     n = len(rows)
     col = {w: j for j, w in enumerate(worker_ids)}
-    C, S, Q = codes[rows], scores[rows], quality[rows]
+    in_context = hasattr(scores, "at")  # scores given the replies paid so far
+    C, S, Q = codes[rows], (None if in_context else scores[rows]), quality[rows]
     per_row = lambda a: np.broadcast_to(a, (len(codes), len(worker_ids)))[rows] if np.ndim(a) == 1 else a[rows]  # noqa: E731
     K, L = per_row(cost), per_row(latency)
     active = np.ones(n, bool)
@@ -208,7 +211,8 @@ def simulate(plan: CascadePlan, worker_ids: list[str], codes: np.ndarray, scores
             pick[ok] = first[ok]
             decided |= ok
         if step.verify is not None:
-            s = np.where(C[:, idx] >= 0, S[:, idx], -np.inf)
+            Sk = scores.at(called)[rows] if in_context else S
+            s = np.where(C[:, idx] >= 0, Sk[:, idx], -np.inf)
             s = np.where(np.isnan(s), -np.inf, s)
             best = s.max(axis=1)
             ok = active & ~decided & (best >= step.verify)

@@ -25,6 +25,7 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "worker_quality": fit.worker_quality, "answer_kinds": fit.answer_kinds,
         "validation": {c: {"quality": ch.quality, "cost_usd": ch.cost, "utility": ch.utility, "plans_considered": ch.considered}
                        for c, ch in fit.choices.items()},
+        "frontier_oof": getattr(fit, "frontier", None) or {},  # train/cascade_frontier.py
         "val_utility": next((c.mean for c in fit.candidates if c.kind == "cascade"), None),
         # what the calls behind the rows it was fitted on cost (the receipt's training cost)
         "data_cost_usd": None if data.cost_usd is None else float(np.nansum(data.cost_usd[np.asarray(data.splits) != "test"])),
@@ -37,7 +38,9 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "head_params": {"policy": fit.policy.model_dump(), "answer_dim": answer_dim, "frontier": frontier,
                         "answer_format": ANSWER_TEXT_FORMAT, "domains_frontier": per,
                         # the reply statistics by name (inputs built without names: the first ten, unrecorded)
-                        **({"answer_stats": list(fit.stat_names)} if fit.stat_names else {})},
+                        **({"answer_stats": list(fit.stat_names)} if fit.stat_names else {}),
+                        # the context verifier (train/verifier_context.py): a reply read with the paid ones
+                        **({"context": fit.context} if getattr(fit, "context", None) else {})},
         "training_config": training_config or {}, "metrics": metrics,
         # the search's record (what a receipt cites, as a grid head's figure per grid point): the
         # validation figure of every plan the pooled search considered, in search order

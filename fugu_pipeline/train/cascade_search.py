@@ -1,9 +1,13 @@
 """Choosing a cascade on validation: which workers, in which order, with which thresholds.
 
-The search enumerates plans of a bounded shape over the workers (`CascadeSearch`): a final
-worker F among the strongest; before it, one or two cheaper workers called at once, or one then
-another; after each early step agreement of the answers so far and/or a verifier threshold from
-a grid of the scores' quantiles. Every plan is run offline on the recorded answers (`simulate`)
+The search enumerates plans of a bounded shape over the workers (`CascadeSearch`,
+`candidate_plans` lists them): a final worker F among the strongest; before it, one, two or three
+cheaper workers called at once, or up to three cheap steps one after another; after each early
+step agreement of the answers so far and/or a verifier threshold from a grid of the scores'
+quantiles (the scores read at that point of the plan when the verifier reads the paid replies).
+With the defaults (3 finals, 5 cheap workers, 10 thresholds) it is at most 5,793 plans (7,413 when
+the verifier reads the paid replies, which adds steps where the verifier alone decides), never more
+than `max_plans`. Every plan is run offline on the recorded answers (`simulate`)
 with EXPECTED costs and latencies (each worker's mean over the rows the choice is made on, never
 a row's own cost), and scored by
 - no cap: the mean utility (quality − cost and latency terms, the matrix's weights);
@@ -60,6 +64,9 @@ class CascadeSearch(BaseModel):
     cheap: int = Field(5, ge=1, description="workers cheaper than the last step tried before it")
     thresholds: int = Field(10, ge=2, le=40, description="verifier thresholds per step (quantiles of its scores)")
     three_steps: bool = Field(True, description="also try one cheap worker, then another, then the last step")
+    cheap_steps: int = Field(3, ge=1, le=3, description="the most cheap steps one after another before the last step")
+    parallel: int = Field(3, ge=2, le=3, description="the most cheap workers asked at once in one step")
+    max_plans: int = Field(20_000, ge=10, description="the search stops after this many plans (a bound on its time)")
     min_domain_rows: int = Field(40, ge=5, description="a domain gets its own plan only with this many rows")
 
 
@@ -101,41 +108,88 @@ def strongest(grid: Grid, rows: np.ndarray) -> int:
 
 
 def candidate_plans(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, allowed: list[str] | None = None):
-    """Every plan of the searched shapes, thresholds from the scores on `rows`."""
+    """Every plan of the searched shapes, thresholds from the scores on `rows` (at the point of the
+    plan they are read, when the scores read the paid replies: `verifier_context.ContextScores`),
+    at most `cfg.max_plans`. Per last step F (one of the `finals` strongest) and the `cheap` best
+    workers cheaper than F:
+    - F alone;
+    - one cheap worker, stop if the verifier passes (`thresholds` levels);
+    - two at once: stop if both agree, and/or the verifier passes;
+    - one, then another: stop if the verifier passes, then if the two agree (and/or the verifier);
+    - (`parallel` 3) three at once: stop if two agree, if all three agree, or two agree or the
+      verifier passes; two at once, then a third: stop if the two agree, then if two of the three do;
+    - (`cheap_steps` 3) three one after another: the verifier on the first, then agreement of two
+      and/or the verifier on the second and third.
+    When the scores read the paid replies, a step after the first (and three at once) may also stop
+    on the verifier alone: it reads the agreement itself and may overrule it."""
     ids = grid.worker_ids
     usable = [j for j, w in enumerate(ids) if allowed is None or w in allowed]
     q = grid.quality[rows].mean(axis=0)
     by_q = sorted(usable, key=lambda j: -q[j])
     finals = by_q[: cfg.finals]
     qs = np.linspace(0.1, 0.95, cfg.thresholds)
+    in_context = hasattr(grid.scores, "at")
+    memo: dict = {}
 
-    def levels(j: int) -> list[float]:
-        s = grid.scores[rows, j]
-        s = s[~np.isnan(s)]
-        return sorted({round(float(x), 4) for x in np.quantile(s, qs)}) if len(s) else []
+    def levels(js, called=None) -> list[float]:
+        """Quantiles of the step's scores (its workers `js`, after paying for `called`)."""
+        key = (tuple(js), tuple(called or js))
+        if key not in memo:
+            S = grid.scores.at(list(called or js)) if in_context else grid.scores
+            s = S[np.ix_(rows, list(js))].ravel()
+            s = s[~np.isnan(s)]
+            memo[key] = sorted({round(float(x), 4) for x in np.quantile(s, qs)}) if len(s) else []
+        return memo[key]
 
-    lv = {j: levels(j) for j in usable}
-    coarse = {j: v[:: max(1, len(v) // 5)] for j, v in lv.items()}
-    for f in finals:
-        yield CascadePlan(steps=[CascadeStep(workers=[ids[f]])])
-        cheap = [j for j in by_q if j != f and grid.exp_cost[j] < grid.exp_cost[f]][: cfg.cheap]
-        last = CascadeStep(workers=[ids[f]])
-        for a in cheap:
-            for v in lv[a]:
-                yield CascadePlan(steps=[CascadeStep(workers=[ids[a]], verify=v), last])
-        for a, b in itertools.combinations(cheap, 2):
-            both = sorted(set(lv[a]) | set(lv[b]))[:: 2]
-            yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], agree=2), last])
-            for v in both:
-                yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], verify=v), last])
-                yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], agree=2, verify=v), last])
-        if cfg.three_steps:
-            for a, b in itertools.permutations(cheap, 2):
-                for v1 in coarse[a]:
-                    first = CascadeStep(workers=[ids[a]], verify=v1)
-                    yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], agree=2), last])
-                    for v2 in coarse[b]:
-                        yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], agree=2, verify=v2), last])
+    def coarse(js, called=None, n: int = 5) -> list[float]:
+        v = levels(js, called)
+        return v[:: max(1, len(v) // n)]
+
+    def plans():
+        for f in finals:
+            yield CascadePlan(steps=[CascadeStep(workers=[ids[f]])])
+            cheap = [j for j in by_q if j != f and grid.exp_cost[j] < grid.exp_cost[f]][: cfg.cheap]
+            last = CascadeStep(workers=[ids[f]])
+            for a in cheap:
+                for v in levels([a]):
+                    yield CascadePlan(steps=[CascadeStep(workers=[ids[a]], verify=v), last])
+            for a, b in itertools.combinations(cheap, 2):
+                both = levels([a, b])[:: 2]
+                yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], agree=2), last])
+                for v in both:
+                    yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], verify=v), last])
+                    yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], agree=2, verify=v), last])
+            if cfg.three_steps or cfg.cheap_steps >= 2:
+                for a, b in itertools.permutations(cheap, 2):
+                    for v1 in coarse([a]):
+                        first = CascadeStep(workers=[ids[a]], verify=v1)
+                        yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], agree=2), last])
+                        for v2 in coarse([b], [a, b]):
+                            yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], agree=2, verify=v2), last])
+                            if in_context:  # the verifier reads the agreement itself: it may overrule it
+                                yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], verify=v2), last])
+            if cfg.parallel >= 3:
+                for a, b, c in itertools.combinations(cheap, 3):
+                    three = [ids[a], ids[b], ids[c]]
+                    yield CascadePlan(steps=[CascadeStep(workers=three, agree=2), last])
+                    yield CascadePlan(steps=[CascadeStep(workers=three, agree=3), last])
+                    for v in coarse([a, b, c], n=3):
+                        yield CascadePlan(steps=[CascadeStep(workers=three, agree=2, verify=v), last])
+                        if in_context:
+                            yield CascadePlan(steps=[CascadeStep(workers=three, verify=v), last])
+                    for x, y, z in ((a, b, c), (a, c, b), (b, c, a)):
+                        yield CascadePlan(steps=[CascadeStep(workers=[ids[x], ids[y]], agree=2),
+                                                 CascadeStep(workers=[ids[z]], agree=2), last])
+            if cfg.cheap_steps >= 3:
+                for a, b, c in itertools.permutations(cheap, 3):
+                    for v1 in coarse([a], n=2):
+                        first = CascadeStep(workers=[ids[a]], verify=v1)
+                        for v2 in [None, *coarse([b], [a, b], n=2)]:
+                            second = CascadeStep(workers=[ids[b]], agree=2, verify=v2)
+                            for v3 in [None, *coarse([c], [a, b, c], n=2)]:
+                                yield CascadePlan(steps=[first, second, CascadeStep(workers=[ids[c]], agree=2, verify=v3), last])
+
+    yield from itertools.islice(plans(), cfg.max_plans)
 
 
 def search(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, cap_usd: float | None = None,

@@ -15,6 +15,7 @@ from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import read_answers
 from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.train.cascade_fit import CascadeFit, answer_inputs, fit_cascade
+from fugu_pipeline.train.cascade_frontier import frontier_lines
 from fugu_pipeline.train.cascade_save import save_cascade
 from fugu_pipeline.train.configs import TrainSetConfig
 
@@ -38,6 +39,7 @@ class CascadeResult:
             where = "all domains" if d == "*" else f"domain {d!r}"
             out.append(f"  cascade for {where}: {ch.plan.describe()} (validation quality {ch.quality:.4f}, "
                        f"${ch.cost * 1000:.4g} per 1,000, {ch.considered} plans considered)")
+        out += frontier_lines(f.frontier)
         out.append(f"verifier: out-of-fold AUC {f.verifier_figures['oof_auc']:.3f}, log-loss {f.verifier_figures['oof_logloss']:.4f}")
         out.append(f"shipped policy: {self.shipped} — {f.reason}")
         return out
