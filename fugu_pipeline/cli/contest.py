@@ -64,7 +64,8 @@ def add_commands(add, data_opts) -> None:
     p.add_argument("--roles-config", default="configs/train_roles.yaml", help="a coordinator: the session rules and "
                    "reward penalties (relative to the project)")
     p.add_argument("--tasks", default=None, help="BenchGen batch file or folder holding the held-out tasks (graders): "
-                   "the live term calls the routed worker on a sample of them (default: data/benchgen when present)")
+                   "the live term calls the routed worker on a sample of them (default: the project's data/benchgen, only when "
+                   "--data is its data/reward_matrix.duckdb)")
     p.add_argument("--replace-broken-king", action="store_true", help="when the promoted head cannot be loaded "
                    "(damaged pointer, edited or missing checkpoint), let the challenger replace it facing the baselines "
                    "only (default: refuse before scoring and say why)")

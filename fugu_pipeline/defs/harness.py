@@ -28,7 +28,10 @@ def live_for(pipeline: PipelineResource):
     from fugu_pipeline.evaluate.live import live_evaluator, tasks_by_id
     from fugu_pipeline.tasks.loading import list_batch_files
 
-    tasks = tasks_by_id(pipeline.paths.benchgen) if list_batch_files(pipeline.paths.benchgen) else None
+    refused: list = []  # a batch file the reward matrix left out is left out here too, with a warning
+    tasks = tasks_by_id(pipeline.paths.benchgen, refused) if list_batch_files(pipeline.paths.benchgen) else None
+    for exc in refused:
+        dg.get_dagster_logger().warning(f"live term: {exc.path.name} left out ({' '.join(str(exc).split())[:300]})")
     return live_evaluator(pipeline.load_workers(), pipeline.paths.root), tasks
 
 
