@@ -270,7 +270,7 @@ def plot_budget(sec: dict, path: Path, split: str = "test", key: str | None = No
             t = op[split]
             cap = op["budget"]["share"] if op["budget"].get("share") is not None else \
                 op["budget"]["usd_per_1k"] / sec["reference_cost_usd_per_1k"]
-            ax.axvline(cap, ls="--", color=COLORS["mark"], lw=1, label=f"cap ({op['describe'].split(' (')[0]})")
+            ax.axvline(cap, ls="--", color=COLORS["mark"], lw=1, label=op["describe"].split(" (")[0])
             ax.scatter([t["share"]], [t["quality"]], marker="*", s=160, color=COLORS["mark"], zorder=5,
                        label=f"chosen on validation: λ={op['lambda']:.3g}, {split} {t['quality']:.3f} at {t['share']:.3f}")
         ax.set_xlabel(f"mean cost per request / {shown_name(sec['reference_worker'], 30)}'s ({split}, realised)")
