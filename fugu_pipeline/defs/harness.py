@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from fugu_pipeline.defs.failures import explained_failure
 from fugu_pipeline.defs.resources import PipelineResource
 
 
@@ -18,7 +19,7 @@ def policy_for(pipeline: PipelineResource, policy_file: str | None = None, **ove
         return load_policy(pipeline.paths.resolve(name), required=policy_file is not None and name != DEFAULT_POLICY_FILE,
                            **overrides)
     except PolicyError as exc:
-        raise dg.Failure(description=str(exc)) from None
+        raise explained_failure(str(exc)) from None
 
 
 def live_for(pipeline: PipelineResource):
