@@ -149,3 +149,18 @@ def test_a_served_request_does_not_read_the_batch_folder(here):
     assert r.status_code == 200, r.text
     inside = str((here / "data" / "benchgen").resolve())
     assert not [p for p in seen if os.path.abspath(p).startswith(inside)]
+
+
+def test_the_pipelines_live_term_leaves_out_a_batch_the_matrix_left_out(proj, caplog):
+    """The evaluation reports' live term reads the batch folder (the pipeline's matrix comes from it):
+    a batch file that cannot be loaded is left out, as the reward matrix leaves it out. Before: every
+    `eval_report_*` step failed on it (`fugu-lite pipeline` stopped with exit 2 after training, nothing
+    evaluated or promoted)."""
+    from fugu_pipeline.defs.harness import live_for
+    from fugu_pipeline.defs.resources import PipelineResource
+
+    live, tasks = live_for(PipelineResource(project_dir=str(proj), workers_config="configs/workers.mock.yaml"))
+    assert live is not None and len(tasks) == 300  # the sample's tasks
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert said == ["live term: batch file left out as the matrix leaves it out: broken.jsonl:1: malformed JSON: "
+                    "Expecting value at column 29"], said

@@ -37,7 +37,7 @@ def live_for(args, data):
     refused: list | None = None if args.tasks else []  # the project's folder: a batch the matrix refused is left out
     tasks = tasks_by_id(tasks_path, refused)
     for exc in refused or ():
-        print(f"live term: {exc.path} left out ({' '.join(str(exc).split())[:300]})", file=sys.stderr)
+        print(f"live term: {exc.path} left out as the matrix leaves it out: {exc.first_problem()}", file=sys.stderr)
     return live_evaluator(config, getattr(args, "project_dir", None) or "."), tasks
 
 

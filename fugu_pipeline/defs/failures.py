@@ -31,10 +31,7 @@ RUN_CONSOLE_CONFIG = {"loggers": {"console": {}}}  # run config that selects `ru
 
 def first_problem(exc: TaskFileError) -> str:
     """The first problem of a batch file, one line: `name:line: message (+N more)`."""
-    line, msg = exc.problems[0] if exc.problems else (0, str(exc))
-    more = f" (+{len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
-    where = f"{shown_name(exc.path.name)}:{line}" if line else shown_name(exc.path.name)
-    return f"{where}: {' '.join(str(msg).split())[:300]}{more}"
+    return exc.first_problem()
 
 
 def batch_fix(exc: TaskFileError, rerun: str) -> str:

@@ -32,7 +32,7 @@ def live_for(pipeline: PipelineResource):
     refused: list = []  # a batch file the reward matrix left out is left out here too, with a warning
     tasks = tasks_by_id(pipeline.paths.benchgen, refused) if list_batch_files(pipeline.paths.benchgen) else None
     for exc in refused:
-        dg.get_dagster_logger().warning(f"live term: {exc.path.name} left out ({' '.join(str(exc).split())[:300]})")
+        dg.get_dagster_logger().warning(f"live term: batch file left out as the matrix leaves it out: {exc.first_problem()}")
     return live_evaluator(pipeline.load_workers(), pipeline.paths.root), tasks
 
 
