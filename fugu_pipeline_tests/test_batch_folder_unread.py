@@ -164,3 +164,18 @@ def test_the_pipelines_live_term_leaves_out_a_batch_the_matrix_left_out(proj, ca
     said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert said == ["live term: batch file left out as the matrix leaves it out: broken.jsonl:1: malformed JSON: "
                     "Expecting value at column 29"], said
+
+
+def test_the_coordinators_tasks_leave_out_a_batch_the_matrix_left_out(proj):
+    """`router_roles`, `eval_report_roles`, `evaluate-roles` and `validate` of a coordinator take the
+    project's graded tasks (`project_tasks`): a batch file that cannot be loaded is left out and
+    named, as the matrix leaves it out. Before: each stopped on it."""
+    from fugu_pipeline.evaluate.roles_project import project_tasks
+    from fugu_pipeline.tasks.loading import TaskFileError
+
+    refused: list = []
+    tasks = project_tasks(proj / "data" / "benchgen", None, refused)
+    assert len(tasks) == 300 and [exc.path.name for exc in refused] == ["broken.jsonl"]
+    assert refused[0].first_problem() == "broken.jsonl:1: malformed JSON: Expecting value at column 29"
+    with pytest.raises(TaskFileError):  # without the list: the caller asked for every batch
+        project_tasks(proj / "data" / "benchgen", None)

@@ -271,7 +271,10 @@ def _validate_coordinator(args, pack_dir: Path, policy) -> int:
     # the host's encoder: --encoder, else the promoted coordinator's, else the project's default; never the pack's claim
     encoder = args.encoder or (king[1].feature_contract.encoder_id if king else encoder_name(args))
     settings = roles_encoder_settings(encoder, cfg.max_length, device=args.device)
-    tasks = project_tasks(paths.benchgen, paths.reward_db)
+    refused: list = []  # a batch file the reward matrix left out is left out here too, said in one line
+    tasks = project_tasks(paths.benchgen, paths.reward_db, refused)
+    for exc in refused:
+        print(f"{exc.path} left out as the matrix leaves it out: {exc.first_problem()}", file=sys.stderr)
     with open_run(config, settings, paths.data / "trajectories", tasks, cfg, ledger=paths.data / "ledger" / "costs.jsonl") as run:
         rep = evaluate_coordinator(run, pack_dir, tasks, cfg, Path(args.models_dir), policy=policy, submitter=pre.submitter,
                                    key=pre.key, report=False, replace_broken_king=args.replace_broken_king,

@@ -37,10 +37,13 @@ def _open(context, config: RolesAssetConfig, pipeline: PipelineResource, encoder
     except ConfigError as exc:
         raise explained_failure(str(exc)) from None
     workers = pipeline.load_workers()
+    refused: list = []  # a batch file the reward matrix left out is left out here too, with a warning
     try:
-        tasks = project_tasks(pipeline.paths.benchgen, pipeline.paths.reward_db)
+        tasks = project_tasks(pipeline.paths.benchgen, pipeline.paths.reward_db, refused)
     except ValueError as exc:
         raise explained_failure(str(exc)) from None
+    for exc in refused:
+        context.log.warning(f"batch file left out as the matrix leaves it out: {exc.first_problem()}")
     settings = roles_encoder_settings(encoder.model, cfg.max_length, revision=encoder.revision, device=encoder.device,
                                       dtype=encoder.dtype)
     run = open_run(workers, settings, pipeline.paths.data / "trajectories", tasks, cfg,
