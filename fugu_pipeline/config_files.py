@@ -31,8 +31,29 @@ def format_validation_error(exc: ValidationError) -> str:
             after_index = False
             parts.append(str(item))
         field = ".".join(parts) or "(top level)"
-        lines.append(f"field '{field}': {err['msg'].removeprefix('Value error, ')}")
+        lines.append(f"field '{field}'{_named(err)}: {_message(err)}")
     return "; ".join(lines)
+
+
+def _named(err) -> str:
+    """` (id 'x')` for an entry of a list that has an id (a worker), else nothing."""
+    entry = err.get("input")
+    ident = entry.get("id") if isinstance(entry, dict) and err["loc"] and isinstance(err["loc"][-1], int) else None
+    return f" (id {str(ident)[:64]!r})" if isinstance(ident, str) and ident else ""
+
+
+def _message(err) -> str:
+    """pydantic's message, with what to do where pydantic says only what is wrong: an entry of a
+    tagged union (a worker's `kind`) without its tag, or with one that is not known."""
+    if err["type"] == "union_tag_not_found":
+        tag = str(err.get("ctx", {}).get("discriminator", "")).strip("'")
+        known = f" ({', '.join(_TAGS)})" if tag == "kind" else ""
+        return f"no `{tag}:` given; add `{tag}:` with one of the known kinds{known}"
+    if err["type"] == "union_tag_invalid":
+        ctx = err.get("ctx", {})
+        tag = str(ctx.get("discriminator", "")).strip("'")
+        return f"`{tag}: {str(ctx.get('tag'))[:64]}` is not a known kind; use one of {ctx.get('expected_tags')}"
+    return err["msg"].removeprefix("Value error, ")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -55,21 +76,49 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_yaml_model(path: str | Path, cls: type[M], error: type[Exception], *, what: str, empty_ok: bool = False) -> M:
-    """Read `path` as YAML and validate it as `cls`; every failure raises `error` naming the file
-    (and the field). An empty file means all defaults when `empty_ok`."""
+# files that are not YAML whatever they hold (a reward matrix, a task file, a table): named as such
+NOT_YAML = {".jsonl": "JSON Lines", ".ndjson": "JSON Lines", ".csv": "CSV", ".tsv": "TSV", ".parquet": "Parquet",
+            ".duckdb": "DuckDB", ".gz": "compressed", ".safetensors": "safetensors"}
+
+
+def load_yaml_model(path: str | Path, cls: type[M], error: type[Exception], *, what: str, empty_ok: bool = False,
+                    hint: str = "") -> M:
+    """Read `path` as YAML and validate it as `cls`; every failure raises `error` in one line naming
+    the file (and the line or field) and what to do. An empty file means all defaults when
+    `empty_ok`. `hint`: what to pass instead, said when the file is missing or is not YAML."""
     path = Path(path)
+    instead = f"; {hint}" if hint else ""
+    kind = NOT_YAML.get(path.suffix.lower())
+    if kind is not None:
+        raise error(f"{path}: a {kind} file, not a YAML {what}{instead or f'; pass the {what}'}")
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except FileNotFoundError:
-        raise error(f"{path}: {what} not found") from None
+        raise error(f"{path}: {what} not found{instead}") from None
+    except IsADirectoryError:
+        raise error(f"{path}: a folder, not a YAML {what}{instead}") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: not a text file, so not a YAML {what}{instead}") from None
     except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {exc}") from None
+        raise error(f"{path}{_where(exc)}: not valid YAML ({_problem(exc)}); correct the file there") from None
     if raw is None and empty_ok:
         raw = {}
     if not isinstance(raw, dict):
-        raise error(f"{path}: expected a mapping of {cls.__name__} fields at the top level")
+        raise error(f"{path}: expected a mapping of {cls.__name__} fields at the top level{instead}")
     try:
         return cls.model_validate(raw)
     except ValidationError as exc:
         raise error(f"{path}: {format_validation_error(exc)}") from None
+
+
+def _where(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+
+
+def _problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's problem in one line, without its excerpt of the file."""
+    problem = getattr(exc, "problem", None)
+    context = getattr(exc, "context", None)
+    text = f"{context}, {problem}" if context and problem else problem or str(exc).splitlines()[0]
+    return " ".join(str(text).split())[:200]

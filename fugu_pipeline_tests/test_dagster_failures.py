@@ -41,12 +41,24 @@ def test_a_bad_line_fails_in_one_line_with_its_file_line_and_fix_printed_once(pr
         res = job.execute_in_process(instance=instance, partition_key="badline", run_config=request.run_config,
                                      tags=dict(request.tags), raise_on_error=False)
         printed = capfd.readouterr().err
+        logged = instance.all_logs(res.run_id, of_type={dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE})
     assert not res.success
     failure = res.get_step_failure_events()[0].step_failure_data.user_failure_data
     assert failure.description.startswith("badline.jsonl:3: malformed JSON") and "\n" not in failure.description
     meta = {k: v.value for k, v in failure.metadata.items()}
     assert meta["file"].endswith("data/benchgen/badline.jsonl") and meta["line"] == 3 and meta["problems"] == 1
     assert meta["fix"].startswith("correct line 3 of badline.jsonl")
+    # the run log the UI shows: the step's failure and the run's (which repeats the step's error) each
+    # show the one line with the fix first, and no stack (before: Dagster's 11-frame stack under each,
+    # and the fix only in the step's metadata table)
+    shown = {r.dagster_event.event_type_value: r.dagster_event.event_specific_data.error for r in logged}
+    assert set(shown) == {"STEP_FAILURE", "PIPELINE_FAILURE"}, set(shown)
+    for kind, error in shown.items():
+        first = error.message.splitlines()[0]
+        assert first.startswith("badline.jsonl:3: malformed JSON") and "fix: correct line 3 of badline.jsonl" in first, \
+            (kind, error.message)
+        assert error.message.strip() == first and error.stack == [] and error.cause is None and error.context is None, \
+            (kind, error.to_string()[-2000:])
     lines = printed.splitlines()
     assert "Stack Trace" not in printed and "Traceback" not in printed, printed[-3000:]
     said = [line for line in lines if "malformed JSON" in line]

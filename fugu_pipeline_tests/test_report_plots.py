@@ -1,14 +1,17 @@
 """The plots of a held-out report, checked on the figures themselves (every Figure the report draws
-is caught as it is saved): one legible style for all of them. Before: 90 dpi, two plots without a
-y label, the per-domain legend over a bar, x labels rotated under three bars, a cost–quality
-scatter whose points had no names, and no cost curve in the report of a head without quality
-predictions (SFT, RL, CMA-ES) although the quality heads' reports had one."""
+is caught as it is saved): one legible style for all of them, each narrow enough for the Dagster
+UI's "Show Markdown" dialog. Before: 90 dpi, two plots without a y label, the per-domain legend
+over a bar, x labels rotated under three bars, a cost–quality scatter whose points had no names,
+no cost curve in the report of a head without quality predictions (SFT, RL, CMA-ES) although the
+quality heads' reports had one, and plots 1,050-1,650 pixels wide (the dialog scrolled sideways)."""
 
 import numpy as np
 import pytest
 
 from fugu_pipeline.evaluate.metrics import EvalInputs, evaluation_report
-from fugu_pipeline.evaluate.plots import plot_report
+from fugu_pipeline.evaluate.plots import DPI, STYLE, plot_budget, plot_report
+
+DIALOG_PX = 640  # the widest plot the Dagster UI's "Show Markdown" dialog shows whole (plots.py)
 
 WORKERS = ["math-expert", "code-expert", "general-expert"]
 DOMAINS = ["code", "general", "math"]
@@ -56,8 +59,9 @@ def test_every_report_plot_is_legible(tmp_path, figures):
     paths = plot_report(rep, tmp_path, "test")
     assert [p.name for p in paths] == ["test_summary.png", "test_per_domain.png", "test_curve.png"]
     for path in paths:
-        assert round(Image.open(path).info["dpi"][0]) >= 150, path.name
-    assert len(figures) == 3 and all(dpi is not None and dpi >= 150 for _, dpi in figures)
+        assert round(Image.open(path).info["dpi"][0]) == DPI, path.name
+    assert len(figures) == 3 and all(dpi == DPI for _, dpi in figures)
+    assert min(STYLE[k] for k in STYLE if k.endswith("size")) * DPI / 72 >= 11  # the smallest text: 11 px or more
     for fig, _ in figures:
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
@@ -145,3 +149,48 @@ def test_each_plot_reads_only_the_figures_its_key_covers(tmp_path):
         fn.__wrapped__(seen, tmp_path / f"{fn.__name__}.png")
         assert fn.fields and seen.read <= set(fn.fields), (fn.__name__, seen.read - set(fn.fields))
     assert plots.plot_budget.fields == ()  # the whole budget section
+
+
+def png_width(path) -> int:
+    """The width a PNG's header gives (bytes 16-20 of its IHDR chunk)."""
+    import struct
+
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", path
+    return struct.unpack(">I", head[16:20])[0]
+
+
+def budget_section() -> dict:
+    """A budget section as a report holds it: three workers, the router's λ curve, a cap and the point chosen."""
+    workers = [{"name": w, "share": s, "quality": q} for w, s, q in
+               (("math-expert", 11.8, 0.71), ("code-expert", 15.7, 0.76), ("general-expert", 1.0, 0.74))]
+    curve = [{"share": 1.0 + k, "quality": 0.74 + 0.02 * k} for k in range(9)]
+    chosen = {"share": 1.0, "quality": 0.74}
+    return {"workers": workers, "router_curve": curve, "router_pareto": curve, "reference_worker": "general-expert",
+            "reference_cost_usd_per_1k": 0.5,
+            "operating_point": {"test": chosen, "budget": {"share": 0.3}, "lambda": 0.02,
+                                "describe": "cap 30% of the strongest worker's cost (margin 1.645 SE)"}}
+
+
+def test_every_plot_fits_the_dagster_ui_dialog(tmp_path, figures):
+    """The UI shows a metadata image at its own size in a dialog at most 80% of the window wide: every
+    plot (the report's, a report of many domains, the budget plot, the training curves) is at most
+    640 pixels wide. Before: the summary 1,650, the training curves 1,200, the others 1,050."""
+    from types import SimpleNamespace
+
+    from fugu_pipeline.defs.training import curves_png
+
+    rep = evaluation_report(inputs(quality_head=True), n_boot=200)
+    paths = plot_report(rep, tmp_path / "three", "test")
+    many = {**rep, "per_domain": [{**rep["per_domain"][0], "domain": f"benchmark-{k:02d}"} for k in range(14)]}
+    paths.append(plot_report(many, tmp_path / "many", "test")[1])
+    paths.append(plot_budget(budget_section(), tmp_path / "test_budget.png"))
+    result = SimpleNamespace(method="sft", head_kind="layernorm_linear", param_count=323, best_epoch=3,
+                             curves={"train_loss": [1.2, 1.1, 1.05, 1.04], "val_utility": [0.7, 0.8, 0.85, 0.83]})
+    (tmp_path / "curves.png").write_bytes(curves_png(result))
+    paths.append(tmp_path / "curves.png")
+    widths = {p.name if p.parent.name != "many" else "many domains": png_width(p) for p in paths}
+    assert len(widths) == 6 and all(100 < w <= DIALOG_PX for w in widths.values()), widths
+    budget = figures[-2][0]  # the budget plot's cap says "cap" once
+    labels = [t.get_text() for lg in budget.legends for t in lg.get_texts()]
+    assert "cap 30% of the strongest worker's cost" in labels and not any("cap (cap" in x for x in labels), labels

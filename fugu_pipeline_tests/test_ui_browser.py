@@ -128,7 +128,13 @@ def test_dagster_ui_in_headless_chromium(tmp_path):
             row.get_by_text("[Show Markdown]").first.click()
             page.wait_for_timeout(2000)
             widths = page.eval_on_selector_all("img[src^='data:image/png']", "els => els.map(e => e.naturalWidth)")
-            assert widths and all(w > 100 for w in widths), widths
+            assert widths and all(100 < w <= 640 for w in widths), widths
+            # each plot fits the "Show Markdown" dialog: no image reaches past the dialog's right edge
+            overflow = page.eval_on_selector_all(
+                "img[src^='data:image/png']",
+                "els => els.map(e => { const d = e.closest('.bp5-dialog'); "
+                "return d ? e.getBoundingClientRect().right - d.getBoundingClientRect().right : 0; })")
+            assert all(x <= 0 for x in overflow), overflow
             shot("3-eval-report-plots.png")
 
             # 4. the sensors, listed as running
@@ -165,6 +171,10 @@ def test_dagster_ui_in_headless_chromium(tmp_path):
             for label in ("file", "line", "fix"):
                 page.get_by_text(label, exact=True).first.wait_for(state="visible")
             page.wait_for_timeout(1500)
+            # the failure's red line holds the fix, and no stack is shown (not under the step's failure,
+            # nor again under the run's)
+            assert page.get_by_text(re.compile(r"badline\.jsonl:2: malformed JSON.* — fix: correct line 2")).count() >= 1
+            assert page.get_by_text("Stack Trace", exact=False).count() == 0
             shot("5-failed-run-log.png")
 
             # 6. every plot of the reports, each as the asset page renders it

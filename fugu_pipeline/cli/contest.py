@@ -74,7 +74,8 @@ def add_commands(add, data_opts) -> None:
     p.add_argument("--roles-config", default="configs/train_roles.yaml", help="a coordinator: the session rules and "
                    "reward penalties (relative to the project)")
     p.add_argument("--tasks", default=None, help="BenchGen batch file or folder holding the held-out tasks (graders): "
-                   "the live term calls the routed worker on a sample of them (default: data/benchgen when present)")
+                   "the live term calls the routed worker on a sample of them (default: the project's data/benchgen, only when "
+                   "--data is its data/reward_matrix.duckdb)")
     p.add_argument("--replace-broken-king", action="store_true", help="when the promoted head cannot be loaded "
                    "(damaged pointer, edited or missing checkpoint), let the challenger replace it facing the baselines "
                    "only (default: refuse before scoring and say why)")
@@ -331,7 +332,10 @@ def _validate_coordinator(args, pack_dir: Path, policy) -> int:
     # the host's encoder: --encoder, else the promoted coordinator's, else the project's default; never the pack's claim
     encoder = args.encoder or (king[1].feature_contract.encoder_id if king else encoder_name(args))
     settings = roles_encoder_settings(encoder, cfg.max_length, device=args.device)
-    tasks = project_tasks(paths.benchgen, paths.reward_db)
+    refused: list = []  # a batch file the reward matrix left out is left out here too, said in one line
+    tasks = project_tasks(paths.benchgen, paths.reward_db, refused)
+    for exc in refused:
+        print(f"{exc.path} left out as the matrix leaves it out: {exc.first_problem()}", file=sys.stderr)
     with open_run(config, settings, paths.data / "trajectories", tasks, cfg, ledger=paths.data / "ledger" / "costs.jsonl") as run:
         rep = evaluate_coordinator(run, pack_dir, tasks, cfg, Path(args.models_dir), policy=policy, submitter=pre.submitter,
                                    key=pre.key, report=False, replace_broken_king=asked_by(args, "validate"),

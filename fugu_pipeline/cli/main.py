@@ -224,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, help="report JSON path (default: <checkpoint>/reports/<split>.json)")
     p.add_argument("--models-dir", default="models", help="the king's folder: the composite's novelty is against its routes")
     p.add_argument("--tasks", default=None, help="BenchGen batch file or folder with the held-out tasks' graders, for the "
-                   "composite's live term (default: data/benchgen when present; needs --workers with workers)")
+                   "composite's live term (needs --workers with workers; default: the project's data/benchgen, only when --data is "
+                   "its data/reward_matrix.duckdb)")
     p.add_argument("--policy", default=None, help="promotion policy YAML (composite weights; default: configs/promotion.yaml)")
     budget_opts(p, "report the operating point for a cap: λ chosen on validation, scored on --split")
 

@@ -14,13 +14,16 @@ def policy(args):
 
 
 def live_for(args, data):
-    """The live evaluator (the worker YAML's pool) and the tasks with graders, or (None, None)."""
+    """The live evaluator (the worker YAML's pool) and the tasks with graders, or (None, None).
+    The tasks come from `--tasks`; without it, from the project's batch folder only when `--data` is
+    the project's own reward matrix (the one the pipeline builds from that folder): any other data
+    did not come from there, and the folder is not read."""
     from fugu_pipeline.evaluate.live import live_evaluator, tasks_by_id
     from fugu_pipeline.workers.config import load_workers_config
 
-    tasks_path = args.tasks or ("data/benchgen" if Path("data/benchgen").is_dir() else None)
+    tasks_path, own = task_source(args)
     if not args.reward_config or tasks_path is None:
-        print("live term: not measured (needs --workers W.yaml with workers and --tasks)", file=sys.stderr)
+        print(f"live term: not measured (needs --workers W.yaml with workers and --tasks{own})", file=sys.stderr)
         return None, None
     if not _names_workers(args.reward_config):  # utility weights only (configs/reward.quality.yaml): a note, not an error
         print(f"live term: not measured ({args.reward_config} gives the utility weights only, no workers to call; "
@@ -31,7 +34,25 @@ def live_for(args, data):
     except Exception as exc:  # a worker YAML that does not load: its one-line error
         print(f"live term: not measured ({exc})", file=sys.stderr)
         return None, None
-    return live_evaluator(config, getattr(args, "project_dir", None) or "."), tasks_by_id(tasks_path)
+    refused: list | None = None if args.tasks else []  # the project's folder: a batch the matrix refused is left out
+    tasks = tasks_by_id(tasks_path, refused)
+    for exc in refused or ():
+        print(f"live term: {exc.path} left out as the matrix leaves it out: {exc.first_problem()}", file=sys.stderr)
+    return live_evaluator(config, getattr(args, "project_dir", None) or "."), tasks
+
+
+def task_source(args) -> tuple[Path | None, str]:
+    """(where the live term's tasks come from, or None; what to add to a note without them)."""
+    from fugu_pipeline.paths import ProjectPaths
+
+    if args.tasks:
+        return Path(args.tasks), ""
+    paths = ProjectPaths(Path(getattr(args, "project_dir", None) or ".").resolve())
+    data = Path(str(args.data or "")).resolve()
+    if data == paths.reward_db and paths.benchgen.is_dir():
+        return paths.benchgen, ""
+    return None, (f" naming the BenchGen file or folder that holds the graders of {args.data}'s tasks; the project's "
+                  f"batch folder is read only for its own matrix, {paths.reward_db.relative_to(paths.root)}")
 
 
 def _names_workers(path) -> bool:

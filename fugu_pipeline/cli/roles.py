@@ -3,6 +3,8 @@ session against the configured workers and prints the committed answer and every
 
 from __future__ import annotations
 
+import sys
+
 from fugu_pipeline.cli.common import CLIError, asked_by, check_prompt, print_json
 
 
@@ -93,7 +95,10 @@ def cmd_evaluate_roles(args) -> int:
     contract = load_checkpoint(checkpoint).manifest.feature_contract
     settings = roles_encoder_settings(args.encoder or contract.encoder_id, contract.max_length, revision=contract.revision,
                                       device=args.device)
-    tasks = project_tasks(paths.benchgen, paths.reward_db)
+    refused: list = []  # a batch file the reward matrix left out is left out here too, said in one line
+    tasks = project_tasks(paths.benchgen, paths.reward_db, refused)
+    for exc in refused:
+        print(f"{exc.path} left out as the matrix leaves it out: {exc.first_problem()}", file=sys.stderr)
     with open_run(config, settings, paths.data / "trajectories", tasks, cfg) as run:
         try:
             rep = evaluate_coordinator(run, checkpoint, tasks, cfg, paths.models, seeds=args.seeds, promote=args.promote,

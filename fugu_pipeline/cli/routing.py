@@ -153,6 +153,7 @@ def _now(router):
 def cmd_serve(args) -> int:
     from fugu_pipeline.cli.training import budget_of
     from fugu_pipeline.serve import serve
+    from fugu_pipeline.serve.run import PortUnavailable
 
     if args.shutdown_grace_s < 0:
         raise CLIError(f"--shutdown-grace-s must be >= 0 seconds, got {args.shutdown_grace_s:g}")
@@ -160,10 +161,13 @@ def cmd_serve(args) -> int:
         raise CLIError(f"--max-json-values must be >= 1, got {args.max_json_values}")
     if not args.auth_cooldown_s >= 0:
         raise CLIError(f"--auth-cooldown-s must be >= 0 seconds (0: never keep a worker out), got {args.auth_cooldown_s:g}")
-    serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port, api_token=args.token,
-          device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
-          max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
-          log_level=args.log_level, default_budget=budget_of(args), shutdown_grace_s=args.shutdown_grace_s,
-          max_json_values=args.max_json_values, allowed_hosts=tuple(args.allowed_host or ()),
-          auth_cooldown_s=args.auth_cooldown_s)
+    try:
+        serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port, api_token=args.token,
+              device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
+              max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
+              log_level=args.log_level, default_budget=budget_of(args), shutdown_grace_s=args.shutdown_grace_s,
+              max_json_values=args.max_json_values, allowed_hosts=tuple(args.allowed_host or ()),
+              auth_cooldown_s=args.auth_cooldown_s)
+    except PortUnavailable as exc:
+        raise CLIError(str(exc)) from None
     return 0

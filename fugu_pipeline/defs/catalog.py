@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import dagster as dg
 
+from fugu_pipeline.defs.failures import explained_failure
 from fugu_pipeline.defs.metadata import LIVE_API, LIVE_KIND
 from fugu_pipeline.defs.partitions import CATALOG_FRESHNESS, batch_x_worker, partition_run_request, task_batches, workers
 from fugu_pipeline.defs.resources import PipelineResource, config_skip
@@ -102,7 +103,7 @@ def openrouter_catalog(
     try:
         snap = openrouter.fetch_catalog()
     except CatalogError as exc:
-        raise dg.Failure(description=str(exc)) from None
+        raise explained_failure(str(exc)) from None
     configured = openrouter_models(pipeline.load_workers())
     diff = diff_snapshots(previous, snap, configured)
     latest = save_snapshot(snap, folder)

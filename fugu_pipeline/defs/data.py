@@ -10,7 +10,7 @@ import dagster as dg
 from fugu_pipeline.collect.partition import collect_partition_sync, summarize_cells
 from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.defs.catalog import run_model_fingerprint
-from fugu_pipeline.defs.failures import batch_failure, first_problem
+from fugu_pipeline.defs.failures import batch_failure, explained_failure, first_problem
 from fugu_pipeline.defs.metadata import LIVE_KIND, LIVE_WORKERS, tidy
 from fugu_pipeline.defs.partitions import (
     DUCKDB_WRITER_POOL,
@@ -41,7 +41,7 @@ from fugu_pipeline.workers.contract import FatalWorkerError
 def _batch_file(pipeline: PipelineResource, batch: str) -> Path:
     path = pipeline.paths.benchgen / f"{batch}.jsonl"
     if not path.exists():
-        raise dg.Failure(f"batch file {path} not found: partition {batch!r} has no file in {pipeline.paths.benchgen}")
+        raise explained_failure(f"batch file {path} not found: partition {batch!r} has no file in {pipeline.paths.benchgen}")
     return path
 
 
@@ -119,7 +119,7 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
     batch, worker_id = keys["batch"], keys["worker"]
     config = pipeline.load_workers()
     if worker_id not in config.worker_ids:
-        raise dg.Failure(f"worker {worker_id!r} is no longer in {pipeline.workers_config}; it is retired and not collected")
+        raise explained_failure(f"worker {worker_id!r} is no longer in {pipeline.workers_config}; it is retired and not collected")
     loaded = _load_batch(pipeline, batch)
     store = ResponseStore(pipeline.paths.responses)
     shared = SharedStore.of(pipeline.paths)  # FUGU_DATA_URL: resume from (and publish to) the shared store
@@ -135,7 +135,7 @@ def responses(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> 
         stats = collect_partition_sync(loaded, batch, worker_id, config, store, model_fingerprint=fingerprint, catalog=catalog,
                                        ledger=ledger)
     except FatalWorkerError as exc:
-        raise dg.Failure(description=f"worker {worker_id}: {exc}") from None
+        raise explained_failure(f"worker {worker_id}: {exc}") from None
     finally:
         ledger.close()
         if shared:  # what was paid for is published even when the run fails
@@ -211,7 +211,7 @@ def _imported(config: RewardMatrixConfig, paths, utility, weights_from: str):
     folder_kind = config.import_kind in ("dcrouter", "routellm-gsm8k", "routellm-mmlu", "routellm-mtbench")
     if not (path.is_dir() if folder_kind else path.is_file()):
         what = "the folder" if folder_kind else "the file"
-        raise dg.Failure(f"import_path {config.import_path!r}: {'not found' if not path.exists() else 'not ' + what} "
+        raise explained_failure(f"import_path {config.import_path!r}: {'not found' if not path.exists() else 'not ' + what} "
                          f"({path}); give {what} to import ({config.import_kind}), relative to the project folder")
     if config.import_kind == "jsonl" and not config.import_options:
         return from_import(path, utility, weights_from), {}
@@ -219,18 +219,18 @@ def _imported(config: RewardMatrixConfig, paths, utility, weights_from: str):
     from fugu_pipeline.matrix.importers import KINDS, path_options, read_source
 
     if config.import_kind not in KINDS:
-        raise dg.Failure(f"import_kind {config.import_kind!r}: use one of {', '.join(KINDS)}")
+        raise explained_failure(f"import_kind {config.import_kind!r}: use one of {', '.join(KINDS)}")
     named_files = path_options()
     opts = {k: (str(paths.resolve(v)) if k in named_files and isinstance(v, str) else v)
             for k, v in config.import_options.items()}
     try:
         rows, notes = read_source(config.import_kind, path, **opts)
     except TypeError as exc:  # an option this kind's importer does not take
-        raise dg.Failure(f"import_options: {exc}") from None
+        raise explained_failure(f"import_options: {exc}") from None
     except ValueError as exc:  # pydantic's ValidationError too: name the option, say why
         if isinstance(exc, TaskFileError):
             raise
-        raise dg.Failure(f"import {config.import_kind}: {option_errors(exc, lambda f: 'import_options.' + f)}") from None
+        raise explained_failure(f"import {config.import_kind}: {option_errors(exc, lambda f: 'import_options.' + f)}") from None
     return from_import(path, utility, weights_from, rows=rows), notes
 
 
@@ -278,7 +278,7 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
     except TaskFileError as exc:
         raise batch_failure(exc, "then materialize reward_matrix again") from None
     except RewardMatrixError as exc:
-        raise dg.Failure(description=str(exc)) from None
+        raise explained_failure(str(exc)) from None
     arrays = read_arrays(paths.reward_db)
     health = signal_health(arrays.utility)
     context.log.info(f"reward matrix: {summary}")

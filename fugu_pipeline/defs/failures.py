@@ -1,9 +1,12 @@
 """Failures as users read them: a data error is one line with metadata (file, line, fix), and the
 console of the runs the sensors launch prints it once, without Dagster's stack.
 
-- `batch_failure(exc)`: the `dg.Failure` of a batch file that cannot be loaded: its description
-  is one line (`badline.jsonl:3: malformed JSON: ...`), its metadata the file, the line, the
-  problem and what to do. The UI's run log shows them on the failed step.
+- `explained_failure(what, fix)`: the `dg.Failure` of an expected, explained problem. The UI's
+  run log shows it as one line, what went wrong and the fix, with no stack: on the failed step
+  (above its metadata table) and on the run's failure, which repeats it (`ExplainedFailure`).
+- `batch_failure(exc)`: that failure for a batch file that cannot be loaded: one line
+  (`badline.jsonl:3: malformed JSON: ... — fix: correct line 3 of badline.jsonl ...`), and as
+  metadata the file, the line, the number of problems and the fix.
 - `run_console`: the console logger of the jobs the sensors launch (`RUN_CONSOLE_CONFIG` names
   it in their run config). It prints what Dagster's default console logger prints (the
   `dagster dev` terminal), except that a `dg.Failure` is one line (its description and the
@@ -18,6 +21,8 @@ import logging
 import sys
 
 import dagster as dg
+from dagster._core.errors import DagsterUserCodeProcessError
+from dagster._utils.error import SerializableErrorInfo
 
 from fugu_pipeline.tasks.loading import TaskFileError, shown_name
 
@@ -26,10 +31,7 @@ RUN_CONSOLE_CONFIG = {"loggers": {"console": {}}}  # run config that selects `ru
 
 def first_problem(exc: TaskFileError) -> str:
     """The first problem of a batch file, one line: `name:line: message (+N more)`."""
-    line, msg = exc.problems[0] if exc.problems else (0, str(exc))
-    more = f" (+{len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
-    where = f"{shown_name(exc.path.name)}:{line}" if line else shown_name(exc.path.name)
-    return f"{where}: {' '.join(str(msg).split())[:300]}{more}"
+    return exc.first_problem()
 
 
 def batch_fix(exc: TaskFileError, rerun: str) -> str:
@@ -39,19 +41,39 @@ def batch_fix(exc: TaskFileError, rerun: str) -> str:
     return f"{what} (or move it out of {exc.path.parent}); {rerun}"
 
 
+class ExplainedFailure(dg.Failure, DagsterUserCodeProcessError):
+    """A `dg.Failure` whose error, as the run log stores and shows it, is its one line and nothing
+    else: no stack. Dagster records an error it already holds in serialized form (one raised in
+    another process) as that form; this failure is that form from the start: the one line as the
+    message, no frames (every frame would be Dagster's, from its step runner down to the `raise`).
+    The step's failure and the run's failure (which repeats the first failed step's error) both
+    show the one line, first; the metadata (file, line, fix) stays on the step's failure. Dagster
+    passes it on as it is, so a retry policy does not retry it: an explained problem is met again
+    (`allow_retries` is False to say so)."""
+
+    def __init__(self, description: str, metadata: dict | None = None):
+        text = " ".join(description.split())
+        plain = dg.Failure(description=text, metadata=metadata, allow_retries=False)  # Dagster's checks
+        Exception.__init__(self, text)  # (the two bases' own __init__s take different arguments)
+        self.description, self.metadata, self.allow_retries = plain.description, plain.metadata, plain.allow_retries
+        self.user_code_process_error_infos = [SerializableErrorInfo(message=f"{text}\n", stack=[], cls_name="Failure")]
+
+
+def explained_failure(what: str, fix: str | None = None, metadata: dict | None = None) -> ExplainedFailure:
+    """The step failure of an expected, explained problem: `what` went wrong and the `fix`, in one
+    line (the fix also as metadata)."""
+    text = f"{what} — fix: {fix}" if fix else what
+    return ExplainedFailure(text, {**(metadata or {}), **({"fix": fix} if fix else {})})
+
+
 def batch_failure(exc: TaskFileError, rerun: str = "the batch sensor loads it again when the file changes "
                                                    "(`fugu-lite pipeline`: run it again)") -> dg.Failure:
     """The step failure of a file of tasks or rows that cannot be loaded (no retry: the file must change)."""
     line = exc.problems[0][0] if exc.problems else 0
-    return dg.Failure(
-        description=f"{first_problem(exc)}; nothing of this batch is used until the file is fixed",
-        metadata={
-            "file": dg.MetadataValue.path(str(exc.path)),
-            "line": line,
-            "problems": len(exc.problems) or 1,
-            "fix": batch_fix(exc, rerun),
-        },
-        allow_retries=False,
+    return explained_failure(
+        f"{first_problem(exc)}; nothing of this batch is used until the file is fixed",
+        batch_fix(exc, rerun),
+        metadata={"file": dg.MetadataValue.path(str(exc.path)), "line": line, "problems": len(exc.problems) or 1},
     )
 
 

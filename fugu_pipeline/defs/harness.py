@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from fugu_pipeline.defs.failures import explained_failure
 from fugu_pipeline.defs.resources import PipelineResource
 
 
@@ -18,7 +19,7 @@ def policy_for(pipeline: PipelineResource, policy_file: str | None = None, **ove
         return load_policy(pipeline.paths.resolve(name), required=policy_file is not None and name != DEFAULT_POLICY_FILE,
                            **overrides)
     except PolicyError as exc:
-        raise dg.Failure(description=str(exc)) from None
+        raise explained_failure(str(exc)) from None
 
 
 def live_for(pipeline: PipelineResource):
@@ -28,7 +29,10 @@ def live_for(pipeline: PipelineResource):
     from fugu_pipeline.evaluate.live import live_evaluator, tasks_by_id
     from fugu_pipeline.tasks.loading import list_batch_files
 
-    tasks = tasks_by_id(pipeline.paths.benchgen) if list_batch_files(pipeline.paths.benchgen) else None
+    refused: list = []  # a batch file the reward matrix left out is left out here too, with a warning
+    tasks = tasks_by_id(pipeline.paths.benchgen, refused) if list_batch_files(pipeline.paths.benchgen) else None
+    for exc in refused:
+        dg.get_dagster_logger().warning(f"live term: batch file left out as the matrix leaves it out: {exc.first_problem()}")
     return live_evaluator(pipeline.load_workers(), pipeline.paths.root), tasks
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from fugu_pipeline.defs.failures import explained_failure
 from fugu_pipeline.defs import harness
 from fugu_pipeline.defs.data import reward_matrix
 from fugu_pipeline.defs.distributed import GPU_OP_TAGS
@@ -122,7 +123,7 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
     try:
         cfg = load_config(pipeline.paths.resolve(config.config_path or f"configs/train_{method}.yaml"), cls)
     except ConfigError as exc:
-        raise dg.Failure(description=str(exc)) from None
+        raise explained_failure(str(exc)) from None
     data = _routing_data(context, pipeline, encoder)
     fn = {"sft": train_sft, "rl": train_rl, "es": train_es}[method]
     kwargs = {"force": config.force}
@@ -132,7 +133,7 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
         with GatheredLog(context.log.info) as log:  # its epoch lines as one block of the run log
             result = fn(data, cfg, log=log, **kwargs)
     except TrainingDataError as exc:
-        raise dg.Failure(description=str(exc)) from None
+        raise explained_failure(str(exc)) from None
     # the dtype the features were computed in, as `fugu-lite train-*` records it
     result.metrics["feature_dtype"] = encoder.settings().feature_dtype()
     path = result.save(pipeline.paths.models)
@@ -202,9 +203,9 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     try:
         cfg = load_config(path, TrainSetConfig) if path.exists() else TrainSetConfig()
     except ConfigError as exc:
-        raise dg.Failure(description=str(exc)) from None
+        raise explained_failure(str(exc)) from None
     if config.prompt_rules not in (None, "auto", "on", "off"):
-        raise dg.Failure(description=f"prompt_rules {config.prompt_rules!r}: give auto, on or off (or leave it unset: "
+        raise explained_failure(f"prompt_rules {config.prompt_rules!r}: give auto, on or off (or leave it unset: "
                          "the config file's features.prompt_rules)")
     try:  # the features as `fugu-lite train` resolves and chooses them (lexical block, layer sets, prompt rules)
         settings, sets, rules = heads_features(encoder.settings(), cfg.features, lexical=config.lexical,
@@ -218,14 +219,14 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
         report = fit_and_save(data, pipeline.paths.models, cfg, log=context.log.info, force=config.force,
                               selection=selection, metrics=recorded)
     except (TrainingDataError, LayerSetError) as exc:
-        raise dg.Failure(description=f"layer_sets {exc}" if isinstance(exc, LayerSetError) else str(exc)) from None
+        raise explained_failure(f"layer_sets {exc}" if isinstance(exc, LayerSetError) else str(exc)) from None
     for saved in report.saved:  # budget.json beside each quality head, as `fugu-lite train` writes it
         calibrate_beside(saved.path, data, context.log.info, saved.val_quality)
     selected = report.selected_path()
     try:
         cascade = _cascade(context, pipeline, encoder, data, cfg, selection, report, recorded)
     except (TrainingDataError, ValueError) as exc:  # a cap no plan meets, a worker without replies: one line
-        raise dg.Failure(description=f"cascade: {exc}") from None
+        raise explained_failure(f"cascade: {exc}") from None
     rows = ["| kind | configuration | validation | checkpoint |", "|---|---|---|---|"] + [
         f"| {'**' + s.kind + '**' if s.selected else s.kind} | {s.name} | "
         + ", ".join(f"{k} {v:.4f}" for k, v in s.figures.items()) + f" | {s.path.name} |" for s in report.saved]
@@ -280,7 +281,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     ckpt = load_checkpoint(checkpoint_path)
     data, problems = source.for_checkpoint(ckpt)  # the rows with the checkpoint's own features (contract checked)
     if problems:
-        raise dg.Failure(description=f"{checkpoint_path} cannot be scored with this encoder: " + "; ".join(problems))
+        raise explained_failure(f"{checkpoint_path} cannot be scored with this encoder: " + "; ".join(problems))
     rep = evaluate_checkpoint(ckpt, data, "test")
     live, tasks = harness.live_for(pipeline)  # the TinyRouter composite against the current king
     add_composite(rep, ckpt, data, pipeline.paths.models, harness.policy_for(pipeline).composite, live=live, tasks=tasks,

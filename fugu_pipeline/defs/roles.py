@@ -4,6 +4,7 @@ worker, then king versus challenger on models/promoted/roles.json). Thin: the wo
 
 import dagster as dg
 
+from fugu_pipeline.defs.failures import explained_failure
 from fugu_pipeline.defs.data import reward_matrix
 from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.metadata import LIVE_KIND, LIVE_WORKERS, tidy
@@ -38,12 +39,15 @@ def _open(context, config: RolesAssetConfig, pipeline: PipelineResource, encoder
     try:
         cfg = load_roles_config(pipeline.paths.resolve(config.config_path))
     except ConfigError as exc:
-        raise dg.Failure(description=str(exc)) from None
+        raise explained_failure(str(exc)) from None
     workers = pipeline.load_workers()
+    refused: list = []  # a batch file the reward matrix left out is left out here too, with a warning
     try:
-        tasks = project_tasks(pipeline.paths.benchgen, pipeline.paths.reward_db)
+        tasks = project_tasks(pipeline.paths.benchgen, pipeline.paths.reward_db, refused)
     except ValueError as exc:
-        raise dg.Failure(description=str(exc)) from None
+        raise explained_failure(str(exc)) from None
+    for exc in refused:
+        context.log.warning(f"batch file left out as the matrix leaves it out: {exc.first_problem()}")
     settings = roles_encoder_settings(encoder.model, cfg.max_length, revision=encoder.revision, device=encoder.device,
                                       dtype=encoder.dtype)
     run = open_run(workers, settings, pipeline.paths.data / "trajectories", tasks, cfg,
@@ -52,7 +56,7 @@ def _open(context, config: RolesAssetConfig, pipeline: PipelineResource, encoder
 
 
 def _stop(exc: Exception) -> dg.Failure:
-    return dg.Failure(description=f"{type(exc).__name__}: {exc}")
+    return explained_failure(f"{type(exc).__name__}: {exc}")
 
 
 @dg.asset(deps=[reward_matrix, promoted_router], pool=GPU_POOL, group_name="multi_turn",

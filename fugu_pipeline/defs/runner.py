@@ -38,7 +38,8 @@ class StepFailed(RuntimeError):
         if self.failure is None:
             return str(self)
         fix = self.failure.metadata.get("fix")
-        return " ".join((self.failure.description or "").split()) + (f"; fix: {fix.value}" if fix is not None else "")
+        text = " ".join((self.failure.description or "").split())
+        return text + (f"; fix: {fix.value}" if fix is not None and str(fix.value) not in text else "")
 
 
 class _AssetLogLine(logging.Formatter):

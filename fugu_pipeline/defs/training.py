@@ -53,7 +53,7 @@ def curves_png(result: "TrainResult", path: Path | None = None) -> bytes:
     per epoch/generation, and validation utility, with the kept epoch marked. With `path`, the PNG is
     kept there, and one already there drawn from the same curves by the same code is returned as it
     is (a re-run that trains the same checkpoint draws nothing)."""
-    from fugu_pipeline.evaluate.plots import COLORS, plot_key, png_bytes, stored_key
+    from fugu_pipeline.evaluate.plots import COLORS, MAX_WIDTH_IN, plot_key, png_bytes, stored_key
     from fugu_pipeline.files import atomic_write
 
     c = result.curves
@@ -89,7 +89,7 @@ def curves_png(result: "TrainResult", path: Path | None = None) -> bytes:
             ax.legend()
         fig.suptitle(f"{result.method} · {result.head_kind} · {result.param_count:,} params")
 
-    png = png_bytes(draw, 8, 3.4, ncols=2, key=key)
+    png = png_bytes(draw, MAX_WIDTH_IN, 5.6, nrows=2, key=key)
     if path is not None:
         atomic_write(path, png)
     return png

@@ -3,6 +3,7 @@ Thin: the work is in `train/triage.py` and `evaluate/triage_report.py`."""
 
 import dagster as dg
 
+from fugu_pipeline.defs.failures import explained_failure
 from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.metadata import tidy
 from fugu_pipeline.defs.models import _routing_data, task_embeddings
@@ -37,7 +38,7 @@ def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pi
         cfg = load_config(pipeline.paths.resolve(config.config_path), TriageConfig) if config.config_path else TriageConfig()
         result = train_triage(_routing_data(context, pipeline, encoder), cfg, log=context.log.info)
     except (ConfigError, TrainingDataError) as exc:
-        raise dg.Failure(description=str(exc)) from None
+        raise explained_failure(str(exc)) from None
     path = result.save(pipeline.paths.models)
     m = result.metrics
     return dg.Output(str(path), data_version=dg.DataVersion(path.name), metadata=tidy({

@@ -15,13 +15,13 @@ from pathlib import Path
 from fugu_pipeline.evaluate.plots import COLORS, plotted, reused, shown_name
 from fugu_pipeline.train.cascade_frontier import frontier_lines
 
-WIDTH, HEIGHT, PLOT_DPI = 6.4, 4.0, 100
+WIDTH, HEIGHT = 6.4, 4.0
 
 
 @reused("levels", "frontier", "strongest", "strongest_quality", "strongest_cost_usd", "rows")
 def plot_frontier(front: dict, path: Path, key: str | None = None) -> Path:
     """Out-of-fold accuracy against $ per 1,000 requests (see the module docstring)."""
-    with plotted(path, WIDTH, HEIGHT, key=key, dpi=PLOT_DPI) as (fig, ax):
+    with plotted(path, WIDTH, HEIGHT, key=key) as (fig, ax):
         lv, fr = front["levels"], front["frontier"]
         ax.scatter([p["cost_usd"] * 1000 for p in lv], [p["quality"] for p in lv], s=14, color=COLORS["random"],
                    zorder=2, label="best plan under a cap")

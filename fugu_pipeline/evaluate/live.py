@@ -180,12 +180,14 @@ def live_evaluator(config: "WorkersConfig", project_dir, **kw) -> OneCallEvaluat
                             ledger=CostLedger(project_ledger(project_dir)), **kw)
 
 
-def tasks_by_id(benchgen_dir) -> dict[str, "Task"]:
-    """Every task of the BenchGen batch files (their graders and references) by task id."""
+def tasks_by_id(benchgen_dir, refused: list | None = None) -> dict[str, "Task"]:
+    """Every task of the BenchGen batch files (their graders and references) by task id. A folder's
+    bad batch file raises `TaskFileError`; with `refused` (a list) it is appended there and left out,
+    as the reward matrix leaves it out."""
     from pathlib import Path
 
     from fugu_pipeline.tasks.loading import load_all_batches, load_tasks
 
     p = Path(benchgen_dir)
-    pairs = [(None, t) for t in load_tasks(p)] if p.is_file() else load_all_batches(p)
+    pairs = [(None, t) for t in load_tasks(p)] if p.is_file() else load_all_batches(p, refused)
     return {t.task_id: t for _, t in pairs}

@@ -2,7 +2,10 @@
 APGR or cost–quality curve, the budget plot) and of a training run, in one style.
 
 The style, for every plot of every report (the assets embed them in their metadata, the command
-line writes them beside the JSON report): 150 dpi; titles 10 pt, labels 9 pt, ticks 8 pt; every
+line writes them beside the JSON report): at most 640 pixels wide (`MAX_WIDTH_PX`: the Dagster UI
+shows a metadata image at its own size, and its "Show Markdown" dialog is at most 80% of the
+window wide, so a plot fits it in a window 850 pixels wide or wider), 100 dpi, so titles 10 pt
+(14 px), labels 9 pt, ticks 8 pt (11 px); two panels one above the other; every
 axis labelled; light horizontal grid behind the data, no top or right frame; the same colour for
 the same thing everywhere (router green, best fixed worker grey, random light grey, oracle blue,
 caps and chosen points red); values written on the bars; x labels rotated only when there are
@@ -32,7 +35,9 @@ import numpy as np
 
 from fugu_pipeline.evaluate.metrics import ci_text
 
-DPI = 150
+DPI = 100
+MAX_WIDTH_PX = 640  # the widest plot: it fits the Dagster UI's "Show Markdown" dialog (see above)
+MAX_WIDTH_IN = MAX_WIDTH_PX / DPI
 COLORS = {"router": "#2a9d6f", "best_fixed": "#7f7f7f", "random": "#c7c7c7", "oracle": "#3f6fc4",
           "worker": "#9a9a9a", "curve": "#2a9d6f", "mark": "#c44e52"}
 STYLE = {
@@ -55,26 +60,26 @@ KEY_FIELD = "fugu-plot-key"  # the PNG text chunk holding the hash of what drew 
 
 
 @contextmanager
-def plotted(target, width: float, height: float, ncols: int = 1, key: str | None = None, dpi: int = DPI):
-    """A figure in the report style; yields its axes (one, or a list of `ncols`) and writes the PNG
-    to `target` (a path or a binary file) when the block ends, with `key` (`plot_key`) in it; `dpi`:
-    a plot shown in a narrow dialog is written at fewer dots per inch."""
+def plotted(target, width: float, height: float, nrows: int = 1, key: str | None = None):
+    """A figure in the report style, at most `MAX_WIDTH_IN` wide; yields its axes (one, or a list of
+    `nrows`, one above the other) and writes the PNG to `target` (a path or a binary file) when the
+    block ends, with `key` (`plot_key`) in it."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     with matplotlib.rc_context(STYLE):
-        fig = Figure(figsize=(width, height), layout="constrained")
+        fig = Figure(figsize=(min(width, MAX_WIDTH_IN), height), layout="constrained")
         FigureCanvasAgg(fig)
-        axes = fig.subplots(1, ncols)
-        yield fig, (list(axes) if ncols > 1 else axes)
-        fig.savefig(target, format="png", dpi=dpi, metadata={KEY_FIELD: key} if key else None)
+        axes = fig.subplots(nrows, 1)
+        yield fig, (list(axes) if nrows > 1 else axes)
+        fig.savefig(target, format="png", dpi=DPI, metadata={KEY_FIELD: key} if key else None)
 
 
-def png_bytes(draw, width: float, height: float, ncols: int = 1, key: str | None = None) -> bytes:
+def png_bytes(draw, width: float, height: float, nrows: int = 1, key: str | None = None) -> bytes:
     """`draw(fig, axes)` in the report style, as PNG bytes (for metadata)."""
     buf = io.BytesIO()
-    with plotted(buf, width, height, ncols, key) as (fig, axes):
+    with plotted(buf, width, height, nrows, key) as (fig, axes):
         draw(fig, axes)
     return buf.getvalue()
 
@@ -177,7 +182,7 @@ def plot_report(rep: dict, out_dir, prefix: str = "report") -> list:
 @reused("best_fixed_worker", "router_utility", "best_fixed_utility", "random_utility", "oracle_utility", "split",
         "n_tasks", "router_minus_best_fixed", "route_distribution")
 def _summary(rep: dict, path: Path, key: str | None = None) -> Path:
-    with plotted(path, 11, 4.0, ncols=2, key=key) as (fig, (left, right)):
+    with plotted(path, MAX_WIDTH_IN, 6.6, nrows=2, key=key) as (fig, (left, right)):
         names = ["router", f"best fixed\n({shown_name(rep['best_fixed_worker'], 24)})", "random", "oracle"]
         vals = [rep["router_utility"], rep["best_fixed_utility"], rep["random_utility"], rep["oracle_utility"]]
         bars = left.bar(range(4), vals, color=[COLORS[k] for k in ("router", "best_fixed", "random", "oracle")])
@@ -203,21 +208,24 @@ def _per_domain(rep: dict, path: Path, key: str | None = None) -> Path:
     rows = rep["per_domain"]
     series = (("router", "router"), ("best_fixed", f"best fixed ({shown_name(rep['best_fixed_worker'], 24)})"),
               ("oracle", "oracle"))
-    with plotted(path, min(16, max(7, len(rows) * 0.9 + 2)), 4.2, key=key) as (fig, ax):
+    with plotted(path, MAX_WIDTH_IN, 4.4 if len(rows) <= 6 else 5.6, key=key) as (fig, ax):
         x = np.arange(len(rows))
         for k, (key, label) in enumerate(series):
             ax.bar(x + (k - 1) * 0.27, [r[key] for r in rows], 0.27, label=label, color=COLORS[key])
-        x_labels(ax, x, [f"{shown_name(r['domain'], 28)}\n(n={r['n']})" for r in rows])
+        if len(rows) <= 6:
+            x_labels(ax, x, [f"{shown_name(r['domain'], 28)}\n(n={r['n']})" for r in rows])
+        else:  # many domains on 640 pixels: one upright line each, so no label runs into the next
+            ax.set_xticks(x, [f"{shown_name(r['domain'], 28)} (n={r['n']})" for r in rows], rotation=90, ha="center")
         ax.set_ylabel(f"mean utility ({rep.get('split', 'test')})")
         ax.set_title("utility per domain")
-        fig.legend(loc="outside right upper")  # beside the axes: it never covers a bar
+        fig.legend(loc="outside lower center", ncols=3)  # under the axes: it never covers a bar
     return path
 
 
 @reused("apgr")
 def _apgr(rep: dict, path: Path, key: str | None = None) -> Path:
     a = rep["apgr"]
-    with plotted(path, 6.5, 4.4, key=key) as (fig, ax):
+    with plotted(path, MAX_WIDTH_IN, 4.4, key=key) as (fig, ax):
         ax.plot(a["curve"]["strong_share"], a["curve"]["pgr"], color=COLORS["curve"], label=f"router (APGR {a['apgr']:.3f})")
         ax.plot([0, 1], [0, 1], "--", color=COLORS["random"], label="random (APGR 0.5)")
         ax.set_xlabel(f"share of calls to {shown_name(a['strong_worker'], 30)}")
@@ -232,7 +240,7 @@ def _apgr(rep: dict, path: Path, key: str | None = None) -> Path:
 def _cost_quality(rep: dict, path: Path, key: str | None = None) -> Path:
     """Mean quality against mean cost: each worker, the router, the oracle, each point named; the
     λ sweep of the router's scores against expected cost when the report has one."""
-    with plotted(path, 7, 4.6, key=key) as (fig, ax):
+    with plotted(path, MAX_WIDTH_IN, 4.6, key=key) as (fig, ax):
         for p in rep["cost_quality_points"]:
             kind = "router" if p["name"] == "router" else "oracle" if p["name"].startswith("oracle") else "worker"
             ax.scatter(p["mean_cost_usd"], p["mean_quality"], s=36, color=COLORS[kind], zorder=3)
@@ -256,7 +264,7 @@ def plot_budget(sec: dict, path: Path, split: str = "test", key: str | None = No
     """Quality against cost (share of the reference worker's cost) on the held-out split: every
     worker as a point, the router's λ curve and its Pareto points, the cap and the operating point
     chosen on validation."""
-    with plotted(path, 7.5, 4.8, key=key) as (fig, ax):
+    with plotted(path, MAX_WIDTH_IN, 5.2, key=key) as (fig, ax):
         for w in sec["workers"]:
             ax.scatter(w["share"], w["quality"], s=36, color=COLORS["worker"], zorder=3)
             ax.annotate(shown_name(w["name"], 28), (w["share"], w["quality"]), fontsize=8, xytext=(5, 3),
@@ -271,12 +279,12 @@ def plot_budget(sec: dict, path: Path, split: str = "test", key: str | None = No
             t = op[split]
             cap = op["budget"]["share"] if op["budget"].get("share") is not None else \
                 op["budget"]["usd_per_1k"] / sec["reference_cost_usd_per_1k"]
-            ax.axvline(cap, ls="--", color=COLORS["mark"], lw=1, label=f"cap ({op['describe'].split(' (')[0]})")
+            ax.axvline(cap, ls="--", color=COLORS["mark"], lw=1, label=op["describe"].split(" (")[0])
             ax.scatter([t["share"]], [t["quality"]], marker="*", s=160, color=COLORS["mark"], zorder=5,
                        label=f"chosen on validation: λ={op['lambda']:.3g}, {split} {t['quality']:.3f} at {t['share']:.3f}")
         ax.set_xlabel(f"mean cost per request / {shown_name(sec['reference_worker'], 30)}'s ({split}, realised)")
         ax.set_ylabel(f"mean quality ({split})")
         ax.set_title("budget mode: quality against cost (routes use expected cost only)")
         ax.grid(axis="x", alpha=0.35)
-        fig.legend(loc="outside lower center", ncols=2)
+        fig.legend(loc="outside lower center")  # one column: its labels are long
     return path

@@ -47,11 +47,13 @@ def roles_encoder_settings(model: str, max_length: int, *, revision: str | None 
                            prompt_template=HEAD_TEMPLATE)
 
 
-def project_tasks(benchgen_dir: Path, reward_db: Path | None) -> list[Task]:
-    """Every graded BenchGen task, restricted to the reward matrix's complete rows when there is one."""
+def project_tasks(benchgen_dir: Path, reward_db: Path | None, refused: list | None = None) -> list[Task]:
+    """Every graded BenchGen task, restricted to the reward matrix's complete rows when there is one.
+    A batch file that cannot be loaded raises `TaskFileError`; with `refused` (a list) it is appended
+    there and left out, as the reward matrix leaves it out."""
     from fugu_pipeline.tasks.loading import load_all_batches
 
-    tasks = [t for _, t in load_all_batches(benchgen_dir)]
+    tasks = [t for _, t in load_all_batches(benchgen_dir, refused)]
     if reward_db is not None and Path(reward_db).exists():
         from fugu_pipeline.matrix.read import read_arrays
 

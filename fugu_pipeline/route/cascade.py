@@ -85,9 +85,11 @@ class CascadeRouter(Router):
         cap = budget.usd_per_1k / 1000.0 if budget.usd_per_1k is not None else budget.share * ref
         within = [p for p in frontier if p["cost_usd"] <= cap * (1 + 1e-9)]
         if not within:
-            cheapest = frontier[0]
-            raise BudgetUnavailable(f"cap {budget.describe()}: no cascade point of this checkpoint meets it on validation "
-                                    f"(the cheapest costs ${cheapest['cost_usd'] * 1000:.4g} per 1,000 requests); raise the cap")
+            usd = _rounded_up(min(p["cost_usd"] for p in frontier) * 1000)
+            share = f"a share of at least {_rounded_up(usd / 1000 / ref):g} or " if ref > 0 else ""
+            raise BudgetUnavailable(f"{budget.describe()}: no cascade point of this checkpoint meets it on validation "
+                                    f"(the cheapest costs ${usd:g} per 1,000 requests); raise the cap to {share}"
+                                    f"${usd:g} per 1,000 requests")
         best = max(within, key=lambda p: (p["quality"], -p["cost_usd"]))
         return CascadePlan.model_validate(best["plan"]), {
             "cap": budget.describe(), "validation_cost_usd": best["cost_usd"], "validation_quality": best["quality"]}
@@ -277,3 +279,13 @@ async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, de
         return CascadeRun(plan.describe(), steps, "the later steps failed: the best early answer", got[i][1], got[i][0],
                           calls, total, errors)
     return CascadeRun(plan.describe(), steps, "every worker failed", None, None, calls, total, errors)
+
+
+def _rounded_up(x: float, digits: int = 3) -> float:
+    """`x` to `digits` significant digits, never below it (a cap printed as enough is enough)."""
+    import math
+
+    if x <= 0 or not math.isfinite(x):
+        return x
+    scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
+    return math.ceil(x * scale - 1e-9) / scale

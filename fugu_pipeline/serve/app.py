@@ -116,7 +116,7 @@ from fugu_pipeline.serve.protocol import (
 from fugu_pipeline.serve.relay import finish_timing, ms, reply_headers, stream_response
 from fugu_pipeline.serve.source import RouterSource, checkpoint_tag, load_router_provider  # noqa: F401 (its API too)
 from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S, CallTiming, RelayedStream, Workers, usage_of
-from fugu_pipeline.workers.config import WorkersConfig, load_workers_config
+from fugu_pipeline.workers.config import WorkerConfigError, WorkersConfig, load_workers_config
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
 
 log = logging.getLogger("fugu_pipeline.serve")
@@ -384,10 +384,12 @@ def create_app(
     refused is kept out (`upstream.py`).
     `router_provider` None: `roles` alone is served; one-step requests get a 400 saying `absent`."""
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
+    where = "" if isinstance(workers_config, WorkersConfig) else f"{workers_config}: "
+
     def servable(router: Router) -> None:  # at start, and on every reload of the promoted pointer
         problem = config.missing_routes(router.path, router.worker_ids)
-        if problem:
-            raise ValueError(problem)
+        if problem:  # a ValueError, said in one line by the command
+            raise WorkerConfigError(f"{where}{problem}")
 
     if router_provider is None and roles is None:
         raise RouterError("nothing to serve: neither a one-step router nor a multi-turn coordinator")

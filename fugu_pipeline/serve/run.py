@@ -22,8 +22,10 @@ whatever still runs, comes `SHUTDOWN_MARGIN_S` later.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 from pathlib import Path
 
 from fugu_pipeline.serve.app import (
@@ -37,6 +39,7 @@ from fugu_pipeline.serve.app import (
 from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES
 from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S
 from fugu_pipeline.route.router import RouterError
+from fugu_pipeline.workers.config import load_workers_config
 
 log = logging.getLogger("fugu_pipeline.serve")
 DEFAULT_TORCH_THREADS = 1
@@ -85,6 +88,44 @@ def providers(checkpoint_or_models_dir: str | Path, *, device: str = "auto", dty
     return provider, roles, absent
 
 
+class PortUnavailable(RuntimeError):
+    """The address to serve on cannot be bound; the message names it and what to do."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on (host, port), bound as uvicorn binds one, or `PortUnavailable`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            why = f"port {port} on {host} is in use (another server, or an earlier `fugu-lite serve` still running)"
+            fix = f"stop what holds it, or serve on another port{_free_port_near(host, family, port)}"
+        elif exc.errno == errno.EACCES:
+            why = f"port {port} on {host} needs privileges this process lacks"
+            fix = "serve on a port above 1023, e.g. --port 8080"
+        else:
+            why = f"cannot serve on {host}:{port} ({exc.strerror or exc})"
+            fix = "check --host (an address of this machine, e.g. 127.0.0.1 or 0.0.0.0) and --port"
+        raise PortUnavailable(f"{why}; nothing was served. {fix[0].upper()}{fix[1:]}") from None
+    return sock
+
+
+def _free_port_near(host: str, family: int, port: int) -> str:
+    """`, e.g. --port N` for the first of the next few ports that is free now, else nothing."""
+    for candidate in range(port + 1, min(port + 21, 65536)):
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, candidate))
+            except OSError:
+                continue
+            return f", e.g. --port {candidate}"
+    return ""
+
+
 def serve(
     checkpoint_or_models_dir: str | Path,
     workers_config_path: str | Path,
@@ -126,6 +167,7 @@ def serve(
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    load_workers_config(workers_config_path)  # a missing or broken worker file is said before anything loads
     load_env_file()
     import torch
 
@@ -142,6 +184,8 @@ def serve(
                      batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts,
                      default_budget=default_budget, roles=roles, absent=absent, max_json_values=max_json_values,
                      bind_host=host, allowed_hosts=allowed_hosts, auth_cooldown_s=auth_cooldown_s)
+    sock = bind(host, port)  # before the server is announced: a taken port is said, and nothing is served
+    port = sock.getsockname()[1]
     router = app.state.fugu.source.last
     hosts = app.state.fugu_hosts.describe()
     if router is None:
@@ -163,8 +207,9 @@ def serve(
     server = GracefulServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=shutdown_grace_s + SHUTDOWN_MARGIN_S))
     try:
-        server.run()
+        with sock:
+            server.run(sockets=[sock])
     except KeyboardInterrupt:  # SIGINT, raised again by uvicorn once it has shut down
         pass
     if not server.started:
-        raise SystemExit(3)  # as uvicorn.run: the server could not start (e.g. the port is taken)
+        raise SystemExit(3)  # as uvicorn.run: the server could not start (its startup failed)

@@ -39,6 +39,13 @@ class TaskFileError(ValueError):
             f"Fix the lines below and run again.\n{shown}{more}"
         )
 
+    def first_problem(self) -> str:
+        """The first problem in one line: `name:line: message (+N more)`."""
+        line, msg = self.problems[0] if self.problems else (0, str(self))
+        more = f" (+{len(self.problems) - 1} more)" if len(self.problems) > 1 else ""
+        where = f"{shown_name(self.path.name)}:{line}" if line else shown_name(self.path.name)
+        return f"{where}: {' '.join(str(msg).split())[:300]}{more}"
+
 
 BATCH_NAME_RULE = ("a batch file name (without .jsonl) must start with a letter or digit and hold only "
                    "letters, digits, '_', '.' and '-' (at most 128 characters)")

@@ -204,8 +204,8 @@ class WorkersConfig(BaseModel):
         if not missing:
             return None
         return (f"checkpoint {checkpoint} routes to worker(s) {missing} that the worker config does not define "
-                f"(it has {self.worker_ids}); use the worker config it was trained with, or list each routed id "
-                "under the aliases of the worker that should answer it")
+                f"(it has {self.worker_ids}); use the worker config it was trained with, list each routed id "
+                "under the aliases of the worker that should answer it, or train a router on these workers")
 
     def routed_id(self, name: str, routed: Iterable[str]) -> str:
         """The id a router knows for `name`: itself when the router routes by it, else the configured
@@ -223,8 +223,12 @@ class WorkerConfigError(ValueError):
     """The worker YAML is broken; the message names the file and the field."""
 
 
+WORKERS_HINT = ("give a worker YAML: configs/workers.mock.yaml is the offline mock pool; for real workers copy "
+                "configs/workers.openrouter.example.yaml to configs/workers.yaml and edit it")
+
+
 def load_workers_config(path: str | Path) -> WorkersConfig:
-    return load_yaml_model(path, WorkersConfig, WorkerConfigError, what="worker config")
+    return load_yaml_model(path, WorkersConfig, WorkerConfigError, what="worker config", hint=WORKERS_HINT)
 
 
 def reward_source(config: WorkersConfig, path: str | Path) -> str:
