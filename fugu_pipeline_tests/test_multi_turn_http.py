@@ -177,3 +177,12 @@ def test_clients_made_on_one_loop_are_not_handed_to_another(stub):
 
     asyncio.run(close())
     assert not client.pool.open_clients()
+
+
+def test_the_stub_takes_role_replies_on_its_command_line():
+    from fugu_pipeline.testing.stub_llm import role_replies
+
+    assert role_replies(["Worker=Worked it out.\\nFinal answer: 42", "verifier=VERDICT: ACCEPT"]) == {
+        "worker": "Worked it out.\nFinal answer: 42", "verifier": "VERDICT: ACCEPT"}
+    with pytest.raises(ValueError, match="ROLE=TEXT"):
+        role_replies(["judge=yes"])

@@ -2,7 +2,7 @@
 the same (ties to within rounding aside) where the kernels' last bits depend on the batch shape, as
 on an Intel Xeon with AMX; bit equality asserted where the kernels give it, and still caught when
 the code, not the kernels, breaks it. Kernels that depend on the batch shape are emulated on any
-CPU (`batch_variant_kernels.py`)."""
+CPU (`fugu_pipeline/testing/batch_variant_kernels.py`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from fugu_pipeline.features.parity import (
     vector_tolerance,
 )
 from fugu_pipeline.features.settings import EncoderSettings
-from fugu_pipeline_tests.batch_variant_kernels import batch_variant_kernels
+from fugu_pipeline.testing.batch_variant_kernels import batch_variant_kernels
 from fugu_pipeline_tests.parity_checks import assert_vector_parity
 from fugu_pipeline_tests.test_encoder import _env, fugu_home, many_lengths  # noqa: F401  (the tiny encoder's home)
 

@@ -23,7 +23,7 @@ layer, and the flips carry through the remaining layers: the tolerance is two ep
 tolerance, 1e-5, is some 80 float32 epsilons. Measured on MiniLM (6 layers), prompts alone against
 the cache's batches: an Intel Xeon with AMX (amx_bf16) 2e-7 in float32 (23 of 96 prompts not
 bit-equal) and 9e-4 in bfloat16 (42 of 96); every linear layer's sums split in two when batched
-(`fugu_pipeline_tests/batch_variant_kernels.py`, harsher than the Xeon) 1.8e-7 and
+(`fugu_pipeline/testing/batch_variant_kernels.py`, harsher than the Xeon) 1.8e-7 and
 3.1e-3; an AMD EPYC with avx512_bf16 (no AMX) 0: bit-equal.
 
 Plain Python: numpy only; the probe runs the forward it is given.

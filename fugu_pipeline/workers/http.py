@@ -3,8 +3,8 @@
 `make_http_client(spec, config)` gives an object with `async complete(messages) -> Completion`.
 
 Behaviour:
-- One `httpx.AsyncClient` per upstream base URL (`UpstreamPool`; pass one pool to share
-  connections between workers). `connect_timeout_s` bounds connecting, `read_timeout_s` bounds
+- One `httpx.AsyncClient` per upstream base URL and event loop (`UpstreamPool`; pass one pool to
+  share connections between workers): a client is only ever used on the loop it was made on. `connect_timeout_s` bounds connecting, `read_timeout_s` bounds
   the wait for each byte, and `timeout_s` is the overall deadline of one `complete()` call,
   retries and their waits included: no cell ever takes longer than `timeout_s`.
 - Retries follow the one policy in `retry.py` (connection errors, timeouts, 408, 429, 5xx, the
