@@ -8,8 +8,8 @@ weights) and each dtype, on prompts of mixed lengths (generated, or real ones wi
     prompts sorted by length, each batch padded to its longest) through a bare `transformers`
     forward on the same prompts (aim: ratio >= 0.9), and against exact-length batches (the plan
     before: never padded, many small forward passes);
-  - route parity: how many prompts, encoded alone as `route` does, give their cached vector bit
-    for bit;
+  - parity: how many prompts, encoded alone as `route` does, give their cached vector bit for
+    bit, and whether the largest difference is within the dtype's tolerance (`features/parity.py`);
   - the FLOP rate achieved on real tokens (2 x non-embedding params x tokens + attention)
     vs this machine's measured matmul peak in the same dtype, and the peak RSS.
 
@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 
 from fugu_pipeline.features.cache import embed_prompts  # noqa: E402
 from fugu_pipeline.features.encoder import Encoder, padded_length, plan_batches  # noqa: E402
+from fugu_pipeline.features.parity import compare_vectors  # noqa: E402
 from fugu_pipeline.features.settings import EncoderSettings, cpu_has_native_bf16
 from fugu_pipeline.features.tiny import (  # noqa: E402
     CORPUS,
@@ -224,7 +225,7 @@ def bench(name: str, dtype: str, device: str, n: int, lo: int, hi: int, token_bu
         cached = embed_prompts(prompts, None, enc, Path(root) / "cold-0")
         alone = np.concatenate([enc.encode([p]) for p in prompts])
     assert cached.n_cached == n and cached.forward_passes == 0
-    same = int(np.all(alone == cached.vectors, axis=1).sum())
+    parity = compare_vectors(alone, cached.vectors, enc.resolved_dtype)
     rate = lambda t: tokens / t  # noqa: E731  (real tokens: pads are work thrown away)
     both = lambda x, f: f"{x[0]:{f}} wall, {x[1]:{f}} CPU-time"  # noqa: E731
     ours, ref, exact = best["ours"], best["ref"], best["exact"]
@@ -233,7 +234,7 @@ def bench(name: str, dtype: str, device: str, n: int, lo: int, hi: int, token_bu
     print(f"   padded length-bucketed, bare transformers: {rate(ref[0]):,.0f} tokens/s ({ref[0]:.2f} s wall)")
     print(f"   exact-length batches, bare transformers  : {rate(exact[0]):,.0f} tokens/s ({exact[0]:.2f} s wall)")
     print(f"   ratio ours / padded length-bucketed      : {both(ref / ours, '.2f')} (aim >= 0.9)")
-    print(f"   route parity: {same}/{n} prompts encoded alone give the cached vector bit for bit")
+    print(f"   parity (alone vs the cache's batches): {parity.describe()}")
     rate_flops = useful_flops(model.config, non_emb, lengths) / ours
     print(f"   FLOP rate            : {both(rate_flops / 1e9, '.1f')} GFLOP/s on real tokens vs matmul peak "
           f"{both(peak / 1e9, '.1f')} -> {both(100 * rate_flops / peak, '.0f')} %")

@@ -1,7 +1,8 @@
 """Feature parity on real data (a script, not a test): for one checkpoint and the data it was
 trained on, the held-out rows' cached features (what `evaluate` routes on) against what `route`
 and `serve` compute (`Router.load(...).route_batch` in one batch, and `route` one prompt at a
-time). Prints the share of held-out routes that agree and of vectors that are bit-equal.
+time). Prints the share of held-out routes that agree, of vectors that are bit-equal, and whether the
+largest difference is within the dtype's tolerance (`fugu_pipeline/features/parity.py`).
 
     python benchmarks/feature_parity.py --checkpoint models/sft/<hash> --data dc.jsonl \\
         --workers quality_only.yaml [--cache-dir data/embeddings] [--work-dir data/imports] [--split test]
@@ -34,6 +35,7 @@ def main() -> None:
     from fugu_pipeline.cli.training import encoder_settings, matrix_db
     from fugu_pipeline.evaluate.reports import head_scores
     from fugu_pipeline.features.encoder import LazyEncoder
+    from fugu_pipeline.features.parity import compare_vectors
     from fugu_pipeline.features.routing_data import load_routing_data
     from fugu_pipeline.route.router import Router
     from fugu_pipeline.train.checkpoints import load_checkpoint
@@ -59,8 +61,8 @@ def main() -> None:
     vectors = router.encoder.encode(held.prompts, held.domains)
     n = len(cached)
     print(f"{a.split} rows {n}: routes equal to the cached path's: one batch {int((batch == cached).sum())}/{n}, "
-          f"one at a time {int((single == cached).sum())}/{n}; vectors bit-equal "
-          f"{int(np.all(vectors == held.features, axis=1).sum())}/{n} (max |diff| {np.abs(vectors - held.features).max():.3g}); "
+          f"one at a time {int((single == cached).sum())}/{n}; "
+          f"{compare_vectors(vectors, held.features, router.encoder.resolved_dtype).describe()}; "
           f"{t1 - t0:.1f} s batched, {t2 - t1:.1f} s one at a time")
     router.close()
 

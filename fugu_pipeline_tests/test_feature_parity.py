@@ -1,7 +1,9 @@
 """Serving sees what training saw: the features `route` and `serve` compute for a
 prompt equal the cached ones the head was trained and evaluated on (same dtype, template, prompt
-rules, truncation, layers), so 100% of the held-out routes agree between the cached path
-(`evaluate`) and the served path (`Router.route_batch`, the server's micro-batches).
+rules, truncation, layers): within the dtype's tolerance on any CPU and bit for bit where its
+kernels give a row the same bits in any batch shape, so the held-out routes agree between the
+cached path (`evaluate`) and the served path (`Router.route_batch`, the server's micro-batches),
+ties to within rounding aside (`features/parity.py`).
 
 The data is built to make disagreement likely if anything differed: prompts of very different
 lengths (many cut by `--max-length`), batched together in mixed groups (padding would change a
@@ -17,7 +19,9 @@ import numpy as np
 import pytest
 
 from fugu_pipeline.cli import main
+from fugu_pipeline.features.parity import encoder_batch_invariance
 from fugu_pipeline_tests.conftest import REPO
+from fugu_pipeline_tests.parity_checks import assert_routes_agree, assert_vector_parity
 
 WORKERS = ["a", "b", "c"]
 DOMAINS = ["math", "code", "chat"]
@@ -86,14 +90,18 @@ def test_every_held_out_route_agrees(trained):
     contract = ck.manifest.feature_contract
     assert contract.prompt_rules is not None and not contract.prompt_rules.is_empty()  # the few-shot block is stripped
     assert contract.max_length == 24 and contract.layer == (-1, 1) and contract.prompt_template == "{domain}: {prompt}"
-    cached_routes = [WORKERS[i] for i in head_scores(ck.head, held.features).argmax(axis=1)]
+    cached_scores = head_scores(ck.head, held.features)
+    cached_routes = [WORKERS[i] for i in cached_scores.argmax(axis=1)]
 
     router = Router.load(ckpt, device="cpu")
     assert router.encoder.resolved_dtype == ck.manifest.metrics["feature_dtype"]
-    # the served vectors are the cached ones, bit for bit, alone or batched with prompts of other lengths
+    # the served vectors are the cached ones (within the dtype's tolerance; bit for bit where this
+    # machine's kernels give it), alone or batched with prompts of other lengths
     served = np.concatenate([router.encoder.encode([p], [d]) for p, d in zip(held.prompts, held.domains)])
-    assert np.array_equal(served, held.features)
-    assert np.array_equal(router.encoder.encode(held.prompts, held.domains), held.features)
+    batched = router.encoder.encode(held.prompts, held.domains)
+    texts = router.encoder.settings.format(held.prompts, held.domains)
+    assert_vector_parity(np.concatenate([served, batched]), np.concatenate([held.features] * 2),
+                         router.encoder.resolved_dtype, lambda: encoder_batch_invariance(router.encoder, texts), skip=False)
     # routes: one batch, one at a time, and the server's grouped micro-batches in a shuffled order
     batch = [d.worker_id for d in router.route_batch(held.prompts, held.domains)]
     single = [router.route(p, d).worker_id for p, d in zip(held.prompts, held.domains)]
@@ -105,8 +113,9 @@ def test_every_held_out_route_agrees(trained):
         via_server[i] = d.worker_id
     n = len(cached_routes)
     assert n >= 25
-    agree = sum(a == b == c == e for a, b, c, e in zip(cached_routes, batch, single, via_server))
-    assert agree == n, f"{n - agree} of {n} held-out routes differ between the cached and the served path"
+    assert_routes_agree(cached_scores, [head_scores(ck.head, served), head_scores(ck.head, batched)],
+                        {name: [WORKERS.index(w) for w in routes]
+                         for name, routes in (("one batch", batch), ("one at a time", single), ("server", via_server))})
     router.close()
 
 

@@ -9,6 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from fugu_pipeline.features.parity import batch_invariance
 from fugu_pipeline.session.callers import ClientCaller, SessionBudget
 from fugu_pipeline.session.loop import SessionSpec, run_sessions
 from fugu_pipeline.session.policy import FixedPolicy, LinearRolesPolicy, pick
@@ -22,6 +23,7 @@ from fugu_pipeline.workers.config import load_workers_config
 from fugu_pipeline.workers.http import make_http_client
 
 from .conftest import REPO
+from .parity_checks import assert_vector_parity
 
 IDS = list(WORKERS)  # alpha, beta, gamma -> stub/alpha, ...
 TASK = Task(task_id="t1", prompt="What is 6 times 7?", domain="math", reference_answer="42",
@@ -317,10 +319,15 @@ def test_long_replies_do_not_break_a_session(stub, featurizer):
 
 def test_vectors_do_not_depend_on_which_transcripts_share_the_batch(featurizer):
     inputs = [HeadInput(f"Task (math):\nq{i} " + "x " * (i * 3), f"[Turn 1 · Worker · alpha]\n{i}") for i in range(12)]
+    """Within the tolerance, and bit for bit where this machine's kernels give it."""
     together = featurizer.features(inputs)
     featurizer._cache.clear()
     alone = np.stack([featurizer.features([x])[0] for x in inputs])
-    assert np.array_equal(together, alone)
+    by_width: dict[int, list[list[int]]] = {}
+    for seq in featurizer.token_ids(inputs):  # the forward passes `features` made: one per padded width
+        by_width.setdefault(featurizer.bucket(len(seq)), []).append(seq)
+    probe = lambda: batch_invariance(featurizer._forward, [(seqs, w) for w, seqs in by_width.items()])  # noqa: E731
+    assert_vector_parity(alone, together, featurizer.encoder.resolved_dtype, probe)
 
 
 def test_token_ids_are_the_ids_of_the_text_fit_makes_in_one_call_or_many(featurizer):

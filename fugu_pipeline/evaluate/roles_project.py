@@ -111,8 +111,6 @@ class RolesRun:
     ledger: object = None
 
     def close(self) -> None:
-        import asyncio
-
         if self.runner.store is not None:
             self.runner.store.close()
 
@@ -121,9 +119,12 @@ class RolesRun:
             if self.judge is not None:
                 await self.judge.aclose()
 
-        asyncio.run(shut())
-        if self.ledger is not None:
-            self.ledger.close()
+        try:  # on the loop the sessions ran on: the HTTP clients belong to it
+            self.runner.call(shut())
+        finally:
+            self.runner.close()
+            if self.ledger is not None:
+                self.ledger.close()
 
 
 @contextlib.contextmanager

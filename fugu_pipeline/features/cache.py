@@ -298,7 +298,8 @@ def embed_layer_sets(
     encoder layers, e.g. [-1] and [-1, 3]) with one forward pass per prompt: the model runs once
     with the union of their layers, and each setting's vector is its own layers' blocks (each layer
     is pooled and normalised on its own) plus the lexical block. Those are the vectors a separate
-    run of that setting computes, bit for bit (tested), stored under that setting's fingerprint, so
+    run of that setting computes (within the dtype's tolerance; bit for bit where the kernels give
+    it: `parity.py`, tested), stored under that setting's fingerprint, so
     `embed_prompts` then finds every one cached. Chunked and crash-safe like `embed_prompts`.
     Returns how many distinct texts were encoded."""
     if not settings_list:

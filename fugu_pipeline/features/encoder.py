@@ -2,7 +2,9 @@
 
 `Encoder` loads the model its `EncoderSettings` name once (tokenizer + `transformers.AutoModel`,
 frozen, eval mode) and encodes prompts in batches of one padded length under a token budget
-(`plan_batches`: a prompt's vector is the same bits alone or in any batch).
+(`plan_batches`: a prompt runs at the same padded length alone or in any batch, so its vector
+agrees within the dtype's tolerance everywhere, and bit for bit where the CPU's kernels give a row
+the same bits in any batch shape: `parity.py`).
 `LazyEncoder` holds settings and loads the weights only on first use, so a call whose prompts are
 all cached never loads them.
 
@@ -89,15 +91,16 @@ def plan_batches(lengths: list[int], token_budget: int, max_batch_size: int, max
 
     Why this makes a prompt's vector independent of the prompts it happens to be batched with (so
     the cache, `route` and `serve`, which encode one prompt or a micro-batch, compute the same
-    bits): a prompt is always run at its own padded length, alone or in any batch, and always
+    vector): a prompt is always run at its own padded length, alone or in any batch, and always
     through the same attention path. A batch with no padding at all runs causal attention without
     a mask (transformers then skips it), any other with an explicit mask; a sequence is padded by
     one token at least, and the few that cannot be (cut to max_length) never share a batch with
-    padded ones. What is left is the batch size, and a sequence's vector does not depend on it
-    (tested on this CPU for the tiny Qwen3 and MiniLM, in bf16 and fp32, alone, in micro-batches and
-    in the cache's batches; benchmarks/bench_encoder.py measures the Qwen3-0.6B-shaped model).
-    Exact-length batches (the plan before) gave the same guarantee by never padding, but cut 18k
-    prompts of many lengths into many small forward passes; padding to a multiple of 8 costs 4.5
+    padded ones. What is left is the batch size: the code gives it no say, but a CPU's matmul kernels may pick
+    another order of additions for another number of rows (oneDNN/AMX on Intel Xeons do), which
+    moves the last bits: within `parity.vector_tolerance`, bit-equal where the kernels are
+    batch-invariant (`parity.batch_invariance` probes it; tested for the tiny Qwen3 and MiniLM, in
+    bf16 and fp32, alone, in micro-batches and in the cache's batches). Exact-length batches would
+    avoid padding too, but cut 18k prompts of many lengths into many small forward passes; padding to a multiple of 8 costs 4.5
     tokens a sequence on average and fills the batches again."""
     by_shape: dict[tuple[int, bool], list[int]] = {}
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
@@ -224,29 +227,41 @@ class Encoder:
     def encode_texts(self, texts: list[str]) -> np.ndarray:
         """Feature vectors for already formatted texts: tokenize once, batch sequences of one padded
         length under the token budget (`plan_batches`), pool, restore input order."""
-        import torch
-
         if self.model is None:
             raise RuntimeError("encoder is closed")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        ids = self.tokenize(texts)
         s = self.settings
         if s.lexical:  # the statistics of exactly what the tokenizer reads
             out[:, self.dim - LEXICAL_DIM:] = lexical_features([cut_text(t, s.max_length) for t in texts])
+        ids = self.tokenize(texts)
         for batch in plan_batches([len(x) for x in ids], s.token_budget, s.max_batch_size, s.max_length):
             width = padded_length(max(len(ids[i]) for i in batch), s.max_length)  # the batch's one padded length
-            tokens = np.full((len(batch), width), self.pad_id, dtype=np.int64)
-            mask = np.zeros_like(tokens)
-            for row, i in enumerate(batch):  # padded on the right: a causal model's real tokens never see the pads
-                tokens[row, : len(ids[i])] = ids[i]
-                mask[row, : len(ids[i])] = 1
-            with torch.inference_mode():
-                vec = self._forward(torch.from_numpy(tokens), torch.from_numpy(mask))
-            out[batch, : vec.shape[1]] = vec.cpu().numpy()
+            vec = self.encode_ids([ids[i] for i in batch], width)
+            out[batch, : vec.shape[1]] = vec
         self.prompts_encoded += len(texts)
         return out
+
+    def batches(self, texts: list[str]) -> list[tuple[list[list[int]], int]]:
+        """The forward passes `encode_texts(texts)` makes: (token ids of each sequence, padded width)."""
+        s = self.settings
+        ids = self.tokenize(texts)
+        return [([ids[i] for i in batch], padded_length(max(len(ids[i]) for i in batch), s.max_length))
+                for batch in plan_batches([len(x) for x in ids], s.token_budget, s.max_batch_size, s.max_length)]
+
+    def encode_ids(self, seqs: list[list[int]], width: int) -> np.ndarray:
+        """One forward pass: the pooled (normalised) vectors of token id sequences padded on the
+        right to `width` (a causal model's real tokens never see the pads); no lexical block."""
+        import torch
+
+        tokens = np.full((len(seqs), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros_like(tokens)
+        for row, seq in enumerate(seqs):
+            tokens[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+        with torch.inference_mode():
+            return self._forward(torch.from_numpy(tokens), torch.from_numpy(mask)).cpu().numpy()
 
     def _forward(self, tokens, mask):
         import torch

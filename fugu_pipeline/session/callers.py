@@ -59,7 +59,7 @@ class ClientCaller:
         self.dead: dict[str, str] = {}
         self._own = own
         self._slots: dict[str, asyncio.Semaphore] = {}
-        self._loop = None  # the slots belong to one event loop: a runner calls asyncio.run once per batch
+        self._loop = None  # the slots belong to one event loop (a run keeps one: SessionRunner.call)
         self._limits = {w: RateLimiter(getattr(self.specs.get(w), "requests_per_minute", None)) for w in self.clients}
 
     @classmethod

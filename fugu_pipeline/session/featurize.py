@@ -199,8 +199,9 @@ class TranscriptFeaturizer:
             mask[r, : len(x)] = 1
         tokens, mask = tokens.to(enc.resolved_device), mask.to(enc.resolved_device)
         # padding is on the right: in a causal model no real token attends to a pad, so on the CPU the
-        # model needs no padding mask (the same bits, checked; building and applying the mask cost ~15%
-        # of the pass). Elsewhere other attention kernels would run: the mask stays.
+        # model needs no padding mask (the same values; building and applying the mask cost ~15% of the
+        # pass). Training and serving both run this one path, so their features agree whatever bits a
+        # CPU's kernels give the two paths. Elsewhere other attention kernels would run: the mask stays.
         model_mask = None if torch.device(enc.resolved_device).type == "cpu" and self._causal() else mask
         with torch.inference_mode():
             if s.layer == -1:

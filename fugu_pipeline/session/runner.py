@@ -8,6 +8,11 @@ worker calls concurrent), and each is appended to the store the moment it is gra
 the store's index (nothing is read at start); the turn memo falls back to the store, so even a
 session that was cut off (killed run, budget stop) reuses the turns it had already paid for.
 
+One event loop for the whole run: every `run()` and `call()` runs on the runner's own loop (made
+on first use, ended by `close()`), so the worker clients, their connections, the concurrency slots
+and the budget's locks made in one batch serve the next, and the clients are closed on the loop
+they ran on (`call(caller.aclose())` before `close()`).
+
 A 401/402/403 from any worker stops the run after the step (`FatalWorkerError`); the budget guard
 stopping a session stops it too (`BudgetExhausted`). Everything finished before stays stored, so
 running again continues.
@@ -55,6 +60,7 @@ class SessionRunner:
     stats: RunStats = field(default_factory=RunStats)
 
     def __post_init__(self) -> None:
+        self._loop: asyncio.Runner | None = None  # the run's one event loop (made on first use)
         self._done: OrderedDict = OrderedDict()  # recent finished trajectories (the rest are looked up in the store)
         if self.store is not None:
             self.store.open()  # a second run on this store stops here, before any call
@@ -105,7 +111,20 @@ class SessionRunner:
         return out  # type: ignore[return-value]
 
     def run(self, policies: list[Policy], pairs: list[tuple[Task, int]], greedy: bool) -> list[list[Trajectory]]:
-        return asyncio.run(self.arun(policies, pairs, greedy))
+        return self.call(self.arun(policies, pairs, greedy))
+
+    def call(self, coro):
+        """`coro`'s result, run on the runner's one event loop (the loop every batch of the run
+        uses; made on first use). Not from inside a running loop (await `arun` there)."""
+        if self._loop is None:
+            self._loop = asyncio.Runner()
+        return self._loop.run(coro)
+
+    def close(self) -> None:
+        """End the run's event loop (close the clients first: `call(caller.aclose())`)."""
+        if self._loop is not None:
+            loop, self._loop = self._loop, None
+            loop.close()
 
     def _keep(self, tr: Trajectory) -> None:
         if self.store is not None:

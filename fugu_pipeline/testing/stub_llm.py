@@ -31,8 +31,9 @@ Multi-turn session requests name their role in the system message (`Role: Verifi
 verdict, no verdict, both, another language, ...), before `set_answer` and `answer_fn`;
 `role_calls[(model, role)]` counts them.
 
-Run it alone (for benchmarks): `python -m fugu_pipeline.testing.stub_llm --latency 0.1`
-prints its base URL and serves until killed.
+Run it alone (for benchmarks and recipes): `python -m fugu_pipeline.testing.stub_llm --latency 0.1
+[--role-reply 'worker=Final answer: 42' ...]` prints its base URL and serves until killed (`\\n` in a
+reply is a line break).
 """
 
 from __future__ import annotations
@@ -424,12 +425,31 @@ def _sse(head: dict, answer: str, finish: str, usage: dict | None, openrouter: b
     return out
 
 
+def role_replies(items: list[str]) -> dict[str, str]:
+    """`--role-reply ROLE=TEXT` items as {role: text} (`\\n` in TEXT is a line break)."""
+    out = {}
+    for item in items:
+        role, sep, text = item.partition("=")
+        if not sep or role.strip().lower() not in ("thinker", "worker", "verifier"):
+            raise ValueError(f"--role-reply {item!r}: write ROLE=TEXT with ROLE thinker, worker or verifier")
+        out[role.strip().lower()] = text.replace("\\n", "\n")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Serve the stub LLM server until killed.")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--latency", type=float, default=0.0, help="seconds before every answer")
+    ap.add_argument("--role-reply", action="append", default=[], metavar="ROLE=TEXT",
+                    help="the reply to multi-turn requests of a role (thinker, worker, verifier); repeatable")
     args = ap.parse_args()
+    try:
+        replies = role_replies(args.role_reply)
+    except ValueError as exc:
+        ap.error(str(exc))
     s = StubLLMServer(latency_s=args.latency, port=args.port)
+    for role, text in replies.items():
+        s.set_role_reply(role, text)
     s.record_requests = False  # a long benchmark would otherwise keep every request in memory
     s.start()
     print(s.base_url, flush=True)

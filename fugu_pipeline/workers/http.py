@@ -3,8 +3,8 @@
 `make_http_client(spec, config)` gives an object with `async complete(messages) -> Completion`.
 
 Behaviour:
-- One `httpx.AsyncClient` per upstream base URL (`UpstreamPool`; pass one pool to share
-  connections between workers). `connect_timeout_s` bounds connecting, `read_timeout_s` bounds
+- One `httpx.AsyncClient` per upstream base URL and event loop (`UpstreamPool`; pass one pool to
+  share connections between workers): a client is only ever used on the loop it was made on. `connect_timeout_s` bounds connecting, `read_timeout_s` bounds
   the wait for each byte, and `timeout_s` is the overall deadline of one `complete()` call,
   retries and their waits included: no cell ever takes longer than `timeout_s`.
 - Retries follow the one policy in `retry.py` (connection errors, timeouts, 408, 429, 5xx, the
@@ -34,6 +34,7 @@ Plain Python, no dagster.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import TYPE_CHECKING
@@ -77,8 +78,15 @@ APP_TITLE = "fugu-lite"
 
 
 class UpstreamPool:
-    """One `httpx.AsyncClient` per upstream base URL, with the config's deadlines. Use it inside
-    one event loop; close it with `aclose()`."""
+    """One `httpx.AsyncClient` per upstream base URL and event loop, with the config's deadlines.
+
+    An `httpx.AsyncClient` belongs to the loop it first ran on (its connections are that loop's
+    transports), so the pool keys its clients by the running loop: a caller that runs the same
+    workers on a second loop (one `asyncio.run` per batch) gets new clients there, never one whose
+    loop has ended (which failed with `RuntimeError: Event loop is closed`). Clients of a loop that
+    has ended are forgotten (their connections ended with it). Callers that make many batches keep
+    one loop for the whole run (`session.runner.SessionRunner.call`), so connections are reused
+    and `aclose()`, run on that loop, closes every client."""
 
     def __init__(self, config: WorkersConfig):
         self.timeout = httpx.Timeout(
@@ -86,19 +94,35 @@ class UpstreamPool:
             write=config.read_timeout_s, pool=config.timeout_s,
         )
         self.limits = httpx.Limits(max_connections=512, max_keepalive_connections=128, keepalive_expiry=30.0)
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._clients: dict[tuple[asyncio.AbstractEventLoop, str], httpx.AsyncClient] = {}
 
     def get(self, base_url: str) -> httpx.AsyncClient:
-        key = base_url.rstrip("/")
+        """The running loop's client for `base_url` (made on first use)."""
+        loop = asyncio.get_running_loop()
+        self._forget_ended()
+        key = (loop, base_url.rstrip("/"))
         http = self._clients.get(key)
         if http is None or http.is_closed:
             http = self._clients[key] = httpx.AsyncClient(timeout=self.timeout, limits=self.limits)
         return http
 
+    def open_clients(self) -> list[httpx.AsyncClient]:
+        """The clients not closed yet (of any loop that is still open)."""
+        self._forget_ended()
+        return [http for http in self._clients.values() if not http.is_closed]
+
+    def _forget_ended(self) -> None:
+        for key in [k for k in self._clients if k[0].is_closed()]:
+            del self._clients[key]
+
     async def aclose(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        for http in clients:
-            await http.aclose()
+        """Close the running loop's clients. A client of another loop that is still open cannot be
+        closed from here: it stays, for `aclose()` on its own loop."""
+        loop = asyncio.get_running_loop()
+        self._forget_ended()
+        mine = [k for k in self._clients if k[0] is loop]
+        for key in mine:
+            await self._clients.pop(key).aclose()
 
 
 class HTTPWorkerClient:
