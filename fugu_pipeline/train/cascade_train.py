@@ -27,18 +27,25 @@ class CascadeResult:
     shipped_path: Path  # the checkpoint that ships: the cascade's, or the one-shot head's
 
     def lines(self) -> list[str]:
+        from fugu_pipeline.train.cascade_choice import STRONGEST, table_lines
+
         f = self.fit
-        out = [f"policies, out of fold over the non-test rows ({f.objective}); gain over always the best worker with "
-               "its paired 95% interval:"]
+        if not f.choices:  # nothing could be chosen: the strongest worker ships, and why
+            return [f"shipped policy: {self.shipped} — {f.reason}"]
+        out = [f"policies, out of fold over the non-test rows ({f.objective}); gain over {f.baseline} and accuracy − "
+               f"{STRONGEST}, each with its paired 95% interval:"]
         for c in f.candidates:
             mark = "*" if c.name == f.selected else " "
             out.append(f"{mark} {c.kind:<11} {c.name}: {c.mean:.4f} (quality {c.quality:.4f}, ${c.cost_usd * 1000:.4g} per "
-                       f"1,000) gain {c.gain:+.4f} [{c.low:+.4f}, {c.high:+.4f}]" + (f" {c.note}" if c.note else ""))
+                       f"1,000) gain {c.gain:+.4f} [{c.low:+.4f}, {c.high:+.4f}]; accuracy − strongest {c.vs_strongest:+.4f} "
+                       f"[{c.vs_low:+.4f}, {c.vs_high:+.4f}]" + (f" {c.note}" if c.note else ""))
         for d, ch in f.choices.items():
             where = "all domains" if d == "*" else f"domain {d!r}"
             out.append(f"  cascade for {where}: {ch.plan.describe()} (validation quality {ch.quality:.4f}, "
                        f"${ch.cost * 1000:.4g} per 1,000, {ch.considered} plans considered)")
         out.append(f"verifier: out-of-fold AUC {f.verifier_figures['oof_auc']:.3f}, log-loss {f.verifier_figures['oof_logloss']:.4f}")
+        if f.cap_rows:
+            out += table_lines(f.cap_rows, "out of fold over the non-test rows, at caps of the strongest worker's cost:")
         out.append(f"shipped policy: {self.shipped} — {f.reason}")
         return out
 
