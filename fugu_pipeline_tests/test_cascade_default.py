@@ -87,3 +87,18 @@ def test_under_a_cap_every_policy_is_compared_with_the_strongest_and_the_table_i
     for r in fit.cap_rows[1:]:
         assert r["accuracy"][1] <= r["accuracy"][0] <= r["accuracy"][2] and r["minus_strongest"] is not None
     assert any(line.startswith("| 33% | cascade |") for line in lines)
+
+
+def test_the_held_out_cascade_report_has_the_table_at_caps_of_the_strongest_s_cost(tmp_path):
+    from fugu_pipeline.evaluate.cascade import cascade_report, load_cascade, report_lines
+    from fugu_pipeline.train.cascade_save import save_cascade
+
+    data, grid, inputs = cascade_fixture.agreeing(n=400)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
+    rep = cascade_report(load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2])), data, grid, inputs)
+    assert [(r["share"], r["policy"]) for r in rep["cap_rows"]][:2] == [(None, "strongest alone"), (0.2, "cascade")]
+    test = data.splits == "test"
+    assert rep["cap_rows"][0]["accuracy"][0] == data.quality[test, 1].mean()  # the strongest alone, on the test rows
+    for r in rep["cap_rows"][1:]:
+        assert r["accuracy"] is None or r["usd_per_1k"][0] <= r["share"] * 10 * 1.3  # within the cap, up to the rows' noise
+    assert any(line.strip().startswith("| 50% | cascade |") for line in report_lines(rep))

@@ -50,6 +50,19 @@ class CascadeResult:
         return out
 
 
+def one_shot_heads(heads_report) -> dict:
+    """{"one-shot <name>": out-of-fold routing scores} of each kind's best head and the ensemble,
+    the selected one first (the table's one-shot router)."""
+    heads = {}
+    for c in heads_report.candidates:
+        if c.name in heads_report.best_per_kind.values():
+            heads[f"one-shot {c.name}"] = c.scores
+    if heads_report.ensemble is not None:
+        heads[f"one-shot {heads_report.ensemble['name']}"] = heads_report.ensemble["scores"]
+    first = f"one-shot {heads_report.ensemble['name'] if heads_report.selected == 'ensemble' and heads_report.ensemble else heads_report.selected}"
+    return {**({first: heads[first]} if first in heads else {}), **heads}
+
+
 def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, cfg: TrainSetConfig, heads_report,
                   saved: list, models_dir: Path, log=print, metrics: dict | None = None) -> CascadeResult | None:
     """Fit and save the cascade (see the module docstring). `heads_report` and `saved` are the
@@ -66,12 +79,7 @@ def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, 
         log(f"cascade: skipped ({str(exc).split(': ', 1)[-1].split(':')[0]})")
         return None
     inputs = answer_inputs(data, grid, settings, cache_root, progress=None, encode=cc.encode_replies)
-    heads = {}
-    for c in heads_report.candidates:
-        if c.name in heads_report.best_per_kind.values():
-            heads[f"one-shot {c.name}"] = c.scores
-    if heads_report.ensemble is not None:
-        heads[f"one-shot {heads_report.ensemble['name']}"] = heads_report.ensemble["scores"]
+    heads = one_shot_heads(heads_report)
     fit = fit_cascade(data, grid, inputs, cc, cfg.folds, cfg.seed, heads, log)
     path = save_cascade(models_dir, data, fit, inputs.answer.shape[2], metrics,
                         training_config={"cascade": cc.model_dump(), "folds": cfg.folds, "seed": cfg.seed})
