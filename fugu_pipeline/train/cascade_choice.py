@@ -89,6 +89,7 @@ class Pick:
     name: str
     reason: str
     strongest_ships: bool
+    qualified: tuple[str, ...] = ()  # every candidate that met the rule, cheapest first
 
 
 def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin: float, n_rows: int) -> Pick:
@@ -98,7 +99,8 @@ def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin
     cheaper = [c for c in cands if c.name != strongest_name and c.cost_usd < base.cost_usd * (1 - 1e-6)
                and not c.note.startswith("unavailable")]
     ok = [base] + [c for c in cheaper if c.vs_high >= 0 and c.vs_strongest >= -margin]
-    win = min(ok, key=lambda c: (c.cost_usd, -c.quality, c.name != strongest_name))
+    ok.sort(key=lambda c: (c.cost_usd, -c.quality, c.name != strongest_name))
+    win, qualified = ok[0], tuple(c.name for c in ok)
     rule = (f"95% paired bootstrap interval of the accuracy difference reaching 0, mean within the {margin * 100:.2g}-point "
             f"margin, out of fold over {n_rows} non-test rows")
     if win.name != strongest_name and win.cost_usd < base.cost_usd:
@@ -106,14 +108,15 @@ def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin
         return Pick(win.name, (
             f"{win.name} is the cheapest policy not significantly below {STRONGEST} ({strongest_worker}): accuracy "
             f"{win.quality:.4f} against {base.quality:.4f}, difference {win.vs_strongest:+.4f} [{win.vs_low:+.4f}, "
-            f"{win.vs_high:+.4f}], at ${win.cost_usd * 1000:.4g} per 1,000 = {share:.0%} of its cost ({rule})"), False)
+            f"{win.vs_high:+.4f}], at ${win.cost_usd * 1000:.4g} per 1,000 = {share:.0%} of its cost ({rule})"), False, qualified)
     near = max(cheaper, key=lambda c: c.vs_strongest, default=None)
     tried = (f"; the closest cheaper one, {near.name}, is {near.vs_strongest:+.4f} [{near.vs_low:+.4f}, {near.vs_high:+.4f}]"
              if near is not None else "")
     return Pick(strongest_name, (
         f"no cheaper policy is within {margin * 100:.2g} point of {STRONGEST} ({strongest_worker}, accuracy "
         f"{base.quality:.4f}) without being significantly below it ({rule}){tried}; the strongest worker ships; "
-        "replies on more rows, or a cheap worker that agrees with it more often, would let a cheaper policy qualify"), True)
+        "replies on more rows, or a cheap worker that agrees with it more often, would let a cheaper policy qualify"), True,
+        qualified)
 
 
 def cap_table(per_row: dict[str, tuple[np.ndarray, np.ndarray] | None], strongest: tuple[np.ndarray, np.ndarray],

@@ -296,6 +296,11 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       f"{' within the cap' if capped else ''} ships (doing no harm)")
         reason += against.format(d=win.vs_strongest, lo=win.vs_low, hi=win.vs_high)
     share_won = next((s for s in shares if win.name == rung_name(s)), None)
+    alone = win.kind == "best worker"
+    if mode == "cheapest" and win.kind == "one-shot":  # the cascade saved beside it: the cheapest that qualified
+        share_won = next((s for name in pick.qualified for s in shares if name == rung_name(s)), None)
+        alone = share_won is None
+        share_won = 1.0 if share_won is None else share_won
     try:
         if share_won is not None:
             policy, choices = search_policy(g_all, rows, doms, cfg.search, Cap(share=share_won), {}, cfg.per_domain, allowed)
@@ -304,8 +309,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     except CapUnmet as exc:
         return _strongest_ships(data, grid, inputs, rows, usable, log, (
             f"cap: {exc}; the strongest worker ({data.worker_ids[top_all]}) ships"))
-    if win.kind == "best worker":  # the shipped cascade is that worker alone
-        best = top_all if win.name == STRONGEST else _best_worker(g_all, rows, capped, cfg, doms, allowed)
+    if alone:  # the saved cascade is that worker alone
+        best = top_all if mode == "cheapest" else _best_worker(g_all, rows, capped, cfg, doms, allowed)
         policy = CascadePolicy(default=_alone(data.worker_ids[best]))
     verifier = fit_all(sub, np.arange(len(rows)), l2) if policy.uses_verifier else None
     log(f"cascade: {policy.describe()}; selected {win.name}: {reason}")
