@@ -102,3 +102,19 @@ def test_the_held_out_cascade_report_has_the_table_at_caps_of_the_strongest_s_co
     for r in rep["cap_rows"][1:]:
         assert r["accuracy"] is None or r["usd_per_1k"][0] <= r["share"] * 10 * 1.3  # within the cap, up to the rows' noise
     assert any(line.strip().startswith("| 50% | cascade |") for line in report_lines(rep))
+
+
+def test_a_capped_one_shot_router_spends_up_to_the_cap_when_its_margins_are_close():
+    """Predicted gains of the dear worker all within 10% of each other: the λ that meets the cap lies
+    between two points of the grid, and is found there (not the next grid point, which sends nothing)."""
+    from fugu_pipeline.train.cascade_choice import capped_one_shot
+
+    rng = np.random.default_rng(0)
+    n = 400
+    scores = np.stack([0.7 + 0.01 * rng.random(n), np.full(n, 0.8)], axis=1)
+    quality = (rng.random((n, 2)) < [0.7, 0.8]).astype(float)
+    cost = np.array([0.1, 1.0])
+    tr, te = np.arange(0, 300), np.arange(300, n)
+    q, c = capped_one_shot(scores, quality, cost, tr, te, cap_usd=0.5, ref_cost=1.0)
+    assert 0.35 <= c.mean() <= 0.65 and len(q) == len(te)  # about half the rows go to the dear worker
+    assert capped_one_shot(scores, quality, cost, tr, te, cap_usd=0.05, ref_cost=1.0) is None  # below the cheapest

@@ -76,12 +76,23 @@ def capped_one_shot(scores: np.ndarray, quality: np.ndarray, exp_cost: np.ndarra
     whose mean expected cost on `tr_at` is within `cap_usd`; None when no λ meets it. `scores` and
     `quality` are (n, W) over the non-test rows; the `*_at` index them."""
     ref = max(ref_cost, 1e-300)
-    for lam in LAMBDAS:
+
+    def meets(lam: float) -> bool:
         route = np.argmax(scores[tr_at] - lam * exp_cost[None, :] / ref, axis=1)
-        if exp_cost[route].mean() <= cap_usd * (1 + 1e-9):
-            r = np.argmax(scores[te_at] - lam * exp_cost[None, :] / ref, axis=1)
-            return quality[te_at, r], exp_cost[r]
-    return None
+        return bool(exp_cost[route].mean() <= cap_usd * (1 + 1e-9))
+
+    k = next((k for k, lam in enumerate(LAMBDAS) if meets(lam)), None)
+    if k is None:
+        return None
+    lam = LAMBDAS[k]
+    if k > 0:  # the smallest λ that meets it, between the grid's points (bisection)
+        lo, hi = LAMBDAS[k - 1], lam
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if meets(mid) else (mid, hi)
+        lam = hi
+    r = np.argmax(scores[te_at] - lam * exp_cost[None, :] / ref, axis=1)
+    return quality[te_at, r], exp_cost[r]
 
 
 @dataclass
