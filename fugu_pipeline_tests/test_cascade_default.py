@@ -118,3 +118,14 @@ def test_a_capped_one_shot_router_spends_up_to_the_cap_when_its_margins_are_clos
     q, c = capped_one_shot(scores, quality, cost, tr, te, cap_usd=0.5, ref_cost=1.0)
     assert 0.35 <= c.mean() <= 0.65 and len(q) == len(te)  # about half the rows go to the dear worker
     assert capped_one_shot(scores, quality, cost, tr, te, cap_usd=0.05, ref_cost=1.0) is None  # below the cheapest
+
+
+def test_without_costs_nothing_is_cheaper_so_only_a_clear_gain_replaces_the_best_worker():
+    import dataclasses
+
+    data, grid, inputs = cascade_fixture.agreeing(n=300)
+    data = dataclasses.replace(data, cost_usd=None, data_version="")
+    lines = []
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=lines.append)
+    assert any("records no cost" in line for line in lines)
+    assert "over always the best worker" in fit.reason and "cheapest" not in fit.reason

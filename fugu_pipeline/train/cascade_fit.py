@@ -198,8 +198,12 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     doms = np.asarray(data.domains, dtype=str)
     capped = cfg.cap is not None or bool(cfg.domain_caps)
     uc = data.utility_config
+    priced = data.cost_usd is not None and bool(np.nanmax(np.nan_to_num(data.cost_usd[rows])) > 0)
     mode = "cap" if capped else "cheapest" if cfg.choose == "cheapest" or (
-        cfg.choose == "auto" and (uc is None or uc.cost_weight == 0)) else "utility"
+        cfg.choose == "auto" and (uc is None or uc.cost_weight == 0) and priced) else "utility"
+    if not capped and cfg.choose == "auto" and not priced:
+        log("cascade: the matrix records no cost, so no policy is cheaper than another: a policy replaces the best "
+            "worker only with a gain whose 95% interval is above zero (import `cost_usd` for the cost-aware choice)")
     objective = {"cap": "quality under the cap (mean expected cost within it)",
                  "utility": "utility (quality − cost and latency terms)",
                  "cheapest": f"the cheapest policy whose accuracy is not significantly below {STRONGEST}'s"}[mode]
