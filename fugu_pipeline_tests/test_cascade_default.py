@@ -129,3 +129,14 @@ def test_without_costs_nothing_is_cheaper_so_only_a_clear_gain_replaces_the_best
     fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=lines.append)
     assert any("records no cost" in line for line in lines)
     assert "over always the best worker" in fit.reason and "cheapest" not in fit.reason
+
+
+def test_the_saved_cascade_records_the_validation_figure_of_the_policy_it_holds(tmp_path):
+    import json
+
+    from fugu_pipeline.train.cascade_save import save_cascade
+
+    data, grid, inputs = cascade_fixture.agreeing(n=400)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
+    manifest = json.loads((save_cascade(tmp_path, data, fit, inputs.answer.shape[2]) / "manifest.json").read_text())
+    assert manifest["metrics"]["val_utility"] == _fig(fit, fit.selected).mean  # what the contest compares

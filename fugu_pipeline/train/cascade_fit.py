@@ -132,6 +132,7 @@ class CascadeFit:
     stat_names: tuple[str, ...] = ()  # the reply statistics the verifier reads (empty: the first ten)
     cap_rows: list[dict] = field(default_factory=list)  # one-shot vs cascade vs the strongest at 20/33/50% of its cost
     baseline: str = BEST_WORKER  # what `gain` is measured against
+    saved_as: str = ""  # the candidate whose out-of-fold figure is the saved cascade's (cheapest rule)
 
     def table(self) -> list[dict]:
         return [c.row() for c in self.candidates]
@@ -324,6 +325,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       answers_version=grid.version, oof=oof, stat_names=inputs.stat_names,
                       worker_quality={w: float(q) for w, q in zip(data.worker_ids, data.quality[rows].mean(axis=0))},
                       answer_kinds=_kinds(grid, rows, doms), cap_rows=table,
+                      saved_as=("" if mode != "cheapest" else STRONGEST if alone else rung_name(share_won)),
                       baseline=STRONGEST if mode == "cheapest" else baseline)
 
 
