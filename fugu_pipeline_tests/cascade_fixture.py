@@ -44,3 +44,32 @@ def make(seed: int = 0, n: int = 500, signal: float = 1.5, shared_wrong: bool = 
     grid = AnswerGrid(list(data.task_ids), W, text, ["text"] * n, final, "v1")
     inputs = VerifierInputs(prompt=prompt, answer=answer, has=np.ones((n, 3), bool), target=quality)
     return data, grid, inputs
+
+
+def agreeing(seed: int = 0, n: int = 400, agree: float = 0.9, p_strong: float = 0.85, signal: float = 1.5):
+    """Two workers and quality-only weights: a strong dear one, and a cheap one (1% of its cost) whose
+    final answer is the strong one's on `agree` of the rows (right or wrong alike) and a wrong one of
+    its own elsewhere; the reply's features carry a noisy sign of being right."""
+    rng = np.random.default_rng(seed)
+    q_strong = (rng.random(n) < p_strong).astype(float)
+    same = rng.random(n) < agree
+    quality = np.stack([np.where(same, q_strong, 0.0), q_strong], axis=1)
+    final = np.empty((n, 2), dtype=object)
+    for i in range(n):
+        final[i, 1] = "right" if q_strong[i] else f"wrong-{rng.integers(0, 50)}"
+        final[i, 0] = final[i, 1] if same[i] else f"cheap-{rng.integers(0, 50)}"
+    text = np.array([[f"The answer is {f}" for f in row] for row in final], dtype=object)
+    prompt = rng.normal(size=(n, 6)).astype(np.float32)
+    answer = rng.normal(size=(n, 2, 4)).astype(np.float32)
+    answer[:, :, 0] += signal * (2 * quality - 1)
+    cost = np.tile([1e-4, 1e-2], (n, 1))
+    latency = np.tile([0.5, 2.0], (n, 1))
+    u = UtilityConfig(cost_weight=0.0, latency_weight=0.0)
+    splits = np.array([("train", "train", "train", "val", "test")[i % 5] for i in range(n)])
+    data = RoutingData(task_ids=[f"a{i:04d}" for i in range(n)], prompts=[f"question {i}" for i in range(n)],
+                       domains=["mc"] * n, splits=splits, worker_ids=["cheap", "strong"], features=prompt,
+                       utility=quality.copy(), contract=FeatureContract(encoder_id="x", dim=6), quality=quality,
+                       cost_usd=cost, latency_s=latency, utility_config=u)
+    grid = AnswerGrid(list(data.task_ids), ["cheap", "strong"], text, ["text"] * n, final, "v1")
+    inputs = VerifierInputs(prompt=prompt, answer=answer, has=np.ones((n, 2), bool), target=quality)
+    return data, grid, inputs

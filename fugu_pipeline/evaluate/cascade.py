@@ -130,11 +130,43 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
         "minus_best_worker_utility": paired_bootstrap(ut, data.utility[rows, best]),
         "minus_strongest_accuracy": paired_bootstrap(q, data.quality[rows, pooled_strong]),
         "per_domain": per_domain,
+        "cap_rows": cap_rows_on(checkpoint, data, grid, inputs, rows, pooled_strong),
         "baselines": {name: {"accuracy": float(np.mean(bq)), "utility": float(np.mean(bu)),
                              "cascade_minus_utility": paired_bootstrap(ut, bu), "cascade_minus_accuracy": paired_bootstrap(q, bq)}
                       for name, (bq, bu) in (baselines or {}).items()},
         "outcomes": [asdict(o) for o in outs],
     }
+
+
+def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n_boot: int = 2000) -> list[dict]:
+    """The table at 20/33/50% of the strongest worker's cost on `rows`: at each share, the most
+    accurate of the checkpoint's validation points (its frontier) whose validation expected cost is
+    within that share of the strongest's, run on the rows with their recorded costs; beside it the
+    strongest worker alone. Plans that need a verifier the checkpoint did not save are left out."""
+    from fugu_pipeline.train.cascade_choice import TABLE_SHARES, cap_table
+    from fugu_pipeline.train.cascade_policy import CascadePlan, answer_codes, simulate
+
+    head = checkpoint.head
+    exp = (checkpoint.manifest.metrics or {}).get("expected_cost_usd") or {}
+    ref = exp.get(data.worker_ids[strong])
+    if not head.frontier or not ref or data.quality is None or not len(rows):
+        return []
+    cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
+    lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
+    scores = verifier_scores(head, inputs)
+    verified = float(head.used[0]) == 1.0
+    plans = [(p["cost_usd"], p["quality"], CascadePlan.model_validate(p["plan"])) for p in head.frontier]
+    plans = [p for p in plans if verified or not p[2].uses_verifier]
+    codes = answer_codes(grid.final)
+    per_row: dict = {}
+    for share in TABLE_SHARES:
+        fit = [p for p in plans if p[0] <= share * ref * (1 + 1e-9)]
+        if not fit:
+            per_row[f"cascade@{share}"] = None
+            continue
+        res = simulate(max(fit, key=lambda p: (p[1], -p[0]))[2], data.worker_ids, codes, scores, data.quality, cost, lat, rows)
+        per_row[f"cascade@{share}"] = (res.quality, res.cost)
+    return cap_table(per_row, (data.quality[rows, strong], cost[rows, strong]), n_boot=n_boot)
 
 
 def report_lines(rep: dict) -> list[str]:
@@ -157,6 +189,12 @@ def report_lines(rep: dict) -> list[str]:
         out.append(f"  | {d['domain']!r} | {d['n']} | {d['plan']} | {d['accuracy']:.4f} | {d['cost_usd_per_1k']:.4g} | "
                    f"{d['cost_share_of_strongest']:.1%} | {d['best_worker_accuracy']:.4f} | {d['strongest']} "
                    f"{d['strongest_accuracy']:.4f} |")
+    if rep.get("cap_rows"):
+        from fugu_pipeline.train.cascade_choice import table_lines
+
+        out += ["  " + line for line in table_lines(rep["cap_rows"], (
+            f"at caps of {rep['strongest_worker']}'s cost (the checkpoint's validation points within each cap), on the "
+            f"{rep['n_tasks']} {rep['split']} rows:"))]
     out += rep.get("frontier_lines", [])  # evaluate/frontier.py
     return out
 

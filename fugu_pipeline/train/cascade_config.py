@@ -1,5 +1,6 @@
 """The `cascade:` block of `configs/train.yaml`: whether `fugu-lite train` also fits cascades, under
-which cap, per domain or pooled, and how selection protects "always the best worker"."""
+which cap, per domain or pooled, and what ships: the cheapest policy not significantly below the
+strongest worker (`choose`), or the utility's choice."""
 
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ class CascadeConfig(BaseModel):
     per_domain: bool = Field(False, description="choose a plan per domain (with enough rows), not one for all")
     search: CascadeSearch = CascadeSearch()
     n_boot: int = Field(2000, ge=200, description="bootstrap resamples of the out-of-fold gain's 95% interval")
+    choose: Literal["auto", "cheapest", "utility"] = Field(
+        "auto", description="what ships without a cap: cheapest: the cheapest policy whose out-of-fold accuracy is not "
+        "significantly below always the strongest worker's (within `margin`); utility: the best out-of-fold utility, "
+        "replacing the best worker only with a gain whose 95% interval is above zero; auto: cheapest where the utility "
+        "gives cost no weight (quality-only weights), utility where it prices cost")
+    margin: float = Field(0.005, ge=0.0, le=0.2, description="cheapest: the most a policy's mean out-of-fold accuracy may "
+                          "be below the strongest worker's (0.005: half a point), besides its interval reaching zero")
+    min_rows: int = Field(50, ge=10, description="non-test rows with replies from two or more workers needed to choose "
+                          "a plan; fewer: the strongest worker ships, with one line saying so")
     encode_replies: bool = Field(True, description="the verifier reads the frozen encoder's features of each reply; "
                                  "false: the replies' statistics only (a matrix too large to encode every reply)")
     verifier_context: bool = Field(True, description="the verifier also reads, at each step, the replies already paid "

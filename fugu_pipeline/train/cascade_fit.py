@@ -1,15 +1,23 @@
 """Fit a cascade on the non-test rows and decide, doing no harm, whether it ships.
 
 1. The verifier's out-of-fold scores (`verifier.oof_scores`, the same hash folds as the heads).
-2. Cross-fitting: for each fold, a policy is chosen on the other folds (expected costs from those
-   rows) and run on this fold; so is "always the best worker" (the best on the other folds), and
-   each one-shot head's out-of-fold route. Every row then has an out-of-fold figure per candidate:
-   utility (no cap) or quality (under a cap; a candidate whose expected cost is over the cap is out).
-3. Selection that does no harm: a candidate replaces "always the best worker" only when its gain
-   over it has a paired bootstrap 95% interval above zero; among those, the best mean wins; none:
-   the best worker ships, and the report says so.
+2. Cross-fitting: for each fold, policies are chosen on the other folds (expected costs from those
+   rows) and run on this fold; so is "always the strongest worker" (the most accurate on the other
+   folds), and each one-shot head's out-of-fold route. Every row then has an out-of-fold figure per
+   candidate.
+3. What ships (`cascade.choose`):
+   - `cheapest` (the default where the utility gives cost no weight): the candidates are cascades
+     chosen under a ladder of caps (10% ... 100% of the strongest worker's cost), the one-shot
+     heads and the strongest worker; the cheapest whose accuracy is not significantly below the
+     strongest's ships (`cascade_choice.py`: paired 95% interval reaching 0, mean within
+     `cascade.margin`); only the strongest qualifying: it ships, with the reason.
+   - `utility` (the utility prices cost), or a cap: a candidate replaces "always the best worker"
+     (under a cap: the best worker within it) only when its gain over it (utility; quality under a
+     cap) has a paired bootstrap 95% interval above zero; among those, the best mean wins.
+   Every candidate's accuracy is also compared with the strongest worker's, with its interval.
 4. The policy is chosen again on all non-test rows and the verifier refitted on them: the checkpoint.
-The test split is never read here.
+Too few rows with replies (`cascade.min_rows`), or a cap no plan meets: the strongest worker ships,
+with one line naming the rows or the cap and what to do. The test split is never read here.
 """
 
 from __future__ import annotations
@@ -24,12 +32,24 @@ from fugu_pipeline.matrix.answers import AnswerGrid
 from fugu_pipeline.train.cascade_config import CascadeConfig
 from fugu_pipeline.train.cascade_frontier import oof_frontier
 from fugu_pipeline.train.cascade_policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
-from fugu_pipeline.train.cascade_search import CapUnmet, Grid, run_policy, search_policy
+from fugu_pipeline.train.cascade_choice import (
+    LADDER,
+    STRONGEST,
+    TABLE_SHARES,
+    cap_table,
+    capped_one_shot,
+    cheapest_not_below,
+    interval,
+    ladder_fold,
+    rung_name,
+)
+from fugu_pipeline.train.cascade_search import Cap, CapUnmet, Grid, run_policy, search_policy
 from fugu_pipeline.train.selection import fold_ids
 from fugu_pipeline.train.verifier import Verifier, VerifierInputs, fit_all, oof_scores
 from fugu_pipeline.train.verifier_context import context_json, with_context
 
 BEST_WORKER = "always the best worker"
+BEST_IN_CAP = "always the best worker within the cap"
 
 
 def answer_inputs(data: RoutingData, grid: AnswerGrid, settings, cache_root: str | Path, progress=None,
@@ -82,13 +102,17 @@ class CandidateFigure:
     mean: float  # out-of-fold utility (no cap) or quality (cap)
     quality: float
     cost_usd: float  # mean expected $ per request
-    gain: float  # over the best worker
+    gain: float  # over the baseline: the strongest worker (cheapest rule), else the best worker (within the cap)
     low: float
     high: float
     note: str = ""
+    vs_strongest: float = 0.0  # out-of-fold accuracy − always the strongest worker's, with its paired 95% interval
+    vs_low: float = 0.0
+    vs_high: float = 0.0
 
     def row(self) -> dict:
-        return {k: getattr(self, k) for k in ("name", "kind", "mean", "quality", "cost_usd", "gain", "low", "high", "note")}
+        return {k: getattr(self, k) for k in ("name", "kind", "mean", "quality", "cost_usd", "gain", "low", "high", "note",
+                                              "vs_strongest", "vs_low", "vs_high")}
 
 
 @dataclass
@@ -110,6 +134,9 @@ class CascadeFit:
     stat_names: tuple[str, ...] = ()  # the reply statistics the verifier reads (empty: the first ten)
     context: dict = field(default_factory=dict)  # the context verifier (train/verifier_context.py), saved with it
     frontier: dict = field(default_factory=dict)  # out-of-fold accuracy and cost per cap (train/cascade_frontier.py)
+    cap_rows: list[dict] = field(default_factory=list)  # one-shot vs cascade vs the strongest at 20/33/50% of its cost
+    baseline: str = BEST_WORKER  # what `gain` is measured against
+    saved_as: str = ""  # the candidate whose out-of-fold figure is the saved cascade's (cheapest rule)
 
     def table(self) -> list[dict]:
         return [c.row() for c in self.candidates]
@@ -133,7 +160,8 @@ def _expected(data: RoutingData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
 def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg: CascadeConfig | None = None,
                 folds_k: int = 5, seed: int = 0, heads: dict[str, np.ndarray] | None = None, log=print) -> CascadeFit:
     """See the module docstring. `grid` and `inputs` are row-aligned with `data`; `heads`: one-shot
-    heads' out-of-fold routing scores (rows = the non-test rows of `data`, in order)."""
+    heads' out-of-fold routing scores (rows = the non-test rows of `data`, in order; the first one
+    is the table's one-shot router)."""
     cfg = cfg or CascadeConfig()
     if data.quality is None:
         raise TrainingDataError("a cascade needs each cell's quality (the import's `quality`, or graded responses); "
@@ -147,13 +175,23 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     cov = grid.subset(rows).coverage()
     short = [w for w in (allowed or data.worker_ids) if cov[w] < cfg.min_answer_share]
     if short:
-        if allowed is not None or len(short) == data.n_workers:
+        if allowed is not None:
             raise TrainingDataError(
                 "worker(s) " + ", ".join(f"{w} (replies on {cov[w]:.0%} of the rows)" for w in short[:5])
                 + f": a cascade reads every worker's reply, and these have too few (cascade.min_answer_share "
                   f"{cfg.min_answer_share:.0%}); import their replies (`answers`) or leave them out (cascade.workers)")
-        allowed = [w for w in data.worker_ids if w not in short]
-        log(f"cascade: leaving out {short}: replies on fewer than {cfg.min_answer_share:.0%} of the rows")
+        if len(short) < data.n_workers:
+            allowed = [w for w in data.worker_ids if w not in short]
+            log(f"cascade: leaving out {short}: replies on fewer than {cfg.min_answer_share:.0%} of the rows")
+    usable = [j for j, w in enumerate(data.worker_ids) if allowed is None or w in allowed]
+    replied = np.array([[grid.text[i, j] is not None for j in usable] for i in rows]).reshape(len(rows), len(usable))
+    n_with = int((replied.sum(axis=1) >= 2).sum()) if len(rows) else 0
+    if n_with < cfg.min_rows or len(usable) < 2 or (short and len(short) == data.n_workers):
+        top = data.worker_ids[usable[int(np.argmax(data.quality[rows][:, usable].mean(axis=0)))]] if len(rows) else "?"
+        return _strongest_ships(data, grid, inputs, rows, usable, log, (
+            f"cascade: {n_with} of the {len(rows)} non-test rows have replies from two or more workers, fewer than the "
+            f"{cfg.min_rows} (cascade.min_rows) needed to choose a plan out of fold, so the strongest worker ({top}) ships; "
+            "import the workers' replies (`answers`) for more rows, or lower cascade.min_rows"))
     folds = fold_ids([data.task_ids[i] for i in rows], folds_k, seed)
     codes = answer_codes(grid.final)
     sub = VerifierInputs(inputs.prompt[rows], inputs.answer[rows], inputs.has[rows], inputs.target[rows], inputs.stat_names)
@@ -165,72 +203,126 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     scores = with_context(cfg.verifier_context, inputs, scores, codes, rows, folds, log)  # a reply read with the paid ones
     doms = np.asarray(data.domains, dtype=str)
     capped = cfg.cap is not None or bool(cfg.domain_caps)
-    objective = "quality under the cap (mean expected cost within it)" if capped else "utility (quality − cost and latency terms)"
+    uc = data.utility_config
+    priced = data.cost_usd is not None and bool(np.nanmax(np.nan_to_num(data.cost_usd[rows])) > 0)
+    mode = "cap" if capped else "cheapest" if cfg.choose == "cheapest" or (
+        cfg.choose == "auto" and (uc is None or uc.cost_weight == 0) and priced) else "utility"
+    if not capped and cfg.choose == "auto" and not priced:
+        log("cascade: the matrix records no cost, so no policy is cheaper than another: a policy replaces the best "
+            "worker only with a gain whose 95% interval is above zero (import `cost_usd` for the cost-aware choice)")
+    objective = {"cap": "quality under the cap (mean expected cost within it)",
+                 "utility": "utility (quality − cost and latency terms)",
+                 "cheapest": f"the cheapest policy whose accuracy is not significantly below {STRONGEST}'s"}[mode]
+    baseline = BEST_IN_CAP if mode == "cap" else BEST_WORKER
 
     def grid_for(fit_rows):
         c, lat = _expected(data, fit_rows)
         return Grid(data.worker_ids, codes, scores, data.quality, c, lat, data.utility_config)
 
-    def measure(g: Grid, q, c, u):
-        return q if capped else u
-
     n = len(rows)
-    oof = {BEST_WORKER: np.zeros(n), "cascade": np.zeros(n)}
-    cost_of = {BEST_WORKER: np.zeros(n), "cascade": np.zeros(n)}
-    qual_of = {BEST_WORKER: np.zeros(n), "cascade": np.zeros(n)}
-    for name in heads or {}:
-        oof[name], cost_of[name], qual_of[name] = np.zeros(n), np.zeros(n), np.zeros(n)
-    notes: dict[str, str] = {}
+    shares = LADDER if mode == "cheapest" else TABLE_SHARES
+    names = [STRONGEST] + ([rung_name(s) for s in shares] if mode == "cheapest" else [baseline, "cascade"]) + list(heads or {})
+    oof = {k: np.zeros(n) for k in names}
+    cost_of = {k: np.zeros(n) for k in names}
+    qual_of = {k: np.zeros(n) for k in names}
+    table_rows = {f"{k}@{s}": (np.zeros(n), np.zeros(n)) for s in TABLE_SHARES
+                  for k in ("cascade", "one-shot") if k == "cascade" or heads}
+    missing: set[str] = set()
+    first_head = next(iter(heads or {}), None)
     for f in np.unique(folds):
         tr, te = rows[folds != f], rows[folds == f]
-        at = np.flatnonzero(folds == f)
+        at, tr_at = np.flatnonzero(folds == f), np.flatnonzero(folds != f)
         g = grid_for(tr)
-        try:
-            policy, _ = search_policy(g, tr, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed)
-        except CapUnmet as exc:
-            raise CapUnmet(f"cap: {exc}") from None
-        q, c, u = run_policy(g, policy, te, doms)
-        oof["cascade"][at], cost_of["cascade"][at], qual_of["cascade"][at] = measure(g, q, c, u), c, q
-        best = _best_worker(g, tr, capped, cfg, doms, allowed)
-        q, c, u = g.run(CascadePlan(steps=[CascadeStep(workers=[data.worker_ids[best]])]), te)
-        oof[BEST_WORKER][at], cost_of[BEST_WORKER][at], qual_of[BEST_WORKER][at] = measure(g, q, c, u), c, q
+        top = usable[int(np.argmax(g.quality[tr][:, usable].mean(axis=0)))]
+        q, c, u = g.run(_alone(data.worker_ids[top]), te)
+        oof[STRONGEST][at], cost_of[STRONGEST][at], qual_of[STRONGEST][at] = (u if mode == "utility" else q), c, q
+        ladder = ladder_fold(g, tr, te, cfg.search, allowed, sorted(set(shares) | set(TABLE_SHARES)), g.exp_cost[top])
+        for s, got in ladder.items():
+            if s in TABLE_SHARES:
+                _put(table_rows, f"cascade@{s}", at, got, missing)
+            if mode == "cheapest" and s in shares:
+                if got is None:
+                    missing.add(rung_name(s))
+                else:
+                    oof[rung_name(s)][at], cost_of[rung_name(s)][at], qual_of[rung_name(s)][at] = got[0], got[1], got[0]
+        if mode != "cheapest":
+            try:
+                policy, _ = search_policy(g, tr, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed)
+            except CapUnmet as exc:
+                return _strongest_ships(data, grid, inputs, rows, usable, log, (
+                    f"cap: {exc}; the strongest worker ({data.worker_ids[top]}) ships"))
+            q, c, u = run_policy(g, policy, te, doms)
+            oof["cascade"][at], cost_of["cascade"][at], qual_of["cascade"][at] = (q if capped else u), c, q
+            best = _best_worker(g, tr, capped, cfg, doms, allowed)
+            q, c, u = g.run(_alone(data.worker_ids[best]), te)
+            oof[baseline][at], cost_of[baseline][at], qual_of[baseline][at] = (q if capped else u), c, q
         for name, s in (heads or {}).items():
             route = np.argmax(s[at], axis=1)
             q = data.quality[te, route]
             c, lat = g.exp_cost[route], g.exp_latency[route]
-            uc = data.utility_config
             u = (uc.quality_weight * q - uc.cost_weight * np.minimum(c / uc.cost_scale_usd, uc.cap)
                  - uc.latency_weight * np.minimum(lat / uc.latency_scale_s, uc.cap))
-            oof[name][at], cost_of[name][at], qual_of[name][at] = measure(g, q, c, u), c, q
+            oof[name][at], cost_of[name][at], qual_of[name][at] = (u if mode == "utility" else q), c, q
+            if name == first_head:
+                for share in TABLE_SHARES:
+                    got = capped_one_shot(s, data.quality[rows], g.exp_cost, tr_at, at, share * g.exp_cost[top],
+                                          g.exp_cost[top])
+                    _put(table_rows, f"one-shot@{share}", at, got, missing)
     frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed)  # what each cap buys, out of fold
-    # the cap, on the pooled expected cost of every candidate (per domain caps: checked in the search)
     g_all = grid_for(rows)
+    top_all = usable[int(np.argmax(data.quality[rows][:, usable].mean(axis=0)))]
     ref = g_all.exp_cost[int(np.argmax(data.quality[rows].mean(axis=0)))]
     cap_usd = None if cfg.cap is None else cfg.cap.usd_per_request(ref)
     cands = []
     for name, v in oof.items():
-        kind = "best worker" if name == BEST_WORKER else "cascade" if name == "cascade" else "one-shot"
-        diff = v - oof[BEST_WORKER]
-        lo, hi = paired_interval(diff, cfg.n_boot, seed) if name != BEST_WORKER else (0.0, 0.0)
-        note = notes.get(name, "")
+        kind = ("best worker" if name in (BEST_WORKER, BEST_IN_CAP) or (name == STRONGEST and mode == "cheapest")
+                else "strongest" if name == STRONGEST else "one-shot" if name in (heads or {}) else "cascade")
+        vs, vs_lo, vs_hi = interval(qual_of[name] - qual_of[STRONGEST], cfg.n_boot, seed)
+        ref_name = STRONGEST if mode == "cheapest" else baseline
+        diff = v - oof[ref_name]
+        lo, hi = paired_interval(diff, cfg.n_boot, seed) if name != ref_name else (0.0, 0.0)
+        note = "unavailable: no plan within this share of the strongest's cost in some fold" if name in missing else ""
         if cap_usd is not None and cost_of[name].mean() > cap_usd * (1 + 1e-9):
             note = f"over the cap (${cost_of[name].mean() * 1000:.4g} > ${cap_usd * 1000:.4g} per 1,000)"
         cands.append(CandidateFigure(name, kind, float(v.mean()), float(qual_of[name].mean()), float(cost_of[name].mean()),
-                                     float(diff.mean()), lo, hi, note))
-    ok = [c for c in cands if c.kind != "best worker" and c.low > 0 and not c.note.startswith("over the cap")]
-    if ok:
-        win = max(ok, key=lambda c: (c.mean, -c.cost_usd))
-        reason = (f"{win.name} gains {win.gain:+.4f} over {BEST_WORKER} out of fold, 95% interval [{win.low:+.4f}, "
-                  f"{win.high:+.4f}] above zero, and has the best out-of-fold {('quality' if capped else 'utility')} of "
-                  f"those that do")
+                                     float(diff.mean()), lo, hi, note, vs, vs_lo, vs_hi))
+    table = cap_table({k: (None if k in missing else v) for k, v in table_rows.items()},
+                      (qual_of[STRONGEST], cost_of[STRONGEST]), n_boot=cfg.n_boot, seed=seed)
+    against = (f"; against {STRONGEST} ({data.worker_ids[top_all]}): accuracy {{d:+.4f}} [{{lo:+.4f}}, {{hi:+.4f}}]")
+    if mode == "cheapest":
+        pick = cheapest_not_below(cands, STRONGEST, data.worker_ids[top_all], cfg.margin, n)
+        win = next(c for c in cands if c.name == pick.name)
+        reason = pick.reason
     else:
-        win = next(c for c in cands if c.kind == "best worker")
-        reason = (f"no policy's out-of-fold gain over {BEST_WORKER} has a 95% interval above zero, so the best worker "
-                  "ships (doing no harm)")
-    policy, choices = search_policy(g_all, rows, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed)
-    if win.kind == "best worker":  # the shipped cascade is the best worker alone
-        best = _best_worker(g_all, rows, capped, cfg, doms, allowed)
-        policy = CascadePolicy(default=CascadePlan(steps=[CascadeStep(workers=[data.worker_ids[best]])]))
+        ok = [c for c in cands if c.kind not in ("best worker", "strongest") and c.low > 0
+              and not c.note.startswith("over the cap")]
+        if ok:
+            win = max(ok, key=lambda c: (c.mean, -c.cost_usd))
+            reason = (f"{win.name} gains {win.gain:+.4f} over {baseline} out of fold, 95% interval [{win.low:+.4f}, "
+                      f"{win.high:+.4f}] above zero, and has the best out-of-fold {('quality' if capped else 'utility')} "
+                      f"of those that do")
+        else:
+            win = next(c for c in cands if c.name == baseline)
+            reason = (f"no policy's out-of-fold gain over {baseline} has a 95% interval above zero, so the best worker"
+                      f"{' within the cap' if capped else ''} ships (doing no harm)")
+        reason += against.format(d=win.vs_strongest, lo=win.vs_low, hi=win.vs_high)
+    share_won = next((s for s in shares if win.name == rung_name(s)), None)
+    alone = win.kind == "best worker"
+    if mode == "cheapest" and win.kind == "one-shot":  # the cascade saved beside it: the cheapest that qualified
+        share_won = next((s for name in pick.qualified for s in shares if name == rung_name(s)), None)
+        alone = share_won is None
+        share_won = 1.0 if share_won is None else share_won
+    try:
+        if share_won is not None:
+            policy, choices = search_policy(g_all, rows, doms, cfg.search, Cap(share=share_won), {}, cfg.per_domain, allowed)
+        else:
+            policy, choices = search_policy(g_all, rows, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed)
+    except CapUnmet as exc:
+        return _strongest_ships(data, grid, inputs, rows, usable, log, (
+            f"cap: {exc}; the strongest worker ({data.worker_ids[top_all]}) ships"))
+    if alone:  # the saved cascade is that worker alone
+        best = top_all if mode == "cheapest" else _best_worker(g_all, rows, capped, cfg, doms, allowed)
+        policy = CascadePolicy(default=_alone(data.worker_ids[best]))
     verifier = fit_all(sub, np.arange(len(rows)), l2) if policy.uses_verifier else None
     log(f"cascade: {policy.describe()}; selected {win.name}: {reason}")
     return CascadeFit(policy=policy, verifier=verifier, objective=objective, candidates=cands, selected=win.name,
@@ -238,8 +330,38 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       expected_cost={w: float(c) for w, c in zip(data.worker_ids, g_all.exp_cost)},
                       answers_version=grid.version, oof=oof, stat_names=inputs.stat_names,
                       worker_quality={w: float(q) for w, q in zip(data.worker_ids, data.quality[rows].mean(axis=0))},
-                      answer_kinds=_kinds(grid, rows, doms), context=context_json(scores) if verifier is not None else {},
-                      frontier=frontier)
+                      answer_kinds=_kinds(grid, rows, doms), cap_rows=table,
+                      context=context_json(scores) if verifier is not None else {}, frontier=frontier,
+                      saved_as=("" if mode != "cheapest" else STRONGEST if alone else rung_name(share_won)),
+                      baseline=STRONGEST if mode == "cheapest" else baseline)
+
+
+def _alone(worker: str) -> CascadePlan:
+    return CascadePlan(steps=[CascadeStep(workers=[worker])])
+
+
+def _put(table_rows: dict, key: str, at: np.ndarray, got, missing: set) -> None:
+    if got is None:
+        missing.add(key)
+    else:
+        table_rows[key][0][at], table_rows[key][1][at] = got
+
+
+def _strongest_ships(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, rows: np.ndarray, usable: list[int],
+                     log, reason: str) -> CascadeFit:
+    """The strongest worker alone (best mean quality on the non-test rows), with the one line saying why."""
+    q = data.quality[rows].mean(axis=0) if len(rows) else np.zeros(data.n_workers)
+    top = usable[int(np.argmax(q[usable]))] if usable else int(np.argmax(q))
+    cost, _ = _expected(data, rows) if len(rows) else (np.zeros(data.n_workers), None)
+    fig = CandidateFigure(STRONGEST, "best worker", float(q[top]), float(q[top]), float(cost[top]), 0.0, 0.0, 0.0)
+    log(reason)
+    doms = np.asarray(data.domains, dtype=str)
+    return CascadeFit(policy=CascadePolicy(default=_alone(data.worker_ids[top])), verifier=None, objective="none",
+                      candidates=[fig], selected=STRONGEST, selected_kind="best worker", reason=reason,
+                      verifier_figures={}, choices={}, expected_cost={w: float(c) for w, c in zip(data.worker_ids, cost)},
+                      answers_version=grid.version, stat_names=inputs.stat_names,
+                      worker_quality={w: float(x) for w, x in zip(data.worker_ids, q)},
+                      answer_kinds=_kinds(grid, rows, doms) if len(rows) else {"*": "text"})
 
 
 def _kinds(grid: AnswerGrid, rows: np.ndarray, doms: np.ndarray) -> dict[str, str]:

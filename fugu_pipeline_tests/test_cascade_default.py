@@ -1,0 +1,142 @@
+"""What `fugu-lite train` ships with no flags: the cheapest policy whose out-of-fold accuracy is not
+significantly below the strongest worker's; the strongest worker, with one line, when nothing
+cheaper qualifies, when too few rows carry replies, or when no plan meets a cap; and the table at
+20/33/50% of the strongest's cost."""
+
+import numpy as np
+
+from fugu_pipeline.train.cascade_choice import STRONGEST
+from fugu_pipeline.train.cascade_config import CascadeConfig
+from fugu_pipeline.train.cascade_fit import fit_cascade
+from fugu_pipeline.train.cascade_search import Cap, CascadeSearch
+from fugu_pipeline_tests import cascade_fixture
+
+FAST = CascadeSearch(thresholds=6, three_steps=False, finals=2, cheap=2)
+quiet = lambda m: None  # noqa: E731
+
+
+def _fig(fit, name):
+    return next(c for c in fit.candidates if c.name == name)
+
+
+def test_a_cheap_worker_that_agrees_with_the_strongest_on_90_percent_of_rows_is_used():
+    """Quality-only weights (cost weighs nothing): the strongest worker alone must not ship when a
+    cheap worker agrees with it on 90% of the rows; what ships is cheaper and, out of fold, not
+    significantly below it."""
+    data, grid, inputs = cascade_fixture.agreeing(n=400)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=400), log=quiet)
+    assert fit.policy.describe() != "[strong]", fit.reason
+    won, strong = _fig(fit, fit.selected), _fig(fit, STRONGEST)
+    assert won.cost_usd < 0.8 * strong.cost_usd
+    assert won.vs_high >= 0 and won.vs_strongest >= -0.005  # never significantly below, within the margin
+    assert "cheapest policy not significantly below always the strongest worker (strong)" in fit.reason
+
+
+def test_the_strongest_ships_when_nothing_cheaper_keeps_its_accuracy():
+    """No verifier signal and wrong answers that agree: every cheaper policy loses accuracy, so the
+    strongest ships and the one line says why."""
+    data, grid, inputs = cascade_fixture.agreeing(n=400, agree=0.6, signal=0.0)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=400), log=quiet)
+    assert fit.selected == STRONGEST and fit.policy.describe() == "[strong]"
+    assert "no cheaper policy is within 0.5 point of always the strongest worker (strong" in fit.reason
+    assert "the strongest worker ships" in fit.reason
+    strong = _fig(fit, STRONGEST)
+    for c in fit.candidates:  # every cheaper policy was below it
+        assert c.cost_usd >= strong.cost_usd * (1 - 1e-6) or c.vs_high < 0 or c.vs_strongest < -0.005
+
+
+def test_too_few_rows_with_replies_ship_the_strongest_with_one_line():
+    data, grid, inputs = cascade_fixture.make(n=300)
+    rows = np.flatnonzero(data.splits != "test")
+    grid.text[rows[30:], :] = None  # replies on 30 of the 240 non-test rows
+    grid.final[rows[30:], :] = None
+    lines = []
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST), log=lines.append)
+    assert fit.policy.describe() == "[strong]" and fit.selected == STRONGEST
+    assert fit.reason in lines and "\n" not in fit.reason
+    assert fit.reason.startswith("cascade: 30 of the 240 non-test rows have replies from two or more workers, fewer "
+                                 "than the 50 (cascade.min_rows)")
+    assert "the strongest worker (strong) ships; import the workers' replies" in fit.reason
+
+
+def test_a_cap_no_plan_meets_ships_the_strongest_with_one_line(tmp_path):
+    from fugu_pipeline.train.cascade_train import CascadeResult
+
+    data, grid, inputs = cascade_fixture.make(n=300)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, cap=Cap(usd_per_1k=0.01)), log=quiet)
+    assert fit.policy.describe() == "[strong]"
+    assert fit.reason.startswith("cap: pooled: no cascade meets the cap of $0.01 per 1,000 requests on validation")
+    assert "raise the cap, or add a cheaper worker; the strongest worker (strong) ships" in fit.reason
+    assert CascadeResult(fit, tmp_path, fit.selected_kind, tmp_path).lines() == [f"shipped policy: best worker — {fit.reason}"]
+
+
+def test_under_a_cap_every_policy_is_compared_with_the_strongest_and_the_table_is_printed(tmp_path):
+    from fugu_pipeline.train.cascade_train import CascadeResult
+
+    data, grid, inputs = cascade_fixture.make(n=300)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300, cap=Cap(share=0.3)), log=quiet)
+    strong = _fig(fit, STRONGEST)
+    assert strong.kind == "strongest" and strong.note.startswith("over the cap")
+    won = _fig(fit, fit.selected)
+    assert won.vs_strongest == won.quality - strong.quality or abs(won.vs_strongest - (won.quality - strong.quality)) < 1e-9
+    assert f"against always the strongest worker (strong): accuracy {won.vs_strongest:+.4f}" in fit.reason
+    lines = CascadeResult(fit, tmp_path, fit.selected_kind, tmp_path).lines()
+    assert any("accuracy − always the strongest worker" in line for line in lines)
+    shares = [(r["share"], r["policy"]) for r in fit.cap_rows]
+    assert shares == [(None, "strongest alone"), (0.2, "cascade"), (0.33, "cascade"), (0.5, "cascade")]
+    for r in fit.cap_rows[1:]:
+        assert r["accuracy"][1] <= r["accuracy"][0] <= r["accuracy"][2] and r["minus_strongest"] is not None
+    assert any(line.startswith("| 33% | cascade |") for line in lines)
+
+
+def test_the_held_out_cascade_report_has_the_table_at_caps_of_the_strongest_s_cost(tmp_path):
+    from fugu_pipeline.evaluate.cascade import cascade_report, load_cascade, report_lines
+    from fugu_pipeline.train.cascade_save import save_cascade
+
+    data, grid, inputs = cascade_fixture.agreeing(n=400)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
+    rep = cascade_report(load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2])), data, grid, inputs)
+    assert [(r["share"], r["policy"]) for r in rep["cap_rows"]][:2] == [(None, "strongest alone"), (0.2, "cascade")]
+    test = data.splits == "test"
+    assert rep["cap_rows"][0]["accuracy"][0] == data.quality[test, 1].mean()  # the strongest alone, on the test rows
+    for r in rep["cap_rows"][1:]:
+        assert r["accuracy"] is None or r["usd_per_1k"][0] <= r["share"] * 10 * 1.3  # within the cap, up to the rows' noise
+    assert any(line.strip().startswith("| 50% | cascade |") for line in report_lines(rep))
+
+
+def test_a_capped_one_shot_router_spends_up_to_the_cap_when_its_margins_are_close():
+    """Predicted gains of the dear worker all within 10% of each other: the λ that meets the cap lies
+    between two points of the grid, and is found there (not the next grid point, which sends nothing)."""
+    from fugu_pipeline.train.cascade_choice import capped_one_shot
+
+    rng = np.random.default_rng(0)
+    n = 400
+    scores = np.stack([0.7 + 0.01 * rng.random(n), np.full(n, 0.8)], axis=1)
+    quality = (rng.random((n, 2)) < [0.7, 0.8]).astype(float)
+    cost = np.array([0.1, 1.0])
+    tr, te = np.arange(0, 300), np.arange(300, n)
+    q, c = capped_one_shot(scores, quality, cost, tr, te, cap_usd=0.5, ref_cost=1.0)
+    assert 0.35 <= c.mean() <= 0.65 and len(q) == len(te)  # about half the rows go to the dear worker
+    assert capped_one_shot(scores, quality, cost, tr, te, cap_usd=0.05, ref_cost=1.0) is None  # below the cheapest
+
+
+def test_without_costs_nothing_is_cheaper_so_only_a_clear_gain_replaces_the_best_worker():
+    import dataclasses
+
+    data, grid, inputs = cascade_fixture.agreeing(n=300)
+    data = dataclasses.replace(data, cost_usd=None, data_version="")
+    lines = []
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=lines.append)
+    assert any("records no cost" in line for line in lines)
+    assert "over always the best worker" in fit.reason and "cheapest" not in fit.reason
+
+
+def test_the_saved_cascade_records_the_validation_figure_of_the_policy_it_holds(tmp_path):
+    import json
+
+    from fugu_pipeline.train.cascade_save import save_cascade
+
+    data, grid, inputs = cascade_fixture.agreeing(n=400)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
+    manifest = json.loads((save_cascade(tmp_path, data, fit, inputs.answer.shape[2]) / "manifest.json").read_text())
+    assert manifest["metrics"]["val_utility"] == _fig(fit, fit.selected).mean  # what the contest compares
