@@ -61,6 +61,20 @@ def cmd_ask_multi_turn(args) -> int:
     return 0
 
 
+def pack_manifest(pack_dir):
+    """A pack's manifest, read alone (capped), or CLIError naming the file."""
+    from pathlib import Path
+
+    from fugu_pipeline.train.checkpoints import MANIFEST_FILE, MAX_MANIFEST_BYTES, Manifest, read_capped
+
+    path = Path(pack_dir) / MANIFEST_FILE
+    try:
+        return Manifest.model_validate_json(read_capped(path, MAX_MANIFEST_BYTES, "a manifest"))
+    except (OSError, ValueError) as exc:
+        raise CLIError(f"{path}: not a checkpoint manifest ({' '.join(str(exc).split())[:300]}); pack the checkpoint "
+                       "again") from None
+
+
 def cmd_evaluate_roles(args) -> int:
     """The held-out multi-turn report of a coordinator (default: the promoted one) on a project's
     graded tasks, against the one-step router, the answer-aware cascade (--cascade, default: the
@@ -90,9 +104,12 @@ def cmd_evaluate_roles(args) -> int:
         if ptr is None:
             raise RouterError(f"no promoted coordinator in {paths.models}; pass --checkpoint models/roles/<hash>")
         checkpoint = pointer_target(paths.models, ptr)
+    from fugu_pipeline.evaluate.contest_entry import is_pack
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
-    contract = load_checkpoint(checkpoint).manifest.feature_contract
+    # a pack: its manifest only (the contest checks its signature before any of its weights is read)
+    contract = (pack_manifest(checkpoint) if is_pack(checkpoint, paths.models) else load_checkpoint(checkpoint).manifest
+                ).feature_contract
     settings = roles_encoder_settings(args.encoder or contract.encoder_id, contract.max_length, revision=contract.revision,
                                       device=args.device)
     refused: list = []  # a batch file the reward matrix left out is left out here too, said in one line

@@ -1,12 +1,13 @@
 """One contest for every promotable kind: one-step routers, the multi-turn coordinator, the triage
 head, and any later policy kind (a cascade) go through the same code path, `run_contest`:
 
-1. **gates**, before anything is scored: the rate limit (per submitter, or per signing key for
-   a pack, per kind), then for each challenger its weights (a checkpoint that cannot be loaded is
-   refused with the weight gate's reason), its signature when it is a pack, the kind's own rules
-   (a size cap), its contract (its features and workers are the host's), a duplicate by
-   behaviour on the host's probe set (`probe.py`), and its training receipt with the cost ledger
-   behind it (`gates.py`);
+1. **gates**, before anything is scored (`contest_entry.py`): the rate limit (per submitter, or
+   per signing key for a pack, per kind), then for each challenger its signature, key and size
+   caps when it is a pack (before any of its weights is read), its weights (a checkpoint that
+   cannot be loaded is refused with the weight gate's reason), the kind's own rules (a size cap),
+   its contract (its features and workers are the host's), a duplicate by behaviour on the
+   host's probe set (`probe.py`), and its training receipt with the cost ledger behind it
+   (`gates.py`; a pack's weights hashed by streaming);
 2. the challenger (the best on validation among those that passed) and the **king** (the kind's
    promoted pointer) are scored on the **same held-out rows**: their outcomes per task, as the
    kind computes them;
@@ -65,8 +66,9 @@ from fugu_pipeline.evaluate.composite import (
     paired_outcomes,
     score_outcomes,
 )
-from fugu_pipeline.evaluate.decision import decide, weight_gate
-from fugu_pipeline.evaluate.gates import DEFAULT_SUBMITTER, GateResult, SeenHeads, duplicate_gate, rate_limit_gate
+from fugu_pipeline.evaluate.contest_entry import admit
+from fugu_pipeline.evaluate.decision import decide
+from fugu_pipeline.evaluate.gates import DEFAULT_SUBMITTER, GateResult, SeenHeads, rate_limit_gate
 from fugu_pipeline.evaluate.probe import Behaviour
 from fugu_pipeline.evaluate.promotion_record import _now, append_history, apply, check_writable, promotion_lock
 from fugu_pipeline.train.checkpoints import CheckpointError
@@ -190,22 +192,11 @@ class KindBase:
         return None
 
     def receipt(self, entrant: Entrant, policy) -> GateResult:
-        """The folder's receipt.json (a pack, checked against its weights, manifest and ledger),
-        else the receipt of its manifest."""
-        from fugu_pipeline.evaluate.gates import receipt_gate
-        from fugu_pipeline.train.checkpoints import WEIGHTS_FILE
-        from fugu_pipeline.train.exchange import pack_ledger, read_receipt, receipt_from_manifest
+        """The receipt gate (`contest_entry.receipt_result`: a pack's weights hashed by streaming
+        under the pack caps), with this kind's host data."""
+        from fugu_pipeline.evaluate.contest_entry import receipt_result
 
-        data = self.receipt_data()
-        try:
-            receipt = read_receipt(entrant.path)
-        except CheckpointError as exc:
-            return GateResult("receipt", False, str(exc))
-        if receipt is None:
-            return receipt_gate(receipt_from_manifest(entrant.manifest, data=data), policy.gates, data=data)
-        weights = (Path(entrant.path) / WEIGHTS_FILE).read_bytes()
-        return receipt_gate(receipt, policy.gates, data=data, weights=weights, manifest=entrant.manifest,
-                            ledger=pack_ledger(entrant.path, self.models_dir))
+        return receipt_result(entrant, policy, data=self.receipt_data(), models_dir=self.models_dir)
 
     def candidate(self, entrant: Entrant, held: HeldOut, cfg: CompositeConfig):
         """The figures `decide` reads, from the kind's outcomes on the held-out eval rows."""
@@ -344,49 +335,6 @@ def contest_record(contest: dict | None) -> dict | None:
             "live": contest["live"], "cost": contest.get("cost")}
 
 
-# --------------------------------------------------------------------------- gates before scoring
-
-
-def signature_gate(path: str | Path, models_dir: str | Path, key: str | None, caps=None) -> GateResult | None:
-    """A pack (a folder with receipt.json outside the models folder) must be signed by a key the
-    host accepts, and by the key its attempt is counted under; None for a host's own checkpoint."""
-    from fugu_pipeline.evaluate.promotion_record import relative_to
-    from fugu_pipeline.train.exchange import PACK_FILES, RECEIPT_FILE
-    from fugu_pipeline.train.signing import SigningError, read_keys, verify_pack
-
-    p = Path(path)
-    if not (p / RECEIPT_FILE).exists() or relative_to(p, Path(models_dir)) is not None:
-        return None
-    try:
-        name, fp = verify_pack(p, list(PACK_FILES), read_keys(models_dir), **(caps.pack_caps() if caps else {}))
-    except SigningError as exc:
-        return GateResult("signature", False, str(exc))
-    if key is not None and fp != key:
-        return GateResult("signature", False, f"signed by {name} (key {fp}), but submitted as key {key}")
-    return GateResult("signature", True, f"signed by {name} (key {fp})")
-
-
-def entry_gates(kind, entrant: Entrant, models_dir, policy, king: Entrant | None, key: str | None) -> list[GateResult]:
-    gates = [GateResult("weights", True, "shape, finite, not all zero")]
-    sig = signature_gate(entrant.path, models_dir, key, policy.gates)
-    if sig is not None:
-        gates.append(sig)
-    gates.extend(kind.own_gates(entrant))
-    problems = kind.contract_problems(entrant)
-    gates.append(GateResult("contract", not problems, "; ".join(problems) if problems else
-                            f"reads the host's features and workers ({len(entrant.manifest.worker_ids)} workers)"))
-    if not problems:
-        seen = kind.behaviour(entrant)
-        king_seen = None
-        if king is not None and not kind.contract_problems(king):
-            king_seen = (king.label, kind.behaviour(king))
-        gates.append(duplicate_gate(seen, models_dir, policy.gates.duplicate_cosine, kind=kind.name, king=king_seen,
-                                    own_hash=None))
-        entrant.extra["behaviour"] = seen
-    gates.append(kind.receipt(entrant, policy))
-    return gates
-
-
 # --------------------------------------------------------------------------- the contest
 
 
@@ -437,23 +385,9 @@ def _contest(kind, paths, models_dir: Path, policy, *, submitter, key, now, repl
         raise CheckpointError(f"the promoted {noun} is broken ({king_error}) -- nothing scored, nothing promoted: restore "
                               "it, or ask for it to be replaced (--replace-broken-king; asset config replace_broken_king: "
                               "true) to let the challenger face the baselines only")
-    passed: list[tuple[Entrant, list[GateResult]]] = []
-    for path in dict.fromkeys(str(p) for p in paths):
-        try:
-            ent = kind.load(path)
-        except CheckpointError as exc:
-            problems = weight_gate(path)
-            reason = "FAIL weights: " + "; ".join(problems) if problems else f"FAIL checkpoint: {exc}"
-            _record(models_dir, kind, {"promote": False, "challenger": path, "reasons": [reason], **who})
-            reasons.append(f"REFUSED {path}: {reason}")
-            continue
-        gates = entry_gates(kind, ent, models_dir, policy, king, key)
-        if all(g.ok for g in gates):
-            passed.append((ent, gates))
-            continue
-        _record(models_dir, kind, {"promote": False, "challenger": path, "reasons": [g.line() for g in gates],
-                                   "method": ent.method, "content_hash": ent.content_hash, **who})
-        reasons.append(f"REFUSED {path}: " + "; ".join(g.line() for g in gates if not g.ok))
+    # a pack's signature, key and size caps first: nothing of a pack refused there is read (contest_entry.py)
+    passed, refused = admit(kind, paths, models_dir, policy, king=king, key=key, who=who)
+    reasons.extend(refused)
     if not passed:
         return {"promoted": False, "challenger": None, "reasons": reasons or ["no challenger"],
                 "pointer": _pointer_or_none(models_dir, kind), "contest": None}

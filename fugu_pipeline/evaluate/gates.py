@@ -65,6 +65,15 @@ class GateConfig(BaseModel):
         return {"member_cap": self.pack_member_max_bytes, "total_cap": self.pack_total_max_bytes}
 
 
+@dataclass(frozen=True)
+class WeightDigests:
+    """What the receipt gate checks of a pack's weights, hashed by streaming
+    (`train/exchange.weight_digests`): the file's sha256 and the checkpoint's content hash."""
+
+    sha256: str
+    content_hash: str | None  # None without a manifest
+
+
 @dataclass
 class GateResult:
     name: str
@@ -219,27 +228,31 @@ def paid_workers(data, worker_ids: list[str]) -> list[str] | None:
     return [w for i, w in enumerate(data.worker_ids) if w in worker_ids and cost[:, i].sum() > 0]
 
 
-def receipt_gate(receipt, cfg: GateConfig, *, data=None, weights: bytes | None = None, manifest=None,
+def receipt_gate(receipt, cfg: GateConfig, *, data=None, weights: bytes | WeightDigests | None = None, manifest=None,
                  ledger=None) -> GateResult:
     """The training receipt: fitness recorded for enough steps (the manifest's own curve), a cost
-    where workers were paid, and (for a pack: `weights`, `manifest`, `ledger` the recomputed
-    `LedgerSummary` of its ledger) that it names these very weights, agrees with the manifest and
-    cites the ledger as it is."""
+    where workers were paid, and (for a pack: `weights` its bytes or their digests, `manifest`,
+    `ledger` the recomputed `LedgerSummary` of its ledger) that it names these very weights, agrees
+    with the manifest and cites the ledger as it is."""
     if receipt is None:
         return GateResult("receipt", False, "no training receipt (receipt.json)")
     problems = []
+    if isinstance(weights, bytes):
+        from fugu_pipeline.train.checkpoints import checkpoint_hash
+
+        weights = WeightDigests(hashlib.sha256(weights).hexdigest(),
+                                None if manifest is None else checkpoint_hash(weights, manifest))
     if weights is not None:
-        sha = hashlib.sha256(weights).hexdigest()
+        sha = weights.sha256
         if receipt.weights_sha256 != sha:
             problems.append(f"it names weights {receipt.weights_sha256[:12]}… but head.safetensors is {sha[:12]}…")
     if manifest is not None:
-        from fugu_pipeline.train.checkpoints import checkpoint_hash
         from fugu_pipeline.train.exchange import fitness_of
 
         for field in ("content_hash", "method", "head_kind", "data_version", "contract_fingerprint", "worker_ids"):
             if getattr(receipt, field) != getattr(manifest, field):
                 problems.append(f"{field} {getattr(receipt, field)!r} differs from the manifest's {getattr(manifest, field)!r}")
-        if weights is not None and checkpoint_hash(weights, manifest) != receipt.content_hash:
+        if weights is not None and weights.content_hash != receipt.content_hash:
             problems.append("its content_hash is not the hash of these weights and this manifest")
         curve, fitness = fitness_of(manifest)
         if (receipt.fitness_curve, [round(v, 9) for v in receipt.fitness]) != (curve, [round(v, 9) for v in fitness]):

@@ -219,17 +219,12 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
 
 
 def _signature_gate(pack: Path, models_dir: str | Path, cfg: GateConfig):
-    """((the gate, (name, fingerprint) or None), whether the members may be read: the signature
-    verifies with a key the host accepts and they are within the caps)."""
-    from fugu_pipeline.train.signing import MemberMismatch, SigningError, read_keys, verify_pack
+    """((the gate, (name, fingerprint) or None), whether the members may be read): the contest's own
+    check (`contest_entry.signature_check`), so a pack refused there is refused in the same line."""
+    from fugu_pipeline.evaluate.contest_entry import signature_check
 
-    try:
-        name, fp = verify_pack(pack, list(PACK_FILES), read_keys(models_dir), **cfg.pack_caps())
-    except MemberMismatch as exc:
-        return (GateResult("signature", False, str(exc)), None), True
-    except SigningError as exc:
-        return (GateResult("signature", False, str(exc)), None), False
-    return (GateResult("signature", True, f"signed by {name} (key {fp}), a key this host accepts"), (name, fp)), True
+    gate, signer, readable = signature_check(pack, models_dir, cfg)
+    return (gate, signer), readable
 
 
 def _duplicate_offline(pack: Path, manifest: Manifest, kind: str, models_dir, cfg: GateConfig, pointer_file: Path,

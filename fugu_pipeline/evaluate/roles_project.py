@@ -285,7 +285,8 @@ def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task]
     from fugu_pipeline.route.roles import check_session_format
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
-    if not report:
+    refused = promote and _refused_pack(checkpoint_path, models_dir, policy, key)
+    if not report or refused:  # a pack the host would refuse: no report, the contest refuses it unread
         rep: dict = {"checkpoint": str(checkpoint_path)}
         return _promote(run, checkpoint_path, tasks, cfg, models_dir, rep, seeds=seeds, policy=policy, log=log,
                         submitter=submitter, key=key, replace_broken_king=replace_broken_king) if promote else rep
@@ -316,6 +317,15 @@ def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task]
         return rep
     return _promote(run, checkpoint_path, tasks, cfg, models_dir, rep, seeds=seeds, policy=policy, log=log,
                     submitter=submitter, key=key, replace_broken_king=replace_broken_king)
+
+
+def _refused_pack(checkpoint_path: Path, models_dir: Path, policy: PromotionPolicy | None, key: str | None) -> bool:
+    """Whether `checkpoint_path` is a pack the contest refuses before reading its weights (its
+    signature, key or size caps: `contest_entry.signature_gate`)."""
+    from fugu_pipeline.evaluate.contest_entry import signature_gate
+
+    sig = signature_gate(checkpoint_path, models_dir, key, (policy or PromotionPolicy(margin=DEFAULT_MARGIN)).gates)
+    return sig is not None and not sig.ok
 
 
 def _promote(run: RolesRun, checkpoint_path: Path, tasks: list[Task], cfg: RolesConfig, models_dir: Path, rep: dict, *,

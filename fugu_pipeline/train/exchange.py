@@ -236,6 +236,16 @@ def read_receipt(path: str | Path) -> Receipt | None:
         raise CheckpointError(f"{p}: not a valid receipt: {exc}") from None
 
 
+def weight_digests(path: str | Path, manifest: Manifest, limit: int) -> tuple[str, str]:
+    """(the sha256 of a weights file, the checkpoint's content hash with `manifest`), the file read
+    once in 1 MiB chunks (`files.stream_file`, as `signing.file_digests` hashes a pack's members);
+    FileTooLargeError, unread, for a file of more than `limit` bytes (or not a regular file)."""
+    whole, content = hashlib.sha256(), hashlib.sha256()
+    stream_file(path, limit, whole, content)
+    content.update(hashed_fields(manifest))
+    return whole.hexdigest(), content.hexdigest()[:16]
+
+
 def import_checkpoint(path: str | Path, models_dir: str | Path, *, expected_hash: str | None = None,
                       max_bytes: int | None = None) -> Path:
     """Copy a checkpoint folder (a pack) into `models/<method>/<content hash>/`, byte for byte, and
