@@ -17,8 +17,8 @@ Each method runs over all the prompts, best of `--repeats`, the methods interlea
 load from another process distorts all of them alike, or none. Tokens/s counts real tokens only.
 
     python benchmarks/bench_encoder.py                       # CPU: tiny + 0.6B-shaped
-    python benchmarks/bench_encoder.py --models tiny --prompts ../shared/data/routing/llmrouter_ulab/default_query_train.jsonl.gz --n-prompts 5616 --max-tokens 512
-    python benchmarks/bench_encoder.py --models qwen3-0.6b-shaped --prompts ../shared/data/routing/llmrouter_ulab/dcrouter_train.json.gz --n-prompts 64 --max-tokens 512 --threads 2 --dtypes float32 --repeats 1
+    python benchmarks/bench_encoder.py --models tiny --prompts PATH/TO/default_query_train.jsonl.gz --n-prompts 5616 --max-tokens 512
+    python benchmarks/bench_encoder.py --models qwen3-0.6b-shaped --prompts PATH/TO/dcrouter_train.json.gz --n-prompts 64 --max-tokens 512 --threads 2 --dtypes float32 --repeats 1
     python benchmarks/bench_encoder.py --models qwen3-0.6b-shaped --device cuda \\
         --dtypes bfloat16 --n-prompts 1000 --max-tokens 512 --token-budget 16384
 
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--token-budget", type=int, default=1024, help="padded tokens per batch")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--prompts", default=None, help="real prompts: a JSONL file, or a JSON list (RouterDC's dcrouter_train.json.gz), "
-                    ".gz too, with a prompt, query or question field, e.g. ../shared/data/routing/llmrouter_ulab/default_query_train.jsonl.gz")
+                    ".gz too, with a prompt, query or question field, e.g. LLMRouter's default_query_train.jsonl.gz")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

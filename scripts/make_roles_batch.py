@@ -2,7 +2,7 @@
 `checking`, where a check helps, and `lookup`, where delegation only costs); see
 `fugu_pipeline/testing/roles_batch.py`.
 
-Run: python scripts/make_roles_batch.py [--n-per-family 100] [--out data/roles/roles.jsonl]
+Run: .venv/bin/python scripts/make_roles_batch.py [--n-per-family 100] [--out data/roles/roles.jsonl]
 Put the file in a project's data/benchgen/ to run the pipeline on it (not the shipped project's:
 its main job stays on the sample batch).
 """

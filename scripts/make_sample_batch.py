@@ -1,7 +1,7 @@
 """Write the shipped sample BenchGen batch (`data/benchgen/sample.jsonl`) deterministically.
 
 Math, code and general tasks, every grader type used, with train/val/test splits.
-Run: python scripts/make_sample_batch.py [--n-per-domain 100] [--out data/benchgen/sample.jsonl]
+Run: .venv/bin/python scripts/make_sample_batch.py [--n-per-domain 100] [--out data/benchgen/sample.jsonl]
 """
 
 import argparse

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fugu_pipeline.cli import data, harness, pipeline, roles, routing, training
+from fugu_pipeline.cli import data, harness, pipeline, roles, routing, sample, training
 from fugu_pipeline.cli.common import CLIError
 
 
@@ -120,6 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run: only missing or failed cells are called")
     p.add_argument("--ledger", default=None, help="the cost ledger every paid call is appended to (default "
                    "data/ledger/costs.jsonl); `fugu-lite pack` puts it in the pack, whose receipt cites it")
+
+    p = add("sample-data", sample.cmd_sample_data, "write a small routing sample with replies, offline: the mock "
+            "worker pool's graded answers to the sample tasks (synthetic), with its worker YAML, as JSONL and tables")
+    p.add_argument("--out", default="data/sample", help="the folder for routing.jsonl, workers.yaml, scores.csv, "
+                   "calls.csv (default data/sample)")
+    p.add_argument("--workers", default="configs/workers.mock.yaml", help="a pool of mock workers (default the "
+                   "offline mock pool)")
+    p.add_argument("--tasks", default="data/benchgen/sample.jsonl", help="a BenchGen batch file (default the "
+                   "shipped sample)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    p.add_argument("--force", action="store_true", help="write over the files of an earlier sample")
 
     p = add("convert", data.cmd_convert, "write a BenchGen batch file from a standard benchmark (MATH-500, GSM8K, "
             "SVAMP, AIME24, AMC23, Minerva math, MMLU-STEM, HumanEval)")

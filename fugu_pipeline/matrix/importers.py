@@ -1,6 +1,6 @@
 """Importers of public routing data into the reward-matrix import format.
 
-Sources (formats as found in `../shared/data/routing`, see its SOURCES.md):
+Sources (the formats of the upstream releases named below):
 
 - RouteLLM evals (lm-sys/RouteLLM `routellm/evals`): one CSV per benchmark (`gsm8k_responses.csv.gz`,
   `mmlu_responses/mmlu_<subject>.csv.gz`). Column `prompt`, then one column per model holding
