@@ -22,12 +22,12 @@ def live_for(args, data):
     from fugu_pipeline.workers.config import load_workers_config
 
     tasks_path, own = task_source(args)
-    if not args.reward_config or tasks_path is None:
-        print(f"live term: not measured (needs --workers W.yaml with workers and --tasks{own})", file=sys.stderr)
-        return None, None
-    if not _names_workers(args.reward_config):  # utility weights only (configs/reward.quality.yaml): a note, not an error
+    if args.reward_config and not _names_workers(args.reward_config):  # utility weights only: a note, not an error
         print(f"live term: not measured ({args.reward_config} gives the utility weights only, no workers to call; "
               "pass a worker YAML with --workers to measure it)", file=sys.stderr)
+        return None, None
+    if not args.reward_config or tasks_path is None:
+        print(f"live term: not measured (needs --workers W.yaml with workers and --tasks{own})", file=sys.stderr)
         return None, None
     try:
         config = load_workers_config(args.reward_config)
