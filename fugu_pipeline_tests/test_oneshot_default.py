@@ -98,6 +98,11 @@ def test_route_uses_the_default_and_a_cap_overrides_it(trained):
     sec = rep["default_point"]
     assert sec["strongest_worker"] == "c" and sec["expected_share_of_strongest"] < 0.5
     assert sec["minus_strongest"]["high"] >= 0
+    # on other data (a report-only calibration) the point reported is still the one the checkpoint routes by
+    (work / "other.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()[:-12]))
+    other = [a if a != str(work / "r.jsonl") else str(work / "other.jsonl") for a in common]
+    code, out = run("evaluate", "--checkpoint", ckpt, *other, "--output", str(work / "o.json"))
+    assert code == 0 and json.loads((work / "o.json").read_text())["default_point"]["lambda"] == sec["lambda"]
 
 
 def test_serve_uses_the_default_and_a_request_cap_overrides_it(trained):

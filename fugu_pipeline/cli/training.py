@@ -342,10 +342,13 @@ def cmd_evaluate(args) -> int:
         raise CLIError(f"{args.data}: {why}")
     calibration = calibrate_beside(path, data, strict=budget is not None)  # with a cap: BudgetError, the reason
     rep = evaluate_checkpoint(ckpt, data, args.split, calibration=calibration, budget=budget)
-    if budget is None and calibration is not None and not getattr(args, "no_default_budget", False):
+    if budget is None and not getattr(args, "no_default_budget", False):  # the point `route` uses with no cap
         from fugu_pipeline.evaluate.default_report import default_section
+        from fugu_pipeline.route.budget import usable_calibration
 
-        if (sec := default_section(ckpt, data, args.split, calibration)) is not None:
+        own = calibration if calibration is not None and calibration.default is not None else \
+            usable_calibration(path, ckpt.manifest.content_hash, ckpt.manifest.worker_ids)[0]  # other data: the training one's
+        if own is not None and (sec := default_section(ckpt, data, args.split, own)) is not None:
             rep["default_point"] = sec
     if args.split == "test":  # the composite is defined on the held-out split
         from fugu_pipeline.cli.reporting import composite_for_report
