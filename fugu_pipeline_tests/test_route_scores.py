@@ -84,13 +84,16 @@ def test_a_quality_head_takes_the_cost_weight_and_it_moves_the_scores(trained):
 def test_a_utility_head_reports_its_predicted_utility_not_a_softmax(trained, kind):
     from fugu_pipeline.route.router import Router
 
-    code, d = route(trained[kind])
+    code, d = route(trained[kind], "--no-default-budget")  # the head's plain route (not its default operating point)
     assert code == 0 and d["score_kind"] == "predicted_utility" and "probabilities" not in d
     router = Router.load(trained[kind], device="cpu")
     want = router.scores([PROMPT], ["math"])[0]  # the head's own predicted utility per worker
     assert [d["scores"][w] for w in WORKERS] == pytest.approx(want.tolist(), abs=1e-6)
     assert d["worker"] == WORKERS[int(np.argmax(want))] and d["ranking"][0] == d["worker"]
-    decision = router.route(PROMPT, "math")
+    if kind != "quality":  # `fugu-lite train` saved a default operating point: with no flag, its scores are named so
+        code, d = route(trained[kind])
+        assert code == 0 and d["budget"]["default"] and d["score_kind"] in ("predicted_quality_minus_cost", "predicted_utility")
+    decision = router.route(PROMPT, "math", default_point=False)
     with pytest.warns(DeprecationWarning, match="read RouteDecision.scores"):
         old = decision.probabilities  # kept for old callers: the softmax it always was
     assert sum(old.values()) == pytest.approx(1.0) and max(old, key=old.get) == decision.worker_id
@@ -117,7 +120,7 @@ def test_the_server_names_the_scores_too(trained, tmp_path):
         config = WorkersConfig.model_validate({"workers": [
             {"id": w, "kind": "openai_compatible", "model": f"m-{w}", "base_url": stub.openai_url} for w in WORKERS]})
         for kind, want in (("knn", "predicted_utility"), ("policy", "policy_probability")):
-            srv = ServerThread(create_app(Router.load(trained[kind], device="cpu"), config))
+            srv = ServerThread(create_app(Router.load(trained[kind], device="cpu"), config, default_point=False))
             try:
                 client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
                 r = client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": PROMPT}],

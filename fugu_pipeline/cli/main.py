@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cap: share of the strongest worker's cost (best training quality), e.g. 0.3")
         g.add_argument("--budget-margin-z", type=float, default=None, metavar="Z",
                        help="safety margin: the validation cost plus Z standard errors must be within the cap (default 1.645)")
+        g.add_argument("--no-default-budget", action="store_true",
+                       help="with no cap, route by the head's plain argmax instead of the checkpoint's default operating "
+                            "point (the cheapest routing not significantly below the strongest worker, chosen by train)")
 
     p = add("pipeline", pipeline.cmd_pipeline, "materialize the whole asset graph through Dagster (the main job)")
     p.add_argument("--project-dir", default=".", help="project root (holds data/, models/, dagster.yaml)")

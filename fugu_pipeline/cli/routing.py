@@ -40,7 +40,8 @@ def _route_kwargs(args, router, config=None) -> dict:
     allowed = args.allowed
     if allowed is not None and config is not None:
         allowed = [config.routed_id(w, router.worker_ids) for w in allowed]
-    return {"allowed": allowed, "cost_weight": args.cost_weight, "budget": budget}
+    return {"allowed": allowed, "cost_weight": args.cost_weight, "budget": budget,
+            **({"default_point": False} if getattr(args, "no_default_budget", False) else {})}
 
 
 def scores_of(d) -> dict:
@@ -166,6 +167,7 @@ def cmd_serve(args) -> int:
               device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
               max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
               log_level=args.log_level, default_budget=budget_of(args), shutdown_grace_s=args.shutdown_grace_s,
+              default_point=not args.no_default_budget,
               max_json_values=args.max_json_values, allowed_hosts=tuple(args.allowed_host or ()),
               auth_cooldown_s=args.auth_cooldown_s)
     except PortUnavailable as exc:

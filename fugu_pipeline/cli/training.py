@@ -342,6 +342,14 @@ def cmd_evaluate(args) -> int:
         raise CLIError(f"{args.data}: {why}")
     calibration = calibrate_beside(path, data, strict=budget is not None)  # with a cap: BudgetError, the reason
     rep = evaluate_checkpoint(ckpt, data, args.split, calibration=calibration, budget=budget)
+    if budget is None and not getattr(args, "no_default_budget", False):  # the point `route` uses with no cap
+        from fugu_pipeline.evaluate.default_report import default_section
+        from fugu_pipeline.route.budget import usable_calibration
+
+        own = calibration if calibration is not None and calibration.default is not None else \
+            usable_calibration(path, ckpt.manifest.content_hash, ckpt.manifest.worker_ids)[0]  # other data: the training one's
+        if own is not None and (sec := default_section(ckpt, data, args.split, own)) is not None:
+            rep["default_point"] = sec
     if args.split == "test":  # the composite is defined on the held-out split
         from fugu_pipeline.cli.reporting import composite_for_report
 
@@ -359,6 +367,11 @@ def cmd_evaluate(args) -> int:
         from fugu_pipeline.evaluate.budget_report import budget_lines
 
         for line in budget_lines(rep["budget"], args.split):
+            print(line)
+    if rep.get("default_point"):
+        from fugu_pipeline.evaluate.default_report import default_report_lines
+
+        for line in default_report_lines(rep["default_point"]):
             print(line)
     print(f"utility weights: {rep['utility_source']}")
     if rep.get("utility_note"):
@@ -406,14 +419,19 @@ def cmd_train_heads(args) -> int:
                                              score=lambda sel: sel[0].val_score, log=log, layer_sets=sets,
                                              settings=settings, prompt_rules=rules)
     report = fit_and_save(data, args.output, cfg, log=log, force=args.force, selection=selection, metrics=recorded)
-    for saved in report.saved:  # budget.json beside each quality head (route/serve/evaluate --budget-*)
-        calibrate_beside(saved.path, data, log, saved.val_quality)
+    # budget.json beside each quality head (route/serve/evaluate --budget-*), with the default operating point
+    from fugu_pipeline.route.default_point import default_lines
+    from fugu_pipeline.route.default_train import calibrate_saved
+
+    point = calibrate_saved(report.saved, data, log, margin=cfg.cascade.margin, n_boot=cfg.cascade.n_boot, seed=cfg.seed)
     print(f"validation: {report.protocol}; objective {report.objective}; rule {report.rule} ({report.rule_reason})")
     by = "apgr" if report.rule == "apgr" else report.rule
     for s in report.saved:
         figs = ", ".join(f"{k} {v:.4f}" for k, v in s.figures.items())
         print(f"{'*' if s.selected else ' '} {s.kind:<12} {s.name}: {figs} -> {s.path}")
     print(f"selected ({by}): {report.selected} — {report.reason}")
+    for line in default_lines(point) if point is not None else ():
+        print(line)
     shipped = report.selected_path()
     from fugu_pipeline.route.router import encoder_settings_for
     from fugu_pipeline.train.cascade_train import train_cascade

@@ -190,7 +190,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     selected one (the challenger this asset offers to promotion)."""
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.train.configs import ConfigError, TrainSetConfig, load_config
-    from fugu_pipeline.route.budget import calibrate_beside
+    from fugu_pipeline.route.default_train import calibrate_saved
     from fugu_pipeline.train.feature_choice import (
         LayerSetError,
         describe_features,
@@ -220,8 +220,9 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
                               selection=selection, metrics=recorded)
     except (TrainingDataError, LayerSetError) as exc:
         raise explained_failure(f"layer_sets {exc}" if isinstance(exc, LayerSetError) else str(exc)) from None
-    for saved in report.saved:  # budget.json beside each quality head, as `fugu-lite train` writes it
-        calibrate_beside(saved.path, data, context.log.info, saved.val_quality)
+    # budget.json beside each quality head with the default operating point, as `fugu-lite train` writes it
+    point = calibrate_saved(report.saved, data, context.log.info, margin=cfg.cascade.margin, n_boot=cfg.cascade.n_boot,
+                            seed=cfg.seed)
     selected = report.selected_path()
     try:
         cascade = _cascade(context, pipeline, encoder, data, cfg, selection, report, recorded)
@@ -239,6 +240,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
                       "cascade": dg.MetadataValue.path(cascade["cascade"]),
                       "cascade_report": dg.MetadataValue.path(cascade["cascade_report"])} if cascade else {}),
                   "reason": report.reason, "rule": f"{report.rule}: {report.rule_reason}", "protocol": report.protocol,
+                  **({"default_point": point.describe(), "default_point_reason": point.reason} if point else {}),
                   "heads": dg.MetadataValue.md("\n".join(rows)),
                   "seconds": dg.MetadataValue.json(report.seconds)},
         data_version=dg.DataVersion(selected.name),

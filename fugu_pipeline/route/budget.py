@@ -44,6 +44,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fugu_pipeline.route.default_point import DefaultPoint
+
 CALIBRATION_FILE = "budget.json"
 CHARS_PER_TOKEN = 4.0
 DEFAULT_MARGIN_Z = 1.645
@@ -248,6 +250,7 @@ class BudgetCalibration(BaseModel):
     val_reference_cost_usd: float = Field(ge=0, allow_inf_nan=False)  # its mean expected cost on the validation rows (the share's base)
     curve: list[CurvePoint] = Field(min_length=1)
     reference_note: str = ""  # why the reference is not the strongest worker (that one costs nothing)
+    default: DefaultPoint | None = None  # the operating point with no cap asked (route/default_point.py)
 
     @model_validator(mode="after")
     def _consistent(self) -> "BudgetCalibration":

@@ -94,7 +94,8 @@ class CascadeRouter(Router):
         return CascadePlan.model_validate(best["plan"]), {
             "cap": budget.describe(), "validation_cost_usd": best["cost_usd"], "validation_quality": best["quality"]}
 
-    def route_batch(self, prompts, domains=None, *, allowed=None, cost_weight=None, budget=None, cost_texts=None):
+    def route_batch(self, prompts, domains=None, *, allowed=None, cost_weight=None, budget=None, cost_texts=None,
+                    default_point=True):
         if allowed is not None:
             unknown = [w for w in allowed if w not in self.worker_ids]
             if unknown:

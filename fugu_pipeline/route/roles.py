@@ -150,7 +150,7 @@ class OneStepPolicy:
         self.name = f"onestep:{router.checkpoint.manifest.content_hash or Path(router.path).name}"
 
     def distributions(self, steps: list[Step]) -> tuple[np.ndarray, np.ndarray]:
-        decisions = self.router.route_batch([s.prompt for s in steps], [s.domain for s in steps])
+        decisions = self.router.route_batch([s.prompt for s in steps], [s.domain for s in steps], default_point=False)
         pw = np.array([[d.softmax_scores().get(w, 0.0) for w in self.worker_ids] for d in decisions])
         pr = np.zeros((len(steps), len(ROLES)))
         pr[:, ROLES.index("worker")] = 1.0

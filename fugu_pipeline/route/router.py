@@ -262,15 +262,29 @@ class Router:
 
     def budget_scores(self, prompts: list[str], domains: list[str] | None, budget, cost_texts: list[str] | None = None):
         """(scores, operating point, expected cost (N, W)): predicted quality − λ·expected cost / c_ref."""
+        point = self.budget_point(budget)
+        scores, c_hat = self.lambda_scores(prompts, domains, point.lam, cost_texts)
+        return scores, point, c_hat
+
+    def lambda_scores(self, prompts: list[str], domains: list[str] | None, lam: float, cost_texts=None):
+        """(predicted quality − λ·expected cost / c_ref, expected cost (N, W)) with the calibration's cost model."""
         from fugu_pipeline.route.budget import quality_of
 
-        point = self.budget_point(budget)
         feats = self.encoder.encode(prompts, None if domains is None else [d or "general" for d in domains])
         with self._lock:  # the head sees the domains as given (None = unknown: the pooled prior)
             q = quality_of(self.checkpoint.head, feats, domains, kind=self.checkpoint.manifest.head_kind)
         texts = cost_texts if cost_texts is not None else prompts
         c_hat = self.calibration.cost_model.predict(texts, domains)
-        return self.calibration.scores(q, texts, domains, point.lam), point, c_hat
+        return self.calibration.scores(q, texts, domains, lam), c_hat
+
+    @property
+    def default_point(self):
+        """The operating point used when a request asks no cap (`route/default_point.py`, saved in the
+        budget calibration by `fugu-lite train`), or None: the head's plain route."""
+        cal = self.calibration
+        if cal is None or cal.default is None or not hasattr(self.checkpoint.head, "predict_quality"):
+            return None
+        return cal.default
 
     def score_kind(self, cost_weight: float | None = None, budget=None) -> str:
         """What this head's route scores are, for a request with this cost weight or budget."""
@@ -302,11 +316,13 @@ class Router:
         cost_weight: float | None = None,
         budget=None,
         cost_texts: list[str] | None = None,
+        default_point: bool = True,
     ) -> list[RouteDecision]:
         """Route many prompts in one encoder pass. `allowed` restricts the workers (unknown ids
         are an error); `cost_weight` trades quality for cost with a quality head; `budget` (a
         `route.budget.Budget`) routes under a cost cap with λ chosen on validation (`cost_texts`:
-        the text the worker will be billed for, when it is more than the routed prompt)."""
+        the text the worker will be billed for, when it is more than the routed prompt). With neither,
+        the checkpoint's default operating point applies (`default_point`; False: the plain route)."""
         if allowed is not None:
             unknown = [w for w in allowed if w not in self.worker_ids]
             if unknown:
@@ -323,8 +339,11 @@ class Router:
                               param="fugu_cost_weight", code="invalid_value")
         doms = None if domains is None else list(domains)  # None entries: unknown domain
         point, c_hat = None, None
+        dp = self.default_point if default_point and budget is None and cost_weight is None else None
         if budget is not None:
             scores, point, c_hat = self.budget_scores(prompts, doms, budget, cost_texts)
+        elif dp is not None and dp.kind == "lambda":
+            scores, c_hat = self.lambda_scores(prompts, doms, dp.lam, cost_texts)
         else:
             scores = self.scores(prompts, doms, cost_weight)
         if not np.isfinite(scores).all():  # never route (or report) on NaN; the load-time probe makes this rare
@@ -334,12 +353,16 @@ class Router:
         mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         scores = np.where(mask, scores, -np.inf)
         head = self.checkpoint.head
-        kind = self.score_kind(cost_weight, budget)
+        kind = QUALITY_MINUS_COST if dp is not None and dp.kind == "lambda" else self.score_kind(cost_weight, budget)
+        first = self.worker_ids.index(dp.strongest_worker) if dp is not None and dp.kind == "strongest" and \
+            dp.strongest_worker in self.worker_ids and mask[self.worker_ids.index(dp.strongest_worker)] else None
         shown = _softmax(scores) if kind == POLICY_PROBABILITY else scores
         known = set(getattr(head, "domains", None) or ()) if getattr(head, "uses_domains", False) else set()
         out = []
         for k, (row_s, row_shown) in enumerate(zip(scores, shown)):
             order = [int(i) for i in np.argsort(-row_s, kind="stable") if mask[i]]
+            if first is not None:  # the default: always the strongest worker (the others as its fallbacks)
+                order = [first] + [i for i in order if i != first]
             d = RouteDecision(
                 worker_id=self.worker_ids[order[0]],
                 scores={w: float(v) for w, v, ok in zip(self.worker_ids, row_shown, mask) if ok},
@@ -351,6 +374,10 @@ class Router:
                 shown = ", ".join(sorted(known)[:12]) + (" ..." if len(known) > 12 else "")
                 d.extra["domain_note"] = (f"domain {doms[k]!r} is not one this head was trained on ({shown}): routed as an "
                                           "unseen domain (names are matched exactly, case included)")
+            if dp is not None:
+                d.extra["budget"] = {"default": True, "operating_point": dp.describe(), "lambda": dp.lam,
+                                     "strongest_worker": dp.strongest_worker, "reason": dp.reason,
+                                     **({"expected_cost_usd": float(c_hat[k, order[0]])} if c_hat is not None else {})}
             if point is not None:
                 d.extra["budget"] = {"cap": point.budget.describe(), "lambda": point.lam,
                                      "met_on_validation": point.met_on_validation,

@@ -133,11 +133,12 @@ PARSE_THREADS = 2  # request bodies over json_body.INLINE_BYTES are parsed here,
 class Service:
     def __init__(self, source: RouterSource, workers: Workers, *, api_token: str | None, max_body_bytes: int,
                  batch_window_ms: float, max_batch: int, default_budget: Budget | None = None,
-                 max_json_values: int = DEFAULT_MAX_JSON_VALUES):
+                 max_json_values: int = DEFAULT_MAX_JSON_VALUES, default_point: bool = True):
         self.source, self.workers = source, workers
         # a router trained on imported data routes by the data's ids: the worker listing one as an alias answers it
         self.served_id = {a: w.id for w in workers.config.workers for a in (*w.aliases, w.id)}
         self.default_budget = default_budget
+        self.default_point = default_point  # no cap asked: the checkpoint's default operating point (route/default_point.py)
         self.api_token = api_token or None
         self.max_body_bytes, self.max_json_values = max_body_bytes, max_json_values
         self.parser = concurrent.futures.ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="fugu-parse")
@@ -241,7 +242,8 @@ class Service:
         budget = req.budget or (self.default_budget if req.cost_weight is None else None)
         try:
             return await self.batcher.route(RouteRequest(req.text, req.domain, req.allowed, req.cost_weight, budget,
-                                                         req.billed_text if budget is not None else None))
+                                                         req.billed_text if budget is not None else None,
+                                                         self.default_point))
         except BudgetUnavailable as exc:  # the client's message names the checkpoint by tag, never by path
             said = self.said(exc)
             if req.budget is None:  # the server's own default cap (a checkpoint reloaded since start cannot honour it)
@@ -368,6 +370,7 @@ def create_app(
     max_batch: int = DEFAULT_MAX_BATCH,
     worker_attempts: int | None = 1,
     default_budget: Budget | None = None,
+    default_point: bool = True,
     roles=None,
     absent: str | None = None,
     max_json_values: int = DEFAULT_MAX_JSON_VALUES,
@@ -399,7 +402,7 @@ def create_app(
         router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
     svc = Service(source, Workers(config, worker_attempts, auth_cooldown_s), api_token=api_token,
                   max_body_bytes=max_body_bytes, batch_window_ms=batch_window_ms, max_batch=max_batch,
-                  default_budget=default_budget, max_json_values=max_json_values)
+                  default_budget=default_budget, max_json_values=max_json_values, default_point=default_point)
 
     hosts = HostPolicy(bind_host, allowed_hosts)
 

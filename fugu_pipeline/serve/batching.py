@@ -36,6 +36,7 @@ class RouteRequest:
     cost_weight: float | None = None
     budget: Budget | None = None  # a cost cap (route/budget.py)
     billed_text: str | None = None  # what the worker is billed for, when more than `text` (the budget's cost)
+    default_point: bool = True  # with no cap: the checkpoint's default operating point (False: the plain route)
 
 
 RouteFn = Callable[[list[RouteRequest]], list["RouteDecision | Exception"]]
@@ -48,18 +49,20 @@ def route_grouped(router: Router, requests: list[RouteRequest]) -> list[RouteDec
     the error reaches only the request(s) that cause it."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(requests):
-        groups.setdefault((r.allowed, r.cost_weight, r.budget), []).append(i)
+        groups.setdefault((r.allowed, r.cost_weight, r.budget, r.default_point), []).append(i)
     out: list[RouteDecision | Exception] = [RouterError("not routed")] * len(requests)
 
-    def call(rows: list[int], allowed, cost_weight, budget) -> list[RouteDecision]:
+    def call(rows: list[int], allowed, cost_weight, budget, default_point) -> list[RouteDecision]:
         kw = {} if budget is None else {"budget": budget, "cost_texts": [requests[i].billed_text or requests[i].text
                                                                           for i in rows]}
+        if not default_point:
+            kw["default_point"] = False
         return router.route_batch([requests[i].text for i in rows], [requests[i].domain for i in rows],
                                   allowed=list(allowed) if allowed is not None else None, cost_weight=cost_weight, **kw)
 
-    for (allowed, cost_weight, budget), rows in groups.items():
+    for (allowed, cost_weight, budget, default_point), rows in groups.items():
         try:
-            decisions: list = call(rows, allowed, cost_weight, budget)
+            decisions: list = call(rows, allowed, cost_weight, budget, default_point)
         except RouterError as exc:
             decisions = [exc] * len(rows)
         except Exception as exc:
@@ -69,7 +72,7 @@ def route_grouped(router: Router, requests: list[RouteRequest]) -> list[RouteDec
                 decisions = []
                 for i in rows:
                     try:
-                        decisions += call([i], allowed, cost_weight, budget)
+                        decisions += call([i], allowed, cost_weight, budget, default_point)
                     except Exception as alone:
                         decisions.append(alone)
         for i, d in zip(rows, decisions):

@@ -143,6 +143,7 @@ def serve(
     dtype: str = "auto",
     log_level: str = "info",
     default_budget=None,
+    default_point: bool = True,
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
     max_json_values: int = DEFAULT_MAX_JSON_VALUES,
     allowed_hosts: tuple[str, ...] = (),
@@ -182,7 +183,7 @@ def serve(
         raise RouterError("--budget-*: a default cap applies to one-step routing, and this server has no one-step router")
     app = create_app(provider, workers_config_path, api_token=token, max_body_bytes=max_body_bytes,
                      batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts,
-                     default_budget=default_budget, roles=roles, absent=absent, max_json_values=max_json_values,
+                     default_budget=default_budget, default_point=default_point, roles=roles, absent=absent, max_json_values=max_json_values,
                      bind_host=host, allowed_hosts=allowed_hosts, auth_cooldown_s=auth_cooldown_s)
     sock = bind(host, port)  # before the server is announced: a taken port is said, and nothing is served
     port = sock.getsockname()[1]
@@ -195,6 +196,8 @@ def serve(
         log.info("fugu-lite serving %s (%s) on http://%s:%d/v1", checkpoint_tag(router), router.path, host, port)
         log.info("%s; torch threads %d; auth %s; answers the host names %s", router.encoder.describe(),
                  torch.get_num_threads(), "bearer token" if token else "none", hosts)
+    if default_budget is None and router is not None and default_point and getattr(router, "default_point", None):
+        log.info("requests without a cap: %s; %s", router.default_point.describe(), router.default_point.reason)
     if default_budget is not None:
         p = router.budget_point(default_budget)
         log.info("default %s: λ=%.4g chosen on validation (validation share %.4f of %s%s)", default_budget.describe(),

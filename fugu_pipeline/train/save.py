@@ -30,6 +30,10 @@ class SavedHead:
     # out-of-fold quality on the validation rows (the head is refitted on them, so its own
     # predictions there are in-sample): what its budget calibration is drawn on; None: use the head's
     val_quality: np.ndarray | None = None
+    # out-of-fold quality over every non-test row (in order) and each row's fold: what the default
+    # operating point (route/default_point.py) is chosen on; None where the head predicts none
+    oof_quality: np.ndarray | None = None
+    oof_folds: np.ndarray | None = None
 
 
 def selection_block(report) -> dict[str, Any]:
@@ -66,6 +70,7 @@ def save_fitted(data: RoutingData, fd, report, fitted: dict[str, Any], ens_head,
     block = selection_block(report)
     saved = []
     is_val = data.splits[fd.rows] == "val"  # the validation rows among the non-test rows fd holds
+    folds = _folds(data, fd, cfg)
     jobs = [(kind, name) for kind, name in report.best_per_kind.items()]
     if ens_head is not None:
         jobs.append(("ensemble", "ensemble"))
@@ -100,11 +105,22 @@ def save_fitted(data: RoutingData, fd, report, fitted: dict[str, Any], ens_head,
                 "metrics": metrics, "curves": {"val_utility": curve}, "wall_s": round(time.perf_counter() - t0, 3),
             })
             val_quality = None if oof is None else np.asarray(oof)[is_val]
+            oof_all = None if oof is None else np.asarray(oof)
         else:  # an SFT TrainResult: its own metrics (val_utility on the val split it stopped on) plus the selection
-            val_quality = None  # fitted on train only: its own predictions on val are out of sample
+            val_quality = oof_all = None  # fitted on train only: its own predictions on val are out of sample
             head.metrics.update({"validation": figures, "selected": selected, "selection": block, **extra})
             head.config = {**head.config, "selection": training_config}
             path = head.save(models_dir)
         saved.append(SavedHead(kind=kind, name=training_config["name"], path=path, figures=figures, selected=selected,
-                               val_quality=val_quality))
+                               val_quality=val_quality, oof_quality=oof_all, oof_folds=folds))
     return saved
+
+
+def _folds(data: RoutingData, fd, cfg: TrainSetConfig) -> np.ndarray:
+    """Each non-test row's fold, as `fit.select_heads` made them (hash folds, or one per domain)."""
+    if cfg.objective == "lodo":
+        doms = sorted(set(fd.domains.tolist()))
+        return np.array([doms.index(d) for d in fd.domains])
+    from fugu_pipeline.train.selection import fold_ids
+
+    return fold_ids([data.task_ids[i] for i in fd.rows], cfg.folds, cfg.seed)

@@ -1,0 +1,183 @@
+"""The cost-aware default of a one-shot router (`route/default_point.py`): on a matrix without
+replies, with quality-only weights and recorded costs, `fugu-lite train` saves the cheapest
+λ-routing not significantly below always the strongest worker out of fold (or the strongest alone,
+with the reason) in `budget.json`; `route`, `serve` and `evaluate` use it when no cap is asked, an
+explicit cap overrides it, `--no-default-budget` turns it off."""
+
+import contextlib
+import io
+import json
+import random
+
+import numpy as np
+import pytest
+
+from fugu_pipeline.cli import main
+from fugu_pipeline.route.budget import LAMBDAS
+from fugu_pipeline.route.default_point import choose_default
+
+WORKERS = ["c", "b", "a"]  # c the strongest (and the dearest; first, so a tie of predicted quality goes to it), a cheap
+PRICE = [5e-6, 1e-6, 0.2e-6]  # USD per prompt token
+HARD = ("integral", "prove")
+
+
+def rows(n: int = 300) -> list[dict]:
+    """The cheap worker `a` is right wherever the strongest `c` is, except on math prompts with a hard
+    word: the prompt's domain and words tell which rows."""
+    rng = random.Random(0)
+    words = "solve compute matrix python list derivative train hours value sum table graph".split()
+    out = []
+    for i in range(n):
+        d = ("math", "code", "chat")[i % 3]
+        q = " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))
+        if d == "math" and rng.random() < 0.5:
+            q += f" {rng.choice(HARD)} {rng.choice(HARD)}"
+        hard = any(h in q for h in HARD)
+        quality = [1.0, 0.0 if hard else 1.0, 0.0 if hard or d == "math" else 1.0]
+        tokens = -(-len(q) // 4)
+        out.append({"task_id": f"t{i:03d}", "prompt": q, "domain": d, "worker_ids": WORKERS, "quality": quality,
+                    "split": ("train", "train", "train", "val", "test")[i % 5], "cost_usd": [tokens * p for p in PRICE]})
+    return out
+
+
+def run(*argv) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(list(argv))
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    work = tmp_path_factory.mktemp("oneshot_default")
+    (work / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()))
+    (work / "w.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
+    (work / "train.yaml").write_text("features: {layer_sets: \"off\", prompt_rules: \"off\", lexical: false}\n"
+                                     "heads:\n  knn: {k: [10, 30], prior_weight: [0], same_domain_bonus: [0], "
+                                     "temperature: [null], prior_m: 20}\n")
+    common = ["--data", str(work / "r.jsonl"), "--workers", str(work / "w.yaml"), "--device", "cpu",
+              "--cache-dir", str(work / "emb"), "--work-dir", str(work / "imports")]
+    code, out = run("train", *common, "--encoder", "tiny", "--config", str(work / "train.yaml"),
+                    "--output", str(work / "models"))
+    assert code == 0, out
+    return work, out.strip().splitlines()[-1], common, out
+
+
+def test_a_cheap_worker_as_good_on_most_rows_is_the_default(trained):
+    """(a) quality-only weights, no replies: the default is a λ-routing that does not send
+    everything to the strongest worker, costs well under it and is not significantly below it out of fold."""
+    work, ckpt, _, out = trained
+    cal = json.loads((work / ckpt / "budget.json").read_text())
+    dp = cal["default"]
+    assert dp["kind"] == "lambda" and dp["strongest_worker"] == "c", dp
+    assert dp["oof_cost_usd"] < 0.5 * dp["strongest_cost_usd"]
+    assert dp["difference"][2] >= 0 and dp["difference"][0] >= -0.005
+    assert "is the cheapest policy not significantly below always the strongest worker (c)" in dp["reason"]
+    assert f"reason: {dp['reason']}" in out
+
+
+def test_route_uses_the_default_and_a_cap_overrides_it(trained):
+    """(d) `route` with no cap routes by the default point; an explicit cap and --no-default-budget override it."""
+    work, ckpt, common, _ = trained
+    easy = "solve compute matrix python list sum value"
+    code, out = run("route", "--checkpoint", ckpt, "--prompt", easy, "--domain", "code", "--device", "cpu")
+    got = json.loads(out)
+    assert code == 0 and got["worker"] != "c" and got["budget"]["default"] is True, got
+    assert got["score_kind"] == "predicted_quality_minus_cost"
+    code, out = run("route", "--checkpoint", ckpt, "--prompt", easy, "--domain", "code", "--device", "cpu",
+                    "--no-default-budget")
+    assert code == 0 and "budget" not in json.loads(out)
+    code, out = run("route", "--checkpoint", ckpt, "--prompt", easy, "--domain", "code", "--device", "cpu",
+                    "--budget-share", "2")
+    got = json.loads(out)
+    assert code == 0 and "default" not in got["budget"] and got["budget"]["cap"].startswith("cap 200%"), got
+    # the held-out report says which point it used and compares it with the strongest worker
+    code, out = run("evaluate", "--checkpoint", ckpt, *common)
+    assert code == 0 and "operating point used (no cap asked): the default operating point (λ = " in out
+    rep = json.loads((work / ckpt / "reports" / "test.json").read_text())
+    sec = rep["default_point"]
+    assert sec["strongest_worker"] == "c" and sec["expected_share_of_strongest"] < 0.5
+    assert sec["minus_strongest"]["high"] >= 0
+    # on other data (a report-only calibration) the point reported is still the one the checkpoint routes by
+    (work / "other.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()[:-12]))
+    other = [a if a != str(work / "r.jsonl") else str(work / "other.jsonl") for a in common]
+    code, out = run("evaluate", "--checkpoint", ckpt, *other, "--output", str(work / "o.json"))
+    assert code == 0 and json.loads((work / "o.json").read_text())["default_point"]["lambda"] == sec["lambda"]
+
+
+def test_serve_uses_the_default_and_a_request_cap_overrides_it(trained):
+    """(d) `serve`: a request without a cap gets the default point, `fugu_budget` overrides it, and a
+    server started with default_point=False serves the plain route."""
+    from starlette.testclient import TestClient
+
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.serve.app import create_app
+
+    work, ckpt, _, _ = trained
+    (work / "workers.yaml").write_text("workers:\n" + "".join(
+        f"  - {{id: {w}, kind: mock}}\n" for w in WORKERS))
+    msg = [{"role": "user", "content": "solve compute matrix python list sum value"}]
+    for default_point in (True, False):
+        router = Router.load(ckpt, device="cpu")
+        with TestClient(create_app(router, work / "workers.yaml", **({} if default_point else {"default_point": False})),
+                        base_url="http://127.0.0.1") as tc:
+            info = tc.post("/v1/chat/completions", json={"messages": msg, "domain": "code"}).json()["fugu_lite"]
+            if default_point:
+                assert info["budget"]["default"] is True and info["chosen_worker"] != "c", info
+            else:
+                assert "budget" not in info, info
+            info = tc.post("/v1/chat/completions", json={"messages": msg, "domain": "code",
+                                                         "fugu_budget": {"share": 2}}).json()["fugu_lite"]
+            assert "default" not in info["budget"] and info["budget"]["cap"].startswith("cap 200%"), info
+        router.close()
+
+
+def _synthetic(n=400, seed=0, signal=True, head_worse=False):
+    """OOF predictions, quality and expected cost over n rows of 2 workers (0 cheap, 1 strong)."""
+    rng = np.random.default_rng(seed)
+    hard = rng.random(n) < 0.3
+    strong = (rng.random(n) < 0.9).astype(float)
+    cheap = np.where(hard, 0.0, strong)  # as good as the strongest wherever the row is easy
+    quality = np.stack([cheap, strong], axis=1)
+    noise = rng.normal(0, 0.01, (n, 2))
+    if head_worse:  # the plain head sends the hard rows to the cheap worker
+        q_oof = np.stack([np.where(hard, 0.95, 0.85), np.full(n, 0.9)], axis=1) + noise
+    elif signal:
+        q_oof = np.stack([np.where(hard, 0.1, 0.9), np.full(n, 0.9)], axis=1) + noise
+    else:  # a head that cannot tell the rows apart: the same prediction for every row
+        q_oof = np.stack([np.full(n, 0.85), np.full(n, 0.9)], axis=1)
+    c_hat = np.tile([0.1e-3, 1e-3], (n, 1))
+    folds = np.arange(n) % 5
+    return q_oof, quality, c_hat, folds
+
+
+def test_a_head_with_no_signal_ships_the_strongest_with_the_reason():
+    """(b) every λ that saves anything is significantly below the strongest: the strongest alone."""
+    q_oof, quality, c_hat, folds = _synthetic(signal=False)
+    p = choose_default(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS)
+    assert p.kind == "strongest" and p.strongest_worker == "strong" and p.lam is None
+    assert p.reason.startswith("no cheaper policy is within 0.5 point of always the strongest worker (strong")
+    good = choose_default(*_synthetic(signal=True)[:3], 1e-3, folds, ["cheap", "strong"], LAMBDAS)
+    assert good.kind == "lambda" and good.oof_cost_usd < 0.5 * good.strongest_cost_usd  # the same rows with a signal
+
+
+def test_a_plain_head_significantly_below_the_strongest_ships_the_strongest():
+    """(c) the plain head (λ = 0) is already significantly below the strongest: the strongest alone."""
+    q_oof, quality, c_hat, folds = _synthetic(head_worse=True)
+    p = choose_default(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS)
+    assert p.kind == "strongest" and p.strongest_worker == "strong"
+    assert p.reason.startswith("the plain head (λ = 0) is significantly below always the strongest worker (strong)")
+    assert p.difference == (0.0, 0.0, 0.0)
+
+
+def test_at_equal_costs_a_more_accurate_head_is_kept():
+    """Every worker costs the same: nothing is cheaper than the strongest, and the plain head, more
+    accurate at the same cost, stays the default (not the strongest alone)."""
+    rng = np.random.default_rng(0)
+    n = 400
+    g = rng.random(n) < 0.3  # rows where only the other worker is right
+    quality = np.stack([g.astype(float), (~g).astype(float)], axis=1)
+    q_oof = np.stack([np.where(g, 0.9, 0.1), np.where(g, 0.1, 0.9)], axis=1) + rng.normal(0, 0.01, (n, 2))
+    p = choose_default(q_oof, quality, np.full((n, 2), 1e-3), 1e-3, np.arange(n) % 5, ["other", "strong"], LAMBDAS)
+    assert p.kind == "lambda" and p.lam == 0.0 and p.difference[1] > 0
+    assert "costs no more than always the strongest worker (strong) and is more accurate" in p.reason
