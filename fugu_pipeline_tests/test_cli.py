@@ -28,6 +28,8 @@ def test_generate_train_evaluate_route(workdir, capsys):
     assert main(["generate", "--workers", "configs/workers.mock.yaml", "--tasks", tasks, "--output", "r.jsonl", "--resume"]) == 0
     rows = [json.loads(x) for x in (workdir / "r.jsonl").read_text().splitlines()]
     assert len(rows) == 300 and rows[0]["worker_ids"] == ["math-expert", "code-expert", "general-expert"]
+    # each worker's reply is kept beside its quality, so the file can train a cascade too
+    assert all(len(r["answers"]) == 3 and all(isinstance(a, str) and a for a in r["answers"]) for r in rows)
     capsys.readouterr()
 
     # the rows carry quality: the utility needs the weights of a reward: block, never silent defaults

@@ -32,7 +32,6 @@ def cmd_generate(args) -> int:
 
     from fugu_pipeline.collect.partition import collect_partition
     from fugu_pipeline.collect.store import ResponseStore
-    from fugu_pipeline.matrix.import_format import RewardRow
     from fugu_pipeline.matrix.importers import write_reward_jsonl
     from fugu_pipeline.matrix.read import signal_health
     from fugu_pipeline.tasks.loading import load_tasks
@@ -76,18 +75,7 @@ def cmd_generate(args) -> int:
         return 130
     bar.close()
     ledger.close()
-    rows = []
-    recs = {w: store.read(batch, w) for w in config.worker_ids}
-    for t in tasks[:n]:
-        cells = [recs[w].get(t.task_id) for w in config.worker_ids]
-        if any(c is None or c.status != "ok" for c in cells):
-            continue
-        q = [c.quality for c in cells]
-        cost = [c.cost_usd + c.judge_cost_usd for c in cells]
-        lat = [c.latency_s for c in cells]
-        rows.append(RewardRow(task_id=t.task_id, prompt=t.prompt, domain=t.domain, split=t.split,
-                              worker_ids=config.worker_ids, quality=q, cost_usd=cost, latency_s=lat,
-                              rewards=[config.reward.utility(a, b, c) for a, b, c in zip(q, cost, lat)]))
+    rows = reward_rows(tasks[:n], {w: store.read(batch, w) for w in config.worker_ids}, config)
     if not rows:
         raise CLIError("no task has an answer from every worker yet; run again with --resume")
     write_reward_jsonl(rows, out)
@@ -186,3 +174,25 @@ def cmd_convert(args) -> int:
     from fugu_pipeline.tasks.converters import run
 
     return run(args)
+
+
+def reward_rows(tasks, recs: dict, config) -> list:
+    """One reward-import row per task that every worker answered (`recs`: worker -> task id -> its
+    call record), with quality, cost (the call's and its judge's), latency, the utility of the
+    config's weights and each worker's reply, so the file trains cascades too."""
+    from fugu_pipeline.matrix.import_format import RewardRow
+    from fugu_pipeline.tasks.final_answer import kind_for_grader
+
+    rows = []
+    for t in tasks:
+        cells = [recs[w].get(t.task_id) for w in config.worker_ids]
+        if any(c is None or c.status != "ok" for c in cells):
+            continue
+        q = [c.quality for c in cells]
+        cost = [c.cost_usd + c.judge_cost_usd for c in cells]
+        lat = [c.latency_s for c in cells]
+        rows.append(RewardRow(task_id=t.task_id, prompt=t.prompt, domain=t.domain, split=t.split,
+                              worker_ids=config.worker_ids, quality=q, cost_usd=cost, latency_s=lat,
+                              rewards=[config.reward.utility(a, b, c) for a, b, c in zip(q, cost, lat)],
+                              answers=[c.answer for c in cells], answer_kind=kind_for_grader(t.grader.type)))
+    return rows

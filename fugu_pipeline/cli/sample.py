@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from fugu_pipeline.cli.common import CLIError
+from fugu_pipeline.cli.data import reward_rows
 
 FILES = ("routing.jsonl", "workers.yaml", "scores.csv", "calls.csv")
 
@@ -30,8 +31,7 @@ def cmd_sample_data(args) -> int:
     from fugu_pipeline.collect.partition import collect_partition
     from fugu_pipeline.collect.store import ResponseStore
     from fugu_pipeline.ledger import CostLedger
-    from fugu_pipeline.matrix.import_format import RewardRow, write_reward_jsonl
-    from fugu_pipeline.tasks.final_answer import kind_for_grader
+    from fugu_pipeline.matrix.import_format import write_reward_jsonl
     from fugu_pipeline.tasks.loading import load_tasks
     from fugu_pipeline.workers.config import load_workers_config
 
@@ -58,18 +58,7 @@ def cmd_sample_data(args) -> int:
             asyncio.run(collect_partition(tasks, "sample", w, config, store, ledger=ledger))
         ledger.close()
         recs = {w: store.read("sample", w) for w in config.worker_ids}
-    rows = []
-    for t in tasks:
-        cells = [recs[w].get(t.task_id) for w in config.worker_ids]
-        if any(c is None or c.status != "ok" for c in cells):
-            continue
-        q = [c.quality for c in cells]
-        cost = [c.cost_usd + c.judge_cost_usd for c in cells]
-        lat = [c.latency_s for c in cells]
-        rows.append(RewardRow(task_id=t.task_id, prompt=t.prompt, domain=t.domain, split=t.split,
-                              worker_ids=config.worker_ids, quality=q, cost_usd=cost, latency_s=lat,
-                              rewards=[config.reward.utility(a, b, c) for a, b, c in zip(q, cost, lat)],
-                              answers=[c.answer for c in cells], answer_kind=kind_for_grader(t.grader.type)))
+    rows = reward_rows(tasks, recs, config)
     if not rows:
         raise CLIError(f"--tasks {args.tasks}: no task got an answer from every mock worker; nothing was written")
     out.mkdir(parents=True, exist_ok=True)
