@@ -48,25 +48,18 @@ def interval(values: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, flo
     return float(v.mean()), float(lo), float(hi)
 
 
-def ladder_fold(grid, tr: np.ndarray, te: np.ndarray, search_cfg, allowed, shares, ref_cost: float):
+def ladder_fold(grid, tr: np.ndarray, te: np.ndarray, search_cfg, allowed, shares, ref_cost: float,
+                memo: dict | None = None):
     """{share: (quality, expected cost) per row of `te`, or None where no plan fits the share}: the
-    most accurate plan within each share of `ref_cost` on `tr` (ties: the cheaper), run on `te`."""
-    from fugu_pipeline.train.cascade_search import candidate_plans
+    most accurate plan within each share of `ref_cost` on `tr` (ties: the cheaper), run on `te`.
+    `memo`: the fold's plans as the frontier ran them (`cascade_frontier.plan_points`)."""
+    from fugu_pipeline.train.cascade_frontier import best_within, plan_points
 
-    best: dict[float, tuple] = {}
-    for plan in candidate_plans(grid, tr, search_cfg, allowed):
-        q, c, _ = grid.run(plan, tr)
-        mq, mc = float(q.mean()), float(c.mean())
-        for s in shares:
-            if mc <= s * ref_cost * (1 + 1e-9) and (s not in best or (mq, -mc) > best[s][0]):
-                best[s] = ((mq, -mc), plan)
+    pts = plan_points(grid, tr, search_cfg, allowed, memo)
     out = {}
     for s in shares:
-        if s in best:
-            q, c, _ = grid.run(best[s][1], te)
-            out[s] = (q, c)
-        else:
-            out[s] = None
+        best = best_within(pts, s * ref_cost)
+        out[s] = None if best is None else grid.run(best[2], te)[:2]
     return out
 
 

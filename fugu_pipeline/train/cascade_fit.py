@@ -229,6 +229,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                   for k in ("cascade", "one-shot") if k == "cascade" or heads}
     missing: set[str] = set()
     first_head = next(iter(heads or {}), None)
+    memo: dict = {}  # each fold's plans, run once for the ladder and the frontier
     for f in np.unique(folds):
         tr, te = rows[folds != f], rows[folds == f]
         at, tr_at = np.flatnonzero(folds == f), np.flatnonzero(folds != f)
@@ -236,7 +237,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         top = usable[int(np.argmax(g.quality[tr][:, usable].mean(axis=0)))]
         q, c, u = g.run(_alone(data.worker_ids[top]), te)
         oof[STRONGEST][at], cost_of[STRONGEST][at], qual_of[STRONGEST][at] = (u if mode == "utility" else q), c, q
-        ladder = ladder_fold(g, tr, te, cfg.search, allowed, sorted(set(shares) | set(TABLE_SHARES)), g.exp_cost[top])
+        ladder = ladder_fold(g, tr, te, cfg.search, allowed, sorted(set(shares) | set(TABLE_SHARES)), g.exp_cost[top],
+                             memo)
         for s, got in ladder.items():
             if s in TABLE_SHARES:
                 _put(table_rows, f"cascade@{s}", at, got, missing)
@@ -268,7 +270,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                     got = capped_one_shot(s, data.quality[rows], g.exp_cost, tr_at, at, share * g.exp_cost[top],
                                           g.exp_cost[top])
                     _put(table_rows, f"one-shot@{share}", at, got, missing)
-    frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed)  # what each cap buys, out of fold
+    frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed, memo=memo)  # what each cap buys, out of fold
     g_all = grid_for(rows)
     top_all = usable[int(np.argmax(data.quality[rows][:, usable].mean(axis=0)))]
     ref = g_all.exp_cost[int(np.argmax(data.quality[rows].mean(axis=0)))]

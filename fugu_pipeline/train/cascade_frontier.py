@@ -19,15 +19,24 @@ from fugu_pipeline.train.cascade_search import CascadeSearch, candidate_plans, s
 SHARES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.33, 0.4, 0.5, 0.6, 0.75, 1.0)
 
 
-def _points(grid, rows, cfg, allowed):
+def plan_points(grid, rows, cfg, allowed, memo: dict | None = None) -> list[tuple[float, float, object]]:
+    """(mean expected cost, mean quality, plan) of every plan the search holds, run on `rows`. `memo`
+    keeps them by the rows: the cost-aware choice and the frontier search the same folds with the
+    same grid (one `fit_cascade`), so each fold's plans run once."""
+    key = np.asarray(rows).tobytes()
+    if memo is not None and key in memo:
+        return memo[key]
     out = []
     for plan in candidate_plans(grid, rows, cfg, allowed):
         q, c, _ = grid.run(plan, rows)
         out.append((float(c.mean()), float(q.mean()), plan))
+    if memo is not None:
+        memo[key] = out
     return out
 
 
-def _best_within(points, cap: float):
+def best_within(points, cap: float):
+    """The most accurate point whose cost is within `cap` (ties: the cheaper, then the first), or None."""
     within = [p for p in points if p[0] <= cap * (1 + 1e-9)]
     return max(within, key=lambda p: (p[1], -p[0])) if within else None
 
@@ -48,11 +57,12 @@ def non_dominated(points: list[dict]) -> list[dict]:
 
 
 def oof_frontier(grid_for, rows: np.ndarray, folds: np.ndarray, cfg: CascadeSearch, allowed=None,
-                 shares=SHARES, per_row: bool = False) -> dict:
+                 shares=SHARES, per_row: bool = False, memo: dict | None = None) -> dict:
     """{"levels": one point per cap met by every fold, "frontier": the non-dominated ones, "plans":
     the plans searched per fold} (see the module docstring). `grid_for(fit_rows)` gives the search
     grid with expected costs from those rows; `folds` the fold of each of `rows`. `per_row`: also
-    each level's out-of-fold quality and cost per row of `rows` (`per_row`: {share: (quality, cost)})."""
+    each level's out-of-fold quality and cost per row of `rows` (`per_row`: {share: (quality, cost)}).
+    `memo`: see `plan_points`."""
     n = len(rows)
     qual = {s: np.zeros(n) for s in shares}
     cost = {s: np.zeros(n) for s in shares}
@@ -61,11 +71,11 @@ def oof_frontier(grid_for, rows: np.ndarray, folds: np.ndarray, cfg: CascadeSear
     for f in np.unique(folds):
         tr, te, at = rows[folds != f], rows[folds == f], np.flatnonzero(folds == f)
         g = grid_for(tr)
-        pts = _points(g, tr, cfg, allowed)
+        pts = plan_points(g, tr, cfg, allowed, memo)
         considered = max(considered, len(pts))
         ref = g.exp_cost[strongest(g, tr)]
         for s in shares:
-            best = _best_within(pts, s * ref) if met[s] else None
+            best = best_within(pts, s * ref) if met[s] else None
             if best is None:
                 met[s] = False
                 continue
@@ -73,12 +83,12 @@ def oof_frontier(grid_for, rows: np.ndarray, folds: np.ndarray, cfg: CascadeSear
             qual[s][at], cost[s][at] = q, c
     g_all = grid_for(rows)
     ref_all = g_all.exp_cost[strongest(g_all, rows)]
-    pts_all = _points(g_all, rows, cfg, allowed)
+    pts_all = plan_points(g_all, rows, cfg, allowed)
     levels = []
     for s in shares:
         if not met[s]:
             continue
-        chosen = _best_within(pts_all, s * ref_all)
+        chosen = best_within(pts_all, s * ref_all)
         levels.append({"share": s, "cap_usd": float(s * ref_all), "quality": float(qual[s].mean()),
                        "cost_usd": float(cost[s].mean()), "cost_share": float(cost[s].mean() / max(ref_all, 1e-300)),
                        "plan": chosen[2].describe() if chosen else None,
