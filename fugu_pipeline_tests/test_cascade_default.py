@@ -140,3 +140,24 @@ def test_the_saved_cascade_records_the_validation_figure_of_the_policy_it_holds(
     fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
     manifest = json.loads((save_cascade(tmp_path, data, fit, inputs.answer.shape[2]) / "manifest.json").read_text())
     assert manifest["metrics"]["val_utility"] == _fig(fit, fit.selected).mean  # what the contest compares
+
+
+def test_each_folds_plans_are_run_once_for_the_choice_and_the_frontier(monkeypatch):
+    """The cost-aware choice and the frontier search the same folds with the same grid: a fold's
+    plans are listed and run once, not once for each (the search's time is most of `train`'s)."""
+    from fugu_pipeline.train import cascade_frontier, cascade_search
+
+    seen: list[tuple[int, bytes]] = []
+    real = cascade_search.candidate_plans
+
+    def counted(grid, rows, cfg, allowed=None):
+        seen.append((len(rows), np.asarray(rows).tobytes()))
+        return real(grid, rows, cfg, allowed)
+
+    monkeypatch.setattr(cascade_search, "candidate_plans", counted)
+    monkeypatch.setattr(cascade_frontier, "candidate_plans", counted)
+    data, grid, inputs = cascade_fixture.agreeing(n=300)
+    fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=200), log=quiet)
+    n_fit = max(n for n, _ in seen)  # every non-test row: the final search and the frontier's named plans
+    folds = [key for n, key in seen if n < n_fit]
+    assert len(folds) >= 5 and len(folds) == len(set(folds)), f"{len(folds)} fold searches over {len(set(folds))} folds"
