@@ -14,15 +14,15 @@ import shutil
 import warnings
 
 import pytest
-import torch
 import yaml
 
-from fugu_pipeline.evaluate.roles_project import open_run, roles_encoder_settings, train_coordinator
+from fugu_pipeline.evaluate.roles_project import open_run, train_coordinator
 from fugu_pipeline.tasks.schema import Task
 from fugu_pipeline.testing.roles_batch import roles_batch, write_roles_batch
 from fugu_pipeline.testing.stub_llm import StubLLMServer
 from fugu_pipeline.train.roles import RolesConfig
 from fugu_pipeline.workers.config import WorkersConfig
+from fugu_pipeline_tests import roles_fixtures
 
 from .conftest import REPO
 
@@ -52,14 +52,7 @@ def stub():
         yield s
 
 
-@pytest.fixture(scope="module")
-def encoder():
-    from fugu_pipeline.features.encoder import Encoder
-
-    torch.set_num_threads(1)
-    enc = Encoder.load(roles_encoder_settings("tiny", 256, device="cpu", dtype="float32"))
-    yield enc
-    enc.close()
+encoder = roles_fixtures.encoder  # the tiny encoder as the coordinator reads transcripts, once per file
 
 
 @pytest.fixture(scope="module")
