@@ -237,7 +237,8 @@ def main() -> int:
     if not args.routing.is_dir():
         print(f"{args.routing} not found: pass the routing data folder (a folder holding routellm_evals/ (RouteLLM's routellm/evals) and llmrouter_ulab/ (LLMRouter's dcrouter files))", file=sys.stderr)
         return 2
-    from fugu_pipeline.train.configs import TrainSetConfig, load_config
+    from fugu_pipeline.train.configs import TrainSetConfig
+    from fugu_pipeline.config_files import load_config
     from fugu_pipeline.train.feature_choice import choose_variant
 
     base = load_config(args.config, TrainSetConfig) if Path(args.config).exists() else TrainSetConfig()

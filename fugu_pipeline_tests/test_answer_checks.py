@@ -115,7 +115,7 @@ def test_the_verifier_tells_a_wrong_calculation_from_a_right_one():
 
 @pytest.mark.slow  # builds a checkpoint with the tiny encoder
 def test_a_saved_cascade_records_its_statistics_and_an_older_one_reads_the_first_ten(tmp_path):
-    from fugu_pipeline.route.cascade import load_router
+    from fugu_pipeline.policies.registry import load_router
     from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint
     from fugu_pipeline.train.cascade_head import CascadeHead
     from fugu_pipeline.train.checkpoints import load_checkpoint

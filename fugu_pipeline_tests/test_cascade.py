@@ -19,7 +19,7 @@ from fugu_pipeline.tasks.loading import TaskFileError
 from fugu_pipeline.train.cascade_config import CascadeConfig
 from fugu_pipeline.train.cascade_fit import BEST_WORKER, fit_cascade
 from fugu_pipeline.train.cascade_policy import CascadePlan, CascadeStep, answer_codes, decide, simulate
-from fugu_pipeline.train.cascade_choice import STRONGEST
+from fugu_pipeline.train.selection import STRONGEST
 from fugu_pipeline.train.cascade_search import Cap, CascadeSearch
 from fugu_pipeline_tests import cascade_fixture
 

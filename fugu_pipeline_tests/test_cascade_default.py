@@ -5,7 +5,7 @@ cheaper qualifies, when too few rows carry replies, or when no plan meets a cap;
 
 import numpy as np
 
-from fugu_pipeline.train.cascade_choice import STRONGEST
+from fugu_pipeline.train.selection import STRONGEST
 from fugu_pipeline.train.cascade_config import CascadeConfig
 from fugu_pipeline.train.cascade_fit import fit_cascade
 from fugu_pipeline.train.cascade_search import Cap, CascadeSearch

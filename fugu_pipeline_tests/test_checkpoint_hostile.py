@@ -318,7 +318,7 @@ def _point(models: Path, checkpoint: str, **extra) -> Path:
 
 
 def _promoted_error(models: Path, *words: str) -> str:
-    from fugu_pipeline.route.promoted import load_promoted
+    from fugu_pipeline.policies.registry import load_promoted
     from fugu_pipeline.route.router import RouterError
 
     with pytest.raises(RouterError) as e:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from fugu_pipeline.evaluate.cascade_contest import AnswerSource
-from fugu_pipeline.evaluate.promotion import load_policy, promote_best
+from fugu_pipeline.evaluate.promotion import load_policy
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.features.routing_data import RoutingData
 from fugu_pipeline.matrix.answers import AnswerGrid
 from fugu_pipeline.reward import UtilityConfig
@@ -149,7 +150,7 @@ def history(models) -> list[dict]:
 
 def test_a_cascade_that_beats_the_promoted_one_step_head_replaces_it_and_route_runs_it(world, tmp_path):
     from fugu_pipeline.route.cascade import CascadeRouter
-    from fugu_pipeline.route.promoted import load_promoted
+    from fugu_pipeline.policies.registry import load_promoted
     from fugu_pipeline.route.router import CASCADE_PLAN
 
     models = tmp_path / "models"

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from fugu_pipeline.evaluate.preflight import host_expectation, preflight
-from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
+from fugu_pipeline.evaluate.promotion import PromotionPolicy
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.ledger import CostLedger
 from fugu_pipeline.train.checkpoints import load_checkpoint, save_checkpoint
 from fugu_pipeline.train.configs import SFTConfig

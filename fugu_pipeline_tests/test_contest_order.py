@@ -18,7 +18,8 @@ import safetensors.torch
 from fugu_pipeline.evaluate.contest import Entrant, KindBase, run_contest
 from fugu_pipeline.evaluate.gates import GateConfig, history
 from fugu_pipeline.evaluate.preflight import preflight
-from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
+from fugu_pipeline.evaluate.promotion import PromotionPolicy
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.files import CHUNK_BYTES
 from fugu_pipeline.train.checkpoints import WEIGHTS_FILE, Manifest
 from fugu_pipeline.train.exchange import PACK_FILES, pack

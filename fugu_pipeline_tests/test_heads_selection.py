@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from fugu_pipeline.evaluate.promotion import validation_utility
+from fugu_pipeline.evaluate.router_contest import validation_utility
 from fugu_pipeline.evaluate.reports import evaluate_checkpoint, head_scores, quality_predictions
 from fugu_pipeline.hashing import canonical_json
 from fugu_pipeline.train.checkpoints import UNHASHED_FIELDS, load_checkpoint, save_checkpoint, weight_sanity

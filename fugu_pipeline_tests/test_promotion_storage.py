@@ -15,9 +15,10 @@ from fugu_pipeline.evaluate import contest, promotion_record, router_contest
 from fugu_pipeline.evaluate.router_contest import king_or_why, load_king
 from fugu_pipeline.evaluate.gates import GateConfig
 from fugu_pipeline.evaluate.preflight import host_expectation, preflight
-from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best, weight_gate
+from fugu_pipeline.evaluate.promotion import PromotionPolicy, weight_gate
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.features.contract import FeatureContract
-from fugu_pipeline.route.promoted import load_promoted
+from fugu_pipeline.policies.registry import load_promoted
 from fugu_pipeline.route.router import RouterError
 from fugu_pipeline.train.checkpoints import (
     MANIFEST_FILE,

@@ -11,7 +11,8 @@ import subprocess
 import openai
 import pytest
 
-from fugu_pipeline.route.cascade import CascadeRouter, load_router
+from fugu_pipeline.route.cascade import CascadeRouter
+from fugu_pipeline.policies.registry import load_router
 from fugu_pipeline.route.router import Router, RouterError
 from fugu_pipeline.serve import create_app
 from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint

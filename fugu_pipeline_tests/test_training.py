@@ -24,13 +24,8 @@ from fugu_pipeline.train.checkpoints import (
     save_checkpoint,
     weight_sanity,
 )
-from fugu_pipeline.train.configs import (
-    ConfigError,
-    ESConfig,
-    RLConfig,
-    SFTConfig,
-    load_config,
-)
+from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig
+from fugu_pipeline.config_files import ConfigError, load_config
 from fugu_pipeline.train.es import train_es
 from fugu_pipeline.train.heads import HEADS, LINEAR_HEAD_KINDS, LinearHead, QualityHead, build_head
 from fugu_pipeline.train.result import evaluate_head, greedy_utility

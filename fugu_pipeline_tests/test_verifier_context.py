@@ -164,7 +164,8 @@ def test_the_frontier_lists_only_non_dominated_points_and_is_plotted(tmp_path):
 def test_a_served_parallel_step_is_read_together_and_stops_on_agreement(tmp_path):
     """The served cascade calls [alpha, beta] at once and its verifier reads each reply with the
     other: agreeing replies pass the threshold and gamma is never called; disagreeing ones do not."""
-    from fugu_pipeline.route.cascade import load_router, run_cascade
+    from fugu_pipeline.route.cascade import run_cascade
+    from fugu_pipeline.policies.registry import load_router
     from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint
     from fugu_pipeline.workers.contract import Completion
 

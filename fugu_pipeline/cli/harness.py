@@ -94,7 +94,7 @@ def cmd_baseline(args) -> int:
 
 def cmd_train_triage(args) -> int:
     from fugu_pipeline.cli.training import models_output, routing_data
-    from fugu_pipeline.train.configs import load_config
+    from fugu_pipeline.config_files import load_config
     from fugu_pipeline.train.triage import TriageConfig, train_triage
 
     models_output(args.output)

@@ -105,7 +105,7 @@ def cmd_evaluate_roles(args) -> int:
             raise RouterError(f"no promoted coordinator in {paths.models}; pass --checkpoint models/roles/<hash>")
         checkpoint = pointer_target(paths.models, ptr)
     from fugu_pipeline.evaluate.contest_entry import is_pack
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     # a pack: its manifest only (the contest checks its signature before any of its weights is read)
     contract = (pack_manifest(checkpoint) if is_pack(checkpoint, paths.models) else load_checkpoint(checkpoint).manifest

@@ -7,8 +7,7 @@ from fugu_pipeline.cli.common import CLIError, check_prompt, print_json
 
 def _router(args):
     from fugu_pipeline.cli.training import encoder_settings
-    from fugu_pipeline.route.cascade import load_router
-    from fugu_pipeline.route.promoted import load_promoted
+    from fugu_pipeline.policies.registry import load_promoted, load_router
 
     if args.checkpoint:
         router = load_router(args.checkpoint, device=args.device, dtype=args.dtype, encoder=args.encoder)

@@ -255,8 +255,9 @@ def prefill(args, settings_list) -> None:
 
 
 def train(args, method: str) -> int:
-    from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig, load_config
+    from fugu_pipeline.policies.registry import load_checkpoint
+    from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig
+    from fugu_pipeline.config_files import load_config
     from fugu_pipeline.train.es import train_es
     from fugu_pipeline.train.feature_choice import feature_metrics
     from fugu_pipeline.train.rl import train_rl
@@ -318,7 +319,7 @@ def budget_of(args):
 
 def cmd_evaluate(args) -> int:
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     budget = budget_of(args)
     path = resolve_checkpoint(args.checkpoint)
@@ -384,7 +385,8 @@ def cmd_train_heads(args) -> int:
     """`fugu-lite train`: fit the configured heads (configs/train.yaml), choose one on validation
     (K-fold out-of-fold over the non-test rows), save each kind's best and print the chosen
     checkpoint's directory last."""
-    from fugu_pipeline.train.configs import TrainSetConfig, load_config
+    from fugu_pipeline.train.configs import TrainSetConfig
+    from fugu_pipeline.config_files import load_config
     from fugu_pipeline.train.fit import fit_and_save, select_heads
 
     models_output(args.output)

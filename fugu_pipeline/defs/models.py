@@ -107,14 +107,9 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
     from fugu_pipeline.defs.training import GatheredLog, train_result_metadata
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.route.budget import calibrate_beside
-    from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.configs import (
-        ConfigError,
-        ESConfig,
-        RLConfig,
-        SFTConfig,
-        load_config,
-    )
+    from fugu_pipeline.policies.registry import load_checkpoint
+    from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig
+    from fugu_pipeline.config_files import ConfigError, load_config
     from fugu_pipeline.train.es import train_es
     from fugu_pipeline.train.rl import train_rl
     from fugu_pipeline.train.sft import train_sft
@@ -189,7 +184,8 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     nested check; each kind's best saved to models/<kind>/<hash>/. Output: every checkpoint and the
     selected one (the challenger this asset offers to promotion)."""
     from fugu_pipeline.features.routing_data import TrainingDataError
-    from fugu_pipeline.train.configs import ConfigError, TrainSetConfig, load_config
+    from fugu_pipeline.train.configs import TrainSetConfig
+    from fugu_pipeline.config_files import ConfigError, load_config
     from fugu_pipeline.route.default_train import calibrate_saved
     from fugu_pipeline.train.feature_choice import (
         LayerSetError,
@@ -277,7 +273,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     from fugu_pipeline.evaluate.router_contest import add_composite
     from fugu_pipeline.evaluate.metrics import ci_text
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     source = _feature_source(context, pipeline, encoder)
     ckpt = load_checkpoint(checkpoint_path)
@@ -383,7 +379,7 @@ def promoted_router(
     gate; models/promoted/current.json is swapped atomically and every decision is kept in
     models/promoted/history.jsonl. The composite's live term calls the configured workers."""
     from fugu_pipeline.evaluate.cascade_contest import AnswerSource
-    from fugu_pipeline.evaluate.promotion import promote_best
+    from fugu_pipeline.policies.registry import promote_best
 
     source = _feature_source(context, pipeline, encoder)
     shared = SharedStore.of(pipeline.paths)

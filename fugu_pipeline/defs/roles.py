@@ -32,7 +32,7 @@ class RolesAssetConfig(dg.Config):
 
 def _open(context, config: RolesAssetConfig, pipeline: PipelineResource, encoder: EncoderResource):
     from fugu_pipeline.evaluate.roles_project import open_run, project_tasks, roles_encoder_settings
-    from fugu_pipeline.train.configs import ConfigError
+    from fugu_pipeline.config_files import ConfigError
     from fugu_pipeline.train.roles import load_roles_config
     from fugu_pipeline.workers.catalog import load_latest
 

@@ -31,7 +31,7 @@ def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pi
     that solve it, bucketed) with two bias-free linear maps over the frozen features. Output: the
     checkpoint directory models/triage/<content hash>/."""
     from fugu_pipeline.features.routing_data import TrainingDataError
-    from fugu_pipeline.train.configs import ConfigError, load_config
+    from fugu_pipeline.config_files import ConfigError, load_config
     from fugu_pipeline.train.triage import TriageConfig, train_triage
 
     try:

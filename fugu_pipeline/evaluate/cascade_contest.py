@@ -85,6 +85,8 @@ def _validation_figure(ckpt, data) -> float | None:
 class CascadeScorer:
     """Scores cascade entrants on the rows of a `FeatureSource` (module docstring)."""
 
+    live_note = LIVE_NOTE  # why the live term is left out when a cascade is on either side
+
     def __init__(self, features, answers: AnswerSource):
         self.features, self.answers = features, answers
         self._memo: dict[str, tuple] = {}

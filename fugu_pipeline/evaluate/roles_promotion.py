@@ -83,7 +83,7 @@ class RolesKind(KindBase):
         from fugu_pipeline.route.roles import check_session_format
         from fugu_pipeline.route.router import RouterError
         from fugu_pipeline.train.checkpoints import load_checkpoint
-        from fugu_pipeline.train.heads import ROLES_KINDS
+        from fugu_pipeline.train.roles_head import ROLES_KINDS
 
         ckpt = load_checkpoint(path)
         m = ckpt.manifest

@@ -1,6 +1,7 @@
 """The one-step router's composite (`composite.py`) on a RoutingData: routes from the heads, the
 live run through a `LiveEvaluator`, king and challenger side by side; and `RouterKind`, the one-step
-router as a kind of the one contest (`contest.py`).
+router as a kind of the one contest (`contest.py`). Other kinds that share the router slot (a
+cascade) are scored by their own scorers, which the policies registry hands in (`mates`).
 
 Shared by `promoted_router`, `fugu-lite validate` (king versus challenger) and the evaluation
 reports (`eval_report_*`, `fugu-lite evaluate`: the head against the current king).
@@ -21,7 +22,6 @@ from fugu_pipeline.evaluate.composite import (
     paired_difference,
     score_head,
 )
-from fugu_pipeline.evaluate.cascade_contest import LIVE_NOTE, AnswerSource, CascadeScorer, is_cascade
 from fugu_pipeline.evaluate.contest import Entrant, KindBase, LiveUnavailable, Outcomes
 from fugu_pipeline.evaluate.feature_source import FeatureSource
 from fugu_pipeline.evaluate.live import LiveBudgetExceeded, LiveEvaluator, LivePolicy
@@ -29,9 +29,6 @@ from fugu_pipeline.evaluate.decision import Candidate
 from fugu_pipeline.evaluate.reports import head_scores, quality_predictions, routed_utility
 from fugu_pipeline.train.checkpoints import weight_sanity
 from fugu_pipeline.workers.contract import FatalWorkerError
-
-CASCADE = "cascade"  # train/cascade_head.KIND: that module loads torch, this one must not
-
 
 def head_routes(checkpoint, data) -> np.ndarray:
     """Greedy routes (worker indices) of a loaded checkpoint on the test rows, in split order."""
@@ -80,12 +77,14 @@ def score_against_king(checkpoint, king, data, cfg: CompositeConfig, *, live: Li
     king's encoder model differs, it is scored only if it reads `data`'s features.
 
     Returns {"challenger", "king" (or None), "difference" (or None), "live", "king_note"}."""
+    from fugu_pipeline.train.heads import ROUTER_HEAD_KINDS
+
     held = held_out(data, cfg)
     routes = head_routes(checkpoint, data)
     king_routes, king_note = None, "no king"
-    if king is not None and king.manifest.head_kind == CASCADE:
-        king_note = (f"the king is a cascade ({king.manifest.content_hash}): this report scores one-step routes; the "
-                     "promotion contest scores the cascade from the recorded replies")
+    if king is not None and king.manifest.head_kind not in ROUTER_HEAD_KINDS:
+        king_note = (f"the king is a {king.manifest.head_kind} ({king.manifest.content_hash}): this report scores "
+                     "one-step routes; the promotion contest scores it as its own kind (a cascade: from the recorded replies)")
     elif king is not None:
         source = features if features is not None else FeatureSource.fixed(data)
         king_data, problems = source.for_checkpoint(king)
@@ -222,10 +221,11 @@ class RouterKind(KindBase):
     """The router slot of the one contest (`contest.py`): every checkpoint, the king included,
     scored on its own features of the same held-out rows (`feature_source.py`). A one-step head's
     outcome on a task is the stored quality of the worker it routes to (one turn), its live term
-    one call to that worker (`OneCallEvaluator`). A cascade (given `answers`, the host's recorded
-    replies) is scored by `cascade_contest.CascadeScorer` on the same rows: the quality of the
-    answer it returns, what its steps paid, its calls as turns; without `answers` it is refused
-    at load with the reason."""
+    one call to that worker (`OneCallEvaluator`). Another kind in the same slot is scored by its
+    own scorer from `mates` ({head kind: scorer, or the reason it cannot be scored here}, from the
+    policies registry): a cascade by `cascade_contest.CascadeScorer` on the same rows (the quality
+    of the answer it returns, what its steps paid, its calls as turns); without the host's
+    recorded replies it is refused at load with the reason."""
 
     name = "router"
     history = "history.jsonl"
@@ -233,7 +233,7 @@ class RouterKind(KindBase):
     live_name = "one call per task (route, call, grade)"
 
     def __init__(self, features: FeatureSource, *, live: LiveEvaluator | None = None, tasks: dict | None = None,
-                 answers: AnswerSource | None = None):
+                 mates: dict | None = None):
         from fugu_pipeline.train.pointer import POINTER
 
         self.pointer = POINTER
@@ -246,18 +246,20 @@ class RouterKind(KindBase):
         if live is not None:
             self.live_name = live.name
         self.models_dir = None  # set by the contest: where the probe inputs are kept for preflight
-        self.cascades = CascadeScorer(features, answers) if answers is not None else None
+        self.mates = dict(mates or {})  # head kind -> its scorer, or why it cannot be scored here
+
+    def _mate(self, entrant):
+        """The scorer of another kind in this slot that `entrant` is (None: a one-step head)."""
+        return None if entrant.manifest is None else self.mates.get(entrant.manifest.head_kind)
 
     def load(self, path: str) -> Entrant:
-        from fugu_pipeline.train.cascade_head import KIND as CASCADE
         from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
         from fugu_pipeline.train.heads import ROUTER_HEAD_KINDS
 
         ckpt = load_checkpoint(path)
-        if ckpt.manifest.head_kind == CASCADE:
-            if self.cascades is None:
-                raise CheckpointError(f"{path}: a cascade is scored from the host's recorded replies, and none were "
-                                      "given to this contest (promote_best(answers=...): the reward matrix with answers)")
+        if ckpt.manifest.head_kind in self.mates:
+            if isinstance(self.mates[ckpt.manifest.head_kind], str):
+                raise CheckpointError(f"{path}: {self.mates[ckpt.manifest.head_kind]}")
         elif ckpt.manifest.head_kind not in ROUTER_HEAD_KINDS:
             raise CheckpointError(f"{path}: a {ckpt.manifest.head_kind!r} head is not a one-step router; it is judged "
                                   "by its own kind's contest")
@@ -274,19 +276,19 @@ class RouterKind(KindBase):
         return held_out(self.features.data, cfg)
 
     def candidate(self, entrant, held: HeldOut, cfg: CompositeConfig):
-        if is_cascade(entrant):
-            return self.cascades.candidate(entrant, held, self.contract_problems(entrant))
+        if (mate := self._mate(entrant)) is not None:
+            return mate.candidate(entrant, held, self.contract_problems(entrant))
         return scored_candidate(entrant.head, self.features, cfg)
 
     def check_live(self, entrant) -> None:
-        if is_cascade(entrant):
-            raise LiveUnavailable(LIVE_NOTE.removeprefix("live term not measured: "))
+        if (mate := self._mate(entrant)) is not None:
+            raise LiveUnavailable(mate.live_note.removeprefix("live term not measured: "))
 
     def outcomes(self, entrant, task_ids: list[str], *, live: bool) -> Outcomes:
-        if is_cascade(entrant):
+        if (mate := self._mate(entrant)) is not None:
             if live:
-                raise LiveUnavailable(LIVE_NOTE.removeprefix("live term not measured: "))
-            return self.cascades.outcomes(entrant, task_ids)
+                raise LiveUnavailable(mate.live_note.removeprefix("live term not measured: "))
+            return mate.outcomes(entrant, task_ids)
         data, _ = self._data(entrant)
         test = data.split("test")
         row = {t: i for i, t in enumerate(test.task_ids)}
@@ -311,8 +313,8 @@ class RouterKind(KindBase):
     def behaviour(self, entrant):
         from fugu_pipeline.evaluate.probe import checkpoint_behaviour, probe_fingerprint, probe_ids, save_probe
 
-        if is_cascade(entrant):
-            return self.cascades.behaviour(entrant, self.name)
+        if (mate := self._mate(entrant)) is not None:
+            return mate.behaviour(entrant, self.name)
         data, _ = self._data(entrant)
         ids = probe_ids([t for t, s in zip(data.task_ids, data.splits) if s != "test"])
         at = {t: i for i, t in enumerate(data.task_ids)}

@@ -30,19 +30,6 @@ from fugu_pipeline.route.router import CASCADE_PLAN, BudgetUnavailable, RouteDec
 from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
 
 
-def router_class(checkpoint) -> type[Router]:
-    from fugu_pipeline.train.cascade_head import KIND
-
-    return CascadeRouter if checkpoint.manifest.head_kind == KIND else Router
-
-
-def load_router(path, **kw) -> Router:
-    """A `Router` for a one-step checkpoint, a `CascadeRouter` for a cascade (`Router.load`'s arguments)."""
-    from fugu_pipeline.train.checkpoints import load_checkpoint
-
-    return router_class(load_checkpoint(path)).load(path, **kw)
-
-
 class CascadeRouter(Router):
     """A cascade checkpoint and the encoder its verifier reads with (see the module docstring)."""
 

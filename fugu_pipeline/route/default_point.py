@@ -5,7 +5,7 @@ Where the utility gives cost no weight (quality-only weights, what every import 
 the matrix records cost, the argmax of predicted quality pays for the strongest worker wherever the
 head leans to it. The default is instead **the cheapest λ-routing (argmax q̂ − λ·ĉ/c_ref, the
 budget rule of `budget.py`) whose out-of-fold accuracy is not significantly below always the
-strongest worker's**, the same rule as a cascade's (`train/cascade_choice.cheapest_not_below`):
+strongest worker's**, the same rule as a cascade's (`train/selection.cheapest_not_below`):
 
 - every λ of the budget grid routes the selected head's K-fold out-of-fold predictions over the
   non-test rows (ĉ: the calibration's expected cost, fitted on training rows);
@@ -28,7 +28,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from fugu_pipeline.train.cascade_choice import STRONGEST, cheapest_not_below, interval
+from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, interval
 
 DEFAULT_MARGIN = 0.005
 

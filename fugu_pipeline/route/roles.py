@@ -63,6 +63,7 @@ class RolesCoordinator:
              encoder: str | None = None) -> "RolesCoordinator":
         from fugu_pipeline.features.encoder import Encoder
         from fugu_pipeline.session.featurize import TranscriptFeaturizer
+        from fugu_pipeline.train import roles_head  # noqa: F401  (registers the coordinator's heads)
         from fugu_pipeline.train.checkpoints import load_checkpoint
 
         probe = load_checkpoint(checkpoint_path)

@@ -18,7 +18,7 @@ import uuid
 
 from starlette.responses import JSONResponse, StreamingResponse
 
-from fugu_pipeline.route.cascade import load_router, run_cascade  # noqa: F401  (load_router: the app's loader)
+from fugu_pipeline.route.cascade import run_cascade
 from fugu_pipeline.serve.protocol import APIError
 from fugu_pipeline.serve.upstream import CallTiming, usage_of
 from fugu_pipeline.workers.contract import Completion

@@ -22,30 +22,17 @@ qualifies; when it is the only one, it ships and the reason line says why and wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
+
+from fugu_pipeline.train.selection import interval
 
 LADDER = (0.1, 0.15, 0.2, 0.25, 0.33, 0.4, 0.5, 0.65, 0.8, 1.0)  # shares of the strongest worker's expected cost
 TABLE_SHARES = (0.2, 0.33, 0.5)
-STRONGEST = "always the strongest worker"
 LAMBDAS = np.concatenate([[0.0], np.geomspace(1e-4, 1e3, 60)])
 
 
 def rung_name(share: float) -> str:
     return f"cascade ≤ {share:.0%} of the strongest's cost"
-
-
-def interval(values: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, float, float]:
-    """Mean of `values` (per row) and its bootstrap 95% interval (resampling rows)."""
-    v = np.asarray(values, float)
-    if len(v) < 2:
-        m = float(v.mean()) if len(v) else float("nan")
-        return m, m, m
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, len(v), size=(n_boot, len(v)))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(v.mean()), float(lo), float(hi)
 
 
 def ladder_fold(grid, tr: np.ndarray, te: np.ndarray, search_cfg, allowed, shares, ref_cost: float,
@@ -86,41 +73,6 @@ def capped_one_shot(scores: np.ndarray, quality: np.ndarray, exp_cost: np.ndarra
         lam = hi
     r = np.argmax(scores[te_at] - lam * exp_cost[None, :] / ref, axis=1)
     return quality[te_at, r], exp_cost[r]
-
-
-@dataclass
-class Pick:
-    name: str
-    reason: str
-    strongest_ships: bool
-    qualified: tuple[str, ...] = ()  # every candidate that met the rule, cheapest first
-
-
-def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin: float, n_rows: int) -> Pick:
-    """The rule of the module docstring over `cands` (CandidateFigure-like: name, quality, cost_usd,
-    vs_strongest, vs_low, vs_high, note)."""
-    base = next(c for c in cands if c.name == strongest_name)
-    cheaper = [c for c in cands if c.name != strongest_name and c.cost_usd < base.cost_usd * (1 - 1e-6)
-               and not c.note.startswith("unavailable")]
-    ok = [base] + [c for c in cheaper if c.vs_high >= 0 and c.vs_strongest >= -margin]
-    ok.sort(key=lambda c: (c.cost_usd, -c.quality, c.name != strongest_name))
-    win, qualified = ok[0], tuple(c.name for c in ok)
-    rule = (f"95% paired bootstrap interval of the accuracy difference reaching 0, mean within the {margin * 100:.2g}-point "
-            f"margin, out of fold over {n_rows} non-test rows")
-    if win.name != strongest_name and win.cost_usd < base.cost_usd:
-        share = win.cost_usd / base.cost_usd if base.cost_usd > 0 else float("nan")
-        return Pick(win.name, (
-            f"{win.name} is the cheapest policy not significantly below {STRONGEST} ({strongest_worker}): accuracy "
-            f"{win.quality:.4f} against {base.quality:.4f}, difference {win.vs_strongest:+.4f} [{win.vs_low:+.4f}, "
-            f"{win.vs_high:+.4f}], at ${win.cost_usd * 1000:.4g} per 1,000 = {share:.0%} of its cost ({rule})"), False, qualified)
-    near = max(cheaper, key=lambda c: c.vs_strongest, default=None)
-    tried = (f"; the closest cheaper one, {near.name}, is {near.vs_strongest:+.4f} [{near.vs_low:+.4f}, {near.vs_high:+.4f}]"
-             if near is not None else "")
-    return Pick(strongest_name, (
-        f"no cheaper policy is within {margin * 100:.2g} point of {STRONGEST} ({strongest_worker}, accuracy "
-        f"{base.quality:.4f}) without being significantly below it ({rule}){tried}; the strongest worker ships; "
-        "replies on more rows, or a cheap worker that agrees with it more often, would let a cheaper policy qualify"), True,
-        qualified)
 
 
 def cap_table(per_row: dict[str, tuple[np.ndarray, np.ndarray] | None], strongest: tuple[np.ndarray, np.ndarray],

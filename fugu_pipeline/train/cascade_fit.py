@@ -34,17 +34,14 @@ from fugu_pipeline.train.cascade_frontier import oof_frontier
 from fugu_pipeline.train.cascade_policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
 from fugu_pipeline.train.cascade_choice import (
     LADDER,
-    STRONGEST,
     TABLE_SHARES,
     cap_table,
     capped_one_shot,
-    cheapest_not_below,
-    interval,
     ladder_fold,
     rung_name,
 )
 from fugu_pipeline.train.cascade_search import Cap, CapUnmet, Grid, run_policy, search_policy
-from fugu_pipeline.train.selection import fold_ids
+from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, fold_ids, interval
 from fugu_pipeline.train.verifier import Verifier, VerifierInputs, fit_all, oof_scores
 from fugu_pipeline.train.verifier_context import context_json, with_context
 

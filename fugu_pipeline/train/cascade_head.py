@@ -35,6 +35,7 @@ class CascadeHead(RoutingHead):
 
     kind = KIND
     uses_domains = True  # the plan depends on the request's domain (and the kind's own checks run on load)
+    not_probed_offline = "a cascade's behaviour is read from the host's recorded replies (validate checks it)"
 
     def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
                  frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None,

@@ -17,7 +17,6 @@ from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.train.cascade_fit import CascadeFit, answer_inputs, fit_cascade
 from fugu_pipeline.train.cascade_frontier import frontier_lines
 from fugu_pipeline.train.cascade_save import save_cascade
-from fugu_pipeline.train.configs import TrainSetConfig
 
 
 @dataclass
@@ -28,7 +27,8 @@ class CascadeResult:
     shipped_path: Path  # the checkpoint that ships: the cascade's, or the one-shot head's
 
     def lines(self) -> list[str]:
-        from fugu_pipeline.train.cascade_choice import STRONGEST, table_lines
+        from fugu_pipeline.train.cascade_choice import table_lines
+        from fugu_pipeline.train.selection import STRONGEST
 
         f = self.fit
         if not f.choices:  # nothing could be chosen: the strongest worker ships, and why
@@ -65,9 +65,10 @@ def one_shot_heads(heads_report) -> dict:
     return {**({first: heads[first]} if first in heads else {}), **heads}
 
 
-def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, cfg: TrainSetConfig, heads_report,
+def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, cfg, heads_report,
                   saved: list, models_dir: Path, log=print, metrics: dict | None = None) -> CascadeResult | None:
-    """Fit and save the cascade (see the module docstring). `heads_report` and `saved` are the
+    """Fit and save the cascade (see the module docstring). `cfg` is `configs/train.yaml` (its `cascade`
+    block, `folds` and `seed`: the one-shot heads' `TrainSetConfig`). `heads_report` and `saved` are the
     one-shot selection (`fit.select_heads`) and its saved heads (`fit_and_save`); `settings` the
     encoder settings of `data`'s features (the replies are read by the same model)."""
     cc = cfg.cascade

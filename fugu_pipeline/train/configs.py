@@ -3,13 +3,11 @@ byte-identical weights), and loading them from YAML with errors naming the file 
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fugu_pipeline.train.cascade_config import CascadeConfig
-from fugu_pipeline.config_files import load_yaml_model
 from fugu_pipeline.train.heads import LINEAR_HEAD_KINDS
 
 # --------------------------------------------------------------------------- configs
@@ -61,15 +59,6 @@ class ESConfig(_Config):
     sigma0: float = Field(0.02, gt=0, description="initial step size; small when warm-started")
     generations: int = Field(300, ge=1)
     val_every: int = Field(10, ge=1, description="evaluate the mean and the generation's best on val this often")
-
-
-class ConfigError(ValueError):
-    """A training config file is broken; the message names the file and the field."""
-
-
-def load_config(path: str | Path, cls: type[BaseModel]) -> Any:
-    """A trainer config from YAML (an empty file means all defaults); errors name file and field."""
-    return load_yaml_model(path, cls, ConfigError, what="config file", empty_ok=True)
 
 
 # --------------------------------------------------------------------------- the configured set (configs/train.yaml)

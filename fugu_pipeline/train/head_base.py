@@ -11,6 +11,10 @@ Two families share this base:
   fitted in closed form or by a short training run, then chosen by cross-validation
   (`selection.py`, `fit.py`).
 
+A kind may say more to the shared gates by class attributes: `final_layers` (the tensors that must
+not be all zero, `checkpoints.weight_sanity`), `max_params` (a size cap, `evaluate/preflight.py`)
+and `not_probed_offline` (why preflight cannot read its behaviour from the kept probe inputs).
+
 A kind's constructor takes `(dim, n_workers, **params)`; `params` (JSON: sizes, hyperparameters,
 the domain vocabulary) are saved in the checkpoint manifest as `head_params`, so a checkpoint
 rebuilds its head before loading the tensors. `call_head` / `head_quality` are the one way code

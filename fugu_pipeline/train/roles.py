@@ -134,7 +134,7 @@ class RolesConfig(BaseModel):
 
 
 def load_roles_config(path: str | Path) -> RolesConfig:
-    from fugu_pipeline.train.configs import ConfigError
+    from fugu_pipeline.config_files import ConfigError
 
     return load_yaml_model(path, RolesConfig, ConfigError, what="config file", empty_ok=True)
 

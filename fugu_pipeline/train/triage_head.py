@@ -13,6 +13,7 @@ from torch import nn
 from fugu_pipeline.train.head_base import register
 
 HEAD_KIND = "triage_linear"
+MAX_PARAMS = 1_000_000  # TinyRouter's milestone-1 rule: a triage head under 1M parameters
 
 
 class TriageHead(nn.Module):
@@ -46,6 +47,7 @@ class TriageCheckpointHead(TriageHead):
 
     uses_domains = False
     final_layers = ("domain.weight", "difficulty.weight")
+    max_params = MAX_PARAMS  # the size gate (`evaluate/preflight.py`)
 
     def __init__(self, dim: int, n_workers: int, domains: list[str], difficulty_names: list[str],
                  difficulty_edges: list[float], solve_threshold: float):
