@@ -131,8 +131,8 @@ def run(name: str, args) -> dict:
     from fugu_pipeline.train.cascade_fit import fit_cascade
     from fugu_pipeline.train.cascade_search import Cap
     from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.configs import TrainSetConfig
-    from fugu_pipeline.train.fit import fit_and_save, select_heads
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
 
     t0 = time.perf_counter()
     data, grid, inputs = load(name, args)

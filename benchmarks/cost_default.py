@@ -117,7 +117,7 @@ def one_shot_test(data, sel, name: str, work: Path, cfg) -> tuple[np.ndarray, np
     """(quality, cost) per test row of the one-shot head `name` (fitted on the non-test rows)."""
     from fugu_pipeline.evaluate.reports import head_scores
     from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.fit import fit_and_save
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save
 
     saved = fit_and_save(data, work / "models", cfg, log=lambda m: None, selection=sel)
     path = next((x.path for x in saved.saved if x.name == name), None) or saved.selected_path()
@@ -130,8 +130,8 @@ def one_shot_only(name: str, rows: list, args, why: str) -> dict:
     """A set without replies: what `fugu-lite train` ships (the one-shot selection), and the table's
     one-shot and strongest rows, out of fold over the non-test rows."""
     from fugu_pipeline.train.cascade_choice import TABLE_SHARES, cap_table, capped_one_shot, table_lines
-    from fugu_pipeline.train.configs import TrainSetConfig
-    from fugu_pipeline.train.fit import select_heads
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+    from fugu_pipeline.policies.oneshot.fit import select_heads
     from fugu_pipeline.train.selection import fold_ids
 
     t0 = time.perf_counter()
@@ -184,7 +184,7 @@ def default_of(data, sel, work: Path, cfg, args):
     from fugu_pipeline.route.budget import load_calibration
     from fugu_pipeline.route.default_train import calibrate_saved
     from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.fit import fit_and_save
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save
 
     report = fit_and_save(data, work / "models", cfg, log=lambda m: None, selection=sel)
     point = calibrate_saved(report.saved, data, lambda m: None, margin=cfg.cascade.margin, n_boot=args.n_boot, seed=cfg.seed)
@@ -202,8 +202,8 @@ def run(name: str, rows: list, args) -> dict:
     from fugu_pipeline.train.cascade_fit import answer_inputs, fit_cascade
     from fugu_pipeline.train.cascade_save import save_cascade
     from fugu_pipeline.train.cascade_train import one_shot_heads
-    from fugu_pipeline.train.configs import TrainSetConfig
-    from fugu_pipeline.train.fit import select_heads
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+    from fugu_pipeline.policies.oneshot.fit import select_heads
 
     t0 = time.perf_counter()
     work, db, settings, data, emb = matrix_of(name, rows, args)

@@ -29,8 +29,8 @@ from fugu_pipeline.train.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from fugu_pipeline.train.ensemble import EnsembleHead
-from fugu_pipeline.train.predictors import DomainPriorHead, KNNHead
+from fugu_pipeline.policies.oneshot.ensemble import EnsembleHead
+from fugu_pipeline.policies.oneshot.predictors import DomainPriorHead, KNNHead
 
 DIM = 16
 WORKERS = ["w1", "w2", "w3"]

@@ -16,9 +16,9 @@ from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.features.routing_data import RoutingData
 from fugu_pipeline.matrix.answers import AnswerGrid
 from fugu_pipeline.reward import UtilityConfig
-from fugu_pipeline.train.configs import SFTConfig
+from fugu_pipeline.policies.oneshot.configs import SFTConfig
 from fugu_pipeline.train.pointer import read_pointer, write_pointer
-from fugu_pipeline.train.sft import train_sft
+from fugu_pipeline.policies.oneshot.sft import train_sft
 from fugu_pipeline.train.verifier import VerifierInputs
 from fugu_pipeline_tests.conftest import REPO
 
@@ -171,7 +171,7 @@ def test_a_cascade_that_beats_the_promoted_one_step_head_replaces_it_and_route_r
     last = history(models)[-1]
     assert last["promote"] and last["kind"] == "router" and last["content_hash"] == cascade.name
     # the evaluation reports (their composite against the current king) still run with a cascade king
-    from fugu_pipeline.evaluate.router_contest import add_composite
+    from fugu_pipeline.policies.oneshot.contest import add_composite
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
     rep = add_composite({"summary": "s"}, load_checkpoint(king), world[0], models, OPEN.composite)

@@ -19,10 +19,10 @@ from fugu_pipeline.features.routing_data import RoutingData
 from fugu_pipeline.policies.registry import load_promoted
 from fugu_pipeline.route.router import RouterError
 from fugu_pipeline.train.checkpoints import MANIFEST_FILE, WEIGHTS_FILE
-from fugu_pipeline.train.configs import RLConfig, SFTConfig
+from fugu_pipeline.policies.oneshot.configs import RLConfig, SFTConfig
 from fugu_pipeline.train.pointer import read_pointer, write_pointer
-from fugu_pipeline.train.rl import train_rl
-from fugu_pipeline.train.sft import train_sft
+from fugu_pipeline.policies.oneshot.rl import train_rl
+from fugu_pipeline.policies.oneshot.sft import train_sft
 
 WORKERS = ["math-w", "code-w", "gen-w"]
 OPEN = PromotionPolicy(gates=GateConfig(rate_limit_s=0))  # these tests make several attempts in a row

@@ -204,7 +204,7 @@ def test_roles_checkpoint_round_trip_and_weight_sanity(tmp_path, encoder, small_
 def test_svf_adapter_head_has_tinyrouters_shape_and_changes_the_features(tmp_path, encoder):
     from fugu_pipeline.session.featurize import TranscriptFeaturizer
     from fugu_pipeline.session.transcript import HeadInput
-    from fugu_pipeline.train.heads import build_head
+    from fugu_pipeline.policies.oneshot.heads import build_head
     from fugu_pipeline.features.svf import SVFAdapter
 
     assert build_head("roles_linear_svf", 1024, 3, svf_size=7 * 1024).param_count() == 13_312  # TinyRouter's head

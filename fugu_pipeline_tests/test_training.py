@@ -24,13 +24,13 @@ from fugu_pipeline.train.checkpoints import (
     save_checkpoint,
     weight_sanity,
 )
-from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig
+from fugu_pipeline.policies.oneshot.configs import ESConfig, RLConfig, SFTConfig
 from fugu_pipeline.config_files import ConfigError, load_config
-from fugu_pipeline.train.es import train_es
-from fugu_pipeline.train.heads import HEADS, LINEAR_HEAD_KINDS, LinearHead, QualityHead, build_head
+from fugu_pipeline.policies.oneshot.es import train_es
+from fugu_pipeline.policies.oneshot.heads import HEADS, LINEAR_HEAD_KINDS, LinearHead, QualityHead, build_head
 from fugu_pipeline.train.result import evaluate_head, greedy_utility
-from fugu_pipeline.train.rl import train_rl
-from fugu_pipeline.train.sft import train_sft
+from fugu_pipeline.policies.oneshot.rl import train_rl
+from fugu_pipeline.policies.oneshot.sft import train_sft
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 WORKERS = ["math-expert", "code-expert", "generalist"]

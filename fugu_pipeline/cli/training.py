@@ -256,12 +256,12 @@ def prefill(args, settings_list) -> None:
 
 def train(args, method: str) -> int:
     from fugu_pipeline.policies.registry import load_checkpoint
-    from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig
+    from fugu_pipeline.policies.oneshot.configs import ESConfig, RLConfig, SFTConfig
     from fugu_pipeline.config_files import load_config
-    from fugu_pipeline.train.es import train_es
+    from fugu_pipeline.policies.oneshot.es import train_es
     from fugu_pipeline.train.feature_choice import feature_metrics
-    from fugu_pipeline.train.rl import train_rl
-    from fugu_pipeline.train.sft import train_sft
+    from fugu_pipeline.policies.oneshot.rl import train_rl
+    from fugu_pipeline.policies.oneshot.sft import train_sft
 
     cls = {"sft": SFTConfig, "rl": RLConfig, "es": ESConfig}[method]
     models_output(args.output)
@@ -385,9 +385,9 @@ def cmd_train_heads(args) -> int:
     """`fugu-lite train`: fit the configured heads (configs/train.yaml), choose one on validation
     (K-fold out-of-fold over the non-test rows), save each kind's best and print the chosen
     checkpoint's directory last."""
-    from fugu_pipeline.train.configs import TrainSetConfig
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
     from fugu_pipeline.config_files import load_config
-    from fugu_pipeline.train.fit import fit_and_save, select_heads
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
 
     models_output(args.output)
     config = args.config

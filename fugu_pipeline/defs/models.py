@@ -108,11 +108,11 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.route.budget import calibrate_beside
     from fugu_pipeline.policies.registry import load_checkpoint
-    from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig
+    from fugu_pipeline.policies.oneshot.configs import ESConfig, RLConfig, SFTConfig
     from fugu_pipeline.config_files import ConfigError, load_config
-    from fugu_pipeline.train.es import train_es
-    from fugu_pipeline.train.rl import train_rl
-    from fugu_pipeline.train.sft import train_sft
+    from fugu_pipeline.policies.oneshot.es import train_es
+    from fugu_pipeline.policies.oneshot.rl import train_rl
+    from fugu_pipeline.policies.oneshot.sft import train_sft
 
     cls = {"sft": SFTConfig, "rl": RLConfig, "es": ESConfig}[method]
     try:
@@ -184,7 +184,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     nested check; each kind's best saved to models/<kind>/<hash>/. Output: every checkpoint and the
     selected one (the challenger this asset offers to promotion)."""
     from fugu_pipeline.features.routing_data import TrainingDataError
-    from fugu_pipeline.train.configs import TrainSetConfig
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
     from fugu_pipeline.config_files import ConfigError, load_config
     from fugu_pipeline.route.default_train import calibrate_saved
     from fugu_pipeline.train.feature_choice import (
@@ -193,7 +193,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
         fit_choosing_features,
         heads_features,
     )
-    from fugu_pipeline.train.fit import fit_and_save, select_heads
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
 
     path = pipeline.paths.resolve(config.config_path)
     try:
@@ -270,7 +270,7 @@ def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data
 
 def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str,
             extra: dict | None = None) -> dg.Output[dict]:
-    from fugu_pipeline.evaluate.router_contest import add_composite
+    from fugu_pipeline.policies.oneshot.contest import add_composite
     from fugu_pipeline.evaluate.metrics import ci_text
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
     from fugu_pipeline.policies.registry import load_checkpoint

@@ -1,4 +1,4 @@
-"""A cascade in the router slot of the one contest (`contest.py`, `router_contest.RouterKind`).
+"""A cascade in the router slot of the one contest (`evaluate/contest.py`, `policies/oneshot/contest.RouterKind`).
 
 The promoted router (`models/promoted/current.json`) may be a one-step head or a cascade: the
 king and a challenger may each be either, and both answer the same held-out rows. This module is
@@ -77,7 +77,7 @@ class AnswerSource:
 
 def _validation_figure(ckpt, data) -> float | None:
     """The out-of-fold figure training recorded, when it was fitted on these rows (as
-    `router_contest.validation_utility` ranks the heads fitted on val rows too)."""
+    `policies/oneshot/contest.validation_utility` ranks the heads fitted on val rows too)."""
     v = (ckpt.manifest.metrics or {}).get("val_utility")
     return float(v) if v is not None and ckpt.manifest.data_version == data.data_version else None
 

@@ -32,7 +32,8 @@ KINDS = ("oneshot", "cascade", "coordinator", "triage")
 def heads() -> dict:
     """The head table with every kind's heads registered (imports torch: call it before a checkpoint
     of any kind is loaded; each kind's module registers its heads when imported)."""
-    from fugu_pipeline.train import cascade_head, heads, roles_head, triage_head  # noqa: F401  (each registers its heads)
+    from fugu_pipeline.policies.oneshot import heads as oneshot_heads  # noqa: F401  (each registers its heads)
+    from fugu_pipeline.train import cascade_head, roles_head, triage_head  # noqa: F401
     from fugu_pipeline.train.head_base import HEADS
 
     return HEADS
@@ -79,7 +80,7 @@ def router_kind(features, *, live=None, tasks=None, answers=None):
     (`CascadeScorer`, from `answers`: the host's recorded replies) for a cascade entrant or king;
     without `answers` a cascade is refused at load, with the reason."""
     from fugu_pipeline.evaluate.cascade_contest import CascadeScorer
-    from fugu_pipeline.evaluate.router_contest import RouterKind
+    from fugu_pipeline.policies.oneshot.contest import RouterKind
     from fugu_pipeline.train.cascade_head import KIND
 
     heads()

@@ -179,7 +179,7 @@ def _non_finite(v: Any, where: str) -> tuple[str, float] | None:
 class Checkpoint:
     path: Path
     manifest: Manifest
-    head: Any  # fugu_pipeline.train.heads.RoutingHead, in eval mode
+    head: Any  # fugu_pipeline.policies.oneshot.heads.RoutingHead, in eval mode
     state_dict: dict[str, Any]
 
 

@@ -15,8 +15,8 @@ import torch
 
 from fugu_pipeline.features.routing_data import RoutingData
 from fugu_pipeline.train.checkpoints import save_checkpoint
-from fugu_pipeline.train.configs import TrainSetConfig
-from fugu_pipeline.train.predictors import QualityPredictor
+from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+from fugu_pipeline.policies.oneshot.predictors import QualityPredictor
 from fugu_pipeline.train.selection import routed
 
 

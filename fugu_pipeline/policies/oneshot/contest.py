@@ -77,7 +77,7 @@ def score_against_king(checkpoint, king, data, cfg: CompositeConfig, *, live: Li
     king's encoder model differs, it is scored only if it reads `data`'s features.
 
     Returns {"challenger", "king" (or None), "difference" (or None), "live", "king_note"}."""
-    from fugu_pipeline.train.heads import ROUTER_HEAD_KINDS
+    from fugu_pipeline.policies.oneshot.heads import ROUTER_HEAD_KINDS
 
     held = held_out(data, cfg)
     routes = head_routes(checkpoint, data)
@@ -254,7 +254,7 @@ class RouterKind(KindBase):
 
     def load(self, path: str) -> Entrant:
         from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
-        from fugu_pipeline.train.heads import ROUTER_HEAD_KINDS
+        from fugu_pipeline.policies.oneshot.heads import ROUTER_HEAD_KINDS
 
         ckpt = load_checkpoint(path)
         if ckpt.manifest.head_kind in self.mates:

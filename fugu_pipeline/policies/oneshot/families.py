@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from fugu_pipeline.features.routing_data import RoutingData, carve_validation
-from fugu_pipeline.train.configs import KNNGrid, MLPGrid, PriorGrid, RidgeGrid, SFTConfig, SFTGrid
-from fugu_pipeline.train.predictors import (
+from fugu_pipeline.policies.oneshot.configs import KNNGrid, MLPGrid, PriorGrid, RidgeGrid, SFTConfig, SFTGrid
+from fugu_pipeline.policies.oneshot.predictors import (
     DomainPriorHead,
     KNNHead,
     MLPHead,
@@ -30,7 +30,7 @@ from fugu_pipeline.train.predictors import (
     neighbour_mean,
     topk_neighbours,
 )
-from fugu_pipeline.train.ridge import RidgeHead
+from fugu_pipeline.policies.oneshot.ridge import RidgeHead
 from fugu_pipeline.train.selection import fold_ids
 
 Preds = dict[str, tuple[np.ndarray | None, np.ndarray]]
@@ -238,7 +238,7 @@ class SFTFamily(Family):
                          patience=self.cfg.patience, seed=self.seed)
 
     def _train(self, data: RoutingData, params):
-        from fugu_pipeline.train.sft import train_sft
+        from fugu_pipeline.policies.oneshot.sft import train_sft
 
         return train_sft(data, self.config(params), log=lambda m: None, force=True)
 

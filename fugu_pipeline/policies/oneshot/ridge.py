@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fugu_pipeline.train.head_base import register
-from fugu_pipeline.train.predictors import QualityPredictor, column_scale
+from fugu_pipeline.policies.oneshot.predictors import QualityPredictor, column_scale
 
 Inputs = Literal["all", "embedding", "lexical"]
 DOMAIN_WEIGHT = 10.0

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
-from fugu_pipeline.train.configs import TrainSetConfig
-from fugu_pipeline.train.ensemble import EnsembleHead, calibrate, temperature_fit
-from fugu_pipeline.train.families import Family, FitData, families_for
-from fugu_pipeline.train.save import SavedHead, save_fitted
+from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+from fugu_pipeline.policies.oneshot.ensemble import EnsembleHead, calibrate, temperature_fit
+from fugu_pipeline.policies.oneshot.families import Family, FitData, families_for
+from fugu_pipeline.policies.oneshot.save import SavedHead, save_fitted
 from fugu_pipeline.train.selection import (
     Objective,
     best_of,

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.reward import UtilityConfig
-from fugu_pipeline.train.configs import SFTConfig
-from fugu_pipeline.train.heads import QualityHead, build_head
+from fugu_pipeline.policies.oneshot.configs import SFTConfig
+from fugu_pipeline.policies.oneshot.heads import QualityHead, build_head
 from fugu_pipeline.train.loop import (
     EarlyStop,
     Log,

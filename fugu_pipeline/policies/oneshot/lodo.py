@@ -7,7 +7,7 @@ is itself made by leaving one TRAINING domain out at a time: D never influences 
 head routes D's rows with the domain hidden (unknown at routing time: the prior falls back to the
 pooled mean, the same-domain bonus is off). Under that objective a head replaces the domain prior
 (which routes an unseen domain like the best fixed worker) only when its inner gain over the prior
-has a 95% interval above zero, domains resampled (`train/fit.py:unseen_domain_gain`). The
+has a 95% interval above zero, domains resampled (`policies/oneshot/fit.py:unseen_domain_gain`). The
 baseline is the best fixed worker chosen on the training domains. Figures are macro averages over the held-out domains, with a 95% interval from
 a bootstrap that resamples rows within each domain.
 """
@@ -38,7 +38,7 @@ def leave_one_domain_out(data, cfg, *, log=None, domains: list[str] | None = Non
     TrainSetConfig; its objective is set to 'lodo' for the inner choice."""
     from fugu_pipeline.evaluate.reports import head_scores
     from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.fit import fit_and_save
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save
 
     log = log or (lambda m: None)
     cfg = cfg.model_copy(update={"objective": "lodo"})
@@ -49,7 +49,7 @@ def leave_one_domain_out(data, cfg, *, log=None, domains: list[str] | None = Non
         from fugu_pipeline.features.routing_data import TrainingDataError
 
         # each held-out domain leaves the others to train on, and the inner choice leaves one of those
-        # out in turn over at least 3 (`train/fit.py`): with fewer, an inner fit on an empty or one-domain
+        # out in turn over at least 3 (`policies/oneshot/fit.py`): with fewer, an inner fit on an empty or one-domain
         # set failed with a message about that set, not this data
         missing = sorted(set(held_out) - set(present))
         raise TrainingDataError(f"leave-one-domain-out needs at least 4 domains (one held out, 3 for the inner choice), "

@@ -13,8 +13,8 @@ import torch
 from cmaes import SepCMA
 
 from fugu_pipeline.features.routing_data import RoutingData
-from fugu_pipeline.train.configs import ESConfig
-from fugu_pipeline.train.heads import QualityHead, RoutingHead, build_head
+from fugu_pipeline.policies.oneshot.configs import ESConfig
+from fugu_pipeline.policies.oneshot.heads import QualityHead, RoutingHead, build_head
 from fugu_pipeline.train.loop import Log, prepare, seeded, state_of
 from fugu_pipeline.train.result import TrainResult, load_head, make_result
 

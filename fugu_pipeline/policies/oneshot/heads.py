@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fugu_pipeline.train import ensemble, predictors, ridge  # noqa: F401  (register the quality predictors)
+from fugu_pipeline.policies.oneshot import ensemble, predictors, ridge  # noqa: F401  (register the quality predictors)
 from fugu_pipeline.train.head_base import (  # noqa: F401  (re-exported: the one registry)
     HEADS,
     RoutingHead,

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fugu_pipeline.train.head_base import build_head, register
-from fugu_pipeline.train.predictors import QualityPredictor
+from fugu_pipeline.policies.oneshot.predictors import QualityPredictor
 
 
 def _logit(p: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from fugu_pipeline.features.routing_data import RoutingData
-from fugu_pipeline.train.configs import RLConfig
-from fugu_pipeline.train.heads import build_head
+from fugu_pipeline.policies.oneshot.configs import RLConfig
+from fugu_pipeline.policies.oneshot.heads import build_head
 from fugu_pipeline.train.loop import (
     EarlyStop,
     Log,
