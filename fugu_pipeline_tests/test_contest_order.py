@@ -99,8 +99,8 @@ def contest_api(kind: str, data):
         from fugu_pipeline.evaluate.triage_promotion import TriageKind
 
         return lambda paths, models, policy: run_contest(TriageKind(data), paths, models, policy)
-    from fugu_pipeline.evaluate.roles_project import evaluate_coordinator
-    from fugu_pipeline.evaluate.roles_promotion import RolesKind
+    from fugu_pipeline.policies.coordinator.project import evaluate_coordinator
+    from fugu_pipeline.policies.coordinator.contest import RolesKind
 
     run = SimpleNamespace(featurizer=SimpleNamespace(contract=lambda: CONTRACT))  # nothing of it is used before load
     if kind == "coordinator":

@@ -314,9 +314,9 @@ def _validate_coordinator(args, pack_dir: Path, policy) -> int:
     from fugu_pipeline.evaluate.contest import KIND_FILES
     from fugu_pipeline.evaluate.preflight import host_expectation, king_manifest
     from fugu_pipeline.policies.registry import preflight
-    from fugu_pipeline.evaluate.roles_project import evaluate_coordinator, open_run, project_tasks, roles_encoder_settings
+    from fugu_pipeline.policies.coordinator.project import evaluate_coordinator, open_run, project_tasks, roles_encoder_settings
     from fugu_pipeline.paths import ProjectPaths
-    from fugu_pipeline.train.roles import load_roles_config
+    from fugu_pipeline.policies.coordinator.train import load_roles_config
     from fugu_pipeline.workers.config import load_workers_config
 
     paths = ProjectPaths(Path(args.project_dir).resolve())

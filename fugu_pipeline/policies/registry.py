@@ -33,7 +33,8 @@ def heads() -> dict:
     """The head table with every kind's heads registered (imports torch: call it before a checkpoint
     of any kind is loaded; each kind's module registers its heads when imported)."""
     from fugu_pipeline.policies.oneshot import heads as oneshot_heads  # noqa: F401  (each registers its heads)
-    from fugu_pipeline.train import cascade_head, roles_head, triage_head  # noqa: F401
+    from fugu_pipeline.policies.coordinator import head as coordinator_head  # noqa: F401
+    from fugu_pipeline.train import cascade_head, triage_head  # noqa: F401
     from fugu_pipeline.train.head_base import HEADS
 
     return HEADS

@@ -130,7 +130,7 @@ class Router:
         if checkpoint.manifest.head_kind.startswith("roles"):
             raise RouterError(f"{checkpoint.path} is a multi-turn coordinator ({checkpoint.manifest.head_kind}), not a "
                               "one-step router: run it with `fugu-lite ask --mode multi-turn` or a request with "
-                              '"fugu_mode": "multi_turn" (route/roles.py)')
+                              '"fugu_mode": "multi_turn" (policies/coordinator/route.py)')
         if checkpoint.manifest.head_kind.startswith("triage"):
             raise RouterError(f"{checkpoint.path} is a triage head ({checkpoint.manifest.head_kind}): it labels a prompt's "
                               "domain and difficulty and routes nothing (fugu-lite triage-report)")

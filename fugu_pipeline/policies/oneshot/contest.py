@@ -1,6 +1,6 @@
 """The one-step router's composite (`composite.py`) on a RoutingData: routes from the heads, the
 live run through a `LiveEvaluator`, king and challenger side by side; and `RouterKind`, the one-step
-router as a kind of the one contest (`contest.py`). Other kinds that share the router slot (a
+router as a kind of the one contest (`evaluate/contest.py`). Other kinds that share the router slot (a
 cascade) are scored by their own scorers, which the policies registry hands in (`mates`).
 
 Shared by `promoted_router`, `fugu-lite validate` (king versus challenger) and the evaluation
@@ -218,7 +218,7 @@ def validation_utility(checkpoint, data) -> float | None:
 
 
 class RouterKind(KindBase):
-    """The router slot of the one contest (`contest.py`): every checkpoint, the king included,
+    """The router slot of the one contest (`evaluate/contest.py`): every checkpoint, the king included,
     scored on its own features of the same held-out rows (`feature_source.py`). A one-step head's
     outcome on a task is the stored quality of the worker it routes to (one turn), its live term
     one call to that worker (`OneCallEvaluator`). Another kind in the same slot is scored by its

@@ -3,12 +3,12 @@
 `policy_from_checkpoint` serve the route and evaluate stages cheaply.)
 
 The evolved vector is the roles head W (3L + 3, D) (one worker softmax per role; (L + 3, D) with
-`worker_per_role: false`) written in the search directions of `roles_search.py` (one probe per
+`worker_per_role: false`) written in the search directions of `search.py` (one probe per
 kind of transcript state), plus, with `svf: true`, one scale per singular value of the encoder's
-second-to-last layer (`features/svf.py`). Generation 0 is the one-step policy (Worker role, best
+second-to-last layer (`session/svf.py`). Generation 0 is the one-step policy (Worker role, best
 fixed worker, in every state) whose Thinker and Verifier turns, where a step makes it take one, go
-to the worker that plays that role best (`roles_search.best_role_workers`); with `init_grammar` (the
-default) it also follows the session's grammar (`roles_search.grammar_offsets`: no Verifier before an
+to the worker that plays that role best (`search.best_role_workers`); with `init_grammar` (the
+default) it also follows the session's grammar (`search.grammar_offsets`: no Verifier before an
 answer, an answer after a plan or a verdict, and right after a Worker answer committing leads checking
 by only `init_verify_lead`), so the search only has to learn where to verify. Each parameter group has its
 own step: the head's coordinates move the logits by about `sigma0`, the SVF scales are z = exp(u)
@@ -50,7 +50,7 @@ from fugu_pipeline.session.roles import PROMPT_VERSION, ROLES
 from fugu_pipeline.session.runner import SessionRunner
 from fugu_pipeline.session.transcript import HEAD_MARKER, TRANSCRIPT_VERSION, window_info
 from fugu_pipeline.tasks.schema import Task
-from fugu_pipeline.train.roles_search import (  # noqa: F401 (SHIFT, TRAIN_SEEDS, state_kind: this module's API too)
+from fugu_pipeline.policies.coordinator.search import (  # noqa: F401 (SHIFT, TRAIN_SEEDS, state_kind: this module's API too)
     SHIFT,
     TRAIN_SEEDS,
     VAL_SEED_BASE,
@@ -219,7 +219,7 @@ def policy_from_checkpoint(checkpoint, featurizer: TranscriptFeaturizer) -> Line
     """The session policy of a roles checkpoint (`roles_linear` or `roles_linear_svf`) over this featurizer."""
     sd = {k: v.detach().cpu().numpy() for k, v in checkpoint.state_dict.items()}
     if "svf_scales" in sd:
-        from fugu_pipeline.features.svf import SVFAdapter
+        from fugu_pipeline.session.svf import SVFAdapter
 
         featurizer = featurizer.with_scales(SVFAdapter(featurizer.encoder.model), sd["svf_scales"])
     return LinearRolesPolicy(sd["linear.weight"], list(checkpoint.manifest.worker_ids), featurizer,
@@ -306,7 +306,7 @@ def train_roles(
     n_w, adapter = theta0.size, None
     svf_unit = cfg.svf_sigma / step  # an SVF search coordinate of size `step` moves a log-scale by svf_sigma
     if cfg.svf:  # the adapter's scales z = exp(u); u starts at 0 (the original encoder)
-        from fugu_pipeline.features.svf import SVFAdapter
+        from fugu_pipeline.session.svf import SVFAdapter
 
         adapter = SVFAdapter(featurizer.encoder.model)
         theta0 = np.concatenate([theta0, np.zeros(adapter.size)])

@@ -6,7 +6,7 @@ running sessions (`session/loop.py`) against whatever workers a caller reaches.
     tr.answer, tr.turns, tr.stop_reason
 
 `PromotedRoles` follows `models/promoted/roles.json` (the coordinator's own pointer, swapped
-atomically by `evaluate/roles_promotion.py`), picking up a new promotion without a restart.
+atomically by `policies/coordinator/contest.py`), picking up a new promotion without a restart.
 `OneStepPolicy` plays a one-step router (`route/router.py`) inside the session loop, so the
 multi-turn report compares both on the same tasks, seeds and workers.
 """
@@ -26,7 +26,7 @@ from fugu_pipeline.session.records import Trajectory
 from fugu_pipeline.session.roles import PROMPT_VERSION, ROLES
 from fugu_pipeline.session.transcript import TRANSCRIPT_VERSION
 from fugu_pipeline.train.pointer import ROLES_POINTER, pointer_target, read_pointer
-from fugu_pipeline.train.roles import policy_from_checkpoint
+from fugu_pipeline.policies.coordinator.train import policy_from_checkpoint
 
 ROLES_HEAD_KINDS = ("roles_linear", "roles_linear_svf")
 
@@ -63,7 +63,7 @@ class RolesCoordinator:
              encoder: str | None = None) -> "RolesCoordinator":
         from fugu_pipeline.features.encoder import Encoder
         from fugu_pipeline.session.featurize import TranscriptFeaturizer
-        from fugu_pipeline.train import roles_head  # noqa: F401  (registers the coordinator's heads)
+        from fugu_pipeline.policies.coordinator import head  # noqa: F401  (registers the coordinator's heads)
         from fugu_pipeline.train.checkpoints import load_checkpoint
 
         probe = load_checkpoint(checkpoint_path)

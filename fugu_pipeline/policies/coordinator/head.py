@@ -29,7 +29,7 @@ class RolesHead(RoutingHead):
     coordinator's transcripts have cosine 0.96-0.99 with each other under the tiny encoder), and
     CMA-ES's per-coordinate steps only find the small directions that tell states apart once
     every dimension has unit spread. Not a one-step router: `forward` gives the W + 3 logits, and
-    `route/roles.py` runs it."""
+    `policies/coordinator/route.py` runs it."""
 
     kind = "roles_linear"
     n_roles = 3
@@ -52,7 +52,7 @@ class RolesHead(RoutingHead):
 @register
 class RolesSVFHead(RolesHead):
     """`roles_linear_svf`: the roles head plus TinyRouter's SVF adapter, one learnable scale per singular
-    value of the encoder's second-to-last layer (`features/svf.py`): 12,288 + 7,168 = 19,456 parameters
+    value of the encoder's second-to-last layer (`session/svf.py`): 12,288 + 7,168 = 19,456 parameters
     with 3 workers, a worker softmax per role and Qwen3-0.6B (13,312 with one shared worker softmax).
     `svf_size` (the encoder's count) is in the manifest's `head_shape`."""
 
@@ -65,4 +65,4 @@ class RolesSVFHead(RolesHead):
         self.svf_scales = nn.Parameter(torch.ones(svf_size))
 
 
-ROLES_KINDS = (RolesHead.kind, RolesSVFHead.kind)  # multi-turn coordinators (route/roles.py), not one-step routers
+ROLES_KINDS = (RolesHead.kind, RolesSVFHead.kind)  # multi-turn coordinators (policies/coordinator/route.py), not one-step routers

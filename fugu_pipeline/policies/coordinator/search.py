@@ -1,4 +1,4 @@
-"""Where the coordinator's CMA-ES starts and which directions it searches (`train/roles.py` runs it).
+"""Where the coordinator's CMA-ES starts and which directions it searches (`policies/coordinator/train.py` runs it).
 
 - `exploration_stats`: the uniform policy's rollouts (sampled picks, several seeds per task) give
   the feature standardisation and the transcript states the search directions are fitted on.

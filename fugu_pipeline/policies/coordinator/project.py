@@ -11,7 +11,7 @@ command line (`cli/roles.py`), so both compute the same thing from the same sett
 - Trajectories: `data/trajectories/<context>.jsonl` (`session/store.py`).
 - Costs: every turn a session pays for (and its judge call) is appended to the project's cost
   ledger (`fugu_pipeline/ledger.py`, kinds `session` and `judge`), which a pack's receipt cites.
-- Promotion: the one contest (`contest.py`) with the coordinator's scorer (`roles_promotion.RolesKind`).
+- Promotion: the one contest (`evaluate/contest.py`) with the coordinator's scorer (`contest.RolesKind`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fugu_pipeline.evaluate.promotion import PromotionPolicy
-from fugu_pipeline.evaluate.roles import evaluate_roles, report_lines
-from fugu_pipeline.evaluate.roles_promotion import DEFAULT_MARGIN, RolesKind
+from fugu_pipeline.policies.coordinator.evaluate import evaluate_roles, report_lines
+from fugu_pipeline.policies.coordinator.contest import DEFAULT_MARGIN, RolesKind
 from fugu_pipeline.features.settings import EncoderSettings
 from fugu_pipeline.files import atomic_write
 from fugu_pipeline.session.callers import ClientCaller, SessionBudget
@@ -32,7 +32,7 @@ from fugu_pipeline.session.runner import SessionRunner
 from fugu_pipeline.session.store import TrajectoryStore, context_key
 from fugu_pipeline.session.transcript import HEAD_TEMPLATE
 from fugu_pipeline.tasks.schema import Task
-from fugu_pipeline.train.roles import RolesConfig, reward
+from fugu_pipeline.policies.coordinator.train import RolesConfig, reward
 from fugu_pipeline.workers.config import WorkersConfig
 
 Log = Callable[[str], None]
@@ -174,7 +174,7 @@ def train_coordinator(run: RolesRun, tasks: list[Task], cfg: RolesConfig, models
                       one_step_checkpoint: Path | None = None, log: Log = print):
     """Train (warm-started from the one-step checkpoint's worker rows where the encoders match) and
     save under models/roles/<hash>/. Returns (checkpoint path, train result)."""
-    from fugu_pipeline.train.roles import train_roles, warm_start_weight
+    from fugu_pipeline.policies.coordinator.train import train_roles, warm_start_weight
 
     init = None
     if cfg.warm_start and one_step_checkpoint is not None:
@@ -191,7 +191,7 @@ def train_coordinator(run: RolesRun, tasks: list[Task], cfg: RolesConfig, models
 
 
 def _policy_of(checkpoint, featurizer):
-    from fugu_pipeline.train.roles import policy_from_checkpoint
+    from fugu_pipeline.policies.coordinator.train import policy_from_checkpoint
 
     return policy_from_checkpoint(checkpoint, featurizer)
 
@@ -219,7 +219,7 @@ def promoted_or_fallback(models_dir: Path, fallback: Path | None, fallback_is: s
 def one_step_policy(models_dir: Path, worker_ids: list[str], log: Log = print, fallback: Path | None = None):
     """The one-step router to compare with, as a session policy: the promoted one, else `fallback`
     (the pipeline's latest one-step checkpoint), else None. Returns (policy or None, where it came from)."""
-    from fugu_pipeline.route.roles import OneStepPolicy
+    from fugu_pipeline.policies.coordinator.route import OneStepPolicy
     from fugu_pipeline.route.router import Router
 
     policy, source = promoted_or_fallback(models_dir, fallback, "the latest one-step checkpoint",
@@ -276,13 +276,13 @@ def evaluate_coordinator(run: RolesRun, checkpoint_path: Path, tasks: list[Task]
                          cascade_fallback: Path | None = None, device: str = "auto", log: Log = print,
                          submitter: str = "pipeline", key: str | None = None, report: bool = True,
                          replace_broken_king: bool | str = False) -> dict:
-    """The held-out report (`evaluate/roles.py`), written to <checkpoint>/reports/roles-test.json
+    """The held-out report (`policies/coordinator/evaluate.py`), written to <checkpoint>/reports/roles-test.json
     (unless `report` is False: a pack being validated), and (with `promote`) the one contest on
-    models/promoted/roles.json (`roles_promotion.RolesKind`). The cascade baseline: `cascade`, else
+    models/promoted/roles.json (`contest.RolesKind`). The cascade baseline: `cascade`, else
     the promoted cascade, else `cascade_fallback` (`cascade_baseline`), loaded on `device`. A promoted
     coordinator that cannot be loaded stops the contest (CheckpointError, recorded in the history)
-    unless `replace_broken_king` names who asked for its replacement (`contest.broken_king_ask`)."""
-    from fugu_pipeline.route.roles import check_session_format
+    unless `replace_broken_king` names who asked for its replacement (`evaluate/contest.broken_king_ask`)."""
+    from fugu_pipeline.policies.coordinator.route import check_session_format
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
     refused = promote and _refused_pack(checkpoint_path, models_dir, policy, key)

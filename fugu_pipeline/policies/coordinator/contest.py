@@ -1,4 +1,4 @@
-"""The multi-turn coordinator as a kind of the one contest (`contest.py`), with its own king,
+"""The multi-turn coordinator as a kind of the one contest (`evaluate/contest.py`), with its own king,
 `models/promoted/roles.json`, and history, `models/promoted/roles-history.jsonl`.
 
 Its scorer runs sessions through the session loop (`session/runner.py`) with the project's
@@ -59,7 +59,7 @@ def apply_roles(decision, challenger, models_dir: str | Path, *, report_path: st
 
 
 class RolesKind(KindBase):
-    """The coordinator's scorer (module docstring). `run`: an open `roles_project.RolesRun`."""
+    """The coordinator's scorer (module docstring). `run`: an open `project.RolesRun`."""
 
     name = "coordinator"
     pointer, history, lock = KIND_FILES["coordinator"]
@@ -80,10 +80,10 @@ class RolesKind(KindBase):
     # ------------------------------------------------------------------ reading heads
 
     def load(self, path: str) -> Entrant:
-        from fugu_pipeline.route.roles import check_session_format
+        from fugu_pipeline.policies.coordinator.route import check_session_format
         from fugu_pipeline.route.router import RouterError
         from fugu_pipeline.train.checkpoints import load_checkpoint
-        from fugu_pipeline.train.roles_head import ROLES_KINDS
+        from fugu_pipeline.policies.coordinator.head import ROLES_KINDS
 
         ckpt = load_checkpoint(path)
         m = ckpt.manifest
@@ -105,7 +105,7 @@ class RolesKind(KindBase):
 
     def _policy(self, entrant: Entrant):
         if "policy" not in entrant.extra:
-            from fugu_pipeline.train.roles import policy_from_checkpoint
+            from fugu_pipeline.policies.coordinator.train import policy_from_checkpoint
 
             entrant.extra["policy"] = policy_from_checkpoint(entrant.head, self.run.featurizer)
         return entrant.extra["policy"]
@@ -121,7 +121,7 @@ class RolesKind(KindBase):
 
     def _sessions(self, policy, task_ids: list[str], seeds: list[int], live: bool = False) -> Outcomes:
         from fugu_pipeline.session.runner import BudgetExhausted
-        from fugu_pipeline.train.roles import reward
+        from fugu_pipeline.policies.coordinator.train import reward
         from fugu_pipeline.workers.contract import FatalWorkerError
 
         pairs = [(self.by_id[t], s) for t in task_ids for s in seeds]
@@ -146,7 +146,7 @@ class RolesKind(KindBase):
     def best_fixed_worker(self) -> str:
         if self._best_fixed is None:
             from fugu_pipeline.session.policy import FixedPolicy
-            from fugu_pipeline.train.roles import reward
+            from fugu_pipeline.policies.coordinator.train import reward
 
             ids = self.run.config.worker_ids
             if not self.train_sample:

@@ -2,7 +2,7 @@
 
 On the held-out tasks, with the same sampling seeds and workers for everyone, live through the
 session loop (trajectories stored, so a re-evaluation costs nothing):
-- the coordinator (greedy), the one-step router (`route/roles.py:OneStepPolicy`, when one is
+- the coordinator (greedy), the one-step router (`policies/coordinator/route.py:OneStepPolicy`, when one is
   given) and every fixed worker answering alone in one turn; the best fixed worker is the one
   with the best mean reward on (a sample of) the TRAINING tasks, then scored on held-out;
 - the answer-aware cascade (a `route.cascade.CascadeRouter`, when one is given: FrugalGPT's
