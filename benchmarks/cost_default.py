@@ -129,7 +129,7 @@ def one_shot_test(data, sel, name: str, work: Path, cfg) -> tuple[np.ndarray, np
 def one_shot_only(name: str, rows: list, args, why: str) -> dict:
     """A set without replies: what `fugu-lite train` ships (the one-shot selection), and the table's
     one-shot and strongest rows, out of fold over the non-test rows."""
-    from fugu_pipeline.train.cascade_choice import TABLE_SHARES, cap_table, capped_one_shot, table_lines
+    from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, cap_table, capped_one_shot, table_lines
     from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
     from fugu_pipeline.policies.oneshot.fit import select_heads
     from fugu_pipeline.train.selection import fold_ids
@@ -195,13 +195,13 @@ def default_of(data, sel, work: Path, cfg, args):
 
 
 def run(name: str, rows: list, args) -> dict:
-    from fugu_pipeline.evaluate.cascade import cascade_report, load_cascade
+    from fugu_pipeline.policies.cascade.evaluate import cascade_report, load_cascade
     from fugu_pipeline.matrix.answers import read_answers
-    from fugu_pipeline.train.cascade_choice import table_lines
-    from fugu_pipeline.train.cascade_config import CascadeConfig
-    from fugu_pipeline.train.cascade_fit import answer_inputs, fit_cascade
-    from fugu_pipeline.train.cascade_save import save_cascade
-    from fugu_pipeline.train.cascade_train import one_shot_heads
+    from fugu_pipeline.policies.cascade.choice import table_lines
+    from fugu_pipeline.policies.cascade.config import CascadeConfig
+    from fugu_pipeline.policies.cascade.fit import answer_inputs, fit_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.train import one_shot_heads
     from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
     from fugu_pipeline.policies.oneshot.fit import select_heads
 

@@ -281,7 +281,7 @@ def cmd_validate(args) -> int:
         outcome = run_contest(TriageKind(data), [str(pack_dir)], args.models_dir, policy, submitter=pre.submitter,
                               key=pre.key, replace_broken_king=asked_by(args, "validate"))
     else:
-        from fugu_pipeline.evaluate.cascade_contest import AnswerSource
+        from fugu_pipeline.policies.cascade.contest import AnswerSource
         from fugu_pipeline.evaluate.feature_source import FeatureSource
         from fugu_pipeline.policies.registry import promote_best
 

@@ -121,7 +121,7 @@ def cmd_ask(args) -> int:
 def _ask_cascade(args, config, router, d) -> int:
     import asyncio
 
-    from fugu_pipeline.route.cascade import run_cascade
+    from fugu_pipeline.policies.cascade.route import run_cascade
     from fugu_pipeline.workers.factory import make_client
 
     async def call(routed: str):

@@ -328,8 +328,8 @@ def cmd_evaluate(args) -> int:
     contract = probe.manifest.feature_contract
     settings = encoder_settings(args, args.encoder, contract, probe.manifest.metrics)
     data = routing_data(args, settings=settings)
-    if probe.manifest.head_kind == "cascade":  # scored from the recorded replies (evaluate/cascade.py)
-        from fugu_pipeline.evaluate.cascade import evaluate_cascade, report_lines
+    if probe.manifest.head_kind == "cascade":  # scored from the recorded replies (policies/cascade/evaluate.py)
+        from fugu_pipeline.policies.cascade.evaluate import evaluate_cascade, report_lines
 
         rep = evaluate_cascade(path, data, matrix_db(args), settings, Path(args.cache_dir), args.split, out.parent)
         for line in report_lines(rep):
@@ -436,7 +436,7 @@ def cmd_train_heads(args) -> int:
         print(line)
     shipped = report.selected_path()
     from fugu_pipeline.route.router import encoder_settings_for
-    from fugu_pipeline.train.cascade_train import train_cascade
+    from fugu_pipeline.policies.cascade.train import train_cascade
 
     result = train_cascade(data, matrix_db(args), encoder_settings_for(data.contract, args.device, args.dtype),
                            Path(args.cache_dir), cfg, selection[0], report.saved, Path(args.output), log, recorded)

@@ -245,11 +245,11 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
 
 def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data, cfg, selection, report, recorded) -> dict | None:
     """The cascade over the workers' replies, chosen against the one-shot heads and the best worker
-    (train/cascade_train.py), and its held-out report (evaluate/cascade.py); None when the matrix
+    (policies/cascade/train.py), and its held-out report (policies/cascade/evaluate.py); None when the matrix
     holds no replies. `selected` stays the one-shot head (what the one-step contest scores)."""
-    from fugu_pipeline.evaluate.cascade import evaluate_cascade, report_lines
+    from fugu_pipeline.policies.cascade.evaluate import evaluate_cascade, report_lines
     from fugu_pipeline.route.router import encoder_settings_for
-    from fugu_pipeline.train.cascade_train import train_cascade
+    from fugu_pipeline.policies.cascade.train import train_cascade
 
     own = encoder.settings()
     settings = encoder_settings_for(data.contract, own.device, own.dtype)
@@ -262,7 +262,7 @@ def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data
     shown = [line for line in report_lines(rep) if line not in rep.get("frontier_lines", [])]  # printed by result.lines()
     context.log.info("\n".join(result.lines() + shown))  # one event per report, one block in the run log
     md = "\n".join(["```"] + result.lines() + shown + ["```"])
-    if rep.get("frontier_png"):  # the out-of-fold frontier's plot (evaluate/frontier.py), 640 x 400 px
+    if rep.get("frontier_png"):  # the out-of-fold frontier's plot (policies/cascade/frontier_plot.py), 640 x 400 px
         md += f"\n\n![frontier](data:image/png;base64,{base64.b64encode(Path(rep['frontier_png']).read_bytes()).decode()})"
     return {"cascade": str(result.path), "policy": result.shipped, "shipped": str(result.shipped_path),
             "cascade_report": rep["report_path"], "policy_md": md}
@@ -378,7 +378,7 @@ def promoted_router(
     rows too) replaces the promoted checkpoint, one-step head or cascade, only if it passes every
     gate; models/promoted/current.json is swapped atomically and every decision is kept in
     models/promoted/history.jsonl. The composite's live term calls the configured workers."""
-    from fugu_pipeline.evaluate.cascade_contest import AnswerSource
+    from fugu_pipeline.policies.cascade.contest import AnswerSource
     from fugu_pipeline.policies.registry import promote_best
 
     source = _feature_source(context, pipeline, encoder)

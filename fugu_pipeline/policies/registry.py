@@ -34,7 +34,8 @@ def heads() -> dict:
     of any kind is loaded; each kind's module registers its heads when imported)."""
     from fugu_pipeline.policies.oneshot import heads as oneshot_heads  # noqa: F401  (each registers its heads)
     from fugu_pipeline.policies.coordinator import head as coordinator_head  # noqa: F401
-    from fugu_pipeline.train import cascade_head, triage_head  # noqa: F401
+    from fugu_pipeline.policies.cascade import head as cascade_head  # noqa: F401
+    from fugu_pipeline.train import triage_head  # noqa: F401
     from fugu_pipeline.train.head_base import HEADS
 
     return HEADS
@@ -51,9 +52,9 @@ def load_checkpoint(path: str | Path, expected_contract=None):
 def router_class(checkpoint) -> type:
     """The `Router` class that runs a loaded checkpoint of the router slot: a cascade's `CascadeRouter`
     (it calls the plan step by step), else the one-step `Router`."""
-    from fugu_pipeline.route.cascade import CascadeRouter
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
     from fugu_pipeline.route.router import Router
-    from fugu_pipeline.train.cascade_head import KIND
+    from fugu_pipeline.policies.cascade.head import KIND
 
     return CascadeRouter if checkpoint.manifest.head_kind == KIND else Router
 
@@ -80,9 +81,9 @@ def router_kind(features, *, live=None, tasks=None, answers=None):
     """The router slot of the one contest: the one-shot heads' scorer (`RouterKind`), with the cascade's
     (`CascadeScorer`, from `answers`: the host's recorded replies) for a cascade entrant or king;
     without `answers` a cascade is refused at load, with the reason."""
-    from fugu_pipeline.evaluate.cascade_contest import CascadeScorer
+    from fugu_pipeline.policies.cascade.contest import CascadeScorer
     from fugu_pipeline.policies.oneshot.contest import RouterKind
-    from fugu_pipeline.train.cascade_head import KIND
+    from fugu_pipeline.policies.cascade.head import KIND
 
     heads()
     cascade = CascadeScorer(features, answers) if answers is not None else CASCADE_WITHOUT_REPLIES
@@ -102,7 +103,7 @@ def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, poli
     scored on its own features from `features` (`feature_source.py`: the same rows, encoded as its
     contract says, by the serving encoder model); without `features`, only checkpoints on `data`'s
     contract can be scored. `key`: the signing key a pack's attempt counts under.
-    `answers` (`cascade_contest.AnswerSource`: the host's recorded replies): a cascade checkpoint
+    `answers` (`policies/cascade/contest.AnswerSource`: the host's recorded replies): a cascade checkpoint
     among the challengers, or as the king, is scored from them in the same contest (without it a
     cascade challenger is refused at load, and a cascade king cannot be faced).
     Returns {promoted, challenger, reasons, pointer, contest}.

@@ -15,7 +15,7 @@ rows, the validation objective, the choice of rule, and greedy ensembles.
   `nested_ensemble_check` compares "best single candidate" with "greedy ensemble" the same way
   (chosen on one half of the folds, scored on the other), so an ensemble is picked only when it
   holds up on rows its members were not chosen on.
-- `cheapest_not_below`: the cost-aware rule a cascade's choice (`cascade_choice.py`) and a one-shot
+- `cheapest_not_below`: the cost-aware rule a cascade's choice (`policies/cascade/choice.py`) and a one-shot
   head's default operating point (`route/default_point.py`) share: the cheapest candidate whose
   out-of-fold accuracy is not significantly below always the strongest worker's (its paired
   bootstrap 95% interval, `interval`, reaching 0, its mean within a margin).

@@ -5,7 +5,7 @@ session loop (trajectories stored, so a re-evaluation costs nothing):
 - the coordinator (greedy), the one-step router (`policies/coordinator/route.py:OneStepPolicy`, when one is
   given) and every fixed worker answering alone in one turn; the best fixed worker is the one
   with the best mean reward on (a sample of) the TRAINING tasks, then scored on held-out;
-- the answer-aware cascade (a `route.cascade.CascadeRouter`, when one is given: FrugalGPT's
+- the answer-aware cascade (a `policies.cascade.route.CascadeRouter`, when one is given: FrugalGPT's
   call-cheap-first, escalate-on-doubt): its steps run over the replies the fixed workers gave
   alone to the same tasks and seeds (no new call), graded as they were; a cascade's turns are
   its calls (each worker it reaches answers once). With no cascade the report says why in one line;
@@ -117,7 +117,7 @@ def evaluate_roles(
     cascade_source: str | None = None,
 ) -> dict:
     """The report (module docstring) as a dict; `report_lines` prints it. `cascade` (a
-    `route.cascade.CascadeRouter`): also the cascade on the same tasks, from the fixed workers'
+    `policies.cascade.route.CascadeRouter`): also the cascade on the same tasks, from the fixed workers'
     replies; `cascade_source` says where it came from or, without one, why there is none."""
     if not test:
         raise ValueError("no held-out tasks to evaluate the coordinator on")
@@ -176,8 +176,8 @@ def evaluate_roles(
 
 def cascade_runs(cascade, test: list[Task], fixed: dict[str, list[list[Trajectory]]], seeds: int) -> dict:
     """The cascade over the fixed workers' replies (`fixed[worker][task][seed]`), seed by seed:
-    (tasks, seeds) arrays of `evaluate.cascade.cascade_over_single_turns`'s figures."""
-    from fugu_pipeline.evaluate.cascade import cascade_over_single_turns
+    (tasks, seeds) arrays of `policies.cascade.evaluate.cascade_over_single_turns`'s figures."""
+    from fugu_pipeline.policies.cascade.evaluate import cascade_over_single_turns
 
     got = [cascade_over_single_turns(cascade, test, {w: [row[k] for row in rows] for w, rows in fixed.items()})
            for k in range(seeds)]

@@ -236,14 +236,14 @@ class CascadeBaselineError(ValueError):
 
 def cascade_baseline(models_dir: Path, worker_ids: list[str], *, path: Path | None = None,
                      fallback: Path | None = None, device: str = "auto", log: Log = print):
-    """The answer-aware cascade to compare with, as a `route.cascade.CascadeRouter`: `path` when
+    """The answer-aware cascade to compare with, as a `policies.cascade.route.CascadeRouter`: `path` when
     given (the user's choice: one that is not a cascade over this worker pool is a
     CascadeBaselineError), else the promoted router when it is a cascade, else `fallback` (the
     pipeline's latest cascade), else None. Returns (router or None, where it came from or why
     there is none); close the router when done."""
-    from fugu_pipeline.route.cascade import CascadeRouter
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
     from fugu_pipeline.route.router import RouterError
-    from fugu_pipeline.train.cascade_head import KIND
+    from fugu_pipeline.policies.cascade.head import KIND
     from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
 
     def load(where: Path) -> CascadeRouter:

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fugu_pipeline.train.cascade_config import CascadeConfig
+from fugu_pipeline.policies.cascade.config import CascadeConfig
 from fugu_pipeline.policies.oneshot.heads import LINEAR_HEAD_KINDS
 
 # --------------------------------------------------------------------------- configs
@@ -179,4 +179,4 @@ class TrainSetConfig(_Grid):
     heads: HeadGrids = HeadGrids()
     features: FeatureChoiceConfig = FeatureChoiceConfig()
     cascade: CascadeConfig = Field(default_factory=CascadeConfig, description="cascades over the workers' replies "
-                                   "(train/cascade_config.py), selected against the heads and the best worker")
+                                   "(policies/cascade/config.py), selected against the heads and the best worker")

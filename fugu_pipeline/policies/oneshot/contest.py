@@ -223,7 +223,7 @@ class RouterKind(KindBase):
     outcome on a task is the stored quality of the worker it routes to (one turn), its live term
     one call to that worker (`OneCallEvaluator`). Another kind in the same slot is scored by its
     own scorer from `mates` ({head kind: scorer, or the reason it cannot be scored here}, from the
-    policies registry): a cascade by `cascade_contest.CascadeScorer` on the same rows (the quality
+    policies registry): a cascade by `policies/cascade/contest.CascadeScorer` on the same rows (the quality
     of the answer it returns, what its steps paid, its calls as turns); without the host's
     recorded replies it is refused at load with the reason."""
 

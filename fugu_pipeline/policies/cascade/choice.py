@@ -39,8 +39,8 @@ def ladder_fold(grid, tr: np.ndarray, te: np.ndarray, search_cfg, allowed, share
                 memo: dict | None = None):
     """{share: (quality, expected cost) per row of `te`, or None where no plan fits the share}: the
     most accurate plan within each share of `ref_cost` on `tr` (ties: the cheaper), run on `te`.
-    `memo`: the fold's plans as the frontier ran them (`cascade_frontier.plan_points`)."""
-    from fugu_pipeline.train.cascade_frontier import best_within, plan_points
+    `memo`: the fold's plans as the frontier ran them (`frontier.plan_points`)."""
+    from fugu_pipeline.policies.cascade.frontier import best_within, plan_points
 
     pts = plan_points(grid, tr, search_cfg, allowed, memo)
     out = {}

@@ -2,7 +2,7 @@
 was not chosen on.
 
 For each cap (a share of the strongest worker's expected cost, `SHARES`) and each fold, the search
-(`cascade_search.candidate_plans`, expected costs of the other folds only) picks the most accurate
+(`search.candidate_plans`, expected costs of the other folds only) picks the most accurate
 plan within the cap on the other folds; that plan runs on the held-out fold. Every non-test row then
 has an out-of-fold accuracy and expected cost per cap. A cap some fold cannot meet has no point. The
 frontier is the non-dominated points (no other point at most as dear and at least as accurate, one
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fugu_pipeline.train.cascade_search import CascadeSearch, candidate_plans, strongest
+from fugu_pipeline.policies.cascade.search import CascadeSearch, candidate_plans, strongest
 
 SHARES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.33, 0.4, 0.5, 0.6, 0.75, 1.0)
 

@@ -35,7 +35,7 @@ class CascadeOutcome:
 
 
 def load_cascade(path: str | Path):
-    from fugu_pipeline.train.cascade_head import KIND
+    from fugu_pipeline.policies.cascade.head import KIND
     from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
 
     ckpt = load_checkpoint(path)
@@ -62,8 +62,8 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     cascade returns and what it paid (see the module docstring). `data`, `grid`
     (matrix/answers.py) and `inputs` (train/cascade_fit.answer_inputs) are row-aligned and in the
     checkpoint's worker order; `scores`: its `verifier_scores` when already computed."""
-    from fugu_pipeline.train.cascade_policy import answer_codes, simulate
-    from fugu_pipeline.train.verifier_context import context_of_head
+    from fugu_pipeline.policies.cascade.policy import answer_codes, simulate
+    from fugu_pipeline.policies.cascade.verifier_context import context_of_head
 
     if list(data.worker_ids) != list(checkpoint.manifest.worker_ids):
         raise ValueError(f"the data's workers {data.worker_ids} are not the checkpoint's {checkpoint.manifest.worker_ids}; "
@@ -143,8 +143,8 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
     accurate of the checkpoint's validation points (its frontier) whose validation expected cost is
     within that share of the strongest's, run on the rows with their recorded costs; beside it the
     strongest worker alone. Plans that need a verifier the checkpoint did not save are left out."""
-    from fugu_pipeline.train.cascade_choice import TABLE_SHARES, cap_table
-    from fugu_pipeline.train.cascade_policy import CascadePlan, answer_codes, simulate
+    from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, cap_table
+    from fugu_pipeline.policies.cascade.policy import CascadePlan, answer_codes, simulate
 
     head = checkpoint.head
     exp = (checkpoint.manifest.metrics or {}).get("expected_cost_usd") or {}
@@ -190,12 +190,12 @@ def report_lines(rep: dict) -> list[str]:
                    f"{d['cost_share_of_strongest']:.1%} | {d['best_worker_accuracy']:.4f} | {d['strongest']} "
                    f"{d['strongest_accuracy']:.4f} |")
     if rep.get("cap_rows"):
-        from fugu_pipeline.train.cascade_choice import table_lines
+        from fugu_pipeline.policies.cascade.choice import table_lines
 
         out += ["  " + line for line in table_lines(rep["cap_rows"], (
             f"at caps of {rep['strongest_worker']}'s cost (the checkpoint's validation points within each cap), on the "
             f"{rep['n_tasks']} {rep['split']} rows:"))]
-    out += rep.get("frontier_lines", [])  # evaluate/frontier.py
+    out += rep.get("frontier_lines", [])  # policies/cascade/frontier_plot.py
     return out
 
 
@@ -220,10 +220,10 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     `<out_dir or path/reports>/<split>.json` when `out_dir` is not False."""
     import json
 
-    from fugu_pipeline.evaluate.frontier import add_frontier
+    from fugu_pipeline.policies.cascade.frontier_plot import add_frontier
     from fugu_pipeline.files import atomic_write
     from fugu_pipeline.matrix.answers import read_answers
-    from fugu_pipeline.train.cascade_fit import answer_inputs
+    from fugu_pipeline.policies.cascade.fit import answer_inputs
 
     ckpt = load_cascade(path)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {path}")
@@ -235,21 +235,21 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     if out_dir is not False:
         target = Path(out_dir or Path(path) / "reports") / f"{split}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
-        add_frontier(rep, ckpt, target.parent)  # evaluate/frontier.py: the out-of-fold frontier, printed and plotted
+        add_frontier(rep, ckpt, target.parent)  # policies/cascade/frontier_plot.py: the out-of-fold frontier, printed and plotted
         atomic_write(target, (json.dumps(rep, indent=2, default=float) + "\n").encode())
         rep["report_path"] = str(target)
     return rep
 
 
 def cascade_over_single_turns(router, tasks: list, replies: dict[str, list]) -> dict:
-    """A cascade (`route.cascade.CascadeRouter`) on tasks every worker has answered alone once
+    """A cascade (`policies.cascade.route.CascadeRouter`) on tasks every worker has answered alone once
     (`replies[worker][k]`: a finished single-turn trajectory of task k, with `answer`, `quality`,
     `cost_usd`, `latency_s`): the multi-turn report's baseline on the same tasks, with no new call.
     Returns per-task arrays: `quality` (of the accepted answer), `cost_usd` and `calls` (the steps
     reached), `latency_s` (each step as long as its slowest call: a step's workers are called at
     once) and `stopped` (the step that accepted, from 1)."""
     from fugu_pipeline.tasks.final_answer import detect_kind, extract, kind_for_grader
-    from fugu_pipeline.train.cascade_policy import decide
+    from fugu_pipeline.policies.cascade.policy import decide
 
     q, c, n, lat, stop = [], [], [], [], []
     for k, task in enumerate(tasks):

@@ -20,7 +20,7 @@ Fitting (`fit_context`): rows are (task, worker j, paid set P) for every P of j 
 folds only: per fold, the calibration tables of the training rows come from the folds outside both
 (nested), and the model is scored on the held-out fold for every paid set a plan asks for
 (`ContextScores.at`, cached per set). `ContextModel` is the fit on all non-test rows, saved in the
-cascade checkpoint and run live (`route/cascade.py`) with the replies paid so far.
+cascade checkpoint and run live (`policies/cascade/route.py`) with the replies paid so far.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def _training_rows(rows, codes, base, calib, has, target, seed: int = 0):
 
 
 def _fit(X, y, l2: float, W: int, calibration: Calibration, stat_names) -> ContextModel:
-    from fugu_pipeline.train.verifier import _one_thread, _Standardised
+    from fugu_pipeline.policies.cascade.verifier import _one_thread, _Standardised
 
     with _one_thread():
         w, b, center, scale = _Standardised(X, y).fit(l2)

@@ -14,9 +14,9 @@ from pathlib import Path
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import read_answers
 from fugu_pipeline.matrix.read import RewardMatrixError
-from fugu_pipeline.train.cascade_fit import CascadeFit, answer_inputs, fit_cascade
-from fugu_pipeline.train.cascade_frontier import frontier_lines
-from fugu_pipeline.train.cascade_save import save_cascade
+from fugu_pipeline.policies.cascade.fit import CascadeFit, answer_inputs, fit_cascade
+from fugu_pipeline.policies.cascade.frontier import frontier_lines
+from fugu_pipeline.policies.cascade.save import save_cascade
 
 
 @dataclass
@@ -27,7 +27,7 @@ class CascadeResult:
     shipped_path: Path  # the checkpoint that ships: the cascade's, or the one-shot head's
 
     def lines(self) -> list[str]:
-        from fugu_pipeline.train.cascade_choice import table_lines
+        from fugu_pipeline.policies.cascade.choice import table_lines
         from fugu_pipeline.train.selection import STRONGEST
 
         f = self.fit

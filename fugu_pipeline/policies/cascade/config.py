@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fugu_pipeline.train.cascade_search import Cap, CascadeSearch
+from fugu_pipeline.policies.cascade.search import Cap, CascadeSearch
 
 
 class CascadeConfig(BaseModel):

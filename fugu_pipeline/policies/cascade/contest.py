@@ -11,7 +11,7 @@ its collected responses; no call is made):
 - **outcome per task**: the graded quality of the answer it returns on that row, its utility (the
   matrix's reward formula over the quality, the cost and the latency it paid), and its **cost**:
   what its steps actually paid on that row (a step's recorded cost counts only when the cascade
-  reaches it; `evaluate/cascade.py`);
+  reaches it; `policies/cascade/evaluate.py`);
 - **turns**: the worker calls it made on the row (each worker of each step it reached). The
   composite's efficiency term is correct answers per call, so a cascade that asks two cheap
   workers and then a strong one spends 3 where a one-step head spends 1;
@@ -45,7 +45,7 @@ LIVE_NOTE = ("live term not measured: a cascade is scored from the recorded repl
 
 
 def is_cascade(entrant: Entrant) -> bool:
-    from fugu_pipeline.train.cascade_head import KIND
+    from fugu_pipeline.policies.cascade.head import KIND
 
     return entrant.manifest is not None and entrant.manifest.head_kind == KIND
 
@@ -66,7 +66,7 @@ class AnswerSource:
         def load(data, encode: bool):
             from fugu_pipeline.matrix.answers import read_answers
             from fugu_pipeline.route.router import encoder_settings_for
-            from fugu_pipeline.train.cascade_fit import answer_inputs
+            from fugu_pipeline.policies.cascade.fit import answer_inputs
 
             grid = read_answers(db_path, data.task_ids, data.worker_ids)
             own = encoder_settings_for(data.contract, settings.device, settings.dtype)
@@ -93,7 +93,7 @@ class CascadeScorer:
 
     def rows(self, entrant: Entrant):
         """(data in the checkpoint's worker order, answer grid, verifier inputs, verifier scores)."""
-        from fugu_pipeline.train.cascade_fit import with_stats
+        from fugu_pipeline.policies.cascade.fit import with_stats
 
         key = entrant.content_hash
         if key not in self._memo:
@@ -103,13 +103,13 @@ class CascadeScorer:
             names = ckpt.head.answer_stats
             grid, inputs = self.answers.load(data, ckpt.head.answer_dim > len(names))
             inputs = with_stats(inputs, names)
-            from fugu_pipeline.evaluate.cascade import verifier_scores
+            from fugu_pipeline.policies.cascade.evaluate import verifier_scores
 
             self._memo[key] = (data, grid, inputs, verifier_scores(ckpt.head, inputs))
         return self._memo[key]
 
     def _outcomes(self, entrant: Entrant, rows: np.ndarray):
-        from fugu_pipeline.evaluate.cascade import cascade_outcomes
+        from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes
 
         data, grid, inputs, scores = self.rows(entrant)
         return cascade_outcomes(entrant.head, data, grid, inputs, rows=rows, scores=scores)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fugu_pipeline.features.answer_checks import CHECK_STATS, OPTION_STATS, check_stats, option_stats
+from fugu_pipeline.policies.cascade.answer_checks import CHECK_STATS, OPTION_STATS, check_stats, option_stats
 from fugu_pipeline.features.settings import EncoderSettings
 
 TAIL_CHARS = 400

@@ -1,7 +1,7 @@
 """The learned verifier of a cascade: P(the answer is right | prompt, answer), one logistic model.
 
 One row per (task, worker) cell that has a reply: the prompt's features, the reply's features
-(`features/answer_features.py`: the frozen encoder reading the reply, and its statistics) and the
+(`policies/cascade/answer_features.py`: the frozen encoder reading the reply, and its statistics) and the
 worker (one-hot), standardised; the target is the cell's quality (graded correctness, in [0, 1]).
 L2-regularised logistic regression; the strength and the inputs it reads (everything; the reply and
 the worker; the reply's statistics and the worker), one model for all workers or one per worker, are
@@ -35,7 +35,7 @@ class VerifierInputs:
     has: np.ndarray  # bool (N, W)
     target: np.ndarray  # (N, W) quality in [0, 1], NaN where unknown
     # the names of the reply's statistics, its last columns (the "stats" input set reads them); empty:
-    # the first ten (`features.answer_features.STATS_V1`), as inputs were built before they were named
+    # the first ten (`policies.cascade.answer_features.STATS_V1`), as inputs were built before they were named
     stat_names: tuple[str, ...] = ()
 
     @property

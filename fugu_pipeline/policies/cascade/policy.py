@@ -5,7 +5,7 @@ better one. Each step calls one or more workers at once; after it, the cascade s
 - `agree`: at least that many of the final answers so far are the same (the extracted answers,
   `tasks/final_answer.py`; a reply with no readable answer agrees with nothing), or
 - `verify`: the best verifier score among this step's answers reaches the threshold (a learned
-  P(correct | prompt, answer), `train/verifier.py`),
+  P(correct | prompt, answer), `policies/cascade/verifier.py`),
 whichever holds (a step may have one rule or both). The last step is always accepted.
 
 The answer returned: the agreed answer (its first worker in call order) when agreement stopped
@@ -14,7 +14,7 @@ answer most of that step's workers give (ties: the first listed, so a one-worker
 its own). A step's cost is paid only when the cascade reaches it; its latency is its slowest call.
 
 `simulate` runs a plan offline on recorded answers, vectorised over rows; `decide` is the same
-rule for one request, step by step (route/cascade.py runs it live). Both read only answers and
+rule for one request, step by step (policies/cascade/route.py runs it live). Both read only answers and
 verifier scores, never a cost or a quality: the costs a plan is chosen by are expected ones.
 """
 

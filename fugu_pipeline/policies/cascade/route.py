@@ -44,7 +44,7 @@ class CascadeRouter(Router):
     def plan_for(self, domain: str | None, budget=None, allowed: list[str] | None = None):
         """(plan, budget note or None): the checkpoint's plan for `domain`, or under `budget` the most
         accurate frontier plan whose validation cost is within the cap; restricted to `allowed`."""
-        from fugu_pipeline.train.cascade_policy import CascadePlan, CascadeStep
+        from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadeStep
 
         plan, note = self.head.policy.plan_for(domain), None
         if budget is not None:
@@ -62,7 +62,7 @@ class CascadeRouter(Router):
         return self._budget_plan(None, budget)
 
     def _budget_plan(self, domain, budget):
-        from fugu_pipeline.train.cascade_policy import CascadePlan
+        from fugu_pipeline.policies.cascade.policy import CascadePlan
 
         frontier = (self.head.domains_frontier.get(domain or "") or self.head.frontier)
         if not frontier:
@@ -114,8 +114,8 @@ class CascadeRouter(Router):
         model = getattr(self.head, "context_model", None) if self.head.context else None
         if model is None or float(self.head.used[0]) != 1.0:
             return self._cell_scores(prompt, domain, replies)
-        from fugu_pipeline.features.answer_features import answer_stats
-        from fugu_pipeline.train.verifier_context import CALIB_KEYS, bucket_key
+        from fugu_pipeline.policies.cascade.answer_features import answer_stats
+        from fugu_pipeline.policies.cascade.verifier_context import CALIB_KEYS, bucket_key
 
         paid = list(context) if context else list(replies)
         base = self._cell_scores(prompt, domain, paid)
@@ -133,7 +133,7 @@ class CascadeRouter(Router):
 
     def _cell_scores(self, prompt: str, domain: str | None, replies) -> list[float | None]:
         """The cell verifier's scores: each reply read alone."""
-        from fugu_pipeline.features.answer_features import answer_stats, answer_text
+        from fugu_pipeline.policies.cascade.answer_features import answer_stats, answer_text
 
         if float(self.head.used[0]) != 1.0 or not replies:
             return [None] * len(replies)
@@ -196,7 +196,7 @@ async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, de
     """Call the plan in `decision.extra["cascade"]` (see the module docstring). `verify` runs the
     verifier (default: in a thread, so an event loop keeps serving)."""
     from fugu_pipeline.tasks.final_answer import detect_kind, extract
-    from fugu_pipeline.train.cascade_policy import CascadePlan, decide
+    from fugu_pipeline.policies.cascade.policy import CascadePlan, decide
 
     plan = CascadePlan.model_validate(decision.extra["cascade"]["plan"])
     verify = verify or (lambda *a: asyncio.to_thread(router.verify, *a))

@@ -10,8 +10,8 @@ small model reading each reply with the replies already paid for; absent: each r
 model over prompt features, reply features and the worker, with its standardisation). A cascade
 whose plans never consult the verifier saves a verifier of zeros (`verifier.used` 0).
 
-It is not a one-step router: `route/cascade.py` runs it step by step, `evaluate/cascade.py`
-scores it from recorded answers; `cascade_save.py` writes it.
+It is not a one-step router: `policies/cascade/route.py` runs it step by step, `policies/cascade/evaluate.py`
+scores it from recorded answers; `save.py` writes it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fugu_pipeline.train.cascade_policy import CascadePolicy
+from fugu_pipeline.policies.cascade.policy import CascadePolicy
 from fugu_pipeline.train.head_base import RoutingHead, register
 
 KIND = "cascade"
@@ -40,7 +40,7 @@ class CascadeHead(RoutingHead):
     def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
                  frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None,
                  answer_stats: list[str] | None = None, context: dict | None = None):
-        from fugu_pipeline.features.answer_features import STATS, STATS_V1
+        from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1
 
         super().__init__(dim, n_workers)
         if answer_dim < 0:
@@ -55,14 +55,14 @@ class CascadeHead(RoutingHead):
         self.policy = CascadePolicy.model_validate(policy) if policy is not None else None
         self.answer_dim, self.frontier, self.answer_format = int(answer_dim), list(frontier or []), answer_format
         self.domains_frontier = dict(domains_frontier or {})
-        # the context verifier (train/verifier_context.py; None: each reply is scored alone)
+        # the context verifier (policies/cascade/verifier_context.py; None: each reply is scored alone)
         self.context = dict(context) if context else None
         if self.context is not None:
-            from fugu_pipeline.train.verifier_context import ContextModel
+            from fugu_pipeline.policies.cascade.verifier_context import ContextModel
 
             self.context_model = ContextModel.from_json(self.context)
         in_dim = dim + self.answer_dim + n_workers
-        self.weight = nn.Parameter(torch.zeros(n_workers, in_dim))  # one logistic model per worker (train/verifier.py)
+        self.weight = nn.Parameter(torch.zeros(n_workers, in_dim))  # one logistic model per worker (policies/cascade/verifier.py)
         self.bias = nn.Parameter(torch.zeros(n_workers))
         self.register_buffer("center", torch.zeros(n_workers, in_dim))
         self.register_buffer("scale", torch.ones(n_workers, in_dim))
@@ -75,8 +75,8 @@ class CascadeHead(RoutingHead):
                 **({"context": self.context} if self.context else {})}
 
     def forward(self, x: torch.Tensor, domains=None) -> torch.Tensor:
-        raise TypeError("a cascade is not a one-step router: run it with route/cascade.py (CascadeRouter) or score it "
-                        "with evaluate/cascade.py")
+        raise TypeError("a cascade is not a one-step router: run it with policies/cascade/route.py (CascadeRouter) or score it "
+                        "with policies/cascade/evaluate.py")
 
     def probe_scores(self, x: torch.Tensor) -> torch.Tensor:
         """The verifier's logit (N, W) for every worker on prompt features `x` with empty reply
@@ -93,7 +93,7 @@ class CascadeHead(RoutingHead):
 
     def verify(self, X: np.ndarray) -> np.ndarray:
         """P(right) of each (prompt features, reply features, worker one-hot) row."""
-        from fugu_pipeline.train.verifier import score
+        from fugu_pipeline.policies.cascade.verifier import score
 
         return score(X, self.weight.detach().numpy(), self.bias.detach().numpy(), self.center.numpy(), self.scale.numpy())
 
@@ -109,7 +109,7 @@ class CascadeHead(RoutingHead):
 
 
 def cascade_state(verifier, in_dim: int, n_workers: int) -> dict[str, torch.Tensor]:
-    """The tensors of a cascade checkpoint from a fitted `train.verifier.Verifier` (None: zeros, unused)."""
+    """The tensors of a cascade checkpoint from a fitted `policies.cascade.verifier.Verifier` (None: zeros, unused)."""
     if verifier is None:
         return {"weight": torch.zeros(n_workers, in_dim), "bias": torch.zeros(n_workers),
                 "center": torch.zeros(n_workers, in_dim), "scale": torch.ones(n_workers, in_dim), "used": torch.zeros(1)}

@@ -1,16 +1,16 @@
-"""Saving a fitted cascade (`cascade_fit.CascadeFit`) as a checkpoint `models/cascade/<hash>/`
-(`cascade_head.py` holds the format)."""
+"""Saving a fitted cascade (`fit.CascadeFit`) as a checkpoint `models/cascade/<hash>/`
+(`head.py` holds the format)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from fugu_pipeline.train.cascade_head import KIND, cascade_state
+from fugu_pipeline.policies.cascade.head import KIND, cascade_state
 
 
 def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | None = None, training_config: dict | None = None):
-    """Save a `cascade_fit.CascadeFit` as `models/cascade/<hash>/`; returns the folder."""
-    from fugu_pipeline.features.answer_features import ANSWER_TEXT_FORMAT
+    """Save a `fit.CascadeFit` as `models/cascade/<hash>/`; returns the folder."""
+    from fugu_pipeline.policies.cascade.answer_features import ANSWER_TEXT_FORMAT
     from fugu_pipeline.train.checkpoints import save_checkpoint
 
     in_dim = data.dim + answer_dim + data.n_workers
@@ -25,7 +25,7 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "worker_quality": fit.worker_quality, "answer_kinds": fit.answer_kinds,
         "validation": {c: {"quality": ch.quality, "cost_usd": ch.cost, "utility": ch.utility, "plans_considered": ch.considered}
                        for c, ch in fit.choices.items()},
-        "frontier_oof": getattr(fit, "frontier", None) or {},  # train/cascade_frontier.py
+        "frontier_oof": getattr(fit, "frontier", None) or {},  # policies/cascade/frontier.py
         "val_utility": next((c.mean for c in fit.candidates if c.name == fit.saved_as), None) if fit.saved_as
         else next((c.mean for c in fit.candidates if c.kind == "cascade"), None),
         # what the calls behind the rows it was fitted on cost (the receipt's training cost)
@@ -40,7 +40,7 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
                         "answer_format": ANSWER_TEXT_FORMAT, "domains_frontier": per,
                         # the reply statistics by name (inputs built without names: the first ten, unrecorded)
                         **({"answer_stats": list(fit.stat_names)} if fit.stat_names else {}),
-                        # the context verifier (train/verifier_context.py): a reply read with the paid ones
+                        # the context verifier (policies/cascade/verifier_context.py): a reply read with the paid ones
                         **({"context": fit.context} if getattr(fit, "context", None) else {})},
         "training_config": training_config or {}, "metrics": metrics,
         # the search's record (what a receipt cites, as a grid head's figure per grid point): the

@@ -1,5 +1,5 @@
 """The cost-accuracy frontier of a cascade in its report: the out-of-fold points its training recorded
-(`train/cascade_frontier.py`, kept in the checkpoint's metrics as `frontier_oof`), printed and plotted.
+(`policies/cascade/frontier.py`, kept in the checkpoint's metrics as `frontier_oof`), printed and plotted.
 
 `add_frontier(rep, checkpoint, out_dir)` puts the points into a cascade report (`frontier`) with the
 lines (`frontier_lines`) and writes `frontier.png` beside it: out-of-fold accuracy against $ per 1,000
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fugu_pipeline.evaluate.plots import COLORS, plotted, reused, shown_name
-from fugu_pipeline.train.cascade_frontier import frontier_lines
+from fugu_pipeline.policies.cascade.frontier import frontier_lines
 
 WIDTH, HEIGHT = 6.4, 4.0
 

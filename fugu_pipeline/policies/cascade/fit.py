@@ -9,7 +9,7 @@
    - `cheapest` (the default where the utility gives cost no weight): the candidates are cascades
      chosen under a ladder of caps (10% ... 100% of the strongest worker's cost), the one-shot
      heads and the strongest worker; the cheapest whose accuracy is not significantly below the
-     strongest's ships (`cascade_choice.py`: paired 95% interval reaching 0, mean within
+     strongest's ships (`choice.py`: paired 95% interval reaching 0, mean within
      `cascade.margin`); only the strongest qualifying: it ships, with the reason.
    - `utility` (the utility prices cost), or a cap: a candidate replaces "always the best worker"
      (under a cap: the best worker within it) only when its gain over it (utility; quality under a
@@ -29,10 +29,10 @@ import numpy as np
 
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import AnswerGrid
-from fugu_pipeline.train.cascade_config import CascadeConfig
-from fugu_pipeline.train.cascade_frontier import oof_frontier
-from fugu_pipeline.train.cascade_policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
-from fugu_pipeline.train.cascade_choice import (
+from fugu_pipeline.policies.cascade.config import CascadeConfig
+from fugu_pipeline.policies.cascade.frontier import oof_frontier
+from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
+from fugu_pipeline.policies.cascade.choice import (
     LADDER,
     TABLE_SHARES,
     cap_table,
@@ -40,10 +40,10 @@ from fugu_pipeline.train.cascade_choice import (
     ladder_fold,
     rung_name,
 )
-from fugu_pipeline.train.cascade_search import Cap, CapUnmet, Grid, run_policy, search_policy
+from fugu_pipeline.policies.cascade.search import Cap, CapUnmet, Grid, run_policy, search_policy
 from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, fold_ids, interval
-from fugu_pipeline.train.verifier import Verifier, VerifierInputs, fit_all, oof_scores
-from fugu_pipeline.train.verifier_context import context_json, with_context
+from fugu_pipeline.policies.cascade.verifier import Verifier, VerifierInputs, fit_all, oof_scores
+from fugu_pipeline.policies.cascade.verifier_context import context_json, with_context
 
 BEST_WORKER = "always the best worker"
 BEST_IN_CAP = "always the best worker within the cap"
@@ -53,9 +53,9 @@ def answer_inputs(data: RoutingData, grid: AnswerGrid, settings, cache_root: str
                   encode: bool = True, stat_names: tuple[str, ...] | list[str] | None = None) -> VerifierInputs:
     """The verifier's inputs for every row of `data`: its prompt features, and each reply's encoder
     features (through the cache; none when not `encode`) with its statistics (`stat_names`, default
-    every one of `features.answer_features.STATS`; a saved cascade's own list when it is evaluated),
+    every one of `policies.cascade.answer_features.STATS`; a saved cascade's own list when it is evaluated),
     both through the content-addressed cache."""
-    from fugu_pipeline.features.answer_features import STATS, answer_text, cached_answer_stats, embed_answers
+    from fugu_pipeline.policies.cascade.answer_features import STATS, answer_text, cached_answer_stats, embed_answers
 
     names = tuple(stat_names) if stat_names is not None else STATS
 
@@ -78,7 +78,7 @@ def answer_inputs(data: RoutingData, grid: AnswerGrid, settings, cache_root: str
 def with_stats(inputs: VerifierInputs, names: tuple[str, ...] | list[str]) -> VerifierInputs:
     """`inputs` whose reply statistics are `names` (a saved cascade's own list), taken from the
     statistics it holds (unnamed: the first ten); a name it lacks is an error naming it."""
-    from fugu_pipeline.features.answer_features import STATS_V1
+    from fugu_pipeline.policies.cascade.answer_features import STATS_V1
 
     have = inputs.stat_names or STATS_V1
     names = tuple(names)
@@ -129,8 +129,8 @@ class CascadeFit:
     answer_kinds: dict[str, str] = field(default_factory=dict)  # domain (and "*") -> the answer kind read live
     oof: dict[str, np.ndarray] = field(default_factory=dict)  # per candidate, per non-test row
     stat_names: tuple[str, ...] = ()  # the reply statistics the verifier reads (empty: the first ten)
-    context: dict = field(default_factory=dict)  # the context verifier (train/verifier_context.py), saved with it
-    frontier: dict = field(default_factory=dict)  # out-of-fold accuracy and cost per cap (train/cascade_frontier.py)
+    context: dict = field(default_factory=dict)  # the context verifier (policies/cascade/verifier_context.py), saved with it
+    frontier: dict = field(default_factory=dict)  # out-of-fold accuracy and cost per cap (policies/cascade/frontier.py)
     cap_rows: list[dict] = field(default_factory=list)  # one-shot vs cascade vs the strongest at 20/33/50% of its cost
     baseline: str = BEST_WORKER  # what `gain` is measured against
     saved_as: str = ""  # the candidate whose out-of-fold figure is the saved cascade's (cheapest rule)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fugu_pipeline.features.routing_data import TrainingDataError
 from fugu_pipeline.reward import UtilityConfig
-from fugu_pipeline.train.cascade_policy import CascadePlan, CascadePolicy, CascadeStep, simulate
+from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, CascadeStep, simulate
 
 
 class Cap(BaseModel):
