@@ -96,7 +96,7 @@ def contest_api(kind: str, data):
     if kind == "router":  # one-step heads and cascades share the router slot
         return lambda paths, models, policy: promote_best(paths, data, models, policy)
     if kind == "triage":
-        from fugu_pipeline.evaluate.triage_promotion import TriageKind
+        from fugu_pipeline.policies.triage.contest import TriageKind
 
         return lambda paths, models, policy: run_contest(TriageKind(data), paths, models, policy)
     from fugu_pipeline.policies.coordinator.project import evaluate_coordinator

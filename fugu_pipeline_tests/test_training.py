@@ -194,7 +194,7 @@ def test_linear_heads_train_on_one_thread_whatever_the_caller_set_and_give_it_ba
     """A busy CPU made these tiny heads 10-50x slower on two threads (OpenMP barriers waiting on a
     descheduled thread): SFT, RL, CMA-ES and triage train on one, restore the caller's count, and
     save the same bytes whatever it was."""
-    from fugu_pipeline.train.triage import TriageConfig, train_triage
+    from fugu_pipeline.policies.triage.train import TriageConfig, train_triage
 
     before = torch.get_num_threads()
     try:

@@ -276,7 +276,7 @@ def cmd_validate(args) -> int:
         return _refuse(args, pack_dir, pre, kind)
     if kind == "triage":
         from fugu_pipeline.evaluate.contest import run_contest
-        from fugu_pipeline.evaluate.triage_promotion import TriageKind
+        from fugu_pipeline.policies.triage.contest import TriageKind
 
         outcome = run_contest(TriageKind(data), [str(pack_dir)], args.models_dir, policy, submitter=pre.submitter,
                               key=pre.key, replace_broken_king=asked_by(args, "validate"))

@@ -35,7 +35,7 @@ def heads() -> dict:
     from fugu_pipeline.policies.oneshot import heads as oneshot_heads  # noqa: F401  (each registers its heads)
     from fugu_pipeline.policies.coordinator import head as coordinator_head  # noqa: F401
     from fugu_pipeline.policies.cascade import head as cascade_head  # noqa: F401
-    from fugu_pipeline.train import triage_head  # noqa: F401
+    from fugu_pipeline.policies.triage import head as triage_head  # noqa: F401
     from fugu_pipeline.train.head_base import HEADS
 
     return HEADS

@@ -1,5 +1,5 @@
 """The triage head's module (`triage_linear`): two bias-free linear maps over the L2-normalised
-features, each with its own softmax (`train/triage.py` trains, saves and loads it). Registered in
+features, each with its own softmax (`policies/triage/train.py` trains, saves and loads it). Registered in
 the head registry, so a triage checkpoint is written and loaded by the one checkpoint code."""
 
 from __future__ import annotations

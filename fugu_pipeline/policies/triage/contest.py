@@ -34,7 +34,7 @@ class TriageKind(KindBase):
     pointer, history, lock = KIND_FILES["triage"]
 
     def __init__(self, data, labels=None):
-        from fugu_pipeline.train.triage import TriageConfig, difficulty_labels
+        from fugu_pipeline.policies.triage.train import TriageConfig, difficulty_labels
 
         self.data = data
         self.labels = labels or TriageConfig()
@@ -50,13 +50,13 @@ class TriageKind(KindBase):
                                       "novelty_weight": 0.0})
 
     def load(self, path: str) -> Entrant:
-        from fugu_pipeline.train.triage import load_triage
+        from fugu_pipeline.policies.triage.train import load_triage
 
         t = load_triage(path)
         return Entrant(str(t.path), t.manifest.method, t.manifest.content_hash, t.checkpoint, t.manifest)
 
     def own_gates(self, entrant: Entrant) -> list[GateResult]:
-        from fugu_pipeline.train.triage import MAX_PARAMS
+        from fugu_pipeline.policies.triage.train import MAX_PARAMS
 
         n = entrant.manifest.param_count
         return [GateResult("size", n < MAX_PARAMS, f"{n:,} parameters ({'<' if n < MAX_PARAMS else 'not <'} {MAX_PARAMS:,})")]
@@ -83,7 +83,7 @@ class TriageKind(KindBase):
                          measure_name=f"{DOMAIN_WEIGHT} domain + {DIFFICULTY_WEIGHT} difficulty accuracy")
 
     def _labels(self, entrant: Entrant, rows: np.ndarray) -> tuple[list[str], list[str]]:
-        from fugu_pipeline.train.triage import triage_probabilities
+        from fugu_pipeline.policies.triage.train import triage_probabilities
 
         p = entrant.manifest.head_params
         d, h = triage_probabilities(entrant.head.head, self.data.features[rows])

@@ -3,12 +3,12 @@ against the majority-label baseline, and what the prediction is worth for routin
 
 - `domain`: accuracy overall and per true domain, the confusion matrix (rows: true domain,
   columns: predicted), and the majority baseline (always the most common train domain).
-- `difficulty`: the same for the difficulty buckets (labels from the matrix, `train/triage.py`),
+- `difficulty`: the same for the difficulty buckets (labels from the matrix, `policies/triage/train.py`),
   overall, per domain, and as a confusion matrix.
 - `routing`: the triage head used as a router's input: each task goes to the worker with the best
   mean train utility in its *predicted* domain, against the best fixed worker (chosen on train),
   the same rule with the *true* domain (the ceiling of domain-only routing) and the oracle.
-torch loads lazily (through `train/triage.py`).
+torch loads lazily (through `policies/triage/train.py`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def _confusion(true: np.ndarray, pred: np.ndarray, n: int) -> list[list[int]]:
 
 
 def triage_report(ckpt, data, split: str = "test") -> dict:
-    """The report of a loaded triage checkpoint (`train.triage.load_triage`) on one split."""
-    from fugu_pipeline.train.triage import TriageConfig, difficulty_labels, triage_probabilities
+    """The report of a loaded triage checkpoint (`policies.triage.train.load_triage`) on one split."""
+    from fugu_pipeline.policies.triage.train import TriageConfig, difficulty_labels, triage_probabilities
 
     m = ckpt  # the label vocabulary (domains, buckets, edges) and the manifest's worker_ids, param_count
     rows, train = data.split(split), data.split("train")

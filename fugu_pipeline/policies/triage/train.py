@@ -49,7 +49,7 @@ from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.train.checkpoints import Checkpoint, CheckpointError, Manifest, load_checkpoint, save_checkpoint
 from fugu_pipeline.train.loop import seeded
-from fugu_pipeline.train.triage_head import HEAD_KIND, MAX_PARAMS, TriageCheckpointHead, TriageHead  # noqa: F401 (this module's API too)
+from fugu_pipeline.policies.triage.head import HEAD_KIND, MAX_PARAMS, TriageCheckpointHead, TriageHead  # noqa: F401 (this module's API too)
 
 _logger = logging.getLogger(__name__)
 METHOD = "triage"
