@@ -16,7 +16,7 @@ cascades searched under each cap there), and the shipped policy on the held-out 
 A cascade reads the workers' recorded replies; a set without them (RouteLLM's MMLU CSVs, LLMRouter's
 dcrouter files: correctness only) is named and skipped, or with `--one-shot-only` gets the one-shot
 and strongest rows of the table, the default operating point `fugu-lite train` saves for the
-selected one-shot head (`route/default_point.py`) with its reason line, and that point on the
+selected one-shot head (`policies/oneshot/default_point.py`) with its reason line, and that point on the
 held-out test rows against the strongest worker. Data without costs is priced as
 `benchmarks/cascade_data.py` prices it. `--sample N` keeps N rows (the smallest hashes of their
 task ids) to bound the runtime; the encoder: `tiny`, `minilm` (the all-MiniLM-L6-v2 files the
@@ -163,13 +163,13 @@ def one_shot_only(name: str, rows: list, args, why: str) -> dict:
           f"workers {', '.join(data.worker_ids)}; {emb.encoder_description}")
     print(f"{why}; one-shot selection: {rep.selected} ({rep.reason})")
     if point is not None:
-        from fugu_pipeline.route.default_point import default_lines
+        from fugu_pipeline.policies.oneshot.default_point import default_lines
 
         print("\n".join(default_lines(point)))
     print("\n".join(table_lines(table, f"out of fold over the {n} non-test rows (one-shot and the strongest only), caps "
                                        "as shares of the strongest worker's cost:")))
     if held is not None:
-        from fugu_pipeline.evaluate.default_report import default_report_lines
+        from fugu_pipeline.policies.oneshot.default_report import default_report_lines
 
         print("held-out " + "\n".join(default_report_lines(held)[1:2]))
     print(f"runtime {time.perf_counter() - t0:.0f}s", flush=True)
@@ -179,10 +179,10 @@ def one_shot_only(name: str, rows: list, args, why: str) -> dict:
 
 def default_of(data, sel, work: Path, cfg, args):
     """What `fugu-lite train` saves as the default operating point (its own steps: `fit_and_save`,
-    then `route/default_point.calibrate_saved`), and that point scored on the held-out test rows."""
-    from fugu_pipeline.evaluate.default_report import default_section
+    then `policies/oneshot/default_train.calibrate_saved`), and that point scored on the held-out test rows."""
+    from fugu_pipeline.policies.oneshot.default_report import default_section
     from fugu_pipeline.route.budget import load_calibration
-    from fugu_pipeline.route.default_train import calibrate_saved
+    from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
     from fugu_pipeline.train.checkpoints import load_checkpoint
     from fugu_pipeline.policies.oneshot.fit import fit_and_save
 

@@ -344,7 +344,7 @@ def cmd_evaluate(args) -> int:
     calibration = calibrate_beside(path, data, strict=budget is not None)  # with a cap: BudgetError, the reason
     rep = evaluate_checkpoint(ckpt, data, args.split, calibration=calibration, budget=budget)
     if budget is None and not getattr(args, "no_default_budget", False):  # the point `route` uses with no cap
-        from fugu_pipeline.evaluate.default_report import default_section
+        from fugu_pipeline.policies.oneshot.default_report import default_section
         from fugu_pipeline.route.budget import usable_calibration
 
         own = calibration if calibration is not None and calibration.default is not None else \
@@ -370,7 +370,7 @@ def cmd_evaluate(args) -> int:
         for line in budget_lines(rep["budget"], args.split):
             print(line)
     if rep.get("default_point"):
-        from fugu_pipeline.evaluate.default_report import default_report_lines
+        from fugu_pipeline.policies.oneshot.default_report import default_report_lines
 
         for line in default_report_lines(rep["default_point"]):
             print(line)
@@ -422,8 +422,8 @@ def cmd_train_heads(args) -> int:
                                              settings=settings, prompt_rules=rules)
     report = fit_and_save(data, args.output, cfg, log=log, force=args.force, selection=selection, metrics=recorded)
     # budget.json beside each quality head (route/serve/evaluate --budget-*), with the default operating point
-    from fugu_pipeline.route.default_point import default_lines
-    from fugu_pipeline.route.default_train import calibrate_saved
+    from fugu_pipeline.policies.oneshot.default_point import default_lines
+    from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
 
     point = calibrate_saved(report.saved, data, log, margin=cfg.cascade.margin, n_boot=cfg.cascade.n_boot, seed=cfg.seed)
     print(f"validation: {report.protocol}; objective {report.objective}; rule {report.rule} ({report.rule_reason})")

@@ -186,7 +186,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
     from fugu_pipeline.config_files import ConfigError, load_config
-    from fugu_pipeline.route.default_train import calibrate_saved
+    from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
     from fugu_pipeline.train.feature_choice import (
         LayerSetError,
         describe_features,

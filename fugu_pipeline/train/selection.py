@@ -16,7 +16,7 @@ rows, the validation objective, the choice of rule, and greedy ensembles.
   (chosen on one half of the folds, scored on the other), so an ensemble is picked only when it
   holds up on rows its members were not chosen on.
 - `cheapest_not_below`: the cost-aware rule a cascade's choice (`policies/cascade/choice.py`) and a one-shot
-  head's default operating point (`route/default_point.py`) share: the cheapest candidate whose
+  head's default operating point (`policies/oneshot/default_point.py`) share: the cheapest candidate whose
   out-of-fold accuracy is not significantly below always the strongest worker's (its paired
   bootstrap 95% interval, `interval`, reaching 0, its mean within a margin).
 """

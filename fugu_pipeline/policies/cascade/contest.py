@@ -44,12 +44,6 @@ LIVE_NOTE = ("live term not measured: a cascade is scored from the recorded repl
              "cascade in the contest yet), so both heads are judged without it")
 
 
-def is_cascade(entrant: Entrant) -> bool:
-    from fugu_pipeline.policies.cascade.head import KIND
-
-    return entrant.manifest is not None and entrant.manifest.head_kind == KIND
-
-
 @dataclass
 class AnswerSource:
     """The host's recorded replies for a cascade: `load(data, encode)` → (answer grid, verifier

@@ -31,7 +31,7 @@ class SavedHead:
     # predictions there are in-sample): what its budget calibration is drawn on; None: use the head's
     val_quality: np.ndarray | None = None
     # out-of-fold quality over every non-test row (in order) and each row's fold: what the default
-    # operating point (route/default_point.py) is chosen on; None where the head predicts none
+    # operating point (default_point.py) is chosen on; None where the head predicts none
     oof_quality: np.ndarray | None = None
     oof_folds: np.ndarray | None = None
 

@@ -1,4 +1,4 @@
-"""The held-out report of a one-shot checkpoint's default operating point (`route/default_point.py`):
+"""The held-out report of a one-shot checkpoint's default operating point (`default_point.py`):
 the point `route`, `ask` and `serve` use when a request asks no cap, scored on a split and compared
 with always the strongest worker (accuracy with a paired 95% interval, expected and realised cost)."""
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from fugu_pipeline.route.budget import LAMBDAS, calibrate_beside
-from fugu_pipeline.route.default_point import DEFAULT_MARGIN, DefaultPoint, choose_default, default_lines
+from fugu_pipeline.policies.oneshot.default_point import choose_default, default_lines
+from fugu_pipeline.route.default_point import DEFAULT_MARGIN, DefaultPoint
 
 
 def applies(data) -> str:
