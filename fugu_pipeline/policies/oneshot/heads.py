@@ -91,6 +91,6 @@ class QualityHead(RoutingHead):
 
 LINEAR_HEAD_KINDS = (LinearHead.kind, NormedLinearHead.kind, QualityHead.kind)  # what SFT / RL / ES train
 HEAD_KINDS = LINEAR_HEAD_KINDS  # (main's name for the same set)
-QUALITY_PREDICTOR_KINDS = (predictors.DomainPriorHead.kind, predictors.KNNHead.kind, predictors.MLPHead.kind,
-                           ridge.RidgeHead.kind, ensemble.EnsembleHead.kind)
+# every quality predictor registered above (kNN, domain prior, MLP, ridge, ensemble): no other kind's head is one
+QUALITY_PREDICTOR_KINDS = tuple(k for k, cls in HEADS.items() if issubclass(cls, predictors.QualityPredictor))
 ROUTER_HEAD_KINDS = LINEAR_HEAD_KINDS + QUALITY_PREDICTOR_KINDS  # one-step routers: linear heads and quality predictors
