@@ -16,7 +16,8 @@ Each kind is whole in its own package (`policies/<kind>/`), and the kinds do not
 - `router_class`, `load_router`, `load_promoted`: a checkpoint in the router slot runs as its
   kind's `Router` (a one-step head's, or a cascade's that calls its steps);
 - `router_kind`, `promote_best`: the router slot of the one contest (`evaluate/contest.py`), the
-  one-shot heads' scorer with the cascade's beside it (`mates`).
+  one-shot heads' scorer with the cascade's beside it (`mates`);
+- `preflight`: the submission gates on a pack of any kind (each kind's head class says its own).
 
 The callers (`cli/`, `serve/`, `defs/`, `testing/`) go through these. Adding a kind of router adds a
 package and its lines here. Nothing here imports torch until a function is called.
@@ -25,9 +26,6 @@ package and its lines here. Nothing here imports torch until a function is calle
 from __future__ import annotations
 
 from pathlib import Path
-
-KINDS = ("oneshot", "cascade", "coordinator", "triage")
-
 
 def heads() -> dict:
     """The head table with every kind's heads registered (imports torch: call it before a checkpoint
