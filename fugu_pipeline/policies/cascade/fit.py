@@ -307,6 +307,7 @@ def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo
             else:
                 choices[d] = search(g_all, mine, cfg.search, o.spec[1] * ref, allowed, f"domain {d!r}: ", memo)
                 per[d] = choices[d].plan
+        split.plans = {d: p.describe() for d, p in per.items()}
         return CascadePolicy(default=plan, per_domain=per), choices, PER_DOMAIN
     name = win.name
     if win.kind == "one-shot":  # the cascade saved beside it: the cheapest pooled cascade that qualified

@@ -105,7 +105,10 @@ def oof_frontier(grid_for, rows: np.ndarray, folds: np.ndarray, cfg: CascadeSear
                        "cost_usd": float(cost[s].mean()), "cost_share": float(cost[s].mean() / max(ref_all, 1e-300)),
                        "quality_interval": bounds[kept.index(s)], "cost_interval": bounds[len(kept) + kept.index(s)],
                        "plan": plan.describe() if plan else None, "plan_spec": plan.model_dump() if plan else None,
-                       "uses_verifier": bool(i is not None and uses_verifier(pts_all.plans[i]))})
+                       "uses_verifier": bool(i is not None and uses_verifier(pts_all.plans[i])),
+                       # the plan's own figures on every row of `rows` (what a served cap compares)
+                       **({"fit_cost_usd": float(pts_all.cost[i]), "fit_cost_se": float(pts_all.cost_se[i]),
+                           "fit_quality": float(pts_all.quality[i])} if i is not None else {})})
     extra = {"per_row": {s: (qual[s], cost[s]) for s in shares if met[s]}} if per_row else {}
     return {**extra, "levels": levels, "frontier": non_dominated(levels), "plans_per_search": considered, "rows": int(n),
             "cap_z": z, "strongest_cost_usd": float(ref_all), "strongest": g_all.worker_ids[top],

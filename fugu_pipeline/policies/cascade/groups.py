@@ -62,15 +62,18 @@ class GroupChoice:
     rows_of: dict[str, int] = field(default_factory=dict)
     group_strongest_cost: dict[str, float] = field(default_factory=dict)
     stepped_up: list[str] = field(default_factory=list)  # domains moved to a dearer choice for the whole
+    plans: dict[str, str] = field(default_factory=dict)  # domain -> the plan it is served (searched on every row)
 
     def table(self) -> list[dict]:
-        return [{"domain": d, "rows": self.rows_of[d], "choice": o.name, "spec": list(o.spec), "quality": o.quality,
+        return [{"domain": d, "rows": self.rows_of[d], "choice": o.name, "plan": self.plans.get(d, ""),
+                 "spec": list(o.spec), "quality": o.quality,
                  "cost_usd": o.cost_usd, "cost_share": o.cost_usd / max(self.group_strongest_cost[d], 1e-300),
                  "vs_strongest": o.vs_strongest, "vs_low": o.vs_low, "vs_high": o.vs_high}
                 for d, o in sorted(self.groups.items())]
 
     def lines(self) -> list[str]:
-        out = [f"  domain {r['domain']!r} ({r['rows']} rows): {r['choice']}: accuracy {r['quality']:.4f}, "
+        out = [f"  domain {r['domain']!r} ({r['rows']} rows): {r['choice']}" + (f" = {r['plan']}" if r["plan"] else "")
+               + f": accuracy {r['quality']:.4f}, "
                f"${r['cost_usd'] * 1000:.4g} per 1,000 = {r['cost_share']:.0%} of the strongest's cost there (saving "
                f"{1 - r['cost_share']:.0%}); accuracy − strongest {r['vs_strongest']:+.4f} [{r['vs_low']:+.4f}, "
                f"{r['vs_high']:+.4f}]" for r in self.table()]

@@ -39,7 +39,7 @@ class CascadeHead(RoutingHead):
 
     def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
                  frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None,
-                 answer_stats: list[str] | None = None, context: dict | None = None):
+                 answer_stats: list[str] | None = None, context: dict | None = None, cap_usd: float | None = None):
         from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1
 
         super().__init__(dim, n_workers)
@@ -55,6 +55,9 @@ class CascadeHead(RoutingHead):
         self.policy = CascadePolicy.model_validate(policy) if policy is not None else None
         self.answer_dim, self.frontier, self.answer_format = int(answer_dim), list(frontier or []), answer_format
         self.domains_frontier = dict(domains_frontier or {})
+        # the cap the policy was chosen under, $ per request (serving keeps its running spend within it:
+        # policies/cascade/spend.py); None: no cap
+        self.cap_usd = None if cap_usd is None else float(cap_usd)
         # the context verifier (policies/cascade/verifier_context.py; None: each reply is scored alone)
         self.context = dict(context) if context else None
         if self.context is not None:
@@ -72,7 +75,8 @@ class CascadeHead(RoutingHead):
         return {"policy": self.policy.model_dump() if self.policy else None, "answer_dim": self.answer_dim,
                 "frontier": self.frontier, "answer_format": self.answer_format, "domains_frontier": self.domains_frontier,
                 **({"answer_stats": list(self.answer_stats)} if self._stats_named else {}),
-                **({"context": self.context} if self.context else {})}
+                **({"context": self.context} if self.context else {}),
+                **({"cap_usd": self.cap_usd} if self.cap_usd is not None else {})}
 
     def forward(self, x: torch.Tensor, domains=None) -> torch.Tensor:
         raise TypeError("a cascade is not a one-step router: run it with policies/cascade/route.py (CascadeRouter) or score it "
