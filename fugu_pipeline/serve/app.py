@@ -30,8 +30,11 @@ good one keeps serving and `/health` shows the error).
 
 Calling and fallback. The client's messages and sampling fields (temperature, top_p, max_tokens,
 max_completion_tokens, stop, presence/frequency_penalty, seed, logit_bias, user,
-response_format, reasoning_effort) go to the worker; a worker's configured `system_prompt` is
-prepended when the client sent no system message. A plain request calls the worker without
+response_format, reasoning_effort) and tool calling (tools, tool_choice, parallel_tool_calls, tool
+messages: `tool_calls.py`, served one-step by workers with `supports_tools`, cascade and multi-turn
+checkpoints included) go to the worker; a worker's configured `system_prompt` is prepended when the
+client sent no system message. A worker the request does not suit (tools, its context window) is
+skipped (`fugu_lite.skipped`; none suiting: a 400), and `max_tokens` is lowered to its limit. A plain request calls the worker without
 streaming; a streamed one relays the worker's stream. Each worker gets `worker_attempts` attempts
 (default 1: falling back is quicker than backing off); on failure the next worker in the route's
 ranking is tried, and every failure is listed in `fugu_lite.fallback_errors`. A streamed reply
@@ -50,8 +53,9 @@ before any route runs (DNS rebinding; `hosts.py`, `--allowed-host`). A body over
 or holding more than `max_json_values` JSON values gets a 413, one that is not strict JSON or
 holds a field of the wrong type a 400 (`json_body.py`, `protocol.py`); a body over
 `json_body.INLINE_BYTES` is parsed on a thread, so none delays the serving loop. A worker whose
-key is refused (401, 402, 403) is kept out for `auth_cooldown_s` (`upstream.py`): not called,
-listed in `fallback_errors`, shown in `/health`.
+key is refused (401, 402, 403) is kept out for `auth_cooldown_s`, one that keeps failing for a
+cooldown that grows (`workers/health.py`): not called, listed in `fallback_errors`, shown in
+`fugu_lite.worker_health` and `/health`.
 
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
 and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the route's
