@@ -34,8 +34,8 @@ response_format, reasoning_effort) and tool calling (tools, tool_choice, paralle
 messages: `tool_calls.py`, served one-step by workers with `supports_tools`, cascade and multi-turn
 checkpoints included) go to the worker; a worker's configured `system_prompt` is prepended when the
 client sent no system message. A worker the request does not suit (tools, its context window) is
-skipped (`fugu_lite.skipped`; none suiting: a 400), and `max_tokens` is lowered to its limit. A plain request calls the worker without
-streaming; a streamed one relays the worker's stream. Each worker gets `worker_attempts` attempts
+skipped (`fugu_lite.skipped`; none suiting: a 400), and `max_tokens` is lowered to its limit.
+A plain request calls the worker without streaming; a streamed one relays the worker's stream. Each worker gets `worker_attempts` attempts
 (default 1: falling back is quicker than backing off); on failure the next worker in the route's
 ranking is tried, and every failure is listed in `fugu_lite.fallback_errors`. A streamed reply
 starts only after the worker's first chunk has arrived, so failures before the first byte fall
@@ -333,10 +333,8 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
             continue
         calls += 1
         try:
-            if req.stream:
-                result = await svc.workers.open_stream(wid, req.messages, admitted.params, timing)
-            else:
-                result = await svc.workers.complete(wid, req.messages, admitted.params, timing)
+            call = svc.workers.open_stream if req.stream else svc.workers.complete
+            result = await call(wid, req.messages, admitted.params, timing, req.prompt_tokens)
         except WorkerCallError as exc:
             errors.append({"worker": wid, "error": str(exc), "status": exc.status, "attempts": exc.attempts})
             log.warning("worker %s failed, falling back: %s", wid, exc)

@@ -360,10 +360,12 @@ class Workers:
             return Admitted(params, sized.note, asked)
         return Admitted({**params, "max_tokens": sized.max_tokens}, sized.note, asked)
 
-    async def complete(self, wid: str, messages: list[dict], params: dict, timing: CallTiming) -> Completion:
+    async def complete(self, wid: str, messages: list[dict], params: dict, timing: CallTiming,
+                       prompt_tokens: int | None = None) -> Completion:
         """One plain call on the worker loop; `timing` is filled in, also when it raises.
-        WorkerSkipped or WorkerKeptOut, without a call, when `admit` refuses; `params` as it admits them."""
-        admitted = self.admit(wid, messages, params)
+        WorkerSkipped or WorkerKeptOut, without a call, when `admit` refuses; `params` as it admits
+        them (`prompt_tokens`: the request's estimate, when the caller has it)."""
+        admitted = self.admit(wid, messages, params, prompt_tokens)
         return await self.loop.run(self._complete(wid, messages, admitted.params, timing))
 
     async def _call(self, wid: str, msgs: list[dict], params: dict) -> Completion:  # worker loop
@@ -388,11 +390,12 @@ class Workers:
             self.tracker.succeeded(wid)
             return comp
 
-    async def open_stream(self, wid: str, messages: list[dict], params: dict, timing: CallTiming) -> RelayedStream:
+    async def open_stream(self, wid: str, messages: list[dict], params: dict, timing: CallTiming,
+                          prompt_tokens: int | None = None) -> RelayedStream:
         """An open stream whose first chunk with content has arrived. It holds the worker's
         concurrency slot until `await stream.aclose()`, which the caller must call; when this
         raises, nothing is held. Refused without a call as `complete` is."""
-        admitted = self.admit(wid, messages, params)
+        admitted = self.admit(wid, messages, params, prompt_tokens)
         serving = asyncio.get_running_loop()
         return await self.loop.run(self._open(wid, messages, admitted.params, timing, serving),
                                    discard=RelayedStream._close)
