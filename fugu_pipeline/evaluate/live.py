@@ -174,8 +174,8 @@ def live_evaluator(config: "WorkersConfig", project_dir, **kw) -> OneCallEvaluat
     from fugu_pipeline.evaluate.live_store import LiveStore, live_context
     from fugu_pipeline.ledger import CostLedger, project_ledger
 
-    context = live_context([w.model_dump(mode="json") for w in config.workers],
-                           config.judge.model_dump(mode="json") if config.judge else None)
+    context = live_context([w.answer_fields() for w in config.workers],
+                           config.judge.answer_fields() if config.judge else None)
     return OneCallEvaluator(config, store=LiveStore(Path(project_dir) / "data" / "live", context),
                             ledger=CostLedger(project_ledger(project_dir)), **kw)
 

@@ -139,8 +139,8 @@ def open_run(config: WorkersConfig, settings: EncoderSettings, trajectories_dir:
     from fugu_pipeline.workers.factory import make_client
 
     enc = encoder or Encoder.load(settings)
-    context = context_key([w.model_dump(mode="json") for w in config.workers],
-                          config.judge.model_dump(mode="json") if config.judge else None, cfg.max_turns, enc.fingerprint)
+    context = context_key([w.answer_fields() for w in config.workers],
+                          config.judge.answer_fields() if config.judge else None, cfg.max_turns, enc.fingerprint)
     try:  # the store's lock first: a second run on it stops before any client exists or any call is made
         store = TrajectoryStore(trajectories_dir, context).open()
     except PartitionBusyError:

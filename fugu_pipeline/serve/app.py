@@ -30,9 +30,12 @@ good one keeps serving and `/health` shows the error).
 
 Calling and fallback. The client's messages and sampling fields (temperature, top_p, max_tokens,
 max_completion_tokens, stop, presence/frequency_penalty, seed, logit_bias, user,
-response_format, reasoning_effort) go to the worker; a worker's configured `system_prompt` is
-prepended when the client sent no system message. A plain request calls the worker without
-streaming; a streamed one relays the worker's stream. Each worker gets `worker_attempts` attempts
+response_format, reasoning_effort) and tool calling (tools, tool_choice, parallel_tool_calls, tool
+messages: `tool_calls.py`, served one-step by workers with `supports_tools`, cascade and multi-turn
+checkpoints included) go to the worker; a worker's configured `system_prompt` is prepended when the
+client sent no system message. A worker the request does not suit (tools, its context window) is
+skipped (`fugu_lite.skipped`; none suiting: a 400), and `max_tokens` is lowered to its limit.
+A plain request calls the worker without streaming; a streamed one relays the worker's stream. Each worker gets `worker_attempts` attempts
 (default 1: falling back is quicker than backing off); on failure the next worker in the route's
 ranking is tried, and every failure is listed in `fugu_lite.fallback_errors`. A streamed reply
 starts only after the worker's first chunk has arrived, so failures before the first byte fall
@@ -50,8 +53,9 @@ before any route runs (DNS rebinding; `hosts.py`, `--allowed-host`). A body over
 or holding more than `max_json_values` JSON values gets a 413, one that is not strict JSON or
 holds a field of the wrong type a 400 (`json_body.py`, `protocol.py`); a body over
 `json_body.INLINE_BYTES` is parsed on a thread, so none delays the serving loop. A worker whose
-key is refused (401, 402, 403) is kept out for `auth_cooldown_s` (`upstream.py`): not called,
-listed in `fallback_errors`, shown in `/health`.
+key is refused (401, 402, 403) is kept out for `auth_cooldown_s`, one that keeps failing for a
+cooldown that grows (`workers/health.py`): not called, listed in `fallback_errors`, shown in
+`fugu_lite.worker_health` and `/health`.
 
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
 and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the route's
@@ -112,10 +116,19 @@ from fugu_pipeline.serve.protocol import (
     read_body,
     require_json,
     server_error_handler,
+    unservable,
 )
-from fugu_pipeline.serve.relay import finish_timing, ms, reply_headers, stream_response
+from fugu_pipeline.serve.relay import finish_timing, ms, reply_headers, reply_message, routing_limits, stream_response
 from fugu_pipeline.serve.source import RouterSource, checkpoint_tag, load_router_provider  # noqa: F401 (its API too)
-from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S, CallTiming, RelayedStream, Workers, usage_of
+from fugu_pipeline.serve.upstream import (
+    DEFAULT_AUTH_COOLDOWN_S,
+    CallTiming,
+    RelayedStream,
+    Workers,
+    WorkerKeptOut,
+    WorkerSkipped,
+    usage_of,
+)
 from fugu_pipeline.workers.config import WorkerConfigError, WorkersConfig, load_workers_config
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
 
@@ -299,25 +312,29 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
         return await multi_turn.chat_completion(svc, request.app.state.fugu_roles, req, t0)
     decision = await svc.route(req)
     t_routed = time.perf_counter()
-    if "cascade" in decision.extra:  # a cascade checkpoint: its steps, then the accepted answer (serve/cascade.py)
-        return await serve_cascade.chat_completion(svc, req, decision, t0, t_routed)
+    if "cascade" in decision.extra and not req.uses_tools:  # a cascade checkpoint: its steps, then the accepted
+        return await serve_cascade.chat_completion(svc, req, decision, t0, t_routed)  # answer (serve/cascade.py)
 
     errors: list[dict] = []
-    calls, timing, served, result = 0, CallTiming(), None, None
+    skipped: list[dict] = []  # workers that cannot take this request (tools, context window): not called
+    calls, timing, served, result, admitted = 0, CallTiming(), None, None, None
     for routed in decision.ranking:
         wid = svc.served_id.get(routed, routed)  # a router's id, or the alias a configured worker answers to
         if wid not in svc.workers.clients:
             errors.append({"worker": wid, "error": "not in this server's worker config", "status": None})
             continue
-        if (kept := svc.workers.kept_out_error(wid)) is not None:  # its key was refused lately: not called
+        try:
+            admitted = svc.workers.admit(wid, req.messages, req.params, req.prompt_tokens)
+        except WorkerSkipped as skip:
+            skipped.append({"worker": wid, "code": skip.code, "reason": str(skip)})
+            continue
+        except WorkerKeptOut as kept:  # in a cooldown (a refused key, or failing lately): not called
             errors.append({"worker": wid, "error": str(kept), "status": kept.status, "attempts": 0})
             continue
         calls += 1
         try:
-            if req.stream:
-                result = await svc.workers.open_stream(wid, req.messages, req.params, timing)
-            else:
-                result = await svc.workers.complete(wid, req.messages, req.params, timing)
+            call = svc.workers.open_stream if req.stream else svc.workers.complete
+            result = await call(wid, req.messages, admitted.params, timing, req.prompt_tokens)
         except WorkerCallError as exc:
             errors.append({"worker": wid, "error": str(exc), "status": exc.status, "attempts": exc.attempts})
             log.warning("worker %s failed, falling back: %s", wid, exc)
@@ -331,7 +348,11 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
 
     info = {**_route_info(decision), "served_by": served, "domain": req.domain or "general", "attempts": calls,
             "fallback_errors": errors, "ignored": req.ignored + decision.extra.get("ignored", []), "route_ms": ms(t_routed - t0),
-            "queue_ms": ms(timing.queue_s), "upstream_ms": ms(timing.upstream_s)}
+            "queue_ms": ms(timing.queue_s), "upstream_ms": ms(timing.upstream_s), "skipped": skipped}
+    routing_limits(info, req, svc, served, admitted)
+    if served is None and skipped and not calls and all(e["status"] is None and "attempts" not in e for e in errors):
+        finish_timing(info, t0, timing)  # no worker could take it, none was kept out: the request's fault
+        raise unservable(req, skipped, info, reply_headers(info))
     if served is None:
         svc.counts["all_workers_failed"] += 1
         finish_timing(info, t0, timing)
@@ -350,8 +371,8 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
     body = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
         "model": info["served_model"],
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": comp.answer},
-                     "finish_reason": comp.finish_reason or "stop", "logprobs": None}],
+        "choices": [{"index": 0, "message": reply_message(comp), "finish_reason": comp.finish_reason or "stop",
+                     "logprobs": None}],
         "usage": usage_of(comp), "fugu_lite": info,
     }
     return JSONResponse(body, headers=reply_headers(info))
@@ -377,6 +398,7 @@ def create_app(
     bind_host: str = "127.0.0.1",
     allowed_hosts: tuple[str, ...] | list[str] = (),
     auth_cooldown_s: float = DEFAULT_AUTH_COOLDOWN_S,
+    catalog=None,
 ) -> Starlette:
     """The Starlette app. `api_token` None or "" means no auth; `worker_attempts` None keeps the
     worker config's `max_attempts`. Refuses a router whose workers the config does not define.
@@ -384,7 +406,8 @@ def create_app(
     `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400).
     `max_json_values`: the request body's limit (`json_body.py`); `bind_host` and `allowed_hosts`:
     the `Host` names answered (`hosts.py`); `auth_cooldown_s`: how long a worker whose key was
-    refused is kept out (`upstream.py`).
+    refused is kept out (`upstream.py`); `catalog`: a `workers.catalog.CatalogSnapshot` whose context
+    lengths and output limits apply to openrouter workers that set none (`workers/limits.py`).
     `router_provider` None: `roles` alone is served; one-step requests get a 400 saying `absent`."""
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
     where = "" if isinstance(workers_config, WorkersConfig) else f"{workers_config}: "
@@ -400,7 +423,7 @@ def create_app(
     router = source.get() if router_provider is not None else None
     if router is not None and default_budget is not None:
         router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
-    svc = Service(source, Workers(config, worker_attempts, auth_cooldown_s), api_token=api_token,
+    svc = Service(source, Workers(config, worker_attempts, auth_cooldown_s, catalog), api_token=api_token,
                   max_body_bytes=max_body_bytes, batch_window_ms=batch_window_ms, max_batch=max_batch,
                   default_budget=default_budget, max_json_values=max_json_values, default_point=default_point)
 

@@ -37,7 +37,7 @@ from fugu_pipeline.serve.app import (
     load_router_provider,
 )
 from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES
-from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S
+from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S, project_catalog
 from fugu_pipeline.route.router import RouterError
 from fugu_pipeline.workers.config import load_workers_config
 
@@ -184,7 +184,8 @@ def serve(
     app = create_app(provider, workers_config_path, api_token=token, max_body_bytes=max_body_bytes,
                      batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts,
                      default_budget=default_budget, default_point=default_point, roles=roles, absent=absent, max_json_values=max_json_values,
-                     bind_host=host, allowed_hosts=allowed_hosts, auth_cooldown_s=auth_cooldown_s)
+                     bind_host=host, allowed_hosts=allowed_hosts, auth_cooldown_s=auth_cooldown_s,
+                     catalog=project_catalog())
     sock = bind(host, port)  # before the server is announced: a taken port is said, and nothing is served
     port = sock.getsockname()[1]
     router = app.state.fugu.source.last
