@@ -46,14 +46,17 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fugu_pipeline.call_journal import Intent, Journal, dead_journals, journal_dir, new_call_id, read_journal
+from fugu_pipeline.config_files import first_validation_error
 from fugu_pipeline.collector_key import CollectorKey, LineVerifier, fingerprint, load_collector_key, read_trusted
 from fugu_pipeline.hashing import canonical_json, sha256_text
 
@@ -61,6 +64,7 @@ log = logging.getLogger(__name__)
 
 LEDGER_FILE = Path("data") / "ledger" / "costs.jsonl"
 GENESIS = "0" * 64
+MAX_LINE_BYTES = 4096  # a ledger line is about 450 bytes: a longer one is not read
 MAX_GARBAGE_TAIL_LINES = 16  # a file that ends with more lines that are not entries is not a ledger: not cut
 KINDS = ("collection", "judge", "session", "live", "import")
 PAID_FOR_TRAINING = ("collection", "judge", "session", "import")  # what a head's training data can have cost
@@ -124,63 +128,78 @@ def _round(x: float) -> float:
     return round(float(x), 10)
 
 
-def summarize(entries: list[LedgerEntry]) -> LedgerSummary:
+def summarize(entries: Iterable[LedgerEntry]) -> LedgerSummary:
+    """The summary of entries (a list, or `iter_entries`' stream: nothing is kept)."""
     totals: dict[str, KindTotal] = {}
+    head, lines = GENESIS, 0
     for e in entries:
         t = totals.setdefault(e.kind, KindTotal())
         t.calls += 1
         t.cost_usd += e.cost_usd
+        head, lines = e.hash, lines + 1
     for t in totals.values():
         t.cost_usd = _round(t.cost_usd)
-    return LedgerSummary(head=entries[-1].hash if entries else GENESIS, lines=len(entries), totals=totals)
+    return LedgerSummary(head=head, lines=lines, totals=totals)
+
+
+def iter_entries(path: str | Path, trusted: dict[str, str] | None = None, *,
+                 max_bytes: int | None = None) -> Iterator[LedgerEntry]:
+    """Every line of a ledger, read one line at a time, with its chain checked; LedgerError (naming
+    the line) when a line does not parse, is longer than `MAX_LINE_BYTES`, is out of sequence, or
+    does not hold the previous line's hash or its own. With `trusted` (fingerprint -> public key,
+    `collector_key.trusted_keys`), every line must also be signed by one of those keys. A file of
+    more than `max_bytes` is refused before any of it is read. A missing file is an empty ledger;
+    a torn last line (no newline) is not a line yet."""
+    p = Path(path)
+    if not p.exists():
+        return
+    st = os.stat(p)
+    if not stat.S_ISREG(st.st_mode):
+        raise LedgerError(f"{p}: not a regular file")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise LedgerError(f"{p}: {st.st_size:,} bytes, over the cap of {max_bytes:,} a ledger may take here: refused unread")
+    prev, n, read = GENESIS, 0, 0
+    verifier = LineVerifier(trusted) if trusted is not None else None
+    with open(p, "rb") as fh:
+        while line := fh.readline(MAX_LINE_BYTES + 1):
+            n += 1
+            read += len(line)
+            if len(line) > MAX_LINE_BYTES:
+                raise LedgerError(f"{p} line {n}: longer than {MAX_LINE_BYTES:,} bytes: not a ledger line (refused "
+                                  "without reading the rest)")
+            if max_bytes is not None and read > max_bytes:
+                raise LedgerError(f"{p}: grew past the cap of {max_bytes:,} bytes while being read")
+            if not line.endswith(b"\n"):  # a torn last line: what a crash mid-write leaves
+                return
+            if not line.strip():
+                raise LedgerError(f"{p} line {n}: empty line inside the ledger")
+            try:
+                e = LedgerEntry.model_validate_json(line)
+            except ValidationError as exc:
+                raise LedgerError(f"{p} line {n}: not a ledger entry ({first_validation_error(exc)})") from None
+            if e.seq != n:
+                raise LedgerError(f"{p} line {n}: seq {e.seq}, expected {n} (a line dropped or moved)")
+            if e.prev != prev:
+                raise LedgerError(f"{p} line {n}: prev {e.prev[:12]}… is not the hash of line {n - 1} ({prev[:12]}…): "
+                                  "a line before it was edited, dropped or reordered")
+            if e.digest() != e.hash:
+                raise LedgerError(f"{p} line {n}: its hash does not match its content (edited: cost, worker, task or time)")
+            why = verifier.problem(e.key, e.hash, e.sig) if verifier is not None else None
+            if why:
+                raise LedgerError(f"{p} line {n}: {why}")
+            yield e
+            prev = e.hash
 
 
 def read_entries(path: str | Path, trusted: dict[str, str] | None = None) -> list[LedgerEntry]:
-    """Every line of a ledger, with its chain checked; LedgerError (naming the line) when a line
-    does not parse, is out of sequence, or does not hold the previous line's hash or its own.
-    With `trusted` (fingerprint -> public key, `collector_key.trusted_keys`), every line must also
-    be signed by one of those keys. A missing file is an empty ledger; a torn last line (no
-    newline) is not a line yet."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    if not p.is_file():
-        raise LedgerError(f"{p}: not a regular file")
-    raw = p.read_bytes()
-    lines = raw.split(b"\n")
-    if lines and lines[-1] != b"":  # a torn last line: what a crash mid-write leaves
-        lines = lines[:-1]
-    out: list[LedgerEntry] = []
-    prev = GENESIS
-    verifier = LineVerifier(trusted) if trusted is not None else None
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            if n == len(lines):
-                break
-            raise LedgerError(f"{p} line {n}: empty line inside the ledger")
-        try:
-            e = LedgerEntry.model_validate_json(line)
-        except ValueError as exc:
-            raise LedgerError(f"{p} line {n}: not a ledger entry ({str(exc).splitlines()[0][:160]})") from None
-        if e.seq != n:
-            raise LedgerError(f"{p} line {n}: seq {e.seq}, expected {n} (a line dropped or moved)")
-        if e.prev != prev:
-            raise LedgerError(f"{p} line {n}: prev {e.prev[:12]}… is not the hash of line {n - 1} ({prev[:12]}…): "
-                              "a line before it was edited, dropped or reordered")
-        if e.digest() != e.hash:
-            raise LedgerError(f"{p} line {n}: its hash does not match its content (edited: cost, worker, task or time)")
-        why = verifier.problem(e.key, e.hash, e.sig) if verifier is not None else None
-        if why:
-            raise LedgerError(f"{p} line {n}: {why}")
-        out.append(e)
-        prev = e.hash
-    return out
+    """Every line of a ledger as a list (`iter_entries`)."""
+    return list(iter_entries(path, trusted))
 
 
-def verify_ledger(path: str | Path, trusted: dict[str, str] | None = None) -> LedgerSummary:
-    """The recomputed summary of a ledger file (LedgerError when its chain is broken, or with
-    `trusted`, when a line is not signed by a trusted collector key)."""
-    return summarize(read_entries(path, trusted))
+def verify_ledger(path: str | Path, trusted: dict[str, str] | None = None, *, max_bytes: int | None = None) -> LedgerSummary:
+    """The recomputed summary of a ledger file, read line by line (LedgerError when its chain is
+    broken, or with `trusted`, when a line is not signed by a trusted collector key)."""
+    return summarize(iter_entries(path, trusted, max_bytes=max_bytes))
 
 
 class CostLedger:
