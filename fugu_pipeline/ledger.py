@@ -268,11 +268,21 @@ class CostLedger:
     def _check_tail(self, fd: int, start: int, last: LedgerEntry) -> None:
         """Refuse to chain onto `last` (the entry at byte `start`) unless it is whole, follows the line
         before it and is signed by this collector or a trusted one."""
-        why = None
+        restore = "restore the ledger from a copy, or move it aside to start a new one"
+        why, todo = None, restore
         if last.digest() != last.hash:
             why = "its hash does not match its content (edited after it was written)"
+        elif not last.key or not last.sig:
+            why = "not signed by a collector (written by hand, or without a collector key)"
         else:
-            why = self._signature_problem(last)
+            trusted = self.trusted if last.key in self.trusted else {**self._project_trusted(), **self.trusted}
+            if last.key not in trusted:
+                why = (f"signed by collector key {last.key}, not this collector's ({self.key.fingerprint}) nor one this "
+                       "host trusts")
+                todo = (f"if {last.key} is this host's older key or another of its collectors, trust it (fugu-lite "
+                        "collector-key --trust NAME PUBLIC_KEY), else move the ledger aside to start a new one")
+            else:
+                why = LineVerifier(trusted).problem(last.key, last.hash, last.sig)
         if why is None:
             prev_hash, prev_seq = GENESIS, 0
             if start > 0:
@@ -285,18 +295,7 @@ class CostLedger:
                 why = (f"it does not follow the line before it (seq {last.seq} after {prev_seq}, prev {last.prev[:12]}… "
                        f"where that line's hash is {prev_hash[:12]}…): a line duplicated, moved or pasted in")
         if why is not None:
-            raise LedgerError(f"{self.path} line {_count_lines(fd, start) + 1}: {why}; nothing appended. The ledger was "
-                              "changed after it was written: restore it from a copy, or move it aside to start a new one")
-
-    def _signature_problem(self, e: LedgerEntry) -> str | None:
-        if not e.key or not e.sig:
-            return "not signed by a collector (written by hand, or without a collector key)"
-        trusted = self.trusted if e.key in self.trusted else {**self._project_trusted(), **self.trusted}
-        if e.key not in trusted:
-            return (f"signed by collector key {e.key}, not this collector's ({self.key.fingerprint}) nor one this host "
-                    "trusts (if it is this host's key before a rotation or another collector of this host: "
-                    "fugu-lite collector-key --trust NAME PUBLIC_KEY)")
-        return LineVerifier(trusted).problem(e.key, e.hash, e.sig)
+            raise LedgerError(f"{self.path} line {_count_lines(fd, start) + 1}: {why}: nothing appended; {todo}")
 
     def _project_trusted(self) -> dict[str, str]:
         """The collector keys of the project's models/promoted/collector_keys.json, for a ledger at the
