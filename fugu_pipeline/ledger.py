@@ -437,6 +437,16 @@ class CostLedger:
         self.close()
 
 
+def settle_killed_runs(path: str | Path) -> list[str]:
+    """Settle the calls a killed run left in flight in the ledger at `path` (`CostLedger.settle_in_flight`),
+    before the ledger is read as a whole (a pack cites it); the collector key is loaded only when
+    a killed run left a journal."""
+    if not any(journal_dir(Path(path)).glob("*.jsonl")):
+        return []
+    with CostLedger(path) as book:
+        return book.settle_in_flight()
+
+
 def _count_lines(fd: int, end: int) -> int:
     """Newlines in the file's first `end` bytes (for a line number in an error)."""
     n, pos = 0, 0

@@ -187,3 +187,28 @@ def test_a_stored_session_s_turns_are_in_the_ledger_when_the_run_is_killed(tmp_p
     lines = read_entries(ledger)
     assert len([e for e in lines if e.kind == "session"]) == len(paid)
     assert sum(e.cost_usd for e in lines) == pytest.approx(sum(t.cost_usd for t in paid))
+
+
+ANNOUNCE_AND_DIE = textwrap.dedent("""
+    import os, signal, sys
+    from fugu_pipeline.ledger import CostLedger
+    book = CostLedger(sys.argv[1])
+    book.append("collection", 0.25, worker_id="a", task_id="t0", ref="b")
+    book.begin("collection", worker_id="a", task_id="t1", ref="b", worst_usd=0.75)
+    os.kill(os.getpid(), signal.SIGKILL)  # the call to t1 is in flight
+""")
+
+
+def test_a_pack_made_after_a_killed_run_cites_the_calls_it_left_in_flight(tmp_path):
+    from fugu_pipeline.train.exchange import pack, read_receipt
+    from fugu_pipeline_tests.harness_data import controlled_data, routing_head
+
+    ledger = tmp_path / "costs.jsonl"
+    proc = subprocess.run([sys.executable, "-c", ANNOUNCE_AND_DIE, str(ledger)], cwd=REPO, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    ckpt = routing_head(tmp_path / "elsewhere", controlled_data(n_test=200), (0, 1, 2), method="es", cost=0.5)
+    receipt = read_receipt(pack(ckpt, tmp_path / "pack", submitter="alice", ledger=ledger))
+    assert receipt.ledger_lines == 2
+    assert receipt.ledger_totals["collection"].calls == 2
+    assert receipt.ledger_totals["collection"].cost_usd == pytest.approx(1.0)
+    assert [e.worst_case for e in read_entries(tmp_path / "pack" / "ledger.jsonl")] == [False, True]

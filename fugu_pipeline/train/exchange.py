@@ -40,7 +40,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.files import FileTooLargeError, atomic_write, fsync_dir, stream_file
 from fugu_pipeline.config_files import first_validation_error
-from fugu_pipeline.ledger import KindTotal, LedgerError, LedgerSummary, read_entries, summarize, verify_ledger
+from fugu_pipeline.collector_key import CollectorKeyError
+from fugu_pipeline.ledger import (
+    KindTotal,
+    LedgerError,
+    LedgerSummary,
+    read_entries,
+    settle_killed_runs,
+    summarize,
+    verify_ledger,
+)
 from fugu_pipeline.train.checkpoints import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
@@ -179,8 +188,10 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
         raise CheckpointError(f"{exc.filename or out}: cannot write the pack there ({exc.strerror or exc}); "
                               "choose a writable --out folder") from None
     try:
+        if ledger is not None:
+            settle_killed_runs(ledger)  # calls a killed run left in flight are counted before the receipt cites it
         entries = read_entries(ledger) if ledger is not None else []
-    except (LedgerError, OSError) as exc:
+    except (LedgerError, OSError, CollectorKeyError) as exc:
         raise CheckpointError(f"cannot pack with this cost ledger: {exc}") from None
     summary = summarize(entries)
     receipt = receipt_from_manifest(manifest, submitter=submitter)
@@ -207,7 +218,7 @@ def pack_ledger(pack_dir: str | Path, models_dir: str | Path | None = None, max_
     line naming the file and line) saying why it cannot be verified; None when the pack holds
     none. With `models_dir` (a host), every line must be signed by a collector key the host
     trusts (`collector_key.trusted_keys`)."""
-    from fugu_pipeline.collector_key import CollectorKeyError, trusted_keys
+    from fugu_pipeline.collector_key import trusted_keys
 
     p = Path(pack_dir) / LEDGER_COPY
     if not p.is_file():
