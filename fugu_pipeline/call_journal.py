@@ -144,6 +144,24 @@ def dead_journals(folder: Path, own: Path | None) -> Iterator[tuple[Path, int]]:
         yield p, fd
 
 
+def calls_in(path: Path, wanted: set[str]) -> set[str]:
+    """Which of the call ids `wanted` a line of the ledger at `path` carries (read line by line)."""
+    found: set[str] = set()
+    if not path.exists():
+        return found
+    with open(path, "rb") as fh:
+        for line in fh:
+            if b'"call"' not in line:
+                continue
+            try:
+                c = json.loads(line).get("call")
+            except (ValueError, AttributeError):
+                continue
+            if c in wanted:
+                found.add(c)
+    return found
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:

@@ -43,7 +43,6 @@ journal's (`benchmarks/bench_clients.py --ledger` measures them).
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import stat
@@ -55,7 +54,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fugu_pipeline.call_journal import Intent, Journal, dead_journals, journal_dir, new_call_id, read_journal
+from fugu_pipeline.call_journal import Intent, Journal, calls_in, dead_journals, journal_dir, new_call_id, read_journal
 from fugu_pipeline.config_files import first_validation_error
 from fugu_pipeline.collector_key import CollectorKey, LineVerifier, fingerprint, load_collector_key, read_trusted
 from fugu_pipeline.hashing import canonical_json, sha256_text
@@ -353,7 +352,7 @@ class CostLedger:
                 try:
                     lost = read_journal(p)
                     if lost:
-                        have = _calls_in(self.path, {i.call for i in lost})
+                        have = calls_in(self.path, {i.call for i in lost})
                         lost = [i for i in lost if i.call not in have]
                     if lost:
                         self.append_many([(i.kind, i.worst_usd or 0.0, i.worker_id, i.task_id, i.ref, i.call, True)
@@ -457,24 +456,6 @@ def _count_lines(fd: int, end: int) -> int:
         n += data.count(b"\n")
         pos += len(data)
     return n
-
-
-def _calls_in(path: Path, wanted: set[str]) -> set[str]:
-    """Which of the call ids `wanted` a line of the ledger carries (read line by line)."""
-    found: set[str] = set()
-    if not path.exists():
-        return found
-    with open(path, "rb") as fh:
-        for line in fh:
-            if b'"call"' not in line:
-                continue
-            try:
-                c = json.loads(line).get("call")
-            except (ValueError, AttributeError):
-                continue
-            if c in wanted:
-                found.add(c)
-    return found
 
 
 def _last_line(fd: int, end: int) -> tuple[int, bytes]:
