@@ -222,7 +222,8 @@ class CostLedger:
         self._known: tuple[int, str, int] | None = None  # (file size, last hash, last seq) after our last append
         self._journal = Journal(journal_dir(self.path))
         self._pending: list[tuple] = []
-        self._settled = False
+        self._settled = False  # the journals of killed runs settled
+        self._ready = False  # and the tail checked
         self.notes: list[str] = []  # what settling the calls of killed runs found (also logged)
 
     def _open(self) -> int:
@@ -311,9 +312,9 @@ class CostLedger:
         """A new call's id. `announce` (a call over the network): it is in the in-flight journal,
         fsynced, before this returns, with its worst-case cost (None: nothing prices it)."""
         call = new_call_id()
-        if announce:
-            with self._lock:
-                self._settle_once()
+        with self._lock:
+            self._settle_once()  # before a run's first call: a ledger that cannot be appended to stops it here
+            if announce:
                 self._journal.begin(Intent(call=call, kind=kind, worker_id=worker_id, task_id=task_id, ref=ref,
                                            worst_usd=worst_usd))
         return call
@@ -370,9 +371,24 @@ class CostLedger:
             self.notes += notes
             return notes
 
+    def check(self) -> None:
+        """Settle what killed runs left in flight and check the ledger's tail (LedgerError, one line,
+        when it cannot be appended to): what a run does before its first paid call."""
+        with self._lock:
+            self._settle_once()
+
     def _settle_once(self) -> None:
+        if self._ready:
+            return
         if not self._settled:
             self.settle_in_flight()
+        fd = self._open()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            self._tail(fd)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        self._ready = True
 
     # ----------------------------------------------------------------- appending
 

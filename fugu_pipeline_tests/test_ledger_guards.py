@@ -91,3 +91,19 @@ def test_a_collector_key_file_others_can_read_is_refused_with_the_chmod_to_run(t
     monkeypatch.setenv("FUGU_COLLECTOR_KEY", new_private_key())  # the environment's key needs no file
     os.chmod(path, 0o644)
     assert load_collector_key().source == "$FUGU_COLLECTOR_KEY"
+
+
+def test_generate_stops_before_any_call_on_a_ledger_it_cannot_append_to(tmp_path, capsys):
+    from fugu_pipeline.cli import main
+    from fugu_pipeline_tests.conftest import REPO
+
+    path = genuine(tmp_path / "costs.jsonl")
+    with open(path, "ab") as f:
+        f.write(path.read_bytes().splitlines(keepends=True)[-1])
+    out = tmp_path / "r.jsonl"
+    assert main(["generate", "--workers", str(REPO / "configs" / "workers.mock.yaml"), "--tasks",
+                 str(REPO / "data" / "benchgen" / "sample.jsonl"), "--limit", "3", "--output", str(out),
+                 "--ledger", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"fugu-lite generate: {path} line 4: it does not follow the line before it")
+    assert not any(p.stat().st_size for p in (tmp_path / "r.jsonl.responses").rglob("*.jsonl"))  # no cell called

@@ -50,10 +50,11 @@ def cmd_generate(args) -> int:
     store = ResponseStore(store_root)
     batch = "cli"
     n = len(tasks) if args.limit is None else min(args.limit, len(tasks))
-    bar = tqdm(total=n * len(config.worker_ids), unit="call", desc="generate")
     from fugu_pipeline.ledger import LEDGER_FILE, CostLedger
 
     ledger = CostLedger(args.ledger or LEDGER_FILE)  # every paid call (a pack's receipt cites it)
+    ledger.check()  # a ledger it cannot append to stops it before any call (and a killed run's calls are settled)
+    bar = tqdm(total=n * len(config.worker_ids), unit="call", desc="generate")
     try:
         for w in config.worker_ids:
             done = store.read(batch, w)

@@ -180,6 +180,8 @@ async def collect_partition(
 
         try:
             guard.require_prices(todo)  # under a budget, an unpriced paid worker is refused before any call
+            if ledger is not None and todo:  # a ledger that cannot be appended to, too
+                await asyncio.to_thread(ledger.check)
             await asyncio.gather(*(one(t) for t in todo))
         finally:
             if own_client:

@@ -135,6 +135,8 @@ class OneCallEvaluator:
                 spec = self.config.worker(w)
                 if spec.kind != "mock" and price_per_token(spec) is None:
                     raise FatalWorkerError(unpriced_message(spec, self.max_usd))
+        if self.ledger is not None:
+            self.ledger.check()  # settled and appendable before any call
         clients = {w: make_client(self.config.worker(w), self.config) for w in workers}
         needs_judge = any(t.grader.type == "llm_judge" for t in todo.values())
         judge = make_client(self.config.judge, self.config, judge=True) if needs_judge and self.config.judge else None

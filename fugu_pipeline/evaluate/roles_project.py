@@ -170,6 +170,13 @@ def open_run(config: WorkersConfig, settings: EncoderSettings, trajectories_dir:
 
     featurizer = TranscriptFeaturizer(enc)
     book = CostLedger(ledger if ledger is not None else Path(trajectories_dir).parent / "ledger" / "costs.jsonl")
+    try:
+        book.check()  # settled and appendable before any call
+    except BaseException:
+        store.close()
+        if encoder is None:
+            enc.close()
+        raise
     store.before_commit = book.flush  # a stored session's turns are in the ledger before it
     specs = {w: config.worker(w) for w in config.worker_ids}
     caller = ClientCaller({w: LedgeredClient(make_client(s, config, catalog=catalog), book, "session", spec=s,
