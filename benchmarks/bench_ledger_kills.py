@@ -60,6 +60,7 @@ def write_project(folder: Path, url: str, n_tasks: int, concurrency: int) -> tup
 def run_case(code: Path, args, rng: random.Random) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-kills-") as tmp, StubLLMServer(latency_s=args.latency_s) as stub:
         folder = Path(tmp)
+        logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)  # a killed client's request cut short: expected
         stub.answer_fn = lambda model, prompt: f"The answer is {1000 + int(prompt.split()[2])}"
         for m in MODELS.values():
             stub.add_model(m, prompt=PRICE_IN, completion=PRICE_OUT)
@@ -105,7 +106,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--before", default=None, help="a source tree of another version (holds fugu_pipeline/)")
     args = ap.parse_args()
-    logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)  # a killed client's request, cut short: expected
     print(describe())
     print(f"{args.tasks} tasks x {len(MODELS)} paid workers, {args.concurrency} calls in flight per worker, stub answers "
           f"in {args.latency_s:g} s, a kill 0-{args.max_delay_s:g} s after a run's first call")
