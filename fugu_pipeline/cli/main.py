@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=30)
     p.add_argument("--base-url", default="https://openrouter.ai/api/v1")
 
-    p = add("generate", data.cmd_generate, "call every worker on every task and write the reward-matrix JSONL")
+    p = add("generate", data.cmd_generate, "call every worker on every task and write the reward-matrix JSONL; "
+            "exit status 3 when a cell failed (the failed cells are named; --resume calls them again)")
     p.add_argument("--workers", required=True)
     p.add_argument("--tasks", required=True)
     p.add_argument("--output", required=True)
