@@ -98,7 +98,9 @@ from fugu_pipeline.route.promoted import PromotedRouter
 from fugu_pipeline.route.router import POLICY_PROBABILITY, BudgetUnavailable, RouteDecision, Router, RouterError
 from fugu_pipeline.serve import cascade as serve_cascade, multi_turn
 from fugu_pipeline.serve.info import health, list_models, retrieve_model
+from fugu_pipeline.serve.connections import ConnectionLimits, GateMiddleware, RequestGate
 from fugu_pipeline.serve.lifecycle import ClientGone, ShuttingDown, shutting_down, unless_abandoned
+from fugu_pipeline.serve.metrics import MeteredWorkers, MetricsMiddleware, ServeMetrics
 from fugu_pipeline.serve.batching import RouteBatcher, RouteRequest, route_grouped
 from fugu_pipeline.serve.hosts import HostGuard, HostPolicy
 from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES, INLINE_BYTES
@@ -115,7 +117,7 @@ from fugu_pipeline.serve.protocol import (
 )
 from fugu_pipeline.serve.relay import finish_timing, ms, reply_headers, stream_response
 from fugu_pipeline.serve.source import RouterSource, checkpoint_tag, load_router_provider  # noqa: F401 (its API too)
-from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S, CallTiming, RelayedStream, Workers, usage_of
+from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S, CallTiming, RelayedStream, usage_of
 from fugu_pipeline.workers.config import WorkerConfigError, WorkersConfig, load_workers_config
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
 
@@ -131,10 +133,11 @@ PARSE_THREADS = 2  # request bodies over json_body.INLINE_BYTES are parsed here,
 
 
 class Service:
-    def __init__(self, source: RouterSource, workers: Workers, *, api_token: str | None, max_body_bytes: int,
+    def __init__(self, source: RouterSource, workers: MeteredWorkers, *, api_token: str | None, max_body_bytes: int,
                  batch_window_ms: float, max_batch: int, default_budget: Budget | None = None,
                  max_json_values: int = DEFAULT_MAX_JSON_VALUES, default_point: bool = True):
         self.source, self.workers = source, workers
+        self.metrics: ServeMetrics = workers.metrics  # `MeteredWorkers`: /metrics (serve/metrics.py)
         # a router trained on imported data routes by the data's ids: the worker listing one as an alias answers it
         self.served_id = {a: w.id for w in workers.config.workers for a in (*w.aliases, w.id)}
         self.default_budget = default_budget
@@ -295,11 +298,15 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0: float) -> Response:
+    state = request.scope.setdefault("state", {})  # the kind the metrics count this request under
     if req.mode == "multi_turn":  # the coordinator delegates over several turns
+        state["fugu_kind"] = "multi_turn"
         return await multi_turn.chat_completion(svc, request.app.state.fugu_roles, req, t0)
+    state["fugu_kind"] = "one_step"
     decision = await svc.route(req)
     t_routed = time.perf_counter()
     if "cascade" in decision.extra:  # a cascade checkpoint: its steps, then the accepted answer (serve/cascade.py)
+        state["fugu_kind"] = "cascade"
         return await serve_cascade.chat_completion(svc, req, decision, t0, t_routed)
 
     errors: list[dict] = []
@@ -311,6 +318,7 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
             continue
         if (kept := svc.workers.kept_out_error(wid)) is not None:  # its key was refused lately: not called
             errors.append({"worker": wid, "error": str(kept), "status": kept.status, "attempts": 0})
+            svc.metrics.call_failed(wid, kept)
             continue
         calls += 1
         try:
@@ -377,6 +385,7 @@ def create_app(
     bind_host: str = "127.0.0.1",
     allowed_hosts: tuple[str, ...] | list[str] = (),
     auth_cooldown_s: float = DEFAULT_AUTH_COOLDOWN_S,
+    limits: ConnectionLimits | None = None,
 ) -> Starlette:
     """The Starlette app. `api_token` None or "" means no auth; `worker_attempts` None keeps the
     worker config's `max_attempts`. Refuses a router whose workers the config does not define.
@@ -384,7 +393,8 @@ def create_app(
     `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400).
     `max_json_values`: the request body's limit (`json_body.py`); `bind_host` and `allowed_hosts`:
     the `Host` names answered (`hosts.py`); `auth_cooldown_s`: how long a worker whose key was
-    refused is kept out (`upstream.py`).
+    refused is kept out (`upstream.py`); `limits`: its `max_in_flight` caps the requests being
+    answered at once (`connections.py`; the socket-level limits are `fugu-lite serve`'s).
     `router_provider` None: `roles` alone is served; one-step requests get a 400 saying `absent`."""
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
     where = "" if isinstance(workers_config, WorkersConfig) else f"{workers_config}: "
@@ -400,7 +410,11 @@ def create_app(
     router = source.get() if router_provider is not None else None
     if router is not None and default_budget is not None:
         router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
-    svc = Service(source, Workers(config, worker_attempts, auth_cooldown_s), api_token=api_token,
+    limits = limits or ConnectionLimits()
+    metrics = ServeMetrics()
+    workers = MeteredWorkers(config, worker_attempts, auth_cooldown_s, metrics=metrics)
+    metrics.gate = gate = RequestGate(limits)
+    svc = Service(source, workers, api_token=api_token,
                   max_body_bytes=max_body_bytes, batch_window_ms=batch_window_ms, max_batch=max_batch,
                   default_budget=default_budget, max_json_values=max_json_values, default_point=default_point)
 
@@ -421,11 +435,15 @@ def create_app(
         routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
                 Route("/v1/models", list_models, methods=["GET"]),
                 Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
-                Route("/health", health, methods=["GET"])],
+                Route("/health", health, methods=["GET"]),
+                Route("/metrics", metrics.endpoint, methods=["GET"])],
         exception_handlers={APIError: api_error_handler, HTTPException: http_error_handler, Exception: server_error_handler},
-        lifespan=lifespan, middleware=[Middleware(HostGuard, policy=hosts)],
+        lifespan=lifespan, middleware=[Middleware(MetricsMiddleware, metrics=metrics), Middleware(GateMiddleware, gate=gate),
+                                       Middleware(HostGuard, policy=hosts)],
     )
     app.state.fugu = svc
+    app.state.fugu_metrics = metrics
+    app.state.fugu_limits = limits
     app.state.fugu_hosts = hosts
     app.state.fugu_roles = roles
     return app
