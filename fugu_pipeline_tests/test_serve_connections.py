@@ -8,13 +8,13 @@ open-file limit, after which `/health` and authenticated requests got no answer;
 
 Timeouts are short here (a fraction of a second) so the tests are quick; no assertion is about how
 long anything took: a socket read waits up to a generous deadline, and a server that never closes
-the connection fails the test by reaching it."""
+the connection fails the test by reaching it. `fugu-lite serve` at its open-file limit facing a
+flood of half-open connections: `test_serve_flood.py`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 import socket
 import threading
 import time
@@ -26,10 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fugu_pipeline.route.promoted import PromotedRouter
 from fugu_pipeline.serve import create_app
-from fugu_pipeline.serve.connections import ConnectionLimits, DropLog
+from fugu_pipeline.serve.connections import ConnectionLimits, DropLog, uvicorn_options
 from fugu_pipeline.testing.serving import ServerThread, stub_workers_config
 from fugu_pipeline_tests import serve_fixtures
-from fugu_pipeline_tests.serve_fixtures import ask, start, stop
+from fugu_pipeline_tests.serve_fixtures import ask
 
 stub = serve_fixtures.stub
 models = serve_fixtures.one_router
@@ -45,7 +45,7 @@ PATIENT = QUICK.model_copy(update={"header_timeout_s": WAIT_S, "keep_alive_s": W
 def serve_with(models, stub, limits: ConnectionLimits) -> ServerThread:
     app = create_app(PromotedRouter(models, device="cpu"), stub_workers_config(stub.openai_url), api_token=TOKEN,
                      batch_window_ms=1, limits=limits)
-    srv = ServerThread(app, limits)
+    srv = ServerThread(app, uvicorn_options(app, limits))
     srv.app = app
     return srv
 
@@ -184,49 +184,3 @@ def test_a_flood_of_drops_is_logged_in_two_lines(caplog):
         asyncio.run(flood())
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "closed connection 0" in lines[0] and "999 more header_timeout" in lines[1]
-
-
-# --------------------------------------------------------------------------- `fugu-lite serve` at its file limit
-
-NOFILE = 2048
-FLOOD = 2600  # more half-open connections than the server has file descriptors
-
-
-def test_serve_at_its_open_file_limit_keeps_answering_a_flood_of_half_open_connections(models, stub, tmp_path):
-    """`fugu-lite serve` as users start it (default flags), its open-file limit 2,048, facing 2,600
-    half-open connections without a token: `/health` and an authenticated request are answered,
-    and the connections it closed are counted in /metrics and summed in its log."""
-    cfg = tmp_path / "workers.yaml"
-    cfg.write_text(stub_workers_config(stub.openai_url).model_dump_json(exclude_none=True))
-    log = tmp_path / "serve.log"
-    proc, url = start(["--models-dir", str(models), "--workers", str(cfg), "--device", "cpu"], log,
-                      env={"FUGU_SERVE_TOKEN": TOKEN},
-                      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE)))
-    port = int(url.rsplit(":", 1)[1])
-    flood: list[socket.socket] = []
-    try:
-        for _ in range(FLOOD):
-            s = socket.socket()
-            s.setblocking(False)
-            s.connect_ex(("127.0.0.1", port))
-            flood.append(s)
-        for s in flood:
-            try:
-                s.send(HALF_OPEN)
-            except OSError:  # closed already: the server made room
-                pass
-        assert httpx.get(url + "/health", timeout=WAIT_S).status_code == 200
-        client = openai.OpenAI(base_url=url + "/v1", api_key=TOKEN, max_retries=0, timeout=WAIT_S)
-        assert client.chat.completions.create(model="fugu-lite", messages=ask("still there?")).choices[0].message.content
-        peak = gauges(url)
-        # the flood holds its connections: the header timeout (10 s by default) closes them all
-        until(lambda: gauges(url)["fugu_connections_open"] <= 1, "the half-open connections to be closed", 60)
-        closed = closed_total(url)
-    finally:
-        for s in flood:
-            s.close()
-        stop(proc)
-    assert peak["fugu_connections_open"] <= peak["fugu_connections_cap"] < NOFILE
-    assert closed["evicted"] >= 1 and closed["evicted"] + closed["header_timeout"] >= peak["fugu_connections_cap"]
-    said = [line for line in log.read_text().splitlines() if "evicted" in line]
-    assert 1 <= len(said) <= 5, said  # the first drop, then sums: not a line per connection

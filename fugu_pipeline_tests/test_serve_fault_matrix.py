@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import pytest
 
+from fugu_pipeline.serve import create_app
 from fugu_pipeline.testing.fault_matrix import FAULTS, MODES, PATHS, FaultMatrix, expected
 from fugu_pipeline.testing.stub_llm import StubLLMServer
+
+
+COUNTED_AS = {"connect": "connect", "timeout": "timeout", "error in a 200": "error_in_200", "malformed body": "malformed",
+              "cut mid-way": "cut", "empty reply": "empty_answer"}  # else http_<the status>
 
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     with StubLLMServer() as stub:
-        yield FaultMatrix.build(stub, tmp_path_factory.mktemp("fault-matrix"))
+        yield FaultMatrix.build(create_app, stub, tmp_path_factory.mktemp("fault-matrix"))
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
@@ -32,7 +37,9 @@ def test_a_worker_failure_is_a_fallback_or_a_502_never_a_500(matrix, path, fault
         where = f"{path}, {fault}, {mode} worker(s) faulted: {out.cell()} ({out.detail})"
         assert out.status != 500, where
         assert out.kind == expected(path, fault, mode), where
-        assert out.error_kinds, f"{where}: the failure was not counted in /metrics"
+        kind = "stream_cut" if expected(path, fault, mode) == "stream_error" else COUNTED_AS.get(
+            fault, "http_" + fault.split()[0])
+        assert out.error_kinds == [kind], f"{where}: /metrics counted the failure as {out.error_kinds}"
         still_down = fault == "connect" and mode == "all"  # nothing listens where the workers are
         assert out.next_status == (502 if still_down else 200), f"{where}: the next request got {out.next_status}"
         if out.reused_connection is not None:  # None: a stream that began, whose connection the client closes

@@ -10,6 +10,7 @@ Endpoints
 - `GET /v1/models`: "fugu-lite" (the router) and every configured worker.
 - `GET /health` (no token needed): checkpoint tag and hash, workers, uptime, batching figures; the
   checkpoint's path and the text of a load or reload error only with the token (when one is set).
+- `GET /metrics` (the token, when one is set): Prometheus' text format (`metrics.py`).
 
 Routing. The text of the LAST USER MESSAGE is routed (what is being asked now decides who
 answers; a shared system prompt or long history would make every route look alike). Extra body
@@ -51,7 +52,11 @@ or holding more than `max_json_values` JSON values gets a 413, one that is not s
 holds a field of the wrong type a 400 (`json_body.py`, `protocol.py`); a body over
 `json_body.INLINE_BYTES` is parsed on a thread, so none delays the serving loop. A worker whose
 key is refused (401, 402, 403) is kept out for `auth_cooldown_s` (`upstream.py`): not called,
-listed in `fallback_errors`, shown in `/health`.
+listed in `fallback_errors`, shown in `/health`. More than `limits.max_in_flight` requests at once
+get a 503 `server_busy` with `Retry-After` (`connections.py`, which also holds the socket-level
+limits `fugu-lite serve` applies). Every worker failure, on every path, is a fallback or a 502,
+never a 500: a worker client that raises something else than `WorkerCallError` has it turned
+into one (`metrics.MeteredWorkers`).
 
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
 and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the route's
@@ -427,6 +432,7 @@ def create_app(
         try:
             yield
         finally:
+            gate.log.flush()  # the drops and refusals not yet said (connections.DropLog)
             await svc.workers.close()
             svc.batcher.close()
             svc.parser.shutdown(wait=False, cancel_futures=True)

@@ -74,7 +74,7 @@ class ConnectionLimits(BaseModel):
     header_timeout_s: float = Field(10.0, gt=0)
     body_timeout_s: float = Field(30.0, gt=0)
     keep_alive_s: float = Field(5.0, gt=0)
-    max_connections: int = Field(2048, ge=1)
+    max_connections: int = Field(4096, ge=1)
     max_in_flight: int = Field(256, ge=1)
     backlog: int = Field(256, ge=1)
     retry_after_s: int = Field(1, ge=0)
@@ -118,7 +118,8 @@ def _open_fds() -> int:
 
 class DropLog:
     """Logs drops and refusals without flooding: the first of a reason at once, the next ones
-    summed into one line per reason when `every_s` has passed since its last line. On the serving
+    summed into one line per reason when `every_s` has passed since its last line; `flush()` at
+    shutdown says what is still unsaid, so the log's counts add up to /metrics'. On the serving
     loop only."""
 
     def __init__(self, every_s: float = 10.0):
@@ -138,6 +139,8 @@ class DropLog:
             self._flush = asyncio.get_running_loop().call_later(self.every_s, self.flush)
 
     def flush(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
         self._flush = None
         said = {r: n for r, n in self.pending.items() if n}
         if said:
@@ -315,8 +318,8 @@ def guarded_protocol(guard: ConnectionGuard, base: type | None = None) -> type:
 def uvicorn_options(app, limits: ConnectionLimits, cap: int | None = None) -> dict:
     """`uvicorn.Config` keyword arguments serving `app` behind a `ConnectionGuard` with `limits`
     (and `cap`, default `limits.max_connections`), whose figures go to the app's `/metrics`."""
-    guard = ConnectionGuard(limits, cap)
     metrics = getattr(app.state, "fugu_metrics", None)
+    guard = ConnectionGuard(limits, cap, drop_log=metrics.gate.log if metrics is not None else None)
     if metrics is not None:
         metrics.guard = guard
     return {"http": guarded_protocol(guard), "timeout_keep_alive": limits.keep_alive_s, "backlog": limits.backlog}

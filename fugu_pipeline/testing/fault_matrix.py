@@ -86,14 +86,16 @@ def expected(path: str, fault: str, mode: str) -> str:
 class FaultMatrix:
     """The routers and the stub for the cells; `run(path, fault, mode)` runs one."""
 
-    def __init__(self, stub, one_step, cascade, coordinator):
-        self.stub, self.routers = stub, {"one_step": one_step, "cascade": cascade, "multi_turn": one_step}
+    def __init__(self, create_app, stub, one_step, cascade, coordinator):
+        self.create_app, self.stub = create_app, stub
+        self.routers = {"one_step": one_step, "cascade": cascade, "multi_turn": one_step}
         self.coordinator = coordinator
         self._first: dict[str, str] = {}
 
     @classmethod
-    def build(cls, stub, root: Path) -> "FaultMatrix":
-        """Train the three routers under `root` (a few seconds each with the tiny encoder)."""
+    def build(cls, create_app, stub, root: Path) -> "FaultMatrix":
+        """Train the three routers under `root` (a few seconds each with the tiny encoder); `create_app`
+        is `fugu_pipeline.serve.create_app` (passed in: `testing` does not import the server)."""
         from fugu_pipeline.route.cascade import load_router
         from fugu_pipeline.route.roles import RolesCoordinator
         from fugu_pipeline.route.router import Router
@@ -104,12 +106,10 @@ class FaultMatrix:
         one = build_checkpoints(root / "one", seeds=(0,), epochs=5)[0]
         cascade = build_cascade_checkpoint(root / "cascade", root / "emb")
         roles = imitation_checkpoint(root / "roles", list(WORKERS), SCRIPT, [(PROMPT, "math")], ROLE_REPLIES)
-        return cls(stub, Router.load(one, device="cpu"), load_router(cascade, device="cpu"),
+        return cls(create_app, stub, Router.load(one, device="cpu"), load_router(cascade, device="cpu"),
                    RolesCoordinator.load(roles, device="cpu"))
 
     def run(self, path: str, fault: str, mode: str) -> Outcome:
-        from fugu_pipeline.serve import create_app
-
         kind = path.removesuffix("_stream")
         stream = path.endswith("_stream")
         faulted = list(WORKERS) if mode == "all" else None
@@ -122,7 +122,7 @@ class FaultMatrix:
             dead = _dead_url()
             workers = [w.model_copy(update={"base_url": dead}) if w.id in faulted else w for w in config.workers]
             config = config.model_copy(update={"workers": workers})
-        app = create_app(self.routers[kind], config, batch_window_ms=1, auth_cooldown_s=0,
+        app = self.create_app(self.routers[kind], config, batch_window_ms=1, auth_cooldown_s=0,
                          roles=self.coordinator if kind == "multi_turn" else None)
         srv = ServerThread(app)
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=60)
@@ -144,10 +144,8 @@ class FaultMatrix:
 
     def _first_choice(self, kind: str, config) -> str:
         """The worker that answers `PROMPT` on this path when nothing fails."""
-        from fugu_pipeline.serve import create_app
-
         if kind not in self._first:
-            srv = ServerThread(create_app(self.routers[kind], config, batch_window_ms=1,
+            srv = ServerThread(self.create_app(self.routers[kind], config, batch_window_ms=1,
                                           roles=self.coordinator if kind == "multi_turn" else None))
             try:
                 client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=60)
@@ -229,7 +227,10 @@ def _outcome(client: openai.OpenAI, kind: str, stream: bool, faulted: list[str])
 
 def _error_kinds(url: str, faulted: list[str]) -> list[str]:
     """The kinds under which the faulted workers' errors were counted (`/metrics`)."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+    r = httpx.get(url + "/metrics", timeout=10)
+    if r.status_code != 200:  # a server without /metrics
+        return []
+    text = r.text
     kinds = set()
     for family in text_string_to_metric_families(text):
         if family.name == "fugu_worker_errors":
