@@ -28,6 +28,7 @@ def server(models, stub):
     app = create_app(PromotedRouter(models, device="cpu"), stub_workers_config(stub.openai_url), api_token=TOKEN,
                      batch_window_ms=1)
     srv = ServerThread(app)
+    srv.app = app
     yield srv
     srv.stop()
 
@@ -115,3 +116,23 @@ def test_metrics_need_the_token_and_each_app_counts_its_own(server, models, stub
         assert value(scrape(other.url), "fugu_requests_total", path=CHAT, kind="one_step", status="200") == 0
     finally:
         other.stop()
+
+
+def test_a_bug_in_a_worker_client_is_a_fallback_counted_as_other(server, stub):
+    """A worker client raising something else than a WorkerCallError (a bug) fails that call only:
+    plain and streamed requests fall back, the traceback goes to the log, /metrics counts it."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=TOKEN, max_retries=0, timeout=60)
+    first = client.chat.completions.create(model="fugu-lite", messages=ask("hi")).model_extra["fugu_lite"]["served_by"]
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    worker_client = server.app.state.fugu.workers.clients[first]
+    worker_client.complete = worker_client.open_stream = broken
+    plain = client.chat.completions.create(model="fugu-lite", messages=ask("hi"))
+    chunks = list(client.chat.completions.create(model="fugu-lite", messages=ask("hi"), stream=True))
+    end = [c.model_extra["fugu_lite"] for c in chunks if c.model_extra and c.model_extra.get("fugu_lite")][-1]
+    for info in (plain.model_extra["fugu_lite"], end):
+        assert info["served_by"] != first and info["fallback_errors"][0]["worker"] == first
+        assert "internal error in the client of worker" in info["fallback_errors"][0]["error"]
+    assert value(scrape(server.url), "fugu_worker_errors_total", worker=first, kind="other") == 2

@@ -331,13 +331,9 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
                 result = await svc.workers.open_stream(wid, req.messages, req.params, timing)
             else:
                 result = await svc.workers.complete(wid, req.messages, req.params, timing)
-        except WorkerCallError as exc:
+        except WorkerCallError as exc:  # any failure (`MeteredWorkers` turns a client's bug into one too)
             errors.append({"worker": wid, "error": str(exc), "status": exc.status, "attempts": exc.attempts})
             log.warning("worker %s failed, falling back: %s", wid, exc)
-            continue
-        except Exception as exc:  # a bug in a client: this request falls back, the traceback goes to the log
-            log.exception("worker %s raised %s; falling back", wid, type(exc).__name__)
-            errors.append({"worker": wid, "error": f"internal error: {type(exc).__name__}", "status": None})
             continue
         served = wid
         break

@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
+from fugu_pipeline.serve.lifecycle import ShuttingDown
 from fugu_pipeline.serve.upstream import Workers, WorkerKeptOut
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
 
@@ -219,7 +220,8 @@ class MeteredWorkers(Workers):
 
 class MeteredStream:
     """A relayed stream (`upstream.RelayedStream`) whose end is counted: its cost and tokens, or
-    the error that cut it. Everything else is the inner stream's."""
+    the error that cut it (a client's bug becomes a `WorkerCallError`, so the relay ends the
+    stream with an error event). Everything else is the inner stream's."""
 
     def __init__(self, inner, workers: MeteredWorkers, wid: str):
         self._inner, self._workers, self._wid = inner, workers, wid
@@ -231,9 +233,12 @@ class MeteredStream:
         try:
             async for chunk in self._inner:
                 yield chunk
-        except WorkerCallError as exc:
-            self._workers.metrics.call_failed(self._wid, exc)
+        except (WorkerCallError, ShuttingDown) as exc:
+            if isinstance(exc, WorkerCallError):
+                self._workers.metrics.call_failed(self._wid, exc)
             raise
+        except Exception as exc:  # a bug in the stream's client: the relay ends the stream with an error event
+            raise self._workers._failed(self._wid, exc) from None
         usage = self._inner.usage if isinstance(self._inner.usage, dict) else {}
         self._workers.metrics.call_ok(self._wid, self._inner.cost()[0], _int(usage.get("prompt_tokens")),
                                       _int(usage.get("completion_tokens")))
