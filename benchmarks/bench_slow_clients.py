@@ -230,8 +230,9 @@ def logged_counts(log: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for reason in re.findall(r"\((\w+); more of these are summed", log):
         out[reason] = out.get(reason, 0) + 1
-    for n, reason in re.findall(r"([\d,]+) more (\w+)", log):
-        out[reason] = out.get(reason, 0) + int(n.replace(",", ""))
+    for line in re.findall(r"since the last line of their kind: (.*)", log):
+        for n, reason in re.findall(r"([\d,]+) (\w+)", line):
+            out[reason] = out.get(reason, 0) + int(n.replace(",", ""))
     return out
 
 

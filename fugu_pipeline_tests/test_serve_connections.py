@@ -183,4 +183,4 @@ def test_a_flood_of_drops_is_logged_in_two_lines(caplog):
     with caplog.at_level(logging.WARNING, logger="fugu_pipeline.serve"):
         asyncio.run(flood())
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2 and "closed connection 0" in lines[0] and "999 more header_timeout" in lines[1]
+    assert len(lines) == 2 and "closed connection 0" in lines[0] and "since the last line of their kind: 999 header_timeout" in lines[1]

@@ -23,7 +23,7 @@ protocol (httptools, or h11 without it) with a guard around it (`guarded_protoco
 
 Every drop and refusal is counted (`/metrics`: `fugu_connections_closed_total{reason}`,
 `fugu_requests_refused_total{reason}`) and logged by `DropLog`: the first of a kind at once, the
-rest summed in one line per period, so a flood does not flood the log.
+rest summed in one line per reason and period, so a flood does not flood the log.
 
 Why a protocol subclass rather than another server: uvicorn has no header or body timeout (asked
 for since 2018; ASGI middleware cannot help, it runs only once the headers are whole), hypercorn's
@@ -35,6 +35,7 @@ parser, shutdown and the rest of the server as they are.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import resource
@@ -104,8 +105,8 @@ def connection_cap(limits: ConnectionLimits) -> tuple[int, str]:
     why = (f"at most {cap:,} open connections: the open-file limit {soft:,} less {in_use} descriptors open now, the "
            f"listen backlog {limits.backlog}, 2 per request in flight ({limits.max_in_flight}) and {FD_SLACK} spare")
     if cap < 16:
-        raise ConnectionLimitError(f"{why}; raise the open-file limit (ulimit -n, LimitNOFILE= in a systemd unit) or lower "
-                         "--max-in-flight / --backlog")
+        raise ConnectionLimitError(f"{why}; raise the open-file limit (ulimit -n, LimitNOFILE= in a systemd unit) "
+                                   "or lower --max-in-flight / --backlog")
     return cap, why
 
 
@@ -144,7 +145,8 @@ class DropLog:
         self._flush = None
         said = {r: n for r, n in self.pending.items() if n}
         if said:
-            log.warning("in the last %g s: %s", self.every_s, ", ".join(f"{n:,} more {r}" for r, n in sorted(said.items())))
+            log.warning("dropped or refused since the last line of their kind: %s",
+                        ", ".join(f"{n:,} {r}" for r, n in sorted(said.items())))
             now = time.monotonic()
             self.last.update({r: now for r in said})
         self.pending.clear()
@@ -153,8 +155,7 @@ class DropLog:
 def raw_response(status: int, reason: str, message: str, extra: str = "") -> bytes:
     """A whole HTTP/1.1 response that closes the connection, written under the app (no request to
     answer through it): an OpenAI-shaped error body."""
-    body = ('{"error": {"message": "%s", "type": "server_error", "param": null, "code": "%s"}}'
-            % (message.replace('"', "'"), reason)).encode()
+    body = json.dumps({"error": {"message": message, "type": "server_error", "param": None, "code": reason}}).encode()
     head = (f"HTTP/1.1 {status} {_PHRASES[status]}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
             f"connection: close\r\n{extra}\r\n")
     return head.encode() + body
