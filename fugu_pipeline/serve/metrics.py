@@ -194,17 +194,17 @@ class MeteredWorkers(Workers):
         self.metrics = metrics
         metrics.workers = self
 
-    async def complete(self, wid: str, messages: list[dict], params: dict, timing) -> Completion:
+    async def complete(self, wid: str, *args, **kwargs) -> Completion:
         try:
-            comp = await super().complete(wid, messages, params, timing)
+            comp = await super().complete(wid, *args, **kwargs)
         except Exception as exc:
             raise self._failed(wid, exc) from None
         self.metrics.call_ok(wid, comp.cost_usd, comp.prompt_tokens, comp.completion_tokens)
         return comp
 
-    async def open_stream(self, wid: str, messages: list[dict], params: dict, timing):
+    async def open_stream(self, wid: str, *args, **kwargs):
         try:
-            stream = await super().open_stream(wid, messages, params, timing)
+            stream = await super().open_stream(wid, *args, **kwargs)
         except Exception as exc:
             raise self._failed(wid, exc) from None
         return MeteredStream(stream, self, wid)
