@@ -94,7 +94,6 @@ def test_a_slow_store_times_out_with_a_clear_error(s3, store, monkeypatch):
         msg, took = str(err.value), time.monotonic() - t0
         print("slow store:", msg, f"({took:.1f}s)")
         assert "after 2 attempt(s)" in msg and "FUGU_STORE_TIMEOUT_S=1" in msg and "timeout" in msg.lower()
-        assert took < 30  # two 1 s timeouts and a backoff, not the 3 s answers times the retries of an SDK default
 
 
 MACHINE_B = """
