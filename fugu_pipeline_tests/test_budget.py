@@ -4,6 +4,7 @@ call comes from the worker's configured maximum prices; a worker that nothing pr
 before any call, naming the worker and the setting."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -42,7 +43,7 @@ def setup(tmp_path, stub, budget: float, **worker) -> tuple[str, str, WorkersCon
 
 
 def generate(w, t, out) -> int:
-    return main(["generate", "--workers", w, "--tasks", t, "--output", out])
+    return main(["generate", "--workers", w, "--tasks", t, "--output", out, "--ledger", str(Path(out).parent / "costs.jsonl")])
 
 
 def test_an_unpriced_paid_worker_under_a_budget_is_refused_before_any_call(tmp_path, stub, capsys):

@@ -90,28 +90,44 @@ def _success_and_failure(node: ast.AST) -> bool:
 
 
 def _name_is_constant(node: ast.AST) -> bool:
-    """`kind == "b"`, `mode in ("a", "b")`: a bare name against constants, nothing the code computed."""
+    """`kind == "b"`, `mode in ("a", "b")`: a bare name against constants, nothing the code computed
+    (`x is None` is not one: it is a check of a value)."""
     return (isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and len(node.ops) == 1
-            and isinstance(node.ops[0], (ast.Eq, ast.In, ast.Is)) and _constant_or_constants(node.comparators[0]))
+            and isinstance(node.ops[0], (ast.Eq, ast.In)) and _constant_or_constants(node.comparators[0]))
 
 
 def _constant_or_constants(node: ast.AST) -> bool:
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return all(isinstance(e, ast.Constant) for e in node.elts)
-    return isinstance(node, ast.Constant)
+        return all(isinstance(e, ast.Constant) and e.value is not None for e in node.elts)
+    return isinstance(node, ast.Constant) and node.value is not None
 
 
-def _or_problems(node: ast.BoolOp, in_assert: bool) -> list[str]:
-    """An `or` with `True` in it anywhere, or with any true constant in an assertion (elsewhere
-    `x or "default"` is a value, not a check)."""
+def _truth_context(tree: ast.AST) -> set[int]:
+    """The nodes whose truth is what counts: an assertion's or a branch's test, and the operands of
+    `and`, `or` and `not` in one (`(x or "default") == "a"` uses the `or` as a value)."""
+    out: set[int] = set()
+    todo = [n.test for n in ast.walk(tree) if isinstance(n, (ast.Assert, ast.If, ast.While, ast.IfExp))]
+    while todo:
+        node = todo.pop()
+        out.add(id(node))
+        if isinstance(node, ast.BoolOp):
+            todo.extend(node.values)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            todo.append(node.operand)
+    return out
+
+
+def _or_problems(node: ast.BoolOp, as_truth: bool, in_assert: bool) -> list[str]:
+    """An `or` with `True` in it anywhere, or with any true constant where its truth is used (as a
+    value, `x or "default"` is no check)."""
     out = []
-    if any(_truthy_constant(v) and (in_assert or v.value is True) for v in node.values):
+    if any(_truthy_constant(v) and (as_truth or v.value is True) for v in node.values):
         out.append(f"`{_src(node)}` is always true (an `or` with a true constant)")
     for v in node.values:
         if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not) and any(_same(v.operand, w) for w in node.values):
             out.append(f"`{_src(node)}` is always true (`x or not x`)")
             break
-    if in_assert and len(node.values) > 1:
+    if in_assert and as_truth and len(node.values) > 1:
         for v in node.values:
             if _name_is_constant(v):
                 out.append(f"`{_src(v)}` in an `or`: for that value the assertion checks nothing; give that case "
@@ -208,9 +224,10 @@ def problems_in(source: str, name: str = "<test>") -> list[str]:
                 found.append((node.lineno, f"asserts a constant (`{_src(test)}`)"))
             for sub in ast.walk(test):
                 in_assert.add(id(sub))
+    truth = _truth_context(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
-            found += [(node.lineno, why) for why in _or_problems(node, id(node) in in_assert)]
+            found += [(node.lineno, why) for why in _or_problems(node, id(node) in truth, id(node) in in_assert)]
         elif isinstance(node, ast.Compare) and id(node) in in_assert and not _constant(node):
             why = _tautology(node)
             if why:
