@@ -43,5 +43,5 @@ def test_the_docs_head_sizes_are_the_codes():
     assert _figure(r"= ([\d,]+) parameters with 3 workers and Qwen3-0\.6B", page) == head
     assert _figure(r"\(([\d,]+)\s+with the tiny encoder\)", page) == RolesHead(64, 3, worker_sets=3).param_count()
     assert _figure(r"\(\+([\d,]+) for Qwen3-0\.6B", page) == svf
-    assert _figure(r"([\d,]+) parameters in all with 3 workers", page) == \
+    assert _figure(r"([\d,]+) parameters in all", page) == \
         RolesSVFHead(1024, 3, svf_size=svf, worker_sets=3).param_count() == head + svf

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from fugu_pipeline.cli import main
-from fugu_pipeline.cli.checkpoints import LATEST_FILE, resolve_checkpoint
 from fugu_pipeline_tests.conftest import REPO
 
 WORKERS = ["--workers", "configs/workers.yaml"]
@@ -52,7 +51,7 @@ def _checkpoint(folder: Path, created: str) -> Path:
 
 
 def test_the_latest_checkpoint_of_a_folder_is_the_one_its_last_training_command_named(tmp_path):
-    from fugu_pipeline.cli.checkpoints import record_latest
+    from fugu_pipeline.cli.checkpoints import LATEST_FILE, record_latest, resolve_checkpoint
 
     out = tmp_path / "artifacts" / "router"
     old = _checkpoint(out / "sft" / "aaaa", "2026-01-02T00:00:00+00:00")
