@@ -54,6 +54,7 @@ def test_generate_train_evaluate_route(workdir, capsys):
     assert decision["worker"] in rows[0]["worker_ids"] and abs(sum(decision["probabilities"].values()) - 1) < 1e-5
 
 
+@pytest.mark.slow
 def test_the_seed_chain_sft_rl_es_evaluate_through_output_folders(workdir, capsys):
     """The seed README's chain: each --checkpoint is the --output folder of the step before."""
     tasks = str(REPO / "data" / "benchgen" / "sample.jsonl")

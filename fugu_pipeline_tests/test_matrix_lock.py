@@ -62,6 +62,7 @@ def holder(small_project):
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_checks_and_reading_steps_go_on_while_a_user_holds_the_matrix(small_project, holder, caplog, monkeypatch):
     monkeypatch.setenv("FUGU_DUCKDB_LOCK_WAIT_S", "1")
     defs = build_defs(str(small_project), "configs/workers.mock.yaml", "tiny")
@@ -80,6 +81,7 @@ def test_checks_and_reading_steps_go_on_while_a_user_holds_the_matrix(small_proj
     assert holder.poll() is None  # the user's session was left alone
 
 
+@pytest.mark.slow
 def test_a_lock_released_within_the_wait_is_simply_waited_for(small_project, holder, monkeypatch):
     monkeypatch.setenv("FUGU_DUCKDB_LOCK_WAIT_S", "30")
     monkeypatch.setattr(matrix_read, "_open_snapshot", lambda *a: pytest.fail("read a snapshot copy instead of waiting"))

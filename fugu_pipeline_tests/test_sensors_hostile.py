@@ -51,6 +51,7 @@ CORRUPT_BATCH_CURSORS = ["not json {", "[1, 2]", "null", '"a string"', '{"batche
                          '{"batches": {"sample": 7, "x": null}}']
 
 
+@pytest.mark.slow
 def test_a_corrupt_batch_cursor_is_named_and_relaunches_nothing(project, capfd):
     """Each corrupt cursor, before and after the first collection, on one instance: evaluating a
     tick changes nothing the next one reads (the partitions it adds are there already), so the
@@ -497,6 +498,7 @@ def stub_project(project, monkeypatch):
         yield project, stub
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sensor", ["catalog_change_sensor", "catalog_update_sensor"])
 def test_a_price_that_flips_back_and_forth_recollects_every_time(stub_project, sensor):
     """A -> B -> A -> B: the second A -> B change must not reuse the first one's run keys, or the
@@ -543,6 +545,7 @@ def test_a_broken_worker_config_skips_the_sensors_in_one_line_and_keeps_their_cu
         assert {str(r.partition_key).split("|")[0] for r in tick(defs, instance, BATCH).run_requests} == {"sample"}
 
 
+@pytest.mark.slow
 def test_a_worker_removed_then_put_back_is_collected_on_the_batches_it_missed(project):
     """A worker taken out of the config keeps its partition; put back, it was not "new", so the
     batches that arrived meanwhile were never collected for it (and the matrix's cells stayed

@@ -259,6 +259,7 @@ def test_shutdown_ends_streams_in_flight_with_an_error_event_and_refuses_new_req
     assert not errors.records, [r.getMessage() for r in errors.records]
 
 
+@pytest.mark.slow
 def test_sigterm_under_fugu_lite_serve_never_cuts_a_stream_silently(models, tmp_path):
     with SlowUpstream() as up:
         workers = tmp_path / "workers.yaml"

@@ -106,6 +106,7 @@ print(json.dumps({"worker": d.worker_id, "checkpoint": str(router.router.checkpo
 """
 
 
+@pytest.mark.slow
 def test_promoted_on_one_machine_loaded_on_another(s3, store, tmp_path, monkeypatch):
     """Machine A is this process (its own folder); machine B another process that knows only the
     store's URL and has an empty folder of its own."""
