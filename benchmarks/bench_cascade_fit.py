@@ -26,7 +26,7 @@ def synthetic(rows: int, workers: int, seed: int = 0):
     from fugu_pipeline.features.routing_data import RoutingData
     from fugu_pipeline.matrix.answers import AnswerGrid
     from fugu_pipeline.reward import UtilityConfig
-    from fugu_pipeline.train.verifier import VerifierInputs
+    from fugu_pipeline.policies.cascade.verifier import VerifierInputs
 
     rng = np.random.default_rng(seed)
     ids = [f"w{j}" for j in range(workers)]
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=11, help="workers (default 11)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    from fugu_pipeline.train.cascade_fit import fit_cascade
+    from fugu_pipeline.policies.cascade.fit import fit_cascade
 
     data, grid, inputs = synthetic(args.rows, args.workers, args.seed)
     t0, cpu0 = time.perf_counter(), time.process_time()

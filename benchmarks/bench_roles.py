@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-from fugu_pipeline.evaluate.roles_project import open_run, roles_encoder_settings, split
+from fugu_pipeline.policies.coordinator.project import open_run, roles_encoder_settings, split
 from fugu_pipeline.features.encoder import Encoder
 from fugu_pipeline.tasks.schema import Task
 from fugu_pipeline.testing.roles_batch import roles_batch
-from fugu_pipeline.train.roles import RolesConfig, train_roles
+from fugu_pipeline.policies.coordinator.train import RolesConfig, train_roles
 from fugu_pipeline.workers.config import load_workers_config
 
 REPO = Path(__file__).resolve().parents[1]

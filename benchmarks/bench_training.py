@@ -22,9 +22,9 @@ import torch
 
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData
-from fugu_pipeline.train.configs import ESConfig, SFTConfig
-from fugu_pipeline.train.es import population_fitness, train_es
-from fugu_pipeline.train.sft import train_sft
+from fugu_pipeline.policies.oneshot.configs import ESConfig, SFTConfig
+from fugu_pipeline.policies.oneshot.es import population_fitness, train_es
+from fugu_pipeline.policies.oneshot.sft import train_sft
 
 
 def synthetic(n_train: int, n_val: int, dim: int, workers: int, seed: int) -> RoutingData:

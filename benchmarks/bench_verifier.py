@@ -1,4 +1,4 @@
-"""Benchmark the cascade verifier's out-of-fold grid (`train/verifier.py:oof_scores`; not a test).
+"""Benchmark the cascade verifier's out-of-fold grid (`policies/cascade/verifier.py:oof_scores`; not a test).
 
 Runs `oof_scores` (2 x 3 input sets x 4 L2 strengths x every fold) on the same inputs with the
 verifier module of a reference git revision (default: the last one that fitted every grid point by
@@ -16,7 +16,7 @@ worker tell most of, ~5% of cells without a reply, hash-like folds. Default shap
 `fugu-lite train` gives the verifier on the offline main job's 300-task sample (225 non-test rows,
 3 workers, 80 prompt columns, 80 + 20 reply columns, 5 folds). `--inputs` reads an .npz with the
 arrays `prompt`, `answer`, `has`, `target`, `folds` and `stat_names` (a `VerifierInputs` and its folds
-as `train/cascade_fit.py` passes them to `oof_scores`).
+as `policies/cascade/fit.py` passes them to `oof_scores`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 import torch  # imported before either clock starts: neither run pays for it
 
 from benchmarks.machine import describe
-from fugu_pipeline.train import verifier as current
+from fugu_pipeline.policies.cascade import verifier as current
 
 REFERENCE = "6242b877c77896f0bed100adb77975fa37c8087f"  # before the Newton solver and the shared fits
 
@@ -55,8 +55,14 @@ def synthetic(args) -> tuple[dict, np.ndarray]:
 
 
 def load_reference(rev: str):
-    src = subprocess.run(["git", "show", f"{rev}:fugu_pipeline/train/verifier.py"], check=True,
-                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    # the module's path at that revision: the cascade's package, or train/ before the kinds had packages
+    for where in ("fugu_pipeline/policies/cascade/verifier.py", "fugu_pipeline/train/verifier.py"):
+        got = subprocess.run(["git", "show", f"{rev}:{where}"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[1])
+        if got.returncode == 0:
+            break
+    got.check_returncode()
+    src = got.stdout
     path = Path(tempfile.mkdtemp()) / "verifier_reference.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("verifier_reference", path)

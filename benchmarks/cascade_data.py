@@ -92,8 +92,8 @@ def build_matrix(rows, work: Path, encoder: str, cache_dir: str | Path):
 
 
 def load(name: str, args):
-    from fugu_pipeline.features.answer_features import STATS, STATS_V1
-    from fugu_pipeline.train.cascade_fit import answer_inputs
+    from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1
+    from fugu_pipeline.policies.cascade.fit import answer_inputs
 
     data, grid, settings, emb = build_matrix(rows_of(name, args), Path(args.work_dir) / name, args.encoder, args.cache_dir)
     t0 = time.perf_counter()
@@ -127,12 +127,12 @@ def curve_at(score: np.ndarray, q_strong, q_weak, cost_strong, cost_weak, share:
 def run(name: str, args) -> dict:
     from fugu_pipeline.evaluate.metrics import apgr, paired_bootstrap
     from fugu_pipeline.evaluate.reports import head_scores
-    from fugu_pipeline.train.cascade_config import CascadeConfig
-    from fugu_pipeline.train.cascade_fit import fit_cascade
-    from fugu_pipeline.train.cascade_search import Cap
+    from fugu_pipeline.policies.cascade.config import CascadeConfig
+    from fugu_pipeline.policies.cascade.fit import fit_cascade
+    from fugu_pipeline.policies.cascade.search import Cap
     from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.configs import TrainSetConfig
-    from fugu_pipeline.train.fit import fit_and_save, select_heads
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
 
     t0 = time.perf_counter()
     data, grid, inputs = load(name, args)
@@ -168,7 +168,7 @@ def run(name: str, args) -> dict:
     b = np.array(boots)
     ci = lambda v: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]  # noqa: E731
     # (a) the policy chosen on validation under the cap, on test
-    from fugu_pipeline.train.cascade_policy import answer_codes, simulate
+    from fugu_pipeline.policies.cascade.policy import answer_codes, simulate
 
     codes = answer_codes(grid.final)
     res = simulate(fit.policy.default, data.worker_ids, codes, vs, data.quality, data.cost_usd, data.latency_s, test)
@@ -200,10 +200,10 @@ def run_multi(name, args, data, grid, inputs, rep, head, oof, test, strong, t0) 
     """More than two workers: each alone, the one-shot router, the cascade chosen under the cap."""
     from fugu_pipeline.evaluate.metrics import paired_bootstrap
     from fugu_pipeline.evaluate.reports import head_scores
-    from fugu_pipeline.train.cascade_config import CascadeConfig
-    from fugu_pipeline.train.cascade_fit import fit_cascade
-    from fugu_pipeline.train.cascade_policy import answer_codes, simulate
-    from fugu_pipeline.train.cascade_search import Cap
+    from fugu_pipeline.policies.cascade.config import CascadeConfig
+    from fugu_pipeline.policies.cascade.fit import fit_cascade
+    from fugu_pipeline.policies.cascade.policy import answer_codes, simulate
+    from fugu_pipeline.policies.cascade.search import Cap
 
     fit = fit_cascade(data, grid, inputs, CascadeConfig(cap=Cap(share=args.share)), heads={f"one-shot {rep.selected}": oof},
                       log=lambda m: print(f"[{name}] {m}", flush=True))

@@ -8,7 +8,7 @@ intervals, at caps of 20%, 33% and 50% of the strongest worker's cost.
 Each set is read with the project's own importers (`matrix/importers.py`; the MoT study's files with
 `benchmarks/mot_data.py`), built into a matrix with quality-only weights (as `--workers
 configs/reward.quality.yaml`), and run through the same steps as `fugu-lite train`: the one-shot
-heads (`train/fit.select_heads`), then `train/cascade_fit.fit_cascade` with the default
+heads (`policies/oneshot/fit.select_heads`), then `policies/cascade/fit.fit_cascade` with the default
 `cascade:` settings. Printed per set: the default's choice and its reason line, the table (out of
 fold over the non-test rows: every row's figure comes from policies chosen on the other folds,
 cascades searched under each cap there), and the shipped policy on the held-out test rows.
@@ -16,7 +16,7 @@ cascades searched under each cap there), and the shipped policy on the held-out 
 A cascade reads the workers' recorded replies; a set without them (RouteLLM's MMLU CSVs, LLMRouter's
 dcrouter files: correctness only) is named and skipped, or with `--one-shot-only` gets the one-shot
 and strongest rows of the table, the default operating point `fugu-lite train` saves for the
-selected one-shot head (`route/default_point.py`) with its reason line, and that point on the
+selected one-shot head (`policies/oneshot/default_point.py`) with its reason line, and that point on the
 held-out test rows against the strongest worker. Data without costs is priced as
 `benchmarks/cascade_data.py` prices it. `--sample N` keeps N rows (the smallest hashes of their
 task ids) to bound the runtime; the encoder: `tiny`, `minilm` (the all-MiniLM-L6-v2 files the
@@ -117,7 +117,7 @@ def one_shot_test(data, sel, name: str, work: Path, cfg) -> tuple[np.ndarray, np
     """(quality, cost) per test row of the one-shot head `name` (fitted on the non-test rows)."""
     from fugu_pipeline.evaluate.reports import head_scores
     from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.fit import fit_and_save
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save
 
     saved = fit_and_save(data, work / "models", cfg, log=lambda m: None, selection=sel)
     path = next((x.path for x in saved.saved if x.name == name), None) or saved.selected_path()
@@ -129,9 +129,9 @@ def one_shot_test(data, sel, name: str, work: Path, cfg) -> tuple[np.ndarray, np
 def one_shot_only(name: str, rows: list, args, why: str) -> dict:
     """A set without replies: what `fugu-lite train` ships (the one-shot selection), and the table's
     one-shot and strongest rows, out of fold over the non-test rows."""
-    from fugu_pipeline.train.cascade_choice import TABLE_SHARES, cap_table, capped_one_shot, table_lines
-    from fugu_pipeline.train.configs import TrainSetConfig
-    from fugu_pipeline.train.fit import select_heads
+    from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, cap_table, capped_one_shot, table_lines
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+    from fugu_pipeline.policies.oneshot.fit import select_heads
     from fugu_pipeline.train.selection import fold_ids
 
     t0 = time.perf_counter()
@@ -163,13 +163,13 @@ def one_shot_only(name: str, rows: list, args, why: str) -> dict:
           f"workers {', '.join(data.worker_ids)}; {emb.encoder_description}")
     print(f"{why}; one-shot selection: {rep.selected} ({rep.reason})")
     if point is not None:
-        from fugu_pipeline.route.default_point import default_lines
+        from fugu_pipeline.policies.oneshot.default_point import default_lines
 
         print("\n".join(default_lines(point)))
     print("\n".join(table_lines(table, f"out of fold over the {n} non-test rows (one-shot and the strongest only), caps "
                                        "as shares of the strongest worker's cost:")))
     if held is not None:
-        from fugu_pipeline.evaluate.default_report import default_report_lines
+        from fugu_pipeline.policies.oneshot.default_report import default_report_lines
 
         print("held-out " + "\n".join(default_report_lines(held)[1:2]))
     print(f"runtime {time.perf_counter() - t0:.0f}s", flush=True)
@@ -179,12 +179,12 @@ def one_shot_only(name: str, rows: list, args, why: str) -> dict:
 
 def default_of(data, sel, work: Path, cfg, args):
     """What `fugu-lite train` saves as the default operating point (its own steps: `fit_and_save`,
-    then `route/default_point.calibrate_saved`), and that point scored on the held-out test rows."""
-    from fugu_pipeline.evaluate.default_report import default_section
+    then `policies/oneshot/default_train.calibrate_saved`), and that point scored on the held-out test rows."""
+    from fugu_pipeline.policies.oneshot.default_report import default_section
     from fugu_pipeline.route.budget import load_calibration
-    from fugu_pipeline.route.default_train import calibrate_saved
+    from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
     from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.fit import fit_and_save
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save
 
     report = fit_and_save(data, work / "models", cfg, log=lambda m: None, selection=sel)
     point = calibrate_saved(report.saved, data, lambda m: None, margin=cfg.cascade.margin, n_boot=args.n_boot, seed=cfg.seed)
@@ -195,15 +195,15 @@ def default_of(data, sel, work: Path, cfg, args):
 
 
 def run(name: str, rows: list, args) -> dict:
-    from fugu_pipeline.evaluate.cascade import cascade_report, load_cascade
+    from fugu_pipeline.policies.cascade.evaluate import cascade_report, load_cascade
     from fugu_pipeline.matrix.answers import read_answers
-    from fugu_pipeline.train.cascade_choice import table_lines
-    from fugu_pipeline.train.cascade_config import CascadeConfig
-    from fugu_pipeline.train.cascade_fit import answer_inputs, fit_cascade
-    from fugu_pipeline.train.cascade_save import save_cascade
-    from fugu_pipeline.train.cascade_train import one_shot_heads
-    from fugu_pipeline.train.configs import TrainSetConfig
-    from fugu_pipeline.train.fit import select_heads
+    from fugu_pipeline.policies.cascade.choice import table_lines
+    from fugu_pipeline.policies.cascade.config import CascadeConfig
+    from fugu_pipeline.policies.cascade.fit import answer_inputs, fit_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.train import one_shot_heads
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+    from fugu_pipeline.policies.oneshot.fit import select_heads
 
     t0 = time.perf_counter()
     work, db, settings, data, emb = matrix_of(name, rows, args)

@@ -142,7 +142,7 @@ def layer_tag(layers: tuple[int, ...]) -> str:
 
 
 def run(name: str, args, cfg, layers: tuple[int, ...]) -> dict:
-    from fugu_pipeline.train.fit import fit_and_save
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save
 
     timings: dict[str, float] = {}
     label, data, note = load(name, args.routing, args, timings, layers)
@@ -163,7 +163,7 @@ def run(name: str, args, cfg, layers: tuple[int, ...]) -> dict:
 
 def lodo(name: str, data, out: dict, cfg) -> None:
     """Leave-one-domain-out on `data`, added to `out` (run after every table, as the longest stage)."""
-    from fugu_pipeline.evaluate.lodo import leave_one_domain_out
+    from fugu_pipeline.policies.oneshot.lodo import leave_one_domain_out
 
     t0 = time.perf_counter()
     heads = {**cfg.heads.model_dump(), **LODO_HEADS}
@@ -237,7 +237,8 @@ def main() -> int:
     if not args.routing.is_dir():
         print(f"{args.routing} not found: pass the routing data folder (a folder holding routellm_evals/ (RouteLLM's routellm/evals) and llmrouter_ulab/ (LLMRouter's dcrouter files))", file=sys.stderr)
         return 2
-    from fugu_pipeline.train.configs import TrainSetConfig, load_config
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+    from fugu_pipeline.config_files import load_config
     from fugu_pipeline.train.feature_choice import choose_variant
 
     base = load_config(args.config, TrainSetConfig) if Path(args.config).exists() else TrainSetConfig()

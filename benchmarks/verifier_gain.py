@@ -14,17 +14,17 @@ Sets (nothing is copied into the repository):
 `--rows N` keeps N rows of each set (the first N by the hash of the task id): bounded on a small machine.
 
 For each set, every row is scored out of fold (5 folds by task hash, as `fugu-lite train`): the cell
-verifier (`train/verifier.oof_scores`), then, for each configuration, the frontier search
-(`train/cascade_frontier.oof_frontier`: per fold, the most accurate plan within each cap on the other
+verifier (`policies/cascade/verifier.oof_scores`), then, for each configuration, the frontier search
+(`policies/cascade/frontier.oof_frontier`: per fold, the most accurate plan within each cap on the other
 folds, run on the held-out fold, expected costs only):
 - `today`: the reply statistics of the arithmetic checks (`STATS_V1` + `CHECK_STATS`), each reply
   scored alone, plans of at most two cheap workers;
 - `plans`: the same verifier, the wider search (three cheap steps, three workers at once);
-- `new`: the reply read with its options and with the replies paid for (`train/verifier_context.py`),
+- `new`: the reply read with its options and with the replies paid for (`policies/cascade/verifier_context.py`),
   the wider search.
 Printed per cap (share of the strongest worker's expected cost): accuracy and $ per 1,000 requests of
 each, and `new` − `today` in accuracy with its paired bootstrap 95% interval (2,000 resamples); then
-the frontier of `new`. `--png DIR` writes each set's frontier plot there (`evaluate/frontier.py`).
+the frontier of `new`. `--png DIR` writes each set's frontier plot there (`policies/cascade/frontier_plot.py`).
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def rows_of(name: str, args) -> list:
 
 def load(name: str, args):
     from benchmarks.cascade_data import build_matrix
-    from fugu_pipeline.features.answer_features import STATS
-    from fugu_pipeline.train.cascade_fit import answer_inputs
+    from fugu_pipeline.policies.cascade.answer_features import STATS
+    from fugu_pipeline.policies.cascade.fit import answer_inputs
 
     data, grid, settings, _ = build_matrix(rows_of(name, args), Path(args.work_dir) / name, args.encoder, args.cache_dir)
     return data, grid, answer_inputs(data, grid, settings, Path(args.cache_dir), stat_names=STATS)
@@ -78,15 +78,15 @@ def load(name: str, args):
 
 def run(name: str, args) -> dict:
     from fugu_pipeline.evaluate.metrics import paired_bootstrap
-    from fugu_pipeline.features.answer_checks import CHECK_STATS
-    from fugu_pipeline.features.answer_features import STATS_V1
-    from fugu_pipeline.train.cascade_fit import _expected, with_stats
-    from fugu_pipeline.train.cascade_frontier import frontier_lines, oof_frontier
-    from fugu_pipeline.train.cascade_policy import answer_codes
-    from fugu_pipeline.train.cascade_search import CascadeSearch, Grid
+    from fugu_pipeline.policies.cascade.answer_checks import CHECK_STATS
+    from fugu_pipeline.policies.cascade.answer_features import STATS_V1
+    from fugu_pipeline.policies.cascade.fit import _expected, with_stats
+    from fugu_pipeline.policies.cascade.frontier import frontier_lines, oof_frontier
+    from fugu_pipeline.policies.cascade.policy import answer_codes
+    from fugu_pipeline.policies.cascade.search import CascadeSearch, Grid
     from fugu_pipeline.train.selection import fold_ids
-    from fugu_pipeline.train.verifier import oof_scores
-    from fugu_pipeline.train.verifier_context import with_context
+    from fugu_pipeline.policies.cascade.verifier import oof_scores
+    from fugu_pipeline.policies.cascade.verifier_context import with_context
 
     t0 = time.perf_counter()
     data, grid, inputs = load(name, args)
@@ -142,7 +142,7 @@ def run(name: str, args) -> dict:
     for line in frontier_lines(runs["new"]):
         print(line)
     if args.png:
-        from fugu_pipeline.evaluate.frontier import plot_frontier
+        from fugu_pipeline.policies.cascade.frontier_plot import plot_frontier
 
         front = {k: v for k, v in runs["new"].items() if k != "per_row"}
         out["frontier_png"] = str(plot_frontier(front, Path(args.png) / f"frontier-{name}.png"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -130,3 +130,12 @@ def _problem(exc: yaml.YAMLError) -> str:
     context = getattr(exc, "context", None)
     text = f"{context}, {problem}" if context and problem else problem or str(exc).splitlines()[0]
     return " ".join(str(text).split())[:200]
+
+
+class ConfigError(ValueError):
+    """A training config file is broken; the message names the file and the field."""
+
+
+def load_config(path: str | Path, cls: type[BaseModel]) -> Any:
+    """A trainer config from YAML (an empty file means all defaults); errors name file and field."""
+    return load_yaml_model(path, cls, ConfigError, what="config file", empty_ok=True)

@@ -10,7 +10,7 @@ from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData
 from fugu_pipeline.matrix.answers import AnswerGrid
 from fugu_pipeline.reward import UtilityConfig
-from fugu_pipeline.train.verifier import VerifierInputs
+from fugu_pipeline.policies.cascade.verifier import VerifierInputs
 
 W = ["cheap", "mid", "strong"]
 P_RIGHT = np.array([0.70, 0.72, 0.95])

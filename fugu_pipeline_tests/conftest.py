@@ -125,6 +125,15 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     items.sort(key=lambda item: item.path not in slow_files)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def every_head_kind() -> None:
+    """Every kind's heads registered (`policies/registry.heads`), as the callers do before loading a
+    checkpoint: tests load checkpoints of any kind with the shared loader directly."""
+    from fugu_pipeline.policies.registry import heads
+
+    heads()
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The benchmark task files (`../shared/data/tasks`, or $FUGU_TASK_DATA); skips where absent."""

@@ -17,7 +17,7 @@ import pytest
 def encoder():
     import torch
 
-    from fugu_pipeline.evaluate.roles_project import roles_encoder_settings
+    from fugu_pipeline.policies.coordinator.project import roles_encoder_settings
     from fugu_pipeline.features.encoder import Encoder
 
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""The verifier's general checks of a reply (features/answer_checks.py): the reply's own arithmetic
+"""The verifier's general checks of a reply (policies/cascade/answer_checks.py): the reply's own arithmetic
 recomputed, and the other signs of a doubtful answer; cached by content; recorded by name in a
 saved cascade so serving builds the same columns."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fugu_pipeline.features.answer_checks import CHECK_STATS, arithmetic_steps, check_stats
-from fugu_pipeline.features.answer_features import STATS, STATS_V1, answer_stats, cached_answer_stats
+from fugu_pipeline.policies.cascade.answer_checks import CHECK_STATS, arithmetic_steps, check_stats
+from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1, answer_stats, cached_answer_stats
 from fugu_pipeline.tasks.final_answer import extract
 from fugu_pipeline.train.selection import fold_ids
-from fugu_pipeline.train.verifier import VerifierInputs, auc, oof_scores
+from fugu_pipeline.policies.cascade.verifier import VerifierInputs, auc, oof_scores
 
 
 def _holds(reply: str) -> list[bool]:
@@ -53,7 +53,7 @@ def test_the_checks_read_a_doubtful_answer_and_are_neutral_where_they_do_not_app
 
 
 def test_reply_statistics_are_cached_by_content_and_picked_by_name(tmp_path, monkeypatch):
-    import fugu_pipeline.features.answer_features as af
+    import fugu_pipeline.policies.cascade.answer_features as af
 
     cells = [("2 + 2 = 5. #### 5", "5", "What is 2 + 2?"), ("The answer is B", "B", "Pick one"), (None, None, "x")]
     first = cached_answer_stats(cells, tmp_path)
@@ -115,9 +115,9 @@ def test_the_verifier_tells_a_wrong_calculation_from_a_right_one():
 
 @pytest.mark.slow  # builds a checkpoint with the tiny encoder
 def test_a_saved_cascade_records_its_statistics_and_an_older_one_reads_the_first_ten(tmp_path):
-    from fugu_pipeline.route.cascade import load_router
+    from fugu_pipeline.policies.registry import load_router
     from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint
-    from fugu_pipeline.train.cascade_head import CascadeHead
+    from fugu_pipeline.policies.cascade.head import CascadeHead
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
     path = build_cascade_checkpoint(tmp_path / "models", tmp_path / "cache", n=30)

@@ -170,7 +170,7 @@ def test_the_coordinators_tasks_leave_out_a_batch_the_matrix_left_out(proj):
     """`router_roles`, `eval_report_roles`, `evaluate-roles` and `validate` of a coordinator take the
     project's graded tasks (`project_tasks`): a batch file that cannot be loaded is left out and
     named, as the matrix leaves it out. Before: each stopped on it."""
-    from fugu_pipeline.evaluate.roles_project import project_tasks
+    from fugu_pipeline.policies.coordinator.project import project_tasks
     from fugu_pipeline.tasks.loading import TaskFileError
 
     refused: list = []

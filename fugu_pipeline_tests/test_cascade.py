@@ -16,11 +16,11 @@ from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.tasks.final_answer import detect_kind, extract
 from fugu_pipeline.tasks.loading import TaskFileError
-from fugu_pipeline.train.cascade_config import CascadeConfig
-from fugu_pipeline.train.cascade_fit import BEST_WORKER, fit_cascade
-from fugu_pipeline.train.cascade_policy import CascadePlan, CascadeStep, answer_codes, decide, simulate
-from fugu_pipeline.train.cascade_choice import STRONGEST
-from fugu_pipeline.train.cascade_search import Cap, CascadeSearch
+from fugu_pipeline.policies.cascade.config import CascadeConfig
+from fugu_pipeline.policies.cascade.fit import BEST_WORKER, fit_cascade
+from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadeStep, answer_codes, decide, simulate
+from fugu_pipeline.train.selection import STRONGEST
+from fugu_pipeline.policies.cascade.search import Cap, CascadeSearch
 from fugu_pipeline_tests import cascade_fixture
 
 FAST = CascadeSearch(thresholds=4, three_steps=False, finals=2, cheap=2)
@@ -164,8 +164,8 @@ def test_a_worker_without_answers_is_named():
 
 
 def test_cascade_checkpoint_round_trip_and_its_outcomes(tmp_path):
-    from fugu_pipeline.evaluate.cascade import cascade_outcomes, cascade_report, load_cascade
-    from fugu_pipeline.train.cascade_save import save_cascade
+    from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, cascade_report, load_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
     from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
 
     data, grid, inputs = cascade_fixture.make(n=300)

@@ -5,10 +5,10 @@ cheaper qualifies, when too few rows carry replies, or when no plan meets a cap;
 
 import numpy as np
 
-from fugu_pipeline.train.cascade_choice import STRONGEST
-from fugu_pipeline.train.cascade_config import CascadeConfig
-from fugu_pipeline.train.cascade_fit import fit_cascade
-from fugu_pipeline.train.cascade_search import Cap, CascadeSearch
+from fugu_pipeline.train.selection import STRONGEST
+from fugu_pipeline.policies.cascade.config import CascadeConfig
+from fugu_pipeline.policies.cascade.fit import fit_cascade
+from fugu_pipeline.policies.cascade.search import Cap, CascadeSearch
 from fugu_pipeline_tests import cascade_fixture
 
 FAST = CascadeSearch(thresholds=6, three_steps=False, finals=2, cheap=2)
@@ -60,7 +60,7 @@ def test_too_few_rows_with_replies_ship_the_strongest_with_one_line():
 
 
 def test_a_cap_no_plan_meets_ships_the_strongest_with_one_line(tmp_path):
-    from fugu_pipeline.train.cascade_train import CascadeResult
+    from fugu_pipeline.policies.cascade.train import CascadeResult
 
     data, grid, inputs = cascade_fixture.make(n=300)
     fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, cap=Cap(usd_per_1k=0.01)), log=quiet)
@@ -71,7 +71,7 @@ def test_a_cap_no_plan_meets_ships_the_strongest_with_one_line(tmp_path):
 
 
 def test_under_a_cap_every_policy_is_compared_with_the_strongest_and_the_table_is_printed(tmp_path):
-    from fugu_pipeline.train.cascade_train import CascadeResult
+    from fugu_pipeline.policies.cascade.train import CascadeResult
 
     data, grid, inputs = cascade_fixture.make(n=300)
     fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300, cap=Cap(share=0.3)), log=quiet)
@@ -90,8 +90,8 @@ def test_under_a_cap_every_policy_is_compared_with_the_strongest_and_the_table_i
 
 
 def test_the_held_out_cascade_report_has_the_table_at_caps_of_the_strongest_s_cost(tmp_path):
-    from fugu_pipeline.evaluate.cascade import cascade_report, load_cascade, report_lines
-    from fugu_pipeline.train.cascade_save import save_cascade
+    from fugu_pipeline.policies.cascade.evaluate import cascade_report, load_cascade, report_lines
+    from fugu_pipeline.policies.cascade.save import save_cascade
 
     data, grid, inputs = cascade_fixture.agreeing(n=400)
     fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
@@ -107,7 +107,7 @@ def test_the_held_out_cascade_report_has_the_table_at_caps_of_the_strongest_s_co
 def test_a_capped_one_shot_router_spends_up_to_the_cap_when_its_margins_are_close():
     """Predicted gains of the dear worker all within 10% of each other: the λ that meets the cap lies
     between two points of the grid, and is found there (not the next grid point, which sends nothing)."""
-    from fugu_pipeline.train.cascade_choice import capped_one_shot
+    from fugu_pipeline.policies.cascade.choice import capped_one_shot
 
     rng = np.random.default_rng(0)
     n = 400
@@ -134,7 +134,7 @@ def test_without_costs_nothing_is_cheaper_so_only_a_clear_gain_replaces_the_best
 def test_the_saved_cascade_records_the_validation_figure_of_the_policy_it_holds(tmp_path):
     import json
 
-    from fugu_pipeline.train.cascade_save import save_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
 
     data, grid, inputs = cascade_fixture.agreeing(n=400)
     fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
@@ -145,7 +145,7 @@ def test_the_saved_cascade_records_the_validation_figure_of_the_policy_it_holds(
 def test_each_folds_plans_are_run_once_for_the_choice_and_the_frontier(monkeypatch):
     """The cost-aware choice and the frontier search the same folds with the same grid: a fold's
     plans are listed and run once, not once for each (the search's time is most of `train`'s)."""
-    from fugu_pipeline.train import cascade_frontier, cascade_search
+    from fugu_pipeline.policies.cascade import frontier as cascade_frontier, search as cascade_search
 
     seen: list[tuple[int, bytes]] = []
     real = cascade_search.candidate_plans

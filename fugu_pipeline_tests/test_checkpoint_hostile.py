@@ -29,8 +29,8 @@ from fugu_pipeline.train.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from fugu_pipeline.train.ensemble import EnsembleHead
-from fugu_pipeline.train.predictors import DomainPriorHead, KNNHead
+from fugu_pipeline.policies.oneshot.ensemble import EnsembleHead
+from fugu_pipeline.policies.oneshot.predictors import DomainPriorHead, KNNHead
 
 DIM = 16
 WORKERS = ["w1", "w2", "w3"]
@@ -318,7 +318,7 @@ def _point(models: Path, checkpoint: str, **extra) -> Path:
 
 
 def _promoted_error(models: Path, *words: str) -> str:
-    from fugu_pipeline.route.promoted import load_promoted
+    from fugu_pipeline.policies.registry import load_promoted
     from fugu_pipeline.route.router import RouterError
 
     with pytest.raises(RouterError) as e:

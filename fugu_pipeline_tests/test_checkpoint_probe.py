@@ -29,10 +29,10 @@ from fugu_pipeline.serve import create_app
 from fugu_pipeline.testing.serving import ServerThread, build_checkpoints, promote, stub_workers_config
 from fugu_pipeline.testing.stub_llm import StubLLMServer
 from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
-from fugu_pipeline.train.ensemble import EnsembleHead
-from fugu_pipeline.train.heads import HEADS, build_head
-from fugu_pipeline.train.predictors import DomainPriorHead, KNNHead, MLPHead, QualityPredictor
-from fugu_pipeline.train.ridge import RidgeHead
+from fugu_pipeline.policies.oneshot.ensemble import EnsembleHead
+from fugu_pipeline.policies.oneshot.heads import HEADS, build_head
+from fugu_pipeline.policies.oneshot.predictors import DomainPriorHead, KNNHead, MLPHead, QualityPredictor
+from fugu_pipeline.policies.oneshot.ridge import RidgeHead
 from fugu_pipeline_tests.test_checkpoint_hostile import _edit_tensors
 
 DIM = 16

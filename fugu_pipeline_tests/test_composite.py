@@ -14,7 +14,7 @@ from fugu_pipeline.evaluate.composite import (
     paired_difference,
     score_head,
 )
-from fugu_pipeline.evaluate.router_contest import live_rows
+from fugu_pipeline.policies.oneshot.contest import live_rows
 from fugu_pipeline.evaluate.live import LiveOutcome, LivePolicy, OneCallEvaluator, tasks_by_id
 from fugu_pipeline.workers.config import load_workers_config
 from fugu_pipeline_tests.conftest import REPO
@@ -255,7 +255,7 @@ def test_live_term_says_why_it_was_not_measured():
 def test_a_live_run_that_fails_for_one_head_is_dropped_for_both(tmp_path):
     """The king's live calls hit the budget after the challenger's went through: neither head gets
     a live term (a live term for one head only would weigh the two differently)."""
-    from fugu_pipeline.evaluate.router_contest import score_against_king
+    from fugu_pipeline.policies.oneshot.contest import score_against_king
     from fugu_pipeline.evaluate.live import LiveBudgetExceeded
     from fugu_pipeline.train.checkpoints import load_checkpoint
     from fugu_pipeline_tests.harness_data import controlled_data, routing_head

@@ -10,15 +10,16 @@ import json
 import numpy as np
 import pytest
 
-from fugu_pipeline.evaluate.cascade_contest import AnswerSource
-from fugu_pipeline.evaluate.promotion import load_policy, promote_best
+from fugu_pipeline.policies.cascade.contest import AnswerSource
+from fugu_pipeline.evaluate.promotion import load_policy
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.features.routing_data import RoutingData
 from fugu_pipeline.matrix.answers import AnswerGrid
 from fugu_pipeline.reward import UtilityConfig
-from fugu_pipeline.train.configs import SFTConfig
+from fugu_pipeline.policies.oneshot.configs import SFTConfig
 from fugu_pipeline.train.pointer import read_pointer, write_pointer
-from fugu_pipeline.train.sft import train_sft
-from fugu_pipeline.train.verifier import VerifierInputs
+from fugu_pipeline.policies.oneshot.sft import train_sft
+from fugu_pipeline.policies.cascade.verifier import VerifierInputs
 from fugu_pipeline_tests.conftest import REPO
 
 W = ["math-w", "code-w", "gen-w"]
@@ -73,11 +74,11 @@ def answers(world) -> AnswerSource:
 
 def save_cascade_plan(models, world, policy: dict):
     """A cascade checkpoint with this plan and a verifier fitted on the non-test rows."""
-    from fugu_pipeline.train.cascade_fit import CascadeFit
-    from fugu_pipeline.train.cascade_policy import CascadePolicy
-    from fugu_pipeline.train.cascade_save import save_cascade
-    from fugu_pipeline.train.cascade_search import Choice
-    from fugu_pipeline.train.verifier import fit_all
+    from fugu_pipeline.policies.cascade.fit import CascadeFit
+    from fugu_pipeline.policies.cascade.policy import CascadePolicy
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.search import Choice
+    from fugu_pipeline.policies.cascade.verifier import fit_all
 
     data, _, inputs = world
     verifier = fit_all(inputs, np.flatnonzero(data.splits != "test"), 0.01)
@@ -93,12 +94,12 @@ def save_cascade_plan(models, world, policy: dict):
 
 def budget_points(world) -> tuple[list[dict], list[float]]:
     """A small search's record on the validation rows: the budget frontier (cheapest to best,
-    `cascade_search._frontier`) of a few plans, and each plan's validation utility (what a
+    `policies/cascade/search._frontier`) of a few plans, and each plan's validation utility (what a
     cascade's receipt cites)."""
     from itertools import permutations
 
-    from fugu_pipeline.train.cascade_policy import CascadePlan, answer_codes, simulate
-    from fugu_pipeline.train.cascade_search import _frontier
+    from fugu_pipeline.policies.cascade.policy import CascadePlan, answer_codes, simulate
+    from fugu_pipeline.policies.cascade.search import _frontier
 
     data, grid, _ = world
     val = np.flatnonzero(data.splits == "val")
@@ -148,8 +149,8 @@ def history(models) -> list[dict]:
 
 
 def test_a_cascade_that_beats_the_promoted_one_step_head_replaces_it_and_route_runs_it(world, tmp_path):
-    from fugu_pipeline.route.cascade import CascadeRouter
-    from fugu_pipeline.route.promoted import load_promoted
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+    from fugu_pipeline.policies.registry import load_promoted
     from fugu_pipeline.route.router import CASCADE_PLAN
 
     models = tmp_path / "models"
@@ -170,7 +171,7 @@ def test_a_cascade_that_beats_the_promoted_one_step_head_replaces_it_and_route_r
     last = history(models)[-1]
     assert last["promote"] and last["kind"] == "router" and last["content_hash"] == cascade.name
     # the evaluation reports (their composite against the current king) still run with a cascade king
-    from fugu_pipeline.evaluate.router_contest import add_composite
+    from fugu_pipeline.policies.oneshot.contest import add_composite
     from fugu_pipeline.train.checkpoints import load_checkpoint
 
     rep = add_composite({"summary": "s"}, load_checkpoint(king), world[0], models, OPEN.composite)
@@ -225,10 +226,10 @@ def test_a_trained_cascade_carries_the_receipt_the_contest_checks(tmp_path):
     """A cascade `fugu-lite train` saves records its search (every plan's validation figure) and the
     cost of the calls behind its rows, so the receipt gate lets it enter the contest."""
     from fugu_pipeline.evaluate.gates import GateConfig, receipt_gate
-    from fugu_pipeline.train.cascade_config import CascadeConfig
-    from fugu_pipeline.train.cascade_fit import fit_cascade
-    from fugu_pipeline.train.cascade_save import save_cascade
-    from fugu_pipeline.train.cascade_search import CascadeSearch
+    from fugu_pipeline.policies.cascade.config import CascadeConfig
+    from fugu_pipeline.policies.cascade.fit import fit_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.search import CascadeSearch
     from fugu_pipeline.train.checkpoints import load_checkpoint
     from fugu_pipeline.train.exchange import receipt_from_manifest
     from fugu_pipeline_tests import cascade_fixture

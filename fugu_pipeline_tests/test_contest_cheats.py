@@ -13,15 +13,16 @@ import pytest
 import torch
 
 from fugu_pipeline.evaluate.preflight import host_expectation, preflight
-from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
+from fugu_pipeline.evaluate.promotion import PromotionPolicy
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.ledger import CostLedger
 from fugu_pipeline.train.checkpoints import load_checkpoint, save_checkpoint
-from fugu_pipeline.train.configs import SFTConfig
+from fugu_pipeline.policies.oneshot.configs import SFTConfig
 from fugu_pipeline.train.exchange import pack
 from fugu_pipeline.train.pointer import read_pointer
 from fugu_pipeline.train.signing import SIGNATURE_FILE, accept_key, new_key_pair, sign_pack
 from fugu_pipeline.train.exchange import PACK_FILES
-from fugu_pipeline.train.sft import train_sft
+from fugu_pipeline.policies.oneshot.sft import train_sft
 from fugu_pipeline_tests.test_promotion import data  # noqa: F401 (the fixture)
 
 DAILY = PromotionPolicy()  # the shipped rules: one attempt a day per key

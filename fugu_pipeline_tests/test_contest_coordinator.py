@@ -16,13 +16,13 @@ from fugu_pipeline.evaluate.composite import CompositeConfig
 from fugu_pipeline.evaluate.contest import run_contest, score_pair
 from fugu_pipeline.evaluate.gates import GateConfig
 from fugu_pipeline.evaluate.promotion import PromotionPolicy
-from fugu_pipeline.evaluate.roles_project import evaluate_coordinator, open_run, roles_encoder_settings
-from fugu_pipeline.evaluate.roles_promotion import HISTORY, RolesKind
+from fugu_pipeline.policies.coordinator.project import evaluate_coordinator, open_run, roles_encoder_settings
+from fugu_pipeline.policies.coordinator.contest import HISTORY, RolesKind
 from fugu_pipeline.tasks.schema import Task
 from fugu_pipeline.testing.roles_batch import roles_batch
 from fugu_pipeline.testing.roles_serving import scripted_coordinator
 from fugu_pipeline.train.pointer import ROLES_POINTER, read_pointer
-from fugu_pipeline.train.roles import RolesConfig
+from fugu_pipeline.policies.coordinator.train import RolesConfig
 from fugu_pipeline.workers.config import load_workers_config
 
 from .conftest import REPO
@@ -348,7 +348,7 @@ def _later_turns_differ(src, run, kind, out_dir):
     own later states (sessions at another seed than any the contest runs)."""
     from fugu_pipeline.evaluate.probe import probe_ids
     from fugu_pipeline.session.policy import Step
-    from fugu_pipeline.train.roles import policy_from_checkpoint
+    from fugu_pipeline.policies.coordinator.train import policy_from_checkpoint
 
     ids = probe_ids([t.task_id for t in kind.probe_pool])
     firsts = [Step(kind.by_id[t].prompt, kind.by_id[t].domain, []) for t in ids]

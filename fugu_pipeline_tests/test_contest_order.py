@@ -18,7 +18,8 @@ import safetensors.torch
 from fugu_pipeline.evaluate.contest import Entrant, KindBase, run_contest
 from fugu_pipeline.evaluate.gates import GateConfig, history
 from fugu_pipeline.evaluate.preflight import preflight
-from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
+from fugu_pipeline.evaluate.promotion import PromotionPolicy
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.files import CHUNK_BYTES
 from fugu_pipeline.train.checkpoints import WEIGHTS_FILE, Manifest
 from fugu_pipeline.train.exchange import PACK_FILES, pack
@@ -95,11 +96,11 @@ def contest_api(kind: str, data):
     if kind == "router":  # one-step heads and cascades share the router slot
         return lambda paths, models, policy: promote_best(paths, data, models, policy)
     if kind == "triage":
-        from fugu_pipeline.evaluate.triage_promotion import TriageKind
+        from fugu_pipeline.policies.triage.contest import TriageKind
 
         return lambda paths, models, policy: run_contest(TriageKind(data), paths, models, policy)
-    from fugu_pipeline.evaluate.roles_project import evaluate_coordinator
-    from fugu_pipeline.evaluate.roles_promotion import RolesKind
+    from fugu_pipeline.policies.coordinator.project import evaluate_coordinator
+    from fugu_pipeline.policies.coordinator.contest import RolesKind
 
     run = SimpleNamespace(featurizer=SimpleNamespace(contract=lambda: CONTRACT))  # nothing of it is used before load
     if kind == "coordinator":

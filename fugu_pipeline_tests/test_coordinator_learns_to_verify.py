@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fugu_pipeline.evaluate.roles import EVAL_SEED_BASE
-from fugu_pipeline.evaluate.roles_project import open_run, split
+from fugu_pipeline.policies.coordinator.evaluate import EVAL_SEED_BASE
+from fugu_pipeline.policies.coordinator.project import open_run, split
 from fugu_pipeline.session.policy import FixedPolicy
 from fugu_pipeline.tasks.schema import Task
 from fugu_pipeline.testing.roles_batch import roles_batch
-from fugu_pipeline.train.roles import RolesConfig, train_roles
+from fugu_pipeline.policies.coordinator.train import RolesConfig, train_roles
 from fugu_pipeline.workers.config import load_workers_config
 
 from . import roles_fixtures
@@ -67,7 +67,7 @@ def test_a_per_role_head_picks_the_worker_from_the_picked_roles_softmax(tmp_path
     from fugu_pipeline.session.featurize import TranscriptFeaturizer
     from fugu_pipeline.session.policy import Step, pick
     from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.roles import RolesTrainResult, policy_from_checkpoint
+    from fugu_pipeline.policies.coordinator.train import RolesTrainResult, policy_from_checkpoint
 
     ids = ["fast-solver", "planner", "checker"]
     f = TranscriptFeaturizer(encoder)
@@ -97,7 +97,7 @@ def test_the_grammar_start_answers_at_once_and_leaves_the_check_one_small_step_a
     three families the plain start's lead of 3 there was never crossed (Verifier in 0.00 of the
     recipe's checking sessions)."""
     from fugu_pipeline.session.roles import ROLES
-    from fugu_pipeline.train.roles_search import SHIFT, grammar_offsets, initial_theta, search_basis
+    from fugu_pipeline.policies.coordinator.search import SHIFT, grammar_offsets, initial_theta, search_basis
 
     rng = np.random.default_rng(0)
     steps = ["-|-", "thinker|-", "worker|-", "verifier|revise"]

@@ -207,9 +207,9 @@ def test_evaluate_on_data_without_training_rows_says_why(tmp_path, capsys):
 def test_leave_one_domain_out_needs_four_domains_and_says_so(n_domains):
     # before: one domain -> "the 'train' split has no rows (counts: 0, 0, 0)" after numpy's mean-of-empty
     # warning; two or three -> "objective 'lodo' needs at least 3 domains ..., got ['y']", about the inner set
-    from fugu_pipeline.evaluate.lodo import leave_one_domain_out
+    from fugu_pipeline.policies.oneshot.lodo import leave_one_domain_out
     from fugu_pipeline.features.routing_data import TrainingDataError
-    from fugu_pipeline.train.configs import TrainSetConfig
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
     from fugu_pipeline_tests.test_heads_selection import make_data
 
     d = make_data(n=60)

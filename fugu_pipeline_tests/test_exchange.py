@@ -15,7 +15,8 @@ from safetensors.torch import save as st_save
 from fugu_pipeline.cli import main
 from fugu_pipeline.evaluate.gates import GateConfig
 from fugu_pipeline.evaluate.preflight import host_expectation, preflight
-from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
+from fugu_pipeline.evaluate.promotion import PromotionPolicy
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from fugu_pipeline.ledger import CostLedger

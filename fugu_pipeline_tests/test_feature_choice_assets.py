@@ -252,7 +252,8 @@ def test_fugu_lite_train_encodes_layer_sets_in_one_pass(proj, capsys):
 # ----------------------------------------------------------------- features: in configs/train.yaml
 
 def test_the_features_block_resolves_the_same_for_the_command_line_and_the_asset(tmp_path):
-    from fugu_pipeline.train.configs import ConfigError, FeatureChoiceConfig, TrainSetConfig, load_config
+    from fugu_pipeline.policies.oneshot.configs import FeatureChoiceConfig, TrainSetConfig
+    from fugu_pipeline.config_files import ConfigError, load_config
     from fugu_pipeline.train.feature_choice import LayerSetError, heads_features
 
     base = _settings(-1).model_copy(update={"lexical": False})

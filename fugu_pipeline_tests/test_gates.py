@@ -11,7 +11,8 @@ import pytest
 
 from fugu_pipeline.evaluate.composite import CompositeConfig, audit_mask
 from fugu_pipeline.evaluate.gates import GateConfig, SeenHeads
-from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
+from fugu_pipeline.evaluate.promotion import PromotionPolicy
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.train.pointer import read_pointer
 from fugu_pipeline_tests.harness_data import controlled_data, routing_head
 

@@ -14,12 +14,12 @@ QWEN3_06B = {"hidden_size": 1024, "intermediate_size": 3072, "num_attention_head
 
 
 def _svf_size(config) -> int:
-    """The SVF adapter's scales (features/svf.py: one per singular value of each linear matrix of
+    """The SVF adapter's scales (session/svf.py: one per singular value of each linear matrix of
     the second-to-last layer), from the matrices' shapes."""
     import torch
     from transformers import AutoModel
 
-    from fugu_pipeline.features.svf import decoder_layers
+    from fugu_pipeline.session.svf import decoder_layers
 
     with torch.device("meta"):
         model = AutoModel.from_config(config)
@@ -35,7 +35,7 @@ def _figure(pattern: str, text: str) -> int:
 def test_the_docs_head_sizes_are_the_codes():
     from transformers import Qwen3Config
 
-    from fugu_pipeline.train.heads import RolesHead, RolesSVFHead
+    from fugu_pipeline.policies.coordinator.head import RolesHead, RolesSVFHead
 
     page = (REPO / "docs" / "multi-turn.md").read_text()
     svf = _svf_size(Qwen3Config(**QWEN3_06B))

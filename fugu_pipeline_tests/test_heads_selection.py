@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from fugu_pipeline.evaluate.promotion import validation_utility
+from fugu_pipeline.policies.oneshot.contest import validation_utility
 from fugu_pipeline.evaluate.reports import evaluate_checkpoint, head_scores, quality_predictions
 from fugu_pipeline.hashing import canonical_json
 from fugu_pipeline.train.checkpoints import UNHASHED_FIELDS, load_checkpoint, save_checkpoint, weight_sanity
-from fugu_pipeline.train.configs import TrainSetConfig
-from fugu_pipeline.train.families import FitData, KNNFamily
-from fugu_pipeline.train.fit import fit_and_save, select_heads
-from fugu_pipeline.train.heads import build_head, call_head
-from fugu_pipeline.train.predictors import DomainPriorHead, KNNHead
+from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+from fugu_pipeline.policies.oneshot.families import FitData, KNNFamily
+from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
+from fugu_pipeline.policies.oneshot.heads import build_head, call_head
+from fugu_pipeline.policies.oneshot.predictors import DomainPriorHead, KNNHead
 from fugu_pipeline.train.selection import RULES, Objective, fold_ids, nested_rule_check
 from fugu_pipeline_tests.test_training import make_data
 
@@ -248,7 +248,7 @@ def test_leave_one_domain_out_routes_each_domain_unseen(data):
     """Each domain is held out in turn (all its splits), the choice among heads is made by an inner
     leave-one-domain-out on the other domains, and the held-out rows are routed with the domain
     hidden; the baseline is the best fixed worker of the training domains."""
-    from fugu_pipeline.evaluate.lodo import leave_one_domain_out
+    from fugu_pipeline.policies.oneshot.lodo import leave_one_domain_out
 
     rng = np.random.default_rng(1)  # 6 domains: each synthetic domain split in two, so 5 remain when one is out
     six = dataclasses.replace(data, domains=[d if rng.random() < 0.6 else d + "-b" for d in data.domains])

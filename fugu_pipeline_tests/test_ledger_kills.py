@@ -155,12 +155,12 @@ SESSION_CHILD = textwrap.dedent("""
     import os, signal, sys, torch
     torch.set_num_threads(1)
     from pathlib import Path
-    from fugu_pipeline.evaluate.roles_project import open_run, roles_encoder_settings
+    from fugu_pipeline.policies.coordinator.project import open_run, roles_encoder_settings
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.session.policy import FixedPolicy
     from fugu_pipeline.tasks.schema import Task
     from fugu_pipeline.testing.roles_batch import roles_batch
-    from fugu_pipeline.train.roles import RolesConfig
+    from fugu_pipeline.policies.coordinator.train import RolesConfig
     from fugu_pipeline.workers.config import load_workers_config
     config = load_workers_config(sys.argv[1])
     tasks = [Task.model_validate(r) for r in roles_batch(8)]

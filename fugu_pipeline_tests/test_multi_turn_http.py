@@ -16,11 +16,11 @@ import warnings
 import pytest
 import yaml
 
-from fugu_pipeline.evaluate.roles_project import open_run, train_coordinator
+from fugu_pipeline.policies.coordinator.project import open_run, train_coordinator
 from fugu_pipeline.tasks.schema import Task
 from fugu_pipeline.testing.roles_batch import roles_batch, write_roles_batch
 from fugu_pipeline.testing.stub_llm import StubLLMServer
-from fugu_pipeline.train.roles import RolesConfig
+from fugu_pipeline.policies.coordinator.train import RolesConfig
 from fugu_pipeline.workers.config import WorkersConfig
 from fugu_pipeline_tests import roles_fixtures
 

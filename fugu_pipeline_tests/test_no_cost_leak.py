@@ -150,9 +150,9 @@ def _scramble_cascade_test_rows(data, grid, inputs, seed: int = 7):
 def test_cascade_choice_reads_no_held_out_row():
     """The plan, its thresholds and every candidate's out-of-fold figure come from the non-test rows
     only: scrambling the test rows' costs, qualities and answers changes none of them."""
-    from fugu_pipeline.train.cascade_config import CascadeConfig
-    from fugu_pipeline.train.cascade_fit import fit_cascade
-    from fugu_pipeline.train.cascade_search import CascadeSearch
+    from fugu_pipeline.policies.cascade.config import CascadeConfig
+    from fugu_pipeline.policies.cascade.fit import fit_cascade
+    from fugu_pipeline.policies.cascade.search import CascadeSearch
     from fugu_pipeline_tests import cascade_fixture
 
     data, grid, inputs = cascade_fixture.make(n=300)
@@ -168,11 +168,11 @@ def test_cascade_steps_on_test_ignore_the_actual_cost(tmp_path):
     moves (so a report that ignored the actual cost would fail too)."""
     import dataclasses
 
-    from fugu_pipeline.evaluate.cascade import cascade_outcomes, load_cascade
-    from fugu_pipeline.train.cascade_config import CascadeConfig
-    from fugu_pipeline.train.cascade_fit import fit_cascade
-    from fugu_pipeline.train.cascade_save import save_cascade
-    from fugu_pipeline.train.cascade_search import CascadeSearch
+    from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, load_cascade
+    from fugu_pipeline.policies.cascade.config import CascadeConfig
+    from fugu_pipeline.policies.cascade.fit import fit_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.search import CascadeSearch
     from fugu_pipeline_tests import cascade_fixture
 
     data, grid, inputs = cascade_fixture.make(n=300)

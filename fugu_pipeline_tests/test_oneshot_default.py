@@ -1,4 +1,4 @@
-"""The cost-aware default of a one-shot router (`route/default_point.py`): on a matrix without
+"""The cost-aware default of a one-shot router (`policies/oneshot/default_point.py`): on a matrix without
 replies, with quality-only weights and recorded costs, `fugu-lite train` saves the cheapest
 λ-routing not significantly below always the strongest worker out of fold (or the strongest alone,
 with the reason) in `budget.json`; `route`, `serve` and `evaluate` use it when no cap is asked, an
@@ -14,7 +14,7 @@ import pytest
 
 from fugu_pipeline.cli import main
 from fugu_pipeline.route.budget import LAMBDAS
-from fugu_pipeline.route.default_point import choose_default
+from fugu_pipeline.policies.oneshot.default_point import choose_default
 
 WORKERS = ["c", "b", "a"]  # c the strongest (and the dearest; first, so a tie of predicted quality goes to it), a cheap
 PRICE = [5e-6, 1e-6, 0.2e-6]  # USD per prompt token

@@ -12,16 +12,17 @@ from safetensors.torch import save as st_save
 
 from fugu_pipeline.evaluate.composite import CompositeConfig
 from fugu_pipeline.evaluate.gates import GateConfig
-from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best
+from fugu_pipeline.evaluate.promotion import PromotionPolicy
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData
-from fugu_pipeline.route.promoted import load_promoted
+from fugu_pipeline.policies.registry import load_promoted
 from fugu_pipeline.route.router import RouterError
 from fugu_pipeline.train.checkpoints import MANIFEST_FILE, WEIGHTS_FILE
-from fugu_pipeline.train.configs import RLConfig, SFTConfig
+from fugu_pipeline.policies.oneshot.configs import RLConfig, SFTConfig
 from fugu_pipeline.train.pointer import read_pointer, write_pointer
-from fugu_pipeline.train.rl import train_rl
-from fugu_pipeline.train.sft import train_sft
+from fugu_pipeline.policies.oneshot.rl import train_rl
+from fugu_pipeline.policies.oneshot.sft import train_sft
 
 WORKERS = ["math-w", "code-w", "gen-w"]
 OPEN = PromotionPolicy(gates=GateConfig(rate_limit_s=0))  # these tests make several attempts in a row

@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 
 from fugu_pipeline.cli import main
-from fugu_pipeline.evaluate import contest, promotion_record, router_contest
-from fugu_pipeline.evaluate.router_contest import king_or_why, load_king
+from fugu_pipeline.evaluate import contest, promotion_record
+from fugu_pipeline.policies.oneshot import contest as router_contest
+from fugu_pipeline.policies.oneshot.contest import king_or_why, load_king
 from fugu_pipeline.evaluate.gates import GateConfig
 from fugu_pipeline.evaluate.preflight import host_expectation, preflight
-from fugu_pipeline.evaluate.promotion import PromotionPolicy, promote_best, weight_gate
+from fugu_pipeline.evaluate.promotion import PromotionPolicy, weight_gate
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline.features.contract import FeatureContract
-from fugu_pipeline.route.promoted import load_promoted
+from fugu_pipeline.policies.registry import load_promoted
 from fugu_pipeline.route.router import RouterError
 from fugu_pipeline.train.checkpoints import (
     MANIFEST_FILE,
@@ -27,10 +29,10 @@ from fugu_pipeline.train.checkpoints import (
     checkpoint_hash,
     load_checkpoint,
 )
-from fugu_pipeline.train.configs import SFTConfig
+from fugu_pipeline.policies.oneshot.configs import SFTConfig
 from fugu_pipeline.train.exchange import import_checkpoint, pack
 from fugu_pipeline.train.pointer import PointerError, read_pointer, write_pointer
-from fugu_pipeline.train.sft import train_sft
+from fugu_pipeline.policies.oneshot.sft import train_sft
 from fugu_pipeline_tests.test_promotion import DOMAINS, synthetic
 
 OPEN = PromotionPolicy(gates=GateConfig(rate_limit_s=0))

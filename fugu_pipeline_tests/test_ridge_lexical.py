@@ -27,11 +27,11 @@ from fugu_pipeline.features.parity import encoder_batch_invariance
 from fugu_pipeline.features.settings import EncoderSettings
 from fugu_pipeline.hashing import canonical_json, sha256_text
 from fugu_pipeline.train.checkpoints import load_checkpoint, weight_sanity
-from fugu_pipeline.train.configs import TrainSetConfig
-from fugu_pipeline.train.families import FitData, RidgeFamily
-from fugu_pipeline.train.heads import build_head, call_head
-from fugu_pipeline.train.predictors import KNNHead
-from fugu_pipeline.train.ridge import DOMAIN_WEIGHT, RidgeHead
+from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+from fugu_pipeline.policies.oneshot.families import FitData, RidgeFamily
+from fugu_pipeline.policies.oneshot.heads import build_head, call_head
+from fugu_pipeline.policies.oneshot.predictors import KNNHead
+from fugu_pipeline.policies.oneshot.ridge import DOMAIN_WEIGHT, RidgeHead
 from fugu_pipeline_tests.parity_checks import assert_routes_agree, assert_vector_parity
 from fugu_pipeline_tests.test_budget_cli import run
 from fugu_pipeline_tests.test_training import make_data
@@ -137,7 +137,7 @@ def test_ridge_grid_follows_the_contract_and_fits_the_lexical_signal():
 
 
 def test_ridge_checkpoint_round_trip_and_edited_weights_refused(tmp_path):
-    from fugu_pipeline.train.fit import fit_and_save
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save
 
     data = _data()
     cfg = TrainSetConfig.model_validate({"heads": {"domain_prior": None, "knn": None, "ensemble": None,
@@ -246,7 +246,7 @@ def test_a_column_constant_in_training_moves_nothing_at_serving(kind):
     """A statistic that was the same on every training prompt (say, no non-ASCII text) carries no
     information: a served prompt where it differs must not swing the prediction (it used to be
     divided by a spread of 1e-6)."""
-    from fugu_pipeline.train.predictors import MLPHead
+    from fugu_pipeline.policies.oneshot.predictors import MLPHead
 
     data = _data()
     x = data.features.copy()

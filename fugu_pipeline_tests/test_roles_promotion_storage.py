@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fugu_pipeline.evaluate.promotion import Candidate, Decision
-from fugu_pipeline.evaluate.roles_promotion import HISTORY, apply_roles
+from fugu_pipeline.policies.coordinator.contest import HISTORY, apply_roles
 from fugu_pipeline.train.checkpoints import CheckpointError
 from fugu_pipeline.train.pointer import ROLES_POINTER, pointer_version, read_pointer
 

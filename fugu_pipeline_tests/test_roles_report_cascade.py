@@ -28,11 +28,11 @@ def world(tmp_path_factory):
     """A project: 20 tasks a family (5 held out each), a coordinator that lets the planner answer
     alone in one turn (fitted to that script), and a cascade `[fast-solver, planner] stop if 2 agree
     or verifier ≥ 0.99 → [checker]` whose answers are read as each task's grader reads them."""
-    from fugu_pipeline.evaluate.roles_project import open_run, project_tasks, roles_encoder_settings
+    from fugu_pipeline.policies.coordinator.project import open_run, project_tasks, roles_encoder_settings
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint
     from fugu_pipeline.testing.roles_serving import scripted_coordinator
-    from fugu_pipeline.train.roles import load_roles_config
+    from fugu_pipeline.policies.coordinator.train import load_roles_config
     from fugu_pipeline.workers.config import load_workers_config
 
     torch.set_num_threads(1)

@@ -14,7 +14,7 @@ import openai
 import pytest
 import yaml
 
-from fugu_pipeline.route.roles import PromotedRoles, RolesCoordinator
+from fugu_pipeline.policies.coordinator.route import PromotedRoles, RolesCoordinator
 from fugu_pipeline.route.router import Router
 from fugu_pipeline.serve import create_app
 from fugu_pipeline.testing.roles_serving import imitation_checkpoint

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from fugu_pipeline.evaluate.roles_project import open_run, split
+from fugu_pipeline.policies.coordinator.project import open_run, split
 from fugu_pipeline.tasks.schema import Task
 from fugu_pipeline.testing.roles_batch import roles_batch
 from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint, save_checkpoint, weight_sanity
-from fugu_pipeline.train.roles import RolesConfig, train_roles, warm_start_weight
+from fugu_pipeline.policies.coordinator.train import RolesConfig, train_roles, warm_start_weight
 from fugu_pipeline.workers.config import load_workers_config
 
 from . import roles_fixtures
@@ -125,11 +125,11 @@ KILL_SCRIPT = """
 import sys, torch
 torch.set_num_threads(1)
 from pathlib import Path
-from fugu_pipeline.evaluate.roles_project import open_run, roles_encoder_settings, split
+from fugu_pipeline.policies.coordinator.project import open_run, roles_encoder_settings, split
 from fugu_pipeline.features.encoder import Encoder
 from fugu_pipeline.tasks.schema import Task
 from fugu_pipeline.testing.roles_batch import roles_batch
-from fugu_pipeline.train.roles import RolesConfig, train_roles
+from fugu_pipeline.policies.coordinator.train import RolesConfig, train_roles
 from fugu_pipeline.workers.config import load_workers_config
 cfg = RolesConfig(**{cfg!r})
 tasks = [Task.model_validate(r) for r in roles_batch(30)]
@@ -207,8 +207,8 @@ def test_roles_checkpoint_round_trip_and_weight_sanity(tmp_path, encoder, small_
 def test_svf_adapter_head_has_tinyrouters_shape_and_changes_the_features(tmp_path, encoder):
     from fugu_pipeline.session.featurize import TranscriptFeaturizer
     from fugu_pipeline.session.transcript import HeadInput
-    from fugu_pipeline.train.heads import build_head
-    from fugu_pipeline.features.svf import SVFAdapter
+    from fugu_pipeline.policies.oneshot.heads import build_head
+    from fugu_pipeline.session.svf import SVFAdapter
 
     assert build_head("roles_linear_svf", 1024, 3, svf_size=7 * 1024).param_count() == 13_312  # TinyRouter's head
     adapter = SVFAdapter(encoder.model)
@@ -271,8 +271,8 @@ def test_coordinator_delegates_where_it_helps_and_stops_at_one_turn_where_it_onl
     """Held-out, live, against the best fixed worker (chosen on train) with the same seeds: on
     `multistep` the coordinator is far more accurate (Thinker, Worker, Verifier); on `lookup` it
     answers in about one turn and loses no significant accuracy."""
-    from fugu_pipeline.evaluate.roles import evaluate_roles, report_lines
-    from fugu_pipeline.train.roles import reward
+    from fugu_pipeline.policies.coordinator.evaluate import evaluate_roles, report_lines
+    from fugu_pipeline.policies.coordinator.train import reward
 
     tasks = tasks_of(200)
     cfg = RolesConfig(generations=40, max_length=256)

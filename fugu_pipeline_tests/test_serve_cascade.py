@@ -11,7 +11,8 @@ import subprocess
 import openai
 import pytest
 
-from fugu_pipeline.route.cascade import CascadeRouter, load_router
+from fugu_pipeline.policies.cascade.route import CascadeRouter
+from fugu_pipeline.policies.registry import load_router
 from fugu_pipeline.route.router import Router, RouterError
 from fugu_pipeline.serve import create_app
 from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint
@@ -127,7 +128,7 @@ def test_the_multi_turn_report_baseline_runs_the_cascade_on_the_fixed_workers_re
     gave alone (no new call): agreeing cheap replies stop at step 1, a split goes to gamma."""
     from types import SimpleNamespace
 
-    from fugu_pipeline.evaluate.cascade import cascade_over_single_turns
+    from fugu_pipeline.policies.cascade.evaluate import cascade_over_single_turns
     from fugu_pipeline.tasks.schema import Task
 
     tasks = [Task(task_id=f"m{i}", prompt=p, domain="general", reference_answer=ref, grader={"type": "numeric"})

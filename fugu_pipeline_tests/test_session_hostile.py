@@ -53,7 +53,7 @@ def test_multi_turn_ask_refuses_one_step_budget_flags_instead_of_ignoring_them(t
 def test_promoted_roles_pointer_whose_hash_is_not_its_checkpoint_is_refused(tmp_path, monkeypatch):
     # before: roles.json naming content_hash X ran whatever checkpoint sat at its path (the one-step
     # pointer has always been checked this way)
-    from fugu_pipeline.route import roles
+    from fugu_pipeline.policies.coordinator import route as roles
 
     closed = []
     fake = SimpleNamespace(checkpoint=SimpleNamespace(manifest=SimpleNamespace(content_hash="bbbb")),

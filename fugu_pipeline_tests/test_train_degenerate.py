@@ -11,7 +11,8 @@ import pytest
 
 from fugu_pipeline.cli import main
 from fugu_pipeline.tasks.loading import TaskFileError, load_tasks
-from fugu_pipeline.train.configs import ConfigError, SFTConfig, TrainSetConfig, load_config
+from fugu_pipeline.policies.oneshot.configs import SFTConfig, TrainSetConfig
+from fugu_pipeline.config_files import ConfigError, load_config
 
 # (yaml text, the field the error must name). Before the fix each of these loaded, and the run failed
 # after the encoding with a traceback (k: [-5] -> "selected index k out of range" from torch.topk; a

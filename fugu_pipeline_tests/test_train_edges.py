@@ -15,8 +15,8 @@ from fugu_pipeline.features.routing_data import RoutingData
 from fugu_pipeline.matrix.import_format import read_reward_jsonl
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.tasks.loading import TaskFileError
-from fugu_pipeline.train.configs import TrainSetConfig
-from fugu_pipeline.train.fit import select_heads
+from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+from fugu_pipeline.policies.oneshot.fit import select_heads
 from fugu_pipeline_tests.test_budget_cli import WORKERS, run, trained  # noqa: F401  (the fixture)
 
 

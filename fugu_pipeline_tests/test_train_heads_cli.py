@@ -90,8 +90,8 @@ def test_the_calibration_of_a_refitted_head_is_drawn_on_its_out_of_fold_quality(
     on the out-of-fold quality selection scored it with instead."""
     from fugu_pipeline.route.budget import calibrate_checkpoint
     from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.configs import TrainSetConfig
-    from fugu_pipeline.train.fit import fit_and_save
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save
     from fugu_pipeline_tests.test_training import make_data
 
     data = make_data(n=300)
@@ -114,8 +114,8 @@ def test_the_served_head_keeps_within_every_cap_it_claims_to_meet_on_validation(
     (knn, ridge): a per-domain head was served at twice a cap it "met"."""
     from fugu_pipeline.route.budget import Budget, calibrate_checkpoint, quality_of
     from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.configs import TrainSetConfig
-    from fugu_pipeline.train.fit import fit_and_save
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save
     from fugu_pipeline_tests.test_training import make_data
 
     data = make_data(n=300)

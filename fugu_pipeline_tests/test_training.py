@@ -24,18 +24,13 @@ from fugu_pipeline.train.checkpoints import (
     save_checkpoint,
     weight_sanity,
 )
-from fugu_pipeline.train.configs import (
-    ConfigError,
-    ESConfig,
-    RLConfig,
-    SFTConfig,
-    load_config,
-)
-from fugu_pipeline.train.es import train_es
-from fugu_pipeline.train.heads import HEADS, LINEAR_HEAD_KINDS, LinearHead, QualityHead, build_head
+from fugu_pipeline.policies.oneshot.configs import ESConfig, RLConfig, SFTConfig
+from fugu_pipeline.config_files import ConfigError, load_config
+from fugu_pipeline.policies.oneshot.es import train_es
+from fugu_pipeline.policies.oneshot.heads import HEADS, LINEAR_HEAD_KINDS, LinearHead, QualityHead, build_head
 from fugu_pipeline.train.result import evaluate_head, greedy_utility
-from fugu_pipeline.train.rl import train_rl
-from fugu_pipeline.train.sft import train_sft
+from fugu_pipeline.policies.oneshot.rl import train_rl
+from fugu_pipeline.policies.oneshot.sft import train_sft
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 WORKERS = ["math-expert", "code-expert", "generalist"]
@@ -199,7 +194,7 @@ def test_linear_heads_train_on_one_thread_whatever_the_caller_set_and_give_it_ba
     """A busy CPU made these tiny heads 10-50x slower on two threads (OpenMP barriers waiting on a
     descheduled thread): SFT, RL, CMA-ES and triage train on one, restore the caller's count, and
     save the same bytes whatever it was."""
-    from fugu_pipeline.train.triage import TriageConfig, train_triage
+    from fugu_pipeline.policies.triage.train import TriageConfig, train_triage
 
     before = torch.get_num_threads()
     try:

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from fugu_pipeline.cli import main
-from fugu_pipeline.evaluate.triage_report import triage_lines, triage_report
+from fugu_pipeline.policies.triage.report import triage_lines, triage_report
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.train.checkpoints import CheckpointError
-from fugu_pipeline.train.triage import (
+from fugu_pipeline.policies.triage.train import (
     TriageConfig,
     TriageHead,
     difficulty_labels,
@@ -166,7 +166,7 @@ def test_triage_heads_go_through_the_one_contest(data, trained, tmp_path):
     from fugu_pipeline.evaluate.contest import run_contest
     from fugu_pipeline.evaluate.gates import GateConfig
     from fugu_pipeline.evaluate.promotion import PromotionPolicy
-    from fugu_pipeline.evaluate.triage_promotion import TriageKind
+    from fugu_pipeline.policies.triage.contest import TriageKind
     from fugu_pipeline.train.pointer import TRIAGE_POINTER, read_pointer
 
     models = tmp_path / "models"
@@ -215,7 +215,7 @@ def test_two_triage_attempts_at_once_the_second_faces_the_new_king(data, trained
     from fugu_pipeline.evaluate import contest
     from fugu_pipeline.evaluate.gates import GateConfig
     from fugu_pipeline.evaluate.promotion import PromotionPolicy
-    from fugu_pipeline.evaluate.triage_promotion import TriageKind
+    from fugu_pipeline.policies.triage.contest import TriageKind
 
     models = tmp_path / "models"
     heads = {"alice": trained.save(tmp_path / "a"), "bob": train_triage(data, TriageConfig(epochs=60, seed=1)).save(tmp_path / "b")}

@@ -10,18 +10,18 @@ import asyncio
 import numpy as np
 import pytest
 
-from fugu_pipeline.features.answer_checks import CHECK_STATS
-from fugu_pipeline.features.answer_features import STATS, STATS_V1
+from fugu_pipeline.policies.cascade.answer_checks import CHECK_STATS
+from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData
 from fugu_pipeline.matrix.answers import AnswerGrid
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.tasks.final_answer import extract
-from fugu_pipeline.train.cascade_fit import answer_inputs
-from fugu_pipeline.train.cascade_policy import answer_codes
-from fugu_pipeline.train.cascade_search import CascadeSearch, Grid, candidate_plans, search
+from fugu_pipeline.policies.cascade.fit import answer_inputs
+from fugu_pipeline.policies.cascade.policy import answer_codes
+from fugu_pipeline.policies.cascade.search import CascadeSearch, Grid, candidate_plans, search
 from fugu_pipeline.train.selection import fold_ids
-from fugu_pipeline.train.verifier import auc, oof_scores
+from fugu_pipeline.policies.cascade.verifier import auc, oof_scores
 
 CHEAP = ["c1", "c2", "c3"]
 ARITHMETIC = STATS_V1 + CHECK_STATS  # the reply statistics before the options and the paid replies were read
@@ -57,7 +57,7 @@ def _mc_matrix(n: int = 240, seed: int = 0):
 def test_only_the_new_features_tell_right_from_wrong_multiple_choice_replies(tmp_path):
     """With the statistics the arithmetic checks give (`ARITHMETIC`) a cheap reply alone scores at chance;
     read with its options and with the other cheap replies paid for, right and wrong ones separate."""
-    from fugu_pipeline.train.verifier_context import fit_context
+    from fugu_pipeline.policies.cascade.verifier_context import fit_context
 
     data, grid = _mc_matrix()
     folds = fold_ids(data.task_ids, 5, 0)
@@ -76,7 +76,7 @@ def test_only_the_new_features_tell_right_from_wrong_multiple_choice_replies(tmp
 
 def test_context_scores_read_only_the_replies_paid_for():
     """A reply's score at a point of a plan does not move when an unpaid worker's reply changes."""
-    from fugu_pipeline.train.verifier_context import fit_context
+    from fugu_pipeline.policies.cascade.verifier_context import fit_context
 
     data, grid = _mc_matrix(n=160, seed=1)
     folds = fold_ids(data.task_ids, 4, 0)
@@ -135,9 +135,9 @@ def test_the_search_is_bounded_by_max_plans():
 
 
 def test_the_frontier_lists_only_non_dominated_points_and_is_plotted(tmp_path):
-    from fugu_pipeline.evaluate.frontier import plot_frontier
+    from fugu_pipeline.policies.cascade.frontier_plot import plot_frontier
     from fugu_pipeline.evaluate.plots import stored_key
-    from fugu_pipeline.train.cascade_frontier import frontier_lines, non_dominated, oof_frontier
+    from fugu_pipeline.policies.cascade.frontier import frontier_lines, non_dominated, oof_frontier
 
     pts = [{"cost_usd": c, "quality": q, "share": c / 10, "cost_share": c / 10, "plan": f"p{k}"}
            for k, (c, q) in enumerate([(1, 0.5), (2, 0.7), (2, 0.6), (3, 0.7), (4, 0.9), (5, 0.85), (0.5, 0.5)])]
@@ -164,7 +164,8 @@ def test_the_frontier_lists_only_non_dominated_points_and_is_plotted(tmp_path):
 def test_a_served_parallel_step_is_read_together_and_stops_on_agreement(tmp_path):
     """The served cascade calls [alpha, beta] at once and its verifier reads each reply with the
     other: agreeing replies pass the threshold and gamma is never called; disagreeing ones do not."""
-    from fugu_pipeline.route.cascade import load_router, run_cascade
+    from fugu_pipeline.policies.cascade.route import run_cascade
+    from fugu_pipeline.policies.registry import load_router
     from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint
     from fugu_pipeline.workers.contract import Completion
 
@@ -196,7 +197,7 @@ def test_a_served_parallel_step_is_read_together_and_stops_on_agreement(tmp_path
     ("Q?\nA. one\nB. two\nC. three", "B", 1.0), ("Q?\nA. one\nB. two\nC. three", "E", 0.0),
     ("Q? Answer Choices: (a) shirt (b) inkwell (c) blotter", "C", 1.0), ("What is 3 + 4?", "7", 1.0)])
 def test_a_final_answer_is_read_among_the_prompts_options(prompt, final, valid):
-    from fugu_pipeline.features.answer_checks import OPTION_STATS, option_stats
+    from fugu_pipeline.policies.cascade.answer_checks import OPTION_STATS, option_stats
 
     got = dict(zip(OPTION_STATS, option_stats(f"The answer is {final}.", final, prompt)))
     assert got["option_valid"] == valid and (got["options_listed"] > 0) == ("?\n" in prompt or "(a)" in prompt)
@@ -205,8 +206,8 @@ def test_a_final_answer_is_read_among_the_prompts_options(prompt, final, valid):
 def test_a_saved_context_verifier_scores_offline_as_it_does_live():
     """The checkpoint's context model read offline (every row at once) and live (one request, its
     paid replies) gives the same score."""
-    from fugu_pipeline.features.answer_features import answer_stats
-    from fugu_pipeline.train.verifier_context import CALIB_KEYS, bucket_key, context_of_head, fit_context
+    from fugu_pipeline.policies.cascade.answer_features import answer_stats
+    from fugu_pipeline.policies.cascade.verifier_context import CALIB_KEYS, bucket_key, context_of_head, fit_context
 
     data, grid = _mc_matrix(n=120, seed=2)
     folds = fold_ids(data.task_ids, 4, 0)
@@ -215,7 +216,7 @@ def test_a_saved_context_verifier_scores_offline_as_it_does_live():
     codes = answer_codes(grid.final)
     saved = fit_context(inp, base, codes, folds).final.to_json()
     offline = context_of_head(saved, base, codes, inp)
-    from fugu_pipeline.train.verifier_context import ContextModel
+    from fugu_pipeline.policies.cascade.verifier_context import ContextModel
 
     model = ContextModel.from_json(saved)
     keys = [k for k in CALIB_KEYS if k in model.stat_names]

@@ -1,4 +1,4 @@
-"""The verifier's fast grid (`train/verifier.py`: Newton, warm starts along the L2 path, shared fits
+"""The verifier's fast grid (`policies/cascade/verifier.py`: Newton, warm starts along the L2 path, shared fits
 reused by the per-worker settings) against a plain reference: every grid point fitted from scratch,
 in the order the grid lists them, by a textbook float64 Newton run to |gradient| < 1e-11.
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from fugu_pipeline.train import verifier as v
-from fugu_pipeline.train.verifier import INPUT_SETS, L2_GRID, VerifierInputs, fit_logistic, oof_scores
+from fugu_pipeline.policies.cascade import verifier as v
+from fugu_pipeline.policies.cascade.verifier import INPUT_SETS, L2_GRID, VerifierInputs, fit_logistic, oof_scores
 
 TOL = 1e-5
 

@@ -143,7 +143,7 @@ def cmd_pack(args) -> int:
     from fugu_pipeline.train.exchange import pack, read_receipt
     from fugu_pipeline.train.signing import fingerprint, key_from_env, public_of
 
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     src = resolve_checkpoint(args.checkpoint)
     load_checkpoint(src)  # a checkpoint that cannot be loaded is refused first, naming its file
@@ -175,7 +175,8 @@ def pack_kind(pack_dir) -> str:
 
 def cmd_preflight(args) -> int:
     from fugu_pipeline.evaluate.contest import KIND_FILES
-    from fugu_pipeline.evaluate.preflight import host_expectation, preflight
+    from fugu_pipeline.evaluate.preflight import host_expectation
+    from fugu_pipeline.policies.registry import preflight
 
     policy = load_policy_arg(args)
     data = None
@@ -242,7 +243,8 @@ def host_args(args) -> None:
 
 
 def cmd_validate(args) -> int:
-    from fugu_pipeline.evaluate.preflight import host_expectation, king_manifest, preflight
+    from fugu_pipeline.evaluate.preflight import host_expectation, king_manifest
+    from fugu_pipeline.policies.registry import preflight
     from fugu_pipeline.evaluate.promotion import load_policy
 
     host_args(args)
@@ -274,14 +276,14 @@ def cmd_validate(args) -> int:
         return _refuse(args, pack_dir, pre, kind)
     if kind == "triage":
         from fugu_pipeline.evaluate.contest import run_contest
-        from fugu_pipeline.evaluate.triage_promotion import TriageKind
+        from fugu_pipeline.policies.triage.contest import TriageKind
 
         outcome = run_contest(TriageKind(data), [str(pack_dir)], args.models_dir, policy, submitter=pre.submitter,
                               key=pre.key, replace_broken_king=asked_by(args, "validate"))
     else:
-        from fugu_pipeline.evaluate.cascade_contest import AnswerSource
+        from fugu_pipeline.policies.cascade.contest import AnswerSource
         from fugu_pipeline.evaluate.feature_source import FeatureSource
-        from fugu_pipeline.evaluate.promotion import promote_best
+        from fugu_pipeline.policies.registry import promote_best
 
         live, tasks = live_for(args, data)
         # the pack and the king each scored on their own features of the host's encoder model
@@ -310,10 +312,11 @@ def _validate_coordinator(args, pack_dir: Path, policy) -> int:
     """A coordinator pack: preflight, then the one contest with the coordinator's scorer on the
     project's graded tasks, sessions through the session loop with the host's workers."""
     from fugu_pipeline.evaluate.contest import KIND_FILES
-    from fugu_pipeline.evaluate.preflight import host_expectation, king_manifest, preflight
-    from fugu_pipeline.evaluate.roles_project import evaluate_coordinator, open_run, project_tasks, roles_encoder_settings
+    from fugu_pipeline.evaluate.preflight import host_expectation, king_manifest
+    from fugu_pipeline.policies.registry import preflight
+    from fugu_pipeline.policies.coordinator.project import evaluate_coordinator, open_run, project_tasks, roles_encoder_settings
     from fugu_pipeline.paths import ProjectPaths
-    from fugu_pipeline.train.roles import load_roles_config
+    from fugu_pipeline.policies.coordinator.train import load_roles_config
     from fugu_pipeline.workers.config import load_workers_config
 
     paths = ProjectPaths(Path(args.project_dir).resolve())

@@ -1,6 +1,6 @@
 """The TinyRouter harness on the command line: `baseline`, `train-triage`, `triage-report`, and the
 contest's commands (`cli/contest.py`: `keygen`, `accept-key`, `pack`, `preflight`, `validate`).
-Thin: each calls the same core as the assets (`evaluate/`, `train/triage.py`), over the same data
+Thin: each calls the same core as the assets (`evaluate/`, `policies/triage/train.py`), over the same data
 plumbing as `train-*` and `evaluate` (`--data` JSONL or DuckDB, `--workers` for the utility weights)."""
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def cmd_baseline(args) -> int:
 
 def cmd_train_triage(args) -> int:
     from fugu_pipeline.cli.training import models_output, routing_data
-    from fugu_pipeline.train.configs import load_config
-    from fugu_pipeline.train.triage import TriageConfig, train_triage
+    from fugu_pipeline.config_files import load_config
+    from fugu_pipeline.policies.triage.train import TriageConfig, train_triage
 
     models_output(args.output)
     cfg = load_config(args.config, TriageConfig) if args.config else TriageConfig()
@@ -114,9 +114,9 @@ def cmd_train_triage(args) -> int:
 
 def cmd_triage_report(args) -> int:
     from fugu_pipeline.cli.training import report_output, routing_data
-    from fugu_pipeline.evaluate.triage_report import triage_lines, triage_report, write_triage_report
     from fugu_pipeline.cli.checkpoints import resolve_checkpoint
-    from fugu_pipeline.train.triage import load_triage
+    from fugu_pipeline.policies.triage.report import triage_lines, triage_report, write_triage_report
+    from fugu_pipeline.policies.triage.train import load_triage
 
     checkpoint = resolve_checkpoint(args.checkpoint)
     probe = load_triage(checkpoint)

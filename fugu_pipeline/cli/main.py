@@ -353,7 +353,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from fugu_pipeline.route.router import RouterError
     from fugu_pipeline.tasks.loading import TaskFileError
     from fugu_pipeline.train.checkpoints import CheckpointError
-    from fugu_pipeline.train.configs import ConfigError
+    from fugu_pipeline.config_files import ConfigError
     from fugu_pipeline.workers.catalog import CatalogError
     from fugu_pipeline.workers.config import WorkerConfigError
     from fugu_pipeline.workers.contract import WorkerCallError

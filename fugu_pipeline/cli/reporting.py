@@ -70,7 +70,7 @@ def composite_for_report(rep: dict, ckpt, data, args, features=None) -> None:
     """`fugu-lite evaluate`: the composite against the king of --models-dir, live where it can; the
     king reads its own features of the same rows from `features` (a FeatureSource), as promotion
     scores it."""
-    from fugu_pipeline.evaluate.router_contest import add_composite
+    from fugu_pipeline.policies.oneshot.contest import add_composite
 
     live, tasks = live_for(args, data)
     add_composite(rep, ckpt, data, args.models_dir, policy(args).composite, live=live, tasks=tasks, features=features)

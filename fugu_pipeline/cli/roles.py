@@ -20,7 +20,7 @@ def cmd_ask_multi_turn(args) -> int:
 
     from dotenv import load_dotenv
 
-    from fugu_pipeline.route.roles import PromotedRoles, RolesCoordinator
+    from fugu_pipeline.policies.coordinator.route import PromotedRoles, RolesCoordinator
     from fugu_pipeline.session.callers import ClientCaller, SessionBudget, SpendCaps
     from fugu_pipeline.workers.config import load_workers_config
 
@@ -85,7 +85,7 @@ def cmd_evaluate_roles(args) -> int:
     `eval_report_roles`, promotion only with --promote."""
     from pathlib import Path
 
-    from fugu_pipeline.evaluate.roles_project import (
+    from fugu_pipeline.policies.coordinator.project import (
         CascadeBaselineError,
         evaluate_coordinator,
         open_run,
@@ -95,7 +95,7 @@ def cmd_evaluate_roles(args) -> int:
     from fugu_pipeline.paths import ProjectPaths
     from fugu_pipeline.route.router import RouterError
     from fugu_pipeline.train.pointer import ROLES_POINTER, pointer_target, read_pointer
-    from fugu_pipeline.train.roles import load_roles_config
+    from fugu_pipeline.policies.coordinator.train import load_roles_config
     from fugu_pipeline.workers.config import load_workers_config
 
     paths = ProjectPaths(Path(args.project_dir).resolve())
@@ -110,7 +110,7 @@ def cmd_evaluate_roles(args) -> int:
             raise RouterError(f"no promoted coordinator in {paths.models}; pass --checkpoint models/roles/<hash>")
         checkpoint = pointer_target(paths.models, ptr)
     from fugu_pipeline.evaluate.contest_entry import is_pack
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     # a pack: its manifest only (the contest checks its signature before any of its weights is read)
     contract = (pack_manifest(checkpoint) if is_pack(checkpoint, paths.models) else load_checkpoint(checkpoint).manifest

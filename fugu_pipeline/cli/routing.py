@@ -7,8 +7,7 @@ from fugu_pipeline.cli.common import CLIError, check_prompt, print_json
 
 def _router(args):
     from fugu_pipeline.cli.training import encoder_settings
-    from fugu_pipeline.route.cascade import load_router
-    from fugu_pipeline.route.promoted import load_promoted
+    from fugu_pipeline.policies.registry import load_promoted, load_router
 
     from fugu_pipeline.cli.checkpoints import routable
 
@@ -125,7 +124,7 @@ def cmd_ask(args) -> int:
 def _ask_cascade(args, config, router, d) -> int:
     import asyncio
 
-    from fugu_pipeline.route.cascade import run_cascade
+    from fugu_pipeline.policies.cascade.route import run_cascade
     from fugu_pipeline.workers.factory import make_client
 
     async def call(routed: str):

@@ -241,12 +241,13 @@ def prefill(args, settings_list) -> None:
 
 
 def train(args, method: str) -> int:
-    from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig, load_config
-    from fugu_pipeline.train.es import train_es
+    from fugu_pipeline.policies.registry import load_checkpoint
+    from fugu_pipeline.policies.oneshot.configs import ESConfig, RLConfig, SFTConfig
+    from fugu_pipeline.config_files import load_config
+    from fugu_pipeline.policies.oneshot.es import train_es
     from fugu_pipeline.train.feature_choice import feature_metrics
-    from fugu_pipeline.train.rl import train_rl
-    from fugu_pipeline.train.sft import train_sft
+    from fugu_pipeline.policies.oneshot.rl import train_rl
+    from fugu_pipeline.policies.oneshot.sft import train_sft
 
     cls = {"sft": SFTConfig, "rl": RLConfig, "es": ESConfig}[method]
     models_output(args.output)
@@ -305,7 +306,7 @@ def budget_of(args):
 
 def cmd_evaluate(args) -> int:
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     budget = budget_of(args)
     path = resolve_checkpoint(args.checkpoint)
@@ -314,8 +315,8 @@ def cmd_evaluate(args) -> int:
     contract = probe.manifest.feature_contract
     settings = encoder_settings(args, args.encoder, contract, probe.manifest.metrics)
     data = routing_data(args, settings=settings)
-    if probe.manifest.head_kind == "cascade":  # scored from the recorded replies (evaluate/cascade.py)
-        from fugu_pipeline.evaluate.cascade import evaluate_cascade, report_lines
+    if probe.manifest.head_kind == "cascade":  # scored from the recorded replies (policies/cascade/evaluate.py)
+        from fugu_pipeline.policies.cascade.evaluate import evaluate_cascade, report_lines
 
         rep = evaluate_cascade(path, data, matrix_db(args), settings, Path(args.cache_dir), args.split, out.parent)
         for line in report_lines(rep):
@@ -330,7 +331,7 @@ def cmd_evaluate(args) -> int:
     calibration = calibrate_beside(path, data, strict=budget is not None)  # with a cap: BudgetError, the reason
     rep = evaluate_checkpoint(ckpt, data, args.split, calibration=calibration, budget=budget)
     if budget is None and not getattr(args, "no_default_budget", False):  # the point `route` uses with no cap
-        from fugu_pipeline.evaluate.default_report import default_section
+        from fugu_pipeline.policies.oneshot.default_report import default_section
         from fugu_pipeline.route.budget import usable_calibration
 
         own = calibration if calibration is not None and calibration.default is not None else \
@@ -356,7 +357,7 @@ def cmd_evaluate(args) -> int:
         for line in budget_lines(rep["budget"], args.split):
             print(line)
     if rep.get("default_point"):
-        from fugu_pipeline.evaluate.default_report import default_report_lines
+        from fugu_pipeline.policies.oneshot.default_report import default_report_lines
 
         for line in default_report_lines(rep["default_point"]):
             print(line)
@@ -371,8 +372,9 @@ def cmd_train_heads(args) -> int:
     """`fugu-lite train`: fit the configured heads (configs/train.yaml), choose one on validation
     (K-fold out-of-fold over the non-test rows), save each kind's best and print the chosen
     checkpoint's directory last."""
-    from fugu_pipeline.train.configs import TrainSetConfig, load_config
-    from fugu_pipeline.train.fit import fit_and_save, select_heads
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+    from fugu_pipeline.config_files import load_config
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
 
     models_output(args.output)
     config = args.config
@@ -407,8 +409,8 @@ def cmd_train_heads(args) -> int:
                                              settings=settings, prompt_rules=rules)
     report = fit_and_save(data, args.output, cfg, log=log, force=args.force, selection=selection, metrics=recorded)
     # budget.json beside each quality head (route/serve/evaluate --budget-*), with the default operating point
-    from fugu_pipeline.route.default_point import default_lines
-    from fugu_pipeline.route.default_train import calibrate_saved
+    from fugu_pipeline.policies.oneshot.default_point import default_lines
+    from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
 
     point = calibrate_saved(report.saved, data, log, margin=cfg.cascade.margin, n_boot=cfg.cascade.n_boot, seed=cfg.seed)
     print(f"validation: {report.protocol}; objective {report.objective}; rule {report.rule} ({report.rule_reason})")
@@ -421,7 +423,7 @@ def cmd_train_heads(args) -> int:
         print(line)
     shipped = report.selected_path()
     from fugu_pipeline.route.router import encoder_settings_for
-    from fugu_pipeline.train.cascade_train import train_cascade
+    from fugu_pipeline.policies.cascade.train import train_cascade
 
     result = train_cascade(data, matrix_db(args), encoder_settings_for(data.contract, args.device, args.dtype),
                            Path(args.cache_dir), cfg, selection[0], report.saved, Path(args.output), log, recorded)

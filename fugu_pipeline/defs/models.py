@@ -107,17 +107,12 @@ def _train(context, pipeline, encoder, method: str, config: TrainConfig, init_pa
     from fugu_pipeline.defs.training import GatheredLog, train_result_metadata
     from fugu_pipeline.features.routing_data import TrainingDataError
     from fugu_pipeline.route.budget import calibrate_beside
-    from fugu_pipeline.train.checkpoints import load_checkpoint
-    from fugu_pipeline.train.configs import (
-        ConfigError,
-        ESConfig,
-        RLConfig,
-        SFTConfig,
-        load_config,
-    )
-    from fugu_pipeline.train.es import train_es
-    from fugu_pipeline.train.rl import train_rl
-    from fugu_pipeline.train.sft import train_sft
+    from fugu_pipeline.policies.registry import load_checkpoint
+    from fugu_pipeline.policies.oneshot.configs import ESConfig, RLConfig, SFTConfig
+    from fugu_pipeline.config_files import ConfigError, load_config
+    from fugu_pipeline.policies.oneshot.es import train_es
+    from fugu_pipeline.policies.oneshot.rl import train_rl
+    from fugu_pipeline.policies.oneshot.sft import train_sft
 
     cls = {"sft": SFTConfig, "rl": RLConfig, "es": ESConfig}[method]
     try:
@@ -189,15 +184,16 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     nested check; each kind's best saved to models/<kind>/<hash>/. Output: every checkpoint and the
     selected one (the challenger this asset offers to promotion)."""
     from fugu_pipeline.features.routing_data import TrainingDataError
-    from fugu_pipeline.train.configs import ConfigError, TrainSetConfig, load_config
-    from fugu_pipeline.route.default_train import calibrate_saved
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+    from fugu_pipeline.config_files import ConfigError, load_config
+    from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
     from fugu_pipeline.train.feature_choice import (
         LayerSetError,
         describe_features,
         fit_choosing_features,
         heads_features,
     )
-    from fugu_pipeline.train.fit import fit_and_save, select_heads
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
 
     path = pipeline.paths.resolve(config.config_path)
     try:
@@ -249,11 +245,11 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
 
 def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data, cfg, selection, report, recorded) -> dict | None:
     """The cascade over the workers' replies, chosen against the one-shot heads and the best worker
-    (train/cascade_train.py), and its held-out report (evaluate/cascade.py); None when the matrix
+    (policies/cascade/train.py), and its held-out report (policies/cascade/evaluate.py); None when the matrix
     holds no replies. `selected` stays the one-shot head (what the one-step contest scores)."""
-    from fugu_pipeline.evaluate.cascade import evaluate_cascade, report_lines
+    from fugu_pipeline.policies.cascade.evaluate import evaluate_cascade, report_lines
     from fugu_pipeline.route.router import encoder_settings_for
-    from fugu_pipeline.train.cascade_train import train_cascade
+    from fugu_pipeline.policies.cascade.train import train_cascade
 
     own = encoder.settings()
     settings = encoder_settings_for(data.contract, own.device, own.dtype)
@@ -266,7 +262,7 @@ def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data
     shown = [line for line in report_lines(rep) if line not in rep.get("frontier_lines", [])]  # printed by result.lines()
     context.log.info("\n".join(result.lines() + shown))  # one event per report, one block in the run log
     md = "\n".join(["```"] + result.lines() + shown + ["```"])
-    if rep.get("frontier_png"):  # the out-of-fold frontier's plot (evaluate/frontier.py), 640 x 400 px
+    if rep.get("frontier_png"):  # the out-of-fold frontier's plot (policies/cascade/frontier_plot.py), 640 x 400 px
         md += f"\n\n![frontier](data:image/png;base64,{base64.b64encode(Path(rep['frontier_png']).read_bytes()).decode()})"
     return {"cascade": str(result.path), "policy": result.shipped, "shipped": str(result.shipped_path),
             "cascade_report": rep["report_path"], "policy_md": md}
@@ -274,10 +270,10 @@ def _cascade(context, pipeline: PipelineResource, encoder: EncoderResource, data
 
 def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint_path: str, method: str,
             extra: dict | None = None) -> dg.Output[dict]:
-    from fugu_pipeline.evaluate.router_contest import add_composite
+    from fugu_pipeline.policies.oneshot.contest import add_composite
     from fugu_pipeline.evaluate.metrics import ci_text
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     source = _feature_source(context, pipeline, encoder)
     ckpt = load_checkpoint(checkpoint_path)
@@ -382,8 +378,8 @@ def promoted_router(
     rows too) replaces the promoted checkpoint, one-step head or cascade, only if it passes every
     gate; models/promoted/current.json is swapped atomically and every decision is kept in
     models/promoted/history.jsonl. The composite's live term calls the configured workers."""
-    from fugu_pipeline.evaluate.cascade_contest import AnswerSource
-    from fugu_pipeline.evaluate.promotion import promote_best
+    from fugu_pipeline.policies.cascade.contest import AnswerSource
+    from fugu_pipeline.policies.registry import promote_best
 
     source = _feature_source(context, pipeline, encoder)
     shared = SharedStore.of(pipeline.paths)

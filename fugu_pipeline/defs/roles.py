@@ -1,6 +1,6 @@
 """The multi-turn coordinator's assets: `router_roles` (trajectory CMA-ES) and `eval_report_roles`
 (live held-out report against the one-step router, the answer-aware cascade and the best fixed
-worker, then king versus challenger on models/promoted/roles.json). Thin: the work is in `evaluate/roles_project.py`."""
+worker, then king versus challenger on models/promoted/roles.json). Thin: the work is in `policies/coordinator/project.py`."""
 
 import dagster as dg
 
@@ -31,9 +31,9 @@ class RolesAssetConfig(dg.Config):
 
 
 def _open(context, config: RolesAssetConfig, pipeline: PipelineResource, encoder: EncoderResource):
-    from fugu_pipeline.evaluate.roles_project import open_run, project_tasks, roles_encoder_settings
-    from fugu_pipeline.train.configs import ConfigError
-    from fugu_pipeline.train.roles import load_roles_config
+    from fugu_pipeline.policies.coordinator.project import open_run, project_tasks, roles_encoder_settings
+    from fugu_pipeline.config_files import ConfigError
+    from fugu_pipeline.policies.coordinator.train import load_roles_config
     from fugu_pipeline.workers.catalog import load_latest
 
     try:
@@ -69,7 +69,7 @@ def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pi
     random numbers, warm-started from the promoted one-step router where the encoders match.
     Trajectories are stored per (task, head, seed): a re-run or a killed run calls nothing twice.
     Output: models/roles/<content hash>/."""
-    from fugu_pipeline.evaluate.roles_project import train_coordinator
+    from fugu_pipeline.policies.coordinator.project import train_coordinator
     from fugu_pipeline.route.promoted import promoted_checkpoint_path
     from fugu_pipeline.route.router import RouterError
     from fugu_pipeline.session.runner import BudgetExhausted
@@ -119,7 +119,7 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
     from fugu_pipeline.defs.harness import policy_for
     from fugu_pipeline.evaluate.metrics import ci_text
     from fugu_pipeline.defs.harness import broken_king_ask
-    from fugu_pipeline.evaluate.roles_project import evaluate_coordinator
+    from fugu_pipeline.policies.coordinator.project import evaluate_coordinator
     from fugu_pipeline.session.runner import BudgetExhausted
     from fugu_pipeline.train.checkpoints import CheckpointError
     from fugu_pipeline.workers.contract import FatalWorkerError

@@ -1,5 +1,5 @@
 """The triage head's assets: `triage_head` (train) → `eval_report_triage` (held-out report).
-Thin: the work is in `train/triage.py` and `evaluate/triage_report.py`."""
+Thin: the work is in `policies/triage/train.py` and `policies/triage/report.py`."""
 
 import dagster as dg
 
@@ -31,8 +31,8 @@ def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pi
     that solve it, bucketed) with two bias-free linear maps over the frozen features. Output: the
     checkpoint directory models/triage/<content hash>/."""
     from fugu_pipeline.features.routing_data import TrainingDataError
-    from fugu_pipeline.train.configs import ConfigError, load_config
-    from fugu_pipeline.train.triage import TriageConfig, train_triage
+    from fugu_pipeline.config_files import ConfigError, load_config
+    from fugu_pipeline.policies.triage.train import TriageConfig, train_triage
 
     try:
         cfg = load_config(pipeline.paths.resolve(config.config_path), TriageConfig) if config.config_path else TriageConfig()
@@ -60,8 +60,8 @@ def eval_report_triage(context: dg.AssetExecutionContext, config: TriagePromotio
     if it passes every gate."""
     from pathlib import Path
 
-    from fugu_pipeline.evaluate.triage_report import triage_lines, triage_markdown, triage_report, write_triage_report
-    from fugu_pipeline.train.triage import load_triage
+    from fugu_pipeline.policies.triage.report import triage_lines, triage_markdown, triage_report, write_triage_report
+    from fugu_pipeline.policies.triage.train import load_triage
 
     data = _routing_data(context, pipeline, encoder)
     rep = triage_report(load_triage(triage_head, expected_contract=data.contract), data, "test")
@@ -76,7 +76,7 @@ def eval_report_triage(context: dg.AssetExecutionContext, config: TriagePromotio
         meta["routing_by_predicted_domain"] = rep["routing"]["by_predicted_domain"]
     from fugu_pipeline.defs.harness import broken_king_ask, policy_for, promotion_metadata
     from fugu_pipeline.evaluate.contest import run_contest
-    from fugu_pipeline.evaluate.triage_promotion import TriageKind
+    from fugu_pipeline.policies.triage.contest import TriageKind
     from fugu_pipeline.train.checkpoints import CheckpointError
 
     try:

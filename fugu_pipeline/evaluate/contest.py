@@ -38,10 +38,10 @@ class:
         def check_live(self, entrant) -> None             # LiveUnavailable: this head is not run live
         live_tasks = None                                 # task ids it can run live (None: no live term)
 
-Two policy kinds may share one slot: the router slot (`router_contest.RouterKind`, the pointer
+Two policy kinds may share one slot: the router slot (`policies/oneshot/contest.RouterKind`, the pointer
 `promoted/current.json` that `load_promoted`, `route`, `ask` and `serve` follow) holds a one-step
 head or an answer-aware cascade, and its scorer answers for each entrant by what it is (a
-cascade: `cascade_contest.CascadeScorer`, from the recorded replies). King and challenger are
+cascade: `policies/cascade/contest.CascadeScorer`, from the recorded replies). King and challenger are
 then scored alike on the same rows whatever each is; a cascade's turns are its worker calls, so
 its efficiency term counts them, and its cost per task is what its steps paid.
 

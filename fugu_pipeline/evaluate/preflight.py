@@ -207,11 +207,10 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
             gates.append(receipt_gate(receipt, cfg, data=data, weights=weights, manifest=manifest, ledger=ledger))
         except (ValueError, CheckpointError) as exc:
             gates.append(GateResult("receipt", False, str(exc)[:300]))
-    if kind == "triage":
-        from fugu_pipeline.train.triage import MAX_PARAMS
-
+    cap = getattr(_head_class(manifest.head_kind), "max_params", None)  # the kind's own cap (a triage head's)
+    if cap is not None:
         n = manifest.param_count
-        gates.append(GateResult("size", n < MAX_PARAMS, f"{n:,} parameters ({'<' if n < MAX_PARAMS else 'not <'} {MAX_PARAMS:,})"))
+        gates.append(GateResult("size", n < cap, f"{n:,} parameters ({'<' if n < cap else 'not <'} {cap:,})"))
     gates.append(_duplicate_offline(pack, manifest, kind, models_dir, cfg, pointer_file, not problems))
     gates.append(rate_limit_gate(models_dir, who, cfg.rate_limit_s, now, history_name=history_name, key=key))
     gates.append(king_gate(models_dir, replace_broken_king, kind))
@@ -241,11 +240,9 @@ def _duplicate_offline(pack: Path, manifest: Manifest, kind: str, models_dir, cf
                           "contract yet (validate checks it on the host's features)")
     if not loadable:
         return GateResult("duplicate", False, "not checked: the weights cannot be loaded")
-    from fugu_pipeline.train.cascade_head import KIND as CASCADE
-
-    if manifest.head_kind == CASCADE:
-        return GateResult("duplicate", True, "not checked offline: a cascade's behaviour is read from the host's "
-                          "recorded replies (validate checks it)")
+    why = getattr(_head_class(manifest.head_kind), "not_probed_offline", None)
+    if why is not None:
+        return GateResult("duplicate", True, f"not checked offline: {why}")
     probe, feats, domains = kept
     try:
         seen = checkpoint_behaviour(probe, load_checkpoint(pack), feats, domains)
@@ -253,12 +250,21 @@ def _duplicate_offline(pack: Path, manifest: Manifest, kind: str, models_dir, cf
         return GateResult("duplicate", False, f"not checked: {exc}")
     king = None
     k = king_manifest(models_dir, pointer_file)
-    if k is not None and k[1].contract_fingerprint == manifest.contract_fingerprint and k[1].head_kind != CASCADE:
+    if (k is not None and k[1].contract_fingerprint == manifest.contract_fingerprint
+            and getattr(_head_class(k[1].head_kind), "not_probed_offline", None) is None):
         try:
             king = (f"{k[1].method} {k[1].content_hash}", checkpoint_behaviour(probe, load_checkpoint(k[0]), feats, domains))
         except CheckpointError:
             king = None
     return duplicate_gate(seen, models_dir, cfg.duplicate_cosine, kind=kind, king=king)
+
+
+def _head_class(head_kind: str):
+    """The registered head class of a kind (`train/head_base.HEADS`, filled by the policies registry), or
+    None: what a kind says to these gates beyond the shared ones (`max_params`, `not_probed_offline`)."""
+    from fugu_pipeline.train.head_base import HEADS
+
+    return HEADS.get(head_kind)
 
 
 def _coordinator_duplicate_offline(manifest: Manifest, models_dir, cfg: GateConfig) -> GateResult:

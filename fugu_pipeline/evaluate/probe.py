@@ -4,7 +4,7 @@ The probe set is a fixed sample of the host's tasks (up to `PROBE_SIZE`, chosen 
 of the task id, so it does not move as rows are added), each read the way the head reads it (its
 own features, through its feature contract). A head's behaviour there is
 - its **decision** per probe (the worker it routes to; a triage head's domain and difficulty; a
-  coordinator's whole session, every turn's role and worker, `roles_promotion.session_behaviour`), and
+  coordinator's whole session, every turn's role and worker, `policies/coordinator/contest.session_behaviour`), and
 - its **score vector**: the logits (or scores) of every softmax group, each group centred per probe
   (its mean taken away), concatenated over probes and groups (a coordinator's: at every state of
   its session where it picked).

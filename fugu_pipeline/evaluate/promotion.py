@@ -3,9 +3,10 @@
 Every promotable kind goes through the one contest (`contest.py`: gates, scoring with the king on
 the same held-out rows, the composite with its overfit gate, this module's `decide`, the pointer
 swapped by compare-and-swap, every attempt in the kind's history). This module holds the policy
-(`PromotionPolicy`, `configs/promotion.yaml`), the decision (`decide`) and the router slot's
-entry point, `promote_best` (the `promoted_router` asset and `fugu-lite validate`): one-step heads
-and answer-aware cascades, each scored on the same held-out rows (`router_contest.py`).
+(`PromotionPolicy`, `configs/promotion.yaml`) and the decision (`decide`); the router slot's entry
+point, `promote_best` (the `promoted_router` asset and `fugu-lite validate`: one-step heads and
+answer-aware cascades, each scored on the same held-out rows), is the policies registry's
+(`policies/registry.py`), which composes the kinds that share the slot.
 
 Before a challenger is scored it passes the submission gates (`gates.py`): the rate limit (one
 attempt per period per submitter, or per signing key for a pack), weight sanity (shape, finite,
@@ -44,14 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fugu_pipeline.evaluate.composite import CompositeConfig
 from fugu_pipeline.evaluate.decision import Candidate, Decision, decide, weight_gate  # noqa: F401 (this module's API too)
-from fugu_pipeline.evaluate.feature_source import FeatureSource
-from fugu_pipeline.evaluate.gates import DEFAULT_SUBMITTER, GateConfig
-from fugu_pipeline.evaluate.router_contest import (  # noqa: F401 (a one-step head's figures: this module's API too)
-    candidate,
-    eval_rows,
-    scored_candidate,
-    validation_utility,
-)
+from fugu_pipeline.evaluate.gates import GateConfig
 from fugu_pipeline.evaluate.promotion_record import (  # noqa: F401 - append_history, apply: this module's API too
     append_history,
     apply,
@@ -102,36 +96,3 @@ def load_policy(path: str | Path | None, *, required: bool = False, **overrides)
     except ValueError as exc:
         raise PolicyError(f"promotion policy: {exc}") from None
 
-
-def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, policy: PromotionPolicy, *,
-                 live=None, tasks: dict | None = None, submitter: str = DEFAULT_SUBMITTER, now: float | None = None,
-                 features: FeatureSource | None = None, replace_broken_king: bool | str = False, key: str | None = None,
-                 answers=None) -> dict:
-    """One promotion attempt of one-step heads through the one contest (`contest.run_contest` with
-    `router_contest.RouterKind`). The rate limit first (a refusal there is recorded but is no
-    attempt); every challenger through the weight, signature (a pack), contract, duplicate and
-    receipt gates; among those that pass, the one with the best validation utility is scored on
-    the frozen held-out rows of `data` (the composite against the king, with `live` evaluating the
-    live term on `tasks`) and faces the gates of `decide`. Each checkpoint, the king included, is
-    scored on its own features from `features` (`feature_source.py`: the same rows, encoded as its
-    contract says, by the serving encoder model); without `features`, only checkpoints on `data`'s
-    contract can be scored. `key`: the signing key a pack's attempt counts under.
-    `answers` (`cascade_contest.AnswerSource`: the host's recorded replies): a cascade checkpoint
-    among the challengers, or as the king, is scored from them in the same contest (without it a
-    cascade challenger is refused at load, and a cascade king cannot be faced).
-    Returns {promoted, challenger, reasons, pointer, contest}.
-
-    The models folder must be writable (checked before anything is scored). The whole attempt
-    holds models/promoted/.lock, so a second attempt waits and then faces the king the first one
-    promoted; the pointer is compare-and-swapped on the version read before the king was loaded.
-    A promoted checkpoint that cannot be loaded (damaged pointer, edited or missing checkpoint)
-    raises CheckpointError before scoring, recorded in the history, unless `replace_broken_king`
-    (who asked, `contest.broken_king_ask`): then the challenger faces the baselines only and the
-    history keeps why and who asked."""
-    from fugu_pipeline.evaluate.contest import run_contest
-    from fugu_pipeline.evaluate.router_contest import RouterKind
-
-    kind = RouterKind(features if features is not None else FeatureSource.fixed(data), live=live, tasks=tasks,
-                      answers=answers)
-    return run_contest(kind, checkpoint_paths, models_dir, policy, submitter=submitter, key=key, now=now,
-                       replace_broken_king=replace_broken_king)

@@ -20,7 +20,7 @@ def head_scores(head, features: np.ndarray, domains: list[str] | None = None) ->
     """Routing scores (N, W) of any head kind; `domains` (one per row) reach the heads that use them."""
     import torch
 
-    from fugu_pipeline.train.heads import call_head
+    from fugu_pipeline.train.head_base import call_head
 
     with torch.inference_mode():
         x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))

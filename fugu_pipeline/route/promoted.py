@@ -1,6 +1,6 @@
 """The router downstream code uses: it follows the promoted pointer.
 
-    from fugu_pipeline import load_promoted
+    from fugu_pipeline import load_promoted      # policies/registry.py: any kind of router
     router = load_promoted("models")
     decision = router.route("Prove that ...", domain="math")
     decision.worker_id, decision.scores, decision.score_kind   # what the head scored each worker on
@@ -18,15 +18,19 @@ A swapped-out router is never closed here: other threads (a server's routing bat
 call that fetched it a moment ago) may still be encoding with it. It is dropped, and its encoder
 is freed when the last of them lets go of it (reference counting), so a reader never meets a
 closed encoder and the old weights do not outlive their last user.
+
+Which `Router` class runs a checkpoint is the caller's to say (`router_for`): the policies registry
+(`policies/registry.py`, whose `load_promoted` this is behind) knows every kind; without one, only
+one-step checkpoints load.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
-from fugu_pipeline.route.cascade import router_class
 from fugu_pipeline.route.router import RouteDecision, Router, RouterError
 from fugu_pipeline.storage import download, is_url, local_cache
 from fugu_pipeline.train.pointer import POINTER, PointerError, pointer_location, pointer_target, read_pointer
@@ -88,8 +92,10 @@ class PromotedRouter:
     promoted checkpoint, reusing the loaded encoder when the feature contract is unchanged.
     Thread-safe: a swap never closes the router it replaces (see the module docstring)."""
 
-    def __init__(self, models_dir: str | Path, *, device: str = "auto", dtype: str = "auto", encoder: str | None = None):
+    def __init__(self, models_dir: str | Path, *, device: str = "auto", dtype: str = "auto", encoder: str | None = None,
+                 router_for: Callable[..., type[Router]] | None = None):
         self.models_dir = str(models_dir) if is_url(models_dir) else Path(models_dir)
+        self.router_for = router_for or (lambda checkpoint: Router)  # the Router class of a loaded checkpoint
         self._opts = {"device": device, "dtype": dtype, "encoder": encoder}
         self._router: Router | None = None
         self._key: tuple | None = None
@@ -122,7 +128,7 @@ class PromotedRouter:
                                   f"cannot be loaded ({exc}); re-run promotion or restore it") from None
             if ptr is not None:
                 check_identity(self.models_dir, ptr, ckpt.manifest)
-            kind = router_class(ckpt)  # a one-step router, or a cascade
+            kind = self.router_for(ckpt)  # a one-step router, or another kind's (a cascade)
             if old is not None and ckpt.manifest.feature_contract == old.checkpoint.manifest.feature_contract:
                 new = kind(ckpt, old.encoder)  # same features: keep the loaded encoder
                 new.check_probe()  # as Router.load does: scores that overflow are refused at load
@@ -161,7 +167,3 @@ class PromotedRouter:
 def _key(ptr: dict | None) -> tuple:
     return (ptr or {}).get("content_hash"), (ptr or {}).get("checkpoint")
 
-
-def load_promoted(models_dir: str | Path = "models", **kw) -> PromotedRouter:
-    """The promoted router for downstream code; picks up new promotions without a restart."""
-    return PromotedRouter(models_dir, **kw)

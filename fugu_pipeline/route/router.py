@@ -130,13 +130,13 @@ class Router:
         if checkpoint.manifest.head_kind.startswith("roles"):
             raise RouterError(f"{checkpoint.path} is a multi-turn coordinator ({checkpoint.manifest.head_kind}), not a "
                               "one-step router: run it with `fugu-lite ask --mode multi-turn` or a request with "
-                              '"fugu_mode": "multi_turn" (route/roles.py)')
+                              '"fugu_mode": "multi_turn" (policies/coordinator/route.py)')
         if checkpoint.manifest.head_kind.startswith("triage"):
             raise RouterError(f"{checkpoint.path} is a triage head ({checkpoint.manifest.head_kind}): it labels a prompt's "
                               "domain and difficulty and routes nothing (fugu-lite triage-report)")
         if checkpoint.manifest.head_kind == "cascade" and type(self) is Router:
             raise RouterError(f"{checkpoint.path} is a cascade, not a one-step router: load it with "
-                              "route.cascade.load_router (route, ask and serve do)")
+                              "policies.registry.load_router (route, ask and serve do)")
         self.checkpoint = checkpoint
         self.encoder = encoder
         self.worker_ids: list[str] = list(checkpoint.manifest.worker_ids)
@@ -214,7 +214,7 @@ class Router:
         (kNN, domain prior, MLP, ensemble), for which an unknown domain means the pooled prior."""
         import torch
 
-        from fugu_pipeline.train.heads import call_head
+        from fugu_pipeline.train.head_base import call_head
 
         template_domains = None if domains is None else [d or "general" for d in domains]
         feats = self.encoder.encode(prompts, template_domains)
@@ -231,7 +231,7 @@ class Router:
         """Predicted quality (N, W) in [0, 1] of every worker, for heads that predict it, else None."""
         import torch
 
-        from fugu_pipeline.train.heads import head_quality
+        from fugu_pipeline.train.head_base import head_quality
 
         template_domains = None if domains is None else [d or "general" for d in domains]
         feats = self.encoder.encode(prompts, template_domains)

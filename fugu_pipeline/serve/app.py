@@ -412,7 +412,7 @@ def create_app(
     """The Starlette app. `api_token` None or "" means no auth; `worker_attempts` None keeps the
     worker config's `max_attempts`. Refuses a router whose workers the config does not define.
     `roles`: the multi-turn coordinator for `"fugu_mode": "multi_turn"` requests (a
-    `route.roles.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400).
+    `policies.coordinator.route.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400).
     `max_json_values`: the request body's limit (`json_body.py`); `bind_host` and `allowed_hosts`:
     the `Host` names answered (`hosts.py`); `auth_cooldown_s`: how long a worker whose key was
     refused is kept out (`upstream.py`); `catalog`: a `workers.catalog.CatalogSnapshot` whose context

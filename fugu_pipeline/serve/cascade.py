@@ -1,4 +1,4 @@
-"""Serving a cascade checkpoint: run its steps (route/cascade.py), answer with the accepted reply.
+"""Serving a cascade checkpoint: run its steps (policies/cascade/route.py), answer with the accepted reply.
 
 The route decision of a `CascadeRouter` carries the plan (`extra["cascade"]`); this module calls
 it through the server's `Workers` (each worker's client, limits and attempts, as one call) and
@@ -19,7 +19,7 @@ import uuid
 
 from starlette.responses import JSONResponse, StreamingResponse
 
-from fugu_pipeline.route.cascade import load_router, run_cascade  # noqa: F401  (load_router: the app's loader)
+from fugu_pipeline.policies.cascade.route import run_cascade
 from fugu_pipeline.serve.protocol import APIError
 from fugu_pipeline.serve.upstream import CallTiming, usage_of
 from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError

@@ -71,7 +71,7 @@ def providers(checkpoint_or_models_dir: str | Path, *, device: str = "auto", dty
         except (OSError, ValueError):
             kind = ""
         if kind.startswith("roles"):
-            from fugu_pipeline.route.roles import RolesCoordinator
+            from fugu_pipeline.policies.coordinator.route import RolesCoordinator
 
             return None, RolesCoordinator.load(path, **opts), (
                 f"this server runs the multi-turn coordinator {path} only, no one-step router: send "
@@ -85,7 +85,7 @@ def providers(checkpoint_or_models_dir: str | Path, *, device: str = "auto", dty
                           f"directory with {POINTER} or {ROLES_POINTER}; pass a trained checkpoint or the models directory")
     roles = None
     if (path / ROLES_POINTER).exists():
-        from fugu_pipeline.route.roles import PromotedRoles
+        from fugu_pipeline.policies.coordinator.route import PromotedRoles
 
         roles = PromotedRoles(path, **opts)
     absent = None if provider is not None else (

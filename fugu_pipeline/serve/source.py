@@ -72,11 +72,11 @@ def load_router_provider(checkpoint_or_models_dir: str | Path, *, device: str = 
                          encoder: str | None = None) -> Router | PromotedRouter:
     """A models directory with `promoted/current.json` gives a PromotedRouter (follows promotions);
     a checkpoint directory gives a fixed Router (a one-step router, or a cascade)."""
-    from fugu_pipeline.route.cascade import load_router
+    from fugu_pipeline.policies.registry import load_promoted, load_router
 
     path = Path(checkpoint_or_models_dir)
     if (path / POINTER).exists():
-        return PromotedRouter(path, device=device, dtype=dtype, encoder=encoder)
+        return load_promoted(path, device=device, dtype=dtype, encoder=encoder)
     if (path / "manifest.json").exists() or path.is_file():
         return load_router(path, device=device, dtype=dtype, encoder=encoder)
     raise RouterError(f"{path} is neither a checkpoint directory (manifest.json + head.safetensors) nor a models "

@@ -18,7 +18,7 @@ the roles head: final layer, penultimate position, L2-normalised, template `HEAD
   layers below the adapted one do not: their output is cached per transcript (bounded by
   `SVF_CACHE_MB`) and shared by every candidate, and `prefetch_many` runs the adapted layer and
   those above it for all candidates' missing (scales, transcript) rows in one forward per padded
-  width (`features/svf.py:SVFRunner`).
+  width (`session/svf.py:SVFRunner`).
 
 torch loads with the encoder (`features/encoder.py`); this module itself imports only numpy.
 """
@@ -57,7 +57,7 @@ class TranscriptFeaturizer:
         self.settings = encoder.settings
         self.max_length = self.settings.max_length
         self.cache_size = cache_size
-        self.adapter, self.scales = adapter, scales  # an SVF adapter (features/svf.py) and this candidate's scales
+        self.adapter, self.scales = adapter, scales  # an SVF adapter (session/svf.py) and this candidate's scales
         self._svf: _SVFShared | None = None  # with scales: the cache of hidden states below the adapted layer
         self._svf_shared: dict[int, _SVFShared] = {}
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
@@ -280,7 +280,7 @@ class _SVFShared:
     runner that finishes them per candidate."""
 
     def __init__(self, adapter):
-        from fugu_pipeline.features.svf import SVFRunner
+        from fugu_pipeline.session.svf import SVFRunner
 
         self.adapter = adapter
         self.runner = SVFRunner(adapter)

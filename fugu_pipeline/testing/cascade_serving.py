@@ -22,20 +22,20 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
                              context: bool = False, plan: dict | None = None) -> Path:
     """`workers`: three worker ids (default: the stub workers); `answer_kinds`: the final-answer
     kind per domain (default: numbers everywhere; `{}`: each task's grader decides); `context`: also
-    fit and save the context verifier (train/verifier_context.py: each reply read with the paid ones);
+    fit and save the context verifier (policies/cascade/verifier_context.py: each reply read with the paid ones);
     `plan`: a policy of its own (default `plan_over(workers)`)."""
-    from fugu_pipeline.features.answer_features import STATS, answer_stats, answer_text, embed_answers
+    from fugu_pipeline.policies.cascade.answer_features import STATS, answer_stats, answer_text, embed_answers
     from fugu_pipeline.features.contract import FeatureContract  # noqa: F401  (the data's contract type)
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.features.routing_data import RoutingData
     from fugu_pipeline.features.settings import EncoderSettings
     from fugu_pipeline.reward import UtilityConfig
     from fugu_pipeline.tasks.final_answer import extract
-    from fugu_pipeline.train.cascade_fit import CascadeFit
-    from fugu_pipeline.train.cascade_save import save_cascade
-    from fugu_pipeline.train.cascade_policy import CascadePolicy
-    from fugu_pipeline.train.cascade_search import Choice
-    from fugu_pipeline.train.verifier import VerifierInputs, fit_all
+    from fugu_pipeline.policies.cascade.fit import CascadeFit
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.policy import CascadePolicy
+    from fugu_pipeline.policies.cascade.search import Choice
+    from fugu_pipeline.policies.cascade.verifier import VerifierInputs, fit_all
 
     rng = np.random.default_rng(seed)
     settings = EncoderSettings(model="tiny", device="cpu", dtype="float32")
@@ -68,8 +68,8 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
     policy = CascadePolicy.model_validate(plan or plan_over(ids))
     ctx = {}
     if context:
-        from fugu_pipeline.train.cascade_policy import answer_codes
-        from fugu_pipeline.train.verifier_context import fit_context
+        from fugu_pipeline.policies.cascade.policy import answer_codes
+        from fugu_pipeline.policies.cascade.verifier_context import fit_context
 
         base = np.full((n, 3), np.nan)
         X, _, at = inputs.design(np.arange(n))

@@ -1,7 +1,7 @@
 """A multi-turn coordinator checkpoint with a known behaviour, for serving tests and demos: its
 roles head is fitted by least squares to follow a script of (worker, role) per turn on the tiny
 encoder's features of the scripted transcripts (behaviour cloning), then saved as an ordinary
-`roles_linear` checkpoint. Real training is `train/roles.py`; this only makes a coordinator whose
+`roles_linear` checkpoint. Real training is `policies/coordinator/train.py`; this only makes a coordinator whose
 sessions a test can predict."""
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ def imitation_checkpoint(models_dir: str | Path, worker_ids: list[str], script: 
                          max_length: int = 256) -> Path:
     """Save a roles checkpoint whose greedy policy plays `script[k]` at turn k+1 on sessions like
     these (`prompts` as (prompt, domain), worker texts `replies[role]`). Returns its directory."""
-    from fugu_pipeline.evaluate.roles_project import roles_encoder_settings
+    from fugu_pipeline.policies.coordinator.project import roles_encoder_settings
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.session.featurize import TranscriptFeaturizer
-    from fugu_pipeline.train.roles import SHIFT, RolesTrainResult, session_info
+    from fugu_pipeline.policies.coordinator.train import SHIFT, RolesTrainResult, session_info
 
     enc = Encoder.load(roles_encoder_settings(encoder, max_length, device="cpu", dtype="float32"))
     try:
@@ -79,9 +79,9 @@ def scripted_coordinator(models_dir: str | Path, run, tasks: list, script: list[
     """A roles checkpoint that plays `script` on the transcripts the run's workers really produce:
     the script is run as a policy on `tasks` (through `run.runner`, so its sessions are stored and
     paid once), and the head is fitted by least squares to pick the script's (worker, role) in
-    every state those sessions met (behaviour cloning). `run`: an open `roles_project.RolesRun`.
+    every state those sessions met (behaviour cloning). `run`: an open `policies/coordinator/project.RolesRun`.
     Its receipt records `curve` as fitness and `data_cost_usd` as training cost."""
-    from fugu_pipeline.train.roles import SHIFT, RolesTrainResult, session_info
+    from fugu_pipeline.policies.coordinator.train import SHIFT, RolesTrainResult, session_info
 
     ids = run.config.worker_ids
     trs = run.runner.run([ScriptPolicy(ids, script)], [(t, 7) for t in tasks], greedy=True)[0]

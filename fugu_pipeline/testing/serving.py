@@ -47,8 +47,8 @@ def build_checkpoints(models_dir: Path, seeds: tuple[int, ...] = (0, 1), epochs:
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.features.routing_data import RoutingData
     from fugu_pipeline.features.settings import EncoderSettings
-    from fugu_pipeline.train.configs import SFTConfig
-    from fugu_pipeline.train.sft import train_sft
+    from fugu_pipeline.policies.oneshot.configs import SFTConfig
+    from fugu_pipeline.policies.oneshot.sft import train_sft
 
     enc = Encoder.load(EncoderSettings(model=encoder, device="cpu", dtype=dtype))
     prompts, domains, utility = synthetic_tasks()

@@ -179,7 +179,7 @@ def _non_finite(v: Any, where: str) -> tuple[str, float] | None:
 class Checkpoint:
     path: Path
     manifest: Manifest
-    head: Any  # fugu_pipeline.train.heads.RoutingHead, in eval mode
+    head: Any  # fugu_pipeline.policies.oneshot.heads.RoutingHead, in eval mode
     state_dict: dict[str, Any]
 
 
@@ -196,7 +196,7 @@ def save_checkpoint(
     import torch
     from safetensors.torch import save as st_save
 
-    from fugu_pipeline.train.heads import build_head
+    from fugu_pipeline.train.head_base import build_head
 
     if not _METHOD_RE.match(method):
         raise CheckpointError(f"method {method!r} must be a lowercase name like 'sft' (letters, digits, _ and -)")
@@ -279,7 +279,7 @@ def load_checkpoint(path: str | Path, expected_contract: FeatureContract | None 
     hash of its weights and fields (edited after saving)."""
     from safetensors.torch import load as st_load
 
-    from fugu_pipeline.train.heads import build_head
+    from fugu_pipeline.train.head_base import build_head
 
     path = Path(path)
     if path.is_file():
@@ -353,7 +353,7 @@ def _check_folder(path: Path, manifest: Manifest) -> None:
 
 def _method_folders() -> set[str]:
     """The folder names this product files checkpoints under: the trainers' methods and the heads' kinds."""
-    from fugu_pipeline.train.heads import HEADS
+    from fugu_pipeline.train.head_base import HEADS
 
     return {"sft", "rl", "es", "roles", "triage", *HEADS}
 
@@ -371,7 +371,7 @@ def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any
     the head's scores on a probe set (`probe.py`)."""
     import torch
 
-    from fugu_pipeline.train.heads import HEADS, expected_shapes
+    from fugu_pipeline.train.head_base import HEADS, expected_shapes
 
     m = manifest if isinstance(manifest, Manifest) else Manifest.model_validate(manifest)
     if m.head_kind not in HEADS:
@@ -423,7 +423,7 @@ def weight_sanity(state_dict: dict[str, Any], manifest: Manifest | dict[str, Any
 def _kind_sanity(state_dict: dict[str, Any], m: Manifest) -> list[str]:
     """The head kind's own checks on tensors that already have the right names, shapes and values,
     then, for every kind, its scores on a probe set (`probe.py`: finite weights can still overflow)."""
-    from fugu_pipeline.train.heads import build_head
+    from fugu_pipeline.train.head_base import build_head
     from fugu_pipeline.train.probe import PROBE_ROWS, random_probe, score_problems
 
     head = build_head(m.head_kind, m.dim, m.n_workers, m.head_params, **m.head_shape)

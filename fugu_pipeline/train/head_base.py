@@ -1,7 +1,9 @@
 """The routing-head base class and the registry of head kinds.
 
 Every head maps features (N, D) to scores (N, W), one per worker; the greedy route is the argmax.
-Two families share this base:
+Every kind of router's heads share this base and this table (each kind's head module registers its
+own; `policies/registry.heads` imports them all). The one-step heads (`policies/oneshot/`) come in
+two families:
 
 - linear heads (`heads.py`): a `frozen` part and a final linear layer `linear` that SFT, RL and
   CMA-ES train; called as `head(x)`;
@@ -9,7 +11,11 @@ Two families share this base:
   a small MLP and ensembles of those. They predict each worker's quality in [0, 1] and utility,
   take the task's domain at routing time (`uses_domains = True`; `head(x, domains)`), and are
   fitted in closed form or by a short training run, then chosen by cross-validation
-  (`selection.py`, `fit.py`).
+  (`train/selection.py`, `fit.py`).
+
+A kind may say more to the shared gates by class attributes: `final_layers` (the tensors that must
+not be all zero, `checkpoints.weight_sanity`), `max_params` (a size cap, `evaluate/preflight.py`)
+and `not_probed_offline` (why preflight cannot read its behaviour from the kept probe inputs).
 
 A kind's constructor takes `(dim, n_workers, **params)`; `params` (JSON: sizes, hyperparameters,
 the domain vocabulary) are saved in the checkpoint manifest as `head_params`, so a checkpoint

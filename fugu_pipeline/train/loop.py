@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from fugu_pipeline.features.routing_data import RoutingData
-from fugu_pipeline.train.heads import RoutingHead
+from fugu_pipeline.train.head_base import RoutingHead
 from fugu_pipeline.train.result import greedy_utility
 from fugu_pipeline.train.threads import HEAD_THREADS, torch_threads
 

@@ -13,8 +13,7 @@ import torch
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData
 from fugu_pipeline.train.checkpoints import save_checkpoint
-from fugu_pipeline.train.configs import ESConfig, RLConfig, SFTConfig
-from fugu_pipeline.train.heads import RoutingHead, build_head
+from fugu_pipeline.train.head_base import RoutingHead, build_head
 
 # --------------------------------------------------------------------------- results
 
@@ -98,7 +97,7 @@ def evaluate_head(
 
 def make_result(
     method: str,
-    cfg: SFTConfig | RLConfig | ESConfig,
+    cfg,  # the stage's config (SFTConfig, RLConfig or ESConfig): its `head` and `model_dump()`
     head: RoutingHead,
     state: dict[str, torch.Tensor],
     data: RoutingData,

@@ -15,6 +15,10 @@ rows, the validation objective, the choice of rule, and greedy ensembles.
   `nested_ensemble_check` compares "best single candidate" with "greedy ensemble" the same way
   (chosen on one half of the folds, scored on the other), so an ensemble is picked only when it
   holds up on rows its members were not chosen on.
+- `cheapest_not_below`: the cost-aware rule a cascade's choice (`policies/cascade/choice.py`) and a one-shot
+  head's default operating point (`policies/oneshot/default_point.py`) share: the cheapest candidate whose
+  out-of-fold accuracy is not significantly below always the strongest worker's (its paired
+  bootstrap 95% interval, `interval`, reaching 0, its mean within a margin).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 RULES = ("pooled", "macro", "blend")
+STRONGEST = "always the strongest worker"
 
 
 def fold_ids(task_ids: list[str], k: int = 5, seed: int = 0) -> np.ndarray:
@@ -202,3 +207,50 @@ def oof_predictions(fit_predict: Callable[[np.ndarray, np.ndarray], dict[str, tu
                 out[name][0] = None
             out[name][1][te] = s
     return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def interval(values: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of `values` (per row) and its bootstrap 95% interval (resampling rows)."""
+    v = np.asarray(values, float)
+    if len(v) < 2:
+        m = float(v.mean()) if len(v) else float("nan")
+        return m, m, m
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), size=(n_boot, len(v)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(v.mean()), float(lo), float(hi)
+
+
+@dataclass
+class Pick:
+    name: str
+    reason: str
+    strongest_ships: bool
+    qualified: tuple[str, ...] = ()  # every candidate that met the rule, cheapest first
+
+
+def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin: float, n_rows: int) -> Pick:
+    """The cost-aware rule over `cands` (CandidateFigure-like: name, quality, cost_usd,
+    vs_strongest, vs_low, vs_high, note)."""
+    base = next(c for c in cands if c.name == strongest_name)
+    cheaper = [c for c in cands if c.name != strongest_name and c.cost_usd < base.cost_usd * (1 - 1e-6)
+               and not c.note.startswith("unavailable")]
+    ok = [base] + [c for c in cheaper if c.vs_high >= 0 and c.vs_strongest >= -margin]
+    ok.sort(key=lambda c: (c.cost_usd, -c.quality, c.name != strongest_name))
+    win, qualified = ok[0], tuple(c.name for c in ok)
+    rule = (f"95% paired bootstrap interval of the accuracy difference reaching 0, mean within the {margin * 100:.2g}-point "
+            f"margin, out of fold over {n_rows} non-test rows")
+    if win.name != strongest_name and win.cost_usd < base.cost_usd:
+        share = win.cost_usd / base.cost_usd if base.cost_usd > 0 else float("nan")
+        return Pick(win.name, (
+            f"{win.name} is the cheapest policy not significantly below {STRONGEST} ({strongest_worker}): accuracy "
+            f"{win.quality:.4f} against {base.quality:.4f}, difference {win.vs_strongest:+.4f} [{win.vs_low:+.4f}, "
+            f"{win.vs_high:+.4f}], at ${win.cost_usd * 1000:.4g} per 1,000 = {share:.0%} of its cost ({rule})"), False, qualified)
+    near = max(cheaper, key=lambda c: c.vs_strongest, default=None)
+    tried = (f"; the closest cheaper one, {near.name}, is {near.vs_strongest:+.4f} [{near.vs_low:+.4f}, {near.vs_high:+.4f}]"
+             if near is not None else "")
+    return Pick(strongest_name, (
+        f"no cheaper policy is within {margin * 100:.2g} point of {STRONGEST} ({strongest_worker}, accuracy "
+        f"{base.quality:.4f}) without being significantly below it ({rule}){tried}; the strongest worker ships; "
+        "replies on more rows, or a cheap worker that agrees with it more often, would let a cheaper policy qualify"), True,
+        qualified)

@@ -1,0 +1,145 @@
+"""What a verifier reads of a reply: the frozen encoder's features of its text, and a few statistics.
+
+The encoder features go through the same content-addressed cache as prompt features
+(`cache.embed_prompts`), under the encoder's settings with the template `{prompt}` and no prompt
+rules (the reply is read as it is: the text is its final answer, a blank line, then the reply's
+last `TAIL_CHARS` characters, where the reasoning ends). A reply is encoded once per encoder
+fingerprint, whichever cascade or verifier asks.
+
+The statistics (`answer_stats`, `STATS` names them) are general signs of a doubtful reply: its
+length, whether a final answer can be read at all, whether that answer merely repeats a number of
+the prompt, hedging words, how many steps written as `a op b = c` hold (`STATS_V1`, the first
+set), and the checks of `answer_checks.py` (the reply's own arithmetic recomputed, whether the final
+answer was computed, conflicting or hedged final answers, text after the answer, the prompt's
+numbers left unused, self-corrections, loops), and the final answer read among the prompt's options
+(`answer_checks.OPTION_STATS`: multiple choice). A cascade checkpoint records the names it was
+trained on (one saved without them read `STATS_V1`), so serving builds the same columns.
+`cached_answer_stats` keeps them content-addressed beside the encoder features.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from fugu_pipeline.policies.cascade.answer_checks import CHECK_STATS, OPTION_STATS, check_stats, option_stats
+from fugu_pipeline.features.settings import EncoderSettings
+
+TAIL_CHARS = 400
+ANSWER_TEXT_FORMAT = "final+tail400"  # recorded in a cascade's checkpoint: serving must build the same text
+STATS_V1 = ("log_chars", "log_lines", "readable", "in_prompt", "digit_share", "hedges", "equations", "equations_hold",
+            "final_repeats", "integer")
+STATS_V2 = STATS_V1 + CHECK_STATS  # the statistics before the options were read
+STATS = STATS_V2 + OPTION_STATS
+# the cache directory of the statistics: a change to how any of them is computed takes a new name
+STATS_CACHE = "answer-stats-v3"
+_HEDGE = re.compile(r"\b(?:maybe|perhaps|not sure|unsure|i think|i believe|approximately|roughly|sorry|cannot|can't|"
+                    r"unclear|might be|possibly|guess)\b", re.IGNORECASE)
+_EQ = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s*([-+*/x×÷])\s*(-?\d[\d,]*(?:\.\d+)?)\s*=\s*(-?\d[\d,]*(?:\.\d+)?)")
+_NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def answer_text(reply: str, final: str | None) -> str:
+    """The text the encoder reads for one reply."""
+    return f"{final or '(no final answer)'}\n\n{reply[-TAIL_CHARS:]}"
+
+
+def answer_settings(settings: EncoderSettings) -> EncoderSettings:
+    """The prompt encoder's settings reading a reply as it is (no template, no prompt rules)."""
+    return settings.model_copy(update={"prompt_template": "{prompt}", "prompt_rules": None})
+
+
+def _num(tok: str) -> float | None:
+    try:
+        return float(tok.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _equations(reply: str) -> tuple[int, int]:
+    n = held = 0
+    for a, op, b, c in _EQ.findall(reply[-20_000:]):
+        x, y, z = _num(a), _num(b), _num(c)
+        if x is None or y is None or z is None:
+            continue
+        n += 1
+        try:
+            got = {"+": x + y, "-": x - y, "*": x * y, "x": x * y, "×": x * y, "/": x / y if y else math.nan,
+                   "÷": x / y if y else math.nan}[op]
+        except OverflowError:
+            continue
+        held += bool(math.isfinite(got) and abs(got - z) <= 1e-6 * max(1.0, abs(z)) + 0.01)
+    return n, held
+
+
+def answer_stats(reply: str | None, final: str | None, prompt: str, names: tuple[str, ...] | list[str] = STATS) -> np.ndarray:
+    """The statistics `names` (default `STATS`) of one reply, in that order; all zero for no reply."""
+    unknown = [n for n in names if n not in STATS]
+    if unknown:
+        raise ValueError(f"unknown reply statistic(s) {unknown}; known: {list(STATS)}")
+    full = np.concatenate([_stats_v1(reply, final, prompt), check_stats(reply, final, prompt),
+                           option_stats(reply, final, prompt)])
+    return full[[STATS.index(n) for n in names]]
+
+
+def cached_answer_stats(cells: list[tuple[str | None, str | None, str]], cache_root: str | Path | None,
+                        names: tuple[str, ...] | list[str] = STATS) -> np.ndarray:
+    """`answer_stats` of (reply, final answer, prompt) triples, (N, len(names)), through the content-
+    addressed cache under `<cache_root>/answer-stats-v3/` (key: the sha256 of prompt, reply and final
+    answer; every statistic is stored, `names` picks the columns). No cache root: computed."""
+    from fugu_pipeline.features.cache import EmbeddingCache
+    from fugu_pipeline.hashing import sha256_text
+
+    cols = [STATS.index(n) for n in names]
+    if not cells:
+        return np.zeros((0, len(cols)), np.float32)
+    if cache_root is None:
+        return np.stack([answer_stats(r, f, p) for r, f, p in cells])[:, cols]
+    cache = EmbeddingCache(cache_root, STATS_CACHE)
+    keys = [sha256_text(f"{p}\x00{'' if r is None else r}\x00{'' if f is None else f}\x00{int(r is None)}") for r, f, p in cells]
+    found, vectors = cache.get_many(keys)
+    if vectors.shape[1] not in (0, len(STATS)):
+        raise ValueError(f"reply-statistics cache {cache.dir} holds {vectors.shape[1]} columns, not {len(STATS)}; "
+                         "delete that directory to rebuild it")
+    out = np.zeros((len(cells), len(STATS)), np.float32)
+    if found.any():
+        out[found] = vectors[found]
+    missing = np.flatnonzero(~found)
+    if len(missing):
+        out[missing] = np.stack([answer_stats(*cells[i]) for i in missing])
+        cache.put_many([keys[i] for i in missing], out[missing])
+    return out[:, cols]
+
+
+def _stats_v1(reply: str | None, final: str | None, prompt: str) -> np.ndarray:
+    """The first set of statistics (`STATS_V1`), computed as checkpoints saved before the checks read them."""
+    if reply is None:
+        return np.zeros(len(STATS_V1), dtype=np.float32)
+    n_eq, held = _equations(reply)
+    prompt_numbers = {_num(t) for t in _NUM.findall(prompt)}
+    final_num = _num(final) if final else None
+    digits = sum(c.isdigit() for c in reply)
+    return np.array([
+        math.log1p(len(reply)), math.log1p(reply.count("\n")), float(final is not None),
+        float(final is not None and (final_num in prompt_numbers if final_num is not None else final.lower() in prompt.lower())),
+        digits / max(1, len(reply)), math.log1p(len(_HEDGE.findall(reply))), math.log1p(n_eq),
+        held / n_eq if n_eq else 1.0, math.log1p(reply.count(final) if final else 0),
+        float(final_num is not None and final_num == int(final_num) if final_num is not None and math.isfinite(final_num) else 0),
+    ], dtype=np.float32)
+
+
+def embed_answers(texts: list[str], settings: EncoderSettings, cache_root: str | Path, *, progress=None) -> np.ndarray:
+    """Encoder features (n, D) of these answer texts (`answer_text`), through the cache. Serving
+    reads the same vectors with the prompt encoder's `encode_texts(texts)` (the template and the
+    prompt rules only shape a prompt's text)."""
+    from fugu_pipeline.features.cache import embed_prompts
+    from fugu_pipeline.features.encoder import LazyEncoder
+
+    lazy = LazyEncoder(answer_settings(settings))
+    try:
+        return embed_prompts(texts, None, lazy, cache_root, progress=progress).vectors
+    finally:
+        lazy.close()

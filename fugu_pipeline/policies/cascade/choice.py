@@ -1,0 +1,118 @@
+"""The cost-aware choice of what ships, and the per-benchmark table at fixed caps (numpy only).
+
+The rule (`cascade.choose: cheapest`, the default where the utility gives cost no weight): among
+every policy scored out of fold on the non-test rows (cascades chosen under a ladder of caps, the
+one-shot heads, and always the strongest worker), ship the **cheapest** whose accuracy is not
+significantly below always the strongest worker's:
+
+- the per-row accuracy difference policy − strongest has a paired bootstrap 95% interval whose
+  upper end reaches 0 (not significantly below), and
+- its mean is within `cascade.margin` (0.005: half a point) of the strongest's.
+
+Always the strongest worker meets both (its difference is 0 on every row), so something always
+qualifies; when it is the only one, it ships and the reason line says why and what would help.
+
+- `ladder_fold`: for one fold, every plan of the search run once on the other folds' rows, then
+  for each cap share the most accurate plan within it (ties: the cheaper), run on this fold.
+- `capped_one_shot`: a one-shot head's out-of-fold scores routed as argmax(score − λ·cost/ref),
+  λ the smallest on a grid whose mean expected cost on the other folds is within the cap.
+- `cap_table`: accuracy and $ per 1,000 with 95% intervals of one-shot, cascade and the strongest
+  alone at each cap share (20%, 33%, 50% of the strongest's cost).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fugu_pipeline.train.selection import interval
+
+LADDER = (0.1, 0.15, 0.2, 0.25, 0.33, 0.4, 0.5, 0.65, 0.8, 1.0)  # shares of the strongest worker's expected cost
+TABLE_SHARES = (0.2, 0.33, 0.5)
+LAMBDAS = np.concatenate([[0.0], np.geomspace(1e-4, 1e3, 60)])
+
+
+def rung_name(share: float) -> str:
+    return f"cascade ≤ {share:.0%} of the strongest's cost"
+
+
+def ladder_fold(grid, tr: np.ndarray, te: np.ndarray, search_cfg, allowed, shares, ref_cost: float,
+                memo: dict | None = None):
+    """{share: (quality, expected cost) per row of `te`, or None where no plan fits the share}: the
+    most accurate plan within each share of `ref_cost` on `tr` (ties: the cheaper), run on `te`.
+    `memo`: the fold's plans as the frontier ran them (`frontier.plan_points`)."""
+    from fugu_pipeline.policies.cascade.frontier import best_within, plan_points
+
+    pts = plan_points(grid, tr, search_cfg, allowed, memo)
+    out = {}
+    for s in shares:
+        best = best_within(pts, s * ref_cost)
+        out[s] = None if best is None else grid.run(best[2], te)[:2]
+    return out
+
+
+def capped_one_shot(scores: np.ndarray, quality: np.ndarray, exp_cost: np.ndarray, tr_at: np.ndarray,
+                    te_at: np.ndarray, cap_usd: float, ref_cost: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """(quality, expected cost) per row of `te_at` of argmax(score − λ·cost/ref) with the smallest λ
+    whose mean expected cost on `tr_at` is within `cap_usd`; None when no λ meets it. `scores` and
+    `quality` are (n, W) over the non-test rows; the `*_at` index them."""
+    ref = max(ref_cost, 1e-300)
+
+    def meets(lam: float) -> bool:
+        route = np.argmax(scores[tr_at] - lam * exp_cost[None, :] / ref, axis=1)
+        return bool(exp_cost[route].mean() <= cap_usd * (1 + 1e-9))
+
+    k = next((k for k, lam in enumerate(LAMBDAS) if meets(lam)), None)
+    if k is None:
+        return None
+    lam = LAMBDAS[k]
+    if k > 0:  # the smallest λ that meets it, between the grid's points (bisection)
+        lo, hi = LAMBDAS[k - 1], lam
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if meets(mid) else (mid, hi)
+        lam = hi
+    r = np.argmax(scores[te_at] - lam * exp_cost[None, :] / ref, axis=1)
+    return quality[te_at, r], exp_cost[r]
+
+
+def cap_table(per_row: dict[str, tuple[np.ndarray, np.ndarray] | None], strongest: tuple[np.ndarray, np.ndarray],
+              shares=TABLE_SHARES, n_boot: int = 2000, seed: int = 0) -> list[dict]:
+    """Rows of the per-benchmark table. `per_row`: {"cascade@<share>" / "one-shot@<share>": (quality,
+    cost) per row, or None}; `strongest`: (quality, cost) of always the strongest worker."""
+    sq, sc = strongest
+    ref = float(sc.mean()) if len(sc) else 0.0
+    out = []
+
+    def row(policy: str, share, got):
+        if got is None:
+            out.append({"share": share, "policy": policy, "n": int(len(sq)), "accuracy": None, "usd_per_1k": None,
+                        "share_of_strongest": None, "minus_strongest": None, "note": "no plan within the cap"})
+            return
+        q, c = got
+        a = interval(q, n_boot, seed)
+        k = interval(np.asarray(c) * 1000, n_boot, seed)
+        d = interval(np.asarray(q) - sq, n_boot, seed)
+        out.append({"share": share, "policy": policy, "n": int(len(q)), "accuracy": a, "usd_per_1k": k,
+                    "share_of_strongest": float(np.mean(c) / ref) if ref > 0 else None, "minus_strongest": d, "note": ""})
+
+    row("strongest alone", None, strongest)
+    for s in shares:
+        for kind in ("one-shot", "cascade"):
+            key = f"{kind}@{s}"
+            if key in per_row:
+                row(kind, s, per_row[key])
+    return out
+
+
+def table_lines(rows: list[dict], title: str) -> list[str]:
+    """The table as printed lines (markdown)."""
+    fmt = lambda t, f: "—" if t is None else f"{t[0]:{f}} [{t[1]:{f}}, {t[2]:{f}}]"  # noqa: E731
+    out = [title, "| cap (share of the strongest's cost) | policy | accuracy [95%] | $ per 1,000 [95%] | "
+                  "share of the strongest's cost | accuracy − strongest [95%] |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        cap = "none" if r["share"] is None else f"{r['share']:.0%}"
+        share = "—" if r["share_of_strongest"] is None else f"{r['share_of_strongest']:.0%}"
+        out.append(f"| {cap} | {r['policy']} | {fmt(r['accuracy'], '.4f')} | {fmt(r['usd_per_1k'], '.4g')} | {share} | "
+                   f"{fmt(r['minus_strongest'], '+.4f') if r['share'] is not None else '0'} |"
+                   + (f" {r['note']}" if r["note"] else ""))
+    return out

@@ -1,0 +1,39 @@
+"""The `cascade:` block of `configs/train.yaml`: whether `fugu-lite train` also fits cascades, under
+which cap, per domain or pooled, and what ships: the cheapest policy not significantly below the
+strongest worker (`choose`), or the utility's choice."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fugu_pipeline.policies.cascade.search import Cap, CascadeSearch
+
+
+class CascadeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: fit cascades when the matrix holds the workers' replies; on: refuse a matrix without")
+    workers: list[str] | None = Field(None, description="the workers a cascade may call (default: every worker)")
+    cap: Cap | None = Field(None, description="a cost cap for every domain: {usd_per_1k: 2.5} or {share: 0.3}")
+    domain_caps: dict[str, Cap] = Field(default_factory=dict, description="a cap per domain (domains not named: `cap`)")
+    per_domain: bool = Field(False, description="choose a plan per domain (with enough rows), not one for all")
+    search: CascadeSearch = CascadeSearch()
+    n_boot: int = Field(2000, ge=200, description="bootstrap resamples of the out-of-fold gain's 95% interval")
+    choose: Literal["auto", "cheapest", "utility"] = Field(
+        "auto", description="what ships without a cap: cheapest: the cheapest policy whose out-of-fold accuracy is not "
+        "significantly below always the strongest worker's (within `margin`); utility: the best out-of-fold utility, "
+        "replacing the best worker only with a gain whose 95% interval is above zero; auto: cheapest where the utility "
+        "gives cost no weight (quality-only weights), utility where it prices cost")
+    margin: float = Field(0.005, ge=0.0, le=0.2, description="cheapest: the most a policy's mean out-of-fold accuracy may "
+                          "be below the strongest worker's (0.005: half a point), besides its interval reaching zero")
+    min_rows: int = Field(50, ge=10, description="non-test rows with replies from two or more workers needed to choose "
+                          "a plan; fewer: the strongest worker ships, with one line saying so")
+    encode_replies: bool = Field(True, description="the verifier reads the frozen encoder's features of each reply; "
+                                 "false: the replies' statistics only (a matrix too large to encode every reply)")
+    verifier_context: bool = Field(True, description="the verifier also reads, at each step, the replies already paid "
+                                   "for (agreement, answer distribution, each worker's calibration); false: each reply alone")
+    min_answer_share: float = Field(0.5, ge=0.0, le=1.0, description="a worker needs replies on this share of the "
+                                    "rows for a cascade to call it")

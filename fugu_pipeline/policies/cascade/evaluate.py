@@ -1,0 +1,280 @@
+"""Scoring a cascade checkpoint offline, from the recorded answers: its per-task outcomes on the
+held-out rows (what a contest compares), and its report.
+
+- `load_cascade(path)`: the checkpoint, refused unless it is a cascade.
+- `cascade_outcomes(checkpoint, data, grid, inputs)`: per held-out task, the quality of the answer
+  the cascade returns, its utility, the cost and latency of the calls it made (a step's cost counts
+  only when the cascade reaches it: the rows' recorded costs), the calls, the step it stopped at
+  and the worker answering. No call is made.
+- `cascade_report(...)`: the same rows summed up: accuracy and cost per domain at the checkpoint's
+  operating point, against the best worker (chosen on the non-test rows), each with its paired
+  bootstrap 95% interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fugu_pipeline.evaluate.metrics import paired_bootstrap
+
+
+@dataclass
+class CascadeOutcome:
+    task_id: str
+    domain: str
+    quality: float
+    utility: float
+    cost_usd: float
+    latency_s: float
+    calls: int
+    stop_step: int
+    answered_by: str
+
+
+def load_cascade(path: str | Path):
+    from fugu_pipeline.policies.cascade.head import KIND
+    from fugu_pipeline.train.checkpoints import CheckpointError, load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    if ckpt.manifest.head_kind != KIND:
+        raise CheckpointError(f"{path} is a {ckpt.manifest.head_kind!r} checkpoint, not a cascade: score it with "
+                              "`fugu-lite evaluate`")
+    return ckpt
+
+
+def verifier_scores(head, inputs) -> np.ndarray:
+    """The checkpoint's verifier over every cell with a reply (NaN elsewhere)."""
+    scores = np.full(inputs.has.shape, np.nan)
+    if float(head.used[0]) != 1.0:
+        return scores
+    X, _, at = inputs.design(np.arange(inputs.has.shape[0]))
+    if len(X):
+        scores[at[:, 0], at[:, 1]] = head.verify(X)
+    return scores
+
+
+def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: np.ndarray | None = None,
+                     scores: np.ndarray | None = None) -> list[CascadeOutcome]:
+    """Per task of `split` (in row order; or of the row indices `rows`, in that order): what the
+    cascade returns and what it paid (see the module docstring). `data`, `grid`
+    (matrix/answers.py) and `inputs` (policies/cascade/fit.answer_inputs) are row-aligned and in the
+    checkpoint's worker order; `scores`: its `verifier_scores` when already computed."""
+    from fugu_pipeline.policies.cascade.policy import answer_codes, simulate
+    from fugu_pipeline.policies.cascade.verifier_context import context_of_head
+
+    if list(data.worker_ids) != list(checkpoint.manifest.worker_ids):
+        raise ValueError(f"the data's workers {data.worker_ids} are not the checkpoint's {checkpoint.manifest.worker_ids}; "
+                         "put them in its order (RoutingData.in_worker_order)")
+    head = checkpoint.head
+    rows = np.flatnonzero(data.splits == split) if rows is None else np.asarray(rows, int)
+    codes = answer_codes(grid.final)
+    scores = verifier_scores(head, inputs) if scores is None else scores
+    scores = context_of_head(getattr(head, "context", None), scores, codes, inputs)  # a reply read with the paid ones
+    cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
+    lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
+    doms = np.asarray(data.domains, dtype=str)
+    u = data.utility_config
+    out: list[CascadeOutcome] = []
+    for d in sorted(set(doms[rows].tolist())):
+        mine = rows[doms[rows] == d]
+        res = simulate(head.policy.plan_for(d), data.worker_ids, codes, scores, data.quality, cost, lat, mine)
+        for k, i in enumerate(mine):
+            util = u.utility(float(res.quality[k]), float(res.cost[k]), float(res.latency[k])) if u else float(res.quality[k])
+            out.append(CascadeOutcome(data.task_ids[i], d, float(res.quality[k]), util, float(res.cost[k]),
+                                      float(res.latency[k]), int(res.calls[k]), int(res.stop_step[k]),
+                                      data.worker_ids[int(res.answer_worker[k])]))
+    order = {t: n for n, t in enumerate(data.task_ids[i] for i in rows)}
+    return sorted(out, key=lambda o: order[o.task_id])
+
+
+def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baselines: dict | None = None) -> dict:
+    """Accuracy, cost and utility of the cascade on `split`, overall and per domain, against the
+    best worker (by utility on the non-test rows) and the strongest one, with paired intervals;
+    `baselines` ({name: (quality, utility) per row of the split}, e.g. the one-shot head's routes)
+    are compared the same way."""
+    outs = cascade_outcomes(checkpoint, data, grid, inputs, split)
+    rows = np.flatnonzero(data.splits == split)
+    fit = np.flatnonzero(data.splits != split)
+    best = int(np.argmax(data.utility[fit].mean(axis=0)))
+    pooled_strong = int(np.argmax(data.quality[fit].mean(axis=0)))
+    q = np.array([o.quality for o in outs])
+    c = np.array([o.cost_usd for o in outs])
+    ut = np.array([o.utility for o in outs])
+    cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
+    doms = np.array([o.domain for o in outs])
+    strong_cost = float(cost[rows, pooled_strong].mean()) if len(rows) else 0.0
+    per_domain = []
+    fit_doms = np.asarray(data.domains, dtype=str)[fit]
+    for d in sorted(set(doms.tolist())):
+        m = doms == d
+        r = rows[m]
+        mine = fit[fit_doms == d]  # the domain's own strongest worker, on its non-test rows
+        strong = int(np.argmax(data.quality[mine].mean(axis=0))) if len(mine) else pooled_strong
+        per_domain.append({
+            "domain": d, "n": int(m.sum()), "plan": checkpoint.head.policy.plan_for(d).describe(),
+            "accuracy": float(q[m].mean()), "cost_usd_per_1k": float(c[m].mean() * 1000),
+            "cost_share_of_strongest": float(c[m].mean() / max(cost[r, strong].mean(), 1e-300)),
+            "best_worker_accuracy": float(data.quality[r, best].mean()), "strongest": data.worker_ids[strong],
+            "strongest_accuracy": float(data.quality[r, strong].mean())})
+    return {
+        "split": split, "n_tasks": len(outs), "checkpoint": str(checkpoint.path), "policy": checkpoint.head.policy.describe(),
+        "worker_ids": data.worker_ids, "best_worker": data.worker_ids[best], "strongest_worker": data.worker_ids[pooled_strong],
+        "accuracy": paired_bootstrap(q, np.zeros(len(q))),
+        "utility": float(ut.mean()) if len(ut) else float("nan"),
+        "cost_usd_per_1k": float(c.mean() * 1000) if len(c) else 0.0,
+        "cost_share_of_strongest": float(c.mean() / max(strong_cost, 1e-300)) if len(c) else 0.0,
+        "calls_per_task": float(np.mean([o.calls for o in outs])) if outs else 0.0,
+        "minus_best_worker_utility": paired_bootstrap(ut, data.utility[rows, best]),
+        "minus_strongest_accuracy": paired_bootstrap(q, data.quality[rows, pooled_strong]),
+        "per_domain": per_domain,
+        "cap_rows": cap_rows_on(checkpoint, data, grid, inputs, rows, pooled_strong),
+        "baselines": {name: {"accuracy": float(np.mean(bq)), "utility": float(np.mean(bu)),
+                             "cascade_minus_utility": paired_bootstrap(ut, bu), "cascade_minus_accuracy": paired_bootstrap(q, bq)}
+                      for name, (bq, bu) in (baselines or {}).items()},
+        "outcomes": [asdict(o) for o in outs],
+    }
+
+
+def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n_boot: int = 2000) -> list[dict]:
+    """The table at 20/33/50% of the strongest worker's cost on `rows`: at each share, the most
+    accurate of the checkpoint's validation points (its frontier) whose validation expected cost is
+    within that share of the strongest's, run on the rows with their recorded costs; beside it the
+    strongest worker alone. Plans that need a verifier the checkpoint did not save are left out."""
+    from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, cap_table
+    from fugu_pipeline.policies.cascade.policy import CascadePlan, answer_codes, simulate
+
+    head = checkpoint.head
+    exp = (checkpoint.manifest.metrics or {}).get("expected_cost_usd") or {}
+    ref = exp.get(data.worker_ids[strong])
+    if not head.frontier or not ref or data.quality is None or not len(rows):
+        return []
+    cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
+    lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
+    scores = verifier_scores(head, inputs)
+    verified = float(head.used[0]) == 1.0
+    plans = [(p["cost_usd"], p["quality"], CascadePlan.model_validate(p["plan"])) for p in head.frontier]
+    plans = [p for p in plans if verified or not p[2].uses_verifier]
+    codes = answer_codes(grid.final)
+    per_row: dict = {}
+    for share in TABLE_SHARES:
+        fit = [p for p in plans if p[0] <= share * ref * (1 + 1e-9)]
+        if not fit:
+            per_row[f"cascade@{share}"] = None
+            continue
+        res = simulate(max(fit, key=lambda p: (p[1], -p[0]))[2], data.worker_ids, codes, scores, data.quality, cost, lat, rows)
+        per_row[f"cascade@{share}"] = (res.quality, res.cost)
+    return cap_table(per_row, (data.quality[rows, strong], cost[rows, strong]), n_boot=n_boot)
+
+
+def report_lines(rep: dict) -> list[str]:
+    """The report as printed lines: the policy, the figures with intervals, one line per domain."""
+    a, dw, ds = rep["accuracy"], rep["minus_best_worker_utility"], rep["minus_strongest_accuracy"]
+    out = [f"cascade on {rep['n_tasks']} {rep['split']} tasks: {rep['policy']}",
+           f"  accuracy {a['mean']:.4f} [{a['low']:.4f}, {a['high']:.4f}]; cost ${rep['cost_usd_per_1k']:.4g} per 1,000 "
+           f"requests = {rep['cost_share_of_strongest']:.1%} of {rep['strongest_worker']}'s; {rep['calls_per_task']:.2f} calls a task",
+           f"  utility − always {rep['best_worker']} (best worker on the non-test rows): {dw['mean']:+.4f} "
+           f"[{dw['low']:+.4f}, {dw['high']:+.4f}]",
+           f"  accuracy − {rep['strongest_worker']} (strongest): {ds['mean']:+.4f} [{ds['low']:+.4f}, {ds['high']:+.4f}]",
+           *[f"  against {n}: accuracy {b['accuracy']:.4f}, utility {b['utility']:.4f}; cascade − it: utility "
+             f"{b['cascade_minus_utility']['mean']:+.4f} [{b['cascade_minus_utility']['low']:+.4f}, "
+             f"{b['cascade_minus_utility']['high']:+.4f}], accuracy {b['cascade_minus_accuracy']['mean']:+.4f} "
+             f"[{b['cascade_minus_accuracy']['low']:+.4f}, {b['cascade_minus_accuracy']['high']:+.4f}]"
+             for n, b in rep.get("baselines", {}).items()],
+           "  | domain | n | plan | accuracy | $ per 1,000 | share of the domain's strongest's cost | best worker | "
+           "the domain's strongest |"]
+    for d in rep["per_domain"]:
+        out.append(f"  | {d['domain']!r} | {d['n']} | {d['plan']} | {d['accuracy']:.4f} | {d['cost_usd_per_1k']:.4g} | "
+                   f"{d['cost_share_of_strongest']:.1%} | {d['best_worker_accuracy']:.4f} | {d['strongest']} "
+                   f"{d['strongest_accuracy']:.4f} |")
+    if rep.get("cap_rows"):
+        from fugu_pipeline.policies.cascade.choice import table_lines
+
+        out += ["  " + line for line in table_lines(rep["cap_rows"], (
+            f"at caps of {rep['strongest_worker']}'s cost (the checkpoint's validation points within each cap), on the "
+            f"{rep['n_tasks']} {rep['split']} rows:"))]
+    out += rep.get("frontier_lines", [])  # policies/cascade/frontier_plot.py
+    return out
+
+
+def one_shot_baseline(checkpoint_path, data, split: str = "test") -> dict:
+    """{"one-shot <method>": (quality, utility) per row of `split`}: a one-step head's greedy routes
+    on `data`'s features (the rows the cascade is scored on), for `cascade_report`."""
+    from fugu_pipeline.evaluate.reports import head_scores
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    ckpt = load_checkpoint(checkpoint_path, expected_contract=data.contract)
+    d = data.in_worker_order(ckpt.manifest.worker_ids)
+    rows = np.flatnonzero(d.splits == split)
+    route = np.argmax(head_scores(ckpt.head, d.features[rows], [d.domains[i] for i in rows]), axis=1)
+    q = d.quality[rows, route] if d.quality is not None else d.utility[rows, route]
+    return {f"one-shot {ckpt.manifest.method} {ckpt.manifest.content_hash}": (q, d.utility[rows, route])}
+
+
+def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "test", out_dir=None,
+                     one_shot=None) -> dict:
+    """The report of the cascade at `path` on `data`'s `split` (the replies read from the matrix at
+    `db_path`, encoded with `settings` through the cache at `cache_root`); written as
+    `<out_dir or path/reports>/<split>.json` when `out_dir` is not False."""
+    import json
+
+    from fugu_pipeline.policies.cascade.frontier_plot import add_frontier
+    from fugu_pipeline.files import atomic_write
+    from fugu_pipeline.matrix.answers import read_answers
+    from fugu_pipeline.policies.cascade.fit import answer_inputs
+
+    ckpt = load_cascade(path)
+    data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {path}")
+    grid = read_answers(db_path, data.task_ids, data.worker_ids)
+    names = ckpt.head.answer_stats
+    inputs = answer_inputs(data, grid, settings, cache_root, encode=ckpt.head.answer_dim > len(names), stat_names=names)
+    base = one_shot_baseline(one_shot, data, split) if one_shot is not None else None
+    rep = cascade_report(ckpt, data, grid, inputs, split, base)
+    if out_dir is not False:
+        target = Path(out_dir or Path(path) / "reports") / f"{split}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        add_frontier(rep, ckpt, target.parent)  # policies/cascade/frontier_plot.py: the out-of-fold frontier, printed and plotted
+        atomic_write(target, (json.dumps(rep, indent=2, default=float) + "\n").encode())
+        rep["report_path"] = str(target)
+    return rep
+
+
+def cascade_over_single_turns(router, tasks: list, replies: dict[str, list]) -> dict:
+    """A cascade (`policies.cascade.route.CascadeRouter`) on tasks every worker has answered alone once
+    (`replies[worker][k]`: a finished single-turn trajectory of task k, with `answer`, `quality`,
+    `cost_usd`, `latency_s`): the multi-turn report's baseline on the same tasks, with no new call.
+    Returns per-task arrays: `quality` (of the accepted answer), `cost_usd` and `calls` (the steps
+    reached), `latency_s` (each step as long as its slowest call: a step's workers are called at
+    once) and `stopped` (the step that accepted, from 1)."""
+    from fugu_pipeline.tasks.final_answer import detect_kind, extract, kind_for_grader
+    from fugu_pipeline.policies.cascade.policy import decide
+
+    q, c, n, lat, stop = [], [], [], [], []
+    for k, task in enumerate(tasks):
+        plan = router.head.policy.plan_for(task.domain)
+        kind = router.answer_kind(task.domain) or kind_for_grader(task.grader.type) or detect_kind(
+            task.prompt, [replies[w][k].answer for w in plan.workers])
+        finals, scores, order, called, cost, wait = [], [], [], [], 0.0, 0.0
+        for s, step in enumerate(plan.steps):
+            got = [(w, replies[w][k]) for w in step.workers]
+            cost += sum(t.cost_usd for _, t in got)
+            wait += max(getattr(t, "latency_s", 0.0) for _, t in got)
+            new = [extract(t.answer, kind) for _, t in got]
+            mine = [(w, t.answer, f) for (w, t), f in zip(got, new)]
+            paid = [(w, t.answer, f) for w, t, f in zip(called, order, finals)] + mine  # read with the paid ones
+            scores += router.verify(task.prompt, task.domain, mine, paid)
+            finals += new
+            order += [t for _, t in got]
+            called += [w for w, _ in got]
+            d = decide(step, s == len(plan.steps) - 1, finals, scores, len(got))
+            if d.accept:
+                break
+        q.append(order[d.answer_index].quality or 0.0)
+        c.append(cost)
+        n.append(len(order))
+        lat.append(wait)
+        stop.append(s + 1)
+    return {"quality": np.array(q), "cost_usd": np.array(c), "calls": np.array(n), "latency_s": np.array(lat),
+            "stopped": np.array(stop)}

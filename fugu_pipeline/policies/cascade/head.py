@@ -1,0 +1,120 @@
+"""A cascade as a checkpoint: `models/cascade/<content hash>/` with `manifest.json` and
+`head.safetensors`, the same format, content hash, weight checks and pointer as every other head
+(`checkpoints.py`).
+
+The manifest's `head_params` hold the policy (steps, accept rules, plans per domain), the budget
+points chosen on validation (the frontier: one plan per cost level, for a request's cap) and the
+answer-text format and the reply statistics (`answer_stats`, by name; a manifest without them
+means the first ten, `STATS_V1`) the verifier reads, and the context verifier (`context`, JSON: a
+small model reading each reply with the replies already paid for; absent: each reply alone); the safetensors hold the verifier's weights (a logistic
+model over prompt features, reply features and the worker, with its standardisation). A cascade
+whose plans never consult the verifier saves a verifier of zeros (`verifier.used` 0).
+
+It is not a one-step router: `policies/cascade/route.py` runs it step by step, `policies/cascade/evaluate.py`
+scores it from recorded answers; `save.py` writes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fugu_pipeline.policies.cascade.policy import CascadePolicy
+from fugu_pipeline.train.head_base import RoutingHead, register
+
+KIND = "cascade"
+
+
+@register
+class CascadeHead(RoutingHead):
+    """Holds a `CascadePolicy` (as `policy`, JSON) and its verifier. `answer_dim` is the size of the
+    reply's features (encoder features + statistics)."""
+
+    kind = KIND
+    uses_domains = True  # the plan depends on the request's domain (and the kind's own checks run on load)
+    not_probed_offline = "a cascade's behaviour is read from the host's recorded replies (validate checks it)"
+
+    def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
+                 frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None,
+                 answer_stats: list[str] | None = None, context: dict | None = None):
+        from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1
+
+        super().__init__(dim, n_workers)
+        if answer_dim < 0:
+            raise ValueError(f"answer_dim must be >= 0, got {answer_dim}")
+        self.answer_stats = tuple(answer_stats) if answer_stats is not None else STATS_V1
+        self._stats_named = answer_stats is not None  # an older manifest stays as it was written
+        unknown = [s for s in self.answer_stats if s not in STATS]
+        if unknown:
+            raise ValueError(f"answer_stats names {unknown}, which this version does not compute (known: {list(STATS)})")
+        if answer_stats is not None and len(self.answer_stats) > answer_dim:
+            raise ValueError(f"answer_dim {answer_dim} is smaller than its {len(self.answer_stats)} reply statistics")
+        self.policy = CascadePolicy.model_validate(policy) if policy is not None else None
+        self.answer_dim, self.frontier, self.answer_format = int(answer_dim), list(frontier or []), answer_format
+        self.domains_frontier = dict(domains_frontier or {})
+        # the context verifier (policies/cascade/verifier_context.py; None: each reply is scored alone)
+        self.context = dict(context) if context else None
+        if self.context is not None:
+            from fugu_pipeline.policies.cascade.verifier_context import ContextModel
+
+            self.context_model = ContextModel.from_json(self.context)
+        in_dim = dim + self.answer_dim + n_workers
+        self.weight = nn.Parameter(torch.zeros(n_workers, in_dim))  # one logistic model per worker (policies/cascade/verifier.py)
+        self.bias = nn.Parameter(torch.zeros(n_workers))
+        self.register_buffer("center", torch.zeros(n_workers, in_dim))
+        self.register_buffer("scale", torch.ones(n_workers, in_dim))
+        self.register_buffer("used", torch.zeros(1))
+
+    def head_params(self) -> dict[str, Any]:
+        return {"policy": self.policy.model_dump() if self.policy else None, "answer_dim": self.answer_dim,
+                "frontier": self.frontier, "answer_format": self.answer_format, "domains_frontier": self.domains_frontier,
+                **({"answer_stats": list(self.answer_stats)} if self._stats_named else {}),
+                **({"context": self.context} if self.context else {})}
+
+    def forward(self, x: torch.Tensor, domains=None) -> torch.Tensor:
+        raise TypeError("a cascade is not a one-step router: run it with policies/cascade/route.py (CascadeRouter) or score it "
+                        "with policies/cascade/evaluate.py")
+
+    def probe_scores(self, x: torch.Tensor) -> torch.Tensor:
+        """The verifier's logit (N, W) for every worker on prompt features `x` with empty reply
+        features: what the load-time probe (`probe.py`) checks is finite and bounded."""
+        n, n_workers = len(x), self.weight.shape[0]
+        answer = torch.zeros(n, self.answer_dim, dtype=x.dtype)
+        out = []
+        for w in range(n_workers):
+            onehot = torch.zeros(n, n_workers, dtype=x.dtype)
+            onehot[:, w] = 1
+            design = torch.cat([x, answer, onehot], dim=1)
+            out.append((((design - self.center[w]) / self.scale[w]) * self.weight[w]).sum(dim=1) + self.bias[w])
+        return torch.stack(out, dim=1)
+
+    def verify(self, X: np.ndarray) -> np.ndarray:
+        """P(right) of each (prompt features, reply features, worker one-hot) row."""
+        from fugu_pipeline.policies.cascade.verifier import score
+
+        return score(X, self.weight.detach().numpy(), self.bias.detach().numpy(), self.center.numpy(), self.scale.numpy())
+
+    def sanity(self) -> list[str]:
+        problems = []
+        if self.policy is None:
+            problems.append("head_params.policy is missing: a cascade checkpoint needs its steps")
+        if bool((self.scale <= 0).any()):
+            problems.append("scale holds zero or negative values")
+        if self.policy is not None and self.policy.uses_verifier and float(self.used[0]) != 1.0:
+            problems.append("the policy consults the verifier but its weights are marked unused")
+        return problems
+
+
+def cascade_state(verifier, in_dim: int, n_workers: int) -> dict[str, torch.Tensor]:
+    """The tensors of a cascade checkpoint from a fitted `policies.cascade.verifier.Verifier` (None: zeros, unused)."""
+    if verifier is None:
+        return {"weight": torch.zeros(n_workers, in_dim), "bias": torch.zeros(n_workers),
+                "center": torch.zeros(n_workers, in_dim), "scale": torch.ones(n_workers, in_dim), "used": torch.zeros(1)}
+    return {"weight": torch.from_numpy(np.asarray(verifier.weight, np.float32)),
+            "bias": torch.from_numpy(np.asarray(verifier.bias, np.float32)),
+            "center": torch.from_numpy(np.asarray(verifier.center, np.float32)),
+            "scale": torch.from_numpy(np.asarray(verifier.scale, np.float32)), "used": torch.ones(1)}
+

@@ -1,0 +1,279 @@
+"""Running a cascade checkpoint live: step by step, reading each step's answers before paying for the next.
+
+`CascadeRouter` is a `Router` (so `serve`, `load_promoted`, the routing batches and `/health` take it
+as they take any checkpoint) whose decision is a plan, not a worker: `route_batch` gives each prompt
+the plan for its domain (under a request's cap: the best validation point of the checkpoint's
+frontier within it), the first step's first worker as `worker_id`, and the plan in
+`extra["cascade"]`. `run_cascade` then calls the plan:
+- each step's workers at once (`call(worker_id)`, the caller's client with its own keys, retries
+  and limits); a failed call is listed and the step goes on with the answers it got;
+- after a step, the accept rule (`policies/cascade/policy.decide`) on the final answers so far
+  (`tasks/final_answer.py`, the kind the checkpoint learnt for the domain) and the verifier's
+  scores (the prompt's and each reply's features from the same encoder; with a context verifier,
+  each of the step's replies read with every reply paid for so far, as the plan was chosen);
+- the last step is always accepted; when every call of it failed, the remaining workers are tried
+  one at a time, the strongest first (the one-call fallback).
+`CascadeRun` records every step (workers, final answers, verifier scores, cost, latency, errors)
+and why the cascade stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from fugu_pipeline.route.router import CASCADE_PLAN, BudgetUnavailable, RouteDecision, Router, RouterError
+from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
+
+
+class CascadeRouter(Router):
+    """A cascade checkpoint and the encoder its verifier reads with (see the module docstring)."""
+
+    def __init__(self, checkpoint, encoder, **kw):
+        self.head = checkpoint.head
+        metrics = checkpoint.manifest.metrics
+        self.expected_cost = dict(metrics.get("expected_cost_usd") or {})
+        self.worker_quality = dict(metrics.get("worker_quality") or {})
+        self.answer_kinds = dict(metrics.get("answer_kinds") or {})
+        super().__init__(checkpoint, encoder, **kw)
+
+    def plan_for(self, domain: str | None, budget=None, allowed: list[str] | None = None):
+        """(plan, budget note or None): the checkpoint's plan for `domain`, or under `budget` the most
+        accurate frontier plan whose validation cost is within the cap; restricted to `allowed`."""
+        from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadeStep
+
+        plan, note = self.head.policy.plan_for(domain), None
+        if budget is not None:
+            plan, note = self._budget_plan(domain, budget)
+        if allowed is not None:
+            steps = [CascadeStep(workers=[w for w in s.workers if w in allowed], agree=s.agree, verify=s.verify)
+                     for s in plan.steps if any(w in allowed for w in s.workers)]
+            if not steps:
+                raise RouterError(f"the cascade calls {plan.workers}, none of them allowed ({sorted(allowed)})",
+                                  param="fugu_allowed_workers", code="unknown_worker")
+            plan = CascadePlan(steps=steps)
+        return plan, note
+
+    def budget_point(self, budget):
+        return self._budget_plan(None, budget)
+
+    def _budget_plan(self, domain, budget):
+        from fugu_pipeline.policies.cascade.policy import CascadePlan
+
+        frontier = (self.head.domains_frontier.get(domain or "") or self.head.frontier)
+        if not frontier:
+            raise BudgetUnavailable(f"{self.path}: this cascade records no budget points; retrain it with `fugu-lite train`")
+        strongest = max(self.worker_quality, key=self.worker_quality.get) if self.worker_quality else None
+        ref = self.expected_cost.get(strongest, 0.0) if strongest else max(self.expected_cost.values(), default=0.0)
+        cap = budget.usd_per_1k / 1000.0 if budget.usd_per_1k is not None else budget.share * ref
+        within = [p for p in frontier if p["cost_usd"] <= cap * (1 + 1e-9)]
+        if not within:
+            usd = _rounded_up(min(p["cost_usd"] for p in frontier) * 1000)
+            share = f"a share of at least {_rounded_up(usd / 1000 / ref):g} or " if ref > 0 else ""
+            raise BudgetUnavailable(f"{budget.describe()}: no cascade point of this checkpoint meets it on validation "
+                                    f"(the cheapest costs ${usd:g} per 1,000 requests); raise the cap to {share}"
+                                    f"${usd:g} per 1,000 requests")
+        best = max(within, key=lambda p: (p["quality"], -p["cost_usd"]))
+        return CascadePlan.model_validate(best["plan"]), {
+            "cap": budget.describe(), "validation_cost_usd": best["cost_usd"], "validation_quality": best["quality"]}
+
+    def route_batch(self, prompts, domains=None, *, allowed=None, cost_weight=None, budget=None, cost_texts=None,
+                    default_point=True):
+        if allowed is not None:
+            unknown = [w for w in allowed if w not in self.worker_ids]
+            if unknown:
+                raise RouterError(f"unknown worker(s) {unknown[:5]}; this cascade knows {self.worker_ids}",
+                                  param="fugu_allowed_workers", code="unknown_worker")
+        out = []
+        for k, _ in enumerate(prompts):
+            d = None if domains is None else domains[k]
+            plan, note = self.plan_for(d, budget, allowed)
+            rest = [w for w in sorted(self.worker_ids, key=lambda w: -self.worker_quality.get(w, 0.0))
+                    if w not in plan.workers and (allowed is None or w in allowed)]
+            dec = RouteDecision(worker_id=plan.steps[0].workers[0], scores={w: float(w in plan.workers) for w in self.worker_ids},
+                                score_kind=CASCADE_PLAN,
+                                ranking=plan.workers + rest, checkpoint=self.path)
+            dec.extra["cascade"] = {"plan": plan.model_dump(), "describe": plan.describe(), "fallback": rest}
+            if note:
+                dec.extra["budget"] = note
+            if cost_weight is not None:
+                dec.extra.setdefault("ignored", []).append("fugu_cost_weight: a cascade stops by its answers and "
+                                                           "thresholds, not by a cost weight (send fugu_budget)")
+            out.append(dec)
+        return out
+
+    def verify(self, prompt: str, domain: str | None, replies: list[tuple[str, str | None, str | None]],
+               context: list[tuple[str, str | None, str | None]] | None = None) -> list[float | None]:
+        """Verifier scores of (worker, reply, final answer) triples for one prompt (None: no reply).
+        `context`: every reply paid for so far, ending with these (None: these alone); a checkpoint with
+        a context verifier reads each reply with them (agreement, answer distribution, calibration)."""
+        model = getattr(self.head, "context_model", None) if self.head.context else None
+        if model is None or float(self.head.used[0]) != 1.0:
+            return self._cell_scores(prompt, domain, replies)
+        from fugu_pipeline.policies.cascade.answer_features import answer_stats
+        from fugu_pipeline.policies.cascade.verifier_context import CALIB_KEYS, bucket_key
+
+        paid = list(context) if context else list(replies)
+        base = self._cell_scores(prompt, domain, paid)
+        keys = [k for k in CALIB_KEYS if k in model.stat_names]
+        have = [i for i, (_, r, _) in enumerate(paid) if r is not None]
+        ws = [self.worker_ids.index(paid[i][0]) for i in have]
+        bucket = [bucket_key(answer_stats(paid[i][1], paid[i][2], prompt, keys)) for i in have]
+        at = [len(paid) - len(replies) + k for k in range(len(replies))]  # these are the last paid replies
+        which = [have.index(i) for i in at if i in have]
+        got = model.score_live(ws, [paid[i][2] for i in have], [base[i] for i in have], bucket, len(self.worker_ids), which)
+        out: list[float | None] = [None] * len(replies)
+        for k, s in zip([k for k, i in enumerate(at) if i in have], got):
+            out[k] = s
+        return out
+
+    def _cell_scores(self, prompt: str, domain: str | None, replies) -> list[float | None]:
+        """The cell verifier's scores: each reply read alone."""
+        from fugu_pipeline.policies.cascade.answer_features import answer_stats, answer_text
+
+        if float(self.head.used[0]) != 1.0 or not replies:
+            return [None] * len(replies)
+        have = [i for i, (_, r, _) in enumerate(replies) if r is not None]
+        if not have:
+            return [None] * len(replies)
+        names = self.head.answer_stats  # the statistics it was trained on, by name
+        encoded = self.head.answer_dim > len(names)  # else the verifier reads the replies' statistics only
+        with self._lock:
+            p = self.encoder.encode([prompt], [domain or "general"])[0]
+            texts = [answer_text(replies[i][1], replies[i][2]) for i in have]
+            a = self.encoder.encode_texts(texts) if encoded else np.zeros((len(texts), 0), np.float32)
+        rows = []
+        for k, i in enumerate(have):
+            w, r, f = replies[i]
+            onehot = np.zeros(len(self.worker_ids), np.float32)
+            onehot[self.worker_ids.index(w)] = 1.0
+            rows.append(np.concatenate([p, a[k], answer_stats(r, f, prompt, names), onehot]))
+        s = self.head.verify(np.stack(rows))
+        out: list[float | None] = [None] * len(replies)
+        for k, i in enumerate(have):
+            out[i] = float(s[k])
+        return out
+
+    def answer_kind(self, domain: str | None) -> str | None:
+        return self.answer_kinds.get(domain or "") or self.answer_kinds.get("*")
+
+
+@dataclass
+class StepRecord:
+    workers: list[str]
+    answers: dict[str, str | None] = field(default_factory=dict)  # worker -> final answer
+    verifier: dict[str, float | None] = field(default_factory=dict)
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    errors: list[dict] = field(default_factory=list)
+    decision: str = ""
+
+
+@dataclass
+class CascadeRun:
+    plan: str
+    steps: list[StepRecord]
+    stopped: str  # why
+    answer: Completion | None
+    served_by: str | None
+    calls: int
+    cost_usd: float
+    fallback_errors: list[dict]
+
+    def info(self) -> dict:
+        return {"plan": self.plan, "stopped": self.stopped, "served_by": self.served_by, "calls": self.calls,
+                "cost_usd": self.cost_usd,
+                "steps": [{"workers": s.workers, "answers": s.answers, "verifier": s.verifier, "cost_usd": s.cost_usd,
+                           "latency_s": round(s.latency_s, 4), "errors": s.errors, "decision": s.decision} for s in self.steps]}
+
+
+async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, decision: RouteDecision,
+                      call: Callable[[str], Awaitable[Completion]], verify=None) -> CascadeRun:
+    """Call the plan in `decision.extra["cascade"]` (see the module docstring). `verify` runs the
+    verifier (default: in a thread, so an event loop keeps serving)."""
+    from fugu_pipeline.tasks.final_answer import detect_kind, extract
+    from fugu_pipeline.policies.cascade.policy import CascadePlan, decide
+
+    plan = CascadePlan.model_validate(decision.extra["cascade"]["plan"])
+    verify = verify or (lambda *a: asyncio.to_thread(router.verify, *a))
+    got: list[tuple[str, Completion]] = []
+    finals: list[str | None] = []
+    scores: list[float | None] = []
+    steps, errors, calls, total = [], [], 0, 0.0
+    kind = router.answer_kind(domain)
+    for k, step in enumerate(plan.steps):
+        rec = StepRecord(workers=list(step.workers))
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(call(w) for w in step.workers), return_exceptions=True)
+        rec.latency_s = time.perf_counter() - t0
+        calls += len(step.workers)
+        new = []
+        for w, r in zip(step.workers, results):
+            if isinstance(r, FatalWorkerError):
+                raise r
+            if isinstance(r, BaseException):
+                if not isinstance(r, WorkerCallError):
+                    raise r
+                e = {"worker": w, "error": str(r), "status": r.status, "attempts": r.attempts}
+                rec.errors.append(e)
+                errors.append(e)
+                continue
+            rec.cost_usd += r.cost_usd
+            new.append((w, r))
+        total += rec.cost_usd
+        kind = kind or detect_kind(prompt, [r.answer for _, r in new])
+        new_finals = [extract(r.answer, kind) for _, r in new]
+        step_replies = [(w, r.answer, f) for (w, r), f in zip(new, new_finals)]
+        if new and getattr(router.head, "context", None):  # read with every reply paid for so far
+            paid = [(w, c.answer, f) for (w, c), f in zip(got, finals)] + step_replies
+            new_scores = await verify(prompt, domain, step_replies, paid)
+        else:
+            new_scores = await verify(prompt, domain, step_replies) if new else []
+        got += new
+        finals += new_finals
+        scores += new_scores
+        rec.answers = {w: f for (w, _), f in zip(new, new_finals)}
+        rec.verifier = {w: (None if s is None else round(s, 6)) for (w, _), s in zip(new, new_scores)}
+        steps.append(rec)
+        last = k == len(plan.steps) - 1
+        if not new and not last:
+            rec.decision = "every call of this step failed: next step"
+            continue
+        if not new:
+            break
+        d = decide(step, last, finals, scores, len(new))
+        rec.decision = d.reason
+        if d.accept:
+            w, comp = got[d.answer_index]
+            return CascadeRun(plan.describe(), steps, f"step {k + 1}: {d.reason}", comp, w, calls, total, errors)
+    for w in decision.extra["cascade"].get("fallback", []):  # the last step failed: one call at a time
+        calls += 1
+        try:
+            comp = await call(w)
+        except FatalWorkerError:
+            raise
+        except WorkerCallError as exc:
+            errors.append({"worker": w, "error": str(exc), "status": exc.status, "attempts": exc.attempts})
+            continue
+        total += comp.cost_usd
+        return CascadeRun(plan.describe(), steps, f"every call of the last step failed: fell back to {w}", comp, w, calls,
+                          total, errors)
+    if got:  # only early answers came back: the best scored of them
+        i = max(range(len(got)), key=lambda j: (scores[j] if scores[j] is not None else -1.0, -j))
+        return CascadeRun(plan.describe(), steps, "the later steps failed: the best early answer", got[i][1], got[i][0],
+                          calls, total, errors)
+    return CascadeRun(plan.describe(), steps, "every worker failed", None, None, calls, total, errors)
+
+
+def _rounded_up(x: float, digits: int = 3) -> float:
+    """`x` to `digits` significant digits, never below it (a cap printed as enough is enough)."""
+    import math
+
+    if x <= 0 or not math.isfinite(x):
+        return x
+    scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
+    return math.ceil(x * scale - 1e-9) / scale

@@ -1,0 +1,281 @@
+"""Choosing a cascade on validation: which workers, in which order, with which thresholds.
+
+The search enumerates plans of a bounded shape over the workers (`CascadeSearch`,
+`candidate_plans` lists them): a final worker F among the strongest; before it, one, two or three
+cheaper workers called at once, or up to three cheap steps one after another; after each early
+step agreement of the answers so far and/or a verifier threshold from a grid of the scores'
+quantiles (the scores read at that point of the plan when the verifier reads the paid replies).
+With the defaults (3 finals, 5 cheap workers, 10 thresholds) it is at most 5,793 plans (7,413 when
+the verifier reads the paid replies, which adds steps where the verifier alone decides), never more
+than `max_plans`. Every plan is run offline on the recorded answers (`simulate`)
+with EXPECTED costs and latencies (each worker's mean over the rows the choice is made on, never
+a row's own cost), and scored by
+- no cap: the mean utility (quality − cost and latency terms, the matrix's weights);
+- a cap (`Cap`: $ per 1,000 requests, or a share of the strongest worker's expected cost): the mean
+  quality among plans whose mean expected cost is within it; none within it → `CapUnmet`, which
+  names the cap and the cheapest point.
+A domain may get its own plan under its own cap (`search_per_domain`); domains with too few rows
+take the pooled plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fugu_pipeline.features.routing_data import TrainingDataError
+from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, CascadeStep, simulate
+
+
+class Cap(BaseModel):
+    """A cost cap: `usd_per_1k` dollars per 1,000 requests, or `share` of the strongest worker's cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    usd_per_1k: float | None = Field(None, gt=0.0)
+    share: float | None = Field(None, gt=0.0, le=10.0)
+
+    @model_validator(mode="after")
+    def _one(self) -> "Cap":
+        if (self.usd_per_1k is None) == (self.share is None):
+            raise ValueError("a cap is usd_per_1k or share, exactly one of them")
+        return self
+
+    def usd_per_request(self, strongest_cost: float) -> float:
+        return self.usd_per_1k / 1000.0 if self.usd_per_1k is not None else self.share * strongest_cost
+
+    def describe(self) -> str:
+        return f"${self.usd_per_1k:g} per 1,000 requests" if self.usd_per_1k is not None else \
+            f"{self.share:.0%} of the strongest worker's cost"
+
+
+class CapUnmet(TrainingDataError):
+    """No plan meets a cap on validation; the message names the cap, the cheapest point and what to do."""
+
+
+class CascadeSearch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    finals: int = Field(3, ge=1, description="strongest workers tried as the last step")
+    cheap: int = Field(5, ge=1, description="workers cheaper than the last step tried before it")
+    thresholds: int = Field(10, ge=2, le=40, description="verifier thresholds per step (quantiles of its scores)")
+    three_steps: bool = Field(True, description="also try one cheap worker, then another, then the last step")
+    cheap_steps: int = Field(3, ge=1, le=3, description="the most cheap steps one after another before the last step")
+    parallel: int = Field(3, ge=2, le=3, description="the most cheap workers asked at once in one step")
+    max_plans: int = Field(20_000, ge=10, description="the search stops after this many plans (a bound on its time)")
+    min_domain_rows: int = Field(40, ge=5, description="a domain gets its own plan only with this many rows")
+
+
+@dataclass
+class Grid:
+    """What a plan is run on: final-answer codes, verifier scores and qualities (N, W), and the
+    expected cost and latency of one call per worker (W,)."""
+
+    worker_ids: list[str]
+    codes: np.ndarray
+    scores: np.ndarray
+    quality: np.ndarray
+    exp_cost: np.ndarray
+    exp_latency: np.ndarray
+    utility: UtilityConfig
+
+    def run(self, plan: CascadePlan, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(quality, expected cost, utility) per row of `rows`."""
+        out = simulate(plan, self.worker_ids, self.codes, self.scores, self.quality, self.exp_cost, self.exp_latency, rows)
+        u = self.utility
+        util = (u.quality_weight * out.quality - u.cost_weight * np.minimum(np.maximum(out.cost, 0) / u.cost_scale_usd, u.cap)
+                - u.latency_weight * np.minimum(np.maximum(out.latency, 0) / u.latency_scale_s, u.cap))
+        return out.quality, out.cost, util
+
+
+@dataclass
+class Choice:
+    plan: CascadePlan
+    quality: float
+    cost: float  # mean expected $ per request
+    utility: float
+    considered: int
+    frontier: list[dict] = field(default_factory=list)  # cheapest-to-best plans (quality, cost): the budget points
+    figures: list[float] = field(default_factory=list)  # the validation figure of every plan considered, in search order
+
+
+def strongest(grid: Grid, rows: np.ndarray) -> int:
+    return int(np.argmax(grid.quality[rows].mean(axis=0)))
+
+
+def candidate_plans(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, allowed: list[str] | None = None):
+    """Every plan of the searched shapes, thresholds from the scores on `rows` (at the point of the
+    plan they are read, when the scores read the paid replies: `verifier_context.ContextScores`),
+    at most `cfg.max_plans`. Per last step F (one of the `finals` strongest) and the `cheap` best
+    workers cheaper than F:
+    - F alone;
+    - one cheap worker, stop if the verifier passes (`thresholds` levels);
+    - two at once: stop if both agree, and/or the verifier passes;
+    - one, then another: stop if the verifier passes, then if the two agree (and/or the verifier);
+    - (`parallel` 3) three at once: stop if two agree, if all three agree, or two agree or the
+      verifier passes; two at once, then a third: stop if the two agree, then if two of the three do;
+    - (`cheap_steps` 3) three one after another: the verifier on the first, then agreement of two
+      and/or the verifier on the second and third.
+    When the scores read the paid replies, a step after the first (and three at once) may also stop
+    on the verifier alone: it reads the agreement itself and may overrule it."""
+    ids = grid.worker_ids
+    usable = [j for j, w in enumerate(ids) if allowed is None or w in allowed]
+    q = grid.quality[rows].mean(axis=0)
+    by_q = sorted(usable, key=lambda j: -q[j])
+    finals = by_q[: cfg.finals]
+    qs = np.linspace(0.1, 0.95, cfg.thresholds)
+    in_context = hasattr(grid.scores, "at")
+    memo: dict = {}
+
+    def levels(js, called=None) -> list[float]:
+        """Quantiles of the step's scores (its workers `js`, after paying for `called`)."""
+        key = (tuple(js), tuple(called or js))
+        if key not in memo:
+            S = grid.scores.at(list(called or js)) if in_context else grid.scores
+            s = S[np.ix_(rows, list(js))].ravel()
+            s = s[~np.isnan(s)]
+            memo[key] = sorted({round(float(x), 4) for x in np.quantile(s, qs)}) if len(s) else []
+        return memo[key]
+
+    def coarse(js, called=None, n: int = 5) -> list[float]:
+        v = levels(js, called)
+        return v[:: max(1, len(v) // n)]
+
+    def plans():
+        for f in finals:
+            yield CascadePlan(steps=[CascadeStep(workers=[ids[f]])])
+            cheap = [j for j in by_q if j != f and grid.exp_cost[j] < grid.exp_cost[f]][: cfg.cheap]
+            last = CascadeStep(workers=[ids[f]])
+            for a in cheap:
+                for v in levels([a]):
+                    yield CascadePlan(steps=[CascadeStep(workers=[ids[a]], verify=v), last])
+            for a, b in itertools.combinations(cheap, 2):
+                both = levels([a, b])[:: 2]
+                yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], agree=2), last])
+                for v in both:
+                    yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], verify=v), last])
+                    yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], agree=2, verify=v), last])
+            if cfg.three_steps or cfg.cheap_steps >= 2:
+                for a, b in itertools.permutations(cheap, 2):
+                    for v1 in coarse([a]):
+                        first = CascadeStep(workers=[ids[a]], verify=v1)
+                        yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], agree=2), last])
+                        for v2 in coarse([b], [a, b]):
+                            yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], agree=2, verify=v2), last])
+                            if in_context:  # the verifier reads the agreement itself: it may overrule it
+                                yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], verify=v2), last])
+            if cfg.parallel >= 3:
+                for a, b, c in itertools.combinations(cheap, 3):
+                    three = [ids[a], ids[b], ids[c]]
+                    yield CascadePlan(steps=[CascadeStep(workers=three, agree=2), last])
+                    yield CascadePlan(steps=[CascadeStep(workers=three, agree=3), last])
+                    for v in coarse([a, b, c], n=3):
+                        yield CascadePlan(steps=[CascadeStep(workers=three, agree=2, verify=v), last])
+                        if in_context:
+                            yield CascadePlan(steps=[CascadeStep(workers=three, verify=v), last])
+                    for x, y, z in ((a, b, c), (a, c, b), (b, c, a)):
+                        yield CascadePlan(steps=[CascadeStep(workers=[ids[x], ids[y]], agree=2),
+                                                 CascadeStep(workers=[ids[z]], agree=2), last])
+            if cfg.cheap_steps >= 3:
+                for a, b, c in itertools.permutations(cheap, 3):
+                    for v1 in coarse([a], n=2):
+                        first = CascadeStep(workers=[ids[a]], verify=v1)
+                        for v2 in [None, *coarse([b], [a, b], n=2)]:
+                            second = CascadeStep(workers=[ids[b]], agree=2, verify=v2)
+                            for v3 in [None, *coarse([c], [a, b, c], n=2)]:
+                                yield CascadePlan(steps=[first, second, CascadeStep(workers=[ids[c]], agree=2, verify=v3), last])
+
+    yield from itertools.islice(plans(), cfg.max_plans)
+
+
+def search(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, cap_usd: float | None = None,
+           allowed: list[str] | None = None, what: str = "") -> Choice:
+    """The best plan on `rows` (see the module docstring); CapUnmet when a cap no plan meets."""
+    best, considered, cheapest = None, 0, None
+    points: list[tuple[float, float, CascadePlan]] = []
+    figures: list[float] = []
+    for plan in candidate_plans(grid, rows, cfg, allowed):
+        qual, cost, util = grid.run(plan, rows)
+        considered += 1
+        mq, mc, mu = float(qual.mean()), float(cost.mean()), float(util.mean())
+        points.append((mc, mq, plan))
+        figures.append(mq if cap_usd is not None else mu)
+        if cheapest is None or mc < cheapest[0]:
+            cheapest = (mc, mq, plan)
+        if cap_usd is not None and mc > cap_usd * (1 + 1e-9):
+            continue
+        key = (mq, -mc) if cap_usd is not None else (mu, -mc)
+        if best is None or key > best[0]:
+            best = (key, Choice(plan, mq, mc, mu, 0))
+    if best is None:
+        raise CapUnmet(f"{what}no cascade meets the cap of ${cap_usd * 1000:.4g} per 1,000 requests on validation: the "
+                       f"cheapest plan ({cheapest[2].describe()}) costs ${cheapest[0] * 1000:.4g} per 1,000 requests "
+                       f"(accuracy {cheapest[1]:.3f}); raise the cap, or add a cheaper worker")
+    choice = best[1]
+    choice.considered = considered
+    choice.frontier = _frontier(points)
+    choice.figures = figures
+    return choice
+
+
+def _frontier(points: list[tuple[float, float, CascadePlan]], keep: int = 12) -> list[dict]:
+    """The plans no other plan beats on both cost and quality, cheapest first (at most `keep`)."""
+    out, best_q = [], -1.0
+    for c, q, p in sorted(points, key=lambda t: (t[0], -t[1])):
+        if q > best_q + 1e-12:
+            out.append({"cost_usd": c, "quality": q, "plan": p.model_dump()})
+            best_q = q
+    if len(out) > keep:
+        idx = np.unique(np.round(np.linspace(0, len(out) - 1, keep)).astype(int))
+        out = [out[i] for i in idx]
+    return out
+
+
+def search_policy(grid: Grid, rows: np.ndarray, domains: np.ndarray, cfg: CascadeSearch, cap: Cap | None = None,
+                  domain_caps: dict[str, Cap] | None = None, per_domain: bool = False,
+                  allowed: list[str] | None = None) -> tuple[CascadePolicy, dict]:
+    """A policy: the pooled plan under `cap`, and with `per_domain` (or a cap for a domain) a plan
+    for each domain with enough rows under its own cap (else the pooled cap). Returns (policy,
+    {domain or "*": Choice})."""
+    domains = np.asarray(domains, dtype=str)
+    ref = grid.exp_cost[strongest(grid, rows)]
+    usd = None if cap is None else cap.usd_per_request(ref)
+    choices = {"*": search(grid, rows, cfg, usd, allowed, "pooled: ")}
+    per: dict[str, CascadePlan] = {}
+    domain_caps = domain_caps or {}
+    unknown = sorted(set(domain_caps) - set(domains[rows].tolist()))
+    if unknown:
+        raise CapUnmet(f"a cap names domain(s) {unknown[:5]} that have no validation rows (domains: "
+                       f"{sorted(set(domains[rows].tolist()))[:12]}); name the domains as the matrix spells them")
+    if per_domain or domain_caps:
+        for d in sorted(set(domains[rows].tolist())):
+            mine = rows[domains[rows] == d]
+            dcap = domain_caps.get(d, cap)
+            if len(mine) < cfg.min_domain_rows:
+                if d in domain_caps:
+                    raise CapUnmet(f"domain {d!r} has {len(mine)} validation rows, fewer than min_domain_rows "
+                                   f"({cfg.min_domain_rows}), so its own cap ({dcap.describe()}) cannot be checked; "
+                                   "drop its cap or lower cascade.search.min_domain_rows")
+                continue
+            dusd = None if dcap is None else dcap.usd_per_request(grid.exp_cost[strongest(grid, mine)])
+            choices[d] = search(grid, mine, cfg, dusd, allowed, f"domain {d!r}: ")
+            per[d] = choices[d].plan
+    return CascadePolicy(default=choices["*"].plan, per_domain=per), choices
+
+
+def run_policy(grid: Grid, policy: CascadePolicy, rows: np.ndarray, domains: np.ndarray):
+    """(quality, expected cost, utility, answer worker, calls) per row of `rows` under the policy."""
+    domains = np.asarray(domains, dtype=str)
+    n = len(rows)
+    qual, cost, util = np.zeros(n), np.zeros(n), np.zeros(n)
+    for plan_domain in [None, *policy.per_domain]:
+        plan = policy.default if plan_domain is None else policy.per_domain[plan_domain]
+        mask = (~np.isin(domains[rows], list(policy.per_domain))) if plan_domain is None else (domains[rows] == plan_domain)
+        if mask.any():
+            q, c, u = grid.run(plan, rows[mask])
+            qual[mask], cost[mask], util[mask] = q, c, u
+    return qual, cost, util

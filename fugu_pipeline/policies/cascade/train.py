@@ -1,0 +1,94 @@
+"""The cascade step of `fugu-lite train` and the `router_heads` asset: after the one-shot heads are
+chosen, fit a cascade over the workers' replies, compare every policy out of fold against "always
+the best worker", save the cascade checkpoint and say which policy ships.
+
+Skipped, in one line, when the matrix holds no replies (`cascade.enabled: auto`, the default);
+`enabled: on` makes that an error, `off` skips it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
+from fugu_pipeline.matrix.answers import read_answers
+from fugu_pipeline.matrix.read import RewardMatrixError
+from fugu_pipeline.policies.cascade.fit import CascadeFit, answer_inputs, fit_cascade
+from fugu_pipeline.policies.cascade.frontier import frontier_lines
+from fugu_pipeline.policies.cascade.save import save_cascade
+
+
+@dataclass
+class CascadeResult:
+    fit: CascadeFit
+    path: Path  # the cascade checkpoint (with the best worker alone when that is what ships)
+    shipped: str  # "cascade", "one-shot" or "best worker"
+    shipped_path: Path  # the checkpoint that ships: the cascade's, or the one-shot head's
+
+    def lines(self) -> list[str]:
+        from fugu_pipeline.policies.cascade.choice import table_lines
+        from fugu_pipeline.train.selection import STRONGEST
+
+        f = self.fit
+        if not f.choices:  # nothing could be chosen: the strongest worker ships, and why
+            return [f"shipped policy: {self.shipped} — {f.reason}"]
+        out = [f"policies, out of fold over the non-test rows ({f.objective}); gain over {f.baseline} and accuracy − "
+               f"{STRONGEST}, each with its paired 95% interval:"]
+        for c in f.candidates:
+            mark = "*" if c.name == f.selected else " "
+            out.append(f"{mark} {c.kind:<11} {c.name}: {c.mean:.4f} (quality {c.quality:.4f}, ${c.cost_usd * 1000:.4g} per "
+                       f"1,000) gain {c.gain:+.4f} [{c.low:+.4f}, {c.high:+.4f}]; accuracy − strongest {c.vs_strongest:+.4f} "
+                       f"[{c.vs_low:+.4f}, {c.vs_high:+.4f}]" + (f" {c.note}" if c.note else ""))
+        for d, ch in f.choices.items():
+            where = "all domains" if d == "*" else f"domain {d!r}"
+            out.append(f"  cascade for {where}: {ch.plan.describe()} (validation quality {ch.quality:.4f}, "
+                       f"${ch.cost * 1000:.4g} per 1,000, {ch.considered} plans considered)")
+        out += frontier_lines(f.frontier)
+        out.append(f"verifier: out-of-fold AUC {f.verifier_figures['oof_auc']:.3f}, log-loss {f.verifier_figures['oof_logloss']:.4f}")
+        if f.cap_rows:
+            out += table_lines(f.cap_rows, "out of fold over the non-test rows, at caps of the strongest worker's cost:")
+        out.append(f"shipped policy: {self.shipped} — {f.reason}")
+        return out
+
+
+def one_shot_heads(heads_report) -> dict:
+    """{"one-shot <name>": out-of-fold routing scores} of each kind's best head and the ensemble,
+    the selected one first (the table's one-shot router)."""
+    heads = {}
+    for c in heads_report.candidates:
+        if c.name in heads_report.best_per_kind.values():
+            heads[f"one-shot {c.name}"] = c.scores
+    if heads_report.ensemble is not None:
+        heads[f"one-shot {heads_report.ensemble['name']}"] = heads_report.ensemble["scores"]
+    first = f"one-shot {heads_report.ensemble['name'] if heads_report.selected == 'ensemble' and heads_report.ensemble else heads_report.selected}"
+    return {**({first: heads[first]} if first in heads else {}), **heads}
+
+
+def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, cfg, heads_report,
+                  saved: list, models_dir: Path, log=print, metrics: dict | None = None) -> CascadeResult | None:
+    """Fit and save the cascade (see the module docstring). `cfg` is `configs/train.yaml` (its `cascade`
+    block, `folds` and `seed`: the one-shot heads' `TrainSetConfig`). `heads_report` and `saved` are the
+    one-shot selection (`fit.select_heads`) and its saved heads (`fit_and_save`); `settings` the
+    encoder settings of `data`'s features (the replies are read by the same model)."""
+    cc = cfg.cascade
+    if cc.enabled == "off":
+        return None
+    try:
+        grid = read_answers(db_path, data.task_ids, data.worker_ids)
+    except RewardMatrixError as exc:
+        if cc.enabled == "on":
+            raise TrainingDataError(f"cascade.enabled is on, but {exc}") from None
+        log(f"cascade: skipped ({str(exc).split(': ', 1)[-1].split(':')[0]})")
+        return None
+    inputs = answer_inputs(data, grid, settings, cache_root, progress=None, encode=cc.encode_replies)
+    heads = one_shot_heads(heads_report)
+    fit = fit_cascade(data, grid, inputs, cc, cfg.folds, cfg.seed, heads, log)
+    path = save_cascade(models_dir, data, fit, inputs.answer.shape[2], metrics,
+                        training_config={"cascade": cc.model_dump(), "folds": cfg.folds, "seed": cfg.seed})
+    shipped, shipped_path = fit.selected_kind, path
+    if shipped == "one-shot":
+        name = fit.selected.removeprefix("one-shot ")
+        shipped_path = next((s.path for s in saved if s.name == name), None) or next(s.path for s in saved if s.selected)
+    return CascadeResult(fit, path, shipped, shipped_path)
+

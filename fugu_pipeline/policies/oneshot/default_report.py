@@ -1,0 +1,57 @@
+"""The held-out report of a one-shot checkpoint's default operating point (`default_point.py`):
+the point `route`, `ask` and `serve` use when a request asks no cap, scored on a split and compared
+with always the strongest worker (accuracy with a paired 95% interval, expected and realised cost)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fugu_pipeline.evaluate.metrics import paired_bootstrap
+from fugu_pipeline.route.budget import BudgetCalibration, budget_scores, quality_of
+
+
+def default_section(checkpoint, data, split: str, calibration: BudgetCalibration, n_boot: int = 2000,
+                    seed: int = 0) -> dict | None:
+    """The section, or None when the calibration holds no default point or the split no quality."""
+    dp = calibration.default
+    held = data.split(split)
+    if dp is None or held.quality is None or dp.strongest_worker not in data.worker_ids:
+        return None
+    n = len(held.task_ids)
+    strong = data.worker_ids.index(dp.strongest_worker)
+    c_hat = calibration.cost_model.predict(held.prompts, held.domains)
+    if dp.kind == "lambda":
+        q_hat = quality_of(checkpoint.head, held.features, held.domains, kind=checkpoint.manifest.head_kind)
+        route = np.argmax(budget_scores(q_hat, c_hat, dp.lam, calibration.reference_cost_usd), axis=1)
+    else:
+        route = np.full(n, strong)
+    rows = np.arange(n)
+    quality = np.nan_to_num(held.quality)
+    acc, base = quality[rows, route], quality[:, strong]
+    exp_c, exp_s = float(c_hat[rows, route].mean()), float(c_hat[:, strong].mean())
+    real = held.cost_usd
+    out = {"operating_point": dp.describe(), "kind": dp.kind, "lambda": dp.lam, "strongest_worker": dp.strongest_worker,
+           "reason": dp.reason, "split": split, "n": n,
+           "accuracy": paired_bootstrap(acc, np.zeros(n), n_boot, seed, min_rows=2),
+           "strongest_accuracy": float(base.mean()),
+           "minus_strongest": paired_bootstrap(acc, base, n_boot, seed, min_rows=2),
+           "expected_usd_per_1k": exp_c * 1000, "strongest_expected_usd_per_1k": exp_s * 1000,
+           "expected_share_of_strongest": exp_c / exp_s if exp_s > 0 else None,
+           "routed_share": {w: float(np.mean(route == j)) for j, w in enumerate(data.worker_ids)}}
+    if real is not None:
+        rc, rs = float(np.nan_to_num(real[rows, route]).mean()), float(np.nan_to_num(real[:, strong]).mean())
+        out.update({"realised_usd_per_1k": rc * 1000, "strongest_realised_usd_per_1k": rs * 1000,
+                    "realised_share_of_strongest": rc / rs if rs > 0 else None})
+    return out
+
+
+def default_report_lines(sec: dict) -> list[str]:
+    a, d = sec["accuracy"], sec["minus_strongest"]
+    ci = lambda x, f: "" if x["low"] is None else f" [{x['low']:{f}}, {x['high']:{f}}]"  # noqa: E731
+    share = sec.get("realised_share_of_strongest", sec["expected_share_of_strongest"])
+    cost = sec.get("realised_usd_per_1k", sec["expected_usd_per_1k"])
+    return [f"operating point used (no cap asked): {sec['operating_point']}",
+            f"{sec['split']} ({sec['n']} rows): accuracy {a['mean']:.4f}{ci(a, '.4f')} against always "
+            f"{sec['strongest_worker']} {sec['strongest_accuracy']:.4f}, difference {d['mean']:+.4f}{ci(d, '+.4f')}, "
+            f"${cost:.4g} per 1,000 = " + ("—" if share is None else f"{share:.0%}") + f" of {sec['strongest_worker']}'s cost",
+            f"chosen at training: {sec['reason']}"]

@@ -1,0 +1,52 @@
+"""After `fugu-lite train` (and the `router_heads` asset) save the one-shot heads: each head's budget
+calibration (`budget.json`) with, where the utility gives cost no weight and the matrix records
+cost, its default operating point (`default_point.py`: the cheapest λ-routing not significantly
+below always the strongest worker, out of fold)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fugu_pipeline.route.budget import LAMBDAS, calibrate_beside
+from fugu_pipeline.policies.oneshot.default_point import choose_default, default_lines
+from fugu_pipeline.route.default_point import DEFAULT_MARGIN, DefaultPoint
+
+
+def applies(data) -> str:
+    """'' when the default operating point is chosen for `data`, else why not (one phrase)."""
+    uc = data.utility_config
+    if data.quality is None:
+        return "the matrix holds no per-worker quality (rewards only)"
+    if uc is not None and uc.cost_weight != 0:
+        return "the utility prices cost (its argmax already trades quality for cost)"
+    if data.cost_usd is None or not np.any(np.nan_to_num(data.cost_usd[data.splits != "test"]) > 0):
+        return "the matrix records no cost (nothing is cheaper than anything)"
+    return ""
+
+
+def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n_boot: int = 2000,
+                    seed: int = 0) -> DefaultPoint | None:
+    """Every saved head's budget calibration (`budget.calibrate_beside`, `budget.json` beside it) and,
+    where `applies`, its default operating point in that file; what `fugu-lite train` and the
+    `router_heads` asset both run after saving the heads. Returns the selected head's point (its
+    lines logged), or None."""
+    why_not = applies(data)
+    chosen = None
+    for s in saved:
+        cal = calibrate_beside(s.path, data, log, s.val_quality)
+        if cal is None or why_not or s.oof_quality is None or s.oof_folds is None:
+            continue
+        rows = np.flatnonzero(data.splits != "test")
+        q_oof = np.clip(np.nan_to_num(np.asarray(s.oof_quality, np.float64)), 0.0, 1.0)
+        c_hat = cal.cost_model.predict([data.prompts[i] for i in rows], [data.domains[i] for i in rows])
+        point = choose_default(q_oof, data.quality[rows], c_hat, cal.reference_cost_usd, np.asarray(s.oof_folds),
+                               list(data.worker_ids), LAMBDAS, margin=margin, n_boot=n_boot, seed=seed)
+        cal.default = point
+        cal.save(s.path)
+        if s.selected:
+            chosen = point
+            for line in default_lines(point):
+                log(line)
+    if why_not and saved:
+        log(f"default operating point: none ({why_not}); with no cap, the head's plain route is served")
+    return chosen

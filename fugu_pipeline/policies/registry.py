@@ -1,0 +1,132 @@
+"""The kinds of router, and the one place that composes them.
+
+| kind | head kinds | contest slot (its pointer) |
+|---|---|---|
+| one-shot heads | layernorm_linear, normed_linear, quality, knn, domain_prior, ridge, mlp, ensemble | router (`promoted/current.json`) |
+| answer-aware cascade | cascade | router, beside the one-shot heads |
+| multi-turn coordinator | roles_linear, roles_linear_svf | coordinator (`promoted/roles.json`) |
+| triage head | triage_linear | triage (`promoted/triage.json`) |
+
+Each kind is whole in its own package (`policies/<kind>/`), and the kinds do not import each other
+(an import-linter contract names the exceptions and why). The stages below (`evaluate/`,
+`route/`, `train/`, ...) never import a kind: where they meet every kind, they receive it from here,
+
+- `heads()`: the one head table (`train/head_base.HEADS`) with every kind's heads registered, which
+  checkpoint loading and the shared gates read (`load_checkpoint` loads a checkpoint of any kind);
+- `router_class`, `load_router`, `load_promoted`: a checkpoint in the router slot runs as its
+  kind's `Router` (a one-step head's, or a cascade's that calls its steps);
+- `router_kind`, `promote_best`: the router slot of the one contest (`evaluate/contest.py`), the
+  one-shot heads' scorer with the cascade's beside it (`mates`);
+- `preflight`: the submission gates on a pack of any kind (each kind's head class says its own).
+
+The callers (`cli/`, `serve/`, `defs/`, `testing/`) go through these. Adding a kind of router adds a
+package and its lines here. Nothing here imports torch until a function is called.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+def heads() -> dict:
+    """The head table with every kind's heads registered (imports torch: call it before a checkpoint
+    of any kind is loaded; each kind's module registers its heads when imported)."""
+    from fugu_pipeline.policies.oneshot import heads as oneshot_heads  # noqa: F401  (each registers its heads)
+    from fugu_pipeline.policies.coordinator import head as coordinator_head  # noqa: F401
+    from fugu_pipeline.policies.cascade import head as cascade_head  # noqa: F401
+    from fugu_pipeline.policies.triage import head as triage_head  # noqa: F401
+    from fugu_pipeline.train.head_base import HEADS
+
+    return HEADS
+
+
+def load_checkpoint(path: str | Path, expected_contract=None):
+    """A checkpoint of any kind (`train/checkpoints.load_checkpoint`, every kind's heads registered)."""
+    from fugu_pipeline.train.checkpoints import load_checkpoint as load
+
+    heads()
+    return load(path, expected_contract)
+
+
+def router_class(checkpoint) -> type:
+    """The `Router` class that runs a loaded checkpoint of the router slot: a cascade's `CascadeRouter`
+    (it calls the plan step by step), else the one-step `Router`."""
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.policies.cascade.head import KIND
+
+    return CascadeRouter if checkpoint.manifest.head_kind == KIND else Router
+
+
+def load_router(path, **kw):
+    """A `Router` for a one-step checkpoint, a `CascadeRouter` for a cascade (`Router.load`'s arguments)."""
+    return router_class(load_checkpoint(path)).load(path, **kw)
+
+
+def load_promoted(models_dir: str | Path = "models", **kw):
+    """The promoted router for downstream code (`route/promoted.PromotedRouter`); picks up new
+    promotions without a restart, whatever kind of router each is."""
+    from fugu_pipeline.route.promoted import PromotedRouter
+
+    heads()
+    return PromotedRouter(models_dir, router_for=router_class, **kw)
+
+
+CASCADE_WITHOUT_REPLIES = ("a cascade is scored from the host's recorded replies, and none were given to this contest "
+                           "(promote_best(answers=...): the reward matrix with answers)")
+
+
+def router_kind(features, *, live=None, tasks=None, answers=None):
+    """The router slot of the one contest: the one-shot heads' scorer (`RouterKind`), with the cascade's
+    (`CascadeScorer`, from `answers`: the host's recorded replies) for a cascade entrant or king;
+    without `answers` a cascade is refused at load, with the reason."""
+    from fugu_pipeline.policies.cascade.contest import CascadeScorer
+    from fugu_pipeline.policies.oneshot.contest import RouterKind
+    from fugu_pipeline.policies.cascade.head import KIND
+
+    heads()
+    cascade = CascadeScorer(features, answers) if answers is not None else CASCADE_WITHOUT_REPLIES
+    return RouterKind(features, live=live, tasks=tasks, mates={KIND: cascade})
+
+
+def promote_best(checkpoint_paths: list[str], data, models_dir: str | Path, policy, *,
+                 live=None, tasks: dict | None = None, submitter: str | None = None, now: float | None = None,
+                 features=None, replace_broken_king: bool | str = False, key: str | None = None,
+                 answers=None) -> dict:
+    """One promotion attempt of one-step heads through the one contest (`contest.run_contest` with
+    `router_kind`; `policy`: `evaluate/promotion.PromotionPolicy`). The rate limit first (a refusal there is recorded but is no
+    attempt); every challenger through the weight, signature (a pack), contract, duplicate and
+    receipt gates; among those that pass, the one with the best validation utility is scored on
+    the frozen held-out rows of `data` (the composite against the king, with `live` evaluating the
+    live term on `tasks`) and faces the gates of `decide`. Each checkpoint, the king included, is
+    scored on its own features from `features` (`feature_source.py`: the same rows, encoded as its
+    contract says, by the serving encoder model); without `features`, only checkpoints on `data`'s
+    contract can be scored. `key`: the signing key a pack's attempt counts under.
+    `answers` (`policies/cascade/contest.AnswerSource`: the host's recorded replies): a cascade checkpoint
+    among the challengers, or as the king, is scored from them in the same contest (without it a
+    cascade challenger is refused at load, and a cascade king cannot be faced).
+    Returns {promoted, challenger, reasons, pointer, contest}.
+
+    The models folder must be writable (checked before anything is scored). The whole attempt
+    holds models/promoted/.lock, so a second attempt waits and then faces the king the first one
+    promoted; the pointer is compare-and-swapped on the version read before the king was loaded.
+    A promoted checkpoint that cannot be loaded (damaged pointer, edited or missing checkpoint)
+    raises CheckpointError before scoring, recorded in the history, unless `replace_broken_king`
+    (who asked, `contest.broken_king_ask`): then the challenger faces the baselines only and the
+    history keeps why and who asked."""
+    from fugu_pipeline.evaluate.contest import run_contest
+    from fugu_pipeline.evaluate.feature_source import FeatureSource
+    from fugu_pipeline.evaluate.gates import DEFAULT_SUBMITTER
+
+    kind = router_kind(features if features is not None else FeatureSource.fixed(data), live=live, tasks=tasks,
+                       answers=answers)
+    return run_contest(kind, checkpoint_paths, models_dir, policy, submitter=submitter or DEFAULT_SUBMITTER, key=key,
+                       now=now, replace_broken_king=replace_broken_king)
+
+
+def preflight(pack_dir, models_dir, cfg, **kw):
+    """`evaluate/preflight.preflight` on a pack of any kind: the shared gates read each kind's head
+    class (its size cap, whether its behaviour can be probed offline) and load its king."""
+    from fugu_pipeline.evaluate.preflight import preflight as run
+
+    heads()
+    return run(pack_dir, models_dir, cfg, **kw)
