@@ -33,6 +33,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from fugu_pipeline.settings import settings
 
 class Intent(BaseModel):
     """A call about to be made: what the ledger line of its cost will say, bar the cost."""
@@ -183,12 +184,6 @@ def crash_point(name: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _crash_at() -> tuple[str, int] | None:
-    raw = os.environ.get("FUGU_TEST_CRASH_AT", "")
-    name, _, n = raw.partition(":")
-    return (name, int(n or 1)) if name else None
-
-
-_CRASH_AT = _crash_at()
+_CRASH_AT = settings().crash_at()
 _CRASH_LOCK = threading.Lock()
 _CRASH_SEEN: dict[str, int] = {}
