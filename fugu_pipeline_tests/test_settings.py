@@ -123,3 +123,15 @@ def test_the_dagster_definitions_read_their_windows_and_intervals_from_the_setti
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert bad.returncode != 0
     assert "SettingsError: FUGU_ROUTER_MAX_AGE_D='a month': Input should be a valid number" in bad.stderr.splitlines()[-1]
+
+
+def test_a_command_refuses_a_bad_value_in_one_line_before_it_starts(monkeypatch, tmp_path, capsys):
+    from fugu_pipeline.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FUGU_DUCKDB_LOCK_WAIT_S", "soon")
+    assert main(["route", "--prompt", "What is 2 + 2?"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["fugu-lite route: FUGU_DUCKDB_LOCK_WAIT_S='soon': Input should be a valid number, unable to parse "
+                   "string as a number; set it to a valid value or unset it (seconds a reader waits for a `duckdb` shell "
+                   "holding the matrix's lock before it reads a snapshot copy)"]

@@ -9,6 +9,7 @@ import sys
 
 from fugu_pipeline.cli import data, harness, pipeline, roles, routing, sample, training
 from fugu_pipeline.cli.common import CLIError
+from fugu_pipeline.settings import SettingsError, settings
 
 
 class _Parser(argparse.ArgumentParser):
@@ -259,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cascade checkpoint to compare with, run over the fixed workers' replies (default: the promoted "
                    "router when it is a cascade; none: the report says so)")
     p.add_argument("--promote", action="store_true", help="apply the promotion gates to models/promoted/roles.json")
+    p.add_argument("--policy", default=None, help="promotion policy YAML, relative to the project (default: "
+                   "configs/promotion.yaml if present)")
     p.add_argument("--replace-broken-king", action="store_true", help="with --promote: when the promoted coordinator "
                    "cannot be loaded, let this one replace it facing the baselines only (the history records the ask; "
                    "default: refuse and say why)")
@@ -315,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     try:
+        settings()  # a bad FUGU_* value is one line before the command does anything
         return args.func(args)
     except CLIError as exc:
         print(f"fugu-lite {args.command}: {exc}", file=sys.stderr)
@@ -346,7 +350,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
     return (CatalogError, CheckpointError, EncoderLoadError, RewardMatrixError, RouterError, TaskFileError,
             ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError, BudgetError,
-            PartitionBusyError, LedgerError, SigningError, CollectorKeyError)
+            PartitionBusyError, LedgerError, SigningError, CollectorKeyError, SettingsError)
 
 
 if __name__ == "__main__":

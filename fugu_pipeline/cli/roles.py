@@ -95,9 +95,12 @@ def cmd_evaluate_roles(args) -> int:
     from fugu_pipeline.train.roles import load_roles_config
     from fugu_pipeline.workers.config import load_workers_config
 
+    from fugu_pipeline.cli.reporting import policy as load_policy_arg
+
     paths = ProjectPaths(Path(args.project_dir).resolve())
     config = load_workers_config(paths.resolve(args.workers))
     cfg = load_roles_config(paths.resolve(args.config))
+    policy = load_policy_arg(args)  # what validate and the pipeline read: a broken file is said before any call
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     if checkpoint is None:
         ptr = read_pointer(paths.models, ROLES_POINTER)
@@ -119,6 +122,7 @@ def cmd_evaluate_roles(args) -> int:
     with open_run(config, settings, paths.data / "trajectories", tasks, cfg) as run:
         try:
             rep = evaluate_coordinator(run, checkpoint, tasks, cfg, paths.models, seeds=args.seeds, promote=args.promote,
+                                       policy=policy,
                                        one_step_fallback=Path(args.one_step) if args.one_step else None,
                                        cascade=Path(args.cascade) if args.cascade else None, device=args.device,
                                        replace_broken_king=asked_by(args, "evaluate-roles --promote"))
