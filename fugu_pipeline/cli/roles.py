@@ -25,7 +25,7 @@ def cmd_ask_multi_turn(args) -> int:
     from fugu_pipeline.workers.config import load_workers_config
 
     check_prompt(args.prompt)
-    one_step = [f for f, v in (("--cost-weight", args.cost_weight), ("--budget-usd-per-1k", args.budget_usd_per_1k),
+    one_step = [f for f, v in (("--cost-weight", args.cost_weight), ("--cap", args.cap), ("--budget-usd-per-1k", args.budget_usd_per_1k),
                                ("--budget-share", args.budget_share), ("--budget-margin-z", args.budget_margin_z))
                 if v is not None]
     if one_step:  # they would be ignored: the session's spend is capped by the worker config instead

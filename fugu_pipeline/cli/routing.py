@@ -18,24 +18,20 @@ def _router(args):
     return router
 
 
-def _route_kwargs(args, router, config=None) -> dict:
+def _route_kwargs(args, router, config=None, budget=None) -> dict:
     """`--allowed` may name a configured worker (with `--workers`) whose alias the router routes by.
     With a worker config, a router that routes to a worker it does not define is refused, as
     `serve` refuses it: its pick could not be called."""
-    from fugu_pipeline.cli.training import budget_of
-
     if config is not None:
         problem = config.missing_routes(router.path, router.worker_ids)
         if problem:
             raise CLIError(f"{problem} ({args.workers})")
-
-    budget = budget_of(args)
     if budget is not None and args.cost_weight is not None:
-        raise CLIError("give --cost-weight or a budget (--budget-usd-per-1k / --budget-share), not both")
+        raise CLIError("give --cost-weight or a cap (--cap), not both")
     if args.cost_weight is not None:
         problem = router.cost_weight_problem()  # a flag that cannot move the route is refused, never ignored silently
         if problem:
-            hint = ": --budget-share S or --budget-usd-per-1k USD" if "cost cap" in problem else ""
+            hint = ": --cap share=S or --cap usd_per_1k=USD" if "cost cap" in problem else ""
             raise CLIError(f"--cost-weight: {problem}{hint} (checkpoint {router.path})")
     allowed = args.allowed
     if allowed is not None and config is not None:
@@ -56,14 +52,17 @@ def scores_of(d) -> dict:
 
 
 def cmd_route(args) -> int:
+    from fugu_pipeline.cli.training import budget_of
+
     check_prompt(args.prompt)
+    budget = budget_of(args)  # a bad cap is said before the checkpoint loads
     config = None
     if args.workers is not None:
         from fugu_pipeline.workers.config import load_workers_config
 
         config = load_workers_config(args.workers)
     router = _router(args)
-    d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
+    d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config, budget))
     print_json({"worker": d.worker_id, **scores_of(d), "ranking": d.ranking, "checkpoint": d.checkpoint,
                  **({"cascade": d.extra["cascade"]["describe"]} if "cascade" in d.extra else {}),
                 **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
@@ -84,11 +83,14 @@ def cmd_ask(args) -> int:
     from fugu_pipeline.workers.contract import WorkerCallError
     from fugu_pipeline.workers.factory import make_client
 
+    from fugu_pipeline.cli.training import budget_of
+
     check_prompt(args.prompt)
+    budget = budget_of(args)
     load_dotenv(override=False)
     config = load_workers_config(args.workers)
     router = _router(args)
-    d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
+    d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config, budget))
     if "cascade" in d.extra:  # a cascade checkpoint: step by step, the same clients and fallback
         return _ask_cascade(args, config, router, d)
     errors = []
