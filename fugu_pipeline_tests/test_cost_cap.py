@@ -118,6 +118,7 @@ def test_within_the_cap_is_one_test_in_every_place_that_compares(over, within):
     assert decisions == dict.fromkeys(decisions, within)
 
 
+@pytest.mark.slow
 def test_the_same_cap_gives_the_same_route_on_the_command_line_and_through_the_server(trained, tmp_path, capsys):  # noqa: F811
     """`route --cap share=0.5`, the old `--budget-share 0.5` (one line on stderr giving the new
     form) and a request to `fugu-lite serve` with `"fugu_budget": "share=0.5"` (the official openai

@@ -136,6 +136,7 @@ def roles_project(tmp_path_factory):
     return project, coordinator
 
 
+@pytest.mark.slow
 def test_evaluate_roles_promote_reads_the_project_s_policy_file(roles_project, capsys):
     """Before: `evaluate-roles --promote` judged with the built-in defaults, whatever
     configs/promotion.yaml said: with `rate_limit_s: 0` there, its second attempt of the day was

@@ -105,6 +105,7 @@ def test_every_field_is_in_a_table_with_a_description():
         assert f"`{env_name(name)}`" in "\n".join(markdown_table(g) for g in GROUPS)
 
 
+@pytest.mark.slow
 def test_the_dagster_definitions_read_their_windows_and_intervals_from_the_settings(tmp_path):
     """Freshness windows, sensor intervals and the catalog schedule are fixed when the definitions
     load: from the same object, so a bad value stops the load in one line naming the variable."""

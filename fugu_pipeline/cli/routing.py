@@ -169,6 +169,7 @@ def cmd_serve(args) -> int:
     if not args.auth_cooldown_s >= 0:
         raise CLIError(f"--auth-cooldown-s must be >= 0 seconds (0: never keep a worker out), got {args.auth_cooldown_s:g}")
     limits = serve_limits(args)
+    budget = budget_of(args)  # the flags first, then the files
     from fugu_pipeline.cli.checkpoints import routable
     from fugu_pipeline.serve.run import bind
     from fugu_pipeline.workers.config import load_workers_config
@@ -183,7 +184,7 @@ def cmd_serve(args) -> int:
         serve(source, args.workers, host=args.host, port=args.port, api_token=args.token,
               device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
               max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
-              log_level=args.log_level, default_budget=budget_of(args), shutdown_grace_s=args.shutdown_grace_s,
+              log_level=args.log_level, default_budget=budget, shutdown_grace_s=args.shutdown_grace_s,
               default_point=not args.no_default_budget,
               max_json_values=args.max_json_values, allowed_hosts=tuple(args.allowed_host or ()),
               auth_cooldown_s=args.auth_cooldown_s, limits=limits)
