@@ -33,6 +33,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from fugu_pipeline.settings import settings
 
 class Intent(BaseModel):
     """A call about to be made: what the ledger line of its cost will say, bar the cost."""
@@ -175,20 +176,14 @@ def crash_point(name: str) -> None:
     environment, the process SIGKILLs itself the n-th time it passes the point `name`. Points on the
     collection path (`collect/partition.py`): `intent` (the call announced, not made), `ledger` (its
     cost line written, its record not), `record` (both written). Unset: nothing happens."""
-    if not _CRASH_AT or _CRASH_AT[0] != name:
+    at = settings().crash_at()
+    if not at or at[0] != name:
         return
     with _CRASH_LOCK:
         _CRASH_SEEN[name] = _CRASH_SEEN.get(name, 0) + 1
-        if _CRASH_SEEN[name] == _CRASH_AT[1]:
+        if _CRASH_SEEN[name] == at[1]:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _crash_at() -> tuple[str, int] | None:
-    raw = os.environ.get("FUGU_TEST_CRASH_AT", "")
-    name, _, n = raw.partition(":")
-    return (name, int(n or 1)) if name else None
-
-
-_CRASH_AT = _crash_at()
 _CRASH_LOCK = threading.Lock()
 _CRASH_SEEN: dict[str, int] = {}

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fugu_pipeline.settings import settings
+
 KEY_ENV = "FUGU_COLLECTOR_KEY"
 KEY_FILE_ENV = "FUGU_COLLECTOR_KEY_FILE"
 TRUSTED_FILE = Path("promoted") / "collector_keys.json"
@@ -81,11 +83,16 @@ class CollectorKey:
         return _b64(self._key.sign(line_hash.encode("ascii")))
 
 
+def _env_key() -> str:
+    secret = settings().collector_key
+    return secret.get_secret_value().strip() if secret else ""
+
+
 def key_file() -> Path:
     """The key file: $FUGU_COLLECTOR_KEY_FILE, else the user's config folder."""
-    named = os.environ.get(KEY_FILE_ENV, "").strip()
+    named = settings().collector_key_file
     if named:
-        return Path(named).expanduser()
+        return named.expanduser()
     base = os.environ.get("XDG_CONFIG_HOME", "").strip() or str(Path.home() / ".config")
     return Path(base) / "fugu-lite" / "collector.key"
 
@@ -146,7 +153,7 @@ def load_collector_key(*, create: bool = False) -> CollectorKey | None:
     from dotenv import load_dotenv
 
     load_dotenv(override=False)
-    value = os.environ.get(KEY_ENV, "").strip()
+    value = _env_key()
     if value:
         return _from_text(value, f"${KEY_ENV}")
     path = key_file()
@@ -185,7 +192,7 @@ def rotate_key_file() -> tuple[CollectorKey | None, CollectorKey]:
     """(the old key or None, the new key): a new private key in the key file; the old public key is
     kept in the retired file beside it (this collector keeps appending to a ledger it signed).
     Refused when the key comes from $FUGU_COLLECTOR_KEY (set a new value there instead)."""
-    if os.environ.get(KEY_ENV, "").strip():
+    if _env_key():
         raise CollectorKeyError(f"the collector key comes from ${KEY_ENV}: trust its public key (fugu-lite "
                                 f"collector-key --trust), then set a new value there")
     old = load_collector_key(create=False)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from fugu_pipeline.evaluate.gates import GateConfig, paid_workers, receipt_gate
-from fugu_pipeline.evaluate.roles import verdict
+from fugu_pipeline.policies.coordinator.evaluate import verdict
 from fugu_pipeline.train.exchange import Receipt
 
 WORKERS = ["math-expert", "code-expert", "general-expert"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-DEFAULT_ENCODER = "Qwen/Qwen3-0.6B"
+from fugu_pipeline.settings import settings
 
 
 class CLIError(Exception):
@@ -13,7 +13,7 @@ class CLIError(Exception):
 
 
 def encoder_name(args) -> str:
-    return args.encoder or os.environ.get("FUGU_ENCODER") or DEFAULT_ENCODER
+    return args.encoder or settings().encoder
 
 
 def check_encoder(name: str) -> None:

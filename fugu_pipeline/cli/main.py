@@ -9,6 +9,7 @@ import sys
 
 from fugu_pipeline.cli import data, harness, pipeline, roles, routing, sample, training
 from fugu_pipeline.cli.common import CLIError
+from fugu_pipeline.settings import SettingsError, settings
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,12 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     def budget_opts(p, what="route under a cost cap; λ is chosen on the validation split (the budget.json "
                     "train-*/evaluate write beside the checkpoint)"):
         g = p.add_argument_group("budget", what)
-        g.add_argument("--budget-usd-per-1k", type=float, default=None, metavar="USD",
-                       help="cap: expected cost in USD per 1,000 requests")
-        g.add_argument("--budget-share", type=float, default=None, metavar="S",
-                       help="cap: share of the strongest worker's cost (best training quality), e.g. 0.3")
-        g.add_argument("--budget-margin-z", type=float, default=None, metavar="Z",
-                       help="safety margin: the validation cost plus Z standard errors must be within the cap (default 1.645)")
+        g.add_argument("--cap", default=None, metavar="usd_per_1k=D|share=F",
+                       help="the cost cap: expected USD per 1,000 requests (usd_per_1k=2.5) or a share of the strongest "
+                            "worker's cost (share=0.3; the strongest by training quality), optionally ,margin_z=Z: the "
+                            "validation cost plus Z standard errors must be within it (default 1.645)")
+        g.add_argument("--budget-usd-per-1k", type=float, default=None, metavar="USD", help="the old form of --cap usd_per_1k=USD")
+        g.add_argument("--budget-share", type=float, default=None, metavar="S", help="the old form of --cap share=S")
+        g.add_argument("--budget-margin-z", type=float, default=None, metavar="Z", help="the old form of --cap ...,margin_z=Z")
         g.add_argument("--no-default-budget", action="store_true",
                        help="with no cap, route by the head's plain argmax instead of the checkpoint's default operating "
                             "point (the cheapest routing not significantly below the strongest worker, chosen by train)")
@@ -231,8 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out the lexical statistics block even where the config's features.lexical turns it "
                         "on (default: the config's, on)")
     prompt_rules_opt(p, default=None)
-    p.add_argument("--cap", default=None, metavar="share=F|usd_per_1k=D", help="cascades: a cost cap for every domain, "
-                   "a share of the strongest worker's cost or dollars per 1,000 requests (default: the config's cascade.cap)")
+    p.add_argument("--cap", default=None, metavar="usd_per_1k=D|share=F", help="cascades: a cost cap for every domain, "
+                   "dollars per 1,000 requests or a share of the strongest worker's cost, as route and serve take it "
+                   "(default: the config's cascade.cap)")
     p.add_argument("--domain-cap", action="append", default=None, metavar="DOMAIN:share=F",
                    help="cascades: a cap for one domain (repeatable); that domain gets its own plan")
     p.add_argument("--per-domain", action="store_true", help="cascades: a plan per domain (with enough rows), not one for all")
@@ -264,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cascade checkpoint to compare with, run over the fixed workers' replies (default: the promoted "
                    "router when it is a cascade; none: the report says so)")
     p.add_argument("--promote", action="store_true", help="apply the promotion gates to models/promoted/roles.json")
+    p.add_argument("--policy", default=None, help="promotion policy YAML, relative to the project (default: "
+                   "configs/promotion.yaml if present)")
     p.add_argument("--replace-broken-king", action="store_true", help="with --promote: when the promoted coordinator "
                    "cannot be loaded, let this one replace it facing the baselines only (the history records the ask; "
                    "default: refuse and say why)")
@@ -332,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     try:
+        settings()  # a bad FUGU_* value is one line before the command does anything
         return args.func(args)
     except CLIError as exc:
         print(f"fugu-lite {args.command}: {exc}", file=sys.stderr)
@@ -363,7 +369,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
     return (CatalogError, CheckpointError, EncoderLoadError, RewardMatrixError, RouterError, TaskFileError,
             ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError, BudgetError,
-            PartitionBusyError, LedgerError, SigningError, CollectorKeyError)
+            PartitionBusyError, LedgerError, SigningError, CollectorKeyError, SettingsError)
 
 
 if __name__ == "__main__":

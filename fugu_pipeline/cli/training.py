@@ -282,26 +282,39 @@ def train(args, method: str) -> int:
     return 0
 
 
-def budget_of(args):
-    """The Budget the flags ask for, or None."""
-    from fugu_pipeline.route.budget import DEFAULT_MARGIN_Z, Budget
+OLD_CAP_FLAGS = {"usd_per_1k": "--budget-usd-per-1k", "share": "--budget-share", "margin_z": "--budget-margin-z"}
 
-    usd, share = getattr(args, "budget_usd_per_1k", None), getattr(args, "budget_share", None)
-    if usd is None and share is None:
-        if getattr(args, "budget_margin_z", None) is not None:  # it would have no effect
-            raise CLIError("--budget-margin-z is the margin of a cap: give it with --budget-share or "
-                           "--budget-usd-per-1k (or drop it)")
+
+def budget_of(args):
+    """The cost cap the flags ask for (`cost_cap.CostCap`), or None: `--cap usd_per_1k=2.5` or
+    `--cap share=0.3`, or the older --budget-usd-per-1k / --budget-share / --budget-margin-z, still
+    taken, with one line on stderr giving the same cap in the --cap form."""
+    from fugu_pipeline.cost_cap import CapError, CostCap
+
+    old = {k: getattr(args, f"budget_{k}") for k in OLD_CAP_FLAGS if getattr(args, f"budget_{k}", None) is not None}
+    if getattr(args, "cap", None) is not None:
+        if old:
+            raise CLIError(f"give --cap or {OLD_CAP_FLAGS[next(iter(old))]}, not both")
+        try:
+            return CostCap.parse(args.cap)
+        except CapError as exc:
+            raise CLIError(str(exc)) from None
+    if not old:
         return None
-    if usd is not None and share is not None:
+    if set(old) == {"margin_z"}:  # it would have no effect
+        raise CLIError("--budget-margin-z is the margin of a cap: give it with --budget-share or --budget-usd-per-1k, "
+                       "or as --cap share=0.3,margin_z=Z (or drop it)")
+    if len(set(old) - {"margin_z"}) > 1:
         raise CLIError("give --budget-usd-per-1k or --budget-share, not both")
-    z = getattr(args, "budget_margin_z", None)
     try:
-        return Budget(usd_per_1k=usd, share=share, margin_z=DEFAULT_MARGIN_Z if z is None else z)
+        cap = CostCap.model_validate(old)
     except ValueError as exc:
         from fugu_pipeline.matrix.import_common import option_errors
 
-        flag = {"usd_per_1k": "--budget-usd-per-1k", "share": "--budget-share", "margin_z": "--budget-margin-z"}
-        raise CLIError(option_errors(exc, lambda f: flag.get(f, f))) from None
+        raise CLIError(option_errors(exc, lambda f: OLD_CAP_FLAGS.get(f, f))) from None
+    given = " ".join(f"{OLD_CAP_FLAGS[k]} {v:g}" for k, v in old.items())
+    print(f"{given}: the old form of --cap {cap.spelled()}", file=sys.stderr)
+    return cap
 
 
 def cmd_evaluate(args) -> int:
@@ -447,13 +460,12 @@ def cascade_flags(args, cfg):
         return cfg
 
     def parse(text: str, flag: str) -> dict:
-        key, eq, value = text.partition("=")
+        from fugu_pipeline.cost_cap import CapError, CostCap
+
         try:
-            if not eq or key not in ("share", "usd_per_1k"):
-                raise ValueError("give share=<fraction> or usd_per_1k=<dollars>")
-            return {key: float(value)}
-        except ValueError as exc:
-            raise CLIError(f"{flag} {text!r}: {exc} (e.g. {flag} share=0.3)") from None
+            return CostCap.parse(text, flag).model_dump()
+        except CapError as exc:
+            raise CLIError(str(exc)) from None
 
     block = cfg.cascade.model_dump()
     if cap is not None:

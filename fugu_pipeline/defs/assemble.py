@@ -6,8 +6,6 @@ here. torch and transformers are not imported while loading (the code location l
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 
 from fugu_pipeline.defs import automation, catalog, data, distributed, models, operations, roles, sensors, triage
@@ -15,13 +13,14 @@ from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.failures import run_console
 from fugu_pipeline.defs.partitions import batch_x_worker
 from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.settings import settings
 
 
 def build_defs(project_dir: str | None = None, workers_config: str | None = None, encoder: str | None = None) -> dg.Definitions:
     """`encoder`: hub id, local directory or 'tiny' (default: $FUGU_ENCODER, else Qwen/Qwen3-0.6B)."""
     pipeline = PipelineResource(
-        project_dir=project_dir or os.environ.get("FUGU_PROJECT_DIR", "."),
-        workers_config=workers_config or os.environ.get("FUGU_WORKERS_CONFIG", "configs/workers.mock.yaml"),
+        project_dir=project_dir or str(settings().project_dir),
+        workers_config=workers_config or settings().workers_config,
     )
     return dg.Definitions(
         assets=[catalog.openrouter_catalog, data.tasks, data.responses, data.reward_matrix, models.task_embeddings,
@@ -42,7 +41,7 @@ def build_defs(project_dir: str | None = None, workers_config: str | None = None
         resources={
             "pipeline": pipeline,
             "openrouter": catalog.OpenRouterResource.from_env(),
-            "encoder": EncoderResource(model=encoder or os.environ.get("FUGU_ENCODER", "Qwen/Qwen3-0.6B")),
+            "encoder": EncoderResource(model=encoder or settings().encoder),
         },
     )
 

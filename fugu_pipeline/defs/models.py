@@ -385,7 +385,7 @@ def promoted_router(
     shared = SharedStore.of(pipeline.paths)
     king_version = shared.pull_promoted() if shared else None  # the deployment's king, from the store
     policy = harness.policy_for(
-        pipeline, config.policy_file, margin=config.margin, max_train_gap=config.max_train_gap,
+        pipeline, config.policy_file, context=context, margin=config.margin, max_train_gap=config.max_train_gap,
         require_significant=config.require_significant, min_quality_std=config.min_quality_std, live_sample=config.live_sample,
         rate_limit_s=None if config.rate_limit_hours is None else config.rate_limit_hours * 3600)
     live, tasks = harness.live_for(pipeline)

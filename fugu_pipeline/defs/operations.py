@@ -19,7 +19,6 @@ a refreshed catalog into re-collection, and freshness checks.
 
 from __future__ import annotations
 
-import os
 import dagster as dg
 
 from fugu_pipeline.defs.catalog import FINGERPRINT_TAG, RESPONSES_KEY, openrouter_catalog
@@ -38,6 +37,7 @@ from fugu_pipeline.defs.models import (
 )
 from fugu_pipeline.defs.partitions import batch_x_worker, partition_run_request, task_batches, workers
 from fugu_pipeline.defs.triage import eval_report_triage, triage_head
+from fugu_pipeline.settings import settings
 
 # every asset promoted_router reads: a job without router_heads and eval_report_heads failed on a
 # fresh project (no stored heads report) and promoted from a stale one elsewhere
@@ -72,7 +72,7 @@ build_and_train_job = dg.define_asset_job(
 openrouter_catalog_schedule = dg.ScheduleDefinition(
     name="openrouter_catalog_schedule",
     job=refresh_catalog_job,
-    cron_schedule=os.environ.get("FUGU_CATALOG_CRON", "0 * * * *"),
+    cron_schedule=settings().catalog_cron,
     default_status=dg.DefaultScheduleStatus.STOPPED,
     description="Refreshes openrouter_catalog (FUGU_CATALOG_CRON, default hourly). Off by default: turning it on "
                 "lets catalog changes re-collect (and spend money) through catalog_update_sensor.",
@@ -95,7 +95,7 @@ def _cursor_storage_id(context: dg.SensorEvaluationContext) -> int:
 
 @dg.sensor(
     name="catalog_update_sensor",
-    minimum_interval_seconds=int(os.environ.get("FUGU_CATALOG_UPDATE_SENSOR_INTERVAL_S", "60")),
+    minimum_interval_seconds=settings().catalog_update_sensor_interval_s,
     asset_selection=[RESPONSES_KEY],
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Reacts to each new openrouter_catalog materialization (the schedule's, or one launched by hand): "

@@ -20,10 +20,11 @@ class RolesAssetConfig(dg.Config):
     """Roles trainer YAML relative to the project directory (RolesConfig)."""
     eval_seeds: int = 1
     """Sampling seeds per held-out task in the report."""
-    margin: float = 0.02
-    """Reward the challenger must gain over the promoted coordinator (TinyRouter's king + 0.02 rule)."""
-    max_train_gap: float = 0.25
-    """Largest allowed train minus held-out reward."""
+    margin: float | None = None
+    """Composite the challenger must gain over the promoted coordinator (None: the policy file's, 0.02:
+    TinyRouter's king + 0.02 rule)."""
+    max_train_gap: float | None = None
+    """Largest allowed train minus held-out reward (None: the policy file's, 0.25)."""
     replace_broken_king: bool = False
     """When the promoted coordinator cannot be loaded, let the new one replace it facing the baselines
     only; the history records that this run asked (default: the step fails and says why, and the
@@ -126,7 +127,7 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
 
     cfg, tasks, run = _open(context, config, pipeline, encoder)
     # the project's promotion policy (configs/promotion.yaml: composite, overfit rule, gates), as for the router
-    policy = policy_for(pipeline, margin=config.margin, max_train_gap=config.max_train_gap)
+    policy = policy_for(pipeline, context=context, margin=config.margin, max_train_gap=config.max_train_gap)
     with run as r:
         try:
             rep = evaluate_coordinator(r, Path(router_roles), tasks, cfg, pipeline.paths.models, seeds=config.eval_seeds,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import dagster as dg
 
@@ -21,8 +20,9 @@ from fugu_pipeline.defs.resources import PipelineResource, config_skip
 from fugu_pipeline.defs.versions import EMPTY_VERSION, file_version, latest_data_versions
 from fugu_pipeline.tasks.loading import TaskFileError, load_tasks, scan_batch_files, shown_name
 from fugu_pipeline.workers.config import WorkerConfigError
+from fugu_pipeline.settings import settings
 
-BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "10"))
+BATCH_SENSOR_INTERVAL_S = settings().batch_sensor_interval_s
 _DIGESTS: dict[str, tuple[tuple[int, int, int], str]] = {}  # path -> ((inode, size, mtime ns), digest): this process's
 
 

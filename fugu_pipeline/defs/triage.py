@@ -80,7 +80,7 @@ def eval_report_triage(context: dg.AssetExecutionContext, config: TriagePromotio
     from fugu_pipeline.train.checkpoints import CheckpointError
 
     try:
-        outcome = run_contest(TriageKind(data), [triage_head], pipeline.paths.models, policy_for(pipeline),
+        outcome = run_contest(TriageKind(data), [triage_head], pipeline.paths.models, policy_for(pipeline, context=context),
                               replace_broken_king=broken_king_ask(context, config.replace_broken_king))
     except CheckpointError as exc:  # the promoted triage head is broken and nobody asked to replace it
         raise dg.Failure(description=str(exc)) from None

@@ -11,7 +11,6 @@ whole, by a rename, so the copy is the last build).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 import tempfile
@@ -25,6 +24,7 @@ import duckdb
 import numpy as np
 
 from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.settings import settings
 
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def _holder(exc: duckdb.IOException) -> str:
 def open_read_only(db_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     """A read-only connection to the matrix, even while another process holds a read-write one
     (see the module docstring)."""
-    wait_s = float(os.environ.get("FUGU_DUCKDB_LOCK_WAIT_S", "5"))
+    wait_s = settings().duckdb_lock_wait_s
     deadline, delay, warned = time.monotonic() + wait_s, 0.1, False
     while True:
         try:

@@ -18,11 +18,12 @@ fields, all optional, at the top level or inside a `fugu_lite` object (top level
 `fugu_allowed_workers` / `fugu_lite.allowed_workers` (worker ids; an unknown id is a 400),
 `fugu_cost_weight` / `fugu_lite.cost_weight` (float >= 0; used by quality heads),
 `domain` / `fugu_lite.domain` (hint fed to the encoder's prompt template and prompt rules; default
-"general"), `fugu_budget` / `fugu_lite.budget` (a cost cap, `{"share": 0.3}` of the strongest
-worker's cost or `{"usd_per_1k": 2.5}`, optionally `"margin_z"`: λ comes from the checkpoint's
+"general"), `fugu_budget` / `fugu_lite.budget` (a cost cap, `cost_cap.py`: `{"share": 0.3}` of the
+strongest worker's cost or `{"usd_per_1k": 2.5}`, optionally `"margin_z"`, or the same as the string
+`"share=0.3"`: λ comes from the checkpoint's
 budget calibration, chosen on validation; the expected cost counts every message's text, which
 is what the worker is billed for). A server-wide default cap (`default_budget`, `fugu-lite serve
---budget-share/--budget-usd-per-1k`) applies to requests that send neither `fugu_budget` nor
+--cap`) applies to requests that send neither `fugu_budget` nor
 `fugu_cost_weight`.
 Concurrent requests are routed together in one encoder pass (`batching.py`). The router is a
 `Router` (a fixed checkpoint) or a `PromotedRouter` (follows `models/promoted/current.json`, so a

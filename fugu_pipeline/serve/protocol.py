@@ -21,7 +21,8 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from fugu_pipeline.route.budget import Budget
+from fugu_pipeline.cost_cap import KEYS as CAP_KEYS
+from fugu_pipeline.cost_cap import CapError, CostCap
 from fugu_pipeline.route.router import MAX_COST_WEIGHT
 from fugu_pipeline.serve import json_body
 from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES
@@ -40,7 +41,7 @@ _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (
 _INTS = {"max_tokens": 1, "max_completion_tokens": 1, "seed": None}  # name -> minimum
 _TYPED = {"user": (str,), "reasoning_effort": (str,)}
 _FUGU_KEYS = {"allowed_workers", "cost_weight", "domain", "budget"}
-_BUDGET_KEYS = {"usd_per_1k", "share", "margin_z"}
+_BUDGET_KEYS = set(CAP_KEYS)
 
 
 class APIError(Exception):
@@ -89,7 +90,7 @@ class ChatRequest:
     domain: str | None = None
     allowed: tuple[str, ...] | None = None
     cost_weight: float | None = None
-    budget: Budget | None = None
+    budget: CostCap | None = None
     billed_text: str = ""  # every message's text: what the worker is billed for (the budget's expected cost)
     ignored: list[str] = field(default_factory=list)  # fields that have no effect, each with why
     mode: str = "one_step"  # `fugu_mode`: "multi_turn" goes to the coordinator (`multi_turn.py`)
@@ -308,12 +309,19 @@ def unservable(req: ChatRequest, skipped: list[dict], info: dict, headers: dict)
                     extra={"fugu_lite": info}, headers=headers)
 
 
-def parse_budget(raw) -> Budget | None:
-    """`fugu_budget`: {"usd_per_1k": 2.5} or {"share": 0.3}, optionally with "margin_z" (default 1.645)."""
+def parse_budget(raw) -> CostCap | None:
+    """`fugu_budget`: {"usd_per_1k": 2.5} or {"share": 0.3}, optionally with "margin_z" (default 1.645),
+    or the same cap as `--cap` spells it, "share=0.3" (`cost_cap.py`)."""
     if raw is None:
         return None
     how = ('\'fugu_budget\' must be an object with exactly one of "usd_per_1k" (USD per 1,000 requests, > 0) and '
-           '"share" (of the strongest worker\'s cost, > 0), and optionally "margin_z" (>= 0)')
+           '"share" (of the strongest worker\'s cost, > 0), and optionally "margin_z" (>= 0), or a string like '
+           '"share=0.3"')
+    if isinstance(raw, str):
+        try:
+            return CostCap.parse(raw[:200], "fugu_budget")
+        except CapError as exc:
+            raise APIError(400, str(exc), param="fugu_budget", code="invalid_value") from None
 
     def bad(what: str) -> APIError:  # the field and what is wrong with it first, then the shape
         return APIError(400, f"{what}; {how}", param="fugu_budget", code="invalid_value")
@@ -327,7 +335,7 @@ def parse_budget(raw) -> Budget | None:
         if not _is_num(v):
             raise bad(f"'fugu_budget.{k}' must be a finite number, got {_json_type(v)}")
     try:
-        return Budget(**{k: float(v) for k, v in raw.items()})
+        return CostCap(**{k: float(v) for k, v in raw.items()})
     except ValidationError as exc:
         e = exc.errors()[0]
         field = f"'fugu_budget.{e['loc'][0]}': " if e["loc"] else ""

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import socket
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from fugu_pipeline.serve.connections import ConnectionLimits, connection_cap, uv
 from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES
 from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S, project_catalog
 from fugu_pipeline.route.router import RouterError
+from fugu_pipeline.settings import settings
 from fugu_pipeline.workers.config import load_workers_config
 
 log = logging.getLogger("fugu_pipeline.serve")
@@ -183,7 +183,8 @@ def serve(
 
     if torch_threads:
         torch.set_num_threads(torch_threads)
-    token = (api_token if api_token is not None else os.environ.get("FUGU_SERVE_TOKEN")) or None  # "" is no token
+    env_token = settings().serve_token
+    token = (api_token if api_token is not None else env_token and env_token.get_secret_value()) or None  # "" is no token
     if token is None and host not in LOOPBACK:
         log.warning("serving on %s without a token: set FUGU_SERVE_TOKEN (or --token), and put TLS in front", host)
     # the one-step router and the multi-turn coordinator ("fugu_mode": "multi_turn"), whichever the path gives

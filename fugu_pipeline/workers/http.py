@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from fugu_pipeline.settings import settings
 from fugu_pipeline.workers.config import (
     OpenAICompatibleWorker,
     OpenRouterWorker,
@@ -179,8 +180,9 @@ class HTTPWorkerClient:
             h["Authorization"] = f"Bearer {key}"
         if self.is_openrouter:
             h["X-Title"] = APP_TITLE
-            if os.environ.get("FUGU_APP_URL"):
-                h["HTTP-Referer"] = os.environ["FUGU_APP_URL"]
+            app_url = settings().app_url
+            if app_url:
+                h["HTTP-Referer"] = app_url
         return h
 
     def _body(self, messages: list[dict[str, str]], params: dict | None = None) -> dict:

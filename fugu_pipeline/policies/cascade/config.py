@@ -8,7 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fugu_pipeline.policies.cascade.search import Cap, CascadeSearch
+from fugu_pipeline.cost_cap import CostCap
+from fugu_pipeline.policies.cascade.search import CascadeSearch
 
 
 class CascadeConfig(BaseModel):
@@ -17,8 +18,9 @@ class CascadeConfig(BaseModel):
     enabled: Literal["auto", "on", "off"] = Field(
         "auto", description="auto: fit cascades when the matrix holds the workers' replies; on: refuse a matrix without")
     workers: list[str] | None = Field(None, description="the workers a cascade may call (default: every worker)")
-    cap: Cap | None = Field(None, description="a cost cap for every domain: {usd_per_1k: 2.5} or {share: 0.3}")
-    domain_caps: dict[str, Cap] = Field(default_factory=dict, description="a cap per domain (domains not named: `cap`)")
+    cap: CostCap | None = Field(None, description="a cost cap for every domain: {usd_per_1k: 2.5}, {share: 0.3} or "
+                                "share=0.3, as --cap takes it")
+    domain_caps: dict[str, CostCap] = Field(default_factory=dict, description="a cap per domain (domains not named: `cap`)")
     per_domain: bool = Field(False, description="choose a plan per domain (with enough rows), not one for all")
     search: CascadeSearch = CascadeSearch()
     n_boot: int = Field(2000, ge=200, description="bootstrap resamples of the out-of-fold gain's 95% interval")

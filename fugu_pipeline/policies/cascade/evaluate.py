@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.evaluate.metrics import paired_bootstrap
 
 
@@ -160,7 +161,7 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
     codes = answer_codes(grid.final)
     per_row: dict = {}
     for share in TABLE_SHARES:
-        fit = [p for p in plans if p[0] <= share * ref * (1 + 1e-9)]
+        fit = [p for p in plans if within_cap(p[0], share * ref)]
         if not fit:
             per_row[f"cascade@{share}"] = None
             continue

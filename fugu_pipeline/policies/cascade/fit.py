@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import CostCap, within_cap
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import AnswerGrid
 from fugu_pipeline.policies.cascade.config import CascadeConfig
@@ -40,7 +41,7 @@ from fugu_pipeline.policies.cascade.choice import (
     ladder_fold,
     rung_name,
 )
-from fugu_pipeline.policies.cascade.search import Cap, CapUnmet, Grid, run_policy, search_policy
+from fugu_pipeline.policies.cascade.search import CapUnmet, Grid, run_policy, search_policy
 from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, fold_ids, interval
 from fugu_pipeline.policies.cascade.verifier import Verifier, VerifierInputs, fit_all, oof_scores
 from fugu_pipeline.policies.cascade.verifier_context import context_json, with_context
@@ -281,7 +282,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         diff = v - oof[ref_name]
         lo, hi = paired_interval(diff, cfg.n_boot, seed) if name != ref_name else (0.0, 0.0)
         note = "unavailable: no plan within this share of the strongest's cost in some fold" if name in missing else ""
-        if cap_usd is not None and cost_of[name].mean() > cap_usd * (1 + 1e-9):
+        if cap_usd is not None and not within_cap(cost_of[name].mean(), cap_usd):
             note = f"over the cap (${cost_of[name].mean() * 1000:.4g} > ${cap_usd * 1000:.4g} per 1,000)"
         cands.append(CandidateFigure(name, kind, float(v.mean()), float(qual_of[name].mean()), float(cost_of[name].mean()),
                                      float(diff.mean()), lo, hi, note, vs, vs_lo, vs_hi))
@@ -313,7 +314,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         share_won = 1.0 if share_won is None else share_won
     try:
         if share_won is not None:
-            policy, choices = search_policy(g_all, rows, doms, cfg.search, Cap(share=share_won), {}, cfg.per_domain, allowed)
+            policy, choices = search_policy(g_all, rows, doms, cfg.search, CostCap(share=share_won), {}, cfg.per_domain, allowed)
         else:
             policy, choices = search_policy(g_all, rows, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed)
     except CapUnmet as exc:
@@ -381,5 +382,5 @@ def _best_worker(g: Grid, rows: np.ndarray, capped: bool, cfg: CascadeConfig, do
         u = [float(g.run(CascadePlan(steps=[CascadeStep(workers=[g.worker_ids[j]])]), rows)[2].mean()) for j in usable]
         return usable[int(np.argmax(u))] if not capped else usable[int(np.argmax(q[usable]))]
     limit = cfg.cap.usd_per_request(g.exp_cost[int(np.argmax(q))])
-    within = [j for j in usable if g.exp_cost[j] <= limit * (1 + 1e-9)]
+    within = [j for j in usable if within_cap(g.exp_cost[j], limit)]
     return max(within, key=lambda j: q[j]) if within else min(usable, key=lambda j: g.exp_cost[j])

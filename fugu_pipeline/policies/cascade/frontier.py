@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.policies.cascade.search import CascadeSearch, candidate_plans, strongest
 
 SHARES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.33, 0.4, 0.5, 0.6, 0.75, 1.0)
@@ -37,7 +38,7 @@ def plan_points(grid, rows, cfg, allowed, memo: dict | None = None) -> list[tupl
 
 def best_within(points, cap: float):
     """The most accurate point whose cost is within `cap` (ties: the cheaper, then the first), or None."""
-    within = [p for p in points if p[0] <= cap * (1 + 1e-9)]
+    within = [p for p in points if within_cap(p[0], cap)]
     return max(within, key=lambda p: (p[1], -p[0])) if within else None
 
 

@@ -26,6 +26,7 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.route.router import CASCADE_PLAN, BudgetUnavailable, RouteDecision, Router, RouterError
 from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
 
@@ -69,8 +70,8 @@ class CascadeRouter(Router):
             raise BudgetUnavailable(f"{self.path}: this cascade records no budget points; retrain it with `fugu-lite train`")
         strongest = max(self.worker_quality, key=self.worker_quality.get) if self.worker_quality else None
         ref = self.expected_cost.get(strongest, 0.0) if strongest else max(self.expected_cost.values(), default=0.0)
-        cap = budget.usd_per_1k / 1000.0 if budget.usd_per_1k is not None else budget.share * ref
-        within = [p for p in frontier if p["cost_usd"] <= cap * (1 + 1e-9)]
+        cap = budget.usd_per_request(ref)
+        within = [p for p in frontier if within_cap(p["cost_usd"], cap)]
         if not within:
             usd = _rounded_up(min(p["cost_usd"] for p in frontier) * 1000)
             share = f"a share of at least {_rounded_up(usd / 1000 / ref):g} or " if ref > 0 else ""
