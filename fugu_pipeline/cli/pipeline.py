@@ -75,8 +75,11 @@ def cmd_pipeline(args) -> int:
         print(f"reward matrix: {rm.get('tasks')} tasks x {rm.get('workers')} workers, "
               f"{rm.get('cells_filled')}/{rm.get('cells_expected')} cells -> {rm.get('path')}")
         print(f"utility: {rm.get('utility')}")
+    fresh = results.fresh
     emb = results.get("task_embeddings", {})
-    if emb:
+    if emb and "task_embeddings" in fresh:
+        print(f"embeddings: none encoded ({emb.get('n_prompts')} prompts, {fresh['task_embeddings']})")
+    elif emb:
         print(f"embeddings: {emb.get('n_computed')} encoded, {emb.get('n_cached')} from cache; {emb.get('encoder')}")
     for m in ("sft", "rl", "es", "heads"):
         r = results.get(f"eval_report_{m}")
@@ -92,14 +95,21 @@ def cmd_pipeline(args) -> int:
     if t:
         print(f"triage: domain accuracy {t['domain_accuracy']:.4f} (majority {t['domain_majority_baseline']:.4f}), "
               f"difficulty accuracy {t['difficulty_accuracy']:.4f} (majority {t['difficulty_majority_baseline']:.4f})")
-        if "promoted" in t:
+        if "promoted" in t and "eval_report_triage" in fresh:
+            print(f"triage promotion: not tried again ({fresh['eval_report_triage']})")
+        elif "promoted" in t:
             print(f"triage promotion: {'promoted' if t['promoted'] else 'no change'}")
     p = results.get("promoted_router")
-    if p:
+    if p and "promoted_router" in fresh:  # no challenger changed: no attempt (none is spent against the rate limit)
+        print(f"promotion: not tried again, no challenger changed ({fresh['promoted_router']}); the king: "
+              f"{p.get('current_checkpoint') or 'none'}")
+    elif p:
         print(f"promotion: {'promoted ' + str(p.get('challenger')) if p.get('promoted') else 'no change'}")
         print((p.get("decision") or "").strip())
     r = results.get("eval_report_roles")
-    if r:
+    if r and "eval_report_roles" in fresh:
+        print(f"multi-turn coordinator: not evaluated again ({fresh['eval_report_roles']}); report {r.get('report')}")
+    elif r:
         print("multi-turn coordinator, held-out:")
         print((r.get("per_domain") or "").strip())
         print((r.get("verdicts") or "").strip())
