@@ -107,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-rules", default=None, choices=["auto", "on", "off"],
                    help="router_heads: the prompt-rules mode (default: the asset's, auto)")
 
+    p = add("materialize", pipeline.cmd_materialize, "materialize one asset (one partition) through Dagster, as the "
+            "UI would; a missing asset, partition or input is one line")
+    p.add_argument("asset", help="the asset, e.g. tasks, router_es, eval_report_heads")
+    p.add_argument("--partition", default=None, help="a partitioned asset's partition: BATCH for tasks, BATCH|WORKER for responses")
+    p.add_argument("--project-dir", default=".", help="project root (holds data/, models/, dagster.yaml)")
+    p.add_argument("--workers", default="configs/workers.mock.yaml", help="worker YAML (default: the offline mock pool)")
+    p.add_argument("--encoder", default=None, help="'tiny' (offline), a local model directory, or a hub id")
+
     p = add("doctor", pipeline.cmd_doctor, "check Python, torch/CUDA, the key (present or not), Dagster home, disk")
     p.add_argument("--project-dir", default=".")
 

@@ -124,6 +124,28 @@ def cmd_pipeline(args) -> int:
     return 0
 
 
+def cmd_materialize(args) -> int:
+    """`fugu-lite materialize ASSET [--partition P]`: one asset (one partition) on the project's
+    instance, every error in one line (an asset or partition that does not exist, a missing or stale
+    input, a failed step)."""
+    from fugu_pipeline.defs.deploy import InstanceUnavailable
+    from fugu_pipeline.defs.runner import BlockingCheckFailed, NoSuchTarget, ProjectBusy, StepFailed, materialize_one
+
+    project = Path(args.project_dir).resolve()
+    if not project.is_dir():
+        print(f"error: project directory {project} does not exist", file=sys.stderr)
+        return 2
+    try:
+        materialize_one(project, args.workers, args.asset, args.partition, encoder=encoder_name(args))
+    except (NoSuchTarget, InstanceUnavailable, ProjectBusy) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (BlockingCheckFailed, StepFailed) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_doctor(args) -> int:
     import platform
     import shutil

@@ -19,7 +19,7 @@ from fugu_pipeline.defs.partitions import (
     task_batches,
 )
 from fugu_pipeline.defs.resources import PipelineResource
-from fugu_pipeline.defs.settings import REWARD_KEY, config_reward, record_read, reward_version
+from fugu_pipeline.defs.settings import config_reward
 from fugu_pipeline.defs.shared import SharedStore
 from fugu_pipeline.defs.versions import RESPONSES_VERSION, file_version, responses_version
 from fugu_pipeline.matrix.build import build, from_import
@@ -251,7 +251,6 @@ def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig,
     listed under `refused_batch_files`."""
     built_from = responses_version(context.instance)  # before reading any file: what this build holds at least
     workers_config = pipeline.load_workers()
-    record_read(context, REWARD_KEY, reward_version(pipeline))
     paths = pipeline.paths
     refused = scan_batch_files(paths.benchgen)[1]
     for exc in refused:

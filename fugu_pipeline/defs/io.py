@@ -13,8 +13,8 @@ from fugu_pipeline.defs.failures import explained_failure
 
 def first_hint(name: str) -> str:
     """What to do about an input `name` that is missing or stale."""
-    return (f"materialize it first (dagster asset materialize -m fugu_pipeline.definitions --select {name}, or "
-            "\"Materialize stale and missing\" in the UI) or run the main job (fugu-lite pipeline)")
+    return (f"materialize it first (fugu-lite materialize {name}; dagster asset materialize -m fugu_pipeline.definitions "
+            f"--select {name}; or \"Materialize stale and missing\" in the UI) or run the main job (fugu-lite pipeline)")
 
 
 class NamedUpstream(dg.IOManager):

@@ -22,7 +22,7 @@ from fugu_pipeline.defs.metadata import tidy
 from fugu_pipeline.defs.partitions import GPU_POOL
 from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline.defs.rows import SharedEmbeddings, cache_root, push_checkpoint, rows_for
-from fugu_pipeline.defs.settings import ENCODER_KEY, SETTINGS_FILES, record_read
+from fugu_pipeline.defs.settings import ENCODER_KEY, SETTINGS_FILES
 from fugu_pipeline.defs.staleness import require_fresh_inputs
 from fugu_pipeline.hashing import canonical_json, sha256_text
 from fugu_pipeline.steps.cascade import cascade_code_version
@@ -66,14 +66,11 @@ def _step_errors():
 def _train(context, config: TrainConfig, pipeline: PipelineResource, encoder: EncoderResource, method: str,
            warm_start: str | None) -> dg.Output[str]:
     from fugu_pipeline.defs.training import GatheredLog, train_result_metadata
-    from fugu_pipeline.steps.oneshot import stage_config, train_stage
+    from fugu_pipeline.steps.oneshot import train_stage
 
     require_fresh_inputs(context)
     root = pipeline.paths.root
     try:
-        _cfg, path, version = stage_config(method, root, config.config_path)
-        if config.config_path is None:
-            record_read(context, f"config_train_{method}", version)
         record = train_stage(method, rows_for(context, pipeline, encoder), pipeline.paths.models, root=root,
                              config=config.config_path, warm_start=warm_start, force=config.force, log=context.log.info,
                              gathered=GatheredLog)
@@ -83,13 +80,24 @@ def _train(context, config: TrainConfig, pipeline: PipelineResource, encoder: En
     if not record.reused:
         push_checkpoint(context, pipeline, Path(ckpt))
     return dg.Output(ckpt, data_version=dg.DataVersion(Path(ckpt).name),
-                     metadata={**train_result_metadata(ckpt), **_record_metadata(record)})
+                     metadata={**train_result_metadata(ckpt), **_record_metadata(record, config)})
 
 
-def _record_metadata(record) -> dict:
-    """Whether the step ran or kept its earlier output for the same inputs (and since when)."""
+def _record_metadata(record, config: dg.Config | None = None) -> dict:
+    """Whether the step ran or kept its earlier output for the same inputs (and since when), and the
+    run config it was given (the fields set; Dagster's staleness does not see run config, the main
+    job compares it: `plan.py`)."""
     return {"step": f"kept: inputs unchanged since {record.when()}" if record.reused else "computed",
-            "step_fingerprint": record.fingerprint}
+            "step_fingerprint": record.fingerprint,
+            **({RUN_CONFIG: dg.MetadataValue.json(given_config(config))} if config is not None else {})}
+
+
+RUN_CONFIG = "run_config"
+
+
+def given_config(config: dg.Config) -> dict:
+    """The fields of an asset's run config that differ from their defaults."""
+    return {k: getattr(config, k) for k, f in sorted(type(config).model_fields.items()) if getattr(config, k) != f.default}
 
 
 def _stage_asset(method: str) -> dg.AssetsDefinition:
@@ -148,8 +156,6 @@ def _heads_record(context, config: HeadsConfig, pipeline: PipelineResource, enco
                                 "the config file's features.prompt_rules)")
     try:
         cfg, path, version = heads_config(pipeline.paths.root, config.config_path)
-        if config.config_path is None:
-            record_read(context, "config_train", version)
         return fit_heads(cfg, rows_for(context, pipeline, encoder), pipeline.paths.models, cfg_path=path,
                          cfg_version=version, force=config.force, lexical=config.lexical, layer_sets=config.layer_sets,
                          prompt_rules=config.prompt_rules, log=context.log.info)
@@ -187,7 +193,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
                   **({"default_point": s["default_point"], "default_point_reason": s["default_point_reason"]}
                      if s.get("default_point") else {}),
                   "heads": dg.MetadataValue.md("\n".join(rows)), "seconds": dg.MetadataValue.json(s["seconds"]),
-                  **_record_metadata(record)},
+                  **_record_metadata(record, config)},
         data_version=dg.DataVersion(version),
     )
 
@@ -218,8 +224,7 @@ def router_cascade(context: dg.AssetExecutionContext, pipeline: PipelineResource
     require_fresh_inputs(context)
     heads = heads_record_of(router_heads, pipeline)
     try:
-        cfg, _path, version = heads_config(pipeline.paths.root)
-        record_read(context, "config_train", version)
+        cfg, _path, _version = heads_config(pipeline.paths.root)
         record = fit_cascade(cfg, rows_for(context, pipeline, encoder), pipeline.paths.models, heads, log=context.log.info)
     except (*_step_errors(), ValueError) as exc:  # a cap no plan meets, a worker without replies: one line
         raise explained_failure(f"cascade: {exc}") from None

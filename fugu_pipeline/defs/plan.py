@@ -16,7 +16,8 @@ A few inputs are files Dagster cannot see, so their versions are compared here, 
   from (Dagster stops comparing partition versions above 100 partitions), and a matrix imported
   from routing data is rebuilt from the collection;
 - any asset: an output its latest materialization names (a checkpoint, a report, the matrix file)
-  that is gone from disk.
+  that is gone from disk; and the run config it was given (`--layer-sets` for `router_heads`), which
+  Dagster's versions do not cover, against the one asked for now.
 """
 
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from fugu_pipeline.defs.models import RUN_CONFIG
 from fugu_pipeline.defs.staleness import StaleStatus, cause_text, resolver
 from fugu_pipeline.defs.versions import DATA_VERSION_TAG, RESPONSES_VERSION, file_version, responses_version
 
@@ -122,12 +124,15 @@ class Planner:
                 why = "stale: responses changed"
         return Decision("reward_matrix", None, True, why) if why else self._fresh("reward_matrix", None, record)
 
-    def downstream(self, keys: list[str]) -> list[Decision]:
+    def downstream(self, keys: list[str], run_config: dict[str, dict] | None = None) -> list[Decision]:
         """One decision per key, in the order given (the graph's): runs when missing, stale, its output
-        gone, or downstream of a step that runs."""
+        gone, given another run config than its latest materialization was, or downstream of a step
+        that runs."""
         out, running = [], set()
         for key in keys:
             why, record = self._status(key)
+            if why is None and RUN_CONFIG in (meta := _meta(record)) and meta[RUN_CONFIG] != (run_config or {}).get(key, {}):
+                why = f"stale: its run config changed ({meta[RUN_CONFIG]} -> {(run_config or {}).get(key, {})})"
             parents = {p.to_user_string() for p in self.graph.get(dg.AssetKey(key)).parent_keys}
             if why is None and parents & running:
                 why = f"upstream runs ({', '.join(sorted(parents & running))})"

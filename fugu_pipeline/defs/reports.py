@@ -17,7 +17,7 @@ from fugu_pipeline.defs.models import heads_record_of
 from fugu_pipeline.defs.partitions import GPU_POOL, ROUTER_FRESHNESS
 from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline.defs.rows import cache_root, feature_source, rows_for
-from fugu_pipeline.defs.settings import SETTINGS_FILES, record_read
+from fugu_pipeline.defs.settings import SETTINGS_FILES
 from fugu_pipeline.defs.shared import SharedStore
 from fugu_pipeline.defs.staleness import require_fresh_inputs
 from fugu_pipeline.defs.versions import file_version
@@ -69,11 +69,9 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     from fugu_pipeline.defs.models import _record_metadata
     from fugu_pipeline.matrix.read import read_data_version
     from fugu_pipeline.steps.reports import evaluate_oneshot
-    from fugu_pipeline.steps.versions import settings_version
 
     require_fresh_inputs(context)
     policy = harness.policy_for(pipeline)
-    record_read(context, POLICY.key, settings_version(pipeline.paths.resolve("configs/promotion.yaml")))
     live, tasks = harness.live_for(pipeline)  # the TinyRouter composite against the current king
     try:
         done = evaluate_oneshot(checkpoint, feature_source(context, pipeline, encoder), pipeline.paths.models,

@@ -11,10 +11,10 @@ from fugu_pipeline.defs.metadata import LIVE_KIND, LIVE_WORKERS, tidy
 from fugu_pipeline.defs.partitions import GPU_POOL
 from fugu_pipeline.defs.reports import promoted_router
 from fugu_pipeline.defs.resources import PipelineResource
-from fugu_pipeline.defs.settings import SETTINGS_FILES, record_read
+from fugu_pipeline.defs.settings import SETTINGS_FILES
 from fugu_pipeline.defs.staleness import require_fresh_inputs
 from fugu_pipeline.defs.versions import file_version
-from fugu_pipeline.steps.versions import code_version, settings_version
+from fugu_pipeline.steps.versions import code_version
 
 ROLES_SETTINGS = SETTINGS_FILES["config_train_roles"]
 
@@ -45,8 +45,7 @@ def _open(context, config: RolesAssetConfig, pipeline: PipelineResource, encoder
         cfg = load_roles_config(path)
     except ConfigError as exc:
         raise explained_failure(str(exc)) from None
-    if config.config_path == RolesAssetConfig.model_fields["config_path"].default:
-        record_read(context, ROLES_SETTINGS.key, settings_version(path))
+
     workers = pipeline.load_workers()
     refused: list = []  # a batch file the reward matrix left out is left out here too, with a warning
     try:

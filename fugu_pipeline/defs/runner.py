@@ -277,8 +277,72 @@ def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, 
     keys = downstream[:downstream.index(stop_after) + 1] if stop_after in downstream else downstream
     if roles and stop_after not in downstream:  # the coordinator, after the one-step chain it warm-starts from and compares with
         keys = keys + (ROLES_STEPS[:ROLES_STEPS.index(stop_after) + 1] if stop_after in ROLES_STEPS else ROLES_STEPS)
-    steps(Planner(instance, defs).downstream(keys))
+    steps(Planner(instance, defs).downstream(keys, asset_config))
     return results
+
+
+class NoSuchTarget(ValueError):
+    """`fugu-lite materialize` names an asset or a partition that does not exist: one line, nothing run."""
+
+
+def materialize_one(project_dir: Path, workers_config: str, key: str, partition: str | None = None, *,
+                    encoder: str | None = None, echo: Callable[[str], None] = print) -> dict:
+    """Materialize one asset (one partition of a partitioned one) on the project's instance, as the UI
+    would: the batch files and workers registered as partitions first, the settings observed. An
+    asset or partition that does not exist is NoSuchTarget, one line with the ones that do; a missing
+    or stale input is the step's own line (StepFailed). Returns the materialization's metadata."""
+    from fugu_pipeline.defs.assemble import build_defs
+    from fugu_pipeline.defs.sensors import register_partitions
+    from fugu_pipeline.defs.settings import observe
+
+    with project_lock(project_dir.resolve()):
+        os.chdir(project_dir)
+        defs = build_defs(str(project_dir), workers_config, encoder)
+        graph = defs.resolve_asset_graph()
+        names = sorted(k.to_user_string() for k in graph.materializable_asset_keys)
+        if key not in names:
+            raise NoSuchTarget(f"no asset {key!r}; nothing was run. The assets: {', '.join(names)}")
+        instance = project_instance(project_dir, echo)
+        pipeline = defs.resources["pipeline"]
+        found, _refused = register_partitions(instance, pipeline)
+        part = _partition_of(graph.get(dg.AssetKey(key)), key, partition, [b for b, _ in found],
+                             pipeline.load_workers().worker_ids, pipeline.paths.benchgen)
+        observe(instance, pipeline, defs.resources["encoder"])
+        job = defs.resolve_implicit_global_asset_job_def().with_logger_defs({"console": cli_console})
+        label = f"{key}[{partition}]" if partition else key
+        t0 = time.monotonic()
+        try:
+            res = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey(key)], partition_key=part,
+                                         tags=MAIN_JOB_TAGS, run_config={"loggers": {"console": {}}}, raise_on_error=True)
+        except DagsterAssetCheckFailedError:
+            raise BlockingCheckFailed(_blocking_failures(instance, key)) from None
+        except dg.Failure as exc:
+            raise StepFailed(f"{label} failed: {exc.description}", exc) from None
+        mats = res.get_asset_materialization_events()
+        echo(f"  {label:<40} done in {time.monotonic() - t0:6.2f}s")
+        return {k: getattr(v, "value", v) for k, v in (mats[-1].materialization.metadata.items() if mats else ())}
+
+
+def _partition_of(node, key: str, partition: str | None, batches: list[str], workers: list[str], folder: Path):
+    """The partition key to run, checked against the batch files and the worker config."""
+    if not node.is_partitioned:
+        if partition is not None:
+            raise NoSuchTarget(f"{key} is not partitioned; drop --partition {partition}")
+        return None
+    if partition is None:
+        raise NoSuchTarget(f"{key} is partitioned: give --partition (batches: {', '.join(batches) or 'none'})")
+    batch, _, worker = partition.partition("|")
+    if batch not in batches:
+        raise NoSuchTarget(f"partition {partition!r} of {key} does not exist: no batch file {folder / (batch + '.jsonl')}"
+                           f" (batches: {', '.join(batches) or 'none'}); add the file there or name an existing batch")
+    if key == "tasks":
+        if worker:
+            raise NoSuchTarget(f"tasks is partitioned by batch only: --partition {batch}")
+        return batch
+    if worker not in workers:
+        raise NoSuchTarget(f"partition {partition!r} of {key}: give BATCH|WORKER, a worker of the worker config "
+                           f"({', '.join(workers)})")
+    return dg.MultiPartitionKey({"batch": batch, "worker": worker})
 
 
 def _progress_logger(echo: Callable[[str], None], results: "PipelineResults | None" = None) -> dg.LoggerDefinition:

@@ -8,9 +8,11 @@ the promotion policy. Dagster records the version each materialization read, so 
 settings changed since is STALE, in the UI and for `fugu-lite pipeline`, and so is nothing else.
 
 Observed by `fugu-lite pipeline` before it decides what to run, by `settings_sensor` (running by
-default: the UI shows an edited YAML's downstream as stale within its interval), by the UI's
-"Observe sources", and by each step as it starts, which records what it read when the file
-changed since the last observation.
+default: the UI shows an edited YAML's downstream as stale within its interval) and by the UI's
+"Observe sources". A materialization records the versions observed when its step started: a file
+edited and materialized before the next observation is recorded under the version before (the
+asset then shows stale, and materializing it again finds the step's record: nothing is retrained).
+A file that changes while its step runs fails the step in one line, and nothing is recorded.
 """
 
 
@@ -92,13 +94,6 @@ def observe(instance: dg.DagsterInstance, pipeline: PipelineResource, encoder: E
     for event in events:
         instance.report_runless_asset_event(event)
     return [e.asset_key.to_user_string() for e in events]
-
-
-def record_read(context: dg.AssetExecutionContext, key: str | dg.AssetKey, version: str) -> None:
-    """A step read settings `key` at `version`: when the last observation says otherwise (edited since,
-    not yet observed), observe it now, so the materialization's provenance names what was read."""
-    if observed_version(context.instance, key) != version:
-        context.log_event(dg.AssetObservation(asset_key=key, tags={DATA_VERSION_TAG: version}, metadata={"version": version}))
 
 
 def _file_asset(spec: SettingsFile) -> dg.SourceAsset:

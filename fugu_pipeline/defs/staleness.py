@@ -18,6 +18,7 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._time import get_current_datetime
 
 from fugu_pipeline.defs.failures import explained_failure
+from fugu_pipeline.defs.io import first_hint
 
 __all__ = ["StaleStatus", "resolver", "cause_text", "require_fresh_inputs"]
 
@@ -75,7 +76,4 @@ def require_fresh_inputs(context: dg.AssetExecutionContext) -> None:
             continue
         name, me = parent.to_user_string(), key.to_user_string()
         why = "was never materialized" if status == StaleStatus.MISSING else f"is stale ({cause_text(res, parent)})"
-        raise explained_failure(
-            f"{me} needs {name}, which {why}; nothing was run",
-            f"materialize {name} first (dagster asset materialize --select {name}, or \"Materialize stale and missing\" "
-            f"in the UI) or run the main job (fugu-lite pipeline)")
+        raise explained_failure(f"{me} needs {name}, which {why}; nothing was run", first_hint(name))
