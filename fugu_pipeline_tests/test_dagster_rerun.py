@@ -131,7 +131,8 @@ def test_changing_the_reward_weight_runs_exactly_the_matrix_and_what_is_downstre
     counted = calls(monkeypatch)
     lines = pipeline(proj)
     assert materialized_since(proj, cursor) == {"reward_matrix", *DOWNSTREAM}, lines
-    assert counted.get("train_sft") == 1 and counted.get("select_heads") == 1, counted
+    assert {"train_sft", "train_rl", "train_es", "select_heads", "train_cascade", "train_triage"} <= set(counted), counted
+    assert counted["train_sft"] == counted["train_es"] == 1, counted  # once each (the head set once per layer setting)
     assert not [k for k in files(proj) if k.startswith("data/responses") and files(proj)[k] != before.get(k)]  # no call
     why = {line.split()[0]: line for line in lines}
     assert "config_reward changed" in why["reward_matrix"] and "skipped, fresh" in why["tasks[sample]"], lines
@@ -234,3 +235,26 @@ def test_a_partition_or_asset_that_does_not_exist_is_one_line_and_runs_nothing(p
     assert err.startswith("error: no asset 'router_esx'; nothing was run. The assets: ") and "router_es," in err
     with dg.DagsterInstance.from_config(str(project)) as instance:
         assert not instance.get_runs()  # nothing was run
+
+
+@pytest.mark.slow
+def test_the_train_commands_and_the_assets_run_the_same_steps(proj, capsys):
+    """`fugu-lite train-sft` then `train-rl --checkpoint` on the project's matrix, with no flag but
+    the encoder: the same config files, features and warm start as `router_sft` and `router_rl`, so
+    the same checkpoints, byte for byte (their folders are named by their content hash)."""
+    from fugu_pipeline.cli.main import main
+
+    pipeline(proj)
+    with dg.DagsterInstance.from_config(str(proj)) as instance:
+        asset = {m: Path(instance.get_latest_materialization_event(dg.AssetKey(f"router_{m}"))
+                         .asset_materialization.metadata["checkpoint"].value) for m in ("sft", "rl")}
+    common = ["--data", "data/reward_matrix.duckdb", "--encoder", "tiny", "--cache-dir", "data/embeddings",
+              "--output", "cli-models"]
+    capsys.readouterr()
+    assert main(["train-sft", *common]) == 0
+    sft = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["train-rl", "--checkpoint", str(sft), *common]) == 0
+    rl = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (sft.parent.name, sft.name) == ("sft", asset["sft"].name)
+    assert (rl.parent.name, rl.name) == ("rl", asset["rl"].name)
+    assert (rl / "head.safetensors").read_bytes() == (asset["rl"] / "head.safetensors").read_bytes()
