@@ -34,8 +34,8 @@ CONFIGS_MODULE = "fugu_pipeline.train.configs"
 
 
 class StageError(ValueError):
-    """A stage cannot run on what it was given (a warm start of another method, a config changed
-    while it ran): one line, nothing recorded."""
+    """A step's input changed under it (its config file while it trained, the matrix under a head
+    set's kept scores): one line, nothing recorded."""
 
 
 def warm_start_of(method: str) -> str | None:
