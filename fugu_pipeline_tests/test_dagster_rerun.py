@@ -13,6 +13,7 @@ And the single assets on a fresh instance, as the `dagster` command line runs th
 materialize first; and a step refuses an input that is stale, in one line.
 """
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -29,13 +30,19 @@ TRAINERS = {"fugu_pipeline.train.sft": "train_sft", "fugu_pipeline.train.rl": "t
             "fugu_pipeline.train.fit": "select_heads", "fugu_pipeline.train.cascade_train": "train_cascade",
             "fugu_pipeline.train.triage": "train_triage", "fugu_pipeline.features.cache": "embed_prompts"}
 
+MATH_PREAMBLE = ("You are taking a maths test. Read the question below carefully, work it out step by step in your head, "
+                 "and then reply with the final number only, without units, words or any explanation of how you got it.\n"
+                 "Example: What is 2 + 2? Answer: 4\n")
+
 
 @pytest.fixture(scope="module")
 def cold(tmp_path_factory):
     """A project after one cold `fugu-lite pipeline` run (in this process, as the command runs it)."""
     project = new_project(tmp_path_factory.mktemp("rerun"))
-    sample = (project / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:120]
-    (project / "data" / "benchgen" / "sample.jsonl").write_text("\n".join(sample) + "\n")
+    rows = [json.loads(line) for line in (project / "data" / "benchgen" / "sample.jsonl").read_text().splitlines()[:120]]
+    for row in rows:  # a preamble every math prompt shares: the SFT stage chooses its prompt rules on validation
+        row["prompt"] = MATH_PREAMBLE + row["prompt"] if row["domain"] == "math" else row["prompt"]
+    (project / "data" / "benchgen" / "sample.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     short_training(project, cascade=False)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DAGSTER_HOME", str(project))
@@ -132,7 +139,7 @@ def test_changing_the_reward_weight_runs_exactly_the_matrix_and_what_is_downstre
     lines = pipeline(proj)
     assert materialized_since(proj, cursor) == {"reward_matrix", *DOWNSTREAM}, lines
     assert {"train_sft", "train_rl", "train_es", "select_heads", "train_cascade", "train_triage"} <= set(counted), counted
-    assert counted["train_sft"] == counted["train_es"] == 1, counted  # once each (the head set once per layer setting)
+    assert counted["train_rl"] == counted["train_es"] == 1, counted  # (SFT with and without its prompt rules)
     assert not [k for k in files(proj) if k.startswith("data/responses") and files(proj)[k] != before.get(k)]  # no call
     why = {line.split()[0]: line for line in lines}
     assert "config_reward changed" in why["reward_matrix"] and "skipped, fresh" in why["tasks[sample]"], lines
@@ -240,8 +247,10 @@ def test_a_partition_or_asset_that_does_not_exist_is_one_line_and_runs_nothing(p
 @pytest.mark.slow
 def test_the_train_commands_and_the_assets_run_the_same_steps(proj, capsys):
     """`fugu-lite train-sft` then `train-rl --checkpoint` on the project's matrix, with no flag but
-    the encoder: the same config files, features and warm start as `router_sft` and `router_rl`, so
-    the same checkpoints, byte for byte (their folders are named by their content hash)."""
+    the encoder: the same config files, the same choice of prompt rules (the math prompts share a
+    preamble), the warm start's own features, so the same checkpoints, byte for byte (their folders
+    are named by their content hash). Before, the asset never chose prompt rules and read the RL
+    warm start on the resource's features."""
     from fugu_pipeline.cli.main import main
 
     pipeline(proj)
@@ -258,3 +267,5 @@ def test_the_train_commands_and_the_assets_run_the_same_steps(proj, capsys):
     assert (sft.parent.name, sft.name) == ("sft", asset["sft"].name)
     assert (rl.parent.name, rl.name) == ("rl", asset["rl"].name)
     assert (rl / "head.safetensors").read_bytes() == (asset["rl"] / "head.safetensors").read_bytes()
+    choice = json.loads((asset["sft"] / "manifest.json").read_text())["metrics"].get("prompt_rules_choice")
+    assert choice and choice["mode"] == "auto", choice  # the asset chose the prompt rules, as the command does

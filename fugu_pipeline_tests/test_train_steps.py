@@ -55,11 +55,18 @@ def counting(monkeypatch) -> list[int]:
     return calls
 
 
-def test_train_sft_reads_the_projects_config_file_like_the_asset(work):
+def test_train_sft_reads_the_projects_config_file_or_else_the_built_in_defaults_like_the_asset(work):
     code, out, err = train_sft()
     assert code == 0, err
     manifest = json.loads((Path(out.strip().splitlines()[-1]) / "manifest.json").read_text())
-    assert manifest["training_config"]["epochs"] == 4  # configs/train_sft.yaml, not the built-in 100
+    assert manifest["training_config"]["epochs"] == 4  # configs/train_sft.yaml
+    (work / "configs" / "train_sft.yaml").unlink()  # no file: the defaults (before: "config file not found")
+    code, out, err = train_sft()
+    assert code == 0, err
+    from fugu_pipeline.train.configs import SFTConfig
+
+    manifest = json.loads((Path(out.strip().splitlines()[-1]) / "manifest.json").read_text())
+    assert manifest["training_config"]["epochs"] == SFTConfig().epochs
 
 
 def test_train_sft_twice_on_the_same_data_trains_once(work, monkeypatch):

@@ -201,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for method in ("sft", "rl", "es"):
         p = add(f"train-{method}", lambda a, m=method: training.train(a, m), f"train the {method.upper()} router head")
-        p.add_argument("--config", default=f"configs/train_{method}.yaml")
+        p.add_argument("--config", default=None, help=f"trainer settings (default: configs/train_{method}.yaml when present, "
+                       f"else the same built-in defaults; the router_{method} asset reads the same)")
         data_opts(p)
         if method != "sft":
             p.add_argument("--checkpoint", required=True, help="warm-start checkpoint: the path train-* printed, or the "
