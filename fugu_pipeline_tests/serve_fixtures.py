@@ -82,11 +82,13 @@ def fugu_lite() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "fugu_pipeline.cli"]
 
 
-def start(args: list[str], log: Path, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+def start(args: list[str], log: Path, env: dict | None = None, preexec_fn=None) -> tuple[subprocess.Popen, str]:
+    """`fugu-lite serve *args` on a free port, once it answers /health; `preexec_fn` runs in the
+    child before it starts (e.g. to lower its open-file limit)."""
     port = free_port()
     proc = subprocess.Popen([*fugu_lite(), "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
                             cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "FUGU_SERVE_TOKEN": "", **(env or {})})
+                            env={**os.environ, "FUGU_SERVE_TOKEN": "", **(env or {})}, preexec_fn=preexec_fn)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=30)
     p.add_argument("--base-url", default="https://openrouter.ai/api/v1")
 
-    p = add("generate", data.cmd_generate, "call every worker on every task and write the reward-matrix JSONL")
+    p = add("generate", data.cmd_generate, "call every worker on every task and write the reward-matrix JSONL; "
+            "exit status 3 when a cell failed (the failed cells are named; --resume calls them again)")
     p.add_argument("--workers", required=True)
     p.add_argument("--tasks", required=True)
     p.add_argument("--output", required=True)
@@ -310,10 +311,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=32, help="prompts per routing batch (1: no batching)")
     p.add_argument("--shutdown-grace-s", type=float, default=5.0, help="on SIGTERM/SIGINT, how long replies in flight get "
                    "to finish; then a stream ends with a server_shutting_down error event, a plain request with a 503")
+    limit_opts(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     budget_opts(p, "the server's default cap for requests that send no fugu_budget (nor fugu_cost_weight)")
     encoder_opts(p, features=False)
     return ap
+
+
+def limit_opts(p) -> None:
+    """`serve`'s connection and request limits: one flag per `ConnectionLimits` field, its default the field's."""
+    from fugu_pipeline.serve.connections import LIMIT_HELP, ConnectionLimits
+
+    g = p.add_argument_group("connections (docs/serving.md, 'Connections and slow clients')")
+    for name, field in ConnectionLimits.model_fields.items():
+        g.add_argument("--" + name.replace("_", "-"), type=field.annotation, default=field.default,
+                       help=f"{LIMIT_HELP[name]} (default {field.default:g})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -154,6 +154,7 @@ def _now(router):
 def cmd_serve(args) -> int:
     from fugu_pipeline.cli.training import budget_of
     from fugu_pipeline.serve import serve
+    from fugu_pipeline.serve.connections import ConnectionLimitError
     from fugu_pipeline.serve.run import PortUnavailable
 
     if args.shutdown_grace_s < 0:
@@ -162,6 +163,7 @@ def cmd_serve(args) -> int:
         raise CLIError(f"--max-json-values must be >= 1, got {args.max_json_values}")
     if not args.auth_cooldown_s >= 0:
         raise CLIError(f"--auth-cooldown-s must be >= 0 seconds (0: never keep a worker out), got {args.auth_cooldown_s:g}")
+    limits = serve_limits(args)
     try:
         serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port, api_token=args.token,
               device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
@@ -169,7 +171,22 @@ def cmd_serve(args) -> int:
               log_level=args.log_level, default_budget=budget_of(args), shutdown_grace_s=args.shutdown_grace_s,
               default_point=not args.no_default_budget,
               max_json_values=args.max_json_values, allowed_hosts=tuple(args.allowed_host or ()),
-              auth_cooldown_s=args.auth_cooldown_s)
-    except PortUnavailable as exc:
+              auth_cooldown_s=args.auth_cooldown_s, limits=limits)
+    except (PortUnavailable, ConnectionLimitError) as exc:
         raise CLIError(str(exc)) from None
     return 0
+
+
+def serve_limits(args):
+    """The `ConnectionLimits` of `serve`'s flags; a value out of range is said in one line naming its flag."""
+    from pydantic import ValidationError
+
+    from fugu_pipeline.serve.connections import ConnectionLimits
+
+    values = {name: getattr(args, name) for name in ConnectionLimits.model_fields}
+    try:
+        return ConnectionLimits(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-")
+        raise CLIError(f"{flag} {values[err['loc'][0]]}: {err['msg'].lower()}") from None

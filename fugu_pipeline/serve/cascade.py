@@ -6,8 +6,9 @@ answers in the OpenAI shape. The `fugu_lite` block lists every step: its workers
 answers, the verifier's scores, the step's cost and latency, the failures, the accept rule's
 decision, and why the cascade stopped. A streamed request gets the accepted answer as a stream
 (a cascade must read the answers before it knows which one to send, so the text comes in one
-content chunk, then the chunk that ends it with the complete `fugu_lite`). Every worker failing
-is a 502, as for one call.
+content chunk, then the chunk that ends it with the complete `fugu_lite`). A worker whose key is
+refused (401/402/403) is one failed call, as on the one-step path: the server keeps it out
+(`upstream.py`) and the cascade goes on without it. Every worker failing is a 502, as for one call.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from fugu_pipeline.route.cascade import load_router, run_cascade  # noqa: F401  (load_router: the app's loader)
 from fugu_pipeline.serve.protocol import APIError
 from fugu_pipeline.serve.upstream import CallTiming, usage_of
-from fugu_pipeline.workers.contract import Completion
+from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
 
 
 def _ms(seconds: float) -> float:
@@ -40,12 +41,14 @@ async def chat_completion(svc, req, decision, t0: float, t_routed: float):
     async def call(routed: str) -> Completion:
         wid = svc.served_id.get(routed, routed)
         if wid not in svc.workers.clients:
-            from fugu_pipeline.workers.contract import WorkerCallError
-
             raise WorkerCallError(f"{wid} is not in this server's worker config")
-        return await svc.workers.complete(wid, req.messages, req.params, timing)
+        try:
+            return await svc.workers.complete(wid, req.messages, req.params, timing)
+        except FatalWorkerError as exc:  # 401/402/403: the server keeps the worker out; this request goes on without it
+            raise WorkerCallError(str(exc), attempts=exc.attempts, status=exc.status) from None
 
     run = await run_cascade(router, req.text, req.domain, decision, call)
+    svc.metrics.cascade_stopped(run)
     tag = decision.extra.get("checkpoint_tag")
     info = {"chosen_worker": decision.worker_id, "checkpoint": tag, "checkpoint_tag": tag, "mode": "cascade",
             "cascade": run.info(), "served_by": run.served_by, "domain": req.domain or "general", "attempts": run.calls,

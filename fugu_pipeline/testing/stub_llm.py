@@ -21,7 +21,8 @@ provider that quotes a rejected key does, or only its last `echo_key_tail` chara
 shows the end of a key does; `metadata` for OpenRouter error metadata),
 "timeout" (stall `sleep_s`, then a 504; no answer counted), "malformed_json", "error_in_200" (`code`),
 "empty_answer" (`finish_reason`), "no_choices", "stream_cut" (a streamed answer's content, then the
-connection closes: no finish_reason, no [DONE]), and "raw" for a hostile upstream: `body` sent as it
+connection closes: no finish_reason, no [DONE]; a plain answer: half its body, then the connection
+closes), and "raw" for a hostile upstream: `body` sent as it
 is (with `headers`, `media_type`), or, given `events`, those SSE strings as a stream, then `repeat`
 (if set) every `repeat_every_s` seconds until the client goes away (pings after [DONE], a flood). A fault matches by `model` and by `prompt`
 (a substring of the last message); `times=N` fails only the first N matching calls.
@@ -368,8 +369,9 @@ class StubLLMServer:
         if not stream:
             message = {"role": "assistant", "content": answer or None, "tool_calls": calls} if calls else \
                 {"role": "assistant", "content": answer}
-            return JSONResponse({**head, "choices": [{"index": 0, "finish_reason": finish, "message": message}],
-                                 "usage": usage})
+            whole = JSONResponse({**head, "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+                                  "usage": usage})
+            return _Cut(whole) if fault is not None and fault.kind == "stream_cut" else whole
         include_usage = openrouter or bool((body.get("stream_options") or {}).get("include_usage"))
         events = _sse(head, answer, finish, usage if include_usage else None, openrouter, calls)
         if fault is not None and fault.kind == "stream_cut":
@@ -396,6 +398,18 @@ class StubLLMServer:
         if entry is None:
             return round(pt * 1e-6 + ct * 2e-6, 12)
         return round(pt * float(entry["pricing"]["prompt"]) + ct * float(entry["pricing"]["completion"]), 12)
+
+
+class _Cut(Response):
+    """A reply cut mid-way: its headers (with the whole body's Content-Length) and half its body,
+    then the connection closes (uvicorn closes it when a response ends short)."""
+
+    def __init__(self, whole: Response):
+        super().__init__(whole.body, media_type=whole.media_type)
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True})
 
 
 def _session_role(messages: list) -> str | None:
