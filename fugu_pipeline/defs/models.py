@@ -80,13 +80,13 @@ def _train(context, config: TrainConfig, pipeline: PipelineResource, encoder: En
     if not record.reused:
         push_checkpoint(context, pipeline, Path(ckpt))
     return dg.Output(ckpt, data_version=dg.DataVersion(Path(ckpt).name),
-                     metadata={**train_result_metadata(ckpt), **_record_metadata(record, config)})
+                     metadata={**train_result_metadata(ckpt), **record_metadata(record, config)})
 
 
-def _record_metadata(record, config: dg.Config | None = None) -> dict:
+def record_metadata(record, config: dg.Config | None = None) -> dict:
     """Whether the step ran or kept its earlier output for the same inputs (and since when), and the
-    run config it was given (the fields set; Dagster's staleness does not see run config, the main
-    job compares it: `plan.py`)."""
+    run config it was given (the fields that differ from their defaults; Dagster's staleness does not
+    see run config, the main job compares it: `plan.py`)."""
     return {"step": f"kept: inputs unchanged since {record.when()}" if record.reused else "computed",
             "step_fingerprint": record.fingerprint,
             **({RUN_CONFIG: dg.MetadataValue.json(given_config(config))} if config is not None else {})}
@@ -193,7 +193,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
                   **({"default_point": s["default_point"], "default_point_reason": s["default_point_reason"]}
                      if s.get("default_point") else {}),
                   "heads": dg.MetadataValue.md("\n".join(rows)), "seconds": dg.MetadataValue.json(s["seconds"]),
-                  **_record_metadata(record, config)},
+                  **record_metadata(record, config)},
         data_version=dg.DataVersion(version),
     )
 
@@ -232,7 +232,7 @@ def router_cascade(context: dg.AssetExecutionContext, pipeline: PipelineResource
     if not out.get("cascade"):
         return dg.Output({"cascade": None, "skipped": out["skipped"], "selected": router_heads["selected"]},
                          data_version=dg.DataVersion("skipped-" + sha256_text(out["skipped"])[:8]),
-                         metadata={"skipped": out["skipped"], **_record_metadata(record)})
+                         metadata={"skipped": out["skipped"], **record_metadata(record)})
     cascade, shipped = str(models / out["cascade"]), str(models / out["shipped"])
     if not record.reused:
         push_checkpoint(context, pipeline, Path(cascade))
@@ -244,5 +244,5 @@ def router_cascade(context: dg.AssetExecutionContext, pipeline: PipelineResource
         metadata=tidy({"cascade": dg.MetadataValue.path(cascade), "policy": out["policy"],
                        "shipped": dg.MetadataValue.path(shipped),
                        "policy_choice": dg.MetadataValue.md("\n".join(["```", *record.summary.get("lines", []), "```"])),
-                       **_record_metadata(record)}),
+                       **record_metadata(record)}),
     )

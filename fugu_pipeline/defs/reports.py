@@ -13,7 +13,7 @@ from fugu_pipeline.defs import harness
 from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.failures import explained_failure
 from fugu_pipeline.defs.metadata import LIVE_KIND, LIVE_WORKERS, tidy
-from fugu_pipeline.defs.models import heads_record_of
+from fugu_pipeline.defs.models import heads_record_of, record_metadata
 from fugu_pipeline.defs.partitions import GPU_POOL, ROUTER_FRESHNESS
 from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline.defs.rows import cache_root, feature_source, rows_for
@@ -66,7 +66,6 @@ def _report_metadata(rep: dict, json_path: Path, plots: list[Path], checkpoint: 
 
 
 def _report(context, pipeline: PipelineResource, encoder: EncoderResource, checkpoint: str, method: str) -> dg.Output[dict]:
-    from fugu_pipeline.defs.models import _record_metadata
     from fugu_pipeline.matrix.read import read_data_version
     from fugu_pipeline.steps.reports import evaluate_oneshot
 
@@ -80,7 +79,7 @@ def _report(context, pipeline: PipelineResource, encoder: EncoderResource, check
     except ValueError as exc:
         raise explained_failure(str(exc)) from None
     context.log.info(done.rep["summary"])
-    meta = {**_report_metadata(done.rep, done.path, done.plots, checkpoint), **_record_metadata(done.record)}
+    meta = {**_report_metadata(done.rep, done.path, done.plots, checkpoint), **record_metadata(done.record)}
     return dg.Output({"checkpoint": checkpoint, "report": str(done.path), "method": method,
                       "router_utility": done.rep["router_utility"]},
                      metadata=tidy(meta), data_version=dg.DataVersion(file_version(done.path)))
@@ -113,7 +112,6 @@ def eval_report_cascade(context: dg.AssetExecutionContext, pipeline: PipelineRes
     """Held-out report of the cascade `router_cascade` fitted: quality, cost and calls per task of
     every policy against the one-shot head `router_heads` selected and each worker, per domain, with
     the out-of-fold frontier and its plot. Scored from the recorded replies (no live call)."""
-    from fugu_pipeline.defs.models import _record_metadata
     from fugu_pipeline.evaluate.cascade import report_lines
     from fugu_pipeline.steps import records
     from fugu_pipeline.steps.cascade import STEP, evaluate_cascade
@@ -140,7 +138,7 @@ def eval_report_cascade(context: dg.AssetExecutionContext, pipeline: PipelineRes
     return dg.Output({"checkpoint": router_cascade["cascade"], "report": rep["report_path"], "method": "cascade"},
                      data_version=dg.DataVersion(file_version(Path(rep["report_path"]))),
                      metadata={"report": dg.MetadataValue.path(rep["report_path"]), "policy": router_cascade["policy"],
-                               "cascade_report": dg.MetadataValue.md(md), **_record_metadata(cascade)})
+                               "cascade_report": dg.MetadataValue.md(md), **record_metadata(cascade)})
 
 
 class PromotionConfig(dg.Config):
