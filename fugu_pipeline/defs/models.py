@@ -147,13 +147,25 @@ class HeadsConfig(dg.Config):
     """Append the 16 lexical statistics to the heads' features (None: the config file's `features.lexical`, on)."""
 
 
-def _heads_record(context, config: HeadsConfig, pipeline: PipelineResource, encoder: EncoderResource):
-    from fugu_pipeline.steps.heads import fit_heads, heads_config
-    from fugu_pipeline.train.feature_choice import LayerSetError
+def _check_heads_config(config: HeadsConfig) -> None:
+    """The run config's own mistakes, in one line naming the field, before anything else is looked at."""
+    from fugu_pipeline.train.feature_choice import LayerSetError, parse_layer_set
 
     if config.prompt_rules not in (None, "auto", "on", "off"):
         raise explained_failure(f"prompt_rules {config.prompt_rules!r}: give auto, on or off (or leave it unset: "
                                 "the config file's features.prompt_rules)")
+    sets = config.layer_sets or []
+    if not (len(sets) == 1 and sets[0].strip() in ("auto", "off")):
+        try:
+            [parse_layer_set(t) for t in sets]
+        except LayerSetError as exc:
+            raise explained_failure(f"layer_sets {exc}") from None
+
+
+def _heads_record(context, config: HeadsConfig, pipeline: PipelineResource, encoder: EncoderResource):
+    from fugu_pipeline.steps.heads import fit_heads, heads_config
+    from fugu_pipeline.train.feature_choice import LayerSetError
+
     try:
         cfg, path, version = heads_config(pipeline.paths.root, config.config_path)
         return fit_heads(cfg, rows_for(context, pipeline, encoder), pipeline.paths.models, cfg_path=path,
@@ -176,6 +188,7 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
     promotion) and the set's record, whose out-of-fold scores `router_cascade` competes with."""
     from fugu_pipeline.steps.heads import absolute
 
+    _check_heads_config(config)
     require_fresh_inputs(context)
     record = _heads_record(context, config, pipeline, encoder)
     out = absolute(record, pipeline.paths.models)

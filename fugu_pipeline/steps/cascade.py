@@ -60,16 +60,18 @@ def fit_cascade(cfg, rows: Rows, models_dir: Path, heads: records.StepRecord, *,
             + (f"checkpoint {found.output['cascade']} kept, nothing fitted" if found.output.get("cascade")
                else f"skipped then too ({found.output.get('skipped')})"))
         return found
+    if cc.enabled == "off":  # nothing to read
+        return records.keep(models_dir, STEP, fp, {"cascade": None, "skipped": "cascade.enabled is off"})
     from fugu_pipeline.train.cascade_train import train_cascade
 
     settings = heads_settings(rows, heads, models_dir)
-    data = rows.load(settings)
+    data = rows.read(settings)
     skipped: list[str] = []
     result = train_cascade(data, rows.matrix, settings, rows.cache_root, cfg, read_oof(heads, data.task_ids),
                            [_Saved(models_dir, s) for s in heads.output["saved"]], models_dir,
                            lambda m: (skipped.append(m), log(m)), heads.output.get("features"))
     if result is None:
-        why = "cascade.enabled is off" if cc.enabled == "off" else (skipped[-1] if skipped else "no replies")
+        why = skipped[-1] if skipped else "no replies"
         return records.keep(models_dir, STEP, fp, {"cascade": None, "skipped": why})
     output = {"cascade": records.relative(result.path, models_dir), "shipped": records.relative(result.shipped_path, models_dir), "policy": result.shipped,
               "selected": heads.output["selected"]}
@@ -104,7 +106,7 @@ def evaluate_cascade(cascade: records.StepRecord, rows: Rows, models_dir: Path, 
     from fugu_pipeline.evaluate.cascade import evaluate_cascade as evaluate
 
     settings = heads_settings(rows, heads, models_dir)
-    rep = evaluate(path, rows.load(settings), rows.matrix, settings, rows.cache_root, one_shot=one_shot)
+    rep = evaluate(path, rows.read(settings), rows.matrix, settings, rows.cache_root, one_shot=one_shot)
     target = Path(rep["report_path"])
     needs = [target, *([Path(rep["frontier_png"])] if rep.get("frontier_png") else [])]
     records.keep(models_dir, REPORT_STEP, fp, {"report": records.relative(target, models_dir)}, needs=needs)

@@ -103,7 +103,7 @@ def _fit(cfg, rows: Rows, models_dir: Path, settings, sets, rules, force, log):
     from fugu_pipeline.train.fit import fit_and_save, select_heads
 
     selection, data, recorded = fit_choosing_features(
-        settings, rows.load, lambda d: select_heads(d, cfg, log, force), score=lambda sel: sel[0].val_score,
+        settings, rows.read, lambda d: select_heads(d, cfg, log, force), score=lambda sel: sel[0].val_score,
         prompt_rules=rules, layer_sets=sets, log=log, prefill=rows.prefill)
     report = fit_and_save(data, models_dir, cfg, log=log, force=force, selection=selection, metrics=recorded)
     return report, data, recorded

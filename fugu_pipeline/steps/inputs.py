@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,15 @@ class Rows:
     cache_root: Path  # the embedding cache
     prefill: Callable[[list], None] | None = None  # several layer settings' features in one pass
     model: str | None = None  # where a warm start's encoder is loaded from (None: its contract's id)
+    _read: dict = field(default_factory=dict, repr=False)
+
+    def read(self, settings):
+        """The rows with `settings`' features (`load`), read once per settings for this command: the
+        head set and the cascade after it read the same rows."""
+        key = settings.model_dump_json()
+        if key not in self._read:
+            self._read[key] = self.load(settings)
+        return self._read[key]
 
     def matrix_version(self) -> str:
         """The matrix's data version (the `reward_matrix` asset's), read from the file itself."""

@@ -120,13 +120,13 @@ def _fit(method, cfg, rows: Rows, settings, init, force, prompt_rules, log, gath
     with wrap(log) as train_log:
         kwargs = {"force": force, "log": train_log}
         if init is None:
-            result, data, recorded = fit_choosing_features(settings, rows.load, lambda d: fn(d, cfg, **kwargs), val_utility,
+            result, data, recorded = fit_choosing_features(settings, rows.read, lambda d: fn(d, cfg, **kwargs), val_utility,
                                                            prompt_rules=prompt_rules or "auto", log=log,
                                                            prefill=rows.prefill)
         else:
             # the head's columns are the warm start's workers, in its order (else a size mismatch from
             # torch, or, with as many workers under other names, columns that mean others)
-            data = rows.load(settings).in_worker_order(init.manifest.worker_ids, f"the warm start {init.path}")
+            data = rows.read(settings).in_worker_order(init.manifest.worker_ids, f"the warm start {init.path}")
             load_checkpoint(init.path, expected_contract=init.manifest.feature_contract)
             result, recorded = fn(data, cfg, init_state=init.state_dict, **kwargs), feature_metrics(settings)
     result.metrics.update(recorded)
