@@ -152,8 +152,10 @@ def test_main_job_materializes_every_asset_and_resumes(project):
     # the main command again, nothing changed: every step is fresh and skipped, saying since which run
     # (no call, no encoding, no training, no promotion attempt); the summary shows the figures kept
     again = run_main_job(project)
-    steps = [line for line in again.splitlines() if line.startswith("  ") and "refused" not in line]
-    assert steps and all("skipped, fresh: " in line and "unchanged since run " in line for line in steps), again
+    labels = ["tasks[sample]", *(f"responses[sample|{w}]" for w in workers), "reward_matrix", *DOWNSTREAM]
+    steps = {line.split()[0]: line for line in again.splitlines() if line.startswith("  ") and line.split()[0] in labels}
+    assert set(steps) == set(labels), again
+    assert all("skipped, fresh: " in line and "unchanged since run " in line for line in steps.values()), again
     assert "embeddings: none encoded" in again and "promotion: not tried again, no challenger changed" in again
     assert "composite" in again and "cross-fit oracle" in again and "triage: domain accuracy" in again
     assert read_pointer(project / "models")["checkpoint"] == pointer["checkpoint"]
