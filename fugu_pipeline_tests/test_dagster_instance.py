@@ -78,6 +78,7 @@ def test_dagster_yaml_sets_no_path_and_turns_run_monitoring_on():
     assert conf["concurrency"]["pools"]["default_limit"] == 1
 
 
+@pytest.mark.slow
 def test_the_instance_lives_under_dagster_home_whatever_the_directory(home, tmp_path):
     elsewhere = [tmp_path / "a", tmp_path / "b" / "deeper"]
     for d in elsewhere:
@@ -125,6 +126,7 @@ def test_a_killed_run_is_marked_failed_and_its_pool_slot_freed(home, tmp_path):
             proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_the_main_job_fails_a_run_its_killed_predecessor_left_started(home, tmp_path):
     marker = tmp_path / "started"
     proc = subprocess.Popen([sys.executable, "-c", SLOW_RUN, str(marker)], cwd=tmp_path, env=env_for(home),

@@ -4,7 +4,6 @@ and table schemas as metadata, freshness checks."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import dagster as dg
@@ -108,4 +107,3 @@ def test_matrix_metadata_has_row_count_and_table_schema(project, monkeypatch):
     assert [c.name for c in schema.columns] == ["task_id", "worker_id", "position", "quality", "cost_usd", "latency_s", "utility"]
     assert "| rewards | 36 |" in meta["tables"].value and "| reward_wide | 12 |" in meta["tables"].value
     assert resp["dagster/row_count"].value == 12
-    assert os.environ.get("DAGSTER_HOME") is None or True

@@ -96,6 +96,7 @@ def catalog_project(project, monkeypatch):
         yield project, stub
 
 
+@pytest.mark.slow
 def test_a_price_change_recollects_the_cells_of_an_offline_run_once(catalog_project):
     project, stub = catalog_project
     defs = build_defs(str(project), "configs/w.yaml")

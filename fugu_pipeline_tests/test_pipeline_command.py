@@ -34,6 +34,7 @@ def test_stop_after_refuses_a_name_it_cannot_stop_after_before_anything_runs(pro
     assert not (proj / "data" / "responses").exists() and not (proj / "storage").exists()  # no step, no instance
 
 
+@pytest.mark.slow
 def test_a_batch_with_a_bad_line_is_left_out_and_the_others_are_collected(proj, capsys):
     """Before: the first failing batch stopped the command, and the batches after it were never
     collected (here the good batch sorts after the bad one)."""
@@ -81,6 +82,7 @@ def test_two_pipeline_runs_at_once_on_a_fresh_project(tmp_path):
         all("skipped, fresh" in line for line in again.stdout.splitlines() if line.strip().startswith("responses["))
 
 
+@pytest.mark.slow
 def test_the_steps_after_the_matrix_share_one_run_and_a_failing_one_is_named(proj, capsys):
     """The steps after the matrix run as one Dagster run (one run per step paid the run's set-up a
     dozen times), each still printing its line as it ends; a step that fails there is named by its

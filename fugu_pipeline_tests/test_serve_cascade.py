@@ -105,6 +105,7 @@ def test_a_cascade_is_not_loaded_as_a_one_step_router(cascade):
     assert isinstance(load_router(cascade, device="cpu"), CascadeRouter)
 
 
+@pytest.mark.slow
 def test_route_and_ask_run_the_cascade(cascade, stub, tmp_path, capsys):
     from fugu_pipeline.cli import main
 

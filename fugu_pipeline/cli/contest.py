@@ -35,7 +35,7 @@ def add_commands(add, data_opts) -> None:
 
     p = add("pack", cmd_pack, "write a head (any kind), its receipt, its feature contract and the cost ledger "
             "to one folder, signed with $FUGU_SIGNING_KEY")
-    p.add_argument("checkpoint", help="the checkpoint train-* printed (or a models folder holding exactly one)")
+    p.add_argument("checkpoint", help="the checkpoint train-* printed, or the --output folder it wrote to (its latest)")
     p.add_argument("--out", required=True, help="the pack folder to write")
     p.add_argument("--submitter", default="", help="a name for the receipt (the host counts attempts per signing key)")
     p.add_argument("--ledger", default=None, help="the cost ledger of the project that trained it (default "
@@ -138,7 +138,7 @@ def cmd_collector_key(args) -> int:
 
 
 def cmd_pack(args) -> int:
-    from fugu_pipeline.cli.training import resolve_checkpoint
+    from fugu_pipeline.cli.checkpoints import resolve_checkpoint
     from fugu_pipeline.ledger import LEDGER_FILE
     from fugu_pipeline.train.exchange import pack, read_receipt
     from fugu_pipeline.train.signing import fingerprint, key_from_env, public_of

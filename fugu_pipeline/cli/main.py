@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         encoder_opts(p)
 
     def route_opts(p):
-        p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: the promoted one)")
+        p.add_argument("--checkpoint", default=None, help="checkpoint directory, the --output folder of a train-* (its latest "
+                       "checkpoint) or a models folder (its promoted router; default: --models-dir's)")
         p.add_argument("--models-dir", default="models")
         p.add_argument("--domain", default=None)
         p.add_argument("--prompt", required=True)
@@ -106,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "`fugu-lite train --layer-sets` does (the asset's `layer_sets` config)")
     p.add_argument("--prompt-rules", default=None, choices=["auto", "on", "off"],
                    help="router_heads: the prompt-rules mode (default: the asset's, auto)")
+    p.add_argument("--replace-broken-king", action="store_true", help="when a promoted head (router, triage head, "
+                   "with --roles the coordinator) cannot be loaded, let the new one replace it facing the baselines "
+                   "only (the steps' asset config replace_broken_king; the history records the ask; default: the "
+                   "step fails and says why)")
 
     p = add("materialize", pipeline.cmd_materialize, "materialize one asset (one partition) through Dagster, as the "
             "UI would; a missing asset, partition or input is one line")
@@ -207,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         data_opts(p)
         if method != "sft":
             p.add_argument("--checkpoint", required=True, help="warm-start checkpoint: the path train-* printed, or the "
-                           "--output folder of an earlier train-* when it holds exactly one checkpoint")
+                           "--output folder of an earlier train-* (its latest checkpoint)")
         p.add_argument("--output", default="models", help="models folder: the checkpoint goes to <output>/<method>/<hash>/ "
                        "and its path is printed (pass that path, or this folder, to --checkpoint)")
         p.add_argument("--force", action="store_true", help="train even without a learning signal")
@@ -242,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-domain", action="store_true", help="cascades: a plan per domain (with enough rows), not one for all")
 
     p = add("evaluate", training.cmd_evaluate, "write the held-out report of a checkpoint (JSON + plots)")
-    p.add_argument("--checkpoint", required=True, help="the path train-* printed, or a models folder holding exactly one checkpoint")
+    p.add_argument("--checkpoint", required=True, help="the path train-* printed, or the --output folder it wrote to (its latest checkpoint)")
     data_opts(p)
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--output", default=None, help="report JSON path (default: <checkpoint>/reports/<split>.json)")
@@ -288,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="multi-turn: the session's sampling seed")
 
     p = add("serve", routing.cmd_serve, "serve an OpenAI-compatible endpoint that routes every request")
-    p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: follow the promoted pointer)")
+    p.add_argument("--checkpoint", default=None, help="checkpoint directory, the --output folder of a train-* (its latest "
+                   "checkpoint) or a models folder (its promoted pointer, followed; default: --models-dir's)")
     p.add_argument("--models-dir", default="models")
     p.add_argument("--workers", required=True)
     p.add_argument("--host", default="127.0.0.1")

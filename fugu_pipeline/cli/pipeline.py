@@ -27,6 +27,50 @@ def heads_config(args) -> dict:
     return out
 
 
+# the steps that promote, each with its own replace_broken_king config (the flag sets them all)
+PROMOTING_STEPS = ("promoted_router", "eval_report_triage", "eval_report_roles")
+
+
+def asset_config(args) -> dict[str, dict]:
+    """The run config the flags give the assets, by asset name: `router_heads` (heads_config) and,
+    with --replace-broken-king, every promoting step's replace_broken_king."""
+    out = {}
+    heads = heads_config(args)
+    if heads:
+        out["router_heads"] = heads
+    if getattr(args, "replace_broken_king", False):
+        out.update({step: {"replace_broken_king": True} for step in PROMOTING_STEPS})
+    return out
+
+
+PROJECT_HINT = ("run it from the project's folder (a clone of the repository: it holds configs/, data/benchgen/ and "
+                "dagster.yaml), or pass --project-dir")
+
+
+def preflight(project: Path, workers: str, encoder: str) -> None:
+    """Before anything is written or called (Dagster's history/ and schedules/, the project lock, a
+    worker call): the folder is a project with batch files, its worker YAML loads and the encoder
+    can be found. Each problem is a CLIError of one line."""
+    from fugu_pipeline.cli.common import check_encoder
+    from fugu_pipeline.features.settings import EncoderLoadError
+    from fugu_pipeline.paths import ProjectPaths
+    from fugu_pipeline.workers.config import WorkerConfigError, load_workers_config
+
+    if not project.is_dir():
+        raise CLIError(f"project directory {project} does not exist; {PROJECT_HINT}")
+    paths = ProjectPaths(project)
+    if not paths.benchgen.is_dir() and not (project / "dagster.yaml").is_file():
+        raise CLIError(f"{project} is not a fugu_pipeline project (no data/benchgen/, no dagster.yaml); {PROJECT_HINT}")
+    if not any(paths.benchgen.glob("*.jsonl")):
+        raise CLIError(f"no batch files in {paths.benchgen}: add a BenchGen .jsonl file there (data/benchgen/sample.jsonl "
+                       "ships with the project)")
+    try:
+        load_workers_config(paths.resolve(workers))
+        check_encoder(encoder)
+    except (WorkerConfigError, EncoderLoadError) as exc:
+        raise CLIError(str(exc)) from None
+
+
 def cmd_pipeline(args) -> int:
     import warnings
 
@@ -46,21 +90,18 @@ def cmd_pipeline(args) -> int:
     )
 
     project = Path(args.project_dir).resolve()
-    if not project.is_dir():
-        print(f"error: project directory {project} does not exist. Pass a clone of the repository (it holds configs/, "
-              "data/benchgen/ and dagster.yaml), or run from inside one (the default is the current directory)", file=sys.stderr)
-        return 2
     try:  # before anything runs: a name it cannot stop after ran the whole graph, live calls and promotion included
         check_stop_after(args.stop_after, getattr(args, "roles", False))
-    except StopAfterError as exc:
+        encoder = encoder_name(args)
+        preflight(project, args.workers, encoder)
+    except (StopAfterError, CLIError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    encoder = encoder_name(args)
     print(f"encoder: {encoder}" + (" (built-in tiny Qwen3, offline)" if encoder == "tiny" else ""))
-    heads = heads_config(args)
+    config = asset_config(args)
     try:
         results = run_pipeline(project, args.workers, encoder=encoder, stop_after=args.stop_after,
-                               roles=getattr(args, "roles", False), asset_config={"router_heads": heads} if heads else None)
+                               roles=getattr(args, "roles", False), asset_config=config or None)
     except (InstanceUnavailable, ProjectBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

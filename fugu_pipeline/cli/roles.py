@@ -33,8 +33,11 @@ def cmd_ask_multi_turn(args) -> int:
                        f"capped by max_usd_per_session (and max_usd_per_run) in {args.workers}")
     load_dotenv(override=False)
     config = load_workers_config(args.workers)
-    coord = (RolesCoordinator.load(args.checkpoint, device=args.device, encoder=args.encoder) if args.checkpoint
-             else PromotedRoles(args.models_dir, device=args.device, encoder=args.encoder).refresh())
+    from fugu_pipeline.cli.checkpoints import routable
+
+    path, promoted = routable(args.checkpoint) if args.checkpoint else (args.models_dir, True)
+    coord = (PromotedRoles(path, device=args.device, encoder=args.encoder).refresh() if promoted
+             else RolesCoordinator.load(path, device=args.device, encoder=args.encoder))
     missing = [w for w in coord.worker_ids if w not in config.worker_ids]
     if missing:
         raise CLIError(f"the coordinator delegates to {missing}, which {args.workers} does not define")
@@ -98,7 +101,9 @@ def cmd_evaluate_roles(args) -> int:
     paths = ProjectPaths(Path(args.project_dir).resolve())
     config = load_workers_config(paths.resolve(args.workers))
     cfg = load_roles_config(paths.resolve(args.config))
-    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    from fugu_pipeline.cli.checkpoints import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(args.checkpoint) if args.checkpoint else None
     if checkpoint is None:
         ptr = read_pointer(paths.models, ROLES_POINTER)
         if ptr is None:

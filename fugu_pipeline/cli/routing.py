@@ -10,10 +10,13 @@ def _router(args):
     from fugu_pipeline.route.cascade import load_router
     from fugu_pipeline.route.promoted import load_promoted
 
-    if args.checkpoint:
-        router = load_router(args.checkpoint, device=args.device, dtype=args.dtype, encoder=args.encoder)
+    from fugu_pipeline.cli.checkpoints import routable
+
+    path, promoted = routable(args.checkpoint) if args.checkpoint else (args.models_dir, True)
+    if promoted:
+        router = load_promoted(path, device=args.device, dtype=args.dtype, encoder=args.encoder).router
     else:
-        router = load_promoted(args.models_dir, device=args.device, dtype=args.dtype, encoder=args.encoder).router
+        router = load_router(path, device=args.device, dtype=args.dtype, encoder=args.encoder)
     encoder_settings(args, args.encoder, router.checkpoint.manifest.feature_contract)  # refuses contradicting flags
     return router
 
@@ -164,8 +167,18 @@ def cmd_serve(args) -> int:
     if not args.auth_cooldown_s >= 0:
         raise CLIError(f"--auth-cooldown-s must be >= 0 seconds (0: never keep a worker out), got {args.auth_cooldown_s:g}")
     limits = serve_limits(args)
+    from fugu_pipeline.cli.checkpoints import routable
+    from fugu_pipeline.serve.run import bind
+    from fugu_pipeline.workers.config import load_workers_config
+
+    load_workers_config(args.workers)  # the worker file first, then the port: both before the router and encoder load
     try:
-        serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port, api_token=args.token,
+        bind(args.host, args.port).close()
+    except PortUnavailable as exc:
+        raise CLIError(str(exc)) from None
+    source = routable(args.checkpoint)[0] if args.checkpoint else args.models_dir
+    try:
+        serve(source, args.workers, host=args.host, port=args.port, api_token=args.token,
               device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
               max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
               log_level=args.log_level, default_budget=budget_of(args), shutdown_grace_s=args.shutdown_grace_s,

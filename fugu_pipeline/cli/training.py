@@ -10,10 +10,10 @@ assets. A JSONL whose rows carry `quality` is turned into utility with the weigh
 holding only `reward:` works too), through the same matrix build as the `reward_matrix` asset. A
 DuckDB matrix carries the weights it was built with. Every command prints the weights it used.
 
-`--output` is a models folder: the checkpoint lands in `<output>/<method>/<content hash>/` and its
-path is printed. `--checkpoint` takes that printed path, or a models folder that holds exactly one
-checkpoint (the `--output` of an earlier `train-*`), so `train-sft --output X` then
-`train-rl --checkpoint X` works.
+`--output` is a models folder: the checkpoint lands in `<output>/<method>/<content hash>/`, its
+path is printed and `<output>/latest.json` names it. `--checkpoint` takes that printed path, or the
+`--output` folder of an earlier command (its latest checkpoint, `cli/checkpoints.py`), so
+`train-sft --output X` then `train-rl --checkpoint X` works.
 """
 
 from __future__ import annotations
@@ -24,32 +24,9 @@ import re
 import sys
 from pathlib import Path
 
+from fugu_pipeline.cli.checkpoints import record_latest, resolve_checkpoint
 from fugu_pipeline.cli.common import CLIError, encoder_name
 from fugu_pipeline.route.budget import calibrate_beside
-
-
-def resolve_checkpoint(arg: str) -> Path:
-    """The checkpoint directory `--checkpoint` names: a checkpoint directory (or its weights file),
-    or a models folder holding exactly one `<method>/<hash>/` checkpoint."""
-    from fugu_pipeline.train.checkpoints import MANIFEST_FILE
-
-    path = Path(arg)
-    path = path.parent if path.is_file() else path
-    if (path / MANIFEST_FILE).exists():
-        return path
-    if not path.is_dir():
-        raise CLIError(f"--checkpoint {arg}: no such directory; pass the checkpoint path train-* printed "
-                       "(<models>/<method>/<hash>) or the --output folder it wrote to")
-    found = sorted(m.parent for m in path.glob(f"*/*/{MANIFEST_FILE}")
-                   if m.parent.parent.name != "promoted" and not m.parent.name.startswith("."))
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise CLIError(f"--checkpoint {arg}: neither a checkpoint ({MANIFEST_FILE} + weights) nor a models folder "
-                       "holding one (<method>/<hash>/); pass the path train-* printed")
-    listed = ", ".join(str(p) for p in found[:8]) + (" ..." if len(found) > 8 else "")
-    raise CLIError(f"--checkpoint {arg}: this models folder holds {len(found)} checkpoints ({listed}); "
-                   "pass the one you mean (train-* prints its path)")
 
 
 def models_output(arg: str) -> Path:
@@ -113,19 +90,28 @@ def matrix_db(args) -> Path:
             raise CLIError(f"{data_path} was built with {built.describe()}, but {source} gives {weights.describe()}; "
                            "rebuild the matrix with those weights (materialize reward_matrix), or drop --workers")
         return data_path
-    if weights is None:
-        if any(r.quality is not None for r in read_reward_jsonl(data_path)):
-            raise CLIError(f"{data_path}: its rows carry quality, so the utility is computed from weights: pass "
-                           "--workers W.yaml, the worker YAML whose reward: block generate or fugu-lite pipeline used "
-                           "(a YAML holding only a reward: block works too)")
+    given = weights is None
+    if given:
+        rows = read_reward_jsonl(data_path)
+        if any(r.quality is not None and r.rewards is None for r in rows):
+            raise CLIError(f"{data_path}: rows carry quality and no rewards, so the utility is computed from weights: "
+                           "pass --workers W.yaml, the worker YAML whose reward: block generate or fugu-lite pipeline "
+                           "used (a YAML holding only a reward: block works too)")
         from fugu_pipeline.reward import UtilityConfig
 
         weights, source = UtilityConfig(), "none applied (every row gives rewards)"
+        if any(r.quality is not None for r in rows) and data_path not in _SAID:
+            _SAID.add(data_path)
+            print(f"utility: the rewards {data_path}'s rows carry, as given (no --workers: pass --workers W.yaml to "
+                  "recompute them from quality, cost and latency with its reward: weights)", file=sys.stderr)
     digest = hashlib.sha256(data_path.read_bytes()).hexdigest()[:12]
-    db = Path(args.work_dir) / f"{data_path.name.split('.')[0]}-{digest}-u{weights.fingerprint()}.duckdb"
+    db = Path(args.work_dir) / f"{data_path.name.split('.')[0]}-{digest}-u{weights.fingerprint()}{'-r' if given else ''}.duckdb"
     if not db.exists():
-        build(from_import(data_path, weights, source), db)
+        build(from_import(data_path, weights, source, rewards_as_given=given), db)
     return db
+
+
+_SAID: set[Path] = set()  # the JSONL files whose carried rewards this command has said it uses
 
 
 def incomplete_split(db: Path, split: str) -> str | None:
@@ -283,6 +269,7 @@ def train(args, method: str) -> int:
     from fugu_pipeline.reward import UtilityConfig
 
     m, weights = man.metrics, UtilityConfig.model_validate(man.utility_config or {})
+    record_latest(args.output, path, f"train-{method}")
     print(f"{method}: {man.param_count} parameters, kept epoch {m.get('best_epoch')}; "
           f"val utility {m.get('val_utility', float('nan')):.4f} ({weights.describe()})"
           + (f"; kept from {record.when()}: the same inputs, nothing trained" if record.reused else ""))
@@ -428,6 +415,7 @@ def cmd_train_heads(args) -> int:
         shipped = str(output / cascade.output["shipped"])
     if heads.reused and cascade.reused:
         print(f"(kept from {heads.when()}: the same data, settings and code; nothing fitted)", file=sys.stderr)
+    record_latest(args.output, Path(shipped), "train")
     print(shipped)
     return 0
 

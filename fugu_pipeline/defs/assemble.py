@@ -49,7 +49,7 @@ def build_defs(project_dir: str | None = None, workers_config: str | None = None
         schedules=[operations.openrouter_catalog_schedule],
         jobs=[sensors.load_batch_job, sensors.collect_responses_job, automation.build_reward_matrix_job,
               operations.refresh_catalog_job,
-              operations.train_and_promote_job, operations.build_and_train_job,
+              operations.train_and_promote_job, operations.build_and_train_job, operations.main_job,
               *distributed.celery_jobs(data.responses, batch_x_worker)],
         loggers={"console": run_console},  # what the sensors' jobs print (defs/failures.py)
         executor=distributed.default_executor(),  # FUGU_EXECUTOR: multiprocess (default), celery, k8s

@@ -5,7 +5,8 @@ a refreshed catalog into re-collection, and freshness checks.
   collection per partition (`load_batch`, `collect_responses`, in sensors.py), `train_and_promote`
   (embeddings -> heads -> reports -> promotion) and `build_and_train` (the matrix and everything
   after it: the whole graph once its partitions are collected; `fugu-lite pipeline` runs both
-  kinds in order), plus `refresh_catalog`.
+  kinds in order), `main_job` (what `fugu-lite pipeline` runs after collection: build_and_train and
+  the triage head; the UI's way to the main assets), plus `refresh_catalog`.
 - `openrouter_catalog_schedule` materializes the catalog (cron FUGU_CATALOG_CRON, default hourly).
   Off by default: once turned on, `catalog_update_sensor` (running by default, inert until the
   catalog is materialized) reads what each new catalog found (`changed_workers`) and requests a
@@ -33,6 +34,7 @@ from fugu_pipeline.defs.reports import (
     promoted_router,
 )
 from fugu_pipeline.defs.partitions import batch_x_worker, partition_run_request, task_batches, workers
+from fugu_pipeline.defs.triage import eval_report_triage, triage_head
 
 # every asset promoted_router reads: a job without router_heads and eval_report_heads failed on a
 # fresh project (no stored heads report) and promoted from a stale one elsewhere. A job run again
@@ -49,6 +51,16 @@ train_and_promote_job = dg.define_asset_job(
     description="Embeddings, the SFT -> RL -> CMA-ES heads, the head set and the cascade, their held-out reports and "
                 "the promotion decision. A step whose inputs, code and settings are unchanged keeps its earlier output "
                 "(nothing trained); \"Materialize stale and missing\" on the graph runs only what is out of date.",
+)
+# what `fugu-lite pipeline` runs once every batch is collected, in its order (defs/runner.py): the
+# main job's assets that take no partition, which the UI materializes in one run
+AFTER_COLLECTION = [reward_matrix, *TRAINING, triage_head, eval_report_triage]
+main_job = dg.define_asset_job(
+    "main_job", selection=AFTER_COLLECTION,
+    description="The main job once the batches are collected (the batch sensor collects them): the reward matrix, "
+                "embeddings, every head, the held-out reports, the promotion and the triage head, as fugu-lite "
+                "pipeline runs them. Launch it from the Jobs page: no partition to pick. The matrix's blocking checks "
+                "stop it before training on bad data.",
 )
 build_and_train_job = dg.define_asset_job(
     "build_and_train", selection=[reward_matrix, *TRAINING],

@@ -20,6 +20,7 @@ from pathlib import Path
 import dagster as dg
 from dagster._core.errors import DagsterAssetCheckFailedError  # what a failed blocking check raises
 
+from fugu_pipeline.defs.operations import AFTER_COLLECTION
 from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS, ensure_worker_calls_limit
 
 
@@ -402,11 +403,7 @@ def _blocking_failures(instance: dg.DagsterInstance, key: str) -> str:
 
 
 # After the reward matrix, in order. The catalog asset is not here: it needs the network.
-DOWNSTREAM = [
-    "task_embeddings", "router_sft", "router_rl", "router_es", "router_heads", "router_cascade",
-    "eval_report_sft", "eval_report_rl", "eval_report_es", "eval_report_heads", "eval_report_cascade", "promoted_router",
-    "triage_head", "eval_report_triage",
-]
+DOWNSTREAM = [a.key.to_user_string() for a in AFTER_COLLECTION[1:]]  # the steps after the matrix, main_job's
 
 
 def _downstream_steps(defs: dg.Definitions) -> list[str]:

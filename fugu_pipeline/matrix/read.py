@@ -149,6 +149,7 @@ class RewardArrays:
     data_version: str
     n_incomplete: int
     tags: list[tuple[str, ...]] | None = None  # per task (the import's or the task file's tags)
+    cost_simulated: bool = False  # every worker is a mock: its costs are simulated, nothing was paid
 
 
 def read_arrays(db_path: Path, complete_only: bool = True) -> RewardArrays:
@@ -175,7 +176,8 @@ def _require(db_path: Path) -> None:
 
 
 def _arrays(con: duckdb.DuckDBPyConnection, complete_only: bool) -> RewardArrays:
-    workers = [r[0] for r in con.execute("SELECT worker_id FROM workers ORDER BY position").fetchall()]
+    kinds = con.execute("SELECT worker_id, kind FROM workers ORDER BY position").fetchall()
+    workers = [r[0] for r in kinds]
     tasks = con.execute("SELECT task_id, prompt, domain, split, tags FROM tasks ORDER BY task_id").fetchall()
     cells = con.execute("SELECT task_id, position, quality, cost_usd, latency_s, utility FROM rewards").fetchall()
     version = con.execute("SELECT value FROM meta WHERE key='data_version'").fetchone()[0]
@@ -192,7 +194,7 @@ def _arrays(con: duckdb.DuckDBPyConnection, complete_only: bool) -> RewardArrays
         domains=[tasks[i][2] for i in sel], splits=np.array([tasks[i][3] for i in sel]),
         worker_ids=workers, utility=U[sel], quality=Q[sel], cost_usd=C[sel], latency_s=L[sel],
         data_version=version, n_incomplete=int((~keep).sum()),
-        tags=[tuple(tasks[i][4] or ()) for i in sel],
+        tags=[tuple(tasks[i][4] or ()) for i in sel], cost_simulated=bool(kinds) and all(k == "mock" for _, k in kinds),
     )
 
 

@@ -192,6 +192,13 @@ class WorkersConfig(BaseModel):
         50.0, gt=0, description="multi-turn serving: the most one `serve` process spends on multi-turn sessions in "
         "all; past it such requests get a 429 until the server restarts. None: no cap")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _judge_model(cls, data):
+        """`reward: {judge_model: M}` (the one-step router's spelling) is the judge `{id: judge, kind:
+        openrouter, model: M}`; with a `judge:` block too, it is refused (one judge)."""
+        return judge_model_as_judge(data)
+
     @model_validator(mode="after")
     def _unique(self) -> "WorkersConfig":
         ids = [w.id for w in self.workers]
@@ -269,10 +276,31 @@ def reward_source(config: WorkersConfig, path: str | Path) -> str:
     return f"the default weights ({path} has no reward: block)"
 
 
+def judge_model_as_judge(data):
+    """A config mapping whose `reward:` names `judge_model`, with that key moved to a `judge:` block."""
+    reward = data.get("reward") if isinstance(data, dict) else None
+    if not isinstance(reward, dict) or "judge_model" not in reward:
+        return data
+    reward = dict(reward)
+    model = reward.pop("judge_model")
+    if data.get("judge") is not None:
+        raise ValueError(f"reward.judge_model {model!r} and a judge: block both name the judge; keep one: "
+                         f"judge: {{id: judge, kind: openrouter, model: {model}}}")
+    if not isinstance(model, str) or not model.strip():
+        raise ValueError("reward.judge_model: give the judge's OpenRouter model id, or a judge: block "
+                         "(judge: {id: judge, kind: openrouter, model: openai/gpt-4o-mini})")
+    return {**data, "reward": reward, "judge": {"id": "judge", "kind": "openrouter", "model": model}}
+
+
 class _RewardBlock(BaseModel):
     model_config = ConfigDict(extra="allow")  # a whole worker YAML is fine: only `reward:` is read
 
     reward: UtilityConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _judge_model(cls, data):
+        return judge_model_as_judge(data)
 
 
 def load_reward_block(path: str | Path) -> tuple[UtilityConfig, str]:
