@@ -164,6 +164,7 @@ def dagster_cli(project: Path, home: Path, *args: str) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # a `dagster` command: its start alone takes more than ten seconds on 2 cores
 def test_one_batch_partition_materializes_alone_on_a_fresh_instance(project, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
@@ -175,6 +176,7 @@ def test_one_batch_partition_materializes_alone_on_a_fresh_instance(project, tmp
         assert event.asset_materialization.metadata["tasks"].value == 300
 
 
+@pytest.mark.slow  # a `dagster` command: its start alone takes more than ten seconds on 2 cores
 def test_an_asset_before_its_input_is_one_line_naming_what_to_materialize_first(project, tmp_path):
     home = tmp_path / "home"
     home.mkdir()

@@ -55,6 +55,7 @@ def counting(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.slow  # the built-in defaults: 100 epochs
 def test_train_sft_reads_the_projects_config_file_or_else_the_built_in_defaults_like_the_asset(work):
     code, out, err = train_sft()
     assert code == 0, err
