@@ -59,11 +59,12 @@ def test_every_asset_that_can_load_the_encoder_runs_in_the_gpu_pool(project):
     defs = build_defs(str(project), "configs/workers.mock.yaml", "tiny")
     encoder_assets = {}
     for a in defs.resolve_asset_graph().assets_defs:
-        if "encoder" in a.required_resource_keys:
+        if "encoder" in a.required_resource_keys and a.is_executable and not a.is_external:  # (config_encoder: observed)
             encoder_assets.update({k.to_user_string(): a.op.pool for k in a.keys})
-    assert set(encoder_assets) == {"task_embeddings", "router_sft", "router_rl", "router_es", "router_heads", "eval_report_sft",
-                                   "eval_report_rl", "eval_report_es", "eval_report_heads", "promoted_router", "triage_head",
-                                   "eval_report_triage", "router_roles", "eval_report_roles"}
+    assert set(encoder_assets) == {"task_embeddings", "router_sft", "router_rl", "router_es", "router_heads", "router_cascade",
+                                   "eval_report_sft", "eval_report_rl", "eval_report_es", "eval_report_heads",
+                                   "eval_report_cascade", "promoted_router", "triage_head", "eval_report_triage",
+                                   "router_roles", "eval_report_roles"}
     assert {k for k, pool in encoder_assets.items() if pool != GPU_POOL} == set()
 
 

@@ -153,9 +153,10 @@ def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_feat
     # a later run on the pipeline's own features: the king (layers [-1, 1]) is scored in the contest,
     # on its features, not skipped as "other features"
     (proj / "configs" / "promotion.yaml").write_text("gates:\n  rate_limit_s: 0\n")  # a second attempt today
-    # (the heads, their report and the promotion: the SFT, RL and CMA-ES challengers are the first run's)
+    # (the heads, the cascade that competes with them, their reports and the promotion: the SFT, RL and
+    # CMA-ES challengers are the first run's)
     capsys.readouterr()
-    materialize(proj, ["router_heads", "eval_report_heads", "promoted_router"])
+    materialize(proj, ["router_heads", "router_cascade", "eval_report_heads", "eval_report_cascade", "promoted_router"])
     last = [json.loads(line) for line in (proj / "models" / "promoted" / "history.jsonl").read_text().splitlines()][-1]
     text = "\n".join(last["reasons"])
     assert "other features" not in text and "cannot be scored" not in text, text

@@ -17,7 +17,8 @@ from fugu_pipeline.defs.harness import policy_for
 from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS
 from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline.evaluate import promotion
-from fugu_pipeline.evaluate.promotion import PolicyError, promote_best
+from fugu_pipeline.evaluate.promotion import PolicyError
+from fugu_pipeline.policies.registry import promote_best
 from fugu_pipeline_tests.conftest import REPO
 from fugu_pipeline_tests.harness_data import controlled_data, routing_head
 

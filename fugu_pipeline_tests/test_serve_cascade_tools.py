@@ -9,7 +9,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from fugu_pipeline.policies.cascade.route import load_router
+from fugu_pipeline.policies.registry import load_router
 from fugu_pipeline.serve import create_app
 from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint
 from fugu_pipeline.testing.serving import WORKERS, ServerThread, stub_workers_config

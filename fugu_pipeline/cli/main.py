@@ -114,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "only (the steps' asset config replace_broken_king; the history records the ask; default: the "
                    "step fails and says why)")
 
+    p = add("materialize", pipeline.cmd_materialize, "materialize one asset (one partition) through Dagster, as the "
+            "UI would; a missing asset, partition or input is one line")
+    p.add_argument("asset", help="the asset, e.g. tasks, router_es, eval_report_heads")
+    p.add_argument("--partition", default=None, help="a partitioned asset's partition: BATCH for tasks, BATCH|WORKER for responses")
+    p.add_argument("--project-dir", default=".", help="project root (holds data/, models/, dagster.yaml)")
+    p.add_argument("--workers", default="configs/workers.mock.yaml", help="worker YAML (default: the offline mock pool)")
+    p.add_argument("--encoder", default=None, help="'tiny' (offline), a local model directory, or a hub id")
+
     p = add("doctor", pipeline.cmd_doctor, "check Python, torch/CUDA, the key (present or not), Dagster home, disk")
     p.add_argument("--project-dir", default=".")
 
@@ -201,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for method in ("sft", "rl", "es"):
         p = add(f"train-{method}", lambda a, m=method: training.train(a, m), f"train the {method.upper()} router head")
-        p.add_argument("--config", default=f"configs/train_{method}.yaml")
+        p.add_argument("--config", default=None, help=f"trainer settings (default: configs/train_{method}.yaml when present, "
+                       f"else the same built-in defaults; the router_{method} asset reads the same)")
         data_opts(p)
         if method != "sft":
             p.add_argument("--checkpoint", required=True, help="warm-start checkpoint: the path train-* printed, or the "

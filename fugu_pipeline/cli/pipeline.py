@@ -116,8 +116,11 @@ def cmd_pipeline(args) -> int:
         print(f"reward matrix: {rm.get('tasks')} tasks x {rm.get('workers')} workers, "
               f"{rm.get('cells_filled')}/{rm.get('cells_expected')} cells -> {rm.get('path')}")
         print(f"utility: {rm.get('utility')}")
+    fresh = results.fresh
     emb = results.get("task_embeddings", {})
-    if emb:
+    if emb and "task_embeddings" in fresh:
+        print(f"embeddings: none encoded ({emb.get('n_prompts')} prompts, {fresh['task_embeddings']})")
+    elif emb:
         print(f"embeddings: {emb.get('n_computed')} encoded, {emb.get('n_cached')} from cache; {emb.get('encoder')}")
     for m in ("sft", "rl", "es", "heads"):
         r = results.get(f"eval_report_{m}")
@@ -133,14 +136,21 @@ def cmd_pipeline(args) -> int:
     if t:
         print(f"triage: domain accuracy {t['domain_accuracy']:.4f} (majority {t['domain_majority_baseline']:.4f}), "
               f"difficulty accuracy {t['difficulty_accuracy']:.4f} (majority {t['difficulty_majority_baseline']:.4f})")
-        if "promoted" in t:
+        if "promoted" in t and "eval_report_triage" in fresh:
+            print(f"triage promotion: not tried again ({fresh['eval_report_triage']})")
+        elif "promoted" in t:
             print(f"triage promotion: {'promoted' if t['promoted'] else 'no change'}")
     p = results.get("promoted_router")
-    if p:
+    if p and "promoted_router" in fresh:  # no challenger changed: no attempt (none is spent against the rate limit)
+        print(f"promotion: not tried again, no challenger changed ({fresh['promoted_router']}); the king: "
+              f"{p.get('current_checkpoint') or 'none'}")
+    elif p:
         print(f"promotion: {'promoted ' + str(p.get('challenger')) if p.get('promoted') else 'no change'}")
         print((p.get("decision") or "").strip())
     r = results.get("eval_report_roles")
-    if r:
+    if r and "eval_report_roles" in fresh:
+        print(f"multi-turn coordinator: not evaluated again ({fresh['eval_report_roles']}); report {r.get('report')}")
+    elif r:
         print("multi-turn coordinator, held-out:")
         print((r.get("per_domain") or "").strip())
         print((r.get("verdicts") or "").strip())
@@ -151,6 +161,28 @@ def cmd_pipeline(args) -> int:
             print(f"error: batch {batch!r} left out: {why}", file=sys.stderr)
         print(f"error: {len(results.left_out)} batch file(s) could not be loaded and are not in the matrix; the other "
               "batches were collected. Fix the line named and run `fugu-lite pipeline` again", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_materialize(args) -> int:
+    """`fugu-lite materialize ASSET [--partition P]`: one asset (one partition) on the project's
+    instance, every error in one line (an asset or partition that does not exist, a missing or stale
+    input, a failed step)."""
+    from fugu_pipeline.defs.deploy import InstanceUnavailable
+    from fugu_pipeline.defs.runner import BlockingCheckFailed, NoSuchTarget, ProjectBusy, StepFailed, materialize_one
+
+    project = Path(args.project_dir).resolve()
+    if not project.is_dir():
+        print(f"error: project directory {project} does not exist", file=sys.stderr)
+        return 2
+    try:
+        materialize_one(project, args.workers, args.asset, args.partition, encoder=encoder_name(args))
+    except (NoSuchTarget, InstanceUnavailable, ProjectBusy) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (BlockingCheckFailed, StepFailed) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,5 +1,8 @@
 """Training and evaluation commands over a reward-matrix JSONL or DuckDB file: `train` (the
-configured heads, chosen on validation), `train-sft`, `train-rl`, `train-es`, `evaluate`.
+configured heads, chosen on validation, and the cascade), `train-sft`, `train-rl`, `train-es`,
+`evaluate`. The training commands run the steps the assets run (`fugu_pipeline/steps/`), with the
+same config rule and features; a second run on the same data and settings trains nothing (each
+step finds its record under `<output>/.steps/`).
 
 One meaning per setting: the utility comes from the same `reward:` block as in the
 assets. A JSONL whose rows carry `quality` is turned into utility with the weights of
@@ -203,16 +206,10 @@ def routing_data(args, encoder: str | None = None, *, contract=None, settings=No
     return data
 
 
-def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr), layer_sets=None, settings=None,
-                 prompt_rules: str | None = None):
-    """A new head's features and training, shared by `train-sft` and `train`: the encoder settings
-    (`settings`, else the flags: --template, --pooling, --layers, --max-length, --dtype ...), the
-    data through the cache, and `fit(data)` with the prompt rules chosen as `prompt_rules` (else
-    --prompt-rules) asks (auto: with and without, the better validation figure `score(result)`
-    wins) and, with `layer_sets`, the layer setting chosen the same way
-    (`train/feature_choice.py:fit_choosing_features`, which the `router_heads` asset calls too).
-    Returns (result, the data it was fitted on, the metrics to record)."""
-    from fugu_pipeline.train.feature_choice import fit_choosing_features, val_utility
+def rows_of(args):
+    """What a training step reads, as the flags give it (`steps/inputs.Rows`): the encoder flags'
+    settings, the rows through the cache with a progress bar, the matrix of --data."""
+    from fugu_pipeline.steps.inputs import Rows
 
     noted: list[bool] = []
 
@@ -226,9 +223,8 @@ def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr),
                   file=sys.stderr)
         return data
 
-    return fit_choosing_features(settings or encoder_settings(args), load, fit,
-                                 score or val_utility, prompt_rules=prompt_rules or getattr(args, "prompt_rules", None) or "auto",
-                                 layer_sets=layer_sets, log=log, prefill=lambda ss: prefill(args, ss))
+    return Rows(settings=encoder_settings(args), load=load, matrix=matrix_db(args), cache_root=Path(args.cache_dir),
+                prefill=lambda ss: prefill(args, ss), model=getattr(args, "encoder", None))
 
 
 def prefill(args, settings_list) -> None:
@@ -240,44 +236,43 @@ def prefill(args, settings_list) -> None:
         print(f"features: {n} prompts encoded once for {len(settings_list)} layer settings", file=sys.stderr)
 
 
-def train(args, method: str) -> int:
-    from fugu_pipeline.policies.registry import load_checkpoint
-    from fugu_pipeline.policies.oneshot.configs import ESConfig, RLConfig, SFTConfig
-    from fugu_pipeline.config_files import load_config
-    from fugu_pipeline.policies.oneshot.es import train_es
-    from fugu_pipeline.train.feature_choice import feature_metrics
-    from fugu_pipeline.policies.oneshot.rl import train_rl
-    from fugu_pipeline.policies.oneshot.sft import train_sft
+def _step_errors():
+    from fugu_pipeline.features.routing_data import TrainingDataError
+    from fugu_pipeline.steps.oneshot import StageError
+    from fugu_pipeline.config_files import ConfigError
 
-    cls = {"sft": SFTConfig, "rl": RLConfig, "es": ESConfig}[method]
+    return ConfigError, TrainingDataError, StageError
+
+
+def train(args, method: str) -> int:
+    """`fugu-lite train-sft/-rl/-es`: the stage the `router_<method>` asset runs (`steps/oneshot.py`),
+    with the same config rule (--config, else configs/train_<method>.yaml, else the defaults) and the
+    same features (a new head chooses its prompt rules; a warm start's are its contract's)."""
+    from fugu_pipeline.steps.oneshot import train_stage
+    from fugu_pipeline.train.checkpoints import MANIFEST_FILE, Manifest, load_checkpoint
+
     models_output(args.output)
-    cfg = load_config(args.config, cls) if args.config else cls()
-    init = None
+    start = None
     if getattr(args, "checkpoint", None):
         start = resolve_checkpoint(args.checkpoint)
         print(f"warm start: {start}", file=sys.stderr)
-        init = load_checkpoint(start)
+        init = load_checkpoint(start)  # a flag that contradicts its feature contract: refused here, in one line
+        encoder_settings(args, args.encoder, init.manifest.feature_contract, init.manifest.metrics)
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
-    kwargs = {"force": args.force, "log": log}
-    fn = {"sft": train_sft, "rl": train_rl, "es": train_es}[method]
-    if init is not None:  # the warm start's features: its contract, prompt rules included
-        settings = encoder_settings(args, args.encoder, init.manifest.feature_contract, init.manifest.metrics)
-        data = routing_data(args, settings=settings)
-        # the head's columns are the warm start's workers: the same set, in its order (else a size
-        # mismatch from torch, or, with as many workers under other names, columns that mean others)
-        data = data.in_worker_order(init.manifest.worker_ids, f"the warm start {start}")
-        load_checkpoint(init.path, expected_contract=init.manifest.feature_contract)
-        kwargs["init_state"] = init.state_dict
-        result, recorded = fn(data, cfg, **kwargs), feature_metrics(settings)
-    else:
-        result, data, recorded = fit_new_head(args, lambda d: fn(d, cfg, **kwargs), log=log)
-    result.metrics.update(recorded)
-    path = result.save(args.output)
-    calibrate_beside(path, data)
+    try:
+        record = train_stage(method, rows_of(args), Path(args.output), root=Path.cwd(), config=args.config,
+                             warm_start=start, force=args.force, prompt_rules=getattr(args, "prompt_rules", None), log=log)
+    except _step_errors() as exc:
+        raise CLIError(str(exc)) from None
+    path = Path(record.output["checkpoint"])
+    man = Manifest.model_validate_json((path / MANIFEST_FILE).read_text(encoding="utf-8"))
+    from fugu_pipeline.reward import UtilityConfig
+
+    m, weights = man.metrics, UtilityConfig.model_validate(man.utility_config or {})
     record_latest(args.output, path, f"train-{method}")
-    m = result.metrics
-    print(f"{method}: {result.param_count} parameters, kept epoch {result.best_epoch}; "
-          f"val utility {m.get('val_utility', float('nan')):.4f} ({data.utility_config.describe()})")
+    print(f"{method}: {man.param_count} parameters, kept epoch {m.get('best_epoch')}; "
+          f"val utility {m.get('val_utility', float('nan')):.4f} ({weights.describe()})"
+          + (f"; kept from {record.when()}: the same inputs, nothing trained" if record.reused else ""))
     print(path)
     return 0
 
@@ -382,74 +377,60 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_train_heads(args) -> int:
-    """`fugu-lite train`: fit the configured heads (configs/train.yaml), choose one on validation
-    (K-fold out-of-fold over the non-test rows), save each kind's best and print the chosen
-    checkpoint's directory last."""
+    """`fugu-lite train`: the `router_heads` and `router_cascade` steps (`steps/heads.py`,
+    `steps/cascade.py`): fit the configured heads (--config, else configs/train.yaml, else the
+    built-in defaults), choose one on validation (K-fold out-of-fold over the non-test rows), save each
+    kind's best, then the cascade against them; print the checkpoint that ships last."""
+    from fugu_pipeline.steps.cascade import fit_cascade
+    from fugu_pipeline.steps.heads import absolute, fit_heads, heads_config
     from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
-    from fugu_pipeline.config_files import load_config
-    from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
+    from fugu_pipeline.train.feature_choice import LayerSetError
 
     models_output(args.output)
-    config = args.config
-    if config is None and Path(DEFAULT_TRAIN_CONFIG).exists():
-        config = DEFAULT_TRAIN_CONFIG
-    cfg = load_config(config, TrainSetConfig) if config else TrainSetConfig()
+    try:
+        cfg, path, version = heads_config(Path.cwd(), args.config)
+    except _step_errors() as exc:
+        raise CLIError(str(exc)) from None
     cfg = cascade_flags(args, cfg)
     overrides = {k: v for k, v in (("objective", args.objective), ("selection_rule", args.selection_rule),
                                    ("folds", args.folds), ("seed", args.seed)) if v is not None}
     if overrides:
         with flag_errors():
             cfg = TrainSetConfig.model_validate({**cfg.model_dump(), **overrides})
-    print(f"heads: {config or 'built-in defaults (= configs/train.yaml as shipped)'}; "
+    print(f"heads: {path or 'built-in defaults (= configs/train.yaml as shipped)'}; "
           f"enabled {[k for k, v in cfg.heads.model_dump().items() if v is not None]}", file=sys.stderr)
-    log = lambda m: print(m, file=sys.stderr)
-    # the features: the encoder flags, then the config's `features:` (lexical block, layer sets and
-    # prompt rules, chosen on the selected head's out-of-fold validation figure) unless a flag says
-    # otherwise, as the router_heads asset resolves them; recorded in every checkpoint of the set
-    from fugu_pipeline.train.feature_choice import LayerSetError, describe_features, heads_features
-
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if args.layers is not None and args.layer_sets:
         raise CLIError("give --layers or --layer-sets, not both")
+    rows, output = rows_of(args), Path(args.output)
     try:
-        settings, sets, rules = heads_features(
-            encoder_settings(args), cfg.features, lexical=args.lexical,
-            layer_sets="off" if args.layers is not None else args.layer_sets, prompt_rules=args.prompt_rules)
+        heads = fit_heads(cfg, rows, output, cfg_path=path, cfg_version=version, force=args.force, lexical=args.lexical,
+                          layer_sets="off" if args.layers is not None else args.layer_sets,
+                          prompt_rules=args.prompt_rules, log=log)
+        cascade = fit_cascade(cfg, rows, output, heads, log=log)
     except LayerSetError as exc:
         raise CLIError(f"--layer-sets {exc}") from None
-    print(describe_features(settings, sets, rules), file=sys.stderr)
-    selection, data, recorded = fit_new_head(args, lambda d: select_heads(d, cfg, log, args.force),
-                                             score=lambda sel: sel[0].val_score, log=log, layer_sets=sets,
-                                             settings=settings, prompt_rules=rules)
-    report = fit_and_save(data, args.output, cfg, log=log, force=args.force, selection=selection, metrics=recorded)
-    # budget.json beside each quality head (route/serve/evaluate --budget-*), with the default operating point
-    from fugu_pipeline.policies.oneshot.default_point import default_lines
-    from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
-
-    point = calibrate_saved(report.saved, data, log, margin=cfg.cascade.margin, n_boot=cfg.cascade.n_boot, seed=cfg.seed)
-    print(f"validation: {report.protocol}; objective {report.objective}; rule {report.rule} ({report.rule_reason})")
-    by = "apgr" if report.rule == "apgr" else report.rule
-    for s in report.saved:
-        figs = ", ".join(f"{k} {v:.4f}" for k, v in s.figures.items())
-        print(f"{'*' if s.selected else ' '} {s.kind:<12} {s.name}: {figs} -> {s.path}")
-    print(f"selected ({by}): {report.selected} — {report.reason}")
-    for line in default_lines(point) if point is not None else ():
+    except _step_errors() as exc:
+        raise CLIError(str(exc)) from None
+    out, s = absolute(heads, output), heads.summary
+    print(f"validation: {s['protocol']}; objective {s['objective']}; rule {s['rule']} ({s['rule_reason']})")
+    by = "apgr" if s["rule"] == "apgr" else s["rule"]
+    for h in out["saved"]:
+        figs = ", ".join(f"{k} {v:.4f}" for k, v in h["figures"].items())
+        print(f"{'*' if h['selected'] else ' '} {h['kind']:<12} {h['name']}: {figs} -> {h['path']}")
+    print(f"selected ({by}): {s['selected']} — {s['reason']}")
+    for line in s.get("default_lines", []):
         print(line)
-    shipped = report.selected_path()
-    from fugu_pipeline.route.router import encoder_settings_for
-    from fugu_pipeline.policies.cascade.train import train_cascade
-
-    result = train_cascade(data, matrix_db(args), encoder_settings_for(data.contract, args.device, args.dtype),
-                           Path(args.cache_dir), cfg, selection[0], report.saved, Path(args.output), log, recorded)
-    if result is not None:
-        for line in result.lines():
+    shipped = out["selected"]
+    if cascade.output.get("cascade"):
+        for line in cascade.summary.get("lines", []):
             print(line)
-        shipped = result.shipped_path
+        shipped = str(output / cascade.output["shipped"])
+    if heads.reused and cascade.reused:
+        print(f"(kept from {heads.when()}: the same data, settings and code; nothing fitted)", file=sys.stderr)
     record_latest(args.output, Path(shipped), "train")
     print(shipped)
     return 0
-
-
-DEFAULT_TRAIN_CONFIG = "configs/train.yaml"
 
 
 def cascade_flags(args, cfg):

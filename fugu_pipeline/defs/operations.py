@@ -23,26 +23,24 @@ import dagster as dg
 
 from fugu_pipeline.defs.catalog import FINGERPRINT_TAG, RESPONSES_KEY, openrouter_catalog
 from fugu_pipeline.defs.data import reward_matrix
-from fugu_pipeline.defs.models import (
+from fugu_pipeline.defs.models import router_cascade, router_es, router_heads, router_rl, router_sft, task_embeddings
+from fugu_pipeline.defs.reports import (
+    eval_report_cascade,
     eval_report_es,
     eval_report_heads,
     eval_report_rl,
     eval_report_sft,
     promoted_router,
-    router_es,
-    router_heads,
-    router_rl,
-    router_sft,
-    task_embeddings,
 )
 from fugu_pipeline.defs.partitions import batch_x_worker, partition_run_request, task_batches, workers
 from fugu_pipeline.defs.triage import eval_report_triage, triage_head
 from fugu_pipeline.settings import settings
 
 # every asset promoted_router reads: a job without router_heads and eval_report_heads failed on a
-# fresh project (no stored heads report) and promoted from a stale one elsewhere
-TRAINING = [task_embeddings, router_sft, router_rl, router_es, router_heads, eval_report_sft, eval_report_rl,
-            eval_report_es, eval_report_heads, promoted_router]
+# fresh project (no stored heads report) and promoted from a stale one elsewhere. A job run again
+# recomputes nothing whose inputs are unchanged: each step finds its record (steps/records.py)
+TRAINING = [task_embeddings, router_sft, router_rl, router_es, router_heads, router_cascade, eval_report_sft,
+            eval_report_rl, eval_report_es, eval_report_heads, eval_report_cascade, promoted_router]
 
 refresh_catalog_job = dg.define_asset_job(
     "refresh_catalog", selection=[openrouter_catalog],
@@ -50,7 +48,9 @@ refresh_catalog_job = dg.define_asset_job(
 )
 train_and_promote_job = dg.define_asset_job(
     "train_and_promote", selection=TRAINING,
-    description="Embeddings, the SFT -> RL -> CMA-ES heads, their held-out reports and the promotion decision.",
+    description="Embeddings, the SFT -> RL -> CMA-ES heads, the head set and the cascade, their held-out reports and "
+                "the promotion decision. A step whose inputs, code and settings are unchanged keeps its earlier output "
+                "(nothing trained); \"Materialize stale and missing\" on the graph runs only what is out of date.",
 )
 # what `fugu-lite pipeline` runs once every batch is collected, in its order (defs/runner.py): the
 # main job's assets that take no partition, which the UI materializes in one run

@@ -65,6 +65,22 @@ def sync_worker_partitions(instance: dg.DagsterInstance, worker_ids: list[str]) 
     return new
 
 
+def register_partitions(instance: dg.DagsterInstance, pipeline: PipelineResource, worker_ids: list[str] | None = None):
+    """Every batch file of the batch folder as a `task_batches` partition and every configured worker
+    as a `workers` partition, added where missing (none is ever removed here: a deleted file's history
+    stays visible). What the definitions do when they load, and `fugu-lite pipeline` before it
+    runs, so a partition can be materialized alone on a fresh instance (`dagster asset materialize
+    --select tasks --partition sample`); the batch sensor still requests each new or changed file's
+    runs. Returns (batch name and path of each file found, the entries refused for their name)."""
+    found, refused = scan_batch_files(pipeline.paths.benchgen)
+    have = set(instance.get_dynamic_partitions(task_batches.name))
+    new = [b for b, _ in found if b not in have]
+    if new:
+        instance.add_dynamic_partitions(task_batches.name, new)
+    sync_worker_partitions(instance, worker_ids if worker_ids is not None else pipeline.load_workers().worker_ids)
+    return found, refused
+
+
 def _cursor_workers(context: dg.SensorEvaluationContext) -> set[str] | None:
     """The config's worker ids at the last tick (None: unknown, a cursor without them)."""
     try:

@@ -250,6 +250,14 @@ def check_no_nan(db_path: Path) -> int:
         ).fetchone()[0]
 
 
+def read_data_version(db_path: Path) -> str:
+    """The matrix's data version (every graded cell, prompt and split: `build.data_version`), the
+    `reward_matrix` asset's too: what a step trained on it names as its input."""
+    _require(db_path)
+    with open_read_only(db_path) as con:
+        return con.execute("SELECT value FROM meta WHERE key='data_version'").fetchone()[0]
+
+
 def read_utility_config(db_path: Path) -> UtilityConfig:
     """The utility weights the matrix was built with (its `meta` table)."""
     with open_read_only(db_path) as con:

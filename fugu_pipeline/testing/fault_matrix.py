@@ -96,7 +96,7 @@ class FaultMatrix:
     def build(cls, create_app, stub, root: Path) -> "FaultMatrix":
         """Train the three routers under `root` (a few seconds each with the tiny encoder); `create_app`
         is `fugu_pipeline.serve.create_app` (passed in: `testing` does not import the server)."""
-        from fugu_pipeline.policies.cascade.route import load_router
+        from fugu_pipeline.policies.registry import load_router
         from fugu_pipeline.policies.coordinator.route import RolesCoordinator
         from fugu_pipeline.route.router import Router
         from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint

@@ -67,9 +67,9 @@ def one_shot_heads(heads_report) -> dict:
 
 def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, cfg, heads_report,
                   saved: list, models_dir: Path, log=print, metrics: dict | None = None) -> CascadeResult | None:
-    """Fit and save the cascade (see the module docstring). `cfg` is `configs/train.yaml` (its `cascade`
-    block, `folds` and `seed`: the one-shot heads' `TrainSetConfig`). `heads_report` and `saved` are the
-    one-shot selection (`fit.select_heads`) and its saved heads (`fit_and_save`); `settings` the
+    """Fit and save the cascade (see the module docstring). `heads_report` and `saved` are the
+    one-shot selection (`fit.select_heads`, or the `one_shot_heads` scores it kept) and its saved
+    heads (`fit_and_save`); `settings` the
     encoder settings of `data`'s features (the replies are read by the same model)."""
     cc = cfg.cascade
     if cc.enabled == "off":
@@ -82,7 +82,7 @@ def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, 
         log(f"cascade: skipped ({str(exc).split(': ', 1)[-1].split(':')[0]})")
         return None
     inputs = answer_inputs(data, grid, settings, cache_root, progress=None, encode=cc.encode_replies)
-    heads = one_shot_heads(heads_report)
+    heads = heads_report if isinstance(heads_report, dict) else one_shot_heads(heads_report)
     fit = fit_cascade(data, grid, inputs, cc, cfg.folds, cfg.seed, heads, log)
     path = save_cascade(models_dir, data, fit, inputs.answer.shape[2], metrics,
                         training_config={"cascade": cc.model_dump(), "folds": cfg.folds, "seed": cfg.seed})
