@@ -59,9 +59,27 @@ def _num(tok: str) -> float | None:
         return None
 
 
+_EQ_START = re.compile(r"-?\d")
+_RUN = re.compile(r"[\d,]*")
+
+
+def _equation_matches(text: str):
+    """`_EQ.finditer(text)`, each start tried once: a start inside a run of digits and commas reads
+    the same number's tail, which cannot match where the run's first digit did not, so a failed
+    start skips its run (searched from every digit, a run of n digits cost n^2)."""
+    pos = 0
+    while (s := _EQ_START.search(text, pos)) is not None:
+        m = _EQ.match(text, s.start())
+        if m is not None:
+            yield m
+            pos = m.end()
+        else:
+            pos = _RUN.match(text, s.end()).end()
+
+
 def _equations(reply: str) -> tuple[int, int]:
     n = held = 0
-    for a, op, b, c in _EQ.findall(reply[-20_000:]):
+    for a, op, b, c in (m.groups() for m in _equation_matches(reply[-20_000:])):
         x, y, z = _num(a), _num(b), _num(c)
         if x is None or y is None or z is None:
             continue
@@ -121,7 +139,7 @@ def _stats_v1(reply: str | None, final: str | None, prompt: str) -> np.ndarray:
     n_eq, held = _equations(reply)
     prompt_numbers = {_num(t) for t in _NUM.findall(prompt)}
     final_num = _num(final) if final else None
-    digits = sum(c.isdigit() for c in reply)
+    digits = sum(map(str.isdigit, reply))
     return np.array([
         math.log1p(len(reply)), math.log1p(reply.count("\n")), float(final is not None),
         float(final is not None and (final_num in prompt_numbers if final_num is not None else final.lower() in prompt.lower())),

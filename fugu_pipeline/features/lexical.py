@@ -31,10 +31,10 @@ LEXICAL_NAMES = (
 LEXICAL_DIM = len(LEXICAL_NAMES)
 BLOCK_SCALE = 0.25
 
-_NUM = re.compile(r"\d[\d,]*\.?\d*")
+_NUM = re.compile(r"\d[\d,]*(?:\.\d*)?")  # every character read one way (features.md, "Untrusted text")
 _SENT = re.compile(r"[.!?](?:\s|$)")
 _CODE = re.compile(r"```|\bdef |\breturn\b|\bimport |[{};]|==|->")
-_CHOICE = re.compile(r"(?m)^\s*\(?[A-Ha-h][).:]\s")
+_CHOICE = re.compile(r"(?m)^[^\S\n]*\(?[A-Ha-h][).:]\s")  # blank lines before an option: its own line counts it
 # divisors that bring each raw statistic to about [0, 1] on real prompts (a 20k-character prompt is
 # log1p = 9.9; 40 sentences log1p = 3.7; numbers are capped at 1e12); values beyond are kept, not clipped
 _DIVISORS = np.array([10, 9, 1, 5, 6, 5, 6, 10, 1, 1, 4, 5, 28, 1, 3, 5], dtype=np.float64)

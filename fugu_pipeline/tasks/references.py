@@ -15,7 +15,7 @@ from fugu_pipeline.tasks.answers import parse_number
 
 MATH_INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 LETTERS = "ABCDEFGHIJ"
-_MCQ_ANSWER = re.compile(r"^\s*(?:\\text(?:bf)?\{\s*)?\(([A-J])\)\s*\}?\s*$")
+_MCQ_ANSWER = re.compile(r"^\s*(?:\\text(?:bf)?\{\s*)?\(([A-J])\)\s*(?:\}\s*)?$")
 _ANSWER_WORD = r"(?i:answer)(?:\s+(?i:is)|\s*:)"
 
 
