@@ -32,15 +32,17 @@ repeats its text, and the final answer's length (`option_stats`).
 from __future__ import annotations
 
 import ast
+import bisect
 import math
 import re
 
 import numpy as np
 
+from fugu_pipeline.tasks.final_answer import READ_CHARS
+
 CHECK_STATS = ("arith_steps", "arith_wrong", "arith_any_wrong", "final_is_result", "final_line_numbers",
                "answers_disagree", "tail_after_final", "prompt_numbers_used", "self_corrections", "repeated_lines")
 MAX_CHARS = 20_000  # the reply's last characters that are checked (a runaway reply costs no more)
-PROMPT_CHARS = 65_536  # the prompt's last characters whose numbers are read
 
 _BINOPS = {ast.Add: float.__add__, ast.Sub: float.__sub__, ast.Mult: float.__mul__, ast.Div: float.__truediv__}
 # Arithmetic text is numbers (`\d[\d,]*(?:\.\d+)?%?`) and operator characters, one after another. Written
@@ -58,6 +60,7 @@ _WINDOW = 160  # the longest left-hand side read
 _RIGHT = re.compile(rf"[ \t]*+(?:<<[^>\n]{{0,200}}>>)?(?:\d[\d,]*+(?:\.\d++)?+%?+|{_OP})++")
 _EQUALS = re.compile(r"(?<![<>=!])=(?!=)")
 _COMPUTES = re.compile(r"\d\s*(?:[-+*/x×÷^]|\*\*)\s*[\d($]|\)\s*[-+*/x×÷]")
+_NEWLINE = re.compile(r"\n")
 _PLAIN = re.compile(r"-?\d+(?:\.(\d+))?")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _FINAL_MARK = re.compile(r"####|\banswer is\b|\banswer:|\\boxed\{", re.IGNORECASE)
@@ -110,7 +113,8 @@ def arithmetic_steps(reply: str) -> list[tuple[float, float, bool]]:
     out = []
     for m in _EQUALS.finditer(text):
         window = max(0, m.start() - _WINDOW)
-        left = _LEFT.search(text, window, m.start())
+        # no left-hand side holds an `=`: the search starts after the last one (dense `=` cost 160 tries each)
+        left = _LEFT.search(text, max(window, text.rfind("=", window, m.start()) + 1), m.start())
         right = _RIGHT.match(text, m.end())
         if not left or not right or not _COMPUTES.search(left.group(0)):
             continue  # a bare value on the left (`x = 5`, `total = 12`) is not a computation to check
@@ -148,16 +152,20 @@ def check_stats(reply: str | None, final: str | None, prompt: str) -> np.ndarray
         line = text[marks[-1].end():].split("\n", 1)[0]
         tail = len(text) - marks[-1].end() - len(line)
         stated = set()
+        numbers = list(_NUMBER.finditer(text))  # read once: a mark ends on a character no number holds
+        starts = [n.start() for n in numbers]
+        newlines = [n.start() for n in _NEWLINE.finditer(text)]
         for mk in marks:  # the first number on the rest of each mark's line
-            eol = text.find("\n", mk.end())
-            first = _NUMBER.search(text, mk.end(), eol if eol >= 0 else len(text))
-            if first and (v := _number(first.group(0))) is not None:
-                stated.add(v)
+            k = bisect.bisect_left(starts, mk.end())
+            eol = bisect.bisect_left(newlines, mk.end())
+            if k < len(starts) and (eol == len(newlines) or starts[k] < newlines[eol]):
+                if (v := _number(numbers[k].group(0))) is not None:
+                    stated.add(v)
         disagree = float(len(stated) > 1)
     else:
         lines = [x for x in text.strip().split("\n") if x.strip()]
         line, tail, disagree = (lines[-1] if lines else ""), 0, 0.0
-    given = {_number(t) for t in _NUMBER.findall(prompt[-PROMPT_CHARS:])} - {None}
+    given = {_number(t) for t in _NUMBER.findall(prompt[-READ_CHARS:])} - {None}
     used = len(given & ({_number(t) for t in _NUMBER.findall(text)} - {None})) / len(given) if given else 1.0
     lines = [x.strip() for x in text.split("\n") if x.strip()]
     repeated = 1.0 - len(set(lines)) / len(lines) if lines else 0.0

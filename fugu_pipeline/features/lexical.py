@@ -54,10 +54,10 @@ def _row(t: str) -> list[float]:
     largest = max(vals, default=0.0)
     return [
         math.log1p(len(t)), math.log1p(len(words)),
-        sum(c.isdigit() for c in t) / n, math.log1p(len(nums)),
+        sum(map(str.isdigit, t)) / n, math.log1p(len(nums)),
         math.log1p(t.count("\n")), min(t.count("?"), 10), math.log1p(len(_CODE.findall(t))),
-        min(len(_CHOICE.findall(t)), 10), sum(c.isupper() for c in t) / n,
-        sum(not c.isascii() for c in t) / n,
+        min(len(_CHOICE.findall(t)), 10), sum(map(str.isupper, t)) / n,
+        (len(t) - sum(map(str.isascii, t))) / n,
         math.log1p(sents), math.log1p(len(set(nums))), math.log1p(min(largest, 1e12)),
         float("%" in t or "/" in t or "percent" in t.lower()),
         math.log1p(len(t.replace(' ', '').replace('\n', '')) / len(words)) if words else 0.0, math.log1p(len(words) / sents),
