@@ -65,9 +65,9 @@ _RUN = re.compile(r"[\d,]*")
 
 
 def _equation_matches(text: str):
-    """`_EQ.finditer(text)`, each start tried once: a start inside a run of digits and commas reads
-    the same number's tail, which cannot match where the run's first digit did not, so a failed
-    start skips its run (searched from every digit, a run of n digits cost n^2)."""
+    """The equations a finditer of `_EQ` finds, each start tried once: a start inside a run of
+    digits and commas reads the same number's tail, which cannot match where the run's first digit
+    did not, so a failed start skips its run (searched from every digit, n digits cost n^2)."""
     pos = 0
     while (s := _EQ_START.search(text, pos)) is not None:
         m = _EQ.match(text, s.start())

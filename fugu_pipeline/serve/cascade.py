@@ -8,20 +8,49 @@ decision, and why the cascade stopped. A streamed request gets the accepted answ
 (a cascade must read the answers before it knows which one to send, so the text comes in one
 content chunk, then the chunk that ends it with the complete `fugu_lite`). Every worker failing
 is a 502, as for one call.
+
+A step's replies are read (final answers, verifier) in a worker thread within
+`FUGU_CASCADE_READ_DEADLINE_S` seconds (default `READ_DEADLINE_S`); past it the cascade goes on to its
+next step (`run_cascade`), the step says `over_deadline`, `/health` counts it
+(`cascade_read_over_deadline`) and the log has one line for the request.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
 import time
 import uuid
 
 from starlette.responses import JSONResponse, StreamingResponse
 
 from fugu_pipeline.route.cascade import load_router, run_cascade  # noqa: F401  (load_router: the app's loader)
+from fugu_pipeline.route.router import RouterError
 from fugu_pipeline.serve.protocol import APIError
 from fugu_pipeline.serve.upstream import CallTiming, usage_of
 from fugu_pipeline.workers.contract import Completion
+
+log = logging.getLogger("fugu_pipeline.serve")
+READ_DEADLINE_ENV = "FUGU_CASCADE_READ_DEADLINE_S"
+READ_DEADLINE_S = 0.5  # a step's replies read in ~10 ms (a 64 KiB reply: ~0.1 s); the rest is a hostile reply
+
+
+def read_deadline_s() -> float:
+    """The deadline for reading a step's replies: `FUGU_CASCADE_READ_DEADLINE_S`, else `READ_DEADLINE_S`."""
+    raw = os.environ.get(READ_DEADLINE_ENV, "").strip()
+    try:
+        value = float(raw) if raw else READ_DEADLINE_S
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise RouterError(f"{READ_DEADLINE_ENV}={raw!r} is not a positive number of seconds; unset it for "
+                          f"the default {READ_DEADLINE_S:g}")
+    return value
+
+
+read_deadline_s()  # a bad setting stops `serve` at start, in one line
 
 
 def _ms(seconds: float) -> float:
@@ -45,7 +74,13 @@ async def chat_completion(svc, req, decision, t0: float, t_routed: float):
             raise WorkerCallError(f"{wid} is not in this server's worker config")
         return await svc.workers.complete(wid, req.messages, req.params, timing)
 
-    run = await run_cascade(router, req.text, req.domain, decision, call)
+    deadline = read_deadline_s()
+    run = await run_cascade(router, req.text, req.domain, decision, call, deadline_s=deadline)
+    late = [k + 1 for k, s in enumerate(run.steps) if s.over_deadline]
+    if late:
+        svc.counts["cascade_read_over_deadline"] = svc.counts.get("cascade_read_over_deadline", 0) + 1
+        log.warning("cascade: the replies of step(s) %s were not read within %g s (%s); %s",
+                    late, deadline, READ_DEADLINE_ENV, run.stopped)
     tag = decision.extra.get("checkpoint_tag")
     info = {"chosen_worker": decision.worker_id, "checkpoint": tag, "checkpoint_tag": tag, "mode": "cascade",
             "cascade": run.info(), "served_by": run.served_by, "domain": req.domain or "general", "attempts": run.calls,
