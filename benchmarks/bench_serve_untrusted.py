@@ -12,8 +12,10 @@ verifier, the plan `[alpha, beta] stop if 2 agree or verifier >= 0.99 -> [gamma]
 generator: one client polling `/health` and one sending a normal prompt back to back the whole
 time, while a third sends each hostile prompt (`testing/hostile_text.py`, `--chars` characters;
 lone surrogates are refused with a 400, which is an answer too) with a `--timeout` of its own.
-Prints, per hostile prompt: its status and seconds, whether that is under a second, and how many
-`/health` polls and normal requests were answered while it ran, with their slowest time.
+Prints, per hostile prompt: its status (an answer: 200; 400 for lone surrogates; 502 when every
+worker's echo is blank, as a reply of only spaces is) and seconds, whether that is under a second,
+and how many `/health` polls and normal requests in flight while it ran were answered, with their
+slowest time.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class Background:
             self.log[kind].append((t0, time.perf_counter() - t0, ok))
 
     def during(self, kind: str, t0: float, t1: float) -> tuple[int, float]:
-        """(answered, slowest seconds) of the calls that started in [t0, t1]."""
-        got = [(s, ok) for start, s, ok in list(self.log[kind]) if t0 <= start <= t1]
+        """(answered, slowest seconds) of the calls in flight at some time in [t0, t1]."""
+        got = [(s, ok) for start, s, ok in list(self.log[kind]) if start <= t1 and start + s >= t0]
         return sum(ok for _, ok in got), max((s for s, _ in got), default=0.0)
 
 
@@ -125,7 +127,7 @@ def main() -> int:
                 t1 = time.perf_counter()
                 h, hs = bg.during("health", t0, t1)
                 n, ns = bg.during("normal", t0, t1)
-                print(f"{name} | {status} | {t1 - t0:.3f} | {'yes' if t1 - t0 < 1 and status in (200, 400) else 'NO'} | "
+                print(f"{name} | {status} | {t1 - t0:.3f} | {'yes' if t1 - t0 < 1 and isinstance(status, int) else 'NO'} | "
                       f"{h} ({hs:.3f}) | {n} ({ns:.3f})", flush=True)
                 if not isinstance(status, int):
                     print("the server did not answer: stopping here (the rest would wait behind it)")

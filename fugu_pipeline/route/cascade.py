@@ -14,9 +14,10 @@ frontier within it), the first step's first worker as `worker_id`, and the plan 
 - the last step is always accepted; when every call of it failed, the remaining workers are tried
   one at a time, the strongest first (the one-call fallback);
 - reading a step's replies (their final answers, then the verifier: the encoder and the reply
-  statistics) runs in a worker thread, so the event loop keeps serving; with `deadline_s`, a step
-  whose reading runs past it is left unread (`StepRecord.over_deadline`) and the cascade goes on to
-  its next step, as when no stop rule holds (the last step's first answer is accepted). A thread
+  statistics) runs in a worker thread, so the event loop keeps serving; with `deadline_s` (the
+  reading of all of a request's steps together), a step whose reading runs past what is left of it
+  is left unread (`StepRecord.over_deadline`) and the cascade goes on to its next step, as when no
+  stop rule holds (the last step's first answer is accepted). A thread
   cannot be stopped, but every reader takes time linear in a bounded part of the reply
   (docs/routing/cascades.md, "Untrusted replies"), so a late one ends soon after; a process would
   have to carry the encoder and the verifier over for every request.
@@ -226,7 +227,7 @@ async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, de
                       deadline_s: float | None = None) -> CascadeRun:
     """Call the plan in `decision.extra["cascade"]` (see the module docstring). `verify` runs the
     verifier (default: in a thread, so an event loop keeps serving); `deadline_s` bounds the reading
-    of each step's replies (None: no bound)."""
+    of the steps' replies, all steps together (None: no bound)."""
     from fugu_pipeline.train.cascade_policy import CascadePlan, decide
 
     plan = CascadePlan.model_validate(decision.extra["cascade"]["plan"])
@@ -235,6 +236,7 @@ async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, de
     finals: list[str | None] = []
     scores: list[float | None] = []
     steps, errors, calls, total = [], [], 0, 0.0
+    reading_s = 0.0  # spent reading replies, of `deadline_s`
     kind = router.answer_kind(domain)
     for k, step in enumerate(plan.steps):
         rec = StepRecord(workers=list(step.workers))
@@ -265,11 +267,18 @@ async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, de
                 return found, new_finals, await verify(prompt, domain, step_replies, paid)
             return found, new_finals, (await verify(prompt, domain, step_replies) if new else [])
 
+        t_read = time.perf_counter()
         try:
-            kind, new_finals, new_scores = await (read() if deadline_s is None else asyncio.wait_for(read(), deadline_s))
+            if deadline_s is None:
+                kind, new_finals, new_scores = await read()
+            elif reading_s >= deadline_s:  # nothing left of the deadline: not even started
+                raise TimeoutError
+            else:
+                kind, new_finals, new_scores = await asyncio.wait_for(read(), deadline_s - reading_s)
         except TimeoutError:  # the thread ends on its own (linear readers); its result is dropped
             rec.over_deadline = True
             new_finals, new_scores = [None] * len(new), [None] * len(new)
+        reading_s += time.perf_counter() - t_read
         got += new
         finals += new_finals
         scores += new_scores
@@ -281,7 +290,7 @@ async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, de
             rec.decision = "every call of this step failed: next step"
             continue
         if rec.over_deadline and not last:
-            rec.decision = f"its replies were not read within {deadline_s:g} s: next step"
+            rec.decision = f"its replies were not read within the {deadline_s:g} s deadline: next step"
             continue
         if not new:
             break

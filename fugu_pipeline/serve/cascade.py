@@ -9,10 +9,10 @@ decision, and why the cascade stopped. A streamed request gets the accepted answ
 content chunk, then the chunk that ends it with the complete `fugu_lite`). Every worker failing
 is a 502, as for one call.
 
-A step's replies are read (final answers, verifier) in a worker thread within
+A step's replies are read (final answers, verifier) in a worker thread, all steps of a request within
 `FUGU_CASCADE_READ_DEADLINE_S` seconds (default `READ_DEADLINE_S`); past it the cascade goes on to its
-next step (`run_cascade`), the step says `over_deadline`, `/health` counts it
-(`cascade_read_over_deadline`) and the log has one line for the request.
+next step (`run_cascade`), the step says `over_deadline`, `/health` counts the request
+(`cascade_read_over_deadline`) and the log has one line for it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ READ_DEADLINE_S = 0.5  # a step's replies read in ~10 ms (a 64 KiB reply: ~0.1 s
 
 
 def read_deadline_s() -> float:
-    """The deadline for reading a step's replies: `FUGU_CASCADE_READ_DEADLINE_S`, else `READ_DEADLINE_S`."""
+    """The deadline for reading a request's replies: `FUGU_CASCADE_READ_DEADLINE_S`, else `READ_DEADLINE_S`."""
     raw = os.environ.get(READ_DEADLINE_ENV, "").strip()
     try:
         value = float(raw) if raw else READ_DEADLINE_S
