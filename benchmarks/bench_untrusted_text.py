@@ -3,12 +3,16 @@ run: one `str.count` over the same text (a single C-level pass, the least any re
 
     python benchmarks/bench_untrusted_text.py                   # 10^4, 10^5 and 10^6 characters
     python benchmarks/bench_untrusted_text.py --sizes 100000 --all
+    PYTHONPATH=../base python benchmarks/bench_untrusted_text.py --sizes 100000 --skip answer_checks.check_stats
+
+`--hang S` ends the run with the stuck reader's traceback when one call takes S seconds (a hang);
+`--skip` leaves readers out (to see the others of a checkout where one hangs).
 
 The readers and the texts are `fugu_pipeline/testing/hostile_text.py` (the property tests draw from
 the same pieces): long digit runs, a 40-digit literal before an `=` (the request that stopped a
 server), thousands of `=`, deep brackets, a megabyte of one character, runs mixed with the readers'
-own trigger tokens, lone surrogates. Each call runs once (a hang would show as a line that never
-comes; before the readers were rewritten, `answer_checks` on the 40-digit literal did not return).
+own trigger tokens, lone surrogates. Each call runs once (before the readers were rewritten, `answer_checks` on the 40-digit literal
+did not return).
 Prints, per size, each reader's slowest text with its time, the floor and their ratio; `--all`
 prints every (reader, text) pair.
 """
@@ -35,7 +39,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--all", action="store_true", help="print every (reader, text) pair, not each reader's slowest")
+    ap.add_argument("--hang", type=float, default=600.0, help="a call this long is a hang: print where, and stop")
+    ap.add_argument("--skip", nargs="*", default=[], help="readers left out")
     args = ap.parse_args()
+    import faulthandler
+
     from fugu_pipeline.testing.hostile_text import READERS, hostile_texts
 
     print(describe())
@@ -46,9 +54,13 @@ def main() -> int:
         floors = {name: timed(lambda t: t.count("\x00"), t) for name, t in texts.items()}
         print(f"\n{n:,} characters: reader | slowest hostile text | seconds | floor (str.count) | ratio")
         for reader, fn in READERS.items():
+            if reader in args.skip:
+                continue
             rows = []
             for name, text in texts.items():
+                faulthandler.dump_traceback_later(args.hang, exit=True)
                 s = timed(fn, text)
+                faulthandler.cancel_dump_traceback_later()
                 rows.append((s, name, floors[name], s / max(floors[name], 1e-7)))
                 if args.all:
                     print(f"  {reader} | {name} | {s:.4f} | {floors[name]:.6f} | {rows[-1][3]:,.0f}")
