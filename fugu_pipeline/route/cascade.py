@@ -17,10 +17,10 @@ frontier within it), the first step's first worker as `worker_id`, and the plan 
   statistics) runs in a worker thread, so the event loop keeps serving; with `deadline_s` (the
   reading of all of a request's steps together), a step whose reading runs past what is left of it
   is left unread (`StepRecord.over_deadline`) and the cascade goes on to its next step, as when no
-  stop rule holds (the last step's first answer is accepted). A thread
-  cannot be stopped, but every reader takes time linear in a bounded part of the reply
-  (docs/routing/cascades.md, "Untrusted replies"), so a late one ends soon after; a process would
-  have to carry the encoder and the verifier over for every request.
+  stop rule holds (the last step's first answer is accepted). A thread cannot be stopped, but every
+  reader takes time linear in a bounded part of the reply (docs/routing/cascades.md, "Untrusted
+  replies"), so a late one ends soon after; a process would have to carry the encoder and the
+  verifier over for every request.
 `CascadeRun` records every step (workers, final answers, verifier scores, cost, latency, errors)
 and why the cascade stopped.
 """
