@@ -94,6 +94,7 @@ def hostile_texts(n: int) -> dict[str, str]:
         "surrogates": "\ud800" * n,
         "options": "(A) " * (n // 4),
         "option lines": "A." + " " * n + "\n",
+        "option, spaces, (": "(A)" + " " * n + "x(",  # the old option reader: 1,000 spaces 8.6 s, 2,000 71 s
         "verdict, spaces": "VERDICT" + " " * n + "x",
         "answer is, spaces": "answer is" + " " * n + "x",
         "#### runs": "#### " * (n // 5),
