@@ -26,8 +26,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 PREFIX = "FUGU_"
 
 # The sections of the reference table, in the order the page shows them.
-KEYS, PROJECT, SENSORS, SCALE, TESTS = "Keys", "The project", "Sensors, schedules and freshness", "Scaling out", "Tests"
-GROUPS = (KEYS, PROJECT, SENSORS, SCALE, TESTS)
+KEYS, PROJECT, SENSORS, SCALE, SERVE, TESTS = (
+    "Keys", "The project", "Sensors, schedules and freshness", "Scaling out", "Serving", "Tests")
+GROUPS = (KEYS, PROJECT, SENSORS, SCALE, SERVE, TESTS)
 
 
 class SettingsError(ValueError):
@@ -98,6 +99,11 @@ class Settings(BaseSettings):
     store_timeout_s: float = _f(30.0, SCALE, "the connect and read deadline of one store request", gt=0)
     store_cache: Path | None = _f(None, SCALE, "this machine's copies of checkpoints read from the store",
                                   shown="`~/.cache/fugu_pipeline/store`")
+
+    # -- serving
+    cascade_read_deadline_s: float = _f(0.5, SERVE, "how long `serve` reads a request's cascade replies (final answers, "
+                                        "verifier), all steps together, before it goes on without them ([untrusted "
+                                        "replies](../routing/cascades.md#untrusted-replies))", gt=0, allow_inf_nan=False)
 
     # -- tests
     test_crash_at: str | None = _f(None, TESTS, "test-only fault injection, `<point>:<n>`: the process kills itself "

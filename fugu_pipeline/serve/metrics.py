@@ -82,6 +82,9 @@ class ServeMetrics:
         self.tokens = Counter("fugu_tokens_total", "tokens in (prompt) and out (completion)", ["worker", "direction"],
                               registry=r)
         self.cascade_stops = Counter("fugu_cascade_stops_total", "where cascades stopped", ["step"], registry=r)
+        self.cascade_over_deadline = Counter("fugu_cascade_read_over_deadline_total",
+                                             "cascade requests whose replies were not read within the read deadline",
+                                             registry=r)
         self.gate = None  # connections.RequestGate, set by the app
         self.guard = None  # connections.ConnectionGuard, set by `fugu-lite serve`
         self.workers: Workers | None = None

@@ -12,7 +12,15 @@ frontier within it), the first step's first worker as `worker_id`, and the plan 
   scores (the prompt's and each reply's features from the same encoder; with a context verifier,
   each of the step's replies read with every reply paid for so far, as the plan was chosen);
 - the last step is always accepted; when every call of it failed, the remaining workers are tried
-  one at a time, the strongest first (the one-call fallback).
+  one at a time, the strongest first (the one-call fallback);
+- reading a step's replies (their final answers, then the verifier: the encoder and the reply
+  statistics) runs in a worker thread, so the event loop keeps serving; with `deadline_s` (the
+  reading of all of a request's steps together), a step whose reading runs past what is left of it
+  is left unread (`StepRecord.over_deadline`) and the cascade goes on to its next step, as when no
+  stop rule holds (the last step's first answer is accepted). A thread cannot be stopped, but every
+  reader takes time linear in a bounded part of the reply (docs/routing/cascades.md, "Untrusted
+  replies"), so a late one ends soon after; a process would have to carry the encoder and the
+  verifier over for every request.
 `CascadeRun` records every step (workers, final answers, verifier scores, cost, latency, errors)
 and why the cascade stopped.
 """
@@ -172,6 +180,7 @@ class StepRecord:
     latency_s: float = 0.0
     errors: list[dict] = field(default_factory=list)
     decision: str = ""
+    over_deadline: bool = False  # its replies were not read in time: the cascade went on without them
 
 
 @dataclass
@@ -189,14 +198,24 @@ class CascadeRun:
         return {"plan": self.plan, "stopped": self.stopped, "served_by": self.served_by, "calls": self.calls,
                 "cost_usd": self.cost_usd,
                 "steps": [{"workers": s.workers, "answers": s.answers, "verifier": s.verifier, "cost_usd": s.cost_usd,
-                           "latency_s": round(s.latency_s, 4), "errors": s.errors, "decision": s.decision} for s in self.steps]}
+                           "latency_s": round(s.latency_s, 4), "errors": s.errors, "decision": s.decision,
+                           **({"over_deadline": True} if s.over_deadline else {})} for s in self.steps]}
+
+
+def _finals(prompt: str, kind: str | None, answers: list[str | None]) -> tuple[str, list[str | None]]:
+    """(the answer kind, each answer's comparable final answer): `kind` None is detected from them."""
+    from fugu_pipeline.tasks.final_answer import detect_kind, extract
+
+    kind = kind or detect_kind(prompt, answers)
+    return kind, [extract(a, kind) for a in answers]
 
 
 async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, decision: RouteDecision,
-                      call: Callable[[str], Awaitable[Completion]], verify=None) -> CascadeRun:
+                      call: Callable[[str], Awaitable[Completion]], verify=None,
+                      deadline_s: float | None = None) -> CascadeRun:
     """Call the plan in `decision.extra["cascade"]` (see the module docstring). `verify` runs the
-    verifier (default: in a thread, so an event loop keeps serving)."""
-    from fugu_pipeline.tasks.final_answer import detect_kind, extract
+    verifier (default: in a thread, so an event loop keeps serving); `deadline_s` bounds the reading
+    of the steps' replies, all steps together (None: no bound)."""
     from fugu_pipeline.policies.cascade.policy import CascadePlan, decide
 
     plan = CascadePlan.model_validate(decision.extra["cascade"]["plan"])
@@ -205,6 +224,7 @@ async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, de
     finals: list[str | None] = []
     scores: list[float | None] = []
     steps, errors, calls, total = [], [], 0, 0.0
+    reading_s = 0.0  # spent reading replies, of `deadline_s`
     kind = router.answer_kind(domain)
     for k, step in enumerate(plan.steps):
         rec = StepRecord(workers=list(step.workers))
@@ -226,14 +246,27 @@ async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, de
             rec.cost_usd += r.cost_usd
             new.append((w, r))
         total += rec.cost_usd
-        kind = kind or detect_kind(prompt, [r.answer for _, r in new])
-        new_finals = [extract(r.answer, kind) for _, r in new]
-        step_replies = [(w, r.answer, f) for (w, r), f in zip(new, new_finals)]
-        if new and getattr(router.head, "context", None):  # read with every reply paid for so far
-            paid = [(w, c.answer, f) for (w, c), f in zip(got, finals)] + step_replies
-            new_scores = await verify(prompt, domain, step_replies, paid)
-        else:
-            new_scores = await verify(prompt, domain, step_replies) if new else []
+
+        async def read(new=new):
+            found, new_finals = await asyncio.to_thread(_finals, prompt, kind, [r.answer for _, r in new])
+            step_replies = [(w, r.answer, f) for (w, r), f in zip(new, new_finals)]
+            if new and getattr(router.head, "context", None):  # read with every reply paid for so far
+                paid = [(w, c.answer, f) for (w, c), f in zip(got, finals)] + step_replies
+                return found, new_finals, await verify(prompt, domain, step_replies, paid)
+            return found, new_finals, (await verify(prompt, domain, step_replies) if new else [])
+
+        t_read = time.perf_counter()
+        try:
+            if deadline_s is None:
+                kind, new_finals, new_scores = await read()
+            elif reading_s >= deadline_s:  # nothing left of the deadline: not even started
+                raise TimeoutError
+            else:
+                kind, new_finals, new_scores = await asyncio.wait_for(read(), deadline_s - reading_s)
+        except TimeoutError:  # the thread ends on its own (linear readers); its result is dropped
+            rec.over_deadline = True
+            new_finals, new_scores = [None] * len(new), [None] * len(new)
+        reading_s += time.perf_counter() - t_read
         got += new
         finals += new_finals
         scores += new_scores
@@ -243,6 +276,9 @@ async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, de
         last = k == len(plan.steps) - 1
         if not new and not last:
             rec.decision = "every call of this step failed: next step"
+            continue
+        if rec.over_deadline and not last:
+            rec.decision = f"its replies were not read within the {deadline_s:g} s deadline: next step"
             continue
         if not new:
             break
