@@ -1,0 +1,128 @@
+"""The public routing sets with several models' recorded replies, by name, and the command that
+writes one as a reward-matrix import JSONL (`answers`, `quality`, `cost_usd`, `domain`, splits: 50%
+test, 10% val by a hash of the task id), read where the releases lie (nothing is copied here):
+
+    python benchmarks/reply_sets.py csqa <Tebmer/Rereading-LLM-Reasoning dir> --out csqa.jsonl
+    python benchmarks/reply_sets.py llmbar <princeton-nlp/LLMBar dir> --out llmbar.jsonl
+    python benchmarks/reply_sets.py humaneval <jamesmurdza/humaneval-results dir> --out humaneval.jsonl \\
+        [--regrade /work/shared/data/tasks/humaneval/HumanEval.jsonl.gz]
+    python benchmarks/reply_sets.py crux <WildEval/ZeroEval dir> --out crux.jsonl
+    python benchmarks/reply_sets.py llmbar+humaneval <LLMBar dir> <humaneval-results dir> --out mixed.jsonl
+    python benchmarks/reply_sets.py mot-date <MurongYue/LLM_MoT_cascade dir> --out date.jsonl
+
+A "dir" is a checkout of the repository or its bare git directory (what `fetch` gives). What each
+converter reads, how it grades and prices: `choice_sets.py` (csqa, llmbar), `code_sets.py`
+(humaneval, crux), `mot_data.py` (mot-date).
+
+`llmbar+humaneval` is a mixed import (multiple choice and code, `domain` llmbar or humaneval) with
+the workers both releases share: gpt-3.5-turbo and gpt-4 (LLMBar's ChatGPT-0613 and GPT-4 judged
+in 2023; the HumanEval traces are gpt-3.5-turbo and gpt-4 of July 2023), and `llama-2-family`, the
+open model of each release: Llama-2-70b-chat on the LLMBar rows, CodeLlama-34b-Instruct on the
+HumanEval rows (one worker that sends each domain to its own open model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MIXED_LLMBAR = {"LLaMA2": "llama-2-family", "ChatGPT": "gpt-3.5-turbo", "GPT-4": "gpt-4"}
+MIXED_HUMANEVAL = {"codellama-34b-instruct": "llama-2-family", "gpt-3.5-turbo": "gpt-3.5-turbo", "gpt-4": "gpt-4"}
+
+
+def _csqa(dirs, **kw):
+    from benchmarks.choice_sets import csqa_rows
+
+    return csqa_rows(dirs[0], **kw)
+
+
+def _llmbar(dirs, **kw):
+    from benchmarks.choice_sets import llmbar_rows
+
+    return llmbar_rows(dirs[0], **kw)
+
+
+def _humaneval(dirs, **kw):
+    from benchmarks.code_sets import humaneval_rows
+
+    return humaneval_rows(dirs[0], **kw)
+
+
+def _crux(dirs, **kw):
+    from benchmarks.code_sets import crux_rows
+
+    return crux_rows(dirs[0], **kw)
+
+
+def _mot_date(dirs, **kw):
+    from benchmarks.mot_data import mot_rows
+
+    return mot_rows(dirs[0], "date", **kw)
+
+
+def _llmbar_humaneval(dirs, **kw):
+    from benchmarks.choice_sets import llmbar_rows
+    from benchmarks.code_sets import humaneval_rows
+
+    choice, choice_notes = llmbar_rows(dirs[0], evaluators=MIXED_LLMBAR, **kw)
+    code, code_notes = humaneval_rows(dirs[1], models=tuple(MIXED_HUMANEVAL), names=MIXED_HUMANEVAL, **kw)
+    return choice + code, {"llmbar": choice_notes, "humaneval": code_notes, "workers": list(MIXED_LLMBAR.values())}
+
+
+# name -> (the release directories it reads, the builder)
+SETS = {
+    "csqa": (("Tebmer/Rereading-LLM-Reasoning",), _csqa),
+    "llmbar": (("princeton-nlp/LLMBar",), _llmbar),
+    "humaneval": (("jamesmurdza/humaneval-results",), _humaneval),
+    "crux": (("WildEval/ZeroEval",), _crux),
+    "llmbar+humaneval": (("princeton-nlp/LLMBar", "jamesmurdza/humaneval-results"), _llmbar_humaneval),
+    "mot-date": (("MurongYue/LLM_MoT_cascade",), _mot_date),
+}
+
+
+def set_rows(name: str, dirs: list[Path], regrade: Path | None = None, **kw):
+    """(rows, notes) of the set `name` read from `dirs` (one per release `SETS` names); `regrade`:
+    HumanEval's task file, to grade the humaneval rows again with the project's code grader."""
+    if name not in SETS:
+        raise SystemExit(f"unknown set {name!r}; one of {', '.join(SETS)}")
+    repos, build = SETS[name]
+    if len(dirs) != len(repos):
+        raise SystemExit(f"{name} reads {len(repos)} release(s): {', '.join(repos)}; got {len(dirs)} folder(s)")
+    rows, notes = build([Path(d) for d in dirs], **kw)
+    if regrade is not None:
+        from benchmarks.code_sets import regrade as grade_again
+
+        code = [r for r in rows if r.domain == "humaneval"]
+        if not code:
+            raise SystemExit(f"--regrade grades HumanEval replies; {name} has none")
+        notes = {**notes, "regraded": grade_again(code, regrade)}
+    return rows, notes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("name", choices=list(SETS))
+    ap.add_argument("dirs", nargs="+", type=Path, help="the release's checkout or git directory (two for llmbar+humaneval)")
+    ap.add_argument("--out", type=Path, required=True, help="the reward-matrix JSONL to write")
+    ap.add_argument("--regrade", type=Path, default=None,
+                    help="HumanEval's task file: grade the code replies with the project's sandboxed grader")
+    args = ap.parse_args()
+    from fugu_pipeline.matrix.import_format import write_reward_jsonl
+
+    from benchmarks.release_files import ReleaseFormatError
+
+    try:
+        rows, notes = set_rows(args.name, args.dirs, args.regrade)
+    except (ReleaseFormatError, FileNotFoundError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    write_reward_jsonl(rows, args.out)
+    print(f"{args.out}: {len(rows)} rows x {len(rows[0].worker_ids)} workers ({', '.join(rows[0].worker_ids)}); {notes}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
