@@ -18,7 +18,8 @@ converter reads, how it grades and prices: `choice_sets.py` (csqa, llmbar), `cod
 the workers both releases share: gpt-3.5-turbo and gpt-4 (LLMBar's ChatGPT-0613 and GPT-4 judged
 in 2023; the HumanEval traces are gpt-3.5-turbo and gpt-4 of July 2023), and `llama-2-family`, the
 open model of each release: Llama-2-70b-chat on the LLMBar rows, CodeLlama-34b-Instruct on the
-HumanEval rows (one worker that sends each domain to its own open model).
+HumanEval rows (one worker that sends each domain to its own open model). It carries no latency
+(LLMBar recorded none, and an import gives every row its latency or none).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def _llmbar_humaneval(dirs, **kw):
 
     choice, choice_notes = llmbar_rows(dirs[0], evaluators=MIXED_LLMBAR, **kw)
     code, code_notes = humaneval_rows(dirs[1], models=tuple(MIXED_HUMANEVAL), names=MIXED_HUMANEVAL, **kw)
+    for r in code:  # LLMBar recorded no latency: an import gives every row its latency or none
+        r.latency_s = None
     return choice + code, {"llmbar": choice_notes, "humaneval": code_notes, "workers": list(MIXED_LLMBAR.values())}
 
 

@@ -195,7 +195,11 @@ def test_crux_replies_are_read_from_their_json_and_graded_as_strings_or_literals
 
 
 def test_the_mixed_import_shares_its_workers_across_choice_and_code_rows(tmp_path):
+    from fugu_pipeline.matrix.import_format import read_reward_jsonl, write_reward_jsonl
+
     rows, notes = set_rows("llmbar+humaneval", [llmbar_release(tmp_path / "llmbar"), humaneval_release(tmp_path / "he")])
+    write_reward_jsonl(rows, tmp_path / "mixed.jsonl")
+    assert len(read_reward_jsonl(tmp_path / "mixed.jsonl")) == len(rows)  # the import reads it back: no latency on any row
     assert len(rows) == 2 * len(LLMBAR_SUBSETS) + 164
     assert {tuple(r.worker_ids) for r in rows} == {("llama-2-family", "gpt-3.5-turbo", "gpt-4")}
     assert {r.domain: r.answer_kind for r in rows} == {"llmbar": "choice", "humaneval": "code"}
