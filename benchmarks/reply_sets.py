@@ -1,6 +1,7 @@
 """The public routing sets with several models' recorded replies, by name, and the command that
 writes one as a reward-matrix import JSONL (`answers`, `quality`, `cost_usd`, `domain`, splits: 50%
-test, 10% val by a hash of the task id), read where the releases lie (nothing is copied here):
+test, 10% val by a hash of the task id), read where the releases lie (nothing is copied here), and
+prints each worker's accuracy and mean $ per 1,000 requests:
 
     python benchmarks/reply_sets.py csqa <Tebmer/Rereading-LLM-Reasoning dir> --out csqa.jsonl
     python benchmarks/reply_sets.py llmbar <princeton-nlp/LLMBar dir> --out llmbar.jsonl
@@ -123,8 +124,20 @@ def main() -> int:
         print(exc, file=sys.stderr)
         return 1
     write_reward_jsonl(rows, args.out)
-    print(f"{args.out}: {len(rows)} rows x {len(rows[0].worker_ids)} workers ({', '.join(rows[0].worker_ids)}); {notes}")
+    print(f"{args.out}: {len(rows)} rows x {len(rows[0].worker_ids)} workers; {notes}")
+    print("\n".join(summary_lines(rows)))
     return 0
+
+
+def summary_lines(rows: list) -> list[str]:
+    """Per worker, over every row and per domain: accuracy and mean $ per 1,000 requests (a markdown table)."""
+    out = ["| domain | rows | " + " | ".join(rows[0].worker_ids) + " |", "|---|---|" + "---|" * len(rows[0].worker_ids)]
+    for dom in [None, *sorted({r.domain for r in rows})] if len({r.domain for r in rows}) > 1 else [None]:
+        sel = [r for r in rows if dom is None or r.domain == dom]
+        cells = [f"{sum(r.quality[j] for r in sel) / len(sel):.4f} (${1000 * sum(r.cost_usd[j] for r in sel) / len(sel):.4g})"
+                 for j in range(len(rows[0].worker_ids))]
+        out.append(f"| {dom or 'all'} | {len(sel)} | " + " | ".join(cells) + " |")
+    return out
 
 
 if __name__ == "__main__":
