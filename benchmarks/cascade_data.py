@@ -17,7 +17,7 @@ Data (nothing is copied into the repo):
   chain-of-thought replies, released by the answer-consistency cascade study (benchmarks/mot_data.py
   says what is read, how it is graded and priced).
 - `--release NAME=DIR[,DIR]`: a multiple-choice, code or mixed set of `benchmarks/reply_sets.py`
-  (csqa, llmbar, humaneval, crux, llmbar+humaneval), read from its release where it lies.
+  (csqa, csqa+direct, llmbar, humaneval, crux, llmbar+humaneval), read from its release where it lies.
 Prices: the data has no costs, so a call costs (its prompt and reply, chars / 4 tokens) x the
 model's price per million tokens (`--prices`, default RouteLLM's own figures: GPT-4 $24.7,
 Mixtral $0.24 per million tokens). Utility is the quality (cost and latency weights 0).
@@ -323,7 +323,7 @@ def main() -> int:
     ap.add_argument("--share", type=float, default=0.5, help="the cap: a share of the strong model's cost")
     ap.add_argument("--mot", type=Path, default=None, help="a checkout or git directory of MurongYue/LLM_MoT_cascade")
     ap.add_argument("--release", action="append", default=[], metavar="NAME=DIR[,DIR]",
-                    help="a set of benchmarks/reply_sets.py (csqa, llmbar, humaneval, crux, llmbar+humaneval) read from "
+                    help="a set of benchmarks/reply_sets.py (csqa, csqa+direct, llmbar, humaneval, crux, llmbar+humaneval) read from "
                          "its release's checkout or git directory")
     ap.add_argument("--stats", choices=("all", "v1"), default="all",
                     help="the reply statistics the verifier reads: all, or the first ten (v1: before the checks)")

@@ -265,7 +265,7 @@ def main() -> int:
     ap.add_argument("--mot", type=Path, default=None, help="a checkout or git directory of MurongYue/LLM_MoT_cascade")
     ap.add_argument("--jsonl", action="append", default=[], metavar="NAME=PATH", help="a reward-matrix JSONL with answers")
     ap.add_argument("--release", action="append", default=[], metavar="NAME=DIR[,DIR]",
-                    help="a set of benchmarks/reply_sets.py (csqa, llmbar, humaneval, crux, llmbar+humaneval) read from "
+                    help="a set of benchmarks/reply_sets.py (csqa, csqa+direct, llmbar, humaneval, crux, llmbar+humaneval) read from "
                          "its release's checkout or git directory")
     ap.add_argument("--encoder", default="tiny", help="tiny, minilm (the installed wheel's files) or a local directory")
     ap.add_argument("--sample", type=int, default=None, help="keep this many rows of each set (default: all)")

@@ -4,6 +4,7 @@ test, 10% val by a hash of the task id), read where the releases lie (nothing is
 prints each worker's accuracy and mean $ per 1,000 requests:
 
     python benchmarks/reply_sets.py csqa <Tebmer/Rereading-LLM-Reasoning dir> --out csqa.jsonl
+    python benchmarks/reply_sets.py csqa+direct <Tebmer/Rereading-LLM-Reasoning dir> --out csqa6.jsonl  # + direct replies
     python benchmarks/reply_sets.py llmbar <princeton-nlp/LLMBar dir> --out llmbar.jsonl
     python benchmarks/reply_sets.py humaneval <jamesmurdza/humaneval-results dir> --out humaneval.jsonl \\
         [--regrade /work/shared/data/tasks/humaneval/HumanEval.jsonl.gz]
@@ -39,6 +40,12 @@ def _csqa(dirs, **kw):
     from benchmarks.choice_sets import csqa_rows
 
     return csqa_rows(dirs[0], **kw)
+
+
+def _csqa_direct(dirs, **kw):
+    from benchmarks.choice_sets import csqa_rows
+
+    return csqa_rows(dirs[0], acts=("vanilla", "cot"), **kw)
 
 
 def _llmbar(dirs, **kw):
@@ -79,6 +86,7 @@ def _llmbar_humaneval(dirs, **kw):
 # name -> (the release directories it reads, the builder)
 SETS = {
     "csqa": (("Tebmer/Rereading-LLM-Reasoning",), _csqa),
+    "csqa+direct": (("Tebmer/Rereading-LLM-Reasoning",), _csqa_direct),
     "llmbar": (("princeton-nlp/LLMBar",), _llmbar),
     "humaneval": (("jamesmurdza/humaneval-results",), _humaneval),
     "crux": (("WildEval/ZeroEval",), _crux),
@@ -130,13 +138,16 @@ def main() -> int:
 
 
 def summary_lines(rows: list) -> list[str]:
-    """Per worker, over every row and per domain: accuracy and mean $ per 1,000 requests (a markdown table)."""
-    out = ["| domain | rows | " + " | ".join(rows[0].worker_ids) + " |", "|---|---|" + "---|" * len(rows[0].worker_ids)]
-    for dom in [None, *sorted({r.domain for r in rows})] if len({r.domain for r in rows}) > 1 else [None]:
-        sel = [r for r in rows if dom is None or r.domain == dom]
+    """Per worker, over every row, the non-test rows (what training sees) and per domain: accuracy and
+    mean $ per 1,000 requests (a markdown table)."""
+    out = ["| rows | n | " + " | ".join(rows[0].worker_ids) + " |", "|---|---|" + "---|" * len(rows[0].worker_ids)]
+    domains = sorted({r.domain for r in rows}) if len({r.domain for r in rows}) > 1 else []
+    parts = [("all", rows), ("non-test", [r for r in rows if r.split != "test"]),
+             *((f"domain {d}", [r for r in rows if r.domain == d]) for d in domains)]
+    for name, sel in parts:
         cells = [f"{sum(r.quality[j] for r in sel) / len(sel):.4f} (${1000 * sum(r.cost_usd[j] for r in sel) / len(sel):.4g})"
                  for j in range(len(rows[0].worker_ids))]
-        out.append(f"| {dom or 'all'} | {len(sel)} | " + " | ".join(cells) + " |")
+        out.append(f"| {name} | {len(sel)} | " + " | ".join(cells) + " |")
     return out
 
 
