@@ -1,7 +1,8 @@
 """The public routing sets with several models' recorded replies, by name, and the command that
 writes one as a reward-matrix import JSONL (`answers`, `quality`, `cost_usd`, `domain`, splits: 50%
 test, 10% val by a hash of the task id), read where the releases lie (nothing is copied here), and
-prints each worker's accuracy and mean $ per 1,000 requests:
+prints each worker's accuracy, mean $ per 1,000 requests, and how many of its replies the cascades'
+final-answer reader reads an answer from:
 
     python benchmarks/reply_sets.py csqa <Tebmer/Rereading-LLM-Reasoning dir> --out csqa.jsonl
     python benchmarks/reply_sets.py csqa+direct <Tebmer/Rereading-LLM-Reasoning dir> --out csqa6.jsonl  # + direct replies
@@ -139,7 +140,8 @@ def main() -> int:
 
 def summary_lines(rows: list) -> list[str]:
     """Per worker, over every row, the non-test rows (what training sees) and per domain: accuracy and
-    mean $ per 1,000 requests (a markdown table)."""
+    mean $ per 1,000 requests; then on how many rows the cascades' final-answer reader
+    (`tasks/final_answer.extract`, by the row's `answer_kind`) reads an answer from the reply."""
     out = ["| rows | n | " + " | ".join(rows[0].worker_ids) + " |", "|---|---|" + "---|" * len(rows[0].worker_ids)]
     domains = sorted({r.domain for r in rows}) if len({r.domain for r in rows}) > 1 else []
     parts = [("all", rows), ("non-test", [r for r in rows if r.split != "test"]),
@@ -148,6 +150,11 @@ def summary_lines(rows: list) -> list[str]:
         cells = [f"{sum(r.quality[j] for r in sel) / len(sel):.4f} (${1000 * sum(r.cost_usd[j] for r in sel) / len(sel):.4g})"
                  for j in range(len(rows[0].worker_ids))]
         out.append(f"| {name} | {len(sel)} | " + " | ".join(cells) + " |")
+    from fugu_pipeline.tasks.final_answer import extract
+
+    read = [sum(extract(r.answers[j], r.answer_kind or "text") is not None for r in rows) for j in range(len(rows[0].worker_ids))]
+    kinds = "/".join(sorted({r.answer_kind or "text" for r in rows}))
+    out.append(f"| final answer read ({kinds}) | {len(rows)} | " + " | ".join(str(n) for n in read) + " |")
     return out
 
 
