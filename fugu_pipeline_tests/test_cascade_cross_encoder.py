@@ -25,8 +25,7 @@ from fugu_pipeline.train.verifier import auc
 from fugu_pipeline_tests import cascade_fixture
 from fugu_pipeline_tests.cross_encoder_fixture import tiny_bert
 
-RNG = np.random.default_rng(7)
-WORDS = [f"zq{k}x{RNG.integers(10**5)}" for k in range(120)]  # one unseen word per memorisation pair
+WORDS = [f"zq{k}x{v}" for k, v in enumerate(np.random.default_rng(7).integers(10**5, size=120))]  # one unseen word per memorisation pair
 SERVE_PROMPTS = [f"What is {i} + {i % 7}?" for i in range(60)]
 SERVE_REPLIES = [f"{i} + {i % 7} = {i + i % 7 + d}. #### {i + i % 7 + d}" for i in range(60) for d in range(4)]
 CORPUS = ([f"question {w} pick one" for w in WORDS] + [f"the answer is {w}" for w in WORDS] + SERVE_PROMPTS + SERVE_REPLIES
@@ -61,7 +60,7 @@ def test_cross_fitting_never_scores_a_pair_with_a_model_trained_on_it(tiny):
     of fold there is nothing to learn (AUC near 0.5)."""
     from fugu_pipeline.train.cascade_cross_encoder import frozen_states, logits, train_top
 
-    y = RNG.integers(0, 2, len(WORDS)).astype(float)
+    y = np.random.default_rng(1).integers(0, 2, len(WORDS)).astype(float)
     prompts, replies = [f"question {w} pick one" for w in WORDS], [f"the answer is {w}" for w in WORDS]
     folds = np.arange(len(WORDS)) % 5
     cfg = _cfg(tiny, epochs=40, lr=3e-3, head_lr=1e-2, batch_size=20, folds=2)
@@ -78,14 +77,14 @@ def test_cross_fitting_never_scores_a_pair_with_a_model_trained_on_it(tiny):
 
 def test_the_verifier_keeps_the_column_only_when_it_clearly_lowers_the_out_of_fold_log_loss():
     data, grid, inputs = cascade_fixture.make(n=300, signal=0.3)
-    folds = np.arange(300) % 5
+    folds, rng = np.arange(300) % 5, np.random.default_rng(2)
     fit = SimpleNamespace(seconds=1.0, figures={"pairs": 900})
     lines = []
-    telling = CrossColumn(1.0 * (2 * inputs.target - 1) + RNG.normal(size=inputs.target.shape), fit)
+    telling = CrossColumn(1.0 * (2 * inputs.target - 1) + rng.normal(size=inputs.target.shape), fit)
     _, _, fig, used, kept = verifier_oof(inputs, folds, telling, lines.append)
     assert kept is fit and used.stat_names[-1] == CROSS_STAT and fig["cross_encoder"]["used"]
     assert fig["oof_auc"] > fig["cross_encoder"]["without"]["oof_auc"] + 0.05 and "(kept;" in lines[-1]
-    noise = CrossColumn(RNG.normal(size=inputs.target.shape), fit)
+    noise = CrossColumn(rng.normal(size=inputs.target.shape), fit)
     _, _, fig, used, kept = verifier_oof(inputs, folds, noise, lines.append)
     assert kept is None and used is inputs and not fig["cross_encoder"]["used"] and "left out" in lines[-1]
 
@@ -142,7 +141,8 @@ def test_a_saved_cross_encoder_loads_as_it_was_and_refuses_a_changed_file_or_ano
 def test_a_served_cascade_reads_its_cross_encoder_as_offline_scoring_does(final, tmp_path):
     """The checkpoint's verifier reads the cross-encoder's column: live (`CascadeRouter.verify`, one
     request's replies) and offline (`with_saved_cross` over the recorded replies) give the same
-    scores; a changed weights file is refused when the router loads."""
+    scores; a pack refuses it (it would travel without its weights file); a changed weights file is
+    refused when the router loads."""
     from fugu_pipeline.evaluate.cascade import load_cascade, verifier_scores
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.features.settings import EncoderSettings
@@ -174,6 +174,10 @@ def test_a_served_cascade_reads_its_cross_encoder_as_offline_scoring_does(final,
     inputs = with_saved_cross(ckpt, data, grid, answer_inputs(data, grid, settings, tmp_path / "emb", stat_names=plain))
     assert np.allclose(verifier_scores(ckpt.head, inputs), np.array(live, float), atol=1e-5)
     assert len({round(s, 6) for s in live[0]}) == 3  # the replies are told apart
+    from fugu_pipeline.train.exchange import pack
+
+    with pytest.raises(CheckpointError, match="a pack does not carry yet"):
+        pack(path, tmp_path / "pack")
     (path / CROSS_FILE).write_bytes(b"changed")
     from fugu_pipeline.train.cascade_cross_encoder_use import _LOADED
 
