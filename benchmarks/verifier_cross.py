@@ -151,7 +151,8 @@ def run(name: str, args) -> dict:
            "auc_by_worker": {"old": _by_worker(old, inputs, data.worker_ids),
                              "cross_encoder_alone": _by_worker(ce, inputs, data.worker_ids),
                              "combined": _by_worker(combined, inputs, data.worker_ids)},
-           "kept": kept is not None, "fit_seconds": fit_s, "pairs": cx["pairs"], "mean_tokens": cx["mean_tokens"]}
+           "kept": kept is not None, "fit_seconds": fit_s, "frozen_seconds": cx["frozen_seconds"], "pairs": cx["pairs"],
+           "mean_tokens": cx["mean_tokens"], "logloss_gain": [cx["logloss_gain"], cx["logloss_gain_low"]]}
 
     def frontier(base, inp):
         scores = with_context(True, inp, base, codes, rows, folds, log=lambda m: None)
@@ -184,8 +185,9 @@ def table(r: dict) -> str:
     for k, label in (("old", "old (prompt and reply apart)"), ("cross_encoder_alone", "cross-encoder alone"),
                      ("combined", "combined (old + cross-encoder column)")):
         lines.append(f"| {label} | {a[k]:.3f} | " + ", ".join(f"{w} {v:.3f}" for w, v in bw[k].items()) + " |")
-    lines.append(f"cross-encoder fit (cross-fitted models, tokenising and the frozen layers included): {r['fit_seconds']:.0f}s; "
-                 f"kept by the out-of-fold log-loss: {'yes' if r['kept'] else 'no'}")
+    lines.append(f"cross-encoder fit: {r['fit_seconds']:.0f}s (of which tokenising and the frozen layers "
+                 f"{r['frozen_seconds']:.0f}s); kept by the out-of-fold log-loss: {'yes' if r['kept'] else 'no'} "
+                 f"(gain {r['logloss_gain'][0]:+.4f}, 95% lower bound {r['logloss_gain'][1]:+.4f})")
     lines += ["| cap (share of the strongest's cost) | before: accuracy, $/1k | after: accuracy, $/1k | after − before [95% CI] |",
               "|---|---|---|---|"]
     for f in r["frontier"]:

@@ -109,6 +109,14 @@ def test_auto_falls_back_in_one_line_and_on_refuses_a_missing_encoder(tiny, tmp_
     assert cross_encoder_step(CascadeConfig(cross_encoder="off", cross_encoder_fit=missing), data, grid) is None
 
 
+def test_two_fits_with_one_seed_give_the_same_scores_and_another_seed_others(tiny):
+    prompts, replies = SERVE_PROMPTS[:30], [f"{i} + {i % 7} = {i + i % 7}. #### {i + i % 7}" for i in range(30)]
+    y = (np.arange(30) % 3 == 0).astype(float)
+    base, cfg = load_base(str(tiny), "cpu"), _cfg(tiny, epochs=2, folds=2)
+    a, b, c = (cross_fit(base, prompts, replies, y, np.arange(30) % 5, cfg, seed=s, log=lambda m: None).raw for s in (0, 0, 1))
+    assert np.array_equal(a, b) and not np.allclose(a, c)
+
+
 @pytest.fixture(scope="module")
 def final(tiny):
     """A cross-encoder fitted on the serving prompts' replies (right: the sum; wrong: off by one or more)."""

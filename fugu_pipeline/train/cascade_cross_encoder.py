@@ -359,6 +359,9 @@ def cross_fit(base: Base, prompts: list[str], replies: list[str], y: np.ndarray,
     groups = np.asarray(folds) % cfg.folds
     pairs = tokenize(base, prompts, replies, cfg.max_length)
     states = frozen_states(base, pairs, cfg.train_layers)
+    frozen_s = time.perf_counter() - t0
+    log(f"cascade: cross-encoder: {len(pairs)} pairs tokenised and through the frozen layers in {frozen_s:.0f}s "
+        f"(mean {np.mean([len(p[0]) for p in pairs]):.0f} tokens)")
     raw = np.full(len(y), np.nan)
     trained_on = {}
     for g in np.unique(groups):
@@ -373,7 +376,8 @@ def cross_fit(base: Base, prompts: list[str], replies: list[str], y: np.ndarray,
     seconds = time.perf_counter() - t0
     return CrossFit(oof, raw, scaling, groups, trained_on, seconds, base, states, y, cfg, seed,
                     {"pairs": len(y), "groups": int(len(np.unique(groups))), "oof_auc": auc(oof, y >= 0.5),
-                     "seconds": seconds, "mean_tokens": float(np.mean([len(p[0]) for p in pairs])) if pairs else 0.0})
+                     "seconds": seconds, "frozen_seconds": frozen_s,
+                     "mean_tokens": float(np.mean([len(p[0]) for p in pairs])) if pairs else 0.0})
 
 
 def state_bytes(model: CrossEncoder) -> bytes:
