@@ -117,6 +117,14 @@ def test_two_fits_with_one_seed_give_the_same_scores_and_another_seed_others(tin
     assert np.array_equal(a, b) and not np.allclose(a, c)
 
 
+def test_a_bare_yaml_on_or_off_is_the_word_not_a_boolean(tmp_path):
+    from fugu_pipeline.train.configs import TrainSetConfig, load_config
+
+    (tmp_path / "train.yaml").write_text("cascade:\n  enabled: on\n  cross_encoder: off\n")
+    cc = load_config(tmp_path / "train.yaml", TrainSetConfig).cascade
+    assert (cc.enabled, cc.cross_encoder) == ("on", "off")
+
+
 @pytest.fixture(scope="module")
 def final(tiny):
     """A cross-encoder fitted on the serving prompts' replies (right: the sum; wrong: off by one or more)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fugu_pipeline.train.cascade_cross_encoder import CrossEncoderConfig
 from fugu_pipeline.train.cascade_search import Cap, CascadeSearch
@@ -43,3 +43,9 @@ class CascadeConfig(BaseModel):
     cross_encoder_fit: CrossEncoderConfig = CrossEncoderConfig()
     min_answer_share: float = Field(0.5, ge=0.0, le=1.0, description="a worker needs replies on this share of the "
                                     "rows for a cascade to call it")
+
+    @field_validator("enabled", "cross_encoder", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):
+        """YAML reads a bare `on` / `off` as true / false: they mean the words."""
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
