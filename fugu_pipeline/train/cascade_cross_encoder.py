@@ -60,7 +60,8 @@ class CrossEncoderConfig(BaseModel):
     folds: int = Field(5, ge=2, description="cross-fitted models: the verifier's folds grouped into this many")
     min_pairs: int = Field(1000, ge=1, description="auto: fewer (prompt, reply) pairs on the non-test rows: not used")
     device: str = Field("auto", description="auto (cuda when there is one), cpu, cuda, mps")
-    threads: int | None = Field(None, ge=1, description="torch threads while it trains on a CPU (null: torch's own)")
+    threads: int | None = Field(1, ge=1, description="torch threads on a CPU (null: torch's own); one keeps a busy "
+                                "machine's other work from stalling every step (train/threads.py)")
 
 
 def resolve_model(model: str) -> tuple[str, str]:
@@ -178,14 +179,17 @@ def _pad(rows: list, width: int | None = None):
     return out, att
 
 
-def frozen_states(base: Base, pairs: list[tuple[list[int], list[int]]], train_layers: int, batch: int = 32) -> list:
+def frozen_states(base: Base, pairs: list[tuple[list[int], list[int]]], train_layers: int, batch: int = 32,
+                  threads: int | None = None) -> list:
     """Each pair's hidden states after the frozen layers (float16 on the CPU, at its own length)."""
     import torch
+
+    from fugu_pipeline.train.threads import torch_threads
 
     n_frozen = base.n_layers - min(train_layers, base.n_layers)
     lengths = np.array([len(ids) for ids, _ in pairs])
     out: list = [None] * len(pairs)
-    with torch.no_grad():
+    with torch_threads(threads), torch.no_grad():
         for b in _batches(lengths, np.arange(len(pairs)), batch):
             ids, att = _pad([pairs[i][0] for i in b])
             types, _ = _pad([pairs[i][1] for i in b], ids.shape[1])
@@ -312,7 +316,7 @@ class CrossEncoder:
         if not prompts:
             return np.zeros(0)
         pairs = tokenize(self.base, prompts, replies, self.cfg.max_length)
-        states = frozen_states(self.base, pairs, self.cfg.train_layers)
+        states = frozen_states(self.base, pairs, self.cfg.train_layers, threads=self.cfg.threads)
         z = logits(self.base, self.top, states, np.arange(len(pairs)), self.cfg.threads)
         return self.scaling[0] * z + self.scaling[1]
 
@@ -358,7 +362,7 @@ def cross_fit(base: Base, prompts: list[str], replies: list[str], y: np.ndarray,
     y = np.clip(np.asarray(y, np.float64), 0, 1)
     groups = np.asarray(folds) % cfg.folds
     pairs = tokenize(base, prompts, replies, cfg.max_length)
-    states = frozen_states(base, pairs, cfg.train_layers)
+    states = frozen_states(base, pairs, cfg.train_layers, threads=cfg.threads)
     frozen_s = time.perf_counter() - t0
     log(f"cascade: cross-encoder: {len(pairs)} pairs tokenised and through the frozen layers in {frozen_s:.0f}s "
         f"(mean {np.mean([len(p[0]) for p in pairs]):.0f} tokens)")
