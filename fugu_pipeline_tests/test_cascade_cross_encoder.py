@@ -78,12 +78,15 @@ def test_cross_fitting_never_scores_a_pair_with_a_model_trained_on_it(tiny):
 def test_the_verifier_keeps_the_column_only_when_it_clearly_lowers_the_out_of_fold_log_loss():
     data, grid, inputs = cascade_fixture.make(n=300, signal=0.3)
     folds, rng = np.arange(300) % 5, np.random.default_rng(2)
-    fit = SimpleNamespace(seconds=1.0, figures={"pairs": 900})
+    fit = SimpleNamespace(seconds=1.0, figures={"pairs": 900}, cfg=CrossEncoderConfig())
     lines = []
     telling = CrossColumn(1.0 * (2 * inputs.target - 1) + rng.normal(size=inputs.target.shape), fit)
     _, _, fig, used, kept = verifier_oof(inputs, folds, telling, lines.append)
     assert kept is fit and used.stat_names[-1] == CROSS_STAT and fig["cross_encoder"]["used"]
     assert fig["oof_auc"] > fig["cross_encoder"]["without"]["oof_auc"] + 0.05 and "(kept;" in lines[-1]
+    dear = SimpleNamespace(seconds=1.0, figures={}, cfg=CrossEncoderConfig(min_gain=1.0))  # a gain below the least kept
+    assert verifier_oof(inputs, folds, CrossColumn(telling.values, dear), lines.append)[4] is None
+    assert "left out: no clear gain" in lines[-1] and "least kept 1)" in lines[-1]
     noise = CrossColumn(rng.normal(size=inputs.target.shape), fit)
     _, _, fig, used, kept = verifier_oof(inputs, folds, noise, lines.append)
     assert kept is None and used is inputs and not fig["cross_encoder"]["used"] and "left out" in lines[-1]

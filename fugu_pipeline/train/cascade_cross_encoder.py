@@ -59,6 +59,8 @@ class CrossEncoderConfig(BaseModel):
     head_lr: float = Field(2e-3, gt=0, description="learning rate of the head")
     folds: int = Field(5, ge=2, description="cross-fitted models: the verifier's folds grouped into this many")
     min_pairs: int = Field(1000, ge=1, description="auto: fewer (prompt, reply) pairs on the non-test rows: not used")
+    min_gain: float = Field(0.005, ge=0.0, description="the least mean out-of-fold log-loss gain per reply (nats) for "
+                            "the verifier to keep the column (a second model to train, ship and run on every reply)")
     device: str = Field("auto", description="auto (cuda when there is one), cpu, cuda, mps")
     threads: int | None = Field(1, ge=1, description="torch threads on a CPU (null: torch's own); one keeps a busy "
                                 "machine's other work from stalling every step (train/threads.py)")

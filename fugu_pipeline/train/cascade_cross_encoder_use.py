@@ -9,8 +9,8 @@ the cell verifier, kept only when it clearly lowers the verifier's out-of-fold l
   without the pair's verifier fold (`cross_fit`), so the verifier's out-of-fold scores, and the
   thresholds the plan search chooses on them, stay out of fold. The verifier is fitted with and
   without the column (each with its own grid choice); the column is kept when it lowers the
-  per-reply out-of-fold log-loss with a one-sided 95% lower bound above zero (paired over the
-  replies), and the line says which.
+  per-reply out-of-fold log-loss by at least `cross_encoder_fit.min_gain` with a one-sided 95% lower
+  bound above zero (paired over the replies), and the line says which.
 - The checkpoint (`cross_encoder_files`): the column is the reply statistic named `cross_encoder`
   (the last one), the fine-tuned layers and head are `cross_encoder.safetensors` in the cascade's
   folder, and `head_params.cross_encoder` is its contract (encoder and its content identity, max
@@ -117,7 +117,7 @@ def verifier_oof(sub: VerifierInputs, folds: np.ndarray, cross: CrossColumn | No
     wide = with_column(sub, cross.values)
     s2, set2, fig2 = oof_scores(wide, folds)
     gain, low = _paired_gain(scores, s2, sub)
-    keep = low > 0
+    keep = low > 0 and gain >= cross.fit.cfg.min_gain
     alone = auc(cross.values[sub.has], sub.target[sub.has] >= 0.5)
     figures = {"oof_auc_alone": alone, "used": keep, "seconds": cross.fit.seconds, **cross.fit.figures,
                "logloss_gain": gain, "logloss_gain_low": low,
@@ -126,7 +126,7 @@ def verifier_oof(sub: VerifierInputs, folds: np.ndarray, cross: CrossColumn | No
     log(f"cascade: cross-encoder out-of-fold AUC {alone:.3f} alone ({cross.fit.seconds:.0f}s); the verifier "
         f"{'with' if keep else 'without'} it: AUC {fig2['oof_auc']:.3f} / log-loss {fig2['oof_logloss']:.4f} with, "
         f"{fig['oof_auc']:.3f} / {fig['oof_logloss']:.4f} without (" + ("kept" if keep else "left out: no clear gain")
-        + f"; log-loss gain {gain:+.4f}, 95% lower bound {low:+.4f})")
+        + f"; log-loss gain {gain:+.4f}, 95% lower bound {low:+.4f}, least kept {cross.fit.cfg.min_gain:g})")
     if keep:
         return s2, set2, {**fig2, "cross_encoder": figures}, wide, cross.fit
     return scores, setting, {**fig, "cross_encoder": figures}, sub, None
