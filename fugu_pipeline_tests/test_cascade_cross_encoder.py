@@ -83,13 +83,13 @@ def test_the_verifier_keeps_the_column_only_when_it_clearly_lowers_the_out_of_fo
     telling = CrossColumn(1.0 * (2 * inputs.target - 1) + rng.normal(size=inputs.target.shape), fit)
     _, _, fig, used, kept = verifier_oof(inputs, folds, telling, lines.append)
     assert kept is fit and used.stat_names[-1] == CROSS_STAT and fig["cross_encoder"]["used"]
-    assert fig["oof_auc"] > fig["cross_encoder"]["without"]["oof_auc"] + 0.05 and "(kept;" in lines[-1]
+    assert fig["oof_auc"] > fig["cross_encoder"]["without"]["oof_auc"] + 0.05 and ": kept (" in lines[-1]
     dear = SimpleNamespace(seconds=1.0, figures={}, cfg=CrossEncoderConfig(min_gain=1.0))  # a gain below the least kept
     assert verifier_oof(inputs, folds, CrossColumn(telling.values, dear), lines.append)[4] is None
-    assert "left out: no clear gain" in lines[-1] and "least kept 1)" in lines[-1]
+    assert "left out, no clear gain" in lines[-1] and "least kept 1)" in lines[-1]
     noise = CrossColumn(rng.normal(size=inputs.target.shape), fit)
     _, _, fig, used, kept = verifier_oof(inputs, folds, noise, lines.append)
-    assert kept is None and used is inputs and not fig["cross_encoder"]["used"] and "left out" in lines[-1]
+    assert kept is None and used is inputs and not fig["cross_encoder"]["used"] and "left out, no clear gain" in lines[-1]
 
 
 def test_auto_falls_back_in_one_line_and_on_refuses_a_missing_encoder(tiny, tmp_path):

@@ -123,10 +123,10 @@ def verifier_oof(sub: VerifierInputs, folds: np.ndarray, cross: CrossColumn | No
                "logloss_gain": gain, "logloss_gain_low": low,
                "without": {"oof_auc": fig["oof_auc"], "oof_logloss": fig["oof_logloss"]},
                "with": {"oof_auc": fig2["oof_auc"], "oof_logloss": fig2["oof_logloss"]}}
-    log(f"cascade: cross-encoder out-of-fold AUC {alone:.3f} alone ({cross.fit.seconds:.0f}s); the verifier "
-        f"{'with' if keep else 'without'} it: AUC {fig2['oof_auc']:.3f} / log-loss {fig2['oof_logloss']:.4f} with, "
-        f"{fig['oof_auc']:.3f} / {fig['oof_logloss']:.4f} without (" + ("kept" if keep else "left out: no clear gain")
-        + f"; log-loss gain {gain:+.4f}, 95% lower bound {low:+.4f}, least kept {cross.fit.cfg.min_gain:g})")
+    log(f"cascade: cross-encoder out-of-fold AUC {alone:.3f} alone ({cross.fit.seconds:.0f}s); the verifier's "
+        f"out-of-fold AUC / log-loss {fig2['oof_auc']:.3f} / {fig2['oof_logloss']:.4f} with it, {fig['oof_auc']:.3f} / "
+        f"{fig['oof_logloss']:.4f} without: " + ("kept" if keep else "left out, no clear gain")
+        + f" (log-loss gain {gain:+.4f}, 95% lower bound {low:+.4f}, least kept {cross.fit.cfg.min_gain:g})")
     if keep:
         return s2, set2, {**fig2, "cross_encoder": figures}, wide, cross.fit
     return scores, setting, {**fig, "cross_encoder": figures}, sub, None
