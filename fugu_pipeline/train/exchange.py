@@ -163,6 +163,10 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     # every check a loader makes (hashes, format, weights finite and of the manifest's shapes): a pack
     # that the host could not load is refused here, where the submitter can still put it right
     ckpt = load_checkpoint(src)
+    if (ckpt.manifest.head_params or {}).get("cross_encoder"):  # a third file the pack format does not carry
+        raise CheckpointError(f"{src}: this cascade's verifier reads a cross-encoder (cross_encoder.safetensors), "
+                              "which a pack does not carry yet; serve it from its folder, or retrain with "
+                              "cascade.cross_encoder: off to pack it")
     try:
         manifest_bytes = read_capped(src / MANIFEST_FILE, MAX_MANIFEST_BYTES, "a manifest")
         weights = read_capped(src / WEIGHTS_FILE, weights_limit(ckpt.manifest.tensors), "the manifest's tensors")

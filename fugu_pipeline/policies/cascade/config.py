@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fugu_pipeline.cost_cap import CostCap
+from fugu_pipeline.policies.cascade.cross_encoder import CrossEncoderConfig
 from fugu_pipeline.policies.cascade.search import CascadeSearch
 
 
@@ -37,5 +38,16 @@ class CascadeConfig(BaseModel):
                                  "false: the replies' statistics only (a matrix too large to encode every reply)")
     verifier_context: bool = Field(True, description="the verifier also reads, at each step, the replies already paid "
                                    "for (agreement, answer distribution, each worker's calibration); false: each reply alone")
+    cross_encoder: Literal["auto", "on", "off"] = Field(
+        "auto", description="the verifier also reads a cross-encoder fine-tuned on (prompt, reply) pairs, kept when it "
+        "lowers the out-of-fold log-loss; auto: with at least cross_encoder_fit.min_pairs pairs and the encoder "
+        "installed; on: always (a missing encoder is an error); off")
+    cross_encoder_fit: CrossEncoderConfig = CrossEncoderConfig()
     min_answer_share: float = Field(0.5, ge=0.0, le=1.0, description="a worker needs replies on this share of the "
                                     "rows for a cascade to call it")
+
+    @field_validator("enabled", "cross_encoder", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):
+        """YAML reads a bare `on` / `off` as true / false: they mean the words."""
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v

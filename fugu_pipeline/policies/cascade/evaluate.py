@@ -224,13 +224,17 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     from fugu_pipeline.policies.cascade.frontier_plot import add_frontier
     from fugu_pipeline.files import atomic_write
     from fugu_pipeline.matrix.answers import read_answers
+    from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
+    from fugu_pipeline.policies.cascade.cross_encoder_use import with_saved_cross
     from fugu_pipeline.policies.cascade.fit import answer_inputs
 
     ckpt = load_cascade(path)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {path}")
     grid = read_answers(db_path, data.task_ids, data.worker_ids)
     names = ckpt.head.answer_stats
-    inputs = answer_inputs(data, grid, settings, cache_root, encode=ckpt.head.answer_dim > len(names), stat_names=names)
+    plain = [n for n in names if n != CROSS_STAT]  # the cross-encoder's column is its own model's (below)
+    inputs = answer_inputs(data, grid, settings, cache_root, encode=ckpt.head.answer_dim > len(names), stat_names=plain)
+    inputs = with_saved_cross(ckpt, data, grid, inputs, np.flatnonzero(data.splits == split))
     base = one_shot_baseline(one_shot, data, split) if one_shot is not None else None
     rep = cascade_report(ckpt, data, grid, inputs, split, base)
     if out_dir is not False:

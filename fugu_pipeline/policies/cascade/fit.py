@@ -31,6 +31,7 @@ from fugu_pipeline.cost_cap import CostCap, within_cap
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import AnswerGrid
 from fugu_pipeline.policies.cascade.config import CascadeConfig
+from fugu_pipeline.policies.cascade.cross_encoder_use import verifier_oof
 from fugu_pipeline.policies.cascade.frontier import oof_frontier
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
 from fugu_pipeline.policies.cascade.choice import (
@@ -43,7 +44,7 @@ from fugu_pipeline.policies.cascade.choice import (
 )
 from fugu_pipeline.policies.cascade.search import CapUnmet, Grid, run_policy, search_policy
 from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, fold_ids, interval
-from fugu_pipeline.policies.cascade.verifier import Verifier, VerifierInputs, fit_all, oof_scores
+from fugu_pipeline.policies.cascade.verifier import Verifier, VerifierInputs, fit_all
 from fugu_pipeline.policies.cascade.verifier_context import context_json, with_context
 
 BEST_WORKER = "always the best worker"
@@ -135,6 +136,7 @@ class CascadeFit:
     cap_rows: list[dict] = field(default_factory=list)  # one-shot vs cascade vs the strongest at 20/33/50% of its cost
     baseline: str = BEST_WORKER  # what `gain` is measured against
     saved_as: str = ""  # the candidate whose out-of-fold figure is the saved cascade's (cheapest rule)
+    cross_encoder: object = None  # the cross-encoder the verifier reads (cascade_cross_encoder.CrossEncoder), or None
 
     def table(self) -> list[dict]:
         return [c.row() for c in self.candidates]
@@ -156,10 +158,12 @@ def _expected(data: RoutingData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg: CascadeConfig | None = None,
-                folds_k: int = 5, seed: int = 0, heads: dict[str, np.ndarray] | None = None, log=print) -> CascadeFit:
+                folds_k: int = 5, seed: int = 0, heads: dict[str, np.ndarray] | None = None, log=print,
+                cross_encoder=None) -> CascadeFit:
     """See the module docstring. `grid` and `inputs` are row-aligned with `data`; `heads`: one-shot
     heads' out-of-fold routing scores (rows = the non-test rows of `data`, in order; the first one
-    is the table's one-shot router)."""
+    is the table's one-shot router); `cross_encoder`: `cascade_cross_encoder_use.cross_encoder_step`'s
+    callable, whose cross-fitted column the verifier reads when it lowers its out-of-fold log-loss."""
     cfg = cfg or CascadeConfig()
     if data.quality is None:
         raise TrainingDataError("a cascade needs each cell's quality (the import's `quality`, or graded responses); "
@@ -193,7 +197,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     folds = fold_ids([data.task_ids[i] for i in rows], folds_k, seed)
     codes = answer_codes(grid.final)
     sub = VerifierInputs(inputs.prompt[rows], inputs.answer[rows], inputs.has[rows], inputs.target[rows], inputs.stat_names)
-    scores_sub, l2, vfig = oof_scores(sub, folds)
+    column = cross_encoder(rows, folds) if cross_encoder is not None else None  # cascade_cross_encoder_use.py
+    scores_sub, l2, vfig, sub, cross = verifier_oof(sub, folds, column, log)  # cross: the cross-fit, when kept
     scores = np.full(grid.final.shape, np.nan)
     scores[rows] = scores_sub
     log(f"cascade: verifier out-of-fold AUC {vfig['oof_auc']:.3f}, log-loss {vfig['oof_logloss']:.4f} "
@@ -324,11 +329,13 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         best = top_all if mode == "cheapest" else _best_worker(g_all, rows, capped, cfg, doms, allowed)
         policy = CascadePolicy(default=_alone(data.worker_ids[best]))
     verifier = fit_all(sub, np.arange(len(rows)), l2) if policy.uses_verifier else None
+    cross_model = cross.final() if cross is not None and verifier is not None else None  # every non-test pair
+    stat_names = sub.stat_names if cross_model is not None else inputs.stat_names
     log(f"cascade: {policy.describe()}; selected {win.name}: {reason}")
     return CascadeFit(policy=policy, verifier=verifier, objective=objective, candidates=cands, selected=win.name,
                       selected_kind=win.kind, reason=reason, verifier_figures=vfig, choices=choices,
                       expected_cost={w: float(c) for w, c in zip(data.worker_ids, g_all.exp_cost)},
-                      answers_version=grid.version, oof=oof, stat_names=inputs.stat_names,
+                      answers_version=grid.version, oof=oof, stat_names=stat_names, cross_encoder=cross_model,
                       worker_quality={w: float(q) for w, q in zip(data.worker_ids, data.quality[rows].mean(axis=0))},
                       answer_kinds=_kinds(grid, rows, doms), cap_rows=table,
                       context=context_json(scores) if verifier is not None else {}, frontier=frontier,

@@ -49,6 +49,10 @@ class CascadeRouter(Router):
         self.worker_quality = dict(metrics.get("worker_quality") or {})
         self.answer_kinds = dict(metrics.get("answer_kinds") or {})
         super().__init__(checkpoint, encoder, **kw)
+        from fugu_pipeline.policies.cascade.cross_encoder_use import saved_cross_encoder
+
+        # the verifier's cross-encoder, when it reads one: loaded (and its contract checked) now, not at a request
+        self.cross_encoder = saved_cross_encoder(checkpoint.path, getattr(self.head, "cross_encoder", None))
 
     def plan_for(self, domain: str | None, budget=None, allowed: list[str] | None = None):
         """(plan, budget note or None): the checkpoint's plan for `domain`, or under `budget` the most
@@ -142,7 +146,8 @@ class CascadeRouter(Router):
 
     def _cell_scores(self, prompt: str, domain: str | None, replies) -> list[float | None]:
         """The cell verifier's scores: each reply read alone."""
-        from fugu_pipeline.policies.cascade.answer_features import answer_stats, answer_text
+        from fugu_pipeline.policies.cascade.answer_features import answer_text
+        from fugu_pipeline.policies.cascade.cross_encoder_use import reply_stats
 
         if float(self.head.used[0]) != 1.0 or not replies:
             return [None] * len(replies)
@@ -155,12 +160,13 @@ class CascadeRouter(Router):
             p = self.encoder.encode([prompt], [domain or "general"])[0]
             texts = [answer_text(replies[i][1], replies[i][2]) for i in have]
             a = self.encoder.encode_texts(texts) if encoded else np.zeros((len(texts), 0), np.float32)
+            stats = reply_stats(prompt, [replies[i][1:] for i in have], names, self.cross_encoder)
         rows = []
         for k, i in enumerate(have):
             w, r, f = replies[i]
             onehot = np.zeros(len(self.worker_ids), np.float32)
             onehot[self.worker_ids.index(w)] = 1.0
-            rows.append(np.concatenate([p, a[k], answer_stats(r, f, prompt, names), onehot]))
+            rows.append(np.concatenate([p, a[k], stats[k], onehot]))
         s = self.head.verify(np.stack(rows))
         out: list[float | None] = [None] * len(replies)
         for k, i in enumerate(have):

@@ -14,6 +14,8 @@ from pathlib import Path
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import read_answers
 from fugu_pipeline.matrix.read import RewardMatrixError
+from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
+from fugu_pipeline.policies.cascade.cross_encoder_use import cross_encoder_step
 from fugu_pipeline.policies.cascade.fit import CascadeFit, answer_inputs, fit_cascade
 from fugu_pipeline.policies.cascade.frontier import frontier_lines
 from fugu_pipeline.policies.cascade.save import save_cascade
@@ -81,10 +83,11 @@ def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, 
             raise TrainingDataError(f"cascade.enabled is on, but {exc}") from None
         log(f"cascade: skipped ({str(exc).split(': ', 1)[-1].split(':')[0]})")
         return None
+    cross = cross_encoder_step(cc, data, grid, cfg.seed, log)  # None: off, or its encoder is missing (one line)
     inputs = answer_inputs(data, grid, settings, cache_root, progress=None, encode=cc.encode_replies)
     heads = heads_report if isinstance(heads_report, dict) else one_shot_heads(heads_report)
-    fit = fit_cascade(data, grid, inputs, cc, cfg.folds, cfg.seed, heads, log)
-    path = save_cascade(models_dir, data, fit, inputs.answer.shape[2], metrics,
+    fit = fit_cascade(data, grid, inputs, cc, cfg.folds, cfg.seed, heads, log, cross_encoder=cross)
+    path = save_cascade(models_dir, data, fit, inputs.answer.shape[2] + int(CROSS_STAT in fit.stat_names), metrics,
                         training_config={"cascade": cc.model_dump(), "folds": cfg.folds, "seed": cfg.seed})
     shipped, shipped_path = fit.selected_kind, path
     if shipped == "one-shot":
