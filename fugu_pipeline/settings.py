@@ -79,6 +79,8 @@ class Settings(BaseSettings):
     automation_interval_s: int = _f(5, SENSORS, "how often `reward_matrix_automation` reads the run records", ge=1)
     catalog_sensor_interval_s: int = _f(3600, SENSORS, "how often `catalog_change_sensor` (off by default) fetches the catalog", ge=1)
     catalog_update_sensor_interval_s: int = _f(60, SENSORS, "how often `catalog_update_sensor` looks for a refreshed catalog", ge=1)
+    settings_sensor_interval_s: int = _f(30, SENSORS, "how often `settings_sensor` observes the settings files (trainer "
+                                         "YAMLs, the promotion policy, the `reward:` block, the encoder's settings)", ge=1)
     catalog_cron: str = _f("0 * * * *", SENSORS, "the schedule of `openrouter_catalog_schedule` (off by default)", min_length=9)
     catalog_max_age_h: float = _f(26.0, SENSORS, "the catalog's freshness policy fails after this many hours (warns after 2)", gt=2)
     router_max_age_d: float = _f(30.0, SENSORS, "the promoted router's freshness policy fails after this many days (warns after 7)", gt=7)

@@ -16,7 +16,6 @@ A file that changes while its step runs fails the step in one line, and nothing 
 """
 
 
-import os
 import warnings
 from dataclasses import dataclass
 
@@ -26,10 +25,10 @@ from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.resources import PipelineResource
 from fugu_pipeline.defs.versions import DATA_VERSION_TAG
 from fugu_pipeline.hashing import canonical_json, sha256_text
+from fugu_pipeline.settings import settings
 from fugu_pipeline.steps.versions import settings_version
 
 GROUP = "settings"
-SETTINGS_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_SETTINGS_SENSOR_INTERVAL_S", "30"))
 
 
 @dataclass(frozen=True)
@@ -132,7 +131,7 @@ with warnings.catch_warnings():  # beta in Dagster; it is the way a root's versi
 SETTINGS_ASSETS = [*SETTINGS_FILES.values(), config_reward, config_encoder]
 
 
-@dg.sensor(minimum_interval_seconds=SETTINGS_SENSOR_INTERVAL_S, default_status=dg.DefaultSensorStatus.RUNNING,
+@dg.sensor(minimum_interval_seconds=settings().settings_sensor_interval_s, default_status=dg.DefaultSensorStatus.RUNNING,
            description="Observes the settings assets (trainer YAMLs, the promotion policy, the worker YAML's reward "
                        "block, the encoder's settings) and records those that changed: the UI then shows what depends on "
                        "them as stale. Requests no run.")
