@@ -5,6 +5,7 @@ model alone: import → matrix (with the replies) → prompt and reply features 
     python benchmarks/cascade_data.py --routing PATH/TO/routing --encoder <MiniLM dir> [--out r.json]
     python benchmarks/cascade_data.py --jsonl mine=path/to/rows.jsonl --encoder <dir>   # any matrix with answers
     python benchmarks/cascade_data.py --mot <LLM_MoT_cascade checkout or git dir> --encoder <dir> --share 0.33
+    python benchmarks/cascade_data.py --release llmbar=<LLMBar dir> --encoder <dir>   # benchmarks/reply_sets.py's sets
     ... --stats v1    # the verifier reads only the first ten reply statistics (the figures before the checks)
 
 Data (nothing is copied into the repo):
@@ -15,6 +16,8 @@ Data (nothing is copied into the repo):
 - `--mot DIR` (`mot-date`): BIG-Bench date understanding with llama-2-13b, gpt-3.5-turbo and gpt-4
   chain-of-thought replies, released by the answer-consistency cascade study (benchmarks/mot_data.py
   says what is read, how it is graded and priced).
+- `--release NAME=DIR[,DIR]`: a multiple-choice, code or mixed set of `benchmarks/reply_sets.py`
+  (csqa, csqa+direct, llmbar, humaneval, crux, llmbar+humaneval), read from its release where it lies.
 Prices: the data has no costs, so a call costs (its prompt and reply, chars / 4 tokens) x the
 model's price per million tokens (`--prices`, default RouteLLM's own figures: GPT-4 $24.7,
 Mixtral $0.24 per million tokens). Utility is the quality (cost and latency weights 0).
@@ -58,6 +61,11 @@ def rows_of(name: str, args) -> list:
 
         rows, notes = mot_rows(args.mot, name.removeprefix("mot-"))
         print(f"[{name}] read {notes}", flush=True)
+    elif name in releases(args):
+        from benchmarks.reply_sets import set_rows
+
+        rows, notes = set_rows(name, releases(args)[name])
+        print(f"[{name}] read {notes}", flush=True)
     else:
         rows = read_reward_jsonl(Path(dict(x.split("=", 1) for x in args.jsonl)[name]))
     if rows[0].cost_usd is None:
@@ -65,6 +73,11 @@ def rows_of(name: str, args) -> list:
         for r in rows:
             r.cost_usd = [(len(r.prompt) + len(a or "")) / 4 * prices.get(w, 1.0) / 1e6 for w, a in zip(r.worker_ids, r.answers)]
     return rows
+
+
+def releases(args) -> dict[str, list[Path]]:
+    """{set name: its release folders} of the `--release NAME=DIR[,DIR]` arguments."""
+    return {n: [Path(d) for d in dirs.split(",")] for n, _, dirs in (x.partition("=") for x in args.release)}
 
 
 def build_matrix(rows, work: Path, encoder: str, cache_dir: str | Path):
@@ -309,6 +322,9 @@ def main() -> int:
     ap.add_argument("--encoder", required=True, help="a local model directory (all-MiniLM-L6-v2), a hub id, or 'tiny'")
     ap.add_argument("--share", type=float, default=0.5, help="the cap: a share of the strong model's cost")
     ap.add_argument("--mot", type=Path, default=None, help="a checkout or git directory of MurongYue/LLM_MoT_cascade")
+    ap.add_argument("--release", action="append", default=[], metavar="NAME=DIR[,DIR]",
+                    help="a set of benchmarks/reply_sets.py (csqa, csqa+direct, llmbar, humaneval, crux, llmbar+humaneval) read from "
+                         "its release's checkout or git directory")
     ap.add_argument("--stats", choices=("all", "v1"), default="all",
                     help="the reply statistics the verifier reads: all, or the first ten (v1: before the checks)")
     ap.add_argument("--prices", default=None, help='JSON {"model": USD per million tokens} when the data has no costs')
@@ -316,7 +332,8 @@ def main() -> int:
     ap.add_argument("--cache-dir", default="data/embeddings")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    names = (["gsm8k"] if args.routing else []) + [x.split("=", 1)[0] for x in args.jsonl] + (["mot-date"] if args.mot else [])
+    names = ((["gsm8k"] if args.routing else []) + [x.split("=", 1)[0] for x in args.jsonl] + (["mot-date"] if args.mot else [])
+             + list(releases(args)))
     if args.routing and not (args.routing / "routellm_evals").is_dir():
         print(f"{args.routing}/routellm_evals not found: pass the routing data folder", file=sys.stderr)
         return 2

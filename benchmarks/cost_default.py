@@ -3,12 +3,14 @@ one-shot routing vs cascade vs the strongest worker alone, accuracy and $ per 1,
 intervals, at caps of 20%, 33% and 50% of the strongest worker's cost.
 
     python benchmarks/cost_default.py --routellm PATH/routing/routellm_evals --llmrouter PATH/routing/llmrouter_ulab \\
-        [--mot <LLM_MoT_cascade checkout or git dir>] [--jsonl NAME=rows.jsonl] --encoder minilm --sample 600
+        [--mot <LLM_MoT_cascade checkout or git dir>] [--jsonl NAME=rows.jsonl] [--release NAME=DIR[,DIR]] \\
+        --encoder minilm --sample 600
 
 Each set is read with the project's own importers (`matrix/importers.py`; the MoT study's files with
-`benchmarks/mot_data.py`), built into a matrix with quality-only weights (as `--workers
+`benchmarks/mot_data.py`, the multiple-choice, code and mixed sets of `--release` with
+`benchmarks/reply_sets.py`), built into a matrix with quality-only weights (as `--workers
 configs/reward.quality.yaml`), and run through the same steps as `fugu-lite train`: the one-shot
-heads (`train/fit.select_heads`), then `train/cascade_fit.fit_cascade` with the default
+heads (`policies/oneshot/fit.select_heads`), then `policies/cascade/fit.fit_cascade` with the default
 `cascade:` settings. Printed per set: the default's choice and its reason line, the table (out of
 fold over the non-test rows: every row's figure comes from policies chosen on the other folds,
 cascades searched under each cap there), and the shipped policy on the held-out test rows.
@@ -54,6 +56,11 @@ def sets_of(args) -> list[tuple[str, object]]:
         from benchmarks.mot_data import mot_rows
 
         out.append(("mot-date", lambda: mot_rows(args.mot, "date")[0]))
+    for item in args.release:
+        from benchmarks.reply_sets import set_rows
+
+        name, _, dirs = item.partition("=")
+        out.append((name, lambda n=name, d=[Path(x) for x in dirs.split(",")]: set_rows(n, d)[0]))
     for item in args.jsonl:
         name, _, path = item.partition("=")
         out.append((name, lambda p=Path(path): read_reward_jsonl(p)))
@@ -257,6 +264,9 @@ def main() -> int:
     ap.add_argument("--llmrouter", type=Path, default=None, help="LLMRouter's data folder (llmrouter_ulab)")
     ap.add_argument("--mot", type=Path, default=None, help="a checkout or git directory of MurongYue/LLM_MoT_cascade")
     ap.add_argument("--jsonl", action="append", default=[], metavar="NAME=PATH", help="a reward-matrix JSONL with answers")
+    ap.add_argument("--release", action="append", default=[], metavar="NAME=DIR[,DIR]",
+                    help="a set of benchmarks/reply_sets.py (csqa, csqa+direct, llmbar, humaneval, crux, llmbar+humaneval) read from "
+                         "its release's checkout or git directory")
     ap.add_argument("--encoder", default="tiny", help="tiny, minilm (the installed wheel's files) or a local directory")
     ap.add_argument("--sample", type=int, default=None, help="keep this many rows of each set (default: all)")
     ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of each interval")

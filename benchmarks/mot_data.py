@@ -31,10 +31,11 @@ one line naming the file, the line the row starts on, the field and what to do.
 from __future__ import annotations
 
 import ast
-import json
 import re
-import subprocess
 from pathlib import Path
+
+from benchmarks.release_files import ReleaseFormatError, array_rows, call_cost, commit_of
+from benchmarks.release_files import read_file as release_file
 
 PRICES = {"llama-2-13b": (0.22, 0.22), "gpt-3.5-turbo": (1.5, 2.0), "gpt-4": (30.0, 60.0)}  # (input, output) $/M tokens
 TASKS = {
@@ -44,34 +45,17 @@ TASKS = {
 }
 _STOP = re.compile(r"\n[ \t]*\n")
 _ANSWER_LINE = re.compile(r"^[ \t]*A[ \t]*:[ \t]*(\S[^\n]*)$", re.MULTILINE)
-_SPACE = re.compile(r"\s*")
 
 
-class MotFormatError(ValueError):
-    """A result file or row not in the study's released format (one line: file, line, field, what to do)."""
-
+MotFormatError = ReleaseFormatError  # a result file or row not in the study's released format
 
 _FIX = "restore the study's file (git checkout in LLM_MoT_cascade) or pass an untouched checkout of it"
+_REPO = "MurongYue/LLM_MoT_cascade"
 
 
 def read_file(root: Path, rel: str) -> str:
-    """A file of the repository: from a checkout, or from a bare git directory's HEAD."""
-    root = Path(root)
-    if (root / rel).is_file():
-        return (root / rel).read_text(encoding="utf-8")
-    if (root / "HEAD").is_file() and (root / "objects").is_dir():
-        out = subprocess.run(["git", "--git-dir", str(root), "show", f"HEAD:{rel}"], capture_output=True, check=False)
-        if out.returncode == 0:
-            return out.stdout.decode("utf-8")
-        raise FileNotFoundError(f"{root}: HEAD has no readable {rel} ({out.stderr.decode(errors='replace').strip()[:200]})")
-    raise FileNotFoundError(f"{root}: no {rel} (pass a checkout of LLM_MoT_cascade or its git directory)")
-
-
-def commit_of(root: Path) -> str | None:
-    root = Path(root)
-    git = ["git", "--git-dir", str(root)] if (root / "HEAD").is_file() else ["git", "-C", str(root)]
-    out = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, check=False)
-    return out.stdout.decode().strip() if out.returncode == 0 else None
+    """A file of the study's repository: from a checkout, or from a bare git directory's HEAD."""
+    return release_file(root, rel, _REPO)
 
 
 def _few_shot(root: Path, rel: str, name: str) -> str:
@@ -84,27 +68,7 @@ def _few_shot(root: Path, rel: str, name: str) -> str:
 def read_items(root: Path, rel: str) -> list[tuple[int, dict]]:
     """(line the row starts on, row) for every row of a result file, each row checked
     (`check_item`); a file or row not in the released format is a MotFormatError."""
-    text = read_file(root, rel)
-    decoder = json.JSONDecoder()
-    line_at = lambda pos: text.count("\n", 0, pos) + 1  # noqa: E731
-    pos = _SPACE.match(text).end()
-    if not text.startswith("[", pos):
-        raise MotFormatError(f"{rel} line {line_at(pos)}: not a JSON array of rows; {_FIX}")
-    pos, out = pos + 1, []
-    while True:
-        pos = _SPACE.match(text, pos).end()
-        if text.startswith("]", pos):
-            return out
-        if out:
-            if not text.startswith(",", pos):
-                raise MotFormatError(f"{rel} line {line_at(pos)}: expected ',' or ']' after row {len(out)}; {_FIX}")
-            pos = _SPACE.match(text, pos + 1).end()
-        try:
-            item, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            raise MotFormatError(f"{rel} line {exc.lineno}: not JSON ({exc.msg}); {_FIX}") from None
-        out.append((line_at(pos), check_item(item, rel, line_at(pos))))
-        pos = end
+    return [(line, check_item(item, rel, line)) for line, item in array_rows(read_file(root, rel), rel, _FIX)]
 
 
 def check_item(item, rel: str, line: int) -> dict:
@@ -167,8 +131,7 @@ def mot_rows(root: Path, task: str = "date", test_fraction: float = 0.5, val_fra
             said = _ANSWER_LINE.findall(reply)
             replies.append(reply)
             quality.append(float(bool(said) and said[-1].strip() == gold))
-            p_in, p_out = PRICES[w]
-            cost.append(((len(shots) + len(q)) / 4 * p_in + len(reply) / 4 * p_out) / 1e6)
+            cost.append(call_cost(len(shots) + len(q), len(reply), PRICES[w]))
         tid = f"mot-{task}-{k:04d}"
         rows.append(RewardRow(task_id=tid, prompt=q, domain=task, split=assign_split(tid, seed, test_fraction, val_fraction),
                               worker_ids=workers, quality=quality, cost_usd=cost, answers=replies, answer_kind="text"))

@@ -14,8 +14,8 @@ Sets (nothing is copied into the repository):
 `--rows N` keeps N rows of each set (the first N by the hash of the task id): bounded on a small machine.
 
 For each set, every row is scored out of fold (5 folds by task hash, as `fugu-lite train`): the cell
-verifier (`train/verifier.oof_scores`), then, for each configuration, the frontier search
-(`train/cascade_frontier.oof_frontier`: per fold, the most accurate plan within each cap on the other
+verifier (`policies/cascade/verifier.oof_scores`), then, for each configuration, the frontier search
+(`policies/cascade/frontier.oof_frontier`: per fold, the most accurate plan within each cap on the other
 folds, run on the held-out fold, expected costs only):
 - `today`: the reply statistics of the arithmetic checks (`STATS_V1` + `CHECK_STATS`), each reply
   scored alone, plans of at most two cheap workers;

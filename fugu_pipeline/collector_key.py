@@ -13,13 +13,17 @@ Where the private key comes from (the first that is set):
     ~/.config/fugu-lite/collector.key   (or $XDG_CONFIG_HOME/fugu-lite/collector.key), made with mode
                                0600 the first time a ledger line is written
 
+A key file the group or others may read is refused, with the `chmod 600` that fixes it.
+
 It never reaches a ledger, a pack, a log or an exception: a line carries only the fingerprint.
 
 A host trusts the public key of its own collector key and the keys it lists in
 `models/promoted/collector_keys.json` (`fugu-lite collector-key --trust NAME PUBLIC_KEY`: a collector
 on another machine of the host, or the host's own key before a rotation; `--rotate` keeps the old
-public key there and makes a new private key). A contest refuses a ledger line that is unsigned,
-signed by a key it does not trust, or whose signature does not verify (`ledger.read_entries`).
+public key there and makes a new private key; the collector keeps its older public keys in
+`collector.key.retired.json`, so it goes on appending to a ledger its older key signed). A contest
+refuses a ledger line that is unsigned, signed by a key it does not trust, or whose signature does
+not verify (`ledger.read_entries`).
 No torch, no dagster; `cryptography` is imported when a key is used.
 """
 
@@ -30,9 +34,12 @@ import binascii
 import hashlib
 import json
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from fugu_pipeline.settings import settings
 
 KEY_ENV = "FUGU_COLLECTOR_KEY"
 KEY_FILE_ENV = "FUGU_COLLECTOR_KEY_FILE"
@@ -70,16 +77,22 @@ class CollectorKey:
     public_key: str
     source: str
     _key: object = field(repr=False)
+    retired: dict[str, str] = field(default_factory=dict)  # fingerprint -> public key of this collector's older keys
 
     def sign(self, line_hash: str) -> str:
         return _b64(self._key.sign(line_hash.encode("ascii")))
 
 
+def _env_key() -> str:
+    secret = settings().collector_key
+    return secret.get_secret_value().strip() if secret else ""
+
+
 def key_file() -> Path:
     """The key file: $FUGU_COLLECTOR_KEY_FILE, else the user's config folder."""
-    named = os.environ.get(KEY_FILE_ENV, "").strip()
+    named = settings().collector_key_file
     if named:
-        return Path(named).expanduser()
+        return named.expanduser()
     base = os.environ.get("XDG_CONFIG_HOME", "").strip() or str(Path.home() / ".config")
     return Path(base) / "fugu-lite" / "collector.key"
 
@@ -125,13 +138,22 @@ def _write_key_file(path: Path, text: str, *, replace: bool) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _require_private(path: Path) -> None:
+    """Refuse a key file that the group or others can read or write: whoever reads it can sign
+    ledger lines this host trusts (the file this code makes is 0600)."""
+    mode = os.stat(path).st_mode & 0o777
+    if mode & 0o077:
+        raise CollectorKeyError(f"{path}: the collector key is readable or writable by others (mode {mode:04o}); "
+                                f"run: chmod 600 {shlex.quote(str(path))}")
+
+
 def load_collector_key(*, create: bool = False) -> CollectorKey | None:
     """The host's collector key ($FUGU_COLLECTOR_KEY, else the key file); with `create`, a new key
     file when there is none. None when there is none and `create` is False."""
     from dotenv import load_dotenv
 
     load_dotenv(override=False)
-    value = os.environ.get(KEY_ENV, "").strip()
+    value = _env_key()
     if value:
         return _from_text(value, f"${KEY_ENV}")
     path = key_file()
@@ -140,21 +162,45 @@ def load_collector_key(*, create: bool = False) -> CollectorKey | None:
             if not create:
                 return None
             _write_key_file(path, new_private_key(), replace=False)
+        _require_private(path)
         text = path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise CollectorKeyError(f"{path}: cannot read or make the collector key ({getattr(exc, 'strerror', None) or exc}); "
                                 f"set ${KEY_ENV} or point ${KEY_FILE_ENV} at a writable file") from None
-    return _from_text(text, str(path))
+    key = _from_text(text, str(path))
+    key.retired = _read_retired(path)
+    return key
+
+
+def retired_file(path: Path) -> Path:
+    """The public keys of the collector's keys before its rotations (beside the key file)."""
+    return path.with_name(path.name + ".retired.json")
+
+
+def _read_retired(path: Path) -> dict[str, str]:
+    p = retired_file(path)
+    if not p.exists():
+        return {}
+    try:
+        keys = json.loads(p.read_bytes())
+        return {fingerprint(pub): pub for pub in keys.values()}
+    except (OSError, ValueError, AttributeError, TypeError, CollectorKeyError) as exc:
+        raise CollectorKeyError(f"{p}: not a list of retired collector keys ({str(exc)[:120]}); restore it") from None
 
 
 def rotate_key_file() -> tuple[CollectorKey | None, CollectorKey]:
-    """(the old key or None, the new key): a new private key in the key file. Refused when the key
-    comes from $FUGU_COLLECTOR_KEY (set a new value there instead)."""
-    if os.environ.get(KEY_ENV, "").strip():
+    """(the old key or None, the new key): a new private key in the key file; the old public key is
+    kept in the retired file beside it (this collector keeps appending to a ledger it signed).
+    Refused when the key comes from $FUGU_COLLECTOR_KEY (set a new value there instead)."""
+    if _env_key():
         raise CollectorKeyError(f"the collector key comes from ${KEY_ENV}: trust its public key (fugu-lite "
                                 f"collector-key --trust), then set a new value there")
     old = load_collector_key(create=False)
-    _write_key_file(key_file(), new_private_key(), replace=True)
+    path = key_file()
+    if old is not None:
+        keys = {**old.retired, old.fingerprint: old.public_key}
+        retired_file(path).write_text(json.dumps(keys, indent=2, sort_keys=True) + "\n", encoding="ascii")
+    _write_key_file(path, new_private_key(), replace=True)
     return old, load_collector_key(create=False)
 
 

@@ -16,23 +16,31 @@ _TAGS = ("mock", "openrouter", "openai_compatible")
 
 def format_validation_error(exc: ValidationError) -> str:
     """One clause per problem, each naming the field path (`workers[2].model`)."""
-    lines = []
-    for err in exc.errors():
-        parts: list[str] = []
-        after_index = False
-        for item in err["loc"]:
-            if isinstance(item, int):
-                parts[-1:] = [f"{parts[-1]}[{item}]" if parts else f"[{item}]"]
-                after_index = True
-                continue
-            if after_index and item in _TAGS:
-                after_index = False
-                continue
+    return "; ".join(f"field '{_field(err)}'{_named(err)}: {_message(err)}" for err in exc.errors())
+
+
+def first_validation_error(exc: ValidationError) -> str:
+    """The first problem alone, as `field: message` (pydantic's text is one line per problem, and
+    a hostile file can hold millions), and how many more there are."""
+    err = exc.errors(include_url=False)[0]
+    more = exc.error_count() - 1
+    return f"{_field(err)}: {_message(err)[:200]}" + (f" (and {more} more problem(s))" if more else "")
+
+
+def _field(err) -> str:
+    parts: list[str] = []
+    after_index = False
+    for item in err["loc"]:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]" if parts else f"[{item}]"]
+            after_index = True
+            continue
+        if after_index and item in _TAGS:
             after_index = False
-            parts.append(str(item))
-        field = ".".join(parts) or "(top level)"
-        lines.append(f"field '{field}'{_named(err)}: {_message(err)}")
-    return "; ".join(lines)
+            continue
+        after_index = False
+        parts.append(str(item))
+    return ".".join(parts) or "(top level)"
 
 
 def _named(err) -> str:

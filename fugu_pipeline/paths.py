@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from fugu_pipeline.settings import settings
 
 
 @dataclass(frozen=True)
@@ -13,7 +14,7 @@ class ProjectPaths:
 
     @classmethod
     def from_env(cls) -> "ProjectPaths":
-        return cls(Path(os.environ.get("FUGU_PROJECT_DIR", ".")).resolve())
+        return cls(settings().project_dir.resolve())
 
     def resolve(self, p: str | Path) -> Path:
         p = Path(p)
@@ -58,9 +59,9 @@ class ProjectPaths:
     @property
     def data_url(self) -> str | None:
         """FUGU_DATA_URL: the shared `data/` (responses, embeddings), e.g. s3://bucket/fugu/data."""
-        return os.environ.get("FUGU_DATA_URL") or None
+        return settings().data_url
 
     @property
     def models_url(self) -> str | None:
         """FUGU_MODELS_URL: the shared `models/` (checkpoints, the promoted pointer)."""
-        return os.environ.get("FUGU_MODELS_URL") or None
+        return settings().models_url

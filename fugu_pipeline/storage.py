@@ -37,13 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fugu_pipeline.files import atomic_write
-
-DATA_URL_ENV = "FUGU_DATA_URL"
-MODELS_URL_ENV = "FUGU_MODELS_URL"
-ENDPOINT_ENVS = ("FUGU_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL")
-RETRIES_ENV = "FUGU_STORE_RETRIES"
-TIMEOUT_ENV = "FUGU_STORE_TIMEOUT_S"
-
+from fugu_pipeline.settings import env_name, settings
 
 class StoreError(RuntimeError):
     """The object store did not answer, or refused; the message names the service and the settings."""
@@ -64,15 +58,15 @@ def join(base: str, *parts: str) -> str:
 
 
 def endpoint() -> str | None:
-    return next((os.environ[e] for e in ENDPOINT_ENVS if os.environ.get(e)), None)
+    return settings().s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
 def retries() -> int:
-    return max(1, int(os.environ.get(RETRIES_ENV, "5")))
+    return settings().store_retries
 
 
 def timeout_s() -> float:
-    return float(os.environ.get(TIMEOUT_ENV, "30"))
+    return settings().store_timeout_s
 
 
 def service(url: str) -> str:
@@ -84,10 +78,11 @@ def service(url: str) -> str:
 
 
 def settings_note(url: str) -> str:
-    names = [RETRIES_ENV, TIMEOUT_ENV]
+    fields = ["store_retries", "store_timeout_s"]
     if url.startswith("s3"):
-        names.insert(0, "FUGU_S3_ENDPOINT_URL")
-    return ", ".join(f"{n}={os.environ.get(n, '(default)')}" for n in names)
+        fields.insert(0, "s3_endpoint_url")
+    now = settings()
+    return ", ".join(f"{env_name(f)}={getattr(now, f) if f in now.model_fields_set else '(default)'}" for f in fields)
 
 
 _FS_CACHE: dict[tuple, Any] = {}
@@ -283,5 +278,4 @@ def upload_dir(local: Path, url: str, last: str | None = None) -> int:
 def local_cache(url: str) -> Path:
     """Where this machine keeps its copies of objects under `url` (FUGU_STORE_CACHE, default
     ~/.cache/fugu_pipeline/store/<hash of the URL>)."""
-    root = Path(os.environ.get("FUGU_STORE_CACHE", Path.home() / ".cache" / "fugu_pipeline" / "store"))
-    return root / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return settings().store_cache_dir() / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]

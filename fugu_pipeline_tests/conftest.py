@@ -18,6 +18,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The collector key that signs cost-ledger lines (collector_key.py): one per test session, in a
 # temporary folder, never the user's ~/.config one; the commands the tests start inherit it.
 os.environ.setdefault("FUGU_COLLECTOR_KEY_FILE", os.path.join(tempfile.mkdtemp(prefix="fugu-tests-"), "collector.key"))
+# A home folder of the session's own (made once, by the process that starts the run; its test
+# processes and every command they start inherit it): what writes under "~" (the tiny encoder,
+# Dagster's telemetry, matplotlib's caches, a command the page test runs) writes there, never in the
+# user's home. The Hugging Face cache stays the user's, where a real encoder may already be.
+USER_HOME = Path(os.environ.get("FUGU_TESTS_USER_HOME") or Path.home())
+if "FUGU_TESTS_USER_HOME" not in os.environ:
+    os.environ["HF_HOME"] = os.environ.get("HF_HOME") or str(USER_HOME / ".cache" / "huggingface")
+    os.environ["FUGU_TESTS_USER_HOME"] = str(USER_HOME)
+    os.environ["HOME"] = tempfile.mkdtemp(prefix="fugu-tests-home-")
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
@@ -36,6 +45,73 @@ def pytest_xdist_auto_num_workers(config) -> int:
         return int(wanted)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return min(4, cores + 1)
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--skip-budget", default=os.environ.get("FUGU_SKIP_BUDGET") or None, metavar="YAML",
+                     help="the skips this machine may have, by reason (.ci/skip-budget.yaml): any other skip, or more "
+                          "of one, fails the run with its reason (default: $FUGU_SKIP_BUDGET; none: no budget)")
+
+
+SKIPS: list[tuple[str, str]] = []  # (test, reason) of every skip, in the process that reports (xdist's controller)
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        SKIPS.append((report.nodeid, reason.removeprefix("Skipped: ")))
+
+
+pytest_collectreport = pytest_runtest_logreport  # a whole module skipped while it is collected
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """With --skip-budget: a skip its reason does not allow fails the run (printed in the summary)."""
+    path = session.config.getoption("--skip-budget")
+    if not path or hasattr(session.config, "workerinput"):
+        return
+    from fugu_pipeline_tests.skip_budget import load_budget, over_budget
+
+    problems = over_budget(SKIPS, load_budget(Path(path)))
+    session.config.stash[SKIP_PROBLEMS] = problems
+    if problems and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+SKIP_PROBLEMS = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    problems = config.stash.get(SKIP_PROBLEMS, None)
+    if problems:
+        terminalreporter.section("skips the budget does not allow", red=True)
+        for line in problems:
+            terminalreporter.write_line(line)
+    elif problems is not None:
+        terminalreporter.write_line(f"skips within the budget ({config.getoption('--skip-budget')}): {len(SKIPS)}")
+
+
+def _entries() -> set[Path]:
+    """What a test may never add: entries of the project's folder, its data/, models/ and configs/,
+    and of the user's home (a test writes only in its temporary folders)."""
+    out = set()
+    for folder in (REPO, REPO / "data", REPO / "models", REPO / "configs", USER_HOME):
+        try:
+            out |= {folder / name for name in os.listdir(folder) if name not in ("__pycache__", ".pytest_cache")}
+        except OSError:
+            continue
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _writes_only_in_temporary_folders():
+    """Fails the test during which a file appeared in the project's folder or the user's home
+    (or one beside it in another test process: the paths say what to look for)."""
+    before = _entries()
+    yield
+    new = sorted(str(p) for p in _entries() - before)
+    if new:
+        pytest.fail(f"left outside its temporary folders (while this test ran): {', '.join(new)}", pytrace=False)
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:

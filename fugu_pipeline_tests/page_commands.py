@@ -10,6 +10,10 @@ it (an HTML comment, invisible on the site):
 - `<!-- page-test: background URL -->`: a server that runs until stopped (`serve`, `dagster dev`,
   `mkdocs serve`): started in the background, ready when URL (on loopback) answers, stopped when the
   page is done.
+
+The test never takes the docs' own ports (a reader may be serving on them): each port a page's
+background URLs name is moved to a free one the test picks, in every block of the page (`with_ports`:
+the URLs, and the server command's port flag, `SERVER_PORT_FLAGS`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ VENV_PROGRAMS = ("fugu-lite", "python", "python3", "pip", "dagster", "dagster-we
                  "lint-imports", "celery")
 BARE = re.compile(r"(?:^|&&|\|\||;|\||\$\(|\()\s*(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(" +
                   "|".join(re.escape(p) for p in VENV_PROGRAMS) + r")(?=\s|$)")
+
+
+# how each server a background block may start is told its port, after the program's name
+SERVER_PORT_FLAGS = {"fugu-lite serve": "--port {port}", "dagster dev": "--port {port}",
+                     "mkdocs serve": "--dev-addr 127.0.0.1:{port}"}
+SERVER = re.compile(r"\.venv/bin/(" + "|".join(re.escape(k) for k in SERVER_PORT_FLAGS) + r")(?=\s|$)")
 
 
 @dataclass(frozen=True)
@@ -101,3 +111,26 @@ def bare_programs(block: Block) -> list[str]:
         for m in BARE.finditer(code):
             found.append(f"{block.page}:{block.line + 1 + n}: `{m.group(1)}` without .venv/bin/: {line.strip()[:90]}")
     return found
+
+
+def page_ports(blocks_: list[Block]) -> list[int]:
+    """The loopback ports a page's background servers answer on (their markers' URLs)."""
+    return sorted({urlparse(b.arg).port or 80 for b in blocks_ if b.mark == "background"})
+
+
+def with_ports(text: str, ports: dict[int, int]) -> str:
+    """`text` with each loopback port of `ports` (old: new) replaced by its new one
+    (`127.0.0.1:8080` and `localhost:8080` alike)."""
+    for old, new in ports.items():
+        text = re.sub(rf"\b(127\.0\.0\.1|localhost):{old}\b", rf"\g<1>:{new}", text)
+    return text
+
+
+def with_server_port(text: str, port: int) -> str:
+    """A background block's server command with the port flag for `port` after its program's name
+    (`.venv/bin/fugu-lite serve` -> `.venv/bin/fugu-lite serve --port N`); ValueError when the block
+    starts no server this knows how to move."""
+    new, n = SERVER.subn(lambda m: f"{m.group(0)} {SERVER_PORT_FLAGS[m.group(1)].format(port=port)}", text, count=1)
+    if not n:
+        raise ValueError(f"no server the page test can move to another port ({', '.join(SERVER_PORT_FLAGS)})")
+    return new

@@ -6,8 +6,9 @@ to within rounding.
     assert_vector_parity(got, want, "float32", lambda: encoder_batch_invariance(enc, texts))
 
 Bits that differ are a failure when the probe finds the kernels batch-invariant (then the code
-broke it); a skip, with the measured difference and the probe's reason, when it does not (or, with
-`skip=False` in a test that checks more after it, a warning with that reason)."""
+broke it). Where it does not, the test passes on the tolerance and reports what it measured: the
+vectors' difference and the probe's reason, printed and as a warning in the run's summary (never a
+skip: the measured figure is the result on such a CPU)."""
 
 from __future__ import annotations
 
@@ -16,22 +17,20 @@ from collections.abc import Callable
 import warnings
 
 import numpy as np
-import pytest
 
 from fugu_pipeline.features.parity import VectorParity, compare_vectors, routes_agree
 
 
-def assert_vector_parity(got: np.ndarray, want: np.ndarray, dtype: str, kernels: Callable[[], str | None], *,
-                         skip: bool = True) -> VectorParity:
+def assert_vector_parity(got: np.ndarray, want: np.ndarray, dtype: str, kernels: Callable[[], str | None]) -> VectorParity:
     p = compare_vectors(got, want, dtype)
     assert p.within, p.describe()
     if p.bit_equal == p.rows:
+        print(f"vector parity: {p.describe()}")
         return p
     why = kernels()  # run only when the bits differ: free where they do not
     assert why is not None, f"not bit for bit, although this machine's kernels give every batch its bits alone: {p.describe()}"
-    message = f"within tolerance ({p.describe()}); bit equality not checked: {why}"
-    if skip:
-        pytest.skip(message)
+    message = f"vector parity within tolerance ({p.describe()}); bit equality not checked: {why}"
+    print(message)
     warnings.warn(message, stacklevel=2)
     return p
 

@@ -110,8 +110,10 @@ def test_baseline_command_prints_every_row(workdir, capsys):
     assert main(["baseline", "oracle", *W, "--json", "--split", "val"]) == 0
     b = json.loads(capsys.readouterr().out)
     assert b["split"] == "val" and {"oracle", "cross_fit_oracle", "headroom"} <= set(b["quality"])
-    # without --workers a JSONL with quality has no utility: the same refusal as train-* and evaluate
-    assert main(["baseline", "always", "--data", "r.jsonl"]) == 2
+    # without --workers a JSONL with quality and no rewards has no utility: the same refusal as train-* and evaluate
+    rows = [json.loads(line) for line in (workdir / "r.jsonl").read_text().splitlines()]
+    (workdir / "q.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "rewards"}) + "\n" for r in rows))
+    assert main(["baseline", "always", "--data", "q.jsonl"]) == 2
     assert "pass --workers W.yaml" in capsys.readouterr().err
 
 

@@ -4,6 +4,7 @@ call comes from the worker's configured maximum prices; a worker that nothing pr
 before any call, naming the worker and the setting."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -42,7 +43,8 @@ def setup(tmp_path, stub, budget: float, **worker) -> tuple[str, str, WorkersCon
 
 
 def generate(w, t, out) -> int:
-    return main(["generate", "--workers", w, "--tasks", t, "--output", out])
+    ledger = str(Path(out).with_name("costs.jsonl"))  # the test's folder, not the working directory's data/ledger
+    return main(["generate", "--workers", w, "--tasks", t, "--output", out, "--ledger", ledger])
 
 
 def test_an_unpriced_paid_worker_under_a_budget_is_refused_before_any_call(tmp_path, stub, capsys):

@@ -106,7 +106,7 @@ def test_a_margin_without_a_cap_is_refused_not_ignored(trained, capsys):
                          ids=["empty", "truncated", "not-json", "a-list", "no-fields"])
 def test_an_unreadable_budget_json_is_one_error_and_plain_routing_still_works(trained, tmp_path, text):
     ckpt = with_budget_json(trained, tmp_path, text)
-    code, _, err = route(ckpt, "--budget-share", "0.5")
+    code, _, err = route(ckpt, "--cap", "share=0.5")
     one_error(code, err, "budget.json", "fugu-lite evaluate")
     code, out, _ = route(ckpt)  # no cap asked: the calibration is not needed
     assert code == 0 and json.loads(out)["worker"] in WORKERS
@@ -114,7 +114,7 @@ def test_an_unreadable_budget_json_is_one_error_and_plain_routing_still_works(tr
 
 def test_a_budget_json_for_other_weights_says_so(trained, tmp_path):
     ckpt = with_budget_json(trained, tmp_path, edited(trained, lambda c: c.update(checkpoint="0" * 16)))
-    code, _, err = route(ckpt, "--budget-share", "0.5")
+    code, _, err = route(ckpt, "--cap", "share=0.5")
     one_error(code, err, "budget.json", "0" * 16, "fugu-lite evaluate")
 
 
@@ -122,7 +122,7 @@ def test_a_budget_json_naming_no_checkpoint_is_refused(trained, tmp_path):
     # checkpoint "" was taken for any checkpoint over the same workers: another head's curve
     # copied beside this one set its λ
     ckpt = with_budget_json(trained, tmp_path, edited(trained, lambda c: c.update(checkpoint="")))
-    code, _, err = route(ckpt, "--budget-share", "0.5")
+    code, _, err = route(ckpt, "--cap", "share=0.5")
     one_error(code, err, "budget.json", "names no checkpoint", "fugu-lite evaluate")
 
 
@@ -162,7 +162,7 @@ BROKEN = {
 @pytest.mark.parametrize("name", list(BROKEN))
 def test_a_budget_json_with_impossible_values_is_refused(trained, tmp_path, name):
     ckpt = with_budget_json(trained, tmp_path, edited(trained, BROKEN[name]))
-    code, out, err = route(ckpt, "--budget-share", "0.5")
+    code, out, err = route(ckpt, "--cap", "share=0.5")
     one_error(code, err, "budget.json", "fugu-lite evaluate")
     assert out == ""
 
@@ -173,7 +173,7 @@ def test_evaluate_redraws_an_unreadable_budget_json(trained, tmp_path):
     cal = calibrate_beside(ckpt, trained[1], log=logs.append)
     assert cal is not None and any("budget.json" in m and "cannot be used" in m for m in logs), logs
     assert json.loads((ckpt / "budget.json").read_text())["checkpoint"] == ckpt.name
-    code, out, _ = route(ckpt, "--budget-share", "0.5")
+    code, out, _ = route(ckpt, "--cap", "share=0.5")
     assert code == 0 and json.loads(out)["budget"]["met_on_validation"]
 
 
@@ -318,9 +318,9 @@ def test_a_validation_split_too_small_for_a_margin_is_refused(n_val, trained):
 
 
 def test_a_domain_unseen_in_training_gets_the_pooled_cost(trained):
-    code, out, _ = route(trained[0], "--budget-share", "0.5", "--domain", "astrology")
+    code, out, _ = route(trained[0], "--cap", "share=0.5", "--domain", "astrology")
     assert code == 0
-    seen = json.loads(route(trained[0], "--budget-share", "0.5", "--domain", "math")[1])
+    seen = json.loads(route(trained[0], "--cap", "share=0.5", "--domain", "math")[1])
     assert json.loads(out)["budget"]["lambda"] == seen["budget"]["lambda"]
     assert json.loads(out)["budget"]["expected_cost_usd"] > 0
 

@@ -140,10 +140,9 @@ def test_error_in_200_with_a_client_error_code_fails_without_retry(stub, tmp_pat
 def test_overall_deadline_bounds_a_cell(stub, tmp_path):
     stub.set_fault("timeout", sleep_s=2.0)
     cfg = config_for(stub, read_timeout_s=5.0, timeout_s=0.5, max_attempts=5)
-    t = time.monotonic()
     with pytest.raises(WorkerCallError, match="timeout_s=0.5"):
         asyncio.run(client_for(cfg).complete([{"role": "user", "content": "hi"}]))
-    assert time.monotonic() - t < 2.5
+    assert stub.calls[(MODEL, "hi")] <= 1  # the deadline ended the first attempt: none of the 5 retried it
 
 
 # --------------------------------------------------------------------------- fatal errors
@@ -297,17 +296,17 @@ def test_retry_after_is_honoured(stub):
 
 def test_retry_after_beyond_the_deadline_fails_at_once(stub):
     stub.set_fault("http", status=429, retry_after="60")
-    t = time.monotonic()
-    with pytest.raises(WorkerCallError, match="deadline"):
+    with pytest.raises(WorkerCallError, match="the next attempt would start after the overall deadline") as exc:
         asyncio.run(client_for(config_for(stub, timeout_s=5.0)).complete([{"role": "user", "content": "hi"}]))
-    assert time.monotonic() - t < 4.5  # at once: not the 60 s the server asked for, nor the 5 s deadline
+    assert exc.value.attempts == 1  # at once, without waiting: not the 60 s the server asked for, nor the 5 s deadline
 
 
 def test_parse_retry_after():
     assert parse_retry_after("3") == 3.0
     assert parse_retry_after(None) is None and parse_retry_after("soon") is None
-    assert 9 <= parse_retry_after(email.utils.formatdate(time.time() + 10, usegmt=True)) <= 10
-    assert parse_retry_after(email.utils.formatdate(time.time() - 10, usegmt=True)) == 0.0
+    now = time.time()
+    assert 9 < parse_retry_after(email.utils.formatdate(now + 10, usegmt=True), now=now) <= 10  # whole seconds
+    assert parse_retry_after(email.utils.formatdate(now - 10, usegmt=True), now=now) == 0.0
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -359,9 +358,8 @@ def test_stub_serves_many_concurrent_connections(stub):
         finally:
             await c.aclose()
 
-    t = time.monotonic()
     assert len(asyncio.run(run())) == 40
-    assert time.monotonic() - t < 3.0 and stub.max_in_flight >= 32
+    assert stub.max_in_flight >= 32  # served at once, not one after another
 
 
 # --------------------------------------------------------------------------- catalog

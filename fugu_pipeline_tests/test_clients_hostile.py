@@ -6,7 +6,6 @@ or is retried; it never crashes the batch and never becomes a wrong stored value
 import asyncio
 import json
 import math
-import time
 
 import pytest
 
@@ -258,10 +257,8 @@ def test_the_answer_is_returned_at_done(stub, tmp_path, repeat):
     events = [ev(delta(ANSWER, "stop")), DONE]
     stub.set_fault("raw", events=events, repeat=repeat or "", repeat_every_s=0.3 if repeat else 3600)
     cfg = config_for(stub, read_timeout_s=1.0, timeout_s=4.0)
-    t = time.monotonic()
     comp = asyncio.run(client_for(cfg).complete([{"role": "user", "content": "hi"}]))
-    assert comp.answer == ANSWER and comp.attempts == 1
-    assert time.monotonic() - t < 3.0
+    assert comp.answer == ANSWER and comp.attempts == 1  # waiting on past [DONE] ends in the 1 s read timeout or the 4 s deadline
 
 
 def test_the_relayed_stream_ends_at_done(stub):
@@ -325,9 +322,8 @@ def test_a_reply_over_max_reply_bytes_fails_without_retry(stub, tmp_path, stream
     else:
         stub.set_fault("raw", prompt=tasks[0].prompt, body=reply("The answer is 4 " + "x" * 3_000_000))
     store = ResponseStore(tmp_path)
-    t = time.monotonic()
     stats = collect(tasks, config_for(stub, max_reply_bytes=1_000_000), store, stream=stream)
-    assert (stats.n_ok, stats.n_failed) == (1, 1) and time.monotonic() - t < 6
+    assert (stats.n_ok, stats.n_failed) == (1, 1)
     rec = store.read("b1", "a")["t0"]
     assert "max_reply_bytes" in rec.error and "worker a" in rec.error and rec.attempts == 1
     assert stub.calls[(MODEL, tasks[0].prompt)] == 1

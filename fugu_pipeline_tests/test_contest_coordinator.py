@@ -63,6 +63,7 @@ def roles_history(models) -> list[dict]:
     return [json.loads(x) for x in (models / HISTORY).read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_second_coordinator_replaces_the_first_and_a_worse_one_is_refused(world, tmp_path):
     """Before: the second promotion crashed (`decide()` without the composite contest), on every
     later run. Now: A promoted, B (better) replaces it, C (worse than B) is refused with its
@@ -156,6 +157,7 @@ def test_the_coordinator_is_rate_limited_and_its_receipt_is_checked(world, tmp_p
     assert hist[-1]["rate_limited"] is True and np.isclose(len(hist), 2)
 
 
+@pytest.mark.slow
 def test_a_coordinator_pack_goes_through_pack_preflight_and_validate(world, tmp_path, monkeypatch, capsys):
     """Before: a roles head could not go through pack -> preflight -> validate: its receipt had no
     cost, and with that gate off validate crashed (IndexError: it took the argmax over worker and
@@ -258,6 +260,7 @@ def _host_project(tmp_path, world):
     return project, private, main
 
 
+@pytest.mark.slow
 def test_validate_reads_and_writes_the_host_folder_from_any_current_folder(world, tmp_path, monkeypatch, capsys):
     """Before: `validate --project-dir HOST` read ./models and the policy of the current folder:
     run elsewhere it judged against no king and wrote its history there. Now every host path is

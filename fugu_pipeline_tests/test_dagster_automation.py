@@ -120,6 +120,7 @@ def test_recollections_landing_with_a_matrix_build_are_not_lost(first_build):
         assert len(requested(auto)) == 1
 
 
+@pytest.mark.slow
 def test_a_retired_worker_or_a_bad_batch_does_not_stop_the_matrix_following(first_build):
     """A worker removed from the config keeps its partition but is never collected on a later batch,
     and a batch file with a bad line fails its collection: neither may keep the matrix from
@@ -154,6 +155,7 @@ def test_a_retired_worker_or_a_bad_batch_does_not_stop_the_matrix_following(firs
         assert built["complete_rows"] == 306  # the sample's 300 tasks and the extra batch's 6
 
 
+@pytest.mark.slow
 def test_an_imported_matrix_is_not_replaced_when_the_collection_changes(first_build):
     """A matrix materialized from imported routing data holds other prompts and workers than the
     collection; a later re-collection must not rebuild it from the responses (it did, and the
@@ -196,6 +198,7 @@ def follow(defs, instance, cursor=None, ticks: int = 3) -> list[dict]:
     return built
 
 
+@pytest.mark.slow
 def test_a_refused_batch_reaches_the_matrix_without_a_manual_rebuild(first_build):
     """A batch file with a bad line, dropped after the first build, fails its load and nothing else:
     no responses partition changes. The matrix was never rebuilt (Dagster's `eager()` waits for an
@@ -231,6 +234,7 @@ def fewer_workers(project: Path, n: int) -> str:
     return f"configs/workers.{n}.yaml"
 
 
+@pytest.mark.slow
 def test_the_matrix_waits_for_the_whole_collection_wave(project):
     """One build per wave of collection runs: while one of a batch's runs is still queued or running
     the automation waits, and a build running when a re-collection ends is followed by another."""

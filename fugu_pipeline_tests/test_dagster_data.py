@@ -139,6 +139,7 @@ def test_workspace_and_instance_files_are_valid(tmp_path, monkeypatch):
     assert (tmp_path / "history" / "runs.db").exists()  # under DAGSTER_HOME (dagster.yaml sets no path)
 
 
+@pytest.mark.slow
 def test_reward_matrix_is_requested_when_no_collection_is_in_progress(project):
     """The sensor's collection runs are queued together, so the matrix waits for all of them. Done
     one at a time by hand, with nothing in progress, each finished partition may request a build:
@@ -167,6 +168,7 @@ def test_reward_matrix_is_requested_when_no_collection_is_in_progress(project):
     assert sensors["reward_matrix_automation"] == dg.DefaultSensorStatus.RUNNING
 
 
+@pytest.mark.slow
 def test_reward_matrix_imports_a_long_table_with_a_file_per_split(project):
     """The asset reads other people's routing data through the same importers as `fugu-lite import`:
     EmbedLLM-like files (one row per call, train.csv and test.csv), options named as the flags,

@@ -59,11 +59,12 @@ def test_every_asset_that_can_load_the_encoder_runs_in_the_gpu_pool(project):
     defs = build_defs(str(project), "configs/workers.mock.yaml", "tiny")
     encoder_assets = {}
     for a in defs.resolve_asset_graph().assets_defs:
-        if "encoder" in a.required_resource_keys:
+        if "encoder" in a.required_resource_keys and a.is_executable and not a.is_external:  # (config_encoder: observed)
             encoder_assets.update({k.to_user_string(): a.op.pool for k in a.keys})
-    assert set(encoder_assets) == {"task_embeddings", "router_sft", "router_rl", "router_es", "router_heads", "eval_report_sft",
-                                   "eval_report_rl", "eval_report_es", "eval_report_heads", "promoted_router", "triage_head",
-                                   "eval_report_triage", "router_roles", "eval_report_roles"}
+    assert set(encoder_assets) == {"task_embeddings", "router_sft", "router_rl", "router_es", "router_heads", "router_cascade",
+                                   "eval_report_sft", "eval_report_rl", "eval_report_es", "eval_report_heads",
+                                   "eval_report_cascade", "promoted_router", "triage_head", "eval_report_triage",
+                                   "router_roles", "eval_report_roles"}
     assert {k for k, pool in encoder_assets.items() if pool != GPU_POOL} == set()
 
 
@@ -77,6 +78,7 @@ def test_dagster_yaml_sets_no_path_and_turns_run_monitoring_on():
     assert conf["concurrency"]["pools"]["default_limit"] == 1
 
 
+@pytest.mark.slow
 def test_the_instance_lives_under_dagster_home_whatever_the_directory(home, tmp_path):
     elsewhere = [tmp_path / "a", tmp_path / "b" / "deeper"]
     for d in elsewhere:
@@ -124,6 +126,7 @@ def test_a_killed_run_is_marked_failed_and_its_pool_slot_freed(home, tmp_path):
             proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_the_main_job_fails_a_run_its_killed_predecessor_left_started(home, tmp_path):
     marker = tmp_path / "started"
     proc = subprocess.Popen([sys.executable, "-c", SLOW_RUN, str(marker)], cwd=tmp_path, env=env_for(home),

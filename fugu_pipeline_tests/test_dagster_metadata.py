@@ -5,6 +5,7 @@ import math
 
 import dagster as dg
 import numpy as np
+import pytest
 
 from fugu_pipeline.defs.assemble import build_defs
 from fugu_pipeline.defs.data import REWARDS_SCHEMA
@@ -32,6 +33,7 @@ def test_floats_are_rounded_for_reading():
     assert meta["n"] == 3 and meta["ok"] is True and meta["t"] == "text" and math.isnan(meta["nan"])
 
 
+@pytest.mark.slow
 def test_the_collected_data_shows_rounded_figures_and_described_columns(project):
     """Through the daemon's path (the batch sensor, its runs, the matrix's automation), then the
     embeddings: every float shown is rounded, every column of the rewards table described, and the

@@ -39,19 +39,22 @@ def test_every_sensor_of_the_code_location_ticks(project):
     assert out.returncode == 0, out.stderr[-3000:]
     ticks = dict(line.split() for line in out.stdout.splitlines())
     assert ticks == {"benchgen_batch_sensor": "4", "catalog_change_sensor": "0", "reward_matrix_automation": "0",
-                     "catalog_update_sensor": "0"}  # no catalog materialized yet: nothing to re-collect
+                     "catalog_update_sensor": "0",  # no catalog materialized yet: nothing to re-collect
+                     "settings_sensor": "0"}  # it records observations, never a run
 
 
 def test_every_sensor_has_a_target_and_a_description(project):
     repo = build_defs(str(project), "configs/workers.mock.yaml").get_repository_def()
     for s in repo.sensor_defs:
-        assert s.targets or s.asset_selection is not None, f"{s.name} has no target: the daemon would refuse its run requests"
+        if s.name != "settings_sensor":  # it only records the settings' observations, and requests no run
+            assert s.targets or s.asset_selection is not None, f"{s.name} has no target: the daemon would refuse its run requests"
         assert s.description, s.name
     status = {s.name: s.default_status for s in repo.sensor_defs}
     assert status == {"benchgen_batch_sensor": dg.DefaultSensorStatus.RUNNING,
                       "catalog_change_sensor": dg.DefaultSensorStatus.STOPPED,  # it spends money
                       "reward_matrix_automation": dg.DefaultSensorStatus.RUNNING,
-                      "catalog_update_sensor": dg.DefaultSensorStatus.RUNNING}  # inert until the catalog is refreshed
+                      "catalog_update_sensor": dg.DefaultSensorStatus.RUNNING,  # inert until the catalog is refreshed
+                      "settings_sensor": dg.DefaultSensorStatus.RUNNING}  # observes only: costs nothing
 
 
 def test_badly_named_batch_file_is_refused_and_the_rest_run(project, capfd):
@@ -93,6 +96,7 @@ def catalog_project(project, monkeypatch):
         yield project, stub
 
 
+@pytest.mark.slow
 def test_a_price_change_recollects_the_cells_of_an_offline_run_once(catalog_project):
     project, stub = catalog_project
     defs = build_defs(str(project), "configs/w.yaml")

@@ -78,6 +78,7 @@ def test_known_matrices_keep_their_versions():
     assert data_version(matrix(["t1", 'quo"te', "t3"])) == "dc39b6a5c6402c76"
 
 
+@pytest.mark.slow
 def test_the_utility_sql_writes_is_the_utility_python_computes_bit_for_bit():
     """The bulk build computes each cell's utility in SQL; the row build in Python
     (`UtilityConfig.utility`). Over random cells and weights, every float must be the same bits."""

@@ -119,6 +119,7 @@ def test_celery_job_and_executor_switch(monkeypatch):
     monkeypatch.setenv("FUGU_EXECUTOR", "spark")
     with pytest.raises(ValueError, match="FUGU_EXECUTOR='spark'"):
         build_defs(encoder="tiny")
+    monkeypatch.delenv("FUGU_EXECUTOR")  # a bad setting stops every read of the settings, this one's too
     monkeypatch.setenv("FUGU_CELERY_BROKER", "redis://127.0.0.1:9/0")  # the discard port: nothing listens
     with pytest.raises(BrokerUnavailable, match=r"Celery broker at redis://127.0.0.1:9/0 \(FUGU_CELERY_BROKER="):
         check_broker(timeout_s=1)

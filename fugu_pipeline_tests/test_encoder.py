@@ -190,6 +190,7 @@ def test_served_vectors_are_the_cached_ones(tmp_path, kw):
     assert_vector_parity(np.concatenate([alone, served]), np.concatenate([cached.vectors] * 2), enc.resolved_dtype, probe)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_bidirectional_encoder_serves_its_cached_vectors_too(tmp_path, dtype):
     """MiniLM (BERT: every token sees every other, pads masked out) keeps the same parity. (On an

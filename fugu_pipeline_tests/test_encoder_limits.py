@@ -9,7 +9,6 @@ import gzip
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -99,17 +98,11 @@ def test_a_2mb_prompt_is_cut_before_it_is_tokenized(tiny):
     tiny.tokenizer = Spy()
     try:
         tiny.encode_texts([huge, "What is 2 + 2?"])
-        t = time.perf_counter()
-        for _ in range(3):
-            tiny.tokenize([huge])
-        cut_s = (time.perf_counter() - t) / 3
+        tiny.tokenize([huge])
     finally:
         tiny.tokenizer = tokenizer
-    assert seen[:2] == [512 * MAX_CHARS_PER_TOKEN, len("What is 2 + 2?")]
-    t = time.perf_counter()
-    reference_ids(tiny, [huge], 512)  # the old way: the whole 2 MB through the tokenizer
-    whole_s = time.perf_counter() - t
-    assert cut_s < whole_s / 10, (cut_s, whole_s)
+    # the tokenizer never saw the 2 MB, only the first 512 tokens' worth of characters
+    assert seen[:2] == [512 * MAX_CHARS_PER_TOKEN, len("What is 2 + 2?")] and seen[-1] == 512 * MAX_CHARS_PER_TOKEN
 
 
 def test_training_and_serving_cut_the_same_way(tiny, tmp_path):

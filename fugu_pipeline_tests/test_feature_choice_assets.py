@@ -57,6 +57,7 @@ def materialize(proj, keys: list[str], heads_config: dict | None = None) -> None
     assert res.success
 
 
+@pytest.mark.slow
 def test_router_heads_chooses_layer_sets_like_fugu_lite_train(proj, capsys):
     # the matrix and its embeddings by the main job, then router_heads with the layer settings as its
     # config (what `fugu-lite pipeline --layer-sets` passes it; the flag itself is the next test's)
@@ -130,7 +131,7 @@ def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_feat
         served = router.encoder.encode(test.prompts, list(test.domains))
         texts = router.encoder.settings.format(test.prompts, list(test.domains))
         assert_vector_parity(served, test.features, router.encoder.resolved_dtype,
-                             lambda: encoder_batch_invariance(router.encoder, texts), skip=False)
+                             lambda: encoder_batch_invariance(router.encoder, texts))
         routes = [d.worker_id for d in router.route_batch(test.prompts, list(test.domains))]
         # the asset wrote the budget calibration beside it: the promoted head routes under a cap
         from fugu_pipeline.route.budget import Budget
@@ -152,15 +153,17 @@ def test_a_head_on_other_layers_is_evaluated_promoted_and_served_on_its_own_feat
     # a later run on the pipeline's own features: the king (layers [-1, 1]) is scored in the contest,
     # on its features, not skipped as "other features"
     (proj / "configs" / "promotion.yaml").write_text("gates:\n  rate_limit_s: 0\n")  # a second attempt today
-    # (the heads, their report and the promotion: the SFT, RL and CMA-ES challengers are the first run's)
+    # (the heads, the cascade that competes with them, their reports and the promotion: the SFT, RL and
+    # CMA-ES challengers are the first run's)
     capsys.readouterr()
-    materialize(proj, ["router_heads", "eval_report_heads", "promoted_router"])
+    materialize(proj, ["router_heads", "router_cascade", "eval_report_heads", "eval_report_cascade", "promoted_router"])
     last = [json.loads(line) for line in (proj / "models" / "promoted" / "history.jsonl").read_text().splitlines()][-1]
     text = "\n".join(last["reasons"])
     assert "other features" not in text and "cannot be scored" not in text, text
     assert last.get("contest") and last["contest"]["king"] is not None, last
 
 
+@pytest.mark.slow
 def test_bad_layer_sets_are_refused_before_any_work(proj, capsys):
     assert main(["pipeline", "--project-dir", str(proj), "--encoder", "tiny", "--layer-sets", "-1", "top"]) == 2
     assert "--layer-sets 'top'" in capsys.readouterr().err
@@ -234,6 +237,7 @@ def test_an_interrupted_layer_sets_pass_keeps_its_finished_chunks(tmp_path, monk
     assert embed_layer_sets(PROMPTS, None, sets, tmp_path, chunk_size=8) == len(set(PROMPTS)) - 8
 
 
+@pytest.mark.slow
 def test_fugu_lite_train_encodes_layer_sets_in_one_pass(proj, capsys):
     with (proj / "configs" / "train.yaml").open("a") as fh:  # the encoder's passes are checked, not the heads: the
         fh.write(ONE_POINT_HEADS)                            # smallest grid (the flags below set the features)

@@ -2,8 +2,8 @@
 the batch file to the promoted router materializes through Dagster, each produces what it says
 (the harness too: every baseline row and the composite with its terms in the eval_report_*
 metadata, promotion decided through the gates, the triage head trained and reported), a badly
-named batch file is refused without stopping the rest, and a second run the same day resumes:
-nothing called or encoded again, and its promotion attempt is refused by the rate limit."""
+named batch file is refused without stopping the rest, and a second run with nothing changed skips
+every step as fresh: nothing called, encoded, trained or promoted again."""
 
 import json
 import os
@@ -108,9 +108,10 @@ def test_main_job_materializes_every_asset_and_resumes(project):
         checkpoints["heads"] = selected
         # the mock pool answers like real models: a cascade over the replies is fitted, chosen out of
         # fold against the one-shot heads and the best worker, and beats the one-shot head on held-out
-        cascade = json.loads((Path(heads["cascade"]) / "manifest.json").read_text())
-        assert heads["policy"] == "cascade" and cascade["metrics"]["selection"]["selected_kind"] == "cascade"
-        crep = json.loads(Path(heads["cascade_report"]).read_text())
+        fitted = latest(instance, "router_cascade")  # a node of its own, against the heads of router_heads
+        cascade = json.loads((Path(fitted["cascade"]) / "manifest.json").read_text())
+        assert fitted["policy"] == "cascade" and cascade["metrics"]["selection"]["selected_kind"] == "cascade"
+        crep = json.loads(Path(latest(instance, "eval_report_cascade")["report"]).read_text())
         assert crep["n_tasks"] == report["n_tasks"] and len(crep["per_domain"]) == 3
         vs = next(iter(crep["baselines"].values()))["cascade_minus_utility"]
         assert vs["mean"] > 0, crep["baselines"]
@@ -134,7 +135,7 @@ def test_main_job_materializes_every_asset_and_resumes(project):
         assert promo["promoted"] is True and pointer is not None
         # the cascade enters the same contest as the one-step heads; best on validation, it is the
         # challenger, and (nothing promoted yet) beats the best worker with a significant gain
-        assert pointer_target(project / "models", pointer).resolve() == Path(heads["cascade"]).resolve()
+        assert pointer_target(project / "models", pointer).resolve() == Path(fitted["cascade"]).resolve()
         history = (project / "models" / "promoted" / "history.jsonl").read_text().splitlines()
         assert not illegible_metadata(instance)  # every figure rounded, every file a path value, on every asset page
         # a training loop's epoch lines reach the run log as blocks, not an event (a database commit) a line
@@ -148,13 +149,14 @@ def test_main_job_materializes_every_asset_and_resumes(project):
     decision = load_promoted(project / "models", device="cpu").route("What is 2 + 40?", domain="math")
     assert decision.worker_id in workers and decision.score_kind == "cascade_plan"  # route runs the promoted cascade
 
-    # the main command again, the same day: every step resumes (no call, no encoding), and the
-    # promotion attempt is refused by the rate limit (one a day), recorded but not counted as an attempt
+    # the main command again, nothing changed: every step is fresh and skipped, saying since which run
+    # (no call, no encoding, no training, no promotion attempt); the summary shows the figures kept
     again = run_main_job(project)
-    assert all("called 0," in line for line in again.splitlines() if line.strip().startswith("responses["))
-    assert "embeddings: 0 encoded" in again and "promotion: no change" in again
-    assert "FAIL rate limit: 'pipeline' made an attempt at" in again
+    labels = ["tasks[sample]", *(f"responses[sample|{w}]" for w in workers), "reward_matrix", *DOWNSTREAM]
+    steps = {line.split()[0]: line for line in again.splitlines() if line.startswith("  ") and line.split()[0] in labels}
+    assert set(steps) == set(labels), again
+    assert all("skipped, fresh: " in line and "unchanged since run " in line for line in steps.values()), again
+    assert "embeddings: none encoded" in again and "promotion: not tried again, no challenger changed" in again
     assert "composite" in again and "cross-fit oracle" in again and "triage: domain accuracy" in again
     assert read_pointer(project / "models")["checkpoint"] == pointer["checkpoint"]
-    after = (project / "models" / "promoted" / "history.jsonl").read_text().splitlines()
-    assert len(after) >= len(history) and json.loads(after[-1])["rate_limited"] is True
+    assert (project / "models" / "promoted" / "history.jsonl").read_text().splitlines() == history

@@ -14,6 +14,7 @@ import dagster as dg
 import pytest
 
 from fugu_pipeline.defs.assemble import build_defs
+from fugu_pipeline.matrix import read as matrix_read
 from fugu_pipeline.matrix.read import read_arrays
 from fugu_pipeline_tests.conftest import REPO, write_jsonl
 
@@ -61,18 +62,17 @@ def holder(small_project):
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_checks_and_reading_steps_go_on_while_a_user_holds_the_matrix(small_project, holder, caplog, monkeypatch):
     monkeypatch.setenv("FUGU_DUCKDB_LOCK_WAIT_S", "1")
     defs = build_defs(str(small_project), "configs/workers.mock.yaml", "tiny")
     job = defs.resolve_implicit_global_asset_job_def()
     checks = [dg.AssetCheckKey(dg.AssetKey("reward_matrix"), n) for n in ("cells_complete", "worker_order_fixed", "no_nan", "learning_signal")]
     with dg.instance_for_test() as instance:
-        t0 = time.monotonic()
         res = job.get_subset(asset_selection=set(), asset_check_selection=set(checks)).execute_in_process(instance=instance)
         evals = {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
                  for e in res.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
         assert evals == {"cells_complete": True, "worker_order_fixed": True, "no_nan": True, "learning_signal": True}
-        assert time.monotonic() - t0 < 120
         res = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("task_embeddings")])
         assert res.get_asset_materialization_events()[0].materialization.metadata["n_prompts"].value == 30
     said = [r.getMessage() for r in caplog.records if r.name.startswith("fugu_pipeline")]
@@ -81,13 +81,15 @@ def test_checks_and_reading_steps_go_on_while_a_user_holds_the_matrix(small_proj
     assert holder.poll() is None  # the user's session was left alone
 
 
+@pytest.mark.slow
 def test_a_lock_released_within_the_wait_is_simply_waited_for(small_project, holder, monkeypatch):
     monkeypatch.setenv("FUGU_DUCKDB_LOCK_WAIT_S", "30")
+    monkeypatch.setattr(matrix_read, "_open_snapshot", lambda *a: pytest.fail("read a snapshot copy instead of waiting"))
     db = small_project / "data" / "reward_matrix.duckdb"
     threading.Timer(1.0, holder.kill).start()  # the user closes the session a second later
     t0 = time.monotonic()
     assert len(read_arrays(db).task_ids) == 30
-    assert 0.5 < time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 > 0.5  # it met the lock and waited for its release
 
 
 @pytest.mark.slow

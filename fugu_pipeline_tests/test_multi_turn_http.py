@@ -145,10 +145,10 @@ def test_validate_of_a_coordinator_pack_against_http_workers(project, checkpoint
                  str(project / "data" / "ledger" / "costs.jsonl")]) == 0
     capsys.readouterr()
     before = sum(stub.successes.values())
-    assert main(["validate", "--challenger", "pack", "--project-dir", str(host), "--workers", "configs/workers.http.yaml",
-                 "--encoder", "tiny", "--device", "cpu", "--policy", "lenient.yaml"]) in (0, 1)
+    code = main(["validate", "--challenger", "pack", "--project-dir", str(host), "--workers", "configs/workers.http.yaml",
+                 "--encoder", "tiny", "--device", "cpu", "--policy", "lenient.yaml"])
     out = capsys.readouterr().out
-    assert "worker calls this run:" in out and ("PROMOTED" in out or "REFUSED" in out), out
+    assert code == 0 and "worker calls this run:" in out and "PROMOTED" in out, out  # the lenient policy, no king
     assert sum(stub.successes.values()) > before
 
 

@@ -46,13 +46,13 @@ def one_line(capsys, argv: list[str], rc: int = 2) -> str:
 def test_a_cap_no_cascade_point_meets_says_the_cap_once_and_one_that_works(cascade, capsys):
     """Before: `cap cap 1% of the strongest worker's cost ...; raise the cap` (to what, it did not say)."""
     route = ["route", "--checkpoint", str(cascade), "--device", "cpu", "--prompt", "What is 3 + 4?"]
-    line = one_line(capsys, [*route, "--budget-share", "0.01"])
+    line = one_line(capsys, [*route, "--cap", "share=0.01"])
     assert line.startswith("fugu-lite route: cap 1% of the strongest worker's cost") and "cap cap" not in line, line
     share = re.search(r"a share of at least ([0-9.]+)", line)
     usd = re.search(r"or \$([0-9.]+) per 1,000 requests$", line)
     assert share and usd, line
-    assert main([*route, "--budget-share", share.group(1)]) == 0  # the cap it names is met
-    assert main([*route, "--budget-usd-per-1k", usd.group(1)]) == 0
+    assert main([*route, "--cap", f"share={share.group(1)}"]) == 0  # the cap it names is met
+    assert main([*route, "--cap", f"usd_per_1k={usd.group(1)}"]) == 0
     capsys.readouterr()
 
 

@@ -7,8 +7,11 @@ README's and getting started's `fugu-lite pipeline --encoder tiny`: their block 
 then, for each page, runs the page's ```bash blocks in order in a copy of that folder: one shell
 state per page (exported variables and the working folder carry from one block to the next), every
 unmarked block must exit 0. Servers (`serve`, `dagster dev`, `mkdocs serve`) start in the
-background, are probed on loopback and stopped when the page is done. On 2 cores the whole file
-takes about two and a half minutes, most of it the main job and the servers' start-up.
+background on free ports the test picks (never the docs' own 8080, 3000, 8000: a reader may be using
+them; `page_commands.with_ports`), are probed on loopback and stopped when the page is done. On 2
+cores the whole file takes about two and a half minutes, most of it the main job and the servers'
+start-up. No block is timed: one still running after `BLOCK_TIMEOUT_S` (far beyond any block's
+time on a loaded machine) is a stuck one, and the failure names its page and line.
 
 The quick tests check the markers, that every command calls the project's programs through
 `.venv/bin/` the same way, and that no page speaks of history or paths a user does not have.
@@ -31,14 +34,24 @@ import httpx
 import pytest
 
 from fugu_pipeline_tests.conftest import REPO
-from fugu_pipeline_tests.page_commands import MAIN_JOB, bare_programs, blocks, pages, stray_marks
+from fugu_pipeline_tests.page_commands import (
+    MAIN_JOB,
+    bare_programs,
+    blocks,
+    page_ports,
+    pages,
+    stray_marks,
+    with_ports,
+    with_server_port,
+)
 
 PAGES = pages(REPO)
 # pages with a block to run (an unmarked or a background one); a page whose blocks are all marked
 # skip or same-as has nothing to run
 RUN_PAGES = [p for p in PAGES if any(b.lang == "bash" and b.mark in (None, "background") for b in blocks(REPO, p))]
-BLOCK_TIMEOUT_S = 180
-SERVER_START_S = 90
+# what finds a stuck block or server, never what decides a slow one: far beyond their times on a loaded machine
+BLOCK_TIMEOUT_S = 1200
+SERVER_START_S = 600
 
 
 def test_every_marker_sits_before_a_bash_block_and_says_why():
@@ -116,29 +129,53 @@ def project(tmp_path_factory):
             shutil.copy2(src, root / rel)
     (root / ".venv").symlink_to(venv)
     t0 = time.monotonic()
-    main = _bash(MAIN_JOB, root, 600)
+    main = _bash(MAIN_JOB, root, BLOCK_TIMEOUT_S)
     assert main.returncode == 0, f"{MAIN_JOB} exited {main.returncode}:\n{main.stdout[-3000:]}\n{main.stderr[-3000:]}"
     print(f"main job in {time.monotonic() - t0:.1f}s")
     return root
 
 
-def _port_free(url: str) -> bool:
-    u = urlparse(url)
+def _free_port() -> int:
     with socket.socket() as s:
-        return s.connect_ex((u.hostname, u.port or 80)) != 0
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def _wait_up(url: str, proc: subprocess.Popen, log: Path) -> None:
+def test_every_server_a_page_starts_can_be_moved_to_a_free_port():
+    """The page test runs each background server on a port it picks: the block's command must be one
+    whose port it knows how to set, and no loopback URL of the page may keep a docs' port."""
+    bad = []
+    for p in PAGES:
+        page = blocks(REPO, p)
+        ports = {old: 50000 + i for i, old in enumerate(page_ports(page))}
+        for b in page:
+            if b.mark == "background":
+                try:
+                    with_server_port(with_ports(b.text, ports), ports[urlparse(b.arg).port or 80])
+                except ValueError as exc:
+                    bad.append(f"{b.where}: {exc}")
+            if b.lang == "bash" and b.mark in (None, "background"):
+                left = [old for old in ports if re.search(rf"(127\.0\.0\.1|localhost):{old}\b", with_ports(b.text, ports))]
+                if left:
+                    bad.append(f"{b.where}: port(s) {left} left in the block")
+    assert not bad, "\n".join(bad)
+    moved = with_server_port(with_ports("curl http://127.0.0.1:8080/v1; .venv/bin/fugu-lite serve --workers w.yaml",
+                                        {8080: 50001}), 50001)
+    assert moved == "curl http://127.0.0.1:50001/v1; .venv/bin/fugu-lite serve --port 50001 --workers w.yaml"
+    assert with_server_port(".venv/bin/mkdocs serve  # here", 5) == ".venv/bin/mkdocs serve --dev-addr 127.0.0.1:5  # here"
+
+
+def _wait_up(url: str, proc: subprocess.Popen, log: Path, where: str) -> None:
     deadline = time.monotonic() + SERVER_START_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"the server exited {proc.returncode} before {url} answered:\n{log.read_text()[-3000:]}")
+            pytest.fail(f"{where}: the server exited {proc.returncode} before {url} answered:\n{log.read_text()[-3000:]}")
         try:
-            httpx.get(url, timeout=2)  # any HTTP answer: up (a 401 without the token is up too)
+            httpx.get(url, timeout=10)  # any HTTP answer: up (a 401 without the token is up too)
             return
         except httpx.HTTPError:
             time.sleep(0.3)
-    pytest.fail(f"{url} did not answer within {SERVER_START_S}s:\n{log.read_text()[-3000:]}")
+    pytest.fail(f"{where}: stuck: {url} did not answer within {SERVER_START_S}s:\n{log.read_text()[-3000:]}")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -166,31 +203,33 @@ def test_the_pages_commands_run_as_written(page, project, tmp_path):
     where.write_text(str(work))
     servers: list[subprocess.Popen] = []
     ran, t0 = [], time.monotonic()
+    page_blocks = blocks(REPO, page)
+    ports = {old: _free_port() for old in page_ports(page_blocks)}  # never the docs' own ports
     try:
-        for b in blocks(REPO, page):
+        for b in page_blocks:
             if b.lang != "bash" or b.mark in ("skip", "same-as"):
                 continue
+            text = with_ports(b.text, ports)
             if b.text.strip() == MAIN_JOB:  # the shared run (the fixture ran this very command)
                 ran.append(f"{b.where} (the shared main job)")
                 continue
             t1 = time.monotonic()
             prelude = f'cd "$(cat {where})"; [ -f {state} ] && source {state}; set -e\n'
             if b.mark == "background":
-                if not _port_free(b.arg):
-                    pytest.skip(f"{b.where}: {urlparse(b.arg).netloc} is taken on this machine; its server cannot start")
+                url = with_ports(b.arg, ports)
                 log = tmp_path / f"server-{b.line}.log"
                 with open(log, "w") as out:
-                    proc = subprocess.Popen(["bash", "-c", prelude + b.text], cwd=work, env=_env(), stdout=out,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+                    proc = subprocess.Popen(["bash", "-c", prelude + with_server_port(text, ports[urlparse(b.arg).port or 80])],
+                                            cwd=work, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
                 servers.append(proc)
-                _wait_up(b.arg, proc, log)
-                ran.append(f"{b.where} (background, {b.arg} answered after {time.monotonic() - t1:.1f}s)")
+                _wait_up(url, proc, log, b.where)
+                ran.append(f"{b.where} (background, {url} answered after {time.monotonic() - t1:.1f}s)")
                 continue
-            script = prelude + b.text + f"\nexport -p > {state}; pwd > {where}\n"
+            script = prelude + text + f"\nexport -p > {state}; pwd > {where}\n"
             try:
                 r = _bash(script, work, BLOCK_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                pytest.fail(f"{b.where}: still running after {BLOCK_TIMEOUT_S}s:\n{b.text}")
+                pytest.fail(f"{b.where}: stuck: still running after {BLOCK_TIMEOUT_S}s:\n{text}")
             assert r.returncode == 0, (f"{b.where}: exit {r.returncode}\n--- block\n{b.text}\n--- stdout\n"
                                        f"{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}")
             ran.append(f"{b.where} {time.monotonic() - t1:.1f}s")

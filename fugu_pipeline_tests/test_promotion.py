@@ -335,7 +335,7 @@ def test_no_pointer_is_a_clear_error(tmp_path):
 
 def test_the_asset_config_and_the_core_policy_share_their_defaults(tmp_path):
     from fugu_pipeline.defs.harness import policy_for
-    from fugu_pipeline.defs.models import PromotionConfig
+    from fugu_pipeline.defs.reports import PromotionConfig
     from fugu_pipeline.defs.resources import PipelineResource
     from fugu_pipeline.evaluate.promotion import load_policy
     from fugu_pipeline_tests.conftest import REPO

@@ -54,6 +54,10 @@ def test_pipeline_with_roles_trains_reports_and_promotes_then_resumes(tmp_path, 
     assert (read_pointer(project / "models", ROLES_POINTER) is not None) == report["promoted"]
 
     again = run_pipeline(project, "configs/workers.mock-roles.yaml", encoder="tiny", roles=True, echo=quiet)
+    assert {"router_roles", "eval_report_roles"} <= set(again.fresh)  # nothing changed: skipped, nothing called
+    shutil.rmtree(next(ckpt.iterdir()))  # its checkpoint gone: trained again, every session replayed from the store
+    again = run_pipeline(project, "configs/workers.mock-roles.yaml", encoder="tiny", roles=True, echo=quiet)
+    assert "router_roles" not in again.fresh
     assert again["router_roles"]["worker_calls_this_run"] == {}  # replayed from the trajectory store
     assert again["router_roles"]["checkpoint"] == trained["checkpoint"]  # same seed, same checkpoint
     assert len(list(ckpt.iterdir())) == 1

@@ -158,6 +158,7 @@ def test_one_step_router_refuses_a_roles_checkpoint(models):
         Router.load(models[1], device="cpu")
 
 
+@pytest.mark.slow
 def test_fugu_lite_ask_multi_turn(models, stub, tmp_path):
     workers = tmp_path / "workers.yaml"
     workers.write_text(yaml.safe_dump(stub_workers_config(stub.openai_url).model_dump(mode="json")))
@@ -245,6 +246,7 @@ def test_no_committed_answer_is_an_error_not_a_200_with_a_plan(models, planner_o
         srv.stop()
 
 
+@pytest.mark.slow
 def test_fugu_lite_ask_without_a_committed_answer_exits_nonzero(planner_only, stub, tmp_path):
     workers = tmp_path / "workers.yaml"
     workers.write_text(yaml.safe_dump(stub_workers_config(stub.openai_url).model_dump(mode="json")))

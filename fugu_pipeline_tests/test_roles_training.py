@@ -91,6 +91,7 @@ def small_run(tmp_path_factory, encoder):
 # --------------------------------------------------------------------------- reproducibility and resuming
 
 
+@pytest.mark.slow
 def test_same_seed_same_checkpoint_bytes_and_a_rerun_calls_nothing(tmp_path, encoder, small_run):
     cfg = RolesConfig(**SMALL)
     a, calls_a, store_a = small_run
@@ -141,6 +142,7 @@ print("FINISHED", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_killed_training_resumes_without_calling_stored_trajectories_again(tmp_path, encoder, small_run):
     cfg = RolesConfig(**SMALL)
     full, calls_full, uninterrupted = small_run  # the uninterrupted run
@@ -201,6 +203,7 @@ def test_roles_checkpoint_round_trip_and_weight_sanity(tmp_path, encoder, small_
         save_checkpoint(tmp_path / "m2", "roles", "roles_linear", bad, fields)
 
 
+@pytest.mark.slow
 def test_svf_adapter_head_has_tinyrouters_shape_and_changes_the_features(tmp_path, encoder):
     from fugu_pipeline.session.featurize import TranscriptFeaturizer
     from fugu_pipeline.session.transcript import HeadInput
@@ -289,6 +292,7 @@ def test_coordinator_delegates_where_it_helps_and_stops_at_one_turn_where_it_onl
     assert rep["paired"]["coordinator_vs_best_fixed"]["reward"]["mean"] > 0  # worth its turns overall
 
 
+@pytest.mark.slow
 def test_uniform_start_that_nothing_beats_still_saves(tmp_path, encoder):
     """init: uniform (the all-zero start) on a pool where every answer is wrong and turns are free:
     no generation beats generation 0 on validation. Before: the kept head was the zero head, and

@@ -59,10 +59,10 @@ def test_a_cost_weight_the_head_cannot_use_is_refused_not_ignored(trained, kind,
     code, _ = route(trained[kind], "--cost-weight", "50")
     err = capsys.readouterr().err
     assert code == 2, "the route of no flag was given as if the cost weight had been applied"
-    assert f"--cost-weight: head kind {kind!r} has no cost term" in err and "--budget-share" in err
+    assert f"--cost-weight: head kind {kind!r} has no cost term" in err and "--cap share=" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     # what the message points to works on the same checkpoint
-    code, d = route(trained[kind], "--budget-share", "0.5")
+    code, d = route(trained[kind], "--cap", "share=0.5")
     assert code == 0 and d["score_kind"] == "predicted_quality_minus_cost" and d["budget"]["met_on_validation"]
 
 

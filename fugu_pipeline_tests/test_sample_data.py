@@ -20,6 +20,7 @@ def workdir(tmp_path, monkeypatch):
     return short_training(tmp_path)
 
 
+@pytest.mark.slow
 def test_sample_data_writes_routing_rows_with_replies_that_import_and_train(workdir, capsys):
     assert main(["sample-data", "--limit", "120"]) == 0  # the defaults: the mock pool over the shipped sample
     out = workdir / "data" / "sample"

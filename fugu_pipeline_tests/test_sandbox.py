@@ -79,22 +79,19 @@ def test_all_humaneval_canonical_solutions_pass(data_dir: Path) -> None:
 
 
 def test_infinite_loop_times_out() -> None:
-    start = time.monotonic()
     r = run_untrusted("while True:\n    pass\n", "", Limits(timeout_s=2))
-    assert (r.passed, r.reason) == (False, "timeout")
-    assert time.monotonic() - start < 30  # bounded (the sandbox's own start is not in the 2 s)
+    assert (r.passed, r.reason, r.detail) == (False, "timeout", "wall clock limit 2s")
     _assert_nothing_left(r)
 
 
 def test_cpu_limit_stops_a_busy_loop_before_the_wall_clock() -> None:
     r = run_untrusted("while True:\n    pass\n", "", Limits(timeout_s=20, cpu_s=1))
-    assert (r.passed, r.reason) == (False, "timeout") and "CPU" in r.detail
-    assert r.seconds < 15
+    assert (r.passed, r.reason) == (False, "timeout") and "CPU" in r.detail  # not the 20 s wall clock
 
 
 def test_sleep_is_stopped_by_the_wall_clock() -> None:
     r = run_untrusted("import time\ntime.sleep(60)\n", "", Limits(timeout_s=1))
-    assert (r.passed, r.reason) == (False, "timeout") and r.seconds < 30
+    assert (r.passed, r.reason, r.detail) == (False, "timeout", "wall clock limit 1s")
 
 
 def _slow_python(tmp_path: Path, delay_s: float) -> str:
@@ -112,7 +109,7 @@ def test_the_wall_clock_starts_after_the_sandbox_is_set_up(tmp_path: Path) -> No
     r = run_untrusted("x = 1", "assert x == 1", Limits(timeout_s=1), python=slow)
     assert r.passed and r.seconds >= 2, r
     r = run_untrusted("import time\ntime.sleep(60)", "", Limits(timeout_s=1), python=slow)
-    assert (r.passed, r.reason, r.detail) == (False, "timeout", "wall clock limit 1s") and r.seconds < 30
+    assert (r.passed, r.reason, r.detail) == (False, "timeout", "wall clock limit 1s")
 
 
 def test_a_sandbox_that_cannot_start_is_an_error_not_the_answers_timeout(
@@ -120,8 +117,7 @@ def test_a_sandbox_that_cannot_start_is_an_error_not_the_answers_timeout(
 ) -> None:
     monkeypatch.setattr(sandbox_module, "SETUP_LIMIT_S", 1.0)
     r = run_untrusted("x = 1", "", Limits(timeout_s=30), python=_slow_python(tmp_path, 5))
-    assert (r.passed, r.reason) == (False, "error") and "setting up" in r.detail, r
-    assert r.seconds < 5
+    assert (r.passed, r.reason) == (False, "error") and "setting up" in r.detail, r  # not the answer's 30 s
 
 
 def test_bounded_fork_bomb_is_capped_and_killed() -> None:
@@ -130,10 +126,8 @@ def test_bounded_fork_bomb_is_capped_and_killed() -> None:
         "import os, sys, time\nfor _ in range(8):\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
         "print('alive', flush=True)\ntime.sleep(60)\n"
     )
-    start = time.monotonic()
     r = run_untrusted(code, "", Limits(timeout_s=3, max_processes=8))
-    assert (r.passed, r.reason) == (False, "timeout")
-    assert time.monotonic() - start < 8
+    assert (r.passed, r.reason, r.detail) == (False, "timeout", "wall clock limit 3s")
     assert 1 <= r.stdout_tail.count("alive") <= 8  # RLIMIT_NPROC held the tree at 8 processes
     _assert_nothing_left(r)
 
@@ -281,7 +275,8 @@ def test_audit_hook_fallback_blocks_sockets() -> None:
     assert "blocked sandbox: socket." in out.stdout, out
 
 
-@pytest.mark.skipif(not ROOT or not shutil.which("setpriv"), reason="needs root and setpriv to run as another user")
+@pytest.mark.skipif(not ROOT or not shutil.which("setpriv") or not shutil.which("unshare"),
+                    reason="needs root and setpriv to run as another user, and unshare to ask what it may isolate")
 def test_non_root_mode_uses_a_user_namespace() -> None:
     """The same module run by an unprivileged user (as on a developer's machine)."""
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -310,7 +305,13 @@ def test_non_root_mode_uses_a_user_namespace() -> None:
     reason, isolation, _tail = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"\nnon-root isolation: {isolation}")
     assert reason == "failed"
-    assert "netns" in isolation or "audit-hook(best-effort)" in isolation
+    # what this machine gives that user: a user namespace (and in it a network namespace), else the audit hook
+    userns = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "-Un", "true"],
+                            capture_output=True, timeout=60).returncode == 0
+    if userns:
+        assert {"userns", "netns"} <= set(isolation) and "audit-hook(best-effort)" not in isolation, isolation
+    else:
+        assert "audit-hook(best-effort)" in isolation and "netns" not in isolation, isolation
 
 
 def test_project_and_data_folders_are_hidden() -> None:

@@ -7,7 +7,6 @@ import os
 import shutil
 import socket
 import tempfile
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -73,12 +72,11 @@ def test_regex_catastrophic_backtracking_is_bounded_and_off_the_loop(monkeypatch
         t = asyncio.create_task(ticker())
         with pytest.raises(ValueError, match="catastrophic backtracking"):
             await grade(task, "a" * 40 + "b")
+        during = ticks  # the event loop went on while the regex was graded
         await t
-        return ticks
+        return during
 
-    start = time.monotonic()
-    assert asyncio.run(both()) == 5
-    assert time.monotonic() - start < 5
+    assert asyncio.run(both()) >= 1
 
 
 class _Judge:
@@ -205,12 +203,12 @@ def test_fallback_says_so_in_the_grade_detail(fallback, monkeypatch):
 
 
 def test_looping_boxed_reply_is_graded_in_linear_time():
-    """A reply stuck repeating `\\boxed{` (2,000 of them took ~0.8 s, 20,000 minutes) on the event loop."""
+    """A reply stuck repeating `\\boxed{` (2,000 of them took ~0.8 s, 20,000 minutes) on the event loop.
+    100,000 of them: a quadratic scan would run for over half an hour, past the suite's timeout, which
+    names this test; the linear one takes about a second."""
     from fugu_pipeline.tasks.answers import boxed_contents
 
     assert boxed_contents(r"a \boxed{\frac{1}{2}} b \fbox {3} } { \boxed{4 } \boxed{5") == [r"\frac{1}{2}", "3", "4"]
     task = _task({"type": "numeric"}, "7")
-    start = time.monotonic()
-    assert grade_local(task, "\\boxed{" * 6000).quality == 0.0
-    assert grade_local(task, "\\boxed{" * 3000 + "7" + "}" * 3000).quality == 1.0
-    assert time.monotonic() - start < 1.0
+    assert grade_local(task, "\\boxed{" * 100_000).quality == 0.0
+    assert grade_local(task, "\\boxed{" * 50_000 + "7" + "}" * 50_000).quality == 1.0

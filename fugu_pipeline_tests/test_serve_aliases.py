@@ -39,9 +39,9 @@ def checkpoint(tmp_path_factory):
     melt(routerbench_like(150)).write_parquet(root / "calls.parquet")
     at = lambda name: str(root / name)  # noqa: E731
     assert main(["import", "long", at("calls.parquet"), "--output", at("r.jsonl"), "--id-column", "sample_id",
-                 "--domain-column", "eval_name", "--cost-column", "cost"]) == 0
+                 "--domain-column", "eval_name", "--cost-column", "cost", "--ledger", at("costs.jsonl")]) == 0
     assert main(["train", "--data", at("r.jsonl"), "--workers", at("configs/reward.quality.yaml"), "--encoder", "tiny",
-                 "--output", at("models"), "--layer-sets", "off"]) == 0
+                 "--output", at("models"), "--layer-sets", "off", "--work-dir", at("imports"), "--cache-dir", at("emb")]) == 0
     return next(p.parent for p in (root / "models").glob("knn/*/manifest.json"))
 
 

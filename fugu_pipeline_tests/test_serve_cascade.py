@@ -106,6 +106,7 @@ def test_a_cascade_is_not_loaded_as_a_one_step_router(cascade):
     assert isinstance(load_router(cascade, device="cpu"), CascadeRouter)
 
 
+@pytest.mark.slow
 def test_route_and_ask_run_the_cascade(cascade, stub, tmp_path, capsys):
     from fugu_pipeline.cli import main
 
@@ -138,3 +139,42 @@ def test_the_multi_turn_report_baseline_runs_the_cascade_on_the_fixed_workers_re
     got = cascade_over_single_turns(load_router(cascade, device="cpu"), tasks, replies)
     assert got["quality"].tolist() == [1.0, 1.0] and got["calls"].tolist() == [2, 3]
     assert got["cost_usd"].tolist() == pytest.approx([0.002, 0.003])
+
+
+def test_metrics_count_where_each_cascade_stopped(client):
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def stops() -> dict[str, float]:
+        text = httpx.get(str(client.base_url).removesuffix("/v1/") + "/metrics").text
+        return {s.labels["step"]: s.value for f in text_string_to_metric_families(text)
+                if f.name == "fugu_cascade_stops" for s in f.samples if s.name.endswith("_total")}
+
+    before = stops()
+    _ask(client, AGREE)  # step 1: the cheap workers agree
+    _ask(client, SPLIT)  # step 2: gamma
+    after = stops()
+    assert after.get("1", 0) - before.get("1", 0) == 1 and after.get("2", 0) - before.get("2", 0) == 1
+
+
+def test_a_refused_key_on_a_cascade_step_falls_back_and_keeps_the_connection(cascade, stub):
+    """A worker answering 401 made the cascade answer 500 `internal server error: FatalWorkerError`,
+    and the server closed the connection: the client's next request on it was reset."""
+    app = create_app(load_router(cascade, device="cpu"), stub_workers_config(stub.openai_url), batch_window_ms=2,
+                     auth_cooldown_s=0)
+    srv = ServerThread(app)
+    ports = []
+    http = openai.DefaultHttpxClient(event_hooks={"response": [
+        lambda r: ports.append(r.extensions["network_stream"].get_extra_info("client_addr")[1])]})
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=60, http_client=http)
+    try:
+        stub.set_fault("http", model="stub/alpha", status=401)
+        r = _ask(c, AGREE)
+        stub.clear_faults()
+        info = r.model_extra["fugu_lite"]
+        assert info["served_by"] in ("beta", "gamma") and info["fallback_errors"][0]["status"] == 401
+        assert _ask(c, AGREE).model_extra["fugu_lite"]["served_by"] == "alpha"
+        assert len(ports) == 2 and ports[0] == ports[1]  # the same connection answered both
+    finally:
+        stub.clear_faults()
+        srv.stop()

@@ -25,6 +25,7 @@ def setup(tmp_path_factory):
         yield root
 
 
+@pytest.mark.slow
 def test_serve_with_token_and_torch_threads_flags(setup):
     log = setup / "serve.log"
     proc, url = start(["--models-dir", str(setup / "models"), "--workers", str(setup / "workers.yaml"),
@@ -46,6 +47,7 @@ def test_serve_with_token_and_torch_threads_flags(setup):
     assert "cli-secret-token" not in text
 
 
+@pytest.mark.slow
 def test_serve_defaults_to_one_torch_thread_and_takes_the_token_from_the_environment(setup):
     log = setup / "serve-env.log"
     proc, url = start(["--models-dir", str(setup / "models"), "--workers", str(setup / "workers.yaml"),

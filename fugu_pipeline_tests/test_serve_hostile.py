@@ -254,8 +254,8 @@ def test_waiting_for_a_worker_slot_is_queue_time_not_worker_time(models, stub):
     finally:
         srv.stop()
     for k, info in enumerate(infos):  # one at a time through the single slot: 0, 1 and 2 calls to wait for
-        # the last waited >= 360 ms: counted as worker time, its upstream_ms would pass 550 (slack for a loaded host)
-        assert 190 <= info["upstream_ms"] < 550, info
+        # the last waited >= 360 ms: counted as worker time, its overhead_ms would fall below its queue_ms
+        assert info["upstream_ms"] >= 190, info
         assert info["queue_ms"] >= 180 * k, info
         assert info["overhead_ms"] >= info["queue_ms"] and info["latency_ms"] >= info["upstream_ms"] + info["queue_ms"]
 
@@ -294,8 +294,8 @@ def test_a_busy_serving_loop_is_booked_as_overhead_not_as_worker_time(models, st
         info = fugu(asyncio.run(main()))
     finally:
         srv.stop()
-    assert 140 <= info["upstream_ms"] < 400, info
-    assert info["latency_ms"] >= 550 and info["overhead_ms"] >= 300, info
+    assert info["upstream_ms"] >= 140, info
+    assert info["latency_ms"] >= 550 and info["overhead_ms"] >= 300, info  # the blocked 0.6 s is not worker time
 
 
 # --------------------------------------------------------------------------- item 13: the key in 502 bodies and logs
@@ -329,14 +329,17 @@ def test_a_quoted_key_never_reaches_the_502_body_or_the_server_log(models, caplo
     assert not [p for p in pieces if any(p in t for t in texts)]
 
 
-def test_a_wide_body_with_long_keys_is_checked_in_one_pass(server):
+def test_a_wide_body_with_long_keys_is_checked_in_one_pass(server, monkeypatch):
     """Paths are spelled out only for an error: 15,000 values (under the value limit) under a 1 MB
     key cost one pass, not 15,000 copies of the key."""
+    from fugu_pipeline.serve import json_body
+
+    spelled, path_of = [], json_body._path
+    monkeypatch.setattr(json_body, "_path", lambda where: spelled.append(where) or path_of(where))
     body = {"messages": ask("hi"), "x": {"k" * 1_000_000: list(range(15_000))}}
-    t = time.perf_counter()
     r = post(server, json.dumps(body))
     assert r.status_code == 200, r.text
-    assert time.perf_counter() - t < 10
+    assert spelled == []
     bad = {"messages": ask("hi"), "x": {"k" * 1_000_000: [0, "\ud800"]}}
     err = assert_openai_error(post(server, json.dumps(bad)), 400)
-    assert err["param"] == "x." + "k" * 37 + "...[1]"
+    assert err["param"] == "x." + "k" * 37 + "...[1]" and len(spelled) == 1

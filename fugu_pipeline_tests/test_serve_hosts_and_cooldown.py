@@ -87,6 +87,7 @@ def test_the_host_names_a_binding_answers():
     assert host_name("Example.COM.:443") == "example.com" and host_name("x:y") is None
 
 
+@pytest.mark.slow
 def test_fugu_lite_serve_takes_the_allowed_hosts_and_limits_flags(models, stub, tmp_path):
     """As a user runs it: `fugu-lite serve --allowed-host ...` in a subprocess."""
     (tmp_path / "workers.yaml").write_text(yaml.safe_dump(

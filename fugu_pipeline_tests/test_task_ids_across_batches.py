@@ -58,6 +58,7 @@ def failure(result) -> str:
     return result.get_step_failure_events()[0].step_failure_data.error.message
 
 
+@pytest.mark.slow
 def test_a_batch_reusing_a_task_id_is_refused_alone_through_the_sensor(two_batches):
     project, good, dupe = two_batches
     # two of the three mock workers: every responses run of the conflicting batch fails, every other

@@ -53,6 +53,7 @@ def test_two_workers_serve_a_greedy_route_that_is_not_clearly_worse(rule):
         assert report.rule == "pooled" and "fixed by the config" in report.rule_reason
 
 
+@pytest.mark.slow
 def test_evaluate_aligns_reordered_workers_and_refuses_other_ones(trained, tmp_path, capsys):  # noqa: F811
     work, ckpt, common = trained
     rows = [json.loads(x) for x in (work / "r.jsonl").read_text().splitlines()]

@@ -374,10 +374,11 @@ def test_weight_sanity_reports_shape_and_zero(data, sft, tmp_path):
 def test_train_result_metadata(tmp_path, es):
     from fugu_pipeline.defs.training import train_result_metadata
 
-    md = train_result_metadata(es, tmp_path / "ckpt")
+    path = es.save(tmp_path)  # read from the manifest: the same for a checkpoint trained now or kept from a run before
+    md = train_result_metadata(path)
     assert md["curves"].value.startswith("![es training curves](data:image/png;base64,iVBOR")
     assert md["param_count"].value == es.param_count and md["best_epoch"].value == es.best_epoch
-    assert md["checkpoint"].value == str(tmp_path / "ckpt")
+    assert md["checkpoint"].value == str(path)
 
 
 def test_a_training_loops_lines_reach_the_run_log_as_blocks(monkeypatch):

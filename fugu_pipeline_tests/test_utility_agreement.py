@@ -38,6 +38,7 @@ def weighted(project, monkeypatch):
     return project
 
 
+@pytest.mark.slow
 def test_cli_and_assets_report_the_same_utility_from_the_same_worker_yaml(weighted, capsys):
     # the command line: generate -> train-sft -> evaluate, with the worker YAML's weights
     W = ["--workers", "configs/w.yaml"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-DEFAULT_ENCODER = "Qwen/Qwen3-0.6B"
+from fugu_pipeline.settings import settings
 
 
 class CLIError(Exception):
@@ -13,7 +13,22 @@ class CLIError(Exception):
 
 
 def encoder_name(args) -> str:
-    return args.encoder or os.environ.get("FUGU_ENCODER") or DEFAULT_ENCODER
+    return args.encoder or settings().encoder
+
+
+def check_encoder(name: str) -> None:
+    """EncoderLoadError at once, before any paid work, when the encoder cannot be found: 'tiny', a
+    local model folder, or a hub id in the local cache or on the hub (whose config is fetched)."""
+    from fugu_pipeline.features.settings import EncoderLoadError, EncoderSettings
+
+    settings = EncoderSettings(model=name)
+    if settings.check_loadable():
+        return
+    try:
+        settings.hidden_layers()
+    except OSError as exc:  # the hub does not know it (or refuses it)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise EncoderLoadError(f"encoder {name!r}: {first}") from None
 
 
 def print_json(obj) -> None:

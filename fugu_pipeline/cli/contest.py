@@ -35,7 +35,7 @@ def add_commands(add, data_opts) -> None:
 
     p = add("pack", cmd_pack, "write a head (any kind), its receipt, its feature contract and the cost ledger "
             "to one folder, signed with $FUGU_SIGNING_KEY")
-    p.add_argument("checkpoint", help="the checkpoint train-* printed (or a models folder holding exactly one)")
+    p.add_argument("checkpoint", help="the checkpoint train-* printed, or the --output folder it wrote to (its latest)")
     p.add_argument("--out", required=True, help="the pack folder to write")
     p.add_argument("--submitter", default="", help="a name for the receipt (the host counts attempts per signing key)")
     p.add_argument("--ledger", default=None, help="the cost ledger of the project that trained it (default "
@@ -138,7 +138,7 @@ def cmd_collector_key(args) -> int:
 
 
 def cmd_pack(args) -> int:
-    from fugu_pipeline.cli.training import resolve_checkpoint
+    from fugu_pipeline.cli.checkpoints import resolve_checkpoint
     from fugu_pipeline.ledger import LEDGER_FILE
     from fugu_pipeline.train.exchange import pack, read_receipt
     from fugu_pipeline.train.signing import fingerprint, key_from_env, public_of
@@ -224,7 +224,6 @@ def _refuse(args, pack_dir: Path, pre, kind: str) -> int:
 def host_args(args) -> None:
     """Every host path of `validate` inside --project-dir: the defaults are the project's own files
     and folders, and a relative path given is read in the project, never in the current folder."""
-    from fugu_pipeline.evaluate.promotion import DEFAULT_POLICY_FILE
     from fugu_pipeline.paths import ProjectPaths
 
     host = ProjectPaths(Path(args.project_dir).resolve())
@@ -233,8 +232,6 @@ def host_args(args) -> None:
                        "configs/ and data/)")
     args.project_dir = str(host.root)
     args.models_dir = str(host.resolve(args.models_dir) if args.models_dir else host.models)
-    args.policy_required = args.policy is not None
-    args.policy = str(host.resolve(args.policy or DEFAULT_POLICY_FILE))
     for name in ("reward_config", "data", "tasks", "cache_dir", "work_dir", "roles_config"):
         if getattr(args, name, None):
             setattr(args, name, str(host.resolve(getattr(args, name))))
@@ -245,10 +242,8 @@ def host_args(args) -> None:
 def cmd_validate(args) -> int:
     from fugu_pipeline.evaluate.preflight import host_expectation, king_manifest
     from fugu_pipeline.policies.registry import preflight
-    from fugu_pipeline.evaluate.promotion import load_policy
-
     host_args(args)
-    policy = load_policy(args.policy, required=args.policy_required)
+    policy = load_policy_arg(args)  # --policy read inside --project-dir; never the rule of the project's own runs
     pack_dir = Path(args.challenger).resolve()  # the history names it wherever validate was run from
     kind = pack_kind(pack_dir)
     if kind == "coordinator":

@@ -24,7 +24,9 @@ def cmd_list_models(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    """Collect every worker's answer to every task (resumable), then write the reward matrix JSONL."""
+    """Collect every worker's answer to every task (resumable), then write the reward matrix JSONL
+    of the complete rows. Exit status 3 (`FAILED_CELLS_EXIT`) when a cell failed, after naming the
+    failed cells (task, worker, what went wrong)."""
     import asyncio
 
     from dotenv import load_dotenv
@@ -48,10 +50,11 @@ def cmd_generate(args) -> int:
     store = ResponseStore(store_root)
     batch = "cli"
     n = len(tasks) if args.limit is None else min(args.limit, len(tasks))
-    bar = tqdm(total=n * len(config.worker_ids), unit="call", desc="generate")
     from fugu_pipeline.ledger import LEDGER_FILE, CostLedger
 
     ledger = CostLedger(args.ledger or LEDGER_FILE)  # every paid call (a pack's receipt cites it)
+    ledger.check()  # a ledger it cannot append to stops it before any call (and a killed run's calls are settled)
+    bar = tqdm(total=n * len(config.worker_ids), unit="call", desc="generate")
     try:
         for w in config.worker_ids:
             done = store.read(batch, w)
@@ -66,6 +69,7 @@ def cmd_generate(args) -> int:
                 bar.write(stats.stopped)
     except FatalWorkerError as exc:
         bar.close()
+        ledger.close()
         raise CLIError(str(exc)) from None
     except KeyboardInterrupt:  # Ctrl-C: every finished cell is stored already
         bar.close()
@@ -75,16 +79,47 @@ def cmd_generate(args) -> int:
         return 130
     bar.close()
     ledger.close()
-    rows = reward_rows(tasks[:n], {w: store.read(batch, w) for w in config.worker_ids}, config)
-    if not rows:
+    records = {w: store.read(batch, w) for w in config.worker_ids}
+    failed = failed_cells(tasks[:n], records)
+    rows = reward_rows(tasks[:n], records, config)
+    if not rows and not failed:
         raise CLIError("no task has an answer from every worker yet; run again with --resume")
-    write_reward_jsonl(rows, out)
-    print(f"{len(rows)} of {n} tasks complete -> {out} (responses kept in {store_root})")
-    print(f"utility: {config.reward.describe()} ({reward_source(config, args.workers)}); "
-          f"train and evaluate with --workers {args.workers} to use the same weights")
-    health = signal_health(__import__("numpy").array([r.rewards for r in rows]))
-    print(f"learning signal: {health}")
+    if rows:
+        write_reward_jsonl(rows, out)
+        print(f"{len(rows)} of {n} tasks complete -> {out} (responses kept in {store_root})")
+        print(f"utility: {config.reward.describe()} ({reward_source(config, args.workers)}); "
+              f"train and evaluate with --workers {args.workers} to use the same weights")
+        health = signal_health(__import__("numpy").array([r.rewards for r in rows]))
+        print(f"learning signal: {health}")
+    if failed:
+        print(describe_failed(failed, n * len(config.worker_ids)), file=sys.stderr)
+        return FAILED_CELLS_EXIT
     return 0
+
+
+FAILED_CELLS_EXIT = 3  # `generate`: some cells failed (2 is a usage error)
+SHOWN_FAILURES = 10
+
+
+def failed_cells(tasks, records: dict) -> list[tuple[str, str, str]]:
+    """(task id, worker id, error kind) of every cell whose latest record failed, in task order."""
+    from fugu_pipeline.collect.partition import error_kind
+
+    out = []
+    for t in tasks:
+        for w, recs in records.items():
+            rec = recs.get(t.task_id)
+            if rec is not None and rec.status == "failed":
+                out.append((t.task_id, w, error_kind(rec.error)))
+    return out
+
+
+def describe_failed(failed: list[tuple[str, str, str]], cells: int) -> str:
+    """The closing lines of a run with failed cells: how many, the first `SHOWN_FAILURES` named."""
+    shown = [f"  {task} x {worker}: {kind}" for task, worker, kind in failed[:SHOWN_FAILURES]]
+    more = [f"  and {len(failed) - SHOWN_FAILURES} more"] if len(failed) > SHOWN_FAILURES else []
+    return "\n".join([f"fugu-lite generate: {len(failed)} of {cells} cells failed (exit status {FAILED_CELLS_EXIT}); "
+                      "run the same command with --resume to call them again:", *shown, *more])
 
 
 TABLE_OPTIONS = ("prompt_column", "workers", "domain_column", "split_column", "id_column", "cost_column", "answer_column", "drop_incomplete",

@@ -102,6 +102,9 @@ def cmd_train_triage(args) -> int:
     data = routing_data(args)
     result = train_triage(data, cfg, log=lambda m: print(m, file=sys.stderr))
     path = result.save(args.output)
+    from fugu_pipeline.cli.checkpoints import record_latest
+
+    record_latest(args.output, path, "train-triage")
     m = result.metrics
     print(f"triage: {result.param_count} parameters, kept epoch {result.best_epoch}; val domain accuracy "
           f"{m['val_domain_accuracy']:.4f}, val difficulty accuracy {m['val_difficulty_accuracy']:.4f}")
@@ -111,13 +114,15 @@ def cmd_train_triage(args) -> int:
 
 def cmd_triage_report(args) -> int:
     from fugu_pipeline.cli.training import report_output, routing_data
+    from fugu_pipeline.cli.checkpoints import resolve_checkpoint
     from fugu_pipeline.policies.triage.report import triage_lines, triage_report, write_triage_report
     from fugu_pipeline.policies.triage.train import load_triage
 
-    probe = load_triage(args.checkpoint)
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    probe = load_triage(checkpoint)
     out = report_output(args.output, Path(probe.path), f"triage-{args.split}.json")
     data = routing_data(args, args.encoder or probe.manifest.feature_contract.encoder_id)
-    head = load_triage(args.checkpoint, expected_contract=data.contract)
+    head = load_triage(checkpoint, expected_contract=data.contract)
     rep = triage_report(head, data, args.split)
     write_triage_report(rep, out)
     for line in triage_lines(rep):

@@ -9,6 +9,7 @@ import sys
 
 from fugu_pipeline.cli import data, harness, pipeline, roles, routing, sample, training
 from fugu_pipeline.cli.common import CLIError
+from fugu_pipeline.settings import SettingsError, settings
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         encoder_opts(p)
 
     def route_opts(p):
-        p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: the promoted one)")
+        p.add_argument("--checkpoint", default=None, help="checkpoint directory, the --output folder of a train-* (its latest "
+                       "checkpoint) or a models folder (its promoted router; default: --models-dir's)")
         p.add_argument("--models-dir", default="models")
         p.add_argument("--domain", default=None)
         p.add_argument("--prompt", required=True)
@@ -82,12 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     def budget_opts(p, what="route under a cost cap; λ is chosen on the validation split (the budget.json "
                     "train-*/evaluate write beside the checkpoint)"):
         g = p.add_argument_group("budget", what)
-        g.add_argument("--budget-usd-per-1k", type=float, default=None, metavar="USD",
-                       help="cap: expected cost in USD per 1,000 requests")
-        g.add_argument("--budget-share", type=float, default=None, metavar="S",
-                       help="cap: share of the strongest worker's cost (best training quality), e.g. 0.3")
-        g.add_argument("--budget-margin-z", type=float, default=None, metavar="Z",
-                       help="safety margin: the validation cost plus Z standard errors must be within the cap (default 1.645)")
+        g.add_argument("--cap", default=None, metavar="usd_per_1k=D|share=F",
+                       help="the cost cap: expected USD per 1,000 requests (usd_per_1k=2.5) or a share of the strongest "
+                            "worker's cost (share=0.3; the strongest by training quality), optionally ,margin_z=Z: the "
+                            "validation cost plus Z standard errors must be within it (default 1.645)")
+        g.add_argument("--budget-usd-per-1k", type=float, default=None, metavar="USD", help="the old form of --cap usd_per_1k=USD")
+        g.add_argument("--budget-share", type=float, default=None, metavar="S", help="the old form of --cap share=S")
+        g.add_argument("--budget-margin-z", type=float, default=None, metavar="Z", help="the old form of --cap ...,margin_z=Z")
         g.add_argument("--no-default-budget", action="store_true",
                        help="with no cap, route by the head's plain argmax instead of the checkpoint's default operating "
                             "point (the cheapest routing not significantly below the strongest worker, chosen by train)")
@@ -106,6 +109,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "`fugu-lite train --layer-sets` does (the asset's `layer_sets` config)")
     p.add_argument("--prompt-rules", default=None, choices=["auto", "on", "off"],
                    help="router_heads: the prompt-rules mode (default: the asset's, auto)")
+    p.add_argument("--replace-broken-king", action="store_true", help="when a promoted head (router, triage head, "
+                   "with --roles the coordinator) cannot be loaded, let the new one replace it facing the baselines "
+                   "only (the steps' asset config replace_broken_king; the history records the ask; default: the "
+                   "step fails and says why)")
+
+    p = add("materialize", pipeline.cmd_materialize, "materialize one asset (one partition) through Dagster, as the "
+            "UI would; a missing asset, partition or input is one line")
+    p.add_argument("asset", help="the asset, e.g. tasks, router_es, eval_report_heads")
+    p.add_argument("--partition", default=None, help="a partitioned asset's partition: BATCH for tasks, BATCH|WORKER for responses")
+    p.add_argument("--project-dir", default=".", help="project root (holds data/, models/, dagster.yaml)")
+    p.add_argument("--workers", default="configs/workers.mock.yaml", help="worker YAML (default: the offline mock pool)")
+    p.add_argument("--encoder", default=None, help="'tiny' (offline), a local model directory, or a hub id")
 
     p = add("doctor", pipeline.cmd_doctor, "check Python, torch/CUDA, the key (present or not), Dagster home, disk")
     p.add_argument("--project-dir", default=".")
@@ -115,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=30)
     p.add_argument("--base-url", default="https://openrouter.ai/api/v1")
 
-    p = add("generate", data.cmd_generate, "call every worker on every task and write the reward-matrix JSONL")
+    p = add("generate", data.cmd_generate, "call every worker on every task and write the reward-matrix JSONL; "
+            "exit status 3 when a cell failed (the failed cells are named; --resume calls them again)")
     p.add_argument("--workers", required=True)
     p.add_argument("--tasks", required=True)
     p.add_argument("--output", required=True)
@@ -193,11 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     for method in ("sft", "rl", "es"):
         p = add(f"train-{method}", lambda a, m=method: training.train(a, m), f"train the {method.upper()} router head")
-        p.add_argument("--config", default=f"configs/train_{method}.yaml")
+        p.add_argument("--config", default=None, help=f"trainer settings (default: configs/train_{method}.yaml when present, "
+                       f"else the same built-in defaults; the router_{method} asset reads the same)")
         data_opts(p)
         if method != "sft":
             p.add_argument("--checkpoint", required=True, help="warm-start checkpoint: the path train-* printed, or the "
-                           "--output folder of an earlier train-* when it holds exactly one checkpoint")
+                           "--output folder of an earlier train-* (its latest checkpoint)")
         p.add_argument("--output", default="models", help="models folder: the checkpoint goes to <output>/<method>/<hash>/ "
                        "and its path is printed (pass that path, or this folder, to --checkpoint)")
         p.add_argument("--force", action="store_true", help="train even without a learning signal")
@@ -225,14 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out the lexical statistics block even where the config's features.lexical turns it "
                         "on (default: the config's, on)")
     prompt_rules_opt(p, default=None)
-    p.add_argument("--cap", default=None, metavar="share=F|usd_per_1k=D", help="cascades: a cost cap for every domain, "
-                   "a share of the strongest worker's cost or dollars per 1,000 requests (default: the config's cascade.cap)")
+    p.add_argument("--cap", default=None, metavar="usd_per_1k=D|share=F", help="cascades: a cost cap for every domain, "
+                   "dollars per 1,000 requests or a share of the strongest worker's cost, as route and serve take it "
+                   "(default: the config's cascade.cap)")
     p.add_argument("--domain-cap", action="append", default=None, metavar="DOMAIN:share=F",
                    help="cascades: a cap for one domain (repeatable); that domain gets its own plan")
     p.add_argument("--per-domain", action="store_true", help="cascades: a plan per domain (with enough rows), not one for all")
 
     p = add("evaluate", training.cmd_evaluate, "write the held-out report of a checkpoint (JSON + plots)")
-    p.add_argument("--checkpoint", required=True, help="the path train-* printed, or a models folder holding exactly one checkpoint")
+    p.add_argument("--checkpoint", required=True, help="the path train-* printed, or the --output folder it wrote to (its latest checkpoint)")
     data_opts(p)
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--output", default=None, help="report JSON path (default: <checkpoint>/reports/<split>.json)")
@@ -258,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cascade checkpoint to compare with, run over the fixed workers' replies (default: the promoted "
                    "router when it is a cascade; none: the report says so)")
     p.add_argument("--promote", action="store_true", help="apply the promotion gates to models/promoted/roles.json")
+    p.add_argument("--policy", default=None, help="promotion policy YAML, relative to the project (default: "
+                   "configs/promotion.yaml if present)")
     p.add_argument("--replace-broken-king", action="store_true", help="with --promote: when the promoted coordinator "
                    "cannot be loaded, let this one replace it facing the baselines only (the history records the ask; "
                    "default: refuse and say why)")
@@ -278,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="multi-turn: the session's sampling seed")
 
     p = add("serve", routing.cmd_serve, "serve an OpenAI-compatible endpoint that routes every request")
-    p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: follow the promoted pointer)")
+    p.add_argument("--checkpoint", default=None, help="checkpoint directory, the --output folder of a train-* (its latest "
+                   "checkpoint) or a models folder (its promoted pointer, followed; default: --models-dir's)")
     p.add_argument("--models-dir", default="models")
     p.add_argument("--workers", required=True)
     p.add_argument("--host", default="127.0.0.1")
@@ -301,10 +322,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=32, help="prompts per routing batch (1: no batching)")
     p.add_argument("--shutdown-grace-s", type=float, default=5.0, help="on SIGTERM/SIGINT, how long replies in flight get "
                    "to finish; then a stream ends with a server_shutting_down error event, a plain request with a 503")
+    limit_opts(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     budget_opts(p, "the server's default cap for requests that send no fugu_budget (nor fugu_cost_weight)")
     encoder_opts(p, features=False)
     return ap
+
+
+def limit_opts(p) -> None:
+    """`serve`'s connection and request limits: one flag per `ConnectionLimits` field, its default the field's."""
+    from fugu_pipeline.serve.connections import LIMIT_HELP, ConnectionLimits
+
+    g = p.add_argument_group("connections (docs/serving.md, 'Connections and slow clients')")
+    for name, field in ConnectionLimits.model_fields.items():
+        g.add_argument("--" + name.replace("_", "-"), type=field.annotation, default=field.default,
+                       help=f"{LIMIT_HELP[name]} (default {field.default:g})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     try:
+        settings()  # a bad FUGU_* value is one line before the command does anything
         return args.func(args)
     except CLIError as exc:
         print(f"fugu-lite {args.command}: {exc}", file=sys.stderr)
@@ -345,7 +378,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
     return (CatalogError, CheckpointError, EncoderLoadError, RewardMatrixError, RouterError, TaskFileError,
             ConfigError, TrainingDataError, WorkerConfigError, WorkerCallError, PolicyError, BudgetError,
-            PartitionBusyError, LedgerError, SigningError, CollectorKeyError)
+            PartitionBusyError, LedgerError, SigningError, CollectorKeyError, SettingsError)
 
 
 if __name__ == "__main__":

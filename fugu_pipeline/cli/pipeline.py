@@ -27,6 +27,50 @@ def heads_config(args) -> dict:
     return out
 
 
+# the steps that promote, each with its own replace_broken_king config (the flag sets them all)
+PROMOTING_STEPS = ("promoted_router", "eval_report_triage", "eval_report_roles")
+
+
+def asset_config(args) -> dict[str, dict]:
+    """The run config the flags give the assets, by asset name: `router_heads` (heads_config) and,
+    with --replace-broken-king, every promoting step's replace_broken_king."""
+    out = {}
+    heads = heads_config(args)
+    if heads:
+        out["router_heads"] = heads
+    if getattr(args, "replace_broken_king", False):
+        out.update({step: {"replace_broken_king": True} for step in PROMOTING_STEPS})
+    return out
+
+
+PROJECT_HINT = ("run it from the project's folder (a clone of the repository: it holds configs/, data/benchgen/ and "
+                "dagster.yaml), or pass --project-dir")
+
+
+def preflight(project: Path, workers: str, encoder: str) -> None:
+    """Before anything is written or called (Dagster's history/ and schedules/, the project lock, a
+    worker call): the folder is a project with batch files, its worker YAML loads and the encoder
+    can be found. Each problem is a CLIError of one line."""
+    from fugu_pipeline.cli.common import check_encoder
+    from fugu_pipeline.features.settings import EncoderLoadError
+    from fugu_pipeline.paths import ProjectPaths
+    from fugu_pipeline.workers.config import WorkerConfigError, load_workers_config
+
+    if not project.is_dir():
+        raise CLIError(f"project directory {project} does not exist; {PROJECT_HINT}")
+    paths = ProjectPaths(project)
+    if not paths.benchgen.is_dir() and not (project / "dagster.yaml").is_file():
+        raise CLIError(f"{project} is not a fugu_pipeline project (no data/benchgen/, no dagster.yaml); {PROJECT_HINT}")
+    if not any(paths.benchgen.glob("*.jsonl")):
+        raise CLIError(f"no batch files in {paths.benchgen}: add a BenchGen .jsonl file there (data/benchgen/sample.jsonl "
+                       "ships with the project)")
+    try:
+        load_workers_config(paths.resolve(workers))
+        check_encoder(encoder)
+    except (WorkerConfigError, EncoderLoadError) as exc:
+        raise CLIError(str(exc)) from None
+
+
 def cmd_pipeline(args) -> int:
     import warnings
 
@@ -46,21 +90,18 @@ def cmd_pipeline(args) -> int:
     )
 
     project = Path(args.project_dir).resolve()
-    if not project.is_dir():
-        print(f"error: project directory {project} does not exist. Pass a clone of the repository (it holds configs/, "
-              "data/benchgen/ and dagster.yaml), or run from inside one (the default is the current directory)", file=sys.stderr)
-        return 2
     try:  # before anything runs: a name it cannot stop after ran the whole graph, live calls and promotion included
         check_stop_after(args.stop_after, getattr(args, "roles", False))
-    except StopAfterError as exc:
+        encoder = encoder_name(args)
+        preflight(project, args.workers, encoder)
+    except (StopAfterError, CLIError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    encoder = encoder_name(args)
     print(f"encoder: {encoder}" + (" (built-in tiny Qwen3, offline)" if encoder == "tiny" else ""))
-    heads = heads_config(args)
+    config = asset_config(args)
     try:
         results = run_pipeline(project, args.workers, encoder=encoder, stop_after=args.stop_after,
-                               roles=getattr(args, "roles", False), asset_config={"router_heads": heads} if heads else None)
+                               roles=getattr(args, "roles", False), asset_config=config or None)
     except (InstanceUnavailable, ProjectBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -75,8 +116,11 @@ def cmd_pipeline(args) -> int:
         print(f"reward matrix: {rm.get('tasks')} tasks x {rm.get('workers')} workers, "
               f"{rm.get('cells_filled')}/{rm.get('cells_expected')} cells -> {rm.get('path')}")
         print(f"utility: {rm.get('utility')}")
+    fresh = results.fresh
     emb = results.get("task_embeddings", {})
-    if emb:
+    if emb and "task_embeddings" in fresh:
+        print(f"embeddings: none encoded ({emb.get('n_prompts')} prompts, {fresh['task_embeddings']})")
+    elif emb:
         print(f"embeddings: {emb.get('n_computed')} encoded, {emb.get('n_cached')} from cache; {emb.get('encoder')}")
     for m in ("sft", "rl", "es", "heads"):
         r = results.get(f"eval_report_{m}")
@@ -92,14 +136,21 @@ def cmd_pipeline(args) -> int:
     if t:
         print(f"triage: domain accuracy {t['domain_accuracy']:.4f} (majority {t['domain_majority_baseline']:.4f}), "
               f"difficulty accuracy {t['difficulty_accuracy']:.4f} (majority {t['difficulty_majority_baseline']:.4f})")
-        if "promoted" in t:
+        if "promoted" in t and "eval_report_triage" in fresh:
+            print(f"triage promotion: not tried again ({fresh['eval_report_triage']})")
+        elif "promoted" in t:
             print(f"triage promotion: {'promoted' if t['promoted'] else 'no change'}")
     p = results.get("promoted_router")
-    if p:
+    if p and "promoted_router" in fresh:  # no challenger changed: no attempt (none is spent against the rate limit)
+        print(f"promotion: not tried again, no challenger changed ({fresh['promoted_router']}); the king: "
+              f"{p.get('current_checkpoint') or 'none'}")
+    elif p:
         print(f"promotion: {'promoted ' + str(p.get('challenger')) if p.get('promoted') else 'no change'}")
         print((p.get("decision") or "").strip())
     r = results.get("eval_report_roles")
-    if r:
+    if r and "eval_report_roles" in fresh:
+        print(f"multi-turn coordinator: not evaluated again ({fresh['eval_report_roles']}); report {r.get('report')}")
+    elif r:
         print("multi-turn coordinator, held-out:")
         print((r.get("per_domain") or "").strip())
         print((r.get("verdicts") or "").strip())
@@ -110,6 +161,28 @@ def cmd_pipeline(args) -> int:
             print(f"error: batch {batch!r} left out: {why}", file=sys.stderr)
         print(f"error: {len(results.left_out)} batch file(s) could not be loaded and are not in the matrix; the other "
               "batches were collected. Fix the line named and run `fugu-lite pipeline` again", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_materialize(args) -> int:
+    """`fugu-lite materialize ASSET [--partition P]`: one asset (one partition) on the project's
+    instance, every error in one line (an asset or partition that does not exist, a missing or stale
+    input, a failed step)."""
+    from fugu_pipeline.defs.deploy import InstanceUnavailable
+    from fugu_pipeline.defs.runner import BlockingCheckFailed, NoSuchTarget, ProjectBusy, StepFailed, materialize_one
+
+    project = Path(args.project_dir).resolve()
+    if not project.is_dir():
+        print(f"error: project directory {project} does not exist", file=sys.stderr)
+        return 2
+    try:
+        materialize_one(project, args.workers, args.asset, args.partition, encoder=encoder_name(args))
+    except (NoSuchTarget, InstanceUnavailable, ProjectBusy) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (BlockingCheckFailed, StepFailed) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
 

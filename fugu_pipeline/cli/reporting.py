@@ -8,9 +8,10 @@ from pathlib import Path
 
 
 def policy(args):
-    from fugu_pipeline.evaluate.promotion import DEFAULT_POLICY_FILE, load_policy
+    """--policy (or the project's configs/promotion.yaml), read as every command and asset reads it."""
+    from fugu_pipeline.evaluate.promotion import project_policy
 
-    return load_policy(args.policy or DEFAULT_POLICY_FILE, required=args.policy is not None)
+    return project_policy(getattr(args, "project_dir", None) or ".", args.policy)
 
 
 def live_for(args, data):

@@ -25,7 +25,7 @@ def cmd_ask_multi_turn(args) -> int:
     from fugu_pipeline.workers.config import load_workers_config
 
     check_prompt(args.prompt)
-    one_step = [f for f, v in (("--cost-weight", args.cost_weight), ("--budget-usd-per-1k", args.budget_usd_per_1k),
+    one_step = [f for f, v in (("--cost-weight", args.cost_weight), ("--cap", args.cap), ("--budget-usd-per-1k", args.budget_usd_per_1k),
                                ("--budget-share", args.budget_share), ("--budget-margin-z", args.budget_margin_z))
                 if v is not None]
     if one_step:  # they would be ignored: the session's spend is capped by the worker config instead
@@ -33,8 +33,11 @@ def cmd_ask_multi_turn(args) -> int:
                        f"capped by max_usd_per_session (and max_usd_per_run) in {args.workers}")
     load_dotenv(override=False)
     config = load_workers_config(args.workers)
-    coord = (RolesCoordinator.load(args.checkpoint, device=args.device, encoder=args.encoder) if args.checkpoint
-             else PromotedRoles(args.models_dir, device=args.device, encoder=args.encoder).refresh())
+    from fugu_pipeline.cli.checkpoints import routable
+
+    path, promoted = routable(args.checkpoint) if args.checkpoint else (args.models_dir, True)
+    coord = (PromotedRoles(path, device=args.device, encoder=args.encoder).refresh() if promoted
+             else RolesCoordinator.load(path, device=args.device, encoder=args.encoder))
     missing = [w for w in coord.worker_ids if w not in config.worker_ids]
     if missing:
         raise CLIError(f"the coordinator delegates to {missing}, which {args.workers} does not define")
@@ -95,10 +98,15 @@ def cmd_evaluate_roles(args) -> int:
     from fugu_pipeline.policies.coordinator.train import load_roles_config
     from fugu_pipeline.workers.config import load_workers_config
 
+    from fugu_pipeline.cli.reporting import policy as load_policy_arg
+
     paths = ProjectPaths(Path(args.project_dir).resolve())
     config = load_workers_config(paths.resolve(args.workers))
     cfg = load_roles_config(paths.resolve(args.config))
-    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    policy = load_policy_arg(args)  # what validate and the pipeline read: a broken file is said before any call
+    from fugu_pipeline.cli.checkpoints import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(args.checkpoint) if args.checkpoint else None
     if checkpoint is None:
         ptr = read_pointer(paths.models, ROLES_POINTER)
         if ptr is None:
@@ -119,6 +127,7 @@ def cmd_evaluate_roles(args) -> int:
     with open_run(config, settings, paths.data / "trajectories", tasks, cfg) as run:
         try:
             rep = evaluate_coordinator(run, checkpoint, tasks, cfg, paths.models, seeds=args.seeds, promote=args.promote,
+                                       policy=policy,
                                        one_step_fallback=Path(args.one_step) if args.one_step else None,
                                        cascade=Path(args.cascade) if args.cascade else None, device=args.device,
                                        replace_broken_king=asked_by(args, "evaluate-roles --promote"))

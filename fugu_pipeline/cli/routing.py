@@ -9,32 +9,31 @@ def _router(args):
     from fugu_pipeline.cli.training import encoder_settings
     from fugu_pipeline.policies.registry import load_promoted, load_router
 
-    if args.checkpoint:
-        router = load_router(args.checkpoint, device=args.device, dtype=args.dtype, encoder=args.encoder)
+    from fugu_pipeline.cli.checkpoints import routable
+
+    path, promoted = routable(args.checkpoint) if args.checkpoint else (args.models_dir, True)
+    if promoted:
+        router = load_promoted(path, device=args.device, dtype=args.dtype, encoder=args.encoder).router
     else:
-        router = load_promoted(args.models_dir, device=args.device, dtype=args.dtype, encoder=args.encoder).router
+        router = load_router(path, device=args.device, dtype=args.dtype, encoder=args.encoder)
     encoder_settings(args, args.encoder, router.checkpoint.manifest.feature_contract)  # refuses contradicting flags
     return router
 
 
-def _route_kwargs(args, router, config=None) -> dict:
+def _route_kwargs(args, router, config=None, budget=None) -> dict:
     """`--allowed` may name a configured worker (with `--workers`) whose alias the router routes by.
     With a worker config, a router that routes to a worker it does not define is refused, as
     `serve` refuses it: its pick could not be called."""
-    from fugu_pipeline.cli.training import budget_of
-
     if config is not None:
         problem = config.missing_routes(router.path, router.worker_ids)
         if problem:
             raise CLIError(f"{problem} ({args.workers})")
-
-    budget = budget_of(args)
     if budget is not None and args.cost_weight is not None:
-        raise CLIError("give --cost-weight or a budget (--budget-usd-per-1k / --budget-share), not both")
+        raise CLIError("give --cost-weight or a cap (--cap), not both")
     if args.cost_weight is not None:
         problem = router.cost_weight_problem()  # a flag that cannot move the route is refused, never ignored silently
         if problem:
-            hint = ": --budget-share S or --budget-usd-per-1k USD" if "cost cap" in problem else ""
+            hint = ": --cap share=S or --cap usd_per_1k=USD" if "cost cap" in problem else ""
             raise CLIError(f"--cost-weight: {problem}{hint} (checkpoint {router.path})")
     allowed = args.allowed
     if allowed is not None and config is not None:
@@ -55,14 +54,17 @@ def scores_of(d) -> dict:
 
 
 def cmd_route(args) -> int:
+    from fugu_pipeline.cli.training import budget_of
+
     check_prompt(args.prompt)
+    budget = budget_of(args)  # a bad cap is said before the checkpoint loads
     config = None
     if args.workers is not None:
         from fugu_pipeline.workers.config import load_workers_config
 
         config = load_workers_config(args.workers)
     router = _router(args)
-    d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
+    d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config, budget))
     print_json({"worker": d.worker_id, **scores_of(d), "ranking": d.ranking, "checkpoint": d.checkpoint,
                  **({"cascade": d.extra["cascade"]["describe"]} if "cascade" in d.extra else {}),
                 **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
@@ -83,11 +85,14 @@ def cmd_ask(args) -> int:
     from fugu_pipeline.workers.contract import WorkerCallError
     from fugu_pipeline.workers.factory import make_client
 
+    from fugu_pipeline.cli.training import budget_of
+
     check_prompt(args.prompt)
+    budget = budget_of(args)
     load_dotenv(override=False)
     config = load_workers_config(args.workers)
     router = _router(args)
-    d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config))
+    d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config, budget))
     if "cascade" in d.extra:  # a cascade checkpoint: step by step, the same clients and fallback
         return _ask_cascade(args, config, router, d)
     errors = []
@@ -153,6 +158,7 @@ def _now(router):
 def cmd_serve(args) -> int:
     from fugu_pipeline.cli.training import budget_of
     from fugu_pipeline.serve import serve
+    from fugu_pipeline.serve.connections import ConnectionLimitError
     from fugu_pipeline.serve.run import PortUnavailable
 
     if args.shutdown_grace_s < 0:
@@ -161,14 +167,41 @@ def cmd_serve(args) -> int:
         raise CLIError(f"--max-json-values must be >= 1, got {args.max_json_values}")
     if not args.auth_cooldown_s >= 0:
         raise CLIError(f"--auth-cooldown-s must be >= 0 seconds (0: never keep a worker out), got {args.auth_cooldown_s:g}")
+    limits = serve_limits(args)
+    budget = budget_of(args)  # the flags first, then the files
+    from fugu_pipeline.cli.checkpoints import routable
+    from fugu_pipeline.serve.run import bind
+    from fugu_pipeline.workers.config import load_workers_config
+
+    load_workers_config(args.workers)  # the worker file first, then the port: both before the router and encoder load
     try:
-        serve(args.checkpoint or args.models_dir, args.workers, host=args.host, port=args.port, api_token=args.token,
-              device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
-              max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
-              log_level=args.log_level, default_budget=budget_of(args), shutdown_grace_s=args.shutdown_grace_s,
-              default_point=not args.no_default_budget,
-              max_json_values=args.max_json_values, allowed_hosts=tuple(args.allowed_host or ()),
-              auth_cooldown_s=args.auth_cooldown_s)
+        bind(args.host, args.port).close()
     except PortUnavailable as exc:
         raise CLIError(str(exc)) from None
+    source = routable(args.checkpoint)[0] if args.checkpoint else args.models_dir
+    try:
+        serve(source, args.workers, host=args.host, port=args.port, api_token=args.token,
+              device=args.device, encoder=args.encoder, dtype=args.dtype, torch_threads=args.torch_threads,
+              max_body_bytes=args.max_body_bytes, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
+              log_level=args.log_level, default_budget=budget, shutdown_grace_s=args.shutdown_grace_s,
+              default_point=not args.no_default_budget,
+              max_json_values=args.max_json_values, allowed_hosts=tuple(args.allowed_host or ()),
+              auth_cooldown_s=args.auth_cooldown_s, limits=limits)
+    except (PortUnavailable, ConnectionLimitError) as exc:
+        raise CLIError(str(exc)) from None
     return 0
+
+
+def serve_limits(args):
+    """The `ConnectionLimits` of `serve`'s flags; a value out of range is said in one line naming its flag."""
+    from pydantic import ValidationError
+
+    from fugu_pipeline.serve.connections import ConnectionLimits
+
+    values = {name: getattr(args, name) for name in ConnectionLimits.model_fields}
+    try:
+        return ConnectionLimits(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-")
+        raise CLIError(f"{flag} {values[err['loc'][0]]}: {err['msg'].lower()}") from None

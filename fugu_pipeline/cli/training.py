@@ -1,5 +1,8 @@
 """Training and evaluation commands over a reward-matrix JSONL or DuckDB file: `train` (the
-configured heads, chosen on validation), `train-sft`, `train-rl`, `train-es`, `evaluate`.
+configured heads, chosen on validation, and the cascade), `train-sft`, `train-rl`, `train-es`,
+`evaluate`. The training commands run the steps the assets run (`fugu_pipeline/steps/`), with the
+same config rule and features; a second run on the same data and settings trains nothing (each
+step finds its record under `<output>/.steps/`).
 
 One meaning per setting: the utility comes from the same `reward:` block as in the
 assets. A JSONL whose rows carry `quality` is turned into utility with the weights of
@@ -7,10 +10,10 @@ assets. A JSONL whose rows carry `quality` is turned into utility with the weigh
 holding only `reward:` works too), through the same matrix build as the `reward_matrix` asset. A
 DuckDB matrix carries the weights it was built with. Every command prints the weights it used.
 
-`--output` is a models folder: the checkpoint lands in `<output>/<method>/<content hash>/` and its
-path is printed. `--checkpoint` takes that printed path, or a models folder that holds exactly one
-checkpoint (the `--output` of an earlier `train-*`), so `train-sft --output X` then
-`train-rl --checkpoint X` works.
+`--output` is a models folder: the checkpoint lands in `<output>/<method>/<content hash>/`, its
+path is printed and `<output>/latest.json` names it. `--checkpoint` takes that printed path, or the
+`--output` folder of an earlier command (its latest checkpoint, `cli/checkpoints.py`), so
+`train-sft --output X` then `train-rl --checkpoint X` works.
 """
 
 from __future__ import annotations
@@ -21,32 +24,9 @@ import re
 import sys
 from pathlib import Path
 
+from fugu_pipeline.cli.checkpoints import record_latest, resolve_checkpoint
 from fugu_pipeline.cli.common import CLIError, encoder_name
 from fugu_pipeline.route.budget import calibrate_beside
-
-
-def resolve_checkpoint(arg: str) -> Path:
-    """The checkpoint directory `--checkpoint` names: a checkpoint directory (or its weights file),
-    or a models folder holding exactly one `<method>/<hash>/` checkpoint."""
-    from fugu_pipeline.train.checkpoints import MANIFEST_FILE
-
-    path = Path(arg)
-    path = path.parent if path.is_file() else path
-    if (path / MANIFEST_FILE).exists():
-        return path
-    if not path.is_dir():
-        raise CLIError(f"--checkpoint {arg}: no such directory; pass the checkpoint path train-* printed "
-                       "(<models>/<method>/<hash>) or the --output folder it wrote to")
-    found = sorted(m.parent for m in path.glob(f"*/*/{MANIFEST_FILE}")
-                   if m.parent.parent.name != "promoted" and not m.parent.name.startswith("."))
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise CLIError(f"--checkpoint {arg}: neither a checkpoint ({MANIFEST_FILE} + weights) nor a models folder "
-                       "holding one (<method>/<hash>/); pass the path train-* printed")
-    listed = ", ".join(str(p) for p in found[:8]) + (" ..." if len(found) > 8 else "")
-    raise CLIError(f"--checkpoint {arg}: this models folder holds {len(found)} checkpoints ({listed}); "
-                   "pass the one you mean (train-* prints its path)")
 
 
 def models_output(arg: str) -> Path:
@@ -110,19 +90,28 @@ def matrix_db(args) -> Path:
             raise CLIError(f"{data_path} was built with {built.describe()}, but {source} gives {weights.describe()}; "
                            "rebuild the matrix with those weights (materialize reward_matrix), or drop --workers")
         return data_path
-    if weights is None:
-        if any(r.quality is not None for r in read_reward_jsonl(data_path)):
-            raise CLIError(f"{data_path}: its rows carry quality, so the utility is computed from weights: pass "
-                           "--workers W.yaml, the worker YAML whose reward: block generate or fugu-lite pipeline used "
-                           "(a YAML holding only a reward: block works too)")
+    given = weights is None
+    if given:
+        rows = read_reward_jsonl(data_path)
+        if any(r.quality is not None and r.rewards is None for r in rows):
+            raise CLIError(f"{data_path}: rows carry quality and no rewards, so the utility is computed from weights: "
+                           "pass --workers W.yaml, the worker YAML whose reward: block generate or fugu-lite pipeline "
+                           "used (a YAML holding only a reward: block works too)")
         from fugu_pipeline.reward import UtilityConfig
 
         weights, source = UtilityConfig(), "none applied (every row gives rewards)"
+        if any(r.quality is not None for r in rows) and data_path not in _SAID:
+            _SAID.add(data_path)
+            print(f"utility: the rewards {data_path}'s rows carry, as given (no --workers: pass --workers W.yaml to "
+                  "recompute them from quality, cost and latency with its reward: weights)", file=sys.stderr)
     digest = hashlib.sha256(data_path.read_bytes()).hexdigest()[:12]
-    db = Path(args.work_dir) / f"{data_path.name.split('.')[0]}-{digest}-u{weights.fingerprint()}.duckdb"
+    db = Path(args.work_dir) / f"{data_path.name.split('.')[0]}-{digest}-u{weights.fingerprint()}{'-r' if given else ''}.duckdb"
     if not db.exists():
-        build(from_import(data_path, weights, source), db)
+        build(from_import(data_path, weights, source, rewards_as_given=given), db)
     return db
+
+
+_SAID: set[Path] = set()  # the JSONL files whose carried rewards this command has said it uses
 
 
 def incomplete_split(db: Path, split: str) -> str | None:
@@ -217,16 +206,10 @@ def routing_data(args, encoder: str | None = None, *, contract=None, settings=No
     return data
 
 
-def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr), layer_sets=None, settings=None,
-                 prompt_rules: str | None = None):
-    """A new head's features and training, shared by `train-sft` and `train`: the encoder settings
-    (`settings`, else the flags: --template, --pooling, --layers, --max-length, --dtype ...), the
-    data through the cache, and `fit(data)` with the prompt rules chosen as `prompt_rules` (else
-    --prompt-rules) asks (auto: with and without, the better validation figure `score(result)`
-    wins) and, with `layer_sets`, the layer setting chosen the same way
-    (`train/feature_choice.py:fit_choosing_features`, which the `router_heads` asset calls too).
-    Returns (result, the data it was fitted on, the metrics to record)."""
-    from fugu_pipeline.train.feature_choice import fit_choosing_features, val_utility
+def rows_of(args):
+    """What a training step reads, as the flags give it (`steps/inputs.Rows`): the encoder flags'
+    settings, the rows through the cache with a progress bar, the matrix of --data."""
+    from fugu_pipeline.steps.inputs import Rows
 
     noted: list[bool] = []
 
@@ -240,9 +223,8 @@ def fit_new_head(args, fit, score=None, log=lambda m: print(m, file=sys.stderr),
                   file=sys.stderr)
         return data
 
-    return fit_choosing_features(settings or encoder_settings(args), load, fit,
-                                 score or val_utility, prompt_rules=prompt_rules or getattr(args, "prompt_rules", None) or "auto",
-                                 layer_sets=layer_sets, log=log, prefill=lambda ss: prefill(args, ss))
+    return Rows(settings=encoder_settings(args), load=load, matrix=matrix_db(args), cache_root=Path(args.cache_dir),
+                prefill=lambda ss: prefill(args, ss), model=getattr(args, "encoder", None))
 
 
 def prefill(args, settings_list) -> None:
@@ -254,67 +236,80 @@ def prefill(args, settings_list) -> None:
         print(f"features: {n} prompts encoded once for {len(settings_list)} layer settings", file=sys.stderr)
 
 
-def train(args, method: str) -> int:
-    from fugu_pipeline.policies.registry import load_checkpoint
-    from fugu_pipeline.policies.oneshot.configs import ESConfig, RLConfig, SFTConfig
-    from fugu_pipeline.config_files import load_config
-    from fugu_pipeline.policies.oneshot.es import train_es
-    from fugu_pipeline.train.feature_choice import feature_metrics
-    from fugu_pipeline.policies.oneshot.rl import train_rl
-    from fugu_pipeline.policies.oneshot.sft import train_sft
+def _step_errors():
+    from fugu_pipeline.features.routing_data import TrainingDataError
+    from fugu_pipeline.steps.oneshot import StageError
+    from fugu_pipeline.config_files import ConfigError
 
-    cls = {"sft": SFTConfig, "rl": RLConfig, "es": ESConfig}[method]
+    return ConfigError, TrainingDataError, StageError
+
+
+def train(args, method: str) -> int:
+    """`fugu-lite train-sft/-rl/-es`: the stage the `router_<method>` asset runs (`steps/oneshot.py`),
+    with the same config rule (--config, else configs/train_<method>.yaml, else the defaults) and the
+    same features (a new head chooses its prompt rules; a warm start's are its contract's)."""
+    from fugu_pipeline.steps.oneshot import train_stage
+    from fugu_pipeline.train.checkpoints import MANIFEST_FILE, Manifest, load_checkpoint
+
     models_output(args.output)
-    cfg = load_config(args.config, cls) if args.config else cls()
-    init = None
+    start = None
     if getattr(args, "checkpoint", None):
         start = resolve_checkpoint(args.checkpoint)
         print(f"warm start: {start}", file=sys.stderr)
-        init = load_checkpoint(start)
+        init = load_checkpoint(start)  # a flag that contradicts its feature contract: refused here, in one line
+        encoder_settings(args, args.encoder, init.manifest.feature_contract, init.manifest.metrics)
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
-    kwargs = {"force": args.force, "log": log}
-    fn = {"sft": train_sft, "rl": train_rl, "es": train_es}[method]
-    if init is not None:  # the warm start's features: its contract, prompt rules included
-        settings = encoder_settings(args, args.encoder, init.manifest.feature_contract, init.manifest.metrics)
-        data = routing_data(args, settings=settings)
-        # the head's columns are the warm start's workers: the same set, in its order (else a size
-        # mismatch from torch, or, with as many workers under other names, columns that mean others)
-        data = data.in_worker_order(init.manifest.worker_ids, f"the warm start {start}")
-        load_checkpoint(init.path, expected_contract=init.manifest.feature_contract)
-        kwargs["init_state"] = init.state_dict
-        result, recorded = fn(data, cfg, **kwargs), feature_metrics(settings)
-    else:
-        result, data, recorded = fit_new_head(args, lambda d: fn(d, cfg, **kwargs), log=log)
-    result.metrics.update(recorded)
-    path = result.save(args.output)
-    calibrate_beside(path, data)
-    m = result.metrics
-    print(f"{method}: {result.param_count} parameters, kept epoch {result.best_epoch}; "
-          f"val utility {m.get('val_utility', float('nan')):.4f} ({data.utility_config.describe()})")
+    try:
+        record = train_stage(method, rows_of(args), Path(args.output), root=Path.cwd(), config=args.config,
+                             warm_start=start, force=args.force, prompt_rules=getattr(args, "prompt_rules", None), log=log)
+    except _step_errors() as exc:
+        raise CLIError(str(exc)) from None
+    path = Path(record.output["checkpoint"])
+    man = Manifest.model_validate_json((path / MANIFEST_FILE).read_text(encoding="utf-8"))
+    from fugu_pipeline.reward import UtilityConfig
+
+    m, weights = man.metrics, UtilityConfig.model_validate(man.utility_config or {})
+    record_latest(args.output, path, f"train-{method}")
+    print(f"{method}: {man.param_count} parameters, kept epoch {m.get('best_epoch')}; "
+          f"val utility {m.get('val_utility', float('nan')):.4f} ({weights.describe()})"
+          + (f"; kept from {record.when()}: the same inputs, nothing trained" if record.reused else ""))
     print(path)
     return 0
 
 
-def budget_of(args):
-    """The Budget the flags ask for, or None."""
-    from fugu_pipeline.route.budget import DEFAULT_MARGIN_Z, Budget
+OLD_CAP_FLAGS = {"usd_per_1k": "--budget-usd-per-1k", "share": "--budget-share", "margin_z": "--budget-margin-z"}
 
-    usd, share = getattr(args, "budget_usd_per_1k", None), getattr(args, "budget_share", None)
-    if usd is None and share is None:
-        if getattr(args, "budget_margin_z", None) is not None:  # it would have no effect
-            raise CLIError("--budget-margin-z is the margin of a cap: give it with --budget-share or "
-                           "--budget-usd-per-1k (or drop it)")
+
+def budget_of(args):
+    """The cost cap the flags ask for (`cost_cap.CostCap`), or None: `--cap usd_per_1k=2.5` or
+    `--cap share=0.3`, or the older --budget-usd-per-1k / --budget-share / --budget-margin-z, still
+    taken, with one line on stderr giving the same cap in the --cap form."""
+    from fugu_pipeline.cost_cap import CapError, CostCap
+
+    old = {k: getattr(args, f"budget_{k}") for k in OLD_CAP_FLAGS if getattr(args, f"budget_{k}", None) is not None}
+    if getattr(args, "cap", None) is not None:
+        if old:
+            raise CLIError(f"give --cap or {OLD_CAP_FLAGS[next(iter(old))]}, not both")
+        try:
+            return CostCap.parse(args.cap)
+        except CapError as exc:
+            raise CLIError(str(exc)) from None
+    if not old:
         return None
-    if usd is not None and share is not None:
+    if set(old) == {"margin_z"}:  # it would have no effect
+        raise CLIError("--budget-margin-z is the margin of a cap: give it with --budget-share or --budget-usd-per-1k, "
+                       "or as --cap share=0.3,margin_z=Z (or drop it)")
+    if len(set(old) - {"margin_z"}) > 1:
         raise CLIError("give --budget-usd-per-1k or --budget-share, not both")
-    z = getattr(args, "budget_margin_z", None)
     try:
-        return Budget(usd_per_1k=usd, share=share, margin_z=DEFAULT_MARGIN_Z if z is None else z)
+        cap = CostCap.model_validate(old)
     except ValueError as exc:
         from fugu_pipeline.matrix.import_common import option_errors
 
-        flag = {"usd_per_1k": "--budget-usd-per-1k", "share": "--budget-share", "margin_z": "--budget-margin-z"}
-        raise CLIError(option_errors(exc, lambda f: flag.get(f, f))) from None
+        raise CLIError(option_errors(exc, lambda f: OLD_CAP_FLAGS.get(f, f))) from None
+    given = " ".join(f"{OLD_CAP_FLAGS[k]} {v:g}" for k, v in old.items())
+    print(f"{given}: the old form of --cap {cap.spelled()}", file=sys.stderr)
+    return cap
 
 
 def cmd_evaluate(args) -> int:
@@ -382,73 +377,60 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_train_heads(args) -> int:
-    """`fugu-lite train`: fit the configured heads (configs/train.yaml), choose one on validation
-    (K-fold out-of-fold over the non-test rows), save each kind's best and print the chosen
-    checkpoint's directory last."""
+    """`fugu-lite train`: the `router_heads` and `router_cascade` steps (`steps/heads.py`,
+    `steps/cascade.py`): fit the configured heads (--config, else configs/train.yaml, else the
+    built-in defaults), choose one on validation (K-fold out-of-fold over the non-test rows), save each
+    kind's best, then the cascade against them; print the checkpoint that ships last."""
+    from fugu_pipeline.steps.cascade import fit_cascade
+    from fugu_pipeline.steps.heads import absolute, fit_heads, heads_config
     from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
-    from fugu_pipeline.config_files import load_config
-    from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
+    from fugu_pipeline.train.feature_choice import LayerSetError
 
     models_output(args.output)
-    config = args.config
-    if config is None and Path(DEFAULT_TRAIN_CONFIG).exists():
-        config = DEFAULT_TRAIN_CONFIG
-    cfg = load_config(config, TrainSetConfig) if config else TrainSetConfig()
+    try:
+        cfg, path, version = heads_config(Path.cwd(), args.config)
+    except _step_errors() as exc:
+        raise CLIError(str(exc)) from None
     cfg = cascade_flags(args, cfg)
     overrides = {k: v for k, v in (("objective", args.objective), ("selection_rule", args.selection_rule),
                                    ("folds", args.folds), ("seed", args.seed)) if v is not None}
     if overrides:
         with flag_errors():
             cfg = TrainSetConfig.model_validate({**cfg.model_dump(), **overrides})
-    print(f"heads: {config or 'built-in defaults (= configs/train.yaml as shipped)'}; "
+    print(f"heads: {path or 'built-in defaults (= configs/train.yaml as shipped)'}; "
           f"enabled {[k for k, v in cfg.heads.model_dump().items() if v is not None]}", file=sys.stderr)
-    log = lambda m: print(m, file=sys.stderr)
-    # the features: the encoder flags, then the config's `features:` (lexical block, layer sets and
-    # prompt rules, chosen on the selected head's out-of-fold validation figure) unless a flag says
-    # otherwise, as the router_heads asset resolves them; recorded in every checkpoint of the set
-    from fugu_pipeline.train.feature_choice import LayerSetError, describe_features, heads_features
-
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if args.layers is not None and args.layer_sets:
         raise CLIError("give --layers or --layer-sets, not both")
+    rows, output = rows_of(args), Path(args.output)
     try:
-        settings, sets, rules = heads_features(
-            encoder_settings(args), cfg.features, lexical=args.lexical,
-            layer_sets="off" if args.layers is not None else args.layer_sets, prompt_rules=args.prompt_rules)
+        heads = fit_heads(cfg, rows, output, cfg_path=path, cfg_version=version, force=args.force, lexical=args.lexical,
+                          layer_sets="off" if args.layers is not None else args.layer_sets,
+                          prompt_rules=args.prompt_rules, log=log)
+        cascade = fit_cascade(cfg, rows, output, heads, log=log)
     except LayerSetError as exc:
         raise CLIError(f"--layer-sets {exc}") from None
-    print(describe_features(settings, sets, rules), file=sys.stderr)
-    selection, data, recorded = fit_new_head(args, lambda d: select_heads(d, cfg, log, args.force),
-                                             score=lambda sel: sel[0].val_score, log=log, layer_sets=sets,
-                                             settings=settings, prompt_rules=rules)
-    report = fit_and_save(data, args.output, cfg, log=log, force=args.force, selection=selection, metrics=recorded)
-    # budget.json beside each quality head (route/serve/evaluate --budget-*), with the default operating point
-    from fugu_pipeline.policies.oneshot.default_point import default_lines
-    from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
-
-    point = calibrate_saved(report.saved, data, log, margin=cfg.cascade.margin, n_boot=cfg.cascade.n_boot, seed=cfg.seed)
-    print(f"validation: {report.protocol}; objective {report.objective}; rule {report.rule} ({report.rule_reason})")
-    by = "apgr" if report.rule == "apgr" else report.rule
-    for s in report.saved:
-        figs = ", ".join(f"{k} {v:.4f}" for k, v in s.figures.items())
-        print(f"{'*' if s.selected else ' '} {s.kind:<12} {s.name}: {figs} -> {s.path}")
-    print(f"selected ({by}): {report.selected} — {report.reason}")
-    for line in default_lines(point) if point is not None else ():
+    except _step_errors() as exc:
+        raise CLIError(str(exc)) from None
+    out, s = absolute(heads, output), heads.summary
+    print(f"validation: {s['protocol']}; objective {s['objective']}; rule {s['rule']} ({s['rule_reason']})")
+    by = "apgr" if s["rule"] == "apgr" else s["rule"]
+    for h in out["saved"]:
+        figs = ", ".join(f"{k} {v:.4f}" for k, v in h["figures"].items())
+        print(f"{'*' if h['selected'] else ' '} {h['kind']:<12} {h['name']}: {figs} -> {h['path']}")
+    print(f"selected ({by}): {s['selected']} — {s['reason']}")
+    for line in s.get("default_lines", []):
         print(line)
-    shipped = report.selected_path()
-    from fugu_pipeline.route.router import encoder_settings_for
-    from fugu_pipeline.policies.cascade.train import train_cascade
-
-    result = train_cascade(data, matrix_db(args), encoder_settings_for(data.contract, args.device, args.dtype),
-                           Path(args.cache_dir), cfg, selection[0], report.saved, Path(args.output), log, recorded)
-    if result is not None:
-        for line in result.lines():
+    shipped = out["selected"]
+    if cascade.output.get("cascade"):
+        for line in cascade.summary.get("lines", []):
             print(line)
-        shipped = result.shipped_path
+        shipped = str(output / cascade.output["shipped"])
+    if heads.reused and cascade.reused:
+        print(f"(kept from {heads.when()}: the same data, settings and code; nothing fitted)", file=sys.stderr)
+    record_latest(args.output, Path(shipped), "train")
     print(shipped)
     return 0
-
-
-DEFAULT_TRAIN_CONFIG = "configs/train.yaml"
 
 
 def cascade_flags(args, cfg):
@@ -459,13 +441,12 @@ def cascade_flags(args, cfg):
         return cfg
 
     def parse(text: str, flag: str) -> dict:
-        key, eq, value = text.partition("=")
+        from fugu_pipeline.cost_cap import CapError, CostCap
+
         try:
-            if not eq or key not in ("share", "usd_per_1k"):
-                raise ValueError("give share=<fraction> or usd_per_1k=<dollars>")
-            return {key: float(value)}
-        except ValueError as exc:
-            raise CLIError(f"{flag} {text!r}: {exc} (e.g. {flag} share=0.3)") from None
+            return CostCap.parse(text, flag).model_dump()
+        except CapError as exc:
+            raise CLIError(str(exc)) from None
 
     block = cfg.cascade.model_dump()
     if cap is not None:

@@ -12,7 +12,8 @@ from fugu_pipeline.collect.sandbox import Limits, SandboxResult, run_untrusted
 from fugu_pipeline.tasks.schema import PythonTestsGrader
 
 MAX_ANSWER_CHARS = 200_000
-_FENCE = re.compile(r"^[ \t]{0,3}```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL | re.MULTILINE)
+# the opening line is read once (possessive): a fence line without a newline took quadratic time
+_FENCE = re.compile(r"^[ \t]{0,3}```[ \t]*+([A-Za-z0-9_+.-]*+)[^\n]*+\n(.*?)(?:```|\Z)", re.DOTALL | re.MULTILINE)
 _PY_TAGS = {"", "python", "py", "python3", "py3"}
 _THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 _TOP_LEVEL = re.compile(r"(?:async\s+def|def|class|import|from)\b|@")

@@ -111,14 +111,29 @@ _REGEX_CHILD = (
 # an unescaped group repeated by *, + or {m,n}: what exponential backtracking needs ("(a+)+$")
 _REPEATED_GROUP = re.compile(r"(?<!\\)\)[*+{]")
 IN_PROCESS_MAX_CHARS = 20_000
+AMBIGUOUS_IN_PROCESS_MAX_CHARS = 2_000  # a pattern that may take quadratic time (`tasks/regex_safety.py`)
+
+
+def _in_process(pattern: str, flags: int, text: str) -> bool:
+    if _REPEATED_GROUP.search(pattern):
+        return False
+    from fugu_pipeline.tasks.regex_safety import problems
+
+    try:
+        ambiguous = bool(problems(pattern, flags))
+    except Exception:  # noqa: BLE001 - a pattern re cannot parse fails where it is compiled, with its reason
+        ambiguous = False
+    return len(text) <= (AMBIGUOUS_IN_PROCESS_MAX_CHARS if ambiguous else IN_PROCESS_MAX_CHARS)
 
 
 def _regex_matches(task_id: str, pattern: str, flags: int, text: str, full: bool) -> bool:
     """A pattern that repeats a group runs in a child process killed after `REGEX_TIMEOUT_S`:
     Python's `re` cannot be interrupted, and nested quantifiers backtrack exponentially on some
     answers. Any other pattern (the converters' answer-letter patterns) on an answer of at most
-    `IN_PROCESS_MAX_CHARS` runs here: a child process per grade cost ~50 ms, ~20 minutes for MMLU-STEM."""
-    if not _REPEATED_GROUP.search(pattern) and len(text) <= IN_PROCESS_MAX_CHARS:
+    `IN_PROCESS_MAX_CHARS` runs here: a child process per grade cost ~50 ms, ~20 minutes for MMLU-STEM.
+    A pattern whose repeats can split a run of characters more than one way (quadratic on some answers;
+    an older task file's answer-letter pattern) runs here on answers up to `AMBIGUOUS_IN_PROCESS_MAX_CHARS`."""
+    if _in_process(pattern, flags, text):
         try:
             rx = re.compile(pattern, flags)
         except re.error as exc:

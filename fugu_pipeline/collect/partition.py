@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from fugu_pipeline.api_keys import configured_key, scrub_secrets
+from fugu_pipeline.call_journal import crash_point
 from fugu_pipeline.collect.grading import grade
 from fugu_pipeline.collect.records import CallRecord
 from fugu_pipeline.collect.store import ResponseStore
@@ -42,6 +43,7 @@ class CollectStats:
     seconds: float = 0.0
     stopped: str | None = None
     errors: dict[str, int] = field(default_factory=dict)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (task id, error kind) of each cell failed here
     skipped_lines: list[int] = field(default_factory=list)  # unreadable lines of the response file
     skipped_note: str | None = None  # how many lines were skipped or cut, and where
 
@@ -82,8 +84,10 @@ async def collect_partition(
     """Call `worker_id` on every task of the batch whose cell is not done yet; grade and store
     each result as soon as it returns. A 401/402/403 stops the run (raises FatalWorkerError)
     after cancelling every call not yet started; the finished cells stay stored. `ledger`
-    (`fugu_pipeline.ledger.CostLedger`): every call made is appended to it as well (kind
-    `collection`, and `judge` for its grading call), right after its record is stored."""
+    (`fugu_pipeline.ledger.CostLedger`): every call over the network is announced to it before it
+    is made, and every answered call's cost (kind `collection`, and `judge` for its grading call)
+    is appended to it just BEFORE its record is stored, both carrying the call's id: a kill at any
+    instant loses no paid call and counts none twice (`ledger.py`)."""
     spec = config.worker(worker_id)
     t0 = time.monotonic()
     stats = CollectStats(batch=batch, worker_id=worker_id, n_tasks=len(tasks))
@@ -122,7 +126,8 @@ async def collect_partition(
                 await limiter.wait()
                 stats.n_called += 1
                 started = time.time()
-                rec = None
+                rec = comp = None
+                call = await _announce(ledger, spec, config.judge, guard, task, batch)
                 try:
                     comp = await client.complete(task_messages(task, spec.system_prompt), task=task)
                     g = await grade(task, comp.answer, judge)
@@ -136,10 +141,12 @@ async def collect_partition(
                         finish_reason=comp.finish_reason, requested_model=comp.requested_model,
                         served_model=comp.served_model, provider=comp.provider,
                         attempts=comp.attempts, model_fingerprint=model_fingerprint,
-                        finished_at=time.time(),
+                        finished_at=time.time(), call_id=call,
                     )
                 except FatalWorkerError as exc:
                     stop = stop or exc
+                    if call is not None:
+                        await asyncio.to_thread(ledger.void, call)
                     return
                 except Exception as exc:  # noqa: BLE001 (a bug or a reply nobody foresaw fails this cell, not the batch)
                     error = str(exc) if isinstance(exc, (WorkerCallError, ValueError)) else (
@@ -149,26 +156,32 @@ async def collect_partition(
                         task_id=task.task_id, worker_id=worker_id, batch=batch,
                         prompt_hash=task.prompt_hash, status="failed", error=clean_text(error)[:500],
                         attempts=exc.attempts if isinstance(exc, WorkerCallError) else 1, latency_s=time.time() - started,
-                        model_fingerprint=model_fingerprint, finished_at=time.time(),
+                        model_fingerprint=model_fingerprint, finished_at=time.time(), call_id=call,
+                        # answered, then failed (grading, a reply nobody foresaw): the answer was paid for
+                        cost_usd=comp.cost_usd if comp is not None else 0.0,
+                        cost_source=comp.cost_source if comp is not None else "none",
                     )
                 finally:
                     spent = 0.0 if rec is None else rec.cost_usd + rec.judge_cost_usd
                     if rec is not None and rec.status == "ok" and rec.cost_source == "none":
                         spent = max(spent, estimate)  # nothing priced the call: it counts at its worst case
                     await guard.settle(estimate, spent)
-                await asyncio.to_thread(_persist, writer, ledger, rec, judge_id)  # the fsyncs must not stall the other calls
+                await asyncio.to_thread(_persist, writer, ledger, rec, judge_id, comp is not None)  # fsyncs off the loop
                 stats.cost_usd += rec.cost_usd + rec.judge_cost_usd
                 if rec.status == "ok":
                     stats.n_ok += 1
                 else:
                     stats.n_failed += 1
-                    key = (rec.error or "error").split(":")[0][:80]
+                    key = error_kind(rec.error)
                     stats.errors[key] = stats.errors.get(key, 0) + 1
+                    stats.failed.append((task.task_id, key))
                 if on_record is not None:
                     on_record(rec)
 
         try:
             guard.require_prices(todo)  # under a budget, an unpriced paid worker is refused before any call
+            if ledger is not None and todo:  # a ledger that cannot be appended to, too
+                await asyncio.to_thread(ledger.check)
             await asyncio.gather(*(one(t) for t in todo))
         finally:
             if own_client:
@@ -182,15 +195,40 @@ async def collect_partition(
     return stats
 
 
-def _persist(writer, ledger, rec: CallRecord, judge_id: str) -> None:
-    """The record into its partition file, then what it cost into the ledger (a call that failed
-    before any answer costs nothing and is not a paid call)."""
+async def _announce(ledger, spec, judge, guard: BudgetGuard, task: Task, batch: str) -> str | None:
+    """The call's id in the ledger (None without one). A call that someone bills (not the mock
+    pool) is announced in the in-flight journal first, with its worst case (worker and judge)."""
+    if ledger is None:
+        return None
+    billed = spec.kind != "mock" or (task.grader.type == "llm_judge" and judge is not None and judge.kind != "mock")
+    if not billed:
+        return ledger.begin("collection", announce=False)
+    call = await asyncio.to_thread(ledger.begin, "collection", worker_id=spec.id, task_id=task.task_id, ref=batch,
+                                   worst_usd=guard.ceiling(task))
+    crash_point("intent")
+    return call
+
+
+def _persist(writer, ledger, rec: CallRecord, judge_id: str, answered: bool) -> None:
+    """What the call cost into the ledger, THEN its record into the partition file: a kill between
+    the two leaves a counted call whose cell is called again, never a record nobody paid for in the
+    ledger. A call that failed before any answer costs nothing and is not a paid call."""
+    if ledger is not None and rec.call_id is not None:
+        if answered:
+            lines = [("collection", rec.cost_usd, rec.worker_id, rec.task_id, rec.batch)]
+            if rec.judge_cost_usd:
+                lines.append(("judge", rec.judge_cost_usd, judge_id, rec.task_id, rec.batch))
+            ledger.pay(rec.call_id, lines)
+            crash_point("ledger")
+        else:
+            ledger.void(rec.call_id)
     writer.append(rec)
-    if ledger is None or rec.status != "ok":
-        return
-    ledger.append("collection", rec.cost_usd, worker_id=rec.worker_id, task_id=rec.task_id, ref=rec.batch)
-    if rec.judge_cost_usd:
-        ledger.append("judge", rec.judge_cost_usd, worker_id=judge_id, task_id=rec.task_id, ref=rec.batch)
+    crash_point("record")
+
+
+def error_kind(error: str | None) -> str:
+    """What a failed cell's error is, in a few words: the text before its first colon."""
+    return (error or "error").split(":")[0][:80]
 
 
 def collect_partition_sync(*args, **kwargs) -> CollectStats:

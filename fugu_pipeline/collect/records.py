@@ -55,6 +55,7 @@ class CallRecord(BaseModel):
     error: str | None = None
     model_fingerprint: str | None = None
     finished_at: Annotated[float, Field(allow_inf_nan=False)] = 0.0
+    call_id: str | None = None  # the id its cost line in the cost ledger carries (`ledger.py`)
 
     @model_validator(mode="after")
     def _graded_if_ok(self) -> "CallRecord":

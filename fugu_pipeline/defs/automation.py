@@ -29,7 +29,6 @@ batch sensor's poll and then this one (66 s from drop to matrix). This check rea
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timezone
 
 import dagster as dg
@@ -39,12 +38,13 @@ from fugu_pipeline.defs.distributed import CELERY_JOB, single_step_executor
 from fugu_pipeline.defs.failures import RUN_CONSOLE_CONFIG
 from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS
 from fugu_pipeline.defs.versions import RESPONSES, latest_data_versions
+from fugu_pipeline.settings import settings
 
 REWARD_MATRIX = dg.AssetKey("reward_matrix")
 COLLECTION = frozenset({dg.AssetKey("tasks"), dg.AssetKey("responses")})
 COLLECTION_JOBS = frozenset({"load_batch", "collect_responses", CELERY_JOB})
 IMPORT_SOURCE_PREFIX = "import:"  # how an imported matrix's `source` metadata starts (matrix/build.py)
-AUTOMATION_INTERVAL_S = int(os.environ.get("FUGU_AUTOMATION_INTERVAL_S", "5"))
+AUTOMATION_INTERVAL_S = settings().automation_interval_s
 BUILD_JOB = "build_reward_matrix"
 UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
               dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]

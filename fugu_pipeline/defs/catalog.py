@@ -21,6 +21,7 @@ from fugu_pipeline.defs.metadata import LIVE_API, LIVE_KIND
 from fugu_pipeline.defs.partitions import CATALOG_FRESHNESS, batch_x_worker, partition_run_request, task_batches, workers
 from fugu_pipeline.defs.resources import PipelineResource, config_skip
 from fugu_pipeline.defs.versions import latest_data_versions
+from fugu_pipeline.settings import settings
 from fugu_pipeline.workers.catalog import (
     OPENROUTER_BASE_URL,
     CatalogError,
@@ -35,8 +36,7 @@ from fugu_pipeline.workers.config import WorkerConfigError, WorkersConfig, Worke
 
 FINGERPRINT_TAG = "fugu/model_fingerprint"
 RESPONSES_KEY = dg.AssetKey("responses")
-BASE_URL_ENV = "FUGU_OPENROUTER_BASE_URL"
-DEFAULT_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_CATALOG_SENSOR_INTERVAL_S", "3600"))
+DEFAULT_SENSOR_INTERVAL_S = settings().catalog_sensor_interval_s
 
 
 class OpenRouterResource(dg.ConfigurableResource):
@@ -49,12 +49,12 @@ class OpenRouterResource(dg.ConfigurableResource):
     timeout_s: float = 30.0
 
     @classmethod
-    def from_env(cls, env: str = "OPENROUTER_API_KEY", base_url_env: str = BASE_URL_ENV, **kwargs) -> "OpenRouterResource":
+    def from_env(cls, env: str = "OPENROUTER_API_KEY", **kwargs) -> "OpenRouterResource":
         """Bind `api_key` to `dg.EnvVar(env)` when the variable is set, else leave it unset (see
         the module docstring); likewise `base_url` to `$FUGU_OPENROUTER_BASE_URL` (a proxy, a
         mirror, or a local stub catalog), else OpenRouter's own API."""
-        if os.environ.get(base_url_env) and "base_url" not in kwargs:
-            kwargs["base_url"] = dg.EnvVar(base_url_env)
+        if settings().openrouter_base_url and "base_url" not in kwargs:
+            kwargs["base_url"] = settings().openrouter_base_url
         if os.environ.get(env):
             return cls(api_key=dg.EnvVar(env), **kwargs)
         return cls(**kwargs)

@@ -19,9 +19,11 @@ from fugu_pipeline.defs.partitions import (
     task_batches,
 )
 from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.defs.settings import config_reward
 from fugu_pipeline.defs.shared import SharedStore
 from fugu_pipeline.defs.versions import RESPONSES_VERSION, file_version, responses_version
 from fugu_pipeline.matrix.build import build, from_import
+from fugu_pipeline.steps.versions import code_version
 from fugu_pipeline.matrix.bulk import build_collection
 from fugu_pipeline.matrix.bulk_tasks import refused_batches
 from fugu_pipeline.matrix.read import (
@@ -60,7 +62,7 @@ def _load_batch(pipeline: PipelineResource, batch: str):
     return loaded
 
 
-@dg.asset(partitions_def=task_batches, group_name="data", kinds={"jsonl"})
+@dg.asset(partitions_def=task_batches, group_name="data", kinds={"jsonl"}, code_version=code_version("fugu_pipeline.tasks.loading"))
 def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """One BenchGen batch, parsed and validated (the BenchGen task format). A bad line fails the whole batch with
     its file and line; nothing of the batch is used until the file is fixed."""
@@ -235,10 +237,11 @@ def _imported(config: RewardMatrixConfig, paths, utility, weights_from: str):
 
 
 @dg.asset(
-    deps=[responses],
+    deps=[responses, config_reward],
     pool=DUCKDB_WRITER_POOL,
     group_name="data",
     kinds={"duckdb"},
+    code_version=code_version("fugu_pipeline.matrix.build", "fugu_pipeline.matrix.bulk"),
 )
 def reward_matrix(context: dg.AssetExecutionContext, config: RewardMatrixConfig, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The graded reward matrix in DuckDB (tables tasks, workers, responses, rewards; view

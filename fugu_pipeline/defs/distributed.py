@@ -17,12 +17,11 @@ broker and the variable that set it (`checked_celery_executor`), instead of Cele
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 
+from fugu_pipeline.settings import settings
+
 BROKER_ENV = "FUGU_CELERY_BROKER"
-BACKEND_ENV = "FUGU_CELERY_BACKEND"
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
 CELERY_JOB = "collect_responses_celery"
 
@@ -36,11 +35,11 @@ def celery_available() -> bool:
 
 
 def broker_url() -> str:
-    return os.environ.get(BROKER_ENV) or DEFAULT_BROKER
+    return settings().celery_broker
 
 
 def backend_url() -> str:
-    return os.environ.get(BACKEND_ENV) or broker_url()
+    return settings().celery_backend or broker_url()
 
 
 def celery_app_args() -> dict:
@@ -64,7 +63,7 @@ def check_broker(url: str | None = None, timeout_s: float = 3.0) -> None:
         with Connection(url, connect_timeout=timeout_s) as conn:
             conn.ensure_connection(max_retries=1, interval_start=0.2, timeout=timeout_s)
     except Exception as exc:
-        set_by = f"{BROKER_ENV}={os.environ[BROKER_ENV]}" if os.environ.get(BROKER_ENV) else f"{BROKER_ENV} unset: default {DEFAULT_BROKER}"
+        set_by = f"{BROKER_ENV}={url}" if "celery_broker" in settings().model_fields_set else f"{BROKER_ENV} unset: default {url}"
         raise BrokerUnavailable(
             f"the Celery broker at {url} ({set_by}) is unreachable: {type(exc).__name__}: {exc}. Start it "
             "(bash scripts/services.sh start redis DIR PORT), or point the variable at a running one; no step was sent."
@@ -123,23 +122,19 @@ GPU_K8S_CONFIG = {
 GPU_OP_TAGS = {"dagster-k8s/config": GPU_K8S_CONFIG}
 
 
-EXECUTOR_ENV = "FUGU_EXECUTOR"
-
 
 def default_executor() -> dg.ExecutorDefinition | None:
     """The executor of every job, from FUGU_EXECUTOR: unset or `multiprocess` (Dagster's default,
     one machine), `celery` (steps to Celery workers), `k8s` (each step a Kubernetes job,
     dagster-k8s; configured by deploy/k8s/run_config.yaml)."""
-    kind = os.environ.get(EXECUTOR_ENV, "").strip().lower()
-    if kind in ("", "multiprocess"):
+    kind = settings().executor
+    if kind == "multiprocess":
         return None
     if kind == "celery":
         return checked_celery_executor()
-    if kind == "k8s":
-        from dagster_k8s import k8s_job_executor
+    from dagster_k8s import k8s_job_executor  # the settings take only these three
 
-        return k8s_job_executor
-    raise ValueError(f"{EXECUTOR_ENV}={kind!r}: expected multiprocess, celery or k8s")
+    return k8s_job_executor
 
 
 def single_step_executor() -> dg.ExecutorDefinition | None:

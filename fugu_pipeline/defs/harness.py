@@ -7,19 +7,43 @@ from __future__ import annotations
 import dagster as dg
 
 from fugu_pipeline.defs.failures import explained_failure
+from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS
 from fugu_pipeline.defs.resources import PipelineResource
 
 
-def policy_for(pipeline: PipelineResource, policy_file: str | None = None, **overrides):
-    """The promotion policy: `configs/promotion.yaml` of the project (defaults where absent)."""
-    from fugu_pipeline.evaluate.promotion import DEFAULT_POLICY_FILE, PolicyError, load_policy
+# How Dagster tags the runs it launches for the project itself: a sensor's, a schedule's, a
+# backfill's, one launched from the UI (its launchpad and materialize buttons), and `fugu-lite
+# pipeline`'s main job (MAIN_JOB_TAGS). Dagster sets them as it launches a run; `fugu-lite validate`
+# and `evaluate-roles` run no Dagster job, so nothing a submitter sends can carry them.
+PROJECT_RUN_TAGS = {"dagster/sensor_name": "sensor", "dagster/schedule_name": "schedule",
+                    "dagster/backfill": "backfill", "dagster/from_ui": "the UI"}
 
-    name = policy_file or DEFAULT_POLICY_FILE
+
+def project_run(context) -> str | None:
+    """How this run was launched when it is one of the project's own runs (e.g. "backfill
+    abc123"), None otherwise (a run started from a script or a test: the outside rule)."""
+    tags = context.run.tags if context is not None else {}
+    if all(tags.get(k) == v for k, v in MAIN_JOB_TAGS.items()):
+        return "fugu-lite pipeline"
+    return next((f"{what} {tags[tag]}" for tag, what in PROJECT_RUN_TAGS.items() if tags.get(tag)), None)
+
+
+def policy_for(pipeline: PipelineResource, policy_file: str | None = None, *, context=None, **overrides):
+    """The promotion policy (`evaluate/promotion.py project_policy`): `configs/promotion.yaml` of
+    the project (defaults where absent); with the run's `context`, the rule of the project's own
+    runs when Dagster launched it for the project (`project_run`), said in the run's log."""
+    from fugu_pipeline.evaluate.promotion import PolicyError, project_policy
+
+    launched = project_run(context)
     try:
-        return load_policy(pipeline.paths.resolve(name), required=policy_file is not None and name != DEFAULT_POLICY_FILE,
-                           **overrides)
+        policy = project_policy(pipeline.paths.root, policy_file, project_run=launched is not None, **overrides)
     except PolicyError as exc:
         raise explained_failure(str(exc)) from None
+    if context is not None:
+        rule = (f"the project's own run ({launched}): project_runs.rate_limit_s" if launched else
+                "not launched by the project's sensors, schedule, backfills, UI or `fugu-lite pipeline`: gates.rate_limit_s")
+        context.log.info(f"promotion policy: {rule} = {policy.gates.rate_limit_s:g} s")
+    return policy
 
 
 def live_for(pipeline: PipelineResource):

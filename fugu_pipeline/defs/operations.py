@@ -5,7 +5,8 @@ a refreshed catalog into re-collection, and freshness checks.
   collection per partition (`load_batch`, `collect_responses`, in sensors.py), `train_and_promote`
   (embeddings -> heads -> reports -> promotion) and `build_and_train` (the matrix and everything
   after it: the whole graph once its partitions are collected; `fugu-lite pipeline` runs both
-  kinds in order), plus `refresh_catalog`.
+  kinds in order), `main_job` (what `fugu-lite pipeline` runs after collection: build_and_train and
+  the triage head; the UI's way to the main assets), plus `refresh_catalog`.
 - `openrouter_catalog_schedule` materializes the catalog (cron FUGU_CATALOG_CRON, default hourly).
   Off by default: once turned on, `catalog_update_sensor` (running by default, inert until the
   catalog is materialized) reads what each new catalog found (`changed_workers`) and requests a
@@ -18,29 +19,28 @@ a refreshed catalog into re-collection, and freshness checks.
 
 from __future__ import annotations
 
-import os
 import dagster as dg
 
 from fugu_pipeline.defs.catalog import FINGERPRINT_TAG, RESPONSES_KEY, openrouter_catalog
 from fugu_pipeline.defs.data import reward_matrix
-from fugu_pipeline.defs.models import (
+from fugu_pipeline.defs.models import router_cascade, router_es, router_heads, router_rl, router_sft, task_embeddings
+from fugu_pipeline.defs.reports import (
+    eval_report_cascade,
     eval_report_es,
     eval_report_heads,
     eval_report_rl,
     eval_report_sft,
     promoted_router,
-    router_es,
-    router_heads,
-    router_rl,
-    router_sft,
-    task_embeddings,
 )
 from fugu_pipeline.defs.partitions import batch_x_worker, partition_run_request, task_batches, workers
+from fugu_pipeline.defs.triage import eval_report_triage, triage_head
+from fugu_pipeline.settings import settings
 
 # every asset promoted_router reads: a job without router_heads and eval_report_heads failed on a
-# fresh project (no stored heads report) and promoted from a stale one elsewhere
-TRAINING = [task_embeddings, router_sft, router_rl, router_es, router_heads, eval_report_sft, eval_report_rl,
-            eval_report_es, eval_report_heads, promoted_router]
+# fresh project (no stored heads report) and promoted from a stale one elsewhere. A job run again
+# recomputes nothing whose inputs are unchanged: each step finds its record (steps/records.py)
+TRAINING = [task_embeddings, router_sft, router_rl, router_es, router_heads, router_cascade, eval_report_sft,
+            eval_report_rl, eval_report_es, eval_report_heads, eval_report_cascade, promoted_router]
 
 refresh_catalog_job = dg.define_asset_job(
     "refresh_catalog", selection=[openrouter_catalog],
@@ -48,7 +48,19 @@ refresh_catalog_job = dg.define_asset_job(
 )
 train_and_promote_job = dg.define_asset_job(
     "train_and_promote", selection=TRAINING,
-    description="Embeddings, the SFT -> RL -> CMA-ES heads, their held-out reports and the promotion decision.",
+    description="Embeddings, the SFT -> RL -> CMA-ES heads, the head set and the cascade, their held-out reports and "
+                "the promotion decision. A step whose inputs, code and settings are unchanged keeps its earlier output "
+                "(nothing trained); \"Materialize stale and missing\" on the graph runs only what is out of date.",
+)
+# what `fugu-lite pipeline` runs once every batch is collected, in its order (defs/runner.py): the
+# main job's assets that take no partition, which the UI materializes in one run
+AFTER_COLLECTION = [reward_matrix, *TRAINING, triage_head, eval_report_triage]
+main_job = dg.define_asset_job(
+    "main_job", selection=AFTER_COLLECTION,
+    description="The main job once the batches are collected (the batch sensor collects them): the reward matrix, "
+                "embeddings, every head, the held-out reports, the promotion and the triage head, as fugu-lite "
+                "pipeline runs them. Launch it from the Jobs page: no partition to pick. The matrix's blocking checks "
+                "stop it before training on bad data.",
 )
 build_and_train_job = dg.define_asset_job(
     "build_and_train", selection=[reward_matrix, *TRAINING],
@@ -60,7 +72,7 @@ build_and_train_job = dg.define_asset_job(
 openrouter_catalog_schedule = dg.ScheduleDefinition(
     name="openrouter_catalog_schedule",
     job=refresh_catalog_job,
-    cron_schedule=os.environ.get("FUGU_CATALOG_CRON", "0 * * * *"),
+    cron_schedule=settings().catalog_cron,
     default_status=dg.DefaultScheduleStatus.STOPPED,
     description="Refreshes openrouter_catalog (FUGU_CATALOG_CRON, default hourly). Off by default: turning it on "
                 "lets catalog changes re-collect (and spend money) through catalog_update_sensor.",
@@ -83,7 +95,7 @@ def _cursor_storage_id(context: dg.SensorEvaluationContext) -> int:
 
 @dg.sensor(
     name="catalog_update_sensor",
-    minimum_interval_seconds=int(os.environ.get("FUGU_CATALOG_UPDATE_SENSOR_INTERVAL_S", "60")),
+    minimum_interval_seconds=settings().catalog_update_sensor_interval_s,
     asset_selection=[RESPONSES_KEY],
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Reacts to each new openrouter_catalog materialization (the schedule's, or one launched by hand): "

@@ -1,11 +1,11 @@
 """Partition sets, defined once and imported everywhere else."""
 
-import os
 from datetime import timedelta
 
 import dagster as dg
 
 from fugu_pipeline.defs.failures import RUN_CONSOLE_CONFIG
+from fugu_pipeline.settings import settings
 
 task_batches = dg.DynamicPartitionsDefinition(name="task_batches")
 workers = dg.DynamicPartitionsDefinition(name="workers")
@@ -45,6 +45,6 @@ def partition_run_request(partitions_def: dg.PartitionsDefinition, partition_key
 # router is promoted or re-confirmed at least weekly: warn after 7 days, fail after
 # FUGU_ROUTER_MAX_AGE_D (30 days).
 CATALOG_FRESHNESS = dg.FreshnessPolicy.time_window(
-    fail_window=timedelta(hours=float(os.environ.get("FUGU_CATALOG_MAX_AGE_H", "26"))), warn_window=timedelta(hours=2))
+    fail_window=timedelta(hours=settings().catalog_max_age_h), warn_window=timedelta(hours=2))
 ROUTER_FRESHNESS = dg.FreshnessPolicy.time_window(
-    fail_window=timedelta(days=float(os.environ.get("FUGU_ROUTER_MAX_AGE_D", "30"))), warn_window=timedelta(days=7))
+    fail_window=timedelta(days=settings().router_max_age_d), warn_window=timedelta(days=7))

@@ -8,11 +8,15 @@ from fugu_pipeline.defs.failures import explained_failure
 from fugu_pipeline.defs.data import reward_matrix
 from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.metadata import LIVE_KIND, LIVE_WORKERS, tidy
-from fugu_pipeline.defs.models import promoted_router
 from fugu_pipeline.defs.partitions import GPU_POOL
+from fugu_pipeline.defs.reports import promoted_router
 from fugu_pipeline.defs.resources import PipelineResource
+from fugu_pipeline.defs.settings import SETTINGS_FILES
+from fugu_pipeline.defs.staleness import require_fresh_inputs
+from fugu_pipeline.defs.versions import file_version
+from fugu_pipeline.steps.versions import code_version
 
-CODE_VERSION = "fugu-roles-1"
+ROLES_SETTINGS = SETTINGS_FILES["config_train_roles"]
 
 
 class RolesAssetConfig(dg.Config):
@@ -20,10 +24,11 @@ class RolesAssetConfig(dg.Config):
     """Roles trainer YAML relative to the project directory (RolesConfig)."""
     eval_seeds: int = 1
     """Sampling seeds per held-out task in the report."""
-    margin: float = 0.02
-    """Reward the challenger must gain over the promoted coordinator (TinyRouter's king + 0.02 rule)."""
-    max_train_gap: float = 0.25
-    """Largest allowed train minus held-out reward."""
+    margin: float | None = None
+    """Composite the challenger must gain over the promoted coordinator (None: the policy file's, 0.02:
+    TinyRouter's king + 0.02 rule)."""
+    max_train_gap: float | None = None
+    """Largest allowed train minus held-out reward (None: the policy file's, 0.25)."""
     replace_broken_king: bool = False
     """When the promoted coordinator cannot be loaded, let the new one replace it facing the baselines
     only; the history records that this run asked (default: the step fails and says why, and the
@@ -36,10 +41,12 @@ def _open(context, config: RolesAssetConfig, pipeline: PipelineResource, encoder
     from fugu_pipeline.policies.coordinator.train import load_roles_config
     from fugu_pipeline.workers.catalog import load_latest
 
+    path = pipeline.paths.resolve(config.config_path)
     try:
-        cfg = load_roles_config(pipeline.paths.resolve(config.config_path))
+        cfg = load_roles_config(path)
     except ConfigError as exc:
         raise explained_failure(str(exc)) from None
+
     workers = pipeline.load_workers()
     refused: list = []  # a batch file the reward matrix left out is left out here too, with a warning
     try:
@@ -59,8 +66,9 @@ def _stop(exc: Exception) -> dg.Failure:
     return explained_failure(f"{type(exc).__name__}: {exc}")
 
 
-@dg.asset(deps=[reward_matrix, promoted_router], pool=GPU_POOL, group_name="multi_turn",
-          kinds={"pytorch", "safetensors", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION)
+@dg.asset(deps=[reward_matrix, promoted_router, ROLES_SETTINGS], pool=GPU_POOL, group_name="multi_turn",
+          kinds={"pytorch", "safetensors", LIVE_KIND}, tags=LIVE_WORKERS,
+          code_version=code_version("fugu_pipeline.policies.coordinator.project", "fugu_pipeline.policies.coordinator.search"))
 def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pipeline: PipelineResource,
                  encoder: EncoderResource) -> dg.Output[str]:
     """Calls the configured workers live (every session of training; with real workers it spends money).
@@ -75,6 +83,7 @@ def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pi
     from fugu_pipeline.session.runner import BudgetExhausted
     from fugu_pipeline.workers.contract import FatalWorkerError
 
+    require_fresh_inputs(context)
     cfg, tasks, run = _open(context, config, pipeline, encoder)
     try:
         one_step = promoted_checkpoint_path(pipeline.paths.models)
@@ -100,14 +109,15 @@ def router_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pi
     }))
 
 
-@dg.asset(pool=GPU_POOL, group_name="multi_turn", kinds={"json", LIVE_KIND}, tags=LIVE_WORKERS, code_version=CODE_VERSION)
+@dg.asset(deps=[SETTINGS_FILES["config_promotion"]], pool=GPU_POOL, group_name="multi_turn", kinds={"json", LIVE_KIND},
+          tags=LIVE_WORKERS, code_version=code_version("fugu_pipeline.policies.coordinator.project"))
 def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfig, pipeline: PipelineResource,
-                      encoder: EncoderResource, router_roles: str, router_es: str, router_heads: dict) -> dg.Output[dict]:
+                      encoder: EncoderResource, router_roles: str, router_es: str, router_cascade: dict) -> dg.Output[dict]:
     """Calls the configured workers live (every held-out session; with real workers it spends money).
     Live multi-turn report on the held-out tasks: accuracy with a 95% interval, turns and cost
     per correct answer, role and worker usage per turn, against the one-step router (the promoted
     one; the latest CMA-ES checkpoint when none is promoted), the answer-aware cascade (the promoted
-    router when it is a cascade, else the one `router_heads` fitted; none when the matrix holds no
+    router when it is a cascade, else `router_cascade`'s; none when the matrix holds no
     replies: the report says so), run over the fixed workers' replies (turns = calls), and the
     best fixed worker (chosen on train), per domain with a verdict on whether delegation is worth
     its extra calls. Then the one
@@ -124,14 +134,15 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
     from fugu_pipeline.train.checkpoints import CheckpointError
     from fugu_pipeline.workers.contract import FatalWorkerError
 
+    require_fresh_inputs(context)
     cfg, tasks, run = _open(context, config, pipeline, encoder)
     # the project's promotion policy (configs/promotion.yaml: composite, overfit rule, gates), as for the router
-    policy = policy_for(pipeline, margin=config.margin, max_train_gap=config.max_train_gap)
+    policy = policy_for(pipeline, context=context, margin=config.margin, max_train_gap=config.max_train_gap)
     with run as r:
         try:
             rep = evaluate_coordinator(r, Path(router_roles), tasks, cfg, pipeline.paths.models, seeds=config.eval_seeds,
                                        policy=policy, one_step_fallback=Path(router_es),
-                                       cascade_fallback=Path(router_heads["cascade"]) if router_heads.get("cascade") else None,
+                                       cascade_fallback=Path(router_cascade["cascade"]) if router_cascade.get("cascade") else None,
                                        device=encoder.device, log=context.log.info,
                                        replace_broken_king=broken_king_ask(context, config.replace_broken_king))
         except (FatalWorkerError, BudgetExhausted, ValueError, CheckpointError) as exc:
@@ -151,6 +162,7 @@ def eval_report_roles(context: dg.AssetExecutionContext, config: RolesAssetConfi
     from fugu_pipeline.defs.harness import promotion_metadata
 
     return dg.Output({"checkpoint": router_roles, "report": rep["report_path"], "promoted": promo.get("promoted", False)},
+                     data_version=dg.DataVersion(file_version(Path(rep["report_path"]))),
                      metadata=tidy({
                          "coordinator_accuracy": p["coordinator"]["accuracy"]["mean"],
                          "best_fixed_accuracy": p["best_fixed"]["accuracy"]["mean"],

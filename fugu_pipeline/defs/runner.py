@@ -1,9 +1,11 @@
-"""The main job: materialize the whole asset graph in order, through Dagster, with the project's
-persistent instance (so the runs show up in `dagster dev` afterwards and every step resumes).
+"""The main job: materialize what is missing or stale in the asset graph, in order, through Dagster,
+with the project's persistent instance (so the runs show up in `dagster dev` afterwards).
 
-Used by `fugu-lite pipeline`. Each step is the same asset the UI materializes: one run per
-partition, one for the matrix (its blocking checks stop what follows), then one run of the steps
-after it (each prints its line as it ends).
+Used by `fugu-lite pipeline`. It first records the settings that changed (`settings.observe`), then
+decides each step by Dagster's stale status (`plan.py`): a fresh step is skipped with one line
+saying since which run; the others run as the UI would: one run per partition, one for the matrix
+(its blocking checks stop what follows), then one run of the steps after it (each prints its line
+as it ends, with why it ran). A re-run with nothing changed starts no run at all.
 """
 
 import logging
@@ -18,8 +20,8 @@ from pathlib import Path
 import dagster as dg
 from dagster._core.errors import DagsterAssetCheckFailedError  # what a failed blocking check raises
 
-from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS, ensure_worker_calls_limit, task_batches
-from fugu_pipeline.tasks.loading import scan_batch_files
+from fugu_pipeline.defs.operations import AFTER_COLLECTION
+from fugu_pipeline.defs.partitions import MAIN_JOB_TAGS, ensure_worker_calls_limit
 
 
 class BlockingCheckFailed(RuntimeError):
@@ -93,12 +95,16 @@ class ProjectBusy(RuntimeError):
 
 class PipelineResults(dict):
     """The materialization metadata of each step, keyed by its label (`reward_matrix`,
-    `responses[b|w]`), and `left_out`: each batch file that could not be loaded, with its first
-    problem in one line (the other batches went on; the command exits non-zero at the end)."""
+    `responses[b|w]`: this run's, or the latest one's for a step skipped as fresh), `fresh`: each
+    step skipped and why, `why`: why each step that ran did, and `left_out`: each batch file that
+    could not be loaded, with its first problem in one line (the other batches went on; the command
+    exits non-zero at the end)."""
 
     def __init__(self):
         super().__init__()
         self.left_out: dict[str, str] = {}
+        self.fresh: dict[str, str] = {}
+        self.why: dict[str, str] = {}
 
 
 LOCK_FILE = ".fugu-pipeline.lock"
@@ -173,30 +179,27 @@ def run_pipeline(
 
 def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, echo, roles, asset_config) -> PipelineResults:
     from fugu_pipeline.defs.assemble import build_defs
-    from fugu_pipeline.defs.sensors import sync_worker_partitions
+    from fugu_pipeline.defs.plan import Planner
+    from fugu_pipeline.defs.sensors import register_partitions
+    from fugu_pipeline.defs.settings import observe
 
     os.chdir(project_dir)
     defs = build_defs(str(project_dir), workers_config, encoder)
     instance = project_instance(project_dir, echo)
     pipeline = defs.resources["pipeline"]
     config = pipeline.load_workers()
-    sync_worker_partitions(instance, config.worker_ids)
-    found, refused = scan_batch_files(pipeline.paths.benchgen)
+    found, refused = register_partitions(instance, pipeline, config.worker_ids)
     for exc in refused:
         echo(f"  skipped {exc}")
-    batches = [b for b, _ in found]
-    if not batches:
+    if not found:
         raise SystemExit(f"no batch files in {pipeline.paths.benchgen}: add a BenchGen .jsonl file there")
-    have = set(instance.get_dynamic_partitions(task_batches.name))
-    missing = [b for b in batches if b not in have]
-    if missing:
-        instance.add_dynamic_partitions(task_batches.name, missing)
+    changed = observe(instance, pipeline, defs.resources["encoder"])  # settings edited since the last observation
     # the same job the UI runs; only its console differs (the UI's run log keeps every event and stack)
     results = PipelineResults()
     job = defs.resolve_implicit_global_asset_job_def().with_logger_defs(
-        {"console": cli_console, "progress": _progress_logger(echo)})
+        {"console": cli_console, "progress": _progress_logger(echo, results)})
 
-    def run(keys: list[str], label: str, partition_key=None):
+    def run(keys: list[str], label: str, partition_key=None, progress: bool = False):
         """One Dagster run of `keys` (in the graph's order), as the UI would launch it; `label`
         names it in an error when the run cannot say which step failed."""
         run_id = str(uuid.uuid4())
@@ -208,7 +211,7 @@ def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, 
                 partition_key=partition_key,
                 run_id=run_id,
                 tags=MAIN_JOB_TAGS,
-                run_config={"loggers": {"console": {}, **({"progress": {}} if len(keys) > 1 else {})},
+                run_config={"loggers": {"console": {}, **({"progress": {}} if progress else {})},
                             **({"ops": config} if config else {})},
                 raise_on_error=True,
             )
@@ -219,57 +222,148 @@ def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, 
             raise StepFailed(f"{label} failed: {exc.description}. The steps before it are kept; put this right and run "
                              "`fugu-lite pipeline` again: it goes on from here", exc) from None
 
-    def step(key: str, partition_key=None) -> None:
-        t0 = time.monotonic()
-        label = f"{key}[{partition_key}]" if partition_key else key
-        res = run([key], label, partition_key)
+    def skipped(d) -> None:
+        results.fresh[d.label] = d.why
+        record = instance.get_latest_materialization_event(dg.AssetKey(d.key)) if d.partition is None else None
+        if record is not None:  # the figures of what is kept, for the summary
+            results[d.label] = {k: getattr(v, "value", v) for k, v in record.asset_materialization.metadata.items()}
+        echo(f"  {d.label:<40} skipped, {d.why}")
+
+    def step(d) -> None:
+        if not d.run:
+            return skipped(d)
+        t0, c0 = time.monotonic(), time.process_time()
+        res = run([d.key], d.label, d.partition)
         mats = res.get_asset_materialization_events()
         meta = mats[-1].materialization.metadata if mats else {}
-        results[label] = {k: getattr(v, "value", v) for k, v in meta.items()}
+        results[d.label] = {k: getattr(v, "value", v) for k, v in meta.items()}
         detail = ""
-        if key == "responses":
-            detail = f"  called {results[label].get('called')}, already done {results[label].get('already_done')}"
-        echo(f"  {label:<40} done in {time.monotonic() - t0:6.2f}s{detail}")
+        if d.key == "responses":
+            detail = f"  called {results[d.label].get('called')}, already done {results[d.label].get('already_done')}"
+        echo(f"  {d.label:<40} done in {time.monotonic() - t0:6.2f}s (CPU {time.process_time() - c0:6.2f}s){detail}  [{d.why}]")
 
-    def steps(keys: list[str]) -> None:
-        """The unpartitioned steps after the matrix in one run (each prints its line as it ends):
-        one run per step paid Dagster's per-run cost (a run record, its event-log database, the
-        job's snapshot) a dozen times, a third of a re-run's time."""
-        if not keys:
+    def steps(decisions) -> None:
+        """The steps after the matrix: the fresh ones skipped (one line each, with why), the others in
+        one run (each prints its line as it ends): one run per step paid Dagster's per-run cost (a run
+        record, its event-log database, the job's snapshot) a dozen times, a third of a re-run's time."""
+        for d in decisions:
+            if not d.run:
+                skipped(d)
+        todo = [d for d in decisions if d.run]
+        if not todo:
             return
-        res = run(keys, keys[0])
+        results.why.update({d.key: d.why for d in todo})
+        res = run([d.key for d in todo], todo[0].key, progress=True)
         for event in res.get_asset_materialization_events():
             meta = event.materialization.metadata
             results[event.asset_key.to_user_string()] = {k: getattr(v, "value", v) for k, v in meta.items()}
 
-    echo(f"fugu-lite pipeline: {len(batches)} batch(es) x {len(config.worker_ids)} worker(s), workers from {workers_config}")
-    for b in batches:
+    batches = [b for b, _ in found]
+    echo(f"fugu-lite pipeline: {len(batches)} batch(es) x {len(config.worker_ids)} worker(s), workers from {workers_config}"
+         + (f"; settings changed since the last run: {', '.join(changed)}" if changed else ""))
+    for b, path in found:
         try:
-            step("tasks", b)
+            step(Planner(instance, defs).tasks(b, path))
         except StepFailed as exc:  # a batch that cannot be loaded: left out, the others go on (as the batch sensor does)
             results.left_out[b] = exc.one_line()
             echo(f"  {'tasks[' + b + ']':<40} LEFT OUT: {exc.one_line()}")
             continue
+        planner = Planner(instance, defs)
         for w in config.worker_ids:
-            step("responses", dg.MultiPartitionKey({"batch": b, "worker": w}))
-    step("reward_matrix")
+            step(planner.responses(b, w))
+    step(Planner(instance, defs).matrix())
     if stop_after == "reward_matrix":
         return results
     downstream = _downstream_steps(defs)
-    steps(downstream[:downstream.index(stop_after) + 1] if stop_after in downstream else downstream)
+    keys = downstream[:downstream.index(stop_after) + 1] if stop_after in downstream else downstream
     if roles and stop_after not in downstream:  # the coordinator, after the one-step chain it warm-starts from and compares with
-        steps(ROLES_STEPS[:ROLES_STEPS.index(stop_after) + 1] if stop_after in ROLES_STEPS else ROLES_STEPS)
+        keys = keys + (ROLES_STEPS[:ROLES_STEPS.index(stop_after) + 1] if stop_after in ROLES_STEPS else ROLES_STEPS)
+    steps(Planner(instance, defs).downstream(keys, asset_config))
     return results
 
 
-def _progress_logger(echo: Callable[[str], None]) -> dg.LoggerDefinition:
-    """A logger that prints `  <step>   done in 1.23s` as each step of a run succeeds."""
+class NoSuchTarget(ValueError):
+    """`fugu-lite materialize` names an asset or a partition that does not exist: one line, nothing run."""
+
+
+def materialize_one(project_dir: Path, workers_config: str, key: str, partition: str | None = None, *,
+                    encoder: str | None = None, echo: Callable[[str], None] = print) -> dict:
+    """Materialize one asset (one partition of a partitioned one) on the project's instance, as the UI
+    would: the batch files and workers registered as partitions first, the settings observed. An
+    asset or partition that does not exist is NoSuchTarget, one line with the ones that do; a missing
+    or stale input is the step's own line (StepFailed). Returns the materialization's metadata."""
+    from fugu_pipeline.defs.assemble import build_defs
+    from fugu_pipeline.defs.sensors import register_partitions
+    from fugu_pipeline.defs.settings import observe
+
+    with project_lock(project_dir.resolve()):
+        os.chdir(project_dir)
+        defs = build_defs(str(project_dir), workers_config, encoder)
+        graph = defs.resolve_asset_graph()
+        names = sorted(k.to_user_string() for k in graph.materializable_asset_keys)
+        if key not in names:
+            raise NoSuchTarget(f"no asset {key!r}; nothing was run. The assets: {', '.join(names)}")
+        instance = project_instance(project_dir, echo)
+        pipeline = defs.resources["pipeline"]
+        found, _refused = register_partitions(instance, pipeline)
+        part = _partition_of(graph.get(dg.AssetKey(key)), key, partition, [b for b, _ in found],
+                             pipeline.load_workers().worker_ids, pipeline.paths.benchgen)
+        observe(instance, pipeline, defs.resources["encoder"])
+        job = defs.resolve_implicit_global_asset_job_def().with_logger_defs({"console": cli_console})
+        label = f"{key}[{partition}]" if partition else key
+        t0 = time.monotonic()
+        try:
+            res = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey(key)], partition_key=part,
+                                         tags=MAIN_JOB_TAGS, run_config={"loggers": {"console": {}}}, raise_on_error=True)
+        except DagsterAssetCheckFailedError:
+            raise BlockingCheckFailed(_blocking_failures(instance, key)) from None
+        except dg.Failure as exc:
+            raise StepFailed(f"{label} failed: {exc.description}", exc) from None
+        mats = res.get_asset_materialization_events()
+        echo(f"  {label:<40} done in {time.monotonic() - t0:6.2f}s")
+        return {k: getattr(v, "value", v) for k, v in (mats[-1].materialization.metadata.items() if mats else ())}
+
+
+def _partition_of(node, key: str, partition: str | None, batches: list[str], workers: list[str], folder: Path):
+    """The partition key to run, checked against the batch files and the worker config."""
+    if not node.is_partitioned:
+        if partition is not None:
+            raise NoSuchTarget(f"{key} is not partitioned; drop --partition {partition}")
+        return None
+    if partition is None:
+        raise NoSuchTarget(f"{key} is partitioned: give --partition (batches: {', '.join(batches) or 'none'})")
+    batch, _, worker = partition.partition("|")
+    if batch not in batches:
+        raise NoSuchTarget(f"partition {partition!r} of {key} does not exist: no batch file {folder / (batch + '.jsonl')}"
+                           f" (batches: {', '.join(batches) or 'none'}); add the file there or name an existing batch")
+    if key == "tasks":
+        if worker:
+            raise NoSuchTarget(f"tasks is partitioned by batch only: --partition {batch}")
+        return batch
+    if worker not in workers:
+        raise NoSuchTarget(f"partition {partition!r} of {key}: give BATCH|WORKER, a worker of the worker config "
+                           f"({', '.join(workers)})")
+    return dg.MultiPartitionKey({"batch": batch, "worker": worker})
+
+
+def _progress_logger(echo: Callable[[str], None], results: "PipelineResults | None" = None) -> dg.LoggerDefinition:
+    """A logger that prints `  <step>   done in 1.23s (CPU 1.10s)  [why it ran]` as each step of a run
+    succeeds (the CPU of this process from the step's start to its end: the steps of one run execute
+    in it one after another)."""
+    started: dict[str, float] = {}
 
     class _StepDone(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
-            if event is not None and event.event_type_value == "STEP_SUCCESS":
-                echo(f"  {event.step_key:<40} done in {event.event_specific_data.duration_ms / 1000:6.2f}s")
+            if event is None:
+                return
+            if event.event_type_value == "STEP_START":
+                started[event.step_key] = time.process_time()
+            elif event.event_type_value == "STEP_SUCCESS":
+                cpu = time.process_time() - started.pop(event.step_key, time.process_time())
+                why = (results.why.get(event.step_key) if results is not None else None)
+                echo(f"  {event.step_key:<40} done in {event.event_specific_data.duration_ms / 1000:6.2f}s (CPU {cpu:6.2f}s)"
+                     + (f"  [{why}]" if why else ""))
 
     @dg.logger(description="fugu-lite pipeline's progress: one line as each step ends")
     def progress(init_context: dg.InitLoggerContext) -> logging.Logger:
@@ -309,11 +403,7 @@ def _blocking_failures(instance: dg.DagsterInstance, key: str) -> str:
 
 
 # After the reward matrix, in order. The catalog asset is not here: it needs the network.
-DOWNSTREAM = [
-    "task_embeddings", "router_sft", "router_rl", "router_es", "router_heads",
-    "eval_report_sft", "eval_report_rl", "eval_report_es", "eval_report_heads", "promoted_router",
-    "triage_head", "eval_report_triage",
-]
+DOWNSTREAM = [a.key.to_user_string() for a in AFTER_COLLECTION[1:]]  # the steps after the matrix, main_job's
 
 
 def _downstream_steps(defs: dg.Definitions) -> list[str]:

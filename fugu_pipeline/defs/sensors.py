@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import dagster as dg
 
@@ -21,8 +20,9 @@ from fugu_pipeline.defs.resources import PipelineResource, config_skip
 from fugu_pipeline.defs.versions import EMPTY_VERSION, file_version, latest_data_versions
 from fugu_pipeline.tasks.loading import TaskFileError, load_tasks, scan_batch_files, shown_name
 from fugu_pipeline.workers.config import WorkerConfigError
+from fugu_pipeline.settings import settings
 
-BATCH_SENSOR_INTERVAL_S = int(os.environ.get("FUGU_BATCH_SENSOR_INTERVAL_S", "10"))
+BATCH_SENSOR_INTERVAL_S = settings().batch_sensor_interval_s
 _DIGESTS: dict[str, tuple[tuple[int, int, int], str]] = {}  # path -> ((inode, size, mtime ns), digest): this process's
 
 
@@ -63,6 +63,22 @@ def sync_worker_partitions(instance: dg.DagsterInstance, worker_ids: list[str]) 
     if new:
         instance.add_dynamic_partitions(workers.name, new)
     return new
+
+
+def register_partitions(instance: dg.DagsterInstance, pipeline: PipelineResource, worker_ids: list[str] | None = None):
+    """Every batch file of the batch folder as a `task_batches` partition and every configured worker
+    as a `workers` partition, added where missing (none is ever removed here: a deleted file's history
+    stays visible). What the definitions do when they load, and `fugu-lite pipeline` before it
+    runs, so a partition can be materialized alone on a fresh instance (`dagster asset materialize
+    --select tasks --partition sample`); the batch sensor still requests each new or changed file's
+    runs. Returns (batch name and path of each file found, the entries refused for their name)."""
+    found, refused = scan_batch_files(pipeline.paths.benchgen)
+    have = set(instance.get_dynamic_partitions(task_batches.name))
+    new = [b for b, _ in found if b not in have]
+    if new:
+        instance.add_dynamic_partitions(task_batches.name, new)
+    sync_worker_partitions(instance, worker_ids if worker_ids is not None else pipeline.load_workers().worker_ids)
+    return found, refused
 
 
 def _cursor_workers(context: dg.SensorEvaluationContext) -> set[str] | None:

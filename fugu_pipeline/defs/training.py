@@ -95,23 +95,31 @@ def curves_png(result: "TrainResult", path: Path | None = None) -> bytes:
     return png
 
 
-def train_result_metadata(result: "TrainResult", checkpoint_path: str | Path) -> dict[str, dg.MetadataValue]:
-    """Materialization metadata for a router training asset: the curve plot (also kept as
-    `<checkpoint>/reports/training_curves.png`), the parameter count, the kept epoch, validation
-    utilities against the baselines, and where the checkpoint is."""
-    png = base64.b64encode(curves_png(result, Path(checkpoint_path) / CURVES_FILE)).decode("ascii")
-    m = result.metrics
+def train_result_metadata(checkpoint_path: str | Path) -> dict[str, dg.MetadataValue]:
+    """Materialization metadata for a router training asset, from the checkpoint's manifest (the
+    same whether it was trained now or kept from an earlier run with the same inputs): the curve plot
+    (kept as `<checkpoint>/reports/training_curves.png`), the parameter count, the kept epoch,
+    validation utilities against the baselines, and where the checkpoint is."""
+    from types import SimpleNamespace
+
+    from fugu_pipeline.train.checkpoints import MANIFEST_FILE, Manifest
+
+    man = Manifest.model_validate_json((Path(checkpoint_path) / MANIFEST_FILE).read_text(encoding="utf-8"))
+    m = man.metrics
+    drawn = SimpleNamespace(method=man.method, head_kind=man.head_kind, param_count=man.param_count,
+                            best_epoch=int(m.get("best_epoch", 0)), curves=man.curves)
+    png = base64.b64encode(curves_png(drawn, Path(checkpoint_path) / CURVES_FILE)).decode("ascii")
     return {
-        "curves": dg.MetadataValue.md(f"![{result.method} training curves](data:image/png;base64,{png})"),
-        "method": dg.MetadataValue.text(result.method),
-        "head_kind": dg.MetadataValue.text(result.head_kind),
-        "param_count": dg.MetadataValue.int(result.param_count),
-        "best_epoch": dg.MetadataValue.int(result.best_epoch),
+        "curves": dg.MetadataValue.md(f"![{man.method} training curves](data:image/png;base64,{png})"),
+        "method": dg.MetadataValue.text(man.method),
+        "head_kind": dg.MetadataValue.text(man.head_kind),
+        "param_count": dg.MetadataValue.int(man.param_count),
+        "best_epoch": dg.MetadataValue.int(drawn.best_epoch),
         "val_utility": dg.MetadataValue.float(rounded(float(m["val_utility"]))),
         "val_best_fixed_utility": dg.MetadataValue.float(rounded(float(m["val_best_fixed_utility"]))),
         "val_oracle_utility": dg.MetadataValue.float(rounded(float(m["val_oracle_utility"]))),
         "train_utility": dg.MetadataValue.float(rounded(float(m["train_utility"]))),
-        "data_version": dg.MetadataValue.text(result.data_version),
-        "wall_s": dg.MetadataValue.float(round(float(result.wall_s), 2)),
+        "data_version": dg.MetadataValue.text(man.data_version),
+        "wall_s": dg.MetadataValue.float(round(float(man.wall_s or 0.0), 2)),
         "checkpoint": dg.MetadataValue.path(str(checkpoint_path)),
     }

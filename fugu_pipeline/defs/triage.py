@@ -3,14 +3,18 @@ Thin: the work is in `policies/triage/train.py` and `policies/triage/report.py`.
 
 import dagster as dg
 
+from fugu_pipeline.defs.data import reward_matrix
 from fugu_pipeline.defs.failures import explained_failure
 from fugu_pipeline.defs.embeddings import EncoderResource
 from fugu_pipeline.defs.metadata import tidy
-from fugu_pipeline.defs.models import _routing_data, task_embeddings
+from fugu_pipeline.defs.models import task_embeddings
 from fugu_pipeline.defs.partitions import GPU_POOL
 from fugu_pipeline.defs.resources import PipelineResource
-
-CODE_VERSION = "fugu-triage-1"
+from fugu_pipeline.defs.rows import routing_data as _routing_data
+from fugu_pipeline.defs.settings import SETTINGS_FILES
+from fugu_pipeline.defs.staleness import require_fresh_inputs
+from fugu_pipeline.defs.versions import file_version
+from fugu_pipeline.steps.versions import code_version
 
 
 class TriageAssetConfig(dg.Config):
@@ -24,7 +28,8 @@ class TriagePromotionConfig(dg.Config):
     only; the history records that this run asked (default: the step fails and says why)."""
 
 
-@dg.asset(deps=[task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"}, code_version=CODE_VERSION)
+@dg.asset(deps=[reward_matrix, task_embeddings], pool=GPU_POOL, group_name="training", kinds={"pytorch", "safetensors"},
+          code_version=code_version("fugu_pipeline.policies.triage.train"))
 def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pipeline: PipelineResource,
                 encoder: EncoderResource) -> dg.Output[str]:
     """TinyRouter's first milestone: predicts a prompt's domain and difficulty (the share of workers
@@ -34,6 +39,7 @@ def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pi
     from fugu_pipeline.config_files import ConfigError, load_config
     from fugu_pipeline.policies.triage.train import TriageConfig, train_triage
 
+    require_fresh_inputs(context)
     try:
         cfg = load_config(pipeline.paths.resolve(config.config_path), TriageConfig) if config.config_path else TriageConfig()
         result = train_triage(_routing_data(context, pipeline, encoder), cfg, log=context.log.info)
@@ -50,7 +56,8 @@ def triage_head(context: dg.AssetExecutionContext, config: TriageAssetConfig, pi
     }))
 
 
-@dg.asset(pool=GPU_POOL, group_name="evaluation", kinds={"json"}, code_version=CODE_VERSION)
+@dg.asset(deps=[SETTINGS_FILES["config_promotion"]], pool=GPU_POOL, group_name="evaluation", kinds={"json"},
+          code_version=code_version("fugu_pipeline.policies.triage.report", "fugu_pipeline.policies.triage.contest"))
 def eval_report_triage(context: dg.AssetExecutionContext, config: TriagePromotionConfig, pipeline: PipelineResource,
                        encoder: EncoderResource, triage_head: str) -> dg.MaterializeResult:
     """Held-out report of the triage head: domain and difficulty accuracy per domain, confusion
@@ -63,6 +70,7 @@ def eval_report_triage(context: dg.AssetExecutionContext, config: TriagePromotio
     from fugu_pipeline.policies.triage.report import triage_lines, triage_markdown, triage_report, write_triage_report
     from fugu_pipeline.policies.triage.train import load_triage
 
+    require_fresh_inputs(context)
     data = _routing_data(context, pipeline, encoder)
     rep = triage_report(load_triage(triage_head, expected_contract=data.contract), data, "test")
     path = write_triage_report(rep, Path(triage_head) / "reports" / "triage-test.json")
@@ -80,7 +88,7 @@ def eval_report_triage(context: dg.AssetExecutionContext, config: TriagePromotio
     from fugu_pipeline.train.checkpoints import CheckpointError
 
     try:
-        outcome = run_contest(TriageKind(data), [triage_head], pipeline.paths.models, policy_for(pipeline),
+        outcome = run_contest(TriageKind(data), [triage_head], pipeline.paths.models, policy_for(pipeline, context=context),
                               replace_broken_king=broken_king_ask(context, config.replace_broken_king))
     except CheckpointError as exc:  # the promoted triage head is broken and nobody asked to replace it
         raise dg.Failure(description=str(exc)) from None
@@ -88,4 +96,7 @@ def eval_report_triage(context: dg.AssetExecutionContext, config: TriagePromotio
     meta.update({"promoted": outcome["promoted"],
                  "decision": dg.MetadataValue.md("\n".join(f"- {r}" for r in outcome["reasons"])),
                  **promotion_metadata(outcome)})
-    return dg.MaterializeResult(metadata=tidy(meta))
+    from fugu_pipeline.train.pointer import TRIAGE_POINTER
+
+    version = f"{file_version(path)}-{file_version(pipeline.paths.models / TRIAGE_POINTER)}"
+    return dg.MaterializeResult(metadata=tidy(meta), data_version=dg.DataVersion(version))

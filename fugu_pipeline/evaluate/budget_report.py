@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.evaluate.baselines import SHOWN_WORKERS
 from fugu_pipeline.evaluate.metrics import ci_text, paired_bootstrap, pick
 from fugu_pipeline.route.budget import Budget, BudgetCalibration, budget_scores, quality_of
@@ -71,14 +72,13 @@ def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration,
     op = calibration.choose(budget)
     r = at(op.lam)
     cost = float(pick(C, r).mean())
-    cap_share = budget.share if budget.share is not None else None
-    cap_usd = budget.usd_per_1k
     realised = {"cost_usd_per_1k": cost * 1000, "share": cost / ref_cost}
-    met = (realised["share"] <= cap_share + 1e-12) if cap_share is not None else (realised["cost_usd_per_1k"] <= cap_usd + 1e-12)
+    met = within_cap(realised["share"], budget.share) if budget.share is not None else \
+        within_cap(realised["cost_usd_per_1k"], budget.usd_per_1k)
     # the best single worker the cap allows, chosen on TRAINING rows
     c_train = calibration.cost_model.predict(train.prompts, train.domains).mean(axis=0)
-    allowed = [i for i in range(len(W)) if (c_train[i] / c_train[ref] <= cap_share + 1e-12 if cap_share is not None
-                                              else c_train[i] * 1000 <= cap_usd + 1e-12)]
+    allowed = [i for i in range(len(W)) if (within_cap(c_train[i] / c_train[ref], budget.share) if budget.share is not None
+                                              else within_cap(c_train[i] * 1000, budget.usd_per_1k))]
     chosen = {
         "budget": budget.model_dump(),
         "describe": budget.describe(),

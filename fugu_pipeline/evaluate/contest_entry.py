@@ -141,4 +141,4 @@ def receipt_result(entrant, policy, *, data=None, models_dir=None) -> GateResult
         return GateResult("receipt", False, f"{Path(entrant.path) / WEIGHTS_FILE}: cannot read the weights "
                           f"({exc.strerror or exc})")
     return receipt_gate(receipt, policy.gates, data=data, weights=WeightDigests(sha, content), manifest=entrant.manifest,
-                        ledger=pack_ledger(entrant.path, models_dir))
+                        ledger=pack_ledger(entrant.path, models_dir, cap))

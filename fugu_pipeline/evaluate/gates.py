@@ -219,10 +219,10 @@ def duplicate_gate(seen: Behaviour, models_dir: str | Path, threshold: float, *,
 
 def paid_workers(data, worker_ids: list[str]) -> list[str] | None:
     """The workers the host's matrix records a positive cost for; [] when it records no cost at
-    all (nobody was paid); None without host data."""
+    all, or only the mock workers' simulated costs (nobody was paid); None without host data."""
     if data is None:
         return None
-    if data.cost_usd is None:
+    if data.cost_usd is None or getattr(data, "cost_simulated", False):
         return []
     cost = np.nan_to_num(np.asarray(data.cost_usd, float))
     return [w for i, w in enumerate(data.worker_ids) if w in worker_ids and cost[:, i].sum() > 0]
@@ -287,6 +287,8 @@ def receipt_gate(receipt, cfg: GateConfig, *, data=None, weights: bytes | Weight
     if problems:
         return GateResult("receipt", False, "; ".join(problems))
     cost = "n/a" if receipt.data_cost_usd is None else f"${receipt.data_cost_usd:.4f}"
+    if getattr(data, "cost_simulated", False) and receipt.data_cost_usd is not None:
+        cost, cost_note = f"{cost}, simulated by the mock workers (their calls cost nothing real)", ""
     cited = f"; ledger {ledger.describe()}" if ledger is not None and not isinstance(ledger, str) else ""
     return GateResult("receipt", True, f"{receipt.steps} fitness steps ({receipt.fitness_curve}), training cost {cost}"
                       f"{cost_note}{cited}")

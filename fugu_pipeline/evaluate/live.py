@@ -13,7 +13,8 @@ A call that fails scores 0 (the head chose a worker that did not answer). Outcom
 the live store (`live_store.py`) per (head, task, seed), so a re-judgement calls nothing, and are
 shared by (task, worker, seed): king and challenger routing a task to the same worker share one
 answer. Every call made is appended to the cost ledger (`fugu_pipeline/ledger.py`, kind `live`;
-its grading call, kind `judge`). `max_usd` bounds the spend (each call's worst case reserved from
+its grading call, kind `judge`), announced before it is made and its cost written before its
+outcome is kept. `max_usd` bounds the spend (each call's worst case reserved from
 the catalog or configured prices before it is made; an unpriced paid worker is refused up front).
 """
 
@@ -105,6 +106,23 @@ class OneCallEvaluator:
                                               error=o.error))
         return out
 
+    async def _announce(self, spec, task: "Task", task_id: str, judge) -> str | None:
+        """The call's id in the ledger (None without one); a call someone bills is in the in-flight
+        journal, with its worst case, before it is made (`ledger.py`)."""
+        if self.ledger is None:
+            return None
+        from fugu_pipeline.workers.budget import cost_ceiling
+
+        judged = judge is not None and task.grader.type == "llm_judge"
+        if spec.kind == "mock" and not (judged and self.config.judge.kind != "mock"):
+            return self.ledger.begin("live", announce=False)
+        worst = cost_ceiling(spec, task)
+        if worst is not None and judged:
+            j = cost_ceiling(self.config.judge, task)
+            worst = None if j is None else worst + j
+        return await asyncio.to_thread(self.ledger.begin, "live", worker_id=spec.id, task_id=task_id, ref="live",
+                                       worst_usd=worst)
+
     async def _run(self, todo: dict[tuple[str, str], "Task"]) -> None:
         from fugu_pipeline.collect.grading import grade
         from fugu_pipeline.workers.budget import cost_ceiling, price_per_token, unpriced_message
@@ -117,6 +135,8 @@ class OneCallEvaluator:
                 spec = self.config.worker(w)
                 if spec.kind != "mock" and price_per_token(spec) is None:
                     raise FatalWorkerError(unpriced_message(spec, self.max_usd))
+        if self.ledger is not None:
+            self.ledger.check()  # settled and appendable before any call
         clients = {w: make_client(self.config.worker(w), self.config) for w in workers}
         needs_judge = any(t.grader.type == "llm_judge" for t in todo.values())
         judge = make_client(self.config.judge, self.config, judge=True) if needs_judge and self.config.judge else None
@@ -135,22 +155,30 @@ class OneCallEvaluator:
                                 f"live evaluation: spent ${self.spent:.4f} of max ${self.max_usd:.4f}; the next call "
                                 f"could cost ${reserve:.4f}. Lower live_sample or raise max_usd_per_run")
                         self.spent += reserve
+                call = await self._announce(spec, task, task_id, judge)
+                comp = None
                 try:
                     comp = await clients[worker].complete(task_messages(task, spec.system_prompt), task=task)
-                    if self.ledger is not None:
-                        await asyncio.to_thread(self.ledger.append, "live", comp.cost_usd, worker_id=worker,
-                                                task_id=task_id, ref="live")
                     g = await grade(task, comp.answer, judge)
-                    if self.ledger is not None and g.judge_cost_usd:
-                        await asyncio.to_thread(self.ledger.append, "judge", g.judge_cost_usd,
-                                                worker_id=self.config.judge.id if self.config.judge else "",
-                                                task_id=task_id, ref="live")
                     cost = comp.cost_usd + g.judge_cost_usd
+                    if call is not None:  # the cost is on disk before the outcome is kept anywhere
+                        lines = [("live", comp.cost_usd, worker, task_id, "live")]
+                        if g.judge_cost_usd:
+                            lines.append(("judge", g.judge_cost_usd, self.config.judge.id if self.config.judge else "",
+                                          task_id, "live"))
+                        await asyncio.to_thread(self.ledger.pay, call, lines)
                     out = LiveOutcome(task_id, float(g.quality), cost_usd=cost, workers=[worker])
                 except FatalWorkerError:
+                    if call is not None:
+                        await asyncio.to_thread(self.ledger.void, call)
                     raise
                 except (WorkerCallError, ValueError) as exc:
-                    cost = 0.0
+                    cost = comp.cost_usd if comp is not None else 0.0  # answered, then the grading failed: paid
+                    if call is not None:
+                        if comp is not None:
+                            await asyncio.to_thread(self.ledger.pay, call, [("live", cost, worker, task_id, "live")])
+                        else:
+                            await asyncio.to_thread(self.ledger.void, call)
                     out = LiveOutcome(task_id, 0.0, workers=[worker], error=str(exc)[:300])
                 async with lock:
                     self.spent += cost - reserve
@@ -174,8 +202,8 @@ def live_evaluator(config: "WorkersConfig", project_dir, **kw) -> OneCallEvaluat
     from fugu_pipeline.evaluate.live_store import LiveStore, live_context
     from fugu_pipeline.ledger import CostLedger, project_ledger
 
-    context = live_context([w.model_dump(mode="json") for w in config.workers],
-                           config.judge.model_dump(mode="json") if config.judge else None)
+    context = live_context([w.answer_fields() for w in config.workers],
+                           config.judge.answer_fields() if config.judge else None)
     return OneCallEvaluator(config, store=LiveStore(Path(project_dir) / "data" / "live", context),
                             ledger=CostLedger(project_ledger(project_dir)), **kw)
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from fugu_pipeline.evaluate.gates import GateConfig, GateResult, duplicate_gate, rate_limit_gate, receipt_gate
 from fugu_pipeline.features.contract import FeatureContract
-from fugu_pipeline.train.checkpoints import MANIFEST_FILE, MAX_MANIFEST_BYTES, WEIGHTS_FILE, Manifest, read_capped, weights_limit
+from fugu_pipeline.train.checkpoints import MANIFEST_FILE, MAX_MANIFEST_BYTES, WEIGHTS_FILE, CheckpointError, Manifest, read_capped, weights_limit
 from fugu_pipeline.train.exchange import (
     CONTRACT_FILE,
     LEDGER_COPY,
@@ -193,7 +193,7 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
     gates.append(sig[0])
     if sig[1] is not None:
         who, key = sig[1]
-    ledger = pack_ledger(pack, models_dir)
+    ledger = pack_ledger(pack, models_dir, cfg.pack_member_max_bytes)
     gates.append(GateResult("ledger", isinstance(ledger, object) and ledger is not None and not isinstance(ledger, str),
                             f"no {LEDGER_COPY}" if ledger is None else ledger if isinstance(ledger, str)
                             else f"hash chain holds, every line signed by a collector this host trusts: {ledger.describe()}"))
@@ -205,7 +205,7 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
         try:
             receipt = read_receipt(pack)
             gates.append(receipt_gate(receipt, cfg, data=data, weights=weights, manifest=manifest, ledger=ledger))
-        except ValueError as exc:
+        except (ValueError, CheckpointError) as exc:
             gates.append(GateResult("receipt", False, str(exc)[:300]))
     cap = getattr(_head_class(manifest.head_kind), "max_params", None)  # the kind's own cap (a triage head's)
     if cap is not None:

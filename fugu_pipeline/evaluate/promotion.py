@@ -54,6 +54,19 @@ from fugu_pipeline.evaluate.promotion_record import (  # noqa: F401 - append_his
 )
 
 
+class ProjectRuns(BaseModel):
+    """The rule of the project's own pipeline runs (the schedule, the sensors, backfills, `fugu-lite
+    pipeline`, runs launched from the UI), told apart by how Dagster launched them (`defs/harness.py
+    project_run`); `gates` is the rule of everyone else (`fugu-lite validate`, `evaluate-roles
+    --promote`). The project's runs make one attempt per new batch or catalog change, not a search
+    over the held-out rows, so by default they are not rate limited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rate_limit_s: float = Field(0.0, ge=0, description="at most one promotion attempt of the project's own runs per this "
+                                                        "many seconds (0: off)")
+
+
 class PromotionPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -67,6 +80,11 @@ class PromotionPolicy(BaseModel):
     seed: int = 0
     composite: CompositeConfig = Field(default_factory=CompositeConfig, description="the composite score the king is judged on")
     gates: GateConfig = Field(default_factory=GateConfig, description="rate limit, duplicate, receipt")
+    project_runs: ProjectRuns = Field(default_factory=ProjectRuns, description="the project's own pipeline runs' rule")
+
+    def for_project_run(self) -> "PromotionPolicy":
+        """The policy of one of the project's own runs: its rate limit is `project_runs.rate_limit_s`."""
+        return self.model_copy(update={"gates": self.gates.model_copy(update={"rate_limit_s": self.project_runs.rate_limit_s})})
 
 
 class PolicyError(ValueError):
@@ -76,16 +94,33 @@ class PolicyError(ValueError):
 DEFAULT_POLICY_FILE = "configs/promotion.yaml"
 
 
-def load_policy(path: str | Path | None, *, required: bool = False, **overrides) -> PromotionPolicy:
+def project_policy(project_dir: str | Path, policy_file: str | Path | None = None, *, project_run: bool = False,
+                   **overrides) -> PromotionPolicy:
+    """The promotion policy every command and asset reads: `policy_file` (`--policy`, the asset's
+    `policy_file`; relative to the project folder), else the project's `configs/promotion.yaml`,
+    through `load_policy`. A file other than the default one must exist; a missing default file
+    means the defaults. `project_run`: one of the project's own pipeline runs (`ProjectRuns`)."""
+    name = Path(policy_file or DEFAULT_POLICY_FILE)
+    path = name if name.is_absolute() else Path(project_dir) / name
+    required = policy_file is not None and name != Path(DEFAULT_POLICY_FILE)
+    return load_policy(path, required=required, project_run=project_run, **overrides)
+
+
+def load_policy(path: str | Path | None, *, required: bool = False, project_run: bool = False,
+                **overrides) -> PromotionPolicy:
     """The policy from a YAML file (`configs/promotion.yaml`); a missing default file means the
-    defaults, a missing file asked for by name (`required`) is an error. `overrides` that are not
-    None replace top-level fields (`rate_limit_s` and `live_sample` reach into their blocks)."""
+    defaults, a missing file asked for by name (`required`) is an error. `project_run`: the rule of
+    the project's own runs replaces the rate limit (`PromotionPolicy.for_project_run`). Then
+    `overrides` that are not None replace top-level fields (`rate_limit_s` and `live_sample` reach
+    into their blocks)."""
     from fugu_pipeline.config_files import load_yaml_model
 
     if path is not None and (required or Path(path).exists()):
         policy = load_yaml_model(path, PromotionPolicy, PolicyError, what="promotion policy file", empty_ok=True)
     else:
         policy = PromotionPolicy()
+    if project_run:
+        policy = policy.for_project_run()
     over = {k: v for k, v in overrides.items() if v is not None}
     if "rate_limit_s" in over:
         policy = policy.model_copy(update={"gates": policy.gates.model_copy(update={"rate_limit_s": over.pop("rate_limit_s")})})

@@ -31,10 +31,10 @@ LEXICAL_NAMES = (
 LEXICAL_DIM = len(LEXICAL_NAMES)
 BLOCK_SCALE = 0.25
 
-_NUM = re.compile(r"\d[\d,]*\.?\d*")
+_NUM = re.compile(r"\d[\d,]*(?:\.\d*)?")  # every character read one way (features.md, "Untrusted text")
 _SENT = re.compile(r"[.!?](?:\s|$)")
 _CODE = re.compile(r"```|\bdef |\breturn\b|\bimport |[{};]|==|->")
-_CHOICE = re.compile(r"(?m)^\s*\(?[A-Ha-h][).:]\s")
+_CHOICE = re.compile(r"(?m)^[^\S\n]*\(?[A-Ha-h][).:]\s")  # blank lines before an option: its own line counts it
 # divisors that bring each raw statistic to about [0, 1] on real prompts (a 20k-character prompt is
 # log1p = 9.9; 40 sentences log1p = 3.7; numbers are capped at 1e12); values beyond are kept, not clipped
 _DIVISORS = np.array([10, 9, 1, 5, 6, 5, 6, 10, 1, 1, 4, 5, 28, 1, 3, 5], dtype=np.float64)
@@ -54,10 +54,10 @@ def _row(t: str) -> list[float]:
     largest = max(vals, default=0.0)
     return [
         math.log1p(len(t)), math.log1p(len(words)),
-        sum(c.isdigit() for c in t) / n, math.log1p(len(nums)),
+        sum(map(str.isdigit, t)) / n, math.log1p(len(nums)),
         math.log1p(t.count("\n")), min(t.count("?"), 10), math.log1p(len(_CODE.findall(t))),
-        min(len(_CHOICE.findall(t)), 10), sum(c.isupper() for c in t) / n,
-        sum(not c.isascii() for c in t) / n,
+        min(len(_CHOICE.findall(t)), 10), sum(map(str.isupper, t)) / n,
+        (len(t) - sum(map(str.isascii, t))) / n,
         math.log1p(sents), math.log1p(len(set(nums))), math.log1p(min(largest, 1e12)),
         float("%" in t or "/" in t or "percent" in t.lower()),
         math.log1p(len(t.replace(' ', '').replace('\n', '')) / len(words)) if words else 0.0, math.log1p(len(words) / sents),

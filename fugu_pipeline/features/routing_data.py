@@ -68,6 +68,7 @@ class RoutingData:
     feature_task_ids: list[str] | None = None  # task order of `features`, checked by validate()
     tags: list[tuple[str, ...]] | None = None  # per task: labels reports group by (e.g. 'id'/'ood')
     data_version: str = ""  # computed when empty
+    cost_simulated: bool = False  # every worker is a mock: `cost_usd` is simulated, nothing was paid
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -278,7 +279,7 @@ def load_routing_data(db_path: Path, encoder, cache_root: Path, *, val_fraction:
         quality=arrays.quality if not np.isnan(arrays.quality).any() else None,
         cost_usd=arrays.cost_usd, latency_s=arrays.latency_s,
         utility_config=utility_config, utility_source=utility_source,
-        feature_task_ids=arrays.task_ids, tags=arrays.tags,
+        feature_task_ids=arrays.task_ids, tags=arrays.tags, cost_simulated=arrays.cost_simulated,
     )
     if "val" not in set(data.splits.tolist()):
         data = carve_validation(data, fraction=val_fraction, seed=seed)

@@ -20,6 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from fugu_pipeline.settings import settings
+
 TINY_NAME = "tiny"
 SEED = 1234
 VOCAB_SIZE = 2048
@@ -107,7 +109,7 @@ A good router sends each task to the model most likely to answer it well and che
 
 def fugu_home() -> Path:
     """`$FUGU_HOME`, default `~/.cache/fugu_pipeline`."""
-    return Path(os.environ.get("FUGU_HOME") or Path.home() / ".cache" / "fugu_pipeline").expanduser()
+    return settings().cache_home()
 
 
 def default_tiny_dir() -> Path:

@@ -139,12 +139,13 @@ def from_collection(benchgen_dir: Path, store: ResponseStore, config: WorkersCon
 
 
 def from_import(path: Path, utility: UtilityConfig, weights_from: str = "the configured weights",
-                rows: list | None = None) -> MatrixInput:
+                rows: list | None = None, rewards_as_given: bool = False) -> MatrixInput:
     """An imported reward matrix: the reward-matrix JSONL at `path`, or `rows` an importer read from
     `path`. Where `quality` is given, utility is recomputed from the configured weights (cost and
     latency default to 0); otherwise `rewards` is the utility. How (and with which weights) is
     recorded in words; rows whose own `rewards` the weights do not reproduce are counted there,
-    since the file was likely made with other weights."""
+    since the file was likely made with other weights. `rewards_as_given`: no weights were given,
+    so a row's own `rewards` are its utility even where it carries quality (kept for accuracy)."""
     rows = read_reward_jsonl(path) if rows is None else rows
     batch = "import-" + path.name.split(".")[0]
     worker_ids = rows[0].worker_ids
@@ -157,7 +158,10 @@ def from_import(path: Path, utility: UtilityConfig, weights_from: str = "the con
         for i, w in enumerate(worker_ids):
             cost = r.cost_usd[i] if r.cost_usd else 0.0
             lat = r.latency_s[i] if r.latency_s else 0.0
-            if r.quality is not None:
+            if rewards_as_given and r.rewards is not None:
+                rewards.append(Cell(r.task_id, w, None if r.quality is None else r.quality[i], cost, lat,
+                                    utility=r.rewards[i]))
+            elif r.quality is not None:
                 rewards.append(Cell(r.task_id, w, r.quality[i], cost, lat))
                 if r.rewards is not None:
                     gap = max(gap, abs(utility.utility(r.quality[i], cost, lat) - r.rewards[i]))
@@ -166,7 +170,7 @@ def from_import(path: Path, utility: UtilityConfig, weights_from: str = "the con
         if gap > 1e-9:
             differ += 1
             worst = max(worst, (gap, r.task_id))
-    n_q = sum(r.quality is not None for r in rows)
+    n_q = sum(r.quality is not None and not (rewards_as_given and r.rewards is not None) for r in rows)
     how = []
     if n_q:
         how.append(f"{n_q} row(s) recomputed from quality, cost_usd and latency_s (missing cost or latency counts as 0)")

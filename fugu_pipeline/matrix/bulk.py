@@ -45,6 +45,7 @@ from fugu_pipeline.matrix.bulk_tasks import read_batches
 from fugu_pipeline.tasks.loading import scan_batch_files
 from fugu_pipeline.matrix.read import RewardMatrixError
 from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.settings import settings
 from fugu_pipeline.workers.config import WorkersConfig
 
 # The call record's fields, each read as JSON (so its JSON type can be checked), by kind.
@@ -311,7 +312,7 @@ def build_collection(benchgen_dir: Path, responses_dir: Path, config: WorkersCon
     n_skipped, notes = 0, []
     with building(db_path) as con:
         # a bounded build: past this DuckDB spills to disk (beside the database) instead of growing
-        limit = os.environ.get("FUGU_MATRIX_MEMORY_LIMIT", "3GB")
+        limit = settings().matrix_memory_limit
         try:
             con.execute("SET memory_limit = ?", [limit])
         except duckdb.Error as exc:

@@ -11,7 +11,6 @@ whole, by a rename, so the copy is the last build).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 import tempfile
@@ -25,6 +24,7 @@ import duckdb
 import numpy as np
 
 from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.settings import settings
 
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def _holder(exc: duckdb.IOException) -> str:
 def open_read_only(db_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     """A read-only connection to the matrix, even while another process holds a read-write one
     (see the module docstring)."""
-    wait_s = float(os.environ.get("FUGU_DUCKDB_LOCK_WAIT_S", "5"))
+    wait_s = settings().duckdb_lock_wait_s
     deadline, delay, warned = time.monotonic() + wait_s, 0.1, False
     while True:
         try:
@@ -149,6 +149,7 @@ class RewardArrays:
     data_version: str
     n_incomplete: int
     tags: list[tuple[str, ...]] | None = None  # per task (the import's or the task file's tags)
+    cost_simulated: bool = False  # every worker is a mock: its costs are simulated, nothing was paid
 
 
 def read_arrays(db_path: Path, complete_only: bool = True) -> RewardArrays:
@@ -175,7 +176,8 @@ def _require(db_path: Path) -> None:
 
 
 def _arrays(con: duckdb.DuckDBPyConnection, complete_only: bool) -> RewardArrays:
-    workers = [r[0] for r in con.execute("SELECT worker_id FROM workers ORDER BY position").fetchall()]
+    kinds = con.execute("SELECT worker_id, kind FROM workers ORDER BY position").fetchall()
+    workers = [r[0] for r in kinds]
     tasks = con.execute("SELECT task_id, prompt, domain, split, tags FROM tasks ORDER BY task_id").fetchall()
     cells = con.execute("SELECT task_id, position, quality, cost_usd, latency_s, utility FROM rewards").fetchall()
     version = con.execute("SELECT value FROM meta WHERE key='data_version'").fetchone()[0]
@@ -192,7 +194,7 @@ def _arrays(con: duckdb.DuckDBPyConnection, complete_only: bool) -> RewardArrays
         domains=[tasks[i][2] for i in sel], splits=np.array([tasks[i][3] for i in sel]),
         worker_ids=workers, utility=U[sel], quality=Q[sel], cost_usd=C[sel], latency_s=L[sel],
         data_version=version, n_incomplete=int((~keep).sum()),
-        tags=[tuple(tasks[i][4] or ()) for i in sel],
+        tags=[tuple(tasks[i][4] or ()) for i in sel], cost_simulated=bool(kinds) and all(k == "mock" for _, k in kinds),
     )
 
 
@@ -246,6 +248,14 @@ def check_no_nan(db_path: Path) -> int:
         return con.execute(
             "SELECT count(*) FROM rewards WHERE isnan(utility) OR isinf(utility) OR utility IS NULL"
         ).fetchone()[0]
+
+
+def read_data_version(db_path: Path) -> str:
+    """The matrix's data version (every graded cell, prompt and split: `build.data_version`), the
+    `reward_matrix` asset's too: what a step trained on it names as its input."""
+    _require(db_path)
+    with open_read_only(db_path) as con:
+        return con.execute("SELECT value FROM meta WHERE key='data_version'").fetchone()[0]
 
 
 def read_utility_config(db_path: Path) -> UtilityConfig:

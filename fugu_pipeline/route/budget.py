@@ -44,11 +44,11 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fugu_pipeline.cost_cap import DEFAULT_MARGIN_Z, CostCap, within_cap  # noqa: F401 (DEFAULT_MARGIN_Z: this module's API too)
 from fugu_pipeline.route.default_point import DefaultPoint
 
 CALIBRATION_FILE = "budget.json"
 CHARS_PER_TOKEN = 4.0
-DEFAULT_MARGIN_Z = 1.645
 SHRINK = 20.0  # pseudo-rows pulling a domain's cost offset towards the pooled one
 ALL = "*"
 LAMBDAS = tuple([0.0] + np.geomspace(1e-3, 100.0, 161).tolist())
@@ -142,28 +142,7 @@ def fit_expected_cost(prompts: list[str], domains: list[str], cost: np.ndarray, 
 
 # --------------------------------------------------------------------------- what the user asks
 
-
-class Budget(BaseModel):
-    """A cost cap: USD per 1,000 requests, or a share of the reference worker's cost."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    usd_per_1k: float | None = Field(None, gt=0, le=1e9, allow_inf_nan=False)
-    share: float | None = Field(None, gt=0, le=1000, allow_inf_nan=False)
-    margin_z: float = Field(DEFAULT_MARGIN_Z, ge=0, le=100, allow_inf_nan=False,
-                            description="safety margin in standard errors of the mean cost")
-
-    @model_validator(mode="after")
-    def _one(self) -> "Budget":
-        if (self.usd_per_1k is None) == (self.share is None):
-            raise ValueError("give exactly one of usd_per_1k (USD per 1,000 requests) and share (of the strongest "
-                             "worker's cost, e.g. 0.3)")
-        return self
-
-    def describe(self) -> str:
-        cap = f"${self.usd_per_1k:g} per 1,000 requests" if self.usd_per_1k is not None else \
-            f"{self.share:.0%} of the strongest worker's cost"
-        return f"cap {cap} (margin {self.margin_z:g} SE)"
+Budget = CostCap  # the cap (fugu_pipeline/cost_cap.py), under the name `route_batch(budget=...)` has always taken
 
 
 # --------------------------------------------------------------------------- quality
@@ -268,15 +247,16 @@ class BudgetCalibration(BaseModel):
         """The smallest λ whose validation cost (+ margin) is within the cap. When no λ meets it:
         BudgetError naming the cap and the cheapest cost validation allows (strict, what `route`,
         `serve` and `evaluate` do), or the cheapest point flagged `met_on_validation=False`."""
-        def over(p: CurvePoint) -> float:
+        def need(p: CurvePoint) -> float:  # the validation cost plus its margin, in the cap's unit
             if budget.usd_per_1k is not None:
-                return (p.cost_usd + budget.margin_z * p.cost_se) * 1000 - budget.usd_per_1k
-            return p.share + budget.margin_z * p.share_se - budget.share
-        ok = [p for p in self.curve if over(p) <= 1e-12]
+                return (p.cost_usd + budget.margin_z * p.cost_se) * 1000
+            return p.share + budget.margin_z * p.share_se
+        limit = budget.usd_per_1k if budget.usd_per_1k is not None else budget.share
+        ok = [p for p in self.curve if within_cap(need(p), limit)]
         if ok:
             p, met, note = min(ok, key=lambda p: p.lam), True, ""
         else:
-            p = min(self.curve, key=over)
+            p = min(self.curve, key=need)
             met = False
             need_usd = (p.cost_usd + budget.margin_z * p.cost_se) * 1000
             need_share = p.share + budget.margin_z * p.share_se

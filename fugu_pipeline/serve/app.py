@@ -10,6 +10,7 @@ Endpoints
 - `GET /v1/models`: "fugu-lite" (the router) and every configured worker.
 - `GET /health` (no token needed): checkpoint tag and hash, workers, uptime, batching figures; the
   checkpoint's path and the text of a load or reload error only with the token (when one is set).
+- `GET /metrics` (the token, when one is set): Prometheus' text format (`metrics.py`).
 
 Routing. The text of the LAST USER MESSAGE is routed (what is being asked now decides who
 answers; a shared system prompt or long history would make every route look alike). Extra body
@@ -17,11 +18,12 @@ fields, all optional, at the top level or inside a `fugu_lite` object (top level
 `fugu_allowed_workers` / `fugu_lite.allowed_workers` (worker ids; an unknown id is a 400),
 `fugu_cost_weight` / `fugu_lite.cost_weight` (float >= 0; used by quality heads),
 `domain` / `fugu_lite.domain` (hint fed to the encoder's prompt template and prompt rules; default
-"general"), `fugu_budget` / `fugu_lite.budget` (a cost cap, `{"share": 0.3}` of the strongest
-worker's cost or `{"usd_per_1k": 2.5}`, optionally `"margin_z"`: λ comes from the checkpoint's
+"general"), `fugu_budget` / `fugu_lite.budget` (a cost cap, `cost_cap.py`: `{"share": 0.3}` of the
+strongest worker's cost or `{"usd_per_1k": 2.5}`, optionally `"margin_z"`, or the same as the string
+`"share=0.3"`: λ comes from the checkpoint's
 budget calibration, chosen on validation; the expected cost counts every message's text, which
 is what the worker is billed for). A server-wide default cap (`default_budget`, `fugu-lite serve
---budget-share/--budget-usd-per-1k`) applies to requests that send neither `fugu_budget` nor
+--cap`) applies to requests that send neither `fugu_budget` nor
 `fugu_cost_weight`.
 Concurrent requests are routed together in one encoder pass (`batching.py`). The router is a
 `Router` (a fixed checkpoint) or a `PromotedRouter` (follows `models/promoted/current.json`, so a
@@ -30,9 +32,12 @@ good one keeps serving and `/health` shows the error).
 
 Calling and fallback. The client's messages and sampling fields (temperature, top_p, max_tokens,
 max_completion_tokens, stop, presence/frequency_penalty, seed, logit_bias, user,
-response_format, reasoning_effort) go to the worker; a worker's configured `system_prompt` is
-prepended when the client sent no system message. A plain request calls the worker without
-streaming; a streamed one relays the worker's stream. Each worker gets `worker_attempts` attempts
+response_format, reasoning_effort) and tool calling (tools, tool_choice, parallel_tool_calls, tool
+messages: `tool_calls.py`, served one-step by workers with `supports_tools`, cascade and multi-turn
+checkpoints included) go to the worker; a worker's configured `system_prompt` is prepended when the
+client sent no system message. A worker the request does not suit (tools, its context window) is
+skipped (`fugu_lite.skipped`; none suiting: a 400), and `max_tokens` is lowered to its limit.
+A plain request calls the worker without streaming; a streamed one relays the worker's stream. Each worker gets `worker_attempts` attempts
 (default 1: falling back is quicker than backing off); on failure the next worker in the route's
 ranking is tried, and every failure is listed in `fugu_lite.fallback_errors`. A streamed reply
 starts only after the worker's first chunk has arrived, so failures before the first byte fall
@@ -50,8 +55,13 @@ before any route runs (DNS rebinding; `hosts.py`, `--allowed-host`). A body over
 or holding more than `max_json_values` JSON values gets a 413, one that is not strict JSON or
 holds a field of the wrong type a 400 (`json_body.py`, `protocol.py`); a body over
 `json_body.INLINE_BYTES` is parsed on a thread, so none delays the serving loop. A worker whose
-key is refused (401, 402, 403) is kept out for `auth_cooldown_s` (`upstream.py`): not called,
-listed in `fallback_errors`, shown in `/health`.
+key is refused (401, 402, 403) is kept out for `auth_cooldown_s`, one that keeps failing for a
+cooldown that grows (`workers/health.py`): not called, listed in `fallback_errors`, shown in
+`fugu_lite.worker_health` and `/health`. More than `limits.max_in_flight` requests at once
+get a 503 `server_busy` with `Retry-After` (`connections.py`, which also holds the socket-level
+limits `fugu-lite serve` applies). Every worker failure, on every path, is a fallback or a 502,
+never a 500: a worker client that raises something else than `WorkerCallError` has it turned
+into one (`metrics.MeteredWorkers`).
 
 Reporting. `fugu_lite` in the reply (streamed: in the first chunk, and complete with cost, usage
 and latency in the chunk that ends the answer, or in the usage chunk when include_usage asks for one) holds the route's
@@ -98,7 +108,9 @@ from fugu_pipeline.route.promoted import PromotedRouter
 from fugu_pipeline.route.router import POLICY_PROBABILITY, BudgetUnavailable, RouteDecision, Router, RouterError
 from fugu_pipeline.serve import cascade as serve_cascade, multi_turn
 from fugu_pipeline.serve.info import health, list_models, retrieve_model
+from fugu_pipeline.serve.connections import ConnectionLimits, GateMiddleware, RequestGate
 from fugu_pipeline.serve.lifecycle import ClientGone, ShuttingDown, shutting_down, unless_abandoned
+from fugu_pipeline.serve.metrics import MeteredWorkers, MetricsMiddleware, ServeMetrics
 from fugu_pipeline.serve.batching import RouteBatcher, RouteRequest, route_grouped
 from fugu_pipeline.serve.hosts import HostGuard, HostPolicy
 from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES, INLINE_BYTES
@@ -112,10 +124,18 @@ from fugu_pipeline.serve.protocol import (
     read_body,
     require_json,
     server_error_handler,
+    unservable,
 )
-from fugu_pipeline.serve.relay import finish_timing, ms, reply_headers, stream_response
+from fugu_pipeline.serve.relay import finish_timing, ms, reply_headers, reply_message, routing_limits, stream_response
 from fugu_pipeline.serve.source import RouterSource, checkpoint_tag, load_router_provider  # noqa: F401 (its API too)
-from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S, CallTiming, RelayedStream, Workers, usage_of
+from fugu_pipeline.serve.upstream import (
+    DEFAULT_AUTH_COOLDOWN_S,
+    CallTiming,
+    RelayedStream,
+    WorkerKeptOut,
+    WorkerSkipped,
+    usage_of,
+)
 from fugu_pipeline.workers.config import WorkerConfigError, WorkersConfig, load_workers_config
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
 
@@ -131,10 +151,11 @@ PARSE_THREADS = 2  # request bodies over json_body.INLINE_BYTES are parsed here,
 
 
 class Service:
-    def __init__(self, source: RouterSource, workers: Workers, *, api_token: str | None, max_body_bytes: int,
+    def __init__(self, source: RouterSource, workers: MeteredWorkers, *, api_token: str | None, max_body_bytes: int,
                  batch_window_ms: float, max_batch: int, default_budget: Budget | None = None,
                  max_json_values: int = DEFAULT_MAX_JSON_VALUES, default_point: bool = True):
         self.source, self.workers = source, workers
+        self.metrics: ServeMetrics = workers.metrics  # `MeteredWorkers`: /metrics (serve/metrics.py)
         # a router trained on imported data routes by the data's ids: the worker listing one as an alias answers it
         self.served_id = {a: w.id for w in workers.config.workers for a in (*w.aliases, w.id)}
         self.default_budget = default_budget
@@ -295,43 +316,52 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0: float) -> Response:
+    state = request.scope.setdefault("state", {})  # the kind the metrics count this request under
     if req.mode == "multi_turn":  # the coordinator delegates over several turns
+        state["fugu_kind"] = "multi_turn"
         return await multi_turn.chat_completion(svc, request.app.state.fugu_roles, req, t0)
+    state["fugu_kind"] = "one_step"
     decision = await svc.route(req)
     t_routed = time.perf_counter()
-    if "cascade" in decision.extra:  # a cascade checkpoint: its steps, then the accepted answer (serve/cascade.py)
+    if "cascade" in decision.extra and not req.uses_tools:  # a cascade checkpoint: its steps, then the accepted
+        state["fugu_kind"] = "cascade"  # answer (serve/cascade.py)
         return await serve_cascade.chat_completion(svc, req, decision, t0, t_routed)
 
     errors: list[dict] = []
-    calls, timing, served, result = 0, CallTiming(), None, None
+    skipped: list[dict] = []  # workers that cannot take this request (tools, context window): not called
+    calls, timing, served, result, admitted = 0, CallTiming(), None, None, None
     for routed in decision.ranking:
         wid = svc.served_id.get(routed, routed)  # a router's id, or the alias a configured worker answers to
         if wid not in svc.workers.clients:
             errors.append({"worker": wid, "error": "not in this server's worker config", "status": None})
             continue
-        if (kept := svc.workers.kept_out_error(wid)) is not None:  # its key was refused lately: not called
+        try:
+            admitted = svc.workers.admit(wid, req.messages, req.params, req.prompt_tokens)
+        except WorkerSkipped as skip:
+            skipped.append({"worker": wid, "code": skip.code, "reason": str(skip)})
+            continue
+        except WorkerKeptOut as kept:  # in a cooldown (a refused key, or failing lately): not called
             errors.append({"worker": wid, "error": str(kept), "status": kept.status, "attempts": 0})
+            svc.metrics.call_failed(wid, kept)
             continue
         calls += 1
         try:
-            if req.stream:
-                result = await svc.workers.open_stream(wid, req.messages, req.params, timing)
-            else:
-                result = await svc.workers.complete(wid, req.messages, req.params, timing)
-        except WorkerCallError as exc:
+            call = svc.workers.open_stream if req.stream else svc.workers.complete
+            result = await call(wid, req.messages, admitted.params, timing, req.prompt_tokens)
+        except WorkerCallError as exc:  # any failure (`MeteredWorkers` turns a client's bug into one too)
             errors.append({"worker": wid, "error": str(exc), "status": exc.status, "attempts": exc.attempts})
             log.warning("worker %s failed, falling back: %s", wid, exc)
-            continue
-        except Exception as exc:  # a bug in a client: this request falls back, the traceback goes to the log
-            log.exception("worker %s raised %s; falling back", wid, type(exc).__name__)
-            errors.append({"worker": wid, "error": f"internal error: {type(exc).__name__}", "status": None})
             continue
         served = wid
         break
 
     info = {**_route_info(decision), "served_by": served, "domain": req.domain or "general", "attempts": calls,
             "fallback_errors": errors, "ignored": req.ignored + decision.extra.get("ignored", []), "route_ms": ms(t_routed - t0),
-            "queue_ms": ms(timing.queue_s), "upstream_ms": ms(timing.upstream_s)}
+            "queue_ms": ms(timing.queue_s), "upstream_ms": ms(timing.upstream_s), "skipped": skipped}
+    routing_limits(info, req, svc, served, admitted)
+    if served is None and skipped and not calls and all(e["status"] is None and "attempts" not in e for e in errors):
+        finish_timing(info, t0, timing)  # no worker could take it, none was kept out: the request's fault
+        raise unservable(req, skipped, info, reply_headers(info))
     if served is None:
         svc.counts["all_workers_failed"] += 1
         finish_timing(info, t0, timing)
@@ -350,8 +380,8 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
     body = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
         "model": info["served_model"],
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": comp.answer},
-                     "finish_reason": comp.finish_reason or "stop", "logprobs": None}],
+        "choices": [{"index": 0, "message": reply_message(comp), "finish_reason": comp.finish_reason or "stop",
+                     "logprobs": None}],
         "usage": usage_of(comp), "fugu_lite": info,
     }
     return JSONResponse(body, headers=reply_headers(info))
@@ -377,6 +407,8 @@ def create_app(
     bind_host: str = "127.0.0.1",
     allowed_hosts: tuple[str, ...] | list[str] = (),
     auth_cooldown_s: float = DEFAULT_AUTH_COOLDOWN_S,
+    catalog=None,
+    limits: ConnectionLimits | None = None,
 ) -> Starlette:
     """The Starlette app. `api_token` None or "" means no auth; `worker_attempts` None keeps the
     worker config's `max_attempts`. Refuses a router whose workers the config does not define.
@@ -384,7 +416,10 @@ def create_app(
     `policies.coordinator.route.RolesCoordinator` or `PromotedRoles`; None: such requests get a 400).
     `max_json_values`: the request body's limit (`json_body.py`); `bind_host` and `allowed_hosts`:
     the `Host` names answered (`hosts.py`); `auth_cooldown_s`: how long a worker whose key was
-    refused is kept out (`upstream.py`).
+    refused is kept out (`upstream.py`); `catalog`: a `workers.catalog.CatalogSnapshot` whose context
+    lengths and output limits apply to openrouter workers that set none (`workers/limits.py`);
+    `limits`: its `max_in_flight` caps the requests being answered at once (`connections.py`; the
+    socket-level limits are `fugu-lite serve`'s).
     `router_provider` None: `roles` alone is served; one-step requests get a 400 saying `absent`."""
     config = workers_config if isinstance(workers_config, WorkersConfig) else load_workers_config(workers_config)
     where = "" if isinstance(workers_config, WorkersConfig) else f"{workers_config}: "
@@ -400,7 +435,11 @@ def create_app(
     router = source.get() if router_provider is not None else None
     if router is not None and default_budget is not None:
         router.budget_point(default_budget)  # refuse at start a default cap this checkpoint cannot honour
-    svc = Service(source, Workers(config, worker_attempts, auth_cooldown_s), api_token=api_token,
+    limits = limits or ConnectionLimits()
+    metrics = ServeMetrics()
+    workers = MeteredWorkers(config, worker_attempts, auth_cooldown_s, catalog, metrics=metrics)
+    metrics.gate = gate = RequestGate(limits)
+    svc = Service(source, workers, api_token=api_token,
                   max_body_bytes=max_body_bytes, batch_window_ms=batch_window_ms, max_batch=max_batch,
                   default_budget=default_budget, max_json_values=max_json_values, default_point=default_point)
 
@@ -413,6 +452,7 @@ def create_app(
         try:
             yield
         finally:
+            gate.log.flush()  # the drops and refusals not yet said (connections.DropLog)
             await svc.workers.close()
             svc.batcher.close()
             svc.parser.shutdown(wait=False, cancel_futures=True)
@@ -421,11 +461,15 @@ def create_app(
         routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
                 Route("/v1/models", list_models, methods=["GET"]),
                 Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
-                Route("/health", health, methods=["GET"])],
+                Route("/health", health, methods=["GET"]),
+                Route("/metrics", metrics.endpoint, methods=["GET"])],
         exception_handlers={APIError: api_error_handler, HTTPException: http_error_handler, Exception: server_error_handler},
-        lifespan=lifespan, middleware=[Middleware(HostGuard, policy=hosts)],
+        lifespan=lifespan, middleware=[Middleware(MetricsMiddleware, metrics=metrics), Middleware(GateMiddleware, gate=gate),
+                                       Middleware(HostGuard, policy=hosts)],
     )
     app.state.fugu = svc
+    app.state.fugu_metrics = metrics
+    app.state.fugu_limits = limits
     app.state.fugu_hosts = hosts
     app.state.fugu_roles = roles
     return app

@@ -6,22 +6,43 @@ answers in the OpenAI shape. The `fugu_lite` block lists every step: its workers
 answers, the verifier's scores, the step's cost and latency, the failures, the accept rule's
 decision, and why the cascade stopped. A streamed request gets the accepted answer as a stream
 (a cascade must read the answers before it knows which one to send, so the text comes in one
-content chunk, then the chunk that ends it with the complete `fugu_lite`). Every worker failing
-is a 502, as for one call.
+content chunk, then the chunk that ends it with the complete `fugu_lite`). A worker whose key is
+refused (401/402/403) is one failed call, as on the one-step path: the server keeps it out
+(`upstream.py`) and the cascade goes on without it. Every worker failing is a 502, as for one call.
+
+A step's replies are read (final answers, verifier) in a worker thread, all steps of a request within
+`FUGU_CASCADE_READ_DEADLINE_S` seconds (default 0.5); past it the cascade goes on to its
+next step (`run_cascade`), the step says `over_deadline`, `/health` and `/metrics`
+(`fugu_cascade_read_over_deadline_total`) count the request and the log has one line for it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 
 from starlette.responses import JSONResponse, StreamingResponse
 
 from fugu_pipeline.policies.cascade.route import run_cascade
+from fugu_pipeline.settings import settings
 from fugu_pipeline.serve.protocol import APIError
 from fugu_pipeline.serve.upstream import CallTiming, usage_of
-from fugu_pipeline.workers.contract import Completion
+from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
+
+log = logging.getLogger("fugu_pipeline.serve")
+READ_DEADLINE_ENV = "FUGU_CASCADE_READ_DEADLINE_S"
+
+
+def read_deadline_s() -> float:
+    """The deadline for reading a request's replies (`FUGU_CASCADE_READ_DEADLINE_S`, default 0.5 s: a
+    step's replies are read in about 10 ms, a 64 KiB reply in about 0.1 s; the rest is a hostile reply).
+    A value that is not a positive number of seconds is refused in one line naming the variable."""
+    return settings().cascade_read_deadline_s
+
+
+read_deadline_s()  # a bad setting stops `serve` at start, in one line
 
 
 def _ms(seconds: float) -> float:
@@ -40,12 +61,21 @@ async def chat_completion(svc, req, decision, t0: float, t_routed: float):
     async def call(routed: str) -> Completion:
         wid = svc.served_id.get(routed, routed)
         if wid not in svc.workers.clients:
-            from fugu_pipeline.workers.contract import WorkerCallError
-
             raise WorkerCallError(f"{wid} is not in this server's worker config")
-        return await svc.workers.complete(wid, req.messages, req.params, timing)
+        try:
+            return await svc.workers.complete(wid, req.messages, req.params, timing)
+        except FatalWorkerError as exc:  # 401/402/403: the server keeps the worker out; this request goes on without it
+            raise WorkerCallError(str(exc), attempts=exc.attempts, status=exc.status) from None
 
-    run = await run_cascade(router, req.text, req.domain, decision, call)
+    deadline = read_deadline_s()
+    run = await run_cascade(router, req.text, req.domain, decision, call, deadline_s=deadline)
+    svc.metrics.cascade_stopped(run)
+    late = [k + 1 for k, s in enumerate(run.steps) if s.over_deadline]
+    if late:
+        svc.counts["cascade_read_over_deadline"] = svc.counts.get("cascade_read_over_deadline", 0) + 1
+        svc.metrics.cascade_over_deadline.inc()
+        log.warning("cascade: the replies of step(s) %s were not read within %g s (%s); %s",
+                    late, deadline, READ_DEADLINE_ENV, run.stopped)
     tag = decision.extra.get("checkpoint_tag")
     info = {"chosen_worker": decision.worker_id, "checkpoint": tag, "checkpoint_tag": tag, "mode": "cascade",
             "cascade": run.info(), "served_by": run.served_by, "domain": req.domain or "general", "attempts": run.calls,

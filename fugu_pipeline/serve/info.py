@@ -4,7 +4,9 @@ kept out only with the token, when one is set).
 
 `/health` holds: `status`, `uptime_s`, the `checkpoint` (tag, content hash, method, worker ids),
 `reload_error`, every configured worker with `kept_out` (null, or the HTTP status that put it out,
-`seconds_left` and `until`: its key was refused and it is not called until then, `upstream.py`),
+`seconds_left` and `until`: it is in a cooldown and not called until then, `workers/health.py`),
+its `health` (state, consecutive failures, cooldowns so far) and `limits` (tools, context window,
+output limit: `workers/limits.py`),
 the ids of the workers kept out now (`kept_out`), the request `limits` (`max_body_bytes`,
 `max_json_values`, `auth_cooldown_s`), the routing micro-batcher's figures and request counts."""
 
@@ -50,6 +52,18 @@ async def retrieve_model(request: Request) -> Response:
     return JSONResponse(found)
 
 
+def _health(svc, wid: str, trusted: bool) -> dict:
+    """A worker's health (`workers/health.py`); the upstream's error text only with the token."""
+    h = svc.workers.tracker.state(wid)
+    return h if trusted else {k: v for k, v in h.items() if k != "reason"}
+
+
+def _limits(svc, wid: str) -> dict:
+    lim = svc.workers.limits[wid]
+    return {"supports_tools": lim.supports_tools, "context_window": lim.context_window,
+            "max_output_tokens": lim.max_output_tokens}
+
+
 async def health(request: Request) -> Response:
     svc = request.app.state.fugu
     if svc.stopping:
@@ -87,7 +101,8 @@ async def health(request: Request) -> Response:
             "the last reload failed (send the server's bearer token for the reason)"),
         "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None),
                      "routed": any(i in router.worker_ids for i in (w.id, *w.aliases)), **({"aliases": w.aliases} if w.aliases else {}),
-                     "kept_out": svc.workers.kept_out_info(w.id, detail=trusted)}
+                     "kept_out": svc.workers.kept_out_info(w.id, detail=trusted),
+                     "health": _health(svc, w.id, trusted), "limits": _limits(svc, w.id)}
                     for w in svc.workers.config.workers],
         "kept_out": sorted(w for w in svc.workers.specs if svc.workers.kept_out_error(w) is not None),
         "limits": {"max_body_bytes": svc.max_body_bytes, "max_json_values": svc.max_json_values,

@@ -21,12 +21,15 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from fugu_pipeline.route.budget import Budget
+from fugu_pipeline.cost_cap import KEYS as CAP_KEYS
+from fugu_pipeline.cost_cap import CapError, CostCap
 from fugu_pipeline.route.router import MAX_COST_WEIGHT
 from fugu_pipeline.serve import json_body
 from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES
 from fugu_pipeline.serve.json_body import MAX_JSON_DEPTH as MAX_JSON_DEPTH  # where callers look for it
+from fugu_pipeline.serve.tool_calls import BadField, check_tool_messages, check_tools
 from fugu_pipeline.tasks.messages import routed_text
+from fugu_pipeline.workers.limits import CONTEXT_EXCEEDED, prompt_tokens_estimate
 
 log = logging.getLogger("fugu_pipeline.serve")
 
@@ -38,7 +41,7 @@ _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (
 _INTS = {"max_tokens": 1, "max_completion_tokens": 1, "seed": None}  # name -> minimum
 _TYPED = {"user": (str,), "reasoning_effort": (str,)}
 _FUGU_KEYS = {"allowed_workers", "cost_weight", "domain", "budget"}
-_BUDGET_KEYS = {"usd_per_1k", "share", "margin_z"}
+_BUDGET_KEYS = set(CAP_KEYS)
 
 
 class APIError(Exception):
@@ -87,14 +90,17 @@ class ChatRequest:
     domain: str | None = None
     allowed: tuple[str, ...] | None = None
     cost_weight: float | None = None
-    budget: Budget | None = None
+    budget: CostCap | None = None
     billed_text: str = ""  # every message's text: what the worker is billed for (the budget's expected cost)
     ignored: list[str] = field(default_factory=list)  # fields that have no effect, each with why
     mode: str = "one_step"  # `fugu_mode`: "multi_turn" goes to the coordinator (`multi_turn.py`)
     max_usd: float | None = None  # `fugu_max_usd`: a multi-turn session's own spend cap (USD)
+    uses_tools: bool = False  # `tools` or tool messages: served one-step by workers with supports_tools
+    prompt_tokens: int = 0  # the messages' and tools' tokens, estimated (`workers/limits.py`)
 
 
-_HANDLED = {"messages", "model", "stream", "stream_options", "n", "tools", "functions", "fugu_lite",
+_TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls")  # passed to the worker as sent (`tool_calls.py`)
+_HANDLED = {"messages", "model", "stream", "stream_options", "n", *_TOOL_PARAMS, "functions", "function_call", "fugu_lite",
             "fugu_allowed_workers", "fugu_cost_weight", "fugu_budget", "fugu_mode", "fugu_max_usd", "domain"}
 
 
@@ -203,10 +209,11 @@ def parse_chat_request(raw: bytes, max_values: int = DEFAULT_MAX_JSON_VALUES) ->
     if n is not None and n != 1:
         raise APIError(400, f"n={n!r} is not supported: fugu-lite returns exactly one choice (n=1)", param="n",
                        code="unsupported_value")
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise APIError(400, f"'{name}' (function calling) is not supported by fugu-lite", param=name,
-                           code="unsupported_parameter")
+    try:
+        check_tools(body)
+        uses_tools = check_tool_messages(msgs) or body.get("tools") is not None
+    except BadField as exc:
+        raise APIError(400, exc.message, param=exc.param, code=exc.code) from None
     mode = body.get("fugu_mode")
     if mode is not None and mode not in MODES:
         raise APIError(400, f"'fugu_mode' must be one of {list(MODES)}, got {repr(mode)[:80]}", param="fugu_mode",
@@ -216,6 +223,10 @@ def parse_chat_request(raw: bytes, max_values: int = DEFAULT_MAX_JSON_VALUES) ->
         raise APIError(400, f"'fugu_max_usd' must be a number > 0 (USD this session may spend), got {repr(max_usd)[:40]}",
                        param="fugu_max_usd", code="invalid_value")
     ignored = ignored_fields(body)
+    if mode == "multi_turn" and uses_tools:
+        ignored.append("fugu_mode: a request with tools is served one-step by a worker that supports tools (the "
+                       "coordinator's turns exchange text answers, not tool calls)")
+        mode = "one_step"
     if max_usd is not None and (mode or "one_step") == "one_step":
         ignored.append("fugu_max_usd: caps a multi-turn session's spend; a one-step request is capped by fugu_budget")
     stream = body.get("stream") or False
@@ -246,7 +257,7 @@ def parse_chat_request(raw: bytes, max_values: int = DEFAULT_MAX_JSON_VALUES) ->
     if domain is not None and not isinstance(domain, str):
         raise APIError(400, "'domain' must be a string", param="domain", code="invalid_type")
 
-    params: dict = {}
+    params: dict = {k: body[k] for k in _TOOL_PARAMS if body.get(k) is not None}
     for name, (lo, hi) in _RANGES.items():
         v = body.get(name)
         if v is not None:
@@ -279,16 +290,38 @@ def parse_chat_request(raw: bytes, max_values: int = DEFAULT_MAX_JSON_VALUES) ->
         params=params, domain=domain, allowed=tuple(allowed) if allowed is not None else None,
         cost_weight=float(cost_weight) if cost_weight is not None else None, budget=budget,
         billed_text="\n".join(_message_text(m) for m in msgs), ignored=ignored, mode=mode or "one_step",
-        max_usd=float(max_usd) if max_usd is not None else None,
+        max_usd=float(max_usd) if max_usd is not None else None, uses_tools=uses_tools,
+        prompt_tokens=prompt_tokens_estimate(msgs, params.get("tools")),
     )
 
 
-def parse_budget(raw) -> Budget | None:
-    """`fugu_budget`: {"usd_per_1k": 2.5} or {"share": 0.3}, optionally with "margin_z" (default 1.645)."""
+def unservable(req: ChatRequest, skipped: list[dict], info: dict, headers: dict) -> APIError:
+    """The 400 for a request that no worker of its route could take (each `skipped`: tools it does
+    not support, or a context window the prompt does not fit), none having been called or kept out."""
+    detail = "; ".join(f"{s['worker']}: {s['reason']}" for s in skipped)
+    if any(s["code"] == CONTEXT_EXCEEDED for s in skipped):
+        return APIError(400, f"the request does not fit the context window of any worker it may go to ({detail}); "
+                        "shorten the messages or lower max_tokens", param="messages", code=CONTEXT_EXCEEDED,
+                        extra={"fugu_lite": info}, headers=headers)
+    return APIError(400, f"no worker this request may go to supports tools ({detail}); set supports_tools: true in the "
+                    "worker YAML for the workers that do, or send the request without tools",
+                    param="tools" if "tools" in req.params else "messages", code="tools_not_supported",
+                    extra={"fugu_lite": info}, headers=headers)
+
+
+def parse_budget(raw) -> CostCap | None:
+    """`fugu_budget`: {"usd_per_1k": 2.5} or {"share": 0.3}, optionally with "margin_z" (default 1.645),
+    or the same cap as `--cap` spells it, "share=0.3" (`cost_cap.py`)."""
     if raw is None:
         return None
     how = ('\'fugu_budget\' must be an object with exactly one of "usd_per_1k" (USD per 1,000 requests, > 0) and '
-           '"share" (of the strongest worker\'s cost, > 0), and optionally "margin_z" (>= 0)')
+           '"share" (of the strongest worker\'s cost, > 0), and optionally "margin_z" (>= 0), or a string like '
+           '"share=0.3"')
+    if isinstance(raw, str):
+        try:
+            return CostCap.parse(raw[:200], "fugu_budget")
+        except CapError as exc:
+            raise APIError(400, str(exc), param="fugu_budget", code="invalid_value") from None
 
     def bad(what: str) -> APIError:  # the field and what is wrong with it first, then the shape
         return APIError(400, f"{what}; {how}", param="fugu_budget", code="invalid_value")
@@ -302,7 +335,7 @@ def parse_budget(raw) -> Budget | None:
         if not _is_num(v):
             raise bad(f"'fugu_budget.{k}' must be a finite number, got {_json_type(v)}")
     try:
-        return Budget(**{k: float(v) for k, v in raw.items()})
+        return CostCap(**{k: float(v) for k, v in raw.items()})
     except ValidationError as exc:
         e = exc.errors()[0]
         field = f"'fugu_budget.{e['loc'][0]}': " if e["loc"] else ""

@@ -39,7 +39,35 @@ def reply_headers(info: dict) -> dict[str, str]:
         h["x-fugu-served-by"] = info["served_by"]
     if info.get("cost_source") not in (None, "none"):
         h["x-fugu-cost-usd"] = f"{info['cost_usd']:.8g}"
+    out = sorted(w for w, s in (info.get("worker_health") or {}).items() if s["state"] != "ok")
+    if out:
+        h["x-fugu-kept-out"] = ",".join(out)
+    if info.get("max_tokens"):
+        h["x-fugu-max-tokens"] = str(info["max_tokens"]["sent"])
     return h
+
+
+def reply_message(comp) -> dict:
+    """The assistant message of a plain reply from a `Completion`: its text, and its tool calls as
+    the worker sent them (the content then null when there is no text, as OpenAI sends it)."""
+    if not comp.tool_calls:
+        return {"role": "assistant", "content": comp.answer}
+    return {"role": "assistant", "content": comp.answer or None, "tool_calls": comp.tool_calls}
+
+
+def routing_limits(info: dict, req, svc, served: str | None, admitted) -> None:
+    """Add to `fugu_lite` what the workers' limits and health did to this request: `skipped` (set
+    by the caller), the prompt's estimated tokens, a lowered `max_tokens` of the serving worker
+    and the health of the route's workers that are not well (`upstream.Workers.health`)."""
+    info["prompt_tokens_estimate"] = req.prompt_tokens
+    if served is not None and admitted is not None and admitted.note:
+        info["max_tokens"] = {"asked": admitted.asked, "sent": admitted.params.get("max_tokens"), "worker": served,
+                              "note": admitted.note}
+    route = [svc.served_id.get(w, w) for w in info.get("ranking") or ()]
+    unwell = {w: h for w in route if w in svc.workers.specs
+              for h in [svc.workers.tracker.state(w)] if h["state"] != "ok" or h["consecutive_failures"]}
+    if unwell:
+        info["worker_health"] = unwell
 
 
 def sse(obj: dict) -> str:

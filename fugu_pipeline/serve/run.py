@@ -18,13 +18,17 @@ with a 503 and gives replies in flight `shutdown_grace_s` to finish. A reply sti
 ends with a `server_shutting_down` error (a stream: an error event before `[DONE]`, never a stream
 that simply stops) and its worker call is closed. uvicorn's own deadline, after which it cancels
 whatever still runs, comes `SHUTDOWN_MARGIN_S` later.
+
+Connections (`connections.py`). uvicorn serves with its own HTTP protocol wrapped in a guard:
+header and body read timeouts, the idle keep-alive limit, a cap on open connections that closes
+the oldest idle or half-open one first (within what the open-file limit leaves), and the app's
+cap on requests in flight; the log line at start says the limits.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-import os
 import socket
 from pathlib import Path
 
@@ -36,9 +40,11 @@ from fugu_pipeline.serve.app import (
     create_app,
     load_router_provider,
 )
+from fugu_pipeline.serve.connections import ConnectionLimits, connection_cap, uvicorn_options
 from fugu_pipeline.serve.json_body import DEFAULT_MAX_JSON_VALUES
-from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S
+from fugu_pipeline.serve.upstream import DEFAULT_AUTH_COOLDOWN_S, project_catalog
 from fugu_pipeline.route.router import RouterError
+from fugu_pipeline.settings import settings
 from fugu_pipeline.workers.config import load_workers_config
 
 log = logging.getLogger("fugu_pipeline.serve")
@@ -148,6 +154,7 @@ def serve(
     max_json_values: int = DEFAULT_MAX_JSON_VALUES,
     allowed_hosts: tuple[str, ...] = (),
     auth_cooldown_s: float = DEFAULT_AUTH_COOLDOWN_S,
+    limits: ConnectionLimits | None = None,
 ) -> None:
     """Load the router and workers, then serve until interrupted. The token is `api_token`, else
     `$FUGU_SERVE_TOKEN`; API keys for workers come from the environment or a `.env` file.
@@ -158,13 +165,15 @@ def serve(
     long replies in flight get to finish once shutdown begins (see the module docstring).
     `max_json_values`: the request bodies' value limit (`json_body.py`); `allowed_hosts`: names
     answered besides the bound address's (`hosts.py`); `auth_cooldown_s`: how long a worker whose
-    key is refused is kept out (`upstream.py`)."""
+    key is refused is kept out (`upstream.py`); `limits`: timeouts and caps on connections and
+    requests in flight (`connections.py`, default `ConnectionLimits()`)."""
     import uvicorn
 
     from fugu_pipeline.api_keys import load_env_file
 
     if shutdown_grace_s < 0:
         raise ValueError(f"shutdown_grace_s must be >= 0, got {shutdown_grace_s}")
+    limits = limits or ConnectionLimits()
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -174,7 +183,8 @@ def serve(
 
     if torch_threads:
         torch.set_num_threads(torch_threads)
-    token = (api_token if api_token is not None else os.environ.get("FUGU_SERVE_TOKEN")) or None  # "" is no token
+    env_token = settings().serve_token
+    token = (api_token if api_token is not None else env_token and env_token.get_secret_value()) or None  # "" is no token
     if token is None and host not in LOOPBACK:
         log.warning("serving on %s without a token: set FUGU_SERVE_TOKEN (or --token), and put TLS in front", host)
     # the one-step router and the multi-turn coordinator ("fugu_mode": "multi_turn"), whichever the path gives
@@ -184,7 +194,9 @@ def serve(
     app = create_app(provider, workers_config_path, api_token=token, max_body_bytes=max_body_bytes,
                      batch_window_ms=batch_window_ms, max_batch=max_batch, worker_attempts=worker_attempts,
                      default_budget=default_budget, default_point=default_point, roles=roles, absent=absent, max_json_values=max_json_values,
-                     bind_host=host, allowed_hosts=allowed_hosts, auth_cooldown_s=auth_cooldown_s)
+                     bind_host=host, allowed_hosts=allowed_hosts, auth_cooldown_s=auth_cooldown_s,
+                     catalog=project_catalog(), limits=limits)
+    cap, cap_why = connection_cap(limits)  # after loading: the descriptors the model holds are counted
     sock = bind(host, port)  # before the server is announced: a taken port is said, and nothing is served
     port = sock.getsockname()[1]
     router = app.state.fugu.source.last
@@ -196,6 +208,9 @@ def serve(
         log.info("fugu-lite serving %s (%s) on http://%s:%d/v1", checkpoint_tag(router), router.path, host, port)
         log.info("%s; torch threads %d; auth %s; answers the host names %s", router.encoder.describe(),
                  torch.get_num_threads(), "bearer token" if token else "none", hosts)
+    log.info("connections: %s; headers within %g s, bodies within %g s of them, idle keep-alive %g s; at most %d "
+             "requests in flight (503 with Retry-After beyond)", cap_why, limits.header_timeout_s, limits.body_timeout_s,
+             limits.keep_alive_s, limits.max_in_flight)
     if default_budget is None and router is not None and default_point and getattr(router, "default_point", None):
         log.info("requests without a cap: %s; %s", router.default_point.describe(), router.default_point.reason)
     if default_budget is not None:
@@ -208,7 +223,8 @@ def serve(
             await super().shutdown(sockets)
 
     server = GracefulServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                           timeout_graceful_shutdown=shutdown_grace_s + SHUTDOWN_MARGIN_S))
+                                           timeout_graceful_shutdown=shutdown_grace_s + SHUTDOWN_MARGIN_S,
+                                           **uvicorn_options(app, limits, cap)))
     try:
         with sock:
             server.run(sockets=[sock])

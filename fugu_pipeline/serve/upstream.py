@@ -25,12 +25,20 @@ The timings every reply reports (`fugu_lite`, milliseconds):
 A relayed stream (`RelayedStream`) is read on the worker loop by a pump task that hands each chunk
 to the serving loop, which wakes once for however many chunks have arrived.
 
-Kept out. A worker whose key is refused (401 unauthorized, 402 out of credits, 403 forbidden for
-this key or model: `FatalWorkerError`) would fail every request the same way, and every request
-routed to it would wait for that answer before falling back. So it is kept out for `cooldown_s`
-(`fugu-lite serve --auth-cooldown-s`, default 60 s): calls to it fail at once with
-`WorkerKeptOut` (the app lists it among the fallback errors without calling it), `/health` shows
-it under the worker's `kept_out`, and the first request after the cooldown calls it again.
+Kept out, skipped. `Workers.admit` decides, before a call, whether a worker may take a request:
+- a worker in a cooldown (`workers/health.py`: its key was refused, 401/402/403, for
+  `cooldown_s`, `fugu-lite serve --auth-cooldown-s`, default 60 s; or it kept failing with
+  timeouts, connection errors, 408, 429 or 5xx, or asked to wait with `Retry-After`, by the worker
+  YAML's `cooldown:` block) is not called: `WorkerKeptOut`, which the app lists among the fallback
+  errors. `/health` shows it, `Workers.health()` gives every worker's state (for metrics), and the
+  first request after the cooldown calls it again;
+- a worker that cannot take this request (tools without `supports_tools`, a prompt that does not
+  fit its context window: `workers/limits.py`) is not called: `WorkerSkipped`, listed under the
+  reply's `skipped`;
+- a `max_tokens` over the worker's output limit, or over the room the prompt leaves in its
+  context window, is lowered (`Admitted.note` says so).
+`complete` and `open_stream` admit too, so cascades and multi-turn sessions, which call through
+them, skip such a worker as a failed call and go on. Every call's outcome feeds the cooldowns.
 """
 
 from __future__ import annotations
@@ -46,24 +54,49 @@ from typing import Any, Awaitable, Callable
 from fugu_pipeline.tasks.messages import content_text
 from fugu_pipeline.workers.budget import RateLimiter
 from fugu_pipeline.workers.config import WorkersConfig
-from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
+from fugu_pipeline.workers.contract import Completion, WorkerCallError
+from fugu_pipeline.workers.health import WorkerHealth, WorkerKeptOut
+from fugu_pipeline.workers.limits import (
+    TOOLS_UNSUPPORTED,
+    WorkerSkipped,
+    prompt_tokens_estimate,
+    size_call,
+    uses_tools,
+    worker_limits,
+)
 
 log = logging.getLogger("fugu_pipeline.serve")
 
 _END = object()
 DEFAULT_AUTH_COOLDOWN_S = 60.0
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # what a mock worker is handed of the params
 
 
-class WorkerKeptOut(WorkerCallError):
-    """A call not made: the worker's key was refused lately and its cooldown has not run out."""
+def project_catalog():
+    """The project's latest catalog snapshot (`data/catalog/latest.json`, written by the
+    `openrouter_catalog` asset), for the workers' context windows and output limits; None when
+    there is none or it cannot be read (said in the log: the YAML's limits still apply)."""
+    from fugu_pipeline.paths import ProjectPaths
+    from fugu_pipeline.workers.catalog import CatalogError, load_latest
+
+    folder = ProjectPaths.from_env().catalog
+    try:
+        snap = load_latest(folder)
+    except CatalogError as exc:
+        log.warning("the catalog's context lengths are not used: %s", exc)
+        return None
+    if snap is None:
+        log.info("no catalog in %s: context windows and output limits come from the worker YAML only", folder)
+    return snap
 
 
-@dataclass
-class KeptOut:
-    status: int | None
-    reason: str  # the worker's error (scrubbed of keys by its client)
-    until: float  # time.monotonic()
-    until_wall: float  # time.time(), for /health
+@dataclass(frozen=True)
+class Admitted:
+    """A worker may take the request: send `params`; `note` says how they differ from the client's."""
+
+    params: dict
+    note: str | None = None
+    asked: int | None = None  # the client's max_tokens
 
 
 @dataclass
@@ -140,7 +173,11 @@ class CompletionStream:
         self._comp = comp
 
     async def __aiter__(self):
-        yield {"choices": [{"index": 0, "delta": {"content": self._comp.answer}, "finish_reason": None}]}
+        delta: dict = {"content": self._comp.answer}
+        if self._comp.tool_calls:  # one delta holding each whole call, as OpenAI streams them (by index)
+            delta = {"content": self._comp.answer or None,
+                     "tool_calls": [{"index": i, **c} for i, c in enumerate(self._comp.tool_calls)]}
+        yield {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
         yield {"choices": [{"index": 0, "delta": {}, "finish_reason": self.finish_reason}]}
 
     def cost(self) -> tuple[float, str]:
@@ -190,6 +227,8 @@ class RelayedStream:
             raise
         except Exception as exc:  # WorkerCallError after the stream had started, or a bug
             item = exc
+            if isinstance(exc, WorkerCallError):
+                self._workers.tracker.failed(self._wid, exc)
         finally:
             self.timing.upstream_s += time.perf_counter() - t
         self._serving.call_soon_threadsafe(self._queue.put_nowait, item)
@@ -228,14 +267,18 @@ class RelayedStream:
 
 class Workers:
     """One client per configured worker (HTTP clients share one connection pool), with each
-    worker's concurrency and rate limits, all on the worker loop. `start()` and `close()` from the
-    serving loop (the app's lifespan)."""
+    worker's concurrency and rate limits, all on the worker loop, its limits (`workers/limits.py`,
+    from its YAML or `catalog`) and its health (`tracker`, `workers/health.py`; its `clock` and
+    `wall` may be replaced, as tests do). `start()` and `close()` from the serving loop (the app's
+    lifespan)."""
 
-    def __init__(self, config: WorkersConfig, attempts: int | None, cooldown_s: float = DEFAULT_AUTH_COOLDOWN_S):
+    def __init__(self, config: WorkersConfig, attempts: int | None, cooldown_s: float = DEFAULT_AUTH_COOLDOWN_S,
+                 catalog=None):
         self.config = config.model_copy(update={"max_attempts": attempts}) if attempts else config
         self.cooldown_s = cooldown_s
-        self.kept_out: dict[str, KeptOut] = {}  # worker id -> why and until when (read on both loops)
+        self.tracker = WorkerHealth(self.config.cooldown, cooldown_s)
         self.specs = {w.id: w for w in self.config.workers}
+        self.limits = {wid: worker_limits(spec, catalog) for wid, spec in self.specs.items()}
         self.clients: dict[str, Any] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._limits: dict[str, RateLimiter] = {}
@@ -280,64 +323,82 @@ class Workers:
         return messages
 
     def kept_out_error(self, wid: str) -> WorkerKeptOut | None:
-        """Why `wid` is not to be called now (its key was refused within `cooldown_s`), else None."""
-        k = self.kept_out.get(wid)
-        left = None if k is None else k.until - time.monotonic()
-        if left is None or left <= 0:
-            return None
-        return WorkerKeptOut(f"not called: it answered HTTP {k.status} {self.cooldown_s - left:.0f} s ago and is kept "
-                             f"out for {left:.0f} s more ({k.reason})", status=k.status, attempts=0)
-
-    def _keep_out(self, wid: str, exc: FatalWorkerError) -> None:  # worker loop
-        if self.cooldown_s <= 0:
-            return
-        now = time.monotonic()
-        if wid not in self.kept_out or self.kept_out[wid].until <= now:
-            log.warning("worker %s answered HTTP %s: kept out for %g s (every request would fail the same way "
-                        "before falling back): %s", wid, exc.status, self.cooldown_s, exc)
-        self.kept_out[wid] = KeptOut(exc.status, str(exc), now + self.cooldown_s, time.time() + self.cooldown_s)
+        """Why `wid` is not to be called now (a cooldown: `workers/health.py`), else None."""
+        return self.tracker.blocked(wid)
 
     def kept_out_info(self, wid: str, detail: bool) -> dict | None:
         """`/health`'s `kept_out` of a worker: status, seconds left, until when (and why, with `detail`)."""
-        k = self.kept_out.get(wid)
-        left = None if k is None else k.until - time.monotonic()
-        if left is None or left <= 0:
+        h = self.tracker.state(wid)
+        if h["until"] is None:
             return None
-        until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(k.until_wall))
-        return {"status": k.status, "seconds_left": round(left, 1), "until": until, **({"reason": k.reason} if detail else {})}
+        return {"status": h["status"], "seconds_left": h["seconds_left"], "until": h["until"], "state": h["state"],
+                **({"reason": h["reason"]} if detail else {})}
 
-    async def complete(self, wid: str, messages: list[dict], params: dict, timing: CallTiming) -> Completion:
-        """One plain call on the worker loop; `timing` is filled in, also when it raises.
-        WorkerKeptOut, without a call, while the worker is kept out."""
-        if (kept := self.kept_out_error(wid)) is not None:
+    def health(self) -> dict[str, dict]:
+        """{worker id: {state, until, seconds_left, consecutive_failures, status, reason, cooldowns}}
+        for every configured worker (`WorkerHealth.state`): what `/health` and metrics read."""
+        return self.tracker.snapshot(self.specs)
+
+    def admit(self, wid: str, messages: list[dict], params: dict, prompt_tokens: int | None = None) -> Admitted:
+        """The params to call `wid` with for this request, or WorkerSkipped (it cannot take it: tools,
+        context window) or WorkerKeptOut (a cooldown), checked in that order: a worker that could
+        not take the request anyway is reported as skipped, not as failing. `prompt_tokens`: the
+        request's estimate, when the caller has it (`workers/limits.py`)."""
+        lim = self.limits[wid]
+        if not lim.supports_tools and uses_tools(messages, params):
+            raise WorkerSkipped("does not support tools (its worker YAML has no supports_tools: true)", TOOLS_UNSUPPORTED)
+        if prompt_tokens is None:
+            prompt_tokens = prompt_tokens_estimate(messages, params.get("tools"))
+        system = self.specs[wid].system_prompt
+        if system and not any(m.get("role") in ("system", "developer") for m in messages):  # `_messages` adds it
+            prompt_tokens += prompt_tokens_estimate([{"role": "system", "content": system}])
+        asked = params.get("max_tokens")
+        sized = size_call(lim, prompt_tokens, asked)
+        if (kept := self.tracker.blocked(wid)) is not None:
             raise kept
-        return await self.loop.run(self._complete(wid, messages, params, timing))
+        if sized.max_tokens is None or sized.max_tokens == asked:
+            return Admitted(params, sized.note, asked)
+        return Admitted({**params, "max_tokens": sized.max_tokens}, sized.note, asked)
+
+    async def complete(self, wid: str, messages: list[dict], params: dict, timing: CallTiming,
+                       prompt_tokens: int | None = None) -> Completion:
+        """One plain call on the worker loop; `timing` is filled in, also when it raises.
+        WorkerSkipped or WorkerKeptOut, without a call, when `admit` refuses; `params` as it admits
+        them (`prompt_tokens`: the request's estimate, when the caller has it)."""
+        admitted = self.admit(wid, messages, params, prompt_tokens)
+        return await self.loop.run(self._complete(wid, messages, admitted.params, timing))
+
+    async def _call(self, wid: str, msgs: list[dict], params: dict) -> Completion:  # worker loop
+        if self.specs[wid].kind == "mock":  # the mock reads only the tool fields (`mock_tools.py`)
+            return await self.clients[wid].complete(msgs, params={k: params[k] for k in TOOL_FIELDS if k in params})
+        return await self.clients[wid].complete(msgs, params=params)
 
     async def _complete(self, wid: str, messages: list[dict], params: dict, timing: CallTiming) -> Completion:
-        client, msgs = self.clients[wid], self._messages(wid, messages)
+        msgs = self._messages(wid, messages)
         t0 = time.perf_counter()
         async with self._slots[wid]:
             await self._limits[wid].wait()
             t1 = time.perf_counter()
             timing.queue_s += t1 - t0
             try:
-                if self.specs[wid].kind == "mock":
-                    return await client.complete(msgs)
-                return await client.complete(msgs, params=params)
-            except FatalWorkerError as exc:
-                self._keep_out(wid, exc)
+                comp = await self._call(wid, msgs, params)
+            except WorkerCallError as exc:
+                self.tracker.failed(wid, exc)
                 raise
             finally:
                 timing.upstream_s += time.perf_counter() - t1
+            self.tracker.succeeded(wid)
+            return comp
 
-    async def open_stream(self, wid: str, messages: list[dict], params: dict, timing: CallTiming) -> RelayedStream:
+    async def open_stream(self, wid: str, messages: list[dict], params: dict, timing: CallTiming,
+                          prompt_tokens: int | None = None) -> RelayedStream:
         """An open stream whose first chunk with content has arrived. It holds the worker's
         concurrency slot until `await stream.aclose()`, which the caller must call; when this
-        raises, nothing is held."""
-        if (kept := self.kept_out_error(wid)) is not None:
-            raise kept
+        raises, nothing is held. Refused without a call as `complete` is."""
+        admitted = self.admit(wid, messages, params, prompt_tokens)
         serving = asyncio.get_running_loop()
-        return await self.loop.run(self._open(wid, messages, params, timing, serving), discard=RelayedStream._close)
+        return await self.loop.run(self._open(wid, messages, admitted.params, timing, serving),
+                                   discard=RelayedStream._close)
 
     async def _open(self, wid: str, messages: list[dict], params: dict, timing: CallTiming, serving) -> RelayedStream:
         client, msgs = self.clients[wid], self._messages(wid, messages)
@@ -349,17 +410,18 @@ class Workers:
             t1 = time.perf_counter()
             timing.queue_s += t1 - t0
             if self.specs[wid].kind == "mock":
-                inner = CompletionStream(await client.complete(msgs))
+                inner = CompletionStream(await self._call(wid, msgs, params))
             else:
                 inner = await client.open_stream(msgs, params)
         except BaseException as exc:
             self._slots[wid].release()
-            if isinstance(exc, FatalWorkerError):
-                self._keep_out(wid, exc)
+            if isinstance(exc, WorkerCallError):
+                self.tracker.failed(wid, exc)
             raise
         finally:
             if t1 is not None:
                 timing.upstream_s += time.perf_counter() - t1
+        self.tracker.succeeded(wid)
         relayed = RelayedStream(self, wid, inner, timing, serving)
         relayed._start()
         return relayed

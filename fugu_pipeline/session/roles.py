@@ -49,7 +49,8 @@ ROLE_PROMPTS: dict[str, str] = {
     ),
 }
 
-_VERDICT = re.compile(r"VERDICT\s*[:：=\-]?\s*\**\s*(ACCEPT|REVISE)\b", re.IGNORECASE)
+# spaces, one separator and bold stars before the word, each space read one way
+_VERDICT = re.compile(r"VERDICT\s*(?:[:：=\-]\s*)?(?:\*+\s*)?(ACCEPT|REVISE)\b", re.IGNORECASE)
 
 
 def parse_verdict(text: str | None) -> tuple[Literal["accept", "revise"], str]:

@@ -16,7 +16,8 @@ run, and each request it is about to send, by index (`get`, `completion`). So op
 measures size and open time).
 
 Durability as for the response store: a finished trajectory is committed (one transaction with its
-new turns, fsynced) before `flush()` returns; appends from `submit` are committed on the store's
+new turns, fsynced) before `flush()` returns, and after `before_commit` (the cost ledger's lines of
+its paid turns: a turn stored is a turn counted); appends from `submit` are committed on the store's
 writer thread in groups, so the fsyncs overlap the sessions still running. A killed run loses at
 most the sessions in flight (SQLite rolls back a torn transaction), and a re-run finds every
 committed trajectory and calls nothing for it. One run at a time writes a store: `open()` takes
@@ -110,6 +111,7 @@ class TrajectoryStore:
         self._error: BaseException | None = None
         self.appended = 0
         self._turns_in_db: set[str] = set()  # turn shas this store committed: not compressed again
+        self.before_commit = None  # called before each commit: the run's cost ledger writes the turns' lines
 
     # ----------------------------------------------------------------- opening
 
@@ -222,6 +224,8 @@ class TrajectoryStore:
                         turns.append((sha, _pack({k: t[k] for k in _TURN_FIELDS})))
                     t["text"] = None  # kept once, in `turns`
             rows.append((tr.task_id, tr.head, int(tr.seed), int(tr.greedy), tr.status, tr.prompt_hash, _pack(obj)))
+        if self.before_commit is not None:
+            self.before_commit()
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:

@@ -11,7 +11,8 @@ from fractions import Fraction
 NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?")
 _BRACE = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
 _MAX_BOXED = 64  # only the last ones are ever read
-FINAL = re.compile(r"(?:answer|result)\s*(?:is|:|=)\s*\$?\s*([^\n$]*)", re.IGNORECASE)
+# what follows "answer is", from its first character that is not a space or `$` (each space read one way)
+FINAL = re.compile(r"(?:answer|result)\s*(?:is|:|=)\s*(?:\$\s*)?((?:[^\s$][^\n$]*)?)", re.IGNORECASE)
 
 
 def parse_number(text: str) -> float | None:

@@ -14,6 +14,11 @@ answers agree, so every reply is reduced to one canonical string by the task's k
 `kind_for_grader` maps a task's grader to its kind (the graders' own parsers do the reading), and
 `detect_kind` guesses it from the prompt and replies when nothing says (an imported matrix
 without `answer_kind`). None means "no answer could be read": it never agrees with anything.
+
+A reply (and a prompt's options) is read from its last `READ_CHARS` characters, where a reply
+commits to its answer: every reader is linear in what it reads, and this bounds what one reply of
+up to 16 MB (`max_reply_bytes`) costs. A reply shorter than that (every reply of the shipped data
+sets) reads exactly as it would whole.
 """
 
 from __future__ import annotations
@@ -28,14 +33,16 @@ from fugu_pipeline.tasks.answers import extract_final_number, final_line
 AnswerKind = Literal["choice", "number", "code", "text"]
 ANSWER_KINDS: tuple[str, ...] = ("choice", "number", "code", "text")
 
-_HASHES = re.compile(r"####\s*([^\n]+)")
-_CHOICE_FINAL = re.compile(r"(?:answer|choice|option)\s*(?:is|:|=)?\s*(?:option\s*)?[\(\[]?([A-J])[\)\]]?(?![A-Za-z])",
+# each run of spaces read one way: "#### " at the very end reads as its last space (no answer), as before
+_HASHES = re.compile(r"####\s*(\S[^\n]*|[^\S\n](?=\n*\Z))")
+_CHOICE_FINAL = re.compile(r"(?:answer|choice|option)\s*(?:(?:is|:|=)\s*)?(?:option\s*)?[\(\[]?([A-J])[\)\]]?(?![A-Za-z])",
                            re.IGNORECASE)
 _CHOICE_ALONE = re.compile(r"(?:^|[\s\(\[\*])([A-J])(?=[\)\]\.:\*,]|\s*$)")
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
-_OPTIONS = re.compile(r"(?:^|\n)\s*[\(\[]?([A-D])[\)\].:]\s+\S", re.MULTILINE)
+_OPTIONS = re.compile(r"(?:^|\n)[^\S\n]*[\(\[]?([A-D])[\)\].:]\s+\S", re.MULTILINE)  # read from the option's own line
 _PUNCT = " \t\n.,;:!?\"'`*()[]{}"
 _QA_FINAL = re.compile(r"^[ \t]*A[ \t]*:[ \t]*(\S[^\n]*)$", re.MULTILINE)
+READ_CHARS = 65_536  # the tail of a reply (and of a prompt, for its options) that is read
 
 
 def canonical_number(x: float) -> str:
@@ -93,7 +100,7 @@ def extract(answer: str | None, kind: str) -> str | None:
         reader = _READERS[kind]
     except KeyError:
         raise ValueError(f"unknown answer kind {kind!r}; use one of {ANSWER_KINDS}") from None
-    return reader(answer)
+    return reader(answer[-READ_CHARS:])
 
 
 def kind_for_grader(grader_type: str | None) -> AnswerKind | None:
@@ -106,9 +113,9 @@ def kind_for_grader(grader_type: str | None) -> AnswerKind | None:
 def detect_kind(prompt: str, answers: list[str | None]) -> AnswerKind:
     """A guess when nothing names the kind: lettered options in the prompt → choice; most replies
     with a fenced code block → code; most replies ending in a number → number; else text."""
-    if len(set(_OPTIONS.findall(prompt))) >= 3:
+    if len(set(_OPTIONS.findall(prompt[-READ_CHARS:]))) >= 3:
         return "choice"
-    given = [a for a in answers if a and a.strip()]
+    given = [a[-READ_CHARS:] for a in answers if a and a.strip()]
     if not given:
         return "text"
     votes = Counter("code" if "```" in a else "number" if _number(a) is not None else "text" for a in given)

@@ -15,7 +15,7 @@ from fugu_pipeline.tasks.answers import parse_number
 
 MATH_INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 LETTERS = "ABCDEFGHIJ"
-_MCQ_ANSWER = re.compile(r"^\s*(?:\\text(?:bf)?\{\s*)?\(([A-J])\)\s*\}?\s*$")
+_MCQ_ANSWER = re.compile(r"^\s*(?:\\text(?:bf)?\{\s*)?\(([A-J])\)\s*(?:\}\s*)?$")
 _ANSWER_WORD = r"(?i:answer)(?:\s+(?i:is)|\s*:)"
 
 
@@ -28,13 +28,15 @@ def choice_pattern(letter: str) -> str:
     """A regex (for the package's `regex` grader, searched in the answer) that accepts the
     letter as the whole answer ("B", "(B)", "B."), at the start followed by its text ("B) 42"),
     as the last "answer is B" / "Answer: (B)" / "answer is **B**", or boxed (`\\boxed{B}`,
-    `\\boxed{\\text{(B)}}`). Case-sensitive for the letter, so "answer is a ..." is no "A"."""
+    `\\boxed{\\text{(B)}}`). Case-sensitive for the letter, so "answer is a ..." is no "A". Each run
+    of spaces is read one way and "no later answer" looks ahead to the next one only, so a grade
+    takes linear time in the answer (`tasks/regex_safety.py`)."""
     if len(letter) != 1 or letter not in LETTERS:
         raise ValueError(f"not a choice letter: {letter!r}")
     lt = re.escape(letter)
-    whole = rf"^\s*[(\[]?{lt}[)\]]?\s*\.?\s*$"
+    whole = rf"^\s*[(\[]?{lt}[)\]]?\s*(?:\.\s*)?$"
     leading = rf"^\s*[(\[]?{lt}[)\].:]\s"
-    stated = rf"{_ANSWER_WORD}\s*(?:\*\*)?\s*[(\[]?{lt}\b(?![\s\S]*{_ANSWER_WORD})"
+    stated = rf"{_ANSWER_WORD}\s*(?:\*\*\s*)?[(\[]?{lt}\b(?![\s\S]*?{_ANSWER_WORD})"
     boxed = rf"\\boxed\{{\s*(?:\\text(?:bf)?\{{\s*)?\(?{lt}\)?\s*\}}"
     return "|".join((whole, leading, stated, boxed))
 

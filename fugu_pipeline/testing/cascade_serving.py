@@ -19,11 +19,12 @@ def plan_over(workers: list[str]) -> dict:
 
 def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, seed: int = 0,
                              workers: list[str] | None = None, answer_kinds: dict | None = None,
-                             context: bool = False, plan: dict | None = None) -> Path:
+                             context: bool = False, plan: dict | None = None, cross=None) -> Path:
     """`workers`: three worker ids (default: the stub workers); `answer_kinds`: the final-answer
     kind per domain (default: numbers everywhere; `{}`: each task's grader decides); `context`: also
     fit and save the context verifier (policies/cascade/verifier_context.py: each reply read with the paid ones);
-    `plan`: a policy of its own (default `plan_over(workers)`)."""
+    `plan`: a policy of its own (default `plan_over(workers)`); `cross`: a fitted cross-encoder
+    (`policies/cascade/cross_encoder.py`) whose column the verifier also reads, saved with it."""
     from fugu_pipeline.policies.cascade.answer_features import STATS, answer_stats, answer_text, embed_answers
     from fugu_pipeline.features.contract import FeatureContract  # noqa: F401  (the data's contract type)
     from fugu_pipeline.features.encoder import Encoder
@@ -64,6 +65,11 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
                        utility_config=utility)
     enc.close()
     inputs = VerifierInputs(prompt=feats, answer=answer, has=np.ones((n, 3), bool), target=quality, stat_names=STATS)
+    if cross is not None:
+        from fugu_pipeline.policies.cascade.cross_encoder_use import with_column
+
+        col = cross.score([prompts[i] for i, _ in cells], [replies[i, j] for i, j in cells]).reshape(n, 3)
+        inputs = with_column(inputs, col)
     verifier = fit_all(inputs, np.arange(n), 0.01)
     policy = CascadePolicy.model_validate(plan or plan_over(ids))
     ctx = {}
@@ -82,5 +88,5 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
                      choices={"*": choice}, expected_cost=dict(zip(ids, [1e-4, 2e-4, 5e-3])), answers_version="stub",
                      worker_quality=dict(zip(ids, [0.7, 0.72, 0.95])),
                      answer_kinds={"*": "number"} if answer_kinds is None else answer_kinds,
-                     stat_names=STATS, context=ctx)
-    return save_cascade(models_dir, data, fit, answer.shape[2])
+                     stat_names=inputs.stat_names, context=ctx, cross_encoder=cross)
+    return save_cascade(models_dir, data, fit, inputs.answer.shape[2])

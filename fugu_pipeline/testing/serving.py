@@ -83,15 +83,19 @@ def stub_workers_config(base_url: str, **over) -> WorkersConfig:
 
 
 class ServerThread:
-    """Run an ASGI app under uvicorn on a free 127.0.0.1 port in a daemon thread."""
+    """Run an ASGI app under uvicorn on a free 127.0.0.1 port in a daemon thread. `options`: more
+    `uvicorn.Config` arguments (`serve.connections.uvicorn_options(app, limits)`: the connection
+    guard `fugu-lite serve` runs behind)."""
 
-    def __init__(self, app):
+    def __init__(self, app, options: dict | None = None):
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         sock.listen(512)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+        self.port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                                    **(options or {})))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

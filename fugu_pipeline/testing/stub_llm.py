@@ -21,7 +21,8 @@ provider that quotes a rejected key does, or only its last `echo_key_tail` chara
 shows the end of a key does; `metadata` for OpenRouter error metadata),
 "timeout" (stall `sleep_s`, then a 504; no answer counted), "malformed_json", "error_in_200" (`code`),
 "empty_answer" (`finish_reason`), "no_choices", "stream_cut" (a streamed answer's content, then the
-connection closes: no finish_reason, no [DONE]), and "raw" for a hostile upstream: `body` sent as it
+connection closes: no finish_reason, no [DONE]; a plain answer: half its body, then the connection
+closes), and "raw" for a hostile upstream: `body` sent as it
 is (with `headers`, `media_type`), or, given `events`, those SSE strings as a stream, then `repeat`
 (if set) every `repeat_every_s` seconds until the client goes away (pings after [DONE], a flood). A fault matches by `model` and by `prompt`
 (a substring of the last message); `times=N` fails only the first N matching calls.
@@ -30,6 +31,11 @@ Multi-turn session requests name their role in the system message (`Role: Verifi
 `session/roles.py`); `set_role_reply(role, text_or_fn, model=None)` answers them by role (a
 verdict, no verdict, both, another language, ...), before `set_answer` and `answer_fn`;
 `role_calls[(model, role)]` counts them.
+
+Tools: a request with `tools` (not `tool_choice: "none"`, last message not a `tool` result) gets
+tool calls (null content, finish_reason "tool_calls"): the tool `tool_choice` names, else the first
+`parallel_tools` (1), with `set_tool_arguments(name, json_text)`'s arguments ("{}") and id
+`call_<i>_<name>`; streamed, index/id/name in one delta, then the arguments in three fragments.
 
 Run it alone (for benchmarks and recipes): `python -m fugu_pipeline.testing.stub_llm --latency 0.1
 [--role-reply 'worker=Final answer: 42' ...]` prints its base URL and serves until killed (`\\n` in a
@@ -133,6 +139,8 @@ class StubLLMServer:
         self.max_in_flight = 0
         self.record_requests = True
         self.chunk_delay_s = 0.0  # > 0: stream the SSE events one by one with this pause between them
+        self.parallel_tools = 1  # how many tools a request with tools calls at once (module docstring)
+        self.tool_arguments: dict[str, str] = {}
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -184,6 +192,22 @@ class StubLLMServer:
         """The reply to every multi-turn request in `role` (thinker, worker, verifier), for one model
         or all: a string, or a callable(model, prompt) -> str."""
         self.role_replies[(model, role.lower())] = reply
+
+    def set_tool_arguments(self, name: str, arguments: str) -> None:
+        """The arguments (JSON text) of every call of tool `name`."""
+        self.tool_arguments[name] = arguments
+
+    def _tool_calls(self, body: dict) -> list[dict] | None:
+        tools = [t["function"]["name"] for t in body.get("tools") or [] if isinstance(t, dict)
+                 and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)]
+        msgs = body.get("messages") or [{}]
+        choice = body.get("tool_choice")
+        if not tools or choice == "none" or msgs[-1].get("role") == "tool":
+            return None
+        named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        names = [named] if named else tools[:self.parallel_tools]
+        return [{"id": f"call_{i}_{n}", "type": "function",
+                 "function": {"name": n, "arguments": self.tool_arguments.get(n, "{}")}} for i, n in enumerate(names)]
 
     def add_model(self, model_id: str, prompt: float = 1e-6, completion: float = 2e-6, **kw) -> None:
         """Add a catalog entry; prices are USD per token."""
@@ -326,26 +350,30 @@ class StubLLMServer:
         if fault is not None and fault.kind == "no_choices":
             return JSONResponse({"id": "gen-1", "model": model, "choices": []})
 
-        answer = "" if fault is not None and fault.kind == "empty_answer" else self._answer_text(model, prompt, role)
-        finish = fault.finish_reason if fault is not None else "stop"
+        calls = self._tool_calls(body) if fault is None else None
+        answer = "" if calls or (fault is not None and fault.kind == "empty_answer") else \
+            self._answer_text(model, prompt, role)
+        finish = fault.finish_reason if fault is not None else "tool_calls" if calls else "stop"
         served = self.served_model.get(model, model)
         in_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages") or [])
-        usage = {"prompt_tokens": max(1, in_chars // 4), "completion_tokens": max(1, len(answer) // 4)}
+        usage = {"prompt_tokens": max(1, in_chars // 4), "completion_tokens": max(1, len(answer or json.dumps(calls)) // 4)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         if openrouter:
             usage["cost"] = self._cost(model, usage["prompt_tokens"], usage["completion_tokens"])
-        if answer:
+        if answer or calls:
             with self._lock:
                 self.successes[(model, prompt)] += 1
         head = {"id": "gen-stub", "object": "chat.completion", "created": int(time.time()), "model": served}
         if openrouter:
             head["provider"] = self.provider
         if not stream:
-            return JSONResponse({**head, "choices": [{"index": 0, "finish_reason": finish,
-                                                      "message": {"role": "assistant", "content": answer}}],
-                                 "usage": usage})
+            message = {"role": "assistant", "content": answer or None, "tool_calls": calls} if calls else \
+                {"role": "assistant", "content": answer}
+            whole = JSONResponse({**head, "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+                                  "usage": usage})
+            return _Cut(whole) if fault is not None and fault.kind == "stream_cut" else whole
         include_usage = openrouter or bool((body.get("stream_options") or {}).get("include_usage"))
-        events = _sse(head, answer, finish, usage if include_usage else None, openrouter)
+        events = _sse(head, answer, finish, usage if include_usage else None, openrouter, calls)
         if fault is not None and fault.kind == "stream_cut":
             events = [e for e in events if '"finish_reason": null' in e]  # the content only: cut before the end
         if not self.chunk_delay_s:  # one write: cheap enough to serve hundreds of calls a second
@@ -370,6 +398,18 @@ class StubLLMServer:
         if entry is None:
             return round(pt * 1e-6 + ct * 2e-6, 12)
         return round(pt * float(entry["pricing"]["prompt"]) + ct * float(entry["pricing"]["completion"]), 12)
+
+
+class _Cut(Response):
+    """A reply cut mid-way: its headers (with the whole body's Content-Length) and half its body,
+    then the connection closes (uvicorn closes it when a response ends short)."""
+
+    def __init__(self, whole: Response):
+        super().__init__(whole.body, media_type=whole.media_type)
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True})
 
 
 def _session_role(messages: list) -> str | None:
@@ -404,17 +444,26 @@ async def _paced(events: list[str], delay: float):
         yield e
 
 
-def _sse(head: dict, answer: str, finish: str, usage: dict | None, openrouter: bool) -> list[str]:
-    """The SSE events of one streamed answer, in OpenRouter or plain OpenAI style."""
+def _sse(head: dict, answer: str, finish: str, usage: dict | None, openrouter: bool,
+         calls: list[dict] | None = None) -> list[str]:
+    """The SSE events of one streamed answer, in OpenRouter or plain OpenAI style; tool calls as
+    OpenAI streams them (the module docstring)."""
     def chunk(delta: dict, finish_reason: str | None = None, **extra) -> str:
         obj = {**head, "object": "chat.completion.chunk",
                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra}
         return f"data: {json.dumps(obj)}\n\n"
 
     out = [": OPENROUTER PROCESSING\n\n"] if openrouter else []
-    out.append(chunk({"role": "assistant", "content": ""}))
+    out.append(chunk({"role": "assistant", "content": None if calls else ""}))
     step = max(1, len(answer) // 3)
     out += [chunk({"content": answer[i:i + step]}) for i in range(0, len(answer), step)]
+    for i, c in enumerate(calls or ()):
+        args = c["function"]["arguments"]
+        out.append(chunk({"tool_calls": [{"index": i, "id": c["id"], "type": "function",
+                                          "function": {"name": c["function"]["name"], "arguments": ""}}]}))
+        cut = max(1, -(-len(args) // 3))
+        out += [chunk({"tool_calls": [{"index": i, "function": {"arguments": args[k:k + cut]}}]})
+                for k in range(0, len(args), cut)]
     if openrouter and usage is not None:
         out.append(chunk({}, finish, usage=usage))  # OpenRouter: usage (with cost) in the last chunk
     else:

@@ -28,17 +28,28 @@ No torch at import.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.files import FileTooLargeError, atomic_write, fsync_dir, stream_file
-from fugu_pipeline.ledger import KindTotal, LedgerError, LedgerSummary, read_entries, summarize
+from fugu_pipeline.config_files import first_validation_error
+from fugu_pipeline.collector_key import CollectorKeyError
+from fugu_pipeline.ledger import (
+    KindTotal,
+    LedgerError,
+    LedgerSummary,
+    read_entries,
+    settle_killed_runs,
+    summarize,
+    verify_ledger,
+)
 from fugu_pipeline.train.checkpoints import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
@@ -57,6 +68,7 @@ CONTRACT_FILE = "contract.json"
 LEDGER_COPY = "ledger.jsonl"
 PACK_FILES = (WEIGHTS_FILE, MANIFEST_FILE, RECEIPT_FILE, CONTRACT_FILE, LEDGER_COPY)  # what the signature covers
 RECEIPT_FORMAT = "fugu-head-receipt/2"
+MAX_RECEIPT_BYTES = 2**20  # a receipt is a few KiB (a fitness curve of thousands of steps included)
 FITNESS_CURVES = ("train_best", "val_utility", "val_accuracy")  # preferred, in order: one entry per generation / epoch
 
 
@@ -151,6 +163,10 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     # every check a loader makes (hashes, format, weights finite and of the manifest's shapes): a pack
     # that the host could not load is refused here, where the submitter can still put it right
     ckpt = load_checkpoint(src)
+    if (ckpt.manifest.head_params or {}).get("cross_encoder"):  # a third file the pack format does not carry
+        raise CheckpointError(f"{src}: this cascade's verifier reads a cross-encoder (cross_encoder.safetensors), "
+                              "which a pack does not carry yet; serve it from its folder, or retrain with "
+                              "cascade.cross_encoder: off to pack it")
     try:
         manifest_bytes = read_capped(src / MANIFEST_FILE, MAX_MANIFEST_BYTES, "a manifest")
         weights = read_capped(src / WEIGHTS_FILE, weights_limit(ckpt.manifest.tensors), "the manifest's tensors")
@@ -176,8 +192,10 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
         raise CheckpointError(f"{exc.filename or out}: cannot write the pack there ({exc.strerror or exc}); "
                               "choose a writable --out folder") from None
     try:
+        if ledger is not None:
+            settle_killed_runs(ledger)  # calls a killed run left in flight are counted before the receipt cites it
         entries = read_entries(ledger) if ledger is not None else []
-    except (LedgerError, OSError) as exc:
+    except (LedgerError, OSError, CollectorKeyError) as exc:
         raise CheckpointError(f"cannot pack with this cost ledger: {exc}") from None
     summary = summarize(entries)
     receipt = receipt_from_manifest(manifest, submitter=submitter)
@@ -197,17 +215,20 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     return out
 
 
-def pack_ledger(pack_dir: str | Path, models_dir: str | Path | None = None) -> LedgerSummary | str | None:
-    """The recomputed summary of a pack's ledger; a string (one line naming the file and line)
-    saying why it cannot be verified; None when the pack holds none. With `models_dir` (a host),
-    every line must be signed by a collector key the host trusts (`collector_key.trusted_keys`)."""
-    from fugu_pipeline.collector_key import CollectorKeyError, trusted_keys
+def pack_ledger(pack_dir: str | Path, models_dir: str | Path | None = None, max_bytes: int | None = None
+                ) -> LedgerSummary | str | None:
+    """The recomputed summary of a pack's ledger, read line by line (each line at most
+    `ledger.MAX_LINE_BYTES`, the file at most `max_bytes`, refused unread beyond); a string (one
+    line naming the file and line) saying why it cannot be verified; None when the pack holds
+    none. With `models_dir` (a host), every line must be signed by a collector key the host
+    trusts (`collector_key.trusted_keys`)."""
+    from fugu_pipeline.collector_key import trusted_keys
 
     p = Path(pack_dir) / LEDGER_COPY
     if not p.is_file():
         return None
     try:
-        return summarize(read_entries(p, trusted_keys(models_dir) if models_dir is not None else None))
+        return verify_ledger(p, trusted_keys(models_dir) if models_dir is not None else None, max_bytes=max_bytes)
     except (LedgerError, OSError, CollectorKeyError) as exc:
         return str(exc)
 
@@ -215,8 +236,8 @@ def pack_ledger(pack_dir: str | Path, models_dir: str | Path | None = None) -> L
 def _packed_hash(out: Path) -> str | None:
     """The content hash of the pack already in `out` (its receipt's), or None when unreadable."""
     try:
-        return Receipt.model_validate_json((out / RECEIPT_FILE).read_text(encoding="utf-8")).content_hash
-    except (OSError, ValueError):
+        return read_receipt(out).content_hash
+    except (OSError, ValueError, CheckpointError, AttributeError):
         return None
 
 
@@ -226,14 +247,21 @@ def _one_line(exc: Exception) -> str:
 
 def read_receipt(path: str | Path) -> Receipt | None:
     """The receipt.json of a pack folder, or None when the folder has none (a plain checkpoint).
-    Raises CheckpointError when it exists but does not parse."""
+    Raises CheckpointError, in one line, when it is over `MAX_RECEIPT_BYTES` (refused before any
+    of it is read) or does not parse (its first problem, `field: message`)."""
     p = Path(path) / RECEIPT_FILE
     if not p.exists():
         return None
+    buf = io.BytesIO()
     try:
-        return Receipt.model_validate_json(p.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise CheckpointError(f"{p}: not a valid receipt: {exc}") from None
+        stream_file(p, MAX_RECEIPT_BYTES, sink=buf)
+    except FileTooLargeError as exc:
+        raise CheckpointError(f"{exc}: a receipt is a few KiB; refused unread (pack the checkpoint again with "
+                              "fugu-lite pack)") from None
+    try:
+        return Receipt.model_validate_json(buf.getvalue())
+    except ValidationError as exc:
+        raise CheckpointError(f"{p}: not a valid receipt: {first_validation_error(exc)}") from None
 
 
 def weight_digests(path: str | Path, manifest: Manifest, limit: int) -> tuple[str, str]:

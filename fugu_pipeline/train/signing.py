@@ -26,7 +26,6 @@ import base64
 import binascii
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fugu_pipeline.files import FileTooLargeError, atomic_write, stream_file
 from fugu_pipeline.hashing import canonical_json
+from fugu_pipeline.settings import settings
 
 SIGNATURE_FILE = "signature.json"
 SIGNATURE_FORMAT = "fugu-pack-signature/1"
@@ -126,7 +126,8 @@ def key_from_env() -> str:
     from dotenv import load_dotenv
 
     load_dotenv(override=False)
-    value = os.environ.get(KEY_ENV, "").strip()
+    secret = settings().signing_key
+    value = secret.get_secret_value().strip() if secret else ""
     if not value:
         raise SigningError(f"no signing key: set ${KEY_ENV} (fugu-lite keygen makes one; keep it in the environment "
                            "or a .env file, never in the pack)")

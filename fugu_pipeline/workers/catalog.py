@@ -50,6 +50,9 @@ class ModelEntry(BaseModel):
     supported_parameters: list[str] = Field(default_factory=list)
     expiration_date: str | None = None
     fingerprint: str = ""
+    max_completion_tokens: int | None = Field(None, description="top_provider.max_completion_tokens: the most "
+                                              "completion tokens a request may ask for (not in the fingerprint: "
+                                              "it bounds what the server asks, not what a worker answers)")
 
 
 def model_fingerprint(pricing: dict[str, str], context_length: int | None,
@@ -89,6 +92,11 @@ def entry_from_api(raw: dict) -> ModelEntry:
         raise ValueError(f"supported_parameters is a {type(params).__name__}, not a list")
     params = [str(p) for p in params]
     exp = raw.get("expiration_date")
+    top = raw.get("top_provider")
+    most = top.get("max_completion_tokens") if isinstance(top, dict) else None
+    if isinstance(most, bool) or not isinstance(most, (int, float)) or _float(most) is None or most < 1:
+        most = None  # absent or malformed: unknown (the entry stays; this limit is not part of its offer)
+    most = int(most) if most is not None else None
     return ModelEntry(
         id=str(raw["id"]),
         name=str(raw.get("name") or raw["id"]),
@@ -97,6 +105,7 @@ def entry_from_api(raw: dict) -> ModelEntry:
         supported_parameters=params,
         expiration_date=str(exp) if exp else None,
         fingerprint=model_fingerprint(pricing, ctx, params, str(exp) if exp else None),
+        max_completion_tokens=most,
     )
 
 

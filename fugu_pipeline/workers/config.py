@@ -32,8 +32,17 @@ IMPORT_WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]{0,127}$"
 MATRIX_FIXED_COLUMNS = ("task_id", "split", "domain")
 
 
+# Fields only the server reads (which requests a worker may take): left out of `answer_fields`, so
+# adding or changing them never makes stored sessions or live outcomes count as another context.
+SERVING_ONLY_FIELDS = frozenset({"supports_tools", "context_window", "max_output_tokens"})
+
+
 class _Base(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    def answer_fields(self) -> dict:
+        """The spec as JSON without the serving-only fields: what decides this worker's answers."""
+        return self.model_dump(mode="json", exclude=set(SERVING_ONLY_FIELDS))
 
     id: str = Field(pattern=WORKER_ID_PATTERN)
     aliases: list[Annotated[str, Field(pattern=IMPORT_WORKER_ID_PATTERN)]] = Field(
@@ -44,6 +53,13 @@ class _Base(BaseModel):
     system_prompt: str | None = None
     max_concurrency: int = Field(8, ge=1, description="in-process concurrent calls to this worker")
     requests_per_minute: float | None = Field(None, gt=0)
+    supports_tools: bool = Field(False, description="the server may send it requests with `tools` or tool "
+                                 "messages (OpenAI function calling); false: such requests go to other workers")
+    context_window: int | None = Field(None, ge=1, description="its context length in tokens (prompt and "
+                                       "completion); unset: the catalog's context_length for an openrouter worker")
+    max_output_tokens: int | None = Field(None, ge=1, description="the most completion tokens it may be asked for; "
+                                          "a request's max_tokens is lowered to it (unset: the catalog's "
+                                          "top_provider.max_completion_tokens, else the server's global cap)")
 
 
 class MockRoles(BaseModel):
@@ -108,6 +124,7 @@ class MockBehaviour(BaseModel):
 class MockWorker(_Base):
     kind: Literal["mock"]
     mock: MockBehaviour = MockBehaviour()
+    supports_tools: bool = Field(True, description="a mock answers a request with tools by calling one (`mock.py`)")
 
 
 class OpenRouterWorker(_Base):
@@ -141,6 +158,18 @@ class OpenAICompatibleWorker(_Base):
 WorkerSpec = Annotated[MockWorker | OpenRouterWorker | OpenAICompatibleWorker, Field(discriminator="kind")]
 
 
+class CooldownConfig(BaseModel):
+    """When the server stops calling a worker that keeps failing (`workers/health.py`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    after_failures: int = Field(3, ge=1, description="consecutive transient failures (timeouts, connection "
+                                "errors, 408, 429, 5xx) that start a cooldown")
+    first_s: float = Field(10.0, ge=0.0, description="the first cooldown; each further failure in a row doubles it "
+                           "(0: no cooldown after failures; a Retry-After is still honoured)")
+    max_s: float = Field(300.0, gt=0.0, description="the longest cooldown, Retry-After included")
+
+
 class WorkersConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -154,12 +183,21 @@ class WorkersConfig(BaseModel):
     max_reply_bytes: int = Field(16_000_000, ge=1024, description="largest reply body (streamed or not) read from "
                                  "an upstream; a larger one fails the call without a retry (16 MB: far above any answer)")
     max_usd_per_run: float | None = Field(None, gt=0, description="budget guard per partition run")
+    cooldown: CooldownConfig = Field(default_factory=CooldownConfig, description="serving: a worker that keeps "
+                                     "failing is skipped for a while")
     max_usd_per_session: float | None = Field(
         1.0, gt=0, description="multi-turn: the most one coordinator session (`ask --mode multi-turn`, one served "
         "multi-turn request) may spend; a request's `fugu_max_usd` can only lower it. None: no per-session cap")
     max_usd_per_serve_process: float | None = Field(
         50.0, gt=0, description="multi-turn serving: the most one `serve` process spends on multi-turn sessions in "
         "all; past it such requests get a 429 until the server restarts. None: no cap")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _judge_model(cls, data):
+        """`reward: {judge_model: M}` (the one-step router's spelling) is the judge `{id: judge, kind:
+        openrouter, model: M}`; with a `judge:` block too, it is refused (one judge)."""
+        return judge_model_as_judge(data)
 
     @model_validator(mode="after")
     def _unique(self) -> "WorkersConfig":
@@ -238,10 +276,31 @@ def reward_source(config: WorkersConfig, path: str | Path) -> str:
     return f"the default weights ({path} has no reward: block)"
 
 
+def judge_model_as_judge(data):
+    """A config mapping whose `reward:` names `judge_model`, with that key moved to a `judge:` block."""
+    reward = data.get("reward") if isinstance(data, dict) else None
+    if not isinstance(reward, dict) or "judge_model" not in reward:
+        return data
+    reward = dict(reward)
+    model = reward.pop("judge_model")
+    if data.get("judge") is not None:
+        raise ValueError(f"reward.judge_model {model!r} and a judge: block both name the judge; keep one: "
+                         f"judge: {{id: judge, kind: openrouter, model: {model}}}")
+    if not isinstance(model, str) or not model.strip():
+        raise ValueError("reward.judge_model: give the judge's OpenRouter model id, or a judge: block "
+                         "(judge: {id: judge, kind: openrouter, model: openai/gpt-4o-mini})")
+    return {**data, "reward": reward, "judge": {"id": "judge", "kind": "openrouter", "model": model}}
+
+
 class _RewardBlock(BaseModel):
     model_config = ConfigDict(extra="allow")  # a whole worker YAML is fine: only `reward:` is read
 
     reward: UtilityConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _judge_model(cls, data):
+        return judge_model_as_judge(data)
 
 
 def load_reward_block(path: str | Path) -> tuple[UtilityConfig, str]:

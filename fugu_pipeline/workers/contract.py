@@ -30,15 +30,22 @@ class Completion:
     provider: str | None = None
     attempts: int = 1
     extra: dict = field(default_factory=dict)
+    tool_calls: list[dict] | None = None  # the reply's OpenAI `tool_calls`, as the worker sent them (then
+    # `answer` may be empty and `finish_reason` is "tool_calls")
 
 
 class WorkerCallError(Exception):
-    """A call that failed after its retries. Safe to print: never holds a key."""
+    """A call that failed after its retries. Safe to print: never holds a key. `transient`: it
+    failed the way another try later might not (a timeout, a connection error, 408, 429, 5xx, a
+    malformed reply); `retry_after`: the seconds the upstream asked to wait (`Retry-After`)."""
 
-    def __init__(self, message: str, *, attempts: int = 1, status: int | None = None):
+    def __init__(self, message: str, *, attempts: int = 1, status: int | None = None, transient: bool = False,
+                 retry_after: float | None = None):
         super().__init__(message)
         self.attempts = attempts
         self.status = status
+        self.transient = transient
+        self.retry_after = retry_after
 
 
 class FatalWorkerError(WorkerCallError):

@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from fugu_pipeline.settings import settings
 from fugu_pipeline.workers.config import (
     OpenAICompatibleWorker,
     OpenRouterWorker,
@@ -52,6 +53,7 @@ from fugu_pipeline.workers.replies import (
     DETAIL_CHARS,
     SSE_DONE,
     UpstreamErrors,
+    add_tool_call_deltas,
     as_cost,
     as_int,
     as_str,
@@ -66,6 +68,7 @@ from fugu_pipeline.workers.replies import (
     read_error_text,
     sse_chunk,
     sse_lines,
+    tool_calls_of,
 )
 from fugu_pipeline.workers.retry import Retryable, RetryPolicy, with_retries
 from fugu_pipeline.workers.stream import UpstreamStream
@@ -177,8 +180,9 @@ class HTTPWorkerClient:
             h["Authorization"] = f"Bearer {key}"
         if self.is_openrouter:
             h["X-Title"] = APP_TITLE
-            if os.environ.get("FUGU_APP_URL"):
-                h["HTTP-Referer"] = os.environ["FUGU_APP_URL"]
+            app_url = settings().app_url
+            if app_url:
+                h["HTTP-Referer"] = app_url
         return h
 
     def _body(self, messages: list[dict[str, str]], params: dict | None = None) -> dict:
@@ -249,7 +253,8 @@ class HTTPWorkerClient:
             raise Retryable("an HTTP 200 reply whose message is not an object")
         if c.get("finish_reason") == "error":  # the same rule as a stream's
             raise Retryable("the upstream ended the reply with finish_reason=error")
-        return self._finish(message_text(msg.get("content")), c.get("finish_reason"), data, data.get("usage"), None)
+        return self._finish(message_text(msg.get("content")), c.get("finish_reason"), data, data.get("usage"), None,
+                            tool_calls_of(msg.get("tool_calls")))
 
     async def _from_stream(self, r: httpx.Response, key: str | None, t0: float) -> Completion:
         parts: list[str] = []
@@ -257,6 +262,7 @@ class HTTPWorkerClient:
         finish = None
         usage = None
         meta: dict = {}
+        calls: dict[int, dict] = {}
         saw_chunk = False
         lines = sse_lines(r, self.config.max_reply_bytes, self._where)
         async for line in lines:
@@ -278,7 +284,8 @@ class HTTPWorkerClient:
                 if c.get("error"):
                     self.errors.raise_embedded(c["error"], key)
                 piece = message_text(c["delta"].get("content"))
-                if piece:
+                add_tool_call_deltas(calls, c["delta"].get("tool_calls"))
+                if piece or calls:
                     if ttft is None:
                         ttft = time.monotonic() - t0
                     parts.append(piece)
@@ -288,12 +295,13 @@ class HTTPWorkerClient:
             raise Retryable("an HTTP 200 reply stream with no chunks")
         if finish == "error":
             raise Retryable("the upstream ended the stream with finish_reason=error")
-        return self._finish("".join(parts), finish, meta, usage, ttft)
+        return self._finish("".join(parts), finish, meta, usage, ttft, [calls[i] for i in sorted(calls)] or None)
 
-    def _finish(self, answer: str, finish: object, data: dict, usage: dict | None, ttft: float | None) -> Completion:
+    def _finish(self, answer: str, finish: object, data: dict, usage: dict | None, ttft: float | None,
+                tool_calls: list[dict] | None = None) -> Completion:
         finish = as_str(finish)
         answer = clean_text(answer)  # after the join: an emoji split across two chunks is whole again
-        if not answer.strip():
+        if not answer.strip() and not tool_calls:  # tool calls are an answer without text
             raise empty_answer(finish, self._where, self.spec.max_tokens)
         usage = usage if isinstance(usage, dict) else {}
         pt, ct = as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens"))
@@ -302,7 +310,7 @@ class HTTPWorkerClient:
         return Completion(
             answer=answer, cost_usd=cost, cost_source=source, ttft_s=ttft, prompt_tokens=pt,
             completion_tokens=ct, finish_reason=finish, requested_model=self.spec.model, served_model=served,
-            provider=as_str(data.get("provider")) if self.is_openrouter else None,
+            provider=as_str(data.get("provider")) if self.is_openrouter else None, tool_calls=tool_calls,
         )
 
     def _cost(self, usage: dict, pt: int | None, ct: int | None, served: str | None) -> tuple[float, str]:
@@ -362,9 +370,11 @@ class HTTPWorkerClient:
             else:  # the server ignored `stream`: relay its whole JSON reply as one chunk
                 data = json_object(await read_capped(r, self.config.max_reply_bytes, self._where), "an HTTP 200 reply")
                 comp = self._from_json(data, key)
+                delta = {"role": "assistant", "content": comp.answer}
+                if comp.tool_calls:
+                    delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(comp.tool_calls)]
                 chunk = {"model": comp.served_model, "usage": data.get("usage"), "choices": [
-                    {"index": 0, "delta": {"role": "assistant", "content": comp.answer},
-                     "finish_reason": comp.finish_reason}]}
+                    {"index": 0, "delta": delta, "finish_reason": comp.finish_reason}]}
                 stream = UpstreamStream(self.errors, self._cost, r, key, chunks=[chunk])
                 stream.served_model, stream.usage, stream.finish_reason = comp.served_model, data.get("usage"), comp.finish_reason
             await stream.first()

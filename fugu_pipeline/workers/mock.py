@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from typing import TYPE_CHECKING
 
 from fugu_pipeline.tasks.answers import parse_number
 from fugu_pipeline.workers.config import MockWorker
 from fugu_pipeline.workers.contract import Completion, WorkerCallError
 from fugu_pipeline.workers.mock_roles import parse_role_request, role_answer
+from fugu_pipeline.workers.mock_tools import answers_tool_result, tool_call, tool_result_answer, wants_tool_call
 
 if TYPE_CHECKING:
     from fugu_pipeline.tasks.schema import Task
@@ -37,9 +39,10 @@ class MockClient:
 
     async def complete(self, messages: list[dict[str, str]], task: "Task | None" = None, *,
                        params: dict | None = None) -> Completion:
-        """`params` may carry `seed` (the sampling seed of a multi-turn session); a request that
-        names a role (`mock_roles.py`) gets the role behaviour, deterministic per (task, worker,
-        role, transcript, seed), failures included."""
+        """`params` may carry `seed` (the sampling seed of a multi-turn session), and `tools` /
+        `tool_choice` (a tool call comes back, `mock_tools.py`); a request that names a role
+        (`mock_roles.py`) gets the role behaviour, deterministic per (task, worker, role,
+        transcript, seed), failures included."""
         b = self.spec.mock
         self.calls += 1
         if b.sleep_s:
@@ -49,7 +52,12 @@ class MockClient:
         draw = str(self.calls) if role is None else f"{role.role}/{len(role.blocks)}/{(params or {}).get('seed', 0)}"
         if b.fail_rate and _unit("fail", self.worker_id, key, draw) < b.fail_rate:
             raise WorkerCallError(f"mock worker {self.worker_id}: simulated failure", attempts=1, status=503)
-        if role is not None:
+        calls = None
+        if task is None and wants_tool_call(messages, params):
+            calls, answer = [tool_call(self.worker_id, messages, params)], ""
+        elif task is None and answers_tool_result(messages):
+            answer = tool_result_answer(self.worker_id, messages)
+        elif role is not None:
             answer = role_answer(role, b, self.worker_id, task, int((params or {}).get("seed", 0)),
                                  lambda t: _mock_answer(t, True, self.worker_id),
                                  lambda t: _mock_answer(t, False, self.worker_id))
@@ -61,7 +69,7 @@ class MockClient:
             answer = _mock_answer(task, correct, self.worker_id, b)
         jitter = 0.5 + _unit("latency", self.worker_id, key)
         prompt_tokens = max(1, sum(len(m["content"]) for m in messages) // 4)
-        completion_tokens = max(1, len(answer) // 4)
+        completion_tokens = max(1, len(answer or json.dumps(calls)) // 4)
         return Completion(
             answer=answer,
             cost_usd=round(b.cost_usd * (0.8 + 0.4 * _unit("cost", self.worker_id, key)), 8),
@@ -70,10 +78,11 @@ class MockClient:
             ttft_s=round(b.latency_s * jitter * 0.3, 4),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
-            finish_reason="stop",
+            finish_reason="tool_calls" if calls else "stop",
             requested_model=f"mock/{self.worker_id}",
             served_model=f"mock/{self.worker_id}",
             provider="mock",
+            tool_calls=calls,
         )
 
     async def aclose(self) -> None:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 ROLE_LINE = re.compile(r"^Role:\s*(Thinker|Worker|Verifier)\b", re.IGNORECASE | re.MULTILINE)
 TURN_LINE = re.compile(r"This is turn (\d+) of at most \d+", re.IGNORECASE)
-OBJECTION = re.compile(r"^Latest verdict \(turn \d+[^)]*\): REVISE\b", re.MULTILINE)
+OBJECTION = re.compile(r"^Latest verdict \(turn \d[^)\n]*\): REVISE\b", re.MULTILINE)  # one line, as the transcript writes it
 BLOCK = re.compile(r"^\[Turn (\d+) · (Thinker|Worker|Verifier) · ([^\]\n]+)\]\n", re.MULTILINE)
 GOOD_PLAN = "[mock-plan good]"
 WEAK_PLAN = "[mock-plan weak]"

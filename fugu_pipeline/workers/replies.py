@@ -91,6 +91,28 @@ def message_text(content: object) -> str:
     return ""
 
 
+def tool_calls_of(v: object) -> list[dict] | None:
+    """A reply message's `tool_calls` as the upstream sent them: a non-empty list of objects, else None."""
+    return v if isinstance(v, list) and v and all(isinstance(c, dict) for c in v) else None
+
+
+def add_tool_call_deltas(calls: dict[int, dict], deltas: object) -> None:
+    """Join a stream chunk's `delta.tool_calls` fragments into whole calls, keyed by their `index`
+    (the id, type and name come once, the arguments in pieces)."""
+    for d in deltas if isinstance(deltas, list) else ():
+        i = d.get("index", 0) if isinstance(d, dict) else None
+        if not isinstance(i, int) or isinstance(i, bool):
+            continue
+        call = calls.setdefault(i, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        for k in ("id", "type"):
+            if isinstance(d.get(k), str):
+                call[k] = d[k]
+        f = d.get("function")
+        for k in ("name", "arguments"):
+            if isinstance(f, dict) and isinstance(f.get(k), str):
+                call["function"][k] += f[k]
+
+
 def clean_text(text: str) -> str:
     """`text` as valid Unicode: surrogate pairs (an emoji a proxy split across two chunks, joined
     again) become their character, lone surrogates U+FFFD. Lone ones cannot be stored as UTF-8."""

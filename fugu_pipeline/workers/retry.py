@@ -101,11 +101,13 @@ async def with_retries(
                 except Retryable as r:
                     retried.append(str(r))
                     if n >= policy.max_attempts:
-                        raise error(f"{r} ({where}; gave up after {n} attempts)", attempts=n, status=r.status) from None
+                        raise error(f"{r} ({where}; gave up after {n} attempts)", attempts=n, status=r.status,
+                                    transient=True, retry_after=r.retry_after) from None
                     delay = policy.delay(n, r.retry_after)
                     if delay >= policy.deadline_s - (time.monotonic() - t0):
                         raise error(f"{r} ({where}; the next attempt would start after the overall deadline of "
-                                    f"{policy.deadline_s:g}s, timeout_s)", attempts=n, status=r.status) from None
+                                    f"{policy.deadline_s:g}s, timeout_s)", attempts=n, status=r.status, transient=True,
+                                    retry_after=r.retry_after) from None
                     await asyncio.sleep(delay)
                     continue
                 except WorkerCallError as exc:
@@ -116,4 +118,4 @@ async def with_retries(
     except TimeoutError:
         last = f"; last error: {retried[-1]}" if retried else ""
         raise error(f"deadline: {waiting_for} within timeout_s={policy.deadline_s:g}s after {n} attempt(s) "
-                    f"({where}){last}", attempts=n) from None
+                    f"({where}){last}", attempts=n, transient=True) from None

@@ -19,6 +19,7 @@ from fugu_pipeline.workers.replies import (
     message_text,
     sse_chunk,
     sse_lines,
+    tool_calls_of,
 )
 from fugu_pipeline.workers.retry import Retryable
 
@@ -45,8 +46,8 @@ class UpstreamStream:
         self._max_tokens = max_tokens
 
     async def first(self) -> dict:
-        """Read until the reply has content (delta text that is not blank), keeping every chunk for
-        the relay. A reply that ends before any is an empty answer: the same rule as for a plain
+        """Read until the reply has content (delta text that is not blank, or a tool call), keeping
+        every chunk for the relay. A reply that ends before any is an empty answer: the same rule as for a plain
         reply (`replies.empty_answer`), so a streamed request falls back exactly when a plain one
         would. Returns the first chunk."""
         seen: list[dict] = []
@@ -60,6 +61,8 @@ class UpstreamStream:
             seen.append(chunk)
             for c in chunk_choices(chunk):
                 text += message_text(c["delta"].get("content"))
+                if tool_calls_of(c["delta"].get("tool_calls")):
+                    text += "tool_calls"
         self._buffer[:0] = seen
         return seen[0]
 
@@ -109,14 +112,15 @@ class UpstreamStream:
             try:
                 chunk = await self._next()
             except Retryable as r:
-                raise WorkerCallError(f"{r} ({self.errors.where}; after the stream had started)") from None
+                raise WorkerCallError(f"{r} ({self.errors.where}; after the stream had started)", status=r.status,
+                                      transient=True) from None
             except (httpx.TimeoutException, httpx.TransportError, httpx.StreamError, httpx.DecodingError) as exc:
                 raise WorkerCallError(f"stream broke after it had started: {type(exc).__name__} "
-                                      f"({self.errors.where})") from None
+                                      f"({self.errors.where})", transient=True) from None
             if chunk is None:
                 if not self._done and self.finish_reason is None:  # the connection closed mid-answer
                     raise WorkerCallError(f"the reply stream ended without a finish_reason or [DONE]: cut short "
-                                          f"({self.errors.where}; after the stream had started)")
+                                          f"({self.errors.where}; after the stream had started)", transient=True)
                 return
             yield chunk
 

@@ -32,23 +32,35 @@ repeats its text, and the final answer's length (`option_stats`).
 from __future__ import annotations
 
 import ast
+import bisect
 import math
 import re
 
 import numpy as np
+
+from fugu_pipeline.tasks.final_answer import READ_CHARS
 
 CHECK_STATS = ("arith_steps", "arith_wrong", "arith_any_wrong", "final_is_result", "final_line_numbers",
                "answers_disagree", "tail_after_final", "prompt_numbers_used", "self_corrections", "repeated_lines")
 MAX_CHARS = 20_000  # the reply's last characters that are checked (a runaway reply costs no more)
 
 _BINOPS = {ast.Add: float.__add__, ast.Sub: float.__sub__, ast.Mult: float.__mul__, ast.Div: float.__truediv__}
-_ARITH = r"(?:\d[\d,]*(?:\.\d+)?%?|[-+*/x×÷()^ \t$\\]|\*\*)"
-_LEFT = re.compile(_ARITH + r"+$")
+# Arithmetic text is numbers (`\d[\d,]*(?:\.\d+)?%?`) and operator characters, one after another. Written
+# as a repeat of that alternation, a run of digits splits into numbers 2^n ways and the engine tries
+# them all before `$` gives up (24 digits: 5 s). So each character is consumed one way: a run of number
+# characters is one `_RUN` (numbers written back to back, as "1.55.3" is "1.5" then "5.3"), runs are
+# separated by operators.
+_OP = r"[-+*/x×÷()^ \t$\\]"
+_SEG = r"\d[\d,]*(?:\.\d\d+(?:,[\d,]*)?)*(?:\.\d)?"  # numbers without a %, written back to back
+_RUN = rf"{_SEG}(?:%{_SEG})*%?"
+_LEFT = re.compile(rf"(?=.){_OP}*(?:{_RUN}(?:{_OP}+{_RUN})*{_OP}*)?$")  # searched in the window before an `=`
 _ARITH_CHAR = re.compile(r"[\d.,%+\-*/x×÷()^ \t$\\]")
 _WINDOW = 160  # the longest left-hand side read
-_RIGHT = re.compile(r"[ \t]*(?:<<[^>\n]{0,200}>>)?" + _ARITH + r"+")
+# the right-hand side: read greedily, number by number (possessive: what a number took is never split)
+_RIGHT = re.compile(rf"[ \t]*+(?:<<[^>\n]{{0,200}}>>)?(?:\d[\d,]*+(?:\.\d++)?+%?+|{_OP})++")
 _EQUALS = re.compile(r"(?<![<>=!])=(?!=)")
 _COMPUTES = re.compile(r"\d\s*(?:[-+*/x×÷^]|\*\*)\s*[\d($]|\)\s*[-+*/x×÷]")
+_NEWLINE = re.compile(r"\n")
 _PLAIN = re.compile(r"-?\d+(?:\.(\d+))?")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _FINAL_MARK = re.compile(r"####|\banswer is\b|\banswer:|\\boxed\{", re.IGNORECASE)
@@ -83,8 +95,8 @@ def _value(run: str) -> tuple[float | None, int | None]:
     if "x" in e:  # a variable: algebra, not arithmetic
         return None, None
     e = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", e)  # 1,200
-    e = re.sub(r"(\d+(?:\.\d+)?)%", r"(\1/100)", e)
-    e = re.sub(r"[^\d)]+$", "", re.sub(r"^[^\d(\-]+", "", e.strip()))
+    e = re.sub(r"(?<!\d)(\d+(?:\.\d+)?)%", r"(\1/100)", e)  # a number starts at its first digit
+    e = re.sub(r"(?<![^\d)])[^\d)]+$", "", re.sub(r"^[^\d(\-]+", "", e.strip()))  # one try per run
     if not e or len(e) > 200:
         return None, None
     plain = _PLAIN.fullmatch(e)
@@ -101,7 +113,8 @@ def arithmetic_steps(reply: str) -> list[tuple[float, float, bool]]:
     out = []
     for m in _EQUALS.finditer(text):
         window = max(0, m.start() - _WINDOW)
-        left = _LEFT.search(text, window, m.start())
+        # no left-hand side holds an `=`: the search starts after the last one (dense `=` cost 160 tries each)
+        left = _LEFT.search(text, max(window, text.rfind("=", window, m.start()) + 1), m.start())
         right = _RIGHT.match(text, m.end())
         if not left or not right or not _COMPUTES.search(left.group(0)):
             continue  # a bare value on the left (`x = 5`, `total = 12`) is not a computation to check
@@ -139,15 +152,20 @@ def check_stats(reply: str | None, final: str | None, prompt: str) -> np.ndarray
         line = text[marks[-1].end():].split("\n", 1)[0]
         tail = len(text) - marks[-1].end() - len(line)
         stated = set()
-        for mk in marks:
-            first = _NUMBER.search(text[mk.end():].split("\n", 1)[0])
-            if first and (v := _number(first.group(0))) is not None:
-                stated.add(v)
+        numbers = list(_NUMBER.finditer(text))  # read once: a mark ends on a character no number holds
+        starts = [n.start() for n in numbers]
+        newlines = [n.start() for n in _NEWLINE.finditer(text)]
+        for mk in marks:  # the first number on the rest of each mark's line
+            k = bisect.bisect_left(starts, mk.end())
+            eol = bisect.bisect_left(newlines, mk.end())
+            if k < len(starts) and (eol == len(newlines) or starts[k] < newlines[eol]):
+                if (v := _number(numbers[k].group(0))) is not None:
+                    stated.add(v)
         disagree = float(len(stated) > 1)
     else:
         lines = [x for x in text.strip().split("\n") if x.strip()]
         line, tail, disagree = (lines[-1] if lines else ""), 0, 0.0
-    given = {_number(t) for t in _NUMBER.findall(prompt)} - {None}
+    given = {_number(t) for t in _NUMBER.findall(prompt[-READ_CHARS:])} - {None}
     used = len(given & ({_number(t) for t in _NUMBER.findall(text)} - {None})) / len(given) if given else 1.0
     lines = [x.strip() for x in text.split("\n") if x.strip()]
     repeated = 1.0 - len(set(lines)) / len(lines) if lines else 0.0
@@ -165,8 +183,11 @@ def check_stats(reply: str | None, final: str | None, prompt: str) -> np.ndarray
 # `Answer Choices: (a) ... (b) ...`), which one the final answer picked and whether it is one of them.
 # Neutral (all zero but `option_valid` = 1 and `option_position` = 0) where the prompt lists none.
 OPTION_STATS = ("options_listed", "option_valid", "option_position", "option_text_in_reply", "final_chars")
-_OPTION_LINE = re.compile(r"(?:^|\n)[ \t]*[\(\[]?([A-Ja-j])[\)\]\.:][ \t]+([^\n]+)")
-_OPTION_INLINE = re.compile(r"\(([A-Ja-j])\)[ \t]*([^()\n]+?)(?=[ \t]*\([A-Ja-j]\)|[ \t]*$|\n)")
+# an option's text starts at its first character that is not a space (an option with none reads as
+# empty); written so that a run of spaces is consumed one way (a long one took minutes)
+_OPTION_LINE = re.compile(r"(?:^|\n)[ \t]*[\(\[]?([A-Ja-j])[\)\]\.:](?:[ \t]+([^ \t\n][^\n]*)|[ \t]{2,}(?=\n|\Z))")
+_OPTION_INLINE = re.compile(r"\(([A-Ja-j])\)(?:[ \t]*+([^()\n \t](?:[^()\n]*[^()\n \t])?)|[ \t]++)"
+                            r"(?=[ \t]*(?:\([A-Ja-j]\)|$|\n))")
 
 
 def prompt_options(prompt: str) -> dict[str, str]:

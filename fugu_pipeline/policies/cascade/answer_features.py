@@ -27,6 +27,7 @@ import numpy as np
 
 from fugu_pipeline.policies.cascade.answer_checks import CHECK_STATS, OPTION_STATS, check_stats, option_stats
 from fugu_pipeline.features.settings import EncoderSettings
+from fugu_pipeline.tasks.final_answer import READ_CHARS
 
 TAIL_CHARS = 400
 ANSWER_TEXT_FORMAT = "final+tail400"  # recorded in a cascade's checkpoint: serving must build the same text
@@ -35,7 +36,7 @@ STATS_V1 = ("log_chars", "log_lines", "readable", "in_prompt", "digit_share", "h
 STATS_V2 = STATS_V1 + CHECK_STATS  # the statistics before the options were read
 STATS = STATS_V2 + OPTION_STATS
 # the cache directory of the statistics: a change to how any of them is computed takes a new name
-STATS_CACHE = "answer-stats-v3"
+STATS_CACHE = "answer-stats-v4"  # v4: a reply's last 64 KiB is read (final answer, hedges, the prompt's numbers)
 _HEDGE = re.compile(r"\b(?:maybe|perhaps|not sure|unsure|i think|i believe|approximately|roughly|sorry|cannot|can't|"
                     r"unclear|might be|possibly|guess)\b", re.IGNORECASE)
 _EQ = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s*([-+*/x×÷])\s*(-?\d[\d,]*(?:\.\d+)?)\s*=\s*(-?\d[\d,]*(?:\.\d+)?)")
@@ -59,9 +60,27 @@ def _num(tok: str) -> float | None:
         return None
 
 
+_EQ_START = re.compile(r"-?\d")
+_RUN = re.compile(r"[\d,]*")
+
+
+def _equation_matches(text: str):
+    """The equations a finditer of `_EQ` finds, each start tried once: a start inside a run of
+    digits and commas reads the same number's tail, which cannot match where the run's first digit
+    did not, so a failed start skips its run (searched from every digit, n digits cost n^2)."""
+    pos = 0
+    while (s := _EQ_START.search(text, pos)) is not None:
+        m = _EQ.match(text, s.start())
+        if m is not None:
+            yield m
+            pos = m.end()
+        else:
+            pos = _RUN.match(text, s.end()).end()
+
+
 def _equations(reply: str) -> tuple[int, int]:
     n = held = 0
-    for a, op, b, c in _EQ.findall(reply[-20_000:]):
+    for a, op, b, c in (m.groups() for m in _equation_matches(reply[-20_000:])):
         x, y, z = _num(a), _num(b), _num(c)
         if x is None or y is None or z is None:
             continue
@@ -88,7 +107,7 @@ def answer_stats(reply: str | None, final: str | None, prompt: str, names: tuple
 def cached_answer_stats(cells: list[tuple[str | None, str | None, str]], cache_root: str | Path | None,
                         names: tuple[str, ...] | list[str] = STATS) -> np.ndarray:
     """`answer_stats` of (reply, final answer, prompt) triples, (N, len(names)), through the content-
-    addressed cache under `<cache_root>/answer-stats-v3/` (key: the sha256 of prompt, reply and final
+    addressed cache under `<cache_root>/answer-stats-v4/` (key: the sha256 of prompt, reply and final
     answer; every statistic is stored, `names` picks the columns). No cache root: computed."""
     from fugu_pipeline.features.cache import EmbeddingCache
     from fugu_pipeline.hashing import sha256_text
@@ -119,13 +138,14 @@ def _stats_v1(reply: str | None, final: str | None, prompt: str) -> np.ndarray:
     if reply is None:
         return np.zeros(len(STATS_V1), dtype=np.float32)
     n_eq, held = _equations(reply)
-    prompt_numbers = {_num(t) for t in _NUM.findall(prompt)}
+    prompt_numbers = {_num(t) for t in _NUM.findall(prompt[-READ_CHARS:])}
     final_num = _num(final) if final else None
-    digits = sum(c.isdigit() for c in reply)
+    # counted a slice at a time: no single call holds the interpreter for a whole 16 MB reply
+    digits = sum(sum(map(str.isdigit, reply[i:i + READ_CHARS])) for i in range(0, len(reply), READ_CHARS))
     return np.array([
         math.log1p(len(reply)), math.log1p(reply.count("\n")), float(final is not None),
         float(final is not None and (final_num in prompt_numbers if final_num is not None else final.lower() in prompt.lower())),
-        digits / max(1, len(reply)), math.log1p(len(_HEDGE.findall(reply))), math.log1p(n_eq),
+        digits / max(1, len(reply)), math.log1p(len(_HEDGE.findall(reply[-READ_CHARS:]))), math.log1p(n_eq),
         held / n_eq if n_eq else 1.0, math.log1p(reply.count(final) if final else 0),
         float(final_num is not None and final_num == int(final_num) if final_num is not None and math.isfinite(final_num) else 0),
     ], dtype=np.float32)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.train.selection import interval
 
 LADDER = (0.1, 0.15, 0.2, 0.25, 0.33, 0.4, 0.5, 0.65, 0.8, 1.0)  # shares of the strongest worker's expected cost
@@ -61,7 +62,7 @@ def capped_one_shot(scores: np.ndarray, quality: np.ndarray, exp_cost: np.ndarra
 
     def meets(lam: float) -> bool:
         route = np.argmax(scores[tr_at] - lam * exp_cost[None, :] / ref, axis=1)
-        return bool(exp_cost[route].mean() <= cap_usd * (1 + 1e-9))
+        return within_cap(float(exp_cost[route].mean()), cap_usd)
 
     k = next((k for k, lam in enumerate(LAMBDAS) if meets(lam)), None)
     if k is None:

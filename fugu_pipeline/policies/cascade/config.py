@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fugu_pipeline.policies.cascade.search import Cap, CascadeSearch
+from fugu_pipeline.cost_cap import CostCap
+from fugu_pipeline.policies.cascade.cross_encoder import CrossEncoderConfig
+from fugu_pipeline.policies.cascade.search import CascadeSearch
 
 
 class CascadeConfig(BaseModel):
@@ -17,8 +19,9 @@ class CascadeConfig(BaseModel):
     enabled: Literal["auto", "on", "off"] = Field(
         "auto", description="auto: fit cascades when the matrix holds the workers' replies; on: refuse a matrix without")
     workers: list[str] | None = Field(None, description="the workers a cascade may call (default: every worker)")
-    cap: Cap | None = Field(None, description="a cost cap for every domain: {usd_per_1k: 2.5} or {share: 0.3}")
-    domain_caps: dict[str, Cap] = Field(default_factory=dict, description="a cap per domain (domains not named: `cap`)")
+    cap: CostCap | None = Field(None, description="a cost cap for every domain: {usd_per_1k: 2.5}, {share: 0.3} or "
+                                "share=0.3, as --cap takes it")
+    domain_caps: dict[str, CostCap] = Field(default_factory=dict, description="a cap per domain (domains not named: `cap`)")
     per_domain: bool = Field(False, description="under a cap or the utility: a plan per domain (with enough rows) "
                              "under the pooled cap, not one for all (the cost-aware default: `groups`)")
     groups: Literal["domain", "off"] = Field(
@@ -40,5 +43,16 @@ class CascadeConfig(BaseModel):
                                  "false: the replies' statistics only (a matrix too large to encode every reply)")
     verifier_context: bool = Field(True, description="the verifier also reads, at each step, the replies already paid "
                                    "for (agreement, answer distribution, each worker's calibration); false: each reply alone")
+    cross_encoder: Literal["auto", "on", "off"] = Field(
+        "auto", description="the verifier also reads a cross-encoder fine-tuned on (prompt, reply) pairs, kept when it "
+        "lowers the out-of-fold log-loss; auto: with at least cross_encoder_fit.min_pairs pairs and the encoder "
+        "installed; on: always (a missing encoder is an error); off")
+    cross_encoder_fit: CrossEncoderConfig = CrossEncoderConfig()
     min_answer_share: float = Field(0.5, ge=0.0, le=1.0, description="a worker needs replies on this share of the "
                                     "rows for a cascade to call it")
+
+    @field_validator("enabled", "cross_encoder", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):
+        """YAML reads a bare `on` / `off` as true / false: they mean the words."""
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v

@@ -87,6 +87,7 @@ class CascadeScorer:
 
     def rows(self, entrant: Entrant):
         """(data in the checkpoint's worker order, answer grid, verifier inputs, verifier scores)."""
+        from fugu_pipeline.policies.cascade.cross_encoder_use import with_saved_cross
         from fugu_pipeline.policies.cascade.fit import with_stats
 
         key = entrant.content_hash
@@ -96,7 +97,7 @@ class CascadeScorer:
             data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {entrant.path}")
             names = ckpt.head.answer_stats
             grid, inputs = self.answers.load(data, ckpt.head.answer_dim > len(names))
-            inputs = with_stats(inputs, names)
+            inputs = with_stats(with_saved_cross(ckpt, data, grid, inputs), names)  # its cross-encoder's column, if any
             from fugu_pipeline.policies.cascade.evaluate import verifier_scores
 
             self._memo[key] = (data, grid, inputs, verifier_scores(ckpt.head, inputs))

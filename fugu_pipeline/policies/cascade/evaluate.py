@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.evaluate.metrics import ci_text, paired_bootstrap
 from fugu_pipeline.policies.cascade.verifier_context import context_of_head
 
@@ -62,7 +63,7 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
                      scores: np.ndarray | None = None) -> list[CascadeOutcome]:
     """Per task of `split` (in row order; or of the row indices `rows`, in that order): what the
     cascade returns and what it paid (see the module docstring). `data`, `grid`
-    (matrix/answers.py) and `inputs` (train/cascade_fit.answer_inputs) are row-aligned and in the
+    (matrix/answers.py) and `inputs` (policies/cascade/fit.answer_inputs) are row-aligned and in the
     checkpoint's worker order; `scores`: its `verifier_scores` when already computed."""
     from fugu_pipeline.policies.cascade.policy import answer_codes, simulate
 
@@ -113,7 +114,7 @@ def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run) -> list:
     for k, d in enumerate(doms):
         res = mine[k]
         a = guard.allowance()
-        if a < head.cap_usd * (1 - 1e-9):
+        if not within_cap(head.cap_usd, a):  # below the cap: the guard holds back
             points = cap_points(params, metrics, str(d))
             got = pick(points, a, CAP_Z) or (min(points, key=lambda p: p["cost_usd"]) if points else None)
             res = res if got is None else run(CascadePlan.model_validate(got["plan"]))
@@ -200,7 +201,7 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
     runs = {}
     per_row: dict = {}
     for share in TABLE_SHARES:
-        mine = [p for p in points if bound(p, CAP_Z) <= share * ref * (1 + 1e-9)]
+        mine = [p for p in points if within_cap(bound(p, CAP_Z), share * ref)]
         if not mine:
             per_row[f"cascade@{share}"] = None
             continue
@@ -277,13 +278,17 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     from fugu_pipeline.policies.cascade.frontier_plot import add_frontier
     from fugu_pipeline.files import atomic_write
     from fugu_pipeline.matrix.answers import read_answers
+    from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
+    from fugu_pipeline.policies.cascade.cross_encoder_use import with_saved_cross
     from fugu_pipeline.policies.cascade.fit import answer_inputs
 
     ckpt = load_cascade(path)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {path}")
     grid = read_answers(db_path, data.task_ids, data.worker_ids)
     names = ckpt.head.answer_stats
-    inputs = answer_inputs(data, grid, settings, cache_root, encode=ckpt.head.answer_dim > len(names), stat_names=names)
+    plain = [n for n in names if n != CROSS_STAT]  # the cross-encoder's column is its own model's (below)
+    inputs = answer_inputs(data, grid, settings, cache_root, encode=ckpt.head.answer_dim > len(names), stat_names=plain)
+    inputs = with_saved_cross(ckpt, data, grid, inputs, np.flatnonzero(data.splits == split))
     base = one_shot_baseline(one_shot, data, split) if one_shot is not None else None
     rep = cascade_report(ckpt, data, grid, inputs, split, base)
     if out_dir is not False:

@@ -29,9 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import AnswerGrid
 from fugu_pipeline.policies.cascade.config import CascadeConfig
+from fugu_pipeline.policies.cascade.cross_encoder_use import verifier_oof
 from fugu_pipeline.policies.cascade.frontier import oof_frontier
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
 from fugu_pipeline.policies.cascade.choice import LADDER, cap_table, rung_name
@@ -50,7 +52,7 @@ from fugu_pipeline.policies.cascade.ship import (  # noqa: F401  (CandidateFigur
     pick_utility,
 )
 from fugu_pipeline.train.selection import STRONGEST, fold_ids
-from fugu_pipeline.policies.cascade.verifier import Verifier, VerifierInputs, fit_all, oof_scores
+from fugu_pipeline.policies.cascade.verifier import Verifier, VerifierInputs, fit_all
 from fugu_pipeline.policies.cascade.verifier_context import context_json, with_context
 
 
@@ -122,6 +124,7 @@ class CascadeFit:
     saved_as: str = ""  # the candidate whose out-of-fold figure is the saved cascade's (cheapest rule)
     groups: GroupChoice | None = None  # the per-domain choice (cheapest rule, two or more domains)
     cap_usd: float | None = None  # the pooled cap, $ per request (the serving spend guard keeps to it)
+    cross_encoder: object = None  # the cross-encoder the verifier reads (cascade_cross_encoder.CrossEncoder), or None
 
     def table(self) -> list[dict]:
         return [c.row() for c in self.candidates]
@@ -135,10 +138,12 @@ def _expected(data: RoutingData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg: CascadeConfig | None = None,
-                folds_k: int = 5, seed: int = 0, heads: dict[str, np.ndarray] | None = None, log=print) -> CascadeFit:
+                folds_k: int = 5, seed: int = 0, heads: dict[str, np.ndarray] | None = None, log=print,
+                cross_encoder=None) -> CascadeFit:
     """See the module docstring. `grid` and `inputs` are row-aligned with `data`; `heads`: one-shot
     heads' out-of-fold routing scores (rows = the non-test rows of `data`, in order; the first one
-    is the table's one-shot router)."""
+    is the table's one-shot router); `cross_encoder`: `cascade_cross_encoder_use.cross_encoder_step`'s
+    callable, whose cross-fitted column the verifier reads when it lowers its out-of-fold log-loss."""
     cfg = cfg or CascadeConfig()
     if data.quality is None:
         raise TrainingDataError("a cascade needs each cell's quality (the import's `quality`, or graded responses); "
@@ -172,7 +177,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     folds = fold_ids([data.task_ids[i] for i in rows], folds_k, seed)
     codes = answer_codes(grid.final)
     sub = VerifierInputs(inputs.prompt[rows], inputs.answer[rows], inputs.has[rows], inputs.target[rows], inputs.stat_names)
-    scores_sub, l2, vfig = oof_scores(sub, folds)
+    column = cross_encoder(rows, folds) if cross_encoder is not None else None  # cascade_cross_encoder_use.py
+    scores_sub, l2, vfig, sub, cross = verifier_oof(sub, folds, column, log)  # cross: the cross-fit, when kept
     scores = np.full(grid.final.shape, np.nan)
     scores[rows] = scores_sub
     log(f"cascade: verifier out-of-fold AUC {vfig['oof_auc']:.3f}, log-loss {vfig['oof_logloss']:.4f} "
@@ -230,7 +236,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     if mode == "cheapest":
         win, reason, pick = pick_cheapest(cands, strongest_worker, cfg.margin, n)
     elif mode == "cap":
-        text = cfg.cap.describe() if cfg.cap is not None else "each domain's own cap"
+        text = cfg.cap.amount() if cfg.cap is not None else "each domain's own cap"
         win, reason = pick_capped(cands, cf, text, baseline, strongest_worker, cfg.n_boot, seed)
     else:
         win, reason = pick_utility(cands, baseline, strongest_worker)
@@ -245,11 +251,13 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     reads = policy.uses_verifier or any(lv["uses_verifier"] for lv in frontier["levels"]) or any(
         CascadePlan.model_validate(p["plan"]).uses_verifier for ch in choices.values() for p in ch.frontier)
     verifier = fit_all(sub, np.arange(len(rows)), l2) if reads else None  # every saved point's verifier
+    cross_model = cross.final() if cross is not None and verifier is not None else None  # every non-test pair
+    stat_names = sub.stat_names if cross_model is not None else inputs.stat_names
     log(f"cascade: {policy.describe()}; selected {win.name}: {reason}")
     return CascadeFit(policy=policy, verifier=verifier, objective=objective, candidates=cands, selected=win.name,
                       selected_kind=win.kind, reason=reason, verifier_figures=vfig, choices=choices,
                       expected_cost={w: float(c) for w, c in zip(data.worker_ids, g_all.exp_cost)},
-                      answers_version=grid.version, oof=cf.figure, stat_names=inputs.stat_names,
+                      answers_version=grid.version, oof=cf.figure, stat_names=stat_names, cross_encoder=cross_model,
                       worker_quality={w: float(q) for w, q in zip(data.worker_ids, data.quality[rows].mean(axis=0))},
                       answer_kinds=_kinds(grid, rows, doms), cap_rows=table,
                       context=context_json(scores) if verifier is not None else {}, frontier=frontier,
@@ -267,7 +275,7 @@ def _over_caps(cfg: CascadeConfig, cap_usd: float | None, g, rows: np.ndarray, d
     def note(cost: np.ndarray) -> str:
         for mask, usd in limits:
             got = float(cost.mean() if mask is None else cost[mask].mean()) if usd is not None else 0.0
-            if usd is not None and got > usd * (1 + 1e-9):
+            if usd is not None and not within_cap(got, usd):
                 return f"over the cap (${got * 1000:.4g} > ${usd * 1000:.4g} per 1,000)"
         return ""
     return note
@@ -364,5 +372,5 @@ def _best_worker(g: Grid, rows: np.ndarray, capped: bool, cfg: CascadeConfig, al
         u = [float(g.run(CascadePlan(steps=[CascadeStep(workers=[g.worker_ids[j]])]), rows)[2].mean()) for j in usable]
         return usable[int(np.argmax(u))] if not capped else usable[int(np.argmax(q[usable]))]
     limit = cfg.cap.usd_per_request(g.exp_cost[int(np.argmax(q))])
-    within = [j for j in usable if g.exp_cost[j] <= limit * (1 + 1e-9)]
+    within = [j for j in usable if within_cap(g.exp_cost[j], limit)]
     return max(within, key=lambda j: q[j]) if within else min(usable, key=lambda j: g.exp_cost[j])

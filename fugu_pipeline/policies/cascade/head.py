@@ -8,7 +8,10 @@ answer-text format and the reply statistics (`answer_stats`, by name; a manifest
 means the first ten, `STATS_V1`) the verifier reads, and the context verifier (`context`, JSON: a
 small model reading each reply with the replies already paid for; absent: each reply alone); the safetensors hold the verifier's weights (a logistic
 model over prompt features, reply features and the worker, with its standardisation). A cascade
-whose plans never consult the verifier saves a verifier of zeros (`verifier.used` 0).
+whose plans never consult the verifier saves a verifier of zeros (`verifier.used` 0). When the
+verifier reads a cross-encoder's score (the reply statistic `cross_encoder`), `head_params.cross_encoder`
+is its contract and `cross_encoder.safetensors` in the same folder its weights
+(`cascade_cross_encoder_use.py`).
 
 It is not a one-step router: `policies/cascade/route.py` runs it step by step, `policies/cascade/evaluate.py`
 scores it from recorded answers; `save.py` writes it.
@@ -39,15 +42,19 @@ class CascadeHead(RoutingHead):
 
     def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
                  frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None,
-                 answer_stats: list[str] | None = None, context: dict | None = None, cap_usd: float | None = None):
+                 answer_stats: list[str] | None = None, context: dict | None = None, cross_encoder: dict | None = None,
+                 cap_usd: float | None = None):
         from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1
+        from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
 
         super().__init__(dim, n_workers)
         if answer_dim < 0:
             raise ValueError(f"answer_dim must be >= 0, got {answer_dim}")
         self.answer_stats = tuple(answer_stats) if answer_stats is not None else STATS_V1
         self._stats_named = answer_stats is not None  # an older manifest stays as it was written
-        unknown = [s for s in self.answer_stats if s not in STATS]
+        # the cross-encoder's column (cascade_cross_encoder_use.py) is read only with its contract
+        self.cross_encoder = dict(cross_encoder) if cross_encoder else None
+        unknown = [s for s in self.answer_stats if s not in STATS and (s != CROSS_STAT or not self.cross_encoder)]
         if unknown:
             raise ValueError(f"answer_stats names {unknown}, which this version does not compute (known: {list(STATS)})")
         if answer_stats is not None and len(self.answer_stats) > answer_dim:
@@ -76,6 +83,7 @@ class CascadeHead(RoutingHead):
                 "frontier": self.frontier, "answer_format": self.answer_format, "domains_frontier": self.domains_frontier,
                 **({"answer_stats": list(self.answer_stats)} if self._stats_named else {}),
                 **({"context": self.context} if self.context else {}),
+                **({"cross_encoder": self.cross_encoder} if self.cross_encoder else {}),
                 **({"cap_usd": self.cap_usd} if self.cap_usd is not None else {})}
 
     def forward(self, x: torch.Tensor, domains=None) -> torch.Tensor:

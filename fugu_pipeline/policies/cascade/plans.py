@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadeStep, _majority_first, _modal
 
 Step = tuple  # (tuple of worker columns, agree: int | None, verify: float | None)
@@ -136,7 +137,7 @@ class Points:
 
     def within(self, cap_usd: float, z: float = 0.0) -> np.ndarray:
         """The plans whose mean expected cost, plus `z` standard errors, is within `cap_usd`."""
-        return self.cost + z * self.cost_se <= cap_usd * (1 + 1e-9)
+        return within_cap(self.cost + z * self.cost_se, cap_usd)
 
 
 class RowSet:

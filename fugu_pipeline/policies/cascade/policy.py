@@ -177,7 +177,7 @@ def simulate(plan: CascadePlan, worker_ids: list[str], codes: np.ndarray, scores
              cost: np.ndarray, latency: np.ndarray, rows: np.ndarray | None = None) -> Outcome:
     """The plan on recorded answers. `codes` (N, W) from `answer_codes`; `scores` (N, W) verifier
     scores (NaN: none), or scores read at a point of the plan (an object whose `at(called columns)`
-    gives (N, W): `train/verifier_context.ContextScores`); `quality` (N, W); `cost` and `latency`
+    gives (N, W): `policies/cascade/verifier_context.ContextScores`); `quality` (N, W); `cost` and `latency`
     (N, W) per call, or (W,) expected per worker (the same for every row). Only the rows in `rows`
     when given."""
     rows = np.arange(len(codes)) if rows is None else np.asarray(rows)

@@ -7,12 +7,20 @@ frontier within it), the first step's first worker as `worker_id`, and the plan 
 `extra["cascade"]`. `run_cascade` then calls the plan:
 - each step's workers at once (`call(worker_id)`, the caller's client with its own keys, retries
   and limits); a failed call is listed and the step goes on with the answers it got;
-- after a step, the accept rule (`train/cascade_policy.decide`) on the final answers so far
+- after a step, the accept rule (`policies/cascade/policy.decide`) on the final answers so far
   (`tasks/final_answer.py`, the kind the checkpoint learnt for the domain) and the verifier's
   scores (the prompt's and each reply's features from the same encoder; with a context verifier,
   each of the step's replies read with every reply paid for so far, as the plan was chosen);
 - the last step is always accepted; when every call of it failed, the remaining workers are tried
-  one at a time, the strongest first (the one-call fallback).
+  one at a time, the strongest first (the one-call fallback);
+- reading a step's replies (their final answers, then the verifier: the encoder and the reply
+  statistics) runs in a worker thread, so the event loop keeps serving; with `deadline_s` (the
+  reading of all of a request's steps together), a step whose reading runs past what is left of it
+  is left unread (`StepRecord.over_deadline`) and the cascade goes on to its next step, as when no
+  stop rule holds (the last step's first answer is accepted). A thread cannot be stopped, but every
+  reader takes time linear in a bounded part of the reply (docs/routing/cascades.md, "Untrusted
+  replies"), so a late one ends soon after; a process would have to carry the encoder and the
+  verifier over for every request.
 `CascadeRun` records every step (workers, final answers, verifier scores, cost, latency, errors)
 and why the cascade stopped.
 """
@@ -27,6 +35,7 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.route.router import CASCADE_PLAN, BudgetUnavailable, RouteDecision, Router, RouterError
 from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
 
@@ -44,6 +53,10 @@ class CascadeRouter(Router):
         self.guards: dict[float, object] = {}  # cap ($ per request) -> its spend guard (policies/cascade/spend.py)
         self._guards_lock = threading.Lock()
         super().__init__(checkpoint, encoder, **kw)
+        from fugu_pipeline.policies.cascade.cross_encoder_use import saved_cross_encoder
+
+        # the verifier's cross-encoder, when it reads one: loaded (and its contract checked) now, not at a request
+        self.cross_encoder = saved_cross_encoder(checkpoint.path, getattr(self.head, "cross_encoder", None))
 
     def plan_for(self, domain: str | None, budget=None, allowed: list[str] | None = None):
         """(plan, budget note or None): the checkpoint's plan for `domain` (a domain it has no plan for,
@@ -96,9 +109,9 @@ class CascadeRouter(Router):
             raise BudgetUnavailable(f"{self.path}: this cascade records no budget points; retrain it with `fugu-lite train`")
         strongest = max(self.worker_quality, key=self.worker_quality.get) if self.worker_quality else None
         ref = self.expected_cost.get(strongest, 0.0) if strongest else max(self.expected_cost.values(), default=0.0)
-        cap = budget.usd_per_1k / 1000.0 if budget.usd_per_1k is not None else budget.share * ref
+        cap = budget.usd_per_request(ref)
         z = budget.margin_z
-        if not any(bound(p, z) <= cap * (1 + 1e-9) for p in points):
+        if not any(within_cap(bound(p, z), cap) for p in points):
             usd = _rounded_up(min(bound(p, z) for p in points) * 1000)
             share = f"a share of at least {_rounded_up(usd / 1000 / ref):g} or " if ref > 0 else ""
             raise BudgetUnavailable(f"{budget.describe()}: no cascade point of this checkpoint meets it on validation "
@@ -122,7 +135,7 @@ class CascadeRouter(Router):
         allowance = guard.allowance()
         note = {"cap": f"the cap it was trained under, ${cap * 1000:.4g} per 1,000 requests",
                 "guard": {"cap_usd": cap, "allowance_usd": allowance, **guard.state()}}
-        if allowance >= cap * (1 - 1e-9):
+        if within_cap(cap, allowance):  # the cap itself: nothing to hold back
             return plan, note
         points = self._points(domain)
         got = pick(points, allowance, CAP_Z) or (min(points, key=lambda p: p["cost_usd"]) if points else None)
@@ -180,7 +193,8 @@ class CascadeRouter(Router):
 
     def _cell_scores(self, prompt: str, domain: str | None, replies) -> list[float | None]:
         """The cell verifier's scores: each reply read alone."""
-        from fugu_pipeline.policies.cascade.answer_features import answer_stats, answer_text
+        from fugu_pipeline.policies.cascade.answer_features import answer_text
+        from fugu_pipeline.policies.cascade.cross_encoder_use import reply_stats
 
         if float(self.head.used[0]) != 1.0 or not replies:
             return [None] * len(replies)
@@ -193,12 +207,13 @@ class CascadeRouter(Router):
             p = self.encoder.encode([prompt], [domain or "general"])[0]
             texts = [answer_text(replies[i][1], replies[i][2]) for i in have]
             a = self.encoder.encode_texts(texts) if encoded else np.zeros((len(texts), 0), np.float32)
+            stats = reply_stats(prompt, [replies[i][1:] for i in have], names, self.cross_encoder)
         rows = []
         for k, i in enumerate(have):
             w, r, f = replies[i]
             onehot = np.zeros(len(self.worker_ids), np.float32)
             onehot[self.worker_ids.index(w)] = 1.0
-            rows.append(np.concatenate([p, a[k], answer_stats(r, f, prompt, names), onehot]))
+            rows.append(np.concatenate([p, a[k], stats[k], onehot]))
         s = self.head.verify(np.stack(rows))
         out: list[float | None] = [None] * len(replies)
         for k, i in enumerate(have):
@@ -218,6 +233,7 @@ class StepRecord:
     latency_s: float = 0.0
     errors: list[dict] = field(default_factory=list)
     decision: str = ""
+    over_deadline: bool = False  # its replies were not read in time: the cascade went on without them
 
 
 @dataclass
@@ -235,23 +251,34 @@ class CascadeRun:
         return {"plan": self.plan, "stopped": self.stopped, "served_by": self.served_by, "calls": self.calls,
                 "cost_usd": self.cost_usd,
                 "steps": [{"workers": s.workers, "answers": s.answers, "verifier": s.verifier, "cost_usd": s.cost_usd,
-                           "latency_s": round(s.latency_s, 4), "errors": s.errors, "decision": s.decision} for s in self.steps]}
+                           "latency_s": round(s.latency_s, 4), "errors": s.errors, "decision": s.decision,
+                           **({"over_deadline": True} if s.over_deadline else {})} for s in self.steps]}
+
+
+def _finals(prompt: str, kind: str | None, answers: list[str | None]) -> tuple[str, list[str | None]]:
+    """(the answer kind, each answer's comparable final answer): `kind` None is detected from them."""
+    from fugu_pipeline.tasks.final_answer import detect_kind, extract
+
+    kind = kind or detect_kind(prompt, answers)
+    return kind, [extract(a, kind) for a in answers]
 
 
 async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, decision: RouteDecision,
-                      call: Callable[[str], Awaitable[Completion]], verify=None) -> CascadeRun:
+                      call: Callable[[str], Awaitable[Completion]], verify=None,
+                      deadline_s: float | None = None) -> CascadeRun:
     """Call the plan in `decision.extra["cascade"]` (see the module docstring); what it cost is
     counted by the spend guard of the cap it was served under. `verify` runs the verifier (default:
-    in a thread, so an event loop keeps serving)."""
-    run = await _run_steps(router, prompt, domain, decision, call, verify)
+    in a thread, so an event loop keeps serving); `deadline_s` bounds the reading of the steps'
+    replies, all steps together (None: no bound)."""
+    run = await _run_steps(router, prompt, domain, decision, call, verify, deadline_s)
     if hasattr(router, "record_spend"):
         router.record_spend(decision, run.cost_usd)
     return run
 
 
 async def _run_steps(router, prompt: str, domain: str | None, decision: RouteDecision,
-                     call: Callable[[str], Awaitable[Completion]], verify=None) -> CascadeRun:
-    from fugu_pipeline.tasks.final_answer import detect_kind, extract
+                     call: Callable[[str], Awaitable[Completion]], verify=None,
+                     deadline_s: float | None = None) -> CascadeRun:
     from fugu_pipeline.policies.cascade.policy import CascadePlan, decide
 
     plan = CascadePlan.model_validate(decision.extra["cascade"]["plan"])
@@ -260,6 +287,7 @@ async def _run_steps(router, prompt: str, domain: str | None, decision: RouteDec
     finals: list[str | None] = []
     scores: list[float | None] = []
     steps, errors, calls, total = [], [], 0, 0.0
+    reading_s = 0.0  # spent reading replies, of `deadline_s`
     kind = router.answer_kind(domain)
     for k, step in enumerate(plan.steps):
         rec = StepRecord(workers=list(step.workers))
@@ -281,14 +309,27 @@ async def _run_steps(router, prompt: str, domain: str | None, decision: RouteDec
             rec.cost_usd += r.cost_usd
             new.append((w, r))
         total += rec.cost_usd
-        kind = kind or detect_kind(prompt, [r.answer for _, r in new])
-        new_finals = [extract(r.answer, kind) for _, r in new]
-        step_replies = [(w, r.answer, f) for (w, r), f in zip(new, new_finals)]
-        if new and getattr(router.head, "context", None):  # read with every reply paid for so far
-            paid = [(w, c.answer, f) for (w, c), f in zip(got, finals)] + step_replies
-            new_scores = await verify(prompt, domain, step_replies, paid)
-        else:
-            new_scores = await verify(prompt, domain, step_replies) if new else []
+
+        async def read(new=new):
+            found, new_finals = await asyncio.to_thread(_finals, prompt, kind, [r.answer for _, r in new])
+            step_replies = [(w, r.answer, f) for (w, r), f in zip(new, new_finals)]
+            if new and getattr(router.head, "context", None):  # read with every reply paid for so far
+                paid = [(w, c.answer, f) for (w, c), f in zip(got, finals)] + step_replies
+                return found, new_finals, await verify(prompt, domain, step_replies, paid)
+            return found, new_finals, (await verify(prompt, domain, step_replies) if new else [])
+
+        t_read = time.perf_counter()
+        try:
+            if deadline_s is None:
+                kind, new_finals, new_scores = await read()
+            elif reading_s >= deadline_s:  # nothing left of the deadline: not even started
+                raise TimeoutError
+            else:
+                kind, new_finals, new_scores = await asyncio.wait_for(read(), deadline_s - reading_s)
+        except TimeoutError:  # the thread ends on its own (linear readers); its result is dropped
+            rec.over_deadline = True
+            new_finals, new_scores = [None] * len(new), [None] * len(new)
+        reading_s += time.perf_counter() - t_read
         got += new
         finals += new_finals
         scores += new_scores
@@ -298,6 +339,9 @@ async def _run_steps(router, prompt: str, domain: str | None, decision: RouteDec
         last = k == len(plan.steps) - 1
         if not new and not last:
             rec.decision = "every call of this step failed: next step"
+            continue
+        if rec.over_deadline and not last:
+            rec.decision = f"its replies were not read within the {deadline_s:g} s deadline: next step"
             continue
         if not new:
             break

@@ -11,6 +11,7 @@ from fugu_pipeline.policies.cascade.head import KIND, cascade_state
 def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | None = None, training_config: dict | None = None):
     """Save a `fit.CascadeFit` as `models/cascade/<hash>/`; returns the folder."""
     from fugu_pipeline.policies.cascade.answer_features import ANSWER_TEXT_FORMAT
+    from fugu_pipeline.policies.cascade.cross_encoder_use import cross_encoder_files
     from fugu_pipeline.train.checkpoints import save_checkpoint
 
     in_dim = data.dim + answer_dim + data.n_workers
@@ -35,7 +36,8 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "data_cost_usd": None if data.cost_usd is None else float(np.nansum(data.cost_usd[np.asarray(data.splits) != "test"])),
         **(extra_metrics or {}),
     }
-    return save_checkpoint(models_dir, KIND, KIND, cascade_state(fit.verifier, in_dim, data.n_workers), {
+    cross, write_cross = cross_encoder_files(getattr(fit, "cross_encoder", None))  # its contract; its weights file
+    path = save_checkpoint(models_dir, KIND, KIND, cascade_state(fit.verifier, in_dim, data.n_workers), {
         "worker_ids": data.worker_ids, "feature_contract": data.contract, "dim": data.dim,
         "utility_config": data.utility_config.model_dump() if data.utility_config else None,
         "data_version": data.data_version,
@@ -46,10 +48,12 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
                         # the context verifier (policies/cascade/verifier_context.py): a reply read with the paid ones
                         **({"context": fit.context} if getattr(fit, "context", None) else {}),
                         # the pooled cap the policy was chosen under: serving keeps its running spend within it
-                        **({"cap_usd": fit.cap_usd} if getattr(fit, "cap_usd", None) is not None else {})},
+                        **({"cap_usd": fit.cap_usd} if getattr(fit, "cap_usd", None) is not None else {}), **cross},
         "training_config": training_config or {}, "metrics": metrics,
         # the search's record (what a receipt cites, as a grid head's figure per grid point): the
         # validation figure of every plan the pooled search considered, in search order
         "curves": {"val_utility": [float(v) for v in fit.choices["*"].figures]}
         if "*" in fit.choices and fit.choices["*"].figures else {},
     })
+    write_cross(path)  # beside the manifest that pins its sha256
+    return path

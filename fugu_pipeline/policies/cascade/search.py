@@ -11,7 +11,7 @@ than `max_plans`. Every plan is run offline on the recorded answers (`simulate`)
 with EXPECTED costs and latencies (each worker's mean over the rows the choice is made on, never
 a row's own cost), and scored by
 - no cap: the mean utility (quality − cost and latency terms, the matrix's weights);
-- a cap (`Cap`: $ per 1,000 requests, or a share of the strongest worker's expected cost): the mean
+- a cap (`cost_cap.CostCap`: $ per 1,000 requests, or a share of the strongest worker's expected cost): the mean
   quality among plans whose mean expected cost is within it; none within it → `CapUnmet`, which
   names the cap and the cheapest point.
 A domain may get its own plan under its own cap (`search_per_domain`); domains with too few rows
@@ -23,41 +23,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
+from fugu_pipeline.cost_cap import DEFAULT_MARGIN_Z, CostCap
 from fugu_pipeline.features.routing_data import TrainingDataError
 from fugu_pipeline.reward import UtilityConfig
 from fugu_pipeline.policies.cascade.plans import RowSet, from_model, plan_tuples, points_for, to_model
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, simulate
 
 
-class Cap(BaseModel):
-    """A cost cap: `usd_per_1k` dollars per 1,000 requests, or `share` of the strongest worker's cost."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    usd_per_1k: float | None = Field(None, gt=0.0)
-    share: float | None = Field(None, gt=0.0, le=10.0)
-
-    @model_validator(mode="after")
-    def _one(self) -> "Cap":
-        if (self.usd_per_1k is None) == (self.share is None):
-            raise ValueError("a cap is usd_per_1k or share, exactly one of them")
-        return self
-
-    def usd_per_request(self, strongest_cost: float) -> float:
-        return self.usd_per_1k / 1000.0 if self.usd_per_1k is not None else self.share * strongest_cost
-
-    def describe(self) -> str:
-        return f"${self.usd_per_1k:g} per 1,000 requests" if self.usd_per_1k is not None else \
-            f"{self.share:.0%} of the strongest worker's cost"
+Cap = CostCap  # the one cost cap (fugu_pipeline/cost_cap.py)
 
 
 # A plan is within a cap when its mean expected cost plus CAP_Z standard errors is, on the rows it is
-# chosen on (one-sided 95%): the cap then holds on new rows of the same kind, not only on those.
-# (`route/budget.py` keeps its own margin, `--budget-margin-z`, at the same value; one cost-cap model
-# for both is where this constant belongs.)
-CAP_Z = 1.645
+# chosen on (one-sided 95%): the cap then holds on new rows of the same kind, not only on those. The
+# default margin of the one cost cap (a cap's own `margin_z` replaces it where the cap is given).
+CAP_Z = DEFAULT_MARGIN_Z
 
 
 class CapUnmet(TrainingDataError):
@@ -168,8 +149,8 @@ def _frontier(pts, ids: list[str], keep: int = 12) -> list[dict]:
     return out
 
 
-def search_policy(grid: Grid, rows: np.ndarray, domains: np.ndarray, cfg: CascadeSearch, cap: Cap | None = None,
-                  domain_caps: dict[str, Cap] | None = None, per_domain: bool = False,
+def search_policy(grid: Grid, rows: np.ndarray, domains: np.ndarray, cfg: CascadeSearch, cap: CostCap | None = None,
+                  domain_caps: dict[str, CostCap] | None = None, per_domain: bool = False,
                   allowed: list[str] | None = None, memo: dict | None = None, z: float = 0.0) -> tuple[CascadePolicy, dict]:
     """A policy: the pooled plan under `cap`, and with `per_domain` (or a cap for a domain) a plan
     for each domain with enough rows under its own cap (else the pooled cap). Returns (policy,
@@ -191,7 +172,7 @@ def search_policy(grid: Grid, rows: np.ndarray, domains: np.ndarray, cfg: Cascad
             if len(mine) < cfg.min_domain_rows:
                 if d in domain_caps:
                     raise CapUnmet(f"domain {d!r} has {len(mine)} validation rows, fewer than min_domain_rows "
-                                   f"({cfg.min_domain_rows}), so its own cap ({dcap.describe()}) cannot be checked; "
+                                   f"({cfg.min_domain_rows}), so its own cap ({dcap.amount()}) cannot be checked; "
                                    "drop its cap or lower cascade.search.min_domain_rows")
                 continue
             dusd = None if dcap is None else dcap.usd_per_request(grid.exp_cost[strongest(grid, mine)])

@@ -22,6 +22,8 @@ import threading
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import within_cap
+
 BAND = 0.05  # the guard starts cutting when the running mean passes (1 − BAND) of the cap
 HORIZON = 50  # requests over which an overspend is paid back
 
@@ -43,7 +45,7 @@ def bound(point: dict, z: float) -> float:
 
 def pick(points: list[dict], allowance: float, z: float) -> dict | None:
     """The most accurate point whose cost bound is within `allowance` (ties: the cheaper), or None."""
-    within = [p for p in points if bound(p, z) <= allowance * (1 + 1e-9)]
+    within = [p for p in points if within_cap(bound(p, z), allowance)]
     return max(within, key=lambda p: (p["quality"], -p["cost_usd"])) if within else None
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import read_answers
 from fugu_pipeline.matrix.read import RewardMatrixError
+from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
+from fugu_pipeline.policies.cascade.cross_encoder_use import cross_encoder_step
 from fugu_pipeline.policies.cascade.fit import CascadeFit, answer_inputs, fit_cascade
 from fugu_pipeline.policies.cascade.frontier import frontier_lines
 from fugu_pipeline.policies.cascade.save import save_cascade
@@ -71,9 +73,9 @@ def one_shot_heads(heads_report) -> dict:
 
 def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, cfg, heads_report,
                   saved: list, models_dir: Path, log=print, metrics: dict | None = None) -> CascadeResult | None:
-    """Fit and save the cascade (see the module docstring). `cfg` is `configs/train.yaml` (its `cascade`
-    block, `folds` and `seed`: the one-shot heads' `TrainSetConfig`). `heads_report` and `saved` are the
-    one-shot selection (`fit.select_heads`) and its saved heads (`fit_and_save`); `settings` the
+    """Fit and save the cascade (see the module docstring). `heads_report` and `saved` are the
+    one-shot selection (`fit.select_heads`, or the `one_shot_heads` scores it kept) and its saved
+    heads (`fit_and_save`); `settings` the
     encoder settings of `data`'s features (the replies are read by the same model)."""
     cc = cfg.cascade
     if cc.enabled == "off":
@@ -85,10 +87,11 @@ def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, 
             raise TrainingDataError(f"cascade.enabled is on, but {exc}") from None
         log(f"cascade: skipped ({str(exc).split(': ', 1)[-1].split(':')[0]})")
         return None
+    cross = cross_encoder_step(cc, data, grid, cfg.seed, log)  # None: off, or its encoder is missing (one line)
     inputs = answer_inputs(data, grid, settings, cache_root, progress=None, encode=cc.encode_replies)
-    heads = one_shot_heads(heads_report)
-    fit = fit_cascade(data, grid, inputs, cc, cfg.folds, cfg.seed, heads, log)
-    path = save_cascade(models_dir, data, fit, inputs.answer.shape[2], metrics,
+    heads = heads_report if isinstance(heads_report, dict) else one_shot_heads(heads_report)
+    fit = fit_cascade(data, grid, inputs, cc, cfg.folds, cfg.seed, heads, log, cross_encoder=cross)
+    path = save_cascade(models_dir, data, fit, inputs.answer.shape[2] + int(CROSS_STAT in fit.stat_names), metrics,
                         training_config={"cascade": cc.model_dump(), "folds": cfg.folds, "seed": cfg.seed})
     shipped, shipped_path = fit.selected_kind, path
     if shipped == "one-shot":

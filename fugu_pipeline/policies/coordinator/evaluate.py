@@ -98,7 +98,8 @@ def verdict(domain: str, coord: dict, base: dict, base_name: str, gain: dict) ->
         return f"{domain}: WORTH IT: accuracy {ci} over {base_name} for {turns_x:.2f}x the turns and {cpc}"
     if coord["mean_turns"] <= 1.05:
         return f"{domain}: one turn is enough: the coordinator stops after one answer (accuracy {ci} vs {base_name}, {cpc})"
-    return f"{domain}: NOT WORTH IT: accuracy {ci} over {base_name} (not significant) for {turns_x:.2f}x the turns and {cpc}"
+    how = "significantly worse" if gain["high"] < 0 else "not significant"
+    return f"{domain}: NOT WORTH IT: accuracy {ci} over {base_name} ({how}) for {turns_x:.2f}x the turns and {cpc}"
 
 
 def evaluate_roles(

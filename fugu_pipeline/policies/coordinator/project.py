@@ -71,31 +71,50 @@ def split(tasks: list[Task], name: str) -> list[Task]:
 
 
 class LedgeredClient:
-    """A worker client whose every answered call goes to the cost ledger: kept in a shared batch
-    and appended (one write, one fsync) every `FLUSH_EVERY` calls and when the run closes. Nothing
-    is awaited between the answer and its record, so a call answered at once (the mock pool) does
-    not give way to another session, and the turn memo still sees every repeated request."""
+    """A worker client whose every answered call goes to the cost ledger. A call someone bills (not
+    the mock pool) is announced in the ledger's in-flight journal first, with its worst case; each
+    answer's line is kept by the ledger (`CostLedger.defer`, shared by every client of the run) and
+    appended (one write, one fsync) every `FLUSH_EVERY` lines, before the trajectory store commits
+    sessions (its `before_commit`), and when the run closes: a turn a stored session used is never
+    missing from the ledger. Nothing is awaited between the answer and its line, so a call answered
+    at once (the mock pool) does not give way to another session, and the turn memo still sees
+    every repeated request."""
 
     FLUSH_EVERY = 256
 
-    def __init__(self, client, ledger, kind: str, ref: str = "", batch: list | None = None):
+    def __init__(self, client, ledger, kind: str, ref: str = "", spec=None, catalog=None):
         self.client, self.ledger, self.kind, self.ref = client, ledger, kind, ref
-        self.batch = batch if batch is not None else []
+        self.spec, self.catalog = spec, catalog
         self.worker_id = getattr(client, "worker_id", "")
 
     async def complete(self, messages, task=None, **kw):
-        comp = await self.client.complete(messages, task=task, **kw)
-        self.batch.append((self.kind, comp.cost_usd, self.worker_id, getattr(task, "task_id", "") or "", self.ref))
-        if len(self.batch) >= self.FLUSH_EVERY:
-            self.flush()
+        task_id = getattr(task, "task_id", "") or ""
+        billed = self.spec is not None and self.spec.kind != "mock"
+        if billed:
+            import asyncio
+            from types import SimpleNamespace
+
+            from fugu_pipeline.workers.budget import cost_ceiling
+
+            text = "\n".join(str(m.get("content") or "") for m in messages)
+            call = await asyncio.to_thread(self.ledger.begin, self.kind, worker_id=self.worker_id, task_id=task_id,
+                                           ref=self.ref, worst_usd=cost_ceiling(self.spec, SimpleNamespace(prompt=text),
+                                                                                self.catalog))
+        else:
+            call = self.ledger.begin(self.kind, announce=False)
+        try:
+            comp = await self.client.complete(messages, task=task, **kw)
+        except Exception:
+            if billed:
+                self.ledger.void(call)
+            raise
+        if self.ledger.defer(self.kind, comp.cost_usd, worker_id=self.worker_id, task_id=task_id, ref=self.ref,
+                             call=call) >= self.FLUSH_EVERY:
+            self.ledger.flush()
         return comp
 
-    def flush(self) -> None:
-        pending, self.batch[:] = list(self.batch), []
-        self.ledger.append_many(pending)
-
     async def aclose(self) -> None:
-        self.flush()
+        self.ledger.flush()
         await self.client.aclose()
 
 
@@ -139,8 +158,8 @@ def open_run(config: WorkersConfig, settings: EncoderSettings, trajectories_dir:
     from fugu_pipeline.workers.factory import make_client
 
     enc = encoder or Encoder.load(settings)
-    context = context_key([w.model_dump(mode="json") for w in config.workers],
-                          config.judge.model_dump(mode="json") if config.judge else None, cfg.max_turns, enc.fingerprint)
+    context = context_key([w.answer_fields() for w in config.workers],
+                          config.judge.answer_fields() if config.judge else None, cfg.max_turns, enc.fingerprint)
     try:  # the store's lock first: a second run on it stops before any client exists or any call is made
         store = TrajectoryStore(trajectories_dir, context).open()
     except PartitionBusyError:
@@ -151,13 +170,20 @@ def open_run(config: WorkersConfig, settings: EncoderSettings, trajectories_dir:
 
     featurizer = TranscriptFeaturizer(enc)
     book = CostLedger(ledger if ledger is not None else Path(trajectories_dir).parent / "ledger" / "costs.jsonl")
+    try:
+        book.check()  # settled and appendable before any call
+    except BaseException:
+        store.close()
+        if encoder is None:
+            enc.close()
+        raise
+    store.before_commit = book.flush  # a stored session's turns are in the ledger before it
     specs = {w: config.worker(w) for w in config.worker_ids}
-    pending: list = []  # one batch of ledger lines for every client of the run
-    caller = ClientCaller({w: LedgeredClient(make_client(s, config, catalog=catalog), book, "session", batch=pending)
-                           for w, s in specs.items()}, specs, own=True)
+    caller = ClientCaller({w: LedgeredClient(make_client(s, config, catalog=catalog), book, "session", spec=s,
+                                             catalog=catalog) for w, s in specs.items()}, specs, own=True)
     needs_judge = config.judge is not None and any(t.grader.type == "llm_judge" for t in tasks)
     judge = LedgeredClient(make_client(config.judge, config, judge=True, catalog=catalog), book, "judge", "session",
-                           batch=pending) if needs_judge else None
+                           spec=config.judge, catalog=catalog) if needs_judge else None
     budget = SessionBudget(cfg.max_usd if cfg.max_usd is not None else config.max_usd_per_run, catalog)
     runner = SessionRunner(caller, store, max_turns=cfg.max_turns, budget=budget, judge=judge,
                            judge_spec=config.judge)

@@ -1,0 +1,162 @@
+"""The public routing sets with several models' recorded replies, by name, and the command that
+writes one as a reward-matrix import JSONL (`answers`, `quality`, `cost_usd`, `domain`, splits: 50%
+test, 10% val by a hash of the task id), read where the releases lie (nothing is copied here), and
+prints each worker's accuracy, mean $ per 1,000 requests, and how many of its replies the cascades'
+final-answer reader reads an answer from:
+
+    python benchmarks/reply_sets.py csqa <Tebmer/Rereading-LLM-Reasoning dir> --out csqa.jsonl
+    python benchmarks/reply_sets.py csqa+direct <Tebmer/Rereading-LLM-Reasoning dir> --out csqa6.jsonl  # + direct replies
+    python benchmarks/reply_sets.py llmbar <princeton-nlp/LLMBar dir> --out llmbar.jsonl
+    python benchmarks/reply_sets.py humaneval <jamesmurdza/humaneval-results dir> --out humaneval.jsonl \\
+        [--regrade /work/shared/data/tasks/humaneval/HumanEval.jsonl.gz]
+    python benchmarks/reply_sets.py crux <WildEval/ZeroEval dir> --out crux.jsonl
+    python benchmarks/reply_sets.py llmbar+humaneval <LLMBar dir> <humaneval-results dir> --out mixed.jsonl
+    python benchmarks/reply_sets.py mot-date <MurongYue/LLM_MoT_cascade dir> --out date.jsonl
+
+A "dir" is a checkout of the repository or its bare git directory (what `fetch` gives). What each
+converter reads, how it grades and prices: `choice_sets.py` (csqa, llmbar), `code_sets.py`
+(humaneval, crux), `mot_data.py` (mot-date).
+
+`llmbar+humaneval` is a mixed import (multiple choice and code, `domain` llmbar or humaneval) with
+the workers both releases share: gpt-3.5-turbo and gpt-4 (LLMBar's ChatGPT-0613 and GPT-4 judged
+in 2023; the HumanEval traces are gpt-3.5-turbo and gpt-4 of July 2023), and `llama-2-family`, the
+open model of each release: Llama-2-70b-chat on the LLMBar rows, CodeLlama-34b-Instruct on the
+HumanEval rows (one worker that sends each domain to its own open model). It carries no latency
+(LLMBar recorded none, and an import gives every row its latency or none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MIXED_LLMBAR = {"LLaMA2": "llama-2-family", "ChatGPT": "gpt-3.5-turbo", "GPT-4": "gpt-4"}
+MIXED_HUMANEVAL = {"codellama-34b-instruct": "llama-2-family", "gpt-3.5-turbo": "gpt-3.5-turbo", "gpt-4": "gpt-4"}
+
+
+def _csqa(dirs, **kw):
+    from benchmarks.choice_sets import csqa_rows
+
+    return csqa_rows(dirs[0], **kw)
+
+
+def _csqa_direct(dirs, **kw):
+    from benchmarks.choice_sets import csqa_rows
+
+    return csqa_rows(dirs[0], acts=("vanilla", "cot"), **kw)
+
+
+def _llmbar(dirs, **kw):
+    from benchmarks.choice_sets import llmbar_rows
+
+    return llmbar_rows(dirs[0], **kw)
+
+
+def _humaneval(dirs, **kw):
+    from benchmarks.code_sets import humaneval_rows
+
+    return humaneval_rows(dirs[0], **kw)
+
+
+def _crux(dirs, **kw):
+    from benchmarks.code_sets import crux_rows
+
+    return crux_rows(dirs[0], **kw)
+
+
+def _mot_date(dirs, **kw):
+    from benchmarks.mot_data import mot_rows
+
+    return mot_rows(dirs[0], "date", **kw)
+
+
+def _llmbar_humaneval(dirs, **kw):
+    from benchmarks.choice_sets import llmbar_rows
+    from benchmarks.code_sets import humaneval_rows
+
+    choice, choice_notes = llmbar_rows(dirs[0], evaluators=MIXED_LLMBAR, **kw)
+    code, code_notes = humaneval_rows(dirs[1], models=tuple(MIXED_HUMANEVAL), names=MIXED_HUMANEVAL, **kw)
+    for r in code:  # LLMBar recorded no latency: an import gives every row its latency or none
+        r.latency_s = None
+    return choice + code, {"llmbar": choice_notes, "humaneval": code_notes, "workers": list(MIXED_LLMBAR.values())}
+
+
+# name -> (the release directories it reads, the builder)
+SETS = {
+    "csqa": (("Tebmer/Rereading-LLM-Reasoning",), _csqa),
+    "csqa+direct": (("Tebmer/Rereading-LLM-Reasoning",), _csqa_direct),
+    "llmbar": (("princeton-nlp/LLMBar",), _llmbar),
+    "humaneval": (("jamesmurdza/humaneval-results",), _humaneval),
+    "crux": (("WildEval/ZeroEval",), _crux),
+    "llmbar+humaneval": (("princeton-nlp/LLMBar", "jamesmurdza/humaneval-results"), _llmbar_humaneval),
+    "mot-date": (("MurongYue/LLM_MoT_cascade",), _mot_date),
+}
+
+
+def set_rows(name: str, dirs: list[Path], regrade: Path | None = None, **kw):
+    """(rows, notes) of the set `name` read from `dirs` (one per release `SETS` names); `regrade`:
+    HumanEval's task file, to grade the humaneval rows again with the project's code grader."""
+    if name not in SETS:
+        raise SystemExit(f"unknown set {name!r}; one of {', '.join(SETS)}")
+    repos, build = SETS[name]
+    if len(dirs) != len(repos):
+        raise SystemExit(f"{name} reads {len(repos)} release(s): {', '.join(repos)}; got {len(dirs)} folder(s)")
+    rows, notes = build([Path(d) for d in dirs], **kw)
+    if regrade is not None:
+        from benchmarks.code_sets import regrade as grade_again
+
+        code = [r for r in rows if r.domain == "humaneval"]
+        if not code:
+            raise SystemExit(f"--regrade grades HumanEval replies; {name} has none")
+        notes = {**notes, "regraded": grade_again(code, regrade)}
+    return rows, notes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("name", choices=list(SETS))
+    ap.add_argument("dirs", nargs="+", type=Path, help="the release's checkout or git directory (two for llmbar+humaneval)")
+    ap.add_argument("--out", type=Path, required=True, help="the reward-matrix JSONL to write")
+    ap.add_argument("--regrade", type=Path, default=None,
+                    help="HumanEval's task file: grade the code replies with the project's sandboxed grader")
+    args = ap.parse_args()
+    from fugu_pipeline.matrix.import_format import write_reward_jsonl
+
+    from benchmarks.release_files import ReleaseFormatError
+
+    try:
+        rows, notes = set_rows(args.name, args.dirs, args.regrade)
+    except (ReleaseFormatError, FileNotFoundError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    write_reward_jsonl(rows, args.out)
+    print(f"{args.out}: {len(rows)} rows x {len(rows[0].worker_ids)} workers; {notes}")
+    print("\n".join(summary_lines(rows)))
+    return 0
+
+
+def summary_lines(rows: list) -> list[str]:
+    """Per worker, over every row, the non-test rows (what training sees) and per domain: accuracy and
+    mean $ per 1,000 requests; then on how many rows the cascades' final-answer reader
+    (`tasks/final_answer.extract`, by the row's `answer_kind`) reads an answer from the reply."""
+    out = ["| rows | n | " + " | ".join(rows[0].worker_ids) + " |", "|---|---|" + "---|" * len(rows[0].worker_ids)]
+    domains = sorted({r.domain for r in rows}) if len({r.domain for r in rows}) > 1 else []
+    parts = [("all", rows), ("non-test", [r for r in rows if r.split != "test"]),
+             *((f"domain {d}", [r for r in rows if r.domain == d]) for d in domains)]
+    for name, sel in parts:
+        cells = [f"{sum(r.quality[j] for r in sel) / len(sel):.4f} (${1000 * sum(r.cost_usd[j] for r in sel) / len(sel):.4g})"
+                 for j in range(len(rows[0].worker_ids))]
+        out.append(f"| {name} | {len(sel)} | " + " | ".join(cells) + " |")
+    from fugu_pipeline.tasks.final_answer import extract
+
+    read = [sum(extract(r.answers[j], r.answer_kind or "text") is not None for r in rows) for j in range(len(rows[0].worker_ids))]
+    kinds = "/".join(sorted({r.answer_kind or "text" for r in rows}))
+    out.append(f"| final answer read ({kinds}) | {len(rows)} | " + " | ".join(str(n) for n in read) + " |")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The configured set of one-step heads (`configs/train.yaml`: kNN, domain prior, ridge, MLP,
+ensemble, ...): what `router_heads` and `fugu-lite train` run.
+
+The features are resolved from the command's encoder settings and the config's `features:` block
+(lexical block, layer sets and prompt rules chosen on the selected head's out-of-fold figure, a
+flag or run config overriding the file); each grid point is scored out of fold over the non-test
+rows, the rule chosen by a nested check, each kind's best refitted and saved to
+`<models>/<kind>/<hash>/` with `budget.json` (and the default operating point) beside it.
+
+The set's record keeps, beside the checkpoints, the out-of-fold routing scores of each kind's best
+head and the ensemble (`oof.npz`): the one-shot policies a cascade is chosen against
+(`steps/cascade.py`), so the cascade is a step of its own that reads them instead of fitting the set again.
+
+Content-addressed: the fingerprint of (code version, resolved config, the matrix's data version,
+the features asked for, `force`) names a record; when it exists, nothing is fitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from fugu_pipeline.steps import records
+from fugu_pipeline.steps.inputs import Rows, config_file, load_step_config, unchanged_since_read
+from fugu_pipeline.steps.oneshot import StageError
+from fugu_pipeline.steps.versions import code_version
+
+STEP = "heads"
+CONFIG_FILE = "train.yaml"
+OOF_FILE = "oof.npz"
+
+
+def heads_code_version() -> str:
+    return code_version(__name__, "fugu_pipeline.policies.oneshot.fit", "fugu_pipeline.train.feature_choice",
+                        "fugu_pipeline.policies.oneshot.default_train")
+
+
+def heads_config(root: Path, given: str | Path | None = None):
+    """(TrainSetConfig, the file it came from or None, its settings version)."""
+    from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
+
+    path = config_file(root, given, CONFIG_FILE)
+    cfg, version = load_step_config(path, TrainSetConfig)
+    return cfg, path, version
+
+
+def fit_heads(cfg, rows: Rows, models_dir: Path, *, cfg_path: Path | None = None, cfg_version: str = "absent",
+              force: bool = False, lexical: bool | None = None, layer_sets=None, prompt_rules: str | None = None,
+              log: Callable[[str], None] = print) -> records.StepRecord:
+    """Fit (or find already fitted) the head set; returns its record. `output`: `checkpoints` and
+    `selected` (paths), `selected_kind`, `saved` (each head: kind, name, path, selected, figures),
+    `features` (the choice recorded in every manifest); `summary`: the rule, the protocol, why the
+    selected one, the default operating point. Raises ConfigError, TrainingDataError, LayerSetError
+    or StageError in one line."""
+    from fugu_pipeline.train.feature_choice import describe_features, heads_features
+
+    settings, sets, rules = heads_features(rows.settings, cfg.features, lexical=lexical, layer_sets=layer_sets,
+                                           prompt_rules=prompt_rules)
+    log(describe_features(settings, sets, rules))
+    fp = records.fingerprint(step=STEP, code=heads_code_version(), config=cfg.model_dump(mode="json"),
+                             matrix=rows.matrix_version(), features=rows.encoder_version(settings),
+                             layer_sets=[list(s) for s in sets] if sets else None, prompt_rules=rules, force=force)
+    found = records.find(models_dir, STEP, fp)
+    if found is not None:
+        log(f"heads: inputs unchanged since {found.when()}: {len(found.output['saved'])} checkpoints kept, nothing fitted")
+        return found
+    folder = records.scratch(models_dir, STEP)
+    try:
+        report, data, recorded = _fit(cfg, rows, models_dir, settings, sets, rules, force, log)
+        point = _calibrate(report, data, cfg, log)
+        _keep_oof(folder / OOF_FILE, report, data)
+        changed = unchanged_since_read(cfg_path, cfg_version)
+        if changed:
+            raise StageError(changed)
+    except BaseException:
+        records.discard(folder)
+        raise
+    rel = lambda p: records.relative(p, models_dir)  # noqa: E731
+    output = {"checkpoints": [rel(s.path) for s in report.saved], "selected": rel(report.selected_path()),
+              "selected_kind": report.selected_kind, "features": recorded,
+              "saved": [{"kind": s.kind, "name": s.name, "path": rel(s.path), "selected": s.selected,
+                         "figures": dict(s.figures)} for s in report.saved]}
+    summary = {"reason": report.reason, "rule": report.rule, "rule_reason": report.rule_reason,
+               "protocol": report.protocol, "objective": report.objective, "selected": report.selected,
+               "seconds": report.seconds, "config": str(cfg_path) if cfg_path else "built-in defaults",
+               **({"default_point": point.describe(), "default_point_reason": point.reason,
+                   "default_lines": _default_lines(point)} if point else {})}
+    return records.keep(models_dir, STEP, fp, output, needs=[s.path for s in report.saved], summary=summary, folder=folder)
+
+
+def absolute(record: records.StepRecord, models_dir: Path) -> dict:
+    """The set's output with absolute paths (what the asset hands on and the command prints)."""
+    out = dict(record.output)
+    m = Path(models_dir)
+    out["checkpoints"] = [str(m / p) for p in out["checkpoints"]]
+    out["selected"] = str(m / out["selected"])
+    out["saved"] = [{**s, "path": str(m / s["path"])} for s in out["saved"]]
+    return out
+
+
+def _fit(cfg, rows: Rows, models_dir: Path, settings, sets, rules, force, log):
+    from fugu_pipeline.train.feature_choice import fit_choosing_features
+    from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
+
+    selection, data, recorded = fit_choosing_features(
+        settings, rows.read, lambda d: select_heads(d, cfg, log, force), score=lambda sel: sel[0].val_score,
+        prompt_rules=rules, layer_sets=sets, log=log, prefill=rows.prefill)
+    report = fit_and_save(data, models_dir, cfg, log=log, force=force, selection=selection, metrics=recorded)
+    return report, data, recorded
+
+
+def _calibrate(report, data, cfg, log):
+    """budget.json beside each quality head, with the default operating point (the selected head's returned)."""
+    from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
+
+    return calibrate_saved(report.saved, data, log, margin=cfg.cascade.margin, n_boot=cfg.cascade.n_boot, seed=cfg.seed)
+
+
+def _default_lines(point) -> list[str]:
+    from fugu_pipeline.policies.oneshot.default_point import default_lines
+
+    return list(default_lines(point))
+
+
+def _keep_oof(path: Path, report, data) -> None:
+    """The out-of-fold routing scores of each kind's best head and the ensemble, the selected first."""
+    import numpy as np
+
+    from fugu_pipeline.policies.cascade.train import one_shot_heads
+
+    heads = one_shot_heads(report)
+    np.savez(path, names=np.array(list(heads)), task_ids=np.array(data.task_ids),
+             **{f"scores_{i}": np.asarray(s) for i, s in enumerate(heads.values())})
+
+
+def read_oof(record: records.StepRecord, task_ids: list[str]) -> dict:
+    """{"one-shot <name>": out-of-fold scores} the set kept, for rows `task_ids` (the same rows in the
+    same order, else StageError: the matrix changed since the set was fitted)."""
+    import numpy as np
+
+    with np.load(record.folder / OOF_FILE) as z:
+        if list(z["task_ids"]) != list(task_ids):
+            raise StageError(f"the heads of {record.folder} were fitted on other rows than the matrix holds now; "
+                             "materialize router_heads again (it is stale), then the cascade")
+        return {str(n): z[f"scores_{i}"] for i, n in enumerate(z["names"])}

@@ -1,0 +1,109 @@
+"""Code versions and settings versions: what makes a step's output out of date besides its data.
+
+- `code_version(modules)`: the hash of the source of `modules` and of every `fugu_pipeline` module
+  they import, transitively, imports inside functions included. A step's code version changes
+  exactly when code it runs changes (a comment counts: the rule is simple and never misses one);
+  a module only of the Dagster layer (`defs/`), the command line or the server never enters it.
+  The imports are found by a line scan, not by importing, so torch is never loaded and all the
+  steps' versions take a few tens of milliseconds at definitions load.
+- `settings_version(path)`: the version of a settings file (a trainer YAML, the promotion policy):
+  the hash of its parsed content, so a comment or a reordering changes nothing; `absent` when the
+  file is missing (the built-in defaults apply).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+
+from fugu_pipeline.hashing import sha256_text
+
+PACKAGE = Path(__file__).resolve().parents[1]  # the fugu_pipeline folder
+CALLERS = ("defs", "cli", "serve", "testing", "definitions")  # never part of a step's code
+ABSENT = "absent"
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(fugu_pipeline(?:\.\w+)*)[ \t]+import[ \t]+(?:\(([^)]*)\)|([\w \t,]+))"
+                     r"|import[ \t]+(fugu_pipeline(?:\.\w+)*))", re.MULTILINE)
+
+
+def _module_file(dotted: str) -> Path | None:
+    """The source file of a `fugu_pipeline...` module or package (None when it is no module)."""
+    rel = dotted.split(".")[1:]
+    if not rel:
+        return PACKAGE / "__init__.py"
+    base = PACKAGE.joinpath(*rel)
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _relative(path: Path) -> str:
+    return path.relative_to(PACKAGE).with_suffix("").as_posix().replace("/__init__", "")
+
+
+@functools.lru_cache(maxsize=None)
+def _imports(path: Path) -> tuple[Path, ...]:
+    """The fugu_pipeline modules `path` imports (a `from package import name` counts `name` when
+    it is a module of the package)."""
+    out: list[Path] = []
+    for m in _IMPORT.finditer(path.read_text(encoding="utf-8")):
+        dotted = m.group(1) or m.group(4)
+        found = _module_file(dotted)
+        if found is not None:
+            out.append(found)
+        for name in re.split(r"[\s,]+", m.group(2) or m.group(3) or ""):
+            sub = _module_file(f"{dotted}.{name}") if name and name != "as" else None
+            if sub is not None:
+                out.append(sub)
+    return tuple(out)
+
+
+def closure(modules: Iterable[str]) -> list[Path]:
+    """`modules` (dotted names) and every fugu_pipeline module they import, transitively, in path order,
+    leaving out the callers' layers (CALLERS)."""
+    todo = [p for p in (_module_file(m) for m in modules) if p is not None]
+    missing = [m for m in modules if _module_file(m) is None]
+    if missing:
+        raise ValueError(f"no such module: {', '.join(missing)} (a step's code lists a module that moved or is gone)")
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen or _relative(path).split("/")[0] in CALLERS:
+            continue
+        seen.add(path)
+        todo.extend(_imports(path))
+    return sorted(seen)
+
+
+@functools.lru_cache(maxsize=None)
+def code_version(*modules: str) -> str:
+    """The code version of the step whose work is in `modules`: 16 hex digits of the hash of every
+    source file in their closure (path and text)."""
+    digest = hashlib.sha256()
+    for path in closure(modules):
+        digest.update(_relative(path).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def settings_version(path: str | Path) -> str:
+    """The version of a settings file: 16 hex digits of its parsed content (comments and key order
+    do not count), `absent` when it does not exist, and the text's own hash when it is not valid
+    YAML (the step that reads it says what is wrong)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError):
+        return ABSENT
+    except (OSError, UnicodeDecodeError):
+        return "unreadable"
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return "text-" + sha256_text(text)[:11]
+    return sha256_text(json.dumps(parsed, sort_keys=True, separators=(",", ":"), default=str))[:16]
