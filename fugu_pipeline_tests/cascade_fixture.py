@@ -113,3 +113,28 @@ def mixed(seed: int = 0, n: int = 400, tiny: int = 0, p_cheap_mc: float = 0.3):
     grid = AnswerGrid(list(data.task_ids), ["cheap", "strong"], text, ["text"] * m, final, "v1")
     inputs = VerifierInputs(prompt=prompt, answer=answer, has=np.ones((m, 2), bool), target=quality)
     return data, grid, inputs
+
+
+def close(seed: int = 0, n: int = 300, p_cheap: float = 0.78, p_strong: float = 0.82, signal: float = 0.5):
+    """Two workers and quality-only weights, right or wrong independently: a cheap one (1% of the
+    strong one's cost) nearly as accurate as the strong one, wrong answers of their own; the reply's
+    features carry a weak sign of being right. A plan escalating some rows gains a little over the
+    cheap worker alone, too little to be significant on a few hundred rows."""
+    rng = np.random.default_rng(seed)
+    quality = (rng.random((n, 2)) < np.array([p_cheap, p_strong])).astype(float)
+    final = np.array([["right" if quality[i, j] else f"{w}-{rng.integers(0, 50)}" for j, w in enumerate(("c", "s"))]
+                      for i in range(n)], dtype=object)
+    text = np.array([[f"The answer is {f}" for f in row] for row in final], dtype=object)
+    prompt = rng.normal(size=(n, 6)).astype(np.float32)
+    answer = rng.normal(size=(n, 2, 4)).astype(np.float32)
+    answer[:, :, 0] += signal * (2 * quality - 1)
+    cost = np.tile([1e-4, 1e-2], (n, 1))
+    splits = np.array([("train", "train", "train", "val", "test")[i % 5] for i in range(n)])
+    data = RoutingData(task_ids=[f"c{i:04d}" for i in range(n)], prompts=[f"question {i}" for i in range(n)],
+                       domains=["mc"] * n, splits=splits, worker_ids=["cheap", "strong"], features=prompt,
+                       utility=quality.copy(), contract=FeatureContract(encoder_id="x", dim=6), quality=quality,
+                       cost_usd=cost, latency_s=np.tile([0.5, 2.0], (n, 1)),
+                       utility_config=UtilityConfig(cost_weight=0.0, latency_weight=0.0))
+    grid = AnswerGrid(list(data.task_ids), ["cheap", "strong"], text, ["text"] * n, final, "v1")
+    inputs = VerifierInputs(prompt=prompt, answer=answer, has=np.ones((n, 2), bool), target=quality)
+    return data, grid, inputs
