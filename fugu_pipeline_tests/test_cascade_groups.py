@@ -75,6 +75,19 @@ def test_an_unseen_domain_is_served_the_pooled_plan(tmp_path):
     assert policy.plan_for("never-seen") == policy.plan_for(None) == policy.default
 
 
+def test_serving_routes_each_request_by_its_domains_plan(tmp_path):
+    from fugu_pipeline.policies.cascade.evaluate import load_cascade
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+    from fugu_pipeline.policies.cascade.save import save_cascade
+
+    data, grid, inputs = cascade_fixture.mixed(n=400)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
+    router = CascadeRouter(load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2])), None)
+    got = router.route_batch(["a", "b", "c", "d"], ["code", "mc", "never-seen", None])
+    assert [d.extra["cascade"]["describe"] for d in got] == ["[cheap]", "[strong]", "[strong]", "[strong]"]
+    assert [d.worker_id for d in got] == ["cheap", "strong", "strong", "strong"]
+
+
 def test_the_whole_is_held_to_the_rule_when_each_domain_alone_passes():
     """Each domain's cheap choice is 0.3 point below the strongest on its rows, not significantly (3
     rows of 1,000); both together are significantly below on the 2,000 rows (6 rows): one domain
