@@ -78,3 +78,20 @@ def test_serving_escalates_less_when_the_running_spend_nears_the_cap(capped):
     points = cap_points(ckpt.head.head_params(), ckpt.manifest.metrics, "math")
     served = min(p["cost_usd"] for p in points if CascadePlan.model_validate(p["plan"]) == plan)
     assert served < fit.choices["*"].cost  # ... and costs less on the rows it was chosen on
+
+
+def test_the_guard_lowers_the_allowance_only_past_the_band_and_keeps_few_caps(capped):
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+    from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, SpendGuard
+
+    g = SpendGuard(1.0)
+    for _ in range(10):
+        g.record(0.9)  # below 95% of the cap: the cap's own allowance
+    assert g.allowance() == 1.0
+    for _ in range(10):
+        g.record(1.5)
+    assert g.allowance() < 1.0
+    router = CascadeRouter(capped[4], None)
+    for k in range(MAX_GUARDS + 10):  # requests naming ever new caps hold a bounded number of guards
+        router.guard(0.001 * (k + 1))
+    assert len(router.guards) == MAX_GUARDS and round(0.001, 15) not in router.guards

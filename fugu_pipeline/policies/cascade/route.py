@@ -83,11 +83,18 @@ class CascadeRouter(Router):
         return self._budget_plan(None, budget)
 
     def guard(self, cap_usd: float):
-        """The spend guard of a cap (one per cap, kept while the router serves)."""
-        from fugu_pipeline.policies.cascade.spend import SpendGuard
+        """The spend guard of a cap (one per cap, kept while the router serves; past `MAX_GUARDS`
+        distinct caps, the least recently used one is dropped, so requests naming ever new caps
+        hold a bounded memory)."""
+        from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, SpendGuard
 
+        key = round(float(cap_usd), 15)
         with self._guards_lock:
-            return self.guards.setdefault(round(float(cap_usd), 15), SpendGuard(cap_usd))
+            got = self.guards.pop(key, None) or SpendGuard(cap_usd)
+            self.guards[key] = got  # the most recently used last
+            while len(self.guards) > MAX_GUARDS:
+                self.guards.pop(next(iter(self.guards)))
+            return got
 
     def record_spend(self, decision: RouteDecision, cost_usd: float) -> None:
         """What a served cascade cost, counted by the guard of the cap it was served under."""

@@ -26,6 +26,7 @@ from fugu_pipeline.cost_cap import within_cap
 
 BAND = 0.05  # the guard starts cutting when the running mean passes (1 − BAND) of the cap
 HORIZON = 50  # requests over which an overspend is paid back
+MAX_GUARDS = 256  # distinct caps a server keeps a guard for (the least recently used dropped)
 
 
 def cap_points(head_params: dict, metrics: dict, domain: str | None = None) -> list[dict]:
