@@ -10,10 +10,11 @@ from fugu_pipeline.evaluate.metrics import paired_bootstrap
 from fugu_pipeline.route.budget import BudgetCalibration, budget_scores, quality_of
 
 
-def default_section(checkpoint, data, split: str, calibration: BudgetCalibration, n_boot: int = 2000,
+def default_section(checkpoint, data, split: str, calibration: BudgetCalibration, point=None, n_boot: int = 2000,
                     seed: int = 0) -> dict | None:
-    """The section, or None when the calibration holds no default point or the split no quality."""
-    dp = calibration.default
+    """The section of `point` (None: the calibration's default point), or None when there is no
+    point or the split holds no quality."""
+    dp = point if point is not None else calibration.default
     held = data.split(split)
     if dp is None or held.quality is None or dp.strongest_worker not in data.worker_ids:
         return None
