@@ -76,6 +76,14 @@ def shipped_line(out: str) -> str:
     return [line for line in out.splitlines() if line.startswith("shipped policy: ")][-1]
 
 
+def printed_lambda(out: str) -> str:
+    """The λ of the operating point the shipped line names (as printed, 4 significant digits)."""
+    line = shipped_line(out)
+    got = re.search(r"λ-routing at λ = ([0-9.e+-]+)", line)
+    assert got, f"the line train prints for what ships names no operating point: {line!r}"
+    return got.group(1)
+
+
 def shipped(ckpt):
     from fugu_pipeline.route.shipped import ShippedPolicy
 
@@ -86,13 +94,15 @@ def test_train_prints_what_ships_and_saves_that_description_beside_it(trained):
     """The line `train` prints is the description saved beside the shipped checkpoint, and it names
     the shipped head's own operating point (here not the selected head's, which `train` also prints)."""
     work, ckpt, _, out = trained
-    line, policy = shipped_line(out), shipped(ckpt)
+    line, printed = shipped_line(out), printed_lambda(out)
+    own = json.loads((Path(ckpt) / "budget.json").read_text())["default"]
+    assert own["kind"] == "lambda" and f"{own['lam']:.4g}" == printed  # the shipped head's own point
+    policy = shipped(ckpt)
     assert policy.describe() == line and policy.kind == "one-shot", (line, policy)
     assert policy.checkpoint == f"{Path(ckpt).parent.name}/{Path(ckpt).name}"
     lam = policy.operating_point.lam
     assert f"λ-routing at λ = {lam:.4g}" in line
-    own = json.loads((Path(ckpt) / "budget.json").read_text())["default"]
-    assert own["kind"] == "lambda" and own["lam"] == lam  # the head's own point, not another head's
+    assert own["lam"] == lam  # the head's own point, not another head's
     selected = re.search(r"selected head's default operating point .*?: λ-routing at λ = ([0-9.e+-]+)", out)
     assert selected and selected.group(1) != f"{lam:.4g}", "the fixture should ship a head other than the selected one"
     # the choice's table scored the shipped head at that point: its row is the figures the line gives
@@ -119,10 +129,12 @@ def test_what_serves_routes_by_the_operating_point_train_printed(trained):
     from fugu_pipeline.testing.serving import promote
 
     work, ckpt, _, out = trained
-    line, lam = shipped_line(out), shipped(ckpt).operating_point.lam
+    line, printed = shipped_line(out), printed_lambda(out)
     prompts, domains = _prompts()
     router = load_router(ckpt, device="cpu")
     try:
+        assert f"{router.default_point.lam:.4g}" == printed  # with no cap asked it routes by the printed point
+        lam = shipped(ckpt).operating_point.lam
         want = _at_point(router, prompts, domains, lam)
         plain = [d.worker_id for d in router.route_batch(prompts, domains, default_point=False)]
         assert want != plain, "the fixture's point should move some routes off the plain argmax"
@@ -150,7 +162,9 @@ def test_the_server_reports_and_serves_the_policy_train_printed(trained, tmp_pat
     from fugu_pipeline.workers.config import WorkersConfig
 
     _, ckpt, _, out = trained
-    line, lam = shipped_line(out), shipped(ckpt).operating_point.lam
+    line, printed = shipped_line(out), printed_lambda(out)
+    lam = shipped(ckpt).operating_point.lam
+    assert f"{lam:.4g}" == printed
     prompts, domains = _prompts()
     router = Router.load(ckpt, device="cpu")
     want = _at_point(router, prompts, domains, lam)
@@ -175,13 +189,13 @@ def test_evaluate_names_the_policy_train_printed(trained):
     """`evaluate` on the shipped checkpoint reports the point it routes by, the same λ, and repeats
     the description `train` printed."""
     work, ckpt, common, out = trained
-    line, lam = shipped_line(out), shipped(ckpt).operating_point.lam
+    line, printed = shipped_line(out), printed_lambda(out)
     code, said = run("evaluate", "--checkpoint", ckpt, *common, "--output", str(work / "eval.json"))
     assert code == 0, said
+    assert f"operating point used (no cap asked): the default operating point (λ = {printed})" in said
     assert f"as chosen at training: {line}" in said
-    assert f"operating point used (no cap asked): the default operating point (λ = {lam:.4g})" in said
     rep = json.loads((work / "eval.json").read_text())
-    assert rep["shipped_policy"]["line"] == line and rep["default_point"]["lambda"] == lam
+    assert f"{rep['default_point']['lambda']:.4g}" == printed and rep["shipped_policy"]["line"] == line
 
 
 def test_a_one_shot_candidate_is_scored_at_the_route_it_serves():
