@@ -219,3 +219,27 @@ def test_a_one_shot_candidate_is_scored_at_the_route_it_serves():
     rows = np.flatnonzero(data.splits != "test")
     assert h.quality == pytest.approx(float(data.quality[rows, cheap].mean()))
     assert h.quality != pytest.approx(float(data.quality[rows, strong].mean()))
+
+
+def test_when_the_strongest_ships_evaluate_s_table_still_shows_each_cap_s_own_plan(tmp_path):
+    """Nothing cheaper qualifies, so the strongest alone ships; the frontier's plans under 20/33/50% of
+    its cost read the verifier, which is saved with the checkpoint, so the held-out table shows each
+    cap's own plan within that cap (not the one plan without a verifier, the cheap worker, at every cap)."""
+    from fugu_pipeline.policies.cascade.config import CascadeConfig
+    from fugu_pipeline.policies.cascade.evaluate import cascade_report, load_cascade
+    from fugu_pipeline.policies.cascade.fit import fit_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.search import CascadeSearch
+    from fugu_pipeline_tests import cascade_fixture
+
+    data, grid, inputs = cascade_fixture.agreeing(n=400, agree=0.6, signal=0.0)
+    cfg = CascadeConfig(search=CascadeSearch(thresholds=6, three_steps=False, finals=2, cheap=2), n_boot=300)
+    fit = fit_cascade(data, grid, inputs, cfg, log=lambda m: None)
+    assert fit.policy.describe() == "[strong]", fit.reason
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
+    rows = [r for r in cascade_report(ckpt, data, grid, inputs)["cap_rows"] if r["share"] is not None]
+    assert [r["share"] for r in rows] == [0.2, 0.33, 0.5]
+    costs = [r["usd_per_1k"][0] for r in rows]
+    assert len(set(costs)) == 3, rows  # a plan per cap, not one worker at every cap
+    for r in rows:
+        assert r["usd_per_1k"][0] <= r["share"] * 10 * 1.3  # within its cap, up to the held-out rows' noise

@@ -330,7 +330,11 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     if alone:  # the saved cascade is that worker alone
         best = top_all if mode == "cheapest" else _best_worker(g_all, rows, capped, cfg, doms, allowed)
         policy = CascadePolicy(default=_alone(data.worker_ids[best]))
-    verifier = fit_all(sub, np.arange(len(rows)), l2) if policy.uses_verifier else None
+    # the verifier is saved whenever a frontier point needs it, also when the plan that ships does not
+    # (the strongest alone): a cap at serving time and `evaluate`'s table at caps run those points
+    needs = policy.uses_verifier or any(CascadePlan.model_validate(p["plan"]).uses_verifier
+                                        for ch in choices.values() for p in ch.frontier)
+    verifier = fit_all(sub, np.arange(len(rows)), l2) if needs else None
     cross_model = cross.final() if cross is not None and verifier is not None else None  # every non-test pair
     stat_names = sub.stat_names if cross_model is not None else inputs.stat_names
     log(f"cascade: {policy.describe()}; selected {win.name}: {reason}")
