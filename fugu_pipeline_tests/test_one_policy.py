@@ -243,3 +243,64 @@ def test_when_the_strongest_ships_evaluate_s_table_still_shows_each_cap_s_own_pl
     assert len(set(costs)) == 3, rows  # a plan per cap, not one worker at every cap
     for r in rows:
         assert r["usd_per_1k"][0] <= r["share"] * 10 * 1.3  # within its cap, up to the held-out rows' noise
+
+
+def test_route_prints_the_policy_train_printed(trained):
+    """`fugu-lite route` on the shipped checkpoint: its JSON names the policy, by the same line, and
+    routes by the printed point (its `budget` block gives that λ)."""
+    _, ckpt, _, out = trained
+    line, printed = shipped_line(out), printed_lambda(out)
+    code, said = run("route", "--checkpoint", ckpt, "--prompt", EASY[0], "--domain", "code", "--device", "cpu")
+    got = json.loads(said)
+    assert code == 0 and got["policy"]["line"] == line, got
+    assert f"{got['budget']['lambda']:.4g}" == printed and f"{got['policy']['lambda']:.4g}" == printed
+
+
+def test_a_description_for_other_weights_or_unreadable_is_ignored_with_one_line(tmp_path):
+    """`policy.json` names the weights it was written for: copied beside another checkpoint, or
+    damaged, it is not read (the checkpoint's own `budget.json` point applies), and the reason names the file."""
+    from fugu_pipeline.route.default_point import DefaultPoint
+    from fugu_pipeline.route.shipped import POLICY_FILE, ShippedPolicy, read_shipped
+
+    point = DefaultPoint(kind="lambda", lam=0.25, strongest_worker="c", reason="r", oof_accuracy=0.99, oof_cost_usd=1e-4,
+                         strongest_accuracy=1.0, strongest_cost_usd=3e-4, difference=(-0.01, -0.02, 0.0), n_rows=240)
+    ShippedPolicy(kind="one-shot", name="one-shot ridge", checkpoint="ridge/0123456789abcdef",
+                  content_hash="0123456789abcdef", operating_point=point).save(tmp_path)
+    got, why = read_shipped(tmp_path, "0123456789abcdef")
+    assert got is not None and got.operating_point.lam == 0.25 and why == ""
+    got, why = read_shipped(tmp_path, "fedcba9876543210")
+    assert got is None and why.startswith(f"{tmp_path / POLICY_FILE} was written for checkpoint 0123456789abcdef")
+    (tmp_path / POLICY_FILE).write_text("{\"kind\": \"one-shot\"")
+    got, why = read_shipped(tmp_path, "0123456789abcdef")
+    assert got is None and f"{tmp_path / POLICY_FILE} cannot be read" in why and "\n" not in why
+    assert read_shipped(tmp_path / "absent", "0123456789abcdef") == (None, "")
+
+
+def test_without_replies_the_selected_head_ships_at_its_point_and_says_so(tmp_path):
+    """No replies, no cascade: the selected head ships at its default operating point; the line
+    `train` prints is its description beside it, and `route` names it and routes by that point."""
+    data = [{k: v for k, v in r.items() if k not in ("answers", "answer_kind")} for r in rows()]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    (tmp_path / "w.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
+    (tmp_path / "train.yaml").write_text(
+        "features: {layer_sets: \"off\", prompt_rules: \"off\", lexical: false}\n"
+        "heads:\n  knn: {k: [10, 30], prior_weight: [0], same_domain_bonus: [0], temperature: [null], prior_m: 20}\n")
+    common = ["--data", str(tmp_path / "r.jsonl"), "--workers", str(tmp_path / "w.yaml"), "--device", "cpu",
+              "--cache-dir", str(tmp_path / "emb"), "--work-dir", str(tmp_path / "imports")]
+    code, out = run("train", *common, "--encoder", "tiny", "--config", str(tmp_path / "train.yaml"),
+                    "--output", str(tmp_path / "models"))
+    assert code == 0, out
+    ckpt = out.strip().splitlines()[-1]
+    line, printed = shipped_line(out), printed_lambda(out)
+    policy = shipped(ckpt)
+    assert policy.describe() == line and "cascade" not in line
+    assert policy.operating_point == shipped_point(ckpt)  # the selected head's own point, as saved beside it
+    code, said = run("route", "--checkpoint", ckpt, "--prompt", EASY[0], "--domain", "code", "--device", "cpu")
+    got = json.loads(said)
+    assert code == 0 and got["policy"]["line"] == line and f"{got['budget']['lambda']:.4g}" == printed, got
+
+
+def shipped_point(ckpt):
+    from fugu_pipeline.route.default_point import DefaultPoint
+
+    return DefaultPoint.model_validate(json.loads((Path(ckpt) / "budget.json").read_text())["default"])

@@ -213,6 +213,8 @@ def serve(
              limits.keep_alive_s, limits.max_in_flight)
     if router is not None and getattr(router, "shipped", None) is not None:
         log.info("%s", router.shipped.describe())
+    elif router is not None and getattr(router, "shipped_problem", ""):
+        log.warning("%s", router.shipped_problem)
     if default_budget is None and router is not None and default_point and getattr(router, "default_point", None):
         log.info("requests without a cap: %s; %s", router.default_point.describe(), router.default_point.reason)
     if default_budget is not None:
