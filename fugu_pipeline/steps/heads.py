@@ -5,7 +5,9 @@ The features are resolved from the command's encoder settings and the config's `
 (lexical block, layer sets and prompt rules chosen on the selected head's out-of-fold figure, a
 flag or run config overriding the file); each grid point is scored out of fold over the non-test
 rows, the rule chosen by a nested check, each kind's best refitted and saved to
-`<models>/<kind>/<hash>/` with `budget.json` (and the default operating point) beside it.
+`<models>/<kind>/<hash>/` with `budget.json` (and the default operating point) beside it, and
+beside the selected head `policy.json`: the description of what ships when no cascade is chosen
+instead (`route/shipped.py`; the cascade step writes its own beside what it ships).
 
 The set's record keeps, beside the checkpoints, the out-of-fold routing scores of each kind's best
 head and the ensemble (`oof.npz`): the one-shot policies a cascade is chosen against
