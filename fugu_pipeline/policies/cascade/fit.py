@@ -159,11 +159,13 @@ def _expected(data: RoutingData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg: CascadeConfig | None = None,
                 folds_k: int = 5, seed: int = 0, heads: dict[str, np.ndarray] | None = None, log=print,
-                cross_encoder=None) -> CascadeFit:
+                cross_encoder=None, head_routes: dict[str, np.ndarray] | None = None) -> CascadeFit:
     """See the module docstring. `grid` and `inputs` are row-aligned with `data`; `heads`: one-shot
     heads' out-of-fold routing scores (rows = the non-test rows of `data`, in order; the first one
     is the table's one-shot router); `cross_encoder`: `cascade_cross_encoder_use.cross_encoder_step`'s
-    callable, whose cross-fitted column the verifier reads when it lowers its out-of-fold log-loss."""
+    callable, whose cross-fitted column the verifier reads when it lowers its out-of-fold log-loss;
+    `head_routes`: a head's out-of-fold route at the operating point it serves with no cap asked
+    (its default point), which its candidate is scored at instead of its plain argmax."""
     cfg = cfg or CascadeConfig()
     if data.quality is None:
         raise TrainingDataError("a cascade needs each cell's quality (the import's `quality`, or graded responses); "
@@ -262,7 +264,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
             q, c, u = g.run(_alone(data.worker_ids[best]), te)
             oof[baseline][at], cost_of[baseline][at], qual_of[baseline][at] = (q if capped else u), c, q
         for name, s in (heads or {}).items():
-            route = np.argmax(s[at], axis=1)
+            route = (head_routes or {}).get(name, np.argmax(s, axis=1))[at]
             q = data.quality[te, route]
             c, lat = g.exp_cost[route], g.exp_latency[route]
             u = (uc.quality_weight * q - uc.cost_weight * np.minimum(c / uc.cost_scale_usd, uc.cap)
@@ -328,7 +330,11 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     if alone:  # the saved cascade is that worker alone
         best = top_all if mode == "cheapest" else _best_worker(g_all, rows, capped, cfg, doms, allowed)
         policy = CascadePolicy(default=_alone(data.worker_ids[best]))
-    verifier = fit_all(sub, np.arange(len(rows)), l2) if policy.uses_verifier else None
+    # the verifier is saved whenever a frontier point needs it, also when the plan that ships does not
+    # (the strongest alone): a cap at serving time and `evaluate`'s table at caps run those points
+    needs = policy.uses_verifier or any(CascadePlan.model_validate(p["plan"]).uses_verifier
+                                        for ch in choices.values() for p in ch.frontier)
+    verifier = fit_all(sub, np.arange(len(rows)), l2) if needs else None
     cross_model = cross.final() if cross is not None and verifier is not None else None  # every non-test pair
     stat_names = sub.stat_names if cross_model is not None else inputs.stat_names
     log(f"cascade: {policy.describe()}; selected {win.name}: {reason}")
