@@ -120,16 +120,35 @@ def matrix_of(name: str, rows: list, args):
     return work, db, settings, data, emb
 
 
-def one_shot_test(data, sel, name: str, work: Path, cfg) -> tuple[np.ndarray, np.ndarray]:
-    """(quality, cost) per test row of the one-shot head `name` (fitted on the non-test rows)."""
-    from fugu_pipeline.evaluate.reports import head_scores
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+def saved_heads(data, sel, work: Path, cfg, args):
+    """The heads `fugu-lite train` saves (`fit_and_save`) with their budget calibrations and default
+    operating points (`calibrate_saved`): (the report, {"one-shot <name>": out-of-fold route at its
+    point}), the routes the cascade's choice scores each head at."""
+    from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
     from fugu_pipeline.policies.oneshot.fit import fit_and_save
 
-    saved = fit_and_save(data, work / "models", cfg, log=lambda m: None, selection=sel)
-    path = next((x.path for x in saved.saved if x.name == name), None) or saved.selected_path()
+    report = fit_and_save(data, work / "models", cfg, log=lambda m: None, selection=sel)
+    routes: dict = {}
+    calibrate_saved(report.saved, data, lambda m: None, margin=cfg.cascade.margin, n_boot=args.n_boot, seed=cfg.seed,
+                    routes=routes)
+    return report, {f"one-shot {n}": r for n, r in routes.items()}
+
+
+def one_shot_test(data, report, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(quality, cost) per test row of the saved one-shot head `name` as it serves with no cap asked:
+    at its default operating point (`budget.json`), its plain argmax where it has none."""
+    from fugu_pipeline.evaluate.reports import head_scores
+    from fugu_pipeline.policies.oneshot.default_report import point_route
+    from fugu_pipeline.route.budget import load_calibration
+    from fugu_pipeline.train.checkpoints import load_checkpoint
+
+    path = next(x.path for x in report.saved if x.name == name)
+    ckpt, cal = load_checkpoint(path), load_calibration(path)
     test = np.flatnonzero(data.splits == "test")
-    route = np.argmax(head_scores(load_checkpoint(path).head, data.features[test], [data.domains[i] for i in test]), axis=1)
+    if cal is not None and cal.default is not None:
+        route = point_route(ckpt, data.split("test"), cal, cal.default)[0]
+    else:
+        route = np.argmax(head_scores(ckpt.head, data.features[test], [data.domains[i] for i in test]), axis=1)
     return data.quality[test, route], data.cost_usd[test, route]
 
 
@@ -218,10 +237,11 @@ def run(name: str, rows: list, args) -> dict:
     inputs = answer_inputs(data, grid, settings, Path(args.cache_dir))
     log = lambda m: print(f"[{name}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     sel = select_heads(data, TrainSetConfig(), log=lambda m: None)
-    fit = fit_cascade(data, grid, inputs, CascadeConfig(n_boot=args.n_boot), heads=one_shot_heads(sel[0]), log=log)
+    report, head_routes = saved_heads(data, sel, work, TrainSetConfig(), args)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(n_boot=args.n_boot), heads=one_shot_heads(sel[0]), log=log,
+                      head_routes=head_routes)
     ckpt = load_cascade(save_cascade(work / "models", data, fit, inputs.answer.shape[2]))
-    shot = one_shot_test(data, sel, fit.selected.removeprefix("one-shot "), work, TrainSetConfig()) \
-        if fit.selected_kind == "one-shot" else None
+    shot = one_shot_test(data, report, fit.selected.removeprefix("one-shot ")) if fit.selected_kind == "one-shot" else None
     rep = cascade_report(ckpt, data, grid, inputs, "test")
     counts = data.counts()
     out = {"set": name, "rows": len(data.task_ids), "splits": counts, "workers": list(data.worker_ids),

@@ -42,6 +42,12 @@ def _route_kwargs(args, router, config=None, budget=None) -> dict:
             **({"default_point": False} if getattr(args, "no_default_budget", False) else {})}
 
 
+def policy_of(router) -> dict:
+    """{"policy": what train chose and printed for this checkpoint (`route/shipped.py`)}, or {}."""
+    shipped = getattr(router, "shipped", None)
+    return {"policy": shipped.public()} if shipped is not None else {}
+
+
 def scores_of(d) -> dict:
     """What the head scored each worker on, named for what it is (`score_kind`); `probabilities` only
     where the head is a policy and they are its probabilities."""
@@ -68,7 +74,7 @@ def cmd_route(args) -> int:
     print_json({"worker": d.worker_id, **scores_of(d), "ranking": d.ranking, "checkpoint": d.checkpoint,
                  **({"cascade": d.extra["cascade"]["describe"]} if "cascade" in d.extra else {}),
                 **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
-                **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {})})
+                **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {}), **policy_of(router)})
     return 0
 
 
@@ -119,7 +125,8 @@ def cmd_ask(args) -> int:
     print_json({"fugu_lite": {"chosen": d.worker_id, "served_by": wid, **scores_of(d),
                                "latency_s": comp.latency_s, "cost_usd": comp.cost_usd, "fallback_errors": errors,
                                **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
-                               **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {})}})
+                               **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {}),
+                               **policy_of(router)}})
     return 0
 
 
@@ -145,7 +152,7 @@ def _ask_cascade(args, config, router, d) -> int:
         raise CLIError(f"every worker failed: {run.fallback_errors}")
     print(run.answer.answer)
     print_json({"fugu_lite": {"mode": "cascade", **run.info(), "fallback_errors": run.fallback_errors,
-                               **({"budget": d.extra["budget"]} if "budget" in d.extra else {})}})
+                               **({"budget": d.extra["budget"]} if "budget" in d.extra else {}), **policy_of(router)}})
     return 0
 
 

@@ -315,6 +315,7 @@ def budget_of(args):
 def cmd_evaluate(args) -> int:
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
     from fugu_pipeline.policies.registry import load_checkpoint
+    from fugu_pipeline.route.shipped import read_shipped
 
     budget = budget_of(args)
     path = resolve_checkpoint(args.checkpoint)
@@ -338,13 +339,18 @@ def cmd_evaluate(args) -> int:
         raise CLIError(f"{args.data}: {why}")
     calibration = calibrate_beside(path, data, strict=budget is not None)  # with a cap: BudgetError, the reason
     rep = evaluate_checkpoint(ckpt, data, args.split, calibration=calibration, budget=budget)
+    shipped = read_shipped(path, ckpt.manifest.content_hash)[0]  # what train chose and printed (route/shipped.py)
+    if shipped is not None:
+        rep["shipped_policy"] = shipped.public()
     if budget is None and not getattr(args, "no_default_budget", False):  # the point `route` uses with no cap
         from fugu_pipeline.policies.oneshot.default_report import default_section
         from fugu_pipeline.route.budget import usable_calibration
 
         own = calibration if calibration is not None and calibration.default is not None else \
             usable_calibration(path, ckpt.manifest.content_hash, ckpt.manifest.worker_ids)[0]  # other data: the training one's
-        if own is not None and (sec := default_section(ckpt, data, args.split, own)) is not None:
+        point = shipped.operating_point if shipped is not None and shipped.kind == "one-shot" else \
+            None if own is None else own.default  # the Router's `default_point`, read from the same files
+        if own is not None and point is not None and (sec := default_section(ckpt, data, args.split, own, point)) is not None:
             rep["default_point"] = sec
     if args.split == "test":  # the composite is defined on the held-out split
         from fugu_pipeline.cli.reporting import composite_for_report
@@ -369,6 +375,8 @@ def cmd_evaluate(args) -> int:
 
         for line in default_report_lines(rep["default_point"]):
             print(line)
+    if shipped is not None:
+        print(f"as chosen at training: {shipped.describe()}")
     print(f"utility weights: {rep['utility_source']}")
     if rep.get("utility_note"):
         print(f"note: {rep['utility_note']}")
@@ -422,10 +430,15 @@ def cmd_train_heads(args) -> int:
     for line in s.get("default_lines", []):
         print(line)
     shipped = out["selected"]
-    if cascade.output.get("cascade"):
+    if cascade.output.get("cascade"):  # its lines end with what ships (route/shipped.py), as it is saved beside it
         for line in cascade.summary.get("lines", []):
             print(line)
         shipped = str(output / cascade.output["shipped"])
+    elif s.get("policy"):  # no cascade: the selected head ships, at its default operating point
+        from fugu_pipeline.route.shipped import ShippedPolicy
+
+        for line in ShippedPolicy.model_validate(s["policy"]).lines():
+            print(line)
     if heads.reused and cascade.reused:
         print(f"(kept from {heads.when()}: the same data, settings and code; nothing fitted)", file=sys.stderr)
     record_latest(args.output, Path(shipped), "train")

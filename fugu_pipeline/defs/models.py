@@ -205,10 +205,18 @@ def router_heads(context: dg.AssetExecutionContext, config: HeadsConfig, pipelin
                   "reason": s["reason"], "rule": f"{s['rule']}: {s['rule_reason']}", "protocol": s["protocol"],
                   **({"default_point": s["default_point"], "default_point_reason": s["default_point_reason"]}
                      if s.get("default_point") else {}),
+                  **({"policy_line": _policy_line(s["policy"])} if s.get("policy") else {}),
                   "heads": dg.MetadataValue.md("\n".join(rows)), "seconds": dg.MetadataValue.json(s["seconds"]),
                   **record_metadata(record, config)},
         data_version=dg.DataVersion(version),
     )
+
+
+def _policy_line(policy: dict) -> str:
+    """The line `fugu-lite train` prints for what ships (route/shipped.py), from the record's description."""
+    from fugu_pipeline.route.shipped import ShippedPolicy
+
+    return ShippedPolicy.model_validate(policy).describe()
 
 
 def heads_record_of(router_heads_output: dict, pipeline: PipelineResource):
@@ -256,6 +264,7 @@ def router_cascade(context: dg.AssetExecutionContext, pipeline: PipelineResource
         data_version=dg.DataVersion(Path(cascade).name),
         metadata=tidy({"cascade": dg.MetadataValue.path(cascade), "policy": out["policy"],
                        "shipped": dg.MetadataValue.path(shipped),
+                       **({"policy_line": _policy_line(record.summary["policy"])} if record.summary.get("policy") else {}),
                        "policy_choice": dg.MetadataValue.md("\n".join(["```", *record.summary.get("lines", []), "```"])),
                        **record_metadata(record)}),
     )

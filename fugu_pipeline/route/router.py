@@ -15,6 +15,7 @@ import numpy as np
 
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.reward import MAX_COST_WEIGHT as MAX_COST_WEIGHT  # the request field's bound (serve)
+from fugu_pipeline.route.shipped import read_shipped
 
 
 class RouterError(RuntimeError):
@@ -146,6 +147,9 @@ class Router:
         self.calibration, self.calibration_problem = usable_calibration(
             checkpoint.path, checkpoint.manifest.content_hash, self.worker_ids)
         self.calibration_damaged = self.calibration is None and (Path(checkpoint.path) / CALIBRATION_FILE).exists()
+        # what `fugu-lite train` chose and said it ships (route/shipped.py): reported with every route, and
+        # a one-shot head's operating point with no cap asked; None (and why, when there is a file) otherwise
+        self.shipped, self.shipped_problem = read_shipped(checkpoint.path, checkpoint.manifest.content_hash)
         self._lock = threading.Lock()
 
     @property
@@ -279,12 +283,15 @@ class Router:
 
     @property
     def default_point(self):
-        """The operating point used when a request asks no cap (`route/default_point.py`, saved in the
-        budget calibration by `fugu-lite train`), or None: the head's plain route."""
+        """The operating point used when a request asks no cap, or None: the head's plain route. The
+        shipped description's (`route/shipped.py`: the point `train` chose and printed) when there is
+        one; else the budget calibration's (`route/default_point.py`, saved by `fugu-lite train`)."""
         cal = self.calibration
-        if cal is None or cal.default is None or not hasattr(self.checkpoint.head, "predict_quality"):
+        point = self.shipped.operating_point if self.shipped is not None and self.shipped.kind == "one-shot" else \
+            None if cal is None else cal.default
+        if point is None or (point.kind == "lambda" and (cal is None or not hasattr(self.checkpoint.head, "predict_quality"))):
             return None
-        return cal.default
+        return point
 
     def score_kind(self, cost_weight: float | None = None, budget=None) -> str:
         """What this head's route scores are, for a request with this cost weight or budget."""

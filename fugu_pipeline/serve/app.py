@@ -71,6 +71,9 @@ term, `domain` with a prompt template that has no `{domain}`, a `model` other th
 fields that are not passed to workers). The headers `x-fugu-worker` (chosen), `x-fugu-served-by`,
 `x-fugu-attempts` (worker calls made), `x-fugu-latency-ms`, `x-fugu-cost-usd` (when known: not for
 streams) and `x-fugu-checkpoint` (`<method>/<content hash>`) carry the same.
+`fugu_lite.policy` (and `/health`'s `checkpoint.policy`) is the description `fugu-lite train` wrote
+beside the checkpoint and printed (`route/shipped.py`): which policy it chose, how it routes with no
+cap asked, and the out-of-fold figures it was chosen on.
 
 Timings (`route_ms`, `queue_ms`, `upstream_ms`, `latency_ms`, `overhead_ms`, in milliseconds):
 see `upstream.py`, whose worker loop measures them.
@@ -215,6 +218,8 @@ class Service:
         for r, d in zip(requests, out):
             if isinstance(d, RouteDecision):
                 d.extra["checkpoint_tag"] = tag
+                if getattr(router, "shipped", None) is not None:  # what train chose and printed (route/shipped.py)
+                    d.extra["policy"] = router.shipped.public()
                 ignored = d.extra.setdefault("ignored", [])
                 if r.cost_weight is not None and no_cost_term:
                     ignored.append(f"fugu_cost_weight: head kind {router.checkpoint.manifest.head_kind!r} has no cost "
@@ -290,6 +295,8 @@ def _route_info(d: RouteDecision) -> dict:
         info["budget"] = d.extra["budget"]
     if "domain_note" in d.extra:
         info["domain_note"] = d.extra["domain_note"]
+    if "policy" in d.extra:
+        info["policy"] = d.extra["policy"]
     return info
 
 

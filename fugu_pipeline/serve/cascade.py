@@ -84,6 +84,8 @@ async def chat_completion(svc, req, decision, t0: float, t_routed: float):
             "cost_usd": run.cost_usd, "cost_source": "sum of the cascade's calls"}
     if "budget" in decision.extra:
         info["budget"] = decision.extra["budget"]
+    if "policy" in decision.extra:  # what train chose and printed (route/shipped.py)
+        info["policy"] = decision.extra["policy"]
     info["latency_ms"] = _ms(time.perf_counter() - t0)
     info["overhead_ms"] = round(info["latency_ms"] - info["upstream_ms"], 3)
     headers = {"x-fugu-worker": decision.worker_id, "x-fugu-attempts": str(run.calls),

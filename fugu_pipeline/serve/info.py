@@ -2,7 +2,8 @@
 (no token needed; the checkpoint's path, the text of a load or reload error and why a worker is
 kept out only with the token, when one is set).
 
-`/health` holds: `status`, `uptime_s`, the `checkpoint` (tag, content hash, method, worker ids),
+`/health` holds: `status`, `uptime_s`, the `checkpoint` (tag, content hash, method, worker ids, and
+the `policy` `fugu-lite train` chose and printed for it, `route/shipped.py`),
 `reload_error`, every configured worker with `kept_out` (null, or the HTTP status that put it out,
 `seconds_left` and `until`: it is in a cooldown and not called until then, `workers/health.py`),
 its `health` (state, consecutive failures, cooldowns so far) and `limits` (tools, context window,
@@ -96,7 +97,9 @@ async def health(request: Request) -> Response:
         "status": "ok",
         "uptime_s": round(time.monotonic() - svc.started, 3),
         "checkpoint": {**({"path": router.path} if trusted else {}), "tag": checkpoint_tag(router),
-                       "content_hash": m.content_hash, "method": m.method, "worker_ids": router.worker_ids},
+                       "content_hash": m.content_hash, "method": m.method, "worker_ids": router.worker_ids,
+                       # what train chose and printed (route/shipped.py); null when it wrote no description
+                       "policy": router.shipped.public() if getattr(router, "shipped", None) is not None else None},
         "reload_error": reload_error if trusted or reload_error is None else (
             "the last reload failed (send the server's bearer token for the reason)"),
         "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None),

@@ -211,6 +211,10 @@ def serve(
     log.info("connections: %s; headers within %g s, bodies within %g s of them, idle keep-alive %g s; at most %d "
              "requests in flight (503 with Retry-After beyond)", cap_why, limits.header_timeout_s, limits.body_timeout_s,
              limits.keep_alive_s, limits.max_in_flight)
+    if router is not None and getattr(router, "shipped", None) is not None:
+        log.info("%s", router.shipped.describe())
+    elif router is not None and getattr(router, "shipped_problem", ""):
+        log.warning("%s", router.shipped_problem)
     if default_budget is None and router is not None and default_point and getattr(router, "default_point", None):
         log.info("requests without a cap: %s; %s", router.default_point.describe(), router.default_point.reason)
     if default_budget is not None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fugu_pipeline.steps import records
-from fugu_pipeline.steps.heads import read_oof
+from fugu_pipeline.steps.heads import read_oof, write_policy
 from fugu_pipeline.steps.inputs import Rows
 from fugu_pipeline.steps.versions import code_version
 
@@ -49,7 +49,8 @@ def fit_cascade(cfg, rows: Rows, models_dir: Path, heads: records.StepRecord, *,
     """Fit (or find already fitted) the cascade against the head set `heads`; returns its record,
     whose `output` holds `cascade` (the checkpoint, None when skipped), `shipped` (the checkpoint that
     ships: the cascade's or a one-shot head's), `policy` (cascade, one-shot or best worker) and
-    `skipped` (why, when skipped); `summary["lines"]`: the choice, in words."""
+    `skipped` (why, when skipped); `summary["lines"]`: the choice, in words; `summary["policy"]`: the
+    description of what ships (`route/shipped.py`), written beside it as `policy.json`."""
     cc = cfg.cascade
     block = {"cascade": cc.model_dump(mode="json"), "folds": cfg.folds, "seed": cfg.seed}
     fp = records.fingerprint(step=STEP, code=cascade_code_version(), heads=heads.fingerprint, config=block,
@@ -59,6 +60,8 @@ def fit_cascade(cfg, rows: Rows, models_dir: Path, heads: records.StepRecord, *,
         log(f"cascade: inputs unchanged since {found.when()}: "
             + (f"checkpoint {found.output['cascade']} kept, nothing fitted" if found.output.get("cascade")
                else f"skipped then too ({found.output.get('skipped')})"))
+        if found.output.get("shipped"):
+            _ships(found.summary.get("policy"), Path(models_dir) / found.output["shipped"], heads, models_dir)
         return found
     if cc.enabled == "off":  # nothing to read
         return records.keep(models_dir, STEP, fp, {"cascade": None, "skipped": "cascade.enabled is off"})
@@ -67,16 +70,30 @@ def fit_cascade(cfg, rows: Rows, models_dir: Path, heads: records.StepRecord, *,
     settings = heads_settings(rows, heads, models_dir)
     data = rows.read(settings)
     skipped: list[str] = []
-    result = train_cascade(data, rows.matrix, settings, rows.cache_root, cfg, read_oof(heads, data.task_ids),
+    scores, at_point = read_oof(heads, data.task_ids)
+    result = train_cascade(data, rows.matrix, settings, rows.cache_root, cfg, scores,
                            [_Saved(models_dir, s) for s in heads.output["saved"]], models_dir,
-                           lambda m: (skipped.append(m), log(m)), heads.output.get("features"))
+                           lambda m: (skipped.append(m), log(m)), heads.output.get("features"), head_routes=at_point)
     if result is None:
         why = skipped[-1] if skipped else "no replies"
         return records.keep(models_dir, STEP, fp, {"cascade": None, "skipped": why})
     output = {"cascade": records.relative(result.path, models_dir), "shipped": records.relative(result.shipped_path, models_dir), "policy": result.shipped,
               "selected": heads.output["selected"]}
+    policy = result.policy.model_dump(mode="json")  # the one description: printed, saved beside, served
+    _ships(policy, result.shipped_path, heads, models_dir)
     return records.keep(models_dir, STEP, fp, output, needs=[result.path, result.shipped_path],
-                        summary={"lines": result.lines()})
+                        summary={"lines": result.lines(), "policy": policy})
+
+
+def _ships(policy: dict | None, shipped: Path, heads: records.StepRecord, models_dir: Path) -> None:
+    """`policy.json` beside the checkpoint that ships; the heads step's beside its selected head is
+    taken away when something else ships (that head is then not what `train` said ships)."""
+    selected = Path(models_dir) / heads.output["selected"]
+    if Path(shipped).resolve() != selected.resolve():
+        from fugu_pipeline.route.shipped import POLICY_FILE
+
+        (selected / POLICY_FILE).unlink(missing_ok=True)
+    write_policy(policy, Path(shipped))
 
 
 class _Saved:

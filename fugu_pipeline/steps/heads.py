@@ -5,7 +5,9 @@ The features are resolved from the command's encoder settings and the config's `
 (lexical block, layer sets and prompt rules chosen on the selected head's out-of-fold figure, a
 flag or run config overriding the file); each grid point is scored out of fold over the non-test
 rows, the rule chosen by a nested check, each kind's best refitted and saved to
-`<models>/<kind>/<hash>/` with `budget.json` (and the default operating point) beside it.
+`<models>/<kind>/<hash>/` with `budget.json` (and the default operating point) beside it, and
+beside the selected head `policy.json`: the description of what ships when no cascade is chosen
+instead (`route/shipped.py`; the cascade step writes its own beside what it ships).
 
 The set's record keeps, beside the checkpoints, the out-of-fold routing scores of each kind's best
 head and the ensemble (`oof.npz`): the one-shot policies a cascade is chosen against
@@ -63,12 +65,14 @@ def fit_heads(cfg, rows: Rows, models_dir: Path, *, cfg_path: Path | None = None
     found = records.find(models_dir, STEP, fp)
     if found is not None:
         log(f"heads: inputs unchanged since {found.when()}: {len(found.output['saved'])} checkpoints kept, nothing fitted")
+        write_policy(found.summary.get("policy"), Path(models_dir) / found.output["selected"])
         return found
     folder = records.scratch(models_dir, STEP)
     try:
         report, data, recorded = _fit(cfg, rows, models_dir, settings, sets, rules, force, log)
-        point = _calibrate(report, data, cfg, log)
-        _keep_oof(folder / OOF_FILE, report, data)
+        routes: dict = {}
+        point = _calibrate(report, data, cfg, log, routes)
+        _keep_oof(folder / OOF_FILE, report, data, routes)
         changed = unchanged_since_read(cfg_path, cfg_version)
         if changed:
             raise StageError(changed)
@@ -80,11 +84,13 @@ def fit_heads(cfg, rows: Rows, models_dir: Path, *, cfg_path: Path | None = None
               "selected_kind": report.selected_kind, "features": recorded,
               "saved": [{"kind": s.kind, "name": s.name, "path": rel(s.path), "selected": s.selected,
                          "figures": dict(s.figures)} for s in report.saved]}
+    policy = _selected_policy(report, point)  # what ships when no cascade is chosen instead
     summary = {"reason": report.reason, "rule": report.rule, "rule_reason": report.rule_reason,
                "protocol": report.protocol, "objective": report.objective, "selected": report.selected,
                "seconds": report.seconds, "config": str(cfg_path) if cfg_path else "built-in defaults",
                **({"default_point": point.describe(), "default_point_reason": point.reason,
-                   "default_lines": _default_lines(point)} if point else {})}
+                   "default_lines": _default_lines(point)} if point else {}), "policy": policy}
+    write_policy(policy, report.selected_path())
     return records.keep(models_dir, STEP, fp, output, needs=[s.path for s in report.saved], summary=summary, folder=folder)
 
 
@@ -109,11 +115,38 @@ def _fit(cfg, rows: Rows, models_dir: Path, settings, sets, rules, force, log):
     return report, data, recorded
 
 
-def _calibrate(report, data, cfg, log):
-    """budget.json beside each quality head, with the default operating point (the selected head's returned)."""
+def _calibrate(report, data, cfg, log, routes: dict):
+    """budget.json beside each quality head, with the default operating point (the selected head's
+    returned; each head's out-of-fold route at its point into `routes`)."""
     from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
 
-    return calibrate_saved(report.saved, data, log, margin=cfg.cascade.margin, n_boot=cfg.cascade.n_boot, seed=cfg.seed)
+    return calibrate_saved(report.saved, data, log, margin=cfg.cascade.margin, n_boot=cfg.cascade.n_boot, seed=cfg.seed,
+                           routes=routes)
+
+
+def _selected_policy(report, point) -> dict:
+    """The description of the selected head as it serves with no cap asked (`route/shipped.py`): its
+    default operating point and the out-of-fold figures that point was chosen on."""
+    from fugu_pipeline.route.shipped import ShippedPolicy, checkpoint_tag
+
+    tag, h = checkpoint_tag(report.selected_path())
+    name = next(s.name for s in report.saved if s.selected)
+    figures = {} if point is None else {
+        "strongest_worker": point.strongest_worker, "oof_accuracy": point.oof_accuracy, "oof_cost_usd": point.oof_cost_usd,
+        "strongest_accuracy": point.strongest_accuracy, "strongest_cost_usd": point.strongest_cost_usd,
+        "difference": point.difference, "n_rows": point.n_rows}
+    return ShippedPolicy(kind="one-shot", name=f"one-shot {name}", checkpoint=tag, content_hash=h,
+                         operating_point=point, reason=point.reason if point else report.reason,
+                         **figures).model_dump(mode="json")
+
+
+def write_policy(policy: dict | None, checkpoint_dir: Path) -> None:
+    """`policy.json` beside the checkpoint that ships, from the record's description (written again
+    when the record is found, so the file always says what the last run chose)."""
+    if policy:
+        from fugu_pipeline.route.shipped import ShippedPolicy
+
+        ShippedPolicy.model_validate(policy).save(checkpoint_dir)
 
 
 def _default_lines(point) -> list[str]:
@@ -122,24 +155,31 @@ def _default_lines(point) -> list[str]:
     return list(default_lines(point))
 
 
-def _keep_oof(path: Path, report, data) -> None:
-    """The out-of-fold routing scores of each kind's best head and the ensemble, the selected first."""
+def _keep_oof(path: Path, report, data, routes: dict) -> None:
+    """The out-of-fold routing scores of each kind's best head and the ensemble, the selected first,
+    and, where a head has a default operating point, its out-of-fold route at that point."""
     import numpy as np
 
     from fugu_pipeline.policies.cascade.train import one_shot_heads
 
     heads = one_shot_heads(report)
+    at_point = {i: routes[n.removeprefix("one-shot ")] for i, n in enumerate(heads)
+                if n.removeprefix("one-shot ") in routes}
     np.savez(path, names=np.array(list(heads)), task_ids=np.array(data.task_ids),
-             **{f"scores_{i}": np.asarray(s) for i, s in enumerate(heads.values())})
+             **{f"scores_{i}": np.asarray(s) for i, s in enumerate(heads.values())},
+             **{f"route_{i}": np.asarray(r) for i, r in at_point.items()})
 
 
-def read_oof(record: records.StepRecord, task_ids: list[str]) -> dict:
-    """{"one-shot <name>": out-of-fold scores} the set kept, for rows `task_ids` (the same rows in the
-    same order, else StageError: the matrix changed since the set was fitted)."""
+def read_oof(record: records.StepRecord, task_ids: list[str]) -> tuple[dict, dict]:
+    """({"one-shot <name>": out-of-fold scores}, {"one-shot <name>": out-of-fold route at its default
+    operating point}) the set kept, for rows `task_ids` (the same rows in the same order, else
+    StageError: the matrix changed since the set was fitted)."""
     import numpy as np
 
     with np.load(record.folder / OOF_FILE) as z:
         if list(z["task_ids"]) != list(task_ids):
             raise StageError(f"the heads of {record.folder} were fitted on other rows than the matrix holds now; "
                              "materialize router_heads again (it is stale), then the cascade")
-        return {str(n): z[f"scores_{i}"] for i, n in enumerate(z["names"])}
+        names = [str(n) for n in z["names"]]
+        return ({n: z[f"scores_{i}"] for i, n in enumerate(names)},
+                {n: z[f"route_{i}"] for i, n in enumerate(names) if f"route_{i}" in z.files})

@@ -39,10 +39,11 @@ def alone_plan(j: int) -> tuple:
 
 def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndarray, usable: list[int], allowed, cfg,
               mode: str, baseline: str, shares, heads: dict | None, groups: list[str], memo: dict,
-              best_worker) -> CrossFit:
+              best_worker, head_routes: dict | None = None) -> CrossFit:
     """See the module docstring. `mode`: "cheapest" | "cap" | "utility"; `shares`: the cost-aware
     ladder; `groups`: the domains that get their own candidates; `best_worker(grid, rows)`: the
-    baseline worker of the `cap` and `utility` modes."""
+    baseline worker of the `cap` and `utility` modes; `head_routes`: a head's out-of-fold route at the
+    operating point it serves with no cap asked, which its candidate is scored at (else its argmax)."""
     from fugu_pipeline.policies.cascade.plans import RowSet
 
     n = len(rows)
@@ -93,7 +94,7 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
             put("cascade", at, *run_policy(g, policy, te, doms))
             put(baseline, at, *held.run(alone_plan(best_worker(g, tr))))
         for name, s in (heads or {}).items():
-            route = np.argmax(s[at], axis=1)
+            route = (head_routes or {}).get(name, np.argmax(s, axis=1))[at]  # at the point it serves
             q = data.quality[te, route]
             c, lat = g.exp_cost[route], g.exp_latency[route]
             u = (uc.quality_weight * q - uc.cost_weight * np.minimum(c / uc.cost_scale_usd, uc.cap)

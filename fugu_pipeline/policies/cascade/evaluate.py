@@ -251,6 +251,8 @@ def report_lines(rep: dict) -> list[str]:
             f"at caps of {rep['strongest_worker']}'s cost (the checkpoint's validation points within each cap), on the "
             f"{rep['n_tasks']} {rep['split']} rows:"))]
     out += rep.get("frontier_lines", [])  # policies/cascade/frontier_plot.py
+    if rep.get("shipped_policy"):
+        out.append(f"as chosen at training: {rep['shipped_policy']['line']}")
     return out
 
 
@@ -281,6 +283,7 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
     from fugu_pipeline.policies.cascade.cross_encoder_use import with_saved_cross
     from fugu_pipeline.policies.cascade.fit import answer_inputs
+    from fugu_pipeline.route.shipped import read_shipped
 
     ckpt = load_cascade(path)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {path}")
@@ -291,6 +294,9 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     inputs = with_saved_cross(ckpt, data, grid, inputs, np.flatnonzero(data.splits == split))
     base = one_shot_baseline(one_shot, data, split) if one_shot is not None else None
     rep = cascade_report(ckpt, data, grid, inputs, split, base)
+    shipped = read_shipped(path, ckpt.manifest.content_hash)[0]  # what train chose and printed (route/shipped.py)
+    if shipped is not None:
+        rep["shipped_policy"] = shipped.public()
     if out_dir is not False:
         target = Path(out_dir or Path(path) / "reports") / f"{split}.json"
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -139,11 +139,13 @@ def _expected(data: RoutingData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg: CascadeConfig | None = None,
                 folds_k: int = 5, seed: int = 0, heads: dict[str, np.ndarray] | None = None, log=print,
-                cross_encoder=None) -> CascadeFit:
+                cross_encoder=None, head_routes: dict[str, np.ndarray] | None = None) -> CascadeFit:
     """See the module docstring. `grid` and `inputs` are row-aligned with `data`; `heads`: one-shot
     heads' out-of-fold routing scores (rows = the non-test rows of `data`, in order; the first one
     is the table's one-shot router); `cross_encoder`: `cascade_cross_encoder_use.cross_encoder_step`'s
-    callable, whose cross-fitted column the verifier reads when it lowers its out-of-fold log-loss."""
+    callable, whose cross-fitted column the verifier reads when it lowers its out-of-fold log-loss;
+    `head_routes`: a head's out-of-fold route at the operating point it serves with no cap asked
+    (its default point), which its candidate is scored at instead of its plain argmax."""
     cfg = cfg or CascadeConfig()
     if data.quality is None:
         raise TrainingDataError("a cascade needs each cell's quality (the import's `quality`, or graded responses); "
@@ -212,7 +214,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     shares = LADDER if mode == "cheapest" else ()
     memo: dict = {}  # every search of this fit, each row set's plans run once
     cf = cross_fit(data, grid_for, rows, folds, doms, usable, allowed, cfg, mode, baseline, shares, heads, groups, memo,
-                   lambda g, r: _best_worker(g, r, capped, cfg, allowed))
+                   lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes)
     if cf.unmet:
         return _strongest_ships(data, grid, inputs, rows, usable, log, cf.unmet)
     frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed, memo=memo, n_boot=cfg.n_boot, seed=seed)

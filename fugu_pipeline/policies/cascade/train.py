@@ -19,6 +19,7 @@ from fugu_pipeline.policies.cascade.cross_encoder_use import cross_encoder_step
 from fugu_pipeline.policies.cascade.fit import CascadeFit, answer_inputs, fit_cascade
 from fugu_pipeline.policies.cascade.frontier import frontier_lines
 from fugu_pipeline.policies.cascade.save import save_cascade
+from fugu_pipeline.route.shipped import ShippedPolicy
 
 
 @dataclass
@@ -27,14 +28,16 @@ class CascadeResult:
     path: Path  # the cascade checkpoint (with the best worker alone when that is what ships)
     shipped: str  # "cascade", "one-shot" or "best worker"
     shipped_path: Path  # the checkpoint that ships: the cascade's, or the one-shot head's
+    policy: ShippedPolicy | None = None  # what ships, as train prints it and route, serve and evaluate report it
 
     def lines(self) -> list[str]:
         from fugu_pipeline.policies.cascade.choice import table_lines
         from fugu_pipeline.train.selection import STRONGEST
 
         f = self.fit
+        shipped = self.policy.lines() if self.policy else [f"shipped policy: {self.shipped} — {f.reason}"]
         if not f.choices:  # nothing could be chosen: the strongest worker ships, and why
-            return [f"shipped policy: {self.shipped} — {f.reason}"]
+            return shipped
         out = [f"policies, out of fold over the non-test rows ({f.objective}); gain over {f.baseline} and accuracy − "
                f"{STRONGEST}, each with its paired 95% interval:"]
         for c in f.candidates:
@@ -54,8 +57,7 @@ class CascadeResult:
         out.append(f"verifier: out-of-fold AUC {f.verifier_figures['oof_auc']:.3f}, log-loss {f.verifier_figures['oof_logloss']:.4f}")
         if f.cap_rows:
             out += table_lines(f.cap_rows, "out of fold over the non-test rows, at caps of the strongest worker's cost:")
-        out.append(f"shipped policy: {self.shipped} — {f.reason}")
-        return out
+        return out + shipped
 
 
 def one_shot_heads(heads_report) -> dict:
@@ -72,11 +74,13 @@ def one_shot_heads(heads_report) -> dict:
 
 
 def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, cfg, heads_report,
-                  saved: list, models_dir: Path, log=print, metrics: dict | None = None) -> CascadeResult | None:
+                  saved: list, models_dir: Path, log=print, metrics: dict | None = None,
+                  head_routes: dict | None = None) -> CascadeResult | None:
     """Fit and save the cascade (see the module docstring). `heads_report` and `saved` are the
     one-shot selection (`fit.select_heads`, or the `one_shot_heads` scores it kept) and its saved
-    heads (`fit_and_save`); `settings` the
-    encoder settings of `data`'s features (the replies are read by the same model)."""
+    heads (`fit_and_save`); `settings` the encoder settings of `data`'s features (the replies are read
+    by the same model); `head_routes`: each head's out-of-fold route at its default operating point
+    (what it serves with no cap asked), which its candidate is scored at."""
     cc = cfg.cascade
     if cc.enabled == "off":
         return None
@@ -90,12 +94,14 @@ def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, 
     cross = cross_encoder_step(cc, data, grid, cfg.seed, log)  # None: off, or its encoder is missing (one line)
     inputs = answer_inputs(data, grid, settings, cache_root, progress=None, encode=cc.encode_replies)
     heads = heads_report if isinstance(heads_report, dict) else one_shot_heads(heads_report)
-    fit = fit_cascade(data, grid, inputs, cc, cfg.folds, cfg.seed, heads, log, cross_encoder=cross)
+    fit = fit_cascade(data, grid, inputs, cc, cfg.folds, cfg.seed, heads, log, cross_encoder=cross, head_routes=head_routes)
     path = save_cascade(models_dir, data, fit, inputs.answer.shape[2] + int(CROSS_STAT in fit.stat_names), metrics,
                         training_config={"cascade": cc.model_dump(), "folds": cfg.folds, "seed": cfg.seed})
     shipped, shipped_path = fit.selected_kind, path
     if shipped == "one-shot":
         name = fit.selected.removeprefix("one-shot ")
         shipped_path = next((s.path for s in saved if s.name == name), None) or next(s.path for s in saved if s.selected)
-    return CascadeResult(fit, path, shipped, shipped_path)
+    from fugu_pipeline.policies.cascade.ship import shipped_policy
+
+    return CascadeResult(fit, path, shipped, shipped_path, shipped_policy(fit, shipped_path, head_routes))
 

@@ -51,6 +51,15 @@ def choose_default(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarray, c_
                    seed: int = 0) -> DefaultPoint:
     """The rule of the module docstring. Rows are the non-test rows: `q_oof` the head's out-of-fold
     predicted quality (n, W), `quality` the observed one, `c_hat` the expected cost (n, W)."""
+    return choose_default_route(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, margin=margin,
+                                n_boot=n_boot, seed=seed)[0]
+
+
+def choose_default_route(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarray, c_ref: float, folds: np.ndarray,
+                         worker_ids: list[str], lambdas, *, margin: float = DEFAULT_MARGIN, n_boot: int = 2000,
+                         seed: int = 0) -> tuple[DefaultPoint, np.ndarray]:
+    """`choose_default`, with the point's route over the rows (each row's worker index, out of fold):
+    what the cascade's choice scores the head at, so what it compares is what the head serves."""
     q_oof, quality, c_hat = (np.asarray(a, np.float64) for a in (q_oof, quality, c_hat))
     n = len(quality)
     quality = np.nan_to_num(quality)
@@ -62,6 +71,7 @@ def choose_default(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarray, c_
     top_all = worker_ids[int(np.argmax(quality.mean(axis=0)))]
     ref = c_ref if c_ref > 0 else 1.0
     cands, seen, lam_of = [_Fig(STRONGEST, float(strong_q.mean()), float(strong_c.mean()), 0.0, 0.0, 0.0)], {}, {}
+    route_of = {}
     idx = np.arange(n)
     for lam in lambdas:
         route = np.argmax(q_oof - lam * c_hat / ref, axis=1)
@@ -73,13 +83,15 @@ def choose_default(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarray, c_
         name = lam_name(float(lam))
         seen[key] = name
         lam_of[name] = float(lam)
+        route_of[name] = route
         cands.append(_Fig(name, float(q.mean()), float(c.mean()), d, lo, hi))
     base, plain = cands[0], cands[1]
 
     def point(kind, lam, fig, reason):
+        route = route_of[fig.name] if kind == "lambda" else np.full(n, worker_ids.index(top_all))
         return DefaultPoint(kind=kind, lam=lam, strongest_worker=top_all, reason=reason, oof_accuracy=fig.quality,
                             oof_cost_usd=fig.cost_usd, strongest_accuracy=base.quality, strongest_cost_usd=base.cost_usd,
-                            difference=(fig.vs_strongest, fig.vs_low, fig.vs_high), margin=margin, n_rows=n)
+                            difference=(fig.vs_strongest, fig.vs_low, fig.vs_high), margin=margin, n_rows=n), route
 
     if plain.vs_high < 0:
         return point("strongest", None, base, (
@@ -109,6 +121,6 @@ def default_lines(p: DefaultPoint) -> list[str]:
     """How `fugu-lite train` and `evaluate` state the default (one line each)."""
     what = (f"λ-routing at λ = {p.lam:.4g} (argmax predicted quality − λ·expected cost / the reference's mean cost)"
             if p.kind == "lambda" else f"always the strongest worker, {p.strongest_worker}")
-    return [f"default operating point (no cap asked; route, ask, serve and evaluate use it): {what}",
+    return [f"the selected head's default operating point (what it routes by when no cap is asked): {what}",
             f"reason: {p.reason}"]
 

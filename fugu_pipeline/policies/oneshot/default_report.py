@@ -10,21 +10,17 @@ from fugu_pipeline.evaluate.metrics import paired_bootstrap
 from fugu_pipeline.route.budget import BudgetCalibration, budget_scores, quality_of
 
 
-def default_section(checkpoint, data, split: str, calibration: BudgetCalibration, n_boot: int = 2000,
+def default_section(checkpoint, data, split: str, calibration: BudgetCalibration, point=None, n_boot: int = 2000,
                     seed: int = 0) -> dict | None:
-    """The section, or None when the calibration holds no default point or the split no quality."""
-    dp = calibration.default
+    """The section of `point` (None: the calibration's default point), or None when there is no
+    point or the split holds no quality."""
+    dp = point if point is not None else calibration.default
     held = data.split(split)
     if dp is None or held.quality is None or dp.strongest_worker not in data.worker_ids:
         return None
     n = len(held.task_ids)
     strong = data.worker_ids.index(dp.strongest_worker)
-    c_hat = calibration.cost_model.predict(held.prompts, held.domains)
-    if dp.kind == "lambda":
-        q_hat = quality_of(checkpoint.head, held.features, held.domains, kind=checkpoint.manifest.head_kind)
-        route = np.argmax(budget_scores(q_hat, c_hat, dp.lam, calibration.reference_cost_usd), axis=1)
-    else:
-        route = np.full(n, strong)
+    route, c_hat = point_route(checkpoint, held, calibration, dp)
     rows = np.arange(n)
     quality = np.nan_to_num(held.quality)
     acc, base = quality[rows, route], quality[:, strong]
@@ -43,6 +39,16 @@ def default_section(checkpoint, data, split: str, calibration: BudgetCalibration
         out.update({"realised_usd_per_1k": rc * 1000, "strongest_realised_usd_per_1k": rs * 1000,
                     "realised_share_of_strongest": rc / rs if rs > 0 else None})
     return out
+
+
+def point_route(checkpoint, held, calibration: BudgetCalibration, dp) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's worker index at operating point `dp`, the expected cost (n, W)) on the rows of `held`
+    (a `RoutingData` in the checkpoint's worker order): what the `Router` routes with no cap asked."""
+    c_hat = calibration.cost_model.predict(held.prompts, held.domains)
+    if dp.kind == "lambda":
+        q_hat = quality_of(checkpoint.head, held.features, held.domains, kind=checkpoint.manifest.head_kind)
+        return np.argmax(budget_scores(q_hat, c_hat, dp.lam, calibration.reference_cost_usd), axis=1), c_hat
+    return np.full(len(held.task_ids), list(held.worker_ids).index(dp.strongest_worker)), c_hat
 
 
 def default_report_lines(sec: dict) -> list[str]:

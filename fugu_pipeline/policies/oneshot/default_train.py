@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from fugu_pipeline.route.budget import LAMBDAS, calibrate_beside
-from fugu_pipeline.policies.oneshot.default_point import choose_default, default_lines
+from fugu_pipeline.policies.oneshot.default_point import choose_default_route, default_lines
 from fugu_pipeline.route.default_point import DEFAULT_MARGIN, DefaultPoint
 
 
@@ -25,11 +25,12 @@ def applies(data) -> str:
 
 
 def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n_boot: int = 2000,
-                    seed: int = 0) -> DefaultPoint | None:
+                    seed: int = 0, routes: dict | None = None) -> DefaultPoint | None:
     """Every saved head's budget calibration (`budget.calibrate_beside`, `budget.json` beside it) and,
     where `applies`, its default operating point in that file; what `fugu-lite train` and the
     `router_heads` asset both run after saving the heads. Returns the selected head's point (its
-    lines logged), or None."""
+    lines logged), or None. `routes` (a dict, when given) receives each head's out-of-fold route at
+    its point over the non-test rows, by head name: the route the cascade's choice scores it at."""
     why_not = applies(data)
     chosen = None
     for s in saved:
@@ -39,9 +40,11 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
         rows = np.flatnonzero(data.splits != "test")
         q_oof = np.clip(np.nan_to_num(np.asarray(s.oof_quality, np.float64)), 0.0, 1.0)
         c_hat = cal.cost_model.predict([data.prompts[i] for i in rows], [data.domains[i] for i in rows])
-        point = choose_default(q_oof, data.quality[rows], c_hat, cal.reference_cost_usd, np.asarray(s.oof_folds),
-                               list(data.worker_ids), LAMBDAS, margin=margin, n_boot=n_boot, seed=seed)
+        point, route = choose_default_route(q_oof, data.quality[rows], c_hat, cal.reference_cost_usd, np.asarray(s.oof_folds),
+                                            list(data.worker_ids), LAMBDAS, margin=margin, n_boot=n_boot, seed=seed)
         cal.default = point
+        if routes is not None:
+            routes[s.name] = route
         cal.save(s.path)
         if s.selected:
             chosen = point

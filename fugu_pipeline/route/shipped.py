@@ -1,0 +1,121 @@
+"""What ships, said once: the description of the policy `fugu-lite train` chose (`policy.json` beside
+the shipped checkpoint), which `train` prints, `evaluate` shows, and `route`, `ask` and `serve`
+report and route by.
+
+It is computed where the choice is made, from the figures the choice read (out of fold over the
+non-test rows): by the heads step when no cascade runs (the selected head at its default operating
+point, `policies/oneshot/default_point.py`), by the cascade step otherwise (the candidate that won,
+`policies/cascade/fit.py`: a cascade, always the strongest worker, or a one-shot head at the very
+operating point it was scored at). Nothing downstream recomputes it: the `Router` routes a one-shot
+checkpoint with no cap asked by `operating_point` (before the head's own `budget.json` default),
+and every reader prints `lines()` or reports `public()`.
+
+Like `budget.json`, the file sits beside the checkpoint, so the checkpoint's content hash is
+untouched; it names the hash it was written for, and one written for other weights is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fugu_pipeline.route.default_point import DefaultPoint
+
+POLICY_FILE = "policy.json"
+
+
+class ShippedPolicy(BaseModel):
+    """The shipped policy and the out-of-fold figures it was chosen on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["one-shot", "cascade", "best worker"]
+    name: str  # as the choice's table names it ("one-shot ridge", "cascade ≤ 50% of the strongest's cost", ...)
+    checkpoint: str  # `<method>/<content hash>`: how clients see it (never a path)
+    content_hash: str
+    operating_point: DefaultPoint | None = None  # a one-shot head with no cap asked (None: its plain route)
+    plan: str | None = None  # a cascade (or the strongest alone): its plan in words
+    strongest_worker: str | None = None
+    oof_accuracy: float | None = None
+    oof_cost_usd: float | None = None  # mean expected $ per request
+    strongest_accuracy: float | None = None
+    strongest_cost_usd: float | None = None
+    difference: tuple[float, float, float] | None = None  # accuracy − the strongest's: mean, 95% paired interval
+    n_rows: int | None = Field(None, ge=0)
+    reason: str = ""
+
+    @property
+    def cost_share(self) -> float | None:
+        """Its expected cost as a share of always the strongest worker's (None when either is unknown)."""
+        if self.oof_cost_usd is None or not self.strongest_cost_usd:
+            return None
+        return self.oof_cost_usd / self.strongest_cost_usd
+
+    def how(self) -> str:
+        """How it routes, in words."""
+        if self.kind != "one-shot":
+            return f"plan {self.plan}" if self.plan else self.kind
+        p = self.operating_point
+        if p is None:
+            return "its plain route (no operating point: the head's argmax)"
+        if p.kind == "strongest":
+            return f"always {p.strongest_worker}"
+        return "its plain route (λ = 0)" if not p.lam else f"λ-routing at λ = {p.lam:.4g}"
+
+    def describe(self) -> str:
+        """The one line `train` prints and `evaluate`, `route` and `serve` repeat."""
+        head = f"shipped policy: {self.name} ({self.checkpoint}), {self.how()}"
+        if self.oof_accuracy is None:
+            return head + "; no out-of-fold accuracy against the strongest worker was measured"
+        d = self.difference or (0.0, 0.0, 0.0)
+        share = self.cost_share
+        cost = "" if self.oof_cost_usd is None else f", ${self.oof_cost_usd * 1000:.4g} per 1,000" + (
+            "" if share is None else f" = {share:.0%} of {self.strongest_worker}'s cost")
+        return (f"{head}: out-of-fold accuracy {self.oof_accuracy:.4f} against always {self.strongest_worker} "
+                f"{self.strongest_accuracy:.4f} over {self.n_rows} non-test rows, difference {d[0]:+.4f} "
+                f"[{d[1]:+.4f}, {d[2]:+.4f}]{cost}")
+
+    def lines(self) -> list[str]:
+        return [self.describe(), *([f"why: {self.reason}"] if self.reason else [])]
+
+    def public(self) -> dict:
+        """What `route`, `ask`, `serve` and `/health` report: no paths, the figures it was chosen on."""
+        p = self.operating_point
+        return {"kind": self.kind, "name": self.name, "checkpoint": self.checkpoint, "routes_by": self.how(),
+                **({"lambda": p.lam} if p is not None and p.kind == "lambda" else {}),
+                **({"plan": self.plan} if self.plan else {}),
+                "oof_accuracy": self.oof_accuracy, "strongest_worker": self.strongest_worker,
+                "strongest_accuracy": self.strongest_accuracy, "cost_share_of_strongest": self.cost_share,
+                "difference": list(self.difference) if self.difference else None, "n_rows": self.n_rows,
+                "line": self.describe()}
+
+    def save(self, checkpoint_dir: str | Path) -> Path:
+        from fugu_pipeline.files import atomic_write
+
+        return atomic_write(Path(checkpoint_dir) / POLICY_FILE, json.dumps(self.model_dump(mode="json"), indent=1))
+
+
+def read_shipped(checkpoint_dir: str | Path, content_hash: str) -> tuple[ShippedPolicy | None, str]:
+    """(the description beside a checkpoint, "") when there is one written for these weights, else
+    (None, why not: "" when there is none at all)."""
+    path = Path(checkpoint_dir) / POLICY_FILE
+    if not path.is_file():
+        return None, ""
+    try:
+        got = ShippedPolicy.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError) as exc:
+        why = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        return None, f"{path} cannot be read ({why}); train again to write it, or delete it"
+    if got.content_hash != content_hash:
+        return None, f"{path} was written for checkpoint {got.content_hash[:40]}, not this one ({content_hash}); ignored"
+    return got, ""
+
+
+def checkpoint_tag(checkpoint_dir: str | Path) -> tuple[str, str]:
+    """(`<method>/<content hash>`, content hash) of a saved checkpoint, read from its manifest."""
+    manifest = json.loads((Path(checkpoint_dir) / "manifest.json").read_text(encoding="utf-8"))
+    h = manifest.get("content_hash") or Path(checkpoint_dir).name
+    return f"{manifest.get('method')}/{h}", h

@@ -1,0 +1,306 @@
+"""One policy, one description: what `fugu-lite train` says ships (`route/shipped.py`, `policy.json`
+beside the shipped checkpoint) is what `route`, `serve` and `evaluate` name, and what serves routes
+by the very operating point `train` printed.
+
+The fixture: three workers with recorded replies, where the cascade may only call the two dearer
+ones, so a one-shot head at its default operating point (a λ-routing that sends easy rows to the
+cheap worker) is the cheapest policy not significantly below the strongest. Its plain route (the
+head's argmax, ties to the strongest) is not what it serves with no cap asked: the choice must score
+it at the point it serves."""
+
+import contextlib
+import io
+import json
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fugu_pipeline.cli import main
+
+WORKERS = ["c", "b", "a"]  # c the strongest and the dearest, first (ties of predicted quality go to it); a cheap
+PRICE = [5e-6, 1e-6, 0.2e-6]  # USD per prompt token
+HARD = ("integral", "prove")
+EASY = ["solve compute matrix python list sum value", "train hours value table graph list",
+        "python list derivative sum table", "compute graph value hours matrix solve"]
+
+
+def rows(n: int = 300) -> list[dict]:
+    """`a` is right wherever `c` is except on math prompts; `b` except on math prompts with a hard
+    word; every reply reads the same (the replies tell nothing the prompt does not)."""
+    rng = random.Random(0)
+    words = "solve compute matrix python list derivative train hours value sum table graph".split()
+    out = []
+    for i in range(n):
+        d = ("math", "code", "chat")[i % 3]
+        q = " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))
+        if d == "math" and rng.random() < 0.5:
+            q += f" {rng.choice(HARD)} {rng.choice(HARD)}"
+        hard = any(h in q for h in HARD)
+        quality = [1.0, 0.0 if hard else 1.0, 0.0 if hard or d == "math" else 1.0]
+        tokens = -(-len(q) // 4)
+        out.append({"task_id": f"t{i:03d}", "prompt": q, "domain": d, "worker_ids": WORKERS, "quality": quality,
+                    "split": ("train", "train", "train", "val", "test")[i % 5], "cost_usd": [tokens * p for p in PRICE],
+                    "answers": ["#### 7"] * 3, "answer_kind": "number"})
+    return out
+
+
+def run(*argv) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(list(argv))
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    work = tmp_path_factory.mktemp("one_policy")
+    (work / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()))
+    (work / "w.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
+    (work / "train.yaml").write_text(
+        "features: {layer_sets: \"off\", prompt_rules: \"off\", lexical: false}\n"
+        "heads:\n  knn: {k: [10, 30], prior_weight: [0], same_domain_bonus: [0], temperature: [null], prior_m: 20}\n"
+        "cascade: {workers: [c, b], n_boot: 400, cross_encoder: \"off\", verifier_context: false,\n"
+        "          search: {thresholds: 4, three_steps: false, finals: 2, cheap: 2}}\n")
+    common = ["--data", str(work / "r.jsonl"), "--workers", str(work / "w.yaml"), "--device", "cpu",
+              "--cache-dir", str(work / "emb"), "--work-dir", str(work / "imports")]
+    code, out = run("train", *common, "--encoder", "tiny", "--config", str(work / "train.yaml"),
+                    "--output", str(work / "models"))
+    assert code == 0, out
+    return work, out.strip().splitlines()[-1], common, out
+
+
+def shipped_line(out: str) -> str:
+    return [line for line in out.splitlines() if line.startswith("shipped policy: ")][-1]
+
+
+def printed_lambda(out: str) -> str:
+    """The λ of the operating point the shipped line names (as printed, 4 significant digits)."""
+    line = shipped_line(out)
+    got = re.search(r"λ-routing at λ = ([0-9.e+-]+)", line)
+    assert got, f"the line train prints for what ships names no operating point: {line!r}"
+    return got.group(1)
+
+
+def shipped(ckpt):
+    from fugu_pipeline.route.shipped import ShippedPolicy
+
+    return ShippedPolicy.model_validate_json((Path(ckpt) / "policy.json").read_text())
+
+
+def test_train_prints_what_ships_and_saves_that_description_beside_it(trained):
+    """The line `train` prints is the description saved beside the shipped checkpoint, and it names
+    the shipped head's own operating point (here not the selected head's, which `train` also prints)."""
+    work, ckpt, _, out = trained
+    line, printed = shipped_line(out), printed_lambda(out)
+    own = json.loads((Path(ckpt) / "budget.json").read_text())["default"]
+    assert own["kind"] == "lambda" and f"{own['lam']:.4g}" == printed  # the shipped head's own point
+    policy = shipped(ckpt)
+    assert policy.describe() == line and policy.kind == "one-shot", (line, policy)
+    assert policy.checkpoint == f"{Path(ckpt).parent.name}/{Path(ckpt).name}"
+    lam = policy.operating_point.lam
+    assert f"λ-routing at λ = {lam:.4g}" in line
+    assert own["lam"] == lam  # the head's own point, not another head's
+    selected = re.search(r"selected head's default operating point .*?: λ-routing at λ = ([0-9.e+-]+)", out)
+    assert selected and selected.group(1) != f"{lam:.4g}", "the fixture should ship a head other than the selected one"
+    # the choice's table scored the shipped head at that point: its row is the figures the line gives
+    row = next(x for x in out.splitlines() if x.startswith("* one-shot"))
+    assert f"${policy.oof_cost_usd * 1000:.4g} per 1,000" in row and f"quality {policy.oof_accuracy:.4f}" in row
+    # no other checkpoint says it ships
+    assert [p.parent for p in (work / "models").rglob("policy.json")] == [Path(ckpt)]
+
+
+def _prompts():
+    test = [r for r in rows() if r["split"] == "test"][:20]
+    return [r["prompt"] for r in test] + EASY, [r["domain"] for r in test] + ["code"] * len(EASY)
+
+
+def _at_point(router, prompts, domains, lam):
+    scores, _ = router.lambda_scores(prompts, domains, lam)
+    return [router.worker_ids[i] for i in np.argmax(scores, axis=1)]
+
+
+def test_what_serves_routes_by_the_operating_point_train_printed(trained):
+    """`load_router` on the printed checkpoint and `load_promoted` once it is promoted route, with no
+    cap asked, by the λ `train` printed, and report the same description."""
+    from fugu_pipeline.policies.registry import load_promoted, load_router
+    from fugu_pipeline.testing.serving import promote
+
+    work, ckpt, _, out = trained
+    line, printed = shipped_line(out), printed_lambda(out)
+    prompts, domains = _prompts()
+    router = load_router(ckpt, device="cpu")
+    try:
+        assert f"{router.default_point.lam:.4g}" == printed  # with no cap asked it routes by the printed point
+        lam = shipped(ckpt).operating_point.lam
+        want = _at_point(router, prompts, domains, lam)
+        plain = [d.worker_id for d in router.route_batch(prompts, domains, default_point=False)]
+        assert want != plain, "the fixture's point should move some routes off the plain argmax"
+        got = router.route_batch(prompts, domains)
+        assert [d.worker_id for d in got] == want
+        assert {d.extra["budget"]["lambda"] for d in got} == {lam}
+        assert router.shipped.describe() == line
+    finally:
+        router.close()
+    promote(work / "models", Path(ckpt))
+    promoted = load_promoted(work / "models", device="cpu")
+    assert [promoted.route(p, d).worker_id for p, d in zip(prompts, domains)] == want
+    assert promoted.router.shipped.describe() == line
+
+
+def test_the_server_reports_and_serves_the_policy_train_printed(trained, tmp_path):
+    """The official client against `serve` on 127.0.0.1 with mock workers: each reply's `fugu_lite`
+    names the printed policy and its chosen worker is the printed point's route; `/health` names it too."""
+    import httpx
+    import openai
+
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.testing.serving import ServerThread
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    _, ckpt, _, out = trained
+    line, printed = shipped_line(out), printed_lambda(out)
+    lam = shipped(ckpt).operating_point.lam
+    assert f"{lam:.4g}" == printed
+    prompts, domains = _prompts()
+    router = Router.load(ckpt, device="cpu")
+    want = _at_point(router, prompts, domains, lam)
+    cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock"} for w in WORKERS]})
+    srv = ServerThread(create_app(router, cfg, batch_window_ms=5))
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        for p, d, w in zip(prompts, domains, want):
+            r = client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": p}],
+                                               extra_body={"domain": d})
+            info = r.model_extra["fugu_lite"]
+            assert info["policy"]["line"] == line and info["policy"]["lambda"] == lam, info
+            assert info["chosen_worker"] == w and info["budget"]["lambda"] == lam, (p, info)
+        health = httpx.get(srv.url + "/health", timeout=30).json()
+        assert health["checkpoint"]["policy"]["line"] == line
+    finally:
+        srv.stop()
+        router.close()
+
+
+def test_evaluate_names_the_policy_train_printed(trained):
+    """`evaluate` on the shipped checkpoint reports the point it routes by, the same λ, and repeats
+    the description `train` printed."""
+    work, ckpt, common, out = trained
+    line, printed = shipped_line(out), printed_lambda(out)
+    code, said = run("evaluate", "--checkpoint", ckpt, *common, "--output", str(work / "eval.json"))
+    assert code == 0, said
+    assert f"operating point used (no cap asked): the default operating point (λ = {printed})" in said
+    assert f"as chosen at training: {line}" in said
+    rep = json.loads((work / "eval.json").read_text())
+    assert f"{rep['default_point']['lambda']:.4g}" == printed and rep["shipped_policy"]["line"] == line
+
+
+def test_a_one_shot_candidate_is_scored_at_the_route_it_serves():
+    """The cascade's choice scores a one-shot head at its default operating point's route (what it
+    serves with no cap asked), not at its plain argmax."""
+    from fugu_pipeline.policies.cascade.config import CascadeConfig
+    from fugu_pipeline.policies.cascade.fit import fit_cascade
+    from fugu_pipeline.policies.cascade.search import CascadeSearch
+    from fugu_pipeline_tests import cascade_fixture
+
+    data, grid, inputs = cascade_fixture.agreeing(n=300)
+    n = int((data.splits != "test").sum())
+    strong, cheap = data.worker_ids.index("strong"), data.worker_ids.index("cheap")
+    scores = np.zeros((n, 2))
+    scores[:, strong] = 1.0  # the plain argmax: always the strong worker
+    route = np.full(n, cheap)  # its operating point: always the cheap one
+    cfg = CascadeConfig(search=CascadeSearch(thresholds=4, three_steps=False, finals=2, cheap=2), n_boot=200)
+    fit = fit_cascade(data, grid, inputs, cfg, heads={"one-shot h": scores}, log=lambda m: None,
+                      head_routes={"one-shot h": route})
+    h = next(c for c in fit.candidates if c.name == "one-shot h")
+    rows = np.flatnonzero(data.splits != "test")
+    assert h.quality == pytest.approx(float(data.quality[rows, cheap].mean()))
+    assert h.quality != pytest.approx(float(data.quality[rows, strong].mean()))
+
+
+def test_when_the_strongest_ships_evaluate_s_table_still_shows_each_cap_s_own_plan(tmp_path):
+    """Nothing cheaper qualifies, so the strongest alone ships; the frontier's plans under 20/33/50% of
+    its cost read the verifier, which is saved with the checkpoint, so the held-out table shows each
+    cap's own plan within that cap (not the one plan without a verifier, the cheap worker, at every cap)."""
+    from fugu_pipeline.policies.cascade.config import CascadeConfig
+    from fugu_pipeline.policies.cascade.evaluate import cascade_report, load_cascade
+    from fugu_pipeline.policies.cascade.fit import fit_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.search import CascadeSearch
+    from fugu_pipeline_tests import cascade_fixture
+
+    data, grid, inputs = cascade_fixture.agreeing(n=400, agree=0.6, signal=0.0)
+    cfg = CascadeConfig(search=CascadeSearch(thresholds=6, three_steps=False, finals=2, cheap=2), n_boot=300)
+    fit = fit_cascade(data, grid, inputs, cfg, log=lambda m: None)
+    assert fit.policy.describe() == "[strong]", fit.reason
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
+    rows = [r for r in cascade_report(ckpt, data, grid, inputs)["cap_rows"] if r["share"] is not None]
+    assert [r["share"] for r in rows] == [0.2, 0.33, 0.5]
+    costs = [r["usd_per_1k"][0] for r in rows]
+    assert len(set(costs)) == 3, rows  # a plan per cap, not one worker at every cap
+    for r in rows:
+        assert r["usd_per_1k"][0] <= r["share"] * 10 * 1.3  # within its cap, up to the held-out rows' noise
+
+
+def test_route_prints_the_policy_train_printed(trained):
+    """`fugu-lite route` on the shipped checkpoint: its JSON names the policy, by the same line, and
+    routes by the printed point (its `budget` block gives that λ)."""
+    _, ckpt, _, out = trained
+    line, printed = shipped_line(out), printed_lambda(out)
+    code, said = run("route", "--checkpoint", ckpt, "--prompt", EASY[0], "--domain", "code", "--device", "cpu")
+    got = json.loads(said)
+    assert code == 0 and got["policy"]["line"] == line, got
+    assert f"{got['budget']['lambda']:.4g}" == printed and f"{got['policy']['lambda']:.4g}" == printed
+
+
+def test_a_description_for_other_weights_or_unreadable_is_ignored_with_one_line(tmp_path):
+    """`policy.json` names the weights it was written for: copied beside another checkpoint, or
+    damaged, it is not read (the checkpoint's own `budget.json` point applies), and the reason names the file."""
+    from fugu_pipeline.route.default_point import DefaultPoint
+    from fugu_pipeline.route.shipped import POLICY_FILE, ShippedPolicy, read_shipped
+
+    point = DefaultPoint(kind="lambda", lam=0.25, strongest_worker="c", reason="r", oof_accuracy=0.99, oof_cost_usd=1e-4,
+                         strongest_accuracy=1.0, strongest_cost_usd=3e-4, difference=(-0.01, -0.02, 0.0), n_rows=240)
+    ShippedPolicy(kind="one-shot", name="one-shot ridge", checkpoint="ridge/0123456789abcdef",
+                  content_hash="0123456789abcdef", operating_point=point).save(tmp_path)
+    got, why = read_shipped(tmp_path, "0123456789abcdef")
+    assert got is not None and got.operating_point.lam == 0.25 and why == ""
+    got, why = read_shipped(tmp_path, "fedcba9876543210")
+    assert got is None and why.startswith(f"{tmp_path / POLICY_FILE} was written for checkpoint 0123456789abcdef")
+    (tmp_path / POLICY_FILE).write_text("{\"kind\": \"one-shot\"")
+    got, why = read_shipped(tmp_path, "0123456789abcdef")
+    assert got is None and f"{tmp_path / POLICY_FILE} cannot be read" in why and "\n" not in why
+    assert read_shipped(tmp_path / "absent", "0123456789abcdef") == (None, "")
+
+
+def test_without_replies_the_selected_head_ships_at_its_point_and_says_so(tmp_path):
+    """No replies, no cascade: the selected head ships at its default operating point; the line
+    `train` prints is its description beside it, and `route` names it and routes by that point."""
+    data = [{k: v for k, v in r.items() if k not in ("answers", "answer_kind")} for r in rows()]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    (tmp_path / "w.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
+    (tmp_path / "train.yaml").write_text(
+        "features: {layer_sets: \"off\", prompt_rules: \"off\", lexical: false}\n"
+        "heads:\n  knn: {k: [10, 30], prior_weight: [0], same_domain_bonus: [0], temperature: [null], prior_m: 20}\n")
+    common = ["--data", str(tmp_path / "r.jsonl"), "--workers", str(tmp_path / "w.yaml"), "--device", "cpu",
+              "--cache-dir", str(tmp_path / "emb"), "--work-dir", str(tmp_path / "imports")]
+    code, out = run("train", *common, "--encoder", "tiny", "--config", str(tmp_path / "train.yaml"),
+                    "--output", str(tmp_path / "models"))
+    assert code == 0, out
+    ckpt = out.strip().splitlines()[-1]
+    line, printed = shipped_line(out), printed_lambda(out)
+    policy = shipped(ckpt)
+    assert policy.describe() == line and "cascade" not in line
+    assert policy.operating_point == shipped_point(ckpt)  # the selected head's own point, as saved beside it
+    code, said = run("route", "--checkpoint", ckpt, "--prompt", EASY[0], "--domain", "code", "--device", "cpu")
+    got = json.loads(said)
+    assert code == 0 and got["policy"]["line"] == line and f"{got['budget']['lambda']:.4g}" == printed, got
+
+
+def shipped_point(ckpt):
+    from fugu_pipeline.route.default_point import DefaultPoint
+
+    return DefaultPoint.model_validate(json.loads((Path(ckpt) / "budget.json").read_text())["default"])
