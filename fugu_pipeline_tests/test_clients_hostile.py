@@ -344,6 +344,7 @@ def test_ctrl_c_during_generate_is_one_line_and_exit_130(tmp_path, monkeypatch, 
         raise KeyboardInterrupt
 
     monkeypatch.setattr(partition, "collect_partition", interrupted)
+    monkeypatch.chdir(tmp_path)  # the ledger (data/ledger/, relative to the project) is checked before any call
     (tmp_path / "w.yaml").write_text(json.dumps({"workers": [{"id": "a", "kind": "mock"}]}))
     (tmp_path / "t.jsonl").write_text("".join(t.model_dump_json() + "\n" for t in make_tasks(2)))
     rc = cli_main(["generate", "--workers", str(tmp_path / "w.yaml"), "--tasks", str(tmp_path / "t.jsonl"),

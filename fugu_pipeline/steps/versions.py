@@ -4,7 +4,7 @@
   they import, transitively, imports inside functions included. A step's code version changes
   exactly when code it runs changes (a comment counts: the rule is simple and never misses one);
   a module only of the Dagster layer (`defs/`), the command line or the server never enters it.
-  The imports are found by a line scan, not by importing, so torch is never loaded and all the
+  The imports are found by parsing the source (`ast`), not by importing, so torch is never loaded and all the
   steps' versions take a few tens of milliseconds at definitions load.
 - `settings_version(path)`: the version of a settings file (a trainer YAML, the promotion policy):
   the hash of its parsed content, so a comment or a reordering changes nothing; `absent` when the
@@ -13,10 +13,10 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,8 +27,6 @@ from fugu_pipeline.hashing import sha256_text
 PACKAGE = Path(__file__).resolve().parents[1]  # the fugu_pipeline folder
 CALLERS = ("defs", "cli", "serve", "testing", "definitions")  # never part of a step's code
 ABSENT = "absent"
-_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(fugu_pipeline(?:\.\w+)*)[ \t]+import[ \t]+(?:\(([^)]*)\)|([\w \t,]+))"
-                     r"|import[ \t]+(fugu_pipeline(?:\.\w+)*))", re.MULTILINE)
 
 
 def _module_file(dotted: str) -> Path | None:
@@ -52,15 +50,20 @@ def _imports(path: Path) -> tuple[Path, ...]:
     """The fugu_pipeline modules `path` imports (a `from package import name` counts `name` when
     it is a module of the package)."""
     out: list[Path] = []
-    for m in _IMPORT.finditer(path.read_text(encoding="utf-8")):
-        dotted = m.group(1) or m.group(4)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):  # imports inside functions too
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "fugu_pipeline":
+            dotted, names = node.module, [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            dotted, names = None, []
+            out.extend(f for a in node.names if a.name.split(".")[0] == "fugu_pipeline"
+                       for f in [_module_file(a.name)] if f is not None)
+            continue
+        else:
+            continue
         found = _module_file(dotted)
         if found is not None:
             out.append(found)
-        for name in re.split(r"[\s,]+", m.group(2) or m.group(3) or ""):
-            sub = _module_file(f"{dotted}.{name}") if name and name != "as" else None
-            if sub is not None:
-                out.append(sub)
+        out.extend(f for name in names if name != "*" for f in [_module_file(f"{dotted}.{name}")] if f is not None)
     return tuple(out)
 
 

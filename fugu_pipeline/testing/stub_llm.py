@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import socket
 import threading
 import time
@@ -60,7 +59,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-_ROLE_LINE = re.compile(r"^Role:\s*(Thinker|Worker|Verifier)\b", re.IGNORECASE | re.MULTILINE)
+from fugu_pipeline.testing.stub_wire import Cut, error_body, paced, session_role, sse_events
+
 FAULT_KINDS = ("http", "timeout", "malformed_json", "error_in_200", "empty_answer", "no_choices", "stream_cut", "raw")
 
 
@@ -287,13 +287,13 @@ class StubLLMServer:
         try:
             body = json.loads(raw)
         except ValueError:
-            return _error(400, "request body is not JSON")
+            return error_body(400, "request body is not JSON")
         self._record(request, body)
         openrouter = request.url.path.startswith("/api/")
         model = str(body.get("model", ""))
         msgs = body.get("messages") or []
         prompt = str(msgs[-1].get("content", "")) if msgs else ""
-        role = _session_role(msgs)
+        role = session_role(msgs)
         with self._lock:
             self.calls[(model, prompt)] += 1
             if role is not None:
@@ -306,7 +306,7 @@ class StubLLMServer:
         try:
             auth = request.headers.get("authorization", "")
             if self.require_key is not None and auth != f"Bearer {self.require_key}":
-                return _error(401, "No auth credentials found" if not auth else "User not found.")
+                return error_body(401, "No auth credentials found" if not auth else "User not found.")
             return await self._answer(body, model, prompt, fault, openrouter, auth, role)
         finally:
             with self._lock:
@@ -316,7 +316,7 @@ class StubLLMServer:
                       auth: str, role: str | None = None) -> Response:
         if fault is not None and fault.kind == "timeout":  # stall, then give up: never an answer
             await asyncio.sleep(fault.sleep_s)
-            return _error(504, f"stub stalled for {fault.sleep_s:g}s")
+            return error_body(504, f"stub stalled for {fault.sleep_s:g}s")
         delay = self.model_latency.get(model, self.latency_s)
         if delay:
             await asyncio.sleep(delay)
@@ -335,7 +335,7 @@ class StubLLMServer:
                 else:
                     msg = quoted
             headers = {"Retry-After": fault.retry_after} if fault.retry_after else None
-            return _error(fault.status, msg, headers=headers, metadata=metadata)
+            return error_body(fault.status, msg, headers=headers, metadata=metadata)
         if fault is not None and fault.kind == "raw":
             if fault.events is None:
                 return Response(fault.body, media_type=fault.media_type, headers=fault.headers)
@@ -371,14 +371,14 @@ class StubLLMServer:
                 {"role": "assistant", "content": answer}
             whole = JSONResponse({**head, "choices": [{"index": 0, "finish_reason": finish, "message": message}],
                                   "usage": usage})
-            return _Cut(whole) if fault is not None and fault.kind == "stream_cut" else whole
+            return Cut(whole) if fault is not None and fault.kind == "stream_cut" else whole
         include_usage = openrouter or bool((body.get("stream_options") or {}).get("include_usage"))
-        events = _sse(head, answer, finish, usage if include_usage else None, openrouter, calls)
+        events = sse_events(head, answer, finish, usage if include_usage else None, openrouter, calls)
         if fault is not None and fault.kind == "stream_cut":
             events = [e for e in events if '"finish_reason": null' in e]  # the content only: cut before the end
         if not self.chunk_delay_s:  # one write: cheap enough to serve hundreds of calls a second
             return Response("".join(events), media_type="text/event-stream")
-        return StreamingResponse(_paced(events, self.chunk_delay_s), media_type="text/event-stream")
+        return StreamingResponse(paced(events, self.chunk_delay_s), media_type="text/event-stream")
 
     def _answer_text(self, model: str, prompt: str, role: str | None = None) -> str:
         if role is not None:
@@ -400,78 +400,12 @@ class StubLLMServer:
         return round(pt * float(entry["pricing"]["prompt"]) + ct * float(entry["pricing"]["completion"]), 12)
 
 
-class _Cut(Response):
-    """A reply cut mid-way: its headers (with the whole body's Content-Length) and half its body,
-    then the connection closes (uvicorn closes it when a response ends short)."""
-
-    def __init__(self, whole: Response):
-        super().__init__(whole.body, media_type=whole.media_type)
-
-    async def __call__(self, scope, receive, send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        await send({"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True})
-
-
-def _session_role(messages: list) -> str | None:
-    """The role a multi-turn session request names in its system message (`Role: Verifier`)."""
-    for m in messages:
-        if isinstance(m, dict) and m.get("role") == "system":
-            match = _ROLE_LINE.search(str(m.get("content", "")))
-            if match:
-                return match.group(1).lower()
-    return None
-
-
-def _error(status: int, message: str, headers: dict | None = None, metadata: dict | None = None) -> JSONResponse:
-    err: dict = {"code": status, "message": message}
-    if metadata:
-        err["metadata"] = metadata
-    return JSONResponse({"error": err}, status_code=status, headers=headers)
-
-
 async def _raw_events(fault: Fault):
     for e in fault.events or []:
         yield e
     while fault.repeat is not None:
         await asyncio.sleep(fault.repeat_every_s)
         yield fault.repeat
-
-
-async def _paced(events: list[str], delay: float):
-    for i, e in enumerate(events):
-        if i:
-            await asyncio.sleep(delay)
-        yield e
-
-
-def _sse(head: dict, answer: str, finish: str, usage: dict | None, openrouter: bool,
-         calls: list[dict] | None = None) -> list[str]:
-    """The SSE events of one streamed answer, in OpenRouter or plain OpenAI style; tool calls as
-    OpenAI streams them (the module docstring)."""
-    def chunk(delta: dict, finish_reason: str | None = None, **extra) -> str:
-        obj = {**head, "object": "chat.completion.chunk",
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra}
-        return f"data: {json.dumps(obj)}\n\n"
-
-    out = [": OPENROUTER PROCESSING\n\n"] if openrouter else []
-    out.append(chunk({"role": "assistant", "content": None if calls else ""}))
-    step = max(1, len(answer) // 3)
-    out += [chunk({"content": answer[i:i + step]}) for i in range(0, len(answer), step)]
-    for i, c in enumerate(calls or ()):
-        args = c["function"]["arguments"]
-        out.append(chunk({"tool_calls": [{"index": i, "id": c["id"], "type": "function",
-                                          "function": {"name": c["function"]["name"], "arguments": ""}}]}))
-        cut = max(1, -(-len(args) // 3))
-        out += [chunk({"tool_calls": [{"index": i, "function": {"arguments": args[k:k + cut]}}]})
-                for k in range(0, len(args), cut)]
-    if openrouter and usage is not None:
-        out.append(chunk({}, finish, usage=usage))  # OpenRouter: usage (with cost) in the last chunk
-    else:
-        out.append(chunk({}, finish))
-        if usage is not None:  # OpenAI include_usage: a final chunk with no choices
-            out.append(f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': [], 'usage': usage})}\n\n")
-    out.append("data: [DONE]\n\n")
-    return out
 
 
 def role_replies(items: list[str]) -> dict[str, str]:
