@@ -142,22 +142,22 @@ def test_the_saved_cascade_records_the_validation_figure_of_the_policy_it_holds(
     assert manifest["metrics"]["val_utility"] == _fig(fit, fit.selected).mean  # what the contest compares
 
 
-def test_each_folds_plans_are_run_once_for_the_choice_and_the_frontier(monkeypatch):
-    """The cost-aware choice and the frontier search the same folds with the same grid: a fold's
-    plans are listed and run once, not once for each (the search's time is most of `train`'s)."""
-    from fugu_pipeline.policies.cascade import frontier as cascade_frontier, search as cascade_search
+def test_each_row_sets_plans_are_run_once_for_the_choice_the_frontier_and_the_final_search(monkeypatch):
+    """The cost-aware choice, the table, the frontier and the final search read the same row sets
+    with the same grids: each set's plans are listed and run once, not once for each (the search's
+    time is most of `train`'s), the set of every non-test row included."""
+    from fugu_pipeline.policies.cascade import plans as cascade_plans
 
-    seen: list[tuple[int, bytes]] = []
-    real = cascade_search.candidate_plans
+    seen: list[tuple[int, bytes, bytes]] = []
+    real = cascade_plans.plan_tuples
 
     def counted(grid, rows, cfg, allowed=None):
-        seen.append((len(rows), np.asarray(rows).tobytes()))
+        seen.append((len(rows), np.asarray(rows).tobytes(), np.asarray(grid.exp_cost).tobytes()))
         return real(grid, rows, cfg, allowed)
 
-    monkeypatch.setattr(cascade_search, "candidate_plans", counted)
-    monkeypatch.setattr(cascade_frontier, "candidate_plans", counted)
+    monkeypatch.setattr(cascade_plans, "plan_tuples", counted)
     data, grid, inputs = cascade_fixture.agreeing(n=300)
     fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=200), log=quiet)
-    n_fit = max(n for n, _ in seen)  # every non-test row: the final search and the frontier's named plans
-    folds = [key for n, key in seen if n < n_fit]
-    assert len(folds) >= 5 and len(folds) == len(set(folds)), f"{len(folds)} fold searches over {len(set(folds))} folds"
+    n_fit = max(n for n, _, _ in seen)
+    assert sum(1 for n, _, _ in seen if n == n_fit) == 1, "every non-test row searched more than once"
+    assert len(seen) >= 6 and len(seen) == len(set(seen)), f"{len(seen)} searches over {len(set(seen))} row sets"

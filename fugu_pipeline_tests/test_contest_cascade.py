@@ -113,7 +113,11 @@ def budget_points(world) -> tuple[list[dict], list[float]]:
         res = simulate(plan, W, codes, none, data.quality, data.cost_usd, np.zeros_like(data.cost_usd), val)
         points.append((float(res.cost.mean()), float(res.quality.mean()), plan))
         figures.append(float(np.mean([UTILITY.utility(q, c, 0.0) for q, c in zip(res.quality, res.cost)])))
-    return _frontier(points), figures
+    from fugu_pipeline.policies.cascade.plans import Points, from_model
+
+    cost, quality = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    pts = Points([from_model(p[2], W) for p in points], cost, quality, np.zeros(len(points)), np.zeros(len(points)), len(val))
+    return _frontier(pts, W), figures
 
 
 def step(*workers, **rule):

@@ -95,6 +95,7 @@ def test_within_the_cap_is_one_test_in_every_place_that_compares(over, within):
     from fugu_pipeline.route.budget import Budget, BudgetCalibration, BudgetError, CurvePoint, ExpectedCost
     from fugu_pipeline.policies.cascade.choice import capped_one_shot
     from fugu_pipeline.policies.cascade.frontier import best_within
+    from fugu_pipeline.policies.cascade.plans import Points
 
     cost, share = 0.0025, 0.3  # USD per request, and that as a share of the reference's cost
     cal = BudgetCalibration(worker_ids=["a", "b"], reference_worker="b", reference_cost_usd=cost / share,
@@ -111,7 +112,8 @@ def test_within_the_cap_is_one_test_in_every_place_that_compares(over, within):
     decisions = {
         "route: λ for usd_per_1k": chosen(Budget(usd_per_1k=cost * 1000 / (1 + over), margin_z=0)),
         "route: λ for share": chosen(Budget(share=share / (1 + over), margin_z=0)),
-        "train: the cascade's plan": best_within([(cost, 0.9, "plan")], cost / (1 + over)) is not None,
+        "train: the cascade's plan": best_within(Points([(((0,), None, None),)], np.array([cost]), np.array([0.9]),
+                                                        np.zeros(1), np.zeros(1), 10), cost / (1 + over)) is not None,
         "train: a capped one-shot head": capped_one_shot(np.ones((4, 1)), np.ones((4, 1)), np.array([cost]),
                                                           np.arange(4), np.arange(4), cost / (1 + over), cost) is not None,
     }

@@ -37,17 +37,19 @@ def rung_name(share: float) -> str:
 
 
 def ladder_fold(grid, tr: np.ndarray, te: np.ndarray, search_cfg, allowed, shares, ref_cost: float,
-                memo: dict | None = None):
+                memo: dict | None = None, z: float = 0.0):
     """{share: (quality, expected cost) per row of `te`, or None where no plan fits the share}: the
-    most accurate plan within each share of `ref_cost` on `tr` (ties: the cheaper), run on `te`.
-    `memo`: the fold's plans as the frontier ran them (`frontier.plan_points`)."""
-    from fugu_pipeline.policies.cascade.frontier import best_within, plan_points
+    most accurate plan within each share of `ref_cost` on `tr` (its mean expected cost plus `z`
+    standard errors; ties: the cheaper), run on `te`. `memo`: `plans.points_for`'s."""
+    from fugu_pipeline.policies.cascade.frontier import best_within
+    from fugu_pipeline.policies.cascade.plans import RowSet, points_for
 
-    pts = plan_points(grid, tr, search_cfg, allowed, memo)
+    pts = points_for(grid, tr, search_cfg, allowed, memo)
+    held = RowSet(grid, te)
     out = {}
     for s in shares:
-        best = best_within(pts, s * ref_cost)
-        out[s] = None if best is None else grid.run(best[2], te)[:2]
+        i = best_within(pts, s * ref_cost, z)
+        out[s] = None if i is None else held.run(pts.plans[i])[:2]
     return out
 
 

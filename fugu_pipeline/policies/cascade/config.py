@@ -22,7 +22,12 @@ class CascadeConfig(BaseModel):
     cap: CostCap | None = Field(None, description="a cost cap for every domain: {usd_per_1k: 2.5}, {share: 0.3} or "
                                 "share=0.3, as --cap takes it")
     domain_caps: dict[str, CostCap] = Field(default_factory=dict, description="a cap per domain (domains not named: `cap`)")
-    per_domain: bool = Field(False, description="choose a plan per domain (with enough rows), not one for all")
+    per_domain: bool = Field(False, description="under a cap or the utility: a plan per domain (with enough rows) "
+                             "under the pooled cap, not one for all (the cost-aware default: `groups`)")
+    groups: Literal["domain", "off"] = Field(
+        "domain", description="the cost-aware default (no cap): domain: a plan, or one worker, per domain with "
+        "search.min_domain_rows non-test rows, chosen out of fold by the same rule per domain and for the whole, the "
+        "smaller domains and unseen ones served the pooled plan; off: one plan for every domain")
     search: CascadeSearch = CascadeSearch()
     n_boot: int = Field(2000, ge=200, description="bootstrap resamples of the out-of-fold gain's 95% interval")
     choose: Literal["auto", "cheapest", "utility"] = Field(

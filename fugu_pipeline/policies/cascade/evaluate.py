@@ -5,7 +5,8 @@ held-out rows (what a contest compares), and its report.
 - `cascade_outcomes(checkpoint, data, grid, inputs)`: per held-out task, the quality of the answer
   the cascade returns, its utility, the cost and latency of the calls it made (a step's cost counts
   only when the cascade reaches it: the rows' recorded costs), the calls, the step it stopped at
-  and the worker answering. No call is made.
+  and the worker answering. No call is made. A checkpoint trained under a cap is run as served:
+  the spend guard (`spend.py`) over the rows in order.
 - `cascade_report(...)`: the same rows summed up: accuracy and cost per domain at the checkpoint's
   operating point, against the best worker (chosen on the non-test rows), each with its paired
   bootstrap 95% interval.
@@ -19,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from fugu_pipeline.cost_cap import within_cap
-from fugu_pipeline.evaluate.metrics import paired_bootstrap
+from fugu_pipeline.evaluate.metrics import ci_text, paired_bootstrap
+from fugu_pipeline.policies.cascade.verifier_context import context_of_head
 
 
 @dataclass
@@ -64,7 +66,6 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     (matrix/answers.py) and `inputs` (policies/cascade/fit.answer_inputs) are row-aligned and in the
     checkpoint's worker order; `scores`: its `verifier_scores` when already computed."""
     from fugu_pipeline.policies.cascade.policy import answer_codes, simulate
-    from fugu_pipeline.policies.cascade.verifier_context import context_of_head
 
     if list(data.worker_ids) != list(checkpoint.manifest.worker_ids):
         raise ValueError(f"the data's workers {data.worker_ids} are not the checkpoint's {checkpoint.manifest.worker_ids}; "
@@ -78,17 +79,48 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
     doms = np.asarray(data.domains, dtype=str)
     u = data.utility_config
+    runs: dict = {}
+
+    def run(plan):  # the plan over every row of `rows`, once
+        key = plan.model_dump_json()
+        if key not in runs:
+            runs[key] = simulate(plan, data.worker_ids, codes, scores, data.quality, cost, lat, rows)
+        return runs[key]
+
+    mine = [run(head.policy.plan_for(d)) for d in doms[rows]]
+    if getattr(head, "cap_usd", None) is not None:
+        mine = _guarded(head, checkpoint.manifest.metrics or {}, doms[rows], mine, run)
     out: list[CascadeOutcome] = []
-    for d in sorted(set(doms[rows].tolist())):
-        mine = rows[doms[rows] == d]
-        res = simulate(head.policy.plan_for(d), data.worker_ids, codes, scores, data.quality, cost, lat, mine)
-        for k, i in enumerate(mine):
-            util = u.utility(float(res.quality[k]), float(res.cost[k]), float(res.latency[k])) if u else float(res.quality[k])
-            out.append(CascadeOutcome(data.task_ids[i], d, float(res.quality[k]), util, float(res.cost[k]),
-                                      float(res.latency[k]), int(res.calls[k]), int(res.stop_step[k]),
-                                      data.worker_ids[int(res.answer_worker[k])]))
-    order = {t: n for n, t in enumerate(data.task_ids[i] for i in rows)}
-    return sorted(out, key=lambda o: order[o.task_id])
+    for k, i in enumerate(rows):
+        res, j = mine[k], k
+        util = u.utility(float(res.quality[j]), float(res.cost[j]), float(res.latency[j])) if u else float(res.quality[j])
+        out.append(CascadeOutcome(data.task_ids[i], str(doms[i]), float(res.quality[j]), util, float(res.cost[j]),
+                                  float(res.latency[j]), int(res.calls[j]), int(res.stop_step[j]),
+                                  data.worker_ids[int(res.answer_worker[j])]))
+    return out
+
+
+def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run) -> list:
+    """The results each row reads when the checkpoint was trained under a cap: serving's spend guard
+    (`spend.py`) over the rows in order, each row its domain's plan while the allowance is the cap,
+    else the most accurate saved point within the allowance."""
+    from fugu_pipeline.policies.cascade.policy import CascadePlan
+    from fugu_pipeline.policies.cascade.search import CAP_Z
+    from fugu_pipeline.policies.cascade.spend import SpendGuard, cap_points, pick
+
+    guard = SpendGuard(head.cap_usd)
+    params = head.head_params()
+    out = []
+    for k, d in enumerate(doms):
+        res = mine[k]
+        a = guard.allowance()
+        if not within_cap(head.cap_usd, a):  # below the cap: the guard holds back
+            points = cap_points(params, metrics, str(d))
+            got = pick(points, a, CAP_Z) or (min(points, key=lambda p: p["cost_usd"]) if points else None)
+            res = res if got is None else run(CascadePlan.model_validate(got["plan"]))
+        guard.record(float(res.cost[k]))
+        out.append(res)
+    return out
 
 
 def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baselines: dict | None = None) -> dict:
@@ -119,7 +151,9 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
             "accuracy": float(q[m].mean()), "cost_usd_per_1k": float(c[m].mean() * 1000),
             "cost_share_of_strongest": float(c[m].mean() / max(cost[r, strong].mean(), 1e-300)),
             "best_worker_accuracy": float(data.quality[r, best].mean()), "strongest": data.worker_ids[strong],
-            "strongest_accuracy": float(data.quality[r, strong].mean())})
+            "strongest_accuracy": float(data.quality[r, strong].mean()),
+            "minus_strongest_accuracy": paired_bootstrap(q[m], data.quality[r, pooled_strong]),
+            "cost_share_of_pooled_strongest": float(c[m].mean() / max(cost[r, pooled_strong].mean(), 1e-300))})
     return {
         "split": split, "n_tasks": len(outs), "checkpoint": str(checkpoint.path), "policy": checkpoint.head.policy.describe(),
         "worker_ids": data.worker_ids, "best_worker": data.worker_ids[best], "strongest_worker": data.worker_ids[pooled_strong],
@@ -131,6 +165,7 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
         "minus_best_worker_utility": paired_bootstrap(ut, data.utility[rows, best]),
         "minus_strongest_accuracy": paired_bootstrap(q, data.quality[rows, pooled_strong]),
         "per_domain": per_domain,
+        "groups": (checkpoint.manifest.metrics or {}).get("groups"),  # the per-domain choice, out of fold (train)
         "cap_rows": cap_rows_on(checkpoint, data, grid, inputs, rows, pooled_strong),
         "baselines": {name: {"accuracy": float(np.mean(bq)), "utility": float(np.mean(bu)),
                              "cascade_minus_utility": paired_bootstrap(ut, bu), "cascade_minus_accuracy": paired_bootstrap(q, bq)}
@@ -140,33 +175,43 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
 
 
 def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n_boot: int = 2000) -> list[dict]:
-    """The table at 20/33/50% of the strongest worker's cost on `rows`: at each share, the most
-    accurate of the checkpoint's validation points (its frontier) whose validation expected cost is
-    within that share of the strongest's, run on the rows with their recorded costs; beside it the
-    strongest worker alone. Plans that need a verifier the checkpoint did not save are left out."""
+    """The table at 20/33/50% of the strongest worker's cost on `rows`, as serving keeps each cap: the
+    checkpoint's saved points (its frontier and the plan searched for each share) whose validation
+    cost bound (mean + `search.CAP_Z` standard errors) is within the cap, chosen row after row by the
+    spend guard (`spend.replay`: the most accurate within its allowance) and run on the rows with their
+    recorded costs; beside it the strongest worker alone. Plans that need a verifier the checkpoint
+    did not save are left out."""
     from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, cap_table
     from fugu_pipeline.policies.cascade.policy import CascadePlan, answer_codes, simulate
+    from fugu_pipeline.policies.cascade.search import CAP_Z
+    from fugu_pipeline.policies.cascade.spend import bound, cap_points, replay
 
     head = checkpoint.head
-    exp = (checkpoint.manifest.metrics or {}).get("expected_cost_usd") or {}
-    ref = exp.get(data.worker_ids[strong])
-    if not head.frontier or not ref or data.quality is None or not len(rows):
+    metrics = checkpoint.manifest.metrics or {}
+    ref = (metrics.get("expected_cost_usd") or {}).get(data.worker_ids[strong])
+    verified = float(head.used[0]) == 1.0
+    points = [p for p in cap_points(head.head_params(), metrics)
+              if verified or not CascadePlan.model_validate(p["plan"]).uses_verifier]
+    if not points or not ref or data.quality is None or not len(rows):
         return []
     cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
     lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
-    scores = verifier_scores(head, inputs)
-    verified = float(head.used[0]) == 1.0
-    plans = [(p["cost_usd"], p["quality"], CascadePlan.model_validate(p["plan"])) for p in head.frontier]
-    plans = [p for p in plans if verified or not p[2].uses_verifier]
+    scores = context_of_head(getattr(head, "context", None), verifier_scores(head, inputs), answer_codes(grid.final), inputs)
     codes = answer_codes(grid.final)
+    runs = {}
     per_row: dict = {}
     for share in TABLE_SHARES:
-        fit = [p for p in plans if within_cap(p[0], share * ref)]
-        if not fit:
+        mine = [p for p in points if within_cap(bound(p, CAP_Z), share * ref)]
+        if not mine:
             per_row[f"cascade@{share}"] = None
             continue
-        res = simulate(max(fit, key=lambda p: (p[1], -p[0]))[2], data.worker_ids, codes, scores, data.quality, cost, lat, rows)
-        per_row[f"cascade@{share}"] = (res.quality, res.cost)
+        for p in mine:
+            if id(p) not in runs:
+                res = simulate(CascadePlan.model_validate(p["plan"]), data.worker_ids, codes, scores, data.quality, cost,
+                               lat, rows)
+                runs[id(p)] = (res.quality, res.cost)
+        q, c, _ = replay(mine, [runs[id(p)] for p in mine], share * ref, CAP_Z)
+        per_row[f"cascade@{share}"] = (q, c)
     return cap_table(per_row, (data.quality[rows, strong], cost[rows, strong]), n_boot=n_boot)
 
 
@@ -184,12 +229,21 @@ def report_lines(rep: dict) -> list[str]:
              f"{b['cascade_minus_utility']['high']:+.4f}], accuracy {b['cascade_minus_accuracy']['mean']:+.4f} "
              f"[{b['cascade_minus_accuracy']['low']:+.4f}, {b['cascade_minus_accuracy']['high']:+.4f}]"
              for n, b in rep.get("baselines", {}).items()],
-           "  | domain | n | plan | accuracy | $ per 1,000 | share of the domain's strongest's cost | best worker | "
-           "the domain's strongest |"]
+           f"  | domain | n | plan | accuracy | accuracy − {rep['strongest_worker']} [95%] | $ per 1,000 | saving against "
+           f"{rep['strongest_worker']} | share of the domain's strongest's cost | best worker | the domain's strongest |"]
     for d in rep["per_domain"]:
-        out.append(f"  | {d['domain']!r} | {d['n']} | {d['plan']} | {d['accuracy']:.4f} | {d['cost_usd_per_1k']:.4g} | "
-                   f"{d['cost_share_of_strongest']:.1%} | {d['best_worker_accuracy']:.4f} | {d['strongest']} "
-                   f"{d['strongest_accuracy']:.4f} |")
+        vs = d.get("minus_strongest_accuracy")
+        saving = f"{1 - d['cost_share_of_pooled_strongest']:.0%}" if "cost_share_of_pooled_strongest" in d else "—"
+        out.append(f"  | {d['domain']!r} | {d['n']} | {d['plan']} | {d['accuracy']:.4f} | {ci_text(vs) if vs else '—'} | "
+                   f"{d['cost_usd_per_1k']:.4g} | {saving} | {d['cost_share_of_strongest']:.1%} | "
+                   f"{d['best_worker_accuracy']:.4f} | {d['strongest']} {d['strongest_accuracy']:.4f} |")
+    if rep.get("groups"):
+        out.append("  chosen per domain out of fold over the non-test rows (train):")
+        out += [f"    {g['domain']!r} ({g['rows']} rows): {g['choice']}: accuracy − strongest {g['vs_strongest']:+.4f} "
+                f"[{g['vs_low']:+.4f}, {g['vs_high']:+.4f}], {g['cost_share']:.0%} of the strongest's cost"
+                for g in rep["groups"]["chosen"]]
+        if rep["groups"]["merged"]:
+            out.append("    served the pooled plan (too few rows): " + ", ".join(f"{d!r} ({n})" for d, n in rep["groups"]["merged"]))
     if rep.get("cap_rows"):
         from fugu_pipeline.policies.cascade.choice import table_lines
 

@@ -1,21 +1,23 @@
-"""Fit a cascade on the non-test rows and decide, doing no harm, whether it ships.
+"""Fit a cascade on the non-test rows and decide, doing no harm, what ships.
 
 1. The verifier's out-of-fold scores (`verifier.oof_scores`, the same hash folds as the heads).
-2. Cross-fitting: for each fold, policies are chosen on the other folds (expected costs from those
-   rows) and run on this fold; so is "always the strongest worker" (the most accurate on the other
-   folds), and each one-shot head's out-of-fold route. Every row then has an out-of-fold figure per
-   candidate.
-3. What ships (`cascade.choose`):
+2. Cross-fitting (`crossfit.py`): for each fold, policies are chosen on the other folds (expected
+   costs from those rows) and run on this fold; so is "always the strongest worker" (the most
+   accurate on the other folds), and each one-shot head's out-of-fold route. Every row then has an
+   out-of-fold figure per candidate.
+3. What ships (`ship.py`; `cascade.choose`, or a cap):
    - `cheapest` (the default where the utility gives cost no weight): the candidates are cascades
      chosen under a ladder of caps (10% ... 100% of the strongest worker's cost), the one-shot
-     heads and the strongest worker; the cheapest whose accuracy is not significantly below the
-     strongest's ships (`choice.py`: paired 95% interval reaching 0, mean within
-     `cascade.margin`); only the strongest qualifying: it ships, with the reason.
-   - `utility` (the utility prices cost), or a cap: a candidate replaces "always the best worker"
-     (under a cap: the best worker within it) only when its gain over it (utility; quality under a
-     cap) has a paired bootstrap 95% interval above zero; among those, the best mean wins.
+     heads, the strongest worker, and a plan per domain (`groups.py`: the same rule per domain and
+     for the whole); the cheapest whose accuracy is not significantly below the strongest's ships
+     (paired 95% interval reaching 0, mean within `cascade.margin`).
+   - a cap: the candidate with the best out-of-fold accuracy within it (the search in each fold
+     keeps a plan's mean expected cost plus `search.CAP_Z` standard errors within the cap).
+   - `utility` (the utility prices cost): a candidate replaces "always the best worker" only when
+     its utility gain over it has a paired bootstrap 95% interval above zero.
    Every candidate's accuracy is also compared with the strongest worker's, with its interval.
-4. The policy is chosen again on all non-test rows and the verifier refitted on them: the checkpoint.
+4. The policy is chosen again on all non-test rows and the verifier refitted on them: the checkpoint,
+   with every frontier point's plan (and the verifier whenever one of them reads it).
 Too few rows with replies (`cascade.min_rows`), or a cap no plan meets: the strongest worker ships,
 with one line naming the rows or the cap and what to do. The test split is never read here.
 """
@@ -27,28 +29,32 @@ from pathlib import Path
 
 import numpy as np
 
-from fugu_pipeline.cost_cap import CostCap, within_cap
+from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import AnswerGrid
 from fugu_pipeline.policies.cascade.config import CascadeConfig
 from fugu_pipeline.policies.cascade.cross_encoder_use import verifier_oof
 from fugu_pipeline.policies.cascade.frontier import oof_frontier
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
-from fugu_pipeline.policies.cascade.choice import (
-    LADDER,
-    TABLE_SHARES,
-    cap_table,
-    capped_one_shot,
-    ladder_fold,
-    rung_name,
+from fugu_pipeline.policies.cascade.choice import LADDER, cap_table, rung_name
+from fugu_pipeline.policies.cascade.crossfit import cross_fit
+from fugu_pipeline.policies.cascade.groups import GroupChoice, choose_groups, merged_line, split_groups
+from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, Grid, search, search_policy, strongest
+from fugu_pipeline.policies.cascade.ship import (  # noqa: F401  (CandidateFigure: the fit's table rows)
+    BEST_IN_CAP,
+    BEST_WORKER,
+    PER_DOMAIN,
+    CandidateFigure,
+    candidates,
+    paired_interval,
+    pick_capped,
+    pick_cheapest,
+    pick_utility,
 )
-from fugu_pipeline.policies.cascade.search import CapUnmet, Grid, run_policy, search_policy
-from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, fold_ids, interval
+from fugu_pipeline.train.selection import STRONGEST, fold_ids
 from fugu_pipeline.policies.cascade.verifier import Verifier, VerifierInputs, fit_all
 from fugu_pipeline.policies.cascade.verifier_context import context_json, with_context
 
-BEST_WORKER = "always the best worker"
-BEST_IN_CAP = "always the best worker within the cap"
 
 
 def answer_inputs(data: RoutingData, grid: AnswerGrid, settings, cache_root: str | Path, progress=None,
@@ -95,26 +101,6 @@ def with_stats(inputs: VerifierInputs, names: tuple[str, ...] | list[str]) -> Ve
 
 
 @dataclass
-class CandidateFigure:
-    name: str
-    kind: str  # "best worker" | "one-shot" | "cascade"
-    mean: float  # out-of-fold utility (no cap) or quality (cap)
-    quality: float
-    cost_usd: float  # mean expected $ per request
-    gain: float  # over the baseline: the strongest worker (cheapest rule), else the best worker (within the cap)
-    low: float
-    high: float
-    note: str = ""
-    vs_strongest: float = 0.0  # out-of-fold accuracy − always the strongest worker's, with its paired 95% interval
-    vs_low: float = 0.0
-    vs_high: float = 0.0
-
-    def row(self) -> dict:
-        return {k: getattr(self, k) for k in ("name", "kind", "mean", "quality", "cost_usd", "gain", "low", "high", "note",
-                                              "vs_strongest", "vs_low", "vs_high")}
-
-
-@dataclass
 class CascadeFit:
     policy: CascadePolicy
     verifier: Verifier | None
@@ -136,18 +122,12 @@ class CascadeFit:
     cap_rows: list[dict] = field(default_factory=list)  # one-shot vs cascade vs the strongest at 20/33/50% of its cost
     baseline: str = BEST_WORKER  # what `gain` is measured against
     saved_as: str = ""  # the candidate whose out-of-fold figure is the saved cascade's (cheapest rule)
+    groups: GroupChoice | None = None  # the per-domain choice (cheapest rule, two or more domains)
+    cap_usd: float | None = None  # the pooled cap, $ per request (the serving spend guard keeps to it)
     cross_encoder: object = None  # the cross-encoder the verifier reads (cascade_cross_encoder.CrossEncoder), or None
 
     def table(self) -> list[dict]:
         return [c.row() for c in self.candidates]
-
-
-def paired_interval(diff: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    n = len(diff)
-    means = diff[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(lo), float(hi)
 
 
 def _expected(data: RoutingData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -215,7 +195,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     if not capped and cfg.choose == "auto" and not priced:
         log("cascade: the matrix records no cost, so no policy is cheaper than another: a policy replaces the best "
             "worker only with a gain whose 95% interval is above zero (import `cost_usd` for the cost-aware choice)")
-    objective = {"cap": "quality under the cap (mean expected cost within it)",
+    objective = {"cap": "the best out-of-fold accuracy within the cap",
                  "utility": "utility (quality − cost and latency terms)",
                  "cheapest": f"the cheapest policy whose accuracy is not significantly below {STRONGEST}'s"}[mode]
     baseline = BEST_IN_CAP if mode == "cap" else BEST_WORKER
@@ -224,129 +204,128 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         c, lat = _expected(data, fit_rows)
         return Grid(data.worker_ids, codes, scores, data.quality, c, lat, data.utility_config)
 
+    groups, merged = ([], []) if mode != "cheapest" or cfg.groups == "off" else \
+        split_groups(doms, rows, cfg.search.min_domain_rows)
+    if len(groups) + len(merged) < 2 or not groups:
+        groups, merged = [], []  # one domain (or none big enough): the pooled plan is every domain's
+    elif merged:
+        log(merged_line(merged, cfg.search.min_domain_rows))
     n = len(rows)
-    shares = LADDER if mode == "cheapest" else TABLE_SHARES
-    names = [STRONGEST] + ([rung_name(s) for s in shares] if mode == "cheapest" else [baseline, "cascade"]) + list(heads or {})
-    oof = {k: np.zeros(n) for k in names}
-    cost_of = {k: np.zeros(n) for k in names}
-    qual_of = {k: np.zeros(n) for k in names}
-    table_rows = {f"{k}@{s}": (np.zeros(n), np.zeros(n)) for s in TABLE_SHARES
-                  for k in ("cascade", "one-shot") if k == "cascade" or heads}
-    missing: set[str] = set()
-    first_head = next(iter(heads or {}), None)
-    memo: dict = {}  # each fold's plans, run once for the ladder and the frontier
-    for f in np.unique(folds):
-        tr, te = rows[folds != f], rows[folds == f]
-        at, tr_at = np.flatnonzero(folds == f), np.flatnonzero(folds != f)
-        g = grid_for(tr)
-        top = usable[int(np.argmax(g.quality[tr][:, usable].mean(axis=0)))]
-        q, c, u = g.run(_alone(data.worker_ids[top]), te)
-        oof[STRONGEST][at], cost_of[STRONGEST][at], qual_of[STRONGEST][at] = (u if mode == "utility" else q), c, q
-        ladder = ladder_fold(g, tr, te, cfg.search, allowed, sorted(set(shares) | set(TABLE_SHARES)), g.exp_cost[top],
-                             memo)
-        for s, got in ladder.items():
-            if s in TABLE_SHARES:
-                _put(table_rows, f"cascade@{s}", at, got, missing)
-            if mode == "cheapest" and s in shares:
-                if got is None:
-                    missing.add(rung_name(s))
-                else:
-                    oof[rung_name(s)][at], cost_of[rung_name(s)][at], qual_of[rung_name(s)][at] = got[0], got[1], got[0]
-        if mode != "cheapest":
-            try:
-                policy, _ = search_policy(g, tr, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed)
-            except CapUnmet as exc:
-                return _strongest_ships(data, grid, inputs, rows, usable, log, (
-                    f"cap: {exc}; the strongest worker ({data.worker_ids[top]}) ships"))
-            q, c, u = run_policy(g, policy, te, doms)
-            oof["cascade"][at], cost_of["cascade"][at], qual_of["cascade"][at] = (q if capped else u), c, q
-            best = _best_worker(g, tr, capped, cfg, doms, allowed)
-            q, c, u = g.run(_alone(data.worker_ids[best]), te)
-            oof[baseline][at], cost_of[baseline][at], qual_of[baseline][at] = (q if capped else u), c, q
-        for name, s in (heads or {}).items():
-            route = (head_routes or {}).get(name, np.argmax(s, axis=1))[at]
-            q = data.quality[te, route]
-            c, lat = g.exp_cost[route], g.exp_latency[route]
-            u = (uc.quality_weight * q - uc.cost_weight * np.minimum(c / uc.cost_scale_usd, uc.cap)
-                 - uc.latency_weight * np.minimum(lat / uc.latency_scale_s, uc.cap))
-            oof[name][at], cost_of[name][at], qual_of[name][at] = (u if mode == "utility" else q), c, q
-            if name == first_head:
-                for share in TABLE_SHARES:
-                    got = capped_one_shot(s, data.quality[rows], g.exp_cost, tr_at, at, share * g.exp_cost[top],
-                                          g.exp_cost[top])
-                    _put(table_rows, f"one-shot@{share}", at, got, missing)
-    frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed, memo=memo)  # what each cap buys, out of fold
+    shares = LADDER if mode == "cheapest" else ()
+    memo: dict = {}  # every search of this fit, each row set's plans run once
+    cf = cross_fit(data, grid_for, rows, folds, doms, usable, allowed, cfg, mode, baseline, shares, heads, groups, memo,
+                   lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes)
+    if cf.unmet:
+        return _strongest_ships(data, grid, inputs, rows, usable, log, cf.unmet)
+    frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed, memo=memo, n_boot=cfg.n_boot, seed=seed)
     g_all = grid_for(rows)
     top_all = usable[int(np.argmax(data.quality[rows][:, usable].mean(axis=0)))]
     ref = g_all.exp_cost[int(np.argmax(data.quality[rows].mean(axis=0)))]
     cap_usd = None if cfg.cap is None else cfg.cap.usd_per_request(ref)
-    cands = []
-    for name, v in oof.items():
-        kind = ("best worker" if name in (BEST_WORKER, BEST_IN_CAP) or (name == STRONGEST and mode == "cheapest")
-                else "strongest" if name == STRONGEST else "one-shot" if name in (heads or {}) else "cascade")
-        vs, vs_lo, vs_hi = interval(qual_of[name] - qual_of[STRONGEST], cfg.n_boot, seed)
-        ref_name = STRONGEST if mode == "cheapest" else baseline
-        diff = v - oof[ref_name]
-        lo, hi = paired_interval(diff, cfg.n_boot, seed) if name != ref_name else (0.0, 0.0)
-        note = "unavailable: no plan within this share of the strongest's cost in some fold" if name in missing else ""
-        if cap_usd is not None and not within_cap(cost_of[name].mean(), cap_usd):
-            note = f"over the cap (${cost_of[name].mean() * 1000:.4g} > ${cap_usd * 1000:.4g} per 1,000)"
-        cands.append(CandidateFigure(name, kind, float(v.mean()), float(qual_of[name].mean()), float(cost_of[name].mean()),
-                                     float(diff.mean()), lo, hi, note, vs, vs_lo, vs_hi))
-    table = cap_table({k: (None if k in missing else v) for k, v in table_rows.items()},
-                      (qual_of[STRONGEST], cost_of[STRONGEST]), n_boot=cfg.n_boot, seed=seed)
-    against = (f"; against {STRONGEST} ({data.worker_ids[top_all]}): accuracy {{d:+.4f}} [{{lo:+.4f}}, {{hi:+.4f}}]")
+    over_cap = _over_caps(cfg, cap_usd, g_all, rows, doms)
+    cands = candidates(cf, mode, baseline, heads, cfg.n_boot, seed, over_cap)
+    strongest_worker = data.worker_ids[top_all]
+    split = None
+    if groups:  # the per-domain policy: one more candidate, held to the rule per domain and for the whole
+        pooled = [c for c in cands if c.kind != "one-shot" and c.name not in cf.missing]
+        default = pick_cheapest(pooled, strongest_worker, cfg.margin, n)[0].name
+        split = choose_groups(groups, merged, doms[rows], {c.name: (cf.quality[c.name], cf.cost[c.name]) for c in pooled},
+                              {k: v for k, v in cf.per_group.items()}, default, cfg.margin, cfg.n_boot, seed)
+        cf.names.append(PER_DOMAIN)
+        cf.figure[PER_DOMAIN], cf.quality[PER_DOMAIN], cf.cost[PER_DOMAIN] = split.quality, split.quality, split.cost
+        cands = candidates(cf, mode, baseline, heads, cfg.n_boot, seed, over_cap)
+    pick = None
     if mode == "cheapest":
-        pick = cheapest_not_below(cands, STRONGEST, data.worker_ids[top_all], cfg.margin, n)
-        win = next(c for c in cands if c.name == pick.name)
-        reason = pick.reason
+        win, reason, pick = pick_cheapest(cands, strongest_worker, cfg.margin, n)
+    elif mode == "cap":
+        text = cfg.cap.amount() if cfg.cap is not None else "each domain's own cap"
+        win, reason = pick_capped(cands, cf, text, baseline, strongest_worker, cfg.n_boot, seed)
     else:
-        ok = [c for c in cands if c.kind not in ("best worker", "strongest") and c.low > 0
-              and not c.note.startswith("over the cap")]
-        if ok:
-            win = max(ok, key=lambda c: (c.mean, -c.cost_usd))
-            reason = (f"{win.name} gains {win.gain:+.4f} over {baseline} out of fold, 95% interval [{win.low:+.4f}, "
-                      f"{win.high:+.4f}] above zero, and has the best out-of-fold {('quality' if capped else 'utility')} "
-                      f"of those that do")
-        else:
-            win = next(c for c in cands if c.name == baseline)
-            reason = (f"no policy's out-of-fold gain over {baseline} has a 95% interval above zero, so the best worker"
-                      f"{' within the cap' if capped else ''} ships (doing no harm)")
-        reason += against.format(d=win.vs_strongest, lo=win.vs_low, hi=win.vs_high)
-    share_won = next((s for s in shares if win.name == rung_name(s)), None)
-    alone = win.kind == "best worker"
-    if mode == "cheapest" and win.kind == "one-shot":  # the cascade saved beside it: the cheapest that qualified
-        share_won = next((s for name in pick.qualified for s in shares if name == rung_name(s)), None)
-        alone = share_won is None
-        share_won = 1.0 if share_won is None else share_won
+        win, reason = pick_utility(cands, baseline, strongest_worker)
     try:
-        if share_won is not None:
-            policy, choices = search_policy(g_all, rows, doms, cfg.search, CostCap(share=share_won), {}, cfg.per_domain, allowed)
-        else:
-            policy, choices = search_policy(g_all, rows, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed)
+        policy, choices, saved_as = _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo, mode,
+                                                 top_all, usable, capped)
     except CapUnmet as exc:
-        return _strongest_ships(data, grid, inputs, rows, usable, log, (
-            f"cap: {exc}; the strongest worker ({data.worker_ids[top_all]}) ships"))
-    if alone:  # the saved cascade is that worker alone
-        best = top_all if mode == "cheapest" else _best_worker(g_all, rows, capped, cfg, doms, allowed)
-        policy = CascadePolicy(default=_alone(data.worker_ids[best]))
-    # the verifier is saved whenever a frontier point needs it, also when the plan that ships does not
-    # (the strongest alone): a cap at serving time and `evaluate`'s table at caps run those points
-    needs = policy.uses_verifier or any(CascadePlan.model_validate(p["plan"]).uses_verifier
-                                        for ch in choices.values() for p in ch.frontier)
-    verifier = fit_all(sub, np.arange(len(rows)), l2) if needs else None
+        return _strongest_ships(data, grid, inputs, rows, usable, log, f"cap: {exc}; the strongest worker "
+                                f"({strongest_worker}) ships")
+    table = cap_table({k: (None if k in cf.missing else v) for k, v in cf.table_rows.items()},
+                      (cf.quality[STRONGEST], cf.cost[STRONGEST]), n_boot=cfg.n_boot, seed=seed)
+    reads = policy.uses_verifier or any(lv["uses_verifier"] for lv in frontier["levels"]) or any(
+        CascadePlan.model_validate(p["plan"]).uses_verifier for ch in choices.values() for p in ch.frontier)
+    verifier = fit_all(sub, np.arange(len(rows)), l2) if reads else None  # every saved point's verifier
     cross_model = cross.final() if cross is not None and verifier is not None else None  # every non-test pair
     stat_names = sub.stat_names if cross_model is not None else inputs.stat_names
     log(f"cascade: {policy.describe()}; selected {win.name}: {reason}")
     return CascadeFit(policy=policy, verifier=verifier, objective=objective, candidates=cands, selected=win.name,
                       selected_kind=win.kind, reason=reason, verifier_figures=vfig, choices=choices,
                       expected_cost={w: float(c) for w, c in zip(data.worker_ids, g_all.exp_cost)},
-                      answers_version=grid.version, oof=oof, stat_names=stat_names, cross_encoder=cross_model,
+                      answers_version=grid.version, oof=cf.figure, stat_names=stat_names, cross_encoder=cross_model,
                       worker_quality={w: float(q) for w, q in zip(data.worker_ids, data.quality[rows].mean(axis=0))},
                       answer_kinds=_kinds(grid, rows, doms), cap_rows=table,
                       context=context_json(scores) if verifier is not None else {}, frontier=frontier,
-                      saved_as=("" if mode != "cheapest" else STRONGEST if alone else rung_name(share_won)),
-                      baseline=STRONGEST if mode == "cheapest" else baseline)
+                      saved_as=saved_as, baseline=STRONGEST if mode == "cheapest" else baseline, groups=split,
+                      cap_usd=cap_usd)
+
+
+def _over_caps(cfg: CascadeConfig, cap_usd: float | None, g, rows: np.ndarray, doms: np.ndarray):
+    """A candidate's note when its out-of-fold mean cost is over the pooled cap or a domain's own."""
+    limits = [(None, cap_usd)] if cap_usd is not None else []
+    for d, c in cfg.domain_caps.items():
+        mine = rows[doms[rows] == d]
+        limits.append((doms[rows] == d, c.usd_per_request(g.exp_cost[strongest(g, mine)]) if len(mine) else None))
+
+    def note(cost: np.ndarray) -> str:
+        for mask, usd in limits:
+            got = float(cost.mean() if mask is None else cost[mask].mean()) if usd is not None else 0.0
+            if usd is not None and not within_cap(got, usd):
+                return f"over the cap (${got * 1000:.4g} > ${usd * 1000:.4g} per 1,000)"
+        return ""
+    return note
+
+
+def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo, mode, top_all, usable, capped):
+    """(policy, {domain or "*": Choice}, the candidate whose out-of-fold figure the saved cascade's
+    is): what ships, searched again on every non-test row."""
+    ids = g_all.worker_ids
+    if mode != "cheapest":
+        policy, choices = search_policy(g_all, rows, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed,
+                                        memo, CAP_Z if capped else 0.0)
+        if win.kind == "best worker":
+            policy = CascadePolicy(default=_alone(ids[_best_worker(g_all, rows, capped, cfg, allowed)]))
+        return policy, choices, ""
+    ref = g_all.exp_cost[strongest(g_all, rows)]
+    qualified = list(pick.qualified)  # cheapest first
+
+    def pooled_plan(name):
+        share = next((s for s in LADDER if name == rung_name(s)), None)
+        if share is None:
+            return _alone(ids[top_all]), None
+        ch = search(g_all, rows, cfg.search, share * ref, allowed, "pooled: ", memo)
+        return ch.plan, ch
+
+    if win.name == PER_DOMAIN:
+        default = next(c.name for c in cands if c.name in qualified and c.kind != "one-shot" and c.name != PER_DOMAIN)
+        plan, ch = pooled_plan(default)
+        choices = {"*": ch or search(g_all, rows, cfg.search, None, allowed, "pooled: ", memo)}
+        per = {}
+        for d, o in split.groups.items():
+            mine = rows[doms[rows] == d]
+            if o.spec[0] == "pooled":
+                per[d] = pooled_plan(o.name)[0]
+            elif o.spec[0] == "alone":
+                per[d] = _alone(ids[usable[int(np.argmax(g_all.quality[mine][:, usable].mean(axis=0)))]])
+            else:
+                choices[d] = search(g_all, mine, cfg.search, o.spec[1] * ref, allowed, f"domain {d!r}: ", memo)
+                per[d] = choices[d].plan
+        split.plans = {d: p.describe() for d, p in per.items()}
+        return CascadePolicy(default=plan, per_domain=per), choices, PER_DOMAIN
+    name = win.name
+    if win.kind == "one-shot":  # the cascade saved beside it: the cheapest pooled cascade that qualified
+        name = next((q for q in qualified if q != PER_DOMAIN and next(c for c in cands if c.name == q).kind == "cascade"),
+                    STRONGEST)
+    plan, ch = pooled_plan(name)
+    choices = {"*": ch or search(g_all, rows, cfg.search, None, allowed, "pooled: ", memo)}
+    return CascadePolicy(default=plan), choices, name
 
 
 def _alone(worker: str) -> CascadePlan:
@@ -386,7 +365,7 @@ def _kinds(grid: AnswerGrid, rows: np.ndarray, doms: np.ndarray) -> dict[str, st
     return out
 
 
-def _best_worker(g: Grid, rows: np.ndarray, capped: bool, cfg: CascadeConfig, doms, allowed) -> int:
+def _best_worker(g: Grid, rows: np.ndarray, capped: bool, cfg: CascadeConfig, allowed) -> int:
     """The best single worker on `rows`: the best mean utility; under a pooled cap, the best quality
     among those within it (none within it: the cheapest)."""
     usable = [j for j, w in enumerate(g.worker_ids) if allowed is None or w in allowed]

@@ -14,32 +14,37 @@ from __future__ import annotations
 
 import numpy as np
 
-from fugu_pipeline.cost_cap import within_cap
-from fugu_pipeline.policies.cascade.search import CascadeSearch, candidate_plans, strongest
+from fugu_pipeline.policies.cascade.plans import RowSet, points_for, to_model, uses_verifier
+from fugu_pipeline.policies.cascade.search import CAP_Z, CascadeSearch, strongest
 
 SHARES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.33, 0.4, 0.5, 0.6, 0.75, 1.0)
 
 
-def plan_points(grid, rows, cfg, allowed, memo: dict | None = None) -> list[tuple[float, float, object]]:
-    """(mean expected cost, mean quality, plan) of every plan the search holds, run on `rows`. `memo`
-    keeps them by the rows: the cost-aware choice and the frontier search the same folds with the
-    same grid (one `fit_cascade`), so each fold's plans run once."""
-    key = np.asarray(rows).tobytes()
-    if memo is not None and key in memo:
-        return memo[key]
-    out = []
-    for plan in candidate_plans(grid, rows, cfg, allowed):
-        q, c, _ = grid.run(plan, rows)
-        out.append((float(c.mean()), float(q.mean()), plan))
-    if memo is not None:
-        memo[key] = out
-    return out
+def best_within(pts, cap: float, z: float = 0.0) -> int | None:
+    """The most accurate plan of `pts` (`plans.Points`) whose mean expected cost plus `z` standard
+    errors is within `cap` (ties: the cheaper, then the first), or None."""
+    return pts.best("quality", pts.within(cap, z))
 
 
-def best_within(points, cap: float):
-    """The most accurate point whose cost is within `cap` (ties: the cheaper, then the first), or None."""
-    within = [p for p in points if within_cap(p[0], cap)]
-    return max(within, key=lambda p: (p[1], -p[0])) if within else None
+def intervals(columns: list[np.ndarray], n_boot: int, seed: int = 0, chunk: int = 100) -> list[list[float]]:
+    """The bootstrap 95% interval of the mean of each per-row vector of `columns` (the same rows),
+    the same resamples for all, drawn `chunk` at a time (a resample matrix of every row at once
+    would hold n_boot x rows indices; each resample's mean is its row counts times the columns)."""
+    if not columns:
+        return []
+    X = np.stack(columns, axis=1).astype(float)
+    n = len(X)
+    if n < 2:
+        return [[float(X[:, k].mean())] * 2 if n else [float("nan")] * 2 for k in range(X.shape[1])]
+    rng = np.random.default_rng(seed)
+    means = []
+    for b in range(0, n_boot, chunk):
+        m = min(chunk, n_boot - b)
+        idx = rng.integers(0, n, size=(m, n)) + (np.arange(m) * n)[:, None]
+        means.append(np.bincount(idx.ravel(), minlength=m * n).reshape(m, n) @ X / n)  # each resample's row counts
+    means = np.concatenate(means)
+    lo, hi = np.percentile(means, [2.5, 97.5], axis=0)
+    return [[float(a), float(b)] for a, b in zip(lo, hi)]
 
 
 def non_dominated(points: list[dict]) -> list[dict]:
@@ -58,12 +63,15 @@ def non_dominated(points: list[dict]) -> list[dict]:
 
 
 def oof_frontier(grid_for, rows: np.ndarray, folds: np.ndarray, cfg: CascadeSearch, allowed=None,
-                 shares=SHARES, per_row: bool = False, memo: dict | None = None) -> dict:
-    """{"levels": one point per cap met by every fold, "frontier": the non-dominated ones, "plans":
-    the plans searched per fold} (see the module docstring). `grid_for(fit_rows)` gives the search
-    grid with expected costs from those rows; `folds` the fold of each of `rows`. `per_row`: also
-    each level's out-of-fold quality and cost per row of `rows` (`per_row`: {share: (quality, cost)}).
-    `memo`: see `plan_points`."""
+                 shares=SHARES, per_row: bool = False, memo: dict | None = None, z: float = CAP_Z,
+                 n_boot: int = 2000, seed: int = 0) -> dict:
+    """{"levels": one point per cap met by every fold, "frontier": the non-dominated ones, ...} (see
+    the module docstring). `grid_for(fit_rows)` gives the search grid with expected costs from those
+    rows; `folds` the fold of each of `rows`. A plan is within a cap when its mean expected cost plus
+    `z` standard errors is, on the rows it is chosen on. Each level holds its plan (`plan_spec`,
+    searched on every row of `rows`), whether it reads the verifier, its out-of-fold accuracy and
+    cost with 95% intervals. `per_row`: also each level's out-of-fold quality and cost per row of
+    `rows` ({share: (quality, cost)}). `memo`: `plans.points_for`'s."""
     n = len(rows)
     qual = {s: np.zeros(n) for s in shares}
     cost = {s: np.zeros(n) for s in shares}
@@ -72,32 +80,39 @@ def oof_frontier(grid_for, rows: np.ndarray, folds: np.ndarray, cfg: CascadeSear
     for f in np.unique(folds):
         tr, te, at = rows[folds != f], rows[folds == f], np.flatnonzero(folds == f)
         g = grid_for(tr)
-        pts = plan_points(g, tr, cfg, allowed, memo)
-        considered = max(considered, len(pts))
+        pts = points_for(g, tr, cfg, allowed, memo)
+        held = RowSet(g, te)
+        considered = max(considered, len(pts.plans))
         ref = g.exp_cost[strongest(g, tr)]
         for s in shares:
-            best = best_within(pts, s * ref) if met[s] else None
-            if best is None:
+            i = best_within(pts, s * ref, z) if met[s] else None
+            if i is None:
                 met[s] = False
                 continue
-            q, c, _ = g.run(best[2], te)
+            q, c, _ = held.run(pts.plans[i])
             qual[s][at], cost[s][at] = q, c
     g_all = grid_for(rows)
-    ref_all = g_all.exp_cost[strongest(g_all, rows)]
-    pts_all = plan_points(g_all, rows, cfg, allowed)
+    top = strongest(g_all, rows)
+    ref_all = g_all.exp_cost[top]
+    pts_all = points_for(g_all, rows, cfg, allowed, memo)
     levels = []
-    for s in shares:
-        if not met[s]:
-            continue
-        chosen = best_within(pts_all, s * ref_all)
+    kept = [s for s in shares if met[s]]
+    bounds = intervals([qual[s] for s in kept] + [cost[s] for s in kept], n_boot, seed)
+    for s in kept:
+        i = best_within(pts_all, s * ref_all, z)
+        plan = None if i is None else to_model(pts_all.plans[i], g_all.worker_ids)
         levels.append({"share": s, "cap_usd": float(s * ref_all), "quality": float(qual[s].mean()),
                        "cost_usd": float(cost[s].mean()), "cost_share": float(cost[s].mean() / max(ref_all, 1e-300)),
-                       "plan": chosen[2].describe() if chosen else None,
-                       "plan_spec": chosen[2].model_dump() if chosen else None})
+                       "quality_interval": bounds[kept.index(s)], "cost_interval": bounds[len(kept) + kept.index(s)],
+                       "plan": plan.describe() if plan else None, "plan_spec": plan.model_dump() if plan else None,
+                       "uses_verifier": bool(i is not None and uses_verifier(pts_all.plans[i])),
+                       # the plan's own figures on every row of `rows` (what a served cap compares)
+                       **({"fit_cost_usd": float(pts_all.cost[i]), "fit_cost_se": float(pts_all.cost_se[i]),
+                           "fit_quality": float(pts_all.quality[i])} if i is not None else {})})
     extra = {"per_row": {s: (qual[s], cost[s]) for s in shares if met[s]}} if per_row else {}
     return {**extra, "levels": levels, "frontier": non_dominated(levels), "plans_per_search": considered, "rows": int(n),
-            "strongest_cost_usd": float(ref_all), "strongest": g_all.worker_ids[strongest(g_all, rows)],
-            "strongest_quality": float(g_all.quality[rows, strongest(g_all, rows)].mean())}
+            "cap_z": z, "strongest_cost_usd": float(ref_all), "strongest": g_all.worker_ids[top],
+            "strongest_quality": float(g_all.quality[rows, top].mean())}
 
 
 def frontier_lines(front: dict | None) -> list[str]:

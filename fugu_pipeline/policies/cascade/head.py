@@ -42,7 +42,8 @@ class CascadeHead(RoutingHead):
 
     def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
                  frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None,
-                 answer_stats: list[str] | None = None, context: dict | None = None, cross_encoder: dict | None = None):
+                 answer_stats: list[str] | None = None, context: dict | None = None, cross_encoder: dict | None = None,
+                 cap_usd: float | None = None):
         from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1
         from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
 
@@ -61,6 +62,9 @@ class CascadeHead(RoutingHead):
         self.policy = CascadePolicy.model_validate(policy) if policy is not None else None
         self.answer_dim, self.frontier, self.answer_format = int(answer_dim), list(frontier or []), answer_format
         self.domains_frontier = dict(domains_frontier or {})
+        # the cap the policy was chosen under, $ per request (serving keeps its running spend within it:
+        # policies/cascade/spend.py); None: no cap
+        self.cap_usd = None if cap_usd is None else float(cap_usd)
         # the context verifier (policies/cascade/verifier_context.py; None: each reply is scored alone)
         self.context = dict(context) if context else None
         if self.context is not None:
@@ -79,7 +83,8 @@ class CascadeHead(RoutingHead):
                 "frontier": self.frontier, "answer_format": self.answer_format, "domains_frontier": self.domains_frontier,
                 **({"answer_stats": list(self.answer_stats)} if self._stats_named else {}),
                 **({"context": self.context} if self.context else {}),
-                **({"cross_encoder": self.cross_encoder} if self.cross_encoder else {})}
+                **({"cross_encoder": self.cross_encoder} if self.cross_encoder else {}),
+                **({"cap_usd": self.cap_usd} if self.cap_usd is not None else {})}
 
     def forward(self, x: torch.Tensor, domains=None) -> torch.Tensor:
         raise TypeError("a cascade is not a one-step router: run it with policies/cascade/route.py (CascadeRouter) or score it "

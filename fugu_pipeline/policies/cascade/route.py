@@ -28,6 +28,7 @@ and why the cascade stopped.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -48,6 +49,9 @@ class CascadeRouter(Router):
         self.expected_cost = dict(metrics.get("expected_cost_usd") or {})
         self.worker_quality = dict(metrics.get("worker_quality") or {})
         self.answer_kinds = dict(metrics.get("answer_kinds") or {})
+        self.metrics = dict(metrics or {})
+        self.guards: dict[float, object] = {}  # cap ($ per request) -> its spend guard (policies/cascade/spend.py)
+        self._guards_lock = threading.Lock()
         super().__init__(checkpoint, encoder, **kw)
         from fugu_pipeline.policies.cascade.cross_encoder_use import saved_cross_encoder
 
@@ -55,13 +59,17 @@ class CascadeRouter(Router):
         self.cross_encoder = saved_cross_encoder(checkpoint.path, getattr(self.head, "cross_encoder", None))
 
     def plan_for(self, domain: str | None, budget=None, allowed: list[str] | None = None):
-        """(plan, budget note or None): the checkpoint's plan for `domain`, or under `budget` the most
-        accurate frontier plan whose validation cost is within the cap; restricted to `allowed`."""
+        """(plan, budget note or None): the checkpoint's plan for `domain` (a domain it has no plan for,
+        or none: the pooled plan), or under `budget` the most accurate saved point whose validation cost
+        bound is within the cap, as the spend guard allows; restricted to `allowed`. A checkpoint
+        trained under a cap keeps its own plans within that cap the same way."""
         from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadeStep
 
         plan, note = self.head.policy.plan_for(domain), None
         if budget is not None:
             plan, note = self._budget_plan(domain, budget)
+        elif getattr(self.head, "cap_usd", None) is not None:
+            plan, note = self._guarded(domain, plan)
         if allowed is not None:
             steps = [CascadeStep(workers=[w for w in s.workers if w in allowed], agree=s.agree, verify=s.verify)
                      for s in plan.steps if any(w in allowed for w in s.workers)]
@@ -74,25 +82,71 @@ class CascadeRouter(Router):
     def budget_point(self, budget):
         return self._budget_plan(None, budget)
 
+    def guard(self, cap_usd: float):
+        """The spend guard of a cap (one per cap, kept while the router serves; past `MAX_GUARDS`
+        distinct caps, the least recently used one is dropped, so requests naming ever new caps
+        hold a bounded memory)."""
+        from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, SpendGuard
+
+        key = round(float(cap_usd), 15)
+        with self._guards_lock:
+            got = self.guards.pop(key, None) or SpendGuard(cap_usd)
+            self.guards[key] = got  # the most recently used last
+            while len(self.guards) > MAX_GUARDS:
+                self.guards.pop(next(iter(self.guards)))
+            return got
+
+    def record_spend(self, decision: RouteDecision, cost_usd: float) -> None:
+        """What a served cascade cost, counted by the guard of the cap it was served under."""
+        held = (decision.extra.get("budget") or {}).get("guard")
+        if held:
+            self.guard(held["cap_usd"]).record(cost_usd)
+
+    def _points(self, domain):
+        from fugu_pipeline.policies.cascade.spend import cap_points
+
+        return cap_points(self.head.head_params(), self.metrics, domain)
+
     def _budget_plan(self, domain, budget):
         from fugu_pipeline.policies.cascade.policy import CascadePlan
+        from fugu_pipeline.policies.cascade.spend import bound, choose
 
-        frontier = (self.head.domains_frontier.get(domain or "") or self.head.frontier)
-        if not frontier:
+        points = self._points(domain)
+        if not points:
             raise BudgetUnavailable(f"{self.path}: this cascade records no budget points; retrain it with `fugu-lite train`")
         strongest = max(self.worker_quality, key=self.worker_quality.get) if self.worker_quality else None
         ref = self.expected_cost.get(strongest, 0.0) if strongest else max(self.expected_cost.values(), default=0.0)
         cap = budget.usd_per_request(ref)
-        within = [p for p in frontier if within_cap(p["cost_usd"], cap)]
-        if not within:
-            usd = _rounded_up(min(p["cost_usd"] for p in frontier) * 1000)
+        z = budget.margin_z
+        if not any(within_cap(bound(p, z), cap) for p in points):
+            usd = _rounded_up(min(bound(p, z) for p in points) * 1000)
             share = f"a share of at least {_rounded_up(usd / 1000 / ref):g} or " if ref > 0 else ""
             raise BudgetUnavailable(f"{budget.describe()}: no cascade point of this checkpoint meets it on validation "
-                                    f"(the cheapest costs ${usd:g} per 1,000 requests); raise the cap to {share}"
-                                    f"${usd:g} per 1,000 requests")
-        best = max(within, key=lambda p: (p["quality"], -p["cost_usd"]))
+                                    f"(the cheapest costs ${usd:g} per 1,000 requests, plus {z:g} standard errors); raise "
+                                    f"the cap to {share}${usd:g} per 1,000 requests")
+        guard = self.guard(cap)
+        best, allowance = choose(points, guard, z)
         return CascadePlan.model_validate(best["plan"]), {
-            "cap": budget.describe(), "validation_cost_usd": best["cost_usd"], "validation_quality": best["quality"]}
+            "cap": budget.describe(), "validation_cost_usd": best["cost_usd"], "validation_quality": best["quality"],
+            "guard": {"cap_usd": cap, "allowance_usd": allowance, **guard.state()}}
+
+    def _guarded(self, domain, plan):
+        """The checkpoint's own plan while the running spend under its training cap allows it, else the
+        most accurate saved point within the allowance."""
+        from fugu_pipeline.policies.cascade.policy import CascadePlan
+        from fugu_pipeline.policies.cascade.search import CAP_Z
+        from fugu_pipeline.policies.cascade.spend import pick
+
+        cap = self.head.cap_usd
+        guard = self.guard(cap)
+        allowance = guard.allowance()
+        note = {"cap": f"the cap it was trained under, ${cap * 1000:.4g} per 1,000 requests",
+                "guard": {"cap_usd": cap, "allowance_usd": allowance, **guard.state()}}
+        if within_cap(cap, allowance):  # the cap itself: nothing to hold back
+            return plan, note
+        points = self._points(domain)
+        got = pick(points, allowance, CAP_Z) or (min(points, key=lambda p: p["cost_usd"]) if points else None)
+        return (plan if got is None else CascadePlan.model_validate(got["plan"])), note
 
     def route_batch(self, prompts, domains=None, *, allowed=None, cost_weight=None, budget=None, cost_texts=None,
                     default_point=True):
@@ -219,9 +273,19 @@ def _finals(prompt: str, kind: str | None, answers: list[str | None]) -> tuple[s
 async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, decision: RouteDecision,
                       call: Callable[[str], Awaitable[Completion]], verify=None,
                       deadline_s: float | None = None) -> CascadeRun:
-    """Call the plan in `decision.extra["cascade"]` (see the module docstring). `verify` runs the
-    verifier (default: in a thread, so an event loop keeps serving); `deadline_s` bounds the reading
-    of the steps' replies, all steps together (None: no bound)."""
+    """Call the plan in `decision.extra["cascade"]` (see the module docstring); what it cost is
+    counted by the spend guard of the cap it was served under. `verify` runs the verifier (default:
+    in a thread, so an event loop keeps serving); `deadline_s` bounds the reading of the steps'
+    replies, all steps together (None: no bound)."""
+    run = await _run_steps(router, prompt, domain, decision, call, verify, deadline_s)
+    if hasattr(router, "record_spend"):
+        router.record_spend(decision, run.cost_usd)
+    return run
+
+
+async def _run_steps(router, prompt: str, domain: str | None, decision: RouteDecision,
+                     call: Callable[[str], Awaitable[Completion]], verify=None,
+                     deadline_s: float | None = None) -> CascadeRun:
     from fugu_pipeline.policies.cascade.policy import CascadePlan, decide
 
     plan = CascadePlan.model_validate(decision.extra["cascade"]["plan"])

@@ -27,6 +27,9 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         "validation": {c: {"quality": ch.quality, "cost_usd": ch.cost, "utility": ch.utility, "plans_considered": ch.considered}
                        for c, ch in fit.choices.items()},
         "frontier_oof": getattr(fit, "frontier", None) or {},  # policies/cascade/frontier.py
+        # the plan per domain (policies/cascade/groups.py): each domain's choice, out of fold
+        **({"groups": {"chosen": fit.groups.table(), "merged": [list(m) for m in fit.groups.merged]}}
+           if getattr(fit, "groups", None) is not None else {}),
         "val_utility": next((c.mean for c in fit.candidates if c.name == fit.saved_as), None) if fit.saved_as
         else next((c.mean for c in fit.candidates if c.kind == "cascade"), None),
         # what the calls behind the rows it was fitted on cost (the receipt's training cost)
@@ -43,7 +46,9 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
                         # the reply statistics by name (inputs built without names: the first ten, unrecorded)
                         **({"answer_stats": list(fit.stat_names)} if fit.stat_names else {}),
                         # the context verifier (policies/cascade/verifier_context.py): a reply read with the paid ones
-                        **({"context": fit.context} if getattr(fit, "context", None) else {}), **cross},
+                        **({"context": fit.context} if getattr(fit, "context", None) else {}),
+                        # the pooled cap the policy was chosen under: serving keeps its running spend within it
+                        **({"cap_usd": fit.cap_usd} if getattr(fit, "cap_usd", None) is not None else {}), **cross},
         "training_config": training_config or {}, "metrics": metrics,
         # the search's record (what a receipt cites, as a grid head's figure per grid point): the
         # validation figure of every plan the pooled search considered, in search order

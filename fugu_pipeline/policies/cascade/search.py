@@ -20,19 +20,25 @@ take the pooled plan.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from fugu_pipeline.cost_cap import CostCap, within_cap
+from fugu_pipeline.cost_cap import DEFAULT_MARGIN_Z, CostCap
 from fugu_pipeline.features.routing_data import TrainingDataError
 from fugu_pipeline.reward import UtilityConfig
-from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, CascadeStep, simulate
+from fugu_pipeline.policies.cascade.plans import RowSet, from_model, plan_tuples, points_for, to_model
+from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, simulate
 
 
-Cap = CostCap  # the one cost cap (fugu_pipeline/cost_cap.py); its margin_z is for a one-step head's λ, not plans
+Cap = CostCap  # the one cost cap (fugu_pipeline/cost_cap.py)
+
+
+# A plan is within a cap when its mean expected cost plus CAP_Z standard errors is, on the rows it is
+# chosen on (one-sided 95%): the cap then holds on new rows of the same kind, not only on those. The
+# default margin of the one cost cap (a cap's own `margin_z` replaces it where the cap is given).
+CAP_Z = DEFAULT_MARGIN_Z
 
 
 class CapUnmet(TrainingDataError):
@@ -90,10 +96,11 @@ def strongest(grid: Grid, rows: np.ndarray) -> int:
 
 
 def candidate_plans(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, allowed: list[str] | None = None):
-    """Every plan of the searched shapes, thresholds from the scores on `rows` (at the point of the
-    plan they are read, when the scores read the paid replies: `verifier_context.ContextScores`),
-    at most `cfg.max_plans`. Per last step F (one of the `finals` strongest) and the `cheap` best
-    workers cheaper than F:
+    """Every plan of the searched shapes as `CascadePlan`s (`plans.plan_tuples` lists them as tuples,
+    what the search runs), thresholds from the scores on `rows` (at the point of the plan they are
+    read, when the scores read the paid replies: `verifier_context.ContextScores`), at most
+    `cfg.max_plans`. Per last step F (one of the `finals` strongest) and the `cheap` best workers
+    cheaper than F:
     - F alone;
     - one cheap worker, stop if the verifier passes (`thresholds` levels);
     - two at once: stop if both agree, and/or the verifier passes;
@@ -104,112 +111,37 @@ def candidate_plans(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, allowed: l
       and/or the verifier on the second and third.
     When the scores read the paid replies, a step after the first (and three at once) may also stop
     on the verifier alone: it reads the agreement itself and may overrule it."""
-    ids = grid.worker_ids
-    usable = [j for j, w in enumerate(ids) if allowed is None or w in allowed]
-    q = grid.quality[rows].mean(axis=0)
-    by_q = sorted(usable, key=lambda j: -q[j])
-    finals = by_q[: cfg.finals]
-    qs = np.linspace(0.1, 0.95, cfg.thresholds)
-    in_context = hasattr(grid.scores, "at")
-    memo: dict = {}
-
-    def levels(js, called=None) -> list[float]:
-        """Quantiles of the step's scores (its workers `js`, after paying for `called`)."""
-        key = (tuple(js), tuple(called or js))
-        if key not in memo:
-            S = grid.scores.at(list(called or js)) if in_context else grid.scores
-            s = S[np.ix_(rows, list(js))].ravel()
-            s = s[~np.isnan(s)]
-            memo[key] = sorted({round(float(x), 4) for x in np.quantile(s, qs)}) if len(s) else []
-        return memo[key]
-
-    def coarse(js, called=None, n: int = 5) -> list[float]:
-        v = levels(js, called)
-        return v[:: max(1, len(v) // n)]
-
-    def plans():
-        for f in finals:
-            yield CascadePlan(steps=[CascadeStep(workers=[ids[f]])])
-            cheap = [j for j in by_q if j != f and grid.exp_cost[j] < grid.exp_cost[f]][: cfg.cheap]
-            last = CascadeStep(workers=[ids[f]])
-            for a in cheap:
-                for v in levels([a]):
-                    yield CascadePlan(steps=[CascadeStep(workers=[ids[a]], verify=v), last])
-            for a, b in itertools.combinations(cheap, 2):
-                both = levels([a, b])[:: 2]
-                yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], agree=2), last])
-                for v in both:
-                    yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], verify=v), last])
-                    yield CascadePlan(steps=[CascadeStep(workers=[ids[a], ids[b]], agree=2, verify=v), last])
-            if cfg.three_steps or cfg.cheap_steps >= 2:
-                for a, b in itertools.permutations(cheap, 2):
-                    for v1 in coarse([a]):
-                        first = CascadeStep(workers=[ids[a]], verify=v1)
-                        yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], agree=2), last])
-                        for v2 in coarse([b], [a, b]):
-                            yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], agree=2, verify=v2), last])
-                            if in_context:  # the verifier reads the agreement itself: it may overrule it
-                                yield CascadePlan(steps=[first, CascadeStep(workers=[ids[b]], verify=v2), last])
-            if cfg.parallel >= 3:
-                for a, b, c in itertools.combinations(cheap, 3):
-                    three = [ids[a], ids[b], ids[c]]
-                    yield CascadePlan(steps=[CascadeStep(workers=three, agree=2), last])
-                    yield CascadePlan(steps=[CascadeStep(workers=three, agree=3), last])
-                    for v in coarse([a, b, c], n=3):
-                        yield CascadePlan(steps=[CascadeStep(workers=three, agree=2, verify=v), last])
-                        if in_context:
-                            yield CascadePlan(steps=[CascadeStep(workers=three, verify=v), last])
-                    for x, y, z in ((a, b, c), (a, c, b), (b, c, a)):
-                        yield CascadePlan(steps=[CascadeStep(workers=[ids[x], ids[y]], agree=2),
-                                                 CascadeStep(workers=[ids[z]], agree=2), last])
-            if cfg.cheap_steps >= 3:
-                for a, b, c in itertools.permutations(cheap, 3):
-                    for v1 in coarse([a], n=2):
-                        first = CascadeStep(workers=[ids[a]], verify=v1)
-                        for v2 in [None, *coarse([b], [a, b], n=2)]:
-                            second = CascadeStep(workers=[ids[b]], agree=2, verify=v2)
-                            for v3 in [None, *coarse([c], [a, b, c], n=2)]:
-                                yield CascadePlan(steps=[first, second, CascadeStep(workers=[ids[c]], agree=2, verify=v3), last])
-
-    yield from itertools.islice(plans(), cfg.max_plans)
+    for plan in plan_tuples(grid, rows, cfg, allowed):
+        yield to_model(plan, grid.worker_ids)
 
 
 def search(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, cap_usd: float | None = None,
-           allowed: list[str] | None = None, what: str = "") -> Choice:
-    """The best plan on `rows` (see the module docstring); CapUnmet when a cap no plan meets."""
-    best, considered, cheapest = None, 0, None
-    points: list[tuple[float, float, CascadePlan]] = []
-    figures: list[float] = []
-    for plan in candidate_plans(grid, rows, cfg, allowed):
-        qual, cost, util = grid.run(plan, rows)
-        considered += 1
-        mq, mc, mu = float(qual.mean()), float(cost.mean()), float(util.mean())
-        points.append((mc, mq, plan))
-        figures.append(mq if cap_usd is not None else mu)
-        if cheapest is None or mc < cheapest[0]:
-            cheapest = (mc, mq, plan)
-        if cap_usd is not None and not within_cap(mc, cap_usd):
-            continue
-        key = (mq, -mc) if cap_usd is not None else (mu, -mc)
-        if best is None or key > best[0]:
-            best = (key, Choice(plan, mq, mc, mu, 0))
-    if best is None:
-        raise CapUnmet(f"{what}no cascade meets the cap of ${cap_usd * 1000:.4g} per 1,000 requests on validation: the "
-                       f"cheapest plan ({cheapest[2].describe()}) costs ${cheapest[0] * 1000:.4g} per 1,000 requests "
-                       f"(accuracy {cheapest[1]:.3f}); raise the cap, or add a cheaper worker")
-    choice = best[1]
-    choice.considered = considered
-    choice.frontier = _frontier(points)
-    choice.figures = figures
-    return choice
+           allowed: list[str] | None = None, what: str = "", memo: dict | None = None, z: float = 0.0) -> Choice:
+    """The best plan on `rows` (see the module docstring); CapUnmet when a cap no plan meets. Under a
+    cap a plan is within it when its mean expected cost plus `z` standard errors is (`z` 0: the mean).
+    `memo`: `plans.points_for`'s, shared by every search of one fit."""
+    pts = points_for(grid, rows, cfg, allowed, memo)
+    i = pts.best("utility") if cap_usd is None else pts.best("quality", pts.within(cap_usd, z))
+    if i is None:
+        k = int(np.argmin(pts.cost))
+        bound = f" plus {z:g} standard errors" if z else ""
+        raise CapUnmet(f"{what}no cascade meets the cap of ${cap_usd * 1000:.4g} per 1,000 requests on validation{bound}: "
+                       f"the cheapest plan ({to_model(pts.plans[k], grid.worker_ids).describe()}) costs "
+                       f"${pts.cost[k] * 1000:.4g} per 1,000 requests (accuracy {pts.quality[k]:.3f}); raise the cap, "
+                       "or add a cheaper worker")
+    figures = pts.quality if cap_usd is not None else pts.utility
+    return Choice(to_model(pts.plans[i], grid.worker_ids), float(pts.quality[i]), float(pts.cost[i]),
+                  float(pts.utility[i]), len(pts.plans), _frontier(pts, grid.worker_ids), [float(v) for v in figures])
 
 
-def _frontier(points: list[tuple[float, float, CascadePlan]], keep: int = 12) -> list[dict]:
+def _frontier(pts, ids: list[str], keep: int = 12) -> list[dict]:
     """The plans no other plan beats on both cost and quality, cheapest first (at most `keep`)."""
     out, best_q = [], -1.0
-    for c, q, p in sorted(points, key=lambda t: (t[0], -t[1])):
+    for i in np.lexsort((-pts.quality, pts.cost)):  # stable: equal points keep the search order
+        c, q = float(pts.cost[i]), float(pts.quality[i])
         if q > best_q + 1e-12:
-            out.append({"cost_usd": c, "quality": q, "plan": p.model_dump()})
+            out.append({"cost_usd": c, "quality": q, "cost_se": float(pts.cost_se[i]),
+                        "plan": to_model(pts.plans[i], ids).model_dump()})
             best_q = q
     if len(out) > keep:
         idx = np.unique(np.round(np.linspace(0, len(out) - 1, keep)).astype(int))
@@ -219,14 +151,14 @@ def _frontier(points: list[tuple[float, float, CascadePlan]], keep: int = 12) ->
 
 def search_policy(grid: Grid, rows: np.ndarray, domains: np.ndarray, cfg: CascadeSearch, cap: CostCap | None = None,
                   domain_caps: dict[str, CostCap] | None = None, per_domain: bool = False,
-                  allowed: list[str] | None = None) -> tuple[CascadePolicy, dict]:
+                  allowed: list[str] | None = None, memo: dict | None = None, z: float = 0.0) -> tuple[CascadePolicy, dict]:
     """A policy: the pooled plan under `cap`, and with `per_domain` (or a cap for a domain) a plan
     for each domain with enough rows under its own cap (else the pooled cap). Returns (policy,
-    {domain or "*": Choice})."""
+    {domain or "*": Choice}). `memo` and `z`: as `search`'s."""
     domains = np.asarray(domains, dtype=str)
     ref = grid.exp_cost[strongest(grid, rows)]
     usd = None if cap is None else cap.usd_per_request(ref)
-    choices = {"*": search(grid, rows, cfg, usd, allowed, "pooled: ")}
+    choices = {"*": search(grid, rows, cfg, usd, allowed, "pooled: ", memo, z)}
     per: dict[str, CascadePlan] = {}
     domain_caps = domain_caps or {}
     unknown = sorted(set(domain_caps) - set(domains[rows].tolist()))
@@ -244,13 +176,13 @@ def search_policy(grid: Grid, rows: np.ndarray, domains: np.ndarray, cfg: Cascad
                                    "drop its cap or lower cascade.search.min_domain_rows")
                 continue
             dusd = None if dcap is None else dcap.usd_per_request(grid.exp_cost[strongest(grid, mine)])
-            choices[d] = search(grid, mine, cfg, dusd, allowed, f"domain {d!r}: ")
+            choices[d] = search(grid, mine, cfg, dusd, allowed, f"domain {d!r}: ", memo, z)
             per[d] = choices[d].plan
     return CascadePolicy(default=choices["*"].plan, per_domain=per), choices
 
 
 def run_policy(grid: Grid, policy: CascadePolicy, rows: np.ndarray, domains: np.ndarray):
-    """(quality, expected cost, utility, answer worker, calls) per row of `rows` under the policy."""
+    """(quality, expected cost, utility) per row of `rows` under the policy (each domain's plan)."""
     domains = np.asarray(domains, dtype=str)
     n = len(rows)
     qual, cost, util = np.zeros(n), np.zeros(n), np.zeros(n)
@@ -258,6 +190,6 @@ def run_policy(grid: Grid, policy: CascadePolicy, rows: np.ndarray, domains: np.
         plan = policy.default if plan_domain is None else policy.per_domain[plan_domain]
         mask = (~np.isin(domains[rows], list(policy.per_domain))) if plan_domain is None else (domains[rows] == plan_domain)
         if mask.any():
-            q, c, u = grid.run(plan, rows[mask])
+            q, c, u = RowSet(grid, rows[mask]).run(from_model(plan, grid.worker_ids))
             qual[mask], cost[mask], util[mask] = q, c, u
     return qual, cost, util

@@ -1,13 +1,130 @@
-"""The description of what the cascade step ships (`route/shipped.py`), made from the choice itself:
+"""What ships, from the candidates' out-of-fold figures (`crossfit.CrossFit`), in each way of choosing:
+
+- `cheapest` (no cap, quality-only weights): the cheapest candidate whose accuracy is not
+  significantly below always the strongest worker's (`train.selection.cheapest_not_below`); the
+  per-domain policy (`groups.py`) is one more candidate, already held to the same rule per domain
+  and for the whole.
+- `cap`: the candidate with the best out-of-fold accuracy among those whose out-of-fold mean cost is
+  within the cap (ties: the cheaper). No significance rule stands between the user's cap and the
+  best policy within it: the user chose to spend less; the best worker within the cap is one of the
+  candidates, and every figure carries its interval.
+- `utility` (the utility prices cost): a candidate replaces the best worker only when its utility
+  gain over it has a paired bootstrap 95% interval above zero; among those the best mean wins.
+
+`shipped_policy`: the description of what ships (`route/shipped.py`), made from the choice itself:
 the winning candidate's out-of-fold figures, its checkpoint, and how it routes (a cascade's plan; a
-one-shot head at the operating point its candidate was scored at)."""
+one-shot head at the operating point its candidate was scored at).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from fugu_pipeline.route.shipped import ShippedPolicy, checkpoint_tag
-from fugu_pipeline.train.selection import STRONGEST
+from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, interval
+
+BEST_WORKER = "always the best worker"
+BEST_IN_CAP = "always the best worker within the cap"
+PER_DOMAIN = "cascade per domain"
+
+
+@dataclass
+class CandidateFigure:
+    name: str
+    kind: str  # "best worker" | "strongest" | "one-shot" | "cascade"
+    mean: float  # out-of-fold utility (utility mode) or quality
+    quality: float
+    cost_usd: float  # mean expected $ per request
+    gain: float  # over the baseline: the strongest worker (cheapest rule), else the best worker (within the cap)
+    low: float
+    high: float
+    note: str = ""
+    vs_strongest: float = 0.0  # out-of-fold accuracy − always the strongest worker's, with its paired 95% interval
+    vs_low: float = 0.0
+    vs_high: float = 0.0
+
+    def row(self) -> dict:
+        return {k: getattr(self, k) for k in ("name", "kind", "mean", "quality", "cost_usd", "gain", "low", "high", "note",
+                                              "vs_strongest", "vs_low", "vs_high")}
+
+
+def paired_interval(diff: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    n = len(diff)
+    means = diff[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def kind_of(name: str, mode: str, heads) -> str:
+    if name in (BEST_WORKER, BEST_IN_CAP) or (name == STRONGEST and mode == "cheapest"):
+        return "best worker"
+    return "strongest" if name == STRONGEST else "one-shot" if name in (heads or {}) else "cascade"
+
+
+def candidates(cf, mode: str, baseline: str, heads, n_boot: int, seed: int, over_cap) -> list[CandidateFigure]:
+    """Every candidate's figures, against the baseline (the strongest in `cheapest` mode) and against
+    the strongest, each with its paired 95% interval. `over_cap(cost per row)`: a note when the
+    mean cost is over a cap, else ""."""
+    ref_name = STRONGEST if mode == "cheapest" else baseline
+    out = []
+    for name in cf.names:
+        v = cf.figure[name]
+        vs, vs_lo, vs_hi = interval(cf.quality[name] - cf.quality[STRONGEST], n_boot, seed)
+        diff = v - cf.figure[ref_name]
+        lo, hi = paired_interval(diff, n_boot, seed) if name != ref_name else (0.0, 0.0)
+        note = "unavailable: no plan within this share of the strongest's cost in some fold" if name in cf.missing else ""
+        note = over_cap(cf.cost[name]) or note
+        out.append(CandidateFigure(name, kind_of(name, mode, heads), float(v.mean()), float(cf.quality[name].mean()),
+                                   float(cf.cost[name].mean()), float(diff.mean()), lo, hi, note, vs, vs_lo, vs_hi))
+    return out
+
+
+def against(win: CandidateFigure, strongest_worker: str) -> str:
+    return (f"; against {STRONGEST} ({strongest_worker}): accuracy {win.vs_strongest:+.4f} [{win.vs_low:+.4f}, "
+            f"{win.vs_high:+.4f}]")
+
+
+def pick_cheapest(cands: list[CandidateFigure], strongest_worker: str, margin: float, n: int):
+    """(winner, reason, the `cheapest_not_below` pick)."""
+    pick = cheapest_not_below(cands, STRONGEST, strongest_worker, margin, n)
+    return next(c for c in cands if c.name == pick.name), pick.reason, pick
+
+
+def pick_capped(cands: list[CandidateFigure], cf, cap_text: str, baseline: str, strongest_worker: str, n_boot: int,
+                seed: int) -> tuple[CandidateFigure, str]:
+    """The best out-of-fold accuracy within the cap (see the module docstring); none within it: the
+    baseline (the cheapest worker when no worker fits), with the reason."""
+    ok = [c for c in cands if not c.note]
+    if not ok:
+        win = next(c for c in cands if c.name == baseline)
+        return win, (f"no policy's out-of-fold mean cost is within the cap ({cap_text}), so {baseline} ships"
+                     + against(win, strongest_worker))
+    win = max(ok, key=lambda c: (c.quality, -c.cost_usd))
+    acc = interval(cf.quality[win.name], n_boot, seed)
+    usd = interval(cf.cost[win.name] * 1000, n_boot, seed)
+    base = next(c for c in cands if c.name == baseline)
+    gain = "" if win.name == baseline else (f"; against {baseline} {base.quality:.4f}: {win.gain:+.4f} [{win.low:+.4f}, "
+                                            f"{win.high:+.4f}]")
+    return win, (f"{win.name} has the best out-of-fold accuracy within the cap ({cap_text}): {acc[0]:.4f} [{acc[1]:.4f}, "
+                 f"{acc[2]:.4f}] at ${usd[0]:.4g} [{usd[1]:.4g}, {usd[2]:.4g}] per 1,000 requests{gain}"
+                 + against(win, strongest_worker))
+
+
+def pick_utility(cands: list[CandidateFigure], baseline: str, strongest_worker: str) -> tuple[CandidateFigure, str]:
+    ok = [c for c in cands if c.kind not in ("best worker", "strongest") and c.low > 0 and not c.note.startswith("over")]
+    if ok:
+        win = max(ok, key=lambda c: (c.mean, -c.cost_usd))
+        reason = (f"{win.name} gains {win.gain:+.4f} over {baseline} out of fold, 95% interval [{win.low:+.4f}, "
+                  f"{win.high:+.4f}] above zero, and has the best out-of-fold utility of those that do")
+    else:
+        win = next(c for c in cands if c.name == baseline)
+        reason = (f"no policy's out-of-fold gain over {baseline} has a 95% interval above zero, so the best worker ships "
+                  "(doing no harm)")
+    return win, reason + against(win, strongest_worker)
 
 
 def shipped_policy(fit, shipped_path: Path, head_routes: dict | None = None) -> ShippedPolicy:

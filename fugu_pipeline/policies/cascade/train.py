@@ -45,6 +45,10 @@ class CascadeResult:
             out.append(f"{mark} {c.kind:<11} {c.name}: {c.mean:.4f} (quality {c.quality:.4f}, ${c.cost_usd * 1000:.4g} per "
                        f"1,000) gain {c.gain:+.4f} [{c.low:+.4f}, {c.high:+.4f}]; accuracy − strongest {c.vs_strongest:+.4f} "
                        f"[{c.vs_low:+.4f}, {c.vs_high:+.4f}]" + (f" {c.note}" if c.note else ""))
+        if getattr(f, "groups", None) is not None:
+            out.append(f"per domain, out of fold (each domain's cheapest choice not significantly below {STRONGEST} "
+                       f"on its rows; the whole held to the same rule):")
+            out += f.groups.lines()
         for d, ch in f.choices.items():
             where = "all domains" if d == "*" else f"domain {d!r}"
             out.append(f"  cascade for {where}: {ch.plan.describe()} (validation quality {ch.quality:.4f}, "

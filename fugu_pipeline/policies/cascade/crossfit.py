@@ -1,0 +1,115 @@
+"""Cross-fitting the cascade's candidates: for each fold, every policy is chosen on the other folds
+(expected costs from those rows) and run on this fold, so every non-test row has an out-of-fold
+figure per candidate (`fit.py` says which candidates each way of choosing compares).
+
+Every search of one fit goes through one memo (`plans.points_for`): a fold's plans run once for the
+cost-aware ladder, the table at caps, the per-domain plans, a capped search and the frontier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, capped_one_shot, ladder_fold, rung_name
+from fugu_pipeline.policies.cascade.groups import group_fold
+from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, run_policy, search_policy
+from fugu_pipeline.train.selection import STRONGEST
+
+
+@dataclass
+class CrossFit:
+    """Per candidate, per non-test row: the figure the choice reads (utility in `utility` mode, else
+    quality), the quality and the expected cost; the table's rows; the per-domain candidates."""
+
+    names: list[str]
+    figure: dict[str, np.ndarray]
+    quality: dict[str, np.ndarray]
+    cost: dict[str, np.ndarray]
+    table_rows: dict[str, tuple[np.ndarray, np.ndarray]]
+    per_group: dict = field(default_factory=dict)  # (domain, name) -> (quality, cost) per row, or None
+    missing: set = field(default_factory=set)
+    unmet: str = ""  # a cap some fold cannot meet: the CapUnmet message
+
+
+def alone_plan(j: int) -> tuple:
+    return (((j,), None, None),)
+
+
+def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndarray, usable: list[int], allowed, cfg,
+              mode: str, baseline: str, shares, heads: dict | None, groups: list[str], memo: dict,
+              best_worker, head_routes: dict | None = None) -> CrossFit:
+    """See the module docstring. `mode`: "cheapest" | "cap" | "utility"; `shares`: the cost-aware
+    ladder; `groups`: the domains that get their own candidates; `best_worker(grid, rows)`: the
+    baseline worker of the `cap` and `utility` modes; `head_routes`: a head's out-of-fold route at the
+    operating point it serves with no cap asked, which its candidate is scored at (else its argmax)."""
+    from fugu_pipeline.policies.cascade.plans import RowSet
+
+    n = len(rows)
+    capped = mode == "cap"
+    names = [STRONGEST] + [rung_name(s) for s in shares] + ([baseline, "cascade"] if mode != "cheapest" else []) \
+        + list(heads or {})
+    out = CrossFit(names, {k: np.zeros(n) for k in names}, {k: np.zeros(n) for k in names},
+                   {k: np.zeros(n) for k in names},
+                   {f"{k}@{s}": (np.zeros(n), np.zeros(n)) for s in TABLE_SHARES for k in ("cascade", "one-shot")
+                    if k == "cascade" or heads})
+    rdoms = doms[rows]
+
+    def put(name, at, q, c, u=None):
+        out.figure[name][at] = u if (mode == "utility" and u is not None) else q
+        out.quality[name][at], out.cost[name][at] = q, c
+
+    first_head = next(iter(heads or {}), None)
+    uc = data.utility_config
+    for f in np.unique(folds):
+        tr, te = rows[folds != f], rows[folds == f]
+        at, tr_at = np.flatnonzero(folds == f), np.flatnonzero(folds != f)
+        g = grid_for(tr)
+        held = RowSet(g, te)
+        top = usable[int(np.argmax(g.quality[tr][:, usable].mean(axis=0)))]
+        put(STRONGEST, at, *held.run(alone_plan(top)))
+        for s, got in ladder_fold(g, tr, te, cfg.search, allowed, shares, g.exp_cost[top], memo).items():
+            if got is None:
+                out.missing.add(rung_name(s))
+            else:
+                put(rung_name(s), at, *got)
+        for s, got in ladder_fold(g, tr, te, cfg.search, allowed, TABLE_SHARES, g.exp_cost[top], memo, CAP_Z).items():
+            _table(out, f"cascade@{s}", at, got)
+        for (d, name), got in group_fold(g, tr, te, doms, groups, cfg.search, allowed, usable, shares, g.exp_cost[top],
+                                         memo).items():
+            if got is None or out.per_group.get((d, name), ()) is None:
+                out.per_group[(d, name)] = None
+                continue
+            q, c = out.per_group.setdefault((d, name), (np.zeros(n), np.zeros(n)))
+            mine = at[rdoms[at] == d]
+            q[mine], c[mine] = got
+        if mode != "cheapest":
+            try:
+                policy, _ = search_policy(g, tr, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed, memo,
+                                          CAP_Z if capped else 0.0)
+            except CapUnmet as exc:
+                out.unmet = f"cap: {exc}; the strongest worker ({data.worker_ids[top]}) ships"
+                return out
+            put("cascade", at, *run_policy(g, policy, te, doms))
+            put(baseline, at, *held.run(alone_plan(best_worker(g, tr))))
+        for name, s in (heads or {}).items():
+            route = (head_routes or {}).get(name, np.argmax(s, axis=1))[at]  # at the point it serves
+            q = data.quality[te, route]
+            c, lat = g.exp_cost[route], g.exp_latency[route]
+            u = (uc.quality_weight * q - uc.cost_weight * np.minimum(c / uc.cost_scale_usd, uc.cap)
+                 - uc.latency_weight * np.minimum(lat / uc.latency_scale_s, uc.cap))
+            put(name, at, q, c, u)
+            if name == first_head:
+                for share in TABLE_SHARES:
+                    got = capped_one_shot(s, data.quality[rows], g.exp_cost, tr_at, at, share * g.exp_cost[top],
+                                          g.exp_cost[top])
+                    _table(out, f"one-shot@{share}", at, got)
+    return out
+
+
+def _table(out: CrossFit, key: str, at: np.ndarray, got) -> None:
+    if got is None:
+        out.missing.add(key)
+    else:
+        out.table_rows[key][0][at], out.table_rows[key][1][at] = got

@@ -1,0 +1,96 @@
+"""Keeping a cascade's cost cap on new requests: the points a cap chooses among, and the spend guard.
+
+A cap's plan is chosen so that its expected cost's upper bound on the rows it was chosen on (mean
+plus `search.CAP_Z` standard errors) is within the cap. Live traffic can still escalate more than
+validation did (harder prompts, a verifier that scores new replies lower), so serving also keeps
+the cap on the running spend. Per cap, the **spend guard** counts the requests served under it (n)
+and what they cost (spent); before each request it gives an allowance
+
+    allowance = min(cap, cap − (spent − n · (1 − BAND) · cap) / HORIZON)
+
+the cap, less the spend above `1 − BAND` of the cap so far spread over the next `HORIZON`
+requests: while the running mean stays below 95% of the cap the request gets the cap's own plan;
+as it nears the cap and beyond, the allowance falls and the plan served is the most accurate saved
+point whose cost bound is within the allowance (a plan that escalates less), down to the cheapest
+point. The guard never spends above the cap's own plan to use up savings. `replay` runs the same
+rule over recorded rows in order, as `evaluate` scores a cap.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from fugu_pipeline.cost_cap import within_cap
+
+BAND = 0.05  # the guard starts cutting when the running mean passes (1 − BAND) of the cap
+HORIZON = 50  # requests over which an overspend is paid back
+MAX_GUARDS = 256  # distinct caps a server keeps a guard for (the least recently used dropped)
+
+
+def cap_points(head_params: dict, metrics: dict, domain: str | None = None) -> list[dict]:
+    """The points a cap chooses among ({cost_usd, cost_se, quality, plan}, validation figures on the
+    non-test rows): the domain's frontier when it has one (else the pooled frontier), plus the plan
+    searched for each share of the out-of-fold frontier."""
+    front = (head_params.get("domains_frontier") or {}).get(domain or "") or head_params.get("frontier") or []
+    levels = [{"cost_usd": lv["fit_cost_usd"], "cost_se": lv.get("fit_cost_se", 0.0), "quality": lv["fit_quality"],
+               "plan": lv["plan_spec"]} for lv in ((metrics or {}).get("frontier_oof") or {}).get("levels", [])
+              if lv.get("plan_spec") and "fit_cost_usd" in lv]
+    return list(front) + (levels if not (head_params.get("domains_frontier") or {}).get(domain or "") else [])
+
+
+def bound(point: dict, z: float) -> float:
+    return float(point["cost_usd"]) + z * float(point.get("cost_se") or 0.0)
+
+
+def pick(points: list[dict], allowance: float, z: float) -> dict | None:
+    """The most accurate point whose cost bound is within `allowance` (ties: the cheaper), or None."""
+    within = [p for p in points if within_cap(bound(p, z), allowance)]
+    return max(within, key=lambda p: (p["quality"], -p["cost_usd"])) if within else None
+
+
+class SpendGuard:
+    """The running spend under one cap (see the module docstring); safe across threads."""
+
+    def __init__(self, cap_usd: float, horizon: int = HORIZON, band: float = BAND):
+        self.cap, self.horizon, self.band = float(cap_usd), horizon, band
+        self.n, self.spent = 0, 0.0
+        self._lock = threading.Lock()
+
+    def allowance(self) -> float:
+        with self._lock:
+            over = self.spent - self.n * (1 - self.band) * self.cap
+        return max(0.0, min(self.cap, self.cap - over / self.horizon))
+
+    def record(self, cost_usd: float) -> None:
+        with self._lock:
+            self.n += 1
+            self.spent += float(cost_usd)
+
+    def state(self) -> dict:
+        with self._lock:
+            return {"requests": self.n, "running_mean_usd": self.spent / self.n if self.n else 0.0, "cap_usd": self.cap}
+
+
+def choose(points: list[dict], guard: SpendGuard, z: float) -> tuple[dict | None, float]:
+    """(the point served now, the allowance): the most accurate within the allowance, else the cheapest."""
+    a = guard.allowance()
+    got = pick(points, a, z)
+    return (got if got is not None else min(points, key=lambda p: bound(p, z)) if points else None), a
+
+
+def replay(points: list[dict], outcomes: list[tuple[np.ndarray, np.ndarray]], cap_usd: float, z: float,
+           horizon: int = HORIZON) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The guard over recorded rows in order: `outcomes[k]` is point k's (quality, cost) per row.
+    Returns (quality, cost, the point served) per row."""
+    guard = SpendGuard(cap_usd, horizon)
+    n = len(outcomes[0][0]) if outcomes else 0
+    q, c, which = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64)
+    index = {id(p): k for k, p in enumerate(points)}
+    for i in range(n):
+        p, _ = choose(points, guard, z)
+        k = index[id(p)]
+        q[i], c[i], which[i] = outcomes[k][0][i], outcomes[k][1][i], k
+        guard.record(c[i])
+    return q, c, which

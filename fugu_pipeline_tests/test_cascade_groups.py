@@ -1,0 +1,114 @@
+"""Plans per kind of prompt (`policies/cascade/groups.py`): where a cheap worker ties the strongest on
+one domain and only the strongest is right on another, the pooled rule pays for the strongest
+everywhere; the per-domain choice serves the cheap worker on the first, by the same rule per domain
+and for the whole. Domains too small to choose out of fold take the pooled plan, with one line."""
+
+import numpy as np
+
+from fugu_pipeline.policies.cascade.config import CascadeConfig
+from fugu_pipeline.policies.cascade.fit import fit_cascade
+from fugu_pipeline.policies.cascade.search import CascadeSearch
+from fugu_pipeline.train.selection import STRONGEST
+from fugu_pipeline_tests import cascade_fixture
+
+FAST = CascadeSearch(thresholds=6, three_steps=False, finals=2, cheap=2)
+quiet = lambda m: None  # noqa: E731
+
+
+def _fig(fit, name):
+    return next(c for c in fit.candidates if c.name == name)
+
+
+def test_a_cheap_worker_that_ties_the_strongest_on_one_domain_serves_it_there():
+    data, grid, inputs = cascade_fixture.mixed(n=400)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=400), log=quiet)
+    assert fit.selected == "cascade per domain", fit.reason
+    assert fit.policy.plan_for("code").describe() == "[cheap]" and fit.policy.plan_for("mc").describe() == "[strong]"
+    won, strong = _fig(fit, fit.selected), _fig(fit, STRONGEST)
+    assert won.cost_usd <= 0.7 * strong.cost_usd  # at least 30% cheaper than the strongest, out of fold
+    assert won.vs_high >= 0 and won.vs_strongest >= -0.005  # and not significantly below it, as a whole
+    for g in fit.groups.table():  # and per domain, each with its interval
+        assert g["vs_high"] >= 0 and g["vs_strongest"] >= -0.005 and g["vs_low"] <= g["vs_strongest"] <= g["vs_high"]
+    assert {g["domain"]: g["plan"] for g in fit.groups.table()} == {"code": "[cheap]", "mc": "[strong]"}
+    pooled = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=400, groups="off"), log=quiet)
+    assert pooled.policy.describe() == "[strong]"  # one plan for both kinds: the strongest everywhere
+
+
+def test_the_report_lines_show_each_domains_choice_saving_and_interval(tmp_path):
+    from fugu_pipeline.policies.cascade.evaluate import cascade_report, load_cascade, report_lines
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.train import CascadeResult
+
+    data, grid, inputs = cascade_fixture.mixed(n=400)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
+    lines = CascadeResult(fit, tmp_path, fit.selected_kind, tmp_path).lines()
+    code = next(line for line in lines if line.strip().startswith("domain 'code'"))
+    assert "= [cheap]" in code and "saving 99%" in code and "accuracy − strongest +0.0000 [+0.0000, +0.0000]" in code
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
+    rep = cascade_report(ckpt, data, grid, inputs)
+    by = {d["domain"]: d for d in rep["per_domain"]}
+    assert by["code"]["plan"] == "[cheap]" and by["code"]["cost_share_of_pooled_strongest"] < 0.05
+    assert by["code"]["minus_strongest_accuracy"]["mean"] == 0.0  # held out: the cheap worker ties it there
+    text = "\n".join(report_lines(rep))
+    assert "'code' (160 rows): cascade" in text or "'code' (160 rows): domain" in text
+
+
+def test_domains_too_small_are_merged_into_the_pooled_plan_with_one_line():
+    data, grid, inputs = cascade_fixture.mixed(n=400, tiny=15)
+    lines: list[str] = []
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=lines.append)
+    said = [line for line in lines if "merged into the pooled plan" in line]
+    assert said == ["cascade: domain(s) 'tiny' (12 rows) have fewer than 40 non-test rows "
+                    "(cascade.search.min_domain_rows) to choose a plan out of fold: merged into the pooled plan"]
+    assert "tiny" not in fit.policy.per_domain and fit.policy.plan_for("tiny") == fit.policy.default
+    assert fit.groups.merged == [("tiny", 12)]
+
+
+def test_an_unseen_domain_is_served_the_pooled_plan(tmp_path):
+    from fugu_pipeline.policies.cascade.evaluate import load_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+
+    data, grid, inputs = cascade_fixture.mixed(n=400)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
+    policy = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2])).head.policy
+    assert policy.plan_for("code").describe() == "[cheap]"
+    assert policy.plan_for("never-seen") == policy.plan_for(None) == policy.default
+
+
+def test_serving_routes_each_request_by_its_domains_plan(tmp_path):
+    from fugu_pipeline.policies.cascade.evaluate import load_cascade
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+    from fugu_pipeline.policies.cascade.save import save_cascade
+
+    data, grid, inputs = cascade_fixture.mixed(n=400)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
+    router = CascadeRouter(load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2])), None)
+    got = router.route_batch(["a", "b", "c", "d"], ["code", "mc", "never-seen", None])
+    assert [d.extra["cascade"]["describe"] for d in got] == ["[cheap]", "[strong]", "[strong]", "[strong]"]
+    assert [d.worker_id for d in got] == ["cheap", "strong", "strong", "strong"]
+
+
+def test_the_whole_is_held_to_the_rule_when_each_domain_alone_passes():
+    """Each domain's cheap choice is 0.3 point below the strongest on its rows, not significantly (3
+    rows of 1,000); both together are significantly below on the 2,000 rows (6 rows): one domain
+    moves to its dearer choice, and the whole passes."""
+    from fugu_pipeline.policies.cascade.groups import GROUP_STRONGEST, choose_groups
+    from fugu_pipeline.train.selection import interval
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    doms = np.array(["a", "b"] * (n // 2))
+    strong_q = (rng.random(n) < 0.8).astype(float)
+    cheap_q = strong_q.copy()
+    for d in ("a", "b"):
+        cheap_q[np.flatnonzero((doms == d) & (strong_q == 1))[:3]] = 0.0
+    for d in ("a", "b"):  # each domain alone: not significantly below, within the margin
+        _, _, hi = interval((cheap_q - strong_q)[doms == d], 500, 0)
+        assert hi >= 0
+    assert interval(cheap_q - strong_q, 500, 0)[2] < 0  # both: significantly below
+    pooled = {STRONGEST: (strong_q, np.full(n, 1.0))}
+    per = {(d, GROUP_STRONGEST): (cheap_q, np.full(n, 0.01)) for d in ("a", "b")}
+    got = choose_groups(["a", "b"], [], doms, pooled, per, STRONGEST, margin=0.005, n_boot=500)
+    assert len(got.stepped_up) == 1 and {o.name for o in got.groups.values()} == {GROUP_STRONGEST, STRONGEST}
+    m, _, hi = interval(got.quality - strong_q, 500, 0)
+    assert hi >= 0 and m >= -0.005 and got.cost.mean() < 0.6
