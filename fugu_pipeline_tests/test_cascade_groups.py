@@ -112,3 +112,24 @@ def test_the_whole_is_held_to_the_rule_when_each_domain_alone_passes():
     assert len(got.stepped_up) == 1 and {o.name for o in got.groups.values()} == {GROUP_STRONGEST, STRONGEST}
     m, _, hi = interval(got.quality - strong_q, 500, 0)
     assert hi >= 0 and m >= -0.005 and got.cost.mean() < 0.6
+
+
+def test_a_small_domain_whose_tie_cannot_be_told_from_a_loss_keeps_the_strongest():
+    """89 rows where the cheap worker ties the strongest on the mean but differs on many rows: its
+    interval reaches 0 and down past -0.05, so that domain keeps the strongest worker (the floor);
+    with the floor at 1 (off) the cheap worker is chosen there."""
+    from fugu_pipeline.policies.cascade.groups import GROUP_STRONGEST, choose_groups
+    from fugu_pipeline.train.selection import interval
+
+    n = 89
+    doms = np.array(["code"] * n)
+    strong_q = np.array([1.0] * 70 + [0.0] * 19)
+    cheap_q = np.array([1.0] * 60 + [0.0] * 10 + [1.0] * 10 + [0.0] * 9)  # the same mean, 20 rows swapped
+    m, lo, hi = interval(cheap_q - strong_q, 500, 0)
+    assert hi >= 0 and m == 0 and lo < -0.05
+    pooled = {STRONGEST: (strong_q, np.full(n, 1.0))}
+    per = {("code", GROUP_STRONGEST): (cheap_q, np.full(n, 0.01))}
+    kept = choose_groups(["code"], [], doms, pooled, per, STRONGEST, margin=0.005, n_boot=500)
+    assert kept.groups["code"].name == STRONGEST
+    loose = choose_groups(["code"], [], doms, pooled, per, STRONGEST, margin=0.005, n_boot=500, floor=1.0)
+    assert loose.groups["code"].name == GROUP_STRONGEST

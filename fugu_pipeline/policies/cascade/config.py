@@ -28,6 +28,8 @@ class CascadeConfig(BaseModel):
         "domain", description="the cost-aware default (no cap): domain: a plan, or one worker, per domain with "
         "search.min_domain_rows non-test rows, chosen out of fold by the same rule per domain and for the whole, the "
         "smaller domains and unseen ones served the pooled plan; off: one plan for every domain")
+    group_floor: float = Field(0.05, ge=0, le=1, description="per domain, a cheaper choice also needs the low end of its "
+                               "interval against the strongest no further below than this (a domain's rows are few)")
     search: CascadeSearch = CascadeSearch()
     n_boot: int = Field(2000, ge=200, description="bootstrap resamples of the out-of-fold gain's 95% interval")
     choose: Literal["auto", "cheapest", "utility"] = Field(

@@ -230,7 +230,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         pooled = [c for c in cands if c.kind != "one-shot" and c.name not in cf.missing]
         default = pick_cheapest(pooled, strongest_worker, cfg.margin, n)[0].name
         split = choose_groups(groups, merged, doms[rows], {c.name: (cf.quality[c.name], cf.cost[c.name]) for c in pooled},
-                              {k: v for k, v in cf.per_group.items()}, default, cfg.margin, cfg.n_boot, seed)
+                              {k: v for k, v in cf.per_group.items()}, default, cfg.margin, cfg.n_boot, seed,
+                              floor=cfg.group_floor)
         cf.names.append(PER_DOMAIN)
         cf.figure[PER_DOMAIN], cf.quality[PER_DOMAIN], cf.cost[PER_DOMAIN] = split.quality, split.quality, split.cost
         cands = candidates(cf, mode, baseline, heads, cfg.n_boot, seed, over_cap)

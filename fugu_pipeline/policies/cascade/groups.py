@@ -14,7 +14,10 @@ domain with at least `search.min_domain_rows` non-test rows gets its own candida
 
 Per domain the cheapest candidate not significantly below always the strongest worker on the
 domain's rows is kept (`train.selection.cheapest_not_below`: paired 95% interval reaching 0, mean
-within `cascade.margin`). The whole (each row under its domain's choice, the smaller domains under
+within `cascade.margin`), and, a domain's rows being few, its interval's low end no further below
+than `cascade.group_floor` (0.05): on 89 rows an interval that reaches 0 can reach down 7 points, and
+a plan that only ties the strongest there was 15 points below it on the held-out rows of a real
+import. The whole (each row under its domain's choice, the smaller domains under
 the pooled plan) must pass the same test against the strongest on every row; while it does not, the
 domain furthest below the strongest moves to its next dearer qualifying candidate (always the
 strongest qualifies on every domain, so this ends). Domains too small are merged into the pooled
@@ -120,7 +123,8 @@ def group_fold(grid, tr: np.ndarray, te: np.ndarray, doms: np.ndarray, groups: l
 
 
 def choose_groups(groups: list[str], merged: list[tuple[str, int]], doms: np.ndarray, pooled: dict,
-                  per_group: dict, default: str, margin: float, n_boot: int, seed: int = 0) -> GroupChoice:
+                  per_group: dict, default: str, margin: float, n_boot: int, seed: int = 0,
+                  floor: float = 0.05) -> GroupChoice:
     """The per-domain choice (see the module docstring). `doms`: the domain of each non-test row;
     `pooled`: {name: (quality, cost) per non-test row} of the pooled candidates, `STRONGEST` among
     them; `per_group`: {(domain, name): (quality, cost) per non-test row, zeros outside the domain}
@@ -139,7 +143,10 @@ def choose_groups(groups: list[str], merged: list[tuple[str, int]], doms: np.nda
                 continue
             q, c = v[0][at], v[1][at]
             m, lo, hi = interval(q - sq[at], n_boot, seed)
-            opts.append(Option(name, spec, float(q.mean()), float(c.mean()), m, lo, hi))
+            wide = name != STRONGEST and lo < -floor  # too few rows to tell it from a worse policy
+            opts.append(Option(name, spec, float(q.mean()), float(c.mean()), m, lo, hi,
+                               f"unavailable: its interval reaches {lo:+.4f}, below -{floor:g} (cascade.group_floor)"
+                               if wide else ""))
         pick = cheapest_not_below(opts, STRONGEST, "", margin, int(at.sum()))
         options[d] = sorted([o for o in opts if o.name in pick.qualified], key=lambda o: (o.cost_usd, -o.quality))
         choice[d] = next(o for o in opts if o.name == pick.name)
