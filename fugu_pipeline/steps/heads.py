@@ -107,9 +107,11 @@ def absolute(record: records.StepRecord, models_dir: Path) -> dict:
 def _fit(cfg, rows: Rows, models_dir: Path, settings, sets, rules, force, log):
     from fugu_pipeline.train.feature_choice import fit_choosing_features
     from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
+    from fugu_pipeline.policies.oneshot.reuse import PredictionMemo
 
+    memo = PredictionMemo()  # a family part whose inputs no feature variant changes is fitted once
     selection, data, recorded = fit_choosing_features(
-        settings, rows.read, lambda d: select_heads(d, cfg, log, force), score=lambda sel: sel[0].val_score,
+        settings, rows.read, lambda d: select_heads(d, cfg, log, force, memo), score=lambda sel: sel[0].val_score,
         prompt_rules=rules, layer_sets=sets, log=log, prefill=rows.prefill)
     report = fit_and_save(data, models_dir, cfg, log=log, force=force, selection=selection, metrics=recorded)
     return report, data, recorded

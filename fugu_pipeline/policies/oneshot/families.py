@@ -30,7 +30,7 @@ from fugu_pipeline.policies.oneshot.predictors import (
     neighbour_mean,
     topk_neighbours,
 )
-from fugu_pipeline.policies.oneshot.ridge import RidgeHead
+from fugu_pipeline.policies.oneshot.ridge import RidgeHead, column_range
 from fugu_pipeline.train.selection import fold_ids
 
 Preds = dict[str, tuple[np.ndarray | None, np.ndarray]]
@@ -92,6 +92,20 @@ class Family:
     def fit(self, fd: FitData, rows: np.ndarray, params: dict[str, Any]):
         raise NotImplementedError
 
+    def parts(self, fd: FitData) -> list["Family"]:
+        """The family as pieces of the same kind whose grids, in order, make up its grid and whose
+        inputs differ (ridge on all columns, ridge on the lexical block): each piece's predictions
+        can then be kept on their own (`reuse.py`)."""
+        return [self]
+
+    def reads(self, fd: FitData) -> list | None:
+        """Everything `predict_grid` reads of `fd` besides the rows' split into folds (arrays and
+        JSON-able values): equal values give equal predictions. None: not named (always refitted)."""
+        return None
+
+    def _identity(self) -> list:
+        return [type(self).__name__, self.cfg.model_dump(mode="json"), getattr(self, "seed", None)]
+
 
 def _both(head: QualityPredictor, x: np.ndarray, domains) -> tuple[np.ndarray, np.ndarray]:
     with torch.no_grad():
@@ -113,6 +127,10 @@ class PriorFamily(Family):
 
     def predict_grid(self, fd, tr, te, domains):
         return {name: _both(self.fit(fd, tr, p), fd.features[te], domains) for name, p in self.grid()}
+
+    def reads(self, fd):
+        """Per-domain means of the targets: no feature column."""
+        return self._identity() + [fd.target, fd.utility, fd.domains]
 
 
 class KNNFamily(Family):
@@ -164,6 +182,10 @@ class KNNFamily(Family):
             out[name] = (q.numpy().astype(np.float64), u.numpy().astype(np.float64))
         return out
 
+    def reads(self, fd):
+        """The cosine's columns (the embedding without the lexical block) and the targets."""
+        return self._identity() + [fd.features[:, : fd.cosine_dims or fd.dim], fd.target, fd.utility, fd.domains]
+
 
 class RidgeFamily(Family):
     """Closed-form ridge: one decomposition per fold and column range, then every alpha is cheap."""
@@ -197,6 +219,19 @@ class RidgeFamily(Family):
             template, rp = paths[p["inputs"]]
             out[name] = _both(RidgeHead.from_path(template, rp, p["alpha"]), fd.features[te], domains)
         return out
+
+    def parts(self, fd):
+        inputs = list(dict.fromkeys(p["inputs"] for _, p in self.grid(fd)))
+        if len(inputs) < 2:
+            return [self]
+        return [RidgeFamily(self.cfg.model_copy(update={"inputs": [i]})) for i in inputs]
+
+    def reads(self, fd):
+        """The columns of its inputs (one range per part), the targets, and the grid as resolved."""
+        grid = self.grid(fd)
+        ranges = sorted({column_range(p["inputs"], fd.dim, p["lexical_dim"]) for _, p in grid})
+        return (self._identity() + [[[n, p] for n, p in grid]] + [fd.features[:, a:b] for a, b in ranges]
+                + [fd.target, fd.utility, fd.domains])
 
 
 class MLPFamily(Family):

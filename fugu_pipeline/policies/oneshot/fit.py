@@ -29,6 +29,7 @@ from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
 from fugu_pipeline.policies.oneshot.ensemble import EnsembleHead, calibrate, temperature_fit
 from fugu_pipeline.policies.oneshot.families import Family, FitData, families_for
+from fugu_pipeline.policies.oneshot.reuse import PredictionMemo
 from fugu_pipeline.policies.oneshot.save import SavedHead, save_fitted
 from fugu_pipeline.train.selection import (
     Objective,
@@ -122,8 +123,10 @@ def validation_predictions(fam: Family, fd: FitData, objective: str, folds: np.n
 
 
 def select_heads(data: RoutingData, cfg: TrainSetConfig | None = None, log: Log | None = None,
-                 force: bool = False) -> tuple[FitReport, FitData, dict[str, Family]]:
-    """Steps 1-3: validation predictions, the rule, the choice. Reads only the non-test rows."""
+                 force: bool = False, memo: PredictionMemo | None = None) -> tuple[FitReport, FitData, dict[str, Family]]:
+    """Steps 1-3: validation predictions, the rule, the choice. Reads only the non-test rows.
+    `memo`: validation predictions kept from an earlier call on other features of the same rows;
+    a family part whose inputs are the same is handed its predictions instead of refitted."""
     cfg, log = cfg or TrainSetConfig(), log or _logger.info
     data.validate(require=("train",), force=force)
     rows = np.flatnonzero(data.splits != "test")
@@ -146,14 +149,20 @@ def select_heads(data: RoutingData, cfg: TrainSetConfig | None = None, log: Log 
         raise TrainingDataError("configs/train.yaml enables no head: list at least one under heads:")
     seconds: dict[str, float] = {}
     cands: list[Candidate] = []
+    memo = memo or PredictionMemo()
     for fam in fams:
-        t0 = time.perf_counter()
-        preds = validation_predictions(fam, fd, cfg.objective, folds, W)
+        t0, n, n_kept = time.perf_counter(), 0, 0
+        for part in fam.parts(fd):
+            reads = part.reads(fd)
+            key = None if reads is None else reads + [cfg.objective, folds, W]
+            preds, kept = memo.get(key, lambda part=part: validation_predictions(part, fd, cfg.objective, folds, W))
+            params = dict(part.grid(fd))
+            for name, (q, s) in preds.items():
+                cands.append(Candidate(fam.kind, name, params[name], q, s))
+            n, n_kept = n + len(preds), n_kept + (len(preds) if kept else 0)
         seconds[fam.kind] = round(time.perf_counter() - t0, 3)
-        params = dict(fam.grid(fd))
-        for name, (q, s) in preds.items():
-            cands.append(Candidate(fam.kind, name, params[name], q, s))
-        log(f"{fam.kind}: {len(preds)} configuration(s), validation predictions in {seconds[fam.kind]:.1f}s")
+        kept_note = f" ({n_kept} kept from the same inputs under another feature setting)" if n_kept else ""
+        log(f"{fam.kind}: {n} configuration(s), validation predictions in {seconds[fam.kind]:.1f}s{kept_note}")
     singles = {c.name: c.scores for c in cands}
     if objective.two_workers and cfg.selection_rule == "auto":
         rule, check = "apgr", {"rule": "apgr", "scores": {}, "reason": "two workers: candidates are ranked by APGR"}
