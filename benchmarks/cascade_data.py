@@ -143,7 +143,7 @@ def run(name: str, args) -> dict:
     from fugu_pipeline.policies.cascade.config import CascadeConfig
     from fugu_pipeline.policies.cascade.fit import fit_cascade
     from fugu_pipeline.policies.cascade.search import Cap
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
     from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
     from fugu_pipeline.policies.oneshot.fit import fit_and_save, select_heads
 

@@ -140,7 +140,7 @@ def one_shot_test(data, report, name: str) -> tuple[np.ndarray, np.ndarray]:
     from fugu_pipeline.evaluate.reports import head_scores
     from fugu_pipeline.policies.oneshot.default_report import point_route
     from fugu_pipeline.route.budget import load_calibration
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     path = next(x.path for x in report.saved if x.name == name)
     ckpt, cal = load_checkpoint(path), load_calibration(path)
@@ -209,7 +209,7 @@ def default_of(data, sel, work: Path, cfg, args):
     from fugu_pipeline.policies.oneshot.default_report import default_section
     from fugu_pipeline.route.budget import load_calibration
     from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
     from fugu_pipeline.policies.oneshot.fit import fit_and_save
 
     report = fit_and_save(data, work / "models", cfg, log=lambda m: None, selection=sel)

@@ -38,7 +38,7 @@ def main() -> None:
     from fugu_pipeline.features.parity import compare_vectors
     from fugu_pipeline.features.routing_data import load_routing_data
     from fugu_pipeline.route.router import Router
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     ck = load_checkpoint(a.checkpoint)
     args = build_parser().parse_args(["evaluate", "--checkpoint", a.checkpoint, "--data", a.data, "--workers", a.workers,

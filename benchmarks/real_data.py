@@ -112,7 +112,7 @@ def load(name: str, routing: Path, args, timings: dict, layers: tuple[int, ...])
 def evaluate_saved(data, saved, timings: dict) -> list[dict]:
     from fugu_pipeline.evaluate.metrics import paired_bootstrap
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, head_scores
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     t0 = time.perf_counter()
     test = data.split("test")

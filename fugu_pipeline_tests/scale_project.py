@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 from fugu_pipeline_tests.services import REPO, VENV_BIN
 
 WORKER_IDS = ["math-expert", "code-expert", "general-expert"]
-OUTPUT = Path(os.environ.get("FUGU_TEST_OUTPUT", REPO / "test-output"))
+OUTPUT = Path(os.environ.get("FUGU_TEST_OUTPUT") or Path(tempfile.gettempdir()) / "fugu-test-output")  # never the checkout
 
 
 def slow_pool_yaml(sleep_s: float, max_concurrency: int = 4) -> str:

@@ -2,7 +2,7 @@
 `dagster dev` on loopback over a project the main job has run once. The asset graph shows every
 asset, a materialization launched from the UI completes, the evaluation report's plots render, the
 sensors are listed as running, a failed run's log shows its one-line failure with the file, line
-and fix, and every plot of two reports renders. Screenshots go to test-output/ui/. Runs with
+and fix, and every plot of two reports renders. Screenshots go to $FUGU_TEST_OUTPUT/ui/ (default: fugu-test-output/ui/ in the temp folder). Runs with
 FUGU_SERVICE_TESTS=1 where /usr/bin/chromium is installed."""
 
 from __future__ import annotations

@@ -114,11 +114,11 @@ def test_an_imported_jsonl_gets_the_weights_of_the_yaml_in_both_paths(weighted, 
 
 @pytest.mark.slow
 def test_fugu_lite_train_and_the_router_heads_asset_save_the_same_heads(weighted, capsys):
-    """`fugu-lite train` over the matrix the assets built and the `router_heads` asset: the same
+    """`fugu-lite train` over the matrix the assets built and the `router_heads` and `router_cascade` assets: the same
     configured heads (configs/train.yaml), the same weights byte for byte, the same manifests (the
     feature dtype included) apart from when they were written, and so the same directory names."""
     W = ["--workers", "configs/w.yaml"]
-    assert main(["pipeline", "--project-dir", str(weighted), *W, "--encoder", "tiny", "--stop-after", "router_heads"]) == 0
+    assert main(["pipeline", "--project-dir", str(weighted), *W, "--encoder", "tiny", "--stop-after", "router_cascade"]) == 0
     asset = {p.parent.parent.name: p.parent for p in (weighted / "models").glob("*/*/manifest.json")}
     assert main(["train", "--data", "data/reward_matrix.duckdb", *W, "--encoder", "tiny", "--device", "cpu",
                  "--output", "cli-models"]) == 0

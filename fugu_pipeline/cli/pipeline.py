@@ -47,10 +47,11 @@ PROJECT_HINT = ("run it from the project's folder (a clone of the repository: it
                 "dagster.yaml), or pass --project-dir")
 
 
-def preflight(project: Path, workers: str, encoder: str) -> None:
+def preflight(project: Path, workers: str, encoder: str, *, needs_encoder: bool = True) -> None:
     """Before anything is written or called (Dagster's history/ and schedules/, the project lock, a
     worker call): the folder is a project with batch files, its worker YAML loads and the encoder
-    can be found. Each problem is a CLIError of one line."""
+    can be found (when the run reaches a step that encodes: not with --stop-after reward_matrix).
+    Each problem is a CLIError of one line."""
     from fugu_pipeline.cli.common import check_encoder
     from fugu_pipeline.features.settings import EncoderLoadError
     from fugu_pipeline.paths import ProjectPaths
@@ -66,7 +67,8 @@ def preflight(project: Path, workers: str, encoder: str) -> None:
                        "ships with the project)")
     try:
         load_workers_config(paths.resolve(workers))
-        check_encoder(encoder)
+        if needs_encoder:
+            check_encoder(encoder)
     except (WorkerConfigError, EncoderLoadError) as exc:
         raise CLIError(str(exc)) from None
 
@@ -93,7 +95,7 @@ def cmd_pipeline(args) -> int:
     try:  # before anything runs: a name it cannot stop after ran the whole graph, live calls and promotion included
         check_stop_after(args.stop_after, getattr(args, "roles", False))
         encoder = encoder_name(args)
-        preflight(project, args.workers, encoder)
+        preflight(project, args.workers, encoder, needs_encoder=args.stop_after != "reward_matrix")
     except (StopAfterError, CLIError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -249,7 +249,8 @@ def train(args, method: str) -> int:
     with the same config rule (--config, else configs/train_<method>.yaml, else the defaults) and the
     same features (a new head chooses its prompt rules; a warm start's are its contract's)."""
     from fugu_pipeline.steps.oneshot import train_stage
-    from fugu_pipeline.train.checkpoints import MANIFEST_FILE, Manifest, load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
+    from fugu_pipeline.train.checkpoints import MANIFEST_FILE, Manifest
 
     models_output(args.output)
     start = None

@@ -38,7 +38,7 @@ def heads_settings(rows: Rows, heads: records.StepRecord, models_dir: Path):
     """The encoder settings of the head set's features (its selected head's contract), on the
     command's device and dtype: the cascade reads the same rows the heads were chosen on."""
     from fugu_pipeline.route.router import encoder_settings_for
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     contract = load_checkpoint(Path(models_dir) / heads.output["selected"]).manifest.feature_contract
     return encoder_settings_for(contract, rows.settings.device, rows.settings.dtype, rows.model)

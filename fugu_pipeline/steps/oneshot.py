@@ -64,7 +64,7 @@ def train_stage(method: str, rows: Rows, models_dir: Path, *, root: Path, config
     (RL, ES); `prompt_rules`: auto, on or off for a new head (None: auto). `gathered`: a context
     manager factory wrapping the training loop's log (the assets gather its lines into blocks).
     Raises ConfigError, TrainingDataError, CheckpointError or StageError in one line."""
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     cfg, cfg_path, cfg_version = stage_config(method, root, config)
     init = load_checkpoint(warm_start) if warm_start is not None else None
@@ -111,7 +111,7 @@ def _fit(method, cfg, rows: Rows, settings, init, force, prompt_rules, log, gath
     """(the TrainResult, the data it was fitted on), with the feature choice recorded in its metrics."""
     import contextlib
 
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
     from fugu_pipeline.train.feature_choice import feature_metrics, fit_choosing_features, val_utility
 
     module, name = STAGES[method][0], STAGES[method][1]

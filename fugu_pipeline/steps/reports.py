@@ -43,7 +43,7 @@ def evaluate_oneshot(checkpoint_path: str | Path, source, models_dir: Path, comp
     checkpoint cannot be scored on these rows."""
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
     from fugu_pipeline.policies.oneshot.contest import add_composite
-    from fugu_pipeline.train.checkpoints import load_checkpoint
+    from fugu_pipeline.policies.registry import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint_path)
     fp = records.fingerprint(step=STEP, code=report_code_version(), checkpoint=ckpt.manifest.content_hash,
