@@ -18,6 +18,12 @@ import pytest
 from fugu_pipeline.cli import main
 
 
+@pytest.fixture(autouse=True)
+def _in_the_checkout(monkeypatch):
+    """These commands name the shipped configs as typed (`configs/train_sft.yaml`), from the checkout."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+
+
 def reward_jsonl(path: Path, n: int = 30, workers=("a", "b", "c"), splits=None, seed: int = 0) -> Path:
     rng = random.Random(seed)
     with open(path, "w") as f:
