@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -90,9 +89,8 @@ def test_a_lock_released_within_the_wait_is_simply_waited_for(small_project, hol
     monkeypatch.setattr(matrix_read, "_open_snapshot", lambda *a: pytest.fail("read a snapshot copy instead of waiting"))
     db = small_project / "data" / "reward_matrix.duckdb"
     threading.Timer(1.0, holder.kill).start()  # the user closes the session a second later
-    t0 = time.monotonic()
     assert len(read_arrays(db).task_ids) == 30
-    assert time.monotonic() - t0 > 0.5  # it met the lock and waited for its release
+    assert holder.poll() is not None  # it returned only once the holder was gone: it met the lock and waited
 
 
 @pytest.mark.slow

@@ -159,10 +159,11 @@ def test_every_server_a_page_starts_can_be_moved_to_a_free_port():
                 if left:
                     bad.append(f"{b.where}: port(s) {left} left in the block")
     assert not bad, "\n".join(bad)
+    free = _free_port()  # the page's own port moved to one this machine has free
     moved = with_server_port(with_ports("curl http://127.0.0.1:8080/v1; .venv/bin/fugu-lite serve --workers w.yaml",
-                                        {8080: 50001}), 50001)
-    assert moved == "curl http://127.0.0.1:50001/v1; .venv/bin/fugu-lite serve --port 50001 --workers w.yaml"
-    assert with_server_port(".venv/bin/mkdocs serve  # here", 5) == ".venv/bin/mkdocs serve --dev-addr 127.0.0.1:5  # here"
+                                        {8080: free}), free)
+    assert moved == f"curl http://127.0.0.1:{free}/v1; .venv/bin/fugu-lite serve --port {free} --workers w.yaml"
+    assert with_server_port(".venv/bin/mkdocs serve  # here", free) == f".venv/bin/mkdocs serve --dev-addr 127.0.0.1:{free}  # here"
 
 
 def _wait_up(url: str, proc: subprocess.Popen, log: Path, where: str) -> None:
