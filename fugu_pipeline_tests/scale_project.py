@@ -9,7 +9,6 @@ import tempfile
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from fugu_pipeline_tests.services import REPO, VENV_BIN
@@ -66,6 +65,12 @@ class Child:
         self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=self._fh, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=default_signals)
 
+    def exited(self) -> str | None:
+        """None while the process runs; once it has exited, its exit code and log tail (a wait's `alive`)."""
+        if self.proc.poll() is None:
+            return None
+        return f"{Path(self.proc.args[0]).name} exited ({self.proc.returncode}):\n{self.log.read_text(errors='replace')[-4000:]}"
+
     def stop(self, timeout: float = 30) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -86,16 +91,6 @@ def run_statuses(instance) -> dict[str, int]:
     for r in instance.get_runs():
         out[r.status.value] = out.get(r.status.value, 0) + 1
     return out
-
-
-def wait_for(predicate, timeout: float, every: float = 1.0, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError(f"{what} not reached in {timeout:.0f}s")
 
 
 def save_figures(name: str, figures: dict) -> Path:

@@ -20,6 +20,7 @@ import pytest
 from fugu_pipeline.matrix.read import RewardMatrixError, read_arrays
 from fugu_pipeline_tests.conftest import REPO, task_row, write_jsonl
 from fugu_pipeline_tests.scale_project import default_signals
+from fugu_pipeline_tests.waiting import wait_until
 
 DAGSTER = REPO / ".venv" / "bin" / "dagster"
 BAD_LINE = '{"task_id": "x3", "prompt": \n'
@@ -38,14 +39,15 @@ def matrix_tasks(db: Path) -> set[str]:
         return set()
 
 
-def wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen, log: Path) -> float:
+def wait_for(predicate, what: str, proc: subprocess.Popen, log: Path) -> float:
+    """Seconds until `predicate` holds (printed as a figure, never a verdict); dagster dev exiting ends it."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if predicate():
-            return time.monotonic() - t0
-        assert proc.poll() is None, f"dagster dev exited ({proc.returncode}):\n{log.read_text()[-4000:]}"
-        time.sleep(0.5)
-    pytest.fail(f"{what}: not within {timeout_s:.0f}s\n{log.read_text()[-6000:]}")
+
+    def alive() -> str | None:
+        return None if proc.poll() is None else f"dagster dev exited ({proc.returncode}):\n{log.read_text()[-4000:]}"
+
+    wait_until(predicate, what, every=0.5, alive=alive)
+    return time.monotonic() - t0
 
 
 def group_alive(pgid: int) -> list[str]:
@@ -101,7 +103,7 @@ def test_dropping_a_batch_file_updates_the_matrix_under_dagster_dev(tmp_path):
     stopped_in = None
     try:
         first = {f"t{i}" for i in range(12)}
-        t = wait_for(lambda: first <= matrix_tasks(db), 480, "the first batch in reward_matrix", proc, log)
+        t = wait_for(lambda: first <= matrix_tasks(db), "the first batch in reward_matrix", proc, log)
         print(f"\nfirst batch (daemon start included) -> matrix: {t:.1f}s")
 
         mark = len(log.read_text())
@@ -111,13 +113,13 @@ def test_dropping_a_batch_file_updates_the_matrix_under_dagster_dev(tmp_path):
         (project / "data" / "benchgen" / "badline.jsonl").write_text(
             "\n".join(json.dumps(task_row(200 + i)) for i in range(2)) + "\n" + BAD_LINE)
         second = first | {f"t{100 + i}" for i in range(6)}
-        t = wait_for(lambda: matrix_tasks(db) == second, 300, "the dropped batch in reward_matrix", proc, log)
+        t = wait_for(lambda: matrix_tasks(db) == second, "the dropped batch in reward_matrix", proc, log)
         print(f"batch file dropped -> reward_matrix holds its tasks: {t:.1f}s (shipped intervals)")
         arrays = read_arrays(db)
         assert len(arrays.task_ids) == len(second) and arrays.worker_ids == ["math-expert", "code-expert", "general-expert"]
 
         with dg.DagsterInstance.from_config(str(home)) as instance:
-            wait_for(lambda: all(r.is_finished for r in matrix_runs(instance)), 120, "the matrix run finishing", proc, log)
+            wait_for(lambda: all(r.is_finished for r in matrix_runs(instance)), "the matrix run finishing", proc, log)
             time.sleep(12)  # two more automation ticks: a second build would be requested by now
             assert len(matrix_runs(instance)) == builds_before + 1, "the drop built the matrix more than once"
             meta = instance.get_latest_materialization_event(dg.AssetKey("reward_matrix")).asset_materialization.metadata

@@ -12,7 +12,8 @@ import time
 import dagster as dg
 import pytest
 
-from fugu_pipeline_tests.scale_project import WORKER_IDS, Child, make_project, project_env, save_figures, wait_for
+from fugu_pipeline_tests.scale_project import WORKER_IDS, Child, make_project, project_env, save_figures
+from fugu_pipeline_tests.waiting import wait_until
 from fugu_pipeline_tests.services import REPO, VENV_BIN, Service, cell_counts, installed, require_service_tests, split_sample
 
 
@@ -106,7 +107,7 @@ def test_celery_workers_share_a_batch(redis, tmp_path, monkeypatch):
                       "--pool", "solo", "-Q", "dagster", "--prefetch-multiplier=1", "--without-gossip",
                       "--without-mingle", "-l", "INFO"], project, env, tmp_path / f"celery-{i}.log") for i in (1, 2)]
     try:
-        wait_for(lambda: all("ready" in w.log.read_text(errors="replace") for w in workers), 90, what="both Celery workers ready")
+        wait_until(lambda: all("ready" in w.log.read_text(errors="replace") for w in workers), "both Celery workers ready", every=1)
         t0 = time.monotonic()
         jobs = [(str(project), b, w) for b in expected for w in WORKER_IDS]
         results = _in_spawned_processes(jobs, timeout_s=600)

@@ -19,8 +19,8 @@ from fugu_pipeline_tests.scale_project import (
     run_statuses,
     save_figures,
     start_daemon,
-    wait_for,
 )
+from fugu_pipeline_tests.waiting import wait_until
 from fugu_pipeline_tests.services import REPO, VENV_BIN, Service, cell_counts, installed, require_service_tests, split_sample
 
 DEPLOY = REPO / "deploy" / "postgres" / "dagster.yaml"
@@ -89,7 +89,7 @@ def test_main_job_and_backfill_share_postgres_through_a_restart(postgres, tmp_pa
             max_running = max(max_running, sum(r.status in (dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING) for r in runs))
             return running >= 1
 
-        wait_for(in_flight, 240, what="a responses run in flight")
+        wait_until(in_flight, "a responses run in flight", every=1)
         before = run_statuses(instance)
         restart_s = postgres.restart(down_s=8)  # down 8 s: longer than dagster-postgres's own reconnect retries
         after_restart = time.monotonic() - t0
@@ -100,7 +100,7 @@ def test_main_job_and_backfill_share_postgres_through_a_restart(postgres, tmp_pa
             active = [r for r in instance.get_runs() if not r.is_finished]
             return len(done) == len(expected) * len(WORKER_IDS) and not active and _matrix_cells(deployment) == 40 * 3
 
-        wait_for(backfill_done, 420, every=2, what="every responses partition done and the matrix complete")
+        wait_until(backfill_done, "every responses partition done and the matrix complete", every=2)
         total_s = time.monotonic() - t0
     finally:
         main.stop()

@@ -17,7 +17,6 @@ import asyncio
 import logging
 import socket
 import threading
-import time
 
 import httpx
 import openai
@@ -30,6 +29,7 @@ from fugu_pipeline.serve.connections import ConnectionLimits, DropLog, uvicorn_o
 from fugu_pipeline.testing.serving import ServerThread, stub_workers_config
 from fugu_pipeline_tests import serve_fixtures
 from fugu_pipeline_tests.serve_fixtures import ask
+from fugu_pipeline_tests.waiting import wait_until
 
 stub = serve_fixtures.stub
 models = serve_fixtures.one_router
@@ -88,13 +88,6 @@ def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
 
 
-def until(condition, what: str, wait_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + wait_s
-    while not condition():
-        assert time.monotonic() < deadline, f"still waiting for {what} after {WAIT_S:g} s"
-        time.sleep(0.02)
-
-
 def test_half_sent_headers_get_a_408_and_the_connection_is_closed(server, stub, caplog):
     stub.reset_counts()
     with caplog.at_level(logging.WARNING, logger="fugu_pipeline.serve"), connect(server.port) as s:
@@ -135,7 +128,7 @@ def test_a_full_server_closes_the_oldest_half_open_connections_and_keeps_answeri
     try:
         for s in flood:
             s.sendall(HALF_OPEN)
-        until(lambda: guard.closed["evicted"] == 20 - QUICK.max_connections, "the flood to be admitted")
+        wait_until(lambda: guard.closed["evicted"] == 20 - QUICK.max_connections, "the flood to be admitted")
         assert httpx.get(server.url + "/health", timeout=WAIT_S).status_code == 200  # evicts one (and closes)
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=TOKEN, max_retries=0, timeout=WAIT_S)
         assert client.chat.completions.create(model="fugu-lite", messages=ask("hi")).choices[0].message.content
@@ -158,7 +151,7 @@ def test_requests_over_the_in_flight_cap_get_a_503_with_retry_after(server, stub
         model="fugu-lite", messages=ask("slow")).choices[0].message.content)) for _ in range(QUICK.max_in_flight)]
     for t in slow:
         t.start()
-    until(lambda: gate.in_flight == QUICK.max_in_flight, "the slow requests to be in flight")
+    wait_until(lambda: gate.in_flight == QUICK.max_in_flight, "the slow requests to be in flight")
     with pytest.raises(openai.APIStatusError) as exc:
         client.chat.completions.create(model="fugu-lite", messages=ask("one more"))
     assert exc.value.status_code == 503 and exc.value.response.headers["retry-after"] == str(QUICK.retry_after_s)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import resource
 import socket
-import time
 
 import httpx
 import openai
@@ -17,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fugu_pipeline.testing.serving import stub_workers_config
 from fugu_pipeline_tests import serve_fixtures
 from fugu_pipeline_tests.serve_fixtures import ask, start, stop
+from fugu_pipeline_tests.waiting import wait_until
 
 stub = serve_fixtures.stub
 models = serve_fixtures.one_router
@@ -39,13 +39,6 @@ def closed_total(url: str) -> dict[str, float]:
 
 def gauges(url: str) -> dict[str, float]:
     return {f.name: f.samples[0].value for f in scrape(url) if f.type == "gauge" and len(f.samples) == 1}
-
-
-def until(condition, what: str, wait_s: float) -> None:
-    deadline = time.monotonic() + wait_s
-    while not condition():
-        assert time.monotonic() < deadline, f"still waiting for {what} after {wait_s:g} s"
-        time.sleep(0.2)
 
 
 NOFILE = 2048
@@ -80,7 +73,7 @@ def test_serve_at_its_open_file_limit_keeps_answering_a_flood_of_half_open_conne
         assert client.chat.completions.create(model="fugu-lite", messages=ask("still there?")).choices[0].message.content
         peak = gauges(url)
         # the flood holds its connections: the header timeout (10 s by default) closes them all
-        until(lambda: gauges(url)["fugu_connections_open"] <= 1, "the half-open connections to be closed", 60)
+        wait_until(lambda: gauges(url)["fugu_connections_open"] <= 1, "the half-open connections to be closed", every=0.2)
         closed = closed_total(url)
     finally:
         for s in flood:

@@ -31,6 +31,10 @@ from check_assertions import problems_in  # noqa: E402
     ("import time\ndef test_a(f):\n    t0 = time.perf_counter()\n    f()\n    took = time.perf_counter() - t0\n"
      "    assert took < 30\n", "a wall-clock bound"),
     ("def test_a(r):\n    assert r.seconds < 5\n", "a wall-clock bound"),
+    ("import time\ndef until(ok):\n    deadline = time.monotonic() + 30\n    while not ok():\n"
+     "        assert time.monotonic() < deadline\n", "a deadline decides"),
+    ("import time\ndef test_a(f):\n    t0 = time.monotonic()\n    f()\n    assert time.monotonic() <= t0 + 5\n",
+     "a deadline decides"),
     ("def test_a(info):\n    assert 190 <= info['upstream_ms'] < 550\n", "a wall-clock bound"),
 ])
 def test_the_assertion_check_finds_what_cannot_fail(source, why):

@@ -16,7 +16,8 @@ import dagster as dg
 import pytest
 
 from fugu_pipeline_tests.conftest import ONE_POINT_HEADS, short_training
-from fugu_pipeline_tests.scale_project import OUTPUT, Child, make_project, project_env, wait_for
+from fugu_pipeline_tests.scale_project import OUTPUT, Child, make_project, project_env
+from fugu_pipeline_tests.waiting import wait_until
 from fugu_pipeline_tests.services import REPO, VENV_BIN, free_port, installed, require_service_tests, split_sample
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -63,7 +64,7 @@ def test_dagster_ui_in_headless_chromium(tmp_path):
     instance = dg.DagsterInstance.from_config(str(project))
     taken: list[str] = []
     try:
-        wait_for(lambda: _up(f"{base}/server_info"), 240, every=2, what="dagster dev answering")
+        wait_until(lambda: _up(f"{base}/server_info"), "dagster dev answering", every=2, alive=ui.exited)
         with sync_playwright() as p, tempfile.TemporaryDirectory(prefix="fugu-chromium-") as profile:
             browser = p.chromium.launch_persistent_context(profile, executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS,
                                                            viewport={"width": 1600, "height": 1000})
@@ -112,7 +113,7 @@ def test_dagster_ui_in_headless_chromium(tmp_path):
                        and dg.AssetKey("reward_matrix") in (r.asset_selection or set())]
                 return new[0] if new and new[0].is_finished else None
 
-            run = wait_for(launched, 300, every=2, what="the run launched from the UI finishing")
+            run = wait_until(launched, "the run launched from the UI finishing", every=2, alive=ui.exited)
             assert run.status == dg.DagsterRunStatus.SUCCESS, run.status
             page.goto(f"{base}/runs/{run.run_id}")
             page.get_by_text("Success").first.wait_for(state="visible")
@@ -164,7 +165,7 @@ def test_dagster_ui_in_headless_chromium(tmp_path):
                 runs = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], tags={"dagster/partition": "badline"}))
                 return runs[0] if runs else None
 
-            failed = wait_for(failed_load, 300, every=2, what="the bad batch's load failing")
+            failed = wait_until(failed_load, "the bad batch's load failing", every=2, alive=ui.exited)
             page.goto(f"{base}/runs/{failed.run_id}")
             page.get_by_text("badline.jsonl:2: malformed JSON").first.wait_for(state="visible")
             dismiss()

@@ -186,6 +186,13 @@ def _elapsed(node: ast.AST, readings: set[str], elapsed: set[str]) -> bool:
     return False
 
 
+def _reading(node: ast.AST, readings: set[str]) -> bool:
+    """A clock reading itself, a name assigned one, or a deadline built on either (`t0 + 30`)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _reading(node.left, readings) or _reading(node.right, readings)
+    return _clock_call(node) or (isinstance(node, ast.Name) and node.id in readings)
+
+
 def _wall_clock_bounds(tree: ast.AST) -> list[tuple[int, str]]:
     """Assertions that an elapsed wall time stays under a bound (a lower bound, "it waited at
     least", cannot fail on a slow machine and is left alone)."""
@@ -206,6 +213,9 @@ def _wall_clock_bounds(tree: ast.AST) -> list[tuple[int, str]]:
                     if under is not None and _elapsed(under, readings, elapsed) and not _elapsed(bound, readings, elapsed):
                         found.append((node.lineno, f"`{_src(cmp)}`: a wall-clock bound decides the test; check what the "
                                       "code did instead (speed lives in benchmarks/)"))
+                    elif under is not None and _reading(under, readings) and _reading(bound, readings):
+                        found.append((node.lineno, f"`{_src(cmp)}`: a deadline decides the test; wait for the condition "
+                                      "(fugu_pipeline_tests/waiting.py) and let the suite's timeout stop a hang"))
                     left = right
     return found
 
