@@ -46,8 +46,10 @@ def cold(tmp_path_factory):
     short_training(project, cascade=False)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DAGSTER_HOME", str(project))
-        mp.chdir(project)
+        elsewhere = tmp_path_factory.mktemp("caller")  # the workers path is the project's; the caller's cwd comes back
+        mp.chdir(elsewhere)
         run_pipeline(project, "configs/workers.mock.yaml", encoder="tiny", echo=lambda s: None)
+        assert Path.cwd() == elsewhere
     return project
 
 

@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import chdir, contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -172,7 +172,8 @@ def run_pipeline(
     anything runs when `stop_after` is not a step it can stop after; ProjectBusy when another run
     holds the project."""
     check_stop_after(stop_after, roles)
-    with project_lock(project_dir.resolve()):
+    project_dir = project_dir.resolve()
+    with project_lock(project_dir), chdir(project_dir):  # relative paths are the project's; the caller's cwd comes back
         return _run_locked(project_dir, workers_config, encoder=encoder, stop_after=stop_after, echo=echo, roles=roles,
                            asset_config=asset_config)
 
@@ -183,7 +184,6 @@ def _run_locked(project_dir: Path, workers_config: str, *, encoder, stop_after, 
     from fugu_pipeline.defs.sensors import register_partitions
     from fugu_pipeline.defs.settings import observe
 
-    os.chdir(project_dir)
     defs = build_defs(str(project_dir), workers_config, encoder)
     instance = project_instance(project_dir, echo)
     pipeline = defs.resources["pipeline"]
@@ -296,8 +296,8 @@ def materialize_one(project_dir: Path, workers_config: str, key: str, partition:
     from fugu_pipeline.defs.sensors import register_partitions
     from fugu_pipeline.defs.settings import observe
 
-    with project_lock(project_dir.resolve()):
-        os.chdir(project_dir)
+    project_dir = project_dir.resolve()
+    with project_lock(project_dir), chdir(project_dir):  # relative paths are the project's; the caller's cwd comes back
         defs = build_defs(str(project_dir), workers_config, encoder)
         graph = defs.resolve_asset_graph()
         names = sorted(k.to_user_string() for k in graph.materializable_asset_keys)
