@@ -28,7 +28,7 @@ from fugu_pipeline.policies.oneshot.predictors import (
     MLPHead,
     QualityPredictor,
     neighbour_mean,
-    topk_neighbours,
+    topk_neighbours_each,
 )
 from fugu_pipeline.policies.oneshot.ridge import RidgeHead, column_range
 from fugu_pipeline.train.selection import fold_ids
@@ -167,12 +167,10 @@ class KNNFamily(Family):
         pq, pu = prior.predict(xn, codes)
         kmax = max(self.cfg.k)
         out: Preds = {}
-        cache: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
-        for name, p in self.grid():
-            b = p["same_domain_bonus"]
-            if b not in cache:
-                cache[b] = topk_neighbours(xn, codes, bank, bank_codes, kmax, b)
-            sims, idx = cache[b]
+        grid = self.grid()
+        near = topk_neighbours_each(xn, codes, bank, bank_codes, kmax, [p["same_domain_bonus"] for _, p in grid])
+        for name, p in grid:
+            sims, idx = near[p["same_domain_bonus"]]
             k = min(p["k"], idx.shape[1])
             q = neighbour_mean(sims, idx, tq, k, p["temperature"])
             u = neighbour_mean(sims, idx, tu, k, p["temperature"])

@@ -196,20 +196,32 @@ def topk_neighbours(xn: torch.Tensor, codes: torch.Tensor | None, bank: torch.Te
     """(similarities, indices) of the kmax most similar bank rows per query, most similar first.
     Cosine similarity (both sides L2-normalised), plus `bonus` for a bank row of the query's own
     (known) domain."""
+    return topk_neighbours_each(xn, codes, bank, bank_codes, kmax, [bonus])[bonus]
+
+
+def topk_neighbours_each(xn: torch.Tensor, codes: torch.Tensor | None, bank: torch.Tensor, bank_codes: torch.Tensor,
+                         kmax: int, bonuses) -> dict[float, tuple[torch.Tensor, torch.Tensor]]:
+    """`topk_neighbours` for every bonus in `bonuses`, from one similarity matrix per chunk of queries
+    (the matrix product is most of the cost; each bonus only adds its same-domain term and takes its top k)."""
     kmax = min(kmax, len(bank))
-    sims, idx = [], []
+    bonuses = list(dict.fromkeys(float(b) for b in bonuses))
+    parts: dict[float, tuple[list, list]] = {b: ([], []) for b in bonuses}
     for s in range(0, len(xn), _CHUNK):
         S = xn[s:s + _CHUNK] @ bank.T
-        if bonus and codes is not None:
-            c = codes[s:s + _CHUNK]
-            same = (c.unsqueeze(1) == bank_codes.unsqueeze(0)) & (c >= 0).unsqueeze(1)
-            S = S + bonus * same.to(S.dtype)
-        v, i = torch.topk(S, kmax, dim=1)
-        sims.append(v)
-        idx.append(i)
-    if not sims:
-        return torch.zeros(0, kmax), torch.zeros(0, kmax, dtype=torch.long)
-    return torch.cat(sims), torch.cat(idx)
+        same = None
+        for b in bonuses:
+            T = S
+            if b and codes is not None:
+                if same is None:
+                    c = codes[s:s + _CHUNK]
+                    same = ((c.unsqueeze(1) == bank_codes.unsqueeze(0)) & (c >= 0).unsqueeze(1)).to(S.dtype)
+                T = S + b * same
+            v, i = torch.topk(T, kmax, dim=1)
+            parts[b][0].append(v)
+            parts[b][1].append(i)
+    if not len(xn):
+        return {b: (torch.zeros(0, kmax), torch.zeros(0, kmax, dtype=torch.long)) for b in bonuses}
+    return {b: (torch.cat(v), torch.cat(i)) for b, (v, i) in parts.items()}
 
 
 def neighbour_mean(sims: torch.Tensor, idx: torch.Tensor, table: torch.Tensor, k: int, temperature: float | None) -> torch.Tensor:
