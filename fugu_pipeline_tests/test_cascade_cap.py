@@ -95,3 +95,19 @@ def test_the_guard_lowers_the_allowance_only_past_the_band_and_keeps_few_caps(ca
     for k in range(MAX_GUARDS + 10):  # requests naming ever new caps hold a bounded number of guards
         router.guard(0.001 * (k + 1))
     assert len(router.guards) == MAX_GUARDS and round(0.001, 15) not in router.guards
+
+
+def test_a_caps_own_margin_bounds_the_plan_and_reaches_the_spend_guard(tmp_path):
+    """`--cap share=0.2,margin_z=Z`: the plan's mean cost plus Z standard errors is what must fit the
+    cap, so a wide margin ships a plan that escalates less than no margin does; the checkpoint
+    records Z, and the guard in serving and `evaluate` bounds the saved points with it."""
+    from fugu_pipeline.policies.cascade.evaluate import load_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.spend import cap_margin
+
+    data, grid, inputs = cascade_fixture.make(n=600, test_cheap=0.2)
+    fits = {z: fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=200, cap=CostCap(share=0.2, margin_z=z)),
+                           log=quiet) for z in (0.0, 8.0)}
+    assert fits[8.0].choices["*"].cost < fits[0.0].choices["*"].cost, {z: f.policy.describe() for z, f in fits.items()}
+    ckpt = load_cascade(save_cascade(tmp_path, data, fits[0.0], inputs.answer.shape[2]))
+    assert ckpt.head.cap_z == 0.0 and cap_margin(ckpt.head) == 0.0

@@ -105,8 +105,7 @@ def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run) -> list:
     (`spend.py`) over the rows in order, each row its domain's plan while the allowance is the cap,
     else the most accurate saved point within the allowance."""
     from fugu_pipeline.policies.cascade.policy import CascadePlan
-    from fugu_pipeline.policies.cascade.search import CAP_Z
-    from fugu_pipeline.policies.cascade.spend import SpendGuard, cap_points, pick
+    from fugu_pipeline.policies.cascade.spend import SpendGuard, cap_margin, cap_points, pick
 
     guard = SpendGuard(head.cap_usd)
     params = head.head_params()
@@ -116,7 +115,7 @@ def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run) -> list:
         a = guard.allowance()
         if not within_cap(head.cap_usd, a):  # below the cap: the guard holds back
             points = cap_points(params, metrics, str(d))
-            got = pick(points, a, CAP_Z) or (min(points, key=lambda p: p["cost_usd"]) if points else None)
+            got = pick(points, a, cap_margin(head)) or (min(points, key=lambda p: p["cost_usd"]) if points else None)
             res = res if got is None else run(CascadePlan.model_validate(got["plan"]))
         guard.record(float(res.cost[k]))
         out.append(res)

@@ -12,7 +12,7 @@
      for the whole); the cheapest whose accuracy is not significantly below the strongest's ships
      (paired 95% interval reaching 0, mean within `cascade.margin`).
    - a cap: the candidate with the best out-of-fold accuracy within it (the search in each fold
-     keeps a plan's mean expected cost plus `search.CAP_Z` standard errors within the cap).
+     keeps a plan's mean expected cost plus the cap's `margin_z` standard errors within the cap).
    - `utility` (the utility prices cost): a candidate replaces "always the best worker" only when
      its utility gain over it has a paired bootstrap 95% interval above zero.
    Every candidate's accuracy is also compared with the strongest worker's, with its interval.
@@ -124,6 +124,7 @@ class CascadeFit:
     saved_as: str = ""  # the candidate whose out-of-fold figure is the saved cascade's (cheapest rule)
     groups: GroupChoice | None = None  # the per-domain choice (cheapest rule, two or more domains)
     cap_usd: float | None = None  # the pooled cap, $ per request (the serving spend guard keeps to it)
+    cap_z: float | None = None  # that cap's margin in standard errors (the guard's bound on a saved point)
     cross_encoder: object = None  # the cross-encoder the verifier reads (cascade_cross_encoder.CrossEncoder), or None
 
     def table(self) -> list[dict]:
@@ -265,7 +266,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       answer_kinds=_kinds(grid, rows, doms), cap_rows=table,
                       context=context_json(scores) if verifier is not None else {}, frontier=frontier,
                       saved_as=saved_as, baseline=STRONGEST if mode == "cheapest" else baseline, groups=split,
-                      cap_usd=cap_usd)
+                      cap_usd=cap_usd, cap_z=None if cfg.cap is None else cfg.cap.margin_z)
 
 
 def _over_caps(cfg: CascadeConfig, cap_usd: float | None, g, rows: np.ndarray, doms: np.ndarray):

@@ -43,7 +43,7 @@ class CascadeHead(RoutingHead):
     def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
                  frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None,
                  answer_stats: list[str] | None = None, context: dict | None = None, cross_encoder: dict | None = None,
-                 cap_usd: float | None = None):
+                 cap_usd: float | None = None, cap_z: float | None = None):
         from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1
         from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
 
@@ -65,6 +65,8 @@ class CascadeHead(RoutingHead):
         # the cap the policy was chosen under, $ per request (serving keeps its running spend within it:
         # policies/cascade/spend.py); None: no cap
         self.cap_usd = None if cap_usd is None else float(cap_usd)
+        # that cap's margin in standard errors (a checkpoint saved before it was recorded: the default margin)
+        self.cap_z = None if cap_z is None else float(cap_z)
         # the context verifier (policies/cascade/verifier_context.py; None: each reply is scored alone)
         self.context = dict(context) if context else None
         if self.context is not None:
@@ -84,7 +86,8 @@ class CascadeHead(RoutingHead):
                 **({"answer_stats": list(self.answer_stats)} if self._stats_named else {}),
                 **({"context": self.context} if self.context else {}),
                 **({"cross_encoder": self.cross_encoder} if self.cross_encoder else {}),
-                **({"cap_usd": self.cap_usd} if self.cap_usd is not None else {})}
+                **({"cap_usd": self.cap_usd} if self.cap_usd is not None else {}),
+                **({"cap_z": self.cap_z} if self.cap_z is not None else {})}
 
     def forward(self, x: torch.Tensor, domains=None) -> torch.Tensor:
         raise TypeError("a cascade is not a one-step router: run it with policies/cascade/route.py (CascadeRouter) or score it "

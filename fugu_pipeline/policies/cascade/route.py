@@ -134,8 +134,7 @@ class CascadeRouter(Router):
         """The checkpoint's own plan while the running spend under its training cap allows it, else the
         most accurate saved point within the allowance."""
         from fugu_pipeline.policies.cascade.policy import CascadePlan
-        from fugu_pipeline.policies.cascade.search import CAP_Z
-        from fugu_pipeline.policies.cascade.spend import pick
+        from fugu_pipeline.policies.cascade.spend import cap_margin, pick
 
         cap = self.head.cap_usd
         guard = self.guard(cap)
@@ -145,7 +144,7 @@ class CascadeRouter(Router):
         if within_cap(cap, allowance):  # the cap itself: nothing to hold back
             return plan, note
         points = self._points(domain)
-        got = pick(points, allowance, CAP_Z) or (min(points, key=lambda p: p["cost_usd"]) if points else None)
+        got = pick(points, allowance, cap_margin(self.head)) or (min(points, key=lambda p: p["cost_usd"]) if points else None)
         return (plan if got is None else CascadePlan.model_validate(got["plan"])), note
 
     def route_batch(self, prompts, domains=None, *, allowed=None, cost_weight=None, budget=None, cost_texts=None,

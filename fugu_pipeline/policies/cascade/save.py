@@ -48,7 +48,8 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
                         # the context verifier (policies/cascade/verifier_context.py): a reply read with the paid ones
                         **({"context": fit.context} if getattr(fit, "context", None) else {}),
                         # the pooled cap the policy was chosen under: serving keeps its running spend within it
-                        **({"cap_usd": fit.cap_usd} if getattr(fit, "cap_usd", None) is not None else {}), **cross},
+                        **({"cap_usd": fit.cap_usd, "cap_z": fit.cap_z} if getattr(fit, "cap_usd", None) is not None
+                           else {}), **cross},
         "training_config": training_config or {}, "metrics": metrics,
         # the search's record (what a receipt cites, as a grid head's figure per grid point): the
         # validation figure of every plan the pooled search considered, in search order

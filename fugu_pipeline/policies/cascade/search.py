@@ -154,11 +154,12 @@ def search_policy(grid: Grid, rows: np.ndarray, domains: np.ndarray, cfg: Cascad
                   allowed: list[str] | None = None, memo: dict | None = None, z: float = 0.0) -> tuple[CascadePolicy, dict]:
     """A policy: the pooled plan under `cap`, and with `per_domain` (or a cap for a domain) a plan
     for each domain with enough rows under its own cap (else the pooled cap). Returns (policy,
-    {domain or "*": Choice}). `memo` and `z`: as `search`'s."""
+    {domain or "*": Choice}). `memo`: as `search`'s; a cap's bound is its mean cost plus that cap's own
+    `margin_z` standard errors (`z` where no cap is given)."""
     domains = np.asarray(domains, dtype=str)
     ref = grid.exp_cost[strongest(grid, rows)]
     usd = None if cap is None else cap.usd_per_request(ref)
-    choices = {"*": search(grid, rows, cfg, usd, allowed, "pooled: ", memo, z)}
+    choices = {"*": search(grid, rows, cfg, usd, allowed, "pooled: ", memo, z if cap is None else cap.margin_z)}
     per: dict[str, CascadePlan] = {}
     domain_caps = domain_caps or {}
     unknown = sorted(set(domain_caps) - set(domains[rows].tolist()))
@@ -176,7 +177,7 @@ def search_policy(grid: Grid, rows: np.ndarray, domains: np.ndarray, cfg: Cascad
                                    "drop its cap or lower cascade.search.min_domain_rows")
                 continue
             dusd = None if dcap is None else dcap.usd_per_request(grid.exp_cost[strongest(grid, mine)])
-            choices[d] = search(grid, mine, cfg, dusd, allowed, f"domain {d!r}: ", memo, z)
+            choices[d] = search(grid, mine, cfg, dusd, allowed, f"domain {d!r}: ", memo, z if dcap is None else dcap.margin_z)
             per[d] = choices[d].plan
     return CascadePolicy(default=choices["*"].plan, per_domain=per), choices
 

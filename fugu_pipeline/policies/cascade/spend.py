@@ -1,7 +1,7 @@
 """Keeping a cascade's cost cap on new requests: the points a cap chooses among, and the spend guard.
 
 A cap's plan is chosen so that its expected cost's upper bound on the rows it was chosen on (mean
-plus `search.CAP_Z` standard errors) is within the cap. Live traffic can still escalate more than
+plus the cap's `margin_z` standard errors, 1.645 by default) is within the cap. Live traffic can still escalate more than
 validation did (harder prompts, a verifier that scores new replies lower), so serving also keeps
 the cap on the running spend. Per cap, the **spend guard** counts the requests served under it (n)
 and what they cost (spent); before each request it gives an allowance
@@ -38,6 +38,15 @@ def cap_points(head_params: dict, metrics: dict, domain: str | None = None) -> l
                "plan": lv["plan_spec"]} for lv in ((metrics or {}).get("frontier_oof") or {}).get("levels", [])
               if lv.get("plan_spec") and "fit_cost_usd" in lv]
     return list(front) + (levels if not (head_params.get("domains_frontier") or {}).get(domain or "") else [])
+
+
+def cap_margin(head) -> float:
+    """The margin (standard errors) of the cap a cascade was trained under: the cap's own `margin_z`,
+    or the default margin for a checkpoint that did not record it."""
+    from fugu_pipeline.policies.cascade.search import CAP_Z
+
+    z = getattr(head, "cap_z", None)
+    return CAP_Z if z is None else float(z)
 
 
 def bound(point: dict, z: float) -> float:
