@@ -4,14 +4,12 @@ or USD per 1,000 requests); a cap nothing meets on validation is refused with th
 The evaluate report also groups by tag and by domain, with cost, and compares the router with the
 best fixed worker on the same metric."""
 
-import contextlib
-import io
 import json
 import random
 
 import pytest
 
-from fugu_pipeline.cli import main
+from fugu_pipeline_tests.cli_project import run, write_inputs
 
 WORKERS = ["a", "b", "c"]
 PRICE = [0.2e-6, 1e-6, 5e-6]  # USD per prompt token
@@ -33,21 +31,11 @@ def rows(n: int = 240) -> list[dict]:
     return out
 
 
-def run(*argv) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(list(argv))
-    return code, out.getvalue()
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     work = tmp_path_factory.mktemp("budget")
-    (work / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()))
-    (work / "w.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
+    common = write_inputs(work, rows())
     (work / "sft.yaml").write_text("head: quality\nepochs: 30\n")
-    common = ["--data", str(work / "r.jsonl"), "--workers", str(work / "w.yaml"), "--device", "cpu",
-              "--cache-dir", str(work / "emb"), "--work-dir", str(work / "imports")]
     code, out = run("train-sft", *common, "--encoder", "tiny", "--config", str(work / "sft.yaml"), "--prompt-rules", "off",
                     "--output", str(work / "models"))
     assert code == 0

@@ -8,64 +8,28 @@ cheap worker) is the cheapest policy not significantly below the strongest. Its 
 head's argmax, ties to the strongest) is not what it serves with no cap asked: the choice must score
 it at the point it serves."""
 
-import contextlib
-import io
 import json
-import random
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fugu_pipeline.cli import main
+from fugu_pipeline_tests.cli_project import WORKERS, hard_math_rows, run, write_inputs
 
-WORKERS = ["c", "b", "a"]  # c the strongest and the dearest, first (ties of predicted quality go to it); a cheap
-PRICE = [5e-6, 1e-6, 0.2e-6]  # USD per prompt token
-HARD = ("integral", "prove")
 EASY = ["solve compute matrix python list sum value", "train hours value table graph list",
         "python list derivative sum table", "compute graph value hours matrix solve"]
-
-
-def rows(n: int = 300) -> list[dict]:
-    """`a` is right wherever `c` is except on math prompts; `b` except on math prompts with a hard
-    word; every reply reads the same (the replies tell nothing the prompt does not)."""
-    rng = random.Random(0)
-    words = "solve compute matrix python list derivative train hours value sum table graph".split()
-    out = []
-    for i in range(n):
-        d = ("math", "code", "chat")[i % 3]
-        q = " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))
-        if d == "math" and rng.random() < 0.5:
-            q += f" {rng.choice(HARD)} {rng.choice(HARD)}"
-        hard = any(h in q for h in HARD)
-        quality = [1.0, 0.0 if hard else 1.0, 0.0 if hard or d == "math" else 1.0]
-        tokens = -(-len(q) // 4)
-        out.append({"task_id": f"t{i:03d}", "prompt": q, "domain": d, "worker_ids": WORKERS, "quality": quality,
-                    "split": ("train", "train", "train", "val", "test")[i % 5], "cost_usd": [tokens * p for p in PRICE],
-                    "answers": ["#### 7"] * 3, "answer_kind": "number"})
-    return out
-
-
-def run(*argv) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(list(argv))
-    return code, out.getvalue()
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     work = tmp_path_factory.mktemp("one_policy")
-    (work / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()))
-    (work / "w.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
+    common = write_inputs(work, hard_math_rows(answers=True))
     (work / "train.yaml").write_text(
         "features: {layer_sets: \"off\", prompt_rules: \"off\", lexical: false}\n"
         "heads:\n  knn: {k: [10, 30], prior_weight: [0], same_domain_bonus: [0], temperature: [null], prior_m: 20}\n"
         "cascade: {workers: [c, b], n_boot: 400, cross_encoder: \"off\", verifier_context: false,\n"
         "          search: {thresholds: 4, three_steps: false, finals: 2, cheap: 2}}\n")
-    common = ["--data", str(work / "r.jsonl"), "--workers", str(work / "w.yaml"), "--device", "cpu",
-              "--cache-dir", str(work / "emb"), "--work-dir", str(work / "imports")]
     code, out = run("train", *common, "--encoder", "tiny", "--config", str(work / "train.yaml"),
                     "--output", str(work / "models"))
     assert code == 0, out
@@ -113,7 +77,7 @@ def test_train_prints_what_ships_and_saves_that_description_beside_it(trained):
 
 
 def _prompts():
-    test = [r for r in rows() if r["split"] == "test"][:20]
+    test = [r for r in hard_math_rows(answers=True) if r["split"] == "test"][:20]
     return [r["prompt"] for r in test] + EASY, [r["domain"] for r in test] + ["code"] * len(EASY)
 
 
@@ -279,7 +243,7 @@ def test_a_description_for_other_weights_or_unreadable_is_ignored_with_one_line(
 def test_without_replies_the_selected_head_ships_at_its_point_and_says_so(tmp_path):
     """No replies, no cascade: the selected head ships at its default operating point; the line
     `train` prints is its description beside it, and `route` names it and routes by that point."""
-    data = [{k: v for k, v in r.items() if k not in ("answers", "answer_kind")} for r in rows()]
+    data = [{k: v for k, v in r.items() if k not in ("answers", "answer_kind")} for r in hard_math_rows(answers=True)]
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
     (tmp_path / "w.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
     (tmp_path / "train.yaml").write_text(

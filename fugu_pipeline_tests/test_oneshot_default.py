@@ -4,59 +4,22 @@ replies, with quality-only weights and recorded costs, `fugu-lite train` saves t
 with the reason) in `budget.json`; `route`, `serve` and `evaluate` use it when no cap is asked, an
 explicit cap overrides it, `--no-default-budget` turns it off."""
 
-import contextlib
-import io
 import json
-import random
 
 import numpy as np
 import pytest
 
-from fugu_pipeline.cli import main
 from fugu_pipeline.route.budget import LAMBDAS
 from fugu_pipeline.policies.oneshot.default_point import choose_default
-
-WORKERS = ["c", "b", "a"]  # c the strongest (and the dearest; first, so a tie of predicted quality goes to it), a cheap
-PRICE = [5e-6, 1e-6, 0.2e-6]  # USD per prompt token
-HARD = ("integral", "prove")
-
-
-def rows(n: int = 300) -> list[dict]:
-    """The cheap worker `a` is right wherever the strongest `c` is, except on math prompts with a hard
-    word: the prompt's domain and words tell which rows."""
-    rng = random.Random(0)
-    words = "solve compute matrix python list derivative train hours value sum table graph".split()
-    out = []
-    for i in range(n):
-        d = ("math", "code", "chat")[i % 3]
-        q = " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))
-        if d == "math" and rng.random() < 0.5:
-            q += f" {rng.choice(HARD)} {rng.choice(HARD)}"
-        hard = any(h in q for h in HARD)
-        quality = [1.0, 0.0 if hard else 1.0, 0.0 if hard or d == "math" else 1.0]
-        tokens = -(-len(q) // 4)
-        out.append({"task_id": f"t{i:03d}", "prompt": q, "domain": d, "worker_ids": WORKERS, "quality": quality,
-                    "split": ("train", "train", "train", "val", "test")[i % 5], "cost_usd": [tokens * p for p in PRICE]})
-    return out
-
-
-def run(*argv) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(list(argv))
-    return code, out.getvalue()
-
+from fugu_pipeline_tests.cli_project import WORKERS, hard_math_rows, run, write_inputs
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     work = tmp_path_factory.mktemp("oneshot_default")
-    (work / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()))
-    (work / "w.yaml").write_text("reward:\n  quality_weight: 1.0\n  cost_weight: 0.0\n  latency_weight: 0.0\n")
+    common = write_inputs(work, hard_math_rows())
     (work / "train.yaml").write_text("features: {layer_sets: \"off\", prompt_rules: \"off\", lexical: false}\n"
                                      "heads:\n  knn: {k: [10, 30], prior_weight: [0], same_domain_bonus: [0], "
                                      "temperature: [null], prior_m: 20}\n")
-    common = ["--data", str(work / "r.jsonl"), "--workers", str(work / "w.yaml"), "--device", "cpu",
-              "--cache-dir", str(work / "emb"), "--work-dir", str(work / "imports")]
     code, out = run("train", *common, "--encoder", "tiny", "--config", str(work / "train.yaml"),
                     "--output", str(work / "models"))
     assert code == 0, out
@@ -99,7 +62,7 @@ def test_route_uses_the_default_and_a_cap_overrides_it(trained):
     assert sec["strongest_worker"] == "c" and sec["expected_share_of_strongest"] < 0.5
     assert sec["minus_strongest"]["high"] >= 0
     # on other data (a report-only calibration) the point reported is still the one the checkpoint routes by
-    (work / "other.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()[:-12]))
+    (work / "other.jsonl").write_text("".join(json.dumps(r) + "\n" for r in hard_math_rows()[:-12]))
     other = [a if a != str(work / "r.jsonl") else str(work / "other.jsonl") for a in common]
     code, out = run("evaluate", "--checkpoint", ckpt, *other, "--output", str(work / "o.json"))
     assert code == 0 and json.loads((work / "o.json").read_text())["default_point"]["lambda"] == sec["lambda"]
