@@ -119,6 +119,25 @@ def stop(proc: subprocess.Popen, within_s: float = 180) -> int:
 # --------------------------------------------------------------------------- bodies a server refuses with a 400
 
 
+def scrape(url: str, token: str, wait_s: float = 30.0) -> list:
+    """The server's /metrics, parsed (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=wait_s).text
+    return list(text_string_to_metric_families(text))
+
+
+def closed_total(url: str, token: str) -> dict[str, float]:
+    """`fugu_connections_closed_total` by reason."""
+    return {s.labels["reason"]: s.value for f in scrape(url, token)
+            if f.name == "fugu_connections_closed" for s in f.samples if s.name.endswith("_total")}
+
+
+def gauges(url: str, token: str) -> dict[str, float]:
+    """Every single-sample gauge by name."""
+    return {f.name: f.samples[0].value for f in scrape(url, token) if f.type == "gauge" and len(f.samples) == 1}
+
+
 def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 

@@ -28,7 +28,7 @@ from fugu_pipeline.serve import create_app
 from fugu_pipeline.serve.connections import ConnectionLimits, DropLog, uvicorn_options
 from fugu_pipeline.testing.serving import ServerThread, stub_workers_config
 from fugu_pipeline_tests import serve_fixtures
-from fugu_pipeline_tests.serve_fixtures import ask
+from fugu_pipeline_tests.serve_fixtures import ask, closed_total
 from fugu_pipeline_tests.waiting import wait_until
 
 stub = serve_fixtures.stub
@@ -57,21 +57,6 @@ def server(models, stub):
     srv.stop()
 
 
-def scrape(url: str) -> list:
-    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=WAIT_S).text
-    return list(text_string_to_metric_families(text))
-
-
-def closed_total(url: str) -> dict[str, float]:
-    """`fugu_connections_closed_total` by reason, scraped from /metrics."""
-    return {s.labels["reason"]: s.value for f in scrape(url)
-            if f.name == "fugu_connections_closed" for s in f.samples if s.name.endswith("_total")}
-
-
-def gauges(url: str) -> dict[str, float]:
-    return {f.name: f.samples[0].value for f in scrape(url) if f.type == "gauge" and len(f.samples) == 1}
-
-
 def read_until_closed(sock: socket.socket) -> bytes:
     """Everything the server sends until it closes the connection (a timeout fails the test)."""
     sock.settimeout(WAIT_S)
@@ -96,7 +81,7 @@ def test_half_sent_headers_get_a_408_and_the_connection_is_closed(server, stub, 
     assert reply.startswith(b"HTTP/1.1 408 ") and b'"request_timeout"' in reply
     with connect(server.port) as silent:  # a connection that sends nothing is closed too, without a reply
         assert read_until_closed(silent) == b""
-    assert closed_total(server.url)["header_timeout"] == 2
+    assert closed_total(server.url, TOKEN)["header_timeout"] == 2
     said = [r.getMessage() for r in caplog.records if "header_timeout" in r.getMessage()]
     assert len(said) == 1 and "--header-timeout-s" in said[0]  # the second is summed, not said again
     assert stub.chat_requests() == []
@@ -109,7 +94,7 @@ def test_a_slow_body_is_cut_and_the_worker_never_called(server, stub):
                   b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Length: 200\r\n\r\n{\"messages\": ")
         reply = read_until_closed(s)
     assert reply.startswith(b"HTTP/1.1 408 ") and b"body" in reply
-    assert closed_total(server.url)["body_timeout"] == 1
+    assert closed_total(server.url, TOKEN)["body_timeout"] == 1
     assert stub.chat_requests() == []
 
 
@@ -118,7 +103,7 @@ def test_an_idle_kept_alive_connection_is_closed_after_its_answer(server):
         s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         reply = read_until_closed(s)  # the answer, then the close once keep_alive_s has passed
     assert reply.startswith(b"HTTP/1.1 200 ")
-    assert closed_total(server.url)["idle"] >= 1
+    assert closed_total(server.url, TOKEN)["idle"] >= 1
 
 
 def test_a_full_server_closes_the_oldest_half_open_connections_and_keeps_answering(models, stub):
@@ -132,7 +117,7 @@ def test_a_full_server_closes_the_oldest_half_open_connections_and_keeps_answeri
         assert httpx.get(server.url + "/health", timeout=WAIT_S).status_code == 200  # evicts one (and closes)
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=TOKEN, max_retries=0, timeout=WAIT_S)
         assert client.chat.completions.create(model="fugu-lite", messages=ask("hi")).choices[0].message.content
-        closed = closed_total(server.url)  # the scrape's own connection evicts one more
+        closed = closed_total(server.url, TOKEN)  # the scrape's own connection evicts one more
         assert closed["evicted"] == 20 - QUICK.max_connections + 2
         assert all(read_until_closed(s) == b"" for s in flood[:14])  # the oldest went first
         assert guard.waiting and all(s.fileno() for s in flood[14:])

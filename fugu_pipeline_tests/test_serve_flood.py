@@ -11,11 +11,10 @@ import socket
 
 import httpx
 import openai
-from prometheus_client.parser import text_string_to_metric_families
 
 from fugu_pipeline.testing.serving import stub_workers_config
 from fugu_pipeline_tests import serve_fixtures
-from fugu_pipeline_tests.serve_fixtures import ask, start, stop
+from fugu_pipeline_tests.serve_fixtures import ask, closed_total, gauges, start, stop
 from fugu_pipeline_tests.waiting import wait_until
 
 stub = serve_fixtures.stub
@@ -25,20 +24,6 @@ clean_stub = serve_fixtures.clean_stub
 TOKEN = "flood-test-token"
 HALF_OPEN = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127"
 WAIT_S = 30.0  # the most a request waits for its answer
-
-
-def scrape(url: str) -> list:
-    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=WAIT_S).text
-    return list(text_string_to_metric_families(text))
-
-
-def closed_total(url: str) -> dict[str, float]:
-    return {s.labels["reason"]: s.value for f in scrape(url)
-            if f.name == "fugu_connections_closed" for s in f.samples if s.name.endswith("_total")}
-
-
-def gauges(url: str) -> dict[str, float]:
-    return {f.name: f.samples[0].value for f in scrape(url) if f.type == "gauge" and len(f.samples) == 1}
 
 
 NOFILE = 2048
@@ -71,10 +56,10 @@ def test_serve_at_its_open_file_limit_keeps_answering_a_flood_of_half_open_conne
         assert httpx.get(url + "/health", timeout=WAIT_S).status_code == 200
         client = openai.OpenAI(base_url=url + "/v1", api_key=TOKEN, max_retries=0, timeout=WAIT_S)
         assert client.chat.completions.create(model="fugu-lite", messages=ask("still there?")).choices[0].message.content
-        peak = gauges(url)
+        peak = gauges(url, TOKEN)
         # the flood holds its connections: the header timeout (10 s by default) closes them all
-        wait_until(lambda: gauges(url)["fugu_connections_open"] <= 1, "the half-open connections to be closed", every=0.2)
-        closed = closed_total(url)
+        wait_until(lambda: gauges(url, TOKEN)["fugu_connections_open"] <= 1, "the half-open connections to be closed", every=0.2)
+        closed = closed_total(url, TOKEN)
     finally:
         for s in flood:
             s.close()
