@@ -265,14 +265,34 @@ def download(url: str, local: Path) -> bool:
     return True
 
 
-def upload_dir(local: Path, url: str, last: str | None = None) -> int:
-    """Upload every file of a local folder (not hidden ones), `last` after all the others: the
-    object whose presence commits the set. Returns the number of objects written."""
+def sync_checkpoint(local: Path, url: str, last: str) -> int:
+    """Bring a checkpoint folder on the store up to date with `local`: its weights and `last` (the
+    manifest, which commits the set: uploaded after the others) when the store lacks them (the folder
+    is content-addressed, so they never change), and every small JSON file beside them (a budget
+    calibration, the description of what ships) whenever the store's bytes differ, as they are written
+    after the checkpoint. Returns the number of objects written."""
     files = sorted(p for p in local.rglob("*") if p.is_file() and not p.name.startswith("."))
     files.sort(key=lambda p: p.name == last)  # stable: the commit object goes last
+    n = 0
     for p in files:
-        put_bytes(join(url, p.relative_to(local).as_posix()), p.read_bytes())
-    return len(files)
+        target = join(url, p.relative_to(local).as_posix())
+        mutable = p.suffix == ".json" and p.name != last
+        if mutable and get_bytes(target) == p.read_bytes():
+            continue
+        if not mutable and etag(target) is not None:
+            continue
+        put_bytes(target, p.read_bytes())
+        n += 1
+    return n
+
+
+def download_dir(url: str, local: Path, last: str) -> list[str]:
+    """Every object directly under `url` into `local` (each written then renamed), `last` (the
+    commit object) after the others. Returns the names copied."""
+    names = sorted(sorted(list_names(url)), key=lambda n: n == last)
+    for name in names:
+        download(join(url, name), local / name)
+    return names
 
 
 def local_cache(url: str) -> Path:

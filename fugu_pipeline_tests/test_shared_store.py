@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -99,10 +100,12 @@ def test_a_slow_store_times_out_with_a_clear_error(s3, store, monkeypatch):
 MACHINE_B = """
 import json, sys
 from fugu_pipeline import load_promoted
+from fugu_pipeline.cost_cap import CostCap
 router = load_promoted(sys.argv[1], device="cpu")
 d = router.route("What is 17 * 3?", domain="math")
+capped = router.route("What is 17 * 3?", domain="math", budget=CostCap(share=0.5))  # reads budget.json
 print(json.dumps({"worker": d.worker_id, "checkpoint": str(router.router.checkpoint.path),
-                  "content_hash": router.router.checkpoint.manifest.content_hash}))
+                  "content_hash": router.router.checkpoint.manifest.content_hash, "capped": capped.worker_id}))
 """
 
 
@@ -119,7 +122,9 @@ def test_promoted_on_one_machine_loaded_on_another(s3, store, tmp_path, monkeypa
     monkeypatch.setenv("FUGU_MODELS_URL", models_url)
     monkeypatch.setenv("FUGU_DATA_URL", f"s3://{BUCKET}/roundtrip/data")
     paths = ProjectPaths(tmp_path / "machine-a")
-    build_checkpoints(paths.models, seeds=(0,), epochs=5)  # trains an SFT head and promotes it locally
+    # trains a quality SFT head, draws its budget calibration beside it (budget.json) and promotes it locally
+    ckpt = build_checkpoints(paths.models, seeds=(0,), epochs=5, head="quality")[0]
+    assert (ckpt / "budget.json").is_file()
     assert SharedStore.of(paths).push_promoted(None)  # no pointer on the store yet: checkpoint (manifest last), then the pointer
     pointer = json.loads((paths.models / "promoted" / "current.json").read_text())
     env_b = {**env, "FUGU_STORE_CACHE": str(tmp_path / "machine-b" / "cache")}
@@ -132,7 +137,9 @@ def test_promoted_on_one_machine_loaded_on_another(s3, store, tmp_path, monkeypa
     assert got["content_hash"] == pointer["content_hash"]
     assert got["checkpoint"].startswith(str(tmp_path / "machine-b" / "cache"))  # B's own copy, from the store
     assert not (tmp_path / "machine-b" / "models").exists()
-    assert got["worker"] in ("alpha", "beta", "gamma")
+    assert got["worker"] in ("alpha", "beta", "gamma") and got["capped"] in ("alpha", "beta", "gamma")
+    for name in ("head.safetensors", "manifest.json", "budget.json"):  # every file of the folder, byte for byte
+        assert (Path(got["checkpoint"]) / name).read_bytes() == (ckpt / name).read_bytes(), name
 
 
 @pytest.mark.slow
@@ -174,3 +181,26 @@ def test_two_machines_share_responses_embeddings_and_the_promoted_router(s3, sto
     assert route.returncode == 0, route.stderr[-2000:]
     pointer = json.loads(store.get_bytes(f"{env['FUGU_MODELS_URL']}/promoted/current.json"))
     assert json.loads(route.stdout.strip().splitlines()[-1])["content_hash"] == pointer["content_hash"]
+
+
+def test_files_written_beside_a_pushed_checkpoint_reach_the_store_and_the_weights_go_once(tmp_path):
+    """A checkpoint is pushed when it is trained; `policy.json` and `budget.json` are written beside
+    it later (by the cascade step, by `evaluate`). Each push sends what is new or changed, never the
+    content-addressed weights again, and a machine that pulls the folder gets all of it, manifest last."""
+    from fugu_pipeline.storage import download_dir, sync_checkpoint
+
+    local, url = tmp_path / "models" / "sft" / "abc", str(tmp_path / "store" / "sft" / "abc")
+    local.mkdir(parents=True)
+    (local / "head.safetensors").write_bytes(b"weights")
+    (local / "manifest.json").write_text('{"content_hash": "abc"}')
+    assert sync_checkpoint(local, url, last="manifest.json") == 2
+    assert sync_checkpoint(local, url, last="manifest.json") == 0
+    (local / "policy.json").write_text('{"line": "first"}')
+    assert sync_checkpoint(local, url, last="manifest.json") == 1
+    (local / "policy.json").write_text('{"line": "second"}')
+    (local / "head.safetensors").write_bytes(b"not sent: the folder is content-addressed")
+    assert sync_checkpoint(local, url, last="manifest.json") == 1
+    got = download_dir(url, tmp_path / "machine-b", last="manifest.json")
+    assert got == ["head.safetensors", "policy.json", "manifest.json"]
+    assert (tmp_path / "machine-b" / "policy.json").read_text() == '{"line": "second"}'
+    assert (tmp_path / "machine-b" / "head.safetensors").read_bytes() == b"weights"

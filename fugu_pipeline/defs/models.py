@@ -257,6 +257,8 @@ def router_cascade(context: dg.AssetExecutionContext, pipeline: PipelineResource
     cascade, shipped = str(models / out["cascade"]), str(models / out["shipped"])
     if not record.reused:
         push_checkpoint(context, pipeline, Path(cascade))
+        if Path(shipped) != Path(cascade):  # what ships has its policy.json beside it now
+            push_checkpoint(context, pipeline, Path(shipped))
     context.log.info("\n".join(record.summary.get("lines", [])))  # one event: one block in the run log
     return dg.Output(
         {"cascade": cascade, "shipped": shipped, "policy": out["policy"], "selected": router_heads["selected"],

@@ -29,13 +29,14 @@ from fugu_pipeline.paths import ProjectPaths
 from fugu_pipeline.storage import (
     PreconditionFailed,
     download,
+    download_dir,
     etag,
     get_bytes,
     join,
     list_dirs,
     list_names,
     put_bytes,
-    upload_dir,
+    sync_checkpoint,
 )
 from fugu_pipeline.train.pointer import POINTER, pointer_location
 
@@ -148,13 +149,13 @@ class SharedStore:
     # ------------------------------------------------------------------ checkpoints and the pointer
 
     def push_checkpoint(self, local_dir: Path) -> str | None:
-        """Upload a checkpoint folder (content-addressed) unless the store has it; manifest last."""
+        """Upload a checkpoint folder (content-addressed; manifest last) and the files written beside
+        it since (`budget.json`, `policy.json`): `storage.sync_checkpoint`."""
         if not self.models_url:
             return None
         rel = local_dir.resolve().relative_to(self.paths.models.resolve()).as_posix()
         url = join(self.models_url, rel)
-        if etag(join(url, MANIFEST)) is None:
-            upload_dir(local_dir, url, last=MANIFEST)
+        sync_checkpoint(local_dir, url, last=MANIFEST)
         return url
 
     def pull_promoted(self) -> str | None:
@@ -170,9 +171,8 @@ class SharedStore:
         pointer = json.loads(raw)
         rel = str(pointer["checkpoint"])
         local = self.paths.models / rel
-        if not (local / MANIFEST).exists():
-            for name in ("head.safetensors", MANIFEST):
-                download(join(self.models_url, rel, name), local / name)
+        if not (local / MANIFEST).exists():  # the whole folder: weights, the files beside them, the manifest last
+            download_dir(join(self.models_url, rel), local, last=MANIFEST)
         from fugu_pipeline.files import atomic_write
 
         atomic_write(self.paths.models / POINTER, raw)
@@ -188,9 +188,9 @@ class SharedStore:
         if not local.exists():
             return False
         pointer = json.loads(local.read_text())
+        self.push_checkpoint(self.paths.models / pointer["checkpoint"])  # the files beside it may be newer
         if get_bytes(pointer_location(self.models_url)) == local.read_bytes():
             return False
-        self.push_checkpoint(self.paths.models / pointer["checkpoint"])
         if expected_version is None:
             put_bytes(pointer_location(self.models_url), local.read_bytes(), if_absent=True)
         else:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fugu_pipeline.route.router import RouteDecision, Router, RouterError
-from fugu_pipeline.storage import download, is_url, local_cache
+from fugu_pipeline.storage import download_dir, is_url, local_cache
 from fugu_pipeline.train.pointer import POINTER, PointerError, pointer_location, pointer_target, read_pointer
 
 CHECKPOINT_FILES = ("head.safetensors", "manifest.json")  # the manifest commits the checkpoint: last
@@ -76,8 +76,9 @@ def local_checkpoint(path: str | Path) -> Path:
     if (local / "manifest.json").exists():
         return local
     tmp = local.parent / f".tmp-{name}-{os.getpid()}"
+    got = download_dir(url, tmp, last="manifest.json")  # the files beside the weights too: budget.json, policy.json, ...
     for fname in CHECKPOINT_FILES:
-        if not download(f"{url}/{fname}", tmp / fname):
+        if fname not in got:
             raise RouterError(f"{url} has no {fname}: not a committed checkpoint (an upload cut short, or a wrong pointer)")
     try:
         os.replace(tmp, local)

@@ -43,7 +43,8 @@ def build_checkpoints(models_dir: Path, seeds: tuple[int, ...] = (0, 1), epochs:
                       encoder: str = "tiny", head: str = "layernorm_linear", dtype: str = "auto") -> list[Path]:
     """Train one SFT checkpoint per seed (head kind `head`) on the encoder's (default: the tiny
     one) features of `synthetic_tasks`, save them under `models_dir` and promote the first. Returns
-    the checkpoint directories."""
+    the checkpoint directories. A `quality` head (the rows then record cost) gets its budget
+    calibration (`budget.json`) beside it, as `fugu-lite train-sft` writes it."""
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.features.routing_data import RoutingData
     from fugu_pipeline.features.settings import EncoderSettings
@@ -63,6 +64,11 @@ def build_checkpoints(models_dir: Path, seeds: tuple[int, ...] = (0, 1), epochs:
     enc.close()
     paths = [train_sft(data, SFTConfig(seed=s, epochs=epochs, patience=epochs, head=head)).save(models_dir)
              for s in seeds]
+    if head == "quality":
+        from fugu_pipeline.route.budget import calibrate_beside
+
+        for p in paths:
+            calibrate_beside(p, data, log=lambda m: None, strict=True)
     promote(models_dir, paths[0])
     return paths
 
