@@ -29,6 +29,11 @@ FAST = CascadeSearch(thresholds=4, three_steps=False, finals=2, cheap=2)
 @pytest.mark.parametrize("reply, kind, want", [
     ("so 3*60=180.\n#### 540\n", "number", "540"), ("The total is 1,200.0 dollars", "number", "1200"),
     ("The answer is (B).", "choice", "B"), ("I think **C** is right", "choice", "C"), ("I am not sure.", "choice", None),
+    # the strongest commitment wins: a boxed letter, a pairwise judge's verdict (not the output it mentions last)
+    ("so the correct answer is \\boxed{C}.", "choice", "C"), ("the answer is \\boxed{(C) \\text{city}}.", "choice", "C"),
+    ("likely to work for:\n\n\\(\\boxed{D}\\)", "choice", "D"), ("Option A looks close, but \\boxed{B}", "choice", "B"),
+    ("\\boxed{Bob}", "choice", None), ("Therefore, Output (a) is better.", "choice", "A"),
+    ("Output (b) is better. Output (b) answers it, while Output (a) adds noise.", "choice", "B"),
     ("I am not sure, but the answer is Paris.", "text", "paris"), ("```python\ndef f():  \n\n    return 1\n```", "code",
                                                                       "def f():\n    return 1"),
     ("   ", "text", None)])

@@ -3,7 +3,10 @@
 A cascade (FrugalGPT, AutoMix, answer-consistency cascades) stops early when the cheap workers'
 answers agree, so every reply is reduced to one canonical string by the task's kind of answer:
 
-- `choice`: a letter (A-J) of a multiple-choice question: "The answer is (B)." → "B";
+- `choice`: a letter (A-J) of a multiple-choice question, from the strongest commitment the reply
+  makes: a boxed letter (`\\boxed{B}`, `\\boxed{(C) \\text{city}}`), else a pairwise judge's verdict
+  ("Output (a) is better" → "A"), else "The answer is (B)." → "B", else a letter standing alone at
+  the end;
 - `number`: the final number the reply commits to (`\\boxed{}`, "answer is X", "#### X", else
   the last number), written canonically: "1,200.0" and "1200" → "1200";
 - `code`: the last fenced code block, trailing spaces and blank lines dropped;
@@ -37,6 +40,8 @@ ANSWER_KINDS: tuple[str, ...] = ("choice", "number", "code", "text")
 _HASHES = re.compile(r"####\s*(\S[^\n]*|[^\S\n](?=\n*\Z))")
 _CHOICE_FINAL = re.compile(r"(?:answer|choice|option)\s*(?:(?:is|:|=)\s*)?(?:option\s*)?[\(\[]?([A-J])[\)\]]?(?![A-Za-z])",
                            re.IGNORECASE)
+_CHOICE_BOXED = re.compile(r"\\boxed\{\s*[\(\[]?([A-J])(?![A-Za-z0-9])")
+_CHOICE_VERDICT = re.compile(r"\boutput\s*[\(\[]([a-j])[\)\]]\s*is\s*(?:the\s*)?better\b", re.IGNORECASE)
 _CHOICE_ALONE = re.compile(r"(?:^|[\s\(\[\*])([A-J])(?=[\)\]\.:\*,]|\s*$)")
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 _OPTIONS = re.compile(r"(?:^|\n)[^\S\n]*[\(\[]?([A-D])[\)\].:]\s+\S", re.MULTILINE)  # read from the option's own line
@@ -55,9 +60,10 @@ def canonical_number(x: float) -> str:
 
 
 def _choice(text: str) -> str | None:
-    found = _CHOICE_FINAL.findall(text)
-    if found:
-        return found[-1].upper()
+    for pattern in (_CHOICE_BOXED, _CHOICE_VERDICT, _CHOICE_FINAL):  # the strongest commitment first
+        found = pattern.findall(text)
+        if found:
+            return found[-1].upper()
     tail = text.strip()[-200:]
     alone = _CHOICE_ALONE.findall(tail)
     return alone[-1].upper() if alone else None
