@@ -10,6 +10,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_MARGIN = 0.005
+# the low end of a cheaper policy's 95% interval against the strongest may reach this far below 0 and
+# no further (`train.selection.cheapest_not_below`): the one-shot default and a cascade's `floor`
+DEFAULT_FLOOR = 0.02
 
 
 class DefaultPoint(BaseModel):
@@ -27,6 +30,7 @@ class DefaultPoint(BaseModel):
     strongest_cost_usd: float
     difference: tuple[float, float, float]  # accuracy − the strongest's: mean, 95% interval
     margin: float = DEFAULT_MARGIN
+    floor: float | None = None  # the non-inferiority bound it was chosen under (None: a point saved before it existed)
     n_rows: int = Field(ge=1)
 
     def describe(self) -> str:

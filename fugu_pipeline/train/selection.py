@@ -229,17 +229,23 @@ class Pick:
     qualified: tuple[str, ...] = ()  # every candidate that met the rule, cheapest first
 
 
-def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin: float, n_rows: int) -> Pick:
+def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin: float, n_rows: int,
+                       floor: float | None = None) -> Pick:
     """The cost-aware rule over `cands` (CandidateFigure-like: name, quality, cost_usd,
-    vs_strongest, vs_low, vs_high, note)."""
+    vs_strongest, vs_low, vs_high, note): the cheapest whose accuracy difference from the strongest
+    has a paired 95% interval reaching 0 and a mean within `margin`, and, with a `floor`, an
+    interval whose low end is no further below 0 than the floor (a non-inferiority bound: on few
+    rows an interval that reaches 0 can reach far below it, and what ships must hold on new rows)."""
     base = next(c for c in cands if c.name == strongest_name)
     cheaper = [c for c in cands if c.name != strongest_name and c.cost_usd < base.cost_usd * (1 - 1e-6)
                and not c.note.startswith("unavailable")]
-    ok = [base] + [c for c in cheaper if c.vs_high >= 0 and c.vs_strongest >= -margin]
+    ok = [base] + [c for c in cheaper if c.vs_high >= 0 and c.vs_strongest >= -margin
+                   and (floor is None or c.vs_low >= -floor)]
     ok.sort(key=lambda c: (c.cost_usd, -c.quality, c.name != strongest_name))
     win, qualified = ok[0], tuple(c.name for c in ok)
-    rule = (f"95% paired bootstrap interval of the accuracy difference reaching 0, mean within the {margin * 100:.2g}-point "
-            f"margin, out of fold over {n_rows} non-test rows")
+    bound = "" if floor is None else f", its low end above -{floor:g}"
+    rule = (f"95% paired bootstrap interval of the accuracy difference reaching 0{bound}, mean within the "
+            f"{margin * 100:.2g}-point margin, out of fold over {n_rows} non-test rows")
     if win.name != strongest_name and win.cost_usd < base.cost_usd:
         share = win.cost_usd / base.cost_usd if base.cost_usd > 0 else float("nan")
         return Pick(win.name, (

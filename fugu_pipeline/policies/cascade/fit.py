@@ -229,7 +229,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     split = None
     if groups:  # the per-domain policy: one more candidate, held to the rule per domain and for the whole
         pooled = [c for c in cands if c.kind != "one-shot" and c.name not in cf.missing]
-        default = pick_cheapest(pooled, strongest_worker, cfg.margin, n)[0].name
+        default = pick_cheapest(pooled, strongest_worker, cfg.margin, n, cfg.floor)[0].name
         split = choose_groups(groups, merged, doms[rows], {c.name: (cf.quality[c.name], cf.cost[c.name]) for c in pooled},
                               {k: v for k, v in cf.per_group.items()}, default, cfg.margin, cfg.n_boot, seed,
                               floor=cfg.group_floor)
@@ -238,7 +238,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         cands = candidates(cf, mode, baseline, heads, cfg.n_boot, seed, over_cap)
     pick = None
     if mode == "cheapest":
-        win, reason, pick = pick_cheapest(cands, strongest_worker, cfg.margin, n)
+        win, reason, pick = pick_cheapest(cands, strongest_worker, cfg.margin, n, cfg.floor)
     elif mode == "cap":
         text = cfg.cap.amount() if cfg.cap is not None else "each domain's own cap"
         win, reason = pick_capped(cands, cf, text, baseline, strongest_worker, cfg.n_boot, seed)

@@ -88,9 +88,9 @@ def against(win: CandidateFigure, strongest_worker: str) -> str:
             f"{win.vs_high:+.4f}]")
 
 
-def pick_cheapest(cands: list[CandidateFigure], strongest_worker: str, margin: float, n: int):
+def pick_cheapest(cands: list[CandidateFigure], strongest_worker: str, margin: float, n: int, floor: float | None = None):
     """(winner, reason, the `cheapest_not_below` pick)."""
-    pick = cheapest_not_below(cands, STRONGEST, strongest_worker, margin, n)
+    pick = cheapest_not_below(cands, STRONGEST, strongest_worker, margin, n, floor)
     return next(c for c in cands if c.name == pick.name), pick.reason, pick
 
 

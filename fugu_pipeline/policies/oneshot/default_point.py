@@ -11,7 +11,8 @@ strongest worker's**, the same rule as a cascade's (`train/selection.cheapest_no
   non-test rows (ĉ: the calibration's expected cost, fitted on training rows);
 - always the strongest worker: per fold, the most accurate on the other folds;
 - a λ qualifies when the per-row accuracy difference from the strongest has a paired bootstrap 95%
-  interval reaching 0 and a mean within `margin` (0.005, as `cascade.margin`); the cheapest ships;
+  interval reaching 0, whose low end is above −`floor` (0.02, as `cascade.floor`), and a mean within
+  `margin` (0.005, as `cascade.margin`); the cheapest ships;
 - when the plain head (λ = 0) is already significantly below the strongest, or no cheaper λ
   qualifies, the default is the strongest worker alone, with the line saying why (except that a
   λ costing no more than the strongest and more accurate than it, a tie in cost, is kept).
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fugu_pipeline.route.default_point import DEFAULT_MARGIN, DefaultPoint
+from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint
 from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, interval
 
 
@@ -48,16 +49,16 @@ def lam_name(lam: float) -> str:
 
 def choose_default(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarray, c_ref: float, folds: np.ndarray,
                    worker_ids: list[str], lambdas, *, margin: float = DEFAULT_MARGIN, n_boot: int = 2000,
-                   seed: int = 0) -> DefaultPoint:
+                   seed: int = 0, floor: float | None = DEFAULT_FLOOR) -> DefaultPoint:
     """The rule of the module docstring. Rows are the non-test rows: `q_oof` the head's out-of-fold
     predicted quality (n, W), `quality` the observed one, `c_hat` the expected cost (n, W)."""
     return choose_default_route(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, margin=margin,
-                                n_boot=n_boot, seed=seed)[0]
+                                n_boot=n_boot, seed=seed, floor=floor)[0]
 
 
 def choose_default_route(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarray, c_ref: float, folds: np.ndarray,
                          worker_ids: list[str], lambdas, *, margin: float = DEFAULT_MARGIN, n_boot: int = 2000,
-                         seed: int = 0) -> tuple[DefaultPoint, np.ndarray]:
+                         seed: int = 0, floor: float | None = DEFAULT_FLOOR) -> tuple[DefaultPoint, np.ndarray]:
     """`choose_default`, with the point's route over the rows (each row's worker index, out of fold):
     what the cascade's choice scores the head at, so what it compares is what the head serves."""
     q_oof, quality, c_hat = (np.asarray(a, np.float64) for a in (q_oof, quality, c_hat))
@@ -91,7 +92,7 @@ def choose_default_route(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarr
         route = route_of[fig.name] if kind == "lambda" else np.full(n, worker_ids.index(top_all))
         return DefaultPoint(kind=kind, lam=lam, strongest_worker=top_all, reason=reason, oof_accuracy=fig.quality,
                             oof_cost_usd=fig.cost_usd, strongest_accuracy=base.quality, strongest_cost_usd=base.cost_usd,
-                            difference=(fig.vs_strongest, fig.vs_low, fig.vs_high), margin=margin, n_rows=n), route
+                            difference=(fig.vs_strongest, fig.vs_low, fig.vs_high), margin=margin, floor=floor, n_rows=n), route
 
     if plain.vs_high < 0:
         return point("strongest", None, base, (
@@ -100,7 +101,7 @@ def choose_default_route(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarr
             f"{plain.vs_high:+.4f}] (95% paired bootstrap interval below 0), so no λ can keep its accuracy and the "
             f"strongest worker ({top_all}) is the default; a head with more signal (more rows, better features) would "
             "let a cheaper routing qualify"))
-    pick = cheapest_not_below(cands, STRONGEST, top_all, margin, n)
+    pick = cheapest_not_below(cands, STRONGEST, top_all, margin, n, floor)
     if pick.strongest_ships:
         # nothing cheaper qualifies; a routing that costs no more and is more accurate beats it (a tie in cost)
         same = [c for c in cands[1:] if c.cost_usd <= base.cost_usd * (1 + 1e-6) and c.vs_strongest > 0 and c.vs_high >= 0]
