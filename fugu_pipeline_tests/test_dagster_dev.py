@@ -120,7 +120,9 @@ def test_dropping_a_batch_file_updates_the_matrix_under_dagster_dev(tmp_path):
 
         with dg.DagsterInstance.from_config(str(home)) as instance:
             wait_for(lambda: all(r.is_finished for r in matrix_runs(instance)), "the matrix run finishing", proc, log)
-            time.sleep(12)  # two more automation ticks: a second build would be requested by now
+            ended = max(instance.get_run_record_by_id(r.run_id).end_time or 0.0 for r in matrix_runs(instance))
+            # every running sensor evaluated twice since that run ended: a second build would be requested by now
+            wait_for(lambda: ticked_since(instance, ended, 2), "two sensor ticks after the matrix run", proc, log)
             assert len(matrix_runs(instance)) == builds_before + 1, "the drop built the matrix more than once"
             meta = instance.get_latest_materialization_event(dg.AssetKey("reward_matrix")).asset_materialization.metadata
             assert list(meta["refused_batch_files"].value) == ["badline.jsonl"]
@@ -133,6 +135,19 @@ def test_dropping_a_batch_file_updates_the_matrix_under_dagster_dev(tmp_path):
     finally:
         stopped_in = stop(proc)
         print(f"dagster dev stopped on Ctrl-C (SIGINT to its process group) in {stopped_in:.1f}s")
+
+
+def ticked_since(instance: dg.DagsterInstance, since: float, n: int) -> bool:
+    """Whether every running sensor (the automation condition sensor among them) has ended `n` ticks
+    after `since` (a POSIX time): what the daemon decided, read from the instance, not a wait."""
+    from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType, TickStatus
+
+    ended = [TickStatus.SKIPPED, TickStatus.SUCCESS, TickStatus.FAILURE]
+    running = (InstigatorStatus.RUNNING, InstigatorStatus.DECLARED_IN_CODE, InstigatorStatus.AUTOMATICALLY_RUNNING)
+    states = [s for kind in (InstigatorType.SENSOR, InstigatorType.AUTO_MATERIALIZE)
+              for s in instance.all_instigator_state(instigator_type=kind) if s.status in running]
+    return bool(states) and all(
+        len(instance.get_ticks(s.instigator_origin_id, s.selector_id, after=since, statuses=ended)) >= n for s in states)
 
 
 def matrix_runs(instance: dg.DagsterInstance) -> list:
