@@ -270,12 +270,13 @@ def sync_checkpoint(local: Path, url: str, last: str) -> int:
     manifest, which commits the set: uploaded after the others) when the store lacks them (the folder
     is content-addressed, so they never change), and every small JSON file beside them (a budget
     calibration, the description of what ships) whenever the store's bytes differ, as they are written
-    after the checkpoint. Returns the number of objects written."""
-    files = sorted(p for p in local.rglob("*") if p.is_file() and not p.name.startswith("."))
+    after the checkpoint. The folder's own files only, as `download_dir` copies them back (a report
+    folder written inside it stays local). Returns the number of objects written."""
+    files = sorted(p for p in local.iterdir() if p.is_file() and not p.name.startswith("."))
     files.sort(key=lambda p: p.name == last)  # stable: the commit object goes last
     n = 0
     for p in files:
-        target = join(url, p.relative_to(local).as_posix())
+        target = join(url, p.name)
         mutable = p.suffix == ".json" and p.name != last
         if mutable and get_bytes(target) == p.read_bytes():
             continue

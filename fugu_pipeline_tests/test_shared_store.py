@@ -98,13 +98,15 @@ def test_a_slow_store_times_out_with_a_clear_error(s3, store, monkeypatch):
 
 
 MACHINE_B = """
-import json, sys
+import json, os, sys
 from fugu_pipeline import load_promoted
 from fugu_pipeline.cost_cap import CostCap
 router = load_promoted(sys.argv[1], device="cpu")
 d = router.route("What is 17 * 3?", domain="math")
-capped = router.route("What is 17 * 3?", domain="math", budget=CostCap(share=0.5))  # reads budget.json
-print(json.dumps({"worker": d.worker_id, "checkpoint": str(router.router.checkpoint.path),
+# with a cap (argv[2], a share of the strongest's cost): the budget calibration beside the weights is read
+capped = router.route("What is 17 * 3?", domain="math", budget=CostCap(share=float(sys.argv[2]))) if sys.argv[2:] else d
+path = str(router.router.checkpoint.path)
+print(json.dumps({"worker": d.worker_id, "checkpoint": path, "files": sorted(os.listdir(path)),
                   "content_hash": router.router.checkpoint.manifest.content_hash, "capped": capped.worker_id}))
 """
 
@@ -129,7 +131,7 @@ def test_promoted_on_one_machine_loaded_on_another(s3, store, tmp_path, monkeypa
     pointer = json.loads((paths.models / "promoted" / "current.json").read_text())
     env_b = {**env, "FUGU_STORE_CACHE": str(tmp_path / "machine-b" / "cache")}
     env_b.pop("FUGU_MODELS_URL")  # B knows only the URL it is given
-    b = subprocess.run([sys.executable, "-c", MACHINE_B, models_url], env=env_b, cwd=tmp_path,
+    b = subprocess.run([sys.executable, "-c", MACHINE_B, models_url, "0.5"], env=env_b, cwd=tmp_path,
                        capture_output=True, text=True, timeout=300)
     assert b.returncode == 0, b.stderr[-3000:]
     got = json.loads(b.stdout.strip().splitlines()[-1])
@@ -180,7 +182,9 @@ def test_two_machines_share_responses_embeddings_and_the_promoted_router(s3, sto
                            env={**os.environ, **env, "FUGU_STORE_CACHE": str(tmp_path / "machine-c")}, timeout=300)
     assert route.returncode == 0, route.stderr[-2000:]
     pointer = json.loads(store.get_bytes(f"{env['FUGU_MODELS_URL']}/promoted/current.json"))
-    assert json.loads(route.stdout.strip().splitlines()[-1])["content_hash"] == pointer["content_hash"]
+    got = json.loads(route.stdout.strip().splitlines()[-1])
+    assert got["content_hash"] == pointer["content_hash"]
+    assert {"head.safetensors", "manifest.json", "budget.json"} <= set(got["files"]), got["files"]  # the whole folder
 
 
 def test_files_written_beside_a_pushed_checkpoint_reach_the_store_and_the_weights_go_once(tmp_path):
@@ -199,6 +203,8 @@ def test_files_written_beside_a_pushed_checkpoint_reach_the_store_and_the_weight
     assert sync_checkpoint(local, url, last="manifest.json") == 1
     (local / "policy.json").write_text('{"line": "second"}')
     (local / "head.safetensors").write_bytes(b"not sent: the folder is content-addressed")
+    (local / "reports").mkdir()
+    (local / "reports" / "test.json").write_text("{}")  # evaluate's report folder stays on this machine
     assert sync_checkpoint(local, url, last="manifest.json") == 1
     got = download_dir(url, tmp_path / "machine-b", last="manifest.json")
     assert got == ["head.safetensors", "policy.json", "manifest.json"]
