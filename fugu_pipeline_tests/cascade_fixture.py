@@ -81,13 +81,16 @@ def agreeing(seed: int = 0, n: int = 400, agree: float = 0.9, p_strong: float = 
     return data, grid, inputs
 
 
-def mixed(seed: int = 0, n: int = 400, tiny: int = 0, p_cheap_mc: float = 0.3):
+def mixed(seed: int = 0, n: int = 400, tiny: int = 0, p_cheap_mc: float = 0.3, named: bool = True, apart: float = 0.0):
     """Two workers, quality-only weights, two kinds of prompt: on `code` the cheap worker (1% of the
     strong one's cost) gives the strong one's answer on every row; on `mc` it is right on
     `p_cheap_mc` of the rows, with a wrong answer of its own elsewhere, and the strong one on 85%.
     Nothing in the prompt's or the reply's features tells the kinds apart or a right reply from a
     wrong one, so a pooled plan cannot stop early on code without stopping on multiple choice. `tiny`:
-    that many more rows of a third domain, `tiny` (cheap ties the strong worker there too)."""
+    that many more rows of a third domain, `tiny` (cheap ties the strong worker there too). `named`
+    False: every row's domain is "general" (an import without domains); `apart`: how far the two
+    kinds' prompt features lie apart (added to the first three columns of the code rows), so prompt
+    clusters can find the kinds."""
     rng = np.random.default_rng(seed)
     doms = np.array(["code" if i % 2 else "mc" for i in range(n)] + ["tiny"] * tiny)
     m = len(doms)
@@ -101,15 +104,16 @@ def mixed(seed: int = 0, n: int = 400, tiny: int = 0, p_cheap_mc: float = 0.3):
         final[i, 0] = final[i, 1] if same[i] else ("right" if cheap_right[i] else f"cheap-{rng.integers(0, 50)}")
     text = np.array([[f"The answer is {f}" for f in row] for row in final], dtype=object)
     prompt = rng.normal(size=(m, 6)).astype(np.float32)
+    prompt[doms == "code", :3] += apart
     answer = rng.normal(size=(m, 2, 4)).astype(np.float32)
     cost = np.tile([1e-4, 1e-2], (m, 1))
     latency = np.tile([0.5, 2.0], (m, 1))
     u = UtilityConfig(cost_weight=0.0, latency_weight=0.0)
     splits = np.array([("train", "train", "train", "val", "test")[i % 5] for i in range(m)])
     data = RoutingData(task_ids=[f"m{i:04d}" for i in range(m)], prompts=[f"question {i}" for i in range(m)],
-                       domains=list(doms), splits=splits, worker_ids=["cheap", "strong"], features=prompt,
-                       utility=quality.copy(), contract=FeatureContract(encoder_id="x", dim=6), quality=quality,
-                       cost_usd=cost, latency_s=latency, utility_config=u)
+                       domains=list(doms) if named else ["general"] * m, splits=splits, worker_ids=["cheap", "strong"],
+                       features=prompt, utility=quality.copy(), contract=FeatureContract(encoder_id="x", dim=6),
+                       quality=quality, cost_usd=cost, latency_s=latency, utility_config=u)
     grid = AnswerGrid(list(data.task_ids), ["cheap", "strong"], text, ["text"] * m, final, "v1")
     inputs = VerifierInputs(prompt=prompt, answer=answer, has=np.ones((m, 2), bool), target=quality)
     return data, grid, inputs

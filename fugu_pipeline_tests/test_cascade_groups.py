@@ -58,7 +58,7 @@ def test_domains_too_small_are_merged_into_the_pooled_plan_with_one_line():
     lines: list[str] = []
     fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=lines.append)
     said = [line for line in lines if "merged into the pooled plan" in line]
-    assert said == ["cascade: domain(s) 'tiny' (12 rows) have fewer than 40 non-test rows "
+    assert said == ["cascade: group(s) 'tiny' (12 rows) have fewer than 40 non-test rows "
                     "(cascade.search.min_domain_rows) to choose a plan out of fold: merged into the pooled plan"]
     assert "tiny" not in fit.policy.per_domain and fit.policy.plan_for("tiny") == fit.policy.default
     assert fit.groups.merged == [("tiny", 12)]
@@ -133,3 +133,108 @@ def test_a_small_domain_whose_tie_cannot_be_told_from_a_loss_keeps_the_strongest
     assert kept.groups["code"].name == STRONGEST
     loose = choose_groups(["code"], [], doms, pooled, per, STRONGEST, margin=0.005, n_boot=500, floor=1.0)
     assert loose.groups["code"].name == GROUP_STRONGEST
+
+
+# --------------------------------------------------------------------------- an import without domains
+
+
+class _Features:
+    """The encoder a router reads prompts with: here the fixture's own prompt features, by prompt text."""
+
+    def __init__(self, data):
+        self.at = {p: data.features[i] for i, p in enumerate(data.prompts)}
+        self.calls = 0
+
+    def encode(self, prompts, domains=None):
+        self.calls += 1
+        return np.stack([self.at[p] for p in prompts])
+
+
+def test_an_import_without_domains_plans_per_prompt_cluster():
+    """Every row's domain is "general"; the code prompts' features lie apart from the multiple-choice
+    ones. Prompt clusters find the two kinds (no outcome read) and the cheap worker serves the code
+    cluster, by the same rule per group and for the whole; without clusters one plan for both kinds
+    pays more (its verifier reads the prompt too, but must stop on both kinds alike)."""
+    data, grid, inputs = cascade_fixture.mixed(n=400, named=False, apart=6.0)
+    lines: list[str] = []
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=400), log=lines.append)
+    assert fit.selected == "cascade per prompt cluster", fit.reason
+    kind = np.array(["code" if i % 2 else "mc" for i in range(len(data.task_ids))])
+    label = fit.clusters.assign(data.features)
+    for k in ("code", "mc"):  # each kind falls in one cluster, the two kinds in different ones
+        assert len(set(label[kind == k])) == 1
+    assert label[kind == "code"][0] != label[kind == "mc"][0]
+    assert fit.policy.plan_for(label[kind == "code"][0]).describe() == "[cheap]"
+    assert fit.policy.plan_for(label[kind == "mc"][0]).describe() == "[strong]"
+    won, strong = _fig(fit, fit.selected), _fig(fit, STRONGEST)
+    assert won.cost_usd <= 0.7 * strong.cost_usd and won.vs_high >= 0 and won.vs_strongest >= -0.005
+    said = [line for line in lines if "prompt clusters (mean silhouette" in line]
+    assert len(said) == 1 and "no domains to plan by; 2 prompt clusters" in said[0], lines
+    by_domain = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=400, groups="domain"), log=quiet)
+    assert by_domain.clusters is None and by_domain.groups is None and not by_domain.policy.per_domain
+    assert _fig(by_domain, by_domain.selected).cost_usd > won.cost_usd  # one plan for both kinds pays more
+
+
+def test_prompts_of_one_kind_keep_one_plan_with_one_line():
+    data, grid, inputs = cascade_fixture.mixed(n=400, named=False, apart=0.0)
+    lines: list[str] = []
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=lines.append)
+    assert fit.clusters is None and fit.groups is None and not fit.policy.per_domain
+    said = [line for line in lines if "do not fall apart into clusters" in line]
+    assert len(said) == 1 and "cascade.cluster_min_gap 0.08" in said[0] and said[0].endswith("one plan for every prompt")
+
+
+def test_a_cluster_checkpoint_serves_evaluates_and_reports_the_plan_training_chose(tmp_path):
+    """Saved and loaded, the checkpoint puts every prompt in the cluster training put it in (the
+    centroids travel in the safetensors); serving, the held-out replay and the report each read the
+    cluster's plan, and the report's rows are the clusters."""
+    from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, cascade_report, load_cascade, report_lines
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+    from fugu_pipeline.policies.cascade.save import save_cascade
+
+    data, grid, inputs = cascade_fixture.mixed(n=400, named=False, apart=6.0)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
+    assert ckpt.head.clusters["names"] == fit.clusters.names
+    trained = [str(g) for g in fit.clusters.assign(data.features)]
+    assert ckpt.head.group_keys(data.domains, data.features) == trained
+    enc = _Features(data)
+    router = CascadeRouter(ckpt, enc)
+    got = router.route_batch(list(data.prompts), list(data.domains))
+    assert enc.calls == 1  # one encoding for the batch
+    assert [d.extra["cascade"]["describe"] for d in got] == [fit.policy.plan_for(g).describe() for g in trained]
+    assert [d.extra["cascade"]["group"] for d in got] == trained
+    outs = cascade_outcomes(ckpt, data, grid, inputs)
+    test_rows = np.flatnonzero(data.splits == "test")
+    assert [o.group for o in outs] == [trained[i] for i in test_rows]
+    assert [o.answered_by for o in outs] == [fit.policy.plan_for(trained[i]).steps[0].workers[0] for i in test_rows]
+    rep = cascade_report(ckpt, data, grid, inputs)
+    assert rep["grouped_by"] == "prompt cluster"
+    assert sorted(r["domain"] for r in rep["per_domain"]) == sorted(fit.clusters.names)
+    cheap = next(r for r in rep["per_domain"] if r["plan"] == "[cheap]")
+    assert cheap["cost_share_of_pooled_strongest"] < 0.05 and cheap["minus_strongest_accuracy"]["mean"] == 0.0
+    assert "| prompt cluster | n | plan |" in "\n".join(report_lines(rep))
+
+
+def test_a_cluster_checkpoint_with_broken_centroids_is_refused(tmp_path):
+    """Centroids edited in the weights file: the pinned hash refuses the file; centroids that are
+    not finite in a loaded head: its sanity check names them."""
+    import pytest
+    from safetensors.numpy import load_file, save_file
+
+    from fugu_pipeline.policies.cascade.evaluate import load_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.train.checkpoints import CheckpointError
+
+    data, grid, inputs = cascade_fixture.mixed(n=400, named=False, apart=6.0)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=quiet)
+    path = save_cascade(tmp_path, data, fit, inputs.answer.shape[2])
+    head = load_cascade(path).head
+    assert head.sanity() == []
+    head.centroids[0, 0] = float("nan")
+    assert head.sanity() == ["the prompt clusters' scale or centroids hold zero, negative or non-finite values"]
+    weights = load_file(str(path / "head.safetensors"))
+    weights["centroids"][0, 0] = 0.5
+    save_file(weights, str(path / "head.safetensors"))
+    with pytest.raises(CheckpointError):
+        load_cascade(path)

@@ -25,10 +25,15 @@ class CascadeConfig(BaseModel):
     domain_caps: dict[str, CostCap] = Field(default_factory=dict, description="a cap per domain (domains not named: `cap`)")
     per_domain: bool = Field(False, description="under a cap or the utility: a plan per domain (with enough rows) "
                              "under the pooled cap, not one for all (the cost-aware default: `groups`)")
-    groups: Literal["domain", "off"] = Field(
-        "domain", description="the cost-aware default (no cap): domain: a plan, or one worker, per domain with "
-        "search.min_domain_rows non-test rows, chosen out of fold by the same rule per domain and for the whole, the "
-        "smaller domains and unseen ones served the pooled plan; off: one plan for every domain")
+    groups: Literal["auto", "domain", "cluster", "off"] = Field(
+        "auto", description="the cost-aware default (no cap): a plan, or one worker, per group with "
+        "search.min_domain_rows non-test rows, chosen out of fold by the same rule per group and for the whole, the "
+        "smaller groups and unseen domains served the pooled plan. domain: the import's domains; cluster: prompt "
+        "clusters learnt from the encoder's prompt features (served by nearest centroid); auto: domains where the "
+        "import names two or more, else prompt clusters; off: one plan for every prompt")
+    cluster_min_gap: float = Field(0.08, ge=0, le=2, description="prompt clusters are planned for only when their mean "
+                                   "silhouette (cosine) is this much above one Gaussian blob's with the prompts' own "
+                                   "covariance; closer, the prompts are one kind")
     floor: float = Field(DEFAULT_FLOOR, ge=0, le=1, description="cheapest: a cheaper policy also needs the low end of "
                          "its out-of-fold interval against the strongest no further below than this (what ships must "
                          "hold on new rows; on few rows an interval that reaches 0 reaches far below it)")

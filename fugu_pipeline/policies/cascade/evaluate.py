@@ -35,6 +35,7 @@ class CascadeOutcome:
     calls: int
     stop_step: int
     answered_by: str
+    group: str = ""  # the key of the plan it ran (its domain, or its prompt cluster: policies/cascade/groups.py)
 
 
 def load_cascade(path: str | Path):
@@ -87,16 +88,17 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
             runs[key] = simulate(plan, data.worker_ids, codes, scores, data.quality, cost, lat, rows)
         return runs[key]
 
-    mine = [run(head.policy.plan_for(d)) for d in doms[rows]]
+    keys = np.asarray(head.group_keys(doms[rows], inputs.prompt[rows]), dtype=object)  # domain, or prompt cluster
+    mine = [run(head.policy.plan_for(g)) for g in keys]
     if getattr(head, "cap_usd", None) is not None:
-        mine = _guarded(head, checkpoint.manifest.metrics or {}, doms[rows], mine, run)
+        mine = _guarded(head, checkpoint.manifest.metrics or {}, keys, mine, run)
     out: list[CascadeOutcome] = []
     for k, i in enumerate(rows):
         res, j = mine[k], k
         util = u.utility(float(res.quality[j]), float(res.cost[j]), float(res.latency[j])) if u else float(res.quality[j])
         out.append(CascadeOutcome(data.task_ids[i], str(doms[i]), float(res.quality[j]), util, float(res.cost[j]),
                                   float(res.latency[j]), int(res.calls[j]), int(res.stop_step[j]),
-                                  data.worker_ids[int(res.answer_worker[j])]))
+                                  data.worker_ids[int(res.answer_worker[j])], str(keys[k])))
     return out
 
 
@@ -136,14 +138,18 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
     c = np.array([o.cost_usd for o in outs])
     ut = np.array([o.utility for o in outs])
     cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
-    doms = np.array([o.domain for o in outs])
+    head = checkpoint.head
+    clustered = getattr(head, "clusters", None) is not None  # planned per prompt cluster: one row per cluster
+    doms = np.array([o.group if clustered else o.domain for o in outs], dtype=str)
     strong_cost = float(cost[rows, pooled_strong].mean()) if len(rows) else 0.0
     per_domain = []
     fit_doms = np.asarray(data.domains, dtype=str)[fit]
+    if clustered:
+        fit_doms = np.asarray(head.group_keys(fit_doms, inputs.prompt[fit]), dtype=str)
     for d in sorted(set(doms.tolist())):
         m = doms == d
         r = rows[m]
-        mine = fit[fit_doms == d]  # the domain's own strongest worker, on its non-test rows
+        mine = fit[fit_doms == d]  # the group's own strongest worker, on its non-test rows
         strong = int(np.argmax(data.quality[mine].mean(axis=0))) if len(mine) else pooled_strong
         per_domain.append({
             "domain": d, "n": int(m.sum()), "plan": checkpoint.head.policy.plan_for(d).describe(),
@@ -163,7 +169,8 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
         "calls_per_task": float(np.mean([o.calls for o in outs])) if outs else 0.0,
         "minus_best_worker_utility": paired_bootstrap(ut, data.utility[rows, best]),
         "minus_strongest_accuracy": paired_bootstrap(q, data.quality[rows, pooled_strong]),
-        "per_domain": per_domain,
+        "per_domain": per_domain,  # per domain, or per prompt cluster (`grouped_by`)
+        "grouped_by": "prompt cluster" if clustered else "domain",
         "groups": (checkpoint.manifest.metrics or {}).get("groups"),  # the per-domain choice, out of fold (train)
         "cap_rows": cap_rows_on(checkpoint, data, grid, inputs, rows, pooled_strong),
         "baselines": {name: {"accuracy": float(np.mean(bq)), "utility": float(np.mean(bu)),
@@ -217,6 +224,7 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
 def report_lines(rep: dict) -> list[str]:
     """The report as printed lines: the policy, the figures with intervals, one line per domain."""
     a, dw, ds = rep["accuracy"], rep["minus_best_worker_utility"], rep["minus_strongest_accuracy"]
+    by = rep.get("grouped_by", "domain")
     out = [f"cascade on {rep['n_tasks']} {rep['split']} tasks: {rep['policy']}",
            f"  accuracy {a['mean']:.4f} [{a['low']:.4f}, {a['high']:.4f}]; cost ${rep['cost_usd_per_1k']:.4g} per 1,000 "
            f"requests = {rep['cost_share_of_strongest']:.1%} of {rep['strongest_worker']}'s; {rep['calls_per_task']:.2f} calls a task",
@@ -228,8 +236,8 @@ def report_lines(rep: dict) -> list[str]:
              f"{b['cascade_minus_utility']['high']:+.4f}], accuracy {b['cascade_minus_accuracy']['mean']:+.4f} "
              f"[{b['cascade_minus_accuracy']['low']:+.4f}, {b['cascade_minus_accuracy']['high']:+.4f}]"
              for n, b in rep.get("baselines", {}).items()],
-           f"  | domain | n | plan | accuracy | accuracy − {rep['strongest_worker']} [95%] | $ per 1,000 | saving against "
-           f"{rep['strongest_worker']} | share of the domain's strongest's cost | best worker | the domain's strongest |"]
+           f"  | {by} | n | plan | accuracy | accuracy − {rep['strongest_worker']} [95%] | $ per 1,000 | saving against "
+           f"{rep['strongest_worker']} | share of the {by}'s strongest's cost | best worker | the {by}'s strongest |"]
     for d in rep["per_domain"]:
         vs = d.get("minus_strongest_accuracy")
         saving = f"{1 - d['cost_share_of_pooled_strongest']:.0%}" if "cost_share_of_pooled_strongest" in d else "—"
@@ -237,7 +245,7 @@ def report_lines(rep: dict) -> list[str]:
                    f"{d['cost_usd_per_1k']:.4g} | {saving} | {d['cost_share_of_strongest']:.1%} | "
                    f"{d['best_worker_accuracy']:.4f} | {d['strongest']} {d['strongest_accuracy']:.4f} |")
     if rep.get("groups"):
-        out.append("  chosen per domain out of fold over the non-test rows (train):")
+        out.append(f"  chosen per {by} out of fold over the non-test rows (train):")
         out += [f"    {g['domain']!r} ({g['rows']} rows): {g['choice']}: accuracy − strongest {g['vs_strongest']:+.4f} "
                 f"[{g['vs_low']:+.4f}, {g['vs_high']:+.4f}], {g['cost_share']:.0%} of the strongest's cost"
                 for g in rep["groups"]["chosen"]]
@@ -317,7 +325,7 @@ def cascade_over_single_turns(router, tasks: list, replies: dict[str, list]) -> 
 
     q, c, n, lat, stop = [], [], [], [], []
     for k, task in enumerate(tasks):
-        plan = router.head.policy.plan_for(task.domain)
+        plan = router.head.policy.plan_for(router.group_keys([task.prompt], [task.domain])[0])
         kind = router.answer_kind(task.domain) or kind_for_grader(task.grader.type) or detect_kind(
             task.prompt, [replies[w][k].answer for w in plan.workers])
         finals, scores, order, called, cost, wait = [], [], [], [], 0.0, 0.0

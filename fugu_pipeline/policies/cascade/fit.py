@@ -8,8 +8,8 @@
 3. What ships (`ship.py`; `cascade.choose`, or a cap):
    - `cheapest` (the default where the utility gives cost no weight): the candidates are cascades
      chosen under a ladder of caps (10% ... 100% of the strongest worker's cost), the one-shot
-     heads, the strongest worker, and a plan per domain (`groups.py`: the same rule per domain and
-     for the whole); the cheapest whose accuracy is not significantly below the strongest's ships
+     heads, the strongest worker, and a plan per domain, or per prompt cluster where the import
+     names no domains (`groups.py`: the same rule per group and for the whole); the cheapest whose accuracy is not significantly below the strongest's ships
      (paired 95% interval reaching 0, mean within `cascade.margin`).
    - a cap: the candidate with the best out-of-fold accuracy within it (the search in each fold
      keeps a plan's mean expected cost plus the cap's `margin_z` standard errors within the cap).
@@ -38,11 +38,12 @@ from fugu_pipeline.policies.cascade.frontier import oof_frontier
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
 from fugu_pipeline.policies.cascade.choice import LADDER, cap_table, rung_name
 from fugu_pipeline.policies.cascade.crossfit import cross_fit
-from fugu_pipeline.policies.cascade.groups import GroupChoice, choose_groups, merged_line, split_groups
+from fugu_pipeline.policies.cascade.groups import GroupChoice, PromptClusters, choose_groups, group_label, pick_groups
 from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, Grid, search, search_policy, strongest
 from fugu_pipeline.policies.cascade.ship import (  # noqa: F401  (CandidateFigure: the fit's table rows)
     BEST_IN_CAP,
     BEST_WORKER,
+    PER_CLUSTER,
     PER_DOMAIN,
     CandidateFigure,
     candidates,
@@ -122,7 +123,8 @@ class CascadeFit:
     cap_rows: list[dict] = field(default_factory=list)  # one-shot vs cascade vs the strongest at 20/33/50% of its cost
     baseline: str = BEST_WORKER  # what `gain` is measured against
     saved_as: str = ""  # the candidate whose out-of-fold figure is the saved cascade's (cheapest rule)
-    groups: GroupChoice | None = None  # the per-domain choice (cheapest rule, two or more domains)
+    groups: GroupChoice | None = None  # the per-group choice (cheapest rule, two or more domains or prompt clusters)
+    clusters: PromptClusters | None = None  # the prompt clusters the shipped policy plans by (None: by domain)
     cap_usd: float | None = None  # the pooled cap, $ per request (the serving spend guard keeps to it)
     cap_z: float | None = None  # that cap's margin in standard errors (the guard's bound on a saved point)
     cross_encoder: object = None  # the cross-encoder the verifier reads (cascade_cross_encoder.CrossEncoder), or None
@@ -205,16 +207,14 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         c, lat = _expected(data, fit_rows)
         return Grid(data.worker_ids, codes, scores, data.quality, c, lat, data.utility_config)
 
-    groups, merged = ([], []) if mode != "cheapest" or cfg.groups == "off" else \
-        split_groups(doms, rows, cfg.search.min_domain_rows)
-    if len(groups) + len(merged) < 2 or not groups:
-        groups, merged = [], []  # one domain (or none big enough): the pooled plan is every domain's
-    elif merged:
-        log(merged_line(merged, cfg.search.min_domain_rows))
+    # the groups that get plans of their own (groups.py): domains, or prompt clusters where there are none
+    groups, merged, gdoms, clusters = pick_groups("off" if mode != "cheapest" else cfg.groups, doms, rows,
+                                                  inputs.prompt, data.prompts, cfg.search.min_domain_rows,
+                                                  cfg.cluster_min_gap, log, seed)
     n = len(rows)
     shares = LADDER if mode == "cheapest" else ()
     memo: dict = {}  # every search of this fit, each row set's plans run once
-    cf = cross_fit(data, grid_for, rows, folds, doms, usable, allowed, cfg, mode, baseline, shares, heads, groups, memo,
+    cf = cross_fit(data, grid_for, rows, folds, gdoms if groups else doms, usable, allowed, cfg, mode, baseline, shares, heads, groups, memo,
                    lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes)
     if cf.unmet:
         return _strongest_ships(data, grid, inputs, rows, usable, log, cf.unmet)
@@ -230,11 +230,14 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     if groups:  # the per-domain policy: one more candidate, held to the rule per domain and for the whole
         pooled = [c for c in cands if c.kind != "one-shot" and c.name not in cf.missing]
         default = pick_cheapest(pooled, strongest_worker, cfg.margin, n, cfg.floor)[0].name
-        split = choose_groups(groups, merged, doms[rows], {c.name: (cf.quality[c.name], cf.cost[c.name]) for c in pooled},
+        split = choose_groups(groups, merged, gdoms[rows], {c.name: (cf.quality[c.name], cf.cost[c.name]) for c in pooled},
                               {k: v for k, v in cf.per_group.items()}, default, cfg.margin, cfg.n_boot, seed,
                               floor=cfg.group_floor)
-        cf.names.append(PER_DOMAIN)
-        cf.figure[PER_DOMAIN], cf.quality[PER_DOMAIN], cf.cost[PER_DOMAIN] = split.quality, split.quality, split.cost
+        if clusters is not None:
+            split.about = {n: f", e.g. {clusters.examples.get(n, '')!r}" for n in groups}
+        per = PER_CLUSTER if clusters is not None else PER_DOMAIN
+        cf.names.append(per)
+        cf.figure[per], cf.quality[per], cf.cost[per] = split.quality, split.quality, split.cost
         cands = candidates(cf, mode, baseline, heads, cfg.n_boot, seed, over_cap)
     pick = None
     if mode == "cheapest":
@@ -246,7 +249,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         win, reason = pick_utility(cands, baseline, strongest_worker)
     try:
         policy, choices, saved_as = _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo, mode,
-                                                 top_all, usable, capped)
+                                                 top_all, usable, capped, gdoms)
     except CapUnmet as exc:
         return _strongest_ships(data, grid, inputs, rows, usable, log, f"cap: {exc}; the strongest worker "
                                 f"({strongest_worker}) ships")
@@ -266,7 +269,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       answer_kinds=_kinds(grid, rows, doms), cap_rows=table,
                       context=context_json(scores) if verifier is not None else {}, frontier=frontier,
                       saved_as=saved_as, baseline=STRONGEST if mode == "cheapest" else baseline, groups=split,
-                      cap_usd=cap_usd, cap_z=None if cfg.cap is None else cfg.cap.margin_z)
+                      cap_usd=cap_usd, cap_z=None if cfg.cap is None else cfg.cap.margin_z,
+                      clusters=clusters if policy.per_domain else None)
 
 
 def _over_caps(cfg: CascadeConfig, cap_usd: float | None, g, rows: np.ndarray, doms: np.ndarray):
@@ -285,7 +289,7 @@ def _over_caps(cfg: CascadeConfig, cap_usd: float | None, g, rows: np.ndarray, d
     return note
 
 
-def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo, mode, top_all, usable, capped):
+def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo, mode, top_all, usable, capped, gdoms):
     """(policy, {domain or "*": Choice}, the candidate whose out-of-fold figure the saved cascade's
     is): what ships, searched again on every non-test row."""
     ids = g_all.worker_ids
@@ -305,25 +309,26 @@ def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo
         ch = search(g_all, rows, cfg.search, share * ref, allowed, "pooled: ", memo)
         return ch.plan, ch
 
-    if win.name == PER_DOMAIN:
-        default = next(c.name for c in cands if c.name in qualified and c.kind != "one-shot" and c.name != PER_DOMAIN)
+    if win.name in (PER_DOMAIN, PER_CLUSTER):
+        default = next(c.name for c in cands if c.name in qualified and c.kind != "one-shot"
+                       and c.name not in (PER_DOMAIN, PER_CLUSTER))
         plan, ch = pooled_plan(default)
         choices = {"*": ch or search(g_all, rows, cfg.search, None, allowed, "pooled: ", memo)}
         per = {}
         for d, o in split.groups.items():
-            mine = rows[doms[rows] == d]
+            mine = rows[gdoms[rows] == d]
             if o.spec[0] == "pooled":
                 per[d] = pooled_plan(o.name)[0]
             elif o.spec[0] == "alone":
                 per[d] = _alone(ids[usable[int(np.argmax(g_all.quality[mine][:, usable].mean(axis=0)))]])
             else:
-                choices[d] = search(g_all, mine, cfg.search, o.spec[1] * ref, allowed, f"domain {d!r}: ", memo)
+                choices[d] = search(g_all, mine, cfg.search, o.spec[1] * ref, allowed, f"{group_label(d)}: ", memo)
                 per[d] = choices[d].plan
         split.plans = {d: p.describe() for d, p in per.items()}
-        return CascadePolicy(default=plan, per_domain=per), choices, PER_DOMAIN
+        return CascadePolicy(default=plan, per_domain=per), choices, win.name
     name = win.name
     if win.kind == "one-shot":  # the cascade saved beside it: the cheapest pooled cascade that qualified
-        name = next((q for q in qualified if q != PER_DOMAIN and next(c for c in cands if c.name == q).kind == "cascade"),
+        name = next((q for q in qualified if q not in (PER_DOMAIN, PER_CLUSTER) and next(c for c in cands if c.name == q).kind == "cascade"),
                     STRONGEST)
     plan, ch = pooled_plan(name)
     choices = {"*": ch or search(g_all, rows, cfg.search, None, allowed, "pooled: ", memo)}

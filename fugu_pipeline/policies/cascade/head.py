@@ -11,7 +11,9 @@ model over prompt features, reply features and the worker, with its standardisat
 whose plans never consult the verifier saves a verifier of zeros (`verifier.used` 0). When the
 verifier reads a cross-encoder's score (the reply statistic `cross_encoder`), `head_params.cross_encoder`
 is its contract and `cross_encoder.safetensors` in the same folder its weights
-(`cascade_cross_encoder_use.py`).
+(`cascade_cross_encoder_use.py`). A cascade that plans per prompt cluster (`groups.py`) holds the
+cluster names in `head_params.clusters` and the centroids with their standardisation in the
+safetensors (`cluster_center`, `cluster_scale`, `centroids`).
 
 It is not a one-step router: `policies/cascade/route.py` runs it step by step, `policies/cascade/evaluate.py`
 scores it from recorded answers; `save.py` writes it.
@@ -43,7 +45,7 @@ class CascadeHead(RoutingHead):
     def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
                  frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None,
                  answer_stats: list[str] | None = None, context: dict | None = None, cross_encoder: dict | None = None,
-                 cap_usd: float | None = None, cap_z: float | None = None):
+                 cap_usd: float | None = None, cap_z: float | None = None, clusters: dict | None = None):
         from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1
         from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
 
@@ -79,6 +81,15 @@ class CascadeHead(RoutingHead):
         self.register_buffer("center", torch.zeros(n_workers, in_dim))
         self.register_buffer("scale", torch.ones(n_workers, in_dim))
         self.register_buffer("used", torch.zeros(1))
+        # the prompt clusters the plans are chosen by (policies/cascade/groups.py); None: by the request's domain
+        self.clusters = dict(clusters) if clusters else None
+        if self.clusters is not None:
+            k = len(self.clusters.get("names") or [])
+            if k < 2:
+                raise ValueError(f"head_params.clusters names {k} cluster(s); a cascade planned per cluster has two or more")
+            self.register_buffer("cluster_center", torch.zeros(dim))
+            self.register_buffer("cluster_scale", torch.ones(dim))
+            self.register_buffer("centroids", torch.zeros(k, dim))
 
     def head_params(self) -> dict[str, Any]:
         return {"policy": self.policy.model_dump() if self.policy else None, "answer_dim": self.answer_dim,
@@ -87,7 +98,21 @@ class CascadeHead(RoutingHead):
                 **({"context": self.context} if self.context else {}),
                 **({"cross_encoder": self.cross_encoder} if self.cross_encoder else {}),
                 **({"cap_usd": self.cap_usd} if self.cap_usd is not None else {}),
-                **({"cap_z": self.cap_z} if self.cap_z is not None else {})}
+                **({"cap_z": self.cap_z} if self.cap_z is not None else {}),
+                **({"clusters": self.clusters} if self.clusters is not None else {})}
+
+    def group_keys(self, domains, prompt_features: np.ndarray | None = None) -> list:
+        """The key of each request's plan (`policy.plan_for`): its domain, or for a cascade planned per
+        prompt cluster, the nearest cluster of its prompt features (N, dim)."""
+        if self.clusters is None:
+            return list(domains)
+        if prompt_features is None:
+            raise ValueError("this cascade plans per prompt cluster: its prompts' features are needed")
+        from fugu_pipeline.policies.cascade.groups import PromptClusters
+
+        got = PromptClusters(self.cluster_center.numpy().astype(np.float64), self.cluster_scale.numpy().astype(np.float64),
+                             self.centroids.numpy().astype(np.float64), list(self.clusters["names"]))
+        return [str(g) for g in got.assign(prompt_features)]
 
     def forward(self, x: torch.Tensor, domains=None) -> torch.Tensor:
         raise TypeError("a cascade is not a one-step router: run it with policies/cascade/route.py (CascadeRouter) or score it "
@@ -118,13 +143,26 @@ class CascadeHead(RoutingHead):
             problems.append("head_params.policy is missing: a cascade checkpoint needs its steps")
         if bool((self.scale <= 0).any()):
             problems.append("scale holds zero or negative values")
+        if self.clusters is not None and (bool((self.cluster_scale <= 0).any())
+                                          or not bool(torch.isfinite(self.centroids).all())):
+            problems.append("the prompt clusters' scale or centroids hold zero, negative or non-finite values")
         if self.policy is not None and self.policy.uses_verifier and float(self.used[0]) != 1.0:
             problems.append("the policy consults the verifier but its weights are marked unused")
         return problems
 
 
-def cascade_state(verifier, in_dim: int, n_workers: int) -> dict[str, torch.Tensor]:
-    """The tensors of a cascade checkpoint from a fitted `policies.cascade.verifier.Verifier` (None: zeros, unused)."""
+def cascade_state(verifier, in_dim: int, n_workers: int, clusters=None) -> dict[str, torch.Tensor]:
+    """The tensors of a cascade checkpoint from a fitted `policies.cascade.verifier.Verifier` (None: zeros,
+    unused), with the prompt clusters' (`groups.PromptClusters`) when it plans per cluster."""
+    out = _verifier_state(verifier, in_dim, n_workers)
+    if clusters is not None:
+        out.update({"cluster_center": torch.from_numpy(np.asarray(clusters.center, np.float32)),
+                    "cluster_scale": torch.from_numpy(np.asarray(clusters.scale, np.float32)),
+                    "centroids": torch.from_numpy(np.asarray(clusters.centroids, np.float32))})
+    return out
+
+
+def _verifier_state(verifier, in_dim: int, n_workers: int) -> dict[str, torch.Tensor]:
     if verifier is None:
         return {"weight": torch.zeros(n_workers, in_dim), "bias": torch.zeros(n_workers),
                 "center": torch.zeros(n_workers, in_dim), "scale": torch.ones(n_workers, in_dim), "used": torch.zeros(1)}

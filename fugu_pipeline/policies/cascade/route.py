@@ -79,6 +79,16 @@ class CascadeRouter(Router):
             plan = CascadePlan(steps=steps)
         return plan, note
 
+    def group_keys(self, prompts: list[str], domains=None) -> list:
+        """The key of each prompt's plan: its domain, or for a cascade planned per prompt cluster the
+        nearest cluster of its prompt features (encoded as training encoded them)."""
+        doms = [None] * len(prompts) if domains is None else list(domains)
+        if self.head.clusters is None:
+            return doms
+        with self._lock:
+            X = self.encoder.encode(list(prompts), [d or "general" for d in doms])
+        return self.head.group_keys(doms, X)
+
     def budget_point(self, budget):
         return self._budget_plan(None, budget)
 
@@ -154,16 +164,17 @@ class CascadeRouter(Router):
             if unknown:
                 raise RouterError(f"unknown worker(s) {unknown[:5]}; this cascade knows {self.worker_ids}",
                                   param="fugu_allowed_workers", code="unknown_worker")
+        keys = self.group_keys(prompts, domains)
         out = []
         for k, _ in enumerate(prompts):
-            d = None if domains is None else domains[k]
-            plan, note = self.plan_for(d, budget, allowed)
+            plan, note = self.plan_for(keys[k], budget, allowed)
             rest = [w for w in sorted(self.worker_ids, key=lambda w: -self.worker_quality.get(w, 0.0))
                     if w not in plan.workers and (allowed is None or w in allowed)]
             dec = RouteDecision(worker_id=plan.steps[0].workers[0], scores={w: float(w in plan.workers) for w in self.worker_ids},
                                 score_kind=CASCADE_PLAN,
                                 ranking=plan.workers + rest, checkpoint=self.path)
-            dec.extra["cascade"] = {"plan": plan.model_dump(), "describe": plan.describe(), "fallback": rest}
+            dec.extra["cascade"] = {"plan": plan.model_dump(), "describe": plan.describe(), "fallback": rest,
+                                    **({"group": keys[k]} if self.head.clusters is not None else {})}
             if note:
                 dec.extra["budget"] = note
             if cost_weight is not None:

@@ -37,7 +37,8 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
         **(extra_metrics or {}),
     }
     cross, write_cross = cross_encoder_files(getattr(fit, "cross_encoder", None))  # its contract; its weights file
-    path = save_checkpoint(models_dir, KIND, KIND, cascade_state(fit.verifier, in_dim, data.n_workers), {
+    clusters = getattr(fit, "clusters", None)  # the prompt clusters its plans are chosen by (groups.py), if any
+    path = save_checkpoint(models_dir, KIND, KIND, cascade_state(fit.verifier, in_dim, data.n_workers, clusters), {
         "worker_ids": data.worker_ids, "feature_contract": data.contract, "dim": data.dim,
         "utility_config": data.utility_config.model_dump() if data.utility_config else None,
         "data_version": data.data_version,
@@ -49,7 +50,8 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
                         **({"context": fit.context} if getattr(fit, "context", None) else {}),
                         # the pooled cap the policy was chosen under: serving keeps its running spend within it
                         **({"cap_usd": fit.cap_usd, "cap_z": fit.cap_z} if getattr(fit, "cap_usd", None) is not None
-                           else {}), **cross},
+                           else {}), **cross,
+                        **({"clusters": clusters.params()} if clusters is not None else {})},
         "training_config": training_config or {}, "metrics": metrics,
         # the search's record (what a receipt cites, as a grid head's figure per grid point): the
         # validation figure of every plan the pooled search considered, in search order

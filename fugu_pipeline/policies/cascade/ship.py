@@ -29,6 +29,7 @@ from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, interva
 BEST_WORKER = "always the best worker"
 BEST_IN_CAP = "always the best worker within the cap"
 PER_DOMAIN = "cascade per domain"
+PER_CLUSTER = "cascade per prompt cluster"  # the same, for groups learnt from the prompts (groups.py)
 
 
 @dataclass

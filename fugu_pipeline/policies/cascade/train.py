@@ -18,6 +18,7 @@ from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
 from fugu_pipeline.policies.cascade.cross_encoder_use import cross_encoder_step
 from fugu_pipeline.policies.cascade.fit import CascadeFit, answer_inputs, fit_cascade
 from fugu_pipeline.policies.cascade.frontier import frontier_lines
+from fugu_pipeline.policies.cascade.groups import group_label
 from fugu_pipeline.policies.cascade.save import save_cascade
 from fugu_pipeline.route.shipped import ShippedPolicy
 
@@ -46,11 +47,12 @@ class CascadeResult:
                        f"1,000) gain {c.gain:+.4f} [{c.low:+.4f}, {c.high:+.4f}]; accuracy − strongest {c.vs_strongest:+.4f} "
                        f"[{c.vs_low:+.4f}, {c.vs_high:+.4f}]" + (f" {c.note}" if c.note else ""))
         if getattr(f, "groups", None) is not None:
-            out.append(f"per domain, out of fold (each domain's cheapest choice not significantly below {STRONGEST} "
+            by = "prompt cluster" if getattr(f, "clusters", None) is not None else "domain"
+            out.append(f"per {by}, out of fold (each {by}'s cheapest choice not significantly below {STRONGEST} "
                        f"on its rows; the whole held to the same rule):")
             out += f.groups.lines()
         for d, ch in f.choices.items():
-            where = "all domains" if d == "*" else f"domain {d!r}"
+            where = "all prompts" if d == "*" else group_label(d)
             out.append(f"  cascade for {where}: {ch.plan.describe()} (validation quality {ch.quality:.4f}, "
                        f"${ch.cost * 1000:.4g} per 1,000, {ch.considered} plans considered)")
         out += frontier_lines(f.frontier)
