@@ -158,6 +158,7 @@ def test_evaluate_names_the_policy_train_printed(trained):
     assert code == 0, said
     assert f"operating point used (no cap asked): the default operating point (λ = {printed})" in said
     assert f"as chosen at training: {line}" in said
+    assert said.count("chosen at training: ") == 1, said  # one description: the budget file's own reason is not repeated
     rep = json.loads((work / "eval.json").read_text())
     assert f"{rep['default_point']['lambda']:.4g}" == printed and rep["shipped_policy"]["line"] == line
 

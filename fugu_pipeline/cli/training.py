@@ -374,9 +374,9 @@ def cmd_evaluate(args) -> int:
     if rep.get("default_point"):
         from fugu_pipeline.policies.oneshot.default_report import default_report_lines
 
-        for line in default_report_lines(rep["default_point"]):
+        for line in default_report_lines(rep["default_point"], shipped.describe() if shipped is not None else None):
             print(line)
-    if shipped is not None:
+    elif shipped is not None:
         print(f"as chosen at training: {shipped.describe()}")
     print(f"utility weights: {rep['utility_source']}")
     if rep.get("utility_note"):

@@ -46,7 +46,7 @@ GROUP_STRONGEST = "the domain's strongest worker alone"
 
 
 def group_rung(share: float) -> str:
-    return f"domain cascade ≤ {share:.0%} of the strongest's cost"
+    return f"its own cascade ≤ {share:.0%} of the strongest's cost"
 
 
 @dataclass

@@ -51,7 +51,10 @@ def point_route(checkpoint, held, calibration: BudgetCalibration, dp) -> tuple[n
     return np.full(len(held.task_ids), list(held.worker_ids).index(dp.strongest_worker)), c_hat
 
 
-def default_report_lines(sec: dict) -> list[str]:
+def default_report_lines(sec: dict, shipped_line: str | None = None) -> list[str]:
+    """The section as printed. `shipped_line`: the shipped policy's description (`route/shipped.py`),
+    said instead of the point's own reason: one description of what ships, with the figures the
+    choice among every candidate read."""
     a, d = sec["accuracy"], sec["minus_strongest"]
     ci = lambda x, f: "" if x["low"] is None else f" [{x['low']:{f}}, {x['high']:{f}}]"  # noqa: E731
     share = sec.get("realised_share_of_strongest", sec["expected_share_of_strongest"])
@@ -60,4 +63,4 @@ def default_report_lines(sec: dict) -> list[str]:
             f"{sec['split']} ({sec['n']} rows): accuracy {a['mean']:.4f}{ci(a, '.4f')} against always "
             f"{sec['strongest_worker']} {sec['strongest_accuracy']:.4f}, difference {d['mean']:+.4f}{ci(d, '+.4f')}, "
             f"${cost:.4g} per 1,000 = " + ("—" if share is None else f"{share:.0%}") + f" of {sec['strongest_worker']}'s cost",
-            f"chosen at training: {sec['reason']}"]
+            f"as chosen at training: {shipped_line}" if shipped_line else f"chosen at training: {sec['reason']}"]
