@@ -168,6 +168,10 @@ def test_an_import_without_domains_plans_per_prompt_cluster():
     assert fit.policy.plan_for(label[kind == "mc"][0]).describe() == "[strong]"
     won, strong = _fig(fit, fit.selected), _fig(fit, STRONGEST)
     assert won.cost_usd <= 0.7 * strong.cost_usd and won.vs_high >= 0 and won.vs_strongest >= -0.005
+    from fugu_pipeline.policies.cascade.train import CascadeResult
+
+    shown = CascadeResult(fit, "models", fit.selected_kind, "models").lines()
+    assert any(line.startswith("per prompt cluster, out of fold") for line in shown), shown
     said = [line for line in lines if "prompt clusters (mean silhouette" in line]
     assert len(said) == 1 and "no domains to plan by; 2 prompt clusters" in said[0], lines
     by_domain = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=400, groups="domain"), log=quiet)

@@ -234,7 +234,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                               {k: v for k, v in cf.per_group.items()}, default, cfg.margin, cfg.n_boot, seed,
                               floor=cfg.group_floor)
         if clusters is not None:
-            split.about = {n: f", e.g. {clusters.examples.get(n, '')!r}" for n in groups}
+            split.about, split.by = {n: f", e.g. {clusters.examples.get(n, '')!r}" for n in groups}, "prompt cluster"
         per = PER_CLUSTER if clusters is not None else PER_DOMAIN
         cf.names.append(per)
         cf.figure[per], cf.quality[per], cf.cost[per] = split.quality, split.quality, split.cost

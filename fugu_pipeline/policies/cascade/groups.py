@@ -77,6 +77,7 @@ class GroupChoice:
     stepped_up: list[str] = field(default_factory=list)  # domains moved to a dearer choice for the whole
     plans: dict[str, str] = field(default_factory=dict)  # domain -> the plan it is served (searched on every row)
     about: dict[str, str] = field(default_factory=dict)  # group -> what it holds (a prompt cluster: its nearest prompt)
+    by: str = "domain"  # what the groups are: "domain" or "prompt cluster"
 
     def table(self) -> list[dict]:
         return [{"domain": d, "rows": self.rows_of[d], "choice": o.name, "plan": self.plans.get(d, ""),

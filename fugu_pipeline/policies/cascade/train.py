@@ -47,7 +47,7 @@ class CascadeResult:
                        f"1,000) gain {c.gain:+.4f} [{c.low:+.4f}, {c.high:+.4f}]; accuracy − strongest {c.vs_strongest:+.4f} "
                        f"[{c.vs_low:+.4f}, {c.vs_high:+.4f}]" + (f" {c.note}" if c.note else ""))
         if getattr(f, "groups", None) is not None:
-            by = "prompt cluster" if getattr(f, "clusters", None) is not None else "domain"
+            by = f.groups.by
             out.append(f"per {by}, out of fold (each {by}'s cheapest choice not significantly below {STRONGEST} "
                        f"on its rows; the whole held to the same rule):")
             out += f.groups.lines()
