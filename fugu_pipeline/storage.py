@@ -224,6 +224,18 @@ def put_bytes(url: str, data: bytes | str, *, if_absent: bool = False, if_match:
     call("PUT", url, lambda: fs.pipe_file(url, raw, **kwargs))
 
 
+def remove(url: str) -> None:
+    """Delete one object; one that is not there is no error (as S3's DELETE)."""
+    if not is_url(url):
+        Path(url.removeprefix("file://")).unlink(missing_ok=True)
+        return
+    fs = filesystem(url)
+    try:
+        call("DELETE", url, lambda: fs.rm_file(url))
+    except FileNotFoundError:
+        pass
+
+
 def list_names(url: str, suffix: str = "") -> dict[str, str]:
     """name -> etag of the objects directly under `url` (a "folder"); {} when none."""
     if not is_url(url):
@@ -270,8 +282,10 @@ def sync_checkpoint(local: Path, url: str, last: str) -> int:
     manifest, which commits the set: uploaded after the others) when the store lacks them (the folder
     is content-addressed, so they never change), and every small JSON file beside them (a budget
     calibration, the description of what ships) whenever the store's bytes differ, as they are written
-    after the checkpoint. The folder's own files only, as `download_dir` copies them back (a report
-    folder written inside it stays local). Returns the number of objects written."""
+    after the checkpoint, and removed from the store when they are gone here (a description of what
+    ships, written when the heads shipped, removed when a cascade ships instead). The folder's own
+    files only, as `download_dir` copies them back (a report folder written inside it stays local).
+    Returns the number of objects written or removed."""
     files = sorted(p for p in local.iterdir() if p.is_file() and not p.name.startswith("."))
     files.sort(key=lambda p: p.name == last)  # stable: the commit object goes last
     n = 0
@@ -284,6 +298,11 @@ def sync_checkpoint(local: Path, url: str, last: str) -> int:
             continue
         put_bytes(target, p.read_bytes())
         n += 1
+    here = {p.name for p in files}
+    for name in list_names(url, ".json"):
+        if name != last and name not in here:
+            remove(join(url, name))
+            n += 1
     return n
 
 

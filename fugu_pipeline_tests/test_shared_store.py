@@ -60,6 +60,9 @@ def test_whole_object_and_conditional_puts(store):
         store.put_bytes(url, b'{"v": 4}', if_match=seen)  # replaced since it was read: refused
     assert store.get_bytes(url) == b'{"v": 3}'
     assert store.get_bytes(f"s3://{BUCKET}/t1/absent.json") is None
+    store.remove(url)
+    assert store.get_bytes(url) is None and store.list_names(f"s3://{BUCKET}/t1") == {}
+    store.remove(url)  # already gone: no error
 
 
 def test_503s_are_retried_and_a_500_that_stays_names_service_and_settings(s3, store, monkeypatch):
@@ -210,3 +213,7 @@ def test_files_written_beside_a_pushed_checkpoint_reach_the_store_and_the_weight
     assert got == ["head.safetensors", "policy.json", "manifest.json"]
     assert (tmp_path / "machine-b" / "policy.json").read_text() == '{"line": "second"}'
     assert (tmp_path / "machine-b" / "head.safetensors").read_bytes() == b"weights"
+    (local / "policy.json").unlink()  # a cascade ships instead: the heads' description is gone here...
+    assert sync_checkpoint(local, url, last="manifest.json") == 1
+    again = download_dir(url, tmp_path / "machine-c", last="manifest.json")
+    assert again == ["head.safetensors", "manifest.json"]  # ...and from the store
