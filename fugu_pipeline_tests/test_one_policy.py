@@ -144,6 +144,10 @@ def test_the_server_reports_and_serves_the_policy_train_printed(trained, tmp_pat
             assert info["chosen_worker"] == w and info["budget"]["lambda"] == lam, (p, info)
         health = httpx.get(srv.url + "/health", timeout=30).json()
         assert health["checkpoint"]["policy"]["line"] == line
+        listed = {m.id: m for m in client.models.list().data}  # what a client sees of the router it calls
+        assert listed["fugu-lite"].model_extra["policy"]["line"] == line
+        assert client.models.retrieve("fugu-lite").model_extra["policy"]["lambda"] == lam
+        assert listed["fugu-lite"].model_extra["checkpoint"] == health["checkpoint"]["tag"]
     finally:
         srv.stop()
         router.close()

@@ -1,4 +1,5 @@
-"""The read-only endpoints of the server: `GET /v1/models`, `GET /v1/models/{id}` and `GET /health`
+"""The read-only endpoints of the server: `GET /v1/models` (the router's entry names the checkpoint
+served and the policy `train` chose for it), `GET /v1/models/{id}` and `GET /health`
 (no token needed; the checkpoint's path, the text of a load or reload error and why a worker is
 kept out only with the token, when one is set).
 
@@ -26,9 +27,28 @@ from fugu_pipeline.serve.source import checkpoint_tag
 ROUTER_MODEL = "fugu-lite"
 
 
-def _model_list(svc) -> list[dict]:  # svc: serve.app.Service (not imported: app imports this module)
+async def _router_facts(svc) -> dict:
+    """What the router model entry says of the checkpoint served: its tag and the policy `train`
+    chose for it (`route/shipped.py`; null without a description); {} while none is loaded."""
+    if svc.source.absent:
+        return {}
+
+    def current() -> object:
+        with svc.source.lock:
+            return svc.source.get()
+
+    try:
+        router = await asyncio.to_thread(current)
+    except Exception:  # the reason is /health's to give (with the token)
+        return {}
+    shipped = getattr(router, "shipped", None)
+    return {"checkpoint": checkpoint_tag(router), "policy": shipped.public() if shipped is not None else None}
+
+
+async def _model_list(svc) -> list[dict]:  # svc: serve.app.Service (not imported: app imports this module)
     created = int(svc.started_wall)
-    data = [{"id": ROUTER_MODEL, "object": "model", "created": created, "owned_by": "fugu-lite"}]
+    data = [{"id": ROUTER_MODEL, "object": "model", "created": created, "owned_by": "fugu-lite",
+             **(await _router_facts(svc))}]
     for w in svc.workers.config.workers:
         data.append({"id": w.id, "object": "model", "created": created, "owned_by": w.kind,
                      "upstream_model": getattr(w, "model", None)})
@@ -38,7 +58,7 @@ def _model_list(svc) -> list[dict]:  # svc: serve.app.Service (not imported: app
 async def list_models(request: Request) -> Response:
     svc = request.app.state.fugu
     svc.check_auth(request)
-    return JSONResponse({"object": "list", "data": _model_list(svc)})
+    return JSONResponse({"object": "list", "data": await _model_list(svc)})
 
 
 async def retrieve_model(request: Request) -> Response:
@@ -46,7 +66,7 @@ async def retrieve_model(request: Request) -> Response:
     svc = request.app.state.fugu
     svc.check_auth(request)
     wanted = request.path_params["model_id"]
-    found = next((m for m in _model_list(svc) if m["id"] == wanted), None)
+    found = next((m for m in await _model_list(svc) if m["id"] == wanted), None)
     if found is None:
         raise APIError(404, f"model {wanted[:80]!r} not found; GET /v1/models lists them", param="model",
                        code="model_not_found", type="invalid_request_error")
