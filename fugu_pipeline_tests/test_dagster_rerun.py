@@ -161,6 +161,27 @@ def test_changing_a_trainer_yaml_runs_exactly_what_reads_it(proj, monkeypatch):
     assert any(line.split()[0] == "router_es" and "config_train_es changed" in line for line in lines), lines
 
 
+@pytest.mark.slow
+def test_a_responses_file_edited_by_hand_runs_its_partition_and_the_matrix_and_calls_nothing(proj, monkeypatch):
+    """A grade fixed by hand in one worker's responses file: that partition runs again (no call: every
+    cell is there), records the file's new version, and the matrix and what reads it are built again."""
+    pipeline(proj)
+    cursor, before = latest_storage_id(proj), files(proj)
+    path = sorted((proj / "data" / "responses").rglob("*.jsonl"))[0]
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[0])
+    row["quality"] = 1.0 - float(row["quality"])  # the grade, corrected
+    path.write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
+    said = pipeline(proj)
+    part = f"responses[{path.parent.name}|{path.stem}]"
+    why = next(line for line in said if line.split()[0] == part)
+    assert f"stale: {path.name} changed on disk since run " in why, said
+    assert {"responses", "reward_matrix", *DOWNSTREAM} <= materialized_since(proj, cursor), said
+    ledger = "data/ledger/costs.jsonl"
+    assert files(proj).get(ledger) == before.get(ledger), "a worker was called (the cost ledger grew)"
+    assert "skipped, fresh" in next(line for line in pipeline(proj) if line.split()[0] == part)  # then fresh again
+
+
 def dagster_cli(project: Path, home: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "FUGU_"))}
     env.update(DAGSTER_HOME=str(home), FUGU_PROJECT_DIR=str(project), FUGU_ENCODER="tiny")

@@ -10,8 +10,10 @@ A few inputs are files Dagster cannot see, so their versions are compared here, 
 
 - `tasks[batch]`: the batch file's content version against the partition's data version (what the
   batch sensor compares too);
-- `responses[batch|worker]`: a partition whose latest run left failed, missing or stopped cells runs
-  again (it calls only those cells);
+- `responses[batch|worker]`: a partition whose file changed on disk since its latest run (an answer
+  or a grade edited by hand: its content version against the partition's data version) runs again
+  (it calls nothing, records the file's new version, and so the matrix and what reads it are built
+  again); so does one whose latest run left failed, missing or stopped cells (it calls only those);
 - `reward_matrix`: the combined version of every `responses` partition against the one it was built
   from (Dagster stops comparing partition versions above 100 partitions), and a matrix imported
   from routing data is rebuilt from the collection;
@@ -104,7 +106,10 @@ class Planner:
         if why is None:
             meta, loaded = _meta(record), _latest(self.instance, "tasks", batch)
             n_tasks = _meta(loaded).get("tasks") if loaded is not None else None
-            if meta.get("cells_failed"):
+            recorded = (record.event_log_entry.tags or {}).get(DATA_VERSION_TAG)
+            if meta.get("path") and recorded and file_version(Path(str(meta["path"]))) != recorded:
+                why = f"stale: {Path(str(meta['path'])).name} changed on disk since {_since(record)}"
+            elif meta.get("cells_failed"):
                 why = f"{meta['cells_failed']} failed cell(s) to call again"
             elif meta.get("stopped"):
                 why = f"its last run stopped early ({str(meta['stopped'])[:80]})"
