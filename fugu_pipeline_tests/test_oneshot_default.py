@@ -144,3 +144,80 @@ def test_at_equal_costs_a_more_accurate_head_is_kept():
     p = choose_default(q_oof, quality, np.full((n, 2), 1e-3), 1e-3, np.arange(n) % 5, ["other", "strong"], LAMBDAS)
     assert p.kind == "lambda" and p.lam == 0.0 and p.difference[1] > 0
     assert "costs no more than always the strongest worker (strong) and is more accurate" in p.reason
+
+
+# --------------------------------------------------------------------------- a point per domain
+
+
+def _two_kinds(n=600, seed=0):
+    """Two domains the head cannot tell apart (the same prediction everywhere: cheap 0.85, strong
+    0.9): on `code` the cheap worker is right wherever the strong one is, on `mc` on 30% of rows."""
+    rng = np.random.default_rng(seed)
+    doms = np.array(["code", "mc"] * (n // 2))
+    strong = (rng.random(n) < 0.85).astype(float)
+    cheap = np.where(doms == "code", strong, (rng.random(n) < 0.3).astype(float))
+    quality = np.stack([cheap, strong], axis=1)
+    q_oof = np.stack([np.full(n, 0.85), np.full(n, 0.9)], axis=1) + rng.normal(0, 0.01, (n, 2))
+    return q_oof, quality, np.tile([0.1e-3, 1e-3], (n, 1)), np.arange(n) % 5, doms
+
+
+def test_a_point_per_domain_serves_the_cheap_worker_where_it_ties_the_strongest():
+    """One λ for both domains either sends multiple choice to the cheap worker (significantly below)
+    or pays for the strongest everywhere; a λ per domain, held to the rule per domain and for the
+    whole, routes code to the cheap worker at about half the cost, and the route is what it says."""
+    from fugu_pipeline.policies.oneshot.default_point import choose_default_route
+
+    q_oof, quality, c_hat, folds, doms = _two_kinds()
+    pooled, _ = choose_default_route(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS)
+    assert pooled.oof_cost_usd > 0.9 * pooled.strongest_cost_usd and not pooled.per_domain
+    said: list[str] = []
+    p, route = choose_default_route(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS, domains=doms,
+                                    log=said.append)
+    assert set(p.per_domain) == {"code", "mc"}, p
+    assert p.oof_cost_usd < 0.6 * p.strongest_cost_usd and p.difference[2] >= 0 and p.difference[1] >= -0.02
+    assert (route[doms == "code"] == 0).all() and (route[doms == "mc"] == 1).mean() > 0.95
+    lams = p.lambdas(list(doms), len(doms))  # the λ each row is routed with, as the Router reads it
+    got = np.where(np.isnan(lams), 1, np.argmax(q_oof - np.nan_to_num(lams)[:, None] * c_hat / 1e-3, axis=1))
+    assert (got == route).all()
+    assert p.describe().startswith("the default operating point, per domain (code: λ = ")
+    assert "a point per domain (code: " in p.reason and said[0] == "default operating point per domain, out of fold:"
+    assert np.isnan(p.lambdas(["never-seen"], 1)[0]) == (pooled.kind == "strongest")  # unseen: the pooled point
+
+
+def test_domains_too_small_or_alike_keep_one_point():
+    from fugu_pipeline.policies.oneshot.default_point import choose_default_route
+
+    q_oof, quality, c_hat, folds, _ = _two_kinds()
+    one = np.array(["general"] * len(folds))
+    p, _ = choose_default_route(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS, domains=one)
+    assert not p.per_domain
+    tiny = np.array(["a", "b"] * (len(folds) // 2))
+    p, _ = choose_default_route(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS, domains=tiny,
+                                min_rows=10_000)
+    assert not p.per_domain
+
+
+def test_the_router_routes_each_domain_by_its_own_point(trained):
+    """A default with a point per domain: each request is routed by its domain's λ (or to the
+    strongest worker where that is the domain's choice), the others by the pooled point, and each
+    decision says which λ it used."""
+    from fugu_pipeline.route.router import Router
+
+    work, ckpt, _, _ = trained
+    router = Router.load(str(work / ckpt), device="cpu")
+    try:
+        pooled = router.default_point
+        assert pooled is not None and pooled.kind == "lambda"
+        per = pooled.model_copy(update={"per_domain": {"math": None, "code": 50.0}})
+        if router.shipped is not None:
+            router.shipped = router.shipped.model_copy(update={"operating_point": per})
+        router.calibration.default = per
+        easy = "solve compute matrix python list sum value"
+        got = router.route_batch([easy] * 3, ["math", "code", "chat"])
+        assert got[0].worker_id == "c" and got[0].extra["budget"]["lambda"] is None  # always the strongest there
+        assert got[1].worker_id == "a" and got[1].extra["budget"]["lambda"] == 50.0  # a large λ: the cheapest
+        assert got[2].extra["budget"]["lambda"] == pooled.lam  # a domain without its own point: the pooled one
+        assert all(d.extra["budget"]["operating_point"].startswith("the default operating point, per domain (code: λ = 50")
+                   for d in got)
+    finally:
+        router.close()

@@ -5,9 +5,12 @@ cheapest λ-routing not significantly below always the strongest worker, out of 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS  # noqa: F401  (re-exported)
 
 DEFAULT_MARGIN = 0.005
 # the low end of a cheaper policy's 95% interval against the strongest may reach this far below 0 and
@@ -32,7 +35,27 @@ class DefaultPoint(BaseModel):
     margin: float = DEFAULT_MARGIN
     floor: float | None = None  # the non-inferiority bound it was chosen under (None: a point saved before it existed)
     n_rows: int = Field(ge=1)
+    # a point per domain (`policies/oneshot/default_point.py`): domain -> its λ, or None for always the
+    # strongest worker there; the domains not named (too few rows, unseen, none) take `kind`/`lam`
+    per_domain: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)] | None] = Field(default_factory=dict)
+
+    def _one(self, lam: float | None) -> str:
+        return f"λ = {lam:.4g}" if lam is not None else f"always {self.strongest_worker}"
 
     def describe(self) -> str:
-        what = f"λ = {self.lam:.4g}" if self.kind == "lambda" else f"always {self.strongest_worker}"
-        return f"the default operating point ({what})"
+        pooled = self._one(self.lam if self.kind == "lambda" else None)
+        if not self.per_domain:
+            return f"the default operating point ({pooled})"
+        per = "; ".join(f"{d}: {self._one(v)}" for d, v in sorted(self.per_domain.items()))
+        return f"the default operating point, per domain ({per}; other domains: {pooled})"
+
+    def lambdas(self, domains, n: int) -> np.ndarray:
+        """Each request's λ (NaN: always the strongest worker), by its domain."""
+        pooled = float(self.lam) if self.kind == "lambda" and self.lam is not None else np.nan
+        out = np.full(n, pooled)
+        if self.per_domain and domains is not None:
+            for k, d in enumerate(domains):
+                if d is not None and d in self.per_domain:
+                    v = self.per_domain[d]
+                    out[k] = np.nan if v is None else float(v)
+        return out

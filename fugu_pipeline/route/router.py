@@ -289,7 +289,8 @@ class Router:
         cal = self.calibration
         point = self.shipped.operating_point if self.shipped is not None and self.shipped.kind == "one-shot" else \
             None if cal is None else cal.default
-        if point is None or (point.kind == "lambda" and (cal is None or not hasattr(self.checkpoint.head, "predict_quality"))):
+        routes_by_lambda = point is not None and (point.kind == "lambda" or any(v is not None for v in point.per_domain.values()))
+        if point is None or (routes_by_lambda and (cal is None or not hasattr(self.checkpoint.head, "predict_quality"))):
             return None
         return point
 
@@ -347,10 +348,11 @@ class Router:
         doms = None if domains is None else list(domains)  # None entries: unknown domain
         point, c_hat = None, None
         dp = self.default_point if default_point and budget is None and cost_weight is None else None
+        lams = dp.lambdas(doms, len(prompts)) if dp is not None else None  # each request's λ (NaN: the strongest)
         if budget is not None:
             scores, point, c_hat = self.budget_scores(prompts, doms, budget, cost_texts)
-        elif dp is not None and dp.kind == "lambda":
-            scores, c_hat = self.lambda_scores(prompts, doms, dp.lam, cost_texts)
+        elif lams is not None and np.isfinite(lams).any():
+            scores, c_hat = self.lambda_scores(prompts, doms, np.nan_to_num(lams)[:, None], cost_texts)
         else:
             scores = self.scores(prompts, doms, cost_weight)
         if not np.isfinite(scores).all():  # never route (or report) on NaN; the load-time probe makes this rare
@@ -360,15 +362,15 @@ class Router:
         mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         scores = np.where(mask, scores, -np.inf)
         head = self.checkpoint.head
-        kind = QUALITY_MINUS_COST if dp is not None and dp.kind == "lambda" else self.score_kind(cost_weight, budget)
-        first = self.worker_ids.index(dp.strongest_worker) if dp is not None and dp.kind == "strongest" and \
+        kind = QUALITY_MINUS_COST if lams is not None and np.isfinite(lams).any() else self.score_kind(cost_weight, budget)
+        first = self.worker_ids.index(dp.strongest_worker) if lams is not None and np.isnan(lams).any() and \
             dp.strongest_worker in self.worker_ids and mask[self.worker_ids.index(dp.strongest_worker)] else None
         shown = _softmax(scores) if kind == POLICY_PROBABILITY else scores
         known = set(getattr(head, "domains", None) or ()) if getattr(head, "uses_domains", False) else set()
         out = []
         for k, (row_s, row_shown) in enumerate(zip(scores, shown)):
             order = [int(i) for i in np.argsort(-row_s, kind="stable") if mask[i]]
-            if first is not None:  # the default: always the strongest worker (the others as its fallbacks)
+            if first is not None and np.isnan(lams[k]):  # the default: the strongest worker (the others as its fallbacks)
                 order = [first] + [i for i in order if i != first]
             d = RouteDecision(
                 worker_id=self.worker_ids[order[0]],
@@ -382,7 +384,8 @@ class Router:
                 d.extra["domain_note"] = (f"domain {doms[k]!r} is not one this head was trained on ({shown}): routed as an "
                                           "unseen domain (names are matched exactly, case included)")
             if dp is not None:
-                d.extra["budget"] = {"default": True, "operating_point": dp.describe(), "lambda": dp.lam,
+                d.extra["budget"] = {"default": True, "operating_point": dp.describe(),
+                                     "lambda": None if np.isnan(lams[k]) else float(lams[k]),
                                      "strongest_worker": dp.strongest_worker, "reason": dp.reason,
                                      **({"expected_cost_usd": float(c_hat[k, order[0]])} if c_hat is not None else {})}
             if point is not None:

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fugu_pipeline.cost_cap import CostCap
-from fugu_pipeline.route.default_point import DEFAULT_FLOOR
+from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_GROUP_FLOOR
 from fugu_pipeline.policies.cascade.cross_encoder import CrossEncoderConfig
 from fugu_pipeline.policies.cascade.search import CascadeSearch
 
@@ -37,7 +37,7 @@ class CascadeConfig(BaseModel):
     floor: float = Field(DEFAULT_FLOOR, ge=0, le=1, description="cheapest: a cheaper policy also needs the low end of "
                          "its out-of-fold interval against the strongest no further below than this (what ships must "
                          "hold on new rows; on few rows an interval that reaches 0 reaches far below it)")
-    group_floor: float = Field(0.05, ge=0, le=1, description="per domain, a cheaper choice also needs the low end of its "
+    group_floor: float = Field(DEFAULT_GROUP_FLOOR, ge=0, le=1, description="per domain, a cheaper choice also needs the low end of its "
                                "interval against the strongest no further below than this (a domain's rows are few)")
     search: CascadeSearch = CascadeSearch()
     n_boot: int = Field(2000, ge=200, description="bootstrap resamples of the out-of-fold gain's 95% interval")

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fugu_pipeline.cost_cap import DEFAULT_MARGIN_Z, CostCap
 from fugu_pipeline.features.routing_data import TrainingDataError
 from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.route.default_point import DEFAULT_MIN_DOMAIN_ROWS
 from fugu_pipeline.policies.cascade.plans import RowSet, from_model, plan_tuples, points_for, to_model
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, simulate
 
@@ -55,7 +56,7 @@ class CascadeSearch(BaseModel):
     cheap_steps: int = Field(3, ge=1, le=3, description="the most cheap steps one after another before the last step")
     parallel: int = Field(3, ge=2, le=3, description="the most cheap workers asked at once in one step")
     max_plans: int = Field(20_000, ge=10, description="the search stops after this many plans (a bound on its time)")
-    min_domain_rows: int = Field(40, ge=5, description="a domain gets its own plan only with this many rows")
+    min_domain_rows: int = Field(DEFAULT_MIN_DOMAIN_ROWS, ge=5, description="a domain gets its own plan only with this many rows")
 
 
 @dataclass

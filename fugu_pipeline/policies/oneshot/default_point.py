@@ -17,6 +17,15 @@ strongest worker's**, the same rule as a cascade's (`train/selection.cheapest_no
   qualifies, the default is the strongest worker alone, with the line saying why (except that a
   λ costing no more than the strongest and more accurate than it, a tie in cost, is kept).
 
+Per domain (`domains` given, two or more of them, `min_rows` non-test rows each): the same rule per
+domain among the same λs and always the strongest, and for the whole, as a cascade's plans per
+domain are chosen (`policies/cascade/groups.py`: each domain's cheapest choice not significantly below
+the strongest on its rows, its interval's low end above −`group_floor`; the whole held to the rule,
+the domain furthest below moved to a dearer choice until it holds). A choice that differs by domain
+ships when it saves at least `MIN_GROUP_SAVING` (2% of the strongest's cost) over the pooled point,
+its whole interval's low end above −`floor` too: on a mixed import a cheap worker may tie the
+strongest on one kind of prompt only; a smaller saving does not pay for a choice made on fewer rows.
+
 The point is saved in the checkpoint's `budget.json` (`BudgetCalibration.default`, the schema in
 `route/default_point.py`, which the `Router` reads to route by it), beside it, so the checkpoint's
 content hash is untouched.
@@ -28,7 +37,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint
+from fugu_pipeline.route.default_point import (
+    DEFAULT_FLOOR,
+    DEFAULT_GROUP_FLOOR,
+    DEFAULT_MARGIN,
+    DEFAULT_MIN_DOMAIN_ROWS,
+    DefaultPoint,
+)
 from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, interval
 
 
@@ -41,6 +56,9 @@ class _Fig:  # what `cheapest_not_below` reads of a candidate
     vs_low: float
     vs_high: float
     note: str = ""
+
+
+MIN_GROUP_SAVING = 0.02  # a point per domain ships only when it saves this share of the strongest's cost
 
 
 def lam_name(lam: float) -> str:
@@ -58,17 +76,30 @@ def choose_default(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarray, c_
 
 def choose_default_route(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarray, c_ref: float, folds: np.ndarray,
                          worker_ids: list[str], lambdas, *, margin: float = DEFAULT_MARGIN, n_boot: int = 2000,
-                         seed: int = 0, floor: float | None = DEFAULT_FLOOR) -> tuple[DefaultPoint, np.ndarray]:
+                         seed: int = 0, floor: float | None = DEFAULT_FLOOR, domains=None,
+                         min_rows: int = DEFAULT_MIN_DOMAIN_ROWS, group_floor: float = DEFAULT_GROUP_FLOOR,
+                         log=None) -> tuple[DefaultPoint, np.ndarray]:
     """`choose_default`, with the point's route over the rows (each row's worker index, out of fold):
-    what the cascade's choice scores the head at, so what it compares is what the head serves."""
+    what the cascade's choice scores the head at, so what it compares is what the head serves.
+    `domains` (each row's): also a point per domain (the module docstring)."""
+    point, route, table = _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, margin=margin,
+                                          n_boot=n_boot, seed=seed, floor=floor)
+    if domains is None:
+        return point, route
+    return _per_domain(point, route, table, np.asarray(domains, dtype=str), margin, n_boot, seed, floor, min_rows,
+                       group_floor, log)
+
+
+def _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *, margin, n_boot, seed, floor):
+    """(the pooled point, its route, {candidate name: (λ or None, quality, expected cost, route) per row})."""
     q_oof, quality, c_hat = (np.asarray(a, np.float64) for a in (q_oof, quality, c_hat))
     n = len(quality)
     quality = np.nan_to_num(quality)
-    strong_q, strong_c = np.zeros(n), np.zeros(n)
+    strong_q, strong_c, strong_route = np.zeros(n), np.zeros(n), np.zeros(n, int)
     for f in np.unique(folds):
         at, tr = folds == f, folds != f
         top = int(np.argmax(quality[tr].mean(axis=0))) if tr.any() else int(np.argmax(quality.mean(axis=0)))
-        strong_q[at], strong_c[at] = quality[at, top], c_hat[at, top]
+        strong_q[at], strong_c[at], strong_route[at] = quality[at, top], c_hat[at, top], top
     top_all = worker_ids[int(np.argmax(quality.mean(axis=0)))]
     ref = c_ref if c_ref > 0 else 1.0
     cands, seen, lam_of = [_Fig(STRONGEST, float(strong_q.mean()), float(strong_c.mean()), 0.0, 0.0, 0.0)], {}, {}
@@ -87,12 +118,15 @@ def choose_default_route(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarr
         route_of[name] = route
         cands.append(_Fig(name, float(q.mean()), float(c.mean()), d, lo, hi))
     base, plain = cands[0], cands[1]
+    table = {STRONGEST: (None, strong_q, strong_c, strong_route)}
+    table.update({name: (lam_of[name], quality[idx, r], c_hat[idx, r], r) for name, r in route_of.items()})
 
     def point(kind, lam, fig, reason):
         route = route_of[fig.name] if kind == "lambda" else np.full(n, worker_ids.index(top_all))
         return DefaultPoint(kind=kind, lam=lam, strongest_worker=top_all, reason=reason, oof_accuracy=fig.quality,
                             oof_cost_usd=fig.cost_usd, strongest_accuracy=base.quality, strongest_cost_usd=base.cost_usd,
-                            difference=(fig.vs_strongest, fig.vs_low, fig.vs_high), margin=margin, floor=floor, n_rows=n), route
+                            difference=(fig.vs_strongest, fig.vs_low, fig.vs_high), margin=margin, floor=floor,
+                            n_rows=n), route, table
 
     if plain.vs_high < 0:
         return point("strongest", None, base, (
@@ -118,9 +152,51 @@ def choose_default_route(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarr
     return point("lambda", lam_of[pick.name], win, pick.reason)
 
 
+def _per_domain(point: DefaultPoint, route: np.ndarray, table: dict, doms: np.ndarray, margin: float, n_boot: int,
+                seed: int, floor: float | None, min_rows: int, group_floor: float, log) -> tuple[DefaultPoint, np.ndarray]:
+    """The pooled point, or a point per domain where that is cheaper (the module docstring)."""
+    from fugu_pipeline.train.groups import choose_groups, split_groups
+
+    groups, merged = split_groups(doms, np.arange(len(doms)), min_rows)
+    if not groups or len(groups) + len(merged) < 2:
+        return point, route
+    pooled = {name: (q, c) for name, (_, q, c, _) in table.items()}
+    default = next((name for name, (lam, *_rest) in table.items()
+                    if point.kind == "lambda" and lam == point.lam), STRONGEST)
+    got = choose_groups(groups, merged, doms, pooled, {}, default, margin, n_boot, seed, floor=group_floor)
+    strong_q = table[STRONGEST][1]
+    m, lo, hi = interval(got.quality - strong_q, n_boot, seed)
+    cost = float(got.cost.mean())
+    per = {d: table[o.name][0] for d, o in got.groups.items()}
+    saving = (point.oof_cost_usd - cost) / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 0.0
+    if floor is not None and lo < -floor or saving < MIN_GROUP_SAVING or \
+            all(v == (point.lam if point.kind == "lambda" else None) for v in per.values()):
+        return point, route
+    new_route = route.copy()
+    for d, o in got.groups.items():
+        at = doms == d
+        new_route[at] = table[o.name][3][at]
+    share = cost / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 1.0
+    shown = "; ".join(f"{d}: {o.name}" for d, o in sorted(got.groups.items()))
+    reason = (f"a point per domain ({shown}; other domains: {point._one(point.lam if point.kind == 'lambda' else None)}) is "
+              f"cheaper than one point for all and not significantly below {STRONGEST} ({point.strongest_worker}) on each "
+              f"domain's rows or on the whole: accuracy {float(got.quality.mean()):.4f} against {point.strongest_accuracy:.4f}, "
+              f"difference {m:+.4f} [{lo:+.4f}, {hi:+.4f}], at ${cost * 1000:.4g} per 1,000 = {share:.0%} of its cost "
+              f"(one point for all: {point.oof_cost_usd / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 1:.0%}; "
+              f"out of fold over {point.n_rows} non-test rows)")
+    if log is not None:
+        log("default operating point per domain, out of fold:")
+        for line in got.lines():
+            log(line)
+    return point.model_copy(update={"per_domain": per, "reason": reason, "oof_accuracy": float(got.quality.mean()),
+                                    "oof_cost_usd": cost, "difference": (m, lo, hi)}), new_route
+
+
 def default_lines(p: DefaultPoint) -> list[str]:
     """How `fugu-lite train` and `evaluate` state the default (one line each)."""
-    what = (f"λ-routing at λ = {p.lam:.4g} (argmax predicted quality − λ·expected cost / the reference's mean cost)"
+    what = (p.describe().removeprefix("the default operating point, ") + " (λ-routing: argmax predicted quality − "
+            "λ·expected cost / the reference's mean cost)" if p.per_domain else
+            f"λ-routing at λ = {p.lam:.4g} (argmax predicted quality − λ·expected cost / the reference's mean cost)"
             if p.kind == "lambda" else f"always the strongest worker, {p.strongest_worker}")
     return [f"the selected head's default operating point (what it routes by when no cap is asked): {what}",
             f"reason: {p.reason}"]

@@ -45,10 +45,13 @@ def point_route(checkpoint, held, calibration: BudgetCalibration, dp) -> tuple[n
     """(each row's worker index at operating point `dp`, the expected cost (n, W)) on the rows of `held`
     (a `RoutingData` in the checkpoint's worker order): what the `Router` routes with no cap asked."""
     c_hat = calibration.cost_model.predict(held.prompts, held.domains)
-    if dp.kind == "lambda":
+    lams = dp.lambdas(held.domains, len(held.task_ids))  # NaN: always the strongest worker
+    route = np.full(len(held.task_ids), list(held.worker_ids).index(dp.strongest_worker))
+    if np.isfinite(lams).any():
         q_hat = quality_of(checkpoint.head, held.features, held.domains, kind=checkpoint.manifest.head_kind)
-        return np.argmax(budget_scores(q_hat, c_hat, dp.lam, calibration.reference_cost_usd), axis=1), c_hat
-    return np.full(len(held.task_ids), list(held.worker_ids).index(dp.strongest_worker)), c_hat
+        routed = np.argmax(budget_scores(q_hat, c_hat, np.nan_to_num(lams)[:, None], calibration.reference_cost_usd), axis=1)
+        route = np.where(np.isfinite(lams), routed, route)
+    return route, c_hat
 
 
 def default_report_lines(sec: dict, shipped_line: str | None = None) -> list[str]:

@@ -1,7 +1,7 @@
 """After `fugu-lite train` (and the `router_heads` asset) save the one-shot heads: each head's budget
 calibration (`budget.json`) with, where the utility gives cost no weight and the matrix records
 cost, its default operating point (`default_point.py`: the cheapest λ-routing not significantly
-below always the strongest worker, out of fold)."""
+below always the strongest worker, out of fold; a point per domain where that is cheaper)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
         q_oof = np.clip(np.nan_to_num(np.asarray(s.oof_quality, np.float64)), 0.0, 1.0)
         c_hat = cal.cost_model.predict([data.prompts[i] for i in rows], [data.domains[i] for i in rows])
         point, route = choose_default_route(q_oof, data.quality[rows], c_hat, cal.reference_cost_usd, np.asarray(s.oof_folds),
-                                            list(data.worker_ids), LAMBDAS, margin=margin, n_boot=n_boot, seed=seed)
+                                            list(data.worker_ids), LAMBDAS, margin=margin, n_boot=n_boot, seed=seed,
+                                            domains=[data.domains[i] for i in rows], log=log if s.selected else None)
         cal.default = point
         if routes is not None:
             routes[s.name] = route
