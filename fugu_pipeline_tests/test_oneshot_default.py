@@ -182,6 +182,12 @@ def test_a_point_per_domain_serves_the_cheap_worker_where_it_ties_the_strongest(
     assert p.describe().startswith("the default operating point, per domain (code: λ = ")
     assert "a point per domain (code: " in p.reason and said[0] == "default operating point per domain, out of fold:"
     assert np.isnan(p.lambdas(["never-seen"], 1)[0]) == (pooled.kind == "strongest")  # unseen: the pooled point
+    from fugu_pipeline.route.shipped import ShippedPolicy
+
+    said_to_clients = ShippedPolicy(kind="one-shot", name="one-shot knn", checkpoint="knn/abc", content_hash="abc",
+                                    operating_point=p)
+    assert said_to_clients.how().startswith("per domain (code: λ = ")
+    assert said_to_clients.public()["lambda_per_domain"] == p.per_domain
 
 
 def test_domains_too_small_or_alike_keep_one_point():
