@@ -73,6 +73,7 @@ def cmd_route(args) -> int:
     d = router.route(args.prompt, args.domain, **_route_kwargs(args, router, config, budget))
     print_json({"worker": d.worker_id, **scores_of(d), "ranking": d.ranking, "checkpoint": d.checkpoint,
                  **({"cascade": d.extra["cascade"]["describe"]} if "cascade" in d.extra else {}),
+                 **({"group": d.extra["cascade"]["group"]} if "group" in d.extra.get("cascade", {}) else {}),
                 **({"budget": d.extra["budget"]} if "budget" in d.extra else {}),
                 **({"note": d.extra["domain_note"]} if "domain_note" in d.extra else {}), **policy_of(router)})
     return 0
