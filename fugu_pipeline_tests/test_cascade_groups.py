@@ -298,3 +298,28 @@ def test_through_the_commands_an_import_without_domains_ships_and_routes_per_pro
     assert got["code"]["group"] != got["mc"]["group"] and got["code"]["group"].startswith("prompt cluster ")
     code, said = run("evaluate", "--checkpoint", ckpt, *common)
     assert code == 0 and "| prompt cluster | n | plan |" in said, said
+
+    # served: the official client on loopback, workers a stub OpenAI-compatible server answers for
+    import openai
+
+    from fugu_pipeline.policies.registry import load_router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.testing.serving import ServerThread
+    from fugu_pipeline.testing.stub_llm import StubLLMServer
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    prompt = "Write a Python function: sort a list of strings and return the index"
+    with StubLLMServer() as stub:
+        for w in ("cheap", "strong"):
+            stub.set_answer(prompt, "The answer is 42", model=f"stub/{w}")
+        cfg = WorkersConfig.model_validate({"workers": [
+            {"id": w, "kind": "openai_compatible", "model": f"stub/{w}", "base_url": stub.openai_url,
+             "price_in_per_mtok": 1.0, "price_out_per_mtok": 2.0} for w in ("cheap", "strong")]})
+        srv = ServerThread(create_app(load_router(ckpt, device="cpu"), cfg, batch_window_ms=2))
+        try:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=60)
+            r = client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": prompt}])
+            info = r.model_extra["fugu_lite"]
+            assert info["served_by"] == "cheap" and info["cascade"]["group"] == got["code"]["group"], info
+        finally:
+            srv.stop()

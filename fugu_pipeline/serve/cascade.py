@@ -78,7 +78,8 @@ async def chat_completion(svc, req, decision, t0: float, t_routed: float):
                     late, deadline, READ_DEADLINE_ENV, run.stopped)
     tag = decision.extra.get("checkpoint_tag")
     info = {"chosen_worker": decision.worker_id, "checkpoint": tag, "checkpoint_tag": tag, "mode": "cascade",
-            "cascade": run.info(), "served_by": run.served_by, "domain": req.domain or "general", "attempts": run.calls,
+            "cascade": {**run.info(), **({"group": group} if (group := decision.extra["cascade"].get("group")) else {})},
+            "served_by": run.served_by, "domain": req.domain or "general", "attempts": run.calls,
             "fallback_errors": run.fallback_errors, "ignored": req.ignored + decision.extra.get("ignored", []),
             "route_ms": _ms(t_routed - t0), "queue_ms": _ms(timing.queue_s), "upstream_ms": _ms(timing.upstream_s),
             "cost_usd": run.cost_usd, "cost_source": "sum of the cascade's calls"}
