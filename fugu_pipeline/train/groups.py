@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, interval
+from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval
 
 CLUSTER_PREFIX = "prompt cluster "
 # a group needs this many non-test rows to get its own choice (`cascade.search.min_domain_rows`), and
@@ -27,19 +27,11 @@ DEFAULT_GROUP_FLOOR = 0.05
 
 
 @dataclass
-class Option:
-    """One candidate on one domain's rows (the fields `cheapest_not_below` reads), and what it is:
-    `spec` ("rung", share) a plan of the domain's ladder, ("alone", None) its own strongest worker,
-    ("pooled", name) a pooled candidate."""
+class Option(Figure):
+    """One candidate on one group's rows, and what it is (`spec`, the caller's: a cascade's ("rung",
+    share), ("alone", None) or ("pooled", name))."""
 
-    name: str
-    spec: tuple
-    quality: float
-    cost_usd: float
-    vs_strongest: float
-    vs_low: float
-    vs_high: float
-    note: str = ""
+    spec: tuple = ()
 
 
 @dataclass
@@ -115,9 +107,9 @@ def choose_groups(groups: list[str], merged: list[tuple[str, int]], doms: np.nda
             q, c = v[0][at], v[1][at]
             m, lo, hi = interval(q - sq[at], n_boot, seed)
             wide = name != STRONGEST and lo < -floor  # too few rows to tell it from a worse policy
-            opts.append(Option(name, spec, float(q.mean()), float(c.mean()), m, lo, hi,
+            opts.append(Option(name, float(q.mean()), float(c.mean()), m, lo, hi,
                                f"unavailable: its interval reaches {lo:+.4f}, below -{floor:g} (cascade.group_floor)"
-                               if wide else ""))
+                               if wide else "", spec=spec))
         pick = cheapest_not_below(opts, STRONGEST, "", margin, int(at.sum()))
         options[d] = sorted([o for o in opts if o.name in pick.qualified], key=lambda o: (o.cost_usd, -o.quality))
         choice[d] = next(o for o in opts if o.name == pick.name)

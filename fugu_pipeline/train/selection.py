@@ -222,6 +222,21 @@ def interval(values: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, flo
 
 
 @dataclass
+class Figure:
+    """What `cheapest_not_below` reads of a candidate: its out-of-fold accuracy and cost, its accuracy
+    difference from always the strongest worker with the 95% interval, and a note (non-empty: it may
+    not be chosen, and the note says why)."""
+
+    name: str
+    quality: float
+    cost_usd: float
+    vs_strongest: float
+    vs_low: float
+    vs_high: float
+    note: str = ""
+
+
+@dataclass
 class Pick:
     name: str
     reason: str

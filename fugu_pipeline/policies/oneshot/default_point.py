@@ -33,8 +33,6 @@ content hash is untouched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from fugu_pipeline.route.default_point import (
@@ -44,18 +42,7 @@ from fugu_pipeline.route.default_point import (
     DEFAULT_MIN_DOMAIN_ROWS,
     DefaultPoint,
 )
-from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, interval
-
-
-@dataclass
-class _Fig:  # what `cheapest_not_below` reads of a candidate
-    name: str
-    quality: float
-    cost_usd: float
-    vs_strongest: float
-    vs_low: float
-    vs_high: float
-    note: str = ""
+from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval
 
 
 MIN_GROUP_SAVING = 0.02  # a point per domain ships only when it saves this share of the strongest's cost
@@ -102,7 +89,7 @@ def _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *,
         strong_q[at], strong_c[at], strong_route[at] = quality[at, top], c_hat[at, top], top
     top_all = worker_ids[int(np.argmax(quality.mean(axis=0)))]
     ref = c_ref if c_ref > 0 else 1.0
-    cands, seen, lam_of = [_Fig(STRONGEST, float(strong_q.mean()), float(strong_c.mean()), 0.0, 0.0, 0.0)], {}, {}
+    cands, seen, lam_of = [Figure(STRONGEST, float(strong_q.mean()), float(strong_c.mean()), 0.0, 0.0, 0.0)], {}, {}
     route_of = {}
     idx = np.arange(n)
     for lam in lambdas:
@@ -116,7 +103,7 @@ def _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *,
         seen[key] = name
         lam_of[name] = float(lam)
         route_of[name] = route
-        cands.append(_Fig(name, float(q.mean()), float(c.mean()), d, lo, hi))
+        cands.append(Figure(name, float(q.mean()), float(c.mean()), d, lo, hi))
     base, plain = cands[0], cands[1]
     table = {STRONGEST: (None, strong_q, strong_c, strong_route)}
     table.update({name: (lam_of[name], quality[idx, r], c_hat[idx, r], r) for name, r in route_of.items()})
