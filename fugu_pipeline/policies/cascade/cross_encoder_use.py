@@ -37,6 +37,7 @@ from fugu_pipeline.policies.cascade.cross_encoder import (
     CrossEncoderConfig,
     CrossFit,
     new_top,
+    resolved,
 )
 from fugu_pipeline.policies.cascade.verifier import VerifierInputs, auc, oof_scores
 
@@ -95,8 +96,9 @@ def cross_encoder_step(cc, data, grid, seed: int = 0, log=print) -> Callable | N
             log(f"cascade: cross-encoder not used: {why}; the verifier reads what it read without it")
             return None
         base = load_base(cfg.model, cfg.device)
+        here = resolved(cfg, base.device)  # `auto` layers and epochs for this device
         log(f"cascade: cross-encoder {cfg.model} on {len(cells)} (prompt, reply) pairs, {cfg.folds} cross-fitted "
-            f"fine-tunes (top {cfg.train_layers} layers, {cfg.epochs} epochs, max {cfg.max_length} tokens) on {base.device}")
+            f"fine-tunes (top {here.train_layers} layers, {here.epochs} epochs, max {cfg.max_length} tokens) on {base.device}")
         fit = cross_fit(base, [data.prompts[rows[k]] for k, _ in cells], [grid.text[rows[k], j] for k, j in cells], y,
                         np.array([folds[k] for k, _ in cells]), cfg, seed, log)
         values = np.zeros((len(rows), len(data.worker_ids)))
