@@ -10,8 +10,6 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS  # noqa: F401  (re-exported)
-
 DEFAULT_MARGIN = 0.005
 # the low end of a cheaper policy's 95% interval against the strongest may reach this far below 0 and
 # no further (`train.selection.cheapest_not_below`): the one-shot default and a cascade's `floor`
@@ -39,15 +37,24 @@ class DefaultPoint(BaseModel):
     # strongest worker there; the domains not named (too few rows, unseen, none) take `kind`/`lam`
     per_domain: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)] | None] = Field(default_factory=dict)
 
-    def _one(self, lam: float | None) -> str:
+    def routing(self, lam: float | None) -> str:
+        """How a request is routed at λ `lam` (None: always the strongest worker)."""
         return f"λ = {lam:.4g}" if lam is not None else f"always {self.strongest_worker}"
 
-    def describe(self) -> str:
-        pooled = self._one(self.lam if self.kind == "lambda" else None)
+    def pooled(self) -> str:
+        """How a request of a domain without a point of its own is routed."""
+        return self.routing(self.lam if self.kind == "lambda" else None)
+
+    def per_domain_text(self) -> str:
+        """`per domain (code: λ = 0.1; mc: always c; other domains: λ = 0.02)`; "" without points per domain."""
         if not self.per_domain:
-            return f"the default operating point ({pooled})"
-        per = "; ".join(f"{d}: {self._one(v)}" for d, v in sorted(self.per_domain.items()))
-        return f"the default operating point, per domain ({per}; other domains: {pooled})"
+            return ""
+        per = "; ".join(f"{d}: {self.routing(v)}" for d, v in sorted(self.per_domain.items()))
+        return f"per domain ({per}; other domains: {self.pooled()})"
+
+    def describe(self) -> str:
+        per = self.per_domain_text()
+        return f"the default operating point, {per}" if per else f"the default operating point ({self.pooled()})"
 
     def lambdas(self, domains, n: int) -> np.ndarray:
         """Each request's λ (NaN: always the strongest worker), by its domain."""

@@ -62,7 +62,7 @@ class ShippedPolicy(BaseModel):
         if p is None:
             return "its plain route (no operating point: the head's argmax)"
         if p.per_domain:
-            return p.describe().removeprefix("the default operating point, ")
+            return p.per_domain_text()
         if p.kind == "strongest":
             return f"always {p.strongest_worker}"
         return "its plain route (λ = 0)" if not p.lam else f"λ-routing at λ = {p.lam:.4g}"

@@ -27,22 +27,31 @@ from fugu_pipeline.serve.source import checkpoint_tag
 ROUTER_MODEL = "fugu-lite"
 
 
+async def _current_router(svc):
+    """The router served now (loaded or reloaded off the event loop); raises what loading raised."""
+    def current() -> object:
+        with svc.source.lock:
+            return svc.source.get()
+
+    return await asyncio.to_thread(current)
+
+
 async def _router_facts(svc) -> dict:
     """What the router model entry says of the checkpoint served: its tag and the policy `train`
     chose for it (`route/shipped.py`; null without a description); {} while none is loaded."""
     if svc.source.absent:
         return {}
-
-    def current() -> object:
-        with svc.source.lock:
-            return svc.source.get()
-
     try:
-        router = await asyncio.to_thread(current)
+        router = await _current_router(svc)
     except Exception:  # the reason is /health's to give (with the token)
         return {}
+    return {"checkpoint": checkpoint_tag(router), "policy": _router_policy(router)}
+
+
+def _router_policy(router) -> dict | None:
+    """What train chose and printed for the checkpoint (`route/shipped.py`); None without a description."""
     shipped = getattr(router, "shipped", None)
-    return {"checkpoint": checkpoint_tag(router), "policy": shipped.public() if shipped is not None else None}
+    return shipped.public() if shipped is not None else None
 
 
 async def _model_list(svc) -> list[dict]:  # svc: serve.app.Service (not imported: app imports this module)
@@ -90,10 +99,6 @@ async def health(request: Request) -> Response:
     if svc.stopping:
         return JSONResponse({"status": "shutting_down", "error": svc.shutdown_message(),
                              "uptime_s": round(time.monotonic() - svc.started, 3)}, status_code=503)
-    def current() -> object:
-        with svc.source.lock:
-            return svc.source.get()
-
     try:  # without the token (when one is set), no filesystem path or error text: /health needs no token
         svc.check_auth(request)
         trusted = True
@@ -105,7 +110,7 @@ async def health(request: Request) -> Response:
                              "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None)}
                                          for w in svc.workers.config.workers]})
     try:
-        router = await asyncio.to_thread(current)
+        router = await _current_router(svc)
     except Exception as exc:
         error = f"no router could be loaded: {type(exc).__name__}: {exc}" if trusted else (
             "no router could be loaded (send the server's bearer token for the reason)")
@@ -119,7 +124,7 @@ async def health(request: Request) -> Response:
         "checkpoint": {**({"path": router.path} if trusted else {}), "tag": checkpoint_tag(router),
                        "content_hash": m.content_hash, "method": m.method, "worker_ids": router.worker_ids,
                        # what train chose and printed (route/shipped.py); null when it wrote no description
-                       "policy": router.shipped.public() if getattr(router, "shipped", None) is not None else None},
+                       "policy": _router_policy(router)},
         "reload_error": reload_error if trusted or reload_error is None else (
             "the last reload failed (send the server's bearer token for the reason)"),
         "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None),

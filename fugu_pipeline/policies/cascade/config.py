@@ -9,9 +9,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fugu_pipeline.cost_cap import CostCap
-from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_GROUP_FLOOR
+from fugu_pipeline.route.default_point import DEFAULT_FLOOR
 from fugu_pipeline.policies.cascade.cross_encoder import CrossEncoderConfig
 from fugu_pipeline.policies.cascade.search import CascadeSearch
+from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR
 
 
 class CascadeConfig(BaseModel):

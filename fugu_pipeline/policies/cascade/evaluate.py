@@ -324,8 +324,9 @@ def cascade_over_single_turns(router, tasks: list, replies: dict[str, list]) -> 
     from fugu_pipeline.policies.cascade.policy import decide
 
     q, c, n, lat, stop = [], [], [], [], []
+    keys = router.group_keys([t.prompt for t in tasks], [t.domain for t in tasks])  # one encoding, when by cluster
     for k, task in enumerate(tasks):
-        plan = router.head.policy.plan_for(router.group_keys([task.prompt], [task.domain])[0])
+        plan = router.head.policy.plan_for(keys[k])
         kind = router.answer_kind(task.domain) or kind_for_grader(task.grader.type) or detect_kind(
             task.prompt, [replies[w][k].answer for w in plan.workers])
         finals, scores, order, called, cost, wait = [], [], [], [], 0.0, 0.0

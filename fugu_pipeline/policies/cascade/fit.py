@@ -9,8 +9,9 @@
    - `cheapest` (the default where the utility gives cost no weight): the candidates are cascades
      chosen under a ladder of caps (10% ... 100% of the strongest worker's cost), the one-shot
      heads, the strongest worker, and a plan per domain, or per prompt cluster where the import
-     names no domains (`groups.py`: the same rule per group and for the whole); the cheapest whose accuracy is not significantly below the strongest's ships
-     (paired 95% interval reaching 0, mean within `cascade.margin`).
+     names no domains (`groups.py`: the same rule per group and for the whole); the cheapest whose
+     accuracy is not significantly below the strongest's ships (paired 95% interval reaching 0, mean
+     within `cascade.margin`).
    - a cap: the candidate with the best out-of-fold accuracy within it (the search in each fold
      keeps a plan's mean expected cost plus the cap's `margin_z` standard errors within the cap).
    - `utility` (the utility prices cost): a candidate replaces "always the best worker" only when
@@ -214,8 +215,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     n = len(rows)
     shares = LADDER if mode == "cheapest" else ()
     memo: dict = {}  # every search of this fit, each row set's plans run once
-    cf = cross_fit(data, grid_for, rows, folds, gdoms if groups else doms, usable, allowed, cfg, mode, baseline, shares, heads, groups, memo,
-                   lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes)
+    cf = cross_fit(data, grid_for, rows, folds, gdoms if groups else doms, usable, allowed, cfg, mode, baseline, shares,
+                   heads, groups, memo, lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes)
     if cf.unmet:
         return _strongest_ships(data, grid, inputs, rows, usable, log, cf.unmet)
     frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed, memo=memo, n_boot=cfg.n_boot, seed=seed)
@@ -328,8 +329,8 @@ def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo
         return CascadePolicy(default=plan, per_domain=per), choices, win.name
     name = win.name
     if win.kind == "one-shot":  # the cascade saved beside it: the cheapest pooled cascade that qualified
-        name = next((q for q in qualified if q not in (PER_DOMAIN, PER_CLUSTER) and next(c for c in cands if c.name == q).kind == "cascade"),
-                    STRONGEST)
+        name = next((q for q in qualified if q not in (PER_DOMAIN, PER_CLUSTER)
+                     and next(c for c in cands if c.name == q).kind == "cascade"), STRONGEST)
     plan, ch = pooled_plan(name)
     choices = {"*": ch or search(g_all, rows, cfg.search, None, allowed, "pooled: ", memo)}
     return CascadePolicy(default=plan), choices, name

@@ -251,9 +251,9 @@ def pick_groups(how: str, doms: np.ndarray, rows: np.ndarray, X: np.ndarray, pro
     labels = clusters.assign(X).astype(str)
     groups, merged = split_groups(labels, rows, min_rows)
     counts = {n: int((labels[rows] == n).sum()) for n in clusters.names}
+    shown = "; ".join(f"{n} ({counts[n]} rows, e.g. {clusters.examples.get(n, '')!r})" for n in clusters.names)
     log(f"cascade: no domains to plan by; {len(clusters.names)} prompt clusters (mean silhouette "
-        f"{clusters.silhouette:.3f}, one blob {clusters.null_silhouette:.3f}): " + "; ".join(f"{n} ({counts[n]} rows, e.g. {clusters.examples.get(n, '')!r})"
-                                                    for n in clusters.names))
+        f"{clusters.silhouette:.3f}, one blob {clusters.null_silhouette:.3f}): {shown}")
     if merged:
         log(merged_line(merged, min_rows))
     if not groups:

@@ -104,7 +104,9 @@ class CascadePolicy(BaseModel):
     def describe(self) -> str:
         if not self.per_domain:
             return self.default.describe()
-        rest = "other prompts" if all(d.startswith("prompt cluster ") for d in self.per_domain) else "other domains"
+        from fugu_pipeline.train.groups import CLUSTER_PREFIX
+
+        rest = "other prompts" if all(d.startswith(CLUSTER_PREFIX) for d in self.per_domain) else "other domains"
         return "; ".join([f"{d}: {p.describe()}" for d, p in sorted(self.per_domain.items())]
                          + [f"{rest}: {self.default.describe()}"])
 

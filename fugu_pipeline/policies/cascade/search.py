@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fugu_pipeline.cost_cap import DEFAULT_MARGIN_Z, CostCap
 from fugu_pipeline.features.routing_data import TrainingDataError
 from fugu_pipeline.reward import UtilityConfig
-from fugu_pipeline.route.default_point import DEFAULT_MIN_DOMAIN_ROWS
+from fugu_pipeline.train.groups import DEFAULT_MIN_DOMAIN_ROWS
 from fugu_pipeline.policies.cascade.plans import RowSet, from_model, plan_tuples, points_for, to_model
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, simulate
 

@@ -19,7 +19,7 @@ strongest worker's**, the same rule as a cascade's (`train/selection.cheapest_no
 
 Per domain (`domains` given, two or more of them, `min_rows` non-test rows each): the same rule per
 domain among the same λs and always the strongest, and for the whole, as a cascade's plans per
-domain are chosen (`policies/cascade/groups.py`: each domain's cheapest choice not significantly below
+domain are chosen (`train/groups.py`: each domain's cheapest choice not significantly below
 the strongest on its rows, its interval's low end above −`group_floor`; the whole held to the rule,
 the domain furthest below moved to a dearer choice until it holds). A choice that differs by domain
 ships when it saves at least `MIN_GROUP_SAVING` (2% of the strongest's cost) over the pooled point,
@@ -35,13 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fugu_pipeline.route.default_point import (
-    DEFAULT_FLOOR,
-    DEFAULT_GROUP_FLOOR,
-    DEFAULT_MARGIN,
-    DEFAULT_MIN_DOMAIN_ROWS,
-    DefaultPoint,
-)
+from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint
+from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS
 from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval
 
 
@@ -165,7 +160,7 @@ def _per_domain(point: DefaultPoint, route: np.ndarray, table: dict, doms: np.nd
         new_route[at] = table[o.name][3][at]
     share = cost / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 1.0
     shown = "; ".join(f"{d}: {o.name}" for d, o in sorted(got.groups.items()))
-    reason = (f"a point per domain ({shown}; other domains: {point._one(point.lam if point.kind == 'lambda' else None)}) is "
+    reason = (f"a point per domain ({shown}; other domains: {point.pooled()}) is "
               f"cheaper than one point for all and not significantly below {STRONGEST} ({point.strongest_worker}) on each "
               f"domain's rows or on the whole: accuracy {float(got.quality.mean()):.4f} against {point.strongest_accuracy:.4f}, "
               f"difference {m:+.4f} [{lo:+.4f}, {hi:+.4f}], at ${cost * 1000:.4g} per 1,000 = {share:.0%} of its cost "
@@ -181,7 +176,7 @@ def _per_domain(point: DefaultPoint, route: np.ndarray, table: dict, doms: np.nd
 
 def default_lines(p: DefaultPoint) -> list[str]:
     """How `fugu-lite train` and `evaluate` state the default (one line each)."""
-    what = (p.describe().removeprefix("the default operating point, ") + " (λ-routing: argmax predicted quality − "
+    what = (p.per_domain_text() + " (λ-routing: argmax predicted quality − "
             "λ·expected cost / the reference's mean cost)" if p.per_domain else
             f"λ-routing at λ = {p.lam:.4g} (argmax predicted quality − λ·expected cost / the reference's mean cost)"
             if p.kind == "lambda" else f"always the strongest worker, {p.strongest_worker}")
