@@ -40,6 +40,11 @@ CHILD_SCRIPT = Path(__file__).with_name("sandbox_child.py")
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 _RESULT_CAP = 4096
 SETUP_LIMIT_S = 60.0  # the child's own start and isolation; the code's wall clock starts after
+# The CPU limit counts the child's own start too (an rlimit counts the process's whole life), the wall
+# clock does not: without a `cpu_s`, the CPU limit is the wall clock plus this much, so a busy loop is
+# stopped by the wall clock it was given and the CPU limit stops only code that burns CPU faster than
+# the clock runs (threads)
+CPU_SETUP_ALLOWANCE_S = 1.0
 _UID_RANGE = (1_000_000_000, 2_000_000_000)  # fresh uids: no user owns files or processes there
 DEFAULT_HIDDEN = ("/work", "/home", "/root", "/mnt", "/media", "/srv", "/opt", "/data")
 # A source checkout (wherever it was cloned: CI clones outside /work) is hidden as well; an
@@ -52,7 +57,8 @@ _CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHON
 class Limits:
     """Resource limits of one run. `timeout_s` is the wall clock of the untrusted code and its
     tests: it starts once the sandbox is set up (SETUP_LIMIT_S bounds that part, and running past
-    it is an `error`, not the code's timeout). `cpu_s` defaults to `timeout_s`."""
+    it is an `error`, not the code's timeout). `cpu_s` defaults to `timeout_s` plus
+    `CPU_SETUP_ALLOWANCE_S` (`cpu_limit_s`)."""
 
     timeout_s: float = 10.0
     cpu_s: float | None = None
@@ -62,6 +68,10 @@ class Limits:
     max_file_mb: int = 64
     require_isolation: bool = False
     hide_paths: tuple[str, ...] = DEFAULT_HIDDEN
+
+    @property
+    def cpu_limit_s(self) -> float:
+        return self.cpu_s if self.cpu_s is not None else self.timeout_s + CPU_SETUP_ALLOWANCE_S
 
 
 @dataclass(frozen=True)
@@ -207,8 +217,8 @@ def _classify(
         return "timeout", f"wall clock limit {limits.timeout_s:g}s"
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= (limits.cpu_s or limits.timeout_s)):
-            return "timeout", f"CPU limit {limits.cpu_s or limits.timeout_s:g}s"
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limits.cpu_limit_s):
+            return "timeout", f"CPU limit {limits.cpu_limit_s:g}s"
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         return ("killed" if sig in (signal.SIGKILL, signal.SIGTERM) else "crashed"), f"signal {name}"
     code = os.WEXITSTATUS(status)
@@ -245,7 +255,7 @@ def _run(code: str, test: str, limits: Limits, python: str, start: float) -> San
             "test": test,
             "limits": {
                 "memory_mb": limits.memory_mb,
-                "cpu_s": limits.cpu_s or limits.timeout_s,
+                "cpu_s": limits.cpu_limit_s,
                 "uid": uid,
                 "max_file_mb": limits.max_file_mb,
                 "max_processes": limits.max_processes,
