@@ -53,3 +53,30 @@ def write_inputs(work: Path, rows: list[dict]) -> list[str]:
     (work / "w.yaml").write_text(QUALITY_ONLY)
     return ["--data", str(work / "r.jsonl"), "--workers", str(work / "w.yaml"), "--device", "cpu",
             "--cache-dir", str(work / "emb"), "--work-dir", str(work / "imports")]
+
+
+def two_kinds_rows(n: int = 500, answers: bool = True) -> list[dict]:
+    """Rows as a user imports them, with no `domain`: half ask for Python code (the cheap worker gives
+    the strong one's answer), half for an option (the cheap worker is right on 30%, and says it is unsure
+    where it is wrong); `answers`: with the workers' replies (what a cascade reads)."""
+    rng = random.Random(0)
+    code_words = "def return list python for loop index array sort append string".split()
+    mc_words = "which option best answer choice following statement true false correct".split()
+    rows = []
+    for i in range(n):
+        code = bool(i % 2)
+        words = code_words if code else mc_words
+        prompt = ("Write a Python function: " if code else "Choose the correct option: ") + " ".join(
+            rng.choice(words) for _ in range(12))
+        strong_ok = rng.random() < 0.85
+        cheap_ok = strong_ok if code else rng.random() < 0.3
+        strong = "42" if strong_ok else str(rng.randint(100, 999))
+        cheap = strong if code else ("42" if cheap_ok else str(rng.randint(100, 999)))
+        rows.append({"task_id": f"t{i:03d}", "prompt": prompt, "worker_ids": ["cheap", "strong"],
+                     "quality": [float(cheap_ok), float(strong_ok)], "cost_usd": [0.0001, 0.01],
+                     "split": ("train", "train", "train", "val", "test")[i % 5],
+                     **({"answers": [f"The answer is {cheap}" if code or cheap_ok else
+                                     f"I am not sure. It might be {cheap}, but I could not check it", f"The answer is {strong}"],
+                         "answer_kind": "number"}
+                        if answers else {})})
+    return rows

@@ -173,7 +173,7 @@ def test_an_import_without_domains_plans_per_prompt_cluster():
     shown = CascadeResult(fit, "models", fit.selected_kind, "models").lines()
     assert any(line.startswith("per prompt cluster, out of fold") for line in shown), shown
     said = [line for line in lines if "prompt clusters (mean silhouette" in line]
-    assert len(said) == 1 and "no domains to plan by; 2 prompt clusters" in said[0], lines
+    assert len(said) == 1 and "no domains to choose a plan by; 2 prompt clusters" in said[0], lines
     by_domain = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=400, groups="domain"), log=quiet)
     assert by_domain.clusters is None and by_domain.groups is None and not by_domain.policy.per_domain
     assert _fig(by_domain, by_domain.selected).cost_usd > won.cost_usd  # one plan for both kinds pays more
@@ -244,48 +244,28 @@ def test_a_cluster_checkpoint_with_broken_centroids_is_refused(tmp_path):
         load_cascade(path)
 
 
-def _two_kinds_without_domains(n: int = 500) -> list[dict]:
-    """Rows as a user imports them, with no `domain`: half ask for Python code (the cheap worker gives
-    the strong one's answer), half for an option (the cheap worker is right on 30%)."""
-    import random
-
-    rng = random.Random(0)
-    code_words = "def return list python for loop index array sort append string".split()
-    mc_words = "which option best answer choice following statement true false correct".split()
-    rows = []
-    for i in range(n):
-        code = bool(i % 2)
-        words = code_words if code else mc_words
-        prompt = ("Write a Python function: " if code else "Choose the correct option: ") + " ".join(
-            rng.choice(words) for _ in range(12))
-        strong_ok = rng.random() < 0.85
-        cheap_ok = strong_ok if code else rng.random() < 0.3
-        strong = "42" if strong_ok else str(rng.randint(100, 999))
-        cheap = strong if code else ("42" if cheap_ok else str(rng.randint(100, 999)))
-        rows.append({"task_id": f"t{i:03d}", "prompt": prompt, "worker_ids": ["cheap", "strong"],
-                     "quality": [float(cheap_ok), float(strong_ok)], "cost_usd": [0.0001, 0.01],
-                     "answers": [f"The answer is {cheap}", f"The answer is {strong}"], "answer_kind": "number",
-                     "split": ("train", "train", "train", "val", "test")[i % 5]})
-    return rows
-
-
 def test_through_the_commands_an_import_without_domains_ships_and_routes_per_prompt_cluster(tmp_path):
     """`fugu-lite train` on an import without domains (the one-shot heads limited to the domain prior,
-    which without domains cannot tell the kinds apart): the cascade per prompt cluster ships at about
-    half the strongest's cost; `route` sends a new code prompt to the cheap worker and a new option
-    prompt to the strong one, through the tiny encoder, each naming its cluster; `evaluate` reports
-    the held-out rows per cluster."""
+    which without domains cannot tell the kinds apart): the cascade per prompt cluster ships below
+    half the strongest's cost (the one-shot default per cluster costs half: the cascade also reads the
+    cheap worker's doubt on the option prompts); `route` answers a new code prompt by the cheap worker
+    alone and a new option prompt by the cheap worker then the verifier, through the tiny encoder, each
+    naming its cluster; `evaluate` reports the held-out rows per cluster."""
     import json
 
-    from fugu_pipeline_tests.cli_project import run, write_inputs
+    from fugu_pipeline_tests.cli_project import run, two_kinds_rows, write_inputs
 
-    common = write_inputs(tmp_path, _two_kinds_without_domains())
+    common = write_inputs(tmp_path, two_kinds_rows())
     (tmp_path / "train.yaml").write_text('features: {layer_sets: "off", prompt_rules: "off"}\n'
                                          "heads:\n  knn: null\n  ridge: null\n  ensemble: null\n")
     code, out = run("train", *common, "--encoder", "tiny", "--config", str(tmp_path / "train.yaml"),
                     "--output", str(tmp_path / "models"))
     assert code == 0, out
     assert "shipped policy: cascade per prompt cluster" in out, out[-3000:]
+    import re
+
+    shipped = next(line for line in out.splitlines() if line.startswith("shipped policy: "))
+    assert int(re.search(r"= (\d+)% of strong's cost", shipped).group(1)) < 50, shipped
     ckpt = out.strip().splitlines()[-1]
     got = {}
     for kind, prompt in (("code", "Write a Python function: sort a list of strings and return the index"),
@@ -294,7 +274,8 @@ def test_through_the_commands_an_import_without_domains_ships_and_routes_per_pro
         assert code == 0, said
         got[kind] = json.loads(said)
     assert got["code"]["worker"] == "cheap" and got["code"]["cascade"] == "[cheap]", got["code"]
-    assert got["mc"]["worker"] == "strong" and got["mc"]["cascade"] == "[strong]", got["mc"]
+    mc = got["mc"]["cascade"]  # the cheap worker, then the strong one where the verifier doubts its reply
+    assert mc.startswith("[cheap] stop if verifier ≥ ") and mc.endswith(" → [strong]"), got["mc"]
     assert got["code"]["group"] != got["mc"]["group"] and got["code"]["group"].startswith("prompt cluster ")
     code, said = run("evaluate", "--checkpoint", ckpt, *common)
     assert code == 0 and "| prompt cluster | n | plan |" in said, said

@@ -227,3 +227,179 @@ def test_the_router_routes_each_domain_by_its_own_point(trained):
                    for d in got)
     finally:
         router.close()
+
+
+def _two_kinds_features(n=600, apart=6.0, seed=1):
+    """Prompt features of `_two_kinds`' rows: the code rows' lie apart from the multiple-choice rows'
+    (`apart` standard deviations on the first 4 of 24 columns; 0: one kind of prompt)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 24))
+    X[::2, :4] += apart  # `_two_kinds` puts "code" on the even rows
+    return X.astype(np.float32)
+
+
+def test_an_import_without_domains_gets_a_point_per_prompt_cluster():
+    """Every row's domain is "general": the prompt clusters find the two kinds (no outcome read) and
+    the point per cluster routes the code cluster to the cheap worker at about half the cost, by the
+    same rule per group and for the whole; saved and read back, it puts each prompt in the cluster
+    training put it in, and the route is what it says."""
+    from fugu_pipeline.policies.oneshot.default_point import choose_default_route
+    from fugu_pipeline.route.default_point import DefaultPoint
+
+    q_oof, quality, c_hat, folds, kind = _two_kinds()
+    X = _two_kinds_features()
+    general = ["general"] * len(folds)
+    prompts = [("def f(): return " if k == "code" else "Which option: ") + str(i) for i, k in enumerate(kind)]
+    said: list[str] = []
+    p, route = choose_default_route(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS, domains=general,
+                                    features=X, prompts=prompts, log=said.append)
+    assert p.clusters is not None and p.by == "prompt cluster" and set(p.per_domain) == set(p.clusters.names), p
+    keys = np.asarray(p.group_keys(None, X))
+    assert len(set(keys[kind == "code"])) == 1 and len(set(keys[kind == "mc"])) == 1
+    code, mc = keys[kind == "code"][0], keys[kind == "mc"][0]
+    assert code != mc
+    assert p.oof_cost_usd < 0.6 * p.strongest_cost_usd and p.difference[2] >= 0 and p.difference[1] >= -0.02
+    lams = p.lambdas(keys, len(keys))
+    got = np.where(np.isnan(lams), 1, np.argmax(q_oof - np.nan_to_num(lams)[:, None] * c_hat / 1e-3, axis=1))
+    assert (got == route).all() and (route[kind == "code"] == 0).all() and (route[kind == "mc"] == 1).mean() > 0.95
+    assert p.describe().startswith("the default operating point, per prompt cluster (prompt cluster ")
+    assert p.reason.startswith("a point per prompt cluster (") and "other prompt clusters" not in p.reason  # every prompt has one
+    assert any(line.startswith("default operating point: no domains to choose a point by; 2 prompt clusters")
+               for line in said), said
+    assert "default operating point per prompt cluster, out of fold:" in said
+    back = DefaultPoint.model_validate_json(p.model_dump_json())  # as budget.json and policy.json keep it
+    assert back.group_keys(["whatever"] * len(X), X) == list(keys)
+    none, _ = choose_default_route(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS, domains=general)
+    assert not none.per_domain and none.clusters is None  # no features: nothing to cluster
+
+
+def test_prompts_of_one_kind_keep_one_point_with_one_line():
+    from fugu_pipeline.policies.oneshot.default_point import choose_default_route
+
+    q_oof, quality, c_hat, folds, _ = _two_kinds()
+    said: list[str] = []
+    p, _ = choose_default_route(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS,
+                                domains=["general"] * len(folds), features=_two_kinds_features(apart=0.0),
+                                log=said.append)
+    assert not p.per_domain and p.clusters is None
+    line = [s for s in said if "do not fall apart into clusters" in s]
+    assert len(line) == 1 and line[0].endswith("one point for every prompt"), said
+
+
+def test_a_point_with_broken_prompt_clusters_is_refused_by_field():
+    """budget.json or policy.json edited by hand: clusters that do not match the λs, centroids that are
+    not unit rows, a wrong width, or features of another width at routing time: each is named."""
+    import pydantic
+
+    from fugu_pipeline.policies.oneshot.default_point import choose_default_route
+    from fugu_pipeline.route.default_point import DefaultPoint
+
+    q_oof, quality, c_hat, folds, _ = _two_kinds()
+    p, _ = choose_default_route(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS,
+                                domains=["general"] * len(folds), features=_two_kinds_features())
+    good = json.loads(p.model_dump_json())
+    for edit, needle in ((lambda d: d.update(per_domain={"prompt cluster 9": None}), "are not"),
+                         (lambda d: d["clusters"]["centroids"][0].__setitem__(0, 3.0), "unit rows"),
+                         (lambda d: d["clusters"]["scale"].pop(), "columns"),
+                         (lambda d: d["clusters"]["scale"].__setitem__(0, 0.0), "greater than 0"),
+                         (lambda d: d["clusters"].update(names=["a", "b"]), "start with")):
+        bad = json.loads(json.dumps(good))
+        edit(bad)
+        with pytest.raises(pydantic.ValidationError, match=needle):
+            DefaultPoint.model_validate(bad)
+    with pytest.raises(ValueError, match="read 24 feature columns; these prompts have 7"):
+        p.group_keys(None, np.zeros((2, 7)))
+    with pytest.raises(ValueError, match="features are needed"):
+        p.group_keys(["general"])
+
+
+def test_the_router_routes_each_prompt_cluster_by_its_own_point(trained):
+    """A default per prompt cluster: the router encodes each batch once, puts each prompt in its
+    nearest cluster, routes it by that cluster's λ, and each decision names its cluster."""
+    from fugu_pipeline.route.default_point import PointClusters
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.train.clusters import fit_clusters
+
+    work, ckpt, _, _ = trained
+    router = Router.load(str(work / ckpt), device="cpu")
+    try:
+        pooled = router.default_point
+        assert pooled is not None and pooled.kind == "lambda"
+        a = [f"compute the integral of x^{i} over the unit interval, then simplify" for i in range(40)]
+        b = [f"sort the python list and return index {i} from the array" for i in range(40)]
+        feats = router.encode(a + b)
+        clusters = fit_clusters(feats, 10)
+        assert clusters is not None
+        ca, cb = clusters.assign(feats[:1])[0], clusters.assign(feats[40:41])[0]
+        assert ca != cb
+        per = pooled.model_copy(update={"per_domain": {ca: None, cb: 50.0}, "clusters": PointClusters.of(clusters)})
+        if router.shipped is not None:
+            router.shipped = router.shipped.model_copy(update={"operating_point": per})
+        router.calibration.default = per
+        calls = []
+        encode = router.encoder.encode
+        router.encoder.encode = lambda *args, **kw: calls.append(1) or encode(*args, **kw)
+        got = router.route_batch([a[3], b[5]])
+        assert len(calls) == 1  # one encoding serves the clusters and the head
+        assert got[0].worker_id == "c" and got[0].extra["budget"]["lambda"] is None
+        assert got[0].extra["budget"]["group"] == ca
+        assert got[1].worker_id == "a" and got[1].extra["budget"]["lambda"] == 50.0
+        assert got[1].extra["budget"]["group"] == cb
+        assert got[0].extra["budget"]["operating_point"].startswith("the default operating point, per prompt cluster (")
+    finally:
+        router.close()
+
+
+def test_through_the_commands_an_import_without_domains_routes_each_prompt_cluster_by_its_point(tmp_path):
+    """`fugu-lite train` on an import without domains or replies (the heads limited to the domain prior,
+    which without domains gives every prompt the same prediction): the default point per prompt cluster
+    ships at about half the strongest's cost; `route` sends a new code prompt to the cheap worker and an
+    option prompt to the strong one, each naming its cluster; `evaluate` reports each cluster's rows;
+    the server, through the official client, routes as `route` does."""
+    import openai
+
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.testing.serving import ServerThread
+    from fugu_pipeline_tests.cli_project import two_kinds_rows
+
+    common = write_inputs(tmp_path, two_kinds_rows(answers=False))
+    (tmp_path / "train.yaml").write_text('features: {layer_sets: "off", prompt_rules: "off"}\n'
+                                         "heads:\n  knn: null\n  ridge: null\n  ensemble: null\n")
+    code, out = run("train", *common, "--encoder", "tiny", "--config", str(tmp_path / "train.yaml"),
+                    "--output", str(tmp_path / "models"))
+    assert code == 0, out
+    shipped = next(line for line in out.splitlines() if line.startswith("shipped policy: "))
+    import re
+
+    share = int(re.search(r"= (\d+)% of strong's cost", shipped).group(1))
+    assert ", per prompt cluster (prompt cluster " in shipped and 40 <= share <= 60, shipped
+    ckpt = out.strip().splitlines()[-1]
+    got = {}
+    prompts = {"code": "Write a Python function: sort a list of strings and return the index",
+               "mc": "Choose the correct option: which statement is true"}
+    for kind, prompt in prompts.items():
+        code, said = run("route", "--checkpoint", ckpt, "--prompt", prompt, "--device", "cpu")
+        assert code == 0, said
+        got[kind] = json.loads(said)
+    assert got["code"]["worker"] == "cheap" and got["mc"]["worker"] == "strong", got
+    assert got["code"]["budget"]["group"] != got["mc"]["budget"]["group"]
+    assert got["mc"]["budget"]["lambda"] is None and got["code"]["policy"]["grouped_by"] == "prompt cluster"
+    assert got["code"]["policy"]["line"] == shipped  # one description: what train printed is what serves
+    code, said = run("evaluate", "--checkpoint", ckpt, *common)
+    assert code == 0, said
+    per = [line.strip() for line in said.splitlines() if line.startswith("  prompt cluster ")]
+    assert len(per) == 2 and any("always strong" in line for line in per), said
+    assert any("expected cost 1% of strong's" in line for line in per), per
+
+    (tmp_path / "mock.yaml").write_text("workers:\n  - {id: cheap, kind: mock}\n  - {id: strong, kind: mock}\n")
+    srv = ServerThread(create_app(Router.load(ckpt, device="cpu"), tmp_path / "mock.yaml"))
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        for kind, prompt in prompts.items():
+            r = client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": prompt}])
+            info = r.model_extra["fugu_lite"]
+            assert info["chosen_worker"] == got[kind]["worker"], info
+            assert info["budget"]["group"] == got[kind]["budget"]["group"], info
+    finally:
+        srv.stop()

@@ -212,6 +212,11 @@ class Router:
             raise
         return router
 
+    def encode(self, prompts: list[str], domains: list[str | None] | None = None) -> np.ndarray:
+        """The prompts' features (N, dim) as the head reads them: `domains` fill the encoder's prompt
+        template ("general" when unknown)."""
+        return self.encoder.encode(prompts, None if domains is None else [d or "general" for d in domains])
+
     def scores(self, prompts: list[str], domains: list[str | None] | None = None, cost_weight: float | None = None) -> np.ndarray:
         """Routing scores (N, W). `domains` (None, or one per prompt, None = unknown) fill the
         encoder's prompt template ("general" when unknown) and reach heads that take the domain
@@ -220,8 +225,7 @@ class Router:
 
         from fugu_pipeline.train.head_base import call_head
 
-        template_domains = None if domains is None else [d or "general" for d in domains]
-        feats = self.encoder.encode(prompts, template_domains)
+        feats = self.encode(prompts, domains)
         head = self.checkpoint.head
         with self._lock, torch.inference_mode():
             x = torch.from_numpy(feats)
@@ -237,8 +241,7 @@ class Router:
 
         from fugu_pipeline.train.head_base import head_quality
 
-        template_domains = None if domains is None else [d or "general" for d in domains]
-        feats = self.encoder.encode(prompts, template_domains)
+        feats = self.encode(prompts, domains)
         with self._lock, torch.inference_mode():
             q = head_quality(self.checkpoint.head, torch.from_numpy(feats), None if domains is None else list(domains))
         return None if q is None else q.float().numpy()
@@ -270,11 +273,13 @@ class Router:
         scores, c_hat = self.lambda_scores(prompts, domains, point.lam, cost_texts)
         return scores, point, c_hat
 
-    def lambda_scores(self, prompts: list[str], domains: list[str] | None, lam: float, cost_texts=None):
-        """(predicted quality − λ·expected cost / c_ref, expected cost (N, W)) with the calibration's cost model."""
+    def lambda_scores(self, prompts: list[str], domains: list[str] | None, lam: float, cost_texts=None, feats=None):
+        """(predicted quality − λ·expected cost / c_ref, expected cost (N, W)) with the calibration's cost model
+        (`feats`: the prompts' features when already encoded)."""
         from fugu_pipeline.route.budget import quality_of
 
-        feats = self.encoder.encode(prompts, None if domains is None else [d or "general" for d in domains])
+        if feats is None:
+            feats = self.encode(prompts, domains)
         with self._lock:  # the head sees the domains as given (None = unknown: the pooled prior)
             q = quality_of(self.checkpoint.head, feats, domains, kind=self.checkpoint.manifest.head_kind)
         texts = cost_texts if cost_texts is not None else prompts
@@ -348,11 +353,13 @@ class Router:
         doms = None if domains is None else list(domains)  # None entries: unknown domain
         point, c_hat = None, None
         dp = self.default_point if default_point and budget is None and cost_weight is None else None
-        lams = dp.lambdas(doms, len(prompts)) if dp is not None else None  # each request's λ (NaN: the strongest)
+        feats = self.encode(prompts, doms) if dp is not None and dp.clusters is not None else None
+        keys = dp.group_keys(doms, feats) if dp is not None else None  # each request's domain, or prompt cluster
+        lams = dp.lambdas(keys, len(prompts)) if dp is not None else None  # each request's λ (NaN: the strongest)
         if budget is not None:
             scores, point, c_hat = self.budget_scores(prompts, doms, budget, cost_texts)
         elif lams is not None and np.isfinite(lams).any():
-            scores, c_hat = self.lambda_scores(prompts, doms, np.nan_to_num(lams)[:, None], cost_texts)
+            scores, c_hat = self.lambda_scores(prompts, doms, np.nan_to_num(lams)[:, None], cost_texts, feats)
         else:
             scores = self.scores(prompts, doms, cost_weight)
         if not np.isfinite(scores).all():  # never route (or report) on NaN; the load-time probe makes this rare
@@ -387,6 +394,7 @@ class Router:
                 d.extra["budget"] = {"default": True, "operating_point": dp.describe(),
                                      "lambda": None if np.isnan(lams[k]) else float(lams[k]),
                                      "strongest_worker": dp.strongest_worker, "reason": dp.reason,
+                                     **({"group": keys[k]} if dp.clusters is not None else {}),
                                      **({"expected_cost_usd": float(c_hat[k, order[0]])} if c_hat is not None else {})}
             if point is not None:
                 d.extra["budget"] = {"cap": point.budget.describe(), "lambda": point.lam,

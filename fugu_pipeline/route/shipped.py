@@ -88,7 +88,7 @@ class ShippedPolicy(BaseModel):
         p = self.operating_point
         return {"kind": self.kind, "name": self.name, "checkpoint": self.checkpoint, "routes_by": self.how(),
                 **({"lambda": p.lam} if p is not None and p.kind == "lambda" else {}),
-                **({"lambda_per_domain": dict(p.per_domain)} if p is not None and p.per_domain else {}),
+                **({"lambda_per_domain": dict(p.per_domain), "grouped_by": p.by} if p is not None and p.per_domain else {}),
                 **({"plan": self.plan} if self.plan else {}),
                 "oof_accuracy": self.oof_accuracy, "strongest_worker": self.strongest_worker,
                 "strongest_accuracy": self.strongest_accuracy, "cost_share_of_strongest": self.cost_share,

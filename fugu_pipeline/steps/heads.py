@@ -122,8 +122,10 @@ def _calibrate(report, data, cfg, log, routes: dict):
     returned; each head's out-of-fold route at its point into `routes`)."""
     from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
 
-    return calibrate_saved(report.saved, data, log, margin=cfg.cascade.margin, n_boot=cfg.cascade.n_boot, seed=cfg.seed,
-                           routes=routes)
+    c = cfg.cascade  # the rule's settings, one set for the cascade's choice and the default point
+    return calibrate_saved(report.saved, data, log, margin=c.margin, n_boot=c.n_boot, seed=cfg.seed, routes=routes,
+                           floor=c.floor, groups=c.groups, min_rows=c.search.min_domain_rows, min_gap=c.cluster_min_gap,
+                           group_floor=c.group_floor)
 
 
 def _selected_policy(report, point) -> dict:

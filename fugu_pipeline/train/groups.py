@@ -80,10 +80,11 @@ def split_groups(doms: np.ndarray, rows: np.ndarray, min_rows: int) -> tuple[lis
     return kept, [(str(d), int(c)) for d, c in zip(names, counts) if c < min_rows]
 
 
-def merged_line(merged: list[tuple[str, int]], min_rows: int) -> str:
+def merged_line(merged: list[tuple[str, int]], min_rows: int, who: str = "cascade", pooled: str = "the pooled plan",
+                rows_setting: str = "cascade.search.min_domain_rows", what: str = "a plan") -> str:
     shown = ", ".join(f"{d!r} ({c} rows)" for d, c in merged[:8]) + (f" and {len(merged) - 8} more" if len(merged) > 8 else "")
-    return (f"cascade: group(s) {shown} have fewer than {min_rows} non-test rows (cascade.search.min_domain_rows) to "
-            "choose a plan out of fold: merged into the pooled plan")
+    return (f"{who}: group(s) {shown} have fewer than {min_rows} non-test rows ({rows_setting}) to "
+            f"choose {what} out of fold: merged into {pooled}")
 
 
 def choose_groups(groups: list[str], merged: list[tuple[str, int]], doms: np.ndarray, pooled: dict,

@@ -12,6 +12,7 @@ from fugu_pipeline.cost_cap import CostCap
 from fugu_pipeline.route.default_point import DEFAULT_FLOOR
 from fugu_pipeline.policies.cascade.cross_encoder import CrossEncoderConfig
 from fugu_pipeline.policies.cascade.search import CascadeSearch
+from fugu_pipeline.train.clusters import DEFAULT_CLUSTER_MIN_GAP
 from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR
 
 
@@ -32,7 +33,7 @@ class CascadeConfig(BaseModel):
         "smaller groups and unseen domains served the pooled plan. domain: the import's domains; cluster: prompt "
         "clusters learnt from the encoder's prompt features (served by nearest centroid); auto: domains where the "
         "import names two or more, else prompt clusters; off: one plan for every prompt")
-    cluster_min_gap: float = Field(0.08, ge=0, le=2, description="prompt clusters are planned for only when their mean "
+    cluster_min_gap: float = Field(DEFAULT_CLUSTER_MIN_GAP, ge=0, le=2, description="prompt clusters are planned for only when their mean "
                                    "silhouette (cosine) is this much above one Gaussian blob's with the prompts' own "
                                    "covariance; closer, the prompts are one kind")
     floor: float = Field(DEFAULT_FLOOR, ge=0, le=1, description="cheapest: a cheaper policy also needs the low end of "

@@ -39,7 +39,8 @@ from fugu_pipeline.policies.cascade.frontier import oof_frontier
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
 from fugu_pipeline.policies.cascade.choice import LADDER, cap_table, rung_name
 from fugu_pipeline.policies.cascade.crossfit import cross_fit
-from fugu_pipeline.policies.cascade.groups import GroupChoice, PromptClusters, choose_groups, group_label, pick_groups
+from fugu_pipeline.policies.cascade.groups import GroupChoice, choose_groups, group_label
+from fugu_pipeline.train.clusters import PromptClusters, pick_groups
 from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, Grid, search, search_policy, strongest
 from fugu_pipeline.policies.cascade.ship import (  # noqa: F401  (CandidateFigure: the fit's table rows)
     BEST_IN_CAP,

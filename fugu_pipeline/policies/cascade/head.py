@@ -108,7 +108,7 @@ class CascadeHead(RoutingHead):
             return list(domains)
         if prompt_features is None:
             raise ValueError("this cascade plans per prompt cluster: its prompts' features are needed")
-        from fugu_pipeline.policies.cascade.groups import PromptClusters
+        from fugu_pipeline.train.clusters import PromptClusters
 
         got = PromptClusters(self.cluster_center.numpy().astype(np.float64), self.cluster_scale.numpy().astype(np.float64),
                              self.centroids.numpy().astype(np.float64), list(self.clusters["names"]))
@@ -153,7 +153,7 @@ class CascadeHead(RoutingHead):
 
 def cascade_state(verifier, in_dim: int, n_workers: int, clusters=None) -> dict[str, torch.Tensor]:
     """The tensors of a cascade checkpoint from a fitted `policies.cascade.verifier.Verifier` (None: zeros,
-    unused), with the prompt clusters' (`groups.PromptClusters`) when it plans per cluster."""
+    unused), with the prompt clusters' (`train/clusters.PromptClusters`) when it plans per cluster."""
     out = _verifier_state(verifier, in_dim, n_workers)
     if clusters is not None:
         out.update({"cluster_center": torch.from_numpy(np.asarray(clusters.center, np.float32)),

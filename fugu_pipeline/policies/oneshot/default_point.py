@@ -26,6 +26,11 @@ ships when it saves at least `MIN_GROUP_SAVING` (2% of the strongest's cost) ove
 its whole interval's low end above −`floor` too: on a mixed import a cheap worker may tie the
 strongest on one kind of prompt only; a smaller saving does not pay for a choice made on fewer rows.
 
+An import that names fewer than two domains is grouped by prompt clusters instead (`train/clusters.py`:
+k-means over the head's prompt features of the non-test rows, used only where the prompts stand apart
+from one Gaussian blob of their covariance); the point then holds the centroids (`PointClusters`) and
+the `Router` puts each request in its nearest cluster before reading its λ.
+
 The point is saved in the checkpoint's `budget.json` (`BudgetCalibration.default`, the schema in
 `route/default_point.py`, which the `Router` reads to route by it), beside it, so the checkpoint's
 content hash is untouched.
@@ -35,7 +40,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint
+from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint, PointClusters
+from fugu_pipeline.train.clusters import DEFAULT_CLUSTER_MIN_GAP, pick_groups
 from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS
 from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval
 
@@ -60,16 +66,26 @@ def choose_default_route(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarr
                          worker_ids: list[str], lambdas, *, margin: float = DEFAULT_MARGIN, n_boot: int = 2000,
                          seed: int = 0, floor: float | None = DEFAULT_FLOOR, domains=None,
                          min_rows: int = DEFAULT_MIN_DOMAIN_ROWS, group_floor: float = DEFAULT_GROUP_FLOOR,
-                         log=None) -> tuple[DefaultPoint, np.ndarray]:
+                         log=None, features: np.ndarray | None = None, prompts: list[str] | None = None,
+                         min_gap: float = DEFAULT_CLUSTER_MIN_GAP, how: str = "auto") -> tuple[DefaultPoint, np.ndarray]:
     """`choose_default`, with the point's route over the rows (each row's worker index, out of fold):
     what the cascade's choice scores the head at, so what it compares is what the head serves.
-    `domains` (each row's): also a point per domain (the module docstring)."""
+    `domains` (each row's): also a point per domain (the module docstring); where they name fewer
+    than two, per prompt cluster of `features` (the rows' prompt features, `prompts` to name them);
+    `how` (auto | domain | cluster | off, as `cascade.groups`) says which."""
     point, route, table = _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, margin=margin,
                                           n_boot=n_boot, seed=seed, floor=floor)
     if domains is None:
         return point, route
-    return _per_domain(point, route, table, np.asarray(domains, dtype=str), margin, n_boot, seed, floor, min_rows,
-                       group_floor, log)
+    doms = np.asarray(domains, dtype=str)
+    say = log if log is not None else (lambda line: None)
+    groups, _, keys, clusters = pick_groups(how, doms, np.arange(len(doms)), features, prompts, min_rows, min_gap,
+                                            say, seed, who="default operating point", one="one point for every prompt",
+                                            pooled="the pooled point", what="a point")
+    if not groups:
+        return point, route
+    return _per_domain(point, route, table, np.asarray(keys, dtype=str), margin, n_boot, seed, floor, min_rows,
+                       group_floor, log, clusters)
 
 
 def _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *, margin, n_boot, seed, floor):
@@ -135,8 +151,10 @@ def _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *,
 
 
 def _per_domain(point: DefaultPoint, route: np.ndarray, table: dict, doms: np.ndarray, margin: float, n_boot: int,
-                seed: int, floor: float | None, min_rows: int, group_floor: float, log) -> tuple[DefaultPoint, np.ndarray]:
-    """The pooled point, or a point per domain where that is cheaper (the module docstring)."""
+                seed: int, floor: float | None, min_rows: int, group_floor: float, log,
+                clusters=None) -> tuple[DefaultPoint, np.ndarray]:
+    """The pooled point, or a point per domain (per prompt cluster: `clusters`, `doms` each row's
+    cluster) where that is cheaper (the module docstring)."""
     from fugu_pipeline.train.groups import choose_groups, split_groups
 
     groups, merged = split_groups(doms, np.arange(len(doms)), min_rows)
@@ -159,19 +177,25 @@ def _per_domain(point: DefaultPoint, route: np.ndarray, table: dict, doms: np.nd
         at = doms == d
         new_route[at] = table[o.name][3][at]
     share = cost / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 1.0
+    by = "domain" if clusters is None else "prompt cluster"
     shown = "; ".join(f"{d}: {o.name}" for d, o in sorted(got.groups.items()))
-    reason = (f"a point per domain ({shown}; other domains: {point.pooled()}) is "
+    others = "" if clusters is not None and set(got.groups) == set(clusters.names) else f"; other {by}s: {point.pooled()}"
+    reason = (f"a point per {by} ({shown}{others}) is "
               f"cheaper than one point for all and not significantly below {STRONGEST} ({point.strongest_worker}) on each "
-              f"domain's rows or on the whole: accuracy {float(got.quality.mean()):.4f} against {point.strongest_accuracy:.4f}, "
+              f"{by}'s rows or on the whole: accuracy {float(got.quality.mean()):.4f} against {point.strongest_accuracy:.4f}, "
               f"difference {m:+.4f} [{lo:+.4f}, {hi:+.4f}], at ${cost * 1000:.4g} per 1,000 = {share:.0%} of its cost "
               f"(one point for all: {point.oof_cost_usd / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 1:.0%}; "
               f"out of fold over {point.n_rows} non-test rows)")
+    if clusters is not None:
+        got.about, got.by = {n: f", e.g. {clusters.examples.get(n, '')!r}" for n in got.groups}, by
     if log is not None:
-        log("default operating point per domain, out of fold:")
+        log(f"default operating point per {by}, out of fold:")
         for line in got.lines():
             log(line)
-    return point.model_copy(update={"per_domain": per, "reason": reason, "oof_accuracy": float(got.quality.mean()),
-                                    "oof_cost_usd": cost, "difference": (m, lo, hi)}), new_route
+    return point.model_validate({**point.model_dump(), "per_domain": per, "reason": reason,
+                                 "oof_accuracy": float(got.quality.mean()), "oof_cost_usd": cost,
+                                 "difference": (m, lo, hi),
+                                 "clusters": None if clusters is None else PointClusters.of(clusters)}), new_route
 
 
 def default_lines(p: DefaultPoint) -> list[str]:

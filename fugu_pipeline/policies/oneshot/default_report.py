@@ -8,6 +8,7 @@ import numpy as np
 
 from fugu_pipeline.evaluate.metrics import paired_bootstrap
 from fugu_pipeline.route.budget import BudgetCalibration, budget_scores, quality_of
+from fugu_pipeline.train.groups import group_label
 
 
 def default_section(checkpoint, data, split: str, calibration: BudgetCalibration, point=None, n_boot: int = 2000,
@@ -34,6 +35,19 @@ def default_section(checkpoint, data, split: str, calibration: BudgetCalibration
            "expected_usd_per_1k": exp_c * 1000, "strongest_expected_usd_per_1k": exp_s * 1000,
            "expected_share_of_strongest": exp_c / exp_s if exp_s > 0 else None,
            "routed_share": {w: float(np.mean(route == j)) for j, w in enumerate(data.worker_ids)}}
+    if dp.per_domain:  # each group's rows under its own point (the others under the pooled one)
+        keys = np.asarray(dp.group_keys(held.domains, held.features), dtype=object)
+        out["per_group"] = []
+        for g in sorted(dp.per_domain):
+            at = keys == g
+            if not at.any():
+                continue
+            sc = float(c_hat[at, strong].mean())
+            out["per_group"].append({
+                "group": g, "by": dp.by, "routing": dp.routing(dp.per_domain[g]), "n": int(at.sum()),
+                "accuracy": float(acc[at].mean()), "strongest_accuracy": float(base[at].mean()),
+                "minus_strongest": paired_bootstrap(acc[at], base[at], n_boot, seed, min_rows=2),
+                "expected_share_of_strongest": float(c_hat[rows[at], route[at]].mean()) / sc if sc > 0 else None})
     if real is not None:
         rc, rs = float(np.nan_to_num(real[rows, route]).mean()), float(np.nan_to_num(real[:, strong]).mean())
         out.update({"realised_usd_per_1k": rc * 1000, "strongest_realised_usd_per_1k": rs * 1000,
@@ -45,7 +59,8 @@ def point_route(checkpoint, held, calibration: BudgetCalibration, dp) -> tuple[n
     """(each row's worker index at operating point `dp`, the expected cost (n, W)) on the rows of `held`
     (a `RoutingData` in the checkpoint's worker order): what the `Router` routes with no cap asked."""
     c_hat = calibration.cost_model.predict(held.prompts, held.domains)
-    lams = dp.lambdas(held.domains, len(held.task_ids))  # NaN: always the strongest worker
+    keys = dp.group_keys(held.domains, held.features)  # each row's domain, or prompt cluster
+    lams = dp.lambdas(keys, len(held.task_ids))  # NaN: always the strongest worker
     route = np.full(len(held.task_ids), list(held.worker_ids).index(dp.strongest_worker))
     if np.isfinite(lams).any():
         q_hat = quality_of(checkpoint.head, held.features, held.domains, kind=checkpoint.manifest.head_kind)
@@ -66,4 +81,9 @@ def default_report_lines(sec: dict, shipped_line: str | None = None) -> list[str
             f"{sec['split']} ({sec['n']} rows): accuracy {a['mean']:.4f}{ci(a, '.4f')} against always "
             f"{sec['strongest_worker']} {sec['strongest_accuracy']:.4f}, difference {d['mean']:+.4f}{ci(d, '+.4f')}, "
             f"${cost:.4g} per 1,000 = " + ("—" if share is None else f"{share:.0%}") + f" of {sec['strongest_worker']}'s cost",
+            *[f"  {group_label(g['group'])} ({g['n']} rows, {g['routing']}): accuracy {g['accuracy']:.4f} against "
+              f"{g['strongest_accuracy']:.4f}, difference {g['minus_strongest']['mean']:+.4f}"
+              f"{ci(g['minus_strongest'], '+.4f')}, expected cost "
+              + ("—" if g["expected_share_of_strongest"] is None else f"{g['expected_share_of_strongest']:.0%}")
+              + f" of {sec['strongest_worker']}'s" for g in sec.get("per_group", [])],
             f"as chosen at training: {shipped_line}" if shipped_line else f"chosen at training: {sec['reason']}"]

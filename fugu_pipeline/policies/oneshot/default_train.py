@@ -1,7 +1,8 @@
 """After `fugu-lite train` (and the `router_heads` asset) save the one-shot heads: each head's budget
 calibration (`budget.json`) with, where the utility gives cost no weight and the matrix records
 cost, its default operating point (`default_point.py`: the cheapest λ-routing not significantly
-below always the strongest worker, out of fold; a point per domain where that is cheaper)."""
+below always the strongest worker, out of fold; a point per domain, or per prompt cluster, where that is
+cheaper)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import numpy as np
 
 from fugu_pipeline.route.budget import LAMBDAS, calibrate_beside
 from fugu_pipeline.policies.oneshot.default_point import choose_default_route, default_lines
-from fugu_pipeline.route.default_point import DEFAULT_MARGIN, DefaultPoint
+from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint
+from fugu_pipeline.train.clusters import DEFAULT_CLUSTER_MIN_GAP
+from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS
 
 
 def applies(data) -> str:
@@ -25,12 +28,16 @@ def applies(data) -> str:
 
 
 def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n_boot: int = 2000,
-                    seed: int = 0, routes: dict | None = None) -> DefaultPoint | None:
+                    seed: int = 0, routes: dict | None = None, floor: float | None = DEFAULT_FLOOR, groups: str = "auto",
+                    min_rows: int = DEFAULT_MIN_DOMAIN_ROWS, min_gap: float = DEFAULT_CLUSTER_MIN_GAP,
+                    group_floor: float = DEFAULT_GROUP_FLOOR) -> DefaultPoint | None:
     """Every saved head's budget calibration (`budget.calibrate_beside`, `budget.json` beside it) and,
     where `applies`, its default operating point in that file; what `fugu-lite train` and the
     `router_heads` asset both run after saving the heads. Returns the selected head's point (its
     lines logged), or None. `routes` (a dict, when given) receives each head's out-of-fold route at
-    its point over the non-test rows, by head name: the route the cascade's choice scores it at."""
+    its point over the non-test rows, by head name: the route the cascade's choice scores it at. The
+    rule's settings (`floor`, `groups`, `min_rows`, `min_gap`, `group_floor`) are the cascade block's:
+    one rule, one set of settings, for the cascade's choice and the default point."""
     why_not = applies(data)
     chosen = None
     for s in saved:
@@ -42,7 +49,10 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
         c_hat = cal.cost_model.predict([data.prompts[i] for i in rows], [data.domains[i] for i in rows])
         point, route = choose_default_route(q_oof, data.quality[rows], c_hat, cal.reference_cost_usd, np.asarray(s.oof_folds),
                                             list(data.worker_ids), LAMBDAS, margin=margin, n_boot=n_boot, seed=seed,
-                                            domains=[data.domains[i] for i in rows], log=log if s.selected else None)
+                                            domains=[data.domains[i] for i in rows], log=log if s.selected else None,
+                                            features=data.features[rows], prompts=[data.prompts[i] for i in rows],
+                                            floor=floor, how=groups, min_rows=min_rows, min_gap=min_gap,
+                                            group_floor=group_floor)
         cal.default = point
         if routes is not None:
             routes[s.name] = route
