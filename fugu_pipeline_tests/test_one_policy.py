@@ -167,6 +167,28 @@ def test_evaluate_names_the_policy_train_printed(trained):
     assert f"{rep['default_point']['lambda']:.4g}" == printed and rep["shipped_policy"]["line"] == line
 
 
+def test_the_contest_scores_a_one_shot_checkpoint_at_the_route_it_serves(trained):
+    """Promotion's contest (`policies/oneshot/contest.py`: `head_routes`, `candidate`) routes a one-shot
+    checkpoint's held-out rows as the `Router` serves them with no cap asked (the point `train`
+    printed), not by the head's plain argmax."""
+    from types import SimpleNamespace
+
+    from fugu_pipeline.policies.oneshot.contest import served_routes
+    from fugu_pipeline.route.router import Router
+
+    _, ckpt, _, _ = trained
+    prompts, domains = _prompts()
+    router = Router.load(ckpt, device="cpu")
+    try:
+        rows = SimpleNamespace(task_ids=[f"t{i}" for i in range(len(prompts))], prompts=prompts, domains=domains,
+                               worker_ids=list(router.worker_ids), features=router.encode(prompts, domains))
+        got = [router.worker_ids[i] for i in served_routes(router.checkpoint, rows)]
+        assert got == [d.worker_id for d in router.route_batch(prompts, domains)]
+        assert got != [d.worker_id for d in router.route_batch(prompts, domains, default_point=False)]
+    finally:
+        router.close()
+
+
 def test_a_one_shot_candidate_is_scored_at_the_route_it_serves():
     """The cascade's choice scores a one-shot head at its default operating point's route (what it
     serves with no cap asked), not at its plain argmax."""

@@ -346,11 +346,11 @@ def cmd_evaluate(args) -> int:
     if budget is None and not getattr(args, "no_default_budget", False):  # the point `route` uses with no cap
         from fugu_pipeline.policies.oneshot.default_report import default_section
         from fugu_pipeline.route.budget import usable_calibration
+        from fugu_pipeline.route.shipped import serving_point
 
         own = calibration if calibration is not None and calibration.default is not None else \
             usable_calibration(path, ckpt.manifest.content_hash, ckpt.manifest.worker_ids)[0]  # other data: the training one's
-        point = shipped.operating_point if shipped is not None and shipped.kind == "one-shot" else \
-            None if own is None else own.default  # the Router's `default_point`, read from the same files
+        point = serving_point(shipped, own, ckpt.head)  # the Router's `default_point`, read from the same files
         if own is not None and point is not None and (sec := default_section(ckpt, data, args.split, own, point)) is not None:
             rep["default_point"] = sec
     if args.split == "test":  # the composite is defined on the held-out split

@@ -15,7 +15,7 @@ import numpy as np
 
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.reward import MAX_COST_WEIGHT as MAX_COST_WEIGHT  # the request field's bound (serve)
-from fugu_pipeline.route.shipped import read_shipped
+from fugu_pipeline.route.shipped import read_shipped, serving_point
 
 
 class RouterError(RuntimeError):
@@ -288,16 +288,9 @@ class Router:
 
     @property
     def default_point(self):
-        """The operating point used when a request asks no cap, or None: the head's plain route. The
-        shipped description's (`route/shipped.py`: the point `train` chose and printed) when there is
-        one; else the budget calibration's (`route/default_point.py`, saved by `fugu-lite train`)."""
-        cal = self.calibration
-        point = self.shipped.operating_point if self.shipped is not None and self.shipped.kind == "one-shot" else \
-            None if cal is None else cal.default
-        routes_by_lambda = point is not None and (point.kind == "lambda" or any(v is not None for v in point.per_domain.values()))
-        if point is None or (routes_by_lambda and (cal is None or not hasattr(self.checkpoint.head, "predict_quality"))):
-            return None
-        return point
+        """The operating point used when a request asks no cap, or None: the head's plain route
+        (`route/shipped.serving_point`: the shipped description's point, else the budget calibration's)."""
+        return serving_point(self.shipped, self.calibration, self.checkpoint.head)
 
     def score_kind(self, cost_weight: float | None = None, budget=None) -> str:
         """What this head's route scores are, for a request with this cost weight or budget."""

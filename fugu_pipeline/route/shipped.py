@@ -117,6 +117,32 @@ def read_shipped(checkpoint_dir: str | Path, content_hash: str) -> tuple[Shipped
     return got, ""
 
 
+def serving_point(shipped: ShippedPolicy | None, calibration, head) -> DefaultPoint | None:
+    """The operating point a one-shot head routes by when a request asks no cap, or None (its plain
+    route): the shipped description's (the point `train` chose and printed) when there is one, else the
+    budget calibration's default; None where it routes by λ and the calibration (the cost model) is
+    missing or the head predicts no quality. What the `Router` serves, `evaluate` reports and the
+    contest scores."""
+    point = shipped.operating_point if shipped is not None and shipped.kind == "one-shot" else \
+        None if calibration is None else calibration.default
+    if point is None:
+        return None
+    by_lambda = point.kind == "lambda" or any(v is not None for v in point.per_domain.values())
+    if by_lambda and (calibration is None or not hasattr(head, "predict_quality")):
+        return None
+    return point
+
+
+def served_point_of(checkpoint):
+    """(`serving_point`, the usable calibration) of a loaded checkpoint, from the files beside it."""
+    from fugu_pipeline.route.budget import usable_calibration
+
+    m = checkpoint.manifest
+    calibration = usable_calibration(checkpoint.path, m.content_hash, list(m.worker_ids))[0]
+    shipped = read_shipped(checkpoint.path, m.content_hash)[0]
+    return serving_point(shipped, calibration, checkpoint.head), calibration
+
+
 def checkpoint_tag(checkpoint_dir: str | Path) -> tuple[str, str]:
     """(`<method>/<content hash>`, content hash) of a saved checkpoint, read from its manifest."""
     manifest = json.loads((Path(checkpoint_dir) / "manifest.json").read_text(encoding="utf-8"))

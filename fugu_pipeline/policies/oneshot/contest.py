@@ -31,9 +31,24 @@ from fugu_pipeline.train.checkpoints import weight_sanity
 from fugu_pipeline.workers.contract import FatalWorkerError
 
 def head_routes(checkpoint, data) -> np.ndarray:
-    """Greedy routes (worker indices) of a loaded checkpoint on the test rows, in split order."""
-    test = data.split("test")
-    return np.argmax(head_scores(checkpoint.head, test.features, test.domains), axis=1)
+    """The routes (worker indices) a loaded checkpoint serves on the test rows, in split order."""
+    return served_routes(checkpoint, data.split("test"))
+
+
+def served_routes(checkpoint, rows) -> np.ndarray:
+    """The routes (worker indices) a loaded checkpoint serves on `rows` (a `RoutingData` in its worker
+    order): at the operating point it routes by when no cap is asked (`route/shipped.serving_point`:
+    the point `train` chose, a λ per domain or prompt cluster included), else its greedy route. What
+    the contest scores is what serves."""
+    from fugu_pipeline.policies.oneshot.default_report import point_route
+    from fugu_pipeline.route.shipped import served_point_of
+
+    point, calibration = served_point_of(checkpoint)
+    if point is not None and point.strongest_worker in rows.worker_ids:
+        if calibration is None:  # always the strongest worker: no cost model needed
+            return np.full(len(rows.task_ids), list(rows.worker_ids).index(point.strongest_worker))
+        return point_route(checkpoint, rows, calibration, point)[0]
+    return np.argmax(head_scores(checkpoint.head, rows.features, rows.domains), axis=1)
 
 
 def live_rows(live: LiveEvaluator | None, tasks: dict | None, label: str, checkpoint_path: str, routes: np.ndarray,
@@ -179,8 +194,8 @@ def candidate(checkpoint, data, expected_contract=None, composite: CompositeConf
     else:
         q_pred = quality_predictions(checkpoint.head, test.features, test.domains)
         q_std = None if q_pred is None else float(np.std(q_pred))
-        test_u = routed_utility(test.utility, head_scores(checkpoint.head, test.features, test.domains))
-        train_u = float(np.mean(routed_utility(train.utility, head_scores(checkpoint.head, train.features, train.domains))))
+        test_u = _at(test.utility, served_routes(checkpoint, test))
+        train_u = float(np.mean(_at(train.utility, served_routes(checkpoint, train))))
         val_u = validation_utility(checkpoint, data)
     return Candidate(
         path=str(checkpoint.path), method=checkpoint.manifest.method, content_hash=checkpoint.manifest.content_hash,
@@ -188,6 +203,11 @@ def candidate(checkpoint, data, expected_contract=None, composite: CompositeConf
         weight_problems=weight_sanity(checkpoint.state_dict, checkpoint.manifest),
         contract_problems=contract_problems, val_router_utility=val_u, quality_pred_std=q_std,
     )
+
+
+def _at(values: np.ndarray, routes: np.ndarray) -> np.ndarray:
+    """Each row's value at its routed worker."""
+    return values[np.arange(len(routes)), routes]
 
 
 def scored_candidate(checkpoint, features: FeatureSource, composite: CompositeConfig):
