@@ -173,7 +173,7 @@ def test_the_contest_scores_a_one_shot_checkpoint_at_the_route_it_serves(trained
     printed), not by the head's plain argmax."""
     from types import SimpleNamespace
 
-    from fugu_pipeline.policies.oneshot.contest import served_routes
+    from fugu_pipeline.policies.oneshot.default_report import served_routes
     from fugu_pipeline.route.router import Router
 
     _, ckpt, _, _ = trained

@@ -386,8 +386,20 @@ def test_through_the_commands_an_import_without_domains_routes_each_prompt_clust
     assert got["code"]["budget"]["group"] != got["mc"]["budget"]["group"]
     assert got["mc"]["budget"]["lambda"] is None and got["code"]["policy"]["grouped_by"] == "prompt cluster"
     assert got["code"]["policy"]["line"] == shipped  # one description: what train printed is what serves
-    code, said = run("evaluate", "--checkpoint", ckpt, *common)
+    code, said = run("evaluate", "--checkpoint", ckpt, *common, "--output", str(tmp_path / "eval.json"))
     assert code == 0, said
+    rep = json.loads((tmp_path / "eval.json").read_text())
+    served = rep["default_point"]["realised_usd_per_1k"]
+    assert rep["routes_by"].startswith("the default operating point, per prompt cluster (")
+    # every figure of the report reads the route served, not the head's argmax (the strong worker everywhere)
+    assert rep["router_mean_cost_usd"] * 1000 == pytest.approx(served) and served < 0.6 * rep["best_fixed_mean_cost_usd"] * 1000
+    assert 0 < rep["route_distribution"]["cheap"] < rep["n_tasks"]
+    plain_code, plain = run("evaluate", "--checkpoint", ckpt, *common, "--no-default-budget",
+                            "--output", str(tmp_path / "plain.json"))
+    assert plain_code == 0, plain
+    plain_rep = json.loads((tmp_path / "plain.json").read_text())
+    assert plain_rep["routes_by"].startswith("the head's plain route") and "default_point" not in plain_rep
+    assert plain_rep["route_distribution"]["cheap"] == 0  # the domain prior alone prefers the strong worker
     per = [line.strip() for line in said.splitlines() if line.startswith("  prompt cluster ")]
     assert len(per) == 2 and any("always strong" in line for line in per), said
     assert any("expected cost 1% of strong's" in line for line in per), per

@@ -314,7 +314,7 @@ def budget_of(args):
 
 
 def cmd_evaluate(args) -> int:
-    from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
+    from fugu_pipeline.evaluate.reports import write_report
     from fugu_pipeline.policies.registry import load_checkpoint
     from fugu_pipeline.route.shipped import read_shipped
 
@@ -339,20 +339,12 @@ def cmd_evaluate(args) -> int:
     if not data.counts()[args.split] and (why := incomplete_split(matrix_db(args), args.split)):
         raise CLIError(f"{args.data}: {why}")
     calibration = calibrate_beside(path, data, strict=budget is not None)  # with a cap: BudgetError, the reason
-    rep = evaluate_checkpoint(ckpt, data, args.split, calibration=calibration, budget=budget)
-    shipped = read_shipped(path, ckpt.manifest.content_hash)[0]  # what train chose and printed (route/shipped.py)
-    if shipped is not None:
-        rep["shipped_policy"] = shipped.public()
-    if budget is None and not getattr(args, "no_default_budget", False):  # the point `route` uses with no cap
-        from fugu_pipeline.policies.oneshot.default_report import default_section
-        from fugu_pipeline.route.budget import usable_calibration
-        from fugu_pipeline.route.shipped import serving_point
+    from fugu_pipeline.policies.oneshot.default_report import served_report
 
-        own = calibration if calibration is not None and calibration.default is not None else \
-            usable_calibration(path, ckpt.manifest.content_hash, ckpt.manifest.worker_ids)[0]  # other data: the training one's
-        point = serving_point(shipped, own, ckpt.head)  # the Router's `default_point`, read from the same files
-        if own is not None and point is not None and (sec := default_section(ckpt, data, args.split, own, point)) is not None:
-            rep["default_point"] = sec
+    # as it serves: with no cap asked, at its operating point (unless --no-default-budget)
+    rep = served_report(ckpt, data, args.split, calibration=calibration, budget=budget,
+                        default_point=not getattr(args, "no_default_budget", False))
+    shipped = read_shipped(path, ckpt.manifest.content_hash)[0]  # what train chose and printed (route/shipped.py)
     if args.split == "test":  # the composite is defined on the held-out split
         from fugu_pipeline.cli.reporting import composite_for_report
 

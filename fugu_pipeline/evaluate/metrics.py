@@ -41,6 +41,7 @@ class EvalInputs:
     cost_ref: float | None = None  # the reference worker's mean expected cost on training rows
     tags: list[tuple[str, ...]] | None = None  # per held-out row
     train_domains: list[str] | None = None  # the training rows' domains: a held-out domain not among them is unseen
+    routes: np.ndarray | None = None  # (N,) the route served (a one-shot head at its operating point); None: argmax of scores
 
 
 def pick(matrix: np.ndarray, routes: np.ndarray) -> np.ndarray:
@@ -166,7 +167,7 @@ def evaluation_report(inp: EvalInputs, *, n_boot: int = 2000, seed: int = 0) -> 
     U, W = inp.utility, inp.worker_ids
     if U.shape[0] == 0:
         raise ValueError("the held-out split has no rows: nothing to evaluate")
-    routes = np.argmax(inp.scores, axis=1)
+    routes = np.argmax(inp.scores, axis=1) if inp.routes is None else np.asarray(inp.routes, int)
     router_u = pick(U, routes)
     fixed_idx = int(np.argmax(inp.train_utility.mean(axis=0)))
     fixed_test_idx = int(np.argmax(U.mean(axis=0)))

@@ -53,11 +53,13 @@ def expected_costs(data, held, calibration=None) -> tuple[np.ndarray | None, flo
 
 
 def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 2000, seed: int = 0, *,
-                        calibration=None, budget=None) -> dict:
+                        calibration=None, budget=None, route_of=None) -> dict:
     """The full held-out report (every metric, the baselines) of one loaded checkpoint on one split of `data`. With a budget
     `calibration` (`route/budget.py`, chosen on validation) the report gains a `budget` section:
     each worker's cost and quality, the router's λ curve and Pareto points, and, for `budget`, the
-    operating point chosen on validation, scored on this split."""
+    operating point chosen on validation, scored on this split. `route_of(rows)`: the route served on
+    a split's rows (worker indices), where it is not the head's argmax (a one-shot head at its
+    operating point: `policies/oneshot/default_report.served_report`)."""
     held, train = data.split(split), data.split("train")
     if not len(held.task_ids):
         from fugu_pipeline.features.routing_data import TrainingDataError
@@ -79,6 +81,7 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
         latency_s=held.latency_s, train_quality=train.quality,
         quality_pred=quality_predictions(checkpoint.head, held.features, held.domains),
         expected_cost=expected, cost_ref=c_ref, tags=held.tags, train_domains=train.domains,
+        routes=None if route_of is None else route_of(held),
     )
     rep = evaluate_report_fields(evaluation_report(inp, n_boot=n_boot, seed=seed), checkpoint, data, split)
     add_policy_cost_curve(rep, inp)
@@ -86,7 +89,9 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
         from fugu_pipeline.evaluate.budget_report import budget_section
 
         rep["budget"] = budget_section(checkpoint, data, split, calibration, budget, n_boot=n_boot, seed=seed)
-    rep["train_router_utility"] = float(np.mean(routed_utility(train.utility, head_scores(checkpoint.head, train.features, train.domains))))
+    rep["train_router_utility"] = float(np.mean(
+        routed_utility(train.utility, head_scores(checkpoint.head, train.features, train.domains)) if route_of is None else
+        train.utility[np.arange(len(train.task_ids)), route_of(train)]))
     rep.update(utility_fields(checkpoint, data))
     # the baselines (each worker, random over seeds, oracle, cross-fit oracle) on the same rows
     router = {"utility": rep["router_utility"], **({"quality": rep["router_mean_quality"]} if "router_mean_quality" in rep else {})}

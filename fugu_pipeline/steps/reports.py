@@ -32,7 +32,8 @@ class Report:
 
 
 def report_code_version() -> str:
-    return code_version(__name__, "fugu_pipeline.evaluate.reports", "fugu_pipeline.policies.oneshot.contest")
+    return code_version(__name__, "fugu_pipeline.evaluate.reports", "fugu_pipeline.policies.oneshot.contest",
+                        "fugu_pipeline.policies.oneshot.default_report")
 
 
 def evaluate_oneshot(checkpoint_path: str | Path, source, models_dir: Path, composite, *, matrix_version: str,
@@ -41,14 +42,17 @@ def evaluate_oneshot(checkpoint_path: str | Path, source, models_dir: Path, comp
     (each checkpoint on its own features); `composite`: the policy's composite settings;
     `live_key`: what identifies the live workers and judge. Raises ValueError in one line when the
     checkpoint cannot be scored on these rows."""
-    from fugu_pipeline.evaluate.reports import evaluate_checkpoint, write_report
+    from fugu_pipeline.evaluate.reports import write_report
     from fugu_pipeline.policies.oneshot.contest import add_composite
+    from fugu_pipeline.policies.oneshot.default_report import served_report
+    from fugu_pipeline.route.shipped import served_point_of
     from fugu_pipeline.policies.registry import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint_path)
+    point = served_point_of(ckpt)[0]  # beside the weights, not in their hash: a new point is a new report
     fp = records.fingerprint(step=STEP, code=report_code_version(), checkpoint=ckpt.manifest.content_hash,
                              matrix=matrix_version, composite=composite.model_dump(mode="json"), live=live_key,
-                             split="test")
+                             split="test", served=None if point is None else point.model_dump(mode="json"))
     found = records.find(models_dir, STEP, fp)
     if found is not None:
         path = Path(models_dir) / found.output["report"]
@@ -58,7 +62,7 @@ def evaluate_oneshot(checkpoint_path: str | Path, source, models_dir: Path, comp
     data, problems = source.for_checkpoint(ckpt)  # the rows with the checkpoint's own features (contract checked)
     if problems:
         raise ValueError(f"{checkpoint_path} cannot be scored with this encoder: " + "; ".join(problems))
-    rep = evaluate_checkpoint(ckpt, data, "test")
+    rep = served_report(ckpt, data, "test")  # as it serves: at its operating point with no cap asked
     add_composite(rep, ckpt, data, models_dir, composite, live=live, tasks=tasks, features=source)
     path, plots = write_report(rep, Path(checkpoint_path) / "reports", "test")
     rel = records.relative(path, models_dir)

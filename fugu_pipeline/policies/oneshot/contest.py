@@ -27,28 +27,14 @@ from fugu_pipeline.evaluate.feature_source import FeatureSource
 from fugu_pipeline.evaluate.live import LiveBudgetExceeded, LiveEvaluator, LivePolicy
 from fugu_pipeline.evaluate.decision import Candidate
 from fugu_pipeline.evaluate.reports import head_scores, quality_predictions, routed_utility
+from fugu_pipeline.policies.oneshot.default_report import served_routes
 from fugu_pipeline.train.checkpoints import weight_sanity
 from fugu_pipeline.workers.contract import FatalWorkerError
 
 def head_routes(checkpoint, data) -> np.ndarray:
-    """The routes (worker indices) a loaded checkpoint serves on the test rows, in split order."""
+    """The routes (worker indices) a loaded checkpoint serves on the test rows, in split order
+    (`default_report.served_routes`: at its operating point when it has one)."""
     return served_routes(checkpoint, data.split("test"))
-
-
-def served_routes(checkpoint, rows) -> np.ndarray:
-    """The routes (worker indices) a loaded checkpoint serves on `rows` (a `RoutingData` in its worker
-    order): at the operating point it routes by when no cap is asked (`route/shipped.serving_point`:
-    the point `train` chose, a λ per domain or prompt cluster included), else its greedy route. What
-    the contest scores is what serves."""
-    from fugu_pipeline.policies.oneshot.default_report import point_route
-    from fugu_pipeline.route.shipped import served_point_of
-
-    point, calibration = served_point_of(checkpoint)
-    if point is not None and point.strongest_worker in rows.worker_ids:
-        if calibration is None:  # always the strongest worker: no cost model needed
-            return np.full(len(rows.task_ids), list(rows.worker_ids).index(point.strongest_worker))
-        return point_route(checkpoint, rows, calibration, point)[0]
-    return np.argmax(head_scores(checkpoint.head, rows.features, rows.domains), axis=1)
 
 
 def live_rows(live: LiveEvaluator | None, tasks: dict | None, label: str, checkpoint_path: str, routes: np.ndarray,

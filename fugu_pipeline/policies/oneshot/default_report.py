@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from fugu_pipeline.evaluate.metrics import paired_bootstrap
+from fugu_pipeline.evaluate.reports import head_scores
 from fugu_pipeline.route.budget import BudgetCalibration, budget_scores, quality_of
 from fugu_pipeline.train.groups import group_label
 
@@ -53,6 +54,53 @@ def default_section(checkpoint, data, split: str, calibration: BudgetCalibration
         out.update({"realised_usd_per_1k": rc * 1000, "strongest_realised_usd_per_1k": rs * 1000,
                     "realised_share_of_strongest": rc / rs if rs > 0 else None})
     return out
+
+
+def routes_at(checkpoint, rows, point, calibration: BudgetCalibration | None) -> np.ndarray:
+    """The worker index of each of `rows` (a `RoutingData` in the checkpoint's worker order) at
+    operating point `point` (None: the head's argmax), as the `Router` routes them."""
+    if point is not None and point.strongest_worker in rows.worker_ids:
+        if calibration is None:  # always the strongest worker: no cost model needed
+            return np.full(len(rows.task_ids), list(rows.worker_ids).index(point.strongest_worker))
+        return point_route(checkpoint, rows, calibration, point)[0]
+    return np.argmax(head_scores(checkpoint.head, rows.features, rows.domains), axis=1)
+
+
+def served_routes(checkpoint, rows) -> np.ndarray:
+    """The routes a loaded checkpoint serves on `rows` with no cap asked, read from the files beside it
+    (`route/shipped.serving_point`: the point `train` chose, a λ per domain or prompt cluster
+    included; else its greedy route): what the contest scores."""
+    from fugu_pipeline.route.shipped import served_point_of
+
+    return routes_at(checkpoint, rows, *served_point_of(checkpoint))
+
+
+def served_report(checkpoint, data, split: str, *, calibration: BudgetCalibration | None = None, budget=None,
+                  default_point: bool = True, n_boot: int = 2000, seed: int = 0) -> dict:
+    """The held-out report of a one-shot checkpoint as it serves (`fugu-lite evaluate` and the
+    `eval_report` assets): with no cap asked, every figure reads the route at the operating point it
+    serves (`served_routes`), the report says which (`routes_by`), names the shipped policy, and adds
+    the point's own section (`default_section`). `calibration`: one drawn on this data (else the
+    checkpoint's own budget.json); `default_point=False`: the head's plain route."""
+    from fugu_pipeline.evaluate.reports import evaluate_checkpoint
+    from fugu_pipeline.route.budget import usable_calibration
+    from fugu_pipeline.route.shipped import read_shipped, serving_point
+
+    m = checkpoint.manifest
+    shipped = read_shipped(checkpoint.path, m.content_hash)[0]  # what train chose and printed (route/shipped.py)
+    own = calibration if calibration is not None and calibration.default is not None else \
+        usable_calibration(checkpoint.path, m.content_hash, list(m.worker_ids))[0]  # other data: the training one's
+    point = serving_point(shipped, own, checkpoint.head) if budget is None and default_point else None
+    route_of = None if point is None else (lambda rows: routes_at(checkpoint, rows, point, own))
+    rep = evaluate_checkpoint(checkpoint, data, split, n_boot, seed, calibration=calibration, budget=budget,
+                              route_of=route_of)
+    rep["routes_by"] = point.describe() if point is not None else "the head's plain route (the argmax of its scores)"
+    if shipped is not None:
+        rep["shipped_policy"] = shipped.public()
+    if point is not None and own is not None and \
+            (sec := default_section(checkpoint, data, split, own, point, n_boot, seed)) is not None:
+        rep["default_point"] = sec
+    return rep
 
 
 def point_route(checkpoint, held, calibration: BudgetCalibration, dp) -> tuple[np.ndarray, np.ndarray]:
