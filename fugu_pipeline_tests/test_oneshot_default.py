@@ -415,3 +415,34 @@ def test_through_the_commands_an_import_without_domains_routes_each_prompt_clust
             assert info["budget"]["group"] == got[kind]["budget"]["group"], info
     finally:
         srv.stop()
+
+
+def test_prompt_clusters_of_another_width_beside_a_checkpoint_are_refused_at_load(trained):
+    """A point per prompt cluster whose centroids read another number of feature columns than the
+    checkpoint's (files copied from another run): `Router.load` refuses it in one line naming both
+    widths and the files, before any request."""
+    import shutil
+
+    from fugu_pipeline.route.budget import load_calibration
+    from fugu_pipeline.route.default_point import PointClusters
+    from fugu_pipeline.route.router import Router, RouterError
+    from fugu_pipeline.route.shipped import read_shipped
+
+    work, ckpt, _, _ = trained
+    copy = work / "wrong_width"
+    shutil.copytree(work / ckpt, copy)
+    cal = load_calibration(copy)
+    dim = 5
+    unit = [[1.0] + [0.0] * (dim - 1), [0.0, 1.0] + [0.0] * (dim - 2)]
+    wrong = PointClusters(names=["prompt cluster 1", "prompt cluster 2"], center=[0.0] * dim, scale=[1.0] * dim,
+                          centroids=unit)
+    point = cal.default.model_copy(update={"per_domain": {"prompt cluster 1": None, "prompt cluster 2": None},
+                                           "clusters": wrong})
+    cal.default = point
+    cal.save(copy)
+    shipped, _ = read_shipped(copy, cal.checkpoint)
+    if shipped is not None:
+        shipped.model_copy(update={"operating_point": point}).save(copy)
+    with pytest.raises(RouterError, match=r"prompt clusters \(policy.json / budget.json beside it\) read 5 feature "
+                                          r"columns, and the checkpoint's features have \d+"):
+        Router.load(str(copy), device="cpu")

@@ -151,6 +151,12 @@ class Router:
         # a one-shot head's operating point with no cap asked; None (and why, when there is a file) otherwise
         self.shipped, self.shipped_problem = read_shipped(checkpoint.path, checkpoint.manifest.content_hash)
         self._lock = threading.Lock()
+        point, dim = self.default_point, checkpoint.manifest.feature_contract.dim
+        if point is not None and point.clusters is not None and len(point.clusters.center) != dim:
+            raise RouterError(f"checkpoint {checkpoint.path}: its default operating point's prompt clusters "
+                              f"(policy.json / budget.json beside it) read {len(point.clusters.center)} feature columns, "
+                              f"and the checkpoint's features have {dim}: they were written for other features; train "
+                              "again, or delete the two files to serve the head's plain route")
 
     @property
     def tag(self) -> str:
@@ -204,7 +210,11 @@ class Router:
         if encoder is not None:  # a relocated model: same contract apart from where it lives
             expected = expected.model_copy(update={"encoder_id": probe.manifest.feature_contract.encoder_id})
         ckpt = load_checkpoint(checkpoint_path, expected_contract=expected)
-        router = cls(ckpt, enc)
+        try:
+            router = cls(ckpt, enc)
+        except BaseException:  # refused at load: the encoder is let go too
+            enc.close()
+            raise
         try:
             router.check_probe()
         except BaseException:
