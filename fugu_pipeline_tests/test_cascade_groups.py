@@ -185,7 +185,7 @@ def test_prompts_of_one_kind_keep_one_plan_with_one_line():
     fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300), log=lines.append)
     assert fit.clusters is None and fit.groups is None and not fit.policy.per_domain
     said = [line for line in lines if "do not fall apart into clusters" in line]
-    assert len(said) == 1 and "cascade.cluster_min_gap 0.08" in said[0] and said[0].endswith("one plan for every prompt")
+    assert len(said) == 1 and "cascade.cluster_min_gap 0.05" in said[0] and said[0].endswith("one plan for every prompt")
 
 
 def test_a_cluster_checkpoint_serves_evaluates_and_reports_the_plan_training_chose(tmp_path):

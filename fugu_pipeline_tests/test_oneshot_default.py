@@ -197,6 +197,12 @@ def test_domains_too_small_or_alike_keep_one_point():
     one = np.array(["general"] * len(folds))
     p, _ = choose_default_route(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS, domains=one)
     assert not p.per_domain
+    said: list[str] = []
+    alike = np.array(["a", "a", "b", "b"] * (len(folds) // 4))  # each holds both kinds alike: the same choice on each
+    p, _ = choose_default_route(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS, domains=alike,
+                                log=said.append)
+    assert not p.per_domain
+    assert len(said) == 1 and said[0].startswith("default operating point: one point for every domain kept: "), said
     tiny = np.array(["a", "b"] * (len(folds) // 2))
     p, _ = choose_default_route(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "strong"], LAMBDAS, domains=tiny,
                                 min_rows=10_000)

@@ -169,15 +169,22 @@ def _per_domain(point: DefaultPoint, route: np.ndarray, table: dict, doms: np.nd
     cost = float(got.cost.mean())
     per = {d: table[o.name][0] for d, o in got.groups.items()}
     saving = (point.oof_cost_usd - cost) / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 0.0
-    if floor is not None and lo < -floor or saving < MIN_GROUP_SAVING or \
-            all(v == (point.lam if point.kind == "lambda" else None) for v in per.values()):
+    by = "domain" if clusters is None else "prompt cluster"
+    same = all(v == (point.lam if point.kind == "lambda" else None) for v in per.values())
+    if floor is not None and lo < -floor or saving < MIN_GROUP_SAVING or same:
+        if log is not None:
+            log(f"default operating point: one point for every {by} kept: "
+                + ("each one's choice is the pooled point" if same else
+                   f"a point per {by} would cost {-saving:.1%} of the strongest's cost more" if saving < 0 else
+                   f"a point per {by} would save {saving:.1%} of the strongest's cost, less than {MIN_GROUP_SAVING:.0%}"
+                   if saving < MIN_GROUP_SAVING else
+                   f"a point per {by}'s interval against the strongest reaches {lo:+.4f}, below -{floor:g}"))
         return point, route
     new_route = route.copy()
     for d, o in got.groups.items():
         at = doms == d
         new_route[at] = table[o.name][3][at]
     share = cost / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 1.0
-    by = "domain" if clusters is None else "prompt cluster"
     shown = "; ".join(f"{d}: {o.name}" for d, o in sorted(got.groups.items()))
     others = "" if clusters is not None and set(got.groups) == set(clusters.names) else f"; other {by}s: {point.pooled()}"
     reason = (f"a point per {by} ({shown}{others}) is "
