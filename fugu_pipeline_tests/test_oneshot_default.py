@@ -423,10 +423,10 @@ def test_through_the_commands_an_import_without_domains_routes_each_prompt_clust
         srv.stop()
 
 
-def test_prompt_clusters_of_another_width_beside_a_checkpoint_are_refused_at_load(trained):
+def test_prompt_clusters_of_another_width_beside_a_checkpoint_are_refused_at_load(trained, capsys):
     """A point per prompt cluster whose centroids read another number of feature columns than the
     checkpoint's (files copied from another run): `Router.load` refuses it in one line naming both
-    widths and the files, before any request."""
+    widths and the files, before any request; `evaluate` says the same line."""
     import shutil
 
     from fugu_pipeline.route.budget import load_calibration
@@ -452,3 +452,9 @@ def test_prompt_clusters_of_another_width_beside_a_checkpoint_are_refused_at_loa
     with pytest.raises(RouterError, match=r"prompt clusters \(policy.json / budget.json beside it\) read 5 feature "
                                           r"columns, and the checkpoint's features have \d+"):
         Router.load(str(copy), device="cpu")
+    _, _, common, _ = trained
+    capsys.readouterr()
+    code, _ = run("evaluate", "--checkpoint", str(copy), *common)  # evaluate and the contest read the same check
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and said.startswith("fugu-lite evaluate: checkpoint ") and \
+        "read 5 feature columns, and the checkpoint's features have" in said, said

@@ -15,7 +15,7 @@ import numpy as np
 
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.reward import MAX_COST_WEIGHT as MAX_COST_WEIGHT  # the request field's bound (serve)
-from fugu_pipeline.route.shipped import read_shipped, serving_point
+from fugu_pipeline.route.shipped import point_problem, read_shipped, serving_point
 
 
 class RouterError(RuntimeError):
@@ -151,12 +151,8 @@ class Router:
         # a one-shot head's operating point with no cap asked; None (and why, when there is a file) otherwise
         self.shipped, self.shipped_problem = read_shipped(checkpoint.path, checkpoint.manifest.content_hash)
         self._lock = threading.Lock()
-        point, dim = self.default_point, checkpoint.manifest.feature_contract.dim
-        if point is not None and point.clusters is not None and len(point.clusters.center) != dim:
-            raise RouterError(f"checkpoint {checkpoint.path}: its default operating point's prompt clusters "
-                              f"(policy.json / budget.json beside it) read {len(point.clusters.center)} feature columns, "
-                              f"and the checkpoint's features have {dim}: they were written for other features; train "
-                              "again, or delete the two files to serve the head's plain route")
+        if problem := point_problem(self.default_point, checkpoint):
+            raise RouterError(problem)
 
     @property
     def tag(self) -> str:

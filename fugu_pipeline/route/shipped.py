@@ -133,14 +133,30 @@ def serving_point(shipped: ShippedPolicy | None, calibration, head) -> DefaultPo
     return point
 
 
+def point_problem(point: DefaultPoint | None, checkpoint) -> str:
+    """Why `point` cannot route `checkpoint`'s requests (one line), or "": prompt clusters that read
+    another number of feature columns than the checkpoint's (files copied from another run)."""
+    dim = checkpoint.manifest.feature_contract.dim
+    if point is None or point.clusters is None or len(point.clusters.center) == dim:
+        return ""
+    return (f"checkpoint {checkpoint.path}: its default operating point's prompt clusters (policy.json / budget.json "
+            f"beside it) read {len(point.clusters.center)} feature columns, and the checkpoint's features have {dim}: "
+            "they were written for other features; train again, or delete the two files to serve the head's plain route")
+
+
 def served_point_of(checkpoint):
-    """(`serving_point`, the usable calibration) of a loaded checkpoint, from the files beside it."""
+    """(`serving_point`, the usable calibration) of a loaded checkpoint, from the files beside it;
+    CheckpointError (`point_problem`) when that point cannot route it."""
     from fugu_pipeline.route.budget import usable_calibration
+    from fugu_pipeline.train.checkpoints import CheckpointError
 
     m = checkpoint.manifest
     calibration = usable_calibration(checkpoint.path, m.content_hash, list(m.worker_ids))[0]
     shipped = read_shipped(checkpoint.path, m.content_hash)[0]
-    return serving_point(shipped, calibration, checkpoint.head), calibration
+    point = serving_point(shipped, calibration, checkpoint.head)
+    if problem := point_problem(point, checkpoint):
+        raise CheckpointError(problem)
+    return point, calibration
 
 
 def checkpoint_tag(checkpoint_dir: str | Path) -> tuple[str, str]:

@@ -84,13 +84,16 @@ def served_report(checkpoint, data, split: str, *, calibration: BudgetCalibratio
     checkpoint's own budget.json); `default_point=False`: the head's plain route."""
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint
     from fugu_pipeline.route.budget import usable_calibration
-    from fugu_pipeline.route.shipped import read_shipped, serving_point
+    from fugu_pipeline.route.shipped import point_problem, read_shipped, serving_point
+    from fugu_pipeline.train.checkpoints import CheckpointError
 
     m = checkpoint.manifest
     shipped = read_shipped(checkpoint.path, m.content_hash)[0]  # what train chose and printed (route/shipped.py)
     own = calibration if calibration is not None and calibration.default is not None else \
         usable_calibration(checkpoint.path, m.content_hash, list(m.worker_ids))[0]  # other data: the training one's
     point = serving_point(shipped, own, checkpoint.head) if budget is None and default_point else None
+    if problem := point_problem(point, checkpoint):
+        raise CheckpointError(problem)
     route_of = None if point is None else (lambda rows: routes_at(checkpoint, rows, point, own))
     rep = evaluate_checkpoint(checkpoint, data, split, n_boot, seed, calibration=calibration, budget=budget,
                               route_of=route_of)
