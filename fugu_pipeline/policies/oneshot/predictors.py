@@ -214,7 +214,7 @@ def topk_neighbours_each(xn: torch.Tensor, codes: torch.Tensor | None, bank: tor
     for b in bonuses:
         q, y = xn, bank
         if b and codes is not None:
-            n_dom = int(max(int(codes.max()), int(bank_codes.max()), 0)) + 1
+            n_dom = max(int(codes.max()), int(bank_codes.max()) if len(bank_codes) else -1, 0) + 1
             q = torch.cat([xn, _domain_block(codes, n_dom, b, xn.dtype)], dim=1)
             y = torch.cat([bank, _domain_block(bank_codes, n_dom, b, bank.dtype)], dim=1)
         vs, ix = [], []
