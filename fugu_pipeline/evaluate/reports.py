@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from fugu_pipeline.evaluate.baselines import baseline_rows, baseline_summary
-from fugu_pipeline.evaluate.metrics import EvalInputs, cost_quality_curve, evaluation_report, summary_line
+from fugu_pipeline.evaluate.metrics import EvalInputs, cost_quality_curve, evaluation_report, pick, summary_line
 from fugu_pipeline.evaluate.plots import plot_report
 from fugu_pipeline.files import atomic_write
 
@@ -91,7 +91,7 @@ def evaluate_checkpoint(checkpoint, data, split: str = "test", n_boot: int = 200
         rep["budget"] = budget_section(checkpoint, data, split, calibration, budget, n_boot=n_boot, seed=seed)
     rep["train_router_utility"] = float(np.mean(
         routed_utility(train.utility, head_scores(checkpoint.head, train.features, train.domains)) if route_of is None else
-        train.utility[np.arange(len(train.task_ids)), route_of(train)]))
+        pick(train.utility, route_of(train))))
     rep.update(utility_fields(checkpoint, data))
     # the baselines (each worker, random over seeds, oracle, cross-fit oracle) on the same rows
     router = {"utility": rep["router_utility"], **({"quality": rep["router_mean_quality"]} if "router_mean_quality" in rep else {})}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from fugu_pipeline.train.groups import CLUSTER_PREFIX
 
@@ -35,6 +35,7 @@ class PointClusters(BaseModel):
     silhouette: float | None = None
     null_silhouette: float | None = None
     examples: dict[str, str] = Field(default_factory=dict)
+    _model: object = PrivateAttr(None)  # the numpy `train/clusters.PromptClusters` of these lists
 
     @model_validator(mode="after")
     def _consistent(self) -> "PointClusters":
@@ -64,8 +65,10 @@ class PointClusters(BaseModel):
         if X.ndim != 2 or X.shape[1] != len(self.center):
             raise ValueError(f"the default point's prompt clusters read {len(self.center)} feature columns; these "
                              f"prompts have {X.shape[-1] if X.ndim else 0}")
-        got = PromptClusters(np.asarray(self.center), np.asarray(self.scale), np.asarray(self.centroids), list(self.names))
-        return [str(g) for g in got.assign(X)]
+        if self._model is None:  # built once per loaded point: serving assigns every batch
+            self._model = PromptClusters(np.asarray(self.center), np.asarray(self.scale), np.asarray(self.centroids),
+                                         list(self.names))
+        return [str(g) for g in self._model.assign(X)]
 
 
 class DefaultPoint(BaseModel):

@@ -144,14 +144,16 @@ def point_problem(point: DefaultPoint | None, checkpoint) -> str:
             "they were written for other features; train again, or delete the two files to serve the head's plain route")
 
 
-def served_point_of(checkpoint):
-    """(`serving_point`, the usable calibration) of a loaded checkpoint, from the files beside it;
-    CheckpointError (`point_problem`) when that point cannot route it."""
+def served_point_of(checkpoint, calibration=None):
+    """(`serving_point`, the calibration it routes with) of a loaded checkpoint, from the files beside
+    it (`calibration`: one drawn on other data, used when it holds a default point); CheckpointError
+    (`point_problem`) when that point cannot route it."""
     from fugu_pipeline.route.budget import usable_calibration
     from fugu_pipeline.train.checkpoints import CheckpointError
 
     m = checkpoint.manifest
-    calibration = usable_calibration(checkpoint.path, m.content_hash, list(m.worker_ids))[0]
+    if calibration is None or calibration.default is None:
+        calibration = usable_calibration(checkpoint.path, m.content_hash, list(m.worker_ids))[0]
     shipped = read_shipped(checkpoint.path, m.content_hash)[0]
     point = serving_point(shipped, calibration, checkpoint.head)
     if problem := point_problem(point, checkpoint):

@@ -27,7 +27,9 @@ from fugu_pipeline.evaluate.feature_source import FeatureSource
 from fugu_pipeline.evaluate.live import LiveBudgetExceeded, LiveEvaluator, LivePolicy
 from fugu_pipeline.evaluate.decision import Candidate
 from fugu_pipeline.evaluate.reports import head_scores, quality_predictions, routed_utility
-from fugu_pipeline.policies.oneshot.default_report import served_routes
+from fugu_pipeline.evaluate.metrics import pick
+from fugu_pipeline.policies.oneshot.default_report import routes_at, served_routes
+from fugu_pipeline.route.shipped import served_point_of
 from fugu_pipeline.train.checkpoints import weight_sanity
 from fugu_pipeline.workers.contract import FatalWorkerError
 
@@ -180,8 +182,9 @@ def candidate(checkpoint, data, expected_contract=None, composite: CompositeConf
     else:
         q_pred = quality_predictions(checkpoint.head, test.features, test.domains)
         q_std = None if q_pred is None else float(np.std(q_pred))
-        test_u = _at(test.utility, served_routes(checkpoint, test))
-        train_u = float(np.mean(_at(train.utility, served_routes(checkpoint, train))))
+        served = served_point_of(checkpoint)  # the files beside it, read once for both splits
+        test_u = pick(test.utility, routes_at(checkpoint, test, *served))
+        train_u = float(np.mean(pick(train.utility, routes_at(checkpoint, train, *served))))
         val_u = validation_utility(checkpoint, data)
     return Candidate(
         path=str(checkpoint.path), method=checkpoint.manifest.method, content_hash=checkpoint.manifest.content_hash,
@@ -189,11 +192,6 @@ def candidate(checkpoint, data, expected_contract=None, composite: CompositeConf
         weight_problems=weight_sanity(checkpoint.state_dict, checkpoint.manifest),
         contract_problems=contract_problems, val_router_utility=val_u, quality_pred_std=q_std,
     )
-
-
-def _at(values: np.ndarray, routes: np.ndarray) -> np.ndarray:
-    """Each row's value at its routed worker."""
-    return values[np.arange(len(routes)), routes]
 
 
 def scored_candidate(checkpoint, features: FeatureSource, composite: CompositeConfig):

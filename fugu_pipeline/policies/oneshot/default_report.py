@@ -22,7 +22,7 @@ def default_section(checkpoint, data, split: str, calibration: BudgetCalibration
         return None
     n = len(held.task_ids)
     strong = data.worker_ids.index(dp.strongest_worker)
-    route, c_hat = point_route(checkpoint, held, calibration, dp)
+    route, c_hat, keys = point_route(checkpoint, held, calibration, dp)
     rows = np.arange(n)
     quality = np.nan_to_num(held.quality)
     acc, base = quality[rows, route], quality[:, strong]
@@ -37,7 +37,7 @@ def default_section(checkpoint, data, split: str, calibration: BudgetCalibration
            "expected_share_of_strongest": exp_c / exp_s if exp_s > 0 else None,
            "routed_share": {w: float(np.mean(route == j)) for j, w in enumerate(data.worker_ids)}}
     if dp.per_domain:  # each group's rows under its own point (the others under the pooled one)
-        keys = np.asarray(dp.group_keys(held.domains, held.features), dtype=object)
+        keys = np.asarray(keys, dtype=object)
         out["per_group"] = []
         for g in sorted(dp.per_domain):
             at = keys == g
@@ -83,21 +83,14 @@ def served_report(checkpoint, data, split: str, *, calibration: BudgetCalibratio
     the point's own section (`default_section`). `calibration`: one drawn on this data (else the
     checkpoint's own budget.json); `default_point=False`: the head's plain route."""
     from fugu_pipeline.evaluate.reports import evaluate_checkpoint
-    from fugu_pipeline.route.budget import usable_calibration
-    from fugu_pipeline.route.shipped import point_problem, read_shipped, serving_point
-    from fugu_pipeline.train.checkpoints import CheckpointError
+    from fugu_pipeline.route.shipped import read_shipped, served_point_of
 
-    m = checkpoint.manifest
-    shipped = read_shipped(checkpoint.path, m.content_hash)[0]  # what train chose and printed (route/shipped.py)
-    own = calibration if calibration is not None and calibration.default is not None else \
-        usable_calibration(checkpoint.path, m.content_hash, list(m.worker_ids))[0]  # other data: the training one's
-    point = serving_point(shipped, own, checkpoint.head) if budget is None and default_point else None
-    if problem := point_problem(point, checkpoint):
-        raise CheckpointError(problem)
+    point, own = served_point_of(checkpoint, calibration) if budget is None and default_point else (None, None)
     route_of = None if point is None else (lambda rows: routes_at(checkpoint, rows, point, own))
     rep = evaluate_checkpoint(checkpoint, data, split, n_boot, seed, calibration=calibration, budget=budget,
                               route_of=route_of)
     rep["routes_by"] = point.describe() if point is not None else "the head's plain route (the argmax of its scores)"
+    shipped = read_shipped(checkpoint.path, checkpoint.manifest.content_hash)[0]  # what train chose and printed
     if shipped is not None:
         rep["shipped_policy"] = shipped.public()
     if point is not None and own is not None and \
@@ -106,9 +99,10 @@ def served_report(checkpoint, data, split: str, *, calibration: BudgetCalibratio
     return rep
 
 
-def point_route(checkpoint, held, calibration: BudgetCalibration, dp) -> tuple[np.ndarray, np.ndarray]:
-    """(each row's worker index at operating point `dp`, the expected cost (n, W)) on the rows of `held`
-    (a `RoutingData` in the checkpoint's worker order): what the `Router` routes with no cap asked."""
+def point_route(checkpoint, held, calibration: BudgetCalibration, dp) -> tuple[np.ndarray, np.ndarray, list]:
+    """(each row's worker index at operating point `dp`, the expected cost (n, W), each row's group:
+    its domain or prompt cluster) on the rows of `held` (a `RoutingData` in the checkpoint's worker
+    order): what the `Router` routes with no cap asked."""
     c_hat = calibration.cost_model.predict(held.prompts, held.domains)
     keys = dp.group_keys(held.domains, held.features)  # each row's domain, or prompt cluster
     lams = dp.lambdas(keys, len(held.task_ids))  # NaN: always the strongest worker
@@ -117,7 +111,7 @@ def point_route(checkpoint, held, calibration: BudgetCalibration, dp) -> tuple[n
         q_hat = quality_of(checkpoint.head, held.features, held.domains, kind=checkpoint.manifest.head_kind)
         routed = np.argmax(budget_scores(q_hat, c_hat, np.nan_to_num(lams)[:, None], calibration.reference_cost_usd), axis=1)
         route = np.where(np.isfinite(lams), routed, route)
-    return route, c_hat
+    return route, c_hat, keys
 
 
 def default_report_lines(sec: dict, shipped_line: str | None = None) -> list[str]:
