@@ -119,6 +119,7 @@ class CascadeFit:
     worker_quality: dict[str, float] = field(default_factory=dict)  # mean quality on the non-test rows
     answer_kinds: dict[str, str] = field(default_factory=dict)  # domain (and "*") -> the answer kind read live
     oof: dict[str, np.ndarray] = field(default_factory=dict)  # per candidate, per non-test row
+    oof_cost: dict[str, np.ndarray] = field(default_factory=dict)  # per candidate, per non-test row: expected $
     stat_names: tuple[str, ...] = ()  # the reply statistics the verifier reads (empty: the first ten)
     context: dict = field(default_factory=dict)  # the context verifier (policies/cascade/verifier_context.py), saved with it
     frontier: dict = field(default_factory=dict)  # out-of-fold accuracy and cost per cap (policies/cascade/frontier.py)
@@ -266,7 +267,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     return CascadeFit(policy=policy, verifier=verifier, objective=objective, candidates=cands, selected=win.name,
                       selected_kind=win.kind, reason=reason, verifier_figures=vfig, choices=choices,
                       expected_cost={w: float(c) for w, c in zip(data.worker_ids, g_all.exp_cost)},
-                      answers_version=grid.version, oof=cf.figure, stat_names=stat_names, cross_encoder=cross_model,
+                      answers_version=grid.version, oof=cf.figure, oof_cost=cf.cost, stat_names=stat_names, cross_encoder=cross_model,
                       worker_quality={w: float(q) for w, q in zip(data.worker_ids, data.quality[rows].mean(axis=0))},
                       answer_kinds=_kinds(grid, rows, doms), cap_rows=table,
                       context=context_json(scores) if verifier is not None else {}, frontier=frontier,
