@@ -331,3 +331,24 @@ def test_knn_neighbours_with_the_bonus_in_the_product_are_the_masked_ones(bonus)
     assert (got_i == want_i).float().mean() > 0.99  # equal but for near-ties in float32
     if bonus:
         assert same.gather(1, got_i).float().mean() > same.float().mean() + 0.2  # the bonus moved own-domain rows up
+
+
+def test_intervals_of_many_columns_are_each_columns_own_interval():
+    """`intervals` draws the resamples `interval` draws: on 0/1 accuracy differences every column's
+    figures are `interval`'s to the bit, on graded ones within rounding, whatever the chunk."""
+    from fugu_pipeline.train.selection import interval, intervals
+
+    rng = np.random.default_rng(3)
+    whole = rng.integers(-1, 2, size=(537, 6)).astype(float)
+    whole[:, 0] = 0.0  # a policy equal to the strongest everywhere: exactly [0, 0]
+    graded = rng.random((537, 4)) - rng.random((537, 4))
+    for values, exact in ((whole, True), (graded, False)):
+        for chunk in (7, 100, 5000):
+            got = intervals(values, 400, seed=11, chunk=chunk)
+            want = np.array([interval(values[:, j], 400, seed=11) for j in range(values.shape[1])])
+            if exact:
+                assert np.array_equal(got, want), (chunk, got - want)
+            else:
+                assert np.allclose(got, want, rtol=0, atol=1e-12), (chunk, np.abs(got - want).max())
+    assert intervals(whole, 400, seed=11)[0].tolist() == [0.0, 0.0, 0.0]
+    assert not np.array_equal(intervals(whole, 400, seed=12), intervals(whole, 400, seed=11))  # another seed draws other resamples

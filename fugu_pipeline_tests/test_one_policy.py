@@ -24,7 +24,7 @@ EASY = ["solve compute matrix python list sum value", "train hours value table g
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     work = tmp_path_factory.mktemp("one_policy")
-    common = write_inputs(work, hard_math_rows(answers=True))
+    common = write_inputs(work, hard_math_rows(600, answers=True))
     (work / "train.yaml").write_text(
         "features: {layer_sets: \"off\", prompt_rules: \"off\", lexical: false}\n"
         "heads:\n  knn: {k: [10, 30], prior_weight: [0], same_domain_bonus: [0], temperature: [null], prior_m: 20}\n"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fugu_pipeline.route.budget import LAMBDAS
-from fugu_pipeline.policies.oneshot.default_point import choose_default
+from fugu_pipeline.policies.oneshot.default_point import choose_default, choose_default_route
 from fugu_pipeline_tests.cli_project import WORKERS, hard_math_rows, run, write_inputs
 
 @pytest.fixture(scope="module")
@@ -144,6 +144,46 @@ def test_at_equal_costs_a_more_accurate_head_is_kept():
     p = choose_default(q_oof, quality, np.full((n, 2), 1e-3), 1e-3, np.arange(n) % 5, ["other", "strong"], LAMBDAS)
     assert p.kind == "lambda" and p.lam == 0.0 and p.difference[1] > 0
     assert "costs no more than always the strongest worker (strong) and is more accurate" in p.reason
+
+
+def _one_fold_breaks(broken: bool):
+    """Rows the head ranks for the cheap worker in three bands: `sure` (cheap right everywhere), then
+    `edge` (40 rows, half of them in fold 0), then the rest (the strongest only). With `broken`, the
+    cheap worker is wrong on fold 0's edge rows: the whole sees the edge cost 20 rows and keeps λ
+    short of it, but the other folds, seeing their edge rows right, take it, and fold 0's edge rows
+    then pay. Costs: the cheap worker a tenth of the strongest's."""
+    sure, edge, rest = 200, 40, 260
+    n = sure + edge + rest
+    p_cheap = np.concatenate([np.full(sure, 0.95), np.full(edge, 0.9), np.full(rest, 0.1)])
+    folds = np.arange(n) % 5
+    folds[sure:sure + edge] = np.concatenate([np.zeros(20, int), 1 + np.arange(20) % 4])
+    cheap = np.concatenate([np.ones(sure), np.ones(edge), np.zeros(rest)])
+    if broken:
+        cheap[sure:sure + 20] = 0.0
+    quality = np.stack([cheap, np.ones(n)], axis=1)
+    q_oof = np.stack([p_cheap, np.ones(n)], axis=1)
+    return q_oof, quality, np.tile([0.1, 1.0], (n, 1)), folds
+
+
+def test_a_point_whose_rule_fails_inside_the_folds_ships_the_strongest():
+    """The point passes on the rows it was chosen on, but the same rule run per fold (chosen on the
+    other folds, routing this fold) loses 20 rows: the strongest ships, the reason says why; without
+    the check the point would ship."""
+    q_oof, quality, c_hat, folds = _one_fold_breaks(broken=True)
+    plain, _ = choose_default_route(q_oof, quality, c_hat, 1.0, folds, ["cheap", "strong"], LAMBDAS, nested=False)
+    assert plain.kind == "lambda" and plain.difference[0] == 0.0  # the sure rows only, out of fold
+    p, route = choose_default_route(q_oof, quality, c_hat, 1.0, folds, ["cheap", "strong"], LAMBDAS)
+    assert p.kind == "strongest" and p.lam is None and (route == 1).all()
+    assert "the rule run inside the folds (each fold routed by the point chosen on the others): difference -0.0400" \
+        in p.reason and "the strongest worker (strong) is the default" in p.reason
+
+
+def test_a_point_whose_rule_holds_inside_the_folds_ships_with_that_figure():
+    q_oof, quality, c_hat, folds = _one_fold_breaks(broken=False)
+    p, route = choose_default_route(q_oof, quality, c_hat, 1.0, folds, ["cheap", "strong"], LAMBDAS)
+    assert p.kind == "lambda" and (route[:240] == 0).all() and (route[240:] == 1).all()
+    assert p.reason.endswith("the rule run inside the folds (each fold routed by the point chosen on the others): "
+                             "difference +0.0000 [+0.0000, +0.0000] at 57% of the strongest's cost")
 
 
 # --------------------------------------------------------------------------- a point per domain

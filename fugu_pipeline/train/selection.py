@@ -221,6 +221,27 @@ def interval(values: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, flo
     return float(v.mean()), float(lo), float(hi)
 
 
+def intervals(values: np.ndarray, n_boot: int, seed: int = 0, chunk: int = 100) -> np.ndarray:
+    """`interval` of every column of `values` (n, k) at once: (k, 3) of mean, low, high. The
+    resamples are the very ones `interval` draws with the same seed (drawn `chunk` at a time), each
+    turned into per-row counts, so all columns cost one matrix product per chunk instead of a gather
+    per column; on values that are whole numbers (accuracy differences of 0/1 grades) the figures
+    are `interval`'s to the bit."""
+    v = np.asarray(values, float)
+    n, k = v.shape
+    if n < 2:
+        return np.array([interval(v[:, j], n_boot, seed) for j in range(k)]).reshape(k, 3)
+    rng = np.random.default_rng(seed)
+    means = np.empty((n_boot, k))
+    for s in range(0, n_boot, chunk):
+        m = min(chunk, n_boot - s)
+        idx = rng.integers(0, n, size=(m, n))
+        counts = np.bincount((idx + n * np.arange(m)[:, None]).ravel(), minlength=m * n).reshape(m, n)
+        means[s:s + m] = counts.astype(float) @ v / n
+    lo, hi = np.percentile(means, [2.5, 97.5], axis=0)
+    return np.column_stack([v.mean(axis=0), lo, hi])
+
+
 @dataclass
 class Figure:
     """What `cheapest_not_below` reads of a candidate: its out-of-fold accuracy and cost, its accuracy

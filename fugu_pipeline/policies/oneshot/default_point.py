@@ -43,7 +43,7 @@ import numpy as np
 from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint, PointClusters
 from fugu_pipeline.train.clusters import DEFAULT_CLUSTER_MIN_GAP, pick_groups
 from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS
-from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval
+from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval, intervals
 
 
 MIN_GROUP_SAVING = 0.02  # a point per domain ships only when it saves this share of the strongest's cost
@@ -67,12 +67,25 @@ def choose_default_route(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarr
                          seed: int = 0, floor: float | None = DEFAULT_FLOOR, domains=None,
                          min_rows: int = DEFAULT_MIN_DOMAIN_ROWS, group_floor: float = DEFAULT_GROUP_FLOOR,
                          log=None, features: np.ndarray | None = None, prompts: list[str] | None = None,
-                         min_gap: float = DEFAULT_CLUSTER_MIN_GAP, how: str = "auto") -> tuple[DefaultPoint, np.ndarray]:
+                         min_gap: float = DEFAULT_CLUSTER_MIN_GAP, how: str = "auto",
+                         nested: bool = True) -> tuple[DefaultPoint, np.ndarray]:
     """`choose_default`, with the point's route over the rows (each row's worker index, out of fold):
     what the cascade's choice scores the head at, so what it compares is what the head serves.
     `domains` (each row's): also a point per domain (the module docstring); where they name fewer
     than two, per prompt cluster of `features` (the rows' prompt features, `prompts` to name them);
-    `how` (auto | domain | cluster | off, as `cascade.groups`) says which."""
+    `how` (auto | domain | cluster | off, as `cascade.groups`) says which. `nested`: a cheaper point
+    ships only when the rule itself, run inside the folds, passes too (`_nested_check`)."""
+    args = (q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas)
+    opts = dict(margin=margin, n_boot=n_boot, seed=seed, floor=floor, min_rows=min_rows, group_floor=group_floor,
+                min_gap=min_gap, how=how)
+    point, route = _choose(*args, **opts, domains=domains, log=log, features=features, prompts=prompts)
+    if not nested or point.kind != "lambda":
+        return point, route
+    return _nested_check(point, route, args, opts, domains, features, prompts)
+
+
+def _choose(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *, margin, n_boot, seed, floor, domains,
+            min_rows, group_floor, log, features, prompts, min_gap, how) -> tuple[DefaultPoint, np.ndarray]:
     point, route, table = _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, margin=margin,
                                           n_boot=n_boot, seed=seed, floor=floor)
     if domains is None:
@@ -86,6 +99,55 @@ def choose_default_route(q_oof: np.ndarray, quality: np.ndarray, c_hat: np.ndarr
         return point, route
     return _per_domain(point, route, table, np.asarray(keys, dtype=str), margin, n_boot, seed, floor, min_rows,
                        group_floor, log, clusters)
+
+
+def _nested_check(point: DefaultPoint, route: np.ndarray, args: tuple, opts: dict, domains, features,
+                  prompts) -> tuple[DefaultPoint, np.ndarray]:
+    """The point, or always the strongest worker when the rule that chose it fails its own test once it
+    is run inside the folds. The point's λ (and its groups) were picked among many on the very rows
+    whose figure then passed the test, so that figure is the best of many draws; on new rows it is
+    lower. Here, per fold, the whole rule (λ grid, groups, floors) runs on the other folds' rows and
+    its point routes this fold's rows; those routes' accuracy against the strongest's must reach 0
+    with a mean within `margin` and a low end above −`floor`, as the point's own did."""
+    q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas = args
+    quality, c_hat = np.nan_to_num(np.asarray(quality, np.float64)), np.asarray(c_hat, np.float64)
+    ref = c_ref if c_ref > 0 else 1.0
+    n = len(quality)
+    q, c, strong_q = np.zeros(n), np.zeros(n), np.zeros(n)
+    doms = None if domains is None else np.asarray(domains, dtype=str)
+    for f in np.unique(folds):
+        at, tr = np.flatnonzero(folds == f), np.flatnonzero(folds != f)
+        if len(np.unique(folds[tr])) < 2:
+            return point, route  # too few folds to nest
+        inner, _ = _choose(q_oof[tr], quality[tr], c_hat[tr], c_ref, folds[tr], worker_ids, lambdas, **opts,
+                           domains=None if doms is None else doms[tr], log=None,
+                           features=None if features is None else features[tr],
+                           prompts=None if prompts is None else [prompts[i] for i in tr])
+        keys = inner.group_keys(None if doms is None else doms[at], None if features is None else features[at])
+        lams = inner.lambdas(keys, len(at))
+        top = int(np.argmax(quality[tr].mean(axis=0)))
+        routed = np.argmax(q_oof[at] - np.nan_to_num(lams)[:, None] * c_hat[at] / ref, axis=1)
+        pick = np.where(np.isfinite(lams), routed, worker_ids.index(inner.strongest_worker))
+        q[at], c[at], strong_q[at] = quality[at, pick], c_hat[at, pick], quality[at, top]
+    m, lo, hi = interval(q - strong_q, opts["n_boot"], opts["seed"])
+    share = float(c.mean()) / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 1.0
+    margin, floor = opts["margin"], opts["floor"]
+    figure = (f"the rule run inside the folds (each fold routed by the point chosen on the others): difference "
+              f"{m:+.4f} [{lo:+.4f}, {hi:+.4f}] at {share:.0%} of the strongest's cost")
+    if hi >= 0 and m >= -margin and (floor is None or lo >= -floor):
+        return point.model_copy(update={"reason": f"{point.reason}; {figure}"}), route
+    top_all = point.strongest_worker
+    reason = (f"{point.routing(point.lam) if not point.per_domain else point.per_domain_text()} passes out of fold "
+              f"(difference {point.difference[0]:+.4f} [{point.difference[1]:+.4f}, {point.difference[2]:+.4f}]), but "
+              f"it was picked among many on those very rows, and {figure} "
+              + ("is significantly below it" if hi < 0 else f"is more than {margin * 100:.2g} point below it"
+                 if m < -margin else f"reaches below -{floor:g}")
+              + f", so the strongest worker ({top_all}) is the default; more rows would let a cheaper routing qualify")
+    strongest = DefaultPoint(kind="strongest", lam=None, strongest_worker=top_all, reason=reason,
+                             oof_accuracy=point.strongest_accuracy, oof_cost_usd=point.strongest_cost_usd,
+                             strongest_accuracy=point.strongest_accuracy, strongest_cost_usd=point.strongest_cost_usd,
+                             difference=(0.0, 0.0, 0.0), margin=margin, floor=floor, n_rows=point.n_rows)
+    return strongest, np.full(n, worker_ids.index(top_all))
 
 
 def _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *, margin, n_boot, seed, floor):
@@ -108,13 +170,25 @@ def _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *,
         key = route.tobytes()
         if key in seen:  # the same routes as a smaller λ: the same policy
             continue
-        q, c = quality[idx, route], c_hat[idx, route]
-        d, lo, hi = interval(q - strong_q, n_boot, seed)
         name = lam_name(float(lam))
         seen[key] = name
         lam_of[name] = float(lam)
         route_of[name] = route
-        cands.append(Figure(name, float(q.mean()), float(c.mean()), d, lo, hi))
+    routes = np.stack(list(route_of.values()), axis=1)  # (n, λs): every distinct routing's figures in one pass
+    q_all, c_all = np.take_along_axis(quality, routes, axis=1), np.take_along_axis(c_hat, routes, axis=1)
+    diff = q_all - strong_q[:, None]
+    mean_q, mean_c, mean_d = q_all.mean(axis=0), c_all.mean(axis=0), diff.mean(axis=0)
+    # the interval only where the rule reads it: the plain head, every routing within `margin` of the
+    # strongest, and the cheaper one closest to it (the reason names it when the strongest ships); a
+    # mean further below fails whatever its interval
+    read = (mean_d >= -margin) | (np.arange(len(mean_d)) == 0)
+    cheaper = np.flatnonzero(mean_c < cands[0].cost_usd * (1 - 1e-6))
+    if len(cheaper):
+        read[cheaper[np.argmax(mean_d[cheaper])]] = True
+    figs = np.full((len(mean_d), 2), np.nan)
+    figs[read] = intervals(diff[:, read], n_boot, seed)[:, 1:]
+    for k, name in enumerate(route_of):
+        cands.append(Figure(name, float(mean_q[k]), float(mean_c[k]), float(mean_d[k]), *map(float, figs[k])))
     base, plain = cands[0], cands[1]
     table = {STRONGEST: (None, strong_q, strong_c, strong_route)}
     table.update({name: (lam_of[name], quality[idx, r], c_hat[idx, r], r) for name, r in route_of.items()})
