@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval
+from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval, passes
 
 CLUSTER_PREFIX = "prompt cluster "
 # a group needs this many non-test rows to get its own choice (`cascade.search.min_domain_rows`), and
@@ -121,7 +121,7 @@ def choose_groups(groups: list[str], merged: list[tuple[str, int]], doms: np.nda
             v = pooled[o.name] if o.spec[0] == "pooled" else per_group[(d, o.name)]
             q[doms == d], c[doms == d] = v[0][doms == d], v[1][doms == d]
         m, lo, hi = interval(q - sq, n_boot, seed)
-        if hi >= 0 and m >= -margin:
+        if passes(m, lo, hi, margin, None):  # the whole: the rule without a floor (each group had its own)
             break
         d = min((d for d in choice if options[d].index(choice[d]) < len(options[d]) - 1),
                 key=lambda d: choice[d].vs_strongest, default=None)

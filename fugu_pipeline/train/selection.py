@@ -265,6 +265,12 @@ class Pick:
     qualified: tuple[str, ...] = ()  # every candidate that met the rule, cheapest first
 
 
+def passes(mean: float, low: float, high: float, margin: float, floor: float | None) -> bool:
+    """The cost-aware rule's test of an accuracy difference from the strongest with its 95% interval:
+    the interval reaches 0, the mean is within `margin` and the low end no further below than `floor`."""
+    return high >= 0 and mean >= -margin and (floor is None or low >= -floor)
+
+
 def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin: float, n_rows: int,
                        floor: float | None = None) -> Pick:
     """The cost-aware rule over `cands` (CandidateFigure-like: name, quality, cost_usd,
@@ -275,8 +281,7 @@ def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin
     base = next(c for c in cands if c.name == strongest_name)
     cheaper = [c for c in cands if c.name != strongest_name and c.cost_usd < base.cost_usd * (1 - 1e-6)
                and not c.note.startswith("unavailable")]
-    ok = [base] + [c for c in cheaper if c.vs_high >= 0 and c.vs_strongest >= -margin
-                   and (floor is None or c.vs_low >= -floor)]
+    ok = [base] + [c for c in cheaper if passes(c.vs_strongest, c.vs_low, c.vs_high, margin, floor)]
     ok.sort(key=lambda c: (c.cost_usd, -c.quality, c.name != strongest_name))
     win, qualified = ok[0], tuple(c.name for c in ok)
     bound = "" if floor is None else f", its low end above -{floor:g}"

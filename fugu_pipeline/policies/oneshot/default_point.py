@@ -43,7 +43,7 @@ import numpy as np
 from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint, PointClusters
 from fugu_pipeline.train.clusters import DEFAULT_CLUSTER_MIN_GAP, pick_groups
 from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS
-from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval, intervals
+from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval, intervals, passes
 
 
 MIN_GROUP_SAVING = 0.02  # a point per domain ships only when it saves this share of the strongest's cost
@@ -129,12 +129,12 @@ def _nested_check(point: DefaultPoint, route: np.ndarray, args: tuple, opts: dic
         routed = np.argmax(q_oof[at] - np.nan_to_num(lams)[:, None] * c_hat[at] / ref, axis=1)
         pick = np.where(np.isfinite(lams), routed, worker_ids.index(inner.strongest_worker))
         q[at], c[at], strong_q[at] = quality[at, pick], c_hat[at, pick], quality[at, top]
+    margin, floor = opts["margin"], opts["floor"]
     m, lo, hi = interval(q - strong_q, opts["n_boot"], opts["seed"])
     share = float(c.mean()) / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 1.0
-    margin, floor = opts["margin"], opts["floor"]
     figure = (f"the rule run inside the folds (each fold routed by the point chosen on the others): difference "
               f"{m:+.4f} [{lo:+.4f}, {hi:+.4f}] at {share:.0%} of the strongest's cost")
-    if hi >= 0 and m >= -margin and (floor is None or lo >= -floor):
+    if passes(m, lo, hi, margin, floor):
         return point.model_copy(update={"reason": f"{point.reason}; {figure}"}), route
     top_all = point.strongest_worker
     reason = (f"{point.routing(point.lam) if not point.per_domain else point.per_domain_text()} passes out of fold "
