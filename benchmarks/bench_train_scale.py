@@ -7,7 +7,9 @@ lists and numbers, so prompts are distinct, and the math prompts end with a shar
 (the prompt rules find it, so `train` chooses between the prompts as they are and stripped, as on
 real imports); a worker's chance of being right depends on its domain skill and on the prompt's
 difficulty (the size of its numbers), so routing has something to learn. Quality, cost and latency
-per call; the utility weights of `configs/workers.mock.yaml`. No replies: the cascade step is
+per call; the utility weights of `configs/workers.mock.yaml` (`--weights quality`: the quality-only
+weights of `configs/reward.quality.yaml`, as imports are trained, which adds each head's default
+operating point). No replies: the cascade step is
 skipped, so the figure is the heads' (encoding, the feature choice, the head families, the
 ensemble, calibration).
 
@@ -149,6 +151,10 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per train run (default 1800)")
     ap.add_argument("--work", default=None, help="folder for the imports, caches and models (default: a temporary one)")
+    ap.add_argument("--weights", choices=("mock", "quality"), default="mock",
+                    help="mock: the utility weights of configs/workers.mock.yaml (cost priced, so no default operating "
+                         "point); quality: configs/reward.quality.yaml, as imports are trained (each head also gets "
+                         "its default operating point, checked inside the folds)")
     ap.add_argument("--floor-of", default=None, help=argparse.SUPPRESS)  # the floor, in its own process
     args = ap.parse_args()
     if args.floor_of:
@@ -164,7 +170,8 @@ def main() -> None:
         d.mkdir(parents=True, exist_ok=True)
         data = d / "import.jsonl"
         write_import(data, n)
-        cmd = [exe, "train", "--data", str(data), "--workers", str(ROOT / "configs/workers.mock.yaml"), "--encoder", "tiny",
+        weights = ROOT / ("configs/workers.mock.yaml" if args.weights == "mock" else "configs/reward.quality.yaml")
+        cmd = [exe, "train", "--data", str(data), "--workers", str(weights), "--encoder", "tiny",
                "--cache-dir", str(d / "cache"), "--work-dir", str(d / "work"), "--output", str(d / "models")]
         wall, rss, rc = run_measured(cmd, d / "train.log", args.timeout)
         fwall, frss, frc = run_measured([sys.executable, __file__, "--floor-of", str(data)], d / "floor.log", args.timeout)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval, passes
+from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval, intervals, passes
 
 CLUSTER_PREFIX = "prompt cluster "
 # a group needs this many non-test rows to get its own choice (`cascade.search.min_domain_rows`), and
@@ -101,14 +101,15 @@ def choose_groups(groups: list[str], merged: list[tuple[str, int]], doms: np.nda
         at = doms == d
         cands = [(name, ("pooled", name), v) for name, v in pooled.items()]
         cands += [(name, spec_of(name), v) for (g, name), v in per_group.items() if g == d]
+        cands = [(name, spec, v) for name, spec, v in cands if v is not None]
+        q_all = np.stack([v[0][at] for _, _, v in cands], axis=1)
+        c_all = np.stack([v[1][at] for _, _, v in cands], axis=1)
+        figs = intervals(q_all - sq[at][:, None], n_boot, seed)  # every candidate on the same resamples, one pass
         opts = []
-        for name, spec, v in cands:
-            if v is None:
-                continue
-            q, c = v[0][at], v[1][at]
-            m, lo, hi = interval(q - sq[at], n_boot, seed)
+        for k, (name, spec, _) in enumerate(cands):
+            m, lo, hi = map(float, figs[k])
             wide = name != STRONGEST and lo < -floor  # too few rows to tell it from a worse policy
-            opts.append(Option(name, float(q.mean()), float(c.mean()), m, lo, hi,
+            opts.append(Option(name, float(q_all[:, k].mean()), float(c_all[:, k].mean()), m, lo, hi,
                                f"unavailable: its interval reaches {lo:+.4f}, below -{floor:g} (cascade.group_floor)"
                                if wide else "", spec=spec))
         pick = cheapest_not_below(opts, STRONGEST, "", margin, int(at.sum()))
