@@ -352,3 +352,14 @@ def test_intervals_of_many_columns_are_each_columns_own_interval():
                 assert np.allclose(got, want, rtol=0, atol=1e-12), (chunk, np.abs(got - want).max())
     assert intervals(whole, 400, seed=11)[0].tolist() == [0.0, 0.0, 0.0]
     assert not np.array_equal(intervals(whole, 400, seed=12), intervals(whole, 400, seed=11))  # another seed draws other resamples
+
+
+def test_an_interval_drawn_in_chunks_is_the_interval_drawn_at_once():
+    """`interval` bounds its memory by drawing its resamples a chunk at a time (5,000 rows: three
+    chunks); the figures are those of every resample drawn in one array."""
+    from fugu_pipeline.train.selection import interval
+
+    v = np.random.default_rng(5).random(5000) - 0.5
+    rng = np.random.default_rng(9)
+    means = v[rng.integers(0, len(v), size=(2000, len(v)))].mean(axis=1)
+    assert interval(v, 2000, seed=9) == (float(v.mean()), *map(float, np.percentile(means, [2.5, 97.5])))

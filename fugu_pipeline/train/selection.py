@@ -216,7 +216,9 @@ def interval(values: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, flo
         m = float(v.mean()) if len(v) else float("nan")
         return m, m, m
     rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, len(v), size=(n_boot, len(v)))].mean(axis=1)
+    step = max(1, (1 << 22) // len(v))  # resamples drawn a chunk at a time (the same draws), ~32 MB each
+    means = np.concatenate([v[rng.integers(0, len(v), size=(min(step, n_boot - s), len(v)))].mean(axis=1)
+                            for s in range(0, n_boot, step)])
     lo, hi = np.percentile(means, [2.5, 97.5])
     return float(v.mean()), float(lo), float(hi)
 
