@@ -140,7 +140,8 @@ def run(name: str, rows: list, args) -> dict:
         lines[f"per {fit.groups.by} ({len(fit.groups.groups)} groups)"] = figure(
             "per group", fit.groups.quality, fit.groups.cost, q_strong, args.n_boot)
     print(f"\n### {name}: {len(nt)} non-test rows, workers {', '.join(data.worker_ids)}; {emb.encoder_description}")
-    print(f"shipped by train: {fit.selected}; head penalties per fold {alphas}; head fit {head_s:.1f}s for "
+    print(f"the cascade fit's choice (no one-shot heads in it): {fit.selected}; head penalties per fold {alphas}; "
+          f"head fit {head_s:.1f}s for "
           f"{len(LAMBDAS)} λ")
     print("| policy (out of fold) | accuracy | $ per 1,000 | share of the strongest's | − strongest [95%] |")
     print("|---|---|---|---|---|")
