@@ -209,6 +209,9 @@ def oof_predictions(fit_predict: Callable[[np.ndarray, np.ndarray], dict[str, tu
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+RESAMPLE_CELLS = 1 << 22  # row draws held at once by a bootstrap (about 32 MB of indices): memory bounded at any size
+
+
 def interval(values: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, float, float]:
     """Mean of `values` (per row) and its bootstrap 95% interval (resampling rows)."""
     v = np.asarray(values, float)
@@ -216,24 +219,25 @@ def interval(values: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, flo
         m = float(v.mean()) if len(v) else float("nan")
         return m, m, m
     rng = np.random.default_rng(seed)
-    step = max(1, (1 << 22) // len(v))  # resamples drawn a chunk at a time (the same draws), ~32 MB each
+    step = max(1, RESAMPLE_CELLS // len(v))  # resamples drawn a chunk at a time (the same draws)
     means = np.concatenate([v[rng.integers(0, len(v), size=(min(step, n_boot - s), len(v)))].mean(axis=1)
                             for s in range(0, n_boot, step)])
     lo, hi = np.percentile(means, [2.5, 97.5])
     return float(v.mean()), float(lo), float(hi)
 
 
-def intervals(values: np.ndarray, n_boot: int, seed: int = 0, chunk: int = 100) -> np.ndarray:
+def intervals(values: np.ndarray, n_boot: int, seed: int = 0, chunk: int | None = None) -> np.ndarray:
     """`interval` of every column of `values` (n, k) at once: (k, 3) of mean, low, high. The
-    resamples are the very ones `interval` draws with the same seed (drawn `chunk` at a time), each
-    turned into per-row counts, so all columns cost one matrix product per chunk instead of a gather
-    per column; on values that are whole numbers (accuracy differences of 0/1 grades) the figures
+    resamples are the very ones `interval` draws with the same seed (drawn `chunk` at a time, by
+    default as many as `RESAMPLE_CELLS` row draws hold), each turned into per-row counts, so all
+    columns cost one matrix product per chunk instead of a gather per column; on values that are whole numbers (accuracy differences of 0/1 grades) the figures
     are `interval`'s to the bit."""
     v = np.asarray(values, float)
     n, k = v.shape
     if n < 2:
         return np.array([interval(v[:, j], n_boot, seed) for j in range(k)]).reshape(k, 3)
     rng = np.random.default_rng(seed)
+    chunk = chunk or max(1, RESAMPLE_CELLS // n)
     means = np.empty((n_boot, k))
     for s in range(0, n_boot, chunk):
         m = min(chunk, n_boot - s)
