@@ -363,3 +363,43 @@ def test_an_interval_drawn_in_chunks_is_the_interval_drawn_at_once():
     rng = np.random.default_rng(9)
     means = v[rng.integers(0, len(v), size=(2000, len(v)))].mean(axis=1)
     assert interval(v, 2000, seed=9) == (float(v.mean()), *map(float, np.percentile(means, [2.5, 97.5])))
+
+
+def test_a_policy_that_saves_less_than_the_minimum_does_not_count_as_cheaper():
+    """Two policies tie the strongest, at 99% and 97% of its cost: the 97% one ships; the 99% one alone
+    does not count as cheaper (the strongest ships, the reason names the minimum), but does under a
+    0.5% minimum."""
+    from fugu_pipeline.train.selection import MIN_SAVING, STRONGEST, Figure, cheapest_not_below
+
+    strong = Figure(STRONGEST, 0.8, 1.0, 0.0, 0.0, 0.0)
+    near = Figure("99%", 0.8, 0.99, 0.0, -0.01, 0.01)
+    far = Figure("97%", 0.8, 0.97, 0.0, -0.01, 0.01)
+    assert MIN_SAVING == 0.02
+    assert cheapest_not_below([strong, near, far], STRONGEST, "s", 0.005, 300).name == "97%"
+    pick = cheapest_not_below([strong, near], STRONGEST, "s", 0.005, 300)
+    assert pick.strongest_ships and pick.qualified == (STRONGEST,)
+    assert "a saving of at least 2% of its cost" in pick.reason
+    assert cheapest_not_below([strong, near], STRONGEST, "s", 0.005, 300, min_saving=0.005).name == "99%"
+
+
+def test_a_group_choice_is_held_to_the_whole_floor():
+    """A group of 90 rows where a cheap choice ties the strongest on average but its interval
+    reaches below −0.02 (here 2 rows each way): the group keeps the strongest by default; at the
+    old five-point floor the cheap choice passed."""
+    from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, choose_groups
+    from fugu_pipeline.train.selection import STRONGEST
+
+    n = 180
+    doms = np.array(["code"] * 90 + ["mc"] * 90)
+    strong = np.ones(n)
+    strong[:2] = 0.0
+    cheap = strong.copy()
+    cheap[:2], cheap[2:4] = 1.0, 0.0  # right where the strongest is wrong, wrong on two others
+    pooled = {STRONGEST: (strong, np.ones(n))}
+    per_group = {("code", "cheap"): (np.where(doms == "code", cheap, 0.0), np.full(n, 0.1))}
+    args = (["code"], [], doms, pooled, per_group, STRONGEST, 0.005, 1000)
+    assert DEFAULT_GROUP_FLOOR == 0.02
+    got = choose_groups(*args)
+    assert got.groups["code"].name == STRONGEST
+    loose = choose_groups(*args, floor=0.05)
+    assert loose.groups["code"].name == "cheap" and -0.05 <= loose.groups["code"].vs_low < -0.02

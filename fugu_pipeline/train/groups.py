@@ -21,9 +21,10 @@ from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below,
 CLUSTER_PREFIX = "prompt cluster "
 # a group needs this many non-test rows to get its own choice (`cascade.search.min_domain_rows`), and
 # a cheaper choice on its rows an interval whose low end is no further below the strongest than this
-# (`cascade.group_floor`): a group's rows are few
+# (`cascade.group_floor`), the whole's own floor: a group's rows are few, and a looser bound lets a
+# cheap worker through on a lucky sample of them
 DEFAULT_MIN_DOMAIN_ROWS = 40
-DEFAULT_GROUP_FLOOR = 0.05
+DEFAULT_GROUP_FLOOR = 0.02
 
 
 @dataclass
@@ -47,6 +48,7 @@ class GroupChoice:
     plans: dict[str, str] = field(default_factory=dict)  # domain -> the plan it is served (searched on every row)
     about: dict[str, str] = field(default_factory=dict)  # group -> what it holds (a prompt cluster: its nearest prompt)
     by: str = "domain"  # what the groups are: "domain" or "prompt cluster"
+    default: str = STRONGEST  # the pooled candidate the merged groups (and unseen ones) take
 
     def table(self) -> list[dict]:
         return [{"domain": d, "rows": self.rows_of[d], "choice": o.name, "plan": self.plans.get(d, ""),
@@ -87,6 +89,20 @@ def merged_line(merged: list[tuple[str, int]], min_rows: int, who: str = "cascad
             f"choose {what} out of fold: merged into {pooled}")
 
 
+def routed_by(choice: GroupChoice | dict, doms: np.ndarray, pooled: dict, per_group: dict,
+              default: str) -> tuple[np.ndarray, np.ndarray]:
+    """(quality, cost) per row of each row under its group's choice (`choice`: a GroupChoice or its
+    groups), the other rows under the pooled `default`; `pooled` and `per_group` as `choose_groups`
+    takes them, over the same rows as `doms`."""
+    groups = choice.groups if isinstance(choice, GroupChoice) else choice
+    q, c = pooled[default][0].copy(), pooled[default][1].copy()
+    for d, o in groups.items():
+        at = doms == d
+        v = pooled[o.name] if o.spec[0] == "pooled" else per_group[(d, o.name)]
+        q[at], c[at] = v[0][at], v[1][at]
+    return q, c
+
+
 def choose_groups(groups: list[str], merged: list[tuple[str, int]], doms: np.ndarray, pooled: dict,
                   per_group: dict, default: str, margin: float, n_boot: int, seed: int = 0,
                   floor: float = DEFAULT_GROUP_FLOOR, spec_of=lambda name: ("group", name)) -> GroupChoice:
@@ -115,12 +131,9 @@ def choose_groups(groups: list[str], merged: list[tuple[str, int]], doms: np.nda
         pick = cheapest_not_below(opts, STRONGEST, "", margin, int(at.sum()))
         options[d] = sorted([o for o in opts if o.name in pick.qualified], key=lambda o: (o.cost_usd, -o.quality))
         choice[d] = next(o for o in opts if o.name == pick.name)
-    q, c = pooled[default][0].copy(), pooled[default][1].copy()
     stepped: list[str] = []
     while True:
-        for d, o in choice.items():
-            v = pooled[o.name] if o.spec[0] == "pooled" else per_group[(d, o.name)]
-            q[doms == d], c[doms == d] = v[0][doms == d], v[1][doms == d]
+        q, c = routed_by(choice, doms, pooled, per_group, default)
         m, lo, hi = interval(q - sq, n_boot, seed)
         if passes(m, lo, hi, margin, None):  # the whole: the rule without a floor (each group had its own)
             break
@@ -128,10 +141,10 @@ def choose_groups(groups: list[str], merged: list[tuple[str, int]], doms: np.nda
                 key=lambda d: choice[d].vs_strongest, default=None)
         if d is None:  # every domain at its dearest qualifying choice: always the strongest everywhere
             choice = {d: next(o for o in options[d] if o.name == STRONGEST) for d in choice}
-            q[:], c[:] = sq, sc
+            q, c = sq.copy(), sc.copy()
             stepped = sorted(choice)
             break
         choice[d] = options[d][options[d].index(choice[d]) + 1]
         stepped.append(d)
     return GroupChoice(choice, merged, q, c, float(sc.mean()), {d: int((doms == d).sum()) for d in groups},
-                       {d: float(sc[doms == d].mean()) for d in groups}, sorted(set(stepped)))
+                       {d: float(sc[doms == d].mean()) for d in groups}, sorted(set(stepped)), default=default)

@@ -40,7 +40,8 @@ class CascadeConfig(BaseModel):
                          "its out-of-fold interval against the strongest no further below than this (what ships must "
                          "hold on new rows; on few rows an interval that reaches 0 reaches far below it)")
     group_floor: float = Field(DEFAULT_GROUP_FLOOR, ge=0, le=1, description="per domain, a cheaper choice also needs the low end of its "
-                               "interval against the strongest no further below than this (a domain's rows are few)")
+                               "interval against the strongest no further below than this (a group's rows are few: the whole's own floor "
+                               "by default)")
     search: CascadeSearch = CascadeSearch()
     n_boot: int = Field(2000, ge=200, description="bootstrap resamples of the out-of-fold gain's 95% interval")
     choose: Literal["auto", "cheapest", "utility"] = Field(

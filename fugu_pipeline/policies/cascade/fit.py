@@ -245,6 +245,9 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     pick = None
     if mode == "cheapest":
         win, reason, pick = pick_cheapest(cands, strongest_worker, cfg.margin, n, cfg.floor)
+        if win.name != STRONGEST:
+            win, reason, pick = _checked_inside_folds(win, reason, pick, cands, cf, folds, cfg, seed, strongest_worker,
+                                                      split, groups, merged, gdoms[rows] if groups else None, log)
     elif mode == "cap":
         text = cfg.cap.amount() if cfg.cap is not None else "each domain's own cap"
         win, reason = pick_capped(cands, cf, text, baseline, strongest_worker, cfg.n_boot, seed)
@@ -274,6 +277,30 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       saved_as=saved_as, baseline=STRONGEST if mode == "cheapest" else baseline, groups=split,
                       cap_usd=cap_usd, cap_z=None if cfg.cap is None else cfg.cap.margin_z,
                       clusters=clusters if policy.per_domain else None)
+
+
+def _checked_inside_folds(win, reason, pick, cands, cf, folds, cfg, seed, strongest_worker, split, groups, merged,
+                          gdoms, log):
+    """(winner, reason, pick): the cheapest rule's pick, or always the strongest worker when the pick,
+    made inside the folds (`nested.py`), is significantly below it there."""
+    from fugu_pipeline.policies.cascade.nested import nested_figure, nested_passes
+
+    per = (PER_CLUSTER if split.by == "prompt cluster" else PER_DOMAIN) if split is not None else None
+    args = None if split is None else {"groups": groups, "merged": merged, "doms": gdoms, "per_group": cf.per_group,
+                                        "group_floor": cfg.group_floor}
+    m, lo, hi, cost = nested_figure(cands, cf, folds, cfg.margin, cfg.floor, cfg.n_boot, seed, per, args)
+    strong = next(c for c in cands if c.name == STRONGEST)
+    share = cost / strong.cost_usd if strong.cost_usd > 0 else 1.0
+    figure = (f"the pick made inside the folds (each fold routed by the candidate the rule picks on the others): "
+              f"difference {m:+.4f} [{lo:+.4f}, {hi:+.4f}] at {share:.0%} of the strongest's cost")
+    log(f"cascade: {figure}")
+    if nested_passes(m, lo, hi, cfg.floor):
+        return win, f"{reason}; {figure}", pick
+    why = "is significantly below it" if hi < 0 else f"reaches below -{cfg.floor:g}"
+    return strong, (f"{win.name} passes out of fold (difference {win.vs_strongest:+.4f} [{win.vs_low:+.4f}, "
+                    f"{win.vs_high:+.4f}]), but it is the cheapest of {len(cands)} candidates picked on those very rows, "
+                    f"and {figure} {why}, so the strongest worker ({strongest_worker}) ships; more rows would let a "
+                    "cheaper policy qualify"), pick
 
 
 def _over_caps(cfg: CascadeConfig, cap_usd: float | None, g, rows: np.ndarray, doms: np.ndarray):

@@ -12,7 +12,8 @@ strongest worker's**, the same rule as a cascade's (`train/selection.cheapest_no
 - always the strongest worker: per fold, the most accurate on the other folds;
 - a λ qualifies when the per-row accuracy difference from the strongest has a paired bootstrap 95%
   interval reaching 0, whose low end is above −`floor` (0.02, as `cascade.floor`), and a mean within
-  `margin` (0.005, as `cascade.margin`); the cheapest ships;
+  `margin` (0.005, as `cascade.margin`); the cheapest that saves at least `MIN_SAVING` (2%) of the
+  strongest's cost ships;
 - when the plain head (λ = 0) is already significantly below the strongest, or no cheaper λ
   qualifies, the default is the strongest worker alone, with the line saying why (except that a
   λ costing no more than the strongest and more accurate than it, a tie in cost, is kept).
@@ -22,7 +23,8 @@ domain among the same λs and always the strongest, and for the whole, as a casc
 domain are chosen (`train/groups.py`: each domain's cheapest choice not significantly below
 the strongest on its rows, its interval's low end above −`group_floor`; the whole held to the rule,
 the domain furthest below moved to a dearer choice until it holds). A choice that differs by domain
-ships when it saves at least `MIN_GROUP_SAVING` (2% of the strongest's cost) over the pooled point,
+ships when it saves at least `MIN_SAVING` (2% of the strongest's cost, what any cheaper policy must
+save to count as cheaper) over the pooled point,
 its whole interval's low end above −`floor` too: on a mixed import a cheap worker may tie the
 strongest on one kind of prompt only; a smaller saving does not pay for a choice made on fewer rows.
 
@@ -43,10 +45,7 @@ import numpy as np
 from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint, PointClusters
 from fugu_pipeline.train.clusters import DEFAULT_CLUSTER_MIN_GAP, pick_groups
 from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS
-from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below, interval, intervals, passes
-
-
-MIN_GROUP_SAVING = 0.02  # a point per domain ships only when it saves this share of the strongest's cost
+from fugu_pipeline.train.selection import MIN_SAVING, STRONGEST, Figure, cheapest_not_below, interval, intervals, passes
 
 
 def lam_name(lam: float) -> str:
@@ -245,13 +244,13 @@ def _per_domain(point: DefaultPoint, route: np.ndarray, table: dict, doms: np.nd
     saving = (point.oof_cost_usd - cost) / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 0.0
     by = "domain" if clusters is None else "prompt cluster"
     same = all(v == (point.lam if point.kind == "lambda" else None) for v in per.values())
-    if floor is not None and lo < -floor or saving < MIN_GROUP_SAVING or same:
+    if floor is not None and lo < -floor or saving < MIN_SAVING or same:
         if log is not None:
             log(f"default operating point: one point for every {by} kept: "
                 + ("each one's choice is the pooled point" if same else
                    f"a point per {by} would cost {-saving:.1%} of the strongest's cost more" if saving < 0 else
-                   f"a point per {by} would save {saving:.1%} of the strongest's cost, less than {MIN_GROUP_SAVING:.0%}"
-                   if saving < MIN_GROUP_SAVING else
+                   f"a point per {by} would save {saving:.1%} of the strongest's cost, less than {MIN_SAVING:.0%}"
+                   if saving < MIN_SAVING else
                    f"a point per {by}'s interval against the strongest reaches {lo:+.4f}, below -{floor:g}"))
         return point, route
     new_route = route.copy()
