@@ -6,6 +6,8 @@ explicit cap overrides it, `--no-default-budget` turns it off."""
 
 import json
 
+import re
+
 import numpy as np
 import pytest
 
@@ -498,3 +500,18 @@ def test_prompt_clusters_of_another_width_beside_a_checkpoint_are_refused_at_loa
     said = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and said.startswith("fugu-lite evaluate: checkpoint ") and \
         "read 5 feature columns, and the checkpoint's features have" in said, said
+
+
+def test_the_reason_names_the_closest_policy_that_counts_as_cheaper_with_its_interval():
+    """A λ that sends one row to the cheap worker (99.1% of the strongest's cost) ties it, but does
+    not save the 2% a cheaper policy must; the next sends 21 rows and loses 20. The strongest is the
+    default, and the reason names the closest policy that counts as cheaper, with its interval."""
+    n = 100
+    p_cheap = np.concatenate([[0.99], np.full(20, 0.5), np.zeros(79)])
+    q_oof = np.stack([p_cheap, np.ones(n)], axis=1)
+    quality = np.stack([np.concatenate([[1.0], np.zeros(99)]), np.ones(n)], axis=1)
+    c_hat = np.tile([0.1, 1.0], (n, 1))
+    p, route = choose_default_route(q_oof, quality, c_hat, 1.0, np.arange(n) % 5, ["cheap", "strong"], LAMBDAS)
+    assert p.kind == "strongest" and (route == 1).all()
+    assert "nan" not in p.reason
+    assert re.search(r"the closest cheaper one, λ-routing at λ = [0-9.]+, is -0\.2000 \[-0\.\d+, -0\.\d+\]", p.reason), p.reason

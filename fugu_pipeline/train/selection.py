@@ -280,6 +280,11 @@ def passes(mean: float, low: float, high: float, margin: float, floor: float | N
 MIN_SAVING = 0.02  # a cheaper policy must save this share of the strongest's cost to count as cheaper
 
 
+def cheaper(cost: float | np.ndarray, strongest_cost: float, min_saving: float = MIN_SAVING):
+    """Whether a cost counts as cheaper than the strongest's: by at least `min_saving` of it."""
+    return cost < strongest_cost * (1 - max(min_saving, 1e-6))
+
+
 def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin: float, n_rows: int,
                        floor: float | None = None, min_saving: float = MIN_SAVING) -> Pick:
     """The cost-aware rule over `cands` (CandidateFigure-like: name, quality, cost_usd,
@@ -292,9 +297,9 @@ def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin
     not, and on new rows it routes more of them (a 1% saving out of fold spent 8% less, and lost two
     points, on a real import's held-out rows)."""
     base = next(c for c in cands if c.name == strongest_name)
-    cheaper = [c for c in cands if c.name != strongest_name and c.cost_usd < base.cost_usd * (1 - max(min_saving, 1e-6))
-               and not c.note.startswith("unavailable")]
-    ok = [base] + [c for c in cheaper if passes(c.vs_strongest, c.vs_low, c.vs_high, margin, floor)]
+    lower = [c for c in cands if c.name != strongest_name and cheaper(c.cost_usd, base.cost_usd, min_saving)
+             and not c.note.startswith("unavailable")]
+    ok = [base] + [c for c in lower if passes(c.vs_strongest, c.vs_low, c.vs_high, margin, floor)]
     ok.sort(key=lambda c: (c.cost_usd, -c.quality, c.name != strongest_name))
     win, qualified = ok[0], tuple(c.name for c in ok)
     bound = "" if floor is None else f", its low end above -{floor:g}"
@@ -307,7 +312,7 @@ def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin
             f"{win.name} is the cheapest policy not significantly below {STRONGEST} ({strongest_worker}): accuracy "
             f"{win.quality:.4f} against {base.quality:.4f}, difference {win.vs_strongest:+.4f} [{win.vs_low:+.4f}, "
             f"{win.vs_high:+.4f}], at ${win.cost_usd * 1000:.4g} per 1,000 = {share:.0%} of its cost ({rule})"), False, qualified)
-    near = max(cheaper, key=lambda c: c.vs_strongest, default=None)
+    near = max(lower, key=lambda c: c.vs_strongest, default=None)
     tried = (f"; the closest cheaper one, {near.name}, is {near.vs_strongest:+.4f} [{near.vs_low:+.4f}, {near.vs_high:+.4f}]"
              if near is not None else "")
     return Pick(strongest_name, (

@@ -45,7 +45,8 @@ import numpy as np
 from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint, PointClusters
 from fugu_pipeline.train.clusters import DEFAULT_CLUSTER_MIN_GAP, pick_groups
 from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS
-from fugu_pipeline.train.selection import MIN_SAVING, STRONGEST, Figure, cheapest_not_below, interval, intervals, passes
+from fugu_pipeline.train.selection import (MIN_SAVING, STRONGEST, Figure, cheaper, cheapest_not_below, interval, intervals,
+                                           passes)
 
 
 def lam_name(lam: float) -> str:
@@ -181,9 +182,9 @@ def _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *,
     # strongest, and the cheaper one closest to it (the reason names it when the strongest ships); a
     # mean further below fails whatever its interval
     read = (mean_d >= -margin) | (np.arange(len(mean_d)) == 0)
-    cheaper = np.flatnonzero(mean_c < cands[0].cost_usd * (1 - 1e-6))
-    if len(cheaper):
-        read[cheaper[np.argmax(mean_d[cheaper])]] = True
+    lower = np.flatnonzero(cheaper(mean_c, cands[0].cost_usd))  # what the rule counts as cheaper
+    if len(lower):
+        read[lower[np.argmax(mean_d[lower])]] = True
     figs = np.full((len(mean_d), 2), np.nan)
     figs[read] = intervals(diff[:, read], n_boot, seed)[:, 1:]
     for k, name in enumerate(route_of):
