@@ -316,7 +316,6 @@ def budget_of(args):
 def cmd_evaluate(args) -> int:
     from fugu_pipeline.evaluate.reports import write_report
     from fugu_pipeline.policies.registry import load_checkpoint
-    from fugu_pipeline.route.shipped import read_shipped
 
     budget = budget_of(args)
     path = resolve_checkpoint(args.checkpoint)
@@ -344,7 +343,7 @@ def cmd_evaluate(args) -> int:
     # as it serves: with no cap asked, at its operating point (unless --no-default-budget)
     rep = served_report(ckpt, data, args.split, calibration=calibration, budget=budget,
                         default_point=not getattr(args, "no_default_budget", False))
-    shipped = read_shipped(path, ckpt.manifest.content_hash)[0]  # what train chose and printed (route/shipped.py)
+    shipped = rep.get("shipped_policy", {}).get("line")  # what train chose and printed (route/shipped.py)
     if args.split == "test":  # the composite is defined on the held-out split
         from fugu_pipeline.cli.reporting import composite_for_report
 
@@ -366,10 +365,10 @@ def cmd_evaluate(args) -> int:
     if rep.get("default_point"):
         from fugu_pipeline.policies.oneshot.default_report import default_report_lines
 
-        for line in default_report_lines(rep["default_point"], shipped.describe() if shipped is not None else None):
+        for line in default_report_lines(rep["default_point"], shipped):
             print(line)
     elif shipped is not None:
-        print(f"as chosen at training: {shipped.describe()}")
+        print(f"as chosen at training: {shipped}")
     print(f"utility weights: {rep['utility_source']}")
     if rep.get("utility_note"):
         print(f"note: {rep['utility_note']}")
