@@ -68,3 +68,30 @@ def test_a_pick_that_holds_inside_the_folds_ships_with_that_figure():
     assert reason.startswith("picked; the pick made inside the folds (each fold routed by the candidate the rule "
                              "picks on the others): difference +0.0000 [")
     assert reason.endswith("at 10% of the strongest's cost")
+
+
+def test_the_choice_per_group_is_rebuilt_on_each_folds_others():
+    """Two domains: the cheap worker ties the strongest on `code` and is wrong on `mc` half the
+    time. Cheap everywhere fails; the choice per domain (cheap on code, the strongest on mc), rebuilt
+    per fold on the other folds, routes each fold as the whole's does: no loss, about half the cost."""
+    from fugu_pipeline.policies.cascade.groups import GROUP_STRONGEST
+
+    folds = np.arange(N) % K
+    doms = np.array(["code", "mc"] * (N // 2))
+    strong = np.ones(N)
+    cheap = np.where((doms == "mc") & (np.arange(N) % 4 < 2), 0.0, 1.0)
+    quality = {STRONGEST: strong, "cheap everywhere": cheap}
+    cost = {STRONGEST: np.ones(N), "cheap everywhere": np.full(N, 0.1)}
+    per_group = {(d, GROUP_STRONGEST): (np.where(doms == d, cheap if d == "code" else strong, 0.0),
+                                        np.where(doms == d, 0.1 if d == "code" else 1.0, 0.0)) for d in ("code", "mc")}
+    cf = SimpleNamespace(quality=quality, cost=cost, figure=quality, per_group=per_group)
+    cands = []
+    for name in quality:
+        m, lo, hi = interval(quality[name] - strong, 400, 0)
+        cands.append(CandidateFigure(name, "cascade" if name != STRONGEST else "best worker", float(quality[name].mean()),
+                                     float(quality[name].mean()), float(cost[name].mean()), m, lo, hi, "", m, lo, hi))
+    args = {"groups": ["code", "mc"], "merged": [], "doms": doms, "per_group": per_group, "group_floor": 0.02}
+    m, lo, hi, c = nested_figure(cands, cf, folds, 0.005, 0.02, 400, 0, "cascade per domain", args)
+    assert (m, lo, hi) == (0.0, 0.0, 0.0) and c == pytest.approx(0.55)
+    m, _, hi, c = nested_figure(cands, cf, folds, 0.005, 0.02, 400, 0)  # without the choice per group
+    assert (m, hi, c) == (0.0, 0.0, 1.0)  # cheap everywhere fails on every fold: the strongest
