@@ -9,9 +9,9 @@ import pytest
 
 from fugu_pipeline.policies.cascade.config import CascadeConfig
 from fugu_pipeline.policies.cascade.fit import _checked_inside_folds
-from fugu_pipeline.policies.cascade.nested import nested_figure, nested_passes
+from fugu_pipeline.policies.cascade.nested import nested_figure
 from fugu_pipeline.policies.cascade.ship import CandidateFigure
-from fugu_pipeline.train.selection import STRONGEST, interval, passes
+from fugu_pipeline.train.selection import STRONGEST, holds_inside_folds, interval, passes
 
 PER_FOLD, K = 140, 5
 N = PER_FOLD * K
@@ -48,7 +48,7 @@ def test_a_pick_that_is_lucky_on_its_own_rows_fails_inside_the_folds():
     cheap = next(c for c in cands if c.name == "cheap 0")
     assert passes(cheap.vs_strongest, cheap.vs_low, cheap.vs_high, 0.005, 0.02)  # it passes out of fold
     m, lo, hi, cost = nested_figure(cands, cf, folds, 0.005, 0.02, 400, 0)
-    assert m == -15 / N and hi < 0 and not nested_passes(m, lo, hi, 0.02)
+    assert m == -15 / N and hi < 0 and not holds_inside_folds(m, lo, hi, 0.02)
     assert 0.1 <= cost <= 0.15  # each fold routed by a cheap candidate
     win, reason, _ = _checked_inside_folds(cheap, "picked", None, cands, cf, folds, CascadeConfig(n_boot=400), 0,
                                            "strong", None, [], [], None, quiet)

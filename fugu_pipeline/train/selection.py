@@ -280,6 +280,17 @@ def passes(mean: float, low: float, high: float, margin: float, floor: float | N
 MIN_SAVING = 0.02  # a cheaper policy must save this share of the strongest's cost to count as cheaper
 
 
+def holds_inside_folds(mean: float, low: float, high: float, floor: float | None) -> bool:
+    """The test of a cascade's final pick once the pick itself is made inside the folds (per fold on
+    the others): the interval reaches 0 and its low end is no further below than `floor`. Not the
+    margin: per fold the pick may land on a cheaper candidate that fails it on this fold's rows, and
+    the mean then sits a shade below a winner that ties the strongest on every row (a plan equal to
+    the strongest on every row was refused so). A one-shot head's point keeps the margin too
+    (`passes`): among one head's λ the cheapest that passes sits at the edge, and on a real import's
+    split the margin was what refused a point that lost four points held out."""
+    return high >= 0 and (floor is None or low >= -floor)
+
+
 def cheaper(cost: float | np.ndarray, strongest_cost: float, min_saving: float = MIN_SAVING):
     """Whether a cost counts as cheaper than the strongest's: by at least `min_saving` of it."""
     return cost < strongest_cost * (1 - max(min_saving, 1e-6))

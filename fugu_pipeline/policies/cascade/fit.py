@@ -283,7 +283,8 @@ def _checked_inside_folds(win, reason, pick, cands, cf, folds, cfg, seed, strong
                           gdoms, log):
     """(winner, reason, pick): the cheapest rule's pick, or always the strongest worker when the pick,
     made inside the folds (`nested.py`), is significantly below it there."""
-    from fugu_pipeline.policies.cascade.nested import nested_figure, nested_passes
+    from fugu_pipeline.policies.cascade.nested import nested_figure
+    from fugu_pipeline.train.selection import holds_inside_folds
 
     per = (PER_CLUSTER if split.by == "prompt cluster" else PER_DOMAIN) if split is not None else None
     args = None if split is None else {"groups": groups, "merged": merged, "doms": gdoms, "per_group": cf.per_group,
@@ -294,7 +295,7 @@ def _checked_inside_folds(win, reason, pick, cands, cf, folds, cfg, seed, strong
     figure = (f"the pick made inside the folds (each fold routed by the candidate the rule picks on the others): "
               f"difference {m:+.4f} [{lo:+.4f}, {hi:+.4f}] at {share:.0%} of the strongest's cost")
     log(f"cascade: {figure}")
-    if nested_passes(m, lo, hi, cfg.floor):
+    if holds_inside_folds(m, lo, hi, cfg.floor):
         return win, f"{reason}; {figure}", pick
     why = "is significantly below it" if hi < 0 else f"reaches below -{cfg.floor:g}"
     return strong, (f"{win.name} passes out of fold (difference {win.vs_strongest:+.4f} [{win.vs_low:+.4f}, "

@@ -10,7 +10,8 @@ favour it, and on new rows it is lower.
 group, with its default) picks among the candidates on the other folds' rows, and its pick's figures
 on this fold's rows are kept. The result is what the procedure, not the one candidate it picked,
 scores on rows it did not choose on. `fit.py` ships the pick only when that figure is not
-significantly below the strongest either (`nested_passes`).
+significantly below the strongest's and its interval's low end stays above the floor
+(`train.selection.holds_inside_folds`, which says why the margin is not read here).
 """
 
 from __future__ import annotations
@@ -60,9 +61,3 @@ def nested_figure(cands, cf, folds: np.ndarray, margin: float, floor: float | No
         else:
             q[at], c[at] = cf.quality[pick.name][at], cf.cost[pick.name][at]
     return interval(q - sq, n_boot, seed) + (float(c.mean()),)
-
-
-def nested_passes(mean: float, low: float, high: float, floor: float | None) -> bool:
-    """The test of the pick's figure inside the folds: not significantly below the strongest (the
-    interval reaches 0)."""
-    return high >= 0

@@ -134,7 +134,7 @@ def _nested_check(point: DefaultPoint, route: np.ndarray, args: tuple, opts: dic
     share = float(c.mean()) / point.strongest_cost_usd if point.strongest_cost_usd > 0 else 1.0
     figure = (f"the rule run inside the folds (each fold routed by the point chosen on the others): difference "
               f"{m:+.4f} [{lo:+.4f}, {hi:+.4f}] at {share:.0%} of the strongest's cost")
-    if passes(m, lo, hi, margin, floor):
+    if passes(m, lo, hi, margin, floor):  # the very test the point passed, margin included (see holds_inside_folds)
         return point.model_copy(update={"reason": f"{point.reason}; {figure}"}), route
     top_all = point.strongest_worker
     reason = (f"{point.routing(point.lam) if not point.per_domain else point.per_domain_text()} passes out of fold "
