@@ -282,7 +282,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
 def _checked_inside_folds(win, reason, pick, cands, cf, folds, cfg, seed, strongest_worker, split, groups, merged,
                           gdoms, log):
     """(winner, reason, pick): the cheapest rule's pick, or always the strongest worker when the pick,
-    made inside the folds (`nested.py`), is significantly below it there."""
+    made inside the folds (`nested.py`), is significantly below it there or reaches below the floor."""
     from fugu_pipeline.policies.cascade.nested import nested_figure
     from fugu_pipeline.train.selection import holds_inside_folds
 
