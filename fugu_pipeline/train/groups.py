@@ -48,7 +48,6 @@ class GroupChoice:
     plans: dict[str, str] = field(default_factory=dict)  # domain -> the plan it is served (searched on every row)
     about: dict[str, str] = field(default_factory=dict)  # group -> what it holds (a prompt cluster: its nearest prompt)
     by: str = "domain"  # what the groups are: "domain" or "prompt cluster"
-    default: str = STRONGEST  # the pooled candidate the merged groups (and unseen ones) take
 
     def table(self) -> list[dict]:
         return [{"domain": d, "rows": self.rows_of[d], "choice": o.name, "plan": self.plans.get(d, ""),
@@ -89,14 +88,13 @@ def merged_line(merged: list[tuple[str, int]], min_rows: int, who: str = "cascad
             f"choose {what} out of fold: merged into {pooled}")
 
 
-def routed_by(choice: GroupChoice | dict, doms: np.ndarray, pooled: dict, per_group: dict,
+def routed_by(choice: dict[str, Option], doms: np.ndarray, pooled: dict, per_group: dict,
               default: str) -> tuple[np.ndarray, np.ndarray]:
-    """(quality, cost) per row of each row under its group's choice (`choice`: a GroupChoice or its
-    groups), the other rows under the pooled `default`; `pooled` and `per_group` as `choose_groups`
-    takes them, over the same rows as `doms`."""
-    groups = choice.groups if isinstance(choice, GroupChoice) else choice
+    """(quality, cost) per row of each row under its group's choice ({group: Option}), the other rows
+    under the pooled `default`; `pooled` and `per_group` as `choose_groups` takes them, over the same
+    rows as `doms`."""
     q, c = pooled[default][0].copy(), pooled[default][1].copy()
-    for d, o in groups.items():
+    for d, o in choice.items():
         at = doms == d
         v = pooled[o.name] if o.spec[0] == "pooled" else per_group[(d, o.name)]
         q[at], c[at] = v[0][at], v[1][at]
@@ -147,4 +145,4 @@ def choose_groups(groups: list[str], merged: list[tuple[str, int]], doms: np.nda
         choice[d] = options[d][options[d].index(choice[d]) + 1]
         stepped.append(d)
     return GroupChoice(choice, merged, q, c, float(sc.mean()), {d: int((doms == d).sum()) for d in groups},
-                       {d: float(sc[doms == d].mean()) for d in groups}, sorted(set(stepped)), default=default)
+                       {d: float(sc[doms == d].mean()) for d in groups}, sorted(set(stepped)))

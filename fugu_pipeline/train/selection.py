@@ -288,7 +288,7 @@ def holds_inside_folds(mean: float, low: float, high: float, floor: float | None
     the strongest on every row was refused so). A one-shot head's point keeps the margin too
     (`passes`): among one head's λ the cheapest that passes sits at the edge, and on a real import's
     split the margin was what refused a point that lost four points held out."""
-    return high >= 0 and (floor is None or low >= -floor)
+    return passes(mean, low, high, float("inf"), floor)
 
 
 def cheaper(cost: float | np.ndarray, strongest_cost: float, min_saving: float = MIN_SAVING):

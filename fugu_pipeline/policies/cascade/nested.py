@@ -57,7 +57,7 @@ def nested_figure(cands, cf, folds: np.ndarray, margin: float, floor: float | No
         if pick.name == per_name:
             pooled = {x.name: (cf.quality[x.name][at], cf.cost[x.name][at]) for x in plain}
             per_group = {k: None if v is None else (v[0][at], v[1][at]) for k, v in group_args["per_group"].items()}
-            q[at], c[at] = routed_by(got, group_args["doms"][at], pooled, per_group, got.default)
+            q[at], c[at] = routed_by(got.groups, group_args["doms"][at], pooled, per_group, default)
         else:
             q[at], c[at] = cf.quality[pick.name][at], cf.cost[pick.name][at]
     return interval(q - sq, n_boot, seed) + (float(c.mean()),)
