@@ -18,14 +18,7 @@ the replies again with the project's sandboxed grader (`collect/code_grader.py`)
 HumanEval's tests (`/work/shared/data/tasks/humaneval/HumanEval.jsonl.gz`) and counts where it
 differs from the recorded result.
 
-CRUXEval-O (code reasoning: predict a Python function's output), `crux_rows(DIR)`: the ZeroEval
-harness (Lin et al., 2024), github.com/WildEval/ZeroEval, Apache-2.0: `result_dirs/crux/<model>.json`,
-the 800 CRUXEval problems answered zero-shot (greedy) by some 50 models; `CRUX_MODELS` chooses six
-that span the price range. Format read: a JSON array of `{id, chat_history: [prompt], output:
-[reply], answer}` (the reference output as a Python literal's text). A reply's answer is the
-`answer` field of its first JSON object (else of an `"answer": "..."` pair anywhere); it is right
-when it equals the reference as a string with surrounding quotes stripped (ZeroEval's own rule) or
-as a Python literal.
+CRUXEval-O, read from the same harness as the math sets, is in `zeroeval_sets.py`.
 
 Costs: token counts where the data has them (HumanEval's OpenAI runs), else (chars / 4) tokens, at
 `PRICES` (USD per million tokens: the providers' list prices of the time; an open model at a hosted
@@ -35,21 +28,16 @@ price, an assumption marked there). A file or row not in the documented format i
 
 from __future__ import annotations
 
-import ast
 import gzip
 import json
 import re
-import warnings
 from pathlib import Path
 
-from benchmarks.release_files import ReleaseFormatError, array_rows, call_cost, commit_of, field, read_file
+from benchmarks.release_files import ReleaseFormatError, commit_of, read_file
 
 PRICES = {  # (input, output) USD per million tokens
     "codellama-34b-instruct": (0.78, 0.78),  # assumed: a hosted 34B model's price
     "gpt-3.5-turbo": (1.5, 2.0), "gpt-4": (30.0, 60.0),
-    "Meta-Llama-3.1-8B-Instruct": (0.18, 0.18), "Meta-Llama-3.1-70B-Instruct": (0.88, 0.88),  # assumed: hosted prices
-    "gpt-4o-mini-2024-07-18": (0.15, 0.6), "claude-3-haiku-20240307": (0.25, 1.25),
-    "gpt-4o-2024-08-06": (2.5, 10.0), "claude-3-5-sonnet-20241022": (3.0, 15.0),
 }
 
 HUMANEVAL_REPO = "jamesmurdza/humaneval-results"
@@ -59,11 +47,6 @@ _SECTION = re.compile(r"^## (.+)\n", re.MULTILINE)
 _RUN = re.compile(r"^### \S+ Run (\d+)\n((?:[A-Za-z ]+: [^\n]*\n)*)```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _META = re.compile(r"^([A-Za-z ]+): ([^\n]*?)(?:<br />)?$", re.MULTILINE)
 
-ZEROEVAL_REPO = "WildEval/ZeroEval"
-CRUX_MODELS = ("Meta-Llama-3.1-8B-Instruct", "gpt-4o-mini-2024-07-18", "claude-3-haiku-20240307",
-               "Meta-Llama-3.1-70B-Instruct", "gpt-4o-2024-08-06", "claude-3-5-sonnet-20241022")
-_ZE_FIX = f"restore the file (git checkout in {ZEROEVAL_REPO}) or pass an untouched checkout of it"
-_ANSWER_PAIR = re.compile(r'"answer"\s*:\s*"((?:[^"\\]|\\.)*)"', re.DOTALL)
 
 
 def humaneval_trace(text: str, rel: str, run: int = 1) -> dict:
@@ -144,71 +127,3 @@ def regrade(rows: list, tasks_path: Path) -> dict:
         differ += [(r.task_id, w) for w, old, new in zip(r.worker_ids, r.quality, graded) if old != new]
         r.quality = graded
     return {"cells": sum(len(r.answers) for r in rows), "differ_from_recorded": len(differ), "differing": differ[:20]}
-
-
-def crux_answer(reply: str) -> str | None:
-    """The `answer` field a ZeroEval reply commits to: its first JSON object's, else the first
-    `"answer": "..."` pair's; None when there is none."""
-    decoder, pos = json.JSONDecoder(strict=False), reply.find("{")  # replies put raw newlines in their strings
-    while pos != -1:
-        try:
-            obj, _ = decoder.raw_decode(reply, pos)
-        except json.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict) and "answer" in obj:
-            return str(obj["answer"])
-        pos = reply.find("{", pos + 1)
-    m = _ANSWER_PAIR.search(reply)
-    if m is None:
-        return None
-    try:
-        return json.loads(f'"{m.group(1)}"', strict=False)
-    except json.JSONDecodeError:
-        return m.group(1)
-
-
-def crux_right(said: str | None, reference: str) -> bool:
-    """ZeroEval's rule (equal strings, surrounding quotes stripped, newlines escaped), or equal as Python literals."""
-    if said is None:
-        return False
-    a, b = said.strip().strip("'\"").replace("\n", "\\n"), reference.strip().strip("'\"")
-    if a == b:
-        return True
-    with warnings.catch_warnings():  # a reply's "1st" is not a literal: no SyntaxWarning on the console
-        warnings.simplefilter("ignore", SyntaxWarning)
-        try:
-            return ast.literal_eval(said.strip()) == ast.literal_eval(reference.strip())
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return False
-
-
-def crux_rows(root: Path, models: tuple[str, ...] = CRUX_MODELS, test_fraction: float = 0.5, val_fraction: float = 0.1,
-              seed: int = 0):
-    """(rows, notes): one `RewardRow` per CRUXEval-O problem every chosen model answered (module docstring)."""
-    from fugu_pipeline.matrix.import_common import assign_split
-    from fugu_pipeline.matrix.import_format import RewardRow
-
-    per_model = {}
-    for m in models:
-        rel = f"result_dirs/crux/{m}.json"
-        got = {}
-        for line, row in array_rows(read_file(root, rel, ZEROEVAL_REPO), rel, _ZE_FIX):
-            chat, out = field(row, "chat_history", list, rel, line, _ZE_FIX), field(row, "output", list, rel, line, _ZE_FIX)
-            if not chat or not isinstance(chat[0], str) or not out or not isinstance(out[0], str):
-                raise ReleaseFormatError(f"{rel} line {line}: 'chat_history' or 'output' holds no text; {_ZE_FIX}")
-            got[field(row, "id", str, rel, line, _ZE_FIX)] = (chat[0], out[0], field(row, "answer", str, rel, line, _ZE_FIX))
-        per_model[m] = got
-    rows = []
-    for pid, (prompt, _, reference) in per_model[models[0]].items():
-        if not all(pid in d for d in per_model.values()):
-            continue
-        replies = [per_model[m][pid][1] for m in models]
-        tid = f"crux-{pid.rsplit('#', 1)[-1]}"
-        rows.append(RewardRow(task_id=tid, prompt=prompt.strip(), domain="crux", worker_ids=list(models),
-                              split=assign_split(tid, seed, test_fraction, val_fraction),
-                              quality=[float(crux_right(crux_answer(r), reference)) for r in replies],
-                              cost_usd=[call_cost(len(prompt), len(r), PRICES[m]) for m, r in zip(models, replies)],
-                              answers=replies, answer_kind="text"))
-    notes = {"source": ZEROEVAL_REPO, "commit": commit_of(root), "models": list(models), "problems": len(rows),
-             "prices_usd_per_m_tokens": {m: PRICES[m] for m in models}}
-    return rows, notes

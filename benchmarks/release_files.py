@@ -1,7 +1,7 @@
 """Reading a public release of recorded model replies where it lies: a checkout of its repository,
 or the bare git directory `fetch` gives (files read with `git show HEAD:<path>`). Nothing is copied
 into this repository. Shared by the converters of `benchmarks/` (`mot_data.py`, `choice_sets.py`,
-`code_sets.py`).
+`code_sets.py`, `zeroeval_sets.py`).
 
 A file or row that is not in the release's format is a `ReleaseFormatError`: one line naming the
 file, the line the row starts on, the field, and what to do (restore an untouched copy).
@@ -46,8 +46,13 @@ def commit_of(root: Path) -> str | None:
 def array_rows(text: str, rel: str, fix: str) -> list[tuple[int, object]]:
     """(line the row starts on, row) of every element of a JSON array file, parsed one element at a
     time so a broken row is named by its line; anything else is a ReleaseFormatError."""
-    decoder = json.JSONDecoder()
-    line_at = lambda pos: text.count("\n", 0, pos) + 1  # noqa: E731
+    decoder, seen = json.JSONDecoder(), [0, 1]  # (position, its line): lines counted once, not from the start per row
+
+    def line_at(pos: int) -> int:
+        if pos >= seen[0]:
+            seen[:] = [pos, seen[1] + text.count("\n", seen[0], pos)]
+            return seen[1]
+        return text.count("\n", 0, pos) + 1
     pos = _SPACE.match(text).end()
     if not text.startswith("[", pos):
         raise ReleaseFormatError(f"{rel} line {line_at(pos)}: not a JSON array of rows; {fix}")

@@ -10,12 +10,15 @@ final-answer reader reads an answer from:
     python benchmarks/reply_sets.py humaneval <jamesmurdza/humaneval-results dir> --out humaneval.jsonl \\
         [--regrade /work/shared/data/tasks/humaneval/HumanEval.jsonl.gz]
     python benchmarks/reply_sets.py crux <WildEval/ZeroEval dir> --out crux.jsonl
+    python benchmarks/reply_sets.py gsm <WildEval/ZeroEval dir> --out gsm.jsonl
+    python benchmarks/reply_sets.py math-l5 <WildEval/ZeroEval dir> --out math.jsonl
+    python benchmarks/reply_sets.py crux+gsm+math <WildEval/ZeroEval dir> --out zeroeval-mix.jsonl
     python benchmarks/reply_sets.py llmbar+humaneval <LLMBar dir> <humaneval-results dir> --out mixed.jsonl
     python benchmarks/reply_sets.py mot-date <MurongYue/LLM_MoT_cascade dir> --out date.jsonl
 
 A "dir" is a checkout of the repository or its bare git directory (what `fetch` gives). What each
 converter reads, how it grades and prices: `choice_sets.py` (csqa, llmbar), `code_sets.py`
-(humaneval, crux), `mot_data.py` (mot-date).
+(humaneval), `zeroeval_sets.py` (crux, gsm, math-l5), `mot_data.py` (mot-date).
 
 `llmbar+humaneval` is a mixed import (multiple choice and code, `domain` llmbar or humaneval) with
 the workers both releases share: gpt-3.5-turbo and gpt-4 (LLMBar's ChatGPT-0613 and GPT-4 judged
@@ -23,6 +26,9 @@ in 2023; the HumanEval traces are gpt-3.5-turbo and gpt-4 of July 2023), and `ll
 open model of each release: Llama-2-70b-chat on the LLMBar rows, CodeLlama-34b-Instruct on the
 HumanEval rows (one worker that sends each domain to its own open model). It carries no latency
 (LLMBar recorded none, and an import gives every row its latency or none).
+
+`crux+gsm+math` is a mixed import from one release (code reasoning, grade-school and competition
+math; `domain` crux, gsm or math-l5) with six workers from Llama-3.1-8B to Claude 3.5 Sonnet.
 """
 
 from __future__ import annotations
@@ -61,10 +67,19 @@ def _humaneval(dirs, **kw):
     return humaneval_rows(dirs[0], **kw)
 
 
-def _crux(dirs, **kw):
-    from benchmarks.code_sets import crux_rows
+def _zeroeval(task):
+    def build(dirs, **kw):
+        from benchmarks.zeroeval_sets import task_rows
 
-    return crux_rows(dirs[0], **kw)
+        return task_rows(dirs[0], task, **kw)
+
+    return build
+
+
+def _zeroeval_mix(dirs, **kw):
+    from benchmarks.zeroeval_sets import mixed_rows
+
+    return mixed_rows(dirs[0], **kw)
 
 
 def _mot_date(dirs, **kw):
@@ -90,7 +105,10 @@ SETS = {
     "csqa+direct": (("Tebmer/Rereading-LLM-Reasoning",), _csqa_direct),
     "llmbar": (("princeton-nlp/LLMBar",), _llmbar),
     "humaneval": (("jamesmurdza/humaneval-results",), _humaneval),
-    "crux": (("WildEval/ZeroEval",), _crux),
+    "crux": (("WildEval/ZeroEval",), _zeroeval("crux")),
+    "gsm": (("WildEval/ZeroEval",), _zeroeval("gsm")),
+    "math-l5": (("WildEval/ZeroEval",), _zeroeval("math-l5")),
+    "crux+gsm+math": (("WildEval/ZeroEval",), _zeroeval_mix),
     "llmbar+humaneval": (("princeton-nlp/LLMBar", "jamesmurdza/humaneval-results"), _llmbar_humaneval),
     "mot-date": (("MurongYue/LLM_MoT_cascade",), _mot_date),
 }

@@ -12,8 +12,12 @@ import subprocess
 import pytest
 
 from benchmarks.choice_sets import CSQA_FILES, LLMBAR_EVALUATORS, LLMBAR_PROMPT, LLMBAR_SUBSETS, PRICES, csqa_rows, llmbar_rows
-from benchmarks.code_sets import CRUX_MODELS, crux_answer, crux_right, crux_rows, humaneval_rows, regrade
 from benchmarks.code_sets import PRICES as CODE_PRICES
+from benchmarks.code_sets import humaneval_rows, regrade
+from benchmarks.zeroeval_sets import MODELS as CRUX_MODELS
+from benchmarks.zeroeval_sets import PRICES as ZEROEVAL_PRICES
+from benchmarks.zeroeval_sets import crux_right, number_right, task_rows
+from benchmarks.zeroeval_sets import reply_answer as crux_answer
 from benchmarks.release_files import ReleaseFormatError, call_cost
 from benchmarks.reply_sets import set_rows
 from fugu_pipeline.policies.cascade.answer_checks import prompt_options
@@ -170,10 +174,10 @@ def test_regrading_runs_the_replies_against_humaneval_tests_in_the_sandbox(tmp_p
     assert got["cells"] == 6 and got["differ_from_recorded"] == 3  # two wrong replies recorded as passing, one failing run right
 
 
-def crux_release(root, rows_by_model):
-    (root / "result_dirs" / "crux").mkdir(parents=True)
+def crux_release(root, rows_by_model, task="crux"):
+    (root / "result_dirs" / task).mkdir(parents=True, exist_ok=True)
     for m in CRUX_MODELS:
-        (root / "result_dirs" / "crux" / f"{m}.json").write_text(json.dumps(rows_by_model.get(m, rows_by_model["*"]), indent=2))
+        (root / "result_dirs" / task / f"{m}.json").write_text(json.dumps(rows_by_model.get(m, rows_by_model["*"]), indent=2))
     return root
 
 
@@ -185,13 +189,44 @@ def test_crux_replies_are_read_from_their_json_and_graded_as_strings_or_literals
     raw_newline = '```json\n{\n "reasoning": "line one\nline two",\n "answer": "[1,2]"\n}\n```'
     rows_by_model = {"*": [crux_item(0, raw_newline), crux_item(1, '{"answer": "\\"ab\\""}', "'ab'")],
                      "gpt-4o-2024-08-06": [crux_item(1, "no json at all", "'ab'"), crux_item(0, '"answer": "[1, 3]"')]}
-    rows, notes = crux_rows(crux_release(tmp_path / "ze", rows_by_model))
+    rows, notes = task_rows(crux_release(tmp_path / "ze", rows_by_model), "crux")
     assert [r.task_id for r in rows] == ["crux-0", "crux-1"] and rows[0].prompt == "Predict f(0)."
     assert rows[0].quality == [1.0] * 4 + [0.0, 1.0] and rows[1].quality == [1.0] * 4 + [0.0, 1.0]
     assert crux_answer(raw_newline) == "[1,2]" and crux_answer('x "answer": "\\"q\\"" y') == '"q"'
     assert crux_right("(1, 'a')", "(1, 'a')") and crux_right("(1,'a')", "(1, 'a')") and not crux_right("1st", "1")
-    assert rows[0].cost_usd[0] == pytest.approx(call_cost(len("Predict f(0)."), len(raw_newline), CODE_PRICES[CRUX_MODELS[0]]))
+    assert rows[0].cost_usd[0] == pytest.approx(call_cost(len("Predict f(0)."), len(raw_newline), ZEROEVAL_PRICES[CRUX_MODELS[0]]))
     assert notes["problems"] == 2
+
+
+def math_item(k, reply, answer):
+    return {"id": k, "chat_history": [f"What is {k} + {k}?"], "output": [reply], "answer": answer}
+
+
+def test_math_replies_are_graded_by_their_first_number_as_zeroeval_grades_them(tmp_path):
+    gsm = {"*": [math_item("gsm8k-main-test-#0", '{"reasoning": "r", "answer": "$1,450,000 in total"}', "# 1,450,000"),
+                 math_item("gsm8k-main-test-#1", 'no json, but "answer": 18 }', "# 18")],
+           "claude-3-haiku-20240307": [math_item("gsm8k-main-test-#0", "So \\boxed{1} then \\boxed{1450000}.", "# 1,450,000"),
+                                       math_item("gsm8k-main-test-#1", "\\boxed{18}", "# 18")],
+           "gpt-4o-2024-08-06": [math_item("gsm8k-main-test-#0", '{"answer": "1,450,001"}', "# 1,450,000"),
+                                 math_item("gsm8k-main-test-#1", "I think it is 18.", "# 18")]}
+    math = {"*": [math_item(0, '```json\n{"reasoning": "a\nb", "answer": "3/4"}\n```', "0.75"),
+                  math_item(1, '{"answer": "-221_3"}', "-221_3")],
+            "claude-3-5-sonnet-20241022": [math_item(0, '{"answer": "3/0"}', "0.75"), math_item(1, '{"answer": "221_3"}', "-221_3")]}
+    root = crux_release(crux_release(tmp_path / "ze", gsm, "gsm"), math, "math-l5")
+    rows, notes = task_rows(root, "gsm")
+    assert [r.task_id for r in rows] == ["gsm-0", "gsm-1"] and notes["problems"] == 2
+    assert rows[0].quality == [1.0] * 4 + [0.0, 1.0]  # off by one: wrong; units and commas do not matter
+    assert rows[1].quality == [1.0] * 4 + [0.0, 1.0]  # an unquoted answer is read; prose with no answer field is not
+    rows, _ = task_rows(root, "math-l5")
+    assert [r.task_id for r in rows] == ["math-l5-0", "math-l5-1"] and {r.answer_kind for r in rows} == {"number"}
+    assert rows[0].quality == [1.0] * 5 + [0.0] and rows[1].quality == [1.0] * 5 + [0.0]  # 3/4 is 0.75; a zero denominator is no fraction
+    assert number_right("0.5", "1/2") and not number_right(None, "1") and not number_right("none", "1")
+    mixed, notes = set_rows("crux+gsm+math", [crux_release(root, {"*": [crux_item(0, '{"answer": "[1, 2]"}')]})])
+    assert [r.domain for r in mixed] == ["crux", "gsm", "gsm", "math-l5", "math-l5"] and set(notes) == {"crux", "gsm", "math-l5"}
+    assert {r.domain: r.answer_kind for r in mixed} == {"crux": "text", "gsm": "number", "math-l5": "number"}
+    (root / "result_dirs" / "gsm" / f"{CRUX_MODELS[0]}.json").write_text('[{"id": "x", "chat_history": ["q"], "output": ["a"]}]')
+    with pytest.raises(ReleaseFormatError, match=r"result_dirs/gsm/Meta-Llama-3.1-8B-Instruct.json line 1: 'answer' is missing"):
+        task_rows(root, "gsm")
 
 
 def test_the_mixed_import_shares_its_workers_across_choice_and_code_rows(tmp_path):
