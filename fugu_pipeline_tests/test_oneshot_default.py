@@ -145,7 +145,22 @@ def test_at_equal_costs_a_more_accurate_head_is_kept():
     q_oof = np.stack([np.where(g, 0.9, 0.1), np.where(g, 0.1, 0.9)], axis=1) + rng.normal(0, 0.01, (n, 2))
     p = choose_default(q_oof, quality, np.full((n, 2), 1e-3), 1e-3, np.arange(n) % 5, ["other", "strong"], LAMBDAS)
     assert p.kind == "lambda" and p.lam == 0.0 and p.difference[1] > 0
-    assert "costs no more than always the strongest worker (strong) and is more accurate" in p.reason
+    assert "costs no more than always the strongest worker (strong) and is significantly more accurate" in p.reason
+
+
+def test_at_equal_costs_a_gain_within_chance_ships_the_strongest():
+    """Every worker costs the same and the head beats the strongest on 3 rows of 400 out of fold
+    (interval reaching below 0): no saving and no proven gain, so the strongest ships, not the head."""
+    n = 400
+    good = np.zeros(n, bool)
+    good[[3, 150, 311]] = True  # rows where only the other worker is right, and the head knows it
+    quality = np.stack([good.astype(float), np.ones(n) - good], axis=1)
+    quality[[7, 160], 1] = 1.0
+    q_oof = np.stack([np.where(good, 0.9, 0.1), np.where(good, 0.1, 0.9)], axis=1)
+    p = choose_default(q_oof, quality, np.full((n, 2), 1e-3), 1e-3, np.arange(n) % 5, ["other", "strong"], LAMBDAS)
+    plain = np.argmax(q_oof, axis=1)
+    assert quality[np.arange(n), plain].mean() > quality[:, 1].mean()  # the head is more accurate on these rows
+    assert p.kind == "strongest" and p.strongest_worker == "strong"
 
 
 def _one_fold_breaks(broken: bool):

@@ -16,7 +16,9 @@ strongest worker's**, the same rule as a cascade's (`train/selection.cheapest_no
   strongest's cost ships;
 - when the plain head (λ = 0) is already significantly below the strongest, or no cheaper λ
   qualifies, the default is the strongest worker alone, with the line saying why (except that a
-  λ costing no more than the strongest and more accurate than it, a tie in cost, is kept).
+  λ costing no more than the strongest and significantly more accurate than it, its interval's low
+  end above 0, is kept: where every worker costs the same, that is what a router is for; a gain
+  whose interval reaches 0 is the handful-of-rows chance the 2% minimum guards against).
 
 Per domain (`domains` given, two or more of them, `min_rows` non-test rows each): the same rule per
 domain among the same λs and always the strongest, and for the whole, as a cascade's plans per
@@ -209,13 +211,13 @@ def _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *,
             "let a cheaper routing qualify"))
     pick = cheapest_not_below(cands, STRONGEST, top_all, margin, n, floor)
     if pick.strongest_ships:
-        # nothing cheaper qualifies; a routing that costs no more and is more accurate beats it (a tie in cost)
-        same = [c for c in cands[1:] if c.cost_usd <= base.cost_usd * (1 + 1e-6) and c.vs_strongest > 0 and c.vs_high >= 0]
+        # nothing cheaper qualifies; a routing that costs no more and is significantly more accurate beats it
+        same = [c for c in cands[1:] if c.cost_usd <= base.cost_usd * (1 + 1e-6) and c.vs_low > 0]
         if not same:
             return point("strongest", None, base, pick.reason)
         win = max(same, key=lambda c: (c.quality, -c.cost_usd))
         return point("lambda", lam_of[win.name], win, (
-            f"{win.name} costs no more than {STRONGEST} ({top_all}) and is more accurate out of fold over {n} non-test "
+            f"{win.name} costs no more than {STRONGEST} ({top_all}) and is significantly more accurate out of fold over {n} non-test "
             f"rows: accuracy {win.quality:.4f} against {base.quality:.4f}, difference {win.vs_strongest:+.4f} "
             f"[{win.vs_low:+.4f}, {win.vs_high:+.4f}], at ${win.cost_usd * 1000:.4g} per 1,000 = "
             f"{win.cost_usd / base.cost_usd if base.cost_usd > 0 else 1:.0%} of its cost; no cheaper policy is within "
