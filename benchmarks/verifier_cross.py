@@ -119,10 +119,10 @@ def run(name: str, args) -> dict:
     from fugu_pipeline.policies.cascade.config import CascadeConfig
     from fugu_pipeline.policies.cascade.cross_encoder import CrossEncoderConfig
     from fugu_pipeline.policies.cascade.cross_encoder_use import cross_encoder_step, verifier_oof, with_column
-    from fugu_pipeline.policies.cascade.fit import _expected, answer_inputs
+    from fugu_pipeline.policies.cascade.fit import answer_inputs, grid_on
     from fugu_pipeline.policies.cascade.frontier import oof_frontier
     from fugu_pipeline.policies.cascade.policy import answer_codes
-    from fugu_pipeline.policies.cascade.search import CascadeSearch, Grid
+    from fugu_pipeline.policies.cascade.search import CascadeSearch
     from fugu_pipeline.train.selection import fold_ids
     from fugu_pipeline.policies.cascade.verifier import oof_scores
     from fugu_pipeline.policies.cascade.verifier_context import with_context
@@ -158,8 +158,7 @@ def run(name: str, args) -> dict:
         scores = with_context(True, inp, base, codes, rows, folds, log=lambda m: None)
 
         def grid_for(fit_rows):
-            c, lat = _expected(data, fit_rows)
-            return Grid(data.worker_ids, codes, scores, data.quality, c, lat, data.utility_config)
+            return grid_on(data, codes, scores, fit_rows)
 
         return oof_frontier(grid_for, rows, folds, CascadeSearch(), shares=SHARES, per_row=True)
 

@@ -80,10 +80,10 @@ def run(name: str, args) -> dict:
     from fugu_pipeline.evaluate.metrics import paired_bootstrap
     from fugu_pipeline.policies.cascade.answer_checks import CHECK_STATS
     from fugu_pipeline.policies.cascade.answer_features import STATS_V1
-    from fugu_pipeline.policies.cascade.fit import _expected, with_stats
+    from fugu_pipeline.policies.cascade.fit import grid_on, with_stats
     from fugu_pipeline.policies.cascade.frontier import frontier_lines, oof_frontier
     from fugu_pipeline.policies.cascade.policy import answer_codes
-    from fugu_pipeline.policies.cascade.search import CascadeSearch, Grid
+    from fugu_pipeline.policies.cascade.search import CascadeSearch
     from fugu_pipeline.train.selection import fold_ids
     from fugu_pipeline.policies.cascade.verifier import oof_scores
     from fugu_pipeline.policies.cascade.verifier_context import with_context
@@ -108,8 +108,7 @@ def run(name: str, args) -> dict:
         scores = with_context(ctx, inp, base, codes, rows, folds, log=lambda m: print(f"[{name}/{label}] {m}", flush=True))
 
         def grid_for(fit_rows, scores=scores):
-            c, lat = _expected(data, fit_rows)
-            return Grid(data.worker_ids, codes, scores, data.quality, c, lat, data.utility_config)
+            return grid_on(data, codes, scores, fit_rows)
 
         front = oof_frontier(grid_for, rows, folds, search, shares=SHARES + (0.1, 0.15, 0.25, 0.4, 0.6, 0.75, 1.0),
                              per_row=True)

@@ -18,7 +18,7 @@ quiet = lambda m: None  # noqa: E731
 SMALL = CascadeSearch(thresholds=4, finals=2, cheap=2)
 
 
-def _grid(seed: int = 0, n: int = 300, context: bool = False):
+def _grid(seed: int = 0, n: int = 300, context: bool = False, per_row: bool = False):
     from fugu_pipeline.policies.cascade.verifier_context import with_context
     from fugu_pipeline.train.selection import fold_ids
 
@@ -32,12 +32,17 @@ def _grid(seed: int = 0, n: int = 300, context: bool = False):
         folds = fold_ids([data.task_ids[i] for i in rows], 5, 0)
         scores = with_context(True, inputs, scores, codes, rows, folds, quiet)
     cost = data.cost_usd[rows].mean(axis=0)
-    return Grid(data.worker_ids, codes, scores, data.quality, cost, np.array([0.5, 1.0, 2.0]), data.utility_config), rows
+    lat = np.array([0.5, 1.0, 2.0])
+    g = Grid(data.worker_ids, codes, scores, data.quality, cost, lat, data.utility_config)
+    if per_row:  # each call's own cost and latency, as a fit reads them where the matrix records them
+        g.row_cost = data.cost_usd * rng.uniform(0.2, 3.0, size=data.cost_usd.shape)
+        g.row_latency = lat * rng.uniform(0.5, 4.0, size=data.cost_usd.shape)
+    return g, rows
 
 
-@pytest.mark.parametrize("context", [False, True])
-def test_every_plan_runs_exactly_as_simulate_runs_its_model(context):
-    g, rows = _grid(context=context)
+@pytest.mark.parametrize("context,per_row", [(False, False), (True, False), (False, True), (True, True)])
+def test_every_plan_runs_exactly_as_simulate_runs_its_model(context, per_row):
+    g, rows = _grid(context=context, per_row=per_row)
     held = RowSet(g, rows)
     n = 0
     for plan in plan_tuples(g, rows, CascadeSearch()):
@@ -94,3 +99,47 @@ def test_a_row_set_is_run_once_per_grid_through_the_memo():
     assert points_for(g, rows, SMALL, None, memo) is a and len(memo) == 1
     other = Grid(g.worker_ids, g.codes, g.scores, g.quality, g.exp_cost * 2, g.exp_latency, g.utility)
     assert points_for(other, rows, SMALL, None, memo) is not a and len(memo) == 2  # another grid's costs: its own run
+    priced = Grid(g.worker_ids, g.codes, g.scores, g.quality, g.exp_cost, g.exp_latency, g.utility, row_cost=g.quality + 1)
+    assert points_for(priced, rows, SMALL, None, memo) is not a and len(memo) == 3  # each call's own cost: its own run
+
+
+def test_a_plan_pays_what_each_row_it_escalates_costs():
+    """The cheap worker's reply is kept on short rows and escalated on long ones, which cost the
+    strong worker four times as much: the plan's cost is those rows' recorded costs, above what the
+    workers' mean costs would say."""
+    n = 400
+    long = np.arange(n) % 4 == 0
+    quality = np.stack([(~long).astype(float), np.ones(n)], axis=1)
+    scores = np.stack([np.where(long, 0.1, 0.9), np.full(n, np.nan)], axis=1)
+    codes = np.stack([np.zeros(n, int), np.ones(n, int)], axis=1)
+    row_cost = np.stack([np.full(n, 0.1), np.where(long, 4.0, 1.0)], axis=1)
+    from fugu_pipeline.reward import UtilityConfig
+
+    g = Grid(["cheap", "strong"], codes, scores, quality, row_cost.mean(axis=0), np.zeros(2), UtilityConfig(), row_cost=row_cost)
+    plan = (((0,), None, 0.5), ((1,), None, None))
+    rows = np.arange(n)
+    q, c, _ = RowSet(g, rows).run(plan)
+    assert q.mean() == 1.0 and np.allclose(c, np.where(long, 0.1 + 4.0, 0.1))
+    assert c.mean() == pytest.approx(0.1 + 0.25 * 4.0)  # 1.1; priced at the means: 0.1 + 0.25 * 1.75 = 0.5375
+    assert g.per_call(rows, np.ones(n, int))[0].mean() == pytest.approx(1.75)
+
+
+
+def test_a_fit_prices_every_candidate_at_each_rows_recorded_costs():
+    """Out of fold, always the strongest worker costs what it cost on each row (not its mean over
+    the other folds), and a missing cost counts at that mean."""
+    from fugu_pipeline.train.selection import STRONGEST
+
+    from dataclasses import replace
+
+    data, grid, inputs = cascade_fixture.agreeing(n=300, seed=5)
+    cost = data.cost_usd * np.random.default_rng(1).uniform(0.2, 3.0, size=data.cost_usd.shape)
+    cost[7, :] = np.nan
+    data = replace(data, cost_usd=cost)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=SMALL, n_boot=200), log=quiet)
+    rows = np.flatnonzero(data.splits != "test")
+    top = int(np.argmax(data.quality[rows].mean(axis=0)))
+    paid = fit.oof_cost[STRONGEST]
+    known = ~np.isnan(data.cost_usd[rows, top])
+    assert np.array_equal(paid[known], data.cost_usd[rows, top][known]) and not known.all()
+    assert np.isfinite(paid).all()

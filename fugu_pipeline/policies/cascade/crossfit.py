@@ -96,14 +96,14 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
         for name, s in (heads or {}).items():
             route = (head_routes or {}).get(name, np.argmax(s, axis=1))[at]  # at the point it serves
             q = data.quality[te, route]
-            c, lat = g.exp_cost[route], g.exp_latency[route]
+            c, lat = g.per_call(te, route)
             u = (uc.quality_weight * q - uc.cost_weight * np.minimum(c / uc.cost_scale_usd, uc.cap)
                  - uc.latency_weight * np.minimum(lat / uc.latency_scale_s, uc.cap))
             put(name, at, q, c, u)
             if name == first_head:
                 for share in TABLE_SHARES:
                     got = capped_one_shot(s, data.quality[rows], g.exp_cost, tr_at, at, share * g.exp_cost[top],
-                                          g.exp_cost[top])
+                                          g.exp_cost[top], paid=lambda i, r: g.per_call(rows[i], r)[0])
                     _table(out, f"one-shot@{share}", at, got)
     return out
 

@@ -143,6 +143,21 @@ def _expected(data: RoutingData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.nan_to_num(cost), np.nan_to_num(lat)
 
 
+def grid_on(data: RoutingData, codes: np.ndarray, scores, fit_rows: np.ndarray) -> Grid:
+    """What plans run on, with `fit_rows`' mean cost and latency per worker (the references caps and
+    shares are read against) and each call's recorded cost and latency (a missing one at that mean)."""
+    c, lat = _expected(data, fit_rows)
+    return Grid(data.worker_ids, codes, scores, data.quality, c, lat, data.utility_config,
+                row_cost=_recorded(data.cost_usd, c), row_latency=_recorded(data.latency_s, lat))
+
+
+def _recorded(per_call: np.ndarray | None, expected: np.ndarray) -> np.ndarray | None:
+    if per_call is None:
+        return None
+    a = np.asarray(per_call, np.float64)
+    return np.where(np.isnan(a), expected[None, :], a)
+
+
 def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg: CascadeConfig | None = None,
                 folds_k: int = 5, seed: int = 0, heads: dict[str, np.ndarray] | None = None, log=print,
                 cross_encoder=None, head_routes: dict[str, np.ndarray] | None = None) -> CascadeFit:
@@ -207,8 +222,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     baseline = BEST_IN_CAP if mode == "cap" else BEST_WORKER
 
     def grid_for(fit_rows):
-        c, lat = _expected(data, fit_rows)
-        return Grid(data.worker_ids, codes, scores, data.quality, c, lat, data.utility_config)
+        return grid_on(data, codes, scores, fit_rows)
 
     # the groups that get plans of their own (groups.py): domains, or prompt clusters where there are none
     groups, merged, gdoms, clusters = pick_groups("off" if mode != "cheapest" else cfg.groups, doms, rows,

@@ -150,8 +150,8 @@ class RowSet:
         self.Q = grid.quality[self.rows]
         self.in_context = hasattr(grid.scores, "at")
         self.S = None if self.in_context else grid.scores[self.rows]
-        self.cost = np.asarray(grid.exp_cost, float)
-        self.lat = np.asarray(grid.exp_latency, float)
+        per_row = lambda a: np.asarray(a, float)[self.rows] if np.ndim(a) == 2 else np.asarray(a, float)  # noqa: E731
+        self.cost, self.lat = per_row(grid.call_cost), per_row(grid.call_latency)  # (n, W) recorded, or (W,)
         self.flat = self.Q.ravel()
         self.base = np.arange(self.n) * self.Q.shape[1]
         self._modal: dict = {}
@@ -179,12 +179,14 @@ class RowSet:
             self._last[idx] = _majority_first(self.C[:, list(idx)], list(idx))
         return self._last[idx]
 
-    def _step_terms(self, idx: tuple) -> tuple[float, float]:
-        """One step's expected cost (its workers' summed) and latency (its slowest), as `simulate`
-        adds them to every row reaching it."""
+    def _step_terms(self, idx: tuple):
+        """One step's cost (its workers' summed) and latency (its slowest), as `simulate` adds them to
+        every row reaching it: floats, or per row where the grid records each call's."""
         if idx not in self._step:
             cols = list(idx)
-            self._step[idx] = (float(np.add.reduce(self.cost[cols])), float(np.maximum.reduce(self.lat[cols])))
+            cost = self.cost[:, cols].sum(axis=1) if self.cost.ndim == 2 else float(np.add.reduce(self.cost[cols]))
+            lat = self.lat[:, cols].max(axis=1) if self.lat.ndim == 2 else float(np.maximum.reduce(self.lat[cols]))
+            self._step[idx] = (cost, lat)
         return self._step[idx]
 
     def outcome(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -229,12 +231,17 @@ class RowSet:
             pc, pw = pc + c, pw + w
             paid.append(pc)
             waited.append(pw)
-        paid, waited = np.asarray(paid), np.asarray(waited)
+        paid, waited = self._at_stop(paid, stop), self._at_stop(waited, stop)  # each row's, up to the step it stopped at
         u = self.grid.utility
         cterm = u.cost_weight * np.minimum(np.maximum(paid, 0) / u.cost_scale_usd, u.cap)
         lterm = u.latency_weight * np.minimum(np.maximum(waited, 0) / u.latency_scale_s, u.cap)
         qual = self.flat[self.base + pick]
-        return qual, paid[stop], u.quality_weight * qual - cterm[stop] - lterm[stop]
+        return qual, paid, u.quality_weight * qual - cterm - lterm
+
+    def _at_stop(self, per_step: list, stop: np.ndarray) -> np.ndarray:
+        """Each row's running total at its stop step: totals per step (floats), or per step and row."""
+        a = np.asarray(per_step)
+        return a[stop] if a.ndim == 1 else a[stop, np.arange(self.n)]
 
     def points(self, plans) -> Points:
         plans = list(plans)
@@ -248,10 +255,10 @@ class RowSet:
 
 def points_for(grid, rows: np.ndarray, cfg, allowed=None, memo: dict | None = None) -> Points:
     """Every plan of the search run once on `rows` of `grid`. `memo` keeps them by the grid's expected
-    costs and the rows: within one fit the choice, the frontier, the per-group plans and the final
+    costs (its recorded ones are the matrix's, filled where missing with those) and the rows: within one fit the choice, the frontier, the per-group plans and the final
     search read the same row sets, and each is run once."""
     key = (np.asarray(grid.exp_cost).tobytes(), np.asarray(grid.exp_latency).tobytes(), np.asarray(rows).tobytes(),
-           tuple(allowed) if allowed is not None else None)
+           tuple(allowed) if allowed is not None else None, grid.row_cost is None, grid.row_latency is None)
     if memo is not None and key in memo:
         return memo[key]
     pts = RowSet(grid, rows).points(plan_tuples(grid, rows, cfg, allowed))
