@@ -4,7 +4,8 @@ numpy replay of the same plan evaluations.
 What is timed, per matrix (the synthetic multiple-choice matrices of `bench_cascade_fit.py`: N rows x
 W workers whose accuracy rises 0.55 -> 0.85 and cost 1,000-fold, replies whose features carry a noisy
 sign of being right), with the grid `fit_cascade` searches (the verifier's out-of-fold scores, read
-with the replies already paid for; 5 hash folds of the non-test rows, default `cascade.search`):
+with the replies already paid for; each call's recorded cost and latency; 5 hash folds of the
+non-test rows, default `cascade.search`):
 
 - **before**: the search of a reference revision (`--reference`, default the last one before the plan
   search was rewritten), as `fit_cascade` ran it: each fold's plans once (`frontier.plan_points`),
@@ -50,9 +51,8 @@ def build(rows: int, workers: int, seed: int):
     """The grid `fit_cascade` searches on the synthetic matrix, its non-test rows and their folds."""
     from benchmarks.bench_cascade_fit import synthetic
     from fugu_pipeline.policies.cascade.config import CascadeConfig
-    from fugu_pipeline.policies.cascade.fit import _expected
+    from fugu_pipeline.policies.cascade.fit import grid_on
     from fugu_pipeline.policies.cascade.policy import answer_codes
-    from fugu_pipeline.policies.cascade.search import Grid
     from fugu_pipeline.policies.cascade.verifier import VerifierInputs, oof_scores
     from fugu_pipeline.policies.cascade.verifier_context import with_context
     from fugu_pipeline.train.selection import fold_ids
@@ -69,8 +69,7 @@ def build(rows: int, workers: int, seed: int):
     scores = with_context(CascadeConfig().verifier_context, inputs, scores, codes, fit_rows, folds, lambda m: None)
 
     def grid_for(r):
-        c, lat = _expected(data, r)
-        return Grid(data.worker_ids, codes, scores, data.quality, c, lat, data.utility_config)
+        return grid_on(data, codes, scores, r)
 
     return grid_for, fit_rows, folds
 
@@ -84,6 +83,8 @@ def replay(grid, rows: np.ndarray, plans: list) -> np.ndarray:
     S = None if context else grid.scores[rows]
     n, u = len(rows), grid.utility
     ar = np.arange(n)
+    K, L = grid.call_cost, grid.call_latency  # each call's (N, W), or each worker's (W,)
+    Kr, Lr = (K[rows], L[rows]) if K.ndim == 2 else (None, None)
     out = np.empty((len(plans), 3))
     for p, plan in enumerate(plans):
         active, pick = np.ones(n, bool), np.zeros(n, np.int64)
@@ -92,8 +93,12 @@ def replay(grid, rows: np.ndarray, plans: list) -> np.ndarray:
         for k, (idx, agree, verify) in enumerate(plan):
             idx = list(idx)
             called += idx
-            paid[active] += np.add.reduce(grid.exp_cost[idx])
-            waited[active] += np.maximum.reduce(grid.exp_latency[idx])
+            if Kr is None:
+                paid[active] += np.add.reduce(K[idx])
+                waited[active] += np.maximum.reduce(L[idx])
+            else:  # adding 0 to the rows that stopped leaves them as they were
+                paid += np.where(active, Kr[:, idx].sum(axis=1), 0.0)
+                waited += np.where(active, Lr[:, idx].max(axis=1), 0.0)
             if k == len(plan) - 1:
                 Ci = C[:, idx]
                 eq = (Ci[:, :, None] == Ci[:, None, :]) & (Ci[:, :, None] >= 0)
@@ -187,8 +192,8 @@ def one(rows: int, workers: int, seed: int, before_mod) -> dict:
             for g, r in passes:
                 G = before_mod.Grid(g.worker_ids, g.codes, g.scores, g.quality, g.exp_cost, g.exp_latency, g.utility)
                 pts = []
-                for plan in before_mod.candidate_plans(G, r, cfg):
-                    q, c, u = G.run(plan, r)
+                for plan in before_mod.candidate_plans(G, r, cfg):  # its plans, each run by `simulate` with each call's cost
+                    q, c, u = g.run(plan, r)
                     pts.append((float(c.mean()), float(q.mean()), float(u.mean())))
                 res.append(np.asarray(pts))
             return res

@@ -143,3 +143,22 @@ def test_a_fit_prices_every_candidate_at_each_rows_recorded_costs():
     known = ~np.isnan(data.cost_usd[rows, top])
     assert np.array_equal(paid[known], data.cost_usd[rows, top][known]) and not known.all()
     assert np.isfinite(paid).all()
+
+
+def test_a_test_rows_recorded_cost_never_moves_the_plan():
+    """Each call's recorded cost prices plans on the non-test rows only: the test rows' costs (and
+    qualities) changed tenfold leave the plan, its thresholds and every out-of-fold figure as they were."""
+    from dataclasses import replace
+
+    data, grid, inputs = cascade_fixture.agreeing(n=300, seed=5)
+    cost = data.cost_usd * np.random.default_rng(2).uniform(0.2, 3.0, size=data.cost_usd.shape)
+    data = replace(data, cost_usd=cost)
+    cfg = CascadeConfig(search=SMALL, n_boot=200)
+    a = fit_cascade(data, grid, inputs, cfg, log=quiet)
+    test = data.splits == "test"
+    moved = replace(data, cost_usd=np.where(test[:, None], cost * 10, cost),
+                    quality=np.where(test[:, None], 1 - data.quality, data.quality))
+    b = fit_cascade(moved, grid, inputs, cfg, log=quiet)
+    assert a.policy == b.policy and a.reason == b.reason and a.table() == b.table()
+    assert all(np.array_equal(a.oof_cost[k], b.oof_cost[k]) for k in a.oof_cost)
+    assert not np.array_equal(moved.cost_usd, data.cost_usd)
