@@ -382,6 +382,24 @@ def test_a_policy_that_saves_less_than_the_minimum_does_not_count_as_cheaper():
     assert cheapest_not_below([strong, near], STRONGEST, "s", 0.005, 300, min_saving=0.005).name == "99%"
 
 
+def test_qualifying_policies_within_the_minimum_of_each_other_are_one_price():
+    """Three policies qualify: at 50%, 51% and 60% of the strongest's cost, the 51% one 1.5 points
+    more accurate than the cheapest. 51% is within 2% of the strongest's cost of 50%, so it ships;
+    60% is not, however accurate; with equal accuracy the cheapest ships."""
+    from fugu_pipeline.train.selection import STRONGEST, Figure, cheapest_not_below
+
+    strong = Figure(STRONGEST, 0.80, 1.0, 0.0, 0.0, 0.0)
+    cheap = Figure("plan at 50%", 0.797, 0.50, -0.003, -0.015, 0.009)
+    close = Figure("plan at 51%", 0.812, 0.51, 0.012, -0.001, 0.025)
+    dear = Figure("plan at 60%", 0.830, 0.60, 0.030, 0.015, 0.045)
+    pick = cheapest_not_below([strong, dear, close, cheap], STRONGEST, "s", 0.005, 1000)
+    assert pick.name == "plan at 51%" and pick.qualified == ("plan at 50%", "plan at 51%", "plan at 60%", STRONGEST)
+    assert pick.reason.startswith("plan at 51% is the most accurate policy costing within 2% of the strongest's cost of "
+                                  "plan at 50% (accuracy 0.7970 at $500 per 1,000), the cheapest policy not significantly")
+    tied = Figure("plan at 51%", 0.797, 0.51, -0.003, -0.015, 0.009)
+    assert cheapest_not_below([strong, tied, cheap], STRONGEST, "s", 0.005, 1000).name == "plan at 50%"
+
+
 def test_a_group_choice_is_held_to_the_whole_floor():
     """A group of 90 rows where a cheap choice ties the strongest on average but its interval
     reaches below −0.02 (here 2 rows each way): the group keeps the strongest by default; at the

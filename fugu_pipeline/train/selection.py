@@ -306,21 +306,28 @@ def cheapest_not_below(cands, strongest_name: str, strongest_worker: str, margin
     Only a candidate that saves at least `min_saving` of the strongest's cost counts as cheaper: a
     policy that differs from the strongest on a handful of rows passes on them by chance as easily as
     not, and on new rows it routes more of them (a 1% saving out of fold spent 8% less, and lost two
-    points, on a real import's held-out rows)."""
+    points, on a real import's held-out rows). For the same reason, qualifying policies whose costs
+    differ by less than `min_saving` of the strongest's cost are one price: the most accurate of
+    those within that much of the cheapest ships (on a real import a one-shot head 0.4 cent per 1,000
+    below a plan per domain was 1.2 points less accurate)."""
     base = next(c for c in cands if c.name == strongest_name)
     lower = [c for c in cands if c.name != strongest_name and cheaper(c.cost_usd, base.cost_usd, min_saving)
              and not c.note.startswith("unavailable")]
     ok = [base] + [c for c in lower if passes(c.vs_strongest, c.vs_low, c.vs_high, margin, floor)]
     ok.sort(key=lambda c: (c.cost_usd, -c.quality, c.name != strongest_name))
-    win, qualified = ok[0], tuple(c.name for c in ok)
+    qualified, band = tuple(c.name for c in ok), ok[0].cost_usd + max(min_saving, 0.0) * base.cost_usd
+    win = min((c for c in ok if c.cost_usd <= band), key=lambda c: (-c.quality, c.cost_usd, c.name != strongest_name))
     bound = "" if floor is None else f", its low end above -{floor:g}"
     rule = (f"95% paired bootstrap interval of the accuracy difference reaching 0{bound}, mean within the "
             f"{margin * 100:.2g}-point margin, a saving of at least {min_saving:.0%} of its cost, out of fold over "
             f"{n_rows} non-test rows")
     if win.name != strongest_name and win.cost_usd < base.cost_usd:
         share = win.cost_usd / base.cost_usd if base.cost_usd > 0 else float("nan")
+        what = "the cheapest policy" if win is ok[0] else (
+            f"the most accurate policy costing within {min_saving:.0%} of the strongest's cost of {ok[0].name} "
+            f"(accuracy {ok[0].quality:.4f} at ${ok[0].cost_usd * 1000:.4g} per 1,000), the cheapest policy")
         return Pick(win.name, (
-            f"{win.name} is the cheapest policy not significantly below {STRONGEST} ({strongest_worker}): accuracy "
+            f"{win.name} is {what} not significantly below {STRONGEST} ({strongest_worker}): accuracy "
             f"{win.quality:.4f} against {base.quality:.4f}, difference {win.vs_strongest:+.4f} [{win.vs_low:+.4f}, "
             f"{win.vs_high:+.4f}], at ${win.cost_usd * 1000:.4g} per 1,000 = {share:.0%} of its cost ({rule})"), False, qualified)
     near = max(lower, key=lambda c: c.vs_strongest, default=None)
