@@ -70,6 +70,27 @@ def test_a_pick_that_holds_inside_the_folds_ships_with_that_figure():
     assert reason.endswith("at 10% of the strongest's cost")
 
 
+def test_a_saving_that_the_pick_inside_the_folds_does_not_repeat_ships_the_strongest():
+    """A candidate as accurate as the strongest everywhere, at half its cost on fold 0's rows only: 10%
+    cheaper out of fold. Inside the folds, fold 0's rule sees no saving on the others and keeps the
+    strongest; the other folds pick it and pay full price on their own rows: 100% of the strongest's
+    cost, so the saving was fold 0's rows, not the rule's; the strongest ships."""
+    folds = np.arange(N) % K
+    strong = np.ones(N)
+    quality = {STRONGEST: strong, "cheap": strong.copy()}
+    cost = {STRONGEST: np.ones(N), "cheap": np.where(folds == 0, 0.5, 1.0)}
+    cf = SimpleNamespace(quality=quality, cost=cost, figure=quality, per_group={})
+    cands = [CandidateFigure(name, "cascade" if name != STRONGEST else "best worker", 1.0, 1.0, float(cost[name].mean()),
+                             0.0, 0.0, 0.0, "", 0.0, 0.0, 0.0) for name in quality]
+    cheap = cands[1]
+    m, lo, hi, paid = nested_figure(cands, cf, folds, 0.005, 0.02, 400, 0)
+    assert (m, lo, hi) == (0.0, 0.0, 0.0) and paid == pytest.approx(1.0) and cheap.cost_usd == pytest.approx(0.9)
+    win, reason, _ = _checked_inside_folds(cheap, "picked", None, cands, cf, folds, CascadeConfig(n_boot=400), 0,
+                                           "strong", None, [], [], None, quiet)
+    assert win.name == STRONGEST
+    assert "at 100% of the strongest's cost saves less than 2% of its cost, so the strongest worker (strong) ships" in reason
+
+
 def test_the_choice_per_group_is_rebuilt_on_each_folds_others():
     """Two domains: the cheap worker ties the strongest on `code` and is wrong on `mc` half the
     time. Cheap everywhere fails; the choice per domain (cheap on code, the strongest on mc), rebuilt

@@ -530,3 +530,22 @@ def test_the_reason_names_the_closest_policy_that_counts_as_cheaper_with_its_int
     assert p.kind == "strongest" and (route == 1).all()
     assert "nan" not in p.reason
     assert re.search(r"the closest cheaper one, λ-routing at λ = [0-9.]+, is -0\.2000 \[-0\.\d+, -0\.\d+\]", p.reason), p.reason
+
+
+def test_a_saving_the_rule_does_not_repeat_inside_the_folds_ships_the_strongest():
+    """20 of 450 rows go to the cheap worker (a tenth of the cost): a 4% saving, two of them lost,
+    −0.0044, within the half-point margin. Inside the folds each fold's rule sees both losses on the
+    other folds' 360 rows unless one is its own, −0.0056, and keeps the strongest: 2 folds of 5
+    route cheaply, a 1.6% saving, under the 2% minimum. The strongest ships and the reason says so."""
+    n = 450
+    cheap_rows = np.arange(n) < 20
+    cheap = np.where(cheap_rows, 1.0, 0.0)
+    cheap[[0, 1]] = 0.0  # the two losses, in folds 0 and 1
+    quality = np.stack([cheap, np.ones(n)], axis=1)
+    q_oof = np.stack([np.where(cheap_rows, 0.95, 0.1), np.full(n, 0.9)], axis=1)
+    c_hat, folds = np.tile([0.1, 1.0], (n, 1)), np.arange(n) % 5
+    plain, _ = choose_default_route(q_oof, quality, c_hat, 1.0, folds, ["cheap", "strong"], LAMBDAS, nested=False)
+    assert plain.kind == "lambda" and plain.oof_cost_usd == pytest.approx(1 - 20 * 0.9 / n)  # 96%: saves 4%
+    p, route = choose_default_route(q_oof, quality, c_hat, 1.0, folds, ["cheap", "strong"], LAMBDAS)
+    assert p.kind == "strongest" and (route == 1).all()
+    assert "at 98% of the strongest's cost saves less than 2% of its cost" in p.reason

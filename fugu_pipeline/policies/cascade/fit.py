@@ -296,9 +296,10 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
 def _checked_inside_folds(win, reason, pick, cands, cf, folds, cfg, seed, strongest_worker, split, groups, merged,
                           gdoms, log):
     """(winner, reason, pick): the cheapest rule's pick, or always the strongest worker when the pick,
-    made inside the folds (`nested.py`), is significantly below it there or reaches below the floor."""
+    made inside the folds (`nested.py`), is significantly below it there, reaches below the floor, or
+    saves less than the minimum there (the saving out of fold was those rows' luck, not the rule's)."""
     from fugu_pipeline.policies.cascade.nested import nested_figure
-    from fugu_pipeline.train.selection import holds_inside_folds
+    from fugu_pipeline.train.selection import MIN_SAVING, cheaper, holds_inside_folds
 
     per = (PER_CLUSTER if split.by == "prompt cluster" else PER_DOMAIN) if split is not None else None
     args = None if split is None else {"groups": groups, "merged": merged, "doms": gdoms, "per_group": cf.per_group,
@@ -309,9 +310,11 @@ def _checked_inside_folds(win, reason, pick, cands, cf, folds, cfg, seed, strong
     figure = (f"the pick made inside the folds (each fold routed by the candidate the rule picks on the others): "
               f"difference {m:+.4f} [{lo:+.4f}, {hi:+.4f}] at {share:.0%} of the strongest's cost")
     log(f"cascade: {figure}")
-    if holds_inside_folds(m, lo, hi, cfg.floor):
+    saves = cheaper(cost, strong.cost_usd)
+    if holds_inside_folds(m, lo, hi, cfg.floor) and saves:
         return win, f"{reason}; {figure}", pick
-    why = "is significantly below it" if hi < 0 else f"reaches below -{cfg.floor:g}"
+    why = ("is significantly below it" if hi < 0 else f"reaches below -{cfg.floor:g}" if cfg.floor is not None and lo < -cfg.floor
+           else f"saves less than {MIN_SAVING:.0%} of its cost")
     return strong, (f"{win.name} passes out of fold (difference {win.vs_strongest:+.4f} [{win.vs_low:+.4f}, "
                     f"{win.vs_high:+.4f}]), but it is the cheapest of {len(cands)} candidates picked on those very rows, "
                     f"and {figure} {why}, so the strongest worker ({strongest_worker}) ships; more rows would let a "
