@@ -101,6 +101,9 @@ def test_a_row_set_is_run_once_per_grid_through_the_memo():
     assert points_for(other, rows, SMALL, None, memo) is not a and len(memo) == 2  # another grid's costs: its own run
     priced = Grid(g.worker_ids, g.codes, g.scores, g.quality, g.exp_cost, g.exp_latency, g.utility, row_cost=g.quality + 1)
     assert points_for(priced, rows, SMALL, None, memo) is not a and len(memo) == 3  # each call's own cost: its own run
+    repriced = Grid(g.worker_ids, g.codes, g.scores, g.quality, g.exp_cost, g.exp_latency, g.utility, row_cost=g.quality + 2)
+    assert points_for(repriced, rows, SMALL, None, memo) is not points_for(priced, rows, SMALL, None, memo)
+    assert len(memo) == 4  # other recorded costs under the same means: not the first's run
 
 
 def test_a_plan_pays_what_each_row_it_escalates_costs():

@@ -17,6 +17,7 @@ the means (and the cost's standard error) as arrays: `Points`, what the choices 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass
 
@@ -254,11 +255,12 @@ class RowSet:
 
 
 def points_for(grid, rows: np.ndarray, cfg, allowed=None, memo: dict | None = None) -> Points:
-    """Every plan of the search run once on `rows` of `grid`. `memo` keeps them by the grid's expected
-    costs (its recorded ones are the matrix's, filled where missing with those) and the rows: within one fit the choice, the frontier, the per-group plans and the final
-    search read the same row sets, and each is run once."""
+    """Every plan of the search run once on `rows` of `grid`. `memo` keeps them by the grid's costs
+    (expected and, where recorded, each call's) and the rows: within one fit the choice, the
+    frontier, the per-group plans and the final search read the same row sets, and each is run once."""
+    digest = lambda a: None if a is None else hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).digest()  # noqa: E731
     key = (np.asarray(grid.exp_cost).tobytes(), np.asarray(grid.exp_latency).tobytes(), np.asarray(rows).tobytes(),
-           tuple(allowed) if allowed is not None else None, grid.row_cost is None, grid.row_latency is None)
+           tuple(allowed) if allowed is not None else None, digest(grid.row_cost), digest(grid.row_latency))
     if memo is not None and key in memo:
         return memo[key]
     pts = RowSet(grid, rows).points(plan_tuples(grid, rows, cfg, allowed))
