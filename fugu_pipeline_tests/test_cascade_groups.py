@@ -308,3 +308,26 @@ def test_through_the_commands_an_import_without_domains_ships_and_routes_per_pro
             assert info["served_by"] == "cheap" and info["cascade"]["group"] == got["code"]["group"], info
         finally:
             srv.stop()
+
+
+def test_the_strongest_alone_says_when_its_out_of_fold_figure_is_other_workers():
+    """Out of fold, "the strongest alone" is each fold's most accurate worker on the other folds; when
+    that is not always the worker that serves, the group's line says whose figures they are."""
+    from fugu_pipeline.policies.cascade.groups import fold_tops_note
+    from fugu_pipeline.train.groups import GroupChoice, Option
+
+    ids = ["gpt-3.5-turbo", "gpt-4"]
+    assert fold_tops_note([1, 1, 1, 1, 1], 1, ids) == ""
+    note = fold_tops_note([1, 0, 1, 1, 0], 0, ids)
+    assert note.startswith("out of fold each fold's own strongest (the most accurate on the other folds): "
+                           "gpt-4 on 3 of 5 folds, gpt-3.5-turbo on 2 of 5 folds")
+    assert note.endswith("gpt-3.5-turbo, the most accurate on every non-test row, serves")
+    opt = Option("the domain's strongest worker alone", 0.8, 0.0033, -0.01, -0.03, 0.01, spec=("alone", None))
+    choice = GroupChoice({"humaneval": opt}, [], np.zeros(3), np.zeros(3), 0.004, {"humaneval": 82},
+                         {"humaneval": 0.004}, plans={"humaneval": "[gpt-3.5-turbo]"}, notes={"humaneval": note})
+    line = choice.lines()[0]
+    assert line.startswith("  domain 'humaneval' (82 rows): the domain's strongest worker alone = [gpt-3.5-turbo]: ")
+    assert line.endswith(f"({note})")
+    assert choice.table()[0]["note"] == note
+    assert "note" not in GroupChoice({"humaneval": opt}, [], np.zeros(3), np.zeros(3), 0.004, {"humaneval": 82},
+                                     {"humaneval": 0.004}).table()[0]

@@ -1,16 +1,20 @@
-"""Groups of prompts learnt from the prompts alone, for an import that names no domains: what a
-cascade's plans per group (`policies/cascade/groups.py`) and a one-shot head's default operating point
-per group (`policies/oneshot/default_point.py`) are chosen per, when there are no domains to choose per.
+"""Groups of prompts learnt from the prompts, for an import that names no domains: what a cascade's
+plans per group (`policies/cascade/groups.py`) and a one-shot head's default operating point per
+group (`policies/oneshot/default_point.py`) are chosen per, when there are no domains to choose per.
 
-`PromptClusters`: spherical k-means over the frozen encoder's prompt features of the non-test rows (no
-outcome is read), k from 2 to 8 by the best mean silhouette. A silhouette alone says little in
-hundreds of dimensions, so the same search runs on one Gaussian blob with the prompts' own covariance;
-prompts whose silhouette is less than `min_gap` (`DEFAULT_CLUSTER_MIN_GAP`, `cascade.cluster_min_gap`)
-above the blob's do not fall apart into clusters and keep one choice, with one line saying so. With
-MiniLM features, real mixed imports stand 0.067 (GSM8K + MMLU, 0.188 against 0.121) and 0.131 (pairwise
-judgements + code, 0.390 against 0.259) above the blob, single benchmarks 0.013 to 0.035 (0.086 to
-0.116 against 0.073 to 0.083): 0.05 lies between. A checkpoint that chooses per cluster saves the centroids, and serving
-puts each prompt in its nearest cluster (numpy only).
+`PromptClusters`: spherical k-means over the frozen encoder's prompt features of the non-test rows,
+k from 2 to 8 by the best mean silhouette. A silhouette alone says little in hundreds of
+dimensions, so the same search runs on one Gaussian blob with the prompts' own covariance; a split
+whose silhouette is `min_gap` (`DEFAULT_CLUSTER_MIN_GAP`, `cascade.cluster_min_gap`) above the
+blob's stands. With MiniLM features, real mixed imports stand 0.067 (GSM8K + MMLU, 0.188 against
+0.121) and 0.131 (pairwise judgements + code, 0.390 against 0.259) above the blob, single benchmarks
+0.013 to 0.035 (0.086 to 0.116 against 0.073 to 0.083): 0.05 lies between. Kinds that differ less
+(GSM8K and MATH level 5: 0.026 above their blob, within the math cluster of a code + math mix) are
+told apart by the workers instead: a split also stands where the workers do differently on its parts
+(`outcome_p` below `OUTCOME_ALPHA`). The prompts alone place every line; the workers' results only
+keep a split or not. Each cluster is searched again within, the same way. Prompts no split of which
+stands keep one choice, with one line saying so. A checkpoint that chooses per cluster saves the
+centroids, and serving puts each prompt in its nearest cluster (numpy only).
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ import numpy as np
 from fugu_pipeline.train.groups import CLUSTER_PREFIX, merged_line, split_groups
 
 DEFAULT_CLUSTER_MIN_GAP = 0.05
+# a split of prompts that do not stand apart is kept where the workers do differently on its parts:
+# their accuracies, each row's mean over the workers taken out, differ between the parts beyond what
+# this share of random splits of the same rows reaches (a permutation test of `PERMUTATIONS` draws)
+OUTCOME_ALPHA = 0.01
+PERMUTATIONS = 500
 
 MAX_CLUSTERS = 8
 SILHOUETTE_SAMPLE = 2000  # rows the choice of k reads (the mean silhouette of a random sample)
@@ -34,7 +43,7 @@ def cluster_name(i: int) -> str:
 
 @dataclass
 class PromptClusters:
-    """Groups learnt from the prompts alone (no outcome is read): spherical k-means over the frozen
+    """Groups learnt from the prompts (`fit_clusters`): spherical k-means over the frozen
     encoder's prompt features, standardised per column on the non-test rows (so the lexical
     statistics weigh as much as any semantic column), each row scaled to unit length. A prompt
     belongs to the cluster whose centroid it is most similar to, at training and at serving alike."""
@@ -46,6 +55,9 @@ class PromptClusters:
     silhouette: float = float("nan")  # the chosen k's mean silhouette (cosine), on a sample of the rows
     null_silhouette: float = float("nan")  # the same search's on one Gaussian blob of the prompts' own covariance
     examples: dict[str, str] = field(default_factory=dict)  # name -> the start of the prompt nearest its centroid
+    refined: list[dict] = field(default_factory=list)  # the clusters split again within (`fit_clusters`)
+    apart: bool = True  # the first split stands: its prompts stand apart from the blob, or the workers differ on its parts
+    p_value: float = float("nan")  # the first split's permutation test on the workers' accuracies (NaN: not read)
 
     def assign(self, X: np.ndarray) -> np.ndarray:
         """The cluster name of each row of `X` (N, dim)."""
@@ -56,7 +68,8 @@ class PromptClusters:
 
     def params(self) -> dict:
         return {"names": list(self.names), "silhouette": self.silhouette, "null_silhouette": self.null_silhouette,
-                "examples": dict(self.examples)}
+                "examples": dict(self.examples), "refined": [dict(r) for r in self.refined],
+                **({} if np.isnan(self.p_value) else {"p_value": self.p_value})}
 
 
 def _unit(Z: np.ndarray) -> np.ndarray:
@@ -84,6 +97,45 @@ def _kmeans(Z: np.ndarray, k: int, rng: np.random.Generator, iters: int = 50) ->
             mine = Z[labels == j]
             C[j] = _unit(mine.sum(axis=0, keepdims=True))[0] if len(mine) else Z[int(np.argmin(sim.max(axis=1)))]
     return C, labels, float((Z @ C.T)[np.arange(n), labels].sum())
+
+
+def outcome_p(quality: np.ndarray, labels: np.ndarray, rng: np.random.Generator, draws: int = PERMUTATIONS) -> float:
+    """How often a random split of the same rows into parts of the same sizes makes the workers'
+    accuracies differ between the parts as much as `labels` does (the permutation test's p-value, at
+    least 1 / (draws + 1)). Each row's mean over the workers is taken out first, so a part that is
+    easier for every worker alike does not count: what counts is which worker does well where. The
+    statistic: the parts' mean rows' squared distance from the overall mean, weighted by size."""
+    Q = np.nan_to_num(np.asarray(quality, np.float64))
+    Q = Q - Q.mean(axis=1, keepdims=True)
+    k = int(labels.max()) + 1
+    sizes = np.bincount(labels, minlength=k).astype(np.float64)
+    if len(Q) < 2 or Q.shape[1] < 2 or (sizes > 0).sum() < 2:
+        return 1.0
+    total = Q.sum(axis=0)
+
+    def stat(lab: np.ndarray) -> float:
+        sums = np.eye(k)[lab].T @ Q
+        return float((np.square(sums - sizes[:, None] * total / len(Q)).sum(axis=1) / np.maximum(sizes, 1)).sum())
+
+    seen = stat(labels)
+    hits = sum(stat(rng.permutation(labels)) >= seen - 1e-12 for _ in range(draws))
+    return (1 + hits) / (1 + draws)
+
+
+def _lloyd(Z: np.ndarray, C: np.ndarray, iters: int = 50) -> np.ndarray:
+    """Spherical k-means steps from the centres `C` until no row changes cluster; a centre left
+    without rows stays where it was."""
+    labels = None
+    for _ in range(iters):
+        new = np.argmax(Z @ C.T, axis=1)
+        if labels is not None and np.array_equal(new, labels):
+            break
+        labels = new
+        for j in range(len(C)):
+            mine = Z[labels == j]
+            if len(mine):
+                C[j] = _unit(mine.sum(axis=0, keepdims=True))[0]
+    return C
 
 
 def _silhouette(Z: np.ndarray, labels: np.ndarray) -> float:
@@ -114,48 +166,116 @@ def _best_k(Z: np.ndarray, top: int, seed: int, sample: np.ndarray):
     return best
 
 
+def _standardised(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(unit rows, column means, column scales) of `X` standardised per column on its own rows."""
+    center = X.mean(axis=0, dtype=np.float64)
+    scale = np.maximum(X.std(axis=0, dtype=np.float64), 1e-6)
+    return _unit((X - center) / scale).astype(np.float32), center, scale
+
+
+def _search(X: np.ndarray, top: int, seed: int, rng: np.random.Generator):
+    """(silhouette, blob's silhouette, labels) of the best k in 2..`top` over the rows `X` (already a
+    sample of at most `CLUSTER_SAMPLE`), standardised on their own rows; the blob: one Gaussian blob
+    of the same rows' covariance, the same search."""
+    Z, center, scale = _standardised(X)
+    sample = rng.choice(len(Z), SILHOUETTE_SAMPLE, replace=False) if len(Z) > SILHOUETTE_SAMPLE else np.arange(len(Z))
+    s, _, labels = _best_k(Z, top, seed, sample)
+    Y = ((X[sample] - center) / scale).astype(np.float32)
+    blob = rng.normal(size=(len(Y), len(Y))).astype(np.float32) @ (Y - Y.mean(axis=0)) / np.sqrt(len(Y))
+    null = _best_k(_unit(blob), top, seed, np.arange(len(blob)))[0]
+    return float(s), float(null), labels
+
+
 def fit_clusters(X: np.ndarray, min_rows: int, prompts: list[str] | None = None, seed: int = 0,
-                 max_k: int = MAX_CLUSTERS) -> PromptClusters | None:
+                 max_k: int = MAX_CLUSTERS, min_gap: float = DEFAULT_CLUSTER_MIN_GAP,
+                 quality: np.ndarray | None = None, alpha: float = OUTCOME_ALPHA) -> PromptClusters | None:
     """Prompt clusters of the rows `X` (the non-test rows' prompt features): k from 2 up to `max_k`
     (and at most one cluster per `min_rows` rows), the k with the best mean silhouette, fitted on up
     to `CLUSTER_SAMPLE` rows. Beside it, the same search on one Gaussian blob with the prompts' own
     covariance (`null_silhouette`): what the silhouette reads where there is one kind of prompt, in
-    these dimensions. None: fewer than twice `min_rows` rows."""
+    these dimensions. The split stands (`apart`) where its silhouette is `min_gap` above the blob's,
+    or, given the workers' `quality` on the rows (N, workers), where the workers do differently on its
+    parts (`outcome_p` below `alpha`: which worker does well differs, not only how hard the prompts
+    are). Where it stands, each cluster is searched again on its own rows (standardised on them,
+    against its own blob) and replaced by its clusters where that split stands by the same test,
+    until none does or there are `max_k` (`refined`: the splits, in order): the most different kinds
+    of prompt win the first search (code against math), and kinds that differ less (grade-school
+    word problems and competition algebra) only show within their cluster, where the prompts alone
+    may not tell them from one kind but the workers' results do. Every row then belongs to the nearest
+    cluster centre (the mean direction of its rows; Lloyd's steps from there), as at serving. None:
+    fewer than twice `min_rows` rows."""
     X = np.asarray(X, np.float32)
     top = min(max_k, len(X) // max(min_rows, 1))
     if top < 2:
         return None
-    center = X.mean(axis=0, dtype=np.float64)
-    scale = np.maximum(X.std(axis=0, dtype=np.float64), 1e-6)
     rng = np.random.default_rng(seed)
     fit_at = np.sort(rng.choice(len(X), CLUSTER_SAMPLE, replace=False)) if len(X) > CLUSTER_SAMPLE else np.arange(len(X))
-    Z = _unit((X[fit_at] - center) / scale).astype(np.float32)
-    sample = rng.choice(len(Z), SILHOUETTE_SAMPLE, replace=False) if len(Z) > SILHOUETTE_SAMPLE else np.arange(len(Z))
-    s, C, labels = _best_k(Z, top, seed, sample)
-    Y = ((X[fit_at][sample] - center) / scale).astype(np.float32)
-    blob = rng.normal(size=(len(Y), len(Y))).astype(np.float32) @ (Y - Y.mean(axis=0)) / np.sqrt(len(Y))
-    null = _best_k(_unit(blob), top, seed, np.arange(len(blob)))[0]
+    Xf = X[fit_at]
+    Qf = None if quality is None else np.asarray(quality, np.float64)[fit_at]
+    test = np.random.default_rng([seed, 1])
+
+    def stands(s_: float, null_: float, rows: np.ndarray, labels_: np.ndarray) -> tuple[bool, float]:
+        if s_ - null_ >= min_gap:
+            return True, float("nan")
+        if Qf is None:
+            return False, float("nan")
+        p = outcome_p(Qf[rows], labels_, test)
+        return p < alpha, p
+
+    s, null, labels = _search(Xf, top, seed, rng)
+    apart, p_top = stands(s, null, np.arange(len(Xf)), labels)
+    leaves = [np.flatnonzero(labels == j) for j in range(labels.max() + 1)]
+    refined: list[dict] = []
+    least = max(1, round(min_rows * len(fit_at) / len(X)))  # `min_rows` of all rows, in the fitted sample
+    queue = list(range(len(leaves))) if apart else []
+    while queue and len(leaves) < max_k:
+        at = queue.pop(0)
+        rows = leaves[at]
+        top_here = min(max_k - len(leaves) + 1, len(rows) // least)
+        if top_here < 2:
+            continue
+        s_in, null_in, sub = _search(Xf[rows], top_here, seed + 1 + len(refined), rng)
+        ok, p_in = stands(s_in, null_in, rows, sub)
+        if not ok:
+            continue
+        parts = [rows[sub == j] for j in range(sub.max() + 1)]
+        refined.append({"rows": int(len(rows)), "into": len(parts), "silhouette": s_in, "null_silhouette": null_in,
+                        **({} if np.isnan(p_in) else {"p_value": p_in})})
+        leaves[at] = parts[0]
+        queue.insert(0, at)
+        for part in parts[1:]:
+            leaves.append(part)
+            queue.insert(0, len(leaves) - 1)
+    center = X.mean(axis=0, dtype=np.float64)
+    scale = np.maximum(X.std(axis=0, dtype=np.float64), 1e-6)
+    Z = _unit((Xf - center) / scale).astype(np.float32)
+    C = _unit(np.stack([Z[rows].sum(axis=0) for rows in leaves]).astype(np.float64))
+    if refined:  # settle the centres together, so each row's nearest centre is its cluster's (Lloyd's steps)
+        C = _lloyd(Z, C.astype(np.float32)).astype(np.float64)
     # as the checkpoint keeps them (float32), so training puts each row where serving will
     center, scale, C = (np.asarray(v, np.float32).astype(np.float64) for v in (center, scale, C))
-    order = np.argsort(-np.bincount(labels, minlength=len(C)), kind="stable")  # cluster 1 the largest
+    near = np.argmax(Z @ C.T.astype(np.float32), axis=1)
+    order = np.argsort(-np.bincount(near, minlength=len(C)), kind="stable")  # cluster 1 the largest
     C = C[order]
     names = [cluster_name(i) for i in range(len(C))]
     examples = {}
     if prompts is not None:
-        near = fit_at[np.argmax(Z @ C.T.astype(np.float32), axis=0)]
-        examples = {n: " ".join(str(prompts[int(i)]).split())[:60] for n, i in zip(names, near)}
-    return PromptClusters(center, scale, C, names, float(s), float(null), examples)
+        nearest = fit_at[np.argmax(Z @ C.T.astype(np.float32), axis=0)]
+        examples = {n: " ".join(str(prompts[int(i)]).split())[:60] for n, i in zip(names, nearest)}
+    return PromptClusters(center, scale, C, names, float(s), float(null), examples, refined, apart, p_top)
 
 
 def pick_groups(how: str, doms: np.ndarray, rows: np.ndarray, X: np.ndarray | None, prompts: list[str] | None,
                 min_rows: int, min_gap: float = DEFAULT_CLUSTER_MIN_GAP, log=print, seed: int = 0, *,
                 who: str = "cascade", one: str = "one plan for every prompt", pooled: str = "the pooled plan",
                 what: str = "a plan", rows_setting: str = "cascade.search.min_domain_rows",
-                gap_setting: str = "cascade.cluster_min_gap"):
+                gap_setting: str = "cascade.cluster_min_gap", quality: np.ndarray | None = None):
     """(groups, merged, the group of every row, PromptClusters or None) for `how` (auto | domain |
     cluster | off): by domain where the rows name two or more with `min_rows` non-test rows, else (auto,
-    cluster) by prompt clusters of `X` where they stand apart; nothing to group by: ([], [], `doms`,
-    None). `who`, `one`, `pooled`, `what` and the two settings' names word the lines `log` receives."""
+    cluster) by prompt clusters of `X` where they stand apart or, given the workers' `quality` (a row
+    per row of `X`), where the workers do differently on them (`fit_clusters`); nothing to group by:
+    ([], [], `doms`, None). `who`, `one`, `pooled`, `what` and the two settings' names word the lines
+    `log` receives."""
     none = ([], [], doms, None)
     if how == "off":
         return none
@@ -172,24 +292,36 @@ def pick_groups(how: str, doms: np.ndarray, rows: np.ndarray, X: np.ndarray | No
             return none
     if X is None:
         return none
-    clusters = fit_clusters(X[rows], min_rows, None if prompts is None else [prompts[i] for i in rows], seed)
+    clusters = fit_clusters(X[rows], min_rows, None if prompts is None else [prompts[i] for i in rows], seed,
+                            min_gap=min_gap, quality=None if quality is None else np.asarray(quality)[rows])
     if clusters is None:
         log(f"{who}: {len(rows)} non-test rows are too few for two prompt clusters of {min_rows} rows "
             f"({rows_setting}): {one}")
         return none
-    if clusters.silhouette - clusters.null_silhouette < min_gap:
+    if not clusters.apart:
+        read = "" if np.isnan(clusters.p_value) else (
+            f"; nor do the workers do differently on them: permutation p = {clusters.p_value:.3f}, not below "
+            f"{OUTCOME_ALPHA:g}")
         log(f"{who}: the prompts do not fall apart into clusters (best mean silhouette {clusters.silhouette:.3f} at "
             f"k = {len(clusters.names)}, one Gaussian blob of their covariance {clusters.null_silhouette:.3f}: less than "
-            f"{gap_setting} {min_gap:g} apart): {one}")
+            f"{gap_setting} {min_gap:g} apart{read}): {one}")
         return none
     labels = clusters.assign(X).astype(str)
     groups, merged = split_groups(labels, rows, min_rows)
     counts = {n: int((labels[rows] == n).sum()) for n in clusters.names}
     shown = "; ".join(f"{n} ({counts[n]} rows, e.g. {clusters.examples.get(n, '')!r})" for n in clusters.names)
-    log(f"{who}: no domains to choose {what} by; {len(clusters.names)} prompt clusters (mean silhouette "
-        f"{clusters.silhouette:.3f}, one blob {clusters.null_silhouette:.3f}): {shown}")
+    split = "".join(f"; a cluster of {r['rows']} rows split into {r['into']} ({_why(r['silhouette'], r['null_silhouette'], r.get('p_value', float('nan')))})"
+                    for r in clusters.refined)
+    log(f"{who}: no domains to choose {what} by; {len(clusters.names)} prompt clusters "
+        f"({_why(clusters.silhouette, clusters.null_silhouette, clusters.p_value, 'mean silhouette', 'one blob')}{split}): {shown}")
     if merged:
         log(merged_line(merged, min_rows, who, pooled, rows_setting, what))
     if not groups:
         return none
     return groups, merged, labels, clusters
+
+
+def _why(s: float, null: float, p: float, first: str = "silhouette", blob: str = "its own blob") -> str:
+    """Why a split stands: its prompts stand apart, else the workers' results differ on its parts."""
+    said = f"{first} {s:.3f}, {blob} {null:.3f}"
+    return said if np.isnan(p) else f"{said}; the workers do differently on the parts: permutation p = {p:.3f}"

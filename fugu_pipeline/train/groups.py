@@ -48,12 +48,14 @@ class GroupChoice:
     plans: dict[str, str] = field(default_factory=dict)  # domain -> the plan it is served (searched on every row)
     about: dict[str, str] = field(default_factory=dict)  # group -> what it holds (a prompt cluster: its nearest prompt)
     by: str = "domain"  # what the groups are: "domain" or "prompt cluster"
+    notes: dict[str, str] = field(default_factory=dict)  # group -> what its out-of-fold figure is, where that needs saying
 
     def table(self) -> list[dict]:
         return [{"domain": d, "rows": self.rows_of[d], "choice": o.name, "plan": self.plans.get(d, ""),
                  "spec": list(o.spec), "quality": o.quality,
                  "cost_usd": o.cost_usd, "cost_share": o.cost_usd / max(self.group_strongest_cost[d], 1e-300),
-                 "vs_strongest": o.vs_strongest, "vs_low": o.vs_low, "vs_high": o.vs_high}
+                 "vs_strongest": o.vs_strongest, "vs_low": o.vs_low, "vs_high": o.vs_high,
+                 **({"note": self.notes[d]} if d in self.notes else {})}
                 for d, o in sorted(self.groups.items())]
 
     def lines(self) -> list[str]:
@@ -62,7 +64,7 @@ class GroupChoice:
                + f": accuracy {r['quality']:.4f}, "
                f"${r['cost_usd'] * 1000:.4g} per 1,000 = {r['cost_share']:.0%} of the strongest's cost there (saving "
                f"{1 - r['cost_share']:.0%}); accuracy − strongest {r['vs_strongest']:+.4f} [{r['vs_low']:+.4f}, "
-               f"{r['vs_high']:+.4f}]" for r in self.table()]
+               f"{r['vs_high']:+.4f}]" + (f" ({r['note']})" if r.get("note") else "") for r in self.table()]
         if self.stepped_up:
             out.append(f"  moved to a dearer choice so that the whole is not significantly below the strongest: "
                        f"{', '.join(repr(d) for d in self.stepped_up)}")

@@ -30,6 +30,7 @@ class CrossFit:
     table_rows: dict[str, tuple[np.ndarray, np.ndarray]]
     per_group: dict = field(default_factory=dict)  # (domain, name) -> (quality, cost) per row, or None
     missing: set = field(default_factory=set)
+    fold_tops: dict = field(default_factory=dict)  # STRONGEST or a domain -> its strongest worker (index) per fold
     unmet: str = ""  # a cap some fold cannot meet: the CapUnmet message
 
 
@@ -69,6 +70,7 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
         held = RowSet(g, te)
         top = usable[int(np.argmax(g.quality[tr][:, usable].mean(axis=0)))]
         put(STRONGEST, at, *held.run(alone_plan(top)))
+        out.fold_tops.setdefault(STRONGEST, []).append(top)
         for s, got in ladder_fold(g, tr, te, cfg.search, allowed, shares, g.exp_cost[top], memo).items():
             if got is None:
                 out.missing.add(rung_name(s))
@@ -77,7 +79,7 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
         for s, got in ladder_fold(g, tr, te, cfg.search, allowed, TABLE_SHARES, g.exp_cost[top], memo, CAP_Z).items():
             _table(out, f"cascade@{s}", at, got)
         for (d, name), got in group_fold(g, tr, te, doms, groups, cfg.search, allowed, usable, shares, g.exp_cost[top],
-                                         memo).items():
+                                         memo, out.fold_tops).items():
             if got is None or out.per_group.get((d, name), ()) is None:
                 out.per_group[(d, name)] = None
                 continue

@@ -39,7 +39,7 @@ from fugu_pipeline.policies.cascade.frontier import oof_frontier
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
 from fugu_pipeline.policies.cascade.choice import LADDER, cap_table, rung_name
 from fugu_pipeline.policies.cascade.crossfit import cross_fit
-from fugu_pipeline.policies.cascade.groups import GroupChoice, choose_groups, group_label
+from fugu_pipeline.policies.cascade.groups import GroupChoice, choose_groups, fold_tops_note, group_label
 from fugu_pipeline.train.clusters import PromptClusters, pick_groups
 from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, Grid, search, search_policy, strongest
 from fugu_pipeline.policies.cascade.ship import (  # noqa: F401  (CandidateFigure: the fit's table rows)
@@ -227,7 +227,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     # the groups that get plans of their own (groups.py): domains, or prompt clusters where there are none
     groups, merged, gdoms, clusters = pick_groups("off" if mode != "cheapest" else cfg.groups, doms, rows,
                                                   inputs.prompt, data.prompts, cfg.search.min_domain_rows,
-                                                  cfg.cluster_min_gap, log, seed)
+                                                  cfg.cluster_min_gap, log, seed, quality=data.quality)
     n = len(rows)
     shares = LADDER if mode == "cheapest" else ()
     memo: dict = {}  # every search of this fit, each row set's plans run once
@@ -269,7 +269,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         win, reason = pick_utility(cands, baseline, strongest_worker)
     try:
         policy, choices, saved_as = _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo, mode,
-                                                 top_all, usable, capped, gdoms)
+                                                 top_all, usable, capped, gdoms, cf.fold_tops)
     except CapUnmet as exc:
         return _strongest_ships(data, grid, inputs, rows, usable, log, f"cap: {exc}; the strongest worker "
                                 f"({strongest_worker}) ships")
@@ -280,6 +280,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     verifier = fit_all(sub, np.arange(len(rows)), l2) if reads else None  # every saved point's verifier
     cross_model = cross.final() if cross is not None and verifier is not None else None  # every non-test pair
     stat_names = sub.stat_names if cross_model is not None else inputs.stat_names
+    if note := fold_tops_note(cf.fold_tops.get(STRONGEST, []), top_all, data.worker_ids):
+        log(f"cascade: {STRONGEST}, {note}")
     log(f"cascade: {policy.describe()}; selected {win.name}: {reason}")
     return CascadeFit(policy=policy, verifier=verifier, objective=objective, candidates=cands, selected=win.name,
                       selected_kind=win.kind, reason=reason, verifier_figures=vfig, choices=choices,
@@ -337,7 +339,8 @@ def _over_caps(cfg: CascadeConfig, cap_usd: float | None, g, rows: np.ndarray, d
     return note
 
 
-def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo, mode, top_all, usable, capped, gdoms):
+def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo, mode, top_all, usable, capped, gdoms,
+                  fold_tops: dict):
     """(policy, {domain or "*": Choice}, the candidate whose out-of-fold figure the saved cascade's
     is): what ships, searched again on every non-test row."""
     ids = g_all.worker_ids
@@ -368,7 +371,10 @@ def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo
             if o.spec[0] == "pooled":
                 per[d] = pooled_plan(o.name)[0]
             elif o.spec[0] == "alone":
-                per[d] = _alone(ids[usable[int(np.argmax(g_all.quality[mine][:, usable].mean(axis=0)))]])
+                served = usable[int(np.argmax(g_all.quality[mine][:, usable].mean(axis=0)))]
+                per[d] = _alone(ids[served])
+                if note := fold_tops_note(fold_tops.get(d, []), served, ids):
+                    split.notes[d] = note
             else:
                 choices[d] = search(g_all, mine, cfg.search, o.spec[1] * ref, allowed, f"{group_label(d)}: ", memo)
                 per[d] = choices[d].plan

@@ -41,7 +41,7 @@ from fugu_pipeline.train.groups import choose_groups as _choose_groups
 from fugu_pipeline.train.selection import STRONGEST
 
 __all__ = ["GroupChoice", "Option", "STRONGEST", "choose_groups", "group_label", "merged_line", "split_groups",
-           "group_fold", "GROUP_STRONGEST", "group_rung"]
+           "group_fold", "GROUP_STRONGEST", "group_rung", "fold_tops_note"]
 
 GROUP_STRONGEST = "the domain's strongest worker alone"
 
@@ -51,10 +51,10 @@ def group_rung(share: float) -> str:
 
 
 def group_fold(grid, tr: np.ndarray, te: np.ndarray, doms: np.ndarray, groups: list[str], search_cfg, allowed,
-               usable: list[int], shares, ref_cost: float, memo: dict | None = None) -> dict:
+               usable: list[int], shares, ref_cost: float, memo: dict | None = None, tops: dict | None = None) -> dict:
     """{(domain, name): (quality, expected cost) per row of te in that domain, or None}: each
     domain's ladder (`group_rung(share)`) and its own strongest worker alone (`GROUP_STRONGEST`),
-    chosen on its rows of `tr`."""
+    chosen on its rows of `tr` (its index appended to `tops[domain]`)."""
     from fugu_pipeline.policies.cascade.frontier import best_within
     from fugu_pipeline.policies.cascade.plans import RowSet, points_for
 
@@ -69,8 +69,21 @@ def group_fold(grid, tr: np.ndarray, te: np.ndarray, doms: np.ndarray, groups: l
             i = best_within(pts, s * ref_cost)
             out[(d, group_rung(s))] = None if i is None else held.run(pts.plans[i])[:2]
         top = usable[int(np.argmax(grid.quality[tr_d][:, usable].mean(axis=0)))]
+        if tops is not None:
+            tops.setdefault(d, []).append(top)
         out[(d, GROUP_STRONGEST)] = held.run((((top,), None, None),))[:2]
     return out
+
+
+def fold_tops_note(tops: list[int], served: int, ids: list[str]) -> str:
+    """"" when every fold's strongest worker is the one that serves; else what the out-of-fold
+    figure of "the strongest alone" is: each fold's own, the most accurate on the other folds."""
+    if all(t == served for t in tops):
+        return ""
+    counts = {ids[t]: tops.count(t) for t in dict.fromkeys(tops)}
+    said = ", ".join(f"{w} on {k} of {len(tops)} folds" for w, k in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return (f"out of fold each fold's own strongest (the most accurate on the other folds): {said}; "
+            f"{ids[served]}, the most accurate on every non-test row, serves")
 
 
 def choose_groups(*args, **kw) -> GroupChoice:

@@ -96,7 +96,7 @@ def _choose(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *, margin,
     say = log if log is not None else (lambda line: None)
     groups, _, keys, clusters = pick_groups(how, doms, np.arange(len(doms)), features, prompts, min_rows, min_gap,
                                             say, seed, who="default operating point", one="one point for every prompt",
-                                            pooled="the pooled point", what="a point")
+                                            pooled="the pooled point", what="a point", quality=quality)
     if not groups:
         return point, route
     return _per_domain(point, route, table, np.asarray(keys, dtype=str), margin, n_boot, seed, floor, min_rows,

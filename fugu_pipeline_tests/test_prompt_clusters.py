@@ -1,0 +1,94 @@
+"""Prompt clusters for an import without domains (`train/clusters.py`): a split of the prompts stands
+where they stand apart from one Gaussian blob of their covariance, or where the workers do
+differently on its parts; a cluster is split again within where the same holds there."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fugu_pipeline.train.clusters import OUTCOME_ALPHA, fit_clusters, outcome_p, pick_groups
+
+D = 64
+
+
+def _kinds(sep: float, n: int = 300, seed: int = 0):
+    """Three kinds of prompt: A far from the other two; B and C `sep` apart along one direction."""
+    rng = np.random.default_rng(seed)
+    base = rng.normal(size=D)
+    sub = rng.normal(size=D)
+    sub /= np.linalg.norm(sub)
+    X = np.vstack([rng.normal(size=(n, D)) + 8 * base, rng.normal(size=(n, D)) - 8 * base + sep * sub,
+                   rng.normal(size=(n, D)) - 8 * base - sep * sub])
+    return X, np.repeat(np.array(["A", "B", "C"]), n)
+
+
+def _quality(kind: np.ndarray, differ: bool, seed: int = 1) -> np.ndarray:
+    """Three workers; where `differ`, worker 0 is right on B and worker 1 on C (each 85% of the time),
+    else both are right 60% of the time on either; worker 2 (the strongest) is right 90% of the time."""
+    rng = np.random.default_rng(seed)
+    p = np.full((len(kind), 3), 0.6)
+    p[:, 2] = 0.9
+    if differ:
+        p[kind == "B", 0], p[kind == "B", 1] = 0.85, 0.35
+        p[kind == "C", 0], p[kind == "C", 1] = 0.35, 0.85
+    return (rng.random(p.shape) < p).astype(float)
+
+
+def test_the_permutation_test_reads_which_worker_does_well_not_how_hard_the_prompts_are():
+    rng = np.random.default_rng(0)
+    kind = np.repeat(np.array(["B", "C"]), 200)
+    labels = (kind == "C").astype(int)
+    assert outcome_p(_quality(kind, differ=True), labels, rng) < OUTCOME_ALPHA
+    assert outcome_p(_quality(kind, differ=False), labels, rng) > 0.05
+    easy = np.where((kind == "B")[:, None], 1.0, 0.0) * np.ones((1, 3))  # every worker right on B, wrong on C
+    assert outcome_p(easy, labels, rng) == 1.0  # each row's mean taken out: nothing left to differ
+    flipped = np.where((kind == "B")[:, None], [1.0, 0.0, 1.0], [0.0, 1.0, 1.0])
+    assert outcome_p(flipped, labels, rng, draws=99) == 1 / 100  # no random split reaches it
+
+
+def test_a_cluster_splits_again_where_the_workers_do_differently_on_its_parts():
+    """B and C lie close (their split within the cluster stands less than the gap above its blob):
+    the prompts alone give two clusters, A and B+C; with workers that do differently on B and C the
+    B+C cluster splits, and each kind falls in a cluster of its own; with workers that do alike it
+    stays whole."""
+    X, kind = _kinds(sep=2.0)
+    alone = fit_clusters(X, 40)
+    assert alone.apart and len(alone.names) == 2 and alone.refined == []
+    same = fit_clusters(X, 40, quality=_quality(kind, differ=False))
+    assert len(same.names) == 2 and same.refined == []
+    got = fit_clusters(X, 40, quality=_quality(kind, differ=True))
+    assert len(got.names) == 3, got.refined
+    (r,) = got.refined
+    assert r["rows"] == 600 and r["into"] == 2 and r["p_value"] < OUTCOME_ALPHA
+    assert r["silhouette"] - r["null_silhouette"] < 0.05  # the prompts alone would not have split it
+    label = got.assign(X)
+    mostly = {}
+    for k in "ABC":
+        names, counts = np.unique(label[kind == k], return_counts=True)
+        assert counts.max() >= 0.8 * (kind == k).sum(), (k, names, counts)
+        mostly[k] = names[np.argmax(counts)]
+    assert len(set(mostly.values())) == 3, mostly
+
+
+def test_prompts_that_do_not_fall_apart_split_only_where_the_workers_do_differently():
+    """Two kinds of prompt that overlap (their means 3 noise widths apart along one direction of 64):
+    the prompts alone keep one choice; where the workers do differently on them the split stands,
+    each kind mostly in a cluster of its own, and the line says why; where they do alike, it does not."""
+    rng = np.random.default_rng(3)
+    kind = np.repeat(np.array(["B", "C"]), 300)
+    u = rng.normal(size=D)
+    X = rng.normal(size=(600, D)) + np.where(kind == "B", 1.5, -1.5)[:, None] * u / np.linalg.norm(u)
+    lines: list[str] = []
+    rows = np.arange(len(X))
+    doms = np.full(len(X), "general")
+    assert pick_groups("auto", doms, rows, X, None, 40, log=lines.append)[0] == []
+    assert "do not fall apart" in lines[-1] and "permutation" not in lines[-1]
+    groups, _, labels, clusters = pick_groups("auto", doms, rows, X, None, 40, log=lines.append,
+                                              quality=_quality(kind, differ=True))
+    assert len(groups) == 2 and clusters.p_value < OUTCOME_ALPHA
+    for k in "BC":
+        assert np.unique(labels[kind == k], return_counts=True)[1].max() >= 0.8 * 300
+    assert "the workers do differently on the parts: permutation p = " in lines[-1]
+    lines.clear()
+    assert pick_groups("auto", doms, rows, X, None, 40, log=lines.append, quality=_quality(kind, differ=False))[0] == []
+    assert "nor do the workers do differently on them: permutation p = " in lines[-1]
