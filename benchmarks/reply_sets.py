@@ -13,6 +13,7 @@ final-answer reader reads an answer from:
     python benchmarks/reply_sets.py gsm <WildEval/ZeroEval dir> --out gsm.jsonl
     python benchmarks/reply_sets.py math-l5 <WildEval/ZeroEval dir> --out math.jsonl
     python benchmarks/reply_sets.py crux+gsm+math <WildEval/ZeroEval dir> --out zeroeval-mix.jsonl
+    python benchmarks/reply_sets.py crux+gsm+math <WildEval/ZeroEval dir> --out s1.jsonl --resplit 1 --no-domains
     python benchmarks/reply_sets.py llmbar+humaneval <LLMBar dir> <humaneval-results dir> --out mixed.jsonl
     python benchmarks/reply_sets.py mot-date <MurongYue/LLM_MoT_cascade dir> --out date.jsonl
 
@@ -140,6 +141,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True, help="the reward-matrix JSONL to write")
     ap.add_argument("--regrade", type=Path, default=None,
                     help="HumanEval's task file: grade the code replies with the project's sandboxed grader")
+    ap.add_argument("--resplit", type=int, default=None, metavar="SEED",
+                    help="split the same rows at random instead (numpy's default_rng(SEED).permutation of the rows in "
+                         "the release's order: the first half test, the next tenth val, the rest train)")
+    ap.add_argument("--no-domains", action="store_true",
+                    help="write every row in one domain (general), as an import that names no kinds of prompt")
     args = ap.parse_args()
     from fugu_pipeline.matrix.import_format import write_reward_jsonl
 
@@ -150,10 +156,24 @@ def main() -> int:
     except (ReleaseFormatError, FileNotFoundError) as exc:
         print(exc, file=sys.stderr)
         return 1
+    rows = resplit(rows, args.resplit, args.no_domains)
     write_reward_jsonl(rows, args.out)
     print(f"{args.out}: {len(rows)} rows x {len(rows[0].worker_ids)} workers; {notes}")
     print("\n".join(summary_lines(rows)))
     return 0
+
+
+def resplit(rows: list, seed: int | None, no_domains: bool) -> list:
+    """The rows split at random by `seed` (`--resplit`), and in one domain (`--no-domains`)."""
+    import numpy as np
+
+    split = {}
+    if seed is not None:
+        order = np.random.default_rng(seed).permutation(len(rows))
+        n = len(rows)
+        split = {int(i): ("test" if k < n // 2 else "val" if k < n // 2 + n // 10 else "train") for k, i in enumerate(order)}
+    return [r.model_copy(update={**({"split": split[i]} if split else {}), **({"domain": "general"} if no_domains else {})})
+            for i, r in enumerate(rows)]
 
 
 def summary_lines(rows: list) -> list[str]:

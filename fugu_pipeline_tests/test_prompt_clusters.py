@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fugu_pipeline.train.clusters import OUTCOME_ALPHA, fit_clusters, outcome_p, pick_groups
+from fugu_pipeline.train.clusters import OUTCOME_Z, fit_clusters, outcome_z, pick_groups
 
 D = 64
 
@@ -34,16 +34,19 @@ def _quality(kind: np.ndarray, differ: bool, seed: int = 1) -> np.ndarray:
     return (rng.random(p.shape) < p).astype(float)
 
 
-def test_the_permutation_test_reads_which_worker_does_well_not_how_hard_the_prompts_are():
+def test_the_workers_difference_reads_which_worker_does_well_not_how_hard_the_prompts_are():
     rng = np.random.default_rng(0)
     kind = np.repeat(np.array(["B", "C"]), 200)
     labels = (kind == "C").astype(int)
-    assert outcome_p(_quality(kind, differ=True), labels, rng) < OUTCOME_ALPHA
-    assert outcome_p(_quality(kind, differ=False), labels, rng) > 0.05
+    assert outcome_z(_quality(kind, differ=True), labels, rng) >= OUTCOME_Z
+    assert abs(outcome_z(_quality(kind, differ=False), labels, rng)) < 3
     easy = np.where((kind == "B")[:, None], 1.0, 0.0) * np.ones((1, 3))  # every worker right on B, wrong on C
-    assert outcome_p(easy, labels, rng) == 1.0  # each row's mean taken out: nothing left to differ
-    flipped = np.where((kind == "B")[:, None], [1.0, 0.0, 1.0], [0.0, 1.0, 1.0])
-    assert outcome_p(flipped, labels, rng, draws=99) == 1 / 100  # no random split reaches it
+    assert outcome_z(easy, labels, rng) == 0.0  # each row's mean taken out: nothing left to differ
+    one_worker_ahead = _quality(kind, differ=False)
+    one_worker_ahead[kind == "B", 2] = 1.0  # the strongest right on every B row: a part where it alone gains
+    one_worker_ahead[kind == "C", 2] = 0.6
+    assert outcome_z(one_worker_ahead, labels, rng) >= OUTCOME_Z
+    assert outcome_z(_quality(kind, differ=True), np.zeros(len(kind), int), rng) == 0.0  # one part: nothing to compare
 
 
 def test_a_cluster_splits_again_where_the_workers_do_differently_on_its_parts():
@@ -59,7 +62,7 @@ def test_a_cluster_splits_again_where_the_workers_do_differently_on_its_parts():
     got = fit_clusters(X, 40, quality=_quality(kind, differ=True))
     assert len(got.names) == 3, got.refined
     (r,) = got.refined
-    assert r["rows"] == 600 and r["into"] == 2 and r["p_value"] < OUTCOME_ALPHA
+    assert r["rows"] == 600 and r["into"] == 2 and r["outcome_z"] >= OUTCOME_Z
     assert r["silhouette"] - r["null_silhouette"] < 0.05  # the prompts alone would not have split it
     label = got.assign(X)
     mostly = {}
@@ -82,13 +85,13 @@ def test_prompts_that_do_not_fall_apart_split_only_where_the_workers_do_differen
     rows = np.arange(len(X))
     doms = np.full(len(X), "general")
     assert pick_groups("auto", doms, rows, X, None, 40, log=lines.append)[0] == []
-    assert "do not fall apart" in lines[-1] and "permutation" not in lines[-1]
+    assert "do not fall apart" in lines[-1] and "standard deviations" not in lines[-1]
     groups, _, labels, clusters = pick_groups("auto", doms, rows, X, None, 40, log=lines.append,
                                               quality=_quality(kind, differ=True))
-    assert len(groups) == 2 and clusters.p_value < OUTCOME_ALPHA
+    assert len(groups) == 2 and clusters.outcome_z >= OUTCOME_Z
     for k in "BC":
         assert np.unique(labels[kind == k], return_counts=True)[1].max() >= 0.8 * 300
-    assert "the workers do differently on the parts: permutation p = " in lines[-1]
+    assert "the workers do differently on the parts: " in lines[-1] and "standard deviations of random splits" in lines[-1]
     lines.clear()
     assert pick_groups("auto", doms, rows, X, None, 40, log=lines.append, quality=_quality(kind, differ=False))[0] == []
-    assert "nor do the workers do differently on them: permutation p = " in lines[-1]
+    assert "nor do the workers do differently on them: " in lines[-1] and f"less than {OUTCOME_Z:g}" in lines[-1]

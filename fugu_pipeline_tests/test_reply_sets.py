@@ -268,3 +268,18 @@ def test_the_table_scripts_take_a_set_by_name_and_its_release_folders():
 
     got = releases(Namespace(release=["llmbar=/r/LLMBar", "llmbar+humaneval=/r/LLMBar,/r/he"]))
     assert got == {"llmbar": [Path("/r/LLMBar")], "llmbar+humaneval": [Path("/r/LLMBar"), Path("/r/he")]}
+
+
+def test_a_resplit_draws_half_test_a_tenth_val_by_its_seed_and_can_drop_the_domains():
+    from benchmarks.reply_sets import resplit
+    from fugu_pipeline.matrix.import_format import RewardRow
+
+    rows = [RewardRow(task_id=f"t{i}", prompt=f"p{i}", domain="code" if i % 2 else "math", worker_ids=["a", "b"],
+                      quality=[1.0, 0.0]) for i in range(101)]
+    one, again, other = resplit(rows, 1, False), resplit(rows, 1, False), resplit(rows, 2, True)
+    splits = [r.split for r in one]
+    assert (splits.count("test"), splits.count("val"), splits.count("train")) == (50, 10, 41)
+    assert splits == [r.split for r in again] and splits != [r.split for r in other]
+    assert [r.domain for r in one] == [r.domain for r in rows] and {r.domain for r in other} == {"general"}
+    assert [r.task_id for r in other] == [r.task_id for r in rows]
+    assert resplit(rows, None, False) == rows

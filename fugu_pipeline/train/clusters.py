@@ -11,7 +11,7 @@ blob's stands. With MiniLM features, real mixed imports stand 0.067 (GSM8K + MML
 0.013 to 0.035 (0.086 to 0.116 against 0.073 to 0.083): 0.05 lies between. Kinds that differ less
 (GSM8K and MATH level 5: 0.026 above their blob, within the math cluster of a code + math mix) are
 told apart by the workers instead: a split also stands where the workers do differently on its parts
-(`outcome_p` below `OUTCOME_ALPHA`). The prompts alone place every line; the workers' results only
+(`outcome_z` at least `OUTCOME_Z`). The prompts alone place every line; the workers' results only
 keep a split or not. Each cluster is searched again within, the same way. Prompts no split of which
 stands keep one choice, with one line saying so. A checkpoint that chooses per cluster saves the
 centroids, and serving puts each prompt in its nearest cluster (numpy only).
@@ -27,10 +27,14 @@ from fugu_pipeline.train.groups import CLUSTER_PREFIX, merged_line, split_groups
 
 DEFAULT_CLUSTER_MIN_GAP = 0.05
 # a split of prompts that do not stand apart is kept where the workers do differently on its parts:
-# their accuracies, each row's mean over the workers taken out, differ between the parts beyond what
-# this share of random splits of the same rows reaches (a permutation test of `PERMUTATIONS` draws)
-OUTCOME_ALPHA = 0.01
-PERMUTATIONS = 500
+# their accuracies, each row's mean over the workers taken out, differ between the parts by at least
+# `OUTCOME_Z` standard deviations of what random splits of the same rows into parts of the same sizes
+# reach, above those splits' mean (`PERMUTATIONS` draws). MiniLM features, a code + math mix (CRUXEval-O,
+# GSM8K, MATH level 5; four splits of its non-test rows): the math cluster's halves (GSM8K and MATH)
+# stand 56 to 70 above; halves within one set, up to 3.9 (statistically real, but a plan per half
+# of one set buys noise)
+OUTCOME_Z = 10.0
+PERMUTATIONS = 200
 
 MAX_CLUSTERS = 8
 SILHOUETTE_SAMPLE = 2000  # rows the choice of k reads (the mean silhouette of a random sample)
@@ -57,7 +61,7 @@ class PromptClusters:
     examples: dict[str, str] = field(default_factory=dict)  # name -> the start of the prompt nearest its centroid
     refined: list[dict] = field(default_factory=list)  # the clusters split again within (`fit_clusters`)
     apart: bool = True  # the first split stands: its prompts stand apart from the blob, or the workers differ on its parts
-    p_value: float = float("nan")  # the first split's permutation test on the workers' accuracies (NaN: not read)
+    outcome_z: float = float("nan")  # the first split's workers' difference (`outcome_z`; NaN: not read)
 
     def assign(self, X: np.ndarray) -> np.ndarray:
         """The cluster name of each row of `X` (N, dim)."""
@@ -69,7 +73,7 @@ class PromptClusters:
     def params(self) -> dict:
         return {"names": list(self.names), "silhouette": self.silhouette, "null_silhouette": self.null_silhouette,
                 "examples": dict(self.examples), "refined": [dict(r) for r in self.refined],
-                **({} if np.isnan(self.p_value) else {"p_value": self.p_value})}
+                **({} if np.isnan(self.outcome_z) else {"outcome_z": self.outcome_z})}
 
 
 def _unit(Z: np.ndarray) -> np.ndarray:
@@ -99,27 +103,27 @@ def _kmeans(Z: np.ndarray, k: int, rng: np.random.Generator, iters: int = 50) ->
     return C, labels, float((Z @ C.T)[np.arange(n), labels].sum())
 
 
-def outcome_p(quality: np.ndarray, labels: np.ndarray, rng: np.random.Generator, draws: int = PERMUTATIONS) -> float:
-    """How often a random split of the same rows into parts of the same sizes makes the workers'
-    accuracies differ between the parts as much as `labels` does (the permutation test's p-value, at
-    least 1 / (draws + 1)). Each row's mean over the workers is taken out first, so a part that is
-    easier for every worker alike does not count: what counts is which worker does well where. The
-    statistic: the parts' mean rows' squared distance from the overall mean, weighted by size."""
+def outcome_z(quality: np.ndarray, labels: np.ndarray, rng: np.random.Generator, draws: int = PERMUTATIONS) -> float:
+    """How far the workers' accuracies differ between the parts `labels` makes, in standard deviations
+    of what random splits of the same rows into parts of the same sizes reach, above their mean.
+    Each row's mean over the workers is taken out first, so a part that is easier for every worker
+    alike does not count: what counts is which worker does well where. The statistic: the parts'
+    mean rows' squared distance from the overall mean, weighted by size. 0.0 where there is nothing
+    to compare (one part, one worker)."""
     Q = np.nan_to_num(np.asarray(quality, np.float64))
     Q = Q - Q.mean(axis=1, keepdims=True)
     k = int(labels.max()) + 1
     sizes = np.bincount(labels, minlength=k).astype(np.float64)
     if len(Q) < 2 or Q.shape[1] < 2 or (sizes > 0).sum() < 2:
-        return 1.0
+        return 0.0
     total = Q.sum(axis=0)
 
     def stat(lab: np.ndarray) -> float:
         sums = np.eye(k)[lab].T @ Q
         return float((np.square(sums - sizes[:, None] * total / len(Q)).sum(axis=1) / np.maximum(sizes, 1)).sum())
 
-    seen = stat(labels)
-    hits = sum(stat(rng.permutation(labels)) >= seen - 1e-12 for _ in range(draws))
-    return (1 + hits) / (1 + draws)
+    null = np.array([stat(rng.permutation(labels)) for _ in range(draws)])
+    return float((stat(labels) - null.mean()) / max(float(null.std()), 1e-12))
 
 
 def _lloyd(Z: np.ndarray, C: np.ndarray, iters: int = 50) -> np.ndarray:
@@ -188,17 +192,17 @@ def _search(X: np.ndarray, top: int, seed: int, rng: np.random.Generator):
 
 def fit_clusters(X: np.ndarray, min_rows: int, prompts: list[str] | None = None, seed: int = 0,
                  max_k: int = MAX_CLUSTERS, min_gap: float = DEFAULT_CLUSTER_MIN_GAP,
-                 quality: np.ndarray | None = None, alpha: float = OUTCOME_ALPHA) -> PromptClusters | None:
+                 quality: np.ndarray | None = None, min_z: float = OUTCOME_Z) -> PromptClusters | None:
     """Prompt clusters of the rows `X` (the non-test rows' prompt features): k from 2 up to `max_k`
     (and at most one cluster per `min_rows` rows), the k with the best mean silhouette, fitted on up
     to `CLUSTER_SAMPLE` rows. Beside it, the same search on one Gaussian blob with the prompts' own
     covariance (`null_silhouette`): what the silhouette reads where there is one kind of prompt, in
     these dimensions. The split stands (`apart`) where its silhouette is `min_gap` above the blob's,
     or, given the workers' `quality` on the rows (N, workers), where the workers do differently on its
-    parts (`outcome_p` below `alpha`: which worker does well differs, not only how hard the prompts
-    are). Where it stands, each cluster is searched again on its own rows (standardised on them,
-    against its own blob) and replaced by its clusters where that split stands by the same test,
-    until none does or there are `max_k` (`refined`: the splits, in order): the most different kinds
+    parts (`outcome_z` at least `min_z`: which worker does well differs, not only how hard the prompts
+    are). Where it stands, each cluster is split in two on its own rows (standardised on them, against
+    its own blob) where that split stands by the same test, and each part again, until none does or
+    there are `max_k` (`refined`: the splits, in order): the most different kinds
     of prompt win the first search (code against math), and kinds that differ less (grade-school
     word problems and competition algebra) only show within their cluster, where the prompts alone
     may not tell them from one kind but the workers' results do. Every row then belongs to the nearest
@@ -219,11 +223,11 @@ def fit_clusters(X: np.ndarray, min_rows: int, prompts: list[str] | None = None,
             return True, float("nan")
         if Qf is None:
             return False, float("nan")
-        p = outcome_p(Qf[rows], labels_, test)
-        return p < alpha, p
+        z = outcome_z(Qf[rows], labels_, test)
+        return z >= min_z, z
 
     s, null, labels = _search(Xf, top, seed, rng)
-    apart, p_top = stands(s, null, np.arange(len(Xf)), labels)
+    apart, z_top = stands(s, null, np.arange(len(Xf)), labels)
     leaves = [np.flatnonzero(labels == j) for j in range(labels.max() + 1)]
     refined: list[dict] = []
     least = max(1, round(min_rows * len(fit_at) / len(X)))  # `min_rows` of all rows, in the fitted sample
@@ -231,16 +235,15 @@ def fit_clusters(X: np.ndarray, min_rows: int, prompts: list[str] | None = None,
     while queue and len(leaves) < max_k:
         at = queue.pop(0)
         rows = leaves[at]
-        top_here = min(max_k - len(leaves) + 1, len(rows) // least)
-        if top_here < 2:
+        if len(rows) < 2 * least:
             continue
-        s_in, null_in, sub = _search(Xf[rows], top_here, seed + 1 + len(refined), rng)
-        ok, p_in = stands(s_in, null_in, rows, sub)
+        s_in, null_in, sub = _search(Xf[rows], 2, seed + 1 + len(refined), rng)
+        ok, z_in = stands(s_in, null_in, rows, sub)
         if not ok:
             continue
         parts = [rows[sub == j] for j in range(sub.max() + 1)]
         refined.append({"rows": int(len(rows)), "into": len(parts), "silhouette": s_in, "null_silhouette": null_in,
-                        **({} if np.isnan(p_in) else {"p_value": p_in})})
+                        **({} if np.isnan(z_in) else {"outcome_z": z_in})})
         leaves[at] = parts[0]
         queue.insert(0, at)
         for part in parts[1:]:
@@ -262,7 +265,7 @@ def fit_clusters(X: np.ndarray, min_rows: int, prompts: list[str] | None = None,
     if prompts is not None:
         nearest = fit_at[np.argmax(Z @ C.T.astype(np.float32), axis=0)]
         examples = {n: " ".join(str(prompts[int(i)]).split())[:60] for n, i in zip(names, nearest)}
-    return PromptClusters(center, scale, C, names, float(s), float(null), examples, refined, apart, p_top)
+    return PromptClusters(center, scale, C, names, float(s), float(null), examples, refined, apart, z_top)
 
 
 def pick_groups(how: str, doms: np.ndarray, rows: np.ndarray, X: np.ndarray | None, prompts: list[str] | None,
@@ -299,9 +302,9 @@ def pick_groups(how: str, doms: np.ndarray, rows: np.ndarray, X: np.ndarray | No
             f"({rows_setting}): {one}")
         return none
     if not clusters.apart:
-        read = "" if np.isnan(clusters.p_value) else (
-            f"; nor do the workers do differently on them: permutation p = {clusters.p_value:.3f}, not below "
-            f"{OUTCOME_ALPHA:g}")
+        read = "" if np.isnan(clusters.outcome_z) else (
+            f"; nor do the workers do differently on them: {clusters.outcome_z:.1f} standard deviations of random "
+            f"splits above their mean, less than {OUTCOME_Z:g}")
         log(f"{who}: the prompts do not fall apart into clusters (best mean silhouette {clusters.silhouette:.3f} at "
             f"k = {len(clusters.names)}, one Gaussian blob of their covariance {clusters.null_silhouette:.3f}: less than "
             f"{gap_setting} {min_gap:g} apart{read}): {one}")
@@ -310,10 +313,10 @@ def pick_groups(how: str, doms: np.ndarray, rows: np.ndarray, X: np.ndarray | No
     groups, merged = split_groups(labels, rows, min_rows)
     counts = {n: int((labels[rows] == n).sum()) for n in clusters.names}
     shown = "; ".join(f"{n} ({counts[n]} rows, e.g. {clusters.examples.get(n, '')!r})" for n in clusters.names)
-    split = "".join(f"; a cluster of {r['rows']} rows split into {r['into']} ({_why(r['silhouette'], r['null_silhouette'], r.get('p_value', float('nan')))})"
+    split = "".join(f"; a cluster of {r['rows']} rows split in {r['into']} ({_why(r['silhouette'], r['null_silhouette'], r.get('outcome_z', float('nan')))})"
                     for r in clusters.refined)
     log(f"{who}: no domains to choose {what} by; {len(clusters.names)} prompt clusters "
-        f"({_why(clusters.silhouette, clusters.null_silhouette, clusters.p_value, 'mean silhouette', 'one blob')}{split}): {shown}")
+        f"({_why(clusters.silhouette, clusters.null_silhouette, clusters.outcome_z, 'mean silhouette', 'one blob')}{split}): {shown}")
     if merged:
         log(merged_line(merged, min_rows, who, pooled, rows_setting, what))
     if not groups:
@@ -321,7 +324,7 @@ def pick_groups(how: str, doms: np.ndarray, rows: np.ndarray, X: np.ndarray | No
     return groups, merged, labels, clusters
 
 
-def _why(s: float, null: float, p: float, first: str = "silhouette", blob: str = "its own blob") -> str:
+def _why(s: float, null: float, z: float, first: str = "silhouette", blob: str = "its own blob") -> str:
     """Why a split stands: its prompts stand apart, else the workers' results differ on its parts."""
     said = f"{first} {s:.3f}, {blob} {null:.3f}"
-    return said if np.isnan(p) else f"{said}; the workers do differently on the parts: permutation p = {p:.3f}"
+    return said if np.isnan(z) else f"{said}; the workers do differently on the parts: {z:.1f} standard deviations of random splits above their mean"
