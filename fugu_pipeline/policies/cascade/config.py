@@ -33,9 +33,10 @@ class CascadeConfig(BaseModel):
         "smaller groups and unseen domains served the pooled plan. domain: the import's domains; cluster: prompt "
         "clusters learnt from the encoder's prompt features (served by nearest centroid); auto: domains where the "
         "import names two or more, else prompt clusters; off: one plan for every prompt")
-    cluster_min_gap: float = Field(DEFAULT_CLUSTER_MIN_GAP, ge=0, le=2, description="prompt clusters are planned for only when their mean "
+    cluster_min_gap: float = Field(DEFAULT_CLUSTER_MIN_GAP, ge=0, le=2, description="prompt clusters are planned for when their mean "
                                    "silhouette (cosine) is this much above one Gaussian blob's with the prompts' own "
-                                   "covariance; closer, the prompts are one kind")
+                                   "covariance, or when the workers do differently on them (train/clusters.OUTCOME_Z); "
+                                   "else the prompts are one kind")
     floor: float = Field(DEFAULT_FLOOR, ge=0, le=1, description="cheapest: a cheaper policy also needs the low end of "
                          "its out-of-fold interval against the strongest no further below than this (what ships must "
                          "hold on new rows; on few rows an interval that reaches 0 reaches far below it)")
