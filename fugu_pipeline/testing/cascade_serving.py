@@ -89,4 +89,6 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
                      worker_quality=dict(zip(ids, [0.7, 0.72, 0.95])),
                      answer_kinds={"*": "number"} if answer_kinds is None else answer_kinds,
                      stat_names=inputs.stat_names, context=ctx, cross_encoder=cross)
-    return save_cascade(models_dir, data, fit, inputs.answer.shape[2])
+    # as `train` records it: serving under --dtype auto then encodes in the dtype these features were (on a CPU
+    # with native bf16, auto alone would serve bf16 against float32 features)
+    return save_cascade(models_dir, data, fit, inputs.answer.shape[2], {"feature_dtype": settings.feature_dtype()})
