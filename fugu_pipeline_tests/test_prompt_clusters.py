@@ -95,3 +95,16 @@ def test_prompts_that_do_not_fall_apart_split_only_where_the_workers_do_differen
     lines.clear()
     assert pick_groups("auto", doms, rows, X, None, 40, log=lines.append, quality=_quality(kind, differ=False))[0] == []
     assert "nor do the workers do differently on them: " in lines[-1] and f"less than {OUTCOME_Z:g}" in lines[-1]
+
+
+def test_within_a_cluster_the_prompts_gap_alone_does_not_split_it_where_the_workers_do_alike():
+    """B and C stand apart within their cluster by the prompts alone (the gap, without the workers'
+    results, splits it); where the workers do alike on B and C the cluster stays whole, where they do
+    differently it splits."""
+    X, kind = _kinds(sep=4.0)
+    alone = fit_clusters(X, 40)
+    assert len(alone.names) == 3 and "outcome_z" not in alone.refined[0]
+    assert alone.refined[0]["silhouette"] - alone.refined[0]["null_silhouette"] >= 0.05
+    same = fit_clusters(X, 40, quality=_quality(kind, differ=False))
+    assert len(same.names) == 2 and same.refined == []
+    assert len(fit_clusters(X, 40, quality=_quality(kind, differ=True)).names) == 3

@@ -201,8 +201,11 @@ def fit_clusters(X: np.ndarray, min_rows: int, prompts: list[str] | None = None,
     or, given the workers' `quality` on the rows (N, workers), where the workers do differently on its
     parts (`outcome_z` at least `min_z`: which worker does well differs, not only how hard the prompts
     are). Where it stands, each cluster is split in two on its own rows (standardised on them, against
-    its own blob) where that split stands by the same test, and each part again, until none does or
-    there are `max_k` (`refined`: the splits, in order): the most different kinds
+    its own blob) where the workers do differently on the halves (given `quality`; else where the
+    halves stand apart), and each part again, until none does or there are `max_k` (`refined`: the
+    splits, in order). Within a cluster the prompts' own gap is not enough: re-standardised on one
+    set's rows, its halves can stand 0.05 above their blob (pairwise judgements: 0.063), and a choice
+    per half of one set buys noise. The most different kinds
     of prompt win the first search (code against math), and kinds that differ less (grade-school
     word problems and competition algebra) only show within their cluster, where the prompts alone
     may not tell them from one kind but the workers' results do. Every row then belongs to the nearest
@@ -218,11 +221,9 @@ def fit_clusters(X: np.ndarray, min_rows: int, prompts: list[str] | None = None,
     Qf = None if quality is None else np.asarray(quality, np.float64)[fit_at]
     test = np.random.default_rng([seed, 1])
 
-    def stands(s_: float, null_: float, rows: np.ndarray, labels_: np.ndarray) -> tuple[bool, float]:
-        if s_ - null_ >= min_gap:
-            return True, float("nan")
-        if Qf is None:
-            return False, float("nan")
+    def stands(s_: float, null_: float, rows: np.ndarray, labels_: np.ndarray, within: bool = False) -> tuple[bool, float]:
+        if Qf is None or (s_ - null_ >= min_gap and not within):
+            return s_ - null_ >= min_gap, float("nan")
         z = outcome_z(Qf[rows], labels_, test)
         return z >= min_z, z
 
@@ -238,7 +239,7 @@ def fit_clusters(X: np.ndarray, min_rows: int, prompts: list[str] | None = None,
         if len(rows) < 2 * least:
             continue
         s_in, null_in, sub = _search(Xf[rows], 2, seed + 1 + len(refined), rng)
-        ok, z_in = stands(s_in, null_in, rows, sub)
+        ok, z_in = stands(s_in, null_in, rows, sub, within=True)
         if not ok:
             continue
         parts = [rows[sub == j] for j in range(sub.max() + 1)]
