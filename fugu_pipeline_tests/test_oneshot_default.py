@@ -126,6 +126,33 @@ def test_a_head_with_no_signal_ships_the_strongest_with_the_reason():
     assert good.kind == "lambda" and good.oof_cost_usd < 0.5 * good.strongest_cost_usd  # the same rows with a signal
 
 
+def test_the_default_says_when_its_strongest_is_other_folds_strongest_workers():
+    """Two workers about as accurate: each fold's strongest (the most accurate on the other folds)
+    is not always the one that serves, and the reason says whose figures "always the strongest" are;
+    with one clear strongest it says nothing of the kind."""
+    n = 500
+    folds = np.arange(n) % 5
+    quality = np.zeros((n, 3))
+    quality[:, 2] = (np.arange(n) // 5) % 2  # "b": right on every other row of each fold (0.5)
+    quality[:, 1] = (np.arange(n) // 5) % 2  # "a": the same rows ...
+    quality[(folds == 0) & ((np.arange(n) // 5) % 2 == 0), 1] = 1.0  # ... and all of fold 0's others
+    quality[(folds == 1) & ((np.arange(n) // 5) % 2 == 0), 2] = 1.0  # "b" all of fold 1's others
+    quality[(folds == 1) & ((np.arange(n) // 5) % 4 == 0), 2] = 0.0
+    tops = [int(np.argmax(quality[folds != f].mean(axis=0))) for f in range(5)]
+    served = int(np.argmax(quality.mean(axis=0)))
+    assert len(set(tops)) == 2 and any(t != served for t in tops)  # the fixture alternates
+    q_oof, c_hat = quality + 0.0, np.tile([1e-4, 1e-3, 1e-3], (n, 1))
+    p = choose_default(q_oof, quality, c_hat, 1e-3, folds, ["cheap", "a", "b"], LAMBDAS)
+    names = ["cheap", "a", "b"]
+    assert p.strongest_worker == names[served]
+    said = {names[t]: tops.count(t) for t in set(tops)}
+    shown = ", ".join(f"{w} on {k} of 5 folds" for w, k in sorted(said.items(), key=lambda kv: -kv[1]))
+    assert (f"; always the strongest worker, out of fold each fold's own strongest (the most accurate on the other "
+            f"folds): {shown}; {names[served]}, the most accurate on every non-test row, serves") in p.reason
+    clear = choose_default(*_synthetic(signal=True)[:3], 1e-3, _synthetic(signal=True)[3], ["cheap", "strong"], LAMBDAS)
+    assert "each fold's own strongest" not in clear.reason
+
+
 def test_a_plain_head_significantly_below_the_strongest_ships_the_strongest():
     """(c) the plain head (λ = 0) is already significantly below the strongest: the strongest alone."""
     q_oof, quality, c_hat, folds = _synthetic(head_worse=True)

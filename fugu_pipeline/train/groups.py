@@ -71,6 +71,17 @@ class GroupChoice:
         return out
 
 
+def fold_tops_note(tops: list[int], served: int, ids: list[str]) -> str:
+    """"" when every fold's strongest worker is the one that serves; else what the out-of-fold
+    figure of "the strongest alone" is: each fold's own, the most accurate on the other folds."""
+    if all(t == served for t in tops):
+        return ""
+    counts = {ids[t]: tops.count(t) for t in dict.fromkeys(tops)}
+    said = ", ".join(f"{w} on {k} of {len(tops)} folds" for w, k in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return (f"out of fold each fold's own strongest (the most accurate on the other folds): {said}; "
+            f"{ids[served]}, the most accurate on every non-test row, serves")
+
+
 def group_label(name: str) -> str:
     """How a report names a group: a prompt cluster by its name, a domain quoted."""
     return name if name.startswith(CLUSTER_PREFIX) else f"domain {name!r}"

@@ -38,6 +38,7 @@ import numpy as np
 
 from fugu_pipeline.train.groups import GroupChoice, Option, group_label, merged_line, split_groups
 from fugu_pipeline.train.groups import choose_groups as _choose_groups
+from fugu_pipeline.train.groups import fold_tops_note
 from fugu_pipeline.train.selection import STRONGEST
 
 __all__ = ["GroupChoice", "Option", "STRONGEST", "choose_groups", "group_label", "merged_line", "split_groups",
@@ -73,17 +74,6 @@ def group_fold(grid, tr: np.ndarray, te: np.ndarray, doms: np.ndarray, groups: l
             tops.setdefault(d, []).append(top)
         out[(d, GROUP_STRONGEST)] = held.run((((top,), None, None),))[:2]
     return out
-
-
-def fold_tops_note(tops: list[int], served: int, ids: list[str]) -> str:
-    """"" when every fold's strongest worker is the one that serves; else what the out-of-fold
-    figure of "the strongest alone" is: each fold's own, the most accurate on the other folds."""
-    if all(t == served for t in tops):
-        return ""
-    counts = {ids[t]: tops.count(t) for t in dict.fromkeys(tops)}
-    said = ", ".join(f"{w} on {k} of {len(tops)} folds" for w, k in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return (f"out of fold each fold's own strongest (the most accurate on the other folds): {said}; "
-            f"{ids[served]}, the most accurate on every non-test row, serves")
 
 
 def choose_groups(*args, **kw) -> GroupChoice:

@@ -9,7 +9,8 @@ strongest worker's**, the same rule as a cascade's (`train/selection.cheapest_no
 
 - every λ of the budget grid routes the selected head's K-fold out-of-fold predictions over the
   non-test rows (ĉ: the calibration's expected cost, fitted on training rows);
-- always the strongest worker: per fold, the most accurate on the other folds;
+- always the strongest worker: per fold, the most accurate on the other folds (the reason says so
+  when that is not always the worker that serves, `train.groups.fold_tops_note`);
 - a λ qualifies when the per-row accuracy difference from the strongest has a paired bootstrap 95%
   interval reaching 0, whose low end is above −`floor` (0.02, as `cascade.floor`), and a mean within
   `margin` (0.005, as `cascade.margin`); the cheapest that saves at least `MIN_SAVING` (2%) of the
@@ -46,7 +47,7 @@ import numpy as np
 
 from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint, PointClusters
 from fugu_pipeline.train.clusters import DEFAULT_CLUSTER_MIN_GAP, pick_groups
-from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS
+from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS, fold_tops_note
 from fugu_pipeline.train.selection import (MIN_SAVING, STRONGEST, Figure, cheaper, cheapest_not_below, interval, intervals,
                                            passes)
 
@@ -164,11 +165,14 @@ def _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *,
     n = len(quality)
     quality = np.nan_to_num(quality)
     strong_q, strong_c, strong_route = np.zeros(n), np.zeros(n), np.zeros(n, int)
+    tops = []
     for f in np.unique(folds):
         at, tr = folds == f, folds != f
         top = int(np.argmax(quality[tr].mean(axis=0))) if tr.any() else int(np.argmax(quality.mean(axis=0)))
         strong_q[at], strong_c[at], strong_route[at] = quality[at, top], c_hat[at, top], top
+        tops.append(top)
     top_all = worker_ids[int(np.argmax(quality.mean(axis=0)))]
+    note = fold_tops_note(tops, worker_ids.index(top_all), list(worker_ids))
     ref = c_ref if c_ref > 0 else 1.0
     cands, seen, lam_of = [Figure(STRONGEST, float(strong_q.mean()), float(strong_c.mean()), 0.0, 0.0, 0.0)], {}, {}
     route_of = {}
@@ -203,6 +207,7 @@ def _pooled_default(q_oof, quality, c_hat, c_ref, folds, worker_ids, lambdas, *,
 
     def point(kind, lam, fig, reason):
         route = route_of[fig.name] if kind == "lambda" else np.full(n, worker_ids.index(top_all))
+        reason += f"; {STRONGEST}, {note}" if note else ""
         return DefaultPoint(kind=kind, lam=lam, strongest_worker=top_all, reason=reason, oof_accuracy=fig.quality,
                             oof_cost_usd=fig.cost_usd, strongest_accuracy=base.quality, strongest_cost_usd=base.cost_usd,
                             difference=(fig.vs_strongest, fig.vs_low, fig.vs_high), margin=margin, floor=floor,
