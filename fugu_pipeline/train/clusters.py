@@ -12,8 +12,8 @@ blob's stands. With MiniLM features, real mixed imports stand 0.067 (GSM8K + MML
 (GSM8K and MATH level 5: 0.026 above their blob, within the math cluster of a code + math mix) are
 told apart by the workers instead: a split also stands where the workers do differently on its parts
 (`outcome_z` at least `OUTCOME_Z`). The prompts alone place every line; the workers' results only
-keep a split or not. Each cluster is searched again within, the same way. Prompts no split of which
-stands keep one choice, with one line saying so. A checkpoint that chooses per cluster saves the
+keep a split or not. Each cluster is split in two again where the workers do differently on its
+halves. Prompts no split of which stands keep one choice, with one line saying so. A checkpoint that chooses per cluster saves the
 centroids, and serving puts each prompt in its nearest cluster (numpy only).
 """
 
@@ -30,9 +30,9 @@ DEFAULT_CLUSTER_MIN_GAP = 0.05
 # their accuracies, each row's mean over the workers taken out, differ between the parts by at least
 # `OUTCOME_Z` standard deviations of what random splits of the same rows into parts of the same sizes
 # reach, above those splits' mean (`PERMUTATIONS` draws). MiniLM features, a code + math mix (CRUXEval-O,
-# GSM8K, MATH level 5; four splits of its non-test rows): the math cluster's halves (GSM8K and MATH)
-# stand 56 to 70 above; halves within one set, up to 3.9 (statistically real, but a plan per half
-# of one set buys noise)
+# GSM8K, MATH level 5; seven splits of its non-test rows): the math cluster's halves (GSM8K and MATH)
+# stand 53 to 86 above; halves within one set, on three of the splits, up to 3.9 (statistically real,
+# but a plan per half of one set buys noise)
 OUTCOME_Z = 10.0
 PERMUTATIONS = 200
 
@@ -170,18 +170,17 @@ def _best_k(Z: np.ndarray, top: int, seed: int, sample: np.ndarray):
     return best
 
 
-def _standardised(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(unit rows, column means, column scales) of `X` standardised per column on its own rows."""
-    center = X.mean(axis=0, dtype=np.float64)
-    scale = np.maximum(X.std(axis=0, dtype=np.float64), 1e-6)
-    return _unit((X - center) / scale).astype(np.float32), center, scale
+def _moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(column means, column scales, floored) of `X`."""
+    return X.mean(axis=0, dtype=np.float64), np.maximum(X.std(axis=0, dtype=np.float64), 1e-6)
 
 
 def _search(X: np.ndarray, top: int, seed: int, rng: np.random.Generator):
     """(silhouette, blob's silhouette, labels) of the best k in 2..`top` over the rows `X` (already a
     sample of at most `CLUSTER_SAMPLE`), standardised on their own rows; the blob: one Gaussian blob
     of the same rows' covariance, the same search."""
-    Z, center, scale = _standardised(X)
+    center, scale = _moments(X)
+    Z = _unit((X - center) / scale).astype(np.float32)
     sample = rng.choice(len(Z), SILHOUETTE_SAMPLE, replace=False) if len(Z) > SILHOUETTE_SAMPLE else np.arange(len(Z))
     s, _, labels = _best_k(Z, top, seed, sample)
     Y = ((X[sample] - center) / scale).astype(np.float32)
@@ -203,12 +202,12 @@ def fit_clusters(X: np.ndarray, min_rows: int, prompts: list[str] | None = None,
     are). Where it stands, each cluster is split in two on its own rows (standardised on them, against
     its own blob) where the workers do differently on the halves (given `quality`; else where the
     halves stand apart), and each part again, until none does or there are `max_k` (`refined`: the
-    splits, in order). Within a cluster the prompts' own gap is not enough: re-standardised on one
-    set's rows, its halves can stand 0.05 above their blob (pairwise judgements: 0.063), and a choice
-    per half of one set buys noise. The most different kinds
-    of prompt win the first search (code against math), and kinds that differ less (grade-school
-    word problems and competition algebra) only show within their cluster, where the prompts alone
-    may not tell them from one kind but the workers' results do. Every row then belongs to the nearest
+    splits, in order). The most different kinds of prompt win the first search (code against math),
+    and kinds that differ less (grade-school word problems and competition algebra) only show within
+    their cluster, where the prompts alone may not tell them from one kind but the workers' results
+    do. Within a cluster the prompts' own gap is not enough: re-standardised on one set's rows, its
+    halves can stand 0.05 above their blob (pairwise judgements: 0.063), and a choice per half of
+    one set buys noise. Every row then belongs to the nearest
     cluster centre (the mean direction of its rows; Lloyd's steps from there), as at serving. None:
     fewer than twice `min_rows` rows."""
     X = np.asarray(X, np.float32)
@@ -250,8 +249,7 @@ def fit_clusters(X: np.ndarray, min_rows: int, prompts: list[str] | None = None,
         for part in parts[1:]:
             leaves.append(part)
             queue.insert(0, len(leaves) - 1)
-    center = X.mean(axis=0, dtype=np.float64)
-    scale = np.maximum(X.std(axis=0, dtype=np.float64), 1e-6)
+    center, scale = _moments(X)  # every row's, as serving standardises
     Z = _unit((Xf - center) / scale).astype(np.float32)
     C = _unit(np.stack([Z[rows].sum(axis=0) for rows in leaves]).astype(np.float64))
     if refined:  # settle the centres together, so each row's nearest centre is its cluster's (Lloyd's steps)
