@@ -111,3 +111,99 @@ def test_a_caps_own_margin_bounds_the_plan_and_reaches_the_spend_guard(tmp_path)
     assert fits[8.0].choices["*"].cost < fits[0.0].choices["*"].cost, {z: f.policy.describe() for z, f in fits.items()}
     ckpt = load_cascade(save_cascade(tmp_path, data, fits[0.0], inputs.answer.shape[2]))
     assert ckpt.head.cap_z == 0.0 and cap_margin(ckpt.head) == 0.0
+
+
+def _mixed_fit(named: bool, share: float = 0.6, log=quiet, **kw):
+    data, grid, inputs = cascade_fixture.mixed(n=600, named=named, apart=4.0)
+    cfg = CascadeConfig(search=FAST, n_boot=400, cap=CostCap(share=share), **kw)
+    return data, grid, inputs, fit_cascade(data, grid, inputs, cfg, log=log)
+
+
+def test_under_a_pooled_cap_the_kinds_of_prompt_share_it():
+    """The cheap worker ties the strong one on code and is right on 30% of multiple choice, and no
+    feature tells the kinds or a right reply apart: one plan for every prompt within 60% of the strong
+    worker's cost escalates at random. Sharing the cap, code gets the cheap worker (1% of the cost)
+    and multiple choice the strong one: the strong worker's accuracy at half its cost, out of fold."""
+    from fugu_pipeline.policies.cascade.ship import SHARED_DOMAIN
+    from fugu_pipeline.policies.cascade.train import CascadeResult
+
+    lines: list[str] = []
+    data, grid, inputs, fit = _mixed_fit(True, log=lines.append)
+    got = {c.name: c for c in fit.candidates}
+    assert fit.selected == SHARED_DOMAIN, fit.reason
+    assert fit.policy.plan_for("code").describe() == "[cheap]" and fit.policy.plan_for("mc").describe() == "[strong]"
+    shared, pooled = got[SHARED_DOMAIN], got["cascade"]
+    assert shared.quality > pooled.quality + 0.01 and shared.vs_strongest == 0.0
+    assert not shared.note and shared.cost_usd <= 0.6 * got["always the strongest worker"].cost_usd
+    assert fit.groups.shared_cap and {o.name for o in fit.groups.groups.values()} == {"its plan within the shared cap"}
+    printed = "\n".join(CascadeResult(fit, None, "cascade", None).lines())
+    assert "the plans chosen together so that the whole keeps within the cap" in printed
+    assert "domain 'code' (240 rows): its plan within the shared cap = [cheap]" in printed
+    assert "mc: [strong]" in lines[-1] and f"selected {SHARED_DOMAIN}" in lines[-1]
+
+
+def test_without_domains_the_prompt_clusters_share_the_cap_and_the_checkpoint_serves_them(tmp_path):
+    from fugu_pipeline.policies.cascade.evaluate import load_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.ship import SHARED_CLUSTER
+
+    data, grid, inputs, fit = _mixed_fit(False)
+    assert fit.selected == SHARED_CLUSTER and fit.clusters is not None, fit.reason
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
+    keys = ckpt.head.group_keys(data.domains, data.features)
+    code = np.array([i % 2 == 1 for i in range(len(keys))])  # the fixture's code rows
+    served = np.array([ckpt.head.policy.plan_for(k).describe() for k in keys])
+    assert (served[code] == "[cheap]").mean() > 0.95 and (served[~code] == "[strong]").mean() > 0.95
+    assert ckpt.head.cap_usd == pytest.approx(fit.cap_usd)  # the spend guard keeps the pooled cap
+
+
+def test_a_cap_per_domain_or_groups_off_keeps_one_plan_per_cap():
+    """The user's own cap per domain is each domain's, not one to share; `groups: off` asks for one plan."""
+    from fugu_pipeline.policies.cascade.ship import SHARED_DOMAIN
+
+    for kw in ({"domain_caps": {"mc": CostCap(share=0.9)}}, {"groups": "off"}):
+        *_, fit = _mixed_fit(True, **kw)
+        assert SHARED_DOMAIN not in {c.name for c in fit.candidates} and fit.groups is None, kw
+
+
+def test_a_pooled_cap_below_every_plan_ships_the_strongest_with_the_reason():
+    *_, fit = _mixed_fit(True, share=0.005)
+    assert fit.selected_kind == "best worker" and "cap" in fit.reason and "raise the cap" in fit.reason
+
+
+def _brute(Q, C, S, w, cap, z):
+    import itertools
+
+    from fugu_pipeline.cost_cap import within_cap
+
+    best = None
+    for pick in itertools.product(*[range(len(q)) for q in Q]):
+        c = sum(w[g] * C[g][k] for g, k in enumerate(pick)) + z * np.sqrt(sum((w[g] * S[g][k]) ** 2 for g, k in enumerate(pick)))
+        q = sum(w[g] * Q[g][k] for g, k in enumerate(pick))
+        if within_cap(c, cap) and (best is None or q > best):
+            best = q
+    return best
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_sharing_a_cap_keeps_within_it_and_near_the_best_choice(seed):
+    """Against every combination: what `allocate` picks is within the cap, None exactly when no
+    combination is, and no further below the best combination than one group's spread (the bound of
+    a price on cost; on most draws it is the best)."""
+    from fugu_pipeline.cost_cap import within_cap
+    from fugu_pipeline.policies.cascade.groups import allocate
+
+    rng = np.random.default_rng(seed)
+    g = int(rng.integers(1, 4))
+    Q = [rng.random(int(rng.integers(1, 6))) for _ in range(g)]
+    C = [rng.random(len(q)) for q in Q]
+    S = [0.05 * rng.random(len(q)) for q in Q]
+    w = rng.dirichlet(np.ones(g))
+    cap, z = float(rng.uniform(0.1, 0.9)), float(rng.choice([0.0, 1.645]))
+    got, best = allocate(Q, C, S, w, cap, z), _brute(Q, C, S, w, cap, z)
+    assert (got is None) == (best is None)
+    if got is not None:
+        c = sum(w[k] * C[k][i] for k, i in enumerate(got)) + z * np.sqrt(sum((w[k] * S[k][i]) ** 2 for k, i in enumerate(got)))
+        q = sum(w[k] * Q[k][i] for k, i in enumerate(got))
+        assert within_cap(c, cap)
+        assert q >= best - max(w[k] * (Q[k].max() - Q[k].min()) for k in range(g)) - 1e-12

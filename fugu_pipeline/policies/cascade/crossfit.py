@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, capped_one_shot, ladder_fold, rung_name
-from fugu_pipeline.policies.cascade.groups import group_fold
-from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, run_policy, search_policy
+from fugu_pipeline.policies.cascade.groups import group_fold, share_cap_fold
+from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, run_policy, search_policy, strongest
 from fugu_pipeline.train.selection import STRONGEST
 
 
@@ -40,17 +40,19 @@ def alone_plan(j: int) -> tuple:
 
 def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndarray, usable: list[int], allowed, cfg,
               mode: str, baseline: str, shares, heads: dict | None, groups: list[str], memo: dict,
-              best_worker, head_routes: dict | None = None) -> CrossFit:
+              best_worker, head_routes: dict | None = None, shared: tuple | None = None) -> CrossFit:
     """See the module docstring. `mode`: "cheapest" | "cap" | "utility"; `shares`: the cost-aware
     ladder; `groups`: the domains that get their own candidates; `best_worker(grid, rows)`: the
     baseline worker of the `cap` and `utility` modes; `head_routes`: a head's out-of-fold route at the
-    operating point it serves with no cap asked, which its candidate is scored at (else its argmax)."""
+    operating point it serves with no cap asked, which its candidate is scored at (else its argmax);
+    `shared`: (candidate name, the group of every row, the groups) of the pooled cap shared among
+    groups (`groups.share_cap`), one more candidate under a cap."""
     from fugu_pipeline.policies.cascade.plans import RowSet
 
     n = len(rows)
     capped = mode == "cap"
     names = [STRONGEST] + [rung_name(s) for s in shares] + ([baseline, "cascade"] if mode != "cheapest" else []) \
-        + list(heads or {})
+        + ([shared[0]] if shared else []) + list(heads or {})
     out = CrossFit(names, {k: np.zeros(n) for k in names}, {k: np.zeros(n) for k in names},
                    {k: np.zeros(n) for k in names},
                    {f"{k}@{s}": (np.zeros(n), np.zeros(n)) for s in TABLE_SHARES for k in ("cascade", "one-shot")
@@ -94,6 +96,13 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
                 out.unmet = f"cap: {exc}; the strongest worker ({data.worker_ids[top]}) ships"
                 return out
             put("cascade", at, *run_policy(g, policy, te, doms))
+            if shared:
+                got = share_cap_fold(g, tr, te, shared[1], shared[2], cfg.search, allowed,
+                                     cfg.cap.usd_per_request(g.exp_cost[strongest(g, tr)]), cfg.cap.margin_z, memo)
+                if got is None:
+                    out.missing.add(shared[0])
+                else:
+                    put(shared[0], at, *got)
             put(baseline, at, *held.run(alone_plan(best_worker(g, tr))))
         for name, s in (heads or {}).items():
             route = (head_routes or {}).get(name, np.argmax(s, axis=1))[at]  # at the point it serves

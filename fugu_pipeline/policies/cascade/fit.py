@@ -47,6 +47,8 @@ from fugu_pipeline.policies.cascade.ship import (  # noqa: F401  (CandidateFigur
     BEST_WORKER,
     PER_CLUSTER,
     PER_DOMAIN,
+    SHARED_CLUSTER,
+    SHARED_DOMAIN,
     CandidateFigure,
     candidates,
     paired_interval,
@@ -224,15 +226,21 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     def grid_for(fit_rows):
         return grid_on(data, codes, scores, fit_rows)
 
-    # the groups that get plans of their own (groups.py): domains, or prompt clusters where there are none
-    groups, merged, gdoms, clusters = pick_groups("off" if mode != "cheapest" else cfg.groups, doms, rows,
+    # the groups that get plans of their own (groups.py): domains, or prompt clusters where there are none,
+    # each held to the rule (cheapest rule) or sharing one pooled cap (a cap on the whole, no domain's own)
+    pooled_cap = mode == "cap" and cfg.cap is not None and not cfg.domain_caps
+    groups, merged, gdoms, clusters = pick_groups(cfg.groups if mode == "cheapest" or pooled_cap else "off", doms, rows,
                                                   inputs.prompt, data.prompts, cfg.search.min_domain_rows,
                                                   cfg.cluster_min_gap, log, seed, quality=data.quality)
     n = len(rows)
     shares = LADDER if mode == "cheapest" else ()
     memo: dict = {}  # every search of this fit, each row set's plans run once
-    cf = cross_fit(data, grid_for, rows, folds, gdoms if groups else doms, usable, allowed, cfg, mode, baseline, shares,
-                   heads, groups, memo, lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes)
+    shared = None
+    if pooled_cap and groups:
+        shared = (SHARED_CLUSTER if clusters is not None else SHARED_DOMAIN, gdoms, groups)
+    cf = cross_fit(data, grid_for, rows, folds, gdoms if groups and mode == "cheapest" else doms, usable, allowed, cfg,
+                   mode, baseline, shares, heads, groups if mode == "cheapest" else [], memo,
+                   lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes, shared)
     if cf.unmet:
         return _strongest_ships(data, grid, inputs, rows, usable, log, cf.unmet)
     frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed, memo=memo, n_boot=cfg.n_boot, seed=seed)
@@ -244,7 +252,9 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     cands = candidates(cf, mode, baseline, heads, cfg.n_boot, seed, over_cap)
     strongest_worker = data.worker_ids[top_all]
     split = None
-    if groups:  # the per-domain policy: one more candidate, held to the rule per domain and for the whole
+    if shared:  # under a pooled cap: how the plans that share it did on each group's rows
+        split = _shared_figures(cf, shared[0], groups, merged, gdoms[rows], clusters, cfg.n_boot, seed)
+    elif groups:  # the per-domain policy: one more candidate, held to the rule per domain and for the whole
         pooled = [c for c in cands if c.kind != "one-shot" and c.name not in cf.missing]
         default = pick_cheapest(pooled, strongest_worker, cfg.margin, n, cfg.floor)[0].name
         split = choose_groups(groups, merged, gdoms[rows], {c.name: (cf.quality[c.name], cf.cost[c.name]) for c in pooled},
@@ -268,8 +278,12 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     else:
         win, reason = pick_utility(cands, baseline, strongest_worker)
     try:
-        policy, choices, saved_as = _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo, mode,
-                                                 top_all, usable, capped, gdoms, cf.fold_tops)
+        if shared and win.name == shared[0]:
+            policy, choices = _shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split)
+            saved_as = ""
+        else:
+            policy, choices, saved_as = _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo,
+                                                      mode, top_all, usable, capped, gdoms, cf.fold_tops)
     except CapUnmet as exc:
         return _strongest_ships(data, grid, inputs, rows, usable, log, f"cap: {exc}; the strongest worker "
                                 f"({strongest_worker}) ships")
@@ -292,7 +306,45 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       context=context_json(scores) if verifier is not None else {}, frontier=frontier,
                       saved_as=saved_as, baseline=STRONGEST if mode == "cheapest" else baseline, groups=split,
                       cap_usd=cap_usd, cap_z=None if cfg.cap is None else cfg.cap.margin_z,
-                      clusters=clusters if policy.per_domain else None)
+                      clusters=clusters if policy.per_domain and set(policy.per_domain) <= set(groups) else None)
+
+
+def _shared_figures(cf, name: str, groups: list[str], merged, gd: np.ndarray, clusters, n_boot: int,
+                    seed: int) -> GroupChoice:
+    """The plans sharing a pooled cap, out of fold on each group's rows against the strongest there
+    (`GroupChoice.shared_cap`: what `train` prints per group under a cap)."""
+    from fugu_pipeline.train.groups import Option
+    from fugu_pipeline.train.selection import interval
+
+    q, c = cf.quality[name], cf.cost[name]
+    sq, sc = cf.quality[STRONGEST], cf.cost[STRONGEST]
+    opts = {}
+    for d in groups:
+        at = gd == d
+        m, lo, hi = interval(q[at] - sq[at], n_boot, seed)
+        opts[d] = Option("its plan within the shared cap", float(q[at].mean()), float(c[at].mean()), m, lo, hi,
+                         spec=("shared", None))
+    split = GroupChoice(opts, merged, q, c, float(sc.mean()), {d: int((gd == d).sum()) for d in groups},
+                        {d: float(sc[gd == d].mean()) for d in groups}, shared_cap=True)
+    if clusters is not None:
+        split.about, split.by = {d: f", e.g. {clusters.examples.get(d, '')!r}" for d in groups}, "prompt cluster"
+    return split
+
+
+def _shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split):
+    """(policy, {group or "*": Choice}): the plans `groups.share_cap` picks on every non-test row
+    within the pooled cap; CapUnmet when none meets it there."""
+    from fugu_pipeline.policies.cascade.groups import share_cap
+    from fugu_pipeline.policies.cascade.search import choice_at
+
+    got = share_cap(g_all, rows, gdoms, groups, cfg.search, allowed, cap_usd, cfg.cap.margin_z, memo)
+    if got is None or got["*"] is None:
+        raise CapUnmet(f"no plans per group meet the cap of ${cap_usd * 1000:.4g} per 1,000 requests on every "
+                       "non-test row")
+    choices = {d: choice_at(pts, i, g_all.worker_ids) for d, (_, pts, i) in got.items()}
+    per = {d: choices[d].plan for d in got if d != "*"}
+    split.plans = {d: p.describe() for d, p in per.items()}
+    return CascadePolicy(default=choices["*"].plan, per_domain=per), choices
 
 
 def _checked_inside_folds(win, reason, pick, cands, cf, folds, cfg, seed, strongest_worker, split, groups, merged,

@@ -90,3 +90,112 @@ def _share(name: str) -> float:
     from fugu_pipeline.policies.cascade.choice import LADDER
 
     return next(s for s in LADDER if group_rung(s) == name)
+
+
+# Under a pooled cap: the cap shared among the groups
+#
+# A cap a user sets is on what the whole traffic costs, not on each kind of prompt. One plan for every
+# prompt must meet it on every kind at once; on a mix where a cheap worker ties the strongest on one
+# kind and not on another, the cheap kind can be served for a tenth of the strongest's cost and the
+# rest of the cap spent where it buys accuracy. `share_cap` picks one plan per group (and one for the
+# rows of no group) so that the whole's accuracy is the highest whose expected cost bound (the
+# row-weighted mean of the groups' costs plus `z` standard errors of that mean) is within the cap.
+
+
+def allocate(quality: list[np.ndarray], cost: list[np.ndarray], cost_se: list[np.ndarray], weights, cap_usd: float,
+             z: float) -> list[int] | None:
+    """One index per group into its arrays (a plan's mean quality, mean cost and the cost's standard
+    error on the group's rows) with the highest Σ w·quality whose Σ w·cost + z·sqrt(Σ w²·se²) is within
+    `cap_usd` (ties: the cheaper); None when even the cheapest plans are not. The groups' Pareto plans
+    are swept by a price on cost (each group's best quality − λ·cost, every λ where a group's choice
+    changes), then single-group swaps that add accuracy within the cap are taken, best first, until
+    none does (a multiple-choice knapsack: the sweep reaches its convex hull, the swaps the budget
+    the hull leaves)."""
+    from fugu_pipeline.cost_cap import within_cap
+
+    w = np.asarray(weights, float)
+    fronts = []
+    for q, c in zip(quality, cost):
+        keep, best = [], -np.inf
+        for i in np.lexsort((-np.asarray(q), np.asarray(c))):  # cheapest first; a dearer plan must add accuracy
+            if q[i] > best + 1e-12:
+                keep.append(int(i))
+                best = q[i]
+        fronts.append(np.asarray(keep))
+    Q = [np.asarray(q, float)[f] for q, f in zip(quality, fronts)]
+    C = [np.asarray(c, float)[f] for c, f in zip(cost, fronts)]
+    S = [np.asarray(s, float)[f] for s, f in zip(cost_se, fronts)]
+
+    def bound(pick) -> float:
+        tot = sum(w[g] * C[g][k] for g, k in enumerate(pick))
+        return float(tot + z * np.sqrt(sum((w[g] * S[g][k]) ** 2 for g, k in enumerate(pick))))
+
+    def total_q(pick) -> float:
+        return float(sum(w[g] * Q[g][k] for g, k in enumerate(pick)))
+
+    slopes = {float((Q[g][k + 1] - Q[g][k]) / (C[g][k + 1] - C[g][k]))
+              for g in range(len(Q)) for k in range(len(Q[g]) - 1) if C[g][k + 1] > C[g][k]}
+    best = None
+    for lam in [np.inf, *sorted(slopes, reverse=True), 0.0]:
+        pick = [0 if np.isinf(lam) else int(np.argmax(Q[g] - lam * C[g])) for g in range(len(Q))]
+        if within_cap(bound(pick), cap_usd) and (best is None or total_q(pick) > total_q(best) + 1e-12):
+            best = pick
+    if best is None:
+        return None
+    for _ in range(sum(len(q) for q in Q)):  # each swap adds accuracy, so this ends
+        top, gain = None, 1e-12
+        for g in range(len(Q)):
+            for k in range(len(Q[g])):
+                trial = best[:g] + [k] + best[g + 1:]
+                d = w[g] * (Q[g][k] - Q[g][best[g]])
+                if d > gain and within_cap(bound(trial), cap_usd):
+                    top, gain = trial, d
+        if top is None:
+            break
+        best = top
+    return [int(fronts[g][k]) for g, k in enumerate(best)]
+
+
+def share_cap(grid, rows: np.ndarray, gdoms: np.ndarray, groups: list[str], search_cfg, allowed, cap_usd: float,
+              z: float, memo: dict | None = None) -> dict | None:
+    """{group: (plan, its Points, its index), "*": the same for the rows of no group} chosen on `rows`
+    by `allocate` (each group's plans searched on its own rows, as `group_fold` searches them); the
+    pooled plan within the cap serves "*" when every row is in a group (None when it has none). None
+    when no choice of plans meets the cap."""
+    from fugu_pipeline.policies.cascade.plans import points_for
+
+    gd = np.asarray(gdoms, dtype=str)[rows]
+    parts = [(d, rows[gd == d]) for d in groups if (gd == d).any()]
+    rest = rows[~np.isin(gd, [d for d, _ in parts])]
+    if len(rest):
+        parts.append(("*", rest))
+    pts = [points_for(grid, mine, search_cfg, allowed, memo) for _, mine in parts]
+    got = allocate([p.quality for p in pts], [p.cost for p in pts], [p.cost_se for p in pts],
+                   [len(mine) / len(rows) for _, mine in parts], cap_usd, z)
+    if got is None:
+        return None
+    out = {d: (p.plans[i], p, i) for (d, _), p, i in zip(parts, pts, got)}
+    if "*" not in out:
+        p = points_for(grid, rows, search_cfg, allowed, memo)
+        i = p.best("quality", p.within(cap_usd, z))
+        out["*"] = (p.plans[i], p, i) if i is not None else None
+    return out
+
+
+def share_cap_fold(grid, tr: np.ndarray, te: np.ndarray, gdoms: np.ndarray, groups: list[str], search_cfg, allowed,
+                   cap_usd: float, z: float, memo: dict | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(quality, cost) per row of `te` of the plans `share_cap` chooses on `tr`; None when they do
+    not meet the cap there."""
+    from fugu_pipeline.policies.cascade.plans import RowSet
+
+    got = share_cap(grid, tr, gdoms, groups, search_cfg, allowed, cap_usd, z, memo)
+    if got is None:
+        return None
+    gd = np.asarray(gdoms, dtype=str)[te]
+    q, c = np.zeros(len(te)), np.zeros(len(te))
+    for key in {d if d in got and d != "*" else "*" for d in gd.tolist()}:
+        at = np.flatnonzero(gd == key) if key != "*" else np.flatnonzero(~np.isin(gd, [d for d in got if d != "*"]))
+        if got[key] is None:  # rows of no group in this fold, none among the rows chosen on, no pooled plan fits
+            return None
+        q[at], c[at] = RowSet(grid, te[at]).run(got[key][0])[:2]
+    return q, c

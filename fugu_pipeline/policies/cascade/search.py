@@ -152,9 +152,14 @@ def search(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, cap_usd: float | No
                        f"the cheapest plan ({to_model(pts.plans[k], grid.worker_ids).describe()}) costs "
                        f"${pts.cost[k] * 1000:.4g} per 1,000 requests (accuracy {pts.quality[k]:.3f}); raise the cap, "
                        "or add a cheaper worker")
-    figures = pts.quality if cap_usd is not None else pts.utility
-    return Choice(to_model(pts.plans[i], grid.worker_ids), float(pts.quality[i]), float(pts.cost[i]),
-                  float(pts.utility[i]), len(pts.plans), _frontier(pts, grid.worker_ids), [float(v) for v in figures])
+    return choice_at(pts, i, grid.worker_ids, "quality" if cap_usd is not None else "utility")
+
+
+def choice_at(pts, i: int, ids: list[str], figure: str = "quality") -> Choice:
+    """The `Choice` of plan `i` of `pts` (`plans.Points`), with the frontier of them all and every
+    plan's `figure` ("quality" or "utility")."""
+    return Choice(to_model(pts.plans[i], ids), float(pts.quality[i]), float(pts.cost[i]), float(pts.utility[i]),
+                  len(pts.plans), _frontier(pts, ids), [float(v) for v in getattr(pts, figure)])
 
 
 def _frontier(pts, ids: list[str], keep: int = 12) -> list[dict]:

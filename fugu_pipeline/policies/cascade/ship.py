@@ -30,6 +30,9 @@ BEST_WORKER = "always the best worker"
 BEST_IN_CAP = "always the best worker within the cap"
 PER_DOMAIN = "cascade per domain"
 PER_CLUSTER = "cascade per prompt cluster"  # the same, for groups learnt from the prompts (groups.py)
+# under a pooled cap: a plan per group, the cap shared among them (groups.share_cap)
+SHARED_DOMAIN = "cascade per domain, the cap shared"
+SHARED_CLUSTER = "cascade per prompt cluster, the cap shared"
 
 
 @dataclass

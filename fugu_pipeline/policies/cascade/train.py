@@ -48,7 +48,9 @@ class CascadeResult:
                        f"[{c.vs_low:+.4f}, {c.vs_high:+.4f}]" + (f" {c.note}" if c.note else ""))
         if getattr(f, "groups", None) is not None:
             by = f.groups.by
-            out.append(f"per {by}, out of fold (each {by}'s cheapest choice not significantly below {STRONGEST} "
+            out.append(f"per {by}, out of fold (one plan per {by}, the plans chosen together so that the whole keeps "
+                       f"within the cap; accuracy − {STRONGEST} on the {by}'s rows):" if f.groups.shared_cap else
+                       f"per {by}, out of fold (each {by}'s cheapest choice not significantly below {STRONGEST} "
                        f"on its rows; the whole held to the same rule):")
             out += f.groups.lines()
         for d, ch in f.choices.items():
