@@ -142,3 +142,10 @@ def close(seed: int = 0, n: int = 300, p_cheap: float = 0.78, p_strong: float = 
     grid = AnswerGrid(list(data.task_ids), ["cheap", "strong"], text, ["text"] * n, final, "v1")
     inputs = VerifierInputs(prompt=prompt, answer=answer, has=np.ones((n, 2), bool), target=quality)
     return data, grid, inputs
+
+
+def take(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, rows):
+    """The three row-aligned inputs cut (or reordered) to `rows`."""
+    rows = np.asarray(rows, dtype=np.int64)
+    return data.subset(rows), grid.subset(rows), VerifierInputs(
+        inputs.prompt[rows], inputs.answer[rows], inputs.has[rows], inputs.target[rows], inputs.stat_names)

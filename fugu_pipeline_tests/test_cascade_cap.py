@@ -38,7 +38,9 @@ def capped(tmp_path_factory):
     from fugu_pipeline.policies.cascade.save import save_cascade
 
     data, grid, inputs = cascade_fixture.make(n=600, test_cheap=0.2)
-    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300, cap=CostCap(share=0.2)), log=quiet)
+    # one plan for both of the fixture's domains (they differ in name only): the pooled cap's own guard
+    cfg = CascadeConfig(search=FAST, n_boot=300, cap=CostCap(share=0.2), groups="off")
+    fit = fit_cascade(data, grid, inputs, cfg, log=quiet)
     path = save_cascade(tmp_path_factory.mktemp("capped"), data, fit, inputs.answer.shape[2])
     cap = 0.2 * fit.expected_cost["strong"]
     return data, grid, inputs, fit, load_cascade(path), cap
@@ -207,3 +209,38 @@ def test_sharing_a_cap_keeps_within_it_and_near_the_best_choice(seed):
         q = sum(w[k] * Q[k][i] for k, i in enumerate(got))
         assert within_cap(c, cap)
         assert q >= best - max(w[k] * (Q[k].max() - Q[k].min()) for k in range(g)) - 1e-12
+
+
+def test_each_group_keeps_its_part_of_a_shared_cap_in_serving_and_evaluate(tmp_path):
+    """The multiple-choice plan costs the strong worker's price, above the pooled cap: a run of those
+    requests at that price keeps its plan (its part of the cap is that price); the same run at twice
+    the price is cut to a plan that escalates less. `evaluate`, with the test rows sorted by kind,
+    spends the same as the plans unguarded."""
+    from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, load_cascade
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+    from fugu_pipeline.policies.cascade.save import save_cascade
+
+    data, grid, inputs, fit = _mixed_fit(True)
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
+    parts = ckpt.head.group_caps
+    rows = np.flatnonzero(data.splits != "test")
+    doms = np.asarray(data.domains)[rows]
+    assert set(parts) == {"code", "mc"}
+    assert sum(parts[d] * (doms == d).mean() for d in parts) == pytest.approx(fit.cap_usd)
+    assert parts["mc"] > fit.cap_usd > parts["code"]
+    for price, kept in ((1.0, True), (2.0, False)):
+        router = CascadeRouter(load_cascade(ckpt.path), None)
+        first = router.route_batch(["q"], ["mc"])[0]
+        assert first.extra["budget"]["guard"]["group"] == "mc"
+        for _ in range(30):
+            router.record_spend(first, price * fit.expected_cost["strong"])
+        later = router.route_batch(["q"], ["mc"])[0]
+        assert (later.extra["cascade"]["describe"] == "[strong]") == kept, (price, later.extra)
+        code = router.route_batch(["q"], ["code"])[0]  # the other group's guard has seen nothing
+        assert code.extra["cascade"]["describe"] == "[cheap]" and code.extra["budget"]["guard"]["requests"] == 0
+    order = np.argsort(np.asarray(data.domains) != "mc", kind="stable")  # every mc row first, then every code row
+    sorted_data, sorted_grid, sorted_inputs = cascade_fixture.take(data, grid, inputs, order)
+    guarded = [o.answered_by for o in cascade_outcomes(ckpt, sorted_data, sorted_grid, sorted_inputs)]
+    test = np.flatnonzero(sorted_data.splits == "test")
+    want = [fit.policy.plan_for(sorted_data.domains[i]).steps[0].workers[0] for i in test]
+    assert guarded == want

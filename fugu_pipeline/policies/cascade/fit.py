@@ -133,6 +133,7 @@ class CascadeFit:
     cap_usd: float | None = None  # the pooled cap, $ per request (the serving spend guard keeps to it)
     cap_z: float | None = None  # that cap's margin in standard errors (the guard's bound on a saved point)
     cross_encoder: object = None  # the cross-encoder the verifier reads (cascade_cross_encoder.CrossEncoder), or None
+    group_caps: dict[str, float] = field(default_factory=dict)  # each group's part of a shared pooled cap ($ per request)
 
     def table(self) -> list[dict]:
         return [c.row() for c in self.candidates]
@@ -278,8 +279,9 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     else:
         win, reason = pick_utility(cands, baseline, strongest_worker)
     try:
+        group_caps: dict[str, float] = {}
         if shared and win.name == shared[0]:
-            policy, choices = _shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split)
+            policy, choices, group_caps = _shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split)
             saved_as = ""
         else:
             policy, choices, saved_as = _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo,
@@ -306,7 +308,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       context=context_json(scores) if verifier is not None else {}, frontier=frontier,
                       saved_as=saved_as, baseline=STRONGEST if mode == "cheapest" else baseline, groups=split,
                       cap_usd=cap_usd, cap_z=None if cfg.cap is None else cfg.cap.margin_z,
-                      clusters=clusters if policy.per_domain and set(policy.per_domain) <= set(groups) else None)
+                      clusters=clusters if policy.per_domain and set(policy.per_domain) <= set(groups) else None,
+                      group_caps=group_caps)
 
 
 def _shared_figures(cf, name: str, groups: list[str], merged, gd: np.ndarray, clusters, n_boot: int,
@@ -332,8 +335,10 @@ def _shared_figures(cf, name: str, groups: list[str], merged, gd: np.ndarray, cl
 
 
 def _shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split):
-    """(policy, {group or "*": Choice}): the plans `groups.share_cap` picks on every non-test row
-    within the pooled cap; CapUnmet when none meets it there."""
+    """(policy, {group or "*": Choice}, {group: its part of the cap}): the plans `groups.share_cap`
+    picks on every non-test row within the pooled cap, and each group's part of it (its plan's
+    expected cost, scaled so that the parts weighted by the groups' rows add up to the cap: what the
+    spend guard keeps each group to); CapUnmet when no plans meet the cap there."""
     from fugu_pipeline.policies.cascade.groups import share_cap
     from fugu_pipeline.policies.cascade.search import choice_at
 
@@ -344,7 +349,13 @@ def _shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, spli
     choices = {d: choice_at(pts, i, g_all.worker_ids) for d, (_, pts, i) in got.items()}
     per = {d: choices[d].plan for d in got if d != "*"}
     split.plans = {d: p.describe() for d, p in per.items()}
-    return CascadePolicy(default=choices["*"].plan, per_domain=per), choices
+    gd = np.asarray(gdoms, dtype=str)[rows]
+    weight = {d: float((gd == d).mean()) for d in per}
+    weight["*"] = 1.0 - sum(weight.values())
+    spent = sum(weight[d] * choices[d].cost for d in weight if d in choices)
+    scale = cap_usd / spent if spent > 0 else 1.0
+    parts = {d: choices[d].cost * scale for d in per if choices[d].cost > 0}
+    return CascadePolicy(default=choices["*"].plan, per_domain=per), choices, parts
 
 
 def _checked_inside_folds(win, reason, pick, cands, cf, folds, cfg, seed, strongest_worker, split, groups, merged,

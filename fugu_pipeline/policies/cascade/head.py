@@ -45,7 +45,8 @@ class CascadeHead(RoutingHead):
     def __init__(self, dim: int, n_workers: int, policy: dict | None = None, answer_dim: int = 0,
                  frontier: list | None = None, answer_format: str = "", domains_frontier: dict | None = None,
                  answer_stats: list[str] | None = None, context: dict | None = None, cross_encoder: dict | None = None,
-                 cap_usd: float | None = None, cap_z: float | None = None, clusters: dict | None = None):
+                 cap_usd: float | None = None, cap_z: float | None = None, clusters: dict | None = None,
+                 group_caps: dict | None = None):
         from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1
         from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
 
@@ -69,6 +70,12 @@ class CascadeHead(RoutingHead):
         self.cap_usd = None if cap_usd is None else float(cap_usd)
         # that cap's margin in standard errors (a checkpoint saved before it was recorded: the default margin)
         self.cap_z = None if cap_z is None else float(cap_z)
+        # under a pooled cap shared among groups (policies/cascade/groups.share_cap): each group's part of it,
+        # $ per request, which its own spend guard keeps to (the pooled cap keeps the rest)
+        self.group_caps = {str(g): float(c) for g, c in (group_caps or {}).items()}
+        bad = [g for g, c in self.group_caps.items() if not (np.isfinite(c) and c > 0)]
+        if bad:
+            raise ValueError(f"head_params.group_caps holds a cap that is not a positive number for {bad[:5]}")
         # the context verifier (policies/cascade/verifier_context.py; None: each reply is scored alone)
         self.context = dict(context) if context else None
         if self.context is not None:
@@ -99,6 +106,7 @@ class CascadeHead(RoutingHead):
                 **({"cross_encoder": self.cross_encoder} if self.cross_encoder else {}),
                 **({"cap_usd": self.cap_usd} if self.cap_usd is not None else {}),
                 **({"cap_z": self.cap_z} if self.cap_z is not None else {}),
+                **({"group_caps": self.group_caps} if self.group_caps else {}),
                 **({"clusters": self.clusters} if self.clusters is not None else {})}
 
     def group_keys(self, domains, prompt_features: np.ndarray | None = None) -> list:

@@ -92,13 +92,13 @@ class CascadeRouter(Router):
     def budget_point(self, budget):
         return self._budget_plan(None, budget)
 
-    def guard(self, cap_usd: float):
-        """The spend guard of a cap (one per cap, kept while the router serves; past `MAX_GUARDS`
-        distinct caps, the least recently used one is dropped, so requests naming ever new caps
-        hold a bounded memory)."""
+    def guard(self, cap_usd: float, group: str | None = None):
+        """The spend guard of a cap (one per cap, and per group for a group's part of a shared cap;
+        kept while the router serves; past `MAX_GUARDS` distinct caps, the least recently used one is
+        dropped, so requests naming ever new caps hold a bounded memory)."""
         from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, SpendGuard
 
-        key = round(float(cap_usd), 15)
+        key = (round(float(cap_usd), 15),) if group is None else ("group", str(group), round(float(cap_usd), 15))
         with self._guards_lock:
             got = self.guards.pop(key, None) or SpendGuard(cap_usd)
             self.guards[key] = got  # the most recently used last
@@ -110,7 +110,7 @@ class CascadeRouter(Router):
         """What a served cascade cost, counted by the guard of the cap it was served under."""
         held = (decision.extra.get("budget") or {}).get("guard")
         if held:
-            self.guard(held["cap_usd"]).record(cost_usd)
+            self.guard(held["cap_usd"], held.get("group")).record(cost_usd)
 
     def _points(self, domain):
         from fugu_pipeline.policies.cascade.spend import cap_points
@@ -144,13 +144,16 @@ class CascadeRouter(Router):
         """The checkpoint's own plan while the running spend under its training cap allows it, else the
         most accurate saved point within the allowance."""
         from fugu_pipeline.policies.cascade.policy import CascadePlan
-        from fugu_pipeline.policies.cascade.spend import cap_margin, pick
+        from fugu_pipeline.policies.cascade.spend import cap_margin, guarded_cap, pick
 
-        cap = self.head.cap_usd
-        guard = self.guard(cap)
+        key, cap = guarded_cap(self.head, domain)
+        group = key[1] if key[0] == "group" else None
+        guard = self.guard(cap, group)
         allowance = guard.allowance()
-        note = {"cap": f"the cap it was trained under, ${cap * 1000:.4g} per 1,000 requests",
-                "guard": {"cap_usd": cap, "allowance_usd": allowance, **guard.state()}}
+        note = {"cap": f"the cap it was trained under, ${self.head.cap_usd * 1000:.4g} per 1,000 requests"
+                + (f" (this group's part: ${cap * 1000:.4g})" if group is not None else ""),
+                "guard": {"cap_usd": cap, "allowance_usd": allowance, **guard.state(),
+                          **({"group": group} if group is not None else {})}}
         if within_cap(cap, allowance):  # the cap itself: nothing to hold back
             return plan, note
         points = self._points(domain)

@@ -51,6 +51,8 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
                         # the pooled cap the policy was chosen under: serving keeps its running spend within it
                         **({"cap_usd": fit.cap_usd, "cap_z": fit.cap_z} if getattr(fit, "cap_usd", None) is not None
                            else {}), **cross,
+                        # each group's part of that cap, where the groups' plans share it (policies/cascade/spend.py)
+                        **({"group_caps": fit.group_caps} if getattr(fit, "group_caps", None) else {}),
                         **({"clusters": clusters.params()} if clusters is not None else {})},
         "training_config": training_config or {}, "metrics": metrics,
         # the search's record (what a receipt cites, as a grid head's figure per grid point): the

@@ -14,6 +14,14 @@ as it nears the cap and beyond, the allowance falls and the plan served is the m
 point whose cost bound is within the allowance (a plan that escalates less), down to the cheapest
 point. The guard never spends above the cap's own plan to use up savings. `replay` runs the same
 rule over recorded rows in order, as `evaluate` scores a cap.
+
+A checkpoint whose plans per group share one pooled cap (`groups.share_cap`) keeps a guard per
+group: each group's part of the cap is its plan's expected cost, scaled so that the parts, weighted
+by the groups' shares of the rows the plans were chosen on, add up to the cap. A run of one kind of
+prompt (a batch of code questions whose plan costs three times the pooled cap) is then not cut to
+the pooled cap while it lasts; a group whose prompts escalate more than its plan did on validation
+is. The pooled cap holds at the mix of kinds the plans were chosen on; `evaluate` reports the
+spend over the held-out rows against it.
 """
 
 from __future__ import annotations
@@ -47,6 +55,13 @@ def cap_margin(head) -> float:
 
     z = getattr(head, "cap_z", None)
     return CAP_Z if z is None else float(z)
+
+
+def guarded_cap(head, group: str | None) -> tuple[tuple, float]:
+    """(the guard's key, its cap in $ per request) for a request of `group` under the cap `head` was
+    trained under: the group's part of a shared cap where it has one, else the pooled cap."""
+    part = (getattr(head, "group_caps", None) or {}).get(str(group)) if group is not None else None
+    return (("group", str(group), round(part, 15)), part) if part is not None else ((round(head.cap_usd, 15),), head.cap_usd)
 
 
 def bound(point: dict, z: float) -> float:
