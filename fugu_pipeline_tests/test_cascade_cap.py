@@ -244,3 +244,17 @@ def test_each_group_keeps_its_part_of_a_shared_cap_in_serving_and_evaluate(tmp_p
     test = np.flatnonzero(sorted_data.splits == "test")
     want = [fit.policy.plan_for(sorted_data.domains[i]).steps[0].workers[0] for i in test]
     assert guarded == want
+
+
+def test_a_guard_that_cuts_never_serves_a_dearer_plan_than_the_groups_own():
+    """A group whose own plan is cheap (code: the cheap worker) has dearer, more accurate points
+    within a pooled allowance; cutting must not turn into an upgrade."""
+    from fugu_pipeline.policies.cascade.spend import own_cost, pick
+
+    points = [{"cost_usd": 1.0, "cost_se": 0.0, "quality": 0.5, "plan": "cheap"},
+              {"cost_usd": 2.0, "cost_se": 0.0, "quality": 0.9, "plan": "dear"}]
+    metrics = {"validation": {"*": {"cost_usd": 3.0}, "code": {"cost_usd": 1.0}}}
+    assert own_cost(metrics, "code") == 1.0 and own_cost(metrics, "unseen") == 3.0 and own_cost({}, "code") is None
+    assert pick(points, 2.5, 0.0)["plan"] == "dear"
+    assert pick(points, 2.5, 0.0, own_cost(metrics, "code"))["plan"] == "cheap"
+    assert pick(points, 2.5, 0.0, own_cost(metrics, "unseen"))["plan"] == "dear"

@@ -28,7 +28,8 @@ class CascadeConfig(BaseModel):
     per_domain: bool = Field(False, description="under a cap or the utility: a plan per domain (with enough rows) "
                              "under the pooled cap, not one for all (the cost-aware default: `groups`)")
     groups: Literal["auto", "domain", "cluster", "off"] = Field(
-        "auto", description="the cost-aware default (no cap): a plan, or one worker, per group with "
+        "auto", description="the cost-aware default (no cap), and under a pooled cap (the groups' plans then share it, "
+        "chosen together: policies/cascade/groups.share_cap): a plan, or one worker, per group with "
         "search.min_domain_rows non-test rows, chosen out of fold by the same rule per group and for the whole, the "
         "smaller groups and unseen domains served the pooled plan. domain: the import's domains; cluster: prompt "
         "clusters learnt from the encoder's prompt features (served by nearest centroid); auto: domains where the "

@@ -107,7 +107,7 @@ def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run) -> list:
     (`spend.py`) over the rows in order, each row its domain's plan while the allowance is the cap,
     else the most accurate saved point within the allowance."""
     from fugu_pipeline.policies.cascade.policy import CascadePlan
-    from fugu_pipeline.policies.cascade.spend import SpendGuard, cap_margin, cap_points, guarded_cap, pick
+    from fugu_pipeline.policies.cascade.spend import SpendGuard, cap_margin, cap_points, guarded_cap, own_cost, pick
 
     guards: dict = {}  # one per cap: the pooled one, or each group's part of a shared cap
     params = head.head_params()
@@ -119,7 +119,8 @@ def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run) -> list:
         a = guard.allowance()
         if not within_cap(cap, a):  # below the cap: the guard holds back
             points = cap_points(params, metrics, str(d))
-            got = pick(points, a, cap_margin(head)) or (min(points, key=lambda p: p["cost_usd"]) if points else None)
+            got = pick(points, a, cap_margin(head), own_cost(metrics, d)) or (
+                min(points, key=lambda p: p["cost_usd"]) if points else None)
             res = res if got is None else run(CascadePlan.model_validate(got["plan"]))
         guard.record(float(res.cost[k]))
         out.append(res)

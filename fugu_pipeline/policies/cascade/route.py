@@ -144,7 +144,7 @@ class CascadeRouter(Router):
         """The checkpoint's own plan while the running spend under its training cap allows it, else the
         most accurate saved point within the allowance."""
         from fugu_pipeline.policies.cascade.policy import CascadePlan
-        from fugu_pipeline.policies.cascade.spend import cap_margin, guarded_cap, pick
+        from fugu_pipeline.policies.cascade.spend import cap_margin, guarded_cap, own_cost, pick
 
         key, cap = guarded_cap(self.head, domain)
         group = key[1] if key[0] == "group" else None
@@ -157,7 +157,8 @@ class CascadeRouter(Router):
         if within_cap(cap, allowance):  # the cap itself: nothing to hold back
             return plan, note
         points = self._points(domain)
-        got = pick(points, allowance, cap_margin(self.head)) or (min(points, key=lambda p: p["cost_usd"]) if points else None)
+        got = pick(points, allowance, cap_margin(self.head), own_cost(self.metrics, domain)) or (
+            min(points, key=lambda p: p["cost_usd"]) if points else None)
         return (plan if got is None else CascadePlan.model_validate(got["plan"])), note
 
     def route_batch(self, prompts, domains=None, *, allowed=None, cost_weight=None, budget=None, cost_texts=None,

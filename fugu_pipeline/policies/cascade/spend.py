@@ -64,13 +64,24 @@ def guarded_cap(head, group: str | None) -> tuple[tuple, float]:
     return (("group", str(group), round(part, 15)), part) if part is not None else ((round(head.cap_usd, 15),), head.cap_usd)
 
 
+def own_cost(metrics: dict, group: str | None) -> float | None:
+    """The validation cost of the plan the checkpoint serves `group` (its own plan; the pooled one
+    for a group without), $ per request, or None where the manifest does not record it: the guard
+    never serves a dearer point than that, so a cut never becomes an upgrade."""
+    val = (metrics or {}).get("validation") or {}
+    got = val.get(str(group)) if group is not None and str(group) in val else val.get("*")
+    return None if not got or got.get("cost_usd") is None else float(got["cost_usd"])
+
+
 def bound(point: dict, z: float) -> float:
     return float(point["cost_usd"]) + z * float(point.get("cost_se") or 0.0)
 
 
-def pick(points: list[dict], allowance: float, z: float) -> dict | None:
-    """The most accurate point whose cost bound is within `allowance` (ties: the cheaper), or None."""
-    within = [p for p in points if within_cap(bound(p, z), allowance)]
+def pick(points: list[dict], allowance: float, z: float, own: float | None = None) -> dict | None:
+    """The most accurate point whose cost bound is within `allowance` (ties: the cheaper), and whose
+    cost is within `own` (the plan it replaces: `own_cost`), or None."""
+    within = [p for p in points if within_cap(bound(p, z), allowance)
+              and (own is None or within_cap(float(p["cost_usd"]), own))]
     return max(within, key=lambda p: (p["quality"], -p["cost_usd"])) if within else None
 
 
