@@ -142,6 +142,9 @@ def test_under_a_pooled_cap_the_kinds_of_prompt_share_it():
     assert "the plans chosen together so that the whole keeps within the cap" in printed
     assert "domain 'code' (240 rows): its plan within the shared cap = [cheap]" in printed
     assert "mc: [strong]" in lines[-1] and f"selected {SHARED_DOMAIN}" in lines[-1]
+    # the table at 20/33/50% holds the plans per group sharing each cap beside the pooled cascade
+    assert [r["share"] for r in fit.cap_rows if r["policy"] == "plans per group"] == [0.2, 0.33, 0.5]
+    assert "| 50% | plans per group |" in printed
 
 
 def test_without_domains_the_prompt_clusters_share_the_cap_and_the_checkpoint_serves_them(tmp_path):

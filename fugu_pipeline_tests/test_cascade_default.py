@@ -83,7 +83,8 @@ def test_under_a_cap_every_policy_is_compared_with_the_strongest_and_the_table_i
     lines = CascadeResult(fit, tmp_path, fit.selected_kind, tmp_path).lines()
     assert any("accuracy − always the strongest worker" in line for line in lines)
     shares = [(r["share"], r["policy"]) for r in fit.cap_rows]
-    assert shares == [(None, "strongest alone"), (0.2, "cascade"), (0.33, "cascade"), (0.5, "cascade")]
+    # the fixture names two domains: the plans per domain sharing each cap are a row too
+    assert shares == [(None, "strongest alone")] + [(s, k) for s in (0.2, 0.33, 0.5) for k in ("cascade", "plans per group")]
     for r in fit.cap_rows[1:]:
         assert r["accuracy"][1] <= r["accuracy"][0] <= r["accuracy"][2] and r["minus_strongest"] is not None
     assert any(line.startswith("| 33% | cascade |") for line in lines)

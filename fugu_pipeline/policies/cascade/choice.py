@@ -16,8 +16,9 @@ qualifies; when it is the only one, it ships and the reason line says why and wh
   for each cap share the most accurate plan within it (ties: the cheaper), run on this fold.
 - `capped_one_shot`: a one-shot head's out-of-fold scores routed as argmax(score − λ·cost/ref),
   λ the smallest on a grid whose mean expected cost on the other folds is within the cap.
-- `cap_table`: accuracy and $ per 1,000 with 95% intervals of one-shot, cascade and the strongest
-  alone at each cap share (20%, 33%, 50% of the strongest's cost).
+- `cap_table`: accuracy and $ per 1,000 with 95% intervals of one-shot, cascade, plans per group
+  sharing the cap (where the fit has groups) and the strongest alone at each cap share (20%, 33%,
+  50% of the strongest's cost).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from fugu_pipeline.train.selection import interval
 LADDER = (0.1, 0.15, 0.2, 0.25, 0.33, 0.4, 0.5, 0.65, 0.8, 1.0)  # shares of the strongest worker's expected cost
 TABLE_SHARES = (0.2, 0.33, 0.5)
 LAMBDAS = np.concatenate([[0.0], np.geomspace(1e-4, 1e3, 60)])
+GROUPED = "plans per group"  # the table's row of plans per domain or prompt cluster sharing the cap (groups.share_cap)
 
 
 def rung_name(share: float) -> str:
@@ -83,8 +85,9 @@ def capped_one_shot(scores: np.ndarray, quality: np.ndarray, exp_cost: np.ndarra
 
 def cap_table(per_row: dict[str, tuple[np.ndarray, np.ndarray] | None], strongest: tuple[np.ndarray, np.ndarray],
               shares=TABLE_SHARES, n_boot: int = 2000, seed: int = 0) -> list[dict]:
-    """Rows of the per-benchmark table. `per_row`: {"cascade@<share>" / "one-shot@<share>": (quality,
-    cost) per row, or None}; `strongest`: (quality, cost) of always the strongest worker."""
+    """Rows of the per-benchmark table. `per_row`: {"cascade@<share>" / "one-shot@<share>" / "plans per
+    group@<share>": (quality, cost) per row, or None}; `strongest`: (quality, cost) of always the
+    strongest worker."""
     sq, sc = strongest
     ref = float(sc.mean()) if len(sc) else 0.0
     out = []
@@ -103,7 +106,7 @@ def cap_table(per_row: dict[str, tuple[np.ndarray, np.ndarray] | None], stronges
 
     row("strongest alone", None, strongest)
     for s in shares:
-        for kind in ("one-shot", "cascade"):
+        for kind in ("one-shot", "cascade", GROUPED):
             key = f"{kind}@{s}"
             if key in per_row:
                 row(kind, s, per_row[key])

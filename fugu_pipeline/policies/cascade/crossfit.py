@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, capped_one_shot, ladder_fold, rung_name
+from fugu_pipeline.policies.cascade.choice import GROUPED, TABLE_SHARES, capped_one_shot, ladder_fold, rung_name
 from fugu_pipeline.policies.cascade.groups import group_fold, share_cap_fold
 from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, run_policy, search_policy, strongest
 from fugu_pipeline.train.selection import STRONGEST
@@ -58,6 +58,10 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
                    {f"{k}@{s}": (np.zeros(n), np.zeros(n)) for s in TABLE_SHARES for k in ("cascade", "one-shot")
                     if k == "cascade" or heads})
     rdoms = doms[rows]
+    # the table at caps also holds plans per group sharing each cap (the cheapest rule's groups, or a cap's)
+    table_groups = (doms, groups) if groups else (shared[1], shared[2]) if shared else None
+    if table_groups:
+        out.table_rows.update({f"{GROUPED}@{s}": (np.zeros(n), np.zeros(n)) for s in TABLE_SHARES})
 
     def put(name, at, q, c, u=None):
         out.figure[name][at] = u if (mode == "utility" and u is not None) else q
@@ -80,6 +84,9 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
                 put(rung_name(s), at, *got)
         for s, got in ladder_fold(g, tr, te, cfg.search, allowed, TABLE_SHARES, g.exp_cost[top], memo, CAP_Z).items():
             _table(out, f"cascade@{s}", at, got)
+            if table_groups:
+                _table(out, f"{GROUPED}@{s}", at, share_cap_fold(g, tr, te, table_groups[0], table_groups[1], cfg.search,
+                                                                  allowed, s * g.exp_cost[top], CAP_Z, memo))
         for (d, name), got in group_fold(g, tr, te, doms, groups, cfg.search, allowed, usable, shares, g.exp_cost[top],
                                          memo, out.fold_tops).items():
             if got is None or out.per_group.get((d, name), ()) is None:
