@@ -12,7 +12,8 @@ the cap, less the spend above `1 − BAND` of the cap so far spread over the nex
 requests: while the running mean stays below 95% of the cap the request gets the cap's own plan;
 as it nears the cap and beyond, the allowance falls and the plan served is the most accurate saved
 point whose cost bound is within the allowance (a plan that escalates less), down to the cheapest
-point. The guard never spends above the cap's own plan to use up savings. `replay` runs the same
+point. The guard never spends above the cap's own plan to use up savings, and never serves a point
+dearer than the plan it cuts (`own_cost`). `replay` runs the same
 rule over recorded rows in order, as `evaluate` scores a cap.
 
 A checkpoint whose plans per group share one pooled cap (`groups.share_cap`) keeps a guard per
