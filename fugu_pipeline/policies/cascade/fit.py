@@ -13,7 +13,10 @@
      accuracy is not significantly below the strongest's ships (paired 95% interval reaching 0, mean
      within `cascade.margin`).
    - a cap: the candidate with the best out-of-fold accuracy within it (the search in each fold
-     keeps a plan's mean expected cost plus the cap's `margin_z` standard errors within the cap).
+     keeps a plan's mean expected cost plus the cap's `margin_z` standard errors within the cap);
+     with domains or prompt clusters and a pooled cap, one more candidate: a plan per group, the
+     plans chosen together to share the cap (`groups.share_cap`), each group's part of it saved
+     for the spend guard.
    - `utility` (the utility prices cost): a candidate replaces "always the best worker" only when
      its utility gain over it has a paired bootstrap 95% interval above zero.
    Every candidate's accuracy is also compared with the strongest worker's, with its interval.
