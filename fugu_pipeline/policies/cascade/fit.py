@@ -42,7 +42,8 @@ from fugu_pipeline.policies.cascade.frontier import oof_frontier
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy, CascadeStep, answer_codes
 from fugu_pipeline.policies.cascade.choice import LADDER, cap_table, rung_name
 from fugu_pipeline.policies.cascade.crossfit import cross_fit
-from fugu_pipeline.policies.cascade.groups import GroupChoice, choose_groups, fold_tops_note, group_label
+from fugu_pipeline.policies.cascade.groups import (GroupChoice, choose_groups, fold_tops_note, group_label, shared_figures,
+                                                   shared_policy)
 from fugu_pipeline.train.clusters import PromptClusters, pick_groups
 from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, Grid, search, search_policy, strongest
 from fugu_pipeline.policies.cascade.ship import (  # noqa: F401  (CandidateFigure: the fit's table rows)
@@ -257,7 +258,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     strongest_worker = data.worker_ids[top_all]
     split = None
     if shared:  # under a pooled cap: how the plans that share it did on each group's rows
-        split = _shared_figures(cf, shared[0], groups, merged, gdoms[rows], clusters, cfg.n_boot, seed)
+        split = shared_figures(cf, shared[0], groups, merged, gdoms[rows], clusters, cfg.n_boot, seed)
     elif groups:  # the per-domain policy: one more candidate, held to the rule per domain and for the whole
         pooled = [c for c in cands if c.kind != "one-shot" and c.name not in cf.missing]
         default = pick_cheapest(pooled, strongest_worker, cfg.margin, n, cfg.floor)[0].name
@@ -284,7 +285,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     try:
         group_caps: dict[str, float] = {}
         if shared and win.name == shared[0]:
-            policy, choices, group_caps = _shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split)
+            policy, choices, group_caps = shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split)
             saved_as = ""
         else:
             policy, choices, saved_as = _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo,
@@ -313,52 +314,6 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       cap_usd=cap_usd, cap_z=None if cfg.cap is None else cfg.cap.margin_z,
                       clusters=clusters if policy.per_domain and set(policy.per_domain) <= set(groups) else None,
                       group_caps=group_caps)
-
-
-def _shared_figures(cf, name: str, groups: list[str], merged, gd: np.ndarray, clusters, n_boot: int,
-                    seed: int) -> GroupChoice:
-    """The plans sharing a pooled cap, out of fold on each group's rows against the strongest there
-    (`GroupChoice.shared_cap`: what `train` prints per group under a cap)."""
-    from fugu_pipeline.train.groups import Option
-    from fugu_pipeline.train.selection import interval
-
-    q, c = cf.quality[name], cf.cost[name]
-    sq, sc = cf.quality[STRONGEST], cf.cost[STRONGEST]
-    opts = {}
-    for d in groups:
-        at = gd == d
-        m, lo, hi = interval(q[at] - sq[at], n_boot, seed)
-        opts[d] = Option("its plan within the shared cap", float(q[at].mean()), float(c[at].mean()), m, lo, hi,
-                         spec=("shared", None))
-    split = GroupChoice(opts, merged, q, c, float(sc.mean()), {d: int((gd == d).sum()) for d in groups},
-                        {d: float(sc[gd == d].mean()) for d in groups}, shared_cap=True)
-    if clusters is not None:
-        split.about, split.by = {d: f", e.g. {clusters.examples.get(d, '')!r}" for d in groups}, "prompt cluster"
-    return split
-
-
-def _shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split):
-    """(policy, {group or "*": Choice}, {group: its part of the cap}): the plans `groups.share_cap`
-    picks on every non-test row within the pooled cap, and each group's part of it (its plan's
-    expected cost, scaled so that the parts weighted by the groups' rows add up to the cap: what the
-    spend guard keeps each group to); CapUnmet when no plans meet the cap there."""
-    from fugu_pipeline.policies.cascade.groups import share_cap
-    from fugu_pipeline.policies.cascade.search import choice_at
-
-    got = share_cap(g_all, rows, gdoms, groups, cfg.search, allowed, cap_usd, cfg.cap.margin_z, memo)
-    if got is None or got["*"] is None:
-        raise CapUnmet(f"no plans per group meet the cap of ${cap_usd * 1000:.4g} per 1,000 requests on every "
-                       "non-test row")
-    choices = {d: choice_at(pts, i, g_all.worker_ids) for d, (_, pts, i) in got.items()}
-    per = {d: choices[d].plan for d in got if d != "*"}
-    split.plans = {d: p.describe() for d, p in per.items()}
-    gd = np.asarray(gdoms, dtype=str)[rows]
-    weight = {d: float((gd == d).mean()) for d in per}
-    weight["*"] = 1.0 - sum(weight.values())
-    spent = sum(weight[d] * choices[d].cost for d in weight if d in choices)
-    scale = cap_usd / spent if spent > 0 else 1.0
-    parts = {d: choices[d].cost * scale for d in per if choices[d].cost > 0}
-    return CascadePolicy(default=choices["*"].plan, per_domain=per), choices, parts
 
 
 def _checked_inside_folds(win, reason, pick, cands, cf, folds, cfg, seed, strongest_worker, split, groups, merged,

@@ -42,7 +42,8 @@ from fugu_pipeline.train.groups import fold_tops_note
 from fugu_pipeline.train.selection import STRONGEST
 
 __all__ = ["GroupChoice", "Option", "STRONGEST", "choose_groups", "group_label", "merged_line", "split_groups",
-           "group_fold", "GROUP_STRONGEST", "group_rung", "fold_tops_note"]
+           "group_fold", "GROUP_STRONGEST", "group_rung", "fold_tops_note", "allocate", "share_cap", "share_cap_fold",
+           "shared_figures", "shared_policy"]
 
 GROUP_STRONGEST = "the domain's strongest worker alone"
 
@@ -199,3 +200,49 @@ def share_cap_fold(grid, tr: np.ndarray, te: np.ndarray, gdoms: np.ndarray, grou
             return None
         q[at], c[at] = RowSet(grid, te[at]).run(got[key][0])[:2]
     return q, c
+
+
+def shared_figures(cf, name: str, groups: list[str], merged, gd: np.ndarray, clusters, n_boot: int,
+                    seed: int) -> GroupChoice:
+    """The plans sharing a pooled cap, out of fold on each group's rows against the strongest there
+    (`GroupChoice.shared_cap`: what `train` prints per group under a cap). `cf`: the fit's
+    `crossfit.CrossFit`."""
+    from fugu_pipeline.train.selection import interval
+
+    q, c = cf.quality[name], cf.cost[name]
+    sq, sc = cf.quality[STRONGEST], cf.cost[STRONGEST]
+    opts = {}
+    for d in groups:
+        at = gd == d
+        m, lo, hi = interval(q[at] - sq[at], n_boot, seed)
+        opts[d] = Option("its plan within the shared cap", float(q[at].mean()), float(c[at].mean()), m, lo, hi,
+                         spec=("shared", None))
+    split = GroupChoice(opts, merged, q, c, float(sc.mean()), {d: int((gd == d).sum()) for d in groups},
+                        {d: float(sc[gd == d].mean()) for d in groups}, shared_cap=True)
+    if clusters is not None:
+        split.about, split.by = {d: f", e.g. {clusters.examples.get(d, '')!r}" for d in groups}, "prompt cluster"
+    return split
+
+
+def shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split):
+    """(policy, {group or "*": Choice}, {group: its part of the cap}): the plans `groups.share_cap`
+    picks on every non-test row within the pooled cap, and each group's part of it (its plan's
+    expected cost, scaled so that the parts weighted by the groups' rows add up to the cap: what the
+    spend guard keeps each group to); CapUnmet when no plans meet the cap there."""
+    from fugu_pipeline.policies.cascade.policy import CascadePolicy
+    from fugu_pipeline.policies.cascade.search import CapUnmet, choice_at
+
+    got = share_cap(g_all, rows, gdoms, groups, cfg.search, allowed, cap_usd, cfg.cap.margin_z, memo)
+    if got is None or got["*"] is None:
+        raise CapUnmet(f"no plans per group meet the cap of ${cap_usd * 1000:.4g} per 1,000 requests on every "
+                       "non-test row")
+    choices = {d: choice_at(pts, i, g_all.worker_ids) for d, (_, pts, i) in got.items()}
+    per = {d: choices[d].plan for d in got if d != "*"}
+    split.plans = {d: p.describe() for d, p in per.items()}
+    gd = np.asarray(gdoms, dtype=str)[rows]
+    weight = {d: float((gd == d).mean()) for d in per}
+    weight["*"] = 1.0 - sum(weight.values())
+    spent = sum(weight[d] * choices[d].cost for d in weight if d in choices)
+    scale = cap_usd / spent if spent > 0 else 1.0
+    parts = {d: choices[d].cost * scale for d in per if choices[d].cost > 0}
+    return CascadePolicy(default=choices["*"].plan, per_domain=per), choices, parts
