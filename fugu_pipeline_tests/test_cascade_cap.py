@@ -261,3 +261,19 @@ def test_a_guard_that_cuts_never_serves_a_dearer_plan_than_the_groups_own():
     assert pick(points, 2.5, 0.0)["plan"] == "dear"
     assert pick(points, 2.5, 0.0, own_cost(metrics, "code"))["plan"] == "cheap"
     assert pick(points, 2.5, 0.0, own_cost(metrics, "unseen"))["plan"] == "dear"
+
+
+def test_a_group_too_small_for_its_own_plan_shares_the_cap_as_the_rest_of_the_rows():
+    """A third domain with fewer rows than `search.min_domain_rows` is merged, with its line; its
+    rows are one more part of the mix (served the default plan), chosen with the others within
+    the cap, and the guard keeps them to the pooled cap."""
+    from fugu_pipeline.policies.cascade.ship import SHARED_DOMAIN
+
+    data, grid, inputs = cascade_fixture.mixed(n=600, tiny=40)
+    lines: list[str] = []
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=400, cap=CostCap(share=0.6)), log=lines.append)
+    assert any("'tiny' (32 rows) have fewer than 40 non-test rows" in line for line in lines), lines
+    assert fit.selected == SHARED_DOMAIN, fit.reason
+    assert set(fit.policy.per_domain) == {"code", "mc"} and set(fit.group_caps) == {"code", "mc"}
+    assert fit.policy.plan_for("tiny").describe() == "[cheap]"  # the cheap worker ties the strong one there
+    assert fit.choices["*"].cost < 0.05 * fit.expected_cost["strong"]
