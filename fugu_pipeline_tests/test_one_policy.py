@@ -295,3 +295,54 @@ def shipped_point(ckpt):
     from fugu_pipeline.route.default_point import DefaultPoint
 
     return DefaultPoint.model_validate(json.loads((Path(ckpt) / "budget.json").read_text())["default"])
+
+
+@pytest.fixture(scope="module")
+def trained_capped(tmp_path_factory):
+    """The same project trained under a cap of 30% of the strongest's cost: the heads' default points
+    (37%) are over it, and a head routed at the λ that keeps the cap is the most accurate within it."""
+    work = tmp_path_factory.mktemp("one_policy_cap")
+    common = write_inputs(work, hard_math_rows(600, answers=True))
+    (work / "train.yaml").write_text(
+        "features: {layer_sets: \"off\", prompt_rules: \"off\", lexical: false}\n"
+        "heads:\n  knn: {k: [10, 30], prior_weight: [0], same_domain_bonus: [0], temperature: [null], prior_m: 20}\n"
+        "cascade: {workers: [c, b], n_boot: 400, cross_encoder: \"off\", verifier_context: false,\n"
+        "          search: {thresholds: 4, three_steps: false, finals: 2, cheap: 2}}\n")
+    code, out = run("train", *common, "--encoder", "tiny", "--config", str(work / "train.yaml"), "--cap", "share=0.3",
+                    "--output", str(work / "models"))
+    assert code == 0, out
+    return work, out.strip().splitlines()[-1], common, out
+
+
+def test_a_head_shipped_under_a_cap_serves_the_cap_with_no_cap_asked(trained_capped):
+    """Shipped as "at the cap", the head's description carries the λ its budget calibration chooses
+    for that cap (not its no-cap default point), and the router, with no cap asked, routes by it;
+    `evaluate` repeats the line."""
+    from fugu_pipeline.cost_cap import CostCap
+    from fugu_pipeline.policies.registry import load_router
+    from fugu_pipeline.route.budget import load_calibration
+
+    work, ckpt, common, out = trained_capped
+    line, printed = shipped_line(out), printed_lambda(out)
+    policy = shipped(ckpt)
+    assert policy.kind == "one-shot" and policy.name.endswith(" at the cap") and policy.describe() == line
+    cal = load_calibration(ckpt)
+    (cascade,) = (work / "models" / "cascade").glob("*/manifest.json")  # the cascade fitted beside: the cap it was under
+    params = json.loads(cascade.read_text())["head_params"]
+    lam = policy.operating_point.lam
+    assert f"{lam:.4g}" == printed
+    assert lam == cal.choose(CostCap(usd_per_1k=params["cap_usd"] * 1000, margin_z=params["cap_z"]), strict=False).lam
+    assert lam != cal.default.lam  # the cap's point, not the head's no-cap default
+    prompts, domains = _prompts()
+    router = load_router(ckpt, device="cpu")
+    try:
+        assert router.default_point.lam == lam
+        assert [d.worker_id for d in router.route_batch(prompts, domains)] == _at_point(router, prompts, domains, lam)
+    finally:
+        router.close()
+    # policy.py's figure is the candidate train printed, and no cost over the cap out of fold
+    row = next(x for x in out.splitlines() if x.startswith("* one-shot"))
+    assert "at the cap" in row and "over the cap" not in row
+    code, said = run("evaluate", "--checkpoint", ckpt, *common, "--output", str(work / "eval.json"))
+    assert code == 0, said
+    assert f"as chosen at training: {line}" in said

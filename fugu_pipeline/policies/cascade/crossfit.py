@@ -15,6 +15,7 @@ import numpy as np
 from fugu_pipeline.policies.cascade.choice import GROUPED, TABLE_SHARES, capped_one_shot, ladder_fold, rung_name
 from fugu_pipeline.policies.cascade.groups import group_fold, share_cap_fold
 from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, run_policy, search_policy, strongest
+from fugu_pipeline.policies.cascade.ship import AT_CAP
 from fugu_pipeline.train.selection import STRONGEST
 
 
@@ -51,8 +52,9 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
 
     n = len(rows)
     capped = mode == "cap"
+    pooled_cap = capped and cfg.cap is not None and not cfg.domain_caps
     names = [STRONGEST] + [rung_name(s) for s in shares] + ([baseline, "cascade"] if mode != "cheapest" else []) \
-        + ([shared[0]] if shared else []) + list(heads or {})
+        + ([shared[0]] if shared else []) + list(heads or {}) + [h + AT_CAP for h in (heads or {}) if pooled_cap]
     out = CrossFit(names, {k: np.zeros(n) for k in names}, {k: np.zeros(n) for k in names},
                    {k: np.zeros(n) for k in names},
                    {f"{k}@{s}": (np.zeros(n), np.zeros(n)) for s in TABLE_SHARES for k in ("cascade", "one-shot")
@@ -118,6 +120,14 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
             u = (uc.quality_weight * q - uc.cost_weight * np.minimum(c / uc.cost_scale_usd, uc.cap)
                  - uc.latency_weight * np.minimum(lat / uc.latency_scale_s, uc.cap))
             put(name, at, q, c, u)
+            if pooled_cap:  # routed at the λ that keeps the cap on the other folds
+                got = capped_one_shot(s, data.quality[rows], g.exp_cost, tr_at, at,
+                                      cfg.cap.usd_per_request(g.exp_cost[strongest(g, tr)]), g.exp_cost[top],
+                                      paid=lambda i, r: g.per_call(rows[i], r)[0], z=cfg.cap.margin_z)
+                if got is None:
+                    out.missing.add(name + AT_CAP)
+                else:
+                    put(name + AT_CAP, at, *got)
             if name == first_head:
                 for share in TABLE_SHARES:
                     got = capped_one_shot(s, data.quality[rows], g.exp_cost, tr_at, at, share * g.exp_cost[top],

@@ -33,6 +33,8 @@ PER_CLUSTER = "cascade per prompt cluster"  # the same, for groups learnt from t
 # under a pooled cap: a plan per group, the cap shared among them (groups.share_cap)
 SHARED_DOMAIN = "cascade per domain, the cap shared"
 SHARED_CLUSTER = "cascade per prompt cluster, the cap shared"
+# under a pooled cap: a one-shot head routed at the λ that keeps the cap ("one-shot <name> at the cap")
+AT_CAP = " at the cap"
 
 
 @dataclass
@@ -66,7 +68,12 @@ def paired_interval(diff: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float
 def kind_of(name: str, mode: str, heads) -> str:
     if name in (BEST_WORKER, BEST_IN_CAP) or (name == STRONGEST and mode == "cheapest"):
         return "best worker"
-    return "strongest" if name == STRONGEST else "one-shot" if name in (heads or {}) else "cascade"
+    return "strongest" if name == STRONGEST else "one-shot" if head_of(name) in (heads or {}) else "cascade"
+
+
+def head_of(name: str) -> str:
+    """The one-shot head a candidate's name is of ("one-shot <name>" or that at the cap)."""
+    return name.removesuffix(AT_CAP)
 
 
 def candidates(cf, mode: str, baseline: str, heads, n_boot: int, seed: int, over_cap) -> list[CandidateFigure]:
@@ -140,15 +147,38 @@ def shipped_policy(fit, shipped_path: Path, head_routes: dict | None = None) -> 
     tag, content_hash = checkpoint_tag(shipped_path)
     kind = win.kind if win.kind in ("one-shot", "cascade") else "best worker"
     point = None
-    if kind == "one-shot" and win.name in (head_routes or {}):
+    top = max(fit.worker_quality, key=fit.worker_quality.get) if fit.worker_quality else None
+    n = len(next(iter(fit.oof.values()))) if fit.oof else None
+    if kind == "one-shot" and win.name.endswith(AT_CAP):
+        point = cap_point(fit, win, strong, shipped_path, top, n)
+    elif kind == "one-shot" and win.name in (head_routes or {}):
         from fugu_pipeline.route.budget import load_calibration
 
         cal = load_calibration(shipped_path)
         point = cal.default if cal is not None else None
-    top = max(fit.worker_quality, key=fit.worker_quality.get) if fit.worker_quality else None
-    n = len(next(iter(fit.oof.values()))) if fit.oof else None
     return ShippedPolicy(kind=kind, name=win.name, checkpoint=tag, content_hash=content_hash, operating_point=point,
                          plan=None if kind == "one-shot" else fit.policy.describe(), strongest_worker=top,
                          oof_accuracy=win.quality, oof_cost_usd=win.cost_usd, strongest_accuracy=strong.quality,
                          strongest_cost_usd=strong.cost_usd, difference=(win.vs_strongest, win.vs_low, win.vs_high),
                          n_rows=n, reason=fit.reason)
+
+
+def cap_point(fit, win: CandidateFigure, strong: CandidateFigure, shipped_path: Path, top: str | None, n: int | None):
+    """The operating point a one-shot head shipped under a cap serves with no cap asked: the λ its
+    budget calibration (`budget.json`) chooses for the cap the fit was made under, as a request
+    naming that cap would get, with the out-of-fold figures it was chosen on."""
+    from fugu_pipeline.cost_cap import CostCap
+    from fugu_pipeline.route.budget import load_calibration
+    from fugu_pipeline.route.default_point import DefaultPoint
+
+    cal = load_calibration(shipped_path)
+    if cal is None:
+        raise ValueError(f"{shipped_path}: no budget.json beside the head, so it cannot serve the cap it was chosen under")
+    cap = CostCap(usd_per_1k=fit.cap_usd * 1000, margin_z=fit.cap_z if fit.cap_z is not None else CostCap().margin_z)
+    op = cal.choose(cap, strict=False)
+    said = "" if op.met_on_validation else " (not met on the calibration's validation rows: the cheapest point)"
+    return DefaultPoint(kind="lambda", lam=op.lam, strongest_worker=top or "", n_rows=max(int(n or 1), 1),
+                        reason=f"the λ its budget calibration chooses for the cap it was trained under, ${fit.cap_usd * 1000:.4g} "
+                               f"per 1,000 requests{said}", oof_accuracy=win.quality, oof_cost_usd=win.cost_usd,
+                        strongest_accuracy=strong.quality, strongest_cost_usd=strong.cost_usd,
+                        difference=(win.vs_strongest, win.vs_low, win.vs_high))

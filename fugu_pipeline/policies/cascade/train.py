@@ -20,6 +20,7 @@ from fugu_pipeline.policies.cascade.fit import CascadeFit, answer_inputs, fit_ca
 from fugu_pipeline.policies.cascade.frontier import frontier_lines
 from fugu_pipeline.policies.cascade.groups import group_label
 from fugu_pipeline.policies.cascade.save import save_cascade
+from fugu_pipeline.policies.cascade.ship import head_of
 from fugu_pipeline.route.shipped import ShippedPolicy
 
 
@@ -103,7 +104,7 @@ def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, 
                         training_config={"cascade": cc.model_dump(), "folds": cfg.folds, "seed": cfg.seed})
     shipped, shipped_path = fit.selected_kind, path
     if shipped == "one-shot":
-        name = fit.selected.removeprefix("one-shot ")
+        name = head_of(fit.selected).removeprefix("one-shot ")
         shipped_path = next((s.path for s in saved if s.name == name), None) or next(s.path for s in saved if s.selected)
     from fugu_pipeline.policies.cascade.ship import shipped_policy
 
