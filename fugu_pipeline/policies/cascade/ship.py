@@ -7,7 +7,9 @@
 - `cap`: the candidate with the best out-of-fold accuracy among those whose out-of-fold mean cost is
   within the cap (ties: the cheaper). No significance rule stands between the user's cap and the
   best policy within it: the user chose to spend less; the best worker within the cap is one of the
-  candidates, and every figure carries its interval.
+  candidates, and every figure carries its interval. A one-shot head scored at the cap (`AT_CAP`)
+  ships with the λ its budget calibration chooses for that cap (`cap_point`), which it serves with
+  no cap asked.
 - `utility` (the utility prices cost): a candidate replaces the best worker only when its utility
   gain over it has a paired bootstrap 95% interval above zero; among those the best mean wins.
 
