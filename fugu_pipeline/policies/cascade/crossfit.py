@@ -52,7 +52,8 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
 
     n = len(rows)
     capped = mode == "cap"
-    pooled_cap = capped and cfg.cap is not None and not cfg.domain_caps
+    # a one-shot head at the cap needs recorded costs (its budget calibration, which serves the cap, reads them)
+    pooled_cap = capped and cfg.cap is not None and not cfg.domain_caps and data.cost_usd is not None
     names = [STRONGEST] + [rung_name(s) for s in shares] + ([baseline, "cascade"] if mode != "cheapest" else []) \
         + ([shared[0]] if shared else []) + list(heads or {}) + [h + AT_CAP for h in (heads or {}) if pooled_cap]
     out = CrossFit(names, {k: np.zeros(n) for k in names}, {k: np.zeros(n) for k in names},
