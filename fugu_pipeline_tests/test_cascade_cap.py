@@ -277,3 +277,12 @@ def test_a_group_too_small_for_its_own_plan_shares_the_cap_as_the_rest_of_the_ro
     assert set(fit.policy.per_domain) == {"code", "mc"} and set(fit.group_caps) == {"code", "mc"}
     assert fit.policy.plan_for("tiny").describe() == "[cheap]"  # the cheap worker ties the strong one there
     assert fit.choices["*"].cost < 0.05 * fit.expected_cost["strong"]
+
+
+@pytest.mark.parametrize("bad", [-1.0, 0.0, float("nan"), float("inf")])
+def test_a_groups_part_of_a_cap_that_is_not_a_positive_number_is_refused_on_load(bad):
+    from fugu_pipeline.policies.cascade.head import CascadeHead
+
+    with pytest.raises(ValueError, match=r"group_caps holds a cap that is not a positive number for \['mc'\]"):
+        CascadeHead(6, 2, group_caps={"code": 1e-4, "mc": bad})
+    assert CascadeHead(6, 2, group_caps={"code": 1e-4}).head_params()["group_caps"] == {"code": 1e-4}
