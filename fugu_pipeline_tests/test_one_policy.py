@@ -21,19 +21,24 @@ EASY = ["solve compute matrix python list sum value", "train hours value table g
         "python list derivative sum table", "compute graph value hours matrix solve"]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    work = tmp_path_factory.mktemp("one_policy")
+def _train(work: Path, *flags: str):
+    """The fixture's project trained in `work` with `flags` added: (work, the shipped checkpoint, the
+    data flags, what train printed)."""
     common = write_inputs(work, hard_math_rows(600, answers=True))
     (work / "train.yaml").write_text(
         "features: {layer_sets: \"off\", prompt_rules: \"off\", lexical: false}\n"
         "heads:\n  knn: {k: [10, 30], prior_weight: [0], same_domain_bonus: [0], temperature: [null], prior_m: 20}\n"
         "cascade: {workers: [c, b], n_boot: 400, cross_encoder: \"off\", verifier_context: false,\n"
         "          search: {thresholds: 4, three_steps: false, finals: 2, cheap: 2}}\n")
-    code, out = run("train", *common, "--encoder", "tiny", "--config", str(work / "train.yaml"),
+    code, out = run("train", *common, "--encoder", "tiny", "--config", str(work / "train.yaml"), *flags,
                     "--output", str(work / "models"))
     assert code == 0, out
     return work, out.strip().splitlines()[-1], common, out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("one_policy"))
 
 
 def shipped_line(out: str) -> str:
@@ -301,17 +306,7 @@ def shipped_point(ckpt):
 def trained_capped(tmp_path_factory):
     """The same project trained under a cap of 30% of the strongest's cost: the heads' default points
     (37%) are over it, and a head routed at the λ that keeps the cap is the most accurate within it."""
-    work = tmp_path_factory.mktemp("one_policy_cap")
-    common = write_inputs(work, hard_math_rows(600, answers=True))
-    (work / "train.yaml").write_text(
-        "features: {layer_sets: \"off\", prompt_rules: \"off\", lexical: false}\n"
-        "heads:\n  knn: {k: [10, 30], prior_weight: [0], same_domain_bonus: [0], temperature: [null], prior_m: 20}\n"
-        "cascade: {workers: [c, b], n_boot: 400, cross_encoder: \"off\", verifier_context: false,\n"
-        "          search: {thresholds: 4, three_steps: false, finals: 2, cheap: 2}}\n")
-    code, out = run("train", *common, "--encoder", "tiny", "--config", str(work / "train.yaml"), "--cap", "share=0.3",
-                    "--output", str(work / "models"))
-    assert code == 0, out
-    return work, out.strip().splitlines()[-1], common, out
+    return _train(tmp_path_factory.mktemp("one_policy_cap"), "--cap", "share=0.3")
 
 
 def test_a_head_shipped_under_a_cap_serves_the_cap_with_no_cap_asked(trained_capped):

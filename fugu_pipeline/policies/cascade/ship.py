@@ -169,14 +169,14 @@ def cap_point(fit, win: CandidateFigure, strong: CandidateFigure, shipped_path: 
     """The operating point a one-shot head shipped under a cap serves with no cap asked: the λ its
     budget calibration (`budget.json`) chooses for the cap the fit was made under, as a request
     naming that cap would get, with the out-of-fold figures it was chosen on."""
-    from fugu_pipeline.cost_cap import CostCap
+    from fugu_pipeline.cost_cap import DEFAULT_MARGIN_Z, CostCap
     from fugu_pipeline.route.budget import load_calibration
     from fugu_pipeline.route.default_point import DefaultPoint
 
     cal = load_calibration(shipped_path)
     if cal is None:
         raise ValueError(f"{shipped_path}: no budget.json beside the head, so it cannot serve the cap it was chosen under")
-    cap = CostCap(usd_per_1k=fit.cap_usd * 1000, margin_z=fit.cap_z if fit.cap_z is not None else CostCap().margin_z)
+    cap = CostCap(usd_per_1k=fit.cap_usd * 1000, margin_z=fit.cap_z if fit.cap_z is not None else DEFAULT_MARGIN_Z)
     op = cal.choose(cap, strict=False)
     said = "" if op.met_on_validation else " (not met on the calibration's validation rows: the cheapest point)"
     return DefaultPoint(kind="lambda", lam=op.lam, strongest_worker=top or "", n_rows=max(int(n or 1), 1),
