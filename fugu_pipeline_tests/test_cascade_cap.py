@@ -249,6 +249,40 @@ def test_each_group_keeps_its_part_of_a_shared_cap_in_serving_and_evaluate(tmp_p
     assert guarded == want
 
 
+def test_traffic_that_turns_to_the_dear_kind_for_good_is_brought_back_under_the_pooled_cap(tmp_path):
+    """Every request multiple choice, whose plan costs more than the pooled cap: the first ones keep
+    their plan (a burst within the pooled guard's slack), then the pooled guard cuts every group, and
+    over the long run the spend comes back under the pooled cap. The per-group guards alone would
+    spend the multiple-choice part on every row."""
+    from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, load_cascade
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.spend import POOL_SLACK
+
+    data, grid, inputs, fit = _mixed_fit(True)
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
+    parts, cap = ckpt.head.group_caps, fit.cap_usd
+    assert parts["mc"] > 1.5 * cap
+    mc = np.flatnonzero((np.asarray(data.domains) == "mc") & (data.splits == "test"))
+    order = np.tile(mc, int(np.ceil(12 * POOL_SLACK / len(mc))))
+    outs = cascade_outcomes(ckpt, *cascade_fixture.take(data, grid, inputs, order))
+    cost = np.array([o.cost_usd for o in outs])
+    burst = int(POOL_SLACK * cap / parts["mc"])  # rows whose overspend the slack surely covers
+    assert {o.answered_by for o in outs[:burst]} == {"strong"}
+    assert {o.answered_by for o in outs[-200:]} != {"strong"}
+    assert cost.mean() <= cap * (1 + 2 * POOL_SLACK / len(cost)), (cost.mean() / cap, parts["mc"] / cap)
+    # serving: the same run through the router, each request charged what its plan's first call costs
+    router = CascadeRouter(load_cascade(ckpt.path), None)
+    spent = []
+    for _ in range(int(12 * POOL_SLACK)):
+        got = router.route_batch(["q"], ["mc"])[0]
+        spent.append(fit.expected_cost["strong" if got.extra["cascade"]["describe"] == "[strong]" else "cheap"])
+        router.record_spend(got, spent[-1])
+    assert set(spent[:burst]) == {fit.expected_cost["strong"]} and np.mean(spent) <= cap * (1 + 2 * POOL_SLACK / len(spent))
+    code = router.route_batch(["q"], ["code"])[0].extra["budget"]["guard"]  # its own guard idle, the pooled one shared
+    assert code["requests"] == 0 and code["pooled"]["requests"] == len(spent)
+
+
 def test_a_guard_that_cuts_never_serves_a_dearer_plan_than_the_groups_own():
     """A group whose own plan is cheap (code: the cheap worker) has dearer, more accurate points
     within a pooled allowance; cutting must not turn into an upgrade."""

@@ -107,22 +107,26 @@ def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run) -> list:
     (`spend.py`) over the rows in order, each row its domain's plan while the allowance is the cap,
     else the most accurate saved point within the allowance."""
     from fugu_pipeline.policies.cascade.policy import CascadePlan
-    from fugu_pipeline.policies.cascade.spend import SpendGuard, cap_margin, cap_points, guarded_cap, own_cost, pick
+    from fugu_pipeline.policies.cascade.spend import POOL_SLACK, SpendGuard, cap_margin, cap_points, own_cost, pick, shared_allowance
 
-    guards: dict = {}  # one per cap: the pooled one, or each group's part of a shared cap
+    guards: dict = {}  # one per cap: the pooled one, or each group's part of a shared cap and the pooled guard beside them
+
+    def guard_of(cap, group, pooled):
+        key = ("pooled",) if pooled else (group,)
+        return guards.setdefault(key, SpendGuard(cap, slack=POOL_SLACK if pooled else 0.0))
+
     params = head.head_params()
     out = []
     for k, d in enumerate(doms):
         res = mine[k]
-        key, cap = guarded_cap(head, d)
-        guard = guards.setdefault(key, SpendGuard(cap))
-        a = guard.allowance()
+        held, cap, a = shared_allowance(head, d, guard_of)
         if not within_cap(cap, a):  # below the cap: the guard holds back
             points = cap_points(params, metrics, str(d))
             got = pick(points, a, cap_margin(head), own_cost(metrics, d)) or (
                 min(points, key=lambda p: p["cost_usd"]) if points else None)
             res = res if got is None else run(CascadePlan.model_validate(got["plan"]))
-        guard.record(float(res.cost[k]))
+        for guard in held:
+            guard.record(float(res.cost[k]))
         out.append(res)
     return out
 

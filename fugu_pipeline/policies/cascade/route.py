@@ -92,25 +92,30 @@ class CascadeRouter(Router):
     def budget_point(self, budget):
         return self._budget_plan(None, budget)
 
-    def guard(self, cap_usd: float, group: str | None = None):
-        """The spend guard of a cap (one per cap, and per group for a group's part of a shared cap;
-        kept while the router serves; past `MAX_GUARDS` distinct caps, the least recently used one is
-        dropped, so requests naming ever new caps hold a bounded memory)."""
-        from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, SpendGuard
+    def guard(self, cap_usd: float, group: str | None = None, pooled: bool = False):
+        """The spend guard of a cap (one per cap, per group for a group's part of a shared cap, and the
+        pooled guard beside those parts, `pooled`; kept while the router serves; past `MAX_GUARDS`
+        distinct caps, the least recently used one is dropped, so requests naming ever new caps hold
+        a bounded memory)."""
+        from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, POOL_SLACK, SpendGuard
 
-        key = (round(float(cap_usd), 15),) if group is None else ("group", str(group), round(float(cap_usd), 15))
+        cap = round(float(cap_usd), 15)
+        key = ("pooled", cap) if pooled else (cap,) if group is None else ("group", str(group), cap)
         with self._guards_lock:
-            got = self.guards.pop(key, None) or SpendGuard(cap_usd)
+            got = self.guards.pop(key, None) or SpendGuard(cap_usd, slack=POOL_SLACK if pooled else 0.0)
             self.guards[key] = got  # the most recently used last
             while len(self.guards) > MAX_GUARDS:
                 self.guards.pop(next(iter(self.guards)))
             return got
 
     def record_spend(self, decision: RouteDecision, cost_usd: float) -> None:
-        """What a served cascade cost, counted by the guard of the cap it was served under."""
+        """What a served cascade cost, counted by the guard of the cap it was served under (and, for a
+        group's part of a shared cap, by the pooled guard too)."""
         held = (decision.extra.get("budget") or {}).get("guard")
         if held:
             self.guard(held["cap_usd"], held.get("group")).record(cost_usd)
+            if held.get("pooled_cap_usd") is not None:
+                self.guard(held["pooled_cap_usd"], pooled=True).record(cost_usd)
 
     def _points(self, domain):
         from fugu_pipeline.policies.cascade.spend import cap_points
@@ -144,16 +149,15 @@ class CascadeRouter(Router):
         """The checkpoint's own plan while the running spend under its training cap allows it, else the
         most accurate saved point within the allowance."""
         from fugu_pipeline.policies.cascade.policy import CascadePlan
-        from fugu_pipeline.policies.cascade.spend import cap_margin, guarded_cap, own_cost, pick
+        from fugu_pipeline.policies.cascade.spend import cap_margin, own_cost, pick, shared_allowance
 
-        key, cap = guarded_cap(self.head, domain)
-        group = key[1] if key[0] == "group" else None
-        guard = self.guard(cap, group)
-        allowance = guard.allowance()
+        guards, cap, allowance = shared_allowance(self.head, domain, lambda c, g, p: self.guard(c, g, p))
+        group = None if len(guards) == 1 else str(domain)
         note = {"cap": f"the cap it was trained under, ${self.head.cap_usd * 1000:.4g} per 1,000 requests"
                 + (f" (this group's part: ${cap * 1000:.4g})" if group is not None else ""),
-                "guard": {"cap_usd": cap, "allowance_usd": allowance, **guard.state(),
-                          **({"group": group} if group is not None else {})}}
+                "guard": {"cap_usd": cap, "allowance_usd": allowance, **guards[0].state(),
+                          **({"group": group, "pooled_cap_usd": guards[1].cap, "pooled": guards[1].state()}
+                             if group is not None else {})}}
         if within_cap(cap, allowance):  # the cap itself: nothing to hold back
             return plan, note
         points = self._points(domain)

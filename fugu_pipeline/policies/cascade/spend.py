@@ -21,8 +21,12 @@ group: each group's part of the cap is its plan's expected cost, scaled so that 
 by the groups' shares of the rows the plans were chosen on, add up to the cap. A run of one kind of
 prompt (a batch of code questions whose plan costs three times the pooled cap) is then not cut to
 the pooled cap while it lasts; a group whose prompts escalate more than its plan did on validation
-is. The pooled cap holds at the mix of kinds the plans were chosen on; `evaluate` reports the
-spend over the held-out rows against it.
+is. Beside them, one **pooled guard** keeps the pooled cap when the mix of kinds drifts from the
+one the plans were chosen on (traffic that turns to the dear kind for good). It counts every
+request of every group and lets the pooled spend run `POOL_SLACK` requests' worth of the cap over
+the cap's band before it cuts (a burst of one kind passes); past that, every group's allowance is
+its part scaled by the pooled allowance's share of the cap (`shared_allowance`), so the groups cut
+together and the running mean comes back under the pooled cap.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from fugu_pipeline.cost_cap import within_cap
 BAND = 0.05  # the guard starts cutting when the running mean passes (1 − BAND) of the cap
 HORIZON = 50  # requests over which an overspend is paid back
 MAX_GUARDS = 256  # distinct caps a server keeps a guard for (the least recently used dropped)
+POOL_SLACK = 1000.0  # requests' worth of the pooled cap a shared cap's pooled spend may run over before it cuts
 
 
 def cap_points(head_params: dict, metrics: dict, domain: str | None = None) -> list[dict]:
@@ -89,14 +94,16 @@ def pick(points: list[dict], allowance: float, z: float, own: float | None = Non
 class SpendGuard:
     """The running spend under one cap (see the module docstring); safe across threads."""
 
-    def __init__(self, cap_usd: float, horizon: int = HORIZON, band: float = BAND):
-        self.cap, self.horizon, self.band = float(cap_usd), horizon, band
+    def __init__(self, cap_usd: float, horizon: int = HORIZON, band: float = BAND, slack: float = 0.0):
+        self.cap, self.horizon, self.band, self.slack = float(cap_usd), horizon, band, float(slack)
         self.n, self.spent = 0, 0.0
         self._lock = threading.Lock()
 
     def allowance(self) -> float:
+        """The module docstring's allowance; `slack` requests' worth of the cap may be spent over the
+        band before it falls."""
         with self._lock:
-            over = self.spent - self.n * (1 - self.band) * self.cap
+            over = self.spent - self.n * (1 - self.band) * self.cap - self.slack * self.cap
         return max(0.0, min(self.cap, self.cap - over / self.horizon))
 
     def record(self, cost_usd: float) -> None:
@@ -107,6 +114,20 @@ class SpendGuard:
     def state(self) -> dict:
         with self._lock:
             return {"requests": self.n, "running_mean_usd": self.spent / self.n if self.n else 0.0, "cap_usd": self.cap}
+
+
+def shared_allowance(head, group: str | None, guard_of) -> tuple[list[SpendGuard], float, float]:
+    """(the guards a request of `group` counts its cost in, its cap, its allowance) under the cap
+    `head` was trained under. `guard_of(cap, group, pooled)` gives the guard of a cap: a group's part
+    (`group`), the pooled cap (neither), or the pooled guard beside a shared cap's parts (`pooled`,
+    with `POOL_SLACK`). A group's allowance is the lower of its own guard's and its part scaled by
+    the pooled guard's allowance over the pooled cap."""
+    key, cap = guarded_cap(head, group)
+    if key[0] != "group":
+        mine = guard_of(cap, None, False)
+        return [mine], cap, mine.allowance()
+    mine, pool = guard_of(cap, key[1], False), guard_of(float(head.cap_usd), None, True)
+    return [mine, pool], cap, min(mine.allowance(), cap * pool.allowance() / pool.cap if pool.cap > 0 else 0.0)
 
 
 def choose(points: list[dict], guard: SpendGuard, z: float) -> tuple[dict | None, float]:
