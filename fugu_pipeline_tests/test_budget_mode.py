@@ -64,3 +64,35 @@ def test_pareto_front_keeps_undominated_points():
     pts = [{"cost_usd_per_1k": c, "quality": q} for c, q in ((1, 0.5), (2, 0.4), (3, 0.7), (0.5, 0.5))]
     assert [(p["cost_usd_per_1k"], p["quality"]) for p in pareto_front(pts)] == [(0.5, 0.5), (3, 0.7)]
     assert np.isfinite([p["quality"] for p in pts]).all()
+
+
+def test_a_head_under_a_cap_is_scored_out_of_fold_as_it_serves_the_cap():
+    """The dear worker's cost grows with the prompt: routed as serving routes (each prompt's expected
+    cost, λ chosen by the calibration's rule on the other folds), the dear worker answers the short
+    prompts and the long ones go to the cheap worker, and every fold's λ keeps the cap with its margin
+    on the other folds. Routing by each worker's mean cost would send rows to the dear worker whatever
+    their length."""
+    from fugu_pipeline.cost_cap import CostCap
+    from fugu_pipeline.route.budget import cap_route_oof, fit_expected_cost, route_curve, smallest_within
+
+    rng = np.random.default_rng(0)
+    n = 600
+    prompts = ["x" * int(k) for k in rng.integers(40, 4000, size=n)]
+    tokens = np.array([len(p) / 4 for p in prompts])
+    cost = np.stack([np.full(n, 1e-6), 1e-6 * tokens], axis=1)  # cheap: flat; dear: per prompt token
+    model = fit_expected_cost(prompts, ["d"] * n, cost, ["cheap", "dear"])
+    c_hat = model.predict(prompts, ["d"] * n)
+    q = np.stack([np.full(n, 0.5), np.full(n, 0.9)], axis=1) + rng.normal(0, 0.01, (n, 2))
+    folds = np.arange(n) % 5
+    cap = CostCap(share=0.3)
+    c_ref = float(c_hat[:, 1].mean())
+    route = cap_route_oof(q, c_hat, c_ref, 1, folds, cap)
+    dear = route == 1
+    assert 0.1 < dear.mean() < 0.6
+    assert tokens[dear].max() < np.median(tokens[~dear])  # the short prompts, as serving routes them
+    for f in range(5):
+        tr = folds != f
+        p = smallest_within(route_curve(q[tr], c_hat[tr], c_ref, 1), cap)
+        assert p.share + cap.margin_z * p.share_se <= 0.3 and (route[~tr] == np.argmax(
+            q[~tr] - p.lam * c_hat[~tr] / c_ref, axis=1)).all()
+    assert cap_route_oof(q, c_hat, c_ref, 1, folds, CostCap(share=0.0001)) is None  # below the cheapest: no route

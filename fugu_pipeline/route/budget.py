@@ -247,16 +247,11 @@ class BudgetCalibration(BaseModel):
         """The smallest λ whose validation cost (+ margin) is within the cap. When no λ meets it:
         BudgetError naming the cap and the cheapest cost validation allows (strict, what `route`,
         `serve` and `evaluate` do), or the cheapest point flagged `met_on_validation=False`."""
-        def need(p: CurvePoint) -> float:  # the validation cost plus its margin, in the cap's unit
-            if budget.usd_per_1k is not None:
-                return (p.cost_usd + budget.margin_z * p.cost_se) * 1000
-            return p.share + budget.margin_z * p.share_se
-        limit = budget.usd_per_1k if budget.usd_per_1k is not None else budget.share
-        ok = [p for p in self.curve if within_cap(need(p), limit)]
-        if ok:
-            p, met, note = min(ok, key=lambda p: p.lam), True, ""
+        got = smallest_within(self.curve, budget)
+        if got is not None:
+            p, met, note = got, True, ""
         else:
-            p = min(self.curve, key=need)
+            p = min(self.curve, key=lambda p: need(p, budget))
             met = False
             need_usd = (p.cost_usd + budget.margin_z * p.cost_se) * 1000
             need_share = p.share + budget.margin_z * p.share_se
@@ -280,6 +275,37 @@ class BudgetCalibration(BaseModel):
         from fugu_pipeline.files import atomic_write
 
         return atomic_write(Path(checkpoint_dir) / CALIBRATION_FILE, json.dumps(self.model_dump(mode="json"), indent=1))
+
+
+def need(p: CurvePoint, budget: Budget) -> float:
+    """A curve point's cost plus the cap's margin of standard errors, in the cap's unit."""
+    if budget.usd_per_1k is not None:
+        return (p.cost_usd + budget.margin_z * p.cost_se) * 1000
+    return p.share + budget.margin_z * p.share_se
+
+
+def smallest_within(curve: list[CurvePoint], budget: Budget) -> CurvePoint | None:
+    """The rule a cap's λ is chosen by: the smallest λ whose cost plus the margin is within the cap."""
+    limit = budget.usd_per_1k if budget.usd_per_1k is not None else budget.share
+    ok = [p for p in curve if within_cap(need(p, budget), limit)]
+    return min(ok, key=lambda p: p.lam) if ok else None
+
+
+def cap_route_oof(q_oof: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int, folds: np.ndarray, budget: Budget,
+                  lambdas=LAMBDAS) -> np.ndarray | None:
+    """Each row's route at the λ the calibration's rule (`smallest_within`) chooses for `budget` on the
+    other folds' rows: `q_oof` out-of-fold quality predictions, `c_hat` the expected cost model's
+    (N, W), `ref` the reference worker a share is of. What a head shipped under a cap is scored at
+    out of fold, routed as it serves (per-prompt expected cost, the same λ rule). None when a fold's
+    other rows meet the cap at no λ."""
+    route = np.zeros(len(q_oof), dtype=np.int64)
+    for f in np.unique(folds):
+        tr, te = folds != f, folds == f
+        p = smallest_within(route_curve(q_oof[tr], c_hat[tr], c_ref, ref, lambdas=lambdas), budget) if tr.sum() > 1 else None
+        if p is None:
+            return None
+        route[te] = np.argmax(budget_scores(q_oof[te], c_hat[te], p.lam, c_ref), axis=1)
+    return route
 
 
 def redraw_hint(checkpoint_dir: str | Path) -> str:

@@ -71,8 +71,9 @@ def fit_heads(cfg, rows: Rows, models_dir: Path, *, cfg_path: Path | None = None
     try:
         report, data, recorded = _fit(cfg, rows, models_dir, settings, sets, rules, force, log)
         routes: dict = {}
-        point = _calibrate(report, data, cfg, log, routes)
-        _keep_oof(folder / OOF_FILE, report, data, routes)
+        at_cap: dict = {}
+        point = _calibrate(report, data, cfg, log, routes, at_cap)
+        _keep_oof(folder / OOF_FILE, report, data, routes, at_cap)
         changed = unchanged_since_read(cfg_path, cfg_version)
         if changed:
             raise StageError(changed)
@@ -117,15 +118,16 @@ def _fit(cfg, rows: Rows, models_dir: Path, settings, sets, rules, force, log):
     return report, data, recorded
 
 
-def _calibrate(report, data, cfg, log, routes: dict):
+def _calibrate(report, data, cfg, log, routes: dict, at_cap: dict):
     """budget.json beside each quality head, with the default operating point (the selected head's
-    returned; each head's out-of-fold route at its point into `routes`)."""
+    returned; each head's out-of-fold route at its point into `routes`, and under the cascade's pooled
+    cap its route at that cap into `at_cap`)."""
     from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
 
     c = cfg.cascade  # the rule's settings, one set for the cascade's choice and the default point
     return calibrate_saved(report.saved, data, log, margin=c.margin, n_boot=c.n_boot, seed=cfg.seed, routes=routes,
                            floor=c.floor, groups=c.groups, min_rows=c.search.min_domain_rows, min_gap=c.cluster_min_gap,
-                           group_floor=c.group_floor)
+                           group_floor=c.group_floor, cap=c.cap if not c.domain_caps else None, cap_routes=at_cap)
 
 
 def _selected_policy(report, point) -> dict:
@@ -159,25 +161,28 @@ def _default_lines(point) -> list[str]:
     return list(default_lines(point))
 
 
-def _keep_oof(path: Path, report, data, routes: dict) -> None:
+def _keep_oof(path: Path, report, data, routes: dict, at_cap: dict) -> None:
     """The out-of-fold routing scores of each kind's best head and the ensemble, the selected first,
-    and, where a head has a default operating point, its out-of-fold route at that point."""
+    and, where a head has a default operating point, its out-of-fold route at that point (and at the
+    cascade's pooled cap, where one is set)."""
     import numpy as np
 
     from fugu_pipeline.policies.cascade.train import one_shot_heads
 
     heads = one_shot_heads(report)
-    at_point = {i: routes[n.removeprefix("one-shot ")] for i, n in enumerate(heads)
-                if n.removeprefix("one-shot ") in routes}
+    pick = lambda got: {i: got[n.removeprefix("one-shot ")] for i, n in enumerate(heads)  # noqa: E731
+                        if n.removeprefix("one-shot ") in got}
     np.savez(path, names=np.array(list(heads)), task_ids=np.array(data.task_ids),
              **{f"scores_{i}": np.asarray(s) for i, s in enumerate(heads.values())},
-             **{f"route_{i}": np.asarray(r) for i, r in at_point.items()})
+             **{f"route_{i}": np.asarray(r) for i, r in pick(routes).items()},
+             **{f"caproute_{i}": np.asarray(r) for i, r in pick(at_cap).items()})
 
 
-def read_oof(record: records.StepRecord, task_ids: list[str]) -> tuple[dict, dict]:
+def read_oof(record: records.StepRecord, task_ids: list[str]) -> tuple[dict, dict, dict]:
     """({"one-shot <name>": out-of-fold scores}, {"one-shot <name>": out-of-fold route at its default
-    operating point}) the set kept, for rows `task_ids` (the same rows in the same order, else
-    StageError: the matrix changed since the set was fitted)."""
+    operating point}, {"one-shot <name>": out-of-fold route at the cascade's pooled cap}) the set
+    kept, for rows `task_ids` (the same rows in the same order, else StageError: the matrix changed
+    since the set was fitted)."""
     import numpy as np
 
     with np.load(record.folder / OOF_FILE) as z:
@@ -186,4 +191,5 @@ def read_oof(record: records.StepRecord, task_ids: list[str]) -> tuple[dict, dic
                              "materialize router_heads again (it is stale), then the cascade")
         names = [str(n) for n in z["names"]]
         return ({n: z[f"scores_{i}"] for i, n in enumerate(names)},
-                {n: z[f"route_{i}"] for i, n in enumerate(names) if f"route_{i}" in z.files})
+                {n: z[f"route_{i}"] for i, n in enumerate(names) if f"route_{i}" in z.files},
+                {n: z[f"caproute_{i}"] for i, n in enumerate(names) if f"caproute_{i}" in z.files})

@@ -56,21 +56,19 @@ def ladder_fold(grid, tr: np.ndarray, te: np.ndarray, search_cfg, allowed, share
 
 
 def capped_one_shot(scores: np.ndarray, quality: np.ndarray, exp_cost: np.ndarray, tr_at: np.ndarray,
-                    te_at: np.ndarray, cap_usd: float, ref_cost: float, paid=None,
-                    z: float = 0.0) -> tuple[np.ndarray, np.ndarray] | None:
+                    te_at: np.ndarray, cap_usd: float, ref_cost: float, paid=None) -> tuple[np.ndarray, np.ndarray] | None:
     """(quality, cost) per row of `te_at` of argmax(score − λ·cost/ref) with the smallest λ whose mean
     cost on `tr_at` is within `cap_usd`; None when no λ meets it. `scores` and `quality` are (n, W)
     over the non-test rows; the `*_at` index them. The route weighs each worker's expected cost
     `exp_cost`, as serving does; `paid(at, route)`: what those calls cost, each row's own where the
-    matrix records it (default: the expectation); `z`: the cap holds for the mean cost plus this many
-    standard errors of it (the budget calibration's rule, which a head shipped under a cap serves by)."""
+    matrix records it (default: the expectation). The table's one-shot row (a head shipped under a
+    cap is scored as it serves: `route.budget.cap_route_oof`)."""
     ref = max(ref_cost, 1e-300)
     paid = paid or (lambda at, route: exp_cost[route])
 
     def meets(lam: float) -> bool:
         route = np.argmax(scores[tr_at] - lam * exp_cost[None, :] / ref, axis=1)
-        c = paid(tr_at, route)
-        return within_cap(float(c.mean() + z * c.std() / np.sqrt(max(len(c), 1))), cap_usd)
+        return within_cap(float(paid(tr_at, route).mean()), cap_usd)
 
     k = next((k for k, lam in enumerate(LAMBDAS) if meets(lam)), None)
     if k is None:

@@ -41,21 +41,26 @@ def alone_plan(j: int) -> tuple:
 
 def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndarray, usable: list[int], allowed, cfg,
               mode: str, baseline: str, shares, heads: dict | None, groups: list[str], memo: dict,
-              best_worker, head_routes: dict | None = None, shared: tuple | None = None) -> CrossFit:
+              best_worker, head_routes: dict | None = None, shared: tuple | None = None,
+              cap_routes: dict | None = None) -> CrossFit:
     """See the module docstring. `mode`: "cheapest" | "cap" | "utility"; `shares`: the cost-aware
     ladder; `groups`: the domains that get their own candidates; `best_worker(grid, rows)`: the
     baseline worker of the `cap` and `utility` modes; `head_routes`: a head's out-of-fold route at the
     operating point it serves with no cap asked, which its candidate is scored at (else its argmax);
     `shared`: (candidate name, the group of every row, the groups) of the pooled cap shared among
-    groups (`groups.share_cap`), one more candidate under a cap."""
+    groups (`groups.share_cap`), one more candidate under a cap; `cap_routes`: a head's out-of-fold
+    route at the λ its budget calibration's rule chooses for the pooled cap on the other folds,
+    which its candidate "at the cap" is scored at (a head without one has no such candidate: it could
+    not serve the cap)."""
     from fugu_pipeline.policies.cascade.plans import RowSet
 
     n = len(rows)
     capped = mode == "cap"
-    # a one-shot head at the cap needs recorded costs (its budget calibration, which serves the cap, reads them)
-    pooled_cap = capped and cfg.cap is not None and not cfg.domain_caps and data.cost_usd is not None
+    # a one-shot head at the cap: its route at the λ its budget calibration chooses for the pooled cap
+    at_cap = {h: r for h, r in (cap_routes or {}).items() if h in (heads or {})} \
+        if capped and cfg.cap is not None and not cfg.domain_caps else {}
     names = [STRONGEST] + [rung_name(s) for s in shares] + ([baseline, "cascade"] if mode != "cheapest" else []) \
-        + ([shared[0]] if shared else []) + list(heads or {}) + [h + AT_CAP for h in (heads or {}) if pooled_cap]
+        + ([shared[0]] if shared else []) + list(heads or {}) + [h + AT_CAP for h in at_cap]
     out = CrossFit(names, {k: np.zeros(n) for k in names}, {k: np.zeros(n) for k in names},
                    {k: np.zeros(n) for k in names},
                    {f"{k}@{s}": (np.zeros(n), np.zeros(n)) for s in TABLE_SHARES for k in ("cascade", "one-shot")
@@ -121,14 +126,9 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
             u = (uc.quality_weight * q - uc.cost_weight * np.minimum(c / uc.cost_scale_usd, uc.cap)
                  - uc.latency_weight * np.minimum(lat / uc.latency_scale_s, uc.cap))
             put(name, at, q, c, u)
-            if pooled_cap:  # routed at the λ that keeps the cap on the other folds
-                got = capped_one_shot(s, data.quality[rows], g.exp_cost, tr_at, at,
-                                      cfg.cap.usd_per_request(g.exp_cost[strongest(g, tr)]), g.exp_cost[top],
-                                      paid=lambda i, r: g.per_call(rows[i], r)[0], z=cfg.cap.margin_z)
-                if got is None:
-                    out.missing.add(name + AT_CAP)
-                else:
-                    put(name + AT_CAP, at, *got)
+            if name in at_cap:  # routed as it serves the cap: per-prompt expected cost, λ chosen on the other folds
+                r = at_cap[name][at]
+                put(name + AT_CAP, at, data.quality[te, r], g.per_call(te, r)[0])
             if name == first_head:
                 for share in TABLE_SHARES:
                     got = capped_one_shot(s, data.quality[rows], g.exp_cost, tr_at, at, share * g.exp_cost[top],

@@ -167,13 +167,16 @@ def _recorded(per_call: np.ndarray | None, expected: np.ndarray) -> np.ndarray |
 
 def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg: CascadeConfig | None = None,
                 folds_k: int = 5, seed: int = 0, heads: dict[str, np.ndarray] | None = None, log=print,
-                cross_encoder=None, head_routes: dict[str, np.ndarray] | None = None) -> CascadeFit:
+                cross_encoder=None, head_routes: dict[str, np.ndarray] | None = None,
+                cap_routes: dict[str, np.ndarray] | None = None) -> CascadeFit:
     """See the module docstring. `grid` and `inputs` are row-aligned with `data`; `heads`: one-shot
     heads' out-of-fold routing scores (rows = the non-test rows of `data`, in order; the first one
     is the table's one-shot router); `cross_encoder`: `cascade_cross_encoder_use.cross_encoder_step`'s
     callable, whose cross-fitted column the verifier reads when it lowers its out-of-fold log-loss;
     `head_routes`: a head's out-of-fold route at the operating point it serves with no cap asked
-    (its default point), which its candidate is scored at instead of its plain argmax."""
+    (its default point), which its candidate is scored at instead of its plain argmax; `cap_routes`:
+    under a pooled cap, its out-of-fold route at the λ its budget calibration's rule chooses for
+    that cap (`route.budget.cap_route_oof`), its candidate "at the cap"."""
     cfg = cfg or CascadeConfig()
     if data.quality is None:
         raise TrainingDataError("a cascade needs each cell's quality (the import's `quality`, or graded responses); "
@@ -245,7 +248,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         shared = (SHARED_CLUSTER if clusters is not None else SHARED_DOMAIN, gdoms, groups)
     cf = cross_fit(data, grid_for, rows, folds, gdoms if groups and mode == "cheapest" else doms, usable, allowed, cfg,
                    mode, baseline, shares, heads, groups if mode == "cheapest" else [], memo,
-                   lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes, shared)
+                   lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes, shared, cap_routes)
     if cf.unmet:
         return _strongest_ships(data, grid, inputs, rows, usable, log, cf.unmet)
     frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed, memo=memo, n_boot=cfg.n_boot, seed=seed)
