@@ -123,15 +123,18 @@ def matrix_of(name: str, rows: list, args):
 def saved_heads(data, sel, work: Path, cfg, args):
     """The heads `fugu-lite train` saves (`fit_and_save`) with their budget calibrations and default
     operating points (`calibrate_saved`): (the report, {"one-shot <name>": out-of-fold route at its
-    point}), the routes the cascade's choice scores each head at."""
+    point}, {share: the selected head's route at that share}), the routes the cascade's choice and
+    its table at caps score the heads at."""
+    from fugu_pipeline.policies.cascade.choice import TABLE_SHARES
     from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
     from fugu_pipeline.policies.oneshot.fit import fit_and_save
 
     report = fit_and_save(data, work / "models", cfg, log=lambda m: None, selection=sel)
     routes: dict = {}
+    at_shares: dict = {}
     calibrate_saved(report.saved, data, lambda m: None, margin=cfg.cascade.margin, n_boot=args.n_boot, seed=cfg.seed,
-                    routes=routes)
-    return report, {f"one-shot {n}": r for n, r in routes.items()}
+                    routes=routes, shares=TABLE_SHARES, share_routes=at_shares)
+    return report, {f"one-shot {n}": r for n, r in routes.items()}, at_shares
 
 
 def one_shot_test(data, report, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -155,7 +158,7 @@ def one_shot_test(data, report, name: str) -> tuple[np.ndarray, np.ndarray]:
 def one_shot_only(name: str, rows: list, args, why: str) -> dict:
     """A set without replies: what `fugu-lite train` ships (the one-shot selection), and the table's
     one-shot and strongest rows, out of fold over the non-test rows."""
-    from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, cap_table, capped_one_shot, table_lines
+    from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, cap_table, table_lines
     from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
     from fugu_pipeline.policies.oneshot.fit import select_heads
     from fugu_pipeline.train.selection import fold_ids
@@ -164,26 +167,23 @@ def one_shot_only(name: str, rows: list, args, why: str) -> dict:
     work, _, _, data, emb = matrix_of(name, rows, args)
     cfg = TrainSetConfig()
     sel = select_heads(data, cfg, log=lambda m: None)
-    point, held = default_of(data, sel, work, cfg, args)
+    at_shares: dict = {}
+    point, held = default_of(data, sel, work, cfg, args, at_shares)
     rep = sel[0]
-    oof = rep.ensemble["scores"] if rep.selected == "ensemble" else next(c.scores for c in rep.candidates if c.name == rep.selected)
     nt = np.flatnonzero(data.splits != "test")
     folds = fold_ids([data.task_ids[i] for i in nt], cfg.folds, cfg.seed)
     Q = data.quality[nt]
     n = len(nt)
     sq, sc = np.zeros(n), np.zeros(n)
-    per_row = {f"one-shot@{s}": (np.zeros(n), np.zeros(n)) for s in TABLE_SHARES}
+    # the selected head routed as its budget calibration serves each share (λ chosen on the other folds)
+    per_row = {f"one-shot@{s}": None if at_shares.get(s) is None else
+               (Q[np.arange(n), at_shares[s]], np.nan_to_num(data.cost_usd[nt])[np.arange(n), at_shares[s]])
+               for s in TABLE_SHARES}
     for f in np.unique(folds):
         at, tr_at = np.flatnonzero(folds == f), np.flatnonzero(folds != f)
         cost = np.nanmean(data.cost_usd[nt[tr_at]], axis=0)
         top = int(np.argmax(Q[tr_at].mean(axis=0)))
         sq[at], sc[at] = Q[at, top], cost[top]
-        for s in TABLE_SHARES:
-            got = capped_one_shot(oof, Q, cost, tr_at, at, s * cost[top], cost[top])
-            if got is None:
-                per_row[f"one-shot@{s}"] = None
-            elif per_row[f"one-shot@{s}"] is not None:
-                per_row[f"one-shot@{s}"][0][at], per_row[f"one-shot@{s}"][1][at] = got
     table = cap_table(per_row, (sq, sc), n_boot=args.n_boot)
     print(f"\n### {name}: {len(data.task_ids)} rows ({', '.join(f'{k} {v}' for k, v in data.counts().items())}); "
           f"workers {', '.join(data.worker_ids)}; {emb.encoder_description}")
@@ -203,9 +203,11 @@ def one_shot_only(name: str, rows: list, args, why: str) -> dict:
             "default": None if point is None else point.model_dump(), "test_default": held}
 
 
-def default_of(data, sel, work: Path, cfg, args):
+def default_of(data, sel, work: Path, cfg, args, at_shares: dict | None = None):
     """What `fugu-lite train` saves as the default operating point (its own steps: `fit_and_save`,
-    then `policies/oneshot/default_train.calibrate_saved`), and that point scored on the held-out test rows."""
+    then `policies/oneshot/default_train.calibrate_saved`), and that point scored on the held-out test
+    rows; `at_shares` receives the selected head's out-of-fold route at each share of the table."""
+    from fugu_pipeline.policies.cascade.choice import TABLE_SHARES
     from fugu_pipeline.policies.oneshot.default_report import default_section
     from fugu_pipeline.route.budget import load_calibration
     from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
@@ -213,7 +215,8 @@ def default_of(data, sel, work: Path, cfg, args):
     from fugu_pipeline.policies.oneshot.fit import fit_and_save
 
     report = fit_and_save(data, work / "models", cfg, log=lambda m: None, selection=sel)
-    point = calibrate_saved(report.saved, data, lambda m: None, margin=cfg.cascade.margin, n_boot=args.n_boot, seed=cfg.seed)
+    point = calibrate_saved(report.saved, data, lambda m: None, margin=cfg.cascade.margin, n_boot=args.n_boot, seed=cfg.seed,
+                            shares=TABLE_SHARES, share_routes=at_shares)
     if point is None:
         return None, None
     path = report.selected_path()
@@ -237,9 +240,9 @@ def run(name: str, rows: list, args) -> dict:
     inputs = answer_inputs(data, grid, settings, Path(args.cache_dir))
     log = lambda m: print(f"[{name}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     sel = select_heads(data, TrainSetConfig(), log=lambda m: None)
-    report, head_routes = saved_heads(data, sel, work, TrainSetConfig(), args)
+    report, head_routes, at_shares = saved_heads(data, sel, work, TrainSetConfig(), args)
     fit = fit_cascade(data, grid, inputs, CascadeConfig(n_boot=args.n_boot), heads=one_shot_heads(sel[0]), log=log,
-                      head_routes=head_routes)
+                      head_routes=head_routes, share_routes=at_shares)
     ckpt = load_cascade(save_cascade(work / "models", data, fit, inputs.answer.shape[2]))
     shot = one_shot_test(data, report, fit.selected.removeprefix("one-shot ")) if fit.selected_kind == "one-shot" else None
     rep = cascade_report(ckpt, data, grid, inputs, "test")

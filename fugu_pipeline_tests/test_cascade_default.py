@@ -105,22 +105,6 @@ def test_the_held_out_cascade_report_has_the_table_at_caps_of_the_strongest_s_co
     assert any(line.strip().startswith("| 50% | cascade |") for line in report_lines(rep))
 
 
-def test_a_capped_one_shot_router_spends_up_to_the_cap_when_its_margins_are_close():
-    """Predicted gains of the dear worker all within 10% of each other: the λ that meets the cap lies
-    between two points of the grid, and is found there (not the next grid point, which sends nothing)."""
-    from fugu_pipeline.policies.cascade.choice import capped_one_shot
-
-    rng = np.random.default_rng(0)
-    n = 400
-    scores = np.stack([0.7 + 0.01 * rng.random(n), np.full(n, 0.8)], axis=1)
-    quality = (rng.random((n, 2)) < [0.7, 0.8]).astype(float)
-    cost = np.array([0.1, 1.0])
-    tr, te = np.arange(0, 300), np.arange(300, n)
-    q, c = capped_one_shot(scores, quality, cost, tr, te, cap_usd=0.5, ref_cost=1.0)
-    assert 0.35 <= c.mean() <= 0.65 and len(q) == len(te)  # about half the rows go to the dear worker
-    assert capped_one_shot(scores, quality, cost, tr, te, cap_usd=0.05, ref_cost=1.0) is None  # below the cheapest
-
-
 def test_without_costs_nothing_is_cheaper_so_only_a_clear_gain_replaces_the_best_worker():
     import dataclasses
 

@@ -92,8 +92,7 @@ def test_within_the_cap_is_one_test_in_every_place_that_compares(over, within):
     cascade (relative 1e-9) took."""
     import numpy as np
 
-    from fugu_pipeline.route.budget import Budget, BudgetCalibration, BudgetError, CurvePoint, ExpectedCost
-    from fugu_pipeline.policies.cascade.choice import capped_one_shot
+    from fugu_pipeline.route.budget import Budget, BudgetCalibration, BudgetError, CurvePoint, ExpectedCost, cap_route_oof
     from fugu_pipeline.policies.cascade.frontier import best_within
     from fugu_pipeline.policies.cascade.plans import Points
 
@@ -114,8 +113,8 @@ def test_within_the_cap_is_one_test_in_every_place_that_compares(over, within):
         "route: λ for share": chosen(Budget(share=share / (1 + over), margin_z=0)),
         "train: the cascade's plan": best_within(Points([(((0,), None, None),)], np.array([cost]), np.array([0.9]),
                                                         np.zeros(1), np.zeros(1), 10), cost / (1 + over)) is not None,
-        "train: a capped one-shot head": capped_one_shot(np.ones((4, 1)), np.ones((4, 1)), np.array([cost]),
-                                                          np.arange(4), np.arange(4), cost / (1 + over), cost) is not None,
+        "train: a one-shot head at the cap": cap_route_oof(np.ones((4, 1)), np.full((4, 1), cost), cost, 0, np.arange(4) % 2,
+                                                            Budget(usd_per_1k=cost * 1000 / (1 + over), margin_z=0)) is not None,
     }
     assert decisions == dict.fromkeys(decisions, within)
 

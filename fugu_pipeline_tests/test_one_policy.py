@@ -338,6 +338,9 @@ def test_a_head_shipped_under_a_cap_serves_the_cap_with_no_cap_asked(trained_cap
     # policy.py's figure is the candidate train printed, and no cost over the cap out of fold
     row = next(x for x in out.splitlines() if x.startswith("* one-shot"))
     assert "at the cap" in row and "over the cap" not in row
+    # the table at caps: the selected head routed as its calibration serves each share, within it out of fold
+    table = [x.split(" | ") for x in out.splitlines() if x.startswith("| 50% | one-shot |")]
+    assert table and float(table[0][4].rstrip("%")) <= 50, table
     code, said = run("evaluate", "--checkpoint", ckpt, *common, "--output", str(work / "eval.json"))
     assert code == 0, said
     assert f"as chosen at training: {line}" in said

@@ -70,11 +70,11 @@ def fit_cascade(cfg, rows: Rows, models_dir: Path, heads: records.StepRecord, *,
     settings = heads_settings(rows, heads, models_dir)
     data = rows.read(settings)
     skipped: list[str] = []
-    scores, at_point, at_cap = read_oof(heads, data.task_ids)
+    scores, at_point, at_cap, at_shares = read_oof(heads, data.task_ids)
     result = train_cascade(data, rows.matrix, settings, rows.cache_root, cfg, scores,
                            [_Saved(models_dir, s) for s in heads.output["saved"]], models_dir,
                            lambda m: (skipped.append(m), log(m)), heads.output.get("features"), head_routes=at_point,
-                           cap_routes=at_cap)
+                           cap_routes=at_cap, share_routes=at_shares)
     if result is None:
         why = skipped[-1] if skipped else "no replies"
         return records.keep(models_dir, STEP, fp, {"cascade": None, "skipped": why})

@@ -72,8 +72,9 @@ def fit_heads(cfg, rows: Rows, models_dir: Path, *, cfg_path: Path | None = None
         report, data, recorded = _fit(cfg, rows, models_dir, settings, sets, rules, force, log)
         routes: dict = {}
         at_cap: dict = {}
-        point = _calibrate(report, data, cfg, log, routes, at_cap)
-        _keep_oof(folder / OOF_FILE, report, data, routes, at_cap)
+        at_shares: dict = {}
+        point = _calibrate(report, data, cfg, log, routes, at_cap, at_shares)
+        _keep_oof(folder / OOF_FILE, report, data, routes, at_cap, at_shares)
         changed = unchanged_since_read(cfg_path, cfg_version)
         if changed:
             raise StageError(changed)
@@ -118,16 +119,19 @@ def _fit(cfg, rows: Rows, models_dir: Path, settings, sets, rules, force, log):
     return report, data, recorded
 
 
-def _calibrate(report, data, cfg, log, routes: dict, at_cap: dict):
+def _calibrate(report, data, cfg, log, routes: dict, at_cap: dict, at_shares: dict):
     """budget.json beside each quality head, with the default operating point (the selected head's
-    returned; each head's out-of-fold route at its point into `routes`, and under the cascade's pooled
-    cap its route at that cap into `at_cap`)."""
+    returned; each head's out-of-fold route at its point into `routes`, under the cascade's pooled
+    cap its route at that cap into `at_cap`, and the selected head's at each share of the cascade's
+    table at caps into `at_shares`)."""
+    from fugu_pipeline.policies.cascade.choice import TABLE_SHARES
     from fugu_pipeline.policies.oneshot.default_train import calibrate_saved
 
     c = cfg.cascade  # the rule's settings, one set for the cascade's choice and the default point
     return calibrate_saved(report.saved, data, log, margin=c.margin, n_boot=c.n_boot, seed=cfg.seed, routes=routes,
                            floor=c.floor, groups=c.groups, min_rows=c.search.min_domain_rows, min_gap=c.cluster_min_gap,
-                           group_floor=c.group_floor, cap=c.cap if not c.domain_caps else None, cap_routes=at_cap)
+                           group_floor=c.group_floor, cap=c.cap if not c.domain_caps else None, cap_routes=at_cap,
+                           shares=TABLE_SHARES, share_routes=at_shares)
 
 
 def _selected_policy(report, point) -> dict:
@@ -161,10 +165,11 @@ def _default_lines(point) -> list[str]:
     return list(default_lines(point))
 
 
-def _keep_oof(path: Path, report, data, routes: dict, at_cap: dict) -> None:
+def _keep_oof(path: Path, report, data, routes: dict, at_cap: dict, at_shares: dict) -> None:
     """The out-of-fold routing scores of each kind's best head and the ensemble, the selected first,
     and, where a head has a default operating point, its out-of-fold route at that point (and at the
-    cascade's pooled cap, where one is set)."""
+    cascade's pooled cap, where one is set); the selected head's at each share of the table at caps
+    that it meets."""
     import numpy as np
 
     from fugu_pipeline.policies.cascade.train import one_shot_heads
@@ -175,14 +180,16 @@ def _keep_oof(path: Path, report, data, routes: dict, at_cap: dict) -> None:
     np.savez(path, names=np.array(list(heads)), task_ids=np.array(data.task_ids),
              **{f"scores_{i}": np.asarray(s) for i, s in enumerate(heads.values())},
              **{f"route_{i}": np.asarray(r) for i, r in pick(routes).items()},
-             **{f"caproute_{i}": np.asarray(r) for i, r in pick(at_cap).items()})
+             **{f"caproute_{i}": np.asarray(r) for i, r in pick(at_cap).items()},
+             shares=np.array([k for k, r in at_shares.items() if r is not None], dtype=np.float64),
+             **{f"share_{k:g}": np.asarray(r) for k, r in at_shares.items() if r is not None})
 
 
-def read_oof(record: records.StepRecord, task_ids: list[str]) -> tuple[dict, dict, dict]:
+def read_oof(record: records.StepRecord, task_ids: list[str]) -> tuple[dict, dict, dict, dict]:
     """({"one-shot <name>": out-of-fold scores}, {"one-shot <name>": out-of-fold route at its default
-    operating point}, {"one-shot <name>": out-of-fold route at the cascade's pooled cap}) the set
-    kept, for rows `task_ids` (the same rows in the same order, else StageError: the matrix changed
-    since the set was fitted)."""
+    operating point}, {"one-shot <name>": out-of-fold route at the cascade's pooled cap}, {share: the
+    selected head's route at that share of the strongest's cost}) the set kept, for rows `task_ids`
+    (the same rows in the same order, else StageError: the matrix changed since the set was fitted)."""
     import numpy as np
 
     with np.load(record.folder / OOF_FILE) as z:
@@ -192,4 +199,5 @@ def read_oof(record: records.StepRecord, task_ids: list[str]) -> tuple[dict, dic
         names = [str(n) for n in z["names"]]
         return ({n: z[f"scores_{i}"] for i, n in enumerate(names)},
                 {n: z[f"route_{i}"] for i, n in enumerate(names) if f"route_{i}" in z.files},
-                {n: z[f"caproute_{i}"] for i, n in enumerate(names) if f"caproute_{i}" in z.files})
+                {n: z[f"caproute_{i}"] for i, n in enumerate(names) if f"caproute_{i}" in z.files},
+                {float(k): z[f"share_{k:g}"] for k in (z["shares"] if "shares" in z.files else [])})

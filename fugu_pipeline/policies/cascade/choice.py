@@ -14,23 +14,20 @@ qualifies; when it is the only one, it ships and the reason line says why and wh
 
 - `ladder_fold`: for one fold, every plan of the search run once on the other folds' rows, then
   for each cap share the most accurate plan within it (ties: the cheaper), run on this fold.
-- `capped_one_shot`: a one-shot head's out-of-fold scores routed as argmax(score − λ·cost/ref),
-  λ the smallest on a grid whose mean expected cost on the other folds is within the cap.
 - `cap_table`: accuracy and $ per 1,000 with 95% intervals of one-shot, cascade, plans per group
   sharing the cap (where the fit has groups) and the strongest alone at each cap share (20%, 33%,
-  50% of the strongest's cost).
+  50% of the strongest's cost). The one-shot row is the selected head routed as its budget
+  calibration serves that share, λ chosen on the other folds (`route.budget.cap_route_oof`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.train.selection import interval
 
 LADDER = (0.1, 0.15, 0.2, 0.25, 0.33, 0.4, 0.5, 0.65, 0.8, 1.0)  # shares of the strongest worker's expected cost
 TABLE_SHARES = (0.2, 0.33, 0.5)
-LAMBDAS = np.concatenate([[0.0], np.geomspace(1e-4, 1e3, 60)])
 GROUPED = "plans per group"  # the table's row of plans per domain or prompt cluster sharing the cap (groups.share_cap)
 
 
@@ -53,35 +50,6 @@ def ladder_fold(grid, tr: np.ndarray, te: np.ndarray, search_cfg, allowed, share
         i = best_within(pts, s * ref_cost, z)
         out[s] = None if i is None else held.run(pts.plans[i])[:2]
     return out
-
-
-def capped_one_shot(scores: np.ndarray, quality: np.ndarray, exp_cost: np.ndarray, tr_at: np.ndarray,
-                    te_at: np.ndarray, cap_usd: float, ref_cost: float, paid=None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(quality, cost) per row of `te_at` of argmax(score − λ·cost/ref) with the smallest λ whose mean
-    cost on `tr_at` is within `cap_usd`; None when no λ meets it. `scores` and `quality` are (n, W)
-    over the non-test rows; the `*_at` index them. The route weighs each worker's expected cost
-    `exp_cost`, as serving does; `paid(at, route)`: what those calls cost, each row's own where the
-    matrix records it (default: the expectation). The table's one-shot row (a head shipped under a
-    cap is scored as it serves: `route.budget.cap_route_oof`)."""
-    ref = max(ref_cost, 1e-300)
-    paid = paid or (lambda at, route: exp_cost[route])
-
-    def meets(lam: float) -> bool:
-        route = np.argmax(scores[tr_at] - lam * exp_cost[None, :] / ref, axis=1)
-        return within_cap(float(paid(tr_at, route).mean()), cap_usd)
-
-    k = next((k for k, lam in enumerate(LAMBDAS) if meets(lam)), None)
-    if k is None:
-        return None
-    lam = LAMBDAS[k]
-    if k > 0:  # the smallest λ that meets it, between the grid's points (bisection)
-        lo, hi = LAMBDAS[k - 1], lam
-        for _ in range(40):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (lo, mid) if meets(mid) else (mid, hi)
-        lam = hi
-    r = np.argmax(scores[te_at] - lam * exp_cost[None, :] / ref, axis=1)
-    return quality[te_at, r], paid(te_at, r)
 
 
 def cap_table(per_row: dict[str, tuple[np.ndarray, np.ndarray] | None], strongest: tuple[np.ndarray, np.ndarray],

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fugu_pipeline.policies.cascade.choice import GROUPED, TABLE_SHARES, capped_one_shot, ladder_fold, rung_name
+from fugu_pipeline.policies.cascade.choice import GROUPED, TABLE_SHARES, ladder_fold, rung_name
 from fugu_pipeline.policies.cascade.groups import group_fold, share_cap_fold
 from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, run_policy, search_policy, strongest
 from fugu_pipeline.policies.cascade.ship import AT_CAP
@@ -42,7 +42,7 @@ def alone_plan(j: int) -> tuple:
 def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndarray, usable: list[int], allowed, cfg,
               mode: str, baseline: str, shares, heads: dict | None, groups: list[str], memo: dict,
               best_worker, head_routes: dict | None = None, shared: tuple | None = None,
-              cap_routes: dict | None = None) -> CrossFit:
+              cap_routes: dict | None = None, share_routes: dict | None = None) -> CrossFit:
     """See the module docstring. `mode`: "cheapest" | "cap" | "utility"; `shares`: the cost-aware
     ladder; `groups`: the domains that get their own candidates; `best_worker(grid, rows)`: the
     baseline worker of the `cap` and `utility` modes; `head_routes`: a head's out-of-fold route at the
@@ -51,7 +51,8 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
     groups (`groups.share_cap`), one more candidate under a cap; `cap_routes`: a head's out-of-fold
     route at the λ its budget calibration's rule chooses for the pooled cap on the other folds,
     which its candidate "at the cap" is scored at (a head without one has no such candidate: it could
-    not serve the cap)."""
+    not serve the cap); `share_routes`: the first head's route at each share of the table at caps,
+    as its budget calibration would serve that share (a share it has none for is "—")."""
     from fugu_pipeline.policies.cascade.plans import RowSet
 
     n = len(rows)
@@ -79,7 +80,7 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
     uc = data.utility_config
     for f in np.unique(folds):
         tr, te = rows[folds != f], rows[folds == f]
-        at, tr_at = np.flatnonzero(folds == f), np.flatnonzero(folds != f)
+        at = np.flatnonzero(folds == f)
         g = grid_for(tr)
         held = RowSet(g, te)
         top = usable[int(np.argmax(g.quality[tr][:, usable].mean(axis=0)))]
@@ -131,9 +132,9 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
                 put(name + AT_CAP, at, data.quality[te, r], g.per_call(te, r)[0])
             if name == first_head:
                 for share in TABLE_SHARES:
-                    got = capped_one_shot(s, data.quality[rows], g.exp_cost, tr_at, at, share * g.exp_cost[top],
-                                          g.exp_cost[top], paid=lambda i, r: g.per_call(rows[i], r)[0])
-                    _table(out, f"one-shot@{share}", at, got)
+                    r = (share_routes or {}).get(share)
+                    _table(out, f"one-shot@{share}", at, None if r is None else
+                           (data.quality[te, r[at]], g.per_call(te, r[at])[0]))
     return out
 
 

@@ -168,7 +168,7 @@ def _recorded(per_call: np.ndarray | None, expected: np.ndarray) -> np.ndarray |
 def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg: CascadeConfig | None = None,
                 folds_k: int = 5, seed: int = 0, heads: dict[str, np.ndarray] | None = None, log=print,
                 cross_encoder=None, head_routes: dict[str, np.ndarray] | None = None,
-                cap_routes: dict[str, np.ndarray] | None = None) -> CascadeFit:
+                cap_routes: dict[str, np.ndarray] | None = None, share_routes: dict | None = None) -> CascadeFit:
     """See the module docstring. `grid` and `inputs` are row-aligned with `data`; `heads`: one-shot
     heads' out-of-fold routing scores (rows = the non-test rows of `data`, in order; the first one
     is the table's one-shot router); `cross_encoder`: `cascade_cross_encoder_use.cross_encoder_step`'s
@@ -176,7 +176,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     `head_routes`: a head's out-of-fold route at the operating point it serves with no cap asked
     (its default point), which its candidate is scored at instead of its plain argmax; `cap_routes`:
     under a pooled cap, its out-of-fold route at the λ its budget calibration's rule chooses for
-    that cap (`route.budget.cap_route_oof`), its candidate "at the cap"."""
+    that cap (`route.budget.cap_route_oof`), its candidate "at the cap"; `share_routes`: the first
+    head's at each share of the table at caps ({share: route}, the table's one-shot row)."""
     cfg = cfg or CascadeConfig()
     if data.quality is None:
         raise TrainingDataError("a cascade needs each cell's quality (the import's `quality`, or graded responses); "
@@ -248,7 +249,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         shared = (SHARED_CLUSTER if clusters is not None else SHARED_DOMAIN, gdoms, groups)
     cf = cross_fit(data, grid_for, rows, folds, gdoms if groups and mode == "cheapest" else doms, usable, allowed, cfg,
                    mode, baseline, shares, heads, groups if mode == "cheapest" else [], memo,
-                   lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes, shared, cap_routes)
+                   lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes, shared, cap_routes,
+                   share_routes)
     if cf.unmet:
         return _strongest_ships(data, grid, inputs, rows, usable, log, cf.unmet)
     frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed, memo=memo, n_boot=cfg.n_boot, seed=seed)

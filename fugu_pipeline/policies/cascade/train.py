@@ -80,13 +80,15 @@ def one_shot_heads(heads_report) -> dict:
 
 def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, cfg, heads_report,
                   saved: list, models_dir: Path, log=print, metrics: dict | None = None,
-                  head_routes: dict | None = None, cap_routes: dict | None = None) -> CascadeResult | None:
+                  head_routes: dict | None = None, cap_routes: dict | None = None,
+                  share_routes: dict | None = None) -> CascadeResult | None:
     """Fit and save the cascade (see the module docstring). `heads_report` and `saved` are the
     one-shot selection (`fit.select_heads`, or the `one_shot_heads` scores it kept) and its saved
     heads (`fit_and_save`); `settings` the encoder settings of `data`'s features (the replies are read
     by the same model); `head_routes`: each head's out-of-fold route at its default operating point
     (what it serves with no cap asked), which its candidate is scored at; `cap_routes`: its route at
-    the pooled cap, which its candidate "at the cap" is scored at."""
+    the pooled cap, which its candidate "at the cap" is scored at; `share_routes`: the selected
+    head's at each share of the table at caps."""
     cc = cfg.cascade
     if cc.enabled == "off":
         return None
@@ -101,7 +103,7 @@ def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, 
     inputs = answer_inputs(data, grid, settings, cache_root, progress=None, encode=cc.encode_replies)
     heads = heads_report if isinstance(heads_report, dict) else one_shot_heads(heads_report)
     fit = fit_cascade(data, grid, inputs, cc, cfg.folds, cfg.seed, heads, log, cross_encoder=cross, head_routes=head_routes,
-                      cap_routes=cap_routes)
+                      cap_routes=cap_routes, share_routes=share_routes)
     path = save_cascade(models_dir, data, fit, inputs.answer.shape[2] + int(CROSS_STAT in fit.stat_names), metrics,
                         training_config={"cascade": cc.model_dump(), "folds": cfg.folds, "seed": cfg.seed})
     shipped, shipped_path = fit.selected_kind, path

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fugu_pipeline.cost_cap import CostCap
 from fugu_pipeline.route.budget import LAMBDAS, calibrate_beside, cap_route_oof
 from fugu_pipeline.policies.oneshot.default_point import choose_default_route, default_lines
 from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint
@@ -30,7 +31,8 @@ def applies(data) -> str:
 def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n_boot: int = 2000,
                     seed: int = 0, routes: dict | None = None, floor: float | None = DEFAULT_FLOOR, groups: str = "auto",
                     min_rows: int = DEFAULT_MIN_DOMAIN_ROWS, min_gap: float = DEFAULT_CLUSTER_MIN_GAP,
-                    group_floor: float = DEFAULT_GROUP_FLOOR, cap=None, cap_routes: dict | None = None) -> DefaultPoint | None:
+                    group_floor: float = DEFAULT_GROUP_FLOOR, cap=None, cap_routes: dict | None = None,
+                    shares: tuple = (), share_routes: dict | None = None) -> DefaultPoint | None:
     """Every saved head's budget calibration (`budget.calibrate_beside`, `budget.json` beside it) and,
     where `applies`, its default operating point in that file; what `fugu-lite train` and the
     `router_heads` asset both run after saving the heads. Returns the selected head's point (its
@@ -40,7 +42,9 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
     one rule, one set of settings, for the cascade's choice and the default point. `cap` (a pooled
     `CostCap`, the cascade's): `cap_routes` receives each head's out-of-fold route at the λ its
     calibration's rule chooses for that cap on the other folds (`budget.cap_route_oof`), what its
-    candidate "at the cap" is scored at (none where some fold cannot meet the cap)."""
+    candidate "at the cap" is scored at (none where some fold cannot meet the cap). `share_routes`
+    receives the selected head's routes so at each of `shares` (a share of the strongest's cost): the
+    one-shot row of the cascade's table at caps."""
     why_not = applies(data)
     chosen = None
     for s in saved:
@@ -50,11 +54,14 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
         rows = np.flatnonzero(data.splits != "test")
         q_oof = np.clip(np.nan_to_num(np.asarray(s.oof_quality, np.float64)), 0.0, 1.0)
         c_hat = cal.cost_model.predict([data.prompts[i] for i in rows], [data.domains[i] for i in rows])
+        ref, folds = list(data.worker_ids).index(cal.reference_worker), np.asarray(s.oof_folds)
         if cap is not None and cap_routes is not None:
-            got = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, list(data.worker_ids).index(cal.reference_worker),
-                                np.asarray(s.oof_folds), cap)
+            got = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, ref, folds, cap)
             if got is not None:
                 cap_routes[s.name] = got
+        if s.selected and share_routes is not None:
+            for share in shares:
+                share_routes[share] = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, ref, folds, CostCap(share=share))
         if why_not:
             continue
         point, route = choose_default_route(q_oof, data.quality[rows], c_hat, cal.reference_cost_usd, np.asarray(s.oof_folds),
