@@ -96,3 +96,20 @@ def test_a_head_under_a_cap_is_scored_out_of_fold_as_it_serves_the_cap():
         assert p.share + cap.margin_z * p.share_se <= 0.3 and (route[~tr] == np.argmax(
             q[~tr] - p.lam * c_hat[~tr] / c_ref, axis=1)).all()
     assert cap_route_oof(q, c_hat, c_ref, 1, folds, CostCap(share=0.0001)) is None  # below the cheapest: no route
+
+
+def test_a_cap_between_two_points_of_the_lambda_grid_is_spent_up_to_it():
+    """Predicted gains of the dear worker all within 1% of each other: the λ that meets half the
+    reference's cost lies between two points of the grid; the curve is refined there, so the cap's
+    route sends about half the rows to the dear worker (not none, the next grid point's)."""
+    from fugu_pipeline.cost_cap import CostCap
+    from fugu_pipeline.route.budget import cap_route_oof, route_curve
+
+    rng = np.random.default_rng(0)
+    n = 400
+    q = np.stack([0.7 + 0.001 * rng.random(n), np.full(n, 0.8)], axis=1)
+    c_hat = np.tile([0.1, 1.0], (n, 1))
+    route = cap_route_oof(q, c_hat, 1.0, 1, np.arange(n) % 4, CostCap(share=0.5, margin_z=0))
+    assert 0.35 <= (route == 1).mean() <= 0.5
+    curve = route_curve(q, c_hat, 1.0, 1)
+    assert all(a.share - b.share <= 0.02 + 1e-12 for a, b in zip(curve, curve[1:]))

@@ -357,20 +357,38 @@ def usable_calibration(checkpoint_dir: str | Path, content_hash: str,
     return cal, ""
 
 
+REFINE_SHARE = 0.02  # the curve is refined between two λs whose shares differ by more than this
+REFINE_POINTS = 400  # at most this many λs added by refining
+
+
 def route_curve(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int,
-                quality: np.ndarray | None = None, lambdas=LAMBDAS) -> list[CurvePoint]:
+                quality: np.ndarray | None = None, lambdas=LAMBDAS, *, refine: bool = True) -> list[CurvePoint]:
     """Each λ's mean expected cost (and SE), its share of the reference's mean expected cost, and
-    (where labels are given: validation) the routes' mean quality."""
+    (where labels are given: validation) the routes' mean quality. `refine`: where two neighbouring
+    λs of the grid differ by more than `REFINE_SHARE` of the reference's cost (predicted gains close
+    together: many rows change worker at once), λs are added between them (bisection, up to
+    `REFINE_POINTS`), so a cap between them is met close to it, not at the next grid point's cost."""
     n = len(q_hat)
     base = float(c_hat[:, ref].mean()) or c_ref or 1.0  # a share of $0 does not exist: of its training mean
-    out = []
-    for lam in lambdas:
+
+    def point(lam: float) -> CurvePoint:
         r = np.argmax(budget_scores(q_hat, c_hat, lam, c_ref), axis=1)
         c = c_hat[np.arange(n), r]
         se = float(c.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
-        out.append(CurvePoint(lam=float(lam), cost_usd=float(c.mean()), cost_se=se, share=float(c.mean()) / base,
-                              share_se=se / base,
-                              quality=None if quality is None else float(quality[np.arange(n), r].mean())))
+        return CurvePoint(lam=float(lam), cost_usd=float(c.mean()), cost_se=se, share=float(c.mean()) / base,
+                          share_se=se / base, quality=None if quality is None else float(quality[np.arange(n), r].mean()))
+
+    out = [point(lam) for lam in lambdas]
+    added = 0
+    while refine and added < REFINE_POINTS:
+        gaps = [k for k in range(len(out) - 1) if out[k].share - out[k + 1].share > REFINE_SHARE
+                and out[k + 1].lam - out[k].lam > 1e-9 * max(out[k + 1].lam, 1e-12)]
+        if not gaps:
+            break
+        for k in reversed(gaps[: REFINE_POINTS - added]):
+            lo, hi = out[k].lam, out[k + 1].lam
+            out.insert(k + 1, point(math.sqrt(lo * hi) if lo > 0 else hi / 2))
+            added += 1
     return out
 
 
@@ -410,9 +428,10 @@ def calibrate(q_hat_val: np.ndarray, val_prompts: list[str], val_domains: list[s
     c_ref = float(c_train[ref])
     c_val = model.predict(val_prompts, val_domains)
     curve = route_curve(q_hat_val, c_val, c_ref, ref, val_quality)
-    if q_served_val is not None:
+    if q_served_val is not None:  # the served head's routes at the same λs
         oof = [p.model_copy(update={"cost_from": "out_of_fold"}) for p in curve]
-        curve = costlier(oof, route_curve(q_served_val, c_val, c_ref, ref, val_quality))
+        curve = costlier(oof, route_curve(q_served_val, c_val, c_ref, ref, val_quality, [p.lam for p in curve],
+                                          refine=False))
     return BudgetCalibration(checkpoint=checkpoint, data_version=data_version, worker_ids=list(worker_ids),
                              reference_worker=worker_ids[ref], reference_cost_usd=c_ref, cost_model=model,
                              n_val=len(val_prompts), val_reference_cost_usd=float(c_val[:, ref].mean()), curve=curve,
