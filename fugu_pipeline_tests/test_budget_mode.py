@@ -73,7 +73,8 @@ def test_a_head_under_a_cap_is_scored_out_of_fold_as_it_serves_the_cap():
     on the other folds. Routing by each worker's mean cost would send rows to the dear worker whatever
     their length."""
     from fugu_pipeline.cost_cap import CostCap
-    from fugu_pipeline.route.budget import cap_route_oof, fit_expected_cost, route_curve, smallest_within
+    from fugu_pipeline.route.budget import cap_route_oof, route_curve, smallest_within
+    from fugu_pipeline.route.expected_cost import fit_expected_cost
 
     rng = np.random.default_rng(0)
     n = 600

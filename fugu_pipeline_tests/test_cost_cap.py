@@ -92,7 +92,8 @@ def test_within_the_cap_is_one_test_in_every_place_that_compares(over, within):
     cascade (relative 1e-9) took."""
     import numpy as np
 
-    from fugu_pipeline.route.budget import Budget, BudgetCalibration, BudgetError, CurvePoint, ExpectedCost, cap_route_oof
+    from fugu_pipeline.route.budget import Budget, BudgetCalibration, BudgetError, CurvePoint, cap_route_oof
+    from fugu_pipeline.route.expected_cost import ExpectedCost
     from fugu_pipeline.policies.cascade.frontier import best_within
     from fugu_pipeline.policies.cascade.plans import Points
 

@@ -17,7 +17,8 @@ from fugu_pipeline.evaluate.budget_report import budget_section
 from fugu_pipeline.evaluate.metrics import EvalInputs, evaluation_report
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData
-from fugu_pipeline.route.budget import Budget, calibrate_checkpoint, fit_expected_cost
+from fugu_pipeline.route.budget import Budget, calibrate_checkpoint
+from fugu_pipeline.route.expected_cost import fit_expected_cost
 
 W = ["cheap", "mid", "strong"]
 PRICE = np.array([0.1, 1.0, 10.0]) * 1e-6  # USD per prompt token

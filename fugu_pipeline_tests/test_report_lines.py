@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from fugu_pipeline.evaluate.metrics import EvalInputs, evaluation_report
-from fugu_pipeline.route.budget import fit_expected_cost
+from fugu_pipeline.route.expected_cost import fit_expected_cost
 from fugu_pipeline_tests.test_budget_cli import rows as budget_rows
 from fugu_pipeline_tests.test_budget_cli import run
 

@@ -41,7 +41,7 @@ def expected_costs(data, held, calibration=None) -> tuple[np.ndarray | None, flo
     (the calibration's when given): never the held-out rows' own costs."""
     if data.cost_usd is None:
         return None, None
-    from fugu_pipeline.route.budget import fit_expected_cost
+    from fugu_pipeline.route.expected_cost import fit_expected_cost
 
     if calibration is not None:
         return calibration.cost_model.predict(held.prompts, held.domains), calibration.reference_cost_usd
