@@ -40,9 +40,11 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
     its point over the non-test rows, by head name: the route the cascade's choice scores it at. The
     rule's settings (`floor`, `groups`, `min_rows`, `min_gap`, `group_floor`) are the cascade block's:
     one rule, one set of settings, for the cascade's choice and the default point. `cap` (a pooled
-    `CostCap`, the cascade's): `cap_routes` receives each head's out-of-fold route at the λ its
-    calibration's rule chooses for that cap on the other folds (`budget.cap_route_oof`), what its
-    candidate "at the cap" is scored at (none where some fold cannot meet the cap). `share_routes`
+    `CostCap`, the cascade's): `cap_routes` receives the selected head's out-of-fold route at the λ
+    its calibration's rule chooses for that cap on the other folds (`budget.cap_route_oof`), what its
+    candidate "at the cap" is scored at (none where some fold cannot meet the cap; the selected head
+    only: one router at the cap, not one per head, each a draw more for the best out-of-fold
+    figure to be lucky on). `share_routes`
     receives the selected head's routes so at each of `shares` (a share of the strongest's cost): the
     one-shot row of the cascade's table at caps."""
     why_not = applies(data)
@@ -55,7 +57,7 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
         q_oof = np.clip(np.nan_to_num(np.asarray(s.oof_quality, np.float64)), 0.0, 1.0)
         c_hat = cal.cost_model.predict([data.prompts[i] for i in rows], [data.domains[i] for i in rows])
         ref, folds = list(data.worker_ids).index(cal.reference_worker), np.asarray(s.oof_folds)
-        if cap is not None and cap_routes is not None:
+        if cap is not None and cap_routes is not None and s.selected:
             got = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, ref, folds, cap)
             if got is not None:
                 cap_routes[s.name] = got
