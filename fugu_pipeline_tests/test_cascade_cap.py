@@ -3,6 +3,8 @@ between the user's choice and the best policy that keeps it), and the cap holds 
 escalates more than the rows it was chosen on (the spend guard, `policies/cascade/spend.py`, in
 `evaluate` and in serving)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -28,6 +30,9 @@ def test_under_a_cap_the_most_accurate_policy_within_it_ships_without_a_signific
     alone = next(c for c in fit.candidates if c.kind == "best worker")
     assert fit.selected == best.name and "best out-of-fold accuracy within the cap" in fit.reason
     assert best.quality > alone.quality and best.low <= 0  # more accurate than the cheap worker, not significantly
+    # beside it, the same pick made inside the folds, with its interval and its share of the strongest's cost
+    assert re.search(r"the pick made inside the folds \(each fold served the most accurate candidate within the cap "
+                     r"on the others\): difference [+-]\d\.\d{4} \[[+-]\d\.\d{4}, [+-]\d\.\d{4}\] at \d+%", fit.reason)
 
 
 @pytest.fixture(scope="module")
@@ -320,3 +325,30 @@ def test_a_groups_part_of_a_cap_that_is_not_a_positive_number_is_refused_on_load
     with pytest.raises(ValueError, match=r"group_caps holds a cap that is not a positive number for \['mc'\]"):
         CascadeHead(6, 2, group_caps={"code": 1e-4, "mc": bad})
     assert CascadeHead(6, 2, group_caps={"code": 1e-4}).head_params()["group_caps"] == {"code": 1e-4}
+
+
+def test_the_capped_pick_made_inside_the_folds_reads_what_the_pick_was_lucky_on():
+    """Two candidates within the cap: A is right on 80% of every fold; B on 78% of four folds and on
+    every row of the fifth, so B is the more accurate out of fold and is picked. Made inside the
+    folds, the pick serves each fold the candidate that led on the others: B wherever the lucky fold
+    is among the others, A on the lucky fold itself, so the nested figure is below B's. A candidate
+    over the cap on the other folds is never the pick there; with none within it, the cheapest."""
+    from types import SimpleNamespace
+
+    from fugu_pipeline.policies.cascade.nested import nested_capped
+    from fugu_pipeline.train.selection import STRONGEST
+
+    folds = np.repeat(np.arange(5), 100)
+    a = (np.arange(500) % 10 < 8).astype(float)
+    b = np.where(folds == 4, 1.0, (np.arange(500) % 50 < 39).astype(float))
+    dear = np.ones(500)
+    cf = SimpleNamespace(quality={"A": a, "B": b, "dear": dear, STRONGEST: dear},
+                         cost={"A": np.full(500, 1.0), "B": np.full(500, 1.0), "dear": np.full(500, 5.0),
+                               STRONGEST: np.full(500, 5.0)})
+    cands = [SimpleNamespace(name=k, note="") for k in ("A", "B", "dear", STRONGEST)]
+    assert b.mean() > a.mean()
+    m, lo, hi, cost = nested_capped(cands, cf, folds, 2.0, 400, 0)
+    assert m == pytest.approx(np.where(folds == 4, a, b).mean() - 1.0) and m < b.mean() - 1.0 and lo <= m <= hi
+    assert cost == pytest.approx(1.0)
+    m, _, _, cost = nested_capped(cands, cf, folds, 0.5, 400, 0)  # nothing within the cap: the cheapest
+    assert cost == pytest.approx(1.0) and m == pytest.approx(np.where(folds == 4, a, b).mean() - 1.0)

@@ -285,6 +285,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     elif mode == "cap":
         text = cfg.cap.amount() if cfg.cap is not None else "each domain's own cap"
         win, reason = pick_capped(cands, cf, text, baseline, strongest_worker, cfg.n_boot, seed)
+        if cap_usd is not None and not cfg.domain_caps:
+            reason += "; " + _capped_inside_folds(cands, cf, folds, cap_usd, cfg.n_boot, seed, log)
     else:
         win, reason = pick_utility(cands, baseline, strongest_worker)
     try:
@@ -319,6 +321,19 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       cap_usd=cap_usd, cap_z=None if cfg.cap is None else cfg.cap.margin_z,
                       clusters=clusters if policy.per_domain and set(policy.per_domain) <= set(groups) else None,
                       group_caps=group_caps)
+
+
+def _capped_inside_folds(cands, cf, folds, cap_usd: float, n_boot: int, seed: int, log) -> str:
+    """The capped pick made inside the folds (`nested.nested_capped`), as the reason line reads it."""
+    from fugu_pipeline.policies.cascade.nested import nested_capped
+
+    m, lo, hi, cost = nested_capped(cands, cf, folds, cap_usd, n_boot, seed)
+    base = float(cf.cost[STRONGEST].mean())
+    figure = (f"the pick made inside the folds (each fold served the most accurate candidate within the cap on the "
+              f"others): difference {m:+.4f} [{lo:+.4f}, {hi:+.4f}] at {cost / base if base > 0 else 1.0:.0%} of the "
+              "strongest's cost")
+    log(f"cascade: {figure}")
+    return figure
 
 
 def _checked_inside_folds(win, reason, pick, cands, cf, folds, cfg, seed, strongest_worker, split, groups, merged,

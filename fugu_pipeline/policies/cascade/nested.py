@@ -6,6 +6,10 @@ strongest worker's. Each candidate's figure is out of fold, but the pick is made
 very rows: with a dozen candidates, the cheapest that passes is often the one whose rows happened to
 favour it, and on new rows it is lower.
 
+Under a pooled cap the pick is the most accurate candidate within the cap; `nested_capped` runs that
+pick inside the folds the same way and is reported beside it (the user chose the cap, so it does not
+veto: it says how much of the winner's margin was the luck of the rows it was picked on).
+
 `nested_figure` runs the pick itself inside the folds: for each fold, the rule (and the choice per
 group, with its default) picks among the candidates on the other folds' rows, and its pick's figures
 on this fold's rows are kept. The result is what the procedure, not the one candidate it picked,
@@ -60,4 +64,23 @@ def nested_figure(cands, cf, folds: np.ndarray, margin: float, floor: float | No
             q[at], c[at] = routed_by(got.groups, group_args["doms"][at], pooled, per_group, default)
         else:
             q[at], c[at] = cf.quality[pick.name][at], cf.cost[pick.name][at]
+    return interval(q - sq, n_boot, seed) + (float(c.mean()),)
+
+
+def nested_capped(cands, cf, folds: np.ndarray, cap_usd: float, n_boot: int, seed: int) -> tuple[float, float, float, float]:
+    """(mean, low, high) of the accuracy difference from always the strongest worker, and the mean
+    cost, of the capped pick made per fold on the other folds: the most accurate candidate whose mean
+    cost there is within `cap_usd` (ties: the cheaper; none: the cheapest, ties: the more accurate). `cands`: the candidates
+    the pick read (`ship.CandidateFigure`; one unavailable in some fold is left out)."""
+    from fugu_pipeline.cost_cap import within_cap
+
+    sq = cf.quality[STRONGEST]
+    q, c = np.zeros(len(sq)), np.zeros(len(sq))
+    names = [x.name for x in cands if not x.note.startswith("unavailable")]
+    for f in np.unique(folds):
+        tr, at = folds != f, folds == f
+        figs = [(float(cf.quality[k][tr].mean()), -float(cf.cost[k][tr].mean()), k) for k in names]
+        ok = [x for x in figs if within_cap(-x[1], cap_usd)]
+        pick = max(ok)[2] if ok else max(figs, key=lambda x: (x[1], x[0]))[2]
+        q[at], c[at] = cf.quality[pick][at], cf.cost[pick][at]
     return interval(q - sq, n_boot, seed) + (float(c.mean()),)
