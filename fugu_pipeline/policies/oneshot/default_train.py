@@ -44,8 +44,8 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
     its calibration's rule chooses for that cap on the other folds (`budget.cap_route_oof`), what its
     candidate "at the cap" is scored at (none where some fold cannot meet the cap; the selected head
     only: one router at the cap, not one per head, each a draw more for the best out-of-fold
-    figure to be lucky on). `share_routes`
-    receives the selected head's routes so at each of `shares` (a share of the strongest's cost): the
+    figure to be lucky on). `share_routes` receives the selected head's route the same way at each
+    of `shares` (shares of the reference worker's cost; None where some fold meets it at no λ): the
     one-shot row of the cascade's table at caps."""
     why_not = applies(data)
     chosen = None
