@@ -114,3 +114,20 @@ def test_a_cap_between_two_points_of_the_lambda_grid_is_spent_up_to_it():
     assert 0.35 <= (route == 1).mean() <= 0.5
     curve = route_curve(q, c_hat, 1.0, 1)
     assert all(a.share - b.share <= 0.02 + 1e-12 for a, b in zip(curve, curve[1:]))
+
+
+def test_a_tie_in_predicted_quality_is_not_refined_towards_zero():
+    """Two workers predicted exactly equal on every row: at λ = 0 the first wins the tie, at any λ > 0
+    the cheaper; no λ splits a tie, so the refining stops at its floor, and the curve stays a sweep
+    (each λ larger, each cost no larger) that a calibration accepts."""
+    from fugu_pipeline.route.budget import REFINE_FLOOR, route_curve
+
+    rng = np.random.default_rng(1)
+    n = 300
+    q = np.repeat(rng.random((n, 1)), 3, axis=1)
+    c_hat = np.tile([1.0, 0.5, 0.1], (n, 1)) * (1 + 1e-3 * rng.random((n, 1)))
+    curve = route_curve(q, c_hat, 1.0, 0)
+    lams = [p.lam for p in curve]
+    assert all(b > a for a, b in zip(lams, lams[1:])) and min(x for x in lams if x > 0) >= REFINE_FLOOR
+    assert all(b.cost_usd <= a.cost_usd for a, b in zip(curve, curve[1:]))
+    assert curve[0].share == pytest.approx(1.0) and curve[1].share < 0.2  # the tie: all-or-nothing at λ → 0

@@ -261,6 +261,7 @@ def usable_calibration(checkpoint_dir: str | Path, content_hash: str,
 
 REFINE_SHARE = 0.02  # the curve is refined between two λs whose shares differ by more than this
 REFINE_POINTS = 400  # at most this many λs added by refining
+REFINE_FLOOR = 1e-6  # no λ below this is added (a jump at λ → 0 is a tie in predicted quality, which no λ splits)
 
 
 def route_curve(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int,
@@ -281,16 +282,21 @@ def route_curve(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int,
                           share_se=se / base, quality=None if quality is None else float(quality[np.arange(n), r].mean()))
 
     out = [point(lam) for lam in lambdas]
-    added = 0
+    added, dead = 0, set()
     while refine and added < REFINE_POINTS:
         gaps = [k for k in range(len(out) - 1) if out[k].share - out[k + 1].share > REFINE_SHARE
-                and out[k + 1].lam - out[k].lam > 1e-9 * max(out[k + 1].lam, 1e-12)]
+                and out[k + 1].lam > REFINE_FLOOR and out[k + 1].lam - out[k].lam > 1e-6 * out[k + 1].lam
+                and out[k].lam not in dead]
         if not gaps:
             break
         for k in reversed(gaps[: REFINE_POINTS - added]):
             lo, hi = out[k].lam, out[k + 1].lam
-            out.insert(k + 1, point(math.sqrt(lo * hi) if lo > 0 else hi / 2))
+            mid = point(max(math.sqrt(lo * hi) if lo > 0 else hi / 2, REFINE_FLOOR))
             added += 1
+            if mid.lam < hi and out[k + 1].cost_usd <= mid.cost_usd <= out[k].cost_usd:  # between them, not noise
+                out.insert(k + 1, mid)
+            else:
+                dead.add(lo)
     return out
 
 
