@@ -344,3 +344,15 @@ def test_a_head_shipped_under_a_cap_serves_the_cap_with_no_cap_asked(trained_cap
     code, said = run("evaluate", "--checkpoint", ckpt, *common, "--output", str(work / "eval.json"))
     assert code == 0, said
     assert f"as chosen at training: {line}" in said
+
+
+def test_a_cap_the_head_cannot_keep_says_so_and_the_strongest_ships_with_its_rows_counted(tmp_path, capsys):
+    """At 2% of the strongest's cost no λ keeps the cap in some fold: the head at the cap is no
+    candidate, with its line, no plan meets the cap either, and the strongest ships; its line counts
+    the non-test rows its figure is over."""
+    _, ckpt, _, out = _train(tmp_path, "--cap", "share=0.02")
+    said = out + capsys.readouterr().err  # the heads step's lines go to stderr
+    assert re.search(r"one-shot \S+ m=5 at the cap: no candidate \(in some fold no λ keeps 2% of the strongest worker's "
+                     r"cost with its margin on the other folds' rows\)", said), said
+    line = shipped_line(out)
+    assert line.startswith("shipped policy: always the strongest worker") and " over 480 non-test rows" in line, line

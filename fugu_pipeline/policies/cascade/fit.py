@@ -452,6 +452,7 @@ def _strongest_ships(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs
     doms = np.asarray(data.domains, dtype=str)
     return CascadeFit(policy=CascadePolicy(default=_alone(data.worker_ids[top])), verifier=None, objective="none",
                       candidates=[fig], selected=STRONGEST, selected_kind="best worker", reason=reason,
+                      oof={STRONGEST: data.quality[rows, top]}, oof_cost={STRONGEST: np.full(len(rows), float(cost[top]))},
                       verifier_figures={}, choices={}, expected_cost={w: float(c) for w, c in zip(data.worker_ids, cost)},
                       answers_version=grid.version, stat_names=inputs.stat_names,
                       worker_quality={w: float(x) for w, x in zip(data.worker_ids, q)},

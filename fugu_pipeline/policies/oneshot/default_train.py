@@ -61,6 +61,9 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
             got = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, ref, folds, cap)
             if got is not None:
                 cap_routes[s.name] = got
+            else:
+                log(f"one-shot {s.name} at the cap: no candidate (in some fold no λ keeps {cap.amount()} with its "
+                    "margin on the other folds' rows)")
         if s.selected and share_routes is not None:
             for share in shares:
                 share_routes[share] = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, ref, folds, CostCap(share=share))
