@@ -87,7 +87,7 @@ def test_a_head_under_a_cap_is_scored_out_of_fold_as_it_serves_the_cap():
     folds = np.arange(n) % 5
     cap = CostCap(share=0.3)
     c_ref = float(c_hat[:, 1].mean())
-    route = cap_route_oof(q, c_hat, c_ref, 1, folds, cap)
+    route, tiny = cap_route_oof(q, c_hat, c_ref, 1, folds, [cap, CostCap(share=0.0001)])
     dear = route == 1
     assert 0.1 < dear.mean() < 0.6
     assert tokens[dear].max() < np.median(tokens[~dear])  # the short prompts, as serving routes them
@@ -96,7 +96,7 @@ def test_a_head_under_a_cap_is_scored_out_of_fold_as_it_serves_the_cap():
         p = smallest_within(route_curve(q[tr], c_hat[tr], c_ref, 1), cap)
         assert p.share + cap.margin_z * p.share_se <= 0.3 and (route[~tr] == np.argmax(
             q[~tr] - p.lam * c_hat[~tr] / c_ref, axis=1)).all()
-    assert cap_route_oof(q, c_hat, c_ref, 1, folds, CostCap(share=0.0001)) is None  # below the cheapest: no route
+    assert tiny is None  # below the cheapest: no route, drawn from the same curves
 
 
 def test_a_cap_between_two_points_of_the_lambda_grid_is_spent_up_to_it():
@@ -110,7 +110,7 @@ def test_a_cap_between_two_points_of_the_lambda_grid_is_spent_up_to_it():
     n = 400
     q = np.stack([0.7 + 0.001 * rng.random(n), np.full(n, 0.8)], axis=1)
     c_hat = np.tile([0.1, 1.0], (n, 1))
-    route = cap_route_oof(q, c_hat, 1.0, 1, np.arange(n) % 4, CostCap(share=0.5, margin_z=0))
+    (route,) = cap_route_oof(q, c_hat, 1.0, 1, np.arange(n) % 4, [CostCap(share=0.5, margin_z=0)])
     assert 0.35 <= (route == 1).mean() <= 0.5
     curve = route_curve(q, c_hat, 1.0, 1)
     assert all(a.share - b.share <= 0.02 + 1e-12 for a, b in zip(curve, curve[1:]))

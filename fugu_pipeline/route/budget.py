@@ -193,21 +193,24 @@ def smallest_within(curve: list[CurvePoint], budget: Budget) -> CurvePoint | Non
     return min(ok, key=lambda p: p.lam) if ok else None
 
 
-def cap_route_oof(q_oof: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int, folds: np.ndarray, budget: Budget,
-                  lambdas=LAMBDAS) -> np.ndarray | None:
-    """Each row's route at the λ the calibration's rule (`smallest_within`) chooses for `budget` on the
-    other folds' rows: `q_oof` out-of-fold quality predictions, `c_hat` the expected cost model's
-    (N, W), `ref` the reference worker a share is of. What a head shipped under a cap is scored at
-    out of fold, routed as it serves (per-prompt expected cost, the same λ rule). None when a fold's
-    other rows meet the cap at no λ."""
-    route = np.zeros(len(q_oof), dtype=np.int64)
+def cap_route_oof(q_oof: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int, folds: np.ndarray,
+                  budgets: list[Budget], lambdas=LAMBDAS) -> list[np.ndarray | None]:
+    """Per budget, each row's route at the λ the calibration's rule (`smallest_within`) chooses for it
+    on the other folds' rows: `q_oof` out-of-fold quality predictions, `c_hat` the expected cost
+    model's (N, W), `ref` the reference worker a share is of. What a head shipped under a cap is
+    scored at out of fold, routed as it serves (per-prompt expected cost, the same λ rule). None for
+    a budget some fold's other rows meet at no λ. Each fold's curve is drawn once for every budget."""
+    routes: list[np.ndarray | None] = [np.zeros(len(q_oof), dtype=np.int64) for _ in budgets]
     for f in np.unique(folds):
         tr, te = folds != f, folds == f
-        p = smallest_within(route_curve(q_oof[tr], c_hat[tr], c_ref, ref, lambdas=lambdas), budget) if tr.sum() > 1 else None
-        if p is None:
-            return None
-        route[te] = np.argmax(budget_scores(q_oof[te], c_hat[te], p.lam, c_ref), axis=1)
-    return route
+        curve = route_curve(q_oof[tr], c_hat[tr], c_ref, ref, lambdas=lambdas) if tr.sum() > 1 else []
+        for k, budget in enumerate(budgets):
+            p = smallest_within(curve, budget) if routes[k] is not None else None
+            if p is None:
+                routes[k] = None
+            else:
+                routes[k][te] = np.argmax(budget_scores(q_oof[te], c_hat[te], p.lam, c_ref), axis=1)
+    return routes
 
 
 def redraw_hint(checkpoint_dir: str | Path) -> str:

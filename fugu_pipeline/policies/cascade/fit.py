@@ -16,7 +16,7 @@
      keeps a plan's mean expected cost plus the cap's `margin_z` standard errors within the cap);
      with domains or prompt clusters and a pooled cap, one more candidate: a plan per group, the
      plans chosen together to share the cap (`groups.share_cap`), each group's part of it saved
-     for the spend guard; and each one-shot head at the λ that keeps the cap ("... at the cap").
+     for the spend guard; and the selected one-shot head at the λ that keeps the cap ("... at the cap").
    - `utility` (the utility prices cost): a candidate replaces "always the best worker" only when
      its utility gain over it has a paired bootstrap 95% interval above zero.
    Every candidate's accuracy is also compared with the strongest worker's, with its interval.

@@ -57,16 +57,17 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
         q_oof = np.clip(np.nan_to_num(np.asarray(s.oof_quality, np.float64)), 0.0, 1.0)
         c_hat = cal.cost_model.predict([data.prompts[i] for i in rows], [data.domains[i] for i in rows])
         ref, folds = list(data.worker_ids).index(cal.reference_worker), np.asarray(s.oof_folds)
-        if cap is not None and cap_routes is not None and s.selected:
-            got = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, ref, folds, cap)
-            if got is not None:
-                cap_routes[s.name] = got
-            else:
+        at_cap = cap is not None and cap_routes is not None
+        if s.selected and (at_cap or share_routes is not None):  # one curve per fold for every cap it is scored at
+            asked = ([cap] if at_cap else []) + ([CostCap(share=x) for x in shares] if share_routes is not None else [])
+            got = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, ref, folds, asked)
+            if at_cap and got[0] is not None:
+                cap_routes[s.name] = got[0]
+            elif at_cap:
                 log(f"one-shot {s.name} at the cap: no candidate (in some fold no λ keeps {cap.amount()} with its "
                     "margin on the other folds' rows)")
-        if s.selected and share_routes is not None:
-            for share in shares:
-                share_routes[share] = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, ref, folds, CostCap(share=share))
+            if share_routes is not None:
+                share_routes.update(zip(shares, got[int(at_cap):]))
         if why_not:
             continue
         point, route = choose_default_route(q_oof, data.quality[rows], c_hat, cal.reference_cost_usd, np.asarray(s.oof_folds),
