@@ -49,7 +49,7 @@ def test_train_writes_the_calibration_and_evaluate_reports_the_operating_point(t
     assert cal["reference_worker"] == "c" and cal["n_val"] == 48
     code, out = run("evaluate", "--checkpoint", ckpt, *common, "--budget-share", "0.5")
     assert code == 0, capsys.readouterr().err
-    assert "chosen on validation for the cap 50% of the strongest worker's cost" in out
+    assert "chosen on 48 validation rows for the cap 50% of the strongest worker's cost" in out
     assert "router Pareto points" in out and "best single worker within the cap (chosen on train)" in out
     rep = json.loads((work / ckpt / "reports" / "test.json").read_text())
     op = rep["budget"]["operating_point"]
@@ -79,7 +79,7 @@ def test_route_takes_a_cap_and_refuses_one_nothing_meets(trained, capsys):
     assert d["budget"]["reference_worker"] == "c" and d["budget"]["met_on_validation"] and d["worker"] in WORKERS
     code, _ = run("route", "--checkpoint", ckpt, "--prompt", "x", "--device", "cpu", "--budget-share", "0.0001")
     err = capsys.readouterr().err
-    assert code == 2 and "budget share 0.0001: no operating point meets this cap on validation" in err
+    assert code == 2 and "budget share 0.0001: no operating point meets this cap on the calibration" in err
     assert "Raise the cap to at least" in err and "Traceback" not in err
     code, _ = run("route", "--checkpoint", ckpt, "--prompt", "x", "--device", "cpu", "--budget-share", "0.5",
                   "--cost-weight", "1")

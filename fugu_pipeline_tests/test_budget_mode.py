@@ -31,7 +31,7 @@ def test_share_cap_is_met_on_validation_and_on_test():
     assert op["test"]["share"] <= 0.3 and op["test"]["met"]
     assert {w["name"] for w in sec["workers"]} == {"cheap", "mid", "strong"}
     text = "\n".join(budget_lines(sec))
-    assert "chosen on validation" in text and "best single worker within the cap" in text
+    assert f"chosen on {cal.n_val} validation rows for the cap 30%" in text and "best single worker within the cap" in text
     # an absolute cap: $ per 1,000 requests
     usd = sec["workers"][2]["cost_usd_per_1k"] * 0.5
     assert cal.choose(Budget(usd_per_1k=usd)).val_cost_usd_per_1k <= usd
@@ -40,7 +40,7 @@ def test_share_cap_is_met_on_validation_and_on_test():
 def test_a_cap_no_operating_point_meets_names_the_field():
     data, ckpt = make_data()
     cal = calibrate_checkpoint(ckpt, data)
-    with pytest.raises(BudgetError, match=r"budget share 0.0001: no operating point meets this cap on validation.*"
+    with pytest.raises(BudgetError, match=r"budget share 0.0001: no operating point meets this cap on the calibration.s 120 validation rows.*"
                                           r"Raise the cap to at least"):
         cal.choose(Budget(share=1e-4))
     with pytest.raises(BudgetError, match="budget usd_per_1k 1e-06"):

@@ -328,6 +328,10 @@ def test_a_head_shipped_under_a_cap_serves_the_cap_with_no_cap_asked(trained_cap
     assert f"{lam:.4g}" == printed
     assert lam == cal.choose(CostCap(usd_per_1k=params["cap_usd"] * 1000, margin_z=params["cap_z"]), strict=False).lam
     assert lam != cal.default.lam  # the cap's point, not the head's no-cap default
+    # its curve is drawn on every non-test row with the head's out-of-fold quality, the rows the
+    # out-of-fold choice of the cap's λ is scored on (not the validation rows alone)
+    non_test = sum(r["split"] != "test" for r in hard_math_rows(600, answers=True))
+    assert cal.curve_rows == "non-test" and cal.n_val == non_test > sum(r["split"] == "val" for r in hard_math_rows(600, answers=True))
     prompts, domains = _prompts()
     router = load_router(ckpt, device="cpu")
     try:

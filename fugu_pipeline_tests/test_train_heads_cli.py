@@ -69,7 +69,8 @@ def test_budget_json_beside_each_quality_head_and_the_caps_work_on_the_printed_c
     work, ckpt, saved, common = trained
     for path in saved:
         cal = json.loads((path / "budget.json").read_text())
-        assert cal["checkpoint"] == path.name and cal["reference_worker"] == "c" and cal["n_val"] == 48
+        assert cal["checkpoint"] == path.name and cal["reference_worker"] == "c"
+        assert cal["n_val"] == 192 and cal["curve_rows"] == "non-test"  # every non-test row, out of fold
     before = (work / ckpt / "budget.json").read_bytes()
     code, out = run("route", "--checkpoint", ckpt, "--prompt", FEW_SHOT["code"] + "Question: compute the sum",
                     "--domain", "code", "--device", "cpu", "--budget-share", "0.5")
@@ -78,7 +79,7 @@ def test_budget_json_beside_each_quality_head_and_the_caps_work_on_the_printed_c
     assert d["worker"] in WORKERS and d["budget"]["reference_worker"] == "c" and d["budget"]["met_on_validation"]
     code, out = run("evaluate", "--checkpoint", ckpt, *common, "--budget-share", "0.5", "--models-dir", str(work / "models"))
     assert code == 0, capsys.readouterr().err
-    assert "chosen on validation for the cap 50% of the strongest worker's cost" in out
+    assert "chosen on 192 non-test rows (out of fold) for the cap 50% of the strongest worker's cost" in out
     rep = json.loads((work / ckpt / "reports" / "test.json").read_text())
     assert rep["budget"]["operating_point"]["met_on_validation"]
     # evaluate on the training data keeps the calibration `train` drew on out-of-fold predictions
@@ -105,13 +106,20 @@ def test_the_calibration_of_a_refitted_head_is_drawn_on_its_out_of_fold_quality(
     assert ckpt.manifest.metrics["feature_dtype"] == "float32"
     oof, own = calibrate_checkpoint(ckpt, data, s.val_quality), calibrate_checkpoint(ckpt, data)
     assert oof.n_val == own.n_val and [p.quality for p in oof.curve] != [p.quality for p in own.curve]
+    # what `train` draws: every non-test row, with the out-of-fold quality over them all
+    assert np.array_equal(s.oof_quality, cand.quality)
+    every = calibrate_checkpoint(ckpt, data, q_oof=s.oof_quality)
+    assert every.curve_rows == "non-test" and every.n_val == int((data.splits != "test").sum()) > oof.n_val
+    assert every.rows_text() == f"{every.n_val} non-test rows (out of fold)"
 
 
-def test_the_served_head_keeps_within_every_cap_it_claims_to_meet_on_validation(tmp_path):
+@pytest.mark.parametrize("rows", ["val", "non-test"])
+def test_the_served_head_keeps_within_every_cap_it_claims_to_meet_on_validation(tmp_path, rows):
     """The λ curve's quality is the out-of-fold one, but each λ's cost is also the saved head's own:
     routing the validation rows with the head that is served, at the λ chosen for a cap (no margin),
     never costs more than the cap. With the fold models' cost alone it broke 7 and 8 of these caps
-    (knn, ridge): a per-domain head was served at twice a cap it "met"."""
+    (knn, ridge): a per-domain head was served at twice a cap it "met". The same on every non-test
+    row, where `train` draws the curve."""
     from fugu_pipeline.route.budget import Budget, calibrate_checkpoint, quality_of
     from fugu_pipeline.train.checkpoints import load_checkpoint
     from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
@@ -122,10 +130,12 @@ def test_the_served_head_keeps_within_every_cap_it_claims_to_meet_on_validation(
     cfg = TrainSetConfig.model_validate({"heads": {"domain_prior": {"m": [5]},
                                                    "knn": {"k": [10], "prior_weight": [0], "same_domain_bonus": [0]}}})
     report = fit_and_save(data, tmp_path, cfg, log=lambda m: None, metrics={})
-    val, checked = data.split("val"), 0
+    val, checked = data.split("val") if rows == "val" else data.subset(np.flatnonzero(data.splits != "test")), 0
     for s in (s for s in report.saved if s.val_quality is not None):
         ckpt = load_checkpoint(s.path)
-        cal = calibrate_checkpoint(ckpt, data, s.val_quality)
+        cal = calibrate_checkpoint(ckpt, data, s.val_quality) if rows == "val" else \
+            calibrate_checkpoint(ckpt, data, q_oof=s.oof_quality)
+        assert cal.n_val == len(val.prompts)
         served = quality_of(ckpt.head, val.features, val.domains)
         c_val = cal.cost_model.predict(val.prompts, val.domains)
         ref = data.worker_ids.index(cal.reference_worker)

@@ -1,7 +1,8 @@
-"""The budget part of a held-out report: a cap's operating point chosen on validation, scored on
+"""The budget part of a held-out report: a cap's operating point chosen on the calibration's rows
+(validation, or every non-test row out of fold for a head `fugu-lite train` refitted), scored on
 the held-out split, next to every single worker and the best one the cap allows.
 
-Honesty rules: λ comes from the calibration (validation rows only); the routes use
+Honesty rules: λ comes from the calibration (no held-out row is among its rows); the routes use
 predicted quality and EXPECTED cost only; the held-out rows' actual cost and quality are the
 outcomes reported. "Best single worker within the cap" is chosen on TRAINING rows (the best
 training quality among workers whose training expected cost is within the cap), then scored on
@@ -62,7 +63,7 @@ def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration,
         "reference_cost_usd_per_1k": ref_cost * 1000,
         "cost_model": calibration.cost_model.describe(),
         "calibration": {"checkpoint": calibration.checkpoint, "data_version": calibration.data_version,
-                        "n_val": calibration.n_val},
+                        "n_val": calibration.n_val, "curve_rows": calibration.curve_rows},
         "workers": workers,
         "router_curve": curve,
         "router_pareto": pareto_front(curve),
@@ -84,6 +85,7 @@ def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration,
         "describe": budget.describe(),
         "lambda": op.lam,
         "met_on_validation": op.met_on_validation,
+        "chosen_on": calibration.rows_text(),  # the rows its curve is drawn on
         "validation": {"cost_usd_per_1k": op.val_cost_usd_per_1k, "share": op.val_share, "quality": op.val_quality},
         split: {**realised, "quality": float(pick(Q, r).mean()), "met": bool(met),
                 "route_distribution": {w: int((r == i).sum()) for i, w in enumerate(W)}},
@@ -127,7 +129,7 @@ def budget_lines(sec: dict, split: str = "test") -> list[str]:
         t, v = op[split], op["validation"]
         ci = t["quality_ci"]
         interval = f"({ci['note']})" if ci["low"] is None else f"[{ci['low']:.4f}, {ci['high']:.4f}]"
-        lines.append(f"  chosen on validation for the {op['describe']}: λ={op['lambda']:.4g} (validation share "
+        lines.append(f"  chosen on {op.get('chosen_on', 'validation')} for the {op['describe']}: λ={op['lambda']:.4g} (share there "
                      f"{v['share']:.4f}{'' if op['met_on_validation'] else ', NOT met'}); on {split}: quality {t['quality']:.4f} "
                      f"{interval} at ${t['cost_usd_per_1k']:.4g} per 1,000 = {t['share']:.4f} of "
                      f"{sec['reference_worker']} ({'within' if t['met'] else 'OVER'} the cap)")

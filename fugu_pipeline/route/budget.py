@@ -6,13 +6,18 @@ Routing rule: argmax_w q̂(x, w) − λ · ĉ(x, w) / c_ref, with q̂ the head's
 [0, 1] and c_ref the mean expected cost of the reference worker (the one with the best training
 quality: "the strongest model") on training rows.
 
-Choosing λ for a cap (`BudgetCalibration`, computed on VALIDATION rows): the curve over the λ grid
-records each λ's mean expected cost per request and its standard error on validation; for a cap
-(USD per 1,000 requests, or a share of the reference worker's expected cost on the same rows) the
-smallest λ with mean + z·SE <= cap is chosen. A head refitted on train + val has its curve drawn
-on out-of-fold predictions (a fair quality); each λ's cost is then the higher of those routes' and
-the saved head's own routes' on the same rows, so the head that is served keeps within the cap too
-(with the fold models' cost alone, a per-domain head served at 2x a cap it "met"). z (the safety margin in standard errors) defaults to
+Choosing λ for a cap (`BudgetCalibration`, computed on rows no held-out (test) row is among): the
+curve over the λ grid records each λ's mean expected cost per request and its standard error on
+those rows; for a cap (USD per 1,000 requests, or a share of the reference worker's expected cost
+on the same rows) the smallest λ with mean + z·SE <= cap is chosen. A head fitted on train only has
+its curve drawn on the validation rows with its own predictions. A head refitted on train + val
+(what `fugu-lite train` saves) has it drawn on every non-test row with its out-of-fold predictions
+(a fair quality; the rows the out-of-fold choice of a cap's λ it is scored at is made on, fold by
+fold, and five times validation's on an 80/20 split, so the margin of z·SE costs less of the cap);
+each λ's cost
+is then the higher of those routes' and the saved head's own routes' on the same rows, so the head
+that is served keeps within the cap too (with the fold models' cost alone, a per-domain head served
+at 2x a cap it "met"). z (the safety margin in standard errors) defaults to
 1.645: on dcrouter a 30% cap chosen on validation without it came out at 30.7% on test. The
 calibration is a small JSON file beside the checkpoint (`budget.json`), so `route` and `serve`
 apply a cap without the data.
@@ -127,8 +132,11 @@ class BudgetCalibration(BaseModel):
     reference_worker: str
     reference_cost_usd: float = Field(ge=0, allow_inf_nan=False)  # c_ref: mean expected cost of the reference worker on training rows
     cost_model: ExpectedCost
-    n_val: int = Field(ge=1)
-    val_reference_cost_usd: float = Field(ge=0, allow_inf_nan=False)  # its mean expected cost on the validation rows (the share's base)
+    n_val: int = Field(ge=1)  # the rows the curve is drawn on (`curve_rows`)
+    val_reference_cost_usd: float = Field(ge=0, allow_inf_nan=False)  # its mean expected cost on those rows (the share's base)
+    # which rows: "validation" (a head fitted on train only: its own predictions) or "non-test" (a head
+    # refitted on train + val: every non-test row, with its out-of-fold predictions)
+    curve_rows: Literal["validation", "non-test"] = "validation"
     curve: list[CurvePoint] = Field(min_length=1)
     reference_note: str = ""  # why the reference is not the strongest worker (that one costs nothing)
     default: DefaultPoint | None = None  # the operating point with no cap asked (route/default_point.py)
@@ -144,6 +152,11 @@ class BudgetCalibration(BaseModel):
                 raise ValueError(f"curve is not a λ sweep: at λ={b.lam:g} after λ={a.lam:g} the λ must grow and the "
                                  "cost must not")
         return self
+
+    def rows_text(self) -> str:
+        """The rows the curve is drawn on, in words ("288 validation rows")."""
+        return (f"{self.n_val} validation rows" if self.curve_rows == "validation" else
+                f"{self.n_val} non-test rows (out of fold)")
 
     def choose(self, budget: Budget, *, strict: bool = True) -> OperatingPoint:
         """The smallest λ whose validation cost (+ margin) is within the cap. When no λ meets it:
@@ -161,7 +174,7 @@ class BudgetCalibration(BaseModel):
             asked = f"{budget.usd_per_1k:g}" if budget.usd_per_1k is not None else f"{budget.share:g}"
             least = (f"${need_usd:.4g} per 1,000 requests" if budget.usd_per_1k is not None else
                      f"a share of {need_share:.4g} ({need_share:.1%} of {self.reference_worker}'s cost)")
-            note = (f"{field} {asked}: no operating point meets this cap on validation ({self.n_val} rows); the "
+            note = (f"{field} {asked}: no operating point meets this cap on the calibration's {self.rows_text()}; the "
                     f"cheapest routing costs ${p.cost_usd * 1000:.4g} per 1,000 requests ({p.share:.1%} of "
                     f"{self.reference_worker}'s cost), {least} with the margin of {budget.margin_z:g} standard "
                     f"errors. Raise the cap to at least {least}, or lower the margin (--budget-margin-z / margin_z)")
@@ -318,11 +331,12 @@ def costlier(honest: list[CurvePoint], served: list[CurvePoint]) -> list[CurvePo
 def calibrate(q_hat_val: np.ndarray, val_prompts: list[str], val_domains: list[str], val_quality: np.ndarray | None,
               train_prompts: list[str], train_domains: list[str], train_cost: np.ndarray, train_quality: np.ndarray,
               worker_ids: list[str], *, checkpoint: str = "", data_version: str = "",
-              q_served_val: np.ndarray | None = None) -> BudgetCalibration:
+              q_served_val: np.ndarray | None = None, curve_rows: str = "validation") -> BudgetCalibration:
     """Fit the expected cost on training rows, name the reference (best training quality), and
-    record the λ curve on validation rows. No held-out (test) row enters. `q_served_val`: the saved
-    head's own predictions on the validation rows when `q_hat_val` are out-of-fold ones; each λ's
-    cost is then the higher of the two routings' (`costlier`)."""
+    record the λ curve on the `val_*` rows (`curve_rows`: the validation rows, or every non-test
+    row). No held-out (test) row enters. `q_served_val`: the saved head's own predictions on those
+    rows when `q_hat_val` are out-of-fold ones; each λ's cost is then the higher of the two
+    routings' (`costlier`)."""
     require_validation_rows(len(val_prompts))
     model = fit_expected_cost(train_prompts, train_domains, train_cost, worker_ids)
     c_train = model.predict(train_prompts, train_domains).mean(axis=0)
@@ -346,7 +360,7 @@ def calibrate(q_hat_val: np.ndarray, val_prompts: list[str], val_domains: list[s
     return BudgetCalibration(checkpoint=checkpoint, data_version=data_version, worker_ids=list(worker_ids),
                              reference_worker=worker_ids[ref], reference_cost_usd=c_ref, cost_model=model,
                              n_val=len(val_prompts), val_reference_cost_usd=float(c_val[:, ref].mean()), curve=curve,
-                             reference_note=note)
+                             reference_note=note, curve_rows=curve_rows)
 
 
 def require_validation_rows(n: int) -> None:
@@ -356,10 +370,13 @@ def require_validation_rows(n: int) -> None:
                           "the data more validation rows (a larger --val-fraction on import, or rows with split 'val')")
 
 
-def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> BudgetCalibration:
+def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None, *,
+                         q_oof: np.ndarray | None = None) -> BudgetCalibration:
     """`calibrate` for a loaded checkpoint over `RoutingData` (train rows fit the cost, val rows the λ
     curve). `q_val`: the head's quality on the validation rows when its own predictions there would
-    be in-sample (a head refitted on train + val: its out-of-fold predictions); default: the head's."""
+    be in-sample (a head refitted on train + val: its out-of-fold predictions); default: the head's.
+    `q_oof`: such a head's out-of-fold quality on every non-test row (in order), which the curve is
+    then drawn on instead (the rows the out-of-fold choice of a cap's λ is scored on)."""
     if data.cost_usd is None or not np.any(np.nan_to_num(data.cost_usd) > 0):  # an import without costs holds zeros
         raise BudgetError("this data records no cost per call, so there is nothing to budget; import it with its costs "
                           "(import table --cost-column or --prices, import long --cost-column, dcrouter's default_llm.json) "
@@ -368,27 +385,35 @@ def calibrate_checkpoint(checkpoint, data, q_val: np.ndarray | None = None) -> B
         raise BudgetError("budget mode needs per-worker quality in the data (the head predicts it)")
     if list(checkpoint.manifest.worker_ids) != list(data.worker_ids):
         raise BudgetError(f"checkpoint workers {checkpoint.manifest.worker_ids} differ from the data's {data.worker_ids}")
-    train, val = data.split("train"), data.split("val")
+    train = data.split("train")
     require_quality_head(checkpoint.head, checkpoint.manifest.head_kind)
+    if q_oof is not None:
+        rows = np.flatnonzero(data.splits != "test")
+        val, q_val, where = data.subset(rows), q_oof, "non-test"
+    else:
+        val, where = data.split("val"), "validation"
     require_validation_rows(len(val.prompts))
     served = quality_of(checkpoint.head, val.features, val.domains, kind=checkpoint.manifest.head_kind)
     if q_val is None:
         q_val, served = served, None
     elif np.shape(q_val) != (len(val.prompts), len(data.worker_ids)) or not np.isfinite(q_val).all():
-        raise BudgetError(f"validation quality has shape {np.shape(q_val)}, expected {(len(val.prompts), len(data.worker_ids))}")
+        raise BudgetError(f"{where} quality has shape {np.shape(q_val)}, expected {(len(val.prompts), len(data.worker_ids))}")
     return calibrate(np.clip(np.asarray(q_val, dtype=np.float64), 0.0, 1.0), val.prompts, val.domains, val.quality,
                      train.prompts, train.domains, train.cost_usd, train.quality, data.worker_ids,
-                     checkpoint=checkpoint.manifest.content_hash, data_version=data.data_version, q_served_val=served)
+                     checkpoint=checkpoint.manifest.content_hash, data_version=data.data_version, q_served_val=served,
+                     curve_rows=where)
 
 
-def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.stderr), q_val=None, *, strict: bool = False):
-    """The budget calibration (λ curve on validation) of a checkpoint over `data`, when the head
+def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.stderr), q_val=None, *,
+                     q_oof=None, strict: bool = False):
+    """The budget calibration (the λ curve) of a checkpoint over `data`, when the head
     predicts quality and the data records cost; None otherwise (the reason logged). It is written
     beside the checkpoint (`budget.json`, what `route` and `serve` read) when `data` is the data the
     checkpoint was trained on, or when there is none yet (or it cannot be used); other data (evaluating elsewhere) gets a
     calibration for its report only, and the training one is kept. A `budget.json` already drawn
     on this data for this checkpoint is used as it is (`fugu-lite train` draws it on out-of-fold
-    predictions, `q_val`, which the refitted head cannot reproduce). The command line and the
+    predictions, `q_oof` over every non-test row or `q_val` over the validation rows, which the
+    refitted head cannot reproduce). The command line and the
     training assets both call it after saving a checkpoint. `strict` (a cap was asked for): BudgetError
     with the reason instead of None."""
     from fugu_pipeline.train.checkpoints import load_checkpoint
@@ -398,12 +423,12 @@ def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.std
     kept, problem = usable_calibration(path, ckpt.manifest.content_hash, ckpt.manifest.worker_ids)
     if target.exists() and kept is None:  # unreadable, or for other weights: drawn again below
         log(f"budget calibration: {problem.split('; draw it again')[0]}; drawing it again")
-    if q_val is None and kept is not None:
+    if q_val is None and q_oof is None and kept is not None:
         if kept.checkpoint == ckpt.manifest.content_hash and kept.data_version == data.data_version:
-            log(f"budget calibration: {target} (drawn on this data's {kept.n_val} validation rows)")
+            log(f"budget calibration: {target} (drawn on this data's {kept.rows_text()})")
             return kept
     try:
-        cal = calibrate_checkpoint(ckpt, data, q_val)
+        cal = calibrate_checkpoint(ckpt, data, q_val, q_oof=q_oof)
     except BudgetError as exc:
         if strict:
             raise
@@ -411,8 +436,8 @@ def calibrate_beside(path: str | Path, data, log=lambda m: print(m, file=sys.std
         return None
     if ckpt.manifest.data_version == data.data_version or kept is None:
         cal.save(path)
-        log(f"budget calibration: {target} (reference {cal.reference_worker}, {cal.n_val} validation rows)")
+        log(f"budget calibration: {target} (reference {cal.reference_worker}, {cal.rows_text()})")
     else:
-        log(f"budget calibration: on this data's {cal.n_val} validation rows, for this report only ({target} keeps "
+        log(f"budget calibration: on this data's {cal.rows_text()}, for this report only ({target} keeps "
             "the one from the training data)")
     return cal

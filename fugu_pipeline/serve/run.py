@@ -219,8 +219,9 @@ def serve(
         log.info("requests without a cap: %s; %s", router.default_point.describe(), router.default_point.reason)
     if default_budget is not None:
         p = router.budget_point(default_budget)
-        log.info("default %s: λ=%.4g chosen on validation (validation share %.4f of %s%s)", default_budget.describe(),
-                 p.lam, p.val_share, router.calibration.reference_worker, "" if p.met_on_validation else "; NOT met")
+        log.info("default %s: λ=%.4g chosen on the calibration's %s (share there %.4f of %s%s)", default_budget.describe(),
+                 p.lam, router.calibration.rows_text(), p.val_share, router.calibration.reference_worker,
+                 "" if p.met_on_validation else "; NOT met")
     class GracefulServer(uvicorn.Server):
         async def shutdown(self, sockets=None) -> None:
             app.state.fugu.begin_shutdown(shutdown_grace_s)  # tell the app first, see the module docstring
