@@ -207,11 +207,11 @@ def test_a_served_cascade_reads_its_cross_encoder_as_offline_scoring_does(final,
 
 
 def test_auto_layers_and_epochs_follow_the_device():
-    """`auto`: the top 2 layers for 2 epochs on a CPU (minutes for a thousand pairs), every layer for 6
-    on a GPU; a number given is kept on both."""
+    """`auto`: the top 2 layers on a CPU, every layer on a GPU, for 6 epochs (2 underfit on a CPU: the
+    synthetic four-option set read at AUC 0.600 against 0.967); a number given is kept on both."""
     from fugu_pipeline.policies.cascade.cross_encoder import resolved
 
     cpu, gpu = resolved(CrossEncoderConfig(), "cpu"), resolved(CrossEncoderConfig(), "cuda:0")
-    assert (cpu.train_layers, cpu.epochs) == (2, 2) and (gpu.train_layers, gpu.epochs) == (64, 6)
+    assert (cpu.train_layers, cpu.epochs) == (2, 6) and (gpu.train_layers, gpu.epochs) == (64, 6)
     mine = CrossEncoderConfig(train_layers=1, epochs=3)
     assert (resolved(mine, "cuda").train_layers, resolved(mine, "cpu").epochs) == (1, 3)
