@@ -50,8 +50,8 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
     why_not = applies(data)
     chosen = None
     for s in saved:
-        # drawn on every non-test row with its out-of-fold quality where the head has one
-        cal = calibrate_beside(s.path, data, log, s.val_quality if s.oof_quality is None else None, q_oof=s.oof_quality)
+        # drawn on every non-test row with its out-of-fold quality (a refitted head), else on validation
+        cal = calibrate_beside(s.path, data, log, q_oof=s.oof_quality)
         if cal is None or s.oof_quality is None or s.oof_folds is None:
             continue
         rows = np.flatnonzero(data.splits != "test")

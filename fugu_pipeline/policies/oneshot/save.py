@@ -28,10 +28,11 @@ class SavedHead:
     figures: dict[str, float]
     selected: bool
     # out-of-fold quality on the validation rows (the head is refitted on them, so its own
-    # predictions there are in-sample): what its budget calibration is drawn on; None: use the head's
+    # predictions there are in-sample); None: use the head's
     val_quality: np.ndarray | None = None
-    # out-of-fold quality over every non-test row (in order) and each row's fold: what the default
-    # operating point (default_point.py) is chosen on; None where the head predicts none
+    # out-of-fold quality over every non-test row (in order) and each row's fold: what its budget
+    # calibration's λ curve and the default operating point (default_point.py) are drawn on; None
+    # where the head predicts none (a head fitted on train only: its curve is drawn on validation)
     oof_quality: np.ndarray | None = None
     oof_folds: np.ndarray | None = None
 
