@@ -112,6 +112,39 @@ def test_auto_falls_back_in_one_line_and_on_refuses_a_missing_encoder(tiny, tmp_
     assert cross_encoder_step(CascadeConfig(cross_encoder="off", cross_encoder_fit=missing), data, grid) is None
 
 
+def test_auto_leaves_out_a_fit_that_would_take_longer_than_allowed_and_on_fits_it(tiny):
+    """Timed on a sample's pass through the frozen layers, before the whole pass and any fine-tune:
+    under `auto` a fit estimated over `max_minutes` is not used, in one line naming the setting; `on`
+    fits it whatever it takes, and the estimate is said before the fine-tunes."""
+    data, grid, _ = cascade_fixture.make(n=60)
+    rows, folds = np.arange(60), np.arange(60) % 5
+    lines = []
+    tight = _cfg(tiny, train_layers=1, epochs=1, folds=2, min_pairs=1, max_minutes=1e-9)  # a layer left frozen to time
+    assert cross_encoder_step(CascadeConfig(cross_encoder_fit=tight), data, grid, 0, lines.append)(rows, folds) is None
+    said = [x for x in lines if "not used" in x]
+    assert len(said) == 1 and said[0].startswith("cascade: cross-encoder not used: its fine-tunes would take about ")
+    assert "more than cascade.cross_encoder_fit.max_minutes (1e-09)" in said[0] and "train where a GPU is" in said[0]
+    assert "(timed on 180 of its 180 pairs through the frozen layers: about " in said[0]
+    assert not any("pairs tokenised and through the frozen layers in" in x for x in lines)  # left out before the whole pass
+    lines.clear()
+    got = cross_encoder_step(CascadeConfig(cross_encoder="on", cross_encoder_fit=tight), data, grid, 0, lines.append)(rows, folds)
+    assert isinstance(got, CrossColumn) and not any("not used" in x for x in lines)
+    assert any("the fine-tunes will take about" in x for x in lines)
+    loose = _cfg(tiny, train_layers=1, epochs=1, folds=2, min_pairs=1, max_minutes=None)
+    assert isinstance(cross_encoder_step(CascadeConfig(cross_encoder_fit=loose), data, grid, 0)(rows, folds), CrossColumn)
+
+
+def test_the_fit_estimate_is_the_frozen_pass_scaled_by_the_layers_epochs_and_folds():
+    """Two measured fits on this CPU (MiniLM, top 2 of 6 layers, 6 epochs, 5 folds): the estimate of
+    the cross-fit's four fold-units (the final model's fifth left out) is within 5% of each."""
+    from fugu_pipeline.policies.cascade.cross_encoder import fit_estimate
+
+    cfg = CrossEncoderConfig(train_layers=2, epochs=6, folds=5)
+    for frozen_s, measured_s in ((11, 499), (27, 1183)):
+        assert abs(fit_estimate(frozen_s, 4, cfg) * 4 / 5 - measured_s) <= 0.05 * measured_s
+    assert fit_estimate(11, 0, cfg) is None  # every layer fine-tuned: nothing frozen to time
+
+
 def test_two_fits_with_one_seed_give_the_same_scores_and_another_seed_others(tiny):
     prompts, replies = SERVE_PROMPTS[:30], [f"{i} + {i % 7} = {i + i % 7}. #### {i + i % 7}" for i in range(30)]
     y = (np.arange(30) % 3 == 0).astype(float)

@@ -65,12 +65,40 @@ class CrossEncoderConfig(BaseModel):
     min_pairs: int = Field(1000, ge=1, description="auto: fewer (prompt, reply) pairs on the non-test rows: not used")
     min_gain: float = Field(0.005, ge=0.0, description="the least mean out-of-fold log-loss gain per reply (nats) for "
                             "the verifier to keep the column (a second model to train, ship and run on every reply)")
+    max_minutes: float | None = Field(30.0, gt=0, description="auto: not used when its fine-tunes would take longer "
+                                      "(estimated from the timed pass through the frozen layers, before any "
+                                      "fine-tune), with a line; null: no limit. `on` fits it whatever it takes")
     device: str = Field("auto", description="auto (cuda when there is one), cpu, cuda, mps")
     threads: int | None = Field(1, ge=1, description="torch threads on a CPU (null: torch's own); one keeps a busy "
                                 "machine's other work from stalling every step (train/threads.py)")
 
 
 AUTO_CPU = {"train_layers": 2, "epochs": 6}
+# fine-tuning a layer on a pair costs this many times passing the pair through a frozen layer (forward,
+# backward and the optimiser, measured with MiniLM on 2 cores of AMD EPYC: the synthetic four-option set,
+# 1,200 pairs of 49 tokens, 11 s frozen and 499 s for the five cross-fitted fine-tunes of the top 2
+# layers for 6 epochs; RouteLLM's GSM8K replies, 800 pairs of 159 tokens, 27 s and 1,183 s)
+TRAIN_PER_FROZEN = 3.75
+
+
+PROBE_PAIRS = 256  # pairs (a seeded sample) whose pass through the frozen layers is timed for the estimate
+
+
+class FitTooLong(Exception):
+    """The cross-fit's fine-tunes would take longer than the time allowed (`estimate_s`)."""
+
+    def __init__(self, estimate_s: float, probe: str):
+        super().__init__(f"about {estimate_s / 60:.0f} minutes")
+        self.estimate_s, self.probe = estimate_s, probe
+
+
+def fit_estimate(frozen_s: float, n_frozen: int, cfg: "CrossEncoderConfig") -> float | None:
+    """Seconds the cross-fit's fine-tunes (and the final model's) will take, from the time of the
+    pass through the `n_frozen` frozen layers; None when no layer is frozen (nothing to time)."""
+    if n_frozen < 1:
+        return None
+    per_unit = TRAIN_PER_FROZEN * frozen_s * cfg.train_layers / n_frozen  # one epoch over every pair
+    return per_unit * cfg.epochs * cfg.folds  # (folds - 1) pair-epochs across the cross-fit, and the final model
 AUTO_GPU = {"train_layers": 64, "epochs": 6}  # every layer of the model (a BERT-like encoder has fewer than 64)
 
 
@@ -372,9 +400,10 @@ class CrossFit:
 
 
 def cross_fit(base: Base, prompts: list[str], replies: list[str], y: np.ndarray, folds: np.ndarray,
-              cfg: CrossEncoderConfig, seed: int = 0, log=print) -> CrossFit:
+              cfg: CrossEncoderConfig, seed: int = 0, log=print, max_seconds: float | None = None) -> CrossFit:
     """Every pair's score from a model trained without the pair's verifier fold (module docstring).
-    `folds`: the verifier fold of each pair (integers)."""
+    `folds`: the verifier fold of each pair (integers). `max_seconds`: FitTooLong, before any
+    fine-tune, when the fine-tunes are estimated to take longer (`fit_estimate`)."""
     from fugu_pipeline.policies.cascade.verifier import auc
 
     t0 = time.perf_counter()
@@ -382,10 +411,22 @@ def cross_fit(base: Base, prompts: list[str], replies: list[str], y: np.ndarray,
     y = np.clip(np.asarray(y, np.float64), 0, 1)
     groups = np.asarray(folds) % cfg.folds
     pairs = tokenize(base, prompts, replies, cfg.max_length)
+    # the estimate, before the whole pass: a sample's pass through the frozen layers, timed and scaled by tokens
+    probe = np.random.default_rng(seed).permutation(len(pairs))[:PROBE_PAIRS]
+    t1 = time.perf_counter()
+    frozen_states(base, [pairs[i] for i in probe], cfg.train_layers, threads=cfg.threads)
+    tokens = np.array([len(p[0]) for p in pairs], np.float64)
+    probe_s = (time.perf_counter() - t1) * tokens.sum() / max(tokens[probe].sum(), 1.0) + (t1 - t0)
+    estimate = fit_estimate(probe_s, base.n_layers - min(cfg.train_layers, base.n_layers), cfg)
+    said = (f"timed on {len(probe)} of its {len(pairs)} pairs through the frozen layers: about {probe_s:.0f}s for all "
+            f"of them")
+    if max_seconds is not None and estimate is not None and estimate > max_seconds:
+        raise FitTooLong(estimate, said)
     states = frozen_states(base, pairs, cfg.train_layers, threads=cfg.threads)
     frozen_s = time.perf_counter() - t0
     log(f"cascade: cross-encoder: {len(pairs)} pairs tokenised and through the frozen layers in {frozen_s:.0f}s "
-        f"(mean {np.mean([len(p[0]) for p in pairs]):.0f} tokens)")
+        f"(mean {tokens.mean():.0f} tokens)"
+        + ("" if estimate is None else f"; the fine-tunes will take about {max(1, round(estimate / 60))} min"))
     raw = np.full(len(y), np.nan)
     trained_on = {}
     for g in np.unique(groups):

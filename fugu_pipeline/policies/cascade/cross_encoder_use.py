@@ -81,7 +81,7 @@ def cross_encoder_step(cc, data, grid, seed: int = 0, log=print) -> Callable | N
         return None
 
     def step(rows: np.ndarray, folds: np.ndarray) -> CrossColumn | None:
-        from fugu_pipeline.policies.cascade.cross_encoder import cross_fit, load_base
+        from fugu_pipeline.policies.cascade.cross_encoder import FitTooLong, cross_fit, load_base
 
         cells = [(k, j) for k, i in enumerate(rows) for j in range(len(data.worker_ids))
                  if grid.text[i, j] is not None and data.quality is not None and not np.isnan(data.quality[i, j])]
@@ -99,8 +99,15 @@ def cross_encoder_step(cc, data, grid, seed: int = 0, log=print) -> Callable | N
         here = resolved(cfg, base.device)  # `auto` layers and epochs for this device
         log(f"cascade: cross-encoder {cfg.model} on {len(cells)} (prompt, reply) pairs, {cfg.folds} cross-fitted "
             f"fine-tunes (top {here.train_layers} layers, {here.epochs} epochs, max {cfg.max_length} tokens) on {base.device}")
-        fit = cross_fit(base, [data.prompts[rows[k]] for k, _ in cells], [grid.text[rows[k], j] for k, j in cells], y,
-                        np.array([folds[k] for k, _ in cells]), cfg, seed, log)
+        allowed = cfg.max_minutes * 60 if mode == "auto" and cfg.max_minutes is not None else None
+        try:
+            fit = cross_fit(base, [data.prompts[rows[k]] for k, _ in cells], [grid.text[rows[k], j] for k, j in cells],
+                            y, np.array([folds[k] for k, _ in cells]), cfg, seed, log, max_seconds=allowed)
+        except FitTooLong as exc:
+            log(f"cascade: cross-encoder not used: its fine-tunes would take {exc} on {base.device} ({exc.probe}), "
+                f"more than cascade.cross_encoder_fit.max_minutes ({cfg.max_minutes:g}); raise it, set "
+                "cascade.cross_encoder: on, or train where a GPU is; the verifier reads what it read without it")
+            return None
         values = np.zeros((len(rows), len(data.worker_ids)))
         for (k, j), v in zip(cells, fit.oof):
             values[k, j] = v
