@@ -74,6 +74,7 @@ class CrossEncoderConfig(BaseModel):
 
 
 AUTO_CPU = {"train_layers": 2, "epochs": 6}
+AUTO_GPU = {"train_layers": 64, "epochs": 6}  # every layer of the model (a BERT-like encoder has fewer than 64)
 # fine-tuning a layer on a pair costs this many times passing the pair through a frozen layer (forward,
 # backward and the optimiser, measured with MiniLM on 2 cores of AMD EPYC: the synthetic four-option set,
 # 1,200 pairs of 49 tokens, 11 s frozen and 499 s for the five cross-fitted fine-tunes of the top 2
@@ -99,7 +100,6 @@ def fit_estimate(frozen_s: float, n_frozen: int, cfg: "CrossEncoderConfig") -> f
         return None
     per_unit = TRAIN_PER_FROZEN * frozen_s * cfg.train_layers / n_frozen  # one epoch over every pair
     return per_unit * cfg.epochs * cfg.folds  # (folds - 1) pair-epochs across the cross-fit, and the final model
-AUTO_GPU = {"train_layers": 64, "epochs": 6}  # every layer of the model (a BERT-like encoder has fewer than 64)
 
 
 def resolved(cfg: CrossEncoderConfig, device) -> CrossEncoderConfig:

@@ -3,8 +3,10 @@ the cell verifier, kept only when it clearly lowers the verifier's out-of-fold l
 
 - Training (`cross_encoder_step`, called by `fugu-lite train`'s cascade step; `cascade.cross_encoder`):
   `off`; `auto` (the default): used when the non-test rows hold at least `cross_encoder_fit.min_pairs`
-  (prompt, reply) pairs and the encoder loads, else one line says why and the verifier reads what it
-  read before; `on`: whatever the number of pairs (a missing encoder is an error naming the setting).
+  (prompt, reply) pairs, the encoder loads and its fine-tunes are estimated to take at most
+  `cross_encoder_fit.max_minutes` (`cross_encoder.fit_estimate`, before the whole pass), else one line
+  says why and the verifier reads what it read before; `on`: whatever the number of pairs and the time
+  (a missing encoder is an error naming the setting).
 - Nesting (`verifier_oof`): each pair's column is the cross-encoder's score from a model trained
   without the pair's verifier fold (`cross_fit`), so the verifier's out-of-fold scores, and the
   thresholds the plan search chooses on them, stay out of fold. The verifier is fitted with and
