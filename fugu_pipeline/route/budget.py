@@ -14,10 +14,9 @@ its curve drawn on the validation rows with its own predictions. A head refitted
 (what `fugu-lite train` saves) has it drawn on every non-test row with its out-of-fold predictions
 (a fair quality; the rows the out-of-fold choice of a cap's λ it is scored at is made on, fold by
 fold, and five times validation's on an 80/20 split, so the margin of z·SE costs less of the cap);
-each λ's cost
-is then the higher of those routes' and the saved head's own routes' on the same rows, so the head
-that is served keeps within the cap too (with the fold models' cost alone, a per-domain head served
-at 2x a cap it "met"). z (the safety margin in standard errors) defaults to
+each λ's cost is then the higher of those routes' and the saved head's own routes' on the same
+rows, so the head that is served keeps within the cap too (with the fold models' cost alone, a
+per-domain head served at 2x a cap it "met"). z (the safety margin in standard errors) defaults to
 1.645: on dcrouter a 30% cap chosen on validation without it came out at 30.7% on test. The
 calibration is a small JSON file beside the checkpoint (`budget.json`), so `route` and `serve`
 apply a cap without the data.
@@ -159,8 +158,8 @@ class BudgetCalibration(BaseModel):
                 f"{self.n_val} non-test rows (out of fold)")
 
     def choose(self, budget: Budget, *, strict: bool = True) -> OperatingPoint:
-        """The smallest λ whose validation cost (+ margin) is within the cap. When no λ meets it:
-        BudgetError naming the cap and the cheapest cost validation allows (strict, what `route`,
+        """The smallest λ whose cost on the calibration's rows (+ margin) is within the cap. When no λ
+        meets it: BudgetError naming the cap and the cheapest cost those rows allow (strict, what `route`,
         `serve` and `evaluate` do), or the cheapest point flagged `met_on_validation=False`."""
         got = smallest_within(self.curve, budget)
         if got is not None:
