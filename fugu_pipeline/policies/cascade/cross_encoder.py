@@ -78,7 +78,8 @@ AUTO_GPU = {"train_layers": 64, "epochs": 6}  # every layer of the model (a BERT
 # fine-tuning a layer on a pair costs this many times passing the pair through a frozen layer (forward,
 # backward and the optimiser, measured with MiniLM on 2 cores of AMD EPYC: the synthetic four-option set,
 # 1,200 pairs of 49 tokens, 11 s frozen and 499 s for the five cross-fitted fine-tunes of the top 2
-# layers for 6 epochs; RouteLLM's GSM8K replies, 800 pairs of 159 tokens, 27 s and 1,183 s)
+# layers for 6 epochs; RouteLLM's GSM8K replies, 800 pairs of 159 tokens, 27 s and 1,183 s; LLMBar's
+# first 200 rows, 1,200 pairs of 256 tokens, 83 s and 3,679 s against 3,735 s estimated)
 TRAIN_PER_FROZEN = 3.75
 
 
