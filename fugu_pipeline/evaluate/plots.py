@@ -263,7 +263,7 @@ def _cost_quality(rep: dict, path: Path, key: str | None = None) -> Path:
 def plot_budget(sec: dict, path: Path, split: str = "test", key: str | None = None) -> Path:
     """Quality against cost (share of the reference worker's cost) on the held-out split: every
     worker as a point, the router's λ curve and its Pareto points, the cap and the operating point
-    chosen on validation."""
+    chosen on the calibration's rows (validation, or the non-test rows out of fold)."""
     with plotted(path, MAX_WIDTH_IN, 5.2, key=key) as (fig, ax):
         for w in sec["workers"]:
             ax.scatter(w["share"], w["quality"], s=36, color=COLORS["worker"], zorder=3)
@@ -280,8 +280,9 @@ def plot_budget(sec: dict, path: Path, split: str = "test", key: str | None = No
             cap = op["budget"]["share"] if op["budget"].get("share") is not None else \
                 op["budget"]["usd_per_1k"] / sec["reference_cost_usd_per_1k"]
             ax.axvline(cap, ls="--", color=COLORS["mark"], lw=1, label=op["describe"].split(" (")[0])
+            rows = "non-test rows, out of fold" if sec.get("calibration", {}).get("curve_rows") == "non-test" else "validation"
             ax.scatter([t["share"]], [t["quality"]], marker="*", s=160, color=COLORS["mark"], zorder=5,
-                       label=f"chosen on validation: λ={op['lambda']:.3g}, {split} {t['quality']:.3f} at {t['share']:.3f}")
+                       label=f"chosen on {rows}: λ={op['lambda']:.3g}, {split} {t['quality']:.3f} at {t['share']:.3f}")
         ax.set_xlabel(f"mean cost per request / {shown_name(sec['reference_worker'], 30)}'s ({split}, realised)")
         ax.set_ylabel(f"mean quality ({split})")
         ax.set_title("budget mode: quality against cost (routes use expected cost only)")
