@@ -174,6 +174,9 @@ def test_an_import_without_domains_plans_per_prompt_cluster():
     assert any(line.startswith("per prompt cluster, out of fold") for line in shown), shown
     said = [line for line in lines if "prompt clusters (mean silhouette" in line]
     assert len(said) == 1 and "no domains to choose a plan by; 2 prompt clusters" in said[0], lines
+    held = [line for line in lines if "prompt clusters hold across the folds" in line]  # refitted without each fold
+    assert held == ["cascade: the prompt clusters hold across the folds: refitted without each fold's rows, they put "
+                    "100.0% to 100.0% of that fold's rows where the clusters of every row do"], lines
     by_domain = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=400, groups="domain"), log=quiet)
     assert by_domain.clusters is None and by_domain.groups is None and not by_domain.policy.per_domain
     assert _fig(by_domain, by_domain.selected).cost_usd > won.cost_usd  # one plan for both kinds pays more

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fugu_pipeline.train.clusters import OUTCOME_Z, fit_clusters, outcome_z, pick_groups
+from fugu_pipeline.train.clusters import OUTCOME_Z, fit_clusters, fold_agreement, outcome_z, pick_groups
 
 D = 64
 
@@ -108,3 +108,50 @@ def test_within_a_cluster_the_prompts_gap_alone_does_not_split_it_where_the_work
     same = fit_clusters(X, 40, quality=_quality(kind, differ=False))
     assert len(same.names) == 2 and same.refined == []
     assert len(fit_clusters(X, 40, quality=_quality(kind, differ=True)).names) == 3
+
+
+def _weakly(kind: np.ndarray, eps: float, seed: int = 1) -> np.ndarray:
+    """Worker 0 `eps` better on B, worker 1 `eps` better on C, both right 60% of the time otherwise;
+    worker 2 right 90% of the time."""
+    rng = np.random.default_rng(seed)
+    p = np.full((len(kind), 3), 0.6)
+    p[:, 2] = 0.9
+    p[kind == "B", 0] += eps
+    p[kind == "C", 1] += eps
+    return (rng.random(p.shape) < p).astype(float)
+
+
+def test_clusters_a_cascade_plans_by_must_hold_without_each_folds_rows():
+    """Two overlapping kinds of prompt, split only where the workers do differently on them. Where
+    they do clearly differently, the clusters refitted without each fold's rows put almost every row
+    of that fold where the clusters of every row do, and the split stands, with a line saying so.
+    Where the workers' difference barely clears the bar on every row, refits without a fold's rows
+    do not split at all: a choice per cluster would hang on the rows it is judged on, so there is
+    one choice, with a line naming the fold. Without folds the same split stands."""
+    rng = np.random.default_rng(3)
+    kind = np.repeat(np.array(["B", "C"]), 300)
+    u = rng.normal(size=D)
+    X = rng.normal(size=(600, D)) + np.where(kind == "B", 1.5, -1.5)[:, None] * u / np.linalg.norm(u)
+    rows, doms = np.arange(len(X)), np.full(len(X), "general")
+    folds = rows % 5
+    clear = _weakly(kind, 0.25)
+    held = fold_agreement(fit_clusters(X, 40, quality=clear), X, rows, folds, 40, clear)
+    assert sorted(held) == [0, 1, 2, 3, 4] and min(held.values()) >= 0.95, held
+    lines: list[str] = []
+    groups = pick_groups("auto", doms, rows, X, None, 40, log=lines.append, quality=clear, folds=folds)[0]
+    assert len(groups) == 2, lines
+    said = [line for line in lines if "hold across the folds" in line]
+    assert len(said) == 1 and f"{min(held.values()):.1%} to {max(held.values()):.1%}" in said[0], lines
+
+    weak = _weakly(kind, 0.1)
+    barely = fit_clusters(X, 40, quality=weak)
+    assert barely.apart and OUTCOME_Z <= barely.outcome_z < 1.5 * OUTCOME_Z, barely.outcome_z
+    assert len(pick_groups("auto", doms, rows, X, None, 40, log=lambda line: None, quality=weak)[0]) == 2
+    held = fold_agreement(barely, X, rows, folds, 40, weak)
+    assert min(held.values()) < 0.95, held
+    lines.clear()
+    assert pick_groups("auto", doms, rows, X, None, 40, log=lines.append, quality=weak, folds=folds)[0] == []
+    worst = min(held, key=held.get)
+    assert lines[-1].startswith("cascade: the prompt clusters do not hold across the folds: refitted without fold "
+                                f"{worst + 1}'s rows, they put {held[worst]:.1%} of them"), lines
+    assert lines[-1].endswith("(at least 95% needed on every fold): one plan for every prompt")

@@ -240,7 +240,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     pooled_cap = mode == "cap" and cfg.cap is not None and not cfg.domain_caps
     groups, merged, gdoms, clusters = pick_groups(cfg.groups if mode == "cheapest" or pooled_cap else "off", doms, rows,
                                                   inputs.prompt, data.prompts, cfg.search.min_domain_rows,
-                                                  cfg.cluster_min_gap, log, seed, quality=data.quality)
+                                                  cfg.cluster_min_gap, log, seed, quality=data.quality, folds=folds)
     n = len(rows)
     shares = LADDER if mode == "cheapest" else ()
     memo: dict = {}  # every search of this fit, each row set's plans run once

@@ -28,7 +28,9 @@ plan, with one line naming them. A domain unseen in training is served the poole
 Groups without domains (`cascade.groups: auto` on an import that names fewer than two domains, or
 `cluster`): the prompt clusters of `train/clusters.py` (k-means over the frozen encoder's prompt
 features of the non-test rows, used only where they stand apart from one Gaussian blob by
-`cascade.cluster_min_gap`). Each cluster is a group as a domain is; a checkpoint that plans per
+`cascade.cluster_min_gap`, or the workers do differently on them, and where they hold across the
+folds: refitted without each fold's rows, they put that fold's rows where the clusters of every row
+do (`train.clusters.fold_agreement`)). Each cluster is a group as a domain is; a checkpoint that plans per
 cluster saves the centroids, and serving puts each prompt in its nearest cluster.
 """
 

@@ -16,6 +16,11 @@ on this fold's rows are kept. The result is what the procedure, not the one cand
 scores on rows it did not choose on. `fit.py` ships the pick only when that figure is not
 significantly below the strongest's and its interval's low end stays above the floor
 (`train.selection.holds_inside_folds`, which says why the margin is not read here).
+
+Prompt clusters (groups of an import without domains) are fitted once, on every non-test row, and
+not again per fold here: a cascade plans by them only where they hold across the folds
+(`train.clusters.fold_agreement`: refitted without each fold's rows, they put at least 95% of that
+fold's rows in the same cluster), so what this figure takes on trust is the few rows that move.
 """
 
 from __future__ import annotations
