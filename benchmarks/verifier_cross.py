@@ -3,7 +3,8 @@ adds to the cascade's verifier, out of fold, on data with recorded replies (not 
 
     .venv/bin/python benchmarks/verifier_cross.py --encoder <all-MiniLM-L6-v2 dir> \\
         [--routing PATH/TO/routing] [--mot PATH/TO/LLM_MoT_cascade] [--synthetic mc2,mc4] [--jsonl NAME=rows.jsonl] \\
-        [--rows 400] [--train-layers auto] [--epochs auto] [--max-length 256] [--folds 5] [--threads 1] [--out r.json]
+        [--rows 400] [--cross-encoder on|off] [--train-layers auto] [--epochs auto] [--max-length 256] [--folds 5] \\
+        [--threads 1] [--out r.json]
 
 Sets (nothing is copied into the repository):
 - `gsm8k` (`--routing`): RouteLLM's GSM8K replies of Mixtral-8x7B and GPT-4-1106, priced as
@@ -23,7 +24,8 @@ cross-fitted, calibrated score) and of the verifier reading it (`combined`), ove
 which one `fugu-lite train` keeps (the lower out-of-fold log-loss); the cross-encoder's fit time;
 then the out-of-fold frontier (the verifier with the paid replies, the default search) at 20%, 33%
 and 50% of the strongest worker's cost, before (old) and after (what is kept), with the paired
-bootstrap 95% interval of the accuracy difference.
+bootstrap 95% interval of the accuracy difference. `--cross-encoder off`: the verifier as it is
+alone, its AUC and frontier (seconds, not minutes: what a change to its other inputs is measured by).
 """
 
 from __future__ import annotations
@@ -138,6 +140,25 @@ def run(name: str, args) -> dict:
                              epochs=args.epochs, folds=args.folds, threads=args.threads, device=args.device,
                              lr=args.lr, head_lr=args.head_lr, batch_size=args.batch_size)
     old, _, old_fig = oof_scores(inputs, folds)
+
+    def frontier(base, inp):
+        scores = with_context(True, inp, base, codes, rows, folds, log=lambda m: None)
+
+        def grid_for(fit_rows):
+            return grid_on(data, codes, scores, fit_rows)
+
+        return oof_frontier(grid_for, rows, folds, CascadeSearch(), shares=SHARES, per_row=True)
+
+    if args.cross_encoder == "off":  # the verifier as it is: its AUC and frontier alone
+        alone = frontier(old, inputs)
+        out = {"dataset": name, "rows": int(len(rows)), "workers": data.worker_ids, "cross_encoder": None,
+               "auc": {"old": old_fig["oof_auc"]}, "auc_by_worker": {"old": _by_worker(old, inputs, data.worker_ids)},
+               "frontier": [{"share": s, "before": None if (b := alone["per_row"].get(s)) is None else
+                             [float(b[0].mean()), float(b[1].mean() * 1000)]} for s in SHARES],
+               "strongest": [alone["strongest"], alone["strongest_quality"], alone["strongest_cost_usd"] * 1000],
+               "seconds": time.perf_counter() - t0}
+        print(table(out), flush=True)
+        return out
     t = time.perf_counter()
     column = cross_encoder_step(CascadeConfig(cross_encoder="on", cross_encoder_fit=cfg), data, grid, 0, say)(rows, folds)
     fit_s = time.perf_counter() - t
@@ -153,15 +174,6 @@ def run(name: str, args) -> dict:
                              "combined": _by_worker(combined, inputs, data.worker_ids)},
            "kept": kept is not None, "fit_seconds": fit_s, "frozen_seconds": cx["frozen_seconds"], "pairs": cx["pairs"],
            "mean_tokens": cx["mean_tokens"], "logloss_gain": [cx["logloss_gain"], cx["logloss_gain_low"]]}
-
-    def frontier(base, inp):
-        scores = with_context(True, inp, base, codes, rows, folds, log=lambda m: None)
-
-        def grid_for(fit_rows):
-            return grid_on(data, codes, scores, fit_rows)
-
-        return oof_frontier(grid_for, rows, folds, CascadeSearch(), shares=SHARES, per_row=True)
-
     before, after = frontier(old, inputs), frontier(new, used_inputs)
     out["frontier"] = []
     for s in SHARES:
@@ -178,6 +190,14 @@ def run(name: str, args) -> dict:
 
 def table(r: dict) -> str:
     a, bw = r["auc"], r["auc_by_worker"]
+    cell = lambda v: "cap not met" if v is None else f"{v[0]:.4f}, {v[1]:.4g}"  # noqa: E731
+    if r["cross_encoder"] is None:  # --cross-encoder off
+        return "\n".join([f"\n### {r['dataset']}: {r['rows']} rows; strongest {r['strongest'][0]}: "
+                          f"{r['strongest'][1]:.4f} at ${r['strongest'][2]:.4g} per 1,000",
+                          f"verifier (prompt and reply apart, no cross-encoder): out-of-fold AUC {a['old']:.3f}; per worker "
+                          + ", ".join(f"{w} {v:.3f}" for w, v in bw["old"].items()),
+                          "frontier at " + ", ".join(f"{f['share']:.0%}: {cell(f['before'])}" for f in r["frontier"])
+                          + " (accuracy, $ per 1,000)", f"runtime {r['seconds']:.0f}s"])
     lines = [f"\n### {r['dataset']}: {r['rows']} rows, {r['pairs']} (prompt, reply) pairs (mean {r['mean_tokens']:.0f} tokens); "
              f"strongest {r['strongest'][0]}: {r['strongest'][1]:.4f} at ${r['strongest'][2]:.4g} per 1,000",
              "| verifier | out-of-fold AUC | per worker |", "|---|---|---|"]
@@ -190,7 +210,6 @@ def table(r: dict) -> str:
     lines += ["| cap (share of the strongest's cost) | before: accuracy, $/1k | after: accuracy, $/1k | after − before [95% CI] |",
               "|---|---|---|---|"]
     for f in r["frontier"]:
-        cell = lambda v: "cap not met" if v is None else f"{v[0]:.4f}, {v[1]:.4g}"  # noqa: E731
         d = f["after_minus_before"]
         lines.append(f"| {f['share']:.0%} | {cell(f['before'])} | {cell(f['after'])} | "
                      + (f"{d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]" if d else "n/a") + " |")
@@ -209,6 +228,8 @@ def main(argv=None) -> int:
     ap.add_argument("--synthetic", default="", help="synthetic multiple-choice sets: mc2, mc4 (comma-separated)")
     ap.add_argument("--jsonl", action="append", default=[], metavar="NAME=PATH", help="a reward-matrix JSONL with answers")
     ap.add_argument("--rows", type=int, default=400, help="rows kept per set (the first by task-id hash)")
+    ap.add_argument("--cross-encoder", choices=("on", "off"), default="on",
+                    help="off: the verifier as it is, no cross-encoder fit (its AUC and frontier in seconds)")
     ap.add_argument("--cross-model", default=MINILM)
     ap.add_argument("--max-length", type=int, default=d.max_length)
     ap.add_argument("--train-layers", type=lambda v: v if v == "auto" else int(v), default=d.train_layers,

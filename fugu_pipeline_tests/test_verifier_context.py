@@ -203,6 +203,43 @@ def test_a_final_answer_is_read_among_the_prompts_options(prompt, final, valid):
     assert got["option_valid"] == valid and (got["options_listed"] > 0) == ("?\n" in prompt or "(a)" in prompt)
 
 
+JUDGE = ("Select the Output (a) or Output (b) that is better. End with \"Therefore, Output (a) is better.\"\n\n"
+         "# Instruction:\nList two fruits.\n\n# Output (a):\nA. apple\nB. pear (both sweet)\n\n"
+         "# Output (b):\nHere are two fruits that many people enjoy every day: apple and pear.\n\n"
+         "# Decision (end with the verdict):")
+
+
+def test_options_set_out_as_blocks_are_read_with_their_whole_text():
+    """A pairwise judge's prompt sets each output under a line naming it; the outputs' own lettered
+    lines and parentheses are part of their text, not options of their own."""
+    from fugu_pipeline.policies.cascade.answer_checks import prompt_options
+
+    assert prompt_options(JUDGE) == {"A": "A. apple\nB. pear (both sweet)",
+                                     "B": "Here are two fruits that many people enjoy every day: apple and pear."}
+    assert prompt_options("Response A\nyes\n\nResponse B\nno\n") == {"A": "yes", "B": "no"}
+    assert prompt_options("**Option A:**\nred\n**Option B:**\nblue") == {"A": "red", "B": "blue"}
+    # one block is not a list; a list must run A, B, ... in order: read as before
+    assert prompt_options("# Output (b):\nno\n\nQ?\nA. one\nB. two") == {"A": "one", "B": "two"}
+    assert prompt_options("Answer A\nfirst\nAnswer C\nthird") == {}
+
+
+def test_the_picked_options_length_is_read_beside_the_others():
+    """`option_rel_chars`: the log length of the picked option less the mean of the others', so a
+    judge that picks the longer output reads above 0, the shorter below, the same size; 0 when the
+    final answer is no option, or the prompt lists none."""
+    from fugu_pipeline.policies.cascade.answer_checks import OPTION_STATS, option_stats
+
+    def rel(final, prompt=JUDGE):
+        return dict(zip(OPTION_STATS, option_stats(f"Therefore, Output ({final.lower()}) is better.", final,
+                                                   prompt)))["option_rel_chars"]
+
+    longer, shorter = rel("B"), rel("A")
+    assert longer > 0.3 and np.isclose(shorter, -longer)
+    assert rel("C") == 0.0 and rel("B", "Which fruit is red?") == 0.0
+    inline = "Q? Answer Choices: (a) fig (b) watermelon (c) kiwi"
+    assert rel("B", inline) > 0 > rel("A", inline)
+
+
 def test_a_saved_context_verifier_scores_offline_as_it_does_live():
     """The checkpoint's context model read offline (every row at once) and live (one request, its
     paid replies) gives the same score."""

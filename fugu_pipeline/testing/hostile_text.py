@@ -16,7 +16,7 @@ from typing import Callable
 TRIGGERS = ("A:", "A: ", "####", "#### ", "\\boxed{", "\\fbox{", "}", "VERDICT", "VERDICT: ", "ACCEPT", "REVISE",
             "(A)", "(B) ", "A.", "B)", "[C]", "D:", "answer is ", "Answer: ", "The answer is (", "result = ", "SCORE: ",
             "```", "```python\n", "<think>", "</think>", "<<", ">>", "Latest verdict (turn 1", "Role: Worker\n",
-            "wait", "actually", "=", "==", "$", "\\$", "%", "x", "×", "÷", "^", "**", "\\frac{", "def f(", "\ud800", "\udfff")
+            "# Output (a):\n", "Response B\n", "**Option C:**", "wait", "actually", "=", "==", "$", "\\$", "%", "x", "×", "÷", "^", "**", "\\frac{", "def f(", "\ud800", "\udfff")
 FILLERS = ("1", "10", "0.5", "1,", ".", ",", " ", "\t", "\n", "\r\n", "(", ")", "[", "{", "+", "-", "*", "/", "=", "a", "é",
            "\u00a0", "\u2003", "\ud83d")
 PIECES = TRIGGERS + FILLERS

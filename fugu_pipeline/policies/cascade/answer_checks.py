@@ -26,7 +26,10 @@ does not apply, so they can be read for any kind of task:
 
 A second group, `OPTION_STATS`, reads the reply with its prompt's options (multiple choice): how
 many the prompt lists, whether the final answer is one of them, which one, whether the reply
-repeats its text, and the final answer's length (`option_stats`).
+repeats its text, the final answer's length, and how long the picked option is beside the others
+(`option_stats`). The last is a known bias of model judges and test takers alike: on LLMBar's
+pairwise judgements, an evaluator that picks the longer of the two outputs is right 25% to 60% of
+the time, and one that picks the shorter 69% to 96% (six evaluators, 419 prompts).
 """
 
 from __future__ import annotations
@@ -182,7 +185,8 @@ def check_stats(reply: str | None, final: str | None, prompt: str) -> np.ndarray
 # A reply read with its prompt: where the prompt lists options (`A. ...`, `(B) ...`, `C) ...`, or
 # `Answer Choices: (a) ... (b) ...`), which one the final answer picked and whether it is one of them.
 # Neutral (all zero but `option_valid` = 1 and `option_position` = 0) where the prompt lists none.
-OPTION_STATS = ("options_listed", "option_valid", "option_position", "option_text_in_reply", "final_chars")
+OPTION_STATS = ("options_listed", "option_valid", "option_position", "option_text_in_reply", "final_chars",
+                "option_rel_chars")
 # an option's text starts at its first character that is not a space (an option with none reads as
 # empty); written so that a run of spaces is consumed one way (a long one took minutes)
 _OPTION_LINE = re.compile(r"(?:^|\n)[ \t]*[\(\[]?([A-Ja-j])[\)\]\.:](?:[ \t]+([^ \t\n][^\n]*)|[ \t]{2,}(?=\n|\Z))")
@@ -190,12 +194,43 @@ _OPTION_INLINE = re.compile(r"\(([A-Ja-j])\)(?:[ \t]*+([^()\n \t](?:[^()\n]*[^()
                             r"(?=[ \t]*(?:\([A-Ja-j]\)|$|\n))")
 
 
+# an option set out as a block: a line of its own that names it ("# Output (a):", "Response B",
+# "**Option C:**"), its text on the lines after, up to the next such line or markdown heading; matched
+# against one short line at a time
+_BLOCK_HEAD = re.compile(r"[#*\[ \t]*(?:output|response|answer|option|choice|candidate|assistant)[ \t]*"
+                         r"[\(\[]?([A-Ja-j])[\)\] \t*#:.]*", re.IGNORECASE)
+_BLOCK_HEAD_CHARS = 40
+
+
+def _block_options(text: str) -> dict[str, str]:
+    """{letter: text} of options set out as blocks (`_BLOCK_HEAD`), in the order they come."""
+    found: dict[str, list[str]] = {}
+    at = None
+    for line in text.split("\n"):
+        bare = line.strip()
+        head = _BLOCK_HEAD.fullmatch(bare) if len(bare) <= _BLOCK_HEAD_CHARS else None
+        if head is not None:
+            at = head.group(1).upper()
+            found.setdefault(at, [])
+        elif bare.startswith("#"):
+            at = None  # a heading ends the option before it
+        elif at is not None:
+            found[at].append(line)
+    return {k: "\n".join(v).strip() for k, v in found.items()}
+
+
 def prompt_options(prompt: str) -> dict[str, str]:
     """{letter (upper case): option text} of the options a prompt lists, in order; {} when it lists
-    fewer than two (a lone `A: ...` line is an answer, not a list)."""
+    fewer than two (a lone `A: ...` line is an answer, not a list). Options set out as blocks under
+    a line naming each (`# Output (a):` then its text) are read first: their text may hold lines or
+    parentheses of its own that would read as options."""
+    tail = prompt[-8000:]
+    blocks = _block_options(tail)
+    if len(blocks) >= 2 and "".join(sorted(blocks)) == "ABCDEFGHIJ"[:len(blocks)]:
+        return {k: blocks[k] for k in sorted(blocks)}
     found: dict[str, str] = {}
     for rx in (_OPTION_LINE, _OPTION_INLINE):
-        for letter, text in rx.findall(prompt[-8000:]):
+        for letter, text in rx.findall(tail):
             found.setdefault(letter.upper(), text.strip())
         if len(found) >= 2:
             break
@@ -211,15 +246,19 @@ def option_stats(reply: str | None, final: str | None, prompt: str) -> np.ndarra
     """The statistics `OPTION_STATS` names: how many options the prompt lists (log), whether the final
     answer is one of them (a letter listed, or an option's text), the picked option's place in the list
     (0 first .. 1 last; 0 when none or not an option), whether the reply repeats the picked option's text,
-    and the final answer's length (log of characters). All zero for no reply."""
+    the final answer's length (log of characters), and the picked option's length beside the others'
+    (log of its characters less the mean log of theirs; 0 when none is picked). All zero for no reply."""
     if reply is None:
         return np.zeros(len(OPTION_STATS), dtype=np.float32)
     opts = prompt_options(prompt)
     f = (final or "").strip()
     if not opts:
-        return np.array([0.0, 1.0, 0.0, 0.0, math.log1p(len(f))], dtype=np.float32)
+        return np.array([0.0, 1.0, 0.0, 0.0, math.log1p(len(f)), 0.0], dtype=np.float32)
     letters = list(opts)
     pick = f.upper() if f.upper() in opts else next((k for k, v in opts.items() if f and f.lower() == v.lower()), None)
     pos = letters.index(pick) / max(1, len(letters) - 1) if pick else 0.0
     said = float(bool(pick) and opts[pick].lower()[:60] in reply[-MAX_CHARS:].lower())
-    return np.array([math.log1p(len(opts)), float(pick is not None), pos, said, math.log1p(len(f))], dtype=np.float32)
+    rel = (math.log1p(len(opts[pick])) - float(np.mean([math.log1p(len(v)) for k, v in opts.items() if k != pick]))
+           if pick else 0.0)
+    return np.array([math.log1p(len(opts)), float(pick is not None), pos, said, math.log1p(len(f)), rel],
+                    dtype=np.float32)

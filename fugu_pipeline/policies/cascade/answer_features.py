@@ -36,7 +36,7 @@ STATS_V1 = ("log_chars", "log_lines", "readable", "in_prompt", "digit_share", "h
 STATS_V2 = STATS_V1 + CHECK_STATS  # the statistics before the options were read
 STATS = STATS_V2 + OPTION_STATS
 # the cache directory of the statistics: a change to how any of them is computed takes a new name
-STATS_CACHE = "answer-stats-v4"  # v4: a reply's last 64 KiB is read (final answer, hedges, the prompt's numbers)
+STATS_CACHE = "answer-stats-v5"  # v5: options set out as blocks, the picked option's relative length
 _HEDGE = re.compile(r"\b(?:maybe|perhaps|not sure|unsure|i think|i believe|approximately|roughly|sorry|cannot|can't|"
                     r"unclear|might be|possibly|guess)\b", re.IGNORECASE)
 _EQ = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s*([-+*/x×÷])\s*(-?\d[\d,]*(?:\.\d+)?)\s*=\s*(-?\d[\d,]*(?:\.\d+)?)")
@@ -107,7 +107,7 @@ def answer_stats(reply: str | None, final: str | None, prompt: str, names: tuple
 def cached_answer_stats(cells: list[tuple[str | None, str | None, str]], cache_root: str | Path | None,
                         names: tuple[str, ...] | list[str] = STATS) -> np.ndarray:
     """`answer_stats` of (reply, final answer, prompt) triples, (N, len(names)), through the content-
-    addressed cache under `<cache_root>/answer-stats-v4/` (key: the sha256 of prompt, reply and final
+    addressed cache under `<cache_root>/answer-stats-v5/` (key: the sha256 of prompt, reply and final
     answer; every statistic is stored, `names` picks the columns). No cache root: computed."""
     from fugu_pipeline.features.cache import EmbeddingCache
     from fugu_pipeline.hashing import sha256_text
