@@ -27,18 +27,21 @@ CHEAP = ["c1", "c2", "c3"]
 ARITHMETIC = STATS_V1 + CHECK_STATS  # the reply statistics before the options and the paid replies were read
 
 
-def _mc_matrix(n: int = 240, seed: int = 0):
+def _mc_matrix(n: int = 240, seed: int = 0, blocks: bool = False):
     """Four-option questions; three cheap workers right 60% of the time and a strong one 95%. A right
     reply and a wrong one read the same ("The answer is (X)."), so a reply alone tells nothing; right
     replies agree with each other, wrong ones mostly do not, and some wrong ones pick a
-    letter the question does not list (half of the wrong ones)."""
+    letter the question does not list (half of the wrong ones). `blocks`: each option set out under
+    a line naming it (`Option A:`, its text below) instead of on one line."""
     rng = np.random.default_rng(seed)
     ids = [*CHEAP, "strong"]
     quality = (rng.random((n, 4)) < [0.6, 0.6, 0.6, 0.95]).astype(float)
     prompts, text, final = [], np.empty((n, 4), object), np.empty((n, 4), object)
     for i in range(n):
         gold = "ABCD"[i % 4]
-        prompts.append(f"Question {i}: which one?\nA. alpha {i}\nB. beta {i}\nC. gamma {i}\nD. delta {i}\nAnswer:")
+        opts = [f"alpha {i}", f"beta {i}", f"gamma {i}", f"delta {i}"]
+        listed = "".join(f"\nOption {x}:\n{o}\n" if blocks else f"\n{x}. {o}" for x, o in zip("ABCD", opts))
+        prompts.append(f"Question {i}: which one?{listed}\nAnswer:")
         for j in range(4):
             wrong = [x for x in "ABCD" if x != gold]
             pick = gold if quality[i, j] else ("E" if rng.random() < 0.5 else wrong[rng.integers(0, 3)])
@@ -240,15 +243,17 @@ def test_the_picked_options_length_is_read_beside_the_others():
     assert rel("B", inline) > 0 > rel("A", inline)
 
 
-def test_a_saved_context_verifier_scores_offline_as_it_does_live():
+@pytest.mark.parametrize("blocks, names", [(False, "STATS"), (True, "STATS"), (True, "STATS_V3")])
+def test_a_saved_context_verifier_scores_offline_as_it_does_live(blocks, names):
     """The checkpoint's context model read offline (every row at once) and live (one request, its
-    paid replies) gives the same score."""
-    from fugu_pipeline.policies.cascade.answer_features import answer_stats
-    from fugu_pipeline.policies.cascade.verifier_context import CALIB_KEYS, bucket_key, context_of_head, fit_context
+    paid replies) gives the same score: with options on lines or set out as blocks, and for a
+    checkpoint trained before blocks were read (`STATS_V3`), which is served options read as then."""
+    from fugu_pipeline.policies.cascade import answer_features
+    from fugu_pipeline.policies.cascade.verifier_context import context_of_head, fit_context
 
-    data, grid = _mc_matrix(n=120, seed=2)
+    data, grid = _mc_matrix(n=120, seed=2, blocks=blocks)
     folds = fold_ids(data.task_ids, 4, 0)
-    inp = answer_inputs(data, grid, None, None, encode=False, stat_names=STATS)
+    inp = answer_inputs(data, grid, None, None, encode=False, stat_names=getattr(answer_features, names))
     base, _, _ = oof_scores(inp, folds, input_sets=("stats",))
     codes = answer_codes(grid.final)
     saved = fit_context(inp, base, codes, folds).final.to_json()
@@ -256,10 +261,35 @@ def test_a_saved_context_verifier_scores_offline_as_it_does_live():
     from fugu_pipeline.policies.cascade.verifier_context import ContextModel
 
     model = ContextModel.from_json(saved)
-    keys = [k for k in CALIB_KEYS if k in model.stat_names]
+    seen = set()
     for i in range(0, 120, 17):
         paid = [0, 2, 1]
-        live = model.score_live(paid, [grid.final[i, j] for j in paid], [base[i, j] for j in paid],
-                                [bucket_key(answer_stats(grid.text[i, j], grid.final[i, j], data.prompts[i], keys)) for j in paid],
-                                4, [1, 2])
+        keys = [model.bucket_of(grid.text[i, j], grid.final[i, j], data.prompts[i]) for j in paid]  # as `route` reads them
+        seen |= set(keys)
+        live = model.score_live(paid, [grid.final[i, j] for j in paid], [base[i, j] for j in paid], keys, 4, [1, 2])
         assert np.allclose(live, offline.at(paid)[i, [2, 1]], atol=1e-5)
+    # a letter the question does not list reads as no option where the options are read (blocks
+    # read by a checkpoint trained to; lines always), and as "no options listed" where they are not
+    lettered = {k.split(",")[1] for k in seen}
+    assert lettered == ({"1"} if (blocks and names == "STATS_V3") else {"0", "1"}), seen
+
+
+def test_a_checkpoint_trained_before_blocks_were_read_reads_its_statistics_as_then(tmp_path):
+    """Names without `option_rel_chars` (a checkpoint of `STATS_V3`) read options as before blocks
+    were read, through the cache that holds them so (`answer-stats-v4/`); the current names read the
+    blocks, through `answer-stats-v5/`. One prompt: the instruction's own "(a) or Output (b) now"
+    is what the old reader takes for the options."""
+    from fugu_pipeline.policies.cascade.answer_features import STATS_V3, answer_stats, cached_answer_stats
+
+    prompt = "Pick Output (a) or Output (b) now.\n\n# Output (a):\nyes\n\n# Output (b):\nno way\n\n# Decision:"
+    reply = "Output (b) says no way, so: Therefore, Output (b) is better"
+    at = STATS.index("option_text_in_reply")
+    assert answer_stats(reply, "B", prompt)[at] == 1.0  # "no way", output (b)'s text, is in the reply
+    assert answer_stats(reply, "B", prompt, STATS_V3)[STATS_V3.index("option_text_in_reply")] == 0.0  # "now" is not
+    cells = [(reply, "B", prompt), ("Therefore, Output (a) is better", "A", prompt)]
+    for names, folder, width in ((STATS_V3, "answer-stats-v4", len(STATS_V3)), (STATS, "answer-stats-v5", len(STATS))):
+        for _ in range(2):  # computed, then read back from the cache
+            got = cached_answer_stats(cells, tmp_path, names)
+            assert np.array_equal(got, np.stack([answer_stats(*c, names) for c in cells]))
+        assert (tmp_path / folder).is_dir() and got.shape == (2, width)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["answer-stats-v4", "answer-stats-v5"]

@@ -219,15 +219,16 @@ def _block_options(text: str) -> dict[str, str]:
     return {k: "\n".join(v).strip() for k, v in found.items()}
 
 
-def prompt_options(prompt: str) -> dict[str, str]:
+def prompt_options(prompt: str, blocks: bool = True) -> dict[str, str]:
     """{letter (upper case): option text} of the options a prompt lists, in order; {} when it lists
     fewer than two (a lone `A: ...` line is an answer, not a list). Options set out as blocks under
     a line naming each (`# Output (a):` then its text) are read first: their text may hold lines or
-    parentheses of its own that would read as options."""
+    parentheses of its own that would read as options (`blocks=False`: not read, as checkpoints
+    trained before they were read it)."""
     tail = prompt[-8000:]
-    blocks = _block_options(tail)
-    if len(blocks) >= 2 and "".join(sorted(blocks)) == "ABCDEFGHIJ"[:len(blocks)]:
-        return {k: blocks[k] for k in sorted(blocks)}
+    found_blocks = _block_options(tail) if blocks else {}
+    if len(found_blocks) >= 2 and "".join(sorted(found_blocks)) == "ABCDEFGHIJ"[:len(found_blocks)]:
+        return {k: found_blocks[k] for k in sorted(found_blocks)}
     found: dict[str, str] = {}
     for rx in (_OPTION_LINE, _OPTION_INLINE):
         for letter, text in rx.findall(tail):
@@ -242,15 +243,16 @@ def prompt_options(prompt: str) -> dict[str, str]:
     return found
 
 
-def option_stats(reply: str | None, final: str | None, prompt: str) -> np.ndarray:
+def option_stats(reply: str | None, final: str | None, prompt: str, blocks: bool = True) -> np.ndarray:
     """The statistics `OPTION_STATS` names: how many options the prompt lists (log), whether the final
     answer is one of them (a letter listed, or an option's text), the picked option's place in the list
     (0 first .. 1 last; 0 when none or not an option), whether the reply repeats the picked option's text,
     the final answer's length (log of characters), and the picked option's length beside the others'
-    (log of its characters less the mean log of theirs; 0 when none is picked). All zero for no reply."""
+    (log of its characters less the mean log of theirs; 0 when none is picked). All zero for no reply.
+    `blocks`: read options set out as blocks (`prompt_options`)."""
     if reply is None:
         return np.zeros(len(OPTION_STATS), dtype=np.float32)
-    opts = prompt_options(prompt)
+    opts = prompt_options(prompt, blocks)
     f = (final or "").strip()
     if not opts:
         return np.array([0.0, 1.0, 0.0, 0.0, math.log1p(len(f)), 0.0], dtype=np.float32)

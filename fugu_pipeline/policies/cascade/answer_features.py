@@ -34,13 +34,27 @@ ANSWER_TEXT_FORMAT = "final+tail400"  # recorded in a cascade's checkpoint: serv
 STATS_V1 = ("log_chars", "log_lines", "readable", "in_prompt", "digit_share", "hedges", "equations", "equations_hold",
             "final_repeats", "integer")
 STATS_V2 = STATS_V1 + CHECK_STATS  # the statistics before the options were read
+# the statistics before options set out as blocks were read and the picked option's length beside the
+# others' (`option_rel_chars`): a checkpoint that records these names reads the options as it was
+# trained to, without blocks
+STATS_V3 = STATS_V2 + OPTION_STATS[:5]
 STATS = STATS_V2 + OPTION_STATS
+BLOCKS_READ_WITH = "option_rel_chars"  # a checkpoint that reads this statistic reads options set out as blocks
 # the cache directory of the statistics: a change to how any of them is computed takes a new name
-STATS_CACHE = "answer-stats-v5"  # v5: options set out as blocks, the picked option's relative length
+# (v4: as a checkpoint of `STATS_V3` reads them, kept for those; v5: options set out as blocks read, the
+# picked option's relative length)
+STATS_CACHE = "answer-stats-v5"
+STATS_CACHE_V3 = "answer-stats-v4"
 _HEDGE = re.compile(r"\b(?:maybe|perhaps|not sure|unsure|i think|i believe|approximately|roughly|sorry|cannot|can't|"
                     r"unclear|might be|possibly|guess)\b", re.IGNORECASE)
 _EQ = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s*([-+*/x×÷])\s*(-?\d[\d,]*(?:\.\d+)?)\s*=\s*(-?\d[\d,]*(?:\.\d+)?)")
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def reads_blocks(names) -> bool:
+    """Whether statistics `names` (a checkpoint's) read options set out as blocks: they hold
+    `BLOCKS_READ_WITH`, or no statistic of the options at all (then how they are read does not matter)."""
+    return BLOCKS_READ_WITH in names or not set(names) & set(OPTION_STATS)
 
 
 def answer_text(reply: str, final: str | None) -> str:
@@ -94,13 +108,18 @@ def _equations(reply: str) -> tuple[int, int]:
     return n, held
 
 
-def answer_stats(reply: str | None, final: str | None, prompt: str, names: tuple[str, ...] | list[str] = STATS) -> np.ndarray:
-    """The statistics `names` (default `STATS`) of one reply, in that order; all zero for no reply."""
+def answer_stats(reply: str | None, final: str | None, prompt: str, names: tuple[str, ...] | list[str] = STATS,
+                 blocks: bool | None = None) -> np.ndarray:
+    """The statistics `names` (default `STATS`) of one reply, in that order; all zero for no reply.
+    Options set out as blocks are read where `blocks`, by default where `reads_blocks(names)` (a
+    checkpoint trained before they were read records names without `BLOCKS_READ_WITH`, and is served
+    the values it was trained on; a caller that asks for a few of a checkpoint's statistics says which
+    it has)."""
     unknown = [n for n in names if n not in STATS]
     if unknown:
         raise ValueError(f"unknown reply statistic(s) {unknown}; known: {list(STATS)}")
     full = np.concatenate([_stats_v1(reply, final, prompt), check_stats(reply, final, prompt),
-                           option_stats(reply, final, prompt)])
+                           option_stats(reply, final, prompt, reads_blocks(names) if blocks is None else blocks)])
     return full[[STATS.index(n) for n in names]]
 
 
@@ -108,27 +127,33 @@ def cached_answer_stats(cells: list[tuple[str | None, str | None, str]], cache_r
                         names: tuple[str, ...] | list[str] = STATS) -> np.ndarray:
     """`answer_stats` of (reply, final answer, prompt) triples, (N, len(names)), through the content-
     addressed cache under `<cache_root>/answer-stats-v5/` (key: the sha256 of prompt, reply and final
-    answer; every statistic is stored, `names` picks the columns). No cache root: computed."""
+    answer; every statistic is stored, `names` picks the columns); names that read the options
+    without blocks (`reads_blocks`: a checkpoint of `STATS_V3`) through `answer-stats-v4/`, which
+    holds those, computed so. No cache root: computed."""
     from fugu_pipeline.features.cache import EmbeddingCache
     from fugu_pipeline.hashing import sha256_text
 
-    cols = [STATS.index(n) for n in names]
+    stored = STATS if reads_blocks(names) else STATS_V3
+    unknown = [n for n in names if n not in stored]
+    if unknown:
+        raise ValueError(f"unknown reply statistic(s) {unknown}; known: {list(STATS)}")
+    cols = [stored.index(n) for n in names]
     if not cells:
         return np.zeros((0, len(cols)), np.float32)
     if cache_root is None:
-        return np.stack([answer_stats(r, f, p) for r, f, p in cells])[:, cols]
-    cache = EmbeddingCache(cache_root, STATS_CACHE)
+        return np.stack([answer_stats(r, f, p, stored) for r, f, p in cells])[:, cols]
+    cache = EmbeddingCache(cache_root, STATS_CACHE if stored is STATS else STATS_CACHE_V3)
     keys = [sha256_text(f"{p}\x00{'' if r is None else r}\x00{'' if f is None else f}\x00{int(r is None)}") for r, f, p in cells]
     found, vectors = cache.get_many(keys)
-    if vectors.shape[1] not in (0, len(STATS)):
-        raise ValueError(f"reply-statistics cache {cache.dir} holds {vectors.shape[1]} columns, not {len(STATS)}; "
+    if vectors.shape[1] not in (0, len(stored)):
+        raise ValueError(f"reply-statistics cache {cache.dir} holds {vectors.shape[1]} columns, not {len(stored)}; "
                          "delete that directory to rebuild it")
-    out = np.zeros((len(cells), len(STATS)), np.float32)
+    out = np.zeros((len(cells), len(stored)), np.float32)
     if found.any():
         out[found] = vectors[found]
     missing = np.flatnonzero(~found)
     if len(missing):
-        out[missing] = np.stack([answer_stats(*cells[i]) for i in missing])
+        out[missing] = np.stack([answer_stats(*cells[i], stored) for i in missing])
         cache.put_many([keys[i] for i in missing], out[missing])
     return out[:, cols]
 

@@ -199,15 +199,11 @@ class CascadeRouter(Router):
         model = getattr(self.head, "context_model", None) if self.head.context else None
         if model is None or float(self.head.used[0]) != 1.0:
             return self._cell_scores(prompt, domain, replies)
-        from fugu_pipeline.policies.cascade.answer_features import answer_stats
-        from fugu_pipeline.policies.cascade.verifier_context import CALIB_KEYS, bucket_key
-
         paid = list(context) if context else list(replies)
         base = self._cell_scores(prompt, domain, paid)
-        keys = [k for k in CALIB_KEYS if k in model.stat_names]
         have = [i for i, (_, r, _) in enumerate(paid) if r is not None]
         ws = [self.worker_ids.index(paid[i][0]) for i in have]
-        bucket = [bucket_key(answer_stats(paid[i][1], paid[i][2], prompt, keys)) for i in have]
+        bucket = [model.bucket_of(paid[i][1], paid[i][2], prompt) for i in have]
         at = [len(paid) - len(replies) + k for k in range(len(replies))]  # these are the last paid replies
         which = [have.index(i) for i in at if i in have]
         got = model.score_live(ws, [paid[i][2] for i in have], [base[i] for i in have], bucket, len(self.worker_ids), which)

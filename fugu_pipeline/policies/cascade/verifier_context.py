@@ -158,6 +158,14 @@ class ContextModel:
                    np.asarray(d["scale"], np.float32), Calibration(list(d["calibration"]["prior"]), list(d["calibration"]["table"])),
                    tuple(d["stat_names"]), float(d.get("l2", 0.0)))
 
+    def bucket_of(self, reply: str, final: str | None, prompt: str) -> str:
+        """A live reply's calibration bucket, its statistics read as this model was trained on them
+        (options set out as blocks read or not, as its statistics' names say)."""
+        from fugu_pipeline.policies.cascade.answer_features import answer_stats, reads_blocks
+
+        keys = [k for k in CALIB_KEYS if k in self.stat_names]
+        return bucket_key(answer_stats(reply, final, prompt, keys, reads_blocks(self.stat_names)))
+
     def score_live(self, workers: list[int], finals: list[str | None], base: list[float | None], keys: list[str],
                    n_workers: int, which: list[int]) -> list[float]:
         """Scores of the replies `which` (indices into the paid replies) given every paid reply: its
