@@ -278,8 +278,8 @@ def fold_agreement(clusters: PromptClusters, X: np.ndarray, rows: np.ndarray, fo
     """{fold: the share of its rows (of `rows`, `folds` one per row) that the clusters refitted on the
     other folds' rows (`fit_clusters`, the same settings) put in the cluster matched to the one
     `clusters` puts them in}. Each refitted cluster is matched to the cluster of `clusters` it shares
-    the most rows of the other folds with, the largest overlap first (one each); a refit whose
-    prompts do not fall apart, or that finds other clusters, matches fewer rows."""
+    the most rows of the other folds with, the largest overlap first (one each); a refit that finds
+    other clusters matches fewer rows; one whose prompts do not fall apart at all reads NaN."""
     full = clusters.assign(X[rows]).astype(str)
     out = {}
     for f in np.unique(folds):
@@ -287,7 +287,7 @@ def fold_agreement(clusters: PromptClusters, X: np.ndarray, rows: np.ndarray, fo
         refit = fit_clusters(X[tr], min_rows, None, seed, min_gap=min_gap,
                              quality=None if quality is None else np.asarray(quality)[tr])
         if refit is None or not refit.apart:
-            out[int(f)] = 0.0
+            out[int(f)] = float("nan")
             continue
         mine = refit.assign(X[rows]).astype(str)
         overlap = {(a, b): int(((full == a) & (mine == b) & ~at).sum()) for a in clusters.names for b in refit.names}
@@ -354,11 +354,12 @@ def pick_groups(how: str, doms: np.ndarray, rows: np.ndarray, X: np.ndarray | No
         f"({_why(clusters.silhouette, clusters.null_silhouette, clusters.outcome_z, 'mean silhouette', 'one blob')}{split}): {shown}")
     if folds is not None:
         held = fold_agreement(clusters, X, rows, folds, min_rows, quality, seed, min_gap)
-        worst = min(held, key=held.get)
-        if held[worst] < min_agreement:
+        worst = min(held, key=lambda f: -1.0 if np.isnan(held[f]) else held[f])
+        if not held[worst] >= min_agreement:
+            said = ("the prompts do not fall apart into clusters" if np.isnan(held[worst]) else
+                    f"they put {held[worst]:.1%} of them where the clusters of every row do")
             log(f"{who}: the prompt clusters do not hold across the folds: refitted without fold {worst + 1}'s rows, "
-                f"they put {held[worst]:.1%} of them where the clusters of every row do (at least {min_agreement:.0%} "
-                f"needed on every fold): {one}")
+                f"{said} (at least {min_agreement:.0%} of each fold's rows in the same cluster needed): {one}")
             return none
         log(f"{who}: the prompt clusters hold across the folds: refitted without each fold's rows, they put "
             f"{min(held.values()):.1%} to {max(held.values()):.1%} of that fold's rows where the clusters of every "
