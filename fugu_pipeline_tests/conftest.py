@@ -21,7 +21,8 @@ os.environ.setdefault("FUGU_COLLECTOR_KEY_FILE", os.path.join(tempfile.mkdtemp(p
 # hypothesis keeps its caches (the constants it reads from the project's modules) under `.hypothesis`
 # of the working folder unless told otherwise: one folder per session, never the project's (a
 # property test run alone would otherwise leave it there, and the check below fail that test)
-os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="fugu-tests-hypothesis-"))
+if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:  # made once, by the process that starts the run
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = tempfile.mkdtemp(prefix="fugu-tests-hypothesis-")
 # A home folder of the session's own (made once, by the process that starts the run; its test
 # processes and every command they start inherit it): what writes under "~" (the tiny encoder,
 # Dagster's telemetry, matplotlib's caches, a command the page test runs) writes there, never in the
