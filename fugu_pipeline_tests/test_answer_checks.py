@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fugu_pipeline.policies.cascade.answer_checks import CHECK_STATS, arithmetic_steps, check_stats
-from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1, answer_stats, cached_answer_stats
+from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1, TEXT_STATS, answer_stats, cached_answer_stats
 from fugu_pipeline.tasks.final_answer import extract
 from fugu_pipeline.train.selection import fold_ids
 from fugu_pipeline.policies.cascade.verifier import VerifierInputs, auc, oof_scores
@@ -57,7 +57,7 @@ def test_reply_statistics_are_cached_by_content_and_picked_by_name(tmp_path, mon
 
     cells = [("2 + 2 = 5. #### 5", "5", "What is 2 + 2?"), ("The answer is B", "B", "Pick one"), (None, None, "x")]
     first = cached_answer_stats(cells, tmp_path)
-    assert first.shape == (3, len(STATS))
+    assert first.shape == (3, len(TEXT_STATS))
     assert np.allclose(first, np.stack([answer_stats(*c) for c in cells]))
 
     def boom(*a, **k):
@@ -73,6 +73,8 @@ def test_reply_statistics_are_cached_by_content_and_picked_by_name(tmp_path, mon
 def test_an_unknown_statistic_is_named():
     with pytest.raises(ValueError, match="no_such_stat"):
         answer_stats("1", "1", "p", ["log_chars", "no_such_stat"])
+    with pytest.raises(ValueError, match=r"\['option_fit'\] need the encoder"):  # not read from the text alone
+        answer_stats("1", "1", "p", STATS)
 
 
 def _math_replies(n: int, seed: int = 0):
@@ -101,14 +103,14 @@ def test_the_verifier_tells_a_wrong_calculation_from_a_right_one():
     folds = fold_ids([f"t{i}" for i in range(n)])
 
     def oof_auc(names):
-        cols = [STATS.index(s) for s in names]
+        cols = [TEXT_STATS.index(s) for s in names]
         inp = VerifierInputs(prompt=np.zeros((n, 1), np.float32), answer=stats[:, None, cols], has=np.ones((n, 1), bool),
                              target=right[:, None], stat_names=tuple(names))
         scores, _, figures = oof_scores(inp, folds, l2_grid=(0.01,), input_sets=("stats",))
         assert figures["oof_auc_by_worker"][0] == pytest.approx(figures["oof_auc"], abs=1e-4)
         return auc(scores[:, 0], right >= 0.5)
 
-    before, after = oof_auc(STATS_V1), oof_auc(STATS)
+    before, after = oof_auc(STATS_V1), oof_auc(TEXT_STATS)
     assert before < 0.65, before
     assert after > 0.95, after
 

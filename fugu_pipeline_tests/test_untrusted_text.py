@@ -113,9 +113,9 @@ def test_every_reader_ends_on_a_megabyte(text, pytestconfig):
 def test_the_reported_prompt_is_read(pytestconfig):
     """The request that stopped a server: a 40-digit literal before an `=` (24 digits took 4.7 s)."""
     from fugu_pipeline.policies.cascade.answer_checks import arithmetic_steps
-    from fugu_pipeline.policies.cascade.answer_features import STATS, answer_stats
+    from fugu_pipeline.policies.cascade.answer_features import TEXT_STATS, answer_stats
 
     prompt = "Compute x = " + "10" * 20 + " y = 1"
     with hang_alarm(pytestconfig):
         assert arithmetic_steps(prompt) == []  # `x = ...` is algebra, not a computation
-        assert answer_stats(prompt, "1", prompt).shape == (len(STATS),)
+        assert answer_stats(prompt, "1", prompt).shape == (len(TEXT_STATS),)

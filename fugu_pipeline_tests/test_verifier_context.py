@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fugu_pipeline.policies.cascade.answer_checks import CHECK_STATS
-from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1
+from fugu_pipeline.policies.cascade.answer_features import STATS, STATS_V1, TEXT_STATS
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData
 from fugu_pipeline.matrix.answers import AnswerGrid
@@ -68,7 +68,7 @@ def test_only_the_new_features_tell_right_from_wrong_multiple_choice_replies(tmp
     s_old, _, _ = oof_scores(old, folds)
     right = data.quality[:, 0] >= 0.5
     assert auc(s_old[:, 0], right) < 0.65  # a reply alone: nothing to read
-    new = answer_inputs(data, grid, None, tmp_path, encode=False, stat_names=STATS)
+    new = answer_inputs(data, grid, None, tmp_path, encode=False, stat_names=TEXT_STATS)
     s_new, _, _ = oof_scores(new, folds)
     ctx = fit_context(new, s_new, answer_codes(grid.final), folds)
     alone, paid_two, paid_three = ctx.at([0])[:, 0], ctx.at([0, 1])[:, 0], ctx.at([0, 1, 2])[:, 0]
@@ -83,7 +83,7 @@ def test_context_scores_read_only_the_replies_paid_for():
 
     data, grid = _mc_matrix(n=160, seed=1)
     folds = fold_ids(data.task_ids, 4, 0)
-    inp = answer_inputs(data, grid, None, None, encode=False, stat_names=STATS)
+    inp = answer_inputs(data, grid, None, None, encode=False, stat_names=TEXT_STATS)
     base, _, _ = oof_scores(inp, folds, input_sets=("stats",))
     codes = answer_codes(grid.final)
     ctx = fit_context(inp, base, codes, folds)
@@ -243,7 +243,7 @@ def test_the_picked_options_length_is_read_beside_the_others():
     assert rel("B", inline) > 0 > rel("A", inline)
 
 
-@pytest.mark.parametrize("blocks, names", [(False, "STATS"), (True, "STATS"), (True, "STATS_V3")])
+@pytest.mark.parametrize("blocks, names", [(False, "TEXT_STATS"), (True, "TEXT_STATS"), (True, "STATS_V3")])
 def test_a_saved_context_verifier_scores_offline_as_it_does_live(blocks, names):
     """The checkpoint's context model read offline (every row at once) and live (one request, its
     paid replies) gives the same score: with options on lines or set out as blocks, and for a
@@ -287,7 +287,7 @@ def test_a_checkpoint_trained_before_blocks_were_read_reads_its_statistics_as_th
     assert answer_stats(reply, "B", prompt)[at] == 1.0  # "no way", output (b)'s text, is in the reply
     assert answer_stats(reply, "B", prompt, STATS_V3)[STATS_V3.index("option_text_in_reply")] == 0.0  # "now" is not
     cells = [(reply, "B", prompt), ("Therefore, Output (a) is better", "A", prompt)]
-    for names, folder, width in ((STATS_V3, "answer-stats-v4", len(STATS_V3)), (STATS, "answer-stats-v5", len(STATS))):
+    for names, folder, width in ((STATS_V3, "answer-stats-v4", len(STATS_V3)), (TEXT_STATS, "answer-stats-v5", len(TEXT_STATS))):
         for _ in range(2):  # computed, then read back from the cache
             got = cached_answer_stats(cells, tmp_path, names)
             assert np.array_equal(got, np.stack([answer_stats(*c, names) for c in cells]))

@@ -25,7 +25,7 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
     fit and save the context verifier (policies/cascade/verifier_context.py: each reply read with the paid ones);
     `plan`: a policy of its own (default `plan_over(workers)`); `cross`: a fitted cross-encoder
     (`policies/cascade/cross_encoder.py`) whose column the verifier also reads, saved with it."""
-    from fugu_pipeline.policies.cascade.answer_features import STATS, answer_stats, answer_text, embed_answers
+    from fugu_pipeline.policies.cascade.answer_features import STATS, answer_text, embed_answers, reply_statistics
     from fugu_pipeline.features.contract import FeatureContract  # noqa: F401  (the data's contract type)
     from fugu_pipeline.features.encoder import Encoder
     from fugu_pipeline.features.routing_data import RoutingData
@@ -52,7 +52,8 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
     finals = np.vectorize(lambda r: extract(r, "number"), otypes=[object])(replies)
     cells = [(i, j) for i in range(n) for j in range(3)]
     vecs = embed_answers([answer_text(replies[i, j], finals[i, j]) for i, j in cells], settings, cache_dir)
-    stats = [answer_stats(replies[i, j], finals[i, j], prompts[i]) for i, j in cells]
+    stats = reply_statistics([(replies[i, j], finals[i, j], prompts[i]) for i, j in cells], STATS,
+                             lambda texts: embed_answers(texts, settings, cache_dir), cache_dir)
     answer = np.zeros((n, 3, vecs.shape[1] + len(stats[0])), np.float32)
     for k, (i, j) in enumerate(cells):
         answer[i, j] = np.concatenate([vecs[k], stats[k]])

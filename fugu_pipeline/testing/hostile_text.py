@@ -22,6 +22,13 @@ FILLERS = ("1", "10", "0.5", "1,", ".", ",", " ", "\t", "\n", "\r\n", "(", ")", 
 PIECES = TRIGGERS + FILLERS
 
 
+def _counting_encoder(texts: list[str]):
+    """A stand-in for the encoder (its own work is bounded by its truncation): two counts per text."""
+    import numpy as np
+
+    return np.array([[len(t) % 7 + 1.0, t.count("a") + 1.0] for t in texts])
+
+
 def _readers() -> dict[str, Callable[[str], object]]:
     from fugu_pipeline.api_keys import scrub_secrets
     from fugu_pipeline.collect.code_grader import extract_code
@@ -29,6 +36,7 @@ def _readers() -> dict[str, Callable[[str], object]]:
     from fugu_pipeline.collect.math_equivalence import compared_answer
     from fugu_pipeline.policies.cascade.answer_checks import arithmetic_steps, check_stats, option_stats, prompt_options
     from fugu_pipeline.policies.cascade.answer_features import answer_stats, answer_text
+    from fugu_pipeline.policies.cascade.option_fit import option_fit
     from fugu_pipeline.features.lexical import lexical_features
     from fugu_pipeline.session.roles import extractable_answer, objection, parse_verdict
     from fugu_pipeline.tasks.answers import boxed_contents, extract_final_number, final_line, parse_number
@@ -47,6 +55,7 @@ def _readers() -> dict[str, Callable[[str], object]]:
         "answer_checks.option_stats": lambda t: option_stats(t, "A", t),
         "answer_features.answer_stats": lambda t: answer_stats(t, t[-30:], t),
         "answer_features.answer_text": lambda t: answer_text(t, t[:30]),
+        "option_fit.option_fit": lambda t: option_fit([(t, "A", t), (t, t[-30:], t)], _counting_encoder),
         "lexical.lexical_features": lambda t: lexical_features([t]),
         "final_answer.detect_kind": lambda t: detect_kind(t, [t, t]),
         "answers.extract_final_number": extract_final_number,

@@ -200,6 +200,7 @@ _OPTION_INLINE = re.compile(r"\(([A-Ja-j])\)(?:[ \t]*+([^()\n \t](?:[^()\n]*[^()
 _BLOCK_HEAD = re.compile(r"[#*\[ \t]*(?:output|response|answer|option|choice|candidate|assistant)[ \t]*"
                          r"[\(\[]?([A-Ja-j])[\)\] \t*#:.]*", re.IGNORECASE)
 _BLOCK_HEAD_CHARS = 40
+OPTIONS_TAIL = 8000  # the prompt's last characters where its options are read
 
 
 def _block_options(text: str) -> dict[str, str]:
@@ -219,13 +220,30 @@ def _block_options(text: str) -> dict[str, str]:
     return {k: "\n".join(v).strip() for k, v in found.items()}
 
 
+_LABEL = re.compile(r"[(\[]?[A-Ja-j][)\].:]?")
+_TRAILING_LABEL = re.compile(r"(?:^|\s)[(\[]?[A-Ja-j][)\].:]?$")
+_TRAILING_LABEL_CHARS = 6
+
+
+def without_label(text: str) -> str:
+    """`text` (what comes before an option's own text) less the option's label: a last line that is
+    only a label (`A.`, `(b)`, `# Output (a):`), or a label at its end (`... Answer Choices: (A)`)."""
+    text = text.rstrip()
+    head, _, last = text.rpartition("\n")
+    last = last.strip()
+    if len(last) <= _BLOCK_HEAD_CHARS and (_LABEL.fullmatch(last) or _BLOCK_HEAD.fullmatch(last)):
+        return head.rstrip()
+    end = text[-_TRAILING_LABEL_CHARS:]
+    return (text[:-len(end)] + _TRAILING_LABEL.sub("", end)).rstrip() if end else text
+
+
 def prompt_options(prompt: str, blocks: bool = True) -> dict[str, str]:
     """{letter (upper case): option text} of the options a prompt lists, in order; {} when it lists
     fewer than two (a lone `A: ...` line is an answer, not a list). Options set out as blocks under
     a line naming each (`# Output (a):` then its text) are read first: their text may hold lines or
     parentheses of its own that would read as options (`blocks=False`: not read, as checkpoints
     trained before they were read it)."""
-    tail = prompt[-8000:]
+    tail = prompt[-OPTIONS_TAIL:]
     found_blocks = _block_options(tail) if blocks else {}
     if len(found_blocks) >= 2 and "".join(sorted(found_blocks)) == "ABCDEFGHIJ"[:len(found_blocks)]:
         return {k: found_blocks[k] for k in sorted(found_blocks)}
@@ -243,6 +261,14 @@ def prompt_options(prompt: str, blocks: bool = True) -> dict[str, str]:
     return found
 
 
+def picked_option(options: dict[str, str], final: str | None) -> str | None:
+    """The letter of the option a final answer picks (its letter, or an option's whole text), or None."""
+    f = (final or "").strip()
+    if f.upper() in options:
+        return f.upper()
+    return next((k for k, v in options.items() if f and f.lower() == v.lower()), None)
+
+
 def option_stats(reply: str | None, final: str | None, prompt: str, blocks: bool = True) -> np.ndarray:
     """The statistics `OPTION_STATS` names: how many options the prompt lists (log), whether the final
     answer is one of them (a letter listed, or an option's text), the picked option's place in the list
@@ -257,7 +283,7 @@ def option_stats(reply: str | None, final: str | None, prompt: str, blocks: bool
     if not opts:
         return np.array([0.0, 1.0, 0.0, 0.0, math.log1p(len(f)), 0.0], dtype=np.float32)
     letters = list(opts)
-    pick = f.upper() if f.upper() in opts else next((k for k, v in opts.items() if f and f.lower() == v.lower()), None)
+    pick = picked_option(opts, f)
     pos = letters.index(pick) / max(1, len(letters) - 1) if pick else 0.0
     said = float(bool(pick) and opts[pick].lower()[:60] in reply[-MAX_CHARS:].lower())
     rel = (math.log1p(len(opts[pick])) - float(np.mean([math.log1p(len(v)) for k, v in opts.items() if k != pick]))

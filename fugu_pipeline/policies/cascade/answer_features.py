@@ -22,10 +22,12 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from fugu_pipeline.policies.cascade.answer_checks import CHECK_STATS, OPTION_STATS, check_stats, option_stats
+from fugu_pipeline.policies.cascade.option_fit import ENCODED_STATS, option_fit
 from fugu_pipeline.features.settings import EncoderSettings
 from fugu_pipeline.tasks.final_answer import READ_CHARS
 
@@ -38,7 +40,8 @@ STATS_V2 = STATS_V1 + CHECK_STATS  # the statistics before the options were read
 # others' (`option_rel_chars`): a checkpoint that records these names reads the options as it was
 # trained to, without blocks
 STATS_V3 = STATS_V2 + OPTION_STATS[:5]
-STATS = STATS_V2 + OPTION_STATS
+TEXT_STATS = STATS_V2 + OPTION_STATS  # every statistic read from the text alone (the cache holds these)
+STATS = TEXT_STATS + ENCODED_STATS  # and how well the picked option fits the question (`option_fit.py`)
 BLOCKS_READ_WITH = "option_rel_chars"  # a checkpoint that reads this statistic reads options set out as blocks
 # the cache directory of the statistics: a change to how any of them is computed takes a new name
 # (v4: as a checkpoint of `STATS_V3` reads them, kept for those; v5: options set out as blocks read, the
@@ -108,23 +111,47 @@ def _equations(reply: str) -> tuple[int, int]:
     return n, held
 
 
-def answer_stats(reply: str | None, final: str | None, prompt: str, names: tuple[str, ...] | list[str] = STATS,
+def answer_stats(reply: str | None, final: str | None, prompt: str, names: tuple[str, ...] | list[str] = TEXT_STATS,
                  blocks: bool | None = None) -> np.ndarray:
-    """The statistics `names` (default `STATS`) of one reply, in that order; all zero for no reply.
-    Options set out as blocks are read where `blocks`, by default where `reads_blocks(names)` (a
-    checkpoint trained before they were read records names without `BLOCKS_READ_WITH`, and is served
-    the values it was trained on; a caller that asks for a few of a checkpoint's statistics says which
-    it has)."""
-    unknown = [n for n in names if n not in STATS]
-    if unknown:
-        raise ValueError(f"unknown reply statistic(s) {unknown}; known: {list(STATS)}")
+    """The statistics `names` (default `TEXT_STATS`: those read from the text alone) of one reply, in
+    that order; all zero for no reply. Options set out as blocks are read where `blocks`, by default
+    where `reads_blocks(names)` (a checkpoint trained before they were read records names without
+    `BLOCKS_READ_WITH`, and is served the values it was trained on; a caller that asks for a few of a
+    checkpoint's statistics says which it has). `reply_statistics` adds those the encoder computes."""
+    _known(names, TEXT_STATS)
     full = np.concatenate([_stats_v1(reply, final, prompt), check_stats(reply, final, prompt),
                            option_stats(reply, final, prompt, reads_blocks(names) if blocks is None else blocks)])
-    return full[[STATS.index(n) for n in names]]
+    return full[[TEXT_STATS.index(n) for n in names]]
+
+
+def _known(names, computed) -> None:
+    unknown = [n for n in names if n not in computed]
+    if unknown:
+        how = (f"; {[n for n in unknown if n in ENCODED_STATS]} need the encoder (`reply_statistics`)"
+               if set(unknown) & set(ENCODED_STATS) else "")
+        raise ValueError(f"unknown reply statistic(s) {unknown}; known: {list(STATS)}{how}")
+
+
+def reply_statistics(cells: list[tuple[str | None, str | None, str]], names: tuple[str, ...] | list[str],
+                     encode: Callable[[list[str]], np.ndarray] | None, cache_root: str | Path | None = None) -> np.ndarray:
+    """The statistics `names` of (reply, final answer, prompt) cells, (N, len(names)), in that order:
+    those read from the text through `cached_answer_stats` (no `cache_root`: computed), those of the
+    encoder (`ENCODED_STATS`) with `encode` (texts -> vectors: the reply encoder's, as `embed_answers`
+    or a live encoder's `encode_texts`). One path for training, evaluation and serving."""
+    _known(names, STATS)
+    text = [n for n in names if n not in ENCODED_STATS]
+    out = np.zeros((len(cells), len(names)), np.float32)
+    if text:
+        out[:, [k for k, n in enumerate(names) if n not in ENCODED_STATS]] = cached_answer_stats(cells, cache_root, text)
+    if "option_fit" in names and cells:
+        if encode is None:
+            raise ValueError("the reply statistic option_fit needs the encoder, and none was given")
+        out[:, list(names).index("option_fit")] = option_fit(cells, encode)
+    return out
 
 
 def cached_answer_stats(cells: list[tuple[str | None, str | None, str]], cache_root: str | Path | None,
-                        names: tuple[str, ...] | list[str] = STATS) -> np.ndarray:
+                        names: tuple[str, ...] | list[str] = TEXT_STATS) -> np.ndarray:
     """`answer_stats` of (reply, final answer, prompt) triples, (N, len(names)), through the content-
     addressed cache under `<cache_root>/answer-stats-v5/` (key: the sha256 of prompt, reply and final
     answer; every statistic is stored, `names` picks the columns); names that read the options
@@ -133,16 +160,14 @@ def cached_answer_stats(cells: list[tuple[str | None, str | None, str]], cache_r
     from fugu_pipeline.features.cache import EmbeddingCache
     from fugu_pipeline.hashing import sha256_text
 
-    stored = STATS if reads_blocks(names) else STATS_V3
-    unknown = [n for n in names if n not in stored]
-    if unknown:
-        raise ValueError(f"unknown reply statistic(s) {unknown}; known: {list(STATS)}")
+    stored = TEXT_STATS if reads_blocks(names) else STATS_V3
+    _known(names, stored)
     cols = [stored.index(n) for n in names]
     if not cells:
         return np.zeros((0, len(cols)), np.float32)
     if cache_root is None:
         return np.stack([answer_stats(r, f, p, stored) for r, f, p in cells])[:, cols]
-    cache = EmbeddingCache(cache_root, STATS_CACHE if stored is STATS else STATS_CACHE_V3)
+    cache = EmbeddingCache(cache_root, STATS_CACHE if stored is TEXT_STATS else STATS_CACHE_V3)
     keys = [sha256_text(f"{p}\x00{'' if r is None else r}\x00{'' if f is None else f}\x00{int(r is None)}") for r, f, p in cells]
     found, vectors = cache.get_many(keys)
     if vectors.shape[1] not in (0, len(stored)):

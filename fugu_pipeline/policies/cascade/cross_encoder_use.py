@@ -240,16 +240,18 @@ def saved_cross_encoder(folder: str | Path, contract: dict | None) -> CrossEncod
     return _LOADED[key]
 
 
-def reply_stats(prompt: str, replies: list[tuple[str, str | None]], names, cross: CrossEncoder | None) -> np.ndarray:
+def reply_stats(prompt: str, replies: list[tuple[str, str | None]], names, cross: CrossEncoder | None,
+                encode=None) -> np.ndarray:
     """The reply statistics `names` of (reply, final answer) pairs to one prompt, (n, len(names)):
-    `answer_stats`, and the cross-encoder's column where `names` hold it."""
-    from fugu_pipeline.policies.cascade.answer_features import answer_stats
+    `answer_features.reply_statistics` (`encode`: the reply encoder, for those it computes), and the
+    cross-encoder's column where `names` hold it."""
+    from fugu_pipeline.policies.cascade.answer_features import reply_statistics
 
     plain = [n for n in names if n != CROSS_STAT]
     out = np.zeros((len(replies), len(names)), np.float32)
     cols = [k for k, n in enumerate(names) if n != CROSS_STAT]
-    for i, (r, f) in enumerate(replies):
-        out[i, cols] = answer_stats(r, f, prompt, plain)
+    if replies:
+        out[:, cols] = reply_statistics([(r, f, prompt) for r, f in replies], plain, encode)
     if CROSS_STAT in names and replies:
         if cross is None:
             raise ValueError("the verifier reads the cross-encoder's column but the checkpoint has no cross-encoder")

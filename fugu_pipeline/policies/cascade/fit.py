@@ -72,7 +72,7 @@ def answer_inputs(data: RoutingData, grid: AnswerGrid, settings, cache_root: str
     features (through the cache; none when not `encode`) with its statistics (`stat_names`, default
     every one of `policies.cascade.answer_features.STATS`; a saved cascade's own list when it is evaluated),
     both through the content-addressed cache."""
-    from fugu_pipeline.policies.cascade.answer_features import STATS, answer_text, cached_answer_stats, embed_answers
+    from fugu_pipeline.policies.cascade.answer_features import STATS, answer_text, embed_answers, reply_statistics
 
     names = tuple(stat_names) if stat_names is not None else STATS
 
@@ -80,8 +80,9 @@ def answer_inputs(data: RoutingData, grid: AnswerGrid, settings, cache_root: str
     cells = [(i, j) for i in range(n) for j in range(w) if grid.text[i, j] is not None]
     vecs = embed_answers([answer_text(grid.text[i, j], grid.final[i, j]) for i, j in cells], settings, cache_root,
                          progress=progress) if cells and encode else np.zeros((len(cells), data.dim if encode else 0), np.float32)
-    stats = cached_answer_stats([(grid.text[i, j], grid.final[i, j], data.prompts[i]) for i, j in cells], cache_root,
-                                names) if cells else None
+    stats = reply_statistics([(grid.text[i, j], grid.final[i, j], data.prompts[i]) for i, j in cells], names,
+                             (lambda texts: embed_answers(texts, settings, cache_root)) if settings is not None else None,
+                             cache_root) if cells else None
     a_dim = vecs.shape[1] + len(names)
     answer = np.zeros((n, w, a_dim), np.float32)
     has = np.zeros((n, w), bool)

@@ -228,7 +228,7 @@ class CascadeRouter(Router):
             p = self.encoder.encode([prompt], [domain or "general"])[0]
             texts = [answer_text(replies[i][1], replies[i][2]) for i in have]
             a = self.encoder.encode_texts(texts) if encoded else np.zeros((len(texts), 0), np.float32)
-            stats = reply_stats(prompt, [replies[i][1:] for i in have], names, self.cross_encoder)
+            stats = reply_stats(prompt, [replies[i][1:] for i in have], names, self.cross_encoder, self.encoder.encode_texts)
         rows = []
         for k, i in enumerate(have):
             w, r, f = replies[i]
