@@ -69,7 +69,7 @@ def world():
 
 def answers(world) -> AnswerSource:
     _, grid, inputs = world
-    return AnswerSource(lambda data, encode: (grid, inputs))
+    return AnswerSource(lambda data, encode, names: (grid, inputs))
 
 
 def save_cascade_plan(models, world, policy: dict):

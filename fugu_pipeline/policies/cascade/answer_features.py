@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from fugu_pipeline.policies.cascade.answer_checks import CHECK_STATS, OPTION_STATS, check_stats, option_stats
+from fugu_pipeline.policies.cascade.code_examples import EXECUTED_STATS, examples_stats
 from fugu_pipeline.policies.cascade.option_fit import ENCODED_STATS, option_fit
 from fugu_pipeline.features.settings import EncoderSettings
 from fugu_pipeline.tasks.final_answer import READ_CHARS
@@ -41,7 +42,9 @@ STATS_V2 = STATS_V1 + CHECK_STATS  # the statistics before the options were read
 # trained to, without blocks
 STATS_V3 = STATS_V2 + OPTION_STATS[:5]
 TEXT_STATS = STATS_V2 + OPTION_STATS  # every statistic read from the text alone (the cache holds these)
-STATS = TEXT_STATS + ENCODED_STATS  # and how well the picked option fits the question (`option_fit.py`)
+# and how well the picked option fits the question (`option_fit.py`), and whether code passes the
+# prompt's own examples (`code_examples.py`)
+STATS = TEXT_STATS + ENCODED_STATS + EXECUTED_STATS
 BLOCKS_READ_WITH = "option_rel_chars"  # a checkpoint that reads this statistic reads options set out as blocks
 # the cache directory of the statistics: a change to how any of them is computed takes a new name
 # (v4: as a checkpoint of `STATS_V3` reads them, kept for those; v5: options set out as blocks read, the
@@ -52,6 +55,12 @@ _HEDGE = re.compile(r"\b(?:maybe|perhaps|not sure|unsure|i think|i believe|appro
                     r"unclear|might be|possibly|guess)\b", re.IGNORECASE)
 _EQ = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s*([-+*/x×÷])\s*(-?\d[\d,]*(?:\.\d+)?)\s*=\s*(-?\d[\d,]*(?:\.\d+)?)")
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def trained_stats(run_examples: bool = True) -> tuple[str, ...]:
+    """The statistics a new cascade is trained on: every one, less the code's runs on the prompt's
+    examples where `cascade.run_examples` is false (then code is never run, in training or serving)."""
+    return STATS if run_examples else tuple(n for n in STATS if n not in EXECUTED_STATS)
 
 
 def reads_blocks(names) -> bool:
@@ -133,20 +142,28 @@ def _known(names, computed) -> None:
 
 
 def reply_statistics(cells: list[tuple[str | None, str | None, str]], names: tuple[str, ...] | list[str],
-                     encode: Callable[[list[str]], np.ndarray] | None, cache_root: str | Path | None = None) -> np.ndarray:
+                     encode: Callable[[list[str]], np.ndarray] | None, cache_root: str | Path | None = None,
+                     executed: np.ndarray | None = None) -> np.ndarray:
     """The statistics `names` of (reply, final answer, prompt) cells, (N, len(names)), in that order:
     those read from the text through `cached_answer_stats` (no `cache_root`: computed), those of the
     encoder (`ENCODED_STATS`) with `encode` (texts -> vectors: the reply encoder's, as `embed_answers`
-    or a live encoder's `encode_texts`). One path for training, evaluation and serving."""
+    or a live encoder's `encode_texts`), and the code's run on the prompt's examples
+    (`EXECUTED_STATS`, in the sandbox, kept under the cache root too; `executed`: those already run,
+    `examples_stats` of the same cells). One path for training, evaluation and serving."""
     _known(names, STATS)
-    text = [n for n in names if n not in ENCODED_STATS]
+    names = list(names)
+    text = [n for n in names if n in TEXT_STATS]
     out = np.zeros((len(cells), len(names)), np.float32)
     if text:
-        out[:, [k for k, n in enumerate(names) if n not in ENCODED_STATS]] = cached_answer_stats(cells, cache_root, text)
+        out[:, [names.index(n) for n in text]] = cached_answer_stats(cells, cache_root, text)
     if "option_fit" in names and cells:
         if encode is None:
             raise ValueError("the reply statistic option_fit needs the encoder, and none was given")
-        out[:, list(names).index("option_fit")] = option_fit(cells, encode)
+        out[:, names.index("option_fit")] = option_fit(cells, encode)
+    ran = [n for n in EXECUTED_STATS if n in names]
+    if ran and cells:
+        got = examples_stats(cells, cache_root) if executed is None else executed
+        out[:, [names.index(n) for n in ran]] = got[:, [EXECUTED_STATS.index(n) for n in ran]]
     return out
 
 

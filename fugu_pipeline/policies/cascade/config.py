@@ -57,6 +57,9 @@ class CascadeConfig(BaseModel):
                           "a plan; fewer: the strongest worker ships, with one line saying so")
     encode_replies: bool = Field(True, description="the verifier reads the frozen encoder's features of each reply; "
                                  "false: the replies' statistics only (a matrix too large to encode every reply)")
+    run_examples: bool = Field(True, description="the verifier also runs each code reply on the examples its prompt "
+                               "gives (`>>>` lines, asserts, `f(x) == y`), in the sandbox the graders use, when training "
+                               "and when serving (statistics examples_passed, examples_failed); false: code is never run")
     verifier_context: bool = Field(True, description="the verifier also reads, at each step, the replies already paid "
                                    "for (agreement, answer distribution, each worker's calibration); false: each reply alone")
     cross_encoder: Literal["auto", "on", "off"] = Field(

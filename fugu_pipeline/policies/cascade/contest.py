@@ -46,9 +46,9 @@ LIVE_NOTE = ("live term not measured: a cascade is scored from the recorded repl
 
 @dataclass
 class AnswerSource:
-    """The host's recorded replies for a cascade: `load(data, encode)` → (answer grid, verifier
+    """The host's recorded replies for a cascade: `load(data, encode, names)` → (answer grid, verifier
     inputs) for `data`'s rows in its worker order (`encode`: the verifier reads the encoder's
-    features of each reply, not only its statistics)."""
+    features of each reply, not only its statistics; `names`: the statistics the checkpoint reads)."""
 
     load: Callable
 
@@ -57,14 +57,17 @@ class AnswerSource:
         """The replies of the reward matrix at `db_path`, each reply encoded (when the cascade reads
         it) by the model of `data`'s contract on `settings`' device, through the cache at `cache_root`."""
 
-        def load(data, encode: bool):
+        def load(data, encode: bool, names):
             from fugu_pipeline.matrix.answers import read_answers
             from fugu_pipeline.route.router import encoder_settings_for
+            from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
             from fugu_pipeline.policies.cascade.fit import answer_inputs
 
             grid = read_answers(db_path, data.task_ids, data.worker_ids)
             own = encoder_settings_for(data.contract, settings.device, settings.dtype)
-            return grid, answer_inputs(data, grid, own, cache_root, encode=encode)
+            # the statistics the checkpoint reads, and no others (code runs only for one trained to run it)
+            return grid, answer_inputs(data, grid, own, cache_root, encode=encode,
+                                       stat_names=[n for n in names if n != CROSS_STAT])
 
         return cls(load)
 
@@ -96,7 +99,7 @@ class CascadeScorer:
             data, _ = self.features.for_checkpoint(ckpt)
             data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {entrant.path}")
             names = ckpt.head.answer_stats
-            grid, inputs = self.answers.load(data, ckpt.head.answer_dim > len(names))
+            grid, inputs = self.answers.load(data, ckpt.head.answer_dim > len(names), names)
             inputs = with_stats(with_saved_cross(ckpt, data, grid, inputs), names)  # its cross-encoder's column, if any
             from fugu_pipeline.policies.cascade.evaluate import verifier_scores
 

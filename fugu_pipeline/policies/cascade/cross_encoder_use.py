@@ -241,17 +241,18 @@ def saved_cross_encoder(folder: str | Path, contract: dict | None) -> CrossEncod
 
 
 def reply_stats(prompt: str, replies: list[tuple[str, str | None]], names, cross: CrossEncoder | None,
-                encode=None) -> np.ndarray:
+                encode=None, executed: np.ndarray | None = None) -> np.ndarray:
     """The reply statistics `names` of (reply, final answer) pairs to one prompt, (n, len(names)):
-    `answer_features.reply_statistics` (`encode`: the reply encoder, for those it computes), and the
-    cross-encoder's column where `names` hold it."""
+    `answer_features.reply_statistics` (`encode`: the reply encoder, for those it computes;
+    `executed`: the code's runs on the prompt's examples, already made), and the cross-encoder's
+    column where `names` hold it."""
     from fugu_pipeline.policies.cascade.answer_features import reply_statistics
 
     plain = [n for n in names if n != CROSS_STAT]
     out = np.zeros((len(replies), len(names)), np.float32)
     cols = [k for k, n in enumerate(names) if n != CROSS_STAT]
     if replies:
-        out[:, cols] = reply_statistics([(r, f, prompt) for r, f in replies], plain, encode)
+        out[:, cols] = reply_statistics([(r, f, prompt) for r, f in replies], plain, encode, executed=executed)
     if CROSS_STAT in names and replies:
         if cross is None:
             raise ValueError("the verifier reads the cross-encoder's column but the checkpoint has no cross-encoder")

@@ -215,6 +215,7 @@ class CascadeRouter(Router):
     def _cell_scores(self, prompt: str, domain: str | None, replies) -> list[float | None]:
         """The cell verifier's scores: each reply read alone."""
         from fugu_pipeline.policies.cascade.answer_features import answer_text
+        from fugu_pipeline.policies.cascade.code_examples import EXECUTED_STATS, examples_stats
         from fugu_pipeline.policies.cascade.cross_encoder_use import reply_stats
 
         if float(self.head.used[0]) != 1.0 or not replies:
@@ -224,11 +225,15 @@ class CascadeRouter(Router):
             return [None] * len(replies)
         names = self.head.answer_stats  # the statistics it was trained on, by name
         encoded = self.head.answer_dim > len(names)  # else the verifier reads the replies' statistics only
+        # code run on the prompt's examples, in the sandbox: outside the lock, so other requests go on
+        executed = (examples_stats([(replies[i][1], replies[i][2], prompt) for i in have])
+                    if set(EXECUTED_STATS) & set(names) else None)
         with self._lock:
             p = self.encoder.encode([prompt], [domain or "general"])[0]
             texts = [answer_text(replies[i][1], replies[i][2]) for i in have]
             a = self.encoder.encode_texts(texts) if encoded else np.zeros((len(texts), 0), np.float32)
-            stats = reply_stats(prompt, [replies[i][1:] for i in have], names, self.cross_encoder, self.encoder.encode_texts)
+            stats = reply_stats(prompt, [replies[i][1:] for i in have], names, self.cross_encoder, self.encoder.encode_texts,
+                                executed)
         rows = []
         for k, i in enumerate(have):
             w, r, f = replies[i]

@@ -14,6 +14,7 @@ from pathlib import Path
 from fugu_pipeline.features.routing_data import RoutingData, TrainingDataError
 from fugu_pipeline.matrix.answers import read_answers
 from fugu_pipeline.matrix.read import RewardMatrixError
+from fugu_pipeline.policies.cascade.answer_features import trained_stats
 from fugu_pipeline.policies.cascade.cross_encoder import CROSS_STAT
 from fugu_pipeline.policies.cascade.cross_encoder_use import cross_encoder_step
 from fugu_pipeline.policies.cascade.fit import CascadeFit, answer_inputs, fit_cascade
@@ -100,7 +101,8 @@ def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, 
         log(f"cascade: skipped ({str(exc).split(': ', 1)[-1].split(':')[0]})")
         return None
     cross = cross_encoder_step(cc, data, grid, cfg.seed, log)  # None: off, or its encoder is missing (one line)
-    inputs = answer_inputs(data, grid, settings, cache_root, progress=None, encode=cc.encode_replies)
+    inputs = answer_inputs(data, grid, settings, cache_root, progress=None, encode=cc.encode_replies,
+                           stat_names=trained_stats(cc.run_examples))
     heads = heads_report if isinstance(heads_report, dict) else one_shot_heads(heads_report)
     fit = fit_cascade(data, grid, inputs, cc, cfg.folds, cfg.seed, heads, log, cross_encoder=cross, head_routes=head_routes,
                       cap_routes=cap_routes, share_routes=share_routes)

@@ -1,0 +1,116 @@
+"""`examples_passed` / `examples_failed`: a code reply run, in the sandbox, on the examples its own
+prompt gives; read from the prompt in every common form, kept in the cache, the same offline and live,
+and what it lets a verifier tell."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fugu_pipeline.policies.cascade.code_examples as ce
+from fugu_pipeline.policies.cascade.answer_features import STATS, TEXT_STATS, reply_statistics, trained_stats
+from fugu_pipeline.policies.cascade.code_examples import EXECUTED_STATS, examples_stats, prompt_examples
+
+HUMANEVAL = '''```python
+def below_zero(operations: list) -> bool:
+    """ Detect if the balance falls below zero.
+    >>> below_zero([1, 2, 3])
+    False
+    >>> below_zero([1, 2, -4, 5])
+    True
+    """
+```
+Return the complete code.'''
+MBPP = ("Write a function to find the shared elements of two lists. Your code should pass these tests:\n\n"
+        "assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))\n"
+        "assert set(similar_elements((1, 2, 3, 4),(5, 4, 3, 7))) == set((3, 4))")
+ARROWS = ("Write `add_one(x)`, which adds one.\ndef add_one(x):\n    pass\nExamples:\nadd_one(1) ➞ 2\n"
+          "add_one(-1) == 0\n* add_one(9) should return 10.\nadd_one(( ➞ 3")
+RIGHT_BELOW = "def below_zero(operations):\n    b = 0\n    for o in operations:\n        b += o\n        if b < 0:\n            return True\n    return False"
+WRONG_BELOW = "def below_zero(operations):\n    return sum(operations) < 0"
+
+
+def test_examples_are_read_in_each_form():
+    assert prompt_examples(HUMANEVAL) == ("below_zero", (("below_zero([1, 2, 3])", "False"), ("below_zero([1, 2, -4, 5])", "True")))
+    entry, got = prompt_examples(MBPP)
+    assert entry == "similar_elements" and [k for k, _ in got] == ["assert", "assert"]  # `set` is not the function
+    # the `def` line's `-> bool` is no example, nor a call that does not parse
+    assert prompt_examples(ARROWS) == ("add_one", (("add_one(1)", "2"), ("add_one(-1)", "0"), ("add_one(9)", "10")))
+    assert prompt_examples("What is 2 + 2? Answer with a number.") == (None, ())
+    many = "def f(x):\n    pass\n" + "".join(f"f({i}) == {i}\n" for i in range(30))
+    assert len(prompt_examples(many)[1]) == ce.MAX_EXAMPLES
+
+
+def test_right_code_passes_wrong_code_fails_and_no_examples_reads_as_before(tmp_path):
+    cells = [(RIGHT_BELOW, None, HUMANEVAL), (WRONG_BELOW, None, HUMANEVAL),
+             ("def similar_elements(a, b):\n    return set(a) & set(b)", None, MBPP),
+             ("Here is the code:\n```python\n" + RIGHT_BELOW + "\n```", None, HUMANEVAL),  # fenced, with words around
+             ("I cannot help with that.", None, HUMANEVAL), (None, None, HUMANEVAL), ("4", "4", "What is 2 + 2?")]
+    got = examples_stats(cells, tmp_path)
+    assert got.tolist() == [[1, 0], [0.5, 0.5], [1, 0], [1, 0], [0, 1], [0, 0], [0, 0]]
+
+
+def test_a_reply_cannot_print_its_way_to_a_pass():
+    forged = WRONG_BELOW + "\nprint('fugu-examples-0000 [2, 2]')\nimport sys\nprint('fugu-examples [2, 2]', file=sys.stdout)"
+    assert examples_stats([(forged, None, HUMANEVAL)]).tolist() == [[0.5, 0.5]]
+
+
+def test_code_that_never_ends_is_stopped_and_fails(monkeypatch):
+    monkeypatch.setattr(ce, "TIMEOUT_S", 1.0)
+    assert examples_stats([("def below_zero(o):\n    while True:\n        pass", None, HUMANEVAL)]).tolist() == [[0, 1]]
+
+
+def test_runs_are_kept_by_content_and_a_sandbox_error_is_not(tmp_path, monkeypatch):
+    cells = [(RIGHT_BELOW, None, HUMANEVAL), (WRONG_BELOW, None, HUMANEVAL)]
+    first = examples_stats(cells, tmp_path)
+    calls = []
+    monkeypatch.setattr(ce, "_run", lambda reply, prompt: calls.append(reply) or None)  # None: the sandbox failed
+    assert np.array_equal(examples_stats(cells, tmp_path), first) and calls == []  # read back, nothing run
+    other = [("def below_zero(o):\n    return False", None, HUMANEVAL)]
+    assert examples_stats(other, tmp_path).tolist() == [[0, 0]] and len(calls) == 1  # unknown: as no examples
+    assert examples_stats(other, tmp_path).tolist() == [[0, 0]] and len(calls) == 2  # and not kept: tried again
+
+
+def test_offline_and_live_read_the_same_values(tmp_path):
+    """Training reads them through `reply_statistics` with the cache; `route` runs them first, outside
+    its lock, and hands them to `reply_stats`: the same columns."""
+    from fugu_pipeline.policies.cascade.cross_encoder_use import reply_stats
+
+    names = [n for n in STATS if n != "option_fit"]
+    replies = [(RIGHT_BELOW, None), (WRONG_BELOW, None), ("no code", None)]
+    offline = reply_statistics([(r, f, HUMANEVAL) for r, f in replies], names, None, tmp_path)
+    live = reply_stats(HUMANEVAL, replies, names, None, None, examples_stats([(r, f, HUMANEVAL) for r, f in replies]))
+    assert np.array_equal(offline, live)
+    at = [names.index(n) for n in EXECUTED_STATS]
+    assert offline[:, at].tolist() == [[1, 0], [0.5, 0.5], [0, 1]]
+    assert trained_stats(False) == tuple(n for n in STATS if n not in EXECUTED_STATS) and trained_stats() == STATS
+
+
+@pytest.mark.slow  # 120 sandbox runs
+def test_a_verifier_tells_right_code_from_wrong_only_by_running_it():
+    """Replies whose text looks alike (one operator differs): the text statistics see nothing, the
+    runs on the prompt's examples separate them, out of fold."""
+    from fugu_pipeline.policies.cascade.verifier import VerifierInputs, auc, oof_scores
+    from fugu_pipeline.train.selection import fold_ids
+
+    rng = np.random.default_rng(0)
+    cells, right = [], []
+    for i in range(120):
+        a, b = (int(x) for x in rng.integers(2, 9, 2))
+        prompt = f'def f{i}(x):\n    """Return x * {a} + {b}.\n    >>> f{i}(1)\n    {a + b}\n    >>> f{i}(2)\n    {2 * a + b}\n    """'
+        ok = bool(rng.random() < 0.6)
+        cells.append((f"def f{i}(x):\n    return x * {a} {'+' if ok else '-'} {b}", None, prompt))
+        right.append(float(ok))
+    right = np.array(right)
+    stats = reply_statistics(cells, TEXT_STATS + EXECUTED_STATS, None)
+    folds = fold_ids([f"t{i}" for i in range(len(cells))])
+
+    def oof_auc(names):
+        cols = [(TEXT_STATS + EXECUTED_STATS).index(s) for s in names]
+        inp = VerifierInputs(prompt=np.zeros((len(cells), 1), np.float32), answer=stats[:, None, cols],
+                             has=np.ones((len(cells), 1), bool), target=right[:, None], stat_names=tuple(names))
+        scores, _, _ = oof_scores(inp, folds, l2_grid=(0.01,), input_sets=("stats",))
+        return auc(scores[:, 0], right >= 0.5)
+
+    assert oof_auc(TEXT_STATS) < 0.7
+    assert oof_auc(TEXT_STATS + EXECUTED_STATS) > 0.95
