@@ -65,10 +65,41 @@ def test_runs_are_kept_by_content_and_a_sandbox_error_is_not(tmp_path, monkeypat
     first = examples_stats(cells, tmp_path)
     calls = []
     monkeypatch.setattr(ce, "_run", lambda reply, prompt: calls.append(reply) or None)  # None: the sandbox failed
-    assert np.array_equal(examples_stats(cells, tmp_path), first) and calls == []  # read back, nothing run
+    assert np.array_equal(examples_stats(cells), first) and calls == []  # this process remembers them
+    ce._RECENT.clear()
+    assert np.array_equal(examples_stats(cells, tmp_path), first) and calls == []  # read back from disk, nothing run
+    assert np.array_equal(examples_stats(cells), first) and calls == []  # and remembered again
     other = [("def below_zero(o):\n    return False", None, HUMANEVAL)]
     assert examples_stats(other, tmp_path).tolist() == [[0, 0]] and len(calls) == 1  # unknown: as no examples
     assert examples_stats(other, tmp_path).tolist() == [[0, 0]] and len(calls) == 2  # and not kept: tried again
+
+
+def test_at_most_the_slots_run_at_once(monkeypatch):
+    """However many threads ask (a training pool, requests served at once), no more sandboxes than
+    the slots run together: with two slots, six runs meet two at a time at a barrier of two."""
+    import threading
+
+    from fugu_pipeline.collect import sandbox
+
+    monkeypatch.setattr(ce, "_SLOTS", threading.BoundedSemaphore(2))
+    barrier, lock, active, most = threading.Barrier(2, timeout=30), threading.Lock(), [0], [0]
+    real = sandbox.run_untrusted
+
+    def counted(code, test, limits):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        barrier.wait()  # two at a time pass; a third at once would show in `most`
+        try:
+            return real(code, test, limits)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(sandbox, "run_untrusted", counted)
+    cells = [(f"def below_zero(o):\n    return {k} < 0", None, HUMANEVAL) for k in range(6)]
+    got = examples_stats(cells, threads=6)
+    assert most[0] == 2 and got.shape == (6, 2) and (got.sum(axis=1) == 1).all()
 
 
 def test_offline_and_live_read_the_same_values(tmp_path):

@@ -17,7 +17,8 @@ passes every example; the best share counts. A run that times out or crashes end
 The two statistics are the share of the examples passed and failed (both 0 where the prompt gives
 none, so a prompt without examples reads as before). Training keeps them content-addressed under
 `<cache>/code-examples-v1/`; serving runs them for each code reply it verifies (tens of milliseconds
-a run). The prompt is read line by line, in linear time; at most `MAX_EXAMPLES` examples.
+a run), remembers its last runs (a cascade's later step reads the earlier replies again), and runs at
+most `SANDBOX_SLOTS` sandboxes at once, however many requests come. The prompt is read line by line, in linear time; at most `MAX_EXAMPLES` examples.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import json
 import os
 import re
 import secrets
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,8 +42,13 @@ MAX_EXAMPLES = 10
 MAX_PROGRAMS = 3
 TIMEOUT_S = 3.0
 MEMORY_MB = 512
+SANDBOX_SLOTS = max(2, os.cpu_count() or 1)  # sandboxes at once in this process: training's pool and every request
+RECENT_RUNS = 4096  # the last runs this process remembers (by the sha256 of prompt and reply)
 PROMPT_CHARS = 16_000  # the prompt's last characters where examples are read
 LINE_CHARS = 500  # a longer line is no example
+_SLOTS = threading.BoundedSemaphore(SANDBOX_SLOTS)
+_RECENT: OrderedDict[str, tuple[float, float]] = OrderedDict()
+_RECENT_LOCK = threading.Lock()
 _DEF = re.compile(r"[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_]\w*)[ \t]*\(")
 _CALL = re.compile(r"\b([A-Za-z_]\w*)[ \t]*\(")  # \b: each word is read once
 _NOT_ENTRY = frozenset(dir(builtins)) | {"isclose", "math", "assert"}
@@ -133,7 +140,8 @@ def _run(reply: str, prompt: str) -> tuple[float, float] | None:
     harness = _HARNESS.format(examples=repr(examples), marker=repr(marker))
     best = 0.0
     for _, program in candidate_programs(reply or "", prompt, entry)[:MAX_PROGRAMS]:
-        result = run_untrusted(program, harness, Limits(timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB))
+        with _SLOTS:
+            result = run_untrusted(program, harness, Limits(timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB))
         if result.reason == "error":  # the sandbox could not run: unknown, not a failure (and not kept)
             return None
         found = [ln for ln in result.stdout_tail.splitlines() if ln.startswith(marker + " ")]
@@ -145,38 +153,57 @@ def _run(reply: str, prompt: str) -> tuple[float, float] | None:
     return best, 1.0 - best
 
 
+def _remembered(key: str) -> tuple[float, float] | None:
+    with _RECENT_LOCK:
+        if key in _RECENT:
+            _RECENT.move_to_end(key)
+            return _RECENT[key]
+    return None
+
+
+def _remember(key: str, value: tuple[float, float]) -> None:
+    with _RECENT_LOCK:
+        _RECENT[key] = value
+        while len(_RECENT) > RECENT_RUNS:
+            _RECENT.popitem(last=False)
+
+
 def examples_stats(cells: list[tuple[str | None, str | None, str]], cache_root: str | Path | None = None,
                    threads: int | None = None) -> np.ndarray:
     """(examples_passed, examples_failed) of (reply, final answer, prompt) cells, (n, 2) float32: zeros
-    for no reply or a prompt without examples; through the content-addressed cache under
-    `<cache_root>/code-examples-v1/` (none: computed). Sandbox runs go `threads` at a time (default:
-    the machine's cores)."""
+    for no reply or a prompt without examples; read from this process's last `RECENT_RUNS` runs (a
+    cascade's later step reads its earlier replies again) or the content-addressed cache under
+    `<cache_root>/code-examples-v1/` (none: not kept on disk), else run; each result is kept in both. Sandbox runs go `threads` at a
+    time (default: the machine's cores), and at most `SANDBOX_SLOTS` at once in the process."""
     from fugu_pipeline.hashing import sha256_text
 
     out = np.zeros((len(cells), 2), np.float32)
     todo = [k for k, (reply, _, prompt) in enumerate(cells) if reply is not None and prompt_examples(prompt)[1]]
     if not todo:
         return out
-    cache = keys = None
+    keys = [sha256_text(f"{cells[k][2]}\x00{cells[k][0]}") for k in todo]
+    known: dict[int, tuple[float, float]] = {}
+    for i, key in enumerate(keys):
+        if (value := _remembered(key)) is not None:
+            known[i] = value
+    cache, on_disk = None, set()
     if cache_root is not None:
         from fugu_pipeline.features.cache import EmbeddingCache
 
         cache = EmbeddingCache(cache_root, CACHE)
-        keys = [sha256_text(f"{cells[k][2]}\x00{cells[k][0]}") for k in todo]
         found, vectors = cache.get_many(keys)
-        for k, hit, vec in zip(todo, found, vectors):
-            if hit:
-                out[k] = vec
-        missing = [i for i, hit in enumerate(found) if not hit]
-    else:
-        missing = list(range(len(todo)))
+        for i in np.flatnonzero(found):
+            on_disk.add(int(i))
+            known.setdefault(int(i), (float(vectors[i][0]), float(vectors[i][1])))
+    missing = [i for i in range(len(todo)) if i not in known]
     if missing:
         with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:
             got = list(pool.map(lambda i: _run(cells[todo[i]][0], cells[todo[i]][2]), missing))
-        ran = [i for i, value in zip(missing, got) if value is not None]  # a sandbox error reads as no examples
-        for i, value in zip(missing, got):
-            if value is not None:
-                out[todo[i]] = value
-        if cache is not None and ran:
-            cache.put_many([keys[i] for i in ran], out[[todo[i] for i in ran]])
+        known.update({i: value for i, value in zip(missing, got) if value is not None})  # an error: as no examples
+    for i, value in known.items():
+        out[todo[i]] = value
+        _remember(keys[i], value)
+    keep = [i for i in known if i not in on_disk]
+    if cache is not None and keep:
+        cache.put_many([keys[i] for i in keep], out[[todo[i] for i in keep]])
     return out
