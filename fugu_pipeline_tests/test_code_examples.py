@@ -41,6 +41,23 @@ def test_examples_are_read_in_each_form():
     assert len(prompt_examples(many)[1]) == ce.MAX_EXAMPLES
 
 
+FEW_SHOT = ("Your task: find the shared elements. Your code should pass these tests:\n"
+            "assert similar_elements((3, 4), (4, 5)) == (4,)\n[BEGIN]\n'def similar_elements(a, b): ...'\n[DONE]\n"
+            "Your task: identify non-prime numbers. Your code should pass these tests:\n"
+            "assert is_not_prime(2) == False\nassert is_not_prime(10) == True\nassert is_not_prime(35) == True\n")
+
+
+def test_a_few_shot_prompt_asks_for_its_last_task_and_code_among_words_is_found():
+    entry, got = prompt_examples(FEW_SHOT)
+    assert entry == "is_not_prime" and len(got) == 3  # not the worked example's function
+    right = "def is_not_prime(n):\n    return any(n % k == 0 for k in range(2, n))"
+    wrapped = [f"[BEGIN]\n{right}\n[DONE]",  # compiles as it is (`[BEGIN]` is a list), and fails at its first line
+               f"Here is the function:\n{right}\nIt checks every divisor.",
+               "Here is the function:\ndef is_not_prime(n):\n    return n > 100\nIt checks every divisor."]
+    got = examples_stats([(w, None, FEW_SHOT) for w in wrapped])
+    assert got[:2].tolist() == [[1, 0], [1, 0]] and np.allclose(got[2], [1 / 3, 2 / 3])  # 2 is not > 100: one passes
+
+
 def test_right_code_passes_wrong_code_fails_and_no_examples_reads_as_before(tmp_path):
     cells = [(RIGHT_BELOW, None, HUMANEVAL), (WRONG_BELOW, None, HUMANEVAL),
              ("def similar_elements(a, b):\n    return set(a) & set(b)", None, MBPP),

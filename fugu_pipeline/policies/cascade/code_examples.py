@@ -30,7 +30,7 @@ import os
 import re
 import secrets
 import threading
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,7 +39,7 @@ import numpy as np
 EXECUTED_STATS = ("examples_passed", "examples_failed")
 CACHE = "code-examples-v1"
 MAX_EXAMPLES = 10
-MAX_PROGRAMS = 3
+MAX_PROGRAMS = 4
 TIMEOUT_S = 3.0
 MEMORY_MB = 512
 SANDBOX_SLOTS = max(2, os.cpu_count() or 1)  # sandboxes at once in this process: training's pool and every request
@@ -52,17 +52,47 @@ _RECENT_LOCK = threading.Lock()
 _DEF = re.compile(r"[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_]\w*)[ \t]*\(")
 _CALL = re.compile(r"\b([A-Za-z_]\w*)[ \t]*\(")  # \b: each word is read once
 _NOT_ENTRY = frozenset(dir(builtins)) | {"isclose", "math", "assert"}
+_CODE_STARTS = ("def ", "async def ", "class ", "import ", "from ", "@")
+TRIM_TRIES = 40
 _ARROWS = ("➞", "==", "=>", "->", "→", " should return ", " returns ")
 
 
 def _entry(lines: list[str]) -> str | None:
-    """The function the examples call: the last one the prompt defines, else the one its asserts call most."""
+    """The function the examples call: the last one the prompt defines, else the one its last assert
+    calls (a few-shot prompt asks for its last task)."""
     defined = [m.group(1) for line in lines if (m := _DEF.match(line))]
     if defined:
         return defined[-1]
-    called = Counter(name for line in lines if line.lstrip().startswith("assert ")
-                     for name in _CALL.findall(line) if name not in _NOT_ENTRY)
-    return called.most_common(1)[0][0] if called else None
+    for line in reversed(lines):
+        if line.lstrip().startswith("assert "):
+            called = [name for name in _CALL.findall(line) if name not in _NOT_ENTRY]
+            if called:
+                return called[0]
+    return None
+
+
+def _code_in_text(reply: str) -> str | None:
+    """Code written among words with no fence ("Here it is:", `[BEGIN]`, then `def f(x): ...`, then
+    more words): from the first line that starts code to the last indented or code-starting line,
+    less lines at its end until it compiles (at most `TRIM_TRIES` cuts)."""
+    lines = reply.split("\n")
+    start = next((k for k, line in enumerate(lines) if line.startswith(_CODE_STARTS)), None)
+    if start is None:
+        return None
+    last = max(k for k in range(start, len(lines)) if lines[k][:1].isspace() or lines[k].startswith(_CODE_STARTS))
+    for end in range(last + 1, max(start, last + 1 - TRIM_TRIES), -1):
+        code = "\n".join(lines[start:end]).rstrip()
+        if code and _compiles(code):
+            return code
+    return None
+
+
+def _compiles(source: str) -> bool:
+    try:
+        compile(source, "<reply>", "exec", dont_inherit=True)  # parsed, not run
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return False
+    return True
 
 
 def _expression(text: str) -> bool:
@@ -139,7 +169,10 @@ def _run(reply: str, prompt: str) -> tuple[float, float] | None:
     marker = f"fugu-examples-{secrets.token_hex(8)}"
     harness = _HARNESS.format(examples=repr(examples), marker=repr(marker))
     best = 0.0
-    for _, program in candidate_programs(reply or "", prompt, entry)[:MAX_PROGRAMS]:
+    programs = [p for _, p in candidate_programs(reply or "", prompt, entry)]
+    if (code := _code_in_text(reply or "")) is not None and code not in programs:
+        programs.append(code)  # the grader's programs first; then the code among the reply's words
+    for program in programs[:MAX_PROGRAMS]:
         with _SLOTS:
             result = run_untrusted(program, harness, Limits(timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB))
         if result.reason == "error":  # the sandbox could not run: unknown, not a failure (and not kept)
