@@ -72,6 +72,14 @@ def test_a_reply_cannot_print_its_way_to_a_pass():
     assert examples_stats([(forged, None, HUMANEVAL)]).tolist() == [[0.5, 0.5]]
 
 
+def test_a_runaway_reply_fails_without_running(monkeypatch):
+    from fugu_pipeline.collect import sandbox
+
+    monkeypatch.setattr(sandbox, "run_untrusted", lambda *a, **k: pytest.fail("a runaway reply was run"))
+    huge = RIGHT_BELOW + "\n" + "# more\n" * (ce.MAX_REPLY_CHARS // 7)
+    assert examples_stats([(huge, None, HUMANEVAL)]).tolist() == [[0, 1]]
+
+
 def test_code_that_never_ends_is_stopped_and_fails(monkeypatch):
     monkeypatch.setattr(ce, "TIMEOUT_S", 1.0)
     assert examples_stats([("def below_zero(o):\n    while True:\n        pass", None, HUMANEVAL)]).tolist() == [[0, 1]]

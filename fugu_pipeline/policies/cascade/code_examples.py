@@ -54,6 +54,7 @@ _CALL = re.compile(r"\b([A-Za-z_]\w*)[ \t]*\(")  # \b: each word is read once
 _NOT_ENTRY = frozenset(dir(builtins)) | {"isclose", "math", "assert"}
 _CODE_STARTS = ("def ", "async def ", "class ", "import ", "from ", "@")
 TRIM_TRIES = 40
+MAX_REPLY_CHARS = 100_000
 _ARROWS = ("➞", "==", "=>", "->", "→", " should return ", " returns ")
 
 
@@ -166,6 +167,8 @@ def _run(reply: str, prompt: str) -> tuple[float, float] | None:
     entry, examples = prompt_examples(prompt)
     if not examples:
         return 0.0, 0.0
+    if len(reply or "") > MAX_REPLY_CHARS:  # no answer to a coding task is that long: failed, not run
+        return 0.0, 1.0
     marker = f"fugu-examples-{secrets.token_hex(8)}"
     harness = _HARNESS.format(examples=repr(examples), marker=repr(marker))
     best = 0.0
