@@ -36,7 +36,7 @@ def _readers() -> dict[str, Callable[[str], object]]:
     from fugu_pipeline.collect.math_equivalence import compared_answer
     from fugu_pipeline.policies.cascade.answer_checks import arithmetic_steps, check_stats, option_stats, prompt_options
     from fugu_pipeline.policies.cascade.answer_features import answer_stats, answer_text
-    from fugu_pipeline.policies.cascade.code_examples import prompt_examples
+    from fugu_pipeline.policies.cascade.code_examples import PROMPT_CHARS, _examples_in
     from fugu_pipeline.policies.cascade.option_fit import option_fit
     from fugu_pipeline.features.lexical import lexical_features
     from fugu_pipeline.session.roles import extractable_answer, objection, parse_verdict
@@ -57,7 +57,7 @@ def _readers() -> dict[str, Callable[[str], object]]:
         "answer_features.answer_stats": lambda t: answer_stats(t, t[-30:], t),
         "answer_features.answer_text": lambda t: answer_text(t, t[:30]),
         "option_fit.option_fit": lambda t: option_fit([(t, "A", t), (t, t[-30:], t)], _counting_encoder),
-        "code_examples.prompt_examples": lambda t: prompt_examples.__wrapped__(t),  # not the memo
+        "code_examples.prompt_examples": lambda t: _examples_in.__wrapped__(t[-PROMPT_CHARS:]),  # not the memo
         "lexical.lexical_features": lambda t: lexical_features([t]),
         "final_answer.detect_kind": lambda t: detect_kind(t, [t, t]),
         "answers.extract_final_number": extract_final_number,

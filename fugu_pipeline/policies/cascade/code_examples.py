@@ -91,7 +91,7 @@ def _code_in_text(reply: str) -> str | None:
 def _compiles(source: str) -> bool:
     try:
         compile(source, "<reply>", "exec", dont_inherit=True)  # parsed, not run
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+    except Exception:  # noqa: BLE001 - SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError ...
         return False
     return True
 
@@ -99,15 +99,19 @@ def _compiles(source: str) -> bool:
 def _expression(text: str) -> bool:
     try:
         compile(text, "<example>", "eval", dont_inherit=True)  # parsed, not run
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    except Exception:  # noqa: BLE001 - as `_compiles`
         return False
     return True
 
 
-@functools.lru_cache(maxsize=4096)
 def prompt_examples(prompt: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
     """(the function the examples call, its examples): each `("assert", statement)` or `(call, expected)`."""
-    lines = [ln for ln in prompt[-PROMPT_CHARS:].split("\n") if len(ln) <= LINE_CHARS]
+    return _examples_in(prompt[-PROMPT_CHARS:])
+
+
+@functools.lru_cache(maxsize=1024)  # keyed by the tail: a huge prompt is not kept whole
+def _examples_in(tail: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    lines = [ln for ln in tail.split("\n") if len(ln) <= LINE_CHARS]
     entry = _entry(lines)
     out: list[tuple[str, str]] = []
     for k, line in enumerate(lines):
