@@ -37,6 +37,8 @@ def test_examples_are_read_in_each_form():
     # the `def` line's `-> bool` is no example, nor a call that does not parse
     assert prompt_examples(ARROWS) == ("add_one", (("add_one(1)", "2"), ("add_one(-1)", "0"), ("add_one(9)", "10")))
     assert prompt_examples("What is 2 + 2? Answer with a number.") == (None, ())
+    question = "Complete the assertion with the output.\ndef f(nums):\n    return nums[::-1]\nassert f([1, 2]) == ??"
+    assert prompt_examples(question) == ("f", ())  # the question's assert is no example
     many = "def f(x):\n    pass\n" + "".join(f"f({i}) == {i}\n" for i in range(30))
     assert len(prompt_examples(many)[1]) == ce.MAX_EXAMPLES
 

@@ -123,7 +123,8 @@ def _examples_in(tail: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
         elif not entry or _DEF.match(line):
             continue
         elif bare.startswith("assert ") and f"{entry}(" in bare:
-            out.append(("assert", bare))
+            if _compiles(bare):  # not a question's `assert f(x) == ??`
+                out.append(("assert", bare))
         elif (at := bare.find(f"{entry}(")) >= 0:
             call = bare[at:]
             for arrow in _ARROWS:
