@@ -117,3 +117,31 @@ def test_a_verifier_tells_right_from_wrong_picks_only_with_it():
 
     assert oof_auc(TEXT_STATS) < 0.65
     assert oof_auc(STATS) > 0.95
+
+
+@pytest.mark.slow  # builds a checkpoint with the tiny encoder
+def test_a_served_cascade_encodes_a_question_and_its_options_once(tmp_path):
+    """Each step of a cascade reads the paid replies again; the question's and options' vectors are
+    the router's to remember, and a remembered vector is the encoder's own."""
+    from fugu_pipeline.policies.registry import load_router
+    from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint
+
+    router = load_router(build_cascade_checkpoint(tmp_path / "models", tmp_path / "cache", n=30), device="cpu")
+    assert "option_fit" in router.head.answer_stats
+    seen: list[list[str]] = []
+    encode = router.encoder.encode_texts
+
+    def counted(texts):
+        seen.append(list(texts))
+        return encode(texts)
+
+    router.encoder.encode_texts = counted
+    first = router.verify(PROMPT, None, [("alpha", "It is B.", "B")])
+    asked = [t for call in seen for t in call]
+    assert "Which of these is a fruit?" in asked and "apple" in asked
+    seen.clear()
+    second = router.verify(PROMPT, None, [("alpha", "It is B.", "B"), ("beta", "A", "A")])
+    asked = [t for call in seen for t in call]
+    assert "Which of these is a fruit?" not in asked and "apple" not in asked  # remembered
+    assert second[0] == pytest.approx(first[0], abs=1e-6)
+    assert np.allclose(router._encode_remembered(["apple"]), encode(["apple"]), atol=1e-6)

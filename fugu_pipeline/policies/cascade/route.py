@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -38,6 +39,8 @@ import numpy as np
 from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.route.router import CASCADE_PLAN, BudgetUnavailable, RouteDecision, Router, RouterError
 from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
+
+TEXT_MEMO = 1024  # the question and option texts whose vectors a router remembers (`option_fit`)
 
 
 class CascadeRouter(Router):
@@ -52,6 +55,9 @@ class CascadeRouter(Router):
         self.metrics = dict(metrics or {})
         self.guards: dict[float, object] = {}  # cap ($ per request) -> its spend guard (policies/cascade/spend.py)
         self._guards_lock = threading.Lock()
+        # the encoder's vectors of a question and its options (`option_fit`), read again at each step of a
+        # cascade: the last TEXT_MEMO texts, by text, used under the router's lock
+        self._text_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         super().__init__(checkpoint, encoder, **kw)
         from fugu_pipeline.policies.cascade.cross_encoder_use import saved_cross_encoder
 
@@ -232,7 +238,7 @@ class CascadeRouter(Router):
             p = self.encoder.encode([prompt], [domain or "general"])[0]
             texts = [answer_text(replies[i][1], replies[i][2]) for i in have]
             a = self.encoder.encode_texts(texts) if encoded else np.zeros((len(texts), 0), np.float32)
-            stats = reply_stats(prompt, [replies[i][1:] for i in have], names, self.cross_encoder, self.encoder.encode_texts,
+            stats = reply_stats(prompt, [replies[i][1:] for i in have], names, self.cross_encoder, self._encode_remembered,
                                 executed)
         rows = []
         for k, i in enumerate(have):
@@ -244,6 +250,20 @@ class CascadeRouter(Router):
         out: list[float | None] = [None] * len(replies)
         for k, i in enumerate(have):
             out[i] = float(s[k])
+        return out
+
+    def _encode_remembered(self, texts: list[str]) -> np.ndarray:
+        """`encoder.encode_texts(texts)`, the last `TEXT_MEMO` texts' vectors remembered (the caller
+        holds the router's lock)."""
+        missing = [t for t in dict.fromkeys(texts) if t not in self._text_vectors]
+        if missing:
+            for t, v in zip(missing, self.encoder.encode_texts(missing)):
+                self._text_vectors[t] = v
+        for t in texts:
+            self._text_vectors.move_to_end(t)
+        out = np.stack([self._text_vectors[t] for t in texts])
+        while len(self._text_vectors) > TEXT_MEMO:
+            self._text_vectors.popitem(last=False)
         return out
 
     def answer_kind(self, domain: str | None) -> str | None:
