@@ -26,9 +26,14 @@ AGREE = "What is 3 + 4?"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    from fugu_pipeline.collect.sandbox import interpreter
+
     root = tmp_path_factory.mktemp("cascade")
-    router = load_router(build_cascade_checkpoint(root / "models", root / "emb"), device="cpu")
+    path = build_cascade_checkpoint(root / "models", root / "emb")
+    interpreter.cache_clear()
+    router = load_router(path, device="cpu")
     assert set(ce.EXECUTED_STATS) <= set(router.head.answer_stats)  # it reads the runs
+    assert interpreter.cache_info().currsize == 1  # the sandbox's Python probed at load, not in a request
     with StubLLMServer() as stub:
         for model in ("stub/alpha", "stub/beta", "stub/gamma"):
             stub.set_answer(CODE, REPLY, model=model)

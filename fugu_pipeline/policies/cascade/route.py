@@ -63,6 +63,12 @@ class CascadeRouter(Router):
 
         # the verifier's cross-encoder, when it reads one: loaded (and its contract checked) now, not at a request
         self.cross_encoder = saved_cross_encoder(checkpoint.path, getattr(self.head, "cross_encoder", None))
+        from fugu_pipeline.policies.cascade.code_examples import EXECUTED_STATS
+
+        if set(EXECUTED_STATS) & set(self.head.answer_stats):
+            from fugu_pipeline.collect.sandbox import interpreter
+
+            interpreter()  # the sandbox's Python is probed now (under a second, once), not within a request's deadline
 
     def plan_for(self, domain: str | None, budget=None, allowed: list[str] | None = None):
         """(plan, budget note or None): the checkpoint's plan for `domain` (a domain it has no plan for,
