@@ -109,7 +109,13 @@ def test_dagster_ui_in_headless_chromium(tmp_path):
             page.get_by_text("Launched run").first.wait_for(state="visible")
 
             def launched():
-                new = [r for r in instance.get_runs() if r.run_id not in before
+                try:
+                    runs = instance.get_runs()
+                except Exception as exc:  # sqlalchemy's OperationalError: the run's worker is writing the sqlite file
+                    if "database is locked" in str(exc):
+                        return None  # read it at the next poll
+                    raise
+                new = [r for r in runs if r.run_id not in before
                        and dg.AssetKey("reward_matrix") in (r.asset_selection or set())]
                 return new[0] if new and new[0].is_finished else None
 
