@@ -145,3 +145,29 @@ def test_a_served_cascade_encodes_a_question_and_its_options_once(tmp_path):
     assert "Which of these is a fruit?" not in asked and "apple" not in asked  # remembered
     assert second[0] == pytest.approx(first[0], abs=1e-6)
     assert np.allclose(router._encode_remembered(["apple"]), encode(["apple"]), atol=1e-6)
+
+
+def test_training_loads_the_encoder_once_for_replies_and_options_and_not_when_cached(tmp_path, monkeypatch):
+    """`answer_inputs` encodes the replies and `option_fit`'s questions and options with one encoder:
+    loaded once on an empty cache, not at all on a full one."""
+    from fugu_pipeline.features.encoder import Encoder
+    from fugu_pipeline.features.settings import EncoderSettings
+    from fugu_pipeline.policies.cascade.fit import answer_inputs
+    from fugu_pipeline_tests.test_verifier_context import _mc_matrix
+
+    data, grid = _mc_matrix(n=24)
+    settings = EncoderSettings(model="tiny", device="cpu", dtype="float32")
+    loads = []
+    real = Encoder.load.__func__
+
+    def counted(cls, *a, **k):
+        loads.append(a)
+        return real(cls, *a, **k)
+
+    monkeypatch.setattr(Encoder, "load", classmethod(counted))
+    first = answer_inputs(data, grid, settings, tmp_path, stat_names=STATS)
+    assert len(loads) == 1
+    col = first.answer[:, :, first.answer.shape[2] - len(STATS) + STATS.index("option_fit")]
+    assert np.count_nonzero(col[first.has]) > 0  # the options were read and encoded
+    again = answer_inputs(data, grid, settings, tmp_path, stat_names=STATS)
+    assert len(loads) == 1 and np.allclose(again.answer, first.answer)

@@ -218,15 +218,19 @@ def _stats_v1(reply: str | None, final: str | None, prompt: str) -> np.ndarray:
     ], dtype=np.float32)
 
 
-def embed_answers(texts: list[str], settings: EncoderSettings, cache_root: str | Path, *, progress=None) -> np.ndarray:
+def embed_answers(texts: list[str], settings: EncoderSettings, cache_root: str | Path, *, progress=None,
+                  lazy=None) -> np.ndarray:
     """Encoder features (n, D) of these answer texts (`answer_text`), through the cache. Serving
     reads the same vectors with the prompt encoder's `encode_texts(texts)` (the template and the
-    prompt rules only shape a prompt's text)."""
+    prompt rules only shape a prompt's text). `lazy`: the caller's `LazyEncoder` of
+    `answer_settings(settings)`, loaded at most once over its calls (the caller closes it)."""
     from fugu_pipeline.features.cache import embed_prompts
     from fugu_pipeline.features.encoder import LazyEncoder
 
-    lazy = LazyEncoder(answer_settings(settings))
+    own = lazy is None
+    lazy = LazyEncoder(answer_settings(settings)) if own else lazy
     try:
         return embed_prompts(texts, None, lazy, cache_root, progress=progress).vectors
     finally:
-        lazy.close()
+        if own:
+            lazy.close()

@@ -89,17 +89,15 @@ def _code_in_text(reply: str) -> str | None:
 
 
 def _compiles(source: str) -> bool:
-    try:
-        compile(source, "<reply>", "exec", dont_inherit=True)  # parsed, not run
-    except Exception:  # noqa: BLE001 - SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError ...
-        return False
-    return True
+    from fugu_pipeline.collect.code_grader import _compiles as compiles  # the grader's own test: parsed, never run
+
+    return compiles(source)
 
 
 def _expression(text: str) -> bool:
     try:
         compile(text, "<example>", "eval", dont_inherit=True)  # parsed, not run
-    except Exception:  # noqa: BLE001 - as `_compiles`
+    except Exception:  # noqa: BLE001 - as the grader's `_compiles`
         return False
     return True
 

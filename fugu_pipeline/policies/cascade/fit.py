@@ -72,17 +72,26 @@ def answer_inputs(data: RoutingData, grid: AnswerGrid, settings, cache_root: str
     features (through the cache; none when not `encode`) with its statistics (`stat_names`, default
     every one of `policies.cascade.answer_features.STATS`; a saved cascade's own list when it is evaluated),
     both through the content-addressed cache."""
-    from fugu_pipeline.policies.cascade.answer_features import STATS, answer_text, embed_answers, reply_statistics
+    from fugu_pipeline.features.encoder import LazyEncoder
+    from fugu_pipeline.policies.cascade.answer_features import (STATS, answer_settings, answer_text, embed_answers,
+                                                                reply_statistics)
 
     names = tuple(stat_names) if stat_names is not None else STATS
 
     n, w = grid.text.shape
     cells = [(i, j) for i in range(n) for j in range(w) if grid.text[i, j] is not None]
-    vecs = embed_answers([answer_text(grid.text[i, j], grid.final[i, j]) for i, j in cells], settings, cache_root,
-                         progress=progress) if cells and encode else np.zeros((len(cells), data.dim if encode else 0), np.float32)
-    stats = reply_statistics([(grid.text[i, j], grid.final[i, j], data.prompts[i]) for i, j in cells], names,
-                             (lambda texts: embed_answers(texts, settings, cache_root)) if settings is not None else None,
-                             cache_root) if cells else None
+    # one encoder for the replies and for `option_fit`'s questions and options: loaded once, if at all
+    lazy = LazyEncoder(answer_settings(settings)) if settings is not None else None
+    try:
+        vecs = (embed_answers([answer_text(grid.text[i, j], grid.final[i, j]) for i, j in cells], settings, cache_root,
+                              progress=progress, lazy=lazy)
+                if cells and encode else np.zeros((len(cells), data.dim if encode else 0), np.float32))
+        stats = reply_statistics([(grid.text[i, j], grid.final[i, j], data.prompts[i]) for i, j in cells], names,
+                                 (lambda texts: embed_answers(texts, settings, cache_root, lazy=lazy))
+                                 if lazy is not None else None, cache_root) if cells else None
+    finally:
+        if lazy is not None:
+            lazy.close()
     a_dim = vecs.shape[1] + len(names)
     answer = np.zeros((n, w, a_dim), np.float32)
     has = np.zeros((n, w), bool)
