@@ -9,6 +9,7 @@ final-answer reader reads an answer from:
     python benchmarks/reply_sets.py llmbar <princeton-nlp/LLMBar dir> --out llmbar.jsonl
     python benchmarks/reply_sets.py humaneval <jamesmurdza/humaneval-results dir> --out humaneval.jsonl \\
         [--regrade /work/shared/data/tasks/humaneval/HumanEval.jsonl.gz]
+    python benchmarks/reply_sets.py humaneval <jamesmurdza/humaneval-results dir> --out he2.jsonl --keep codellama-34b-instruct,gpt-4
     python benchmarks/reply_sets.py crux <WildEval/ZeroEval dir> --out crux.jsonl
     python benchmarks/reply_sets.py gsm <WildEval/ZeroEval dir> --out gsm.jsonl
     python benchmarks/reply_sets.py math-l5 <WildEval/ZeroEval dir> --out math.jsonl
@@ -144,6 +145,8 @@ def main() -> int:
     ap.add_argument("--resplit", type=int, default=None, metavar="SEED",
                     help="split the same rows at random instead (numpy's default_rng(SEED).permutation of the rows in "
                          "the release's order: the first half test, the next tenth val, the rest train)")
+    ap.add_argument("--keep", default=None, metavar="W1,W2",
+                    help="keep only these workers (comma-separated, as the summary names them), in the release's order")
     ap.add_argument("--no-domains", action="store_true",
                     help="write every row in one domain (general), as an import that names no kinds of prompt")
     args = ap.parse_args()
@@ -157,6 +160,12 @@ def main() -> int:
         print(exc, file=sys.stderr)
         return 1
     rows = resplit(rows, args.resplit, args.no_domains)
+    if args.keep is not None:
+        try:
+            rows = keep_workers(rows, [w.strip() for w in args.keep.split(",") if w.strip()])
+        except ValueError as exc:
+            print(f"--keep: {exc}", file=sys.stderr)
+            return 2
     write_reward_jsonl(rows, args.out)
     print(f"{args.out}: {len(rows)} rows x {len(rows[0].worker_ids)} workers; {notes}")
     print("\n".join(summary_lines(rows)))
@@ -174,6 +183,22 @@ def resplit(rows: list, seed: int | None, no_domains: bool) -> list:
         split = {int(i): ("test" if k < n // 2 else "val" if k < n // 2 + n // 10 else "train") for k, i in enumerate(order)}
     return [r.model_copy(update={**({"split": split[i]} if split else {}), **({"domain": "general"} if no_domains else {})})
             for i, r in enumerate(rows)]
+
+
+def keep_workers(rows: list, names: list[str]) -> list:
+    """The rows with only the workers `names` (`--keep`), in the release's order; a name the release
+    lacks, or fewer than two, is refused."""
+    have = list(rows[0].worker_ids)
+    unknown = [n for n in names if n not in have]
+    if unknown or len(set(names)) < 2:
+        raise ValueError(f"{', '.join(unknown) or 'fewer than two workers'}: name two or more of {', '.join(have)}")
+    idx = [j for j, w in enumerate(have) if w in set(names)]
+
+    def pick(values):
+        return None if values is None else [values[j] for j in idx]
+
+    return [r.model_copy(update={k: pick(getattr(r, k)) for k in ("worker_ids", "answers", "quality", "cost_usd", "latency_s")})
+            for r in rows]
 
 
 def summary_lines(rows: list) -> list[str]:
