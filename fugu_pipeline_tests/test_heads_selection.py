@@ -333,6 +333,69 @@ def test_knn_neighbours_with_the_bonus_in_the_product_are_the_masked_ones(bonus)
         assert same.gather(1, got_i).float().mean() > same.float().mean() + 0.2  # the bonus moved own-domain rows up
 
 
+def test_knn_neighbours_for_several_bonuses_at_once_are_each_bonus_own():
+    """Every bonus of one call gets what cosine plus that bonus for its own domain's rows gives, with
+    a domain the bank lacks, a domain with fewer rows than k, unknown bank rows and queries, and more
+    queries than one chunk."""
+    import torch
+
+    from fugu_pipeline.policies.oneshot import predictors
+    from fugu_pipeline.policies.oneshot.predictors import topk_neighbours_each
+
+    g = torch.Generator().manual_seed(5)
+    n = predictors._CHUNK + 300
+    xn = torch.nn.functional.normalize(torch.randn(n, 12, generator=g), dim=-1)
+    bank = torch.nn.functional.normalize(torch.randn(400, 12, generator=g), dim=-1)
+    codes = torch.randint(-1, 5, (n,), generator=g)  # domain 4: no bank row
+    bank_codes = torch.randint(-1, 3, (400,), generator=g)
+    bank_codes[:5] = 3  # domain 3: 5 bank rows, fewer than k
+    bank_codes[5:] = torch.where(bank_codes[5:] == 3, 0, bank_codes[5:])
+    bonuses = [0.0, 0.05, 1.0, 3.0]
+    got = topk_neighbours_each(xn, codes, bank, bank_codes, 40, bonuses)
+    assert sorted(got) == bonuses
+    same = (codes[:, None] == bank_codes[None, :]) & (codes[:, None] >= 0)
+    for b in bonuses:
+        want_v, want_i = torch.topk(xn.double() @ bank.double().T + b * same.double(), 40, dim=1)
+        got_v, got_i = got[b]
+        assert got_v.shape == (n, 40) and torch.allclose(got_v.double(), want_v, atol=1e-5)
+        assert (got_i == want_i).float().mean() > 0.99  # equal but for near-ties in float32
+        assert torch.allclose(got_v.double(), (xn.double() @ bank.double().T + b * same.double()).gather(1, got_i), atol=1e-5)
+    assert same[codes == 3].gather(1, got[3.0][1][codes == 3])[:, :5].all()  # domain 3's five rows come first
+
+
+def test_a_knn_head_sorts_its_neighbours_once_and_again_when_they_change():
+    """Routing keeps the neighbours sorted by domain between calls; a head loaded with another table
+    routes by the new table, not by the sorted copy of the old one."""
+    import torch
+
+    from fugu_pipeline.policies.oneshot import predictors
+    from fugu_pipeline.policies.oneshot.predictors import KNNHead
+
+    rng = np.random.default_rng(2)
+    doms = [["a", "b", "c"][i % 3] for i in range(90)]
+
+    def head(seed):
+        r = np.random.default_rng(seed)
+        return KNNHead.fit(r.normal(size=(90, 8)), r.uniform(size=(90, 3)), r.uniform(size=(90, 3)), doms,
+                           k=10, prior_weight=0.0, same_domain_bonus=1.0)
+
+    one, other = head(0), head(1)
+    x = torch.from_numpy(rng.normal(size=(7, 8)).astype(np.float32))
+    codes = torch.tensor([0, 1, 2, -1, 0, 1, 2])
+    sorts = []
+    real = predictors.sort_bank
+    predictors.sort_bank = lambda *a: sorts.append(1) or real(*a)
+    try:
+        first = one.predict(x, codes)[0]
+        want = other.predict(x, codes)[0]
+        assert torch.equal(one.predict(x, codes)[0], first) and len(sorts) == 0  # sorted when fitted
+        one.load_state_dict(other.state_dict())
+        assert torch.allclose(one.predict(x, codes)[0], want) and len(sorts) == 1
+        assert not torch.allclose(want, first) and len(sorts) == 1
+    finally:
+        predictors.sort_bank = real
+
+
 def test_intervals_of_many_columns_are_each_columns_own_interval():
     """`intervals` draws the resamples `interval` draws: on 0/1 accuracy differences every column's
     figures are `interval`'s to the bit, on graded ones within rounding, whatever the chunk."""

@@ -23,7 +23,7 @@ prior m=20) is summarised in the README.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -192,44 +192,84 @@ class DomainPriorHead(QualityPredictor):
 
 
 def topk_neighbours(xn: torch.Tensor, codes: torch.Tensor | None, bank: torch.Tensor, bank_codes: torch.Tensor,
-                    kmax: int, bonus: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    kmax: int, bonus: float, presorted: "SortedBank | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(similarities, indices) of the kmax most similar bank rows per query, most similar first.
     Cosine similarity (both sides L2-normalised), plus `bonus` for a bank row of the query's own
     (known) domain."""
-    return topk_neighbours_each(xn, codes, bank, bank_codes, kmax, [bonus])[bonus]
+    return topk_neighbours_each(xn, codes, bank, bank_codes, kmax, [bonus], presorted)[bonus]
 
 
 def topk_neighbours_each(xn: torch.Tensor, codes: torch.Tensor | None, bank: torch.Tensor, bank_codes: torch.Tensor,
-                         kmax: int, bonuses) -> dict[float, tuple[torch.Tensor, torch.Tensor]]:
-    """`topk_neighbours` for every bonus in `bonuses`. The same-domain bonus b rides in the matrix
-    product as one more block of columns, √b·one-hot(domain) on both sides (zero for an unknown
-    domain): [x, √b·e_d]·[y, √b·e_d'] = x·y + b·[d = d' known]. One product per bonus and chunk of
-    queries then costs less than one shared product plus a (queries × bank) same-domain mask and
-    its sum, which took most of the time at 100,000 rows."""
+                         kmax: int, bonuses, presorted: "SortedBank | None" = None) -> dict[float, tuple[torch.Tensor, torch.Tensor]]:
+    """`topk_neighbours` for every bonus in `bonuses`, from one matrix product per chunk of queries.
+
+    The bank is sorted by domain once, and so are the queries; each chunk of queries takes one
+    product with the whole bank (read once however many domains the chunk holds). A query's row of
+    it then falls into three column ranges: the rows before its domain's, its own domain's, and
+    the rows after. One top-k within each range gives at most 3·kmax candidates. A bonus only
+    raises the candidates of the query's own range, so each bonus's top kmax is among them, and is
+    found by a top-k over those candidates alone. The (queries × bank) product and its top-k are
+    done once for every bonus. A query of an unknown domain (code -1) gets no bonus. `presorted`:
+    `sort_bank(bank, bank_codes)`, kept by a caller that asks again with the same bank."""
     kmax = min(kmax, len(bank))
     bonuses = list(dict.fromkeys(float(b) for b in bonuses))
-    if not len(xn):
+    n = len(xn)
+    if not n:
         return {b: (torch.zeros(0, kmax), torch.zeros(0, kmax, dtype=torch.long)) for b in bonuses}
-    out = {}
-    for b in bonuses:
-        q, y = xn, bank
-        if b and codes is not None:
-            n_dom = max(int(codes.max()), int(bank_codes.max()) if len(bank_codes) else -1, 0) + 1
-            q = torch.cat([xn, _domain_block(codes, n_dom, b, xn.dtype)], dim=1)
-            y = torch.cat([bank, _domain_block(bank_codes, n_dom, b, bank.dtype)], dim=1)
-        vs, ix = [], []
-        for s in range(0, len(q), _CHUNK):
-            v, i = torch.topk(q[s:s + _CHUNK] @ y.T, kmax, dim=1)
-            vs.append(v)
-            ix.append(i)
-        out[b] = (torch.cat(vs), torch.cat(ix))
+    if codes is None or not any(bonuses):
+        v, i = _chunked_topk(xn, bank, kmax)
+        return {b: (v, i) for b in bonuses}
+    order, sbank, scodes = presorted if presorted is not None else sort_bank(bank, bank_codes)
+    out = {b: (torch.empty(n, kmax, dtype=xn.dtype), torch.empty(n, kmax, dtype=torch.long)) for b in bonuses}
+    qorder = torch.argsort(codes, stable=True)
+    for s in range(0, n, _CHUNK // 2):  # a range's top-k copies its columns: half a chunk keeps the peak
+        part = qorder[s:s + _CHUNK // 2]
+        sims = xn[part] @ sbank.T  # one product for every domain of the chunk: the bank is read once
+        pcodes = codes[part]
+        done = 0
+        for d, count in zip(*(t.tolist() for t in torch.unique_consecutive(pcodes, return_counts=True))):
+            rows, block = part[done:done + count], sims[done:done + count]
+            done += count
+            if d < 0:
+                v, i = torch.topk(block, kmax, dim=1)
+                for b in bonuses:
+                    out[b][0][rows], out[b][1][rows] = v, order[i]
+                continue
+            lo = int(torch.searchsorted(scodes, d))
+            hi = int(torch.searchsorted(scodes, d, right=True))
+            found = [(*torch.topk(block[:, a:z], min(kmax, z - a), dim=1), a, a == lo and z == hi)
+                     for a, z in ((0, lo), (lo, hi), (hi, len(sbank))) if z > a]
+            idx = torch.cat([i + a for _, i, a, _ in found], dim=1)
+            for b in bonuses:
+                vals = torch.cat([v + b if own else v for v, _, _, own in found], dim=1)
+                v, j = torch.topk(vals, kmax, dim=1)
+                out[b][0][rows], out[b][1][rows] = v, order[idx.gather(1, j)]
     return out
 
 
-def _domain_block(codes: torch.Tensor, n_dom: int, bonus: float, dtype) -> torch.Tensor:
-    """√bonus·one-hot of each row's domain code (a zero row for -1, an unknown domain)."""
-    known = codes >= 0
-    return F.one_hot(codes.clamp(min=0).long(), n_dom).to(dtype) * known.unsqueeze(1).to(dtype) * float(np.sqrt(bonus))
+class SortedBank(NamedTuple):
+    """A neighbour bank sorted by domain code (stable): `bank[order]`, `codes[order]`."""
+
+    order: torch.Tensor
+    bank: torch.Tensor
+    codes: torch.Tensor
+
+
+def sort_bank(bank: torch.Tensor, bank_codes: torch.Tensor) -> SortedBank:
+    order = torch.argsort(bank_codes, stable=True)
+    return SortedBank(order, bank[order], bank_codes[order])
+
+
+def _chunked_topk(xn: torch.Tensor, bank: torch.Tensor, kmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(similarities, indices) of each query's kmax most similar bank rows, a chunk of queries at a time."""
+    vs, ix = [], []
+    for s in range(0, len(xn), _CHUNK):
+        v, i = torch.topk(xn[s:s + _CHUNK] @ bank.T, kmax, dim=1)
+        vs.append(v)
+        ix.append(i)
+    if not vs:
+        return torch.zeros(0, kmax, dtype=xn.dtype), torch.zeros(0, kmax, dtype=torch.long)
+    return torch.cat(vs), torch.cat(ix)
 
 
 def neighbour_mean(sims: torch.Tensor, idx: torch.Tensor, table: torch.Tensor, k: int, temperature: float | None) -> torch.Tensor:
@@ -289,7 +329,8 @@ class KNNHead(QualityPredictor):
 
     def predict(self, x: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xn = F.normalize(x.float()[:, : self.cosine_dims or self.dim], dim=-1)
-        sims, idx = topk_neighbours(xn, codes, self.neighbours, self.neighbour_domain.long(), self.k, self.same_domain_bonus)
+        sims, idx = topk_neighbours(xn, codes, self.neighbours, self.neighbour_domain.long(), self.k, self.same_domain_bonus,
+                                    self._sorted_bank())
         k = idx.shape[1]
         q = neighbour_mean(sims, idx, self.neighbour_quality, k, self.temperature)
         u = neighbour_mean(sims, idx, self.neighbour_utility, k, self.temperature)
@@ -298,6 +339,15 @@ class KNNHead(QualityPredictor):
             m = self.prior_weight
             q, u = (k * q + m * pq) / (k + m), (k * u + m * pu) / (k + m)
         return q, u
+
+    def _sorted_bank(self) -> SortedBank:
+        """The neighbours sorted by domain, made once per neighbour table (a loaded or edited table
+        makes it again): routing asks with a few prompts at a time."""
+        key = tuple((t.data_ptr(), t._version) for t in (self.neighbours, self.neighbour_domain))
+        if getattr(self, "_sorted_key", None) != key:
+            self._sorted = sort_bank(self.neighbours, self.neighbour_domain.long())
+            self._sorted_key = key
+        return self._sorted
 
     def table_problems(self) -> list[str]:
         p = _in_unit("neighbour_quality", self.neighbour_quality) + self.prior.table_problems()
