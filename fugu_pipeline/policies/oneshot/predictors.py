@@ -214,8 +214,8 @@ def topk_neighbours_each(xn: torch.Tensor, codes: torch.Tensor | None, bank: tor
     kmax = min(kmax, len(bank))
     bonuses = list(dict.fromkeys(float(b) for b in bonuses))
     n = len(xn)
-    if not n:
-        return {b: (torch.zeros(0, kmax), torch.zeros(0, kmax, dtype=torch.long)) for b in bonuses}
+    if not n or not kmax:
+        return {b: (torch.zeros(n, kmax), torch.zeros(n, kmax, dtype=torch.long)) for b in bonuses}
     if codes is None or not any(bonuses):
         v, i = _chunked_topk(xn, bank, kmax)
         return {b: (v, i) for b in bonuses}
