@@ -394,6 +394,10 @@ def test_a_knn_head_sorts_its_neighbours_once_and_again_when_they_change():
         assert not torch.allclose(want, first) and len(sorts) == 1
     finally:
         predictors.sort_bank = real
+    one._sorted_key = None
+    with torch.inference_mode():  # sorted first inside inference mode (serving), then used outside it
+        inside = one.predict(x, codes)[0]
+    assert torch.allclose(one.predict(x.clone().requires_grad_(True), codes)[0], inside)
 
 
 def test_intervals_of_many_columns_are_each_columns_own_interval():

@@ -345,7 +345,8 @@ class KNNHead(QualityPredictor):
         makes it again): routing asks with a few prompts at a time."""
         key = tuple((t.data_ptr(), t._version) for t in (self.neighbours, self.neighbour_domain))
         if getattr(self, "_sorted_key", None) != key:
-            self._sorted = sort_bank(self.neighbours, self.neighbour_domain.long())
+            with torch.inference_mode(False), torch.no_grad():  # kept for later calls, in or out of inference mode
+                self._sorted = sort_bank(self.neighbours, self.neighbour_domain.long())
             self._sorted_key = key
         return self._sorted
 
