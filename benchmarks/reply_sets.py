@@ -146,7 +146,8 @@ def main() -> int:
                     help="split the same rows at random instead (numpy's default_rng(SEED).permutation of the rows in "
                          "the release's order: the first half test, the next tenth val, the rest train)")
     ap.add_argument("--keep", default=None, metavar="W1,W2",
-                    help="keep only these workers (comma-separated, as the summary names them), in the release's order")
+                    help="keep only these workers (comma-separated, as the summary names them), in the release's order "
+                         "(what `fugu-lite import jsonl --workers` does to a written file)")
     ap.add_argument("--no-domains", action="store_true",
                     help="write every row in one domain (general), as an import that names no kinds of prompt")
     args = ap.parse_args()
@@ -161,6 +162,8 @@ def main() -> int:
         return 1
     rows = resplit(rows, args.resplit, args.no_domains)
     if args.keep is not None:
+        from fugu_pipeline.matrix.import_format import keep_workers
+
         try:
             rows = keep_workers(rows, [w.strip() for w in args.keep.split(",") if w.strip()])
         except ValueError as exc:
@@ -183,22 +186,6 @@ def resplit(rows: list, seed: int | None, no_domains: bool) -> list:
         split = {int(i): ("test" if k < n // 2 else "val" if k < n // 2 + n // 10 else "train") for k, i in enumerate(order)}
     return [r.model_copy(update={**({"split": split[i]} if split else {}), **({"domain": "general"} if no_domains else {})})
             for i, r in enumerate(rows)]
-
-
-def keep_workers(rows: list, names: list[str]) -> list:
-    """The rows with only the workers `names` (`--keep`), in the release's order; a name the release
-    lacks, or fewer than two, is refused."""
-    have = list(rows[0].worker_ids)
-    unknown = [n for n in names if n not in have]
-    if unknown or len(set(names)) < 2:
-        raise ValueError(f"{', '.join(unknown) or 'fewer than two workers'}: name two or more of {', '.join(have)}")
-    idx = [j for j, w in enumerate(have) if w in set(names)]
-
-    def pick(values):
-        return None if values is None else [values[j] for j in idx]
-
-    return [r.model_copy(update={k: pick(getattr(r, k)) for k in ("worker_ids", "answers", "quality", "cost_usd", "latency_s")})
-            for r in rows]
 
 
 def summary_lines(rows: list) -> list[str]:

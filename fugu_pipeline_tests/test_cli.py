@@ -128,6 +128,30 @@ def test_import_jsonl_through_the_command_line(workdir, capsys):
     assert "keeps it" in err and "Traceback" not in err and not (workdir / "o2.jsonl").exists()
 
 
+def test_import_jsonl_workers_keeps_the_named_workers_of_every_row(workdir, capsys):
+    """`import jsonl --workers` writes the matrix with only the named workers, every per-worker field
+    cut alike, in the file's order; a name the file lacks, or one worker, is one line naming the
+    file, and nothing is written."""
+    rows = [{**r, "worker_ids": ["a", "b", "c"], "quality": [1.0, 0.0, 0.5], "cost_usd": [0.001, 0.004, 0.002],
+             "latency_s": [1.0, 2.5, 1.5], "answers": ["ra", "rb", None]} for r in reward_rows()]
+    src = workdir / "three.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["import", "jsonl", str(src), "--output", "two.jsonl", "--workers", "c, a"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["workers_left_out"] == ["b"] and summary["rows"] == 12
+    got = [json.loads(x) for x in (workdir / "two.jsonl").read_text().splitlines()]
+    assert {tuple(r["worker_ids"]) for r in got} == {("a", "c")}
+    assert got[0]["quality"] == [1.0, 0.5] and got[0]["cost_usd"] == [0.001, 0.002]
+    assert got[0]["latency_s"] == [1.0, 1.5] and got[0]["answers"] == ["ra", None]
+    assert [r["task_id"] for r in got] == [r["task_id"] for r in rows] and got[3]["split"] == rows[3]["split"]
+    for bad, why in (("a,z", "worker 'z' is not among the file's workers (a, b, c) (--workers)"),
+                     ("a", "1 worker(s) named; routing needs at least 2")):
+        assert main(["import", "jsonl", str(src), "--output", "bad.jsonl", "--workers", bad]) == 2
+        err = capsys.readouterr().err
+        assert "three.jsonl" in err and why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert not (workdir / "bad.jsonl").exists()
+
+
 def test_a_jsonl_without_splits_gets_them_drawn_on_import_and_evaluate_says_what_is_missing(workdir, capsys):
     """Someone's own routing data, converted without a `split` field: every row is train. Training
     says nothing is held out; `evaluate` names the fix instead of a traceback; `import jsonl

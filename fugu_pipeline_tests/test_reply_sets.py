@@ -284,21 +284,3 @@ def test_a_resplit_draws_half_test_a_tenth_val_by_its_seed_and_can_drop_the_doma
     assert [r.task_id for r in other] == [r.task_id for r in rows]
     assert resplit(rows, None, False) == rows
 
-
-def test_keep_leaves_only_the_named_workers_every_parallel_field_in_step():
-    from benchmarks.reply_sets import keep_workers
-    from fugu_pipeline.matrix.import_format import RewardRow
-
-    rows = [RewardRow(task_id="t1", prompt="p1", worker_ids=["a", "b", "c"], quality=[1.0, 0.0, 0.5],
-                      cost_usd=[0.1, 0.2, 0.3], answers=["ra", None, "rc"]),
-            RewardRow(task_id="t2", prompt="p2", worker_ids=["a", "b", "c"], quality=[0.0, 1.0, 1.0],
-                      cost_usd=[0.4, 0.5, 0.6], latency_s=[1.0, 2.0, 3.0], answers=["sa", "sb", "sc"])]
-    kept = keep_workers(rows, ["c", "a"])
-    assert [r.worker_ids for r in kept] == [["a", "c"], ["a", "c"]]
-    assert [r.quality for r in kept] == [[1.0, 0.5], [0.0, 1.0]]
-    assert [r.cost_usd for r in kept] == [[0.1, 0.3], [0.4, 0.6]]
-    assert [r.answers for r in kept] == [["ra", "rc"], ["sa", "sc"]]
-    assert [r.latency_s for r in kept] == [None, [1.0, 3.0]]
-    for bad, why in ((["a", "z"], "z: name two or more of a, b, c"), (["a"], "fewer than two workers")):
-        with pytest.raises(ValueError, match=why):
-            keep_workers(rows, bad)

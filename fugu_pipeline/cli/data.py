@@ -138,6 +138,10 @@ def cmd_import(args) -> int:
                        "--val-fraction; a row that names its split keeps it")
     table = {k: getattr(args, k, None) for k in TABLE_OPTIONS + LONG_OPTIONS + WIDE_OPTIONS}
     table = {k: v for k, v in table.items() if v not in (None, False)}
+    if "workers" in table:
+        table["workers"] = [w.strip() for w in table["workers"].split(",") if w.strip()] if table["workers"] != "auto" else "auto"
+        if args.kind == "jsonl":
+            given = {**given, "workers": table.pop("workers")}
     if table and args.kind not in ("table", "long"):
         raise CLIError(f"--{next(iter(table)).replace('_', '-')} is an option of `fugu-lite import table` and `import long`")
     only_long = [k for k in table if k in LONG_OPTIONS]
@@ -156,8 +160,6 @@ def cmd_import(args) -> int:
                 parts = []
             if len(parts) != 2:
                 raise CLIError(f"--score-range {typed!r}: give LOW,HIGH, e.g. 1,10")
-        if "workers" in table:
-            table["workers"] = [w.strip() for w in table["workers"].split(",") if w.strip()] if table["workers"] != "auto" else "auto"
         given = {**given, **table}
     if "test_fraction" in given and args.kind == "dcrouter":
         raise CLIError("--test-fraction: dcrouter's test split is its upstream test file; only --val-fraction applies")

@@ -176,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prompt-column", default=None, help="the prompt's column (default prompt): text, a conversation "
                    "(a list of role/content messages: its last user message, as serve routes it) or a list of turns (the first)")
     t.add_argument("--workers", default=None, help="table: the worker score columns, comma-separated; default auto: every "
-                   "numeric or boolean column no other option names (the summary lists them). long: the workers to keep "
-                   "(default: every worker the file names)")
+                   "numeric or boolean column no other option names (the summary lists them). long and jsonl: the workers to "
+                   "keep, in the file's order (default: every worker the file names)")
     t.add_argument("--domain-column", default=None, help="the domain's column (default: every row 'general')")
     t.add_argument("--split-column", default=None, help="the split's column (train, val, test); default: drawn, "
                    "--test-fraction 0.3 --val-fraction 0.1")

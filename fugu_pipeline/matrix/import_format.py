@@ -130,6 +130,28 @@ class RewardRow(BaseModel):
         return self
 
 
+PARALLEL_FIELDS = ("rewards", "quality", "cost_usd", "latency_s", "answers")  # one value per worker, as worker_ids
+
+
+def keep_workers(rows: list[RewardRow], names: list[str]) -> list[RewardRow]:
+    """`rows` with only the workers `names`, each row's fields cut alike, in the rows' own worker
+    order. ValueError naming the problem when a name is not among the rows' workers, or fewer than two
+    workers would remain (routing needs two)."""
+    have = list(rows[0].worker_ids) if rows else []
+    unknown = [n for n in names if n not in have]
+    if unknown:
+        raise ValueError(f"worker {unknown[0]!r} is not among the file's workers ({', '.join(have)})")
+    if len(set(names)) < 2:
+        raise ValueError(f"{len(set(names))} worker(s) named; routing needs at least 2 of {', '.join(have)}")
+    idx = [j for j, w in enumerate(have) if w in set(names)]
+
+    def cut(values):
+        return None if values is None else [values[j] for j in idx]
+
+    return [r.model_copy(update={"worker_ids": cut(r.worker_ids), **{f: cut(getattr(r, f)) for f in PARALLEL_FIELDS}})
+            for r in rows]
+
+
 MAX_ANSWER_CHARS = 1_000_000  # a reply longer than this is a runaway generation, not an answer
 
 

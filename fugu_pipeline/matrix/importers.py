@@ -40,7 +40,7 @@ from pathlib import Path
 import polars as pl
 
 from fugu_pipeline.matrix.import_common import assign_split, check_workers, fail, read_bytes, read_text, tag_in_distribution
-from fugu_pipeline.matrix.import_format import RewardRow, read_reward_jsonl, write_reward_jsonl  # noqa: F401 (this module's API too)
+from fugu_pipeline.matrix.import_format import RewardRow, keep_workers, read_reward_jsonl, write_reward_jsonl  # noqa: F401 (this module's API too)
 from fugu_pipeline.matrix.import_summary import summarize
 from fugu_pipeline.tasks.loading import TaskFileError
 
@@ -332,15 +332,25 @@ def import_dcrouter(train_path, test_path, llm_info_path=None, *, query_paths=()
 
 
 def import_generic_jsonl(path, *, seed: int | None = None, test_fraction: float | None = None,
-                         val_fraction: float | None = None, notes: dict | None = None) -> list[RewardRow]:
+                         val_fraction: float | None = None, workers: list[str] | str | None = None,
+                         notes: dict | None = None) -> list[RewardRow]:
     """A reward-matrix JSONL, validated line by line. A row that names its `split`
     keeps it. With `test_fraction` or `val_fraction`, a row without a `split` field gets one drawn
     from (seed, task id) like the other importers' (defaults 0.3 and 0.1, seed 0); without them it
-    is train. `notes` (when given) receives how many rows got a drawn split."""
+    is train. `workers` (a list; None or "auto": all) keeps only those workers of every row.
+    `notes` (when given) receives how many rows got a drawn split and the workers left out."""
     path = Path(path)
     if not path.is_file():
         raise fail(path, "file not found; pass a reward-matrix JSONL")
     rows = read_reward_jsonl(path)
+    if workers not in (None, "auto") and rows:
+        try:
+            kept = keep_workers(rows, list(workers))
+        except ValueError as exc:
+            raise fail(path, f"{exc} (--workers)") from None
+        if notes is not None:
+            notes["workers_left_out"] = [w for w in rows[0].worker_ids if w not in kept[0].worker_ids]
+        rows = kept
     if test_fraction is None and val_fraction is None:
         return rows
     tf = 0.3 if test_fraction is None else test_fraction
@@ -440,9 +450,9 @@ def read_source(kind: str, path, **opts) -> tuple[list[RewardRow], dict]:
         rows = import_dcrouter(opts.pop("train_path"), opts.pop("test_path"), **opts)
         notes["cost_basis"] = COST_BASIS_ESTIMATE if rows[0].cost_usd is not None else "none: no llm_info_path"
     elif kind == "jsonl":
-        unknown = sorted(set(opts) - {"seed", "test_fraction", "val_fraction"})
+        unknown = sorted(set(opts) - {"seed", "test_fraction", "val_fraction", "workers"})
         if unknown:
-            raise ValueError(f"import kind 'jsonl' takes only seed, test_fraction and val_fraction, got {unknown}")
+            raise ValueError(f"import kind 'jsonl' takes only seed, test_fraction, val_fraction and workers, got {unknown}")
         rows = import_generic_jsonl(path, **opts, notes=notes)
     elif kind == "table":
         from fugu_pipeline.matrix.import_table import TableSpec, import_table
