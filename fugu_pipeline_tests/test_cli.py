@@ -144,7 +144,7 @@ def test_import_jsonl_workers_keeps_the_named_workers_of_every_row(workdir, caps
     assert got[0]["quality"] == [1.0, 0.5] and got[0]["cost_usd"] == [0.001, 0.002]
     assert got[0]["latency_s"] == [1.0, 1.5] and got[0]["answers"] == ["ra", None]
     assert [r["task_id"] for r in got] == [r["task_id"] for r in rows] and got[3]["split"] == rows[3]["split"]
-    for bad, why in (("a,z", "worker 'z' is not among the file's workers (a, b, c) (--workers)"),
+    for bad, why in (("a,z", "worker 'z' is not among the file's workers (a, b, c) (--workers"),
                      ("a", "1 worker(s) named; routing needs at least 2")):
         assert main(["import", "jsonl", str(src), "--output", "bad.jsonl", "--workers", bad]) == 2
         err = capsys.readouterr().err

@@ -22,6 +22,7 @@ from fugu_pipeline.matrix.importers import (
     import_routellm,
     import_routellm_mmlu,
     import_source,
+    read_source,
     write_reward_jsonl,
 )
 from fugu_pipeline.matrix.read import RewardArrays, read_arrays
@@ -263,6 +264,21 @@ def test_write_and_read_generic_jsonl(tmp_path, gsm8k):
         import_generic_jsonl(broken)
     with pytest.raises(TaskFileError, match="file not found"):
         import_generic_jsonl(tmp_path / "none.jsonl")
+
+
+def test_a_project_import_keeps_workers_named_as_a_list_or_one_string(tmp_path):
+    """`import_options: {workers: ...}` reaches the jsonl importer as a YAML list or one
+    comma-separated string: both keep the same workers; "auto" keeps every one."""
+    rows = [RewardRow(task_id=f"t{i}", prompt=f"p{i}", worker_ids=["a", "b", "c"], quality=[1, 0, 1],
+                      cost_usd=[0.1, 0.2, 0.3]) for i in range(4)]
+    src = write_reward_jsonl(rows, tmp_path / "m.jsonl")
+    listed, listed_notes = read_source("jsonl", src, workers=["c", "a"])
+    typed, _ = read_source("jsonl", src, workers=" c, a ")
+    assert listed == typed and {tuple(r.worker_ids) for r in listed} == {("a", "c")}
+    assert [r.cost_usd for r in listed] == [[0.1, 0.3]] * 4 and listed_notes["workers_left_out"] == ["b"]
+    assert read_source("jsonl", src, workers="auto")[0] == rows
+    with pytest.raises(TaskFileError, match="m.jsonl: worker 'ab' is not among"):
+        read_source("jsonl", src, workers="ab,c")
 
 
 def test_import_source_summary(tmp_path):

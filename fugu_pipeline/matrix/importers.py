@@ -337,17 +337,19 @@ def import_generic_jsonl(path, *, seed: int | None = None, test_fraction: float 
     """A reward-matrix JSONL, validated line by line. A row that names its `split`
     keeps it. With `test_fraction` or `val_fraction`, a row without a `split` field gets one drawn
     from (seed, task id) like the other importers' (defaults 0.3 and 0.1, seed 0); without them it
-    is train. `workers` (a list; None or "auto": all) keeps only those workers of every row.
+    is train. `workers` (a list, or comma-separated names; None or "auto": all) keeps only those
+    workers of every row.
     `notes` (when given) receives how many rows got a drawn split and the workers left out."""
     path = Path(path)
     if not path.is_file():
         raise fail(path, "file not found; pass a reward-matrix JSONL")
     rows = read_reward_jsonl(path)
     if workers not in (None, "auto") and rows:
+        names = [w.strip() for w in workers.split(",") if w.strip()] if isinstance(workers, str) else list(workers)
         try:
-            kept = keep_workers(rows, list(workers))
+            kept = keep_workers(rows, names)
         except ValueError as exc:
-            raise fail(path, f"{exc} (--workers)") from None
+            raise fail(path, f"{exc} (--workers, or import_options.workers)") from None
         if notes is not None:
             notes["workers_left_out"] = [w for w in rows[0].worker_ids if w not in kept[0].worker_ids]
         rows = kept
