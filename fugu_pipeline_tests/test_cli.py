@@ -150,6 +150,8 @@ def test_import_jsonl_workers_keeps_the_named_workers_of_every_row(workdir, caps
         err = capsys.readouterr().err
         assert "three.jsonl" in err and why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
         assert not (workdir / "bad.jsonl").exists()
+    assert main(["import", "dcrouter", str(workdir), "--output", "bad.jsonl", "--workers", "a,c"]) == 2
+    assert "--workers is an option of `fugu-lite import table` and `import long` and `import jsonl`" in capsys.readouterr().err
 
 
 def test_a_jsonl_without_splits_gets_them_drawn_on_import_and_evaluate_says_what_is_missing(workdir, capsys):

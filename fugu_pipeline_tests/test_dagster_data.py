@@ -211,6 +211,18 @@ def test_reward_matrix_imports_a_long_table_with_a_file_per_split(project):
             assert not res.success
             assert needle in res.get_step_failure_events()[0].step_failure_data.error.message, config
         assert db.read_bytes() == before
+        # a reward-matrix JSONL, with only some of its workers kept (one comma-separated string, as YAML gives it)
+        (project / "three.jsonl").write_text("".join(json.dumps(
+            {"task_id": f"t{i}", "prompt": f"What is {i} + 1?", "split": ("train", "test")[i % 2],
+             "worker_ids": ["a", "b", "c"], "quality": [1.0, float(i % 2), 0.0]}) + "\n" for i in range(8)))
+        res = run(import_path="three.jsonl", import_kind="jsonl", import_options={"workers": "c, a"})
+        assert res.success
+        meta = res.get_asset_materialization_events()[-1].materialization.metadata
+        assert meta["worker_ids"].value == ["a", "c"] and meta["import"].value["workers_left_out"] == ["b"]
+        kept = db.read_bytes()
+        res = run(import_path="three.jsonl", import_kind="jsonl", import_options={"workers": ["a", "z"]})
+        assert not res.success and db.read_bytes() == kept
+        assert "worker 'z' is not among the file's workers (a, b, c)" in res.get_step_failure_events()[0].step_failure_data.error.message
 
 
 def test_a_bad_batch_file_is_left_out_of_the_matrix_not_the_end_of_it(project):

@@ -143,7 +143,9 @@ def cmd_import(args) -> int:
         if args.kind == "jsonl":
             given = {**given, "workers": table.pop("workers")}
     if table and args.kind not in ("table", "long"):
-        raise CLIError(f"--{next(iter(table)).replace('_', '-')} is an option of `fugu-lite import table` and `import long`")
+        first = next(iter(table))
+        raise CLIError(f"--{first.replace('_', '-')} is an option of `fugu-lite import table` and `import long`"
+                       + (" and `import jsonl`" if first == "workers" else ""))
     only_long = [k for k in table if k in LONG_OPTIONS]
     if only_long and args.kind != "long":
         raise CLIError(f"--{only_long[0].replace('_', '-')} is an option of `fugu-lite import long` (one row per call)")
