@@ -13,10 +13,21 @@ unit tests. One markdown file per model and problem, `<model>/<n>.md`:
   `Duration: <seconds>s<br />`, an optional `Completion tokens: N<br />`, `Result: Pass|Fail`, and
   the run's code in a python fence.
 Each worker's reply is the code of run `run` (default 1, its first sample), its quality the
-recorded result (`Result: Pass`), its latency the recorded duration. `regrade(rows, tasks)` grades
-the replies again with the project's sandboxed grader (`collect/code_grader.py`) against
-HumanEval's tests (`/work/shared/data/tasks/humaneval/HumanEval.jsonl.gz`) and counts where it
-differs from the recorded result.
+recorded result (`Result: Pass`), its latency the recorded duration. `regrade` (below) grades
+the replies again against HumanEval's tests (`/work/shared/data/tasks/humaneval/HumanEval.jsonl.gz`).
+
+MBPP, `mbpp_rows(DIR)`: github.com/zaiyichen0411/MapCoder-Reproduction (MIT), a reproduction of
+MapCoder (Islam et al., 2024) run in 2025 with two Qwen coders on the 397 typed MBPP problems of
+MultiPL-E: `QwenCoderTurbo` (its client's default model id `qwen-coder-turbo`) and `QwenCoder480b`
+(Qwen3-Coder-480B-A35B-Instruct), one file per model and prompting strategy,
+`results/MBPP/<model>-<strategy>-MBPP-Python3-0.0-1-merged.jsonl`, temperature 0, one sample. Each
+row: `name`, `prompt` (the function's signature and docstring: what the models were asked, after
+the strategy's own instructions), `test` (three asserts), `sample_io` (the first of them),
+`responses` (the reply), `prompt_tokens` and `completion_tokens` (per call; summed), `is_solved`
+(the three asserts passed). A row's prompt is the release's prompt, then MBPP's own form of its
+example, "Your code should pass this test:" and the `sample_io` line: MBPP's problems show their
+tests, and the cascades' example runs read them there. The models were asked without that line, so
+their replies gain nothing from it; a router reads it before paying for a second model.
 
 CRUXEval-O, read from the same harness as the math sets, is in `zeroeval_sets.py`.
 
@@ -24,6 +35,10 @@ Costs: token counts where the data has them (HumanEval's OpenAI runs), else (cha
 `PRICES` (USD per million tokens: the providers' list prices of the time; an open model at a hosted
 price, an assumption marked there). A file or row not in the documented format is a
 `ReleaseFormatError`, one line naming the file, the row's line and the field.
+
+`regrade(rows, tasks)` grades the replies again with the project's sandboxed grader
+(`collect/code_grader.py`) and counts where it differs from the recorded result: HumanEval's against
+its task file (`humaneval_tasks`), MBPP's against the asserts its release holds (`mbpp_tasks`).
 """
 
 from __future__ import annotations
@@ -35,9 +50,13 @@ from pathlib import Path
 
 from benchmarks.release_files import ReleaseFormatError, commit_of, read_file
 
+CNY_PER_USD = 7.1  # the yuan list prices below, in dollars at about the rate of 2025
 PRICES = {  # (input, output) USD per million tokens
     "codellama-34b-instruct": (0.78, 0.78),  # assumed: a hosted 34B model's price
     "gpt-3.5-turbo": (1.5, 2.0), "gpt-4": (30.0, 60.0),
+    # Alibaba Cloud Model Studio (help.aliyun.com/zh/model-studio/qwen-coder), yuan per million tokens:
+    # qwen-coder-turbo 2 in, 6 out; Qwen3-Coder-480B at qwen3-coder-plus's tier for prompts under 32K, 4 in, 16 out
+    "QwenCoderTurbo": (2 / CNY_PER_USD, 6 / CNY_PER_USD), "QwenCoder480b": (4 / CNY_PER_USD, 16 / CNY_PER_USD),
 }
 
 HUMANEVAL_REPO = "jamesmurdza/humaneval-results"
@@ -110,15 +129,92 @@ def humaneval_rows(root: Path, run: int = 1, models: tuple[str, ...] = HUMANEVAL
     return rows, notes
 
 
-def regrade(rows: list, tasks_path: Path) -> dict:
-    """Grade every reply of `rows` (in place) with the project's sandboxed code grader against the
-    tests of HumanEval's task file (`tasks_path`, JSON lines, gzip or not); returns how many
-    cells it graded and where it differs from the recorded result."""
-    from fugu_pipeline.collect.code_grader import grade_python_tests
+MBPP_REPO = "zaiyichen0411/MapCoder-Reproduction"
+MBPP_MODELS = ("QwenCoderTurbo", "QwenCoder480b")
+MBPP_STRATEGIES = ("Direct", "CoT", "SelfPlanning", "Analogical", "MapCoder")
+_MBPP_FIX = f"restore the file (git checkout in {MBPP_REPO}) or pass an untouched checkout of it"
+_MBPP_FIELDS = {"name": str, "prompt": str, "sample_io": list, "responses": list, "prompt_tokens": list,
+                "completion_tokens": list, "is_solved": bool}
 
+
+def mbpp_file(root: Path, model: str, strategy: str) -> dict[str, dict]:
+    """{problem name: row} of one model and strategy's results file; a row not in the format of the
+    module docstring is a ReleaseFormatError naming the file, the line and the field."""
+    rel = f"results/MBPP/{model}-{strategy}-MBPP-Python3-0.0-1-merged.jsonl"
+    out: dict[str, dict] = {}
+    for k, line in enumerate(read_file(root, rel, MBPP_REPO).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise ReleaseFormatError(f"{rel} line {k}: not a JSON object; {_MBPP_FIX}") from None
+        bad = next((f"the field {f!r} is missing or not a {kind.__name__}" for f, kind in _MBPP_FIELDS.items()
+                    if not isinstance(row.get(f) if isinstance(row, dict) else None, kind)), None)
+        if bad is None and not row["responses"]:
+            bad = "'responses' is empty"
+        if bad is None and not all(isinstance(t, int) for t in row["prompt_tokens"] + row["completion_tokens"]):
+            bad = "'prompt_tokens' or 'completion_tokens' holds something other than token counts"
+        if bad is not None:
+            raise ReleaseFormatError(f"{rel} line {k}: {bad}; {_MBPP_FIX}")
+        out.setdefault(row["name"], row)  # a problem written twice by a resumed run: its first row
+    return out
+
+
+def mbpp_rows(root: Path, strategy: str = "CoT", models: tuple[str, ...] = MBPP_MODELS, test_fraction: float = 0.5,
+              val_fraction: float = 0.1, seed: int = 0):
+    """(rows, notes): one `RewardRow` per MBPP problem every model's `strategy` file holds (module
+    docstring), in the first model's file order."""
+    from fugu_pipeline.matrix.import_common import assign_split
+    from fugu_pipeline.matrix.import_format import RewardRow
+
+    if strategy not in MBPP_STRATEGIES:
+        raise SystemExit(f"unknown MBPP strategy {strategy!r}; one of {', '.join(MBPP_STRATEGIES)}")
+    files = [mbpp_file(root, m, strategy) for m in models]
+    names = [n for n in files[0] if all(n in f for f in files[1:])]
+    rows = []
+    for name in names:
+        cells = [f[name] for f in files]
+        first = cells[0]
+        example = "".join(f"\n{line}" for line in first["sample_io"])
+        prompt = first["prompt"].rstrip() + ("\n\nYour code should pass this test:" + example if example else "")
+        cost = [(sum(c["prompt_tokens"]) * PRICES[m][0] + sum(c["completion_tokens"]) * PRICES[m][1]) / 1e6
+                for m, c in zip(models, cells)]
+        rows.append(RewardRow(task_id=name, prompt=prompt, domain="mbpp", worker_ids=list(models),
+                              split=assign_split(name, seed, test_fraction, val_fraction),
+                              quality=[float(c["is_solved"]) for c in cells], cost_usd=cost,
+                              answers=[c["responses"][-1] for c in cells], answer_kind="code"))
+    notes = {"source": MBPP_REPO, "commit": commit_of(root), "models": list(models), "strategy": strategy,
+             "problems": len(rows), "left_out": sum(len(f) for f in files) - len(models) * len(rows),
+             "prices_usd_per_m_tokens": {m: PRICES[m] for m in models}, "graded_by": "the recorded is_solved"}
+    return rows, notes
+
+
+def humaneval_tasks(tasks_path: Path) -> dict[str, dict]:
+    """{task id: task} of HumanEval's task file (JSON lines, gzip or not): `prompt`, `test`, `entry_point`."""
     opener = gzip.open if str(tasks_path).endswith(".gz") else open
     with opener(tasks_path, "rt", encoding="utf-8") as fh:
-        tasks = {t["task_id"]: t for t in map(json.loads, filter(str.strip, fh))}
+        return {t["task_id"]: t for t in map(json.loads, filter(str.strip, fh))}
+
+
+def mbpp_tasks(root: Path, strategy: str = "CoT") -> dict[str, dict]:
+    """{problem name: task} from the release's own rows (the first model's file): the prompt the models
+    were asked, the problem's three asserts (`test`) and the function they call (`entry_point`)."""
+    rel = f"results/MBPP/{MBPP_MODELS[0]}-{strategy}-MBPP-Python3-0.0-1-merged.jsonl"
+    tasks = {}
+    for name, row in mbpp_file(root, MBPP_MODELS[0], strategy).items():
+        if not (isinstance(row.get("test"), str) and isinstance(row.get("entry_point"), str)):
+            raise ReleaseFormatError(f"{rel}: {name}'s 'test' or 'entry_point' is missing or not text; {_MBPP_FIX}")
+        tasks[name] = {"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"]}
+    return tasks
+
+
+def regrade(rows: list, tasks: dict[str, dict]) -> dict:
+    """Grade every reply of `rows` (in place) with the project's sandboxed code grader against the
+    tests of `tasks` ({task id: `prompt`, `test`, `entry_point`}: `humaneval_tasks`, `mbpp_tasks`);
+    returns how many cells it graded and where it differs from the recorded result."""
+    from fugu_pipeline.collect.code_grader import grade_python_tests
+
     differ = []
     for r in rows:
         task = tasks[r.task_id]

@@ -10,6 +10,7 @@ final-answer reader reads an answer from:
     python benchmarks/reply_sets.py humaneval <jamesmurdza/humaneval-results dir> --out humaneval.jsonl \\
         [--regrade /work/shared/data/tasks/humaneval/HumanEval.jsonl.gz]
     python benchmarks/reply_sets.py humaneval <jamesmurdza/humaneval-results dir> --out he2.jsonl --keep codellama-34b-instruct,gpt-4
+    python benchmarks/reply_sets.py mbpp <zaiyichen0411/MapCoder-Reproduction dir> --out mbpp.jsonl [--regrade]
     python benchmarks/reply_sets.py crux <WildEval/ZeroEval dir> --out crux.jsonl
     python benchmarks/reply_sets.py gsm <WildEval/ZeroEval dir> --out gsm.jsonl
     python benchmarks/reply_sets.py math-l5 <WildEval/ZeroEval dir> --out math.jsonl
@@ -20,7 +21,7 @@ final-answer reader reads an answer from:
 
 A "dir" is a checkout of the repository or its bare git directory (what `fetch` gives). What each
 converter reads, how it grades and prices: `choice_sets.py` (csqa, llmbar), `code_sets.py`
-(humaneval), `zeroeval_sets.py` (crux, gsm, math-l5), `mot_data.py` (mot-date).
+(humaneval, mbpp), `zeroeval_sets.py` (crux, gsm, math-l5), `mot_data.py` (mot-date).
 
 `llmbar+humaneval` is a mixed import (multiple choice and code, `domain` llmbar or humaneval) with
 the workers both releases share: gpt-3.5-turbo and gpt-4 (LLMBar's ChatGPT-0613 and GPT-4 judged
@@ -69,6 +70,15 @@ def _humaneval(dirs, **kw):
     return humaneval_rows(dirs[0], **kw)
 
 
+def _mbpp(strategy):
+    def build(dirs, **kw):
+        from benchmarks.code_sets import mbpp_rows
+
+        return mbpp_rows(dirs[0], strategy, **kw)
+
+    return build
+
+
 def _zeroeval(task):
     def build(dirs, **kw):
         from benchmarks.zeroeval_sets import task_rows
@@ -107,6 +117,7 @@ SETS = {
     "csqa+direct": (("Tebmer/Rereading-LLM-Reasoning",), _csqa_direct),
     "llmbar": (("princeton-nlp/LLMBar",), _llmbar),
     "humaneval": (("jamesmurdza/humaneval-results",), _humaneval),
+    "mbpp": (("zaiyichen0411/MapCoder-Reproduction",), _mbpp("CoT")),
     "crux": (("WildEval/ZeroEval",), _zeroeval("crux")),
     "gsm": (("WildEval/ZeroEval",), _zeroeval("gsm")),
     "math-l5": (("WildEval/ZeroEval",), _zeroeval("math-l5")),
@@ -116,22 +127,30 @@ SETS = {
 }
 
 
-def set_rows(name: str, dirs: list[Path], regrade: Path | None = None, **kw):
+def set_rows(name: str, dirs: list[Path], regrade: Path | bool | None = None, **kw):
     """(rows, notes) of the set `name` read from `dirs` (one per release `SETS` names); `regrade`:
-    HumanEval's task file, to grade the humaneval rows again with the project's code grader."""
+    grade the code rows again with the project's code grader, HumanEval's against its task file (the
+    path), MBPP's against the asserts its release holds (True)."""
     if name not in SETS:
         raise SystemExit(f"unknown set {name!r}; one of {', '.join(SETS)}")
     repos, build = SETS[name]
     if len(dirs) != len(repos):
         raise SystemExit(f"{name} reads {len(repos)} release(s): {', '.join(repos)}; got {len(dirs)} folder(s)")
+    if regrade is not None:  # before the release is read: a wrong flag costs nothing
+        if not any(d in ("humaneval", "mbpp") for d in name.split("+")):
+            raise SystemExit(f"--regrade grades HumanEval or MBPP replies; {name} has none")
+        if "humaneval" in name.split("+") and not isinstance(regrade, Path):
+            raise SystemExit("--regrade: pass HumanEval's task file (HumanEval.jsonl.gz) to grade against its tests")
+        if name == "mbpp" and regrade is not True:
+            raise SystemExit("--regrade: MBPP's tests are in its release; give --regrade without a file")
     rows, notes = build([Path(d) for d in dirs], **kw)
     if regrade is not None:
+        from benchmarks.code_sets import humaneval_tasks, mbpp_tasks
         from benchmarks.code_sets import regrade as grade_again
 
-        code = [r for r in rows if r.domain == "humaneval"]
-        if not code:
-            raise SystemExit(f"--regrade grades HumanEval replies; {name} has none")
-        notes = {**notes, "regraded": grade_again(code, regrade)}
+        kind = "mbpp" if name == "mbpp" else "humaneval"
+        tasks = mbpp_tasks(Path(dirs[0])) if kind == "mbpp" else humaneval_tasks(regrade)
+        notes = {**notes, "regraded": grade_again([r for r in rows if r.domain == kind], tasks)}
     return rows, notes
 
 
@@ -140,8 +159,9 @@ def main() -> int:
     ap.add_argument("name", choices=list(SETS))
     ap.add_argument("dirs", nargs="+", type=Path, help="the release's checkout or git directory (two for llmbar+humaneval)")
     ap.add_argument("--out", type=Path, required=True, help="the reward-matrix JSONL to write")
-    ap.add_argument("--regrade", type=Path, default=None,
-                    help="HumanEval's task file: grade the code replies with the project's sandboxed grader")
+    ap.add_argument("--regrade", type=Path, nargs="?", const=True, default=None, metavar="HUMANEVAL_TASKS",
+                    help="grade the code replies again with the project's sandboxed grader: HumanEval's against its "
+                         "task file (the path), MBPP's against the asserts of its release (no path)")
     ap.add_argument("--resplit", type=int, default=None, metavar="SEED",
                     help="split the same rows at random instead (numpy's default_rng(SEED).permutation of the rows in "
                          "the release's order: the first half test, the next tenth val, the rest train)")

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.choice_sets import CSQA_FILES, LLMBAR_EVALUATORS, LLMBAR_PROMPT, LLMBAR_SUBSETS, PRICES, csqa_rows, llmbar_rows
 from benchmarks.code_sets import PRICES as CODE_PRICES
-from benchmarks.code_sets import humaneval_rows, regrade
+from benchmarks.code_sets import humaneval_rows, humaneval_tasks, mbpp_rows, regrade
 from benchmarks.zeroeval_sets import MODELS as CRUX_MODELS
 from benchmarks.zeroeval_sets import PRICES as ZEROEVAL_PRICES
 from benchmarks.zeroeval_sets import crux_right, number_right, task_rows
@@ -169,9 +169,71 @@ def test_regrading_runs_the_replies_against_humaneval_tests_in_the_sandbox(tmp_p
     tasks = tmp_path / "HumanEval.jsonl"
     tasks.write_text("\n".join(json.dumps({"task_id": f"HumanEval/{n}", "prompt": "def f():\n", "entry_point": "f",
                                            "test": "def check(candidate):\n    assert candidate() == 1\n"}) for n in range(2)))
-    got = regrade(rows, tasks)
+    got = regrade(rows, humaneval_tasks(tasks))
     assert rows[0].quality == [1.0, 0.0, 0.0] and rows[1].quality == [1.0, 1.0, 1.0]
     assert got["cells"] == 6 and got["differ_from_recorded"] == 3  # two wrong replies recorded as passing, one failing run right
+
+
+def mbpp_row(name, solved=True, reply="```python\ndef f(x):\n    return x\n```"):
+    return {"name": name, "prompt": f'def f(x: int) -> int:\n    """\n\t{name}: give x back.\n\t"""\n', "entry_point": "f",
+            "test": "def check(candidate):\n    assert candidate(4) == 4\n\ndef test_check():\n    check(f)\n\ntest_check()\n",
+            "sample_io": ["assert f(3) == 3"], "responses": [reply], "prompt_tokens": [80, 20], "completion_tokens": [40],
+            "no_of_try": 1, "is_solved": solved}
+
+
+def mbpp_release(root, turbo=None, big=None, strategy="CoT"):
+    (root / "results" / "MBPP").mkdir(parents=True)
+    files = {"QwenCoderTurbo": turbo or [mbpp_row("mbpp_1_f", solved=False), mbpp_row("mbpp_2_f"), mbpp_row("mbpp_3_f")],
+             "QwenCoder480b": big or [mbpp_row("mbpp_2_f"), mbpp_row("mbpp_1_f"), mbpp_row("mbpp_1_f", solved=False)]}
+    for m, rows in files.items():
+        text = "\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n"
+        (root / "results" / "MBPP" / f"{m}-{strategy}-MBPP-Python3-0.0-1-merged.jsonl").write_text(text)
+    return root
+
+
+def test_mbpp_rows_pair_each_problem_across_models_and_show_its_example(tmp_path):
+    rows, notes = mbpp_rows(mbpp_release(tmp_path / "m"))
+    # mbpp_3_f: the big model's file lacks it; mbpp_1_f written twice: its first row counts
+    assert [r.task_id for r in rows] == ["mbpp_1_f", "mbpp_2_f"] and notes["left_out"] == 1
+    assert rows[0].quality == [0.0, 1.0] and rows[1].quality == [1.0, 1.0] and rows[0].answer_kind == "code"
+    assert rows[0].prompt.endswith('"""\n\nYour code should pass this test:\nassert f(3) == 3')
+    assert rows[0].cost_usd[1] == pytest.approx((100 * CODE_PRICES["QwenCoder480b"][0] + 40 * CODE_PRICES["QwenCoder480b"][1]) / 1e6)
+    from fugu_pipeline.policies.cascade.code_examples import prompt_examples
+
+    assert prompt_examples(rows[0].prompt) == ("f", (("assert", "assert f(3) == 3"),))  # what the example runs read
+    rows, notes = mbpp_rows(mbpp_release(tmp_path / "sp", strategy="SelfPlanning"), "SelfPlanning")
+    assert notes["strategy"] == "SelfPlanning" and len(rows) == 2
+    with pytest.raises(SystemExit, match="unknown MBPP strategy 'Plan'; one of Direct, CoT"):
+        mbpp_rows(tmp_path / "sp", "Plan")
+    rows, _ = set_rows("mbpp", [mbpp_release(tmp_path / "cot")])
+    assert [r.task_id for r in rows] == ["mbpp_1_f", "mbpp_2_f"]
+
+
+def test_mbpp_regrading_runs_each_reply_against_the_asserts_its_release_holds(tmp_path):
+    wrong = "```python\ndef f(x):\n    return x + 1\n```"
+    root = mbpp_release(tmp_path / "m", turbo=[mbpp_row("mbpp_1_f", solved=True, reply=wrong), mbpp_row("mbpp_2_f", solved=False)])
+    rows, notes = set_rows("mbpp", [root], regrade=True)
+    assert [r.quality for r in rows] == [[0.0, 1.0], [1.0, 1.0]]  # a wrong reply recorded solved, a right one recorded failed
+    assert notes["regraded"] == {"cells": 4, "differ_from_recorded": 2,
+                                 "differing": [("mbpp_1_f", "QwenCoderTurbo"), ("mbpp_2_f", "QwenCoderTurbo")]}
+    with pytest.raises(SystemExit, match="MBPP's tests are in its release; give --regrade without a file"):
+        set_rows("mbpp", [root], regrade=tmp_path / "HumanEval.jsonl")
+    with pytest.raises(SystemExit, match="pass HumanEval's task file"):
+        set_rows("humaneval", [tmp_path / "he"], regrade=True)
+    with pytest.raises(SystemExit, match="--regrade grades HumanEval or MBPP replies; llmbar has none"):
+        set_rows("llmbar", [tmp_path / "llmbar"], regrade=True)
+    broken = mbpp_release(tmp_path / "b", turbo=[{**mbpp_row("mbpp_1_f"), "entry_point": 3}, mbpp_row("mbpp_2_f")])
+    with pytest.raises(ReleaseFormatError, match="mbpp_1_f's 'test' or 'entry_point' is missing or not text"):
+        set_rows("mbpp", [broken], regrade=True)
+
+
+@pytest.mark.parametrize("line, field", [("{not json", "not a JSON object"), ('{"name": "x"}', "the field 'prompt' is missing"),
+                                         (json.dumps({**mbpp_row("x"), "responses": []}), "'responses' is empty"),
+                                         (json.dumps({**mbpp_row("x"), "completion_tokens": ["40"]}), "other than token counts")])
+def test_a_malformed_mbpp_row_names_the_file_its_line_and_the_field(tmp_path, line, field):
+    root = mbpp_release(tmp_path / "m", turbo=[mbpp_row("mbpp_1_f"), line])
+    with pytest.raises(ReleaseFormatError, match=rf"^results/MBPP/QwenCoderTurbo-CoT-MBPP-Python3-0.0-1-merged.jsonl line 2: .*{field}"):
+        mbpp_rows(root)
 
 
 def crux_release(root, rows_by_model, task="crux"):
