@@ -133,8 +133,8 @@ MBPP_REPO = "zaiyichen0411/MapCoder-Reproduction"
 MBPP_MODELS = ("QwenCoderTurbo", "QwenCoder480b")
 MBPP_STRATEGIES = ("Direct", "CoT", "SelfPlanning", "Analogical", "MapCoder")
 _MBPP_FIX = f"restore the file (git checkout in {MBPP_REPO}) or pass an untouched checkout of it"
-_MBPP_FIELDS = {"name": str, "prompt": str, "sample_io": list, "responses": list, "prompt_tokens": list,
-                "completion_tokens": list, "is_solved": bool}
+_MBPP_FIELDS = {"name": str, "prompt": str, "test": str, "entry_point": str, "sample_io": list, "responses": list,
+                "prompt_tokens": list, "completion_tokens": list, "is_solved": bool}
 
 
 def mbpp_file(root: Path, model: str, strategy: str) -> dict[str, dict]:
@@ -200,13 +200,8 @@ def humaneval_tasks(tasks_path: Path) -> dict[str, dict]:
 def mbpp_tasks(root: Path, strategy: str = "CoT") -> dict[str, dict]:
     """{problem name: task} from the release's own rows (the first model's file): the prompt the models
     were asked, the problem's three asserts (`test`) and the function they call (`entry_point`)."""
-    rel = f"results/MBPP/{MBPP_MODELS[0]}-{strategy}-MBPP-Python3-0.0-1-merged.jsonl"
-    tasks = {}
-    for name, row in mbpp_file(root, MBPP_MODELS[0], strategy).items():
-        if not (isinstance(row.get("test"), str) and isinstance(row.get("entry_point"), str)):
-            raise ReleaseFormatError(f"{rel}: {name}'s 'test' or 'entry_point' is missing or not text; {_MBPP_FIX}")
-        tasks[name] = {"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"]}
-    return tasks
+    return {name: {"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"]}
+            for name, row in mbpp_file(root, MBPP_MODELS[0], strategy).items()}
 
 
 def regrade(rows: list, tasks: dict[str, dict]) -> dict:

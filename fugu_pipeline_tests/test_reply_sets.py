@@ -223,7 +223,8 @@ def test_mbpp_regrading_runs_each_reply_against_the_asserts_its_release_holds(tm
     with pytest.raises(SystemExit, match="--regrade grades HumanEval or MBPP replies; llmbar has none"):
         set_rows("llmbar", [tmp_path / "llmbar"], regrade=True)
     broken = mbpp_release(tmp_path / "b", turbo=[{**mbpp_row("mbpp_1_f"), "entry_point": 3}, mbpp_row("mbpp_2_f")])
-    with pytest.raises(ReleaseFormatError, match="mbpp_1_f's 'test' or 'entry_point' is missing or not text"):
+    with pytest.raises(ReleaseFormatError, match="QwenCoderTurbo-CoT-MBPP-Python3-0.0-1-merged.jsonl line 1: the field 'entry_point' "
+                                                 "is missing or not a str"):
         set_rows("mbpp", [broken], regrade=True)
 
 
