@@ -165,9 +165,10 @@ def clock(fn):
 
 def one(rows: int, workers: int, seed: int, before_mod) -> dict:
     from fugu_pipeline.policies.cascade.plans import plan_tuples, points_for
-    from fugu_pipeline.policies.cascade.search import CascadeSearch, strongest
+    from fugu_pipeline.policies.cascade.config import CascadeConfig
+    from fugu_pipeline.policies.cascade.search import strongest
 
-    cfg = CascadeSearch()
+    cfg = CascadeConfig().searched()  # the search a fit with no cap runs
     grid_for, fit_rows, folds = build(rows, workers, seed)
     sets = [fit_rows[folds != f] for f in np.unique(folds)] + [fit_rows]
     grids = [grid_for(r) for r in sets]

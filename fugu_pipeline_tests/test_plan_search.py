@@ -165,3 +165,39 @@ def test_a_test_rows_recorded_cost_never_moves_the_plan():
     assert a.policy == b.policy and a.reason == b.reason and a.table() == b.table()
     assert all(np.array_equal(a.oof_cost[k], b.oof_cost[k]) for k in a.oof_cost)
     assert not np.array_equal(moved.cost_usd, data.cost_usd)
+
+
+def test_a_cheap_workers_own_step_gets_the_finer_threshold_grid():
+    """One cheap worker (cost 1) whose reply is right exactly where the verifier scores it above a
+    cut, 83% of the rows, then a strong worker (cost 10, always right); a cap of 2.8 asks to keep at
+    least 82% of the cheap replies. The coarse grid keeps about 81% or 90% (over the cap, or 7% of wrong
+    replies kept); the finer grid of that shape has a level between, so the plan within the cap keeps
+    nearly only right replies. Other shapes keep the coarse grid."""
+    from fugu_pipeline.reward import UtilityConfig
+
+    n = 400
+    rng = np.random.default_rng(0)
+    scores = np.column_stack([rng.permutation(n) / n, np.full(n, 0.5)])
+    quality = np.column_stack([(scores[:, 0] >= 0.17).astype(float), np.ones(n)])
+    codes = np.column_stack([np.where(quality[:, 0] == 1, 0, 1 + np.arange(n)), np.zeros(n, dtype=int)])
+    g = Grid(["cheap", "strong"], codes, scores, quality, np.array([1.0, 10.0]), np.array([1.0, 1.0]),
+             UtilityConfig(cost_weight=0.0, latency_weight=0.0))
+    rows = np.arange(n)
+    got = {k: search(g, rows, CascadeSearch(thresholds=10, single_thresholds=k, finals=1), cap_usd=2.8) for k in (10, 40)}
+    assert got[10].cost <= 2.8 and got[40].cost <= 2.8
+    assert got[40].quality >= 0.99 and got[40].quality > got[10].quality + 0.05, {k: c.plan.describe() for k, c in got.items()}
+    singles = {k: [p for p in plan_tuples(g, rows, CascadeSearch(thresholds=10, single_thresholds=k, finals=1))
+                   if len(p) == 2 and len(p[0][0]) == 1 and p[0][2] is not None] for k in (10, 40)}
+    assert (len(singles[10]), len(singles[40])) == (10, 40)
+
+
+def test_only_a_capped_fit_searches_the_finer_grid():
+    """With no cap the cost ladder's rungs span the costs, and more levels are only more plans picked
+    on the same rows: a fit searches `thresholds` levels everywhere; under a cap, pooled or a domain's,
+    `single_thresholds` where one cheap worker comes first."""
+    from fugu_pipeline.cost_cap import CostCap
+
+    assert CascadeConfig().searched().single_thresholds == 10
+    assert CascadeConfig(cap=CostCap(share=0.5)).searched().single_thresholds == 40
+    assert CascadeConfig(domain_caps={"code": CostCap(share=0.5)}).searched().single_thresholds == 40
+    assert CascadeConfig(search=CascadeSearch(thresholds=6, single_thresholds=30)).searched().single_thresholds == 6

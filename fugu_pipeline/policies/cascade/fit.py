@@ -189,6 +189,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     that cap (`route.budget.cap_route_oof`), its candidate "at the cap"; `share_routes`: the first
     head's at each share of the table at caps ({share: route}, the table's one-shot row)."""
     cfg = cfg or CascadeConfig()
+    cfg = cfg.model_copy(update={"search": cfg.searched()})  # under a cap, a finer grid for one cheap step
     if data.quality is None:
         raise TrainingDataError("a cascade needs each cell's quality (the import's `quality`, or graded responses); "
                                 "this matrix gives rewards only")

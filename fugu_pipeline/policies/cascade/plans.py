@@ -52,18 +52,17 @@ def plan_tuples(grid, rows: np.ndarray, cfg, allowed: list[str] | None = None):
     q = grid.quality[rows].mean(axis=0)
     by_q = sorted(usable, key=lambda j: -q[j])
     finals = by_q[: cfg.finals]
-    qs = np.linspace(0.1, 0.95, cfg.thresholds)
     in_context = hasattr(grid.scores, "at")
     memo: dict = {}
 
-    def levels(js, called=None) -> list[float]:
-        """Quantiles of the step's scores (its workers `js`, after paying for `called`)."""
-        key = (tuple(js), tuple(called or js))
+    def levels(js, called=None, n: int = cfg.thresholds) -> list[float]:
+        """`n` quantiles of the step's scores (its workers `js`, after paying for `called`)."""
+        key = (tuple(js), tuple(called or js), n)
         if key not in memo:
             S = grid.scores.at(list(called or js)) if in_context else grid.scores
             s = S[np.ix_(rows, list(js))].ravel()
             s = s[~np.isnan(s)]
-            memo[key] = sorted({round(float(x), 4) for x in np.quantile(s, qs)}) if len(s) else []
+            memo[key] = sorted({round(float(x), 4) for x in np.quantile(s, np.linspace(0.1, 0.95, n))}) if len(s) else []
         return memo[key]
 
     def coarse(js, called=None, n: int = 5) -> list[float]:
@@ -76,7 +75,7 @@ def plan_tuples(grid, rows: np.ndarray, cfg, allowed: list[str] | None = None):
             yield (last,)
             cheap = [j for j in by_q if j != f and grid.exp_cost[j] < grid.exp_cost[f]][: cfg.cheap]
             for a in cheap:
-                for v in levels([a]):
+                for v in levels([a], n=cfg.single_thresholds):
                     yield (((a,), None, v), last)
             for a, b in itertools.combinations(cheap, 2):
                 yield (((a, b), 2, None), last)

@@ -4,10 +4,13 @@ The search enumerates plans of a bounded shape over the workers (`CascadeSearch`
 `candidate_plans` lists them): a final worker F among the strongest; before it, one, two or three
 cheaper workers called at once, or up to three cheap steps one after another; after each early
 step agreement of the answers so far and/or a verifier threshold from a grid of the scores'
-quantiles (the scores read at that point of the plan when the verifier reads the paid replies).
-With the defaults (3 finals, 5 cheap workers, 10 thresholds) it is at most 5,793 plans (7,413 when
-the verifier reads the paid replies, which adds steps where the verifier alone decides), never more
-than `max_plans`. Every plan is run offline on the recorded answers (`simulate`)
+quantiles (the scores read at that point of the plan when the verifier reads the paid replies): 10
+levels, and under a cap 40 where one cheap worker comes before the last step (`single_thresholds`,
+`CascadeConfig.searched`). With 10 levels the share of replies a step keeps moves by about a tenth
+from one level to the next, and the plan that fits a cap can lie between two of them. With the
+defaults (3 finals, 5 cheap workers) it is at most 5,793 plans, 6,243 under a cap (7,413 and 7,863
+when the verifier reads the paid replies, which adds steps where the verifier alone decides), never
+more than `max_plans`. Every plan is run offline on the recorded answers (`simulate`)
 with EXPECTED costs and latencies (each worker's mean over the rows the choice is made on, never
 a row's own cost), and scored by
 - no cap: the mean utility (quality − cost and latency terms, the matrix's weights);
@@ -52,6 +55,9 @@ class CascadeSearch(BaseModel):
     finals: int = Field(3, ge=1, description="strongest workers tried as the last step")
     cheap: int = Field(5, ge=1, description="workers cheaper than the last step tried before it")
     thresholds: int = Field(10, ge=2, le=40, description="verifier thresholds per step (quantiles of its scores)")
+    single_thresholds: int = Field(40, ge=2, le=200, description=(
+        "under a cap, verifier thresholds of a step of one cheap worker before the last (quantiles of its "
+        "scores): the plan that fits the cap can lie between two of the coarse levels (with no cap: `thresholds`)"))
     three_steps: bool = Field(True, description="also try one cheap worker, then another, then the last step")
     cheap_steps: int = Field(3, ge=1, le=3, description="the most cheap steps one after another before the last step")
     parallel: int = Field(3, ge=2, le=3, description="the most cheap workers asked at once in one step")
@@ -125,7 +131,7 @@ def candidate_plans(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, allowed: l
     `cfg.max_plans`. Per last step F (one of the `finals` strongest) and the `cheap` best workers
     cheaper than F:
     - F alone;
-    - one cheap worker, stop if the verifier passes (`thresholds` levels);
+    - one cheap worker, stop if the verifier passes (`single_thresholds` levels);
     - two at once: stop if both agree, and/or the verifier passes;
     - one, then another: stop if the verifier passes, then if the two agree (and/or the verifier);
     - (`parallel` 3) three at once: stop if two agree, if all three agree, or two agree or the
