@@ -19,7 +19,8 @@ the replies again against HumanEval's tests (`/work/shared/data/tasks/humaneval/
 MBPP, `mbpp_rows(DIR)`: github.com/zaiyichen0411/MapCoder-Reproduction (MIT), a reproduction of
 MapCoder (Islam et al., 2024) run in 2025 with two Qwen coders on the 397 typed MBPP problems of
 MultiPL-E: `QwenCoderTurbo` (its client's default model id `qwen-coder-turbo`) and `QwenCoder480b`
-(Qwen3-Coder-480B-A35B-Instruct), one file per model and prompting strategy,
+(Qwen3-Coder-480B-A35B-Instruct by its name; the client reads the id from its environment, and the
+two differ in code on 375 of the 397 problems and in verdict on 33), one file per model and strategy,
 `results/MBPP/<model>-<strategy>-MBPP-Python3-0.0-1-merged.jsonl`, temperature 0, one sample. Each
 row: `name`, `prompt` (the function's signature and docstring: what the models were asked, after
 the strategy's own instructions), `test` (three asserts), `sample_io` (the first of them),
