@@ -182,10 +182,10 @@ def main() -> int:
         return 1
     rows = resplit(rows, args.resplit, args.no_domains)
     if args.keep is not None:
-        from fugu_pipeline.matrix.import_format import keep_workers
+        from fugu_pipeline.matrix.import_format import keep_workers, worker_names
 
         try:
-            rows = keep_workers(rows, [w.strip() for w in args.keep.split(",") if w.strip()])
+            rows = keep_workers(rows, worker_names(args.keep))
         except ValueError as exc:
             print(f"--keep: {exc}", file=sys.stderr)
             return 2

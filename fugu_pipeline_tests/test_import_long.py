@@ -56,6 +56,10 @@ def test_a_long_table_imports_to_the_same_rows_as_its_wide_form_in_every_format(
     # a subset of workers; the others' rows are counted and left out
     two, notes = import_long(tmp_path / "l.parquet", LONG.model_copy(update={"workers": MODELS[1:]}))
     assert two[0].worker_ids == MODELS[1:] and notes["rows_of_other_workers"] == 60
+    # the same workers as one YAML string (import_options.workers: "b, c"), as `import jsonl` reads it
+    spec = LongSpec(**{**LONG.model_dump(), "workers": f"{MODELS[1]}, {MODELS[2]}"})
+    assert spec.workers == MODELS[1:] and import_long(tmp_path / "l.parquet", spec)[0] == two
+    assert LongSpec(**{**LONG.model_dump(), "workers": "auto"}).workers == "auto"
 
 
 def test_prompts_in_their_own_table_are_joined_by_id_as_embedllm_keeps_them(tmp_path):

@@ -129,7 +129,7 @@ WIDE_OPTIONS = ("score_field", "prices", "input_tokens_field", "output_tokens_fi
 
 
 def cmd_import(args) -> int:
-    from fugu_pipeline.matrix.importers import import_source
+    from fugu_pipeline.matrix.importers import import_source, worker_names
 
     given = {k: v for k, v in (("seed", args.seed), ("test_fraction", getattr(args, "test_fraction", None)),
                                 ("val_fraction", getattr(args, "val_fraction", None))) if v is not None}
@@ -139,7 +139,7 @@ def cmd_import(args) -> int:
     table = {k: getattr(args, k, None) for k in TABLE_OPTIONS + LONG_OPTIONS + WIDE_OPTIONS}
     table = {k: v for k, v in table.items() if v not in (None, False)}
     if "workers" in table:
-        table["workers"] = [w.strip() for w in table["workers"].split(",") if w.strip()] if table["workers"] != "auto" else "auto"
+        table["workers"] = worker_names(table["workers"])
         if args.kind == "jsonl":
             given = {**given, "workers": table.pop("workers")}
     if table and args.kind not in ("table", "long"):

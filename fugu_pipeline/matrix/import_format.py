@@ -133,6 +133,14 @@ class RewardRow(BaseModel):
 PARALLEL_FIELDS = ("rewards", "quality", "cost_usd", "latency_s", "answers")  # one value per worker, as worker_ids
 
 
+def worker_names(value):
+    """The workers an import keeps, as `--workers` and `import_options.workers` give them: a list as
+    it is, comma-separated text ("c, a") split into names, "auto" (every worker) as it is."""
+    if isinstance(value, str):
+        return "auto" if value.strip() == "auto" else [w.strip() for w in value.split(",") if w.strip()]
+    return list(value)
+
+
 def keep_workers(rows: list[RewardRow], names: list[str]) -> list[RewardRow]:
     """`rows` with only the workers `names`, each row's fields cut alike, in the rows' own worker
     order. ValueError naming the problem when a name is not among the rows' workers, or fewer than two

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import polars as pl
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from fugu_pipeline.matrix.import_common import (
     TableOptions,
@@ -36,7 +36,7 @@ from fugu_pipeline.matrix.import_common import (
     rows_named,
     tag_in_distribution,
 )
-from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id
+from fugu_pipeline.matrix.import_format import RewardRow, check_worker_id, worker_names
 from fugu_pipeline.matrix.import_table import SPLIT_VALUES, numbers, prompt_texts, read_table, scaled, text_column
 
 _ROW = "__fugu_row"  # the 1-based data row of the file, carried through filters
@@ -62,6 +62,12 @@ class LongSpec(TableOptions):
     workers: list[str] | Literal["auto"] = Field("auto", description="auto = every worker the file names, sorted")
     duplicates: Literal["refuse", "mean"] = "refuse"
     drop_incomplete: bool = False
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _names(cls, v):
+        """As `--workers` gives them, or import_options as one YAML string: "c, a"."""
+        return worker_names(v) if isinstance(v, (str, list, tuple)) else v
 
     @model_validator(mode="after")
     def _check(self) -> "LongSpec":

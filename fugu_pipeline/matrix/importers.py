@@ -40,7 +40,13 @@ from pathlib import Path
 import polars as pl
 
 from fugu_pipeline.matrix.import_common import assign_split, check_workers, fail, read_bytes, read_text, tag_in_distribution
-from fugu_pipeline.matrix.import_format import RewardRow, keep_workers, read_reward_jsonl, write_reward_jsonl  # noqa: F401 (this module's API too)
+from fugu_pipeline.matrix.import_format import (  # noqa: F401 (this module's API too)
+    RewardRow,
+    keep_workers,
+    read_reward_jsonl,
+    worker_names,
+    write_reward_jsonl,
+)
 from fugu_pipeline.matrix.import_summary import summarize
 from fugu_pipeline.tasks.loading import TaskFileError
 
@@ -344,8 +350,8 @@ def import_generic_jsonl(path, *, seed: int | None = None, test_fraction: float 
     if not path.is_file():
         raise fail(path, "file not found; pass a reward-matrix JSONL")
     rows = read_reward_jsonl(path)
-    if workers not in (None, "auto") and rows:
-        names = [w.strip() for w in workers.split(",") if w.strip()] if isinstance(workers, str) else list(workers)
+    names = "auto" if workers is None else worker_names(workers)
+    if names != "auto" and rows:
         try:
             kept = keep_workers(rows, names)
         except ValueError as exc:

@@ -261,14 +261,13 @@ def sort_bank(bank: torch.Tensor, bank_codes: torch.Tensor) -> SortedBank:
 
 
 def _chunked_topk(xn: torch.Tensor, bank: torch.Tensor, kmax: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(similarities, indices) of each query's kmax most similar bank rows, a chunk of queries at a time."""
+    """(similarities, indices) of each query's kmax most similar bank rows, a chunk of queries at a time
+    (at least one query: `topk_neighbours_each` answers none itself)."""
     vs, ix = [], []
     for s in range(0, len(xn), _CHUNK):
         v, i = torch.topk(xn[s:s + _CHUNK] @ bank.T, kmax, dim=1)
         vs.append(v)
         ix.append(i)
-    if not vs:
-        return torch.zeros(0, kmax, dtype=xn.dtype), torch.zeros(0, kmax, dtype=torch.long)
     return torch.cat(vs), torch.cat(ix)
 
 
