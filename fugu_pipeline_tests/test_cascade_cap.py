@@ -354,3 +354,18 @@ def test_the_capped_pick_made_inside_the_folds_reads_what_the_pick_was_lucky_on(
     assert cost == pytest.approx(1.0)
     m, _, _, cost = nested_capped(cands, cf, folds, 0.5, 400, 0)  # nothing within the cap: the cheapest
     assert cost == pytest.approx(1.0) and m == pytest.approx(np.where(folds == 4, a, b).mean() - 1.0)
+
+
+@pytest.mark.parametrize("share", [0.33, 0.5])
+def test_a_row_of_the_table_at_caps_is_what_that_cap_finds_out_of_fold(share):
+    """A fit with no cap prints the table at 20/33/50% of the strongest's cost: its cascade row at a
+    share is what `--cap share=<share>` finds out of fold (the same finer grid, the same bound), and
+    the same row in both fits' tables."""
+    data, grid, inputs = cascade_fixture.close(seed=0)
+    base = dict(search=FAST, n_boot=300, groups="off")
+    free = fit_cascade(data, grid, inputs, CascadeConfig(**base), log=quiet)
+    capped = fit_cascade(data, grid, inputs, CascadeConfig(**base, cap=CostCap(share=share)), log=quiet)
+    row = lambda fit: next(r for r in fit.cap_rows if r["share"] == share and r["policy"] == "cascade")  # noqa: E731
+    assert row(free)["accuracy"] is not None and row(free) == row(capped)
+    assert row(free)["accuracy"][0] == pytest.approx(capped.oof["cascade"].mean(), abs=1e-12)
+    assert row(free)["usd_per_1k"][0] == pytest.approx(capped.oof_cost["cascade"].mean() * 1000, rel=1e-12)

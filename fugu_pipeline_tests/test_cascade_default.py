@@ -129,20 +129,26 @@ def test_the_saved_cascade_records_the_validation_figure_of_the_policy_it_holds(
 
 def test_each_row_sets_plans_are_run_once_for_the_choice_the_frontier_and_the_final_search(monkeypatch):
     """The cost-aware choice, the table, the frontier and the final search read the same row sets
-    with the same grids: each set's plans are listed and run once, not once for each (the search's
-    time is most of `train`'s), the set of every non-test row included."""
+    with the same grids: each plan is run once on each set, not once for each reader (the search's
+    time is most of `train`'s), the set of every non-test row included, though the table and the
+    frontier search a finer grid than the choice (`CascadeConfig.searched`)."""
     from fugu_pipeline.policies.cascade import plans as cascade_plans
 
-    seen: list[tuple[int, bytes, bytes]] = []
-    real = cascade_plans.plan_tuples
+    seen: list[tuple[int, bytes, bytes, tuple]] = []
+    real = cascade_plans.RowSet.points
 
-    def counted(grid, rows, cfg, allowed=None):
-        seen.append((len(rows), np.asarray(rows).tobytes(), np.asarray(grid.exp_cost).tobytes()))
-        return real(grid, rows, cfg, allowed)
+    def counted(self, plans):
+        plans = list(plans)
+        seen.extend((self.n, self.rows.tobytes(), np.asarray(self.grid.exp_cost).tobytes(), p) for p in plans)
+        return real(self, plans)
 
-    monkeypatch.setattr(cascade_plans, "plan_tuples", counted)
+    monkeypatch.setattr(cascade_plans.RowSet, "points", counted)
     data, grid, inputs = cascade_fixture.agreeing(n=300)
     fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=200), log=quiet)
-    n_fit = max(n for n, _, _ in seen)
-    assert sum(1 for n, _, _ in seen if n == n_fit) == 1, "every non-test row searched more than once"
-    assert len(seen) >= 6 and len(seen) == len(set(seen)), f"{len(seen)} searches over {len(set(seen))} row sets"
+    n_fit = max(n for n, *_ in seen)
+    on_all = [k for k in seen if k[0] == n_fit]
+    assert on_all and len(on_all) == len(set(on_all)), "a plan run twice on every non-test row"
+    per_set = {k[:3] for k in seen}
+    assert len(per_set) >= 6 and len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} plans run again on one row set"
+    singles = {p for *_, p in on_all if len(p) == 2 and len(p[0][0]) == 1 and p[0][2] is not None}
+    assert len(singles) > FAST.finals * FAST.cheap * FAST.thresholds  # the finer grid, searched for the caps

@@ -95,15 +95,44 @@ def test_a_fit_chooses_exactly_as_with_every_plan_run_by_simulate(monkeypatch):
 def test_a_row_set_is_run_once_per_grid_through_the_memo():
     g, rows = _grid(seed=1)
     memo: dict = {}
+    runs = lambda: sum(isinstance(v, cascade_plans.Points) for v in memo.values())  # noqa: E731
     a = points_for(g, rows, SMALL, None, memo)
-    assert points_for(g, rows, SMALL, None, memo) is a and len(memo) == 1
+    assert points_for(g, rows, SMALL, None, memo) is a and runs() == 1
     other = Grid(g.worker_ids, g.codes, g.scores, g.quality, g.exp_cost * 2, g.exp_latency, g.utility)
-    assert points_for(other, rows, SMALL, None, memo) is not a and len(memo) == 2  # another grid's costs: its own run
+    assert points_for(other, rows, SMALL, None, memo) is not a and runs() == 2  # another grid's costs: its own run
     priced = Grid(g.worker_ids, g.codes, g.scores, g.quality, g.exp_cost, g.exp_latency, g.utility, row_cost=g.quality + 1)
-    assert points_for(priced, rows, SMALL, None, memo) is not a and len(memo) == 3  # each call's own cost: its own run
+    assert points_for(priced, rows, SMALL, None, memo) is not a and runs() == 3  # each call's own cost: its own run
     repriced = Grid(g.worker_ids, g.codes, g.scores, g.quality, g.exp_cost, g.exp_latency, g.utility, row_cost=g.quality + 2)
     assert points_for(repriced, rows, SMALL, None, memo) is not points_for(priced, rows, SMALL, None, memo)
-    assert len(memo) == 4  # other recorded costs under the same means: not the first's run
+    assert runs() == 4  # other recorded costs under the same means: not the first's run
+
+
+def test_a_finer_search_of_the_same_rows_runs_only_the_plans_the_coarser_did_not(monkeypatch):
+    """A no-cap fit's choice reads the coarse grid and its table at caps the finer one, on the same
+    row sets: the second search runs only its new plans, and its figures are exactly those of the
+    finer search run alone."""
+    g, rows = _grid(seed=2)
+    coarse = SMALL.model_copy(update={"single_thresholds": SMALL.thresholds})
+    fine = SMALL.model_copy(update={"single_thresholds": 24})
+    memo: dict = {}
+    a = points_for(g, rows, coarse, None, memo)
+    ran: list = []
+    real = RowSet.points
+
+    def counted(self, plans):
+        ran.extend(plans)
+        return real(self, plans)
+
+    monkeypatch.setattr(RowSet, "points", counted)
+    b = points_for(g, rows, fine, None, memo)
+    new = set(b.plans) - set(a.plans)
+    assert new and sorted(ran) == sorted(new), (len(ran), len(new))
+    assert len(set(a.plans) & set(b.plans)) > len(new)  # the shapes both grids search alike: not run again
+    alone = points_for(g, rows, fine)
+    assert b.plans == alone.plans and b.n_rows == alone.n_rows
+    for k in ("cost", "quality", "utility", "cost_se"):
+        assert np.array_equal(getattr(b, k), getattr(alone, k)), k
+    assert points_for(g, rows, fine, None, memo) is b and points_for(g, rows, coarse, None, memo) is a
 
 
 def test_a_plan_pays_what_each_row_it_escalates_costs():

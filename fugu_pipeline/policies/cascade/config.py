@@ -76,7 +76,8 @@ class CascadeConfig(BaseModel):
         too. A capped plan is the most accurate one within the cap, and a coarse grid can leave a
         tenth of the cap unused. With no cap the rungs of the cost ladder already span the costs, and
         more levels are more plans picked on the same rows: on the mixed LLMBar + HumanEval import
-        the finer grid lost the cascade its 9% saving out of fold."""
+        the finer grid lost the cascade its 9% saving out of fold. What a fit computes for caps (the
+        table at caps, the frontier) reads `search` itself, with a cap asked or not."""
         if self.cap is not None or self.domain_caps:
             return self.search
         return self.search.model_copy(update={"single_thresholds": self.search.thresholds})

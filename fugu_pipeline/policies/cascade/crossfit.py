@@ -42,7 +42,7 @@ def alone_plan(j: int) -> tuple:
 def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndarray, usable: list[int], allowed, cfg,
               mode: str, baseline: str, shares, heads: dict | None, groups: list[str], memo: dict,
               best_worker, head_routes: dict | None = None, shared: tuple | None = None,
-              cap_routes: dict | None = None, share_routes: dict | None = None) -> CrossFit:
+              cap_routes: dict | None = None, share_routes: dict | None = None, caps_search=None) -> CrossFit:
     """See the module docstring. `mode`: "cheapest" | "cap" | "utility"; `shares`: the cost-aware
     ladder; `groups`: the domains that get their own candidates; `best_worker(grid, rows)`: the
     baseline worker of the `cap` and `utility` modes; `head_routes`: a head's out-of-fold route at the
@@ -52,11 +52,14 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
     route at the λ its budget calibration's rule chooses for the pooled cap on the other folds,
     which its candidate "at the cap" is scored at (a head without one has no such candidate: it could
     not serve the cap); `share_routes`: the first head's route at each share of the table at caps,
-    as its budget calibration would serve that share (a share it has none for is "—")."""
+    as its budget calibration would serve that share (a share it has none for is "—"); `caps_search`:
+    the search the table at caps reads (`cfg.search` when None): a cap's, which may be finer than
+    the choice's (`CascadeConfig.searched`), so that a row of the table is what `--cap` would ship."""
     from fugu_pipeline.policies.cascade.plans import RowSet
 
     n = len(rows)
     capped = mode == "cap"
+    at_caps = caps_search or cfg.search
     # a one-shot head at the cap: its route at the λ its budget calibration chooses for the pooled cap
     at_cap = {h: r for h, r in (cap_routes or {}).items() if h in (heads or {})} \
         if capped and cfg.cap is not None and not cfg.domain_caps else {}
@@ -91,10 +94,10 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
                 out.missing.add(rung_name(s))
             else:
                 put(rung_name(s), at, *got)
-        for s, got in ladder_fold(g, tr, te, cfg.search, allowed, TABLE_SHARES, g.exp_cost[top], memo, CAP_Z).items():
+        for s, got in ladder_fold(g, tr, te, at_caps, allowed, TABLE_SHARES, g.exp_cost[top], memo, CAP_Z).items():
             _table(out, f"cascade@{s}", at, got)
             if table_groups:
-                _table(out, f"{GROUPED}@{s}", at, share_cap_fold(g, tr, te, table_groups[0], table_groups[1], cfg.search,
+                _table(out, f"{GROUPED}@{s}", at, share_cap_fold(g, tr, te, table_groups[0], table_groups[1], at_caps,
                                                                   allowed, s * g.exp_cost[top], CAP_Z, memo))
         for (d, name), got in group_fold(g, tr, te, doms, groups, cfg.search, allowed, usable, shares, g.exp_cost[top],
                                          memo, out.fold_tops).items():

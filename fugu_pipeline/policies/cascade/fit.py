@@ -189,7 +189,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     that cap (`route.budget.cap_route_oof`), its candidate "at the cap"; `share_routes`: the first
     head's at each share of the table at caps ({share: route}, the table's one-shot row)."""
     cfg = cfg or CascadeConfig()
-    cfg = cfg.model_copy(update={"search": cfg.searched()})  # under a cap, a finer grid for one cheap step
+    at_caps = cfg.search  # what a cap's plan is chosen by, with a cap asked or not: the table at caps, the frontier
+    cfg = cfg.model_copy(update={"search": cfg.searched()})  # what the choice reads: with no cap, the coarse grid
     if data.quality is None:
         raise TrainingDataError("a cascade needs each cell's quality (the import's `quality`, or graded responses); "
                                 "this matrix gives rewards only")
@@ -261,10 +262,10 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     cf = cross_fit(data, grid_for, rows, folds, gdoms if groups and mode == "cheapest" else doms, usable, allowed, cfg,
                    mode, baseline, shares, heads, groups if mode == "cheapest" else [], memo,
                    lambda g, r: _best_worker(g, r, capped, cfg, allowed), head_routes, shared, cap_routes,
-                   share_routes)
+                   share_routes, at_caps)
     if cf.unmet:
         return _strongest_ships(data, grid, inputs, rows, usable, log, cf.unmet)
-    frontier = oof_frontier(grid_for, rows, folds, cfg.search, allowed, memo=memo, n_boot=cfg.n_boot, seed=seed)
+    frontier = oof_frontier(grid_for, rows, folds, at_caps, allowed, memo=memo, n_boot=cfg.n_boot, seed=seed)
     g_all = grid_for(rows)
     top_all = usable[int(np.argmax(data.quality[rows][:, usable].mean(axis=0)))]
     ref = g_all.exp_cost[int(np.argmax(data.quality[rows].mean(axis=0)))]

@@ -255,14 +255,29 @@ class RowSet:
 
 def points_for(grid, rows: np.ndarray, cfg, allowed=None, memo: dict | None = None) -> Points:
     """Every plan of the search run once on `rows` of `grid`. `memo` keeps them by the grid's costs
-    (expected and, where recorded, each call's) and the rows: within one fit the choice, the
-    frontier, the per-group plans and the final search read the same row sets, and each is run once."""
+    (expected and, where recorded, each call's), the rows and the search's shape: within one fit the
+    choice, the frontier, the per-group plans and the final search read the same row sets, and each
+    is run once. It also keeps each plan's figures on a row set, so a second search of the same rows
+    (a finer grid for the caps beside the coarse one the choice reads) runs only the plans the first
+    did not: a plan is a tuple of workers and thresholds, and its figures depend on nothing else."""
     digest = lambda a: None if a is None else hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).digest()  # noqa: E731
-    key = (np.asarray(grid.exp_cost).tobytes(), np.asarray(grid.exp_latency).tobytes(), np.asarray(rows).tobytes(),
-           tuple(allowed) if allowed is not None else None, digest(grid.row_cost), digest(grid.row_latency))
+    base = (np.asarray(grid.exp_cost).tobytes(), np.asarray(grid.exp_latency).tobytes(), np.asarray(rows).tobytes(),
+            tuple(allowed) if allowed is not None else None, digest(grid.row_cost), digest(grid.row_latency))
+    key = (base, tuple(getattr(cfg, f) for f in _SHAPE))
     if memo is not None and key in memo:
         return memo[key]
-    pts = RowSet(grid, rows).points(plan_tuples(grid, rows, cfg, allowed))
+    plans = list(plan_tuples(grid, rows, cfg, allowed))
+    seen = memo.setdefault(("plans", base), {}) if memo is not None else {}
+    todo = [p for p in dict.fromkeys(plans) if p not in seen]
+    if todo:
+        got = RowSet(grid, rows).points(todo)
+        seen.update(zip(todo, zip(got.cost, got.quality, got.utility, got.cost_se)))
+    fig = np.array([seen[p] for p in plans], dtype=float).reshape(len(plans), 4)
+    pts = Points(plans, fig[:, 0], fig[:, 1], fig[:, 2], fig[:, 3], len(rows))
     if memo is not None:
         memo[key] = pts
     return pts
+
+
+# what `plan_tuples` reads of a search's settings: two searches alike in these list the same plans
+_SHAPE = ("finals", "cheap", "thresholds", "single_thresholds", "three_steps", "cheap_steps", "parallel", "max_plans")

@@ -6,7 +6,7 @@ cheaper workers called at once, or up to three cheap steps one after another; af
 step agreement of the answers so far and/or a verifier threshold from a grid of the scores'
 quantiles (the scores read at that point of the plan when the verifier reads the paid replies): 10
 levels, and under a cap 40 where one cheap worker comes before the last step (`single_thresholds`,
-`CascadeConfig.searched`). With 10 levels the share of replies a step keeps moves by about a tenth
+`CascadeConfig.searched`; a fit with no cap searches its table at caps and its frontier that way too). With 10 levels the share of replies a step keeps moves by about a tenth
 from one level to the next, and the plan that fits a cap can lie between two of them. With the
 defaults (3 finals, 5 cheap workers) it is at most 5,793 plans, 6,243 under a cap (7,413 and 7,863
 when the verifier reads the paid replies, which adds steps where the verifier alone decides), never
@@ -56,8 +56,9 @@ class CascadeSearch(BaseModel):
     cheap: int = Field(5, ge=1, description="workers cheaper than the last step tried before it")
     thresholds: int = Field(10, ge=2, le=40, description="verifier thresholds per step (quantiles of its scores)")
     single_thresholds: int = Field(40, ge=2, le=200, description=(
-        "under a cap, verifier thresholds of a step of one cheap worker before the last (quantiles of its "
-        "scores): the plan that fits the cap can lie between two of the coarse levels (with no cap: `thresholds`)"))
+        "where a cap is searched (a capped fit's choice; any fit's table at caps and frontier), verifier "
+        "thresholds of a step of one cheap worker before the last (quantiles of its scores): the plan that fits "
+        "the cap can lie between two of the coarse levels (the choice of a fit with no cap: `thresholds`)"))
     three_steps: bool = Field(True, description="also try one cheap worker, then another, then the last step")
     cheap_steps: int = Field(3, ge=1, le=3, description="the most cheap steps one after another before the last step")
     parallel: int = Field(3, ge=2, le=3, description="the most cheap workers asked at once in one step")
