@@ -60,6 +60,21 @@ def test_a_few_shot_prompt_asks_for_its_last_task_and_code_among_words_is_found(
     assert got[:2].tolist() == [[1, 0], [1, 0]] and np.allclose(got[2], [1 / 3, 2 / 3])  # 2 is not > 100: one passes
 
 
+# TransCoder's form: worked translations that define their own functions, then the C++ function to
+# translate and its test; the last function the prompt defines is a worked example's, not the task's
+TRANSLATE = ("[c++]\nint square(int x) { return x * x; }\n[python]\ndef square(x):\n    return x * x\n"
+             "[c++]\nint add_one(int x) { return x + 1; }\n[python]\n\nYour code should pass this test:\n"
+             "assert add_one(20) == 21")
+
+
+def test_a_prompt_that_defines_its_worked_examples_asks_for_the_function_its_test_calls():
+    assert prompt_examples(TRANSLATE) == ("add_one", (("assert", "assert add_one(20) == 21"),))
+    right, wrong = "def add_one(x):\n    return x + 1\n", "def add_one(x):\n    return x * x\n"
+    assert examples_stats([(right, None, TRANSLATE), (wrong, None, TRANSLATE)]).tolist() == [[1, 0], [0, 1]]
+    # a prompt whose examples are its docstring's reads the function it defines, as before
+    assert prompt_examples(HUMANEVAL)[0] == "below_zero"
+
+
 def test_right_code_passes_wrong_code_fails_and_no_examples_reads_as_before(tmp_path):
     cells = [(RIGHT_BELOW, None, HUMANEVAL), (WRONG_BELOW, None, HUMANEVAL),
              ("def similar_elements(a, b):\n    return set(a) & set(b)", None, MBPP),

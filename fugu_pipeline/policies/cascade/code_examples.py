@@ -16,7 +16,7 @@ passes every example; the best share counts. A run that times out or crashes end
 
 The two statistics are the share of the examples passed and failed (both 0 where the prompt gives
 none, so a prompt without examples reads as before). Training keeps them content-addressed under
-`<cache>/code-examples-v1/`; serving runs them for each code reply it verifies (tens of milliseconds
+`<cache>/code-examples-v2/`; serving runs them for each code reply it verifies (tens of milliseconds
 a run), remembers its last runs (a cascade's later step reads the earlier replies again), and runs at
 most `SANDBOX_SLOTS` sandboxes at once, however many requests come. The prompt is read line by line, in linear time; at most `MAX_EXAMPLES` examples.
 """
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 EXECUTED_STATS = ("examples_passed", "examples_failed")
-CACHE = "code-examples-v1"
+CACHE = "code-examples-v2"  # v1: read the last function defined before the last assert's
 MAX_EXAMPLES = 10
 MAX_PROGRAMS = 4
 TIMEOUT_S = 3.0
@@ -59,17 +59,17 @@ _ARROWS = ("➞", "==", "=>", "->", "→", " should return ", " returns ")
 
 
 def _entry(lines: list[str]) -> str | None:
-    """The function the examples call: the last one the prompt defines, else the one its last assert
-    calls (a few-shot prompt asks for its last task)."""
-    defined = [m.group(1) for line in lines if (m := _DEF.match(line))]
-    if defined:
-        return defined[-1]
+    """The function the examples call: the one the prompt's last assert calls, else the last one the
+    prompt defines. A few-shot prompt asks for its last task, and the functions it defines are its
+    worked examples' (MBPP's shots, TransCoder's translations): the last assert names the function
+    asked for, which the prompt does not define."""
     for line in reversed(lines):
         if line.lstrip().startswith("assert "):
             called = [name for name in _CALL.findall(line) if name not in _NOT_ENTRY]
             if called:
                 return called[0]
-    return None
+    defined = [m.group(1) for line in lines if (m := _DEF.match(line))]
+    return defined[-1] if defined else None
 
 
 def _code_in_text(reply: str) -> str | None:
@@ -212,7 +212,7 @@ def examples_stats(cells: list[tuple[str | None, str | None, str]], cache_root: 
     """(examples_passed, examples_failed) of (reply, final answer, prompt) cells, (n, 2) float32: zeros
     for no reply or a prompt without examples; read from this process's last `RECENT_RUNS` runs (a
     cascade's later step reads its earlier replies again) or the content-addressed cache under
-    `<cache_root>/code-examples-v1/` (none: not kept on disk), else run; each result is kept in both. Sandbox runs go `threads` at a
+    `<cache_root>/code-examples-v2/` (none: not kept on disk), else run; each result is kept in both. Sandbox runs go `threads` at a
     time (default: the machine's cores), and at most `SANDBOX_SLOTS` at once in the process."""
     from fugu_pipeline.hashing import sha256_text
 
