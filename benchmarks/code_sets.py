@@ -30,6 +30,19 @@ example, "Your code should pass this test:" and the `sample_io` line: MBPP's pro
 tests, and the cascades' example runs read them there. The models were asked without that line, so
 their replies gain nothing from it; a router reads it before paying for a second model.
 
+LDB, `ldb_rows(DIR)`: github.com/FloridSleeves/LLMDebugger (Apache-2.0), the "seed" programs of LDB
+(Zhong et al., 2024), which its debugger starts from: one program per problem and model, asked once
+of `gpt-3.5-turbo-0613`, CodeLlama-34b-Instruct (`codellama`) and StarCoder (`starcoder`) on three
+sets, 1,224 problems: HumanEval (164), MBPP (500) and TransCoder (560 C++ functions to translate into
+Python, each prompt two worked translations and then the function). One file per set and model,
+`input_data/<set>/seed/<model>/seed.jsonl`, a row per problem (`task_id`, `prompt`, `entry_point`,
+`test`, `given_tests`, `solution`: the program, `is_solved`: `test` passed), in an order of its
+own per file (rows are paired by `task_id`). A row's prompt: HumanEval's as the release gives it
+(its docstring shows its examples); MBPP's and TransCoder's, then "Your code should pass this test:"
+and the first of `given_tests` (MBPP's single visible test; TransCoder's release lists all ten of
+its grader's asserts as given, and a row shows one, as MBPP's does). No token counts: (chars / 4)
+of the row's prompt and of the program.
+
 CRUXEval-O, read from the same harness as the math sets, is in `zeroeval_sets.py`.
 
 Costs: token counts where the data has them (HumanEval's OpenAI runs), else (chars / 4) tokens, at
@@ -54,11 +67,14 @@ from benchmarks.release_files import ReleaseFormatError, commit_of, read_file
 CNY_PER_USD = 7.1  # the yuan list prices below, in dollars at about the rate of 2025
 PRICES = {  # (input, output) USD per million tokens
     "codellama-34b-instruct": (0.78, 0.78),  # assumed: a hosted 34B model's price
-    "gpt-3.5-turbo": (1.5, 2.0), "gpt-4": (30.0, 60.0),
+    "starcoder": (0.3, 0.3),  # assumed: a hosted 15B model's price (the tier below the 34B's)
+    "gpt-3.5-turbo": (1.5, 2.0), "gpt-3.5-turbo-0613": (1.5, 2.0), "gpt-4": (30.0, 60.0),
     # Alibaba Cloud Model Studio (help.aliyun.com/zh/model-studio/qwen-coder), yuan per million tokens:
     # qwen-coder-turbo 2 in, 6 out; Qwen3-Coder-480B at qwen3-coder-plus's tier for prompts under 32K, 4 in, 16 out
     "QwenCoderTurbo": (2 / CNY_PER_USD, 6 / CNY_PER_USD), "QwenCoder480b": (4 / CNY_PER_USD, 16 / CNY_PER_USD),
 }
+
+EXAMPLE_LINE = "Your code should pass this test:"  # MBPP's own words before the test it shows
 
 HUMANEVAL_REPO = "jamesmurdza/humaneval-results"
 HUMANEVAL_MODELS = ("codellama-34b-instruct", "gpt-3.5-turbo", "gpt-4")
@@ -138,26 +154,41 @@ _MBPP_FIELDS = {"name": str, "prompt": str, "test": str, "entry_point": str, "sa
                 "prompt_tokens": list, "completion_tokens": list, "is_solved": bool}
 
 
-def mbpp_file(root: Path, model: str, strategy: str) -> dict[str, dict]:
-    """{problem name: row} of one model and strategy's results file; a row not in the format of the
-    module docstring is a ReleaseFormatError naming the file, the line and the field."""
-    rel = f"results/MBPP/{model}-{strategy}-MBPP-Python3-0.0-1-merged.jsonl"
-    out: dict[str, dict] = {}
-    for k, line in enumerate(read_file(root, rel, MBPP_REPO).split("\n"), 1):
+def _jsonl_rows(root: Path, rel: str, repo: str, fix: str, fields: dict, more=None):
+    """(line number, row) of a release's JSON-lines file, each row an object holding `fields` ({name:
+    type}); `more(row)`: what else is wrong with it, or None. A row that fails is a ReleaseFormatError
+    naming the file, the line and the field. Lines are split at "\n" only: a program's text may hold
+    other line separators."""
+    for k, line in enumerate(read_file(root, rel, repo).split("\n"), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            raise ReleaseFormatError(f"{rel} line {k}: not a JSON object; {_MBPP_FIX}") from None
-        bad = next((f"the field {f!r} is missing or not a {kind.__name__}" for f, kind in _MBPP_FIELDS.items()
+            raise ReleaseFormatError(f"{rel} line {k}: not a JSON object; {fix}") from None
+        bad = next((f"the field {f!r} is missing or not a {kind.__name__}" for f, kind in fields.items()
                     if not isinstance(row.get(f) if isinstance(row, dict) else None, kind)), None)
-        if bad is None and not row["responses"]:
-            bad = "'responses' is empty"
-        if bad is None and not all(isinstance(t, int) for t in row["prompt_tokens"] + row["completion_tokens"]):
-            bad = "'prompt_tokens' or 'completion_tokens' holds something other than token counts"
+        if bad is None and more is not None:
+            bad = more(row)
         if bad is not None:
-            raise ReleaseFormatError(f"{rel} line {k}: {bad}; {_MBPP_FIX}")
+            raise ReleaseFormatError(f"{rel} line {k}: {bad}; {fix}")
+        yield k, row
+
+
+def _mbpp_more(row: dict) -> str | None:
+    if not row["responses"]:
+        return "'responses' is empty"
+    if not all(isinstance(t, int) for t in row["prompt_tokens"] + row["completion_tokens"]):
+        return "'prompt_tokens' or 'completion_tokens' holds something other than token counts"
+    return None
+
+
+def mbpp_file(root: Path, model: str, strategy: str) -> dict[str, dict]:
+    """{problem name: row} of one model and strategy's results file; a row not in the format of the
+    module docstring is a ReleaseFormatError naming the file, the line and the field."""
+    rel = f"results/MBPP/{model}-{strategy}-MBPP-Python3-0.0-1-merged.jsonl"
+    out: dict[str, dict] = {}
+    for _, row in _jsonl_rows(root, rel, MBPP_REPO, _MBPP_FIX, _MBPP_FIELDS, _mbpp_more):
         out.setdefault(row["name"], row)  # a problem written twice by a resumed run: its first row
     return out
 
@@ -178,7 +209,7 @@ def mbpp_rows(root: Path, strategy: str = "CoT", models: tuple[str, ...] = MBPP_
         cells = [f[name] for f in files]
         first = cells[0]
         example = "".join(f"\n{line}" for line in first["sample_io"])
-        prompt = first["prompt"].rstrip() + ("\n\nYour code should pass this test:" + example if example else "")
+        prompt = first["prompt"].rstrip() + (f"\n\n{EXAMPLE_LINE}" + example if example else "")
         cost = [(sum(c["prompt_tokens"]) * PRICES[m][0] + sum(c["completion_tokens"]) * PRICES[m][1]) / 1e6
                 for m, c in zip(models, cells)]
         rows.append(RewardRow(task_id=name, prompt=prompt, domain="mbpp", worker_ids=list(models),
@@ -189,6 +220,74 @@ def mbpp_rows(root: Path, strategy: str = "CoT", models: tuple[str, ...] = MBPP_
              "problems": len(rows), "left_out": sum(len(f) for f in files) - len(models) * len(rows),
              "prices_usd_per_m_tokens": {m: PRICES[m] for m in models}, "graded_by": "the recorded is_solved"}
     return rows, notes
+
+
+LDB_REPO = "FloridSleeves/LLMDebugger"
+LDB_MODELS = {"gpt-3.5-turbo-0613": "gpt-3.5-turbo-0613", "codellama": "codellama-34b-instruct", "starcoder": "starcoder"}
+LDB_SETS = ("humaneval", "mbpp", "transcoder")
+_LDB_FIX = f"restore the file (git checkout in {LDB_REPO}) or pass an untouched checkout of it"
+_LDB_FIELDS = {"task_id": str, "prompt": str, "entry_point": str, "test": str, "given_tests": list, "solution": str,
+               "is_solved": bool}
+
+
+def _ldb_more(row: dict) -> str | None:
+    if not all(isinstance(t, str) for t in row["given_tests"]):
+        return "'given_tests' holds something other than asserts"
+    return None
+
+
+def ldb_file(root: Path, task_set: str, model: str) -> dict[str, dict]:
+    """{task id: row} of one set and model's seed file; a row not in the format of the module
+    docstring, or a task id written twice, is a ReleaseFormatError naming the file, the line and the field."""
+    rel = f"input_data/{task_set}/seed/{model}/seed.jsonl"
+    out: dict[str, dict] = {}
+    for k, row in _jsonl_rows(root, rel, LDB_REPO, _LDB_FIX, _LDB_FIELDS, _ldb_more):
+        if row["task_id"] in out:
+            raise ReleaseFormatError(f"{rel} line {k}: the field 'task_id' ({row['task_id']!r}) is written twice; {_LDB_FIX}")
+        out[row["task_id"]] = row
+    return out
+
+
+def ldb_prompt(task_set: str, row: dict) -> str:
+    """The prompt a row shows the router (module docstring)."""
+    if task_set == "humaneval" or not row["given_tests"]:
+        return row["prompt"]
+    return f"{row['prompt'].rstrip()}\n\n{EXAMPLE_LINE}\n{row['given_tests'][0]}"
+
+
+def ldb_rows(root: Path, sets: tuple[str, ...] = LDB_SETS, models: tuple[str, ...] = tuple(LDB_MODELS),
+             test_fraction: float = 0.5, val_fraction: float = 0.1, seed: int = 0):
+    """(rows, notes): one `RewardRow` per problem every model's seed file holds, `domain` its set
+    (module docstring), in the first model's file order, set by set."""
+    from fugu_pipeline.matrix.import_common import assign_split
+    from fugu_pipeline.matrix.import_format import RewardRow
+
+    rows, left_out = [], 0
+    workers = [LDB_MODELS[m] for m in models]
+    for task_set in sets:
+        files = [ldb_file(root, task_set, m) for m in models]
+        names = [n for n in files[0] if all(n in f for f in files[1:])]
+        left_out += sum(len(f) for f in files) - len(models) * len(names)
+        for name in names:
+            cells = [f[name] for f in files]
+            prompt = ldb_prompt(task_set, cells[0])
+            cost = [(len(prompt) / 4 * PRICES[w][0] + len(c["solution"]) / 4 * PRICES[w][1]) / 1e6
+                    for w, c in zip(workers, cells)]
+            rows.append(RewardRow(task_id=name, prompt=prompt, domain=task_set, worker_ids=workers,
+                                  split=assign_split(name, seed, test_fraction, val_fraction),
+                                  quality=[float(c["is_solved"]) for c in cells], cost_usd=cost,
+                                  answers=[c["solution"] for c in cells], answer_kind="code"))
+    notes = {"source": LDB_REPO, "commit": commit_of(root), "models": dict(zip(models, workers)), "sets": list(sets),
+             "problems": len(rows), "left_out": left_out, "prices_usd_per_m_tokens": {w: PRICES[w] for w in workers},
+             "tokens": "chars / 4", "graded_by": "the recorded is_solved"}
+    return rows, notes
+
+
+def ldb_tasks(root: Path) -> dict[str, dict]:
+    """{task id: task} from the release's own rows (the first model's file of each set): the prompt
+    the model continued, the problem's asserts (`test`) and the function they call."""
+    return {name: {"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"]}
+            for task_set in LDB_SETS for name, row in ldb_file(root, task_set, next(iter(LDB_MODELS))).items()}
 
 
 def humaneval_tasks(tasks_path: Path) -> dict[str, dict]:

@@ -11,6 +11,7 @@ final-answer reader reads an answer from:
         [--regrade /work/shared/data/tasks/humaneval/HumanEval.jsonl.gz]
     python benchmarks/reply_sets.py humaneval <jamesmurdza/humaneval-results dir> --out he2.jsonl --keep codellama-34b-instruct,gpt-4
     python benchmarks/reply_sets.py mbpp <zaiyichen0411/MapCoder-Reproduction dir> --out mbpp.jsonl [--regrade]
+    python benchmarks/reply_sets.py ldb <FloridSleeves/LLMDebugger dir> --out ldb.jsonl [--regrade]
     python benchmarks/reply_sets.py crux <WildEval/ZeroEval dir> --out crux.jsonl
     python benchmarks/reply_sets.py gsm <WildEval/ZeroEval dir> --out gsm.jsonl
     python benchmarks/reply_sets.py math-l5 <WildEval/ZeroEval dir> --out math.jsonl
@@ -21,7 +22,7 @@ final-answer reader reads an answer from:
 
 A "dir" is a checkout of the repository or its bare git directory (what `fetch` gives). What each
 converter reads, how it grades and prices: `choice_sets.py` (csqa, llmbar), `code_sets.py`
-(humaneval, mbpp), `zeroeval_sets.py` (crux, gsm, math-l5), `mot_data.py` (mot-date).
+(humaneval, mbpp, ldb), `zeroeval_sets.py` (crux, gsm, math-l5), `mot_data.py` (mot-date).
 
 `llmbar+humaneval` is a mixed import (multiple choice and code, `domain` llmbar or humaneval) with
 the workers both releases share: gpt-3.5-turbo and gpt-4 (LLMBar's ChatGPT-0613 and GPT-4 judged
@@ -79,6 +80,12 @@ def _mbpp(strategy):
     return build
 
 
+def _ldb(dirs, **kw):
+    from benchmarks.code_sets import ldb_rows
+
+    return ldb_rows(dirs[0], **kw)
+
+
 def _zeroeval(task):
     def build(dirs, **kw):
         from benchmarks.zeroeval_sets import task_rows
@@ -118,6 +125,7 @@ SETS = {
     "llmbar": (("princeton-nlp/LLMBar",), _llmbar),
     "humaneval": (("jamesmurdza/humaneval-results",), _humaneval),
     "mbpp": (("zaiyichen0411/MapCoder-Reproduction",), _mbpp("CoT")),
+    "ldb": (("FloridSleeves/LLMDebugger",), _ldb),
     "crux": (("WildEval/ZeroEval",), _zeroeval("crux")),
     "gsm": (("WildEval/ZeroEval",), _zeroeval("gsm")),
     "math-l5": (("WildEval/ZeroEval",), _zeroeval("math-l5")),
@@ -130,27 +138,30 @@ SETS = {
 def set_rows(name: str, dirs: list[Path], regrade: Path | bool | None = None, **kw):
     """(rows, notes) of the set `name` read from `dirs` (one per release `SETS` names); `regrade`:
     grade the code rows again with the project's code grader, HumanEval's against its task file (the
-    path), MBPP's against the asserts its release holds (True)."""
+    path), MBPP's and LDB's against the asserts their release holds (True)."""
     if name not in SETS:
         raise SystemExit(f"unknown set {name!r}; one of {', '.join(SETS)}")
     repos, build = SETS[name]
     if len(dirs) != len(repos):
         raise SystemExit(f"{name} reads {len(repos)} release(s): {', '.join(repos)}; got {len(dirs)} folder(s)")
+    in_release = {"mbpp": "MBPP", "ldb": "LDB"}  # sets whose release holds their tests
     if regrade is not None:  # before the release is read: a wrong flag costs nothing
-        if not any(d in ("humaneval", "mbpp") for d in name.split("+")):
-            raise SystemExit(f"--regrade grades HumanEval or MBPP replies; {name} has none")
+        if not any(d in ("humaneval", *in_release) for d in name.split("+")):
+            raise SystemExit(f"--regrade grades HumanEval, MBPP or LDB replies; {name} has none")
         if "humaneval" in name.split("+") and not isinstance(regrade, Path):
             raise SystemExit("--regrade: pass HumanEval's task file (HumanEval.jsonl.gz) to grade against its tests")
-        if name == "mbpp" and regrade is not True:
-            raise SystemExit("--regrade: MBPP's tests are in its release; give --regrade without a file")
+        if name in in_release and regrade is not True:
+            raise SystemExit(f"--regrade: {in_release[name]}'s tests are in its release; give --regrade without a file")
     rows, notes = build([Path(d) for d in dirs], **kw)
     if regrade is not None:
-        from benchmarks.code_sets import humaneval_tasks, mbpp_tasks
+        from benchmarks.code_sets import humaneval_tasks, ldb_tasks, mbpp_tasks
         from benchmarks.code_sets import regrade as grade_again
 
-        kind = "mbpp" if name == "mbpp" else "humaneval"
-        tasks = mbpp_tasks(Path(dirs[0])) if kind == "mbpp" else humaneval_tasks(regrade)
-        notes = {**notes, "regraded": grade_again([r for r in rows if r.domain == kind], tasks)}
+        if name in in_release:
+            graded, tasks = rows, (mbpp_tasks if name == "mbpp" else ldb_tasks)(Path(dirs[0]))
+        else:
+            graded, tasks = [r for r in rows if r.domain == "humaneval"], humaneval_tasks(regrade)
+        notes = {**notes, "regraded": grade_again(graded, tasks)}
     return rows, notes
 
 
@@ -161,7 +172,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True, help="the reward-matrix JSONL to write")
     ap.add_argument("--regrade", type=Path, nargs="?", const=True, default=None, metavar="HUMANEVAL_TASKS",
                     help="grade the code replies again with the project's sandboxed grader: HumanEval's against its "
-                         "task file (the path), MBPP's against the asserts of its release (no path)")
+                         "task file (the path), MBPP's and LDB's against the asserts of their release (no path)")
     ap.add_argument("--resplit", type=int, default=None, metavar="SEED",
                     help="split the same rows at random instead (numpy's default_rng(SEED).permutation of the rows in "
                          "the release's order: the first half test, the next tenth val, the rest train)")

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.choice_sets import CSQA_FILES, LLMBAR_EVALUATORS, LLMBAR_PROMPT, LLMBAR_SUBSETS, PRICES, csqa_rows, llmbar_rows
 from benchmarks.code_sets import PRICES as CODE_PRICES
-from benchmarks.code_sets import humaneval_rows, humaneval_tasks, mbpp_rows, regrade
+from benchmarks.code_sets import LDB_MODELS, humaneval_rows, humaneval_tasks, ldb_rows, mbpp_rows, regrade
 from benchmarks.zeroeval_sets import MODELS as CRUX_MODELS
 from benchmarks.zeroeval_sets import PRICES as ZEROEVAL_PRICES
 from benchmarks.zeroeval_sets import crux_right, number_right, task_rows
@@ -220,7 +220,7 @@ def test_mbpp_regrading_runs_each_reply_against_the_asserts_its_release_holds(tm
         set_rows("mbpp", [root], regrade=tmp_path / "HumanEval.jsonl")
     with pytest.raises(SystemExit, match="pass HumanEval's task file"):
         set_rows("humaneval", [tmp_path / "he"], regrade=True)
-    with pytest.raises(SystemExit, match="--regrade grades HumanEval or MBPP replies; llmbar has none"):
+    with pytest.raises(SystemExit, match="--regrade grades HumanEval, MBPP or LDB replies; llmbar has none"):
         set_rows("llmbar", [tmp_path / "llmbar"], regrade=True)
     broken = mbpp_release(tmp_path / "b", turbo=[{**mbpp_row("mbpp_1_f"), "entry_point": 3}, mbpp_row("mbpp_2_f")])
     with pytest.raises(ReleaseFormatError, match="QwenCoderTurbo-CoT-MBPP-Python3-0.0-1-merged.jsonl line 1: the field 'entry_point' "
@@ -235,6 +235,71 @@ def test_a_malformed_mbpp_row_names_the_file_its_line_and_the_field(tmp_path, li
     root = mbpp_release(tmp_path / "m", turbo=[mbpp_row("mbpp_1_f"), line])
     with pytest.raises(ReleaseFormatError, match=rf"^results/MBPP/QwenCoderTurbo-CoT-MBPP-Python3-0.0-1-merged.jsonl line 2: .*{field}"):
         mbpp_rows(root)
+
+
+def ldb_row(task_id, solved=True, solution="def f(x):\n    return x\n", given=("assert f(3) == 3", "assert f(5) == 5")):
+    return {"task_id": task_id, "prompt": 'def f(x):\n    """Give x back."""\n', "entry_point": "f",
+            "test": "def check(candidate):\n    assert candidate(4) == 4\n", "given_tests": list(given),
+            "canonical_solution": "", "seed": "", "solution": solution, "is_solved": solved}
+
+
+def ldb_release(root, files=None):
+    """Three sets x three models; each model's file in an order of its own; MBPP/3 missing from starcoder's."""
+    default = {ts: [ldb_row(f"{ts}/1"), ldb_row(f"{ts}/2", solved=False)] for ts in ("humaneval", "mbpp", "transcoder")}
+    default["mbpp"].append(ldb_row("mbpp/3"))
+    for ts, rows in default.items():
+        for m in LDB_MODELS:
+            mine = (files or {}).get((ts, m), rows[::-1] if m == "codellama" else rows)
+            if ts == "mbpp" and m == "starcoder" and (ts, m) not in (files or {}):
+                mine = rows[:2]
+            (root / "input_data" / ts / "seed" / m).mkdir(parents=True, exist_ok=True)
+            text = "\n".join(r if isinstance(r, str) else json.dumps(r) for r in mine) + "\n"
+            (root / "input_data" / ts / "seed" / m / "seed.jsonl").write_text(text)
+    return root
+
+
+def test_ldb_rows_pair_each_problem_across_models_and_sets_and_show_one_test(tmp_path):
+    rows, notes = ldb_rows(ldb_release(tmp_path / "ldb"))
+    assert [(r.domain, r.task_id) for r in rows] == [("humaneval", "humaneval/1"), ("humaneval", "humaneval/2"),
+                                                   ("mbpp", "mbpp/1"), ("mbpp", "mbpp/2"),
+                                                   ("transcoder", "transcoder/1"), ("transcoder", "transcoder/2")]
+    assert notes["left_out"] == 2 and notes["problems"] == 6  # mbpp/3: in two of the three files
+    assert rows[0].worker_ids == ["gpt-3.5-turbo-0613", "codellama-34b-instruct", "starcoder"]
+    assert rows[1].quality == [0.0, 0.0, 0.0] and rows[0].quality == [1.0, 1.0, 1.0] and rows[0].answer_kind == "code"
+    assert rows[0].prompt == 'def f(x):\n    """Give x back."""\n'  # HumanEval's docstring shows its examples
+    assert rows[2].prompt.endswith('"""\n\nYour code should pass this test:\nassert f(3) == 3')  # the first test only
+    assert rows[4].prompt == rows[2].prompt
+    chars = len(rows[2].prompt) / 4, len("def f(x):\n    return x\n") / 4
+    assert rows[2].cost_usd[2] == pytest.approx((chars[0] * CODE_PRICES["starcoder"][0] + chars[1] * CODE_PRICES["starcoder"][1]) / 1e6)
+    from fugu_pipeline.policies.cascade.code_examples import prompt_examples
+
+    assert prompt_examples(rows[2].prompt) == ("f", (("assert", "assert f(3) == 3"),))  # what the example runs read
+    assert [r.task_id for r in set_rows("ldb", [tmp_path / "ldb"])[0]] == [r.task_id for r in rows]
+
+
+def test_ldb_regrading_runs_each_program_against_the_asserts_its_release_holds(tmp_path):
+    wrong = "def f(x):\n    return x + 1\n"
+    files = {("mbpp", "starcoder"): [ldb_row("mbpp/1", solved=True, solution=wrong), ldb_row("mbpp/2", solved=False)]}
+    rows, notes = set_rows("ldb", [ldb_release(tmp_path / "ldb", files)], regrade=True)
+    # every "/2" program is right but recorded failing (9 cells), and one wrong program recorded solved
+    assert notes["regraded"]["cells"] == 18 and notes["regraded"]["differ_from_recorded"] == 10
+    assert ("mbpp/1", "starcoder") in notes["regraded"]["differing"]  # a wrong program recorded as solved
+    assert ("humaneval/2", "codellama-34b-instruct") in notes["regraded"]["differing"]  # a right one recorded failing
+    by = {r.task_id: r.quality for r in rows}
+    assert by["mbpp/1"] == [1.0, 1.0, 0.0] and by["mbpp/2"] == [1.0, 1.0, 1.0]
+    with pytest.raises(SystemExit, match="LDB's tests are in its release; give --regrade without a file"):
+        set_rows("ldb", [tmp_path / "ldb"], regrade=tmp_path / "HumanEval.jsonl")
+
+
+@pytest.mark.parametrize("line, field", [
+    ("[1, 2]", "the field 'task_id' is missing or not a str"),
+    (json.dumps({**ldb_row("mbpp/9"), "is_solved": "yes"}), "the field 'is_solved' is missing or not a bool"),
+    (json.dumps({**ldb_row("mbpp/9"), "given_tests": [3]}), "'given_tests' holds something other than asserts"),
+    (json.dumps(ldb_row("mbpp/1")), "the field 'task_id' \\('mbpp/1'\\) is written twice")])
+def test_a_malformed_ldb_row_names_the_file_its_line_and_the_field(tmp_path, line, field):
+    root = ldb_release(tmp_path / "ldb", {("mbpp", "codellama"): [ldb_row("mbpp/1"), line]})
+    with pytest.raises(ReleaseFormatError, match=rf"^input_data/mbpp/seed/codellama/seed.jsonl line 2: {field}"):
+        ldb_rows(root)
 
 
 def crux_release(root, rows_by_model, task="crux"):
