@@ -30,7 +30,7 @@ example, "Your code should pass this test:" and the `sample_io` line: MBPP's pro
 tests, and the cascades' example runs read them there. The models were asked without that line, so
 their replies gain nothing from it; a router reads it before paying for a second model.
 
-LDB, `ldb_rows(DIR)`: github.com/FloridSleeves/LLMDebugger (Apache-2.0), the "seed" programs of LDB
+LDB, `ldb_rows(DIR)`: github.com/FloridSleeves/LLMDebugger (Apache-2.0), the starting programs of LDB
 (Zhong et al., 2024), which its debugger starts from: one program per problem and model, asked once
 of `gpt-3.5-turbo-0613`, CodeLlama-34b-Instruct (`codellama`) and StarCoder (`starcoder`) on three
 sets, 1,224 problems: HumanEval (164), MBPP (500) and TransCoder (560 C++ functions to translate into
@@ -306,15 +306,26 @@ def mbpp_tasks(root: Path, strategy: str = "CoT") -> dict[str, dict]:
 
 def regrade(rows: list, tasks: dict[str, dict]) -> dict:
     """Grade every reply of `rows` (in place) with the project's sandboxed code grader against the
-    tests of `tasks` ({task id: `prompt`, `test`, `entry_point`}: `humaneval_tasks`, `mbpp_tasks`);
-    returns how many cells it graded and where it differs from the recorded result."""
-    from fugu_pipeline.collect.code_grader import grade_python_tests
+    tests of `tasks` ({task id: `prompt`, `test`, `entry_point`}: `humaneval_tasks`, `mbpp_tasks`,
+    `ldb_tasks`); returns how many cells it graded and where it differs from the recorded result. A
+    task whose test the grader refuses (one of TransCoder's holds NUL characters, which no Python
+    program may) keeps its recorded verdicts, and is named under `not_regraded`."""
+    from pydantic import ValidationError
 
-    differ = []
+    from fugu_pipeline.collect.code_grader import grade_python_tests
+    from fugu_pipeline.tasks.schema import PythonTestsGrader
+
+    differ, kept = [], []
     for r in rows:
         task = tasks[r.task_id]
-        spec = {"type": "python_tests", "test": task["test"], "entry_point": task["entry_point"]}
+        try:
+            spec = PythonTestsGrader.model_validate({"type": "python_tests", "test": task["test"],
+                                                     "entry_point": task["entry_point"]})
+        except ValidationError as exc:
+            kept.append((r.task_id, exc.errors()[0]["msg"][:160]))
+            continue
         graded = [grade_python_tests(a, spec, task["prompt"])[0] for a in r.answers]
         differ += [(r.task_id, w) for w, old, new in zip(r.worker_ids, r.quality, graded) if old != new]
         r.quality = graded
-    return {"cells": sum(len(r.answers) for r in rows), "differ_from_recorded": len(differ), "differing": differ[:20]}
+    return {"cells": sum(len(r.answers) for r in rows if r.task_id not in dict(kept)), "differ_from_recorded": len(differ),
+            "differing": differ[:20], "not_regraded": kept}

@@ -214,7 +214,7 @@ def test_mbpp_regrading_runs_each_reply_against_the_asserts_its_release_holds(tm
     root = mbpp_release(tmp_path / "m", turbo=[mbpp_row("mbpp_1_f", solved=True, reply=wrong), mbpp_row("mbpp_2_f", solved=False)])
     rows, notes = set_rows("mbpp", [root], regrade=True)
     assert [r.quality for r in rows] == [[0.0, 1.0], [1.0, 1.0]]  # a wrong reply recorded solved, a right one recorded failed
-    assert notes["regraded"] == {"cells": 4, "differ_from_recorded": 2,
+    assert notes["regraded"] == {"cells": 4, "differ_from_recorded": 2, "not_regraded": [],
                                  "differing": [("mbpp_1_f", "QwenCoderTurbo"), ("mbpp_2_f", "QwenCoderTurbo")]}
     with pytest.raises(SystemExit, match="MBPP's tests are in its release; give --regrade without a file"):
         set_rows("mbpp", [root], regrade=tmp_path / "HumanEval.jsonl")
@@ -279,10 +279,16 @@ def test_ldb_rows_pair_each_problem_across_models_and_sets_and_show_one_test(tmp
 
 def test_ldb_regrading_runs_each_program_against_the_asserts_its_release_holds(tmp_path):
     wrong = "def f(x):\n    return x + 1\n"
-    files = {("mbpp", "starcoder"): [ldb_row("mbpp/1", solved=True, solution=wrong), ldb_row("mbpp/2", solved=False)]}
+    nul = {**ldb_row("transcoder/2", solved=False), "test": "def check(candidate):\n    assert candidate('a') == \x00\n"}
+    files = {("mbpp", "starcoder"): [ldb_row("mbpp/1", solved=True, solution=wrong), ldb_row("mbpp/2", solved=False)],
+             **{("transcoder", m): [ldb_row("transcoder/1"), nul] for m in LDB_MODELS}}
     rows, notes = set_rows("ldb", [ldb_release(tmp_path / "ldb", files)], regrade=True)
-    # every "/2" program is right but recorded failing (9 cells), and one wrong program recorded solved
-    assert notes["regraded"]["cells"] == 18 and notes["regraded"]["differ_from_recorded"] == 10
+    # every "/2" program is right but recorded failing (6 cells graded), and one wrong program recorded solved;
+    # TransCoder's test that no Python program may hold keeps its recorded verdicts, named
+    assert notes["regraded"]["cells"] == 15 and notes["regraded"]["differ_from_recorded"] == 7
+    assert [t for t, _ in notes["regraded"]["not_regraded"]] == ["transcoder/2"]
+    assert "null" in notes["regraded"]["not_regraded"][0][1]
+    assert {r.task_id: r.quality for r in rows}["transcoder/2"] == [0.0, 0.0, 0.0]
     assert ("mbpp/1", "starcoder") in notes["regraded"]["differing"]  # a wrong program recorded as solved
     assert ("humaneval/2", "codellama-34b-instruct") in notes["regraded"]["differing"]  # a right one recorded failing
     by = {r.task_id: r.quality for r in rows}
