@@ -184,7 +184,8 @@ def run(name: str, args) -> dict:
     from fugu_pipeline.policies.cascade.policy import answer_codes, simulate
 
     codes = answer_codes(grid.final)
-    res = simulate(fit.policy.default, data.worker_ids, codes, vs, data.quality, data.cost_usd, data.latency_s, test)
+    res = simulate(fit.policy.default, data.worker_ids, codes, vs, data.quality, data.cost_usd, data.latency_s, test,
+                   inputs.passed_examples())
     # (b) both curves at exactly the same cost on test
     acc_r, x_r = curve_at(margin, q_s, q_w, C[:, strong], C[:, weak], args.share, cascade=False)
     acc_c, x_c = curve_at(esc, q_s, q_w, C[:, strong], C[:, weak], args.share, cascade=True)
@@ -225,7 +226,7 @@ def run_multi(name, args, data, grid, inputs, rep, head, oof, test, strong, t0) 
     if fit.verifier is not None:
         vs[at[:, 0], at[:, 1]] = fit.verifier.predict(X)
     res = simulate(fit.policy.default, data.worker_ids, answer_codes(grid.final), vs, data.quality, data.cost_usd,
-                   data.latency_s, test)
+                   data.latency_s, test, inputs.passed_examples())
     Q, C = data.quality[test], data.cost_usd[test]
     pick = np.argmax(head_scores(head, data.features[test], [data.domains[i] for i in test]), axis=1)
     one_q, one_c = Q[np.arange(len(test)), pick], C[np.arange(len(test)), pick]

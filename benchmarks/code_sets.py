@@ -308,8 +308,9 @@ def regrade(rows: list, tasks: dict[str, dict]) -> dict:
     """Grade every reply of `rows` (in place) with the project's sandboxed code grader against the
     tests of `tasks` ({task id: `prompt`, `test`, `entry_point`}: `humaneval_tasks`, `mbpp_tasks`,
     `ldb_tasks`); returns how many cells it graded and where it differs from the recorded result. A
-    task whose test the grader refuses (one of TransCoder's holds NUL characters, which no Python
-    program may) keeps its recorded verdicts, and is named under `not_regraded`."""
+    task whose test the grader refuses (12 of TransCoder's do not compile: 11 write integers with
+    leading zeros, one holds NUL characters; every model is recorded failing them) keeps its recorded
+    verdicts, and is named under `not_regraded`."""
     from pydantic import ValidationError
 
     from fugu_pipeline.collect.code_grader import grade_python_tests

@@ -18,7 +18,7 @@ quiet = lambda m: None  # noqa: E731
 SMALL = CascadeSearch(thresholds=4, finals=2, cheap=2)
 
 
-def _grid(seed: int = 0, n: int = 300, context: bool = False, per_row: bool = False):
+def _grid(seed: int = 0, n: int = 300, context: bool = False, per_row: bool = False, examples: bool = False):
     from fugu_pipeline.policies.cascade.verifier_context import with_context
     from fugu_pipeline.train.selection import fold_ids
 
@@ -37,15 +37,21 @@ def _grid(seed: int = 0, n: int = 300, context: bool = False, per_row: bool = Fa
     if per_row:  # each call's own cost and latency, as a fit reads them where the matrix records them
         g.row_cost = data.cost_usd * rng.uniform(0.2, 3.0, size=data.cost_usd.shape)
         g.row_latency = lat * rng.uniform(0.5, 4.0, size=data.cost_usd.shape)
+    if examples:  # which replies pass their prompt's examples: mostly the right ones
+        g.passed = rng.random(data.quality.shape) < 0.1 + 0.8 * data.quality
     return g, rows
 
 
-@pytest.mark.parametrize("context,per_row", [(False, False), (True, False), (False, True), (True, True)])
-def test_every_plan_runs_exactly_as_simulate_runs_its_model(context, per_row):
-    g, rows = _grid(context=context, per_row=per_row)
+@pytest.mark.parametrize("context,per_row,examples", [(False, False, False), (True, False, False), (False, True, False),
+                                                      (True, True, False), (False, False, True), (True, True, True)])
+def test_every_plan_runs_exactly_as_simulate_runs_its_model(context, per_row, examples):
+    g, rows = _grid(context=context, per_row=per_row, examples=examples)
     held = RowSet(g, rows)
     n = 0
-    for plan in plan_tuples(g, rows, CascadeSearch()):
+    listed = list(plan_tuples(g, rows, CascadeSearch()))
+    by_examples = [p for p in listed if any(a == cascade_plans.EXAMPLES for _, a, _ in p)]
+    assert bool(by_examples) == examples  # the examples rule is searched where the code was run
+    for plan in listed:
         model = to_model(plan, g.worker_ids)
         assert from_model(model, g.worker_ids) == plan
         for mine, ref in zip(held.run(plan), g.run(model, rows)):

@@ -76,3 +76,31 @@ def test_a_held_sandbox_run_holds_no_other_request(served, monkeypatch, pytestco
     assert r.choices[0].message.content == REPLY and runs and runs[0] == REPLY
     steps = r.model_extra["fugu_lite"]["cascade"]["steps"]
     assert steps and not steps[0].get("over_deadline") and steps[0]["verifier"]  # read, not skipped
+
+
+def test_a_step_that_stops_on_its_examples_keeps_code_that_passes_and_escalates_code_that_fails(tmp_path):
+    """A served plan `[alpha] stop if its code passes the prompt's examples → [gamma]`: alpha's code
+    that passes the prompt's `>>>` example is returned after one call; alpha's code that fails it is
+    escalated, and gamma answers. The official client on loopback; the runs in the sandbox."""
+    plan = {"default": {"steps": [{"workers": ["alpha"], "examples": True}, {"workers": ["gamma"]}]}}
+    path = build_cascade_checkpoint(tmp_path / "models", tmp_path / "emb", plan=plan)
+    router = load_router(path, device="cpu")
+    assert "its code passes the prompt's examples" in router.head.policy.describe()
+    wrong = 'def half(x):\n    """Half of x.\n    >>> half(8)\n    4\n    """'
+    ce._RECENT.clear()
+    with StubLLMServer() as stub:
+        stub.set_answer(CODE, REPLY, model="stub/alpha")
+        stub.set_answer(wrong, "def half(x):\n    return x * 2", model="stub/alpha")
+        stub.set_answer(CODE, "def twice(x):\n    return x + x", model="stub/gamma")
+        stub.set_answer(wrong, "def half(x):\n    return x // 2", model="stub/gamma")
+        srv = ServerThread(create_app(router, stub_workers_config(stub.openai_url), batch_window_ms=2))
+        try:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+            kept, escalated = _ask(client, CODE), _ask(client, wrong)
+        finally:
+            srv.stop()
+    run = kept.model_extra["fugu_lite"]["cascade"]
+    assert kept.choices[0].message.content == REPLY and len(run["steps"]) == 1
+    assert "passes every example" in run["steps"][0]["decision"]
+    run = escalated.model_extra["fugu_lite"]["cascade"]
+    assert escalated.choices[0].message.content == "def half(x):\n    return x // 2" and len(run["steps"]) == 2

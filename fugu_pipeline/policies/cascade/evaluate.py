@@ -80,12 +80,13 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
     doms = np.asarray(data.domains, dtype=str)
     u = data.utility_config
+    passed = inputs.passed_examples()  # what a plan's examples rule reads
     runs: dict = {}
 
     def run(plan):  # the plan over every row of `rows`, once
         key = plan.model_dump_json()
         if key not in runs:
-            runs[key] = simulate(plan, data.worker_ids, codes, scores, data.quality, cost, lat, rows)
+            runs[key] = simulate(plan, data.worker_ids, codes, scores, data.quality, cost, lat, rows, passed)
         return runs[key]
 
     keys = np.asarray(head.group_keys(doms[rows], inputs.prompt[rows]), dtype=object)  # domain, or prompt cluster
@@ -221,7 +222,7 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
         for p in mine:
             if id(p) not in runs:
                 res = simulate(CascadePlan.model_validate(p["plan"]), data.worker_ids, codes, scores, data.quality, cost,
-                               lat, rows)
+                               lat, rows, inputs.passed_examples())
                 runs[id(p)] = (res.quality, res.cost)
         q, c, _ = replay(mine, [runs[id(p)] for p in mine], share * ref, CAP_Z)
         per_row[f"cascade@{share}"] = (q, c)

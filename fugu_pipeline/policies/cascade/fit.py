@@ -160,12 +160,13 @@ def _expected(data: RoutingData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.nan_to_num(cost), np.nan_to_num(lat)
 
 
-def grid_on(data: RoutingData, codes: np.ndarray, scores, fit_rows: np.ndarray) -> Grid:
+def grid_on(data: RoutingData, codes: np.ndarray, scores, fit_rows: np.ndarray, passed: np.ndarray | None = None) -> Grid:
     """What plans run on, with `fit_rows`' mean cost and latency per worker (the references caps and
-    shares are read against) and each call's recorded cost and latency (a missing one at that mean)."""
+    shares are read against), each call's recorded cost and latency (a missing one at that mean), and
+    `passed`: which replies pass their prompt's examples (`VerifierInputs.passed_examples`)."""
     c, lat = _expected(data, fit_rows)
     return Grid(data.worker_ids, codes, scores, data.quality, c, lat, data.utility_config,
-                row_cost=_recorded(data.cost_usd, c), row_latency=_recorded(data.latency_s, lat))
+                row_cost=_recorded(data.cost_usd, c), row_latency=_recorded(data.latency_s, lat), passed=passed)
 
 
 def _recorded(per_call: np.ndarray | None, expected: np.ndarray) -> np.ndarray | None:
@@ -244,8 +245,10 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                  "cheapest": f"the cheapest policy whose accuracy is not significantly below {STRONGEST}'s"}[mode]
     baseline = BEST_IN_CAP if mode == "cap" else BEST_WORKER
 
+    passed = inputs.passed_examples()  # the examples rule's own test, where the code was run
+
     def grid_for(fit_rows):
-        return grid_on(data, codes, scores, fit_rows)
+        return grid_on(data, codes, scores, fit_rows, passed)
 
     # the groups that get plans of their own (groups.py): domains, or prompt clusters where there are none,
     # each held to the rule (cheapest rule) or sharing one pooled cap (a cap on the whole, no domain's own)

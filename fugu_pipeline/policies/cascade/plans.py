@@ -26,18 +26,22 @@ import numpy as np
 from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadeStep, _majority_first, _modal
 
-Step = tuple  # (tuple of worker columns, agree: int | None, verify: float | None)
+Step = tuple  # (tuple of worker columns, agree: int | None (EXAMPLES: the examples rule), verify: float | None)
 Plan = tuple  # tuple of Steps; the last always answers
+EXAMPLES = 0  # in a step's agree slot: stop when a reply passes its prompt's examples (no agreement counts 0)
 
 
 def to_model(plan: Plan, ids: list[str]) -> CascadePlan:
-    return CascadePlan(steps=[CascadeStep(workers=[ids[j] for j in cols], agree=agree, verify=verify)
+    return CascadePlan(steps=[CascadeStep(workers=[ids[j] for j in cols], agree=None if agree == EXAMPLES else agree,
+                                          verify=verify, examples=agree == EXAMPLES)
                               for cols, agree, verify in plan])
 
 
 def from_model(plan: CascadePlan, ids: list[str]) -> Plan:
     col = {w: j for j, w in enumerate(ids)}
-    return tuple((tuple(col[w] for w in s.workers), s.agree, s.verify) for s in plan.steps)
+    if any(s.examples and s.agree is not None for s in plan.steps):
+        raise ValueError("a searched step stops on agreement or on its examples, not both")
+    return tuple((tuple(col[w] for w in s.workers), EXAMPLES if s.examples else s.agree, s.verify) for s in plan.steps)
 
 
 def uses_verifier(plan: Plan) -> bool:
@@ -53,6 +57,8 @@ def plan_tuples(grid, rows: np.ndarray, cfg, allowed: list[str] | None = None):
     by_q = sorted(usable, key=lambda j: -q[j])
     finals = by_q[: cfg.finals]
     in_context = hasattr(grid.scores, "at")
+    passed = getattr(grid, "passed", None)
+    examples = passed is not None and bool(passed[rows].any())
     memo: dict = {}
 
     def levels(js, called=None, n: int = cfg.thresholds) -> list[float]:
@@ -77,6 +83,12 @@ def plan_tuples(grid, rows: np.ndarray, cfg, allowed: list[str] | None = None):
             for a in cheap:
                 for v in levels([a], n=cfg.single_thresholds):
                     yield (((a,), None, v), last)
+            if examples:  # the code's own test: a cheap worker's reply kept when it passes its prompt's examples
+                for a in cheap:
+                    yield (((a,), EXAMPLES, None), last)
+                if cfg.cheap_steps >= 2:
+                    for a, b in itertools.permutations(cheap, 2):
+                        yield (((a,), EXAMPLES, None), ((b,), EXAMPLES, None), last)
             for a, b in itertools.combinations(cheap, 2):
                 yield (((a, b), 2, None), last)
                 for v in levels([a, b])[:: 2]:
@@ -150,6 +162,7 @@ class RowSet:
         self.Q = grid.quality[self.rows]
         self.in_context = hasattr(grid.scores, "at")
         self.S = None if self.in_context else grid.scores[self.rows]
+        self.P = None if getattr(grid, "passed", None) is None else np.asarray(grid.passed, bool)[self.rows]
         per_row = lambda a: np.asarray(a, float)[self.rows] if np.ndim(a) == 2 else np.asarray(a, float)  # noqa: E731
         self.cost, self.lat = per_row(grid.call_cost), per_row(grid.call_latency)  # (n, W) recorded, or (W,)
         self.flat = self.Q.ravel()
@@ -204,7 +217,12 @@ class RowSet:
                 np.copyto(stop, k, where=active)
                 break
             decided = None
-            if agree is not None and len(called) >= agree:
+            if agree == EXAMPLES:
+                if self.P is not None:
+                    P = self.P[:, list(idx)]
+                    decided = active & P.any(axis=1)
+                    np.copyto(pick, np.asarray(idx)[np.argmax(P, axis=1)], where=decided)
+            elif agree is not None and len(called) >= agree:
                 count, first = self.modal(called)
                 decided = active & (count >= agree)
                 np.copyto(pick, first, where=decided)

@@ -4,12 +4,15 @@ A cascade (FrugalGPT; AutoMix; answer-consistency cascades) reads the answers be
 better one. Each step calls one or more workers at once; after it, the cascade stops when
 - `agree`: at least that many of the final answers so far are the same (the extracted answers,
   `tasks/final_answer.py`; a reply with no readable answer agrees with nothing), or
+- `examples`: one of this step's replies is code that passes every example its prompt shows (run in
+  the sandbox, `policies/cascade/code_examples.py`; a prompt that shows none never stops here), or
 - `verify`: the best verifier score among this step's answers reaches the threshold (a learned
   P(correct | prompt, answer), `policies/cascade/verifier.py`),
-whichever holds (a step may have one rule or both). The last step is always accepted.
+whichever holds, in that order (a step may have several rules). The last step is always accepted.
 
 The answer returned: the agreed answer (its first worker in call order) when agreement stopped
-the cascade, else the best-scored answer of the step when the verifier did; at the last step, the
+the cascade, the first of the step's replies that passes its examples when they did, else the
+best-scored answer of the step when the verifier did; at the last step, the
 answer most of that step's workers give (ties: the first listed, so a one-worker last step gives
 its own). A step's cost is paid only when the cascade reaches it; its latency is its slowest call.
 
@@ -34,6 +37,8 @@ class CascadeStep(BaseModel):
     workers: list[str] = Field(min_length=1, max_length=8)
     agree: int | None = Field(None, ge=2, description="stop when this many answers so far are the same")
     verify: float | None = Field(None, ge=0.0, le=1.0, description="stop when the step's best verifier score reaches this")
+    examples: bool = Field(False, description="stop when one of the step's replies is code that passes every example "
+                           "its prompt shows (run in the sandbox)")
 
     @model_validator(mode="after")
     def _ids(self) -> "CascadeStep":
@@ -45,7 +50,9 @@ class CascadeStep(BaseModel):
         return self
 
     def rule(self) -> str:
-        parts = ([f"{self.agree} agree"] if self.agree else []) + ([f"verifier ≥ {self.verify:.3f}"] if self.verify is not None else [])
+        parts = ([f"{self.agree} agree"] if self.agree else []) + (["its code passes the prompt's examples"]
+                                                                   if self.examples else []) \
+            + ([f"verifier ≥ {self.verify:.3f}"] if self.verify is not None else [])
         return " or ".join(parts) or "never stops here"
 
 
@@ -70,6 +77,10 @@ class CascadePlan(BaseModel):
     @property
     def uses_verifier(self) -> bool:
         return any(s.verify is not None for s in self.steps[:-1])
+
+    @property
+    def uses_examples(self) -> bool:
+        return any(s.examples for s in self.steps[:-1])
 
     def describe(self) -> str:
         out = []
@@ -121,9 +132,11 @@ class Decision:
     reason: str
 
 
-def decide(step: CascadeStep, last: bool, finals: list[str | None], scores: list[float | None], n_step: int) -> Decision:
+def decide(step: CascadeStep, last: bool, finals: list[str | None], scores: list[float | None], n_step: int,
+           passed: list[bool] | None = None) -> Decision:
     """The accept rule after a step, for one request. `finals` and `scores` hold every answer so
-    far in call order (None: no readable answer / not scored); the last `n_step` are this step's."""
+    far in call order (None: no readable answer / not scored); the last `n_step` are this step's;
+    `passed`: whether each reply so far passes its prompt's examples (None: not run)."""
     this = range(len(finals) - n_step, len(finals))
     codes = {}
     for i, f in enumerate(finals):
@@ -132,6 +145,10 @@ def decide(step: CascadeStep, last: bool, finals: list[str | None], scores: list
     top = max(codes.values(), key=len, default=[])
     if not last and step.agree is not None and len(top) >= step.agree:
         return Decision(True, top[0], f"{len(top)} of {len(finals)} answers agree (needs {step.agree})")
+    if not last and step.examples and passed is not None:
+        ok = [i for i in this if passed[i]]
+        if ok:
+            return Decision(True, ok[0], "its code passes every example its prompt shows")
     if not last and step.verify is not None:
         scored = [(scores[i], i) for i in this if scores[i] is not None and finals[i] is not None]
         if scored:
@@ -177,12 +194,14 @@ def answer_codes(finals: np.ndarray) -> np.ndarray:
 
 
 def simulate(plan: CascadePlan, worker_ids: list[str], codes: np.ndarray, scores: np.ndarray, quality: np.ndarray,
-             cost: np.ndarray, latency: np.ndarray, rows: np.ndarray | None = None) -> Outcome:
+             cost: np.ndarray, latency: np.ndarray, rows: np.ndarray | None = None,
+             passed: np.ndarray | None = None) -> Outcome:
     """The plan on recorded answers. `codes` (N, W) from `answer_codes`; `scores` (N, W) verifier
     scores (NaN: none), or scores read at a point of the plan (an object whose `at(called columns)`
     gives (N, W): `policies/cascade/verifier_context.ContextScores`); `quality` (N, W); `cost` and `latency`
-    (N, W) per call, or (W,) expected per worker (the same for every row). Only the rows in `rows`
-    when given."""
+    (N, W) per call, or (W,) expected per worker (the same for every row); `passed` (N, W) bool:
+    the reply passes its prompt's examples (None: not run, so an `examples` rule never stops). Only
+    the rows in `rows` when given."""
     rows = np.arange(len(codes)) if rows is None else np.asarray(rows)
     n = len(rows)
     col = {w: j for j, w in enumerate(worker_ids)}
@@ -212,6 +231,11 @@ def simulate(plan: CascadePlan, worker_ids: list[str], codes: np.ndarray, scores
             count, first = _modal(C[:, called], called)
             ok = active & (count >= step.agree)
             pick[ok] = first[ok]
+            decided |= ok
+        if step.examples and passed is not None:
+            P = passed[rows][:, idx]
+            ok = active & ~decided & P.any(axis=1)
+            pick[ok] = np.asarray(idx)[np.argmax(P, axis=1)][ok]
             decided |= ok
         if step.verify is not None:
             Sk = scores.at(called)[rows] if in_context else S

@@ -224,6 +224,20 @@ class CascadeRouter(Router):
             out[k] = s
         return out
 
+    def examples_passed(self, prompt: str, replies: list[tuple[str, str | None, str | None]]) -> list[bool]:
+        """Whether each (worker, reply, final answer)'s code passes every example its prompt shows (run
+        in the sandbox, as training ran it: `VerifierInputs.passed_examples`); a sandbox that cannot
+        start, or a prompt that shows none, passes nothing."""
+        from fugu_pipeline.policies.cascade.code_examples import examples_stats
+
+        have = [i for i, (_, r, _) in enumerate(replies) if r is not None]
+        out = [False] * len(replies)
+        if have:
+            got = examples_stats([(replies[i][1], replies[i][2], prompt) for i in have])
+            for k, i in enumerate(have):
+                out[i] = bool(got[k, 0] >= 1.0 - 1e-6 and got[k, 1] <= 1e-6)
+        return out
+
     def _cell_scores(self, prompt: str, domain: str | None, replies) -> list[float | None]:
         """The cell verifier's scores: each reply read alone."""
         from fugu_pipeline.policies.cascade.answer_features import answer_text
@@ -338,6 +352,7 @@ async def _run_steps(router, prompt: str, domain: str | None, decision: RouteDec
     got: list[tuple[str, Completion]] = []
     finals: list[str | None] = []
     scores: list[float | None] = []
+    passed: list[bool] = []  # each reply's code passes its prompt's examples (run only for an examples rule)
     steps, errors, calls, total = [], [], 0, 0.0
     reading_s = 0.0  # spent reading replies, of `deadline_s`
     kind = router.answer_kind(domain)
@@ -362,29 +377,33 @@ async def _run_steps(router, prompt: str, domain: str | None, decision: RouteDec
             new.append((w, r))
         total += rec.cost_usd
 
-        async def read(new=new):
+        async def read(new=new, step=step, last=k == len(plan.steps) - 1):
             found, new_finals = await asyncio.to_thread(_finals, prompt, kind, [r.answer for _, r in new])
             step_replies = [(w, r.answer, f) for (w, r), f in zip(new, new_finals)]
+            # the examples rule's own test: each reply's code run on its prompt's examples (in the sandbox)
+            ran = (await asyncio.to_thread(router.examples_passed, prompt, step_replies)
+                   if new and step.examples and not last else [False] * len(new))
             if new and getattr(router.head, "context", None):  # read with every reply paid for so far
                 paid = [(w, c.answer, f) for (w, c), f in zip(got, finals)] + step_replies
-                return found, new_finals, await verify(prompt, domain, step_replies, paid)
-            return found, new_finals, (await verify(prompt, domain, step_replies) if new else [])
+                return found, new_finals, await verify(prompt, domain, step_replies, paid), ran
+            return found, new_finals, (await verify(prompt, domain, step_replies) if new else []), ran
 
         t_read = time.perf_counter()
         try:
             if deadline_s is None:
-                kind, new_finals, new_scores = await read()
+                kind, new_finals, new_scores, new_passed = await read()
             elif reading_s >= deadline_s:  # nothing left of the deadline: not even started
                 raise TimeoutError
             else:
-                kind, new_finals, new_scores = await asyncio.wait_for(read(), deadline_s - reading_s)
+                kind, new_finals, new_scores, new_passed = await asyncio.wait_for(read(), deadline_s - reading_s)
         except TimeoutError:  # the thread ends on its own (linear readers); its result is dropped
             rec.over_deadline = True
-            new_finals, new_scores = [None] * len(new), [None] * len(new)
+            new_finals, new_scores, new_passed = [None] * len(new), [None] * len(new), [False] * len(new)
         reading_s += time.perf_counter() - t_read
         got += new
         finals += new_finals
         scores += new_scores
+        passed += new_passed
         rec.answers = {w: f for (w, _), f in zip(new, new_finals)}
         rec.verifier = {w: (None if s is None else round(s, 6)) for (w, _), s in zip(new, new_scores)}
         steps.append(rec)
@@ -397,7 +416,7 @@ async def _run_steps(router, prompt: str, domain: str | None, decision: RouteDec
             continue
         if not new:
             break
-        d = decide(step, last, finals, scores, len(new))
+        d = decide(step, last, finals, scores, len(new), passed)
         rec.decision = d.reason
         if d.accept:
             w, comp = got[d.answer_index]

@@ -9,8 +9,9 @@ levels, and under a cap 40 where one cheap worker comes before the last step (`s
 `CascadeConfig.searched`; a fit with no cap searches its table at caps and its frontier that way too). With 10 levels the share of replies a step keeps moves by about a tenth
 from one level to the next, and the plan that fits a cap can lie between two of them. With the
 defaults (3 finals, 5 cheap workers) it is at most 5,793 plans, 6,243 under a cap (7,413 and 7,863
-when the verifier reads the paid replies, which adds steps where the verifier alone decides), never
-more than `max_plans`. Every plan is run offline on the recorded answers (`simulate`)
+when the verifier reads the paid replies, which adds steps where the verifier alone decides), and 75
+more where the code was run on its prompts' examples (a step that stops when its code passes them),
+never more than `max_plans`. Every plan is run offline on the recorded answers (`simulate`)
 with EXPECTED costs and latencies (each worker's mean over the rows the choice is made on, never
 a row's own cost), and scored by
 - no cap: the mean utility (quality − cost and latency terms, the matrix's weights);
@@ -85,6 +86,7 @@ class Grid:
     utility: UtilityConfig
     row_cost: np.ndarray | None = None
     row_latency: np.ndarray | None = None
+    passed: np.ndarray | None = None  # (N, W) bool: the reply's code passes its prompt's examples (None: not run)
 
     @property
     def call_cost(self) -> np.ndarray:
@@ -103,7 +105,7 @@ class Grid:
     def run(self, plan: CascadePlan, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(quality, cost, utility) per row of `rows`."""
         out = simulate(plan, self.worker_ids, self.codes, self.scores, self.quality, self.call_cost, self.call_latency,
-                       rows)
+                       rows, self.passed)
         u = self.utility
         util = (u.quality_weight * out.quality - u.cost_weight * np.minimum(np.maximum(out.cost, 0) / u.cost_scale_usd, u.cap)
                 - u.latency_weight * np.minimum(np.maximum(out.latency, 0) / u.latency_scale_s, u.cap))
@@ -133,6 +135,8 @@ def candidate_plans(grid: Grid, rows: np.ndarray, cfg: CascadeSearch, allowed: l
     cheaper than F:
     - F alone;
     - one cheap worker, stop if the verifier passes (`single_thresholds` levels);
+    - where the replies' code was run on their prompts' examples (`Grid.passed`): one cheap worker,
+      stop if its code passes them; and (`cheap_steps` 2 or more) one, then another, each so;
     - two at once: stop if both agree, and/or the verifier passes;
     - one, then another: stop if the verifier passes, then if the two agree (and/or the verifier);
     - (`parallel` 3) three at once: stop if two agree, if all three agree, or two agree or the

@@ -46,6 +46,18 @@ class VerifierInputs:
     def n_workers(self) -> int:
         return self.has.shape[1]
 
+    def passed_examples(self) -> np.ndarray | None:
+        """(N, W) bool: the reply's code passes every example its prompt shows (`examples_passed` 1,
+        `examples_failed` 0: a prompt that shows none has both 0); None where the statistics hold no
+        example runs (`cascade.run_examples: false`)."""
+        names = list(self.stat_names)
+        if "examples_passed" not in names or "examples_failed" not in names:
+            return None
+        base = self.answer.shape[2] - len(names)
+        ran = self.answer[:, :, base + names.index("examples_passed")]
+        failed = self.answer[:, :, base + names.index("examples_failed")]
+        return self.has & (ran >= 1.0 - 1e-6) & (failed <= 1e-6)
+
     def design(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(X, y, (row, worker) index) of the cells with a reply among `rows`."""
         r, w = np.nonzero(self.has[rows])
