@@ -73,6 +73,8 @@ def test_a_prompt_that_defines_its_worked_examples_asks_for_the_function_its_tes
     assert examples_stats([(right, None, TRANSLATE), (wrong, None, TRANSLATE)]).tolist() == [[1, 0], [0, 1]]
     # a prompt whose examples are its docstring's reads the function it defines, as before
     assert prompt_examples(HUMANEVAL)[0] == "below_zero"
+    # what a plan's examples rule stops on: every example passed; a prompt that shows none passes nothing
+    assert ce.passes_all(np.array([[1, 0], [0, 0], [0.5, 0.5], [0, 1]], np.float32)).tolist() == [True, False, False, False]
 
 
 def test_right_code_passes_wrong_code_fails_and_no_examples_reads_as_before(tmp_path):

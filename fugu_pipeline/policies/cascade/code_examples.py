@@ -192,6 +192,14 @@ def _run(reply: str, prompt: str) -> tuple[float, float] | None:
     return best, 1.0 - best
 
 
+def passes_all(stats: np.ndarray) -> np.ndarray:
+    """Which of `examples_stats`' rows (examples_passed, examples_failed) passed every example: a
+    prompt that shows none (both 0) passes nothing. What a plan's examples rule stops on, in
+    training, evaluation and serving alike."""
+    stats = np.asarray(stats, np.float64).reshape(-1, 2)
+    return (stats[:, 0] >= 1.0 - 1e-6) & (stats[:, 1] <= 1e-6)
+
+
 def _remembered(key: str) -> tuple[float, float] | None:
     with _RECENT_LOCK:
         if key in _RECENT:

@@ -273,14 +273,16 @@ class RowSet:
 
 def points_for(grid, rows: np.ndarray, cfg, allowed=None, memo: dict | None = None) -> Points:
     """Every plan of the search run once on `rows` of `grid`. `memo` keeps them by the grid's costs
-    (expected and, where recorded, each call's), the rows and the search's shape: within one fit the
+    (expected and, where recorded, each call's), which replies pass their examples, the rows and the
+    search's shape: within one fit the
     choice, the frontier, the per-group plans and the final search read the same row sets, and each
     is run once. It also keeps each plan's figures on a row set, so a second search of the same rows
     (a finer grid for the caps beside the coarse one the choice reads) runs only the plans the first
     did not: a plan is a tuple of workers and thresholds, and its figures depend on nothing else."""
     digest = lambda a: None if a is None else hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).digest()  # noqa: E731
     base = (np.asarray(grid.exp_cost).tobytes(), np.asarray(grid.exp_latency).tobytes(), np.asarray(rows).tobytes(),
-            tuple(allowed) if allowed is not None else None, digest(grid.row_cost), digest(grid.row_latency))
+            tuple(allowed) if allowed is not None else None, digest(grid.row_cost), digest(grid.row_latency),
+            digest(getattr(grid, "passed", None)))
     key = (base, tuple(getattr(cfg, f) for f in _SHAPE))
     if memo is not None and key in memo:
         return memo[key]

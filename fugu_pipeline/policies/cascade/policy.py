@@ -78,10 +78,6 @@ class CascadePlan(BaseModel):
     def uses_verifier(self) -> bool:
         return any(s.verify is not None for s in self.steps[:-1])
 
-    @property
-    def uses_examples(self) -> bool:
-        return any(s.examples for s in self.steps[:-1])
-
     def describe(self) -> str:
         out = []
         for k, s in enumerate(self.steps):

@@ -228,14 +228,14 @@ class CascadeRouter(Router):
         """Whether each (worker, reply, final answer)'s code passes every example its prompt shows (run
         in the sandbox, as training ran it: `VerifierInputs.passed_examples`); a sandbox that cannot
         start, or a prompt that shows none, passes nothing."""
-        from fugu_pipeline.policies.cascade.code_examples import examples_stats
+        from fugu_pipeline.policies.cascade.code_examples import examples_stats, passes_all
 
         have = [i for i, (_, r, _) in enumerate(replies) if r is not None]
         out = [False] * len(replies)
         if have:
-            got = examples_stats([(replies[i][1], replies[i][2], prompt) for i in have])
+            ok = passes_all(examples_stats([(replies[i][1], replies[i][2], prompt) for i in have]))
             for k, i in enumerate(have):
-                out[i] = bool(got[k, 0] >= 1.0 - 1e-6 and got[k, 1] <= 1e-6)
+                out[i] = bool(ok[k])
         return out
 
     def _cell_scores(self, prompt: str, domain: str | None, replies) -> list[float | None]:

@@ -53,10 +53,11 @@ class VerifierInputs:
         names = list(self.stat_names)
         if "examples_passed" not in names or "examples_failed" not in names:
             return None
+        from fugu_pipeline.policies.cascade.code_examples import passes_all
+
         base = self.answer.shape[2] - len(names)
-        ran = self.answer[:, :, base + names.index("examples_passed")]
-        failed = self.answer[:, :, base + names.index("examples_failed")]
-        return self.has & (ran >= 1.0 - 1e-6) & (failed <= 1e-6)
+        cols = [base + names.index("examples_passed"), base + names.index("examples_failed")]
+        return self.has & passes_all(self.answer[:, :, cols]).reshape(self.has.shape)
 
     def design(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(X, y, (row, worker) index) of the cells with a reply among `rows`."""
