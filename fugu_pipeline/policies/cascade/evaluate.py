@@ -210,8 +210,9 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
         return []
     cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
     lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
-    scores = context_of_head(getattr(head, "context", None), verifier_scores(head, inputs), answer_codes(grid.final), inputs)
     codes = answer_codes(grid.final)
+    scores = context_of_head(getattr(head, "context", None), verifier_scores(head, inputs), codes, inputs)
+    passed = inputs.passed_examples()  # what a plan's examples rule reads
     runs = {}
     per_row: dict = {}
     for share in TABLE_SHARES:
@@ -222,7 +223,7 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
         for p in mine:
             if id(p) not in runs:
                 res = simulate(CascadePlan.model_validate(p["plan"]), data.worker_ids, codes, scores, data.quality, cost,
-                               lat, rows, inputs.passed_examples())
+                               lat, rows, passed)
                 runs[id(p)] = (res.quality, res.cost)
         q, c, _ = replay(mine, [runs[id(p)] for p in mine], share * ref, CAP_Z)
         per_row[f"cascade@{share}"] = (q, c)
