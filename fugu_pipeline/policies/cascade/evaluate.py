@@ -137,7 +137,8 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
     best worker (by utility on the non-test rows) and the strongest one, with paired intervals;
     `baselines` ({name: (quality, utility) per row of the split}, e.g. the one-shot head's routes)
     are compared the same way."""
-    outs = cascade_outcomes(checkpoint, data, grid, inputs, split)
+    scores = verifier_scores(checkpoint.head, inputs)  # every reply scored once, for the outcomes and the caps
+    outs = cascade_outcomes(checkpoint, data, grid, inputs, split, scores=scores)
     rows = np.flatnonzero(data.splits == split)
     fit = np.flatnonzero(data.splits != split)
     best = int(np.argmax(data.utility[fit].mean(axis=0)))
@@ -180,7 +181,7 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
         "per_domain": per_domain,  # per domain, or per prompt cluster (`grouped_by`)
         "grouped_by": "prompt cluster" if clustered else "domain",
         "groups": (checkpoint.manifest.metrics or {}).get("groups"),  # the per-domain choice, out of fold (train)
-        "cap_rows": cap_rows_on(checkpoint, data, grid, inputs, rows, pooled_strong),
+        "cap_rows": cap_rows_on(checkpoint, data, grid, inputs, rows, pooled_strong, scores=scores),
         "baselines": {name: {"accuracy": float(np.mean(bq)), "utility": float(np.mean(bu)),
                              "cascade_minus_utility": paired_bootstrap(ut, bu), "cascade_minus_accuracy": paired_bootstrap(q, bq)}
                       for name, (bq, bu) in (baselines or {}).items()},
@@ -188,13 +189,14 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
     }
 
 
-def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n_boot: int = 2000) -> list[dict]:
+def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n_boot: int = 2000,
+                scores: np.ndarray | None = None) -> list[dict]:
     """The table at 20/33/50% of the strongest worker's cost on `rows`, as serving keeps each cap: the
     checkpoint's saved points (its frontier and the plan searched for each share) whose validation
     cost bound (mean + `search.CAP_Z` standard errors) is within the cap, chosen row after row by the
     spend guard (`spend.replay`: the most accurate within its allowance) and run on the rows with their
     recorded costs; beside it the strongest worker alone. Plans that need a verifier the checkpoint
-    did not save are left out."""
+    did not save are left out. `scores`: its `verifier_scores` when already computed."""
     from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, cap_table
     from fugu_pipeline.policies.cascade.policy import CascadePlan, answer_codes, simulate
     from fugu_pipeline.policies.cascade.search import CAP_Z
@@ -211,7 +213,8 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
     cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
     lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
     codes = answer_codes(grid.final)
-    scores = context_of_head(getattr(head, "context", None), verifier_scores(head, inputs), codes, inputs)
+    scores = context_of_head(getattr(head, "context", None), verifier_scores(head, inputs) if scores is None else scores,
+                             codes, inputs)
     passed = inputs.passed_examples()  # what a plan's examples rule reads
     runs = {}
     per_row: dict = {}
