@@ -272,7 +272,7 @@ def test_traffic_that_turns_to_the_dear_kind_for_good_is_brought_back_under_the_
     assert parts["mc"] > 1.5 * cap
     mc = np.flatnonzero((np.asarray(data.domains) == "mc") & (data.splits == "test"))
     order = np.tile(mc, int(np.ceil(12 * POOL_SLACK / len(mc))))
-    outs = cascade_outcomes(ckpt, *cascade_fixture.take(data, grid, inputs, order))
+    outs = cascade_outcomes(ckpt, *cascade_fixture.take(data, grid, inputs, order), as_given=True)  # a log in time
     cost = np.array([o.cost_usd for o in outs])
     burst = int(POOL_SLACK * cap / parts["mc"])  # rows whose overspend the slack surely covers
     assert {o.answered_by for o in outs[:burst]} == {"strong"}
@@ -369,3 +369,40 @@ def test_a_row_of_the_table_at_caps_is_what_that_cap_finds_out_of_fold(share):
     assert row(free)["accuracy"] is not None and row(free) == row(capped)
     assert row(free)["accuracy"][0] == pytest.approx(capped.oof["cascade"].mean(), abs=1e-12)
     assert row(free)["usd_per_1k"][0] == pytest.approx(capped.oof_cost["cascade"].mean() * 1000, rel=1e-12)
+
+
+def test_evaluate_serves_the_rows_to_the_guard_in_traffic_order_whatever_the_files_order(capped):
+    """The held-out rows reach the spend guard sorted by a hash of their task ids
+    (`spend.traffic_order`), as the same checkpoint would see them however the file lists them: the
+    rows in reverse give every task the same outcome, and the table at caps the same figures. The
+    guard does cut on these rows, so the order is one it reads."""
+    from fugu_pipeline.policies.cascade.evaluate import cap_rows_on, cascade_outcomes, load_cascade
+
+    data, grid, inputs, fit, ckpt, cap = capped
+    back = cascade_fixture.take(data, grid, inputs, np.arange(len(data.task_ids))[::-1])
+    ahead = {o.task_id: o for o in cascade_outcomes(ckpt, data, grid, inputs)}
+    assert {o.task_id: o for o in cascade_outcomes(ckpt, *back)} == ahead
+    alone = load_cascade(ckpt.path)
+    alone.head.cap_usd = None  # the shipped plan on every row
+    plain = {o.task_id: o.answered_by for o in cascade_outcomes(alone, data, grid, inputs)}
+    assert sum(plain[t] != o.answered_by for t, o in ahead.items()) > 5  # the guard cut some rows
+    strong = data.worker_ids.index("strong")
+    table = lambda d, g, i: {(r["share"], r["policy"]): (r["accuracy"], r["usd_per_1k"])  # noqa: E731
+                             for r in cap_rows_on(ckpt, d, g, i, np.flatnonzero(d.splits == "test"), strong)}
+    ours, theirs = table(data, grid, inputs), table(*back)
+    assert ours.keys() == theirs.keys() and any(k[1] == "cascade" and v[0] is not None for k, v in ours.items())
+    for k, (acc, usd) in ours.items():
+        if acc is not None:
+            assert theirs[k][0][0] == pytest.approx(acc[0], abs=1e-12) and theirs[k][1][0] == pytest.approx(usd[0], rel=1e-12)
+
+
+def test_traffic_order_interleaves_kinds_listed_one_after_another_and_ignores_the_files_order():
+    from fugu_pipeline.policies.cascade.spend import traffic_order
+
+    ids = [f"humaneval/{k}" for k in range(200)] + [f"mbpp/{k}" for k in range(200)]
+    order = traffic_order(ids)
+    assert sorted(order.tolist()) == list(range(400))
+    first = [ids[k] for k in order[:100]]
+    assert 30 < sum(t.startswith("mbpp/") for t in first) < 70  # both kinds early, about half each
+    back = ids[::-1]
+    assert [back[k] for k in traffic_order(back)] == [ids[k] for k in order]

@@ -6,7 +6,8 @@ held-out rows (what a contest compares), and its report.
   the cascade returns, its utility, the cost and latency of the calls it made (a step's cost counts
   only when the cascade reaches it: the rows' recorded costs), the calls, the step it stopped at
   and the worker answering. No call is made. A checkpoint trained under a cap is run as served:
-  the spend guard (`spend.py`) over the rows in order.
+  the spend guard (`spend.py`) over the rows in traffic order (`spend.traffic_order`: interleaved
+  by a hash of the task id, whatever the file's order).
 - `cascade_report(...)`: the same rows summed up: accuracy and cost per domain at the checkpoint's
   operating point, against the best worker (chosen on the non-test rows), each with its paired
   bootstrap 95% interval.
@@ -61,12 +62,15 @@ def verifier_scores(head, inputs) -> np.ndarray:
 
 
 def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: np.ndarray | None = None,
-                     scores: np.ndarray | None = None) -> list[CascadeOutcome]:
+                     scores: np.ndarray | None = None, as_given: bool = False) -> list[CascadeOutcome]:
     """Per task of `split` (in row order; or of the row indices `rows`, in that order): what the
     cascade returns and what it paid (see the module docstring). `data`, `grid`
     (matrix/answers.py) and `inputs` (policies/cascade/fit.answer_inputs) are row-aligned and in the
-    checkpoint's worker order; `scores`: its `verifier_scores` when already computed."""
+    checkpoint's worker order; `scores`: its `verifier_scores` when already computed. A capped
+    checkpoint's guard serves the rows in traffic order, or as given with `as_given` (a log in the
+    order its requests came)."""
     from fugu_pipeline.policies.cascade.policy import answer_codes, simulate
+    from fugu_pipeline.policies.cascade.spend import traffic_order
 
     if list(data.worker_ids) != list(checkpoint.manifest.worker_ids):
         raise ValueError(f"the data's workers {data.worker_ids} are not the checkpoint's {checkpoint.manifest.worker_ids}; "
@@ -92,7 +96,8 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     keys = np.asarray(head.group_keys(doms[rows], inputs.prompt[rows]), dtype=object)  # domain, or prompt cluster
     mine = [run(head.policy.plan_for(g)) for g in keys]
     if getattr(head, "cap_usd", None) is not None:
-        mine = _guarded(head, checkpoint.manifest.metrics or {}, keys, mine, run)
+        mine = _guarded(head, checkpoint.manifest.metrics or {}, keys, mine, run,
+                        np.arange(len(rows)) if as_given else traffic_order([data.task_ids[i] for i in rows]))
     out: list[CascadeOutcome] = []
     for k, i in enumerate(rows):
         res, j = mine[k], k
@@ -103,10 +108,10 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     return out
 
 
-def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run) -> list:
+def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run, order: np.ndarray) -> list:
     """The results each row reads when the checkpoint was trained under a cap: serving's spend guard
-    (`spend.py`) over the rows in order, each row its domain's plan while the allowance is the cap,
-    else the most accurate saved point within the allowance."""
+    (`spend.py`) over the rows in `order` (`spend.traffic_order`), each row its domain's plan while the
+    allowance is the cap, else the most accurate saved point within the allowance."""
     from fugu_pipeline.policies.cascade.policy import CascadePlan
     from fugu_pipeline.policies.cascade.spend import POOL_SLACK, SpendGuard, cap_margin, cap_points, own_cost, pick, shared_allowance
 
@@ -117,9 +122,9 @@ def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run) -> list:
         return guards.setdefault(key, SpendGuard(cap, slack=POOL_SLACK if pooled else 0.0))
 
     params = head.head_params()
-    out = []
-    for k, d in enumerate(doms):
-        res = mine[k]
+    out = list(mine)
+    for k in order:
+        d, res = doms[k], mine[k]
         held, cap, a = shared_allowance(head, d, guard_of)
         if not within_cap(cap, a):  # below the cap: the guard holds back
             points = cap_points(params, metrics, str(d))
@@ -128,7 +133,7 @@ def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run) -> list:
             res = res if got is None else run(CascadePlan.model_validate(got["plan"]))
         for guard in held:
             guard.record(float(res.cost[k]))
-        out.append(res)
+        out[k] = res
     return out
 
 
@@ -194,13 +199,13 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
     """The table at 20/33/50% of the strongest worker's cost on `rows`, as serving keeps each cap: the
     checkpoint's saved points (its frontier and the plan searched for each share) whose validation
     cost bound (mean + `search.CAP_Z` standard errors) is within the cap, chosen row after row by the
-    spend guard (`spend.replay`: the most accurate within its allowance) and run on the rows with their
+    spend guard (`spend.replay`: the most accurate within its allowance, in traffic order) and run on the rows with their
     recorded costs; beside it the strongest worker alone. Plans that need a verifier the checkpoint
     did not save are left out. `scores`: its `verifier_scores` when already computed."""
     from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, cap_table
     from fugu_pipeline.policies.cascade.policy import CascadePlan, answer_codes, simulate
     from fugu_pipeline.policies.cascade.search import CAP_Z
-    from fugu_pipeline.policies.cascade.spend import bound, cap_points, replay
+    from fugu_pipeline.policies.cascade.spend import bound, cap_points, replay, traffic_order
 
     head = checkpoint.head
     metrics = checkpoint.manifest.metrics or {}
@@ -216,6 +221,7 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
     scores = context_of_head(getattr(head, "context", None), verifier_scores(head, inputs) if scores is None else scores,
                              codes, inputs)
     passed = inputs.passed_examples()  # what a plan's examples rule reads
+    order = traffic_order([data.task_ids[i] for i in rows])  # as the guard serves them
     runs = {}
     per_row: dict = {}
     for share in TABLE_SHARES:
@@ -228,7 +234,7 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
                 res = simulate(CascadePlan.model_validate(p["plan"]), data.worker_ids, codes, scores, data.quality, cost,
                                lat, rows, passed)
                 runs[id(p)] = (res.quality, res.cost)
-        q, c, _ = replay(mine, [runs[id(p)] for p in mine], share * ref, CAP_Z)
+        q, c, _ = replay(mine, [runs[id(p)] for p in mine], share * ref, CAP_Z, order=order)
         per_row[f"cascade@{share}"] = (q, c)
     return cap_table(per_row, (data.quality[rows, strong], cost[rows, strong]), n_boot=n_boot)
 

@@ -14,7 +14,15 @@ as it nears the cap and beyond, the allowance falls and the plan served is the m
 point whose cost bound is within the allowance (a plan that escalates less), down to the cheapest
 point. The guard never spends above the cap's own plan to use up savings, and never serves a point
 dearer than the plan it cuts (`own_cost`). `replay` runs the same
-rule over recorded rows in order, as `evaluate` scores a cap.
+rule over recorded rows, as `evaluate` scores a cap.
+
+Recorded rows reach the guard in **traffic order** (`traffic_order`): sorted by a hash of the task
+id, not in the file's order. An import lists its rows one source after another (every HumanEval row,
+then every MBPP row), where live traffic interleaves kinds of prompt; served in the file's order, a
+dear first kind spends the guard's allowance and the kinds after it are cut for what came before.
+The hash interleaves them at random, the same way on every run, and a row is served at the same
+place however the file orders its rows, so `evaluate` and the contest give a checkpoint the same
+figures on the same rows.
 
 A checkpoint whose plans per group share one pooled cap (`groups.share_cap`) keeps a guard per
 group: each group's part of the cap is its plan's expected cost, scaled so that the parts, weighted
@@ -36,6 +44,7 @@ import threading
 import numpy as np
 
 from fugu_pipeline.cost_cap import within_cap
+from fugu_pipeline.hashing import sha256_text
 
 BAND = 0.05  # the guard starts cutting when the running mean passes (1 − BAND) of the cap
 HORIZON = 50  # requests over which an overspend is paid back
@@ -137,15 +146,23 @@ def choose(points: list[dict], guard: SpendGuard, z: float) -> tuple[dict | None
     return (got if got is not None else min(points, key=lambda p: bound(p, z)) if points else None), a
 
 
+def traffic_order(task_ids) -> np.ndarray:
+    """The positions of `task_ids` in the order the guard serves them (the module docstring): by the
+    sha256 of each id."""
+    keys = [sha256_text(f"spend-guard\x00{t}") for t in task_ids]
+    return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+
+
 def replay(points: list[dict], outcomes: list[tuple[np.ndarray, np.ndarray]], cap_usd: float, z: float,
-           horizon: int = HORIZON) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The guard over recorded rows in order: `outcomes[k]` is point k's (quality, cost) per row.
-    Returns (quality, cost, the point served) per row."""
+           horizon: int = HORIZON, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The guard over recorded rows, served in `order` (positions; default: as given): `outcomes[k]`
+    is point k's (quality, cost) per row. Returns (quality, cost, the point served) per row, in the
+    rows' own order."""
     guard = SpendGuard(cap_usd, horizon)
     n = len(outcomes[0][0]) if outcomes else 0
     q, c, which = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64)
     index = {id(p): k for k, p in enumerate(points)}
-    for i in range(n):
+    for i in (range(n) if order is None else order):
         p, _ = choose(points, guard, z)
         k = index[id(p)]
         q[i], c[i], which[i] = outcomes[k][0][i], outcomes[k][1][i], k
