@@ -360,3 +360,23 @@ def test_a_cap_the_head_cannot_keep_says_so_and_the_strongest_ships_with_its_row
                      r"cost with its margin on the other folds' rows\)", said), said
     line = shipped_line(out)
     assert line.startswith("shipped policy: always the strongest worker") and " over 480 non-test rows" in line, line
+
+
+def test_evaluate_on_a_cascade_serves_the_cap_asked_or_refuses_it_in_one_line(trained, capsys):
+    """`evaluate --cap` on a cascade checkpoint reports the rows as requests asking that cap are served
+    (it was taken and ignored: the checkpoint's own plan was reported); a cap no saved point meets
+    is one line, before the replies are read."""
+    from fugu_pipeline.cli.main import main
+
+    work, _, common, _ = trained
+    (cascade,) = [p.parent for p in (work / "models" / "cascade").glob("*/manifest.json")]
+    code, said = run("evaluate", "--checkpoint", str(cascade), *common, "--cap", "share=0.9", "--output",
+                     str(work / "capped.json"))
+    assert code == 0, said
+    assert "tasks: under cap 90% of the strongest worker's cost (margin 1.645 SE): the most accurate saved point" in said
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(cascade), *common, "--cap", "share=0.0001",
+                 "--output", str(work / "refused.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no cascade point of this checkpoint meets it" in err[0] and str(cascade) in err[0], err
+    assert not (work / "refused.json").exists()

@@ -259,7 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "composite's live term (needs --workers with workers; default: the project's data/benchgen, only when --data is "
                    "its data/reward_matrix.duckdb)")
     p.add_argument("--policy", default=None, help="promotion policy YAML (composite weights; default: configs/promotion.yaml)")
-    budget_opts(p, "report the operating point for a cap: λ chosen on validation, scored on --split")
+    budget_opts(p, "report the operating point for a cap, scored on --split: a one-step head at the λ chosen on "
+                   "validation; a cascade as it serves requests asking the cap (the most accurate saved point within "
+                   "it, as the spend guard allows)")
 
     harness.add_commands(add, data_opts)  # baseline, keygen, accept-key, collector-key, pack, preflight, validate, train-triage, triage-report
 

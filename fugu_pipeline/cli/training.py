@@ -321,13 +321,23 @@ def cmd_evaluate(args) -> int:
     path = resolve_checkpoint(args.checkpoint)
     out = report_output(args.output, path, f"{args.split}.json")
     probe = load_checkpoint(path)
+    if probe.manifest.head_kind == "cascade" and budget is not None:  # a cap it cannot serve: refused before any work
+        from fugu_pipeline.policies.cascade.evaluate import budget_reachable
+        from fugu_pipeline.policies.cascade.spend import CapOutOfReach
+
+        try:
+            budget_reachable(probe, budget)
+        except CapOutOfReach as exc:
+            raise CLIError(f"{path}: {exc}") from None
     contract = probe.manifest.feature_contract
     settings = encoder_settings(args, args.encoder, contract, probe.manifest.metrics)
     data = routing_data(args, settings=settings)
     if probe.manifest.head_kind == "cascade":  # scored from the recorded replies (policies/cascade/evaluate.py)
         from fugu_pipeline.policies.cascade.evaluate import evaluate_cascade, report_lines
 
-        rep = evaluate_cascade(path, data, matrix_db(args), settings, Path(args.cache_dir), args.split, out.parent)
+        # under a cap asked here, as serving serves requests asking it
+        rep = evaluate_cascade(path, data, matrix_db(args), settings, Path(args.cache_dir), args.split, out.parent,
+                               budget=budget)
         for line in report_lines(rep):
             print(line)
         print(f"report: {rep['report_path']}")

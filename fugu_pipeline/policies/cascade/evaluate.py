@@ -37,6 +37,7 @@ class CascadeOutcome:
     stop_step: int
     answered_by: str
     group: str = ""  # the key of the plan it ran (its domain, or its prompt cluster: policies/cascade/groups.py)
+    plan: str = ""  # the plan it ran (its group's, or the point a spend guard served instead)
 
 
 def load_cascade(path: str | Path):
@@ -62,13 +63,14 @@ def verifier_scores(head, inputs) -> np.ndarray:
 
 
 def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: np.ndarray | None = None,
-                     scores: np.ndarray | None = None, as_given: bool = False) -> list[CascadeOutcome]:
+                     scores: np.ndarray | None = None, as_given: bool = False, budget=None) -> list[CascadeOutcome]:
     """Per task of `split` (in row order; or of the row indices `rows`, in that order): what the
     cascade returns and what it paid (see the module docstring). `data`, `grid`
     (matrix/answers.py) and `inputs` (policies/cascade/fit.answer_inputs) are row-aligned and in the
     checkpoint's worker order; `scores`: its `verifier_scores` when already computed. A capped
     checkpoint's guard serves the rows in traffic order, or as given with `as_given` (a log in the
-    order its requests came)."""
+    order its requests came). `budget` (`cost_cap.CostCap`): the rows served as requests asking
+    that cap are (`_budgeted`); `spend.CapOutOfReach` when no saved point meets it."""
     from fugu_pipeline.policies.cascade.policy import answer_codes, simulate
     from fugu_pipeline.policies.cascade.spend import traffic_order
 
@@ -94,22 +96,24 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
         return runs[key]
 
     keys = np.asarray(head.group_keys(doms[rows], inputs.prompt[rows]), dtype=object)  # domain, or prompt cluster
-    mine = [run(head.policy.plan_for(g)) for g in keys]
-    if getattr(head, "cap_usd", None) is not None:
-        mine = _guarded(head, checkpoint.manifest.metrics or {}, keys, mine, run,
-                        np.arange(len(rows)) if as_given else traffic_order([data.task_ids[i] for i in rows]))
+    plans = [head.policy.plan_for(g) for g in keys]
+    order = np.arange(len(rows)) if as_given else traffic_order([data.task_ids[i] for i in rows])
+    if budget is not None:
+        plans = _budgeted(checkpoint, keys, run, order, budget)
+    elif getattr(head, "cap_usd", None) is not None:
+        plans = _guarded(head, checkpoint.manifest.metrics or {}, keys, plans, run, order)
     out: list[CascadeOutcome] = []
     for k, i in enumerate(rows):
-        res, j = mine[k], k
+        res, j = run(plans[k]), k
         util = u.utility(float(res.quality[j]), float(res.cost[j]), float(res.latency[j])) if u else float(res.quality[j])
         out.append(CascadeOutcome(data.task_ids[i], str(doms[i]), float(res.quality[j]), util, float(res.cost[j]),
                                   float(res.latency[j]), int(res.calls[j]), int(res.stop_step[j]),
-                                  data.worker_ids[int(res.answer_worker[j])], str(keys[k])))
+                                  data.worker_ids[int(res.answer_worker[j])], str(keys[k]), plans[k].describe()))
     return out
 
 
-def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run, order: np.ndarray) -> list:
-    """The results each row reads when the checkpoint was trained under a cap: serving's spend guard
+def _guarded(head, metrics: dict, doms: np.ndarray, plans: list, run, order: np.ndarray) -> list:
+    """The plan each row runs when the checkpoint was trained under a cap: serving's spend guard
     (`spend.py`) over the rows in `order` (`spend.traffic_order`), each row its domain's plan while the
     allowance is the cap, else the most accurate saved point within the allowance."""
     from fugu_pipeline.policies.cascade.policy import CascadePlan
@@ -122,28 +126,52 @@ def _guarded(head, metrics: dict, doms: np.ndarray, mine: list, run, order: np.n
         return guards.setdefault(key, SpendGuard(cap, slack=POOL_SLACK if pooled else 0.0))
 
     params = head.head_params()
-    out = list(mine)
+    out = list(plans)
     for k in order:
-        d, res = doms[k], mine[k]
+        d = doms[k]
         held, cap, a = shared_allowance(head, d, guard_of)
         if not within_cap(cap, a):  # below the cap: the guard holds back
             points = cap_points(params, metrics, str(d))
             got = pick(points, a, cap_margin(head), own_cost(metrics, d)) or (
                 min(points, key=lambda p: p["cost_usd"]) if points else None)
-            res = res if got is None else run(CascadePlan.model_validate(got["plan"]))
+            out[k] = out[k] if got is None else CascadePlan.model_validate(got["plan"])
         for guard in held:
-            guard.record(float(res.cost[k]))
-        out[k] = res
+            guard.record(float(run(out[k]).cost[k]))
     return out
 
 
-def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baselines: dict | None = None) -> dict:
+def _budgeted(checkpoint, keys: np.ndarray, run, order: np.ndarray, budget) -> list:
+    """The plan each row runs as a request asking the cap `budget` is served
+    (`CascadeRouter.plan_for` with a budget): that cap's spend guard over the rows in `order`, each
+    row the most accurate saved point of its group within the allowance, else the cheapest."""
+    from fugu_pipeline.policies.cascade.policy import CascadePlan
+    from fugu_pipeline.policies.cascade.spend import SpendGuard, choose
+
+    guards: dict = {}  # one per cap, as serving keeps them
+    groups: dict = {}  # group -> (its points, its cap's guard)
+    plans: dict = {}  # id of a point -> its plan
+    out: list = [None] * len(keys)
+    for k in order:
+        if keys[k] not in groups:
+            points, cap = _group_cap(checkpoint, keys[k], budget)
+            groups[keys[k]] = (points, guards.setdefault(round(cap, 15), SpendGuard(cap)))
+        points, guard = groups[keys[k]]
+        best, _ = choose(points, guard, budget.margin_z)
+        if id(best) not in plans:
+            plans[id(best)] = CascadePlan.model_validate(best["plan"])
+        out[k] = plans[id(best)]
+        guard.record(float(run(out[k]).cost[k]))
+    return out
+
+
+def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baselines: dict | None = None,
+                   budget=None) -> dict:
     """Accuracy, cost and utility of the cascade on `split`, overall and per domain, against the
     best worker (by utility on the non-test rows) and the strongest one, with paired intervals;
     `baselines` ({name: (quality, utility) per row of the split}, e.g. the one-shot head's routes)
-    are compared the same way."""
+    are compared the same way. `budget`: the rows served as requests asking that cap are."""
     scores = verifier_scores(checkpoint.head, inputs)  # every reply scored once, for the outcomes and the caps
-    outs = cascade_outcomes(checkpoint, data, grid, inputs, split, scores=scores)
+    outs = cascade_outcomes(checkpoint, data, grid, inputs, split, scores=scores, budget=budget)
     rows = np.flatnonzero(data.splits == split)
     fit = np.flatnonzero(data.splits != split)
     best = int(np.argmax(data.utility[fit].mean(axis=0)))
@@ -166,7 +194,7 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
         mine = fit[fit_doms == d]  # the group's own strongest worker, on its non-test rows
         strong = int(np.argmax(data.quality[mine].mean(axis=0))) if len(mine) else pooled_strong
         per_domain.append({
-            "domain": d, "n": int(m.sum()), "plan": checkpoint.head.policy.plan_for(d).describe(),
+            "domain": d, "n": int(m.sum()), "plan": served_plans([o.plan for o, mk in zip(outs, m) if mk]),
             "accuracy": float(q[m].mean()), "cost_usd_per_1k": float(c[m].mean() * 1000),
             "cost_share_of_strongest": float(c[m].mean() / max(cost[r, strong].mean(), 1e-300)),
             "best_worker_accuracy": float(data.quality[r, best].mean()), "strongest": data.worker_ids[strong],
@@ -174,7 +202,10 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
             "minus_strongest_accuracy": paired_bootstrap(q[m], data.quality[r, pooled_strong]),
             "cost_share_of_pooled_strongest": float(c[m].mean() / max(cost[r, pooled_strong].mean(), 1e-300))})
     return {
-        "split": split, "n_tasks": len(outs), "checkpoint": str(checkpoint.path), "policy": checkpoint.head.policy.describe(),
+        "split": split, "n_tasks": len(outs), "checkpoint": str(checkpoint.path),
+        "policy": checkpoint.head.policy.describe() if budget is None else
+        f"under {budget.describe()}: the most accurate saved point within it, as serving's spend guard allows",
+        "budget": None if budget is None else budget.model_dump(),
         "worker_ids": data.worker_ids, "best_worker": data.worker_ids[best], "strongest_worker": data.worker_ids[pooled_strong],
         "accuracy": paired_bootstrap(q, np.zeros(len(q))),
         "utility": float(ut.mean()) if len(ut) else float("nan"),
@@ -192,6 +223,17 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
                       for name, (bq, bu) in (baselines or {}).items()},
         "outcomes": [asdict(o) for o in outs],
     }
+
+
+def served_plans(plans: list[str]) -> str:
+    """The plan a group's rows ran: the one plan, or the most frequent with how many rows ran others
+    (a spend guard's cuts, or the points a request's cap chose)."""
+    from collections import Counter
+
+    if not plans:
+        return ""
+    (top, n), others = Counter(plans).most_common(1)[0], len(set(plans)) - 1
+    return top if not others else f"{top} on {n} of {len(plans)} rows ({others} other plan(s) on the rest)"
 
 
 def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n_boot: int = 2000,
@@ -296,10 +338,12 @@ def one_shot_baseline(checkpoint_path, data, split: str = "test") -> dict:
 
 
 def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "test", out_dir=None,
-                     one_shot=None) -> dict:
+                     one_shot=None, budget=None) -> dict:
     """The report of the cascade at `path` on `data`'s `split` (the replies read from the matrix at
     `db_path`, encoded with `settings` through the cache at `cache_root`); written as
-    `<out_dir or path/reports>/<split>.json` when `out_dir` is not False."""
+    `<out_dir or path/reports>/<split>.json` when `out_dir` is not False. `budget`: served as
+    requests asking that cap (`cost_cap.CostCap`); `spend.CapOutOfReach` before any work when no
+    saved point meets it."""
     import json
 
     from fugu_pipeline.policies.cascade.frontier_plot import add_frontier
@@ -311,6 +355,8 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     from fugu_pipeline.route.shipped import read_shipped
 
     ckpt = load_cascade(path)
+    if budget is not None:  # refused now, not after the replies are encoded
+        budget_reachable(ckpt, budget)
     data = data.in_worker_order(ckpt.manifest.worker_ids, f"cascade {path}")
     grid = read_answers(db_path, data.task_ids, data.worker_ids)
     names = ckpt.head.answer_stats
@@ -318,7 +364,7 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     inputs = answer_inputs(data, grid, settings, cache_root, encode=ckpt.head.answer_dim > len(names), stat_names=plain)
     inputs = with_saved_cross(ckpt, data, grid, inputs, np.flatnonzero(data.splits == split))
     base = one_shot_baseline(one_shot, data, split) if one_shot is not None else None
-    rep = cascade_report(ckpt, data, grid, inputs, split, base)
+    rep = cascade_report(ckpt, data, grid, inputs, split, base, budget=budget)
     shipped = read_shipped(path, ckpt.manifest.content_hash)[0]  # what train chose and printed (route/shipped.py)
     if shipped is not None:
         rep["shipped_policy"] = shipped.public()
@@ -329,6 +375,24 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
         atomic_write(target, (json.dumps(rep, indent=2, default=float) + "\n").encode())
         rep["report_path"] = str(target)
     return rep
+
+
+def _group_cap(checkpoint, group, budget) -> tuple[list[dict], float]:
+    """(the saved points a request of `group` chooses among, the cap `budget` means in $ per request),
+    as `CascadeRouter` reads them; CapOutOfReach where serving refuses such a request."""
+    from fugu_pipeline.policies.cascade.spend import CapOutOfReach, cap_points, request_cap
+
+    metrics = checkpoint.manifest.metrics or {}
+    points = cap_points(checkpoint.head.head_params(), metrics, group)
+    if not points:
+        raise CapOutOfReach(f"{budget.describe()}: this cascade records no budget points; retrain it with `fugu-lite train`")
+    return points, request_cap(points, budget, metrics.get("expected_cost_usd") or {}, metrics.get("worker_quality") or {})
+
+
+def budget_reachable(checkpoint, budget) -> None:
+    """CapOutOfReach when some group's saved points cannot meet `budget` (checked before any work)."""
+    for g in [None, *((checkpoint.head.head_params().get("domains_frontier") or {}).keys())]:
+        _group_cap(checkpoint, g, budget)
 
 
 def cascade_over_single_turns(router, tasks: list, replies: dict[str, list]) -> dict:

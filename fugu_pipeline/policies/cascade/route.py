@@ -136,23 +136,17 @@ class CascadeRouter(Router):
 
     def _budget_plan(self, domain, budget):
         from fugu_pipeline.policies.cascade.policy import CascadePlan
-        from fugu_pipeline.policies.cascade.spend import bound, choose
+        from fugu_pipeline.policies.cascade.spend import CapOutOfReach, choose, request_cap
 
         points = self._points(domain)
         if not points:
             raise BudgetUnavailable(f"{self.path}: this cascade records no budget points; retrain it with `fugu-lite train`")
-        strongest = max(self.worker_quality, key=self.worker_quality.get) if self.worker_quality else None
-        ref = self.expected_cost.get(strongest, 0.0) if strongest else max(self.expected_cost.values(), default=0.0)
-        cap = budget.usd_per_request(ref)
-        z = budget.margin_z
-        if not any(within_cap(bound(p, z), cap) for p in points):
-            usd = _rounded_up(min(bound(p, z) for p in points) * 1000)
-            share = f"a share of at least {_rounded_up(usd / 1000 / ref):g} or " if ref > 0 else ""
-            raise BudgetUnavailable(f"{budget.describe()}: no cascade point of this checkpoint meets it on validation "
-                                    f"(the cheapest costs ${usd:g} per 1,000 requests, plus {z:g} standard errors); raise "
-                                    f"the cap to {share}${usd:g} per 1,000 requests")
+        try:
+            cap = request_cap(points, budget, self.expected_cost, self.worker_quality)
+        except CapOutOfReach as exc:
+            raise BudgetUnavailable(str(exc)) from None
         guard = self.guard(cap)
-        best, allowance = choose(points, guard, z)
+        best, allowance = choose(points, guard, budget.margin_z)
         return CascadePlan.model_validate(best["plan"]), {
             "cap": budget.describe(), "validation_cost_usd": best["cost_usd"], "validation_quality": best["quality"],
             "guard": {"cap_usd": cap, "allowance_usd": allowance, **guard.state()}}
@@ -439,12 +433,3 @@ async def _run_steps(router, prompt: str, domain: str | None, decision: RouteDec
                           calls, total, errors)
     return CascadeRun(plan.describe(), steps, "every worker failed", None, None, calls, total, errors)
 
-
-def _rounded_up(x: float, digits: int = 3) -> float:
-    """`x` to `digits` significant digits, never below it (a cap printed as enough is enough)."""
-    import math
-
-    if x <= 0 or not math.isfinite(x):
-        return x
-    scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
-    return math.ceil(x * scale - 1e-9) / scale

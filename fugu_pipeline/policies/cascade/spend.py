@@ -88,6 +88,38 @@ def own_cost(metrics: dict, group: str | None) -> float | None:
     return None if not got or got.get("cost_usd") is None else float(got["cost_usd"])
 
 
+class CapOutOfReach(ValueError):
+    """A cap asked of a checkpoint that no saved point meets on validation; the message says how far
+    to raise it."""
+
+
+def request_cap(points: list[dict], budget, expected_cost: dict, worker_quality: dict) -> float:
+    """The cap `budget` (`cost_cap.CostCap`, asked by a request or a command) means for a cascade
+    whose saved points are `points` ($ per request; a share is of the expected cost of the worker
+    most accurate on validation); CapOutOfReach when no point's cost bound (mean + the cap's
+    `margin_z` standard errors) is within it."""
+    strongest = max(worker_quality, key=worker_quality.get) if worker_quality else None
+    ref = expected_cost.get(strongest, 0.0) if strongest else max(expected_cost.values(), default=0.0)
+    cap, z = budget.usd_per_request(ref), budget.margin_z
+    if not any(within_cap(bound(p, z), cap) for p in points):
+        usd = _rounded_up(min(bound(p, z) for p in points) * 1000)
+        share = f"a share of at least {_rounded_up(usd / 1000 / ref):g} or " if ref > 0 else ""
+        raise CapOutOfReach(f"{budget.describe()}: no cascade point of this checkpoint meets it on validation "
+                            f"(the cheapest costs ${usd:g} per 1,000 requests, plus {z:g} standard errors); raise "
+                            f"the cap to {share}${usd:g} per 1,000 requests")
+    return cap
+
+
+def _rounded_up(x: float, digits: int = 3) -> float:
+    """`x` to `digits` significant digits, never below it (a cap printed as enough is enough)."""
+    import math
+
+    if x <= 0 or not math.isfinite(x):
+        return x
+    scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
+    return math.ceil(x * scale - 1e-9) / scale
+
+
 def bound(point: dict, z: float) -> float:
     return float(point["cost_usd"]) + z * float(point.get("cost_se") or 0.0)
 
