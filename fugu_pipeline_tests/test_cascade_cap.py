@@ -434,3 +434,23 @@ def test_evaluate_under_a_cap_serves_each_row_the_plan_a_request_asking_it_is_se
     assert rep["policy"].startswith(f"under {budget.describe()}") and rep["budget"]["share"] == 0.2
     assert rep["cost_usd_per_1k"] == pytest.approx(1000 * np.mean([o.cost_usd for o in outs.values()]))
     assert any(" other plan(s) on the rest)" in d["plan"] for d in rep["per_domain"])
+
+
+def test_an_outcome_names_the_workers_the_served_plan_called_where_the_guard_cut(capped):
+    """The contest compares heads by the workers each called per row (`CascadeOutcome.path`): on the
+    rows the guard served another point, that point's calls, not the shipped plan's."""
+    from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes
+    from fugu_pipeline.policies.cascade.policy import CascadePlan
+    from fugu_pipeline.policies.cascade.spend import cap_points
+
+    data, grid, inputs, fit, ckpt, cap = capped
+    own = ckpt.head.policy.plan_for(None)
+    points = {CascadePlan.model_validate(p["plan"]).describe(): CascadePlan.model_validate(p["plan"])
+              for p in cap_points(ckpt.head.head_params(), ckpt.manifest.metrics)}
+    outs = cascade_outcomes(ckpt, data, grid, inputs)
+    cut = [o for o in outs if o.plan != own.describe()]
+    assert cut and len(cut) < len(outs)
+    for o in outs:
+        plan = own if o.plan == own.describe() else points[o.plan]
+        assert o.path == ">".join("+".join(s.workers) for s in plan.steps[:o.stop_step + 1])
+    assert {o.path for o in cut} - {">".join("+".join(s.workers) for s in own.steps[:k + 1]) for k in range(len(own.steps))}

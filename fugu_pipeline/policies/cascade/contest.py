@@ -116,8 +116,7 @@ class CascadeScorer:
         data = self.rows(entrant)[0]
         at = {t: i for i, t in enumerate(data.task_ids)}
         got = self._outcomes(entrant, np.array([at[t] for t in task_ids], int))
-        policy = entrant.head.head.policy
-        paths = [">".join("+".join(s.workers) for s in policy.plan_for(o.group).steps[:o.stop_step + 1]) for o in got]
+        paths = [o.path for o in got]  # the plan each row ran (a capped cascade's guard may serve another)
         return Outcomes(list(task_ids), np.array([o.quality for o in got], float), np.array([o.calls for o in got], float),
                         np.array([o.cost_usd for o in got], float), paths, utility=np.array([o.utility for o in got], float))
 

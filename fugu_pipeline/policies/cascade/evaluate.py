@@ -38,6 +38,7 @@ class CascadeOutcome:
     answered_by: str
     group: str = ""  # the key of the plan it ran (its domain, or its prompt cluster: policies/cascade/groups.py)
     plan: str = ""  # the plan it ran (its group's, or the point a spend guard served instead)
+    path: str = ""  # the workers it called, step by step ("a>b+c"): what the contest compares across heads
 
 
 def load_cascade(path: str | Path):
@@ -108,7 +109,8 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
         util = u.utility(float(res.quality[j]), float(res.cost[j]), float(res.latency[j])) if u else float(res.quality[j])
         out.append(CascadeOutcome(data.task_ids[i], str(doms[i]), float(res.quality[j]), util, float(res.cost[j]),
                                   float(res.latency[j]), int(res.calls[j]), int(res.stop_step[j]),
-                                  data.worker_ids[int(res.answer_worker[j])], str(keys[k]), plans[k].describe()))
+                                  data.worker_ids[int(res.answer_worker[j])], str(keys[k]), plans[k].describe(),
+                                  ">".join("+".join(s.workers) for s in plans[k].steps[:int(res.stop_step[j]) + 1])))
     return out
 
 
