@@ -240,46 +240,29 @@ def served_plans(plans: list[str]) -> str:
 
 def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n_boot: int = 2000,
                 scores: np.ndarray | None = None) -> list[dict]:
-    """The table at 20/33/50% of the strongest worker's cost on `rows`, as serving keeps each cap: the
-    checkpoint's saved points (its frontier and the plan searched for each share) whose validation
-    cost bound (mean + `search.CAP_Z` standard errors) is within the cap, chosen row after row by the
-    spend guard (`spend.replay`: the most accurate within its allowance, in traffic order) and run on the rows with their
-    recorded costs; beside it the strongest worker alone. Plans that need a verifier the checkpoint
-    did not save are left out. `scores`: its `verifier_scores` when already computed."""
+    """The table at 20/33/50% of the strongest worker's cost on `rows`, each share served as requests
+    asking that cap are (`cascade_outcomes` with the cap, as `evaluate --cap share=0.2` reports it:
+    one spend guard per cap, in traffic order, each row the most accurate saved point of its group
+    within the allowance) and run on the rows with their recorded costs; beside it the strongest
+    worker alone. A share no saved point meets has no figures. `scores`: its `verifier_scores` when
+    already computed."""
+    from fugu_pipeline.cost_cap import CostCap
     from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, cap_table
-    from fugu_pipeline.policies.cascade.policy import CascadePlan, answer_codes, simulate
-    from fugu_pipeline.policies.cascade.search import CAP_Z
-    from fugu_pipeline.policies.cascade.spend import bound, cap_points, replay, traffic_order
+    from fugu_pipeline.policies.cascade.spend import CapOutOfReach, cap_points
 
-    head = checkpoint.head
-    metrics = checkpoint.manifest.metrics or {}
-    ref = (metrics.get("expected_cost_usd") or {}).get(data.worker_ids[strong])
-    verified = float(head.used[0]) == 1.0
-    points = [p for p in cap_points(head.head_params(), metrics)
-              if verified or not CascadePlan.model_validate(p["plan"]).uses_verifier]
-    if not points or not ref or data.quality is None or not len(rows):
+    if not cap_points(checkpoint.head.head_params(), checkpoint.manifest.metrics or {}) or data.quality is None \
+            or not len(rows):
         return []
     cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
-    lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
-    codes = answer_codes(grid.final)
-    scores = context_of_head(getattr(head, "context", None), verifier_scores(head, inputs) if scores is None else scores,
-                             codes, inputs)
-    passed = inputs.passed_examples()  # what a plan's examples rule reads
-    order = traffic_order([data.task_ids[i] for i in rows])  # as the guard serves them
-    runs = {}
+    scores = verifier_scores(checkpoint.head, inputs) if scores is None else scores
     per_row: dict = {}
     for share in TABLE_SHARES:
-        mine = [p for p in points if within_cap(bound(p, CAP_Z), share * ref)]
-        if not mine:
+        try:
+            outs = cascade_outcomes(checkpoint, data, grid, inputs, rows=rows, scores=scores, budget=CostCap(share=share))
+        except CapOutOfReach:
             per_row[f"cascade@{share}"] = None
             continue
-        for p in mine:
-            if id(p) not in runs:
-                res = simulate(CascadePlan.model_validate(p["plan"]), data.worker_ids, codes, scores, data.quality, cost,
-                               lat, rows, passed)
-                runs[id(p)] = (res.quality, res.cost)
-        q, c, _ = replay(mine, [runs[id(p)] for p in mine], share * ref, CAP_Z, order=order)
-        per_row[f"cascade@{share}"] = (q, c)
+        per_row[f"cascade@{share}"] = (np.array([o.quality for o in outs]), np.array([o.cost_usd for o in outs]))
     return cap_table(per_row, (data.quality[rows, strong], cost[rows, strong]), n_boot=n_boot)
 
 

@@ -13,8 +13,8 @@ requests: while the running mean stays below 95% of the cap the request gets the
 as it nears the cap and beyond, the allowance falls and the plan served is the most accurate saved
 point whose cost bound is within the allowance (a plan that escalates less), down to the cheapest
 point. The guard never spends above the cap's own plan to use up savings, and never serves a point
-dearer than the plan it cuts (`own_cost`). `replay` runs the same
-rule over recorded rows, as `evaluate` scores a cap.
+dearer than the plan it cuts (`own_cost`). `policies/cascade/evaluate.py` runs the same rule
+over recorded rows, for a checkpoint's own cap and for a cap asked of it (`request_cap`, `choose`).
 
 Recorded rows reach the guard in **traffic order** (`traffic_order`): sorted by a hash of the task
 id, not in the file's order. An import lists its rows one source after another (every HumanEval row,
@@ -184,19 +184,3 @@ def traffic_order(task_ids) -> np.ndarray:
     keys = [sha256_text(f"spend-guard\x00{t}") for t in task_ids]
     return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
-
-def replay(points: list[dict], outcomes: list[tuple[np.ndarray, np.ndarray]], cap_usd: float, z: float,
-           horizon: int = HORIZON, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The guard over recorded rows, served in `order` (positions; default: as given): `outcomes[k]`
-    is point k's (quality, cost) per row. Returns (quality, cost, the point served) per row, in the
-    rows' own order."""
-    guard = SpendGuard(cap_usd, horizon)
-    n = len(outcomes[0][0]) if outcomes else 0
-    q, c, which = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64)
-    index = {id(p): k for k, p in enumerate(points)}
-    for i in (range(n) if order is None else order):
-        p, _ = choose(points, guard, z)
-        k = index[id(p)]
-        q[i], c[i], which[i] = outcomes[k][0][i], outcomes[k][1][i], k
-        guard.record(c[i])
-    return q, c, which
