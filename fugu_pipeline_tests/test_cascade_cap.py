@@ -454,3 +454,52 @@ def test_an_outcome_names_the_workers_the_served_plan_called_where_the_guard_cut
         plan = own if o.plan == own.describe() else points[o.plan]
         assert o.path == ">".join("+".join(s.workers) for s in plan.steps[:o.stop_step + 1])
     assert {o.path for o in cut} - {">".join("+".join(s.workers) for s in own.steps[:k + 1]) for k in range(len(own.steps))}
+
+
+def _plan(*workers: str) -> dict:
+    from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadeStep
+
+    return CascadePlan(steps=[CascadeStep(workers=[w]) for w in workers]).model_dump()
+
+
+def _point(quality: float, cost: float, *workers: str) -> dict:
+    return {"quality": quality, "cost_usd": cost, "cost_se": 0.0, "plan": _plan(*workers)}
+
+
+# a checkpoint with a frontier per group: the cheap worker ties the strong one on code and is far
+# below it on multiple choice; each group half the rows the plans were chosen on
+PER_GROUP = {"frontier": [_point(0.6, 0.01, "cheap"), _point(0.94, 1.0, "strong")],
+             "domains_frontier": {"mc": [_point(0.3, 0.01, "cheap"), _point(0.95, 1.0, "strong")],
+                                  "code": [_point(0.9, 0.01, "cheap"), _point(0.92, 1.0, "strong")]}}
+PER_GROUP_METRICS = {"expected_cost_usd": {"cheap": 0.01, "strong": 1.0}, "worker_quality": {"cheap": 0.6, "strong": 0.94},
+                     "groups": {"chosen": [{"domain": "mc", "rows": 50}, {"domain": "code", "rows": 50}]},
+                     "frontier_oof": {"rows": 100}}
+
+
+def test_a_cap_asked_of_plans_per_group_is_shared_among_the_groups_as_a_trained_cap_is():
+    """At 60% of the strong worker's cost, multiple choice keeps the strong worker (its part of the cap
+    is above the pooled cap) and code the cheap one, half the rows each: 50.5% of the cost. Kept
+    group by group within the pooled cap, multiple choice would get the cheap worker (the strong one
+    alone costs more than the cap). A cap below every choice is refused, saying by how much."""
+    from fugu_pipeline.policies.cascade.spend import (POOL_SLACK, CapOutOfReach, SpendGuard, cap_points, request_point,
+                                                      request_shares)
+
+    shares = request_shares(PER_GROUP, PER_GROUP_METRICS, CostCap(share=0.6))
+    assert shares.cap_usd == pytest.approx(0.6)
+    assert shares.group_caps["mc"] > 0.6 > shares.group_caps["code"]
+    assert 0.5 * shares.group_caps["mc"] + 0.5 * shares.group_caps["code"] == pytest.approx(0.6)
+    guards: dict = {}
+
+    def guard_of(cap, group, pooled):
+        return guards.setdefault((cap, group, pooled), SpendGuard(cap, slack=POOL_SLACK if pooled else 0.0))
+
+    served = {g: request_point(shares, cap_points(PER_GROUP, PER_GROUP_METRICS, g), g, 1.645, guard_of)
+              for g in ("mc", "code")}
+    assert {g: got[0]["plan"] for g, got in served.items()} == {"mc": _plan("strong"), "code": _plan("cheap")}
+    best, held, note = served["mc"]
+    assert len(held) == 2 and note["group"] == "mc" and note["pooled_cap_usd"] == pytest.approx(0.6)
+    alone = request_shares({**PER_GROUP}, {**PER_GROUP_METRICS, "groups": {}}, CostCap(share=0.6))  # no group rows
+    assert alone.group_caps == {}
+    assert request_point(alone, cap_points(PER_GROUP, PER_GROUP_METRICS, "mc"), "mc", 1.645, guard_of)[0]["plan"] == _plan("cheap")
+    with pytest.raises(CapOutOfReach, match=r"raise the cap to a share of at least 0\.01 or \$10 per 1,000 requests"):
+        request_shares(PER_GROUP, PER_GROUP_METRICS, CostCap(share=0.005))

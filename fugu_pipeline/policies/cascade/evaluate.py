@@ -144,25 +144,32 @@ def _guarded(head, metrics: dict, doms: np.ndarray, plans: list, run, order: np.
 
 def _budgeted(checkpoint, keys: np.ndarray, run, order: np.ndarray, budget) -> list:
     """The plan each row runs as a request asking the cap `budget` is served
-    (`CascadeRouter.plan_for` with a budget): that cap's spend guard over the rows in `order`, each
-    row the most accurate saved point of its group within the allowance, else the cheapest."""
+    (`CascadeRouter.plan_for` with a budget; `spend.request_shares`, `spend.request_point`): the cap's
+    spend guards over the rows in `order`, each row the point its group is served within them."""
     from fugu_pipeline.policies.cascade.policy import CascadePlan
-    from fugu_pipeline.policies.cascade.spend import SpendGuard, choose
+    from fugu_pipeline.policies.cascade.spend import POOL_SLACK, SpendGuard, cap_points, request_point, request_shares
 
-    guards: dict = {}  # one per cap, as serving keeps them
-    groups: dict = {}  # group -> (its points, its cap's guard)
+    metrics = checkpoint.manifest.metrics or {}
+    params = checkpoint.head.head_params()
+    shares = request_shares(params, metrics, budget)
+    guards: dict = {}  # as serving keeps them: one per cap, per group's part, and the pooled one beside the parts
+
+    def guard_of(cap, group, pooled):
+        key = ("pooled", round(cap, 15)) if pooled else (round(cap, 15),) if group is None else ("group", str(group), round(cap, 15))
+        return guards.setdefault(key, SpendGuard(cap, slack=POOL_SLACK if pooled else 0.0))
+
+    points: dict = {}  # group -> the saved points its requests choose among
     plans: dict = {}  # id of a point -> its plan
     out: list = [None] * len(keys)
     for k in order:
-        if keys[k] not in groups:
-            points, cap = _group_cap(checkpoint, keys[k], budget)
-            groups[keys[k]] = (points, guards.setdefault(round(cap, 15), SpendGuard(cap)))
-        points, guard = groups[keys[k]]
-        best, _ = choose(points, guard, budget.margin_z)
+        if keys[k] not in points:
+            points[keys[k]] = cap_points(params, metrics, keys[k])
+        best, held, _ = request_point(shares, points[keys[k]], keys[k], budget.margin_z, guard_of)
         if id(best) not in plans:
             plans[id(best)] = CascadePlan.model_validate(best["plan"])
         out[k] = plans[id(best)]
-        guard.record(float(run(out[k]).cost[k]))
+        for guard in held:
+            guard.record(float(run(out[k]).cost[k]))
     return out
 
 
@@ -362,22 +369,11 @@ def evaluate_cascade(path, data, db_path, settings, cache_root, split: str = "te
     return rep
 
 
-def _group_cap(checkpoint, group, budget) -> tuple[list[dict], float]:
-    """(the saved points a request of `group` chooses among, the cap `budget` means in $ per request),
-    as `CascadeRouter` reads them; CapOutOfReach where serving refuses such a request."""
-    from fugu_pipeline.policies.cascade.spend import CapOutOfReach, cap_points, request_cap
-
-    metrics = checkpoint.manifest.metrics or {}
-    points = cap_points(checkpoint.head.head_params(), metrics, group)
-    if not points:
-        raise CapOutOfReach(f"{budget.describe()}: this cascade records no budget points; retrain it with `fugu-lite train`")
-    return points, request_cap(points, budget, metrics.get("expected_cost_usd") or {}, metrics.get("worker_quality") or {})
-
-
 def budget_reachable(checkpoint, budget) -> None:
-    """CapOutOfReach when some group's saved points cannot meet `budget` (checked before any work)."""
-    for g in [None, *((checkpoint.head.head_params().get("domains_frontier") or {}).keys())]:
-        _group_cap(checkpoint, g, budget)
+    """CapOutOfReach when the checkpoint cannot serve `budget` (checked before any work)."""
+    from fugu_pipeline.policies.cascade.spend import request_shares
+
+    request_shares(checkpoint.head.head_params(), checkpoint.manifest.metrics or {}, budget)
 
 
 def cascade_over_single_turns(router, tasks: list, replies: dict[str, list]) -> dict:

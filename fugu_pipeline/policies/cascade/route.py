@@ -54,6 +54,7 @@ class CascadeRouter(Router):
         self.answer_kinds = dict(metrics.get("answer_kinds") or {})
         self.metrics = dict(metrics or {})
         self.guards: dict[float, object] = {}  # cap ($ per request) -> its spend guard (policies/cascade/spend.py)
+        self._shares: dict = {}  # a cap asked (CostCap) -> how the checkpoint keeps it (spend.RequestShares)
         self._guards_lock = threading.Lock()
         # the encoder's vectors of a question and its options (`option_fit`), read again at each step of a
         # cascade: the last TEXT_MEMO texts, by text, used under the router's lock
@@ -136,20 +137,26 @@ class CascadeRouter(Router):
 
     def _budget_plan(self, domain, budget):
         from fugu_pipeline.policies.cascade.policy import CascadePlan
-        from fugu_pipeline.policies.cascade.spend import CapOutOfReach, choose, request_cap
+        from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, CapOutOfReach, request_point, request_shares
 
         points = self._points(domain)
         if not points:
             raise BudgetUnavailable(f"{self.path}: this cascade records no budget points; retrain it with `fugu-lite train`")
-        try:
-            cap = request_cap(points, budget, self.expected_cost, self.worker_quality)
-        except CapOutOfReach as exc:
-            raise BudgetUnavailable(str(exc)) from None
-        guard = self.guard(cap)
-        best, allowance = choose(points, guard, budget.margin_z)
+        with self._guards_lock:
+            shares = self._shares.get(budget)
+        if shares is None:
+            try:  # the cap, shared among the groups where the checkpoint holds a frontier per group
+                shares = request_shares(self.head.head_params(), self.metrics, budget)
+            except CapOutOfReach as exc:
+                raise BudgetUnavailable(str(exc)) from None
+            with self._guards_lock:
+                self._shares[budget] = shares
+                while len(self._shares) > MAX_GUARDS:
+                    self._shares.pop(next(iter(self._shares)))
+        best, _, note = request_point(shares, points, domain, budget.margin_z, lambda c, g, p: self.guard(c, g, p))
         return CascadePlan.model_validate(best["plan"]), {
             "cap": budget.describe(), "validation_cost_usd": best["cost_usd"], "validation_quality": best["quality"],
-            "guard": {"cap_usd": cap, "allowance_usd": allowance, **guard.state()}}
+            "guard": note}
 
     def _guarded(self, domain, plan):
         """The checkpoint's own plan while the running spend under its training cap allows it, else the

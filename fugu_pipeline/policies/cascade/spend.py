@@ -93,13 +93,18 @@ class CapOutOfReach(ValueError):
     to raise it."""
 
 
+def strongest_cost(expected_cost: dict, worker_quality: dict) -> float:
+    """The expected cost per request of the worker most accurate on validation (a cap's share is of it)."""
+    strongest = max(worker_quality, key=worker_quality.get) if worker_quality else None
+    return expected_cost.get(strongest, 0.0) if strongest else max(expected_cost.values(), default=0.0)
+
+
 def request_cap(points: list[dict], budget, expected_cost: dict, worker_quality: dict) -> float:
     """The cap `budget` (`cost_cap.CostCap`, asked by a request or a command) means for a cascade
     whose saved points are `points` ($ per request; a share is of the expected cost of the worker
     most accurate on validation); CapOutOfReach when no point's cost bound (mean + the cap's
     `margin_z` standard errors) is within it."""
-    strongest = max(worker_quality, key=worker_quality.get) if worker_quality else None
-    ref = expected_cost.get(strongest, 0.0) if strongest else max(expected_cost.values(), default=0.0)
+    ref = strongest_cost(expected_cost, worker_quality)
     cap, z = budget.usd_per_request(ref), budget.margin_z
     if not any(within_cap(bound(p, z), cap) for p in points):
         usd = _rounded_up(min(bound(p, z) for p in points) * 1000)
@@ -108,6 +113,86 @@ def request_cap(points: list[dict], budget, expected_cost: dict, worker_quality:
                             f"(the cheapest costs ${usd:g} per 1,000 requests, plus {z:g} standard errors); raise "
                             f"the cap to {share}${usd:g} per 1,000 requests")
     return cap
+
+
+class RequestShares:
+    """A cap asked of a checkpoint (by a request's `fugu_budget`, `serve --cap` or `evaluate --cap`),
+    as it is kept: `cap_usd` ($ per request) and, where the checkpoint holds a frontier per group,
+    each group's part of it (`group_caps`, as a cap given to `train` is shared: `share_parts`) and
+    the point chosen for the group (`chosen`: served while the group's guard allows its part; a
+    guard that cuts never serves a dearer one)."""
+
+    def __init__(self, cap_usd: float, group_caps: dict[str, float] | None = None, chosen: dict[str, dict] | None = None):
+        self.cap_usd, self.group_caps, self.chosen = float(cap_usd), dict(group_caps or {}), dict(chosen or {})
+
+
+def request_shares(head_params: dict, metrics: dict, budget) -> RequestShares:
+    """The cap `budget` asks of a cascade, shared among its groups where it holds a frontier per
+    group (`share_parts`); else the pooled cap, which each group's points must meet on their own
+    (CapOutOfReach, saying how far to raise it, where some group's cannot)."""
+    metrics = metrics or {}
+    costs, quality = metrics.get("expected_cost_usd") or {}, metrics.get("worker_quality") or {}
+    cap = budget.usd_per_request(strongest_cost(costs, quality))
+    got = share_parts(head_params, metrics, cap, budget.margin_z)
+    if got is not None:
+        return RequestShares(cap, *got)
+    for group in [None, *(head_params.get("domains_frontier") or {})]:
+        points = cap_points(head_params, metrics, group)
+        if not points:
+            raise CapOutOfReach(f"{budget.describe()}: this cascade records no budget points; retrain it with "
+                                "`fugu-lite train`")
+        request_cap(points, budget, costs, quality)
+    return RequestShares(cap)
+
+
+def share_parts(head_params: dict, metrics: dict, cap_usd: float, z: float) -> tuple[dict, dict] | None:
+    """({group: its part of `cap_usd`}, {group: its chosen point}) for a checkpoint with a
+    frontier per group: one saved point per group (and the pooled frontier for the rows of no group)
+    by `groups.allocate`, the most accurate whole whose cost bound, the groups weighted by their
+    shares of the rows the plans were chosen on, is within the cap; each group's part is its
+    point's cost scaled so that the weighted parts add up to the cap (as `groups.shared_policy`
+    shares a cap given to `train`). None: no frontier per group, or no choice within the cap."""
+    from fugu_pipeline.policies.cascade.groups import allocate
+
+    per = head_params.get("domains_frontier") or {}
+    rows = {g["domain"]: int(g["rows"]) for g in ((metrics.get("groups") or {}).get("chosen") or [])
+            if g.get("domain") in per and per[g["domain"]] and g.get("rows")}
+    total = int((metrics.get("frontier_oof") or {}).get("rows") or 0) or sum(rows.values())
+    if not rows or total <= 0:
+        return None
+    parts = [(g, per[g], n / total) for g, n in rows.items()]
+    rest = 1.0 - sum(w for _, _, w in parts)
+    if rest > 1e-9 and head_params.get("frontier"):
+        parts.append(("*", head_params["frontier"], rest))
+    arr = lambda pts, key: np.array([float(p.get(key) or 0.0) for p in pts])  # noqa: E731
+    got = allocate([arr(p, "quality") for _, p, _ in parts], [arr(p, "cost_usd") for _, p, _ in parts],
+                   [arr(p, "cost_se") for _, p, _ in parts], [w for _, _, w in parts], cap_usd, z)
+    if got is None:
+        return None
+    chosen = {g: pts[i] for (g, pts, _), i in zip(parts, got)}
+    spent = sum(w * float(chosen[g]["cost_usd"]) for g, _, w in parts)
+    scale = cap_usd / spent if spent > 0 else 1.0
+    return {g: float(p["cost_usd"]) * scale for g, p in chosen.items() if g != "*" and p["cost_usd"] > 0}, chosen
+
+
+def request_point(shares: RequestShares, points: list[dict], group: str | None, z: float,
+                  guard_of) -> tuple[dict, list[SpendGuard], dict]:
+    """(the point a request of `group` is served under `shares`, the guards its cost counts in, their
+    note for the reply):
+    where the cap is shared, the point chosen for the group while its guard allows its part (which
+    shares the pooled guard's allowance, as `shared_allowance` keeps a trained cap); else the most
+    accurate of the group's `points` whose cost bound is within the allowance, never dearer than the
+    point chosen for it, or the cheapest. `guard_of` as `shared_allowance` takes it."""
+    guards, cap, allowance = shared_allowance(shares, group, guard_of)
+    mine = shares.chosen.get(str(group)) if len(guards) > 1 else None
+    if mine is not None and within_cap(cap, allowance):
+        best = mine
+    else:
+        got = pick(points, allowance, z, None if mine is None else float(mine["cost_usd"]))
+        best = got if got is not None else min(points, key=lambda p: bound(p, z))
+    note = {"cap_usd": cap, "allowance_usd": allowance, **guards[0].state(),
+            **({"group": str(group), "pooled_cap_usd": guards[1].cap, "pooled": guards[1].state()} if len(guards) > 1 else {})}
+    return best, guards, note
 
 
 def _rounded_up(x: float, digits: int = 3) -> float:
@@ -169,13 +254,6 @@ def shared_allowance(head, group: str | None, guard_of) -> tuple[list[SpendGuard
         return [mine], cap, mine.allowance()
     mine, pool = guard_of(cap, key[1], False), guard_of(float(head.cap_usd), None, True)
     return [mine, pool], cap, min(mine.allowance(), cap * pool.allowance() / pool.cap if pool.cap > 0 else 0.0)
-
-
-def choose(points: list[dict], guard: SpendGuard, z: float) -> tuple[dict | None, float]:
-    """(the point served now, the allowance): the most accurate within the allowance, else the cheapest."""
-    a = guard.allowance()
-    got = pick(points, a, z)
-    return (got if got is not None else min(points, key=lambda p: bound(p, z)) if points else None), a
 
 
 def traffic_order(task_ids) -> np.ndarray:
