@@ -503,3 +503,30 @@ def test_a_cap_asked_of_plans_per_group_is_shared_among_the_groups_as_a_trained_
     assert request_point(alone, cap_points(PER_GROUP, PER_GROUP_METRICS, "mc"), "mc", 1.645, guard_of)[0]["plan"] == _plan("cheap")
     with pytest.raises(CapOutOfReach, match=r"raise the cap to a share of at least 0\.01 or \$10 per 1,000 requests"):
         request_shares(PER_GROUP, PER_GROUP_METRICS, CostCap(share=0.005))
+
+
+def test_a_cap_asked_of_a_trained_shared_cap_serves_each_group_its_part_in_serving_and_evaluate(tmp_path):
+    """The plans per group chosen under a shared 60% cap: a request asking 60% again gets multiple
+    choice's strong worker (kept group by group within the pooled cap, it would get a cheaper plan),
+    and `evaluate --cap share=0.6` serves every held-out row the plan the router serves it, in
+    traffic order, each charged what it cost."""
+    from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, load_cascade
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.policies.cascade.spend import traffic_order
+
+    data, grid, inputs, fit = _mixed_fit(True)
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
+    budget = CostCap(share=0.6)
+    first = CascadeRouter(load_cascade(ckpt.path), None).route_batch(["q"], ["mc"], budget=budget)[0]
+    assert first.extra["cascade"]["describe"] == "[strong]" and first.extra["budget"]["guard"]["group"] == "mc"
+    outs = {o.task_id: o for o in cascade_outcomes(ckpt, data, grid, inputs, budget=budget)}
+    router = CascadeRouter(load_cascade(ckpt.path), None)
+    test = np.flatnonzero(data.splits == "test")
+    for k in traffic_order([data.task_ids[i] for i in test]):
+        i = test[k]
+        got = router.route_batch(["q"], [data.domains[i]], budget=budget)[0]
+        assert got.extra["cascade"]["describe"] == outs[data.task_ids[i]].plan, data.task_ids[i]
+        router.record_spend(got, outs[data.task_ids[i]].cost_usd)
+    mc = [o for o in outs.values() if o.domain == "mc"]
+    assert np.mean([o.answered_by == "strong" for o in mc]) > 0.9
