@@ -530,3 +530,22 @@ def test_a_cap_asked_of_a_trained_shared_cap_serves_each_group_its_part_in_servi
         router.record_spend(got, outs[data.task_ids[i]].cost_usd)
     mc = [o for o in outs.values() if o.domain == "mc"]
     assert np.mean([o.answered_by == "strong" for o in mc]) > 0.9
+
+
+def test_plans_per_group_chosen_with_no_cap_keep_each_groups_points_for_a_cap_asked_later(tmp_path):
+    """With no cap, code ships the cheap worker alone and multiple choice the strong one: each group's
+    own searched points are saved (the groups serve no plan of their own search), so a cap of 60%
+    asked later keeps that split, within the cap, where each group's choice within the pooled cap
+    would send multiple choice to the cheap worker."""
+    from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, load_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+
+    data, grid, inputs = cascade_fixture.mixed(n=600, named=True, apart=0.0)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=400), log=quiet)
+    assert fit.policy.plan_for("code").describe() == "[cheap]" and fit.policy.plan_for("mc").describe() == "[strong]"
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
+    assert set(ckpt.head.head_params()["domains_frontier"]) == {"code", "mc"}
+    outs = cascade_outcomes(ckpt, data, grid, inputs, budget=CostCap(share=0.6))
+    by = {d: np.mean([o.answered_by for o in outs if o.domain == d] == np.array("strong")) for d in ("mc", "code")}
+    assert by["mc"] > 0.9 and by["code"] < 0.1, by
+    assert np.mean([o.cost_usd for o in outs]) <= 0.6 * fit.expected_cost["strong"]

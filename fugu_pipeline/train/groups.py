@@ -50,6 +50,7 @@ class GroupChoice:
     by: str = "domain"  # what the groups are: "domain" or "prompt cluster"
     notes: dict[str, str] = field(default_factory=dict)  # group -> what its out-of-fold figure is, where that needs saying
     shared_cap: bool = False  # the groups' plans share one pooled cap (not each chosen by the cheapest rule)
+    frontiers: dict[str, list] = field(default_factory=dict)  # group -> its searched points, where it serves no plan of its own
 
     def table(self) -> list[dict]:
         return [{"domain": d, "rows": self.rows_of[d], "choice": o.name, "plan": self.plans.get(d, ""),

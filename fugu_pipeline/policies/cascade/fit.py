@@ -424,6 +424,8 @@ def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo
         per = {}
         for d, o in split.groups.items():
             mine = rows[gdoms[rows] == d]
+            if o.spec[0] in ("pooled", "alone"):  # its own points, for a cap asked later (spend.request_shares)
+                split.frontiers[d] = search(g_all, mine, cfg.search, None, allowed, f"{group_label(d)}: ", memo).frontier
             if o.spec[0] == "pooled":
                 per[d] = pooled_plan(o.name)[0]
             elif o.spec[0] == "alone":

@@ -17,6 +17,9 @@ def save_cascade(models_dir, data, fit, answer_dim: int, extra_metrics: dict | N
     in_dim = data.dim + answer_dim + data.n_workers
     frontier = fit.choices["*"].frontier if "*" in fit.choices else []
     per = {d: c.frontier for d, c in fit.choices.items() if d != "*" and d in fit.policy.per_domain}
+    groups = getattr(fit, "groups", None)  # a group served one worker or the pooled plan: its own searched points
+    per.update({d: f for d, f in (getattr(groups, "frontiers", None) or {}).items()
+                if d in fit.policy.per_domain and d not in per and f})
     metrics = {
         "selected": fit.selected_kind == "cascade", "selection": {
             "objective": fit.objective, "selected": fit.selected, "selected_kind": fit.selected_kind, "reason": fit.reason,
