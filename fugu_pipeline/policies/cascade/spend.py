@@ -128,21 +128,31 @@ class RequestShares:
 
 def request_shares(head_params: dict, metrics: dict, budget) -> RequestShares:
     """The cap `budget` asks of a cascade, shared among its groups where it holds a frontier per
-    group (`share_parts`); else the pooled cap, which each group's points must meet on their own
-    (CapOutOfReach, saying how far to raise it, where some group's cannot)."""
+    group (`share_parts`), else kept on its one pool of points; CapOutOfReach, saying how far to
+    raise it, where no choice of points meets it."""
     metrics = metrics or {}
     costs, quality = metrics.get("expected_cost_usd") or {}, metrics.get("worker_quality") or {}
-    cap = budget.usd_per_request(strongest_cost(costs, quality))
-    got = share_parts(head_params, metrics, cap, budget.margin_z)
-    if got is not None:
-        return RequestShares(cap, *got)
-    for group in [None, *(head_params.get("domains_frontier") or {})]:
-        points = cap_points(head_params, metrics, group)
+    ref = strongest_cost(costs, quality)
+    cap, z = budget.usd_per_request(ref), budget.margin_z
+    parts = _group_parts(head_params, metrics)
+    if parts is None:  # one pool of points
+        points = cap_points(head_params, metrics)
         if not points:
             raise CapOutOfReach(f"{budget.describe()}: this cascade records no budget points; retrain it with "
                                 "`fugu-lite train`")
         request_cap(points, budget, costs, quality)
-    return RequestShares(cap)
+        return RequestShares(cap)
+    got = share_parts(head_params, metrics, cap, z)
+    if got is None:  # what the cheapest point of every group costs, the groups weighted by their rows
+        cheap = [min(pts, key=lambda p: float(p["cost_usd"])) for _, pts, _ in parts]
+        need = sum(w * float(p["cost_usd"]) for (_, _, w), p in zip(parts, cheap)) + z * float(np.sqrt(sum(
+            (w * float(p.get("cost_se") or 0.0)) ** 2 for (_, _, w), p in zip(parts, cheap))))
+        usd = _rounded_up(need * 1000)
+        share = f"a share of at least {_rounded_up(usd / 1000 / ref):g} or " if ref > 0 else ""
+        raise CapOutOfReach(f"{budget.describe()}: no choice of this checkpoint's points per group meets it on "
+                            f"validation (the cheapest costs ${usd:g} per 1,000 requests over the groups' mix, plus "
+                            f"{z:g} standard errors); raise the cap to {share}${usd:g} per 1,000 requests")
+    return RequestShares(cap, *got)
 
 
 def share_parts(head_params: dict, metrics: dict, cap_usd: float, z: float) -> tuple[dict, dict] | None:
@@ -154,16 +164,9 @@ def share_parts(head_params: dict, metrics: dict, cap_usd: float, z: float) -> t
     shares a cap given to `train`). None: no frontier per group, or no choice within the cap."""
     from fugu_pipeline.policies.cascade.groups import allocate
 
-    per = head_params.get("domains_frontier") or {}
-    rows = {g["domain"]: int(g["rows"]) for g in ((metrics.get("groups") or {}).get("chosen") or [])
-            if g.get("domain") in per and per[g["domain"]] and g.get("rows")}
-    total = int((metrics.get("frontier_oof") or {}).get("rows") or 0) or sum(rows.values())
-    if not rows or total <= 0:
+    parts = _group_parts(head_params, metrics)
+    if parts is None:
         return None
-    parts = [(g, per[g], n / total) for g, n in rows.items()]
-    rest = 1.0 - sum(w for _, _, w in parts)
-    if rest > 1e-9 and head_params.get("frontier"):
-        parts.append(("*", head_params["frontier"], rest))
     arr = lambda pts, key: np.array([float(p.get(key) or 0.0) for p in pts])  # noqa: E731
     got = allocate([arr(p, "quality") for _, p, _ in parts], [arr(p, "cost_usd") for _, p, _ in parts],
                    [arr(p, "cost_se") for _, p, _ in parts], [w for _, _, w in parts], cap_usd, z)
@@ -173,6 +176,22 @@ def share_parts(head_params: dict, metrics: dict, cap_usd: float, z: float) -> t
     spent = sum(w * float(chosen[g]["cost_usd"]) for g, _, w in parts)
     scale = cap_usd / spent if spent > 0 else 1.0
     return {g: float(p["cost_usd"]) * scale for g, p in chosen.items() if g != "*" and p["cost_usd"] > 0}, chosen
+
+
+def _group_parts(head_params: dict, metrics: dict) -> list[tuple[str, list[dict], float]] | None:
+    """[(group, its saved points, its share of the rows the plans were chosen on)], with the pooled
+    frontier for the rows of no group ("*"); None where the checkpoint holds no frontier per group."""
+    per = head_params.get("domains_frontier") or {}
+    rows = {g["domain"]: int(g["rows"]) for g in (((metrics or {}).get("groups") or {}).get("chosen") or [])
+            if g.get("domain") in per and per[g["domain"]] and g.get("rows")}
+    total = int(((metrics or {}).get("frontier_oof") or {}).get("rows") or 0) or sum(rows.values())
+    if not rows or total <= 0:
+        return None
+    parts = [(g, per[g], n / total) for g, n in rows.items()]
+    rest = 1.0 - sum(w for _, _, w in parts)
+    if rest > 1e-9 and head_params.get("frontier"):
+        parts.append(("*", head_params["frontier"], rest))
+    return parts
 
 
 def request_point(shares: RequestShares, points: list[dict], group: str | None, z: float,
