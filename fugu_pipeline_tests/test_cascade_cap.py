@@ -408,21 +408,13 @@ def test_traffic_order_interleaves_kinds_listed_one_after_another_and_ignores_th
     assert [back[k] for k in traffic_order(back)] == [ids[k] for k in order]
 
 
-def test_evaluate_under_a_cap_serves_each_row_the_plan_a_request_asking_it_is_served(tmp_path):
-    """`evaluate --cap` on a cascade: each held-out row runs the plan `CascadeRouter` serves a request
-    asking that cap, given the same rows in traffic order and charged what each cost, and the
-    guard moves between plans as the running spend nears the cap."""
-    from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, cascade_report, load_cascade
+def served_as_evaluated(ckpt, data, budget, outs: dict) -> None:
+    """`CascadeRouter` serves the held-out rows, in traffic order, each request asking `budget` and
+    charged what `evaluate` says it cost (`outs`, by task id): every row the plan `evaluate` ran."""
+    from fugu_pipeline.policies.cascade.evaluate import load_cascade
     from fugu_pipeline.policies.cascade.route import CascadeRouter
-    from fugu_pipeline.policies.cascade.save import save_cascade
     from fugu_pipeline.policies.cascade.spend import traffic_order
 
-    data, grid, inputs = cascade_fixture.make(n=600, test_cheap=0.2)
-    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300, groups="off"), log=quiet)
-    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
-    budget = CostCap(share=0.2)
-    outs = {o.task_id: o for o in cascade_outcomes(ckpt, data, grid, inputs, budget=budget)}
-    assert len({o.plan for o in outs.values()}) > 1, {o.plan for o in outs.values()}  # the guard cut along the way
     router = CascadeRouter(load_cascade(ckpt.path), None)
     test = np.flatnonzero(data.splits == "test")
     for k in traffic_order([data.task_ids[i] for i in test]):
@@ -430,6 +422,22 @@ def test_evaluate_under_a_cap_serves_each_row_the_plan_a_request_asking_it_is_se
         got = router.route_batch(["q"], [data.domains[i]], budget=budget)[0]
         assert got.extra["cascade"]["describe"] == outs[data.task_ids[i]].plan, data.task_ids[i]
         router.record_spend(got, outs[data.task_ids[i]].cost_usd)
+
+
+def test_evaluate_under_a_cap_serves_each_row_the_plan_a_request_asking_it_is_served(tmp_path):
+    """`evaluate --cap` on a cascade: each held-out row runs the plan `CascadeRouter` serves a request
+    asking that cap, given the same rows in traffic order and charged what each cost, and the
+    guard moves between plans as the running spend nears the cap."""
+    from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, cascade_report, load_cascade
+    from fugu_pipeline.policies.cascade.save import save_cascade
+
+    data, grid, inputs = cascade_fixture.make(n=600, test_cheap=0.2)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=300, groups="off"), log=quiet)
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
+    budget = CostCap(share=0.2)
+    outs = {o.task_id: o for o in cascade_outcomes(ckpt, data, grid, inputs, budget=budget)}
+    assert len({o.plan for o in outs.values()}) > 1, {o.plan for o in outs.values()}  # the guard cut along the way
+    served_as_evaluated(ckpt, data, budget, outs)
     rep = cascade_report(ckpt, data, grid, inputs, budget=budget)
     assert rep["policy"].startswith(f"under {budget.describe()}") and rep["budget"]["share"] == 0.2
     assert rep["cost_usd_per_1k"] == pytest.approx(1000 * np.mean([o.cost_usd for o in outs.values()]))
@@ -514,7 +522,6 @@ def test_a_cap_asked_of_a_trained_shared_cap_serves_each_group_its_part_in_servi
     from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, load_cascade
     from fugu_pipeline.policies.cascade.route import CascadeRouter
     from fugu_pipeline.policies.cascade.save import save_cascade
-    from fugu_pipeline.policies.cascade.spend import traffic_order
 
     data, grid, inputs, fit = _mixed_fit(True)
     ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
@@ -522,13 +529,7 @@ def test_a_cap_asked_of_a_trained_shared_cap_serves_each_group_its_part_in_servi
     first = CascadeRouter(load_cascade(ckpt.path), None).route_batch(["q"], ["mc"], budget=budget)[0]
     assert first.extra["cascade"]["describe"] == "[strong]" and first.extra["budget"]["guard"]["group"] == "mc"
     outs = {o.task_id: o for o in cascade_outcomes(ckpt, data, grid, inputs, budget=budget)}
-    router = CascadeRouter(load_cascade(ckpt.path), None)
-    test = np.flatnonzero(data.splits == "test")
-    for k in traffic_order([data.task_ids[i] for i in test]):
-        i = test[k]
-        got = router.route_batch(["q"], [data.domains[i]], budget=budget)[0]
-        assert got.extra["cascade"]["describe"] == outs[data.task_ids[i]].plan, data.task_ids[i]
-        router.record_spend(got, outs[data.task_ids[i]].cost_usd)
+    served_as_evaluated(ckpt, data, budget, outs)
     mc = [o for o in outs.values() if o.domain == "mc"]
     assert np.mean([o.answered_by == "strong" for o in mc]) > 0.9
 
