@@ -89,7 +89,8 @@ class CascadeScorer:
         self._memo: dict[str, tuple] = {}
 
     def rows(self, entrant: Entrant):
-        """(data in the checkpoint's worker order, answer grid, verifier inputs, verifier scores)."""
+        """(data in the checkpoint's worker order, answer grid, verifier inputs, verifier scores, what
+        its plans read of the replies: `evaluate.read_replies`), once per entrant."""
         from fugu_pipeline.policies.cascade.cross_encoder_use import with_saved_cross
         from fugu_pipeline.policies.cascade.fit import with_stats
 
@@ -101,16 +102,17 @@ class CascadeScorer:
             names = ckpt.head.answer_stats
             grid, inputs = self.answers.load(data, ckpt.head.answer_dim > len(names), names)
             inputs = with_stats(with_saved_cross(ckpt, data, grid, inputs), names)  # its cross-encoder's column, if any
-            from fugu_pipeline.policies.cascade.evaluate import verifier_scores
+            from fugu_pipeline.policies.cascade.evaluate import read_replies, verifier_scores
 
-            self._memo[key] = (data, grid, inputs, verifier_scores(ckpt.head, inputs))
+            scores = verifier_scores(ckpt.head, inputs)
+            self._memo[key] = (data, grid, inputs, scores, read_replies(ckpt, grid, inputs, scores))
         return self._memo[key]
 
     def _outcomes(self, entrant: Entrant, rows: np.ndarray):
         from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes
 
-        data, grid, inputs, scores = self.rows(entrant)
-        return cascade_outcomes(entrant.head, data, grid, inputs, rows=rows, scores=scores)
+        data, grid, inputs, _, read = self.rows(entrant)
+        return cascade_outcomes(entrant.head, data, grid, inputs, rows=rows, read=read)
 
     def outcomes(self, entrant: Entrant, task_ids: list[str]) -> Outcomes:
         data = self.rows(entrant)[0]
@@ -145,7 +147,7 @@ class CascadeScorer:
     def behaviour(self, entrant: Entrant, kind_name: str):
         from fugu_pipeline.evaluate.probe import behaviour, probe_fingerprint, probe_ids
 
-        data, _, _, scores = self.rows(entrant)
+        data, _, _, scores, _ = self.rows(entrant)
         ids = probe_ids([t for t, s in zip(data.task_ids, data.splits) if s != "test"])
         at = {t: i for i, t in enumerate(data.task_ids)}
         rows = np.array([at[t] for t in ids], int)

@@ -63,16 +63,31 @@ def verifier_scores(head, inputs) -> np.ndarray:
     return scores
 
 
+def read_replies(checkpoint, grid, inputs, scores: np.ndarray | None = None) -> tuple:
+    """What a plan reads of the recorded replies, computed once for every run of a report: (answer
+    codes, verifier scores in the checkpoint's context, which replies pass their examples).
+    `scores`: its `verifier_scores` when already computed."""
+    from fugu_pipeline.policies.cascade.policy import answer_codes
+
+    head = checkpoint.head
+    codes = answer_codes(grid.final)
+    scores = verifier_scores(head, inputs) if scores is None else scores
+    return (codes, context_of_head(getattr(head, "context", None), scores, codes, inputs),  # a reply read with the paid ones
+            inputs.passed_examples())  # what a plan's examples rule reads
+
+
 def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: np.ndarray | None = None,
-                     scores: np.ndarray | None = None, as_given: bool = False, budget=None) -> list[CascadeOutcome]:
+                     scores: np.ndarray | None = None, as_given: bool = False, budget=None,
+                     read: tuple | None = None) -> list[CascadeOutcome]:
     """Per task of `split` (in row order; or of the row indices `rows`, in that order): what the
     cascade returns and what it paid (see the module docstring). `data`, `grid`
     (matrix/answers.py) and `inputs` (policies/cascade/fit.answer_inputs) are row-aligned and in the
     checkpoint's worker order; `scores`: its `verifier_scores` when already computed. A capped
     checkpoint's guard serves the rows in traffic order, or as given with `as_given` (a log in the
     order its requests came). `budget` (`cost_cap.CostCap`): the rows served as requests asking
-    that cap are (`_budgeted`); `spend.CapOutOfReach` when no saved point meets it."""
-    from fugu_pipeline.policies.cascade.policy import answer_codes, simulate
+    that cap are (`_budgeted`); `spend.CapOutOfReach` when no saved point meets it. `read`:
+    `read_replies` when already computed."""
+    from fugu_pipeline.policies.cascade.policy import simulate
     from fugu_pipeline.policies.cascade.spend import traffic_order
 
     if list(data.worker_ids) != list(checkpoint.manifest.worker_ids):
@@ -80,14 +95,11 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
                          "put them in its order (RoutingData.in_worker_order)")
     head = checkpoint.head
     rows = np.flatnonzero(data.splits == split) if rows is None else np.asarray(rows, int)
-    codes = answer_codes(grid.final)
-    scores = verifier_scores(head, inputs) if scores is None else scores
-    scores = context_of_head(getattr(head, "context", None), scores, codes, inputs)  # a reply read with the paid ones
+    codes, scores, passed = read_replies(checkpoint, grid, inputs, scores) if read is None else read
     cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
     lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
     doms = np.asarray(data.domains, dtype=str)
     u = data.utility_config
-    passed = inputs.passed_examples()  # what a plan's examples rule reads
     runs: dict = {}
 
     def run(plan):  # the plan over every row of `rows`, once
@@ -179,8 +191,8 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
     best worker (by utility on the non-test rows) and the strongest one, with paired intervals;
     `baselines` ({name: (quality, utility) per row of the split}, e.g. the one-shot head's routes)
     are compared the same way. `budget`: the rows served as requests asking that cap are."""
-    scores = verifier_scores(checkpoint.head, inputs)  # every reply scored once, for the outcomes and the caps
-    outs = cascade_outcomes(checkpoint, data, grid, inputs, split, scores=scores, budget=budget)
+    read = read_replies(checkpoint, grid, inputs)  # every reply read once, for the outcomes and the caps
+    outs = cascade_outcomes(checkpoint, data, grid, inputs, split, budget=budget, read=read)
     rows = np.flatnonzero(data.splits == split)
     fit = np.flatnonzero(data.splits != split)
     best = int(np.argmax(data.utility[fit].mean(axis=0)))
@@ -226,7 +238,7 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
         "per_domain": per_domain,  # per domain, or per prompt cluster (`grouped_by`)
         "grouped_by": "prompt cluster" if clustered else "domain",
         "groups": (checkpoint.manifest.metrics or {}).get("groups"),  # the per-domain choice, out of fold (train)
-        "cap_rows": cap_rows_on(checkpoint, data, grid, inputs, rows, pooled_strong, scores=scores),
+        "cap_rows": cap_rows_on(checkpoint, data, grid, inputs, rows, pooled_strong, read=read),
         "baselines": {name: {"accuracy": float(np.mean(bq)), "utility": float(np.mean(bu)),
                              "cascade_minus_utility": paired_bootstrap(ut, bu), "cascade_minus_accuracy": paired_bootstrap(q, bq)}
                       for name, (bq, bu) in (baselines or {}).items()},
@@ -246,13 +258,13 @@ def served_plans(plans: list[str]) -> str:
 
 
 def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n_boot: int = 2000,
-                scores: np.ndarray | None = None) -> list[dict]:
+                read: tuple | None = None) -> list[dict]:
     """The table at 20/33/50% of the strongest worker's cost on `rows`, each share served as requests
     asking that cap are (`cascade_outcomes` with the cap, as `evaluate --cap share=0.2` reports it:
     one spend guard per cap, in traffic order, each row the most accurate saved point of its group
     within the allowance) and run on the rows with their recorded costs; beside it the strongest
-    worker alone. A share no saved point meets has no figures. `scores`: its `verifier_scores` when
-    already computed."""
+    worker alone. A share no saved point meets has no figures. `read`: `read_replies` when already
+    computed."""
     from fugu_pipeline.cost_cap import CostCap
     from fugu_pipeline.policies.cascade.choice import TABLE_SHARES, cap_table
     from fugu_pipeline.policies.cascade.spend import CapOutOfReach, cap_points
@@ -261,11 +273,11 @@ def cap_rows_on(checkpoint, data, grid, inputs, rows: np.ndarray, strong: int, n
             or not len(rows):
         return []
     cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
-    scores = verifier_scores(checkpoint.head, inputs) if scores is None else scores
+    read = read_replies(checkpoint, grid, inputs) if read is None else read
     per_row: dict = {}
     for share in TABLE_SHARES:
         try:
-            outs = cascade_outcomes(checkpoint, data, grid, inputs, rows=rows, scores=scores, budget=CostCap(share=share))
+            outs = cascade_outcomes(checkpoint, data, grid, inputs, rows=rows, budget=CostCap(share=share), read=read)
         except CapOutOfReach:
             per_row[f"cascade@{share}"] = None
             continue
