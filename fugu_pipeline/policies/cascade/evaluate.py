@@ -77,12 +77,11 @@ def read_replies(checkpoint, grid, inputs, scores: np.ndarray | None = None) -> 
 
 
 def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: np.ndarray | None = None,
-                     scores: np.ndarray | None = None, as_given: bool = False, budget=None,
-                     read: tuple | None = None) -> list[CascadeOutcome]:
+                     as_given: bool = False, budget=None, read: tuple | None = None) -> list[CascadeOutcome]:
     """Per task of `split` (in row order; or of the row indices `rows`, in that order): what the
     cascade returns and what it paid (see the module docstring). `data`, `grid`
     (matrix/answers.py) and `inputs` (policies/cascade/fit.answer_inputs) are row-aligned and in the
-    checkpoint's worker order; `scores`: its `verifier_scores` when already computed. A capped
+    checkpoint's worker order. A capped
     checkpoint's guard serves the rows in traffic order, or as given with `as_given` (a log in the
     order its requests came). `budget` (`cost_cap.CostCap`): the rows served as requests asking
     that cap are (`_budgeted`); `spend.CapOutOfReach` when no saved point meets it. `read`:
@@ -95,7 +94,7 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
                          "put them in its order (RoutingData.in_worker_order)")
     head = checkpoint.head
     rows = np.flatnonzero(data.splits == split) if rows is None else np.asarray(rows, int)
-    codes, scores, passed = read_replies(checkpoint, grid, inputs, scores) if read is None else read
+    codes, scores, passed = read_replies(checkpoint, grid, inputs) if read is None else read
     cost = data.cost_usd if data.cost_usd is not None else np.zeros(data.utility.shape)
     lat = data.latency_s if data.latency_s is not None else np.zeros(data.utility.shape)
     doms = np.asarray(data.domains, dtype=str)

@@ -142,7 +142,7 @@ def request_shares(head_params: dict, metrics: dict, budget) -> RequestShares:
                                 "`fugu-lite train`")
         request_cap(points, budget, costs, quality)
         return RequestShares(cap)
-    got = share_parts(head_params, metrics, cap, z)
+    got = share_parts(parts, cap, z)
     if got is None:  # what the cheapest point of every group costs, the groups weighted by their rows
         cheap = [min(pts, key=lambda p: float(p["cost_usd"])) for _, pts, _ in parts]
         need = sum(w * float(p["cost_usd"]) for (_, _, w), p in zip(parts, cheap)) + z * float(np.sqrt(sum(
@@ -155,18 +155,15 @@ def request_shares(head_params: dict, metrics: dict, budget) -> RequestShares:
     return RequestShares(cap, *got)
 
 
-def share_parts(head_params: dict, metrics: dict, cap_usd: float, z: float) -> tuple[dict, dict] | None:
+def share_parts(parts: list[tuple[str, list[dict], float]], cap_usd: float, z: float) -> tuple[dict, dict] | None:
     """({group: its part of `cap_usd`}, {group: its chosen point}) for a checkpoint with a
-    frontier per group: one saved point per group (and the pooled frontier for the rows of no group)
-    by `groups.allocate`, the most accurate whole whose cost bound, the groups weighted by their
-    shares of the rows the plans were chosen on, is within the cap; each group's part is its
-    point's cost scaled so that the weighted parts add up to the cap (as `groups.shared_policy`
-    shares a cap given to `train`). None: no frontier per group, or no choice within the cap."""
+    frontier per group (`parts`, as `_group_parts` reads them): one saved point per group (and the
+    pooled frontier for the rows of no group) by `groups.allocate`, the most accurate whole whose
+    cost bound, the groups weighted by their shares of the rows the plans were chosen on, is within
+    the cap; each group's part is its point's cost scaled so that the weighted parts add up to the
+    cap (as `groups.shared_policy` shares a cap given to `train`). None: no choice within the cap."""
     from fugu_pipeline.policies.cascade.groups import allocate
 
-    parts = _group_parts(head_params, metrics)
-    if parts is None:
-        return None
     arr = lambda pts, key: np.array([float(p.get(key) or 0.0) for p in pts])  # noqa: E731
     got = allocate([arr(p, "quality") for _, p, _ in parts], [arr(p, "cost_usd") for _, p, _ in parts],
                    [arr(p, "cost_se") for _, p, _ in parts], [w for _, _, w in parts], cap_usd, z)
