@@ -380,3 +380,246 @@ def test_evaluate_on_a_cascade_serves_the_cap_asked_or_refuses_it_in_one_line(tr
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no cascade point of this checkpoint meets it" in err[0] and str(cascade) in err[0], err
     assert not (work / "refused.json").exists()
+
+
+def test_train_saves_which_checkpoint_of_the_run_serves_each_cap_asked_later(trained):
+    """The shipped description holds, per share of the table at caps `train` printed, the checkpoints
+    of the run that serve it (the selected head for the one-shot row, the cascade for its row), the
+    most accurate out of fold first, with the very figures the table printed; `train` says where a cap
+    asked later that the shipped checkpoint cannot keep goes."""
+    work, ckpt, _, out = trained
+    policy = shipped(ckpt)
+    assert [c.share for c in policy.at_caps] == [0.2, 0.33, 0.5], policy.at_caps
+    for c in policy.at_caps:
+        assert [r.accuracy for r in c.rows] == sorted((r.accuracy for r in c.rows), reverse=True), c
+        for r in c.rows:
+            assert (work / "models" / r.checkpoint / "manifest.json").is_file(), r
+            assert (r.policy == "cascade") == r.checkpoint.startswith("cascade/"), r
+            row = f"| {c.share:.0%} | {r.policy} | {r.accuracy:.4f} ["
+            assert row in out, (row, out)
+        assert f"  {c.share:.0%}: {', '.join(r.checkpoint for r in c.rows)} (out of fold at {c.share:.0%}" in out
+    assert {r.policy for c in policy.at_caps for r in c.rows} == {"one-shot", "cascade"}
+
+
+def _cascade_ships(trained, tmp_path: Path) -> tuple[Path, dict]:
+    """A copy of the run's models where the description `train` wrote, its table at caps as trained,
+    sits beside the cascade, as when the cascade ships: (the copied cascade, {row policy: its tag}).
+    The fixture's cascade keeps no cap under about a fifth of the strongest's cost; the selected head does."""
+    import shutil
+
+    from fugu_pipeline.route.shipped import checkpoint_tag
+
+    work, ckpt, _, _ = trained
+    shutil.copytree(work / "models", tmp_path / "models")
+    policy = shipped(ckpt)
+    tags = {r.policy: r.checkpoint for c in policy.at_caps for r in c.rows}
+    cascade = tmp_path / "models" / tags["cascade"]
+    tag, content_hash = checkpoint_tag(cascade)
+    (tmp_path / "models" / policy.checkpoint / "policy.json").unlink()
+    policy.model_copy(update={"kind": "cascade", "checkpoint": tag, "content_hash": content_hash}).save(cascade)
+    return cascade, tags
+
+
+def test_a_cap_the_shipped_checkpoint_cannot_keep_goes_to_the_run_s_checkpoint_that_can(trained, tmp_path, caplog):
+    """`load_router` on the shipped checkpoint loads the run's checkpoints its description names. A cap
+    the shipped checkpoint keeps is its own; one it cannot keep goes to the checkpoint most accurate
+    out of fold at the nearest share of the table (dollars read as a share of the strongest's cost),
+    which routes it exactly as it would alone, and the decision says so. With that checkpoint gone,
+    the cap is refused as before, and loading warned."""
+    import shutil
+
+    from fugu_pipeline.cost_cap import CostCap
+    from fugu_pipeline.policies.registry import cap_problem, load_router
+    from fugu_pipeline.route.router import BudgetUnavailable
+
+    work, ckpt, _, _ = trained
+    cascade, tags = _cascade_ships(trained, tmp_path)
+    prompts, domains = _prompts()
+    low = CostCap(share=0.1)  # nearest 20%, whose only row is the selected head
+    assert cap_problem(cascade, low) and not cap_problem(tmp_path / "models" / tags["one-shot"], low), "the fixture changed"
+    router = load_router(cascade, device="cpu")
+    try:
+        assert set(router.cap_routers) == {tags["one-shot"]} and not router.cap_problems
+        assert router.cap_routers[tags["one-shot"]].encoder is router.encoder  # same features: one encoder
+        got = router.route_batch(prompts, domains, budget=low)
+        alone = load_router(tmp_path / "models" / tags["one-shot"], device="cpu")
+        try:
+            want = alone.route_batch(prompts, domains, budget=low)
+        finally:
+            alone.close()
+        assert [x.worker_id for x in got] == [x.worker_id for x in want] and "cascade" not in got[0].extra
+        assert {x.extra["budget"]["lambda"] for x in got} == {x.extra["budget"]["lambda"] for x in want}
+        assert {x.extra["checkpoint_tag"] for x in got} == {tags["one-shot"]} and got[0].router.tag == tags["one-shot"]
+        sent = got[0].extra["budget"]["sent_to"]
+        assert sent["table_share"] == 0.2 and f"{tags['cascade']} cannot keep this cap (" in sent["why"], sent
+        usd = router.shipped.strongest_cost_usd * 1000 * 0.1
+        assert router.route(prompts[0], domains[0], budget=CostCap(usd_per_1k=usd)).extra["checkpoint_tag"] == tags["one-shot"]
+        for kept in (router.route(prompts[0], domains[0], budget=CostCap(share=0.5)), router.route(prompts[0], domains[0])):
+            assert "cascade" in kept.extra and kept.router is None and "checkpoint_tag" not in kept.extra
+            assert "sent_to" not in kept.extra.get("budget", {})
+    finally:
+        router.close()
+    own = load_router(ckpt, device="cpu")  # the shipped head as trained keeps every share of the table itself
+    try:
+        assert own.cap_routers and not own.cap_problems
+        for share in (0.2, 0.33, 0.5):
+            assert "sent_to" not in own.route(prompts[0], domains[0], budget=CostCap(share=share)).extra["budget"]
+    finally:
+        own.close()
+    shutil.rmtree(tmp_path / "models" / tags["one-shot"])
+    with caplog.at_level("WARNING", logger="fugu_pipeline.route"):
+        router = load_router(cascade, device="cpu")
+    try:
+        assert list(router.cap_problems) == [tags["one-shot"]] and tags["one-shot"] in caplog.text
+        with pytest.raises(BudgetUnavailable, match="no cascade point of this checkpoint meets it"):
+            router.route(prompts[0], domains[0], budget=low)
+    finally:
+        router.close()
+
+
+def test_the_server_and_the_promoted_router_send_a_cap_where_the_description_says(trained, tmp_path):
+    """The official client against `serve` on 127.0.0.1 with mock workers: a request's `fugu_budget`
+    the shipped cascade cannot keep is routed by the run's head and names it; one it keeps runs the
+    cascade's steps; one with no cap too. `load_promoted` sends caps the same way."""
+    import openai
+
+    from fugu_pipeline.cost_cap import CostCap
+    from fugu_pipeline.policies.registry import load_promoted, load_router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.testing.serving import ServerThread, promote
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    cascade, tags = _cascade_ships(trained, tmp_path)
+    prompts, domains = _prompts()
+    router = load_router(cascade, device="cpu")
+    cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock"} for w in WORKERS]})
+    srv = ServerThread(create_app(router, cfg, batch_window_ms=5))
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+        def ask(**body):
+            r = client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": prompts[0]}],
+                                               extra_body={"domain": domains[0], **body})
+            return r.model_extra["fugu_lite"]
+
+        head = ask(fugu_budget={"share": 0.1})
+        assert head["checkpoint_tag"] == tags["one-shot"] and "mode" not in head, head
+        assert head["budget"]["sent_to"]["checkpoint"] == tags["one-shot"] and head["served_by"] in WORKERS
+        for body in ({"fugu_budget": "share=0.5"}, {}):
+            casc = ask(**body)
+            assert casc["checkpoint_tag"] == tags["cascade"] and casc["mode"] == "cascade" and casc["cascade"]["steps"], casc
+            assert "sent_to" not in casc.get("budget", {})
+    finally:
+        srv.stop()
+        router.close()
+    promote(tmp_path / "models", cascade)
+    promoted = load_promoted(tmp_path / "models", device="cpu")
+    try:
+        assert promoted.route(prompts[0], domains[0], budget=CostCap(share=0.1)).extra["checkpoint_tag"] == tags["one-shot"]
+    finally:
+        promoted.close()
+
+
+def test_a_head_that_cannot_keep_a_cap_has_the_run_s_cascade_call_its_steps(trained, tmp_path, capsys):
+    """The shipped head, and the table's, without their budget calibrations keep no cap: a cap the
+    run's cascade keeps is served by that cascade's steps, called with the cascade (`ask` with mock workers, and `serve`
+    through the official client), each naming it; with no cap the head routes as it did."""
+    import shutil
+
+    import openai
+
+    from fugu_pipeline.policies.registry import load_router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.testing.serving import ServerThread
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    work, ckpt, _, _ = trained
+    shutil.copytree(work / "models", tmp_path / "models")
+    head = tmp_path / "models" / Path(ckpt).parent.name / Path(ckpt).name
+    rows = {r.policy: r.checkpoint for c in shipped(head).at_caps for r in c.rows}
+    cascade = rows["cascade"]
+    for name in {head.relative_to(tmp_path / "models"), Path(rows["one-shot"])}:  # the table's head keeps none either
+        (tmp_path / "models" / name / "budget.json").unlink()
+    prompts, domains = _prompts()
+    (tmp_path / "mock.yaml").write_text("workers:\n" + "".join(f"  - id: {w}\n    kind: mock\n" for w in WORKERS))
+    capsys.readouterr()
+    code, out = run("ask", "--checkpoint", str(head), "--workers", str(tmp_path / "mock.yaml"), "--prompt", prompts[0],
+                    "--domain", domains[0], "--device", "cpu", "--cap", "share=0.5")
+    assert code == 0, capsys.readouterr().err
+    shown = json.loads(out[out.index("{"):])["fugu_lite"]
+    assert shown["mode"] == "cascade" and shown["steps"] and shown["budget"]["sent_to"]["checkpoint"] == cascade, shown
+    assert f"{shipped(head).checkpoint} cannot keep this cap (" in shown["budget"]["sent_to"]["why"]
+    router = load_router(head, device="cpu")
+    cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock"} for w in WORKERS]})
+    srv = ServerThread(create_app(router, cfg, batch_window_ms=5))
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        for body, tag in (({"fugu_budget": {"share": 0.5}}, cascade), ({}, shipped(head).checkpoint)):
+            r = client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": prompts[0]}],
+                                               extra_body={"domain": domains[0], **body})
+            info = r.model_extra["fugu_lite"]
+            assert info["checkpoint_tag"] == tag and (info.get("mode") == "cascade") == (tag == cascade), info
+        assert router.cap_routers[cascade].guards, "the cascade's spend guard counts what its steps cost"
+    finally:
+        srv.stop()
+        router.close()
+
+
+def test_evaluate_under_a_cap_reports_the_checkpoint_a_request_naming_it_is_served_by(trained, tmp_path, capsys):
+    """`evaluate --cap` on the shipped checkpoint evaluates the checkpoint a request naming that cap is
+    served by, and says so in one line: the run's head for a cap the shipped cascade cannot keep, the
+    cascade itself for one it keeps."""
+    from fugu_pipeline.cli.main import main
+
+    _, _, common, _ = trained
+    cascade, tags = _cascade_ships(trained, tmp_path)
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(cascade), *common, "--cap", "share=0.1", "--output",
+                 str(tmp_path / "sent.json")]) == 0
+    said = capsys.readouterr()
+    assert f"cap 10% of the strongest worker's cost (margin 1.645 SE): served by {tags['one-shot']}" in said.err
+    rep = json.loads((tmp_path / "sent.json").read_text())
+    assert rep["checkpoint"] == str((tmp_path / "models" / tags["one-shot"]).resolve()), rep["checkpoint"]
+    assert main(["evaluate", "--checkpoint", str(cascade), *common, "--cap", "share=0.5", "--output",
+                 str(tmp_path / "kept.json")]) == 0
+    said = capsys.readouterr()
+    assert "served by" not in said.err and "tasks: under cap 50% of the strongest worker's cost" in said.out
+
+
+def test_a_cap_goes_to_the_nearest_share_of_the_table_and_the_rows_keep_the_shipped_one_on_a_tie(tmp_path):
+    """`for_cap`: the nearest share (equally near: the lower), dollars read against the strongest's
+    out-of-fold cost, none without a table; `cap_choices`: the most accurate row first, a tie keeps the
+    shipped checkpoint, and a cascade with plans per group serves the table's "plans per group" row."""
+    from fugu_pipeline.cost_cap import CostCap
+    from fugu_pipeline.policies.cascade.ship import cap_choices
+    from fugu_pipeline.route.shipped import CapChoice, CapRow, ShippedPolicy
+
+    row = lambda ck, acc: CapRow(policy="one-shot", checkpoint=ck, accuracy=acc, minus_strongest=(0, 0, 0))  # noqa: E731
+    p = ShippedPolicy(kind="cascade", name="n", checkpoint="cascade/h", content_hash="h", strongest_cost_usd=0.002,
+                      at_caps=[CapChoice(share=s, rows=[row(f"k/{s}", 0.5)]) for s in (0.2, 0.4)])
+    assert p.for_cap(CostCap(share=0.3)).share == 0.2 and p.for_cap(CostCap(share=0.31)).share == 0.4
+    assert p.for_cap(CostCap(share=5)).share == 0.4 and p.for_cap(CostCap(share=0.01)).share == 0.2
+    assert p.for_cap(CostCap(usd_per_1k=0.78)).share == 0.4  # $0.78 per 1,000 = 39% of $2 per 1,000
+    assert p.model_copy(update={"strongest_cost_usd": None}).for_cap(CostCap(usd_per_1k=0.78)) is None
+    assert p.model_copy(update={"at_caps": []}).for_cap(CostCap(share=0.3)) is None
+
+    def saved(name: str, method: str, **manifest) -> Path:
+        (tmp_path / method / name).mkdir(parents=True)
+        (tmp_path / method / name / "manifest.json").write_text(json.dumps({"method": method, "content_hash": name, **manifest}))
+        return tmp_path / method / name
+
+    pooled = saved("c1", "cascade", head_params={"frontier": [{}]}, metrics={})
+    grouped = saved("c2", "cascade", head_params={"frontier": [{}], "domains_frontier": {"math": [{}]}},
+                    metrics={"groups": {"chosen": [{"domain": "math", "rows": 10}]}, "frontier_oof": {"rows": 30}})
+    head = saved("k1", "knn")
+    table = lambda policy, acc, share=0.33: {"share": share, "policy": policy, "accuracy": (acc, 0, 1),  # noqa: E731
+                                             "minus_strongest": (acc - 0.9, -1, 1), "share_of_strongest": share}
+    rows = [table("one-shot", 0.8), table("cascade", 0.8), table("plans per group", 0.85), table("cascade", 0.7, 0.5),
+            {**table("one-shot", 0.0, 0.5), "accuracy": None}]
+    got = cap_choices(rows, pooled, head, "cascade/c1")
+    assert [(c.share, [r.checkpoint for r in c.rows]) for c in got] == [(0.33, ["cascade/c1", "knn/k1"]), (0.5, ["cascade/c1"])]
+    assert [r.checkpoint for r in cap_choices(rows, pooled, head, "knn/k1")[0].rows] == ["knn/k1", "cascade/c1"]
+    got = cap_choices(rows, grouped, head, "knn/k1")[0]
+    assert [(r.policy, r.checkpoint, r.accuracy) for r in got.rows] == [("plans per group", "cascade/c2", 0.85),
+                                                                       ("one-shot", "knn/k1", 0.8)]
+    assert cap_choices(rows, pooled, None, "cascade/c1")[0].rows[0].policy == "cascade"

@@ -148,7 +148,8 @@ def _ask_cascade(args, config, router, d) -> int:
         finally:
             await client.aclose()
 
-    run = asyncio.run(run_cascade(router, args.prompt, args.domain, d, call, verify=_now(router)))
+    steps = d.router or router  # a cap the shipped description sent to the run's cascade (Router.cap_router)
+    run = asyncio.run(run_cascade(steps, args.prompt, args.domain, d, call, verify=_now(steps)))
     if run.answer is None:
         raise CLIError(f"every worker failed: {run.fallback_errors}")
     print(run.answer.answer)

@@ -319,6 +319,11 @@ def cmd_evaluate(args) -> int:
 
     budget = budget_of(args)
     path = resolve_checkpoint(args.checkpoint)
+    from fugu_pipeline.policies.registry import cap_checkpoint
+
+    path, sent = cap_checkpoint(path, budget)  # a cap the shipped description sends to another checkpoint of the run
+    if sent:
+        print(sent, file=sys.stderr)
     out = report_output(args.output, path, f"{args.split}.json")
     probe = load_checkpoint(path)
     if probe.manifest.head_kind == "cascade" and budget is not None:  # a cap it cannot serve: refused before any work

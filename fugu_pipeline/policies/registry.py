@@ -58,17 +58,58 @@ def router_class(checkpoint) -> type:
 
 
 def load_router(path, **kw):
-    """A `Router` for a one-step checkpoint, a `CascadeRouter` for a cascade (`Router.load`'s arguments)."""
-    return router_class(load_checkpoint(path)).load(path, **kw)
+    """A `Router` for a one-step checkpoint, a `CascadeRouter` for a cascade (`Router.load`'s arguments),
+    with the checkpoints of its run that serve a cap asked later (`attach_cap_routers`)."""
+    router = router_class(load_checkpoint(path)).load(path, **kw)
+    try:
+        attach_cap_routers(router, Path(path).resolve().parent.parent, **kw)
+    except BaseException:
+        router.close()
+        raise
+    return router
 
 
 def load_promoted(models_dir: str | Path = "models", **kw):
     """The promoted router for downstream code (`route/promoted.PromotedRouter`); picks up new
-    promotions without a restart, whatever kind of router each is."""
+    promotions without a restart, whatever kind of router each is (each with `attach_cap_routers`)."""
     from fugu_pipeline.route.promoted import PromotedRouter
 
     heads()
-    return PromotedRouter(models_dir, router_for=router_class, **kw)
+    return PromotedRouter(models_dir, router_for=router_class, attach=attach_cap_routers, **kw)
+
+
+def attach_cap_routers(router, models_dir, *, device: str = "auto", dtype: str = "auto", encoder: str | None = None) -> None:
+    """Load the checkpoints the router's shipped description may send a cap asked later to
+    (`ShippedPolicy.at_caps`: one-shot heads and cascades of the same `train` run, in `models_dir`
+    by tag) into `router.cap_routers`. One with the same feature contract reads with the router's
+    encoder; another loads its own. One that is missing or cannot be loaded is left out with the
+    reason (`router.cap_problems`, and a warning in the log): those caps are served by the router."""
+    import logging
+
+    from fugu_pipeline.route.promoted import local_checkpoint
+    from fugu_pipeline.storage import is_url
+    from fugu_pipeline.train.checkpoints import CheckpointError
+
+    tags = {r.checkpoint for c in (router.shipped.at_caps if router.shipped is not None else []) for r in c.rows} - {router.tag}
+    for tag in sorted(tags):
+        try:
+            path = local_checkpoint(f"{str(models_dir).rstrip('/')}/{tag}" if is_url(models_dir) else Path(models_dir) / tag)
+            ckpt = load_checkpoint(path)
+            if f"{ckpt.manifest.method}/{ckpt.manifest.content_hash}" != tag:
+                raise CheckpointError(f"{path} holds checkpoint {ckpt.manifest.content_hash}, not {tag}")
+            kind = router_class(ckpt)
+            if ckpt.manifest.feature_contract == router.checkpoint.manifest.feature_contract:
+                other = kind(ckpt, router.encoder)
+                other.owns_encoder = False
+                other.check_probe()
+            else:
+                other = kind.load(path, device=device, dtype=dtype, encoder=encoder)
+        except (OSError, ValueError, RuntimeError) as exc:  # CheckpointError, RouterError, a missing folder
+            router.cap_problems[tag] = f"{tag}: {exc}"
+            logging.getLogger("fugu_pipeline.route").warning(
+                "%s: the caps its shipped description sends to %s stay with it: %s", router.tag, tag, exc)
+            continue
+        router.cap_routers[tag] = other
 
 
 CASCADE_WITHOUT_REPLIES = ("a cascade is scored from the host's recorded replies, and none were given to this contest "
@@ -130,3 +171,50 @@ def preflight(pack_dir, models_dir, cfg, **kw):
 
     heads()
     return run(pack_dir, models_dir, cfg, **kw)
+
+
+def cap_checkpoint(path: str | Path, cap) -> tuple[Path, str]:
+    """(the checkpoint that serves `cap`, "" or the line saying it was sent there) for a saved
+    checkpoint, as `Router.cap_router` sends a request naming the cap: itself where it keeps the
+    cap (`cap_problem`) or has no shipped description; else the first of the description's rows at
+    the nearest share whose checkpoint, found beside it by tag, keeps it; else itself (which refuses it)."""
+    from fugu_pipeline.route.shipped import POLICY_FILE, checkpoint_tag, read_shipped
+
+    path = Path(path)
+    if cap is None or not (path / POLICY_FILE).is_file():
+        return path, ""
+    shipped = read_shipped(path, checkpoint_tag(path)[1])[0]
+    choice = shipped.for_cap(cap) if shipped is not None else None
+    why_not = cap_problem(path, cap) if choice is not None else ""
+    if not why_not:
+        return path, ""
+    for row in choice.rows:
+        where = path.resolve().parent.parent / row.checkpoint
+        if row.checkpoint != shipped.checkpoint and (where / "manifest.json").is_file() and not cap_problem(where, cap):
+            return where, (f"{cap.describe()}: served by {row.checkpoint}, as a request naming it is: {shipped.checkpoint} "
+                           f"cannot keep it ({why_not}); {choice.why()}")
+    return path, ""
+
+
+def cap_problem(path: str | Path, cap) -> str:
+    """Why the saved checkpoint at `path` cannot keep `cap` (no λ of its budget calibration, or no
+    saved cascade point, within it), or "" (read from its files: nothing is encoded)."""
+    from fugu_pipeline.policies.cascade.head import KIND
+    from fugu_pipeline.route.budget import BudgetError, require_quality_head, usable_calibration
+
+    ckpt = load_checkpoint(path)
+    m = ckpt.manifest
+    try:
+        if m.head_kind == KIND:
+            from fugu_pipeline.policies.cascade.evaluate import budget_reachable
+
+            budget_reachable(ckpt, cap)
+            return ""
+        require_quality_head(ckpt.head, m.head_kind)
+        calibration, why = usable_calibration(path, m.content_hash, list(m.worker_ids))
+        if calibration is None:
+            return why or "no budget calibration beside it"
+        calibration.choose(cap)
+    except (BudgetError, ValueError) as exc:  # CapOutOfReach is a ValueError
+        return str(exc)
+    return ""

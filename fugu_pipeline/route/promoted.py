@@ -94,9 +94,10 @@ class PromotedRouter:
     Thread-safe: a swap never closes the router it replaces (see the module docstring)."""
 
     def __init__(self, models_dir: str | Path, *, device: str = "auto", dtype: str = "auto", encoder: str | None = None,
-                 router_for: Callable[..., type[Router]] | None = None):
+                 router_for: Callable[..., type[Router]] | None = None, attach: Callable[..., None] | None = None):
         self.models_dir = str(models_dir) if is_url(models_dir) else Path(models_dir)
         self.router_for = router_for or (lambda checkpoint: Router)  # the Router class of a loaded checkpoint
+        self.attach = attach  # (router, models_dir, **options): what else a new router loads (the registry's)
         self._opts = {"device": device, "dtype": dtype, "encoder": encoder}
         self._router: Router | None = None
         self._key: tuple | None = None
@@ -137,6 +138,8 @@ class PromotedRouter:
                 # other features: a new encoder. The old router is not closed: a thread may be
                 # encoding with it right now; it is freed when its last user drops it.
                 new = kind.load(path, **self._opts)
+            if self.attach is not None:
+                self.attach(new, self.models_dir, **self._opts)
             self._router, self._key = new, key
             self._current = (new, key)
             self.reloads += 1

@@ -56,6 +56,9 @@ class RouteDecision:
     checkpoint: str = ""
     extra: dict = field(default_factory=dict)
     score_kind: str = POLICY_PROBABILITY
+    # the router that made it, where a cap asked was sent to another checkpoint of the run
+    # (`Router.cap_router`): a cascade's steps are called with it; None: the router asked
+    router: "Router | None" = field(default=None, repr=False, compare=False)
 
     def softmax_scores(self) -> dict[str, float]:
         """softmax over `scores`: a policy's own probabilities; for the other kinds an order-preserving
@@ -150,6 +153,11 @@ class Router:
         # what `fugu-lite train` chose and said it ships (route/shipped.py): reported with every route, and
         # a one-shot head's operating point with no cap asked; None (and why, when there is a file) otherwise
         self.shipped, self.shipped_problem = read_shipped(checkpoint.path, checkpoint.manifest.content_hash)
+        # the checkpoints of the same run the shipped description sends a cap asked later to (`cap_router`),
+        # by tag, as `policies/registry.attach_cap_routers` loaded them; why one could not be
+        self.cap_routers: dict[str, Router] = {}
+        self.cap_problems: dict[str, str] = {}
+        self.owns_encoder = True  # False for a router of the run that reads with another's encoder
         self._lock = threading.Lock()
         if problem := point_problem(self.default_point, checkpoint):
             raise RouterError(problem)
@@ -252,7 +260,39 @@ class Router:
             q = head_quality(self.checkpoint.head, torch.from_numpy(feats), None if domains is None else list(domains))
         return None if q is None else q.float().numpy()
 
+    def cap_router(self, budget) -> tuple["Router", dict] | None:
+        """(the router of the run that serves `budget`, a note saying why) where this checkpoint cannot
+        keep the cap (no λ, or no saved point, within it) and its shipped description names one of
+        the run's checkpoints that can: the rows at the nearest share of `train`'s table at caps
+        (`ShippedPolicy.for_cap`), the most accurate out of fold first. None: this router serves it
+        (and refuses what it cannot keep, where no row can). A checkpoint that could not be loaded
+        (`cap_problems`) is passed over."""
+        choice = self.shipped.for_cap(budget) if self.shipped is not None and budget is not None else None
+        if choice is None:
+            return None
+        try:
+            self.own_budget_point(budget)
+            return None
+        except BudgetUnavailable as exc:
+            why_not = exc.public or str(exc)
+        for row in choice.rows:
+            other = self.cap_routers.get(row.checkpoint)
+            if other is None:
+                continue
+            try:
+                other.own_budget_point(budget)
+            except BudgetUnavailable:
+                continue
+            return other, {"checkpoint": other.tag, "policy": row.policy, "table_share": choice.share,
+                           "why": f"{self.tag} cannot keep this cap ({why_not}); {choice.why()}"}
+        return None
+
     def budget_point(self, budget):
+        """The operating point for a cap (`own_budget_point`), of the router that serves it (`cap_router`)."""
+        sent = self.cap_router(budget)
+        return (sent[0] if sent else self).own_budget_point(budget)
+
+    def own_budget_point(self, budget):
         """The operating point (λ chosen on validation) for a cap; RouterError when this checkpoint
         cannot route under a budget."""
         from fugu_pipeline.route.budget import BudgetError, require_quality_head
@@ -275,7 +315,7 @@ class Router:
 
     def budget_scores(self, prompts: list[str], domains: list[str] | None, budget, cost_texts: list[str] | None = None):
         """(scores, operating point, expected cost (N, W)): predicted quality − λ·expected cost / c_ref."""
-        point = self.budget_point(budget)
+        point = self.own_budget_point(budget)
         scores, c_hat = self.lambda_scores(prompts, domains, point.lam, cost_texts)
         return scores, point, c_hat
 
@@ -319,7 +359,23 @@ class Router:
                 "would be the same as without it; train a head that predicts quality (`fugu-lite train`, or "
                 "`head: quality` for train-sft) to route by cost")
 
-    def route_batch(
+    def route_batch(self, prompts: list[str], domains: list[str | None] | None = None, *, budget=None,
+                    **kw) -> list[RouteDecision]:
+        """Route many prompts in one encoder pass (`own_route_batch`). Under a `budget` the shipped
+        description sends to another checkpoint of the run (`cap_router`), that checkpoint routes them:
+        each decision names it (`extra["checkpoint_tag"]`, `router`) and says why (`extra["budget"]["sent_to"]`)."""
+        sent = self.cap_router(budget)
+        if sent is None:
+            return self.own_route_batch(prompts, domains, budget=budget, **kw)
+        other, note = sent
+        out = other.own_route_batch(prompts, domains, budget=budget, **kw)
+        for d in out:
+            d.router = other
+            d.extra["checkpoint_tag"] = other.tag
+            d.extra.setdefault("budget", {})["sent_to"] = note
+        return out
+
+    def own_route_batch(
         self,
         prompts: list[str],
         domains: list[str | None] | None = None,
@@ -330,8 +386,8 @@ class Router:
         cost_texts: list[str] | None = None,
         default_point: bool = True,
     ) -> list[RouteDecision]:
-        """Route many prompts in one encoder pass. `allowed` restricts the workers (unknown ids
-        are an error); `cost_weight` trades quality for cost with a quality head; `budget` (a
+        """Route many prompts in one encoder pass with this checkpoint. `allowed` restricts the workers
+        (unknown ids are an error); `cost_weight` trades quality for cost with a quality head; `budget` (a
         `route.budget.Budget`) routes under a cost cap with λ chosen on validation (`cost_texts`:
         the text the worker will be billed for, when it is more than the routed prompt). With neither,
         the checkpoint's default operating point applies (`default_point`; False: the plain route)."""
@@ -417,4 +473,7 @@ class Router:
         return self.route_batch([prompt], [domain], **kw)[0]
 
     def close(self) -> None:
-        self.encoder.close()
+        for other in self.cap_routers.values():
+            other.close()
+        if self.owns_encoder:
+            self.encoder.close()

@@ -27,6 +27,36 @@ from fugu_pipeline.route.default_point import DefaultPoint
 POLICY_FILE = "policy.json"
 
 
+class CapRow(BaseModel):
+    """One row of `train`'s table at caps that a checkpoint of the same run serves."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str  # the table's row: "one-shot", "cascade" or "plans per group"
+    checkpoint: str  # `<method>/<content hash>` of the checkpoint that serves a cap asked this way
+    accuracy: float  # out of fold over the non-test rows
+    minus_strongest: tuple[float, float, float]  # accuracy − the strongest's: mean, 95% paired interval
+    cost_share: float | None = None  # its out-of-fold cost as a share of the strongest's
+
+
+class CapChoice(BaseModel):
+    """At one share of the table at caps: the rows a checkpoint of the run serves, the most accurate
+    first (ties: the shipped checkpoint's). A cap asked later that the shipped checkpoint cannot keep
+    is served by the first row's checkpoint that can (`Router.cap_router`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    share: float = Field(gt=0, le=1)
+    rows: list[CapRow] = Field(min_length=1)
+
+    def why(self) -> str:
+        best = self.rows[0]
+        others = "; ".join(f"{r.policy} ({r.checkpoint}) {r.accuracy:.4f}, {r.minus_strongest[0]:+.4f}" for r in self.rows[1:])
+        return (f"out of fold at {self.share:.0%} of the strongest worker's cost, {best.policy} ({best.checkpoint}) "
+                f"scored {best.accuracy:.4f}, {best.minus_strongest[0]:+.4f} against the strongest"
+                + (f" (beside {others})" if others else ""))
+
+
 class ShippedPolicy(BaseModel):
     """The shipped policy and the out-of-fold figures it was chosen on."""
 
@@ -46,6 +76,23 @@ class ShippedPolicy(BaseModel):
     difference: tuple[float, float, float] | None = None  # accuracy − the strongest's: mean, 95% paired interval
     n_rows: int | None = Field(None, ge=0)
     reason: str = ""
+    # a cap asked later (route, ask, evaluate, serve) that this checkpoint cannot keep: the checkpoints
+    # of the run that serve each share of the table at caps, the most accurate out of fold first; the
+    # nearest share decides (`for_cap`, `Router.cap_router`)
+    at_caps: list[CapChoice] = []
+
+    def for_cap(self, cap) -> CapChoice | None:
+        """The table share nearest to `cap` (a `CostCap`; dollars are read as a share of the strongest's
+        out-of-fold cost; equally near: the lower share), or None when the table holds none or the
+        cap's share cannot be known."""
+        if not self.at_caps:
+            return None
+        share = cap.share
+        if share is None:
+            if not self.strongest_cost_usd or self.strongest_cost_usd <= 0:
+                return None
+            share = cap.usd_per_1k / 1000 / self.strongest_cost_usd
+        return min(self.at_caps, key=lambda c: (abs(c.share - share), c.share))
 
     @property
     def cost_share(self) -> float | None:
@@ -81,7 +128,15 @@ class ShippedPolicy(BaseModel):
                 f"[{d[1]:+.4f}, {d[2]:+.4f}]{cost}")
 
     def lines(self) -> list[str]:
-        return [self.describe(), *([f"why: {self.reason}"] if self.reason else [])]
+        return [self.describe(), *([f"why: {self.reason}"] if self.reason else []), *self.cap_lines()]
+
+    def cap_lines(self) -> list[str]:
+        """How a cap asked later is served: each share's checkpoint, and why."""
+        if not self.at_caps:
+            return []
+        return [f"a cap asked later (route, ask, evaluate, serve) that {self.checkpoint} cannot keep goes to the run's "
+                "checkpoint most accurate out of fold at the nearest of these shares that keeps it:"] + [
+                    f"  {c.share:.0%}: {', '.join(r.checkpoint for r in c.rows)} ({c.why()})" for c in self.at_caps]
 
     def public(self) -> dict:
         """What `route`, `ask`, `serve` and `/health` report: no paths, the figures it was chosen on."""
@@ -93,6 +148,8 @@ class ShippedPolicy(BaseModel):
                 "oof_accuracy": self.oof_accuracy, "strongest_worker": self.strongest_worker,
                 "strongest_accuracy": self.strongest_accuracy, "cost_share_of_strongest": self.cost_share,
                 "difference": list(self.difference) if self.difference else None, "n_rows": self.n_rows,
+                **({"at_caps": [{"share": c.share, "policy": c.rows[0].policy, "checkpoint": c.rows[0].checkpoint,
+                                 "oof_accuracy": c.rows[0].accuracy} for c in self.at_caps]} if self.at_caps else {}),
                 "line": self.describe()}
 
     def save(self, checkpoint_dir: str | Path) -> Path:
@@ -166,3 +223,4 @@ def checkpoint_tag(checkpoint_dir: str | Path) -> tuple[str, str]:
     manifest = json.loads((Path(checkpoint_dir) / "manifest.json").read_text(encoding="utf-8"))
     h = manifest.get("content_hash") or Path(checkpoint_dir).name
     return f"{manifest.get('method')}/{h}", h
+

@@ -217,7 +217,7 @@ class Service:
         uses_domains = getattr(router.checkpoint.head, "uses_domains", False)  # kNN, prior, MLP, ensemble
         for r, d in zip(requests, out):
             if isinstance(d, RouteDecision):
-                d.extra["checkpoint_tag"] = tag
+                d.extra.setdefault("checkpoint_tag", tag)  # a cap sent to another checkpoint of the run names it
                 if getattr(router, "shipped", None) is not None:  # what train chose and printed (route/shipped.py)
                     d.extra["policy"] = router.shipped.public()
                 ignored = d.extra.setdefault("ignored", [])

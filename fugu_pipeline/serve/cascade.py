@@ -54,8 +54,8 @@ def _sse(obj: dict) -> str:
 
 
 async def chat_completion(svc, req, decision, t0: float, t_routed: float):
-    with svc.source.lock:
-        router = svc.source.get()
+    with svc.source.lock:  # a cap the shipped description sent to the run's cascade: that one (Router.cap_router)
+        router = decision.router or svc.source.get()
     timing = CallTiming()
 
     async def call(routed: str) -> Completion:

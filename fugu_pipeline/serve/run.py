@@ -218,10 +218,17 @@ def serve(
     if default_budget is None and router is not None and default_point and getattr(router, "default_point", None):
         log.info("requests without a cap: %s; %s", router.default_point.describe(), router.default_point.reason)
     if default_budget is not None:
-        p = router.budget_point(default_budget)
-        log.info("default %s: λ=%.4g chosen on the calibration's %s (share there %.4f of %s%s)", default_budget.describe(),
-                 p.lam, router.calibration.rows_text(), p.val_share, router.calibration.reference_worker,
-                 "" if p.met_on_validation else "; NOT met")
+        sent = router.cap_router(default_budget)  # a cap the shipped description sends to another checkpoint of the run
+        if sent is not None:
+            log.info("default %s: served by %s (%s)", default_budget.describe(), sent[0].tag, sent[1]["why"])
+        by = sent[0] if sent is not None else router
+        p = by.own_budget_point(default_budget)
+        if hasattr(p, "lam"):  # a one-step head's λ; a cascade's is a saved plan
+            log.info("default %s: λ=%.4g chosen on the calibration's %s (share there %.4f of %s%s)",
+                     default_budget.describe(), p.lam, by.calibration.rows_text(), p.val_share,
+                     by.calibration.reference_worker, "" if p.met_on_validation else "; NOT met")
+        else:
+            log.info("default %s: %s", default_budget.describe(), p[0].describe())
     class GracefulServer(uvicorn.Server):
         async def shutdown(self, sockets=None) -> None:
             app.state.fugu.begin_shutdown(shutdown_grace_s)  # tell the app first, see the module docstring

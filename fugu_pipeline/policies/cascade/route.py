@@ -102,7 +102,7 @@ class CascadeRouter(Router):
             X = self.encoder.encode(list(prompts), [d or "general" for d in doms])
         return self.head.group_keys(doms, X)
 
-    def budget_point(self, budget):
+    def own_budget_point(self, budget):
         return self._budget_plan(None, budget)
 
     def guard(self, cap_usd: float, group: str | None = None, pooled: bool = False):
@@ -178,8 +178,8 @@ class CascadeRouter(Router):
             min(points, key=lambda p: p["cost_usd"]) if points else None)
         return (plan if got is None else CascadePlan.model_validate(got["plan"])), note
 
-    def route_batch(self, prompts, domains=None, *, allowed=None, cost_weight=None, budget=None, cost_texts=None,
-                    default_point=True):
+    def own_route_batch(self, prompts, domains=None, *, allowed=None, cost_weight=None, budget=None, cost_texts=None,
+                        default_point=True):
         if allowed is not None:
             unknown = [w for w in allowed if w not in self.worker_ids]
             if unknown:

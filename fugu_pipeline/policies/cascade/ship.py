@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fugu_pipeline.route.shipped import ShippedPolicy, checkpoint_tag
+from fugu_pipeline.route.shipped import CapChoice, CapRow, ShippedPolicy, checkpoint_tag
 from fugu_pipeline.train.selection import STRONGEST, cheapest_not_below, interval
 
 BEST_WORKER = "always the best worker"
@@ -140,10 +140,13 @@ def pick_utility(cands: list[CandidateFigure], baseline: str, strongest_worker: 
     return win, reason + against(win, strongest_worker)
 
 
-def shipped_policy(fit, shipped_path: Path, head_routes: dict | None = None) -> ShippedPolicy:
+def shipped_policy(fit, shipped_path: Path, head_routes: dict | None = None, cascade_path: Path | None = None,
+                   one_shot_path: Path | None = None) -> ShippedPolicy:
     """`fit` (a `fit.CascadeFit`) as shipped from `shipped_path`. A one-shot head scored at its
     default operating point (its route in `head_routes`) ships with that point, read from its
-    `budget.json` where the heads step saved it; one scored by its plain argmax ships with none."""
+    `budget.json` where the heads step saved it; one scored by its plain argmax ships with none.
+    With `cascade_path` (the saved cascade) it holds `cap_choices` for a cap asked later
+    (`one_shot_path`: the selected head, the table's one-shot row)."""
     win = next(c for c in fit.candidates if c.name == fit.selected)
     strong = next((c for c in fit.candidates if c.name == STRONGEST), win)
     tag, content_hash = checkpoint_tag(shipped_path)
@@ -162,7 +165,33 @@ def shipped_policy(fit, shipped_path: Path, head_routes: dict | None = None) -> 
                          plan=None if kind == "one-shot" else fit.policy.describe(), strongest_worker=top,
                          oof_accuracy=win.quality, oof_cost_usd=win.cost_usd, strongest_accuracy=strong.quality,
                          strongest_cost_usd=strong.cost_usd, difference=(win.vs_strongest, win.vs_low, win.vs_high),
-                         n_rows=n, reason=fit.reason)
+                         n_rows=n, reason=fit.reason,
+                         at_caps=cap_choices(fit.cap_rows or [], cascade_path, one_shot_path, tag) if cascade_path else [])
+
+
+def cap_choices(rows: list[dict], cascade_path: Path, one_shot_path: Path | None, shipped_tag: str) -> list[CapChoice]:
+    """For each share of the table at caps (`choice.cap_table`'s rows), the rows a saved checkpoint
+    serves a cap asked later with, the most accurate out of fold first (ties: the shipped checkpoint):
+    the one-shot row by the selected head (its budget calibration's λ for the cap), and the cascade by
+    its saved points: plans per group sharing the cap where it holds a frontier per group (what
+    `spend.request_shares` does with a cap asked), else the pooled row."""
+    import json
+
+    from fugu_pipeline.policies.cascade.choice import GROUPED, TABLE_SHARES
+    from fugu_pipeline.policies.cascade.spend import group_parts
+
+    manifest = json.loads((Path(cascade_path) / "manifest.json").read_text(encoding="utf-8"))
+    grouped = group_parts(manifest.get("head_params") or {}, manifest.get("metrics") or {}) is not None
+    serves = {GROUPED if grouped else "cascade": checkpoint_tag(cascade_path)[0],
+              **({"one-shot": checkpoint_tag(one_shot_path)[0]} if one_shot_path is not None else {})}
+    out = []
+    for share in TABLE_SHARES:
+        got = [CapRow(policy=r["policy"], checkpoint=serves[r["policy"]], accuracy=r["accuracy"][0],
+                      minus_strongest=tuple(r["minus_strongest"]), cost_share=r["share_of_strongest"])
+               for r in rows if r["share"] == share and r["policy"] in serves and r["accuracy"] is not None]
+        if got:
+            out.append(CapChoice(share=share, rows=sorted(got, key=lambda r: (-r.accuracy, r.checkpoint != shipped_tag))))
+    return out
 
 
 def cap_point(fit, win: CandidateFigure, strong: CandidateFigure, shipped_path: Path, top: str | None, n: int | None):

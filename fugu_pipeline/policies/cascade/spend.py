@@ -134,7 +134,7 @@ def request_shares(head_params: dict, metrics: dict, budget) -> RequestShares:
     costs, quality = metrics.get("expected_cost_usd") or {}, metrics.get("worker_quality") or {}
     ref = strongest_cost(costs, quality)
     cap, z = budget.usd_per_request(ref), budget.margin_z
-    parts = _group_parts(head_params, metrics)
+    parts = group_parts(head_params, metrics)
     if parts is None:  # one pool of points
         points = cap_points(head_params, metrics)
         if not points:
@@ -157,7 +157,7 @@ def request_shares(head_params: dict, metrics: dict, budget) -> RequestShares:
 
 def share_parts(parts: list[tuple[str, list[dict], float]], cap_usd: float, z: float) -> tuple[dict, dict] | None:
     """({group: its part of `cap_usd`}, {group: its chosen point}) for a checkpoint with a
-    frontier per group (`parts`, as `_group_parts` reads them): one saved point per group (and the
+    frontier per group (`parts`, as `group_parts` reads them): one saved point per group (and the
     pooled frontier for the rows of no group) by `groups.allocate`, the most accurate whole whose
     cost bound, the groups weighted by their shares of the rows the plans were chosen on, is within
     the cap; each group's part is its point's cost scaled so that the weighted parts add up to the
@@ -175,7 +175,7 @@ def share_parts(parts: list[tuple[str, list[dict], float]], cap_usd: float, z: f
     return {g: float(p["cost_usd"]) * scale for g, p in chosen.items() if g != "*" and p["cost_usd"] > 0}, chosen
 
 
-def _group_parts(head_params: dict, metrics: dict) -> list[tuple[str, list[dict], float]] | None:
+def group_parts(head_params: dict, metrics: dict) -> list[tuple[str, list[dict], float]] | None:
     """[(group, its saved points, its share of the rows the plans were chosen on)], with the pooled
     frontier for the rows of no group ("*"); None where the checkpoint holds no frontier per group."""
     per = head_params.get("domains_frontier") or {}

@@ -109,10 +109,11 @@ def train_cascade(data: RoutingData, db_path: Path, settings, cache_root: Path, 
     path = save_cascade(models_dir, data, fit, inputs.answer.shape[2] + int(CROSS_STAT in fit.stat_names), metrics,
                         training_config={"cascade": cc.model_dump(), "folds": cfg.folds, "seed": cfg.seed})
     shipped, shipped_path = fit.selected_kind, path
+    selected = next((s.path for s in saved if s.selected), None)  # the table at caps' one-shot row
     if shipped == "one-shot":
         name = head_of(fit.selected).removeprefix("one-shot ")
-        shipped_path = next((s.path for s in saved if s.name == name), None) or next(s.path for s in saved if s.selected)
+        shipped_path = next((s.path for s in saved if s.name == name), None) or selected
     from fugu_pipeline.policies.cascade.ship import shipped_policy
 
-    return CascadeResult(fit, path, shipped, shipped_path, shipped_policy(fit, shipped_path, head_routes))
+    return CascadeResult(fit, path, shipped, shipped_path, shipped_policy(fit, shipped_path, head_routes, path, selected))
 
