@@ -565,6 +565,37 @@ def test_a_head_that_cannot_keep_a_cap_has_the_run_s_cascade_call_its_steps(trai
         router.close()
 
 
+def test_a_promotion_pushed_to_the_store_carries_the_checkpoints_a_cap_may_go_to(trained, tmp_path, monkeypatch):
+    """A promotion pushed to the shared store sends, beside the king, the run's checkpoints its
+    description names; a machine that knows only the store's URL loads them with it and sends a cap
+    the king cannot keep to its own copy of the head."""
+    from fugu_pipeline import storage
+    from fugu_pipeline.cost_cap import CostCap
+    from fugu_pipeline.defs.shared import SharedStore
+    from fugu_pipeline.paths import ProjectPaths
+    from fugu_pipeline.policies.registry import load_promoted
+    from fugu_pipeline.testing.serving import promote
+
+    cascade, tags = _cascade_ships(trained, tmp_path)
+    url = f"memory://fugu-{tmp_path.name}/models"  # fsspec's in-process store: the code path of s3://
+    monkeypatch.setenv("FUGU_MODELS_URL", url)
+    monkeypatch.setenv("FUGU_STORE_CACHE", str(tmp_path / "machine-b"))
+    storage._FS_CACHE.clear()
+    promote(tmp_path / "models", cascade)
+    assert SharedStore.of(ProjectPaths(tmp_path)).push_promoted(None)
+    assert set(storage.list_dirs(url)) >= {tags["cascade"].split("/")[0], tags["one-shot"].split("/")[0]}
+    prompts, domains = _prompts()
+    router = load_promoted(url, device="cpu")
+    try:
+        head = router.router.cap_routers[tags["one-shot"]]
+        assert Path(head.path).is_relative_to(tmp_path / "machine-b") and not router.router.cap_problems
+        d = router.route(prompts[0], domains[0], budget=CostCap(share=0.1))
+        assert d.extra["checkpoint_tag"] == tags["one-shot"] and d.extra["budget"]["sent_to"]["table_share"] == 0.2
+    finally:
+        router.close()
+        storage._FS_CACHE.clear()
+
+
 def test_evaluate_under_a_cap_reports_the_checkpoint_a_request_naming_it_is_served_by(trained, tmp_path, capsys):
     """`evaluate --cap` on the shipped checkpoint evaluates the checkpoint a request naming that cap is
     served by, and says so in one line: the run's head for a cap the shipped cascade cannot keep, the

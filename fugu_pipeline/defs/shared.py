@@ -188,7 +188,11 @@ class SharedStore:
         if not local.exists():
             return False
         pointer = json.loads(local.read_text())
-        self.push_checkpoint(self.paths.models / pointer["checkpoint"])  # the files beside it may be newer
+        king = self.paths.models / pointer["checkpoint"]
+        self.push_checkpoint(king)  # the files beside it may be newer
+        for other in run_checkpoints(king):  # the run's checkpoints its description sends a cap it cannot keep to
+            if (self.paths.models / other / MANIFEST).is_file():
+                self.push_checkpoint(self.paths.models / other)
         if get_bytes(pointer_location(self.models_url)) == local.read_bytes():
             return False
         if expected_version is None:
@@ -196,3 +200,14 @@ class SharedStore:
         else:
             put_bytes(pointer_location(self.models_url), local.read_bytes(), if_match=expected_version)
         return True
+
+
+def run_checkpoints(checkpoint: Path) -> list[str]:
+    """The tags `policy.json` beside a checkpoint names for caps it cannot keep (route/shipped.py), or []."""
+    from fugu_pipeline.route.shipped import checkpoint_tag, read_shipped
+
+    try:
+        shipped = read_shipped(checkpoint, checkpoint_tag(checkpoint)[1])[0]
+    except (OSError, ValueError):  # no manifest to read: nothing beside it is pushed either
+        return []
+    return sorted(shipped.cap_checkpoints()) if shipped is not None else []

@@ -90,8 +90,7 @@ def attach_cap_routers(router, models_dir, *, device: str = "auto", dtype: str =
     from fugu_pipeline.storage import is_url
     from fugu_pipeline.train.checkpoints import CheckpointError
 
-    tags = {r.checkpoint for c in (router.shipped.at_caps if router.shipped is not None else []) for r in c.rows} - {router.tag}
-    for tag in sorted(tags):
+    for tag in sorted(router.shipped.cap_checkpoints() - {router.tag} if router.shipped is not None else ()):
         try:
             path = local_checkpoint(f"{str(models_dir).rstrip('/')}/{tag}" if is_url(models_dir) else Path(models_dir) / tag)
             ckpt = load_checkpoint(path)

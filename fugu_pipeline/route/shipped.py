@@ -81,6 +81,10 @@ class ShippedPolicy(BaseModel):
     # nearest share decides (`for_cap`, `Router.cap_router`)
     at_caps: list[CapChoice] = []
 
+    def cap_checkpoints(self) -> set[str]:
+        """The tags of the run's other checkpoints a cap asked later may go to (`at_caps`)."""
+        return {r.checkpoint for c in self.at_caps for r in c.rows} - {self.checkpoint}
+
     def for_cap(self, cap) -> CapChoice | None:
         """The table share nearest to `cap` (a `CostCap`; dollars are read as a share of the strongest's
         out-of-fold cost; equally near: the lower share), or None when the table holds none or the
