@@ -473,6 +473,21 @@ def test_a_cap_the_shipped_checkpoint_cannot_keep_goes_to_the_run_s_checkpoint_t
         assert list(router.cap_problems) == [tags["one-shot"]] and tags["one-shot"] in caplog.text
         with pytest.raises(BudgetUnavailable, match="no cascade point of this checkpoint meets it"):
             router.route(prompts[0], domains[0], budget=low)
+        import httpx
+
+        from fugu_pipeline.serve import create_app
+        from fugu_pipeline.testing.serving import ServerThread
+        from fugu_pipeline.workers.config import WorkersConfig
+
+        cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock"} for w in WORKERS]})
+        srv = ServerThread(create_app(router, cfg, batch_window_ms=5, api_token="t0ken"))
+        try:  # /health says which is missing; the reason, which names server paths, only with the token
+            seen = httpx.get(srv.url + "/health", timeout=30).json()["checkpoint"]["cap_checkpoints"]
+            assert seen == {"loaded": [], "not_loaded": {tags["one-shot"]: "send the server's bearer token for the reason"}}
+            seen = httpx.get(srv.url + "/health", timeout=30, headers={"authorization": "Bearer t0ken"}).json()
+            assert str(tmp_path) in seen["checkpoint"]["cap_checkpoints"]["not_loaded"][tags["one-shot"]], seen
+        finally:
+            srv.stop()
     finally:
         router.close()
 
@@ -502,6 +517,10 @@ def test_the_server_and_the_promoted_router_send_a_cap_where_the_description_say
                                                extra_body={"domain": domains[0], **body})
             return r.model_extra["fugu_lite"]
 
+        import httpx
+
+        health = httpx.get(srv.url + "/health", timeout=30).json()["checkpoint"]
+        assert health["cap_checkpoints"] == {"loaded": [tags["one-shot"]], "not_loaded": {}}, health
         head = ask(fugu_budget={"share": 0.1})
         assert head["checkpoint_tag"] == tags["one-shot"] and "mode" not in head, head
         assert head["budget"]["sent_to"]["checkpoint"] == tags["one-shot"] and head["served_by"] in WORKERS

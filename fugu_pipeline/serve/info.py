@@ -124,7 +124,13 @@ async def health(request: Request) -> Response:
         "checkpoint": {**({"path": router.path} if trusted else {}), "tag": checkpoint_tag(router),
                        "content_hash": m.content_hash, "method": m.method, "worker_ids": router.worker_ids,
                        # what train chose and printed (route/shipped.py); null when it wrote no description
-                       "policy": _router_policy(router)},
+                       "policy": _router_policy(router),
+                       # the run's checkpoints a cap this one cannot keep goes to (policies/registry.attach_cap_routers)
+                       **({"cap_checkpoints": {"loaded": sorted(getattr(router, "cap_routers", {})),
+                                               "not_loaded": {t: (why if trusted else "send the server's bearer token "
+                                                                  "for the reason") for t, why in
+                                                              sorted(getattr(router, "cap_problems", {}).items())}}}
+                          if getattr(router, "cap_routers", None) or getattr(router, "cap_problems", None) else {})},
         "reload_error": reload_error if trusted or reload_error is None else (
             "the last reload failed (send the server's bearer token for the reason)"),
         "workers": [{"id": w.id, "kind": w.kind, "model": getattr(w, "model", None),
