@@ -615,6 +615,36 @@ def test_a_promotion_pushed_to_the_store_carries_the_checkpoints_a_cap_may_go_to
         storage._FS_CACHE.clear()
 
 
+@pytest.mark.slow
+def test_serve_with_a_default_cap_starts_on_a_cascade_and_sends_one_it_cannot_keep(trained, tmp_path):
+    """`fugu-lite serve --cap` as a user runs it (a subprocess on a loopback port, mock workers, the
+    official client): on the shipped cascade a default cap it keeps is logged with its plan and runs
+    its steps; one it cannot keep is logged as served by the run's head, and requests without a cap
+    of their own are routed by that head."""
+    import openai
+
+    from fugu_pipeline_tests.serve_fixtures import start, stop
+
+    cascade, tags = _cascade_ships(trained, tmp_path)
+    (tmp_path / "mock.yaml").write_text("workers:\n" + "".join(f"  - id: {w}\n    kind: mock\n" for w in WORKERS))
+    prompts, domains = _prompts()
+    for cap, tag, said in (("share=0.5", tags["cascade"], "default cap 50% of the strongest worker's cost (margin 1.645 SE): ["),
+                           ("share=0.1", tags["one-shot"], f"default cap 10% of the strongest worker's cost (margin 1.645 SE): "
+                                                           f"served by {tags['one-shot']} ({tags['cascade']} cannot keep")):
+        log = tmp_path / f"serve-{cap}.log"
+        proc, url = start(["--checkpoint", str(cascade), "--workers", str(tmp_path / "mock.yaml"), "--device", "cpu",
+                           "--cap", cap], log)
+        try:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+            r = client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": prompts[0]}],
+                                               extra_body={"domain": domains[0]})
+            info = r.model_extra["fugu_lite"]
+            assert info["checkpoint_tag"] == tag and (info.get("mode") == "cascade") == (tag == tags["cascade"]), info
+        finally:
+            assert stop(proc) == 0
+        assert said in log.read_text(), log.read_text()[-3000:]
+
+
 def test_evaluate_under_a_cap_reports_the_checkpoint_a_request_naming_it_is_served_by(trained, tmp_path, capsys):
     """`evaluate --cap` on the shipped checkpoint evaluates the checkpoint a request naming that cap is
     served by, and says so in one line: the run's head for a cap the shipped cascade cannot keep, the

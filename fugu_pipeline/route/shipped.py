@@ -227,4 +227,3 @@ def checkpoint_tag(checkpoint_dir: str | Path) -> tuple[str, str]:
     manifest = json.loads((Path(checkpoint_dir) / "manifest.json").read_text(encoding="utf-8"))
     h = manifest.get("content_hash") or Path(checkpoint_dir).name
     return f"{manifest.get('method')}/{h}", h
-
