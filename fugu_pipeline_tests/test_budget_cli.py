@@ -128,6 +128,62 @@ def test_serve_takes_fugu_budget(trained):
     router.close()
 
 
+def test_serve_follows_each_caps_spend_across_requests(trained):
+    """A head under a cap routes at a λ that follows the spend of the requests routed under the same
+    cap before it (`route/follow.py`): one follower per cap, counting across requests; the first
+    request of a cap gets the cap's target; the caps a router keeps a follower for are bounded."""
+    from starlette.testclient import TestClient
+
+    from fugu_pipeline.route.budget import Budget
+    from fugu_pipeline.route.follow import MAX_FOLLOWERS, TARGET, curve_index
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    work, ckpt, _ = trained
+    router = Router.load(work / ckpt, device="cpu")
+    cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock", "mock": {"cost_usd": 0.001}} for w in WORKERS]})
+    msg = [{"role": "user", "content": "compute the sum of a list"}]
+    seen = {0.3: [], 0.5: []}
+    with TestClient(create_app(router, cfg), base_url="http://127.0.0.1") as tc:
+        for share in (0.3, 0.5, 0.3, 0.3, 0.5):
+            r = tc.post("/v1/chat/completions", json={"messages": msg, "fugu_budget": {"share": share}})
+            assert r.status_code == 200, r.text
+            seen[share].append(r.json()["fugu_lite"]["budget"])
+    cap = router.calibration.cap_usd(Budget(share=0.3))
+    assert [b["follow"]["requests"] for b in seen[0.3]] == [1, 2, 3] and [b["follow"]["requests"] for b in seen[0.5]] == [1, 2]
+    first = seen[0.3][0]
+    assert first["follow"]["effective_cap_usd"] == pytest.approx(TARGET * cap) and first["follow"]["cap_usd"] == pytest.approx(cap)
+    assert first["follow"]["running_mean_usd"] == pytest.approx(first["expected_cost_usd"])
+    lams, costs = router.calibration.curve_arrays()  # λ: the curve's first point within the effective cap
+    assert first["lambda"] == lams[curve_index(costs, TARGET * cap)]
+    for i in range(MAX_FOLLOWERS + 3):
+        router.follower(Budget(usd_per_1k=1.0 + i))
+    assert len(router._followers) == MAX_FOLLOWERS and round((MAX_FOLLOWERS + 2.0) / 1000, 15) in router._followers
+    router.close()
+
+
+def test_evaluate_routes_a_cap_as_the_router_serves_it(trained, capsys):
+    """What serves is what `evaluate` reports: the held-out prompts routed by the loaded router in
+    traffic order, one batch, land on the workers the report's operating point counts."""
+    from fugu_pipeline.route.budget import Budget
+    from fugu_pipeline.route.follow import traffic_order
+    from fugu_pipeline.route.router import Router
+
+    work, ckpt, common = trained
+    code, _ = run("evaluate", "--checkpoint", ckpt, *common, "--budget-share", "0.5")
+    assert code == 0, capsys.readouterr().err
+    op = json.loads((work / ckpt / "reports" / "test.json").read_text())["budget"]["operating_point"]
+    test = [r for r in rows() if r["split"] == "test"]
+    test = [test[k] for k in traffic_order([r["task_id"] for r in test])]
+    router = Router.load(work / ckpt, device="cpu")
+    got = router.route_batch([r["prompt"] for r in test], [r["domain"] for r in test], budget=Budget(share=0.5))
+    router.close()
+    served = {w: sum(d.worker_id == w for d in got) for w in WORKERS}
+    assert served == op["test"]["route_distribution"]
+    assert op["followed"]["lambda_min"] <= min(d.extra["budget"]["lambda"] for d in got)
+
+
 def test_serve_says_whose_budget_or_field_a_refusal_is(trained, monkeypatch):
     # The server's default cap, refused after a reload, was answered as the client's fugu_budget
     # (a 400 for a field the client never sent); every other router refusal was labelled

@@ -397,7 +397,7 @@ def test_evaluate_serves_the_rows_to_the_guard_in_traffic_order_whatever_the_fil
 
 
 def test_traffic_order_interleaves_kinds_listed_one_after_another_and_ignores_the_files_order():
-    from fugu_pipeline.policies.cascade.spend import traffic_order
+    from fugu_pipeline.route.follow import traffic_order
 
     ids = [f"humaneval/{k}" for k in range(200)] + [f"mbpp/{k}" for k in range(200)]
     order = traffic_order(ids)
@@ -413,7 +413,7 @@ def served_as_evaluated(ckpt, data, budget, outs: dict) -> None:
     charged what `evaluate` says it cost (`outs`, by task id): every row the plan `evaluate` ran."""
     from fugu_pipeline.policies.cascade.evaluate import load_cascade
     from fugu_pipeline.policies.cascade.route import CascadeRouter
-    from fugu_pipeline.policies.cascade.spend import traffic_order
+    from fugu_pipeline.route.follow import traffic_order
 
     router = CascadeRouter(load_cascade(ckpt.path), None)
     test = np.flatnonzero(data.splits == "test")

@@ -115,7 +115,7 @@ def test_within_the_cap_is_one_test_in_every_place_that_compares(over, within):
         "train: the cascade's plan": best_within(Points([(((0,), None, None),)], np.array([cost]), np.array([0.9]),
                                                         np.zeros(1), np.zeros(1), 10), cost / (1 + over)) is not None,
         "train: a one-shot head at the cap": cap_route_oof(np.ones((4, 1)), np.full((4, 1), cost), cost, 0, np.arange(4) % 2,
-                                                            [Budget(usd_per_1k=cost * 1000 / (1 + over), margin_z=0)])[0] is not None,
+                                                            [Budget(usd_per_1k=cost * 1000 / (1 + over), margin_z=0)], np.arange(4))[0] is not None,
     }
     assert decisions == dict.fromkeys(decisions, within)
 

@@ -310,35 +310,39 @@ def trained_capped(tmp_path_factory):
 
 
 def test_a_head_shipped_under_a_cap_serves_the_cap_with_no_cap_asked(trained_capped):
-    """Shipped as "at the cap", the head's description carries the λ its budget calibration chooses
-    for that cap (not its no-cap default point), and the router, with no cap asked, routes by it;
-    `evaluate` repeats the line."""
+    """Shipped as "at the cap", the head's description carries the cap the fit was made under and
+    the λ its budget calibration chooses for it (not its no-cap default point); the router, with no
+    cap asked, routes as a request asking that cap is routed (λ following the spend); `evaluate`
+    repeats the line."""
     from fugu_pipeline.cost_cap import CostCap
     from fugu_pipeline.policies.registry import load_router
     from fugu_pipeline.route.budget import load_calibration
 
     work, ckpt, common, out = trained_capped
-    line, printed = shipped_line(out), printed_lambda(out)
+    line = shipped_line(out)
     policy = shipped(ckpt)
     assert policy.kind == "one-shot" and policy.name.endswith(" at the cap") and policy.describe() == line
     cal = load_calibration(ckpt)
     (cascade,) = (work / "models" / "cascade").glob("*/manifest.json")  # the cascade fitted beside: the cap it was under
     params = json.loads(cascade.read_text())["head_params"]
-    lam = policy.operating_point.lam
-    assert f"{lam:.4g}" == printed
-    assert lam == cal.choose(CostCap(usd_per_1k=params["cap_usd"] * 1000, margin_z=params["cap_z"]), strict=False).lam
-    assert lam != cal.default.lam  # the cap's point, not the head's no-cap default
+    cap = CostCap(usd_per_1k=params["cap_usd"] * 1000, margin_z=params["cap_z"])
+    point = policy.operating_point
+    assert point.cap == cap and f"the {cap.describe()} it was trained under, λ following the spend" in line
+    assert point.lam == cal.choose(cap, strict=False).lam != cal.default.lam  # the cap's point, not the no-cap default
     # its curve is drawn on every non-test row with the head's out-of-fold quality, the rows the
     # out-of-fold choice of the cap's λ is scored on (not the validation rows alone)
     non_test = sum(r["split"] != "test" for r in hard_math_rows(600, answers=True))
     assert cal.curve_rows == "non-test" and cal.n_val == non_test > sum(r["split"] == "val" for r in hard_math_rows(600, answers=True))
     prompts, domains = _prompts()
-    router = load_router(ckpt, device="cpu")
+    plain, asked = load_router(ckpt, device="cpu"), load_router(ckpt, device="cpu")
     try:
-        assert router.default_point.lam == lam
-        assert [d.worker_id for d in router.route_batch(prompts, domains)] == _at_point(router, prompts, domains, lam)
+        got = plain.route_batch(prompts, domains)
+        assert [d.worker_id for d in got] == [d.worker_id for d in asked.route_batch(prompts, domains, budget=cap)]
+        assert all(d.extra["budget"]["default"] and d.extra["budget"]["follow"]["requests"] for d in got)
+        assert got[-1].extra["budget"]["follow"]["requests"] == len(prompts)  # one follower counted every prompt
     finally:
-        router.close()
+        plain.close()
+        asked.close()
     # policy.py's figure is the candidate train printed, and no cost over the cap out of fold
     row = next(x for x in out.splitlines() if x.startswith("* one-shot"))
     assert "at the cap" in row and "over the cap" not in row

@@ -4,7 +4,10 @@ the held-out split, next to every single worker and the best one the cap allows.
 
 Honesty rules: λ comes from the calibration (no held-out row is among its rows); the routes use
 predicted quality and EXPECTED cost only; the held-out rows' actual cost and quality are the
-outcomes reported. "Best single worker within the cap" is chosen on TRAINING rows (the best
+outcomes reported. The cap's rows are routed as a server routes them: one at a time in traffic
+order (`route/follow.traffic_order`), each at the λ of the calibration's curve that follows the
+spend of the routes before it (`route/follow.py`; the spend is their expected cost, so no held-out
+row's actual cost moves a route). "Best single worker within the cap" is chosen on TRAINING rows (the best
 training quality among workers whose training expected cost is within the cap), then scored on
 the held-out rows, so the comparison does not peek either.
 """
@@ -16,7 +19,8 @@ import numpy as np
 from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.evaluate.baselines import SHOWN_WORKERS
 from fugu_pipeline.evaluate.metrics import ci_text, paired_bootstrap, pick
-from fugu_pipeline.route.budget import Budget, BudgetCalibration, budget_scores, quality_of
+from fugu_pipeline.route.budget import Budget, BudgetCalibration, budget_scores, follow_routes, quality_of
+from fugu_pipeline.route.follow import HORIZON, TARGET, CapFollower, traffic_order
 
 
 def pareto_front(points: list[dict], cost: str = "cost_usd_per_1k", value: str = "quality") -> list[dict]:
@@ -71,7 +75,10 @@ def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration,
     if budget is None:
         return out
     op = calibration.choose(budget)
-    r = at(op.lam)
+    curve_arrays = calibration.curve_arrays()
+    scores, lams, _ = follow_routes(q_hat, c_hat, calibration.reference_cost_usd, lambda k: curve_arrays,
+                                    CapFollower(calibration.cap_usd(budget)), traffic_order(held.task_ids))
+    r = np.argmax(scores, axis=1)
     cost = float(pick(C, r).mean())
     realised = {"cost_usd_per_1k": cost * 1000, "share": cost / ref_cost}
     met = within_cap(realised["share"], budget.share) if budget.share is not None else \
@@ -83,7 +90,10 @@ def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration,
     chosen = {
         "budget": budget.model_dump(),
         "describe": budget.describe(),
-        "lambda": op.lam,
+        "lambda": op.lam,  # the cap's λ with its margin on the calibration's rows: whether it is kept there
+        "followed": {"lambda_min": float(lams.min()), "lambda_median": float(np.median(lams)),
+                     "lambda_max": float(lams.max()), "target": TARGET, "horizon": HORIZON,
+                     "expected_share": float(pick(c_hat, r).mean()) / max(float(c_hat[:, ref].mean()), 1e-300)},
         "met_on_validation": op.met_on_validation,
         "chosen_on": calibration.rows_text(),  # the rows its curve is drawn on
         "validation": {"cost_usd_per_1k": op.val_cost_usd_per_1k, "share": op.val_share, "quality": op.val_quality},
@@ -129,9 +139,13 @@ def budget_lines(sec: dict, split: str = "test") -> list[str]:
         t, v = op[split], op["validation"]
         ci = t["quality_ci"]
         interval = f"({ci['note']})" if ci["low"] is None else f"[{ci['low']:.4f}, {ci['high']:.4f}]"
+        fo = op.get("followed")
+        served = (f"; served following the spend, λ {fo['lambda_min']:.4g} to {fo['lambda_max']:.4g} (median "
+                  f"{fo['lambda_median']:.4g}), expected cost {fo['expected_share']:.4f} of {sec['reference_worker']}'s"
+                  if fo else "")
         lines.append(f"  chosen on {op.get('chosen_on', 'validation')} for the {op['describe']}: λ={op['lambda']:.4g} (share there "
-                     f"{v['share']:.4f}{'' if op['met_on_validation'] else ', NOT met'}); on {split}: quality {t['quality']:.4f} "
-                     f"{interval} at ${t['cost_usd_per_1k']:.4g} per 1,000 = {t['share']:.4f} of "
+                     f"{v['share']:.4f}{'' if op['met_on_validation'] else ', NOT met'}){served}; on {split}: quality "
+                     f"{t['quality']:.4f} {interval} at ${t['cost_usd_per_1k']:.4g} per 1,000 = {t['share']:.4f} of "
                      f"{sec['reference_worker']} ({'within' if t['met'] else 'OVER'} the cap)")
         b = op.get("best_single_within_cap")
         if b:

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from fugu_pipeline.cost_cap import DEFAULT_MARGIN_Z, CostCap, within_cap  # noqa: F401 (DEFAULT_MARGIN_Z: this module's API too)
 from fugu_pipeline.route.default_point import DefaultPoint
 from fugu_pipeline.route.expected_cost import ALL, BudgetError, ExpectedCost, fit_expected_cost  # noqa: F401 (this module's API too)
+from fugu_pipeline.route.follow import CapFollower, curve_index
 
 CALIBRATION_FILE = "budget.json"
 LAMBDAS = tuple([0.0] + np.geomspace(1e-3, 100.0, 161).tolist())
@@ -182,6 +183,18 @@ class BudgetCalibration(BaseModel):
         return OperatingPoint(budget=budget, lam=p.lam, met_on_validation=met, val_cost_usd_per_1k=p.cost_usd * 1000,
                               val_share=p.share, val_quality=p.quality, note=note)
 
+    def cap_usd(self, budget: Budget) -> float:
+        """The cap in USD per request: a share is of the reference worker's mean expected cost on the
+        curve's rows (the share's base, as `choose` reads it)."""
+        if budget.usd_per_1k is not None:
+            return budget.usd_per_1k / 1000
+        return budget.share * (self.val_reference_cost_usd or self.reference_cost_usd or 1.0)
+
+    def curve_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(each λ of the curve, its mean expected cost), what a cap that follows the spend picks from."""
+        return (np.array([p.lam for p in self.curve], dtype=np.float64),
+                np.array([p.cost_usd for p in self.curve], dtype=np.float64))
+
     def scores(self, q_hat: np.ndarray, prompts: list[str], domains: list[str] | None, lam: float) -> np.ndarray:
         return budget_scores(q_hat, self.cost_model.predict(prompts, domains), lam, self.reference_cost_usd)
 
@@ -205,23 +218,46 @@ def smallest_within(curve: list[CurvePoint], budget: Budget) -> CurvePoint | Non
     return min(ok, key=lambda p: p.lam) if ok else None
 
 
+def follow_routes(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, curve_of, follower: CapFollower,
+                  order=None, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows routed under a cap that follows the spend (`route/follow.py`), one at a time in `order`
+    (default: as given): row k at the smallest λ of its curve (`curve_of(k)`: the curve's λs and
+    mean expected costs) within the follower's effective cap, then its route's expected cost recorded
+    (the best allowed worker, `mask`). (scores (N, W), each row's λ, each row's effective cap)."""
+    n = len(q_hat)
+    scores, lam, eff = np.empty_like(q_hat, dtype=np.float64), np.zeros(n), np.zeros(n)
+    for k in range(n) if order is None else order:
+        lams, costs = curve_of(k)
+        eff[k] = follower.effective()
+        lam[k] = lams[curve_index(costs, eff[k])]
+        scores[k] = budget_scores(q_hat[k], c_hat[k], lam[k], c_ref)
+        best = int(np.argmax(scores[k] if mask is None else np.where(mask, scores[k], -np.inf)))
+        follower.record(float(c_hat[k, best]))
+    return scores, lam, eff
+
+
 def cap_route_oof(q_oof: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int, folds: np.ndarray,
-                  budgets: list[Budget], lambdas=LAMBDAS) -> list[np.ndarray | None]:
-    """Per budget, each row's route at the λ the calibration's rule (`smallest_within`) chooses for it
-    on the other folds' rows: `q_oof` out-of-fold quality predictions, `c_hat` the expected cost
-    model's (N, W), `ref` the reference worker a share is of. What a head shipped under a cap is
-    scored at out of fold, routed as it serves (per-prompt expected cost, the same λ rule). None for
-    a budget some fold's other rows meet at no λ. Each fold's curve is drawn once for every budget."""
-    routes: list[np.ndarray | None] = [np.zeros(len(q_oof), dtype=np.int64) for _ in budgets]
+                  budgets: list[Budget], order: np.ndarray, lambdas=LAMBDAS) -> list[np.ndarray | None]:
+    """Per budget, each row's route as a head serving it routes out of fold: the rows in `order`
+    (`follow.traffic_order`) through one follower of the cap (`follow_routes`), each row at the λ
+    of the curve drawn on the other folds' rows. `q_oof` out-of-fold quality predictions, `c_hat`
+    the expected cost model's (N, W), `ref` the reference worker a share is of (its mean expected
+    cost on these rows). None for a budget some fold's other rows do not keep with its margin at any
+    λ (serving refuses such a cap). Each fold's curve is drawn once for every budget."""
+    curves = {}
     for f in np.unique(folds):
-        tr, te = folds != f, folds == f
-        curve = route_curve(q_oof[tr], c_hat[tr], c_ref, ref, lambdas=lambdas) if tr.sum() > 1 else []
-        for k, budget in enumerate(budgets):
-            p = smallest_within(curve, budget) if routes[k] is not None else None
-            if p is None:
-                routes[k] = None
-            else:
-                routes[k][te] = np.argmax(budget_scores(q_oof[te], c_hat[te], p.lam, c_ref), axis=1)
+        tr = folds != f
+        curves[f] = route_curve(q_oof[tr], c_hat[tr], c_ref, ref, lambdas=lambdas) if tr.sum() > 1 else []
+    arrays = {f: (np.array([p.lam for p in c]), np.array([p.cost_usd for p in c])) for f, c in curves.items()}
+    base = float(c_hat[:, ref].mean()) or c_ref or 1.0
+    routes: list[np.ndarray | None] = []
+    for budget in budgets:
+        if any(smallest_within(c, budget) is None for c in curves.values()):
+            routes.append(None)
+            continue
+        cap = budget.usd_per_1k / 1000 if budget.usd_per_1k is not None else budget.share * base
+        scores, _, _ = follow_routes(q_oof, c_hat, c_ref, lambda k: arrays[folds[k]], CapFollower(cap), order)
+        routes.append(np.argmax(scores, axis=1))
     return routes
 
 

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from fugu_pipeline.cost_cap import CostCap
 from fugu_pipeline.train.groups import CLUSTER_PREFIX
 
 DEFAULT_MARGIN = 0.005
@@ -93,6 +94,9 @@ class DefaultPoint(BaseModel):
     per_domain: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)] | None] = Field(default_factory=dict)
     # for an import without domains, `per_domain` is per prompt cluster: the clusters each request is put in
     clusters: PointClusters | None = None
+    # a head shipped under the cap `train` was given: a request without a cap is routed as one asking
+    # this cap, its λ following the spend (route/follow.py); `lam` is the cap's λ on the calibration
+    cap: CostCap | None = None
 
     @model_validator(mode="after")
     def _groups_known(self) -> "DefaultPoint":
@@ -123,6 +127,8 @@ class DefaultPoint(BaseModel):
 
     def pooled(self) -> str:
         """How a request of a domain without a point of its own is routed."""
+        if self.cap is not None:
+            return f"the {self.cap.describe()} it was trained under, λ following the spend"
         return self.routing(self.lam if self.kind == "lambda" else None)
 
     def per_domain_text(self) -> str:

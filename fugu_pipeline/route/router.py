@@ -15,25 +15,10 @@ import numpy as np
 
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.reward import MAX_COST_WEIGHT as MAX_COST_WEIGHT  # the request field's bound (serve)
+from fugu_pipeline.route.capped import CapRouting
+from fugu_pipeline.route.errors import BudgetUnavailable, RouterError  # noqa: F401 (this module's API too)
+from fugu_pipeline.route.follow import TARGET
 from fugu_pipeline.route.shipped import point_problem, read_shipped, serving_point
-
-
-class RouterError(RuntimeError):
-    """A request or checkpoint the router cannot route. `param` names the request field at fault
-    (the server's OpenAI-shaped error carries it) and `code` says what kind of fault; both None
-    when no request field is to blame. `server_fault`: the checkpoint or its files are at fault,
-    not the request (a server answers 5xx). `public`: the message for a client of a server, when
-    the message itself names server paths (it names the checkpoint by its tag instead)."""
-
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 server_fault: bool = False, public: str | None = None):
-        super().__init__(message)
-        self.param, self.code, self.server_fault, self.public = param, code, server_fault, public
-
-
-class BudgetUnavailable(RouterError):
-    """This checkpoint cannot route under a budget (no quality estimate, or no calibration; a
-    calibration file that cannot be used is a `server_fault`)."""
 
 
 # What a decision's `scores` hold, by head kind (`score_kind`):
@@ -121,7 +106,7 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-class Router:
+class Router(CapRouting):
     """A loaded checkpoint and its encoder. Thread-safe for concurrent `route_batch` calls.
 
     Budget mode (`route_batch(..., budget=Budget(share=0.3))`) needs the checkpoint's budget
@@ -159,6 +144,7 @@ class Router:
         self.cap_problems: dict[str, str] = {}
         self.owns_encoder = True  # False for a router of the run that reads with another's encoder
         self._lock = threading.Lock()
+        self.init_caps()
         if problem := point_problem(self.default_point, checkpoint):
             raise RouterError(problem)
 
@@ -260,78 +246,6 @@ class Router:
             q = head_quality(self.checkpoint.head, torch.from_numpy(feats), None if domains is None else list(domains))
         return None if q is None else q.float().numpy()
 
-    def cap_router(self, budget) -> tuple["Router", dict] | None:
-        """(the router of the run that serves `budget`, a note saying why) where this checkpoint cannot
-        keep the cap (no λ, or no saved point, within it) and its shipped description names one of
-        the run's checkpoints that can: the rows at the nearest share of `train`'s table at caps
-        (`ShippedPolicy.for_cap`), the most accurate out of fold first. None: this router serves it
-        (and refuses what it cannot keep, where no row can). A checkpoint that could not be loaded
-        (`cap_problems`) is passed over."""
-        choice = self.shipped.for_cap(budget) if self.shipped is not None and budget is not None else None
-        if choice is None:
-            return None
-        try:
-            self.own_budget_point(budget)
-            return None
-        except BudgetUnavailable as exc:
-            why_not = exc.public or str(exc)
-        for row in choice.rows:
-            other = self.cap_routers.get(row.checkpoint)
-            if other is None:
-                continue
-            try:
-                other.own_budget_point(budget)
-            except BudgetUnavailable:
-                continue
-            return other, {"checkpoint": other.tag, "policy": row.policy, "table_share": choice.share,
-                           "why": f"{self.tag} cannot keep this cap ({why_not}); {choice.why()}"}
-        return None
-
-    def budget_point(self, budget):
-        """The operating point for a cap (`own_budget_point`), of the router that serves it (`cap_router`)."""
-        sent = self.cap_router(budget)
-        return (sent[0] if sent else self).own_budget_point(budget)
-
-    def own_budget_point(self, budget):
-        """The operating point (λ chosen on validation) for a cap; RouterError when this checkpoint
-        cannot route under a budget."""
-        from fugu_pipeline.route.budget import BudgetError, require_quality_head
-
-        try:
-            require_quality_head(self.checkpoint.head, self.checkpoint.manifest.head_kind)
-        except BudgetError as exc:
-            raise BudgetUnavailable(f"checkpoint {self.tag}: {exc}") from None
-        if self.calibration is None:
-            public = (f"the budget calibration of checkpoint {self.tag} cannot be used: a fault on the server's side "
-                      "(its log says why); send the request without 'fugu_budget', or ask the operator to draw it again"
-                      if self.calibration_damaged else
-                      f"checkpoint {self.tag} has no budget calibration, so this server cannot route under a cost cap; "
-                      "send the request without 'fugu_budget'")
-            raise BudgetUnavailable(self.calibration_problem, server_fault=self.calibration_damaged, public=public)
-        try:
-            return self.calibration.choose(budget)
-        except BudgetError as exc:
-            raise BudgetUnavailable(str(exc)) from None
-
-    def budget_scores(self, prompts: list[str], domains: list[str] | None, budget, cost_texts: list[str] | None = None):
-        """(scores, operating point, expected cost (N, W)): predicted quality − λ·expected cost / c_ref."""
-        point = self.own_budget_point(budget)
-        scores, c_hat = self.lambda_scores(prompts, domains, point.lam, cost_texts)
-        return scores, point, c_hat
-
-    def lambda_scores(self, prompts: list[str], domains: list[str] | None, lam: float, cost_texts=None, feats=None):
-        """(predicted quality − λ·expected cost / c_ref, expected cost (N, W)) with the calibration's cost model
-        (`feats`: the prompts' features when already encoded)."""
-        from fugu_pipeline.route.budget import quality_of
-
-        if feats is None:
-            feats = self.encode(prompts, domains)
-        with self._lock:  # the head sees the domains as given (None = unknown: the pooled prior)
-            q = quality_of(self.checkpoint.head, feats, domains, kind=self.checkpoint.manifest.head_kind)
-        texts = cost_texts if cost_texts is not None else prompts
-        c_hat = self.calibration.cost_model.predict(texts, domains)
-        return self.calibration.scores(q, texts, domains, lam), c_hat
-
     @property
     def default_point(self):
         """The operating point used when a request asks no cap, or None: the head's plain route
@@ -408,11 +322,16 @@ class Router:
         doms = None if domains is None else list(domains)  # None entries: unknown domain
         point, c_hat = None, None
         dp = self.default_point if default_point and budget is None and cost_weight is None else None
+        shipped_cap = dp if dp is not None and dp.cap is not None and self.calibration is not None else None
+        if shipped_cap is not None:  # shipped under train's cap: routed as a request asking that cap
+            budget, dp = shipped_cap.cap, None
         feats = self.encode(prompts, doms) if dp is not None and dp.clusters is not None else None
         keys = dp.group_keys(doms, feats) if dp is not None else None  # each request's domain, or prompt cluster
         lams = dp.lambdas(keys, len(prompts)) if dp is not None else None  # each request's λ (NaN: the strongest)
+        mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         if budget is not None:
-            scores, point, c_hat = self.budget_scores(prompts, doms, budget, cost_texts)
+            scores, point, c_hat, lam, eff, follower = self.budget_scores(prompts, doms, budget, cost_texts, mask)
+            followed = follower.state()
         elif lams is not None and np.isfinite(lams).any():
             scores, c_hat = self.lambda_scores(prompts, doms, np.nan_to_num(lams)[:, None], cost_texts, feats)
         else:
@@ -421,7 +340,6 @@ class Router:
             raise RouterError(f"checkpoint {self.tag} gave scores that are not finite for this request: its weights "
                               "overflow on these features (the checkpoint is at fault, not the request); promote "
                               "another checkpoint", code="checkpoint_fault", server_fault=True)
-        mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         scores = np.where(mask, scores, -np.inf)
         head = self.checkpoint.head
         kind = QUALITY_MINUS_COST if lams is not None and np.isfinite(lams).any() else self.score_kind(cost_weight, budget)
@@ -452,14 +370,18 @@ class Router:
                                      **({"group": keys[k]} if dp.clusters is not None else {}),
                                      **({"expected_cost_usd": float(c_hat[k, order[0]])} if c_hat is not None else {})}
             if point is not None:
-                d.extra["budget"] = {"cap": point.budget.describe(), "lambda": point.lam,
+                d.extra["budget"] = {"cap": point.budget.describe(), "lambda": float(lam[k]),
                                      "met_on_validation": point.met_on_validation,
                                      "validation_share": round(point.val_share, 6),
                                      "expected_cost_usd": float(c_hat[k, order[0]]),
+                                     "follow": {"effective_cap_usd": float(eff[k]), "target": TARGET,
+                                                "calibration_lambda": point.lam, **followed},
                                      "reference_worker": self.calibration.reference_worker,
                                      **({"reference_note": self.calibration.reference_note}
                                         if self.calibration.reference_note else {}),
-                                     **({"note": point.note} if point.note else {})}
+                                     **({"note": point.note} if point.note else {}),
+                                     **({"default": True, "operating_point": shipped_cap.describe(), "reason": shipped_cap.reason}
+                                        if shipped_cap is not None else {})}
                 if allowed is not None and set(allowed) != set(self.worker_ids):
                     d.extra["budget"]["allowed_note"] = (
                         "the cap's λ was chosen on validation routing among every worker; routing among "

@@ -112,6 +112,8 @@ class ShippedPolicy(BaseModel):
         p = self.operating_point
         if p is None:
             return "its plain route (no operating point: the head's argmax)"
+        if p.cap is not None:
+            return p.pooled()
         if p.per_domain:
             return p.per_domain_text()
         if p.kind == "strongest":

@@ -224,7 +224,8 @@ def serve(
         by = sent[0] if sent is not None else router
         p = by.own_budget_point(default_budget)
         if hasattr(p, "lam"):  # a one-step head's λ; a cascade's is a saved plan
-            log.info("default %s: λ=%.4g chosen on the calibration's %s (share there %.4f of %s%s)",
+            log.info("default %s: λ=%.4g chosen on the calibration's %s (share there %.4f of %s%s); requests route at a "
+                     "λ following the cap's spend from the cap's target",
                      default_budget.describe(), p.lam, by.calibration.rows_text(), p.val_share,
                      by.calibration.reference_worker, "" if p.met_on_validation else "; NOT met")
         else:

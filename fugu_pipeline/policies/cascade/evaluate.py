@@ -6,7 +6,7 @@ held-out rows (what a contest compares), and its report.
   the cascade returns, its utility, the cost and latency of the calls it made (a step's cost counts
   only when the cascade reaches it: the rows' recorded costs), the calls, the step it stopped at
   and the worker answering. No call is made. A checkpoint trained under a cap is run as served:
-  the spend guard (`spend.py`) over the rows in traffic order (`spend.traffic_order`: interleaved
+  the spend guard (`spend.py`) over the rows in traffic order (`route.follow.traffic_order`: interleaved
   by a hash of the task id, whatever the file's order).
 - `cascade_report(...)`: the same rows summed up: accuracy and cost per domain at the checkpoint's
   operating point, against the best worker (chosen on the non-test rows), each with its paired
@@ -87,7 +87,7 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     that cap are (`_budgeted`); `spend.CapOutOfReach` when no saved point meets it. `read`:
     `read_replies` when already computed."""
     from fugu_pipeline.policies.cascade.policy import simulate
-    from fugu_pipeline.policies.cascade.spend import traffic_order
+    from fugu_pipeline.route.follow import traffic_order
 
     if list(data.worker_ids) != list(checkpoint.manifest.worker_ids):
         raise ValueError(f"the data's workers {data.worker_ids} are not the checkpoint's {checkpoint.manifest.worker_ids}; "
@@ -127,7 +127,7 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
 
 def _guarded(head, metrics: dict, doms: np.ndarray, plans: list, run, order: np.ndarray) -> list:
     """The plan each row runs when the checkpoint was trained under a cap: serving's spend guard
-    (`spend.py`) over the rows in `order` (`spend.traffic_order`), each row its domain's plan while the
+    (`spend.py`) over the rows in `order` (`route.follow.traffic_order`), each row its domain's plan while the
     allowance is the cap, else the most accurate saved point within the allowance."""
     from fugu_pipeline.policies.cascade.policy import CascadePlan
     from fugu_pipeline.policies.cascade.spend import POOL_SLACK, SpendGuard, cap_margin, cap_points, own_cost, pick, shared_allowance

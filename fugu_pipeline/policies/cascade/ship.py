@@ -195,9 +195,9 @@ def cap_choices(rows: list[dict], cascade_path: Path, one_shot_path: Path | None
 
 
 def cap_point(fit, win: CandidateFigure, strong: CandidateFigure, shipped_path: Path, top: str | None, n: int | None):
-    """The operating point a one-shot head shipped under a cap serves with no cap asked: the λ its
-    budget calibration (`budget.json`) chooses for the cap the fit was made under, as a request
-    naming that cap would get, with the out-of-fold figures it was chosen on."""
+    """The operating point a one-shot head shipped under a cap serves with no cap asked: the cap the
+    fit was made under, routed as a request naming that cap is (its λ following the spend from the
+    one its budget calibration, `budget.json`, chooses), with the out-of-fold figures it was chosen on."""
     from fugu_pipeline.cost_cap import DEFAULT_MARGIN_Z, CostCap
     from fugu_pipeline.route.budget import load_calibration
     from fugu_pipeline.route.default_point import DefaultPoint
@@ -208,8 +208,8 @@ def cap_point(fit, win: CandidateFigure, strong: CandidateFigure, shipped_path: 
     cap = CostCap(usd_per_1k=fit.cap_usd * 1000, margin_z=fit.cap_z if fit.cap_z is not None else DEFAULT_MARGIN_Z)
     op = cal.choose(cap, strict=False)
     said = "" if op.met_on_validation else " (not met on the calibration's validation rows: the cheapest point)"
-    return DefaultPoint(kind="lambda", lam=op.lam, strongest_worker=top or "", n_rows=max(int(n or 1), 1),
-                        reason=f"the λ its budget calibration chooses for the cap it was trained under, ${fit.cap_usd * 1000:.4g} "
-                               f"per 1,000 requests{said}", oof_accuracy=win.quality, oof_cost_usd=win.cost_usd,
+    return DefaultPoint(kind="lambda", lam=op.lam, cap=cap, strongest_worker=top or "", n_rows=max(int(n or 1), 1),
+                        reason=f"the cap it was trained under, ${fit.cap_usd * 1000:.4g} per 1,000 requests, λ following "
+                               f"the spend from the λ its budget calibration chooses for it, {op.lam:.4g}{said}", oof_accuracy=win.quality, oof_cost_usd=win.cost_usd,
                         strongest_accuracy=strong.quality, strongest_cost_usd=strong.cost_usd,
                         difference=(win.vs_strongest, win.vs_low, win.vs_high))

@@ -16,7 +16,7 @@ point. The guard never spends above the cap's own plan to use up savings, and ne
 dearer than the plan it cuts (`own_cost`). `policies/cascade/evaluate.py` runs the same rule
 over recorded rows, for a checkpoint's own cap and for a cap asked of it (`request_cap`, `choose`).
 
-Recorded rows reach the guard in **traffic order** (`traffic_order`): sorted by a hash of the task
+Recorded rows reach the guard in **traffic order** (`route/follow.traffic_order`): sorted by a hash of the task
 id, not in the file's order. An import lists its rows one source after another (every HumanEval row,
 then every MBPP row), where live traffic interleaves kinds of prompt; served in the file's order, a
 dear first kind spends the guard's allowance and the kinds after it are cut for what came before.
@@ -39,12 +39,10 @@ together and the running mean comes back under the pooled cap.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from fugu_pipeline.cost_cap import within_cap
-from fugu_pipeline.hashing import sha256_text
+from fugu_pipeline.route.follow import RunningSpend
 
 BAND = 0.05  # the guard starts cutting when the running mean passes (1 − BAND) of the cap
 HORIZON = 50  # requests over which an overspend is paid back
@@ -233,13 +231,12 @@ def pick(points: list[dict], allowance: float, z: float, own: float | None = Non
     return max(within, key=lambda p: (p["quality"], -p["cost_usd"])) if within else None
 
 
-class SpendGuard:
+class SpendGuard(RunningSpend):
     """The running spend under one cap (see the module docstring); safe across threads."""
 
     def __init__(self, cap_usd: float, horizon: int = HORIZON, band: float = BAND, slack: float = 0.0):
-        self.cap, self.horizon, self.band, self.slack = float(cap_usd), horizon, band, float(slack)
-        self.n, self.spent = 0, 0.0
-        self._lock = threading.Lock()
+        super().__init__(cap_usd)
+        self.horizon, self.band, self.slack = horizon, band, float(slack)
 
     def allowance(self) -> float:
         """The module docstring's allowance; `slack` requests' worth of the cap may be spent over the
@@ -247,15 +244,6 @@ class SpendGuard:
         with self._lock:
             over = self.spent - self.n * (1 - self.band) * self.cap - self.slack * self.cap
         return max(0.0, min(self.cap, self.cap - over / self.horizon))
-
-    def record(self, cost_usd: float) -> None:
-        with self._lock:
-            self.n += 1
-            self.spent += float(cost_usd)
-
-    def state(self) -> dict:
-        with self._lock:
-            return {"requests": self.n, "running_mean_usd": self.spent / self.n if self.n else 0.0, "cap_usd": self.cap}
 
 
 def shared_allowance(head, group: str | None, guard_of) -> tuple[list[SpendGuard], float, float]:
@@ -270,11 +258,3 @@ def shared_allowance(head, group: str | None, guard_of) -> tuple[list[SpendGuard
         return [mine], cap, mine.allowance()
     mine, pool = guard_of(cap, key[1], False), guard_of(float(head.cap_usd), None, True)
     return [mine, pool], cap, min(mine.allowance(), cap * pool.allowance() / pool.cap if pool.cap > 0 else 0.0)
-
-
-def traffic_order(task_ids) -> np.ndarray:
-    """The positions of `task_ids` in the order the guard serves them (the module docstring): by the
-    sha256 of each id."""
-    keys = [sha256_text(f"spend-guard\x00{t}") for t in task_ids]
-    return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
-

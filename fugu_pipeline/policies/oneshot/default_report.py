@@ -8,7 +8,8 @@ import numpy as np
 
 from fugu_pipeline.evaluate.metrics import paired_bootstrap
 from fugu_pipeline.evaluate.reports import head_scores
-from fugu_pipeline.route.budget import BudgetCalibration, budget_scores, quality_of
+from fugu_pipeline.route.budget import BudgetCalibration, budget_scores, follow_routes, quality_of
+from fugu_pipeline.route.follow import CapFollower, traffic_order
 from fugu_pipeline.train.groups import group_label
 
 
@@ -104,6 +105,12 @@ def point_route(checkpoint, held, calibration: BudgetCalibration, dp) -> tuple[n
     its domain or prompt cluster) on the rows of `held` (a `RoutingData` in the checkpoint's worker
     order): what the `Router` routes with no cap asked."""
     c_hat = calibration.cost_model.predict(held.prompts, held.domains)
+    if dp.cap is not None:  # shipped under train's cap: the rows in traffic order, λ following the spend
+        q_hat = quality_of(checkpoint.head, held.features, held.domains, kind=checkpoint.manifest.head_kind)
+        arrays = calibration.curve_arrays()
+        scores, _, _ = follow_routes(q_hat, c_hat, calibration.reference_cost_usd, lambda k: arrays,
+                                     CapFollower(calibration.cap_usd(dp.cap)), traffic_order(held.task_ids))
+        return np.argmax(scores, axis=1), c_hat, [None] * len(held.task_ids)
     keys = dp.group_keys(held.domains, held.features)  # each row's domain, or prompt cluster
     lams = dp.lambdas(keys, len(held.task_ids))  # NaN: always the strongest worker
     route = np.full(len(held.task_ids), list(held.worker_ids).index(dp.strongest_worker))

@@ -12,6 +12,7 @@ from fugu_pipeline.cost_cap import CostCap
 from fugu_pipeline.route.budget import LAMBDAS, calibrate_beside, cap_route_oof
 from fugu_pipeline.policies.oneshot.default_point import choose_default_route, default_lines
 from fugu_pipeline.route.default_point import DEFAULT_FLOOR, DEFAULT_MARGIN, DefaultPoint
+from fugu_pipeline.route.follow import traffic_order
 from fugu_pipeline.train.clusters import DEFAULT_CLUSTER_MIN_GAP
 from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR, DEFAULT_MIN_DOMAIN_ROWS
 
@@ -41,7 +42,8 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
     rule's settings (`floor`, `groups`, `min_rows`, `min_gap`, `group_floor`) are the cascade block's:
     one rule, one set of settings, for the cascade's choice and the default point. `cap` (a pooled
     `CostCap`, the cascade's): `cap_routes` receives the selected head's out-of-fold route at the λ
-    its calibration's rule chooses for that cap on the other folds (`budget.cap_route_oof`), what its
+    its calibration's rule chooses for that cap on the other folds, following the spend as it serves
+    (`budget.cap_route_oof`), what its
     candidate "at the cap" is scored at (none where some fold cannot meet the cap; the selected head
     only: one router at the cap, not one per head, each a draw more for the best out-of-fold
     figure to be lucky on). `share_routes` receives the selected head's route the same way at each
@@ -61,7 +63,8 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
         at_cap = cap is not None and cap_routes is not None
         if s.selected and (at_cap or share_routes is not None):  # one curve per fold for every cap it is scored at
             asked = ([cap] if at_cap else []) + ([CostCap(share=x) for x in shares] if share_routes is not None else [])
-            got = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, ref, folds, asked)
+            got = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, ref, folds, asked,
+                                traffic_order([data.task_ids[i] for i in rows]))
             if at_cap and got[0] is not None:
                 cap_routes[s.name] = got[0]
             elif at_cap:

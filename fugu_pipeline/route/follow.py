@@ -1,0 +1,103 @@
+"""A one-step head under a cap: λ follows the spend.
+
+A cap's λ is chosen on the calibration's rows (`budget.py`): the smallest λ whose mean expected cost
+there, plus the cap's margin of standard errors, is within the cap. On new prompts the same λ can
+spend far less than the cap: the margin holds it under on purpose, and new prompts' predicted gains
+differ from the calibration's. Held out, a head chosen at a 20% cap spent 9.5% of the strongest
+worker's cost ([results](../../docs/results.md)). So a head serving a cap does not keep one λ. Per
+cap, the **follower** counts the requests routed under it (n) and their expected cost (spent), and
+before each request it gives an effective cap
+
+    effective = cap · TARGET − (spent − n · cap · TARGET) / HORIZON, within [cap · LOW, cap · HIGH]
+
+the cap's target, less what the spend so far ran over it (or plus what it ran under) spread over the
+next `HORIZON` requests. The request is routed at the smallest λ of the calibration's curve whose
+mean expected cost is within the effective cap, with no margin (`curve_index`; the cheapest point
+where none is): the running mean is held at the cap's target by the spend itself, not by a margin.
+
+The spend is the **expected cost** of each route (`route/expected_cost.py`, the cost model fitted on
+training rows), recorded when the request is routed: the cap's own unit (`cost_cap.py`). It needs no
+reply, so `route`, `serve`, `ask` and `evaluate` follow it the same way, and a route never reads what
+a held-out call actually cost (the leakage rule of `evaluate`). What the calls cost is reported
+beside it.
+
+A cap the calibration cannot keep with its margin is still refused (`Router.own_budget_point`): the
+follower moves λ only for a cap the calibration's rows say is within reach.
+
+`evaluate`, and `train`'s figures for a head at a cap out of fold (`budget.cap_route_oof`), replay
+rows through a follower in **traffic order** (`traffic_order`): sorted by a hash of the task id, not
+in the file's order. An import lists its rows one source after another (every HumanEval row, then
+every MBPP row), where live traffic interleaves kinds of prompt; replayed in the file's order, a dear
+first kind would use up what the kinds after it are owed. The hash interleaves them at random, the
+same way on every run, and a row is served at the same place however the file orders its rows. A
+cascade's spend guard (`policies/cascade/spend.py`) replays the same order.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import numpy as np
+
+from fugu_pipeline.cost_cap import within_cap
+from fugu_pipeline.hashing import sha256_text
+
+TARGET = 0.98  # the share of the cap the running mean is aimed at
+HORIZON = 50  # requests over which a difference from the target is paid back (or spent)
+LOW, HIGH = 0.25, 4.0  # the effective cap stays within these multiples of the cap
+MAX_FOLLOWERS = 256  # distinct caps a router keeps a follower for (the least recently used dropped)
+
+
+class RunningSpend:
+    """Requests counted under one cap and what they cost; safe across threads."""
+
+    def __init__(self, cap_usd: float):
+        self.cap = float(cap_usd)
+        self.n, self.spent = 0, 0.0
+        self._lock = threading.Lock()
+
+    def record(self, cost_usd: float) -> None:
+        with self._lock:
+            self.n += 1
+            self.spent += float(cost_usd)
+
+    def state(self) -> dict:
+        with self._lock:
+            return {"requests": self.n, "running_mean_usd": self.spent / self.n if self.n else 0.0, "cap_usd": self.cap}
+
+
+def effective_cap(cap: float, n: int, spent: float, target: float = TARGET, horizon: float = HORIZON) -> float:
+    """The module docstring's effective cap after `n` requests that spent `spent` (same unit as `cap`)."""
+    goal = cap * target
+    return min(HIGH * cap, max(LOW * cap, goal - (spent - n * goal) / horizon))
+
+
+class CapFollower(RunningSpend):
+    """The spend under one cap and the effective cap it gives the next request (module docstring)."""
+
+    def effective(self) -> float:
+        with self._lock:
+            return effective_cap(self.cap, self.n, self.spent)
+
+
+def curve_index(costs: np.ndarray, limit: float) -> int:
+    """The index of the first point (the smallest λ) of a calibration curve (`costs`: each λ's mean
+    expected cost, not increasing with λ) whose cost is within `limit`; the cheapest point where none is."""
+    ok = within_cap(np.asarray(costs, dtype=np.float64), limit)
+    return int(np.argmax(ok)) if ok.any() else int(np.argmin(costs))
+
+
+def replay(order: np.ndarray, cap_usd: float, route_at: Callable[[int, float], float]) -> None:
+    """Route rows in `order` through one follower of `cap_usd`: row k gets `route_at(k, effective
+    cap)`, which routes it and returns the spend to record (its route's expected cost)."""
+    follower = CapFollower(cap_usd)
+    for k in order:
+        follower.record(route_at(int(k), follower.effective()))
+
+
+def traffic_order(task_ids) -> np.ndarray:
+    """The positions of `task_ids` in the order a replay serves them (the module docstring): by the
+    sha256 of each id."""
+    keys = [sha256_text(f"spend-guard\x00{t}") for t in task_ids]
+    return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
