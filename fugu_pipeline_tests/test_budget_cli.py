@@ -129,29 +129,44 @@ def test_serve_takes_fugu_budget(trained):
 
 
 def test_serve_follows_each_caps_spend_across_requests(trained):
-    """A head under a cap routes at a λ that follows the spend of the requests routed under the same
-    cap before it (`route/follow.py`): one follower per cap, counting across requests; the first
-    request of a cap gets the cap's target; the caps a router keeps a follower for are bounded."""
-    from starlette.testclient import TestClient
+    """The official client against `serve` on 127.0.0.1: a head under a cap routes at a λ that
+    follows the spend of the requests routed under the same cap before it (`route/follow.py`): one
+    follower per cap, counting across requests, concurrent ones included; the first request of a
+    cap gets the cap's target; the caps a router keeps a follower for are bounded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
 
     from fugu_pipeline.route.budget import Budget
     from fugu_pipeline.route.follow import MAX_FOLLOWERS, TARGET, curve_index
     from fugu_pipeline.route.router import Router
     from fugu_pipeline.serve import create_app
+    from fugu_pipeline.testing.serving import ServerThread
     from fugu_pipeline.workers.config import WorkersConfig
 
     work, ckpt, _ = trained
     router = Router.load(work / ckpt, device="cpu")
     cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock", "mock": {"cost_usd": 0.001}} for w in WORKERS]})
-    msg = [{"role": "user", "content": "compute the sum of a list"}]
-    seen = {0.3: [], 0.5: []}
-    with TestClient(create_app(router, cfg), base_url="http://127.0.0.1") as tc:
+    srv = ServerThread(create_app(router, cfg, batch_window_ms=5))
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+        def ask(share: float, text: str = "compute the sum of a list") -> dict:
+            r = client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": text}],
+                                               extra_body={"fugu_budget": {"share": share}})
+            return r.model_extra["fugu_lite"]["budget"]
+
+        seen = {0.3: [], 0.5: []}
         for share in (0.3, 0.5, 0.3, 0.3, 0.5):
-            r = tc.post("/v1/chat/completions", json={"messages": msg, "fugu_budget": {"share": share}})
-            assert r.status_code == 200, r.text
-            seen[share].append(r.json()["fugu_lite"]["budget"])
+            seen[share].append(ask(share))
+        with ThreadPoolExecutor(8) as pool:  # at once: every request counted once
+            list(pool.map(lambda k: ask(0.5, f"prove the integral {k}"), range(16)))
+        last = ask(0.5)
+    finally:
+        srv.stop()
     cap = router.calibration.cap_usd(Budget(share=0.3))
     assert [b["follow"]["requests"] for b in seen[0.3]] == [1, 2, 3] and [b["follow"]["requests"] for b in seen[0.5]] == [1, 2]
+    assert last["follow"]["requests"] == 2 + 16 + 1
     first = seen[0.3][0]
     assert first["follow"]["effective_cap_usd"] == pytest.approx(TARGET * cap) and first["follow"]["cap_usd"] == pytest.approx(cap)
     assert first["follow"]["running_mean_usd"] == pytest.approx(first["expected_cost_usd"])

@@ -707,3 +707,41 @@ def test_a_cap_goes_to_the_nearest_share_of_the_table_and_the_rows_keep_the_ship
     assert [(r.policy, r.checkpoint, r.accuracy) for r in got.rows] == [("plans per group", "cascade/c2", 0.85),
                                                                        ("one-shot", "knn/k1", 0.8)]
     assert cap_choices(rows, pooled, None, "cascade/c1")[0].rows[0].policy == "cascade"
+
+
+def test_a_second_promotion_swaps_the_checkpoints_a_cap_may_go_to_with_the_king(trained, tmp_path):
+    """Promoted: the cascade whose description sends a low cap to the run's head. Promoted over it:
+    that head alone, with no description, which keeps the cap itself, with a follower of its own
+    started afresh, and no checkpoints of the old king's run. Promoted back: the cascade sends the
+    cap to the head again, a newly loaded one that follows the cap's spend from the start."""
+    from fugu_pipeline.cost_cap import CostCap
+    from fugu_pipeline.policies.registry import load_promoted
+    from fugu_pipeline.testing.serving import promote
+
+    cascade, tags = _cascade_ships(trained, tmp_path)
+    models, head = tmp_path / "models", tmp_path / "models" / tags["one-shot"]
+    assert not (head / "policy.json").exists(), "the fixture changed: the head should carry no description"
+    prompts, domains = _prompts()
+    low = CostCap(share=0.1)
+    promote(models, cascade)
+    promoted = load_promoted(models, device="cpu")
+    try:
+        first = promoted.router
+        d = promoted.route(prompts[0], domains[0], budget=low)
+        assert first.tag == tags["cascade"] and set(first.cap_routers) == {tags["one-shot"]}
+        assert d.extra["checkpoint_tag"] == tags["one-shot"] and d.extra["budget"]["sent_to"]["checkpoint"] == tags["one-shot"]
+        assert promoted.route(prompts[1], domains[1], budget=low).extra["budget"]["follow"]["requests"] == 2
+        promote(models, head)
+        d = promoted.route(prompts[0], domains[0], budget=low)
+        king = promoted.router
+        assert king is not first and king.tag == tags["one-shot"] and not king.cap_routers and king.shipped is None
+        assert "sent_to" not in d.extra["budget"] and d.extra["budget"]["follow"]["requests"] == 1
+        promote(models, cascade)
+        d = promoted.route(prompts[0], domains[0], budget=low)
+        again = promoted.router
+        assert again.tag == tags["cascade"] and again is not first and set(again.cap_routers) == {tags["one-shot"]}
+        assert again.cap_routers[tags["one-shot"]] is not first.cap_routers[tags["one-shot"]]
+        assert d.extra["checkpoint_tag"] == tags["one-shot"] and d.extra["budget"]["follow"]["requests"] == 1
+        assert promoted.reloads == 3
+    finally:
+        promoted.close()
