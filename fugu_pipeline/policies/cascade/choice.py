@@ -16,8 +16,8 @@ qualifies; when it is the only one, it ships and the reason line says why and wh
   for each cap share the most accurate plan within it (ties: the cheaper), run on this fold.
 - `cap_table`: accuracy and $ per 1,000 with 95% intervals of one-shot, cascade, plans per group
   sharing the cap (where the fit has groups) and the strongest alone at each cap share (20%, 33%,
-  50% of the strongest's cost). The one-shot row is the selected head routed as its budget
-  calibration serves that share, λ chosen on the other folds (`route.budget.cap_route_oof`).
+  50% of the strongest's cost). The one-shot row is the selected head routed as it serves that
+  share, λ following the spend on the curve drawn on the other folds (`route.budget.cap_route_oof`).
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ def shipped_policy(fit, shipped_path: Path, head_routes: dict | None = None, cas
 def cap_choices(rows: list[dict], cascade_path: Path, one_shot_path: Path | None, shipped_tag: str) -> list[CapChoice]:
     """For each share of the table at caps (`choice.cap_table`'s rows), the rows a saved checkpoint
     serves a cap asked later with, the most accurate out of fold first (ties: the shipped checkpoint):
-    the one-shot row by the selected head (its budget calibration's λ for the cap), and the cascade by
+    the one-shot row by the selected head (under the cap, λ following the spend), and the cascade by
     its saved points: plans per group sharing the cap where it holds a frontier per group (what
     `spend.request_shares` does with a cap asked), else the pooled row."""
     import json
