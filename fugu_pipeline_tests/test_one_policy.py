@@ -343,6 +343,27 @@ def test_a_head_shipped_under_a_cap_serves_the_cap_with_no_cap_asked(trained_cap
     finally:
         plain.close()
         asked.close()
+    # a cap the description carries that the calibration cannot keep with its margin (files edited,
+    # or a calibration redrawn) is still served with no cap asked, at the curve's cheapest point: a
+    # request without a cap is never refused for the shipped cap
+    import shutil
+
+    from fugu_pipeline.route.budget import BudgetError
+
+    copy = work / "edited" / Path(ckpt).parent.name / Path(ckpt).name
+    shutil.copytree(ckpt, copy)
+    tiny = CostCap(usd_per_1k=1e-6)
+    with pytest.raises(BudgetError):
+        cal.choose(tiny)
+    policy.model_copy(update={"operating_point": point.model_copy(update={"cap": tiny})}).save(copy)
+    edited = load_router(copy, device="cpu")
+    try:
+        got = edited.route_batch(prompts, domains)
+        lams, costs = cal.curve_arrays()
+        assert {d.extra["budget"]["lambda"] for d in got} == {lams[int(np.argmin(costs))]}
+        assert not got[0].extra["budget"]["met_on_validation"]
+    finally:
+        edited.close()
     # policy.py's figure is the candidate train printed, and no cost over the cap out of fold
     row = next(x for x in out.splitlines() if x.startswith("* one-shot"))
     assert "at the cap" in row and "over the cap" not in row

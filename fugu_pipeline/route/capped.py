@@ -87,14 +87,15 @@ class CapRouting:
             return got
 
     def budget_scores(self, prompts: list[str], domains: list[str] | None, budget, cost_texts: list[str] | None = None,
-                      mask: np.ndarray | None = None):
+                      mask: np.ndarray | None = None, strict: bool = True):
         """(scores, the cap's operating point on the calibration, expected cost (N, W), each prompt's λ,
         each prompt's effective cap, the follower): predicted quality − λ·expected cost / c_ref, the
         prompts routed one at a time at a λ that follows the cap's spend (`route/follow.py`, among the
-        workers `mask` allows). A cap the calibration cannot keep with its margin is refused."""
+        workers `mask` allows). A cap the calibration cannot keep with its margin is refused; not
+        `strict` (the cap a head was shipped under, served with no cap asked), it is followed all the same."""
         from fugu_pipeline.route.budget import follow_routes
 
-        point = self.own_budget_point(budget)
+        point = self.own_budget_point(budget) if strict else self.calibration.choose(budget, strict=False)
         q, c_hat, _ = self._quality_cost(prompts, domains, cost_texts)
         follower = self.follower(budget)
         scores, lam, eff = follow_routes(q, c_hat, self.calibration.reference_cost_usd, lambda k: self._curve,

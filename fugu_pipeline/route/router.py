@@ -330,7 +330,8 @@ class Router(CapRouting):
         lams = dp.lambdas(keys, len(prompts)) if dp is not None else None  # each request's λ (NaN: the strongest)
         mask = np.array([allowed is None or w in allowed for w in self.worker_ids])
         if budget is not None:
-            scores, point, c_hat, lam, eff, follower = self.budget_scores(prompts, doms, budget, cost_texts, mask)
+            scores, point, c_hat, lam, eff, follower = self.budget_scores(
+                prompts, doms, budget, cost_texts, mask, strict=shipped_cap is None)  # a shipped cap is never refused
             followed = follower.state()
         elif lams is not None and np.isfinite(lams).any():
             scores, c_hat = self.lambda_scores(prompts, doms, np.nan_to_num(lams)[:, None], cost_texts, feats)
