@@ -135,6 +135,7 @@ def test_serve_follows_each_caps_spend_across_requests(trained):
     cap gets the cap's target; the caps a router keeps a follower for are bounded."""
     from concurrent.futures import ThreadPoolExecutor
 
+    import httpx
     import openai
 
     from fugu_pipeline.route.budget import Budget
@@ -162,11 +163,20 @@ def test_serve_follows_each_caps_spend_across_requests(trained):
         with ThreadPoolExecutor(8) as pool:  # at once: every request counted once
             list(pool.map(lambda k: ask(0.5, f"prove the integral {k}"), range(16)))
         last = ask(0.5)
+        scraped = httpx.get(srv.url + "/metrics", timeout=30).text  # what an operator watches
     finally:
         srv.stop()
     cap = router.calibration.cap_usd(Budget(share=0.3))
     assert [b["follow"]["requests"] for b in seen[0.3]] == [1, 2, 3] and [b["follow"]["requests"] for b in seen[0.5]] == [1, 2]
     assert last["follow"]["requests"] == 2 + 16 + 1
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got = {(f.name, tuple(sorted(x.labels.items()))): x.value for f in text_string_to_metric_families(scraped)
+           for x in f.samples if f.name.startswith("fugu_cap_")}
+    for share, n in ((0.3, 3), (0.5, 19)):
+        key = (("cap_usd", f"{router.calibration.cap_usd(Budget(share=share)):.6g}"), ("checkpoint", router.tag), ("group", ""))
+        assert got[("fugu_cap_requests", key)] == n, got
+    assert got[("fugu_cap_running_mean_usd", key)] == pytest.approx(last["follow"]["running_mean_usd"]) and len(got) == 4
     first = seen[0.3][0]
     assert first["follow"]["effective_cap_usd"] == pytest.approx(TARGET * cap) and first["follow"]["cap_usd"] == pytest.approx(cap)
     assert first["follow"]["running_mean_usd"] == pytest.approx(first["expected_cost_usd"])

@@ -553,6 +553,13 @@ def test_the_server_and_the_promoted_router_send_a_cap_where_the_description_say
             casc = ask(**body)
             assert casc["checkpoint_tag"] == tags["cascade"] and casc["mode"] == "cascade" and casc["cascade"]["steps"], casc
             assert "sent_to" not in casc.get("budget", {})
+        from prometheus_client.parser import text_string_to_metric_families
+
+        spend = [(x.labels["checkpoint"], x.labels["group"], x.value)
+                 for f in text_string_to_metric_families(httpx.get(srv.url + "/metrics", timeout=30).text)
+                 if f.name == "fugu_cap_requests" for x in f.samples]  # each cap's guard or follower, by checkpoint
+        assert (tags["one-shot"], "", 1.0) in spend and {c for c, _, _ in spend} == {tags["one-shot"], tags["cascade"]}
+        assert all(v == 1.0 for c, _, v in spend if c == tags["cascade"]), spend  # the one request asking 50%
     finally:
         srv.stop()
         router.close()

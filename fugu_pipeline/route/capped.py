@@ -21,6 +21,17 @@ class CapRouting:
         self._followers: OrderedDict[float, CapFollower] = OrderedDict()
         self._curve = self.calibration.curve_arrays() if self.calibration is not None else None
 
+    def spend_states(self) -> list[dict]:
+        """The running spend under each cap this router, and each checkpoint of the run it sends caps
+        to, keeps: one row per cap ({checkpoint, group, requests, running_mean_usd, cap_usd}; `group`
+        "" for a whole cap), what `/metrics` shows."""
+        with self._lock:
+            followers = list(self._followers.values())
+        rows = [{"checkpoint": self.tag, "group": "", **f.state()} for f in followers]
+        for other in list(self.cap_routers.values()):
+            rows += other.spend_states()
+        return rows
+
     def cap_router(self, budget) -> tuple["CapRouting", dict] | None:
         """(the router of the run that serves `budget`, a note saying why) where this checkpoint cannot
         keep the cap (no λ, or no saved point, within it) and its shipped description names one of

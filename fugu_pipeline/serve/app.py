@@ -446,6 +446,7 @@ def create_app(
     metrics = ServeMetrics()
     workers = MeteredWorkers(config, worker_attempts, auth_cooldown_s, catalog, metrics=metrics)
     metrics.gate = gate = RequestGate(limits)
+    metrics.spend = lambda: getattr(source.last, "spend_states", list)()  # none before the first route
     svc = Service(source, workers, api_token=api_token,
                   max_body_bytes=max_body_bytes, batch_window_ms=batch_window_ms, max_batch=max_batch,
                   default_budget=default_budget, max_json_values=max_json_values, default_point=default_point)

@@ -88,6 +88,7 @@ class ServeMetrics:
         self.gate = None  # connections.RequestGate, set by the app
         self.guard = None  # connections.ConnectionGuard, set by `fugu-lite serve`
         self.workers: Workers | None = None
+        self.spend = None  # () -> the current router's `spend_states()`, set by the app
         r.register(_LiveFigures(self))
 
     # ------------------------------------------------------------------ worker calls
@@ -147,6 +148,17 @@ class _LiveFigures:
             for reason in sorted({"idle", "header_timeout", "body_timeout", "evicted", "over_capacity", *m.guard.closed}):
                 closed.add_metric([reason], m.guard.closed[reason])
             yield closed
+        if m.spend is not None:  # each cap's running spend (route/follow.py, policies/cascade/spend.py)
+            labels = ["checkpoint", "cap_usd", "group"]
+            count = GaugeMetricFamily("fugu_cap_requests", "requests counted under a cost cap since the router loaded",
+                                      labels=labels)
+            mean = GaugeMetricFamily("fugu_cap_running_mean_usd", "their mean cost per request, USD", labels=labels)
+            for row in m.spend():
+                key = [row["checkpoint"], f"{row['cap_usd']:.6g}", row["group"]]
+                count.add_metric(key, row["requests"])
+                mean.add_metric(key, row["running_mean_usd"])
+            yield count
+            yield mean
         if m.workers is not None:
             flag = GaugeMetricFamily("fugu_worker_kept_out", "1 while the worker is kept out (its key refused)",
                                      labels=["worker"])

@@ -121,6 +121,15 @@ class CascadeRouter(Router):
                 self.guards.pop(next(iter(self.guards)))
             return got
 
+    def spend_states(self) -> list[dict]:
+        """Each spend guard's running spend (a group's part names its group, the pooled guard beside
+        the parts is "pooled"), then those of the run's checkpoints it sends caps to."""
+        with self._guards_lock:
+            guards = list(self.guards.items())
+        rows = [{"checkpoint": self.tag, "group": key[1] if key[0] == "group" else "pooled" if key[0] == "pooled" else "",
+                 **g.state()} for key, g in guards]
+        return rows + super().spend_states()
+
     def record_spend(self, decision: RouteDecision, cost_usd: float) -> None:
         """What a served cascade cost, counted by the guard of the cap it was served under (and, for a
         group's part of a shared cap, by the pooled guard too)."""
