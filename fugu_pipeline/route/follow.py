@@ -4,7 +4,7 @@ A cap's λ is chosen on the calibration's rows (`budget.py`): the smallest λ wh
 there, plus the cap's margin of standard errors, is within the cap. On new prompts the same λ can
 spend far less than the cap: the margin holds it under on purpose, and new prompts' predicted gains
 differ from the calibration's. Held out, a head chosen at a 20% cap spent 9.5% of the strongest
-worker's cost ([results](../../docs/results.md)). So a head serving a cap does not keep one λ. Per
+worker's cost (docs/results.md). So a head serving a cap does not keep one λ. Per
 cap, the **follower** counts the requests routed under it (n) and their expected cost (spent), and
 before each request it gives an effective cap
 
@@ -21,8 +21,11 @@ reply, so `route`, `serve`, `ask` and `evaluate` follow it the same way, and a r
 a held-out call actually cost (the leakage rule of `evaluate`). What the calls cost is reported
 beside it.
 
-A cap the calibration cannot keep with its margin is still refused (`Router.own_budget_point`): the
-follower moves λ only for a cap the calibration's rows say is within reach.
+A cap the calibration cannot keep with its margin is refused (`Router.own_budget_point`): the
+follower moves λ only for a cap the calibration's rows say is within reach. The one exception is the
+cap a head was shipped under by `train --cap`, which it serves when a request names no cap: such a
+request is never refused, and where the calibration cannot keep that cap it starts from the curve's
+cheapest point.
 
 `evaluate`, and `train`'s figures for a head at a cap out of fold (`budget.cap_route_oof`), replay
 rows through a follower in **traffic order** (`traffic_order`): sorted by a hash of the task id, not
