@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from fugu_pipeline.route.follow import HIGH, LOW, MAX_FOLLOWERS, TARGET, CapFollower, curve_index, effective_cap, replay
+from fugu_pipeline.route.follow import HIGH, LOW, TARGET, CapFollower, curve_index, effective_cap, replay
 
 
 def _rows(n: int = 5000, dear_share: float = 0.3, seed: int = 0):
@@ -81,5 +81,12 @@ def test_follow_routes_records_the_allowed_route_and_moves_lambda_with_the_spend
     assert g.state()["running_mean_usd"] == 1.0 and lam2[-1] == 0.0 and eff2[-1] == HIGH * 2.0
 
 
-def test_max_followers_is_a_bound_a_router_keeps():
-    assert 16 <= MAX_FOLLOWERS <= 4096
+def test_follow_routes_refuses_an_order_that_does_not_list_every_row_once():
+    from fugu_pipeline.route.budget import follow_routes
+
+    q, c = np.tile([0.5, 0.9], (3, 1)), np.tile([1.0, 3.0], (3, 1))
+    curve = (np.array([0.0, 1.0]), np.array([3.0, 1.0]))
+    for order in ([0, 0, 1], [0, 1], [0, 1, 3]):
+        with pytest.raises(ValueError, match="each of the 3 rows once"):
+            follow_routes(q, c, 3.0, lambda k: curve, CapFollower(2.0), order)
+    follow_routes(q, c, 3.0, lambda k: curve, CapFollower(2.0), [2, 0, 1])

@@ -93,7 +93,8 @@ def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration,
         "lambda": op.lam,  # the cap's λ with its margin on the calibration's rows: whether it is kept there
         "followed": {"lambda_min": float(lams.min()), "lambda_median": float(np.median(lams)),
                      "lambda_max": float(lams.max()), "target": TARGET, "horizon": HORIZON,
-                     "expected_share": float(pick(c_hat, r).mean()) / max(float(c_hat[:, ref].mean()), 1e-300)},
+                     "expected_share": float(pick(c_hat, r).mean()) / max(float(c_hat[:, ref].mean()), 1e-300)}
+        if len(lams) else None,
         "met_on_validation": op.met_on_validation,
         "chosen_on": calibration.rows_text(),  # the rows its curve is drawn on
         "validation": {"cost_usd_per_1k": op.val_cost_usd_per_1k, "share": op.val_share, "quality": op.val_quality},

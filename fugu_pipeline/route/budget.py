@@ -225,6 +225,8 @@ def follow_routes(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, curve_of, 
     mean expected costs) within the follower's effective cap, then its route's expected cost recorded
     (the best allowed worker, `mask`). (scores (N, W), each row's λ, each row's effective cap)."""
     n = len(q_hat)
+    if order is not None and sorted(order) != list(range(n)):
+        raise ValueError(f"the order must list each of the {n} rows once")
     scores, lam, eff = np.empty_like(q_hat, dtype=np.float64), np.zeros(n), np.zeros(n)
     for k in range(n) if order is None else order:
         lams, costs = curve_of(k)
