@@ -8,7 +8,7 @@ Each cap is evaluated twice by `fugu-lite evaluate --cap share=<cap>` in this pr
 serves (`policies/cascade/spend.request_point`: the most accurate saved point whose cost bound is
 within the guard's allowance, never dearer than the group's chosen point). Then with that function
 replaced for the run: each request gets the most accurate saved point of its group whose validation
-cost is within the effective cap of `route/follow.effective_cap` over its guard's count (a group's
+cost is within the effective cap of `route/follow` over its guard's count (a group's
 part of a shared cap, else the cap), with no margin. Printed per cap: held-out accuracy − the
 strongest worker, and the actual spend as a share of its cost, each way. Serving it needs `train`
 to score the cascade rows (its table at caps, its candidates at a cap) by the same replay out of
@@ -31,17 +31,14 @@ def following(orig):
     """`request_point` with the saved point following the spend (the module docstring)."""
     from fugu_pipeline.cost_cap import within_cap
     from fugu_pipeline.policies.cascade import spend
-    from fugu_pipeline.route.follow import effective_cap
 
     def request_point(shares, points, group, z, guard_of):
         guards, cap, _ = spend.shared_allowance(shares, group, guard_of)
-        g = guards[0]
-        with g._lock:
-            eff = effective_cap(g.cap, g.n, g.spent)
+        eff = guards[0].effective()
         within = [p for p in points if within_cap(float(p["cost_usd"]), eff)]
         best = max(within, key=lambda p: (p["quality"], -p["cost_usd"])) if within else \
             min(points, key=lambda p: p["cost_usd"])
-        return best, guards, {"cap_usd": cap, "effective_cap_usd": eff, **g.state()}
+        return best, guards, {"cap_usd": cap, "effective_cap_usd": eff, **guards[0].state()}
     return request_point
 
 

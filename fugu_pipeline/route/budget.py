@@ -186,14 +186,10 @@ class BudgetCalibration(BaseModel):
     def cap_usd(self, budget: Budget) -> float:
         """The cap in USD per request: a share is of the reference worker's mean expected cost on the
         curve's rows (the share's base, as `choose` reads it)."""
-        if budget.usd_per_1k is not None:
-            return budget.usd_per_1k / 1000
-        return budget.share * (self.val_reference_cost_usd or self.reference_cost_usd or 1.0)
+        return budget.usd_per_request(self.val_reference_cost_usd or self.reference_cost_usd or 1.0)
 
     def curve_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(each λ of the curve, its mean expected cost), what a cap that follows the spend picks from."""
-        return (np.array([p.lam for p in self.curve], dtype=np.float64),
-                np.array([p.cost_usd for p in self.curve], dtype=np.float64))
+        return curve_arrays(self.curve)
 
     def scores(self, q_hat: np.ndarray, prompts: list[str], domains: list[str] | None, lam: float) -> np.ndarray:
         return budget_scores(q_hat, self.cost_model.predict(prompts, domains), lam, self.reference_cost_usd)
@@ -216,6 +212,11 @@ def smallest_within(curve: list[CurvePoint], budget: Budget) -> CurvePoint | Non
     limit = budget.usd_per_1k if budget.usd_per_1k is not None else budget.share
     ok = [p for p in curve if within_cap(need(p, budget), limit)]
     return min(ok, key=lambda p: p.lam) if ok else None
+
+
+def curve_arrays(curve: list[CurvePoint]) -> tuple[np.ndarray, np.ndarray]:
+    """(each λ of a curve, its mean expected cost), what a cap that follows the spend picks from."""
+    return (np.array([p.lam for p in curve], dtype=np.float64), np.array([p.cost_usd for p in curve], dtype=np.float64))
 
 
 def follow_routes(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, curve_of, follower: CapFollower,
@@ -250,15 +251,15 @@ def cap_route_oof(q_oof: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int, 
     for f in np.unique(folds):
         tr = folds != f
         curves[f] = route_curve(q_oof[tr], c_hat[tr], c_ref, ref, lambdas=lambdas) if tr.sum() > 1 else []
-    arrays = {f: (np.array([p.lam for p in c]), np.array([p.cost_usd for p in c])) for f, c in curves.items()}
-    base = float(c_hat[:, ref].mean()) or c_ref or 1.0
+    arrays = {f: curve_arrays(c) for f, c in curves.items()}
+    base = float(c_hat[:, ref].mean()) or c_ref or 1.0  # the share's base, as `route_curve` draws it
     routes: list[np.ndarray | None] = []
     for budget in budgets:
         if any(smallest_within(c, budget) is None for c in curves.values()):
             routes.append(None)
             continue
-        cap = budget.usd_per_1k / 1000 if budget.usd_per_1k is not None else budget.share * base
-        scores, _, _ = follow_routes(q_oof, c_hat, c_ref, lambda k: arrays[folds[k]], CapFollower(cap), order)
+        scores, _, _ = follow_routes(q_oof, c_hat, c_ref, lambda k: arrays[folds[k]],
+                                     CapFollower(budget.usd_per_request(base)), order)
         routes.append(np.argmax(scores, axis=1))
     return routes
 

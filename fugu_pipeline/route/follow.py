@@ -69,6 +69,11 @@ class RunningSpend:
         with self._lock:
             return {"requests": self.n, "running_mean_usd": self.spent / self.n if self.n else 0.0, "cap_usd": self.cap}
 
+    def effective(self) -> float:
+        """The effective cap the next request gets (`effective_cap` over these counts)."""
+        with self._lock:
+            return effective_cap(self.cap, self.n, self.spent)
+
 
 def effective_cap(cap: float, n: int, spent: float, target: float = TARGET, horizon: float = HORIZON) -> float:
     """The module docstring's effective cap after `n` requests that spent `spent` (same unit as `cap`)."""
@@ -78,10 +83,6 @@ def effective_cap(cap: float, n: int, spent: float, target: float = TARGET, hori
 
 class CapFollower(RunningSpend):
     """The spend under one cap and the effective cap it gives the next request (module docstring)."""
-
-    def effective(self) -> float:
-        with self._lock:
-            return effective_cap(self.cap, self.n, self.spent)
 
 
 def curve_index(costs: np.ndarray, limit: float) -> int:
