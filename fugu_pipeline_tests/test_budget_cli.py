@@ -7,6 +7,7 @@ best fixed worker on the same metric."""
 import json
 import random
 
+import numpy as np
 import pytest
 
 from fugu_pipeline_tests.cli_project import run, write_inputs
@@ -139,7 +140,7 @@ def test_serve_follows_each_caps_spend_across_requests(trained):
     import openai
 
     from fugu_pipeline.route.budget import Budget
-    from fugu_pipeline.route.follow import MAX_FOLLOWERS, TARGET, curve_index
+    from fugu_pipeline.route.follow import MAX_FOLLOWERS, TARGET, curve_index, effective_cap
     from fugu_pipeline.route.router import Router
     from fugu_pipeline.serve import create_app
     from fugu_pipeline.testing.serving import ServerThread
@@ -155,9 +156,11 @@ def test_serve_follows_each_caps_spend_across_requests(trained):
         def ask(share: float, text: str = "compute the sum of a list") -> dict:
             r = client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": text}],
                                                extra_body={"fugu_budget": {"share": share}})
-            return r.model_extra["fugu_lite"]["budget"]
+            info = r.model_extra["fugu_lite"]
+            paid[share].append(info["cost_usd"])
+            return info["budget"]
 
-        seen = {0.3: [], 0.5: []}
+        seen, paid = {0.3: [], 0.5: []}, {0.3: [], 0.5: []}
         for share in (0.3, 0.5, 0.3, 0.3, 0.5):
             seen[share].append(ask(share))
         with ThreadPoolExecutor(8) as pool:  # at once: every request counted once
@@ -176,16 +179,67 @@ def test_serve_follows_each_caps_spend_across_requests(trained):
     for share, n in ((0.3, 3), (0.5, 19)):
         key = (("cap_usd", f"{router.calibration.cap_usd(Budget(share=share)):.6g}"), ("checkpoint", router.tag), ("group", ""))
         assert got[("fugu_cap_requests", key)] == n, got
-    assert got[("fugu_cap_running_mean_usd", key)] == pytest.approx(last["follow"]["running_mean_usd"]) and len(got) == 4
+    # each reply settled its follower: the spend it follows is what the calls cost, not the expected cost
+    assert got[("fugu_cap_running_mean_usd", key)] == pytest.approx(np.mean(paid[0.5])) and len(got) == 4
+    assert last["follow"]["running_mean_usd"] != pytest.approx(np.mean(paid[0.5]))  # at routing: its expected cost counted
     first = seen[0.3][0]
     assert first["follow"]["effective_cap_usd"] == pytest.approx(TARGET * cap) and first["follow"]["cap_usd"] == pytest.approx(cap)
     assert first["follow"]["running_mean_usd"] == pytest.approx(first["expected_cost_usd"])
+    assert [b["follow"]["effective_cap_usd"] for b in seen[0.3][1:]] == pytest.approx(
+        [effective_cap(cap, k, sum(paid[0.3][:k])) for k in (1, 2)])
     lams, costs = router.calibration.curve_arrays()  # λ: the curve's first point within the effective cap
     assert first["lambda"] == lams[curve_index(costs, TARGET * cap)]
     for i in range(MAX_FOLLOWERS + 3):
         router.follower(Budget(usd_per_1k=1.0 + i))
     assert len(router._followers) == MAX_FOLLOWERS and round((MAX_FOLLOWERS + 2.0) / 1000, 15) in router._followers
     router.close()
+
+
+def test_a_streamed_reply_settles_its_cap_and_an_unpriced_one_keeps_the_expected_cost(trained, monkeypatch):
+    """Workers on a real OpenRouter-style stub on 127.0.0.1 (each reply bills `usage.cost`), then on
+    its plain OpenAI-style route (no cost, no price: the cost is unknown). A streamed reply settles
+    its cap's follower with the cost it reported at the end of the stream, as a plain reply does;
+    a reply whose cost is unknown leaves the expected cost recorded at routing."""
+    import openai
+
+    from fugu_pipeline.route.budget import Budget
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.testing.serving import ServerThread
+    from fugu_pipeline.testing.stub_llm import StubLLMServer
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or-v1-" + "ab" * 20)
+    work, ckpt, _ = trained
+    with StubLLMServer() as stub:
+        for priced, url in ((True, stub.openrouter_url), (False, stub.openai_url)):
+            router = Router.load(work / ckpt, device="cpu")
+            kind = "openrouter" if priced else "openai_compatible"
+            cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": kind, "model": f"m/{w}", "base_url": url}
+                                                            for w in WORKERS]})
+            srv = ServerThread(create_app(router, cfg, batch_window_ms=5))
+            try:
+                client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+                body = {"fugu_budget": {"share": 0.4}}
+                plain = client.chat.completions.create(model="fugu-lite", extra_body=body, messages=[
+                    {"role": "user", "content": "compute the sum of a list"}]).model_extra["fugu_lite"]
+                final = None
+                for chunk in client.chat.completions.create(model="fugu-lite", stream=True, extra_body=body, messages=[
+                        {"role": "user", "content": "prove the integral of x " * 20}]):
+                    final = (chunk.model_extra or {}).get("fugu_lite") or final
+            finally:
+                srv.stop()
+            state = router.follower(Budget(share=0.4)).state()
+            router.close()
+            assert state["requests"] == 2
+            if priced:
+                assert plain["cost_source"] == final["cost_source"] == "usage" and final["cost_usd"] > 0
+                assert state["running_mean_usd"] * 2 == pytest.approx(plain["cost_usd"] + final["cost_usd"])
+            else:  # unknown cost: what was recorded at routing, the expected cost of each route
+                assert plain["cost_source"] == final["cost_source"] == "none"
+                assert state["running_mean_usd"] * 2 == pytest.approx(plain["budget"]["expected_cost_usd"]
+                                                                      + final["budget"]["expected_cost_usd"])
+                assert state["running_mean_usd"] > 0
 
 
 def test_evaluate_routes_a_cap_as_the_router_serves_it(trained, capsys):

@@ -90,3 +90,31 @@ def test_follow_routes_refuses_an_order_that_does_not_list_every_row_once():
         with pytest.raises(ValueError, match="each of the 3 rows once"):
             follow_routes(q, c, 3.0, lambda k: curve, CapFollower(2.0), order)
     follow_routes(q, c, 3.0, lambda k: curve, CapFollower(2.0), [2, 0, 1])
+
+
+def test_settled_actual_costs_hold_the_cap_where_the_cost_model_is_off():
+    """Replies that cost 1.6 times what the cost model expected (prices raised after training): the
+    expected spend alone sits on its target while the calls overspend the cap by half; settled to
+    what the calls cost, the actual spend comes to the target. A settle moves the spend, never the
+    count."""
+    from fugu_pipeline.route.budget import follow_routes
+
+    n = 4000
+    q = np.tile([0.5, 0.9], (n, 1))
+    c = np.tile([1.0, 3.0], (n, 1))
+    lams, costs = np.array([0.0, 0.1, 0.2, 1.0]), np.array([3.0, 3.0, 3.0, 1.0])
+    actual = 1.6 * c
+    spent = {}
+    for name, given in (("expected", None), ("settled", actual)):
+        scores, _, _ = follow_routes(q, c, 3.0, lambda k: (lams, costs), CapFollower(2.0), actual=given)
+        spent[name] = actual[np.arange(n), scores.argmax(axis=1)].mean()
+    assert spent["expected"] > 1.5 * TARGET * 2.0
+    assert abs(spent["settled"] - TARGET * 2.0) < 0.03
+    f = CapFollower(1.0)
+    f.record(0.5)
+    f.settle(0.25)
+    assert f.state() == {"requests": 1, "running_mean_usd": 0.75, "cap_usd": 1.0}
+    nan = np.full_like(c, np.nan)  # no recorded cost: the expected cost counts
+    a, _, _ = follow_routes(q, c, 3.0, lambda k: (lams, costs), CapFollower(2.0), actual=nan)
+    b, _, _ = follow_routes(q, c, 3.0, lambda k: (lams, costs), CapFollower(2.0))
+    assert (a == b).all()

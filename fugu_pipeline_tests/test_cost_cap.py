@@ -124,9 +124,11 @@ def test_within_the_cap_is_one_test_in_every_place_that_compares(over, within):
 def test_the_same_cap_gives_the_same_route_on_the_command_line_and_through_the_server(trained, tmp_path, capsys):  # noqa: F811
     """`route --cap share=0.5`, the old `--budget-share 0.5` (one line on stderr giving the new
     form) and a request to `fugu-lite serve` with `"fugu_budget": "share=0.5"` (the official openai
-    client on loopback) route each prompt to the same worker at the same λ."""
+    client on loopback) route the first prompt to the same worker at the same λ; the server's later
+    requests follow the cost of its replies."""
     from openai import OpenAI
 
+    from fugu_pipeline.route.follow import effective_cap
     from fugu_pipeline_tests.serve_fixtures import start, stop
 
     work, ckpt, _ = trained
@@ -155,4 +157,9 @@ def test_the_same_cap_gives_the_same_route_on_the_command_line_and_through_the_s
             served.append(reply.model_extra["fugu_lite"])
     finally:
         stop(proc)
-    assert [(s["chosen_worker"], s["budget"]["lambda"]) for s in served] == [(d["worker"], d["budget"]["lambda"]) for d in new]
+    # the first request of the cap is routed as the command routes it (a follower at its target); each
+    # one after it follows the replies' cost so far (route/follow.py), which a command that calls nothing lacks
+    assert (served[0]["chosen_worker"], served[0]["budget"]["lambda"]) == (new[0]["worker"], new[0]["budget"]["lambda"])
+    cap = served[0]["budget"]["follow"]["cap_usd"]
+    assert [s["budget"]["follow"]["effective_cap_usd"] for s in served[1:]] == pytest.approx(
+        [effective_cap(cap, k, sum(s["cost_usd"] for s in served[:k])) for k in (1, 2)])

@@ -1,6 +1,8 @@
 """No cost leakage: every cost-aware routing decision uses the
 EXPECTED cost (a model fitted on training rows: per-token price x prompt tokens + a per-domain
-offset), never a held-out row's actual cost or quality.
+offset), never a held-out row's own actual cost or quality. Under a cap, the rows before it in
+traffic order have been answered, and their recorded cost settles the spend the cap follows, as
+served replies do.
 
 Each test changes what a router could not know when it routes (the held-out rows' actual cost and
 quality) and checks that no route and no chosen λ moves, while the reported outcome does move
@@ -17,7 +19,8 @@ from fugu_pipeline.evaluate.budget_report import budget_section
 from fugu_pipeline.evaluate.metrics import EvalInputs, evaluation_report
 from fugu_pipeline.features.contract import FeatureContract
 from fugu_pipeline.features.routing_data import RoutingData
-from fugu_pipeline.route.budget import Budget, calibrate_checkpoint
+from fugu_pipeline.route.budget import Budget, calibrate_checkpoint, follow_routes
+from fugu_pipeline.route.follow import CapFollower, traffic_order
 from fugu_pipeline.route.expected_cost import fit_expected_cost
 
 W = ["cheap", "mid", "strong"]
@@ -54,10 +57,11 @@ def make_data(seed: int = 0, n: int = 600) -> tuple[RoutingData, SimpleNamespace
     return data, ckpt
 
 
-def scramble_held_out(data: RoutingData, split: str = "test", seed: int = 1) -> RoutingData:
-    """The same data, with the held-out rows' actual cost and quality replaced by noise."""
+def scramble_held_out(data: RoutingData, split: str = "test", seed: int = 1, rows=None) -> RoutingData:
+    """The same data, with the held-out rows' actual cost and quality replaced by noise (`rows`: a
+    mask of the rows, default every row of `split`)."""
     rng = np.random.default_rng(seed)
-    rows = data.splits == split
+    rows = data.splits == split if rows is None else rows
     cost, quality = data.cost_usd.copy(), data.quality.copy()
     cost[rows] = rng.random((rows.sum(), 3)) * 1e-2
     quality[rows] = rng.integers(0, 2, (rows.sum(), 3))
@@ -75,21 +79,54 @@ def test_budget_calibration_reads_no_held_out_row():
     assert a.choose(Budget(share=0.3)).lam == b.choose(Budget(share=0.3)).lam
 
 
-def test_budget_routes_on_test_ignore_the_actual_cost():
-    """The operating point's routes on test are the same whatever the test rows actually cost;
-    only the reported (realised) cost and quality change."""
+def test_budget_routes_on_test_read_no_row_s_own_or_later_cost():
+    """Under a cap the held-out rows are routed in traffic order, each followed by its reply's
+    recorded cost (`route/follow.py`), as serving settles each reply: a row's route reads the actual
+    cost of the rows before it, never its own or a later row's. Scrambling the last row's cost moves
+    no route (only the reported outcome); scrambling every row's cost does move them (the settling
+    is live), and the operating point's λ never moves."""
     data, ckpt = make_data()
     cal = calibrate_checkpoint(ckpt, data)
     budget = Budget(share=0.3)
+    held = data.split("test")
+    last = held.task_ids[traffic_order(held.task_ids)[-1]]
     a = budget_section(ckpt, data, "test", cal, budget, n_boot=50)
-    scrambled = scramble_held_out(data)
-    b = budget_section(ckpt, scrambled, "test", cal, budget, n_boot=50)
-    pa, pb = a["operating_point"], b["operating_point"]
-    assert pa["lambda"] == pb["lambda"]
+    b = budget_section(ckpt, scramble_held_out(data, rows=np.array([t == last for t in data.task_ids])), "test", cal,
+                       budget, n_boot=50)
+    c = budget_section(ckpt, scramble_held_out(data), "test", cal, budget, n_boot=50)
+    pa, pb, pc = a["operating_point"], b["operating_point"], c["operating_point"]
+    assert pa["lambda"] == pb["lambda"] == pc["lambda"]
     assert pa["test"]["route_distribution"] == pb["test"]["route_distribution"]
     assert pa["test"]["cost_usd_per_1k"] != pytest.approx(pb["test"]["cost_usd_per_1k"])  # outcomes are reported
+    assert pa["test"]["route_distribution"] != pc["test"]["route_distribution"]
     # every point of the λ sweep routes the same way too
     assert [p["lambda"] for p in a["router_curve"]] == [p["lambda"] for p in b["router_curve"]]
+
+
+def test_a_replayed_row_s_route_reads_only_the_rows_before_it():
+    """`follow_routes` over recorded costs: scrambling the costs of the rows from position j of the
+    order on leaves the routes of the rows up to j as they were, and moves some route after j."""
+    data, ckpt = make_data()
+    cal = calibrate_checkpoint(ckpt, data)
+    held = data.split("test")
+    q_hat, c_hat = ckpt.head.predict_quality(held.features), cal.cost_model.predict(held.prompts, held.domains)
+    order = traffic_order(held.task_ids)
+    arrays = cal.curve_arrays()
+
+    def routes(actual):
+        scores, _, _ = follow_routes(q_hat, c_hat, cal.reference_cost_usd, lambda k: arrays,
+                                     CapFollower(cal.cap_usd(Budget(share=0.3))), order, actual=actual)
+        return np.argmax(scores, axis=1)[order]
+
+    base = routes(held.cost_usd)
+    moved = False
+    for j in (0, len(order) // 3, len(order) - 1):
+        noisy = held.cost_usd.copy()
+        noisy[order[j:]] = np.random.default_rng(j).random((len(order) - j, 3)) * 1e-2
+        got = routes(noisy)
+        assert (got[: j + 1] == base[: j + 1]).all()
+        moved |= bool((got[j + 1:] != base[j + 1:]).any())
+    assert moved
 
 
 def test_cost_quality_curve_routes_by_expected_cost_only():

@@ -6,8 +6,9 @@ Honesty rules: λ comes from the calibration (no held-out row is among its rows)
 predicted quality and EXPECTED cost only; the held-out rows' actual cost and quality are the
 outcomes reported. The cap's rows are routed as a server routes them: one at a time in traffic
 order (`route/follow.traffic_order`), each at the λ of the calibration's curve that follows the
-spend of the routes before it (`route/follow.py`; the spend is their expected cost, so no held-out
-row's actual cost moves a route). "Best single worker within the cap" is chosen on TRAINING rows (the best
+spend of the routes before it (`route/follow.py`: each row's expected cost, settled to the recorded
+cost of its route as a served reply settles it; a row's own actual cost never moves its own route).
+"Best single worker within the cap" is chosen on TRAINING rows (the best
 training quality among workers whose training expected cost is within the cap), then scored on
 the held-out rows, so the comparison does not peek either.
 """
@@ -77,7 +78,7 @@ def budget_section(checkpoint, data, split: str, calibration: BudgetCalibration,
     op = calibration.choose(budget)
     curve_arrays = calibration.curve_arrays()
     scores, lams, _ = follow_routes(q_hat, c_hat, calibration.reference_cost_usd, lambda k: curve_arrays,
-                                    CapFollower(calibration.cap_usd(budget)), traffic_order(held.task_ids))
+                                    CapFollower(calibration.cap_usd(budget)), traffic_order(held.task_ids), actual=C)
     r = np.argmax(scores, axis=1)
     cost = float(pick(C, r).mean())
     realised = {"cost_usd_per_1k": cost * 1000, "share": cost / ref_cost}

@@ -220,14 +220,19 @@ def curve_arrays(curve: list[CurvePoint]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def follow_routes(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, curve_of, follower: CapFollower,
-                  order=None, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  order=None, mask: np.ndarray | None = None,
+                  actual: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows routed under a cap that follows the spend (`route/follow.py`), one at a time in `order`
     (default: as given): row k at the smallest λ of its curve (`curve_of(k)`: the curve's λs and
-    mean expected costs) within the follower's effective cap, then its route's expected cost recorded
-    (the best allowed worker, `mask`). (scores (N, W), each row's λ, each row's effective cap)."""
+    mean expected costs) within the follower's effective cap, then its route (the best allowed
+    worker, `mask`) counted: its expected cost, settled to `actual` (N, W: what each worker's reply
+    to the row cost, recorded rows) where that is finite. (scores (N, W), each row's λ, each row's
+    effective cap)."""
     n = len(q_hat)
     if order is not None and sorted(order) != list(range(n)):
         raise ValueError(f"the order must list each of the {n} rows once")
+    if actual is not None:  # a cell with no recorded cost counts its expected cost
+        actual = np.where(np.isfinite(actual), actual, c_hat)
     scores, lam, eff = np.empty_like(q_hat, dtype=np.float64), np.zeros(n), np.zeros(n)
     for k in range(n) if order is None else order:
         lams, costs = curve_of(k)
@@ -236,17 +241,21 @@ def follow_routes(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, curve_of, 
         scores[k] = budget_scores(q_hat[k], c_hat[k], lam[k], c_ref)
         best = int(np.argmax(scores[k] if mask is None else np.where(mask, scores[k], -np.inf)))
         follower.record(float(c_hat[k, best]))
+        if actual is not None:
+            follower.settle(float(actual[k, best] - c_hat[k, best]))
     return scores, lam, eff
 
 
 def cap_route_oof(q_oof: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int, folds: np.ndarray,
-                  budgets: list[Budget], order: np.ndarray, lambdas=LAMBDAS) -> list[np.ndarray | None]:
+                  budgets: list[Budget], order: np.ndarray, lambdas=LAMBDAS,
+                  actual: np.ndarray | None = None) -> list[np.ndarray | None]:
     """Per budget, each row's route as a head serving it routes out of fold: the rows in `order`
-    (`follow.traffic_order`) through one follower of the cap (`follow_routes`), each row at the λ
-    of the curve drawn on the other folds' rows. `q_oof` out-of-fold quality predictions, `c_hat`
-    the expected cost model's (N, W), `ref` the reference worker a share is of (its mean expected
-    cost on these rows). None for a budget some fold's other rows do not keep with its margin at any
-    λ (serving refuses such a cap). Each fold's curve is drawn once for every budget."""
+    (`follow.traffic_order`) through one follower of the cap (`follow_routes`, settled to `actual`,
+    the rows' recorded cost per worker, where given), each row at the λ of the curve drawn on the
+    other folds' rows. `q_oof` out-of-fold quality predictions, `c_hat` the expected cost model's
+    (N, W), `ref` the reference worker a share is of (its mean expected cost on these rows). None
+    for a budget some fold's other rows do not keep with its margin at any λ (serving refuses such a
+    cap). Each fold's curve is drawn once for every budget."""
     curves = {}
     for f in np.unique(folds):
         tr = folds != f
@@ -259,7 +268,7 @@ def cap_route_oof(q_oof: np.ndarray, c_hat: np.ndarray, c_ref: float, ref: int, 
             routes.append(None)
             continue
         scores, _, _ = follow_routes(q_oof, c_hat, c_ref, lambda k: arrays[folds[k]],
-                                     CapFollower(budget.usd_per_request(base)), order)
+                                     CapFollower(budget.usd_per_request(base)), order, actual=actual)
         routes.append(np.argmax(scores, axis=1))
     return routes
 

@@ -97,6 +97,19 @@ class CapRouting:
                 self._followers.popitem(last=False)
             return got
 
+    def record_spend(self, decision, cost_usd: float | None) -> None:
+        """Settle the follower a decision was routed under (`follow.py`) with what its reply actually
+        cost: the difference from the expected cost recorded when it was routed. Nothing for a
+        decision routed under no cap, an unknown cost, or a follower dropped since."""
+        held = (decision.extra.get("budget") or {})
+        follow = held.get("follow")
+        if not follow or cost_usd is None or not np.isfinite(cost_usd) or held.get("expected_cost_usd") is None:
+            return
+        with self._lock:
+            got = self._followers.get(round(float(follow["cap_usd"]), 15))
+        if got is not None:
+            got.settle(float(cost_usd) - float(held["expected_cost_usd"]))
+
     def budget_scores(self, prompts: list[str], domains: list[str] | None, budget, cost_texts: list[str] | None = None,
                       mask: np.ndarray | None = None, strict: bool = True):
         """(scores, the cap's operating point on the calibration, expected cost (N, W), each prompt's λ,

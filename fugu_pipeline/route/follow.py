@@ -5,7 +5,7 @@ there, plus the cap's margin of standard errors, is within the cap. On new promp
 spend far less than the cap: the margin holds it under on purpose, and new prompts' predicted gains
 differ from the calibration's. Held out, a head chosen at a 20% cap spent 9.5% of the strongest
 worker's cost (docs/results.md). So a head serving a cap does not keep one λ. Per
-cap, the **follower** counts the requests routed under it (n) and their expected cost (spent), and
+cap, the **follower** counts the requests routed under it (n) and what they cost (spent), and
 before each request it gives an effective cap
 
     effective = cap · TARGET − (spent − n · cap · TARGET) / HORIZON, within [cap · LOW, cap · HIGH]
@@ -15,11 +15,21 @@ next `HORIZON` requests. The request is routed at the smallest λ of the calibra
 mean expected cost is within the effective cap, with no margin (`curve_index`; the cheapest point
 where none is): the running mean is held at the cap's target by the spend itself, not by a margin.
 
-The spend is the **expected cost** of each route (`route/expected_cost.py`, the cost model fitted on
-training rows), recorded when the request is routed: the cap's own unit (`cost_cap.py`). It needs no
-reply, so `route`, `serve`, `ask` and `evaluate` follow it the same way, and a route never reads what
-a held-out call actually cost (the leakage rule of `evaluate`). What the calls cost is reported
-beside it.
+The spend is counted in two steps. When a request is routed, its route's **expected cost**
+(`route/expected_cost.py`, the cost model fitted on training rows) is recorded, so the requests
+routed before its reply comes back (a batch, concurrent requests) already count it. When the reply's
+**actual cost** is known (`serve` reads it off the worker's reply), the follower is **settled**: the
+difference between the two is added to the spend (`RunningSpend.settle`). The follower therefore
+holds what the calls really cost at the target, not what the cost model thought they would cost:
+where prices change after training (a catalog update) or new prompts draw longer replies than the
+training rows did, the effective cap falls until the actual running mean is back at the target.
+A request no worker answered keeps its expected cost; `route`, which calls nothing, counts the
+expected cost alone.
+
+`evaluate`, and `train`'s figures out of fold, replay recorded rows the same way: each row is
+routed, then settled by the recorded cost of the worker it was routed to. A row's own cost never
+moves its own route, only the routes of the rows after it in traffic order, as a reply already
+served moves the routes of the requests after it.
 
 A cap the calibration cannot keep with its margin is refused (`Router.own_budget_point`): the
 follower moves λ only for a cap the calibration's rows say is within reach. The one exception is the
@@ -65,6 +75,12 @@ class RunningSpend:
             self.n += 1
             self.spent += float(cost_usd)
 
+    def settle(self, delta_usd: float) -> None:
+        """Add what a counted request's reply cost beyond what was recorded for it (negative: less);
+        the request count stays."""
+        with self._lock:
+            self.spent += float(delta_usd)
+
     def state(self) -> dict:
         with self._lock:
             return {"requests": self.n, "running_mean_usd": self.spent / self.n if self.n else 0.0, "cap_usd": self.cap}
@@ -94,7 +110,8 @@ def curve_index(costs: np.ndarray, limit: float) -> int:
 
 def replay(order: np.ndarray, cap_usd: float, route_at: Callable[[int, float], float]) -> None:
     """Route rows in `order` through one follower of `cap_usd`: row k gets `route_at(k, effective
-    cap)`, which routes it and returns the spend to record (its route's expected cost)."""
+    cap)`, which routes it and returns the spend to record (its route's recorded cost: the expected
+    cost settled to the actual one, which a replay knows at once)."""
     follower = CapFollower(cap_usd)
     for k in order:
         follower.record(route_at(int(k), follower.effective()))

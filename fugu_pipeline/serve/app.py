@@ -377,12 +377,18 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
                        code="all_workers_failed", extra={"fugu_lite": info}, headers=reply_headers(info))
     svc.counts["served"] += 1
     svc.counts["fallbacks"] += bool(errors)
+    router = decision.router or svc.source.get()
+
+    def settle(cost_usd: float, source: str) -> None:  # a route under a cap: its follower learns the reply's cost
+        router.record_spend(decision, None if source == "none" else cost_usd)  # "none": no usage, no price
+
     if req.stream:
-        return stream_response(svc, req, served, result, info, t0)
+        return stream_response(svc, req, served, result, info, t0, on_cost=settle)
 
     comp: Completion = result
     info["served_model"] = comp.served_model or comp.requested_model
     info["cost_usd"], info["cost_source"] = comp.cost_usd, comp.cost_source
+    settle(comp.cost_usd, comp.cost_source)
     finish_timing(info, t0, timing)
     body = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),

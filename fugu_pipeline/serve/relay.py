@@ -81,9 +81,11 @@ def finish_timing(info: dict, t0: float, timing: CallTiming) -> None:
     info["overhead_ms"] = round(info["latency_ms"] - info["upstream_ms"], 3)
 
 
-def stream_response(svc, req, wid: str, stream, info: dict, t0: float) -> StreamingResponse:
+def stream_response(svc, req, wid: str, stream, info: dict, t0: float,
+                    on_cost: Callable[[float, str], Any] | None = None) -> StreamingResponse:
     """The streamed reply relaying `stream` (an open `upstream.RelayedStream` of worker `wid`) for
-    request `req`; `svc` is the app's `Service` (not imported: `app.py` imports this module)."""
+    request `req`; `svc` is the app's `Service` (not imported: `app.py` imports this module).
+    `on_cost` gets what the stream cost and the figure's source once it has ended with its answer."""
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk", "created": int(time.time()),
             "model": stream.served_model or getattr(svc.workers.specs[wid], "model", wid)}
     info["served_model"] = head["model"]
@@ -130,6 +132,8 @@ def stream_response(svc, req, wid: str, stream, info: dict, t0: float) -> Stream
             return
         final = dict(info)  # complete now: cost, usage, whole-stream timings
         final["cost_usd"], final["cost_source"] = stream.cost()
+        if on_cost is not None:
+            on_cost(final["cost_usd"], final["cost_source"])
         final["usage"] = stream.usage
         finish_timing(final, t0, stream.timing)
         held = held or {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": stream.finish_reason or "stop"}]}

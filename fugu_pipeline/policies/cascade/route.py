@@ -134,7 +134,9 @@ class CascadeRouter(Router):
         """What a served cascade cost, counted by the guard of the cap it was served under (and, for a
         group's part of a shared cap, by the pooled guard too)."""
         held = (decision.extra.get("budget") or {}).get("guard")
-        if held:
+        if not held:  # a one-step route under a cap: its follower (`route/capped.py`)
+            super().record_spend(decision, cost_usd)
+        else:
             self.guard(held["cap_usd"], held.get("group")).record(cost_usd)
             if held.get("pooled_cap_usd") is not None:
                 self.guard(held["pooled_cap_usd"], pooled=True).record(cost_usd)
@@ -347,8 +349,7 @@ async def run_cascade(router: CascadeRouter, prompt: str, domain: str | None, de
     in a thread, so an event loop keeps serving); `deadline_s` bounds the reading of the steps'
     replies, all steps together (None: no bound)."""
     run = await _run_steps(router, prompt, domain, decision, call, verify, deadline_s)
-    if hasattr(router, "record_spend"):
-        router.record_spend(decision, run.cost_usd)
+    router.record_spend(decision, run.cost_usd)
     return run
 
 

@@ -109,7 +109,8 @@ def point_route(checkpoint, held, calibration: BudgetCalibration, dp) -> tuple[n
         q_hat = quality_of(checkpoint.head, held.features, held.domains, kind=checkpoint.manifest.head_kind)
         arrays = calibration.curve_arrays()
         scores, _, _ = follow_routes(q_hat, c_hat, calibration.reference_cost_usd, lambda k: arrays,
-                                     CapFollower(calibration.cap_usd(dp.cap)), traffic_order(held.task_ids))
+                                     CapFollower(calibration.cap_usd(dp.cap)), traffic_order(held.task_ids),
+                                     actual=None if held.cost_usd is None else np.asarray(held.cost_usd, np.float64))
         return np.argmax(scores, axis=1), c_hat, [None] * len(held.task_ids)
     keys = dp.group_keys(held.domains, held.features)  # each row's domain, or prompt cluster
     lams = dp.lambdas(keys, len(held.task_ids))  # NaN: always the strongest worker

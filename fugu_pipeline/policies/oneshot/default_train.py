@@ -64,7 +64,8 @@ def calibrate_saved(saved, data, log=print, *, margin: float = DEFAULT_MARGIN, n
         if s.selected and (at_cap or share_routes is not None):  # one curve per fold for every cap it is scored at
             asked = ([cap] if at_cap else []) + ([CostCap(share=x) for x in shares] if share_routes is not None else [])
             got = cap_route_oof(q_oof, c_hat, cal.reference_cost_usd, ref, folds, asked,
-                                traffic_order([data.task_ids[i] for i in rows]))
+                                traffic_order([data.task_ids[i] for i in rows]),
+                                actual=None if data.cost_usd is None else np.asarray(data.cost_usd[rows], np.float64))
             if at_cap and got[0] is not None:
                 cap_routes[s.name] = got[0]
             elif at_cap:
