@@ -1,18 +1,18 @@
-"""A trial, not served: a cascade under a cap asked of it, its saved point following the spend,
-against what serves (the spend guard that only cuts), held out.
+"""A cascade under a cap asked of it, held out: what serves (the saved point following the spend)
+against a spend guard that only cuts.
 
     python benchmarks/cascade_cap_follow.py --checkpoint models/cascade/<hash> --data rows.jsonl \
         --workers configs/reward.quality.yaml [--caps 0.2,0.33,0.5] [evaluate's other options]
 
 Each cap is evaluated twice by `fugu-lite evaluate --cap share=<cap>` in this process. First as it
-serves (`policies/cascade/spend.request_point`: the most accurate saved point whose cost bound is
-within the guard's allowance, never dearer than the group's chosen point). Then with that function
-replaced for the run: each request gets the most accurate saved point of its group whose validation
-cost is within the effective cap of `route/follow` over its guard's count (a group's
-part of a shared cap, else the cap), with no margin. Printed per cap: held-out accuracy − the
-strongest worker, and the actual spend as a share of its cost, each way. Serving it needs `train`
-to score the cascade rows (its table at caps, its candidates at a cap) by the same replay out of
-fold, which is not built: this trial is its measurement.
+serves (`policies/cascade/spend.request_point`: each request the most accurate saved point of its
+group whose validation cost is within the effective cap of `route/follow` over its guard's count).
+Then with that function replaced for the run by the rule that only cuts: the most accurate saved
+point whose cost bound (the cap's margin of standard errors) is within the guard's allowance
+`min(cap, cap − (spent − n · 0.95 · cap) / 50)`, the cheapest where none is (under a cap shared
+among groups: the point chosen for the group while the allowance is its whole part, never a point
+dearer than that one). Printed per cap:
+held-out accuracy − the strongest worker, and the actual spend as a share of its cost, each way.
 """
 
 from __future__ import annotations
@@ -27,18 +27,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import describe  # noqa: E402
 
 
-def following(orig):
-    """`request_point` with the saved point following the spend (the module docstring)."""
+def cut_only(checkpoint: str, margin_z: float):
+    """`request_point` with the rule that only cuts (the module docstring), as it served before the
+    spend was followed: under a cap shared among groups, the point `spend.share_parts` chose for
+    the group while its allowance is its whole part."""
     from fugu_pipeline.cost_cap import within_cap
     from fugu_pipeline.policies.cascade import spend
+    from fugu_pipeline.policies.cascade.evaluate import load_cascade
 
-    def request_point(shares, points, group, z, guard_of):
-        guards, cap, _ = spend.shared_allowance(shares, group, guard_of)
-        eff = guards[0].effective()
-        within = [p for p in points if within_cap(float(p["cost_usd"]), eff)]
-        best = max(within, key=lambda p: (p["quality"], -p["cost_usd"])) if within else \
-            min(points, key=lambda p: p["cost_usd"])
-        return best, guards, {"cap_usd": cap, "effective_cap_usd": eff, **guards[0].state()}
+    ckpt = load_cascade(checkpoint)
+    parts = spend.group_parts(ckpt.head.head_params(), ckpt.manifest.metrics or {})
+    chosen: dict = {}
+
+    def request_point(shares, points, group, guard_of):
+        guards, cap, allowance = spend.shared_allowance(shares, group, guard_of)
+        if parts is not None and shares.cap_usd not in chosen:
+            got = spend.share_parts(parts, shares.cap_usd, margin_z)
+            chosen[shares.cap_usd] = got[1] if got else {}
+        mine = chosen.get(shares.cap_usd, {}).get(str(group)) if len(guards) > 1 else None
+        if mine is not None and within_cap(cap, allowance):
+            best = mine
+        else:
+            best = spend.pick(points, allowance, margin_z, None if mine is None else float(mine["cost_usd"])) or \
+                min(points, key=lambda p: spend.bound(p, margin_z))
+        return best, guards, {"cap_usd": cap, "allowance_usd": allowance, **guards[0].state()}
     return request_point
 
 
@@ -48,23 +60,25 @@ def main(argv=None) -> int:
     ap.add_argument("--caps", default="0.2,0.33,0.5", help="shares of the strongest worker's cost")
     args, rest = ap.parse_known_args(argv)
     from fugu_pipeline.cli.main import main as cli
+    from fugu_pipeline.cost_cap import DEFAULT_MARGIN_Z
     from fugu_pipeline.policies.cascade import spend
 
-    orig = spend.request_point
+    served = spend.request_point
     print(f"{describe()}; {args.checkpoint}")
-    print("| cap | as served: accuracy − strongest, share | following the spend: accuracy − strongest, share |")
+    print("| cap | what serves (following the spend): accuracy − strongest, share | a guard that only cuts: "
+          "accuracy − strongest, share |")
     print("|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for share in (float(s) for s in args.caps.split(",")):
             cells = []
-            for way in (orig, following(orig)):
+            for way in (served, cut_only(args.checkpoint, DEFAULT_MARGIN_Z)):
                 spend.request_point = way
                 out = Path(tmp) / f"{share}_{len(cells)}" / "test.json"  # evaluate names the report by its split
                 try:
                     code = cli(["evaluate", "--checkpoint", args.checkpoint, *rest, "--cap", f"share={share}",
                                 "--output", str(out)])
                 finally:
-                    spend.request_point = orig
+                    spend.request_point = served
                 if code != 0:
                     cells.append(f"evaluate exited {code}")
                     continue

@@ -16,8 +16,10 @@ qualifies; when it is the only one, it ships and the reason line says why and wh
   for each cap share the most accurate plan within it (ties: the cheaper), run on this fold.
 - `cap_table`: accuracy and $ per 1,000 with 95% intervals of one-shot, cascade, plans per group
   sharing the cap (where the fit has groups) and the strongest alone at each cap share (20%, 33%,
-  50% of the strongest's cost). The one-shot row is the selected head routed as it serves that
-  share, λ following the spend on the curve drawn on the other folds (`route.budget.cap_route_oof`).
+  50% of the strongest's cost). Each row is scored as that share serves when a request asks it:
+  the one-shot row is the selected head, λ following the spend on the curve drawn on the other
+  folds (`route.budget.cap_route_oof`); the cascade rows are the saved points following the spend
+  (`follow_fold.py`).
 """
 
 from __future__ import annotations

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fugu_pipeline.policies.cascade.choice import GROUPED, TABLE_SHARES, ladder_fold, rung_name
+from fugu_pipeline.policies.cascade.follow_fold import fold_points, group_points, replay
 from fugu_pipeline.policies.cascade.groups import group_fold, share_cap_fold
 from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, run_policy, search_policy, strongest
 from fugu_pipeline.policies.cascade.ship import AT_CAP
+from fugu_pipeline.route.follow import traffic_order
 from fugu_pipeline.train.selection import STRONGEST
 
 
@@ -81,6 +83,7 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
 
     first_head = next(iter(heads or {}), None)
     uc = data.utility_config
+    followed = {k: [] for k in out.table_rows if not k.startswith("one-shot@")}  # each fold's parts, or None
     for f in np.unique(folds):
         tr, te = rows[folds != f], rows[folds == f]
         at = np.flatnonzero(folds == f)
@@ -94,11 +97,12 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
                 out.missing.add(rung_name(s))
             else:
                 put(rung_name(s), at, *got)
-        for s, got in ladder_fold(g, tr, te, at_caps, allowed, TABLE_SHARES, g.exp_cost[top], memo, CAP_Z).items():
-            _table(out, f"cascade@{s}", at, got)
+        for s in TABLE_SHARES:  # a cap asked later, as it serves: the saved points following the spend (follow_fold.py)
+            ref = g.exp_cost[top]
+            followed[f"cascade@{s}"].append(fold_points(g, tr, te, at, at_caps, allowed, s * ref, ref, CAP_Z, memo))
             if table_groups:
-                _table(out, f"{GROUPED}@{s}", at, share_cap_fold(g, tr, te, table_groups[0], table_groups[1], at_caps,
-                                                                  allowed, s * g.exp_cost[top], CAP_Z, memo))
+                followed[f"{GROUPED}@{s}"].append(group_points(g, tr, te, at, table_groups[0], table_groups[1], at_caps,
+                                                               allowed, s * ref, ref, CAP_Z, memo))
         for (d, name), got in group_fold(g, tr, te, doms, groups, cfg.search, allowed, usable, shares, g.exp_cost[top],
                                          memo, out.fold_tops).items():
             if got is None or out.per_group.get((d, name), ()) is None:
@@ -138,6 +142,12 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
                     r = (share_routes or {}).get(share)
                     _table(out, f"one-shot@{share}", at, None if r is None else
                            (data.quality[te, r[at]], g.per_call(te, r[at])[0]))
+    order = traffic_order([data.task_ids[i] for i in rows])
+    for key, per_fold in followed.items():
+        if any(p is None for p in per_fold):
+            out.missing.add(key)
+        else:
+            out.table_rows[key] = replay([p for parts in per_fold for p in parts], order, n)
     return out
 
 

@@ -175,7 +175,7 @@ def _budgeted(checkpoint, keys: np.ndarray, run, order: np.ndarray, budget) -> l
     for k in order:
         if keys[k] not in points:
             points[keys[k]] = cap_points(params, metrics, keys[k])
-        best, held, _ = request_point(shares, points[keys[k]], keys[k], budget.margin_z, guard_of)
+        best, held, _ = request_point(shares, points[keys[k]], keys[k], guard_of)
         if id(best) not in plans:
             plans[id(best)] = CascadePlan.model_validate(best["plan"])
         out[k] = plans[id(best)]

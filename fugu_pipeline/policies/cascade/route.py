@@ -164,7 +164,7 @@ class CascadeRouter(Router):
                 self._shares[budget] = shares
                 while len(self._shares) > MAX_GUARDS:
                     self._shares.pop(next(iter(self._shares)))
-        best, _, note = request_point(shares, points, domain, budget.margin_z, lambda c, g, p: self.guard(c, g, p))
+        best, _, note = request_point(shares, points, domain, lambda c, g, p: self.guard(c, g, p))
         return CascadePlan.model_validate(best["plan"]), {
             "cap": budget.describe(), "validation_cost_usd": best["cost_usd"], "validation_quality": best["quality"],
             "guard": note}

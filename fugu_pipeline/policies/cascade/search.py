@@ -173,19 +173,27 @@ def choice_at(pts, i: int, ids: list[str], figure: str = "quality") -> Choice:
                   len(pts.plans), _frontier(pts, ids), [float(v) for v in getattr(pts, figure)])
 
 
-def _frontier(pts, ids: list[str], keep: int = 12) -> list[dict]:
-    """The plans no other plan beats on both cost and quality, cheapest first (at most `keep`)."""
+KEEP = 12  # the frontier's points a choice saves (a cap asked later chooses among them)
+
+
+def frontier_index(pts, keep: int = KEEP) -> list[int]:
+    """The plans of `pts` no other plan beats on both cost and quality, cheapest first (at most
+    `keep`, spread evenly along it): what a choice saves as its budget points."""
     out, best_q = [], -1.0
     for i in np.lexsort((-pts.quality, pts.cost)):  # stable: equal points keep the search order
-        c, q = float(pts.cost[i]), float(pts.quality[i])
-        if q > best_q + 1e-12:
-            out.append({"cost_usd": c, "quality": q, "cost_se": float(pts.cost_se[i]),
-                        "plan": to_model(pts.plans[i], ids).model_dump()})
-            best_q = q
+        if float(pts.quality[i]) > best_q + 1e-12:
+            out.append(int(i))
+            best_q = float(pts.quality[i])
     if len(out) > keep:
         idx = np.unique(np.round(np.linspace(0, len(out) - 1, keep)).astype(int))
         out = [out[i] for i in idx]
     return out
+
+
+def _frontier(pts, ids: list[str], keep: int = KEEP) -> list[dict]:
+    """`frontier_index`'s plans as saved: {cost_usd, quality, cost_se, plan}."""
+    return [{"cost_usd": float(pts.cost[i]), "quality": float(pts.quality[i]), "cost_se": float(pts.cost_se[i]),
+             "plan": to_model(pts.plans[i], ids).model_dump()} for i in frontier_index(pts, keep)]
 
 
 def search_policy(grid: Grid, rows: np.ndarray, domains: np.ndarray, cfg: CascadeSearch, cap: CostCap | None = None,

@@ -9,12 +9,22 @@ and what they cost (spent); before each request it gives an allowance
     allowance = min(cap, cap − (spent − n · (1 − BAND) · cap) / HORIZON)
 
 the cap, less the spend above `1 − BAND` of the cap so far spread over the next `HORIZON`
-requests: while the running mean stays below 95% of the cap the request gets the cap's own plan;
-as it nears the cap and beyond, the allowance falls and the plan served is the most accurate saved
-point whose cost bound is within the allowance (a plan that escalates less), down to the cheapest
-point. The guard never spends above the cap's own plan to use up savings, and never serves a point
-dearer than the plan it cuts (`own_cost`). `policies/cascade/evaluate.py` runs the same rule
-over recorded rows, for a checkpoint's own cap and for a cap asked of it (`request_cap`, `choose`).
+requests. Under the cap a checkpoint was **trained** under (requests that ask none), the guard only
+cuts: while the running mean stays below 95% of the cap the request gets the cap's own plan; as it
+nears the cap and beyond, the allowance falls and the plan served is the most accurate saved point
+whose cost bound is within the allowance (a plan that escalates less), down to the cheapest point.
+It never spends above the cap's own plan to use up savings, and never serves a point dearer than
+the plan it cuts (`own_cost`).
+
+Under a cap **asked** of a checkpoint (`fugu_budget`, `serve --cap`, `evaluate --cap`), the guard
+follows the spend as a one-step head's follower does (`route/follow.py`): each request gets the
+effective cap `cap · 0.98 − (spent − n · cap · 0.98) / 50` (within [cap/4, 4·cap]) and the most
+accurate saved point whose validation cost is within it, with no margin (`request_point`,
+`follow_pick`). A cap some saved point keeps with its margin is within reach (`request_cap`); past
+that, the spend itself holds the running mean at the target, and savings on cheap prompts buy
+escalations on later ones. `policies/cascade/evaluate.py` runs both rules over recorded rows, and
+`train` scores a cascade's row of the table at caps by the same replay out of fold
+(`follow_fold.py`).
 
 Recorded rows reach the guard in **traffic order** (`route/follow.traffic_order`): sorted by a hash of the task
 id, not in the file's order. An import lists its rows one source after another (every HumanEval row,
@@ -32,9 +42,9 @@ the pooled cap while it lasts; a group whose prompts escalate more than its plan
 is. Beside them, one **pooled guard** keeps the pooled cap when the mix of kinds drifts from the
 one the plans were chosen on (traffic that turns to the dear kind for good). It counts every
 request of every group and lets the pooled spend run `POOL_SLACK` requests' worth of the cap over
-the cap's band before it cuts (a burst of one kind passes); past that, every group's allowance is
-its part scaled by the pooled allowance's share of the cap (`shared_allowance`), so the groups cut
-together and the running mean comes back under the pooled cap.
+the cap's band before it cuts (a burst of one kind passes); past that, every group's allowance (or
+effective cap) is its part scaled by the pooled allowance's share of the cap (`shared_allowance`),
+so the groups cut together and the running mean comes back under the pooled cap.
 """
 
 from __future__ import annotations
@@ -116,12 +126,10 @@ def request_cap(points: list[dict], budget, expected_cost: dict, worker_quality:
 class RequestShares:
     """A cap asked of a checkpoint (by a request's `fugu_budget`, `serve --cap` or `evaluate --cap`),
     as it is kept: `cap_usd` ($ per request) and, where the checkpoint holds a frontier per group,
-    each group's part of it (`group_caps`, as a cap given to `train` is shared: `share_parts`) and
-    the point chosen for the group (`chosen`: served while the group's guard allows its part; a
-    guard that cuts never serves a dearer one)."""
+    each group's part of it (`group_caps`, as a cap given to `train` is shared: `share_parts`)."""
 
-    def __init__(self, cap_usd: float, group_caps: dict[str, float] | None = None, chosen: dict[str, dict] | None = None):
-        self.cap_usd, self.group_caps, self.chosen = float(cap_usd), dict(group_caps or {}), dict(chosen or {})
+    def __init__(self, cap_usd: float, group_caps: dict[str, float] | None = None):
+        self.cap_usd, self.group_caps = float(cap_usd), dict(group_caps or {})
 
 
 def request_shares(head_params: dict, metrics: dict, budget) -> RequestShares:
@@ -150,7 +158,7 @@ def request_shares(head_params: dict, metrics: dict, budget) -> RequestShares:
         raise CapOutOfReach(f"{budget.describe()}: no choice of this checkpoint's points per group meets it on "
                             f"validation (the cheapest costs ${usd:g} per 1,000 requests over the groups' mix, plus "
                             f"{z:g} standard errors); raise the cap to {share}${usd:g} per 1,000 requests")
-    return RequestShares(cap, *got)
+    return RequestShares(cap, got[0])
 
 
 def share_parts(parts: list[tuple[str, list[dict], float]], cap_usd: float, z: float) -> tuple[dict, dict] | None:
@@ -189,24 +197,31 @@ def group_parts(head_params: dict, metrics: dict) -> list[tuple[str, list[dict],
     return parts
 
 
-def request_point(shares: RequestShares, points: list[dict], group: str | None, z: float,
+def request_point(shares: RequestShares, points: list[dict], group: str | None,
                   guard_of) -> tuple[dict, list[SpendGuard], dict]:
     """(the point a request of `group` is served under `shares`, the guards its cost counts in, their
-    note for the reply):
-    where the cap is shared, the point chosen for the group while its guard allows its part (which
-    shares the pooled guard's allowance, as `shared_allowance` keeps a trained cap); else the most
-    accurate of the group's `points` whose cost bound is within the allowance, never dearer than the
-    point chosen for it, or the cheapest. `guard_of` as `shared_allowance` takes it."""
-    guards, cap, allowance = shared_allowance(shares, group, guard_of)
-    mine = shares.chosen.get(str(group)) if len(guards) > 1 else None
-    if mine is not None and within_cap(cap, allowance):
-        best = mine
-    else:
-        got = pick(points, allowance, z, None if mine is None else float(mine["cost_usd"]))
-        best = got if got is not None else min(points, key=lambda p: bound(p, z))
-    note = {"cap_usd": cap, "allowance_usd": allowance, **guards[0].state(),
+    note for the reply): the most accurate of the group's `points` whose validation cost is within
+    the effective cap of its guard (`follow_pick`: the cap's spend followed as a one-step head
+    follows it, `route/follow.py`), a group's part of a shared cap cut further while the pooled
+    guard beside the parts is past its slack (`shared_allowance`). `guard_of` as `shared_allowance`
+    takes it."""
+    guards, cap, _ = shared_allowance(shares, group, guard_of)
+    effective = guards[0].effective()
+    if len(guards) > 1 and guards[1].cap > 0:  # traffic that turned to the dear kinds for good: every part cut alike
+        effective = min(effective, cap * guards[1].allowance() / guards[1].cap)
+    best = follow_pick(points, effective)
+    note = {"cap_usd": cap, "effective_cap_usd": effective, **guards[0].state(),
             **({"group": str(group), "pooled_cap_usd": guards[1].cap, "pooled": guards[1].state()} if len(guards) > 1 else {})}
     return best, guards, note
+
+
+def follow_pick(points: list[dict], limit: float) -> dict:
+    """The most accurate of `points` whose validation cost is within `limit` (ties: the cheaper),
+    with no margin (the spend itself holds the cap: `route/follow.py`); the cheapest where none is."""
+    within = [p for p in points if within_cap(float(p["cost_usd"]), limit)]
+    if not within:
+        return min(points, key=lambda p: (float(p["cost_usd"]), -float(p["quality"])))
+    return max(within, key=lambda p: (float(p["quality"]), -float(p["cost_usd"])))
 
 
 def _rounded_up(x: float, digits: int = 3) -> float:
