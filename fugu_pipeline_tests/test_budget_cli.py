@@ -242,6 +242,43 @@ def test_a_streamed_reply_settles_its_cap_and_an_unpriced_one_keeps_the_expected
                 assert state["running_mean_usd"] > 0
 
 
+def test_a_reply_settles_the_router_that_routed_it_after_a_reload(trained):
+    """A new router (a promotion) arrives between a request's route and its reply: the reply's cost
+    settles the follower of the router that routed it, and the new router's spend stays untouched."""
+    import openai
+
+    from fugu_pipeline.route.budget import Budget
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.testing.serving import ServerThread
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    work, ckpt, _ = trained
+    old, new = Router.load(work / ckpt, device="cpu"), Router.load(work / ckpt, device="cpu")
+    current = [old]
+    routed = old.route_batch
+
+    def route_then_promote(*a, **k):  # the next router arrives while this request's worker is called
+        out = routed(*a, **k)
+        current[0] = new
+        return out
+
+    old.route_batch = route_then_promote
+    cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock", "mock": {"cost_usd": 0.001}} for w in WORKERS]})
+    srv = ServerThread(create_app(lambda: current[0], cfg, batch_window_ms=5))
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        info = client.chat.completions.create(model="fugu-lite", messages=[{"role": "user", "content": "sum a list"}],
+                                              extra_body={"fugu_budget": {"share": 0.4}}).model_extra["fugu_lite"]
+    finally:
+        srv.stop()
+    assert current[0] is new and info["cost_usd"] != pytest.approx(info["budget"]["expected_cost_usd"])
+    assert old.follower(Budget(share=0.4)).state()["running_mean_usd"] == pytest.approx(info["cost_usd"])
+    assert new.follower(Budget(share=0.4)).state()["requests"] == 0
+    old.close()
+    new.close()
+
+
 def test_evaluate_routes_a_cap_as_the_router_serves_it(trained, capsys):
     """What serves is what `evaluate` reports: the held-out prompts routed by the loaded router in
     traffic order, one batch, land on the workers the report's operating point counts."""

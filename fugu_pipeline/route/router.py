@@ -42,7 +42,8 @@ class RouteDecision:
     extra: dict = field(default_factory=dict)
     score_kind: str = POLICY_PROBABILITY
     # the router that made it, where a cap asked was sent to another checkpoint of the run
-    # (`Router.cap_router`): a cascade's steps are called with it; None: the router asked
+    # (`Router.cap_router`), and on every decision a server routes: a cascade's steps are called
+    # with it and its reply's cost settles that router's cap; None: the router asked
     router: "Router | None" = field(default=None, repr=False, compare=False)
 
     def softmax_scores(self) -> dict[str, float]:

@@ -217,6 +217,7 @@ class Service:
         uses_domains = getattr(router.checkpoint.head, "uses_domains", False)  # kNN, prior, MLP, ensemble
         for r, d in zip(requests, out):
             if isinstance(d, RouteDecision):
+                d.router = d.router or router  # its reply settles this router's cap, even after a reload
                 d.extra.setdefault("checkpoint_tag", tag)  # a cap sent to another checkpoint of the run names it
                 if getattr(router, "shipped", None) is not None:  # what train chose and printed (route/shipped.py)
                     d.extra["policy"] = router.shipped.public()
@@ -377,7 +378,7 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
                        code="all_workers_failed", extra={"fugu_lite": info}, headers=reply_headers(info))
     svc.counts["served"] += 1
     svc.counts["fallbacks"] += bool(errors)
-    router = decision.router or svc.source.get()
+    router = decision.router or svc.source.get()  # the router that made it (`_route_batch`)
 
     def settle(cost_usd: float, source: str) -> None:  # a route under a cap: its follower learns the reply's cost
         router.record_spend(decision, None if source == "none" else cost_usd)  # "none": no usage, no price
