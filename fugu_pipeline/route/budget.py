@@ -240,9 +240,7 @@ def follow_routes(q_hat: np.ndarray, c_hat: np.ndarray, c_ref: float, curve_of, 
         lam[k] = lams[curve_index(costs, eff[k])]
         scores[k] = budget_scores(q_hat[k], c_hat[k], lam[k], c_ref)
         best = int(np.argmax(scores[k] if mask is None else np.where(mask, scores[k], -np.inf)))
-        follower.record(float(c_hat[k, best]))
-        if actual is not None:
-            follower.settle(float(actual[k, best] - c_hat[k, best]))
+        follower.record(float((c_hat if actual is None else actual)[k, best]))  # settled at once: the reply is recorded
     return scores, lam, eff
 
 
