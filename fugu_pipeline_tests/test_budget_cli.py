@@ -279,6 +279,34 @@ def test_a_reply_settles_the_router_that_routed_it_after_a_reload(trained):
     new.close()
 
 
+def test_a_fault_counting_a_reply_s_cost_still_serves_the_reply(trained, monkeypatch, caplog):
+    """The reply is paid for when its cost is counted: a fault in the count is logged, and the reply
+    (plain or streamed) still reaches the client whole."""
+    from starlette.testclient import TestClient
+
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    work, ckpt, _ = trained
+    router = Router.load(work / ckpt, device="cpu")
+
+    def broken(*a, **k):
+        raise RuntimeError("the count broke")
+
+    monkeypatch.setattr(Router, "record_spend", broken)
+    cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "mock"} for w in WORKERS]})
+    body = {"messages": [{"role": "user", "content": "sum a list"}], "fugu_budget": {"share": 0.4}}
+    with TestClient(create_app(router, cfg), base_url="http://127.0.0.1") as tc:
+        plain = tc.post("/v1/chat/completions", json=body)
+        streamed = tc.post("/v1/chat/completions", json={**body, "stream": True})
+    assert plain.status_code == 200 and plain.json()["choices"][0]["message"]["content"]
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert '"finish_reason":"stop"' in streamed.text.replace(" ", "")
+    assert sum("could not be counted in its cap's spend" in r.getMessage() for r in caplog.records) == 2
+    router.close()
+
+
 def test_evaluate_routes_a_cap_as_the_router_serves_it(trained, capsys):
     """What serves is what `evaluate` reports: the held-out prompts routed by the loaded router in
     traffic order, one batch, land on the workers the report's operating point counts."""

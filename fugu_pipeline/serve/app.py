@@ -381,7 +381,10 @@ async def _chat_completion(request: Request, svc: Service, req: ChatRequest, t0:
     router = decision.router or svc.source.get()  # the router that made it (`_route_batch`)
 
     def settle(cost_usd: float, source: str) -> None:  # a route under a cap: its follower learns the reply's cost
-        router.record_spend(decision, None if source == "none" else cost_usd)  # "none": no usage, no price
+        try:  # the reply is paid for and on its way: a fault here must not lose it
+            router.record_spend(decision, None if source == "none" else cost_usd)  # "none": no usage, no price
+        except Exception:
+            log.exception("the reply's cost could not be counted in its cap's spend; the reply is served")
 
     if req.stream:
         return stream_response(svc, req, served, result, info, t0, on_cost=settle)
