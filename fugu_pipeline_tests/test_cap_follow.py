@@ -9,7 +9,15 @@ import threading
 import numpy as np
 import pytest
 
-from fugu_pipeline.route.follow import HIGH, LOW, TARGET, CapFollower, curve_index, effective_cap, replay
+from fugu_pipeline.route.follow import HIGH, LOW, TARGET, CapFollower, curve_index, effective_cap
+
+
+def replay(order, cap_usd: float, route_at) -> None:
+    """Rows in `order` through one follower of `cap_usd`: row k gets `route_at(k, effective cap)`,
+    which routes it and returns the spend to record."""
+    follower = CapFollower(cap_usd)
+    for k in order:
+        follower.record(route_at(int(k), follower.effective()))
 
 
 def _rows(n: int = 5000, dear_share: float = 0.3, seed: int = 0):

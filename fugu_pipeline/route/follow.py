@@ -50,7 +50,6 @@ a cascade it follows the spend by the same effective cap, over the cascade's sav
 from __future__ import annotations
 
 import threading
-from typing import Callable
 
 import numpy as np
 
@@ -107,15 +106,6 @@ def curve_index(costs: np.ndarray, limit: float) -> int:
     expected cost, not increasing with λ) whose cost is within `limit`; the cheapest point where none is."""
     ok = within_cap(np.asarray(costs, dtype=np.float64), limit)
     return int(np.argmax(ok)) if ok.any() else int(np.argmin(costs))
-
-
-def replay(order: np.ndarray, cap_usd: float, route_at: Callable[[int, float], float]) -> None:
-    """Route rows in `order` through one follower of `cap_usd`: row k gets `route_at(k, effective
-    cap)`, which routes it and returns the spend to record (its route's recorded cost: the expected
-    cost settled to the actual one, which a replay knows at once)."""
-    follower = CapFollower(cap_usd)
-    for k in order:
-        follower.record(route_at(int(k), follower.effective()))
 
 
 def traffic_order(task_ids) -> np.ndarray:
