@@ -39,8 +39,16 @@ def cut_only(checkpoint: str, margin_z: float):
     parts = spend.group_parts(ckpt.head.head_params(), ckpt.manifest.metrics or {})
     chosen: dict = {}
 
-    def request_point(shares, points, group, guard_of):
-        guards, cap, allowance = spend.shared_allowance(shares, group, guard_of)
+    def pick(points, allowance, own):
+        within = [p for p in points if within_cap(float(p["cost_usd"]) + margin_z * float(p.get("cost_se") or 0.0),
+                                                  allowance) and (own is None or within_cap(float(p["cost_usd"]), own))]
+        return max(within, key=lambda p: (p["quality"], -p["cost_usd"])) if within else None
+
+    def request_point(shares, points, group, guard_of, own=None):
+        guards, cap = spend.shared_guards(shares, group, guard_of)
+        allowance = guards[0].allowance()
+        if len(guards) > 1:
+            allowance = min(allowance, cap * guards[1].allowance() / guards[1].cap if guards[1].cap > 0 else 0.0)
         if parts is not None and shares.cap_usd not in chosen:
             got = spend.share_parts(parts, shares.cap_usd, margin_z)
             chosen[shares.cap_usd] = got[1] if got else {}
@@ -48,8 +56,8 @@ def cut_only(checkpoint: str, margin_z: float):
         if mine is not None and within_cap(cap, allowance):
             best = mine
         else:
-            best = spend.pick(points, allowance, margin_z, None if mine is None else float(mine["cost_usd"])) or \
-                min(points, key=lambda p: spend.bound(p, margin_z))
+            best = pick(points, allowance, None if mine is None else float(mine["cost_usd"])) or \
+                min(points, key=lambda p: float(p["cost_usd"]) + margin_z * float(p.get("cost_se") or 0.0))
         return best, guards, {"cap_usd": cap, "allowance_usd": allowance, **guards[0].state()}
     return request_point
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from fugu_pipeline.policies.cascade.choice import GROUPED, TABLE_SHARES, ladder_fold, rung_name
 from fugu_pipeline.policies.cascade.follow_fold import fold_points, group_points, replay
-from fugu_pipeline.policies.cascade.groups import group_fold, share_cap_fold
+from fugu_pipeline.policies.cascade.groups import group_fold
 from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, run_policy, search_policy, strongest
 from fugu_pipeline.policies.cascade.ship import AT_CAP
 from fugu_pipeline.route.follow import traffic_order
@@ -84,6 +84,8 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
     first_head = next(iter(heads or {}), None)
     uc = data.utility_config
     followed = {k: [] for k in out.table_rows if not k.startswith("one-shot@")}  # each fold's parts, or None
+    follows = capped and cfg.cap is not None and not cfg.domain_caps  # a pooled cap's candidates follow its spend
+    capped_parts: dict = {k: [] for k in (["cascade"] + ([shared[0]] if shared else []))} if follows else {}
     for f in np.unique(folds):
         tr, te = rows[folds != f], rows[folds == f]
         at = np.flatnonzero(folds == f)
@@ -118,14 +120,15 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
             except CapUnmet as exc:
                 out.unmet = f"cap: {exc}; the strongest worker ({data.worker_ids[top]}) ships"
                 return out
-            put("cascade", at, *run_policy(g, policy, te, doms))
-            if shared:
-                got = share_cap_fold(g, tr, te, shared[1], shared[2], cfg.search, allowed,
-                                     cfg.cap.usd_per_request(g.exp_cost[strongest(g, tr)]), cfg.cap.margin_z, memo)
-                if got is None:
-                    out.missing.add(shared[0])
-                else:
-                    put(shared[0], at, *got)
+            if follows:  # a pooled cap, as it serves: the saved points following the spend (follow_fold.py)
+                cap_f, ref = cfg.cap.usd_per_request(g.exp_cost[strongest(g, tr)]), g.exp_cost[top]
+                capped_parts["cascade"].append(fold_points(g, tr, te, at, cfg.search, allowed, cap_f, ref,
+                                                           cfg.cap.margin_z, memo))
+                if shared:
+                    capped_parts[shared[0]].append(group_points(g, tr, te, at, shared[1], shared[2], cfg.search, allowed,
+                                                                cap_f, ref, cfg.cap.margin_z, memo))
+            else:  # a cap per domain: each domain's plan within its own cap
+                put("cascade", at, *run_policy(g, policy, te, doms))
             put(baseline, at, *held.run(alone_plan(best_worker(g, tr))))
         for name, s in (heads or {}).items():
             route = (head_routes or {}).get(name, np.argmax(s, axis=1))[at]  # at the point it serves
@@ -148,6 +151,11 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
             out.missing.add(key)
         else:
             out.table_rows[key] = replay([p for parts in per_fold for p in parts], order, n)
+    for name, per_fold in capped_parts.items():
+        if any(p is None for p in per_fold):
+            out.missing.add(name)
+        else:
+            put(name, np.arange(n), *replay([p for parts in per_fold for p in parts], order, n))
     return out
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.evaluate.metrics import ci_text, paired_bootstrap
 from fugu_pipeline.policies.cascade.verifier_context import context_of_head
 
@@ -84,7 +83,7 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     checkpoint's worker order. A capped
     checkpoint's guard serves the rows in traffic order, or as given with `as_given` (a log in the
     order its requests came). `budget` (`cost_cap.CostCap`): the rows served as requests asking
-    that cap are (`_budgeted`); `spend.CapOutOfReach` when no saved point meets it. `read`:
+    that cap are (`_followed`); `spend.CapOutOfReach` when no saved point meets it. `read`:
     `read_replies` when already computed."""
     from fugu_pipeline.policies.cascade.policy import simulate
     from fugu_pipeline.route.follow import traffic_order
@@ -110,10 +109,8 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     keys = np.asarray(head.group_keys(doms[rows], inputs.prompt[rows]), dtype=object)  # domain, or prompt cluster
     plans = [head.policy.plan_for(g) for g in keys]
     order = np.arange(len(rows)) if as_given else traffic_order([data.task_ids[i] for i in rows])
-    if budget is not None:
-        plans = _budgeted(checkpoint, keys, run, order, budget)
-    elif getattr(head, "cap_usd", None) is not None:
-        plans = _guarded(head, checkpoint.manifest.metrics or {}, keys, plans, run, order)
+    if budget is not None or getattr(head, "cap_usd", None) is not None:
+        plans = _followed(checkpoint, keys, plans, run, order, budget)
     out: list[CascadeOutcome] = []
     for k, i in enumerate(rows):
         res, j = run(plans[k]), k
@@ -125,44 +122,23 @@ def cascade_outcomes(checkpoint, data, grid, inputs, split: str = "test", rows: 
     return out
 
 
-def _guarded(head, metrics: dict, doms: np.ndarray, plans: list, run, order: np.ndarray) -> list:
-    """The plan each row runs when the checkpoint was trained under a cap: serving's spend guard
-    (`spend.py`) over the rows in `order` (`route.follow.traffic_order`), each row its domain's plan while the
-    allowance is the cap, else the most accurate saved point within the allowance."""
+def _followed(checkpoint, keys: np.ndarray, plans: list, run, order: np.ndarray, budget=None) -> list:
+    """The plan each row runs as served under a cap (`CascadeRouter.plan_for`): the cap `budget` a
+    request asks (`spend.request_shares`), else the cap the checkpoint was trained under
+    (`spend.trained_shares`, a worker shipped alone kept while the cap allows it); the cap's
+    followers over the rows in `order` (`route.follow.traffic_order`), each row the point its group
+    is served within them (`spend.request_point`), what it cost on the row counted. A group with no
+    saved points under the trained cap keeps its plan (`plans`), as serving does."""
     from fugu_pipeline.policies.cascade.policy import CascadePlan
-    from fugu_pipeline.policies.cascade.spend import POOL_SLACK, SpendGuard, cap_margin, cap_points, own_cost, pick, shared_allowance
-
-    guards: dict = {}  # one per cap: the pooled one, or each group's part of a shared cap and the pooled guard beside them
-
-    def guard_of(cap, group, pooled):
-        key = ("pooled",) if pooled else (group,)
-        return guards.setdefault(key, SpendGuard(cap, slack=POOL_SLACK if pooled else 0.0))
-
-    params = head.head_params()
-    out = list(plans)
-    for k in order:
-        d = doms[k]
-        held, cap, a = shared_allowance(head, d, guard_of)
-        if not within_cap(cap, a):  # below the cap: the guard holds back
-            points = cap_points(params, metrics, str(d))
-            got = pick(points, a, cap_margin(head), own_cost(metrics, d)) or (
-                min(points, key=lambda p: p["cost_usd"]) if points else None)
-            out[k] = out[k] if got is None else CascadePlan.model_validate(got["plan"])
-        for guard in held:
-            guard.record(float(run(out[k]).cost[k]))
-    return out
-
-
-def _budgeted(checkpoint, keys: np.ndarray, run, order: np.ndarray, budget) -> list:
-    """The plan each row runs as a request asking the cap `budget` is served
-    (`CascadeRouter.plan_for` with a budget; `spend.request_shares`, `spend.request_point`): the cap's
-    spend guards over the rows in `order`, each row the point its group is served within them."""
-    from fugu_pipeline.policies.cascade.policy import CascadePlan
-    from fugu_pipeline.policies.cascade.spend import POOL_SLACK, SpendGuard, cap_points, request_point, request_shares
+    from fugu_pipeline.policies.cascade.spend import (POOL_SLACK, SpendGuard, cap_points, own_point, request_point,
+                                                      request_shares, trained_shares)
 
     metrics = checkpoint.manifest.metrics or {}
     params = checkpoint.head.head_params()
-    shares = request_shares(params, metrics, budget)
+    if budget is not None:
+        shares, own = request_shares(params, metrics, budget), None
+    else:
+        shares, own = trained_shares(checkpoint.head), own_point(checkpoint.head, metrics)
     guards: dict = {}  # as serving keeps them: one per cap, per group's part, and the pooled one beside the parts
 
     def guard_of(cap, group, pooled):
@@ -170,15 +146,17 @@ def _budgeted(checkpoint, keys: np.ndarray, run, order: np.ndarray, budget) -> l
         return guards.setdefault(key, SpendGuard(cap, slack=POOL_SLACK if pooled else 0.0))
 
     points: dict = {}  # group -> the saved points its requests choose among
-    plans: dict = {}  # id of a point -> its plan
-    out: list = [None] * len(keys)
+    of: dict = {}  # id of a point -> its plan
+    out: list = list(plans)
     for k in order:
         if keys[k] not in points:
             points[keys[k]] = cap_points(params, metrics, keys[k])
-        best, held, _ = request_point(shares, points[keys[k]], keys[k], guard_of)
-        if id(best) not in plans:
-            plans[id(best)] = CascadePlan.model_validate(best["plan"])
-        out[k] = plans[id(best)]
+        if not points[keys[k]]:
+            continue
+        best, held, _ = request_point(shares, points[keys[k]], keys[k], guard_of, own)
+        if id(best) not in of:
+            of[id(best)] = CascadePlan.model_validate(best["plan"])
+        out[k] = of[id(best)]
         for guard in held:
             guard.record(float(run(out[k]).cost[k]))
     return out

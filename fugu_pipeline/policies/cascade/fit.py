@@ -46,6 +46,7 @@ from fugu_pipeline.policies.cascade.groups import (GroupChoice, choose_groups, f
                                                    shared_policy)
 from fugu_pipeline.train.clusters import PromptClusters, pick_groups
 from fugu_pipeline.policies.cascade.search import CAP_Z, CapUnmet, Grid, search, search_policy, strongest
+from fugu_pipeline.policies.cascade.spend import saved_parts, started_policy
 from fugu_pipeline.policies.cascade.ship import (  # noqa: F401  (CandidateFigure: the fit's table rows)
     BEST_IN_CAP,
     BEST_WORKER,
@@ -308,6 +309,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
         group_caps: dict[str, float] = {}
         if shared and win.name == shared[0]:
             policy, choices, group_caps = shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split)
+            group_caps = saved_parts(choices, gdoms[rows], cap_usd, cfg.cap.margin_z) or group_caps
             saved_as = ""
         else:
             policy, choices, saved_as = _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo,
@@ -315,6 +317,8 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     except CapUnmet as exc:
         return _strongest_ships(data, grid, inputs, rows, usable, log, f"cap: {exc}; the strongest worker "
                                 f"({strongest_worker}) ships")
+    if cap_usd is not None and not cfg.domain_caps and win.kind != "best worker":  # it serves its cap following the spend
+        policy = started_policy(policy, choices, frontier, cap_usd, group_caps)
     table = cap_table({k: (None if k in cf.missing else v) for k, v in cf.table_rows.items()},
                       (cf.quality[STRONGEST], cf.cost[STRONGEST]), n_boot=cfg.n_boot, seed=seed)
     reads = policy.uses_verifier or any(lv["uses_verifier"] for lv in frontier["levels"]) or any(
@@ -333,7 +337,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
                       answer_kinds=_kinds(grid, rows, doms), cap_rows=table,
                       context=context_json(scores) if verifier is not None else {}, frontier=frontier,
                       saved_as=saved_as, baseline=STRONGEST if mode == "cheapest" else baseline, groups=split,
-                      cap_usd=cap_usd, cap_z=None if cfg.cap is None else cfg.cap.margin_z,
+                      cap_usd=None if cfg.domain_caps else cap_usd, cap_z=None if cfg.cap is None else cfg.cap.margin_z,
                       clusters=clusters if policy.per_domain and set(policy.per_domain) <= set(groups) else None,
                       group_caps=group_caps)
 
@@ -449,13 +453,6 @@ def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo
 
 def _alone(worker: str) -> CascadePlan:
     return CascadePlan(steps=[CascadeStep(workers=[worker])])
-
-
-def _put(table_rows: dict, key: str, at: np.ndarray, got, missing: set) -> None:
-    if got is None:
-        missing.add(key)
-    else:
-        table_rows[key][0][at], table_rows[key][1][at] = got
 
 
 def _strongest_ships(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, rows: np.ndarray, usable: list[int],

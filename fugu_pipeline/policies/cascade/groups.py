@@ -44,7 +44,7 @@ from fugu_pipeline.train.groups import fold_tops_note
 from fugu_pipeline.train.selection import STRONGEST
 
 __all__ = ["GroupChoice", "Option", "STRONGEST", "choose_groups", "group_label", "merged_line", "split_groups",
-           "group_fold", "GROUP_STRONGEST", "group_rung", "fold_tops_note", "allocate", "share_cap", "share_cap_fold",
+           "group_fold", "GROUP_STRONGEST", "group_rung", "fold_tops_note", "allocate", "share_cap",
            "shared_figures", "shared_policy"]
 
 GROUP_STRONGEST = "the domain's strongest worker alone"
@@ -185,25 +185,6 @@ def share_cap(grid, rows: np.ndarray, gdoms: np.ndarray, groups: list[str], sear
     return out
 
 
-def share_cap_fold(grid, tr: np.ndarray, te: np.ndarray, gdoms: np.ndarray, groups: list[str], search_cfg, allowed,
-                   cap_usd: float, z: float, memo: dict | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(quality, cost) per row of `te` of the plans `share_cap` chooses on `tr`; None when they do
-    not meet the cap there."""
-    from fugu_pipeline.policies.cascade.plans import RowSet
-
-    got = share_cap(grid, tr, gdoms, groups, search_cfg, allowed, cap_usd, z, memo)
-    if got is None:
-        return None
-    gd = np.asarray(gdoms, dtype=str)[te]
-    q, c = np.zeros(len(te)), np.zeros(len(te))
-    for key in {d if d in got and d != "*" else "*" for d in gd.tolist()}:
-        at = np.flatnonzero(gd == key) if key != "*" else np.flatnonzero(~np.isin(gd, [d for d in got if d != "*"]))
-        if got[key] is None:  # rows of no group in this fold, none among the rows chosen on, no pooled plan fits
-            return None
-        q[at], c[at] = RowSet(grid, te[at]).run(got[key][0])[:2]
-    return q, c
-
-
 def shared_figures(cf, name: str, groups: list[str], merged, gd: np.ndarray, clusters, n_boot: int,
                     seed: int) -> GroupChoice:
     """The plans sharing a pooled cap, out of fold on each group's rows against the strongest there
@@ -229,8 +210,9 @@ def shared_figures(cf, name: str, groups: list[str], merged, gd: np.ndarray, clu
 def shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split):
     """(policy, {group or "*": Choice}, {group: its part of the cap}): the plans `groups.share_cap`
     picks on every non-test row within the pooled cap, and each group's part of it (its plan's
-    expected cost, scaled so that the parts weighted by the groups' rows add up to the cap: what the
-    spend guard keeps each group to); CapUnmet when no plans meet the cap there."""
+    expected cost, scaled so that the parts weighted by the groups' rows add up to the cap; `fit`
+    shares the cap among the saved points instead where some choice of them keeps it:
+    `fit.saved_parts`); CapUnmet when no plans meet the cap there."""
     from fugu_pipeline.policies.cascade.policy import CascadePolicy
     from fugu_pipeline.policies.cascade.search import CapUnmet, choice_at
 

@@ -36,7 +36,6 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
-from fugu_pipeline.cost_cap import within_cap
 from fugu_pipeline.route.router import CASCADE_PLAN, BudgetUnavailable, RouteDecision, Router, RouterError
 from fugu_pipeline.workers.contract import Completion, FatalWorkerError, WorkerCallError
 
@@ -147,11 +146,9 @@ class CascadeRouter(Router):
         return cap_points(self.head.head_params(), self.metrics, domain)
 
     def _budget_plan(self, domain, budget):
-        from fugu_pipeline.policies.cascade.policy import CascadePlan
-        from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, CapOutOfReach, request_point, request_shares
+        from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, CapOutOfReach, request_shares
 
-        points = self._points(domain)
-        if not points:
+        if not self._points(domain):
             raise BudgetUnavailable(f"{self.path}: this cascade records no budget points; retrain it with `fugu-lite train`")
         with self._guards_lock:
             shares = self._shares.get(budget)
@@ -164,30 +161,30 @@ class CascadeRouter(Router):
                 self._shares[budget] = shares
                 while len(self._shares) > MAX_GUARDS:
                     self._shares.pop(next(iter(self._shares)))
-        best, _, note = request_point(shares, points, domain, lambda c, g, p: self.guard(c, g, p))
-        return CascadePlan.model_validate(best["plan"]), {
-            "cap": budget.describe(), "validation_cost_usd": best["cost_usd"], "validation_quality": best["quality"],
-            "guard": note}
+        return self._followed(domain, shares, budget.describe())
 
     def _guarded(self, domain, plan):
-        """The checkpoint's own plan while the running spend under its training cap allows it, else the
-        most accurate saved point within the allowance."""
-        from fugu_pipeline.policies.cascade.policy import CascadePlan
-        from fugu_pipeline.policies.cascade.spend import cap_margin, own_cost, pick, shared_allowance
+        """Under the cap the checkpoint was trained under: the cap followed as a request asking it is
+        (`spend.trained_shares`; a worker shipped alone kept while the cap allows it, `spend.own_point`)."""
+        from fugu_pipeline.policies.cascade.spend import own_point, trained_shares
 
-        guards, cap, allowance = shared_allowance(self.head, domain, lambda c, g, p: self.guard(c, g, p))
-        group = None if len(guards) == 1 else str(domain)
-        note = {"cap": f"the cap it was trained under, ${self.head.cap_usd * 1000:.4g} per 1,000 requests"
-                + (f" (this group's part: ${cap * 1000:.4g})" if group is not None else ""),
-                "guard": {"cap_usd": cap, "allowance_usd": allowance, **guards[0].state(),
-                          **({"group": group, "pooled_cap_usd": guards[1].cap, "pooled": guards[1].state()}
-                             if group is not None else {})}}
-        if within_cap(cap, allowance):  # the cap itself: nothing to hold back
-            return plan, note
+        shares = trained_shares(self.head)
+        part = shares.group_caps.get(str(domain)) if domain is not None else None
+        text = (f"the cap it was trained under, ${shares.cap_usd * 1000:.4g} per 1,000 requests"
+                + (f" (this group's part: ${part * 1000:.4g})" if part is not None else ""))
         points = self._points(domain)
-        got = pick(points, allowance, cap_margin(self.head), own_cost(self.metrics, domain)) or (
-            min(points, key=lambda p: p["cost_usd"]) if points else None)
-        return (plan if got is None else CascadePlan.model_validate(got["plan"])), note
+        if not points:  # a checkpoint that saved no points: its own plan
+            return plan, None
+        return self._followed(domain, shares, text, own_point(self.head, self.metrics))
+
+    def _followed(self, domain, shares, text: str, own: dict | None = None):
+        """(plan, budget note): the point `spend.request_point` serves a request of `domain` under `shares`."""
+        from fugu_pipeline.policies.cascade.policy import CascadePlan
+        from fugu_pipeline.policies.cascade.spend import request_point
+
+        best, _, note = request_point(shares, self._points(domain), domain, lambda c, g, p: self.guard(c, g, p), own)
+        return CascadePlan.model_validate(best["plan"]), {
+            "cap": text, "validation_cost_usd": best["cost_usd"], "validation_quality": best["quality"], "guard": note}
 
     def own_route_batch(self, prompts, domains=None, *, allowed=None, cost_weight=None, budget=None, cost_texts=None,
                         default_point=True):

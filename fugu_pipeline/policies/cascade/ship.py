@@ -162,11 +162,25 @@ def shipped_policy(fit, shipped_path: Path, head_routes: dict | None = None, cas
         cal = load_calibration(shipped_path)
         point = cal.default if cal is not None else None
     return ShippedPolicy(kind=kind, name=win.name, checkpoint=tag, content_hash=content_hash, operating_point=point,
-                         plan=None if kind == "one-shot" else fit.policy.describe(), strongest_worker=top,
+                         plan=None if kind == "one-shot" else fit.policy.describe() + follows_words(fit, kind),
+                         strongest_worker=top,
                          oof_accuracy=win.quality, oof_cost_usd=win.cost_usd, strongest_accuracy=strong.quality,
                          strongest_cost_usd=strong.cost_usd, difference=(win.vs_strongest, win.vs_low, win.vs_high),
                          n_rows=n, reason=fit.reason,
                          at_caps=cap_choices(fit.cap_rows or [], cascade_path, one_shot_path, tag) if cascade_path else [])
+
+
+def follows_words(fit, kind: str) -> str:
+    """How a checkpoint shipped under a pooled cap keeps it (`spend.py`), in words after its plan."""
+    cap = getattr(fit, "cap_usd", None)
+    if cap is None:
+        return ""
+    usd = f"${cap * 1000:.4g} per 1,000 requests"
+    if kind == "best worker":
+        return f", kept while its running spend allows it under the cap it was trained under ({usd}), else a cheaper saved point"
+    shared = " (each group following its part)" if getattr(fit, "group_caps", None) else ""
+    return (f", then following the spend under the cap it was trained under ({usd}){shared}: each request the most "
+            "accurate saved point within the effective cap")
 
 
 def cap_choices(rows: list[dict], cascade_path: Path, one_shot_path: Path | None, shipped_tag: str) -> list[CapChoice]:

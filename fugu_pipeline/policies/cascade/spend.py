@@ -1,30 +1,26 @@
 """Keeping a cascade's cost cap on new requests: the points a cap chooses among, and the spend guard.
 
-A cap's plan is chosen so that its expected cost's upper bound on the rows it was chosen on (mean
-plus the cap's `margin_z` standard errors, 1.645 by default) is within the cap. Live traffic can still escalate more than
-validation did (harder prompts, a verifier that scores new replies lower), so serving also keeps
-the cap on the running spend. Per cap, the **spend guard** counts the requests served under it (n)
-and what they cost (spent); before each request it gives an allowance
+A cap's points are chosen on validation with a margin (mean cost plus the cap's `margin_z` standard
+errors, 1.645 by default), but live traffic can escalate more than validation did, so serving keeps
+the cap on the running spend too. Per cap, a **spend guard** (`SpendGuard`) counts the requests
+served under it (n) and what they cost (spent).
 
-    allowance = min(cap, cap − (spent − n · (1 − BAND) · cap) / HORIZON)
+A cap, whether a request **asks** it of a checkpoint (`fugu_budget`, `serve --cap`, `evaluate --cap`)
+or the checkpoint was **trained** under it (`train --cap`, for requests that ask none), follows the
+spend as a one-step head's follower does (`route/follow.py`): each request gets the effective cap
+`cap · 0.98 − (spent − n · cap · 0.98) / 50` (within [cap/4, 4·cap]) and the most accurate saved
+point whose validation cost is within it, with no margin (`request_point`, `follow_pick`); what it
+cost then counts in the guard. Savings on cheap prompts buy escalations on later ones, and prompts
+that escalate more than validation did (harder traffic, a verifier that scores new replies lower,
+dearer calls) lower the effective cap until the running mean is back at the target. A cap asked
+is refused where no saved point keeps it with its margin (`request_cap`). `train` scores a cascade
+under its cap, and its rows of the table at caps, by the same replay out of fold
+(`follow_fold.py`), so what a cap serves is what was chosen.
 
-the cap, less the spend above `1 − BAND` of the cap so far spread over the next `HORIZON`
-requests. Under the cap a checkpoint was **trained** under (requests that ask none), the guard only
-cuts: while the running mean stays below 95% of the cap the request gets the cap's own plan; as it
-nears the cap and beyond, the allowance falls and the plan served is the most accurate saved point
-whose cost bound is within the allowance (a plan that escalates less), down to the cheapest point.
-It never spends above the cap's own plan to use up savings, and never serves a point dearer than
-the plan it cuts (`own_cost`).
-
-Under a cap **asked** of a checkpoint (`fugu_budget`, `serve --cap`, `evaluate --cap`), the guard
-follows the spend as a one-step head's follower does (`route/follow.py`): each request gets the
-effective cap `cap · 0.98 − (spent − n · cap · 0.98) / 50` (within [cap/4, 4·cap]) and the most
-accurate saved point whose validation cost is within it, with no margin (`request_point`,
-`follow_pick`). A cap some saved point keeps with its margin is within reach (`request_cap`); past
-that, the spend itself holds the running mean at the target, and savings on cheap prompts buy
-escalations on later ones. `policies/cascade/evaluate.py` runs both rules over recorded rows, and
-`train` scores a cascade's row of the table at caps by the same replay out of fold
-(`follow_fold.py`).
+A checkpoint that shipped one worker alone under its cap (the best worker within it beat every
+cascade out of fold) keeps serving that worker while the effective cap allows its cost, and past
+that the most accurate saved point cheaper than it (`own_point`): following never turns it into a
+cascade it did not choose.
 
 Recorded rows reach the guard in **traffic order** (`route/follow.traffic_order`): sorted by a hash of the task
 id, not in the file's order. An import lists its rows one source after another (every HumanEval row,
@@ -34,17 +30,20 @@ The hash interleaves them at random, the same way on every run, and a row is ser
 place however the file orders its rows, so `evaluate` and the contest give a checkpoint the same
 figures on the same rows.
 
-A checkpoint whose plans per group share one pooled cap (`groups.share_cap`) keeps a guard per
-group: each group's part of the cap is its plan's expected cost, scaled so that the parts, weighted
-by the groups' shares of the rows the plans were chosen on, add up to the cap. A run of one kind of
-prompt (a batch of code questions whose plan costs three times the pooled cap) is then not cut to
-the pooled cap while it lasts; a group whose prompts escalate more than its plan did on validation
-is. Beside them, one **pooled guard** keeps the pooled cap when the mix of kinds drifts from the
-one the plans were chosen on (traffic that turns to the dear kind for good). It counts every
-request of every group and lets the pooled spend run `POOL_SLACK` requests' worth of the cap over
-the cap's band before it cuts (a burst of one kind passes); past that, every group's allowance (or
-effective cap) is its part scaled by the pooled allowance's share of the cap (`shared_allowance`),
-so the groups cut together and the running mean comes back under the pooled cap.
+A checkpoint whose plans per group share one pooled cap keeps a follower per group: each group's
+part of the cap is the cost of the saved point `share_parts` allocates it, scaled so that the parts,
+weighted by the groups' shares of the rows the points were chosen on, add up to the cap. A run of
+one kind of prompt (a batch of code questions whose plan costs three times the pooled cap) is then
+not cut to the pooled cap while it lasts; a group whose prompts escalate more than its points did
+on validation is. Beside them, one **pooled guard** keeps the pooled cap when the mix of kinds
+drifts from the one the parts were allocated on (traffic that turns to the dear kind for good). It
+counts every request of every group, and once the pooled spend runs `POOL_SLACK` requests' worth of
+the cap over `1 − BAND` of it (a burst of one kind passes), its allowance
+
+    allowance = min(cap, cap − (spent − n · (1 − BAND) · cap − POOL_SLACK · cap) / HORIZON)
+
+falls below the cap, and every group's effective cap is cut by the allowance's share of the cap
+(`request_point`), so the groups cut together and the running mean comes back under the pooled cap.
 """
 
 from __future__ import annotations
@@ -71,29 +70,11 @@ def cap_points(head_params: dict, metrics: dict, domain: str | None = None) -> l
     return list(front) + (levels if not (head_params.get("domains_frontier") or {}).get(domain or "") else [])
 
 
-def cap_margin(head) -> float:
-    """The margin (standard errors) of the cap a cascade was trained under: the cap's own `margin_z`,
-    or the default margin for a checkpoint that did not record it."""
-    from fugu_pipeline.policies.cascade.search import CAP_Z
-
-    z = getattr(head, "cap_z", None)
-    return CAP_Z if z is None else float(z)
-
-
-def guarded_cap(head, group: str | None) -> tuple[tuple, float]:
-    """(the guard's key, its cap in $ per request) for a request of `group` under the cap `head` was
-    trained under: the group's part of a shared cap where it has one, else the pooled cap."""
-    part = (getattr(head, "group_caps", None) or {}).get(str(group)) if group is not None else None
-    return (("group", str(group), round(part, 15)), part) if part is not None else ((round(head.cap_usd, 15),), head.cap_usd)
-
-
-def own_cost(metrics: dict, group: str | None) -> float | None:
-    """The validation cost of the plan the checkpoint serves `group` (its own plan; the pooled one
-    for a group without), $ per request, or None where the manifest does not record it: the guard
-    never serves a dearer point than that, so a cut never becomes an upgrade."""
-    val = (metrics or {}).get("validation") or {}
-    got = val.get(str(group)) if group is not None and str(group) in val else val.get("*")
-    return None if not got or got.get("cost_usd") is None else float(got["cost_usd"])
+def guarded_cap(shares, group: str | None) -> tuple[tuple, float]:
+    """(the guard's key, its cap in $ per request) for a request of `group` under `shares` (a
+    `RequestShares`): the group's part of a shared cap where it has one, else the whole cap."""
+    part = shares.group_caps.get(str(group)) if group is not None else None
+    return (("group", str(group), round(part, 15)), part) if part is not None else ((round(shares.cap_usd, 15),), shares.cap_usd)
 
 
 class CapOutOfReach(ValueError):
@@ -197,22 +178,49 @@ def group_parts(head_params: dict, metrics: dict) -> list[tuple[str, list[dict],
     return parts
 
 
-def request_point(shares: RequestShares, points: list[dict], group: str | None,
-                  guard_of) -> tuple[dict, list[SpendGuard], dict]:
+def request_point(shares: RequestShares, points: list[dict], group: str | None, guard_of,
+                  own: dict | None = None) -> tuple[dict, list[SpendGuard], dict]:
     """(the point a request of `group` is served under `shares`, the guards its cost counts in, their
     note for the reply): the most accurate of the group's `points` whose validation cost is within
     the effective cap of its guard (`follow_pick`: the cap's spend followed as a one-step head
     follows it, `route/follow.py`), a group's part of a shared cap cut further while the pooled
-    guard beside the parts is past its slack (`shared_allowance`). `guard_of` as `shared_allowance`
-    takes it."""
-    guards, cap, _ = shared_allowance(shares, group, guard_of)
+    guard beside the parts is past its slack. `guard_of(cap, group, pooled)` gives the guard of a
+    cap: a group's part (`group`), the whole cap (neither), or the pooled guard beside a shared
+    cap's parts (`pooled`). `own` (`own_point`): the worker a checkpoint shipped alone, served while
+    the effective cap allows it, else the most accurate point cheaper than it."""
+    guards, cap = shared_guards(shares, group, guard_of)
     effective = guards[0].effective()
     if len(guards) > 1 and guards[1].cap > 0:  # traffic that turned to the dear kinds for good: every part cut alike
         effective = min(effective, cap * guards[1].allowance() / guards[1].cap)
-    best = follow_pick(points, effective)
+    if own is None:
+        best = follow_pick(points, effective)
+    elif within_cap(float(own["cost_usd"]), effective):
+        best = own
+    else:
+        cheaper = [p for p in points if float(p["cost_usd"]) < float(own["cost_usd"])]
+        best = follow_pick(cheaper, effective) if cheaper else own
     note = {"cap_usd": cap, "effective_cap_usd": effective, **guards[0].state(),
             **({"group": str(group), "pooled_cap_usd": guards[1].cap, "pooled": guards[1].state()} if len(guards) > 1 else {})}
     return best, guards, note
+
+
+def trained_shares(head) -> RequestShares:
+    """The cap `head` was trained under (`train --cap`), as requests that ask none keep it: the pooled
+    cap and each group's part of it where its plans share it."""
+    return RequestShares(head.cap_usd, getattr(head, "group_caps", None))
+
+
+def own_point(head, metrics: dict) -> dict | None:
+    """The point of the one worker a checkpoint shipped alone under its cap (the best worker within
+    it: its expected cost and accuracy on the non-test rows), or None where it shipped a cascade."""
+    metrics = metrics or {}
+    policy = head.policy
+    if ((metrics.get("selection") or {}).get("selected_kind") != "best worker" or policy.per_domain
+            or len(policy.default.workers) != 1):
+        return None
+    w = policy.default.workers[0]
+    return {"cost_usd": float((metrics.get("expected_cost_usd") or {}).get(w, 0.0)),
+            "quality": float((metrics.get("worker_quality") or {}).get(w, 0.0)), "plan": policy.default.model_dump()}
 
 
 def follow_pick(points: list[dict], limit: float) -> dict:
@@ -222,6 +230,41 @@ def follow_pick(points: list[dict], limit: float) -> dict:
     if not within:
         return min(points, key=lambda p: (float(p["cost_usd"]), -float(p["quality"])))
     return max(within, key=lambda p: (float(p["quality"]), -float(p["cost_usd"])))
+
+
+def started_policy(policy, choices: dict, frontier: dict, cap_usd: float, group_caps: dict):
+    """The policy a checkpoint trained under a pooled cap serves its first request with: each group's
+    plan the point `request_point` gives a follower that has seen nothing (the most accurate
+    saved point within the cap's target share of its part, no margin). The searched plan was held
+    to the cap's margin; serving follows the spend from here (the module docstring), and `train` scored the
+    candidate that way out of fold, so the plan printed is the one that serves."""
+    from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadePolicy
+    from fugu_pipeline.route.follow import effective_cap
+
+    params = {"frontier": choices["*"].frontier if "*" in choices else [],
+              "domains_frontier": {d: c.frontier for d, c in choices.items() if d != "*" and d in policy.per_domain}}
+    metrics = {"frontier_oof": frontier}
+
+    def first(group, cap, plan):
+        pts = cap_points(params, metrics, group)
+        return CascadePlan.model_validate(follow_pick(pts, effective_cap(cap, 0, 0.0))["plan"]) if pts else plan
+
+    return CascadePolicy(default=first(None, cap_usd, policy.default),
+                         per_domain={d: first(d, group_caps.get(d, cap_usd), p) for d, p in policy.per_domain.items()})
+
+
+def saved_parts(choices: dict, gd: np.ndarray, cap_usd: float, z: float) -> dict[str, float] | None:
+    """Each group's part of a shared cap, shared among the points the checkpoint saves (each group's
+    frontier, the pooled one for the rows of no group) as a cap asked of them is (`share_parts`),
+    so that the cap a checkpoint was trained under and the same cap asked of it later serve alike,
+    and as `train` scores the candidate out of fold (`follow_fold.group_points`); None where no
+    choice of the saved points keeps the cap."""
+    weight = {d: float((gd == d).mean()) for d in choices if d != "*"}
+    rest = 1.0 - sum(weight.values())
+    saved = [(d, choices[d].frontier, w) for d, w in weight.items()] + (
+        [("*", choices["*"].frontier, rest)] if rest > 1e-9 and "*" in choices else [])
+    got = share_parts(saved, cap_usd, z)
+    return None if got is None else got[0]
 
 
 def _rounded_up(x: float, digits: int = 3) -> float:
@@ -236,14 +279,6 @@ def _rounded_up(x: float, digits: int = 3) -> float:
 
 def bound(point: dict, z: float) -> float:
     return float(point["cost_usd"]) + z * float(point.get("cost_se") or 0.0)
-
-
-def pick(points: list[dict], allowance: float, z: float, own: float | None = None) -> dict | None:
-    """The most accurate point whose cost bound is within `allowance` (ties: the cheaper), and whose
-    cost is within `own` (the plan it replaces: `own_cost`), or None."""
-    within = [p for p in points if within_cap(bound(p, z), allowance)
-              and (own is None or within_cap(float(p["cost_usd"]), own))]
-    return max(within, key=lambda p: (p["quality"], -p["cost_usd"])) if within else None
 
 
 class SpendGuard(RunningSpend):
@@ -261,15 +296,11 @@ class SpendGuard(RunningSpend):
         return max(0.0, min(self.cap, self.cap - over / self.horizon))
 
 
-def shared_allowance(head, group: str | None, guard_of) -> tuple[list[SpendGuard], float, float]:
-    """(the guards a request of `group` counts its cost in, its cap, its allowance) under the cap
-    `head` was trained under. `guard_of(cap, group, pooled)` gives the guard of a cap: a group's part
-    (`group`), the pooled cap (neither), or the pooled guard beside a shared cap's parts (`pooled`,
-    with `POOL_SLACK`). A group's allowance is the lower of its own guard's and its part scaled by
-    the pooled guard's allowance over the pooled cap."""
-    key, cap = guarded_cap(head, group)
+def shared_guards(shares, group: str | None, guard_of) -> tuple[list[SpendGuard], float]:
+    """(the guards a request of `group` counts its cost in, its cap) under `shares` (a
+    `RequestShares`): its group's part and the pooled guard beside the parts where the cap is
+    shared, else the whole cap's. `guard_of` as `request_point` takes it."""
+    key, cap = guarded_cap(shares, group)
     if key[0] != "group":
-        mine = guard_of(cap, None, False)
-        return [mine], cap, mine.allowance()
-    mine, pool = guard_of(cap, key[1], False), guard_of(float(head.cap_usd), None, True)
-    return [mine, pool], cap, min(mine.allowance(), cap * pool.allowance() / pool.cap if pool.cap > 0 else 0.0)
+        return [guard_of(cap, None, False)], cap
+    return [guard_of(cap, key[1], False), guard_of(float(shares.cap_usd), None, True)], cap
