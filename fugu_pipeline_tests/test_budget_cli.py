@@ -365,3 +365,44 @@ def test_serve_says_whose_budget_or_field_a_refusal_is(trained, monkeypatch):
         err = r.json()["error"]
         assert r.status_code == 400 and (err["param"], err["code"]) == (None, "unroutable_request"), err
     router.close()
+
+
+def test_a_reply_reporting_a_bogus_huge_cost_holds_the_cap_down_for_a_while_not_for_good(trained, monkeypatch):
+    """A hostile OpenRouter-style server bills a million dollars for one reply (`usage.cost`, finite
+    and non-negative, so it is taken as the reply's cost): the cap's follower counts that request at
+    most 50 caps' worth, so its effective cap comes back once later requests pay it back, where
+    counting the million would hold it at its floor until the router reloads."""
+    import openai
+
+    from fugu_pipeline.route.budget import Budget
+    from fugu_pipeline.route.follow import LOW, MAX_ONE
+    from fugu_pipeline.route.router import Router
+    from fugu_pipeline.serve import create_app
+    from fugu_pipeline.testing.serving import ServerThread
+    from fugu_pipeline.testing.stub_llm import StubLLMServer
+    from fugu_pipeline.workers.config import WorkersConfig
+
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or-v1-" + "ab" * 20)
+    work, ckpt, _ = trained
+    with StubLLMServer() as stub:
+        monkeypatch.setattr(stub, "_cost", lambda model, pt, ct: 1e6)
+        router = Router.load(work / ckpt, device="cpu")
+        cfg = WorkersConfig.model_validate({"workers": [{"id": w, "kind": "openrouter", "model": f"m/{w}",
+                                                         "base_url": stub.openrouter_url} for w in WORKERS]})
+        srv = ServerThread(create_app(router, cfg, batch_window_ms=5))
+        try:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+            got = client.chat.completions.create(model="fugu-lite", extra_body={"fugu_budget": {"share": 0.4}}, messages=[
+                {"role": "user", "content": "compute the sum of a list"}]).model_extra["fugu_lite"]
+        finally:
+            srv.stop()
+        follower = router.follower(Budget(share=0.4))
+        router.close()
+    assert got["cost_usd"] == 1e6 and got["cost_source"] == "usage"  # the reply says what it was billed
+    state = follower.state()
+    assert state["requests"] == 1
+    assert state["running_mean_usd"] <= got["budget"]["expected_cost_usd"] + MAX_ONE * follower.cap
+    assert follower.effective() == pytest.approx(LOW * follower.cap)  # held down at first ...
+    for _ in range(200):  # ... then requests at half the cap pay it back
+        follower.record(0.5 * follower.cap)
+    assert follower.effective() > 0.9 * follower.cap

@@ -24,7 +24,12 @@ holds what the calls really cost at the target, not what the cost model thought 
 where prices change after training (a catalog update) or new prompts draw longer replies than the
 training rows did, the effective cap falls until the actual running mean is back at the target.
 A request no worker answered keeps its expected cost; `route`, which calls nothing, counts the
-expected cost alone.
+expected cost alone. One request counts at most `MAX_ONE` caps' worth (what is recorded, and again
+what a reply settles): a bogus cost in a reply from a hostile OpenAI-compatible server (a finite
+`usage.cost` of a million dollars) would otherwise hold the effective cap at its floor until the
+router reloads; counted at 50 caps, it holds it down for about that many requests, then the
+follower comes back. A real reply that costs more than 50 times the cap is counted short, and
+the server's `/metrics` still shows what every reply cost.
 
 `evaluate`, and `train`'s figures out of fold, replay recorded rows the same way: each row is
 routed, then settled by the recorded cost of the worker it was routed to. A row's own cost never
@@ -60,6 +65,7 @@ TARGET = 0.98  # the share of the cap the running mean is aimed at
 HORIZON = 50  # requests over which a difference from the target is paid back (or spent)
 LOW, HIGH = 0.25, 4.0  # the effective cap stays within these multiples of the cap
 MAX_FOLLOWERS = 256  # distinct caps a router keeps a follower for (the least recently used dropped)
+MAX_ONE = 50.0  # the most one request counts in a follower, in caps (the module docstring)
 
 
 class RunningSpend:
@@ -71,15 +77,16 @@ class RunningSpend:
         self._lock = threading.Lock()
 
     def record(self, cost_usd: float) -> None:
+        """Count one request at `cost_usd` (at most `MAX_ONE` caps)."""
         with self._lock:
             self.n += 1
-            self.spent += float(cost_usd)
+            self.spent += min(float(cost_usd), MAX_ONE * self.cap)
 
     def settle(self, delta_usd: float) -> None:
-        """Add what a counted request's reply cost beyond what was recorded for it (negative: less);
-        the request count stays."""
+        """Add what a counted request's reply cost beyond what was recorded for it (negative: less;
+        at most `MAX_ONE` caps); the request count stays."""
         with self._lock:
-            self.spent += float(delta_usd)
+            self.spent += min(float(delta_usd), MAX_ONE * self.cap)
 
     def state(self) -> dict:
         with self._lock:

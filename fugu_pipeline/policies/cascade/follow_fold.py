@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fugu_pipeline.cost_cap import within_cap
-from fugu_pipeline.route.follow import effective_cap
+from fugu_pipeline.route.follow import MAX_ONE, effective_cap
 
 
 @dataclass
@@ -149,5 +149,5 @@ def replay(parts: list[Part], order: np.ndarray, n: int) -> tuple[np.ndarray, np
         i = int(best_first[p][int(np.argmax(ok))]) if ok.any() else cheapest[p]
         q[k], c[k] = part.q[j, i], part.c[j, i]
         st[0] += 1
-        st[1] += float(c[k]) / part.cap if part.cap > 0 else 0.0
+        st[1] += min(float(c[k]) / part.cap, MAX_ONE) if part.cap > 0 else 0.0  # as `RunningSpend.record` counts
     return q, c
