@@ -150,13 +150,21 @@ def cross_fit(data, grid_for, rows: np.ndarray, folds: np.ndarray, doms: np.ndar
         if any(p is None for p in per_fold):
             out.missing.add(key)
         else:
-            out.table_rows[key] = replay([p for parts in per_fold for p in parts], order, n)
+            out.table_rows[key] = replay(_folded(per_fold), order, n)
     for name, per_fold in capped_parts.items():
         if any(p is None for p in per_fold):
             out.missing.add(name)
         else:
-            put(name, np.arange(n), *replay([p for parts in per_fold for p in parts], order, n))
+            put(name, np.arange(n), *replay(_folded(per_fold), order, n))
     return out
+
+
+def _folded(per_fold: list) -> list:
+    """Each fold's parts, marked with their fold (each fold's rows follow their own cap)."""
+    for f, parts in enumerate(per_fold):
+        for part in parts:
+            part.fold = f
+    return [p for parts in per_fold for p in parts]
 
 
 def _table(out: CrossFit, key: str, at: np.ndarray, got) -> None:

@@ -14,12 +14,13 @@ table at caps (`choice.cap_table`: "cascade" and "plans per group") replay that 
   a checkpoint's saved points (`groups.allocate`), and its follower keeps its part of the cap (the
   chosen point's cost, scaled so that the parts add up to the cap); rows of no group follow the
   whole cap over the pooled points.
-- Every non-test row then goes through its follower in traffic order (`route/follow.traffic_order`,
-  one follower per group across the folds, each fold's rows at that fold's cap and points), served
-  the point the rule picks and counted at what that point cost on the row. A follower counts each
-  row's spend as a share of its own fold's cap: the folds' caps differ (a group's part moves with
-  the allocation on the other folds' rows, by a factor of three on a code-and-math mix), and a
-  spend counted in dollars would carry one fold's overspend into another fold's rows.
+- Every non-test row then goes through its follower in traffic order (`route/follow.traffic_order`):
+  one follower per group and fold, at that fold's cap and points, as a server serving that fold's
+  checkpoint would keep it; each row is served the point the rule picks and counted at what that
+  point cost on the row. A group's part moves with the allocation on the other folds' rows, by up
+  to seven times on a code-and-math mix; one follower across the folds, counting in each fold's
+  caps, would carry what a fold with a small part leaves unspent into dearer points of a fold with
+  a large one (3% over the cap in dollars there).
 
 A share some fold cannot keep with its margin at any point has no row (serving refuses such a cap:
 `spend.request_cap`). The pooled guard beside a shared cap's parts is not replayed: it cuts only
@@ -50,6 +51,7 @@ class Part:
     c: np.ndarray  # (len(at), P)
     cap: float
     cost_se: np.ndarray  # (P,): what a cap's margin reads
+    fold: int = 0  # the fold whose rows these are (each fold's rows follow their own cap)
 
 
 def saved_index(pts, ref: float, z: float) -> list[int]:
@@ -131,8 +133,8 @@ def group_points(grid, tr: np.ndarray, te: np.ndarray, at: np.ndarray, gdoms: np
 
 def replay(parts: list[Part], order: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(quality, cost) per non-test row: the rows in `order` (positions), each through its part's
-    follower (one per key across the folds): the most accurate point whose validation cost is within
-    the effective cap (ties: the cheaper), else the cheapest, as `spend.follow_pick` picks."""
+    follower (one per key and fold): the most accurate point whose validation cost is within the
+    effective cap (ties: the cheaper), else the cheapest, as `spend.follow_pick` picks."""
     where = {}
     for p, part in enumerate(parts):
         for j, k in enumerate(part.at.tolist()):
@@ -144,10 +146,10 @@ def replay(parts: list[Part], order: np.ndarray, n: int) -> tuple[np.ndarray, np
     for k in order.tolist():
         p, j = where[k]
         part = parts[p]
-        st = spend.setdefault(part.key, [0, 0.0])  # requests, and their spend in caps (each row's own fold's)
-        ok = within_cap(part.cost[best_first[p]], part.cap * effective_cap(1.0, st[0], st[1]))
+        st = spend.setdefault((part.key, part.fold), [0, 0.0])  # requests, and their spend
+        ok = within_cap(part.cost[best_first[p]], effective_cap(part.cap, st[0], st[1]))
         i = int(best_first[p][int(np.argmax(ok))]) if ok.any() else cheapest[p]
         q[k], c[k] = part.q[j, i], part.c[j, i]
         st[0] += 1
-        st[1] += min(float(c[k]) / part.cap, MAX_ONE) if part.cap > 0 else 0.0  # as `RunningSpend.record` counts
+        st[1] += min(float(c[k]), MAX_ONE * part.cap)  # as `RunningSpend.record` counts
     return q, c
