@@ -2,8 +2,8 @@
 
 `CascadeRouter` is a `Router` (so `serve`, `load_promoted`, the routing batches and `/health` take it
 as they take any checkpoint) whose decision is a plan, not a worker: `route_batch` gives each prompt
-the plan for its domain (under a request's cap: the best validation point of the checkpoint's
-frontier within it), the first step's first worker as `worker_id`, and the plan in
+the plan for its domain (under a cap, asked or trained under: the most accurate saved point within
+the cap's effective cap, following its spend: `spend.py`), the first step's first worker as `worker_id`, and the plan in
 `extra["cascade"]`. `run_cascade` then calls the plan:
 - each step's workers at once (`call(worker_id)`, the caller's client with its own keys, retries
   and limits); a failed call is listed and the step goes on with the answers it got;
@@ -73,8 +73,8 @@ class CascadeRouter(Router):
     def plan_for(self, domain: str | None, budget=None, allowed: list[str] | None = None):
         """(plan, budget note or None): the checkpoint's plan for `domain` (a domain it has no plan for,
         or none: the pooled plan), or under `budget` the most accurate saved point whose validation cost
-        bound is within the cap, as the spend guard allows; restricted to `allowed`. A checkpoint
-        trained under a cap keeps its own plans within that cap the same way."""
+        is within the cap's effective cap (`spend.request_point`); restricted to `allowed`. A
+        checkpoint trained under a cap serves that cap the same way when no cap is asked."""
         from fugu_pipeline.policies.cascade.policy import CascadePlan, CascadeStep
 
         plan, note = self.head.policy.plan_for(domain), None
