@@ -178,3 +178,34 @@ def test_a_refused_key_on_a_cascade_step_falls_back_and_keeps_the_connection(cas
     finally:
         stub.clear_faults()
         srv.stop()
+
+
+def test_a_cascade_trained_under_a_cap_follows_its_spend_in_serving(tmp_path):
+    """A cascade `train --cap` shipped, served through the official client, requests naming no cap:
+    the first gets the most accurate saved point within 98% of the trained cap (the strong worker
+    alone); every reply's cost (the sum of its calls, priced far above the cap) counts in the cap's
+    follower, whose effective cap then falls, and later requests get the cheaper saved point."""
+    cap = 6e-3
+    ckpt = build_cascade_checkpoint(tmp_path / "models", tmp_path / "emb", cap_usd=cap)
+    with StubLLMServer() as s:
+        cfg = stub_workers_config(s.openai_url)
+        for w in cfg.workers:  # each call priced far above the cap
+            w.price_in_per_mtok, w.price_out_per_mtok = 2000.0, 4000.0
+        srv = ServerThread(create_app(load_router(ckpt, device="cpu"), cfg, batch_window_ms=2))
+        try:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=60)
+            replies = [_ask(client, AGREE).model_extra["fugu_lite"] for _ in range(6)]
+        finally:
+            srv.stop()
+    first, last = replies[0], replies[-1]
+    assert "the cap it was trained under" in first["budget"]["cap"]
+    assert first["budget"]["guard"]["effective_cap_usd"] == pytest.approx(0.98 * cap)
+    assert first["budget"]["validation_cost_usd"] == pytest.approx(5e-3)  # the strong worker alone
+    assert first["cascade"]["steps"][0]["workers"] == ["gamma"]
+    assert all(r["cost_usd"] > cap for r in replies)
+    assert last["budget"]["guard"]["requests"] == 5  # the five replies before it, each counted once
+    assert last["budget"]["guard"]["running_mean_usd"] == pytest.approx(
+        sum(r["cost_usd"] for r in replies[:5]) / 5)
+    assert last["budget"]["guard"]["effective_cap_usd"] < 5e-3
+    assert last["budget"]["validation_cost_usd"] == pytest.approx(3e-4)  # the cheaper saved point
+    assert last["cascade"]["steps"][0]["workers"] != ["gamma"]

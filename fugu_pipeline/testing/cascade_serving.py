@@ -19,12 +19,14 @@ def plan_over(workers: list[str]) -> dict:
 
 def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, seed: int = 0,
                              workers: list[str] | None = None, answer_kinds: dict | None = None,
-                             context: bool = False, plan: dict | None = None, cross=None) -> Path:
+                             context: bool = False, plan: dict | None = None, cross=None,
+                             cap_usd: float | None = None) -> Path:
     """`workers`: three worker ids (default: the stub workers); `answer_kinds`: the final-answer
     kind per domain (default: numbers everywhere; `{}`: each task's grader decides); `context`: also
     fit and save the context verifier (policies/cascade/verifier_context.py: each reply read with the paid ones);
     `plan`: a policy of its own (default `plan_over(workers)`); `cross`: a fitted cross-encoder
-    (`policies/cascade/cross_encoder.py`) whose column the verifier also reads, saved with it."""
+    (`policies/cascade/cross_encoder.py`) whose column the verifier also reads, saved with it;
+    `cap_usd`: the pooled cap ($ per request) it was trained under, as `train --cap` records it."""
     from fugu_pipeline.policies.cascade.answer_features import STATS, answer_text, embed_answers, reply_statistics
     from fugu_pipeline.features.contract import FeatureContract  # noqa: F401  (the data's contract type)
     from fugu_pipeline.features.encoder import Encoder
@@ -89,7 +91,8 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
                      choices={"*": choice}, expected_cost=dict(zip(ids, [1e-4, 2e-4, 5e-3])), answers_version="stub",
                      worker_quality=dict(zip(ids, [0.7, 0.72, 0.95])),
                      answer_kinds={"*": "number"} if answer_kinds is None else answer_kinds,
-                     stat_names=inputs.stat_names, context=ctx, cross_encoder=cross)
+                     stat_names=inputs.stat_names, context=ctx, cross_encoder=cross, cap_usd=cap_usd,
+                     cap_z=None if cap_usd is None else 1.645)
     # as `train` records it: serving under --dtype auto then encodes in the dtype these features were (on a CPU
     # with native bf16, auto alone would serve bf16 against float32 features)
     return save_cascade(models_dir, data, fit, inputs.answer.shape[2], {"feature_dtype": settings.feature_dtype()})
