@@ -648,3 +648,27 @@ def test_plans_per_group_chosen_with_no_cap_keep_each_groups_points_for_a_cap_as
     by = {d: np.mean([o.answered_by for o in outs if o.domain == d] == np.array("strong")) for d in ("mc", "code")}
     assert by["mc"] > 0.9 and by["code"] < 0.1, by
     assert np.mean([o.cost_usd for o in outs]) <= 0.6 * fit.expected_cost["strong"]
+
+
+def test_one_worker_that_wins_under_a_cap_ships_alone_and_serves_alone_while_the_cap_allows(tmp_path, monkeypatch):
+    """When always the strongest worker (or the best one within the cap) has the best out-of-fold
+    accuracy within the cap, that worker alone ships, not the cascade the search found, and the
+    checkpoint serves it while its follower's effective cap allows its cost."""
+    from fugu_pipeline.policies.cascade import fit as fit_module
+    from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, load_cascade
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+    from fugu_pipeline.policies.cascade.save import save_cascade
+    from fugu_pipeline.train.selection import STRONGEST
+
+    def strongest_wins(cands, cf, text, baseline, worker, n_boot, seed):
+        return next(c for c in cands if c.name == STRONGEST), "forced: the strongest has the best accuracy"
+
+    monkeypatch.setattr(fit_module, "pick_capped", strongest_wins)
+    data, grid, inputs = cascade_fixture.close(seed=0)
+    fit = fit_cascade(data, grid, inputs, CascadeConfig(search=FAST, n_boot=200, cap=CostCap(share=1.5)), log=quiet)
+    assert fit.selected_kind == "strongest" and fit.policy.describe() == "[strong]"
+    ckpt = load_cascade(save_cascade(tmp_path, data, fit, inputs.answer.shape[2]))
+    got = CascadeRouter(ckpt, None).route_batch(["q"], ["math"])[0]
+    assert got.extra["cascade"]["describe"] == "[strong]" and got.extra["budget"]["validation_cost_usd"] == pytest.approx(
+        fit.expected_cost["strong"])
+    assert {o.plan for o in cascade_outcomes(ckpt, data, grid, inputs)} == {"[strong]"}

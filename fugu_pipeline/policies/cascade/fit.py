@@ -317,7 +317,7 @@ def fit_cascade(data: RoutingData, grid: AnswerGrid, inputs: VerifierInputs, cfg
     except CapUnmet as exc:
         return _strongest_ships(data, grid, inputs, rows, usable, log, f"cap: {exc}; the strongest worker "
                                 f"({strongest_worker}) ships")
-    if cap_usd is not None and not cfg.domain_caps and win.kind != "best worker":  # it serves its cap following the spend
+    if cap_usd is not None and not cfg.domain_caps and win.kind in ("cascade", "one-shot"):  # a cascade follows its cap
         policy = started_policy(policy, choices, frontier, cap_usd, group_caps)
     table = cap_table({k: (None if k in cf.missing else v) for k, v in cf.table_rows.items()},
                       (cf.quality[STRONGEST], cf.cost[STRONGEST]), n_boot=cfg.n_boot, seed=seed)
@@ -407,8 +407,9 @@ def _final_policy(win, pick, cands, split, cfg, g_all, rows, doms, allowed, memo
     if mode != "cheapest":
         policy, choices = search_policy(g_all, rows, doms, cfg.search, cfg.cap, cfg.domain_caps, cfg.per_domain, allowed,
                                         memo, CAP_Z if capped else 0.0)
-        if win.kind == "best worker":
-            policy = CascadePolicy(default=_alone(ids[_best_worker(g_all, rows, capped, cfg, allowed)]))
+        if win.kind in ("best worker", "strongest"):  # one worker alone won: that worker ships
+            top = top_all if win.kind == "strongest" else _best_worker(g_all, rows, capped, cfg, allowed)
+            policy = CascadePolicy(default=_alone(ids[top]))
         return policy, choices, ""
     ref = g_all.exp_cost[strongest(g_all, rows)]
     qualified = list(pick.qualified)  # cheapest first

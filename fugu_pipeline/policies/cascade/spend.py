@@ -215,7 +215,7 @@ def own_point(head, metrics: dict) -> dict | None:
     it: its expected cost and accuracy on the non-test rows), or None where it shipped a cascade."""
     metrics = metrics or {}
     policy = head.policy
-    if ((metrics.get("selection") or {}).get("selected_kind") != "best worker" or policy.per_domain
+    if ((metrics.get("selection") or {}).get("selected_kind") not in ("best worker", "strongest") or policy.per_domain
             or len(policy.default.workers) != 1):
         return None
     w = policy.default.workers[0]
