@@ -17,8 +17,8 @@ is refused where no saved point keeps it with its margin (`request_cap`). `train
 under its cap, and its rows of the table at caps, by the same replay out of fold
 (`follow_fold.py`), so what a cap serves is what was chosen.
 
-A checkpoint that shipped one worker alone under its cap (the best worker within it beat every
-cascade out of fold) keeps serving that worker while the effective cap allows its cost, and past
+A checkpoint that shipped one worker alone under its cap (always the strongest, or the best worker
+within the cap, beat every cascade out of fold) keeps serving that worker while the effective cap allows its cost, and past
 that the most accurate saved point cheaper than it (`own_point`): following never turns it into a
 cascade it did not choose.
 
