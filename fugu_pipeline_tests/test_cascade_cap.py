@@ -672,3 +672,19 @@ def test_one_worker_that_wins_under_a_cap_ships_alone_and_serves_alone_while_the
     assert got.extra["cascade"]["describe"] == "[strong]" and got.extra["budget"]["validation_cost_usd"] == pytest.approx(
         fit.expected_cost["strong"])
     assert {o.plan for o in cascade_outcomes(ckpt, data, grid, inputs)} == {"[strong]"}
+    from fugu_pipeline.policies.cascade.evaluate import cascade_report
+
+    assert cascade_report(ckpt, data, grid, inputs)["policy"].startswith("[strong], kept while its running spend allows it")
+
+
+def test_evaluate_names_a_trained_caps_policy_as_train_ships_it(capped):
+    """`evaluate`'s policy line for a checkpoint trained under a cap is the plan `train`'s shipped
+    line names, with how it keeps the cap."""
+    from fugu_pipeline.policies.cascade.evaluate import cascade_report
+    from fugu_pipeline.policies.cascade.ship import shipped_policy
+
+    data, grid, inputs, fit, ckpt, cap = capped
+    rep = cascade_report(ckpt, data, grid, inputs)
+    assert rep["policy"] == shipped_policy(fit, ckpt.path).plan
+    assert rep["policy"].startswith(fit.policy.describe() + ", then following the spend under the cap it was trained "
+                                    f"under (${cap * 1000:.4g} per 1,000 requests)")

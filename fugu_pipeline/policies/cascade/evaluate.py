@@ -162,6 +162,18 @@ def _followed(checkpoint, keys: np.ndarray, plans: list, run, order: np.ndarray,
     return out
 
 
+def _trained_cap_words(checkpoint) -> str:
+    """How a checkpoint trained under a cap serves it, after its plan, as `train`'s shipped line says it."""
+    from fugu_pipeline.policies.cascade.ship import follows_words
+    from fugu_pipeline.policies.cascade.spend import own_point
+
+    head = checkpoint.head
+    if getattr(head, "cap_usd", None) is None:
+        return ""
+    return follows_words(head.cap_usd, getattr(head, "group_caps", None),
+                         own_point(head, checkpoint.manifest.metrics or {}) is not None)
+
+
 def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baselines: dict | None = None,
                    budget=None) -> dict:
     """Accuracy, cost and utility of the cascade on `split`, overall and per domain, against the
@@ -201,8 +213,8 @@ def cascade_report(checkpoint, data, grid, inputs, split: str = "test", baseline
             "cost_share_of_pooled_strongest": float(c[m].mean() / max(cost[r, pooled_strong].mean(), 1e-300))})
     return {
         "split": split, "n_tasks": len(outs), "checkpoint": str(checkpoint.path),
-        "policy": checkpoint.head.policy.describe() if budget is None else
-        f"under {budget.describe()}: the most accurate saved point within it, as serving's spend guard allows",
+        "policy": checkpoint.head.policy.describe() + _trained_cap_words(checkpoint) if budget is None else
+        f"under {budget.describe()}: the most accurate saved point within the effective cap, following the spend",
         "budget": None if budget is None else budget.model_dump(),
         "worker_ids": data.worker_ids, "best_worker": data.worker_ids[best], "strongest_worker": data.worker_ids[pooled_strong],
         "accuracy": paired_bootstrap(q, np.zeros(len(q))),

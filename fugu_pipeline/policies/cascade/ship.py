@@ -162,7 +162,8 @@ def shipped_policy(fit, shipped_path: Path, head_routes: dict | None = None, cas
         cal = load_calibration(shipped_path)
         point = cal.default if cal is not None else None
     return ShippedPolicy(kind=kind, name=win.name, checkpoint=tag, content_hash=content_hash, operating_point=point,
-                         plan=None if kind == "one-shot" else fit.policy.describe() + follows_words(fit, kind),
+                         plan=None if kind == "one-shot" else fit.policy.describe() + follows_words(
+                             getattr(fit, "cap_usd", None), getattr(fit, "group_caps", None), kind == "best worker"),
                          strongest_worker=top,
                          oof_accuracy=win.quality, oof_cost_usd=win.cost_usd, strongest_accuracy=strong.quality,
                          strongest_cost_usd=strong.cost_usd, difference=(win.vs_strongest, win.vs_low, win.vs_high),
@@ -170,15 +171,15 @@ def shipped_policy(fit, shipped_path: Path, head_routes: dict | None = None, cas
                          at_caps=cap_choices(fit.cap_rows or [], cascade_path, one_shot_path, tag) if cascade_path else [])
 
 
-def follows_words(fit, kind: str) -> str:
-    """How a checkpoint shipped under a pooled cap keeps it (`spend.py`), in words after its plan."""
-    cap = getattr(fit, "cap_usd", None)
-    if cap is None:
+def follows_words(cap_usd: float | None, group_caps: dict | None, alone: bool) -> str:
+    """How a checkpoint trained under the pooled cap `cap_usd` keeps it (`spend.py`), in words after
+    its plan (`train`'s shipped line, `evaluate`'s report); `alone`: it shipped one worker alone."""
+    if cap_usd is None:
         return ""
-    usd = f"${cap * 1000:.4g} per 1,000 requests"
-    if kind == "best worker":
+    usd = f"${cap_usd * 1000:.4g} per 1,000 requests"
+    if alone:
         return f", kept while its running spend allows it under the cap it was trained under ({usd}), else a cheaper saved point"
-    shared = " (each group following its part)" if getattr(fit, "group_caps", None) else ""
+    shared = " (each group following its part)" if group_caps else ""
     return (f", then following the spend under the cap it was trained under ({usd}){shared}: each request the most "
             "accurate saved point within the effective cap")
 
