@@ -48,8 +48,9 @@ in the file's order. An import lists its rows one source after another (every Hu
 every MBPP row), where live traffic interleaves kinds of prompt; replayed in the file's order, a dear
 first kind would use up what the kinds after it are owed. The hash interleaves them at random, the
 same way on every run, and a row is served at the same place however the file orders its rows. A
-cascade's spend guard (`policies/cascade/spend.py`) replays the same order, and under a cap asked of
-a cascade it follows the spend by the same effective cap, over the cascade's saved points.
+cascade's spend guard (`policies/cascade/spend.py`) replays the same order, and under a cap, asked
+of a cascade or the one it was trained under, it follows the spend by the same effective cap, over
+the cascade's saved points.
 """
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ def shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split
     picks on every non-test row within the pooled cap, and each group's part of it (its plan's
     expected cost, scaled so that the parts weighted by the groups' rows add up to the cap; `fit`
     shares the cap among the saved points instead where some choice of them keeps it:
-    `fit.saved_parts`); CapUnmet when no plans meet the cap there."""
+    `spend.saved_parts`); CapUnmet when no plans meet the cap there."""
     from fugu_pipeline.policies.cascade.policy import CascadePolicy
     from fugu_pipeline.policies.cascade.search import CapUnmet, choice_at
 

@@ -148,7 +148,8 @@ class CascadeRouter(Router):
     def _budget_plan(self, domain, budget):
         from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, CapOutOfReach, request_shares
 
-        if not self._points(domain):
+        points = self._points(domain)
+        if not points:
             raise BudgetUnavailable(f"{self.path}: this cascade records no budget points; retrain it with `fugu-lite train`")
         with self._guards_lock:
             shares = self._shares.get(budget)
@@ -161,7 +162,7 @@ class CascadeRouter(Router):
                 self._shares[budget] = shares
                 while len(self._shares) > MAX_GUARDS:
                     self._shares.pop(next(iter(self._shares)))
-        return self._followed(domain, shares, budget.describe())
+        return self._followed(domain, points, shares, budget.describe())
 
     def _guarded(self, domain, plan):
         """Under the cap the checkpoint was trained under: the cap followed as a request asking it is
@@ -175,14 +176,15 @@ class CascadeRouter(Router):
         points = self._points(domain)
         if not points:  # a checkpoint that saved no points: its own plan
             return plan, None
-        return self._followed(domain, shares, text, own_point(self.head, self.metrics))
+        return self._followed(domain, points, shares, text, own_point(self.head, self.metrics))
 
-    def _followed(self, domain, shares, text: str, own: dict | None = None):
-        """(plan, budget note): the point `spend.request_point` serves a request of `domain` under `shares`."""
+    def _followed(self, domain, points: list[dict], shares, text: str, own: dict | None = None):
+        """(plan, budget note): the point of `points` (the group's saved points) `spend.request_point`
+        serves a request of `domain` under `shares`."""
         from fugu_pipeline.policies.cascade.policy import CascadePlan
         from fugu_pipeline.policies.cascade.spend import request_point
 
-        best, _, note = request_point(shares, self._points(domain), domain, lambda c, g, p: self.guard(c, g, p), own)
+        best, _, note = request_point(shares, points, domain, lambda c, g, p: self.guard(c, g, p), own)
         return CascadePlan.model_validate(best["plan"]), {
             "cap": text, "validation_cost_usd": best["cost_usd"], "validation_quality": best["quality"], "guard": note}
 
