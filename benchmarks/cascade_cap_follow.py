@@ -18,7 +18,6 @@ held-out accuracy − the strongest worker, and the actual spend as a share of i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -46,9 +45,9 @@ def cut_only(checkpoint: str, margin_z: float):
 
     def request_point(shares, points, group, guard_of, own=None):
         guards, cap = spend.shared_guards(shares, group, guard_of)
-        allowance = guards[0].allowance()
+        allowance = guards[0].allowance(band=0.05)
         if len(guards) > 1:
-            allowance = min(allowance, cap * guards[1].allowance() / guards[1].cap if guards[1].cap > 0 else 0.0)
+            allowance = min(allowance, cap * guards[1].allowance(band=0.05) / guards[1].cap if guards[1].cap > 0 else 0.0)
         if parts is not None and shares.cap_usd not in chosen:
             got = spend.share_parts(parts, shares.cap_usd, margin_z)
             chosen[shares.cap_usd] = got[1] if got else {}
@@ -67,7 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--caps", default="0.2,0.33,0.5", help="shares of the strongest worker's cost")
     args, rest = ap.parse_known_args(argv)
-    from fugu_pipeline.cli.main import main as cli
+    from benchmarks.evaluate_as import evaluated
     from fugu_pipeline.cost_cap import DEFAULT_MARGIN_Z
     from fugu_pipeline.policies.cascade import spend
 
@@ -80,17 +79,12 @@ def main(argv=None) -> int:
         for share in (float(s) for s in args.caps.split(",")):
             cells = []
             for way in (served, cut_only(args.checkpoint, DEFAULT_MARGIN_Z)):
-                spend.request_point = way
                 out = Path(tmp) / f"{share}_{len(cells)}" / "test.json"  # evaluate names the report by its split
-                try:
-                    code = cli(["evaluate", "--checkpoint", args.checkpoint, *rest, "--cap", f"share={share}",
-                                "--output", str(out)])
-                finally:
-                    spend.request_point = served
-                if code != 0:
-                    cells.append(f"evaluate exited {code}")
+                rep = evaluated(["--checkpoint", args.checkpoint, *rest, "--cap", f"share={share}"], out, spend,
+                                "request_point", way)
+                if isinstance(rep, str):
+                    cells.append(rep)
                     continue
-                rep = json.loads(out.read_text())
                 cells.append(f"{rep['minus_strongest_accuracy']['mean']:+.4f}, {rep['cost_share_of_strongest']:.3f}")
             print(f"| {share:.0%} | {cells[0]} | {cells[1]} |")
     return 0

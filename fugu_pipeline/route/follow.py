@@ -75,7 +75,21 @@ class RunningSpend:
     def __init__(self, cap_usd: float):
         self.cap = float(cap_usd)
         self.n, self.spent = 0, 0.0
+        self.moved = 0.0  # Σ of the caps the requests were counted under, less n · cap (`set_cap`)
         self._lock = threading.Lock()
+
+    def set_cap(self, cap_usd: float) -> None:
+        """Count the next requests under `cap_usd`; those counted so far keep the cap they were
+        counted under, so what the spend ran over (or under) them stays owed (or in hand)."""
+        with self._lock:
+            cap = float(cap_usd)
+            self.moved += self.n * (self.cap - cap)
+            self.cap = cap
+
+    def counted(self) -> float:
+        """The requests counted, in requests at the current cap: Σ of their caps / the cap (n while
+        the cap never moved). Call under the lock."""
+        return self.n + self.moved / self.cap if self.cap > 0 else float(self.n)
 
     def record(self, cost_usd: float) -> None:
         """Count one request at `cost_usd` (at most `MAX_ONE` caps)."""
@@ -96,10 +110,10 @@ class RunningSpend:
     def effective(self) -> float:
         """The effective cap the next request gets (`effective_cap` over these counts)."""
         with self._lock:
-            return effective_cap(self.cap, self.n, self.spent)
+            return effective_cap(self.cap, self.counted(), self.spent)
 
 
-def effective_cap(cap: float, n: int, spent: float, target: float = TARGET, horizon: float = HORIZON) -> float:
+def effective_cap(cap: float, n: float, spent: float, target: float = TARGET, horizon: float = HORIZON) -> float:
     """The module docstring's effective cap after `n` requests that spent `spent` (same unit as `cap`)."""
     goal = cap * target
     return min(HIGH * cap, max(LOW * cap, goal - (spent - n * goal) / horizon))

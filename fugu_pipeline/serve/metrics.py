@@ -153,12 +153,19 @@ class _LiveFigures:
             count = GaugeMetricFamily("fugu_cap_requests", "requests counted under a cost cap since the router loaded",
                                       labels=labels)
             mean = GaugeMetricFamily("fugu_cap_running_mean_usd", "their mean cost per request, USD", labels=labels)
+            part = GaugeMetricFamily("fugu_cap_part_usd", "a group's part of a shared cap now, USD per request",
+                                     labels=labels)
+            mix = GaugeMetricFamily("fugu_cap_mix_share", "a group's share of a shared cap's recent requests "
+                                    "(its parts are shared over it)", labels=labels)
             for row in m.spend():
                 key = [row["checkpoint"], f"{row['cap_usd']:.6g}", row["group"]]
                 count.add_metric(key, row["requests"])
                 mean.add_metric(key, row["running_mean_usd"])
-            yield count
-            yield mean
+                if "part_usd" in row:
+                    part.add_metric(key, row["part_usd"])
+                for group, share in (row.get("mix") or {}).items():
+                    mix.add_metric([row["checkpoint"], f"{row['cap_usd']:.6g}", str(group)], share)
+            yield from (count, mean, part, mix)
         if m.workers is not None:
             flag = GaugeMetricFamily("fugu_worker_kept_out", "1 while the worker is kept out (its key refused)",
                                      labels=["worker"])

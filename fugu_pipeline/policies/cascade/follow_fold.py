@@ -22,10 +22,12 @@ table at caps (`choice.cap_table`: "cascade" and "plans per group") replay that 
   caps, would carry what a fold with a small part leaves unspent into dearer points of a fold with
   a large one (3% over the cap in dollars there).
 
-A share some fold cannot keep with its margin at any point has no row (serving refuses such a cap:
-`spend.request_cap`). The pooled guard beside a shared cap's parts is not replayed: it cuts only
-once the pooled spend runs `spend.POOL_SLACK` requests' worth of the cap over, more than a
-training set's rows can.
+Each fold's groups share its cap again as the mix of its rows moves from the other folds' mix
+(`spend.RequestShares.parts_for` over `spend.moved_mix`, as the pooled guard keeps it). A share
+some fold cannot keep with its margin at any point has no row (serving refuses such a cap:
+`spend.request_cap`). The pooled guard's backstop is not replayed: it cuts only once the pooled
+spend runs `spend.POOL_SLACK` requests' worth of the cap over it, more than a training set's rows
+can.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Part:
     cap: float
     cost_se: np.ndarray  # (P,): what a cap's margin reads
     fold: int = 0  # the fold whose rows these are (each fold's rows follow their own cap)
+    shares: object = None  # a group's part of a shared cap: the fold's `spend.RequestShares` (its part moves with the mix)
 
 
 def saved_index(pts, ref: float, z: float) -> list[int]:
@@ -100,6 +103,7 @@ def group_points(grid, tr: np.ndarray, te: np.ndarray, at: np.ndarray, gdoms: np
     from fugu_pipeline.policies.cascade.groups import allocate
     from fugu_pipeline.policies.cascade.plans import points_for
     from fugu_pipeline.policies.cascade.search import frontier_index
+    from fugu_pipeline.policies.cascade.spend import RequestShares
 
     gd = np.asarray(gdoms, dtype=str)
     pooled = points_for(grid, tr, search_cfg, allowed, memo)
@@ -118,12 +122,17 @@ def group_points(grid, tr: np.ndarray, te: np.ndarray, at: np.ndarray, gdoms: np
     chosen = {d: float(saved[d].cost[idx[d][i]]) for d, i in zip(keys, got)}
     spent = sum(weights[d] * chosen[d] for d in keys)
     scale = cap_usd / spent if spent > 0 else 1.0
+    points = lambda d: [{"cost_usd": float(saved[d].cost[i]), "cost_se": float(saved[d].cost_se[i]),  # noqa: E731
+                         "quality": float(saved[d].quality[i])} for i in idx[d]]
+    shares = RequestShares(cap_usd, {d: chosen[d] * scale for d in keys if d != "*" and chosen[d] > 0},
+                           [(d, points(d), weights[d]) for d in keys], z)
     out, held = [], gd[te]
     for d in sorted({x if x in own else "*" for x in held.tolist()}):
         mine = np.flatnonzero(held == d) if d != "*" else np.flatnonzero(~np.isin(held, own))
         part = chosen[d] * scale if d != "*" else 0.0
         if part > 0:
             out.append(part_of(grid, saved[d], idx[d], te[mine], at[mine], d, part))
+            out[-1].shares = shares
         else:  # rows of no group, or a group whose part is nothing: the whole cap over the pooled points
             pts = saved.get(d, pooled)
             out.append(part_of(grid, pts, idx[d] if d in own else saved_index(pooled, ref, z), te[mine], at[mine], "*",
@@ -135,21 +144,31 @@ def replay(parts: list[Part], order: np.ndarray, n: int) -> tuple[np.ndarray, np
     """(quality, cost) per non-test row: the rows in `order` (positions), each through its part's
     follower (one per key and fold): the most accurate point whose validation cost is within the
     effective cap (ties: the cheaper), else the cheapest, as `spend.follow_pick` picks."""
+    from fugu_pipeline.policies.cascade.spend import moved_mix
+
     where = {}
     for p, part in enumerate(parts):
         for j, k in enumerate(part.at.tolist()):
             where[k] = (p, j)
     cheapest = [int(np.lexsort((-part.quality, part.cost))[0]) for part in parts]
     best_first = [np.lexsort((part.cost, -part.quality)) for part in parts]  # most accurate, then the cheaper
-    spend: dict[str, list] = {}
+    spend: dict[tuple, list] = {}
+    mix: dict[int, dict[str, float]] = {}  # per fold: each group's share of the grouped requests (`spend.moved_mix`)
     q, c = np.zeros(n), np.zeros(n)
     for k in order.tolist():
         p, j = where[k]
         part = parts[p]
-        st = spend.setdefault((part.key, part.fold), [0, 0.0])  # requests, and their spend
-        ok = within_cap(part.cost[best_first[p]], effective_cap(part.cap, st[0], st[1]))
+        st = spend.setdefault((part.key, part.fold), [0, 0.0, 0.0, part.cap])  # requests, their spend, moved, the cap
+        if part.shares is not None:  # a group's part, for the mix so far (`RunningSpend.set_cap`)
+            now = part.shares.parts_for(mix.setdefault(part.fold, part.shares.start_mix())).get(part.key, part.cap)
+            st[2] += st[0] * (st[3] - now)
+            st[3] = now
+        counted = st[0] + st[2] / st[3] if st[3] > 0 else float(st[0])
+        ok = within_cap(part.cost[best_first[p]], effective_cap(st[3], counted, st[1]))
         i = int(best_first[p][int(np.argmax(ok))]) if ok.any() else cheapest[p]
         q[k], c[k] = part.q[j, i], part.c[j, i]
+        if part.shares is not None:
+            moved_mix(mix[part.fold], part.key)
         st[0] += 1
-        st[1] += min(float(c[k]), MAX_ONE * part.cap)  # as `RunningSpend.record` counts
+        st[1] += min(float(c[k]), MAX_ONE * st[3])  # as `RunningSpend.record` counts
     return q, c

@@ -53,7 +53,7 @@ class CascadeRouter(Router):
         self.answer_kinds = dict(metrics.get("answer_kinds") or {})
         self.metrics = dict(metrics or {})
         self.guards: dict[float, object] = {}  # cap ($ per request) -> its spend guard (policies/cascade/spend.py)
-        self._shares: dict = {}  # a cap asked (CostCap) -> how the checkpoint keeps it (spend.RequestShares)
+        self._shares: dict = {}  # a cap asked (CostCap), or "trained" -> how the checkpoint keeps it (spend.RequestShares)
         self._guards_lock = threading.Lock()
         # the encoder's vectors of a question and its options (`option_fit`), read again at each step of a
         # cascade: the last TEXT_MEMO texts, by text, used under the router's lock
@@ -109,24 +109,30 @@ class CascadeRouter(Router):
         pooled guard beside those parts, `pooled`; kept while the router serves; past `MAX_GUARDS`
         distinct caps, the least recently used one is dropped, so requests naming ever new caps hold
         a bounded memory)."""
-        from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, POOL_SLACK, SpendGuard
+        from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, new_guard
 
         cap = round(float(cap_usd), 15)
         key = ("pooled", cap) if pooled else (cap,) if group is None else ("group", str(group), cap)
         with self._guards_lock:
-            got = self.guards.pop(key, None) or SpendGuard(cap_usd, slack=POOL_SLACK if pooled else 0.0)
+            got = self.guards.pop(key, None) or new_guard(cap_usd, pooled)
             self.guards[key] = got  # the most recently used last
             while len(self.guards) > MAX_GUARDS:
                 self.guards.pop(next(iter(self.guards)))
             return got
 
     def spend_states(self) -> list[dict]:
-        """Each spend guard's running spend (a group's part names its group, the pooled guard beside
-        the parts is "pooled"), then those of the run's checkpoints it sends caps to."""
+        """Each spend guard's running spend (a group's part names its group, with the whole cap as
+        `cap_usd` and its part now as `part_usd`; the pooled guard beside the parts is "pooled", with
+        the mix of requests), then those of the run's checkpoints it sends caps to."""
         with self._guards_lock:
             guards = list(self.guards.items())
-        rows = [{"checkpoint": self.tag, "group": key[1] if key[0] == "group" else "pooled" if key[0] == "pooled" else "",
-                 **g.state()} for key, g in guards]
+        rows = []
+        for key, g in guards:
+            state = g.state()
+            if key[0] == "group":
+                state = {**state, "part_usd": state["cap_usd"], "cap_usd": key[2]}
+            rows.append({"checkpoint": self.tag, "group": key[1] if key[0] == "group" else "pooled" if key[0] == "pooled"
+                         else "", **state})
         return rows + super().spend_states()
 
     def record_spend(self, decision: RouteDecision, cost_usd: float) -> None:
@@ -135,10 +141,11 @@ class CascadeRouter(Router):
         held = (decision.extra.get("budget") or {}).get("guard")
         if not held:  # a one-step route under a cap: its follower (`route/capped.py`)
             super().record_spend(decision, cost_usd)
-        else:
-            self.guard(held["cap_usd"], held.get("group")).record(cost_usd)
-            if held.get("pooled_cap_usd") is not None:
-                self.guard(held["pooled_cap_usd"], pooled=True).record(cost_usd)
+        elif held.get("pooled_cap_usd") is None:
+            self.guard(held["cap_usd"]).record(cost_usd)
+        else:  # a group's guard is kept under the whole cap (its part moves with the mix of requests)
+            self.guard(held["pooled_cap_usd"], held["group"]).record(cost_usd)
+            self.guard(held["pooled_cap_usd"], pooled=True).record(cost_usd)
 
     def _points(self, domain):
         from fugu_pipeline.policies.cascade.spend import cap_points
@@ -169,14 +176,20 @@ class CascadeRouter(Router):
         (`spend.trained_shares`; a worker shipped alone kept while the cap allows it, `spend.own_point`)."""
         from fugu_pipeline.policies.cascade.spend import own_point, trained_shares
 
-        shares = trained_shares(self.head)
-        part = shares.group_caps.get(str(domain)) if domain is not None else None
-        text = (f"the cap it was trained under, ${shares.cap_usd * 1000:.4g} per 1,000 requests"
-                + (f" (this group's part: ${part * 1000:.4g})" if part is not None else ""))
+        with self._guards_lock:
+            shares = self._shares.get("trained")
+        if shares is None:
+            shares = trained_shares(self.head, self.metrics)
+            with self._guards_lock:
+                shares = self._shares.setdefault("trained", shares)
         points = self._points(domain)
         if not points:  # a checkpoint that saved no points: its own plan
             return plan, None
-        return self._followed(domain, points, shares, text, own_point(self.head, self.metrics))
+        got, note = self._followed(domain, points, shares, "", own_point(self.head, self.metrics))
+        held = note["guard"]
+        note["cap"] = (f"the cap it was trained under, ${shares.cap_usd * 1000:.4g} per 1,000 requests"
+                       + (f" (this group's part: ${held['cap_usd'] * 1000:.4g})" if held.get("group") is not None else ""))
+        return got, note
 
     def _followed(self, domain, points: list[dict], shares, text: str, own: dict | None = None):
         """(plan, budget note): the point of `points` (the group's saved points) `spend.request_point`

@@ -35,12 +35,20 @@ part of the cap is the cost of the saved point `share_parts` allocates it, scale
 weighted by the groups' shares of the rows the points were chosen on, add up to the cap. A run of
 one kind of prompt (a batch of code questions whose plan costs three times the pooled cap) is then
 not cut to the pooled cap while it lasts; a group whose prompts escalate more than its points did
-on validation is. Beside them, one **pooled guard** keeps the pooled cap when the mix of kinds
-drifts from the one the parts were allocated on (traffic that turns to the dear kind for good). It
-counts every request of every group, and once the pooled spend runs `POOL_SLACK` requests' worth of
-the cap over `1 − BAND` of it (a burst of one kind passes), its allowance
+on validation is.
 
-    allowance = min(cap, cap − (spent − n · (1 − BAND) · cap − POOL_SLACK · cap) / HORIZON)
+The parts add up to the cap only at that mix of kinds. Beside the groups' followers one **pooled
+guard** counts every grouped request and keeps the **mix of requests**: each group's share of them,
+an exponential average over about `MIX_WINDOW` requests that starts at the rows' mix (`moved_mix`).
+Once a group's share is `MIX_BAND` away from its share of the rows, the cap is shared again over
+the mix of requests as `share_parts` shares it (`RequestShares.parts_for`), and each group's
+follower keeps its new part: traffic that turns to the dear kind for good brings that kind's part
+down toward the pooled cap within a few windows, and traffic that turns to the cheap kind lets the
+dear kind spend more. A follower whose part moves keeps what it owed or saved under the part it had
+(`RunningSpend.set_cap`). The pooled guard is also the backstop: once the pooled spend runs
+`POOL_SLACK` requests' worth of the cap over the cap, its allowance
+
+    allowance = min(cap, cap − (spent − n · cap − POOL_SLACK · cap) / HORIZON)
 
 falls below the cap, and every group's effective cap is cut by the allowance's share of the cap
 (`request_point`), so the groups cut together and the running mean comes back under the pooled cap.
@@ -48,15 +56,19 @@ falls below the cap, and every group's effective cap is cut by the allowance's s
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-from fugu_pipeline.cost_cap import within_cap
+from fugu_pipeline.cost_cap import DEFAULT_MARGIN_Z, within_cap
 from fugu_pipeline.route.follow import RunningSpend
 
-BAND = 0.05  # the guard starts cutting when the running mean passes (1 − BAND) of the cap
 HORIZON = 50  # requests over which an overspend is paid back
 MAX_GUARDS = 256  # distinct caps a server keeps a guard for (the least recently used dropped)
 POOL_SLACK = 1000.0  # requests' worth of the pooled cap a shared cap's pooled spend may run over before it cuts
+MIX_WINDOW = 1000.0  # requests over which a shared cap's mix of requests moves (`moved_mix`)
+MIX_BAND = 0.05  # a shared cap is shared again once a group's share of the requests is this far from the rows' share
+MIX_STEP = 0.01  # ... to the nearest this much
 
 
 def cap_points(head_params: dict, metrics: dict, domain: str | None = None) -> list[dict]:
@@ -72,9 +84,12 @@ def cap_points(head_params: dict, metrics: dict, domain: str | None = None) -> l
 
 def guarded_cap(shares, group: str | None) -> tuple[tuple, float]:
     """(the guard's key, its cap in $ per request) for a request of `group` under `shares` (a
-    `RequestShares`): the group's part of a shared cap where it has one, else the whole cap."""
+    `RequestShares`): the group's part of a shared cap where it has one (its part over the mix of
+    the rows the plans were chosen on; keyed by the whole cap, as the part moves with the mix of
+    requests), else the whole cap."""
     part = shares.group_caps.get(str(group)) if group is not None else None
-    return (("group", str(group), round(part, 15)), part) if part is not None else ((round(shares.cap_usd, 15),), shares.cap_usd)
+    whole = round(shares.cap_usd, 15)
+    return (("group", str(group), whole), part) if part is not None else ((whole,), shares.cap_usd)
 
 
 class CapOutOfReach(ValueError):
@@ -106,11 +121,56 @@ def request_cap(points: list[dict], budget, expected_cost: dict, worker_quality:
 
 class RequestShares:
     """A cap asked of a checkpoint (by a request's `fugu_budget`, `serve --cap` or `evaluate --cap`),
-    as it is kept: `cap_usd` ($ per request) and, where the checkpoint holds a frontier per group,
-    each group's part of it (`group_caps`, as a cap given to `train` is shared: `share_parts`)."""
+    or the one it was trained under, as it is kept: `cap_usd` ($ per request) and, where the
+    checkpoint holds a frontier per group, each group's part of it (`group_caps`, as a cap given to
+    `train` is shared: `share_parts`, over the mix of the rows the plans were chosen on) and what
+    shares it again when the mix of requests moves (`parts`, as `group_parts` reads them, and the
+    cap's margin `z`: `parts_for`)."""
 
-    def __init__(self, cap_usd: float, group_caps: dict[str, float] | None = None):
+    def __init__(self, cap_usd: float, group_caps: dict[str, float] | None = None,
+                 parts: list[tuple[str, list[dict], float]] | None = None, z: float = 0.0):
         self.cap_usd, self.group_caps = float(cap_usd), dict(group_caps or {})
+        self.parts, self.z = (parts if self.group_caps else None), float(z)
+        self._shared: dict[tuple, dict[str, float]] = {}
+        self._lock = threading.Lock()
+
+    def start_mix(self) -> dict[str, float]:
+        """Each group's share of the grouped rows the plans were chosen on: where `moved_mix`
+        starts a server's mix of requests."""
+        if not self.parts:
+            return {}
+        grouped = [(g, w) for g, _, w in self.parts if g != "*"]
+        total = sum(w for _, w in grouped)
+        return {g: w / total for g, w in grouped} if total > 0 else {}
+
+    def mix_weights(self, mix: dict[str, float]) -> list[float]:
+        """`parts`' weights for `mix` (each group's share of the grouped requests, `moved_mix`): the
+        rows of no group ("*") keep their share of the rows the plans were chosen on."""
+        rest = sum(w for g, _, w in self.parts if g == "*")
+        return [w if g == "*" else (1.0 - rest) * float(mix.get(g, 0.0)) for g, _, w in self.parts]
+
+    def parts_for(self, mix: dict[str, float]) -> dict[str, float]:
+        """Each group's part of the cap for the mix of requests (`mix_weights`): `group_caps` while
+        every group's share is within `MIX_BAND` of its share of the rows the plans were chosen on,
+        else the cap shared among the saved points as `share_parts` shares it over those shares (to
+        the nearest `MIX_STEP`; with the margin, else without it; else `group_caps`)."""
+        if not self.parts or not mix:
+            return self.group_caps
+        now = self.mix_weights(mix)
+        if max(abs(a - w) for a, (_, _, w) in zip(now, self.parts)) < MIX_BAND:  # near the mix the parts were shared on
+            return self.group_caps
+        key = tuple(round(w / MIX_STEP) for w in now)
+        with self._lock:
+            got = self._shared.get(key)
+        if got is None:
+            weighted = [(g, pts, k * MIX_STEP) for (g, pts, _), k in zip(self.parts, key)]
+            shared = share_parts(weighted, self.cap_usd, self.z) or share_parts(weighted, self.cap_usd, 0.0)
+            got = {**self.group_caps, **shared[0]} if shared else self.group_caps
+            with self._lock:
+                self._shared[key] = got
+                while len(self._shared) > MAX_GUARDS:
+                    self._shared.pop(next(iter(self._shared)))
+        return got
 
 
 def request_shares(head_params: dict, metrics: dict, budget) -> RequestShares:
@@ -139,7 +199,7 @@ def request_shares(head_params: dict, metrics: dict, budget) -> RequestShares:
         raise CapOutOfReach(f"{budget.describe()}: no choice of this checkpoint's points per group meets it on "
                             f"validation (the cheapest costs ${usd:g} per 1,000 requests over the groups' mix, plus "
                             f"{z:g} standard errors); raise the cap to {share}${usd:g} per 1,000 requests")
-    return RequestShares(cap, got[0])
+    return RequestShares(cap, got[0], parts, z)
 
 
 def share_parts(parts: list[tuple[str, list[dict], float]], cap_usd: float, z: float) -> tuple[dict, dict] | None:
@@ -190,8 +250,8 @@ def request_point(shares: RequestShares, points: list[dict], group: str | None, 
     the effective cap allows it, else the most accurate point cheaper than it."""
     guards, cap = shared_guards(shares, group, guard_of)
     effective = guards[0].effective()
-    if len(guards) > 1 and guards[1].cap > 0:  # traffic that turned to the dear kinds for good: every part cut alike
-        effective = min(effective, cap * guards[1].allowance() / guards[1].cap)
+    if len(guards) > 1 and guards[1].cap > 0:  # past the pooled guard's slack: every part cut alike
+        effective *= guards[1].allowance() / guards[1].cap
     if own is None:
         best = follow_pick(points, effective)
     elif within_cap(float(own["cost_usd"]), effective):
@@ -199,15 +259,21 @@ def request_point(shares: RequestShares, points: list[dict], group: str | None, 
     else:
         cheaper = [p for p in points if float(p["cost_usd"]) < float(own["cost_usd"])]
         best = follow_pick(cheaper, effective) if cheaper else own
+    if len(guards) > 1:
+        guards[1].seen(str(group), shares.start_mix())  # this request moves the mix the parts are shared by
     note = {"cap_usd": cap, "effective_cap_usd": effective, **guards[0].state(),
             **({"group": str(group), "pooled_cap_usd": guards[1].cap, "pooled": guards[1].state()} if len(guards) > 1 else {})}
     return best, guards, note
 
 
-def trained_shares(head) -> RequestShares:
+def trained_shares(head, metrics: dict) -> RequestShares:
     """The cap `head` was trained under (`train --cap`), as requests that ask none keep it: the pooled
-    cap and each group's part of it where its plans share it."""
-    return RequestShares(head.cap_usd, getattr(head, "group_caps", None))
+    cap and each group's part of it where its plans share it (shared again as the mix of requests
+    moves, over the saved points, as a cap asked is: `RequestShares.parts_for`)."""
+    groups = getattr(head, "group_caps", None)
+    parts = group_parts(head.head_params(), metrics) if groups else None
+    z = getattr(head, "cap_z", None)
+    return RequestShares(head.cap_usd, groups, parts, DEFAULT_MARGIN_Z if z is None else z)
 
 
 def own_point(head, metrics: dict) -> dict | None:
@@ -281,19 +347,51 @@ def bound(point: dict, z: float) -> float:
     return float(point["cost_usd"]) + z * float(point.get("cost_se") or 0.0)
 
 
+def new_guard(cap_usd: float, pooled: bool = False) -> SpendGuard:
+    """A cap's guard as serving and `evaluate` keep it: the pooled guard beside a shared cap's parts
+    with its slack (`POOL_SLACK`), any other with none."""
+    return SpendGuard(cap_usd, slack=POOL_SLACK if pooled else 0.0)
+
+
 class SpendGuard(RunningSpend):
-    """The running spend under one cap (see the module docstring); safe across threads."""
+    """The running spend under one cap (see the module docstring); safe across threads. The pooled
+    guard beside a shared cap's parts also counts the requests of each group (`mix`)."""
 
-    def __init__(self, cap_usd: float, horizon: int = HORIZON, band: float = BAND, slack: float = 0.0):
+    def __init__(self, cap_usd: float, horizon: int = HORIZON, slack: float = 0.0):
         super().__init__(cap_usd)
-        self.horizon, self.band, self.slack = horizon, band, float(slack)
+        self.horizon, self.slack = horizon, float(slack)
+        self.mix: dict[str, float] = {}
 
-    def allowance(self) -> float:
-        """The module docstring's allowance; `slack` requests' worth of the cap may be spent over the
-        band before it falls."""
+    def allowance(self, band: float = 0.0) -> float:
+        """The module docstring's allowance: it falls below the cap once the spend runs `slack`
+        requests' worth of the cap over `1 − band` of the cap (0: over the cap itself)."""
         with self._lock:
-            over = self.spent - self.n * (1 - self.band) * self.cap - self.slack * self.cap
+            over = self.spent - self.counted() * (1 - band) * self.cap - self.slack * self.cap
         return max(0.0, min(self.cap, self.cap - over / self.horizon))
+
+    def seen(self, group: str, start: dict[str, float]) -> None:
+        """One request of `group` moves the mix (`moved_mix`; it starts at `start`)."""
+        with self._lock:
+            self.mix = self.mix or dict(start)
+            moved_mix(self.mix, group)
+
+    def state(self) -> dict:
+        """The running spend, and the mix of requests where this is a shared cap's pooled guard."""
+        got = super().state()
+        with self._lock:
+            return {**got, "mix": {g: round(w, 4) for g, w in self.mix.items()}} if self.mix else got
+
+    def mix_now(self, start: dict[str, float]) -> dict[str, float]:
+        """Each group's share of the grouped requests so far (`start` before any)."""
+        with self._lock:
+            return dict(self.mix or start)
+
+
+def moved_mix(mix: dict[str, float], group: str) -> None:
+    """`mix` (each group's share of the grouped requests) after one more request of `group`, in
+    place: an exponential average over the last `MIX_WINDOW` requests or so."""
+    for g in mix:
+        mix[g] += ((1.0 if g == group else 0.0) - mix[g]) / MIX_WINDOW
 
 
 def shared_guards(shares, group: str | None, guard_of) -> tuple[list[SpendGuard], float]:
@@ -303,4 +401,8 @@ def shared_guards(shares, group: str | None, guard_of) -> tuple[list[SpendGuard]
     key, cap = guarded_cap(shares, group)
     if key[0] != "group":
         return [guard_of(cap, None, False)], cap
-    return [guard_of(cap, key[1], False), guard_of(float(shares.cap_usd), None, True)], cap
+    pooled = guard_of(float(shares.cap_usd), None, True)
+    cap = shares.parts_for(pooled.mix_now(shares.start_mix())).get(key[1], cap)  # the part for the mix of requests
+    own = guard_of(float(shares.cap_usd), key[1], False)  # the group's guard, under its part as it moves
+    own.set_cap(cap)
+    return [own, pooled], cap
