@@ -100,10 +100,9 @@ def group_points(grid, tr: np.ndarray, te: np.ndarray, at: np.ndarray, gdoms: np
     `groups.allocate` within the cap (the groups weighted by their rows), each group's part that
     point's cost scaled so that the parts add up to the cap; rows of no group follow the whole cap
     over the pooled points. None when no choice of saved points keeps the cap there."""
-    from fugu_pipeline.policies.cascade.groups import allocate
     from fugu_pipeline.policies.cascade.plans import points_for
     from fugu_pipeline.policies.cascade.search import frontier_index
-    from fugu_pipeline.policies.cascade.spend import RequestShares
+    from fugu_pipeline.policies.cascade.spend import RequestShares, share_parts
 
     gd = np.asarray(gdoms, dtype=str)
     pooled = points_for(grid, tr, search_cfg, allowed, memo)
@@ -114,22 +113,17 @@ def group_points(grid, tr: np.ndarray, te: np.ndarray, at: np.ndarray, gdoms: np
     if rest > 1e-9:
         saved["*"], weights["*"] = pooled, rest
     idx = {d: frontier_index(p) for d, p in saved.items()}
-    keys = list(saved)
-    got = allocate([saved[d].quality[idx[d]] for d in keys], [saved[d].cost[idx[d]] for d in keys],
-                   [saved[d].cost_se[idx[d]] for d in keys], [weights[d] for d in keys], cap_usd, z)
-    if got is None:
-        return None
-    chosen = {d: float(saved[d].cost[idx[d][i]]) for d, i in zip(keys, got)}
-    spent = sum(weights[d] * chosen[d] for d in keys)
-    scale = cap_usd / spent if spent > 0 else 1.0
     points = lambda d: [{"cost_usd": float(saved[d].cost[i]), "cost_se": float(saved[d].cost_se[i]),  # noqa: E731
                          "quality": float(saved[d].quality[i])} for i in idx[d]]
-    shares = RequestShares(cap_usd, {d: chosen[d] * scale for d in keys if d != "*" and chosen[d] > 0},
-                           [(d, points(d), weights[d]) for d in keys], z)
+    shared = [(d, points(d), weights[d]) for d in saved]
+    got = share_parts(shared, cap_usd, z)
+    if got is None:
+        return None
+    shares = RequestShares(cap_usd, got[0], shared, z)
     out, held = [], gd[te]
     for d in sorted({x if x in own else "*" for x in held.tolist()}):
         mine = np.flatnonzero(held == d) if d != "*" else np.flatnonzero(~np.isin(held, own))
-        part = chosen[d] * scale if d != "*" else 0.0
+        part = got[0].get(d, 0.0) if d != "*" else 0.0
         if part > 0:
             out.append(part_of(grid, saved[d], idx[d], te[mine], at[mine], d, part))
             out[-1].shares = shares

@@ -44,7 +44,7 @@ from fugu_pipeline.train.groups import fold_tops_note
 from fugu_pipeline.train.selection import STRONGEST
 
 __all__ = ["GroupChoice", "Option", "STRONGEST", "choose_groups", "group_label", "merged_line", "split_groups",
-           "group_fold", "GROUP_STRONGEST", "group_rung", "fold_tops_note", "allocate", "share_cap",
+           "group_fold", "GROUP_STRONGEST", "group_rung", "fold_tops_note", "allocate", "fill_parts", "share_cap",
            "shared_figures", "shared_policy"]
 
 GROUP_STRONGEST = "the domain's strongest worker alone"
@@ -159,6 +159,34 @@ def allocate(quality: list[np.ndarray], cost: list[np.ndarray], cost_se: list[np
     return [int(fronts[g][k]) for g, k in enumerate(best)]
 
 
+def fill_parts(costs: dict[str, float], tops: dict[str, float], weights: dict[str, float], cap_usd: float) -> dict[str, float]:
+    """Each group's part of `cap_usd`: its chosen point's cost (`costs`) scaled so that the parts,
+    weighted by `weights`, add up to the cap, but never above what its dearest saved point costs
+    (`tops`) over the follower's target share of a cap (`route/follow.TARGET`): a follower cannot
+    spend more than that on average. What a group cannot spend goes to the others, in proportion
+    to their costs (water-filling). A group whose point costs nothing gets nothing; where every
+    group reaches its top, the parts add up to less than the cap."""
+    from fugu_pipeline.route.follow import TARGET
+
+    tops = {g: t / TARGET for g, t in tops.items()}
+    parts = {g: 0.0 for g in costs}
+    fixed: dict[str, float] = {}
+    while True:
+        free = [g for g in costs if g not in fixed and costs[g] > 0]
+        left = cap_usd - sum(weights[g] * v for g, v in fixed.items())
+        denom = sum(weights[g] * costs[g] for g in free)
+        if not free or denom <= 0:
+            break
+        scale = max(left, 0.0) / denom
+        over = [g for g in free if costs[g] * scale > tops[g]]
+        if not over:
+            parts.update({g: costs[g] * scale for g in free})
+            break
+        fixed.update({g: tops[g] for g in over})
+    parts.update(fixed)
+    return parts
+
+
 def share_cap(grid, rows: np.ndarray, gdoms: np.ndarray, groups: list[str], search_cfg, allowed, cap_usd: float,
               z: float, memo: dict | None = None) -> dict | None:
     """{group: (plan, its Points, its index), "*": the same for the rows of no group} chosen on `rows`
@@ -226,7 +254,9 @@ def shared_policy(g_all, rows, gdoms, groups, cfg, cap_usd, allowed, memo, split
     gd = np.asarray(gdoms, dtype=str)[rows]
     weight = {d: float((gd == d).mean()) for d in per}
     weight["*"] = 1.0 - sum(weight.values())
-    spent = sum(weight[d] * choices[d].cost for d in weight if d in choices)
-    scale = cap_usd / spent if spent > 0 else 1.0
-    parts = {d: choices[d].cost * scale for d in per if choices[d].cost > 0}
+    had = [d for d in weight if d in choices]
+    filled = fill_parts({d: choices[d].cost for d in had},
+                        {d: max([choices[d].cost, *(float(p["cost_usd"]) for p in choices[d].frontier)]) for d in had},
+                        weight, cap_usd)
+    parts = {d: filled[d] for d in per if filled.get(d, 0.0) > 0}
     return CascadePolicy(default=choices["*"].plan, per_domain=per), choices, parts

@@ -32,7 +32,8 @@ figures on the same rows.
 
 A checkpoint whose plans per group share one pooled cap keeps a follower per group: each group's
 part of the cap is the cost of the saved point `share_parts` allocates it, scaled so that the parts,
-weighted by the groups' shares of the rows the points were chosen on, add up to the cap. A run of
+weighted by the groups' shares of the rows the points were chosen on, add up to the cap (no part
+above what its group's dearest point can spend: `groups.fill_parts`). A run of
 one kind of prompt (a batch of code questions whose plan costs three times the pooled cap) is then
 not cut to the pooled cap while it lasts; a group whose prompts escalate more than its points did
 on validation is.
@@ -208,8 +209,9 @@ def share_parts(parts: list[tuple[str, list[dict], float]], cap_usd: float, z: f
     pooled frontier for the rows of no group) by `groups.allocate`, the most accurate whole whose
     cost bound, the groups weighted by their shares of the rows the plans were chosen on, is within
     the cap; each group's part is its point's cost scaled so that the weighted parts add up to the
-    cap (as `groups.shared_policy` shares a cap given to `train`). None: no choice within the cap."""
-    from fugu_pipeline.policies.cascade.groups import allocate
+    cap, never above its dearest point's cost (`groups.fill_parts`; as `groups.shared_policy` shares a cap
+    given to `train`). None: no choice within the cap."""
+    from fugu_pipeline.policies.cascade.groups import allocate, fill_parts
 
     arr = lambda pts, key: np.array([float(p.get(key) or 0.0) for p in pts])  # noqa: E731
     got = allocate([arr(p, "quality") for _, p, _ in parts], [arr(p, "cost_usd") for _, p, _ in parts],
@@ -217,9 +219,9 @@ def share_parts(parts: list[tuple[str, list[dict], float]], cap_usd: float, z: f
     if got is None:
         return None
     chosen = {g: pts[i] for (g, pts, _), i in zip(parts, got)}
-    spent = sum(w * float(chosen[g]["cost_usd"]) for g, _, w in parts)
-    scale = cap_usd / spent if spent > 0 else 1.0
-    return {g: float(p["cost_usd"]) * scale for g, p in chosen.items() if g != "*" and p["cost_usd"] > 0}, chosen
+    filled = fill_parts({g: float(chosen[g]["cost_usd"]) for g, _, _ in parts},
+                        {g: max(float(p["cost_usd"]) for p in pts) for g, pts, _ in parts}, {g: w for g, _, w in parts}, cap_usd)
+    return {g: part for g, part in filled.items() if g != "*" and part > 0}, chosen
 
 
 def group_parts(head_params: dict, metrics: dict) -> list[tuple[str, list[dict], float]] | None:
