@@ -312,9 +312,21 @@ def test_traffic_that_turns_to_the_dear_kind_for_good_is_brought_back_under_the_
     assert np.mean(spent[int(3 * MIX_WINDOW):]) <= cap and np.cumsum(np.array(spent) - cap).max() < 0.75 * MIX_WINDOW * cap
     code = router.route_batch(["q"], ["code"])[0].extra["budget"]["guard"]  # its own guard idle, the pooled one shared
     assert code["requests"] == 0 and code["pooled"]["requests"] == len(spent)
-    rows = {r["group"]: r for r in router.spend_states()}  # what /metrics shows
+    rows = {r["group"]: r for r in router.spend_states()}
     assert rows["pooled"]["mix"]["mc"] > 0.99 and rows["mc"]["cap_usd"] == pytest.approx(cap)
     assert rows["mc"]["part_usd"] < 0.6 * parts["mc"]
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fugu_pipeline.serve.metrics import ServeMetrics
+
+    metrics = ServeMetrics()
+    metrics.spend = router.spend_states  # as the app sets it
+    got = {(f.name, x.labels["group"]): x for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+           for x in f.samples if f.name in ("fugu_cap_part_usd", "fugu_cap_mix_share", "fugu_cap_requests")}
+    assert got[("fugu_cap_part_usd", "mc")].value == pytest.approx(rows["mc"]["part_usd"])
+    assert got[("fugu_cap_mix_share", "mc")].value > 0.99 and got[("fugu_cap_mix_share", "code")].value < 0.01
+    assert {got[(name, "mc")].labels["cap_usd"] for name in ("fugu_cap_part_usd", "fugu_cap_requests")} == {f"{cap:.6g}"}
 
 
 def test_a_worker_shipped_alone_under_its_cap_is_kept_while_the_spend_allows_and_never_upgraded():

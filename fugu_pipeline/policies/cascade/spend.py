@@ -136,19 +136,21 @@ class RequestShares:
         self._lock = threading.Lock()
 
     def start_mix(self) -> dict[str, float]:
-        """Each group's share of the grouped rows the plans were chosen on: where `moved_mix`
-        starts a server's mix of requests."""
+        """Each group's share of the rows the plans were chosen on, among the groups with a part
+        (those whose requests the pooled guard counts): where `moved_mix` starts a server's mix of
+        requests."""
         if not self.parts:
             return {}
-        grouped = [(g, w) for g, _, w in self.parts if g != "*"]
+        grouped = [(g, w) for g, _, w in self.parts if g in self.group_caps]
         total = sum(w for _, w in grouped)
         return {g: w / total for g, w in grouped} if total > 0 else {}
 
     def mix_weights(self, mix: dict[str, float]) -> list[float]:
-        """`parts`' weights for `mix` (each group's share of the grouped requests, `moved_mix`): the
-        rows of no group ("*") keep their share of the rows the plans were chosen on."""
-        rest = sum(w for g, _, w in self.parts if g == "*")
-        return [w if g == "*" else (1.0 - rest) * float(mix.get(g, 0.0)) for g, _, w in self.parts]
+        """`parts`' weights for `mix` (each group's share of the requests counted, `moved_mix`): the
+        rows of no group ("*"), and of a group with no part, keep their share of the rows the plans
+        were chosen on."""
+        rest = sum(w for g, _, w in self.parts if g not in self.group_caps)
+        return [(1.0 - rest) * float(mix.get(g, 0.0)) if g in self.group_caps else w for g, _, w in self.parts]
 
     def parts_for(self, mix: dict[str, float]) -> dict[str, float]:
         """Each group's part of the cap for the mix of requests (`mix_weights`): `group_caps` while
