@@ -279,7 +279,7 @@ def test_traffic_that_turns_to_the_dear_kind_for_good_is_brought_back_under_the_
     requests moves and the cap is shared again over it, so multiple choice's part comes down to the
     pooled cap. The spend comes back under the pooled cap well before the pooled guard's slack is
     reached, and stays at the follower's target (parts kept as first shared spend the
-    multiple-choice part on every row until the guard cuts every group, past its slack, to 95%)."""
+    multiple-choice part on every row until the guard cuts every group, past its slack)."""
     from fugu_pipeline.policies.cascade.evaluate import cascade_outcomes, load_cascade
     from fugu_pipeline.policies.cascade.route import CascadeRouter
     from fugu_pipeline.policies.cascade.save import save_cascade
@@ -298,7 +298,7 @@ def test_traffic_that_turns_to_the_dear_kind_for_good_is_brought_back_under_the_
     assert {o.answered_by for o in outs[:int(MIX_WINDOW / 20)]} == {"strong"}  # a run of one kind keeps its plan
     assert cost[int(3 * MIX_WINDOW):].mean() <= cap, cost[int(3 * MIX_WINDOW):].mean() / cap  # the mix moved: within the cap
     # while the mix moves from half to all, multiple choice's part runs over the cap by about ln 2
-    # windows' worth of it (parts kept as first shared ran on to the pooled guard's slack, 0.95 of it)
+    # windows' worth of it (parts kept as first shared run on to the pooled guard's slack)
     assert np.cumsum(cost - cap).max() < 0.75 * MIX_WINDOW * cap < POOL_SLACK * cap
     assert cost[int(6 * MIX_WINDOW):].mean() > (TARGET - 0.01) * cap  # then at the follower's target, not cut below it
     # serving: the same run through the router, each request charged what its plan's first call costs
