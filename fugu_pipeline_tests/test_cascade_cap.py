@@ -7,6 +7,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fugu_pipeline.cost_cap import CostCap
 from fugu_pipeline.policies.cascade.config import CascadeConfig
@@ -694,6 +696,34 @@ def test_a_groups_part_stops_at_what_its_dearest_point_can_spend_and_the_rest_go
     low = fill_parts({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.0}, w, 3.0)
     assert low == pytest.approx({"a": 1.0 / TARGET, "b": 2.0 / TARGET}) and 0.5 * low["a"] + 0.5 * low["b"] < 3.0
     assert fill_parts({"a": 0.0, "b": 1.0}, {"a": 1.0, "b": 10.0}, w, 3.0) == pytest.approx({"a": 0.0, "b": 6.0})
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.floats(0.001, 1.0), st.floats(0.0, 1.0)), min_size=1, max_size=6),
+       st.lists(st.tuples(st.floats(0.001, 1.0), st.floats(0.0, 1.0)), min_size=1, max_size=6),
+       st.floats(0.05, 0.95), st.floats(0.0, 1.0), st.floats(0.01, 1.5))
+def test_a_shared_caps_parts_keep_the_cap_over_any_mix_and_never_pass_what_a_group_can_spend(a, b, w, share, cap):
+    """For any two groups' saved points, rows' mix and mix of requests: the parts, weighted by the
+    mix they were shared over, add up to at most the cap, and no part is above its group's dearest
+    point over the follower's target."""
+    from fugu_pipeline.policies.cascade.spend import MIX_STEP, RequestShares, share_parts
+    from fugu_pipeline.route.follow import TARGET
+
+    pts = {g: [{"cost_usd": c, "quality": q, "cost_se": 0.0} for c, q in v] for g, v in (("a", a), ("b", b))}
+    parts = [("a", pts["a"], w), ("b", pts["b"], 1.0 - w)]
+    first = share_parts(parts, cap, 0.0)
+    if first is None:  # no choice within the cap: a cap asked is refused
+        assert min(p["cost_usd"] for p in pts["a"]) * w + min(p["cost_usd"] for p in pts["b"]) * (1 - w) > cap
+        return
+    shares = RequestShares(cap, first[0], parts, 0.0)
+    got = shares.parts_for({"a": share, "b": 1.0 - share})
+    if got is shares.group_caps:  # near the rows' mix (or no re-share within the cap): the parts first shared
+        weights = [w, 1.0 - w]
+    else:  # shared again over the mix of requests, to the nearest step
+        weights = [round(m / MIX_STEP) * MIX_STEP for m in (share, 1.0 - share)]
+    assert sum(m * got[g] for m, g in zip(weights, "ab")) <= cap * (1 + 1e-9)
+    for g, part in got.items():
+        assert part <= max(p["cost_usd"] for p in pts[g]) / TARGET * (1 + 1e-9)
 
 
 def test_a_follower_whose_cap_moves_keeps_what_it_owed():
