@@ -98,8 +98,9 @@ def group_points(grid, tr: np.ndarray, te: np.ndarray, at: np.ndarray, gdoms: np
     checkpoint with points per group: each group's saved points (its search's frontier on its rows
     of the other folds) and the pooled frontier for the rows of no group, one point each chosen by
     `groups.allocate` within the cap (the groups weighted by their rows), each group's part that
-    point's cost scaled so that the parts add up to the cap; rows of no group follow the whole cap
-    over the pooled points. None when no choice of saved points keeps the cap there."""
+    point's cost scaled so that the parts add up to the cap, never above what its dearest point can
+    spend (`spend.share_parts`); rows of no group follow the whole cap over the pooled points. None
+    when no choice of saved points keeps the cap there."""
     from fugu_pipeline.policies.cascade.plans import points_for
     from fugu_pipeline.policies.cascade.search import frontier_index
     from fugu_pipeline.policies.cascade.spend import RequestShares, share_parts
