@@ -209,3 +209,41 @@ def test_a_cascade_trained_under_a_cap_follows_its_spend_in_serving(tmp_path):
     assert last["budget"]["guard"]["effective_cap_usd"] < 5e-3
     assert last["budget"]["validation_cost_usd"] == pytest.approx(3e-4)  # the cheaper saved point
     assert last["cascade"]["steps"][0]["workers"] != ["gamma"]
+
+
+def test_a_shared_cap_is_shared_again_in_serving_when_the_mix_of_requests_moves(tmp_path):
+    """Plans per group sharing a trained cap (group a two thirds of the rows, so its plan gets the
+    strong worker), served through the official client: requests of group a alone move the mix of
+    requests, and once a's share is `MIX_BAND` past its share of the rows the cap is shared again
+    over it (the strong worker goes to b, whose rows are now few). The replies' guard and
+    `/metrics` show a's part come down and the mix that moved it."""
+    import httpx
+    import numpy as np
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fugu_pipeline.policies.cascade.spend import MIX_BAND, MIX_WINDOW
+
+    cap = 3.6e-3
+    ckpt = build_cascade_checkpoint(tmp_path / "models", tmp_path / "emb", cap_usd=cap, groups=("a", "a", "b"))
+    moved = int(np.ceil(np.log((1 - (2 / 3 + MIX_BAND)) / (1 / 3)) / np.log(1 - 1 / MIX_WINDOW)))  # a's share past the band
+    with StubLLMServer() as s:
+        s.set_answer(AGREE, "3 + 4 = 7. #### 7")
+        cfg = stub_workers_config(s.openai_url)
+        srv = ServerThread(create_app(load_router(ckpt, device="cpu"), cfg, batch_window_ms=2))
+        try:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=60)
+            guards = [_ask(client, AGREE, extra_body={"domain": "a"}).model_extra["fugu_lite"]["budget"]["guard"]
+                      for _ in range(moved + 20)]
+            scraped = httpx.get(srv.url + "/metrics", timeout=30).text
+        finally:
+            srv.stop()
+    first, before, last = guards[0], guards[moved - 10], guards[-1]
+    assert first["group"] == "a" and first["pooled_cap_usd"] == pytest.approx(cap)
+    assert first["cap_usd"] == pytest.approx(5e-3 / 0.98)  # the strong point's cost over the follower's target
+    assert before["cap_usd"] == first["cap_usd"]  # within the band: the parts as trained
+    assert last["pooled"]["mix"]["a"] > 2 / 3 + MIX_BAND and last["cap_usd"] < 0.7 * first["cap_usd"]
+    got = {(f.name, x.labels["group"]): x.value for f in text_string_to_metric_families(scraped)
+           for x in f.samples if f.name in ("fugu_cap_part_usd", "fugu_cap_mix_share")}
+    assert got[("fugu_cap_part_usd", "a")] == pytest.approx(last["cap_usd"])
+    assert got[("fugu_cap_mix_share", "a")] > 2 / 3 + MIX_BAND
+    assert got[("fugu_cap_mix_share", "a")] + got[("fugu_cap_mix_share", "b")] == pytest.approx(1.0, abs=1e-3)

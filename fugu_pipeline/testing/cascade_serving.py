@@ -20,13 +20,16 @@ def plan_over(workers: list[str]) -> dict:
 def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, seed: int = 0,
                              workers: list[str] | None = None, answer_kinds: dict | None = None,
                              context: bool = False, plan: dict | None = None, cross=None,
-                             cap_usd: float | None = None) -> Path:
+                             cap_usd: float | None = None, groups: tuple[str, ...] = ()) -> Path:
     """`workers`: three worker ids (default: the stub workers); `answer_kinds`: the final-answer
     kind per domain (default: numbers everywhere; `{}`: each task's grader decides); `context`: also
     fit and save the context verifier (policies/cascade/verifier_context.py: each reply read with the paid ones);
     `plan`: a policy of its own (default `plan_over(workers)`); `cross`: a fitted cross-encoder
     (`policies/cascade/cross_encoder.py`) whose column the verifier also reads, saved with it;
-    `cap_usd`: the pooled cap ($ per request) it was trained under, as `train --cap` records it."""
+    `cap_usd`: the pooled cap ($ per request) it was trained under, as `train --cap` records it;
+    `groups`: domains the rows take in turn, each with the plan and the two saved points of the pooled
+    choice, their plans sharing `cap_usd` as `train --cap` shares it (`spend.share_parts` over the
+    rows' mix)."""
     from fugu_pipeline.policies.cascade.answer_features import STATS, answer_text, embed_answers, reply_statistics
     from fugu_pipeline.features.contract import FeatureContract  # noqa: F401  (the data's contract type)
     from fugu_pipeline.features.encoder import Encoder
@@ -62,7 +65,8 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
     feats = enc.encode(prompts, None)
     quality = right.astype(float)
     utility = UtilityConfig()
-    data = RoutingData(task_ids=[f"c{i}" for i in range(n)], prompts=prompts, domains=["general"] * n,
+    domains = [groups[i % len(groups)] for i in range(n)] if groups else ["general"] * n
+    data = RoutingData(task_ids=[f"c{i}" for i in range(n)], prompts=prompts, domains=domains,
                        splits=np.array(["train"] * n), worker_ids=ids, features=feats, utility=quality,
                        contract=enc.feature_contract(), quality=quality, cost_usd=np.tile([1e-4, 2e-4, 5e-3], (n, 1)),
                        utility_config=utility)
@@ -86,13 +90,25 @@ def build_cascade_checkpoint(models_dir: Path, cache_dir: Path, n: int = 60, see
         ctx = fit_context(inputs, base, answer_codes(finals), np.arange(n) % 3).final.to_json()
     choice = Choice(policy.default, 0.9, 1e-3, 0.9, 1, [{"cost_usd": 3e-4, "quality": 0.8, "plan": policy.default.model_dump()},
                                                        {"cost_usd": 5e-3, "quality": 0.95, "plan": {"steps": [{"workers": ids[2:3]}]}}])
+    choices, extra, group_caps = {"*": choice}, {}, None
+    if groups:
+        from fugu_pipeline.policies.cascade.spend import share_parts
+
+        groups = tuple(dict.fromkeys(groups))  # each once, in order
+        policy = CascadePolicy(default=policy.default, per_domain={g: policy.default for g in groups})
+        choices.update({g: choice for g in groups})
+        rows = [{"domain": g, "rows": domains.count(g)} for g in groups]
+        extra = {"groups": {"chosen": rows, "merged": []}, "frontier_oof": {"rows": n}}
+        if cap_usd is not None:
+            got = share_parts([(g, choice.frontier, domains.count(g) / n) for g in groups], cap_usd, 1.645)
+            group_caps = got[0] if got else None
     fit = CascadeFit(policy=policy, verifier=verifier, objective="utility", candidates=[], selected="cascade",
                      selected_kind="cascade", reason="a fixed plan for serving tests", verifier_figures={},
-                     choices={"*": choice}, expected_cost=dict(zip(ids, [1e-4, 2e-4, 5e-3])), answers_version="stub",
+                     choices=choices, expected_cost=dict(zip(ids, [1e-4, 2e-4, 5e-3])), answers_version="stub",
                      worker_quality=dict(zip(ids, [0.7, 0.72, 0.95])),
                      answer_kinds={"*": "number"} if answer_kinds is None else answer_kinds,
                      stat_names=inputs.stat_names, context=ctx, cross_encoder=cross, cap_usd=cap_usd,
-                     cap_z=None if cap_usd is None else 1.645)
+                     cap_z=None if cap_usd is None else 1.645, group_caps=group_caps or {})
     # as `train` records it: serving under --dtype auto then encodes in the dtype these features were (on a CPU
     # with native bf16, auto alone would serve bf16 against float32 features)
-    return save_cascade(models_dir, data, fit, inputs.answer.shape[2], {"feature_dtype": settings.feature_dtype()})
+    return save_cascade(models_dir, data, fit, inputs.answer.shape[2], {"feature_dtype": settings.feature_dtype(), **extra})
