@@ -130,8 +130,8 @@ def _followed(checkpoint, keys: np.ndarray, plans: list, run, order: np.ndarray,
     is served within them (`spend.request_point`), what it cost on the row counted. A group with no
     saved points under the trained cap keeps its plan (`plans`), as serving does."""
     from fugu_pipeline.policies.cascade.policy import CascadePlan
-    from fugu_pipeline.policies.cascade.spend import (cap_points, new_guard, own_point, request_point, request_shares,
-                                                      trained_shares)
+    from fugu_pipeline.policies.cascade.spend import (cap_points, guard_key, new_guard, own_point, request_point,
+                                                      request_shares, trained_shares)
 
     metrics = checkpoint.manifest.metrics or {}
     params = checkpoint.head.head_params()
@@ -142,8 +142,7 @@ def _followed(checkpoint, keys: np.ndarray, plans: list, run, order: np.ndarray,
     guards: dict = {}  # as serving keeps them: one per cap, per group's part, and the pooled one beside the parts
 
     def guard_of(cap, group, pooled):
-        key = ("pooled", round(cap, 15)) if pooled else (round(cap, 15),) if group is None else ("group", str(group), round(cap, 15))
-        return guards.setdefault(key, new_guard(cap, pooled))
+        return guards.setdefault(guard_key(cap, group, pooled), new_guard(cap, pooled))
 
     points: dict = {}  # group -> the saved points its requests choose among
     of: dict = {}  # id of a point -> its plan

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fugu_pipeline.cost_cap import within_cap
-from fugu_pipeline.route.follow import MAX_ONE, effective_cap
+from fugu_pipeline.route.follow import RunningSpend
 
 
 @dataclass
@@ -147,23 +147,20 @@ def replay(parts: list[Part], order: np.ndarray, n: int) -> tuple[np.ndarray, np
             where[k] = (p, j)
     cheapest = [int(np.lexsort((-part.quality, part.cost))[0]) for part in parts]
     best_first = [np.lexsort((part.cost, -part.quality)) for part in parts]  # most accurate, then the cheaper
-    spend: dict[tuple, list] = {}
+    spend: dict[tuple, RunningSpend] = {}  # one follower per key and fold, as serving keeps its guards
     mix: dict[int, dict[str, float]] = {}  # per fold: each group's share of the grouped requests (`spend.moved_mix`)
     q, c = np.zeros(n), np.zeros(n)
     for k in order.tolist():
         p, j = where[k]
         part = parts[p]
-        st = spend.setdefault((part.key, part.fold), [0, 0.0, 0.0, part.cap])  # requests, their spend, moved, the cap
-        if part.shares is not None:  # a group's part, for the mix so far (`RunningSpend.set_cap`)
-            now = part.shares.parts_for(mix.setdefault(part.fold, part.shares.start_mix())).get(part.key, part.cap)
-            st[2] += st[0] * (st[3] - now)
-            st[3] = now
-        counted = st[0] + st[2] / st[3] if st[3] > 0 else float(st[0])
-        ok = within_cap(part.cost[best_first[p]], effective_cap(st[3], counted, st[1]))
+        follower = spend.setdefault((part.key, part.fold), RunningSpend(part.cap))
+        if part.shares is not None:  # a group's part, for the mix so far
+            follower.set_cap(part.shares.parts_for(mix.setdefault(part.fold, dict(part.shares.start_mix)))
+                             .get(part.key, part.cap))
+        ok = within_cap(part.cost[best_first[p]], follower.effective())
         i = int(best_first[p][int(np.argmax(ok))]) if ok.any() else cheapest[p]
         q[k], c[k] = part.q[j, i], part.c[j, i]
         if part.shares is not None:
             moved_mix(mix[part.fold], part.key)
-        st[0] += 1
-        st[1] += min(float(c[k]), MAX_ONE * st[3])  # as `RunningSpend.record` counts
+        follower.record(float(c[k]))
     return q, c

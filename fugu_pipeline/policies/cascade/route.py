@@ -109,10 +109,9 @@ class CascadeRouter(Router):
         pooled guard beside those parts, `pooled`; kept while the router serves; past `MAX_GUARDS`
         distinct caps, the least recently used one is dropped, so requests naming ever new caps hold
         a bounded memory)."""
-        from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, new_guard
+        from fugu_pipeline.policies.cascade.spend import MAX_GUARDS, guard_key, new_guard
 
-        cap = round(float(cap_usd), 15)
-        key = ("pooled", cap) if pooled else (cap,) if group is None else ("group", str(group), cap)
+        key = guard_key(cap_usd, group, pooled)
         with self._guards_lock:
             got = self.guards.pop(key, None) or new_guard(cap_usd, pooled)
             self.guards[key] = got  # the most recently used last

@@ -83,14 +83,21 @@ def cap_points(head_params: dict, metrics: dict, domain: str | None = None) -> l
     return list(front) + (levels if not (head_params.get("domains_frontier") or {}).get(domain or "") else [])
 
 
+def guard_key(cap_usd: float, group: str | None = None, pooled: bool = False) -> tuple:
+    """The key a server (and `evaluate`) keeps a cap's guard under: the pooled guard beside a shared
+    cap's parts, a group's guard (keyed by the whole cap: its part moves with the mix of requests),
+    or a whole cap's."""
+    cap = round(float(cap_usd), 15)
+    return ("pooled", cap) if pooled else (cap,) if group is None else ("group", str(group), cap)
+
+
 def guarded_cap(shares, group: str | None) -> tuple[tuple, float]:
     """(the guard's key, its cap in $ per request) for a request of `group` under `shares` (a
     `RequestShares`): the group's part of a shared cap where it has one (its part over the mix of
     the rows the plans were chosen on; keyed by the whole cap, as the part moves with the mix of
     requests), else the whole cap."""
     part = shares.group_caps.get(str(group)) if group is not None else None
-    whole = round(shares.cap_usd, 15)
-    return (("group", str(group), whole), part) if part is not None else ((whole,), shares.cap_usd)
+    return (guard_key(shares.cap_usd, group), part) if part is not None else (guard_key(shares.cap_usd), shares.cap_usd)
 
 
 class CapOutOfReach(ValueError):
@@ -132,18 +139,13 @@ class RequestShares:
                  parts: list[tuple[str, list[dict], float]] | None = None, z: float = 0.0):
         self.cap_usd, self.group_caps = float(cap_usd), dict(group_caps or {})
         self.parts, self.z = (parts if self.group_caps else None), float(z)
+        # each group's share of the rows the plans were chosen on, among the groups with a part (those
+        # whose requests the pooled guard counts): where `moved_mix` starts a server's mix of requests
+        grouped = [(g, w) for g, _, w in self.parts or [] if g in self.group_caps]
+        total = sum(w for _, w in grouped)
+        self.start_mix: dict[str, float] = {g: w / total for g, w in grouped} if total > 0 else {}
         self._shared: dict[tuple, dict[str, float]] = {}
         self._lock = threading.Lock()
-
-    def start_mix(self) -> dict[str, float]:
-        """Each group's share of the rows the plans were chosen on, among the groups with a part
-        (those whose requests the pooled guard counts): where `moved_mix` starts a server's mix of
-        requests."""
-        if not self.parts:
-            return {}
-        grouped = [(g, w) for g, _, w in self.parts if g in self.group_caps]
-        total = sum(w for _, w in grouped)
-        return {g: w / total for g, w in grouped} if total > 0 else {}
 
     def mix_weights(self, mix: dict[str, float]) -> list[float]:
         """`parts`' weights for `mix` (each group's share of the requests counted, `moved_mix`): the
@@ -264,7 +266,7 @@ def request_point(shares: RequestShares, points: list[dict], group: str | None, 
         cheaper = [p for p in points if float(p["cost_usd"]) < float(own["cost_usd"])]
         best = follow_pick(cheaper, effective) if cheaper else own
     if len(guards) > 1:
-        guards[1].seen(str(group), shares.start_mix())  # this request moves the mix the parts are shared by
+        guards[1].seen(str(group), shares.start_mix)  # this request moves the mix the parts are shared by
     note = {"cap_usd": cap, "effective_cap_usd": effective, **guards[0].state(),
             **({"group": str(group), "pooled_cap_usd": guards[1].cap, "pooled": guards[1].state()} if len(guards) > 1 else {})}
     return best, guards, note
@@ -406,7 +408,7 @@ def shared_guards(shares, group: str | None, guard_of) -> tuple[list[SpendGuard]
     if key[0] != "group":
         return [guard_of(cap, None, False)], cap
     pooled = guard_of(float(shares.cap_usd), None, True)
-    cap = shares.parts_for(pooled.mix_now(shares.start_mix())).get(key[1], cap)  # the part for the mix of requests
+    cap = shares.parts_for(pooled.mix_now(shares.start_mix)).get(key[1], cap)  # the part for the mix of requests
     own = guard_of(float(shares.cap_usd), key[1], False)  # the group's guard, under its part as it moves
     own.set_cap(cap)
     return [own, pooled], cap
