@@ -4,8 +4,9 @@
   they import, transitively, imports inside functions included. A step's code version changes
   exactly when code it runs changes (a comment counts: the rule is simple and never misses one);
   a module only of the Dagster layer (`defs/`), the command line or the server never enters it.
-  The imports are found by parsing the source (`ast`), not by importing, so torch is never loaded and all the
-  steps' versions take a few tens of milliseconds at definitions load.
+  The imports are read from the source (one scan, then `ast` on the import statements alone), not
+  by importing, so torch is never loaded and all the steps' versions take a few tens of
+  milliseconds at definitions load.
 - `settings_version(path)`: the version of a settings file (a trainer YAML, the promotion policy):
   the hash of its parsed content, so a comment or a reordering changes nothing; `absent` when the
   file is missing (the built-in defaults apply).
@@ -17,6 +18,7 @@ import ast
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -45,21 +47,80 @@ def _relative(path: Path) -> str:
     return path.relative_to(PACKAGE).with_suffix("").as_posix().replace("/__init__", "")
 
 
+# One pass over a module's source finds its import statements: string literals and comments are
+# consumed whole, so an import-shaped line inside a docstring is never read as one, and only the
+# statements that name the package are parsed. Parsing every module whole (`ast`) took about 2 s
+# of CPU at each definitions load, in every process that loads them (each step of a run).
+_SOURCE = re.compile(r'''
+    (?:"""(?:\\.|[^\\])*?"""|\'\'\'(?:\\.|[^\\])*?\'\'\'|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')
+  | \#[^\n]*
+  | (?:^|[:;])[ \t]*(?P<statement>(?:from|import)[ \t])
+''', re.M | re.S | re.X)
+
+
+def _statement_end(text: str, start: int) -> int:
+    """Where the logical line that starts at `start` ends: its newline outside brackets and not
+    after a backslash (an import statement holds no string; its comments are skipped)."""
+    depth, i, n = 0, start, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#":
+            i = text.find("\n", i)
+            if i < 0:
+                return n
+            continue
+        if c == "\\":
+            i += 2
+            continue
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "\n" and depth <= 0:
+            return i
+        i += 1
+    return n
+
+
+def names_package(node: ast.stmt) -> bool:
+    """Whether an import statement imports from `fugu_pipeline` (a relative import never does here)."""
+    if isinstance(node, ast.ImportFrom):
+        return node.level == 0 and (node.module or "").split(".")[0] == "fugu_pipeline"
+    return isinstance(node, ast.Import) and any(a.name.split(".")[0] == "fugu_pipeline" for a in node.names)
+
+
+def import_statements(text: str) -> list[ast.stmt]:
+    """The import statements of a module's source that import from `fugu_pipeline`, wherever they
+    are (inside functions, after `if ...:` or `;` too), as `ast` reads them. The whole module is
+    parsed only when a statement found this way does not parse alone."""
+    found: list[ast.stmt] = []
+    pos = 0
+    while (m := _SOURCE.search(text, pos)) is not None:
+        if m.group("statement") is None:  # a string or a comment, skipped whole
+            pos = m.end()
+            continue
+        end = _statement_end(text, m.start("statement"))
+        statement = text[m.start("statement"):end]
+        pos = max(end, m.end())
+        if "fugu_pipeline" in statement:
+            try:
+                found.extend(ast.parse(statement).body)
+            except SyntaxError:  # not an import after all (a line of an expression that starts with `from`)
+                return [n for n in ast.walk(ast.parse(text)) if names_package(n)]
+    return [n for n in found if names_package(n)]
+
+
 @functools.lru_cache(maxsize=None)
 def _imports(path: Path) -> tuple[Path, ...]:
     """The fugu_pipeline modules `path` imports (a `from package import name` counts `name` when
     it is a module of the package)."""
     out: list[Path] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):  # imports inside functions too
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "fugu_pipeline":
-            dotted, names = node.module, [a.name for a in node.names]
-        elif isinstance(node, ast.Import):
-            dotted, names = None, []
+    for node in import_statements(path.read_text(encoding="utf-8")):  # imports inside functions too
+        if isinstance(node, ast.Import):
             out.extend(f for a in node.names if a.name.split(".")[0] == "fugu_pipeline"
                        for f in [_module_file(a.name)] if f is not None)
             continue
-        else:
-            continue
+        dotted, names = node.module, [a.name for a in node.names]
         found = _module_file(dotted)
         if found is not None:
             out.append(found)
