@@ -7,8 +7,10 @@ with a reason to be as it is, is listed below with that reason."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -66,35 +68,59 @@ def _flags(node: ast.Call, names: dict) -> int:
     return sum(eval(compile(ast.Expression(e), "<flags>", "eval"), {"re": re, **names}) for e in exprs)
 
 
-def _uses(name: str, module: str, trees: dict[str, ast.Module]) -> set[str]:
+@dataclass
+class _Module:
+    """One module's syntax tree, walked once: its nodes, what it imports by name, the method each
+    called attribute's owner is called with, and where each name is read."""
+
+    nodes: list[ast.AST]
+    imported: set[tuple[str, str]] = field(default_factory=set)
+    called: dict[int, str] = field(default_factory=dict)
+    reads: dict[str, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tree: ast.Module) -> _Module:
+        m = cls(list(ast.walk(tree)))
+        for n in m.nodes:
+            if isinstance(n, ast.ImportFrom):
+                m.imported |= {(n.module, a.name) for a in n.names}
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+                m.called[id(n.func.value)] = n.func.attr
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                m.reads.setdefault(n.id, []).append(id(n))
+        return m
+
+
+def _uses(name: str, module: str, walked: dict[str, _Module]) -> set[str]:
     """The methods a module-level pattern is called with, in its module and the modules importing it;
     any other use (put in a tuple, passed on) counts as searched."""
     dotted = "fugu_pipeline." + module[:-3].replace("/", ".")
     out: set[str] = set()
-    for rel, tree in trees.items():
-        if rel != module and not any(isinstance(n, ast.ImportFrom) and n.module == dotted and name in {a.name for a in n.names}
-                                     for n in ast.walk(tree)):
-            continue
-        calls = {id(n.func.value): n.func.attr for n in ast.walk(tree)
-                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
-        out |= {calls.get(id(n), "search") for n in ast.walk(tree)
-                if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)}
+    for rel, m in walked.items():
+        if rel == module or (dotted, name) in m.imported:
+            out |= {m.called.get(i, "search") for i in m.reads.get(name, [])}
     return out
 
 
+@functools.cache
+def patterns() -> list[tuple]:
+    """(file, name or source text, pattern, flags, searched) of every pattern the package writes;
+    found once, by the tests that need them (not at collection, in every test process)."""
+    return list(_patterns())
+
+
 def _patterns():
-    """(file, name or source text, pattern, flags, searched) of every pattern the package writes."""
     sources = {str(p.relative_to(ROOT)): p.read_text() for p in sorted(ROOT.rglob("*.py"))}
-    trees = {rel: ast.parse(src) for rel, src in sources.items()}
+    walked = {rel: _Module.of(ast.parse(src)) for rel, src in sources.items()}
     for rel, src in sources.items():
         if "re." not in src:
             continue
         module = "fugu_pipeline." + rel[:-3].replace("/", ".").removesuffix(".__init__")
         names = vars(importlib.import_module(module))
-        tree = trees[rel]
-        assigned = {id(n.value): n.targets[0].id for n in ast.walk(tree)
+        nodes = walked[rel].nodes
+        assigned = {id(n.value): n.targets[0].id for n in nodes
                     if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}
-        for node in ast.walk(tree):
+        for node in nodes:
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "re" and node.func.attr in _CALLS):
                 continue
@@ -104,16 +130,13 @@ def _patterns():
                 continue
             name = assigned.get(id(node)) if node.func.attr == "compile" else None
             searched = (node.func.attr in _SEARCHING if node.func.attr != "compile"
-                        else name is None or bool(_uses(name, rel, trees) - {"match", "fullmatch"}))
+                        else name is None or bool(_uses(name, rel, walked) - {"match", "fullmatch"}))
             yield rel, name or ast.get_source_segment(src, node.args[0]), pattern, _flags(node, names), searched
-
-
-PATTERNS = list(_patterns())
 
 
 def test_every_pattern_of_the_package_is_read_in_linear_time():
     found = []
-    for rel, what, pattern, flags, searched in PATTERNS:
+    for rel, what, pattern, flags, searched in patterns():
         if pattern is None:
             if (rel, what) not in DYNAMIC:
                 found.append(f"{rel}: the pattern {what} is built at run time: check it by hand and list it in DYNAMIC")
@@ -123,11 +146,11 @@ def test_every_pattern_of_the_package_is_read_in_linear_time():
         if shapes:
             found.append(f"{rel} {what} {pattern!r}: " + "; ".join(shapes))
     assert not found, "\n".join(found)
-    assert len(PATTERNS) > 60  # the walk found the package's patterns
+    assert len(patterns()) > 60  # the walk found the package's patterns
 
 
 def test_the_listed_exceptions_still_exist():
-    seen = {(rel, what) for rel, what, *_ in PATTERNS}
+    seen = {(rel, what) for rel, what, *_ in patterns()}
     assert not (set(ALLOWED) | set(DYNAMIC)) - seen
 
 
