@@ -83,7 +83,7 @@ def _statement_end(text: str, start: int) -> int:
     return n
 
 
-def names_package(node: ast.stmt) -> bool:
+def _names_package(node: ast.stmt) -> bool:
     """Whether an import statement imports from `fugu_pipeline` (a relative import never does here)."""
     if isinstance(node, ast.ImportFrom):
         return node.level == 0 and (node.module or "").split(".")[0] == "fugu_pipeline"
@@ -107,8 +107,8 @@ def import_statements(text: str) -> list[ast.stmt]:
             try:
                 found.extend(ast.parse(statement).body)
             except SyntaxError:  # not an import after all (a line of an expression that starts with `from`)
-                return [n for n in ast.walk(ast.parse(text)) if names_package(n)]
-    return [n for n in found if names_package(n)]
+                return [n for n in ast.walk(ast.parse(text)) if _names_package(n)]
+    return [n for n in found if _names_package(n)]
 
 
 @functools.lru_cache(maxsize=None)
