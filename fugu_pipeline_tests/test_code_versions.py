@@ -154,16 +154,14 @@ def package(tmp_path, monkeypatch):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     monkeypatch.setattr(versions, "PACKAGE", root)
-    clear = lambda: (versions._imports.cache_clear(), versions.code_version.cache_clear())  # noqa: E731
-    clear()
+    versions.clear_caches()
     yield root
-    clear()
+    versions.clear_caches()
 
 
 def version_after(package: Path, name: str, text: str) -> str:
     (package / name).write_text(text)
-    versions._imports.cache_clear()
-    versions.code_version.cache_clear()
+    versions.clear_caches()
     return versions.code_version("fugu_pipeline.steps.a")
 
 

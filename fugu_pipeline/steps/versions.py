@@ -31,6 +31,7 @@ CALLERS = ("defs", "cli", "serve", "testing", "definitions")  # never part of a 
 ABSENT = "absent"
 
 
+@functools.lru_cache(maxsize=None)
 def _module_file(dotted: str) -> Path | None:
     """The source file of a `fugu_pipeline...` module or package (None when it is no module)."""
     rel = dotted.split(".")[1:]
@@ -49,9 +50,9 @@ def _relative(path: Path) -> str:
 
 # One pass over a module's source finds its import statements: string literals and comments are
 # consumed whole, so an import-shaped line inside a docstring is never read as one, and only the
-# statements that name the package are parsed. Parsing every module whole (`ast`) took 1.0 CPU-s
-# at each definitions load (0.24 s this way), in every process that loads them: each step of a
-# run, the daemon, the code server, each `fugu-lite train`.
+# statements that name the package are parsed. Parsing every module whole (`ast`) took 0.85 CPU-s
+# at each definitions load, the scan and the hash 0.18 (`benchmarks/bench_code_versions.py`), in
+# every process that loads them: each step of a run, the daemon, the code server, `fugu-lite train`.
 _SOURCE = re.compile(r'''
     (?:"""(?:\\.|[^\\])*?"""|\'\'\'(?:\\.|[^\\])*?\'\'\'|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')
   | \#[^\n]*
@@ -147,12 +148,24 @@ def closure(modules: Iterable[str]) -> list[Path]:
 
 
 @functools.lru_cache(maxsize=None)
+def _hashed(path: Path) -> bytes:
+    """What a module adds to a code version: its path in the package and its bytes (read once)."""
+    return _relative(path).encode() + b"\0" + path.read_bytes() + b"\0"
+
+
+def clear_caches() -> None:
+    """Read the package's files again on the next call (a test that edits a package of its own)."""
+    for cached in (_module_file, _imports, _hashed, code_version):
+        cached.cache_clear()
+
+
+@functools.lru_cache(maxsize=None)
 def code_version(*modules: str) -> str:
     """The code version of the step whose work is in `modules`: 16 hex digits of the hash of every
     source file in their closure (path and text)."""
     digest = hashlib.sha256()
     for path in closure(modules):
-        digest.update(_relative(path).encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(_hashed(path))
     return digest.hexdigest()[:16]
 
 
