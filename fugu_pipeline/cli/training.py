@@ -63,10 +63,13 @@ def utility_weights(args):
     return None, None
 
 
-def data_file(args) -> Path:
-    """--data and the folders the command writes, checked before anything heavy is loaded (a
-    training command's config loads the heads, and torch with them): one line for a path that is
-    missing, a folder or not a regular file."""
+def matrix_db(args) -> Path:
+    """The DuckDB matrix for --data: the file itself, or one built from the JSONL (once per file
+    content and weights) with the same build the `reward_matrix` asset runs."""
+    from fugu_pipeline.matrix.build import build, from_import
+    from fugu_pipeline.matrix.import_format import read_reward_jsonl
+    from fugu_pipeline.matrix.read import read_utility_config
+
     data_path = Path(args.data)
     for flag in ("work_dir", "cache_dir"):  # folders this command writes (a file there: FileExistsError after the reading)
         value = getattr(args, flag, None)
@@ -80,17 +83,6 @@ def data_file(args) -> Path:
     if not data_path.is_file():  # a FIFO or a device: DuckDB (or the hash below) would wait on it for ever
         raise CLIError(f"--data {args.data} is not a regular file (a FIFO, socket or device); pass a reward-matrix JSONL "
                        "or a reward_matrix.duckdb file")
-    return data_path
-
-
-def matrix_db(args) -> Path:
-    """The DuckDB matrix for --data: the file itself, or one built from the JSONL (once per file
-    content and weights) with the same build the `reward_matrix` asset runs."""
-    from fugu_pipeline.matrix.build import build, from_import
-    from fugu_pipeline.matrix.import_format import read_reward_jsonl
-    from fugu_pipeline.matrix.read import read_utility_config
-
-    data_path = data_file(args)
     weights, source = utility_weights(args)
     if data_path.suffix == ".duckdb":
         built = read_utility_config(data_path)
@@ -256,7 +248,6 @@ def train(args, method: str) -> int:
     """`fugu-lite train-sft/-rl/-es`: the stage the `router_<method>` asset runs (`steps/oneshot.py`),
     with the same config rule (--config, else configs/train_<method>.yaml, else the defaults) and the
     same features (a new head chooses its prompt rules; a warm start's are its contract's)."""
-    data_file(args)
     from fugu_pipeline.steps.oneshot import train_stage
     from fugu_pipeline.policies.registry import load_checkpoint
     from fugu_pipeline.train.checkpoints import MANIFEST_FILE, Manifest
@@ -405,7 +396,6 @@ def cmd_train_heads(args) -> int:
     `steps/cascade.py`): fit the configured heads (--config, else configs/train.yaml, else the
     built-in defaults), choose one on validation (K-fold out-of-fold over the non-test rows), save each
     kind's best, then the cascade against them; print the checkpoint that ships last."""
-    data_file(args)
     from fugu_pipeline.steps.cascade import fit_cascade
     from fugu_pipeline.steps.heads import absolute, fit_heads, heads_config
     from fugu_pipeline.policies.oneshot.configs import TrainSetConfig
