@@ -40,6 +40,25 @@ def test_a_cap_that_is_not_finite_positive_and_bounded_is_one_line_in_every_comm
     assert not (tmp_path / "models").exists()  # refused before anything was written
 
 
+@pytest.mark.parametrize("flags, needle", [([], "no such file"), (["--cap", "usd_per_1k=inf"], "--cap usd_per_1k=inf"),
+                                           (["--domain-cap", "math"], "--domain-cap 'math'")])
+def test_train_refuses_a_bad_flag_or_a_missing_file_before_loading_torch(tmp_path, flags, needle):
+    """Before: the training config's module imported the heads, so every `fugu-lite train` loaded
+    torch (seconds) before it read --cap or --data; a typo waited for it. The order is kept: a bad
+    flag is named before a missing file (the test above)."""
+    import subprocess
+    import sys
+
+    argv = ["train", "--data", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path / "models"), *flags]
+    code = ("import sys; from fugu_pipeline.cli import main; rc = main(sys.argv[1:]); "
+            "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["2", "False", "False"], (out.stdout, out.stderr)
+    err = [line for line in out.stderr.splitlines() if line.startswith("fugu-lite train: ")]
+    assert len(err) == 1 and needle in err[0], out.stderr
+    assert not (tmp_path / "models").exists()
+
+
 def test_inf_is_refused_by_name_in_a_yaml_cap_and_in_a_request():
     from fugu_pipeline.serve.protocol import APIError, parse_budget
     from fugu_pipeline.policies.cascade.config import CascadeConfig

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fugu_pipeline.policies.cascade.config import CascadeConfig
-from fugu_pipeline.policies.oneshot.heads import LINEAR_HEAD_KINDS
+from fugu_pipeline.policies.oneshot.kinds import LINEAR_HEAD_KINDS
 
 # --------------------------------------------------------------------------- configs
 

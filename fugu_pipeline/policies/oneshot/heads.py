@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fugu_pipeline.policies.oneshot import ensemble, predictors, ridge  # noqa: F401  (register the quality predictors)
+from fugu_pipeline.policies.oneshot import ensemble, kinds, predictors, ridge  # noqa: F401  (register the quality predictors)
 from fugu_pipeline.train.head_base import (  # noqa: F401  (re-exported: the one registry)
     HEADS,
     RoutingHead,
@@ -35,7 +35,7 @@ from fugu_pipeline.train.head_base import (  # noqa: F401  (re-exported: the one
 class LinearHead(RoutingHead):
     """`layernorm_linear` (the default): LayerNorm(D), then Linear(D, W)."""
 
-    kind = "layernorm_linear"
+    kind = kinds.LAYERNORM_LINEAR
 
     def __init__(self, dim: int, n_workers: int):
         super().__init__(dim, n_workers)
@@ -50,7 +50,7 @@ class LinearHead(RoutingHead):
 class NormedLinearHead(RoutingHead):
     """`normed_linear`: a bias-free Linear(D, W) over L2-normalised features (cosine-like scores)."""
 
-    kind = "normed_linear"
+    kind = kinds.NORMED_LINEAR
 
     def __init__(self, dim: int, n_workers: int):
         super().__init__(dim, n_workers)
@@ -66,7 +66,7 @@ class QualityHead(RoutingHead):
     by argmax(quality - cost_weight * expected_cost). The two routing constants are buffers, saved
     with the weights; training sets them from the data."""
 
-    kind = "quality"
+    kind = kinds.QUALITY
 
     def __init__(self, dim: int, n_workers: int):
         super().__init__(dim, n_workers)
@@ -89,7 +89,7 @@ class QualityHead(RoutingHead):
         return torch.sigmoid(z) - self.cost_weight * self.expected_cost
 
 
-LINEAR_HEAD_KINDS = (LinearHead.kind, NormedLinearHead.kind, QualityHead.kind)  # what SFT / RL / ES train
+LINEAR_HEAD_KINDS = kinds.LINEAR_HEAD_KINDS  # what SFT / RL / ES train (the names, torch-free, in kinds.py)
 HEAD_KINDS = LINEAR_HEAD_KINDS  # (main's name for the same set)
 # every quality predictor registered above (kNN, domain prior, MLP, ridge, ensemble): no other kind's head is one
 QUALITY_PREDICTOR_KINDS = tuple(k for k, cls in HEADS.items() if issubclass(cls, predictors.QualityPredictor))
