@@ -20,12 +20,12 @@ from fugu_pipeline.testing.serving import (
     ServerThread,
     build_checkpoints,
     promote,
+    refusing_url,
     stub_workers_config,
 )
 from fugu_pipeline.workers.config import WorkersConfig
 from fugu_pipeline_tests import serve_fixtures
 from fugu_pipeline_tests.serve_fixtures import ask, assert_openai_error, fugu
-from fugu_pipeline_tests.services import free_port
 
 TOKEN = "fugu-test-token-123"
 MAX_BODY = 64 * 1024
@@ -217,19 +217,20 @@ def test_streaming_falls_back_before_the_first_byte(client, stub):
 
 
 def test_all_workers_failing_is_a_502_error_object(provider, client, stub):
-    down = create_app(provider, stub_workers_config(f"http://127.0.0.1:{free_port()}/v1", connect_timeout_s=1.0))
-    srv = ServerThread(down)
-    try:
-        dead = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
-        with pytest.raises(openai.APIStatusError) as exc:
-            dead.chat.completions.create(model="fugu-lite", messages=ask("Anyone there?"))
-        assert exc.value.status_code == 502 and exc.value.code == "all_workers_failed"
-        body = exc.value.response.json()
-        assert set(body["error"]) == {"message", "type", "param", "code"}
-        assert [e["worker"] for e in body["fugu_lite"]["fallback_errors"]] == body["fugu_lite"]["ranking"]
-        assert httpx.get(srv.url + "/health").status_code == 200
-    finally:
-        srv.stop()
+    with refusing_url() as nowhere:  # a port that refuses connections while the test runs
+        down = create_app(provider, stub_workers_config(nowhere, connect_timeout_s=1.0))
+        srv = ServerThread(down)
+        try:
+            dead = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+            with pytest.raises(openai.APIStatusError) as exc:
+                dead.chat.completions.create(model="fugu-lite", messages=ask("Anyone there?"))
+            assert exc.value.status_code == 502 and exc.value.code == "all_workers_failed"
+            body = exc.value.response.json()
+            assert set(body["error"]) == {"message", "type", "param", "code"}
+            assert [e["worker"] for e in body["fugu_lite"]["fallback_errors"]] == body["fugu_lite"]["ranking"]
+            assert httpx.get(srv.url + "/health").status_code == 200
+        finally:
+            srv.stop()
     stub.set_fault("http", status=503)  # every model of the stub: streamed requests fail over to nothing
     with pytest.raises(openai.APIStatusError) as exc:
         client.chat.completions.create(model="fugu-lite", messages=ask("Anyone?"), stream=True)

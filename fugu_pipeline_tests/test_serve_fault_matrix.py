@@ -46,3 +46,20 @@ def test_a_worker_failure_is_a_fallback_or_a_502_never_a_500(matrix, path, fault
         assert out.next_status == (502 if still_down else 200), f"{where}: the next request got {out.next_status}"
         if out.reused_connection is not None:  # None: a stream that began, whose connection the client closes
             assert out.reused_connection, f"{where}: the next request needed a new connection"
+
+
+def test_the_refusing_port_stays_refusing_and_no_server_can_take_it():
+    """Before: the `connect` cells' port was bound and closed at once, so it was free again; under a
+    loaded suite another test's server took it, and the faulted worker timed out instead of
+    refusing (the cell then counted `timeout`, not `connect`)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from fugu_pipeline.testing.serving import refusing_url
+
+    with refusing_url() as url:
+        port = urlsplit(url).port
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))  # the port is held for the whole block
+        with socket.socket() as client, pytest.raises(ConnectionRefusedError):
+            client.connect(("127.0.0.1", port))

@@ -17,13 +17,12 @@ import pytest
 
 from fugu_pipeline.route.promoted import PromotedRouter
 from fugu_pipeline.serve import create_app
-from fugu_pipeline.testing.serving import WORKERS, ServerThread, stub_workers_config
+from fugu_pipeline.testing.serving import WORKERS, ServerThread, refusing_url, stub_workers_config
 from fugu_pipeline.workers.config import CooldownConfig
 from fugu_pipeline.workers.contract import FatalWorkerError, WorkerCallError
 from fugu_pipeline.workers.health import WorkerHealth
 from fugu_pipeline_tests import serve_fixtures
 from fugu_pipeline_tests.serve_fixtures import ask, fugu
-from fugu_pipeline_tests.services import free_port
 
 stub = serve_fixtures.stub
 models = serve_fixtures.one_router
@@ -165,23 +164,23 @@ def test_a_worker_that_keeps_answering_503_is_skipped_then_probed_again(models, 
 
 
 def test_timeouts_and_connection_errors_count_and_retry_after_dates_are_honoured(models, stub):
-    config = stub_workers_config(stub.openai_url, read_timeout_s=0.3, cooldown={"max_s": 7200})
-    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there: connection refused
-    config = config.model_copy(update={"workers": [w.model_copy(update={"base_url": dead}) if w.id == "gamma" else w
-                                                   for w in config.workers]})
-    srv, clock, c, workers = _serve(models, config)
-    try:
-        stub.set_fault("timeout", model=WORKERS["alpha"], sleep_s=2.0)
-        in_an_hour = email.utils.formatdate(time.time() + 3600, usegmt=True)
-        stub.set_fault("http", status=429, model=WORKERS["beta"], retry_after=in_an_hour)
-        for _ in range(3):
-            with pytest.raises(openai.APIStatusError) as exc:  # every worker fails: a 502
-                c.chat.completions.create(model="fugu-lite", messages=ask(PROMPT))
-            assert exc.value.status_code == 502
-        snap = workers.health()
-        assert snap["alpha"]["state"] == "cooling_down" and snap["alpha"]["consecutive_failures"] == 3
-        assert snap["gamma"]["state"] == "cooling_down" and "connection error" in snap["gamma"]["reason"]
-        assert snap["beta"]["consecutive_failures"] == 1  # out after its first 429: it said when to come back
-        assert 3000 < snap["beta"]["seconds_left"] <= 3600 and "Retry-After" in snap["beta"]["reason"]
-    finally:
-        srv.stop()
+    with refusing_url() as dead:  # a port that refuses connections while the test runs
+        config = stub_workers_config(stub.openai_url, read_timeout_s=0.3, cooldown={"max_s": 7200})
+        config = config.model_copy(update={"workers": [w.model_copy(update={"base_url": dead}) if w.id == "gamma" else w
+                                                       for w in config.workers]})
+        srv, clock, c, workers = _serve(models, config)
+        try:
+            stub.set_fault("timeout", model=WORKERS["alpha"], sleep_s=2.0)
+            in_an_hour = email.utils.formatdate(time.time() + 3600, usegmt=True)
+            stub.set_fault("http", status=429, model=WORKERS["beta"], retry_after=in_an_hour)
+            for _ in range(3):
+                with pytest.raises(openai.APIStatusError) as exc:  # every worker fails: a 502
+                    c.chat.completions.create(model="fugu-lite", messages=ask(PROMPT))
+                assert exc.value.status_code == 502
+            snap = workers.health()
+            assert snap["alpha"]["state"] == "cooling_down" and snap["alpha"]["consecutive_failures"] == 3
+            assert snap["gamma"]["state"] == "cooling_down" and "connection error" in snap["gamma"]["reason"]
+            assert snap["beta"]["consecutive_failures"] == 1  # out after its first 429: it said when to come back
+            assert 3000 < snap["beta"]["seconds_left"] <= 3600 and "Retry-After" in snap["beta"]["reason"]
+        finally:
+            srv.stop()

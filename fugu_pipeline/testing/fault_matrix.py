@@ -3,8 +3,8 @@ matrix the serving tests assert and `benchmarks/fault_matrix.py` prints.
 
 Paths: one-step, cascade and multi-turn, each plain and streamed. Faults (`FAULTS`): the stub LLM
 server (`stub_llm.py`) answers the faulted workers with it, or for `connect` their `base_url` is a
-port nothing listens on. Modes: `one` faults the worker that answers the request when nothing fails
-(the route's first choice); `all` faults every worker.
+port that refuses connections (`serving.refusing_url`). Modes: `one` faults the worker that answers
+the request when nothing fails (the route's first choice); `all` faults every worker.
 
 Each cell runs on a server of its own (no state carried from cell to cell, a worker cooldown
 included): a clean request (which worker answers, and the connection it used), the faulted request,
@@ -20,7 +20,6 @@ connection itself when the stream ends). The outcome (`Outcome`) is one of
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from fugu_pipeline.testing.serving import WORKERS, ServerThread, stub_workers_config
+from fugu_pipeline.testing.serving import WORKERS, ServerThread, refusing_url, stub_workers_config
 
 PATHS = ("one_step", "one_step_stream", "cascade", "cascade_stream", "multi_turn", "multi_turn_stream")
 FAULTS = {  # name -> stub.set_fault arguments (None: the worker's port refuses connections)
@@ -118,10 +117,13 @@ class FaultMatrix:
         for role, text in ROLE_REPLIES.items():
             self.stub.set_role_reply(role, text)
         faulted = faulted or [self._first_choice(kind, config)]
-        if fault == "connect":
-            dead = _dead_url()
-            workers = [w.model_copy(update={"base_url": dead}) if w.id in faulted else w for w in config.workers]
-            config = config.model_copy(update={"workers": workers})
+        with refusing_url() as dead:
+            if fault == "connect":
+                workers = [w.model_copy(update={"base_url": dead}) if w.id in faulted else w for w in config.workers]
+                config = config.model_copy(update={"workers": workers})
+            return self._run(kind, stream, fault, faulted, config)
+
+    def _run(self, kind: str, stream: bool, fault: str, faulted: list[str], config) -> Outcome:
         app = self.create_app(self.routers[kind], config, batch_window_ms=1, auth_cooldown_s=0,
                          roles=self.coordinator if kind == "multi_turn" else None)
         srv = ServerThread(app)
@@ -156,14 +158,6 @@ class FaultMatrix:
             finally:
                 srv.stop()
         return self._first[kind]
-
-
-def _dead_url() -> str:
-    """A loopback URL whose port refuses connections (bound, then closed: nothing listens)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
 
 
 def _body(kind: str) -> dict:

@@ -4,9 +4,11 @@ and an ASGI app run by uvicorn on a free loopback port."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,16 @@ PROMPTS = {
                 "Give {i} tips for a better night's sleep."],
 }
 BEST = {"math": 0, "code": 1, "general": 2}  # the worker (column) that wins each domain
+
+
+@contextlib.contextmanager
+def refusing_url() -> Iterator[str]:
+    """A loopback `base_url` whose port refuses connections while the `with` block runs: a socket
+    bound to it that never listens. A port bound and closed at once is free again, and under a
+    loaded suite another test's server took one (the worker meant to refuse then timed out)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}/v1"
 
 
 def synthetic_tasks(n: int = 60) -> tuple[list[str], list[str], np.ndarray]:
