@@ -136,6 +136,12 @@ def test_main_job_materializes_every_asset_and_resumes(project):
         # the cascade enters the same contest as the one-step heads; best on validation, it is the
         # challenger, and (nothing promoted yet) beats the best worker with a significant gain
         assert pointer_target(project / "models", pointer).resolve() == Path(fitted["cascade"]).resolve()
+        # its live term: the live sample run as the cascade serves, through the mock pool (before:
+        # left out for both heads whenever a cascade entered)
+        assert "- live: a cascade: its steps as it serves" in promo["decision"], promo["decision"]
+        live = [json.loads(line) for f in (project / "data" / "live").glob("*.jsonl") for line in f.read_text().splitlines()]
+        ran = [r for r in live if r["worker"] == f"cascade:{cascade['content_hash']}"]
+        assert ran and all(r["calls"] >= 1 and r["error"] is None for r in ran), ran
         history = (project / "models" / "promoted" / "history.jsonl").read_text().splitlines()
         assert not illegible_metadata(instance)  # every figure rounded, every file a path value, on every asset page
         # a training loop's epoch lines reach the run log as blocks, not an event (a database commit) a line

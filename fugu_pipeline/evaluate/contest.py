@@ -36,6 +36,7 @@ class:
         def behaviour(self, entrant) -> Behaviour: ...    # decisions + centred scores on a probe set
         def baseline(self, task_ids) -> Outcomes | None   # "always the best worker" (optional)
         def check_live(self, entrant) -> None             # LiveUnavailable: this head is not run live
+        def live_label(self, entrant) -> str              # how it is run live (the composite's note)
         live_tasks = None                                 # task ids it can run live (None: no live term)
 
 Two policy kinds may share one slot: the router slot (`policies/oneshot/contest.RouterKind`, the pointer
@@ -154,6 +155,7 @@ class Kind(Protocol):
     def own_gates(self, entrant: Entrant) -> list[GateResult]: ...
     def composite_config(self, cfg: CompositeConfig) -> CompositeConfig: ...
     def check_live(self, entrant: Entrant) -> None: ...
+    def live_label(self, entrant: Entrant) -> str: ...
 
 
 class KindBase:
@@ -186,6 +188,10 @@ class KindBase:
 
     def check_live(self, entrant: Entrant) -> None:
         """Raise LiveUnavailable when this head cannot be run live (then neither head is)."""
+
+    def live_label(self, entrant: Entrant) -> str:
+        """How this head is run live, for the composite's note."""
+        return getattr(self, "live_name", self.name)
 
     def receipt_data(self):
         """The host's matrix (which workers are paid), or None: the receipt's own cost then says."""
@@ -267,7 +273,7 @@ def live_rows(kind, entrant: Entrant, held: HeldOut, cfg: CompositeConfig) -> tu
         rows = np.array([at[t] for t in tids])
         out[b] = LiveRows(quality=got.quality[rows], calls=got.turns[rows], turns=got.turns[rows],
                           cost_usd=float(got.cost_usd[rows].sum()), errors=0)
-    return out, f"live: {getattr(kind, 'live_name', kind.name)}, {len(ids)} tasks ({cfg.live_sample} a benchmark at most)"
+    return out, f"live: {kind.live_label(entrant)}, {len(ids)} tasks ({cfg.live_sample} a benchmark at most)"
 
 
 def score_pair(kind, challenger: Entrant, king: Entrant | None, cfg: CompositeConfig) -> dict:

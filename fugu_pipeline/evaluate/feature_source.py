@@ -38,6 +38,12 @@ class FeatureSource:
         self.data, self._load, self._settings = data, load, settings
         self._memo: dict[str, RoutingData] = {data.contract.fingerprint(): data}
 
+    @property
+    def settings(self) -> EncoderSettings | None:
+        """The serving encoder's settings (None for `fixed`): a checkpoint loaded to run live reads
+        its model location, device and dtype."""
+        return self._settings
+
     @classmethod
     def fixed(cls, data: RoutingData) -> "FeatureSource":
         return cls(data)

@@ -123,38 +123,106 @@ class OneCallEvaluator:
         return await asyncio.to_thread(self.ledger.begin, "live", worker_id=spec.id, task_id=task_id, ref="live",
                                        worst_usd=worst)
 
-    async def _run(self, todo: dict[tuple[str, str], "Task"]) -> None:
-        from fugu_pipeline.collect.grading import grade
-        from fugu_pipeline.workers.budget import cost_ceiling, price_per_token, unpriced_message
-        from fugu_pipeline.workers.contract import FatalWorkerError, WorkerCallError, task_messages
-        from fugu_pipeline.workers.factory import make_client
+    def check_workers(self, workers) -> None:
+        """Before any call: a paid worker nothing prices is refused under `max_usd`, and the
+        ledger is settled and appendable."""
+        from fugu_pipeline.workers.budget import price_per_token, unpriced_message
+        from fugu_pipeline.workers.contract import FatalWorkerError
 
-        workers = sorted({w for _, w in todo})
         if self.max_usd is not None:
             for w in workers:
                 spec = self.config.worker(w)
                 if spec.kind != "mock" and price_per_token(spec) is None:
                     raise FatalWorkerError(unpriced_message(spec, self.max_usd))
         if self.ledger is not None:
-            self.ledger.check()  # settled and appendable before any call
+            self.ledger.check()
+
+    def judge_client(self, tasks):
+        """The judge's client when a task is graded by one, else None (the caller closes it)."""
+        from fugu_pipeline.workers.factory import make_client
+
+        needs = any(t.grader.type == "llm_judge" for t in tasks)
+        return make_client(self.config.judge, self.config, judge=True) if needs and self.config.judge else None
+
+    async def _reserve(self, spec, task: "Task", lock: asyncio.Lock) -> float:
+        """The call's worst case, held against `max_usd` before it is made (LiveBudgetExceeded)."""
+        from fugu_pipeline.workers.budget import cost_ceiling
+
+        if self.max_usd is None:
+            return 0.0
+        reserve = cost_ceiling(spec, task) or 0.0
+        async with lock:
+            if self.spent + reserve > self.max_usd:
+                raise LiveBudgetExceeded(
+                    f"live evaluation: spent ${self.spent:.4f} of max ${self.max_usd:.4f}; the next call "
+                    f"could cost ${reserve:.4f}. Lower live_sample or raise max_usd_per_run")
+            self.spent += reserve
+        return reserve
+
+    async def _settle(self, lock: asyncio.Lock, reserve: float, cost: float, calls: int = 1) -> None:
+        async with lock:
+            self.spent += cost - reserve
+            self.calls += calls
+
+    async def paid_call(self, client, worker: str, task: "Task", task_id: str, lock: asyncio.Lock):
+        """One worker call whose answer is graded elsewhere (a cascade's step): reserved under
+        `max_usd`, announced in the ledger before it is made and paid (or voided) after. Raises
+        what the client raises."""
+        from fugu_pipeline.workers.contract import task_messages
+
+        spec = self.config.worker(worker)
+        reserve = await self._reserve(spec, task, lock)
+        call = await self._announce(spec, task, task_id, None)
+        try:
+            comp = await client.complete(task_messages(task, spec.system_prompt), task=task)
+        except BaseException:
+            if call is not None:
+                await asyncio.to_thread(self.ledger.void, call)
+            await self._settle(lock, reserve, 0.0)
+            raise
+        if call is not None:
+            await asyncio.to_thread(self.ledger.pay, call, [("live", comp.cost_usd, worker, task_id, "live")])
+        await self._settle(lock, reserve, comp.cost_usd)
+        return comp
+
+    async def paid_grade(self, task: "Task", answer: str, judge, task_id: str, lock: asyncio.Lock):
+        """The grade of an answer paid for elsewhere (`collect.grading.Grade`); a judge someone
+        bills is announced in the ledger and paid as a `judge` line. ValueError: it cannot be graded."""
+        from fugu_pipeline.collect.grading import grade
+        from fugu_pipeline.workers.budget import cost_ceiling
+
+        spec = self.config.judge
+        billed = (judge is not None and task.grader.type == "llm_judge" and spec is not None and spec.kind != "mock"
+                  and self.ledger is not None)
+        call = (await asyncio.to_thread(self.ledger.begin, "judge", worker_id=spec.id, task_id=task_id, ref="live",
+                                        worst_usd=cost_ceiling(spec, task)) if billed else None)
+        try:
+            g = await grade(task, answer, judge)
+        except BaseException:
+            if call is not None:
+                await asyncio.to_thread(self.ledger.void, call)
+            raise
+        if call is not None:
+            await asyncio.to_thread(self.ledger.pay, call, [("judge", g.judge_cost_usd, spec.id, task_id, "live")])
+        await self._settle(lock, 0.0, g.judge_cost_usd, calls=0)
+        return g
+
+    async def _run(self, todo: dict[tuple[str, str], "Task"]) -> None:
+        from fugu_pipeline.collect.grading import grade
+        from fugu_pipeline.workers.contract import FatalWorkerError, WorkerCallError, task_messages
+        from fugu_pipeline.workers.factory import make_client
+
+        workers = sorted({w for _, w in todo})
+        self.check_workers(workers)
         clients = {w: make_client(self.config.worker(w), self.config) for w in workers}
-        needs_judge = any(t.grader.type == "llm_judge" for t in todo.values())
-        judge = make_client(self.config.judge, self.config, judge=True) if needs_judge and self.config.judge else None
+        judge = self.judge_client(todo.values())
         sem = asyncio.Semaphore(self.concurrency)
         lock = asyncio.Lock()
 
         async def one(task_id: str, worker: str, task: "Task") -> None:
             spec = self.config.worker(worker)
             async with sem:
-                reserve = 0.0
-                if self.max_usd is not None:
-                    reserve = cost_ceiling(spec, task) or 0.0
-                    async with lock:
-                        if self.spent + reserve > self.max_usd:
-                            raise LiveBudgetExceeded(
-                                f"live evaluation: spent ${self.spent:.4f} of max ${self.max_usd:.4f}; the next call "
-                                f"could cost ${reserve:.4f}. Lower live_sample or raise max_usd_per_run")
-                        self.spent += reserve
+                reserve = await self._reserve(spec, task, lock)
                 call = await self._announce(spec, task, task_id, judge)
                 comp = None
                 try:
@@ -180,9 +248,7 @@ class OneCallEvaluator:
                         else:
                             await asyncio.to_thread(self.ledger.void, call)
                     out = LiveOutcome(task_id, 0.0, workers=[worker], error=str(exc)[:300])
-                async with lock:
-                    self.spent += cost - reserve
-                    self.calls += 1
+                await self._settle(lock, reserve, cost)
                 self._memo[(task_id, worker)] = out
 
         try:

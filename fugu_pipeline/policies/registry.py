@@ -124,7 +124,7 @@ def router_kind(features, *, live=None, tasks=None, answers=None):
     from fugu_pipeline.policies.cascade.head import KIND
 
     heads()
-    cascade = CascadeScorer(features, answers) if answers is not None else CASCADE_WITHOUT_REPLIES
+    cascade = CascadeScorer(features, answers, load_router) if answers is not None else CASCADE_WITHOUT_REPLIES
     return RouterKind(features, live=live, tasks=tasks, mates={KIND: cascade})
 
 

@@ -26,8 +26,10 @@ its collected responses; no call is made):
   (one-hot, centred) and its verifier's score for every worker's reply (centred per row);
   decisions: the workers it called. Its vector is twice a one-step head's length, so a cascade
   is compared with cascades judged before, never with a one-step head.
-- **live term**: not measured for a cascade; a contest with a cascade on either side judges both
-  heads without it (the composite leaves the term out for both, and says so).
+- **live term**: the contest's live sample run as the cascade serves (`live.py`): routed by the
+  loaded cascade, each step's workers called through the contest's live evaluator (its budget,
+  cost ledger and store), the answer it returns graded; its calls are its turns. Without a live
+  evaluator or task graders it is left out for both heads, as for one-step heads.
 """
 
 from __future__ import annotations
@@ -39,10 +41,6 @@ from pathlib import Path
 import numpy as np
 
 from fugu_pipeline.evaluate.contest import Entrant, Outcomes
-
-LIVE_NOTE = ("live term not measured: a cascade is scored from the recorded replies only (no live run of a "
-             "cascade in the contest yet), so both heads are judged without it")
-
 
 @dataclass
 class AnswerSource:
@@ -82,10 +80,11 @@ def _validation_figure(ckpt, data) -> float | None:
 class CascadeScorer:
     """Scores cascade entrants on the rows of a `FeatureSource` (module docstring)."""
 
-    live_note = LIVE_NOTE  # why the live term is left out when a cascade is on either side
+    live_name = "a cascade: its steps as it serves (route, call each step, verify, grade)"
 
-    def __init__(self, features, answers: AnswerSource):
+    def __init__(self, features, answers: AnswerSource, load_router: Callable | None = None):
         self.features, self.answers = features, answers
+        self.load_router = load_router  # `policies/registry.load_router` (as serving loads it), for the live term
         self._memo: dict[str, tuple] = {}
 
     def rows(self, entrant: Entrant):
@@ -121,6 +120,33 @@ class CascadeScorer:
         paths = [o.path for o in got]  # the plan each row ran (a capped cascade's guard may serve another)
         return Outcomes(list(task_ids), np.array([o.quality for o in got], float), np.array([o.calls for o in got], float),
                         np.array([o.cost_usd for o in got], float), paths, utility=np.array([o.utility for o in got], float))
+
+    def live_outcomes(self, entrant: Entrant, task_ids: list[str], live, tasks: dict, seed: int) -> Outcomes:
+        """The live sample run as the cascade serves (`live.py`), through `live` (the contest's
+        `OneCallEvaluator`); LiveUnavailable when it cannot run or a call stops it."""
+        from fugu_pipeline.evaluate.contest import LiveUnavailable
+        from fugu_pipeline.evaluate.live import LiveBudgetExceeded
+        from fugu_pipeline.features.settings import EncoderLoadError
+        from fugu_pipeline.policies.cascade.live import CascadeLive
+        from fugu_pipeline.policies.cascade.route import CascadeRouter
+        from fugu_pipeline.route.router import RouterError
+        from fugu_pipeline.workers.contract import FatalWorkerError
+
+        s = self.features.settings  # the serving encoder's model, device and dtype (None: the checkpoint's own)
+        where = {} if s is None else {"device": s.device, "dtype": s.dtype, "encoder": s.model}
+        try:
+            router = (self.load_router or CascadeRouter.load)(entrant.path, **where)
+        except (EncoderLoadError, RouterError, OSError) as exc:
+            raise LiveUnavailable(f"cascade {entrant.label} cannot be loaded to run live: {exc}") from None
+        try:
+            got = CascadeLive(live).evaluate(router, entrant.content_hash, [tasks[t] for t in task_ids], seed)
+        except (LiveBudgetExceeded, FatalWorkerError) as exc:
+            raise LiveUnavailable(str(exc)) from None
+        finally:
+            router.close()
+        return Outcomes(list(task_ids), np.array([o.quality for o in got], float), np.array([o.turns for o in got], float),
+                        np.array([o.cost_usd for o in got], float), [o.workers for o in got],
+                        errors=sum(o.error is not None for o in got))
 
     def candidate(self, entrant: Entrant, held, problems: list[str]):
         """The decision's figures on the held-out eval rows (`decision.Candidate`)."""

@@ -1,0 +1,118 @@
+"""A cascade's live term: the contest's live sample run as the cascade serves (`policies/cascade/live.py`),
+against the stub LLM server on 127.0.0.1, with the real tiny encoder and the serving loop.
+
+Before: a cascade on either side of the contest left the live term out for both heads ("no live run
+of a cascade in the contest yet"), so a cascade was judged only on the replies recorded when the
+matrix was built, never on what its workers answer today."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from fugu_pipeline.evaluate.live import LiveBudgetExceeded, OneCallEvaluator
+from fugu_pipeline.evaluate.live_store import LiveStore
+from fugu_pipeline.ledger import CostLedger, read_entries
+from fugu_pipeline.policies.cascade.live import CascadeLive, store_key
+from fugu_pipeline.tasks.schema import Task
+from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint
+from fugu_pipeline.testing.serving import WORKERS, stub_workers_config
+from fugu_pipeline.testing.stub_llm import StubLLMServer
+from fugu_pipeline.workers.contract import FatalWorkerError
+
+# per task: what alpha, beta (the first step, at once) and gamma (the second) answer, and the
+# workers the plan `[alpha, beta] stop if 2 agree or verifier >= 0.99 -> [gamma]` calls
+CASES = {
+    "agree-right": (("7", "7", "7"), 2, 1.0),  # the first step agrees on the right answer: stop
+    "disagree": (("8", "7", "7"), 3, 1.0),  # the first step disagrees: gamma answers
+    "agree-wrong": (("9", "9", "7"), 2, 0.0),  # the first step agrees on a wrong answer: stop, graded 0
+}
+
+
+def task(name: str, k: int) -> Task:
+    return Task(task_id=name, prompt=f"What is {k} + {7 - k}? ({name})", domain="general", reference_answer="7",
+                grader={"type": "numeric"})
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cascade-live")
+    ckpt = build_cascade_checkpoint(root / "models", root / "emb")
+    with StubLLMServer() as stub:
+        yield root, ckpt, stub
+
+
+@pytest.fixture
+def run(world, tmp_path):
+    """(the stub, the tasks, a function that evaluates them live with a fresh evaluator on one
+    store and ledger under tmp_path, the ledger's path)."""
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+
+    root, ckpt, stub = world
+    stub.clear_faults()
+    stub.reset_counts()
+    tasks = [task(name, k) for k, name in enumerate(CASES, start=1)]
+    for t, (replies, _, _) in zip(tasks, CASES.values()):
+        for wid, value in zip(WORKERS, replies):
+            stub.set_answer(t.prompt, f"Adding them gives {value}. #### {value}", model=WORKERS[wid])
+    ledger = tmp_path / "costs.jsonl"
+    head = ckpt.name
+
+    def evaluate(max_usd=None, seed=0):
+        ev = OneCallEvaluator(stub_workers_config(stub.openai_url), max_usd=max_usd,
+                              store=LiveStore(tmp_path / "live", "ctx"), ledger=CostLedger(ledger))
+        router = CascadeRouter.load(ckpt, device="cpu")
+        try:
+            return CascadeLive(ev).evaluate(router, head, tasks, seed)
+        finally:
+            router.close()
+
+    return stub, tasks, evaluate, ledger
+
+
+def calls_per_prompt(stub) -> Counter:
+    return Counter(r.body["messages"][-1]["content"] for r in stub.chat_requests())
+
+
+def test_each_task_runs_the_plan_as_served_graded_and_paid_once_in_the_ledger(run):
+    stub, tasks, evaluate, ledger = run
+    got = evaluate()
+    made = calls_per_prompt(stub)
+    for t, out, (_, calls, quality) in zip(tasks, got, CASES.values()):
+        assert (out.calls, out.turns, out.quality, out.error) == (calls, calls, quality, None), (t.task_id, out)
+        assert made[t.prompt] == calls, (t.task_id, made)
+    lines = [e for e in read_entries(ledger) if e.kind == "live"]
+    assert Counter(e.task_id for e in lines) == {t.task_id: c for t, (_, c, _) in zip(tasks, CASES.values())}
+    assert len({e.call for e in lines}) == len(lines)  # one line a call, none counted twice
+    for t, out in zip(tasks, got):
+        paid = sum(e.cost_usd for e in lines if e.task_id == t.task_id)
+        assert paid > 0 and out.cost_usd == pytest.approx(paid, rel=1e-9)
+
+
+def test_a_second_judgement_reads_the_store_and_calls_nothing(run, tmp_path):
+    stub, tasks, evaluate, ledger = run
+    first = evaluate()
+    stub.reset_counts()
+    before = len(read_entries(ledger))
+    again = evaluate()
+    assert stub.chat_requests() == [] and len(read_entries(ledger)) == before
+    assert [(o.quality, o.calls, o.cost_usd) for o in again] == [(o.quality, o.calls, o.cost_usd) for o in first]
+    stored = [line for line in (tmp_path / "live" / "ctx.jsonl").read_text().splitlines() if line]
+    assert len(stored) == len(tasks) and all(store_key("") in line for line in stored)
+    evaluate(seed=1)  # another seed is another outcome: the plan runs again
+    assert sum(calls_per_prompt(stub).values()) == sum(c for _, c, _ in CASES.values())
+
+
+def test_a_worker_that_refuses_the_key_or_a_spend_past_max_usd_stops_it_and_nothing_is_stored(run, tmp_path):
+    stub, tasks, evaluate, ledger = run
+    stub.set_fault("http", status=401, model=WORKERS["beta"])
+    with pytest.raises(FatalWorkerError):
+        evaluate()
+    stub.clear_faults()
+    with pytest.raises(LiveBudgetExceeded, match="max_usd_per_run"):
+        evaluate(max_usd=1e-9)
+    assert not (tmp_path / "live" / "ctx.jsonl").exists()
+    lines = [e for e in read_entries(ledger) if e.kind == "live"]
+    assert sum(stub.successes.values()) > 0  # alpha answered before beta's 401 stopped the run
+    assert len(lines) == sum(stub.successes.values())  # every answered call paid once; the refused one voided
