@@ -116,3 +116,33 @@ def test_a_worker_that_refuses_the_key_or_a_spend_past_max_usd_stops_it_and_noth
     lines = [e for e in read_entries(ledger) if e.kind == "live"]
     assert sum(stub.successes.values()) > 0  # alpha answered before beta's 401 stopped the run
     assert len(lines) == sum(stub.successes.values())  # every answered call paid once; the refused one voided
+
+
+def test_a_capped_cascade_follows_its_spend_over_the_live_sample_as_it_does_serving(world, tmp_path):
+    """Each task is routed when its turn comes, as a request is: a cascade trained under a cap
+    starts on its most accurate point within the cap (the strong worker alone) and, its calls priced
+    far above the cap, moves to the cheaper point as its follower counts what they cost."""
+    from fugu_pipeline.policies.cascade.route import CascadeRouter
+
+    root, _, stub = world
+    stub.clear_faults()
+    stub.reset_counts()
+    ckpt = build_cascade_checkpoint(root / "capped", root / "emb", cap_usd=6e-3)
+    tasks = [task(f"capped-{k}", k % 7) for k in range(6)]
+    for t in tasks:
+        for model in WORKERS.values():
+            stub.set_answer(t.prompt, "It is 7. #### 7", model=model)
+    config = stub_workers_config(stub.openai_url)
+    for w in config.workers:
+        w.price_in_per_mtok, w.price_out_per_mtok = 2000.0, 4000.0
+    router = CascadeRouter.load(ckpt, device="cpu")
+    try:
+        got = CascadeLive(OneCallEvaluator(config, concurrency=1)).evaluate(router, ckpt.name, tasks)
+        guard = next(s for s in router.spend_states() if s.get("requests"))
+    finally:
+        router.close()
+    first_called = [next(r.body["model"] for r in stub.chat_requests() if r.body["messages"][-1]["content"] == t.prompt)
+                    for t in tasks]
+    assert first_called[0] == WORKERS["gamma"] and first_called[-1] != WORKERS["gamma"], first_called
+    assert guard["requests"] == len(tasks) and all(o.quality == 1.0 for o in got)
+    assert guard["running_mean_usd"] == pytest.approx(sum(o.cost_usd for o in got) / len(tasks))

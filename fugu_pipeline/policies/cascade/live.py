@@ -61,18 +61,18 @@ class CascadeLive:
 
         ev = self.calls
         ev.check_workers(router.checkpoint.manifest.worker_ids)
-        decisions = router.route_batch([t.prompt for t in tasks], [t.domain for t in tasks])
         clients: dict = {}
         judge = ev.judge_client(tasks)
         sem, lock = asyncio.Semaphore(ev.concurrency), asyncio.Lock()
 
-        async def one(task, decision) -> LiveOutcome:
+        async def one(task) -> LiveOutcome:
             async def call(worker: str):
                 if worker not in clients:
                     clients[worker] = make_client(ev.config.worker(worker), ev.config)
                 return await ev.paid_call(clients[worker], worker, task, task.task_id, lock)
 
-            async with sem:
+            async with sem:  # routed when its turn comes, as a request is: a capped cascade follows its spend so far
+                decision = await asyncio.to_thread(router.route, task.prompt, task.domain)
                 steps = decision.router or router  # a cap its shipped description sends to another checkpoint
                 run = await run_cascade(steps, task.prompt, task.domain, decision, call)
                 if run.answer is None:
@@ -87,7 +87,7 @@ class CascadeLive:
                                    cost_usd=run.cost_usd + g.judge_cost_usd, workers=[run.served_by])
 
         try:
-            return list(await asyncio.gather(*(one(t, d) for t, d in zip(tasks, decisions))))
+            return list(await asyncio.gather(*(one(t) for t in tasks)))
         finally:
             for c in clients.values():
                 await c.aclose()
