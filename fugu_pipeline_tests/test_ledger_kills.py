@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,13 +122,15 @@ def test_generate_killed_at_every_step_counts_every_paid_call_once(tmp_path, stu
 LIVE_CHILD = textwrap.dedent("""
     import sys, yaml
     from fugu_pipeline.evaluate.live import LivePolicy, OneCallEvaluator
+    from fugu_pipeline.evaluate.live_store import LiveStore
     from fugu_pipeline.ledger import CostLedger
     from fugu_pipeline.tasks.schema import Task
     from fugu_pipeline.workers.config import WorkersConfig
     config = WorkersConfig.model_validate(yaml.safe_load(open(sys.argv[1])))
     tasks = [Task.model_validate_json(x) for x in open(sys.argv[2])]
-    ev = OneCallEvaluator(config, concurrency=1, ledger=CostLedger(sys.argv[3]))
-    ev.evaluate(LivePolicy("head", "", {t.task_id: "a" for t in tasks}), tasks)
+    store = LiveStore(sys.argv[4], "ctx") if len(sys.argv) > 4 else None
+    ev = OneCallEvaluator(config, concurrency=1, ledger=CostLedger(sys.argv[3]), store=store)
+    ev.evaluate(LivePolicy("head", "", {t.task_id: "a" for t in tasks}, head="h"), tasks)
 """)
 
 
@@ -149,6 +152,85 @@ def test_the_live_term_killed_mid_call_counts_the_call(tmp_path, stub):
     with CostLedger(ledger) as book:
         assert book.settle_in_flight() == []  # settled once, and the journal removed
     assert not list((tmp_path / "costs.jsonl.in-flight").iterdir())
+
+
+def test_the_live_term_killed_mid_call_keeps_what_it_finished(tmp_path, stub):
+    """With the live store: the outcomes finished before a kill -9 are kept as they come, so the
+    next run calls only the task killed in flight and those not reached (before: the store was
+    written after the last task, and a kill lost every outcome of the run)."""
+    workers, task_file = project(tmp_path, stub, 5)
+    ledger, store = tmp_path / "costs.jsonl", tmp_path / "live"
+    killer = Killer(stub)
+    cmd = [sys.executable, "-c", LIVE_CHILD, str(workers), str(task_file), str(ledger), str(store)]
+    proc = subprocess.Popen(cmd, cwd=REPO)
+    killer.arm(proc.pid, 3)  # the third task's call in flight; the first two answered and graded
+    proc.wait(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    killer.arm(None, None)
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert requests_per_task(stub) == {"t0": 1, "t1": 1, "t2": 2, "t3": 1, "t4": 1}
+    lines = check_accounting(ledger, stub, ("live",), never_sent=0)
+    assert len(lines) == 6 and sum(e.worst_case for e in lines) == 1
+
+
+CASCADE_CHILD = textwrap.dedent("""
+    import sys, torch, yaml
+    torch.set_num_threads(1)
+    from fugu_pipeline.evaluate.live import OneCallEvaluator
+    from fugu_pipeline.evaluate.live_store import LiveStore
+    from fugu_pipeline.ledger import CostLedger
+    from fugu_pipeline.policies.cascade.live import CascadeLive
+    from fugu_pipeline.policies.registry import load_router
+    from fugu_pipeline.tasks.schema import Task
+    from fugu_pipeline.workers.config import WorkersConfig
+    config = WorkersConfig.model_validate(yaml.safe_load(open(sys.argv[1])))
+    tasks = [Task.model_validate_json(x) for x in open(sys.argv[2])]
+    ev = OneCallEvaluator(config, concurrency=1, ledger=CostLedger(sys.argv[3]), store=LiveStore(sys.argv[4], "ctx"))
+    router = load_router(sys.argv[5], device="cpu")
+    out = CascadeLive(ev).evaluate(router, "cascade-head", tasks)
+    print(sum(o.calls for o in out))
+""")
+
+
+def test_a_cascades_live_run_killed_mid_call_counts_the_call_and_calls_nothing_twice(tmp_path, stub):
+    """A cascade's live term (each step's workers called through the live evaluator) killed while
+    a call is in flight: the next run settles it at its worst case; every call the server saw has
+    one line; a third run reads every outcome from the store and calls nothing."""
+    from fugu_pipeline.testing.cascade_serving import build_cascade_checkpoint
+
+    stub.add_model("test/model-c", prompt=PRICE_IN, completion=PRICE_OUT)
+    workers, task_file = project(tmp_path, stub, 4)
+    raw = yaml.safe_load(workers.read_text())
+    raw["workers"].append({**raw["workers"][0], "id": "c", "model": "test/model-c"})
+    workers.write_text(yaml.safe_dump(raw))
+    ckpt = build_cascade_checkpoint(tmp_path / "models", tmp_path / "emb", workers=["a", "b", "c"])
+    ledger, store = tmp_path / "costs.jsonl", tmp_path / "live"
+    killer = Killer(stub)
+    cmd = [sys.executable, "-c", CASCADE_CHILD, str(workers), str(task_file), str(ledger), str(store), str(ckpt)]
+    proc = subprocess.Popen(cmd, cwd=REPO)
+    killer.arm(proc.pid, 3)  # the first step of the second task: its first call in flight
+    proc.wait(timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    killer.arm(None, None)
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    # a step's workers are called at once: the kill finds one or both of the second task's calls
+    # announced (the one that killed it reached the server; the other may not have been sent yet)
+    settled = re.search(r"(\d+) call\(s\) were in flight when a run was killed: counted at their worst case", again.stderr)
+    assert settled and int(settled[1]) in (1, 2), again.stderr
+    in_flight = int(settled[1])
+    live = [e for e in read_entries(ledger) if e.kind == "live"]
+    never_sent = len(live) - sum(requests_per_task(stub).values())
+    assert 0 <= never_sent <= in_flight - 1
+    lines = check_accounting(ledger, stub, ("live",), never_sent=never_sent)
+    assert sum(e.worst_case for e in lines) == in_flight
+    # the first task, done and kept before the kill, is not run again: its two calls were made once
+    assert requests_per_task(stub)["t0"] == 2 and int(again.stdout.split()[-1]) == 4 * 2  # each task: a, b agree
+    seen = sum(stub.calls.values())
+    third = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0 and sum(stub.calls.values()) == seen, third.stderr[-2000:]
+    assert len(read_entries(ledger)) == len(lines)
 
 
 SESSION_CHILD = textwrap.dedent("""

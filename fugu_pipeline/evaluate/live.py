@@ -10,7 +10,8 @@ sampling noise) against the matrix. The multi-turn coordinator's live term runs 
 through the session loop (`roles_kind.py`), which reports the turns every session took.
 
 A call that fails scores 0 (the head chose a worker that did not answer). Outcomes are kept in
-the live store (`live_store.py`) per (head, task, seed), so a re-judgement calls nothing, and are
+the live store (`live_store.py`) per (head, task, seed), each as it comes (a kill loses only the
+calls in flight), so a re-judgement calls nothing, and are
 shared by (task, worker, seed): king and challenger routing a task to the same worker share one
 answer. Every call made is appended to the cost ledger (`fugu_pipeline/ledger.py`, kind `live`;
 its grading call, kind `judge`), announced before it is made and its cost written before its
@@ -91,20 +92,23 @@ class OneCallEvaluator:
                                                              cost_usd=rec.cost_usd, workers=[w], error=rec.error)
         todo = {(t.task_id, policy.routes[t.task_id]): t for t in tasks
                 if (t.task_id, policy.routes[t.task_id]) not in self._memo}
-        if todo:
-            asyncio.run(self._run(todo))
+        if todo:  # each outcome kept as it comes (a kill loses only the calls in flight)
+            asyncio.run(self._run(todo, lambda o, w: self.keep(policy.head, policy.seed, w, o)))
         out = [self._memo[(t.task_id, policy.routes[t.task_id])] for t in tasks]
-        if self.store is not None:
-            from fugu_pipeline.evaluate.live_store import LiveRecord
-
-            for t, o in zip(tasks, out):
-                w = policy.routes[t.task_id]
-                rec = self.store.get(policy.head, t.task_id, w, policy.seed)
-                if rec is None or rec.head != policy.head:
-                    self.store.put(LiveRecord(head=policy.head, task_id=t.task_id, seed=policy.seed, worker=w,
-                                              quality=o.quality, calls=o.calls, turns=o.turns, cost_usd=o.cost_usd,
-                                              error=o.error))
+        for t, o in zip(tasks, out):  # an outcome shared from another head's cell is this head's too
+            self.keep(policy.head, policy.seed, policy.routes[t.task_id], o)
         return out
+
+    def keep(self, head: str, seed: int, worker: str, out: LiveOutcome) -> None:
+        """`out` in the live store under (head, task, seed), unless it is there already."""
+        if self.store is None:
+            return
+        from fugu_pipeline.evaluate.live_store import LiveRecord
+
+        rec = self.store.get(head, out.task_id, worker, seed)
+        if rec is None or rec.head != head:
+            self.store.put(LiveRecord(head=head, task_id=out.task_id, seed=seed, worker=worker, quality=out.quality,
+                                      calls=out.calls, turns=out.turns, cost_usd=out.cost_usd, error=out.error))
 
     async def _announce(self, spec, task: "Task", task_id: str, judge) -> str | None:
         """The call's id in the ledger (None without one); a call someone bills is in the in-flight
@@ -207,7 +211,7 @@ class OneCallEvaluator:
         await self._settle(lock, 0.0, g.judge_cost_usd, calls=0)
         return g
 
-    async def _run(self, todo: dict[tuple[str, str], "Task"]) -> None:
+    async def _run(self, todo: dict[tuple[str, str], "Task"], done=None) -> None:
         from fugu_pipeline.collect.grading import grade
         from fugu_pipeline.workers.contract import FatalWorkerError, WorkerCallError, task_messages
         from fugu_pipeline.workers.factory import make_client
@@ -250,6 +254,8 @@ class OneCallEvaluator:
                     out = LiveOutcome(task_id, 0.0, workers=[worker], error=str(exc)[:300])
                 await self._settle(lock, reserve, cost)
                 self._memo[(task_id, worker)] = out
+                if done is not None:
+                    await asyncio.to_thread(done, out, worker)
 
         try:
             await asyncio.gather(*(one(tid, w, t) for (tid, w), t in todo.items()))

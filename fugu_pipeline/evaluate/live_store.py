@@ -1,4 +1,4 @@
-"""The live term's store: every live outcome of a one-step head, once per (head, task, seed).
+"""The live term's store: every live outcome of a one-step head or a cascade, once per (head, task, seed).
 
 `<root>/<context>.jsonl` (`data/live/`), one `LiveRecord` a line, appended with one `write(2)` and
 an fsync each under an exclusive `flock` (several evaluations may append at once; a torn last line
@@ -8,7 +8,8 @@ starts a new file.
 A re-judgement (the same challenger against the same king, a second promotion run, `validate`
 again) reads every outcome it needs here and calls nothing. An outcome is also found by
 (task, worker, seed) from another head: two heads that route a task to the same worker share one
-answer, so their paired difference carries no sampling noise of that cell. The coordinator's
+answer, so their paired difference carries no sampling noise of that cell. A cascade's outcome is
+kept under the worker key `cascade:<content hash>`, its own (`policies/cascade/live.py`). The coordinator's
 live sessions need no store of their own: they are trajectories, stored per (task, head, seed)
 by the trajectory store (`session/store.py`).
 """

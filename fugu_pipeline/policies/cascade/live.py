@@ -43,18 +43,12 @@ class CascadeLive:
                 found[t.task_id] = LiveOutcome(t.task_id, rec.quality, calls=rec.calls, turns=rec.turns,
                                                cost_usd=rec.cost_usd, workers=[], error=rec.error)
         todo = [t for t in tasks if t.task_id not in found]
-        if todo:
-            for t, out in zip(todo, asyncio.run(self._run(router, todo))):
+        if todo:  # each outcome kept as it comes (a kill loses only the tasks in flight)
+            for t, out in zip(todo, asyncio.run(self._run(router, todo, lambda o: ev.keep(content_hash, seed, key, o)))):
                 found[t.task_id] = out
-                if ev.store is not None:
-                    from fugu_pipeline.evaluate.live_store import LiveRecord
-
-                    ev.store.put(LiveRecord(head=content_hash, task_id=t.task_id, seed=seed, worker=key,
-                                            quality=out.quality, calls=out.calls, turns=out.turns,
-                                            cost_usd=out.cost_usd, error=out.error))
         return [found[t.task_id] for t in tasks]
 
-    async def _run(self, router, tasks: list) -> list[LiveOutcome]:
+    async def _run(self, router, tasks: list, done) -> list[LiveOutcome]:
         from fugu_pipeline.policies.cascade.route import run_cascade
         from fugu_pipeline.workers.contract import WorkerCallError
         from fugu_pipeline.workers.factory import make_client
@@ -66,6 +60,11 @@ class CascadeLive:
         sem, lock = asyncio.Semaphore(ev.concurrency), asyncio.Lock()
 
         async def one(task) -> LiveOutcome:
+            out = await served(task)
+            await asyncio.to_thread(done, out)  # kept before the next task's calls
+            return out
+
+        async def served(task) -> LiveOutcome:
             async def call(worker: str):
                 if worker not in clients:
                     clients[worker] = make_client(ev.config.worker(worker), ev.config)
