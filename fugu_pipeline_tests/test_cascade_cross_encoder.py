@@ -6,6 +6,8 @@ built here stands in for the encoder (no network)."""
 
 from __future__ import annotations
 
+import json
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -227,11 +229,37 @@ def test_a_served_cascade_reads_its_cross_encoder_as_offline_scoring_does(final,
     inputs = with_saved_cross(ckpt, data, grid, answer_inputs(data, grid, settings, tmp_path / "emb", stat_names=plain))
     assert np.allclose(verifier_scores(ckpt.head, inputs), np.array(live, float), atol=1e-5)
     assert len({round(s, 6) for s in live[0]}) == 3  # the replies are told apart
+    # a pack carries the cross-encoder beside the weights, signed with them; the pack folder serves
+    # the same scores; a cross-encoder changed in the pack after signing is named by the signature
+    # gate, and one missing by preflight's files gate
+    from fugu_pipeline.evaluate.contest_entry import signature_check
+    from fugu_pipeline.evaluate.gates import GateConfig
+    from fugu_pipeline.evaluate.preflight import preflight
     from fugu_pipeline.train.exchange import pack
+    from fugu_pipeline.train.signing import accept_key, new_key_pair
 
-    with pytest.raises(CheckpointError, match="a pack does not carry yet"):
-        pack(path, tmp_path / "pack")
+    private, public = new_key_pair()
+    host = tmp_path / "host"
+    accept_key(host, "alice", public)
+    packed = pack(path, tmp_path / "pack", submitter="alice", signing_key=private)
+    assert (packed / CROSS_FILE).read_bytes() == (path / CROSS_FILE).read_bytes()
+    gate, signer, _ = signature_check(packed, host, GateConfig())
+    assert gate.ok and signer[0] == "alice" and CROSS_FILE in json.loads((packed / "signature.json").read_text())["files"]
+    served = load_router(packed, device="cpu")
+    again = [served.verify(p, "general", [(w, replies[i, j], finals[i, j]) for j, w in enumerate(workers)])
+             for i, p in enumerate(prompts)]
+    served.close()
+    assert np.allclose(np.array(again, float), np.array(live, float), atol=1e-6)
+    blob = (packed / CROSS_FILE).read_bytes()
+    (packed / CROSS_FILE).write_bytes(blob[:-4] + b"\0\0\0\0")
+    gate, _, _ = signature_check(packed, host, GateConfig())
+    assert not gate.ok and f"{CROSS_FILE} changed after signing" in gate.reason, gate.reason
+    (packed / CROSS_FILE).unlink()
+    files = [g for g in preflight(packed, host, GateConfig()).gates if g.name == "files"]
+    assert any(not g.ok and f"missing {CROSS_FILE} (the manifest names it)" in g.reason for g in files), files
     (path / CROSS_FILE).write_bytes(b"changed")
+    with pytest.raises(CheckpointError, match="does not match the manifest's sha256 for it"):
+        pack(path, tmp_path / "pack2")
     from fugu_pipeline.policies.cascade.cross_encoder_use import _LOADED
 
     _LOADED.clear()

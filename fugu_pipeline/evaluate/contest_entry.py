@@ -37,11 +37,11 @@ def signature_check(pack: Path, models_dir: str | Path, cfg: GateConfig):
     """(the signature gate, (the key's name, its fingerprint) or None, whether the members may be
     read: the signature verifies with a key the host accepts and they are within the caps; a
     member changed after signing may still be read, to say more about it)."""
-    from fugu_pipeline.train.exchange import PACK_FILES
+    from fugu_pipeline.train.exchange import SIGNED_FILES
     from fugu_pipeline.train.signing import MemberMismatch, SigningError, read_keys, verify_pack
 
-    try:
-        name, fp = verify_pack(pack, list(PACK_FILES), read_keys(models_dir), **cfg.pack_caps())
+    try:  # every member it holds, a checkpoint's extra file (a cross-encoder) included, signed as it is
+        name, fp = verify_pack(pack, list(SIGNED_FILES), read_keys(models_dir), **cfg.pack_caps())
     except MemberMismatch as exc:
         return GateResult("signature", False, str(exc)), None, True
     except SigningError as exc:

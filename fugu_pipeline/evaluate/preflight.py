@@ -46,6 +46,7 @@ from fugu_pipeline.train.exchange import (
     LEDGER_COPY,
     PACK_FILES,
     RECEIPT_FILE,
+    extra_members,
     PackContract,
     pack_ledger,
     read_receipt,
@@ -168,6 +169,12 @@ def preflight(pack_dir: str | Path, models_dir: str | Path, cfg: GateConfig, *, 
     else:
         gates.append(GateResult("manifest", True, f"{manifest.method} {manifest.head_kind} ({kind}), "
                                 f"{manifest.param_count:,} params"))
+    try:  # the files the checkpoint needs beside its weights (a cascade verifier's cross-encoder)
+        gone = [f"{n} (the manifest names it)" for n in extra_members(manifest) if not (pack / n).is_file()]
+    except CheckpointError as exc:
+        gone = [str(exc)]
+    if gone:
+        gates.append(GateResult("files", False, "missing " + ", ".join(gone)))
     # the signature and its key first: a pack nobody the host accepts signed (or one over the size
     # caps) is refused before its weights are read; a member changed after signing is read to say more
     sig, readable = _signature_gate(pack, models_dir, cfg)

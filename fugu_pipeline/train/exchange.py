@@ -12,6 +12,9 @@ gates as the pipeline's own (`fugu-lite pack`, `preflight`, `validate`).
     <pack>/ledger.jsonl       the cost ledger of the project that trained it (`fugu_pipeline/ledger.py`):
                               every paid call, hash-chained; the receipt cites its head hash, its
                               number of lines and its totals, which the host recomputes
+    <pack>/cross_encoder.safetensors  only for a checkpoint that needs it beside its weights (a
+                              cascade verifier's cross-encoder; `extra_members`: its manifest names
+                              the file and its sha256), byte for byte
     <pack>/signature.json     the submitter's ed25519 signature over all of the above (`signing.py`)
 
 Every promotable kind packs the same way: one-step routers, the multi-turn coordinator (a roles
@@ -67,6 +70,10 @@ RECEIPT_FILE = "receipt.json"
 CONTRACT_FILE = "contract.json"
 LEDGER_COPY = "ledger.jsonl"
 PACK_FILES = (WEIGHTS_FILE, MANIFEST_FILE, RECEIPT_FILE, CONTRACT_FILE, LEDGER_COPY)  # what the signature covers
+# files a checkpoint may need beside its weights, each named with its sha256 in the manifest's
+# head_params (a cascade verifier's fine-tuned cross-encoder); a pack carries and signs those it needs
+EXTRA_FILES = ("cross_encoder.safetensors",)
+SIGNED_FILES = PACK_FILES + EXTRA_FILES  # a host verifies every one of these the pack holds
 RECEIPT_FORMAT = "fugu-head-receipt/2"
 MAX_RECEIPT_BYTES = 2**20  # a receipt is a few KiB (a fitness curve of thousands of steps included)
 FITNESS_CURVES = ("train_best", "val_utility", "val_accuracy")  # preferred, in order: one entry per generation / epoch
@@ -163,10 +170,6 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     # every check a loader makes (hashes, format, weights finite and of the manifest's shapes): a pack
     # that the host could not load is refused here, where the submitter can still put it right
     ckpt = load_checkpoint(src)
-    if (ckpt.manifest.head_params or {}).get("cross_encoder"):  # a third file the pack format does not carry
-        raise CheckpointError(f"{src}: this cascade's verifier reads a cross-encoder (cross_encoder.safetensors), "
-                              "which a pack does not carry yet; serve it from its folder, or retrain with "
-                              "cascade.cross_encoder: off to pack it")
     try:
         manifest_bytes = read_capped(src / MANIFEST_FILE, MAX_MANIFEST_BYTES, "a manifest")
         weights = read_capped(src / WEIGHTS_FILE, weights_limit(ckpt.manifest.tensors), "the manifest's tensors")
@@ -175,6 +178,7 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
         raise CheckpointError(f"{src}: not a checkpoint ({_one_line(exc)})") from None
     if checkpoint_hash(weights, manifest) != ckpt.manifest.content_hash:  # replaced since it was loaded
         raise CheckpointError(f"{src}: the checkpoint changed while being packed; pack it again")
+    extras = {name: _extra_bytes(src, name, digest) for name, digest in extra_members(manifest).items()}
     out = Path(out_dir)
     try:
         if out.exists() and any(out.iterdir()):
@@ -208,11 +212,41 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path, *, submitter: str = ""
     atomic_write(out / CONTRACT_FILE, json.dumps(contract.model_dump(mode="json"), indent=2) + "\n")
     atomic_write(out / LEDGER_COPY, b"".join(e.model_dump_json().encode() + b"\n" for e in entries))
     atomic_write(out / RECEIPT_FILE, json.dumps(receipt.model_dump(mode="json"), indent=2) + "\n")
+    for name, blob in extras.items():
+        atomic_write(out / name, blob)
     if signing_key is not None:
         from fugu_pipeline.train.signing import sign_pack
 
-        sign_pack(out, list(PACK_FILES), signing_key)
+        sign_pack(out, [*PACK_FILES, *extras], signing_key)
     return out
+
+
+def extra_members(manifest: Manifest) -> dict[str, str]:
+    """The files beside its weights that a checkpoint needs ({name: sha256}): each `head_params`
+    entry naming a `file` and its `sha256` (a cascade verifier's cross-encoder). A name a pack may
+    not carry (`EXTRA_FILES`) is a CheckpointError."""
+    out = {}
+    for key, v in (manifest.head_params or {}).items():
+        if isinstance(v, dict) and isinstance(v.get("file"), str) and isinstance(v.get("sha256"), str):
+            if v["file"] not in EXTRA_FILES:
+                raise CheckpointError(f"head_params.{key}.file {v['file']!r}: a pack carries only {list(EXTRA_FILES)} "
+                                      "beside the weights")
+            out[v["file"]] = v["sha256"]
+    return out
+
+
+def _extra_bytes(src: Path, name: str, digest: str) -> bytes:
+    """`src/name`, read once and checked against the manifest's sha256 (what the pack will carry)."""
+    from fugu_pipeline.train.signing import MAX_MEMBER_BYTES
+
+    try:
+        blob = read_capped(src / name, MAX_MEMBER_BYTES, f"a pack member ({name})")
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{src / name}: the checkpoint needs it beside its weights ({_one_line(exc)})") from None
+    if hashlib.sha256(blob).hexdigest() != digest:
+        raise CheckpointError(f"{src / name} does not match the manifest's sha256 for it (changed after saving); "
+                              "save or train the checkpoint again")
+    return blob
 
 
 def pack_ledger(pack_dir: str | Path, models_dir: str | Path | None = None, max_bytes: int | None = None
