@@ -146,3 +146,28 @@ def test_a_capped_cascade_follows_its_spend_over_the_live_sample_as_it_does_serv
     assert first_called[0] == WORKERS["gamma"] and first_called[-1] != WORKERS["gamma"], first_called
     assert guard["requests"] == len(tasks) and all(o.quality == 1.0 for o in got)
     assert guard["running_mean_usd"] == pytest.approx(sum(o.cost_usd for o in got) / len(tasks))
+
+
+def test_a_cascade_that_cannot_be_loaded_to_run_live_is_said_before_any_call(world):
+    """The contest asks every head whether it can run live before any head's live call: a cascade
+    whose encoder cannot be loaded answers there, in one line, so the other head's calls are not
+    spent for a live term that will be left out for both."""
+    from types import SimpleNamespace
+
+    from fugu_pipeline.evaluate.contest import Entrant, LiveUnavailable
+    from fugu_pipeline.features.settings import EncoderLoadError
+    from fugu_pipeline.policies.cascade.contest import CascadeScorer
+
+    _, ckpt, _ = world
+    loads = []
+
+    def cannot(path, **kw):
+        loads.append((path, kw))
+        raise EncoderLoadError("encoder /models/gone: no such directory")
+
+    features = SimpleNamespace(settings=SimpleNamespace(device="cpu", dtype="float32", model="/models/gone"))
+    scorer = CascadeScorer(features, answers=None, load_router=cannot)
+    entrant = Entrant(str(ckpt), "cascade", ckpt.name, None, None)
+    with pytest.raises(LiveUnavailable, match=f"cascade .*{ckpt.name}.* cannot be loaded to run live: encoder /models/gone"):
+        scorer.check_live(entrant)
+    assert loads == [(str(ckpt), {"device": "cpu", "dtype": "float32", "encoder": "/models/gone"})]

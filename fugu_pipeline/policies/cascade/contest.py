@@ -86,6 +86,7 @@ class CascadeScorer:
         self.features, self.answers = features, answers
         self.load_router = load_router  # `policies/registry.load_router` (as serving loads it), for the live term
         self._memo: dict[str, tuple] = {}
+        self._live: dict = {}  # content hash -> the cascade loaded to run live (`check_live` to `live_outcomes`)
 
     def rows(self, entrant: Entrant):
         """(data in the checkpoint's worker order, answer grid, verifier inputs, verifier scores, what
@@ -121,28 +122,42 @@ class CascadeScorer:
         return Outcomes(list(task_ids), np.array([o.quality for o in got], float), np.array([o.calls for o in got], float),
                         np.array([o.cost_usd for o in got], float), paths, utility=np.array([o.utility for o in got], float))
 
-    def live_outcomes(self, entrant: Entrant, task_ids: list[str], live, tasks: dict, seed: int) -> Outcomes:
-        """The live sample run as the cascade serves (`live.py`), through `live` (the contest's
-        `OneCallEvaluator`); LiveUnavailable when it cannot run or a call stops it."""
+    def check_live(self, entrant: Entrant) -> None:
+        """Load the cascade to run live (kept for `live_outcomes`), before any head's live call:
+        LiveUnavailable, in one line, when it cannot be (then neither head runs live)."""
+        self._live_router(entrant)
+
+    def _live_router(self, entrant: Entrant):
         from fugu_pipeline.evaluate.contest import LiveUnavailable
-        from fugu_pipeline.evaluate.live import LiveBudgetExceeded
         from fugu_pipeline.features.settings import EncoderLoadError
-        from fugu_pipeline.policies.cascade.live import CascadeLive
         from fugu_pipeline.policies.cascade.route import CascadeRouter
         from fugu_pipeline.route.router import RouterError
+
+        if entrant.content_hash not in self._live:
+            s = self.features.settings  # the serving encoder's model, device and dtype (None: the checkpoint's own)
+            where = {} if s is None else {"device": s.device, "dtype": s.dtype, "encoder": s.model}
+            try:
+                self._live[entrant.content_hash] = (self.load_router or CascadeRouter.load)(entrant.path, **where)
+            except (EncoderLoadError, RouterError, OSError) as exc:
+                raise LiveUnavailable(f"cascade {entrant.label} cannot be loaded to run live: {exc}") from None
+        return self._live[entrant.content_hash]
+
+    def live_outcomes(self, entrant: Entrant, task_ids: list[str], live, tasks: dict, seed: int) -> Outcomes:
+        """The live sample run as the cascade serves (`live.py`), through `live` (the contest's
+        `OneCallEvaluator`); LiveUnavailable when it cannot run or a call stops it. The loaded
+        cascade is let go after."""
+        from fugu_pipeline.evaluate.contest import LiveUnavailable
+        from fugu_pipeline.evaluate.live import LiveBudgetExceeded
+        from fugu_pipeline.policies.cascade.live import CascadeLive
         from fugu_pipeline.workers.contract import FatalWorkerError
 
-        s = self.features.settings  # the serving encoder's model, device and dtype (None: the checkpoint's own)
-        where = {} if s is None else {"device": s.device, "dtype": s.dtype, "encoder": s.model}
-        try:
-            router = (self.load_router or CascadeRouter.load)(entrant.path, **where)
-        except (EncoderLoadError, RouterError, OSError) as exc:
-            raise LiveUnavailable(f"cascade {entrant.label} cannot be loaded to run live: {exc}") from None
+        router = self._live_router(entrant)
         try:
             got = CascadeLive(live).evaluate(router, entrant.content_hash, [tasks[t] for t in task_ids], seed)
         except (LiveBudgetExceeded, FatalWorkerError) as exc:
             raise LiveUnavailable(str(exc)) from None
         finally:
+            self._live.pop(entrant.content_hash, None)
             router.close()
         return Outcomes(list(task_ids), np.array([o.quality for o in got], float), np.array([o.turns for o in got], float),
                         np.array([o.cost_usd for o in got], float), [o.workers for o in got],

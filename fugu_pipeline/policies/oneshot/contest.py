@@ -284,6 +284,10 @@ class RouterKind(KindBase):
             return mate.candidate(entrant, held, self.contract_problems(entrant))
         return scored_candidate(entrant.head, self.features, cfg)
 
+    def check_live(self, entrant) -> None:
+        if (mate := self._mate(entrant)) is not None:
+            mate.check_live(entrant)
+
     def live_label(self, entrant) -> str:
         mate = self._mate(entrant)
         return mate.live_name if mate is not None else self.live_name
