@@ -34,6 +34,8 @@ No paid call is missed, none is counted twice, whatever instant a kill lands at:
 - a call over the network is announced first (`begin`: the in-flight journal, `call_journal.py`,
   fsynced) with its worst-case cost; the first appender after a kill counts every announced call
   that no line carries at that worst case (`worst_case: true`) and says so (`settle_in_flight`);
+  a call whose task is cancelled in flight in a process that lives on is counted so at once
+  (`abandon`; a live run stopped by another call's 401);
 - session turns are kept (`defer`) and appended in batches (one write and one fsync for up to 256
   lines) and always before the trajectory store commits a session that used them.
 One fsync per paid call of collection, beside the one the response store already makes and the
@@ -87,7 +89,8 @@ class LedgerEntry(BaseModel):
     prev: str
     key: str = Field("", description="fingerprint of the collector key that signed the line (collector_key.py)")
     call: str = Field("", description="the call's id: the in-flight journal's (call_journal.py) and its record's")
-    worst_case: bool = Field(False, description="the call was in flight when its process died: its worst-case cost")
+    worst_case: bool = Field(False, description="the call was in flight when its process died (or its task was "
+                                                "cancelled): its worst-case cost")
     hash: str = ""
     sig: str = Field("", description="the collector's ed25519 signature of `hash` (base64)")
 
@@ -222,6 +225,7 @@ class CostLedger:
         self._known: tuple[int, str, int] | None = None  # (file size, last hash, last seq) after our last append
         self._journal = Journal(journal_dir(self.path))
         self._pending: list[tuple] = []
+        self._abandoned: set[str] = set()  # calls counted at their worst case when cancelled in flight
         self._settled = False  # the journals of killed runs settled
         self._ready = False  # and the tail checked
         self.notes: list[str] = []  # what settling the calls of killed runs found (also logged)
@@ -322,8 +326,23 @@ class CostLedger:
     def pay(self, call: str, lines: list[tuple[str, float, str, str, str]]) -> list[LedgerEntry]:
         """The call's cost lines (kind, cost_usd, worker_id, task_id, ref), carrying its id, in one write."""
         with self._lock:
+            if call in self._abandoned:  # counted at its worst case when its task was cancelled (`abandon`)
+                return []
             out = self.append_many([(*line, call) for line in lines])
             self._journal.end([call], sync=False)
+            return out
+
+    def abandon(self, call: str, line: tuple[str, float, str, str, str]) -> list[LedgerEntry]:
+        """A call given up while in flight (its task cancelled, its answer never read): it may have
+        been billed, so it is counted now, at its worst case (`worst_case: true`), as a later run
+        would count it after a kill. Once: a call already paid or voided is left as it is (a paying
+        thread may finish after its task was cancelled), and a `pay` after this is ignored."""
+        with self._lock:
+            if call not in self._journal.open_calls:  # ended already, or never announced (a mock call)
+                return []
+            out = self.append_many([(*line, call, True)])
+            self._journal.end([call], sync=False)
+            self._abandoned.add(call)
             return out
 
     def void(self, call: str) -> None:

@@ -59,8 +59,8 @@ def run(world, tmp_path):
     ledger = tmp_path / "costs.jsonl"
     head = ckpt.name
 
-    def evaluate(max_usd=None, seed=0):
-        ev = OneCallEvaluator(stub_workers_config(stub.openai_url), max_usd=max_usd,
+    def evaluate(max_usd=None, seed=0, concurrency=4):
+        ev = OneCallEvaluator(stub_workers_config(stub.openai_url), max_usd=max_usd, concurrency=concurrency,
                               store=LiveStore(tmp_path / "live", "ctx"), ledger=CostLedger(ledger))
         router = CascadeRouter.load(ckpt, device="cpu")
         try:
@@ -108,14 +108,34 @@ def test_a_worker_that_refuses_the_key_or_a_spend_past_max_usd_stops_it_and_noth
     stub, tasks, evaluate, ledger = run
     stub.set_fault("http", status=401, model=WORKERS["beta"])
     with pytest.raises(FatalWorkerError):
-        evaluate()
+        evaluate(concurrency=1)  # one task at a time: its step's two calls both end before the 401 stops the run
     stub.clear_faults()
     with pytest.raises(LiveBudgetExceeded, match="max_usd_per_run"):
         evaluate(max_usd=1e-9)
     assert not (tmp_path / "live" / "ctx.jsonl").exists()
     lines = [e for e in read_entries(ledger) if e.kind == "live"]
-    assert sum(stub.successes.values()) > 0  # alpha answered before beta's 401 stopped the run
-    assert len(lines) == sum(stub.successes.values())  # every answered call paid once; the refused one voided
+    assert sum(stub.successes.values()) == 1  # alpha answered the first task before beta's 401 stopped the run
+    assert len(lines) == 1 and lines[0].worker_id == "alpha"  # paid once; the refused call voided
+
+
+def test_calls_in_flight_when_a_401_stops_the_run_are_counted_at_their_worst_case(run, tmp_path):
+    """Three tasks at once: beta's 401 on the first stops the run while alpha's calls for the other
+    two are in flight (the server holds them). Those are neither dropped nor voided: each is counted
+    at its worst case as its task is cancelled, so every call the server saw has one line."""
+    stub, tasks, evaluate, ledger = run
+    first, *others = tasks
+    stub.set_fault("http", status=401, model=WORKERS["beta"], prompt=first.prompt)
+    for t in others:
+        stub.set_fault("timeout", model=WORKERS["alpha"], prompt=t.prompt, sleep_s=3.0)
+    with pytest.raises(FatalWorkerError):
+        evaluate()
+    stub.clear_faults()
+    lines = [e for e in read_entries(ledger) if e.kind == "live"]
+    seen = Counter((r.body["model"], r.body["messages"][-1]["content"]) for r in stub.chat_requests())
+    paid = Counter((WORKERS[e.worker_id], next(t.prompt for t in tasks if t.task_id == e.task_id)) for e in lines)
+    assert paid == seen - Counter({(WORKERS["beta"], first.prompt): 1}), (paid, seen)  # the 401 voided, nothing else
+    worst = {(e.worker_id, e.task_id) for e in lines if e.worst_case}
+    assert {("alpha", t.task_id) for t in others} <= worst and ("alpha", first.task_id) not in worst
 
 
 def test_a_capped_cascade_follows_its_spend_over_the_live_sample_as_it_does_serving(world, tmp_path):

@@ -133,3 +133,23 @@ def test_a_batch_of_lines_is_one_chain_with_the_lines_before_and_after(tmp_path)
         ledger.append("live", 0.001)
     assert [e.seq for e in out][:2] == [3, 4] and verify_ledger(path).lines == 303
     assert verify_ledger(path).totals["session"].calls == 300
+
+
+def test_a_call_abandoned_in_flight_is_counted_once_at_its_worst_case(tmp_path):
+    """A task cancelled while its call is in flight (`abandon`): the call is counted at its worst case
+    at once; a paying thread that finishes after it adds nothing, an abandon after a pay adds
+    nothing, and a call never announced (a mock's) is not counted."""
+    line = ("live", 0.5, "w", "t1", "live")
+    with CostLedger(tmp_path / "costs.jsonl") as book:
+        first = book.begin("live", worker_id="w", task_id="t1", ref="live", worst_usd=0.5)
+        assert len(book.abandon(first, line)) == 1
+        assert book.pay(first, [("live", 0.01, "w", "t1", "live")]) == []  # the thread that paid it, late
+        second = book.begin("live", worker_id="w", task_id="t2", ref="live", worst_usd=0.5)
+        book.pay(second, [("live", 0.01, "w", "t2", "live")])
+        assert book.abandon(second, ("live", 0.5, "w", "t2", "live")) == []
+        free = book.begin("live", announce=False)
+        assert book.abandon(free, line) == []
+    entries = read_entries(tmp_path / "costs.jsonl")
+    assert [(e.task_id, e.cost_usd, e.worst_case) for e in entries] == [("t1", 0.5, True), ("t2", 0.01, False)]
+    with CostLedger(tmp_path / "costs.jsonl") as book:
+        assert book.settle_in_flight() == []  # nothing left in flight to count again

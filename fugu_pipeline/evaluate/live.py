@@ -172,22 +172,32 @@ class OneCallEvaluator:
         """One worker call whose answer is graded elsewhere (a cascade's step): reserved under
         `max_usd`, announced in the ledger before it is made and paid (or voided) after. Raises
         what the client raises."""
-        from fugu_pipeline.workers.contract import task_messages
+        from fugu_pipeline.workers.contract import FatalWorkerError, WorkerCallError, task_messages
 
         spec = self.config.worker(worker)
         reserve = await self._reserve(spec, task, lock)
         call = await self._announce(spec, task, task_id, None)
         try:
             comp = await client.complete(task_messages(task, spec.system_prompt), task=task)
-        except BaseException:
+        except (WorkerCallError, FatalWorkerError):  # it failed: nothing billed (as the one-call path voids it)
             if call is not None:
                 await asyncio.to_thread(self.ledger.void, call)
             await self._settle(lock, reserve, 0.0)
+            raise
+        except BaseException:  # cancelled in flight (another task's 401 stopped the run): counted at its worst case
+            self._abandon(call, spec, task, task_id)
             raise
         if call is not None:
             await asyncio.to_thread(self.ledger.pay, call, [("live", comp.cost_usd, worker, task_id, "live")])
         await self._settle(lock, reserve, comp.cost_usd)
         return comp
+
+    def _abandon(self, call: str | None, spec, task: "Task", task_id: str) -> None:
+        """A call cancelled in flight: it may have been billed, so its worst case is counted now."""
+        from fugu_pipeline.workers.budget import cost_ceiling
+
+        if call is not None:
+            self.ledger.abandon(call, ("live", cost_ceiling(spec, task) or 0.0, spec.id, task_id, "live"))
 
     async def paid_grade(self, task: "Task", answer: str, judge, task_id: str, lock: asyncio.Lock):
         """The grade of an answer paid for elsewhere (`collect.grading.Grade`); a judge someone
@@ -252,6 +262,9 @@ class OneCallEvaluator:
                         else:
                             await asyncio.to_thread(self.ledger.void, call)
                     out = LiveOutcome(task_id, 0.0, workers=[worker], error=str(exc)[:300])
+                except BaseException:  # cancelled in flight (another call's 401 stopped the run): its worst case
+                    self._abandon(call, spec, task, task_id)
+                    raise
                 await self._settle(lock, reserve, cost)
                 self._memo[(task_id, worker)] = out
                 if done is not None:
