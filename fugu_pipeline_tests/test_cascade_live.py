@@ -191,3 +191,26 @@ def test_a_cascade_that_cannot_be_loaded_to_run_live_is_said_before_any_call(wor
     with pytest.raises(LiveUnavailable, match=f"cascade .*{ckpt.name}.* cannot be loaded to run live: encoder /models/gone"):
         scorer.check_live(entrant)
     assert loads == [(str(ckpt), {"device": "cpu", "dtype": "float32", "encoder": "/models/gone"})]
+
+
+def test_a_judge_that_refuses_the_key_after_an_answer_leaves_the_answer_paid(world, tmp_path):
+    """One-call live term, a task graded by an LLM judge: the worker answers, then the judge answers
+    401. The run stops (the key is refused), the worker's answered call keeps its line (before: the
+    call was voided, as if nothing had been billed), and the judge's call has none."""
+    from fugu_pipeline.evaluate.live import LivePolicy
+
+    _, _, stub = world
+    stub.clear_faults()
+    stub.reset_counts()
+    judge = {"id": "judge", "kind": "openai_compatible", "model": "stub/judge", "base_url": stub.openai_url,
+             "price_in_per_mtok": 1.0, "price_out_per_mtok": 2.0}
+    config = stub_workers_config(stub.openai_url, judge=judge)
+    stub.set_fault("http", status=401, model="stub/judge")
+    t = Task(task_id="judged", prompt="Describe the sea in one line.", domain="general", reference_answer="blue",
+             grader={"type": "llm_judge", "rubric": "Is it about the sea?"})
+    ledger = tmp_path / "costs.jsonl"
+    ev = OneCallEvaluator(config, ledger=CostLedger(ledger))
+    with pytest.raises(FatalWorkerError):
+        ev.evaluate(LivePolicy("head", "", {"judged": "alpha"}, head="h"), [t])
+    lines = read_entries(ledger)
+    assert [(e.kind, e.worker_id, e.worst_case) for e in lines] == [("live", "alpha", False)] and lines[0].cost_usd > 0

@@ -192,18 +192,19 @@ class OneCallEvaluator:
         await self._settle(lock, reserve, comp.cost_usd)
         return comp
 
-    def _abandon(self, call: str | None, spec, task: "Task", task_id: str) -> None:
+    def _abandon(self, call: str | None, spec, task: "Task", task_id: str, kind: str = "live") -> None:
         """A call cancelled in flight: it may have been billed, so its worst case is counted now."""
         from fugu_pipeline.workers.budget import cost_ceiling
 
         if call is not None:
-            self.ledger.abandon(call, ("live", cost_ceiling(spec, task) or 0.0, spec.id, task_id, "live"))
+            self.ledger.abandon(call, (kind, cost_ceiling(spec, task) or 0.0, spec.id, task_id, "live"))
 
     async def paid_grade(self, task: "Task", answer: str, judge, task_id: str, lock: asyncio.Lock):
         """The grade of an answer paid for elsewhere (`collect.grading.Grade`); a judge someone
         bills is announced in the ledger and paid as a `judge` line. ValueError: it cannot be graded."""
         from fugu_pipeline.collect.grading import grade
         from fugu_pipeline.workers.budget import cost_ceiling
+        from fugu_pipeline.workers.contract import FatalWorkerError, WorkerCallError
 
         spec = self.config.judge
         billed = (judge is not None and task.grader.type == "llm_judge" and spec is not None and spec.kind != "mock"
@@ -212,9 +213,12 @@ class OneCallEvaluator:
                                         worst_usd=cost_ceiling(spec, task)) if billed else None)
         try:
             g = await grade(task, answer, judge)
-        except BaseException:
+        except (WorkerCallError, FatalWorkerError, ValueError):  # the judge failed: nothing billed
             if call is not None:
                 await asyncio.to_thread(self.ledger.void, call)
+            raise
+        except BaseException:  # cancelled in flight: counted at its worst case
+            self._abandon(call, spec, task, task_id, "judge")
             raise
         if call is not None:
             await asyncio.to_thread(self.ledger.pay, call, [("judge", g.judge_cost_usd, spec.id, task_id, "live")])
@@ -250,9 +254,12 @@ class OneCallEvaluator:
                                           task_id, "live"))
                         await asyncio.to_thread(self.ledger.pay, call, lines)
                     out = LiveOutcome(task_id, float(g.quality), cost_usd=cost, workers=[worker])
-                except FatalWorkerError:
+                except FatalWorkerError:  # the worker (or, after its answer, the judge) refused the key
                     if call is not None:
-                        await asyncio.to_thread(self.ledger.void, call)
+                        if comp is not None:  # answered: paid
+                            await asyncio.to_thread(self.ledger.pay, call, [("live", comp.cost_usd, worker, task_id, "live")])
+                        else:
+                            await asyncio.to_thread(self.ledger.void, call)
                     raise
                 except (WorkerCallError, ValueError) as exc:
                     cost = comp.cost_usd if comp is not None else 0.0  # answered, then the grading failed: paid
