@@ -6,6 +6,8 @@ those: a writer holds an exclusive `flock` on its temporary file from the moment
 until the rename, the kernel drops that lock when the writer dies, so a temporary file whose lock
 can be taken has no live writer. A file younger than `STALE_TEMP_AGE_S` is left alone as well: it
 covers the instant between creating the file and locking it.
+
+`last_line` and `count_lines` read an append-only file by offset (the cost ledger's tail check).
 """
 
 from __future__ import annotations
@@ -137,3 +139,27 @@ def stream_file(path: str | Path, limit: int, *hashers, sink=None) -> int:
             if sink is not None:
                 sink.write(chunk)
     return n
+
+
+def count_lines(fd: int, end: int) -> int:
+    """Newlines in the file's first `end` bytes (for a line number in an error)."""
+    n, pos = 0, 0
+    while pos < end:
+        data = os.pread(fd, min(2**20, end - pos), pos)
+        if not data:
+            break
+        n += data.count(b"\n")
+        pos += len(data)
+    return n
+
+
+def last_line(fd: int, end: int) -> tuple[int, bytes]:
+    """(offset, bytes) of the last line of the file's first `end` bytes (its newline included when it has one)."""
+    block = 4096
+    while True:
+        start = max(0, end - block)
+        data = os.pread(fd, end - start, start)
+        nl = data.rfind(b"\n", 0, len(data) - 1)
+        if nl >= 0 or start == 0:
+            return start + nl + 1, data[nl + 1:]
+        block *= 2

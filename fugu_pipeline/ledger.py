@@ -58,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fugu_pipeline.call_journal import Intent, Journal, calls_in, dead_journals, journal_dir, new_call_id, read_journal
 from fugu_pipeline.config_files import first_validation_error
+from fugu_pipeline.files import count_lines, last_line
 from fugu_pipeline.collector_key import CollectorKey, LineVerifier, fingerprint, load_collector_key, read_trusted
 from fugu_pipeline.hashing import canonical_json, sha256_text
 
@@ -248,7 +249,7 @@ class CostLedger:
             return self._known[1], self._known[2]
         end, cuts, last = size, [], None
         while end > 0:
-            start, line = _last_line(fd, end)
+            start, line = last_line(fd, end)
             if line.endswith(b"\n"):
                 try:
                     last = LedgerEntry.model_validate_json(line[:-1])
@@ -291,7 +292,7 @@ class CostLedger:
             prev_hash, prev_seq = GENESIS, 0
             if start > 0:
                 try:
-                    before = LedgerEntry.model_validate_json(_last_line(fd, start)[1])
+                    before = LedgerEntry.model_validate_json(last_line(fd, start)[1])
                     prev_hash, prev_seq = before.hash, before.seq
                 except ValueError:
                     why = "the line before it is not a ledger entry"
@@ -299,7 +300,7 @@ class CostLedger:
                 why = (f"it does not follow the line before it (seq {last.seq} after {prev_seq}, prev {last.prev[:12]}… "
                        f"where that line's hash is {prev_hash[:12]}…): a line duplicated, moved or pasted in")
         if why is not None:
-            raise LedgerError(f"{self.path} line {_count_lines(fd, start) + 1}: {why}: nothing appended; {todo}")
+            raise LedgerError(f"{self.path} line {count_lines(fd, start) + 1}: {why}: nothing appended; {todo}")
 
     def _project_trusted(self) -> dict[str, str]:
         """The collector keys of the project's models/promoted/collector_keys.json, for a ledger at the
@@ -479,30 +480,6 @@ def settle_killed_runs(path: str | Path) -> list[str]:
         return []
     with CostLedger(path) as book:
         return book.settle_in_flight()
-
-
-def _count_lines(fd: int, end: int) -> int:
-    """Newlines in the file's first `end` bytes (for a line number in an error)."""
-    n, pos = 0, 0
-    while pos < end:
-        data = os.pread(fd, min(2**20, end - pos), pos)
-        if not data:
-            break
-        n += data.count(b"\n")
-        pos += len(data)
-    return n
-
-
-def _last_line(fd: int, end: int) -> tuple[int, bytes]:
-    """(offset, bytes) of the last line of the file's first `end` bytes (its newline included when it has one)."""
-    block = 4096
-    while True:
-        start = max(0, end - block)
-        data = os.pread(fd, end - start, start)
-        nl = data.rfind(b"\n", 0, len(data) - 1)
-        if nl >= 0 or start == 0:
-            return start + nl + 1, data[nl + 1:]
-        block *= 2
 
 
 def project_ledger(project_dir: str | Path) -> Path:
