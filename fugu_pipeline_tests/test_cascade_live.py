@@ -214,3 +214,25 @@ def test_a_judge_that_refuses_the_key_after_an_answer_leaves_the_answer_paid(wor
         ev.evaluate(LivePolicy("head", "", {"judged": "alpha"}, head="h"), [t])
     lines = read_entries(ledger)
     assert [(e.kind, e.worker_id, e.worst_case) for e in lines] == [("live", "alpha", False)] and lines[0].cost_usd > 0
+
+
+def test_a_cascade_loaded_for_a_live_run_that_never_came_is_let_go(world):
+    """`check_live` loads the cascade before any call; when the other head's live run stops the
+    term first, the contest's `end_live` closes it (before: it stayed loaded, encoder and all)."""
+    from types import SimpleNamespace
+
+    from fugu_pipeline.evaluate.contest import Entrant
+    from fugu_pipeline.policies.cascade.contest import CascadeScorer
+
+    _, ckpt, _ = world
+    closed = []
+    loaded = SimpleNamespace(close=lambda: closed.append(ckpt.name))
+    scorer = CascadeScorer(SimpleNamespace(settings=None), answers=None, load_router=lambda path, **kw: loaded)
+    entrant = Entrant(str(ckpt), "cascade", ckpt.name, None, None)
+    scorer.check_live(entrant)
+    scorer.check_live(entrant)  # loaded once, kept for its live run
+    assert closed == []
+    scorer.end_live()
+    scorer.end_live()
+    assert closed == [ckpt.name]
+

@@ -156,6 +156,7 @@ class Kind(Protocol):
     def composite_config(self, cfg: CompositeConfig) -> CompositeConfig: ...
     def check_live(self, entrant: Entrant) -> None: ...
     def live_label(self, entrant: Entrant) -> str: ...
+    def end_live(self) -> None: ...
 
 
 class KindBase:
@@ -192,6 +193,9 @@ class KindBase:
     def live_label(self, entrant: Entrant) -> str:
         """How this head is run live, for the composite's note."""
         return getattr(self, "live_name", self.name)
+
+    def end_live(self) -> None:
+        """The live term is done (or left out): let go of what `check_live` loaded for it."""
 
     def receipt_data(self):
         """The host's matrix (which workers are paid), or None: the receipt's own cost then says."""
@@ -297,6 +301,8 @@ def score_pair(kind, challenger: Entrant, king: Entrant | None, cfg: CompositeCo
         live_k = live_rows(kind, king, held, cfg)[0] if king_out is not None and live_c is not None else None
     except LiveUnavailable as exc:  # no partial live term: both heads or neither
         live_c, live_k, note = None, None, f"live term not measured: {exc}"
+    finally:
+        kind.end_live()  # what `check_live` loaded for a head whose live run never came is let go
     kd = None if king_out is None else king_out.decisions
     ch = score_outcomes(ch_out.quality, ch_out.decisions, held, cfg, king_decisions=kd, live=live_c, turns=ch_out.turns)
     out = {"challenger": ch, "king": None, "difference": None, "live": note, "king_note": king_note,

@@ -127,6 +127,12 @@ class CascadeScorer:
         LiveUnavailable, in one line, when it cannot be (then neither head runs live)."""
         self._live_router(entrant)
 
+    def end_live(self) -> None:
+        """Close every cascade `check_live` loaded whose live run never came (the other head's
+        stopped the live term first)."""
+        while self._live:
+            self._live.popitem()[1].close()
+
     def _live_router(self, entrant: Entrant):
         from fugu_pipeline.evaluate.contest import LiveUnavailable
         from fugu_pipeline.features.settings import EncoderLoadError

@@ -288,6 +288,11 @@ class RouterKind(KindBase):
         if (mate := self._mate(entrant)) is not None:
             mate.check_live(entrant)
 
+    def end_live(self) -> None:
+        for mate in self.mates.values():
+            if not isinstance(mate, str):
+                mate.end_live()
+
     def live_label(self, entrant) -> str:
         mate = self._mate(entrant)
         return mate.live_name if mate is not None else self.live_name
