@@ -105,6 +105,11 @@ def load_yaml_model(path: str | Path, cls: type[M], error: type[Exception], *, w
         raise error(f"{path}: {what} not found{instead}") from None
     except IsADirectoryError:
         raise error(f"{path}: a folder, not a YAML {what}{instead}") from None
+    except NotADirectoryError:
+        raise error(f"{path}: {what} not found (a folder on its path is a file){instead}") from None
+    except PermissionError:
+        raise error(f"{path}: not readable by this user (permission denied); give it read access or pass another "
+                    f"{what}") from None
     except UnicodeDecodeError:
         raise error(f"{path}: not a text file, so not a YAML {what}{instead}") from None
     except yaml.YAMLError as exc:

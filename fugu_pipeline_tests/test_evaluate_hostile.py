@@ -271,3 +271,20 @@ def test_odd_domain_names_print_one_row_each_and_stay_apart(capsys):
     assert lines[2].split()[0] == "''" and lines[3].strip().startswith("' '"), lines
     assert lines[4].strip().startswith("'line\\nbreak'"), lines
     assert all(len(line) < 100 for line in lines), lines
+
+
+@pytest.mark.parametrize("case", ["tasks folder", "models dir a file", "project dir a file"])
+def test_a_path_of_the_wrong_kind_is_one_line_naming_it(tmp_path, capsys, case):
+    # before: IsADirectoryError / NotADirectoryError tracebacks from the file reads under these flags
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a folder\n")
+    argv, needles = {
+        "tasks folder": (["generate", "--workers", "configs/workers.mock.yaml", "--tasks", str(tmp_path),
+                          "--output", str(tmp_path / "out.jsonl")], [str(tmp_path), "a folder, not a batch file"]),
+        "models dir a file": (["route", "--models-dir", str(a_file), "--prompt", "hi"],
+                              [str(a_file), "a file, not a models folder"]),
+        "project dir a file": (["evaluate-roles", "--project-dir", str(a_file)],
+                               [str(a_file), "a folder on its path is a file"]),
+    }[case]
+    one_line_exit_2(capsys, argv, *needles)
+    assert not (tmp_path / "out.jsonl").exists()

@@ -140,11 +140,16 @@ def parse_task_line(line: str) -> Task | list[str] | None:
 
 
 def read_text(path: Path) -> str:
-    """A batch file's text, a UTF-8 BOM read past. Raises `TaskFileError` (missing, not UTF-8)."""
+    """A batch file's text, a UTF-8 BOM read past. Raises `TaskFileError` (missing, a folder, not
+    readable, not UTF-8)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise TaskFileError(path, [(0, "file not found")]) from None
+    except IsADirectoryError:
+        raise TaskFileError(path, [(0, "a folder, not a batch file: pass one JSON Lines file of tasks")]) from None
+    except PermissionError:
+        raise TaskFileError(path, [(0, "not readable by this user (permission denied)")]) from None
     except UnicodeDecodeError as exc:
         raise TaskFileError(path, [(0, f"not UTF-8 text: {exc}")]) from None
     # a UTF-8 BOM (Windows editors, Excel's "CSV UTF-8" export) is read past, as the reward-matrix import does;

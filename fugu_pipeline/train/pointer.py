@@ -46,6 +46,9 @@ def read_pointer(models_dir: str | Path, pointer_file: Path = POINTER) -> dict |
     else:
         if Path(where).exists() and not Path(where).is_file():  # a link to /dev/zero would be read forever
             raise _damaged(where, "not a regular file")
+        if Path(models_dir).exists() and not Path(models_dir).is_dir():
+            raise PointerError(f"{models_dir}: a file, not a models folder; pass the folder that holds "
+                               f"{pointer_file.as_posix()} (e.g. models)")
         try:
             raw = Path(where).read_bytes()
         except FileNotFoundError:
