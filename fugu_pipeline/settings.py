@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     catalog_update_sensor_interval_s: int = _f(60, SENSORS, "how often `catalog_update_sensor` looks for a refreshed catalog", ge=1)
     settings_sensor_interval_s: int = _f(30, SENSORS, "how often `settings_sensor` observes the settings files (trainer "
                                          "YAMLs, the promotion policy, the `reward:` block, the encoder's settings)", ge=1)
-    catalog_cron: str = _f("0 * * * *", SENSORS, "the schedule of `openrouter_catalog_schedule` (off by default)", min_length=9)
+    catalog_cron: str = _f("0 * * * *", SENSORS, "the schedule of `openrouter_catalog_schedule` (off by default)")
     catalog_max_age_h: float = _f(26.0, SENSORS, "the catalog's freshness policy fails after this many hours (warns after 2)", gt=2)
     router_max_age_d: float = _f(30.0, SENSORS, "the promoted router's freshness policy fails after this many days (warns after 7)", gt=7)
     openrouter_base_url: str | None = _f(None, SENSORS, "another API root for the catalog (a proxy, a mirror, the loopback stub)",
@@ -117,6 +117,44 @@ class Settings(BaseSettings):
     def _executor_name(cls, v):
         return v.strip().lower() if isinstance(v, str) else v
 
+    @field_validator("data_url", "models_url")
+    @classmethod
+    def _store_url(cls, v):
+        if v is None:
+            return v
+        scheme, sep, rest = v.partition("://")
+        if not sep or scheme.lower() not in STORE_SCHEMES or not rest.strip("/"):
+            raise ValueError(f"not an object-store URL: write <scheme>://<bucket>/<folder> with a scheme of "
+                             f"{', '.join(STORE_SCHEMES)} (file:///abs/path for a shared folder)")
+        return v
+
+    @field_validator("openrouter_base_url", "s3_endpoint_url", "app_url")
+    @classmethod
+    def _http_url(cls, v):
+        if v is None:
+            return v
+        scheme, sep, rest = v.partition("://")
+        host = rest.split("/", 1)[0]
+        if scheme.lower() not in ("http", "https") or not sep or not host or any(c.isspace() for c in v):
+            raise ValueError("not an http(s) URL: write http://host[:port]/path or https://...")
+        return v
+
+    @field_validator("catalog_cron")
+    @classmethod
+    def _cron(cls, v):
+        problem = cron_problem(v)
+        if problem:
+            raise ValueError(f"not a cron schedule ({problem}): five fields, minute hour day-of-month month "
+                             "day-of-week, e.g. '0 * * * *'")
+        return v
+
+    @field_validator("home", "store_cache", "project_dir")
+    @classmethod
+    def _a_folder(cls, v):
+        if v is not None and v.expanduser().exists() and not v.expanduser().is_dir():
+            raise ValueError("a file, not a folder: name a folder (it is made when missing)")
+        return v
+
     def cache_home(self) -> Path:
         """FUGU_HOME, else ~/.cache/fugu_pipeline (the user's home as it is now)."""
         return (self.home or Path.home() / ".cache" / "fugu_pipeline").expanduser()
@@ -131,6 +169,48 @@ class Settings(BaseSettings):
             return None
         name, _, n = self.test_crash_at.partition(":")
         return name, int(n or 1)
+
+
+STORE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory", "file")
+# cron fields: (low, high, names); day-of-week 7 is Sunday too
+_CRON_FIELDS = ((0, 59, ()), (0, 23, ()), (1, 31, ()),
+                (1, 12, ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")),
+                (0, 7, ("sun", "mon", "tue", "wed", "thu", "fri", "sat")))
+_CRON_MACROS = ("@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually")
+
+
+def cron_problem(expr: str) -> str | None:
+    """What is wrong with a five-field cron expression (None when nothing is): each field a comma
+    list of `*`, `n`, `a-b`, each optionally `/step`, within the field's range (month and day names
+    too), or one of the `@hourly`-style macros. Split and compared, no pattern: linear in its length."""
+    text = expr.strip()
+    if text.lower() in _CRON_MACROS:
+        return None
+    fields = text.split()
+    if len(fields) != 5:
+        return f"{len(fields)} fields"
+    for field, (low, high, names) in zip(fields, _CRON_FIELDS):
+        for item in field.split(","):
+            span, slash, step = item.partition("/")
+            if slash and not (step.isdigit() and int(step) > 0):
+                return f"step {step!r} in {field!r}"
+            if span == "*":
+                continue
+            ends = span.split("-")
+            if len(ends) > 2:
+                return f"{span!r} in {field!r}"
+            values = []
+            for end in ends:
+                word = end.lower()
+                if word in names:
+                    values.append(names.index(word) + (1 if low == 1 else 0))
+                elif end.isdigit() and len(end) <= 2:
+                    values.append(int(end))
+                else:
+                    return f"{end!r} in {field!r}"
+            if any(not low <= x <= high for x in values) or (len(values) == 2 and values[0] > values[1]):
+                return f"{span!r} out of {low}-{high}"
+    return None
 
 
 def env_name(field: str) -> str:
@@ -165,7 +245,8 @@ def _one_line(exc: ValidationError) -> str:
     value = "" if secret else f"={os.environ.get(name, '')!r}"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     what = f" ({info.description})" if info is not None and info.description else ""
-    return f"{name}{value}: {first['msg']}{more}; set it to a valid value or unset it{what}"
+    msg = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own words
+    return f"{name}{value}: {msg}{more}; set it to a valid value or unset it{what}"
 
 
 # --------------------------------------------------------------------------- the reference table

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fugu_pipeline.settings import GROUPS, Settings, SettingsError, env_name, markdown_table, settings
@@ -44,6 +45,16 @@ def test_no_module_but_the_settings_reads_a_fugu_variable_itself():
     ("FUGU_CATALOG_MAX_AGE_H", "soon", "valid number"),
     ("FUGU_EXECUTOR", "spark", "'multiprocess', 'celery' or 'k8s'"),
     ("FUGU_TEST_CRASH_AT", "ledger:x", "pattern"),
+    # each of these was accepted, then failed later with a traceback (Dagster's schedule, fsspec, a
+    # mkdir under a file) or was read as a local path ("s3://" with no bucket)
+    ("FUGU_CATALOG_CRON", "99 * * * *", "not a cron schedule ('99' out of 0-59)"),
+    ("FUGU_CATALOG_CRON", "0 0 * *", "not a cron schedule (4 fields)"),
+    ("FUGU_DATA_URL", "ftp://host/data", "not an object-store URL"),
+    ("FUGU_MODELS_URL", "s3://", "not an object-store URL"),
+    ("FUGU_DATA_URL", "/srv/shared/data", "file:///abs/path"),
+    ("FUGU_OPENROUTER_BASE_URL", "openrouter.ai/api/v1", "not an http(s) URL"),
+    ("FUGU_S3_ENDPOINT_URL", "localhost:9000", "not an http(s) URL"),
+    ("FUGU_HOME", __file__, "a file, not a folder"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch, name, value, says):
     monkeypatch.setenv(name, value)
@@ -52,6 +63,44 @@ def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch, name, value, s
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(f"{name}={value!r}: ") and says in message
+
+
+@pytest.mark.parametrize("name, value", [
+    ("FUGU_CATALOG_CRON", "*/15 0-6 * jan-mar mon-fri"), ("FUGU_CATALOG_CRON", "@daily"),
+    ("FUGU_CATALOG_CRON", "0,30 * 1-31/2 * 7"), ("FUGU_DATA_URL", "s3://bucket/data"),
+    ("FUGU_MODELS_URL", "file:///srv/shared/models"), ("FUGU_MODELS_URL", "memory://fugu/models"),
+    ("FUGU_S3_ENDPOINT_URL", "http://127.0.0.1:9000"), ("FUGU_OPENROUTER_BASE_URL", "https://proxy.example/api/v1"),
+])
+def test_a_good_value_is_taken_as_given(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    assert getattr(settings(), name.removeprefix("FUGU_").lower()) == value
+
+
+def test_every_cron_the_settings_take_is_one_dagster_takes():
+    from dagster._utils.schedules import is_valid_cron_string
+
+    from fugu_pipeline.settings import cron_problem
+
+    tokens = ["*", "0", "7", "12", "31", "59", "60", "*/5", "1-5", "5-1", "jan", "Mon", "sun-sat", "0,30", "1-31/2",
+              "*/0", "x", "-1", "012", "1-2-3", "8"]
+    rng = np.random.default_rng(0)
+    taken = 0
+    for _ in range(20000):
+        expr = " ".join(rng.choice(tokens, 5))
+        if cron_problem(expr) is None:
+            taken += 1
+            assert is_valid_cron_string(expr), expr
+    assert taken > 100  # the draw reaches valid schedules, not only refusals
+
+
+def test_list_models_and_the_catalog_asset_read_the_same_api_root(monkeypatch):
+    from fugu_pipeline.defs.catalog import OpenRouterResource
+    from fugu_pipeline.workers.catalog import OPENROUTER_BASE_URL, catalog_base_url
+
+    assert catalog_base_url() == OpenRouterResource.from_env().base_url == OPENROUTER_BASE_URL
+    monkeypatch.setenv("FUGU_OPENROUTER_BASE_URL", "http://127.0.0.1:9/api/v1")
+    assert catalog_base_url() == OpenRouterResource.from_env().base_url == "http://127.0.0.1:9/api/v1"
+    assert catalog_base_url("http://other/api") == "http://other/api"  # list-models' --base-url
 
 
 def test_the_executor_name_is_read_as_the_old_reader_did(monkeypatch):

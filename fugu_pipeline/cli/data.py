@@ -13,10 +13,10 @@ from fugu_pipeline.cli.common import CLIError, print_json
 def cmd_list_models(args) -> int:
     from dotenv import load_dotenv
 
-    from fugu_pipeline.workers.catalog import fetch_catalog, format_rows, list_models
+    from fugu_pipeline.workers.catalog import catalog_base_url, fetch_catalog, format_rows, list_models
 
     load_dotenv(override=False)
-    snap = fetch_catalog(args.base_url, os.environ.get("OPENROUTER_API_KEY"))
+    snap = fetch_catalog(catalog_base_url(args.base_url), os.environ.get("OPENROUTER_API_KEY"))
     print(format_rows(list_models(snap, args.contains, args.limit)))
     for note in snap.skipped:
         print(f"fugu-lite list-models: skipped a malformed catalog entry: {note}", file=sys.stderr)

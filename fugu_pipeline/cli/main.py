@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("list-models", data.cmd_list_models, "print the live OpenRouter model catalog")
     p.add_argument("--contains", default=None)
     p.add_argument("--limit", type=int, default=30)
-    p.add_argument("--base-url", default="https://openrouter.ai/api/v1")
+    p.add_argument("--base-url", default=None, help="the API root whose /models is the catalog (default: "
+                   "$FUGU_OPENROUTER_BASE_URL, else OpenRouter's https://openrouter.ai/api/v1)")
 
     p = add("generate", data.cmd_generate, "call every worker on every task and write the reward-matrix JSONL; "
             "exit status 3 when a cell failed (the failed cells are named; --resume calls them again)")

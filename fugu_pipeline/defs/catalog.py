@@ -24,6 +24,7 @@ from fugu_pipeline.defs.versions import latest_data_versions
 from fugu_pipeline.settings import settings
 from fugu_pipeline.workers.catalog import (
     OPENROUTER_BASE_URL,
+    catalog_base_url,
     CatalogError,
     CatalogSnapshot,
     diff_snapshots,
@@ -53,8 +54,7 @@ class OpenRouterResource(dg.ConfigurableResource):
         """Bind `api_key` to `dg.EnvVar(env)` when the variable is set, else leave it unset (see
         the module docstring); likewise `base_url` to `$FUGU_OPENROUTER_BASE_URL` (a proxy, a
         mirror, or a local stub catalog), else OpenRouter's own API."""
-        if settings().openrouter_base_url and "base_url" not in kwargs:
-            kwargs["base_url"] = settings().openrouter_base_url
+        kwargs.setdefault("base_url", catalog_base_url())
         if os.environ.get(env):
             return cls(api_key=dg.EnvVar(env), **kwargs)
         return cls(**kwargs)

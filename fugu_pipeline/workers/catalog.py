@@ -36,6 +36,15 @@ OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
 MAX_CATALOG_BYTES = 64 << 20  # OpenRouter's catalog is a few MiB; past this a reply is not a catalog
 
 
+def catalog_base_url(explicit: str | None = None) -> str:
+    """The API root whose `/models` is the catalog: `explicit` (a flag), else
+    `$FUGU_OPENROUTER_BASE_URL` (a proxy, a mirror, a local stub), else OpenRouter's own API. The
+    catalog asset and `fugu-lite list-models` read it here, so both list the same catalog."""
+    from fugu_pipeline.settings import settings
+
+    return explicit or settings().openrouter_base_url or OPENROUTER_BASE_URL
+
+
 class CatalogError(RuntimeError):
     """The catalog could not be fetched or read; the message says why. Never holds a key."""
 
