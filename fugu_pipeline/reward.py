@@ -11,11 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fugu_pipeline.hashing import canonical_json, sha256_text
 
+MAX_AMOUNT = 1e6  # USD or seconds: beyond this a call's cost or latency is a unit error or damage, not a call
+
 
 class UtilityConfig(BaseModel):
     """U = w_q*Q - w_c*min(C/C0, cap) - w_l*min(L/L0, cap)  ."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     quality_weight: float = Field(1.0, ge=0)
     cost_weight: float = Field(0.1, ge=0)

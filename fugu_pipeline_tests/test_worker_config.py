@@ -27,6 +27,19 @@ def test_shipped_configs_load():
     ("workers:\n  - {id: a, kind: mock}\n  - {id: a, kind: mock}\n", "duplicate worker id(s): a"),
     ("workers:\n  - {id: 'bad id', kind: mock}\n", "workers[0].id"),
     ("workers:\n  - {id: a, kind: mock, colour: red}\n", "workers[0].colour"),
+    # accepted before, then a traceback in the first call (a cost past what a call record holds), every
+    # cell failed one by one (an infinite latency), or a run that never ends (an infinite sleep, an
+    # infinite deadline, one call per 1e300 minutes)
+    ("workers:\n  - {id: a, kind: mock, mock: {cost_usd: .inf}}\n", "workers[0].mock.cost_usd': Input should be a finite"),
+    ("workers:\n  - {id: a, kind: mock, mock: {cost_usd: 1.0e+300}}\n", "workers[0].mock.cost_usd': Input should be less"),
+    ("workers:\n  - {id: a, kind: mock, mock: {latency_s: .inf}}\n", "workers[0].mock.latency_s"),
+    ("workers:\n  - {id: a, kind: mock, mock: {sleep_s: .inf}}\n", "workers[0].mock.sleep_s"),
+    ("workers:\n  - {id: a, kind: mock, requests_per_minute: 1.0e-300}\n", "workers[0].requests_per_minute"),
+    ("workers:\n  - {id: a, kind: mock}\ntimeout_s: .inf\n", "'timeout_s': Input should be a finite"),
+    ("workers:\n  - {id: a, kind: mock}\ncooldown: {max_s: .nan}\n", "cooldown.max_s"),
+    ("workers:\n  - {id: a, kind: mock}\nreward: {cost_scale_usd: .inf}\n", "reward.cost_scale_usd"),
+    ("workers:\n  - {id: a, kind: openai_compatible, model: m, base_url: 'http://h', price_in_per_mtok: .inf}\n",
+     "workers[0].price_in_per_mtok"),
 ])
 def test_broken_yaml_names_the_field(tmp_path, text, field):
     with pytest.raises(WorkerConfigError) as err:

@@ -14,9 +14,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from fugu_pipeline.reward import MAX_AMOUNT
+
 CostSource = Literal["usage", "catalog", "configured", "mock", "none"]
 
-MAX_AMOUNT = 1e6  # USD or seconds: beyond this a figure is a unit error or damage, not a call
 MAX_COUNT = 2**31 - 1  # the INTEGER columns of the matrix
 
 Quality = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]

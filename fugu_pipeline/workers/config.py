@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fugu_pipeline.config_files import load_yaml_model
-from fugu_pipeline.reward import UtilityConfig
+from fugu_pipeline.reward import MAX_AMOUNT, UtilityConfig
 
 WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 # The ids of imported routing data: the rule above plus `/` and `:` for model names such as
@@ -38,7 +38,7 @@ SERVING_ONLY_FIELDS = frozenset({"supports_tools", "context_window", "max_output
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     def answer_fields(self) -> dict:
         """The spec as JSON without the serving-only fields: what decides this worker's answers."""
@@ -52,7 +52,8 @@ class _Base(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     system_prompt: str | None = None
     max_concurrency: int = Field(8, ge=1, description="in-process concurrent calls to this worker")
-    requests_per_minute: float | None = Field(None, gt=0)
+    requests_per_minute: float | None = Field(None, ge=1 / 1440, description="at most this many calls a minute "
+                                              "(at least one a day)")
     supports_tools: bool = Field(False, description="the server may send it requests with `tools` or tool "
                                  "messages (OpenAI function calling); false: such requests go to other workers")
     context_window: int | None = Field(None, ge=1, description="its context length in tokens (prompt and "
@@ -66,7 +67,7 @@ class MockRoles(BaseModel):
     """How a mock worker plays the multi-turn roles (Thinker, Worker, Verifier; `mock_roles.py`).
     Used only when a request names a role; one-step calls are unchanged."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     plan_boost: dict[str, float] = Field(
         default_factory=dict, description="added to this worker's Worker success probability, per domain, "
@@ -96,15 +97,15 @@ class MockRoles(BaseModel):
 
 
 class MockBehaviour(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     strengths: dict[str, float] = Field(
         default_factory=dict, description="probability of a correct answer per task domain"
     )
     default_strength: float = Field(0.3, ge=0.0, le=1.0)
-    cost_usd: float = Field(0.001, ge=0.0, description="simulated cost per call")
-    latency_s: float = Field(1.0, ge=0.0, description="simulated latency per call (reported, not slept)")
-    sleep_s: float = Field(0.0, ge=0.0, description="real wall-clock delay per call (tests)")
+    cost_usd: float = Field(0.001, ge=0.0, le=MAX_AMOUNT, description="simulated cost per call")
+    latency_s: float = Field(1.0, ge=0.0, le=MAX_AMOUNT, description="simulated latency per call (reported, not slept)")
+    sleep_s: float = Field(0.0, ge=0.0, le=3600.0, description="real wall-clock delay per call (tests)")
     fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of calls that fail (tests)")
     roles: MockRoles = Field(default_factory=MockRoles, description="multi-turn role behaviour")
     confident_when_right: float = Field(0.9, ge=0.0, le=1.0, description="chance a right answer is stated with "
@@ -161,7 +162,7 @@ WorkerSpec = Annotated[MockWorker | OpenRouterWorker | OpenAICompatibleWorker, F
 class CooldownConfig(BaseModel):
     """When the server stops calling a worker that keeps failing (`workers/health.py`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     after_failures: int = Field(3, ge=1, description="consecutive transient failures (timeouts, connection "
                                 "errors, 408, 429, 5xx) that start a cooldown")
@@ -171,7 +172,7 @@ class CooldownConfig(BaseModel):
 
 
 class WorkersConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     reward: UtilityConfig = UtilityConfig()
     judge: WorkerSpec | None = None
