@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
+
+# A random seed in a config or a flag: numpy's and torch's generators take any integer in [0, 2**32)
+# here; a negative one was a ValueError traceback from inside the first draw.
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="random seed (0 to 2**32 - 1)")]
 
 M = TypeVar("M", bound=BaseModel)
 

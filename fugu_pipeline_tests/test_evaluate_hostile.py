@@ -288,3 +288,18 @@ def test_a_path_of_the_wrong_kind_is_one_line_naming_it(tmp_path, capsys, case):
     }[case]
     one_line_exit_2(capsys, argv, *needles)
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("how", ["flag", "config"])
+def test_a_negative_seed_is_one_line_naming_it(tmp_path, capsys, how):
+    # before: "ValueError: expected non-negative integer" from numpy's first draw, a traceback
+    data = reward_jsonl(tmp_path / "r.jsonl")
+    if how == "flag":
+        argv, needle = ["train", "--data", str(data), "--output", str(tmp_path / "m"), "--seed", "-1"], "--seed"
+    else:
+        cfg = tmp_path / "sft.yaml"
+        cfg.write_text("seed: -1\n")
+        argv, needle = ["train-sft", "--config", str(cfg), "--data", str(data), "--output", str(tmp_path / "m")], "seed"
+    one_line_exit_2(capsys, [*argv, "--encoder", "tiny", "--work-dir", str(tmp_path / "wd")], needle, "greater than or equal to 0",
+                    progress=True)
+    assert not (tmp_path / "m").exists()

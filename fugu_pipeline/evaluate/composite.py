@@ -58,6 +58,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from fugu_pipeline.config_files import Seed
 from fugu_pipeline.hashing import sha256_text
 
 TERMS = ("cached", "live", "efficiency", "novelty")
@@ -87,7 +88,7 @@ class CompositeConfig(BaseModel):
         10, ge=1, description="a domain (not listed in `benchmarks`) with fewer held-out rows joins the pooled "
                               "benchmark '" + "(small domains)" + "' instead of weighing as much as a full one alone")
     n_boot: int = Field(2000, ge=100)
-    seed: int = 0
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _check(self) -> "CompositeConfig":

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fugu_pipeline.config_files import Seed
 from fugu_pipeline.evaluate.composite import CompositeConfig
 from fugu_pipeline.evaluate.decision import Candidate, Decision, decide, weight_gate  # noqa: F401 (this module's API too)
 from fugu_pipeline.evaluate.gates import GateConfig
@@ -77,7 +78,7 @@ class PromotionPolicy(BaseModel):
     max_train_gap: float = Field(0.25, gt=0.0, description="largest allowed train minus held-out router utility")
     min_quality_std: float = Field(0.01, ge=0.0, description="a quality head whose held-out predictions have a smaller std is refused")
     n_boot: int = Field(2000, ge=100)
-    seed: int = 0
+    seed: Seed = 0
     composite: CompositeConfig = Field(default_factory=CompositeConfig, description="the composite score the king is judged on")
     gates: GateConfig = Field(default_factory=GateConfig, description="rate limit, duplicate, receipt")
     project_runs: ProjectRuns = Field(default_factory=ProjectRuns, description="the project's own pipeline runs' rule")

@@ -41,7 +41,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from fugu_pipeline.config_files import load_yaml_model
+from fugu_pipeline.config_files import Seed, load_yaml_model
 from fugu_pipeline.hashing import canonical_json, sha256_text
 from fugu_pipeline.session.featurize import TranscriptFeaturizer
 from fugu_pipeline.session.policy import LinearRolesPolicy
@@ -75,7 +75,7 @@ class RolesConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    seed: int = 0
+    seed: Seed = 0
     generations: int = Field(60, ge=1)
     population_size: int | None = Field(None, ge=2, description="None = cmaes' 4 + floor(3 ln n)")
     sigma0: float = Field(2.0, gt=0, description="initial step size as a logit scale: a random step changes "

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fugu_pipeline.config_files import Seed
 from fugu_pipeline.policies.cascade.config import CascadeConfig
 from fugu_pipeline.policies.oneshot.kinds import LINEAR_HEAD_KINDS
 
@@ -16,7 +17,7 @@ from fugu_pipeline.policies.oneshot.kinds import LINEAR_HEAD_KINDS
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    seed: int = 0
+    seed: Seed = 0
     head: str = Field("layernorm_linear", description=f"one of {LINEAR_HEAD_KINDS}")
 
     @field_validator("head")
@@ -169,7 +170,7 @@ class TrainSetConfig(_Grid):
     """`configs/train.yaml`: which heads `fugu-lite train` and the `router_heads` asset fit, their
     grids, and how one is chosen (K-fold out-of-fold over the non-test rows; never the test split)."""
 
-    seed: int = 0
+    seed: Seed = 0
     folds: int = Field(5, ge=2, description="K of the K-fold out-of-fold predictions (folds by hash of the task id)")
     selection_rule: Literal["auto", "pooled", "macro", "blend"] = Field(
         "auto", description="auto: the rule that holds up in the nested check; two workers always use APGR")
