@@ -106,6 +106,20 @@ def test_the_project_runs_rule_is_in_the_shipped_file_and_a_named_file_must_exis
         promotion.project_policy(project)
 
 
+@pytest.mark.parametrize("text, field", [
+    ("min_gain_over_best_fixed: -.inf\n", "min_gain_over_best_fixed"),  # before: every challenger passed that gate
+    ("min_gain_over_best_fixed: .nan\n", "min_gain_over_best_fixed"),  # before: none did, and nothing said why
+    ("margin: .inf\n", "margin"),
+    ("gates:\n  rate_limit_s: .inf\n", "gates.rate_limit_s"),
+    ("composite:\n  live_weight: .inf\n", "composite.live_weight"),
+])
+def test_a_policy_with_an_infinite_or_nan_number_is_refused_naming_the_field(project, text, field):
+    (project / "configs" / "promotion.yaml").write_text(text)
+    with pytest.raises(PolicyError) as err:
+        promotion.project_policy(project)
+    assert field in str(err.value) and "finite" in str(err.value) and "promotion.yaml" in str(err.value)
+
+
 # ------------------------------------------------------------------ evaluate-roles --promote
 
 @pytest.fixture(scope="module")

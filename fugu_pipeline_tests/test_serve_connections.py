@@ -28,6 +28,7 @@ from fugu_pipeline.serve import create_app
 from fugu_pipeline.serve.connections import ConnectionLimits, DropLog, uvicorn_options
 from fugu_pipeline.testing.serving import ServerThread, stub_workers_config
 from fugu_pipeline_tests import serve_fixtures
+from fugu_pipeline_tests.conftest import REPO
 from fugu_pipeline_tests.serve_fixtures import ask, closed_total
 from fugu_pipeline_tests.waiting import wait_until
 
@@ -162,3 +163,15 @@ def test_a_flood_of_drops_is_logged_in_two_lines(caplog):
         asyncio.run(flood())
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "closed connection 0" in lines[0] and "since the last line of their kind: 999 header_timeout" in lines[1]
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_an_infinite_timeout_flag_is_one_line_naming_it(capsys, tmp_path, value):
+    # before: --header-timeout-s inf started a server that never timed out a slow client's headers (here
+    # an empty models folder would then be the one line)
+    from fugu_pipeline.cli import main
+
+    assert main(["serve", "--workers", str(REPO / "configs" / "workers.mock.yaml"), "--models-dir", str(tmp_path),
+                 "--header-timeout-s", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fugu-lite serve: --header-timeout-s {value}: ") and len(err.splitlines()) == 1, err

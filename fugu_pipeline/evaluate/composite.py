@@ -65,7 +65,7 @@ TERMS = ("cached", "live", "efficiency", "novelty")
 
 
 class CompositeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     cached_weight: float = Field(0.70, ge=0, description="weight of cached accuracy (held-out greedy-route quality)")
     live_weight: float = Field(0.15, ge=0, description="weight of live accuracy (route, call, grade on a sample)")

@@ -49,7 +49,7 @@ DEFAULT_SUBMITTER = "pipeline"
 
 
 class GateConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     rate_limit_s: float = Field(86400.0, ge=0, description="at most one promotion attempt per this many seconds per submitter (0: off)")
     duplicate_cosine: float = Field(0.99, gt=0, le=1, description="refuse a head this similar to one judged before or the king")

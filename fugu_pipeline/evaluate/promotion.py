@@ -62,14 +62,14 @@ class ProjectRuns(BaseModel):
     --promote`). The project's runs make one attempt per new batch or catalog change, not a search
     over the held-out rows, so by default they are not rate limited."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     rate_limit_s: float = Field(0.0, ge=0, description="at most one promotion attempt of the project's own runs per this "
                                                         "many seconds (0: off)")
 
 
 class PromotionPolicy(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     margin: float = Field(0.02, ge=0.0, description="replace the king only at challenger ≥ king + margin (paired mean held-out utility)")
     min_gain_over_best_fixed: float = Field(0.0, description="required paired mean gain over the best fixed worker (strictly above)")

@@ -70,7 +70,7 @@ class ConnectionLimits(BaseModel):
     """The server's connection and request limits (`LIMIT_HELP` says each); `fugu-lite serve`
     has a flag of each name (`--header-timeout-s`, ...)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     header_timeout_s: float = Field(10.0, gt=0)
     body_timeout_s: float = Field(30.0, gt=0)

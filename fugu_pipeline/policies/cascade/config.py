@@ -17,7 +17,7 @@ from fugu_pipeline.train.groups import DEFAULT_GROUP_FLOOR
 
 
 class CascadeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: Literal["auto", "on", "off"] = Field(
         "auto", description="auto: fit cascades when the matrix holds the workers' replies; on: refuse a matrix without")

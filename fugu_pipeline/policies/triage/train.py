@@ -56,7 +56,7 @@ METHOD = "triage"
 
 
 class TriageConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seed: int = 0
     lr: float = Field(1e-2, gt=0)
