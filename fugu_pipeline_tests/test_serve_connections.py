@@ -175,3 +175,17 @@ def test_an_infinite_timeout_flag_is_one_line_naming_it(capsys, tmp_path, value)
                  "--header-timeout-s", value]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"fugu-lite serve: --header-timeout-s {value}: ") and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--port", "-1", "a TCP port is 0 to 65535"), ("--port", "70000", "a TCP port is 0 to 65535"),
+    ("--torch-threads", "-1", "0 (torch's default) to 1024"), ("--torch-threads", "99999999999", "0 (torch's default)"),
+])
+def test_a_port_or_thread_count_out_of_range_is_one_line(capsys, tmp_path, flag, value, says):
+    # before: OverflowError from bind(), torch's "set_num_threads expects a positive integer", tracebacks
+    from fugu_pipeline.cli import main
+
+    assert main(["serve", "--workers", str(REPO / "configs" / "workers.mock.yaml"), "--models-dir", str(tmp_path),
+                 flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fugu-lite serve: {flag} {value}: ") and says in err and len(err.splitlines()) == 1, err

@@ -164,12 +164,20 @@ def _now(router):
     return verify
 
 
+MAX_TORCH_THREADS = 1024  # past this torch refuses or overflows; no machine here has so many cores
+
+
 def cmd_serve(args) -> int:
     from fugu_pipeline.cli.training import budget_of
     from fugu_pipeline.serve import serve
     from fugu_pipeline.serve.connections import ConnectionLimitError
     from fugu_pipeline.serve.run import PortUnavailable
 
+    if not 0 <= args.port <= 65535:
+        raise CLIError(f"--port {args.port}: a TCP port is 0 to 65535 (0: any free port); e.g. --port 8080")
+    if not 0 <= args.torch_threads <= MAX_TORCH_THREADS:
+        raise CLIError(f"--torch-threads {args.torch_threads}: 0 (torch's default) to {MAX_TORCH_THREADS}; the default, 1, "
+                       "is the cheapest per request for small batches")
     if args.shutdown_grace_s < 0:
         raise CLIError(f"--shutdown-grace-s must be >= 0 seconds, got {args.shutdown_grace_s:g}")
     if args.max_json_values < 1:
