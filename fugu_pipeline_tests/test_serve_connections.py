@@ -180,9 +180,13 @@ def test_an_infinite_timeout_flag_is_one_line_naming_it(capsys, tmp_path, value)
 @pytest.mark.parametrize("flag, value, says", [
     ("--port", "-1", "a TCP port is 0 to 65535"), ("--port", "70000", "a TCP port is 0 to 65535"),
     ("--torch-threads", "-1", "0 (torch's default) to 1024"), ("--torch-threads", "99999999999", "0 (torch's default)"),
+    ("--batch-window-ms", "-1", "0 (no waiting) to 10000"), ("--batch-window-ms", "nan", "0 (no waiting)"),
+    ("--max-batch", "0", "1 (no batching) to 4096"), ("--max-body-bytes", "0", "at least 1024"),
+    ("--shutdown-grace-s", "inf", "0 to 3600"), ("--auth-cooldown-s", "nan", "0 (never keep a worker out)"),
 ])
 def test_a_port_or_thread_count_out_of_range_is_one_line(capsys, tmp_path, flag, value, says):
-    # before: OverflowError from bind(), torch's "set_num_threads expects a positive integer", tracebacks
+    # before: OverflowError from bind(), torch's "set_num_threads expects a positive integer", the batcher's
+    # ValueError once the router had loaded: tracebacks; an infinite grace never stopped on Ctrl-C
     from fugu_pipeline.cli import main
 
     assert main(["serve", "--workers", str(REPO / "configs" / "workers.mock.yaml"), "--models-dir", str(tmp_path),

@@ -173,17 +173,20 @@ def cmd_serve(args) -> int:
     from fugu_pipeline.serve.connections import ConnectionLimitError
     from fugu_pipeline.serve.run import PortUnavailable
 
-    if not 0 <= args.port <= 65535:
-        raise CLIError(f"--port {args.port}: a TCP port is 0 to 65535 (0: any free port); e.g. --port 8080")
-    if not 0 <= args.torch_threads <= MAX_TORCH_THREADS:
-        raise CLIError(f"--torch-threads {args.torch_threads}: 0 (torch's default) to {MAX_TORCH_THREADS}; the default, 1, "
-                       "is the cheapest per request for small batches")
-    if args.shutdown_grace_s < 0:
-        raise CLIError(f"--shutdown-grace-s must be >= 0 seconds, got {args.shutdown_grace_s:g}")
-    if args.max_json_values < 1:
-        raise CLIError(f"--max-json-values must be >= 1, got {args.max_json_values}")
-    if not args.auth_cooldown_s >= 0:
-        raise CLIError(f"--auth-cooldown-s must be >= 0 seconds (0: never keep a worker out), got {args.auth_cooldown_s:g}")
+    for flag, value, ok, what in (
+            ("--port", args.port, 0 <= args.port <= 65535, "a TCP port is 0 to 65535 (0: any free port); e.g. --port 8080"),
+            ("--torch-threads", args.torch_threads, 0 <= args.torch_threads <= MAX_TORCH_THREADS,
+             f"0 (torch's default) to {MAX_TORCH_THREADS}; the default, 1, is the cheapest per request for small batches"),
+            ("--batch-window-ms", args.batch_window_ms, 0 <= args.batch_window_ms <= 10_000,
+             "0 (no waiting) to 10000 milliseconds"),
+            ("--max-batch", args.max_batch, 1 <= args.max_batch <= 4096, "1 (no batching) to 4096 prompts"),
+            ("--max-body-bytes", args.max_body_bytes, args.max_body_bytes >= 1024, "at least 1024 bytes"),
+            ("--max-json-values", args.max_json_values, args.max_json_values >= 1, "at least 1"),
+            ("--shutdown-grace-s", args.shutdown_grace_s, 0 <= args.shutdown_grace_s <= 3600, "0 to 3600 seconds"),
+            ("--auth-cooldown-s", args.auth_cooldown_s, 0 <= args.auth_cooldown_s <= 86_400,
+             "0 (never keep a worker out) to 86400 seconds")):
+        if not ok:  # NaN fails every comparison above
+            raise CLIError(f"{flag} {f'{value:g}' if isinstance(value, float) else value}: {what}")
     limits = serve_limits(args)
     budget = budget_of(args)  # the flags first, then the files
     from fugu_pipeline.cli.checkpoints import routable
