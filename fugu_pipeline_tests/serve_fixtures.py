@@ -159,6 +159,10 @@ BAD_BODIES = {
     "content part not an object": '{"messages": [{"role": "user", "content": [5]}]}',
     "text part without text": '{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
     "role missing": '{"messages": [{"content": "hi"}]}',
+    "tool_calls a number on a user message": '{"messages": [{"role": "user", "content": "hi", "tool_calls": 1.5}]}',
+    "tool_calls a list on a user message": '{"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}',
+    "tool_calls true on a system message": '{"messages": [{"role": "system", "content": "be brief", "tool_calls": true}, '
+                                           '{"role": "user", "content": "hi"}]}',
     "name a number": '{"messages": [{"role": "user", "content": "hi", "name": 5}]}',
     "messages empty": '{"messages": []}',
     "model a number": '{"model": 5, "messages": [{"role": "user", "content": "hi"}]}',

@@ -343,3 +343,30 @@ def test_a_wide_body_with_long_keys_is_checked_in_one_pass(server, monkeypatch):
     bad = {"messages": ask("hi"), "x": {"k" * 1_000_000: [0, "\ud800"]}}
     err = assert_openai_error(post(server, json.dumps(bad)), 400)
     assert err["param"] == "x." + "k" * 37 + "...[1]" and len(spelled) == 1
+
+
+# --------------------------------------------------------------------------- every field, every wrong type
+
+MUTATED_FIELDS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
+                  "stream_options", "stop", "tools", "tool_choice", "parallel_tool_calls", "response_format", "seed",
+                  "logprobs", "top_logprobs", "logit_bias", "user", "domain", "fugu_budget", "fugu_cost_weight",
+                  "fugu_allowed_workers", "fugu_max_usd", "fugu_mode")
+MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
+WRONG = (None, True, -1, 1.5, 1e300, 2**70, "", "x" * 5000, [], [None], {}, {"type": None}, [[[]]])
+
+
+def test_every_field_of_a_request_given_a_wrong_type_gets_a_4xx_or_an_answer_never_a_5xx(server):
+    # found this way: tool_calls on a user message (a number, true) was a TypeError and a 500
+    fives = []
+    with httpx.Client(base_url=server, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        for where, field in [("body", f) for f in MUTATED_FIELDS] + [("message", f) for f in MESSAGE_FIELDS]:
+            for value in WRONG:
+                body = {"model": "fugu-lite", "messages": [{"role": "user", "content": "what is 2+2?"}]}
+                (body if where == "body" else body["messages"][0])[field] = value
+                r = client.post("/v1/chat/completions", json=body)
+                if r.status_code >= 500:
+                    fives.append((where, field, repr(value)[:20], r.status_code, r.text[:120]))
+                elif r.status_code >= 400:
+                    assert_openai_error(r, r.status_code)
+    assert not fives, fives
+    assert_still_serving(server)

@@ -122,6 +122,9 @@ def check_tool_messages(messages: list[dict]) -> bool:
             any_tools = True
         elif role == "assistant":
             open_calls = None
+        if m.get("tool_calls") is not None and role != "assistant":
+            raise BadField(f"messages[{i}].tool_calls", f"messages[{i}].tool_calls belongs on an 'assistant' message, "
+                           f"not a {role!r} one")
         if m.get("tool_call_id") is not None and role != "tool":
             raise BadField(f"messages[{i}].tool_call_id", f"messages[{i}].tool_call_id belongs on a 'tool' message, "
                            f"not a {role!r} one")

@@ -111,7 +111,8 @@ def prompt_tokens_estimate(messages: list[dict], tools: list | None = None) -> i
         else:
             size += _text_bytes(content)
         size += _text_bytes(m.get("name")) + _text_bytes(m.get("tool_call_id"))
-        for call in m.get("tool_calls") or ():
+        calls = m.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
             f = call.get("function") if isinstance(call, dict) else None
             if isinstance(f, dict):
                 size += _text_bytes(call.get("id")) + _text_bytes(f.get("name")) + _text_bytes(f.get("arguments"))
