@@ -123,7 +123,7 @@ class Settings(BaseSettings):
         if v is None:
             return v
         scheme, sep, rest = v.partition("://")
-        if not sep or scheme.lower() not in STORE_SCHEMES or not rest.strip("/"):
+        if not sep or scheme not in STORE_SCHEMES or not rest.strip("/"):
             raise ValueError(f"not an object-store URL: write <scheme>://<bucket>/<folder> with a scheme of "
                              f"{', '.join(STORE_SCHEMES)} (file:///abs/path for a shared folder)")
         return v
