@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 import yaml
@@ -294,3 +295,25 @@ def test_a_coordinator_alone_is_served(models, stub, tmp_path, what):
         assert health["status"] == "ok" and health["checkpoint"] is None and health["one_step_router"] == absent
     finally:
         srv.stop()
+
+
+def test_every_field_of_a_multi_turn_request_given_a_wrong_type_gets_a_4xx_or_an_answer(server):
+    """The one-step path's sweep (`test_serve_hostile.py`) on the multi-turn path: each request and
+    message field, each wrong value; every reply an OpenAI-shaped 4xx or an answer, never a 5xx."""
+    from fugu_pipeline_tests.serve_fixtures import assert_openai_error
+    from fugu_pipeline_tests.test_serve_hostile import MESSAGE_FIELDS, MUTATED_FIELDS, WRONG
+
+    fives = []
+    with httpx.Client(base_url=server, timeout=60) as http:
+        for where, field in [("body", f) for f in MUTATED_FIELDS if f != "fugu_mode"] + \
+                            [("message", f) for f in MESSAGE_FIELDS]:
+            for value in WRONG:
+                body = {"model": "fugu-lite", "fugu_mode": "multi_turn", "domain": "math",
+                        "messages": [{"role": "user", "content": QUESTION}]}
+                (body if where == "body" else body["messages"][0])[field] = value
+                r = http.post("/v1/chat/completions", json=body)
+                if r.status_code >= 400 and assert_openai_error(r, r.status_code).get("code") == "max_turns":
+                    continue  # the coordinator read an odd domain and committed no answer: its 502, by design
+                if r.status_code >= 500:
+                    fives.append((where, field, repr(value)[:20], r.status_code, r.text[:120]))
+    assert not fives, fives
