@@ -181,3 +181,12 @@ def test_evaluate_roles_promote_reads_the_project_s_policy_file(roles_project, c
     assert main([*args, "--policy", "missing.yaml"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.yaml" in err[0]
+
+
+@pytest.mark.parametrize("override, field", [({"margin": float("nan")}, "margin"), ({"rate_limit_s": -5}, "gates.rate_limit_s"),
+                                             ({"max_train_gap": float("inf")}, "max_train_gap")])
+def test_an_override_out_of_range_is_one_line_naming_the_field(override, field):
+    # a run config's margin or a flag's rate limit: before, pydantic's several lines and its URL
+    with pytest.raises(PolicyError) as err:
+        promotion.load_policy(None, **override)
+    assert str(err.value).startswith(f"promotion policy: field '{field}': ") and "\n" not in str(err.value), str(err.value)

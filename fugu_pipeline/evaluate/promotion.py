@@ -114,7 +114,9 @@ def load_policy(path: str | Path | None, *, required: bool = False, project_run:
     the project's own runs replaces the rate limit (`PromotionPolicy.for_project_run`). Then
     `overrides` that are not None replace top-level fields (`rate_limit_s` and `live_sample` reach
     into their blocks)."""
-    from fugu_pipeline.config_files import load_yaml_model
+    from pydantic import ValidationError
+
+    from fugu_pipeline.config_files import format_validation_error, load_yaml_model
 
     if path is not None and (required or Path(path).exists()):
         policy = load_yaml_model(path, PromotionPolicy, PolicyError, what="promotion policy file", empty_ok=True)
@@ -129,6 +131,6 @@ def load_policy(path: str | Path | None, *, required: bool = False, project_run:
         policy = policy.model_copy(update={"composite": policy.composite.model_copy(update={"live_sample": over.pop("live_sample")})})
     try:
         return PromotionPolicy.model_validate({**policy.model_dump(), **over})
-    except ValueError as exc:
-        raise PolicyError(f"promotion policy: {exc}") from None
+    except ValidationError as exc:  # an override (a flag, a run config) out of range: one line naming it
+        raise PolicyError(f"promotion policy: {format_validation_error(exc)}") from None
 
