@@ -192,7 +192,7 @@ def cron_problem(expr: str) -> str | None:
     for field, (low, high, names) in zip(fields, _CRON_FIELDS):
         for item in field.split(","):
             span, slash, step = item.partition("/")
-            if slash and not (step.isdigit() and int(step) > 0):
+            if slash and not (step.isascii() and step.isdigit() and int(step) > 0):
                 return f"step {step!r} in {field!r}"
             if span == "*":
                 continue
@@ -204,12 +204,14 @@ def cron_problem(expr: str) -> str | None:
                 word = end.lower()
                 if word in names:
                     values.append(names.index(word) + (1 if low == 1 else 0))
-                elif end.isdigit() and len(end) <= 2:
+                elif end.isascii() and end.isdigit() and len(end) <= 2:
                     values.append(int(end))
                 else:
                     return f"{end!r} in {field!r}"
-            if any(not low <= x <= high for x in values) or (len(values) == 2 and values[0] > values[1]):
+            if any(not low <= x <= high for x in values):
                 return f"{span!r} out of {low}-{high}"
+            if len(values) == 2 and values[0] > values[1]:
+                return f"{span!r} runs backwards"
     return None
 
 
