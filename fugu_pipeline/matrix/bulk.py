@@ -38,7 +38,8 @@ from typing import get_args
 
 import duckdb
 
-from fugu_pipeline.collect.records import MAX_AMOUNT, MAX_COUNT, CostSource
+from fugu_pipeline.collect.records import MAX_COUNT, CostSource
+from fugu_pipeline.reward import MAX_AMOUNT
 from fugu_pipeline.collect.store import ResponseStore
 from fugu_pipeline.matrix.build import RESPONSE_COLUMNS, building, finish, insert_workers, wide_columns
 from fugu_pipeline.matrix.bulk_tasks import read_batches

@@ -21,7 +21,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fugu_pipeline.collect.records import MAX_AMOUNT
+from fugu_pipeline.reward import MAX_AMOUNT
 from fugu_pipeline.files import atomic_write
 from fugu_pipeline.tasks.final_answer import AnswerKind
 from fugu_pipeline.tasks.loading import TaskFileError
